@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test bench lint typecheck system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[dev,triton]'
+	touch $(STAMP)
+
+# What the tests need beyond Python: a redis-server binary (tests start their own), Chromium for the
+# page test, Node.js/npm for dynalite. Installed only where missing, and only when we are root.
+system-deps:
+	@bash scripts/system-deps.sh
+
+serve: $(STAMP)
+	$(VENV)/bin/floodgate serve
+
+test: $(STAMP) system-deps
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy edge limiter gpu_container client bench
+
+clean:
+	rm -rf $(VENV) .floodgate build *.egg-info

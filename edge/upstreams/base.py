@@ -1,0 +1,60 @@
+"""The one seam every request crosses: token ids go to a replica, token ids come back.
+
+Whoever the replica is (the in-process engine, a local Triton, a fleet of Triton + TensorRT-LLM),
+the edge sees this protocol only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: list[int] = field(default_factory=list)
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Delta:
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What a replica can hold and holds now: KV-cache tokens and sequences cap a batch."""
+
+    kv_tokens_total: int
+    kv_tokens_used: int
+    max_sequences: int
+    running: int
+    waiting: int
+
+
+class UpstreamError(Exception):
+    """The replica failed (connection lost, server error). Raised from generate()."""
+
+
+class Upstream(Protocol):
+    name: str
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; the last one has finish_reason set. Closing the iterator early cancels."""
+        ...
+
+    async def capacity(self) -> Capacity: ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,62 @@
+"""Plain data the engine exchanges with its callers (the edge's local upstream, the Triton model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    # Extra end tokens on top of the model's eos; the token that ends a sequence is emitted.
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class TokenOutput:
+    """New tokens of one request since the last output; finish_reason is set on the last one."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_num_seqs: int = 64
+    # Token budget of one step: decode tokens plus prefill chunks (chunked prefill).
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    block_size: int
+    num_blocks: int
+    free_blocks: int
+    max_num_seqs: int
+    running: int
+    waiting: int
+    steps: int
+    prompt_tokens: int
+    generated_tokens: int
+
+    @property
+    def kv_tokens_total(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def kv_tokens_used(self) -> int:
+        return (self.num_blocks - self.free_blocks) * self.block_size

@@ -1,0 +1,71 @@
+"""What the edge asks of a limiter. The algorithm lives in policy.py; stores implement this protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+LimitName = Literal["requests", "tokens", "concurrency"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierLimits:
+    name: str
+    requests_per_window: int
+    request_window_s: float
+    tokens_per_window: int
+    token_window_s: float
+    max_concurrent: int
+    max_tokens: int
+    on_store_failure: Literal["open", "closed"] = "open"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One admission answer, with what the x-ratelimit-* headers report."""
+
+    allowed: bool
+    limit: LimitName | None  # which limit denied; None when allowed
+    retry_after_ms: int  # exact wait until this request would be allowed; 0 when allowed
+    limit_requests: int
+    remaining_requests: int
+    reset_requests_ms: int
+    limit_tokens: int
+    remaining_tokens: int
+    reset_tokens_ms: int
+
+
+class OutputLease(Protocol):
+    """Output tokens reserved for one running generation, charged as they stream."""
+
+    async def take(self, n: int) -> int:
+        """Charge n generated tokens; returns how many of them the budget covers (n, or fewer when
+        the token budget ran out: the generation must then stop). Talks to the store only when the
+        local lease is used up, to extend it by a batch."""
+        ...
+
+    async def settle(self) -> None:
+        """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    decision: Decision
+    lease: OutputLease | None  # set when allowed
+
+
+class StoreUnavailable(Exception):
+    """The shared store failed and the tier is fail-closed: answer 503 with Retry-After."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("rate limit store unavailable")
+        self.retry_after_s = retry_after_s
+
+
+class Limiter(Protocol):
+    async def admit(
+        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+    ) -> Admission: ...
+
+    async def aclose(self) -> None: ...
