@@ -1,0 +1,132 @@
+"""Publishes the GPU pool's scaling metric (see edge/scaling_metric.py) to CloudWatch.
+
+Sampling is a cheap synchronous read of the edge's own state; the network call runs in a worker
+thread once per interval, so neither a slow CloudWatch nor a failing one touches request handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+import structlog
+from prometheus_client import Counter
+
+from edge import scaling_metric
+
+if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
+    from mypy_boto3_cloudwatch.type_defs import DimensionTypeDef
+
+log = structlog.get_logger(__name__)
+
+PUBLISHES = Counter("floodgate_cloudwatch_publishes_total", "PutMetricData calls that succeeded.")
+PUBLISH_FAILURES = Counter(
+    "floodgate_cloudwatch_publish_failures_total", "PutMetricData calls that failed (their samples are lost)."
+)
+
+
+class QueueDepthPublisher:
+    """Samples `get_value` every `sample_interval_s` and sends each interval's samples as one
+    statistic set: at most one PutMetricData call per `interval_s` from this instance."""
+
+    def __init__(
+        self,
+        get_value: Callable[[], float],
+        *,
+        dimensions: Mapping[str, str],
+        client_factory: Callable[[], CloudWatchClient],
+        interval_s: float = scaling_metric.PERIOD_S,
+        sample_interval_s: float = scaling_metric.SAMPLE_INTERVAL_S,
+        namespace: str = scaling_metric.NAMESPACE,
+        metric_name: str = scaling_metric.METRIC_NAME,
+    ) -> None:
+        self._get_value = get_value
+        self._dimensions: list[DimensionTypeDef] = [{"Name": k, "Value": v} for k, v in dimensions.items()]
+        self._client_factory = client_factory
+        self._client: CloudWatchClient | None = None
+        self._interval_s = interval_s
+        self._sample_interval_s = sample_interval_s
+        self._namespace = namespace
+        self._metric_name = metric_name
+        self._samples: list[tuple[float, float]] = []  # (unix time, value)
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        """Record the current value; a failing getter costs this one sample, never the loop."""
+        try:
+            value = float(self._get_value())
+        except Exception as exc:
+            log.warning("queue_depth_sample_failed", error=repr(exc))
+            return
+        self._samples.append((time.time(), value))
+
+    async def flush(self) -> bool:
+        """Send the samples taken since the last flush; True when sent (or nothing to send)."""
+        samples, self._samples = self._samples, []
+        if not samples:
+            return True
+        values = [v for _, v in samples]
+        midpoint = (samples[0][0] + samples[-1][0]) / 2
+        try:
+            await anyio.to_thread.run_sync(self._put, values, midpoint)
+        except Exception as exc:
+            # Not re-sent: a late backlog figure would mislead the scaler more than a missing one.
+            PUBLISH_FAILURES.inc()
+            log.warning("queue_depth_publish_failed", samples=len(values), error=repr(exc))
+            return False
+        PUBLISHES.inc()
+        return True
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="queue-depth-publisher")
+
+    async def aclose(self) -> None:
+        """Stop sampling and send what was sampled so far."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_sample = next_flush = loop.time()
+        next_flush += self._interval_s
+        while True:
+            self.sample()
+            next_sample += self._sample_interval_s
+            if loop.time() >= next_flush:
+                await self.flush()
+                next_flush += self._interval_s
+            # After a slow flush, skip the missed samples rather than take them in a burst.
+            next_sample = max(next_sample, loop.time())
+            await asyncio.sleep(next_sample - loop.time())
+
+    def _put(self, values: list[float], timestamp: float) -> None:
+        if self._client is None:
+            self._client = self._client_factory()
+        self._client.put_metric_data(
+            Namespace=self._namespace,
+            MetricData=[
+                {
+                    "MetricName": self._metric_name,
+                    "Dimensions": self._dimensions,
+                    "Timestamp": datetime.fromtimestamp(timestamp, UTC),
+                    "StatisticValues": {
+                        "SampleCount": float(len(values)),
+                        "Sum": sum(values),
+                        "Minimum": min(values),
+                        "Maximum": max(values),
+                    },
+                    "Unit": scaling_metric.UNIT,
+                }
+            ],
+        )

@@ -1,0 +1,1 @@
+"""Conversation history: stores (SQLite embedded, DynamoDB in production) and the background writer."""

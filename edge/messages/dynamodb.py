@@ -1,0 +1,115 @@
+"""The production message store: one DynamoDB table, partition key `conversation_id`, sort key
+`message_id`. Rows carry their `owner`, checked on every read, and an `expires_at` TTL attribute."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from edge.messages.message import StoredMessage
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, QueryInputTypeDef
+
+DEFAULT_TTL_S = 90 * 86400
+# One Query page: enough to fill a typical history in one round trip even when the owner filter
+# (applied after the page is read) discards some rows.
+_PAGE = 200
+
+
+def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
+    item: dict[str, AttributeValueTypeDef] = {
+        "conversation_id": {"S": msg.conversation_id},
+        "message_id": {"S": msg.message_id},
+        "owner": {"S": msg.user},
+        "role": {"S": msg.role},
+        "content": {"S": msg.content},
+        "request_id": {"S": msg.request_id},
+        "created_at": {"N": repr(msg.created_at)},
+        "expires_at": {"N": str(expires_at)},
+    }
+    if msg.finish_reason is not None:
+        item["finish_reason"] = {"S": msg.finish_reason}
+    return item
+
+
+def _message(item: dict[str, Any]) -> StoredMessage:
+    finish = item.get("finish_reason")
+    return StoredMessage(
+        conversation_id=item["conversation_id"]["S"],
+        user=item["owner"]["S"],
+        message_id=item["message_id"]["S"],
+        role=item["role"]["S"],
+        content=item["content"]["S"],
+        request_id=item["request_id"]["S"],
+        created_at=float(item["created_at"]["N"]),
+        finish_reason=finish["S"] if finish else None,
+    )
+
+
+class DynamoDBMessageStore:
+    """boto3 clients are thread-safe: every call runs in a worker thread on the shared client."""
+
+    def __init__(self, client: DynamoDBClient, table: str, *, ttl_s: int = DEFAULT_TTL_S) -> None:
+        self._client = client
+        self._table = table
+        self._ttl_s = ttl_s
+
+    async def append(self, msg: StoredMessage) -> None:
+        item = _item(msg, int(msg.created_at) + self._ttl_s)
+        await anyio.to_thread.run_sync(lambda: self._client.put_item(TableName=self._table, Item=item))
+
+    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
+        return await anyio.to_thread.run_sync(self._history, conversation_id, user, limit)
+
+    async def create_table_if_missing(self) -> None:
+        """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""
+        await anyio.to_thread.run_sync(self._create_table_if_missing)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._client.close)
+
+    def _history(self, conversation_id: str, user: str, limit: int) -> list[StoredMessage]:
+        found: list[StoredMessage] = []
+        start: dict[str, Any] | None = None
+        while len(found) < limit:
+            params: QueryInputTypeDef = {
+                "TableName": self._table,
+                "KeyConditionExpression": "conversation_id = :c",
+                "FilterExpression": "#owner = :u",
+                "ExpressionAttributeNames": {"#owner": "owner"},
+                "ExpressionAttributeValues": {":c": {"S": conversation_id}, ":u": {"S": user}},
+                "ScanIndexForward": False,
+                "Limit": _PAGE,
+                "ConsistentRead": True,
+            }
+            if start:
+                params["ExclusiveStartKey"] = start
+            page = self._client.query(**params)
+            found.extend(_message(item) for item in page.get("Items", []))
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                break
+        return list(reversed(found[:limit]))
+
+    def _create_table_if_missing(self) -> None:
+        try:
+            self._client.describe_table(TableName=self._table)
+            return
+        except self._client.exceptions.ResourceNotFoundException:
+            pass
+        self._client.create_table(
+            TableName=self._table,
+            AttributeDefinitions=[
+                {"AttributeName": "conversation_id", "AttributeType": "S"},
+                {"AttributeName": "message_id", "AttributeType": "S"},
+            ],
+            KeySchema=[
+                {"AttributeName": "conversation_id", "KeyType": "HASH"},
+                {"AttributeName": "message_id", "KeyType": "RANGE"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        self._client.get_waiter("table_exists").wait(TableName=self._table)

@@ -1,0 +1,21 @@
+"""Builds the message store the settings ask for."""
+
+from __future__ import annotations
+
+import boto3
+
+from edge.config import MessagesConfig
+from edge.messages.dynamodb import DynamoDBMessageStore
+from edge.messages.sqlite import SQLiteMessageStore
+from edge.messages.store import MessageStore
+
+
+async def create_store(config: MessagesConfig) -> MessageStore:
+    if config.backend == "sqlite":
+        return SQLiteMessageStore(config.sqlite_path)
+    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    store = DynamoDBMessageStore(client, config.dynamodb_table)
+    if config.dynamodb_endpoint:
+        # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.
+        await store.create_table_if_missing()
+    return store

@@ -1,0 +1,41 @@
+"""One stored chat message, as the stores keep it and the history route returns it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from edge.messages.ids import new_message_id
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    conversation_id: str
+    user: str
+    message_id: str  # time-ordered (see ids.py): history sorts on it
+    role: str
+    content: str
+    request_id: str
+    created_at: float  # Unix seconds
+    finish_reason: str | None = None
+
+
+def new_message(
+    conversation_id: str,
+    user: str,
+    role: str,
+    content: str,
+    request_id: str,
+    finish_reason: str | None = None,
+) -> StoredMessage:
+    """A message stamped now, with a fresh time-ordered id."""
+    return StoredMessage(
+        conversation_id=conversation_id,
+        user=user,
+        message_id=new_message_id(),
+        role=role,
+        content=content,
+        request_id=request_id,
+        created_at=time.time(),
+        finish_reason=finish_reason,
+    )

@@ -1,0 +1,78 @@
+"""The embedded message store: one SQLite file in WAL mode, queried off the event loop."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import anyio.to_thread
+
+from edge.messages.message import StoredMessage
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    conversation_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    user TEXT NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finish_reason TEXT,
+    PRIMARY KEY (conversation_id, message_id)
+) WITHOUT ROWID
+"""
+
+_COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason"
+
+
+class SQLiteMessageStore:
+    """One connection shared by the worker threads, serialised by a lock: SQLite allows one writer
+    at a time anyway, and WAL keeps readers from waiting on it."""
+
+    def __init__(self, path: str | Path) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(_SCHEMA)
+
+    async def append(self, msg: StoredMessage) -> None:
+        await anyio.to_thread.run_sync(self._append, msg)
+
+    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
+        return await anyio.to_thread.run_sync(self._history, conversation_id, user, limit)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _append(self, msg: StoredMessage) -> None:
+        row = (
+            msg.conversation_id,
+            msg.user,
+            msg.message_id,
+            msg.role,
+            msg.content,
+            msg.request_id,
+            msg.created_at,
+            msg.finish_reason,
+        )
+        with self._lock:
+            # REPLACE makes a retried write after an ambiguous failure harmless.
+            self._conn.execute(f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+
+    def _history(self, conversation_id: str, user: str, limit: int) -> list[StoredMessage]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? AND user = ? "
+                "ORDER BY message_id DESC LIMIT ?",
+                (conversation_id, user, limit),
+            ).fetchall()
+        return [StoredMessage(*row) for row in reversed(rows)]
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()

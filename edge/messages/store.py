@@ -1,0 +1,20 @@
+"""What the edge asks of a message store."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from edge.messages.message import StoredMessage
+
+
+class MessageStore(Protocol):
+    async def append(self, msg: StoredMessage) -> None:
+        """Write one message. Idempotent: writing the same message id twice keeps one copy."""
+        ...
+
+    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
+        """The latest `limit` messages of the conversation, oldest first. A conversation is seen only
+        by the user who wrote it: another user gets [] (the route answers 404 then)."""
+        ...
+
+    async def aclose(self) -> None: ...
