@@ -1,0 +1,35 @@
+"""Build the limiter the settings ask for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from limiter.base import Limiter
+from limiter.memory import MemoryLimiter
+from limiter.tiers import tier_limits
+
+__all__ = ["create_limiter", "tier_limits"]
+
+
+def create_limiter(
+    backend: str,
+    redis_url: str,
+    timeout_ms: int,
+    instance_count: int,
+    clock: Callable[[], float] | None = None,
+    *,
+    cluster: bool = False,
+) -> Limiter:
+    """backend "memory": the in-process twin (`clock` drives it; tests inject one).
+    backend "redis": shared by every edge instance; `redis+cluster://host:port` or `cluster=True`
+    talks to a Redis Cluster. `timeout_ms` bounds every Redis call; `instance_count` divides the
+    limits of the local fallback used while Redis is down for fail-open tiers."""
+    if backend == "memory":
+        return MemoryLimiter(clock)
+    if backend == "redis":
+        from limiter.redis_store import RedisLimiter
+
+        return RedisLimiter.from_url(
+            redis_url, timeout_ms=timeout_ms, instance_count=instance_count, cluster=cluster
+        )
+    raise ValueError(f"unknown limiter backend {backend!r} (expected 'memory' or 'redis')")

@@ -1,0 +1,80 @@
+"""The output lease both stores hand out: local arithmetic until the reserved tokens run out."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from limiter.base import TierLimits
+
+
+class LeaseStore(Protocol):
+    """The two store calls a lease needs after admission."""
+
+    async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+        """Reserve up to `want` more output tokens; returns how many the budget granted."""
+        ...
+
+    async def settle(self, user: str, tier: TierLimits, request_id: str, refund: int) -> None:
+        """Free the request's slot and refund `refund` unused tokens (idempotent in the store)."""
+        ...
+
+
+class Lease:
+    """Output tokens reserved for one running generation.
+
+    `take(n)` is pure local arithmetic while the reservation lasts; once it is used up, one store
+    call extends it by a batch (never past the request's max_output_tokens), so a stream of T
+    tokens costs about T / batch store calls, not T.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        *,
+        granted: int,
+        max_output_tokens: int,
+        batch_tokens: int,
+    ) -> None:
+        self._store = store
+        self._user = user
+        self._tier = tier
+        self._request_id = request_id
+        self._granted = granted
+        self._used = 0
+        self._max_output = max_output_tokens
+        self._batch = batch_tokens
+        self._exhausted = False
+        self._settled = False
+
+    @property
+    def granted(self) -> int:
+        return self._granted
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    async def take(self, n: int) -> int:
+        if self._settled or n <= 0:
+            return 0
+        held = self._granted - self._used
+        if n > held and not self._exhausted:
+            want = min(max(self._batch, n - held), self._max_output - self._granted)
+            got = await self._store.charge(self._user, self._tier, self._request_id, want) if want > 0 else 0
+            self._granted += got
+            # A short grant means the budget (or max_output) is spent: asking again would only
+            # cost another store call for the same answer.
+            self._exhausted = got < want or want == 0
+            held = self._granted - self._used
+        covered = min(n, held)
+        self._used += covered
+        return covered
+
+    async def settle(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        await self._store.settle(self._user, self._tier, self._request_id, self._granted - self._used)

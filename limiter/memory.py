@@ -1,0 +1,102 @@
+"""The in-memory twin: the same algorithm as the Redis scripts, for one process.
+
+Used by a single edge instance (`make serve`), by the Redis store as its fail-open fallback, and by
+the differential test as the reference the scripts must agree with.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from limiter import policy
+from limiter.base import Admission, TierLimits
+from limiter.lease import Lease
+
+DEFAULT_BATCH_TOKENS = 32
+# Longer than the longest queue wait plus the longest gap between two charges of a live stream.
+DEFAULT_LEASE_TTL_S = 300.0
+# Idle users are dropped every this many operations, the twin's stand-in for key expiry.
+_SWEEP_EVERY = 10_000
+
+
+class MemoryLimiter:
+    def __init__(
+        self,
+        clock: Callable[[], float] | None = None,
+        *,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    ) -> None:
+        self._clock = clock or time.monotonic
+        self.batch_tokens = batch_tokens
+        self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
+        self._states: dict[str, policy.UserState] = {}
+        self._rates: dict[TierLimits, policy.Rates] = {}
+        # The steps are synchronous (never awaited mid-way), so asyncio cannot interleave them;
+        # the lock makes the twin safe from threads as well.
+        self._lock = threading.Lock()
+        self._ops = 0
+
+    def _now_us(self) -> int:
+        return round(self._clock() * policy.MICROS)
+
+    def _rates_for(self, tier: TierLimits) -> policy.Rates:
+        rates = self._rates.get(tier)
+        if rates is None:
+            rates = self._rates[tier] = policy.rates_for(tier)
+        return rates
+
+    def _state(self, user: str, now_us: int) -> policy.UserState:
+        self._ops += 1
+        if self._ops % _SWEEP_EVERY == 0:
+            for idle in [u for u, s in self._states.items() if s.is_idle(now_us)]:
+                del self._states[idle]
+        state = self._states.get(user)
+        if state is None:
+            state = self._states[user] = policy.UserState()
+        return state
+
+    async def admit(
+        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+    ) -> Admission:
+        lease_tokens = min(self.batch_tokens, max_output_tokens)
+        with self._lock:
+            now = self._now_us()
+            decision = policy.admit(
+                self._state(user, now),
+                self._rates_for(tier),
+                now,
+                request_id,
+                input_tokens,
+                lease_tokens,
+                self._lease_ttl_us,
+            )
+        if not decision.allowed:
+            return Admission(decision, None)
+        lease = Lease(
+            self,
+            user,
+            tier,
+            request_id,
+            granted=lease_tokens,
+            max_output_tokens=max_output_tokens,
+            batch_tokens=self.batch_tokens,
+        )
+        return Admission(decision, lease)
+
+    async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+        with self._lock:
+            now = self._now_us()
+            return policy.charge(
+                self._state(user, now), self._rates_for(tier), now, request_id, want, self._lease_ttl_us
+            )
+
+    async def settle(self, user: str, tier: TierLimits, request_id: str, refund: int) -> None:
+        with self._lock:
+            now = self._now_us()
+            policy.settle(self._state(user, now), self._rates_for(tier), now, request_id, refund)
+
+    async def aclose(self) -> None:
+        return None

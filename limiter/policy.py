@@ -1,0 +1,192 @@
+"""The limiting algorithm, pure: the reference that scripts/*.lua mirror line for line.
+
+Requests and tokens both use GCRA (the generic cell rate algorithm, a token bucket stored as one
+number: the theoretical arrival time, TAT). A limit of L per window W becomes an emission interval
+I = ceil(W / L) and a capacity of L: a cost of c moves the TAT forward by c * I, and is allowed
+when the new TAT lies no further than L * I ahead of now.
+
+Why GCRA and not fixed windows or a sliding-window counter:
+- No double burst at a window edge. A fixed window hands back the whole quota at the boundary, so
+  L at the end of one window plus L at the start of the next lands 2L in an instant. GCRA never
+  hands back more than it has earned: at most L at once, then one unit per I, so any span of
+  length d admits at most L + d / I. The sliding-window counter only approximates that (it assumes
+  the previous window's traffic was spread evenly).
+- The wait is exact: a denied cost is allowed in exactly (new TAT - now - L * I), so Retry-After
+  is an answer, not a guess (not "the whole window").
+- Cost-weighted and refundable: tokens are the same algorithm with cost = tokens, and an unused
+  output lease is refunded by moving the TAT back.
+- O(1) state per user and limit, one key each, which expires by itself once the TAT has passed.
+
+Concurrency is a per-user set of live request ids, each with its own expiry (a lease TTL that
+every charge refreshes), so a slot held by a dead edge instance frees itself.
+
+All times are integer microseconds and every quantity stays below 2**53, so Lua's doubles and
+Python's ints compute identical results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from limiter.base import Decision, LimitName, TierLimits
+
+MICROS = 1_000_000
+# A concurrency denial cannot know when a running stream will end; this is the hint we give,
+# capped by the earliest lease expiry (when a slot is certain to free).
+CONCURRENCY_RETRY_US = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """A tier's limits as the integers the algorithm works on."""
+
+    request_interval_us: int
+    request_capacity: int
+    token_interval_us: int
+    token_capacity: int
+    max_concurrent: int
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def rates_for(tier: TierLimits) -> Rates:
+    # Rounding the interval up keeps the rate at or under the configured one.
+    return Rates(
+        request_interval_us=max(1, ceil_div(round(tier.request_window_s * MICROS), tier.requests_per_window)),
+        request_capacity=tier.requests_per_window,
+        token_interval_us=max(1, ceil_div(round(tier.token_window_s * MICROS), tier.tokens_per_window)),
+        token_capacity=tier.tokens_per_window,
+        max_concurrent=tier.max_concurrent,
+    )
+
+
+@dataclass(slots=True)
+class UserState:
+    """One user's limiter state: the two TATs and the live leases (request id -> expiry)."""
+
+    request_tat_us: int = 0
+    token_tat_us: int = 0
+    leases: dict[str, int] = field(default_factory=dict)
+
+    def is_idle(self, now_us: int) -> bool:
+        """True when dropping this state changes nothing (what key expiry does in Redis)."""
+        return self.request_tat_us <= now_us and self.token_tat_us <= now_us and not self.leases
+
+
+@dataclass(frozen=True, slots=True)
+class Gcra:
+    """The outcome of charging `cost` against one GCRA limit at `now`."""
+
+    allowed: bool
+    new_tat_us: int
+    wait_us: int
+
+
+def gcra(tat_us: int, now_us: int, interval_us: int, capacity: int, cost: int) -> Gcra:
+    base = max(tat_us, now_us)
+    new_tat = base + cost * interval_us
+    allowed_until = now_us + capacity * interval_us
+    if new_tat <= allowed_until:
+        return Gcra(True, new_tat, 0)
+    return Gcra(False, new_tat, new_tat - allowed_until)
+
+
+def remaining(tat_us: int, now_us: int, interval_us: int, capacity: int) -> int:
+    return (now_us + capacity * interval_us - max(tat_us, now_us)) // interval_us
+
+
+def reset_us(tat_us: int, now_us: int) -> int:
+    """Time until the limit is back to its initial, full state."""
+    return max(tat_us, now_us) - now_us
+
+
+def ceil_ms(us: int) -> int:
+    return (us + 999) // 1000
+
+
+def prune_expired(leases: dict[str, int], now_us: int) -> None:
+    for request_id in [rid for rid, expiry in leases.items() if expiry <= now_us]:
+        del leases[request_id]
+
+
+def admit(
+    state: UserState,
+    rates: Rates,
+    now_us: int,
+    request_id: str,
+    input_tokens: int,
+    lease_tokens: int,
+    lease_ttl_us: int,
+) -> Decision:
+    """Check requests, tokens (input + the initial output lease) and concurrency together; when all
+    three allow, count the request, debit the tokens and add the lease. Mutates `state`."""
+    requests = gcra(state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity, 1)
+    tokens = gcra(
+        state.token_tat_us,
+        now_us,
+        rates.token_interval_us,
+        rates.token_capacity,
+        input_tokens + lease_tokens,
+    )
+    prune_expired(state.leases, now_us)
+    concurrency_wait = 0
+    if len(state.leases) >= rates.max_concurrent:
+        earliest = min(state.leases.values(), default=now_us)
+        concurrency_wait = max(1, min(CONCURRENCY_RETRY_US, earliest - now_us))
+
+    # The binding limit is the one with the longest wait; on a tie the first in this order.
+    waits: list[tuple[LimitName, int]] = [
+        ("requests", requests.wait_us),
+        ("tokens", tokens.wait_us),
+        ("concurrency", concurrency_wait),
+    ]
+    limit: LimitName | None = None
+    wait = 0
+    for name, limit_wait in waits:
+        if limit_wait > wait:
+            limit, wait = name, limit_wait
+
+    if limit is None:
+        state.request_tat_us = requests.new_tat_us
+        state.token_tat_us = tokens.new_tat_us
+        state.leases[request_id] = now_us + lease_ttl_us
+
+    return Decision(
+        allowed=limit is None,
+        limit=limit,
+        retry_after_ms=ceil_ms(wait),
+        limit_requests=rates.request_capacity,
+        remaining_requests=remaining(
+            state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity
+        ),
+        reset_requests_ms=ceil_ms(reset_us(state.request_tat_us, now_us)),
+        limit_tokens=rates.token_capacity,
+        remaining_tokens=remaining(state.token_tat_us, now_us, rates.token_interval_us, rates.token_capacity),
+        reset_tokens_ms=ceil_ms(reset_us(state.token_tat_us, now_us)),
+    )
+
+
+def charge(state: UserState, rates: Rates, now_us: int, request_id: str, want: int, lease_ttl_us: int) -> int:
+    """Extend a running request's output lease by up to `want` tokens: all of it when the budget
+    covers it, else what the budget still holds (0: the generation must stop). Refreshes the
+    request's slot expiry if it still holds one. Mutates `state`; returns the tokens granted."""
+    available = max(0, remaining(state.token_tat_us, now_us, rates.token_interval_us, rates.token_capacity))
+    granted = min(want, available)
+    if granted > 0:
+        state.token_tat_us = max(state.token_tat_us, now_us) + granted * rates.token_interval_us
+    if request_id in state.leases:
+        state.leases[request_id] = now_us + lease_ttl_us
+    return granted
+
+
+def settle(state: UserState, rates: Rates, now_us: int, request_id: str, refund_tokens: int) -> bool:
+    """Free the request's slot and refund its unused lease. Only the call that removes the slot
+    refunds, so settling twice (or after the slot expired) refunds nothing. Returns whether it
+    removed the slot."""
+    if state.leases.pop(request_id, None) is None:
+        return False
+    if refund_tokens > 0:
+        state.token_tat_us = max(state.token_tat_us - refund_tokens * rates.token_interval_us, now_us)
+    return True

@@ -1,0 +1,160 @@
+"""The in-memory twin: the algorithm's behaviour, on an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from limiter.base import Admission, Limiter
+from limiter.factory import create_limiter
+from limiter.memory import MemoryLimiter
+from tests.limiter.clock import ManualClock
+from tests.limiter.tiers import tier
+
+
+def _lease(admission: Admission):  # type: ignore[no-untyped-def]
+    assert admission.decision.allowed and admission.lease is not None
+    return admission.lease
+
+
+@pytest.mark.anyio
+async def test_factory_builds_the_twin_that_satisfies_the_protocol() -> None:
+    limiter: Limiter = create_limiter("memory", "", 250, 1, clock=ManualClock())
+    assert isinstance(limiter, MemoryLimiter)
+    with pytest.raises(ValueError, match="unknown limiter backend"):
+        create_limiter("etcd", "", 250, 1)
+
+
+@pytest.mark.anyio
+async def test_burst_is_the_limit_then_one_per_interval_no_edge_double_burst() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock)
+    t = tier(requests=20, request_window_s=10800)
+    allowed = [(await limiter.admit("u", f"r{i}", t, 1, 1)).decision.allowed for i in range(25)]
+    assert allowed == [True] * 20 + [False] * 5
+    # Past the "window edge" of a fixed-window limiter the quota does not come back whole:
+    # 3 h / 20 = 540 s earns exactly one request.
+    clock.advance(540)
+    allowed = [(await limiter.admit("u", f"s{i}", t, 1, 1)).decision.allowed for i in range(3)]
+    assert allowed == [True, False, False]
+
+
+@pytest.mark.anyio
+async def test_retry_after_the_advertised_wait_is_admitted_and_not_a_moment_earlier() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock)
+    t = tier(requests=3, request_window_s=60)
+    for i in range(3):
+        assert (await limiter.admit("u", f"r{i}", t, 1, 1)).decision.allowed
+    denied = (await limiter.admit("u", "late", t, 1, 1)).decision
+    assert not denied.allowed and denied.limit == "requests"
+    assert denied.retry_after_ms == 20_000  # one interval, not the whole 60 s window
+    assert denied.remaining_requests == 0 and denied.reset_requests_ms == 60_000
+    clock.advance(denied.retry_after_ms / 1000 - 0.001)
+    assert not (await limiter.admit("u", "early", t, 1, 1)).decision.allowed
+    clock.advance(0.001)
+    assert (await limiter.admit("u", "late", t, 1, 1)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_tokens_debit_input_and_the_initial_lease_and_report_the_binding_limit() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, batch_tokens=32)
+    t = tier(tokens=1000, token_window_s=100)  # 0.1 s per token
+    first = (await limiter.admit("u", "a", t, 900, 500)).decision
+    assert first.allowed and first.remaining_tokens == 1000 - 900 - 32
+    denied = (await limiter.admit("u", "b", t, 100, 500)).decision
+    assert not denied.allowed and denied.limit == "tokens"
+    # 932 + 132 = 1064 tokens: 64 over, at 0.1 s each.
+    assert denied.retry_after_ms == 6_400
+    clock.advance(6.4)
+    assert (await limiter.admit("u", "b", t, 100, 500)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_lease_takes_locally_charges_in_batches_and_stops_at_the_budget() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, batch_tokens=32)
+    calls = 0
+    charge = limiter.charge
+
+    async def counting_charge(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return await charge(*args, **kwargs)
+
+    limiter.charge = counting_charge  # type: ignore[method-assign]
+    t = tier(tokens=500, token_window_s=1000)
+    lease = _lease(await limiter.admit("u", "r", t, 100, 1000))
+    taken = [await lease.take(1) for _ in range(400)]
+    assert taken == [1] * 400  # 100 input + 400 output = the whole budget
+    assert calls == (400 - 32) // 32 + 1  # one store call per batch, not per token
+    assert await lease.take(1) == 0  # budget spent: the edge stops with "length"
+    await lease.settle()
+    assert not (await limiter.admit("u", "next", t, 1, 1)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_take_returns_fewer_than_asked_when_the_budget_runs_out_mid_batch() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
+    t = tier(tokens=100, token_window_s=1000)
+    lease = _lease(await limiter.admit("u", "r", t, 60, 1000))
+    assert await lease.take(30) == 30
+    assert await lease.take(30) == 10  # 60 + 40 = 100: ten of the thirty are covered
+
+
+@pytest.mark.anyio
+async def test_settle_refunds_the_unused_lease_and_is_idempotent() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=64)
+    t = tier(tokens=1000, token_window_s=1000)
+    lease = _lease(await limiter.admit("u", "r", t, 100, 1000))
+    assert await lease.take(10) == 10
+    await lease.settle()
+    await lease.settle()
+    await limiter.settle("u", t, "r", 54)  # a stray second settle from the store side
+    after = (await limiter.admit("u", "s", t, 0, 1)).decision
+    assert after.remaining_tokens == 1000 - 100 - 10 - 1
+
+
+@pytest.mark.anyio
+async def test_take_never_exceeds_max_output_tokens() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
+    lease = _lease(await limiter.admit("u", "r", tier(), 0, 40))
+    assert await lease.take(32) == 32
+    assert await lease.take(32) == 8
+
+
+@pytest.mark.anyio
+async def test_concurrency_slots_free_on_settle_and_expire_with_the_lease_ttl() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, lease_ttl_s=120)
+    t = tier(concurrent=2)
+    first = _lease(await limiter.admit("u", "a", t, 1, 1))
+    _lease(await limiter.admit("u", "b", t, 1, 1))  # never settled: its edge instance "died"
+    denied = (await limiter.admit("u", "c", t, 1, 1)).decision
+    assert not denied.allowed and denied.limit == "concurrency" and denied.retry_after_ms == 1000
+    await first.settle()
+    _lease(await limiter.admit("u", "c", t, 1, 1))
+    assert not (await limiter.admit("u", "d", t, 1, 1)).decision.allowed
+    clock.advance(120)
+    assert (await limiter.admit("u", "d", t, 1, 1)).decision.allowed  # b and c expired
+
+
+@pytest.mark.anyio
+async def test_charge_refreshes_the_slot_so_a_live_stream_keeps_it() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, batch_tokens=1, lease_ttl_s=120)
+    t = tier(concurrent=1)
+    lease = _lease(await limiter.admit("u", "a", t, 1, 100))
+    clock.advance(100)
+    assert await lease.take(2) == 2  # extends the lease: the slot now lives until 100 + 120
+    clock.advance(100)
+    assert not (await limiter.admit("u", "b", t, 1, 1)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_users_are_limited_independently() -> None:
+    limiter = MemoryLimiter(ManualClock())
+    t = tier(requests=1)
+    assert (await limiter.admit("u1", "a", t, 1, 1)).decision.allowed
+    assert (await limiter.admit("u2", "a", t, 1, 1)).decision.allowed
+    assert not (await limiter.admit("u1", "b", t, 1, 1)).decision.allowed

@@ -1,0 +1,139 @@
+"""Real redis-server processes for tests: a standalone server or a small Cluster, on free loopback
+ports, with nothing persisted. Skips the calling test when no redis-server binary is installed.
+
+    server = start_redis()              # server.url, server.port; server.stop() / server.kill()
+    again = start_redis(server.port)    # a restart on the same port (after kill())
+    cluster = start_redis_cluster(3)    # cluster.url (any node), cluster.nodes, cluster.stop()
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support.ports import free_port
+
+START_TIMEOUT_S = 10.0
+_READY_LINE = "Ready to accept connections"
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (apt-get install redis-server, or `make system-deps`)")
+    return path
+
+
+@dataclass
+class RedisServer:
+    url: str
+    port: int
+    process: subprocess.Popen[str]
+    workdir: Path
+    log: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+
+    def stop(self) -> None:
+        """Shut down cleanly (SIGTERM) and wait for the process to exit."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=START_TIMEOUT_S)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes as in a crash; open connections see a reset."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=START_TIMEOUT_S)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass
+class RedisClusterServers:
+    url: str
+    nodes: list[RedisServer]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def _drain(process: subprocess.Popen[str], log: deque[str], ready: threading.Event) -> None:
+    # The server logs to stdout; reading it to the end keeps the pipe from filling up.
+    assert process.stdout is not None
+    for line in process.stdout:
+        log.append(line.rstrip())
+        if _READY_LINE in line:
+            ready.set()
+
+
+def start_redis(
+    port: int | None = None, *, cluster: bool = False, extra_args: Sequence[str] = ()
+) -> RedisServer:
+    """Start redis-server on 127.0.0.1:`port` (a free one when None) and wait until it answers."""
+    binary = _binary("redis-server")
+    port = port or free_port()
+    workdir = Path(tempfile.mkdtemp(prefix=f"redis-{port}-"))
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(workdir), "--logfile", ""]
+    if cluster:
+        # An explicit bus port: the default (port + 10000) overflows for high ephemeral ports.
+        args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]
+        args += ["--cluster-config-file", str(workdir / "nodes.conf")]
+    args += list(extra_args)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = RedisServer(url=f"redis://127.0.0.1:{port}/0", port=port, process=process, workdir=workdir)
+    ready = threading.Event()
+    threading.Thread(target=_drain, args=(process, server.log, ready), daemon=True).start()
+    if not ready.wait(START_TIMEOUT_S) or not _ping(port):
+        server.kill()
+        raise RuntimeError(f"redis-server on port {port} did not start:\n" + "\n".join(server.log))
+    return server
+
+
+def _command(port: int, *words: str) -> bytes:
+    request = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
+    with socket.create_connection(("127.0.0.1", port), timeout=START_TIMEOUT_S) as sock:
+        sock.sendall(request.encode())
+        return sock.recv(65536)
+
+
+def _ping(port: int) -> bool:
+    return _command(port, "PING").startswith(b"+PONG")
+
+
+def start_redis_cluster(n: int = 3) -> RedisClusterServers:
+    """Start `n` cluster-enabled servers, join them as `n` primaries with no replicas, and wait
+    until every node reports cluster_state:ok."""
+    cli = _binary("redis-cli")
+    nodes: list[RedisServer] = []
+    try:
+        for _ in range(n):
+            nodes.append(start_redis(cluster=True))
+        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=START_TIMEOUT_S * 3,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S * 3
+        # Gossip needs a moment to spread the slot map; poll the condition, bounded.
+        while not all(b"cluster_state:ok" in _command(node.port, "CLUSTER", "INFO") for node in nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+    except BaseException:
+        for node in nodes:
+            node.kill()
+        raise
+    return RedisClusterServers(url=f"redis://127.0.0.1:{nodes[0].port}/0", nodes=nodes)
