@@ -1,0 +1,168 @@
+"""Start a real `tritonserver` on loopback from the binary the `nvidia-pytriton` wheel carries.
+
+Only the binary, its libraries and the Python backend are taken from the wheel: PyTriton's own
+serving layer never passes cancellation to the model, so we run the server directly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+import structlog
+
+log = structlog.get_logger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TritonStartError(RuntimeError):
+    """tritonserver exited or never became ready; the message carries the tail of its log."""
+
+
+def _wheel_root() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).parent
+
+
+def _server_dir() -> Path:
+    return _wheel_root() / "tritonserver"
+
+
+def _loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_backend_directory(dest: Path) -> Path:
+    """A backends/ folder holding the wheel's Python backend and the stub for this interpreter."""
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    source = _server_dir() / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(source / name, python_dir / name)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = _server_dir() / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonStartError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
+    shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    return dest
+
+
+def server_environment() -> dict[str, str]:
+    """The stub embeds this interpreter's libpython, so it needs its LIBDIR and its import path."""
+    env = dict(os.environ)
+    libdirs = [str(sysconfig.get_config_var("LIBDIR")), str(_wheel_root().parent / "nvidia_pytriton.libs")]
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libdirs)
+    # An editable install is a .pth import hook the stub never runs: name the project root itself.
+    env["PYTHONPATH"] = ":".join([str(_PROJECT_ROOT), *(p for p in sys.path if p)])
+    return env
+
+
+@dataclass
+class TritonProcess:
+    """A running tritonserver; `stop()` sends SIGTERM and waits for it to drain and exit."""
+
+    process: subprocess.Popen[bytes]
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+    log_path: Path
+    workdir: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver ignored SIGTERM, killing", pid=self.process.pid)
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc.process.poll() is not None:
+                code = proc.process.returncode
+                raise TritonStartError(f"tritonserver exited with {code}:\n{proc.log_tail()}")
+            try:
+                if client.get(f"{proc.http_url}/v2/health/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            # Polling a child process's HTTP port: there is no event to wait on.
+            time.sleep(0.1)
+    proc.stop()
+    raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f} s:\n{proc.log_tail()}")
+
+
+def start_local_triton(
+    model_repository: Path,
+    *,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> TritonProcess:
+    """Start tritonserver on 127.0.0.1 over `model_repository` and return once it is ready."""
+    grpc_port = grpc_port or _loopback_port()
+    http_port = http_port or _loopback_port()
+    metrics_port = metrics_port or _loopback_port()
+    workdir = Path(tempfile.mkdtemp(prefix="floodgate-triton-"))
+    backends = make_backend_directory(workdir / "backends")
+    log_path = workdir / "tritonserver.log"
+    command = [
+        str(_server_dir() / "bin" / "tritonserver"),
+        f"--model-repository={model_repository}",
+        f"--backend-directory={backends}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http_port}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc_port}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics_port}",
+        "--allow-gpu-metrics=false",
+        "--exit-on-error=true",
+        "--log-verbose=0",
+    ]
+    log_file: IO[bytes] = log_path.open("wb")
+    with log_file:
+        process = subprocess.Popen(
+            command, env=server_environment(), stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir
+        )
+    proc = TritonProcess(
+        process=process,
+        grpc_url=f"127.0.0.1:{grpc_port}",
+        http_url=f"http://127.0.0.1:{http_port}",
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        log_path=log_path,
+        workdir=workdir,
+    )
+    log.info("tritonserver starting", pid=process.pid, grpc=proc.grpc_url, repository=str(model_repository))
+    _wait_ready(proc, ready_timeout_s)
+    log.info("tritonserver ready", pid=process.pid)
+    return proc

@@ -1,0 +1,1 @@
+"""The production model repository: TensorRT-LLM behind Triton, rendered from one template."""
