@@ -52,6 +52,8 @@ class EngineStats:
     steps: int
     prompt_tokens: int
     generated_tokens: int
+    # Sequences sent back to the waiting queue (to recompute) because the KV pool ran out.
+    preemptions: int = 0
 
     @property
     def kv_tokens_total(self) -> int:

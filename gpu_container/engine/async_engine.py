@@ -1,0 +1,71 @@
+"""asyncio face of LLMEngine: one async iterator of TokenOutput per request.
+
+The engine thread's callback hands each output to the event loop with call_soon_threadsafe; the
+consumer drains everything that piled up since it last looked, so a lagging consumer gets several
+steps' tokens in one TokenOutput instead of falling further behind. Leaving the iterator early
+(break, aclose, task cancellation) aborts the request, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
+
+
+class _Mailbox:
+    """Outputs of one request, gathered on the event loop until the consumer takes them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: list[TokenOutput] = []
+        self._ready = asyncio.Event()
+
+    def post(self, output: TokenOutput) -> None:
+        """Called from the engine thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._put, output)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is left to read this request
+
+    def _put(self, output: TokenOutput) -> None:
+        self._pending.append(output)
+        self._ready.set()
+
+    async def take(self) -> TokenOutput:
+        """Everything posted since the last take, merged into one output."""
+        await self._ready.wait()
+        self._ready.clear()
+        outputs, self._pending = self._pending, []
+        merged = TokenOutput(outputs[0].request_id)
+        for output in outputs:
+            merged.token_ids.extend(output.token_ids)
+            merged.finish_reason = output.finish_reason
+            merged.error = output.error
+        return merged
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    async def generate(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
+    ) -> AsyncIterator[TokenOutput]:
+        mailbox = _Mailbox(asyncio.get_running_loop())
+        self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
+        finished = False
+        try:
+            while not finished:
+                output = await mailbox.take()
+                finished = output.finish_reason is not None
+                yield output
+        finally:
+            if not finished:
+                self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()

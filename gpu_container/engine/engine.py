@@ -1,0 +1,244 @@
+"""LLMEngine: the continuous-batching step loop in one background thread, with a thread-safe API.
+
+Callers (the edge through asyncio, the Triton Python backend from its own threads) only touch the
+inbox, the abort set and the stats snapshot, all under one condition; the scheduler, the block
+manager, the KV cache and the model belong to the loop thread alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from gpu_container.engine.block_manager import BlockManager
+from gpu_container.engine.forward_batch import ForwardBatch
+from gpu_container.engine.kv_cache import KVCache
+from gpu_container.engine.loader import load_model
+from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.sampler import sample
+from gpu_container.engine.scheduler import Scheduler
+from gpu_container.engine.sequence import Sequence, SequenceStatus
+from gpu_container.engine.types import EngineConfig, EngineStats, FinishReason, SamplingParams, TokenOutput
+
+log = structlog.get_logger(__name__)
+
+_State = Literal["new", "running", "stopped"]
+# A sequence and the output its callback receives.
+_Emission = tuple[Sequence, TokenOutput]
+
+
+class LLMEngine:
+    def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: Seq[int]) -> None:
+        self._model = model
+        self._config = config
+        self._eos = frozenset(eos_token_ids)
+        mc = model.config
+        self._cache = KVCache.allocate(
+            mc.num_hidden_layers, config.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim
+        )
+        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self._scheduler = Scheduler(config, self._blocks)
+        # A sequence alone must always fit the pool, or preempting everything else would not save it.
+        self.max_model_len = min(
+            config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
+        )
+        self._cond = threading.Condition()
+        self._state: _State = "new"
+        self._thread: threading.Thread | None = None
+        self._inbox: list[Sequence] = []
+        self._aborts: set[str] = set()
+        self._live: dict[str, Sequence] = {}
+        self._arrivals = itertools.count()
+        self._steps = 0
+        self._prompt_tokens = 0
+        self._generated_tokens = 0
+        self._stats = self._snapshot()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig) -> LLMEngine:
+        model = load_model(path)
+        return cls(model, config, model.config.eos_token_ids)
+
+    def start(self) -> None:
+        with self._cond:
+            if self._state != "new":
+                return
+            self._state = "running"
+            self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Finish every request with "cancelled" and end the loop thread. Idempotent."""
+        with self._cond:
+            if self._state == "stopped":
+                return
+            started = self._state == "running"
+            self._state = "stopped"
+            self._cond.notify_all()
+        if not started:
+            self._cancel_all()
+        elif self._thread is not threading.current_thread() and self._thread is not None:
+            self._thread.join()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        on_output: Callable[[TokenOutput], None],
+        priority: int = 0,
+    ) -> None:
+        """Queue a request. on_output is called from the engine thread with each step's new tokens."""
+        prompt = [int(t) for t in prompt_ids]
+        self._validate(prompt, params)
+        with self._cond:
+            if self._state == "stopped":
+                raise RuntimeError("engine is stopped")
+            if request_id in self._live:
+                raise ValueError(f"request {request_id!r} is already running")
+            seq = Sequence(request_id, prompt, params, on_output, priority, next(self._arrivals))
+            self._live[request_id] = seq
+            self._inbox.append(seq)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request and free its KV blocks; unknown or finished ids are ignored."""
+        with self._cond:
+            if request_id in self._live:
+                self._aborts.add(request_id)
+                self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return self._stats
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if len(prompt) > self._config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens, max_model_len is {self._config.max_model_len}"
+            )
+        if len(prompt) > self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens, this engine holds at most {self.max_model_len}"
+            )
+        vocab = self._model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt has token ids outside [0, {vocab})")
+        if params.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if params.temperature < 0 or not 0 < params.top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (
+                    self._state == "stopped" or self._inbox or self._aborts or self._scheduler.has_work()
+                ):
+                    self._cond.wait()
+                if self._state == "stopped":
+                    break
+                inbox, self._inbox = self._inbox, []
+                aborted = [self._live[rid] for rid in self._aborts]
+                self._aborts.clear()
+            self._admit(inbox)
+            emitted = [self._finish(seq, "cancelled") for seq in aborted]
+            emitted += self._step()
+            self._publish(emitted)
+        self._cancel_all()
+
+    def _admit(self, inbox: list[Sequence]) -> None:
+        for seq in inbox:
+            self._scheduler.add(seq)
+            self._prompt_tokens += len(seq.prompt_ids)
+
+    def _step(self) -> list[_Emission]:
+        chunks = self._scheduler.schedule()
+        if not chunks:
+            return []
+        self._steps += 1
+        emitted: list[_Emission] = []
+        try:
+            batch = ForwardBatch.from_chunks(chunks, self._config.block_size)
+            logits = self._model.forward(batch, self._cache)
+            completing = [c.seq for c in chunks if c.completes]
+            self._scheduler.advance(chunks)
+            for seq, row in zip(completing, logits, strict=True):
+                token = sample(row, seq.params, seq.rng)
+                seq.output_ids.append(token)
+                self._generated_tokens += 1
+                reason = self._finish_reason(seq, token)
+                if reason is None:
+                    emitted.append((seq, TokenOutput(seq.request_id, [token])))
+                else:
+                    emitted.append(self._finish(seq, reason, [token]))
+        except Exception as exc:
+            log.exception("engine step failed", sequences=len(chunks))
+            error = f"{type(exc).__name__}: {exc}"
+            for chunk in chunks:
+                if chunk.seq.status is not SequenceStatus.FINISHED:
+                    emitted.append(self._finish(chunk.seq, "error", error=error))
+        return emitted
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token in seq.params.stop_token_ids or (token in self._eos and not seq.params.ignore_eos):
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_new_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        token_ids: list[int] | None = None,
+        error: str | None = None,
+    ) -> _Emission:
+        self._scheduler.remove(seq)
+        seq.finish_reason = reason
+        return seq, TokenOutput(seq.request_id, token_ids or [], reason, error)
+
+    def _publish(self, emitted: list[_Emission]) -> None:
+        """Refresh the stats and forget finished ids, then call back outside the lock."""
+        with self._cond:
+            for seq, out in emitted:
+                if out.finish_reason is not None:
+                    del self._live[seq.request_id]
+                    self._aborts.discard(seq.request_id)
+            self._stats = self._snapshot()
+        for seq, out in emitted:
+            try:
+                seq.on_output(out)
+            except Exception:
+                log.exception("on_output callback failed; aborting the request", request_id=seq.request_id)
+                self.abort(seq.request_id)
+
+    def _cancel_all(self) -> None:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            self._aborts.clear()
+        self._admit(inbox)
+        seqs = self._scheduler.running + self._scheduler.waiting
+        self._publish([self._finish(seq, "cancelled") for seq in seqs])
+
+    def _snapshot(self) -> EngineStats:
+        return EngineStats(
+            block_size=self._config.block_size,
+            num_blocks=self._config.num_blocks,
+            free_blocks=self._blocks.num_free_blocks,
+            max_num_seqs=self._config.max_num_seqs,
+            running=len(self._scheduler.running),
+            waiting=len(self._scheduler.waiting) + len(self._inbox),
+            steps=self._steps,
+            prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._generated_tokens,
+            preemptions=self._scheduler.num_preemptions,
+        )

@@ -1,0 +1,55 @@
+"""One step's work flattened for the model: every scheduled token in one batch, plus where each
+sequence's slice of it sits and which K/V blocks it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_container.engine.arrays import Ints
+from gpu_container.engine.scheduler import ScheduledChunk
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSlice:
+    start: int  # first row of this sequence in the flat batch
+    length: int  # tokens computed this step
+    context_len: int  # tokens visible to attention: cached ones plus this chunk
+    block_table: Ints  # int64 block ids covering context_len tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    token_ids: Ints  # [N]
+    positions: Ints  # [N]
+    slot_mapping: Ints  # [N]: block * block_size + offset where each token's K/V goes
+    slices: tuple[SequenceSlice, ...]
+    logits_rows: Ints  # rows of the flat batch whose next-token logits are wanted
+
+    @classmethod
+    def from_chunks(cls, chunks: Seq[ScheduledChunk], block_size: int) -> ForwardBatch:
+        token_ids: list[int] = []
+        positions: list[Ints] = []
+        slots: list[Ints] = []
+        slices: list[SequenceSlice] = []
+        logits_rows: list[int] = []
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            stop = start + chunk.num_tokens
+            table = np.asarray(seq.block_table[: -(-stop // block_size)], dtype=np.int64)
+            slices.append(SequenceSlice(len(token_ids), chunk.num_tokens, stop, table))
+            token_ids.extend(seq.token_ids(start, stop))
+            pos = np.arange(start, stop, dtype=np.int64)
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            if chunk.completes:
+                logits_rows.append(len(token_ids) - 1)
+        return cls(
+            token_ids=np.asarray(token_ids, dtype=np.int64),
+            positions=np.concatenate(positions),
+            slot_mapping=np.concatenate(slots),
+            slices=tuple(slices),
+            logits_rows=np.asarray(logits_rows, dtype=np.int64),
+        )

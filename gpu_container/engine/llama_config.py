@@ -1,0 +1,72 @@
+"""The Llama architecture's hyperparameters, read from a Hugging Face config.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
+        scaling = raw.get("rope_scaling")
+        if scaling:
+            # Llama 3.1-style frequency scaling changes RoPE; silently ignoring it would give wrong logits.
+            raise ValueError(f"rope_scaling is not supported: {scaling!r}")
+        eos = raw.get("eos_token_id")
+        eos_ids: tuple[int, ...] = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        num_heads = int(raw["num_attention_heads"])
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or num_heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+            head_dim=int(raw.get("head_dim") or 0),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "eos_token_id": list(self.eos_token_ids),
+            "hidden_act": "silu",
+            "torch_dtype": "float32",
+        }

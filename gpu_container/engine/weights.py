@@ -1,0 +1,68 @@
+"""Llama weights laid out for the numpy forward: projections transposed to [in, out] and fused
+(q|k|v, gate|up) so each layer does four matrix products."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu_container.engine.arrays import Floats
+from gpu_container.engine.llama_config import LlamaConfig
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    input_norm: Floats  # [hidden]
+    qkv_proj: Floats  # [hidden, (heads + 2 * kv_heads) * head_dim]
+    o_proj: Floats  # [heads * head_dim, hidden]
+    post_attention_norm: Floats  # [hidden]
+    gate_up_proj: Floats  # [hidden, 2 * intermediate]
+    down_proj: Floats  # [intermediate, hidden]
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaWeights:
+    embed_tokens: Floats  # [vocab, hidden]
+    layers: tuple[LayerWeights, ...]
+    norm: Floats  # [hidden]
+    lm_head: Floats  # [hidden, vocab]
+
+    @classmethod
+    def from_hf(cls, config: LlamaConfig, tensors: Mapping[str, npt.NDArray[Any]]) -> LlamaWeights:
+        """Build from Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...)."""
+
+        def get(name: str) -> Floats:
+            if name not in tensors:
+                raise KeyError(f"checkpoint has no tensor {name!r}")
+            return np.asarray(tensors[name], dtype=np.float32)
+
+        def fused(*names: str) -> Floats:
+            return np.ascontiguousarray(np.concatenate([get(n) for n in names], axis=0).T)
+
+        layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [f"{p}self_attn.{x}_proj.weight" for x in ("q", "k", "v")]
+            layers.append(
+                LayerWeights(
+                    input_norm=get(f"{p}input_layernorm.weight"),
+                    qkv_proj=fused(*attn),
+                    o_proj=fused(f"{p}self_attn.o_proj.weight"),
+                    post_attention_norm=get(f"{p}post_attention_layernorm.weight"),
+                    gate_up_proj=fused(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    down_proj=fused(f"{p}mlp.down_proj.weight"),
+                )
+            )
+        embed = get("model.embed_tokens.weight")
+        head_name = "lm_head.weight"
+        head = embed if config.tie_word_embeddings or head_name not in tensors else get(head_name)
+        return cls(
+            embed_tokens=embed,
+            layers=tuple(layers),
+            norm=get("model.norm.weight"),
+            lm_head=np.ascontiguousarray(head.T),
+        )
