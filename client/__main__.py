@@ -1,0 +1,5 @@
+"""`python -m client chat "prompt"`."""
+
+from client.cli import main
+
+raise SystemExit(main())

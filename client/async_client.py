@@ -1,0 +1,303 @@
+"""The asynchronous client: `AsyncClient(...).chat.stream(...)`, for many concurrent streams."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+
+from client.client import DEFAULT_DEADLINE_S, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, http_timeout
+from client.decoder import ChunkDecoder
+from client.errors import ConflictError, FloodgateError, NetworkError, NotFoundError, error_from_response
+from client.events import ChatResult, Finished, StreamEvent
+from client.rate_limits import RateLimits
+from client.request import (
+    CHAT_PATH,
+    MODELS_PATH,
+    ChatRequest,
+    Messages,
+    auth_headers,
+    cancel_path,
+    first_model_id,
+)
+from client.retry import RetryPolicy
+from client.sse import aiter_events
+
+log = logging.getLogger("floodgate.client")
+
+_CANCEL_ON_EXIT_S = 5.0
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        max_connections: int = 1000,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=auth_headers(api_key),
+            timeout=http_timeout(timeout),
+            # Every open stream holds a connection for its whole reply.
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=100),
+        )
+        self.chat = AsyncChat(self._http, max_retries)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncChat:
+    def __init__(self, http: httpx.AsyncClient, max_retries: int) -> None:
+        self._http = http
+        self._max_retries = max_retries
+        self._default_model: str | None = None
+
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        conversation_id: str | None = None,
+        auto_retry: bool = False,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> AsyncChatStream:
+        """The stream opens on `await`, `async with` or the first `async for`; error answers raise
+        there (429: RateLimitError, or with `auto_retry`, wait as advised within `deadline_s`)."""
+        request = ChatRequest(messages, model, max_tokens, temperature, top_p, seed, stop, conversation_id)
+        policy = RetryPolicy(self._max_retries if auto_retry else 0, deadline_s)
+        return AsyncChatStream(self, request, policy)
+
+    async def create(
+        self,
+        messages: Messages,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        conversation_id: str | None = None,
+        auto_retry: bool = False,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> ChatResult:
+        """The whole reply, streamed underneath."""
+        async with self.stream(
+            messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            conversation_id=conversation_id,
+            auto_retry=auto_retry,
+            deadline_s=deadline_s,
+        ) as stream:
+            finished = await stream.until_finished()
+            return ChatResult(stream.text, finished.reason, finished.usage, stream.request_id or "")
+
+    async def cancel(self, request_id: str) -> str:
+        """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
+        ConflictError (already finished). Returns the server's status ("CANCELLED")."""
+        try:
+            response = await self._http.post(cancel_path(request_id))
+        except httpx.TransportError as exc:
+            raise NetworkError(f"cancel failed: {exc}") from exc
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content)
+        return str(response.json().get("status", ""))
+
+    async def _with_model(self, request: ChatRequest) -> ChatRequest:
+        if request.model is not None:
+            return request
+        if self._default_model is None:
+            try:
+                response = await self._http.get(MODELS_PATH)
+            except httpx.TransportError as exc:
+                raise NetworkError(f"listing models failed: {exc}") from exc
+            if response.status_code != 200:
+                raise error_from_response(response.status_code, response.headers, response.content)
+            try:
+                self._default_model = first_model_id(response.json())
+            except ValueError as exc:
+                raise NotFoundError(str(exc), status_code=response.status_code) from exc
+        return dataclasses.replace(request, model=self._default_model)
+
+    async def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
+        request = await self._with_model(request)
+        started = time.monotonic()
+        retries_done = 0
+        while True:
+            try:
+                response = await self._http.send(
+                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
+                )
+            except httpx.TransportError as exc:
+                if network_retries > 0:
+                    network_retries -= 1
+                    log.info("retrying after a network error: %s", type(exc).__name__)
+                    continue
+                raise NetworkError(f"request failed: {exc}") from exc
+            if response.status_code == 200:
+                return response
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
+            error = error_from_response(response.status_code, response.headers, body)
+            wait = policy.wait_s(error, retries_done, time.monotonic() - started)
+            if wait is None:
+                raise error
+            log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
+            retries_done += 1
+            await anyio.sleep(wait)
+
+
+class AsyncChatStream:
+    """One streamed reply; `async for` it for RequestStarted, TextDelta..., Finished.
+
+    Retries and cancellation behave as in the sync ChatStream.
+    """
+
+    def __init__(self, chat: AsyncChat, request: ChatRequest, policy: RetryPolicy) -> None:
+        self._chat = chat
+        self._request = request
+        self._policy = policy
+        self._network_retries = min(1, chat._max_retries)
+        self._decoder = ChunkDecoder()
+        self._cancelled = False
+        self._response: httpx.Response | None = None
+        self._events = self._generate()
+
+    async def open(self) -> AsyncChatStream:
+        """Send the request (once); error answers raise here."""
+        if self._response is None:
+            self._response = await self._chat._open(self._request, self._policy, self._network_retries)
+        return self
+
+    def __await__(self) -> Generator[Any, None, AsyncChatStream]:
+        return self.open().__await__()
+
+    @property
+    def request_id(self) -> str | None:
+        if self._decoder.request_id is not None or self._response is None:
+            return self._decoder.request_id
+        header: str | None = self._response.headers.get("x-request-id")
+        return header
+
+    @property
+    def text(self) -> str:
+        return self._decoder.text
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        return RateLimits.from_headers(self._response.headers if self._response is not None else {})
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return self._response.headers if self._response is not None else httpx.Headers()
+
+    @property
+    def finished(self) -> Finished | None:
+        return self._decoder.finished
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        return await self._events.__anext__()
+
+    async def until_finished(self) -> Finished:
+        async for _ in self:
+            pass
+        assert self._decoder.finished is not None, "a stream always ends with Finished or raises"
+        return self._decoder.finished
+
+    async def cancel(self) -> bool:
+        """Ask the server to stop generating, then close the connection. True when the server confirmed;
+        False when the reply had already finished. The stream then ends with Finished(cancelled=True)."""
+        if self._decoder.finished is not None or self._cancelled or self._response is None:
+            return False
+        request_id = self.request_id
+        try:
+            if request_id is None:
+                raise NetworkError("no request id yet to cancel")
+            await self._chat.cancel(request_id)
+        except ConflictError:
+            return False
+        except FloodgateError:
+            await self.close()
+            raise
+        self._cancelled = True
+        await self.close()
+        return True
+
+    async def close(self) -> None:
+        if self._response is not None:
+            await self._response.aclose()
+
+    async def __aenter__(self) -> AsyncChatStream:
+        return await self.open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # Shielded: the block may be exiting because its task is being cancelled. Bounded: closing the
+        # connection stops the generation too, so a slow cancel call is not worth waiting for.
+        with anyio.move_on_after(_CANCEL_ON_EXIT_S, shield=True):
+            if self._decoder.finished is None and not self._cancelled:
+                try:
+                    await self.cancel()
+                except FloodgateError as error:
+                    log.info("cancel on exit failed: %s", type(error).__name__)
+        with anyio.CancelScope(shield=True):
+            await self._events.aclose()
+            await self.close()
+
+    async def _generate(self) -> AsyncGenerator[StreamEvent, None]:
+        await self.open()
+        while True:
+            assert self._response is not None
+            try:
+                async for sse in aiter_events(self._response.aiter_bytes()):
+                    for event in self._decoder.feed(sse):
+                        yield event
+                        if self._cancelled:
+                            yield self._decoder.finish_cancelled()
+                            return
+                for event in self._decoder.end_of_stream():
+                    yield event
+                return
+            except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
+                if self._cancelled:
+                    yield self._decoder.finish_cancelled()
+                    return
+                if self._decoder.saw_text or self._network_retries == 0:
+                    raise NetworkError(f"stream broken: {exc}") from exc
+                self._network_retries -= 1
+                await self._response.aclose()
+                self._response = await self._chat._open(self._request, self._policy, 0)
+                self._decoder = ChunkDecoder()

@@ -1,0 +1,112 @@
+"""`floodgate chat "prompt"`: stream a reply to the terminal; Ctrl-C stops it on the server too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import TextIO
+
+from client.client import Client
+from client.errors import FloodgateError, RateLimitError
+from client.events import Finished, RequestStarted, StreamEvent, TextDelta
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+KEY_ENV = "FLOODGATE_API_KEY"
+EXIT_INTERRUPTED = 130
+
+
+def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `chat` on an argparse sub-command set (`parser.add_subparsers()`)."""
+    chat = subparsers.add_parser("chat", help="stream a chat reply from a Floodgate edge")
+    chat.add_argument("prompt", help="the user message")
+    chat.add_argument("--system", help="a system message to send first")
+    chat.add_argument("--model", help="model name (default: the first the edge lists)")
+    chat.add_argument("--max-tokens", type=int, help="most tokens to generate")
+    chat.add_argument("--temperature", type=float)
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"the edge (default {DEFAULT_BASE_URL})")
+    chat.add_argument("--json", action="store_true", help="print each event as a JSON line")
+    chat.add_argument("--retry", action="store_true", help="on 429, wait as the edge advises and retry")
+    chat.set_defaults(handler=run_chat)
+
+
+def event_json(event: StreamEvent) -> str:
+    kind = {RequestStarted: "request_started", TextDelta: "text_delta", Finished: "finished"}[type(event)]
+    return json.dumps({"type": kind, **asdict(event)}, ensure_ascii=False)
+
+
+def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    api_key = os.environ.get(KEY_ENV)
+    if not api_key:
+        print(f"error: set {KEY_ENV} to your API key", file=err)
+        return 2
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.prompt})
+    with Client(args.base_url, api_key) as client:
+        try:
+            stream = client.chat.stream(
+                messages,
+                model=args.model,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                seed=args.seed,
+                auto_retry=args.retry,
+            )
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except RateLimitError as error:
+            wait = "" if error.retry_after_s is None else f"; retry in {error.retry_after_s:.1f} s"
+            print(f"error: rate limited ({error.limit}){wait}", file=err)
+            return 1
+        except FloodgateError as error:
+            print(f"error: {error.message}", file=err)
+            return 1
+        with stream:
+            try:
+                for event in stream:
+                    _print_event(event, args.json, out, err)
+            except KeyboardInterrupt:
+                confirmed = _cancel_quietly(stream.cancel)
+                if args.json:
+                    print(json.dumps({"type": "interrupted", "cancel_confirmed": confirmed}), file=out)
+                else:
+                    print(f"\n[stopped{'' if confirmed else ', server did not confirm'}]", file=err)
+                return EXIT_INTERRUPTED
+            except FloodgateError as error:
+                print(f"\nerror: {error.message}", file=err)
+                return 1
+    return 0
+
+
+def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) -> None:
+    if as_json:
+        print(event_json(event), file=out, flush=True)
+    elif isinstance(event, TextDelta):
+        out.write(event.text)
+        out.flush()
+    elif isinstance(event, Finished):
+        out.write("\n")
+        note = "stopped" if event.cancelled else event.reason
+        if event.limit_reached:
+            note += f", {event.limit_reached} limit reached"
+        if event.usage is not None:
+            note += f", {event.usage.prompt_tokens} in / {event.usage.completion_tokens} out"
+        print(f"[{note}]", file=err)
+
+
+def _cancel_quietly(cancel: Callable[[], bool]) -> bool:
+    try:
+        return bool(cancel())
+    except FloodgateError:
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="floodgate", description="Floodgate client")
+    add_chat_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))

@@ -1,0 +1,288 @@
+"""The synchronous client: `Client(...).chat.stream(...)` yields typed events as tokens arrive."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Generator, Iterator, Sequence
+from types import TracebackType
+
+import httpx
+
+from client.decoder import ChunkDecoder
+from client.errors import ConflictError, FloodgateError, NetworkError, NotFoundError, error_from_response
+from client.events import ChatResult, Finished, StreamEvent
+from client.rate_limits import RateLimits
+from client.request import (
+    CHAT_PATH,
+    MODELS_PATH,
+    ChatRequest,
+    Messages,
+    auth_headers,
+    cancel_path,
+    first_model_id,
+)
+from client.retry import RetryPolicy
+from client.sse import iter_events
+
+log = logging.getLogger("floodgate.client")
+
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MAX_RETRIES = 2
+DEFAULT_DEADLINE_S = 60.0
+
+
+def http_timeout(timeout_s: float) -> httpx.Timeout:
+    """`timeout_s` bounds each read: a queued request still gets keep-alives well within it."""
+    return httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+
+
+class Client:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url, headers=auth_headers(api_key), timeout=http_timeout(timeout)
+        )
+        self.chat = Chat(self._http, max_retries)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Chat:
+    def __init__(self, http: httpx.Client, max_retries: int) -> None:
+        self._http = http
+        self._max_retries = max_retries
+        self._default_model: str | None = None
+
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        conversation_id: str | None = None,
+        auto_retry: bool = False,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> ChatStream:
+        """Send the request and return its open stream. Error answers raise here (429: RateLimitError,
+        or with `auto_retry`, wait as the server advises and try again within `deadline_s`)."""
+        request = ChatRequest(messages, model, max_tokens, temperature, top_p, seed, stop, conversation_id)
+        policy = RetryPolicy(self._max_retries if auto_retry else 0, deadline_s)
+        return ChatStream(self, request, policy)
+
+    def create(
+        self,
+        messages: Messages,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        conversation_id: str | None = None,
+        auto_retry: bool = False,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> ChatResult:
+        """The whole reply, streamed underneath."""
+        with self.stream(
+            messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            conversation_id=conversation_id,
+            auto_retry=auto_retry,
+            deadline_s=deadline_s,
+        ) as stream:
+            finished = stream.until_finished()
+            return ChatResult(stream.text, finished.reason, finished.usage, stream.request_id or "")
+
+    def cancel(self, request_id: str) -> str:
+        """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
+        ConflictError (already finished). Returns the server's status ("CANCELLED")."""
+        try:
+            response = self._http.post(cancel_path(request_id))
+        except httpx.TransportError as exc:
+            raise NetworkError(f"cancel failed: {exc}") from exc
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content)
+        return str(response.json().get("status", ""))
+
+    def _with_model(self, request: ChatRequest) -> ChatRequest:
+        if request.model is not None:
+            return request
+        if self._default_model is None:
+            try:
+                response = self._http.get(MODELS_PATH)
+            except httpx.TransportError as exc:
+                raise NetworkError(f"listing models failed: {exc}") from exc
+            if response.status_code != 200:
+                raise error_from_response(response.status_code, response.headers, response.content)
+            try:
+                self._default_model = first_model_id(response.json())
+            except ValueError as exc:
+                raise NotFoundError(str(exc), status_code=response.status_code) from exc
+        return dataclasses.replace(request, model=self._default_model)
+
+    def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
+        request = self._with_model(request)
+        started = time.monotonic()
+        retries_done = 0
+        while True:
+            try:
+                response = self._http.send(
+                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
+                )
+            except httpx.TransportError as exc:
+                if network_retries > 0:
+                    network_retries -= 1
+                    log.info("retrying after a network error: %s", type(exc).__name__)
+                    continue
+                raise NetworkError(f"request failed: {exc}") from exc
+            if response.status_code == 200:
+                return response
+            try:
+                body = response.read()
+            finally:
+                response.close()
+            error = error_from_response(response.status_code, response.headers, body)
+            wait = policy.wait_s(error, retries_done, time.monotonic() - started)
+            if wait is None:
+                raise error
+            log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
+            retries_done += 1
+            time.sleep(wait)
+
+
+class ChatStream:
+    """One streamed reply. Iterate it for RequestStarted, TextDelta..., Finished.
+
+    A network failure before the first text delta reopens the request once (a new RequestStarted
+    follows, with the new id); after text has arrived it raises NetworkError: a reply is never
+    silently restarted. Leaving a `with` block before the end cancels the generation on the server.
+    """
+
+    def __init__(self, chat: Chat, request: ChatRequest, policy: RetryPolicy) -> None:
+        self._chat = chat
+        self._request = request
+        self._policy = policy
+        self._network_retries = min(1, chat._max_retries)
+        self._decoder = ChunkDecoder()
+        self._cancelled = False
+        self._response = chat._open(request, policy, self._network_retries)
+        self._events = self._generate()
+
+    @property
+    def request_id(self) -> str | None:
+        return self._decoder.request_id or self._response.headers.get("x-request-id")
+
+    @property
+    def text(self) -> str:
+        """The reply so far."""
+        return self._decoder.text
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        return RateLimits.from_headers(self._response.headers)
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return self._response.headers
+
+    @property
+    def finished(self) -> Finished | None:
+        return self._decoder.finished
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        return next(self._events)
+
+    def until_finished(self) -> Finished:
+        """Read the rest of the stream; the final event."""
+        for _ in self:
+            pass
+        assert self._decoder.finished is not None, "a stream always ends with Finished or raises"
+        return self._decoder.finished
+
+    def cancel(self) -> bool:
+        """Ask the server to stop generating, then close the connection. True when the server confirmed;
+        False when the reply had already finished. The stream then ends with Finished(cancelled=True)."""
+        if self._decoder.finished is not None or self._cancelled:
+            return False
+        request_id = self.request_id
+        try:
+            if request_id is None:
+                raise NetworkError("no request id yet to cancel")
+            self._chat.cancel(request_id)
+        except ConflictError:
+            # Finished on the server already: the rest of the reply is on its way; let it be read.
+            return False
+        except FloodgateError:
+            # Dropping the connection still stops the generation server-side.
+            self.close()
+            raise
+        self._cancelled = True
+        self.close()
+        return True
+
+    def close(self) -> None:
+        self._response.close()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._decoder.finished is None and not self._cancelled:
+            try:
+                self.cancel()
+            except FloodgateError as error:
+                log.info("cancel on exit failed: %s", type(error).__name__)
+        self._events.close()
+        self.close()
+
+    def _generate(self) -> Generator[StreamEvent, None, None]:
+        while True:
+            try:
+                for sse in iter_events(self._response.iter_bytes()):
+                    for event in self._decoder.feed(sse):
+                        yield event
+                        if self._cancelled:
+                            yield self._decoder.finish_cancelled()
+                            return
+                yield from self._decoder.end_of_stream()
+                return
+            except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
+                if self._cancelled:
+                    yield self._decoder.finish_cancelled()
+                    return
+                if self._decoder.saw_text or self._network_retries == 0:
+                    raise NetworkError(f"stream broken: {exc}") from exc
+                self._network_retries -= 1
+                self._response.close()
+                self._response = self._chat._open(self._request, self._policy, 0)
+                self._decoder = ChunkDecoder()

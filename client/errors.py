@@ -1,0 +1,141 @@
+"""Typed errors: one class per answer a caller handles differently, all under FloodgateError."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+
+class FloodgateError(Exception):
+    """An error answer from the edge, in OpenAI's error-object shape, or a failure to reach it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers: dict[str, str] = {k.lower(): v for k, v in (headers or {}).items()}
+
+
+class AuthenticationError(FloodgateError):
+    """401/403: the API key is missing, unknown or revoked."""
+
+
+class BadRequestError(FloodgateError):
+    """400/413/422: the request itself is wrong (bad field, prompt over the context, body too large)."""
+
+
+class NotFoundError(FloodgateError):
+    """404: unknown route, model or request id (another user's request ids read as unknown too)."""
+
+
+class ConflictError(FloodgateError):
+    """409: the request is already finished, so it cannot be cancelled."""
+
+
+class RateLimitError(FloodgateError):
+    """429. `limit` says which: requests, tokens, concurrency, queue_full or wait_too_long."""
+
+    @property
+    def limit(self) -> str | None:
+        return self.code
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return retry_after_s(self.headers)
+
+
+class ServiceUnavailableError(FloodgateError):
+    """503: the limiter store is down and the tier fails closed; `retry_after_s` says when to retry."""
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return retry_after_s(self.headers)
+
+
+class StreamError(FloodgateError):
+    """An error event in the middle of a stream: the generation failed after it had started."""
+
+
+class NetworkError(FloodgateError):
+    """The connection failed or broke (connect, read, or the stream ended without its last event)."""
+
+
+_BY_STATUS: dict[int, type[FloodgateError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: AuthenticationError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: BadRequestError,
+    422: BadRequestError,
+    429: RateLimitError,
+    503: ServiceUnavailableError,
+}
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The server's advertised wait: `retry-after-ms` (exact) first, then `Retry-After` (s or HTTP date)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    millis = lowered.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    seconds = lowered.get("retry-after")
+    if seconds is None:
+        return None
+    try:
+        return max(0.0, float(seconds))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(seconds).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def error_from_json(payload: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """The keyword arguments of an error from an OpenAI error object (or anything less tidy)."""
+    error = payload.get("error")
+    if not isinstance(error, Mapping):
+        error = {}
+    return {
+        "message": _text(error, "message") or "unknown error",
+        "type": _text(error, "type"),
+        "code": _text(error, "code"),
+        "param": _text(error, "param"),
+        **extra,
+    }
+
+
+def _text(error: Mapping[str, Any], key: str) -> str | None:
+    value = error.get(key)
+    return None if value is None else str(value)
+
+
+def error_from_response(status_code: int, headers: Mapping[str, str], body: bytes) -> FloodgateError:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        text = body.decode("utf-8", errors="replace")[:500]
+        payload = {"error": {"message": text or f"HTTP {status_code}"}}
+    if not isinstance(payload, Mapping):
+        payload = {}
+    cls = _BY_STATUS.get(status_code, FloodgateError)
+    return cls(**error_from_json(payload, status_code=status_code, headers=headers))

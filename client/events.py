@@ -1,0 +1,56 @@
+"""What a chat stream yields, as it arrives, and what a whole reply comes to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Usage:
+        prompt = int(raw.get("prompt_tokens", 0))
+        completion = int(raw.get("completion_tokens", 0))
+        return cls(prompt, completion, int(raw.get("total_tokens", prompt + completion)))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    """The server accepted the request; `request_id` is what the cancel endpoint takes."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of a stream. `reason` is "stop" or "length" (OpenAI's finish_reason).
+
+    `cancelled`: the generation was stopped by a cancel. `limit_reached`: which budget cut it short
+    ("tokens"), or None. `usage` is None when the server sent no usage chunk.
+    """
+
+    reason: str
+    usage: Usage | None
+    cancelled: bool = False
+    limit_reached: str | None = None
+
+
+StreamEvent = RequestStarted | TextDelta | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    text: str
+    finish_reason: str
+    usage: Usage | None
+    request_id: str

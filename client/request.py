@@ -1,0 +1,68 @@
+"""What the client sends: the chat request body, the endpoints and the auth header."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
+Messages = Sequence[Mapping[str, str]] | str
+
+
+def cancel_path(request_id: str) -> str:
+    return f"{CHAT_PATH}/{quote(request_id, safe='')}/cancel"
+
+
+def first_model_id(models: Any) -> str:
+    """The model a request without `model` goes to: the first the edge lists at /v1/models."""
+    try:
+        return str(models["data"][0]["id"])
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError("the edge lists no models") from exc
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "Accept": "text/event-stream"}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A streamed chat completion. A bare string as `messages` is one user message; no `model`: the
+    client fills in the edge's first listed model before sending."""
+
+    messages: Messages
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | Sequence[str] | None = None
+    conversation_id: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        messages = (
+            [{"role": "user", "content": self.messages}]
+            if isinstance(self.messages, str)
+            else [dict(message) for message in self.messages]
+        )
+        body: dict[str, Any] = {
+            "messages": messages,
+            "stream": True,
+            # Usage comes in its own chunk before [DONE]; Finished carries it.
+            "stream_options": {"include_usage": True},
+        }
+        optional: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": self.stop if self.stop is None or isinstance(self.stop, str) else list(self.stop),
+            "conversation_id": self.conversation_id,
+        }
+        body.update({key: value for key, value in optional.items() if value is not None})
+        return body

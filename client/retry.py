@@ -1,0 +1,36 @@
+"""When to try a refused request again: after the server's advertised wait, within a total deadline."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
+
+# Without an advertised wait, back off exponentially from this, up to the cap.
+_BASE_BACKOFF_S = 0.5
+_MAX_BACKOFF_S = 8.0
+# Retrying early only earns another 429, so jitter is added on top of the advertised wait, never
+# taken off it: a little (10%, at most a second) spreads out clients that were refused together.
+_JITTER_FRACTION = 0.1
+_MAX_JITTER_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retries: int
+    deadline_s: float
+
+    def wait_s(self, error: FloodgateError, retries_done: int, elapsed_s: float) -> float | None:
+        """Seconds to wait before the next attempt, or None: give up and raise `error`."""
+        if not isinstance(error, RateLimitError | ServiceUnavailableError):
+            return None
+        if retries_done >= self.max_retries:
+            return None
+        advertised = error.retry_after_s
+        if advertised is None:
+            advertised = min(_MAX_BACKOFF_S, _BASE_BACKOFF_S * 2**retries_done)
+        wait = advertised + random.uniform(0.0, min(_MAX_JITTER_S, advertised * _JITTER_FRACTION))
+        if elapsed_s + wait > self.deadline_s:
+            return None
+        return wait
