@@ -112,4 +112,6 @@ class DynamoDBMessageStore:
             ],
             BillingMode="PAY_PER_REQUEST",
         )
-        self._client.get_waiter("table_exists").wait(TableName=self._table)
+        self._client.get_waiter("table_exists").wait(
+            TableName=self._table, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+        )

@@ -37,6 +37,7 @@ class MessageWriter:
         self._max_backoff_s = max_backoff_s
         self._drain_timeout_s = drain_timeout_s
         self._worker: asyncio.Task[None] | None = None
+        self._writing: StoredMessage | None = None
         self._closed = False
 
     @property
@@ -62,25 +63,27 @@ class MessageWriter:
     async def aclose(self) -> None:
         """Stop taking messages, write what is queued for at most `drain_timeout_s`, drop the rest."""
         self._closed = True
-        if self._worker is None:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
-        self._worker = None
-        left = self._queue.qsize()
+        in_flight = False
+        if self._worker is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
+            in_flight = self._writing is not None
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+        left = self._queue.qsize() + in_flight
         if left:
             MESSAGES_DROPPED.inc(left)
             log.warning("message_writer_drain_incomplete", dropped=left)
 
     async def _run(self) -> None:
         while True:
-            msg = await self._queue.get()
+            self._writing = await self._queue.get()
             try:
-                await self._write(msg)
+                await self._write(self._writing)
             finally:
+                self._writing = None
                 self._queue.task_done()
 
     async def _write(self, msg: StoredMessage) -> None:

@@ -1,0 +1,54 @@
+"""create_store builds the configured backend, ready to use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge.config import load_settings
+from edge.messages.dynamodb import DynamoDBMessageStore
+from edge.messages.factory import create_store
+from edge.messages.message import new_message
+from edge.messages.sqlite import SQLiteMessageStore
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_sqlite_is_the_embedded_default(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "messages.db"
+    settings = load_settings(overrides={"messages": {"sqlite_path": str(path)}})
+
+    store = await create_store(settings.messages)
+    msg = new_message("c1", "alice", "user", "hi", "r_1")
+    await store.append(msg)
+
+    assert isinstance(store, SQLiteMessageStore)
+    assert await store.history("c1", "alice") == [msg]
+    assert path.exists()
+    await store.aclose()
+
+
+async def test_dynamodb_with_a_local_endpoint_creates_its_table(
+    dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    settings = load_settings(
+        overrides={
+            "messages": {
+                "backend": "dynamodb",
+                "dynamodb_table": "floodgate-factory-test",
+                "dynamodb_endpoint": dynalite_endpoint,
+            }
+        }
+    )
+
+    store = await create_store(settings.messages)
+    msg = new_message("c1", "alice", "user", "hi", "r_1")
+    await store.append(msg)
+
+    assert isinstance(store, DynamoDBMessageStore)
+    assert await store.history("c1", "alice") == [msg]
+    await store.aclose()

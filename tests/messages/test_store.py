@@ -1,0 +1,77 @@
+"""The MessageStore contract, run against SQLite and DynamoDB (dynalite) alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from edge.messages.message import StoredMessage, new_message
+from edge.messages.store import MessageStore
+
+pytestmark = pytest.mark.anyio
+
+
+def conversation() -> str:
+    return f"c_{uuid.uuid4().hex}"
+
+
+async def test_history_returns_what_was_appended_in_order(store: MessageStore) -> None:
+    conv = conversation()
+    asked = new_message(conv, "alice", "user", "Explain TTFT", "r_1")
+    answered = new_message(conv, "alice", "assistant", "Time to first token…", "r_1", finish_reason="stop")
+    await store.append(asked)
+    await store.append(answered)
+
+    assert await store.history(conv, "alice") == [asked, answered]
+
+
+async def test_another_users_conversation_is_empty(store: MessageStore) -> None:
+    conv = conversation()
+    await store.append(new_message(conv, "alice", "user", "private", "r_1"))
+
+    assert await store.history(conv, "mallory") == []
+    assert await store.history(conversation(), "alice") == []
+
+
+async def test_limit_keeps_the_latest_messages_oldest_first(store: MessageStore) -> None:
+    conv = conversation()
+    written = [new_message(conv, "alice", "user", f"m{i}", f"r_{i}") for i in range(7)]
+    for msg in written:
+        await store.append(msg)
+
+    assert await store.history(conv, "alice", limit=3) == written[-3:]
+
+
+async def test_appending_the_same_message_twice_keeps_one(store: MessageStore) -> None:
+    conv = conversation()
+    msg = new_message(conv, "alice", "assistant", "partial", "r_1", finish_reason="cancelled")
+    await store.append(msg)
+    await store.append(msg)
+
+    assert await store.history(conv, "alice") == [msg]
+
+
+async def test_owner_filter_does_not_starve_the_limit(store: MessageStore) -> None:
+    # Another user's rows under the same conversation id sit between the owner's rows and the end
+    # of the conversation: the owner must still get their messages, past any page boundary.
+    conv = conversation()
+    mine = [new_message(conv, "alice", "user", f"mine{i}", "r_a") for i in range(3)]
+    for msg in mine:
+        await store.append(msg)
+    for i in range(230):
+        await store.append(new_message(conv, "mallory", "user", f"noise{i}", "r_m"))
+
+    assert await store.history(conv, "alice", limit=2) == mine[-2:]
+    assert len(await store.history(conv, "mallory", limit=500)) == 230
+
+
+async def test_unicode_and_empty_content_round_trip(store: MessageStore) -> None:
+    conv = conversation()
+    msg = StoredMessage(conv, "ünï", "01J0000000000000000000000A", "assistant", "", "r_1", 1.5, "length")
+    odd = dataclasses.replace(msg, message_id="01J0000000000000000000000B", content="é 🚀 \n\t\"'")
+    await store.append(msg)
+    await store.append(odd)
+
+    assert await store.history(conv, "ünï") == [msg, odd]

@@ -1,0 +1,91 @@
+"""MessageWriter: never blocks the caller, drops (and counts) when full, retries transient failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client import REGISTRY
+
+from edge.messages.message import new_message
+from edge.messages.sqlite import SQLiteMessageStore
+from edge.messages.writer import MessageWriter
+from tests.messages.stores import FlakyStore, GatedStore
+
+pytestmark = pytest.mark.anyio
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) -> None:
+    store = GatedStore(SQLiteMessageStore(tmp_path / "m.db"))
+    writer = MessageWriter(store, queue_size=2)
+    writer.start()
+    msgs = [new_message("c1", "alice", "user", f"m{i}", "r") for i in range(5)]
+    dropped_before = counter("floodgate_messages_dropped_total")
+
+    assert writer.submit(msgs[0])
+    with anyio.fail_after(5):
+        await store.entered.wait()  # the worker holds msgs[0] inside the slow store
+    accepted = [writer.submit(m) for m in msgs[1:]]
+
+    assert accepted == [True, True, False, False]
+    assert counter("floodgate_messages_dropped_total") - dropped_before == 2
+    store.gate.set()
+    await writer.aclose()
+    assert await store.history("c1", "alice") == msgs[:3]
+    await store.aclose()
+
+
+async def test_transient_failures_are_retried_until_written(tmp_path: Path) -> None:
+    store = FlakyStore(SQLiteMessageStore(tmp_path / "m.db"), failures=3)
+    writer = MessageWriter(store, queue_size=10, base_backoff_s=0.001, max_backoff_s=0.01)
+    retries_before = counter("floodgate_message_write_retries_total")
+    writer.start()
+    msg = new_message("c1", "alice", "assistant", "reply", "r", finish_reason="stop")
+
+    assert writer.submit(msg)
+    await writer.aclose()
+
+    assert await store.history("c1", "alice") == [msg]
+    assert store.attempts == 4
+    assert counter("floodgate_message_write_retries_total") - retries_before == 3
+    await store.aclose()
+
+
+async def test_a_message_is_given_up_after_max_attempts(tmp_path: Path) -> None:
+    store = FlakyStore(SQLiteMessageStore(tmp_path / "m.db"), failures=100)
+    writer = MessageWriter(store, queue_size=10, max_attempts=3, base_backoff_s=0.001)
+    failed_before = counter("floodgate_messages_failed_total")
+    writer.start()
+    writer.submit(new_message("c1", "alice", "user", "lost", "r"))
+    following = new_message("c1", "alice", "user", "kept", "r")
+    writer.submit(following)
+    store.failures_left = 3  # only the first message's three attempts fail
+
+    await writer.aclose()
+
+    assert counter("floodgate_messages_failed_total") - failed_before == 1
+    assert await store.history("c1", "alice") == [following]
+    await store.aclose()
+
+
+async def test_close_drains_within_its_bound_and_counts_what_is_left(tmp_path: Path) -> None:
+    store = GatedStore(SQLiteMessageStore(tmp_path / "m.db"))  # never opened: the drain must give up
+    writer = MessageWriter(store, queue_size=10, drain_timeout_s=0.1)
+    writer.start()
+    for i in range(4):
+        writer.submit(new_message("c1", "alice", "user", f"m{i}", "r"))
+    with anyio.fail_after(5):
+        await store.entered.wait()
+    dropped_before = counter("floodgate_messages_dropped_total")
+
+    with anyio.fail_after(5):
+        await writer.aclose()
+
+    assert counter("floodgate_messages_dropped_total") - dropped_before == 4
+    assert not writer.submit(new_message("c1", "alice", "user", "late", "r"))
+    await store.aclose()
