@@ -1,0 +1,90 @@
+-- One admission, atomically: requests (GCRA), tokens (GCRA over input + initial output lease) and
+-- concurrency (a set of live request ids scored by lease expiry). Mirrors limiter/policy.py:admit.
+-- KEYS: requests TAT, tokens TAT, concurrency set (one {user} hash tag: one Cluster slot)
+-- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
+--       request_id, request_interval_us, request_capacity, token_interval_us, token_capacity,
+--       max_concurrent, input_tokens, lease_tokens, lease_ttl_us
+-- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency), retry_after_ms,
+--          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms
+local CONCURRENCY_RETRY_US = 1000000
+-- Keys outlive the moment their TAT passes by this much, so a key never vanishes while it matters.
+local EXPIRY_MARGIN_MS = 1000
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local request_id = ARGV[2]
+local request_interval = tonumber(ARGV[3])
+local request_capacity = tonumber(ARGV[4])
+local token_interval = tonumber(ARGV[5])
+local token_capacity = tonumber(ARGV[6])
+local max_concurrent = tonumber(ARGV[7])
+local cost_tokens = tonumber(ARGV[8]) + tonumber(ARGV[9])
+local lease_ttl = tonumber(ARGV[10])
+
+local function ceil_ms(us)
+  return math.floor((us + 999) / 1000)
+end
+
+local function gcra(tat, interval, capacity, cost)
+  local new_tat = math.max(tat, now) + cost * interval
+  local allowed_until = now + capacity * interval
+  if new_tat <= allowed_until then
+    return new_tat, 0
+  end
+  return new_tat, new_tat - allowed_until
+end
+
+local function remaining(tat, interval, capacity)
+  return math.floor((now + capacity * interval - math.max(tat, now)) / interval)
+end
+
+local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
+local token_tat = tonumber(redis.call('GET', KEYS[2])) or 0
+local new_request_tat, request_wait = gcra(request_tat, request_interval, request_capacity, 1)
+local new_token_tat, token_wait = gcra(token_tat, token_interval, token_capacity, cost_tokens)
+
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
+local concurrency_wait = 0
+if redis.call('ZCARD', KEYS[3]) >= max_concurrent then
+  local earliest = now
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if first[2] then
+    earliest = tonumber(first[2])
+  end
+  concurrency_wait = math.max(1, math.min(CONCURRENCY_RETRY_US, earliest - now))
+end
+
+-- The binding limit is the one with the longest wait; on a tie the first in this order.
+local limit = 0
+local wait = 0
+local waits = {request_wait, token_wait, concurrency_wait}
+for i = 1, 3 do
+  if waits[i] > wait then
+    limit = i
+    wait = waits[i]
+  end
+end
+
+if limit == 0 then
+  request_tat = new_request_tat
+  token_tat = new_token_tat
+  redis.call('SET', KEYS[1], string.format('%d', request_tat), 'PX', ceil_ms(request_tat - now) + EXPIRY_MARGIN_MS)
+  redis.call('SET', KEYS[2], string.format('%d', token_tat), 'PX', ceil_ms(math.max(token_tat, now) - now) + EXPIRY_MARGIN_MS)
+  redis.call('ZADD', KEYS[3], string.format('%d', now + lease_ttl), request_id)
+  redis.call('PEXPIRE', KEYS[3], ceil_ms(lease_ttl) + EXPIRY_MARGIN_MS)
+end
+
+return {
+  limit == 0 and 1 or 0,
+  limit,
+  ceil_ms(wait),
+  remaining(request_tat, request_interval, request_capacity),
+  ceil_ms(math.max(request_tat, now) - now),
+  remaining(token_tat, token_interval, token_capacity),
+  ceil_ms(math.max(token_tat, now) - now),
+}
