@@ -1,0 +1,146 @@
+"""Deficit round robin between the users of one tier, with the quantum in KV tokens.
+
+Each user has a FIFO of waiting requests and a deficit counter. The user at the front of the ring
+starts a turn by adding `quantum` KV tokens to its deficit (only when its head does not already fit
+in it, so a user that was blocked keeps, but does not grow, what it had), then is served while its
+head fits in the deficit; then the turn passes to the next user. Backlogged users therefore get equal
+KV-token service whatever their demand: a user sending ten times more requests only lengthens its
+own queue.
+
+Why KV tokens and not requests: the KV cache is the resource that caps a batch, so a user sending
+4K-token requests should not get eight times the GPU share of one sending 512-token requests. A small
+quantum (a typical request or less) keeps the interleaving fine-grained.
+
+Dispatching happens in passes. A candidate that finds no room is `block`ed: its user sits out the rest
+of the pass but keeps its place and its deficit, so a user waiting for a large request to fit is
+served first when room appears, instead of being overtaken indefinitely.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Generic, Protocol, TypeVar
+
+from edge.admission.ticket import Ticket
+
+
+class Queued(Protocol):
+    @property
+    def ticket(self) -> Ticket: ...
+
+
+T = TypeVar("T", bound=Queued)
+
+
+class DeficitRoundRobin(Generic[T]):
+    def __init__(self, quantum: int) -> None:
+        if quantum < 1:
+            raise ValueError("the quantum must be at least one KV token")
+        self._quantum = quantum
+        self._queues: dict[str, deque[T]] = {}
+        self._deficit: dict[str, int] = {}
+        self._ring: deque[str] = deque()
+        self._turn_user: str | None = None
+        self._blocked: set[str] = set()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[T]:
+        for queue in self._queues.values():
+            yield from queue
+
+    def queued_by(self, user: str) -> int:
+        queue = self._queues.get(user)
+        return len(queue) if queue else 0
+
+    def queue_lengths(self) -> Iterator[tuple[str, int]]:
+        for user, queue in self._queues.items():
+            yield user, len(queue)
+
+    def push(self, item: T) -> None:
+        user = item.ticket.user
+        queue = self._queues.get(user)
+        if queue is None:
+            queue = self._queues[user] = deque()
+            self._deficit[user] = 0
+            self._ring.append(user)
+        queue.append(item)
+        self._size += 1
+
+    def remove(self, item: T) -> bool:
+        """Take a waiting item out (its request was cancelled or timed out); False if not queued."""
+        user = item.ticket.user
+        queue = self._queues.get(user)
+        if queue is None:
+            return False
+        try:
+            queue.remove(item)
+        except ValueError:
+            return False
+        self._size -= 1
+        if not queue:
+            self._drop_user(user)
+        return True
+
+    def begin_pass(self) -> None:
+        self._blocked.clear()
+
+    def next_candidate(self) -> T | None:
+        """The item DRR serves next among users not blocked in this pass, or None."""
+        while True:
+            user = self._first_unblocked()
+            if user is None:
+                return None
+            head = self._queues[user][0]
+            cost = head.ticket.kv_tokens
+            if self._turn_user != user:
+                self._turn_user = user
+                if self._deficit[user] < cost:
+                    self._deficit[user] += self._quantum
+            if self._deficit[user] >= cost:
+                return head
+            self._end_turn(user)
+
+    def commit(self, item: T) -> None:
+        """The candidate from next_candidate() was dispatched."""
+        user = item.ticket.user
+        queue = self._queues[user]
+        if not queue or queue[0] is not item:
+            raise ValueError("commit() takes the candidate next_candidate() returned")
+        queue.popleft()
+        self._size -= 1
+        self._deficit[user] -= item.ticket.kv_tokens
+        if not queue:
+            self._drop_user(user)
+
+    def block(self, item: T) -> None:
+        """The candidate found no room: its user waits, in place, until the next pass."""
+        user = item.ticket.user
+        self._blocked.add(user)
+        if self._turn_user == user:
+            self._turn_user = None
+
+    def _first_unblocked(self) -> str | None:
+        if len(self._blocked) >= len(self._ring):
+            return None
+        for user in self._ring:
+            if user not in self._blocked:
+                return user
+        return None
+
+    def _end_turn(self, user: str) -> None:
+        self._ring.remove(user)
+        self._ring.append(user)
+        self._turn_user = None
+
+    def _drop_user(self, user: str) -> None:
+        # An emptied queue forfeits its deficit, as in DRR: credit is not banked while idle.
+        del self._queues[user]
+        del self._deficit[user]
+        self._ring.remove(user)
+        self._blocked.discard(user)
+        if self._turn_user == user:
+            self._turn_user = None

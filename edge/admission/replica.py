@@ -1,0 +1,73 @@
+"""One GPU replica as the dispatcher sees it: last polled capacity and health, and what it holds now.
+
+The dispatcher is the single point of assignment for this edge, so it counts the KV tokens and
+sequences of the tickets it has in flight on each replica itself (exact, no polling lag) and takes
+only the totals and the health from the replica's periodic answers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edge.admission.service_rate import ServiceRate
+from edge.upstreams.base import Capacity, Upstream
+
+
+@dataclass(eq=False)
+class Replica:
+    upstream: Upstream
+    rate: ServiceRate
+    capacity: Capacity | None = None
+    healthy: bool = False
+    # Set by a failed generation: the replica takes no new work until a health check that started
+    # after the failure passes. Holds the number of checks started when it failed.
+    suspect_since_check: int | None = None
+    kv_in_use: int = 0
+    sequences: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.upstream.name
+
+    @property
+    def alive(self) -> bool:
+        """Passed its last health check: requests may keep waiting for it."""
+        return self.healthy and self.capacity is not None
+
+    @property
+    def placeable(self) -> bool:
+        """Alive and not suspect: may be sent new work now."""
+        return self.alive and self.suspect_since_check is None
+
+    def kv_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
+        total = self.capacity.kv_tokens_total if self.capacity else 0
+        return total if may_use_reserve else _unreserved(total, reserved_fraction)
+
+    def sequence_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
+        total = self.capacity.max_sequences if self.capacity else 0
+        return total if may_use_reserve else _unreserved(total, reserved_fraction)
+
+    def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
+        """Whether the ticket fits on this replica when it is empty."""
+        return (
+            kv_tokens <= self.kv_limit(may_use_reserve, reserved_fraction)
+            and self.sequence_limit(may_use_reserve, reserved_fraction) >= 1
+        )
+
+    def has_room(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
+        return self.kv_in_use + kv_tokens <= self.kv_limit(
+            may_use_reserve, reserved_fraction
+        ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
+
+    def utilisation(self) -> float:
+        total = self.capacity.kv_tokens_total if self.capacity else 0
+        return self.kv_in_use / total if total else 0.0
+
+    def completions_per_s(self) -> float:
+        return self.rate.completions_per_s(self.sequences)
+
+
+def _unreserved(total: int, reserved_fraction: float) -> int:
+    # The epsilon keeps 0.8 * 1000 from flooring to 799 through float rounding.
+    return math.floor(total * (1.0 - reserved_fraction) + 1e-9)

@@ -1,0 +1,34 @@
+"""What the edge asks the admission queue for, and how the queue says no."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+OverloadReason = Literal["queue_full", "wait_too_long", "no_replica"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One request waiting for room on a GPU replica."""
+
+    request_id: str
+    user: str
+    priority: int  # the tier's priority: higher is served first
+    kv_tokens: int  # prompt tokens + max_new_tokens: what it may occupy in the KV cache
+    max_wait_s: float  # the tier's max_queue_wait_s
+    may_use_reserve: bool  # paid tiers may use the reserved share, free may not
+    tier: str = ""  # the tier's name, for metrics only; empty means "the priority"
+
+    @property
+    def tier_label(self) -> str:
+        return self.tier or str(self.priority)
+
+
+class Overloaded(Exception):
+    """No room in reasonable time: answer 429 with Retry-After = retry_after_s."""
+
+    def __init__(self, reason: OverloadReason, retry_after_s: float) -> None:
+        super().__init__(f"overloaded: {reason} (retry after {retry_after_s:.1f}s)")
+        self.reason: OverloadReason = reason
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,56 @@
+"""Strict priority between tiers, deficit round robin between the users of a tier."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic
+
+from edge.admission.deficit_round_robin import DeficitRoundRobin, T
+from edge.admission.ticket import Ticket
+
+
+class TieredQueue(Generic[T]):
+    def __init__(self, quantum: int) -> None:
+        self._quantum = quantum
+        self._tiers: dict[int, DeficitRoundRobin[T]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(tier) for tier in self._tiers.values())
+
+    def __iter__(self) -> Iterator[T]:
+        for tier in self._tiers.values():
+            yield from tier
+
+    def push(self, item: T) -> None:
+        priority = item.ticket.priority
+        tier = self._tiers.get(priority)
+        if tier is None:
+            tier = self._tiers[priority] = DeficitRoundRobin(self._quantum)
+        tier.push(item)
+
+    def remove(self, item: T) -> bool:
+        tier = self._tiers.get(item.ticket.priority)
+        return tier is not None and tier.remove(item)
+
+    def tiers(self) -> list[DeficitRoundRobin[T]]:
+        """The non-empty tiers, highest priority first."""
+        return [self._tiers[p] for p in sorted(self._tiers, reverse=True) if len(self._tiers[p])]
+
+    def depth_by_priority(self) -> dict[int, int]:
+        return {priority: len(tier) for priority, tier in self._tiers.items()}
+
+    def position_of_new(self, ticket: Ticket) -> int:
+        """How many dispatches a new ticket would wait for, itself included.
+
+        Everything queued in higher tiers goes first. Within its tier, DRR serves every other user
+        about as many times as this user (requests of similar size assumed): a light user behind a
+        flood waits for one round, not for the whole flood.
+        """
+        ahead = sum(len(tier) for p, tier in self._tiers.items() if p > ticket.priority)
+        tier = self._tiers.get(ticket.priority)
+        if tier is None:
+            return ahead + 1
+        own = tier.queued_by(ticket.user)
+        for user, length in tier.queue_lengths():
+            ahead += length if user == ticket.user else min(length, own + 1)
+        return ahead + 1

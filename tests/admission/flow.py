@@ -1,0 +1,72 @@
+"""Drives many acquire() calls at once and records what they were granted, in grant order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import anyio
+
+from edge.admission import Dispatcher, Slot, Ticket
+
+
+def counting_clock() -> Callable[[], float]:
+    """A clock that ticks once per reading: grant order is readable from Slot.granted_at."""
+    counter = itertools.count()
+    return lambda: float(next(counter))
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0)
+
+
+_serial = itertools.count()
+
+
+def ticket(
+    user: str, *, paid: bool = False, kv_tokens: int = 100, max_wait_s: float = 60.0, tier: str | None = None
+) -> Ticket:
+    return Ticket(
+        request_id=f"req-{next(_serial)}",
+        user=user,
+        priority=10 if paid else 0,
+        kv_tokens=kv_tokens,
+        max_wait_s=max_wait_s,
+        may_use_reserve=paid,
+        tier=tier or ("paid" if paid else "free"),
+    )
+
+
+class Flow:
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.tasks: list[asyncio.Task[Slot]] = []
+
+    def submit(self, t: Ticket) -> asyncio.Task[Slot]:
+        task = asyncio.create_task(self.dispatcher.acquire(t))
+        self.tasks.append(task)
+        return task
+
+    async def settle(self) -> None:
+        """Wait until every submitted request is either queued or answered."""
+        await until(lambda: self.dispatcher.queue_depth() + sum(t.done() for t in self.tasks) == len(self.tasks))
+
+    def granted(self) -> list[Slot]:
+        """Granted slots, in grant order."""
+        slots = [t.result() for t in self.tasks if t.done() and not t.cancelled() and t.exception() is None]
+        return sorted(slots, key=lambda s: s.granted_at)
+
+    def held(self) -> list[Slot]:
+        return [s for s in self.granted() if not s.released]
+
+    async def release_oldest(self) -> None:
+        self.held()[0].release()
+        await self.settle()
+
+    async def aclose(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

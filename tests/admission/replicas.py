@@ -1,0 +1,38 @@
+"""A small Upstream whose health, capacity and generation the test controls (a real object, no mocks)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
+
+
+class ControlledUpstream:
+    def __init__(self, name: str, *, kv_tokens_total: int = 10_000, max_sequences: int = 10) -> None:
+        self.name = name
+        self.kv_tokens_total = kv_tokens_total
+        self.max_sequences = max_sequences
+        self.is_ready = True
+        self.fail_generation = False
+        self.ready_calls = 0
+        self.generated: list[str] = []
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        return self._generate(req)
+
+    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        if self.fail_generation:
+            raise UpstreamError(f"{self.name} is down")
+        self.generated.append(req.request_id)
+        yield Delta([1])
+        yield Delta([2], "stop")
+
+    async def capacity(self) -> Capacity:
+        return Capacity(self.kv_tokens_total, 0, self.max_sequences, 0, 0)
+
+    async def ready(self) -> bool:
+        self.ready_calls += 1
+        return self.is_ready
+
+    async def aclose(self) -> None:
+        return None
