@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 
 from edge.admission import Dispatcher, Slot, Ticket
 
@@ -18,9 +19,10 @@ def counting_clock() -> Callable[[], float]:
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Yield to the event loop until predicate holds (the tasks it watches make progress meanwhile)."""
     with anyio.fail_after(timeout_s):
         while not predicate():
-            await asyncio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
 
 _serial = itertools.count()
@@ -52,7 +54,12 @@ class Flow:
 
     async def settle(self) -> None:
         """Wait until every submitted request is either queued or answered."""
-        await until(lambda: self.dispatcher.queue_depth() + sum(t.done() for t in self.tasks) == len(self.tasks))
+
+        def answered_or_queued() -> bool:
+            done = sum(t.done() for t in self.tasks)
+            return self.dispatcher.queue_depth() + done == len(self.tasks)
+
+        await until(answered_or_queued)
 
     def granted(self) -> list[Slot]:
         """Granted slots, in grant order."""
