@@ -104,7 +104,7 @@ class Dispatcher:
 
     async def start(self) -> None:
         """Poll every replica once (so the first request finds their capacity), then keep polling."""
-        await self._poll_once()
+        await self.check_replicas()
         self._poller = asyncio.create_task(self._poll_forever(), name="admission-health-poll")
 
     async def aclose(self) -> None:
@@ -278,9 +278,10 @@ class Dispatcher:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self._poll_interval_s)
-            await self._poll_once()
+            await self.check_replicas()
 
-    async def _poll_once(self) -> None:
+    async def check_replicas(self) -> None:
+        """Poll every replica's health and capacity now (start() and the poller call this)."""
         self._checks_started += 1
         check = self._checks_started
         await asyncio.gather(*(self._check(replica, check) for replica in self._replicas))

@@ -1,0 +1,121 @@
+"""Overload answers: a full queue, a wait estimated too long, a wait that ran too long, a cancelled wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edge.admission import Overloaded
+from tests.admission.conftest import MakeDispatcher
+from tests.admission.flow import Flow, ticket, until
+from tests.admission.replicas import ControlledUpstream
+
+
+@pytest.mark.anyio
+async def test_queue_full_is_overloaded_with_a_retry_after(make_dispatcher: MakeDispatcher) -> None:
+    async with make_dispatcher([ControlledUpstream("r1", max_sequences=1)], max_queue=3) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(4):
+            flow.submit(ticket(f"u{i}"))
+        await flow.settle()
+        assert dispatcher.queue_depth() == 3
+
+        with pytest.raises(Overloaded) as precheck:
+            dispatcher.precheck(ticket("late"))
+        assert precheck.value.reason == "queue_full"
+        assert precheck.value.retry_after_s > 0
+        with pytest.raises(Overloaded) as acquire:
+            await dispatcher.acquire(ticket("late"))
+        assert acquire.value.reason == "queue_full"
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_wait_estimate_grows_with_the_queue_ahead(make_dispatcher: MakeDispatcher) -> None:
+    # Prior: 10 s per request, one request at a time: ten waiting means about a hundred seconds.
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], prior_service_s=10.0) as dispatcher:
+        dispatcher.precheck(ticket("idle", max_wait_s=0.0))  # room now: no wait at all
+
+        flow = Flow(dispatcher)
+        for i in range(6):
+            flow.submit(ticket(f"u{i}"))
+        await flow.settle()
+        with pytest.raises(Overloaded) as short:
+            dispatcher.precheck(ticket("new", max_wait_s=30.0))
+        for i in range(6, 11):
+            flow.submit(ticket(f"u{i}"))
+        await flow.settle()
+        with pytest.raises(Overloaded) as long:
+            dispatcher.precheck(ticket("new", max_wait_s=30.0))
+
+        assert short.value.reason == long.value.reason == "wait_too_long"
+        assert 30.0 < short.value.retry_after_s < long.value.retry_after_s
+        dispatcher.precheck(ticket("new", max_wait_s=200.0))  # a patient tier still gets in
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_light_user_behind_a_flood_is_not_turned_away(make_dispatcher: MakeDispatcher) -> None:
+    async with make_dispatcher(
+        [ControlledUpstream("r1", max_sequences=1)], prior_service_s=1.0
+    ) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(50):
+            flow.submit(ticket("flooder"))
+        await flow.settle()
+        # DRR serves the newcomer after one more flooder request, not after all fifty.
+        dispatcher.precheck(ticket("newcomer", max_wait_s=10.0))
+        with pytest.raises(Overloaded):
+            dispatcher.precheck(ticket("flooder", max_wait_s=10.0))
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_acquire_gives_up_after_max_wait(make_dispatcher: MakeDispatcher) -> None:
+    async with make_dispatcher([ControlledUpstream("r1", max_sequences=1)]) as dispatcher:
+        holder = await dispatcher.acquire(ticket("holder"))
+        with pytest.raises(Overloaded) as waited:
+            await dispatcher.acquire(ticket("impatient", max_wait_s=0.05))
+        assert waited.value.reason == "wait_too_long"
+        assert waited.value.retry_after_s > 0
+        assert dispatcher.queue_depth() == 0
+        holder.release()
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_waiting_acquire_leaves_the_queue(make_dispatcher: MakeDispatcher) -> None:
+    async with make_dispatcher([ControlledUpstream("r1", max_sequences=1)]) as dispatcher:
+        flow = Flow(dispatcher)
+        holder = flow.submit(ticket("holder"))
+        gone = flow.submit(ticket("gone"))
+        stays = flow.submit(ticket("stays"))
+        await flow.settle()
+        assert dispatcher.queue_depth() == 2
+
+        gone.cancel()
+        await until(gone.done)
+        assert dispatcher.queue_depth() == 1
+        holder.result().release()
+        await flow.settle()
+        assert stays.done() and stays.result().ticket.user == "stays"
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_slot_granted_to_a_cancelled_waiter_is_given_back(make_dispatcher: MakeDispatcher) -> None:
+    async with make_dispatcher([ControlledUpstream("r1", max_sequences=1)]) as dispatcher:
+        holder = await dispatcher.acquire(ticket("holder"))
+        waiting = asyncio.create_task(dispatcher.acquire(ticket("waiting")))
+        flow = Flow(dispatcher)
+        flow.tasks.append(waiting)
+        await flow.settle()
+        # Grant and cancel in the same loop turn: the task wakes up cancelled holding a slot.
+        holder.release()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        again = await asyncio.wait_for(dispatcher.acquire(ticket("next")), 5)
+        assert again.upstream.name == "r1"
+        again.release()

@@ -1,0 +1,142 @@
+"""The router over replicas: room, load, health, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.admission import Dispatcher, Overloaded, Slot, Ticket
+from edge.upstreams.base import GenerationRequest, UpstreamError
+from tests.admission.conftest import MakeDispatcher
+from tests.admission.flow import Flow, ticket, until
+from tests.admission.replicas import ControlledUpstream
+
+
+async def generate_with_failover(dispatcher: Dispatcher, t: Ticket) -> tuple[str, list[int]]:
+    """What the edge pipeline does: a failure before the first token retries on another replica."""
+    exclude: frozenset[str] = frozenset()
+    while True:
+        slot = await dispatcher.acquire(t, exclude)
+        tokens: list[int] = []
+        try:
+            async for delta in slot.upstream.generate(GenerationRequest(t.request_id, [1, 2, 3], 2)):
+                tokens += delta.token_ids
+        except UpstreamError:
+            slot.release(failed=True)
+            exclude |= {slot.upstream.name}
+            continue
+        slot.release()
+        return slot.upstream.name, tokens
+
+
+@pytest.mark.anyio
+async def test_never_more_than_a_replica_holds(make_dispatcher: MakeDispatcher) -> None:
+    small = ControlledUpstream("small", kv_tokens_total=1000, max_sequences=4)
+    large = ControlledUpstream("large", kv_tokens_total=3000, max_sequences=8)
+    async with make_dispatcher([small, large], kv_block_tokens=16) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(60):
+            flow.submit(ticket(f"u{i % 7}", paid=i % 3 == 0, kv_tokens=90 + 37 * (i % 9)))
+        await flow.settle()
+        for _ in range(40):
+            for replica in (small, large):
+                held = [s for s in flow.held() if s.upstream is replica]
+                assert sum(s.kv_charge for s in held) <= replica.kv_tokens_total
+                assert len(held) <= replica.max_sequences
+                assert all(s.kv_charge % 16 == 0 and s.kv_charge >= s.ticket.kv_tokens for s in held)
+            await flow.release_oldest()
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_routes_to_the_least_loaded_replica(make_dispatcher: MakeDispatcher) -> None:
+    a, b = ControlledUpstream("a"), ControlledUpstream("b")
+    async with make_dispatcher([a, b]) as dispatcher:
+        slots = [await dispatcher.acquire(ticket(f"u{i}", kv_tokens=500)) for i in range(6)]
+        assert sorted(s.upstream.name for s in slots) == ["a", "a", "a", "b", "b", "b"]
+        for s in slots:
+            s.release()
+
+
+@pytest.mark.anyio
+async def test_a_failure_before_the_first_token_completes_on_another_replica(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    broken, healthy = ControlledUpstream("broken"), ControlledUpstream("healthy")
+    broken.fail_generation = True
+    async with make_dispatcher([broken, healthy]) as dispatcher:
+        name, tokens = await generate_with_failover(dispatcher, ticket("u1"))
+        assert (name, tokens) == ("healthy", [1, 2])
+
+        # With nowhere left to go, the retry is refused instead of waiting forever.
+        healthy.fail_generation = True
+        with pytest.raises(Overloaded) as refused:
+            await generate_with_failover(dispatcher, ticket("u2"))
+        assert refused.value.reason == "no_replica"
+
+
+@pytest.mark.anyio
+async def test_a_failed_replica_gets_work_again_only_after_its_health_check(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    a, b = ControlledUpstream("a"), ControlledUpstream("b")
+    async with make_dispatcher([a, b], poll_interval_s=3600) as dispatcher:
+        first: Slot = await dispatcher.acquire(ticket("u1"))
+        first.release(failed=True)
+        # The suspect replica is the least loaded, but everything goes elsewhere.
+        others = [await dispatcher.acquire(ticket(f"u{i}")) for i in range(3)]
+        assert {s.upstream.name for s in others} == {"a", "b"} - {first.upstream.name}
+        for s in others:
+            s.release()
+
+        await dispatcher.check_replicas()  # the periodic check, now rather than in an hour
+        back = [await dispatcher.acquire(ticket(f"v{i}")) for i in range(2)]
+        assert {s.upstream.name for s in back} == {"a", "b"}
+
+
+@pytest.mark.anyio
+async def test_health_failed_replica_is_skipped_until_it_recovers(make_dispatcher: MakeDispatcher) -> None:
+    a, b = ControlledUpstream("a"), ControlledUpstream("b")
+    a.is_ready = False
+    async with make_dispatcher([a, b]) as dispatcher:
+        slots = [await dispatcher.acquire(ticket(f"u{i}")) for i in range(4)]
+        assert {s.upstream.name for s in slots} == {"b"}
+
+        a.is_ready = True
+        seen = a.ready_calls
+        await until(lambda: a.ready_calls >= seen + 2)  # one whole poll after the change
+        slot = await dispatcher.acquire(ticket("after"))
+        assert slot.upstream.name == "a"
+
+
+@pytest.mark.anyio
+async def test_no_healthy_replica_is_overloaded_for_waiters_and_newcomers(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    only = ControlledUpstream("only", max_sequences=1)
+    async with make_dispatcher([only]) as dispatcher:
+        flow = Flow(dispatcher)
+        flow.submit(ticket("holder"))
+        waiter = flow.submit(ticket("waiter"))
+        await flow.settle()
+
+        only.is_ready = False
+        await flow.settle()
+        await until(waiter.done)
+        assert isinstance(waiter.exception(), Overloaded)
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(ticket("newcomer"))
+        assert refused.value.reason == "no_replica"
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_queue_depth_per_replica_counts_healthy_replicas(make_dispatcher: MakeDispatcher) -> None:
+    a, b = ControlledUpstream("a", max_sequences=1), ControlledUpstream("b", max_sequences=1)
+    async with make_dispatcher([a, b]) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(8):
+            flow.submit(ticket(f"u{i}"))
+        await flow.settle()
+        assert dispatcher.queue_depth() == 6
+        assert dispatcher.queue_depth_per_replica() == 3.0
+        await flow.aclose()
