@@ -24,6 +24,9 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
+    def free_block_ids(self) -> tuple[int, ...]:
+        return tuple(self._free)
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks seq needs so that its first num_tokens tokens have a KV slot."""
         return max(0, blocks_for(num_tokens, self.block_size) - len(seq.block_table))

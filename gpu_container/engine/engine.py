@@ -105,14 +105,20 @@ class LLMEngine:
             seq = Sequence(request_id, prompt, params, on_output, priority, next(self._arrivals))
             self._live[request_id] = seq
             self._inbox.append(seq)
-            self._cond.notify()
+            # notify_all: wait_until_idle callers share this condition with the loop thread.
+            self._cond.notify_all()
 
     def abort(self, request_id: str) -> None:
         """Cancel a request and free its KV blocks; unknown or finished ids are ignored."""
         with self._cond:
             if request_id in self._live:
                 self._aborts.add(request_id)
-                self._cond.notify()
+                self._cond.notify_all()
+
+    def wait_until_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is queued or running (e.g. to drain before stop); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._live, timeout)
 
     def stats(self) -> EngineStats:
         with self._cond:
@@ -207,12 +213,12 @@ class LLMEngine:
         return seq, TokenOutput(seq.request_id, token_ids or [], reason, error)
 
     def _publish(self, emitted: list[_Emission]) -> None:
-        """Refresh the stats and forget finished ids, then call back outside the lock."""
+        """Refresh the stats, call back outside the lock, then forget the finished ids.
+
+        The snapshot goes first so a caller told "finished" already sees the blocks freed; the ids
+        go last so wait_until_idle returns only once every final output has been delivered.
+        """
         with self._cond:
-            for seq, out in emitted:
-                if out.finish_reason is not None:
-                    del self._live[seq.request_id]
-                    self._aborts.discard(seq.request_id)
             self._stats = self._snapshot()
         for seq, out in emitted:
             try:
@@ -220,6 +226,14 @@ class LLMEngine:
             except Exception:
                 log.exception("on_output callback failed; aborting the request", request_id=seq.request_id)
                 self.abort(seq.request_id)
+        finished = [seq.request_id for seq, out in emitted if out.finish_reason is not None]
+        if finished:
+            with self._cond:
+                for request_id in finished:
+                    del self._live[request_id]
+                    self._aborts.discard(request_id)
+                if not self._live:
+                    self._cond.notify_all()
 
     def _cancel_all(self) -> None:
         with self._cond:

@@ -1,0 +1,226 @@
+"""LLMEngine through its public, thread-safe API, running its own loop thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.forward_batch import ForwardBatch
+from gpu_container.engine.kv_cache import KVCache
+from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.types import EngineConfig, SamplingParams
+from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.tiny_llama import tiny_model
+
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _engine(model: LlamaModel | None = None, **overrides: int) -> LLMEngine:
+    settings = {"block_size": 4, "num_blocks": 32, "max_num_seqs": 8, "max_num_batched_tokens": 16}
+    settings |= overrides
+    return LLMEngine(model or tiny_model()[0], EngineConfig(**settings), eos_token_ids=[1])
+
+
+@pytest.fixture
+def engine() -> Iterator[LLMEngine]:
+    engine = _engine()
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_greedy_is_deterministic_whatever_it_is_batched_with(engine: LLMEngine) -> None:
+    seen = Collector()
+    prompt = [5, 9, 13, 2, 7]
+    engine.add_request("alone", prompt, GREEDY, seen)
+    seen.wait_finished("alone")
+    for i in range(5):
+        engine.add_request(f"crowd{i}", [3 + i] * (2 + 3 * i), GREEDY, seen)
+    engine.add_request("batched", prompt, GREEDY, seen)
+    seen.wait_finished("batched", *(f"crowd{i}" for i in range(5)))
+    assert len(seen.tokens("alone")) == 8
+    assert seen.tokens("batched") == seen.tokens("alone")
+
+
+def test_seeded_sampling_is_reproducible(engine: LLMEngine) -> None:
+    seen = Collector()
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    engine.add_request("first", [4, 8, 15], params, seen)
+    seen.wait_finished("first")
+    engine.add_request("noise", [16, 23, 42] * 3, SamplingParams(max_new_tokens=16, seed=99), seen)
+    engine.add_request("second", [4, 8, 15], params, seen)
+    engine.add_request("other-seed", [4, 8, 15], SamplingParams(**{**_asdict(params), "seed": 4321}), seen)
+    seen.wait_finished("second", "noise", "other-seed")
+    assert len(seen.tokens("first")) == 16
+    assert seen.tokens("second") == seen.tokens("first")
+    assert seen.tokens("other-seed") != seen.tokens("first")
+
+
+def test_waiting_requests_run_by_priority_then_arrival() -> None:
+    engine = _engine(max_num_seqs=1)
+    seen = Collector()
+    order: list[str] = []
+
+    def record(output: object) -> None:
+        seen(output)  # type: ignore[arg-type]
+        if seen.finish_reason(output.request_id) is not None:  # type: ignore[attr-defined]
+            order.append(output.request_id)  # type: ignore[attr-defined]
+
+    for arrival, priority in enumerate([0, 10, 0, 5, 10]):
+        engine.add_request(f"p{priority}-a{arrival}", [2, 3], GREEDY, record, priority=priority)
+    engine.start()
+    try:
+        assert engine.wait_until_idle(TIMEOUT_S)
+    finally:
+        engine.stop()
+    assert order == ["p10-a1", "p10-a4", "p5-a3", "p0-a0", "p0-a2"]
+
+
+def test_abort_mid_decode_frees_blocks_at_once(engine: LLMEngine) -> None:
+    seen = Collector()
+    long = SamplingParams(max_new_tokens=100_000, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", [6] * 9, long, seen)
+    seen.wait_tokens("long", 3)
+    assert engine.stats().free_blocks < engine.stats().num_blocks
+    engine.abort("long")
+    seen.wait_finished("long")
+    stats = engine.stats()  # published before the final callback
+    assert seen.finish_reason("long") == "cancelled"
+    assert stats.free_blocks == stats.num_blocks and stats.running == 0 and stats.waiting == 0
+    engine.abort("long")  # idempotent, and unknown ids are a no-op
+    engine.abort("never-seen")
+
+
+def test_stop_token_is_emitted_and_length_limits_apply(engine: LLMEngine) -> None:
+    seen = Collector()
+    engine.add_request("probe", [11, 12], GREEDY, seen)
+    seen.wait_finished("probe")
+    third = seen.tokens("probe")[2]
+    stop_on_third = SamplingParams(
+        max_new_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=(third,)
+    )
+    engine.add_request("stops", [11, 12], stop_on_third, seen)
+    seen.wait_finished("stops")
+    tokens = seen.tokens("stops")
+    assert tokens[-1] == third and len(tokens) <= 3
+    assert seen.finish_reason("stops") == "stop"
+    assert seen.finish_reason("probe") == "length"
+
+
+def test_max_model_len_ends_with_length() -> None:
+    engine = _engine(max_model_len=10)
+    engine.start()
+    seen = Collector()
+    try:
+        engine.add_request(
+            "r", [3] * 7, SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True), seen
+        )
+        seen.wait_finished("r")
+    finally:
+        engine.stop()
+    assert len(seen.tokens("r")) == 3 and seen.finish_reason("r") == "length"
+
+
+def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
+    seen = Collector()
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("a", [], GREEDY, seen)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("b", [1] * 3000, GREEDY, seen)
+    with pytest.raises(ValueError, match="holds at most"):
+        engine.add_request("c", [1] * 129, GREEDY, seen)  # 32 blocks of 4 tokens
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request("d", [10_000], GREEDY, seen)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.add_request("e", [1], SamplingParams(max_new_tokens=0), seen)
+    engine.add_request("f", [2, 3], SamplingParams(max_new_tokens=1000, ignore_eos=True), seen)
+    with pytest.raises(ValueError, match="already"):
+        engine.add_request("f", [2, 3], GREEDY, seen)
+
+
+class _FailsOnToken(LlamaModel):
+    """The real model, except that a prompt starting with token 66 raises: a stand-in for a step failure."""
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:  # type: ignore[override]
+        if 66 in batch.token_ids[batch.positions == 0]:
+            raise FloatingPointError("poisoned batch")
+        return super().forward(batch, cache)
+
+
+def test_a_failing_step_errors_its_requests_and_the_engine_lives_on() -> None:
+    model, _ = tiny_model()
+    engine = _engine(_FailsOnToken(model.config, model.weights))
+    engine.start()
+    seen = Collector()
+    try:
+        engine.add_request("bad", [66, 2, 3], GREEDY, seen)
+        seen.wait_finished("bad")
+        assert seen.finish_reason("bad") == "error"
+        assert "poisoned batch" in (seen.outputs["bad"][-1].error or "")
+        engine.add_request("good", [2, 3], GREEDY, seen)
+        seen.wait_finished("good")
+        assert seen.finish_reason("good") == "length"
+        assert engine.stats().free_blocks == engine.stats().num_blocks
+    finally:
+        engine.stop()
+
+
+def test_stop_cancels_everything_and_is_idempotent() -> None:
+    engine = _engine()
+    seen = Collector()
+    forever = SamplingParams(max_new_tokens=100_000, temperature=0, ignore_eos=True)
+    engine.add_request("queued-before-start", [2], forever, seen)
+    engine.start()
+    engine.add_request("running", [3, 4], forever, seen)
+    seen.wait_tokens("running", 2)
+    engine.stop()
+    engine.stop()
+    assert seen.finish_reason("running") == "cancelled"
+    assert seen.finish_reason("queued-before-start") == "cancelled"
+    assert engine.stats().free_blocks == engine.stats().num_blocks
+    with pytest.raises(RuntimeError):
+        engine.add_request("late", [2], GREEDY, seen)
+
+
+def test_thousands_of_random_requests_and_aborts_leave_nothing_behind() -> None:
+    # A pool of 10 blocks x 4 tokens forces preemption; aborts come from this thread and from callbacks.
+    engine = _engine(num_blocks=10, max_num_seqs=6, max_num_batched_tokens=12, max_model_len=40)
+    rng = np.random.default_rng(11)
+    seen = Collector()
+    abort_from_callback = {f"r{i}" for i in range(0, 2000, 7)}
+
+    def on_output(output: object) -> None:
+        seen(output)  # type: ignore[arg-type]
+        if output.request_id in abort_from_callback:  # type: ignore[attr-defined]
+            engine.abort(output.request_id)  # type: ignore[attr-defined]
+
+    engine.start()
+    try:
+        limits = {}
+        for i in range(2000):
+            limits[f"r{i}"] = int(rng.integers(1, 12))
+            prompt = rng.integers(2, 90, int(rng.integers(1, 20))).tolist()
+            params = SamplingParams(max_new_tokens=limits[f"r{i}"], temperature=float(rng.choice([0.0, 1.0])))
+            engine.add_request(f"r{i}", prompt, params, on_output, priority=int(rng.integers(0, 3)))
+            if rng.random() < 0.2:
+                engine.abort(f"r{int(rng.integers(0, i + 1))}")
+        assert engine.wait_until_idle(TIMEOUT_S)
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    assert stats.free_blocks == stats.num_blocks and stats.running == 0 and stats.waiting == 0
+    assert stats.preemptions > 0
+    reasons = {rid: [o.finish_reason for o in outs] for rid, outs in seen.outputs.items()}
+    assert set(reasons) == set(limits)
+    for rid, finals in reasons.items():
+        assert finals[-1] is not None and finals.count(None) == len(finals) - 1, rid
+        assert len(seen.tokens(rid)) <= limits[rid]
+    counted = {r: sum(1 for f in reasons.values() if f[-1] == r) for r in ("cancelled", "length", "stop")}
+    assert counted["cancelled"] > 100 and counted["length"] > 100
+
+
+def _asdict(params: SamplingParams) -> dict[str, object]:
+    return {name: getattr(params, name) for name in params.__slots__}  # type: ignore[attr-defined]
