@@ -1,0 +1,113 @@
+"""The Litestar app: routes, error handlers, and a lifespan that builds everything a request needs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+from litestar import Litestar
+from litestar.exceptions import HTTPException
+
+from edge.admission.dispatcher import Dispatcher
+from edge.auth import KeyStore
+from edge.cancel import CancelRegistry
+from edge.config import ModelConfig, Settings
+from edge.conversation_log import ConversationLog
+from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
+from edge.messages.factory import create_store
+from edge.messages.writer import MessageWriter
+from edge.pipeline import Pipeline, PipelineConfig
+from edge.routes.cancel import cancel_completion
+from edge.routes.chat import chat_completions
+from edge.routes.health import healthz, readyz
+from edge.routes.models import list_models
+from edge.routes.observability import engine_state, prometheus_metrics
+from edge.routes.playground import playground
+from edge.runtime import Runtime
+from edge.text.model_text import ModelText
+from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
+from limiter.factory import create_limiter
+
+
+def resolve_model_dir(model: ModelConfig) -> Path:
+    """The configured checkpoint, or the demo model (built on first use)."""
+    if model.path:
+        return Path(model.path)
+    from gpu_container.engine.demo_model import build_demo_model
+
+    return build_demo_model(Path(model.demo_dir))
+
+
+def _model_max_len(model_dir: Path, configured: int) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    positions = config.get("max_position_embeddings")
+    return min(configured, positions) if isinstance(positions, int) else configured
+
+
+def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
+    provider = upstreams or local_upstreams
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            model_dir = resolve_model_dir(settings.model)
+            text = ModelText.load(model_dir)
+            replicas = await stack.enter_async_context(provider(settings, model_dir))
+            lim = settings.limiter
+            limiter = create_limiter(lim.backend, lim.redis_url, lim.timeout_ms, lim.instance_count)
+            stack.push_async_callback(limiter.aclose)
+            dispatcher = Dispatcher(
+                replicas,
+                reserved_paid_fraction=settings.admission.reserved_paid_fraction,
+                max_queue=settings.admission.max_queue,
+                kv_block_tokens=settings.engine.block_size,
+            )
+            await dispatcher.start()
+            stack.push_async_callback(dispatcher.aclose)
+            store = await create_store(settings.messages)
+            stack.push_async_callback(store.aclose)
+            writer = MessageWriter(store, settings.messages.queue_size)
+            writer.start()
+            stack.push_async_callback(writer.aclose)
+            registry = CancelRegistry()
+            config = PipelineConfig(
+                model_name=settings.model.name,
+                max_model_len=_model_max_len(model_dir, settings.engine.max_model_len),
+                keepalive_s=settings.server.keepalive_s,
+                tiers=settings.tiers,
+            )
+            pipeline = Pipeline(config, text, limiter, dispatcher, registry, ConversationLog(writer))
+            app.state.runtime = Runtime(
+                settings=settings,
+                keys=KeyStore(Path(settings.server.keys_file)),
+                pipeline=pipeline,
+                canceller=registry,
+                upstreams=replicas,
+            )
+            try:
+                yield
+            finally:
+                del app.state.runtime
+
+    return Litestar(
+        route_handlers=[
+            chat_completions,
+            cancel_completion,
+            list_models,
+            healthz,
+            readyz,
+            prometheus_metrics,
+            engine_state,
+            playground,
+        ],
+        lifespan=[lifespan],
+        exception_handlers={
+            ApiError: handle_api_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
+        request_max_body_size=settings.server.max_body_bytes,
+        openapi_config=None,
+    )

@@ -1,0 +1,77 @@
+"""Live requests by id, so a cancel (endpoint or disconnect) reaches the generation that runs it.
+
+`CancelRegistry` is this instance's view. Cross-instance cancel plugs in behind `Canceller`: a
+transport that publishes the request to every instance and lets each one's registry answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict
+from typing import Protocol
+
+import anyio
+
+
+class CancelOutcome(enum.Enum):
+    CANCELLED = "cancelled"
+    NOT_FOUND = "not_found"  # unknown here, or another user's
+    FINISHED = "finished"
+
+
+class LiveRequest:
+    """A request in flight. `scope` is cancelled to stop it; `cancelled` tells why it stopped."""
+
+    __slots__ = ("cancelled", "owner", "request_id", "scope")
+
+    def __init__(self, request_id: str, owner: str) -> None:
+        self.request_id = request_id
+        self.owner = owner
+        self.scope = anyio.CancelScope()
+        self.cancelled = False
+
+
+class Canceller(Protocol):
+    async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
+
+
+class CancelRegistry:
+    """Live requests, plus recently finished ones (bounded, aged out) to answer 409 instead of 404."""
+
+    def __init__(self, finished_capacity: int = 100_000, finished_ttl_s: float = 600.0) -> None:
+        self._live: dict[str, LiveRequest] = {}
+        self._finished: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._capacity = finished_capacity
+        self._ttl = finished_ttl_s
+
+    def register(self, request_id: str, owner: str) -> LiveRequest:
+        live = LiveRequest(request_id, owner)
+        self._live[request_id] = live
+        return live
+
+    def finish(self, live: LiveRequest) -> None:
+        self._live.pop(live.request_id, None)
+        now = time.monotonic()
+        self._finished[live.request_id] = (live.owner, now)
+        while self._finished and (
+            len(self._finished) > self._capacity or next(iter(self._finished.values()))[1] < now - self._ttl
+        ):
+            self._finished.popitem(last=False)
+
+    def cancel_local(self, request_id: str, user: str) -> CancelOutcome:
+        live = self._live.get(request_id)
+        if live is not None and live.owner == user:
+            live.cancelled = True
+            live.scope.cancel()
+            return CancelOutcome.CANCELLED
+        done = self._finished.get(request_id)
+        if done is not None and done[0] == user:
+            return CancelOutcome.FINISHED
+        return CancelOutcome.NOT_FOUND
+
+    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
+        return self.cancel_local(request_id, user)
+
+    def __len__(self) -> int:
+        return len(self._live)

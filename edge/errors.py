@@ -1,0 +1,110 @@
+"""OpenAI-shaped error bodies, and the handlers that make every failure one (never a traceback)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+log = structlog.get_logger("floodgate.errors")
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+}
+
+
+class ErrorDetail(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An error the client caused or must react to, answered as an OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = ErrorDetail(
+            message=message, type=type or _TYPE_BY_STATUS.get(status, "api_error"), param=param, code=code
+        )
+        self.headers = headers or {}
+
+
+def invalid_request(message: str, param: str | None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def retry_after_headers(retry_after_s: float) -> dict[str, str]:
+    """Retry-After in whole seconds, rounded up, plus the exact wait the OpenAI SDK prefers."""
+    ms = max(0, math.ceil(retry_after_s * 1000))
+    return {"retry-after": str(max(1, math.ceil(ms / 1000))), "retry-after-ms": str(ms)}
+
+
+def rate_limited(
+    message: str, code: str, retry_after_s: float, headers: dict[str, str] | None = None
+) -> ApiError:
+    return ApiError(
+        429,
+        message,
+        type="rate_limit_exceeded",
+        code=code,
+        headers={**(headers or {}), **retry_after_headers(retry_after_s)},
+    )
+
+
+def error_response(
+    status: int, detail: ErrorDetail, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    return Response(
+        msgspec.json.encode(ErrorBody(detail)),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    return error_response(exc.status, exc.detail, exc.headers)
+
+
+def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    # Litestar's own errors (404 route, 405 method, 413 body) in the OpenAI shape.
+    status = exc.status_code
+    message = exc.detail if status != 413 else "Request body too large."
+    code = "request_too_large" if status == 413 else None
+    detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "api_error"), code=code)
+    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    return error_response(status, detail, headers)
+
+
+def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.error("unhandled_error", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
+    detail = ErrorDetail(message="The server had an error while processing your request.", type="api_error")
+    return error_response(500, detail)

@@ -1,0 +1,45 @@
+"""Prometheus metrics of the edge, on the process-wide registry that /metrics serves."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from edge.upstreams.base import Capacity
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+TTFT = Histogram(
+    "floodgate_time_to_first_token_seconds",
+    "From the request's arrival to its first generated token.",
+    ["tier"],
+    buckets=_LATENCY_BUCKETS,
+)
+INTER_TOKEN = Histogram(
+    "floodgate_inter_token_latency_seconds",
+    "Between two consecutive deltas of one stream.",
+    buckets=_ITL_BUCKETS,
+)
+REQUESTS_RUNNING = Gauge("floodgate_requests_running", "Requests holding a replica slot.")
+PROMPT_TOKENS = Counter("floodgate_prompt_tokens_total", "Prompt tokens of admitted requests.", ["tier"])
+GENERATION_TOKENS = Counter("floodgate_generation_tokens_total", "Generated tokens streamed.", ["tier"])
+REQUESTS_FINISHED = Counter(
+    "floodgate_requests_finished_total",
+    "Requests that got past admission, by how they ended.",
+    ["tier", "reason"],
+)
+REQUESTS_REJECTED = Counter(
+    "floodgate_requests_rejected_total", "Requests answered with an error status.", ["status", "code"]
+)
+
+REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences running on a replica.", ["replica"])
+REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", ["replica"])
+REPLICA_KV_USED = Gauge("floodgate_replica_kv_tokens_used", "KV-cache tokens in use.", ["replica"])
+REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens_total", "KV-cache tokens a replica holds.", ["replica"])
+
+
+def record_capacity(replica: str, cap: Capacity) -> None:
+    REPLICA_RUNNING.labels(replica).set(cap.running)
+    REPLICA_WAITING.labels(replica).set(cap.waiting)
+    REPLICA_KV_USED.labels(replica).set(cap.kv_tokens_used)
+    REPLICA_KV_TOTAL.labels(replica).set(cap.kv_tokens_total)

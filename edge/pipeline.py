@@ -1,0 +1,491 @@
+"""One chat completion, read top to bottom.
+
+Before the response starts (errors are plain HTTP statuses): count the prompt's tokens → ask the
+limiter → ask the admission queue whether waiting makes sense. Then, with the stream open: first
+event (it carries the request id) → wait for a replica slot, sending keep-alive comments → relay
+the replica's token ids as text, charging each token to the limiter's lease → final chunk → usage
+chunk → [DONE]. Whatever happens, the `finally` settles the lease, releases the slot, records the
+metrics and logs one line.
+
+How a stream ends, in its final chunk (OpenAI has no finish_reason for these two, so the standard
+one is kept and a top-level `floodgate` object says what happened):
+
+- cancelled (cancel endpoint): `finish_reason: "stop"` and `"floodgate": {"cancelled": true}`
+- the user's token budget ran out mid-generation: `finish_reason: "length"` and
+  `"floodgate": {"limit_reached": "tokens"}`
+
+A failure once the stream is open (the replica died, the queue wait grew too long) is an event
+`data: {"error": {...}}` followed by `data: [DONE]`, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import anyio
+import structlog
+
+from edge import metrics
+from edge.admission.dispatcher import Dispatcher
+from edge.admission.slot import Slot
+from edge.admission.ticket import Overloaded, Ticket
+from edge.auth import Principal
+from edge.cancel import CancelRegistry, LiveRequest
+from edge.config import TierConfig
+from edge.errors import ApiError, ErrorDetail, invalid_request, rate_limited, retry_after_headers
+from edge.schemas import ChatCompletionRequest, unknown_model
+from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
+from edge.text.chat_template import ChatTemplateError
+from edge.text.model_text import ModelText
+from edge.text.stops import StopMatcher
+from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
+from edge.upstreams.closing import aclose_stream
+from limiter.base import Limiter, OutputLease, StoreUnavailable
+from limiter.headers import ratelimit_headers
+from limiter.tiers import tier_limits
+
+log = structlog.get_logger("floodgate.request")
+
+Emit = Callable[[bytes], Awaitable[None]]
+TextSink = Callable[[str], Awaitable[None]]
+EndReason = Literal["stop", "length", "cancelled", "error", "overloaded", "disconnected"]
+
+CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
+TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
+
+
+class MessageSink(Protocol):
+    """Where a finished turn goes when the request names a conversation (the message writer)."""
+
+    def record_turn(
+        self, conversation_id: str, user: str, request_id: str, prompt: str, reply: str, finish_reason: str
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    model_name: str
+    max_model_len: int
+    keepalive_s: float
+    tiers: dict[str, TierConfig]
+
+
+def new_request_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one admitted request went, filled in as it runs."""
+
+    reason: EndReason = "disconnected"
+    marker: dict[str, Any] | None = None
+    completion_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    error: ErrorDetail | None = None
+    error_status: int = 500
+    error_headers: dict[str, str] = field(default_factory=dict)
+    upstream: str = ""
+    ttft_s: float | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.reason == "length" else "stop"
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        text: ModelText,
+        limiter: Limiter,
+        slots: Dispatcher,
+        registry: CancelRegistry,
+        messages: MessageSink | None = None,
+    ) -> None:
+        self.config = config
+        self.text = text
+        self.limiter = limiter
+        self.slots = slots
+        self.registry = registry
+        self.messages = messages
+
+    async def admit(self, principal: Principal, req: ChatCompletionRequest) -> Generation:
+        """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer."""
+        arrived = time.perf_counter()
+        tier = self.config.tiers.get(principal.tier)
+        if tier is None:
+            raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
+        if req.model != self.config.model_name:
+            raise unknown_model(req.model)
+        try:
+            prompt_ids = self.text.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+        except ChatTemplateError as exc:
+            raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
+        max_new = self._max_new_tokens(req, tier, len(prompt_ids))
+
+        request_id = new_request_id()
+        try:
+            admission = await self.limiter.admit(
+                principal.user, request_id, tier_limits(principal.tier, tier), len(prompt_ids), max_new
+            )
+        except StoreUnavailable as exc:
+            raise ApiError(
+                503,
+                "Rate limiting is unavailable; please retry shortly.",
+                code="limiter_unavailable",
+                headers=retry_after_headers(exc.retry_after_s),
+            ) from None
+        decision = admission.decision
+        headers = ratelimit_headers(decision)
+        if not decision.allowed or admission.lease is None:
+            limit = decision.limit or "requests"
+            raise ApiError(
+                429,
+                f"Rate limit reached ({limit}). Please try again in {decision.retry_after_ms / 1000:.3g}s.",
+                type="rate_limit_exceeded",
+                code=limit,
+                headers=headers,
+            )
+        ticket = Ticket(
+            request_id=request_id,
+            user=principal.user,
+            priority=tier.priority,
+            kv_tokens=len(prompt_ids) + max_new,
+            max_wait_s=tier.max_queue_wait_s,
+            # Tiers above the lowest priority are the paying ones: only they may use the reserve.
+            may_use_reserve=tier.priority > 0,
+            tier=principal.tier,
+        )
+        try:
+            self.slots.precheck(ticket)
+        except Overloaded as exc:
+            await admission.lease.settle()
+            raise rate_limited(_overloaded_message(exc), exc.reason, exc.retry_after_s, headers) from None
+        metrics.PROMPT_TOKENS.labels(principal.tier).inc(len(prompt_ids))
+        upstream_req = GenerationRequest(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            max_new_tokens=max_new,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop_ids=self.text.eos_token_ids,
+            priority=tier.priority,
+        )
+        return Generation(
+            self,
+            principal,
+            req,
+            upstream_req,
+            ticket,
+            admission.lease,
+            {**headers, "x-request-id": request_id},
+            arrived,
+        )
+
+    def _max_new_tokens(self, req: ChatCompletionRequest, tier: TierConfig, prompt_tokens: int) -> int:
+        asked = req.requested_max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        if asked is not None and asked > tier.max_tokens:
+            raise invalid_request(
+                f"{param} is too large: {asked}. Your tier allows at most {tier.max_tokens}.", param
+            )
+        room = self.config.max_model_len - prompt_tokens
+        max_new = asked if asked is not None else min(tier.max_tokens, room)
+        if room < 1 or max_new > room:
+            raise invalid_request(
+                f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+                f"requested {prompt_tokens + max(max_new, 1)} tokens ({prompt_tokens} in the messages, "
+                f"{max(max_new, 1)} in the completion). Please reduce the length of the messages or "
+                "completion.",
+                "messages",
+                code="context_length_exceeded",
+            )
+        return max_new
+
+
+def _overloaded_message(exc: Overloaded) -> str:
+    return f"The service is overloaded ({exc.reason}). Please try again in {exc.retry_after_s:.3g}s."
+
+
+class _KeepAlive:
+    """SSE comments while nothing else is sent, so load balancers keep an idle stream open."""
+
+    def __init__(self, emit: Emit, interval_s: float) -> None:
+        self._task = asyncio.ensure_future(self._beat(emit, interval_s))
+
+    @staticmethod
+    async def _beat(emit: Emit, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await emit(KEEPALIVE)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.wait({self._task})
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved so asyncio does not report it; the stream ends anyway
+
+
+class Generation:
+    """An admitted request: run it once, as a stream (`stream`) or as one answer (`complete`)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        principal: Principal,
+        req: ChatCompletionRequest,
+        upstream_req: GenerationRequest,
+        ticket: Ticket,
+        lease: OutputLease,
+        headers: dict[str, str],
+        arrived: float,
+    ) -> None:
+        self._p = pipeline
+        self._principal = principal
+        self._req = req
+        self._upstream_req = upstream_req
+        self._ticket = ticket
+        self._lease = lease
+        self.headers = headers
+        self._arrived = arrived
+        self.request_id = upstream_req.request_id
+        self.created = int(time.time())
+        self._live: LiveRequest = pipeline.registry.register(self.request_id, principal.user)
+        self._slot: Slot | None = None
+        self._deltas: AsyncIterator[Delta] | None = None
+        self._keepalive: _KeepAlive | None = None
+        self._closed = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._upstream_req.prompt_ids)
+
+    async def stream(self, emit: Emit) -> None:
+        enc = ChunkEncoder(self.request_id, self._p.config.model_name, self.created)
+        out = Outcome()
+        keep_text = self._req.conversation_id is not None
+
+        async def on_text(text: str) -> None:
+            if keep_text:
+                out.text.append(text)
+            await emit(enc.delta(text))
+
+        try:
+            await emit(enc.first())
+            await self._run(out, on_text, emit)
+            if out.error is not None:
+                await emit(event({"error": out.error}))
+            else:
+                await emit(enc.final(out.finish_reason, out.marker))
+                if self._req.include_usage:
+                    await emit(enc.usage(self.prompt_tokens, out.completion_tokens))
+            await emit(DONE)
+        finally:
+            await self.close(out)
+
+    async def complete(self) -> dict[str, Any]:
+        out = Outcome()
+
+        async def on_text(text: str) -> None:
+            out.text.append(text)
+
+        try:
+            await self._run(out, on_text, None)
+        finally:
+            await self.close(out)
+        if out.error is not None:
+            raise ApiError(
+                out.error_status,
+                out.error.message,
+                type=out.error.type,
+                code=out.error.code,
+                headers=out.error_headers,
+            )
+        body: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self._p.config.model_name,
+            "request_id": self.request_id,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(out.text)},
+                    "finish_reason": out.finish_reason,
+                }
+            ],
+            "usage": usage_dict(self.prompt_tokens, out.completion_tokens),
+        }
+        if out.marker:
+            body["floodgate"] = out.marker
+        return body
+
+    async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
+        if keepalive is not None:
+            self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
+        with self._live.scope:
+            try:
+                await self._place_and_relay(out, on_text)
+            except Overloaded as exc:
+                out.reason = "overloaded"
+                out.error = ErrorDetail(_overloaded_message(exc), "rate_limit_exceeded", code=exc.reason)
+                out.error_status = 429
+                out.error_headers = retry_after_headers(exc.retry_after_s)
+            except UpstreamError as exc:
+                log.warning(
+                    "upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc)
+                )
+                out.reason = "error"
+                out.error = ErrorDetail(
+                    "The model replica failed while generating.", "api_error", code="upstream_error"
+                )
+                out.error_status = 502
+        if self._live.scope.cancelled_caught:
+            out.reason = "cancelled"
+            out.marker = CANCELLED_MARKER
+        # Before the caller writes its final events: nothing else may write to the stream then.
+        await self._stop_keepalive()
+
+    async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
+        """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""
+        failed: frozenset[str] = frozenset()
+        while True:
+            try:
+                self._slot = await self._p.slots.acquire(self._ticket, failed)
+            except Overloaded:
+                if failed:
+                    raise UpstreamError(f"no other replica after {sorted(failed)} failed") from None
+                raise
+            metrics.REQUESTS_RUNNING.inc()
+            out.upstream = self._slot.upstream.name
+            self._deltas = self._slot.upstream.generate(self._upstream_req)
+            try:
+                await self._relay(out, on_text, self._deltas)
+                return
+            except UpstreamError:
+                if out.ttft_s is not None or failed:
+                    raise
+                failed = frozenset({out.upstream})
+                await self._give_back_slot(failed=True)
+
+    async def _relay(self, out: Outcome, on_text: TextSink, deltas: AsyncIterator[Delta]) -> None:
+        detok = self._p.text.detokenizer()
+        stops = StopMatcher(self._req.stop_strings)
+        lease = self._lease
+        last = 0.0
+        async for delta in deltas:
+            ids = delta.token_ids
+            if ids:
+                now = time.perf_counter()
+                if out.ttft_s is None:
+                    out.ttft_s = now - self._arrived
+                    await self._stop_keepalive()
+                else:
+                    metrics.INTER_TOKEN.observe(now - last)
+                last = now
+                granted = await lease.take(len(ids))
+                if granted < len(ids):
+                    ids = ids[:granted]
+                out.completion_tokens += len(ids)
+                text = detok.push(ids) if ids else ""
+                if text:
+                    text, stopped = stops.feed(text)
+                    if text:
+                        await on_text(text)
+                    if stopped:
+                        out.reason = "stop"
+                        return
+                if granted < len(delta.token_ids):
+                    await self._emit_tail(detok.flush(), stops, on_text)
+                    out.reason = "length"
+                    out.marker = TOKENS_LIMIT_MARKER
+                    return
+            if delta.finish_reason is not None:
+                if delta.finish_reason in ("error", "cancelled"):
+                    raise UpstreamError(f"replica ended the sequence with {delta.finish_reason!r}")
+                await self._emit_tail(detok.flush(), stops, on_text)
+                out.reason = delta.finish_reason
+                return
+        raise UpstreamError("replica stream ended without a finish reason")
+
+    async def _stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            keepalive, self._keepalive = self._keepalive, None
+            await keepalive.stop()
+
+    async def _give_back_slot(self, *, failed: bool = False) -> None:
+        deltas, self._deltas = self._deltas, None
+        if deltas is not None:
+            # Closing the stream is what aborts the sequence on the replica and frees its KV blocks.
+            await _quietly(aclose_stream(deltas), "upstream_close_failed", self.request_id)
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release(failed=failed)
+            metrics.REQUESTS_RUNNING.dec()
+
+    @staticmethod
+    async def _emit_tail(text: str, stops: StopMatcher, on_text: TextSink) -> None:
+        text, stopped = stops.feed(text)
+        if not stopped:
+            text += stops.flush()
+        if text:
+            await on_text(text)
+
+    async def close(self, out: Outcome | None = None) -> None:
+        """Give back everything the request holds. Idempotent; safe when it never ran."""
+        if self._closed:
+            return
+        self._closed = True
+        out = out or Outcome()
+        with anyio.CancelScope(shield=True):
+            await self._stop_keepalive()
+            await self._give_back_slot()
+            await _quietly(self._lease.settle(), "lease_settle_failed", self.request_id)
+        self._p.registry.finish(self._live)
+        self._record(out)
+
+    def _record(self, out: Outcome) -> None:
+        tier = self._principal.tier
+        metrics.GENERATION_TOKENS.labels(tier).inc(out.completion_tokens)
+        metrics.REQUESTS_FINISHED.labels(tier, out.reason).inc()
+        if out.ttft_s is not None:
+            metrics.TTFT.labels(tier).observe(out.ttft_s)
+        log.info(
+            "chat_completion",
+            request_id=self.request_id,
+            user=self._principal.user,
+            tier=tier,
+            stream=self._req.stream,
+            outcome=out.reason,
+            upstream=out.upstream,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            ttft_ms=None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
+            duration_ms=round((time.perf_counter() - self._arrived) * 1000, 2),
+        )
+        conversation_id = self._req.conversation_id
+        if conversation_id is not None and self._p.messages is not None and out.reason != "overloaded":
+            prompt = next((m.text() for m in reversed(self._req.messages) if m.role == "user"), "")
+            self._p.messages.record_turn(
+                conversation_id,
+                self._principal.user,
+                self.request_id,
+                prompt,
+                "".join(out.text),
+                out.finish_reason,
+            )
+
+
+async def _quietly(step: Awaitable[None], what: str, request_id: str) -> None:
+    # Clean-up steps must all run: one failing (a store hiccup) is logged, not raised.
+    try:
+        await step
+    except Exception as exc:
+        log.warning(what, request_id=request_id, error=repr(exc))

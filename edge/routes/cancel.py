@@ -1,0 +1,28 @@
+"""POST /v1/chat/completions/{request_id}/cancel: stop one of the caller's own generations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, post
+from litestar.response.base import ASGIResponse
+
+from edge.cancel import CancelOutcome
+from edge.errors import ApiError
+from edge.routes.json_body import json_response
+from edge.runtime import runtime_of
+
+
+@post("/v1/chat/completions/{request_id:str}/cancel", status_code=200)
+async def cancel_completion(request: Request[Any, Any, Any], request_id: str) -> ASGIResponse:
+    runtime = runtime_of(request)
+    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    outcome = await runtime.canceller.cancel(request_id, principal.user)
+    if outcome is CancelOutcome.CANCELLED:
+        return json_response({"request_id": request_id, "status": "CANCELLED"})
+    if outcome is CancelOutcome.FINISHED:
+        raise ApiError(
+            409, f"Request {request_id} has already finished.", param="request_id", code="request_finished"
+        )
+    # Another user's request answers exactly like an unknown one: ids must not be probeable.
+    raise ApiError(404, f"No request {request_id} in progress.", param="request_id", code="request_not_found")

@@ -1,0 +1,31 @@
+"""POST /v1/chat/completions: streaming (SSE) or one JSON answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, post
+from litestar.response.base import ASGIResponse
+from litestar.types import ASGIApp
+
+from edge.routes.json_body import json_response
+from edge.runtime import runtime_of
+from edge.schemas import parse_chat_request
+from edge.streaming import EventStreamResponse, until_disconnect
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
+    runtime = runtime_of(request)
+    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    req = parse_chat_request(await request.body())
+    generation = await runtime.pipeline.admit(principal, req)
+    if req.stream:
+        return EventStreamResponse(generation)
+    try:
+        body = await until_disconnect(request.receive, generation.complete)
+    finally:
+        await generation.close()
+    if body is None:  # the client left; nobody reads this
+        return ASGIResponse(body=b"", status_code=499)
+    return json_response(body, headers=generation.headers)

@@ -1,0 +1,81 @@
+"""Running a generation as an ASGI response while watching the client's connection.
+
+Litestar's own Stream response cancels its iterator on disconnect but may leave it un-closed, and
+a generation must release its slot, settle its lease and abort the engine sequence at once. So the
+request task runs the generation itself and a watcher cancels it when `http.disconnect` arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import structlog
+from litestar.types import Receive, Scope, Send
+
+from edge.errors import ApiError, ErrorDetail
+from edge.pipeline import Generation
+from edge.sse import DONE, event
+
+log = structlog.get_logger("floodgate.streaming")
+T = TypeVar("T")
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Run `work`, cancelled if the client goes away (then None). ApiError passes through as is."""
+    result: T | None = None
+    error: ApiError | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+        try:
+            result = await work()
+        except ApiError as exc:
+            error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
+class EventStreamResponse:
+    """The SSE answer of one admitted generation (an ASGI app Litestar returns as is)."""
+
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        generation = self._generation
+
+        async def emit(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        async def produce() -> None:
+            try:
+                await generation.stream(emit)
+            except Exception as exc:
+                # The headers are gone: the stream itself must say it failed, then end.
+                log.error("stream_failed", request_id=generation.request_id, exc_info=exc)
+                detail = ErrorDetail("The server had an error while processing your request.", "api_error")
+                await emit(event({"error": detail}))
+                await emit(DONE)
+
+        headers = _SSE_HEADERS + [(k.encode(), v.encode()) for k, v in generation.headers.items()]
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await until_disconnect(receive, produce)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await generation.close()

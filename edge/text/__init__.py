@@ -1,0 +1,1 @@
+"""Text on the edge: chat template, tokenizer, incremental detokenizer, stop strings."""

@@ -1,0 +1,53 @@
+"""The in-process engine as an upstream replica: what `make serve` runs with no GPU."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
+from edge.upstreams.closing import aclose_stream
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.types import SamplingParams
+
+
+class LocalUpstream:
+    def __init__(self, name: str, engine: AsyncEngine) -> None:
+        self.name = name
+        self._engine = engine
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        params = SamplingParams(
+            max_new_tokens=req.max_new_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop_token_ids=tuple(req.stop_ids),
+        )
+        outs = self._engine.generate(req.request_id, req.prompt_ids, params, req.priority)
+        try:
+            async for out in outs:
+                if out.error is not None:
+                    raise UpstreamError(out.error)
+                yield Delta(out.token_ids, out.finish_reason)
+        except (ValueError, RuntimeError) as exc:
+            # The engine refused the request (stopped, or a prompt it cannot hold).
+            raise UpstreamError(str(exc)) from exc
+        finally:
+            # Leaving early must close the engine's stream at once: that aborts the sequence.
+            await aclose_stream(outs)
+
+    async def capacity(self) -> Capacity:
+        stats = self._engine.stats()
+        return Capacity(
+            kv_tokens_total=stats.kv_tokens_total,
+            kv_tokens_used=stats.kv_tokens_used,
+            max_sequences=stats.max_num_seqs,
+            running=stats.running,
+            waiting=stats.waiting,
+        )
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self._engine.engine.stop()
