@@ -1,0 +1,144 @@
+"""A real Floodgate edge on a loopback port, for tests that talk HTTP to it.
+
+    with start_server(tmp_path, {"tiers": {"free": {...}}}) as server:
+        httpx.post(server.base_url + "/v1/chat/completions", headers=server.auth("paid"), json=...)
+
+uvicorn (uvloop + httptools) runs `create_app(load_settings(overrides=...))` in a thread with its
+own event loop. The keys file (one key per tier, plus a second free user "free2") and the message
+database live under tmp_path; the demo model is built once into a cache shared by every test (its
+directory name is a hash of the builder's source, so a changed builder gets a fresh copy).
+
+Others import the `live_server` fixture (one server per test) from here, e.g. in a conftest.py:
+`from tests.support.live_server import live_server  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+import gpu_container.engine.demo_corpus
+import gpu_container.engine.demo_model
+import gpu_container.engine.llama_config
+from edge.app import create_app
+from edge.auth import create_key
+from edge.config import Settings, load_settings
+from tests.support.ports import free_port
+
+STARTUP_TIMEOUT_S = 60.0
+SHUTDOWN_TIMEOUT_S = 30.0
+
+_demo_lock = threading.Lock()
+
+
+def demo_model_dir() -> Path:
+    """The demo checkpoint, built at most once per builder version (and so once per session)."""
+    digest = hashlib.sha256()
+    for module in (
+        gpu_container.engine.demo_model,
+        gpu_container.engine.demo_corpus,
+        gpu_container.engine.llama_config,
+    ):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    directory = Path(tempfile.gettempdir()) / "floodgate-test-cache" / f"demo-model-{digest.hexdigest()[:16]}"
+    with _demo_lock:
+        # build_demo_model is a no-op on a complete directory and safe against racing processes.
+        return gpu_container.engine.demo_model.build_demo_model(directory)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merge(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    keys: dict[str, str]  # tier name → key; "free2" is a second user on the free tier
+    settings: Settings
+    _server: uvicorn.Server = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    def auth(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[who]}"}
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(SHUTDOWN_TIMEOUT_S)
+        if self._thread.is_alive():
+            raise RuntimeError("the edge did not shut down in time")
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_server(tmp_path: Path, overrides: dict[str, Any] | None = None) -> LiveServer:
+    port = free_port()
+    base = {
+        "server": {"host": "127.0.0.1", "port": port, "keys_file": str(tmp_path / "keys.jsonl")},
+        "model": {"demo_dir": str(demo_model_dir())},
+        "messages": {"sqlite_path": str(tmp_path / "messages.db")},
+    }
+    settings = load_settings(overrides=_merge(base, overrides or {}))
+    keys_file = Path(settings.server.keys_file)
+    keys = {tier: create_key(keys_file, f"{tier}-user", tier) for tier in settings.tiers}
+    if "free" in settings.tiers:
+        keys["free2"] = create_key(keys_file, "free-user-2", "free")
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=settings.server.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"edge-{port}", daemon=True)
+    thread.start()
+    live = LiveServer(f"http://127.0.0.1:{settings.server.port}", keys, settings, server, thread)
+    _wait_ready(live)
+    return live
+
+
+def _wait_ready(live: LiveServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not live._thread.is_alive():
+            raise RuntimeError("the edge exited during start-up (see the log above)")
+        if live._server.started:
+            response = httpx.get(live.base_url + "/readyz", timeout=5.0)
+            if response.status_code == 200:
+                return
+        # Polling: uvicorn offers no start-up event to wait on.
+        time.sleep(0.02)
+    live.stop()
+    raise TimeoutError(f"the edge was not ready within {STARTUP_TIMEOUT_S}s")
+
+
+@pytest.fixture
+def live_server(tmp_path: Path) -> Iterator[LiveServer]:
+    with start_server(tmp_path) as server:
+        yield server
