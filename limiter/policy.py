@@ -77,9 +77,9 @@ class UserState:
 
 @dataclass(frozen=True, slots=True)
 class Gcra:
-    """The outcome of charging `cost` against one GCRA limit at `now`."""
+    """The outcome of charging `cost` against one GCRA limit at `now`: the TAT if it is allowed,
+    and how long until it would be (0: allowed now)."""
 
-    allowed: bool
     new_tat_us: int
     wait_us: int
 
@@ -88,9 +88,7 @@ def gcra(tat_us: int, now_us: int, interval_us: int, capacity: int, cost: int) -
     base = max(tat_us, now_us)
     new_tat = base + cost * interval_us
     allowed_until = now_us + capacity * interval_us
-    if new_tat <= allowed_until:
-        return Gcra(True, new_tat, 0)
-    return Gcra(False, new_tat, new_tat - allowed_until)
+    return Gcra(new_tat, max(0, new_tat - allowed_until))
 
 
 def remaining(tat_us: int, now_us: int, interval_us: int, capacity: int) -> int:

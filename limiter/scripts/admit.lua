@@ -30,13 +30,11 @@ local function ceil_ms(us)
   return math.floor((us + 999) / 1000)
 end
 
+-- The TAT if `cost` is allowed, and how long until it would be (0: allowed now).
 local function gcra(tat, interval, capacity, cost)
   local new_tat = math.max(tat, now) + cost * interval
   local allowed_until = now + capacity * interval
-  if new_tat <= allowed_until then
-    return new_tat, 0
-  end
-  return new_tat, new_tat - allowed_until
+  return new_tat, math.max(0, new_tat - allowed_until)
 end
 
 local function remaining(tat, interval, capacity)
