@@ -1,0 +1,114 @@
+"""`floodgate serve` and `floodgate keys create`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from edge.auth import KeyStore, create_key
+from edge.config import Settings, load_settings
+from edge.logging_setup import configure_logging
+from edge.upstreams.local_pool import UpstreamProvider
+
+DEV_USER = "dev"
+DEV_TIER = "paid"
+
+
+def triton_provider(spec: str) -> UpstreamProvider:
+    """`--triton local` (a tritonserver started here) or `--triton HOST:PORT,...` (running ones).
+
+    The Triton upstream lives in edge/upstreams/triton.py, which provides `triton_upstreams(spec)`;
+    it is imported only when asked for, so the default path never loads the Triton client.
+    """
+    module = importlib.import_module("edge.upstreams.triton")
+    factory = getattr(module, "triton_upstreams", None)
+    if factory is None:
+        raise SystemExit("this build has no Triton upstream (edge.upstreams.triton.triton_upstreams)")
+    provider: UpstreamProvider = factory(spec)
+    return provider
+
+
+def _dev_key_hint(settings: Settings) -> None:
+    keys_file = Path(settings.server.keys_file)
+    if KeyStore(keys_file).has_keys():
+        return
+    key = create_key(keys_file, DEV_USER, DEV_TIER)
+    url = f"http://{settings.server.host}:{settings.server.port}/v1/chat/completions"
+    body = (
+        f'{{"model": "{settings.model.name}", "stream": true, '
+        '"messages": [{"role": "user", "content": "Hello!"}]}'
+    )
+    print(f"No API keys yet: created one for user {DEV_USER!r} (tier {DEV_TIER!r}). It is shown only once:")
+    print(f"  {key}")
+    print("Try it:")
+    headers = f"-H 'Authorization: Bearer {key}' -H 'Content-Type: application/json'"
+    print(f"  curl -N {url} {headers} -d {shlex.quote(body)}")
+    sys.stdout.flush()
+
+
+def _serve(args: argparse.Namespace) -> None:
+    overrides: dict[str, dict[str, object]] = {"server": {}}
+    if args.host:
+        overrides["server"]["host"] = args.host
+    if args.port:
+        overrides["server"]["port"] = args.port
+    settings = load_settings(args.config, overrides)
+    configure_logging()
+    _dev_key_hint(settings)
+    from edge.app import create_app
+
+    provider = triton_provider(args.triton) if args.triton else None
+    uvicorn.run(
+        create_app(settings, provider),
+        host=settings.server.host,
+        port=settings.server.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
+def _keys_create(args: argparse.Namespace) -> None:
+    settings = load_settings(args.config)
+    if args.tier not in settings.tiers:
+        raise SystemExit(f"unknown tier {args.tier!r}; configured: {', '.join(sorted(settings.tiers))}")
+    keys_file = Path(args.keys_file or settings.server.keys_file)
+    print(create_key(keys_file, args.user, args.tier))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="floodgate", description="An open LLM-serving edge.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the edge (OpenAI-compatible API on HTTP)")
+    serve.add_argument("--config", help="TOML file overriding the embedded defaults")
+    serve.add_argument("--host", help="bind address (default: server.host)")
+    serve.add_argument("--port", type=int, help="port (default: server.port)")
+    serve.add_argument(
+        "--triton",
+        metavar="local|HOST:PORT,...",
+        help="serve from Triton replicas instead of in-process engines",
+    )
+    serve.set_defaults(run=_serve)
+
+    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    create = keys.add_parser("create", help="create a key and print it (the only time it is shown)")
+    create.add_argument("--user", required=True)
+    create.add_argument("--tier", required=True)
+    create.add_argument("--keys-file", help="default: server.keys_file of the settings")
+    create.add_argument("--config", help="TOML file overriding the embedded defaults")
+    create.set_defaults(run=_keys_create)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.run(args)
