@@ -1,0 +1,232 @@
+"""Cancel across edge instances: who owns a request, and a broadcast that reaches whoever runs it.
+
+A request's stream lives on one edge instance; its cancel may arrive at any of them. When a request
+starts, its instance records the owner (`track`, before the first SSE event carries the id, so a cancel
+that follows the id always finds it). `cancel` checks the owner (another user's id and an unknown id
+answer alike: "not_found"), then publishes the cancel; every instance is subscribed and hands it to
+`deliver(request_id, user)`, which stops the stream if that instance holds it.
+
+Two implementations: `InMemoryCancelBus` for one process (the embedded default) and `RedisCancelBus`
+for a fleet. In Redis the owner is a string `<state>\\t<user>` at `floodgate:cancel:{<request_id>}`
+(the hash tag keeps a request's key in one Cluster slot), with a TTL so nothing outlives a crashed
+instance; cancels go over classic pub/sub, which a Redis Cluster broadcasts to every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import msgspec
+import structlog
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import RedisError
+
+log = structlog.get_logger("floodgate.cancel_bus")
+
+CancelVerdict = Literal["cancelled", "not_found", "finished"]
+Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
+
+CHANNEL = "floodgate:cancel"
+_LIVE, _DONE = "live", "done"
+
+
+class CancelBusUnavailable(Exception):
+    """The shared store could not be asked: answer 503, the request may still be running."""
+
+
+class CancelBus(Protocol):
+    async def start(self, deliver: Deliver) -> None:
+        """Subscribe: from now on, deliver() is called for every cancel any instance publishes."""
+        ...
+
+    async def track(self, request_id: str, owner: str) -> None:
+        """A request started on this instance."""
+        ...
+
+    async def finish(self, request_id: str, owner: str) -> None:
+        """The request ended; a cancel for it answers "finished" for a while, then "not_found"."""
+        ...
+
+    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
+        """Check that `user` owns the request and, if it is live, broadcast its cancel."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _CancelMessage(msgspec.Struct, frozen=True):
+    request_id: str
+    user: str
+
+
+def owner_key(request_id: str) -> str:
+    return f"floodgate:cancel:{{{request_id}}}"
+
+
+def _verdict(record: str | None, user: str) -> CancelVerdict:
+    if record is None:
+        return "not_found"
+    state, _, owner = record.partition("\t")
+    if owner != user:
+        return "not_found"
+    return "finished" if state == _DONE else "cancelled"
+
+
+class InMemoryCancelBus:
+    """One process: the same answers as Redis. Live owners are dropped by finish(), which the edge
+    calls for every request; finished ones age out after finished_ttl_s, oldest first."""
+
+    def __init__(self, *, finished_ttl_s: float = 600.0) -> None:
+        self._finished_ttl_s = finished_ttl_s
+        self._live: dict[str, str] = {}
+        self._finished: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (owner, expires at)
+        self._deliver: Deliver | None = None
+
+    async def start(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+
+    async def track(self, request_id: str, owner: str) -> None:
+        self._live[request_id] = owner
+
+    async def finish(self, request_id: str, owner: str) -> None:
+        self._expire()
+        self._live.pop(request_id, None)
+        self._finished[request_id] = (owner, time.monotonic() + self._finished_ttl_s)
+        self._finished.move_to_end(request_id)
+
+    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
+        self._expire()
+        if request_id in self._live:
+            verdict = _verdict(f"{_LIVE}\t{self._live[request_id]}", user)
+        elif request_id in self._finished:
+            verdict = _verdict(f"{_DONE}\t{self._finished[request_id][0]}", user)
+        else:
+            verdict = "not_found"
+        if verdict == "cancelled" and self._deliver is not None:
+            self._deliver(request_id, user)
+        return verdict
+
+    async def aclose(self) -> None:
+        self._deliver = None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._finished and next(iter(self._finished.values()))[1] <= now:
+            self._finished.popitem(last=False)
+
+
+class RedisCancelBus:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        subscriber: Redis,
+        *,
+        ttl_s: int = 3600,
+        finished_ttl_s: int = 600,
+        channel: str = CHANNEL,
+        subscribe_timeout_s: float = 5.0,
+        reconnect_delay_s: float = 0.5,
+    ) -> None:
+        self._client = client
+        self._subscriber = subscriber
+        self._ttl_s = ttl_s
+        self._finished_ttl_s = finished_ttl_s
+        self._channel = channel
+        self._subscribe_timeout_s = subscribe_timeout_s
+        self._reconnect_delay_s = reconnect_delay_s
+        self._subscribed = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout_ms: int = 250, cluster: bool = False, **options: Any
+    ) -> RedisCancelBus:
+        """`redis://…` for one server, `redis+cluster://…` (or cluster=True) for a Cluster: keys go
+        through the cluster client, the subscription to the node named in the URL."""
+        if url.startswith("redis+cluster://"):
+            url, cluster = "redis://" + url.removeprefix("redis+cluster://"), True
+        timeout_s = timeout_ms / 1000
+        client: Redis | RedisCluster
+        if cluster:
+            client = RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        else:
+            client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        # No read timeout on the subscription: it is idle until someone cancels.
+        subscriber = Redis.from_url(url, socket_connect_timeout=timeout_s, health_check_interval=30)
+        return cls(client, subscriber, **options)
+
+    async def start(self, deliver: Deliver) -> None:
+        """Subscribe, waiting a bounded time for the first subscription; past it, keep trying in the
+        background (cancels published meanwhile reach only the instance that runs the request)."""
+        self._listener = asyncio.create_task(self._listen(deliver), name="cancel-bus-listener")
+        try:
+            async with asyncio.timeout(self._subscribe_timeout_s):
+                await self._subscribed.wait()
+        except TimeoutError:
+            log.warning("cancel_bus_not_subscribed", channel=self._channel)
+
+    async def track(self, request_id: str, owner: str) -> None:
+        # A store failure must not fail the request: it only loses cross-instance cancel for it.
+        try:
+            await self._client.set(owner_key(request_id), f"{_LIVE}\t{owner}", ex=self._ttl_s)
+        except RedisError as exc:
+            log.warning("cancel_bus_track_failed", request_id=request_id, error=type(exc).__name__)
+
+    async def finish(self, request_id: str, owner: str) -> None:
+        try:
+            await self._client.set(owner_key(request_id), f"{_DONE}\t{owner}", ex=self._finished_ttl_s)
+        except RedisError as exc:
+            log.warning("cancel_bus_finish_failed", request_id=request_id, error=type(exc).__name__)
+
+    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
+        try:
+            record = await self._client.get(owner_key(request_id))
+            if isinstance(record, bytes):
+                record = record.decode()
+            verdict = _verdict(record, user)
+            if verdict == "cancelled":
+                message = msgspec.json.encode(_CancelMessage(request_id, user))
+                await self._client.publish(self._channel, message)
+        except RedisError as exc:
+            raise CancelBusUnavailable(str(exc)) from exc
+        return verdict
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        await self._client.aclose()
+        await self._subscriber.aclose()
+
+    async def _listen(self, deliver: Deliver) -> None:
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message["type"] == "subscribe":
+                            self._subscribed.set()
+                        elif message["type"] == "message":
+                            self._handle(deliver, message["data"])
+            except (RedisError, OSError) as exc:
+                # Reconnect and resubscribe; what was published while down is lost (a client
+                # disconnect still cancels locally).
+                self._subscribed.clear()
+                log.warning("cancel_bus_subscription_lost", error=type(exc).__name__)
+                await asyncio.sleep(self._reconnect_delay_s)
+
+    @staticmethod
+    def _handle(deliver: Deliver, data: bytes) -> None:
+        try:
+            message = msgspec.json.decode(data, type=_CancelMessage)
+        except msgspec.DecodeError:
+            log.warning("cancel_bus_bad_message")
+            return
+        deliver(message.request_id, message.user)
