@@ -1,0 +1,74 @@
+"""`python -m client chat`: streams JSON lines, and Ctrl-C (SIGINT) cancels on the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.client.live import LONG_REPLY_TOKENS, long_prompt
+from tests.support.live_server import LiveServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def chat_cli(server: LiveServer, *args: str, key: str | None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"}
+    if key is not None:
+        env["FLOODGATE_API_KEY"] = key
+    return subprocess.Popen(
+        [sys.executable, "-m", "client", "chat", *args, "--base-url", server.base_url],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_json_mode_prints_every_event_as_a_json_line(server: LiveServer) -> None:
+    proc = chat_cli(server, "Hello", "--json", "--max-tokens", "8", key=server.keys["paid"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    events: list[dict[str, Any]] = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["type"] == "request_started" and events[0]["request_id"].startswith("chatcmpl-")
+    assert any(event["type"] == "text_delta" for event in events)
+    assert events[-1]["type"] == "finished" and events[-1]["usage"]["completion_tokens"] <= 8
+
+
+def test_plain_mode_prints_the_reply_text(server: LiveServer) -> None:
+    proc = chat_cli(server, "Hello", "--max-tokens", "8", "--seed", "4", key=server.keys["paid"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() and "[" in err
+
+
+def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None:
+    proc = chat_cli(
+        server,
+        long_prompt(0),
+        "--json",
+        "--seed",
+        "0",
+        "--max-tokens",
+        str(LONG_REPLY_TOKENS),
+        key=server.keys["paid"],
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if json.loads(line)["type"] == "text_delta":
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert json.loads(rest.splitlines()[-1]) == {"type": "interrupted", "cancel_confirmed": True}
+
+
+def test_a_missing_key_is_reported_without_a_request(server: LiveServer) -> None:
+    proc = chat_cli(server, "Hello", key=None)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "FLOODGATE_API_KEY" in err

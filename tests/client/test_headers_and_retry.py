@@ -1,0 +1,66 @@
+"""Header parsing and the retry decision: pure functions, checked on the edge's own header formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.errors import BadRequestError, RateLimitError, error_from_response, retry_after_s
+from client.rate_limits import RateLimits, parse_duration_s
+from client.retry import RetryPolicy
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("20ms", 0.02),
+        ("1s", 1.0),
+        ("1.5s", 1.5),
+        ("6m0s", 360.0),
+        ("1h2m3s", 3723.0),
+        ("0s", 0.0),
+        ("2.5", 2.5),
+    ],
+)
+def test_reset_durations_in_openai_format_parse_to_seconds(text: str, seconds: float) -> None:
+    assert parse_duration_s(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "1x", "s1", "1s junk"])
+def test_unparseable_durations_are_none(text: str) -> None:
+    assert parse_duration_s(text) is None
+
+
+def test_rate_limits_read_every_header_and_tolerate_missing_ones() -> None:
+    limits = RateLimits.from_headers(
+        {
+            "X-RateLimit-Limit-Requests": "20",
+            "x-ratelimit-remaining-requests": "19",
+            "x-ratelimit-reset-requests": "9m0s",
+            "x-ratelimit-limit-tokens": "40000",
+        }
+    )
+    assert limits == RateLimits(20, 19, 540.0, 40000, None, None)
+
+
+def test_retry_after_prefers_milliseconds_then_seconds() -> None:
+    assert retry_after_s({"Retry-After": "2", "retry-after-ms": "1250"}) == pytest.approx(1.25)
+    assert retry_after_s({"retry-after": "3"}) == pytest.approx(3.0)
+    assert retry_after_s({}) is None
+
+
+def test_error_bodies_become_typed_errors_with_their_fields() -> None:
+    body = b'{"error":{"message":"slow down","type":"rate_limit_exceeded","param":null,"code":"tokens"}}'
+    error = error_from_response(429, {"retry-after-ms": "500"}, body)
+    assert isinstance(error, RateLimitError)
+    assert (error.limit, error.retry_after_s, error.type) == ("tokens", 0.5, "rate_limit_exceeded")
+    assert isinstance(error_from_response(413, {}, b"too large"), BadRequestError)
+
+
+def test_retry_waits_at_least_the_advertised_time_and_gives_up_past_the_deadline() -> None:
+    refused = error_from_response(429, {"retry-after-ms": "800"}, b"{}")
+    policy = RetryPolicy(max_retries=2, deadline_s=5.0)
+    wait = policy.wait_s(refused, retries_done=0, elapsed_s=0.0)
+    assert wait is not None and 0.8 <= wait <= 0.88
+    assert policy.wait_s(refused, retries_done=2, elapsed_s=0.0) is None
+    assert policy.wait_s(refused, retries_done=0, elapsed_s=4.5) is None
+    assert policy.wait_s(error_from_response(400, {}, b"{}"), retries_done=0, elapsed_s=0.0) is None

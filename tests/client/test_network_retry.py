@@ -1,0 +1,76 @@
+"""Network failures: retried once before the first token, raised after it (a reply never restarts).
+
+A real TCP proxy between client and edge breaks chosen connections (tests/client/flaky_proxy.py).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+
+from client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
+from tests.client.flaky_proxy import flaky_proxy
+from tests.support.live_server import LiveServer
+
+
+def edge_port(server: LiveServer) -> int:
+    port = urlsplit(server.base_url).port
+    assert port is not None
+    return port
+
+
+def test_a_connection_refused_before_any_answer_is_retried_once(server: LiveServer) -> None:
+    with (
+        flaky_proxy(edge_port(server), ["refuse"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+    ):
+        result = client.chat.create("hi", model="floodgate-tiny", max_tokens=4)
+    assert result.text and proxy.connections >= 2
+
+
+def test_a_stream_cut_before_its_first_token_is_reopened_with_a_new_request(server: LiveServer) -> None:
+    with (
+        flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+    ):
+        with client.chat.stream("hi", model="floodgate-tiny", max_tokens=4) as stream:
+            events = list(stream)
+    started = [event for event in events if isinstance(event, RequestStarted)]
+    assert len(started) == 2 and started[0].request_id != started[1].request_id
+    assert stream.request_id == started[1].request_id
+    assert isinstance(events[-1], Finished) and stream.text
+
+
+def test_a_stream_cut_after_text_arrived_raises_instead_of_restarting(server: LiveServer) -> None:
+    with (
+        flaky_proxy(edge_port(server), ["cut_after_text"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+    ):
+        stream = client.chat.stream("hi", model="floodgate-tiny", max_tokens=200, seed=2)
+        seen: list[object] = []
+        with pytest.raises(NetworkError):
+            for event in stream:
+                seen.append(event)
+        stream.close()
+    assert sum(isinstance(event, TextDelta) for event in seen) >= 1
+    assert sum(isinstance(event, RequestStarted) for event in seen) == 1
+    assert proxy.connections == 1
+
+
+def test_too_many_network_failures_raise_network_error(server: LiveServer) -> None:
+    with (
+        flaky_proxy(edge_port(server), ["refuse", "refuse"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+        pytest.raises(NetworkError),
+    ):
+        client.chat.stream("hi", model="floodgate-tiny", max_tokens=4)
+    assert proxy.connections == 2
+
+
+@pytest.mark.anyio
+async def test_async_stream_cut_before_its_first_token_is_reopened(server: LiveServer) -> None:
+    with flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy:
+        async with AsyncClient(proxy.base_url, server.keys["paid"]) as client:
+            result = await client.chat.create("hi", model="floodgate-tiny", max_tokens=4)
+    assert result.text and proxy.connections >= 2

@@ -1,0 +1,88 @@
+"""Streaming against a real edge: events in order, text accumulating, limits, whole replies."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from client import AsyncClient, Client, Finished, RequestStarted, TextDelta
+from tests.support.live_server import LiveServer
+
+
+def test_a_stream_yields_started_then_deltas_then_finished_and_text_accumulates(server: LiveServer) -> None:
+    with (
+        Client(server.base_url, server.keys["paid"]) as client,
+        client.chat.stream(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Tell me about rivers."},
+            ],
+            max_tokens=24,
+            seed=7,
+        ) as stream,
+    ):
+        events = list(stream)
+        lengths_seen = [len(stream.text)]
+    assert isinstance(events[0], RequestStarted)
+    assert events[0].request_id == stream.request_id == stream.headers["x-request-id"]
+    deltas = [event for event in events if isinstance(event, TextDelta)]
+    assert deltas, "the reply had no text"
+    assert stream.text == "".join(delta.text for delta in deltas)
+    assert lengths_seen == [len(stream.text)]
+    finished = events[-1]
+    assert isinstance(finished, Finished) and sum(isinstance(e, Finished) for e in events) == 1
+    assert finished.reason in ("stop", "length") and not finished.cancelled
+    assert finished.usage is not None and 0 < finished.usage.completion_tokens <= 24
+    assert finished.usage.total_tokens == finished.usage.prompt_tokens + finished.usage.completion_tokens
+
+
+def test_text_grows_while_the_stream_is_read(server: LiveServer) -> None:
+    with Client(server.base_url, server.keys["paid"]) as client:
+        stream = client.chat.stream("Count to ten.", max_tokens=16, seed=3)
+        lengths = [len(stream.text) for event in stream if isinstance(event, TextDelta)]
+    assert len(lengths) >= 2 and lengths == sorted(lengths) and lengths[0] < lengths[-1]
+
+
+def test_rate_limits_come_from_the_response_headers(server: LiveServer) -> None:
+    with Client(server.base_url, server.keys["paid"]) as client:
+        stream = client.chat.stream("Hello", max_tokens=4)
+        stream.until_finished()
+    limits = stream.rate_limits
+    assert limits.limit_requests == 100_000
+    assert limits.remaining_requests is not None and limits.remaining_requests < 100_000
+    assert limits.limit_tokens == 100_000_000
+    assert limits.reset_requests_s is not None and limits.reset_tokens_s is not None
+
+
+def test_create_returns_the_whole_reply(server: LiveServer) -> None:
+    with Client(server.base_url, server.keys["paid"]) as client:
+        result = client.chat.create("Say something.", max_tokens=12, seed=1)
+    assert result.text and result.request_id.startswith("chatcmpl-")
+    assert result.finish_reason in ("stop", "length")
+    assert result.usage is not None and result.usage.completion_tokens <= 12
+
+
+@pytest.mark.anyio
+async def test_async_client_streams_with_the_same_events(server: LiveServer) -> None:
+    async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+        async with client.chat.stream("Hi there", max_tokens=10, seed=5) as stream:
+            events = [event async for event in stream]
+    assert isinstance(events[0], RequestStarted) and isinstance(events[-1], Finished)
+    assert stream.text == "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+@pytest.mark.anyio
+async def test_async_client_carries_100_concurrent_streams(server: LiveServer) -> None:
+    results: dict[int, tuple[str, str, str]] = {}
+
+    async def one(client: AsyncClient, i: int) -> None:
+        result = await client.chat.create(f"Stream number {i}", max_tokens=6, seed=i)
+        results[i] = (result.request_id, result.text, result.finish_reason)
+
+    async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+        async with anyio.create_task_group() as group:
+            for i in range(100):
+                group.start_soon(one, client, i)
+    assert len(results) == 100
+    assert len({request_id for request_id, _, _ in results.values()}) == 100
+    assert all(text and reason in ("stop", "length") for _, text, reason in results.values())
