@@ -16,6 +16,7 @@ from typing import Literal
 
 import structlog
 
+from gpu_container.engine.blas_threads import limit_blas_threads
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
@@ -70,6 +71,8 @@ class LLMEngine:
             if self._state != "new":
                 return
             self._state = "running"
+            if self._config.blas_threads > 0:
+                limit_blas_threads(self._config.blas_threads)
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
             self._thread.start()
 

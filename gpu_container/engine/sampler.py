@@ -15,13 +15,16 @@ def sample(logits: Floats, params: SamplingParams, rng: np.random.Generator | No
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
     probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
     if params.top_p < 1.0:
         order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
-        # Keep the smallest prefix whose mass reaches top_p (always at least the best token).
-        keep = int(np.searchsorted(cumulative, params.top_p)) + 1
-        kept = order[:keep]
-        kept_probs = probs[kept] / probs[kept].sum()
-        return int(kept[rng.choice(keep, p=kept_probs)])
-    return int(rng.choice(len(probs), p=probs))
+        # The smallest prefix whose mass reaches top_p (always at least the most likely token).
+        keep = int(np.searchsorted(cumulative, params.top_p * cumulative[-1])) + 1
+        return int(order[_draw(cumulative[:keep], rng)])
+    return _draw(np.cumsum(probs), rng)
+
+
+def _draw(cumulative: np.ndarray[tuple[int], np.dtype[np.float64]], rng: np.random.Generator) -> int:
+    """An index drawn in proportion to the unnormalised weights whose running sum is `cumulative`."""
+    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return min(index, len(cumulative) - 1)

@@ -39,6 +39,8 @@ class EngineConfig:
     # Token budget of one step: decode tokens plus prefill chunks (chunked prefill).
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
+    # BLAS threads for the process when the engine starts (see blas_threads.py); 0 leaves BLAS alone.
+    blas_threads: int = 1
 
 
 @dataclass(frozen=True, slots=True)
