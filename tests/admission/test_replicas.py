@@ -4,28 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from edge.admission import Dispatcher, Overloaded, Slot, Ticket
-from edge.upstreams.base import GenerationRequest, UpstreamError
+from edge.admission import Overloaded, Slot
 from tests.admission.conftest import MakeDispatcher
 from tests.admission.flow import Flow, ticket, until
+from tests.admission.pipeline import generate_with_failover
 from tests.admission.replicas import ControlledUpstream
-
-
-async def generate_with_failover(dispatcher: Dispatcher, t: Ticket) -> tuple[str, list[int]]:
-    """What the edge pipeline does: a failure before the first token retries on another replica."""
-    exclude: frozenset[str] = frozenset()
-    while True:
-        slot = await dispatcher.acquire(t, exclude)
-        tokens: list[int] = []
-        try:
-            async for delta in slot.upstream.generate(GenerationRequest(t.request_id, [1, 2, 3], 2)):
-                tokens += delta.token_ids
-        except UpstreamError:
-            slot.release(failed=True)
-            exclude |= {slot.upstream.name}
-            continue
-        slot.release()
-        return slot.upstream.name, tokens
 
 
 @pytest.mark.anyio
@@ -64,13 +47,13 @@ async def test_a_failure_before_the_first_token_completes_on_another_replica(
     broken, healthy = ControlledUpstream("broken"), ControlledUpstream("healthy")
     broken.fail_generation = True
     async with make_dispatcher([broken, healthy]) as dispatcher:
-        name, tokens = await generate_with_failover(dispatcher, ticket("u1"))
-        assert (name, tokens) == ("healthy", [1, 2])
+        slot, tokens = await generate_with_failover(dispatcher, ticket("u1"), [1, 2, 3], 2)
+        assert (slot.upstream.name, tokens) == ("healthy", [1, 2])
 
         # With nowhere left to go, the retry is refused instead of waiting forever.
         healthy.fail_generation = True
         with pytest.raises(Overloaded) as refused:
-            await generate_with_failover(dispatcher, ticket("u2"))
+            await generate_with_failover(dispatcher, ticket("u2"), [1, 2, 3], 2)
         assert refused.value.reason == "no_replica"
 
 

@@ -1,0 +1,101 @@
+"""The dispatcher in front of real in-process engines (the demo model) as replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edge.admission import Dispatcher, Ticket
+from edge.upstreams.local import LocalUpstream
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.demo_model import build_demo_model
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineConfig
+from tests.admission.flow import counting_clock, ticket
+from tests.admission.pipeline import generate_with_failover
+
+ENGINE = EngineConfig(
+    block_size=16, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512
+)
+PROMPT = list(range(10, 40))  # 30 tokens; with 32 new ones a request is charged 64 KV tokens
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo_model(tmp_path_factory.mktemp("admission") / "demo-model")
+
+
+@pytest.fixture
+async def replicas(demo_dir: Path) -> AsyncIterator[list[LocalUpstream]]:
+    upstreams = []
+    for i in range(2):
+        engine = LLMEngine.from_pretrained(demo_dir, ENGINE)
+        engine.start()
+        upstreams.append(LocalUpstream(f"engine-{i}", AsyncEngine(engine)))
+    yield upstreams
+    for upstream in upstreams:
+        await upstream.aclose()
+
+
+@dataclass
+class Served:
+    ticket: Ticket
+    asked_at: float
+    granted_at: float
+    tokens: list[int]
+
+
+@pytest.mark.anyio
+async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[LocalUpstream]) -> None:
+    clock = counting_clock()
+    dispatcher = Dispatcher(
+        replicas, reserved_paid_fraction=0.25, max_queue=1000, clock=clock, kv_block_tokens=ENGINE.block_size
+    )
+    await dispatcher.start()
+    served: list[Served] = []
+
+    async def request(t: Ticket) -> None:
+        asked_at = clock()  # acquire() enqueues before it first yields: no grant falls in between
+        slot, tokens = await generate_with_failover(dispatcher, t, PROMPT, MAX_NEW)
+        served.append(Served(t, asked_at, slot.granted_at, tokens))
+
+    async with asyncio.TaskGroup() as group:
+        for i in range(48):
+            group.create_task(request(ticket(f"free-{i % 8}", kv_tokens=len(PROMPT) + MAX_NEW)))
+        for i in range(8):
+            await asyncio.sleep(0)  # let the flood queue up first; paid arrive while it drains
+            group.create_task(request(ticket(f"paid-{i % 3}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)))
+    await dispatcher.aclose()
+
+    assert len(served) == 56 and all(len(s.tokens) > 0 for s in served)
+    free = [s for s in served if s.ticket.priority == 0]
+    paid_served = [s for s in served if s.ticket.priority == 10]
+    grants = sorted(s.granted_at for s in served)
+    waited = [p for p in paid_served if any(p.asked_at < g < p.granted_at for g in grants)]
+    assert waited, "the scenario must make paid requests queue behind the flood"
+    for paid in paid_served:
+        overtaking = [f for f in free if paid.asked_at < f.granted_at < paid.granted_at]
+        assert overtaking == [], f"free requests were served while {paid.ticket.request_id} waited"
+
+
+@pytest.mark.anyio
+async def test_a_stopped_engine_fails_before_the_first_token_and_another_one_serves(
+    replicas: list[LocalUpstream],
+) -> None:
+    broken, healthy = replicas
+    await broken.aclose()  # the engine is stopped: every new request fails at once
+    # Both idle: the first request goes to the first replica, the broken one.
+    dispatcher = Dispatcher(replicas, reserved_paid_fraction=0.0, max_queue=10, poll_interval_s=3600)
+    await dispatcher.start()
+    try:
+        for i in range(4):
+            slot, tokens = await generate_with_failover(dispatcher, ticket(f"u{i}"), PROMPT, MAX_NEW)
+            assert slot.upstream is healthy
+            assert 0 < len(tokens) <= MAX_NEW
+    finally:
+        await dispatcher.aclose()
