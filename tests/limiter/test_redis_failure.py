@@ -1,0 +1,144 @@
+"""Redis failing under load: nothing escapes, fail-open tiers keep admitting from the local
+fallback (limits divided by the instance count), fail-closed tiers raise StoreUnavailable, and
+counting moves back to Redis by itself once it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import REGISTRY
+from redis.asyncio import Redis
+
+from limiter.base import StoreUnavailable
+from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.tiers import tier
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer, start_redis
+
+OPEN = tier(requests=10**6, request_window_s=60, on_store_failure="open", name="open")
+CLOSED = tier(requests=10**6, request_window_s=60, on_store_failure="closed", name="closed")
+WAIT_S = 20.0  # bound on every wait for the load loop to reach a phase
+
+
+def _failures(op: str) -> float:
+    return REGISTRY.get_sample_value("floodgate_limiter_store_failures_total", {"op": op}) or 0.0
+
+
+def _fallback_gauge() -> float | None:
+    return REGISTRY.get_sample_value("floodgate_limiter_fallback_active")
+
+
+class Load:
+    """Admissions, token takes and settles in a loop, counting what each path answered."""
+
+    def __init__(self, limiter: RedisLimiter) -> None:
+        self.limiter = limiter
+        self.on_redis = 0
+        self.on_fallback = 0
+        self.closed_refused = 0
+        self.errors: list[BaseException] = []
+        self.stop = asyncio.Event()
+        self.changed = asyncio.Event()
+
+    async def run(self) -> None:
+        user = f"load-{uuid.uuid4().hex}"
+        step = 0
+        while not self.stop.is_set():
+            step += 1
+            try:
+                admission = await self.limiter.admit(user, f"o{step}", OPEN, 10, 40)
+                assert admission.decision.allowed and admission.lease is not None
+                if self.limiter.fallback_active:
+                    self.on_fallback += 1
+                else:
+                    self.on_redis += 1
+                await admission.lease.take(40)
+                await admission.lease.settle()
+                try:
+                    closed = await self.limiter.admit(user + "-c", f"c{step}", CLOSED, 10, 0)
+                    assert closed.lease is not None
+                    await closed.lease.settle()
+                except StoreUnavailable as refused:
+                    assert refused.retry_after_s > 0
+                    self.closed_refused += 1
+            except Exception as exc:  # anything but StoreUnavailable escaping is the failure
+                self.errors.append(exc)
+                return
+            self.changed.set()
+            await asyncio.sleep(0)  # yield to the test between rounds, not a wait for anything
+
+    async def until(self, condition_name: str, predicate: Callable[[], bool]) -> None:
+        async def wait() -> None:
+            while not predicate():
+                assert not self.errors, self.errors
+                self.changed.clear()
+                await self.changed.wait()
+
+        try:
+            await asyncio.wait_for(wait(), WAIT_S)
+        except TimeoutError:
+            pytest.fail(f"load never reached: {condition_name} ({vars(self)})")
+
+
+@pytest.mark.anyio
+async def test_redis_killed_mid_load_and_restarted(own_redis_server: RedisServer) -> None:
+    # backoff_s=0: every call tries Redis again, so recovery is observed on the very next call.
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=250, instance_count=2, backoff_s=0)
+    load = Load(limiter)
+    failures_before = _failures("admit")
+    task = asyncio.create_task(load.run())
+    restarted: RedisServer | None = None
+    try:
+        await load.until("admissions on Redis", lambda: load.on_redis >= 20)
+        own_redis_server.kill()
+
+        await load.until("fallback admissions", lambda: load.on_fallback >= 20 and load.closed_refused >= 1)
+        assert _failures("admit") > failures_before
+        assert _fallback_gauge() == 1.0
+        # The fallback enforces this instance's share: 10 requests / 2 instances.
+        user = f"share-{uuid.uuid4().hex}"
+        shared = tier(requests=10, request_window_s=3600, on_store_failure="open")
+        outage = [(await limiter.admit(user, f"s{i}", shared, 1, 0)).decision.allowed for i in range(8)]
+        assert outage == [True] * 5 + [False] * 3
+
+        restarted = start_redis(own_redis_server.port)
+        on_redis = load.on_redis
+        await load.until("admissions on Redis again", lambda: load.on_redis > on_redis + 20)
+        assert _fallback_gauge() == 0.0
+    finally:
+        load.stop.set()
+        await asyncio.wait_for(task, WAIT_S)
+        assert not load.errors, load.errors
+
+    assert restarted is not None
+    probe = Redis.from_url(restarted.url)
+    try:
+        # Counting is on Redis again: a fresh user's limit holds there, in Redis's keys.
+        user = f"after-{uuid.uuid4().hex}"
+        limits = tier(requests=3, request_window_s=3600)
+        answers = [(await limiter.admit(user, f"a{i}", limits, 1, 0)).decision.allowed for i in range(4)]
+        assert answers == [True, True, True, False]
+        assert await probe.exists(*user_keys(user)) == 3
+    finally:
+        await probe.aclose()
+        await limiter.aclose()
+        restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_a_failed_store_is_left_alone_for_the_backoff() -> None:
+    # Nothing listens on this port: every connection attempt is refused.
+    limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_ms=250, backoff_s=60)
+    try:
+        before = _failures("admit")
+        for i in range(10):
+            assert (await limiter.admit("u", f"r{i}", OPEN, 1, 0)).decision.allowed
+        assert _failures("admit") == before + 1  # one try, then the backoff skips Redis
+        with pytest.raises(StoreUnavailable) as refused:
+            await limiter.admit("u", "closed", CLOSED, 1, 0)
+        assert 0 < refused.value.retry_after_s <= 60
+    finally:
+        await limiter.aclose()

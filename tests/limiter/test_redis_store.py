@@ -1,0 +1,136 @@
+"""The Redis store on a real redis-server: waits that are honoured, leases charged in batches,
+refunds, expiring slots, and the factory's URL handling."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from limiter import policy
+from limiter.base import Admission
+from limiter.factory import create_limiter
+from limiter.lease import Lease
+from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.tiers import tier
+from tests.support.redis_server import RedisServer
+
+
+def _user() -> str:
+    return f"u-{uuid.uuid4().hex}"
+
+
+def _lease(admission: Admission) -> Lease:
+    assert admission.decision.allowed and isinstance(admission.lease, Lease)
+    return admission.lease
+
+
+async def _evalsha_calls(client: Redis) -> int:
+    """Script calls Redis ran (the first one of a script not yet loaded fails with NOSCRIPT)."""
+    stats = (await client.info("commandstats")).get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+
+@pytest.mark.anyio
+async def test_waiting_the_advertised_retry_after_gets_the_request_in(redis_server: RedisServer) -> None:
+    limiter = create_limiter("redis", redis_server.url, 1000, 1)
+    assert isinstance(limiter, RedisLimiter)
+    user, limits = _user(), tier(requests=2, request_window_s=1)
+    try:
+        assert (await limiter.admit(user, "a", limits, 1, 1)).decision.allowed
+        assert (await limiter.admit(user, "b", limits, 1, 1)).decision.allowed
+        denied = (await limiter.admit(user, "c", limits, 1, 1)).decision
+        assert not denied.allowed and denied.limit == "requests"
+        assert 0 < denied.retry_after_ms <= 500  # one interval of a 2-per-second limit, not 1 s
+        # Waiting is the behaviour under test here: the client does exactly what Retry-After says.
+        await asyncio.sleep(denied.retry_after_ms / 1000)
+        assert (await limiter.admit(user, "c", limits, 1, 1)).decision.allowed
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_lease_charges_redis_once_per_batch_and_stops_at_the_budget(redis_server: RedisServer) -> None:
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, batch_tokens=32)
+    probe = Redis.from_url(redis_server.url)
+    user, limits = _user(), tier(tokens=1000, token_window_s=86400)
+    try:
+        lease = _lease(await limiter.admit(user, "r", limits, 100, 4096))
+        before = await _evalsha_calls(probe)
+        taken = 0
+        while (got := await lease.take(1)) == 1:
+            taken += 1
+        assert got == 0 and taken == 900  # input 100 + output 900 = the whole budget
+        calls = await _evalsha_calls(probe) - before
+        assert calls == -(-(900 - 32) // 32)  # one charge per 32-token batch, not one per token
+        await lease.settle()
+        assert not (await limiter.admit(user, "next", limits, 1, 0)).decision.allowed
+    finally:
+        await probe.aclose()
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_take_returns_fewer_than_asked_when_the_budget_runs_out(redis_server: RedisServer) -> None:
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, batch_tokens=32)
+    user, limits = _user(), tier(tokens=100, token_window_s=86400)
+    try:
+        lease = _lease(await limiter.admit(user, "r", limits, 60, 4096))
+        assert await lease.take(30) == 30
+        assert await lease.take(30) == 10
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_settle_gives_the_unused_lease_back_once(redis_server: RedisServer) -> None:
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, batch_tokens=64)
+    user, limits = _user(), tier(tokens=1000, token_window_s=86400)
+    try:
+        lease = _lease(await limiter.admit(user, "r", limits, 100, 4096))
+        assert await lease.take(10) == 10
+        during = (await limiter.admit(user, "probe1", limits, 0, 0)).decision
+        assert during.remaining_tokens == 1000 - 100 - 64
+        await lease.settle()
+        await lease.settle()
+        await limiter.settle(user, limits, "r", 54)  # a duplicate from another path refunds nothing
+        after = (await limiter.admit(user, "probe2", limits, 0, 0)).decision
+        # Refill over the test's few milliseconds of a 1-day window is far below one token.
+        assert after.remaining_tokens == 1000 - 100 - 10
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_slot_whose_edge_died_expires_with_its_lease_ttl(redis_server: RedisServer) -> None:
+    now_us = 10**12
+    limiter = RedisLimiter.from_url(
+        redis_server.url, timeout_ms=1000, lease_ttl_s=120, now_override_us=lambda: now_us
+    )
+    user, limits = _user(), tier(concurrent=1)
+    try:
+        _lease(await limiter.admit(user, "crashed", limits, 1, 1))  # never settled
+        denied = (await limiter.admit(user, "b", limits, 1, 1)).decision
+        assert not denied.allowed and denied.limit == "concurrency"
+        now_us += 120 * policy.MICROS
+        assert (await limiter.admit(user, "b", limits, 1, 1)).decision.allowed
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_keys_carry_the_user_hash_tag_and_expire(redis_server: RedisServer) -> None:
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000)
+    probe = Redis.from_url(redis_server.url)
+    user = _user()
+    try:
+        _lease(await limiter.admit(user, "r", tier(request_window_s=60, token_window_s=600), 10, 10))
+        for key in user_keys(user):
+            assert f"{{{user}}}" in key
+            ttl_ms = await probe.pttl(key)
+            assert 0 < ttl_ms <= 600_000 + 300_000 + 1000
+    finally:
+        await probe.aclose()
+        await limiter.aclose()
