@@ -89,3 +89,24 @@ async def test_free_blocked_by_the_reserve_does_not_block_paid_in_the_queue(
         assert late_paid.done()
         assert not any(task.done() for task in free)
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_large_request_is_not_overtaken_by_smaller_ones(make_dispatcher: MakeDispatcher) -> None:
+    replica = ControlledUpstream("r1", kv_tokens_total=1000, max_sequences=20)
+    async with make_dispatcher([replica]) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(10):
+            flow.submit(ticket(f"holder-{i}", kv_tokens=100))
+        await flow.settle()
+        large = flow.submit(ticket("large", kv_tokens=900))
+        small = [flow.submit(ticket(f"small-{i % 4}", kv_tokens=100)) for i in range(12)]
+        await flow.settle()
+
+        # Each release frees room a small request would fit in; it is kept for the large one.
+        for _ in range(8):
+            await flow.release_oldest()
+            assert not any(task.done() for task in small)
+        await flow.release_oldest()
+        assert large.done()
+        await flow.aclose()

@@ -1,0 +1,40 @@
+"""The admission metrics the dashboards and the autoscaler read."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from edge.admission import Overloaded
+from tests.admission.conftest import MakeDispatcher
+from tests.admission.flow import Flow, ticket
+from tests.admission.replicas import ControlledUpstream
+
+
+def sample(name: str, **labels: str) -> float:
+    value = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.mark.anyio
+async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    replica = ControlledUpstream("metrics-r1", kv_tokens_total=1000, max_sequences=2)
+    async with make_dispatcher([replica], max_queue=3) as dispatcher:
+        flow = Flow(dispatcher)
+        waits_before = sample("floodgate_queue_wait_seconds_count", tier="metrics-tier")
+        rejected_before = sample("floodgate_queue_rejected_total", reason="queue_full")
+        for i in range(5):
+            flow.submit(ticket(f"u{i}", kv_tokens=250, tier="metrics-tier"))
+        await flow.settle()
+
+        assert sample("floodgate_queue_depth", tier="metrics-tier") == 3
+        assert sample("floodgate_queue_depth_per_replica") == 3.0
+        assert sample("floodgate_replica_kv_utilisation", replica="metrics-r1") == 0.5
+        assert sample("floodgate_queue_wait_seconds_count", tier="metrics-tier") == waits_before + 2
+        with pytest.raises(Overloaded):
+            dispatcher.precheck(ticket("late", tier="metrics-tier"))
+        assert sample("floodgate_queue_rejected_total", reason="queue_full") == rejected_before + 1
+        await flow.aclose()
+        assert sample("floodgate_queue_depth", tier="metrics-tier") == 0
