@@ -26,7 +26,6 @@ log = structlog.get_logger(__name__)
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TritonStartError(RuntimeError):
@@ -65,14 +64,12 @@ def make_backend_directory(dest: Path) -> Path:
 
 
 def server_environment() -> dict[str, str]:
-    """The stub embeds this interpreter's libpython, so it needs its LIBDIR and its import path."""
+    """The Python backend stub links against this interpreter's libpython: it needs its LIBDIR."""
     env = dict(os.environ)
     libdirs = [str(sysconfig.get_config_var("LIBDIR")), str(_wheel_root().parent / "nvidia_pytriton.libs")]
     if env.get("LD_LIBRARY_PATH"):
         libdirs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(libdirs)
-    # An editable install is a .pth import hook the stub never runs: name the project root itself.
-    env["PYTHONPATH"] = ":".join([str(_PROJECT_ROOT), *(p for p in sys.path if p)])
     return env
 
 
@@ -116,7 +113,6 @@ def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
                 pass
             # Polling a child process's HTTP port: there is no event to wait on.
             time.sleep(0.1)
-    proc.stop()
     raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f} s:\n{proc.log_tail()}")
 
 
@@ -163,6 +159,10 @@ def start_local_triton(
         workdir=workdir,
     )
     log.info("tritonserver starting", pid=process.pid, grpc=proc.grpc_url, repository=str(model_repository))
-    _wait_ready(proc, ready_timeout_s)
+    try:
+        _wait_ready(proc, ready_timeout_s)
+    except BaseException:
+        proc.stop()
+        raise
     log.info("tritonserver ready", pid=process.pid)
     return proc

@@ -1,0 +1,351 @@
+"""A Triton replica as an upstream: TensorRT-LLM's `tensorrt_llm` contract over gRPC streaming.
+
+One bidirectional `ModelStreamInfer` stream per request: Triton cancels a request when its stream
+is cancelled, so closing the generator (or cancelling the task that reads it) cancels the stream
+and the replica drops the sequence. The request asks for an empty final response, so the end of a
+generation is a flag on the wire, never a guess. The channel uses tritonclient's generated stub
+directly because tritonclient.grpc.aio's stream_infer cannot set that flag.
+
+Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
+exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+import httpx
+import numpy as np
+import numpy.typing as npt
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest, Upstream, UpstreamError
+from gpu_container.engine.types import EngineConfig
+from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.launcher import start_local_triton
+
+log = structlog.get_logger(__name__)
+
+MODEL_NAME = "tensorrt_llm"
+TRITON_METRICS_PORT = 8002
+_FINAL = "triton_final_response"
+_ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+@dataclass(frozen=True, slots=True)
+class TrtLlmMetrics:
+    """The replica's gauges for one model, as TensorRT-LLM names them."""
+
+    max_blocks: int
+    free_blocks: int
+    used_blocks: int
+    tokens_per_block: int
+    max_requests: int
+    active_requests: int
+    scheduled_requests: int
+    waiting_requests: int
+    pending_in_triton: int
+    iterations: int
+
+    def capacity(self) -> Capacity:
+        return Capacity(
+            kv_tokens_total=self.max_blocks * self.tokens_per_block,
+            kv_tokens_used=self.used_blocks * self.tokens_per_block,
+            max_sequences=self.max_requests,
+            running=self.scheduled_requests,
+            waiting=self.waiting_requests + self.pending_in_triton,
+        )
+
+
+def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
+    """Read the metrics page; a gauge the replica does not export reads as 0."""
+    values: dict[tuple[str, str], float] = {}
+    label_of = {
+        "nv_trt_llm_kv_cache_block_metrics": "kv_cache_block_type",
+        "nv_trt_llm_request_metrics": "request_type",
+        "nv_trt_llm_general_metrics": "general_type",
+        "nv_inference_pending_request_count": "",
+    }
+    for family in text_string_to_metric_families(text):
+        if family.name not in label_of:
+            continue
+        for sample in family.samples:
+            if sample.labels.get("model", model) != model:
+                continue
+            key = (family.name, sample.labels.get(label_of[family.name], ""))
+            values[key] = values.get(key, 0.0) + sample.value
+
+    def get(family: str, label: str = "") -> int:
+        return int(values.get((family, label), 0.0))
+
+    kv, req = "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics"
+    active, scheduled = get(req, "active"), get(req, "scheduled")
+    # Older TensorRT-LLM backends have no "waiting" gauge: what is active but not scheduled waits.
+    waiting_key = (req, "waiting")
+    waiting = get(req, "waiting") if waiting_key in values else max(active - scheduled, 0)
+    return TrtLlmMetrics(
+        max_blocks=get(kv, "max"),
+        free_blocks=get(kv, "free"),
+        used_blocks=get(kv, "used"),
+        tokens_per_block=get(kv, "tokens_per"),
+        max_requests=get(req, "max"),
+        active_requests=active,
+        scheduled_requests=scheduled,
+        waiting_requests=waiting,
+        pending_in_triton=get("nv_inference_pending_request_count"),
+        iterations=get("nv_trt_llm_general_metrics", "iteration_counter"),
+    )
+
+
+def _tensor(request: Any, name: str, datatype: str, array: npt.NDArray[Any]) -> None:
+    request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+    request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+
+
+def encode_request(
+    req: GenerationRequest, model: str, *, end_id: int | None = None, pad_id: int | None = None
+) -> Any:
+    """A ModelInferRequest in the `tensorrt_llm` contract (batch of one, streaming)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=req.request_id)
+    request.parameters[_ENABLE_EMPTY_FINAL].bool_param = True
+
+    def scalar(name: str, datatype: str, value: object, dtype: type[np.generic]) -> None:
+        _tensor(request, name, datatype, np.array([[value]], dtype=dtype))
+
+    _tensor(request, "input_ids", "INT32", np.array([req.prompt_ids], dtype=np.int32))
+    scalar("input_lengths", "INT32", len(req.prompt_ids), np.int32)
+    scalar("request_output_len", "INT32", req.max_new_tokens, np.int32)
+    scalar("streaming", "BOOL", True, np.bool_)
+    # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
+    greedy = req.temperature == 0
+    scalar("runtime_top_k", "INT32", 1 if greedy else 0, np.int32)
+    scalar("temperature", "FP32", 1.0 if greedy else req.temperature, np.float32)
+    scalar("runtime_top_p", "FP32", req.top_p, np.float32)
+    if req.seed is not None:
+        scalar("random_seed", "UINT64", req.seed, np.uint64)
+    if end_id is not None:
+        scalar("end_id", "INT32", end_id, np.int32)
+    if pad_id is not None:
+        scalar("pad_id", "INT32", pad_id, np.int32)
+    if req.stop_ids:
+        # [ids; end offsets]: every stop word here is one token long.
+        words = [req.stop_ids, list(range(1, len(req.stop_ids) + 1))]
+        _tensor(request, "stop_words_list", "INT32", np.array([words], dtype=np.int32))
+    return request
+
+
+def decode_tokens(response: Any) -> list[int]:
+    """New token ids of one streamed response (beam 0); empty for the bare final response."""
+    names = [out.name for out in response.outputs]
+    if "output_ids" not in names:
+        return []
+    ids = np.frombuffer(response.raw_output_contents[names.index("output_ids")], dtype=np.int32)
+    if "sequence_length" in names:
+        raw_length = response.raw_output_contents[names.index("sequence_length")]
+        length = int(np.frombuffer(raw_length, dtype=np.int32)[0])
+        if 0 <= length <= ids.size:
+            ids = ids[:length]
+    return [int(t) for t in ids]
+
+
+class TritonUpstream:
+    def __init__(
+        self,
+        name: str,
+        grpc_url: str,
+        metrics_url: str,
+        *,
+        model_name: str = MODEL_NAME,
+        end_id: int | None = None,
+        pad_id: int | None = None,
+        first_response_timeout_s: float = 30.0,
+        capacity_ttl_s: float = 0.25,
+        probe_timeout_s: float = 2.0,
+    ) -> None:
+        self.name = name
+        self.grpc_url = grpc_url
+        self.metrics_url = metrics_url
+        self.model_name = model_name
+        self._end_id = end_id
+        self._pad_id = pad_id
+        self._first_timeout_s = first_response_timeout_s
+        self._capacity_ttl_s = capacity_ttl_s
+        self._probe_timeout_s = probe_timeout_s
+        # Created on first use, inside the event loop that will drive them.
+        self._channel: grpc.aio.Channel | None = None
+        self._stub_instance: Any = None
+        self._http: httpx.AsyncClient | None = None
+        self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
+
+    def _stub(self) -> Any:
+        if self._stub_instance is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.grpc_url,
+                options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
+            )
+            self._stub_instance = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._stub_instance
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        request = encode_request(req, self.model_name, end_id=self._end_id, pad_id=self._pad_id)
+
+        async def requests() -> AsyncIterator[Any]:
+            yield request
+
+        call = self._stub().ModelStreamInfer(requests())
+        stop_tokens = set(req.stop_ids) | ({self._end_id} if self._end_id is not None else set())
+        generated = 0
+        last_token: int | None = None
+        finished = False
+        try:
+            first = True
+            while not finished:
+                try:
+                    if first:
+                        async with asyncio.timeout(self._first_timeout_s):
+                            message = await call.read()
+                        first = False
+                    else:
+                        message = await call.read()
+                except TimeoutError:
+                    raise UpstreamError(
+                        f"{self.name}: no response within {self._first_timeout_s:.0f} s"
+                    ) from None
+                except grpc.aio.AioRpcError as exc:
+                    raise UpstreamError(f"{self.name}: {exc.code().name}: {exc.details()}") from exc
+                if message is grpc.aio.EOF:
+                    raise UpstreamError(f"{self.name}: stream ended without a final response")
+                if message.error_message:
+                    raise UpstreamError(f"{self.name}: {message.error_message}")
+                response = message.infer_response
+                tokens = decode_tokens(response)
+                generated += len(tokens)
+                if tokens:
+                    last_token = tokens[-1]
+                finished = response.parameters[_FINAL].bool_param if _FINAL in response.parameters else False
+                if finished:
+                    yield Delta(
+                        tokens, _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens)
+                    )
+                elif tokens:
+                    yield Delta(tokens)
+        finally:
+            if not finished:
+                # Cancelling the stream is how Triton learns to drop the request.
+                call.cancel()
+
+    async def _metrics(self) -> TrtLlmMetrics:
+        now = time.monotonic()
+        if self._metrics_cache is not None and now - self._metrics_cache[0] < self._capacity_ttl_s:
+            return self._metrics_cache[1]
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self._probe_timeout_s)
+        try:
+            page = await self._http.get(self.metrics_url)
+            page.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"{self.name}: metrics unavailable: {exc}") from exc
+        metrics = parse_trtllm_metrics(page.text, self.model_name)
+        self._metrics_cache = (time.monotonic(), metrics)
+        return metrics
+
+    async def metrics(self) -> TrtLlmMetrics:
+        """The replica's nv_trt_llm_* gauges, fresh (not cached)."""
+        self._metrics_cache = None
+        return await self._metrics()
+
+    async def capacity(self) -> Capacity:
+        return (await self._metrics()).capacity()
+
+    async def ready(self) -> bool:
+        stub = self._stub()
+        try:
+            server = await stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=self._probe_timeout_s)
+            model = await stub.ModelReady(
+                service_pb2.ModelReadyRequest(name=self.model_name), timeout=self._probe_timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(server.ready and model.ready)
+
+    async def aclose(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub_instance = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limit: int) -> FinishReason:
+    if last is not None and last in stop_tokens:
+        return "stop"
+    if generated >= limit:
+        return "length"
+    # TensorRT-LLM leaves the end token out of its output: ending early means it saw one.
+    return "stop"
+
+
+def _replica_urls(spec: str) -> tuple[str, str]:
+    """`host:grpc_port[:metrics_port]` -> (grpc target, metrics URL); metrics default to 8002."""
+    parts = spec.strip().split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"expected HOST:GRPC_PORT[:METRICS_PORT], got {spec!r}")
+    host, grpc_port = parts[0], int(parts[1])
+    metrics_port = int(parts[2]) if len(parts) == 3 else TRITON_METRICS_PORT
+    return f"{host}:{grpc_port}", f"http://{host}:{metrics_port}/metrics"
+
+
+async def build_triton_upstreams(
+    spec: str,
+    model_dir: Path,
+    engine_cfg: EngineConfig,
+    *,
+    end_id: int | None = None,
+    pad_id: int | None = None,
+) -> tuple[list[Upstream], Callable[[], Awaitable[None]]]:
+    """Upstreams for `--triton local` (start tritonserver here over the CPU repository serving
+    `model_dir`) or `--triton HOST:PORT[:METRICS_PORT],...` (running replicas).
+
+    Returns the upstreams and an async cleanup that closes them and stops a local server.
+    """
+    if spec.strip() == "local":
+        repo_dir = Path(tempfile.mkdtemp(prefix="floodgate-cpu-repo-"))
+        render_cpu_repository(repo_dir, model_dir, engine_cfg)
+        server = await anyio.to_thread.run_sync(start_local_triton, repo_dir)
+        local = TritonUpstream(
+            "triton-local", server.grpc_url, server.metrics_url, end_id=end_id, pad_id=pad_id
+        )
+
+        async def stop_local() -> None:
+            await local.aclose()
+            await anyio.to_thread.run_sync(server.stop)
+            shutil.rmtree(repo_dir, ignore_errors=True)
+
+        return [local], stop_local
+
+    upstreams: list[Upstream] = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        grpc_url, metrics_url = _replica_urls(item)
+        upstreams.append(
+            TritonUpstream(f"triton-{grpc_url}", grpc_url, metrics_url, end_id=end_id, pad_id=pad_id)
+        )
+    if not upstreams:
+        raise ValueError("--triton needs `local` or at least one HOST:PORT")
+
+    async def close_all() -> None:
+        for upstream in upstreams:
+            await upstream.aclose()
+
+    return upstreams, close_all

@@ -1,0 +1,112 @@
+"""TensorRT-LLM's `tensorrt_llm` tensor contract, read into our engine's terms (and written back).
+
+Pure functions over numpy arrays so the Python-backend model (cpu/model.py) stays thin glue and
+this part is type-checked and testable without a server.
+
+Conventions taken from TensorRT-LLM: `end_id = -1` ignores the end token (fixed-length output);
+`runtime_top_k = 1` is greedy decoding; `stop_words_list` is [ids; end offsets] padded with -1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu_container.engine.types import EngineConfig, SamplingParams
+
+GetInput = Callable[[str], "npt.NDArray[np.generic] | None"]
+
+
+class ContractError(ValueError):
+    """The request does not fit the contract (missing input, unsupported value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContractRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    streaming: bool
+    stop: bool
+
+
+def _scalar(get: GetInput, name: str) -> float | int | bool | None:
+    array = get(name)
+    if array is None or array.size == 0:
+        return None
+    value: float | int | bool = array.reshape(-1)[0].item()
+    return value
+
+
+def stop_word_ids(stop_words: npt.NDArray[np.generic]) -> tuple[int, ...]:
+    """Single-token stop words out of a [2, L] (or [1, 2, L]) stop_words_list."""
+    rows = stop_words.reshape(-1, 2, stop_words.shape[-1])[0]
+    ids, offsets = rows[0].tolist(), [o for o in rows[1].tolist() if o >= 0]
+    words: list[int] = []
+    start = 0
+    for end in offsets:
+        if end - start != 1:
+            raise ContractError("only single-token stop words are supported")
+        words.append(int(ids[start]))
+        start = end
+    return tuple(words)
+
+
+def decode_request(get: GetInput) -> ContractRequest:
+    input_ids = get("input_ids")
+    output_len = _scalar(get, "request_output_len")
+    if input_ids is None or output_len is None:
+        raise ContractError("input_ids and request_output_len are required")
+    prompt = input_ids.reshape(-1).tolist()
+    length = _scalar(get, "input_lengths")
+    if length is not None:
+        prompt = prompt[: int(length)]
+    temperature = _scalar(get, "temperature")
+    top_k = _scalar(get, "runtime_top_k")
+    top_p = _scalar(get, "runtime_top_p")
+    seed = _scalar(get, "random_seed")
+    end_id = _scalar(get, "end_id")
+    stop_words = get("stop_words_list")
+    stop_ids = stop_word_ids(stop_words) if stop_words is not None and stop_words.size else ()
+    if end_id is not None and int(end_id) >= 0:
+        stop_ids = (*stop_ids, int(end_id))
+    greedy = top_k == 1 or temperature == 0
+    params = SamplingParams(
+        max_new_tokens=int(output_len),
+        temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
+        top_p=float(top_p) if top_p is not None else 1.0,
+        seed=int(seed) if seed is not None else None,
+        stop_token_ids=stop_ids,
+        ignore_eos=end_id is not None and int(end_id) < 0,
+    )
+    return ContractRequest(
+        prompt_ids=[int(t) for t in prompt],
+        params=params,
+        streaming=bool(_scalar(get, "streaming")),
+        stop=bool(_scalar(get, "stop")),
+    )
+
+
+def output_arrays(token_ids: list[int]) -> dict[str, npt.NDArray[np.int32]]:
+    """One response's tensors: output_ids [batch=1, beam=1, n] and sequence_length [1, 1]."""
+    return {
+        "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, -1),
+        "sequence_length": np.asarray([[len(token_ids)]], dtype=np.int32),
+    }
+
+
+def engine_config_from_parameters(parameters: Mapping[str, str]) -> EngineConfig:
+    """EngineConfig from the model's string parameters; fields not given keep their defaults."""
+    defaults = EngineConfig()
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineConfig):
+        if f.name not in parameters:
+            continue
+        default = getattr(defaults, f.name)
+        raw = parameters[f.name]
+        values[f.name] = raw.lower() == "true" if isinstance(default, bool) else type(default)(raw)
+    return EngineConfig(**values)

@@ -1,0 +1,224 @@
+"""Our continuous-batching engine as a Triton Python-backend model, behind the `tensorrt_llm` contract.
+
+Runs inside the backend stub (cpu/model.py hands over to EngineModel), where
+triton_python_backend_utils is importable.
+
+One engine per model instance; every request joins its batch. `execute` only decodes a request and
+hands it to the engine; the engine thread's callback sends each step's tokens through the request's
+response sender (decoupled: many responses, the last one flagged FINAL). A watcher thread polls
+`is_cancelled()` of the live requests (a closed gRPC stream) and aborts them in the engine, which
+frees their KV blocks; a `stop=true` request with the same request id does the same. The engine's
+stats are exported as the gauges TensorRT-LLM's backend exports (nv_trt_llm_*), so the edge reads
+capacity the same way from both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+import triton_python_backend_utils as pb_utils  # only inside tritonserver's Python backend
+
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineStats, TokenOutput
+from gpu_container.triton.cpu_contract import decode_request, engine_config_from_parameters, output_arrays
+
+log = structlog.get_logger("floodgate.triton.cpu_model")
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@dataclass
+class _Live:
+    request: Any
+    sender: Any
+    triton_id: str
+    streaming: bool
+    # Non-streaming requests get every token in their one final response.
+    tokens: list[int] = field(default_factory=list)
+    abort_requested: bool = False
+
+
+class _Gauges:
+    """EngineStats as TensorRT-LLM's nv_trt_llm_* gauges (same names and label values)."""
+
+    def __init__(self, model: str, version: str) -> None:
+        labels = {"model": model, "version": version}
+        gauge = pb_utils.MetricFamily.GAUGE
+        self._families = {
+            "request": pb_utils.MetricFamily(
+                name="nv_trt_llm_request_metrics", description="TRT LLM request metrics", kind=gauge
+            ),
+            "kv": pb_utils.MetricFamily(
+                name="nv_trt_llm_kv_cache_block_metrics",
+                description="TRT LLM KV cache block metrics",
+                kind=gauge,
+            ),
+            "general": pb_utils.MetricFamily(
+                name="nv_trt_llm_general_metrics", description="General TRT LLM metrics", kind=gauge
+            ),
+        }
+        request, kv, general = self._families["request"], self._families["kv"], self._families["general"]
+        self._metrics = {
+            "active": request.Metric(labels={"request_type": "active", **labels}),
+            "max": request.Metric(labels={"request_type": "max", **labels}),
+            "scheduled": request.Metric(labels={"request_type": "scheduled", **labels}),
+            "waiting": request.Metric(labels={"request_type": "waiting", **labels}),
+            "blocks_max": kv.Metric(labels={"kv_cache_block_type": "max", **labels}),
+            "blocks_free": kv.Metric(labels={"kv_cache_block_type": "free", **labels}),
+            "blocks_used": kv.Metric(labels={"kv_cache_block_type": "used", **labels}),
+            "tokens_per": kv.Metric(labels={"kv_cache_block_type": "tokens_per", **labels}),
+            "iterations": general.Metric(labels={"general_type": "iteration_counter", **labels}),
+        }
+
+    def update(self, stats: EngineStats) -> None:
+        values = {
+            "active": stats.running + stats.waiting,
+            "max": stats.max_num_seqs,
+            "scheduled": stats.running,
+            "waiting": stats.waiting,
+            "blocks_max": stats.num_blocks,
+            "blocks_free": stats.free_blocks,
+            "blocks_used": stats.num_blocks - stats.free_blocks,
+            "tokens_per": stats.block_size,
+            "iterations": stats.steps,
+        }
+        for key, value in values.items():
+            self._metrics[key].set(value)
+
+    def close(self) -> None:
+        # The backend requires every Metric to go before its MetricFamily.
+        self._metrics.clear()
+        self._families.clear()
+
+
+# The wheel's backend stub is built against numpy 2's ABI: under numpy 1.x, Tensor(name, array) and
+# as_numpy() silently read the wrong bytes. DLPack crosses that boundary correctly for both.
+def _response(token_ids: list[int]) -> Any:
+    tensors = [pb_utils.Tensor.from_dlpack(name, array) for name, array in output_arrays(token_ids).items()]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+class EngineModel:
+    def __init__(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self._engine = LLMEngine.from_pretrained(
+            parameters["model_dir"], engine_config_from_parameters(parameters)
+        )
+        self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "5")) / 1000
+        self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
+        self._lock = threading.Lock()
+        self._live: dict[str, _Live] = {}
+        self._by_triton_id: dict[str, str] = {}
+        self._gauges = _Gauges(args["model_name"], args["model_version"])
+        self._gauges.update(self._engine.stats())
+        self._stopping = threading.Event()
+        self._engine.start()
+        self._watcher = threading.Thread(target=self._watch, name="cancel-watcher", daemon=True)
+        self._watcher.start()
+        log.info("cpu engine model ready", model_dir=parameters["model_dir"])
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._admit(request, sender)
+            except Exception as exc:
+                log.warning("request refused", error=str(exc))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+
+    def _admit(self, request: Any, sender: Any) -> None:
+        def get(name: str) -> Any:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else np.from_dlpack(tensor)
+
+        contract = decode_request(get)
+        triton_id = request.request_id()
+        if contract.stop:
+            with self._lock:
+                target = self._by_triton_id.get(triton_id)
+            if target is not None:
+                self._engine.abort(target)
+            sender.send(flags=FINAL)
+            return
+        live = _Live(request, sender, triton_id, contract.streaming)
+        with self._lock:
+            # Triton ids are the client's choice: only a fresh one can also name the engine request.
+            unique = bool(triton_id) and triton_id not in self._by_triton_id
+            engine_id = triton_id if unique else f"{triton_id}#{uuid.uuid4().hex}"
+            self._live[engine_id] = live
+            if unique:
+                self._by_triton_id[triton_id] = engine_id
+        try:
+            self._engine.add_request(engine_id, contract.prompt_ids, contract.params, self._on_output)
+        except Exception:
+            self._forget(engine_id)
+            raise
+
+    def _forget(self, engine_id: str) -> _Live | None:
+        with self._lock:
+            live = self._live.pop(engine_id, None)
+            if live is not None and self._by_triton_id.get(live.triton_id) == engine_id:
+                del self._by_triton_id[live.triton_id]
+            return live
+
+    def _on_output(self, out: TokenOutput) -> None:
+        """Engine thread: one step's new tokens of one request."""
+        if out.finish_reason is None:
+            with self._lock:
+                live = self._live.get(out.request_id)
+        else:
+            live = self._forget(out.request_id)
+        if live is None:
+            return
+        try:
+            if out.error is not None:
+                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error))
+                live.sender.send(error, flags=FINAL)
+            elif live.streaming:
+                flags = FINAL if out.finish_reason is not None else 0
+                if out.token_ids:
+                    live.sender.send(_response(out.token_ids), flags=flags)
+                elif flags:
+                    live.sender.send(flags=FINAL)
+            else:
+                live.tokens.extend(out.token_ids)
+                if out.finish_reason is not None:
+                    live.sender.send(_response(live.tokens), flags=FINAL)
+        except Exception as exc:
+            # The client is gone mid-send: stop generating for it.
+            log.warning("response send failed, aborting", error=str(exc))
+            self._engine.abort(out.request_id)
+
+    def _watch(self) -> None:
+        next_metrics = 0.0
+        while not self._stopping.wait(self._cancel_period_s):
+            with self._lock:
+                candidates = [(rid, live) for rid, live in self._live.items() if not live.abort_requested]
+            for engine_id, live in candidates:
+                try:
+                    cancelled = live.request.is_cancelled()
+                except Exception:
+                    # The request completed between the snapshot and the check.
+                    continue
+                if cancelled:
+                    live.abort_requested = True
+                    self._engine.abort(engine_id)
+            now = time.monotonic()
+            if now >= next_metrics:
+                self._gauges.update(self._engine.stats())
+                next_metrics = now + self._metrics_period_s
+
+    def finalize(self) -> None:
+        self._stopping.set()
+        self._watcher.join()
+        # Every live request gets its final "cancelled" response through _on_output.
+        self._engine.stop()
+        self._gauges.close()

@@ -1,0 +1,56 @@
+"""Render the CPU model repository (our engine behind the `tensorrt_llm` contract) into a folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from gpu_container.engine.types import EngineConfig
+
+CPU_DIR = Path(__file__).with_name("cpu")
+MODEL_NAME = "tensorrt_llm"
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def current_python_path() -> str:
+    """This process's import path, for the backend stub (which ignores PYTHONPATH). An editable
+    install is an import hook the stub never runs, so the project root is named first."""
+    return os.pathsep.join([str(_PROJECT_ROOT), *(p for p in sys.path if p)])
+
+
+def render_cpu_repository(
+    dest: Path,
+    model_dir: Path,
+    engine_config: EngineConfig,
+    *,
+    cancellation_check_period_ms: int | None = None,
+    metrics_period_ms: int | None = None,
+) -> Path:
+    """Write `dest/tensorrt_llm/{config.pbtxt,1/model.py}` serving the checkpoint at `model_dir`.
+
+    The shipped config.pbtxt is parsed and only its `parameters` are set, so what Triton reads is
+    always a well-formed ModelConfig.
+    """
+    config = text_format.Parse((CPU_DIR / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    values: dict[str, object] = {
+        "model_dir": model_dir.resolve(),
+        "python_path": current_python_path(),
+        **dataclasses.asdict(engine_config),
+    }
+    if cancellation_check_period_ms is not None:
+        values["cancellation_check_period_ms"] = cancellation_check_period_ms
+    if metrics_period_ms is not None:
+        values["metrics_period_ms"] = metrics_period_ms
+    for key, value in values.items():
+        config.parameters[key].string_value = str(value)
+    model_root = dest / MODEL_NAME
+    (model_root / "1").mkdir(parents=True, exist_ok=True)
+    (model_root / "config.pbtxt").write_text(text_format.MessageToString(config))
+    shutil.copy2(CPU_DIR / "model.py", model_root / "1" / "model.py")
+    return dest
