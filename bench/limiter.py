@@ -1,0 +1,202 @@
+"""Limiter throughput and latency on a real redis-server, beside Redis's own floor.
+
+    .venv/bin/python -m bench.limiter [--decisions N] [--concurrency C] [--out docs/bench-limiter.md]
+
+Starts its own redis-server on a free loopback port and measures one decision = admit + settle
+(two EVALSHA round trips), over one connection (sequential) and over a pool (C concurrent
+callers), plus the in-memory twin. In the same run `redis-benchmark` calls EVALSHA of a trivial
+script (`return 1`) on the same server with 1 and C clients: the most any script-per-call limiter
+could reach there. Prints a markdown table and writes it, with the machine, to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis import Redis as SyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from limiter.base import Limiter, TierLimits
+from limiter.memory import MemoryLimiter
+from limiter.redis_store import RedisLimiter
+
+TIER = TierLimits(
+    name="bench",
+    requests_per_window=10**9,
+    request_window_s=3600,
+    tokens_per_window=10**12,
+    token_window_s=86400,
+    max_concurrent=10**6,
+    max_tokens=4096,
+)
+USERS = 10_000
+
+
+@dataclass
+class Row:
+    what: str
+    clients: int
+    rate: float  # decisions (or calls) per second
+    p50_ms: float
+    p99_ms: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_redis(workdir: str) -> tuple[subprocess.Popen[bytes], int]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed")
+    port = _free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen([*args, "--dir", workdir], stdout=subprocess.DEVNULL)
+    client = SyncRedis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return process, port
+        except RedisConnectionError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.02)  # polling a server that is still starting, bounded by the deadline
+
+
+async def _decisions(limiter: Limiter, decisions: int, clients: int, what: str) -> Row:
+    latencies: list[float] = []
+    per_client = decisions // clients
+
+    async def client(c: int) -> None:
+        for i in range(per_client):
+            user = f"user-{(c * per_client + i) % USERS}"
+            started = time.perf_counter()
+            admission = await limiter.admit(user, f"{c}-{i}", TIER, 100, 0)
+            assert admission.decision.allowed and admission.lease is not None
+            await admission.lease.settle()
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    wall = time.perf_counter() - started
+    ms = [x * 1000 for x in latencies]
+    return Row(what, clients, len(latencies) / wall, _percentile(ms, 0.5), _percentile(ms, 0.99))
+
+
+def _redis_benchmark(port: int, requests: int, clients: int) -> Row:
+    sha = SyncRedis(port=port).script_load("return 1")
+    command = ["redis-benchmark", "-p", str(port), "-n", str(requests), "-c", str(clients), "--csv"]
+    out = subprocess.run(
+        [*command, "EVALSHA", sha, "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    row = rows[-1]
+    return Row(
+        "redis-benchmark EVALSHA `return 1` (one call)",
+        clients,
+        float(row["rps"]),
+        float(row["p50_latency_ms"]),
+        float(row["p99_latency_ms"]),
+    )
+
+
+def _machine() -> str:
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"`nproc` {len(os.sched_getaffinity(0))}, {model}; Python {platform.python_version()}; "
+        f"{redis_version.split(' sha')[0].strip()}; load average before the run {load}"
+    )
+
+
+def _table(rows: list[Row]) -> str:
+    lines = [
+        "| what | concurrent callers | per second | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {r.what} | {r.clients} | {r.rate:,.0f} | {r.p50_ms:.3f} | {r.p99_ms:.3f} |" for r in rows]
+    return "\n".join(lines)
+
+
+async def run(decisions: int, concurrency: int) -> list[Row]:
+    with tempfile.TemporaryDirectory() as workdir:
+        process, port = _start_redis(workdir)
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            rows = []
+            one = RedisLimiter.from_url(url, timeout_ms=1000, max_connections=1)
+            await _decisions(one, 1000, 1, "warm-up")
+            rows.append(await _decisions(one, decisions, 1, "limiter admit+settle on Redis (2 EVALSHA)"))
+            await one.aclose()
+            pool = RedisLimiter.from_url(url, timeout_ms=1000, max_connections=concurrency)
+            rows.append(
+                await _decisions(pool, decisions, concurrency, "limiter admit+settle on Redis (2 EVALSHA)")
+            )
+            await pool.aclose()
+            rows.append(_redis_benchmark(port, decisions, 1))
+            rows.append(_redis_benchmark(port, decisions * 2, concurrency))
+            rows.append(await _decisions(MemoryLimiter(), decisions, 1, "in-memory twin admit+settle"))
+            return rows
+        finally:
+            process.kill()
+            process.wait()
+
+
+def main() -> None:
+    machine = _machine()  # before the run, so the load average is the machine's, not ours
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--out", default="docs/bench-limiter.md")
+    args = parser.parse_args()
+    rows = asyncio.run(run(args.decisions, args.concurrency))
+    table = _table(rows)
+    print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        "# Limiter benchmark\n\n"
+        f"`.venv/bin/python -m bench.limiter --decisions {args.decisions} --concurrency {args.concurrency}`"
+        f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
+        f"Machine: {machine}. Client and redis-server share the machine.\n\n"
+        "One decision = `admit` + `settle`, each one atomic Lua step (EVALSHA) on Redis; "
+        "latency is per decision as the edge sees it. redis-benchmark's rows are one EVALSHA of "
+        "`return 1` per call on the same server in the same run: the floor a script-per-call "
+        "limiter cannot beat.\n\n"
+        f"{table}\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
