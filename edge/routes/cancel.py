@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, post
+from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
 from edge.cancel import CancelOutcome
@@ -14,7 +15,7 @@ from edge.runtime import runtime_of
 
 
 @post("/v1/chat/completions/{request_id:str}/cancel", status_code=200)
-async def cancel_completion(request: Request[Any, Any, Any], request_id: str) -> ASGIResponse:
+async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
     outcome = await runtime.canceller.cancel(request_id, principal.user)

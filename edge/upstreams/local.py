@@ -15,6 +15,10 @@ class LocalUpstream:
         self.name = name
         self._engine = engine
 
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
         params = SamplingParams(
             max_new_tokens=req.max_new_tokens,

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from litestar import Litestar
 
 import gpu_container.engine.demo_corpus
 import gpu_container.engine.demo_model
@@ -72,6 +73,7 @@ class LiveServer:
     base_url: str
     keys: dict[str, str]  # tier name → key; "free2" is a second user on the free tier
     settings: Settings
+    app: Litestar  # the app itself (same process): tests may look at its state, e.g. engine stats
     _server: uvicorn.Server = field(repr=False)
     _thread: threading.Thread = field(repr=False)
 
@@ -106,8 +108,9 @@ def start_server(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Liv
     if "free" in settings.tiers:
         keys["free2"] = create_key(keys_file, "free-user-2", "free")
 
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host="127.0.0.1",
         port=settings.server.port,
         loop="uvloop",
@@ -118,7 +121,7 @@ def start_server(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Liv
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"edge-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{settings.server.port}", keys, settings, server, thread)
+    live = LiveServer(f"http://127.0.0.1:{settings.server.port}", keys, settings, app, server, thread)
     _wait_ready(live)
     return live
 

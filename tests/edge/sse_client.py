@@ -1,0 +1,61 @@
+"""Reading an SSE chat stream the way a client sees it: comments, JSON events, [DONE]."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from edge.upstreams.local import LocalUpstream
+from tests.support.live_server import LiveServer
+
+DONE = "[DONE]"
+KEEPALIVE = ": keep-alive"
+
+CHAT = "/v1/chat/completions"
+MODEL = "floodgate-tiny"
+# With this prompt and seed the demo model samples 2000 tokens without an end token: a stream long
+# enough to cancel or abandon midway.
+LONG_PROMPT = [{"role": "user", "content": "hi"}]
+LONG_SEED = 6
+
+
+def events(response: httpx.Response) -> Iterator[Any]:
+    """Each `data:` payload (parsed JSON, or the string "[DONE]") and each comment line, in order."""
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            yield line
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield data if data == DONE else json.loads(data)
+
+
+def content_of(chunks: list[Any]) -> str:
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        for c in chunks
+        if isinstance(c, dict) and c.get("choices")
+    )
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll a condition the server exposes (no event to wait on over HTTP), bounded."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def engine_idle(client: httpx.Client, base_url: str) -> bool:
+    replicas = client.get(base_url + "/v1/internal/engine").json()["replicas"]
+    return all(r["running"] == 0 and r["waiting"] == 0 and r["kv_tokens_used"] == 0 for r in replicas)
+
+
+def generated_tokens(server: LiveServer) -> int:
+    """Tokens the in-process engines have generated so far (their own counter, not the edge's)."""
+    upstreams = server.app.state.runtime.upstreams
+    return sum(u.engine.stats().generated_tokens for u in upstreams if isinstance(u, LocalUpstream))

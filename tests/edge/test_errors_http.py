@@ -1,0 +1,94 @@
+"""Every refusal is an OpenAI error object with the right status, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.edge.sse_client import CHAT, LONG_PROMPT, MODEL
+from tests.support.live_server import LiveServer
+
+OK_BODY: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer fg-wrong"}, {"Authorization": "Basic abc"}]
+)
+def test_401_without_a_valid_key(client: httpx.Client, headers: dict[str, str]) -> None:
+    error = _error(client.post(CHAT, json=OK_BODY, headers=headers), 401)
+    assert error["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL}, "messages"),
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        (OK_BODY | {"temperature": "hot"}, "temperature"),
+        (OK_BODY | {"temperature": 3.5}, "temperature"),
+        (OK_BODY | {"max_tokens": 0}, "max_tokens"),
+        (OK_BODY | {"stream": "yes"}, "stream"),
+        (OK_BODY | {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        (OK_BODY | {"n": 2}, "n"),
+        (OK_BODY | {"max_tokens": 5000}, "max_tokens"),
+        (OK_BODY | {"max_completion_tokens": 5000}, "max_completion_tokens"),
+    ],
+)
+def test_400_names_the_bad_parameter(server: LiveServer, client: httpx.Client, body: Any, param: str) -> None:
+    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_400_on_malformed_json(server: LiveServer, client: httpx.Client) -> None:
+    response = client.post(CHAT, content=b"{not json", headers=server.auth("paid"))
+    assert _error(response, 400)["type"] == "invalid_request_error"
+
+
+def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, client: httpx.Client) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "x"}],
+        "max_completion_tokens": 2,
+        "logprobs": False,
+        "frequency_penalty": 0,
+    }
+    response = client.post(CHAT, json=body, headers=server.auth("paid"))
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_context_length_exceeded(server: LiveServer, client: httpx.Client) -> None:
+    long_text = " ".join(f"word{i}" for i in range(3000))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": long_text}]}
+    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 400)
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_404_for_an_unknown_model(server: LiveServer, client: httpx.Client) -> None:
+    error = _error(client.post(CHAT, json=OK_BODY | {"model": "gpt-9"}, headers=server.auth("paid")), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+def test_413_for_an_oversized_body(server: LiveServer, client: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
+    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 413)
+    assert error["code"] == "request_too_large"
+
+
+def test_unknown_route_and_method_are_openai_errors(client: httpx.Client) -> None:
+    _error(client.get("/v1/nothing-here"), 404)
+    _error(client.get(CHAT), 405)

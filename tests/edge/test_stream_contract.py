@@ -1,0 +1,143 @@
+"""The streaming and non-streaming answers of a real edge, as a plain HTTP client sees them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+from edge.text.model_text import ModelText
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_SEED, MODEL, content_of, events
+from tests.support.live_server import LiveServer
+
+RATE_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)
+
+
+def _prompt_tokens(server: LiveServer, messages: list[dict[str, str]]) -> int:
+    return len(ModelText.load(Path(server.settings.model.demo_dir)).encode_chat(messages))
+
+
+def test_stream_follows_the_contract(server: LiveServer, client: httpx.Client) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello 👋 你好"}]
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "stream": True,
+        "max_tokens": 12,
+        "seed": 1,
+        "stream_options": {"include_usage": True},
+    }
+    with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        for name in RATE_HEADERS:
+            assert name in response.headers
+        got = list(events(response))
+
+    rid = response.headers["x-request-id"]
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", rid)
+    first = got[0]
+    assert first["request_id"] == rid and first["id"] == rid
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    ]
+    assert got[-1] == DONE
+    chunks = [e for e in got[1:-1] if isinstance(e, dict)]
+    assert all(c["id"] == rid and c["model"] == MODEL for c in chunks)
+    usage_chunk, final = chunks[-1], chunks[-2]
+    assert usage_chunk["choices"] == []
+    assert final["choices"][0]["delta"] == {}
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    usage = usage_chunk["usage"]
+    assert usage["prompt_tokens"] == _prompt_tokens(server, messages)
+    assert 1 <= usage["completion_tokens"] <= 12
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    if final["choices"][0]["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 12
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(server: LiveServer, client: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "max_tokens": 5, "seed": LONG_SEED}
+    with client.stream("POST", CHAT, json=body, headers=server.auth("free")) as response:
+        got = list(events(response))
+    assert got[-1] == DONE
+    final = got[-2]
+    assert final["choices"][0]["finish_reason"] == "length"
+    assert not any(isinstance(e, dict) and "usage" in e for e in got)
+
+
+def test_non_stream_answer_matches_the_stream(server: LiveServer, client: httpx.Client) -> None:
+    # Greedy decoding is deterministic: both modes must produce the same text and counts.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 40}
+    body["temperature"] = 0
+    answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+    assert answer.status_code == 200
+    data = answer.json()
+    assert data["object"] == "chat.completion"
+    assert data["id"] == answer.headers["x-request-id"]
+    for name in RATE_HEADERS:
+        assert name in answer.headers
+    with client.stream(
+        "POST",
+        CHAT,
+        json=body | {"stream": True, "stream_options": {"include_usage": True}},
+        headers=server.auth("paid"),
+    ) as response:
+        got = list(events(response))
+    assert data["choices"][0]["message"]["content"] == content_of(got)
+    assert data["usage"] == got[-2]["usage"]
+    assert data["choices"][0]["finish_reason"] == got[-3]["choices"][0]["finish_reason"]
+
+
+def test_stop_string_cuts_the_text_before_it(server: LiveServer, client: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story"}], "temperature": 0}
+    full = client.post(CHAT, json=body | {"max_tokens": 60}, headers=server.auth("paid")).json()
+    text = full["choices"][0]["message"]["content"]
+    # A stop string from the middle of the greedy answer, spanning several tokens.
+    stop = text[20:26]
+    assert len(stop) == 6 and text.find(stop) == 20
+    with client.stream(
+        "POST",
+        CHAT,
+        json=body | {"max_tokens": 60, "stream": True, "stop": ["@@never@@", stop]},
+        headers=server.auth("paid"),
+    ) as response:
+        got = list(events(response))
+    assert content_of(got) == text[:20]
+    assert got[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_models_lists_the_served_model(server: LiveServer, client: httpx.Client) -> None:
+    data = client.get("/v1/models", headers=server.auth("free")).json()
+    assert [m["id"] for m in data["data"]] == [MODEL]
+
+
+def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["replicas"] == {"local-0": True}
+    client.post(
+        CHAT, json={"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}, headers=server.auth("free")
+    )
+    text = client.get("/metrics").text
+    for family in (
+        "floodgate_time_to_first_token_seconds_bucket",
+        "floodgate_inter_token_latency_seconds_bucket",
+        "floodgate_prompt_tokens_total",
+        "floodgate_generation_tokens_total",
+        'floodgate_requests_finished_total{reason="length",tier="free"}',
+        'floodgate_replica_kv_tokens_total{replica="local-0"}',
+    ):
+        assert family in text
