@@ -16,6 +16,7 @@ from typing import Literal
 
 import structlog
 
+from gpu_container.engine.arrays import Floats
 from gpu_container.engine.blas_threads import limit_blas_threads
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.forward_batch import ForwardBatch
@@ -23,7 +24,7 @@ from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.sampler import sample
-from gpu_container.engine.scheduler import Scheduler
+from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence, SequenceStatus
 from gpu_container.engine.types import EngineConfig, EngineStats, FinishReason, SamplingParams, TokenOutput
 
@@ -158,9 +159,14 @@ class LLMEngine:
                 inbox, self._inbox = self._inbox, []
                 aborted = [self._live[rid] for rid in self._aborts]
                 self._aborts.clear()
-            self._admit(inbox)
-            emitted = [self._finish(seq, "cancelled") for seq in aborted]
-            emitted += self._step()
+            try:
+                self._admit(inbox)
+                emitted = [self._finish(seq, "cancelled") for seq in aborted]
+                emitted += self._step()
+            except Exception as exc:
+                # A bug outside the model (scheduler, bookkeeping): the state cannot be trusted any more.
+                log.exception("engine loop failed; failing every request and resetting the KV pool")
+                emitted = self._reset(_describe(exc))
             self._publish(emitted)
         self._cancel_all()
 
@@ -174,28 +180,62 @@ class LLMEngine:
         if not chunks:
             return []
         self._steps += 1
-        emitted: list[_Emission] = []
         try:
-            batch = ForwardBatch.from_chunks(chunks, self._config.block_size)
-            logits = self._model.forward(batch, self._cache)
-            completing = [c.seq for c in chunks if c.completes]
-            self._scheduler.advance(chunks)
-            for seq, row in zip(completing, logits, strict=True):
-                token = sample(row, seq.params, seq.rng)
-                seq.output_ids.append(token)
-                self._generated_tokens += 1
-                reason = self._finish_reason(seq, token)
-                if reason is None:
-                    emitted.append((seq, TokenOutput(seq.request_id, [token])))
-                else:
-                    emitted.append(self._finish(seq, reason, [token]))
-        except Exception as exc:
-            log.exception("engine step failed", sequences=len(chunks))
-            error = f"{type(exc).__name__}: {exc}"
-            for chunk in chunks:
-                if chunk.seq.status is not SequenceStatus.FINISHED:
-                    emitted.append(self._finish(chunk.seq, "error", error=error))
+            logits = self._forward(chunks)
+        except Exception:
+            log.exception("engine step failed; retrying its sequences one by one", sequences=len(chunks))
+            return self._isolate(chunks)
+        return self._commit(chunks, logits)
+
+    def _forward(self, chunks: list[ScheduledChunk]) -> Floats:
+        return self._model.forward(ForwardBatch.from_chunks(chunks, self._config.block_size), self._cache)
+
+    def _isolate(self, chunks: list[ScheduledChunk]) -> list[_Emission]:
+        """Run a failed step's chunks alone, so only the sequences that fail on their own get "error".
+
+        Safe to repeat: a chunk writes the same K/V to the same slots every time it runs.
+        """
+        emitted: list[_Emission] = []
+        for chunk in chunks:
+            try:
+                logits = self._forward([chunk])
+            except Exception as exc:
+                emitted.append(self._finish(chunk.seq, "error", error=_describe(exc)))
+                continue
+            emitted += self._commit([chunk], logits)
         return emitted
+
+    def _commit(self, chunks: list[ScheduledChunk], logits: Floats) -> list[_Emission]:
+        """Record the computed chunks and sample a token for each sequence whose chunk completed."""
+        completing = [c.seq for c in chunks if c.completes]
+        self._scheduler.advance(chunks)
+        emitted: list[_Emission] = []
+        for seq, row in zip(completing, logits, strict=True):
+            try:
+                token = sample(row, seq.params, seq.rng)
+            except Exception as exc:
+                log.exception("sampling failed", request_id=seq.request_id)
+                emitted.append(self._finish(seq, "error", error=_describe(exc)))
+                continue
+            seq.output_ids.append(token)
+            self._generated_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is None:
+                emitted.append((seq, TokenOutput(seq.request_id, [token])))
+            else:
+                emitted.append(self._finish(seq, reason, [token]))
+        return emitted
+
+    def _reset(self, error: str) -> list[_Emission]:
+        with self._cond:
+            seqs = list(self._live.values())
+        preemptions = self._scheduler.num_preemptions
+        self._blocks = BlockManager(self._config.num_blocks, self._config.block_size)
+        self._scheduler = Scheduler(self._config, self._blocks)
+        self._scheduler.num_preemptions = preemptions
+        for seq in seqs:
+            seq.status, seq.block_table, seq.finish_reason = SequenceStatus.FINISHED, [], "error"
+        return [(seq, TokenOutput(seq.request_id, [], "error", error)) for seq in seqs]
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if token in seq.params.stop_token_ids or (token in self._eos and not seq.params.ignore_eos):
@@ -259,3 +299,7 @@ class LLMEngine:
             generated_tokens=self._generated_tokens,
             preemptions=self._scheduler.num_preemptions,
         )
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"

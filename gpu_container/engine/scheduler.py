@@ -1,9 +1,10 @@
 """Continuous batching with chunked prefill, priority admission and preemption by recompute.
 
-Every step first gives each running sequence its next tokens (one for a decode, the next chunk for a
-prompt still being prefilled) in priority order, then admits waiting sequences into the budget that
-is left. A step's token budget (max_num_batched_tokens) is shared by decodes and prefill chunks, so a
-long prompt is split over several steps and never stalls the decodes of the others.
+Every step first decodes one token for every running sequence, then gives the budget that is left
+to the next chunks of prompts still being prefilled, then admits waiting sequences into what remains,
+each pass in priority order. A step's token budget (max_num_batched_tokens) is shared by decodes and
+prefill chunks, and decodes come first, so a long prompt is split over several steps and never stalls
+the decodes of the others, whatever its priority.
 
 Preemption: when a running sequence needs a new block and the pool is empty, the lowest-priority,
 newest running sequence gives its blocks back and returns to the waiting queue to be recomputed from
@@ -14,14 +15,17 @@ and its sampler state, so a seeded request still yields the same tokens.
 
 Admission reserves blocks for the whole known sequence up front: a sequence that is admitted never
 needs preempting before its prefill ends, and one that would not fit waits (strictly in priority
-order; a smaller request behind it does not jump the queue, which would starve large ones).
+order; a smaller request behind it does not jump the queue, which would starve large ones). A waiting
+sequence that does not fit may preempt running ones of strictly lower priority, newest first, when
+that frees enough: paid traffic is not kept waiting behind a flood of free traffic already running.
+Equal priorities never preempt each other for admission, so there is no ping-pong.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.sequence import Sequence, SequenceStatus
@@ -39,6 +43,21 @@ class ScheduledChunk:
     def completes(self) -> bool:
         """Whether this chunk reaches the sequence's last token, so a new token is sampled after it."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class _Step:
+    """What one step has scheduled so far: tokens per sequence, in order, and the budget left."""
+
+    budget: int
+    tokens: dict[Sequence, int] = field(default_factory=dict)
+
+    def schedule(self, seq: Sequence, num_tokens: int) -> None:
+        self.tokens[seq] = num_tokens
+        self.budget -= num_tokens
+
+    def unschedule(self, seq: Sequence) -> None:
+        self.budget += self.tokens.pop(seq, 0)
 
 
 class Scheduler:
@@ -69,44 +88,63 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> list[ScheduledChunk]:
-        budget = self._config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
+        """This step's work: decodes first, then prefill chunks of running sequences, then admissions."""
+        step = _Step(self._config.max_num_batched_tokens)
+        preempted = self._schedule_running(step, decodes=True)
+        preempted |= self._schedule_running(step, decodes=False)
+        if not preempted:
+            self._admit(step)
+        return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
+
+    def _schedule_running(self, step: _Step, decodes: bool) -> bool:
+        """Schedule the running decodes (or the running prefills); True if it had to preempt."""
         preempted = False
         for seq in list(self.running):
-            if budget == 0:
+            if step.budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted to make room for a better sequence earlier in this loop
-            n = min(seq.num_uncomputed_tokens, budget)
-            target = seq.num_computed_tokens + n
-            while not self._blocks.can_hold(seq, target):
+            if seq.status is not SequenceStatus.RUNNING or (seq.num_uncomputed_tokens == 1) != decodes:
+                continue  # preempted earlier in this step, or belongs to the other pass
+            n = min(seq.num_uncomputed_tokens, step.budget)
+            while not self._blocks.can_hold(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
+                step.unschedule(victim)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break  # seq was the worst left; everything after it has been preempted too
-            self._blocks.reserve(seq, target)
-            chunks.append(ScheduledChunk(seq, n))
-            budget -= n
-        if not preempted:
-            budget = self._admit(budget, chunks)
-        return chunks
+            self._blocks.reserve(seq, seq.num_computed_tokens + n)
+            step.schedule(seq, n)
+        return preempted
 
-    def _admit(self, budget: int, chunks: list[ScheduledChunk]) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self._config.max_num_seqs:
+    def _admit(self, step: _Step) -> None:
+        while self.waiting and step.budget > 0:
             seq = self.waiting[0]
-            if not self._blocks.can_hold(seq, seq.num_tokens):
-                break
+            if not self._fits(seq):
+                if not self._make_room_for(seq, step):
+                    break
+                continue
             self.waiting.pop(0)
             self._blocks.reserve(seq, seq.num_tokens)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=Sequence.order_key)
-            n = min(seq.num_uncomputed_tokens, budget)
-            chunks.append(ScheduledChunk(seq, n))
-            budget -= n
-        return budget
+            step.schedule(seq, min(seq.num_uncomputed_tokens, step.budget))
+
+    def _fits(self, seq: Sequence) -> bool:
+        return len(self.running) < self._config.max_num_seqs and self._blocks.can_hold(seq, seq.num_tokens)
+
+    def _make_room_for(self, seq: Sequence, step: _Step) -> bool:
+        """Preempt the worst running sequence if it has strictly lower priority than seq and preempting
+        lower-priority sequences can make seq fit at all; True if it preempted one."""
+        lower = [r for r in self.running if r.priority < seq.priority]
+        reclaimable = self._blocks.num_free_blocks + sum(len(r.block_table) for r in lower)
+        if not lower or reclaimable < self._blocks.blocks_needed(seq, seq.num_tokens):
+            return False
+        victim = self.running[-1]
+        step.unschedule(victim)
+        self._preempt(victim)
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

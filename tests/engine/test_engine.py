@@ -150,20 +150,49 @@ class _FailsOnToken(LlamaModel):
         return super().forward(batch, cache)
 
 
-def test_a_failing_step_errors_its_requests_and_the_engine_lives_on() -> None:
+def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on() -> None:
     model, _ = tiny_model()
     engine = _engine(_FailsOnToken(model.config, model.weights))
-    engine.start()
     seen = Collector()
+    # Queued before start, so all three share the first step's batch.
+    engine.add_request("good1", [2, 3], GREEDY, seen)
+    engine.add_request("bad", [66, 2, 3], GREEDY, seen)
+    engine.add_request("good2", [4, 5, 6], GREEDY, seen)
+    engine.start()
     try:
-        engine.add_request("bad", [66, 2, 3], GREEDY, seen)
-        seen.wait_finished("bad")
+        seen.wait_finished("bad", "good1", "good2")
         assert seen.finish_reason("bad") == "error"
         assert "poisoned batch" in (seen.outputs["bad"][-1].error or "")
-        engine.add_request("good", [2, 3], GREEDY, seen)
-        seen.wait_finished("good")
-        assert seen.finish_reason("good") == "length"
+        assert seen.finish_reason("good1") == seen.finish_reason("good2") == "length"
+        assert len(seen.tokens("good1")) == len(seen.tokens("good2")) == 8
+        engine.add_request("later", [2, 3], GREEDY, seen)
+        seen.wait_finished("later")
+        assert seen.tokens("later") == seen.tokens("good1")
         assert engine.stats().free_blocks == engine.stats().num_blocks
+    finally:
+        engine.stop()
+
+
+def test_a_bookkeeping_failure_fails_everything_and_resets_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine()
+    seen = Collector()
+    forever = SamplingParams(max_new_tokens=100_000, temperature=0, ignore_eos=True)
+    engine.start()
+    try:
+        engine.add_request("victim", [2, 3], forever, seen)
+        seen.wait_tokens("victim", 1)
+
+        def broken() -> list[object]:
+            raise AssertionError("scheduler bug")
+
+        monkeypatch.setattr(engine._scheduler, "schedule", broken)
+        seen.wait_finished("victim")
+        assert seen.finish_reason("victim") == "error"
+        assert "scheduler bug" in (seen.outputs["victim"][-1].error or "")
+        assert engine.stats().free_blocks == engine.stats().num_blocks
+        engine.add_request("after", [2, 3], GREEDY, seen)
+        seen.wait_finished("after")
+        assert seen.finish_reason("after") == "length"
     finally:
         engine.stop()
 

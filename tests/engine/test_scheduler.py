@@ -78,3 +78,64 @@ def test_waiting_queue_is_ordered_by_priority_then_arrival() -> None:
         order.append(chunk.seq.request_id)
         scheduler.remove(chunk.seq)
     assert order == ["p10-a3", "p5-a1", "p5-a4", "p0-a0", "p0-a2"]
+
+
+def _seq(name: str, prompt_len: int, priority: int = 0, arrival: int = 0) -> Sequence:
+    return Sequence(name, [1] * prompt_len, SamplingParams(temperature=0), lambda _: None, priority, arrival)
+
+
+def _run_step(scheduler: Scheduler) -> dict[str, int]:
+    """Schedule, pretend the model ran, sample token 2 for every completed chunk."""
+    chunks = scheduler.schedule()
+    completing = [c.seq for c in chunks if c.completes]
+    scheduler.advance(chunks)
+    for seq in completing:
+        seq.output_ids.append(2)
+    return {c.seq.request_id: c.num_tokens for c in chunks}
+
+
+def test_a_long_high_priority_prompt_does_not_stall_running_decodes() -> None:
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=8)
+    scheduler = Scheduler(config, BlockManager(config.num_blocks, config.block_size))
+    for i in range(3):
+        scheduler.add(_seq(f"low{i}", 2, priority=0, arrival=i))
+    _run_step(scheduler)  # the three short prompts prefill together
+    scheduler.add(_seq("vip", 40, priority=9, arrival=3))
+    prefilled = 0
+    while prefilled < 40:
+        step = _run_step(scheduler)
+        assert all(step[f"low{i}"] == 1 for i in range(3)), step  # every decode, every step
+        prefilled += step.get("vip", 0)
+        assert step.get("vip", 0) <= 5  # the chunk gets what the decodes leave
+    assert scheduler.running[0].request_id == "vip"
+
+
+def test_higher_priority_preempts_lower_for_room_but_equals_do_not() -> None:
+    config = EngineConfig(block_size=4, num_blocks=4, max_num_seqs=8, max_num_batched_tokens=32)
+    blocks = BlockManager(config.num_blocks, config.block_size)
+    scheduler = Scheduler(config, blocks)
+    scheduler.add(_seq("free", 12, priority=0, arrival=0))
+    _run_step(scheduler)
+    scheduler.add(_seq("free-later", 8, priority=0, arrival=1))
+    assert "free-later" not in _run_step(scheduler)  # equal priority waits for room
+    scheduler.add(_seq("paid", 8, priority=10, arrival=2))
+    step = _run_step(scheduler)
+    assert step.get("paid") == 8 and "free" not in step
+    assert [s.request_id for s in scheduler.running] == ["paid"]
+    assert [s.request_id for s in scheduler.waiting] == ["free", "free-later"]
+    assert scheduler.num_preemptions == 1
+    assert scheduler.waiting[0].num_computed_tokens == 0 and not scheduler.waiting[0].block_table
+
+
+def test_preempted_sequence_recomputes_prompt_and_output() -> None:
+    config = EngineConfig(block_size=4, num_blocks=3, max_num_seqs=4, max_num_batched_tokens=32)
+    scheduler = Scheduler(config, BlockManager(config.num_blocks, config.block_size))
+    first, second = _seq("first", 4, arrival=0), _seq("second", 4, arrival=1)
+    scheduler.add(first)
+    scheduler.add(second)
+    _run_step(scheduler)  # both prefill: two blocks used, one free
+    _run_step(scheduler)  # both decode position 4: each needs its second block, only one is free
+    assert second.status is SequenceStatus.WAITING and scheduler.num_preemptions == 1
+    assert len(second.output_ids) == 1  # what it produced is kept, and recomputed with the prompt
+    scheduler.remove(first)
+    assert _run_step(scheduler) == {"second": 5}
