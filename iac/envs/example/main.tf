@@ -1,0 +1,149 @@
+# An example environment: one region, one API domain, the GPU pools of var.models.
+
+locals {
+  account_id    = data.aws_caller_identity.current.account_id
+  first_model   = keys(var.models)[0]
+  bucket_suffix = "${local.account_id}-${var.region}"
+}
+
+data "aws_caller_identity" "current" {}
+
+module "scaling_metric" {
+  source = "../../modules/scaling_metric"
+}
+
+module "kms" {
+  source = "../../modules/kms_key"
+  name   = var.name
+}
+
+module "network" {
+  source             = "../../modules/network"
+  name               = var.name
+  availability_zones = var.availability_zones
+  single_nat_gateway = var.single_nat_gateway
+  kms_key_arn        = module.kms.key_arn
+}
+
+module "logs" {
+  source = "../../modules/log_bucket"
+  name   = "${var.name}-logs-${local.bucket_suffix}"
+}
+
+module "alb" {
+  source              = "../../modules/alb"
+  name                = var.name
+  vpc_id              = module.network.vpc_id
+  public_subnet_ids   = module.network.public_subnet_ids
+  domain_name         = var.domain_name
+  route53_zone_id     = var.route53_zone_id
+  log_bucket          = module.logs.bucket
+  log_prefix          = module.logs.alb_prefix
+  kms_key_arn         = module.kms.key_arn
+  deletion_protection = var.deletion_protection
+}
+
+module "edge_registry" {
+  source      = "../../modules/container_registry"
+  name        = "${var.name}/edge"
+  kms_key_arn = module.kms.key_arn
+}
+
+module "triton_registry" {
+  source      = "../../modules/container_registry"
+  name        = "${var.name}/triton-trtllm"
+  kms_key_arn = module.kms.key_arn
+}
+
+module "engines" {
+  source      = "../../modules/engine_bucket"
+  name        = "${var.name}-engines-${local.bucket_suffix}"
+  kms_key_arn = module.kms.key_arn
+  log_bucket  = module.logs.bucket
+  log_prefix  = module.logs.s3_prefix
+}
+
+module "messages" {
+  source      = "../../modules/messages_table"
+  name        = "${var.name}-messages"
+  kms_key_arn = module.kms.key_arn
+}
+
+module "redis" {
+  source                    = "../../modules/redis"
+  name                      = var.name
+  vpc_id                    = module.network.vpc_id
+  private_subnet_ids        = module.network.private_subnet_ids
+  client_security_group_ids = [module.edge.security_group_id]
+  node_type                 = var.redis_node_type
+  shards                    = var.redis_shards
+  kms_key_arn               = module.kms.key_arn
+}
+
+module "edge" {
+  source                = "../../modules/edge_service"
+  name                  = var.name
+  vpc_id                = module.network.vpc_id
+  vpc_cidr_block        = module.network.vpc_cidr_block
+  private_subnet_ids    = module.network.private_subnet_ids
+  alb_security_group_id = module.alb.security_group_id
+  target_group_arn      = module.alb.target_group_arn
+  image                 = "${module.edge_registry.url}:${var.edge_image_tag}"
+  min_count             = var.edge_min_count
+  max_count             = var.edge_max_count
+  redis_auth_secret_arn = module.redis.auth_secret_arn
+  messages_table_arn    = module.messages.arn
+  metric_namespace      = module.scaling_metric.namespace
+  kms_key_arn           = module.kms.key_arn
+  config_toml = templatefile("${path.module}/edge.toml.tftpl", {
+    model          = local.first_model
+    redis_endpoint = module.redis.configuration_endpoint
+    edge_instances = var.edge_min_count
+    messages_table = module.messages.name
+  })
+}
+
+module "gpu_pool" {
+  source   = "../../modules/gpu_pool"
+  for_each = var.models
+
+  name                   = var.name
+  model                  = each.key
+  vpc_id                 = module.network.vpc_id
+  private_subnet_ids     = module.network.private_subnet_ids
+  edge_security_group_id = module.edge.security_group_id
+  instance_type          = each.value.instance_type
+  min_size               = each.value.min_size
+  max_size               = each.value.max_size
+  warm_pool_min_size     = each.value.warm_pool_min_size
+  queue_depth_target     = each.value.queue_depth_target
+  triton_image           = "${module.triton_registry.url}:${var.triton_image_tag}"
+  ecr_repository_arn     = module.triton_registry.arn
+  engine_bucket_arn      = module.engines.arn
+  engine_s3_uri          = "s3://${module.engines.bucket}/${each.value.engine_prefix}"
+  kms_key_arn            = module.kms.key_arn
+
+  metric_namespace          = module.scaling_metric.namespace
+  metric_name               = module.scaling_metric.metric_name
+  metric_model_dimension    = module.scaling_metric.model_dimension
+  metric_period_s           = module.scaling_metric.period_s
+  metric_samples_per_period = module.scaling_metric.samples_per_period
+}
+
+module "monitoring" {
+  source                  = "../../modules/monitoring"
+  name                    = var.name
+  kms_key_arn             = module.kms.key_arn
+  alarm_emails            = var.alarm_emails
+  alb_arn_suffix          = module.alb.arn_suffix
+  target_group_arn_suffix = module.alb.target_group_arn_suffix
+  ecs_cluster_name        = module.edge.cluster_name
+  ecs_service_name        = module.edge.service_name
+  gpu_groups              = { for model, pool in module.gpu_pool : model => pool.autoscaling_group_name }
+
+  metric_namespace          = module.scaling_metric.namespace
+  metric_name               = module.scaling_metric.metric_name
+  metric_model_dimension    = module.scaling_metric.model_dimension
+  metric_period_s           = module.scaling_metric.period_s
+  metric_samples_per_period = module.scaling_metric.samples_per_period
+}

@@ -1,0 +1,29 @@
+output "api_url" {
+  description = "Where clients send requests."
+  value       = "https://${var.domain_name}/v1"
+}
+
+output "edge_repository_url" {
+  description = "Push the edge image here."
+  value       = module.edge_registry.url
+}
+
+output "triton_repository_url" {
+  description = "Push the Triton + TensorRT-LLM image here."
+  value       = module.triton_registry.url
+}
+
+output "engine_bucket" {
+  description = "Upload built engines here, under each model's engine_prefix."
+  value       = module.engines.bucket
+}
+
+output "gpu_autoscaling_groups" {
+  description = "Model => GPU Auto Scaling group."
+  value       = { for model, pool in module.gpu_pool : model => pool.autoscaling_group_name }
+}
+
+output "dashboard" {
+  description = "CloudWatch dashboard name."
+  value       = module.monitoring.dashboard_name
+}

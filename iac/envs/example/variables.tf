@@ -1,0 +1,101 @@
+variable "region" {
+  description = "AWS region (must offer the GPU instance types of var.models)."
+  type        = string
+  default     = "us-east-1"
+}
+
+variable "name" {
+  description = "Deployment name, prefixed to every resource."
+  type        = string
+  default     = "floodgate"
+}
+
+variable "domain_name" {
+  description = "Public name of the API, e.g. api.example.com."
+  type        = string
+}
+
+variable "route53_zone_id" {
+  description = "Route 53 hosted zone of domain_name."
+  type        = string
+}
+
+variable "alarm_emails" {
+  description = "Who gets the alarms."
+  type        = list(string)
+  default     = []
+}
+
+variable "edge_image_tag" {
+  description = "Tag of the edge image pushed to the edge repository."
+  type        = string
+}
+
+variable "triton_image_tag" {
+  description = "Tag of the Triton + TensorRT-LLM image pushed to the triton repository."
+  type        = string
+}
+
+variable "models" {
+  description = "Served models: each gets its own GPU Auto Scaling group. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU."
+  type = map(object({
+    instance_type      = string
+    engine_prefix      = string
+    min_size           = number
+    max_size           = number
+    warm_pool_min_size = number
+    queue_depth_target = number
+  }))
+  default = {
+    "llama-3-8b" = {
+      instance_type      = "g6e.xlarge"
+      engine_prefix      = "engines/llama-3-8b/l40s/"
+      min_size           = 1
+      max_size           = 8
+      warm_pool_min_size = 2
+      queue_depth_target = 4
+    }
+  }
+}
+
+variable "availability_zones" {
+  description = "Zones to span; pick zones that offer every GPU instance type in var.models."
+  type        = list(string)
+  default     = ["us-east-1a", "us-east-1b", "us-east-1c"]
+}
+
+variable "single_nat_gateway" {
+  description = "One NAT gateway instead of one per zone (cost lever for non-production)."
+  type        = bool
+  default     = false
+}
+
+variable "redis_node_type" {
+  description = "ElastiCache node type of the limiter store."
+  type        = string
+  default     = "cache.r7g.large"
+}
+
+variable "redis_shards" {
+  description = "Shards of the limiter store."
+  type        = number
+  default     = 2
+}
+
+variable "edge_min_count" {
+  description = "Fewest edge tasks."
+  type        = number
+  default     = 2
+}
+
+variable "edge_max_count" {
+  description = "Most edge tasks."
+  type        = number
+  default     = 40
+}
+
+variable "deletion_protection" {
+  description = "Protect the load balancer from deletion (turn off before destroying)."
+  type        = bool
+  default     = true
+}

@@ -1,0 +1,29 @@
+output "security_group_id" {
+  description = "The load balancer's security group (the edge admits traffic from it only)."
+  value       = aws_security_group.alb.id
+}
+
+output "target_group_arn" {
+  description = "Target group the edge service registers its tasks in."
+  value       = aws_lb_target_group.edge.arn
+}
+
+output "arn_suffix" {
+  description = "Load balancer dimension of its CloudWatch metrics."
+  value       = aws_lb.this.arn_suffix
+}
+
+output "target_group_arn_suffix" {
+  description = "Target group dimension of its CloudWatch metrics."
+  value       = aws_lb_target_group.edge.arn_suffix
+}
+
+output "dns_name" {
+  description = "DNS name of the load balancer."
+  value       = aws_lb.this.dns_name
+}
+
+output "https_listener_arn" {
+  description = "The HTTPS listener (the edge service depends on it existing)."
+  value       = aws_lb_listener.https.arn
+}

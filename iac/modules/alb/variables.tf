@@ -1,0 +1,76 @@
+variable "name" {
+  description = "Deployment name."
+  type        = string
+}
+
+variable "vpc_id" {
+  description = "The VPC."
+  type        = string
+}
+
+variable "public_subnet_ids" {
+  description = "Subnets the load balancer listens in (one per zone)."
+  type        = list(string)
+}
+
+variable "domain_name" {
+  description = "Public name of the API, e.g. api.example.com; the ACM certificate is issued for it."
+  type        = string
+}
+
+variable "route53_zone_id" {
+  description = "Hosted zone of domain_name: holds the certificate's validation records and the alias to the ALB."
+  type        = string
+}
+
+variable "target_port" {
+  description = "Port the edge containers listen on."
+  type        = number
+  default     = 8000
+}
+
+variable "idle_timeout_s" {
+  description = "Seconds a connection may stay silent. Streams wait for their first token with keep-alives every few seconds, but a generation can run for minutes: keep this long."
+  type        = number
+  default     = 3600
+}
+
+variable "deregistration_delay_s" {
+  description = "How long a draining edge task keeps its open streams before the ALB cuts them."
+  type        = number
+  default     = 300
+}
+
+variable "log_bucket" {
+  description = "Bucket receiving the access logs."
+  type        = string
+}
+
+variable "log_prefix" {
+  description = "Key prefix of the access logs."
+  type        = string
+  default     = "alb"
+}
+
+variable "waf_rate_limit_per_5min" {
+  description = "Requests one client IP may send in five minutes before WAF blocks it (the edge's per-user limits sit behind this)."
+  type        = number
+  default     = 20000
+}
+
+variable "kms_key_arn" {
+  description = "Key that encrypts the WAF log group."
+  type        = string
+}
+
+variable "log_retention_days" {
+  description = "Retention of the WAF logs."
+  type        = number
+  default     = 365
+}
+
+variable "deletion_protection" {
+  description = "Refuse to delete the load balancer (turn off to destroy the environment)."
+  type        = bool
+  default     = true
+}

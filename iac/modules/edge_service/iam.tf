@@ -1,0 +1,91 @@
+# Two roles: the execution role lets ECS pull the image, write logs and inject the Redis token; the
+# task role is what the edge's own code may do, and nothing more.
+
+data "aws_iam_policy_document" "ecs_tasks_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ecs-tasks.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "execution" {
+  name               = "${var.name}-edge-execution"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+}
+
+resource "aws_iam_role_policy_attachment" "execution_managed" {
+  role       = aws_iam_role.execution.name
+  policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy"
+}
+
+data "aws_iam_policy_document" "execution_secret" {
+  statement {
+    sid       = "ReadRedisToken"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.redis_auth_secret_arn]
+  }
+
+  statement {
+    sid       = "DecryptRedisToken"
+    actions   = ["kms:Decrypt"]
+    resources = [var.kms_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "execution_secret" {
+  name   = "read-redis-token"
+  role   = aws_iam_role.execution.id
+  policy = data.aws_iam_policy_document.execution_secret.json
+}
+
+resource "aws_iam_role" "task" {
+  name               = "${var.name}-edge-task"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+}
+
+data "aws_iam_policy_document" "task" {
+  # PutMetricData has no resource-level permissions: the namespace condition is the fence.
+  statement {
+    sid       = "PublishScalingMetric"
+    actions   = ["cloudwatch:PutMetricData"]
+    resources = ["*"]
+    condition {
+      test     = "StringEquals"
+      variable = "cloudwatch:namespace"
+      values   = [var.metric_namespace]
+    }
+  }
+
+  statement {
+    sid       = "MessagesTable"
+    actions   = ["dynamodb:PutItem", "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DescribeTable"]
+    resources = [var.messages_table_arn]
+  }
+
+  statement {
+    sid       = "MessagesTableKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [var.kms_key_arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["dynamodb.${data.aws_region.current.name}.amazonaws.com"]
+    }
+  }
+
+  # Replica discovery: which GPU hosts are in service. Describe calls take no resource scope.
+  statement {
+    sid       = "DiscoverGpuReplicas"
+    actions   = ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"]
+    resources = ["*"]
+  }
+}
+
+resource "aws_iam_role_policy" "task" {
+  name   = "edge"
+  role   = aws_iam_role.task.id
+  policy = data.aws_iam_policy_document.task.json
+}

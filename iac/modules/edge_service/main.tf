@@ -1,0 +1,171 @@
+# The edge: stateless Fargate tasks behind the ALB, scaled on CPU (tokenising and SSE framing are the
+# edge's work; the GPU pool scales separately on queue depth).
+
+data "aws_region" "current" {}
+
+resource "aws_cloudwatch_log_group" "edge" {
+  name              = "/floodgate/${var.name}/edge"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = var.kms_key_arn
+}
+
+resource "aws_ecs_cluster" "this" {
+  name = var.name
+
+  setting {
+    name  = "containerInsights"
+    value = "enabled"
+  }
+}
+
+resource "aws_security_group" "edge" {
+  name        = "${var.name}-edge"
+  description = "Edge tasks: traffic from the ALB in; Redis, GPU replicas and AWS APIs out"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description     = "From the load balancer"
+    from_port       = var.container_port
+    to_port         = var.container_port
+    protocol        = "tcp"
+    security_groups = [var.alb_security_group_id]
+  }
+
+  egress {
+    description = "Redis"
+    from_port   = 6379
+    to_port     = 6379
+    protocol    = "tcp"
+    cidr_blocks = [var.vpc_cidr_block]
+  }
+
+  egress {
+    description = "Triton gRPC and metrics on the GPU hosts"
+    from_port   = 8001
+    to_port     = 8002
+    protocol    = "tcp"
+    cidr_blocks = [var.vpc_cidr_block]
+  }
+
+  egress {
+    description = "AWS APIs (VPC endpoints, or the NAT for the rest)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+}
+
+locals {
+  # The settings arrive as an environment variable; the shell writes them to a file with the Redis
+  # token spliced in, so the token never sits in the task definition.
+  start_command = join(" && ", [
+    "printf '%s' \"$FLOODGATE_CONFIG_TOML\" | sed \"s/@REDIS_AUTH_TOKEN@/$REDIS_AUTH_TOKEN/\" > /run/floodgate/config.toml",
+    "exec floodgate serve --config /run/floodgate/config.toml",
+  ])
+}
+
+resource "aws_ecs_task_definition" "edge" {
+  family                   = "${var.name}-edge"
+  requires_compatibilities = ["FARGATE"]
+  network_mode             = "awsvpc"
+  cpu                      = var.cpu
+  memory                   = var.memory
+  execution_role_arn       = aws_iam_role.execution.arn
+  task_role_arn            = aws_iam_role.task.arn
+
+  runtime_platform {
+    operating_system_family = "LINUX"
+    cpu_architecture        = "X86_64"
+  }
+
+  volume {
+    name = "run"
+  }
+
+  container_definitions = jsonencode([
+    {
+      name                   = "edge"
+      image                  = var.image
+      essential              = true
+      readonlyRootFilesystem = true
+      entryPoint             = ["sh", "-c"]
+      command                = [local.start_command]
+      stopTimeout            = var.stop_timeout_s
+      portMappings           = [{ containerPort = var.container_port, protocol = "tcp" }]
+      mountPoints            = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
+      environment = [
+        { name = "FLOODGATE_CONFIG_TOML", value = var.config_toml },
+        { name = "AWS_REGION", value = data.aws_region.current.name },
+      ]
+      secrets = [{ name = "REDIS_AUTH_TOKEN", valueFrom = var.redis_auth_secret_arn }]
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          awslogs-group         = aws_cloudwatch_log_group.edge.name
+          awslogs-region        = data.aws_region.current.name
+          awslogs-stream-prefix = "edge"
+        }
+      }
+    }
+  ])
+}
+
+resource "aws_ecs_service" "edge" {
+  name                              = "edge"
+  cluster                           = aws_ecs_cluster.this.id
+  task_definition                   = aws_ecs_task_definition.edge.arn
+  desired_count                     = var.min_count
+  launch_type                       = "FARGATE"
+  health_check_grace_period_seconds = 60
+  propagate_tags                    = "SERVICE"
+
+  network_configuration {
+    subnets          = var.private_subnet_ids
+    security_groups  = [aws_security_group.edge.id]
+    assign_public_ip = false
+  }
+
+  load_balancer {
+    target_group_arn = var.target_group_arn
+    container_name   = "edge"
+    container_port   = var.container_port
+  }
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+
+  lifecycle {
+    # Target tracking owns the count once the service exists.
+    ignore_changes = [desired_count]
+  }
+}
+
+resource "aws_appautoscaling_target" "edge" {
+  service_namespace  = "ecs"
+  resource_id        = "service/${aws_ecs_cluster.this.name}/${aws_ecs_service.edge.name}"
+  scalable_dimension = "ecs:service:DesiredCount"
+  min_capacity       = var.min_count
+  max_capacity       = var.max_count
+}
+
+resource "aws_appautoscaling_policy" "edge_cpu" {
+  name               = "${var.name}-edge-cpu"
+  policy_type        = "TargetTrackingScaling"
+  service_namespace  = aws_appautoscaling_target.edge.service_namespace
+  resource_id        = aws_appautoscaling_target.edge.resource_id
+  scalable_dimension = aws_appautoscaling_target.edge.scalable_dimension
+
+  target_tracking_scaling_policy_configuration {
+    target_value = var.cpu_target_percent
+    # Scale in slowly: a removed task takes its open streams' drain time with it.
+    scale_in_cooldown  = 300
+    scale_out_cooldown = 60
+
+    predefined_metric_specification {
+      predefined_metric_type = "ECSServiceAverageCPUUtilization"
+    }
+  }
+}

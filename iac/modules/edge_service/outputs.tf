@@ -1,0 +1,19 @@
+output "security_group_id" {
+  description = "The edge tasks' security group (Redis and the GPU hosts admit it)."
+  value       = aws_security_group.edge.id
+}
+
+output "cluster_name" {
+  description = "ECS cluster of the edge."
+  value       = aws_ecs_cluster.this.name
+}
+
+output "service_name" {
+  description = "ECS service of the edge."
+  value       = aws_ecs_service.edge.name
+}
+
+output "task_role_arn" {
+  description = "Role the edge's code runs as."
+  value       = aws_iam_role.task.arn
+}

@@ -1,0 +1,134 @@
+variable "name" {
+  description = "Deployment name."
+  type        = string
+}
+
+variable "model" {
+  description = "Served model's name, as clients pass it and as the scaling metric's Model dimension carries it."
+  type        = string
+}
+
+variable "vpc_id" {
+  description = "The VPC."
+  type        = string
+}
+
+variable "private_subnet_ids" {
+  description = "Subnets of the GPU hosts."
+  type        = list(string)
+}
+
+variable "edge_security_group_id" {
+  description = "The edge, the only client of Triton's gRPC and metrics ports."
+  type        = string
+}
+
+variable "ami_ssm_parameter" {
+  description = "SSM parameter naming the GPU AMI (NVIDIA driver, Docker, NVIDIA container toolkit): a new AMI there rolls the pool on the next apply."
+  type        = string
+  default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+}
+
+variable "instance_type" {
+  description = "GPU instance type; the engine in S3 must have been built for its GPU."
+  type        = string
+  default     = "g6e.xlarge"
+}
+
+variable "root_volume_gb" {
+  description = "Root EBS volume: the container image plus the engine files."
+  type        = number
+  default     = 200
+}
+
+variable "min_size" {
+  description = "Fewest in-service hosts."
+  type        = number
+  default     = 1
+}
+
+variable "max_size" {
+  description = "Most in-service hosts (the GPU budget)."
+  type        = number
+  default     = 8
+}
+
+variable "warm_pool_min_size" {
+  description = "Stopped, pre-initialised hosts kept ready (engine already on disk): a scale-out starts one in about a minute instead of downloading the model."
+  type        = number
+  default     = 2
+}
+
+variable "warm_pool_max_prepared" {
+  description = "Cap on in-service plus warm hosts; -1 lets the warm pool grow to max_size."
+  type        = number
+  default     = -1
+}
+
+variable "triton_image" {
+  description = "Triton + TensorRT-LLM image of gpu_container/triton (ECR URI with tag or digest)."
+  type        = string
+}
+
+variable "ecr_repository_arn" {
+  description = "ECR repository of triton_image (the hosts may pull from it only)."
+  type        = string
+}
+
+variable "engine_bucket_arn" {
+  description = "Bucket holding built engines."
+  type        = string
+}
+
+variable "engine_s3_uri" {
+  description = "s3://bucket/prefix/ of this model's engine for this instance type."
+  type        = string
+}
+
+variable "kms_key_arn" {
+  description = "Key of the EBS volumes and of the engine bucket."
+  type        = string
+}
+
+variable "queue_depth_target" {
+  description = "Waiting requests per replica that target tracking holds: about the requests one replica finishes within the wait users tolerate."
+  type        = number
+  default     = 4
+}
+
+variable "surge_queue_depth" {
+  description = "Backlog per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly."
+  type        = number
+  default     = 16
+}
+
+variable "scale_in_drain_s" {
+  description = "Seconds a host leaving the pool waits (Terminating:Wait) so its running streams can finish; the edge stops sending it new work."
+  type        = number
+  default     = 300
+}
+
+variable "metric_namespace" {
+  description = "Namespace of the scaling metric (module scaling_metric)."
+  type        = string
+}
+
+variable "metric_name" {
+  description = "Name of the scaling metric (module scaling_metric)."
+  type        = string
+}
+
+variable "metric_model_dimension" {
+  description = "Dimension carrying the model's name (module scaling_metric)."
+  type        = string
+}
+
+variable "metric_period_s" {
+  description = "Aggregation period of the scaling metric (module scaling_metric)."
+  type        = number
+}
+
+variable "metric_samples_per_period" {
+  description = "Samples per period each edge sends (module scaling_metric)."
+  type        = number
+}

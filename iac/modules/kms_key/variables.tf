@@ -1,0 +1,4 @@
+variable "name" {
+  description = "Deployment name; the key's alias is alias/<name>."
+  type        = string
+}

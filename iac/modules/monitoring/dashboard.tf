@@ -1,0 +1,70 @@
+locals {
+  backlog_metrics = flatten([
+    for i, model in keys(var.gpu_groups) : [
+      [var.metric_namespace, var.metric_name, var.metric_model_dimension, model, { id = "q${i}", stat = "Sum", visible = false }],
+      [{ expression = "q${i} / ${var.metric_samples_per_period}", label = model }],
+    ]
+  ])
+
+  in_service_metrics = [
+    for model, group in var.gpu_groups :
+    ["AWS/AutoScaling", "GroupInServiceInstances", "AutoScalingGroupName", group, { label = "${model} in service" }]
+  ]
+
+  warm_metrics = [
+    for model, group in var.gpu_groups :
+    ["AWS/AutoScaling", "WarmPoolWarmedCapacity", "AutoScalingGroupName", group, { label = "${model} warm" }]
+  ]
+
+  widgets = [
+    { title = "Requests waiting per GPU replica", metrics = local.backlog_metrics },
+    { title = "GPU hosts in service and warm", metrics = concat(local.in_service_metrics, local.warm_metrics) },
+    {
+      title = "Requests and 5xx"
+      metrics = [
+        ["AWS/ApplicationELB", "RequestCount", "LoadBalancer", var.alb_arn_suffix, { stat = "Sum" }],
+        ["AWS/ApplicationELB", "HTTPCode_ELB_5XX_Count", "LoadBalancer", var.alb_arn_suffix, { stat = "Sum" }],
+        ["AWS/ApplicationELB", "HTTPCode_Target_5XX_Count", "LoadBalancer", var.alb_arn_suffix, { stat = "Sum" }],
+      ]
+    },
+    {
+      title = "Open connections and response time"
+      metrics = [
+        ["AWS/ApplicationELB", "ActiveConnectionCount", "LoadBalancer", var.alb_arn_suffix, { stat = "Sum" }],
+        ["AWS/ApplicationELB", "TargetResponseTime", "LoadBalancer", var.alb_arn_suffix, { stat = "p99", yAxis = "right" }],
+      ]
+    },
+    {
+      title = "Edge CPU and tasks"
+      metrics = [
+        ["AWS/ECS", "CPUUtilization", "ClusterName", var.ecs_cluster_name, "ServiceName", var.ecs_service_name],
+        ["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", var.ecs_cluster_name, "ServiceName", var.ecs_service_name, { yAxis = "right" }],
+      ]
+    },
+  ]
+}
+
+data "aws_region" "current" {}
+
+resource "aws_cloudwatch_dashboard" "this" {
+  dashboard_name = var.name
+  dashboard_body = jsonencode({
+    widgets = [
+      for i, w in local.widgets : {
+        type   = "metric"
+        x      = (i % 2) * 12
+        y      = floor(i / 2) * 6
+        width  = 12
+        height = 6
+        properties = {
+          title   = w.title
+          metrics = w.metrics
+          region  = data.aws_region.current.name
+          period  = var.metric_period_s
+          view    = "timeSeries"
+          stacked = false
+        }
+      }
+    ]
+  })
+}
