@@ -9,7 +9,7 @@ steps' tokens in one TokenOutput instead of falling further behind. Leaving the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as Seq
 
 from gpu_container.engine.engine import LLMEngine
@@ -19,8 +19,9 @@ from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
 class _Mailbox:
     """Outputs of one request, gathered on the event loop until the consumer takes them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_orphaned: Callable[[], None]) -> None:
         self._loop = loop
+        self._on_orphaned = on_orphaned
         self._pending: list[TokenOutput] = []
         self._ready = asyncio.Event()
 
@@ -29,7 +30,8 @@ class _Mailbox:
         try:
             self._loop.call_soon_threadsafe(self._put, output)
         except RuntimeError:
-            pass  # the loop is closed: nobody is left to read this request
+            # The event loop is closed: nobody is left to read, so stop spending steps on it.
+            self._on_orphaned()
 
     def _put(self, output: TokenOutput) -> None:
         self._pending.append(output)
@@ -55,7 +57,7 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
     ) -> AsyncIterator[TokenOutput]:
-        mailbox = _Mailbox(asyncio.get_running_loop())
+        mailbox = _Mailbox(asyncio.get_running_loop(), lambda: self.engine.abort(request_id))
         self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
         finished = False
         try:

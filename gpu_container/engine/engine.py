@@ -60,6 +60,7 @@ class LLMEngine:
         self._steps = 0
         self._prompt_tokens = 0
         self._generated_tokens = 0
+        self._stalled = False
         self._stats = self._snapshot()
 
     @classmethod
@@ -150,9 +151,7 @@ class LLMEngine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (
-                    self._state == "stopped" or self._inbox or self._aborts or self._scheduler.has_work()
-                ):
+                while not (self._state == "stopped" or self._inbox or self._aborts or self._has_runnable()):
                     self._cond.wait()
                 if self._state == "stopped":
                     break
@@ -170,6 +169,9 @@ class LLMEngine:
             self._publish(emitted)
         self._cancel_all()
 
+    def _has_runnable(self) -> bool:
+        return self._scheduler.has_work() and not self._stalled
+
     def _admit(self, inbox: list[Sequence]) -> None:
         for seq in inbox:
             self._scheduler.add(seq)
@@ -177,6 +179,8 @@ class LLMEngine:
 
     def _step(self) -> list[_Emission]:
         chunks = self._scheduler.schedule()
+        # Nothing schedulable (should not happen: a lone sequence always fits) must not spin the loop.
+        self._stalled = not chunks
         if not chunks:
             return []
         self._steps += 1
