@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
-from safetensors.numpy import load_file
 
 from gpu_container.engine.llama_config import LlamaConfig
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.safetensors_io import load_safetensors
 from gpu_container.engine.weights import LlamaWeights
 
 
@@ -32,5 +32,5 @@ def load_model(path: str | Path) -> LlamaModel:
         raise FileNotFoundError(f"no *.safetensors in {directory}")
     tensors: dict[str, npt.NDArray[Any]] = {}
     for file in files:
-        tensors.update(load_file(str(file)))
+        tensors.update(load_safetensors(file))
     return LlamaModel(config, LlamaWeights.from_hf(config, tensors))

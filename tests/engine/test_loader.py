@@ -14,6 +14,7 @@ from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.safetensors_io import load_safetensors
 from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import SamplingParams
@@ -68,3 +69,23 @@ def test_missing_tensor_is_named(tmp_path: Path) -> None:
     save_file({"model.embed_tokens.weight": np.zeros((97, 32), np.float32)}, str(directory / "m.safetensors"))
     with pytest.raises(KeyError, match=r"model\.layers\.0\.input_layernorm\.weight"):
         load_model(directory)
+
+
+def test_bfloat16_tensors_are_widened_exactly(tmp_path: Path) -> None:
+    values = np.array([[1.0, -2.5, 3.140625], [0.0, 65280.0, -1e-3]], dtype=np.float32)
+    halves = (values.view(np.uint32) >> 16).astype("<u2")  # bfloat16: the top 16 bits
+    data = halves.tobytes()
+    other = np.arange(3, dtype=np.float32)
+    header = {
+        "__metadata__": {"format": "pt"},
+        "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, len(data)]},
+        "f": {"dtype": "F32", "shape": [3], "data_offsets": [len(data), len(data) + other.nbytes]},
+    }
+    raw_header = json.dumps(header).encode()
+    path = tmp_path / "bf16.safetensors"
+    path.write_bytes(len(raw_header).to_bytes(8, "little") + raw_header + data + other.tobytes())
+    tensors = load_safetensors(path)
+    expected = (halves.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(tensors["w"], expected)
+    np.testing.assert_allclose(tensors["w"], values, rtol=1e-2)
+    np.testing.assert_array_equal(tensors["f"], other)
