@@ -238,7 +238,7 @@ class LLMEngine:
         self._scheduler = Scheduler(self._config, self._blocks)
         self._scheduler.num_preemptions = preemptions
         for seq in seqs:
-            seq.status, seq.block_table, seq.finish_reason = SequenceStatus.FINISHED, [], "error"
+            seq.status, seq.block_table = SequenceStatus.FINISHED, []
         return [(seq, TokenOutput(seq.request_id, [], "error", error)) for seq in seqs]
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
@@ -256,7 +256,6 @@ class LLMEngine:
         error: str | None = None,
     ) -> _Emission:
         self._scheduler.remove(seq)
-        seq.finish_reason = reason
         return seq, TokenOutput(seq.request_id, token_ids or [], reason, error)
 
     def _publish(self, emitted: list[_Emission]) -> None:

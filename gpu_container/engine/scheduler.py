@@ -41,7 +41,9 @@ class ScheduledChunk:
 
     @property
     def completes(self) -> bool:
-        """Whether this chunk reaches the sequence's last token, so a new token is sampled after it."""
+        """Whether this chunk reaches the sequence's last token, so a new token is sampled after it.
+
+        Meaningful until Scheduler.advance records the chunk."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
 

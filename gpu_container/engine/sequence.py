@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpu_container.engine.types import FinishReason, SamplingParams, TokenOutput
+from gpu_container.engine.types import SamplingParams, TokenOutput
 
 
 class SequenceStatus(enum.Enum):
@@ -31,7 +31,6 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache. Reset to 0 on preemption: the whole sequence is recomputed.
     num_computed_tokens: int = 0
-    finish_reason: FinishReason | None = None
     rng: np.random.Generator | None = None
 
     def __post_init__(self) -> None:
