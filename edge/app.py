@@ -22,7 +22,7 @@ from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.health import healthz, readyz
-from edge.routes.models import list_models
+from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
 from edge.runtime import Runtime
@@ -96,6 +96,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             chat_completions,
             cancel_completion,
             list_models,
+            retrieve_model,
             healthz,
             readyz,
             prometheus_metrics,

@@ -112,3 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""`floodgate keys create` and `floodgate serve` as a user runs them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from edge.auth import KeyStore
+from edge.cli import main
+from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.live_server import demo_model_dir
+from tests.support.ports import free_port
+
+
+def test_keys_create_prints_a_working_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys_file = tmp_path / "keys.jsonl"
+    main(["keys", "create", "--user", "carol", "--tier", "free", "--keys-file", str(keys_file)])
+    key = capsys.readouterr().out.strip()
+    assert key.startswith("fg-")
+    assert KeyStore(keys_file).authenticate(f"Bearer {key}").user == "carol"
+
+
+def test_keys_create_rejects_an_unknown_tier(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown tier"):
+        main(["keys", "create", "--user", "x", "--tier", "platinum", "--keys-file", str(tmp_path / "k")])
+
+
+def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n'
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        key_match = re.search(r"(fg-\S+)", lines[1])
+        assert key_match, lines
+        assert lines[3].strip().startswith(f"curl -N http://127.0.0.1:{port}{CHAT}")
+        base = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": f"Bearer {key_match.group(1)}"}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "stream": True,
+            "max_tokens": 4,
+        }
+        with httpx.Client(base_url=base, timeout=30) as client:
+            _wait_listening(client, proc)
+            with client.stream("POST", CHAT, json=body, headers=headers) as response:
+                assert response.status_code == 200
+                assert list(events(response))[-1] == DONE
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
+    # The key is printed before uvicorn binds: retry connecting until it answers (bounded).
+    for _ in range(500):
+        assert proc.poll() is None, "floodgate serve exited"
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        try:
+            proc.wait(timeout=0.02)
+        except subprocess.TimeoutExpired:
+            continue
+    raise AssertionError("floodgate serve never became ready")

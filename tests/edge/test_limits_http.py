@@ -1,0 +1,93 @@
+"""Limits as clients see them: 429 with Retry-After, the token-budget marker, 503 when fail-closed,
+and keep-alive comments while a request waits for a replica."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_SEED, MODEL, events
+from tests.support.live_server import start_server
+from tests.support.ports import free_port
+
+SHORT: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 2}
+
+
+def _paid(**changes: Any) -> dict[str, Any]:
+    return {"tiers": {"paid": ROOMY_TIERS["paid"] | changes}}
+
+
+def test_request_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
+    with start_server(tmp_path, _paid(requests_per_window=2, request_window_s=3600)) as server:
+        with httpx.Client(base_url=server.base_url) as client:
+            for _ in range(2):
+                ok = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+                assert ok.status_code == 200
+            assert ok.headers["x-ratelimit-remaining-requests"] == "0"
+            denied = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+    assert denied.status_code == 429
+    error = denied.json()["error"]
+    assert error["type"] == "rate_limit_exceeded" and error["code"] == "requests"
+    retry_ms = int(denied.headers["retry-after-ms"])
+    assert 0 < retry_ms <= 3600 * 1000
+    assert int(denied.headers["retry-after"]) == math.ceil(retry_ms / 1000)
+    assert denied.headers["x-ratelimit-limit-requests"] == "2"
+
+
+def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path) -> None:
+    budget = 80
+    with start_server(tmp_path, _paid(tokens_per_window=budget, token_window_s=86400)) as server:
+        body = {**SHORT, "seed": LONG_SEED, "max_tokens": 1000, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        with httpx.Client(base_url=server.base_url) as client:
+            with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                assert response.status_code == 200
+                got = list(events(response))
+    assert got[-1] == DONE
+    usage, final = got[-2]["usage"], got[-3]
+    assert final["choices"][0]["finish_reason"] == "length"
+    assert final["floodgate"] == {"limit_reached": "tokens"}
+    assert usage["completion_tokens"] < 1000
+    # Input and output together stay within the budget (a hair of refill aside).
+    assert usage["total_tokens"] <= budget + 1
+
+
+def test_fail_closed_tier_answers_503_when_the_store_is_down(tmp_path: Path) -> None:
+    overrides = _paid(on_store_failure="closed") | {
+        "limiter": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 200}
+    }
+    with start_server(tmp_path, overrides) as server:
+        response = httpx.post(server.base_url + CHAT, json=SHORT, headers=server.auth("paid"))
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "limiter_unavailable"
+    assert int(response.headers["retry-after"]) >= 1
+
+
+def test_waiting_request_gets_keepalives_then_its_tokens(tmp_path: Path) -> None:
+    # One sequence per replica: the second request must wait for the first one's slot.
+    overrides = {"engine": {"max_num_seqs": 1}, "server": {"keepalive_s": 0.02}, **_paid()}
+    with (
+        start_server(tmp_path, overrides) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        long_body = {**SHORT, "seed": LONG_SEED, "max_tokens": 2000, "stream": True}
+        with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as first:
+            first_events = events(first)
+            first_id = next(first_events)["request_id"]
+            next(first_events)  # it holds the slot now
+            with client.stream(
+                "POST", CHAT, json=SHORT | {"stream": True}, headers=server.auth("paid")
+            ) as second:
+                waiting = events(second)
+                assert next(waiting)["choices"][0]["delta"]["role"] == "assistant"
+                assert next(waiting) == KEEPALIVE
+                cancelled = client.post(f"{CHAT}/{first_id}/cancel", headers=server.auth("paid"))
+                assert cancelled.status_code == 200
+                rest = [e for e in waiting if e != KEEPALIVE]
+            list(first_events)
+    assert rest[-1] == DONE
+    assert rest[-2]["choices"][0]["finish_reason"] in ("stop", "length")

@@ -1,0 +1,72 @@
+"""The official openai SDK against a real edge: the compatibility clients actually rely on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from edge.text.model_text import ModelText
+from tests.edge.sse_client import LONG_PROMPT, MODEL
+from tests.support.live_server import LiveServer
+
+
+@pytest.fixture
+def sdk(server: LiveServer) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=0)
+    yield client
+    client.close()
+
+
+def _prompt_tokens(server: LiveServer) -> int:
+    return len(ModelText.load(Path(server.settings.model.demo_dir)).encode_chat(LONG_PROMPT))
+
+
+def test_sdk_stream_with_usage(server: LiveServer, sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        max_tokens=16,
+        seed=3,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    ids = {c.id for c in chunks}
+    assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason in ("stop", "length")
+    usage = chunks[-1].usage
+    assert usage is not None and chunks[-1].choices == []
+    assert usage.prompt_tokens == _prompt_tokens(server)
+    assert 1 <= usage.completion_tokens <= 16
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_sdk_non_stream(server: LiveServer, sdk: openai.OpenAI) -> None:
+    completion = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+    )
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == _prompt_tokens(server)
+    assert completion.usage.completion_tokens <= 8
+
+
+def test_sdk_raises_typed_errors(server: LiveServer) -> None:
+    bad_key = openai.OpenAI(base_url=server.base_url + "/v1", api_key="fg-nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    good = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        good.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=99_999
+        )
+    assert info.value.param == "max_tokens"
+    assert good.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        good.models.retrieve("no-such-model")
