@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_container.engine.arrays import Floats, Ints
-from gpu_container.engine.forward_batch import ForwardBatch, SequenceSlice
+from gpu_container.engine.attention import AttentionPlan, paged_attention
+from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.llama_config import LlamaConfig
 from gpu_container.engine.weights import LlamaWeights
@@ -23,12 +24,6 @@ def silu(x: Floats) -> Floats:
     return out
 
 
-def softmax(x: Floats) -> Floats:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    out: Floats = e / e.sum(axis=-1, keepdims=True)
-    return out
-
-
 class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
@@ -37,7 +32,7 @@ class LlamaModel:
         self._inv_freq = 1.0 / (
             config.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / config.head_dim)
         )
-        self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        self._scale = float(1.0 / np.sqrt(config.head_dim))
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
         """Write the batch's K/V into the cache and return logits [len(logits_rows), vocab]."""
@@ -49,6 +44,7 @@ class LlamaModel:
             cfg.head_dim,
         )
         cos, sin = self._rope_tables(batch.positions)
+        plan = AttentionPlan.build(batch.slices, cache.block_size)
         x = self.weights.embed_tokens[batch.token_ids]
         for index, layer in enumerate(self.weights.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
@@ -60,7 +56,7 @@ class LlamaModel:
             layer_keys, layer_values = cache.keys[index], cache.values[index]
             layer_keys.reshape(-1, kv_heads, hd)[batch.slot_mapping] = k
             layer_values.reshape(-1, kv_heads, hd)[batch.slot_mapping] = v
-            attn = self._attention(q, layer_keys, layer_values, batch.slices)
+            attn = paged_attention(q, layer_keys, layer_values, plan, self._scale)
             x = x + attn.reshape(n, heads * hd) @ layer.o_proj
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
             gate, up = np.split(h @ layer.gate_up_proj, 2, axis=-1)
@@ -73,57 +69,6 @@ class LlamaModel:
         angles = positions[:, None].astype(np.float64) * self._inv_freq[None, :]
         angles = np.concatenate([angles, angles], axis=-1)
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-    def _attention(
-        self, q: Floats, keys: Floats, values: Floats, slices: tuple[SequenceSlice, ...]
-    ) -> Floats:
-        out = np.empty_like(q)
-        decodes = [s for s in slices if s.length == 1]
-        if decodes:
-            rows = np.fromiter((s.start for s in decodes), dtype=np.int64, count=len(decodes))
-            out[rows] = self._decode_attention(q[rows], keys, values, decodes)
-        for s in slices:
-            if s.length > 1:
-                out[s.start : s.start + s.length] = self._prefill_attention(
-                    q[s.start : s.start + s.length], keys, values, s
-                )
-        return out
-
-    def _decode_attention(
-        self, q: Floats, keys: Floats, values: Floats, slices: list[SequenceSlice]
-    ) -> Floats:
-        """One query per sequence, batched: block tables padded to the longest, padding masked out."""
-        batch, heads, hd = q.shape
-        kv_heads = keys.shape[2]
-        width = max(len(s.block_table) for s in slices)
-        tables = np.zeros((batch, width), dtype=np.int64)
-        for i, s in enumerate(slices):
-            tables[i, : len(s.block_table)] = s.block_table
-        length = width * keys.shape[1]
-        k = keys[tables].reshape(batch, length, kv_heads, hd).transpose(0, 2, 3, 1)  # [B, kvh, hd, L]
-        v = values[tables].reshape(batch, length, kv_heads, hd).transpose(0, 2, 1, 3)  # [B, kvh, L, hd]
-        qg = q.reshape(batch, kv_heads, heads // kv_heads, hd)
-        scores = (qg @ k) * self._scale  # [B, kvh, group, L]
-        context = np.array([s.context_len for s in slices])
-        padding = np.arange(length)[None, :] >= context[:, None]
-        scores[np.broadcast_to(padding[:, None, None, :], scores.shape)] = -np.inf
-        result: Floats = (softmax(scores) @ v).reshape(batch, heads, hd)
-        return result
-
-    def _prefill_attention(self, q: Floats, keys: Floats, values: Floats, s: SequenceSlice) -> Floats:
-        """A chunk of queries attending causally to the cached prefix and to itself."""
-        chunk, heads, hd = q.shape
-        kv_heads = keys.shape[2]
-        k = keys[s.block_table].reshape(-1, kv_heads, hd)[: s.context_len].transpose(1, 2, 0)
-        v = values[s.block_table].reshape(-1, kv_heads, hd)[: s.context_len].transpose(1, 0, 2)
-        qg = q.reshape(chunk, kv_heads, heads // kv_heads, hd).transpose(1, 2, 0, 3)  # [kvh, group, C, hd]
-        scores = (qg @ k[:, None]) * self._scale  # [kvh, group, C, ctx]
-        query_pos = s.context_len - chunk + np.arange(chunk)
-        future = np.arange(s.context_len)[None, :] > query_pos[:, None]
-        scores[..., future] = -np.inf
-        result = softmax(scores) @ v[:, None]  # [kvh, group, C, hd]
-        out: Floats = result.transpose(2, 0, 1, 3).reshape(chunk, heads, hd)
-        return out
 
 
 def _rotate(x: Floats, cos: Floats, sin: Floats) -> Floats:
