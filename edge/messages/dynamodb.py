@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, QueryInputTypeDef
 
+PARTITION_KEY = "conversation_id"
+SORT_KEY = "message_id"
+TTL_ATTRIBUTE = "expires_at"  # iac/modules/messages_table enables TTL on it
 DEFAULT_TTL_S = 90 * 86400
 # One Query page: enough to fill a typical history in one round trip even when the owner filter
 # (applied after the page is read) discards some rows.
@@ -21,14 +24,14 @@ _PAGE = 200
 
 def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
     item: dict[str, AttributeValueTypeDef] = {
-        "conversation_id": {"S": msg.conversation_id},
-        "message_id": {"S": msg.message_id},
+        PARTITION_KEY: {"S": msg.conversation_id},
+        SORT_KEY: {"S": msg.message_id},
         "owner": {"S": msg.user},
         "role": {"S": msg.role},
         "content": {"S": msg.content},
         "request_id": {"S": msg.request_id},
         "created_at": {"N": repr(msg.created_at)},
-        "expires_at": {"N": str(expires_at)},
+        TTL_ATTRIBUTE: {"N": str(expires_at)},
     }
     if msg.finish_reason is not None:
         item["finish_reason"] = {"S": msg.finish_reason}
@@ -38,9 +41,9 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
 def _message(item: dict[str, Any]) -> StoredMessage:
     finish = item.get("finish_reason")
     return StoredMessage(
-        conversation_id=item["conversation_id"]["S"],
+        conversation_id=item[PARTITION_KEY]["S"],
         user=item["owner"]["S"],
-        message_id=item["message_id"]["S"],
+        message_id=item[SORT_KEY]["S"],
         role=item["role"]["S"],
         content=item["content"]["S"],
         request_id=item["request_id"]["S"],
@@ -77,7 +80,7 @@ class DynamoDBMessageStore:
         while len(found) < limit:
             params: QueryInputTypeDef = {
                 "TableName": self._table,
-                "KeyConditionExpression": "conversation_id = :c",
+                "KeyConditionExpression": f"{PARTITION_KEY} = :c",
                 "FilterExpression": "#owner = :u",
                 "ExpressionAttributeNames": {"#owner": "owner"},
                 "ExpressionAttributeValues": {":c": {"S": conversation_id}, ":u": {"S": user}},
@@ -103,12 +106,12 @@ class DynamoDBMessageStore:
         self._client.create_table(
             TableName=self._table,
             AttributeDefinitions=[
-                {"AttributeName": "conversation_id", "AttributeType": "S"},
-                {"AttributeName": "message_id", "AttributeType": "S"},
+                {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": SORT_KEY, "AttributeType": "S"},
             ],
             KeySchema=[
-                {"AttributeName": "conversation_id", "KeyType": "HASH"},
-                {"AttributeName": "message_id", "KeyType": "RANGE"},
+                {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
             ],
             BillingMode="PAY_PER_REQUEST",
         )
