@@ -21,6 +21,7 @@ from edge.messages.writer import MessageWriter
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
+from edge.routes.conversations import conversation_messages
 from edge.routes.health import healthz, readyz
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
@@ -40,10 +41,13 @@ def resolve_model_dir(model: ModelConfig) -> Path:
     return build_demo_model(Path(model.demo_dir))
 
 
-def _model_max_len(model_dir: Path, configured: int) -> int:
-    config = json.loads((model_dir / "config.json").read_text())
-    positions = config.get("max_position_embeddings")
-    return min(configured, positions) if isinstance(positions, int) else configured
+def _max_model_len(settings: Settings, model_dir: Path) -> int:
+    """The longest sequence every replica can hold: configured, within the model's positions, and
+    within one replica's KV cache (prompt + completion must fit it alone)."""
+    e = settings.engine
+    limit = min(e.max_model_len, e.num_blocks * e.block_size)
+    positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    return min(limit, positions) if isinstance(positions, int) else limit
 
 
 def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
@@ -74,7 +78,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             registry = CancelRegistry()
             config = PipelineConfig(
                 model_name=settings.model.name,
-                max_model_len=_model_max_len(model_dir, settings.engine.max_model_len),
+                max_model_len=_max_model_len(settings, model_dir),
                 keepalive_s=settings.server.keepalive_s,
                 tiers=settings.tiers,
             )
@@ -85,6 +89,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 pipeline=pipeline,
                 canceller=registry,
                 upstreams=replicas,
+                messages=store,
             )
             try:
                 yield
@@ -95,6 +100,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
         route_handlers=[
             chat_completions,
             cancel_completion,
+            conversation_messages,
             list_models,
             retrieve_model,
             healthz,

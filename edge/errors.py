@@ -10,6 +10,8 @@ import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from edge.metrics import REQUESTS_REJECTED
+
 log = structlog.get_logger("floodgate.errors")
 
 _TYPE_BY_STATUS = {
@@ -91,6 +93,7 @@ def error_response(
 
 
 def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    REQUESTS_REJECTED.labels(str(exc.status), exc.detail.code or exc.detail.type).inc()
     return error_response(exc.status, exc.detail, exc.headers)
 
 

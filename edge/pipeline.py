@@ -130,6 +130,8 @@ class Pipeline:
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
 
         request_id = new_request_id()
+        # Bound for the rest of this request's task: every log line it causes carries the id.
+        structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             admission = await self.limiter.admit(
                 principal.user, request_id, tier_limits(principal.tier, tier), len(prompt_ids), max_new

@@ -10,6 +10,7 @@ from litestar import Request
 from edge.auth import KeyStore
 from edge.cancel import Canceller
 from edge.config import Settings
+from edge.messages.store import MessageStore
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
 
@@ -21,6 +22,7 @@ class Runtime:
     pipeline: Pipeline
     canceller: Canceller
     upstreams: list[Upstream]
+    messages: MessageStore
 
 
 def runtime_of(request: Request[Any, Any, Any]) -> Runtime:
