@@ -44,8 +44,12 @@ class OutputLease(Protocol):
         local lease is used up, to extend it by a batch."""
         ...
 
-    async def settle(self) -> None:
-        """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally."""
+    async def settle(self, *, ran: bool = True) -> None:
+        """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally.
+
+        ran=False: the request never reached a replica (the edge turned it away after admission,
+        e.g. the queue was full), so admission is undone whole: the request, its input tokens and
+        the lease are all given back."""
         ...
 
 

@@ -14,8 +14,11 @@ class LeaseStore(Protocol):
         """Reserve up to `want` more output tokens; returns how many the budget granted."""
         ...
 
-    async def settle(self, user: str, tier: TierLimits, request_id: str, refund: int) -> None:
-        """Free the request's slot and refund `refund` unused tokens (idempotent in the store)."""
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> None:
+        """Free the request's slot and refund `refund` tokens, and the request itself when
+        `refund_request` (idempotent in the store)."""
         ...
 
 
@@ -34,6 +37,7 @@ class Lease:
         tier: TierLimits,
         request_id: str,
         *,
+        input_tokens: int,
         granted: int,
         max_output_tokens: int,
         batch_tokens: int,
@@ -42,6 +46,7 @@ class Lease:
         self._user = user
         self._tier = tier
         self._request_id = request_id
+        self._input_tokens = input_tokens
         self._granted = granted
         self._used = 0
         self._max_output = max_output_tokens
@@ -73,8 +78,14 @@ class Lease:
         self._used += covered
         return covered
 
-    async def settle(self) -> None:
+    async def settle(self, *, ran: bool = True) -> None:
         if self._settled:
             return
         self._settled = True
-        await self._store.settle(self._user, self._tier, self._request_id, self._granted - self._used)
+        unused = self._granted - self._used
+        if ran:
+            await self._store.settle(self._user, self._tier, self._request_id, unused)
+        else:
+            await self._store.settle(
+                self._user, self._tier, self._request_id, self._input_tokens + unused, refund_request=True
+            )

@@ -80,6 +80,7 @@ class MemoryLimiter:
             user,
             tier,
             request_id,
+            input_tokens=input_tokens,
             granted=lease_tokens,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
@@ -93,10 +94,14 @@ class MemoryLimiter:
                 self._state(user, now), self._rates_for(tier), now, request_id, want, self._lease_ttl_us
             )
 
-    async def settle(self, user: str, tier: TierLimits, request_id: str, refund: int) -> None:
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> None:
         with self._lock:
             now = self._now_us()
-            policy.settle(self._state(user, now), self._rates_for(tier), now, request_id, refund)
+            policy.settle(
+                self._state(user, now), self._rates_for(tier), now, request_id, refund, refund_request
+            )
 
     async def aclose(self) -> None:
         return None

@@ -179,12 +179,16 @@ def charge(state: UserState, rates: Rates, now_us: int, request_id: str, want: i
     return granted
 
 
-def settle(state: UserState, rates: Rates, now_us: int, request_id: str, refund_tokens: int) -> bool:
-    """Free the request's slot and refund its unused lease. Only the call that removes the slot
-    refunds, so settling twice (or after the slot expired) refunds nothing. Returns whether it
-    removed the slot."""
+def settle(
+    state: UserState, rates: Rates, now_us: int, request_id: str, refund_tokens: int, refund_request: bool
+) -> bool:
+    """Free the request's slot and refund `refund_tokens` (and the request itself when
+    `refund_request`). Only the call that removes the slot refunds, so settling twice (or after
+    the slot expired) refunds nothing. Returns whether it removed the slot."""
     if state.leases.pop(request_id, None) is None:
         return False
     if refund_tokens > 0:
         state.token_tat_us = max(state.token_tat_us - refund_tokens * rates.token_interval_us, now_us)
+    if refund_request:
+        state.request_tat_us = max(state.request_tat_us - rates.request_interval_us, now_us)
     return True

@@ -18,7 +18,6 @@ from typing import Any, Literal
 import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
 from limiter import policy
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
@@ -35,7 +34,6 @@ DEFAULT_BACKOFF_S = 1.0
 # the limiter queues callers itself; one call takes well under a millisecond on Redis.
 DEFAULT_MAX_CONNECTIONS = 64
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
-_STORE_ERRORS = (RedisError, OSError, TimeoutError)
 Op = Literal["admit", "charge", "settle"]
 
 
@@ -78,6 +76,7 @@ class RedisLimiter:
         self._rates: dict[TierLimits, policy.Rates] = {}
         self._down_until = 0.0
         self._failing = False
+        self._cluster_ready = not isinstance(client, RedisCluster)
 
     @classmethod
     def from_url(
@@ -113,8 +112,15 @@ class RedisLimiter:
         try:
             # Waiting for a free connection counts against the bound: it is the decision's latency.
             async with asyncio.timeout(self._timeout_s), self._in_flight:
+                if not self._cluster_ready:
+                    # Fetch the slot map before the first burst of calls: redis-py's cluster client
+                    # fails with AttributeError when many first calls race to set it up.
+                    await self._client.initialize()
+                    self._cluster_ready = True
                 result = await script(keys=keys, args=args)
-        except _STORE_ERRORS as exc:
+        # Any failure of the store or its driver (redis-py's cluster client has raised
+        # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
+        except Exception as exc:
             STORE_FAILURES.labels(op=op).inc()
             self._down_until = time.monotonic() + self._backoff_s
             if not self._failing:
@@ -172,6 +178,7 @@ class RedisLimiter:
             user,
             tier,
             request_id,
+            input_tokens=input_tokens,
             granted=lease_tokens,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
@@ -199,12 +206,20 @@ class RedisLimiter:
                 user, per_instance(tier, self._instance_count), request_id, want
             )
 
-    async def settle(self, user: str, tier: TierLimits, request_id: str, refund: int) -> None:
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> None:
         rates = self._rates_for(tier)
-        _, tokens_key, concurrency_key = user_keys(user)
-        args = (self._now_arg(), request_id, rates.token_interval_us, refund)
+        args = (
+            self._now_arg(),
+            request_id,
+            rates.token_interval_us,
+            refund,
+            rates.request_interval_us,
+            int(refund_request),
+        )
         try:
-            await self._run("settle", self._settle, (tokens_key, concurrency_key), args)
+            await self._run("settle", self._settle, user_keys(user), args)
         except _StoreDown:
             # The slot expires with its lease TTL; the unused reservation is not refunded (the
             # safe side: the user is under-, never over-served).

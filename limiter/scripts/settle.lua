@@ -1,8 +1,9 @@
--- Finish a request, atomically: free its slot and refund its unused lease (GCRA: move the TAT
--- back). Only the call that removes the slot refunds, so it is idempotent. Mirrors
--- limiter/policy.py:settle.
--- KEYS: tokens TAT, concurrency set (one {user} hash tag)
--- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens
+-- Finish a request, atomically: free its slot and refund its unused tokens (GCRA: move the TAT
+-- back), and the request itself when it never ran. Only the call that removes the slot refunds,
+-- so it is idempotent. Mirrors limiter/policy.py:settle.
+-- KEYS: requests TAT, tokens TAT, concurrency set (one {user} hash tag)
+-- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens,
+--       request_interval_us, refund_request (0/1)
 -- Returns: 1 when this call removed the slot, else 0.
 local EXPIRY_MARGIN_MS = 1000
 
@@ -15,13 +16,21 @@ else
 end
 local token_interval = tonumber(ARGV[3])
 local refund = tonumber(ARGV[4])
+local request_interval = tonumber(ARGV[5])
 
-if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then
+local function move_back(key, by)
+  local tat = tonumber(redis.call('GET', key)) or 0
+  tat = math.max(tat - by, now)
+  redis.call('SET', key, string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
+end
+
+if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 then
   return 0
 end
 if refund > 0 then
-  local tat = tonumber(redis.call('GET', KEYS[1])) or 0
-  tat = math.max(tat - refund * token_interval, now)
-  redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
+  move_back(KEYS[2], refund * token_interval)
+end
+if ARGV[6] == '1' then
+  move_back(KEYS[1], request_interval)
 end
 return 1

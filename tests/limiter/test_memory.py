@@ -116,6 +116,21 @@ async def test_settle_refunds_the_unused_lease_and_is_idempotent() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_request_that_never_ran_gives_back_everything_admission_took() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
+    t = tier(requests=2, tokens=1000, token_window_s=1000)
+    kept = _lease(await limiter.admit("u", "kept", t, 100, 500))
+    turned_away = _lease(await limiter.admit("u", "queue-full", t, 300, 500))
+    await turned_away.settle(ran=False)
+    await turned_away.settle(ran=False)
+    probe = (await limiter.admit("u", "probe", t, 0, 0)).decision
+    assert probe.allowed  # the second request was given back, so this one fits
+    assert probe.remaining_requests == 0
+    assert probe.remaining_tokens == 1000 - 100 - 32
+    await kept.settle()
+
+
+@pytest.mark.anyio
 async def test_take_never_exceeds_max_output_tokens() -> None:
     limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
     lease = _lease(await limiter.admit("u", "r", tier(), 0, 40))

@@ -30,7 +30,7 @@ def cluster() -> Iterator[RedisClusterServers]:
 
 @pytest.mark.anyio
 async def test_cluster_runs_the_scripts_and_the_counts_hold(cluster: RedisClusterServers) -> None:
-    limiter = create_limiter("redis", cluster.url.replace("redis://", "redis+cluster://"), 2000, 1)
+    limiter = create_limiter("redis", cluster.url.replace("redis://", "redis+cluster://"), 5000, 1)
     assert isinstance(limiter, RedisLimiter)
     probe = RedisCluster.from_url(cluster.url)
     users = [f"c-{uuid.uuid4().hex}" for _ in range(USERS)]

@@ -86,7 +86,7 @@ class Load:
 @pytest.mark.anyio
 async def test_redis_killed_mid_load_and_restarted(own_redis_server: RedisServer) -> None:
     # backoff_s=0: every call tries Redis again, so recovery is observed on the very next call.
-    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=250, instance_count=2, backoff_s=0)
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=2000, instance_count=2, backoff_s=0)
     load = Load(limiter)
     failures_before = _failures("admit")
     task = asyncio.create_task(load.run())

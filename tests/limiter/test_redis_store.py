@@ -104,6 +104,18 @@ async def test_settle_gives_the_unused_lease_back_once(redis_server: RedisServer
 
 
 @pytest.mark.anyio
+async def test_a_request_that_never_ran_is_uncounted(redis_server: RedisServer) -> None:
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, batch_tokens=32)
+    user, limits = _user(), tier(requests=1, request_window_s=3600, tokens=1000, token_window_s=86400)
+    try:
+        await _lease(await limiter.admit(user, "queue-full", limits, 300, 500)).settle(ran=False)
+        again = (await limiter.admit(user, "again", limits, 0, 0)).decision
+        assert again.allowed and again.remaining_tokens == 1000
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_slot_whose_edge_died_expires_with_its_lease_ttl(redis_server: RedisServer) -> None:
     now_us = 10**12
     limiter = RedisLimiter.from_url(
