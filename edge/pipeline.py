@@ -167,7 +167,7 @@ class Pipeline:
         try:
             self.slots.precheck(ticket)
         except Overloaded as exc:
-            await admission.lease.settle()
+            await admission.lease.settle(ran=False)
             raise rate_limited(_overloaded_message(exc), exc.reason, exc.retry_after_s, headers) from None
         metrics.PROMPT_TOKENS.labels(principal.tier).inc(len(prompt_ids))
         upstream_req = GenerationRequest(
@@ -263,6 +263,7 @@ class Generation:
         self._slot: Slot | None = None
         self._deltas: AsyncIterator[Delta] | None = None
         self._keepalive: _KeepAlive | None = None
+        self._reached_replica = False
         self._closed = False
 
     @property
@@ -368,6 +369,7 @@ class Generation:
             metrics.REQUESTS_RUNNING.inc()
             out.upstream = self._slot.upstream.name
             self._deltas = self._slot.upstream.generate(self._upstream_req)
+            self._reached_replica = True
             try:
                 await self._relay(out, on_text, self._deltas)
                 return
@@ -449,7 +451,10 @@ class Generation:
         with anyio.CancelScope(shield=True):
             await self._stop_keepalive()
             await self._give_back_slot()
-            await _quietly(self._lease.settle(), "lease_settle_failed", self.request_id)
+            # A request that never reached a replica (turned away or cancelled while queued) is
+            # refunded whole: it cost no GPU work.
+            settle = self._lease.settle(ran=self._reached_replica)
+            await _quietly(settle, "lease_settle_failed", self.request_id)
         self._p.registry.finish(self._live)
         self._record(out)
 
