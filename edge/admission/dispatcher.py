@@ -162,6 +162,10 @@ class Dispatcher:
                 slot.release()
             raise
 
+    def estimate_wait_s(self, ticket: Ticket) -> float:
+        """The wait precheck() would predict for this ticket now, in seconds."""
+        return self._estimate_wait(ticket, self._charge(ticket))
+
     def queue_depth(self) -> int:
         return len(self._queue)
 

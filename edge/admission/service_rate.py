@@ -26,8 +26,11 @@ class ServiceRate:
         """One request completed after service_s seconds on the replica."""
         if service_s <= 0:
             return
-        self._service_s += self._alpha * (service_s - self._service_s)
         self.samples += 1
+        # Warm start: the first samples are averaged plainly (the first replaces the prior), so a
+        # wrong prior is forgotten within a few completions instead of decaying by (1 - alpha)^n.
+        alpha = max(self._alpha, 1.0 / self.samples)
+        self._service_s += alpha * (service_s - self._service_s)
 
     def completions_per_s(self, in_flight: int) -> float:
         return max(in_flight, 1) / self._service_s
