@@ -87,7 +87,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 settings=settings,
                 keys=KeyStore(Path(settings.server.keys_file)),
                 pipeline=pipeline,
-                canceller=registry,
+                registry=registry,
                 upstreams=replicas,
                 messages=store,
             )

@@ -1,7 +1,9 @@
 """Live requests by id, so a cancel (endpoint or disconnect) reaches the generation that runs it.
 
-`CancelRegistry` is this instance's view. Cross-instance cancel plugs in behind `Canceller`: a
-transport that publishes the request to every instance and lets each one's registry answer.
+`CancelRegistry` is this instance's view. Cross-instance cancel is another `RequestRegistry`
+wrapping it: it mirrors register/finish into a shared store (owner, live or finished) and, for an
+id not live here, answers from that store and publishes the cancel for the instance that runs it
+to apply with `cancel_local`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ class LiveRequest:
         self.cancelled = False
 
 
-class Canceller(Protocol):
+class RequestRegistry(Protocol):
+    """What the pipeline (register, finish) and the cancel route (cancel) need."""
+
+    def register(self, request_id: str, owner: str) -> LiveRequest: ...
+
+    def finish(self, live: LiveRequest) -> None: ...
+
     async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
 
 

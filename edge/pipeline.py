@@ -35,7 +35,7 @@ from edge.admission.dispatcher import Dispatcher
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
 from edge.auth import Principal
-from edge.cancel import CancelRegistry, LiveRequest
+from edge.cancel import LiveRequest, RequestRegistry
 from edge.config import TierConfig
 from edge.errors import ApiError, ErrorDetail, invalid_request, rate_limited, retry_after_headers
 from edge.schemas import ChatCompletionRequest, unknown_model
@@ -105,7 +105,7 @@ class Pipeline:
         text: ModelText,
         limiter: Limiter,
         slots: Dispatcher,
-        registry: CancelRegistry,
+        registry: RequestRegistry,
         messages: MessageSink | None = None,
     ) -> None:
         self.config = config

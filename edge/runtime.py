@@ -8,7 +8,7 @@ from typing import Any
 from litestar import Request
 
 from edge.auth import KeyStore
-from edge.cancel import Canceller
+from edge.cancel import RequestRegistry
 from edge.config import Settings
 from edge.messages.store import MessageStore
 from edge.pipeline import Pipeline
@@ -20,7 +20,7 @@ class Runtime:
     settings: Settings
     keys: KeyStore
     pipeline: Pipeline
-    canceller: Canceller
+    registry: RequestRegistry
     upstreams: list[Upstream]
     messages: MessageStore
 

@@ -18,7 +18,7 @@ from edge.runtime import runtime_of
 async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
-    outcome = await runtime.canceller.cancel(request_id, principal.user)
+    outcome = await runtime.registry.cancel(request_id, principal.user)
     if outcome is CancelOutcome.CANCELLED:
         return json_response({"request_id": request_id, "status": "CANCELLED"})
     if outcome is CancelOutcome.FINISHED:

@@ -35,7 +35,7 @@ ROOMY_TIERS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp: Path = tmp_path_factory.mktemp("edge")
     with start_server(tmp, {"tiers": ROOMY_TIERS, "server": {"max_body_bytes": 65536}}) as live:
