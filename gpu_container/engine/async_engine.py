@@ -9,7 +9,7 @@ steps' tokens in one TokenOutput instead of falling further behind. Leaving the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as Seq
 
 from gpu_container.engine.engine import LLMEngine
@@ -56,7 +56,7 @@ class AsyncEngine:
 
     async def generate(
         self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
-    ) -> AsyncIterator[TokenOutput]:
+    ) -> AsyncGenerator[TokenOutput, None]:
         mailbox = _Mailbox(asyncio.get_running_loop(), lambda: self.engine.abort(request_id))
         self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
         finished = False

@@ -13,6 +13,12 @@ from tokenizers import Tokenizer
 from gpu_container.engine.demo_model import FILES, build_demo_model
 
 
+def _id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    assert token_id is not None
+    return token_id
+
+
 def _digests(directory: Path) -> dict[str, str]:
     return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in FILES}
 
@@ -60,7 +66,7 @@ def test_tokenizer_and_chat_template_are_chatml(demo_dir: Path) -> None:
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 🌊<|im_end|>\n<|im_start|>assistant\n"
     )
     ids = tokenizer.encode(rendered).ids
-    assert ids.count(tokenizer.token_to_id("<|im_start|>")) == 3 and ids.count(im_end) == 2
+    assert ids.count(_id(tokenizer, "<|im_start|>")) == 3 and ids.count(_id(tokenizer, "<|im_end|>")) == 2
     assert tokenizer.decode(ids, skip_special_tokens=False) == rendered
 
 

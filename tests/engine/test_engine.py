@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
+from gpu_container.engine.arrays import Floats
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
-from gpu_container.engine.types import EngineConfig, SamplingParams
+from gpu_container.engine.scheduler import ScheduledChunk
+from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
 from tests.engine.collector import TIMEOUT_S, Collector
 from tests.engine.tiny_llama import tiny_model
 
@@ -52,7 +55,7 @@ def test_seeded_sampling_is_reproducible(engine: LLMEngine) -> None:
     seen.wait_finished("first")
     engine.add_request("noise", [16, 23, 42] * 3, SamplingParams(max_new_tokens=16, seed=99), seen)
     engine.add_request("second", [4, 8, 15], params, seen)
-    engine.add_request("other-seed", [4, 8, 15], SamplingParams(**{**_asdict(params), "seed": 4321}), seen)
+    engine.add_request("other-seed", [4, 8, 15], dataclasses.replace(params, seed=4321), seen)
     seen.wait_finished("second", "noise", "other-seed")
     assert len(seen.tokens("first")) == 16
     assert seen.tokens("second") == seen.tokens("first")
@@ -64,10 +67,10 @@ def test_waiting_requests_run_by_priority_then_arrival() -> None:
     seen = Collector()
     order: list[str] = []
 
-    def record(output: object) -> None:
-        seen(output)  # type: ignore[arg-type]
-        if seen.finish_reason(output.request_id) is not None:  # type: ignore[attr-defined]
-            order.append(output.request_id)  # type: ignore[attr-defined]
+    def record(output: TokenOutput) -> None:
+        seen(output)
+        if output.finish_reason is not None:
+            order.append(output.request_id)
 
     for arrival, priority in enumerate([0, 10, 0, 5, 10]):
         engine.add_request(f"p{priority}-a{arrival}", [2, 3], GREEDY, record, priority=priority)
@@ -144,7 +147,7 @@ def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
 class _FailsOnToken(LlamaModel):
     """The real model, except that a prompt starting with token 66 raises: a stand-in for a step failure."""
 
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> np.ndarray:  # type: ignore[override]
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
         if 66 in batch.token_ids[batch.positions == 0]:
             raise FloatingPointError("poisoned batch")
         return super().forward(batch, cache)
@@ -182,7 +185,7 @@ def test_a_bookkeeping_failure_fails_everything_and_resets_the_pool(monkeypatch:
         engine.add_request("victim", [2, 3], forever, seen)
         seen.wait_tokens("victim", 1)
 
-        def broken() -> list[object]:
+        def broken() -> list[ScheduledChunk]:
             raise AssertionError("scheduler bug")
 
         monkeypatch.setattr(engine._scheduler, "schedule", broken)
@@ -216,22 +219,22 @@ def test_stop_cancels_everything_and_is_idempotent() -> None:
 
 def test_thousands_of_random_requests_and_aborts_leave_nothing_behind() -> None:
     # A pool of 10 blocks x 4 tokens forces preemption; aborts come from this thread and from callbacks.
-    engine = _engine(num_blocks=10, max_num_seqs=6, max_num_batched_tokens=12, max_model_len=40)
+    engine = _engine(num_blocks=10, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=40)
     rng = np.random.default_rng(11)
     seen = Collector()
     abort_from_callback = {f"r{i}" for i in range(0, 2000, 7)}
 
-    def on_output(output: object) -> None:
-        seen(output)  # type: ignore[arg-type]
-        if output.request_id in abort_from_callback:  # type: ignore[attr-defined]
-            engine.abort(output.request_id)  # type: ignore[attr-defined]
+    def on_output(output: TokenOutput) -> None:
+        seen(output)
+        if output.request_id in abort_from_callback:
+            engine.abort(output.request_id)
 
     engine.start()
     try:
         limits = {}
         for i in range(2000):
-            limits[f"r{i}"] = int(rng.integers(1, 12))
-            prompt = rng.integers(2, 90, int(rng.integers(1, 20))).tolist()
+            limits[f"r{i}"] = int(rng.integers(1, 7))
+            prompt = rng.integers(2, 90, int(rng.integers(1, 16))).tolist()
             params = SamplingParams(max_new_tokens=limits[f"r{i}"], temperature=float(rng.choice([0.0, 1.0])))
             engine.add_request(f"r{i}", prompt, params, on_output, priority=int(rng.integers(0, 3)))
             if rng.random() < 0.2:
@@ -249,7 +252,3 @@ def test_thousands_of_random_requests_and_aborts_leave_nothing_behind() -> None:
         assert len(seen.tokens(rid)) <= limits[rid]
     counted = {r: sum(1 for f in reasons.values() if f[-1] == r) for r in ("cancelled", "length", "stop")}
     assert counted["cancelled"] > 100 and counted["length"] > 100
-
-
-def _asdict(params: SamplingParams) -> dict[str, object]:
-    return {name: getattr(params, name) for name in params.__slots__}  # type: ignore[attr-defined]

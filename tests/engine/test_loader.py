@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from gpu_container.engine.arrays import Floats
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
@@ -21,7 +22,7 @@ from gpu_container.engine.types import SamplingParams
 from tests.engine.tiny_llama import tiny_config, tiny_model
 
 
-def _logits(model: LlamaModel, prompt: list[int]) -> np.ndarray:
+def _logits(model: LlamaModel, prompt: list[int]) -> Floats:
     cfg = model.config
     blocks = BlockManager(8, 4)
     seq = Sequence("x", prompt, SamplingParams(temperature=0), lambda _: None)

@@ -34,7 +34,8 @@ def tiny_tensors(config: LlamaConfig, seed: int = 0) -> Tensors:
     q, kv, inter = config.num_attention_heads * hd, config.num_key_value_heads * hd, config.intermediate_size
 
     def w(*shape: int) -> npt.NDArray[np.float32]:
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        values: npt.NDArray[np.float32] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        return values
 
     tensors: Tensors = {"model.embed_tokens.weight": w(config.vocab_size, h)}
     for i in range(config.num_hidden_layers):
