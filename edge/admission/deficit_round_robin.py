@@ -124,12 +124,10 @@ class DeficitRoundRobin(Generic[T]):
             self._turn_user = None
 
     def _first_unblocked(self) -> str | None:
-        if len(self._blocked) >= len(self._ring):
-            return None
-        for user in self._ring:
-            if user not in self._blocked:
-                return user
-        return None
+        # Only the first unblocked user is ever blocked and turns only move unblocked users to the
+        # back, so within a pass the blocked users are exactly the front of the ring.
+        skip = len(self._blocked)
+        return self._ring[skip] if skip < len(self._ring) else None
 
     def _end_turn(self, user: str) -> None:
         self._ring.remove(user)

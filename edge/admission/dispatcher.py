@@ -50,7 +50,7 @@ from edge.admission.service_rate import ServiceRate
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
-from edge.upstreams.base import Upstream
+from edge.upstreams.base import Capacity, Upstream
 
 log = structlog.get_logger("floodgate.admission")
 
@@ -182,22 +182,27 @@ class Dispatcher:
         if self._health_changed:
             self._health_changed = False
             self._fail_unplaceable()
+        placeable = [r for r in self._replicas if r.placeable]
         claims = Claims()
         for tier in self._queue.tiers():
             tier.begin_pass()
             while (waiter := tier.next_candidate()) is not None:
                 ticket = waiter.ticket
-                fitting = [r for r in self._replicas if r.placeable and r.name not in waiter.exclude]
+                fitting = [r for r in placeable if r.name not in waiter.exclude]
                 replica = pick(fitting, ticket, waiter.kv_charge, self._reserve, claims)
-                if replica is None:
-                    tier.block(waiter)
-                    claims.claim(
-                        candidates(self._replicas, ticket, waiter.kv_charge, waiter.exclude, self._reserve),
-                        ticket.may_use_reserve,
-                    )
+                if replica is not None:
+                    tier.commit(waiter)
+                    self._grant(waiter, replica)
                     continue
-                tier.commit(waiter)
-                self._grant(waiter, replica)
+                tier.block(waiter)
+                claims.claim(
+                    candidates(self._replicas, ticket, waiter.kv_charge, waiter.exclude, self._reserve),
+                    ticket.may_use_reserve,
+                )
+                if claims.all_closed(placeable):
+                    break
+            if claims.all_closed(placeable):
+                break
         self._publish_metrics()
 
     def _grant(self, waiter: _Waiter, replica: Replica) -> None:
@@ -302,6 +307,8 @@ class Dispatcher:
         was_alive = replica.alive
         replica.healthy = ready
         if capacity is not None:
+            if replica.capacity is not None and _totals(capacity) != _totals(replica.capacity):
+                self._health_changed = True  # a smaller replica may no longer hold some waiters
             replica.capacity = capacity
         if ready and replica.suspect_since_check is not None and replica.suspect_since_check < check:
             replica.suspect_since_check = None
@@ -318,3 +325,7 @@ class Dispatcher:
         for replica in self._replicas:
             metrics.REPLICA_UTILISATION.labels(replica.name).set(replica.utilisation())
         metrics.QUEUE_DEPTH_PER_REPLICA.set(self.queue_depth_per_replica())
+
+
+def _totals(capacity: Capacity) -> tuple[int, int]:
+    return capacity.kv_tokens_total, capacity.max_sequences
