@@ -77,6 +77,14 @@ class LLMEngine:
                 limit_blas_threads(self._config.blas_threads)
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
             self._thread.start()
+        log.info(
+            "engine started",
+            num_blocks=self._config.num_blocks,
+            block_size=self._config.block_size,
+            max_num_seqs=self._config.max_num_seqs,
+            max_num_batched_tokens=self._config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
 
     def stop(self) -> None:
         """Finish every request with "cancelled" and end the loop thread. Idempotent."""
