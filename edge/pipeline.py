@@ -55,6 +55,9 @@ Emit = Callable[[bytes], Awaitable[None]]
 TextSink = Callable[[str], Awaitable[None]]
 EndReason = Literal["stop", "length", "cancelled", "error", "overloaded", "disconnected"]
 
+# Prompts longer than this are tokenized in a worker thread, not on the event loop every stream shares.
+_INLINE_TOKENIZE_CHARS = 16_384
+
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
 
@@ -83,7 +86,7 @@ def new_request_id() -> str:
 class Outcome:
     """How one admitted request went, filled in as it runs."""
 
-    reason: EndReason = "disconnected"
+    reason: EndReason = "error"  # until something better is known
     marker: dict[str, Any] | None = None
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
@@ -123,8 +126,12 @@ class Pipeline:
             raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
         if req.model != self.config.model_name:
             raise unknown_model(req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
-            prompt_ids = self.text.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+            if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
+                prompt_ids = await anyio.to_thread.run_sync(self.text.encode_chat, messages)
+            else:
+                prompt_ids = self.text.encode_chat(messages)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
@@ -290,6 +297,9 @@ class Generation:
                 if self._req.include_usage:
                     await emit(enc.usage(self.prompt_tokens, out.completion_tokens))
             await emit(DONE)
+        except anyio.get_cancelled_exc_class():
+            out.reason = "disconnected"
+            raise
         finally:
             await self.close(out)
 
@@ -301,6 +311,9 @@ class Generation:
 
         try:
             await self._run(out, on_text, None)
+        except anyio.get_cancelled_exc_class():
+            out.reason = "disconnected"
+            raise
         finally:
             await self.close(out)
         if out.error is not None:

@@ -67,9 +67,14 @@ def test_fail_closed_tier_answers_503_when_the_store_is_down(tmp_path: Path) -> 
     assert int(response.headers["retry-after"]) >= 1
 
 
-def test_waiting_request_gets_keepalives_then_its_tokens(tmp_path: Path) -> None:
+def test_waiting_request_gets_keepalives_and_a_full_queue_429s(tmp_path: Path) -> None:
     # One sequence per replica: the second request must wait for the first one's slot.
-    overrides = {"engine": {"max_num_seqs": 1}, "server": {"keepalive_s": 0.02}, **_paid()}
+    overrides = {
+        "engine": {"max_num_seqs": 1},
+        "server": {"keepalive_s": 0.02},
+        "admission": {"max_queue": 1},
+        **_paid(),
+    }
     with (
         start_server(tmp_path, overrides) as server,
         httpx.Client(base_url=server.base_url, timeout=30) as client,
@@ -85,6 +90,11 @@ def test_waiting_request_gets_keepalives_then_its_tokens(tmp_path: Path) -> None
                 waiting = events(second)
                 assert next(waiting)["choices"][0]["delta"]["role"] == "assistant"
                 assert next(waiting) == KEEPALIVE
+                # The queue (max_queue=1) is full now: a third request is turned away up front.
+                third = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+                assert third.status_code == 429
+                assert third.json()["error"]["code"] == "queue_full"
+                assert int(third.headers["retry-after"]) >= 1 and "retry-after-ms" in third.headers
                 cancelled = client.post(f"{CHAT}/{first_id}/cancel", headers=server.auth("paid"))
                 assert cancelled.status_code == 200
                 rest = [e for e in waiting if e != KEEPALIVE]

@@ -124,6 +124,13 @@ def test_models_lists_the_served_model(server: LiveServer, client: httpx.Client)
     assert [m["id"] for m in data["data"]] == [MODEL]
 
 
+def test_playground_page_is_served(client: httpx.Client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in page.text
+
+
 def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
