@@ -42,6 +42,7 @@ class BlockManager:
         seq.block_table.extend(self._free.popleft() for _ in range(needed))
 
     def free(self, seq: Sequence) -> None:
+        """Take back all of seq's blocks: none of its K/V is cached any more."""
         self._free.extend(seq.block_table)
         seq.block_table = []
         seq.num_computed_tokens = 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpu_container.engine.arrays import Ints
+from gpu_container.engine.block_manager import blocks_for
 from gpu_container.engine.scheduler import ScheduledChunk
 
 
@@ -38,7 +39,7 @@ class ForwardBatch:
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             stop = start + chunk.num_tokens
-            table = np.asarray(seq.block_table[: -(-stop // block_size)], dtype=np.int64)
+            table = np.asarray(seq.block_table[: blocks_for(stop, block_size)], dtype=np.int64)
             slices.append(SequenceSlice(len(token_ids), chunk.num_tokens, stop, table))
             token_ids.extend(seq.token_ids(start, stop))
             pos = np.arange(start, stop, dtype=np.int64)
