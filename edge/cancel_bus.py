@@ -10,6 +10,9 @@ Two implementations: `InMemoryCancelBus` for one process (the embedded default) 
 for a fleet. In Redis the owner is a string `<state>\\t<user>` at `floodgate:cancel:{<request_id>}`
 (the hash tag keeps a request's key in one Cluster slot), with a TTL so nothing outlives a crashed
 instance; cancels go over classic pub/sub, which a Redis Cluster broadcasts to every node.
+
+`SharedCancelRegistry` plugs a bus into the edge: it is a `RequestRegistry` (edge/cancel.py) that
+wraps the instance's own `CancelRegistry`.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal, Protocol
 
 import msgspec
 import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
+
+from edge.cancel import CancelOutcome, CancelRegistry, LiveRequest
 
 log = structlog.get_logger("floodgate.cancel_bus")
 
@@ -230,3 +235,56 @@ class RedisCancelBus:
             log.warning("cancel_bus_bad_message")
             return
         deliver(message.request_id, message.user)
+
+
+class SharedCancelRegistry:
+    """The edge's RequestRegistry for a fleet: this instance's CancelRegistry, mirrored into a bus.
+
+    register/finish stay synchronous for the pipeline; their store writes run as tasks, the finish of
+    a request after its track. A cancel is answered locally when the request is known here, else by
+    the bus, which also delivers it to the instance that runs it.
+    """
+
+    def __init__(self, local: CancelRegistry, bus: CancelBus) -> None:
+        self._local = local
+        self._bus = bus
+        self._tracking: dict[str, asyncio.Task[None]] = {}
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self._bus.start(self._local.cancel_local)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for the store writes behind register/finish to complete."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self.drain()
+        await self._bus.aclose()
+
+    def register(self, request_id: str, owner: str) -> LiveRequest:
+        live = self._local.register(request_id, owner)
+        self._tracking[request_id] = self._spawn(self._bus.track(request_id, owner))
+        return live
+
+    def finish(self, live: LiveRequest) -> None:
+        self._local.finish(live)
+        self._spawn(self._finish(live.request_id, live.owner, self._tracking.pop(live.request_id, None)))
+
+    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
+        outcome = self._local.cancel_local(request_id, user)
+        if outcome is not CancelOutcome.NOT_FOUND:
+            return outcome
+        return CancelOutcome(await self._bus.cancel(request_id, user))
+
+    async def _finish(self, request_id: str, owner: str, tracked: asyncio.Task[None] | None) -> None:
+        if tracked is not None:
+            await tracked
+        await self._bus.finish(request_id, owner)
+
+    def _spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(write)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task

@@ -9,7 +9,9 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from edge.cancel_bus import CancelBus, InMemoryCancelBus, RedisCancelBus, owner_key
+from edge.cancel import CancelOutcome, CancelRegistry
+from edge.cancel_bus import CancelBus, InMemoryCancelBus, RedisCancelBus, SharedCancelRegistry, owner_key
+from tests.admission.flow import until
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
 
@@ -162,3 +164,26 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
         await a.aclose()
         await b.aclose()
         cluster.stop()
+
+
+@pytest.mark.anyio
+async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_server: RedisServer) -> None:
+    here, there = CancelRegistry(), CancelRegistry()
+    a = SharedCancelRegistry(here, RedisCancelBus.from_url(redis_server.url))
+    b = SharedCancelRegistry(there, RedisCancelBus.from_url(redis_server.url))
+    await a.start()
+    await b.start()
+    try:
+        live = a.register("req-s1", "alice")
+        other = a.register("req-s2", "alice")
+        a.finish(other)
+        await a.drain()
+
+        assert await b.cancel("req-s1", "mallory") is CancelOutcome.NOT_FOUND
+        assert await b.cancel("req-s2", "alice") is CancelOutcome.FINISHED
+        assert await b.cancel("req-s1", "alice") is CancelOutcome.CANCELLED
+        await until(lambda: live.cancelled)
+        assert live.scope.cancel_called
+    finally:
+        await a.aclose()
+        await b.aclose()
