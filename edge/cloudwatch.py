@@ -56,6 +56,7 @@ class QueueDepthPublisher:
         self._metric_name = metric_name
         self._samples: list[tuple[float, float]] = []  # (unix time, value)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def sample(self) -> None:
         """Record the current value; a failing getter costs this one sample, never the loop."""
@@ -85,30 +86,32 @@ class QueueDepthPublisher:
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="queue-depth-publisher")
 
     async def aclose(self) -> None:
-        """Stop sampling and send what was sampled so far."""
+        """Stop sampling, let a call in flight finish, and send what was sampled since."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping.set()
+            await self._task
             self._task = None
         await self.flush()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_sample = next_flush = loop.time()
-        next_flush += self._interval_s
-        while True:
+        next_sample = loop.time()
+        next_flush = next_sample + self._interval_s
+        while not self._stopping.is_set():
             self.sample()
             next_sample += self._sample_interval_s
             if loop.time() >= next_flush:
+                # Counted from this call's start: a slow call never leads to two calls in a row.
+                next_flush = loop.time() + self._interval_s
                 await self.flush()
-                next_flush += self._interval_s
             # After a slow flush, skip the missed samples rather than take them in a burst.
             next_sample = max(next_sample, loop.time())
-            await asyncio.sleep(next_sample - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), next_sample - loop.time())
 
     def _put(self, values: list[float], timestamp: float) -> None:
         if self._client is None:

@@ -1,0 +1,74 @@
+"""A moto server (CloudWatch, Auto Scaling, EC2 in one process) on a loopback port."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from moto.server import ThreadedMotoServer
+
+from tests.support.ports import free_port
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def aws_client(service: str, endpoint: str) -> Any:
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+    )
+
+
+class PutRecorder:
+    """Hooks a real CloudWatch client's PutMetricData calls: their parameters, and an event per call."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.calls: list[dict[str, Any]] = []
+        self.changed = threading.Condition()
+
+    def client(self) -> Any:
+        client = aws_client("cloudwatch", self.endpoint)
+        client.meta.events.register("provide-client-params.cloudwatch.PutMetricData", self._record)
+        return client
+
+    def _record(self, params: dict[str, Any], **_: Any) -> None:
+        with self.changed:
+            self.calls.append(params)
+            self.changed.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: len(self.calls) >= count, timeout_s)
+
+
+@pytest.fixture
+def recorder(moto_endpoint: str) -> PutRecorder:
+    return PutRecorder(moto_endpoint)
+
+
+@pytest.fixture
+def cloudwatch(moto_endpoint: str) -> Any:
+    return aws_client("cloudwatch", moto_endpoint)
+
+
+ClientFactory = Callable[[], Any]

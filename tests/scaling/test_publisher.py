@@ -1,0 +1,140 @@
+"""QueueDepthPublisher against CloudWatch (moto server): batching, one call per interval, failures."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client import REGISTRY
+
+from edge import scaling_metric
+from edge.cloudwatch import QueueDepthPublisher
+from tests.scaling.conftest import PutRecorder, aws_client
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.anyio
+
+
+def model_name() -> str:
+    return f"model-{uuid.uuid4().hex[:8]}"
+
+
+def read_back(cloudwatch: Any, model: str, stat: str) -> list[float]:
+    now = datetime.now(UTC)
+    answer = cloudwatch.get_metric_data(
+        MetricDataQueries=[
+            {
+                "Id": "q",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": scaling_metric.NAMESPACE,
+                        "MetricName": scaling_metric.METRIC_NAME,
+                        "Dimensions": [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}],
+                    },
+                    "Period": 3600,
+                    "Stat": stat,
+                },
+            }
+        ],
+        # One bucket around now: every datum of the test falls in it.
+        StartTime=now - timedelta(minutes=30),
+        EndTime=now + timedelta(minutes=30),
+    )
+    return [float(v) for v in answer["MetricDataResults"][0]["Values"]]
+
+
+async def test_an_intervals_samples_go_out_as_one_statistic_set(
+    recorder: PutRecorder, cloudwatch: Any
+) -> None:
+    model = model_name()
+    values = iter([1.0, 2.0, 3.0, 6.0])
+    publisher = QueueDepthPublisher(
+        lambda: next(values), dimensions=scaling_metric.dimensions(model), client_factory=recorder.client
+    )
+    for _ in range(4):
+        publisher.sample()
+
+    assert await publisher.flush()
+
+    assert len(recorder.calls) == 1
+    assert read_back(cloudwatch, model, "Sum") == [12.0]
+    assert read_back(cloudwatch, model, "SampleCount") == [4.0]
+    assert read_back(cloudwatch, model, "Maximum") == [6.0]
+    listed = cloudwatch.list_metrics(
+        Namespace=scaling_metric.NAMESPACE, MetricName=scaling_metric.METRIC_NAME
+    )
+    dims = [m["Dimensions"] for m in listed["Metrics"]]
+    assert [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}] in dims
+
+
+async def test_nothing_sampled_means_no_call(recorder: PutRecorder) -> None:
+    publisher = QueueDepthPublisher(
+        lambda: 1.0, dimensions=scaling_metric.dimensions(model_name()), client_factory=recorder.client
+    )
+
+    assert await publisher.flush()
+    assert recorder.calls == []
+
+
+async def test_the_running_publisher_batches_each_interval_into_one_call(
+    recorder: PutRecorder, cloudwatch: Any
+) -> None:
+    model = model_name()
+    counter = itertools.count()
+    publisher = QueueDepthPublisher(
+        lambda: float(next(counter)),
+        dimensions=scaling_metric.dimensions(model),
+        client_factory=recorder.client,
+        interval_s=0.3,
+        sample_interval_s=0.05,
+    )
+    publisher.start()
+    arrived = await anyio.to_thread.run_sync(recorder.wait_for, 2)
+    await publisher.aclose()
+
+    assert arrived
+    counts = [c["MetricData"][0]["StatisticValues"]["SampleCount"] for c in recorder.calls]
+    assert all(n >= 2 for n in counts[:2]), counts
+    # Every sample taken went out exactly once, in order: 0 + 1 + … + (n - 1).
+    taken = int(sum(counts))
+    assert read_back(cloudwatch, model, "Sum") == [float(taken * (taken - 1) // 2)]
+
+
+async def test_a_failing_put_is_counted_and_its_samples_dropped(recorder: PutRecorder) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    publisher = QueueDepthPublisher(
+        lambda: 3.0,
+        dimensions=scaling_metric.dimensions(model_name()),
+        client_factory=lambda: aws_client("cloudwatch", dead),
+    )
+    before = REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total") or 0.0
+    publisher.sample()
+
+    assert not await publisher.flush()
+    assert REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total") == before + 1
+    assert await publisher.flush()  # the failed interval's samples are not sent again
+
+
+async def test_a_failing_getter_costs_one_sample(recorder: PutRecorder, cloudwatch: Any) -> None:
+    model = model_name()
+    answers = iter([2.0, None, 4.0])
+
+    def value() -> float:
+        answer = next(answers)
+        if answer is None:
+            raise RuntimeError("router not ready")
+        return answer
+
+    publisher = QueueDepthPublisher(
+        value, dimensions=scaling_metric.dimensions(model), client_factory=recorder.client
+    )
+    for _ in range(3):
+        publisher.sample()
+    await publisher.flush()
+
+    assert read_back(cloudwatch, model, "SampleCount") == [2.0]
+    assert read_back(cloudwatch, model, "Sum") == [6.0]
