@@ -13,10 +13,13 @@ exports, which our CPU model mirrors, plus Triton's pending-request count), cach
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,9 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from edge.config import Settings
 from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest, Upstream, UpstreamError
+from edge.upstreams.local_pool import UpstreamProvider
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
@@ -169,6 +174,7 @@ class TritonUpstream:
         model_name: str = MODEL_NAME,
         end_id: int | None = None,
         pad_id: int | None = None,
+        extra_stop_ids: tuple[int, ...] = (),
         first_response_timeout_s: float = 30.0,
         capacity_ttl_s: float = 0.25,
         probe_timeout_s: float = 2.0,
@@ -179,6 +185,8 @@ class TritonUpstream:
         self.model_name = model_name
         self._end_id = end_id
         self._pad_id = pad_id
+        # More end tokens than TensorRT-LLM's single end_id (e.g. Llama 3's <|eot_id|>).
+        self._extra_stop_ids = extra_stop_ids
         self._first_timeout_s = first_response_timeout_s
         self._capacity_ttl_s = capacity_ttl_s
         self._probe_timeout_s = probe_timeout_s
@@ -198,6 +206,9 @@ class TritonUpstream:
         return self._stub_instance
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        if self._extra_stop_ids:
+            stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
+            req = dataclasses.replace(req, stop_ids=stops)
         request = encode_request(req, self.model_name, end_id=self._end_id, pad_id=self._pad_id)
 
         async def requests() -> AsyncIterator[Any]:
@@ -314,6 +325,7 @@ async def build_triton_upstreams(
     *,
     end_id: int | None = None,
     pad_id: int | None = None,
+    extra_stop_ids: tuple[int, ...] = (),
 ) -> tuple[list[Upstream], Callable[[], Awaitable[None]]]:
     """Upstreams for `--triton local` (start tritonserver here over the CPU repository serving
     `model_dir`) or `--triton HOST:PORT[:METRICS_PORT],...` (running replicas).
@@ -339,7 +351,14 @@ async def build_triton_upstreams(
     for item in filter(None, (s.strip() for s in spec.split(","))):
         grpc_url, metrics_url = _replica_urls(item)
         upstreams.append(
-            TritonUpstream(f"triton-{grpc_url}", grpc_url, metrics_url, end_id=end_id, pad_id=pad_id)
+            TritonUpstream(
+                f"triton-{grpc_url}",
+                grpc_url,
+                metrics_url,
+                end_id=end_id,
+                pad_id=pad_id,
+                extra_stop_ids=extra_stop_ids,
+            )
         )
     if not upstreams:
         raise ValueError("--triton needs `local` or at least one HOST:PORT")
@@ -349,3 +368,42 @@ async def build_triton_upstreams(
             await upstream.aclose()
 
     return upstreams, close_all
+
+
+def end_token_ids(model_dir: Path) -> list[int]:
+    """The checkpoint's end tokens (config.json `eos_token_id`, an int or a list)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    if isinstance(eos, int):
+        return [eos]
+    return [int(t) for t in eos] if isinstance(eos, list) else []
+
+
+def triton_upstreams(spec: str) -> UpstreamProvider:
+    """The app's replica provider for `floodgate serve --triton SPEC` (see build_triton_upstreams)."""
+
+    @asynccontextmanager
+    async def provide(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
+        e = settings.engine
+        engine_cfg = EngineConfig(
+            block_size=e.block_size,
+            num_blocks=e.num_blocks,
+            max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            max_model_len=e.max_model_len,
+        )
+        eos = end_token_ids(model_dir)
+        upstreams, cleanup = await build_triton_upstreams(
+            spec,
+            model_dir,
+            engine_cfg,
+            end_id=eos[0] if eos else None,
+            pad_id=eos[0] if eos else None,
+            extra_stop_ids=tuple(eos[1:]),
+        )
+        try:
+            yield upstreams
+        finally:
+            await cleanup()
+
+    return provide

@@ -15,9 +15,11 @@ capacity the same way from both.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +100,20 @@ class _Gauges:
         self._families.clear()
 
 
+def _ignore_renamed_dlpack_capsules(default: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The stub marks a consumed DLPack capsule "used_dlpack" where numpy expects "used_dltensor",
+    so numpy's capsule destructor reports a harmless error for every tensor we send (the stub
+    frees the tensor itself). Drop exactly that report; pass everything else on."""
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, ValueError) and "PyCapsule_GetPointer" in str(exc):
+            return
+        default(unraisable)
+
+    return hook
+
+
 # The wheel's backend stub is built against numpy 2's ABI: under numpy 1.x, Tensor(name, array) and
 # as_numpy() silently read the wrong bytes. DLPack crosses that boundary correctly for both.
 def _response(token_ids: list[int]) -> Any:
@@ -107,12 +123,13 @@ def _response(token_ids: list[int]) -> Any:
 
 class EngineModel:
     def __init__(self, args: dict[str, str]) -> None:
+        sys.unraisablehook = _ignore_renamed_dlpack_capsules(sys.unraisablehook)
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self._engine = LLMEngine.from_pretrained(
             parameters["model_dir"], engine_config_from_parameters(parameters)
         )
-        self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "5")) / 1000
+        self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "10")) / 1000
         self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
@@ -172,9 +189,11 @@ class EngineModel:
     def _on_output(self, out: TokenOutput) -> None:
         """Engine thread: one step's new tokens of one request."""
         if out.finish_reason is None:
-            with self._lock:
-                live = self._live.get(out.request_id)
+            # A plain dict read (atomic under the GIL): the lock may be held across a watcher probe.
+            live = self._live.get(out.request_id)
         else:
+            # Once forgotten, the watcher never probes this request again: only then may its
+            # final response go out (see _watch).
             live = self._forget(out.request_id)
         if live is None:
             return
@@ -203,11 +222,12 @@ class EngineModel:
             with self._lock:
                 candidates = [(rid, live) for rid, live in self._live.items() if not live.abort_requested]
             for engine_id, live in candidates:
-                try:
+                # Probing a request whose final response has gone out crashes tritonserver (its
+                # response factory is freed), so the probe holds the lock _forget takes first.
+                with self._lock:
+                    if self._live.get(engine_id) is not live:
+                        continue
                     cancelled = live.request.is_cancelled()
-                except Exception:
-                    # The request completed between the snapshot and the check.
-                    continue
                 if cancelled:
                     live.abort_requested = True
                     self._engine.abort(engine_id)

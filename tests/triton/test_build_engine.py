@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from gpu_container.triton.build_engine import (
@@ -12,7 +13,7 @@ from gpu_container.triton.build_engine import (
 
 
 def _flags(command: list[str]) -> dict[str, str]:
-    pairs = zip(command, command[1:], strict=False)
+    pairs = itertools.pairwise(command)
     return {flag: value for flag, value in pairs if flag.startswith("--")}
 
 

@@ -1,0 +1,254 @@
+"""TritonUpstream against a real tritonserver running our engine as a decoupled Python-backend model."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import anyio
+import pytest
+
+from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
+from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, end_token_ids
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import SamplingParams
+from tests.support.ports import free_port
+from tests.triton.conftest import LocalTriton
+
+PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
+WAIT_S = 20.0
+
+
+def _upstream(triton: LocalTriton, end_id: int | None = None) -> TritonUpstream:
+    eos = end_token_ids(triton.model_dir)[0]
+    return TritonUpstream(
+        "triton-test",
+        triton.process.grpc_url,
+        triton.process.metrics_url,
+        end_id=eos if end_id is None else end_id,
+        pad_id=eos,
+    )
+
+
+@pytest.fixture
+async def upstream(local_triton: LocalTriton) -> AsyncIterator[TritonUpstream]:
+    up = _upstream(local_triton)
+    yield up
+    await up.aclose()
+
+
+@pytest.fixture
+async def fixed_length(local_triton: LocalTriton) -> AsyncIterator[TritonUpstream]:
+    """end_id -1: the end token does not stop generation, so every request runs its full length."""
+    up = _upstream(local_triton, end_id=-1)
+    yield up
+    await up.aclose()
+
+
+@pytest.fixture(scope="module")
+def in_process(local_triton: LocalTriton) -> Iterator[AsyncEngine]:
+    engine = LLMEngine.from_pretrained(local_triton.model_dir, local_triton.engine_config)
+    engine.start()
+    yield AsyncEngine(engine)
+    engine.stop()
+
+
+async def _collect(stream: AsyncIterator[Delta]) -> tuple[list[int], str | None]:
+    tokens: list[int] = []
+    reason = None
+    async for delta in stream:
+        assert reason is None, "a delta after the final one"
+        tokens += delta.token_ids
+        reason = delta.finish_reason
+    return tokens, reason
+
+
+async def _wait_for(
+    upstream: TritonUpstream, condition: Callable[[TrtLlmMetrics], bool], what: str
+) -> TrtLlmMetrics:
+    """Poll the replica's metrics page until `condition` holds (bounded)."""
+    last = await upstream.metrics()
+    with anyio.move_on_after(WAIT_S):
+        while not condition(last):
+            await anyio.sleep(0.02)
+            last = await upstream.metrics()
+    assert condition(last), f"{what}: still {last}"
+    return last
+
+
+def _idle(m: TrtLlmMetrics) -> bool:
+    return m.active_requests == 0 and m.free_blocks == m.max_blocks and m.used_blocks == 0
+
+
+def _idle_since(before: TrtLlmMetrics) -> Callable[[TrtLlmMetrics], bool]:
+    """Idle, on gauges refreshed after the engine ran at least one step past `before`; the gauges
+    are refreshed periodically, so a page showing no new step may predate the request."""
+    return lambda m: _idle(m) and m.iterations > before.iterations
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "seed"),
+    [(0.0, 1.0, None), (0.9, 0.95, 1234)],
+    ids=["greedy", "seeded-sampling"],
+)
+async def test_same_tokens_as_the_in_process_engine(
+    upstream: TritonUpstream, in_process: AsyncEngine, temperature: float, top_p: float, seed: int | None
+) -> None:
+    req = GenerationRequest(
+        "parity", PROMPT, max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed
+    )
+    params = SamplingParams(max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed)
+    expected: list[int] = []
+    expected_reason = None
+    async for out in in_process.generate("parity-local", PROMPT, params):
+        expected += out.token_ids
+        expected_reason = out.finish_reason
+    tokens, reason = await _collect(upstream.generate(req))
+    assert tokens == expected
+    assert reason == expected_reason
+    assert len(tokens) >= 1
+
+
+@pytest.mark.anyio
+async def test_fixed_length_request_ends_with_length(fixed_length: TritonUpstream) -> None:
+    req = GenerationRequest("fixed", PROMPT, max_new_tokens=25, temperature=0.0)
+    tokens, reason = await _collect(fixed_length.generate(req))
+    assert len(tokens) == 25
+    assert reason == "length"
+
+
+@pytest.mark.anyio
+async def test_stop_token_ends_the_stream_with_stop(
+    upstream: TritonUpstream, in_process: AsyncEngine
+) -> None:
+    # The greedy continuation's 5th token, declared a stop token, must end the stream right there.
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    greedy: list[int] = []
+    async for out in in_process.generate("stop-probe", PROMPT, params):
+        greedy += out.token_ids
+    stop = greedy[4]
+    first = greedy.index(stop)
+    req = GenerationRequest("stop", PROMPT, max_new_tokens=50, temperature=0.0, stop_ids=[stop])
+    tokens, reason = await _collect(upstream.generate(req))
+    assert tokens == greedy[: first + 1]
+    assert reason == "stop"
+
+
+@pytest.mark.anyio
+async def test_closing_the_stream_stops_generation_and_frees_the_kv_cache(
+    fixed_length: TritonUpstream,
+) -> None:
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    req = GenerationRequest("aclose", PROMPT, max_new_tokens=1500, temperature=0.0)
+    stream = fixed_length.generate(req)
+    received = 0
+    async for delta in stream:
+        received += len(delta.token_ids)
+        if received >= 3:
+            break
+    await _wait_for(fixed_length, lambda m: m.active_requests == 1, "request running")
+    await stream.aclose()  # type: ignore[attr-defined]
+    after = await _wait_for(fixed_length, _idle_since(before), "after aclose")
+    # Left running, the request would keep the engine busy for 1500 steps: idle well before that
+    # means it was dropped and its KV blocks freed.
+    assert after.iterations - before.iterations < 500
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_reading_task_stops_generation(fixed_length: TritonUpstream) -> None:
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    first_token = anyio.Event()
+
+    async def consume() -> None:
+        async for _ in fixed_length.generate(
+            GenerationRequest("task-cancel", PROMPT, max_new_tokens=1500, temperature=0.0)
+        ):
+            first_token.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        with anyio.fail_after(WAIT_S):
+            await first_token.wait()
+        tg.cancel_scope.cancel()
+    after = await _wait_for(fixed_length, _idle_since(before), "after task cancellation")
+    assert after.iterations - before.iterations < 500
+
+
+@pytest.mark.anyio
+async def test_concurrent_streams_share_the_engine_batch(fixed_length: TritonUpstream) -> None:
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    streams, tokens_each = 20, 32
+    results: dict[int, tuple[list[int], str | None]] = {}
+
+    async def one(i: int) -> None:
+        req = GenerationRequest(f"batch-{i}", [*PROMPT, i], max_new_tokens=tokens_each, temperature=0.0)
+        results[i] = await _collect(fixed_length.generate(req))
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for i in range(streams):
+                tg.start_soon(one, i)
+    assert len(results) == streams
+    assert all(len(t) == tokens_each and r == "length" for t, r in results.values())
+    after = await _wait_for(fixed_length, _idle_since(before), "idle after the batch")
+    steps = after.iterations - before.iterations
+    # One request alone needs ~tokens_each steps; 20 run one after another would need 20x that.
+    assert steps < streams * tokens_each / 4, f"{steps} engine steps for {streams * tokens_each} tokens"
+
+
+@pytest.mark.anyio
+async def test_capacity_and_readiness_come_from_the_replica(
+    upstream: TritonUpstream, local_triton: LocalTriton
+) -> None:
+    assert await upstream.ready()
+    cfg = local_triton.engine_config
+    await _wait_for(upstream, _idle, "idle")
+    capacity = await upstream.capacity()
+    assert capacity.kv_tokens_total == cfg.num_blocks * cfg.block_size
+    assert capacity.kv_tokens_used == 0
+    assert capacity.max_sequences == cfg.max_num_seqs
+    assert capacity.running == 0
+    assert capacity.waiting == 0
+
+
+@pytest.mark.anyio
+async def test_a_refused_request_raises_upstream_error(upstream: TritonUpstream) -> None:
+    too_long = GenerationRequest("long", [5] * 5000, max_new_tokens=4, temperature=0.0)
+    with pytest.raises(UpstreamError, match="prompt has 5000 tokens"):
+        await _collect(upstream.generate(too_long))
+    bad_token = GenerationRequest("bad", [10**6], max_new_tokens=4, temperature=0.0)
+    with pytest.raises(UpstreamError, match="token ids outside"):
+        await _collect(upstream.generate(bad_token))
+
+
+@pytest.mark.anyio
+async def test_a_dead_replica_is_not_ready_and_fails_requests() -> None:
+    port = free_port()
+    dead = TritonUpstream("dead", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
+    try:
+        assert not await dead.ready()
+        with pytest.raises(UpstreamError):
+            await _collect(dead.generate(GenerationRequest("x", PROMPT, max_new_tokens=2)))
+        with pytest.raises(UpstreamError, match="metrics unavailable"):
+            await dead.capacity()
+    finally:
+        await dead.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_silent_replica_times_out_on_the_first_response() -> None:
+    # A listener that accepts TCP and never speaks HTTP/2: the stream never gets a first response.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        silent = TritonUpstream(
+            "silent", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics", first_response_timeout_s=0.5
+        )
+        try:
+            with anyio.fail_after(WAIT_S), pytest.raises(UpstreamError, match="no response within"):
+                await _collect(silent.generate(GenerationRequest("x", PROMPT, max_new_tokens=2)))
+        finally:
+            await silent.aclose()
