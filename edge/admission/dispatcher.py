@@ -29,8 +29,9 @@ Policy
   passes; requests already waiting for it keep waiting meanwhile.
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
 
-Several edge instances sharing replicas each account only their own requests; give each instance its
-share of the replicas' capacity (or its own replicas) when that matters.
+Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
+fills only this fraction of every replica, 1 / instance count), `poll_interval_s`, `health_timeout_s`,
+`clock` (tests).
 """
 
 from __future__ import annotations
@@ -77,15 +78,18 @@ class Dispatcher:
         fair_quantum_kv_tokens: int = 256,
         kv_block_tokens: int = 1,
         prior_service_s: float = 5.0,
+        replica_share: float = 1.0,
     ) -> None:
         if not 0.0 <= reserved_paid_fraction < 1.0:
             raise ValueError("reserved_paid_fraction must be in [0, 1)")
         if max_queue < 1 or kv_block_tokens < 1 or poll_interval_s <= 0:
             raise ValueError("max_queue, kv_block_tokens and poll_interval_s must be positive")
+        if not 0.0 < replica_share <= 1.0:
+            raise ValueError("replica_share must be in (0, 1]")
         names = [u.name for u in upstreams]
         if len(set(names)) != len(names):
             raise ValueError("upstream names must be unique")
-        self._replicas = [Replica(u, ServiceRate(prior_service_s)) for u in upstreams]
+        self._replicas = [Replica(u, ServiceRate(prior_service_s), replica_share) for u in upstreams]
         self._prior = ServiceRate(prior_service_s)
         self._reserve = reserved_paid_fraction
         self._max_queue = max_queue

@@ -13,7 +13,7 @@ QUEUE_WAIT = Histogram(
 )
 REPLICA_UTILISATION = Gauge(
     "floodgate_replica_kv_utilisation",
-    "KV-cache tokens held by this edge's in-flight requests over the replica's capacity.",
+    "KV-cache tokens held by this edge's in-flight requests over its share of the replica's capacity.",
     ["replica"],
 )
 REJECTED = Counter(

@@ -3,6 +3,10 @@
 The dispatcher is the single point of assignment for this edge, so it counts the KV tokens and
 sequences of the tickets it has in flight on each replica itself (exact, no polling lag) and takes
 only the totals and the health from the replica's periodic answers.
+
+Several edge instances sending to the same replicas would each count only their own requests; each
+then fills only its `share` of every replica (1 / the number of instances), so together they never
+overfill one.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from edge.upstreams.base import Capacity, Upstream
 class Replica:
     upstream: Upstream
     rate: ServiceRate
+    share: float = 1.0
     capacity: Capacity | None = None
     healthy: bool = False
     # Set by a failed generation: the replica takes no new work until a health check that started
@@ -40,13 +45,22 @@ class Replica:
         """Alive and not suspect: may be sent new work now."""
         return self.alive and self.suspect_since_check is None
 
+    @property
+    def kv_tokens_total(self) -> int:
+        """This instance's share of the replica's KV cache."""
+        return _fraction(self.capacity.kv_tokens_total, self.share) if self.capacity else 0
+
+    @property
+    def max_sequences(self) -> int:
+        return _fraction(self.capacity.max_sequences, self.share) if self.capacity else 0
+
     def kv_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        total = self.capacity.kv_tokens_total if self.capacity else 0
-        return total if may_use_reserve else _unreserved(total, reserved_fraction)
+        total = self.kv_tokens_total
+        return total if may_use_reserve else _fraction(total, 1.0 - reserved_fraction)
 
     def sequence_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        total = self.capacity.max_sequences if self.capacity else 0
-        return total if may_use_reserve else _unreserved(total, reserved_fraction)
+        total = self.max_sequences
+        return total if may_use_reserve else _fraction(total, 1.0 - reserved_fraction)
 
     def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         """Whether the ticket fits on this replica when it is empty."""
@@ -61,13 +75,13 @@ class Replica:
         ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
 
     def utilisation(self) -> float:
-        total = self.capacity.kv_tokens_total if self.capacity else 0
+        total = self.kv_tokens_total
         return self.kv_in_use / total if total else 0.0
 
     def completions_per_s(self) -> float:
         return self.rate.completions_per_s(self.sequences)
 
 
-def _unreserved(total: int, reserved_fraction: float) -> int:
+def _fraction(total: int, fraction: float) -> int:
     # The epsilon keeps 0.8 * 1000 from flooring to 799 through float rounding.
-    return math.floor(total * (1.0 - reserved_fraction) + 1e-9)
+    return math.floor(total * fraction + 1e-9)

@@ -123,3 +123,23 @@ async def test_queue_depth_per_replica_counts_healthy_replicas(make_dispatcher: 
         assert dispatcher.queue_depth() == 6
         assert dispatcher.queue_depth_per_replica() == 3.0
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_two_edge_instances_sharing_a_replica_fill_only_their_share(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    shared = ControlledUpstream("shared", kv_tokens_total=1000, max_sequences=10)
+    async with (
+        make_dispatcher([shared], replica_share=0.5) as first,
+        make_dispatcher([shared], replica_share=0.5) as second,
+    ):
+        flows = [Flow(first), Flow(second)]
+        for flow in flows:
+            for i in range(8):
+                flow.submit(ticket(f"u{i}", kv_tokens=100))
+            await flow.settle()
+        held = [len(flow.held()) for flow in flows]
+        assert held == [5, 5]
+        for flow in flows:
+            await flow.aclose()
