@@ -37,7 +37,7 @@ from edge.admission.ticket import Overloaded, Ticket
 from edge.auth import Principal
 from edge.cancel import LiveRequest, RequestRegistry
 from edge.config import TierConfig
-from edge.errors import ApiError, ErrorDetail, invalid_request, rate_limited, retry_after_headers
+from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
 from edge.schemas import ChatCompletionRequest, unknown_model
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
@@ -90,9 +90,7 @@ class Outcome:
     marker: dict[str, Any] | None = None
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
-    error: ErrorDetail | None = None
-    error_status: int = 500
-    error_headers: dict[str, str] = field(default_factory=dict)
+    error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""
     ttft_s: float | None = None
 
@@ -175,7 +173,7 @@ class Pipeline:
             self.slots.precheck(ticket)
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
-            raise rate_limited(_overloaded_message(exc), exc.reason, exc.retry_after_s, headers) from None
+            raise overloaded_error(exc, headers) from None
         metrics.PROMPT_TOKENS.labels(principal.tier).inc(len(prompt_ids))
         upstream_req = GenerationRequest(
             request_id=request_id,
@@ -219,8 +217,18 @@ class Pipeline:
         return max_new
 
 
-def _overloaded_message(exc: Overloaded) -> str:
-    return f"The service is overloaded ({exc.reason}). Please try again in {exc.retry_after_s:.3g}s."
+def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:
+    """Queue full or too slow: 429, as a rate limit. No replica at all: 503, the service is down."""
+    message = f"The service is overloaded ({exc.reason}). Please try again in {exc.retry_after_s:.3g}s."
+    if exc.reason == "no_replica":
+        message = f"No model replica is available. Please try again in {exc.retry_after_s:.3g}s."
+        return ApiError(
+            503,
+            message,
+            code=exc.reason,
+            headers={**(headers or {}), **retry_after_headers(exc.retry_after_s)},
+        )
+    return rate_limited(message, exc.reason, exc.retry_after_s, headers)
 
 
 class _KeepAlive:
@@ -291,7 +299,7 @@ class Generation:
             await emit(enc.first())
             await self._run(out, on_text, emit)
             if out.error is not None:
-                await emit(event({"error": out.error}))
+                await emit(event({"error": out.error.detail}))
             else:
                 await emit(enc.final(out.finish_reason, out.marker))
                 if self._req.include_usage:
@@ -317,13 +325,7 @@ class Generation:
         finally:
             await self.close(out)
         if out.error is not None:
-            raise ApiError(
-                out.error_status,
-                out.error.message,
-                type=out.error.type,
-                code=out.error.code,
-                headers=out.error_headers,
-            )
+            raise out.error
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion",
@@ -351,18 +353,15 @@ class Generation:
                 await self._place_and_relay(out, on_text)
             except Overloaded as exc:
                 out.reason = "overloaded"
-                out.error = ErrorDetail(_overloaded_message(exc), "rate_limit_exceeded", code=exc.reason)
-                out.error_status = 429
-                out.error_headers = retry_after_headers(exc.retry_after_s)
+                out.error = overloaded_error(exc)
             except UpstreamError as exc:
                 log.warning(
                     "upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc)
                 )
                 out.reason = "error"
-                out.error = ErrorDetail(
-                    "The model replica failed while generating.", "api_error", code="upstream_error"
+                out.error = ApiError(
+                    502, "The model replica failed while generating.", type="api_error", code="upstream_error"
                 )
-                out.error_status = 502
         if self._live.scope.cancelled_caught:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER

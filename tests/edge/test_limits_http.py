@@ -67,8 +67,8 @@ def test_fail_closed_tier_answers_503_when_the_store_is_down(tmp_path: Path) -> 
     assert int(response.headers["retry-after"]) >= 1
 
 
-def test_waiting_request_gets_keepalives_and_a_full_queue_429s(tmp_path: Path) -> None:
-    # One sequence per replica: the second request must wait for the first one's slot.
+def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(tmp_path: Path) -> None:
+    # One sequence per replica: while the first request runs, the others wait in the queue.
     overrides = {
         "engine": {"max_num_seqs": 1},
         "server": {"keepalive_s": 0.02},
@@ -79,25 +79,37 @@ def test_waiting_request_gets_keepalives_and_a_full_queue_429s(tmp_path: Path) -
         start_server(tmp_path, overrides) as server,
         httpx.Client(base_url=server.base_url, timeout=30) as client,
     ):
+        paid = server.auth("paid")
         long_body = {**SHORT, "seed": LONG_SEED, "max_tokens": 2000, "stream": True}
-        with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as first:
+        with client.stream("POST", CHAT, json=long_body, headers=paid) as first:
             first_events = events(first)
             first_id = next(first_events)["request_id"]
-            next(first_events)  # it holds the slot now
-            with client.stream(
-                "POST", CHAT, json=SHORT | {"stream": True}, headers=server.auth("paid")
-            ) as second:
+            next(first_events)  # it holds the only slot now
+
+            with client.stream("POST", CHAT, json=SHORT | {"stream": True}, headers=paid) as second:
                 waiting = events(second)
-                assert next(waiting)["choices"][0]["delta"]["role"] == "assistant"
+                second_id = next(waiting)["request_id"]
                 assert next(waiting) == KEEPALIVE
-                # The queue (max_queue=1) is full now: a third request is turned away up front.
-                third = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+                # The queue (max_queue=1) is full: a third request is turned away up front.
+                third = client.post(CHAT, json=SHORT, headers=paid)
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
                 assert int(third.headers["retry-after"]) >= 1 and "retry-after-ms" in third.headers
-                cancelled = client.post(f"{CHAT}/{first_id}/cancel", headers=server.auth("paid"))
-                assert cancelled.status_code == 200
-                rest = [e for e in waiting if e != KEEPALIVE]
+                # Cancelled while still queued: it ends at once, without a token.
+                assert client.post(f"{CHAT}/{second_id}/cancel", headers=paid).status_code == 200
+                second_rest = [e for e in waiting if e != KEEPALIVE]
+
+            with client.stream("POST", CHAT, json=SHORT | {"stream": True}, headers=paid) as fourth:
+                queued = events(fourth)
+                next(queued)
+                assert next(queued) == KEEPALIVE
+                assert client.post(f"{CHAT}/{first_id}/cancel", headers=paid).status_code == 200
+                fourth_rest = [e for e in queued if e != KEEPALIVE]
             list(first_events)
-    assert rest[-1] == DONE
-    assert rest[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+
+    assert second_rest[-1] == DONE
+    assert second_rest[-2]["floodgate"] == {"cancelled": True}
+    assert len(second_rest) == 2
+    assert fourth_rest[-1] == DONE
+    assert fourth_rest[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "floodgate" not in fourth_rest[-2]
