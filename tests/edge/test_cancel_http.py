@@ -102,3 +102,27 @@ def test_client_disconnect_aborts_the_generation(server: LiveServer, client: htt
     wait_until(lambda: _finished(client, "disconnected") == before + 1, what="the edge to see the disconnect")
     wait_until(lambda: engine_idle(client, server.base_url), what="the engine to drop the sequence")
     assert generated_tokens(server) - generated_before < LONG_BODY["max_tokens"]
+
+
+def test_client_disconnect_aborts_a_non_stream_generation(server: LiveServer, client: httpx.Client) -> None:
+    before = _finished(client, "disconnected")
+    generated_before = generated_tokens(server)
+    body = httpx.Request(
+        "POST", server.base_url + CHAT, json=LONG_BODY | {"stream": False}, headers=server.auth("paid")
+    ).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+
+    def running() -> bool:
+        replicas = client.get("/v1/internal/engine").json()["replicas"]
+        return any(r["running"] > 0 for r in replicas)
+
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        wait_until(running, what="the generation to start")
+    wait_until(lambda: _finished(client, "disconnected") == before + 1, what="the edge to see the disconnect")
+    wait_until(lambda: engine_idle(client, server.base_url), what="the engine to drop the sequence")
+    assert generated_tokens(server) - generated_before < LONG_BODY["max_tokens"]
