@@ -6,6 +6,7 @@ paid: roomy enough for 100 concurrent streams from one key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 _ROOMY_TIER: dict[str, Any] = {
@@ -27,11 +28,22 @@ OVERRIDES: dict[str, Any] = {
     },
 }
 
-# Long enough that a reply is still streaming when a test stops it; a random-weight model may still
-# end early on its own, which the cancel tests tolerate by retrying with another seed.
+
+@dataclass(frozen=True, slots=True)
+class LongReply:
+    """A request the random-weight demo model answers at length (over a thousand tokens, measured),
+    so a test can stop it mid-way. Its replies end whenever it samples end-of-text: most end early."""
+
+    prompt: str
+    temperature: float | None = None
+    seed: int | None = None
+
+
+LONG_REPLIES = (
+    LongReply("Tell me everything about rivers.", temperature=0.0),
+    LongReply("Write a very long story, part 0.", temperature=0.0),
+    LongReply("Write a very long story, part 0.", seed=4),
+    LongReply("Write a very long story, part 0.", seed=9),
+)
+LONG_REPLY = LONG_REPLIES[0]
 LONG_REPLY_TOKENS = 1500
-
-
-def long_prompt(attempt: int) -> str:
-    """A prompt for a reply meant to run long; `attempt` varies it when a seed happened to end early."""
-    return f"Write a very long story, part {attempt}."

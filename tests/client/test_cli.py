@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.client.live import LONG_REPLY_TOKENS, long_prompt
+from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.support.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,10 +50,10 @@ def test_plain_mode_prints_the_reply_text(server: LiveServer) -> None:
 def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None:
     proc = chat_cli(
         server,
-        long_prompt(0),
+        LONG_REPLY.prompt,
         "--json",
-        "--seed",
-        "0",
+        "--temperature",
+        str(LONG_REPLY.temperature),
         "--max-tokens",
         str(LONG_REPLY_TOKENS),
         key=server.keys["paid"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from client import AuthenticationError, BadRequestError, Client, ConflictError, NotFoundError, TextDelta
+from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.support.live_server import LiveServer
 
 
@@ -31,18 +32,19 @@ def test_cancelling_an_unknown_request_is_not_found(server: LiveServer) -> None:
         client.chat.cancel("chatcmpl-000000000000000000000000")
 
 
-def test_another_users_request_cannot_be_cancelled_and_a_finished_one_conflicts(server: LiveServer) -> None:
+def test_another_users_request_is_not_found_and_a_stopped_one_conflicts(server: LiveServer) -> None:
     with (
         Client(server.base_url, server.keys["paid"]) as owner,
         Client(server.base_url, server.keys["free2"]) as other,
     ):
-        with owner.chat.stream("A long answer please", max_tokens=400, seed=11) as stream:
+        with owner.chat.stream(
+            LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+        ) as stream:
             next(event for event in stream if isinstance(event, TextDelta))
             assert stream.request_id is not None
             with pytest.raises(NotFoundError):
                 other.chat.cancel(stream.request_id)
-            stream.until_finished()
-        assert stream.finished is not None and not stream.finished.cancelled
+            assert stream.cancel() is True, "the other user's cancel must not have stopped it"
         with pytest.raises(ConflictError) as caught:
             owner.chat.cancel(stream.request_id)
-    assert caught.value.status_code == 409
+    assert caught.value.status_code == 409 and caught.value.code == "request_finished"
