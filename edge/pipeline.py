@@ -110,6 +110,7 @@ class Pipeline:
         messages: MessageSink | None = None,
     ) -> None:
         self.config = config
+        self._limits = {name: tier_limits(name, tier) for name, tier in config.tiers.items()}
         self.text = text
         self.limiter = limiter
         self.slots = slots
@@ -139,7 +140,7 @@ class Pipeline:
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             admission = await self.limiter.admit(
-                principal.user, request_id, tier_limits(principal.tier, tier), len(prompt_ids), max_new
+                principal.user, request_id, self._limits[principal.tier], len(prompt_ids), max_new
             )
         except StoreUnavailable as exc:
             raise ApiError(
