@@ -326,6 +326,7 @@ class Generation:
         finally:
             await self.close(out)
         if out.error is not None:
+            out.error.headers = {**self.headers, **out.error.headers}
             raise out.error
         body: dict[str, Any] = {
             "id": self.request_id,
