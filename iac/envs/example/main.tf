@@ -4,6 +4,8 @@ locals {
   account_id    = data.aws_caller_identity.current.account_id
   first_model   = keys(var.models)[0]
   bucket_suffix = "${local.account_id}-${var.region}"
+  # Named here, not read from the pools: the edge needs them and the pools need the edge's group.
+  gpu_groups = { for model in keys(var.models) : model => "${var.name}-gpu-${model}" }
 }
 
 data "aws_caller_identity" "current" {}
@@ -95,6 +97,8 @@ module "edge" {
   messages_table_arn    = module.messages.arn
   metric_namespace      = module.scaling_metric.namespace
   kms_key_arn           = module.kms.key_arn
+  # Model => GPU Auto Scaling group: the in-service instances of a group are the model's replicas.
+  environment = { FLOODGATE_GPU_GROUPS = jsonencode(local.gpu_groups) }
   config_toml = templatefile("${path.module}/edge.toml.tftpl", {
     model          = local.first_model
     redis_endpoint = module.redis.configuration_endpoint
@@ -107,7 +111,7 @@ module "gpu_pool" {
   source   = "../../modules/gpu_pool"
   for_each = var.models
 
-  name                   = var.name
+  group_name             = local.gpu_groups[each.key]
   model                  = each.key
   vpc_id                 = module.network.vpc_id
   private_subnet_ids     = module.network.private_subnet_ids

@@ -95,8 +95,10 @@ resource "aws_ecs_task_definition" "edge" {
       portMappings           = [{ containerPort = var.container_port, protocol = "tcp" }]
       mountPoints            = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
       environment = [
-        { name = "FLOODGATE_CONFIG_TOML", value = var.config_toml },
-        { name = "AWS_REGION", value = data.aws_region.current.name },
+        for k, v in merge(var.environment, {
+          FLOODGATE_CONFIG_TOML = var.config_toml
+          AWS_REGION            = data.aws_region.current.name
+        }) : { name = k, value = v }
       ]
       secrets = [{ name = "REDIS_AUTH_TOKEN", valueFrom = var.redis_auth_secret_arn }]
       logConfiguration = {

@@ -74,6 +74,12 @@ variable "config_toml" {
   type        = string
 }
 
+variable "environment" {
+  description = "More environment variables of the edge container (no secrets: they show in the task definition)."
+  type        = map(string)
+  default     = {}
+}
+
 variable "redis_auth_secret_arn" {
   description = "Secrets Manager secret holding the Redis auth token."
   type        = string

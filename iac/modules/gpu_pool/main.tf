@@ -3,7 +3,7 @@
 # keeps hosts that already went through that, stopped: scaling out starts them instead.
 
 locals {
-  group_name = "${var.name}-gpu-${var.model}"
+  group_name = var.group_name
 }
 
 data "aws_region" "current" {}

@@ -1,5 +1,5 @@
-variable "name" {
-  description = "Deployment name."
+variable "group_name" {
+  description = "Name of the Auto Scaling group (the edge finds its replicas by it); also prefixes the pool's other resources."
   type        = string
 }
 
