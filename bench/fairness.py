@@ -296,30 +296,35 @@ def machine() -> str:
 
 def report(config: BenchConfig, results: list[PhaseResult]) -> str:
     e = config.engine
+    slots = config.replicas * e.max_num_seqs
     idle, flood = results[0], results[1]
     ratio = statistics.median(flood.paid_ttft_s) / statistics.median(idle.paid_ttft_s)
     return f"""# Fairness benchmark: paid TTFT under a free-tier flood
 
 `.venv/bin/python -m bench.fairness` — {datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
-Machine: {machine()}; load average {os.getloadavg()[0]:.1f} when it finished (other work on the
-machine shows up as noise in every row).
+Machine: {machine()}. Load average {os.getloadavg()[0]:.1f} when it finished: other work on the
+machine shows up as noise in every row.
 
-What runs: the admission `Dispatcher` in front of {config.replicas} in-process CPU engines (the demo
-model), driven directly (no HTTP edge, no limiter). Engine: {e.num_blocks} blocks of {e.block_size}
-tokens, {e.max_num_seqs} sequences. Requests: {config.prompt_tokens} prompt tokens,
-{config.max_new_tokens} new tokens. Flood: {config.flood_clients} free clients ({config.flood_factor}x
-the {config.replicas * e.max_num_seqs} sequence slots) from 50 users, each sending request after
-request. Paid: {config.paid_requests} requests from 5 users, one every
-{config.paid_interval_s * 1000:.0f} ms. Reserve for paid: {config.reserved_paid_fraction:.0%}. TTFT is
-measured from precheck to the first token. The flood warms up first (saturated, and one batch per
-replica completed, so the dispatcher's service times are measured, not its prior); free figures
-count the requests started while the paid trickle ran, each followed to its end.
+Setup:
+- the admission `Dispatcher` in front of {config.replicas} in-process CPU engines (the demo model),
+  driven directly: no HTTP edge, no limiter;
+- engine: {e.num_blocks} KV blocks of {e.block_size} tokens, {e.max_num_seqs} sequences;
+- requests: {config.prompt_tokens} prompt tokens, {config.max_new_tokens} new tokens;
+- flood: {config.flood_clients} free clients ({config.flood_factor}x the {slots} sequence slots) from
+  50 users, each sending request after request;
+- paid: {config.paid_requests} requests from 5 users, one every {config.paid_interval_s * 1000:.0f} ms;
+  reserve for paid: {config.reserved_paid_fraction:.0%};
+- TTFT: from precheck to the first token;
+- the flood warms up first (saturated, and one batch per replica completed, so the dispatcher's
+  service times are measured, not its prior); free figures count the requests started while the
+  paid trickle ran, each followed to its end.
 
 {render(config, results)}
 
 With tiers on, paid p50 TTFT under the flood is {ratio:.1f}x its idle value: paid requests skip the
-queue and land in the reserved share, so what is left is the engine's step time with a full batch.
+queue and land in the reserved share, so what is left is the engine's step time with a full batch
+and an event loop busy with the flood.
 The last row queues paid requests like free ones (same priority, no reserve): they wait behind the
 flood, which is what the tiers remove.
 
