@@ -48,7 +48,7 @@ from edge.admission import metrics
 from edge.admission.replica import Replica
 from edge.admission.router import Claims, candidates, pick
 from edge.admission.service_rate import ServiceRate
-from edge.admission.slot import Slot
+from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
 from edge.upstreams.base import Capacity, Upstream
@@ -163,7 +163,7 @@ class Dispatcher:
         except BaseException:
             slot = self._withdraw(waiter)
             if slot is not None:
-                slot.release()
+                slot.discard()
             raise
 
     def estimate_wait_s(self, ticket: Ticket) -> float:
@@ -217,15 +217,15 @@ class Dispatcher:
         metrics.QUEUE_WAIT.labels(waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
         waiter.future.set_result(slot)
 
-    def _release(self, slot: Slot, failed: bool) -> None:
+    def _release(self, slot: Slot, kind: ReleaseKind) -> None:
         replica = slot.replica
         replica.kv_in_use -= slot.kv_charge
         replica.sequences -= 1
-        if failed:
+        if kind == "failed":
             if replica.suspect_since_check is None:
                 log.warning("replica_suspect", replica=replica.name, request_id=slot.ticket.request_id)
             replica.suspect_since_check = self._checks_started
-        else:
+        elif kind == "done":
             replica.rate.observe(self._clock() - slot.granted_at)
         self._dispatch()
 
