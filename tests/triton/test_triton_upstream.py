@@ -6,10 +6,13 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
+import grpc
+import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2_grpc
 
 from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
-from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, end_token_ids
+from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, encode_request, end_token_ids
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import SamplingParams
@@ -174,6 +177,34 @@ async def test_cancelling_the_reading_task_stops_generation(fixed_length: Triton
         tg.cancel_scope.cancel()
     after = await _wait_for(fixed_length, _idle_since(before), "after task cancellation")
     assert after.iterations - before.iterations < 500
+
+
+@pytest.mark.anyio
+async def test_a_stop_request_with_the_same_id_ends_generation(
+    fixed_length: TritonUpstream, local_triton: LocalTriton
+) -> None:
+    """TensorRT-LLM's other way to cancel: a `stop=true` request carrying the running request's id."""
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    stream = fixed_length.generate(GenerationRequest("to-stop", PROMPT, max_new_tokens=1500, temperature=0.0))
+    first = await stream.__anext__()
+    stop = encode_request(GenerationRequest("to-stop", PROMPT, max_new_tokens=1), "tensorrt_llm")
+    stop.inputs.add(name="stop", datatype="BOOL", shape=[1, 1])
+    stop.raw_input_contents.append(np.array([[True]]).tobytes())
+    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
+
+        async def just_stop() -> AsyncIterator[object]:
+            yield stop
+
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(just_stop())
+        with anyio.fail_after(WAIT_S):
+            reply = await call.read()
+        assert not reply.error_message
+        assert reply.infer_response.parameters["triton_final_response"].bool_param
+    with anyio.fail_after(WAIT_S):
+        rest, reason = await _collect(stream)
+    assert reason == "stop"
+    assert len(first.token_ids) + len(rest) < 1500
+    await _wait_for(fixed_length, _idle_since(before), "after the stop request")
 
 
 @pytest.mark.anyio

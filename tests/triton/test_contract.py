@@ -1,0 +1,128 @@
+"""The tensorrt_llm tensor contract: what the edge encodes is what the CPU model decodes, and the
+metrics page reads the same from TensorRT-LLM and from our model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from edge.upstreams.base import GenerationRequest
+from edge.upstreams.triton import _replica_urls, encode_request, parse_trtllm_metrics
+from gpu_container.engine.types import EngineConfig
+from gpu_container.triton.cpu_contract import (
+    ContractError,
+    decode_request,
+    engine_config_from_parameters,
+    stop_word_ids,
+)
+
+_DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+
+
+def _as_model_sees_it(request: Any) -> dict[str, npt.NDArray[Any]]:
+    arrays = {}
+    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
+        arrays[tensor.name] = np.frombuffer(raw, dtype=_DTYPES[tensor.datatype]).reshape(list(tensor.shape))
+    return arrays
+
+
+def test_encoded_request_decodes_to_the_same_generation() -> None:
+    req = GenerationRequest(
+        "r1", [5, 6, 7], max_new_tokens=12, temperature=0.7, top_p=0.9, seed=2**40, stop_ids=[3, 9]
+    )
+    encoded = encode_request(req, "tensorrt_llm", end_id=2, pad_id=2)
+    assert encoded.id == "r1"
+    assert encoded.parameters["triton_enable_empty_final_response"].bool_param
+    decoded = decode_request(_as_model_sees_it(encoded).get)
+    assert decoded.prompt_ids == [5, 6, 7]
+    assert decoded.streaming and not decoded.stop
+    p = decoded.params
+    assert p.max_new_tokens == 12
+    assert p.temperature == pytest.approx(0.7)
+    assert p.top_p == pytest.approx(0.9)
+    assert p.seed == 2**40
+    assert set(p.stop_token_ids) == {3, 9, 2}
+    assert not p.ignore_eos
+
+
+def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
+    req = GenerationRequest("g", [1], max_new_tokens=4, temperature=0.0)
+    arrays = _as_model_sees_it(encode_request(req, "tensorrt_llm", end_id=-1))
+    assert arrays["runtime_top_k"].item() == 1
+    assert arrays["temperature"].item() == 1.0  # TensorRT-LLM takes no temperature of 0
+    decoded = decode_request(arrays.get)
+    assert decoded.params.temperature == 0.0
+    assert decoded.params.ignore_eos
+    assert decoded.params.stop_token_ids == ()
+
+
+def test_input_lengths_trims_padding_and_missing_inputs_are_refused() -> None:
+    arrays = {
+        "input_ids": np.array([[4, 5, 6, 0, 0]], dtype=np.int32),
+        "input_lengths": np.array([3], dtype=np.int32),
+        "request_output_len": np.array([[8]], dtype=np.int32),
+    }
+    decoded = decode_request(arrays.get)
+    assert decoded.prompt_ids == [4, 5, 6]
+    assert decoded.params.temperature == 1.0 and not decoded.streaming
+    with pytest.raises(ContractError):
+        decode_request({"input_ids": arrays["input_ids"]}.get)
+
+
+def test_stop_words_list_with_offsets() -> None:
+    words = np.array([[[7, 8, 9, -1], [1, 2, 3, -1]]], dtype=np.int32)
+    assert stop_word_ids(words) == (7, 8, 9)
+    multi_token = np.array([[7, 8, 9], [2, 3, -1]], dtype=np.int32)
+    with pytest.raises(ContractError, match="single-token"):
+        stop_word_ids(multi_token)
+
+
+def test_engine_config_from_model_parameters() -> None:
+    cfg = engine_config_from_parameters({"num_blocks": "64", "block_size": "32", "model_dir": "/x"})
+    assert cfg == EngineConfig(num_blocks=64, block_size=32)
+
+
+# A TensorRT-LLM backend's page (older versions: no "waiting" gauge) beside another model.
+TRTLLM_PAGE = """\
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 3
+nv_inference_pending_request_count{model="other",version="1"} 50
+# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 1
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 10
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 64
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 14
+# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 100
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="free",model="tensorrt_llm",version="1"} 6139
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 6239
+# HELP nv_trt_llm_general_metrics General TRT LLM metrics
+# TYPE nv_trt_llm_general_metrics gauge
+nv_trt_llm_general_metrics{general_type="iteration_counter",model="tensorrt_llm",version="1"} 4242
+"""
+
+
+def test_capacity_from_a_tensorrt_llm_metrics_page() -> None:
+    metrics = parse_trtllm_metrics(TRTLLM_PAGE)
+    assert metrics.iterations == 4242
+    capacity = metrics.capacity()
+    assert capacity.kv_tokens_total == 6239 * 64
+    assert capacity.kv_tokens_used == 100 * 64
+    assert capacity.max_sequences == 64
+    assert capacity.running == 10
+    # 4 active but unscheduled in the backend, 3 still queued in Triton in front of it.
+    assert capacity.waiting == 4 + 3
+
+
+def test_replica_spec_parsing() -> None:
+    assert _replica_urls("gpu-1:8001") == ("gpu-1:8001", "http://gpu-1:8002/metrics")
+    assert _replica_urls(" 10.0.0.5:9001:9002 ") == ("10.0.0.5:9001", "http://10.0.0.5:9002/metrics")
+    with pytest.raises(ValueError):
+        _replica_urls("gpu-1")
