@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from tests.edge.sse_client import LONG_PROMPT, LONG_TOKENS, MODEL, find_long_seed
 from tests.support.live_server import LiveServer, start_server
 
 # Limits high enough that the module's requests never trip them (tests of the limits start their own).
@@ -46,3 +48,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 def client(server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
         yield c
+
+
+@pytest.fixture(scope="package")
+def long_body(server: LiveServer) -> dict[str, Any]:
+    """A streaming request that generates LONG_TOKENS tokens (never stops early)."""
+    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        seed = find_long_seed(client, server.keys["paid"])
+    return {"model": MODEL, "messages": LONG_PROMPT, "seed": seed, "max_tokens": LONG_TOKENS, "stream": True}

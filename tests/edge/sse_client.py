@@ -17,10 +17,11 @@ KEEPALIVE = ": keep-alive"
 
 CHAT = "/v1/chat/completions"
 MODEL = "floodgate-tiny"
-# With this prompt and seed the demo model samples 2000 tokens without an end token: a stream long
-# enough to cancel or abandon midway.
 LONG_PROMPT = [{"role": "user", "content": "hi"}]
-LONG_SEED = 6
+# A stream long enough to cancel or abandon midway: this many tokens without an end token.
+LONG_TOKENS = 1000
+# Seeds to try, most likely first (6 runs long with the demo model as built today).
+_SEED_CANDIDATES = (6, *range(6), *range(7, 40))
 
 
 def events(response: httpx.Response) -> Iterator[Any]:
@@ -59,3 +60,13 @@ def generated_tokens(server: LiveServer) -> int:
     """Tokens the in-process engines have generated so far (their own counter, not the edge's)."""
     upstreams = server.app.state.runtime.upstreams
     return sum(u.engine.stats().generated_tokens for u in upstreams if isinstance(u, LocalUpstream))
+
+
+def find_long_seed(client: httpx.Client, key: str) -> int:
+    """A seed with which LONG_PROMPT runs to LONG_TOKENS: sampling is seeded, so it will again."""
+    body = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": LONG_TOKENS}
+    for seed in _SEED_CANDIDATES:
+        answer = client.post(CHAT, json=body | {"seed": seed}, headers={"Authorization": f"Bearer {key}"})
+        if answer.json()["choices"][0]["finish_reason"] == "length":
+            return seed
+    raise AssertionError("no seed makes the demo model run long; has it changed?")

@@ -12,7 +12,6 @@ from tests.edge.sse_client import (
     CHAT,
     DONE,
     LONG_PROMPT,
-    LONG_SEED,
     MODEL,
     engine_idle,
     events,
@@ -20,14 +19,6 @@ from tests.edge.sse_client import (
     wait_until,
 )
 from tests.support.live_server import LiveServer
-
-LONG_BODY: dict[str, Any] = {
-    "model": MODEL,
-    "messages": LONG_PROMPT,
-    "seed": LONG_SEED,
-    "max_tokens": 2000,
-    "stream": True,
-}
 
 
 def _finished(client: httpx.Client, reason: str) -> float:
@@ -38,10 +29,10 @@ def _finished(client: httpx.Client, reason: str) -> float:
 
 
 def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
-    server: LiveServer, client: httpx.Client
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
     generated_before = generated_tokens(server)
-    with client.stream("POST", CHAT, json=LONG_BODY, headers=server.auth("paid")) as response:
+    with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as response:
         stream = events(response)
         rid = next(stream)["request_id"]
         assert next(stream)["choices"][0]["delta"]["content"] is not None  # generating now
@@ -54,14 +45,16 @@ def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
     assert final["choices"][0]["finish_reason"] == "stop"
     assert final["floodgate"] == {"cancelled": True}
     wait_until(lambda: engine_idle(client, server.base_url), what="the engine to drop the sequence")
-    # Dropped, not finished: the engine stopped short of the 2000 tokens this request runs to.
-    assert generated_tokens(server) - generated_before < LONG_BODY["max_tokens"]
+    # Dropped, not finished: the engine stopped short of the LONG_TOKENS this request runs to.
+    assert generated_tokens(server) - generated_before < long_body["max_tokens"]
     again = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
     assert again.status_code == 409
 
 
-def test_cancel_of_another_users_request_is_404(server: LiveServer, client: httpx.Client) -> None:
-    with client.stream("POST", CHAT, json=LONG_BODY, headers=server.auth("paid")) as response:
+def test_cancel_of_another_users_request_is_404(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as response:
         stream = events(response)
         rid = next(stream)["request_id"]
         other = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("free"))
@@ -82,10 +75,12 @@ def test_cancel_of_a_finished_request_is_409(server: LiveServer, client: httpx.C
     assert response.json()["error"]["code"] == "request_finished"
 
 
-def test_client_disconnect_aborts_the_generation(server: LiveServer, client: httpx.Client) -> None:
+def test_client_disconnect_aborts_the_generation(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
     before = _finished(client, "disconnected")
     generated_before = generated_tokens(server)
-    body = httpx.Request("POST", server.base_url + CHAT, json=LONG_BODY, headers=server.auth("paid")).read()
+    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
     host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
     with socket.create_connection((host, port), timeout=30) as sock:
         head = (
@@ -101,14 +96,16 @@ def test_client_disconnect_aborts_the_generation(server: LiveServer, client: htt
     # Hung up mid-generation: the edge must abort the sequence, not finish it.
     wait_until(lambda: _finished(client, "disconnected") == before + 1, what="the edge to see the disconnect")
     wait_until(lambda: engine_idle(client, server.base_url), what="the engine to drop the sequence")
-    assert generated_tokens(server) - generated_before < LONG_BODY["max_tokens"]
+    assert generated_tokens(server) - generated_before < long_body["max_tokens"]
 
 
-def test_client_disconnect_aborts_a_non_stream_generation(server: LiveServer, client: httpx.Client) -> None:
+def test_client_disconnect_aborts_a_non_stream_generation(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
     before = _finished(client, "disconnected")
     generated_before = generated_tokens(server)
     body = httpx.Request(
-        "POST", server.base_url + CHAT, json=LONG_BODY | {"stream": False}, headers=server.auth("paid")
+        "POST", server.base_url + CHAT, json=long_body | {"stream": False}, headers=server.auth("paid")
     ).read()
     host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
 
@@ -125,4 +122,4 @@ def test_client_disconnect_aborts_a_non_stream_generation(server: LiveServer, cl
         wait_until(running, what="the generation to start")
     wait_until(lambda: _finished(client, "disconnected") == before + 1, what="the edge to see the disconnect")
     wait_until(lambda: engine_idle(client, server.base_url), what="the engine to drop the sequence")
-    assert generated_tokens(server) - generated_before < LONG_BODY["max_tokens"]
+    assert generated_tokens(server) - generated_before < long_body["max_tokens"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from edge.upstreams.local import LocalUpstream
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_SEED, MODEL, content_of, events, wait_until
+from tests.edge.sse_client import CHAT, DONE, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer, start_server
 
 
@@ -34,8 +35,10 @@ def test_a_named_conversation_is_stored_for_its_owner_only(server: LiveServer, c
     assert client.get(url, headers=server.auth("free2")).status_code == 404
 
 
-def test_replica_failure_mid_stream_ends_with_an_error_event(tmp_path: Path) -> None:
-    body = {"model": MODEL, "messages": LONG_PROMPT, "seed": LONG_SEED, "max_tokens": 1000, "stream": True}
+def test_replica_failure_mid_stream_ends_with_an_error_event(
+    tmp_path: Path, long_body: dict[str, Any]
+) -> None:
+    body = long_body
     with start_server(tmp_path) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
         with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
             stream = events(response)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_SEED, MODEL, events
+from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
 from tests.support.live_server import start_server
 from tests.support.ports import free_port
 
@@ -38,11 +38,10 @@ def test_request_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
     assert denied.headers["x-ratelimit-limit-requests"] == "2"
 
 
-def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path) -> None:
+def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path, long_body: dict[str, Any]) -> None:
     budget = 80
     with start_server(tmp_path, _paid(tokens_per_window=budget, token_window_s=86400)) as server:
-        body = {**SHORT, "seed": LONG_SEED, "max_tokens": 1000, "stream": True}
-        body["stream_options"] = {"include_usage": True}
+        body = long_body | {"stream_options": {"include_usage": True}}
         with httpx.Client(base_url=server.base_url) as client:
             with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
                 assert response.status_code == 200
@@ -51,7 +50,7 @@ def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path) -> None:
     usage, final = got[-2]["usage"], got[-3]
     assert final["choices"][0]["finish_reason"] == "length"
     assert final["floodgate"] == {"limit_reached": "tokens"}
-    assert usage["completion_tokens"] < 1000
+    assert usage["completion_tokens"] < LONG_TOKENS
     # Input and output together stay within the budget (a hair of refill aside).
     assert usage["total_tokens"] <= budget + 1
 
@@ -67,7 +66,9 @@ def test_fail_closed_tier_answers_503_when_the_store_is_down(tmp_path: Path) -> 
     assert int(response.headers["retry-after"]) >= 1
 
 
-def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(tmp_path: Path) -> None:
+def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(
+    tmp_path: Path, long_body: dict[str, Any]
+) -> None:
     # One sequence per replica: while the first request runs, the others wait in the queue.
     overrides = {
         "engine": {"max_num_seqs": 1},
@@ -80,7 +81,6 @@ def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(tmp_p
         httpx.Client(base_url=server.base_url, timeout=30) as client,
     ):
         paid = server.auth("paid")
-        long_body = {**SHORT, "seed": LONG_SEED, "max_tokens": 2000, "stream": True}
         with client.stream("POST", CHAT, json=long_body, headers=paid) as first:
             first_events = events(first)
             first_id = next(first_events)["request_id"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from edge.text.model_text import ModelText
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_SEED, MODEL, content_of, events
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events
 from tests.support.live_server import LiveServer
 
 RATE_HEADERS = (
@@ -68,8 +69,10 @@ def test_stream_follows_the_contract(server: LiveServer, client: httpx.Client) -
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
 
 
-def test_stream_without_include_usage_has_no_usage_chunk(server: LiveServer, client: httpx.Client) -> None:
-    body = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "max_tokens": 5, "seed": LONG_SEED}
+def test_stream_without_include_usage_has_no_usage_chunk(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    body = long_body | {"max_tokens": 5}
     with client.stream("POST", CHAT, json=body, headers=server.auth("free")) as response:
         got = list(events(response))
     assert got[-1] == DONE
