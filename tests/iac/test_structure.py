@@ -146,6 +146,7 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
     rendered = template
     for name, value in {
         "model": "llama-3-8b",
+        "model_dir": "/opt/floodgate/model",
         "redis_endpoint": "clustercfg.floodgate.cache.amazonaws.com",
         "edge_instances": "2",
         "messages_table": "floodgate-messages",
@@ -158,6 +159,7 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
     assert settings.limiter.backend == "redis"
     assert settings.limiter.redis_url.startswith("rediss://")
     assert settings.messages.backend == "dynamodb"
+    assert settings.model.path == "/opt/floodgate/model"
 
 
 def test_every_checkov_skip_gives_a_reason() -> None:

@@ -101,6 +101,7 @@ module "edge" {
   environment = { FLOODGATE_GPU_GROUPS = jsonencode(local.gpu_groups) }
   config_toml = templatefile("${path.module}/edge.toml.tftpl", {
     model          = local.first_model
+    model_dir      = var.edge_model_dir
     redis_endpoint = module.redis.configuration_endpoint
     edge_instances = var.edge_min_count
     messages_table = module.messages.name

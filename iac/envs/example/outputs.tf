@@ -13,6 +13,11 @@ output "triton_repository_url" {
   value       = module.triton_registry.url
 }
 
+output "api_keys_secret_arn" {
+  description = "Put the hashed keys file here (floodgate keys create writes it), then restart the edge tasks."
+  value       = module.edge.api_keys_secret_arn
+}
+
 output "engine_bucket" {
   description = "Upload built engines here, under each model's engine_prefix."
   value       = module.engines.bucket

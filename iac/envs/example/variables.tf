@@ -36,6 +36,12 @@ variable "triton_image_tag" {
   type        = string
 }
 
+variable "edge_model_dir" {
+  description = "Where the edge image holds the served model's config.json and tokenizer files."
+  type        = string
+  default     = "/opt/floodgate/model"
+}
+
 variable "models" {
   description = "Served models: each gets its own GPU Auto Scaling group. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU."
   type = map(object({

@@ -1,4 +1,4 @@
-# Two roles: the execution role lets ECS pull the image, write logs and inject the Redis token; the
+# Two roles: the execution role lets ECS pull the image, write logs and inject the secrets; the
 # task role is what the edge's own code may do, and nothing more.
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
@@ -23,20 +23,20 @@ resource "aws_iam_role_policy_attachment" "execution_managed" {
 
 data "aws_iam_policy_document" "execution_secret" {
   statement {
-    sid       = "ReadRedisToken"
+    sid       = "ReadStartupSecrets"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.redis_auth_secret_arn]
+    resources = [var.redis_auth_secret_arn, aws_secretsmanager_secret.api_keys.arn]
   }
 
   statement {
-    sid       = "DecryptRedisToken"
+    sid       = "DecryptStartupSecrets"
     actions   = ["kms:Decrypt"]
     resources = [var.kms_key_arn]
   }
 }
 
 resource "aws_iam_role_policy" "execution_secret" {
-  name   = "read-redis-token"
+  name   = "read-startup-secrets"
   role   = aws_iam_role.execution.id
   policy = data.aws_iam_policy_document.execution_secret.json
 }

@@ -56,11 +56,34 @@ resource "aws_security_group" "edge" {
   }
 }
 
+# The API keys file (SHA-256 hashes, one JSON object per line, as `floodgate keys create` writes it)
+# lives in Secrets Manager; its value is managed outside Terraform and read when a task starts.
+resource "aws_secretsmanager_secret" "api_keys" {
+  #checkov:skip=CKV2_AWS_57:holds hashes of API keys, revoked by editing the list, not rotated by a Lambda
+  name                    = "${var.name}/api-keys"
+  description             = "Hashed API keys of the edge (keys.jsonl)"
+  kms_key_id              = var.kms_key_arn
+  recovery_window_in_days = 7
+}
+
+resource "aws_secretsmanager_secret_version" "api_keys" {
+  secret_id     = aws_secretsmanager_secret.api_keys.id
+  secret_string = "\n"
+
+  lifecycle {
+    ignore_changes = [secret_string]
+  }
+}
+
 locals {
-  # The settings arrive as an environment variable; the shell writes them to a file with the Redis
-  # token spliced in, so the token never sits in the task definition.
+  # Settings and keys arrive as environment variables; the shell writes them to files, with the
+  # Redis token spliced into the settings, so no secret sits in the task definition.
+  # No keys in the secret: refuse to start, because an edge without keys makes a development key
+  # and prints it, into the logs.
   start_command = join(" && ", [
+    "test -n \"$(printf '%s' \"$FLOODGATE_KEYS_JSONL\" | tr -d '[:space:]')\" || { echo 'the api-keys secret holds no keys' >&2; exit 1; }",
     "printf '%s' \"$FLOODGATE_CONFIG_TOML\" | sed \"s/@REDIS_AUTH_TOKEN@/$REDIS_AUTH_TOKEN/\" > /run/floodgate/config.toml",
+    "printf '%s\\n' \"$FLOODGATE_KEYS_JSONL\" > /run/floodgate/keys.jsonl",
     "exec floodgate serve --config /run/floodgate/config.toml",
   ])
 }
@@ -100,7 +123,10 @@ resource "aws_ecs_task_definition" "edge" {
           AWS_REGION            = data.aws_region.current.name
         }) : { name = k, value = v }
       ]
-      secrets = [{ name = "REDIS_AUTH_TOKEN", valueFrom = var.redis_auth_secret_arn }]
+      secrets = [
+        { name = "REDIS_AUTH_TOKEN", valueFrom = var.redis_auth_secret_arn },
+        { name = "FLOODGATE_KEYS_JSONL", valueFrom = aws_secretsmanager_secret.api_keys.arn },
+      ]
       logConfiguration = {
         logDriver = "awslogs"
         options = {

@@ -13,6 +13,11 @@ output "service_name" {
   value       = aws_ecs_service.edge.name
 }
 
+output "api_keys_secret_arn" {
+  description = "Secret holding the hashed API keys (keys.jsonl); tasks read it when they start."
+  value       = aws_secretsmanager_secret.api_keys.arn
+}
+
 output "task_role_arn" {
   description = "Role the edge's code runs as."
   value       = aws_iam_role.task.arn
