@@ -2,6 +2,8 @@
 
 Sampling is a cheap synchronous read of the edge's own state; the network call runs in a worker
 thread once per interval, so neither a slow CloudWatch nor a failing one touches request handling.
+Each sample goes out as its own datum with its own timestamp: CloudWatch then counts exactly the
+samples taken within each period, which the scaling policies' `Sum / samples per period` relies on.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+MAX_DATUMS_PER_CALL = 1000  # PutMetricData's limit
+
 PUBLISHES = Counter("floodgate_cloudwatch_publishes_total", "PutMetricData calls that succeeded.")
 PUBLISH_FAILURES = Counter(
     "floodgate_cloudwatch_publish_failures_total", "PutMetricData calls that failed (their samples are lost)."
@@ -32,8 +36,8 @@ PUBLISH_FAILURES = Counter(
 
 
 class QueueDepthPublisher:
-    """Samples `get_value` every `sample_interval_s` and sends each interval's samples as one
-    statistic set: at most one PutMetricData call per `interval_s` from this instance."""
+    """Samples `get_value` every `sample_interval_s` and sends each interval's samples together: at
+    most one PutMetricData call per `interval_s` from this instance."""
 
     def __init__(
         self,
@@ -46,6 +50,8 @@ class QueueDepthPublisher:
         namespace: str = scaling_metric.NAMESPACE,
         metric_name: str = scaling_metric.METRIC_NAME,
     ) -> None:
+        if interval_s / sample_interval_s > MAX_DATUMS_PER_CALL:
+            raise ValueError(f"more than {MAX_DATUMS_PER_CALL} samples per interval: sample less often")
         self._get_value = get_value
         self._dimensions: list[DimensionTypeDef] = [{"Name": k, "Value": v} for k, v in dimensions.items()]
         self._client_factory = client_factory
@@ -69,17 +75,16 @@ class QueueDepthPublisher:
 
     async def flush(self) -> bool:
         """Send the samples taken since the last flush; True when sent (or nothing to send)."""
-        samples, self._samples = self._samples, []
+        # Only the latest samples when flush() was not called for long: the rest are stale anyway.
+        samples, self._samples = self._samples[-MAX_DATUMS_PER_CALL:], []
         if not samples:
             return True
-        values = [v for _, v in samples]
-        midpoint = (samples[0][0] + samples[-1][0]) / 2
         try:
-            await anyio.to_thread.run_sync(self._put, values, midpoint)
+            await anyio.to_thread.run_sync(self._put, samples)
         except Exception as exc:
             # Not re-sent: a late backlog figure would mislead the scaler more than a missing one.
             PUBLISH_FAILURES.inc()
-            log.warning("queue_depth_publish_failed", samples=len(values), error=repr(exc))
+            log.warning("queue_depth_publish_failed", samples=len(samples), error=repr(exc))
             return False
         PUBLISHES.inc()
         return True
@@ -113,7 +118,7 @@ class QueueDepthPublisher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), next_sample - loop.time())
 
-    def _put(self, values: list[float], timestamp: float) -> None:
+    def _put(self, samples: list[tuple[float, float]]) -> None:
         if self._client is None:
             self._client = self._client_factory()
         self._client.put_metric_data(
@@ -122,14 +127,10 @@ class QueueDepthPublisher:
                 {
                     "MetricName": self._metric_name,
                     "Dimensions": self._dimensions,
-                    "Timestamp": datetime.fromtimestamp(timestamp, UTC),
-                    "StatisticValues": {
-                        "SampleCount": float(len(values)),
-                        "Sum": sum(values),
-                        "Minimum": min(values),
-                        "Maximum": max(values),
-                    },
+                    "Timestamp": datetime.fromtimestamp(at, UTC),
+                    "Value": value,
                     "Unit": scaling_metric.UNIT,
                 }
+                for at, value in samples
             ],
         )

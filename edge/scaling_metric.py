@@ -1,10 +1,10 @@
 """The GPU pool's scaling metric, defined once: the edge publishes it, Terraform scales on it.
 
 Each edge instance samples its own backlog for a model every `SAMPLE_INTERVAL_S` (requests waiting
-in its admission queue divided by the GPU replicas it can dispatch to) and sends the samples of one
-interval as a single statistic set. Summing every edge's samples over one `PERIOD_S` and dividing by
-`SAMPLES_PER_PERIOD` gives the fleet's backlog per replica, whatever the number of edge instances:
-that quotient is what the Auto Scaling policy tracks (tests/iac checks that the HCL agrees).
+in its admission queue divided by the GPU replicas it can dispatch to) and sends each interval's
+samples in one call, each with its own timestamp. Summing every edge's samples over one `PERIOD_S`
+and dividing by `SAMPLES_PER_PERIOD` gives the fleet's backlog per replica, whatever the number of
+edge instances: that quotient is what the Auto Scaling policy tracks (tests/iac checks the HCL).
 """
 
 from __future__ import annotations

@@ -40,10 +40,6 @@ class MessageWriter:
         self._writing: StoredMessage | None = None
         self._closed = False
 
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
-
     def submit(self, msg: StoredMessage) -> bool:
         """Queue a message for writing; False when it was dropped (queue full or writer closed)."""
         if self._closed:
