@@ -136,3 +136,14 @@ async def test_a_failing_getter_costs_one_sample(recorder: PutRecorder, cloudwat
 
     assert read_back(cloudwatch, model, "SampleCount") == [2.0]
     assert read_back(cloudwatch, model, "Sum") == [6.0]
+
+
+def test_an_interval_must_fit_one_call() -> None:
+    with pytest.raises(ValueError, match="samples per interval"):
+        QueueDepthPublisher(
+            lambda: 0.0,
+            dimensions=scaling_metric.dimensions("m"),
+            client_factory=lambda: None,
+            interval_s=60,
+            sample_interval_s=0.01,
+        )
