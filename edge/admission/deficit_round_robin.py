@@ -18,7 +18,7 @@ served first when room appears, instead of being overtaken indefinitely.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
@@ -44,6 +44,8 @@ class DeficitRoundRobin(Generic[T]):
         self._turn_user: str | None = None
         self._blocked: set[str] = set()
         self._size = 0
+        self._users_by_length: Counter[int] = Counter()
+        self.reserve_items = 0  # queued items that may use the paid reserve
 
     def __len__(self) -> int:
         return self._size
@@ -56,9 +58,10 @@ class DeficitRoundRobin(Generic[T]):
         queue = self._queues.get(user)
         return len(queue) if queue else 0
 
-    def queue_lengths(self) -> Iterator[tuple[str, int]]:
-        for user, queue in self._queues.items():
-            yield user, len(queue)
+    def backlog_within(self, per_user: int) -> int:
+        """Items queued counting at most per_user from each user: what one DRR round of that many
+        requests per user serves. Cheap: users are counted by queue length."""
+        return sum(users * min(length, per_user) for length, users in self._users_by_length.items())
 
     def push(self, item: T) -> None:
         user = item.ticket.user
@@ -68,7 +71,7 @@ class DeficitRoundRobin(Generic[T]):
             self._deficit[user] = 0
             self._ring.append(user)
         queue.append(item)
-        self._size += 1
+        self._counted(item, len(queue) - 1, +1)
 
     def remove(self, item: T) -> bool:
         """Take a waiting item out (its request was cancelled or timed out); False if not queued."""
@@ -80,7 +83,7 @@ class DeficitRoundRobin(Generic[T]):
             queue.remove(item)
         except ValueError:
             return False
-        self._size -= 1
+        self._counted(item, len(queue) + 1, -1)
         if not queue:
             self._drop_user(user)
         return True
@@ -111,7 +114,7 @@ class DeficitRoundRobin(Generic[T]):
         if not queue or queue[0] is not item:
             raise ValueError("commit() takes the candidate next_candidate() returned")
         queue.popleft()
-        self._size -= 1
+        self._counted(item, len(queue) + 1, -1)
         self._deficit[user] -= item.ticket.kv_tokens
         if not queue:
             self._drop_user(user)
@@ -128,6 +131,16 @@ class DeficitRoundRobin(Generic[T]):
         # back, so within a pass the blocked users are exactly the front of the ring.
         skip = len(self._blocked)
         return self._ring[skip] if skip < len(self._ring) else None
+
+    def _counted(self, item: T, length_before: int, change: int) -> None:
+        self._size += change
+        self.reserve_items += change if item.ticket.may_use_reserve else 0
+        if length_before:
+            self._users_by_length[length_before] -= 1
+            if not self._users_by_length[length_before]:
+                del self._users_by_length[length_before]
+        if length_before + change:
+            self._users_by_length[length_before + change] += 1
 
     def _end_turn(self, user: str) -> None:
         self._ring.remove(user)

@@ -203,10 +203,13 @@ class Dispatcher:
                     candidates(self._replicas, ticket, waiter.kv_charge, waiter.exclude, self._reserve),
                     ticket.may_use_reserve,
                 )
-                if claims.all_closed(placeable):
+                # Stop early once nothing left in the queue could be placed: a flood of blocked free
+                # users must not cost a walk over all of them on every release.
+                if claims.all_closed(placeable, may_use_reserve=True):
+                    self._publish_metrics()
+                    return
+                if claims.all_closed(placeable, may_use_reserve=False) and not tier.reserve_items:
                     break
-            if claims.all_closed(placeable):
-                break
         self._publish_metrics()
 
     def _grant(self, waiter: _Waiter, replica: Replica) -> None:

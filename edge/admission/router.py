@@ -33,9 +33,9 @@ class Claims:
             return True
         return not may_use_reserve and replica.name in self.closed_to_unreserved
 
-    def all_closed(self, replicas: Iterable[Replica]) -> bool:
-        """Nothing more can be placed on these replicas in this pass."""
-        return all(replica.name in self.closed_to_all for replica in replicas)
+    def all_closed(self, replicas: Iterable[Replica], may_use_reserve: bool) -> bool:
+        """No ticket of this kind can be placed on these replicas any more in this pass."""
+        return all(self.is_closed(replica, may_use_reserve) for replica in replicas)
 
     def claim(self, replicas: Iterable[Replica], may_use_reserve: bool) -> None:
         target = self.closed_to_all if may_use_reserve else self.closed_to_unreserved

@@ -50,7 +50,4 @@ class TieredQueue(Generic[T]):
         tier = self._tiers.get(ticket.priority)
         if tier is None:
             return ahead + 1
-        own = tier.queued_by(ticket.user)
-        for user, length in tier.queue_lengths():
-            ahead += length if user == ticket.user else min(length, own + 1)
-        return ahead + 1
+        return ahead + tier.backlog_within(tier.queued_by(ticket.user) + 1) + 1

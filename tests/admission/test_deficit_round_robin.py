@@ -76,3 +76,17 @@ def test_service_time_forgets_its_prior_at_the_first_completion() -> None:
     rate.observe(4.0)
     assert rate.service_s == 3.0
     assert rate.completions_per_s(in_flight=6) == 2.0
+
+
+def test_backlog_within_counts_at_most_so_many_per_user() -> None:
+    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256)
+    items = [Item(ticket(user)) for user, n in (("a", 5), ("b", 2), ("c", 1)) for _ in range(n)]
+    for item in items:
+        drr.push(item)
+    assert drr.backlog_within(1) == 3
+    assert drr.backlog_within(2) == 5
+    assert drr.backlog_within(10) == 8
+    drr.remove(items[0])
+    serve(drr, 1)
+    assert drr.backlog_within(10) == 6 and len(drr) == 6
+    assert drr.reserve_items == 0
