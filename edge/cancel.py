@@ -23,15 +23,28 @@ class CancelOutcome(enum.Enum):
 
 
 class LiveRequest:
-    """A request in flight. `scope` is cancelled to stop it; `cancelled` tells why it stopped."""
+    """A request in flight. Its generation runs inside `scope()`; `cancel` stops it there."""
 
-    __slots__ = ("cancelled", "owner", "request_id", "scope")
+    __slots__ = ("_scope", "cancelled", "owner", "request_id")
 
     def __init__(self, request_id: str, owner: str) -> None:
         self.request_id = request_id
         self.owner = owner
-        self.scope = anyio.CancelScope()
         self.cancelled = False
+        self._scope: anyio.CancelScope | None = None
+
+    def scope(self) -> anyio.CancelScope:
+        """The cancel scope to run the generation in (cancelled at once if a cancel came first)."""
+        if self._scope is None:
+            self._scope = anyio.CancelScope()
+            if self.cancelled:
+                self._scope.cancel()
+        return self._scope
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self._scope is not None:
+            self._scope.cancel()
 
 
 class RequestRegistry(Protocol):
@@ -70,8 +83,7 @@ class CancelRegistry:
     def cancel_local(self, request_id: str, user: str) -> CancelOutcome:
         live = self._live.get(request_id)
         if live is not None and live.owner == user:
-            live.cancelled = True
-            live.scope.cancel()
+            live.cancel()
             return CancelOutcome.CANCELLED
         done = self._finished.get(request_id)
         if done is not None and done[0] == user:

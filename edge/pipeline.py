@@ -350,7 +350,8 @@ class Generation:
     async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
         if keepalive is not None:
             self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
-        with self._live.scope:
+        scope = self._live.scope()
+        with scope:
             try:
                 await self._place_and_relay(out, on_text)
             except Overloaded as exc:
@@ -364,7 +365,7 @@ class Generation:
                 out.error = ApiError(
                     502, "The model replica failed while generating.", type="api_error", code="upstream_error"
                 )
-        if self._live.scope.cancelled_caught:
+        if scope.cancelled_caught:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
         # Before the caller writes its final events: nothing else may write to the stream then.
