@@ -12,12 +12,12 @@ data "aws_iam_policy_document" "ec2_assume" {
 }
 
 resource "aws_iam_role" "gpu" {
-  name               = "${local.group_name}-host"
+  name               = "${var.group_name}-host"
   assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
 }
 
 resource "aws_iam_instance_profile" "gpu" {
-  name = "${local.group_name}-host"
+  name = "${var.group_name}-host"
   role = aws_iam_role.gpu.name
 }
 

@@ -2,14 +2,10 @@
 # which fetches the engine from S3 on its first start. Loading a model takes minutes, so a warm pool
 # keeps hosts that already went through that, stopped: scaling out starts them instead.
 
-locals {
-  group_name = var.group_name
-}
-
 data "aws_region" "current" {}
 
 resource "aws_security_group" "gpu" {
-  name        = local.group_name
+  name        = var.group_name
   description = "GPU hosts of ${var.model}: Triton gRPC and metrics from the edge"
   vpc_id      = var.vpc_id
 
@@ -31,7 +27,7 @@ resource "aws_security_group" "gpu" {
 }
 
 resource "aws_launch_template" "gpu" {
-  name_prefix            = "${local.group_name}-"
+  name_prefix            = "${var.group_name}-"
   image_id               = "resolve:ssm:${var.ami_ssm_parameter}"
   instance_type          = var.instance_type
   vpc_security_group_ids = [aws_security_group.gpu.id]
@@ -70,23 +66,23 @@ resource "aws_launch_template" "gpu" {
     registry      = split("/", var.triton_image)[0]
     image         = var.triton_image
     engine_s3_uri = var.engine_s3_uri
-    group_name    = local.group_name
-    hook_name     = "${local.group_name}-ready"
+    group_name    = var.group_name
+    hook_name     = "${var.group_name}-ready"
   }))
 
   tag_specifications {
     resource_type = "instance"
-    tags          = { Name = local.group_name, Model = var.model }
+    tags          = { Name = var.group_name, Model = var.model }
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = { Name = local.group_name, Model = var.model }
+    tags          = { Name = var.group_name, Model = var.model }
   }
 }
 
 resource "aws_autoscaling_group" "gpu" {
-  name                      = local.group_name
+  name                      = var.group_name
   vpc_zone_identifier       = var.private_subnet_ids
   min_size                  = var.min_size
   max_size                  = var.max_size
@@ -103,14 +99,14 @@ resource "aws_autoscaling_group" "gpu" {
   # A host is in service only once Triton reports ready (see user data): until then the launch
   # waits on this hook, both on its first boot and when it leaves the warm pool.
   initial_lifecycle_hook {
-    name                 = "${local.group_name}-ready"
+    name                 = "${var.group_name}-ready"
     lifecycle_transition = "autoscaling:EC2_INSTANCE_LAUNCHING"
     default_result       = "ABANDON"
     heartbeat_timeout    = 1800
   }
 
   initial_lifecycle_hook {
-    name                 = "${local.group_name}-drain"
+    name                 = "${var.group_name}-drain"
     lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
     default_result       = "CONTINUE"
     heartbeat_timeout    = var.scale_in_drain_s

@@ -8,7 +8,7 @@ locals {
 }
 
 resource "aws_autoscaling_policy" "queue_depth_target" {
-  name                      = "${local.group_name}-queue-depth"
+  name                      = "${var.group_name}-queue-depth"
   autoscaling_group_name    = aws_autoscaling_group.gpu.name
   policy_type               = "TargetTrackingScaling"
   estimated_instance_warmup = 300
@@ -44,7 +44,7 @@ resource "aws_autoscaling_policy" "queue_depth_target" {
 }
 
 resource "aws_autoscaling_policy" "queue_depth_surge" {
-  name                      = "${local.group_name}-queue-surge"
+  name                      = "${var.group_name}-queue-surge"
   autoscaling_group_name    = aws_autoscaling_group.gpu.name
   policy_type               = "StepScaling"
   adjustment_type           = "PercentChangeInCapacity"
@@ -65,7 +65,7 @@ resource "aws_autoscaling_policy" "queue_depth_surge" {
 }
 
 resource "aws_cloudwatch_metric_alarm" "queue_depth_surge" {
-  alarm_name          = "${local.group_name}-queue-surge"
+  alarm_name          = "${var.group_name}-queue-surge"
   alarm_description   = "Backlog per ${var.model} replica above ${var.surge_queue_depth}: scale out in steps"
   comparison_operator = "GreaterThanOrEqualToThreshold"
   threshold           = var.surge_queue_depth
