@@ -182,8 +182,7 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_
         assert await b.cancel("req-s1", "mallory") is CancelOutcome.NOT_FOUND
         assert await b.cancel("req-s2", "alice") is CancelOutcome.FINISHED
         assert await b.cancel("req-s1", "alice") is CancelOutcome.CANCELLED
-        await until(lambda: live.cancelled)
-        assert live.scope.cancel_called
+        await until(lambda: live.cancelled)  # instance A stopped its stream
     finally:
         await a.aclose()
         await b.aclose()
