@@ -129,6 +129,17 @@ def test_messages_table_matches_the_store() -> None:
     assert only(table["server_side_encryption"]) == {"enabled": True, "kms_key_arn": "${var.kms_key_arn}"}
 
 
+def test_edge_may_only_write_and_query_its_messages_table() -> None:
+    documents = module(MODULES / "edge_service").data("aws_iam_policy_document")
+    statements = {s["sid"]: s for s in documents["task"]["statement"]}
+    dynamo = [a for s in statements.values() for a in s["actions"] if a.startswith("dynamodb:")]
+
+    assert sorted(dynamo) == ["dynamodb:PutItem", "dynamodb:Query"]
+    assert statements["MessagesTable"]["resources"] == ["${var.messages_table_arn}"]
+    table = resolve(ENV.calls()["edge"]["messages_table_arn"], ENV, "edge")
+    assert table == "${aws_dynamodb_table.messages.arn}"
+
+
 def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
     documents = module(MODULES / "gpu_pool").data("aws_iam_policy_document")
     statements = {s["sid"]: s for s in documents["gpu"]["statement"]}

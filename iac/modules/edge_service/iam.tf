@@ -59,9 +59,10 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
+  # What edge/messages/dynamodb.py calls, on the one table.
   statement {
     sid       = "MessagesTable"
-    actions   = ["dynamodb:PutItem", "dynamodb:Query", "dynamodb:GetItem", "dynamodb:DescribeTable"]
+    actions   = ["dynamodb:PutItem", "dynamodb:Query"]
     resources = [var.messages_table_arn]
   }
 
