@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from limiter.base import Limiter
 from limiter.memory import MemoryLimiter
+from limiter.redis_store import RedisLimiter
 from limiter.tiers import tier_limits
 
 __all__ = ["create_limiter", "tier_limits"]
@@ -20,15 +21,14 @@ def create_limiter(
     *,
     cluster: bool = False,
 ) -> Limiter:
-    """backend "memory": the in-process twin (`clock` drives it; tests inject one).
+    """backend "memory": the in-process twin (`clock` drives it; tests inject one); with
+    `instance_count` > 1 each instance enforces its share of every limit.
     backend "redis": shared by every edge instance; `redis+cluster://host:port` or `cluster=True`
     talks to a Redis Cluster. `timeout_ms` bounds every Redis call; `instance_count` divides the
     limits of the local fallback used while Redis is down for fail-open tiers."""
     if backend == "memory":
-        return MemoryLimiter(clock)
+        return MemoryLimiter(clock, instance_count=instance_count)
     if backend == "redis":
-        from limiter.redis_store import RedisLimiter
-
         return RedisLimiter.from_url(
             redis_url, timeout_ms=timeout_ms, instance_count=instance_count, cluster=cluster
         )

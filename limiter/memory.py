@@ -1,7 +1,8 @@
 """The in-memory twin: the same algorithm as the Redis scripts, for one process.
 
 Used by a single edge instance (`make serve`), by the Redis store as its fail-open fallback, and by
-the differential test as the reference the scripts must agree with.
+the differential test as the reference the scripts must agree with. Run in each of N instances
+(`instance_count`), it enforces each tier divided by N, so the instances together never exceed it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from limiter import policy
 from limiter.base import Admission, TierLimits
 from limiter.lease import Lease
+from limiter.tiers import per_instance
 
 DEFAULT_BATCH_TOKENS = 32
 # Longer than the longest queue wait plus the longest gap between two charges of a live stream.
@@ -28,8 +30,10 @@ class MemoryLimiter:
         *,
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        instance_count: int = 1,
     ) -> None:
         self._clock = clock or time.monotonic
+        self._instance_count = instance_count
         self.batch_tokens = batch_tokens
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
         self._states: dict[str, policy.UserState] = {}
@@ -45,7 +49,7 @@ class MemoryLimiter:
     def _rates_for(self, tier: TierLimits) -> policy.Rates:
         rates = self._rates.get(tier)
         if rates is None:
-            rates = self._rates[tier] = policy.rates_for(tier)
+            rates = self._rates[tier] = policy.rates_for(per_instance(tier, self._instance_count))
         return rates
 
     def _state(self, user: str, now_us: int) -> policy.UserState:

@@ -25,7 +25,6 @@ from limiter.lease import Lease
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import FALLBACK_ACTIVE, STORE_FAILURES
 from limiter.scripts import script_text
-from limiter.tiers import per_instance
 
 log = structlog.get_logger("limiter")
 
@@ -63,7 +62,6 @@ class RedisLimiter:
         TIME, so a test can drive Redis and the twin through the same instants."""
         self._client = client
         self._timeout_s = timeout_ms / 1000
-        self._instance_count = instance_count
         self.batch_tokens = batch_tokens
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
         self._backoff_s = backoff_s
@@ -72,7 +70,9 @@ class RedisLimiter:
         self._admit = client.register_script(script_text("admit"))
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
-        self._fallback = MemoryLimiter(batch_tokens=batch_tokens, lease_ttl_s=lease_ttl_s)
+        self._fallback = MemoryLimiter(
+            batch_tokens=batch_tokens, lease_ttl_s=lease_ttl_s, instance_count=instance_count
+        )
         self._rates: dict[TierLimits, policy.Rates] = {}
         self._down_until = 0.0
         self._failing = False
@@ -156,9 +156,7 @@ class RedisLimiter:
         except _StoreDown:
             if tier.on_store_failure == "closed":
                 raise StoreUnavailable(max(self._down_until - time.monotonic(), 0.001)) from None
-            return await self._fallback.admit(
-                user, request_id, per_instance(tier, self._instance_count), input_tokens, max_output_tokens
-            )
+            return await self._fallback.admit(user, request_id, tier, input_tokens, max_output_tokens)
         allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok = (int(v) for v in reply)
         decision = Decision(
             allowed=bool(allowed),
@@ -202,9 +200,7 @@ class RedisLimiter:
             if tier.on_store_failure == "closed":
                 return 0  # the stream stops with finish_reason "length": nothing vouches for more
             # Fail-open: this instance's share of the budget pays for the rest of the stream.
-            return await self._fallback.charge(
-                user, per_instance(tier, self._instance_count), request_id, want
-            )
+            return await self._fallback.charge(user, tier, request_id, want)
 
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False

@@ -25,6 +25,15 @@ async def test_factory_builds_the_twin_that_satisfies_the_protocol() -> None:
 
 
 @pytest.mark.anyio
+async def test_each_of_several_memory_instances_enforces_its_share() -> None:
+    limiter = create_limiter("memory", "", 250, 2, clock=ManualClock())
+    t = tier(requests=10, request_window_s=3600)
+    allowed = [(await limiter.admit("u", f"r{i}", t, 1, 0)).decision for i in range(6)]
+    assert [d.allowed for d in allowed] == [True] * 5 + [False]
+    assert allowed[0].limit_requests == 5  # the headers tell what this instance enforces
+
+
+@pytest.mark.anyio
 async def test_burst_is_the_limit_then_one_per_interval_no_edge_double_burst() -> None:
     clock = ManualClock()
     limiter = MemoryLimiter(clock)
