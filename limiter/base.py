@@ -70,6 +70,10 @@ class StoreUnavailable(Exception):
 class Limiter(Protocol):
     async def admit(
         self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
-    ) -> Admission: ...
+    ) -> Admission:
+        """One atomic decision over requests, tokens (input + an initial output lease) and
+        concurrency. A prompt larger than the tier's whole token budget can never be admitted
+        (no wait helps): check `input_tokens <= tier.tokens_per_window` before asking."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -65,12 +65,13 @@ class MemoryLimiter:
     async def admit(
         self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
     ) -> Admission:
-        lease_tokens = min(self.batch_tokens, max_output_tokens)
+        rates = self._rates_for(tier)
+        lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
         with self._lock:
             now = self._now_us()
             decision = policy.admit(
                 self._state(user, now),
-                self._rates_for(tier),
+                rates,
                 now,
                 request_id,
                 input_tokens,

@@ -109,6 +109,13 @@ def prune_expired(leases: dict[str, int], now_us: int) -> None:
         del leases[request_id]
 
 
+def initial_lease(rates: Rates, batch_tokens: int, input_tokens: int, max_output_tokens: int) -> int:
+    """The output tokens reserved at admission: one batch, but never more than the request may
+    generate, nor so many that input + lease could not fit even an untouched budget (a small
+    budget then still admits the request and its stream stops when the budget is spent)."""
+    return max(0, min(batch_tokens, max_output_tokens, rates.token_capacity - input_tokens))
+
+
 def admit(
     state: UserState,
     rates: Rates,

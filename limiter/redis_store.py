@@ -138,7 +138,7 @@ class RedisLimiter:
         self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
     ) -> Admission:
         rates = self._rates_for(tier)
-        lease_tokens = min(self.batch_tokens, max_output_tokens)
+        lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
         args = (
             self._now_arg(),
             request_id,

@@ -182,3 +182,11 @@ async def test_users_are_limited_independently() -> None:
     assert (await limiter.admit("u1", "a", t, 1, 1)).decision.allowed
     assert (await limiter.admit("u2", "a", t, 1, 1)).decision.allowed
     assert not (await limiter.admit("u1", "b", t, 1, 1)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_a_budget_smaller_than_one_batch_still_admits_what_fits() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
+    lease = _lease(await limiter.admit("u", "r", tier(tokens=50, token_window_s=1000), 40, 100))
+    assert lease.granted == 10
+    assert await lease.take(20) == 10
