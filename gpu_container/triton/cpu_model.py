@@ -4,12 +4,12 @@ Runs inside the backend stub (cpu/model.py hands over to EngineModel), where
 triton_python_backend_utils is importable.
 
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
-hands it to the engine; the engine thread's callback sends each step's tokens through the request's
-response sender (decoupled: many responses, the last one flagged FINAL). A watcher thread polls
-`is_cancelled()` of the live requests (a closed gRPC stream) and aborts them in the engine, which
-frees their KV blocks; a `stop=true` request with the same request id does the same. The engine's
-stats are exported as the gauges TensorRT-LLM's backend exports (nv_trt_llm_*), so the edge reads
-capacity the same way from both.
+hands it to the engine; the engine thread posts each step's tokens to an outbox, and a sender
+thread sends them through each request's response sender (decoupled: many responses, the last one
+flagged FINAL). A watcher thread polls `is_cancelled()` of the live requests (a closed gRPC stream)
+and aborts them in the engine, which frees their KV blocks; a `stop=true` request with the same
+request id does the same. The engine's stats are exported as the gauges TensorRT-LLM's backend
+exports (nv_trt_llm_*), so the edge reads capacity the same way from both.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import triton_python_backend_utils as pb_utils  # only inside tritonserver's Pyt
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, TokenOutput
 from gpu_container.triton.cpu_contract import decode_request, engine_config_from_parameters, output_arrays
+from gpu_container.triton.outbox import Outbox
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
 
@@ -137,7 +138,10 @@ class EngineModel:
         self._gauges = _Gauges(args["model_name"], args["model_version"])
         self._gauges.update(self._engine.stats())
         self._stopping = threading.Event()
+        self._outbox = Outbox()
         self._engine.start()
+        self._sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
+        self._sender.start()
         self._watcher = threading.Thread(target=self._watch, name="cancel-watcher", daemon=True)
         self._watcher.start()
         log.info("cpu engine model ready", model_dir=parameters["model_dir"])
@@ -174,7 +178,7 @@ class EngineModel:
             if unique:
                 self._by_triton_id[triton_id] = engine_id
         try:
-            self._engine.add_request(engine_id, contract.prompt_ids, contract.params, self._on_output)
+            self._engine.add_request(engine_id, contract.prompt_ids, contract.params, self._outbox.post)
         except Exception:
             self._forget(engine_id)
             raise
@@ -186,8 +190,14 @@ class EngineModel:
                 del self._by_triton_id[live.triton_id]
             return live
 
-    def _on_output(self, out: TokenOutput) -> None:
-        """Engine thread: one step's new tokens of one request."""
+    def _send_loop(self) -> None:
+        # Sending waits on the backend's IPC; doing it here keeps the engine thread stepping.
+        while (batch := self._outbox.take()) is not None:
+            for out in batch:
+                self._deliver(out)
+
+    def _deliver(self, out: TokenOutput) -> None:
+        """Sender thread: the new tokens of one request since its last response."""
         if out.finish_reason is None:
             # A plain dict read (atomic under the GIL): the lock may be held across a watcher probe.
             live = self._live.get(out.request_id)
@@ -239,6 +249,8 @@ class EngineModel:
     def finalize(self) -> None:
         self._stopping.set()
         self._watcher.join()
-        # Every live request gets its final "cancelled" response through _on_output.
+        # Every live request gets its final "cancelled" response through the outbox.
         self._engine.stop()
+        self._outbox.close()
+        self._sender.join()
         self._gauges.close()
