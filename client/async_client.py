@@ -189,6 +189,7 @@ class AsyncChatStream:
         self._network_retries = min(1, chat._max_retries)
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        self._ended_on_server = False
         self._response: httpx.Response | None = None
         self._events = self._generate()
 
@@ -247,6 +248,7 @@ class AsyncChatStream:
                 raise NetworkError("no request id yet to cancel")
             await self._chat.cancel(request_id)
         except ConflictError:
+            self._ended_on_server = True
             return False
         except FloodgateError:
             await self.close()
@@ -268,7 +270,7 @@ class AsyncChatStream:
         # Shielded: the block may be exiting because its task is being cancelled. Bounded: closing the
         # connection stops the generation too, so a slow cancel call is not worth waiting for.
         with anyio.move_on_after(_CANCEL_ON_EXIT_S, shield=True):
-            if self._decoder.finished is None and not self._cancelled:
+            if self._decoder.finished is None and not (self._cancelled or self._ended_on_server):
                 try:
                     await self.cancel()
                 except FloodgateError as error:

@@ -1,4 +1,8 @@
-"""`floodgate chat "prompt"`: stream a reply to the terminal; Ctrl-C stops it on the server too."""
+"""`floodgate chat "prompt"`: stream a reply to the terminal; Ctrl-C stops it on the server.
+
+The first Ctrl-C cancels through the API and the reply ends with the server's confirmation
+("[stopped]", or a finished event with "cancelled": true in --json mode); a second one quits at once.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
 from client.client import Client
 from client.errors import FloodgateError, RateLimitError
 from client.events import Finished, RequestStarted, StreamEvent, TextDelta
+from client.interrupt import CancelOnInterrupt
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 KEY_ENV = "FLOODGATE_API_KEY"
@@ -65,21 +70,17 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
         except FloodgateError as error:
             print(f"error: {error.message}", file=err)
             return 1
-        with stream:
+        request_id = stream.request_id or ""
+        with stream, CancelOnInterrupt(lambda: client.chat.cancel(request_id), err) as interrupt:
             try:
                 for event in stream:
                     _print_event(event, args.json, out, err)
             except KeyboardInterrupt:
-                confirmed = _cancel_quietly(stream.cancel)
-                if args.json:
-                    print(json.dumps({"type": "interrupted", "cancel_confirmed": confirmed}), file=out)
-                else:
-                    print(f"\n[stopped{'' if confirmed else ', server did not confirm'}]", file=err)
                 return EXIT_INTERRUPTED
             except FloodgateError as error:
                 print(f"\nerror: {error.message}", file=err)
                 return 1
-    return 0
+    return EXIT_INTERRUPTED if interrupt.interrupted else 0
 
 
 def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) -> None:
@@ -96,13 +97,6 @@ def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) ->
         if event.usage is not None:
             note += f", {event.usage.prompt_tokens} in / {event.usage.completion_tokens} out"
         print(f"[{note}]", file=err)
-
-
-def _cancel_quietly(cancel: Callable[[], bool]) -> bool:
-    try:
-        return bool(cancel())
-    except FloodgateError:
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

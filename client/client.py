@@ -190,6 +190,7 @@ class ChatStream:
         self._network_retries = min(1, chat._max_retries)
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        self._ended_on_server = False
         self._response = chat._open(request, policy, self._network_retries)
         self._events = self._generate()
 
@@ -238,6 +239,7 @@ class ChatStream:
                 raise NetworkError("no request id yet to cancel")
             self._chat.cancel(request_id)
         except ConflictError:
+            self._ended_on_server = True
             # Finished on the server already: the rest of the reply is on its way; let it be read.
             return False
         except FloodgateError:
@@ -257,7 +259,7 @@ class ChatStream:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._decoder.finished is None and not self._cancelled:
+        if self._decoder.finished is None and not (self._cancelled or self._ended_on_server):
             try:
                 self.cancel()
             except FloodgateError as error:

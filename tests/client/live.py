@@ -46,4 +46,6 @@ LONG_REPLIES = (
     LongReply("Write a very long story, part 0.", seed=9),
 )
 LONG_REPLY = LONG_REPLIES[0]
+# The first tokens of that greedy reply: a short request sure to get text (sampling may end at once).
+SURE_TEXT = {"messages": LONG_REPLY.prompt, "temperature": 0.0}
 LONG_REPLY_TOKENS = 1500

@@ -31,7 +31,16 @@ def chat_cli(server: LiveServer, *args: str, key: str | None) -> subprocess.Pope
 
 
 def test_json_mode_prints_every_event_as_a_json_line(server: LiveServer) -> None:
-    proc = chat_cli(server, "Hello", "--json", "--max-tokens", "8", key=server.keys["paid"])
+    proc = chat_cli(
+        server,
+        LONG_REPLY.prompt,
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        key=server.keys["paid"],
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     events: list[dict[str, Any]] = [json.loads(line) for line in out.splitlines()]
@@ -41,7 +50,9 @@ def test_json_mode_prints_every_event_as_a_json_line(server: LiveServer) -> None
 
 
 def test_plain_mode_prints_the_reply_text(server: LiveServer) -> None:
-    proc = chat_cli(server, "Hello", "--max-tokens", "8", "--seed", "4", key=server.keys["paid"])
+    proc = chat_cli(
+        server, LONG_REPLY.prompt, "--temperature", "0", "--max-tokens", "8", key=server.keys["paid"]
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip() and "[" in err
@@ -65,7 +76,10 @@ def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert json.loads(rest.splitlines()[-1]) == {"type": "interrupted", "cancel_confirmed": True}
+    # The reply ends with the server's own final chunk saying it was cancelled.
+    finished = json.loads(rest.splitlines()[-1])
+    assert finished["type"] == "finished" and finished["cancelled"] is True
+    assert finished["usage"]["completion_tokens"] < LONG_REPLY_TOKENS
 
 
 def test_a_missing_key_is_reported_without_a_request(server: LiveServer) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
 from tests.client.flaky_proxy import flaky_proxy
+from tests.client.live import SURE_TEXT
 from tests.support.live_server import LiveServer
 
 
@@ -25,7 +26,7 @@ def test_a_connection_refused_before_any_answer_is_retried_once(server: LiveServ
         flaky_proxy(edge_port(server), ["refuse"]) as proxy,
         Client(proxy.base_url, server.keys["paid"]) as client,
     ):
-        result = client.chat.create("hi", model="floodgate-tiny", max_tokens=4)
+        result = client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
     assert result.text and proxy.connections >= 2
 
 
@@ -34,7 +35,7 @@ def test_a_stream_cut_before_its_first_token_is_reopened_with_a_new_request(serv
         flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy,
         Client(proxy.base_url, server.keys["paid"]) as client,
     ):
-        with client.chat.stream("hi", model="floodgate-tiny", max_tokens=4) as stream:
+        with client.chat.stream(**SURE_TEXT, model="floodgate-tiny", max_tokens=4) as stream:
             events = list(stream)
     started = [event for event in events if isinstance(event, RequestStarted)]
     assert len(started) == 2 and started[0].request_id != started[1].request_id
@@ -47,7 +48,7 @@ def test_a_stream_cut_after_text_arrived_raises_instead_of_restarting(server: Li
         flaky_proxy(edge_port(server), ["cut_after_text"]) as proxy,
         Client(proxy.base_url, server.keys["paid"]) as client,
     ):
-        stream = client.chat.stream("hi", model="floodgate-tiny", max_tokens=200, seed=2)
+        stream = client.chat.stream(**SURE_TEXT, model="floodgate-tiny", max_tokens=200)
         seen: list[object] = []
         with pytest.raises(NetworkError):
             for event in stream:
@@ -72,5 +73,5 @@ def test_too_many_network_failures_raise_network_error(server: LiveServer) -> No
 async def test_async_stream_cut_before_its_first_token_is_reopened(server: LiveServer) -> None:
     with flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy:
         async with AsyncClient(proxy.base_url, server.keys["paid"]) as client:
-            result = await client.chat.create("hi", model="floodgate-tiny", max_tokens=4)
+            result = await client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
     assert result.text and proxy.connections >= 2

@@ -6,6 +6,7 @@ import httpx2
 import openai
 import pytest
 
+from tests.client.live import LONG_REPLY
 from tests.support.live_server import LiveServer
 
 
@@ -13,9 +14,10 @@ def test_the_openai_sdk_streams_from_the_edge(server: LiveServer) -> None:
     sdk = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.keys["paid"], max_retries=0)
     stream = sdk.chat.completions.create(
         model="floodgate-tiny",
-        messages=[{"role": "user", "content": "Hello from the SDK"}],
+        messages=[{"role": "user", "content": LONG_REPLY.prompt}],
         stream=True,
         max_tokens=12,
+        temperature=0.0,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -47,13 +49,14 @@ def test_the_openai_sdk_retries_a_429_after_the_advertised_wait_and_succeeds(ser
     sdk = openai.OpenAI(
         base_url=f"{server.base_url}/v1", api_key=server.keys["free2"], max_retries=3, http_client=http
     )
-    messages = [{"role": "user", "content": "hi"}]
+    messages = [{"role": "user", "content": LONG_REPLY.prompt}]
     sdk.chat.completions.create(model="floodgate-tiny", messages=messages, max_tokens=2)  # type: ignore[arg-type]
     statuses.clear()
     stream = sdk.chat.completions.create(
         model="floodgate-tiny",
         messages=messages,  # type: ignore[arg-type]
         max_tokens=4,
+        temperature=0.0,
         stream=True,
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

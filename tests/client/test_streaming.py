@@ -5,7 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from client import AsyncClient, Client, Finished, RequestStarted, TextDelta
+from client import AsyncClient, ChatResult, Client, Finished, RequestStarted, TextDelta
+from tests.client.live import LONG_REPLY, SURE_TEXT
 from tests.support.live_server import LiveServer
 
 
@@ -13,12 +14,7 @@ def test_a_stream_yields_started_then_deltas_then_finished_and_text_accumulates(
     with (
         Client(server.base_url, server.keys["paid"]) as client,
         client.chat.stream(
-            [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Tell me about rivers."},
-            ],
-            max_tokens=24,
-            seed=7,
+            [{"role": "user", "content": LONG_REPLY.prompt}], max_tokens=24, temperature=0.0
         ) as stream,
     ):
         events = list(stream)
@@ -38,7 +34,7 @@ def test_a_stream_yields_started_then_deltas_then_finished_and_text_accumulates(
 
 def test_text_grows_while_the_stream_is_read(server: LiveServer) -> None:
     with Client(server.base_url, server.keys["paid"]) as client:
-        stream = client.chat.stream("Count to ten.", max_tokens=16, seed=3)
+        stream = client.chat.stream(**SURE_TEXT, max_tokens=16)
         lengths = [len(stream.text) for event in stream if isinstance(event, TextDelta)]
     assert len(lengths) >= 2 and lengths == sorted(lengths) and lengths[0] < lengths[-1]
 
@@ -56,7 +52,7 @@ def test_rate_limits_come_from_the_response_headers(server: LiveServer) -> None:
 
 def test_create_returns_the_whole_reply(server: LiveServer) -> None:
     with Client(server.base_url, server.keys["paid"]) as client:
-        result = client.chat.create("Say something.", max_tokens=12, seed=1)
+        result = client.chat.create(**SURE_TEXT, max_tokens=12)
     assert result.text and result.request_id.startswith("chatcmpl-")
     assert result.finish_reason in ("stop", "length")
     assert result.usage is not None and result.usage.completion_tokens <= 12
@@ -65,7 +61,7 @@ def test_create_returns_the_whole_reply(server: LiveServer) -> None:
 @pytest.mark.anyio
 async def test_async_client_streams_with_the_same_events(server: LiveServer) -> None:
     async with AsyncClient(server.base_url, server.keys["paid"]) as client:
-        async with client.chat.stream("Hi there", max_tokens=10, seed=5) as stream:
+        async with client.chat.stream(**SURE_TEXT, max_tokens=10) as stream:
             events = [event async for event in stream]
     assert isinstance(events[0], RequestStarted) and isinstance(events[-1], Finished)
     assert stream.text == "".join(e.text for e in events if isinstance(e, TextDelta))
@@ -73,16 +69,20 @@ async def test_async_client_streams_with_the_same_events(server: LiveServer) -> 
 
 @pytest.mark.anyio
 async def test_async_client_carries_100_concurrent_streams(server: LiveServer) -> None:
-    results: dict[int, tuple[str, str, str]] = {}
+    results: dict[int, ChatResult] = {}
 
     async def one(client: AsyncClient, i: int) -> None:
-        result = await client.chat.create(f"Stream number {i}", max_tokens=6, seed=i)
-        results[i] = (result.request_id, result.text, result.finish_reason)
+        results[i] = await client.chat.create(f"Stream number {i}", max_tokens=6, seed=i)
 
     async with AsyncClient(server.base_url, server.keys["paid"]) as client:
         async with anyio.create_task_group() as group:
             for i in range(100):
                 group.start_soon(one, client, i)
     assert len(results) == 100
-    assert len({request_id for request_id, _, _ in results.values()}) == 100
-    assert all(text and reason in ("stop", "length") for _, text, reason in results.values())
+    assert len({result.request_id for result in results.values()}) == 100
+    assert all(result.finish_reason in ("stop", "length") for result in results.values())
+    assert all(
+        result.usage is not None and 1 <= result.usage.completion_tokens <= 6 for result in results.values()
+    )
+    # A random-weight model may end a reply at its first token; across 100 of them, text comes back.
+    assert sum(bool(result.text) for result in results.values()) > 50
