@@ -15,7 +15,7 @@ from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig
-from tests.admission.flow import counting_clock, ticket
+from tests.admission.flow import counting_clock, ticket, until
 from tests.admission.pipeline import generate_with_failover
 
 ENGINE = EngineConfig(
@@ -47,6 +47,7 @@ class Served:
     ticket: Ticket
     asked_at: float
     granted_at: float
+    finished_at: float
     tokens: list[int]
 
 
@@ -62,21 +63,26 @@ async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[
     async def request(t: Ticket) -> None:
         asked_at = clock()  # acquire() enqueues before it first yields: no grant falls in between
         slot, tokens = await generate_with_failover(dispatcher, t, PROMPT, MAX_NEW)
-        served.append(Served(t, asked_at, slot.granted_at, tokens))
+        served.append(Served(t, asked_at, slot.granted_at, clock(), tokens))
 
     async with asyncio.TaskGroup() as group:
         for i in range(48):
             group.create_task(request(ticket(f"free-{i % 8}", kv_tokens=len(PROMPT) + MAX_NEW)))
-        for i in range(8):
-            await asyncio.sleep(0)  # let the flood queue up first; paid arrive while it drains
-            group.create_task(request(ticket(f"paid-{i % 3}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)))
+        # Free may fill 3 of each replica's 4 sequences: 6 run, the rest queue.
+        await until(lambda: dispatcher.queue_depth() == 42)
+        for _ in range(3):  # paid arrive in bursts larger than the reserve while the flood drains
+            completed = len(served)
+            for i in range(3):
+                paid = ticket(f"paid-{i}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)
+                group.create_task(request(paid))
+            await until(lambda done=completed: len(served) >= done + 3)
     await dispatcher.aclose()
 
-    assert len(served) == 56 and all(len(s.tokens) > 0 for s in served)
+    assert len(served) == 57 and all(len(s.tokens) > 0 for s in served)
     free = [s for s in served if s.ticket.priority == 0]
     paid_served = [s for s in served if s.ticket.priority == 10]
-    grants = sorted(s.granted_at for s in served)
-    waited = [p for p in paid_served if any(p.asked_at < g < p.granted_at for g in grants)]
+    # A paid request waited when it got its slot only after some request finished (freeing one).
+    waited = [p for p in paid_served if any(p.asked_at < s.finished_at < p.granted_at for s in served)]
     assert waited, "the scenario must make paid requests queue behind the flood"
     for paid in paid_served:
         overtaking = [f for f in free if paid.asked_at < f.granted_at < paid.granted_at]
