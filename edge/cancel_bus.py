@@ -1,10 +1,11 @@
 """Cancel across edge instances: who owns a request, and a broadcast that reaches whoever runs it.
 
 A request's stream lives on one edge instance; its cancel may arrive at any of them. When a request
-starts, its instance records the owner (`track`, before the first SSE event carries the id, so a cancel
-that follows the id always finds it). `cancel` checks the owner (another user's id and an unknown id
-answer alike: "not_found"), then publishes the cancel; every instance is subscribed and hands it to
-`deliver(request_id, user)`, which stops the stream if that instance holds it.
+starts, its instance records the owner (`track`; the write is issued before the first SSE event, which
+carries the id, is written, and takes well under the client's round trip to another instance).
+`cancel` checks the owner (another user's id and an unknown id answer alike: "not_found"), then
+publishes the cancel; every instance is subscribed and hands it to `deliver(request_id, user)`, which
+stops the stream if that instance holds it.
 
 Two implementations: `InMemoryCancelBus` for one process (the embedded default) and `RedisCancelBus`
 for a fleet. In Redis the owner is a string `<state>\\t<user>` at `floodgate:cancel:{<request_id>}`
