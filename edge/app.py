@@ -12,13 +12,13 @@ from litestar.exceptions import HTTPException
 
 from edge.admission.dispatcher import Dispatcher
 from edge.auth import KeyStore
-from edge.cancel import CancelRegistry
 from edge.config import ModelConfig, Settings
 from edge.conversation_log import ConversationLog
 from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
 from edge.pipeline import Pipeline, PipelineConfig
+from edge.request_registry import open_request_registry
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.conversations import conversation_messages
@@ -75,7 +75,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             writer = MessageWriter(store, settings.messages.queue_size)
             writer.start()
             stack.push_async_callback(writer.aclose)
-            registry = CancelRegistry()
+            registry = await stack.enter_async_context(open_request_registry(settings.limiter))
             config = PipelineConfig(
                 model_name=settings.model.name,
                 max_model_len=_max_model_len(settings, model_dir),

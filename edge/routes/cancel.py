@@ -9,7 +9,8 @@ from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
 from edge.cancel import CancelOutcome
-from edge.errors import ApiError
+from edge.cancel_bus import CancelBusUnavailable
+from edge.errors import ApiError, retry_after_headers
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
@@ -18,7 +19,15 @@ from edge.runtime import runtime_of
 async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
-    outcome = await runtime.registry.cancel(request_id, principal.user)
+    try:
+        outcome = await runtime.registry.cancel(request_id, principal.user)
+    except CancelBusUnavailable:
+        raise ApiError(
+            503,
+            "Cancellation is unavailable right now; please retry.",
+            code="cancel_unavailable",
+            headers=retry_after_headers(1.0),
+        ) from None
     if outcome is CancelOutcome.CANCELLED:
         return json_response({"request_id": request_id, "status": "CANCELLED"})
     if outcome is CancelOutcome.FINISHED:

@@ -55,15 +55,19 @@ def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path, long_body:
     assert usage["total_tokens"] <= budget + 1
 
 
-def test_fail_closed_tier_answers_503_when_the_store_is_down(tmp_path: Path) -> None:
+def test_redis_down_fail_closed_tier_and_remote_cancel_answer_503(tmp_path: Path) -> None:
     overrides = _paid(on_store_failure="closed") | {
         "limiter": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 200}
     }
     with start_server(tmp_path, overrides) as server:
         response = httpx.post(server.base_url + CHAT, json=SHORT, headers=server.auth("paid"))
+        # Nor can a cancel be routed to another instance through the same Redis.
+        cancel = httpx.post(f"{server.base_url}{CHAT}/chatcmpl-elsewhere/cancel", headers=server.auth("paid"))
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "limiter_unavailable"
     assert int(response.headers["retry-after"]) >= 1
+    assert cancel.status_code == 503
+    assert cancel.json()["error"]["code"] == "cancel_unavailable"
 
 
 def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(

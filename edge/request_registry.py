@@ -1,0 +1,28 @@
+"""Which RequestRegistry an edge runs with: its own, or one shared through Redis with the fleet."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from edge.cancel import CancelRegistry, RequestRegistry
+from edge.cancel_bus import RedisCancelBus, SharedCancelRegistry
+from edge.config import LimiterConfig
+
+
+@asynccontextmanager
+async def open_request_registry(limiter: LimiterConfig) -> AsyncIterator[RequestRegistry]:
+    """With the Redis limiter there may be other instances: a cancel reaching any of them must stop
+    the stream wherever it runs, so the registry is shared over the limiter's Redis."""
+    local = CancelRegistry()
+    if limiter.backend != "redis":
+        yield local
+        return
+    shared = SharedCancelRegistry(
+        local, RedisCancelBus.from_url(limiter.redis_url, timeout_ms=limiter.timeout_ms)
+    )
+    await shared.start()
+    try:
+        yield shared
+    finally:
+        await shared.aclose()

@@ -1,0 +1,62 @@
+"""Two edge instances sharing one real Redis: limits and cancels hold across the fleet."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.live_server import LiveServer, start_server
+from tests.support.redis_server import RedisServer, start_redis
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[LiveServer, LiveServer]]:
+    overrides = {
+        "limiter": {"backend": "redis", "redis_url": redis_server.url, "instance_count": 2},
+        "tiers": {"paid": ROOMY_TIERS["paid"], "free": ROOMY_TIERS["free"] | {"requests_per_window": 3}},
+    }
+    # One keys file for both, as instances behind one load balancer would share it.
+    with start_server(tmp_path, overrides) as a:
+        shared_keys = {"server": {"keys_file": a.settings.server.keys_file}}
+        with start_server(tmp_path / "b", overrides | shared_keys) as b:
+            yield a, b
+
+
+def test_a_cancel_sent_to_another_instance_stops_the_stream(
+    fleet: tuple[LiveServer, LiveServer], long_body: dict[str, Any]
+) -> None:
+    a, b = fleet
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", a.base_url + CHAT, json=long_body, headers=a.auth("paid")) as response:
+            stream = events(response)
+            rid = next(stream)["request_id"]
+            next(stream)
+            cancel = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
+            assert cancel.status_code == 200
+            rest = list(stream)
+    assert rest[-1] == DONE
+    assert rest[-2]["floodgate"] == {"cancelled": True}
+
+
+def test_request_limit_is_shared_by_the_instances(fleet: tuple[LiveServer, LiveServer]) -> None:
+    a, b = fleet
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    with httpx.Client(timeout=30) as client:
+        statuses = [
+            client.post(s.base_url + CHAT, json=body, headers=a.auth("free")).status_code
+            for s in (a, b, a, b)
+        ]
+    assert statuses == [200, 200, 200, 429]
