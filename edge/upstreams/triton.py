@@ -341,9 +341,11 @@ async def build_triton_upstreams(
         )
 
         async def stop_local() -> None:
-            await local.aclose()
-            await anyio.to_thread.run_sync(server.stop)
-            shutil.rmtree(repo_dir, ignore_errors=True)
+            # Shielded: a server shutting down cancels its lifespan, and tritonserver must not outlive it.
+            with anyio.CancelScope(shield=True):
+                await local.aclose()
+                await anyio.to_thread.run_sync(server.stop)
+                shutil.rmtree(repo_dir, ignore_errors=True)
 
         return [local], stop_local
 
@@ -404,6 +406,7 @@ def triton_upstreams(spec: str) -> UpstreamProvider:
         try:
             yield upstreams
         finally:
-            await cleanup()
+            with anyio.CancelScope(shield=True):
+                await cleanup()
 
     return provide

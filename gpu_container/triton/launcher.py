@@ -6,6 +6,7 @@ serving layer never passes cancellation to the model, so we run the server direc
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -73,7 +74,7 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-@dataclass
+@dataclass(eq=False)
 class TritonProcess:
     """A running tritonserver; `stop()` sends SIGTERM and waits for it to drain and exit."""
 
@@ -88,6 +89,7 @@ class TritonProcess:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
+        _running.discard(self)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -97,6 +99,16 @@ class TritonProcess:
                 self.process.kill()
                 self.process.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# Servers this process started and has not stopped: stopped at interpreter exit if still running.
+_running: set[TritonProcess] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for proc in list(_running):
+        proc.stop()
 
 
 def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
@@ -158,6 +170,7 @@ def start_local_triton(
         log_path=log_path,
         workdir=workdir,
     )
+    _running.add(proc)
     log.info("tritonserver starting", pid=process.pid, grpc=proc.grpc_url, repository=str(model_repository))
     try:
         _wait_ready(proc, ready_timeout_s)
