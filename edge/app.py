@@ -29,6 +29,7 @@ from edge.routes.playground import playground
 from edge.runtime import Runtime
 from edge.text.model_text import ModelText
 from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
+from gpu_container.engine.demo_model import build_demo_model
 from limiter.factory import create_limiter
 
 
@@ -36,8 +37,6 @@ def resolve_model_dir(model: ModelConfig) -> Path:
     """The configured checkpoint, or the demo model (built on first use)."""
     if model.path:
         return Path(model.path)
-    from gpu_container.engine.demo_model import build_demo_model
-
     return build_demo_model(Path(model.demo_dir))
 
 
