@@ -176,6 +176,7 @@ class TritonUpstream:
         pad_id: int | None = None,
         extra_stop_ids: tuple[int, ...] = (),
         first_response_timeout_s: float = 30.0,
+        stall_timeout_s: float = 60.0,
         capacity_ttl_s: float = 0.25,
         probe_timeout_s: float = 2.0,
     ) -> None:
@@ -187,7 +188,9 @@ class TritonUpstream:
         self._pad_id = pad_id
         # More end tokens than TensorRT-LLM's single end_id (e.g. Llama 3's <|eot_id|>).
         self._extra_stop_ids = extra_stop_ids
+        # A replica that goes silent mid-stream is as failed as one that never answers.
         self._first_timeout_s = first_response_timeout_s
+        self._stall_timeout_s = stall_timeout_s
         self._capacity_ttl_s = capacity_ttl_s
         self._probe_timeout_s = probe_timeout_s
         # Created on first use, inside the event loop that will drive them.
@@ -220,21 +223,16 @@ class TritonUpstream:
         last_token: int | None = None
         finished = False
         try:
-            first = True
+            timeout_s = self._first_timeout_s
             while not finished:
                 try:
-                    if first:
-                        async with asyncio.timeout(self._first_timeout_s):
-                            message = await call.read()
-                        first = False
-                    else:
+                    async with asyncio.timeout(timeout_s):
                         message = await call.read()
                 except TimeoutError:
-                    raise UpstreamError(
-                        f"{self.name}: no response within {self._first_timeout_s:.0f} s"
-                    ) from None
+                    raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
                 except grpc.aio.AioRpcError as exc:
                     raise UpstreamError(f"{self.name}: {exc.code().name}: {exc.details()}") from exc
+                timeout_s = self._stall_timeout_s
                 if message is grpc.aio.EOF:
                     raise UpstreamError(f"{self.name}: stream ended without a final response")
                 if message.error_message:
