@@ -79,6 +79,7 @@ class _Gauges:
             "tokens_per": kv.Metric(labels={"kv_cache_block_type": "tokens_per", **labels}),
             "iterations": general.Metric(labels={"general_type": "iteration_counter", **labels}),
         }
+        self._last: dict[str, int] = {}
 
     def update(self, stats: EngineStats) -> None:
         values = {
@@ -93,7 +94,10 @@ class _Gauges:
             "iterations": stats.steps,
         }
         for key, value in values.items():
-            self._metrics[key].set(value)
+            # Each set() is an IPC round trip to the server: skip the ones that did not move.
+            if self._last.get(key) != value:
+                self._metrics[key].set(value)
+                self._last[key] = value
 
     def close(self) -> None:
         # The backend requires every Metric to go before its MetricFamily.
