@@ -138,7 +138,8 @@ def encode_request(
     scalar("temperature", "FP32", 1.0 if greedy else req.temperature, np.float32)
     scalar("runtime_top_p", "FP32", req.top_p, np.float32)
     if req.seed is not None:
-        scalar("random_seed", "UINT64", req.seed, np.uint64)
+        # The seed travels as UINT64: a negative one wraps rather than failing the request.
+        scalar("random_seed", "UINT64", req.seed % 2**64, np.uint64)
     if end_id is not None:
         scalar("end_id", "INT32", end_id, np.int32)
     if pad_id is not None:

@@ -59,6 +59,11 @@ def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
     assert decoded.params.stop_token_ids == ()
 
 
+def test_a_negative_seed_wraps_into_uint64() -> None:
+    req = GenerationRequest("s", [1], max_new_tokens=1, seed=-1)
+    assert _as_model_sees_it(encode_request(req, "tensorrt_llm"))["random_seed"].item() == 2**64 - 1
+
+
 def test_input_lengths_trims_padding_and_missing_inputs_are_refused() -> None:
     arrays = {
         "input_ids": np.array([[4, 5, 6, 0, 0]], dtype=np.int32),
