@@ -40,12 +40,13 @@ class LongReply:
 
 
 LONG_REPLIES = (
+    LongReply("Tell me everything about stars.", temperature=0.0),  # no end-of-text in 1900 tokens
     LongReply("Tell me everything about rivers.", temperature=0.0),
+    LongReply("Tell me everything about rain.", temperature=0.0),
     LongReply("Write a very long story, part 0.", temperature=0.0),
     LongReply("Write a very long story, part 0.", seed=4),
-    LongReply("Write a very long story, part 0.", seed=9),
 )
 LONG_REPLY = LONG_REPLIES[0]
 # The first tokens of that greedy reply: a short request sure to get text (sampling may end at once).
 SURE_TEXT = {"messages": LONG_REPLY.prompt, "temperature": 0.0}
-LONG_REPLY_TOKENS = 1500
+LONG_REPLY_TOKENS = 1900

@@ -6,14 +6,16 @@ own before the cancel lands, the next recipe is tried, so a finished reply never
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
+import anyio
 import pytest
 
 from client import AsyncClient, Client, ConflictError, Finished, TextDelta
 from client.async_client import AsyncChatStream
 from client.client import ChatStream
-from tests.client.live import LONG_REPLIES, LONG_REPLY_TOKENS, LongReply
+from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.support.live_server import LiveServer
 
 
@@ -96,3 +98,51 @@ async def test_async_with_exit_cancels_and_async_cancel_is_confirmed(server: Liv
         stream = await open_long_async(client)
         assert await stream.cancel() is True
         assert [event async for event in stream] == [Finished("stop", None, cancelled=True)]
+
+
+def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
+    events: list[object] = []
+    first_text = threading.Event()
+
+    def read(stream: ChatStream) -> None:
+        for event in stream:
+            events.append(event)
+            if isinstance(event, TextDelta):
+                first_text.set()
+
+    with Client(server.base_url, server.keys["paid"]) as client:
+        stream = client.chat.stream(
+            LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+        )
+        reader = threading.Thread(target=read, args=(stream,))
+        reader.start()
+        assert first_text.wait(timeout=30)
+        assert stream.cancel() is True
+        reader.join(timeout=30)
+    assert not reader.is_alive()
+    last = events[-1]
+    assert isinstance(last, Finished) and last.cancelled
+
+
+@pytest.mark.anyio
+async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
+    events: list[object] = []
+    first_text = anyio.Event()
+
+    async def read(stream: AsyncChatStream) -> None:
+        async for event in stream:
+            events.append(event)
+            if isinstance(event, TextDelta):
+                first_text.set()
+
+    async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+        stream = await client.chat.stream(
+            LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+        )
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(read, stream)
+                await first_text.wait()
+                assert await stream.cancel() is True
+    last = events[-1]
+    assert isinstance(last, Finished) and last.cancelled
