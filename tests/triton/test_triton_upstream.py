@@ -214,7 +214,9 @@ async def test_concurrent_streams_share_the_engine_batch(fixed_length: TritonUps
     results: dict[int, tuple[list[int], str | None]] = {}
 
     async def one(i: int) -> None:
-        req = GenerationRequest(f"batch-{i}", [*PROMPT, i], max_new_tokens=tokens_each, temperature=0.0)
+        # Ragged prompts: the dynamic batcher hands them to the model together all the same.
+        prompt = [*PROMPT, *[i] * (i % 4)]
+        req = GenerationRequest(f"batch-{i}", prompt, max_new_tokens=tokens_each, temperature=0.0)
         results[i] = await _collect(fixed_length.generate(req))
 
     with anyio.fail_after(60):
