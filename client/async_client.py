@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
@@ -279,23 +280,28 @@ class AsyncChatStream:
             await self._events.aclose()
             await self.close()
 
+    def _cancelled_ending(self) -> list[StreamEvent]:
+        """The server confirmed a cancel; unless its own final chunk was read already, end here."""
+        return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
+
     async def _generate(self) -> AsyncGenerator[StreamEvent, None]:
         await self.open()
         while True:
             assert self._response is not None
             try:
-                async for sse in aiter_events(self._response.aiter_bytes()):
-                    for event in self._decoder.feed(sse):
-                        yield event
+                async with aclosing(aiter_events(self._response.aiter_bytes())) as events:
+                    async for sse in events:
+                        for event in self._decoder.feed(sse):
+                            yield event
                         if self._cancelled:
-                            yield self._decoder.finish_cancelled()
-                            return
-                for event in self._decoder.end_of_stream():
+                            break
+                for event in self._cancelled_ending() if self._cancelled else self._decoder.end_of_stream():
                     yield event
                 return
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
-                    yield self._decoder.finish_cancelled()
+                    for event in self._cancelled_ending():
+                        yield event
                     return
                 if self._decoder.saw_text or self._network_retries == 0:
                     raise NetworkError(f"stream broken: {exc}") from exc

@@ -267,20 +267,25 @@ class ChatStream:
         self._events.close()
         self.close()
 
+    def _cancelled_ending(self) -> list[StreamEvent]:
+        """The server confirmed a cancel; unless its own final chunk was read already, end here."""
+        return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
+
     def _generate(self) -> Generator[StreamEvent, None, None]:
         while True:
             try:
                 for sse in iter_events(self._response.iter_bytes()):
-                    for event in self._decoder.feed(sse):
-                        yield event
-                        if self._cancelled:
-                            yield self._decoder.finish_cancelled()
-                            return
-                yield from self._decoder.end_of_stream()
+                    yield from self._decoder.feed(sse)
+                    if self._cancelled:
+                        break
+                if self._cancelled:
+                    yield from self._cancelled_ending()
+                else:
+                    yield from self._decoder.end_of_stream()
                 return
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
-                    yield self._decoder.finish_cancelled()
+                    yield from self._cancelled_ending()
                     return
                 if self._decoder.saw_text or self._network_retries == 0:
                     raise NetworkError(f"stream broken: {exc}") from exc

@@ -6,7 +6,7 @@ Lines are cut on bytes (every line ending is ASCII), so a character is only deco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator
 from dataclasses import dataclass
 
 DONE = "[DONE]"
@@ -112,7 +112,7 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[ServerSentEvent]:
     yield from parser.close()
 
 
-async def aiter_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[ServerSentEvent]:
+async def aiter_events(chunks: AsyncIterable[bytes]) -> AsyncGenerator[ServerSentEvent, None]:
     parser = SSEParser()
     async for chunk in chunks:
         for event in parser.feed(chunk):

@@ -122,6 +122,7 @@ def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: Li
     assert not reader.is_alive()
     last = events[-1]
     assert isinstance(last, Finished) and last.cancelled
+    assert sum(isinstance(event, Finished) for event in events) == 1
 
 
 @pytest.mark.anyio
@@ -146,3 +147,4 @@ async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server
                 assert await stream.cancel() is True
     last = events[-1]
     assert isinstance(last, Finished) and last.cancelled
+    assert sum(isinstance(event, Finished) for event in events) == 1
