@@ -1,4 +1,19 @@
-"""Floodgate's Python client: streaming chat completions from the edge, sync and async (httpx only)."""
+"""Floodgate's Python client: streaming chat completions from the edge, sync and async (httpx only).
+
+    from client import Client, TextDelta, Finished
+
+    with Client("http://127.0.0.1:8000", api_key) as floodgate:
+        with floodgate.chat.stream("Tell me about rivers", max_tokens=200) as stream:
+            for event in stream:              # RequestStarted, TextDelta..., Finished
+                if isinstance(event, TextDelta):
+                    print(event.text, end="", flush=True)
+        # leaving the block early cancels the generation on the server; stream.cancel() does it now
+        reply = floodgate.chat.create("Hi", auto_retry=True)   # ChatResult; 429s waited out
+
+`AsyncClient` is the same with `async with` / `async for` / `await`. Errors are FloodgateError
+subclasses (RateLimitError carries `limit` and `retry_after_s`); `stream.rate_limits` reads the
+x-ratelimit-* headers.
+"""
 
 from client.async_client import AsyncChatStream, AsyncClient
 from client.client import ChatStream, Client
