@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from client.rate_limits import RateLimits
+
 
 class FloodgateError(Exception):
     """An error answer from the edge, in OpenAI's error-object shape, or a failure to reach it."""
@@ -29,6 +31,11 @@ class FloodgateError(Exception):
         self.code = code
         self.param = param
         self.headers: dict[str, str] = {k.lower(): v for k, v in (headers or {}).items()}
+
+    @property
+    def request_id(self) -> str | None:
+        """The edge's id for the refused request (x-request-id), for support and logs."""
+        return self.headers.get("x-request-id")
 
 
 class AuthenticationError(FloodgateError):
@@ -57,6 +64,10 @@ class RateLimitError(FloodgateError):
     @property
     def retry_after_s(self) -> float | None:
         return retry_after_s(self.headers)
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        return RateLimits.from_headers(self.headers)
 
 
 class ServiceUnavailableError(FloodgateError):

@@ -22,6 +22,7 @@ def test_a_refused_request_raises_rate_limit_error_and_auto_retry_is_admitted(se
         assert refused.type == "rate_limit_exceeded"
         assert refused.retry_after_s is not None and 0 < refused.retry_after_s <= 1.0
         assert refused.headers["retry-after"] == "1"
+        assert refused.rate_limits.limit_requests == 1 and refused.rate_limits.remaining_requests == 0
 
         result = client.chat.create("third, retrying", max_tokens=2, auto_retry=True, deadline_s=10)
     assert result.request_id and result.finish_reason in ("stop", "length")
