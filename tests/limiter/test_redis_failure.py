@@ -5,6 +5,7 @@ counting moves back to Redis by itself once it returns."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import Callable
 
@@ -141,4 +142,27 @@ async def test_a_failed_store_is_left_alone_for_the_backoff() -> None:
             await limiter.admit("u", "closed", CLOSED, 1, 0)
         assert 0 < refused.value.retry_after_s <= 60
     finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_hung_redis_costs_one_bounded_timeout_then_the_fallback_answers(
+    own_redis_server: RedisServer,
+) -> None:
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=200, backoff_s=60)
+    try:
+        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed  # connection open
+        assert not limiter.fallback_active
+        # SIGSTOP: the server keeps its connections but never answers, the worst kind of failure.
+        own_redis_server.process.send_signal(signal.SIGSTOP)
+        before = _failures("admit")
+        # The bound here only keeps a broken limiter from hanging the suite; the limiter's own
+        # 200 ms timeout is what lets this call return.
+        admission = await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)
+        assert admission.decision.allowed and limiter.fallback_active
+        assert _failures("admit") == before + 1
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(limiter.admit("u", "closed", CLOSED, 1, 0), WAIT_S)
+    finally:
+        own_redis_server.process.send_signal(signal.SIGCONT)
         await limiter.aclose()
