@@ -32,13 +32,13 @@ BROWSER_OVERRIDES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with start_server(tmp_path_factory.mktemp("edge-page"), overrides=BROWSER_OVERRIDES) as live:
         yield live
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     if not (CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK)):
         pytest.skip("Chromium is not installed at /usr/bin/chromium (make system-deps installs it)")

@@ -1,4 +1,4 @@
-"""One real edge for the client tests, on a free loopback port, with the settings in live.py."""
+"""One real edge for the client tests, stopped when they are done: a free loopback port, live.py settings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.client.live import OVERRIDES
 from tests.support.live_server import LiveServer, start_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with start_server(tmp_path_factory.mktemp("edge"), overrides=OVERRIDES) as live:
         yield live
