@@ -85,7 +85,7 @@ async def one_stream(
                         elif last is not None:
                             result.inter_token_s.append(now - last)
                         last = now
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         result.error = type(exc).__name__
     return result
 
