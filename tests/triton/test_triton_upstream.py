@@ -12,7 +12,13 @@ import pytest
 from tritonclient.grpc import service_pb2_grpc
 
 from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
-from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, encode_request, end_token_ids
+from edge.upstreams.triton import (
+    TritonUpstream,
+    TrtLlmMetrics,
+    decode_tokens,
+    encode_request,
+    end_token_ids,
+)
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import SamplingParams
@@ -205,6 +211,34 @@ async def test_a_stop_request_with_the_same_id_ends_generation(
     assert reason == "stop"
     assert len(first.token_ids) + len(rest) < 1500
     await _wait_for(fixed_length, _idle_since(before), "after the stop request")
+
+
+@pytest.mark.anyio
+async def test_non_streaming_request_gets_every_token_in_one_final_response(
+    local_triton: LocalTriton, in_process: AsyncEngine
+) -> None:
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    expected: list[int] = []
+    async for out in in_process.generate("whole-local", PROMPT, params):
+        expected += out.token_ids
+    request = encode_request(
+        GenerationRequest("whole", PROMPT, max_new_tokens=12, temperature=0.0), "tensorrt_llm", end_id=-1
+    )
+    names = [t.name for t in request.inputs]
+    request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
+    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
+
+        async def one() -> AsyncIterator[object]:
+            yield request
+
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
+        with anyio.fail_after(WAIT_S):
+            replies = [reply async for reply in call]
+    assert all(not r.error_message for r in replies)
+    with_tokens = [r.infer_response for r in replies if decode_tokens(r.infer_response)]
+    assert len(with_tokens) == 1
+    assert decode_tokens(with_tokens[0]) == expected
+    assert replies[-1].infer_response.parameters["triton_final_response"].bool_param
 
 
 @pytest.mark.anyio
