@@ -1,4 +1,8 @@
-"""A finished turn of a named conversation, handed to the message writer off the hot path."""
+"""A named conversation's turns, handed to the message writer off the hot path.
+
+The user's message is submitted when the request is admitted, before the stream opens, so an edge
+that dies mid-stream still keeps what the user asked; the reply (partial too) follows at the end.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ class ConversationLog:
     def __init__(self, writer: MessageWriter) -> None:
         self._writer = writer
 
-    def record_turn(
-        self, conversation_id: str, user: str, request_id: str, prompt: str, reply: str, finish_reason: str
-    ) -> None:
+    def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None:
         self._writer.submit(new_message(conversation_id, user, "user", prompt, request_id))
+
+    def record_reply(
+        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str
+    ) -> None:
         self._writer.submit(new_message(conversation_id, user, "assistant", reply, request_id, finish_reason))

@@ -63,10 +63,13 @@ TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
 
 
 class MessageSink(Protocol):
-    """Where a finished turn goes when the request names a conversation (the message writer)."""
+    """Where a named conversation's turn goes (the message writer): the prompt when the request is
+    admitted, the reply when it ends."""
 
-    def record_turn(
-        self, conversation_id: str, user: str, request_id: str, prompt: str, reply: str, finish_reason: str
+    def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None: ...
+
+    def record_reply(
+        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str
     ) -> None: ...
 
 
@@ -176,6 +179,9 @@ class Pipeline:
             await admission.lease.settle(ran=False)
             raise overloaded_error(exc, headers) from None
         metrics.PROMPT_TOKENS.labels(principal.tier).inc(len(prompt_ids))
+        if req.conversation_id is not None and self.messages is not None:
+            prompt = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
+            self.messages.record_prompt(req.conversation_id, principal.user, request_id, prompt)
         upstream_req = GenerationRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -493,16 +499,21 @@ class Generation:
             duration_ms=round((time.perf_counter() - self._arrived) * 1000, 2),
         )
         conversation_id = self._req.conversation_id
-        if conversation_id is not None and self._p.messages is not None and out.reason != "overloaded":
-            prompt = next((m.text() for m in reversed(self._req.messages) if m.role == "user"), "")
-            self._p.messages.record_turn(
+        if conversation_id is not None and self._p.messages is not None and self._reached_replica:
+            self._p.messages.record_reply(
                 conversation_id,
                 self._principal.user,
                 self.request_id,
-                prompt,
                 "".join(out.text),
-                out.finish_reason,
+                _stored_finish_reason(out),
             )
+
+
+def _stored_finish_reason(out: Outcome) -> str:
+    """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
+    if out.reason in ("cancelled", "error", "disconnected"):
+        return out.reason
+    return out.finish_reason
 
 
 async def _quietly(step: Awaitable[None], what: str, request_id: str) -> None:

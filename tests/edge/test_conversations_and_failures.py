@@ -26,13 +26,44 @@ def test_a_named_conversation_is_stored_for_its_owner_only(server: LiveServer, c
     url = "/v1/conversations/conv-edge-1/messages"
 
     def stored() -> bool:
-        return client.get(url, headers=server.auth("free")).status_code == 200
+        answer = client.get(url, headers=server.auth("free"))
+        return answer.status_code == 200 and len(answer.json()["data"]) == 2
 
     wait_until(stored, what="the message writer to store the turn")
     data = client.get(url, headers=server.auth("free")).json()["data"]
     assert [(m["role"], m["content"]) for m in data] == [("user", "remember me"), ("assistant", reply)]
     assert {m["request_id"] for m in data} == {rid}
     assert client.get(url, headers=server.auth("free2")).status_code == 404
+
+
+def test_the_prompt_is_stored_before_the_reply_ends_and_a_cancelled_reply_is_kept(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    body = long_body | {
+        "messages": [{"role": "system", "content": "be brief"}, *long_body["messages"]],
+        "conversation_id": "conv-edge-partial",
+    }
+    url = "/v1/conversations/conv-edge-partial/messages"
+
+    def history(who: str) -> list[tuple[str, str | None]]:
+        answer = client.get(url, headers=server.auth(who))
+        return [(m["role"], m["finish_reason"]) for m in answer.json()["data"]] if answer.is_success else []
+
+    with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+        stream = events(response)
+        rid = next(stream)["request_id"]
+        # Stored while the reply is still streaming: an edge dying now keeps the user's message.
+        wait_until(lambda: history("paid") == [("user", None)], what="the prompt to be stored")
+        assert client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid")).status_code == 200
+        reply = content_of(list(stream))
+
+    wait_until(lambda: len(history("paid")) == 2, what="the partial reply to be stored")
+    data = client.get(url, headers=server.auth("paid")).json()["data"]
+    assert [(m["role"], m["content"], m["finish_reason"]) for m in data] == [
+        ("user", long_body["messages"][-1]["content"], None),
+        ("assistant", reply, "cancelled"),
+    ]
+    assert client.get(url, headers=server.auth("free")).status_code == 404
 
 
 def test_replica_failure_mid_stream_ends_with_an_error_event(
