@@ -85,8 +85,11 @@ class TritonProcess:
     log_path: Path
     workdir: Path
 
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+    def log_summary(self, tail_chars: int = 2000) -> str:
+        """Triton's error lines (`E<date> ...`: start-up tables often bury them), then the tail."""
+        text = self.log_path.read_text(errors="replace")
+        errors = [line[:2000] for line in text.splitlines() if line[:1] == "E" and line[1:5].isdigit()]
+        return "\n".join([*errors[-20:], "...", text[-tail_chars:]])
 
     def stop(self) -> None:
         _running.discard(self)
@@ -117,7 +120,7 @@ def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
         while time.monotonic() < deadline:
             if proc.process.poll() is not None:
                 code = proc.process.returncode
-                raise TritonStartError(f"tritonserver exited with {code}:\n{proc.log_tail()}")
+                raise TritonStartError(f"tritonserver exited with {code}:\n{proc.log_summary()}")
             try:
                 if client.get(f"{proc.http_url}/v2/health/ready").status_code == 200:
                     return
@@ -125,7 +128,7 @@ def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
                 pass
             # Polling a child process's HTTP port: there is no event to wait on.
             time.sleep(0.1)
-    raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f} s:\n{proc.log_tail()}")
+    raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f} s:\n{proc.log_summary()}")
 
 
 def start_local_triton(
