@@ -52,6 +52,11 @@ class RequestRegistry(Protocol):
 
     def register(self, request_id: str, owner: str) -> LiveRequest: ...
 
+    async def announce(self, live: LiveRequest) -> None:
+        """Returns once a cancel sent to any instance would find the request: the pipeline awaits it
+        before the first event, which hands the client the id to cancel with."""
+        ...
+
     def finish(self, live: LiveRequest) -> None: ...
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
@@ -70,6 +75,9 @@ class CancelRegistry:
         live = LiveRequest(request_id, owner)
         self._live[request_id] = live
         return live
+
+    async def announce(self, live: LiveRequest) -> None:
+        """Known here from register() on: nothing to wait for."""
 
     def finish(self, live: LiveRequest) -> None:
         self._live.pop(live.request_id, None)

@@ -1,8 +1,9 @@
 """Cancel across edge instances: who owns a request, and a broadcast that reaches whoever runs it.
 
 A request's stream lives on one edge instance; its cancel may arrive at any of them. When a request
-starts, its instance records the owner (`track`; the write is issued before the first SSE event, which
-carries the id, is written, and takes well under the client's round trip to another instance).
+starts, its instance records the owner (`track`), and the first SSE event, which carries the id, is
+written only once that write is done (`SharedCancelRegistry.announce`): a cancel sent to another
+instance right after it finds the owner.
 `cancel` checks the owner (another user's id and an unknown id answer alike: "not_found"), then
 publishes the cancel; every instance is subscribed and hands it to `deliver(request_id, user)`, which
 stops the stream if that instance holds it.
@@ -242,7 +243,9 @@ class SharedCancelRegistry:
     """The edge's RequestRegistry for a fleet: this instance's CancelRegistry, mirrored into a bus.
 
     register/finish stay synchronous for the pipeline; their store writes run as tasks, the finish of
-    a request after its track. A cancel is answered locally when the request is known here, else by
+    a request after its track. `announce` waits for the track (the pipeline awaits it before the
+    first event); a store failure there is logged by the bus and the request goes on, cancellable
+    on this instance only. A cancel is answered locally when the request is known here, else by
     the bus, which also delivers it to the instance that runs it.
     """
 
@@ -268,6 +271,12 @@ class SharedCancelRegistry:
         live = self._local.register(request_id, owner)
         self._tracking[request_id] = self._spawn(self._bus.track(request_id, owner))
         return live
+
+    async def announce(self, live: LiveRequest) -> None:
+        tracking = self._tracking.get(live.request_id)
+        if tracking is not None:
+            # Shielded: a client leaving meanwhile must not cancel the write finish() chains after.
+            await asyncio.shield(tracking)
 
     def finish(self, live: LiveRequest) -> None:
         self._local.finish(live)

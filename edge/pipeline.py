@@ -303,6 +303,7 @@ class Generation:
             await emit(enc.delta(text))
 
         try:
+            await self._p.registry.announce(self._live)
             await emit(enc.first())
             await self._run(out, on_text, emit)
             if out.error is not None:
