@@ -48,7 +48,8 @@ class CancelBusUnavailable(Exception):
 
 class CancelBus(Protocol):
     async def start(self, deliver: Deliver) -> None:
-        """Subscribe: from now on, deliver() is called for every cancel any instance publishes."""
+        """Subscribe: once subscribed, deliver() is called for every cancel any instance publishes.
+        Returns without waiting for a store that is down (start-up must not hang on it)."""
         ...
 
     async def track(self, request_id: str, owner: str) -> None:
@@ -136,16 +137,16 @@ class RedisCancelBus:
         ttl_s: int = 3600,
         finished_ttl_s: int = 600,
         channel: str = CHANNEL,
-        subscribe_timeout_s: float = 5.0,
         reconnect_delay_s: float = 0.5,
+        max_reconnect_delay_s: float = 10.0,
     ) -> None:
         self._client = client
         self._subscriber = subscriber
         self._ttl_s = ttl_s
         self._finished_ttl_s = finished_ttl_s
         self._channel = channel
-        self._subscribe_timeout_s = subscribe_timeout_s
         self._reconnect_delay_s = reconnect_delay_s
+        self._max_reconnect_delay_s = max_reconnect_delay_s
         self._subscribed = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
 
@@ -168,14 +169,18 @@ class RedisCancelBus:
         return cls(client, subscriber, **options)
 
     async def start(self, deliver: Deliver) -> None:
-        """Subscribe, waiting a bounded time for the first subscription; past it, keep trying in the
-        background (cancels published meanwhile reach only the instance that runs the request)."""
+        """Subscribe in the background, retrying with backoff while Redis is unreachable (cancels
+        published meanwhile reach only the instance that runs the request)."""
         self._listener = asyncio.create_task(self._listen(deliver), name="cancel-bus-listener")
+
+    async def wait_subscribed(self, timeout_s: float) -> bool:
+        """Whether the subscription is up, waiting for it at most `timeout_s`."""
         try:
-            async with asyncio.timeout(self._subscribe_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 await self._subscribed.wait()
         except TimeoutError:
-            log.warning("cancel_bus_not_subscribed", channel=self._channel)
+            return False
+        return True
 
     async def track(self, request_id: str, owner: str) -> None:
         # A store failure must not fail the request: it only loses cross-instance cancel for it.
@@ -213,6 +218,7 @@ class RedisCancelBus:
         await self._subscriber.aclose()
 
     async def _listen(self, deliver: Deliver) -> None:
+        delay_s = self._reconnect_delay_s
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
@@ -220,14 +226,16 @@ class RedisCancelBus:
                     async for message in pubsub.listen():
                         if message["type"] == "subscribe":
                             self._subscribed.set()
+                            delay_s = self._reconnect_delay_s
                         elif message["type"] == "message":
                             self._handle(deliver, message["data"])
             except (RedisError, OSError) as exc:
-                # Reconnect and resubscribe; what was published while down is lost (a client
-                # disconnect still cancels locally).
+                # Reconnect and resubscribe, backing off while Redis stays away; what was published
+                # while down is lost (a client disconnect still cancels locally).
                 self._subscribed.clear()
-                log.warning("cancel_bus_subscription_lost", error=type(exc).__name__)
-                await asyncio.sleep(self._reconnect_delay_s)
+                log.warning("cancel_bus_subscription_lost", error=type(exc).__name__, retry_in_s=delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, self._max_reconnect_delay_s)
 
     @staticmethod
     def _handle(deliver: Deliver, data: bytes) -> None:

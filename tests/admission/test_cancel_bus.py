@@ -49,6 +49,7 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[Instances]:
     inbox_a, inbox_b = Inbox(), Inbox()
     await a.start(inbox_a)
     await b.start(inbox_b)
+    assert await a.wait_subscribed(5) and await b.wait_subscribed(5)
     yield a, inbox_a, b, inbox_b
     await a.aclose()
     await b.aclose()
@@ -114,6 +115,7 @@ async def test_the_subscription_comes_back_after_redis_restarts() -> None:
     bus = RedisCancelBus.from_url(server.url, reconnect_delay_s=0.05)
     inbox = Inbox()
     await bus.start(inbox)
+    assert await bus.wait_subscribed(5)
     try:
         server.kill()
         server = start_redis(server.port)
@@ -124,6 +126,26 @@ async def test_the_subscription_comes_back_after_redis_restarts() -> None:
                 assert await bus.cancel("req-5", "alice") == "cancelled"
                 with anyio.move_on_after(0.2):
                     await inbox.wait_for(("req-5", "alice"))
+    finally:
+        await bus.aclose()
+        server.stop()
+
+
+@pytest.mark.anyio
+async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_it_is_up() -> None:
+    server = start_redis()
+    port = server.port
+    server.kill()  # nothing listens on the port now
+    bus = RedisCancelBus.from_url(f"redis://127.0.0.1:{port}/0", reconnect_delay_s=0.05)
+    inbox = Inbox()
+    await bus.start(inbox)
+    try:
+        assert not await bus.wait_subscribed(0)
+        server = start_redis(port)
+        assert await bus.wait_subscribed(10)  # the background retries found it
+        await bus.track("req-7", "alice")
+        assert await bus.cancel("req-7", "alice") == "cancelled"
+        await inbox.wait_for(("req-7", "alice"))
     finally:
         await bus.aclose()
         server.stop()
@@ -154,6 +176,7 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
     inbox_a = Inbox()
     await a.start(inbox_a)
     await b.start(Inbox())
+    assert await a.wait_subscribed(5) and await b.wait_subscribed(5)
     try:
         for i in range(5):  # ids land in different slots, on different nodes
             await a.track(f"req-c{i}", "alice")
@@ -169,10 +192,12 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
 @pytest.mark.anyio
 async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_server: RedisServer) -> None:
     here, there = CancelRegistry(), CancelRegistry()
-    a = SharedCancelRegistry(here, RedisCancelBus.from_url(redis_server.url))
+    bus_a = RedisCancelBus.from_url(redis_server.url)
+    a = SharedCancelRegistry(here, bus_a)
     b = SharedCancelRegistry(there, RedisCancelBus.from_url(redis_server.url))
     await a.start()
     await b.start()
+    assert await bus_a.wait_subscribed(5)
     try:
         live = a.register("req-s1", "alice")
         other = a.register("req-s2", "alice")
