@@ -136,6 +136,14 @@ class Pipeline:
                 prompt_ids = self.text.encode_chat(messages)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
+        if len(prompt_ids) > tier.tokens_per_window:
+            # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies.
+            raise invalid_request(
+                f"The messages are {len(prompt_ids)} tokens, more than your tier's whole token budget "
+                f"({tier.tokens_per_window} tokens per {tier.token_window_s:g}s). Please shorten them.",
+                "messages",
+                code="tokens_exceed_budget",
+            )
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
 
         request_id = new_request_id()

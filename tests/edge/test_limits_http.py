@@ -38,6 +38,21 @@ def test_request_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
     assert denied.headers["x-ratelimit-limit-requests"] == "2"
 
 
+def test_a_prompt_larger_than_the_whole_token_budget_is_a_400_that_costs_no_request(tmp_path: Path) -> None:
+    overrides = _paid(tokens_per_window=40, requests_per_window=5, request_window_s=3600)
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 60}], "max_tokens": 1}
+    with start_server(tmp_path, overrides) as server, httpx.Client(base_url=server.base_url) as client:
+        refused = client.post(CHAT, json=huge, headers=server.auth("paid"))
+        ok = client.post(CHAT, json=SHORT | {"max_tokens": 1}, headers=server.auth("paid"))
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == "messages" and error["code"] == "tokens_exceed_budget"
+    assert "40 tokens per 3600s" in error["message"]
+    # The limiter was never asked: the next request is the first one it counts.
+    assert ok.status_code == 200 and ok.headers["x-ratelimit-remaining-requests"] == "4"
+
+
 def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path, long_body: dict[str, Any]) -> None:
     budget = 80
     with start_server(tmp_path, _paid(tokens_per_window=budget, token_window_s=86400)) as server:
