@@ -65,7 +65,6 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 replicas,
                 reserved_paid_fraction=settings.admission.reserved_paid_fraction,
                 max_queue=settings.admission.max_queue,
-                kv_block_tokens=settings.engine.block_size,
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)

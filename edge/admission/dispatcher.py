@@ -3,7 +3,8 @@
 Policy
 ------
 * Room. A replica holds a request for its whole life, charged `kv_tokens` (prompt + max_new_tokens,
-  rounded up to the KV block size `kv_block_tokens`) and one sequence. The sum of the charges on a
+  rounded up to the replica's KV block size, `Capacity.kv_block_tokens`; `kv_block_tokens` for a
+  replica that reports none) and one sequence. The sum of the charges on a
   replica never exceeds its `Capacity.kv_tokens_total`, nor the count its `max_sequences`: a replica
   is never sent more than it can hold, so its engine never has to preempt.
 * Reserve. A ticket with may_use_reserve=False (free tiers) never takes the last
@@ -59,7 +60,6 @@ log = structlog.get_logger("floodgate.admission")
 @dataclass(eq=False)
 class _Waiter:
     ticket: Ticket
-    kv_charge: int
     exclude: frozenset[str]
     enqueued_at: float
     future: asyncio.Future[Slot] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -89,14 +89,16 @@ class Dispatcher:
         names = [u.name for u in upstreams]
         if len(set(names)) != len(names):
             raise ValueError("upstream names must be unique")
-        self._replicas = [Replica(u, ServiceRate(prior_service_s), replica_share) for u in upstreams]
+        self._replicas = [
+            Replica(u, ServiceRate(prior_service_s), replica_share, fallback_block_tokens=kv_block_tokens)
+            for u in upstreams
+        ]
         self._prior = ServiceRate(prior_service_s)
         self._reserve = reserved_paid_fraction
         self._max_queue = max_queue
         self._clock = clock
         self._poll_interval_s = poll_interval_s
         self._health_timeout_s = health_timeout_s
-        self._block = kv_block_tokens
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
         self._tier_labels: dict[int, str] = {}
         self._checks_started = 0
@@ -131,10 +133,11 @@ class Dispatcher:
             raise self._reject("no_replica", self._poll_interval_s)
         if len(self._queue) >= self._max_queue:
             raise self._reject("queue_full", self._retry_after(ticket))
-        charge = self._charge(ticket)
-        if not candidates(self._replicas, ticket, charge, frozenset(), self._reserve, alive_only=True):
+        if not candidates(
+            self._replicas, ticket, ticket.kv_tokens, frozenset(), self._reserve, alive_only=True
+        ):
             raise self._reject("no_replica", self._poll_interval_s)
-        estimate = self._estimate_wait(ticket, charge)
+        estimate = self._estimate_wait(ticket)
         if estimate > ticket.max_wait_s:
             raise self._reject("wait_too_long", estimate)
 
@@ -144,10 +147,9 @@ class Dispatcher:
             raise self._reject("no_replica", self._poll_interval_s)
         if len(self._queue) >= self._max_queue:
             raise self._reject("queue_full", self._retry_after(ticket))
-        charge = self._charge(ticket)
-        if not candidates(self._replicas, ticket, charge, exclude, self._reserve, alive_only=True):
+        if not candidates(self._replicas, ticket, ticket.kv_tokens, exclude, self._reserve, alive_only=True):
             raise self._reject("no_replica", self._poll_interval_s)
-        waiter = _Waiter(ticket, charge, exclude, self._clock())
+        waiter = _Waiter(ticket, exclude, self._clock())
         self._tier_labels.setdefault(ticket.priority, ticket.tier_label)
         self._queue.push(waiter)
         self._dispatch()
@@ -168,7 +170,7 @@ class Dispatcher:
 
     def estimate_wait_s(self, ticket: Ticket) -> float:
         """The wait precheck() would predict for this ticket now, in seconds."""
-        return self._estimate_wait(ticket, self._charge(ticket))
+        return self._estimate_wait(ticket)
 
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -193,14 +195,14 @@ class Dispatcher:
             while (waiter := tier.next_candidate()) is not None:
                 ticket = waiter.ticket
                 fitting = [r for r in placeable if r.name not in waiter.exclude]
-                replica = pick(fitting, ticket, waiter.kv_charge, self._reserve, claims)
+                replica = pick(fitting, ticket, ticket.kv_tokens, self._reserve, claims)
                 if replica is not None:
                     tier.commit(waiter)
                     self._grant(waiter, replica)
                     continue
                 tier.block(waiter)
                 claims.claim(
-                    candidates(self._replicas, ticket, waiter.kv_charge, waiter.exclude, self._reserve),
+                    candidates(self._replicas, ticket, ticket.kv_tokens, waiter.exclude, self._reserve),
                     ticket.may_use_reserve,
                 )
                 # Stop early once nothing left in the queue could be placed: a flood of blocked free
@@ -214,9 +216,10 @@ class Dispatcher:
 
     def _grant(self, waiter: _Waiter, replica: Replica) -> None:
         now = self._clock()
-        replica.kv_in_use += waiter.kv_charge
+        charge = replica.charge(waiter.ticket.kv_tokens)
+        replica.kv_in_use += charge
         replica.sequences += 1
-        slot = Slot(replica, waiter.ticket, waiter.kv_charge, now, self._release)
+        slot = Slot(replica, waiter.ticket, charge, now, self._release)
         metrics.QUEUE_WAIT.labels(waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
         waiter.future.set_result(slot)
 
@@ -249,7 +252,7 @@ class Dispatcher:
             alive = candidates(
                 self._replicas,
                 waiter.ticket,
-                waiter.kv_charge,
+                waiter.ticket.kv_tokens,
                 waiter.exclude,
                 self._reserve,
                 alive_only=True,
@@ -265,20 +268,18 @@ class Dispatcher:
 
     # -- estimates -------------------------------------------------------------------------------
 
-    def _charge(self, ticket: Ticket) -> int:
-        return -(-ticket.kv_tokens // self._block) * self._block
-
-    def _estimate_wait(self, ticket: Ticket, charge: int) -> float:
+    def _estimate_wait(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
         if position == 1 and any(
-            r.placeable and r.has_room(charge, ticket.may_use_reserve, self._reserve) for r in self._replicas
+            r.placeable and r.has_room(ticket.kv_tokens, ticket.may_use_reserve, self._reserve)
+            for r in self._replicas
         ):
             return 0.0
         return position / self._completions_per_s()
 
     def _retry_after(self, ticket: Ticket) -> float:
         """When trying again is worth it: the estimated wait, and never less than one completion."""
-        return max(self._estimate_wait(ticket, self._charge(ticket)), 1.0 / self._completions_per_s())
+        return max(self._estimate_wait(ticket), 1.0 / self._completions_per_s())
 
     def _completions_per_s(self) -> float:
         alive = [r for r in self._replicas if r.alive]

@@ -23,6 +23,8 @@ class Replica:
     upstream: Upstream
     rate: ServiceRate
     share: float = 1.0
+    # The block size to charge in when the replica reports none (Capacity.kv_block_tokens == 1).
+    fallback_block_tokens: int = 1
     capacity: Capacity | None = None
     healthy: bool = False
     # Set by a failed generation: the replica takes no new work until a health check that started
@@ -54,6 +56,16 @@ class Replica:
     def max_sequences(self) -> int:
         return _fraction(self.capacity.max_sequences, self.share) if self.capacity else 0
 
+    @property
+    def block_tokens(self) -> int:
+        reported = self.capacity.kv_block_tokens if self.capacity else 1
+        return reported if reported > 1 else self.fallback_block_tokens
+
+    def charge(self, kv_tokens: int) -> int:
+        """What a request of `kv_tokens` occupies here: whole KV blocks."""
+        block = self.block_tokens
+        return -(-kv_tokens // block) * block
+
     def kv_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
         total = self.kv_tokens_total
         return total if may_use_reserve else _fraction(total, 1.0 - reserved_fraction)
@@ -65,12 +77,12 @@ class Replica:
     def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         """Whether the ticket fits on this replica when it is empty."""
         return (
-            kv_tokens <= self.kv_limit(may_use_reserve, reserved_fraction)
+            self.charge(kv_tokens) <= self.kv_limit(may_use_reserve, reserved_fraction)
             and self.sequence_limit(may_use_reserve, reserved_fraction) >= 1
         )
 
     def has_room(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
-        return self.kv_in_use + kv_tokens <= self.kv_limit(
+        return self.kv_in_use + self.charge(kv_tokens) <= self.kv_limit(
             may_use_reserve, reserved_fraction
         ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
 

@@ -45,31 +45,32 @@ class Claims:
 def candidates(
     replicas: Iterable[Replica],
     ticket: Ticket,
-    kv_charge: int,
+    kv_tokens: int,
     exclude: frozenset[str],
     reserved_fraction: float,
     *,
     alive_only: bool = False,
 ) -> list[Replica]:
     """The replicas this ticket could run on once they have room: placeable (or, with alive_only,
-    merely passing health checks), not excluded, big enough."""
+    merely passing health checks), not excluded, big enough. Each replica rounds `kv_tokens` up to
+    its own KV block size."""
     return [
         r
         for r in replicas
         if (r.alive if alive_only else r.placeable)
         and r.name not in exclude
-        and r.could_hold(kv_charge, ticket.may_use_reserve, reserved_fraction)
+        and r.could_hold(kv_tokens, ticket.may_use_reserve, reserved_fraction)
     ]
 
 
 def pick(
-    replicas: Iterable[Replica], ticket: Ticket, kv_charge: int, reserved_fraction: float, claims: Claims
+    replicas: Iterable[Replica], ticket: Ticket, kv_tokens: int, reserved_fraction: float, claims: Claims
 ) -> Replica | None:
     best: Replica | None = None
     for replica in replicas:
         if claims.is_closed(replica, ticket.may_use_reserve):
             continue
-        if not replica.has_room(kv_charge, ticket.may_use_reserve, reserved_fraction):
+        if not replica.has_room(kv_tokens, ticket.may_use_reserve, reserved_fraction):
             continue
         if best is None or (replica.utilisation(), replica.sequences) < (best.utilisation(), best.sequences):
             best = replica

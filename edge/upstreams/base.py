@@ -33,13 +33,18 @@ class Delta:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """What a replica can hold and holds now: KV-cache tokens and sequences cap a batch."""
+    """What a replica can hold and holds now: KV-cache tokens and sequences cap a batch.
+
+    `kv_block_tokens` is the replica's KV block size: a sequence occupies whole blocks, so the edge
+    charges each request in multiples of it (1: no blocks, or not known).
+    """
 
     kv_tokens_total: int
     kv_tokens_used: int
     max_sequences: int
     running: int
     waiting: int
+    kv_block_tokens: int = 1
 
 
 class UpstreamError(Exception):

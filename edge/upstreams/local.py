@@ -48,6 +48,7 @@ class LocalUpstream:
             max_sequences=stats.max_num_seqs,
             running=stats.running,
             waiting=stats.waiting,
+            kv_block_tokens=stats.block_size,
         )
 
     async def ready(self) -> bool:

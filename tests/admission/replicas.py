@@ -8,8 +8,11 @@ from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamErro
 
 
 class ControlledUpstream:
-    def __init__(self, name: str, *, kv_tokens_total: int = 10_000, max_sequences: int = 10) -> None:
+    def __init__(
+        self, name: str, *, kv_tokens_total: int = 10_000, max_sequences: int = 10, kv_block_tokens: int = 1
+    ) -> None:
         self.name = name
+        self.kv_block_tokens = kv_block_tokens
         self.kv_tokens_total = kv_tokens_total
         self.max_sequences = max_sequences
         self.is_ready = True
@@ -28,7 +31,7 @@ class ControlledUpstream:
         yield Delta([2], "stop")
 
     async def capacity(self) -> Capacity:
-        return Capacity(self.kv_tokens_total, 0, self.max_sequences, 0, 0)
+        return Capacity(self.kv_tokens_total, 0, self.max_sequences, 0, 0, self.kv_block_tokens)
 
     async def ready(self) -> bool:
         self.ready_calls += 1

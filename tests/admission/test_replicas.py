@@ -31,6 +31,32 @@ async def test_never_more_than_a_replica_holds(make_dispatcher: MakeDispatcher) 
 
 
 @pytest.mark.anyio
+async def test_each_replica_charges_in_its_own_kv_blocks(make_dispatcher: MakeDispatcher) -> None:
+    coarse = ControlledUpstream("coarse", kv_tokens_total=640, kv_block_tokens=64)
+    fine = ControlledUpstream("fine", kv_tokens_total=640, kv_block_tokens=16)
+    unknown = ControlledUpstream("unknown", kv_tokens_total=640)  # reports no block size
+    async with make_dispatcher([coarse, fine, unknown], kv_block_tokens=8) as dispatcher:
+        slots = [await dispatcher.acquire(ticket(f"u{i}", kv_tokens=70)) for i in range(3)]
+        charges = {s.upstream.name: s.kv_charge for s in slots}
+        for s in slots:
+            s.release()
+    assert charges == {"coarse": 128, "fine": 80, "unknown": 72}
+
+
+@pytest.mark.anyio
+async def test_room_is_counted_in_the_replicas_whole_blocks(make_dispatcher: MakeDispatcher) -> None:
+    # 100 + 60 + 10 tokens would fit 192; in blocks of 64 they take 128 + 64 + 64.
+    coarse = ControlledUpstream("coarse", kv_tokens_total=192, kv_block_tokens=64)
+    async with make_dispatcher([coarse]) as dispatcher:
+        held = [await dispatcher.acquire(ticket(f"u{i}", kv_tokens=n)) for i, n in enumerate((100, 60))]
+        assert [s.kv_charge for s in held] == [128, 64]
+        with pytest.raises(Overloaded):
+            dispatcher.precheck(ticket("u3", kv_tokens=10, max_wait_s=0.0))
+        for s in held:
+            s.release()
+
+
+@pytest.mark.anyio
 async def test_routes_to_the_least_loaded_replica(make_dispatcher: MakeDispatcher) -> None:
     a, b = ControlledUpstream("a"), ControlledUpstream("b")
     async with make_dispatcher([a, b]) as dispatcher:
