@@ -65,6 +65,8 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 replicas,
                 reserved_paid_fraction=settings.admission.reserved_paid_fraction,
                 max_queue=settings.admission.max_queue,
+                # Every instance counts only its own requests: each fills its share of a replica.
+                replica_share=1 / lim.instance_count,
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -38,7 +38,7 @@ class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["memory", "redis"]
     redis_url: str
     timeout_ms: int
-    instance_count: int
+    instance_count: Annotated[int, msgspec.Meta(ge=1)]
 
 
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
