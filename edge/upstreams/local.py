@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
-from edge.upstreams.closing import aclose_stream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.types import SamplingParams
 
@@ -38,7 +37,7 @@ class LocalUpstream:
             raise UpstreamError(str(exc)) from exc
         finally:
             # Leaving early must close the engine's stream at once: that aborts the sequence.
-            await aclose_stream(outs)
+            await outs.aclose()
 
     async def capacity(self) -> Capacity:
         stats = self._engine.stats()
@@ -52,7 +51,7 @@ class LocalUpstream:
         )
 
     async def ready(self) -> bool:
-        return True
+        return self._engine.engine.running
 
     async def aclose(self) -> None:
         self._engine.engine.stop()

@@ -86,6 +86,12 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
 
+    @property
+    def running(self) -> bool:
+        """Started, not stopped, and its loop thread alive (a loop that died answers False)."""
+        with self._cond:
+            return self._state == "running" and self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Finish every request with "cancelled" and end the loop thread. Idempotent."""
         with self._cond:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig
+from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
 from tests.support.live_server import demo_model_dir
 
 pytestmark = pytest.mark.anyio
@@ -22,3 +24,39 @@ async def test_capacity_reports_the_engines_kv_block_size() -> None:
     capacity = await upstream.capacity()
     assert capacity.kv_block_tokens == 8
     assert capacity.kv_tokens_total == 8 * 32
+
+
+async def test_ready_only_while_the_engine_runs() -> None:
+    engine = _engine()
+    upstream = LocalUpstream("local-0", AsyncEngine(engine))
+    assert not await upstream.ready()
+    engine.start()
+    assert await upstream.ready()
+    await upstream.aclose()
+    assert not await upstream.ready()
+
+
+class _LoopKiller(BaseException):
+    """Escapes the engine loop's `except Exception`: its thread dies as from a fatal bug."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_not_ready_once_the_engine_loop_died() -> None:
+    engine = _engine()
+    engine.start()
+    loop_thread: list[threading.Thread] = []
+    called = threading.Event()
+
+    def on_output(_: TokenOutput) -> None:
+        loop_thread.append(threading.current_thread())
+        called.set()
+        raise _LoopKiller
+
+    engine.add_request("r1", [1, 2, 3], SamplingParams(max_new_tokens=4), on_output)
+    try:
+        assert called.wait(timeout=10)
+        loop_thread[0].join(timeout=10)
+        assert not loop_thread[0].is_alive()
+        assert not await LocalUpstream("local-0", AsyncEngine(engine)).ready()
+    finally:
+        engine.stop()
