@@ -7,11 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import boto3
 from litestar import Litestar
 from litestar.exceptions import HTTPException
 
+from edge import scaling_metric
 from edge.admission.dispatcher import Dispatcher
 from edge.auth import KeyStore
+from edge.cloudwatch import QueueDepthPublisher
 from edge.config import ModelConfig, Settings
 from edge.conversation_log import ConversationLog
 from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
@@ -49,6 +52,18 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
     return min(limit, positions) if isinstance(positions, int) else limit
 
 
+def _queue_depth_publisher(settings: Settings, dispatcher: Dispatcher) -> QueueDepthPublisher:
+    m = settings.metrics
+    region = m.cloudwatch_region or None
+    return QueueDepthPublisher(
+        dispatcher.queue_depth_per_replica,
+        dimensions=scaling_metric.dimensions(settings.model.name),
+        client_factory=lambda: boto3.client("cloudwatch", region_name=region),
+        interval_s=m.cloudwatch_interval_s,
+        sample_interval_s=min(scaling_metric.SAMPLE_INTERVAL_S, m.cloudwatch_interval_s),
+    )
+
+
 def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
     provider = upstreams or local_upstreams
 
@@ -70,6 +85,10 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)
+            if settings.metrics.cloudwatch:
+                publisher = _queue_depth_publisher(settings, dispatcher)
+                publisher.start()
+                stack.push_async_callback(publisher.aclose)
             store = await create_store(settings.messages)
             stack.push_async_callback(store.aclose)
             writer = MessageWriter(store, settings.messages.queue_size)

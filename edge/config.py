@@ -54,6 +54,12 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     queue_size: int
 
 
+class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    cloudwatch: bool
+    cloudwatch_region: str
+    cloudwatch_interval_s: Annotated[float, msgspec.Meta(gt=0)]
+
+
 class TierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     priority: int
     requests_per_window: int
@@ -73,6 +79,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     limiter: LimiterConfig
     admission: AdmissionConfig
     messages: MessagesConfig
+    metrics: MetricsConfig
     tiers: dict[str, TierConfig]
 
 

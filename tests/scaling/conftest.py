@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -11,6 +12,7 @@ import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
+from edge import scaling_metric
 from tests.support.ports import free_port
 
 REGION = "us-east-1"
@@ -72,3 +74,27 @@ def cloudwatch(moto_endpoint: str) -> Any:
 
 
 ClientFactory = Callable[[], Any]
+
+
+def read_back(cloudwatch: Any, model: str, stat: str) -> list[float]:
+    now = datetime.now(UTC)
+    answer = cloudwatch.get_metric_data(
+        MetricDataQueries=[
+            {
+                "Id": "q",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": scaling_metric.NAMESPACE,
+                        "MetricName": scaling_metric.METRIC_NAME,
+                        "Dimensions": [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}],
+                    },
+                    "Period": 3600,
+                    "Stat": stat,
+                },
+            }
+        ],
+        # One bucket around now: every datum of the test falls in it.
+        StartTime=now - timedelta(minutes=30),
+        EndTime=now + timedelta(minutes=30),
+    )
+    return [float(v) for v in answer["MetricDataResults"][0]["Values"]]

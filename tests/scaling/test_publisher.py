@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -13,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from edge import scaling_metric
 from edge.cloudwatch import QueueDepthPublisher
-from tests.scaling.conftest import PutRecorder, aws_client
+from tests.scaling.conftest import PutRecorder, aws_client, read_back
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.anyio
@@ -21,30 +20,6 @@ pytestmark = pytest.mark.anyio
 
 def model_name() -> str:
     return f"model-{uuid.uuid4().hex[:8]}"
-
-
-def read_back(cloudwatch: Any, model: str, stat: str) -> list[float]:
-    now = datetime.now(UTC)
-    answer = cloudwatch.get_metric_data(
-        MetricDataQueries=[
-            {
-                "Id": "q",
-                "MetricStat": {
-                    "Metric": {
-                        "Namespace": scaling_metric.NAMESPACE,
-                        "MetricName": scaling_metric.METRIC_NAME,
-                        "Dimensions": [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}],
-                    },
-                    "Period": 3600,
-                    "Stat": stat,
-                },
-            }
-        ],
-        # One bucket around now: every datum of the test falls in it.
-        StartTime=now - timedelta(minutes=30),
-        EndTime=now + timedelta(minutes=30),
-    )
-    return [float(v) for v in answer["MetricDataResults"][0]["Values"]]
 
 
 async def test_an_intervals_samples_go_out_in_one_call(recorder: PutRecorder, cloudwatch: Any) -> None:
