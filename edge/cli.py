@@ -59,7 +59,8 @@ def _serve(args: argparse.Namespace) -> None:
         overrides["server"]["port"] = args.port
     settings = load_settings(args.config, overrides)
     configure_logging()
-    _dev_key_hint(settings)
+    if settings.server.dev_key:
+        _dev_key_hint(settings)
     from edge.app import create_app
 
     provider = triton_provider(args.triton) if args.triton else None

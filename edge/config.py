@@ -17,6 +17,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     keys_file: str
     max_body_bytes: int
     keepalive_s: float
+    dev_key: bool
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -66,6 +66,30 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None:
+    port = free_port()
+    keys_file = tmp_path / "keys.jsonl"
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\n'
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+            assert client.get("/v1/models").status_code == 401  # no key exists to use
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert not keys_file.exists()
+    assert "fg-" not in output and "No API keys" not in output
+
+
 def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
     # The key is printed before uvicorn binds: retry connecting until it answers (bounded).
     for _ in range(500):
