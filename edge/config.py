@@ -53,6 +53,7 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     dynamodb_table: str
     dynamodb_endpoint: str
     queue_size: int
+    ttl_days: Annotated[float, msgspec.Meta(gt=0)]
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):

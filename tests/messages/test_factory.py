@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import boto3
 import pytest
 
 from edge.config import load_settings
@@ -41,6 +42,7 @@ async def test_dynamodb_with_a_local_endpoint_creates_its_table(
                 "backend": "dynamodb",
                 "dynamodb_table": "floodgate-factory-test",
                 "dynamodb_endpoint": dynalite_endpoint,
+                "ttl_days": 2,
             }
         }
     )
@@ -52,3 +54,9 @@ async def test_dynamodb_with_a_local_endpoint_creates_its_table(
     assert isinstance(store, DynamoDBMessageStore)
     assert await store.history("c1", "alice") == [msg]
     await store.aclose()
+    raw = boto3.client("dynamodb", endpoint_url=dynalite_endpoint)
+    item = raw.get_item(
+        TableName="floodgate-factory-test",
+        Key={"conversation_id": {"S": "c1"}, "message_id": {"S": msg.message_id}},
+    )["Item"]
+    assert int(item["expires_at"]["N"]) == int(msg.created_at) + 2 * 86400
