@@ -1,4 +1,4 @@
-"""`floodgate serve` and `floodgate keys create`."""
+"""`floodgate serve`, `floodgate keys create` and `floodgate chat` (the client's, from client/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from client.cli import add_chat_command
 from edge.auth import KeyStore, create_key
 from edge.config import Settings, load_settings
 from edge.logging_setup import configure_logging
@@ -51,7 +52,7 @@ def _dev_key_hint(settings: Settings) -> None:
     sys.stdout.flush()
 
 
-def _serve(args: argparse.Namespace) -> None:
+def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, object]] = {"server": {}}
     if args.host:
         overrides["server"]["host"] = args.host
@@ -73,14 +74,16 @@ def _serve(args: argparse.Namespace) -> None:
         log_level="warning",
         timeout_graceful_shutdown=10,
     )
+    return 0
 
 
-def _keys_create(args: argparse.Namespace) -> None:
+def _keys_create(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     if args.tier not in settings.tiers:
         raise SystemExit(f"unknown tier {args.tier!r}; configured: {', '.join(sorted(settings.tiers))}")
     keys_file = Path(args.keys_file or settings.server.keys_file)
     print(create_key(keys_file, args.user, args.tier))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="local|HOST:PORT,...",
         help="serve from Triton replicas instead of in-process engines",
     )
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(handler=_serve)
 
     keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
         dest="keys_command", required=True
@@ -106,14 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--tier", required=True)
     create.add_argument("--keys-file", help="default: server.keys_file of the settings")
     create.add_argument("--config", help="TOML file overriding the embedded defaults")
-    create.set_defaults(run=_keys_create)
+    create.set_defaults(handler=_keys_create)
+
+    add_chat_command(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The exit code (the console script passes it to sys.exit)."""
     args = build_parser().parse_args(argv)
-    args.run(args)
+    return int(args.handler(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,9 @@
-"""`floodgate keys create` and `floodgate serve` as a user runs them."""
+"""`floodgate keys create`, `floodgate serve` and `floodgate chat` as a user runs them."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 from edge.auth import KeyStore
 from edge.cli import main
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
-from tests.support.live_server import demo_model_dir
+from tests.support.live_server import LiveServer, demo_model_dir
 from tests.support.ports import free_port
 
 
@@ -88,6 +90,31 @@ def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None
         output, _ = proc.communicate(timeout=30)
     assert not keys_file.exists()
     assert "fg-" not in output and "No API keys" not in output
+
+
+def test_chat_help_lists_its_options() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "chat", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: floodgate chat") and "--base-url" in done.stdout
+
+
+def test_chat_streams_a_reply_from_a_live_edge(server: LiveServer) -> None:
+    command = [sys.executable, "-m", "edge.cli", "chat", "Hello!", "--base-url", server.base_url]
+    command += ["--model", MODEL, "--max-tokens", "4", "--json"]
+    env = os.environ | {"FLOODGATE_API_KEY": server.keys["paid"]}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    kinds = [json.loads(line)["type"] for line in done.stdout.splitlines()]
+    assert kinds[0] == "request_started" and kinds[-1] == "finished"
+
+
+def test_chat_without_a_key_exits_2(server: LiveServer) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"}
+    command = [sys.executable, "-m", "edge.cli", "chat", "Hello!", "--base-url", server.base_url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and "FLOODGATE_API_KEY" in done.stderr
 
 
 def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
