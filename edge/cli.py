@@ -72,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         log_level="warning",
+        # uvicorn's own handlers would print plain text: its loggers go to the JSON root handler.
+        log_config=None,
         timeout_graceful_shutdown=10,
     )
     return 0
