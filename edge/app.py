@@ -74,7 +74,9 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             text = ModelText.load(model_dir)
             replicas = await stack.enter_async_context(provider(settings, model_dir))
             lim = settings.limiter
-            limiter = create_limiter(lim.backend, lim.redis_url, lim.timeout_ms, lim.instance_count)
+            limiter = create_limiter(
+                lim.backend, lim.redis_url, lim.timeout_ms, lim.instance_count, lease_ttl_s=lim.slot_ttl_s
+            )
             stack.push_async_callback(limiter.aclose)
             dispatcher = Dispatcher(
                 replicas,

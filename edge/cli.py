@@ -8,11 +8,12 @@ import shlex
 import sys
 from pathlib import Path
 
+import msgspec
 import uvicorn
 
 from client.cli import add_chat_command
 from edge.auth import KeyStore, create_key
-from edge.config import Settings, load_settings
+from edge.config import ConfigError, Settings, load_settings
 from edge.logging_setup import configure_logging
 from edge.upstreams.local_pool import UpstreamProvider
 
@@ -58,7 +59,10 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["server"]["host"] = args.host
     if args.port:
         overrides["server"]["port"] = args.port
-    settings = load_settings(args.config, overrides)
+    try:
+        settings = load_settings(args.config, overrides)
+    except (ConfigError, msgspec.ValidationError) as exc:
+        raise SystemExit(f"floodgate: invalid settings: {exc}") from None
     configure_logging()
     if settings.server.dev_key:
         _dev_key_hint(settings)

@@ -9,6 +9,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
+# A queued request holds its concurrency slot without refreshing it: the slot must outlive the
+# longest queue wait by this much, or it could expire under a request that is about to run.
+SLOT_TTL_MARGIN_S = 60.0
+
+
+class ConfigError(ValueError):
+    """Settings that parse but cannot work together."""
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -40,6 +47,7 @@ class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     redis_url: str
     timeout_ms: int
     instance_count: Annotated[int, msgspec.Meta(ge=1)]
+    slot_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
 
 
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -105,4 +113,18 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         data = _merge(data, tomllib.loads(Path(path).read_text()))
     if overrides:
         data = _merge(data, overrides)
-    return msgspec.convert(data, Settings)
+    settings = msgspec.convert(data, Settings)
+    _check_slot_ttl(settings)
+    return settings
+
+
+def _check_slot_ttl(settings: Settings) -> None:
+    ttl = settings.limiter.slot_ttl_s
+    for name, tier in settings.tiers.items():
+        if tier.max_queue_wait_s + SLOT_TTL_MARGIN_S > ttl:
+            raise ConfigError(
+                f"tiers.{name}.max_queue_wait_s = {tier.max_queue_wait_s:g} s needs limiter.slot_ttl_s of "
+                f"at least {tier.max_queue_wait_s + SLOT_TTL_MARGIN_S:g} s (the wait plus "
+                f"{SLOT_TTL_MARGIN_S:g} s), but it is {ttl:g} s: a queued request's concurrency slot "
+                "would expire. Raise limiter.slot_ttl_s or lower the tier's max_queue_wait_s."
+            )

@@ -1,0 +1,56 @@
+"""Settings that cannot work together are refused when they are loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from edge.config import ConfigError, load_settings
+from limiter.factory import create_limiter
+from tests.edge.conftest import ROOMY_TIERS
+from tests.limiter.clock import ManualClock
+from tests.limiter.tiers import tier
+
+
+def test_the_defaults_load() -> None:
+    settings = load_settings()
+    assert settings.limiter.slot_ttl_s == 300
+    assert settings.metrics.cloudwatch is False and settings.server.dev_key is True
+    assert settings.messages.ttl_days == 90
+
+
+def test_a_queue_wait_the_slot_ttl_does_not_cover_with_margin_is_refused() -> None:
+    long_wait = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"max_queue_wait_s": 250.0}}}
+    with pytest.raises(ConfigError, match=r"tiers\.paid\.max_queue_wait_s = 250 s needs limiter\.slot_ttl_s"):
+        load_settings(overrides=long_wait)
+    settings = load_settings(overrides=long_wait | {"limiter": {"slot_ttl_s": 310}})
+    assert settings.limiter.slot_ttl_s == 310
+
+
+def test_instance_count_below_one_is_refused() -> None:
+    with pytest.raises(msgspec.ValidationError, match="instance_count"):
+        load_settings(overrides={"limiter": {"instance_count": 0}})
+
+
+def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[limiter]\nslot_ttl_s = 100\n")
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "invalid settings" in done.stderr and "slot_ttl_s" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_the_slot_ttl_reaches_the_limiter() -> None:
+    clock = ManualClock()
+    limiter = create_limiter("memory", "", 250, 1, clock=clock, lease_ttl_s=90)
+    one_slot = tier(concurrent=1)
+    assert (await limiter.admit("u", "a", one_slot, 1, 1)).decision.allowed  # never settled
+    assert not (await limiter.admit("u", "b", one_slot, 1, 1)).decision.allowed
+    clock.advance(90)
+    assert (await limiter.admit("u", "c", one_slot, 1, 1)).decision.allowed
