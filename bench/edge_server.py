@@ -15,6 +15,9 @@ from pathlib import Path
 import httpx
 
 BENCH_TIER = """
+[limiter]
+slot_ttl_s = 900
+
 [tiers.bench]
 priority = 10
 requests_per_window = 100000000
