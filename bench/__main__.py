@@ -31,21 +31,23 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--paths", default="local,triton")
     args = parser.parse_args()
     rows = []
-    with edge_process() as edge:
-        for n in (int(x) for x in args.concurrency.split(",")):
-            cpu_before = edge.cpu_seconds()
-            load = asyncio.run(
-                run_load(
-                    edge.base_url,
-                    edge.key,
-                    concurrency=n,
-                    duration_s=args.duration,
-                    max_tokens=args.max_tokens,
+    for path in args.paths.split(","):
+        with edge_process(triton="local" if path == "triton" else None) as edge:
+            for n in (int(x) for x in args.concurrency.split(",")):
+                cpu_before = edge.cpu_seconds()
+                load = asyncio.run(
+                    run_load(
+                        edge.base_url,
+                        edge.key,
+                        concurrency=n,
+                        duration_s=args.duration,
+                        max_tokens=args.max_tokens,
+                    )
                 )
-            )
-            rows.append(summarize(f"{n} streams", load, edge.cpu_seconds() - cpu_before))
+                rows.append(summarize(f"{path}, {n} streams", load, edge.cpu_seconds() - cpu_before))
     print(f"machine: {machine()}")
     print(markdown_table(rows))
 
