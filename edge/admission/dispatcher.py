@@ -29,6 +29,11 @@ Policy
   (`Slot.release(failed=True)`) gets no new work until a health check that started after the failure
   passes; requests already waiting for it keep waiting meanwhile.
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
+* Membership. Replicas come and go while the edge runs (`add_upstream`, `remove_upstream`: replica
+  discovery calls them). An added replica is health-checked at once and the queue is reconsidered,
+  so waiting tickets may land on it. A removed one drains: it takes no new tickets, its in-flight
+  generations finish, then its upstream is closed; waiters that only it could hold fail as
+  "no_replica".
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
 fills only this fraction of every replica, 1 / instance count), `poll_interval_s`, `health_timeout_s`,
@@ -89,10 +94,13 @@ class Dispatcher:
         names = [u.name for u in upstreams]
         if len(set(names)) != len(names):
             raise ValueError("upstream names must be unique")
-        self._replicas = [
-            Replica(u, ServiceRate(prior_service_s), replica_share, fallback_block_tokens=kv_block_tokens)
-            for u in upstreams
-        ]
+        self._prior_service_s = prior_service_s
+        self._replica_share = replica_share
+        self._fallback_block_tokens = kv_block_tokens
+        self._replicas = [self._new_replica(u) for u in upstreams]
+        # Removed replicas whose in-flight generations have not all finished yet.
+        self._draining: list[Replica] = []
+        self._closing: set[asyncio.Task[None]] = set()
         self._prior = ServiceRate(prior_service_s)
         self._reserve = reserved_paid_fraction
         self._max_queue = max_queue
@@ -120,10 +128,73 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
+        for replica in self._draining:
+            self._close_removed(replica)
+        self._draining.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         for waiter in list(self._queue):
             self._queue.remove(waiter)
             self._fail(waiter, self._reject("no_replica", self._poll_interval_s))
         self._publish_metrics()
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def upstream_names(self) -> list[str]:
+        """The replicas that may take new tickets (draining ones excluded)."""
+        return [r.name for r in self._replicas]
+
+    async def add_upstream(self, upstream: Upstream) -> None:
+        """Start sending work to a new replica once its first health check (done here) passes."""
+        if self._closed:
+            raise RuntimeError("the dispatcher is closed")
+        if any(r.name == upstream.name for r in self._replicas):
+            raise ValueError(f"a replica named {upstream.name!r} is already a member")
+        replica = self._new_replica(upstream)
+        self._replicas.append(replica)
+        log.info("replica_added", replica=replica.name)
+        self._checks_started += 1
+        await self._check(replica, self._checks_started)
+        self._dispatch()
+
+    def remove_upstream(self, name: str) -> None:
+        """Drain a replica: no new tickets from now on; its upstream is closed after the last
+        in-flight generation on it releases its slot."""
+        replica = next((r for r in self._replicas if r.name == name), None)
+        if replica is None:
+            raise KeyError(name)
+        self._replicas.remove(replica)
+        with contextlib.suppress(KeyError):  # never published if no dispatch ran since it joined
+            metrics.REPLICA_UTILISATION.remove(replica.name)
+        log.info("replica_removed", replica=name, in_flight=replica.sequences)
+        if replica.sequences == 0:
+            self._close_removed(replica)
+        else:
+            self._draining.append(replica)
+        self._health_changed = True  # waiters that only this replica could hold now fail
+        self._dispatch()
+
+    def _new_replica(self, upstream: Upstream) -> Replica:
+        return Replica(
+            upstream,
+            ServiceRate(self._prior_service_s),
+            self._replica_share,
+            fallback_block_tokens=self._fallback_block_tokens,
+        )
+
+    def _close_removed(self, replica: Replica) -> None:
+        task = asyncio.create_task(self._close_upstream(replica), name=f"close-{replica.name}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_upstream(replica: Replica) -> None:
+        try:
+            await replica.upstream.aclose()
+        except Exception as exc:  # a replica that is gone may fail to close cleanly; nothing to do
+            log.warning("replica_close_failed", replica=replica.name, error=type(exc).__name__)
+        else:
+            log.info("replica_closed", replica=replica.name)
 
     # -- the API the request pipeline calls ------------------------------------------------------
 
@@ -233,6 +304,9 @@ class Dispatcher:
             replica.suspect_since_check = self._checks_started
         elif kind == "done":
             replica.rate.observe(self._clock() - slot.granted_at)
+        if replica.sequences == 0 and replica in self._draining:
+            self._draining.remove(replica)
+            self._close_removed(replica)
         self._dispatch()
 
     def _withdraw(self, waiter: _Waiter) -> Slot | None:
@@ -301,7 +375,7 @@ class Dispatcher:
         """Poll every replica's health and capacity now (start() and the poller call this)."""
         self._checks_started += 1
         check = self._checks_started
-        await asyncio.gather(*(self._check(replica, check) for replica in self._replicas))
+        await asyncio.gather(*(self._check(replica, check) for replica in list(self._replicas)))
         self._dispatch()
 
     async def _check(self, replica: Replica, check: int) -> None:
