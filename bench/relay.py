@@ -1,0 +1,231 @@
+"""The edge's own CPU per streamed chunk, side by side with a bare Litestar relay (the floor).
+
+python -m bench.relay [--concurrency 1,32,128] [--duration 8] [--chunks 256]
+
+Each variant is a separate server process (same uvicorn/uvloop/httptools settings as
+`floodgate serve`); its CPU is read from /proc/<pid>/stat around a load of aiohttp streams:
+
+- bare: a Litestar app streaming pre-encoded SSE chunks as fast as the client takes them;
+- edge: the real app (auth, limiter, admission, detokenizer, stop strings, metrics) in front of a
+  zero-cost upstream that yields a fixed cycle of the demo tokenizer's ids, so no model runs.
+
+The same process serves one variant: `python -m bench.relay --serve bare|edge --config FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import httpx
+from litestar import Litestar, get, post
+from litestar.response import Stream
+
+from bench.__main__ import machine
+from bench.edge_server import BENCH_TIER, EdgeProcess, _free_port
+from bench.loadgen import markdown_table, run_load
+from edge.config import Settings
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
+
+# Whole-word ids of the demo tokenizer (" The quick brown fox jumps over the lazy dog, and then it
+# runs far away."): every id is a complete piece of text, so each one is one chunk.
+TOKEN_CYCLE = [440, 392, 75, 492, 894, 386, 270, 81, 90, 223, 76, 87, 79, 505, 881, 262, 306, 67, 92, 91]
+BARE_CHUNK = b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":" fox"},"finish_reason":null}]}\n\n'  # noqa: E501
+
+
+def _bare_app(chunks: int) -> Litestar:
+    usage = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+        % (chunks, chunks + 1)
+    )
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(chunks):
+            yield BARE_CHUNK
+        yield usage
+        yield b"data: [DONE]\n\n"
+
+    @post("/v1/chat/completions", status_code=200)
+    async def relay() -> Stream:
+        return Stream(body(), media_type="text/event-stream")
+
+    @get("/readyz")
+    async def readyz() -> str:
+        return "ok"
+
+    return Litestar(route_handlers=[relay, readyz], openapi_config=None)
+
+
+class ZeroCostUpstream:
+    """A replica with no compute: the ids of TOKEN_CYCLE, one per delta, as fast as they are read."""
+
+    name = "zero-cost"
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        ids = itertools.cycle(TOKEN_CYCLE)
+        for _ in range(req.max_new_tokens - 1):
+            yield Delta([next(ids)])
+        yield Delta([next(ids)], "length")
+
+    async def capacity(self) -> Capacity:
+        return Capacity(kv_tokens_total=1 << 30, kv_tokens_used=0, max_sequences=4096, running=0, waiting=0)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+
+@asynccontextmanager
+async def zero_cost_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
+    yield [ZeroCostUpstream()]
+
+
+def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
+    import uvicorn
+
+    app: Litestar
+    if variant == "bare":
+        app = _bare_app(chunks)
+    else:
+        from edge.app import create_app
+        from edge.config import load_settings
+        from edge.logging_setup import configure_logging
+
+        configure_logging()
+        app = create_app(load_settings(str(config)), zero_cost_upstreams)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        log_config=None,
+    )
+
+
+@contextmanager
+def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
+    from edge.auth import create_key
+
+    with tempfile.TemporaryDirectory(prefix="floodgate-relay-") as tmp:
+        port = _free_port()
+        config = Path(tmp) / "bench.toml"
+        config.write_text(
+            f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n'
+            f'[model]\ndemo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
+        )
+        key = create_key(Path(tmp) / "keys.jsonl", "bench", "bench")
+        cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]
+        cmd += ["--port", str(port), "--chunks", str(chunks)]
+        if os.environ.get("RELAY_PROFILE"):
+            cmd = [
+                "py-spy",
+                "record",
+                "-o",
+                f"{os.environ['RELAY_PROFILE']}-{variant}.txt",
+                "-f",
+                "raw",
+                "--",
+                *cmd,
+            ]
+        log = open(Path(tmp) / "server.log", "w")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{variant} exited: {(Path(tmp) / 'server.log').read_text()[-2000:]}")
+                try:
+                    if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{variant} did not become ready")
+                time.sleep(0.2)
+            yield EdgeProcess(base_url, key, _server_pid(proc.pid))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+
+def _server_pid(pid: int) -> int:
+    """The Python server itself, also when py-spy wraps it (then it is py-spy's child)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = children.read_text().split() if children.exists() else []
+    return int(kids[0]) if kids else pid
+
+
+def measure(
+    variants: list[str], concurrency: list[int], duration_s: float, chunks: int
+) -> list[dict[str, str]]:
+    per_chunk: dict[tuple[str, int], float] = {}
+    rows: list[dict[str, str]] = []
+    for variant in variants:
+        with _server(variant, chunks) as server:
+            for n in concurrency:
+                before = server.cpu_seconds()
+                load = asyncio.run(
+                    run_load(
+                        server.base_url, server.key, concurrency=n, duration_s=duration_s, max_tokens=chunks
+                    )
+                )
+                cpu = server.cpu_seconds() - before
+                us = cpu / max(load.tokens, 1) * 1e6
+                per_chunk[(variant, n)] = us
+                rows.append(
+                    {
+                        "variant": variant,
+                        "streams": str(n),
+                        "chunks": str(load.tokens),
+                        "chunks/s": f"{load.tokens / load.wall_s:.0f}",
+                        "server CPU µs/chunk": f"{us:.1f}",
+                        "errors": str(load.errors),
+                    }
+                )
+    for row, key in zip(rows, per_chunk, strict=True):
+        floor = per_chunk.get(("bare", key[1]))
+        if floor:
+            row["× bare"] = f"{per_chunk[key] / floor:.2f}"
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.relay")
+    parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--chunks", type=int, default=256, help="text chunks per stream")
+    parser.add_argument("--variants", default="bare,edge")
+    parser.add_argument("--serve", choices=["bare", "edge"], help=argparse.SUPPRESS)
+    parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        _serve(args.serve, args.config, args.port, args.chunks)
+        return
+    rows = measure(
+        args.variants.split(","), [int(x) for x in args.concurrency.split(",")], args.duration, args.chunks
+    )
+    print(f"machine: {machine()}")
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    main()
