@@ -70,6 +70,8 @@ class TrtLlmMetrics:
             max_sequences=self.max_requests,
             running=self.scheduled_requests,
             waiting=self.waiting_requests + self.pending_in_triton,
+            # A replica that does not export the gauge reads 0: charge in single tokens then.
+            kv_block_tokens=max(self.tokens_per_block, 1),
         )
 
 

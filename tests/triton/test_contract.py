@@ -124,6 +124,12 @@ def test_capacity_from_a_tensorrt_llm_metrics_page() -> None:
     assert capacity.running == 10
     # 4 active but unscheduled in the backend, 3 still queued in Triton in front of it.
     assert capacity.waiting == 4 + 3
+    # The dispatcher charges requests in this replica's whole blocks.
+    assert capacity.kv_block_tokens == 64
+
+
+def test_a_page_without_the_block_size_charges_single_tokens() -> None:
+    assert parse_trtllm_metrics("").capacity().kv_block_tokens == 1
 
 
 def test_replica_spec_parsing() -> None:

@@ -278,6 +278,7 @@ async def test_capacity_and_readiness_come_from_the_replica(
     assert capacity.max_sequences == cfg.max_num_seqs
     assert capacity.running == 0
     assert capacity.waiting == 0
+    assert capacity.kv_block_tokens == cfg.block_size
 
 
 @pytest.mark.anyio
