@@ -35,6 +35,7 @@ import gpu_container.engine.llama_config
 from edge.app import create_app
 from edge.auth import create_key
 from edge.config import Settings, load_settings
+from edge.upstreams.local_pool import UpstreamProvider
 from tests.support.ports import free_port
 
 STARTUP_TIMEOUT_S = 60.0
@@ -95,7 +96,10 @@ class LiveServer:
         self.stop()
 
 
-def start_server(tmp_path: Path, overrides: dict[str, Any] | None = None) -> LiveServer:
+def start_server(
+    tmp_path: Path, overrides: dict[str, Any] | None = None, upstreams: UpstreamProvider | None = None
+) -> LiveServer:
+    """`upstreams` replaces the replicas the settings name (default: the in-process engines)."""
     port = free_port()
     base = {
         "server": {"host": "127.0.0.1", "port": port, "keys_file": str(tmp_path / "keys.jsonl")},
@@ -108,7 +112,7 @@ def start_server(tmp_path: Path, overrides: dict[str, Any] | None = None) -> Liv
     if "free" in settings.tiers:
         keys["free2"] = create_key(keys_file, "free-user-2", "free")
 
-    app = create_app(settings)
+    app = create_app(settings, upstreams)
     config = uvicorn.Config(
         app,
         host="127.0.0.1",

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-import edge.app
 from edge.upstreams.triton import TrtLlmMetrics, parse_trtllm_metrics, triton_upstreams
 from tests.support.live_server import LiveServer, start_server
 from tests.triton.conftest import LocalTriton
@@ -45,11 +44,7 @@ def edge_on_triton(
     process = local_triton.process
     metrics_port = process.metrics_url.rsplit(":", 1)[1].split("/")[0]
     provider = triton_upstreams(f"{process.grpc_url}:{metrics_port}")
-    # start_server builds the app with the default provider; this module swaps in the Triton one.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(edge.app, "local_upstreams", provider)
-        server = start_server(tmp_path_factory.mktemp("edge-triton"), {"tiers": {"paid": PAID}})
-    with server:
+    with start_server(tmp_path_factory.mktemp("edge-triton"), {"tiers": {"paid": PAID}}, provider) as server:
         yield server
 
 
