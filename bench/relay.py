@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,17 +130,12 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
         key = create_key(Path(tmp) / "keys.jsonl", "bench", "bench")
         cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]
         cmd += ["--port", str(port), "--chunks", str(chunks)]
-        if os.environ.get("RELAY_PROFILE"):
-            cmd = [
-                "py-spy",
-                "record",
-                "-o",
-                f"{os.environ['RELAY_PROFILE']}-{variant}.txt",
-                "-f",
-                "raw",
-                "--",
-                *cmd,
-            ]
+        profile = os.environ.get("RELAY_PROFILE")
+        if profile:
+            # RELAY_PROFILE=/tmp/prof: py-spy's collapsed stacks of each server in /tmp/prof-<variant>.txt
+            py_spy = str(Path(sys.executable).parent / "py-spy")
+            out = f"{profile}-{variant}.txt"
+            cmd = [py_spy, "record", "-r", "500", "-o", out, "-f", "raw", "--nonblocking", "--", *cmd]
         log = open(Path(tmp) / "server.log", "w")
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         base_url = f"http://127.0.0.1:{port}"
@@ -158,9 +154,10 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
                 time.sleep(0.2)
             yield EdgeProcess(base_url, key, _server_pid(proc.pid))
         finally:
-            proc.terminate()
+            # py-spy writes its profile on SIGINT (and stops the server it runs).
+            proc.send_signal(signal.SIGINT if profile else signal.SIGTERM)
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()

@@ -62,19 +62,29 @@ class Lease:
     def used(self) -> int:
         return self._used
 
+    def try_take(self, n: int) -> int | None:
+        """`take` without a coroutine while the reservation covers n (the per-token case); None
+        when only `take` can answer, because the store must extend the lease."""
+        if n > self._granted - self._used and not self._exhausted and not self._settled:
+            return None
+        return self._take_held(n)
+
     async def take(self, n: int) -> int:
+        taken = self.try_take(n)
+        if taken is not None:
+            return taken
+        want = min(max(self._batch, n - (self._granted - self._used)), self._max_output - self._granted)
+        got = await self._store.charge(self._user, self._tier, self._request_id, want) if want > 0 else 0
+        self._granted += got
+        # A short grant means the budget (or max_output) is spent: asking again would only cost
+        # another store call for the same answer.
+        self._exhausted = got < want or want == 0
+        return self._take_held(n)
+
+    def _take_held(self, n: int) -> int:
         if self._settled or n <= 0:
             return 0
-        held = self._granted - self._used
-        if n > held and not self._exhausted:
-            want = min(max(self._batch, n - held), self._max_output - self._granted)
-            got = await self._store.charge(self._user, self._tier, self._request_id, want) if want > 0 else 0
-            self._granted += got
-            # A short grant means the budget (or max_output) is spent: asking again would only
-            # cost another store call for the same answer.
-            self._exhausted = got < want or want == 0
-            held = self._granted - self._used
-        covered = min(n, held)
+        covered = min(n, self._granted - self._used)
         self._used += covered
         return covered
 
