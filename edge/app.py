@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -32,6 +33,7 @@ from edge.routes.playground import playground
 from edge.runtime import Runtime
 from edge.text.model_text import ModelText
 from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
+from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from gpu_container.engine.demo_model import build_demo_model
 from limiter.factory import create_limiter
 
@@ -64,8 +66,20 @@ def _queue_depth_publisher(settings: Settings, dispatcher: Dispatcher) -> QueueD
     )
 
 
+def replica_provider(settings: Settings) -> UpstreamProvider:
+    """`[upstream] triton` empty: the in-process engines; otherwise Triton replicas (`local`,
+    `HOST:PORT,...` or `asg:GROUP...`, see edge/upstreams/triton.py). The Triton client is imported
+    only when asked for, so the default path never loads it."""
+    spec = settings.upstream.triton.strip()
+    if not spec:
+        return local_upstreams
+    provider: UpstreamProvider = importlib.import_module("edge.upstreams.triton").triton_upstreams(spec)
+    return provider
+
+
 def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
-    provider = upstreams or local_upstreams
+    """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks)."""
+    provider = upstreams or replica_provider(settings)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -75,7 +89,12 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             replicas = await stack.enter_async_context(provider(settings, model_dir))
             lim = settings.limiter
             limiter = create_limiter(
-                lim.backend, lim.redis_url, lim.timeout_ms, lim.instance_count, lease_ttl_s=lim.slot_ttl_s
+                lim.backend,
+                lim.redis_url,
+                lim.timeout_ms,
+                lim.instance_count,
+                cluster=lim.redis_cluster,
+                lease_ttl_s=lim.slot_ttl_s,
             )
             stack.push_async_callback(limiter.aclose)
             dispatcher = Dispatcher(
@@ -87,6 +106,9 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)
+            if isinstance(replicas, DiscoveredUpstreams):
+                # Replicas found later join the dispatcher (and leave it) while the app runs.
+                await stack.enter_async_context(replicas.watch(dispatcher))
             if settings.metrics.cloudwatch:
                 publisher = _queue_depth_publisher(settings, dispatcher)
                 publisher.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from pathlib import Path
@@ -15,24 +14,9 @@ from client.cli import add_chat_command
 from edge.auth import KeyStore, create_key
 from edge.config import ConfigError, Settings, load_settings
 from edge.logging_setup import configure_logging
-from edge.upstreams.local_pool import UpstreamProvider
 
 DEV_USER = "dev"
 DEV_TIER = "paid"
-
-
-def triton_provider(spec: str) -> UpstreamProvider:
-    """`--triton local` (a tritonserver started here) or `--triton HOST:PORT,...` (running ones).
-
-    The Triton upstream lives in edge/upstreams/triton.py, which provides `triton_upstreams(spec)`;
-    it is imported only when asked for, so the default path never loads the Triton client.
-    """
-    module = importlib.import_module("edge.upstreams.triton")
-    factory = getattr(module, "triton_upstreams", None)
-    if factory is None:
-        raise SystemExit("this build has no Triton upstream (edge.upstreams.triton.triton_upstreams)")
-    provider: UpstreamProvider = factory(spec)
-    return provider
 
 
 def _dev_key_hint(settings: Settings) -> None:
@@ -55,6 +39,8 @@ def _dev_key_hint(settings: Settings) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, object]] = {"server": {}}
+    if args.triton:
+        overrides["upstream"] = {"triton": args.triton}
     if args.host:
         overrides["server"]["host"] = args.host
     if args.port:
@@ -68,9 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
         _dev_key_hint(settings)
     from edge.app import create_app
 
-    provider = triton_provider(args.triton) if args.triton else None
     uvicorn.run(
-        create_app(settings, provider),
+        create_app(settings),
         host=settings.server.host,
         port=settings.server.port,
         loop="uvloop",
@@ -102,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default: server.port)")
     serve.add_argument(
         "--triton",
-        metavar="local|HOST:PORT,...",
-        help="serve from Triton replicas instead of in-process engines",
+        metavar="local|HOST:PORT,...|asg:GROUP[:GRPC_PORT[:METRICS_PORT]]",
+        help="serve from Triton replicas instead of in-process engines (default: upstream.triton)",
     )
     serve.set_defaults(handler=_serve)
 

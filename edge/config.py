@@ -48,6 +48,13 @@ class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     timeout_ms: int
     instance_count: Annotated[int, msgspec.Meta(ge=1)]
     slot_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
+    redis_cluster: bool
+
+
+class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True):
+    triton: str
+    discovery_interval_s: Annotated[float, msgspec.Meta(gt=0)]
+    region: str
 
 
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -86,6 +93,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     server: ServerConfig
     model: ModelConfig
     engine: EngineSettings
+    upstream: UpstreamConfig
     limiter: LimiterConfig
     admission: AdmissionConfig
     messages: MessagesConfig

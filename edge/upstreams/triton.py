@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import shutil
 import tempfile
@@ -34,8 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from edge.config import Settings
+from edge.upstreams.asg_resolver import is_asg_spec
 from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest, Upstream, UpstreamError
 from edge.upstreams.local_pool import UpstreamProvider
+from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
@@ -319,6 +322,21 @@ def _replica_urls(spec: str) -> tuple[str, str]:
     return f"{host}:{grpc_port}", f"http://{host}:{metrics_port}/metrics"
 
 
+def remote_triton_upstream(
+    spec: str, *, end_id: int | None = None, pad_id: int | None = None, extra_stop_ids: tuple[int, ...] = ()
+) -> TritonUpstream:
+    """A running replica at `HOST:GRPC_PORT[:METRICS_PORT]`, named `triton-HOST:GRPC_PORT`."""
+    grpc_url, metrics_url = _replica_urls(spec)
+    return TritonUpstream(
+        f"triton-{grpc_url}",
+        grpc_url,
+        metrics_url,
+        end_id=end_id,
+        pad_id=pad_id,
+        extra_stop_ids=extra_stop_ids,
+    )
+
+
 async def build_triton_upstreams(
     spec: str,
     model_dir: Path,
@@ -350,19 +368,10 @@ async def build_triton_upstreams(
 
         return [local], stop_local
 
-    upstreams: list[Upstream] = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        grpc_url, metrics_url = _replica_urls(item)
-        upstreams.append(
-            TritonUpstream(
-                f"triton-{grpc_url}",
-                grpc_url,
-                metrics_url,
-                end_id=end_id,
-                pad_id=pad_id,
-                extra_stop_ids=extra_stop_ids,
-            )
-        )
+    upstreams: list[Upstream] = [
+        remote_triton_upstream(item, end_id=end_id, pad_id=pad_id, extra_stop_ids=extra_stop_ids)
+        for item in filter(None, (s.strip() for s in spec.split(",")))
+    ]
     if not upstreams:
         raise ValueError("--triton needs `local` or at least one HOST:PORT")
 
@@ -383,10 +392,22 @@ def end_token_ids(model_dir: Path) -> list[int]:
 
 
 def triton_upstreams(spec: str) -> UpstreamProvider:
-    """The app's replica provider for `floodgate serve --triton SPEC` (see build_triton_upstreams)."""
+    """The app's replica provider for `floodgate serve --triton SPEC` (see build_triton_upstreams);
+    `asg:GROUP[:GRPC_PORT[:METRICS_PORT]]` finds them in an Auto Scaling group (triton_fleet.py)."""
 
     @asynccontextmanager
     async def provide(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
+        eos = end_token_ids(model_dir)
+        tokens: dict[str, Any] = {
+            "end_id": eos[0] if eos else None,
+            "pad_id": eos[0] if eos else None,
+            "extra_stop_ids": tuple(eos[1:]),
+        }
+        if is_asg_spec(spec):
+            make = functools.partial(remote_triton_upstream, **tokens)
+            async with discovered_triton_upstreams(spec, settings, make) as discovered:
+                yield discovered
+            return
         e = settings.engine
         engine_cfg = EngineConfig(
             block_size=e.block_size,
@@ -395,15 +416,7 @@ def triton_upstreams(spec: str) -> UpstreamProvider:
             max_num_batched_tokens=e.max_num_batched_tokens,
             max_model_len=e.max_model_len,
         )
-        eos = end_token_ids(model_dir)
-        upstreams, cleanup = await build_triton_upstreams(
-            spec,
-            model_dir,
-            engine_cfg,
-            end_id=eos[0] if eos else None,
-            pad_id=eos[0] if eos else None,
-            extra_stop_ids=tuple(eos[1:]),
-        )
+        upstreams, cleanup = await build_triton_upstreams(spec, model_dir, engine_cfg, **tokens)
         try:
             yield upstreams
         finally:
