@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -50,6 +51,8 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, msgspec.ValidationError) as exc:
         raise SystemExit(f"floodgate: invalid settings: {exc}") from None
     configure_logging()
+    # httpx logs every request at INFO: the replicas' metrics polls would flood the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if settings.server.dev_key:
         _dev_key_hint(settings)
     from edge.app import create_app

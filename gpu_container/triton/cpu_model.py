@@ -31,6 +31,7 @@ from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, TokenOutput
 from gpu_container.triton.cpu_contract import decode_request, engine_config_from_parameters, output_arrays
 from gpu_container.triton.outbox import Outbox
+from gpu_container.triton.plain_logging import configure_plain_logging
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
 
@@ -128,6 +129,7 @@ def _response(token_ids: list[int]) -> Any:
 
 class EngineModel:
     def __init__(self, args: dict[str, str]) -> None:
+        configure_plain_logging()
         sys.unraisablehook = _ignore_renamed_dlpack_capsules(sys.unraisablehook)
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}

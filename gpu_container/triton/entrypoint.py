@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from gpu_container.triton.fetch_engine import fetch_engine
+from gpu_container.triton.plain_logging import configure_plain_logging
 from gpu_container.triton.production.render import TrtLlmSettings, render_repository
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,7 @@ def tritonserver_command(model_repository: Path, extra: list[str]) -> list[str]:
 
 
 def main() -> None:
+    configure_plain_logging()
     env = os.environ
     engine_dir = Path(env.get("ENGINE_DIR", "/engines/model"))
     repository = Path(env.get("MODEL_REPOSITORY", "/models"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,30 @@ def test_tritonserver_command_serves_the_rendered_repository() -> None:
     assert "--grpc-port=8001" in command and "--metrics-port=8002" in command
     assert "--strict-readiness=true" in command
     assert command[-1] == "--log-verbose=1"
+
+
+def test_gpu_side_tracebacks_are_plain_and_carry_no_locals() -> None:
+    # A separate interpreter: configuring structlog here would change every later test's logging.
+    script = """
+from gpu_container.triton.plain_logging import configure_plain_logging
+import structlog
+configure_plain_logging()
+def step():
+    kv_cache = "KV-CACHE-CONTENTS-7f3a"
+    raise RuntimeError("engine step failed")
+try:
+    step()
+except RuntimeError:
+    structlog.get_logger("t").exception("engine_crashed")
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=root
+    )
+
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["event"] == "engine_crashed" and record["level"] == "error"
+    assert "Traceback (most recent call last)" in record["exception"]
+    assert "RuntimeError: engine step failed" in record["exception"]
+    assert "KV-CACHE-CONTENTS-7f3a" not in done.stdout + done.stderr
