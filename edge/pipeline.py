@@ -47,12 +47,15 @@ from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from edge.upstreams.closing import aclose_stream
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
+from limiter.lease import Lease
 from limiter.tiers import tier_limits
 
 log = structlog.get_logger("floodgate.request")
 
 Emit = Callable[[bytes], Awaitable[None]]
-TextSink = Callable[[str], Awaitable[None]]
+# Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
+# function rather than a coroutine, so a token does not cost one more coroutine frame.
+TextSink = Callable[[str], Awaitable[None] | None]
 EndReason = Literal["stop", "length", "cancelled", "error", "overloaded", "disconnected"]
 
 # Prompts longer than this are tokenized in a worker thread, not on the event loop every stream shares.
@@ -305,10 +308,10 @@ class Generation:
         out = Outcome()
         keep_text = self._req.conversation_id is not None
 
-        async def on_text(text: str) -> None:
+        def on_text(text: str) -> Awaitable[None]:
             if keep_text:
                 out.text.append(text)
-            await emit(enc.delta(text))
+            return emit(enc.delta(text))
 
         try:
             await self._p.registry.announce(self._live)
@@ -330,11 +333,8 @@ class Generation:
     async def complete(self) -> dict[str, Any]:
         out = Outcome()
 
-        async def on_text(text: str) -> None:
-            out.text.append(text)
-
         try:
-            await self._run(out, on_text, None)
+            await self._run(out, out.text.append, None)
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
             raise
@@ -413,30 +413,39 @@ class Generation:
         detok = self._p.text.detokenizer()
         stops = StopMatcher(self._req.stop_strings)
         lease = self._lease
+        try_take = lease.try_take if isinstance(lease, Lease) else None
+        inter_token = metrics.INTER_TOKEN
+        watch_stops = stops.active
+        clock = time.perf_counter
         last = 0.0
         async for delta in deltas:
             ids = delta.token_ids
             if ids:
-                now = time.perf_counter()
+                n = len(ids)
+                now = clock()
                 if out.ttft_s is None:
                     out.ttft_s = now - self._arrived
                     await self._stop_keepalive()
                 else:
-                    metrics.INTER_TOKEN.observe(now - last)
+                    inter_token.observe(now - last)
                 last = now
-                granted = await lease.take(len(ids))
-                if granted < len(ids):
+                granted = try_take(n) if try_take is not None else None
+                if granted is None:
+                    granted = await lease.take(n)
+                if granted < n:
                     ids = ids[:granted]
-                out.completion_tokens += len(ids)
-                text = detok.push(ids) if ids else ""
+                out.completion_tokens += granted
+                text = detok.push(ids) if granted else ""
                 if text:
-                    text, stopped = stops.feed(text)
-                    if text:
-                        await on_text(text)
+                    stopped = False
+                    if watch_stops:
+                        text, stopped = stops.feed(text)
+                    if text and (written := on_text(text)) is not None:
+                        await written
                     if stopped:
                         out.reason = "stop"
                         return
-                if granted < len(delta.token_ids):
+                if granted < n:
                     await self._emit_tail(detok.flush(), stops, on_text)
                     out.reason = "length"
                     out.marker = TOKENS_LIMIT_MARKER
@@ -469,8 +478,8 @@ class Generation:
         text, stopped = stops.feed(text)
         if not stopped:
             text += stops.flush()
-        if text:
-            await on_text(text)
+        if text and (written := on_text(text)) is not None:
+            await written
 
     async def close(self, out: Outcome | None = None) -> None:
         """Give back everything the request holds. Idempotent; safe when it never ran."""

@@ -59,8 +59,9 @@ class EventStreamResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         generation = self._generation
 
-        async def emit(chunk: bytes) -> None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        def emit(chunk: bytes) -> Awaitable[None]:
+            # Hands back send's own awaitable: one coroutine frame less per chunk.
+            return send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         async def produce() -> None:
             try:
