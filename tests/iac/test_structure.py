@@ -6,6 +6,7 @@ import re
 import tomllib
 from typing import Any
 
+from edge import scaling_metric
 from edge.config import load_settings
 from edge.messages import dynamodb
 from tests.iac.hcl import EXAMPLE, IAC, MODULES, module, only, resolve
@@ -88,7 +89,7 @@ def test_redis_is_a_multi_az_encrypted_cluster_with_a_managed_token() -> None:
     group = redis.resource("aws_elasticache_replication_group", "this")
 
     assert group["cluster_mode"] == "enabled"
-    assert group["parameter_group_name"].endswith(".cluster.on")
+    assert group["parameter_group_name"] == "${aws_elasticache_parameter_group.limiter.name}"
     assert group["transit_encryption_enabled"] is True
     assert group["transit_encryption_mode"] == "required"
     assert group["at_rest_encryption_enabled"] is True
@@ -96,6 +97,16 @@ def test_redis_is_a_multi_az_encrypted_cluster_with_a_managed_token() -> None:
     assert group["auth_token"] == "${aws_secretsmanager_secret_version.auth_token.secret_string}"
     assert group["multi_az_enabled"] is True and group["automatic_failover_enabled"] is True
     assert default("redis", "replicas_per_shard") >= 1
+
+
+def test_redis_never_evicts_the_limiters_keys() -> None:
+    # Every limiter key has a TTL: volatile-* (the default) or allkeys-* eviction would delete
+    # counters under memory pressure and so reset users' limits.
+    parameters = module(MODULES / "redis").resource("aws_elasticache_parameter_group", "limiter")
+    values = {p["name"]: p["value"] for p in parameters["parameter"]}
+
+    assert parameters["family"] == "redis7"
+    assert values == {"cluster-enabled": "yes", "maxmemory-policy": "noeviction"}
 
 
 def test_engine_bucket_is_private_versioned_encrypted_and_tls_only() -> None:
@@ -140,6 +151,32 @@ def test_edge_may_only_write_and_query_its_messages_table() -> None:
     assert table == "${aws_dynamodb_table.messages.arn}"
 
 
+def test_edge_publishes_only_the_scaling_namespace_and_may_discover_replicas() -> None:
+    documents = module(MODULES / "edge_service").data("aws_iam_policy_document")
+    statements = {s["sid"]: s for s in documents["task"]["statement"]}
+    publish, discover = statements["PublishScalingMetric"], statements["DiscoverGpuReplicas"]
+
+    assert publish["actions"] == ["cloudwatch:PutMetricData"]
+    assert only(publish["condition"]) == {
+        "test": "StringEquals",
+        "variable": "cloudwatch:namespace",
+        "values": ["${var.metric_namespace}"],
+    }
+    assert resolve(ENV.calls()["edge"]["metric_namespace"], ENV, "edge") == scaling_metric.NAMESPACE
+    assert sorted(discover["actions"]) == ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"]
+    assert not any(a.endswith("*") for s in statements.values() for a in s["actions"])
+
+
+def test_gpu_hosts_take_triton_traffic_from_the_edge_only() -> None:
+    group = module(MODULES / "gpu_pool").resource("aws_security_group", "gpu")
+    ingress = only(group["ingress"])
+
+    assert (ingress["from_port"], ingress["to_port"], ingress["protocol"]) == (8001, 8002, "tcp")
+    assert ingress["security_groups"] == ["${var.edge_security_group_id}"]
+    assert "cidr_blocks" not in ingress
+    assert ENV.calls()["gpu_pool"]["edge_security_group_id"] == "${module.edge.security_group_id}"
+
+
 def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
     documents = module(MODULES / "gpu_pool").data("aws_iam_policy_document")
     statements = {s["sid"]: s for s in documents["gpu"]["statement"]}
@@ -161,6 +198,8 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
         "redis_endpoint": "clustercfg.floodgate.cache.amazonaws.com",
         "edge_instances": "2",
         "messages_table": "floodgate-messages",
+        "gpu_group": "floodgate-gpu-llama-3-8b",
+        "region": "us-east-1",
     }.items():
         rendered = rendered.replace("${" + name + "}", value)
 
@@ -169,8 +208,15 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
     assert names == set(re.findall(r"\b(\w+)\s*=", args.split("{", 2)[2]))
     assert settings.limiter.backend == "redis"
     assert settings.limiter.redis_url.startswith("rediss://")
+    assert settings.limiter.redis_cluster is True
+    assert settings.limiter.instance_count == 2
     assert settings.messages.backend == "dynamodb"
     assert settings.model.path == "/opt/floodgate/model"
+    assert settings.server.dev_key is False
+    assert settings.metrics.cloudwatch is True and settings.metrics.cloudwatch_region == "us-east-1"
+    assert settings.upstream.triton == "asg:floodgate-gpu-llama-3-8b:8001:8002"
+    # The group named in the settings is the one the first model's GPU pool creates.
+    assert re.search(r"\bgpu_group\s*=\s*local\.gpu_groups\[local\.first_model\]", args)
 
 
 def test_every_checkov_skip_gives_a_reason() -> None:

@@ -97,14 +97,16 @@ module "edge" {
   messages_table_arn    = module.messages.arn
   metric_namespace      = module.scaling_metric.namespace
   kms_key_arn           = module.kms.key_arn
-  # Model => GPU Auto Scaling group: the in-service instances of a group are the model's replicas.
-  environment = { FLOODGATE_GPU_GROUPS = jsonencode(local.gpu_groups) }
+  # The edge serves the first model; its replicas are the in-service hosts of that model's group.
   config_toml = templatefile("${path.module}/edge.toml.tftpl", {
     model          = local.first_model
     model_dir      = var.edge_model_dir
+    gpu_group      = local.gpu_groups[local.first_model]
     redis_endpoint = module.redis.configuration_endpoint
+    # Exact while the service runs edge_min_count tasks; see the template for the trade-off.
     edge_instances = var.edge_min_count
     messages_table = module.messages.name
+    region         = var.region
   })
 }
 

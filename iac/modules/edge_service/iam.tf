@@ -77,7 +77,9 @@ data "aws_iam_policy_document" "task" {
     }
   }
 
-  # Replica discovery: which GPU hosts are in service. Describe calls take no resource scope.
+  # Replica discovery (edge/upstreams/asg_resolver.py): the GPU groups' in-service hosts and their
+  # private IPs. Neither action supports resource-level permissions or a condition key that could
+  # name the groups, so "*" is the only resource they accept; both only read.
   statement {
     sid       = "DiscoverGpuReplicas"
     actions   = ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances"]

@@ -50,6 +50,25 @@ resource "aws_cloudwatch_log_group" "slow_log" {
   kms_key_id        = var.kms_key_arn
 }
 
+# The default groups evict under memory pressure (volatile-lru): every limiter key has a TTL, so
+# Redis would silently delete users' counters and reset their limits. With noeviction a full
+# Redis refuses writes instead, and the limiter's on_store_failure policy decides what happens.
+resource "aws_elasticache_parameter_group" "limiter" {
+  name        = "${var.name}-limiter"
+  family      = "redis7"
+  description = "Limiter store: cluster mode, never evict keys"
+
+  parameter {
+    name  = "cluster-enabled"
+    value = "yes"
+  }
+
+  parameter {
+    name  = "maxmemory-policy"
+    value = "noeviction"
+  }
+}
+
 resource "aws_elasticache_replication_group" "this" {
   replication_group_id = "${var.name}-limiter"
   description          = "Floodgate limiter store"
@@ -57,7 +76,7 @@ resource "aws_elasticache_replication_group" "this" {
   engine_version       = "7.1"
   node_type            = var.node_type
   port                 = 6379
-  parameter_group_name = "default.redis7.cluster.on"
+  parameter_group_name = aws_elasticache_parameter_group.limiter.name
 
   cluster_mode            = "enabled"
   num_node_groups         = var.shards
