@@ -7,6 +7,7 @@ import pytest
 
 from edge.app import replica_provider
 from edge.config import load_settings
+from edge.upstreams.local_pool import local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from edge.upstreams.triton import TritonUpstream
 from tests.fleet.conftest import REGION, GpuGroup
@@ -33,3 +34,7 @@ async def test_the_asg_spec_yields_a_triton_upstream_per_instance(
             f"http://{ip}:9002/metrics" for ip in ips
         )
     assert list(upstreams) == []
+
+
+def test_no_triton_spec_means_the_in_process_engines() -> None:
+    assert replica_provider(load_settings()) is local_upstreams
