@@ -18,9 +18,10 @@ async def open_request_registry(limiter: LimiterConfig) -> AsyncIterator[Request
     if limiter.backend != "redis":
         yield local
         return
-    shared = SharedCancelRegistry(
-        local, RedisCancelBus.from_url(limiter.redis_url, timeout_ms=limiter.timeout_ms)
+    bus = RedisCancelBus.from_url(
+        limiter.redis_url, timeout_ms=limiter.timeout_ms, cluster=limiter.redis_cluster
     )
+    shared = SharedCancelRegistry(local, bus)
     await shared.start()
     try:
         yield shared

@@ -1,4 +1,5 @@
-"""Two edge instances sharing one real Redis: limits and cancels hold across the fleet."""
+"""Two edge instances sharing one real Redis (standalone, and a 3-node Cluster): limits and cancels
+hold across the fleet."""
 
 from __future__ import annotations
 
@@ -12,20 +13,26 @@ import pytest
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.live_server import LiveServer, start_server
-from tests.support.redis_server import RedisServer, start_redis
+from tests.support.redis_server import start_redis, start_redis_cluster
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    yield server
-    server.stop()
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+def redis_store(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """The limiter settings of a real Redis: one server, or a Cluster (keys and pub/sub through it)."""
+    if request.param == "cluster":
+        cluster = start_redis_cluster(3)
+        yield {"redis_url": cluster.url, "redis_cluster": True}
+        cluster.stop()
+    else:
+        server = start_redis()
+        yield {"redis_url": server.url, "redis_cluster": False}
+        server.stop()
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[LiveServer, LiveServer]]:
+def fleet(tmp_path: Path, redis_store: dict[str, Any]) -> Iterator[tuple[LiveServer, LiveServer]]:
     overrides = {
-        "limiter": {"backend": "redis", "redis_url": redis_server.url, "instance_count": 2},
+        "limiter": {"backend": "redis", "instance_count": 2, **redis_store},
         "tiers": {"paid": ROOMY_TIERS["paid"], "free": ROOMY_TIERS["free"] | {"requests_per_window": 3}},
     }
     # One keys file for both, as instances behind one load balancer would share it.
