@@ -250,18 +250,28 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
 
 
 class _KeepAlive:
-    """SSE comments while nothing else is sent, so load balancers keep an idle stream open."""
+    """SSE comments while nothing else is sent, so load balancers keep an idle stream open.
+
+    A timer until the first comment is due, a task only from then on: most streams get their
+    first token sooner, and a timer costs far less to set and cancel than a task."""
 
     def __init__(self, emit: Emit, interval_s: float) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(interval_s, self._start, emit, interval_s)
+
+    def _start(self, emit: Emit, interval_s: float) -> None:
         self._task = asyncio.ensure_future(self._beat(emit, interval_s))
 
     @staticmethod
     async def _beat(emit: Emit, interval_s: float) -> None:
         while True:
-            await asyncio.sleep(interval_s)
             await emit(KEEPALIVE)
+            await asyncio.sleep(interval_s)
 
     async def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is None:
+            return
         self._task.cancel()
         await asyncio.wait({self._task})
         if not self._task.cancelled():
