@@ -70,3 +70,14 @@ def test_a_dangling_partial_character_comes_out_on_flush(tokenizer: Tokenizer) -
     detok = IncrementalDetokenizer(tokenizer)
     assert "".join(detok.push([i]) for i in ids[:-1]) == "ok "
     assert detok.flush() == REPLACEMENT_CHAR
+
+
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_a_long_reply_streams_whole_while_the_decode_window_moves_up(tokenizer: Tokenizer, step: int) -> None:
+    # Far more tokens than the decode window holds: the window moves many times, mid-character too.
+    text = " ".join(TEXTS) * 4
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(ids) > 100
+    pieces = _stream(tokenizer, ids, step)
+    assert "".join(pieces) == text
+    assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
