@@ -7,7 +7,9 @@ Each variant is a separate server process (same uvicorn/uvloop/httptools setting
 
 - bare: a Litestar app streaming pre-encoded SSE chunks as fast as the client takes them;
 - edge: the real app (auth, limiter, admission, detokenizer, stop strings, metrics) in front of a
-  zero-cost upstream that yields a fixed cycle of the demo tokenizer's ids, so no model runs.
+  zero-cost upstream that yields a fixed cycle of the demo tokenizer's ids, so no model runs;
+- triton (opt-in, `--variants bare,edge,triton`): the real app in front of a local tritonserver
+  running the demo model (its own process, not counted): the edge plus the Triton gRPC client.
 
 The same process serves one variant: `python -m bench.relay --serve bare|edge --config FILE`.
 """
@@ -98,6 +100,13 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
     app: Litestar
     if variant == "bare":
         app = _bare_app(chunks)
+    elif variant == "triton":
+        from edge.app import create_app
+        from edge.config import load_settings
+        from edge.logging_setup import configure_logging
+
+        configure_logging()
+        app = create_app(load_settings(str(config), {"upstream": {"triton": "local"}}))
     else:
         from edge.app import create_app
         from edge.config import load_settings
@@ -210,7 +219,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--chunks", type=int, default=256, help="text chunks per stream")
     parser.add_argument("--variants", default="bare,edge")
-    parser.add_argument("--serve", choices=["bare", "edge"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["bare", "edge", "triton"], help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
