@@ -1,16 +1,31 @@
-"""Every refusal is an OpenAI error object with the right status, never a traceback."""
+"""Every refusal is an OpenAI error object with the right status, never a traceback.
+
+The edge refuses these before any replica is asked, so the upstream cannot change the answer: they
+run on the in-process path only (`local_server`). A request the edge accepts despite odd fields
+reaches the replica, so that one runs on both paths (`server`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, LONG_PROMPT, MODEL
 from tests.support.live_server import LiveServer
 
+UPSTREAMS = BOTH_PATHS
+
 OK_BODY: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}
+
+
+@pytest.fixture
+def local_client(local_server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=local_server.base_url, timeout=30.0) as c:
+        yield c
 
 
 def _error(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -25,8 +40,8 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "headers", [{}, {"Authorization": "Bearer fg-wrong"}, {"Authorization": "Basic abc"}]
 )
-def test_401_without_a_valid_key(client: httpx.Client, headers: dict[str, str]) -> None:
-    error = _error(client.post(CHAT, json=OK_BODY, headers=headers), 401)
+def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, str]) -> None:
+    error = _error(local_client.post(CHAT, json=OK_BODY, headers=headers), 401)
     assert error["code"] == "invalid_api_key"
 
 
@@ -47,14 +62,16 @@ def test_401_without_a_valid_key(client: httpx.Client, headers: dict[str, str]) 
         (OK_BODY | {"max_completion_tokens": 5000}, "max_completion_tokens"),
     ],
 )
-def test_400_names_the_bad_parameter(server: LiveServer, client: httpx.Client, body: Any, param: str) -> None:
-    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 400)
+def test_400_names_the_bad_parameter(
+    local_server: LiveServer, local_client: httpx.Client, body: Any, param: str
+) -> None:
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
 
 
-def test_400_on_malformed_json(server: LiveServer, client: httpx.Client) -> None:
-    response = client.post(CHAT, content=b"{not json", headers=server.auth("paid"))
+def test_400_on_malformed_json(local_server: LiveServer, local_client: httpx.Client) -> None:
+    response = local_client.post(CHAT, content=b"{not json", headers=local_server.auth("paid"))
     assert _error(response, 400)["type"] == "invalid_request_error"
 
 
@@ -71,24 +88,26 @@ def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, 
     assert response.json()["usage"]["completion_tokens"] <= 2
 
 
-def test_context_length_exceeded(server: LiveServer, client: httpx.Client) -> None:
+def test_context_length_exceeded(local_server: LiveServer, local_client: httpx.Client) -> None:
     long_text = " ".join(f"word{i}" for i in range(3000))
     body = {"model": MODEL, "messages": [{"role": "user", "content": long_text}]}
-    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 400)
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
     assert error["code"] == "context_length_exceeded"
 
 
-def test_404_for_an_unknown_model(server: LiveServer, client: httpx.Client) -> None:
-    error = _error(client.post(CHAT, json=OK_BODY | {"model": "gpt-9"}, headers=server.auth("paid")), 404)
+def test_404_for_an_unknown_model(local_server: LiveServer, local_client: httpx.Client) -> None:
+    error = _error(
+        local_client.post(CHAT, json=OK_BODY | {"model": "gpt-9"}, headers=local_server.auth("paid")), 404
+    )
     assert error["code"] == "model_not_found" and error["param"] == "model"
 
 
-def test_413_for_an_oversized_body(server: LiveServer, client: httpx.Client) -> None:
+def test_413_for_an_oversized_body(local_server: LiveServer, local_client: httpx.Client) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
-    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 413)
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 413)
     assert error["code"] == "request_too_large"
 
 
-def test_unknown_route_and_method_are_openai_errors(client: httpx.Client) -> None:
-    _error(client.get("/v1/nothing-here"), 404)
-    _error(client.get(CHAT), 405)
+def test_unknown_route_and_method_are_openai_errors(local_client: httpx.Client) -> None:
+    _error(local_client.get("/v1/nothing-here"), 404)
+    _error(local_client.get(CHAT), 405)

@@ -1,4 +1,5 @@
-"""The official openai SDK against a real edge: the compatibility clients actually rely on."""
+"""The official openai SDK against a real edge, on either upstream path: the compatibility clients
+actually rely on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import openai
 import pytest
 
 from edge.text.model_text import ModelText
+from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import LONG_PROMPT, MODEL
 from tests.support.live_server import LiveServer
+
+UPSTREAMS = BOTH_PATHS
 
 
 @pytest.fixture

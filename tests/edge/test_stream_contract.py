@@ -1,4 +1,5 @@
-"""The streaming and non-streaming answers of a real edge, as a plain HTTP client sees them."""
+"""The streaming and non-streaming answers of a real edge, as a plain HTTP client sees them, on the
+in-process engine and on Triton alike; and the same seeded request streams the same answer on both."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from edge.text.model_text import ModelText
+from tests.edge.conftest import BOTH_PATHS, replica_names
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events
 from tests.support.live_server import LiveServer
+
+UPSTREAMS = BOTH_PATHS
 
 RATE_HEADERS = (
     "x-ratelimit-limit-requests",
@@ -137,7 +142,8 @@ def test_playground_page_is_served(client: httpx.Client) -> None:
 def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["replicas"] == {"local-0": True}
+    names = replica_names(server)
+    assert ready.status_code == 200 and ready.json()["replicas"] == dict.fromkeys(names, True)
     client.post(
         CHAT, json={"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}, headers=server.auth("free")
     )
@@ -148,6 +154,35 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
         "floodgate_prompt_tokens_total",
         "floodgate_generation_tokens_total",
         'floodgate_requests_finished_total{reason="length",tier="free"}',
-        'floodgate_replica_kv_tokens_total{replica="local-0"}',
+        *(f'floodgate_replica_kv_tokens_total{{replica="{name}"}}' for name in names),
     ):
         assert family in text
+
+
+def _streamed_answer(server: LiveServer, body: dict[str, Any]) -> tuple[str, str, dict[str, int]]:
+    with httpx.Client(base_url=server.base_url, timeout=30.0) as client:
+        with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+            assert response.status_code == 200, response.read()
+            got = list(events(response))
+    assert got[-1] == DONE
+    return content_of(got), got[-3]["choices"][0]["finish_reason"], got[-2]["usage"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_a_seeded_request_streams_the_same_answer_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer, temperature: float
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about rivers."}],
+        "stream": True,
+        "max_tokens": 48,
+        "temperature": temperature,
+        "seed": 5,
+        "stream_options": {"include_usage": True},
+    }
+    on_engine = _streamed_answer(local_server, body)
+    on_triton = _streamed_answer(triton_server, body)
+    text, _, usage = on_engine
+    assert text and usage["completion_tokens"] > 1
+    assert on_triton == on_engine
