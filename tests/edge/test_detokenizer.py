@@ -48,6 +48,7 @@ def test_multibyte_characters_really_span_several_tokens(tokenizer: Tokenizer) -
 
 def test_special_tokens_are_not_emitted(tokenizer: Tokenizer) -> None:
     eos = tokenizer.token_to_id("<|im_end|>")
+    assert eos is not None
     ids = tokenizer.encode("done", add_special_tokens=False).ids
     assert "".join(_stream(tokenizer, [*ids, eos], 1)) == "done"
 
