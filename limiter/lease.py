@@ -65,9 +65,14 @@ class Lease:
     def try_take(self, n: int) -> int | None:
         """`take` without a coroutine while the reservation covers n (the per-token case); None
         when only `take` can answer, because the store must extend the lease."""
-        if n > self._granted - self._used and not self._exhausted and not self._settled:
+        held = self._granted - self._used
+        if n > held and not self._exhausted and not self._settled:
             return None
-        return self._take_held(n)
+        if self._settled or n <= 0:
+            return 0
+        covered = n if n <= held else held
+        self._used += covered
+        return covered
 
     async def take(self, n: int) -> int:
         taken = self.try_take(n)
