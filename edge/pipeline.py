@@ -423,6 +423,7 @@ class Generation:
         detok = self._p.text.detokenizer()
         stops = StopMatcher(self._req.stop_strings)
         lease = self._lease
+        # OutputLease (limiter/base.py) has no try_take; Lease, which both limiters hand out, has.
         try_take = lease.try_take if isinstance(lease, Lease) else None
         inter_token = metrics.INTER_TOKEN
         watch_stops = stops.active
