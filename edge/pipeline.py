@@ -47,7 +47,6 @@ from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from edge.upstreams.closing import aclose_stream
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
-from limiter.lease import Lease
 from limiter.tiers import tier_limits
 
 log = structlog.get_logger("floodgate.request")
@@ -423,8 +422,7 @@ class Generation:
         detok = self._p.text.detokenizer()
         stops = StopMatcher(self._req.stop_strings)
         lease = self._lease
-        # OutputLease (limiter/base.py) has no try_take; Lease, which both limiters hand out, has.
-        try_take = lease.try_take if isinstance(lease, Lease) else None
+        try_take = lease.try_take
         inter_token = metrics.INTER_TOKEN
         watch_stops = stops.active
         clock = time.perf_counter
@@ -440,7 +438,7 @@ class Generation:
                 else:
                     inter_token.observe(now - last)
                 last = now
-                granted = try_take(n) if try_take is not None else None
+                granted = try_take(n)
                 if granted is None:
                     granted = await lease.take(n)
                 if granted < n:

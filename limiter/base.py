@@ -38,6 +38,11 @@ class Decision:
 class OutputLease(Protocol):
     """Output tokens reserved for one running generation, charged as they stream."""
 
+    def try_take(self, n: int) -> int | None:
+        """`take` without a coroutine, for the per-token path: the answer while the local lease
+        covers n (or the budget is known spent), None when only `take` can answer (a store call)."""
+        ...
+
     async def take(self, n: int) -> int:
         """Charge n generated tokens; returns how many of them the budget covers (n, or fewer when
         the token budget ran out: the generation must then stop). Talks to the store only when the
