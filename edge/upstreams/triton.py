@@ -230,15 +230,17 @@ class TritonUpstream:
         finished = False
         try:
             timeout_s = self._first_timeout_s
+            read: Callable[[], Awaitable[Any]] = functools.partial(_first_read, call)
             while not finished:
                 try:
                     async with asyncio.timeout(timeout_s):
-                        message = await call.read()
+                        message = await read()
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
                 except grpc.aio.AioRpcError as exc:
                     raise UpstreamError(f"{self.name}: {exc.code().name}: {exc.details()}") from exc
-                timeout_s = self._stall_timeout_s
+                # Set up now: a cancel lands on grpc's receive, which re-raises it unchanged.
+                timeout_s, read = self._stall_timeout_s, call.read
                 if message is grpc.aio.EOF:
                     raise UpstreamError(f"{self.name}: stream ended without a final response")
                 if message.error_message:
@@ -301,6 +303,24 @@ class TritonUpstream:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+
+async def _first_read(call: Any) -> Any:
+    """The stream's first response, read in a task of its own that a cancel cannot reach.
+
+    Until the first response, `call.read()` awaits grpc.aio's own stream set-up task, so a cancel
+    landing then would cancel that task instead: it swallows the cancellation and ends without
+    anyio's message, and a bare CancelledError escapes the caller's cancel scope. Shielded, the
+    cancel lands on this await alone and propagates as the caller's own; the caller then cancels
+    the call (which ends the set-up and tells Triton to drop the request).
+    """
+    read = asyncio.ensure_future(call.read())
+    try:
+        return await asyncio.shield(read)
+    except asyncio.CancelledError:
+        # Not left running: its outcome is retrieved by shield, nobody else reads it.
+        read.cancel()
+        raise
 
 
 def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limit: int) -> FinishReason:

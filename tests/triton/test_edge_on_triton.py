@@ -13,35 +13,37 @@ import pytest
 
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.closing import aclose_stream
-from edge.upstreams.triton import TritonUpstream, end_token_ids
+from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, end_token_ids
 from tests.triton.conftest import LocalTriton
 
+WAIT_S = 20.0
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "edge/upstreams/triton.py: a cancel while grpc.aio is still preparing the stream cancels "
-        "grpc's own preparation task, which swallows it and ends cancelled without anyio's "
-        "message, so a bare CancelledError escapes the request's cancel scope (the edge's stream "
-        "is then cut without a final chunk or [DONE]). Fix: await "
-        "asyncio.shield(call.wait_for_connection()) before the first read."
-    ),
-)
+
+def _idle(m: TrtLlmMetrics) -> bool:
+    return m.active_requests == 0 and m.used_blocks == 0 and m.pending_in_triton == 0
+
+
+# Each checkpoint lets grpc.aio's set-up go one step further before the cancel lands: right after
+# the call is made, while its metadata goes out, and while the first response is awaited.
 @pytest.mark.anyio
-async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(local_triton: LocalTriton) -> None:
+@pytest.mark.parametrize("checkpoints", [1, 2, 3, 5, 8, 20])
+async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(
+    local_triton: LocalTriton, checkpoints: int
+) -> None:
     eos = end_token_ids(local_triton.model_dir)[0]
     process = local_triton.process
     upstream = TritonUpstream("triton-test", process.grpc_url, process.metrics_url, end_id=eos, pad_id=eos)
     try:
         assert await upstream.ready()
-        deltas = upstream.generate(GenerationRequest("cancel-early", [11, 42, 7], 50, seed=1))
+        deltas = upstream.generate(GenerationRequest(f"cancel-early-{checkpoints}", [11, 42, 7], 50, seed=1))
         escaped = False
         try:
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
 
                     async def cancel_once_the_read_waits() -> None:
-                        await anyio.lowlevel.checkpoint()
+                        for _ in range(checkpoints):
+                            await anyio.lowlevel.checkpoint()
                         scope.cancel()
 
                     tg.start_soon(cancel_once_the_read_waits)
@@ -54,5 +56,12 @@ async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(local
             await aclose_stream(deltas)
         assert not escaped, "the cancel escaped the request's cancel scope"
         assert scope.cancelled_caught
+        # The cancelled call reached Triton as a cancel (or never reached it): nothing stays behind.
+        metrics = await upstream.metrics()
+        with anyio.move_on_after(WAIT_S):
+            while not _idle(metrics):
+                await anyio.sleep(0.02)
+                metrics = await upstream.metrics()
+        assert _idle(metrics), f"the replica kept the cancelled request: {metrics}"
     finally:
         await upstream.aclose()
