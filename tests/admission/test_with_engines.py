@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,9 @@ class Served:
     ticket: Ticket
     asked_at: float
     granted_at: float
-    finished_at: float
+    # Read before the slot is released: the release may grant the freed room to a waiting ticket
+    # at once, so a clock reading after it would come later than that grant.
+    freed_at: float
     tokens: list[int]
 
 
@@ -62,8 +64,14 @@ async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[
 
     async def request(t: Ticket) -> None:
         asked_at = clock()  # acquire() enqueues before it first yields: no grant falls in between
-        slot, tokens = await generate_with_failover(dispatcher, t, PROMPT, MAX_NEW)
-        served.append(Served(t, asked_at, slot.granted_at, clock(), tokens))
+        freed_at: list[float] = []
+        slot, tokens = await generate_with_failover(
+            dispatcher, t, PROMPT, MAX_NEW, before_release=lambda: freed_at.append(clock())
+        )
+        served.append(Served(t, asked_at, slot.granted_at, freed_at[0], tokens))
+
+    def served_at_least(count: int) -> Callable[[], bool]:
+        return lambda: len(served) >= count
 
     async with asyncio.TaskGroup() as group:
         for i in range(48):
@@ -71,18 +79,18 @@ async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[
         # Free may fill 3 of each replica's 4 sequences: 6 run, the rest queue.
         await until(lambda: dispatcher.queue_depth() == 42)
         for _ in range(3):  # paid arrive in bursts larger than the reserve while the flood drains
-            completed = len(served)
+            enough = served_at_least(len(served) + 3)
             for i in range(3):
-                paid = ticket(f"paid-{i}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)
-                group.create_task(request(paid))
-            await until(lambda done=completed: len(served) >= done + 3)
+                group.create_task(request(ticket(f"paid-{i}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)))
+            await until(enough)
     await dispatcher.aclose()
 
     assert len(served) == 57 and all(len(s.tokens) > 0 for s in served)
     free = [s for s in served if s.ticket.priority == 0]
     paid_served = [s for s in served if s.ticket.priority == 10]
-    # A paid request waited when it got its slot only after some request finished (freeing one).
-    waited = [p for p in paid_served if any(p.asked_at < s.finished_at < p.granted_at for s in served)]
+    # A paid request waited when it got its slot only after some request freed one. Each burst is
+    # larger than the reserve the flood leaves free (one sequence per replica), so one always waits.
+    waited = [p for p in paid_served if any(p.asked_at < s.freed_at < p.granted_at for s in served)]
     assert waited, "the scenario must make paid requests queue behind the flood"
     for paid in paid_served:
         overtaking = [f for f in free if paid.asked_at < f.granted_at < paid.granted_at]
