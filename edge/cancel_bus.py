@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import structlog
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel import CancelOutcome, CancelRegistry, LiveRequest
 
@@ -40,6 +40,9 @@ Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream i
 
 CHANNEL = "floodgate:cancel"
 _LIVE, _DONE = "live", "done"
+# What a store that is down or unsettled raises. redis-py's cluster client raises
+# RedisClusterException (not a RedisError) when no node answers or a slot is not covered.
+_STORE_ERRORS = (RedisError, RedisClusterException)
 
 
 class CancelBusUnavailable(Exception):
@@ -149,6 +152,7 @@ class RedisCancelBus:
         self._max_reconnect_delay_s = max_reconnect_delay_s
         self._subscribed = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
+        self._cluster_setup: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(
@@ -170,8 +174,14 @@ class RedisCancelBus:
 
     async def start(self, deliver: Deliver) -> None:
         """Subscribe in the background, retrying with backoff while Redis is unreachable (cancels
-        published meanwhile reach only the instance that runs the request)."""
+        published meanwhile reach only the instance that runs the request). A Cluster client also
+        fetches its slot map and command table now, in the background: otherwise the first request
+        pays for it (tens of milliseconds, more on a busy host) before its first event."""
         self._listener = asyncio.create_task(self._listen(deliver), name="cancel-bus-listener")
+        if isinstance(self._client, RedisCluster):
+            self._cluster_setup = asyncio.create_task(
+                self._set_up_cluster(self._client), name="cancel-bus-cluster-setup"
+            )
 
     async def wait_subscribed(self, timeout_s: float) -> bool:
         """Whether the subscription is up, waiting for it at most `timeout_s`."""
@@ -186,13 +196,13 @@ class RedisCancelBus:
         # A store failure must not fail the request: it only loses cross-instance cancel for it.
         try:
             await self._client.set(owner_key(request_id), f"{_LIVE}\t{owner}", ex=self._ttl_s)
-        except RedisError as exc:
+        except _STORE_ERRORS as exc:
             log.warning("cancel_bus_track_failed", request_id=request_id, error=type(exc).__name__)
 
     async def finish(self, request_id: str, owner: str) -> None:
         try:
             await self._client.set(owner_key(request_id), f"{_DONE}\t{owner}", ex=self._finished_ttl_s)
-        except RedisError as exc:
+        except _STORE_ERRORS as exc:
             log.warning("cancel_bus_finish_failed", request_id=request_id, error=type(exc).__name__)
 
     async def cancel(self, request_id: str, user: str) -> CancelVerdict:
@@ -204,18 +214,27 @@ class RedisCancelBus:
             if verdict == "cancelled":
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
                 await self._client.publish(self._channel, message)
-        except RedisError as exc:
+        except _STORE_ERRORS as exc:
             raise CancelBusUnavailable(str(exc)) from exc
         return verdict
 
     async def aclose(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
+        for task in (self._listener, self._cluster_setup):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._listener = self._cluster_setup = None
         await self._client.aclose()
         await self._subscriber.aclose()
+
+    @staticmethod
+    async def _set_up_cluster(client: RedisCluster) -> None:
+        try:
+            await client.initialize()
+        except _STORE_ERRORS as exc:
+            # Not fatal: the first command sets the client up again.
+            log.warning("cancel_bus_cluster_setup_failed", error=type(exc).__name__)
 
     async def _listen(self, deliver: Deliver) -> None:
         delay_s = self._reconnect_delay_s

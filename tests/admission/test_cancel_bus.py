@@ -10,8 +10,16 @@ import pytest
 from redis.asyncio import Redis
 
 from edge.cancel import CancelOutcome, CancelRegistry
-from edge.cancel_bus import CancelBus, InMemoryCancelBus, RedisCancelBus, SharedCancelRegistry, owner_key
+from edge.cancel_bus import (
+    CancelBus,
+    CancelBusUnavailable,
+    InMemoryCancelBus,
+    RedisCancelBus,
+    SharedCancelRegistry,
+    owner_key,
+)
 from tests.admission.flow import until
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
 
@@ -187,6 +195,21 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
         await a.aclose()
         await b.aclose()
         cluster.stop()
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_cluster_loses_the_record_and_answers_unavailable() -> None:
+    # The cluster client fails with RedisClusterException (no RedisError) when no node answers:
+    # a request must still go on, and a cancel must answer "unavailable" (503), not crash.
+    bus = RedisCancelBus.from_url(f"redis+cluster://127.0.0.1:{free_port()}")
+    await bus.start(Inbox())
+    try:
+        await bus.track("req-u1", "alice")
+        await bus.finish("req-u1", "alice")
+        with pytest.raises(CancelBusUnavailable):
+            await bus.cancel("req-u1", "alice")
+    finally:
+        await bus.aclose()
 
 
 @pytest.mark.anyio
