@@ -7,7 +7,8 @@ generation is a flag on the wire, never a guess. The channel uses tritonclient's
 directly because tritonclient.grpc.aio's stream_infer cannot set that flag.
 
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
-exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly.
+exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
+model also counts the tokens it generated, which tests read as the replica's own record of work.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest
 from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from gpu_container.engine.types import EngineConfig
+from gpu_container.triton.cpu_contract import GENERATED_TOKENS_METRIC
 from gpu_container.triton.cpu_repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
 
@@ -49,6 +51,7 @@ MODEL_NAME = "tensorrt_llm"
 TRITON_METRICS_PORT = 8002
 _FINAL = "triton_final_response"
 _ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+_GENERATED_TOKENS_FAMILY = GENERATED_TOKENS_METRIC.removesuffix("_total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,8 @@ class TrtLlmMetrics:
     waiting_requests: int
     pending_in_triton: int
     iterations: int
+    # Our CPU model's own counter (GENERATED_TOKENS_METRIC); TensorRT-LLM's backend reads 0.
+    generated_tokens: int
 
     def capacity(self) -> Capacity:
         return Capacity(
@@ -86,6 +91,8 @@ def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
         "nv_trt_llm_request_metrics": "request_type",
         "nv_trt_llm_general_metrics": "general_type",
         "nv_inference_pending_request_count": "",
+        # The parser names a counter's family without its `_total` suffix.
+        _GENERATED_TOKENS_FAMILY: "",
     }
     for family in text_string_to_metric_families(text):
         if family.name not in label_of:
@@ -115,6 +122,7 @@ def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
         waiting_requests=waiting,
         pending_in_triton=get("nv_inference_pending_request_count"),
         iterations=get("nv_trt_llm_general_metrics", "iteration_counter"),
+        generated_tokens=get(_GENERATED_TOKENS_FAMILY),
     )
 
 

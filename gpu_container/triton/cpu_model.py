@@ -9,7 +9,8 @@ thread sends them through each request's response sender (decoupled: many respon
 flagged FINAL). A watcher thread polls `is_cancelled()` of the live requests (a closed gRPC stream)
 and aborts them in the engine, which frees their KV blocks; a `stop=true` request with the same
 request id does the same. The engine's stats are exported as the gauges TensorRT-LLM's backend
-exports (nv_trt_llm_*), so the edge reads capacity the same way from both.
+exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a generated-tokens
+counter of our own.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpu_container.triton.plain_logging import configure_plain_logging
 log = structlog.get_logger("floodgate.triton.cpu_model")
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+THREAD_JOIN_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -49,8 +51,12 @@ class _Live:
     abort_requested: bool = False
 
 
-class _Gauges:
-    """EngineStats as TensorRT-LLM's nv_trt_llm_* gauges (same names and label values)."""
+GENERATED_TOKENS_METRIC = "floodgate_cpu_model_generated_tokens_total"
+
+
+class _Metrics:
+    """EngineStats as TensorRT-LLM's nv_trt_llm_* gauges (same names and label values), plus a
+    counter of generated tokens that TensorRT-LLM does not export (GENERATED_TOKENS_METRIC)."""
 
     def __init__(self, model: str, version: str) -> None:
         labels = {"model": model, "version": version}
@@ -67,9 +73,14 @@ class _Gauges:
             "general": pb_utils.MetricFamily(
                 name="nv_trt_llm_general_metrics", description="General TRT LLM metrics", kind=gauge
             ),
+            "tokens": pb_utils.MetricFamily(
+                name=GENERATED_TOKENS_METRIC,
+                description="Tokens the CPU engine has generated",
+                kind=pb_utils.MetricFamily.COUNTER,
+            ),
         }
         request, kv, general = self._families["request"], self._families["kv"], self._families["general"]
-        self._metrics = {
+        self._gauges = {
             "active": request.Metric(labels={"request_type": "active", **labels}),
             "max": request.Metric(labels={"request_type": "max", **labels}),
             "scheduled": request.Metric(labels={"request_type": "scheduled", **labels}),
@@ -80,7 +91,9 @@ class _Gauges:
             "tokens_per": kv.Metric(labels={"kv_cache_block_type": "tokens_per", **labels}),
             "iterations": general.Metric(labels={"general_type": "iteration_counter", **labels}),
         }
+        self._generated_tokens = self._families["tokens"].Metric(labels=labels)
         self._last: dict[str, int] = {}
+        self._last_generated = 0
 
     def update(self, stats: EngineStats) -> None:
         values = {
@@ -97,12 +110,16 @@ class _Gauges:
         for key, value in values.items():
             # Each set() is an IPC round trip to the server: skip the ones that did not move.
             if self._last.get(key) != value:
-                self._metrics[key].set(value)
+                self._gauges[key].set(value)
                 self._last[key] = value
+        if stats.generated_tokens > self._last_generated:
+            self._generated_tokens.increment(stats.generated_tokens - self._last_generated)
+            self._last_generated = stats.generated_tokens
 
     def close(self) -> None:
         # The backend requires every Metric to go before its MetricFamily.
-        self._metrics.clear()
+        self._gauges.clear()
+        del self._generated_tokens
         self._families.clear()
 
 
@@ -141,8 +158,8 @@ class EngineModel:
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
         self._by_triton_id: dict[str, str] = {}
-        self._gauges = _Gauges(args["model_name"], args["model_version"])
-        self._gauges.update(self._engine.stats())
+        self._metrics = _Metrics(args["model_name"], args["model_version"])
+        self._metrics.update(self._engine.stats())
         self._stopping = threading.Event()
         self._outbox = Outbox()
         self._engine.start()
@@ -235,28 +252,51 @@ class EngineModel:
     def _watch(self) -> None:
         next_metrics = 0.0
         while not self._stopping.wait(self._cancel_period_s):
-            with self._lock:
-                candidates = [(rid, live) for rid, live in self._live.items() if not live.abort_requested]
-            for engine_id, live in candidates:
-                # Probing a request whose final response has gone out crashes tritonserver (its
-                # response factory is freed), so the probe holds the lock _forget takes first.
-                with self._lock:
-                    if self._live.get(engine_id) is not live:
-                        continue
-                    cancelled = live.request.is_cancelled()
-                if cancelled:
-                    live.abort_requested = True
-                    self._engine.abort(engine_id)
+            self._abort_cancelled()
             now = time.monotonic()
             if now >= next_metrics:
-                self._gauges.update(self._engine.stats())
+                self._metrics.update(self._engine.stats())
                 next_metrics = now + self._metrics_period_s
 
+    def _abort_cancelled(self) -> None:
+        """Abort the live requests whose client has gone (a closed gRPC stream).
+
+        A method of its own so that no request outlives it in a local variable: while the stub
+        holds a request object, Triton holds its model, and a model held at shutdown never unloads.
+        """
+        with self._lock:
+            candidates = [(rid, live) for rid, live in self._live.items() if not live.abort_requested]
+        for engine_id, live in candidates:
+            # Probing a request whose final response has gone out crashes tritonserver (its
+            # response factory is freed), so the probe holds the lock _forget takes first.
+            with self._lock:
+                if self._live.get(engine_id) is not live:
+                    continue
+                cancelled = live.request.is_cancelled()
+            if cancelled:
+                live.abort_requested = True
+                self._engine.abort(engine_id)
+
     def finalize(self) -> None:
+        """Cancel what is still running, send every final response, then let the threads go.
+
+        Each wait is bounded: a thread stuck in a call into the server must not hold up its shutdown
+        (the threads are daemons, so the stub exits without them).
+        """
         self._stopping.set()
-        self._watcher.join()
+        _join(self._watcher)
         # Every live request gets its final "cancelled" response through the outbox.
         self._engine.stop()
         self._outbox.close()
-        self._sender.join()
-        self._gauges.close()
+        _join(self._sender)
+        with self._lock:
+            unanswered = len(self._live)
+        if unanswered:
+            log.warning("requests left without a final response", requests=unanswered)
+        self._metrics.close()
+
+
+def _join(thread: threading.Thread) -> None:
+    thread.join(THREAD_JOIN_TIMEOUT_S)
+    if thread.is_alive():
+        log.warning("thread did not stop in time", thread=thread.name, timeout_s=THREAD_JOIN_TIMEOUT_S)

@@ -84,6 +84,8 @@ class TritonProcess:
     metrics_url: str
     log_path: Path
     workdir: Path
+    # Set by stop(): the server ignored SIGTERM for STOP_TIMEOUT_S and was killed.
+    killed: bool = False
 
     def log_summary(self, tail_chars: int = 2000) -> str:
         """Triton's error lines (`E<date> ...`: start-up tables often bury them), then the tail."""
@@ -98,7 +100,10 @@ class TritonProcess:
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                log.warning("tritonserver ignored SIGTERM, killing", pid=self.process.pid)
+                log.warning(
+                    "tritonserver ignored SIGTERM, killing", pid=self.process.pid, log=self.log_summary()
+                )
+                self.killed = True
                 self.process.kill()
                 self.process.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -9,9 +9,6 @@ from typing import Any
 
 import httpx
 
-from edge.upstreams.local import LocalUpstream
-from tests.support.live_server import LiveServer
-
 DONE = "[DONE]"
 KEEPALIVE = ": keep-alive"
 
@@ -21,7 +18,7 @@ LONG_PROMPT = [{"role": "user", "content": "hi"}]
 # A stream long enough to cancel or abandon midway: this many tokens without an end token.
 LONG_TOKENS = 1000
 # Seeds to try, most likely first (6 runs long with the demo model as built today).
-_SEED_CANDIDATES = (6, *range(6), *range(7, 40))
+_SEED_CANDIDATES: tuple[int, ...] = (6, *range(6), *range(7, 40))
 
 
 def events(response: httpx.Response) -> Iterator[Any]:
@@ -49,17 +46,6 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
-
-
-def engine_idle(client: httpx.Client, base_url: str) -> bool:
-    replicas = client.get(base_url + "/v1/internal/engine").json()["replicas"]
-    return all(r["running"] == 0 and r["waiting"] == 0 and r["kv_tokens_used"] == 0 for r in replicas)
-
-
-def generated_tokens(server: LiveServer) -> int:
-    """Tokens the in-process engines have generated so far (their own counter, not the edge's)."""
-    upstreams = server.app.state.runtime.upstreams
-    return sum(u.engine.stats().generated_tokens for u in upstreams if isinstance(u, LocalUpstream))
 
 
 def find_long_seed(client: httpx.Client, key: str) -> int:

@@ -13,6 +13,7 @@ from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import _replica_urls, encode_request, parse_trtllm_metrics
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_contract import (
+    GENERATED_TOKENS_METRIC,
     ContractError,
     decode_request,
     engine_config_from_parameters,
@@ -130,6 +131,16 @@ def test_capacity_from_a_tensorrt_llm_metrics_page() -> None:
 
 def test_a_page_without_the_block_size_charges_single_tokens() -> None:
     assert parse_trtllm_metrics("").capacity().kv_block_tokens == 1
+
+
+def test_generated_tokens_come_from_our_cpu_models_counter_only() -> None:
+    assert parse_trtllm_metrics(TRTLLM_PAGE).generated_tokens == 0  # TensorRT-LLM has no such count
+    counter = (
+        f"# TYPE {GENERATED_TOKENS_METRIC} counter\n"
+        f'{GENERATED_TOKENS_METRIC}{{model="tensorrt_llm",version="1"}} 1234\n'
+        f'{GENERATED_TOKENS_METRIC}{{model="other",version="1"}} 99\n'
+    )
+    assert parse_trtllm_metrics(TRTLLM_PAGE + counter).generated_tokens == 1234
 
 
 def test_replica_spec_parsing() -> None:

@@ -1,14 +1,21 @@
-"""A tritonserver that cannot load its model fails the start with Triton's own error."""
+"""A tritonserver that cannot load its model fails the start with Triton's own error; one that
+served requests stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
+from edge.upstreams.base import GenerationRequest
+from edge.upstreams.closing import aclose_stream
+from edge.upstreams.triton import TritonUpstream, end_token_ids
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonStartError, start_local_triton
+from tests.support.live_server import demo_model_dir
+from tests.support.triton_server import ENGINE_CONFIG
 
 
 def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
@@ -19,3 +26,27 @@ def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
     assert "tritonserver exited" in message
     assert "failed to load 'tensorrt_llm'" in message
     assert "no-such-model" in message
+
+
+@pytest.mark.anyio
+async def test_a_server_that_served_requests_stops_on_sigterm_without_being_killed(tmp_path: Path) -> None:
+    """SIGTERM unloads the model (its finalize stops the engine and the threads) and the server
+    exits by itself: stop() never falls back to killing it."""
+    model_dir = demo_model_dir()
+    repository = render_cpu_repository(tmp_path / "repo", model_dir, ENGINE_CONFIG)
+    server = await anyio.to_thread.run_sync(start_local_triton, repository)
+    try:
+        eos = end_token_ids(model_dir)[0]
+        upstream = TritonUpstream("triton-stop", server.grpc_url, server.metrics_url, end_id=-1, pad_id=eos)
+        try:
+            finished = [d async for d in upstream.generate(GenerationRequest("done", [11, 42, 7], 8))]
+            assert finished[-1].finish_reason == "length"
+            abandoned = upstream.generate(GenerationRequest("abandoned", [11, 42, 7], 1500))
+            await abandoned.__anext__()
+            await aclose_stream(abandoned)
+        finally:
+            await upstream.aclose()
+    finally:
+        await anyio.to_thread.run_sync(server.stop)
+    assert not server.killed, "tritonserver ignored SIGTERM and was killed"
+    assert server.process.returncode == 0

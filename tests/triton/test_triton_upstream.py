@@ -260,6 +260,8 @@ async def test_concurrent_streams_share_the_engine_batch(fixed_length: TritonUps
     assert len(results) == streams
     assert all(len(t) == tokens_each and r == "length" for t, r in results.values())
     after = await _wait_for(fixed_length, _idle_since(before), "idle after the batch")
+    # The model's own count of what it generated, exported beside TensorRT-LLM's gauges.
+    assert after.generated_tokens - before.generated_tokens == streams * tokens_each
     steps = after.iterations - before.iterations
     # One request alone needs ~tokens_each steps; 20 run one after another would need 20x that.
     assert steps < streams * tokens_each / 4, f"{steps} engine steps for {streams * tokens_each} tokens"
