@@ -14,9 +14,13 @@ import pytest
 
 from edge.auth import KeyStore
 from edge.cli import main
+from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.live_server import LiveServer, demo_model_dir
 from tests.support.ports import free_port
+
+# `floodgate chat` streams from the edge on either upstream path (see tests/edge/conftest.py).
+UPSTREAMS = BOTH_PATHS
 
 
 def test_keys_create_prints_a_working_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,9 +114,10 @@ def test_chat_streams_a_reply_from_a_live_edge(server: LiveServer) -> None:
     assert kinds[0] == "request_started" and kinds[-1] == "finished"
 
 
-def test_chat_without_a_key_exits_2(server: LiveServer) -> None:
+def test_chat_without_a_key_exits_2(local_server: LiveServer) -> None:
+    # Refused before any request is sent: one path is enough.
     env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"}
-    command = [sys.executable, "-m", "edge.cli", "chat", "Hello!", "--base-url", server.base_url]
+    command = [sys.executable, "-m", "edge.cli", "chat", "Hello!", "--base-url", local_server.base_url]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2 and "FLOODGATE_API_KEY" in done.stderr
 

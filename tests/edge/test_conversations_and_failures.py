@@ -1,15 +1,21 @@
-"""Named conversations are stored off the hot path; a replica dying mid-stream ends the stream."""
+"""Named conversations are stored off the hot path; a replica dying mid-stream ends the stream; a
+client hanging up as soon as its stream starts leaves nothing running. On either upstream path,
+where the test takes `server` (see tests/edge/conftest.py)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from edge.upstreams.local import LocalUpstream
-from tests.edge.sse_client import CHAT, DONE, MODEL, content_of, events, wait_until
+from tests.edge.conftest import BOTH_PATHS, finished_requests, idle_engine, wait_for_engine_to_drop
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer, start_server
+
+UPSTREAMS = BOTH_PATHS
 
 
 def test_a_named_conversation_is_stored_for_its_owner_only(server: LiveServer, client: httpx.Client) -> None:
@@ -51,6 +57,7 @@ def test_the_prompt_is_stored_before_the_reply_ends_and_a_cancelled_reply_is_kep
 
     with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
         stream = events(response)
+        # Cancelled from the first event on: on Triton the replica's stream may still be setting up.
         rid = next(stream)["request_id"]
         # Stored while the reply is still streaming: an edge dying now keeps the user's message.
         wait_until(lambda: history("paid") == [("user", None)], what="the prompt to be stored")
@@ -83,3 +90,35 @@ def test_replica_failure_mid_stream_ends_with_an_error_event(
     error = rest[-2]["error"]
     assert error["code"] == "upstream_error" and error["type"] == "api_error"
     assert not any(isinstance(e, dict) and e.get("choices", [{}])[0].get("finish_reason") for e in rest[:-2])
+
+
+def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    """The first event (the role) goes out before any token, so the hang-up may land while the
+    replica's stream is still being set up: the edge must count a disconnect and drop the sequence."""
+    disconnected = finished_requests(client, "disconnected")
+    before = idle_engine(server)
+    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        received = b""
+        while b"data: {" not in received:
+            data = sock.recv(65536)
+            assert data, "the server closed the stream before its first event"
+            received += data
+    wait_until(
+        lambda: finished_requests(client, "disconnected") == disconnected + 1,
+        what="the edge to see the disconnect",
+    )
+    # A short request run to its end after the hang-up, so the replica's reading below is one taken
+    # since (not a gauge from before the long request started).
+    short = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 2}
+    assert client.post(CHAT, json=short, headers=server.auth("paid")).status_code == 200
+    after = wait_for_engine_to_drop(server, before)
+    assert after.work - before.work < long_body["max_tokens"]
