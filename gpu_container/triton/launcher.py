@@ -26,6 +26,10 @@ import structlog
 log = structlog.get_logger(__name__)
 
 READY_TIMEOUT_S = 120.0
+# How long tritonserver itself waits, after SIGTERM, for in-flight requests and for its models to
+# unload before it exits anyway. Its default (30 s) outlasts STOP_TIMEOUT_S; a server here is only
+# stopped once its edge has drained, and a model that never unloads must not cost more than this.
+EXIT_TIMEOUT_S = 5
 STOP_TIMEOUT_S = 20.0
 
 
@@ -106,6 +110,13 @@ class TritonProcess:
                 self.killed = True
                 self.process.kill()
                 self.process.wait()
+            else:
+                if self.process.returncode != 0:
+                    log.warning(
+                        "tritonserver did not stop cleanly",
+                        returncode=self.process.returncode,
+                        log=self.log_summary(),
+                    )
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -163,6 +174,7 @@ def start_local_triton(
         f"--metrics-port={metrics_port}",
         "--allow-gpu-metrics=false",
         "--exit-on-error=true",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--log-verbose=0",
     ]
     log_file: IO[bytes] = log_path.open("wb")
