@@ -7,16 +7,7 @@
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms
 local CONCURRENCY_RETRY_US = 1000000
--- Keys outlive the moment their TAT passes by this much, so a key never vanishes while it matters.
-local EXPIRY_MARGIN_MS = 1000
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local request_id = ARGV[2]
 local request_interval = tonumber(ARGV[3])
 local request_capacity = tonumber(ARGV[4])

@@ -3,15 +3,7 @@
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us,
 --       token_capacity, want, lease_ttl_us
 -- Returns: the tokens granted: want when the budget covers it, else what it still holds (0: stop).
-local EXPIRY_MARGIN_MS = 1000
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local request_id = ARGV[2]
 local token_interval = tonumber(ARGV[3])
 local token_capacity = tonumber(ARGV[4])

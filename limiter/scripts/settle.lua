@@ -5,15 +5,7 @@
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens,
 --       request_interval_us, refund_request (0/1)
 -- Returns: 1 when this call removed the slot, else 0.
-local EXPIRY_MARGIN_MS = 1000
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local token_interval = tonumber(ARGV[3])
 local refund = tonumber(ARGV[4])
 local request_interval = tonumber(ARGV[5])
