@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from limiter.base import TierLimits
+from limiter.base import Admission, Decision, TierLimits
 
 
 class LeaseStore(Protocol):
@@ -104,3 +104,31 @@ class Lease:
             await self._store.settle(
                 self._user, self._tier, self._request_id, self._input_tokens + unused, refund_request=True
             )
+
+
+def admission(
+    store: LeaseStore,
+    decision: Decision,
+    user: str,
+    tier: TierLimits,
+    request_id: str,
+    *,
+    input_tokens: int,
+    granted: int,
+    max_output_tokens: int,
+    batch_tokens: int,
+) -> Admission:
+    """A store's answer to admit: the decision, with the lease it reserved when allowed."""
+    if not decision.allowed:
+        return Admission(decision, None)
+    lease = Lease(
+        store,
+        user,
+        tier,
+        request_id,
+        input_tokens=input_tokens,
+        granted=granted,
+        max_output_tokens=max_output_tokens,
+        batch_tokens=batch_tokens,
+    )
+    return Admission(decision, lease)

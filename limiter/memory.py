@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from limiter import policy
 from limiter.base import Admission, TierLimits
-from limiter.lease import Lease
+from limiter.lease import admission
 from limiter.tiers import per_instance
 
 DEFAULT_BATCH_TOKENS = 32
@@ -78,10 +78,9 @@ class MemoryLimiter:
                 lease_tokens,
                 self._lease_ttl_us,
             )
-        if not decision.allowed:
-            return Admission(decision, None)
-        lease = Lease(
+        return admission(
             self,
+            decision,
             user,
             tier,
             request_id,
@@ -90,7 +89,6 @@ class MemoryLimiter:
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
         )
-        return Admission(decision, lease)
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         with self._lock:

@@ -21,7 +21,7 @@ from redis.commands.core import AsyncScript
 
 from limiter import policy
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
-from limiter.lease import Lease
+from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import FALLBACK_ACTIVE, STORE_FAILURES
 from limiter.scripts import script_text
@@ -172,10 +172,9 @@ class RedisLimiter:
             remaining_tokens=rem_tok,
             reset_tokens_ms=reset_tok,
         )
-        if not decision.allowed:
-            return Admission(decision, None)
-        lease = Lease(
+        return admission(
             self,
+            decision,
             user,
             tier,
             request_id,
@@ -184,7 +183,6 @@ class RedisLimiter:
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
         )
-        return Admission(decision, lease)
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         rates = self._rates_for(tier)
