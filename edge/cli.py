@@ -15,6 +15,7 @@ from client.cli import add_chat_command
 from edge.auth import KeyStore, create_key
 from edge.config import ConfigError, Settings, load_settings
 from edge.logging_setup import configure_logging
+from edge.operator_cli import add_operator_commands
 
 DEV_USER = "dev"
 DEV_TIER = "paid"
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--config", help="TOML file overriding the embedded defaults")
     create.set_defaults(handler=_keys_create)
 
+    add_operator_commands(commands)
     add_chat_command(commands)
     return parser
 

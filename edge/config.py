@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -25,6 +25,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_body_bytes: int
     keepalive_s: float
     dev_key: bool
+    # Operator endpoints (/metrics, /v1/internal/...) answer only on this listener.
+    ops_host: str
+    ops_port: Annotated[int, msgspec.Meta(ge=0)]
+    # Graceful drain on SIGTERM (edge/drain.py): how long the listener keeps accepting, and when the
+    # streams still running are cut, both counted from the signal.
+    drain_accept_s: Annotated[float, msgspec.Meta(ge=0)]
+    drain_deadline_s: Annotated[float, msgspec.Meta(ge=0)]
+    listen_backlog: Annotated[int, msgspec.Meta(ge=1)]
+    max_open_streams: Annotated[int, msgspec.Meta(ge=1)]
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,6 +86,17 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     cloudwatch_interval_s: Annotated[float, msgspec.Meta(gt=0)]
 
 
+class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
+    backend: Literal["sqlite", "dynamodb"]
+    sqlite_path: str
+    dynamodb_table: str
+    dynamodb_endpoint: str
+    cache_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
+    rotation_grace_s: Annotated[float, msgspec.Meta(ge=0)]
+    admin_key_sha256: str
+    usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
+
+
 class TierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     priority: int
     requests_per_window: int
@@ -98,27 +118,85 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     admission: AdmissionConfig
     messages: MessagesConfig
     metrics: MetricsConfig
+    keys: KeysConfig
     tiers: dict[str, TierConfig]
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base` table by table, at every depth: a table the override names keeps the
+    base's value of every key it omits (a partial `[tiers.free]` keeps the free tier's other limits);
+    a table the base lacks (a new tier) is taken as given."""
     out = dict(base)
     for key, value in over.items():
-        if key == "tiers" and isinstance(value, dict):
-            # A tier named in the override replaces the default tier whole, new tiers are added.
-            out[key] = {**base.get(key, {}), **value}
-        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
             out[key] = _merge(base[key], value)
         else:
             out[key] = value
     return out
 
 
+def _unknown_keys(data: Any, typ: Any, where: str) -> list[str]:
+    """Dotted names in `data` that `typ` (a settings Struct, a dict of them, or a scalar) has no
+    field for: found by walking the types, so a field added to any section is known at once."""
+    while get_origin(typ) is Annotated:
+        typ = get_args(typ)[0]
+    if not isinstance(data, dict):
+        return []
+    if isinstance(typ, type) and issubclass(typ, msgspec.Struct):
+        hints = get_type_hints(typ, include_extras=True)
+        found: list[str] = []
+        for key, value in data.items():
+            name = f"{where}.{key}" if where else key
+            found += _unknown_keys(value, hints[key], name) if key in hints else [name]
+        return found
+    if get_origin(typ) is dict:
+        inner = get_args(typ)[1]
+        return [bad for key, value in data.items() for bad in _unknown_keys(value, inner, f"{where}.{key}")]
+    return []
+
+
+def _missing_keys(data: Any, typ: Any, where: str) -> list[str]:
+    """Dotted names of required fields absent from `data` (a new tier must give every limit)."""
+    while get_origin(typ) is Annotated:
+        typ = get_args(typ)[0]
+    if not isinstance(data, dict):
+        return []
+    if isinstance(typ, type) and issubclass(typ, msgspec.Struct):
+        hints = get_type_hints(typ, include_extras=True)
+        found: list[str] = []
+        for field in msgspec.structs.fields(typ):
+            name = f"{where}.{field.name}" if where else field.name
+            if field.name in data:
+                found += _missing_keys(data[field.name], hints[field.name], name)
+            elif field.required:
+                found.append(name)
+        return found
+    if get_origin(typ) is dict:
+        inner = get_args(typ)[1]
+        return [bad for key, value in data.items() for bad in _missing_keys(value, inner, f"{where}.{key}")]
+    return []
+
+
 def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Defaults, then the TOML file at `path`, then `overrides` (same nested shape)."""
+    """Defaults, then the TOML file at `path`, then `overrides` (same nested shape). A mistake in the
+    file is a ConfigError that names the file and the setting."""
     data = tomllib.loads(DEFAULTS_PATH.read_text())
     if path is not None:
-        data = _merge(data, tomllib.loads(Path(path).read_text()))
+        try:
+            from_file = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        unknown = _unknown_keys(from_file, Settings, "")
+        if unknown:
+            raise ConfigError(f"{path}: unknown setting {', '.join(unknown)} (see edge/defaults.toml)")
+        data = _merge(data, from_file)
+        missing = _missing_keys(data, Settings, "")
+        if missing:
+            raise ConfigError(f"{path}: missing setting {', '.join(missing)} (a new table has no defaults)")
+        try:
+            msgspec.convert(data, Settings)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if overrides:
         data = _merge(data, overrides)
     settings = msgspec.convert(data, Settings)

@@ -1,0 +1,76 @@
+"""`floodgate config show`: the effective settings as TOML, with every secret masked.
+
+What counts as a secret is decided by shape, not by a list of today's fields, so a setting added
+later is masked too: a URL's password (`redis://:token@host`), and any value whose name says it is a
+credential or a credential's hash (`*password*`, `*secret*`, `*_sha256`, `*auth_token*`, `*api_key*`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from edge.config import Settings
+
+MASK = "****"
+_SECRET_NAME = re.compile(r"password|secret|_sha256$|auth_token|api_key", re.IGNORECASE)
+
+
+def _mask_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.netloc or "@" not in parts.netloc:
+        return value
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not colon and not user:
+        return value
+    masked = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+    return urlunsplit(parts._replace(netloc=masked))
+
+
+def masked(name: str, value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: masked(key, inner) for key, inner in value.items()}
+    if isinstance(value, str):
+        if value and _SECRET_NAME.search(name):
+            return MASK
+        return _mask_url(value)
+    return value
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # A JSON string is a valid TOML basic string for everything settings hold.
+    return json.dumps(str(value))
+
+
+def _table(name: str, table: dict[str, Any], out: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if scalars or not table:
+        out.append(f"[{name}]")
+        out.extend(f"{key} = {_toml_value(value)}" for key, value in scalars.items())
+        out.append("")
+    for key, value in table.items():
+        if isinstance(value, dict):
+            _table(f"{name}.{key}", value, out)
+
+
+def effective_toml(settings: Settings) -> str:
+    """The settings as one TOML document (loadable again, secrets aside), secrets masked."""
+    data = masked("", msgspec.to_builtins(settings))
+    out: list[str] = []
+    for name, table in data.items():
+        _table(name, table, out)
+    return "\n".join(out)

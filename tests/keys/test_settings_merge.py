@@ -1,0 +1,77 @@
+"""A settings file overrides field by field: what it omits keeps its default, what is unknown or
+missing is refused naming the setting and the file, and `config show` masks secrets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge.config import ConfigError, load_settings
+from edge.settings_view import effective_toml
+
+
+def test_a_partial_tier_keeps_the_defaults_it_omits(tmp_path: Path) -> None:
+    config = tmp_path / "my.toml"
+    config.write_text("[tiers.free]\nmax_tokens = 7\n[limiter]\ntimeout_ms = 99\n")
+    settings, defaults = load_settings(config), load_settings()
+    assert settings.tiers["free"].max_tokens == 7
+    assert settings.tiers["free"].priority == defaults.tiers["free"].priority
+    assert settings.tiers["free"].tokens_per_window == defaults.tiers["free"].tokens_per_window
+    assert settings.tiers["paid"] == defaults.tiers["paid"]
+    assert settings.limiter.timeout_ms == 99 and settings.limiter.backend == defaults.limiter.backend
+
+
+def test_an_unknown_key_is_refused_naming_it_and_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "typo.toml"
+    config.write_text("[server]\nprot = 1\n[tiers.free]\nmax_token = 7\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    message = str(caught.value)
+    assert str(config) in message and "server.prot" in message and "tiers.free.max_token" in message
+
+
+def test_an_unknown_section_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "typo.toml"
+    config.write_text("[limitter]\nbackend = 'redis'\n")
+    with pytest.raises(ConfigError, match=r"unknown setting limitter"):
+        load_settings(config)
+
+
+def test_a_new_tier_must_give_every_field(tmp_path: Path) -> None:
+    config = tmp_path / "gold.toml"
+    config.write_text("[tiers.gold]\npriority = 20\n")
+    with pytest.raises(ConfigError, match=r"gold\.toml: missing setting tiers\.gold\.requests_per_window"):
+        load_settings(config)
+
+
+def test_a_bad_value_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[limiter]\ninstance_count = 0\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: .*instance_count"):
+        load_settings(config)
+
+
+def test_effective_settings_mask_secrets_and_load_back() -> None:
+    settings = load_settings(
+        overrides={
+            "limiter": {"redis_url": "rediss://default:hunter2@cache:6379/0"},
+            "keys": {"admin_key_sha256": "ab" * 32},
+        }
+    )
+    text = effective_toml(settings)
+    assert "hunter2" not in text and "ab" * 32 not in text
+    assert 'redis_url = "rediss://default:****@cache:6379/0"' in text
+    assert "tokens_per_window = 40000" in text  # a limit named like a token is not a secret
+
+
+def test_config_show_prints_the_merged_settings(tmp_path: Path) -> None:
+    config = tmp_path / "my.toml"
+    config.write_text('[tiers.free]\nmax_tokens = 7\n[limiter]\nredis_url = "redis://:pw123@h:1/0"\n')
+    command = [sys.executable, "-m", "edge.cli", "config", "show", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "max_tokens = 7" in done.stdout and "pw123" not in done.stdout
+    assert "[tiers.paid]" in done.stdout
