@@ -25,3 +25,14 @@ QUEUE_DEPTH_PER_REPLICA = Gauge(
     "floodgate_queue_depth_per_replica",
     "Waiting requests per healthy replica: the figure the GPU pool autoscales on.",
 )
+
+
+def publish(
+    depth_by_tier: dict[str, int], utilisation_by_replica: dict[str, float], depth_per_replica: float
+) -> None:
+    """Set the gauges from the dispatcher's state after a dispatch pass."""
+    for tier, depth in depth_by_tier.items():
+        QUEUE_DEPTH.labels(tier).set(depth)
+    for replica, utilisation in utilisation_by_replica.items():
+        REPLICA_UTILISATION.labels(replica).set(utilisation)
+    QUEUE_DEPTH_PER_REPLICA.set(depth_per_replica)

@@ -1,0 +1,224 @@
+"""The GPU replicas this edge sends work to: their health, their membership, and their drain.
+
+Health. Every `poll_interval_s` each replica's ready() and capacity() are polled, all replicas at
+once, each bounded by `health_timeout_s`; failing either takes it out. A replica whose generation
+failed (`Slot.release(failed=True)`) gets no new work until a health check that started after the
+failure passes; requests already waiting for it keep waiting meanwhile.
+
+Membership. Replicas come and go while the edge runs (`add`, `remove`: replica discovery calls them
+through the dispatcher). An added replica is health-checked at once. A removed one drains: it takes
+no new tickets, its in-flight generations finish, then its upstream is closed.
+
+What the polls found is kept here and read by everyone else (`states()`): readiness and /metrics
+never wait on a replica themselves, so a hung one cannot fail the edge's own health check.
+
+After anything that may change where tickets can go (a check, a join, a leave, a release), the set
+calls `on_change`: the dispatcher then reconsiders its queue. `take_lost_room()` tells it whether
+some waiters may have lost every replica that could ever hold them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from edge.admission import metrics
+from edge.admission.replica import Replica
+from edge.admission.service_rate import ServiceRate
+from edge.upstreams.base import Capacity, Upstream
+
+log = structlog.get_logger("floodgate.admission")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One replica as the last health poll found it, plus what this edge holds on it now."""
+
+    name: str
+    alive: bool  # passed its last health check
+    placeable: bool  # alive and not suspect: takes new work
+    capacity: Capacity | None  # as last polled (None: never answered)
+    kv_tokens_held: int  # by this edge's in-flight requests
+    sequences_held: int
+
+
+class ReplicaSet:
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream],
+        *,
+        on_change: Callable[[], None],
+        poll_interval_s: float,
+        health_timeout_s: float,
+        prior_service_s: float,
+        replica_share: float,
+        fallback_block_tokens: int,
+    ) -> None:
+        names = [u.name for u in upstreams]
+        if len(set(names)) != len(names):
+            raise ValueError("upstream names must be unique")
+        self._on_change = on_change
+        self._poll_interval_s = poll_interval_s
+        self._health_timeout_s = health_timeout_s
+        self._prior_service_s = prior_service_s
+        self._replica_share = replica_share
+        self._fallback_block_tokens = fallback_block_tokens
+        # The members that may take new tickets; removed ones wait in _draining until they are empty.
+        self.members: list[Replica] = [self._new_replica(u) for u in upstreams]
+        self._draining: list[Replica] = []
+        self._closing: set[asyncio.Task[None]] = set()
+        self._checks_started = 0
+        self._lost_room = False
+        self._poller: asyncio.Task[None] | None = None
+        self.closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Poll every replica once (so the first request finds their capacity), then keep polling."""
+        await self.check_all()
+        self._poller = asyncio.create_task(self._poll_forever(), name="admission-health-poll")
+
+    async def aclose(self) -> None:
+        self.closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for replica in self._draining:
+            self._close_removed(replica)
+        self._draining.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The replicas that may take new tickets (draining ones excluded)."""
+        return [r.name for r in self.members]
+
+    def alive(self) -> list[Replica]:
+        return [r for r in self.members if r.alive]
+
+    def states(self) -> list[ReplicaState]:
+        """Every member as last polled: what readiness and the operator endpoints report."""
+        return [
+            ReplicaState(r.name, r.alive, r.placeable, r.capacity, r.kv_in_use, r.sequences)
+            for r in self.members
+        ]
+
+    def take_lost_room(self) -> bool:
+        """Whether health or membership changed so that some waiters may fit nowhere now (resets)."""
+        lost, self._lost_room = self._lost_room, False
+        return lost
+
+    # -- membership ------------------------------------------------------------------------------
+
+    async def add(self, upstream: Upstream) -> None:
+        """Start sending work to a new replica once its first health check (done here) passes."""
+        if self.closed:
+            raise RuntimeError("the dispatcher is closed")
+        if any(r.name == upstream.name for r in self.members):
+            raise ValueError(f"a replica named {upstream.name!r} is already a member")
+        replica = self._new_replica(upstream)
+        self.members.append(replica)
+        log.info("replica_added", replica=replica.name)
+        self._checks_started += 1
+        await self._check(replica, self._checks_started)
+        self._on_change()
+
+    def remove(self, name: str) -> None:
+        """Drain a replica: no new tickets from now on; its upstream is closed after the last
+        in-flight generation on it releases its slot."""
+        replica = next((r for r in self.members if r.name == name), None)
+        if replica is None:
+            raise KeyError(name)
+        self.members.remove(replica)
+        with contextlib.suppress(KeyError):  # never published if no dispatch ran since it joined
+            metrics.REPLICA_UTILISATION.remove(replica.name)
+        log.info("replica_removed", replica=name, in_flight=replica.sequences)
+        if replica.sequences == 0:
+            self._close_removed(replica)
+        else:
+            self._draining.append(replica)
+        self._lost_room = True  # waiters that only this replica could hold now fail
+        self._on_change()
+
+    def released(self, replica: Replica, *, failed: bool, held_s: float | None, request_id: str) -> None:
+        """A slot on `replica` was given back (the dispatcher has already uncounted it).
+        `held_s`: how long a generation that ran held it (teaches the service rate)."""
+        if failed:
+            if replica.suspect_since_check is None:
+                log.warning("replica_suspect", replica=replica.name, request_id=request_id)
+            replica.suspect_since_check = self._checks_started
+        elif held_s is not None:
+            replica.rate.observe(held_s)
+        if replica.sequences == 0 and replica in self._draining:
+            self._draining.remove(replica)
+            self._close_removed(replica)
+
+    def _new_replica(self, upstream: Upstream) -> Replica:
+        return Replica(
+            upstream,
+            ServiceRate(self._prior_service_s),
+            self._replica_share,
+            fallback_block_tokens=self._fallback_block_tokens,
+        )
+
+    def _close_removed(self, replica: Replica) -> None:
+        task = asyncio.create_task(self._close_upstream(replica), name=f"close-{replica.name}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_upstream(replica: Replica) -> None:
+        try:
+            await replica.upstream.aclose()
+        except Exception as exc:  # a replica that is gone may fail to close cleanly; nothing to do
+            log.warning("replica_close_failed", replica=replica.name, error=type(exc).__name__)
+        else:
+            log.info("replica_closed", replica=replica.name)
+
+    # -- health ----------------------------------------------------------------------------------
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval_s)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        """Poll every replica's health and capacity now, all at once (start() and the poller)."""
+        self._checks_started += 1
+        check = self._checks_started
+        await asyncio.gather(*(self._check(replica, check) for replica in list(self.members)))
+        self._on_change()
+
+    async def _check(self, replica: Replica, check: int) -> None:
+        try:
+            async with asyncio.timeout(self._health_timeout_s):
+                ready = await replica.upstream.ready()
+                capacity = await replica.upstream.capacity() if ready else None
+        except Exception as exc:  # any failure to answer is a failed check
+            log.warning("replica_check_failed", replica=replica.name, error=type(exc).__name__)
+            ready, capacity = False, None
+        was_alive = replica.alive
+        replica.healthy = ready
+        if capacity is not None:
+            if replica.capacity is not None and _totals(capacity) != _totals(replica.capacity):
+                self._lost_room = True  # a smaller replica may no longer hold some waiters
+            replica.capacity = capacity
+        if ready and replica.suspect_since_check is not None and replica.suspect_since_check < check:
+            replica.suspect_since_check = None
+            log.info("replica_cleared", replica=replica.name)
+        if replica.alive != was_alive:
+            self._lost_room = True
+            log.info("replica_health", replica=replica.name, alive=replica.alive)
+
+
+def _totals(capacity: Capacity) -> tuple[int, int]:
+    return capacity.kv_tokens_total, capacity.max_sequences

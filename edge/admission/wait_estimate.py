@@ -1,0 +1,39 @@
+"""How long a new ticket would wait, and so when a turned-away client should try again.
+
+A new ticket's wait is its place in line (everything in higher tiers plus one DRR round of its own
+tier, see TieredQueue.position_of_new) divided by the replicas' completion rate (service_rate.py;
+`prior_service_s` before the first completion). A ticket first in line with room for it now waits
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from edge.admission.replica import Replica
+from edge.admission.service_rate import ServiceRate
+from edge.admission.ticket import Ticket
+
+
+class WaitEstimate:
+    def __init__(self, prior_service_s: float, reserved_fraction: float) -> None:
+        # No replica alive: assume one at the prior, so the estimate stays finite.
+        self._prior = ServiceRate(prior_service_s)
+        self._reserve = reserved_fraction
+
+    def wait_s(self, position: int, ticket: Ticket, replicas: Sequence[Replica]) -> float:
+        """The wait of a ticket that would be `position`-th in line now."""
+        if position == 1 and any(
+            r.placeable and r.has_room(ticket.kv_tokens, ticket.may_use_reserve, self._reserve)
+            for r in replicas
+        ):
+            return 0.0
+        return position / self.completions_per_s(replicas)
+
+    def retry_after_s(self, position: int, ticket: Ticket, replicas: Sequence[Replica]) -> float:
+        """When trying again is worth it: the estimated wait, and never less than one completion."""
+        return max(self.wait_s(position, ticket, replicas), 1.0 / self.completions_per_s(replicas))
+
+    def completions_per_s(self, replicas: Sequence[Replica]) -> float:
+        alive = [r for r in replicas if r.alive]
+        return sum(r.completions_per_s() for r in alive) or self._prior.completions_per_s(1)
