@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class CheckpointError(Exception):
+class CheckpointError(ValueError):
     """A checkpoint directory or GGUF file that cannot be used (missing, truncated, malformed)."""
 
 

@@ -28,13 +28,13 @@ class LlamaConfig:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
+    def from_hf(cls, raw: dict[str, Any], *, eos_token_ids: tuple[int, ...] = ()) -> LlamaConfig:
+        """The architecture from config.json; the end tokens come from gpu_container.checkpoint.facts,
+        which reads them from every file that names them."""
         scaling = raw.get("rope_scaling")
         if scaling:
             # Llama 3.1-style frequency scaling changes RoPE; silently ignoring it would give wrong logits.
             raise ValueError(f"rope_scaling is not supported: {scaling!r}")
-        eos = raw.get("eos_token_id")
-        eos_ids: tuple[int, ...] = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         num_heads = int(raw["num_attention_heads"])
         return cls(
             vocab_size=int(raw["vocab_size"]),
@@ -47,7 +47,7 @@ class LlamaConfig:
             rope_theta=float(raw.get("rope_theta", 10000.0)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos_token_ids,
             head_dim=int(raw.get("head_dim") or 0),
         )
 
