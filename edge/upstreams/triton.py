@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import shutil
 import tempfile
 import time
@@ -40,6 +39,7 @@ from edge.upstreams.asg_resolver import is_asg_spec
 from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest, Upstream, UpstreamError
 from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
+from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_contract import GENERATED_TOKENS_METRIC
 from gpu_container.triton.cpu_repository import render_cpu_repository
@@ -411,12 +411,8 @@ async def build_triton_upstreams(
 
 
 def end_token_ids(model_dir: Path) -> list[int]:
-    """The checkpoint's end tokens (config.json `eos_token_id`, an int or a list)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    eos = config.get("eos_token_id")
-    if isinstance(eos, int):
-        return [eos]
-    return [int(t) for t in eos] if isinstance(eos, list) else []
+    """The checkpoint's end tokens, by the one rule of gpu_container/checkpoint/facts.py."""
+    return list(read_facts(model_dir).eos_token_ids)
 
 
 def triton_upstreams(spec: str) -> UpstreamProvider:
