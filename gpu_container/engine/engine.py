@@ -44,7 +44,7 @@ class LLMEngine:
         self._cache = KVCache.allocate(
             mc.num_hidden_layers, config.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim
         )
-        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._scheduler = Scheduler(config, self._blocks)
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
@@ -247,8 +247,12 @@ class LLMEngine:
     def _reset(self, error: str) -> list[_Emission]:
         with self._cond:
             seqs = list(self._live.values())
-        preemptions = self._scheduler.num_preemptions
-        self._blocks = BlockManager(self._config.num_blocks, self._config.block_size)
+        preemptions, old = self._scheduler.num_preemptions, self._blocks
+        self._blocks = BlockManager(
+            self._config.num_blocks, self._config.block_size, self._config.enable_prefix_caching
+        )
+        self._blocks.prefix_query_tokens = old.prefix_query_tokens
+        self._blocks.prefix_hit_tokens = old.prefix_hit_tokens
         self._scheduler = Scheduler(self._config, self._blocks)
         self._scheduler.num_preemptions = preemptions
         for seq in seqs:
@@ -315,6 +319,9 @@ class LLMEngine:
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated_tokens,
             preemptions=self._scheduler.num_preemptions,
+            cached_blocks=self._blocks.num_cached_blocks,
+            prefix_query_tokens=self._blocks.prefix_query_tokens,
+            prefix_hit_tokens=self._blocks.prefix_hit_tokens,
         )
 
 

@@ -13,7 +13,8 @@ on a CPU engine there is no slower tier to swap to, and recomputing a prefill is
 decoding; the victim keeps its arrival order, so it is readmitted before anything that came later,
 and its sampler state, so a seeded request still yields the same tokens.
 
-Admission reserves blocks for the whole known sequence up front: a sequence that is admitted never
+Admission reserves blocks for the whole known sequence up front (the part of it found in the prefix
+cache shared and counted as computed, see block_manager.py): a sequence that is admitted never
 needs preempting before its prefill ends, and one that would not fit waits (strictly in priority
 order; a smaller request behind it does not jump the queue, which would starve large ones). A waiting
 sequence that does not fit may preempt running ones of strictly lower priority, newest first, when
@@ -128,20 +129,20 @@ class Scheduler:
                     break
                 continue
             self.waiting.pop(0)
-            self._blocks.reserve(seq, seq.num_tokens)
+            self._blocks.allocate(seq)  # its cached prefix, if any, counts as computed
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=Sequence.order_key)
             step.schedule(seq, min(seq.num_uncomputed_tokens, step.budget))
 
     def _fits(self, seq: Sequence) -> bool:
-        return len(self.running) < self._config.max_num_seqs and self._blocks.can_hold(seq, seq.num_tokens)
+        return len(self.running) < self._config.max_num_seqs and self._blocks.can_allocate(seq)
 
     def _make_room_for(self, seq: Sequence, step: _Step) -> bool:
         """Preempt the worst running sequence if it has strictly lower priority than seq and preempting
         lower-priority sequences can make seq fit at all; True if it preempted one."""
         lower = [r for r in self.running if r.priority < seq.priority]
-        reclaimable = self._blocks.num_free_blocks + sum(len(r.block_table) for r in lower)
-        if not lower or reclaimable < self._blocks.blocks_needed(seq, seq.num_tokens):
+        reclaimable = self._blocks.num_free_blocks + self._blocks.reclaimable(lower)
+        if not lower or reclaimable < self._blocks.admission_cost(seq):
             return False
         victim = self.running[-1]
         step.unschedule(victim)
@@ -158,3 +159,4 @@ class Scheduler:
         """Record that the chunks' K/V are now in the cache."""
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            self._blocks.seal(chunk.seq)  # its newly full blocks join the prefix cache

@@ -29,8 +29,16 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
-    # Tokens whose K/V are in the cache. Reset to 0 on preemption: the whole sequence is recomputed.
+    # Tokens whose K/V are in the cache. Reset to 0 on preemption: the sequence is recomputed, but
+    # for what the prefix cache still holds of it.
     num_computed_tokens: int = 0
+    # Tokens found in the prefix cache at the last admission (so not prefilled then).
+    num_cached_tokens: int = 0
+    # Prefix-cache keys of its full blocks, first block first (see prefix_hash.py): computed once,
+    # kept across preemption, since a sequence's tokens only grow.
+    block_hashes: list[int] = field(default_factory=list)
+    # Leading blocks of block_table already offered to the prefix cache (BlockManager.seal).
+    num_sealed_blocks: int = 0
     rng: np.random.Generator | None = None
 
     def __post_init__(self) -> None:

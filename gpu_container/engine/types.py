@@ -41,6 +41,14 @@ class EngineConfig:
     max_model_len: int = 2048
     # BLAS threads for the process when the engine starts (see blas_threads.py); 0 leaves BLAS alone.
     blas_threads: int = 1
+    # Share the K/V of full blocks whose prompt prefix was already computed (block_manager.py).
+    enable_prefix_caching: bool = True
+    # A step carrying prefill may last this many times a decode-only step of the same batch: the
+    # prefill budget in time, from step costs measured at start (step_budget.py). 0: tokens only.
+    prefill_slowdown: float = 0.0
+    # "static": a batch starts together and no one joins until its longest member ends (kept only
+    # to measure continuous batching against, bench/engine.py).
+    batching: Literal["continuous", "static"] = "continuous"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,11 @@ class EngineStats:
     generated_tokens: int
     # Sequences sent back to the waiting queue (to recompute) because the KV pool ran out.
     preemptions: int = 0
+    # Free blocks that still hold a reusable prefix (part of free_blocks).
+    cached_blocks: int = 0
+    # Tokens looked up in the prefix cache at admission, and those found there (not prefilled).
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def kv_tokens_total(self) -> int:
@@ -64,3 +77,7 @@ class EngineStats:
     @property
     def kv_tokens_used(self) -> int:
         return (self.num_blocks - self.free_blocks) * self.block_size
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
