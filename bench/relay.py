@@ -134,7 +134,8 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
         config = Path(tmp) / "bench.toml"
         config.write_text(
             f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n'
-            f'[model]\ndemo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
+            '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
         )
         key = create_key(Path(tmp) / "keys.jsonl", "bench", "bench")
         cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]

@@ -4,7 +4,8 @@ here, so they agree; a missing or bad file is an error that names it.
 
 A Hugging Face-style checkpoint directory holds config.json, one or more *.safetensors, and for
 the text side tokenizer.json (+ tokenizer_config.json, generation_config.json when present). An
-engine-only directory (no tokenizer.json) has facts too; asking it for its text side fails.
+engine-only directory (no tokenizer.json) has facts too, and so has an edge's weightless copy
+(config and tokenizer files only); asking either for what it lacks fails, naming the file.
 
 End of sequence, one rule: config.json's `eos_token_id` (an int or a list), then
 generation_config.json's (as HF generate does), then tokenizer_config.json's `eos_token`; in that
@@ -48,8 +49,15 @@ class TextFacts:
 class CheckpointFacts:
     directory: Path
     config: LlamaConfig  # its eos_token_ids follow the one rule above
-    weight_files: tuple[Path, ...]
     text_facts: TextFacts | None
+
+    @property
+    def weight_files(self) -> tuple[Path, ...]:
+        """Asked only by what loads weights: an edge in front of remote replicas holds none."""
+        files = tuple(sorted(self.directory.glob("*.safetensors")))
+        if not files:
+            raise CheckpointError(f"{self.directory}: no *.safetensors weight file")
+        return files
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -88,10 +96,7 @@ def read_facts(directory: str | Path) -> CheckpointFacts:
         raise CheckpointError(f"{directory / CONFIG}: missing key {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UnsupportedModel(f"{directory / CONFIG}: {exc}") from None
-    weights = tuple(sorted(directory.glob("*.safetensors")))
-    if not weights:
-        raise CheckpointError(f"{directory}: no *.safetensors weight file")
-    return CheckpointFacts(directory, config, weights, text)
+    return CheckpointFacts(directory, config, text)
 
 
 def _text_facts(directory: Path, config: dict[str, Any]) -> TextFacts | None:

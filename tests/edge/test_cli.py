@@ -40,7 +40,7 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "floodgate.toml"
     config.write_text(
-        f'[model]\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
         f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n'
     )
@@ -77,7 +77,7 @@ def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None
     keys_file = tmp_path / "keys.jsonl"
     config = tmp_path / "floodgate.toml"
     config.write_text(
-        f'[model]\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
         f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\n'
     )

