@@ -50,6 +50,8 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_num_batched_tokens: int
     max_model_len: int
 
+    # Share the K/V of prompt prefixes already computed (gpu_container/engine/block_manager.py).
+    enable_prefix_caching: bool = True
 
 class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["memory", "redis"]

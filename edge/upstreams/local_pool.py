@@ -27,6 +27,7 @@ async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
         max_model_len=e.max_model_len,
+        enable_prefix_caching=e.enable_prefix_caching,
     )
     upstreams: list[LocalUpstream] = []
     try:

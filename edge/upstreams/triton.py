@@ -439,6 +439,7 @@ def triton_upstreams(spec: str) -> UpstreamProvider:
             max_num_seqs=e.max_num_seqs,
             max_num_batched_tokens=e.max_num_batched_tokens,
             max_model_len=e.max_model_len,
+            enable_prefix_caching=e.enable_prefix_caching,
         )
         upstreams, cleanup = await build_triton_upstreams(spec, model_dir, engine_cfg, **tokens)
         try:
