@@ -11,10 +11,12 @@ from pathlib import Path
 import boto3
 from litestar import Litestar
 from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
 
 from edge import scaling_metric
 from edge.admission.dispatcher import Dispatcher
 from edge.auth import KeyStore
+from edge.body_timeout import BodyReadTimeout
 from edge.cloudwatch import QueueDepthPublisher
 from edge.config import ModelConfig, Settings
 from edge.conversation_log import ConversationLog
@@ -153,6 +155,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             playground,
         ],
         lifespan=[lifespan],
+        middleware=[DefineMiddleware(BodyReadTimeout, timeout_s=settings.server.body_timeout_s)],
         exception_handlers={
             ApiError: handle_api_error,
             HTTPException: handle_http_exception,

@@ -23,6 +23,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int
     keys_file: str
     max_body_bytes: int
+    # A request body must have arrived this long after the request started (408 past it).
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
     keepalive_s: float
     dev_key: bool
     # Operator endpoints (/metrics, /v1/internal/...) answer only on this listener.

@@ -38,12 +38,13 @@ from edge.auth import Principal
 from edge.cancel import LiveRequest, RequestRegistry
 from edge.config import TierConfig
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
+from edge.prompt_encoding import encode_messages
 from edge.schemas import ChatCompletionRequest, unknown_model
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.text.stops import StopMatcher
-from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
+from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
 from edge.upstreams.closing import aclose_stream
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
@@ -55,10 +56,7 @@ Emit = Callable[[bytes], Awaitable[None]]
 # Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
 # function rather than a coroutine, so a token does not cost one more coroutine frame.
 TextSink = Callable[[str], Awaitable[None] | None]
-EndReason = Literal["stop", "length", "cancelled", "error", "overloaded", "disconnected"]
-
-# Prompts longer than this are tokenized in a worker thread, not on the event loop every stream shares.
-_INLINE_TOKENIZE_CHARS = 16_384
+EndReason = Literal["stop", "length", "cancelled", "error", "rejected", "overloaded", "disconnected"]
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
@@ -132,10 +130,7 @@ class Pipeline:
             raise unknown_model(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
-            if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
-                prompt_ids = await anyio.to_thread.run_sync(self.text.encode_chat, messages)
-            else:
-                prompt_ids = self.text.encode_chat(messages)
+            prompt_ids = await encode_messages(self.text.encode_chat, messages)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
         if len(prompt_ids) > tier.tokens_per_window:
@@ -198,7 +193,7 @@ class Pipeline:
             max_new_tokens=max_new,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed,
+            seed=req.replica_seed,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,
         )
@@ -381,6 +376,13 @@ class Generation:
             except Overloaded as exc:
                 out.reason = "overloaded"
                 out.error = overloaded_error(exc)
+            except RequestRejected as exc:
+                # The request's own fault: a 400 for it alone, and the replica is not blamed.
+                log.info("request_rejected_by_replica", request_id=self.request_id, error=str(exc))
+                if self._slot is not None:
+                    self._slot.discard()  # no failure mark, no service-rate sample
+                out.reason = "rejected"
+                out.error = invalid_request(f"The model replica refused this request: {exc}", None)
             except UpstreamError as exc:
                 log.warning(
                     "upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc)
@@ -538,7 +540,7 @@ class Generation:
 
 def _stored_finish_reason(out: Outcome) -> str:
     """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
-    if out.reason in ("cancelled", "error", "disconnected"):
+    if out.reason in ("cancelled", "error", "rejected", "disconnected"):
         return out.reason
     return out.finish_reason
 

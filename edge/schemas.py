@@ -1,7 +1,13 @@
 """The chat completions request as clients send it, decoded and checked in one msgspec pass.
 
 Unknown fields are ignored (clients send many we do not use); wrong types and out-of-range values
-become a 400 naming the parameter.
+become a 400 naming the parameter. Every number is bounded the way the OpenAI API bounds it, so a
+value the replica cannot take is refused here, for this request only, and never reaches a replica
+(where it would fail a generation and make the replica look broken to everyone else).
+
+Some OpenAI parameters are accepted and bounded but have no effect here (`presence_penalty`,
+`frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`): a client that sends a valid value
+gets an answer, one that sends an invalid value gets the same 400 OpenAI would give.
 """
 
 from __future__ import annotations
@@ -14,6 +20,19 @@ import msgspec
 from edge.errors import ApiError, invalid_request
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# OpenAI answers 400 "array too long" above 2048 messages. The chat template runs once per message,
+# so this also bounds the template's work by something other than the body size.
+MAX_MESSAGES = 2048
+MAX_STOP_SEQUENCES = 4
+MAX_LOGIT_BIAS_ENTRIES = 300
+
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+Bias = Annotated[int, msgspec.Meta(ge=-100, le=100)]
 
 
 class ContentPart(msgspec.Struct):
@@ -37,22 +56,34 @@ class StreamOptions(msgspec.Struct):
 
 class ChatCompletionRequest(msgspec.Struct):
     model: str
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     stream: bool = False
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    seed: int | None = None
-    stop: str | Annotated[list[str], msgspec.Meta(max_length=4)] | None = None
+    # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
+    seed: Int64 | None = None
+    stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
     stream_options: StreamOptions | None = None
     user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-    n: int | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: Annotated[dict[int, Bias], msgspec.Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     conversation_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def replica_seed(self) -> int | None:
+        """The seed as every replica takes it: unsigned 64-bit. A negative int64 wraps (two's
+        complement), so `-1` is a valid, reproducible seed rather than an engine error."""
+        return None if self.seed is None else self.seed % 2**64
 
     @property
     def stop_strings(self) -> list[str]:
@@ -66,7 +97,8 @@ class ChatCompletionRequest(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
-_PATH = re.compile(r"at `\$\.?(?P<path>[^`]*)`")
+# msgspec names the place as "at `$.a.b`", or "at `key` in `$.a`" for a dict key; "[...]" is any key.
+_PATH = re.compile(r"`\$\.?(?P<path>[^`]*?)(?:\[\.\.\.\])?`")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
 
@@ -84,8 +116,18 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc))) from None
     except msgspec.DecodeError:
         raise invalid_request("We could not parse the JSON body of your request.", None) from None
+    except RecursionError:
+        # msgspec stops at a fixed nesting depth (it does not overflow the C stack) and says so
+        # with a RecursionError: a body nested that deep is the client's error, not ours.
+        raise invalid_request(
+            "We could not parse the JSON body of your request: it is nested too deeply.",
+            None,
+            code="json_too_deep",
+        ) from None
     if req.n is not None and req.n != 1:
         raise invalid_request("Only n=1 is supported.", "n")
+    if req.logprobs or req.top_logprobs:
+        raise invalid_request("logprobs are not supported.", "logprobs" if req.logprobs else "top_logprobs")
     return req
 
 

@@ -51,6 +51,13 @@ class UpstreamError(Exception):
     """The replica failed (connection lost, server error). Raised from generate()."""
 
 
+class RequestRejected(Exception):
+    """The replica refused this request for its own parameters (the engine's ValueError, Triton's
+    INVALID_ARGUMENT). Raised from generate(). The request's fault, not the replica's: it is
+    answered 400 and the replica stays healthy; an UpstreamError would mark it suspect for everyone.
+    """
+
+
 class Upstream(Protocol):
     name: str
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, RequestRejected, UpstreamError
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.types import SamplingParams
 
@@ -32,8 +32,12 @@ class LocalUpstream:
                 if out.error is not None:
                     raise UpstreamError(out.error)
                 yield Delta(out.token_ids, out.finish_reason)
-        except (ValueError, RuntimeError) as exc:
-            # The engine refused the request (stopped, or a prompt it cannot hold).
+        except ValueError as exc:
+            # The engine refused the request's own parameters (a prompt it cannot hold, a bad
+            # sampling value): the request's fault, not this replica's.
+            raise RequestRejected(str(exc)) from exc
+        except RuntimeError as exc:
+            # The engine is stopped: the replica's fault.
             raise UpstreamError(str(exc)) from exc
         finally:
             # Leaving early must close the engine's stream at once: that aborts the sequence.
