@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -15,16 +14,19 @@ from litestar.middleware import DefineMiddleware
 
 from edge import scaling_metric
 from edge.admission.dispatcher import Dispatcher
-from edge.auth import KeyStore
 from edge.body_timeout import BodyReadTimeout
 from edge.cloudwatch import QueueDepthPublisher
-from edge.config import ModelConfig, Settings
+from edge.config import Settings
 from edge.conversation_log import ConversationLog
+from edge.drain import Drain
 from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
+from edge.keys.services import open_key_services
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
+from edge.model_source import resolve_model_dir
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.request_registry import open_request_registry
+from edge.routes.admin import admin_router
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.conversations import conversation_messages
@@ -32,19 +34,14 @@ from edge.routes.health import healthz, readyz
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
+from edge.routes.usage import own_usage
 from edge.runtime import Runtime
+from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
 from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
-from gpu_container.engine.demo_model import build_demo_model
+from gpu_container.checkpoint.facts import read_facts
 from limiter.factory import create_limiter
-
-
-def resolve_model_dir(model: ModelConfig) -> Path:
-    """The configured checkpoint, or the demo model (built on first use)."""
-    if model.path:
-        return Path(model.path)
-    return build_demo_model(Path(model.demo_dir))
 
 
 def _max_model_len(settings: Settings, model_dir: Path) -> int:
@@ -52,8 +49,7 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
     within one replica's KV cache (prompt + completion must fit it alone)."""
     e = settings.engine
     limit = min(e.max_model_len, e.num_blocks * e.block_size)
-    positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
-    return min(limit, positions) if isinstance(positions, int) else limit
+    return min(limit, read_facts(model_dir).max_context)
 
 
 def _queue_depth_publisher(settings: Settings, dispatcher: Dispatcher) -> QueueDepthPublisher:
@@ -80,12 +76,19 @@ def replica_provider(settings: Settings) -> UpstreamProvider:
 
 
 def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
-    """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks)."""
+    """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks).
+
+    `app.state.drain` is the app's drain (edge/drain.py): the server begins it on SIGTERM.
+    `app.state.ops_port` is set by whoever binds the operator listener (edge/server.py)."""
     provider = upstreams or replica_provider(settings)
+    drain = Drain(settings.server.drain_accept_s, settings.server.drain_deadline_s)
+    gate = StreamGate(drain, settings.server.max_open_streams)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            # First in, last out: usage rows of every request that ends are written before exit.
+            keys = await stack.enter_async_context(open_key_services(settings))
             model_dir = resolve_model_dir(settings.model)
             text = ModelText.load(model_dir)
             replicas = await stack.enter_async_context(provider(settings, model_dir))
@@ -127,25 +130,33 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 keepalive_s=settings.server.keepalive_s,
                 tiers=settings.tiers,
             )
-            pipeline = Pipeline(config, text, limiter, dispatcher, registry, ConversationLog(writer))
+            pipeline = Pipeline(
+                config, text, limiter, dispatcher, registry, ConversationLog(writer), drain=drain,
+                usage=keys.usage_writer,
+            )
             app.state.runtime = Runtime(
                 settings=settings,
-                keys=KeyStore(Path(settings.server.keys_file)),
+                keys=keys.authenticator,
                 pipeline=pipeline,
                 registry=registry,
                 upstreams=replicas,
                 messages=store,
+                key_admin=keys.lifecycle,
+                usage=keys.usage_store,
             )
             try:
                 yield
             finally:
                 del app.state.runtime
+                drain.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             chat_completions,
             cancel_completion,
             conversation_messages,
+            own_usage,
+            admin_router,
             list_models,
             retrieve_model,
             healthz,
@@ -155,7 +166,10 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             playground,
         ],
         lifespan=[lifespan],
-        middleware=[DefineMiddleware(BodyReadTimeout, timeout_s=settings.server.body_timeout_s)],
+        middleware=[
+            gate.middleware,
+            DefineMiddleware(BodyReadTimeout, timeout_s=settings.server.body_timeout_s),
+        ],
         exception_handlers={
             ApiError: handle_api_error,
             HTTPException: handle_http_exception,
@@ -164,3 +178,5 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=None,
     )
+    app.state.drain = drain
+    return app

