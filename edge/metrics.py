@@ -76,6 +76,29 @@ REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences runnin
 REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", ["replica"])
 REPLICA_KV_USED = Gauge("floodgate_replica_kv_tokens_used", "KV-cache tokens in use.", ["replica"])
 REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens_total", "KV-cache tokens a replica holds.", ["replica"])
+REPLICA_KV_BLOCKS = Gauge(
+    "floodgate_replica_kv_blocks",
+    "KV-cache blocks of a replica: used (held by sequences), cached (free, keeping a reusable prefix), "
+    "free (the rest).",
+    ["replica", "state"],
+)
+# The replica's own running totals, mirrored (gauges: a restarted replica starts again from 0).
+REPLICA_PREFIX_HIT_TOKENS = Gauge(
+    "floodgate_replica_prefix_cache_hit_tokens",
+    "Prompt tokens a replica found in its prefix cache.",
+    ["replica"],
+)
+REPLICA_PREFIX_QUERY_TOKENS = Gauge(
+    "floodgate_replica_prefix_cache_query_tokens",
+    "Prompt tokens a replica looked up in its prefix cache (0: it does not say).",
+    ["replica"],
+)
+REPLICA_PREFIX_HIT_RATE = Gauge(
+    "floodgate_replica_prefix_cache_hit_rate", "Prefix-cache hit tokens over looked-up tokens.", ["replica"]
+)
+REPLICA_PREEMPTIONS = Gauge(
+    "floodgate_replica_preemptions", "Sequences a replica preempted to recompute later.", ["replica"]
+)
 
 
 def record_capacity(replica: str, cap: Capacity) -> None:
@@ -83,3 +106,14 @@ def record_capacity(replica: str, cap: Capacity) -> None:
     REPLICA_WAITING.labels(replica).set(cap.waiting)
     REPLICA_KV_USED.labels(replica).set(cap.kv_tokens_used)
     REPLICA_KV_TOTAL.labels(replica).set(cap.kv_tokens_total)
+    block = max(cap.kv_block_tokens, 1)
+    cached = cap.kv_tokens_cached // block
+    used = cap.kv_tokens_used // block
+    REPLICA_KV_BLOCKS.labels(replica, "used").set(used)
+    REPLICA_KV_BLOCKS.labels(replica, "cached").set(cached)
+    REPLICA_KV_BLOCKS.labels(replica, "free").set(cap.kv_tokens_total // block - used - cached)
+    REPLICA_PREFIX_HIT_TOKENS.labels(replica).set(cap.prefix_hit_tokens)
+    REPLICA_PREFIX_QUERY_TOKENS.labels(replica).set(cap.prefix_query_tokens)
+    if cap.prefix_query_tokens:
+        REPLICA_PREFIX_HIT_RATE.labels(replica).set(cap.prefix_hit_tokens / cap.prefix_query_tokens)
+    REPLICA_PREEMPTIONS.labels(replica).set(cap.preemptions)

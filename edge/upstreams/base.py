@@ -45,6 +45,13 @@ class Capacity:
     running: int
     waiting: int
     kv_block_tokens: int = 1
+    # Prefix caching, where the replica reports it (0 otherwise): free KV tokens that still hold a
+    # reusable prefix, prompt tokens looked up and found cached since it started, and sequences
+    # it preempted (sent back to recompute) since it started.
+    kv_tokens_cached: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
 
 
 class UpstreamError(Exception):

@@ -52,6 +52,10 @@ class LocalUpstream:
             running=stats.running,
             waiting=stats.waiting,
             kv_block_tokens=stats.block_size,
+            kv_tokens_cached=stats.cached_blocks * stats.block_size,
+            prefix_query_tokens=stats.prefix_query_tokens,
+            prefix_hit_tokens=stats.prefix_hit_tokens,
+            preemptions=stats.preemptions,
         )
 
     async def ready(self) -> bool:

@@ -70,6 +70,8 @@ class TrtLlmMetrics:
     iterations: int
     # Our CPU model's own counter (GENERATED_TOKENS_METRIC); TensorRT-LLM's backend reads 0.
     generated_tokens: int
+    # Blocks found in the KV-cache reuse cache (enable_kv_cache_reuse) since the replica started.
+    reused_blocks: int = 0
 
     def capacity(self) -> Capacity:
         return Capacity(
@@ -80,6 +82,7 @@ class TrtLlmMetrics:
             waiting=self.waiting_requests + self.pending_in_triton,
             # A replica that does not export the gauge reads 0: charge in single tokens then.
             kv_block_tokens=max(self.tokens_per_block, 1),
+            prefix_hit_tokens=self.reused_blocks * self.tokens_per_block,
         )
 
 
@@ -123,6 +126,7 @@ def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
         pending_in_triton=get("nv_inference_pending_request_count"),
         iterations=get("nv_trt_llm_general_metrics", "iteration_counter"),
         generated_tokens=get(_GENERATED_TOKENS_FAMILY),
+        reused_blocks=get(kv, "reused"),
     )
 
 

@@ -89,6 +89,8 @@ class _Metrics:
             "blocks_free": kv.Metric(labels={"kv_cache_block_type": "free", **labels}),
             "blocks_used": kv.Metric(labels={"kv_cache_block_type": "used", **labels}),
             "tokens_per": kv.Metric(labels={"kv_cache_block_type": "tokens_per", **labels}),
+            # Prefix-cache hits in blocks, as TensorRT-LLM reports enable_kv_cache_reuse's.
+            "blocks_reused": kv.Metric(labels={"kv_cache_block_type": "reused", **labels}),
             "iterations": general.Metric(labels={"general_type": "iteration_counter", **labels}),
         }
         self._generated_tokens = self._families["tokens"].Metric(labels=labels)
@@ -105,6 +107,7 @@ class _Metrics:
             "blocks_free": stats.free_blocks,
             "blocks_used": stats.num_blocks - stats.free_blocks,
             "tokens_per": stats.block_size,
+            "blocks_reused": stats.prefix_hit_tokens // stats.block_size,
             "iterations": stats.steps,
         }
         for key, value in values.items():
