@@ -37,6 +37,7 @@ from edge.admission.ticket import Overloaded, Ticket
 from edge.auth import Principal
 from edge.cancel import LiveRequest, RequestRegistry
 from edge.config import TierConfig
+from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
 from edge.prompt_encoding import encode_messages
 from edge.schemas import ChatCompletionRequest, unknown_model
@@ -56,7 +57,9 @@ Emit = Callable[[bytes], Awaitable[None]]
 # Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
 # function rather than a coroutine, so a token does not cost one more coroutine frame.
 TextSink = Callable[[str], Awaitable[None] | None]
-EndReason = Literal["stop", "length", "cancelled", "error", "rejected", "overloaded", "disconnected"]
+EndReason = Literal[
+    "stop", "length", "cancelled", "error", "rejected", "overloaded", "disconnected", "drained"
+]
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
@@ -108,17 +111,20 @@ class Pipeline:
         config: PipelineConfig,
         text: ModelText,
         limiter: Limiter,
-        slots: Dispatcher,
+        dispatcher: Dispatcher,
         registry: RequestRegistry,
         messages: MessageSink | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.config = config
         self._limits = {name: tier_limits(name, tier) for name, tier in config.tiers.items()}
         self.text = text
         self.limiter = limiter
-        self.slots = slots
+        self.dispatcher = dispatcher
         self.registry = registry
         self.messages = messages
+        # Never begun unless the server drains (edge/server.py): then it cuts streams at its deadline.
+        self.drain = drain or Drain(accept_s=0.0, deadline_s=0.0)
 
     async def admit(self, principal: Principal, req: ChatCompletionRequest) -> Generation:
         """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer."""
@@ -179,7 +185,7 @@ class Pipeline:
             tier=principal.tier,
         )
         try:
-            self.slots.precheck(ticket)
+            self.dispatcher.precheck(ticket)
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
             raise overloaded_error(exc, headers) from None
@@ -241,6 +247,16 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
             headers={**(headers or {}), **retry_after_headers(exc.retry_after_s)},
         )
     return rate_limited(message, exc.reason, exc.retry_after_s, headers)
+
+
+def shutting_down_error(retry_after_s: float = 0.0) -> ApiError:
+    """This instance is draining (SIGTERM): another instance will take the request."""
+    return ApiError(
+        503,
+        "This server is shutting down. Please retry; another instance will take the request.",
+        code="server_shutting_down",
+        headers=retry_after_headers(max(retry_after_s, 1.0)),
+    )
 
 
 class _KeepAlive:
@@ -323,6 +339,9 @@ class Generation:
             await self._run(out, on_text, emit)
             if out.error is not None:
                 await emit(event({"error": out.error.detail}))
+                if out.reason == "drained" and self._req.include_usage:
+                    # Cut by a shutdown: the tokens it got were charged, so say how many.
+                    await emit(enc.usage(self.prompt_tokens, out.completion_tokens))
             else:
                 await emit(enc.final(out.finish_reason, out.marker))
                 if self._req.include_usage:
@@ -370,7 +389,7 @@ class Generation:
         if keepalive is not None:
             self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
         scope = self._live.scope()
-        with scope:
+        with scope, self._p.drain.guard() as drain_cut:
             try:
                 await self._place_and_relay(out, on_text)
             except Overloaded as exc:
@@ -391,7 +410,10 @@ class Generation:
                 out.error = ApiError(
                     502, "The model replica failed while generating.", type="api_error", code="upstream_error"
                 )
-        if scope.cancelled_caught:
+        if drain_cut.cancelled_caught:
+            out.reason = "drained"
+            out.error = shutting_down_error(self._p.drain.accept_left_s())
+        elif scope.cancelled_caught:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
         # Before the caller writes its final events: nothing else may write to the stream then.
@@ -402,7 +424,7 @@ class Generation:
         failed: frozenset[str] = frozenset()
         while True:
             try:
-                self._slot = await self._p.slots.acquire(self._ticket, failed)
+                self._slot = await self._p.dispatcher.acquire(self._ticket, failed)
             except Overloaded:
                 if failed:
                     raise UpstreamError(f"no other replica after {sorted(failed)} failed") from None
@@ -540,7 +562,7 @@ class Generation:
 
 def _stored_finish_reason(out: Outcome) -> str:
     """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
-    if out.reason in ("cancelled", "error", "rejected", "disconnected"):
+    if out.reason in ("cancelled", "error", "rejected", "disconnected", "drained"):
         return out.reason
     return out.finish_reason
 

@@ -1,52 +1,62 @@
-"""GET /metrics (Prometheus) and GET /v1/internal/engine (each replica's load, as JSON)."""
+"""GET /metrics (Prometheus) and GET /v1/internal/engine (each replica's load, as JSON).
+
+Operator endpoints: they answer only on the operator listener (`[server] ops_host:ops_port`, see
+edge/server.py) and 404 on the public one, so nothing the load balancer routes can reach them.
+Both read the replica state the dispatcher keeps from its health polls (at most one poll interval
+old): a hung replica never holds a scrape.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from litestar import Request, get
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotFoundException
+from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from edge.metrics import record_capacity
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
-from edge.upstreams.base import Capacity
 
 
-async def _capacities(request: Request[Any, Any, Any]) -> dict[str, Capacity | None]:
-    out: dict[str, Capacity | None] = {}
-    for upstream in runtime_of(request).upstreams:
-        try:
-            out[upstream.name] = await upstream.capacity()
-        except Exception:
-            out[upstream.name] = None
-    return out
+def operator_listener_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """A guard: 404 unless the request came in on the operator listener (its local port)."""
+    server = connection.scope.get("server")
+    ops_port = getattr(connection.app.state, "ops_port", None)
+    if ops_port is None or server is None or server[1] != ops_port:
+        raise NotFoundException()
 
 
-@get("/metrics")
+@get("/metrics", guards=[operator_listener_only])
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
-    for name, cap in (await _capacities(request)).items():
-        if cap is not None:
-            record_capacity(name, cap)
+    for replica in runtime_of(request).pipeline.dispatcher.replica_states():
+        if replica.capacity is not None:
+            record_capacity(replica.name, replica.capacity)
     return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
-@get("/v1/internal/engine")
+@get("/v1/internal/engine", guards=[operator_listener_only])
 async def engine_state(request: Request[Any, Any, Any]) -> ASGIResponse:
-    replicas = [
-        {"name": name, "reachable": cap is not None}
-        | (
-            {}
-            if cap is None
-            else {
+    """Each replica as its last health poll found it, and what this edge holds on it."""
+    replicas: list[dict[str, Any]] = []
+    for r in runtime_of(request).pipeline.dispatcher.replica_states():
+        entry: dict[str, Any] = {
+            "name": r.name,
+            "reachable": r.alive,
+            "kv_tokens_held": r.kv_tokens_held,
+            "sequences_held": r.sequences_held,
+        }
+        if r.capacity is not None:
+            cap = r.capacity
+            entry |= {
                 "running": cap.running,
                 "waiting": cap.waiting,
                 "kv_tokens_used": cap.kv_tokens_used,
                 "kv_tokens_total": cap.kv_tokens_total,
                 "max_sequences": cap.max_sequences,
             }
-        )
-        for name, cap in (await _capacities(request)).items()
-    ]
+        replicas.append(entry)
     return json_response({"replicas": replicas})

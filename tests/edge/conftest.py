@@ -8,7 +8,7 @@ for tests that need one path, or both at once.
 
 `engine_reading(server)` and `wait_for_engine_to_drop(server, before)` read the replica's own state
 on either path: the in-process engines' stats, or the Triton model's metrics page (its nv_trt_llm_*
-gauges and generated-tokens counter). `finished_requests(client, reason)` reads the edge's own count.
+gauges and generated-tokens counter). `finished_requests(server, reason)` reads the edge's own count.
 """
 
 from __future__ import annotations
@@ -169,9 +169,9 @@ def idle_engine(server: LiveServer) -> EngineReading:
     return wait_for_engine(server, lambda r: r.idle, "the engine to be idle before the test")
 
 
-def finished_requests(client: httpx.Client, reason: str, tier: str = "paid") -> float:
+def finished_requests(server: LiveServer, reason: str, tier: str = "paid") -> float:
     """The edge's own count of requests of `tier` that ended for `reason` (its /metrics page)."""
-    text = client.get("/metrics").text
+    text = server.metrics_text()
     pattern = rf'floodgate_requests_finished_total\{{reason="{reason}",tier="{tier}"\}} ([0-9.e+]+)'
     match = re.search(pattern, text)
     return float(match.group(1)) if match else 0.0

@@ -73,7 +73,7 @@ def test_cancel_of_a_finished_request_is_409(server: LiveServer, client: httpx.C
 def test_client_disconnect_aborts_the_generation(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
-    disconnected = finished_requests(client, "disconnected")
+    disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
     host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
@@ -91,7 +91,7 @@ def test_client_disconnect_aborts_the_generation(
             received += data
     # Hung up mid-generation: the edge must abort the sequence, not finish it.
     wait_until(
-        lambda: finished_requests(client, "disconnected") == disconnected + 1,
+        lambda: finished_requests(server, "disconnected") == disconnected + 1,
         what="the edge to see the disconnect",
     )
     after = wait_for_engine_to_drop(server, before)
@@ -101,7 +101,7 @@ def test_client_disconnect_aborts_the_generation(
 def test_client_disconnect_aborts_a_non_stream_generation(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
-    disconnected = finished_requests(client, "disconnected")
+    disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     body = httpx.Request(
         "POST", server.base_url + CHAT, json=long_body | {"stream": False}, headers=server.auth("paid")
@@ -116,7 +116,7 @@ def test_client_disconnect_aborts_a_non_stream_generation(
         sock.sendall(head.encode() + body)
         wait_for_engine(server, lambda r: r.running > 0, "the generation to start")
     wait_until(
-        lambda: finished_requests(client, "disconnected") == disconnected + 1,
+        lambda: finished_requests(server, "disconnected") == disconnected + 1,
         what="the edge to see the disconnect",
     )
     after = wait_for_engine_to_drop(server, before)

@@ -96,7 +96,7 @@ def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
 ) -> None:
     """The first event (the role) goes out before any token, so the hang-up may land while the
     replica's stream is still being set up: the edge must count a disconnect and drop the sequence."""
-    disconnected = finished_requests(client, "disconnected")
+    disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
     host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
@@ -112,7 +112,7 @@ def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
             assert data, "the server closed the stream before its first event"
             received += data
     wait_until(
-        lambda: finished_requests(client, "disconnected") == disconnected + 1,
+        lambda: finished_requests(server, "disconnected") == disconnected + 1,
         what="the edge to see the disconnect",
     )
     # A short request run to its end after the hang-up, so the replica's reading below is one taken

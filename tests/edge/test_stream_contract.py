@@ -147,7 +147,8 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
     client.post(
         CHAT, json={"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}, headers=server.auth("free")
     )
-    text = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 404  # operator endpoints: not on the public port
+    text = server.metrics_text()
     for family in (
         "floodgate_time_to_first_token_seconds_bucket",
         "floodgate_inter_token_latency_seconds_bucket",

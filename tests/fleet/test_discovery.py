@@ -145,4 +145,4 @@ def test_a_served_edge_keeps_its_replicas_current(gpu_group: GpuGroup, tmp_path:
         assert checked.wait_for(grown), "the edge never health-checked the new replica"
 
         assert ready_replicas(server.base_url) == grown
-        assert sorted(server.app.state.runtime.pipeline.slots.upstream_names()) == grown
+        assert sorted(server.app.state.runtime.pipeline.dispatcher.upstream_names()) == grown

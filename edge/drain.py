@@ -1,0 +1,96 @@
+"""Graceful drain: what this process does between SIGTERM and its exit.
+
+The load balancer must see the instance leave before the instance stops answering, and a stream
+cut by a shutdown must still end the way every stream ends (an event, then `[DONE]`, its limits
+settled). So a drain has two clocks, both counted from the moment it begins:
+
+* `accept_s` (`[server] drain_accept_s`): the listener keeps accepting connections. `/readyz`
+  answers 503 at once, so the load balancer deregisters the instance; requests that still arrive
+  meanwhile get 503 with `Retry-After` (another instance will take them) instead of a refused
+  connection. Then the listener closes.
+* `deadline_s` (`[server] drain_deadline_s`): streams still running then are cut. Each runs inside
+  a `guard()` scope; the deadline cancels those scopes, and the generation ends its stream with an
+  error event (code `server_shutting_down`), its usage and `[DONE]`, and settles its limits.
+
+The server (edge/server.py) begins the drain on SIGTERM and exits once the last stream ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+import structlog
+
+log = structlog.get_logger("floodgate.drain")
+
+
+class Drain:
+    def __init__(self, accept_s: float, deadline_s: float) -> None:
+        if accept_s < 0 or deadline_s < 0:
+            raise ValueError("drain_accept_s and drain_deadline_s must be >= 0")
+        self.accept_s = accept_s
+        self.deadline_s = deadline_s
+        self._began_at: float | None = None
+        self._past_deadline = False
+        self._guards: set[anyio.CancelScope] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self._began_at is not None
+
+    @property
+    def running(self) -> int:
+        """Generations inside a guard now (they end by the deadline at the latest)."""
+        return len(self._guards)
+
+    def begin(self) -> None:
+        """Start draining now (idempotent). Must run on the event loop the streams run on."""
+        if self._began_at is not None:
+            return
+        self._began_at = time.monotonic()
+        log.info(
+            "drain_started", running=len(self._guards), accept_s=self.accept_s, deadline_s=self.deadline_s
+        )
+        self._timer = asyncio.get_running_loop().call_later(self.deadline_s, self.cut)
+
+    def cut(self) -> None:
+        """The deadline: cancel every guarded generation still running (and any that starts later)."""
+        self._past_deadline = True
+        if self._guards:
+            log.warning("drain_deadline_cut", streams=len(self._guards))
+        for scope in list(self._guards):
+            scope.cancel()
+
+    def accept_left_s(self) -> float:
+        """How long the listener should keep accepting from now (0 when not draining)."""
+        if self._began_at is None:
+            return 0.0
+        return max(0.0, self._began_at + self.accept_s - time.monotonic())
+
+    def deadline_left_s(self) -> float:
+        if self._began_at is None:
+            return self.deadline_s
+        return max(0.0, self._began_at + self.deadline_s - time.monotonic())
+
+    @contextmanager
+    def guard(self) -> Iterator[anyio.CancelScope]:
+        """The scope to run one generation in; `cancelled_caught` afterwards says the drain cut it."""
+        scope = anyio.CancelScope()
+        if self._past_deadline:
+            scope.cancel()
+        self._guards.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._guards.discard(scope)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

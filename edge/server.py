@@ -1,0 +1,131 @@
+"""The HTTP server around the app: its two listeners, and the drain on SIGTERM.
+
+Listeners. The public API listens on `[server] host:port`; the operator endpoints (`/metrics`,
+`/v1/internal/...`) answer only on `[server] ops_host:ops_port` (loopback by default, see
+edge/routes/observability.py), so the load balancer's port never exposes them. One uvicorn server
+holds both sockets: one event loop, one app, one lifespan.
+
+Signals. uvicorn stops listening at once on SIGTERM and then cancels whatever still runs, which
+cut streams with a bare TCP close. Here SIGTERM begins a drain (edge/drain.py) instead: `/readyz`
+fails and new generations get 503 while the listeners keep accepting for `drain_accept_s`; then
+uvicorn's own shutdown runs, waiting for the streams, which the drain ends by `drain_deadline_s`.
+The process exits 0. SIGINT (Ctrl-C) cuts the streams at once (each still ends with an error
+event and `[DONE]`) and exits; a second signal of either kind forces the exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+from litestar import Litestar
+
+from edge.config import ServerConfig
+from edge.drain import Drain
+
+# After the drain deadline, how long the cut streams get to write their last events and close.
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    public: socket.socket
+    ops: socket.socket
+
+    @property
+    def public_port(self) -> int:
+        return int(self.public.getsockname()[1])
+
+    @property
+    def ops_port(self) -> int:
+        return int(self.ops.getsockname()[1])
+
+    def close(self) -> None:
+        self.public.close()
+        self.ops.close()
+
+
+def bind_listeners(server: ServerConfig) -> Listeners:
+    """Bind (not yet listen on) both sockets; port 0 picks a free one (tests)."""
+    public = _bind(server.host, server.port)
+    try:
+        ops = _bind(server.ops_host, server.ops_port)
+    except OSError:
+        public.close()
+        raise
+    return Listeners(public, ops)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> uvicorn.Config:
+    """The uvicorn settings every way of running the edge shares (`floodgate serve`, the tests)."""
+    options: dict[str, object] = {
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": "warning",
+        # The kernel caps it at net.core.somaxconn: raise that too where many clients connect at once.
+        "backlog": server.listen_backlog,
+        # Only reached after the drain deadline has already ended every stream (see module doc).
+        "timeout_graceful_shutdown": max(0.0, server.drain_deadline_s - server.drain_accept_s)
+        + SHUTDOWN_GRACE_S,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)  # type: ignore[arg-type]
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with SIGTERM turned into a drain. The signal handler only sets flags: the
+    drain itself begins on the loop, at uvicorn's next tick (every 0.1 s)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self._drain_requested = False
+        self._cut_requested = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
+            # Not recorded as a captured signal: uvicorn would re-raise it at exit (exit 143).
+            self._drain_requested = True
+            return
+        # Ctrl-C, or a second signal: end the streams now (with their final events), then exit.
+        self._drain_requested = True
+        self._cut_requested = True
+        super().handle_exit(sig, frame)
+
+    def request_drain(self) -> None:
+        """What SIGTERM does, for a server running in a thread (tests), where signals cannot reach."""
+        self._drain_requested = True
+
+    async def on_tick(self, counter: int) -> bool:
+        drain = self.drain
+        if self._drain_requested and not drain.draining:
+            drain.begin()
+        if self._cut_requested:
+            drain.cut()
+        if drain.draining and not self.should_exit and drain.accept_left_s() == 0.0:
+            self.should_exit = True  # the listeners close now; uvicorn waits for the streams
+        return await super().on_tick(counter)
+
+
+def serve(app: Litestar, server: ServerConfig, drain: Drain) -> None:
+    """Run the edge until SIGTERM (drained) or SIGINT; returns once it has shut down."""
+    listeners = bind_listeners(server)
+    app.state.ops_port = listeners.ops_port
+    try:
+        DrainingServer(uvicorn_config(app, server, log_config=None), drain).run(
+            sockets=[listeners.public, listeners.ops]
+        )
+    finally:
+        listeners.close()

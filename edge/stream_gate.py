@@ -1,0 +1,90 @@
+"""The door in front of new generations: shut while the process drains, and past its capacity.
+
+Both refusals must be cheap and must happen before any work (body parsing, tokenizing, the
+limiter): they are what keeps an overloaded or leaving process answering instead of resetting
+connections. So this is an ASGI middleware around `POST /v1/chat/completions` that counts the
+generations open in this process (from the request's start to the end of its stream):
+
+* draining (edge/drain.py): 503 `server_shutting_down` with `Retry-After`; another instance
+  behind the load balancer will take the retry.
+* `[server] max_open_streams` already open: 429 `server_busy` with `Retry-After` (the OpenAI SDK
+  retries it), never a queue of connections the loop cannot serve.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from edge.drain import Drain
+from edge.errors import ErrorBody, ErrorDetail, retry_after_headers
+from edge.metrics import REQUESTS_REJECTED
+
+GENERATION_PATH = "/v1/chat/completions"
+# Past capacity the wait is about one stream's life; the SDK adds jitter, so a second is a fair ask.
+BUSY_RETRY_AFTER_S = 1.0
+
+
+class StreamGate:
+    def __init__(self, drain: Drain, max_open_streams: int) -> None:
+        if max_open_streams < 1:
+            raise ValueError("max_open_streams must be positive")
+        self.drain = drain
+        self.max_open_streams = max_open_streams
+        self.open_streams = 0
+
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """The Litestar middleware factory (`Litestar(middleware=[gate.middleware])`)."""
+
+        async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+            if (
+                scope["type"] != ScopeType.HTTP
+                or scope["path"] != GENERATION_PATH
+                or scope.get("method") != "POST"
+            ):
+                await app(scope, receive, send)
+                return
+            if self.drain.draining:
+                await _refuse(
+                    send,
+                    503,
+                    ErrorDetail(
+                        "This server is shutting down. Please retry; another instance will take it.",
+                        "service_unavailable",
+                        code="server_shutting_down",
+                    ),
+                    max(self.drain.accept_left_s(), 1.0),
+                )
+                return
+            if self.open_streams >= self.max_open_streams:
+                await _refuse(
+                    send,
+                    429,
+                    ErrorDetail(
+                        "This server holds as many streams as it can. Please try again shortly.",
+                        "rate_limit_exceeded",
+                        code="server_busy",
+                    ),
+                    BUSY_RETRY_AFTER_S,
+                )
+                return
+            self.open_streams += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.open_streams -= 1
+
+        return gate
+
+
+async def _refuse(send: Send, status: int, detail: ErrorDetail, retry_after_s: float) -> None:
+    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
+    body = msgspec.json.encode(ErrorBody(detail))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in retry_after_headers(retry_after_s).items()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

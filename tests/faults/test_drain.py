@@ -1,0 +1,116 @@
+"""Drill: SIGTERM to `floodgate serve` with streams in flight.
+
+What a load balancer and the clients must see: `/readyz` fails at once while the listener still
+answers; a new request gets 503 with Retry-After and an OpenAI error object (never a refused
+connection); every stream in flight ends with an event and `[DONE]`, those still running at the
+drain deadline with an error event (`server_shutting_down`) and their usage; the process exits 0
+and logs no traceback.
+
+One replica that holds one sequence at a time runs the streams one after the other, each for
+LONG_TOKENS tokens, so the deadline finds some still running (generating or queued).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, events, find_long_seed
+from tests.faults.serve_process import serve_process
+
+STREAMS = 4
+DRAIN = {"drain_accept_s": 3.0, "drain_deadline_s": 4.0}
+BODY = {
+    "model": MODEL,
+    "messages": LONG_PROMPT,
+    "max_tokens": LONG_TOKENS,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+class _Stream(threading.Thread):
+    def __init__(self, base_url: str, headers: dict[str, str], body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.body = body
+        self.base_url = base_url
+        self.headers = headers
+        self.started = threading.Event()
+        self.events: list[Any] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with (
+                httpx.Client(base_url=self.base_url, timeout=60.0) as client,
+                client.stream("POST", CHAT, json=self.body, headers=self.headers) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                for item in events(response):
+                    self.events.append(item)
+                    self.started.set()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+            self.started.set()
+
+
+def _wait(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
+    with serve_process(tmp_path, {"server": DRAIN, "engine": {"max_num_seqs": 1}}) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+            body = BODY | {"seed": find_long_seed(client, server.key)}  # runs LONG_TOKENS, no early stop
+        streams = [_Stream(server.base_url, server.auth(), body) for _ in range(STREAMS)]
+        for stream in streams:
+            stream.start()
+        for stream in streams:
+            assert stream.started.wait(60), "a stream never opened"
+            assert stream.error is None, stream.error
+
+        server.proc.send_signal(signal.SIGTERM)
+
+        with httpx.Client(base_url=server.base_url, timeout=10.0) as client:
+            _wait(lambda: client.get("/readyz").status_code == 503, "/readyz to fail")
+            assert client.get("/readyz").json()["status"] == "draining"
+            refused = client.post(CHAT, json=BODY | {"stream": False}, headers=server.auth())
+        assert refused.status_code == 503
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "server_shutting_down"
+
+        for stream in streams:
+            stream.join(60)
+            assert not stream.is_alive(), "a stream never ended"
+            assert stream.error is None, stream.error
+        assert server.proc.wait(timeout=60) == 0
+
+    cut = 0
+    for stream in streams:
+        data = [e for e in stream.events if not (isinstance(e, str) and e.startswith(":"))]
+        assert data[-1] == DONE
+        errors = [e["error"] for e in data if isinstance(e, dict) and "error" in e]
+        if errors:
+            cut += 1
+            assert errors[0]["code"] == "server_shutting_down"
+            usage = data[-2]
+            assert usage["choices"] == [] and usage["usage"]["prompt_tokens"] > 0
+        else:
+            finals = [
+                e
+                for e in data
+                if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+            ]
+            assert len(finals) == 1
+    assert cut >= 1  # one replica, one sequence: the last in the queue was still waiting or running
+    output = server.output()
+    assert "Traceback" not in output
+    assert "drain_deadline_cut" in output
