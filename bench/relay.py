@@ -127,17 +127,18 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
 
 @contextmanager
 def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
-    from edge.auth import create_key
+    from edge.config import load_settings
+    from edge.keys.provision import create_keys
 
     with tempfile.TemporaryDirectory(prefix="floodgate-relay-") as tmp:
         port = _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n'
+            f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
             f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
         )
-        key = create_key(Path(tmp) / "keys.jsonl", "bench", "bench")
+        key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]
         cmd += ["--port", str(port), "--chunks", str(chunks)]
         profile = os.environ.get("RELAY_PROFILE")

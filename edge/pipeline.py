@@ -34,11 +34,11 @@ from edge import metrics
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
-from edge.auth import Principal
 from edge.cancel import LiveRequest, RequestRegistry
 from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
+from edge.keys.principal import Principal
 from edge.prompt_encoding import encode_messages
 from edge.schemas import ChatCompletionRequest, unknown_model
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
@@ -63,6 +63,12 @@ EndReason = Literal[
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
+
+
+class UsageSink(Protocol):
+    """Where a settled request's charged tokens go (the usage writer): must not wait."""
+
+    def record(self, user: str, model: str, input_tokens: int, output_tokens: int) -> bool: ...
 
 
 class MessageSink(Protocol):
@@ -114,6 +120,7 @@ class Pipeline:
         dispatcher: Dispatcher,
         registry: RequestRegistry,
         messages: MessageSink | None = None,
+        usage: UsageSink | None = None,
         drain: Drain | None = None,
     ) -> None:
         self.config = config
@@ -123,6 +130,7 @@ class Pipeline:
         self.dispatcher = dispatcher
         self.registry = registry
         self.messages = messages
+        self.usage = usage
         # Never begun unless the server drains (edge/server.py): then it cuts streams at its deadline.
         self.drain = drain or Drain(accept_s=0.0, deadline_s=0.0)
 
@@ -416,6 +424,10 @@ class Generation:
         elif scope.cancelled_caught:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
+            out.error = None
+        elif drain_cut.cancelled_caught:
+            out.reason = "drained"
+            out.error = shutting_down_error(self._p.drain.accept_left_s())
         # Before the caller writes its final events: nothing else may write to the stream then.
         await self._stop_keepalive()
 
@@ -549,6 +561,12 @@ class Generation:
             ttft_ms=None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
             duration_ms=round((time.perf_counter() - self._arrived) * 1000, 2),
         )
+        if self._p.usage is not None and self._reached_replica:
+            # Exactly what the lease settled as charged: the prompt and every granted token (a
+            # request that never reached a replica was refunded whole, and costs nothing).
+            self._p.usage.record(
+                self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
+            )
         conversation_id = self._req.conversation_id
         if conversation_id is not None and self._p.messages is not None and self._reached_replica:
             self._p.messages.record_reply(

@@ -7,22 +7,26 @@ from typing import Any
 
 from litestar import Request
 
-from edge.auth import KeyStore
 from edge.cancel import RequestRegistry
 from edge.config import Settings
+from edge.keys.authenticator import Authenticator
+from edge.keys.lifecycle import KeyLifecycle
 from edge.messages.store import MessageStore
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
+from edge.usage.store import UsageStore
 
 
 @dataclass(slots=True)
 class Runtime:
     settings: Settings
-    keys: KeyStore
+    keys: Authenticator
     pipeline: Pipeline
     registry: RequestRegistry
     upstreams: list[Upstream]
     messages: MessageStore
+    key_admin: KeyLifecycle
+    usage: UsageStore
 
 
 def runtime_of(request: Request[Any, Any, Any]) -> Runtime:

@@ -18,7 +18,7 @@ from edge.runtime import runtime_of
 @post("/v1/chat/completions/{request_id:str}/cancel", status_code=200)
 async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
     try:
         outcome = await runtime.registry.cancel(request_id, principal.user)
     except CancelBusUnavailable:

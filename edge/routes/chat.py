@@ -17,7 +17,7 @@ from edge.streaming import EventStreamResponse, until_disconnect
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     runtime = runtime_of(request)
-    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
     req = parse_chat_request(await request.body())
     generation = await runtime.pipeline.admit(principal, req)
     if req.stream:

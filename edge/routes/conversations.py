@@ -20,7 +20,7 @@ async def conversation_messages(
     limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
     messages = await runtime.messages.history(conversation_id, principal.user, limit)
     if not messages:
         # Someone else's conversation looks exactly like a missing one.

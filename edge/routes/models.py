@@ -23,14 +23,14 @@ def _model_card(name: str) -> dict[str, Any]:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
-    runtime.keys.authenticate(request.headers.get("authorization"))
+    await runtime.keys.authenticate(request.headers.get("authorization"))
     return json_response({"object": "list", "data": [_model_card(runtime.settings.model.name)]})
 
 
 @get("/v1/models/{model_id:str}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    runtime.keys.authenticate(request.headers.get("authorization"))
+    await runtime.keys.authenticate(request.headers.get("authorization"))
     if model_id != runtime.settings.model.name:
         raise unknown_model(model_id)
     return json_response(_model_card(model_id))

@@ -1,4 +1,4 @@
-"""`floodgate keys create`, `floodgate serve` and `floodgate chat` as a user runs them."""
+"""`floodgate serve` and `floodgate chat` as a user runs them (`floodgate keys`: tests/keys/)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
-from edge.auth import KeyStore
-from edge.cli import main
 from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.live_server import LiveServer, demo_model_dir
@@ -21,19 +18,6 @@ from tests.support.ports import free_port
 
 # `floodgate chat` streams from the edge on either upstream path (see tests/edge/conftest.py).
 UPSTREAMS = BOTH_PATHS
-
-
-def test_keys_create_prints_a_working_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    keys_file = tmp_path / "keys.jsonl"
-    main(["keys", "create", "--user", "carol", "--tier", "free", "--keys-file", str(keys_file)])
-    key = capsys.readouterr().out.strip()
-    assert key.startswith("fg-")
-    assert KeyStore(keys_file).authenticate(f"Bearer {key}").user == "carol"
-
-
-def test_keys_create_rejects_an_unknown_tier(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="unknown tier"):
-        main(["keys", "create", "--user", "x", "--tier", "platinum", "--keys-file", str(tmp_path / "k")])
 
 
 def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:

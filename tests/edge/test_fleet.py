@@ -39,9 +39,9 @@ def fleet(tmp_path: Path, redis_store: dict[str, Any]) -> Iterator[tuple[LiveSer
         "limiter": {"backend": "redis", "instance_count": 2, "timeout_ms": 2000, **redis_store},
         "tiers": {"paid": ROOMY_TIERS["paid"], "free": ROOMY_TIERS["free"] | {"requests_per_window": 3}},
     }
-    # One keys file for both, as instances behind one load balancer would share it.
+    # One key store for both, as instances behind one load balancer share it.
     with start_server(tmp_path, overrides) as a:
-        shared_keys = {"server": {"keys_file": a.settings.server.keys_file}}
+        shared_keys = {"keys": {"sqlite_path": a.settings.keys.sqlite_path}}
         with start_server(tmp_path / "b", overrides | shared_keys) as b:
             yield a, b
 

@@ -1,0 +1,95 @@
+"""Bearer key → Principal, through a short cache in front of the shared key store.
+
+The bound: an edge answers from a lookup at most `ttl_s` old, so a revocation, a tier change or a new
+key made anywhere reaches every edge within `ttl_s` (keys.cache_ttl_s). Where the limiter uses Redis
+the change is also announced over pub/sub (edge/keys/changes.py) and dropped from every cache at
+once; the TTL stays the bound when a message is lost. Unknown keys are cached too, for the same
+time, so a flood of bad keys costs the store one read per key and TTL."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import structlog
+
+from edge.errors import ApiError, retry_after_headers
+from edge.keys.principal import Principal
+from edge.keys.record import KeyRecord, hash_key
+from edge.keys.store import KeyStore
+
+log = structlog.get_logger("floodgate.keys")
+
+MAX_CACHED = 100_000
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def bearer_key(authorization: str | None) -> str:
+    """The key of an `Authorization: Bearer <key>` header; 401 when there is none."""
+    if not authorization:
+        raise unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise unauthorized("Malformed Authorization header; expected 'Bearer <key>'.")
+    return key.strip()
+
+
+class Authenticator:
+    def __init__(
+        self,
+        store: KeyStore,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        digest = hash_key(bearer_key(authorization))
+        record = await self._lookup(digest)
+        # The lookup is by hash, which an attacker cannot steer byte by byte; the final comparison is
+        # constant-time all the same.
+        if record is None or not hmac.compare_digest(record.key_sha256, digest):
+            raise unauthorized("Incorrect API key provided.")
+        status = record.status(self._wall_clock())
+        if status != "active":
+            raise unauthorized(f"This API key has been {status}.")
+        return Principal(user=record.user, tier=record.tier, key_id=record.id)
+
+    def invalidate(self, key_sha256: str | None = None) -> None:
+        """Forget one key's lookup (None: all of them): the next request reads the store."""
+        if key_sha256 is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(key_sha256, None)
+
+    async def _lookup(self, digest: str) -> KeyRecord | None:
+        now = self._clock()
+        cached = self._cache.get(digest)
+        if cached is not None and now - cached[1] < self.ttl_s:
+            return cached[0]
+        try:
+            record = await self.store.get(digest)
+        except Exception as exc:
+            log.warning("key_store_unavailable", error=repr(exc))
+            raise ApiError(
+                503,
+                "API keys cannot be checked right now; please retry.",
+                code="key_store_unavailable",
+                headers=retry_after_headers(1.0),
+            ) from None
+        self._cache[digest] = (record, now)
+        self._cache.move_to_end(digest)
+        if len(self._cache) > MAX_CACHED:
+            self._cache.popitem(last=False)
+        return record

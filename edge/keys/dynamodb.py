@@ -1,0 +1,166 @@
+"""The production key store: the keys table (iac/modules/keys_table), partition key `pk`, sort key
+`sk`. A key is the item (`key#<sha256>`, `key`); usage records share the table (edge/usage/dynamodb.py).
+
+Authentication reads one item by its hash (a strongly consistent GetItem). Listing and finding a key
+by id scan the table's key items: operator actions, rare and small next to lookups."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from edge.keys.record import KeyRecord
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, ScanInputTypeDef
+
+PARTITION_KEY = "pk"
+SORT_KEY = "sk"
+KEY_ITEM = "key"
+
+
+def key_pk(key_sha256: str) -> str:
+    return f"key#{key_sha256}"
+
+
+def _item(r: KeyRecord) -> dict[str, AttributeValueTypeDef]:
+    item: dict[str, AttributeValueTypeDef] = {
+        PARTITION_KEY: {"S": key_pk(r.key_sha256)},
+        SORT_KEY: {"S": KEY_ITEM},
+        "kind": {"S": KEY_ITEM},
+        "id": {"S": r.id},
+        "key_sha256": {"S": r.key_sha256},
+        "owner": {"S": r.user},
+        "tier": {"S": r.tier},
+        "label": {"S": r.label},
+        "created": {"N": repr(r.created)},
+        "last4": {"S": r.last4},
+    }
+    if r.expires is not None:
+        item["expires"] = {"N": repr(r.expires)}
+    if r.revoked is not None:
+        item["revoked"] = {"N": repr(r.revoked)}
+    return item
+
+
+def _record(item: dict[str, Any]) -> KeyRecord:
+    def number(name: str) -> float | None:
+        return float(item[name]["N"]) if name in item else None
+
+    return KeyRecord(
+        id=item["id"]["S"],
+        key_sha256=item["key_sha256"]["S"],
+        user=item["owner"]["S"],
+        tier=item["tier"]["S"],
+        label=item["label"]["S"],
+        created=float(item["created"]["N"]),
+        expires=number("expires"),
+        revoked=number("revoked"),
+        last4=item["last4"]["S"],
+    )
+
+
+class DynamoDBKeyStore:
+    """boto3 clients are thread-safe: every call runs in a worker thread on the shared client."""
+
+    def __init__(self, client: DynamoDBClient, table: str) -> None:
+        self._client = client
+        self._table = table
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        return await anyio.to_thread.run_sync(self._get, key_sha256)
+
+    async def add(self, record: KeyRecord) -> bool:
+        return await anyio.to_thread.run_sync(self._add, record)
+
+    async def put(self, record: KeyRecord) -> None:
+        item = _item(record)
+        await anyio.to_thread.run_sync(lambda: self._client.put_item(TableName=self._table, Item=item))
+
+    async def by_id(self, key_id: str) -> KeyRecord | None:
+        found = await anyio.to_thread.run_sync(self._scan, "id", key_id, None)
+        return found[0] if found else None
+
+    async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
+        found = await anyio.to_thread.run_sync(self._scan, "owner", user, None)
+        return sorted(found, key=lambda r: (r.created, r.id))
+
+    async def any(self) -> bool:
+        return bool(await anyio.to_thread.run_sync(self._scan, None, None, 1))
+
+    async def create_table_if_missing(self) -> None:
+        """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""
+        await anyio.to_thread.run_sync(create_table_if_missing, self._client, self._table)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._client.close)
+
+    def _get(self, key_sha256: str) -> KeyRecord | None:
+        found = self._client.get_item(
+            TableName=self._table,
+            Key={PARTITION_KEY: {"S": key_pk(key_sha256)}, SORT_KEY: {"S": KEY_ITEM}},
+            ConsistentRead=True,
+        )
+        item = found.get("Item")
+        return _record(item) if item else None
+
+    def _add(self, record: KeyRecord) -> bool:
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item=_item(record),
+                ConditionExpression=f"attribute_not_exists({PARTITION_KEY})",
+            )
+        except self._client.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def _scan(self, attribute: str | None, value: str | None, want: int | None) -> list[KeyRecord]:
+        """Key items (whose `attribute` equals `value`, when given); stops after `want` of them."""
+        names: dict[str, str] = {"#kind": "kind"}
+        values: dict[str, AttributeValueTypeDef] = {":kind": {"S": KEY_ITEM}}
+        condition = "#kind = :kind"
+        if attribute is not None and value is not None:
+            names["#a"] = attribute
+            values[":v"] = {"S": value}
+            condition += " AND #a = :v"
+        found: list[KeyRecord] = []
+        start: dict[str, Any] | None = None
+        while True:
+            params: ScanInputTypeDef = {
+                "TableName": self._table,
+                "FilterExpression": condition,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+                "ConsistentRead": True,
+            }
+            if start:
+                params["ExclusiveStartKey"] = start
+            page = self._client.scan(**params)
+            found.extend(_record(item) for item in page.get("Items", []))
+            start = page.get("LastEvaluatedKey")
+            if not start or (want is not None and len(found) >= want):
+                return found
+
+
+def create_table_if_missing(client: DynamoDBClient, table: str) -> None:
+    try:
+        client.describe_table(TableName=table)
+        return
+    except client.exceptions.ResourceNotFoundException:
+        pass
+    client.create_table(
+        TableName=table,
+        AttributeDefinitions=[
+            {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": SORT_KEY, "AttributeType": "S"},
+        ],
+        KeySchema=[
+            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})

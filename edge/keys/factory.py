@@ -1,0 +1,29 @@
+"""Builds the key store the settings ask for, and the announcer of key changes."""
+
+from __future__ import annotations
+
+import boto3
+
+from edge.config import KeysConfig, LimiterConfig
+from edge.keys.changes import RedisKeyChanges
+from edge.keys.dynamodb import DynamoDBKeyStore
+from edge.keys.sqlite import SQLiteKeyStore
+from edge.keys.store import KeyStore
+
+
+async def open_key_store(config: KeysConfig) -> KeyStore:
+    if config.backend == "sqlite":
+        return SQLiteKeyStore(config.sqlite_path)
+    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    store = DynamoDBKeyStore(client, config.dynamodb_table)
+    if config.dynamodb_endpoint:
+        # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.
+        await store.create_table_if_missing()
+    return store
+
+
+def key_changes(limiter: LimiterConfig) -> RedisKeyChanges | None:
+    """Pub/sub over the limiter's Redis when it has one; None: the cache TTL alone is the bound."""
+    if limiter.backend != "redis":
+        return None
+    return RedisKeyChanges(limiter.redis_url, timeout_ms=limiter.timeout_ms)

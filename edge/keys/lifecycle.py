@@ -1,0 +1,107 @@
+"""Key lifecycle, shared by `floodgate keys` and the admin API: create, list, revoke, rotate, set-tier.
+
+Every change that can turn a working key away (revoke, rotate's expiry, a tier change) is announced
+(`announce(key_sha256)`), so edges drop their cached lookup at once where pub/sub is available."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from edge.keys.record import KeyRecord, new_record
+from edge.keys.store import KeyStore
+
+Announce = Callable[[str], Awaitable[None]]
+
+
+class KeyNotFound(LookupError):
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no key {key_id}")
+        self.key_id = key_id
+
+
+class UnknownTier(ValueError):
+    def __init__(self, tier: str, tiers: Collection[str]) -> None:
+        super().__init__(f"unknown tier {tier!r}; configured: {', '.join(sorted(tiers))}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rotated:
+    key: str  # the new key, in clear: shown once
+    new: KeyRecord
+    old: KeyRecord  # now expiring at the end of the grace period
+
+
+async def _no_announce(key_sha256: str) -> None:
+    return None
+
+
+class KeyLifecycle:
+    def __init__(
+        self,
+        store: KeyStore,
+        tiers: Collection[str],
+        *,
+        rotation_grace_s: float,
+        announce: Announce | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self._tiers = tiers
+        self._grace_s = rotation_grace_s
+        self._announce = announce or _no_announce
+        self._clock = clock
+
+    def _check_tier(self, tier: str) -> None:
+        if tier not in self._tiers:
+            raise UnknownTier(tier, self._tiers)
+
+    async def _find(self, key_id: str) -> KeyRecord:
+        record = await self.store.by_id(key_id)
+        if record is None:
+            raise KeyNotFound(key_id)
+        return record
+
+    async def create(
+        self, user: str, tier: str, label: str = "", expires_in_s: float | None = None
+    ) -> tuple[str, KeyRecord]:
+        self._check_tier(tier)
+        expires = None if expires_in_s is None else self._clock() + expires_in_s
+        key, record = new_record(user, tier, label, expires)
+        await self.store.add(record)
+        # An edge may have cached this hash as unknown (someone tried it early): unlikely, but cheap.
+        await self._announce(record.key_sha256)
+        return key, record
+
+    async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
+        return await self.store.list_keys(user)
+
+    async def revoke(self, key_id: str) -> KeyRecord:
+        record = await self._find(key_id)
+        if record.revoked is None:
+            record = record.with_changes(revoked=self._clock())
+            await self.store.put(record)
+        await self._announce(record.key_sha256)
+        return record
+
+    async def set_tier(self, key_id: str, tier: str) -> KeyRecord:
+        self._check_tier(tier)
+        record = (await self._find(key_id)).with_changes(tier=tier)
+        await self.store.put(record)
+        await self._announce(record.key_sha256)
+        return record
+
+    async def rotate(self, key_id: str, grace_s: float | None = None) -> Rotated:
+        """A new key for the same user, tier and label; the old one keeps working for the grace
+        period (keys.rotation_grace_s unless given), then expires."""
+        old = await self._find(key_id)
+        if old.status(self._clock()) != "active":
+            raise KeyNotFound(key_id)
+        key, new = new_record(old.user, old.tier, old.label, old.expires)
+        await self.store.add(new)
+        ends = self._clock() + (self._grace_s if grace_s is None else grace_s)
+        old = old.with_changes(expires=ends if old.expires is None else min(old.expires, ends))
+        await self.store.put(old)
+        await self._announce(old.key_sha256)
+        return Rotated(key, new, old)

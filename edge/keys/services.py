@@ -1,0 +1,57 @@
+"""Everything keys and usage need for the life of the app, opened and closed in the right order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+import structlog
+
+from edge.config import Settings
+from edge.keys.authenticator import Authenticator
+from edge.keys.factory import key_changes, open_key_store
+from edge.keys.legacy import import_keys_file_into
+from edge.keys.lifecycle import KeyLifecycle
+from edge.usage.factory import open_usage_store
+from edge.usage.store import UsageStore
+from edge.usage.writer import UsageWriter
+
+log = structlog.get_logger("floodgate.keys")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyServices:
+    authenticator: Authenticator
+    lifecycle: KeyLifecycle
+    usage_store: UsageStore
+    usage_writer: UsageWriter
+
+
+@asynccontextmanager
+async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
+    """Enter it before anything that runs requests: leaving it last writes every usage row queued
+    by the requests that ended before."""
+    async with AsyncExitStack() as stack:
+        cfg = settings.keys
+        store = await open_key_store(cfg)
+        stack.push_async_callback(store.aclose)
+        imported = await import_keys_file_into(store, settings.server.keys_file)
+        if imported.added:
+            log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
+        authenticator = Authenticator(store, cfg.cache_ttl_s)
+        changes = key_changes(settings.limiter)
+        announce = None
+        if changes is not None:
+            stack.push_async_callback(changes.aclose)
+            changes.start(authenticator.invalidate)
+            announce = changes.announce
+        lifecycle = KeyLifecycle(
+            store, settings.tiers, rotation_grace_s=cfg.rotation_grace_s, announce=announce
+        )
+        usage_store = await open_usage_store(cfg)
+        stack.push_async_callback(usage_store.aclose)
+        writer = UsageWriter(usage_store, cfg.usage_queue_size)
+        writer.start()
+        stack.push_async_callback(writer.aclose)
+        yield KeyServices(authenticator, lifecycle, usage_store, writer)

@@ -1,0 +1,108 @@
+"""The embedded key store: one SQLite file (WAL), shared by the edges of one host and the CLI."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from edge.keys.record import KeyRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_sha256 TEXT PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    user TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    label TEXT NOT NULL,
+    created REAL NOT NULL,
+    expires REAL,
+    revoked REAL,
+    last4 TEXT NOT NULL
+) WITHOUT ROWID
+"""
+_COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4"
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    """A connection for worker threads (the caller serialises use with a lock), in WAL mode so the
+    edges reading and the CLI writing one file do not wait on each other."""
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def _row(record: KeyRecord) -> tuple[Any, ...]:
+    r = record
+    return (r.id, r.key_sha256, r.user, r.tier, r.label, r.created, r.expires, r.revoked, r.last4)
+
+
+class SQLiteKeyStore:
+    def __init__(self, path: str | Path) -> None:
+        self._conn = connect(path)
+        self._lock = threading.Lock()
+        self._conn.execute(_SCHEMA)
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        return await anyio.to_thread.run_sync(self._one, "key_sha256", key_sha256)
+
+    async def by_id(self, key_id: str) -> KeyRecord | None:
+        return await anyio.to_thread.run_sync(self._one, "id", key_id)
+
+    async def add(self, record: KeyRecord) -> bool:
+        return await anyio.to_thread.run_sync(self._add, record)
+
+    async def put(self, record: KeyRecord) -> None:
+        await anyio.to_thread.run_sync(self._put, record)
+
+    async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
+        return await anyio.to_thread.run_sync(self._list, user)
+
+    async def any(self) -> bool:
+        return await anyio.to_thread.run_sync(self._any)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _one(self, column: str, value: str) -> KeyRecord | None:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM api_keys WHERE {column} = ?", (value,)
+            ).fetchone()
+        return KeyRecord(*row) if row else None
+
+    def _add(self, record: KeyRecord) -> bool:
+        with self._lock:
+            cursor = self._conn.execute(
+                f"INSERT OR IGNORE INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", _row(record)
+            )
+        return cursor.rowcount == 1
+
+    def _put(self, record: KeyRecord) -> None:
+        with self._lock:
+            self._conn.execute(
+                f"INSERT OR REPLACE INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", _row(record)
+            )
+
+    def _list(self, user: str | None) -> list[KeyRecord]:
+        query = f"SELECT {_COLUMNS} FROM api_keys"
+        params: tuple[str, ...] = ()
+        if user is not None:
+            query, params = query + " WHERE user = ?", (user,)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY created, id", params).fetchall()
+        return [KeyRecord(*row) for row in rows]
+
+    def _any(self) -> bool:
+        with self._lock:
+            return self._conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchone() is not None
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,34 @@
+"""What the edge asks of a key store."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from edge.keys.record import KeyRecord
+
+
+class KeyStore(Protocol):
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        """The record of the key with this hash (revoked and expired ones too), or None."""
+        ...
+
+    async def add(self, record: KeyRecord) -> bool:
+        """Insert the record unless its hash is already stored; False then (the stored one is kept:
+        an import never brings a revoked key back)."""
+        ...
+
+    async def put(self, record: KeyRecord) -> None:
+        """Overwrite the record (tier change, revocation, expiry), found by its hash."""
+        ...
+
+    async def by_id(self, key_id: str) -> KeyRecord | None: ...
+
+    async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
+        """Every key (of `user`), oldest first."""
+        ...
+
+    async def any(self) -> bool:
+        """Whether at least one key is stored."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,210 @@
+"""`floodgate keys …` and `floodgate usage`: the operator's key lifecycle and usage report, run
+against the shared store the settings name (the same one the edges read)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from typing import Any
+
+import boto3
+
+from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
+from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
+from edge.keys.lifecycle import KeyLifecycle, KeyNotFound, UnknownTier
+from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.keys.views import key_view
+from edge.operator_cli import add_config_option, settings_of
+
+_LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires")
+_USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
+
+
+def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
+    settings = settings_of(args)
+
+    async def go() -> Any:
+        async with opened_lifecycle(settings) as keys:
+            return await step(keys)
+
+    try:
+        return run(go)
+    except (KeyNotFound, UnknownTier) as exc:
+        raise SystemExit(f"floodgate: {exc}") from None
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
+def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    cells = [[str(row[c]) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    for line in [list(columns), *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _create(args: argparse.Namespace) -> int:
+    expires_in = None if args.expires_in_days is None else args.expires_in_days * 86400
+
+    async def step(keys: KeyLifecycle) -> Any:
+        return await keys.create(args.user, args.tier, args.label, expires_in)
+
+    key, record = _lifecycle_command(args, step)
+    note(f"created {record.id} for user {record.user!r} (tier {record.tier!r}); the key is shown only once:")
+    print(key)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    async def step(keys: KeyLifecycle) -> Any:
+        return await keys.list_keys(args.user)
+
+    views = [key_view(r) for r in _lifecycle_command(args, step)]
+    if args.json:
+        print(json.dumps(views, indent=2))
+        return 0
+    for v in views:
+        v["created"], v["expires"] = _when(v["created"]), _when(v["expires"])
+        v["last4"] = f"…{v['last4']}" if v["last4"] else "-"
+    _print_table(views, _LIST_COLUMNS)
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    async def step(keys: KeyLifecycle) -> Any:
+        return await keys.revoke(args.key_id)
+
+    record = _lifecycle_command(args, step)
+    note(f"revoked {record.id} (user {record.user!r})")
+    return 0
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    async def step(keys: KeyLifecycle) -> Any:
+        return await keys.rotate(args.key_id, args.grace_s)
+
+    rotated = _lifecycle_command(args, step)
+    note(
+        f"{rotated.new.id} replaces {rotated.old.id}, which keeps working until {_when(rotated.old.expires)}."
+        " The new key is shown only once:"
+    )
+    print(rotated.key)
+    return 0
+
+
+def _set_tier(args: argparse.Namespace) -> int:
+    async def step(keys: KeyLifecycle) -> Any:
+        return await keys.set_tier(args.key_id, args.tier)
+
+    record = _lifecycle_command(args, step)
+    note(f"{record.id} (user {record.user!r}) is now on tier {record.tier!r}")
+    return 0
+
+
+def _read_secret(secret_id: str) -> str:
+    value: str = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+    return value
+
+
+def _import(args: argparse.Namespace) -> int:
+    if args.secret_id:
+        text = _read_secret(args.secret_id)
+    elif args.file == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.file, encoding="utf-8") as source:
+            text = source.read()
+    try:
+        keys_found = parse_jsonl(text.splitlines())
+    except BadKeysFile as exc:
+        raise SystemExit(f"floodgate: not a keys file: {exc}") from None
+
+    async def step(keys: KeyLifecycle) -> Any:
+        return await import_keys(keys.store, keys_found)
+
+    done = _lifecycle_command(args, step)
+    note(f"imported {done.added} keys; {done.present} were already in the store (left as they are)")
+    return 0
+
+
+def _admin_key(args: argparse.Namespace) -> int:
+    key = new_secret(ADMIN_KEY_PREFIX)
+    note("A new admin key (shown only once). Put its hash in the edge's settings:")
+    note(f'  [keys]\n  admin_key_sha256 = "{hash_key(key)}"')
+    print(key)
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+
+    async def go() -> Any:
+        async with opened_usage(settings) as store:
+            return await store.query(args.user, args.start or "", args.end or "")
+
+    rows = [row.as_dict() for row in run(go)]
+    if args.csv:
+        out = csv.DictWriter(sys.stdout, fieldnames=_USAGE_COLUMNS, lineterminator="\n")
+        out.writeheader()
+        out.writerows(rows)
+    else:
+        _print_table(rows, _USAGE_COLUMNS)
+    return 0
+
+
+def add_keys_commands(commands: Any) -> None:
+    """`commands`: the `floodgate` parser's subparsers."""
+    keys = commands.add_parser("keys", help="manage API keys (in the shared key store)").add_subparsers(
+        dest="keys_command", required=True
+    )
+
+    def sub(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = keys.add_parser(name, help=help)
+        add_config_option(parser)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    create = sub("create", "create a key and print it (the only time it is shown)", _create)
+    create.add_argument("--user", required=True)
+    create.add_argument("--tier", required=True)
+    create.add_argument("--label", default="", help="a note for the operator, e.g. the customer's app")
+    create.add_argument("--expires-in-days", type=float, help="default: never expires")
+
+    listing = sub("list", "list keys (id, user, label, last four characters; never the key)", _list)
+    listing.add_argument("--user", help="only this user's keys")
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    sub("revoke", "revoke a key: refused by every edge within keys.cache_ttl_s", _revoke).add_argument(
+        "key_id"
+    )
+
+    rotate = sub(
+        "rotate", "a new key for the same user and tier; the old one works for a grace period", _rotate
+    )
+    rotate.add_argument("key_id")
+    rotate.add_argument("--grace-s", type=float, help="default: keys.rotation_grace_s")
+
+    set_tier = sub("set-tier", "move a key to another tier", _set_tier)
+    set_tier.add_argument("key_id")
+    set_tier.add_argument("tier")
+
+    importing = sub(
+        "import", "import a keys.jsonl (hashes, as `keys create` used to write) into the store", _import
+    )
+    importing.add_argument("file", nargs="?", default="-", help="the JSONL file, or - for stdin")
+    importing.add_argument("--secret-id", help="read it from this Secrets Manager secret instead")
+
+    admin = keys.add_parser("admin-key", help="make an admin key for /v1/admin/* and print its hash setting")
+    admin.set_defaults(handler=_admin_key)
+
+    usage = commands.add_parser("usage", help="tokens used per user, model and UTC day")
+    add_config_option(usage)
+    usage.add_argument("--user", help="only this user (default: everyone)")
+    usage.add_argument("--start", help="first day, YYYY-MM-DD (UTC)")
+    usage.add_argument("--end", help="last day, YYYY-MM-DD (UTC)")
+    usage.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    usage.set_defaults(handler=_usage)

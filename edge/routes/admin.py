@@ -1,0 +1,132 @@
+"""/v1/admin/*: key lifecycle and everyone's usage, for operators.
+
+Open only with the admin key (its SHA-256 is `keys.admin_key_sha256`); with none configured the
+whole prefix answers 404, as if it did not exist. The public load balancer must not route
+/v1/admin/* at all (iac/modules/alb): this check is the second line, not the only one."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.params import FromPath, FromQuery
+from litestar.response.base import ASGIResponse
+
+from edge.errors import ApiError, invalid_request
+from edge.keys.authenticator import bearer_key, unauthorized
+from edge.keys.lifecycle import KeyNotFound, UnknownTier
+from edge.keys.record import hash_key
+from edge.keys.views import key_view
+from edge.routes.json_body import json_response
+from edge.routes.usage import usage_response
+from edge.runtime import Runtime, runtime_of
+
+_T = TypeVar("_T")
+
+
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    runtime: Runtime = connection.app.state.runtime
+    expected = runtime.settings.keys.admin_key_sha256.lower()
+    if not expected:
+        raise ApiError(404, "Not found.", code="not_found")
+    digest = hash_key(bearer_key(connection.headers.get("authorization")))
+    if not hmac.compare_digest(digest, expected):
+        raise unauthorized("Incorrect admin key provided.")
+
+
+class CreateKey(msgspec.Struct, forbid_unknown_fields=True):
+    user: str
+    tier: str
+    label: str = ""
+    expires_in_s: float | None = None
+
+
+class Rotate(msgspec.Struct, forbid_unknown_fields=True):
+    grace_s: float | None = None
+
+
+class SetTier(msgspec.Struct, forbid_unknown_fields=True):
+    tier: str
+
+
+def _body(raw: bytes, kind: type[_T]) -> _T:
+    try:
+        return msgspec.json.decode(raw or b"{}", type=kind)
+    except msgspec.DecodeError as exc:
+        raise invalid_request(f"Invalid request body: {exc}", None) from None
+
+
+def _lifecycle_error(exc: Exception) -> ApiError:
+    if isinstance(exc, KeyNotFound):
+        return ApiError(404, f"No active key {exc.key_id}.", param="key_id", code="key_not_found")
+    return invalid_request(str(exc), "tier", code="unknown_tier")
+
+
+@post("/keys", status_code=201)
+async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
+    body = _body(await request.body(), CreateKey)
+    if not body.user.strip():
+        raise invalid_request("user must not be empty.", "user")
+    try:
+        key, record = await runtime_of(request).key_admin.create(
+            body.user, body.tier, body.label, body.expires_in_s
+        )
+    except UnknownTier as exc:
+        raise _lifecycle_error(exc) from None
+    return json_response({**key_view(record), "key": key}, status_code=201)
+
+
+@get("/keys")
+async def list_keys(request: Request[Any, Any, Any], user: FromQuery[str | None] = None) -> ASGIResponse:
+    records = await runtime_of(request).key_admin.list_keys(user)
+    return json_response({"object": "list", "data": [key_view(r) for r in records]})
+
+
+@post("/keys/{key_id:str}/revoke", status_code=200)
+async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
+    try:
+        record = await runtime_of(request).key_admin.revoke(key_id)
+    except KeyNotFound as exc:
+        raise _lifecycle_error(exc) from None
+    return json_response(key_view(record))
+
+
+@post("/keys/{key_id:str}/rotate", status_code=200)
+async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
+    body = _body(await request.body(), Rotate)
+    try:
+        rotated = await runtime_of(request).key_admin.rotate(key_id, body.grace_s)
+    except KeyNotFound as exc:
+        raise _lifecycle_error(exc) from None
+    return json_response({**key_view(rotated.new), "key": rotated.key, "replaces": key_view(rotated.old)})
+
+
+@post("/keys/{key_id:str}/tier", status_code=200)
+async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
+    body = _body(await request.body(), SetTier)
+    try:
+        record = await runtime_of(request).key_admin.set_tier(key_id, body.tier)
+    except (KeyNotFound, UnknownTier) as exc:
+        raise _lifecycle_error(exc) from None
+    return json_response(key_view(record))
+
+
+@get("/usage")
+async def all_usage(
+    request: Request[Any, Any, Any],
+    user: FromQuery[str | None] = None,
+    start: FromQuery[str] = "",
+    end: FromQuery[str] = "",
+) -> ASGIResponse:
+    return await usage_response(runtime_of(request), user, start, end)
+
+
+admin_router = Router(
+    "/v1/admin",
+    route_handlers=[create_key, list_keys, revoke_key, rotate_key, set_key_tier, all_usage],
+    guards=[admin_guard],
+)

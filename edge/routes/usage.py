@@ -1,0 +1,33 @@
+"""GET /v1/usage: the caller's own tokens per model and UTC day (`?start=YYYY-MM-DD&end=...`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from litestar import Request, get
+from litestar.params import FromQuery
+from litestar.response.base import ASGIResponse
+
+from edge.errors import invalid_request
+from edge.routes.json_body import json_response
+from edge.runtime import Runtime, runtime_of
+
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+async def usage_response(runtime: Runtime, user: str | None, start: str, end: str) -> ASGIResponse:
+    for name, day in (("start", start), ("end", end)):
+        if day and not _DAY.fullmatch(day):
+            raise invalid_request(f"{name} must be a date like 2026-01-31, not {day!r}.", name)
+    rows = await runtime.usage.query(user, start, end)
+    return json_response({"object": "list", "data": [row.as_dict() for row in rows]})
+
+
+@get("/v1/usage")
+async def own_usage(
+    request: Request[Any, Any, Any], start: FromQuery[str] = "", end: FromQuery[str] = ""
+) -> ASGIResponse:
+    runtime = runtime_of(request)
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    return await usage_response(runtime, principal.user, start, end)

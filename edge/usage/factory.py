@@ -1,0 +1,21 @@
+"""Builds the usage store beside the key store (same SQLite file, or the same DynamoDB table)."""
+
+from __future__ import annotations
+
+import anyio.to_thread
+import boto3
+
+from edge.config import KeysConfig
+from edge.keys.dynamodb import create_table_if_missing
+from edge.usage.dynamodb import DynamoDBUsageStore
+from edge.usage.sqlite import SQLiteUsageStore
+from edge.usage.store import UsageStore
+
+
+async def open_usage_store(config: KeysConfig) -> UsageStore:
+    if config.backend == "sqlite":
+        return SQLiteUsageStore(config.sqlite_path)
+    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    if config.dynamodb_endpoint:
+        await anyio.to_thread.run_sync(create_table_if_missing, client, config.dynamodb_table)
+    return DynamoDBUsageStore(client, config.dynamodb_table)

@@ -1,0 +1,13 @@
+"""Prometheus counters of the usage writer (default registry, served by the edge's /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+USAGE_ROWS_WRITTEN = Counter("floodgate_usage_rows_written_total", "Usage rows added to the usage store.")
+USAGE_DROPPED = Counter(
+    "floodgate_usage_dropped_total", "Settled requests whose usage was not recorded (queue full or closed)."
+)
+USAGE_WRITE_RETRIES = Counter(
+    "floodgate_usage_write_retries_total", "Usage store writes retried after a failure."
+)

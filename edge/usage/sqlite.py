@@ -1,0 +1,70 @@
+"""Usage rows in the embedded store's SQLite file (beside the keys), added to in place."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio.to_thread
+
+from edge.keys.sqlite import connect
+from edge.usage.record import Usage
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    user TEXT NOT NULL,
+    day TEXT NOT NULL,
+    model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    PRIMARY KEY (user, day, model)
+) WITHOUT ROWID
+"""
+
+
+class SQLiteUsageStore:
+    def __init__(self, path: str | Path) -> None:
+        self._conn = connect(path)
+        self._lock = threading.Lock()
+        self._conn.execute(_SCHEMA)
+
+    async def add(self, usage: Usage) -> None:
+        await anyio.to_thread.run_sync(self._add, usage)
+
+    async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
+        return await anyio.to_thread.run_sync(self._query, user, start, end)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _add(self, u: Usage) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO usage (user, day, model, input_tokens, output_tokens, requests) "
+                "VALUES (?,?,?,?,?,?) ON CONFLICT (user, day, model) DO UPDATE SET "
+                "input_tokens = input_tokens + excluded.input_tokens, "
+                "output_tokens = output_tokens + excluded.output_tokens, "
+                "requests = requests + excluded.requests",
+                (u.user, u.day, u.model, u.input_tokens, u.output_tokens, u.requests),
+            )
+
+    def _query(self, user: str | None, start: str, end: str) -> list[Usage]:
+        where, params = ["day >= ?"], [start]
+        if end:
+            where.append("day <= ?")
+            params.append(end)
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
+                f"WHERE {' AND '.join(where)} ORDER BY user, day, model",
+                params,
+            ).fetchall()
+        return [Usage(*row) for row in rows]
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()

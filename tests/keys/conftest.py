@@ -1,0 +1,67 @@
+"""Key and usage stores for the tests: every store test runs on SQLite and on DynamoDB (dynalite)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from edge.keys.dynamodb import DynamoDBKeyStore, create_table_if_missing
+from edge.keys.sqlite import SQLiteKeyStore
+from edge.keys.store import KeyStore
+from edge.usage.dynamodb import DynamoDBUsageStore
+from edge.usage.sqlite import SQLiteUsageStore
+from edge.usage.store import UsageStore
+from tests.messages.conftest import dynalite_endpoint  # noqa: F401  (the session's dynalite)
+
+
+def dynamodb_client(endpoint: str) -> object:
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The [keys] settings of a fresh store: a SQLite file, or a new table on dynalite."""
+    if request.param == "sqlite":
+        return {"backend": "sqlite", "sqlite_path": str(tmp_path / "keys.db")}
+    endpoint: str = request.getfixturevalue("dynalite_endpoint")
+    return {
+        "backend": "dynamodb",
+        "dynamodb_endpoint": endpoint,
+        "dynamodb_table": f"keys-{secrets.token_hex(4)}",
+    }
+
+
+@pytest.fixture
+async def key_store(backend: dict[str, str]) -> AsyncIterator[KeyStore]:
+    store: KeyStore
+    if backend["backend"] == "sqlite":
+        store = SQLiteKeyStore(backend["sqlite_path"])
+    else:
+        client = dynamodb_client(backend["dynamodb_endpoint"])
+        create_table_if_missing(client, backend["dynamodb_table"])  # type: ignore[arg-type]
+        store = DynamoDBKeyStore(client, backend["dynamodb_table"])  # type: ignore[arg-type]
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def usage_store(backend: dict[str, str]) -> AsyncIterator[UsageStore]:
+    store: UsageStore
+    if backend["backend"] == "sqlite":
+        store = SQLiteUsageStore(backend["sqlite_path"])
+    else:
+        client = dynamodb_client(backend["dynamodb_endpoint"])
+        create_table_if_missing(client, backend["dynamodb_table"])  # type: ignore[arg-type]
+        store = DynamoDBUsageStore(client, backend["dynamodb_table"])  # type: ignore[arg-type]
+    yield store
+    await store.aclose()

@@ -1,0 +1,59 @@
+"""Usage rows add up per (user, model, day) in either store, and the writer loses none on close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edge.usage.record import Usage, utc_day
+from edge.usage.store import UsageStore
+from edge.usage.writer import UsageWriter
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_rows_add_up_per_user_model_and_day(usage_store: UsageStore) -> None:
+    await usage_store.add(Usage("alice", "m", "2026-01-01", 10, 5, 1))
+    await usage_store.add(Usage("alice", "m", "2026-01-01", 3, 2, 1))
+    await usage_store.add(Usage("alice", "m", "2026-01-02", 1, 1, 1))
+    await usage_store.add(Usage("bob", "m", "2026-01-01", 7, 0, 1))
+    assert await usage_store.query("alice") == [
+        Usage("alice", "m", "2026-01-01", 13, 7, 2),
+        Usage("alice", "m", "2026-01-02", 1, 1, 1),
+    ]
+    assert await usage_store.query("alice", start="2026-01-02") == [Usage("alice", "m", "2026-01-02", 1, 1, 1)]
+    assert [u.user for u in await usage_store.query(None, end="2026-01-01")] == ["alice", "bob"]
+
+
+class FlakyStore:
+    """A usage store whose first writes fail: the writer must retry, not drop."""
+
+    def __init__(self, inner: UsageStore, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    async def add(self, usage: Usage) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("store hiccup")
+        await self.inner.add(usage)
+
+    async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
+        return await self.inner.query(user, start, end)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_writer_sums_retries_and_writes_everything_before_close(usage_store: UsageStore) -> None:
+    writer = UsageWriter(FlakyStore(usage_store, failures=2), 1000, base_backoff_s=0.001)
+    writer.start()
+    for i in range(200):
+        assert writer.record("alice", "m", i, 1)
+        if i % 50 == 0:
+            await asyncio.sleep(0)  # let the worker take some batches mid-way
+    await writer.aclose()
+    assert not writer.record("alice", "m", 1, 1)  # closed: refused, not silently lost
+    [row] = await usage_store.query("alice")
+    assert (row.input_tokens, row.output_tokens, row.requests, row.day) == (sum(range(200)), 200, 200, utc_day())
