@@ -1,21 +1,43 @@
-"""The in-process engine as an upstream replica: what `make serve` runs with no GPU."""
+"""The CPU engine as an upstream replica: what `make serve` runs with no GPU.
+
+The engine behind it is either an EngineProcess (the default: its own process, off the event
+loop's GIL) or an AsyncEngine around an in-thread LLMEngine (tests that reach into the engine).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, RequestRejected, UpstreamError
-from gpu_container.engine.async_engine import AsyncEngine
-from gpu_container.engine.types import SamplingParams
+from edge.upstreams.closing import aclose_stream
+from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
+
+
+class EngineHandle(Protocol):
+    """What LocalUpstream needs of an engine (AsyncEngine and EngineProcess both are one)."""
+
+    def generate(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
+    ) -> AsyncIterator[TokenOutput]: ...
+
+    def stats(self) -> EngineStats: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def stop(self) -> None: ...
 
 
 class LocalUpstream:
-    def __init__(self, name: str, engine: AsyncEngine) -> None:
+    def __init__(self, name: str, engine: EngineHandle) -> None:
         self.name = name
         self._engine = engine
 
     @property
-    def engine(self) -> AsyncEngine:
+    def engine(self) -> EngineHandle:
         return self._engine
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
@@ -41,7 +63,7 @@ class LocalUpstream:
             raise UpstreamError(str(exc)) from exc
         finally:
             # Leaving early must close the engine's stream at once: that aborts the sequence.
-            await outs.aclose()
+            await aclose_stream(outs)
 
     async def capacity(self) -> Capacity:
         stats = self._engine.stats()
@@ -59,7 +81,8 @@ class LocalUpstream:
         )
 
     async def ready(self) -> bool:
-        return self._engine.engine.running
+        return self._engine.running
 
     async def aclose(self) -> None:
-        self._engine.engine.stop()
+        # Stopping waits for the engine's current step (or its process's exit): off the loop.
+        await asyncio.to_thread(self._engine.stop)

@@ -1,16 +1,22 @@
-"""The default replicas: `engine.replicas` in-process CPU engines, started and stopped with the app."""
+"""The default replicas: `engine.replicas` CPU engines, started and stopped with the app.
+
+Each engine runs in its own process by default (gpu_container/engine/engine_process.py), so its
+Python never competes with the event loop for the GIL; `isolation = "thread"` keeps it in this one.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
-from edge.config import Settings
+from edge.config import EngineSettings, Settings
 from edge.upstreams.base import Upstream
-from edge.upstreams.local import LocalUpstream
+from edge.upstreams.local import EngineHandle, LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.types import EngineConfig
 
 # How the app gets its replicas: settings and the checkpoint directory in, live upstreams out for
@@ -18,23 +24,48 @@ from gpu_container.engine.types import EngineConfig
 UpstreamProvider = Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]
 
 
-@asynccontextmanager
-async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
-    e = settings.engine
-    config = EngineConfig(
+def engine_config(e: EngineSettings) -> EngineConfig:
+    return EngineConfig(
         block_size=e.block_size,
         num_blocks=e.num_blocks,
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
         max_model_len=e.max_model_len,
         enable_prefix_caching=e.enable_prefix_caching,
+        blas_threads=e.blas_threads,
+        prefill_slowdown=e.prefill_slowdown,
+        batching=e.batching,
     )
-    upstreams: list[LocalUpstream] = []
+
+
+def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> EngineHandle:
+    """Blocking (loads the model): run it in a worker thread."""
+    config = engine_config(settings)
+    if settings.isolation == "process":
+        process = EngineProcess(model_dir, config, name)
+        process.start()
+        return process
+    engine = LLMEngine.from_pretrained(model_dir, config)
+    engine.start()
+    return AsyncEngine(engine)
+
+
+@asynccontextmanager
+async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
+    names = [f"local-{i}" for i in range(settings.engine.replicas)]
+    started = await asyncio.gather(
+        *(asyncio.to_thread(_start_engine, settings.engine, model_dir, name) for name in names),
+        return_exceptions=True,
+    )
+    upstreams = [
+        LocalUpstream(name, e)
+        for name, e in zip(names, started, strict=True)
+        if not isinstance(e, BaseException)
+    ]
     try:
-        for i in range(e.replicas):
-            engine = LLMEngine.from_pretrained(model_dir, config)
-            engine.start()
-            upstreams.append(LocalUpstream(f"local-{i}", AsyncEngine(engine)))
+        for failure in started:
+            if isinstance(failure, BaseException):
+                raise failure
         yield list(upstreams)
     finally:
         for upstream in upstreams:

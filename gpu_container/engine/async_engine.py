@@ -16,31 +16,52 @@ from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
 
 
-class _Mailbox:
-    """Outputs of one request, gathered on the event loop until the consumer takes them."""
+class Mailbox:
+    """Outputs of one request, gathered on its event loop until the consumer takes them.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_orphaned: Callable[[], None]) -> None:
-        self._loop = loop
+    Filled from the engine thread (post) or, by the engine process's reader, already on the loop
+    (put). An exception posted instead (a request the engine process refused) is raised by take.
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_orphaned: Callable[[], None] = lambda: None
+    ) -> None:
+        self.loop = loop
         self._on_orphaned = on_orphaned
         self._pending: list[TokenOutput] = []
+        self._error: Exception | None = None
         self._ready = asyncio.Event()
 
     def post(self, output: TokenOutput) -> None:
         """Called from the engine thread."""
         try:
-            self._loop.call_soon_threadsafe(self._put, output)
+            self.loop.call_soon_threadsafe(self.put, output)
         except RuntimeError:
             # The event loop is closed: nobody is left to read, so stop spending steps on it.
             self._on_orphaned()
 
-    def _put(self, output: TokenOutput) -> None:
+    def post_exception(self, error: Exception) -> None:
+        """Called from another thread: take() raises `error`."""
+        try:
+            self.loop.call_soon_threadsafe(self._fail, error)
+        except RuntimeError:
+            pass
+
+    def put(self, output: TokenOutput) -> None:
+        """Called on the loop."""
         self._pending.append(output)
+        self._ready.set()
+
+    def _fail(self, error: Exception) -> None:
+        self._error = error
         self._ready.set()
 
     async def take(self) -> TokenOutput:
         """Everything posted since the last take, merged into one output."""
         await self._ready.wait()
         self._ready.clear()
+        if self._error is not None:
+            raise self._error
         outputs, self._pending = self._pending, []
         merged = TokenOutput(outputs[0].request_id)
         for output in outputs:
@@ -57,7 +78,7 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
     ) -> AsyncGenerator[TokenOutput, None]:
-        mailbox = _Mailbox(asyncio.get_running_loop(), lambda: self.engine.abort(request_id))
+        mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.engine.abort(request_id))
         self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
         finished = False
         try:
@@ -71,3 +92,10 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    @property
+    def running(self) -> bool:
+        return self.engine.running
+
+    def stop(self) -> None:
+        self.engine.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence, SequenceStatus
+from gpu_container.engine.step_budget import PrefillBudget, calibrate
 from gpu_container.engine.types import EngineConfig, EngineStats, FinishReason, SamplingParams, TokenOutput
 
 log = structlog.get_logger(__name__)
@@ -36,8 +38,17 @@ _Emission = tuple[Sequence, TokenOutput]
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaModel, config: EngineConfig, eos_token_ids: Seq[int]) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        eos_token_ids: Seq[int],
+        on_published: Callable[[EngineStats], None] | None = None,
+    ) -> None:
+        """on_published, if given, is called from the engine thread after each step's outputs went
+        out, with the fresh stats: the engine process sends one message per step from it."""
         self._model = model
+        self._on_published = on_published
         self._config = config
         self._eos = frozenset(eos_token_ids)
         mc = model.config
@@ -45,6 +56,7 @@ class LLMEngine:
             mc.num_hidden_layers, config.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim
         )
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self._prefill_budget: PrefillBudget | None = None
         self._scheduler = Scheduler(config, self._blocks)
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
@@ -64,9 +76,14 @@ class LLMEngine:
         self._stats = self._snapshot()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, config: EngineConfig) -> LLMEngine:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        config: EngineConfig,
+        on_published: Callable[[EngineStats], None] | None = None,
+    ) -> LLMEngine:
         model = load_model(path)
-        return cls(model, config, model.config.eos_token_ids)
+        return cls(model, config, model.config.eos_token_ids, on_published)
 
     def start(self) -> None:
         with self._cond:
@@ -75,6 +92,8 @@ class LLMEngine:
             self._state = "running"
             if self._config.blas_threads > 0:
                 limit_blas_threads(self._config.blas_threads)
+            if self._config.prefill_slowdown > 0:
+                self._calibrate()
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
             self._thread.start()
         log.info(
@@ -84,6 +103,20 @@ class LLMEngine:
             max_num_seqs=self._config.max_num_seqs,
             max_num_batched_tokens=self._config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+        )
+
+    def _calibrate(self) -> None:
+        """Measure the step cost and budget prefill by time. Before the loop runs: calibration
+        writes scratch K/V into blocks nobody holds yet."""
+        cost = calibrate(self._model, self._cache)
+        config = self._config
+        self._prefill_budget = PrefillBudget(cost, config.prefill_slowdown, config.max_num_batched_tokens)
+        self._scheduler = Scheduler(config, self._blocks, self._prefill_budget.tokens)
+        log.info(
+            "engine step cost calibrated",
+            fixed_ms=round(cost.fixed_s * 1e3, 2),
+            per_decode_ms=round(cost.per_decode_s * 1e3, 3),
+            per_prefill_token_ms=round(cost.per_prefill_token_s * 1e3, 3),
         )
 
     @property
@@ -198,11 +231,16 @@ class LLMEngine:
         if not chunks:
             return []
         self._steps += 1
+        started = time.perf_counter()
         try:
             logits = self._forward(chunks)
         except Exception:
             log.exception("engine step failed; retrying its sequences one by one", sequences=len(chunks))
             return self._isolate(chunks)
+        if self._prefill_budget is not None:
+            decodes = sum(1 for c in chunks if c.num_tokens == 1 and c.completes)
+            prefill = sum(c.num_tokens for c in chunks) - decodes
+            self._prefill_budget.observe(decodes, prefill, time.perf_counter() - started)
         return self._commit(chunks, logits)
 
     def _forward(self, chunks: list[ScheduledChunk]) -> Floats:
@@ -253,7 +291,8 @@ class LLMEngine:
         )
         self._blocks.prefix_query_tokens = old.prefix_query_tokens
         self._blocks.prefix_hit_tokens = old.prefix_hit_tokens
-        self._scheduler = Scheduler(self._config, self._blocks)
+        budget = None if self._prefill_budget is None else self._prefill_budget.tokens
+        self._scheduler = Scheduler(self._config, self._blocks, budget)
         self._scheduler.num_preemptions = preemptions
         for seq in seqs:
             seq.status, seq.block_table = SequenceStatus.FINISHED, []
@@ -283,7 +322,7 @@ class LLMEngine:
         go last so wait_until_idle returns only once every final output has been delivered.
         """
         with self._cond:
-            self._stats = self._snapshot()
+            self._stats = stats = self._snapshot()
         for seq, out in emitted:
             try:
                 seq.on_output(out)
@@ -298,6 +337,8 @@ class LLMEngine:
                     self._aborts.discard(request_id)
                 if not self._live:
                     self._cond.notify_all()
+        if self._on_published is not None:
+            self._on_published(stats)
 
     def _cancel_all(self) -> None:
         with self._cond:

@@ -1,5 +1,9 @@
 """The Llama architecture in numpy, float32: RMSNorm, RoPE, grouped-query attention over the paged
-KV cache, SwiGLU MLP. One call runs one engine step: a flat batch mixing decodes and prefill chunks."""
+KV cache, SwiGLU MLP. One call runs one engine step: a flat batch mixing decodes and prefill chunks.
+
+Small batches multiply row by row: OpenBLAS's GEMM for 2 to 8 rows against a wide [in, out] matrix
+is several times slower than that many GEMVs, which re-read the matrix from the last-level cache
+(measured in bench/engine.py's layout table; docs/bench-engine.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,22 @@ def rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:
     variance = np.mean(x * x, axis=-1, keepdims=True)
     out: Floats = x / np.sqrt(variance + eps) * weight
     return out
+
+
+# Up to this many rows, one GEMV per row beats one GEMM (see the module docstring).
+ROW_GEMV_MAX_ROWS = 8
+
+
+def linear(x: Floats, weight: Floats) -> Floats:
+    """x [rows, in] @ weight [in, out], choosing GEMV per row for small batches."""
+    rows = x.shape[0]
+    if 1 < rows <= ROW_GEMV_MAX_ROWS:
+        out = np.empty((rows, weight.shape[1]), dtype=np.float32)
+        for i in range(rows):
+            np.matmul(x[i], weight, out=out[i])
+        return out
+    result: Floats = x @ weight
+    return result
 
 
 def silu(x: Floats) -> Floats:
@@ -48,7 +68,7 @@ class LlamaModel:
         x = self.weights.embed_tokens[batch.token_ids]
         for index, layer in enumerate(self.weights.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            qkv = h @ layer.qkv_proj
+            qkv = linear(h, layer.qkv_proj)
             q = qkv[:, : heads * hd].reshape(n, heads, hd)
             k = qkv[:, heads * hd : (heads + kv_heads) * hd].reshape(n, kv_heads, hd)
             v = qkv[:, (heads + kv_heads) * hd :].reshape(n, kv_heads, hd)
@@ -57,12 +77,12 @@ class LlamaModel:
             layer_keys.reshape(-1, kv_heads, hd)[batch.slot_mapping] = k
             layer_values.reshape(-1, kv_heads, hd)[batch.slot_mapping] = v
             attn = paged_attention(q, layer_keys, layer_values, plan, self._scale)
-            x = x + attn.reshape(n, heads * hd) @ layer.o_proj
+            x = x + linear(attn.reshape(n, heads * hd), layer.o_proj)
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
-            gate, up = np.split(h @ layer.gate_up_proj, 2, axis=-1)
-            x = x + (silu(gate) * up) @ layer.down_proj
+            gate, up = np.split(linear(h, layer.gate_up_proj), 2, axis=-1)
+            x = x + linear(silu(gate) * up, layer.down_proj)
         last = rms_norm(x[batch.logits_rows], self.weights.norm, cfg.rms_norm_eps)
-        logits: Floats = last @ self.weights.lm_head
+        logits: Floats = last @ self.weights.lm_head.T
         return logits
 
     def _rope_tables(self, positions: Ints) -> tuple[Floats, Floats]:

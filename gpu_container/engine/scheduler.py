@@ -4,7 +4,8 @@ Every step first decodes one token for every running sequence, then gives the bu
 to the next chunks of prompts still being prefilled, then admits waiting sequences into what remains,
 each pass in priority order. A step's token budget (max_num_batched_tokens) is shared by decodes and
 prefill chunks, and decodes come first, so a long prompt is split over several steps and never stalls
-the decodes of the others, whatever its priority.
+the decodes of the others, whatever its priority. The engine may cap a step's prefill tokens further
+by time (step_budget.py): a step that carries prefill lasts at most a set factor of a decode step.
 
 Preemption: when a running sequence needs a new block and the pool is empty, the lowest-priority,
 newest running sequence gives its blocks back and returns to the waiting queue to be recomputed from
@@ -25,7 +26,7 @@ Equal priorities never preempt each other for admission, so there is no ping-pon
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpu_container.engine.block_manager import BlockManager
@@ -64,11 +65,19 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        prefill_budget: Callable[[int], int] | None = None,
+    ) -> None:
+        """prefill_budget(decodes), if given, caps the prompt tokens of a step that decodes that
+        many sequences (the time budget of step_budget.py); max_num_batched_tokens caps it too."""
         if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         self._config = config
         self._blocks = block_manager
+        self._prefill_budget = prefill_budget
         # Both kept sorted by Sequence.order_key: best first.
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -94,8 +103,10 @@ class Scheduler:
         """This step's work: decodes first, then prefill chunks of running sequences, then admissions."""
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
+        if self._prefill_budget is not None:
+            step.budget = min(step.budget, self._prefill_budget(len(step.tokens)))
         preempted |= self._schedule_running(step, decodes=False)
-        if not preempted:
+        if not preempted and self._batch_open():
             self._admit(step)
         return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
 
@@ -120,6 +131,11 @@ class Scheduler:
             self._blocks.reserve(seq, seq.num_computed_tokens + n)
             step.schedule(seq, n)
         return preempted
+
+    def _batch_open(self) -> bool:
+        """Continuous batching admits at every step; static batching only until the running batch
+        produced its first token (then nothing joins until its longest member ends)."""
+        return self._config.batching == "continuous" or not any(s.output_ids for s in self.running)
 
     def _admit(self, step: _Step) -> None:
         while self.waiting and step.budget > 0:

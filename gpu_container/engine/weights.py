@@ -1,5 +1,12 @@
 """Llama weights laid out for the numpy forward: projections transposed to [in, out] and fused
-(q|k|v, gate|up) so each layer does four matrix products."""
+(q|k|v, gate|up) so each layer does four matrix products.
+
+Layouts chosen by measurement (bench/engine.py, docs/bench-engine.md): a one-row product against an
+[in, out] matrix runs OpenBLAS's fastest GEMV, about twice the speed of the [out, in] one, and
+batch-1 decode is the memory-bound case the layout is for. The head stays in the checkpoint's
+[vocab, hidden] layout, and a tied head IS the embedding array: no second copy of the largest
+matrix (113 MB for SmolLM2-135M), and x @ head.T beats x @ [hidden, vocab] from two rows up.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ class LlamaWeights:
     embed_tokens: Floats  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     norm: Floats  # [hidden]
-    lm_head: Floats  # [hidden, vocab]
+    lm_head: Floats  # [vocab, hidden]; the embedding array itself when the head is tied
 
     @classmethod
     def from_hf(cls, config: LlamaConfig, tensors: Mapping[str, npt.NDArray[Any]]) -> LlamaWeights:
@@ -59,10 +66,27 @@ class LlamaWeights:
             )
         embed = get("model.embed_tokens.weight")
         head_name = "lm_head.weight"
-        head = embed if config.tie_word_embeddings or head_name not in tensors else get(head_name)
+        tied = config.tie_word_embeddings or head_name not in tensors
         return cls(
             embed_tokens=embed,
             layers=tuple(layers),
             norm=get("model.norm.weight"),
-            lm_head=np.ascontiguousarray(head.T),
+            lm_head=embed if tied else np.ascontiguousarray(get(head_name)),
         )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one decode step reads: every projection and the head (the embedding row is noise)."""
+        projections = sum(
+            w.nbytes
+            for layer in self.layers
+            for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        )
+        return projections + self.lm_head.nbytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the weights hold in memory (a tied head counted once)."""
+        norms = sum(layer.input_norm.nbytes + layer.post_attention_norm.nbytes for layer in self.layers)
+        head = 0 if self.lm_head is self.embed_tokens else self.lm_head.nbytes
+        return self.nbytes - self.lm_head.nbytes + head + self.embed_tokens.nbytes + norms + self.norm.nbytes

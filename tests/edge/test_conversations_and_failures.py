@@ -83,7 +83,7 @@ def test_replica_failure_mid_stream_ends_with_an_error_event(
             assert next(stream)["choices"][0]["delta"]["content"] is not None
             upstream = server.app.state.runtime.upstreams[0]
             assert isinstance(upstream, LocalUpstream)
-            upstream.engine.engine.stop()  # the replica goes away with the sequence running
+            upstream.engine.stop()  # the replica goes away with the sequence running
             rest = list(stream)
     assert rest[-1] == DONE
     error = rest[-2]["error"]

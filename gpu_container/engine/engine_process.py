@@ -1,0 +1,307 @@
+"""LLMEngine in a child process, so its Python never holds the event loop's GIL.
+
+In one process the engine's step (scheduling, sampling, the numpy glue between BLAS calls) and the
+edge's event loop take turns on one GIL: served tokens/s fell to about 60 % of the engine alone.
+Here the child runs the ordinary thread-shell LLMEngine; the parent only moves small messages:
+
+- parent -> child, one pipe: ("init", model_dir, config) once, then ("add", id, prompt, params,
+  priority), ("abort", id), ("stop",).
+- child -> parent, one pipe with one writer at a time: ("ready", max_model_len, stats) once, then
+  per engine step ("outputs", [(id, token_ids, finish_reason, error), ...], stats) -- every delta
+  of a step in one message, in step order -- and ("rejected", id, message, own_fault) for a request
+  the engine refused (own_fault: the request's ValueError, else the engine's RuntimeError).
+
+A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop.
+Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
+process. If the child dies, every open stream ends with an "error" output and `running` turns false.
+The in-thread LLMEngine + AsyncEngine stay for the Triton Python backend and the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncGenerator
+from collections.abc import Sequence as Seq
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpu_container.engine.async_engine import Mailbox
+from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
+
+log = structlog.get_logger(__name__)
+
+# (request_id, token_ids, finish_reason, error): a TokenOutput as plain tuples, cheap to pickle.
+_Wire = tuple[str, list[int], str | None, str | None]
+# The child's poll interval when idle: how soon it notices that its engine thread died.
+_CHILD_POLL_S = 0.5
+_STOP_TIMEOUT_S = 10.0
+
+
+class EngineProcess:
+    """The parent's handle: the same surface as AsyncEngine (generate, stats, running, stop)."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig, name: str = "engine") -> None:
+        self._model_dir = str(model_dir)
+        self._config = config
+        self._name = name
+        self._lock = threading.Lock()  # guards _mailboxes, _alive and the command pipe
+        self._mailboxes: dict[str, Mailbox] = {}
+        self._alive = False
+        self._stopping = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._commands: Connection | None = None
+        self._events: Connection | None = None
+        self._reader: threading.Thread | None = None
+        self._stats: EngineStats | None = None
+        self.max_model_len = 0
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Start the child and wait until its model is loaded (blocking: call via to_thread).
+
+        A fresh interpreter (`python -m gpu_container.engine.engine_process`), not a fork: the
+        parent has threads and an event loop a fork would copy mid-flight, and multiprocessing's
+        spawn would re-run the parent's main script.
+        """
+        commands_r, commands_w = os.pipe()
+        events_r, events_w = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(commands_r), str(events_w)],
+                pass_fds=(commands_r, events_w),
+            )
+        finally:
+            os.close(commands_r)
+            os.close(events_w)
+        self._process = process
+        self._commands = Connection(commands_w, readable=False)
+        self._events = events = Connection(events_r, writable=False)
+        self._commands.send(("init", self._model_dir, self._config))
+        message: tuple[Any, ...] = ("failed", f"no answer within {timeout:.0f} s")
+        try:
+            if events.poll(timeout):
+                message = events.recv()
+        except (EOFError, OSError):
+            message = ("failed", f"exited during start-up (exit code {process.wait()})")
+        if message[0] != "ready":
+            self._kill()
+            raise RuntimeError(f"engine process {self._name} failed to start: {message[1]}")
+        _, self.max_model_len, self._stats = message
+        self._alive = True
+        self._reader = threading.Thread(target=self._read, name=f"{self._name}-reader", daemon=True)
+        self._reader.start()
+        log.info("engine process started", name=self._name, pid=process.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def running(self) -> bool:
+        """Started, not stopped, and the child alive (a child whose engine died exits)."""
+        with self._lock:
+            return self._alive and not self._stopping
+
+    def stats(self) -> EngineStats:
+        if self._stats is None:
+            raise RuntimeError("engine process is not started")
+        return self._stats
+
+    async def generate(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
+    ) -> AsyncGenerator[TokenOutput, None]:
+        """Outputs of one request; raises ValueError (refused) or RuntimeError (not running) first."""
+        mailbox = Mailbox(asyncio.get_running_loop())
+        with self._lock:
+            if not self._alive or self._stopping:
+                raise RuntimeError("engine process is not running")
+            if request_id in self._mailboxes:
+                raise ValueError(f"request {request_id!r} is already running")
+            self._mailboxes[request_id] = mailbox
+            self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority))
+        finished = False
+        try:
+            while not finished:
+                output = await mailbox.take()
+                finished = output.finish_reason is not None
+                yield output
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Forget the request here and have the child free it at its next step."""
+        with self._lock:
+            if self._mailboxes.pop(request_id, None) is not None and self._alive:
+                self._send(("abort", request_id))
+
+    def stop(self) -> None:
+        """Cancel every request, end the child (killed if it does not exit in time). Idempotent."""
+        with self._lock:
+            if self._stopping or self._process is None:
+                self._stopping = True
+                return
+            self._stopping = True
+            if self._alive:
+                self._send(("stop",))
+        try:
+            self._process.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("engine process ignored stop; killing it", name=self._name)
+            self._kill()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=_STOP_TIMEOUT_S)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        """Caller holds _lock. A child that is gone is noticed by the reader, not here."""
+        assert self._commands is not None
+        try:
+            self._commands.send(message)
+        except OSError:
+            pass
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=_STOP_TIMEOUT_S)
+
+    def _read(self) -> None:
+        assert self._events is not None
+        events = self._events
+        while True:
+            try:
+                message = events.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "outputs":
+                self._stats = message[2]
+                self._dispatch(message[1])
+            elif message[0] == "rejected":
+                with self._lock:
+                    mailbox = self._mailboxes.pop(message[1], None)
+                if mailbox is not None:
+                    _, _, text, own_fault = message
+                    mailbox.post_exception(ValueError(text) if own_fault else RuntimeError(text))
+        self._fail_all()
+
+    def _dispatch(self, wire: list[_Wire]) -> None:
+        """Hand one step's outputs to their mailboxes."""
+        items = []
+        with self._lock:
+            for request_id, token_ids, finish_reason, error in wire:
+                mailboxes = self._mailboxes
+                mailbox = (
+                    mailboxes.get(request_id) if finish_reason is None else mailboxes.pop(request_id, None)
+                )
+                if mailbox is not None:
+                    output = TokenOutput(request_id, token_ids, finish_reason, error)  # type: ignore[arg-type]
+                    items.append((mailbox, output))
+        self._hand_over(items)
+
+    def _hand_over(self, items: list[tuple[Mailbox, TokenOutput]]) -> None:
+        """One wake-up per event loop for a whole step, not one per token."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, TokenOutput]]] = {}
+        for mailbox, output in items:
+            batches.setdefault(mailbox.loop, []).append((mailbox, output))
+        for loop, batch in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:
+                # That event loop is closed: nobody is left to read, so stop spending steps on it.
+                for _, output in batch:
+                    self.abort(output.request_id)
+
+    def _fail_all(self) -> None:
+        """The child is gone: every open stream ends with an error instead of hanging."""
+        code = None
+        if self._process is not None:
+            try:
+                code = self._process.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        with self._lock:
+            self._alive = False
+            orphans, self._mailboxes = self._mailboxes, {}
+        reason = "stopped" if self._stopping else f"exited unexpectedly (exit code {code})"
+        if orphans and not self._stopping:
+            log.error("engine process died with requests open", name=self._name, exitcode=code)
+        self._hand_over(
+            [
+                (mailbox, TokenOutput(request_id, [], "error", f"engine process {reason}"))
+                for request_id, mailbox in orphans.items()
+            ]
+        )
+
+
+def _deliver(items: list[tuple[Mailbox, TokenOutput]]) -> None:
+    """On the event loop: one step's outputs into their mailboxes."""
+    for mailbox, output in items:
+        mailbox.put(output)
+
+
+def serve_engine(commands: Connection, events: Connection) -> None:
+    """The child's main: load the model, run the engine thread, apply commands until told to stop."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides when the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from gpu_container.engine.engine import LLMEngine
+
+    send_lock = threading.Lock()
+    pending: list[_Wire] = []
+
+    def send(message: tuple[Any, ...]) -> None:
+        with send_lock:
+            try:
+                events.send(message)
+            except OSError:
+                pass  # the parent is gone; the command loop sees EOF and exits
+
+    def collect(output: TokenOutput) -> None:
+        pending.append((output.request_id, output.token_ids, output.finish_reason, output.error))
+
+    def flush(stats: EngineStats) -> None:
+        batch = pending[:]
+        pending.clear()
+        send(("outputs", batch, stats))
+
+    try:
+        _, model_dir, config = commands.recv()
+        engine = LLMEngine.from_pretrained(model_dir, config, on_published=flush)
+        engine.start()
+    except Exception as exc:
+        send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    send(("ready", engine.max_model_len, engine.stats()))
+    try:
+        while engine.running:
+            if not commands.poll(_CHILD_POLL_S):
+                continue
+            try:
+                message = commands.recv()
+            except (EOFError, OSError):
+                break  # the parent died or closed the pipe
+            kind = message[0]
+            if kind == "add":
+                _, request_id, prompt, params, priority = message
+                try:
+                    engine.add_request(request_id, prompt, params, collect, priority)
+                except ValueError as exc:
+                    send(("rejected", request_id, str(exc), True))
+                except RuntimeError as exc:
+                    send(("rejected", request_id, str(exc), False))
+            elif kind == "abort":
+                engine.abort(message[1])
+            elif kind == "stop":
+                break
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    serve_engine(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

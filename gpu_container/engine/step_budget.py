@@ -1,0 +1,111 @@
+"""The prefill budget as a time budget: how many prompt tokens a step may carry so that the streams
+already decoding are slowed by at most a set factor.
+
+A fixed token budget cannot do that on a CPU: 512 prompt tokens cost a few milliseconds on the
+2-layer demo model and several seconds on SmolLM2-135M, during which every running stream stops.
+So the engine measures its step cost when it starts (a short calibration on the real model and a
+scratch corner of the KV pool) and models a step as
+
+    seconds = fixed + per_decode * decodes + per_prefill_token * prefill_tokens
+
+A step with `decodes` running streams may then carry
+    (slowdown - 1) * (fixed + per_decode * decodes) / per_prefill_token
+prompt tokens; with no stream decoding nobody is waiting, and the token cap alone applies.
+The per-token prefill cost grows with the prompt's context (attention reads all of it), so each
+step that carries prefill refines it (an exponential average of what steps actually took).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_container.engine.forward_batch import ForwardBatch
+from gpu_container.engine.kv_cache import KVCache
+from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.scheduler import ScheduledChunk
+from gpu_container.engine.sequence import Sequence
+from gpu_container.engine.types import SamplingParams
+
+# Weight of the newest observation in the running estimate of the per-token prefill cost.
+_SMOOTHING = 0.3
+_CALIBRATION_DECODES = 8
+_CALIBRATION_CHUNKS = (16, 64)
+_CALIBRATION_CONTEXT = 32
+
+
+@dataclass(slots=True)
+class StepCost:
+    fixed_s: float
+    per_decode_s: float
+    per_prefill_token_s: float
+
+    def decode_step_s(self, decodes: int) -> float:
+        return self.fixed_s + self.per_decode_s * decodes
+
+
+class PrefillBudget:
+    """Prompt tokens allowed in a step, given how many sequences decode in it."""
+
+    def __init__(self, cost: StepCost, slowdown: float, max_tokens: int) -> None:
+        if slowdown <= 1:
+            raise ValueError("prefill_slowdown must be above 1")
+        self.cost = cost
+        self._slowdown = slowdown
+        self._max_tokens = max_tokens
+
+    def tokens(self, decodes: int) -> int:
+        if decodes == 0:
+            return self._max_tokens
+        allowed = (self._slowdown - 1) * self.cost.decode_step_s(decodes) / self.cost.per_prefill_token_s
+        return max(1, min(self._max_tokens, int(allowed)))
+
+    def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
+        """Refine the per-token prefill cost from a step that carried prefill alongside decodes."""
+        if decodes == 0 or prefill_tokens == 0:
+            return
+        measured = (seconds - self.cost.decode_step_s(decodes)) / prefill_tokens
+        if measured > 0:
+            c = self.cost
+            c.per_prefill_token_s = (1 - _SMOOTHING) * c.per_prefill_token_s + _SMOOTHING * measured
+
+
+def calibrate(model: LlamaModel, cache: KVCache, repeats: int = 2) -> StepCost:
+    """Time decode steps of 1 and 8 sequences and prefill chunks of two sizes, on scratch blocks.
+
+    Run before the engine serves anything: it writes garbage K/V into blocks nobody owns yet, which
+    whoever reserves them later overwrites before reading.
+    """
+    block_size = cache.block_size
+    params = SamplingParams(max_new_tokens=1)
+
+    def scratch(i: int, computed: int, total: int) -> Sequence:
+        seq = Sequence(f"calibration-{i}", [1] * total, params, lambda _: None)
+        per_seq = -(-max(total, _CALIBRATION_CONTEXT + 1) // block_size)
+        seq.block_table = [(i * per_seq + b) % cache.num_blocks for b in range(per_seq)]
+        seq.num_computed_tokens = computed
+        return seq
+
+    def timed(build: Callable[[], list[ScheduledChunk]]) -> float:
+        batch = ForwardBatch.from_chunks(build(), block_size)
+        model.forward(batch, cache)  # warm-up: first-touch page faults, BLAS buffers
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.forward(batch, cache)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    ctx = _CALIBRATION_CONTEXT
+    one = timed(lambda: [ScheduledChunk(scratch(0, ctx, ctx + 1), 1)])
+    many = timed(lambda: [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(_CALIBRATION_DECODES)])
+    small, large = _CALIBRATION_CHUNKS
+    t_small = timed(lambda: [ScheduledChunk(scratch(0, 0, small), small)])
+    t_large = timed(lambda: [ScheduledChunk(scratch(0, 0, large), large)])
+    per_decode = max(0.0, (many - one) / (_CALIBRATION_DECODES - 1))
+    per_prefill = max((t_large - t_small) / (large - small), t_large / large / 4, 1e-6)
+    fixed = max(one - per_decode, 1e-6)
+    return StepCost(fixed_s=fixed, per_decode_s=per_decode, per_prefill_token_s=per_prefill)

@@ -1,0 +1,122 @@
+"""EngineProcess: the engine in its own process keeps every promise of the in-thread one.
+
+One child per module (starting one costs an interpreter and the demo model, about a second); the
+crash test starts its own, since it kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.engine_process import EngineProcess
+from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
+from tests.engine.collector import TIMEOUT_S
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = EngineConfig(block_size=8, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+FOREVER = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def process(demo_dir: Path) -> Iterator[EngineProcess]:
+    engine = EngineProcess(demo_dir, CONFIG, "test-engine")
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def _collect(stream: AsyncIterator[TokenOutput]) -> list[TokenOutput]:
+    return [output async for output in stream]
+
+
+async def _stats_until(process: EngineProcess, done: Callable[[EngineStats], bool]) -> EngineStats:
+    """Poll the stats the child sends with every step, bounded (no sleep decides the outcome)."""
+    async with asyncio.timeout(TIMEOUT_S):
+        # The stats come from the child's step messages; there is no event here to wait on.
+        while not done(stats := process.stats()):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return stats
+
+
+async def test_deltas_arrive_in_order_and_equal_the_in_thread_engines(
+    process: EngineProcess, demo_dir: Path
+) -> None:
+    prompts = {f"r{i}": [5 + i, 9, 13 + 2 * i, 2] for i in range(4)}
+    outputs = await asyncio.gather(
+        *(_collect(process.generate(rid, prompt, GREEDY)) for rid, prompt in prompts.items())
+    )
+    in_thread = LLMEngine.from_pretrained(demo_dir, CONFIG)
+    in_thread.start()
+    try:
+        expected = await asyncio.gather(
+            *(_collect(AsyncEngine(in_thread).generate(rid, p, GREEDY)) for rid, p in prompts.items())
+        )
+    finally:
+        in_thread.stop()
+    for got, want in zip(outputs, expected, strict=True):
+        assert [t for o in got for t in o.token_ids] == [t for o in want for t in o.token_ids]
+        assert [o.finish_reason for o in got][-1] == "length"
+        assert all(o.finish_reason is None for o in got[:-1])
+
+
+async def test_closing_the_stream_frees_the_sequence_within_one_step(process: EngineProcess) -> None:
+    stream = process.generate("closed", [3] * 20, FOREVER)
+    first = await anext(stream)
+    assert first.token_ids and first.finish_reason is None
+    await stream.aclose()
+    closed_at = process.stats().steps
+    stats = await _stats_until(process, lambda s: s.running == 0 and s.free_blocks == s.num_blocks)
+    # The step in flight when the abort arrived, then the step that frees it.
+    assert stats.steps <= closed_at + 2
+    assert stats.waiting == 0
+
+
+async def test_a_request_the_engine_refuses_raises_and_the_engine_serves_on(process: EngineProcess) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        await anext(process.generate("empty", [], GREEDY))
+    with pytest.raises(ValueError, match="outside"):
+        await anext(process.generate("huge-id", [10**9], GREEDY))
+    outputs = await _collect(process.generate("after", [4, 5], GREEDY))
+    assert sum(len(o.token_ids) for o in outputs) == GREEDY.max_new_tokens
+    assert process.running
+
+
+async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(demo_dir: Path) -> None:
+    doomed = EngineProcess(demo_dir, CONFIG, "doomed")
+    doomed.start()
+    try:
+        stream = doomed.generate("victim", [7, 8, 9], FOREVER)
+        await anext(stream)
+        assert doomed.pid is not None
+        os.kill(doomed.pid, signal.SIGKILL)
+        async with asyncio.timeout(TIMEOUT_S):
+            rest = await _collect(stream)
+        assert rest[-1].finish_reason == "error"
+        assert rest[-1].error is not None and "exited unexpectedly" in rest[-1].error
+        assert not doomed.running
+        with pytest.raises(RuntimeError, match="not running"):
+            await anext(doomed.generate("later", [1, 2], GREEDY))
+    finally:
+        doomed.stop()
+
+
+async def test_stop_cancels_open_streams(demo_dir: Path) -> None:
+    stopping = EngineProcess(demo_dir, CONFIG, "stopping")
+    stopping.start()
+    stream = stopping.generate("open", [7, 8, 9], FOREVER)
+    await anext(stream)
+    await asyncio.to_thread(stopping.stop)
+    async with asyncio.timeout(TIMEOUT_S):
+        rest = await _collect(stream)
+    assert rest[-1].finish_reason == "cancelled"
+    assert not stopping.running

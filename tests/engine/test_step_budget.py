@@ -1,0 +1,101 @@
+"""The prefill budget in time (step_budget.py) and the static batching kept for comparison: both
+are scheduler rules, tested on the scheduler alone and on a calibrated engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_container.engine.block_manager import BlockManager
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
+from gpu_container.engine.sequence import Sequence
+from gpu_container.engine.step_budget import PrefillBudget, StepCost
+from gpu_container.engine.types import EngineConfig, SamplingParams
+from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.tiny_llama import tiny_model
+
+PARAMS = SamplingParams(max_new_tokens=50, temperature=0.0)
+
+
+def _seq(request_id: str, prompt_len: int, arrival: int) -> Sequence:
+    return Sequence(request_id, [3] * prompt_len, PARAMS, lambda _: None, 0, arrival)
+
+
+def _run(scheduler: Scheduler) -> list[ScheduledChunk]:
+    """One step: schedule, then record the chunks and a sampled token for those that completed."""
+    chunks = scheduler.schedule()
+    completing = [c.seq for c in chunks if c.completes]
+    scheduler.advance(chunks)
+    for seq in completing:
+        seq.output_ids.append(2)
+    return chunks
+
+
+def test_budget_follows_the_decode_step_time() -> None:
+    cost = StepCost(fixed_s=0.040, per_decode_s=0.002, per_prefill_token_s=0.004)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    assert budget.tokens(0) == 512  # nobody is decoding: only the token cap applies
+    assert budget.tokens(1) == int(0.5 * 0.042 / 0.004)
+    assert budget.tokens(16) == int(0.5 * 0.072 / 0.004)
+    assert budget.tokens(10_000) == 512
+
+
+def test_steps_that_took_longer_shrink_the_budget() -> None:
+    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.001)
+    budget = PrefillBudget(cost, slowdown=2.0, max_tokens=512)
+    before = budget.tokens(4)
+    budget.observe(decodes=4, prefill_tokens=10, seconds=0.040 + 10 * 0.004)
+    assert budget.tokens(4) < before
+    budget.observe(decodes=0, prefill_tokens=10, seconds=100.0)  # prefill alone says nothing
+    assert budget.tokens(0) == 512
+
+
+def test_a_long_prompt_joins_in_budgeted_chunks_while_others_decode() -> None:
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+    scheduler = Scheduler(config, BlockManager(64, 4, False), lambda decodes: 3 if decodes else 64)
+    scheduler.add(_seq("short", 4, 0))
+    _run(scheduler)  # the short prompt alone: prefilled whole, first token sampled
+    scheduler.add(_seq("long", 40, 1))
+    chunks = _run(scheduler)
+    assert {c.seq.request_id: c.num_tokens for c in chunks} == {"short": 1, "long": 3}
+
+
+def test_static_batching_admits_nobody_until_the_batch_ends() -> None:
+    config = EngineConfig(
+        block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, batching="static"
+    )
+    scheduler = Scheduler(config, BlockManager(64, 4, False))
+    first, second = _seq("a", 4, 0), _seq("b", 4, 1)
+    scheduler.add(first)
+    scheduler.add(second)
+    _run(scheduler)
+    late = _seq("late", 4, 2)
+    scheduler.add(late)
+    _run(scheduler)
+    assert late in scheduler.waiting
+    scheduler.remove(first)
+    _run(scheduler)
+    assert late in scheduler.waiting  # "b" still runs: the batch ends with its longest member
+    scheduler.remove(second)
+    assert [c.seq.request_id for c in _run(scheduler)] == ["late"]
+
+
+def test_a_calibrated_engine_serves_with_a_time_budget() -> None:
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32, prefill_slowdown=1.5)
+    engine = LLMEngine(tiny_model()[0], config, eos_token_ids=[1])
+    engine.start()
+    seen = Collector()
+    try:
+        engine.add_request("a", [5, 6, 7] * 10, SamplingParams(max_new_tokens=8, ignore_eos=True), seen)
+        seen.wait_finished("a")
+        assert engine.wait_until_idle(TIMEOUT_S)
+    finally:
+        engine.stop()
+    assert len(seen.tokens("a")) == 8
+    assert engine.stats().free_blocks == config.num_blocks
+
+
+@pytest.mark.parametrize("slowdown", [0.5, 1.0])
+def test_a_slowdown_of_one_or_less_is_refused(slowdown: float) -> None:
+    with pytest.raises(ValueError, match="above 1"):
+        PrefillBudget(StepCost(0.01, 0.0, 0.001), slowdown, 64)
