@@ -108,6 +108,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 max_queue=settings.admission.max_queue,
                 # Every instance counts only its own requests: each fills its share of a replica.
                 replica_share=1 / lim.instance_count,
+                prefix_weight=settings.admission.prefix_weight,
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)

@@ -88,6 +88,9 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True):
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
     reserved_paid_fraction: float
     max_queue: int
+    # Prefix-aware routing: a replica's probably cached prompt tokens each count this many tokens
+    # off its load (edge/admission/router.py); 0 routes to the least loaded replica only.
+    prefix_weight: Annotated[float, msgspec.Meta(ge=0)] = 2.0
 
 
 class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -32,6 +32,7 @@ import structlog
 
 from edge import metrics
 from edge.admission.dispatcher import Dispatcher
+from edge.admission.prefix_index import routing_hashes
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
 from edge.cancel import LiveRequest, RequestRegistry
@@ -191,6 +192,7 @@ class Pipeline:
             # Tiers above the lowest priority are the paying ones: only they may use the reserve.
             may_use_reserve=tier.priority > 0,
             tier=principal.tier,
+            prefix_keys=routing_hashes(prompt_ids),
         )
         try:
             self.dispatcher.precheck(ticket)

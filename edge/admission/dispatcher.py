@@ -72,6 +72,7 @@ class Dispatcher:
         kv_block_tokens: int = 1,
         prior_service_s: float = 5.0,
         replica_share: float = 1.0,
+        prefix_weight: float = 0.0,
     ) -> None:
         if not 0.0 <= reserved_paid_fraction < 1.0:
             raise ValueError("reserved_paid_fraction must be in [0, 1)")
@@ -90,6 +91,8 @@ class Dispatcher:
         )
         self._estimate = WaitEstimate(prior_service_s, reserved_paid_fraction)
         self._reserve = reserved_paid_fraction
+        # How much a replica's cached prompt prefix weighs against its load (router.py); 0: ignored.
+        self._prefix_weight = prefix_weight
         self._max_queue = max_queue
         self._clock = clock
         self._poll_interval_s = poll_interval_s
@@ -212,7 +215,7 @@ class Dispatcher:
             while (waiter := tier.next_candidate()) is not None:
                 ticket = waiter.ticket
                 fitting = [r for r in placeable if r.name not in waiter.exclude]
-                replica = pick(fitting, ticket, ticket.kv_tokens, self._reserve, claims)
+                replica = pick(fitting, ticket, ticket.kv_tokens, self._reserve, claims, self._prefix_weight)
                 if replica is not None:
                     tier.commit(waiter)
                     self._grant(waiter, replica)
@@ -236,6 +239,7 @@ class Dispatcher:
         charge = replica.charge(waiter.ticket.kv_tokens)
         replica.kv_in_use += charge
         replica.sequences += 1
+        replica.sent_prefix(waiter.ticket.prefix_keys)
         slot = Slot(replica, waiter.ticket, charge, now, self._release)
         metrics.QUEUE_WAIT.labels(waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
         waiter.future.set_result(slot)

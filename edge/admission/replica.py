@@ -12,8 +12,10 @@ overfill one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from edge.admission.prefix_index import ROUTING_BLOCK_TOKENS, PrefixIndex
 from edge.admission.service_rate import ServiceRate
 from edge.upstreams.base import Capacity, Upstream
 
@@ -32,6 +34,8 @@ class Replica:
     suspect_since_check: int | None = None
     kv_in_use: int = 0
     sequences: int = 0
+    # The prompt prefixes this edge sent here recently: what the replica's cache probably holds.
+    prefix_index: PrefixIndex = field(default_factory=PrefixIndex)
 
     @property
     def name(self) -> str:
@@ -85,6 +89,16 @@ class Replica:
         return self.kv_in_use + self.charge(kv_tokens) <= self.kv_limit(
             may_use_reserve, reserved_fraction
         ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
+
+    def cached_prefix_tokens(self, prefix_keys: Sequence[int]) -> int:
+        """Leading prompt tokens (of a prompt with these routing keys) this replica probably holds."""
+        return self.prefix_index.overlap(prefix_keys) * ROUTING_BLOCK_TOKENS
+
+    def sent_prefix(self, prefix_keys: Sequence[int]) -> None:
+        """A prompt with these routing keys was granted here: its prefix will be in this cache."""
+        if self.capacity is not None:
+            self.prefix_index.resize(self.kv_tokens_total // ROUTING_BLOCK_TOKENS)
+        self.prefix_index.record(prefix_keys)
 
     def utilisation(self) -> float:
         total = self.kv_tokens_total

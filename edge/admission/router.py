@@ -1,9 +1,16 @@
-"""Which replica gets a ticket: the least loaded one that has room for it.
+"""Which replica gets a ticket: the one with room for it where it costs least, load against cache.
 
 The dispatcher knows every replica's in-flight KV tokens exactly (it assigned them), so it takes the
 minimum over all replicas rather than sampling two: power-of-two-choices pays off when load figures
 are stale or shared between routers, and here they are neither. Load is measured as the fraction of
 the replica's KV cache in use so that replicas of different sizes fill evenly.
+
+Prefix-aware (as NVIDIA Dynamo's KV router and llm-d's prefix scorer): a replica that probably holds
+the prompt's leading blocks in its cache (prefix_index.py) skips their prefill, so each such token
+counts `prefix_weight` tokens off its load: cost = (KV in use - weight x cached prompt tokens) / KV
+total. A conversation's next turn goes back to the replica holding its history unless that one is
+busier by more than the history is worth; and only replicas with room compete at all, so stickiness
+never makes a request wait for one replica while another could take it. Weight 0: least loaded only.
 """
 
 from __future__ import annotations
@@ -64,14 +71,30 @@ def candidates(
 
 
 def pick(
-    replicas: Iterable[Replica], ticket: Ticket, kv_tokens: int, reserved_fraction: float, claims: Claims
+    replicas: Iterable[Replica],
+    ticket: Ticket,
+    kv_tokens: int,
+    reserved_fraction: float,
+    claims: Claims,
+    prefix_weight: float = 0.0,
 ) -> Replica | None:
     best: Replica | None = None
+    best_key = (0.0, 0)
     for replica in replicas:
         if claims.is_closed(replica, ticket.may_use_reserve):
             continue
         if not replica.has_room(kv_tokens, ticket.may_use_reserve, reserved_fraction):
             continue
-        if best is None or (replica.utilisation(), replica.sequences) < (best.utilisation(), best.sequences):
-            best = replica
+        key = (cost(replica, ticket, prefix_weight), replica.sequences)
+        if best is None or key < best_key:
+            best, best_key = replica, key
     return best
+
+
+def cost(replica: Replica, ticket: Ticket, prefix_weight: float) -> float:
+    """The replica's load as a fraction of its KV cache, less what its cached prefix saves."""
+    total = replica.kv_tokens_total
+    if not total:
+        return 0.0
+    cached = replica.cached_prefix_tokens(ticket.prefix_keys) if prefix_weight else 0
+    return (replica.kv_in_use - prefix_weight * cached) / total

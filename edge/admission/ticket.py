@@ -19,6 +19,8 @@ class Ticket:
     max_wait_s: float  # the tier's max_queue_wait_s
     may_use_reserve: bool  # paid tiers may use the reserved share, free may not
     tier: str = ""  # the tier's name, for metrics only; empty means "the priority"
+    # The prompt's leading blocks, as prefix_index.routing_hashes names them: where it may hit a cache.
+    prefix_keys: tuple[int, ...] = ()
 
     @property
     def tier_label(self) -> str:
