@@ -1,0 +1,106 @@
+"""One reader of a checkpoint's facts; a broken or partial directory fails with the file's name
+(where a bare `Exception: No such file or directory (os error 2)` came before)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edge.text.model_text import ModelText
+from gpu_container.checkpoint.errors import CheckpointError
+from gpu_container.checkpoint.facts import read_facts
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineConfig
+from tests.support.live_server import demo_model_dir
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    directory = tmp_path / "ckpt"
+    shutil.copytree(demo_model_dir(), directory)
+    return directory
+
+
+def test_the_demo_model_facts(checkpoint: Path) -> None:
+    facts = read_facts(checkpoint)
+    tokenizer = facts.text.tokenizer
+    # config.json lists <|im_end|> then <|endoftext|>; tokenizer_config's eos_token adds nothing new.
+    assert facts.eos_token_ids == (
+        tokenizer.token_to_id("<|im_end|>"),
+        tokenizer.token_to_id("<|endoftext|>"),
+    )
+    assert facts.max_context == 4096
+    assert facts.text.eos_token == "<|im_end|>" and facts.text.bos_token == "<|endoftext|>"
+    assert set(facts.text.special_tokens) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    assert ModelText.load(checkpoint).eos_token_ids == list(facts.eos_token_ids)
+
+
+def test_eos_ids_merge_every_file_that_names_them(checkpoint: Path) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"eos_token_id": 7}))
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    facts = read_facts(checkpoint)
+    im_end = facts.text.tokenizer.token_to_id("<|im_end|>")
+    assert facts.eos_token_ids == (7, 9, im_end)
+    engine = LLMEngine.from_pretrained(checkpoint, EngineConfig(num_blocks=8))
+    assert engine._model.config.eos_token_ids == (7, 9, im_end)  # the engine asks the same reader
+
+
+def test_missing_tokenizer_json_is_named(checkpoint: Path) -> None:
+    (checkpoint / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"ckpt/tokenizer\.json: missing"):
+        ModelText.load(checkpoint)
+
+
+def test_a_bad_tokenizer_json_is_named(checkpoint: Path) -> None:
+    (checkpoint / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
+    with pytest.raises(CheckpointError, match=r"ckpt/tokenizer\.json: not a readable tokenizer"):
+        read_facts(checkpoint)
+
+
+def test_missing_config_json_is_named(checkpoint: Path) -> None:
+    (checkpoint / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"ckpt/config\.json: missing"):
+        LLMEngine.from_pretrained(checkpoint, EngineConfig(num_blocks=8))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"vocab_size": ', r"config\.json: not valid JSON"),
+        ("[1, 2]", r"config\.json: expected a JSON object"),
+        ('{"vocab_size": 10}', r"config\.json: missing key 'num_attention_heads'"),
+    ],
+)
+def test_a_bad_config_json_is_named(checkpoint: Path, text: str, message: str) -> None:
+    (checkpoint / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message):
+        ModelText.load(checkpoint)
+
+
+def test_a_bad_tokenizer_config_json_is_named(checkpoint: Path) -> None:
+    (checkpoint / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not valid JSON"):
+        ModelText.load(checkpoint)
+
+
+def test_no_weights_is_named_but_the_text_side_needs_none(checkpoint: Path) -> None:
+    (checkpoint / "model.safetensors").unlink()
+    # An edge in front of remote replicas holds config and tokenizer only (Dockerfile.edge).
+    assert ModelText.load(checkpoint).encode_chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(CheckpointError, match=r"ckpt: no \*\.safetensors weight file"):
+        LLMEngine.from_pretrained(checkpoint, EngineConfig(num_blocks=8))
+
+
+def test_a_corrupt_safetensors_file_is_named(checkpoint: Path) -> None:
+    (checkpoint / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{broken")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+        LLMEngine.from_pretrained(checkpoint, EngineConfig(num_blocks=8))
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"nowhere: no such checkpoint directory"):
+        ModelText.load(tmp_path / "nowhere")
