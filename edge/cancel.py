@@ -23,14 +23,23 @@ class CancelOutcome(enum.Enum):
 
 
 class LiveRequest:
-    """A request in flight. Its generation runs inside `scope()`; `cancel` stops it there."""
+    """A request in flight. Its generation runs inside `scope()`; `cancel` stops it there.
 
-    __slots__ = ("_scope", "cancelled", "owner", "request_id")
+    The contract between a cancel and a generation that ends on its own, strict on the instance
+    that runs the request: whichever of `cancel()` and `end()` comes first decides. A cancel before
+    `end()` answers CANCELLED and the outcome is cancelled (even if the last token was already
+    out: the final chunk carries `"floodgate": {"cancelled": true}`); a cancel after it answers
+    FINISHED (409), and the outcome is what the generation said. Both run on the event loop's
+    thread, so neither can slip between the other's check and mark.
+    """
+
+    __slots__ = ("_scope", "cancelled", "ended", "owner", "request_id")
 
     def __init__(self, request_id: str, owner: str) -> None:
         self.request_id = request_id
         self.owner = owner
         self.cancelled = False
+        self.ended = False
         self._scope: anyio.CancelScope | None = None
 
     def scope(self) -> anyio.CancelScope:
@@ -41,10 +50,20 @@ class LiveRequest:
                 self._scope.cancel()
         return self._scope
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
+        """Stop the generation; False when it had already ended (the cancel changes nothing)."""
+        if self.ended:
+            return False
         self.cancelled = True
         if self._scope is not None:
             self._scope.cancel()
+        return True
+
+    def end(self) -> bool:
+        """The generation stopped running: its outcome is decided now. True when a cancel came
+        first, and the outcome must then be reported as cancelled."""
+        self.ended = True
+        return self.cancelled
 
 
 class RequestRegistry(Protocol):
@@ -91,8 +110,8 @@ class CancelRegistry:
     def cancel_local(self, request_id: str, user: str) -> CancelOutcome:
         live = self._live.get(request_id)
         if live is not None and live.owner == user:
-            live.cancel()
-            return CancelOutcome.CANCELLED
+            # Live until finish(), but its outcome may already be decided (see LiveRequest).
+            return CancelOutcome.CANCELLED if live.cancel() else CancelOutcome.FINISHED
         done = self._finished.get(request_id)
         if done is not None and done[0] == user:
             return CancelOutcome.FINISHED

@@ -420,12 +420,16 @@ class Generation:
                 out.error = ApiError(
                     502, "The model replica failed while generating.", type="api_error", code="upstream_error"
                 )
-        if drain_cut.cancelled_caught:
-            out.reason = "drained"
-            out.error = shutting_down_error(self._p.drain.accept_left_s())
-        elif scope.cancelled_caught:
+        # Decided here, before any final event: a cancel that came first wins even when the
+        # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
+        # after this answers 409 (edge/cancel.py, LiveRequest).
+        if self._live.end():
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
+            out.error = None
+        elif drain_cut.cancelled_caught:
+            out.reason = "drained"
+            out.error = shutting_down_error(self._p.drain.accept_left_s())
             out.error = None
         elif drain_cut.cancelled_caught:
             out.reason = "drained"

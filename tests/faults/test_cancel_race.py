@@ -1,0 +1,145 @@
+"""A cancel that meets a generation ending on its own gets one strict answer.
+
+Regression (issue 13): a cancel arriving as a generation ended on its own answered 200 CANCELLED
+although the stream ended with `stop`: the request stayed in the registry until its clean-up was
+done, long after its outcome was decided. Now whichever comes first decides: a cancel after the end
+answers 409 and the stream keeps its own finish reason; a cancel before it answers 200 and the
+stream ends cancelled (edge/cancel.py, LiveRequest).
+
+The race is made deterministic by holding the request's clean-up where the old registry still held
+the request (its lease settle, which runs before the registry learns the finish): no sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from edge.cancel import CancelOutcome, CancelRegistry
+from limiter.base import Admission, Limiter, OutputLease, TierLimits
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.live_server import LiveServer, start_server
+
+HOLD_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _HeldLease:
+    """The real lease, whose settle first waits for the test's go-ahead."""
+
+    lease: OutputLease
+    settling: threading.Event
+    release: threading.Event
+
+    def try_take(self, n: int) -> int | None:
+        return self.lease.try_take(n)
+
+    async def take(self, n: int) -> int:
+        return await self.lease.take(n)
+
+    async def settle(self, *, ran: bool = True) -> None:
+        self.settling.set()
+        await anyio.to_thread.run_sync(self.release.wait, HOLD_TIMEOUT_S)
+        await self.lease.settle(ran=ran)
+
+
+class _HoldingLimiter:
+    """The server's real limiter, whose leases hold their settle (the request's clean-up)."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+        self.settling = threading.Event()
+        self.release = threading.Event()
+
+    async def admit(
+        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+    ) -> Admission:
+        admission = await self.limiter.admit(user, request_id, tier, input_tokens, max_output_tokens)
+        if admission.lease is None:
+            return admission
+        return Admission(admission.decision, _HeldLease(admission.lease, self.settling, self.release))
+
+    async def aclose(self) -> None:
+        await self.limiter.aclose()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with start_server(tmp_path_factory.mktemp("cancel-race"), {"tiers": ROOMY_TIERS}) as live:
+        yield live
+
+
+@pytest.fixture
+def holding(server: LiveServer) -> Iterator[_HoldingLimiter]:
+    pipeline = server.app.state.runtime.pipeline
+    real = pipeline.limiter
+    holder = _HoldingLimiter(real)
+    pipeline.limiter = holder
+    try:
+        yield holder
+    finally:
+        holder.release.set()
+        pipeline.limiter = real
+
+
+def test_a_cancel_after_the_generation_ended_on_its_own_is_409(
+    server: LiveServer, holding: _HoldingLimiter
+) -> None:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+        with client.stream("POST", CHAT, json=body) as stream:
+            received: list[Any] = []
+            for item in events(stream):  # up to [DONE]: the body itself ends after the clean-up
+                received.append(item)
+                if item == DONE:
+                    break
+            # The stream is over; its clean-up is held before the registry hears of the finish.
+            assert holding.settling.wait(HOLD_TIMEOUT_S)
+            rid = received[0]["request_id"]
+            cancel = client.post(f"{CHAT}/{rid}/cancel")
+            holding.release.set()
+        after = client.post(f"{CHAT}/{rid}/cancel")
+
+    assert received[-1] == DONE
+    final = [e for e in received if isinstance(e, dict) and e.get("choices")][-1]
+    assert final["choices"][0]["finish_reason"] in ("length", "stop")
+    assert "floodgate" not in final
+    assert cancel.status_code == 409, cancel.text
+    assert cancel.json()["error"]["code"] == "request_finished"
+    assert after.status_code == 409
+
+
+# -- the contract itself, on one instance's registry ----------------------------------------------
+
+
+def test_a_cancel_before_the_end_decides_the_outcome() -> None:
+    registry = CancelRegistry()
+    live = registry.register("r1", "alice")
+
+    assert registry.cancel_local("r1", "alice") is CancelOutcome.CANCELLED
+    # The generation ended on its own right after: it must report itself cancelled.
+    assert live.end() is True
+
+
+def test_a_cancel_after_the_end_finds_it_finished_even_before_the_clean_up() -> None:
+    registry = CancelRegistry()
+    live = registry.register("r1", "alice")
+
+    assert live.end() is False
+    # Still registered (its clean-up is running) but its outcome is decided.
+    assert registry.cancel_local("r1", "alice") is CancelOutcome.FINISHED
+    assert registry.cancel_local("r1", "mallory") is CancelOutcome.NOT_FOUND
+    registry.finish(live)
+    assert registry.cancel_local("r1", "alice") is CancelOutcome.FINISHED
