@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.support.live_server import LiveServer
 
 
-def _dispatcher(server: LiveServer) -> Any:
-    pipeline = server.app.state.runtime.pipeline
-    # `slots` until the drain work renames it `dispatcher`.
-    return getattr(pipeline, "dispatcher", None) or pipeline.slots
-
-
-def suspect_replicas(server: LiveServer) -> list[str]:
-    """Replicas that a failed generation took out of rotation until their next health check."""
-    return [r.name for r in _dispatcher(server)._replicas if r.suspect_since_check is not None]
+def out_of_rotation(server: LiveServer) -> list[str]:
+    """Replicas that may not be sent new work now: suspect after a failed generation (until their
+    next health check passes), or failing their health checks."""
+    states = server.app.state.runtime.pipeline.dispatcher.replica_states()
+    return [state.name for state in states if not state.placeable]

@@ -22,7 +22,7 @@ from edge.upstreams.base import Upstream
 from edge.upstreams.local_pool import local_upstreams
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, find_long_seed
-from tests.faults.replica_state import suspect_replicas
+from tests.faults.replica_state import out_of_rotation
 from tests.support.live_server import LiveServer, start_server
 
 # Two replicas: a request the edge blamed on one would be retried on the other and blame it too.
@@ -56,7 +56,7 @@ def test_a_negative_seed_is_a_reproducible_seed_and_blames_no_replica(
     assert [a.status_code for a in answers] == [200] * 6, answers[0].text
     # -1 is a seed like any other: the same tokens every time.
     assert len({a.json()["choices"][0]["message"]["content"] for a in answers}) == 1
-    assert suspect_replicas(server) == []
+    assert out_of_rotation(server) == []
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_each_out_of_range_field_is_a_400_naming_it(
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] is not None and re.split(r"[.\[]", error["param"])[0] == field
-    assert suspect_replicas(server) == []
+    assert out_of_rotation(server) == []
 
 
 def test_bad_seeds_repeated_do_not_freeze_another_stream(server: LiveServer, client: httpx.Client) -> None:
@@ -112,7 +112,7 @@ def test_bad_seeds_repeated_do_not_freeze_another_stream(server: LiveServer, cli
     chunks = [e for e in rest if isinstance(e, dict)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert rest[-1] == DONE and content_of(chunks)
-    assert suspect_replicas(server) == []
+    assert out_of_rotation(server) == []
 
 
 # -- the seam: an error the replica raises for the request's own parameters ------------------------
@@ -148,7 +148,7 @@ def test_a_request_the_engine_refuses_is_a_400_and_the_replicas_stay_in_rotation
             "POST", CHAT, json={"model": MODEL, "messages": too_long, "max_tokens": 4, "stream": True}
         ) as stream:
             streamed = list(events(stream))
-        suspects = suspect_replicas(server)
+        suspects = out_of_rotation(server)
         # Both replicas still take work at once (a suspect one would wait for its health check).
         fine = [_ask(client).status_code for _ in range(4)]
 
