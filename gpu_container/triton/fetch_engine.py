@@ -1,10 +1,20 @@
-"""Download a built TensorRT-LLM engine from S3 into a local folder, verified, at most once.
+"""Move a built TensorRT-LLM engine between a local folder and S3, verified by SHA-256.
 
     python -m gpu_container.triton.fetch_engine s3://bucket/engines/llama-3-8b/ /engines/model
 
-Every object under the prefix lands at the same relative path. A file is checked against the
-object's size and ETag (the MD5 of a single-part upload, the MD5 of part MD5s for a multipart one);
-a manifest beside the files records what was verified, so a restarted container skips them.
+Why not ETags: S3's ETag is the MD5 of the data only for unencrypted or SSE-S3 single-part
+uploads. The engine bucket is SSE-KMS, whose ETags are not MD5s of anything the host can compute,
+so a check against them fails every file. Integrity comes from SHA-256 instead, at both ends:
+
+* `upload_engine` uploads every file with `ChecksumAlgorithm=SHA256` (S3 verifies each part as it
+  arrives and stores the checksum), then writes `ENGINE_MANIFEST` (relative path -> size and
+  SHA-256 of the whole file) last, so a prefix whose upload did not finish has no manifest;
+* `fetch_engine` reads the manifest, downloads each file with `ChecksumMode=ENABLED` (botocore
+  checks S3's stored checksum where the response carries a whole-object one) and compares the
+  file's own SHA-256 with the manifest's, whatever the encryption or the part size.
+
+A local record beside the files (`LOCAL_RECORD`) keeps what was verified, so a restarted container
+skips those files.
 """
 
 from __future__ import annotations
@@ -15,30 +25,31 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import structlog
+from botocore.exceptions import ClientError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 log = structlog.get_logger(__name__)
 
-MANIFEST_NAME = ".floodgate-engine.json"
+ENGINE_MANIFEST = "floodgate-engine.sha256.json"
+LOCAL_RECORD = ".floodgate-engine.json"
 _READ_CHUNK = 1 << 20
 
 
 class EngineFetchError(RuntimeError):
-    """The prefix is empty, or a downloaded file does not match its object."""
+    """No manifest under the prefix, or a downloaded file does not match it."""
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteFile:
-    key: str
+class EngineFile:
     relative: str
     size: int
-    etag: str
+    sha256: str
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -53,97 +64,122 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def list_engine_files(s3: S3Client, bucket: str, prefix: str) -> list[RemoteFile]:
-    files: list[RemoteFile] = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            key = obj["Key"]
-            if key.endswith("/"):
-                continue
-            files.append(RemoteFile(key, key[len(prefix) :], obj["Size"], obj["ETag"].strip('"')))
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _client(s3: S3Client | None) -> S3Client:
+    return s3 if s3 is not None else boto3.client("s3")
+
+
+def upload_engine(engine_dir: Path, uri: str, *, s3: S3Client | None = None) -> list[EngineFile]:
+    """Upload every file of `engine_dir` under `uri`, then the manifest naming them all."""
+    client = _client(s3)
+    bucket, prefix = parse_s3_uri(uri)
+    files: list[EngineFile] = []
+    for path in sorted(p for p in engine_dir.rglob("*") if p.is_file()):
+        relative = path.relative_to(engine_dir).as_posix()
+        if relative in (ENGINE_MANIFEST, LOCAL_RECORD):
+            continue
+        entry = EngineFile(relative, path.stat().st_size, sha256_of(path))
+        log.info("uploading engine file", key=prefix + relative, bytes=entry.size)
+        client.upload_file(str(path), bucket, prefix + relative, ExtraArgs={"ChecksumAlgorithm": "SHA256"})
+        files.append(entry)
+    if not files:
+        raise EngineFetchError(f"no files in {engine_dir}")
+    manifest = {"files": {f.relative: {"size": f.size, "sha256": f.sha256} for f in files}}
+    client.put_object(
+        Bucket=bucket,
+        Key=prefix + ENGINE_MANIFEST,
+        Body=json.dumps(manifest, indent=1, sort_keys=True).encode(),
+        ContentType="application/json",
+        ChecksumAlgorithm="SHA256",
+    )
     return files
 
 
-def _md5_of_chunks(path: Path, chunk_size: int) -> list[bytes]:
-    digests: list[bytes] = []
-    with path.open("rb") as f:
-        while chunk := f.read(chunk_size):
-            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
-    return digests
-
-
-def _local_etag(s3: S3Client, bucket: str, remote: RemoteFile, path: Path) -> str:
-    if "-" not in remote.etag:
-        digest = hashlib.md5(usedforsecurity=False)
-        with path.open("rb") as f:
-            while chunk := f.read(_READ_CHUNK):
-                digest.update(chunk)
-        return digest.hexdigest()
-    # A multipart ETag depends on the part size the uploader chose: part 1's length tells it.
-    part_size = s3.head_object(Bucket=bucket, Key=remote.key, PartNumber=1)["ContentLength"]
-    parts = _md5_of_chunks(path, part_size)
-    return f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
-
-
-def _read_manifest(dest: Path) -> dict[str, str]:
+def read_manifest(s3: S3Client, bucket: str, prefix: str) -> list[EngineFile]:
     try:
-        data = json.loads((dest / MANIFEST_NAME).read_text())
+        answer = s3.get_object(Bucket=bucket, Key=prefix + ENGINE_MANIFEST, ChecksumMode="ENABLED")
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise EngineFetchError(
+                f"no {ENGINE_MANIFEST} under s3://{bucket}/{prefix}: upload the engine with "
+                "`python3 -m gpu_container.triton.build_engine ... --upload` (it writes the manifest last)"
+            ) from None
+        raise
+    data: Any = json.loads(answer["Body"].read())
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise EngineFetchError(f"{ENGINE_MANIFEST} under s3://{bucket}/{prefix} lists no files")
+    return [EngineFile(str(k), int(v["size"]), str(v["sha256"])) for k, v in sorted(files.items())]
+
+
+def _read_record(dest: Path) -> dict[str, str]:
+    try:
+        data = json.loads((dest / LOCAL_RECORD).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def _write_manifest(dest: Path, manifest: dict[str, str]) -> None:
-    tmp = dest / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, dest / MANIFEST_NAME)
+def _write_record(dest: Path, record: dict[str, str]) -> None:
+    tmp = dest / (LOCAL_RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, dest / LOCAL_RECORD)
 
 
 def _safe_target(dest: Path, relative: str) -> Path:
     target = (dest / relative).resolve()
     if not target.is_relative_to(dest.resolve()):
-        raise EngineFetchError(f"object key escapes the destination: {relative!r}")
+        raise EngineFetchError(f"manifest path escapes the destination: {relative!r}")
     return target
 
 
 def fetch_engine(uri: str, dest: Path, *, s3: S3Client | None = None) -> list[Path]:
-    """Make `dest` hold every object under `uri`; returns the local paths. Idempotent."""
-    client = s3 if s3 is not None else boto3.client("s3")
+    """Make `dest` hold every file the manifest under `uri` lists; returns their paths. Idempotent."""
+    client = _client(s3)
     bucket, prefix = parse_s3_uri(uri)
-    remote_files = list_engine_files(client, bucket, prefix)
-    if not remote_files:
-        raise EngineFetchError(f"no objects under {uri}")
+    files = read_manifest(client, bucket, prefix)
     dest.mkdir(parents=True, exist_ok=True)
-    manifest = _read_manifest(dest)
+    record = _read_record(dest)
     paths: list[Path] = []
-    for remote in remote_files:
-        target = _safe_target(dest, remote.relative)
+    for entry in files:
+        target = _safe_target(dest, entry.relative)
         paths.append(target)
-        if manifest.get(remote.relative) == remote.etag and target.is_file():
-            if target.stat().st_size == remote.size:
-                log.info("engine file present", file=remote.relative)
-                continue
+        verified = record.get(entry.relative) == entry.sha256
+        if verified and target.is_file() and target.stat().st_size == entry.size:
+            log.info("engine file present", file=entry.relative)
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        log.info("downloading engine file", file=remote.relative, bytes=remote.size)
-        client.download_file(bucket, remote.key, str(partial))
-        size = partial.stat().st_size
-        if size != remote.size:
+        log.info("downloading engine file", file=entry.relative, bytes=entry.size)
+        try:
+            client.download_file(
+                bucket, prefix + entry.relative, str(partial), ExtraArgs={"ChecksumMode": "ENABLED"}
+            )
+        except ClientError as exc:
+            raise EngineFetchError(f"{entry.relative}: in the manifest, not downloadable: {exc}") from exc
+        size, digest = partial.stat().st_size, sha256_of(partial)
+        if (size, digest) != (entry.size, entry.sha256):
             partial.unlink()
-            raise EngineFetchError(f"{remote.relative}: {size} bytes, expected {remote.size}")
-        etag = _local_etag(client, bucket, remote, partial)
-        if etag != remote.etag:
-            partial.unlink()
-            raise EngineFetchError(f"{remote.relative}: ETag {etag}, expected {remote.etag}")
+            raise EngineFetchError(
+                f"{entry.relative}: {size} bytes with SHA-256 {digest}, "
+                f"the manifest says {entry.size} bytes with {entry.sha256}"
+            )
         os.replace(partial, target)
-        manifest[remote.relative] = remote.etag
-        _write_manifest(dest, manifest)
+        record[entry.relative] = entry.sha256
+        _write_record(dest, record)
     return paths
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Download a TensorRT-LLM engine from S3.")
-    parser.add_argument("uri", help="s3://bucket/prefix/")
+    parser = argparse.ArgumentParser(description="Download a TensorRT-LLM engine from S3, SHA-256 verified.")
+    parser.add_argument("uri", help="s3://bucket/prefix/ (holds floodgate-engine.sha256.json)")
     parser.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
     fetch_engine(args.uri, args.dest)

@@ -1,45 +1,85 @@
-"""The edge task's start command (edge_service module), run by sh with a stand-in `floodgate`: it
-writes the settings with the Redis token spliced in and the keys file, and refuses to start
-without keys (an edge without keys would print a fresh development key into the logs)."""
+"""The edge task's start script (scripts/edge-start.sh, `floodgate-start` in the image), run for real
+by sh, as the image's non-root user (uid 10001), with a stand-in `floodgate`.
+
+The task's settings volume is a Fargate bind mount. Fargate mounts it root-owned 0755 unless the
+image declares the path a VOLUME, whose ownership the mount then takes (ECS developer guide, bind
+mounts). `fargate_mount` makes the directory the way Fargate would from what Dockerfile.edge says,
+so the image's start script meets the directory a real task would."""
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.iac.hcl import EXAMPLE, MODULES, module
+from tests.iac.hcl import EXAMPLE
+from tests.iac.terraform_env import REPO
+
+SCRIPT = REPO / "scripts" / "edge-start.sh"
+DOCKERFILE = REPO / "Dockerfile.edge"
+UID = 10001
+MOUNT = "/run/floodgate"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="NOT RUN: needs root and setpriv to run the script as uid 10001 against a root-owned mount",
+)
 
 
-def start_command(run_dir: Path) -> str:
-    expression = module(MODULES / "edge_service").locals()["start_command"]
-    prefix = '${join(" && ", '
-    assert expression.startswith(prefix) and expression.endswith(")}")
-    parts: list[str] = json.loads(expression[len(prefix) : -2])
-    return " && ".join(parts).replace("/run/floodgate", str(run_dir))
+def image_prepares_the_mount() -> bool:
+    """Dockerfile.edge declares MOUNT a VOLUME and creates it owned by the image's user."""
+    text = DOCKERFILE.read_text()
+    volume = re.search(r'^VOLUME \["?' + re.escape(MOUNT) + r'"?\]', text, re.MULTILINE)
+    owned = re.search(r"install -d -o floodgate -g floodgate .*" + re.escape(MOUNT), text)
+    user = re.search(r"useradd .*--uid " + str(UID) + r" .*floodgate", text)
+    return bool(volume and owned and user)
+
+
+def fargate_mount(root: Path) -> Path:
+    """The task volume as Fargate mounts it for this image."""
+    mount = root / "run-floodgate"
+    mount.mkdir(mode=0o755)
+    os.chown(mount, *((UID, UID) if image_prepares_the_mount() else (0, 0)))
+    return mount
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A temp folder uid 10001 can reach (pytest's own sits under a root-only 0700 folder)."""
+    root = Path(tempfile.mkdtemp(prefix="floodgate-edge-start-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root)
 
 
 @pytest.fixture
 def stand_in(tmp_path: Path) -> dict[str, str]:
+    """A `floodgate` that says how it was called."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "floodgate"
     fake.write_text('#!/bin/sh\necho "started: $*"\n')
     fake.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/nonexistent"}
 
 
-def run(env: dict[str, str], run_dir: Path, keys: str) -> subprocess.CompletedProcess[str]:
+def start(
+    env: dict[str, str], run_dir: Path, keys: str, token: str = "tok3n"
+) -> subprocess.CompletedProcess[str]:
     settings = (EXAMPLE / "edge.toml.tftpl").read_text()
     return subprocess.run(
-        ["sh", "-c", start_command(run_dir)],
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(SCRIPT)],
         env={
             **env,
+            "FLOODGATE_RUN_DIR": str(run_dir),
             "FLOODGATE_CONFIG_TOML": settings,
-            "REDIS_AUTH_TOKEN": "tok3n",
+            "REDIS_AUTH_TOKEN": token,
             "FLOODGATE_KEYS_JSONL": keys,
         },
         capture_output=True,
@@ -48,22 +88,47 @@ def run(env: dict[str, str], run_dir: Path, keys: str) -> subprocess.CompletedPr
     )
 
 
-def test_start_writes_settings_and_keys_then_serves(stand_in: dict[str, str], tmp_path: Path) -> None:
-    keys = '{"key_sha256": "ab", "user": "u1", "tier": "paid"}'
+KEYS = '{"key_sha256": "ab", "user": "u1", "tier": "paid"}'
 
-    done = run(stand_in, tmp_path, keys)
+
+def test_the_task_starts_as_the_image_user_on_the_fargate_mount(
+    stand_in: dict[str, str], tmp_path: Path
+) -> None:
+    mount = fargate_mount(tmp_path)
+    # A token with characters sed would have read as syntax.
+    done = start(stand_in, mount, KEYS, token="a/b&c\\d")
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"started: serve --config {tmp_path}/config.toml"
-    settings = (tmp_path / "config.toml").read_text()
-    assert 'redis_url = "rediss://:tok3n@' in settings
+    assert done.stdout.strip() == f"started: serve --config {mount}/config.toml"
+    settings = (mount / "config.toml").read_text()
+    assert 'redis_url = "rediss://:a/b&c\\d@' in settings
     assert "@REDIS_AUTH_TOKEN@" not in settings
-    assert (tmp_path / "keys.jsonl").read_text() == keys + "\n"
+    assert (mount / "keys.jsonl").read_text() == KEYS + "\n"
+    assert (mount / "keys.jsonl").stat().st_uid == UID
+    assert (mount / "keys.jsonl").stat().st_mode & 0o077 == 0
+
+
+def test_a_root_owned_mount_fails_loudly(stand_in: dict[str, str], tmp_path: Path) -> None:
+    mount = tmp_path / "root-owned"
+    mount.mkdir(mode=0o755)
+
+    done = start(stand_in, mount, KEYS)
+
+    assert done.returncode == 1
+    assert "started" not in done.stdout
+    assert f"{mount} (0:0 755) is not writable by uid {UID}" in done.stderr
 
 
 def test_start_refuses_an_empty_keys_secret(stand_in: dict[str, str], tmp_path: Path) -> None:
-    done = run(stand_in, tmp_path, "\n")
+    done = start(stand_in, fargate_mount(tmp_path), "\n")
 
     assert done.returncode == 1
     assert "started" not in done.stdout
     assert "no keys" in done.stderr
+
+
+def test_the_image_installs_the_script_the_task_runs() -> None:
+    text = DOCKERFILE.read_text()
+
+    assert "COPY scripts/edge-start.sh /usr/local/bin/floodgate-start" in text
+    assert os.access(SCRIPT, os.X_OK)

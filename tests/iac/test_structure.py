@@ -37,10 +37,12 @@ def test_alb_keeps_streams_open_and_serves_https_only() -> None:
     assert redirect == {"port": "443", "protocol": "HTTPS", "status_code": "HTTP_301"}
 
 
-def test_target_group_checks_readyz() -> None:
+def test_target_group_checks_liveness_not_readiness() -> None:
+    # /readyz is 503 while no GPU replica is ready: ECS would replace every edge task during GPU
+    # bring-up and scale from zero.
     group = module(MODULES / "alb").resource("aws_lb_target_group", "edge")
 
-    assert only(group["health_check"])["path"] == "/readyz"
+    assert only(group["health_check"])["path"] == "/healthz"
     assert group["load_balancing_algorithm_type"] == "least_outstanding_requests"
 
 
@@ -58,20 +60,48 @@ def test_gpu_pool_has_a_warm_pool_instance_refresh_and_imdsv2() -> None:
     assert metadata["http_tokens"] == "required"
     assert metadata["http_put_response_hop_limit"] == 1
     assert ebs["encrypted"] is True and ebs["kms_key_id"] == "${var.kms_key_arn}"
-    assert template["image_id"] == "resolve:ssm:${var.ami_ssm_parameter}"
+    assert template["image_id"] == "${local.ami_id}"
+    assert "resolve:ssm" not in (MODULES / "gpu_pool" / "main.tf").read_text()
     assert "GroupInServiceInstances" in group["enabled_metrics"]
 
 
 def test_a_surge_alarm_drives_the_step_policy() -> None:
     gpu = module(MODULES / "gpu_pool")
-    step = gpu.resource("aws_autoscaling_policy", "queue_depth_surge")
-    alarm = gpu.resource("aws_cloudwatch_metric_alarm", "queue_depth_surge")
+    step = gpu.resource("aws_autoscaling_policy", "demand_surge")
+    alarm = gpu.resource("aws_cloudwatch_metric_alarm", "demand_surge")
 
     assert step["policy_type"] == "StepScaling"
     assert len(step["step_adjustment"]) >= 2
-    assert alarm["alarm_actions"] == ["${aws_autoscaling_policy.queue_depth_surge.arn}"]
-    assert alarm["threshold"] == "${var.surge_queue_depth}"
-    assert default("gpu_pool", "surge_queue_depth") > default("gpu_pool", "queue_depth_target")
+    assert alarm["alarm_actions"] == ["${aws_autoscaling_policy.demand_surge.arn}"]
+    assert alarm["threshold"] == "${var.surge_demand}"
+    assert default("gpu_pool", "surge_demand") > default("gpu_pool", "demand_target")
+
+
+def test_demand_with_no_host_wanted_starts_one() -> None:
+    gpu = module(MODULES / "gpu_pool")
+    step = gpu.resource("aws_autoscaling_policy", "from_zero")
+    alarm = gpu.resource("aws_cloudwatch_metric_alarm", "from_zero")
+    queries = {q["id"]: q for q in alarm["metric_query"]}
+
+    assert (step["adjustment_type"], only(step["step_adjustment"])["scaling_adjustment"]) == (
+        "ExactCapacity",
+        1,
+    )
+    assert alarm["alarm_actions"] == ["${aws_autoscaling_policy.from_zero.arn}"]
+    assert only(queries["desired"]["metric"])["metric_name"] == "GroupDesiredCapacity"
+    assert queries["unserved_demand"]["expression"] == "IF(desired < 1, demand, 0)"
+    assert alarm["comparison_operator"] == "GreaterThanThreshold" and alarm["threshold"] == 0
+
+
+def test_the_hosts_policy_names_its_group_without_waiting_for_it() -> None:
+    iam = (MODULES / "gpu_pool" / "iam.tf").read_text()
+    statements = {
+        s["sid"]: s for s in module(MODULES / "gpu_pool").data("aws_iam_policy_document")["gpu"]["statement"]
+    }
+
+    assert "aws_autoscaling_group.gpu." not in iam
+    assert statements["ReportToOwnGroup"]["resources"] == ["${local.group_arn}"]
+    assert "autoScalingGroupName/${var.group_name}" in module(MODULES / "gpu_pool").locals()["group_arn"]
 
 
 def test_user_data_gets_every_value_its_template_uses() -> None:

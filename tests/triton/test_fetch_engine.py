@@ -1,8 +1,16 @@
-"""fetch_engine against a real S3 API (moto's server on a loopback port)."""
+"""Engine upload and fetch against a real S3 API (moto's server on a loopback port), on a bucket
+encrypted with SSE-KMS as the engine bucket is (moto's KMS holds the key).
+
+moto returns an MD5 ETag even for SSE-KMS objects; real S3 does not (its documentation: objects
+encrypted by SSE-KMS have an ETag that is not an MD5 digest of their data). `kms_etags` makes the
+client see what real S3 sends: a listing whose ETags are opaque. A fetcher that relies on ETags
+fails there, as every GPU host did."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +20,14 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from moto.server import ThreadedMotoServer
 
-from gpu_container.triton.fetch_engine import MANIFEST_NAME, EngineFetchError, fetch_engine, parse_s3_uri
+from gpu_container.triton.fetch_engine import (
+    ENGINE_MANIFEST,
+    LOCAL_RECORD,
+    EngineFetchError,
+    fetch_engine,
+    parse_s3_uri,
+    upload_engine,
+)
 from tests.support.ports import free_port
 
 BUCKET = "engines"
@@ -28,16 +43,36 @@ def s3_endpoint() -> Iterator[str]:
     server.stop()
 
 
+def _opaque_etags(parsed: dict[str, Any], **_: Any) -> None:
+    for obj in parsed.get("Contents", []):
+        obj["ETag"] = f'"{secrets.token_hex(16)}"'
+
+
 @pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for name, value in {
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(name, value)
+    kms = boto3.client("kms", endpoint_url=s3_endpoint)
+    key = kms.create_key(Description="engines")["KeyMetadata"]["Arn"]
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     client.create_bucket(Bucket=BUCKET)
+    client.put_bucket_encryption(
+        Bucket=BUCKET,
+        ServerSideEncryptionConfiguration={
+            "Rules": [
+                {
+                    "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key},
+                    "BucketKeyEnabled": True,
+                }
+            ]
+        },
+    )
+    # What real S3 lists for SSE-KMS objects: ETags that are no MD5 of the data.
+    client.meta.events.register("after-call.s3.ListObjectsV2", _opaque_etags)
     yield client
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
         for obj in page.get("Contents", []):
@@ -45,9 +80,11 @@ def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     client.delete_bucket(Bucket=BUCKET)
 
 
-def _upload(s3: Any, files: dict[str, bytes], prefix: str = "llama/") -> None:
+def _engine(root: Path, files: dict[str, bytes]) -> Path:
     for name, data in files.items():
-        s3.put_object(Bucket=BUCKET, Key=prefix + name, Body=data)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
 
 
 def test_parse_s3_uri() -> None:
@@ -57,40 +94,70 @@ def test_parse_s3_uri() -> None:
         parse_s3_uri("https://b/x")
 
 
-def test_downloads_every_file_under_the_prefix(s3: Any, tmp_path: Path) -> None:
+def test_an_engine_uploaded_to_a_kms_bucket_fetches_verified(s3: Any, tmp_path: Path) -> None:
     files = {"config.json": b'{"a": 1}', "rank0.engine": os.urandom(200_000), "sub/rank1.engine": b"x" * 10}
-    _upload(s3, files)
-    _upload(s3, {"other.engine": b"not mine"}, prefix="llama-other/")
-    paths = fetch_engine(f"s3://{BUCKET}/llama/", tmp_path, s3=s3)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in paths) == sorted(files)
-    for name, data in files.items():
-        assert (tmp_path / name).read_bytes() == data
-    assert not (tmp_path / "other.engine").exists()
-    assert (tmp_path / MANIFEST_NAME).is_file()
+    upload_engine(_engine(tmp_path / "built", files), f"s3://{BUCKET}/llama/", s3=s3)
+    _engine(tmp_path / "other", {"other.engine": b"not mine"})
+    upload_engine(tmp_path / "other", f"s3://{BUCKET}/llama-other/", s3=s3)
 
-
-def test_multipart_object_is_verified_by_its_part_md5s(s3: Any, tmp_path: Path) -> None:
-    source = tmp_path / "big.engine"
-    source.write_bytes(os.urandom(11 * MIB))
-    config = TransferConfig(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB)
-    s3.upload_file(str(source), BUCKET, "llama/rank0.engine", Config=config)
-    assert "-" in s3.head_object(Bucket=BUCKET, Key="llama/rank0.engine")["ETag"]
     dest = tmp_path / "dest"
-    fetch_engine(f"s3://{BUCKET}/llama", dest, s3=s3)
-    assert (dest / "rank0.engine").read_bytes() == source.read_bytes()
+    paths = fetch_engine(f"s3://{BUCKET}/llama/", dest, s3=s3)
+
+    head = s3.head_object(Bucket=BUCKET, Key="llama/rank0.engine", ChecksumMode="ENABLED")
+    assert head["ServerSideEncryption"] == "aws:kms"
+    assert head["ChecksumSHA256"]  # stored by S3 at upload
+    assert sorted(p.relative_to(dest).as_posix() for p in paths) == sorted(files)
+    for name, data in files.items():
+        assert (dest / name).read_bytes() == data
+    assert not (dest / "other.engine").exists()
+    assert not (dest / ENGINE_MANIFEST).exists()
+    assert set(json.loads((dest / LOCAL_RECORD).read_text())) == set(files)
+
+
+def test_a_multipart_upload_fetches_verified(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = _engine(tmp_path / "built", {"big.engine": os.urandom(11 * MIB)})
+    small_parts = TransferConfig(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB)
+    real_upload = s3.upload_file
+    monkeypatch.setattr(s3, "upload_file", lambda *a, **kw: real_upload(*a, **kw, Config=small_parts))
+    upload_engine(built, f"s3://{BUCKET}/llama", s3=s3)
+    assert "-" in s3.head_object(Bucket=BUCKET, Key="llama/big.engine")["ETag"]
+
+    fetch_engine(f"s3://{BUCKET}/llama", tmp_path / "dest", s3=s3)
+
+    assert (tmp_path / "dest" / "big.engine").read_bytes() == (built / "big.engine").read_bytes()
+
+
+def test_an_object_replaced_after_the_upload_is_refused(s3: Any, tmp_path: Path) -> None:
+    built = _engine(tmp_path / "built", {"rank0.engine": b"good weights"})
+    upload_engine(built, f"s3://{BUCKET}/llama/", s3=s3)
+    s3.put_object(Bucket=BUCKET, Key="llama/rank0.engine", Body=b"bad weights!")
+
+    with pytest.raises(EngineFetchError, match=r"rank0\.engine: 12 bytes with SHA-256"):
+        fetch_engine(f"s3://{BUCKET}/llama/", tmp_path / "dest", s3=s3)
+    assert not (tmp_path / "dest" / "rank0.engine").exists()
+    assert not (tmp_path / "dest" / "rank0.engine.part").exists()
 
 
 def test_present_files_are_skipped_and_changed_ones_refetched(s3: Any, tmp_path: Path) -> None:
-    _upload(s3, {"a.engine": b"first", "b.json": b"{}"})
-    fetch_engine(f"s3://{BUCKET}/llama/", tmp_path, s3=s3)
-    # A file the manifest vouches for is not downloaded again: the marker written here survives.
-    (tmp_path / "b.json").write_bytes(b"[]")
-    _upload(s3, {"a.engine": b"second version"})
-    fetch_engine(f"s3://{BUCKET}/llama/", tmp_path, s3=s3)
-    assert (tmp_path / "a.engine").read_bytes() == b"second version"
-    assert (tmp_path / "b.json").read_bytes() == b"[]"
+    built = _engine(tmp_path / "built", {"a.engine": b"first", "b.json": b"{}"})
+    upload_engine(built, f"s3://{BUCKET}/llama/", s3=s3)
+    dest = tmp_path / "dest"
+    fetch_engine(f"s3://{BUCKET}/llama/", dest, s3=s3)
+    # A file the record vouches for (same size) is not downloaded again: the marker survives.
+    (dest / "b.json").write_bytes(b"[]")
+    _engine(built, {"a.engine": b"second version"})
+    upload_engine(built, f"s3://{BUCKET}/llama/", s3=s3)
+
+    fetch_engine(f"s3://{BUCKET}/llama/", dest, s3=s3)
+
+    assert (dest / "a.engine").read_bytes() == b"second version"
+    assert (dest / "b.json").read_bytes() == b"[]"
 
 
-def test_empty_prefix_is_an_error(s3: Any, tmp_path: Path) -> None:
-    with pytest.raises(EngineFetchError, match="no objects"):
-        fetch_engine(f"s3://{BUCKET}/missing/", tmp_path, s3=s3)
+def test_a_prefix_without_a_manifest_says_how_to_upload(s3: Any, tmp_path: Path) -> None:
+    s3.put_object(Bucket=BUCKET, Key="half/rank0.engine", Body=b"partial upload")
+
+    with pytest.raises(EngineFetchError, match=f"no {ENGINE_MANIFEST}.*--upload"):
+        fetch_engine(f"s3://{BUCKET}/half/", tmp_path, s3=s3)

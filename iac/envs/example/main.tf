@@ -15,8 +15,9 @@ module "scaling_metric" {
 }
 
 module "kms" {
-  source = "../../modules/kms_key"
-  name   = var.name
+  source                                 = "../../modules/kms_key"
+  name                                   = var.name
+  create_autoscaling_service_linked_role = var.create_autoscaling_service_linked_role
 }
 
 module "network" {
@@ -123,7 +124,8 @@ module "gpu_pool" {
   min_size               = each.value.min_size
   max_size               = each.value.max_size
   warm_pool_min_size     = each.value.warm_pool_min_size
-  queue_depth_target     = each.value.queue_depth_target
+  demand_target          = each.value.demand_target
+  ami_id                 = each.value.ami_id
   triton_image           = "${module.triton_registry.url}:${var.triton_image_tag}"
   ecr_repository_arn     = module.triton_registry.arn
   engine_bucket_arn      = module.engines.arn
@@ -131,7 +133,8 @@ module "gpu_pool" {
   kms_key_arn            = module.kms.key_arn
 
   metric_namespace          = module.scaling_metric.namespace
-  metric_name               = module.scaling_metric.metric_name
+  demand_metric             = module.scaling_metric.demand_metric
+  replica_load_metric       = module.scaling_metric.replica_load_metric
   metric_model_dimension    = module.scaling_metric.model_dimension
   metric_period_s           = module.scaling_metric.period_s
   metric_samples_per_period = module.scaling_metric.samples_per_period
@@ -149,7 +152,8 @@ module "monitoring" {
   gpu_groups              = { for model, pool in module.gpu_pool : model => pool.autoscaling_group_name }
 
   metric_namespace          = module.scaling_metric.namespace
-  metric_name               = module.scaling_metric.metric_name
+  demand_metric             = module.scaling_metric.demand_metric
+  replica_load_metric       = module.scaling_metric.replica_load_metric
   metric_model_dimension    = module.scaling_metric.model_dimension
   metric_period_s           = module.scaling_metric.period_s
   metric_samples_per_period = module.scaling_metric.samples_per_period

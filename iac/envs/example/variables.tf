@@ -43,14 +43,15 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models: each gets its own GPU Auto Scaling group. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU."
+  description = "Served models: each gets its own GPU Auto Scaling group. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
     min_size           = number
     max_size           = number
     warm_pool_min_size = number
-    queue_depth_target = number
+    demand_target      = number
+    ami_id             = optional(string, "")
   }))
   default = {
     "llama-3-8b" = {
@@ -59,7 +60,7 @@ variable "models" {
       min_size           = 1
       max_size           = 8
       warm_pool_min_size = 2
-      queue_depth_target = 4
+      demand_target      = 0.8
     }
   }
 }
@@ -102,6 +103,12 @@ variable "edge_max_count" {
 
 variable "deletion_protection" {
   description = "Protect the load balancer from deletion (turn off before destroying)."
+  type        = bool
+  default     = true
+}
+
+variable "create_autoscaling_service_linked_role" {
+  description = "Create the Auto Scaling service-linked role the KMS key policy names; false where the account already has one (any Auto Scaling group ever made creates it)."
   type        = bool
   default     = true
 }

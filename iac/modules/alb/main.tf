@@ -56,6 +56,7 @@ resource "aws_lb" "this" {
 }
 
 resource "aws_lb_target_group" "edge" {
+  #checkov:skip=CKV_AWS_378:TLS ends at the load balancer; the targets are tasks in private subnets that admit only the ALB's security group
   name                          = "${var.name}-edge"
   port                          = var.target_port
   protocol                      = "HTTP"
@@ -64,8 +65,11 @@ resource "aws_lb_target_group" "edge" {
   deregistration_delay          = var.deregistration_delay_s
   load_balancing_algorithm_type = "least_outstanding_requests"
 
+  # Liveness, not readiness: /readyz is 503 while no GPU replica is ready (GPU bring-up, scale from
+  # zero), and failing it would make ECS replace every edge task exactly then. The edge's own
+  # admission answers requests without a replica (503/429 with Retry-After).
   health_check {
-    path                = "/readyz"
+    path                = "/healthz"
     matcher             = "200"
     interval            = 10
     timeout             = 5
@@ -100,6 +104,9 @@ resource "aws_acm_certificate_validation" "this" {
   validation_record_fqdns = [for r in aws_route53_record.validation : r.fqdn]
 }
 
+# Only the public API reaches the edge. Everything else (the operator endpoints /metrics,
+# /v1/internal/*, /v1/admin/*, and any path not listed) gets a 404 from the load balancer itself;
+# operators reach those from inside the VPC.
 resource "aws_lb_listener" "https" {
   load_balancer_arn = aws_lb.this.arn
   port              = 443
@@ -108,8 +115,30 @@ resource "aws_lb_listener" "https" {
   certificate_arn   = aws_acm_certificate_validation.this.certificate_arn
 
   default_action {
+    type = "fixed-response"
+    fixed_response {
+      content_type = "application/json"
+      status_code  = "404"
+      message_body = jsonencode({ error = { message = "Not found.", type = "invalid_request_error", code = "not_found" } })
+    }
+  }
+}
+
+# An ALB rule takes at most five path patterns: one rule per five public paths.
+resource "aws_lb_listener_rule" "public" {
+  for_each     = { for i, paths in chunklist(var.public_paths, 5) : tostring(i) => paths }
+  listener_arn = aws_lb_listener.https.arn
+  priority     = 10 + tonumber(each.key)
+
+  action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.edge.arn
+  }
+
+  condition {
+    path_pattern {
+      values = each.value
+    }
   }
 }
 

@@ -4,8 +4,9 @@ output "security_group_id" {
 }
 
 output "target_group_arn" {
-  description = "Target group the edge service registers its tasks in."
+  description = "Target group the edge service registers its tasks in; known only once the HTTPS listener forwards to it (ECS refuses a target group without a load balancer)."
   value       = aws_lb_target_group.edge.arn
+  depends_on  = [aws_lb_listener.https, aws_lb_listener_rule.public]
 }
 
 output "arn_suffix" {

@@ -36,9 +36,23 @@ variable "idle_timeout_s" {
 }
 
 variable "deregistration_delay_s" {
-  description = "How long a draining edge task keeps its open streams before the ALB cuts them."
+  description = "How long the ALB keeps a deregistering edge task's open requests before it closes them; ECS sends the task SIGTERM only after this (docs/deploy.md, graceful drain)."
   type        = number
-  default     = 300
+  default     = 30
+}
+
+variable "public_paths" {
+  description = "ALB path patterns forwarded to the edge: the public API, the playground and the liveness check. Operator endpoints (/metrics, /v1/internal/*, /v1/admin/*) are left out on purpose."
+  type        = list(string)
+  default = [
+    "/v1/chat/completions",
+    "/v1/chat/completions/*",
+    "/v1/models",
+    "/v1/models/*",
+    "/v1/conversations/*",
+    "/",
+    "/healthz",
+  ]
 }
 
 variable "log_bucket" {
@@ -73,4 +87,16 @@ variable "deletion_protection" {
   description = "Refuse to delete the load balancer (turn off to destroy the environment)."
   type        = bool
   default     = true
+}
+
+variable "waf_count_only_body_rules" {
+  description = "Rules of AWSManagedRulesCommonRuleSet that inspect the body and would block prompts with code or URLs: counted, not blocked."
+  type        = list(string)
+  default = [
+    "SizeRestrictions_BODY",
+    "CrossSiteScripting_BODY",
+    "GenericLFI_BODY",
+    "GenericRFI_BODY",
+    "EC2MetaDataSSRF_BODY",
+  ]
 }

@@ -1,5 +1,8 @@
-# Web ACL on the load balancer: AWS managed rules plus a per-IP flood guard. Chat bodies are large by
-# nature, so the common rule set's 8 KB body-size rule only counts; the edge enforces its own limit.
+# Web ACL on the load balancer: AWS managed rules plus a per-IP flood guard. A chat body is user
+# text: people paste code, shell commands, file paths, URLs and HTML into prompts. The common rule
+# set's body rules (cross-site scripting, local and remote file inclusion, metadata-service URLs,
+# the 8 KB size rule) would answer those 403, so they only count; the rules on the URI, query and
+# headers still block. The edge validates and bounds every body itself.
 
 resource "aws_wafv2_web_acl" "this" {
   name  = var.name
@@ -19,10 +22,13 @@ resource "aws_wafv2_web_acl" "this" {
       managed_rule_group_statement {
         vendor_name = "AWS"
         name        = "AWSManagedRulesCommonRuleSet"
-        rule_action_override {
-          name = "SizeRestrictions_BODY"
-          action_to_use {
-            count {}
+        dynamic "rule_action_override" {
+          for_each = var.waf_count_only_body_rules
+          content {
+            name = rule_action_override.value
+            action_to_use {
+              count {}
+            }
           }
         }
       }

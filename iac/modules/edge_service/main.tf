@@ -75,19 +75,6 @@ resource "aws_secretsmanager_secret_version" "api_keys" {
   }
 }
 
-locals {
-  # Settings and keys arrive as environment variables; the shell writes them to files, with the
-  # Redis token spliced into the settings, so no secret sits in the task definition.
-  # No keys in the secret: refuse to start, because an edge without keys makes a development key
-  # and prints it, into the logs.
-  start_command = join(" && ", [
-    "test -n \"$(printf '%s' \"$FLOODGATE_KEYS_JSONL\" | tr -d '[:space:]')\" || { echo 'the api-keys secret holds no keys' >&2; exit 1; }",
-    "printf '%s' \"$FLOODGATE_CONFIG_TOML\" | sed \"s/@REDIS_AUTH_TOKEN@/$REDIS_AUTH_TOKEN/\" > /run/floodgate/config.toml",
-    "printf '%s\\n' \"$FLOODGATE_KEYS_JSONL\" > /run/floodgate/keys.jsonl",
-    "exec floodgate serve --config /run/floodgate/config.toml",
-  ])
-}
-
 resource "aws_ecs_task_definition" "edge" {
   family                   = "${var.name}-edge"
   requires_compatibilities = ["FARGATE"]
@@ -102,6 +89,8 @@ resource "aws_ecs_task_definition" "edge" {
     cpu_architecture        = "X86_64"
   }
 
+  # A Fargate bind mount: root-owned 0755 unless the image declares the path a VOLUME, owned by its
+  # user (Dockerfile.edge does), in which case the mount takes the image's ownership.
   volume {
     name = "run"
   }
@@ -112,11 +101,12 @@ resource "aws_ecs_task_definition" "edge" {
       image                  = var.image
       essential              = true
       readonlyRootFilesystem = true
-      entryPoint             = ["sh", "-c"]
-      command                = [local.start_command]
-      stopTimeout            = var.stop_timeout_s
-      portMappings           = [{ containerPort = var.container_port, protocol = "tcp" }]
-      mountPoints            = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
+      # scripts/edge-start.sh in the image: writes the settings (with the Redis token spliced in)
+      # and the keys file into the task volume, refuses to start without keys, execs the server.
+      command      = ["floodgate-start"]
+      stopTimeout  = var.stop_timeout_s
+      portMappings = [{ containerPort = var.container_port, protocol = "tcp" }]
+      mountPoints  = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
       environment = [
         for k, v in merge(var.environment, {
           FLOODGATE_CONFIG_TOML = var.config_toml

@@ -1,5 +1,11 @@
-# The hosts read their engine from one bucket, pull their image from one repository, and report
-# their own readiness to their own group. Session Manager replaces SSH.
+# The hosts read their engine from one bucket, pull their image from one repository, report their
+# own readiness, health and scale-in protection to their own group, and ship Triton's logs and GPU
+# metrics to CloudWatch. Session Manager replaces SSH.
+#
+# Nothing here refers to the Auto Scaling group resource: the group is named by var.group_name,
+# which is known before the group exists. A reference to aws_autoscaling_group.gpu would make
+# Terraform create this policy after the group, while the group waits for hosts that need this
+# policy to come up (ECR login, the launch hook): a deadlock that times out on every apply.
 
 data "aws_iam_policy_document" "ec2_assume" {
   statement {
@@ -26,7 +32,14 @@ resource "aws_iam_role_policy_attachment" "ssm" {
   policy_arn = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
 }
 
+data "aws_caller_identity" "current" {}
+data "aws_partition" "current" {}
+
 locals {
+  group_arn = join(":", [
+    "arn", data.aws_partition.current.partition, "autoscaling", data.aws_region.current.name,
+    data.aws_caller_identity.current.account_id, "autoScalingGroup", "*", "autoScalingGroupName/${var.group_name}",
+  ])
   engine_prefix = trimsuffix(join("/", slice(split("/", var.engine_s3_uri), 3, length(split("/", var.engine_s3_uri)))), "/")
 }
 
@@ -73,10 +86,37 @@ data "aws_iam_policy_document" "gpu" {
     resources = ["*"]
   }
 
+  # The host agent (gpu_container/triton/host_agent.py): completes the launch and terminate hooks,
+  # marks the host unhealthy when Triton stays down, protects it from scale-in while it has streams.
   statement {
-    sid       = "ReportReady"
-    actions   = ["autoscaling:CompleteLifecycleAction"]
-    resources = [aws_autoscaling_group.gpu.arn]
+    sid = "ReportToOwnGroup"
+    actions = [
+      "autoscaling:CompleteLifecycleAction",
+      "autoscaling:RecordLifecycleActionHeartbeat",
+      "autoscaling:SetInstanceHealth",
+      "autoscaling:SetInstanceProtection",
+    ]
+    resources = [local.group_arn]
+  }
+
+  # Triton's log stream (Docker's awslogs driver).
+  statement {
+    sid       = "ShipTritonLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.triton.arn}:*"]
+  }
+
+  # GPU metrics from Triton's metrics port. PutMetricData has no resource-level permissions: the
+  # namespace condition is the fence.
+  statement {
+    sid       = "ShipGpuMetrics"
+    actions   = ["cloudwatch:PutMetricData"]
+    resources = ["*"]
+    condition {
+      test     = "StringEquals"
+      variable = "cloudwatch:namespace"
+      values   = [var.host_metric_namespace]
+    }
   }
 }
 

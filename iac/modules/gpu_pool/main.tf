@@ -4,6 +4,25 @@
 
 data "aws_region" "current" {}
 
+# The AMI is an explicit ID in the launch template: pinned by var.ami_id, else read from the SSM
+# parameter when Terraform plans. A new AMI is then a diff in the plan (and an instance refresh),
+# never a silent change at the next launch, and rolling back is setting ami_id to the old ID.
+data "aws_ssm_parameter" "ami" {
+  count = var.ami_id == "" ? 1 : 0
+  name  = var.ami_ssm_parameter
+}
+
+locals {
+  ami_id = var.ami_id != "" ? var.ami_id : data.aws_ssm_parameter.ami[0].insecure_value
+}
+
+# Triton's own log, shipped by Docker's awslogs driver (the host agent logs here too).
+resource "aws_cloudwatch_log_group" "triton" {
+  name              = "/floodgate/${var.group_name}/triton"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = var.kms_key_arn
+}
+
 resource "aws_security_group" "gpu" {
   name        = var.group_name
   description = "GPU hosts of ${var.model}: Triton gRPC and metrics from the edge"
@@ -28,7 +47,7 @@ resource "aws_security_group" "gpu" {
 
 resource "aws_launch_template" "gpu" {
   name_prefix            = "${var.group_name}-"
-  image_id               = "resolve:ssm:${var.ami_ssm_parameter}"
+  image_id               = local.ami_id
   instance_type          = var.instance_type
   vpc_security_group_ids = [aws_security_group.gpu.id]
   update_default_version = true
@@ -67,7 +86,12 @@ resource "aws_launch_template" "gpu" {
     image         = var.triton_image
     engine_s3_uri = var.engine_s3_uri
     group_name    = var.group_name
-    hook_name     = "${var.group_name}-ready"
+    ready_hook    = local.ready_hook
+    drain_hook    = local.drain_hook
+    ready_timeout = local.ready_timeout_s - 60
+    drain_s       = var.scale_in_drain_s
+    log_group     = aws_cloudwatch_log_group.triton.name
+    metric_ns     = var.host_metric_namespace
   }))
 
   tag_specifications {
@@ -81,6 +105,13 @@ resource "aws_launch_template" "gpu" {
   }
 }
 
+locals {
+  ready_hook = "${var.group_name}-ready"
+  drain_hook = "${var.group_name}-drain"
+  # The launch hook's heartbeat; the host agent abandons the launch itself a minute before it.
+  ready_timeout_s = 1800
+}
+
 resource "aws_autoscaling_group" "gpu" {
   name                      = var.group_name
   vpc_zone_identifier       = var.private_subnet_ids
@@ -89,6 +120,8 @@ resource "aws_autoscaling_group" "gpu" {
   health_check_type         = "EC2"
   health_check_grace_period = 900
   default_instance_warmup   = 300
+  # Terraform waits this long for min_size hosts in service (each downloads and loads the engine).
+  wait_for_capacity_timeout = var.wait_for_capacity_timeout
   enabled_metrics           = ["GroupInServiceInstances", "GroupDesiredCapacity", "GroupPendingInstances", "GroupTerminatingInstances", "WarmPoolWarmedCapacity"]
 
   launch_template {
@@ -96,20 +129,15 @@ resource "aws_autoscaling_group" "gpu" {
     version = aws_launch_template.gpu.latest_version
   }
 
-  # A host is in service only once Triton reports ready (see user data): until then the launch
-  # waits on this hook, both on its first boot and when it leaves the warm pool.
+  # A host is in service only once Triton reports ready (the host agent completes this hook, or
+  # abandons the launch when Triton never gets ready): on its first boot and when it leaves the
+  # warm pool. An initial hook, so the very first hosts wait on it too; its settings are constants,
+  # because changing an initial_lifecycle_hook replaces the whole group.
   initial_lifecycle_hook {
-    name                 = "${var.group_name}-ready"
+    name                 = local.ready_hook
     lifecycle_transition = "autoscaling:EC2_INSTANCE_LAUNCHING"
     default_result       = "ABANDON"
-    heartbeat_timeout    = 1800
-  }
-
-  initial_lifecycle_hook {
-    name                 = "${var.group_name}-drain"
-    lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
-    default_result       = "CONTINUE"
-    heartbeat_timeout    = var.scale_in_drain_s
+    heartbeat_timeout    = local.ready_timeout_s
   }
 
   warm_pool {
@@ -131,6 +159,8 @@ resource "aws_autoscaling_group" "gpu" {
       instance_warmup        = 300
       skip_matching          = true
       auto_rollback          = true
+      # A host protected because it has streams is still refreshed: its terminate hook drains it.
+      scale_in_protected_instances = "Refresh"
     }
   }
 
@@ -144,4 +174,19 @@ resource "aws_autoscaling_group" "gpu" {
     # The scaling policies own the desired capacity.
     ignore_changes = [desired_capacity]
   }
+
+  # A host must be able to pull its image, read its engine and complete its launch hook before the
+  # group waits for it: the role's policy first (its instance profile alone does not carry it).
+  depends_on = [aws_iam_role_policy.gpu]
+}
+
+# The drain on scale-in: its own resource, so changing scale_in_drain_s updates the hook in place
+# instead of replacing the group. The host agent completes it as soon as the host's last stream
+# ends; the heartbeat timeout is only the upper bound.
+resource "aws_autoscaling_lifecycle_hook" "drain" {
+  name                   = local.drain_hook
+  autoscaling_group_name = aws_autoscaling_group.gpu.name
+  lifecycle_transition   = "autoscaling:EC2_INSTANCE_TERMINATING"
+  default_result         = "CONTINUE"
+  heartbeat_timeout      = var.scale_in_drain_s
 }

@@ -23,8 +23,14 @@ variable "edge_security_group_id" {
   type        = string
 }
 
+variable "ami_id" {
+  description = "GPU AMI to launch (NVIDIA driver, Docker, NVIDIA container toolkit). Pin it in production; empty reads ami_ssm_parameter at plan time, so a new AMI shows in the plan."
+  type        = string
+  default     = ""
+}
+
 variable "ami_ssm_parameter" {
-  description = "SSM parameter naming the GPU AMI (NVIDIA driver, Docker, NVIDIA container toolkit): a new AMI there rolls the pool on the next apply."
+  description = "SSM parameter naming the latest GPU AMI, read at plan time when ami_id is empty."
   type        = string
   default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 }
@@ -90,22 +96,40 @@ variable "kms_key_arn" {
   type        = string
 }
 
-variable "queue_depth_target" {
-  description = "Waiting requests per replica that target tracking holds: about the requests one replica finishes within the wait users tolerate."
+variable "demand_target" {
+  description = "Demand per replica that target tracking holds, as a fraction of a replica's sequences (1.0: every sequence wanted). Below 1 leaves headroom for a burst while hosts boot."
   type        = number
-  default     = 4
+  default     = 0.8
 }
 
-variable "surge_queue_depth" {
-  description = "Backlog per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly."
+variable "surge_demand" {
+  description = "Demand per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly."
   type        = number
-  default     = 16
+  default     = 1.5
 }
 
 variable "scale_in_drain_s" {
-  description = "Seconds a host leaving the pool waits (Terminating:Wait) so its running streams can finish; the edge stops sending it new work."
+  description = "Longest a host leaving the pool waits (Terminating:Wait) for its running streams; the host agent completes the hook as soon as they end, and the edge sends it no new work."
   type        = number
   default     = 300
+}
+
+variable "wait_for_capacity_timeout" {
+  description = "How long apply waits for min_size hosts in service (engine download and load included); \"0\" does not wait."
+  type        = string
+  default     = "30m"
+}
+
+variable "log_retention_days" {
+  description = "Retention of Triton's log group."
+  type        = number
+  default     = 365
+}
+
+variable "host_metric_namespace" {
+  description = "CloudWatch namespace of the GPU metrics the host agent ships (the only one the hosts may publish to)."
+  type        = string
+  default     = "Floodgate/GPU"
 }
 
 variable "metric_namespace" {
@@ -113,8 +137,13 @@ variable "metric_namespace" {
   type        = string
 }
 
-variable "metric_name" {
-  description = "Name of the scaling metric (module scaling_metric)."
+variable "demand_metric" {
+  description = "The edges' demand per replica (module scaling_metric), summed over the edges."
+  type        = string
+}
+
+variable "replica_load_metric" {
+  description = "The replicas' own reported load per replica (module scaling_metric), the same at every edge."
   type        = string
 }
 

@@ -6,10 +6,24 @@ data "aws_caller_identity" "current" {}
 data "aws_region" "current" {}
 data "aws_partition" "current" {}
 
+# Auto Scaling launches the GPU hosts through its service-linked role, which the key policy must
+# name. A fresh account has no such role until its first Auto Scaling group, and KMS rejects a key
+# policy that names a principal that does not exist: create it here (set
+# create_autoscaling_service_linked_role = false where the account already has it; creating it
+# twice fails with "has been taken").
+resource "aws_iam_service_linked_role" "autoscaling" {
+  count            = var.create_autoscaling_service_linked_role ? 1 : 0
+  aws_service_name = "autoscaling.amazonaws.com"
+}
+
 locals {
   account_id = data.aws_caller_identity.current.account_id
   partition  = data.aws_partition.current.partition
   region     = data.aws_region.current.name
+  autoscaling_role_arn = (var.create_autoscaling_service_linked_role
+    ? aws_iam_service_linked_role.autoscaling[0].arn
+    : "arn:${local.partition}:iam::${local.account_id}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+  )
 }
 
 data "aws_iam_policy_document" "key" {
@@ -48,7 +62,7 @@ data "aws_iam_policy_document" "key" {
     resources = ["*"]
     principals {
       type        = "AWS"
-      identifiers = ["arn:${local.partition}:iam::${local.account_id}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"]
+      identifiers = [local.autoscaling_role_arn]
     }
   }
 
@@ -58,7 +72,7 @@ data "aws_iam_policy_document" "key" {
     resources = ["*"]
     principals {
       type        = "AWS"
-      identifiers = ["arn:${local.partition}:iam::${local.account_id}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"]
+      identifiers = [local.autoscaling_role_arn]
     }
     condition {
       test     = "Bool"

@@ -1,6 +1,7 @@
 output "bucket" {
-  description = "Name of the log bucket."
+  description = "Name of the log bucket, known only once its policy lets the ALB and S3 write (the ALB refuses a bucket it may not write to)."
   value       = aws_s3_bucket.this.id
+  depends_on  = [aws_s3_bucket_policy.this]
 }
 
 output "alb_prefix" {

@@ -1,8 +1,9 @@
 locals {
   backlog_metrics = flatten([
     for i, model in keys(var.gpu_groups) : [
-      [var.metric_namespace, var.metric_name, var.metric_model_dimension, model, { id = "q${i}", stat = "Sum", visible = false }],
-      [{ expression = "q${i} / ${var.metric_samples_per_period}", label = model }],
+      [var.metric_namespace, var.demand_metric, var.metric_model_dimension, model, { id = "d${i}", stat = "Sum", visible = false }],
+      [var.metric_namespace, var.replica_load_metric, var.metric_model_dimension, model, { id = "r${i}", stat = "Maximum", visible = false }],
+      [{ expression = "MAX([d${i} / ${var.metric_samples_per_period}, r${i}])", label = model }],
     ]
   ])
 
@@ -17,7 +18,7 @@ locals {
   ]
 
   widgets = [
-    { title = "Requests waiting per GPU replica", metrics = local.backlog_metrics },
+    { title = "Demand per GPU replica (1.0: every sequence wanted)", metrics = local.backlog_metrics },
     { title = "GPU hosts in service and warm", metrics = concat(local.in_service_metrics, local.warm_metrics) },
     {
       title = "Requests and 5xx"

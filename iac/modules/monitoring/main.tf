@@ -13,12 +13,12 @@ resource "aws_sns_topic_subscription" "email" {
   endpoint  = each.value
 }
 
-resource "aws_cloudwatch_metric_alarm" "queue_depth_high" {
+resource "aws_cloudwatch_metric_alarm" "demand_high" {
   for_each            = var.gpu_groups
-  alarm_name          = "${var.name}-${each.key}-queue-depth-high"
-  alarm_description   = "Requests waiting per ${each.key} replica stayed above ${var.queue_depth_alarm} for 10 minutes: the GPU pool is not keeping up"
+  alarm_name          = "${var.name}-${each.key}-demand-high"
+  alarm_description   = "Demand per ${each.key} replica stayed above ${var.demand_alarm} for 10 minutes: the GPU pool is not keeping up"
   comparison_operator = "GreaterThanThreshold"
-  threshold           = var.queue_depth_alarm
+  threshold           = var.demand_alarm
   evaluation_periods  = 10
   datapoints_to_alarm = 10
   treat_missing_data  = "notBreaching"
@@ -26,10 +26,10 @@ resource "aws_cloudwatch_metric_alarm" "queue_depth_high" {
   ok_actions          = [aws_sns_topic.alarms.arn]
 
   metric_query {
-    id = "queued"
+    id = "demand"
     metric {
       namespace   = var.metric_namespace
-      metric_name = var.metric_name
+      metric_name = var.demand_metric
       dimensions  = { (var.metric_model_dimension) = each.key }
       stat        = "Sum"
       period      = var.metric_period_s
@@ -37,9 +37,20 @@ resource "aws_cloudwatch_metric_alarm" "queue_depth_high" {
   }
 
   metric_query {
-    id          = "backlog_per_replica"
-    expression  = "queued / ${var.metric_samples_per_period}"
-    label       = "Requests waiting per ${each.key} replica"
+    id = "replica_load"
+    metric {
+      namespace   = var.metric_namespace
+      metric_name = var.replica_load_metric
+      dimensions  = { (var.metric_model_dimension) = each.key }
+      stat        = "Maximum"
+      period      = var.metric_period_s
+    }
+  }
+
+  metric_query {
+    id          = "demand_per_replica"
+    expression  = "MAX([demand / ${var.metric_samples_per_period}, replica_load])"
+    label       = "Demand per ${each.key} replica"
     return_data = true
   }
 }

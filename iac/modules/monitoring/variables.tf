@@ -44,8 +44,13 @@ variable "metric_namespace" {
   type        = string
 }
 
-variable "metric_name" {
-  description = "Name of the scaling metric (module scaling_metric)."
+variable "demand_metric" {
+  description = "The edges' demand per replica (module scaling_metric)."
+  type        = string
+}
+
+variable "replica_load_metric" {
+  description = "The replicas' reported load per replica (module scaling_metric)."
   type        = string
 }
 
@@ -64,10 +69,10 @@ variable "metric_samples_per_period" {
   type        = number
 }
 
-variable "queue_depth_alarm" {
-  description = "Backlog per replica that pages someone when it lasts 10 minutes: scaling is not keeping up (GPU quota, max_size)."
+variable "demand_alarm" {
+  description = "Demand per replica (1.0: every sequence of every replica wanted) that pages someone when it lasts 10 minutes: scaling is not keeping up (GPU quota, max_size)."
   type        = number
-  default     = 12
+  default     = 2
 }
 
 variable "error_rate_alarm_percent" {

@@ -1,14 +1,19 @@
-# The GPU pool's scaling metric, as the edge publishes it. These values are defined in
-# edge/scaling_metric.py; tests/iac/test_scaling_metric.py fails if the two drift apart.
+# The GPU pool's scaling signal, as the edge publishes it. These values are defined in
+# edge/scaling/metric.py; tests/iac/test_scaling_metric.py fails if the two drift apart.
 
 output "namespace" {
   description = "CloudWatch namespace of the metrics the edge publishes."
   value       = "Floodgate"
 }
 
-output "metric_name" {
-  description = "Requests waiting at one edge instance per GPU replica of the model, sampled every sample_interval_s."
-  value       = "QueueDepthPerReplica"
+output "demand_metric" {
+  description = "One edge's requests in flight + waiting + recently turned away, over the sequences of the replicas it sees; sampled every sample interval, summed over the edges."
+  value       = "DemandPerReplica"
+}
+
+output "replica_load_metric" {
+  description = "The replicas' own reported running + waiting sequences over their sequences: the same at every edge (Maximum over them)."
+  value       = "ReplicaLoadPerReplica"
 }
 
 output "model_dimension" {
@@ -22,6 +27,6 @@ output "period_s" {
 }
 
 output "samples_per_period" {
-  description = "Samples each edge instance sends per period: Sum / samples_per_period is the fleet's backlog per replica."
+  description = "Samples each edge instance sends per period: Sum / samples_per_period is the fleet's demand per replica."
   value       = 6
 }

@@ -1,0 +1,58 @@
+# The edge task planned against a mocked AWS provider: it runs the image's start script, and a
+# stopping task gets the time the edge's graceful drain needs.
+
+mock_provider "aws" {
+  override_during = plan
+
+  mock_data "aws_region" {
+    defaults = { name = "us-east-1" }
+  }
+  mock_data "aws_iam_policy_document" {
+    defaults = { json = "{}" }
+  }
+  mock_resource "aws_iam_role" {
+    defaults = { arn = "arn:aws:iam::111122223333:role/mock" }
+  }
+  mock_resource "aws_secretsmanager_secret" {
+    defaults = { arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:mock" }
+  }
+}
+
+variables {
+  name                  = "fg"
+  vpc_id                = "vpc-1"
+  vpc_cidr_block        = "10.0.0.0/16"
+  private_subnet_ids    = ["subnet-a"]
+  alb_security_group_id = "sg-alb"
+  target_group_arn      = "arn:aws:elasticloadbalancing:us-east-1:111122223333:targetgroup/fg-edge/abc"
+  image                 = "111122223333.dkr.ecr.us-east-1.amazonaws.com/fg/edge:1"
+  config_toml           = "[server]\n"
+  redis_auth_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:redis"
+  messages_table_arn    = "arn:aws:dynamodb:us-east-1:111122223333:table/fg-messages"
+  metric_namespace      = "Floodgate"
+  kms_key_arn           = "arn:aws:kms:us-east-1:111122223333:key/abc"
+}
+
+run "start_script_volume_and_stop_timeout" {
+  command = plan
+
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].command == ["floodgate-start"]
+    error_message = "the task runs the image's start script (scripts/edge-start.sh), not an inline shell"
+  }
+
+  assert {
+    condition     = !can(jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].entryPoint)
+    error_message = "no entryPoint override: the image's own command line applies"
+  }
+
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].mountPoints[0].containerPath == "/run/floodgate"
+    error_message = "the settings volume is the path Dockerfile.edge declares a VOLUME"
+  }
+
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].stopTimeout == 120
+    error_message = "a stopping task gets Fargate's longest stop timeout for the edge's drain"
+  }
+}

@@ -1,0 +1,111 @@
+# The GPU pool planned against a mocked AWS provider (no account needed). The dependency order of
+# its resources is checked on Terraform's own graph (tests/iac/test_dependency_order.py).
+
+mock_provider "aws" {
+  override_during = plan
+
+  mock_data "aws_region" {
+    defaults = { name = "us-east-1" }
+  }
+  mock_data "aws_partition" {
+    defaults = { partition = "aws" }
+  }
+  mock_data "aws_caller_identity" {
+    defaults = { account_id = "111122223333" }
+  }
+  # Policy documents are built by the provider itself: a mock must still be JSON.
+  mock_data "aws_iam_policy_document" {
+    defaults = { json = "{}" }
+  }
+  mock_data "aws_ssm_parameter" {
+    defaults = { insecure_value = "ami-0latest00000000" }
+  }
+}
+
+variables {
+  group_name                = "fg-gpu-llama"
+  model                     = "llama"
+  vpc_id                    = "vpc-1"
+  private_subnet_ids        = ["subnet-a"]
+  edge_security_group_id    = "sg-edge"
+  triton_image              = "111122223333.dkr.ecr.us-east-1.amazonaws.com/fg/triton:1"
+  ecr_repository_arn        = "arn:aws:ecr:us-east-1:111122223333:repository/fg/triton"
+  engine_bucket_arn         = "arn:aws:s3:::fg-engines"
+  engine_s3_uri             = "s3://fg-engines/engines/llama/l40s/"
+  kms_key_arn               = "arn:aws:kms:us-east-1:111122223333:key/abc"
+  metric_namespace          = "Floodgate"
+  demand_metric             = "DemandPerReplica"
+  replica_load_metric       = "ReplicaLoadPerReplica"
+  metric_model_dimension    = "Model"
+  metric_period_s           = 60
+  metric_samples_per_period = 6
+}
+
+run "latest_ami_is_an_explicit_id" {
+  command = plan
+
+  assert {
+    condition     = aws_launch_template.gpu.image_id == "ami-0latest00000000"
+    error_message = "the AMI must be resolved at plan time (a diff), not by resolve:ssm: at launch"
+  }
+}
+
+run "pool_hooks_user_data_and_scaling" {
+  command = plan
+
+  variables {
+    ami_id           = "ami-0pinned0000000"
+    scale_in_drain_s = 120
+  }
+
+  assert {
+    condition     = aws_launch_template.gpu.image_id == "ami-0pinned0000000"
+    error_message = "a pinned ami_id must be launched as is (rollback = the previous ID)"
+  }
+
+  # Changing an initial_lifecycle_hook replaces the group: only the constant launch hook is one.
+  assert {
+    condition     = [for h in aws_autoscaling_group.gpu.initial_lifecycle_hook : h.lifecycle_transition] == ["autoscaling:EC2_INSTANCE_LAUNCHING"]
+    error_message = "the terminate hook (scale_in_drain_s) must not be an initial_lifecycle_hook"
+  }
+
+  assert {
+    condition     = aws_autoscaling_lifecycle_hook.drain.heartbeat_timeout == 120 && aws_autoscaling_lifecycle_hook.drain.lifecycle_transition == "autoscaling:EC2_INSTANCE_TERMINATING"
+    error_message = "scale_in_drain_s belongs to the separate terminate hook"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "trap 'abandon $LINENO' ERR")
+    error_message = "user data must abandon the launch at once when a step fails"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "--lifecycle-action-result ABANDON")
+    error_message = "user data must abandon the launch at once when a step fails"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "python3 -m gpu_container.triton.host_agent --group fg-gpu-llama")
+    error_message = "the host agent (health, scale-in protection, hooks) must run on every host"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "--log-driver awslogs")
+    error_message = "Triton's log must leave the host"
+  }
+
+  assert {
+    condition     = aws_autoscaling_group.gpu.wait_for_capacity_timeout == "30m"
+    error_message = "apply waits long enough for the engine download"
+  }
+
+  assert {
+    condition     = contains([for m in one(one(aws_autoscaling_policy.demand_target.target_tracking_configuration).customized_metric_specification).metrics : m.expression if m.return_data == true], "MAX([demand / 6, replica_load])")
+    error_message = "target tracking follows the larger of the edges' demand and the replicas' own load"
+  }
+
+  assert {
+    condition     = contains([for q in aws_cloudwatch_metric_alarm.from_zero.metric_query : q.expression if q.return_data == true], "IF(desired < 1, demand, 0)") && aws_autoscaling_policy.from_zero.adjustment_type == "ExactCapacity"
+    error_message = "demand with no host wanted must start one (target tracking cannot leave zero)"
+  }
+}

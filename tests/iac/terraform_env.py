@@ -1,0 +1,59 @@
+"""Running the real terraform against the local AWS provider mirror (providers cannot be downloaded
+here). Where the mirror or terraform is missing, `require_mirror` skips with the reason: a check
+that did not run is reported as not run, never as passed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = Path(os.environ.get("TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
+
+
+def terraform_binary() -> str | None:
+    found = shutil.which("terraform")
+    if found:
+        return found
+    wrapped = REPO / ".venv-checkov" / "bin" / "terraform"
+    return str(wrapped) if wrapped.exists() else None
+
+
+def has_mirror() -> bool:
+    return (MIRROR / "registry.terraform.io" / "hashicorp" / "aws").is_dir()
+
+
+def require_mirror() -> str:
+    """The terraform binary; skips the calling test, saying why, when it cannot run here."""
+    binary = terraform_binary()
+    if binary is None:
+        pytest.skip("NOT RUN: no terraform binary (scripts/iac-checks.sh installs one)")
+    if not has_mirror():
+        pytest.skip(f"NOT RUN: no AWS provider mirror at {MIRROR} (set TF_PROVIDER_MIRROR)")
+    return binary
+
+
+def init(binary: str, config_dir: Path, home: Path) -> dict[str, str]:
+    """`terraform init` of `config_dir` from the mirror; returns the environment to run it in."""
+    rc = home / "terraform.rc"
+    rc.write_text(
+        f'plugin_cache_dir = "{MIRROR}"\n'
+        "plugin_cache_may_break_dependency_lock_file = true\n"
+        f'provider_installation {{\n  filesystem_mirror {{\n    path = "{MIRROR}"\n'
+        '    include = ["registry.terraform.io/hashicorp/*"]\n  }\n}\n'
+    )
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1"}
+    done = subprocess.run(
+        [binary, "init", "-backend=false", "-input=false", "-no-color"],
+        cwd=config_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return env
