@@ -14,6 +14,7 @@ from litestar.middleware import DefineMiddleware
 
 from edge import scaling_metric
 from edge.admission.dispatcher import Dispatcher
+from edge.admission.real_use import real_use
 from edge.body_timeout import BodyReadTimeout
 from edge.cloudwatch import QueueDepthPublisher
 from edge.config import Settings
@@ -109,6 +110,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 # Every instance counts only its own requests: each fills its share of a replica.
                 replica_share=1 / lim.instance_count,
                 prefix_weight=settings.admission.prefix_weight,
+                real_use=real_use(settings.admission),
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.aclose)

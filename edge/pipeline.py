@@ -193,6 +193,7 @@ class Pipeline:
             may_use_reserve=tier.priority > 0,
             tier=principal.tier,
             prefix_keys=routing_hashes(prompt_ids),
+            prompt_tokens=len(prompt_ids),
         )
         try:
             self.dispatcher.precheck(ticket)
@@ -468,6 +469,8 @@ class Generation:
         inter_token = metrics.INTER_TOKEN
         watch_stops = stops.active
         clock = time.perf_counter
+        # Real-use KV accounting charges the replica for the tokens as they come (admission/slot.py).
+        grow = self._slot.grow if self._slot is not None else None
         last = 0.0
         async for delta in deltas:
             ids = delta.token_ids
@@ -486,6 +489,8 @@ class Generation:
                 if granted < n:
                     ids = ids[:granted]
                 out.completion_tokens += granted
+                if grow is not None:
+                    grow(out.completion_tokens)
                 text = detok.push(ids) if granted else ""
                 if text:
                     stopped = False

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from edge.admission import metrics
+from edge.admission.real_use import RealUse
 from edge.admission.replica import Replica
 from edge.admission.replica_set import ReplicaSet, ReplicaState
 from edge.admission.router import Claims, candidates, pick
@@ -73,6 +74,7 @@ class Dispatcher:
         prior_service_s: float = 5.0,
         replica_share: float = 1.0,
         prefix_weight: float = 0.0,
+        real_use: RealUse | None = None,
     ) -> None:
         if not 0.0 <= reserved_paid_fraction < 1.0:
             raise ValueError("reserved_paid_fraction must be in [0, 1)")
@@ -93,6 +95,8 @@ class Dispatcher:
         self._reserve = reserved_paid_fraction
         # How much a replica's cached prompt prefix weighs against its load (router.py); 0: ignored.
         self._prefix_weight = prefix_weight
+        # None: charge every request its worst case (prompt + max_tokens) for its whole life.
+        self._real_use = real_use
         self._max_queue = max_queue
         self._clock = clock
         self._poll_interval_s = poll_interval_s
@@ -215,7 +219,8 @@ class Dispatcher:
             while (waiter := tier.next_candidate()) is not None:
                 ticket = waiter.ticket
                 fitting = [r for r in placeable if r.name not in waiter.exclude]
-                replica = pick(fitting, ticket, ticket.kv_tokens, self._reserve, claims, self._prefix_weight)
+                kv_tokens = self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
+                replica = pick(fitting, ticket, kv_tokens, self._reserve, claims, self._prefix_weight)
                 if replica is not None:
                     tier.commit(waiter)
                     self._grant(waiter, replica)
@@ -236,11 +241,12 @@ class Dispatcher:
 
     def _grant(self, waiter: _Waiter, replica: Replica) -> None:
         now = self._clock()
-        charge = replica.charge(waiter.ticket.kv_tokens)
+        ticket = waiter.ticket
+        charge = replica.charge(self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens)
         replica.kv_in_use += charge
         replica.sequences += 1
         replica.sent_prefix(waiter.ticket.prefix_keys)
-        slot = Slot(replica, waiter.ticket, charge, now, self._release)
+        slot = Slot(replica, ticket, charge, now, self._release, self._real_use)
         metrics.QUEUE_WAIT.labels(waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
         waiter.future.set_result(slot)
 

@@ -1,10 +1,15 @@
-"""A granted place on one replica, held for the whole generation."""
+"""A granted place on one replica, held for the whole generation.
+
+Its KV charge is either the worst case (prompt + max_tokens) for its whole life, or, with real-use
+accounting (real_use.py), what the request holds so far plus a margin, growing as tokens stream.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Literal
 
+from edge.admission.real_use import RealUse
 from edge.admission.replica import Replica
 from edge.admission.ticket import Ticket
 from edge.upstreams.base import Upstream
@@ -22,6 +27,7 @@ class Slot:
         kv_charge: int,
         granted_at: float,
         on_release: Callable[[Slot, ReleaseKind], None],
+        real_use: RealUse | None = None,
     ) -> None:
         self.upstream: Upstream = replica.upstream
         self.replica = replica
@@ -30,10 +36,26 @@ class Slot:
         self.granted_at = granted_at
         self._on_release = on_release
         self._released = False
+        self._real_use = real_use
+        # Generated tokens from which the charge no longer covers held tokens + margin.
+        self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
 
     @property
     def released(self) -> bool:
         return self._released
+
+    def grow(self, generated: int) -> None:
+        """The request has generated this many tokens: with real-use accounting, charge the replica
+        for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
+        have not: it runs for every streamed delta."""
+        if self._grow_at is None or generated < self._grow_at or self._released:
+            return
+        assert self._real_use is not None
+        charge = self.replica.charge(self._real_use.tokens(self.ticket, generated))
+        if charge > self.kv_charge:
+            self.replica.kv_in_use += charge - self.kv_charge
+            self.kv_charge = charge
+        self._grow_at = self._real_use.grows_at(self.ticket, self.kv_charge)
 
     def release(self, *, failed: bool = False) -> None:
         """Give the room back. Idempotent; call it on the event loop's thread. failed=True: the

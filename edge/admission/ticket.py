@@ -21,6 +21,8 @@ class Ticket:
     tier: str = ""  # the tier's name, for metrics only; empty means "the priority"
     # The prompt's leading blocks, as prefix_index.routing_hashes names them: where it may hit a cache.
     prefix_keys: tuple[int, ...] = ()
+    # Of kv_tokens, the prompt's (None: not known, so real-use accounting charges the worst case).
+    prompt_tokens: int | None = None
 
     @property
     def tier_label(self) -> str:
