@@ -98,6 +98,13 @@ class _Metrics:
         self._last_generated = 0
 
     def update(self, stats: EngineStats) -> None:
+        # The counter first: each write below is a separate IPC call, and a scrape may land between
+        # any two. A reader that waits on the gauges (idle, iterations advanced) must find the tokens
+        # of the same snapshot already counted; written last, the counter lagged the gauges by the
+        # final step's tokens (20 x 32 streams read as 620: one short per stream).
+        if stats.generated_tokens > self._last_generated:
+            self._generated_tokens.increment(stats.generated_tokens - self._last_generated)
+            self._last_generated = stats.generated_tokens
         values = {
             "active": stats.running + stats.waiting,
             "max": stats.max_num_seqs,
@@ -115,9 +122,6 @@ class _Metrics:
             if self._last.get(key) != value:
                 self._gauges[key].set(value)
                 self._last[key] = value
-        if stats.generated_tokens > self._last_generated:
-            self._generated_tokens.increment(stats.generated_tokens - self._last_generated)
-            self._last_generated = stats.generated_tokens
 
     def close(self) -> None:
         # The backend requires every Metric to go before its MetricFamily.
