@@ -41,11 +41,17 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
             log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
         authenticator = Authenticator(store, cfg.cache_ttl_s)
         changes = key_changes(settings.limiter)
-        announce = None
         if changes is not None:
             stack.push_async_callback(changes.aclose)
             changes.start(authenticator.invalidate)
-            announce = changes.announce
+
+        async def announce(key_sha256: str) -> None:
+            # A change made through this edge's admin API holds here at once, and on the others
+            # at once with Redis, else within the cache TTL.
+            authenticator.invalidate(key_sha256)
+            if changes is not None:
+                await changes.announce(key_sha256)
+
         lifecycle = KeyLifecycle(
             store, settings.tiers, rotation_grace_s=cfg.rotation_grace_s, announce=announce
         )

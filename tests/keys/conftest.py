@@ -29,11 +29,20 @@ def dynamodb_client(endpoint: str) -> object:
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """The [keys] settings of a fresh store: a SQLite file, or a new table on dynalite."""
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """The [keys] settings of a fresh store: a SQLite file, or a new table on dynalite (which takes
+    any credentials; the edge's boto3 client finds these in the environment, as in a task)."""
     if request.param == "sqlite":
         return {"backend": "sqlite", "sqlite_path": str(tmp_path / "keys.db")}
     endpoint: str = request.getfixturevalue("dynalite_endpoint")
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
     return {
         "backend": "dynamodb",
         "dynamodb_endpoint": endpoint,

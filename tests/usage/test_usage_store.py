@@ -22,7 +22,9 @@ async def test_rows_add_up_per_user_model_and_day(usage_store: UsageStore) -> No
         Usage("alice", "m", "2026-01-01", 13, 7, 2),
         Usage("alice", "m", "2026-01-02", 1, 1, 1),
     ]
-    assert await usage_store.query("alice", start="2026-01-02") == [Usage("alice", "m", "2026-01-02", 1, 1, 1)]
+    assert await usage_store.query("alice", start="2026-01-02") == [
+        Usage("alice", "m", "2026-01-02", 1, 1, 1)
+    ]
     assert [u.user for u in await usage_store.query(None, end="2026-01-01")] == ["alice", "bob"]
 
 
@@ -56,4 +58,9 @@ async def test_the_writer_sums_retries_and_writes_everything_before_close(usage_
     await writer.aclose()
     assert not writer.record("alice", "m", 1, 1)  # closed: refused, not silently lost
     [row] = await usage_store.query("alice")
-    assert (row.input_tokens, row.output_tokens, row.requests, row.day) == (sum(range(200)), 200, 200, utc_day())
+    assert (row.input_tokens, row.output_tokens, row.requests, row.day) == (
+        sum(range(200)),
+        200,
+        200,
+        utc_day(),
+    )

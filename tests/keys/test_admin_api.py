@@ -1,0 +1,124 @@
+"""/v1/admin/keys: the key lifecycle over HTTP, open only with the admin key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from tests.edge.conftest import ROOMY_TIERS
+from tests.support.live_server import LiveServer, start_server
+
+ADMIN_KEY = new_secret(ADMIN_KEY_PREFIX)
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = {"tiers": ROOMY_TIERS, "keys": {"admin_key_sha256": hash_key(ADMIN_KEY), "cache_ttl_s": 3600}}
+    with start_server(tmp_path_factory.mktemp("admin"), settings) as live:
+        yield live
+
+
+def _works(server: LiveServer, key: str) -> bool:
+    response = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code in (200, 401), response.text
+    return response.status_code == 200
+
+
+def _create(server: LiveServer, **body: Any) -> dict[str, Any]:
+    made = httpx.post(server.base_url + "/v1/admin/keys", json=body, headers=ADMIN)
+    assert made.status_code == 201, made.text
+    created: dict[str, Any] = made.json()
+    return created
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer fgadmin-wrong"}, {"Authorization": "Token x"}]
+)
+def test_the_admin_api_needs_the_admin_key(server: LiveServer, headers: dict[str, str]) -> None:
+    response = httpx.get(server.base_url + "/v1/admin/keys", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_users_key_is_no_admin_key(server: LiveServer) -> None:
+    assert httpx.get(server.base_url + "/v1/admin/keys", headers=server.auth("paid")).status_code == 401
+
+
+def test_without_an_admin_key_configured_the_admin_api_does_not_exist(tmp_path: Path) -> None:
+    with start_server(tmp_path) as plain:
+        response = httpx.get(plain.base_url + "/v1/admin/keys", headers=ADMIN)
+    assert response.status_code == 404
+
+
+def test_create_list_set_tier_and_revoke(server: LiveServer) -> None:
+    made = _create(server, user="frank", tier="free", label="notebook")
+    key = made["key"]
+    assert _works(server, key) and made["last4"] == key[-4:] and made["status"] == "active"
+
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "frank"}, headers=ADMIN).json()
+    assert [(k["id"], k["user"], k["label"], k["last4"]) for k in listed["data"]] == [
+        (made["id"], "frank", "notebook", key[-4:])
+    ]
+    everything = httpx.get(server.base_url + "/v1/admin/keys", headers=ADMIN).text
+    assert key not in everything and hash_key(key) not in everything
+
+    moved = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/tier", json={"tier": "paid"}, headers=ADMIN
+    )
+    assert moved.status_code == 200 and moved.json()["tier"] == "paid"
+    # The tier reaches the principal: a max_tokens only the paid tier allows is now accepted.
+    asked = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
+    with httpx.stream(
+        "POST",
+        server.base_url + "/v1/chat/completions",
+        json=asked | {"stream": True},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
+        assert response.status_code == 200
+
+    assert (
+        httpx.post(f"{server.base_url}/v1/admin/keys/{made['id']}/revoke", headers=ADMIN).status_code == 200
+    )
+    assert not _works(server, key)  # the edge that revoked it forgets it at once, TTL or not
+
+
+def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveServer) -> None:
+    made = _create(server, user="gina", tier="free")
+    rotated = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/rotate", json={"grace_s": 3600}, headers=ADMIN
+    )
+    assert rotated.status_code == 200
+    body = rotated.json()
+    assert body["replaces"]["id"] == made["id"] and body["replaces"]["expires"] is not None
+    assert _works(server, made["key"]) and _works(server, body["key"])
+
+    ended = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{body['id']}/rotate", json={"grace_s": 0}, headers=ADMIN
+    )
+    assert ended.status_code == 200
+    assert not _works(server, body["key"]) and _works(server, ended.json()["key"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/admin/keys", {"user": "h", "tier": "platinum"}, 400, "unknown_tier"),
+        ("/v1/admin/keys", {"user": "h"}, 400, None),
+        ("/v1/admin/keys", {"user": "h", "tier": "free", "colour": "red"}, 400, None),
+        ("/v1/admin/keys/key_000000000000/revoke", {}, 404, "key_not_found"),
+        ("/v1/admin/keys/key_000000000000/tier", {"tier": "paid"}, 404, "key_not_found"),
+    ],
+)
+def test_bad_admin_requests_get_openai_style_errors(
+    server: LiveServer, path: str, body: dict[str, Any], status: int, code: str | None
+) -> None:
+    response = httpx.post(server.base_url + path, json=body, headers=ADMIN)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and (code is None or error["code"] == code)

@@ -1,0 +1,144 @@
+"""`floodgate keys …`, `floodgate usage` as an operator runs them, on the store the settings name."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from edge.cli import main
+from edge.config import load_settings
+from edge.keys.authenticator import Authenticator
+from edge.keys.record import hash_key
+from edge.keys.sqlite import SQLiteKeyStore
+from edge.usage.record import Usage
+from edge.usage.sqlite import SQLiteUsageStore
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "floodgate.toml"
+    path.write_text(
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
+    )
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], config: Path, *argv: str) -> str:
+    assert main([*argv, "--config", str(config)]) == 0
+    out: str = capsys.readouterr().out
+    return out
+
+
+def user_of(config: Path, key: str) -> str | None:
+    """Who the key authenticates as right now (None: refused), read from the store as an edge would."""
+
+    async def check() -> str | None:
+        store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+        try:
+            return (await Authenticator(store, 1e-9).authenticate(f"Bearer {key}")).user
+        except Exception:
+            return None
+        finally:
+            await store.aclose()
+
+    return asyncio.run(check())
+
+
+def test_create_list_revoke(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    key = run(capsys, config, "keys", "create", "--user", "carol", "--tier", "free", "--label", "ci").strip()
+    assert key.startswith("fg-") and user_of(config, key) == "carol"
+
+    table = run(capsys, config, "keys", "list")
+    assert key not in table and hash_key(key) not in table
+    assert "carol" in table and f"…{key[-4:]}" in table and "active" in table
+
+    [listed] = json.loads(run(capsys, config, "keys", "list", "--json", "--user", "carol"))
+    assert set(listed) == {"id", "user", "tier", "label", "last4", "created", "expires", "revoked", "status"}
+    run(capsys, config, "keys", "revoke", listed["id"])
+    assert user_of(config, key) is None
+    assert "revoked" in run(capsys, config, "keys", "list")
+
+
+def test_rotate_and_set_tier(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    old = run(capsys, config, "keys", "create", "--user", "dan", "--tier", "free").strip()
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    new = run(capsys, config, "keys", "rotate", record["id"], "--grace-s", "3600").strip()
+    assert new != old and user_of(config, old) == user_of(config, new) == "dan"
+
+    run(capsys, config, "keys", "set-tier", record["id"], "paid")
+    tiers = {k["id"]: k["tier"] for k in json.loads(run(capsys, config, "keys", "list", "--json"))}
+    assert tiers[record["id"]] == "paid"
+
+
+def test_unknown_tier_and_key_are_refused(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown tier"):
+        main(["keys", "create", "--user", "x", "--tier", "platinum", "--config", str(config)])
+    with pytest.raises(SystemExit, match="no key key_nope"):
+        main(["keys", "revoke", "key_nope", "--config", str(config)])
+
+
+def test_import_of_the_old_keys_file_is_one_command_and_idempotent(
+    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path
+) -> None:
+    old_key = "fg-a-key-from-the-old-keys-file"
+    jsonl = tmp_path / "exported.jsonl"
+    jsonl.write_text(json.dumps({"key_sha256": hash_key(old_key), "user": "erin", "tier": "paid"}) + "\n")
+    run(capsys, config, "keys", "import", str(jsonl))
+    assert user_of(config, old_key) == "erin"
+    assert main(["keys", "import", str(jsonl), "--config", str(config)]) == 0
+    assert "imported 0 keys; 1 were already in the store" in capsys.readouterr().err
+
+
+def test_a_dev_key_in_the_old_keys_file_keeps_working(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """What `make serve` printed before the store existed sits in .floodgate/keys.jsonl: every key
+    command and every edge start imports that file, so the key stays valid."""
+    dev_key = "fg-the-dev-key-make-serve-printed-last-week"
+    keys_file = Path(load_settings(config).server.keys_file)
+    keys_file.write_text(json.dumps({"key_sha256": hash_key(dev_key), "user": "dev", "tier": "paid"}) + "\n")
+    assert "dev" in run(capsys, config, "keys", "list")
+    assert user_of(config, dev_key) == "dev"
+
+
+def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    async def seed() -> None:
+        store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
+        await store.add(Usage("ann", "m", "2026-01-01", 12, 30, 2))
+        await store.add(Usage("bo", "m", "2026-01-02", 5, 7, 1))
+        await store.aclose()
+
+    asyncio.run(seed())
+    rows = list(csv.DictReader(io.StringIO(run(capsys, config, "usage", "--csv"))))
+    assert rows == [
+        {
+            "user": "ann",
+            "model": "m",
+            "date": "2026-01-01",
+            "input_tokens": "12",
+            "output_tokens": "30",
+            "requests": "2",
+        },
+        {
+            "user": "bo",
+            "model": "m",
+            "date": "2026-01-02",
+            "input_tokens": "5",
+            "output_tokens": "7",
+            "requests": "1",
+        },
+    ]
+    table = run(capsys, config, "usage", "--user", "bo")
+    assert "bo" in table and "ann" not in table and "input_tokens" in table
+
+
+def test_admin_key_prints_a_key_and_the_hash_to_configure(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["keys", "admin-key"]) == 0
+    captured = capsys.readouterr()
+    key = captured.out.strip()
+    assert key.startswith("fgadmin-") and f'admin_key_sha256 = "{hash_key(key)}"' in captured.err
