@@ -37,6 +37,7 @@ from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
 from edge.routes.usage import own_usage
 from edge.runtime import Runtime
+from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
 from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
@@ -84,6 +85,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
     provider = upstreams or replica_provider(settings)
     drain = Drain(settings.server.drain_accept_s, settings.server.drain_deadline_s)
     gate = StreamGate(drain, settings.server.max_open_streams)
+    stalled_readers = StalledReaders(settings.server.stalled_reader_s)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -152,6 +154,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             finally:
                 del app.state.runtime
                 drain.close()
+                await stalled_readers.aclose()
 
     app = Litestar(
         route_handlers=[
@@ -182,4 +185,5 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
         openapi_config=None,
     )
     app.state.drain = drain
+    app.state.stalled_readers = stalled_readers  # read by edge/streaming.py
     return app

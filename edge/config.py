@@ -36,6 +36,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     drain_deadline_s: Annotated[float, msgspec.Meta(ge=0)]
     listen_backlog: Annotated[int, msgspec.Meta(ge=1)]
     max_open_streams: Annotated[int, msgspec.Meta(ge=1)]
+    # A stream whose one send has waited this long on a client that reads nothing is cut.
+    stalled_reader_s: Annotated[float, msgspec.Meta(gt=0)]
+    # The kernel send buffer of each client connection (SO_SNDBUF; 0: the kernel's autotuning).
+    send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -51,6 +51,9 @@ class Listeners:
 def bind_listeners(server: ServerConfig) -> Listeners:
     """Bind (not yet listen on) both sockets; port 0 picks a free one (tests)."""
     public = _bind(server.host, server.port)
+    if server.send_buffer_bytes:
+        # Accepted connections inherit it: what one stalled client can pin in the kernel.
+        public.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.send_buffer_bytes)
     try:
         ops = _bind(server.ops_host, server.ops_port)
     except OSError:

@@ -3,10 +3,13 @@
 Litestar's own Stream response cancels its iterator on disconnect but may leave it un-closed, and
 a generation must release its slot, settle its lease and abort the engine sequence at once. So the
 request task runs the generation itself and a watcher cancels it when `http.disconnect` arrives.
+A client that stays connected but stops reading is cut the same way once one send has waited
+`[server] stalled_reader_s` (edge/stalled_readers.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -17,6 +20,7 @@ from litestar.types import Receive, Scope, Send
 from edge.errors import ApiError, ErrorDetail
 from edge.pipeline import Generation
 from edge.sse import DONE, event
+from edge.stalled_readers import SendProgress, StalledReaders
 
 log = structlog.get_logger("floodgate.streaming")
 T = TypeVar("T")
@@ -58,10 +62,16 @@ class EventStreamResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         generation = self._generation
+        stalled: StalledReaders | None = getattr(scope["app"].state, "stalled_readers", None)
+        cut_scope = anyio.CancelScope()
+        progress = SendProgress(generation.request_id, cut_scope)
+        now = asyncio.get_running_loop().time
 
-        def emit(chunk: bytes) -> Awaitable[None]:
-            # Hands back send's own awaitable: one coroutine frame less per chunk.
-            return send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async def emit(chunk: bytes) -> None:
+            # uvicorn's send waits (flow control) while the client reads nothing: the watch sees it.
+            progress.waiting_since = now()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            progress.waiting_since = None
 
         async def produce() -> None:
             try:
@@ -74,9 +84,16 @@ class EventStreamResponse:
                 await emit(DONE)
 
         headers = _SSE_HEADERS + [(k.encode(), v.encode()) for k, v in generation.headers.items()]
+        if stalled is not None:
+            stalled.watch(progress)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await until_disconnect(receive, produce)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            with cut_scope:
+                await until_disconnect(receive, produce)
+            if not progress.cut:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # Cut: the response stays unfinished, and uvicorn closes the connection.
         finally:
+            if stalled is not None:
+                stalled.unwatch(progress)
             await generation.close()

@@ -1,0 +1,73 @@
+"""Cut streams whose client stopped reading.
+
+A client that opens a stream and stops reading (a stalled proxy, a frozen tab, a slow-loris) would
+otherwise hold its replica sequence, its KV blocks and its concurrency slot until the generation
+ends. What it costs the edge meanwhile is bounded: the transport buffers at most its high-water
+mark and then `send` waits (flow control), which stops the relay from pulling more tokens. Past
+`[server] stalled_reader_s` of one send waiting, the stream is cut like a disconnect: the
+generation is aborted (its sequence and blocks freed), its lease settled, its slot released.
+
+One watch per process scans every open stream once a second: a timer per stream would cost a
+wake-up per stream per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import anyio
+import structlog
+
+log = structlog.get_logger("floodgate.streaming")
+
+SCAN_INTERVAL_S = 1.0
+
+
+class SendProgress:
+    """When this stream's pending send began (None: no send waiting)."""
+
+    __slots__ = ("cut", "request_id", "scope", "waiting_since")
+
+    def __init__(self, request_id: str, scope: anyio.CancelScope) -> None:
+        self.request_id = request_id
+        self.scope = scope
+        self.waiting_since: float | None = None
+        self.cut = False
+
+
+class StalledReaders:
+    def __init__(self, limit_s: float) -> None:
+        if limit_s <= 0:
+            raise ValueError("stalled_reader_s must be positive")
+        self.limit_s = limit_s
+        self._streams: set[SendProgress] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self, progress: SendProgress) -> None:
+        self._streams.add(progress)
+        if self._task is None:
+            self._task = asyncio.create_task(self._scan_forever(), name="stalled-readers")
+
+    def unwatch(self, progress: SendProgress) -> None:
+        self._streams.discard(progress)
+
+    async def _scan_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = min(SCAN_INTERVAL_S, self.limit_s / 2)
+        while True:
+            await asyncio.sleep(interval)
+            stalled_before = loop.time() - self.limit_s
+            for progress in list(self._streams):
+                since = progress.waiting_since
+                if since is not None and since < stalled_before and not progress.cut:
+                    progress.cut = True
+                    log.warning("stalled_reader_cut", request_id=progress.request_id, limit_s=self.limit_s)
+                    progress.scope.cancel()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
