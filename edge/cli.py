@@ -16,7 +16,9 @@ from edge.keys.cli_support import opened_lifecycle, run
 from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
 from edge.model_cli import add_model_command
+from edge.model_source import prepare_model
 from edge.operator_cli import add_operator_commands
+from gpu_container.checkpoint.errors import CheckpointError
 
 DEV_USER = "dev"
 DEV_TIER = "paid"
@@ -61,6 +63,10 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging()
     # httpx logs every request at INFO: the replicas' metrics polls would flood the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        prepare_model(settings.model)
+    except CheckpointError as exc:
+        raise SystemExit(f"floodgate: cannot serve the model: {exc}") from None
     if settings.server.dev_key:
         _dev_key_hint(settings)
     from edge.app import create_app

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from edge.config import ModelConfig
 from gpu_container.checkpoint.bundled import MODEL_NAME, PACKAGE, bundled_gguf
+from gpu_container.checkpoint.facts import read_facts
 from gpu_container.checkpoint.gguf_import import import_gguf
 from gpu_container.checkpoint.progress import Progress, stderr_progress
 from gpu_container.engine.demo_model import build_demo_model
@@ -29,3 +30,11 @@ def import_source(source: str, models_dir: Path, progress: Progress | None = Non
     else:
         gguf, name = Path(source), None
     return import_gguf(gguf, models_dir, name=name, progress=progress or stderr_progress(gguf.name))
+
+
+def prepare_model(model: ModelConfig) -> Path:
+    """Resolve (a first start imports the GGUF here, progress on stderr) and check the checkpoint,
+    so a bad one stops `floodgate serve` with its file named before the server starts."""
+    directory = resolve_model_dir(model)
+    _ = read_facts(directory).text  # the edge tokenizes: the text side must be there too
+    return directory
