@@ -12,11 +12,9 @@ from litestar import Litestar
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from edge import scaling_metric
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.real_use import real_use
 from edge.body_timeout import BodyReadTimeout
-from edge.cloudwatch import QueueDepthPublisher
 from edge.config import Settings
 from edge.conversation_log import ConversationLog
 from edge.drain import Drain
@@ -37,6 +35,7 @@ from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
 from edge.routes.usage import own_usage
 from edge.runtime import Runtime
+from edge.scaling import ScalingPublisher, scaling_publisher
 from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
@@ -54,15 +53,14 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
     return min(limit, read_facts(model_dir).max_context)
 
 
-def _queue_depth_publisher(settings: Settings, dispatcher: Dispatcher) -> QueueDepthPublisher:
+def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPublisher:
     m = settings.metrics
     region = m.cloudwatch_region or None
-    return QueueDepthPublisher(
-        dispatcher.queue_depth_per_replica,
-        dimensions=scaling_metric.dimensions(settings.model.name),
-        client_factory=lambda: boto3.client("cloudwatch", region_name=region),
-        interval_s=m.cloudwatch_interval_s,
-        sample_interval_s=min(scaling_metric.SAMPLE_INTERVAL_S, m.cloudwatch_interval_s),
+    return scaling_publisher(
+        settings.model.name,
+        dispatcher,
+        lambda: boto3.client("cloudwatch", region_name=region),
+        m.cloudwatch_interval_s,
     )
 
 
@@ -120,7 +118,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 # Replicas found later join the dispatcher (and leave it) while the app runs.
                 await stack.enter_async_context(replicas.watch(dispatcher))
             if settings.metrics.cloudwatch:
-                publisher = _queue_depth_publisher(settings, dispatcher)
+                publisher = _scaling_publisher(settings, dispatcher)
                 publisher.start()
                 stack.push_async_callback(publisher.aclose)
             store = await create_store(settings.messages)

@@ -102,6 +102,8 @@ class Dispatcher:
         self._poll_interval_s = poll_interval_s
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
         self._tier_labels: dict[int, str] = {}
+        # Tickets refused so far, for any reason: demand no replica served (edge/scaling/demand.py).
+        self._turned_away = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -180,6 +182,10 @@ class Dispatcher:
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def turned_away(self) -> int:
+        """Tickets refused since start (every Overloaded raised): read by the scaling signal."""
+        return self._turned_away
+
     def queue_depth_per_replica(self) -> float:
         """Waiting requests per healthy replica: the autoscaling figure (no healthy replica counts as one)."""
         return len(self._queue) / max(len(self.replicas.alive()), 1)
@@ -202,6 +208,7 @@ class Dispatcher:
 
     def _reject(self, reason: OverloadReason, retry_after_s: float) -> Overloaded:
         metrics.REJECTED.labels(reason).inc()
+        self._turned_away += 1
         return Overloaded(reason, retry_after_s)
 
     # -- dispatching -----------------------------------------------------------------------------

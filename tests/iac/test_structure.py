@@ -6,9 +6,9 @@ import re
 import tomllib
 from typing import Any
 
-from edge import scaling_metric
 from edge.config import load_settings
 from edge.messages import dynamodb
+from edge.scaling import metric as scaling_metric
 from tests.iac.hcl import EXAMPLE, IAC, MODULES, module, only, resolve
 
 ENV = module(EXAMPLE)

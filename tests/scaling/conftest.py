@@ -12,7 +12,7 @@ import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from edge import scaling_metric
+from edge.scaling import metric
 from tests.support.ports import free_port
 
 REGION = "us-east-1"
@@ -76,7 +76,7 @@ def cloudwatch(moto_endpoint: str) -> Any:
 ClientFactory = Callable[[], Any]
 
 
-def read_back(cloudwatch: Any, model: str, stat: str) -> list[float]:
+def read_back(cloudwatch: Any, model: str, stat: str, name: str = metric.DEMAND_METRIC) -> list[float]:
     now = datetime.now(UTC)
     answer = cloudwatch.get_metric_data(
         MetricDataQueries=[
@@ -84,9 +84,9 @@ def read_back(cloudwatch: Any, model: str, stat: str) -> list[float]:
                 "Id": "q",
                 "MetricStat": {
                     "Metric": {
-                        "Namespace": scaling_metric.NAMESPACE,
-                        "MetricName": scaling_metric.METRIC_NAME,
-                        "Dimensions": [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}],
+                        "Namespace": metric.NAMESPACE,
+                        "MetricName": name,
+                        "Dimensions": [{"Name": metric.MODEL_DIMENSION, "Value": model}],
                     },
                     "Period": 3600,
                     "Stat": stat,

@@ -1,5 +1,6 @@
 """The GPU pool's target-tracking policy, taken from the Terraform and created through the Auto Scaling
-API (moto), reads the very metric the publisher sends: same namespace, name and dimensions."""
+API (moto), reads the very metrics the publisher sends: same namespace, names and dimensions; and
+its expression over what two edges at saturated GPUs send does not scale the group in."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from edge import scaling_metric
-from edge.cloudwatch import QueueDepthPublisher
+from edge.scaling import DemandSignal, ScalingPublisher, metric
 from tests.iac.hcl import EXAMPLE, MODULES, module, only, resolve
 from tests.scaling.conftest import PutRecorder, aws_client
+from tests.scaling.test_demand import Edge, replicas
 
 pytestmark = pytest.mark.anyio
 
@@ -24,15 +25,15 @@ def from_hcl(value: Any) -> Any:
     if value == "${var.model}":
         return MODEL
     resolved = resolve(value, module(EXAMPLE), "gpu_pool")
-    if isinstance(resolved, str) and "${local.backlog_expression}" == resolved:
-        return from_hcl(module(MODULES / "gpu_pool").locals()["backlog_expression"])
+    if isinstance(resolved, str) and "${local.demand_expression}" == resolved:
+        return from_hcl(module(MODULES / "gpu_pool").locals()["demand_expression"])
     if isinstance(resolved, str):
         return re.sub(r"\$\{(var\.\w+)\}", lambda m: str(from_hcl("${" + m.group(1) + "}")), resolved)
     return resolved
 
 
 def target_tracking_from_hcl() -> dict[str, Any]:
-    policy = module(MODULES / "gpu_pool").resource("aws_autoscaling_policy", "queue_depth_target")
+    policy = module(MODULES / "gpu_pool").resource("aws_autoscaling_policy", "demand_target")
     config = only(policy["target_tracking_configuration"])
     queries = []
     for m in only(config["customized_metric_specification"])["metrics"]:
@@ -54,7 +55,7 @@ def target_tracking_from_hcl() -> dict[str, Any]:
                 "Stat": stat["stat"],
             }
         queries.append(query)
-    target = module(EXAMPLE).variables()["models"]["default"][MODEL]["queue_depth_target"]
+    target = module(EXAMPLE).variables()["models"]["default"][MODEL]["demand_target"]
     return {"TargetValue": float(target), "CustomizedMetricSpecification": {"Metrics": queries}}
 
 
@@ -75,7 +76,15 @@ def create_group(endpoint: str) -> str:
     return "floodgate-gpu-llama-3-8b"
 
 
-async def test_the_terraform_policy_tracks_what_the_publisher_sends(
+def evaluate(expression: str, values: dict[str, float]) -> float:
+    """A CloudWatch metric-math expression of the policy's shape, `MAX([a / n, b])`, on numbers."""
+    python = expression.replace("MAX(", "max(")
+    assert set(re.findall(r"[A-Za-z_]+", python)) <= {"max", *values}, expression
+    result: float = eval(python, {"__builtins__": {}, "max": max}, values)
+    return result
+
+
+async def test_the_terraform_policy_does_not_scale_in_saturated_gpus(
     moto_endpoint: str, recorder: PutRecorder
 ) -> None:
     autoscaling = aws_client("autoscaling", moto_endpoint)
@@ -83,36 +92,45 @@ async def test_the_terraform_policy_tracks_what_the_publisher_sends(
     group = create_group(moto_endpoint)
     autoscaling.put_scaling_policy(
         AutoScalingGroupName=group,
-        PolicyName="queue-depth",
+        PolicyName="demand",
         PolicyType="TargetTrackingScaling",
         TargetTrackingConfiguration=target_tracking_from_hcl(),
     )
     (policy,) = autoscaling.describe_policies(AutoScalingGroupName=group)["ScalingPolicies"]
-    metrics = policy["TargetTrackingConfiguration"]["CustomizedMetricSpecification"]["Metrics"]
-    by_id = {m["Id"]: m for m in metrics}
-    tracked = by_id["queued"]["MetricStat"]
+    tracking = policy["TargetTrackingConfiguration"]
+    by_id = {m["Id"]: m for m in tracking["CustomizedMetricSpecification"]["Metrics"]}
 
-    # Two edge instances, one period's samples each: 2 and 6 requests waiting per replica.
-    for per_replica in (2.0, 6.0):
-        publisher = QueueDepthPublisher(
-            lambda v=per_replica: v,
-            dimensions=scaling_metric.dimensions(MODEL),
-            client_factory=recorder.client,
+    # docs/deploy.md's worked example: two edges, 4 saturated replicas, both edge queues empty.
+    for _ in range(2):
+        edge = Edge(replicas(4, running=64, waiting=86, held_each=75))
+        publisher = ScalingPublisher(
+            DemandSignal(edge).sample, dimensions=metric.dimensions(MODEL), client_factory=recorder.client
         )
-        for _ in range(scaling_metric.SAMPLES_PER_PERIOD):
+        for _ in range(metric.SAMPLES_PER_PERIOD):
             publisher.sample()
         assert await publisher.flush()
 
     now = datetime.now(UTC)
+    queries = [
+        {"Id": name, "MetricStat": {**by_id[name]["MetricStat"], "Period": 3600}}
+        for name in ("demand", "replica_load")
+    ]
     answer = cloudwatch.get_metric_data(
-        MetricDataQueries=[{"Id": "queued", "MetricStat": {**tracked, "Period": 3600}}],
-        StartTime=now - timedelta(minutes=30),
-        EndTime=now + timedelta(minutes=30),
+        MetricDataQueries=queries, StartTime=now - timedelta(minutes=30), EndTime=now + timedelta(minutes=30)
     )
-    (queued,) = answer["MetricDataResults"][0]["Values"]
-    numerator, divisor = by_id["backlog_per_replica"]["Expression"].split(" / ")
+    values = {r["Id"]: float(only_value(r["Values"])) for r in answer["MetricDataResults"]}
+    tracked = by_id["demand_per_replica"]
 
-    assert by_id["backlog_per_replica"]["ReturnData"] is True
-    assert numerator == "queued"
-    # The fleet's backlog per replica is the sum of the edges' views: 2 + 6.
-    assert queued / float(divisor) == pytest.approx(8.0)
+    assert tracked["ReturnData"] is True
+    assert by_id["demand"]["MetricStat"]["Stat"] == "Sum"
+    assert by_id["replica_load"]["MetricStat"]["Stat"] == "Maximum"
+    value = evaluate(tracked["Expression"], values)
+    assert value == pytest.approx(600 / 256)
+    # Target tracking's new size: current x value / target, rounded up. Never below the current 4.
+    assert tracking["TargetValue"] == pytest.approx(0.8)
+    assert -(-4 * value // tracking["TargetValue"]) > 4
+
+
+def only_value(values: list[float]) -> float:
+    assert len(values) == 1, values
+    return values[0]

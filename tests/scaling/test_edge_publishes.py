@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from edge import scaling_metric
+from edge.scaling import metric
 from tests.scaling.conftest import REGION, read_back
 from tests.support.live_server import start_server
 
 
-def test_a_running_edge_publishes_queue_depth_per_replica(
+def test_a_running_edge_publishes_demand_per_replica(
     tmp_path: Path, moto_endpoint: str, cloudwatch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # boto3's own configuration points the edge's default client at moto.
@@ -32,12 +32,11 @@ def test_a_running_edge_publishes_queue_depth_per_replica(
         while not (published := read_back(cloudwatch, model, "SampleCount")):
             assert time.monotonic() < deadline, "the edge published nothing"
             time.sleep(0.05)
-        # An idle edge: nothing waits in its queue.
+        # An idle edge: nothing in flight, waiting or turned away.
         assert read_back(cloudwatch, model, "Maximum") == [0.0]
+        assert read_back(cloudwatch, model, "Maximum", metric.REPLICA_LOAD_METRIC) == [0.0]
     assert published[0] >= 1
-    listed = cloudwatch.list_metrics(
-        Namespace=scaling_metric.NAMESPACE, MetricName=scaling_metric.METRIC_NAME
-    )
-    assert {"Name": scaling_metric.MODEL_DIMENSION, "Value": model} in [
+    listed = cloudwatch.list_metrics(Namespace=metric.NAMESPACE, MetricName=metric.DEMAND_METRIC)
+    assert {"Name": metric.MODEL_DIMENSION, "Value": model} in [
         d for m in listed["Metrics"] for d in m["Dimensions"]
     ]

@@ -1,4 +1,4 @@
-"""QueueDepthPublisher against CloudWatch (moto server): batching, one call per interval, failures."""
+"""ScalingPublisher against CloudWatch (moto server): batching, one call per interval, failures."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import anyio
 import pytest
 from prometheus_client import REGISTRY
 
-from edge import scaling_metric
-from edge.cloudwatch import QueueDepthPublisher
+from edge.scaling import ScalingPublisher, metric
 from tests.scaling.conftest import PutRecorder, aws_client, read_back
 from tests.support.ports import free_port
 
@@ -25,9 +24,12 @@ def model_name() -> str:
 async def test_an_intervals_samples_go_out_in_one_call(recorder: PutRecorder, cloudwatch: Any) -> None:
     model = model_name()
     values = iter([1.0, 2.0, 3.0, 6.0])
-    publisher = QueueDepthPublisher(
-        lambda: next(values), dimensions=scaling_metric.dimensions(model), client_factory=recorder.client
-    )
+
+    def sample() -> dict[str, float]:
+        value = next(values)
+        return {metric.DEMAND_METRIC: value, metric.REPLICA_LOAD_METRIC: value / 2}
+
+    publisher = ScalingPublisher(sample, dimensions=metric.dimensions(model), client_factory=recorder.client)
     for _ in range(4):
         publisher.sample()
 
@@ -37,16 +39,17 @@ async def test_an_intervals_samples_go_out_in_one_call(recorder: PutRecorder, cl
     assert read_back(cloudwatch, model, "Sum") == [12.0]
     assert read_back(cloudwatch, model, "SampleCount") == [4.0]
     assert read_back(cloudwatch, model, "Maximum") == [6.0]
-    listed = cloudwatch.list_metrics(
-        Namespace=scaling_metric.NAMESPACE, MetricName=scaling_metric.METRIC_NAME
-    )
+    assert read_back(cloudwatch, model, "Maximum", metric.REPLICA_LOAD_METRIC) == [3.0]
+    listed = cloudwatch.list_metrics(Namespace=metric.NAMESPACE, MetricName=metric.DEMAND_METRIC)
     dims = [m["Dimensions"] for m in listed["Metrics"]]
-    assert [{"Name": scaling_metric.MODEL_DIMENSION, "Value": model}] in dims
+    assert [{"Name": metric.MODEL_DIMENSION, "Value": model}] in dims
 
 
 async def test_nothing_sampled_means_no_call(recorder: PutRecorder) -> None:
-    publisher = QueueDepthPublisher(
-        lambda: 1.0, dimensions=scaling_metric.dimensions(model_name()), client_factory=recorder.client
+    publisher = ScalingPublisher(
+        lambda: {metric.DEMAND_METRIC: 1.0},
+        dimensions=metric.dimensions(model_name()),
+        client_factory=recorder.client,
     )
 
     assert await publisher.flush()
@@ -58,9 +61,9 @@ async def test_the_running_publisher_batches_each_interval_into_one_call(
 ) -> None:
     model = model_name()
     counter = itertools.count()
-    publisher = QueueDepthPublisher(
-        lambda: float(next(counter)),
-        dimensions=scaling_metric.dimensions(model),
+    publisher = ScalingPublisher(
+        lambda: {metric.DEMAND_METRIC: float(next(counter))},
+        dimensions=metric.dimensions(model),
         client_factory=recorder.client,
         interval_s=0.3,
         sample_interval_s=0.05,
@@ -79,9 +82,9 @@ async def test_the_running_publisher_batches_each_interval_into_one_call(
 
 async def test_a_failing_put_is_counted_and_its_samples_dropped(recorder: PutRecorder) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    publisher = QueueDepthPublisher(
-        lambda: 3.0,
-        dimensions=scaling_metric.dimensions(model_name()),
+    publisher = ScalingPublisher(
+        lambda: {metric.DEMAND_METRIC: 3.0},
+        dimensions=metric.dimensions(model_name()),
         client_factory=lambda: aws_client("cloudwatch", dead),
     )
     before = REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total") or 0.0
@@ -96,15 +99,13 @@ async def test_a_failing_getter_costs_one_sample(recorder: PutRecorder, cloudwat
     model = model_name()
     answers = iter([2.0, None, 4.0])
 
-    def value() -> float:
+    def value() -> dict[str, float]:
         answer = next(answers)
         if answer is None:
             raise RuntimeError("router not ready")
-        return answer
+        return {metric.DEMAND_METRIC: answer}
 
-    publisher = QueueDepthPublisher(
-        value, dimensions=scaling_metric.dimensions(model), client_factory=recorder.client
-    )
+    publisher = ScalingPublisher(value, dimensions=metric.dimensions(model), client_factory=recorder.client)
     for _ in range(3):
         publisher.sample()
     await publisher.flush()
@@ -115,9 +116,9 @@ async def test_a_failing_getter_costs_one_sample(recorder: PutRecorder, cloudwat
 
 def test_an_interval_must_fit_one_call() -> None:
     with pytest.raises(ValueError, match="samples per interval"):
-        QueueDepthPublisher(
-            lambda: 0.0,
-            dimensions=scaling_metric.dimensions("m"),
+        ScalingPublisher(
+            lambda: {},
+            dimensions=metric.dimensions("m"),
             client_factory=lambda: None,
             interval_s=60,
             sample_interval_s=0.01,

@@ -1,8 +1,8 @@
-"""Publishes the GPU pool's scaling metric (see edge/scaling_metric.py) to CloudWatch.
+"""Sends the scaling signal (demand.py, names in metric.py) to CloudWatch.
 
 Sampling is a cheap synchronous read of the edge's own state; the network call runs in a worker
 thread once per interval, so neither a slow CloudWatch nor a failing one touches request handling.
-Each sample goes out as its own datum with its own timestamp: CloudWatch then counts exactly the
+Each sample goes out as its own datums with its own timestamp: CloudWatch then counts exactly the
 samples taken within each period, which the scaling policies' `Sum / samples per period` relies on.
 """
 
@@ -19,7 +19,7 @@ import anyio.to_thread
 import structlog
 from prometheus_client import Counter
 
-from edge import scaling_metric
+from edge.scaling import metric
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_DATUMS_PER_CALL = 1000  # PutMetricData's limit
+MAX_SAMPLES_PER_CALL = MAX_DATUMS_PER_CALL // 2  # two metrics per sample
 
 PUBLISHES = Counter("floodgate_cloudwatch_publishes_total", "PutMetricData calls that succeeded.")
 PUBLISH_FAILURES = Counter(
@@ -35,48 +36,46 @@ PUBLISH_FAILURES = Counter(
 )
 
 
-class QueueDepthPublisher:
-    """Samples `get_value` every `sample_interval_s` and sends each interval's samples together: at
-    most one PutMetricData call per `interval_s` from this instance."""
+class ScalingPublisher:
+    """Samples `get_sample` (metric name -> value) every `sample_interval_s` and sends each
+    interval's samples together: at most one PutMetricData call per `interval_s` from this instance."""
 
     def __init__(
         self,
-        get_value: Callable[[], float],
+        get_sample: Callable[[], Mapping[str, float]],
         *,
         dimensions: Mapping[str, str],
         client_factory: Callable[[], CloudWatchClient],
-        interval_s: float = scaling_metric.PERIOD_S,
-        sample_interval_s: float = scaling_metric.SAMPLE_INTERVAL_S,
-        namespace: str = scaling_metric.NAMESPACE,
-        metric_name: str = scaling_metric.METRIC_NAME,
+        interval_s: float = metric.PERIOD_S,
+        sample_interval_s: float = metric.SAMPLE_INTERVAL_S,
+        namespace: str = metric.NAMESPACE,
     ) -> None:
-        if interval_s / sample_interval_s > MAX_DATUMS_PER_CALL:
-            raise ValueError(f"more than {MAX_DATUMS_PER_CALL} samples per interval: sample less often")
-        self._get_value = get_value
+        if interval_s / sample_interval_s > MAX_SAMPLES_PER_CALL:
+            raise ValueError(f"more than {MAX_SAMPLES_PER_CALL} samples per interval: sample less often")
+        self._get_sample = get_sample
         self._dimensions: list[DimensionTypeDef] = [{"Name": k, "Value": v} for k, v in dimensions.items()]
         self._client_factory = client_factory
         self._client: CloudWatchClient | None = None
         self._interval_s = interval_s
         self._sample_interval_s = sample_interval_s
         self._namespace = namespace
-        self._metric_name = metric_name
-        self._samples: list[tuple[float, float]] = []  # (unix time, value)
+        self._samples: list[tuple[float, dict[str, float]]] = []  # (unix time, values by metric)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     def sample(self) -> None:
         """Record the current value; a failing getter costs this one sample, never the loop."""
         try:
-            value = float(self._get_value())
+            values = {name: float(value) for name, value in self._get_sample().items()}
         except Exception as exc:
-            log.warning("queue_depth_sample_failed", error=repr(exc))
+            log.warning("scaling_sample_failed", error=repr(exc))
             return
-        self._samples.append((time.time(), value))
+        self._samples.append((time.time(), values))
 
     async def flush(self) -> bool:
         """Send the samples taken since the last flush; True when sent (or nothing to send)."""
         # Only the latest samples when flush() was not called for long: the rest are stale anyway.
-        samples, self._samples = self._samples[-MAX_DATUMS_PER_CALL:], []
+        samples, self._samples = self._samples[-MAX_SAMPLES_PER_CALL:], []
         if not samples:
             return True
         try:
@@ -84,7 +83,7 @@ class QueueDepthPublisher:
         except Exception as exc:
             # Not re-sent: a late backlog figure would mislead the scaler more than a missing one.
             PUBLISH_FAILURES.inc()
-            log.warning("queue_depth_publish_failed", samples=len(samples), error=repr(exc))
+            log.warning("scaling_publish_failed", samples=len(samples), error=repr(exc))
             return False
         PUBLISHES.inc()
         return True
@@ -92,7 +91,7 @@ class QueueDepthPublisher:
     def start(self) -> None:
         if self._task is None:
             self._stopping = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="queue-depth-publisher")
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="scaling-publisher")
 
     async def aclose(self) -> None:
         """Stop sampling, let a call in flight finish, and send what was sampled since."""
@@ -118,19 +117,20 @@ class QueueDepthPublisher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), next_sample - loop.time())
 
-    def _put(self, samples: list[tuple[float, float]]) -> None:
+    def _put(self, samples: list[tuple[float, dict[str, float]]]) -> None:
         if self._client is None:
             self._client = self._client_factory()
         self._client.put_metric_data(
             Namespace=self._namespace,
             MetricData=[
                 {
-                    "MetricName": self._metric_name,
+                    "MetricName": name,
                     "Dimensions": self._dimensions,
                     "Timestamp": datetime.fromtimestamp(at, UTC),
                     "Value": value,
-                    "Unit": scaling_metric.UNIT,
+                    "Unit": metric.UNIT,
                 }
-                for at, value in samples
+                for at, values in samples
+                for name, value in values.items()
             ],
         )

@@ -1,0 +1,33 @@
+"""The scaling signal's CloudWatch names and sampling, defined once: the edge publishes them,
+Terraform scales on them (iac/modules/scaling_metric; tests/iac fails if the two drift apart).
+
+Two metrics per sample, both with the `Model` dimension:
+
+* `DemandPerReplica`: one edge's demand over the sequences of the replicas it sees (demand.py).
+  Each edge counts only its own requests, so the fleet's figure is the sum over the edges of one
+  period's samples divided by `SAMPLES_PER_PERIOD`, whatever the number of edges.
+* `ReplicaLoadPerReplica`: the replicas' own reported running + waiting sequences over their
+  sequences. Every edge sees the same replicas, so the fleet's figure is the Maximum over them.
+
+The policies track `MAX([demand / SAMPLES_PER_PERIOD, replica_load])`: 1.0 means every sequence of
+every replica is wanted.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NAMESPACE: Final = "Floodgate"
+DEMAND_METRIC: Final = "DemandPerReplica"
+REPLICA_LOAD_METRIC: Final = "ReplicaLoadPerReplica"
+MODEL_DIMENSION: Final = "Model"
+UNIT: Final = "None"
+
+SAMPLE_INTERVAL_S: Final = 10
+PERIOD_S: Final = 60
+SAMPLES_PER_PERIOD: Final = PERIOD_S // SAMPLE_INTERVAL_S
+
+
+def dimensions(model: str) -> dict[str, str]:
+    """The metrics' dimensions for one served model."""
+    return {MODEL_DIMENSION: model}
