@@ -72,6 +72,14 @@ module "messages" {
   kms_key_arn = module.kms.key_arn
 }
 
+# API keys (hashes) and usage per user, shared by every edge task (edge/keys, edge/usage).
+module "keys" {
+  source             = "../../modules/keys_table"
+  name               = "${var.name}-keys"
+  kms_key_arn        = module.kms.key_arn
+  edge_task_role_arn = module.edge.task_role_arn
+}
+
 module "redis" {
   source                    = "../../modules/redis"
   name                      = var.name
@@ -107,6 +115,7 @@ module "edge" {
     # Exact while the service runs edge_min_count tasks; see the template for the trade-off.
     edge_instances = var.edge_min_count
     messages_table = module.messages.name
+    keys_table     = module.keys.name
     region         = var.region
   })
 }
