@@ -23,6 +23,7 @@ from edge.keys.services import open_key_services
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
 from edge.model_source import resolve_model_dir
+from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.request_registry import open_request_registry
 from edge.routes.admin import admin_router
@@ -180,7 +181,7 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
             Exception: handle_unexpected,
         },
         request_max_body_size=settings.server.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(),
     )
     app.state.drain = drain
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py

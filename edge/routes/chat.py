@@ -8,13 +8,14 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp
 
+from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 from edge.schemas import parse_chat_request
 from edge.streaming import EventStreamResponse, until_disconnect
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionOperation)
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(request.headers.get("authorization"))

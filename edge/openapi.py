@@ -1,0 +1,61 @@
+"""The OpenAPI document Litestar serves at /schema/openapi.json.
+
+The chat route reads its body itself (edge/schemas.py, one msgspec pass with OpenAI-style errors),
+so Litestar sees no `data` parameter to describe: its request body is the msgspec schema of
+ChatCompletionRequest, bounds included, placed by `ChatCompletionOperation`. Clients and fuzzers
+(tests/faults/test_schemathesis.py) read the same bounds the parser enforces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import cast
+
+import msgspec
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, OpenAPIMediaType, Operation, RequestBody, Schema, SecurityScheme
+
+from edge.schemas import ChatCompletionRequest
+
+SCHEMA_PATH = "/schema"  # the document is at SCHEMA_PATH + "/openapi.json"
+_REF_TEMPLATE = "#/components/schemas/{name}"
+(_CHAT_REQUEST_REF,), _BODY_SCHEMAS = msgspec.json.schema_components(
+    [ChatCompletionRequest], ref_template=_REF_TEMPLATE
+)
+
+
+@dataclass
+class ChatCompletionOperation(Operation):
+    """POST /v1/chat/completions, with the body the route parses by hand."""
+
+    def __post_init__(self) -> None:
+        # Litestar writes plain dicts through as they are: msgspec's JSON Schema needs no conversion.
+        schema = cast(Schema, _CHAT_REQUEST_REF)
+        self.request_body = RequestBody(
+            content={"application/json": OpenAPIMediaType(schema=schema)}, required=True
+        )
+
+
+def _version() -> str:
+    try:
+        return version("floodgate")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def openapi_config() -> OpenAPIConfig:
+    # msgspec's JSON Schema dicts, passed through as they are (see ChatCompletionOperation).
+    schemas = cast(dict[str, Schema], _BODY_SCHEMAS)
+    return OpenAPIConfig(
+        title="Floodgate",
+        version=_version(),
+        path=SCHEMA_PATH,
+        render_plugins=[JsonRenderPlugin()],
+        components=Components(
+            schemas=schemas,
+            security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
+        ),
+        security=[{"bearer": []}],
+    )
