@@ -40,12 +40,13 @@ class RedisKeyChanges:
         self._listener: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 
-    async def announce(self, key_sha256: str) -> None:
-        """Best effort: a failure is logged and the cache TTL still bounds the change."""
+    async def announce(self, key_sha256: str) -> bool:
+        """Best effort: False when Redis could not be reached (the cache TTL still bounds the change)."""
         try:
             await self._publisher.publish(self._channel, key_sha256)
-        except (RedisError, OSError) as exc:
-            log.warning("key_change_announce_failed", error=type(exc).__name__)
+        except (RedisError, OSError):
+            return False  # the caller says so where its user looks (the edge's log, the CLI's stderr)
+        return True
 
     def start(self, on_change: OnChange) -> None:
         self._listener = asyncio.create_task(self._listen(on_change), name="key-changes-listener")

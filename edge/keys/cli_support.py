@@ -26,10 +26,18 @@ async def opened_lifecycle(settings: Settings) -> AsyncIterator[KeyLifecycle]:
         stack.push_async_callback(store.aclose)
         # The legacy keys file counts as stored keys (the edges import it at start).
         await import_keys_file_into(store, settings.server.keys_file)
-        changes = key_changes(settings.limiter)
+        try:
+            changes = key_changes(settings.limiter)
+        except ValueError:  # e.g. the deployment's redis_url, whose token is spliced in inside the task
+            changes = None
         if changes is not None:
             stack.push_async_callback(changes.aclose)
-        announce = changes.announce if changes is not None else None
+
+        async def announce(key_sha256: str) -> None:
+            if changes is not None and not await changes.announce(key_sha256):
+                note(f"(Redis unreachable: the edges see this change within keys.cache_ttl_s = {ttl:g} s)")
+
+        ttl = settings.keys.cache_ttl_s
         yield KeyLifecycle(
             store, settings.tiers, rotation_grace_s=settings.keys.rotation_grace_s, announce=announce
         )

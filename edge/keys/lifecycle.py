@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from edge.keys.record import KeyRecord, new_record
 from edge.keys.store import KeyStore
 
-Announce = Callable[[str], Awaitable[None]]
+Announce = Callable[[str], Awaitable[object]]
 
 
 class KeyNotFound(LookupError):

@@ -49,8 +49,8 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
             # A change made through this edge's admin API holds here at once, and on the others
             # at once with Redis, else within the cache TTL.
             authenticator.invalidate(key_sha256)
-            if changes is not None:
-                await changes.announce(key_sha256)
+            if changes is not None and not await changes.announce(key_sha256):
+                log.warning("key_change_announce_failed", bound_s=cfg.cache_ttl_s)
 
         lifecycle = KeyLifecycle(
             store, settings.tiers, rotation_grace_s=cfg.rotation_grace_s, announce=announce
