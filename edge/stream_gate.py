@@ -55,6 +55,8 @@ class StreamGate:
                         code="server_shutting_down",
                     ),
                     max(self.drain.accept_left_s(), 1.0),
+                    # The client's next try opens a new connection, which the balancer sends elsewhere.
+                    close=True,
                 )
                 return
             if self.open_streams >= self.max_open_streams:
@@ -78,7 +80,9 @@ class StreamGate:
         return gate
 
 
-async def _refuse(send: Send, status: int, detail: ErrorDetail, retry_after_s: float) -> None:
+async def _refuse(
+    send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
+) -> None:
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
     body = msgspec.json.encode(ErrorBody(detail))
     headers = [
@@ -86,5 +90,7 @@ async def _refuse(send: Send, status: int, detail: ErrorDetail, retry_after_s: f
         (b"content-length", str(len(body)).encode()),
         *((k.encode(), v.encode()) for k, v in retry_after_headers(retry_after_s).items()),
     ]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})

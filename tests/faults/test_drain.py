@@ -20,11 +20,13 @@ from typing import Any
 
 import httpx
 
+from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, events, find_long_seed
 from tests.faults.serve_process import serve_process
+from tests.support.live_server import start_server
 
 STREAMS = 4
-DRAIN = {"drain_accept_s": 3.0, "drain_deadline_s": 4.0}
+DRAIN: dict[str, object] = {"drain_accept_s": 3.0, "drain_deadline_s": 4.0}
 BODY = {
     "model": MODEL,
     "messages": LONG_PROMPT,
@@ -85,6 +87,7 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
             refused = client.post(CHAT, json=BODY | {"stream": False}, headers=server.auth())
         assert refused.status_code == 503
         assert int(refused.headers["retry-after"]) >= 1
+        assert refused.headers["connection"] == "close"
         assert refused.json()["error"]["code"] == "server_shutting_down"
 
         for stream in streams:
@@ -114,3 +117,30 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
     output = server.output()
     assert "Traceback" not in output
     assert "drain_deadline_cut" in output
+
+
+def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
+    """In process, so the dispatcher and the replica can be read after the cut: the listener keeps
+    accepting for 60 s, the deadline comes after 1 s."""
+    drain = {"server": {"drain_accept_s": 60.0, "drain_deadline_s": 1.0}}
+    with start_server(tmp_path, drain) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+            body = BODY | {"seed": find_long_seed(client, server.keys["paid"])}
+        before = idle_engine(server)
+        drained = finished_requests(server, "drained")
+        streams = [_Stream(server.base_url, server.auth("paid"), body) for _ in range(2)]
+        for stream in streams:
+            stream.start()
+        for stream in streams:
+            assert stream.started.wait(60) and stream.error is None, stream.error
+        server.drain()
+        for stream in streams:
+            stream.join(60)
+            assert not stream.is_alive() and stream.error is None, stream.error
+            assert stream.events[-1] == DONE
+            assert stream.events[-3]["error"]["code"] == "server_shutting_down"
+        assert finished_requests(server, "drained") == drained + 2
+        held = server.app.state.runtime.pipeline.dispatcher.replica_states()
+        assert all(r.sequences_held == 0 and r.kv_tokens_held == 0 for r in held)
+        after = wait_for_engine_to_drop(server, before)
+        assert after.running == 0 and after.used_blocks == 0
