@@ -1,14 +1,15 @@
 """Build a TensorRT-LLM engine from a Hugging Face Llama checkpoint (run on a GPU box, in the image).
 
-    python -m gpu_container.triton.build_engine --hf-dir /ckpt/Llama-3-8B-Instruct \
+    python3 -m gpu_container.triton.build_engine --hf-dir /ckpt/Llama-3-8B-Instruct \
         --work-dir /build --max-batch-size 64 --max-input-len 4096 --max-seq-len 8192 \
         [--tp-size 2] [--upload s3://bucket/engines/llama-3-8b/]
 
-Two steps, as TensorRT-LLM documents them: examples/llama/convert_checkpoint.py rewrites the HF
-weights as a TensorRT-LLM checkpoint (sharded for tensor parallelism), then `trtllm-build` compiles
-it. The engine must be built on the GPU type and TensorRT-LLM version it will serve on: build it
-with the same image as the Dockerfile (which pins the version), then upload the engine folder for
-fetch_engine.py. The flags are the ones in-flight batching needs (see `trtllm_build_command`).
+Two steps, as TensorRT-LLM documents them: the HF weights become a TensorRT-LLM checkpoint
+(convert_checkpoint.py here, the wheel's LLaMAForCausalLM API, sharded for tensor parallelism),
+then `trtllm-build` compiles it. The engine must be built on the GPU type and TensorRT-LLM version
+it will serve on: build it with the same image as the Dockerfile (which pins the version), then
+upload the engine folder with its SHA-256 manifest for fetch_engine.py. The flags are the ones
+in-flight batching needs (see `trtllm_build_command`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import structlog
 
-from gpu_container.triton.fetch_engine import parse_s3_uri
+from gpu_container.triton.fetch_engine import upload_engine
 
 log = structlog.get_logger(__name__)
-
-# TensorRT-LLM's examples are not part of its wheel: clone the repository at the image's version.
-DEFAULT_CONVERT_SCRIPT = "/opt/TensorRT-LLM/examples/llama/convert_checkpoint.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +38,6 @@ class EngineBuild:
     # Token budget of one in-flight batch (prefill chunks + decode tokens).
     max_num_tokens: int = 8192
     tokens_per_block: int = 64
-    convert_script: str = DEFAULT_CONVERT_SCRIPT
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -55,14 +51,15 @@ class EngineBuild:
 def convert_checkpoint_command(build: EngineBuild) -> list[str]:
     return [
         "python3",
-        build.convert_script,
-        "--model_dir",
+        "-m",
+        "gpu_container.triton.convert_checkpoint",
+        "--hf-dir",
         str(build.hf_dir),
-        "--output_dir",
+        "--output-dir",
         str(build.checkpoint_dir),
         "--dtype",
         build.dtype,
-        "--tp_size",
+        "--tp-size",
         str(build.tp_size),
     ]
 
@@ -103,15 +100,6 @@ def trtllm_build_command(build: EngineBuild) -> list[str]:
     ]
 
 
-def upload_engine(engine_dir: Path, uri: str) -> None:
-    bucket, prefix = parse_s3_uri(uri)
-    s3 = boto3.client("s3")
-    for path in sorted(p for p in engine_dir.rglob("*") if p.is_file()):
-        key = prefix + path.relative_to(engine_dir).as_posix()
-        log.info("uploading engine file", key=key, bytes=path.stat().st_size)
-        s3.upload_file(str(path), bucket, key)
-
-
 def build_engine(build: EngineBuild) -> Path:
     for command in (convert_checkpoint_command(build), trtllm_build_command(build)):
         log.info("running", command=" ".join(command))
@@ -129,7 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-input-len", type=int, default=4096)
     parser.add_argument("--max-seq-len", type=int, default=8192)
     parser.add_argument("--max-num-tokens", type=int, default=8192)
-    parser.add_argument("--convert-script", default=DEFAULT_CONVERT_SCRIPT)
     parser.add_argument("--upload", metavar="S3_URI", help="upload the engine folder here afterwards")
     args = parser.parse_args(argv)
     engine_dir = build_engine(
@@ -142,7 +129,6 @@ def main(argv: list[str] | None = None) -> None:
             max_input_len=args.max_input_len,
             max_seq_len=args.max_seq_len,
             max_num_tokens=args.max_num_tokens,
-            convert_script=args.convert_script,
         )
     )
     if args.upload:

@@ -8,11 +8,17 @@ Environment:
   TRTLLM_<SETTING>   any TrtLlmSettings field upper-cased, e.g. TRTLLM_BATCH_SCHEDULER_POLICY,
                      TRTLLM_KV_CACHE_FREE_GPU_MEM_FRACTION (defaults in production/render.py)
 Extra arguments are appended to the tritonserver command line.
+
+An engine built for several GPUs (`build_engine --tp-size N`: its config.json says world_size N)
+runs as N tritonserver processes under one `mpirun`, one per GPU, as TensorRT-LLM's backend
+requires (its launch_triton_server.py does the same): rank 0 serves, the other ranks only load the
+TensorRT-LLM model and take part in it. The host must have N GPUs (`--gpus all`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -23,7 +29,7 @@ import structlog
 
 from gpu_container.triton.fetch_engine import fetch_engine
 from gpu_container.triton.plain_logging import configure_plain_logging
-from gpu_container.triton.production.render import TrtLlmSettings, render_repository
+from gpu_container.triton.production.render import MODEL_NAME, TrtLlmSettings, render_repository
 
 log = structlog.get_logger(__name__)
 
@@ -47,9 +53,22 @@ def settings_from_env(env: Mapping[str, str], engine_dir: str) -> TrtLlmSettings
     return dataclasses.replace(defaults, **overrides)
 
 
-def tritonserver_command(model_repository: Path, extra: list[str]) -> list[str]:
+def engine_world_size(engine_dir: Path) -> int:
+    """GPUs the engine was built for: `pretrained_config.mapping.world_size` of its config.json
+    (TensorRT-LLM 0.16's engine layout); 1 when the engine says nothing."""
+    try:
+        config = json.loads((engine_dir / "config.json").read_text())
+    except FileNotFoundError:
+        return 1
+    mapping = config.get("pretrained_config", {}).get("mapping", {})
+    world_size = int(mapping.get("world_size", 1))
+    if world_size < 1:
+        raise ValueError(f"{engine_dir / 'config.json'}: world_size {world_size}")
+    return world_size
+
+
+def _server_args(model_repository: Path) -> list[str]:
     return [
-        "tritonserver",
         f"--model-repository={model_repository}",
         f"--grpc-port={GRPC_PORT}",
         f"--http-port={HTTP_PORT}",
@@ -58,8 +77,23 @@ def tritonserver_command(model_repository: Path, extra: list[str]) -> list[str]:
         # Readiness drives the load balancer and the edge: not ready until the engine is loaded.
         "--strict-readiness=true",
         "--exit-on-error=true",
-        *extra,
     ]
+
+
+def tritonserver_command(model_repository: Path, extra: list[str], world_size: int = 1) -> list[str]:
+    if world_size == 1:
+        return ["tritonserver", *_server_args(model_repository), *extra]
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        command += ["-n", "1", "tritonserver", *_server_args(model_repository)]
+        # Each rank's Python backend needs its own shared-memory region names.
+        command += [f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        if rank == 0:
+            command += extra
+        else:
+            command += ["--model-control-mode=explicit", f"--load-model={MODEL_NAME}"]
+        command.append(":")
+    return command[:-1]
 
 
 def main() -> None:
@@ -73,7 +107,7 @@ def main() -> None:
     elif not any(engine_dir.glob("*.engine")):
         sys.exit(f"no ENGINE_S3_URI and no *.engine in {engine_dir}")
     render_repository(repository, settings_from_env(env, str(engine_dir)))
-    command = tritonserver_command(repository, sys.argv[1:])
+    command = tritonserver_command(repository, sys.argv[1:], engine_world_size(engine_dir))
     log.info("exec tritonserver", command=" ".join(command))
     os.execvp(command[0], command)
 

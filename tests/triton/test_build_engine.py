@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from gpu_container.triton.build_engine import (
@@ -20,12 +24,13 @@ def _flags(command: list[str]) -> dict[str, str]:
 def test_convert_checkpoint_command_shards_for_tensor_parallelism() -> None:
     build = EngineBuild(hf_dir=Path("/ckpt/llama"), work_dir=Path("/build"), tp_size=2, dtype="bfloat16")
     command = convert_checkpoint_command(build)
-    assert command[:2] == ["python3", "/opt/TensorRT-LLM/examples/llama/convert_checkpoint.py"]
+    # The image carries only TensorRT-LLM's wheel, not its examples/: the conversion is ours.
+    assert command[:3] == ["python3", "-m", "gpu_container.triton.convert_checkpoint"]
     assert _flags(command) == {
-        "--model_dir": "/ckpt/llama",
-        "--output_dir": "/build/checkpoint",
+        "--hf-dir": "/ckpt/llama",
+        "--output-dir": "/build/checkpoint",
         "--dtype": "bfloat16",
-        "--tp_size": "2",
+        "--tp-size": "2",
     }
 
 
@@ -54,3 +59,87 @@ def test_trtllm_build_command_enables_paged_kv_and_packed_inputs() -> None:
     assert flags["--max_num_tokens"] == "16384"
     # Every flag takes exactly one value: a stray flag would shift the pairs above.
     assert len(command) == 1 + 2 * len(flags)
+
+
+STUB = """
+import json, os
+from pathlib import Path
+
+CALLS = Path(os.environ["STUB_CALLS"])
+
+
+def _record(entry):
+    calls = json.loads(CALLS.read_text()) if CALLS.exists() else []
+    CALLS.write_text(json.dumps(calls + [entry]))
+
+
+class Mapping:
+    def __init__(self, world_size=1, rank=0, tp_size=1, pp_size=1, **_):
+        self.__dict__.update(world_size=world_size, rank=rank, tp_size=tp_size, pp_size=pp_size)
+"""
+
+STUB_MODELS = """
+from tensorrt_llm import _record
+
+
+class LLaMAForCausalLM:
+    def __init__(self, mapping):
+        self.mapping = mapping
+
+    @classmethod
+    def from_hugging_face(cls, model_dir, dtype, mapping=None, **_):
+        _record({"call": "from_hugging_face", "model_dir": model_dir, "dtype": dtype, **mapping.__dict__})
+        return cls(mapping)
+
+    def save_checkpoint(self, output_dir, save_config=True):
+        _record({"call": "save_checkpoint", "output_dir": output_dir, "rank": self.mapping.rank,
+                 "save_config": save_config})
+"""
+
+
+def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -> None:
+    # A stand-in for the TensorRT-LLM 0.16 wheel (no GPU here) with the API the real one has:
+    # tensorrt_llm.Mapping and tensorrt_llm.models.LLaMAForCausalLM.
+    stub = tmp_path / "stub" / "tensorrt_llm"
+    (stub / "models").mkdir(parents=True)
+    (stub / "__init__.py").write_text(STUB)
+    (stub / "models" / "__init__.py").write_text(STUB_MODELS)
+    calls = tmp_path / "calls.json"
+    root = Path(__file__).resolve().parents[2]
+    command = convert_checkpoint_command(
+        EngineBuild(hf_dir=Path("/ckpt/llama"), work_dir=tmp_path / "build", tp_size=2)
+    )
+
+    done = subprocess.run(
+        [sys.executable, *command[1:]],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path / 'stub'}:{root}", "STUB_CALLS": str(calls)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    out = str(tmp_path / "build" / "checkpoint")
+    assert json.loads(calls.read_text()) == [
+        {
+            "call": "from_hugging_face",
+            "model_dir": "/ckpt/llama",
+            "dtype": "float16",
+            "world_size": 2,
+            "rank": 0,
+            "tp_size": 2,
+            "pp_size": 1,
+        },
+        {"call": "save_checkpoint", "output_dir": out, "rank": 0, "save_config": True},
+        {
+            "call": "from_hugging_face",
+            "model_dir": "/ckpt/llama",
+            "dtype": "float16",
+            "world_size": 2,
+            "rank": 1,
+            "tp_size": 2,
+            "pp_size": 1,
+        },
+        {"call": "save_checkpoint", "output_dir": out, "rank": 1, "save_config": False},
+    ]

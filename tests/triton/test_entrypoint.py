@@ -71,3 +71,22 @@ except RuntimeError:
     assert "Traceback (most recent call last)" in record["exception"]
     assert "RuntimeError: engine step failed" in record["exception"]
     assert "KV-CACHE-CONTENTS-7f3a" not in done.stdout + done.stderr
+
+
+def test_an_engine_for_two_gpus_runs_two_ranks_under_mpirun(tmp_path: Path) -> None:
+    from gpu_container.triton.entrypoint import engine_world_size
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"pretrained_config": {"mapping": {"world_size": 2, "tp_size": 2}}})
+    )
+    command = tritonserver_command(Path("/models"), ["--log-verbose=1"], engine_world_size(tmp_path))
+    ranks = " ".join(command).split(" : ")
+
+    assert command[:2] == ["mpirun", "--allow-run-as-root"]
+    assert len(ranks) == 2
+    assert all("-n 1 tritonserver --model-repository=/models" in r for r in ranks)
+    assert "shm-region-prefix-name=prefix0_" in ranks[0] and "shm-region-prefix-name=prefix1_" in ranks[1]
+    # Rank 0 serves (and takes the extra flags); rank 1 only loads the TensorRT-LLM model.
+    assert "--log-verbose=1" in ranks[0] and "--log-verbose=1" not in ranks[1]
+    assert "--model-control-mode=explicit --load-model=tensorrt_llm" in ranks[1]
+    assert engine_world_size(tmp_path / "missing") == 1

@@ -1,0 +1,325 @@
+"""The GPU host's agent: tells its Auto Scaling group what only the host knows about Triton.
+
+    python3 -m gpu_container.triton.host_agent --group G --ready-hook H --drain-hook D \
+        --ready-timeout-s 1740 --drain-s 300 --metric-namespace Floodgate/GPU
+
+It runs beside Triton on every GPU host (iac/modules/gpu_pool/user_data.sh.tftpl starts it from the
+same image, host networking) and, every `--interval-s`:
+
+* launch: once Triton answers ready, completes the launch lifecycle hook (CONTINUE), so the host
+  joins the group only with its engine loaded, on first boot and when it leaves the warm pool; if
+  Triton is not ready within `--ready-timeout-s`, abandons the launch at once (ABANDON) so the
+  group replaces the host instead of waiting out the hook;
+* health: in service, Triton not ready for `--unhealthy-after-s` marks the host Unhealthy (the
+  group replaces it; EC2 status checks alone never see a dead Triton on a healthy instance);
+* scale-in protection: protected while Triton has streams (TensorRT-LLM's active requests), not
+  when idle, so scale-in picks idle hosts;
+* drain: when the group terminates the host (target state Terminated), completes the terminate
+  hook as soon as the host's streams end (the edge sends it nothing new meanwhile), at the latest
+  after `--drain-s`;
+* GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
+
+The decisions (`HostAgent.step`) are pure: an observation in, actions out; `AwsHost` carries them
+out through the instance metadata service and the Auto Scaling API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import structlog
+
+from gpu_container.triton.plain_logging import configure_plain_logging
+
+log = structlog.get_logger(__name__)
+
+IMDS = "http://169.254.169.254/latest"
+TRITON_HTTP = "http://127.0.0.1:8000"
+TRITON_METRICS = "http://127.0.0.1:8002/metrics"
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+GPU_GAUGES = {
+    "nv_gpu_utilization": ("GPUUtilization", "None"),
+    "nv_gpu_memory_used_bytes": ("GPUMemoryUsed", "Bytes"),
+    "nv_gpu_memory_total_bytes": ("GPUMemoryTotal", "Bytes"),
+    "nv_gpu_power_usage": ("GPUPowerWatts", "None"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    target_state: str  # the instance metadata's autoscaling/target-lifecycle-state
+    ready: bool  # Triton's /v2/health/ready
+    active_streams: int  # TensorRT-LLM's active requests (0 when Triton does not answer)
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteHook:
+    hook: Literal["ready", "drain"]
+    result: Literal["CONTINUE", "ABANDON"]
+
+
+@dataclass(frozen=True, slots=True)
+class SetProtected:
+    protected: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetUnhealthy:
+    pass
+
+
+Action = CompleteHook | SetProtected | SetUnhealthy
+
+
+@dataclass
+class HostAgent:
+    ready_timeout_s: float
+    drain_s: float
+    unhealthy_after_s: float
+    started_at: float
+    launch_done: bool = False
+    protected: bool | None = None
+    unready_since: float | None = None
+    reported_unhealthy: bool = False
+    drain_started: float | None = None
+    drain_done: bool = False
+
+    def step(self, seen: Observation) -> list[Action]:
+        """The actions this observation calls for; each is taken at most once."""
+        state = seen.target_state
+        if state == "Terminated":
+            return self._drain(seen)
+        if not self.launch_done:
+            return self._launch(seen)
+        if state != "InService":
+            return []
+        return [*self._health(seen), *self._protection(seen)]
+
+    def _launch(self, seen: Observation) -> list[Action]:
+        if seen.target_state != "InService" and not seen.target_state.startswith("Warmed:"):
+            return []
+        if seen.ready:
+            self.launch_done = True
+            return [CompleteHook("ready", "CONTINUE")]
+        if seen.now - self.started_at >= self.ready_timeout_s:
+            self.launch_done = True
+            return [CompleteHook("ready", "ABANDON")]
+        return []
+
+    def _health(self, seen: Observation) -> list[Action]:
+        if seen.ready:
+            self.unready_since = None
+            return []
+        if self.unready_since is None:
+            self.unready_since = seen.now
+        if not self.reported_unhealthy and seen.now - self.unready_since >= self.unhealthy_after_s:
+            self.reported_unhealthy = True
+            return [SetUnhealthy()]
+        return []
+
+    def _protection(self, seen: Observation) -> list[Action]:
+        wanted = seen.active_streams > 0
+        if wanted == self.protected:
+            return []
+        self.protected = wanted
+        return [SetProtected(wanted)]
+
+    def _drain(self, seen: Observation) -> list[Action]:
+        if self.drain_done:
+            return []
+        if self.drain_started is None:
+            self.drain_started = seen.now
+        if seen.active_streams == 0 or seen.now - self.drain_started >= self.drain_s:
+            self.drain_done = True
+            return [CompleteHook("drain", "CONTINUE")]
+        return []
+
+
+def active_streams(metrics_text: str) -> int:
+    """TensorRT-LLM's active requests, summed over models, from Triton's Prometheus text."""
+    total = 0.0
+    for name, labels, value in parse_samples(metrics_text):
+        if name == "nv_trt_llm_request_metrics" and labels.get("request_type") == "active":
+            total += value
+    return int(total)
+
+
+def parse_samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    for line in text.splitlines():
+        if line.startswith("#") or not (match := _SAMPLE.match(line)):
+            continue
+        labels = dict(_LABEL.findall(match.group("labels") or ""))
+        try:
+            yield match.group("name"), labels, float(match.group("value"))
+        except ValueError:
+            continue
+
+
+def gpu_datums(metrics_text: str, dimensions: list[dict[str, str]], at: datetime) -> list[dict[str, Any]]:
+    """Triton's GPU gauges as CloudWatch datums, one per GPU (dimension Gpu = its UUID)."""
+    datums = []
+    for name, labels, value in parse_samples(metrics_text):
+        if name in GPU_GAUGES:
+            metric, unit = GPU_GAUGES[name]
+            gpu = [{"Name": "Gpu", "Value": labels.get("gpu_uuid", "unknown")}]
+            datums.append(
+                {
+                    "MetricName": metric,
+                    "Dimensions": dimensions + gpu,
+                    "Timestamp": at,
+                    "Value": value,
+                    "Unit": unit,
+                }
+            )
+    return datums
+
+
+def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return answer.status, answer.read().decode()
+    except OSError:
+        return 0, ""
+
+
+class AwsHost:
+    """This host's view of itself (IMDSv2, Triton on loopback) and its Auto Scaling calls."""
+
+    def __init__(
+        self,
+        group: str,
+        hooks: dict[str, str],
+        metric_namespace: str,
+        autoscaling: Any,
+        cloudwatch: Any,
+        *,
+        imds: str = IMDS,
+        triton_http: str = TRITON_HTTP,
+        triton_metrics: str = TRITON_METRICS,
+    ) -> None:
+        self.group = group
+        self.hooks = hooks
+        self.metric_namespace = metric_namespace
+        self.autoscaling = autoscaling
+        self.cloudwatch = cloudwatch
+        self.imds = imds
+        self.triton_http = triton_http
+        self.triton_metrics = triton_metrics
+        self._instance_id: str | None = None
+
+    def _metadata(self, path: str) -> str:
+        token_request = urllib.request.Request(
+            f"{self.imds}/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"}
+        )
+        with urllib.request.urlopen(token_request, timeout=2) as answer:
+            token = answer.read().decode()
+        status, body = _get(f"{self.imds}/meta-data/{path}", 2, {"X-aws-ec2-metadata-token": token})
+        if status != 200:
+            raise RuntimeError(f"instance metadata {path}: HTTP {status}")
+        return body.strip()
+
+    @property
+    def instance_id(self) -> str:
+        if self._instance_id is None:
+            self._instance_id = self._metadata("instance-id")
+        return self._instance_id
+
+    def observe(self, now: float) -> tuple[Observation, str]:
+        target = self._metadata("autoscaling/target-lifecycle-state")
+        ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
+        status, text = _get(self.triton_metrics, 2)
+        return Observation(target, ready, active_streams(text) if status == 200 else 0, now), text
+
+    def act(self, action: Action) -> None:
+        instance = self.instance_id
+        if isinstance(action, CompleteHook):
+            try:
+                self.autoscaling.complete_lifecycle_action(
+                    AutoScalingGroupName=self.group,
+                    LifecycleHookName=self.hooks[action.hook],
+                    InstanceId=instance,
+                    LifecycleActionResult=action.result,
+                )
+            except Exception as exc:  # no action pending (an agent restart after it was completed)
+                log.warning("complete_lifecycle_action_failed", hook=action.hook, error=repr(exc))
+        elif isinstance(action, SetProtected):
+            self.autoscaling.set_instance_protection(
+                AutoScalingGroupName=self.group, InstanceIds=[instance], ProtectedFromScaleIn=action.protected
+            )
+        else:
+            self.autoscaling.set_instance_health(
+                InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
+            )
+        log.info("host_agent_action", action=repr(action), instance=instance)
+
+    def ship_gpu_metrics(self, metrics_text: str) -> None:
+        dimensions = [{"Name": "AutoScalingGroupName", "Value": self.group}]
+        datums = gpu_datums(metrics_text, dimensions, datetime.now(UTC))
+        for start in range(0, len(datums), 1000):
+            self.cloudwatch.put_metric_data(
+                Namespace=self.metric_namespace, MetricData=datums[start : start + 1000]
+            )
+
+
+def run(
+    agent: HostAgent, host: AwsHost, interval_s: float, clock: Callable[[], float] = time.monotonic
+) -> None:
+    """Observe, decide, act, every `interval_s`, until the host goes away."""
+    while True:
+        try:
+            seen, metrics_text = host.observe(clock())
+            for action in agent.step(seen):
+                host.act(action)
+            host.ship_gpu_metrics(metrics_text)
+        except Exception as exc:  # one failed round (IMDS, API throttling) must not end the agent
+            log.warning("host_agent_round_failed", error=repr(exc))
+        time.sleep(interval_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Report Triton's state on this GPU host to its Auto Scaling group."
+    )
+    parser.add_argument("--group", required=True, help="the host's Auto Scaling group")
+    parser.add_argument(
+        "--ready-hook", required=True, help="launch lifecycle hook completed once Triton is ready"
+    )
+    parser.add_argument(
+        "--drain-hook", required=True, help="terminate lifecycle hook completed once streams end"
+    )
+    parser.add_argument("--ready-timeout-s", type=float, default=1740.0, help="abandon the launch after this")
+    parser.add_argument("--drain-s", type=float, default=300.0, help="longest drain on termination")
+    parser.add_argument(
+        "--unhealthy-after-s", type=float, default=60.0, help="Triton down this long: Unhealthy"
+    )
+    parser.add_argument(
+        "--metric-namespace", default="Floodgate/GPU", help="CloudWatch namespace of GPU metrics"
+    )
+    parser.add_argument("--interval-s", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    configure_plain_logging()
+    import boto3  # in the image; imported here so --help needs no AWS SDK
+
+    host = AwsHost(
+        args.group,
+        {"ready": args.ready_hook, "drain": args.drain_hook},
+        args.metric_namespace,
+        boto3.client("autoscaling"),
+        boto3.client("cloudwatch"),
+    )
+    agent = HostAgent(args.ready_timeout_s, args.drain_s, args.unhealthy_after_s, started_at=time.monotonic())
+    run(agent, host, args.interval_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The GPU host agent (gpu_container/triton/host_agent.py): its decisions, then the same agent
+against a real Auto Scaling API (moto's server) with loopback HTTP servers standing in for the
+instance metadata service and Triton (the host's own endpoints)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from gpu_container.triton.host_agent import (
+    AwsHost,
+    CompleteHook,
+    HostAgent,
+    Observation,
+    SetProtected,
+    SetUnhealthy,
+    active_streams,
+    gpu_datums,
+)
+from tests.scaling.conftest import aws_client, moto_endpoint  # noqa: F401 (fixture)
+
+METRICS = """# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 3
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 2
+nv_gpu_utilization{gpu_uuid="GPU-abc"} 0.97
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-abc"} 4.2e+10
+"""
+
+
+def agent() -> HostAgent:
+    return HostAgent(ready_timeout_s=600, drain_s=300, unhealthy_after_s=60, started_at=0)
+
+
+def seen(state: str = "InService", ready: bool = True, streams: int = 0, now: float = 0) -> Observation:
+    return Observation(state, ready, streams, now)
+
+
+def test_the_launch_completes_once_triton_is_ready() -> None:
+    a = agent()
+
+    assert a.step(seen(ready=False, now=10)) == []
+    assert a.step(seen(ready=True, now=20)) == [CompleteHook("ready", "CONTINUE")]
+    assert CompleteHook("ready", "CONTINUE") not in a.step(seen(now=30))
+
+
+def test_a_triton_that_never_gets_ready_abandons_the_launch() -> None:
+    a = agent()
+
+    assert a.step(seen(ready=False, now=599)) == []
+    assert a.step(seen(ready=False, now=600)) == [CompleteHook("ready", "ABANDON")]
+
+
+def test_entering_the_warm_pool_waits_for_the_engine_too() -> None:
+    a = agent()
+
+    assert a.step(seen("Warmed:Stopped", ready=False, now=5)) == []
+    assert a.step(seen("Warmed:Stopped", ready=True, now=6)) == [CompleteHook("ready", "CONTINUE")]
+
+
+def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
+    a = agent()
+    a.step(seen(now=0))
+
+    assert SetUnhealthy() not in a.step(seen(ready=False, now=10))
+    assert SetUnhealthy() not in a.step(seen(ready=False, now=69))
+    assert SetUnhealthy() in a.step(seen(ready=False, now=70))
+    assert SetUnhealthy() not in a.step(seen(ready=False, now=200))
+
+
+def test_a_short_blip_is_not_unhealthy() -> None:
+    a = agent()
+    a.step(seen(now=0))
+    a.step(seen(ready=False, now=10))
+    a.step(seen(ready=True, now=20))
+
+    assert SetUnhealthy() not in a.step(seen(ready=False, now=75))
+
+
+def test_scale_in_protection_follows_the_streams() -> None:
+    a = agent()
+    a.step(seen(now=0))
+
+    assert a.step(seen(streams=0, now=1)) == [SetProtected(False)]
+    assert a.step(seen(streams=4, now=2)) == [SetProtected(True)]
+    assert a.step(seen(streams=9, now=3)) == []
+    assert a.step(seen(streams=0, now=4)) == [SetProtected(False)]
+
+
+def test_the_terminate_hook_completes_when_the_streams_end() -> None:
+    a = agent()
+    a.step(seen(now=0))
+
+    assert a.step(seen("Terminated", streams=5, now=100)) == []
+    assert a.step(seen("Terminated", streams=1, now=150)) == []
+    assert a.step(seen("Terminated", streams=0, now=160)) == [CompleteHook("drain", "CONTINUE")]
+    assert a.step(seen("Terminated", streams=0, now=170)) == []
+
+
+def test_the_terminate_hook_completes_at_the_drain_limit() -> None:
+    a = agent()
+    a.step(seen(now=0))
+    a.step(seen("Terminated", streams=5, now=100))
+
+    assert a.step(seen("Terminated", streams=5, now=400)) == [CompleteHook("drain", "CONTINUE")]
+
+
+def test_metrics_text_gives_streams_and_gpu_datums() -> None:
+    datums = gpu_datums(METRICS, [{"Name": "AutoScalingGroupName", "Value": "g"}], at=None)  # type: ignore[arg-type]
+
+    assert active_streams(METRICS) == 3
+    assert active_streams("") == 0
+    assert {(d["MetricName"], d["Value"]) for d in datums} == {
+        ("GPUUtilization", 0.97),
+        ("GPUMemoryUsed", 4.2e10),
+    }
+    assert all({"Name": "Gpu", "Value": "GPU-abc"} in d["Dimensions"] for d in datums)
+
+
+# -- the agent against the Auto Scaling API ------------------------------------------------------
+
+
+@dataclass
+class HostState:
+    instance_id: str = ""
+    target_state: str = "InService"
+    ready: bool = True
+    metrics: str = METRICS
+    seen_paths: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def host_endpoints() -> Iterator[tuple[str, HostState]]:
+    """One loopback server answering as IMDSv2 (/latest/...) and as Triton (/v2/..., /metrics)."""
+    state = HostState()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: str) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_PUT(self) -> None:
+            self._send(200, "token") if self.path == "/latest/api/token" else self._send(404, "")
+
+        def do_GET(self) -> None:
+            state.seen_paths.append(self.path)
+            if (
+                not self.path.startswith("/latest/")
+                or self.headers.get("X-aws-ec2-metadata-token") == "token"
+            ):
+                answers = {
+                    "/latest/meta-data/instance-id": (200, state.instance_id),
+                    "/latest/meta-data/autoscaling/target-lifecycle-state": (200, state.target_state),
+                    "/v2/health/ready": (200 if state.ready else 503, ""),
+                    "/metrics": (200, state.metrics),
+                }
+                self._send(*answers.get(self.path, (404, "")))
+            else:
+                self._send(401, "")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_agent_protects_reports_and_completes_on_the_real_api(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    base, state = host_endpoints
+    ec2, autoscaling = aws_client("ec2", moto_endpoint), aws_client("autoscaling", moto_endpoint)
+    template = ec2.create_launch_template(
+        LaunchTemplateName="agent-test",
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g6e.xlarge"},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="agent-test",
+        LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
+        MinSize=1,
+        MaxSize=1,
+        AvailabilityZones=["us-east-1a"],
+    )
+    (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["agent-test"])[
+        "AutoScalingGroups"
+    ][0]["Instances"]
+    state.instance_id = instance["InstanceId"]
+    host = AwsHost(
+        "agent-test",
+        {"ready": "agent-test-ready", "drain": "agent-test-drain"},
+        "Floodgate/GPU",
+        autoscaling,
+        aws_client("cloudwatch", moto_endpoint),
+        imds=f"{base}/latest",
+        triton_http=base,
+        triton_metrics=f"{base}/metrics",
+    )
+    a = agent()
+
+    def round_at(now: float) -> list[Any]:
+        observation, text = host.observe(now)
+        actions = a.step(observation)
+        for action in actions:
+            host.act(action)
+        host.ship_gpu_metrics(text)
+        return actions
+
+    def described() -> dict[str, Any]:
+        return autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])[
+            "AutoScalingInstances"
+        ][0]
+
+    assert round_at(0) == [CompleteHook("ready", "CONTINUE")]  # no hook pending in moto: logged
+    assert round_at(1) == [SetProtected(True)]  # 3 active streams
+    assert described()["ProtectedFromScaleIn"] is True
+    state.metrics = ""
+    assert round_at(2) == [SetProtected(False)]
+    assert described()["ProtectedFromScaleIn"] is False
+    state.ready = False
+    round_at(3)
+    assert round_at(70) == [SetUnhealthy()]
+    assert described()["HealthStatus"].upper() == "UNHEALTHY"
+    metrics = aws_client("cloudwatch", moto_endpoint).list_metrics(Namespace="Floodgate/GPU")["Metrics"]
+    assert {m["MetricName"] for m in metrics} >= {"GPUUtilization", "GPUMemoryUsed"}
