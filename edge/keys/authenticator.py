@@ -16,6 +16,7 @@ from collections.abc import Callable
 import structlog
 
 from edge.errors import ApiError, retry_after_headers
+from edge.keys.metrics import KEY_LOOKUPS, KEY_REFUSALS
 from edge.keys.principal import Principal
 from edge.keys.record import KeyRecord, hash_key
 from edge.keys.store import KeyStore
@@ -60,9 +61,11 @@ class Authenticator:
         # The lookup is by hash, which an attacker cannot steer byte by byte; the final comparison is
         # constant-time all the same.
         if record is None or not hmac.compare_digest(record.key_sha256, digest):
+            KEY_REFUSALS.labels("unknown").inc()
             raise unauthorized("Incorrect API key provided.")
         status = record.status(self._wall_clock())
         if status != "active":
+            KEY_REFUSALS.labels(status).inc()
             raise unauthorized(f"This API key has been {status}.")
         return Principal(user=record.user, tier=record.tier, key_id=record.id)
 
@@ -77,7 +80,9 @@ class Authenticator:
         now = self._clock()
         cached = self._cache.get(digest)
         if cached is not None and now - cached[1] < self.ttl_s:
+            KEY_LOOKUPS.labels("cache").inc()
             return cached[0]
+        KEY_LOOKUPS.labels("store").inc()
         try:
             record = await self.store.get(digest)
         except Exception as exc:
