@@ -267,6 +267,12 @@ class LLMEngine:
         self._scheduler.advance(chunks)
         emitted: list[_Emission] = []
         for seq, row in zip(completing, logits, strict=True):
+            if self._scheduler.is_padding(seq):
+                # Static batching's padding: computed like the rest of its batch, heard by nobody.
+                seq.output_ids.append(0)
+                if seq.num_tokens >= self.max_model_len:
+                    self._scheduler.remove(seq)
+                continue
             try:
                 token = sample(row, seq.params, seq.rng)
             except Exception as exc:
@@ -345,7 +351,7 @@ class LLMEngine:
             inbox, self._inbox = self._inbox, []
             self._aborts.clear()
         self._admit(inbox)
-        seqs = self._scheduler.running + self._scheduler.waiting
+        seqs = self._scheduler.live()
         self._publish([self._finish(seq, "cancelled") for seq in seqs])
 
     def _snapshot(self) -> EngineStats:

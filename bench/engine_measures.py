@@ -1,0 +1,232 @@
+"""The engine's own measurements for bench/engine.py: memory roofline, the layout/dtype/thread
+choices, the prefill time budget, and continuous against static batching."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+from threadpoolctl import threadpool_limits
+
+from bench.engine_driver import Driver
+from gpu_container.engine.arrays import Floats
+from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.types import EngineConfig, SamplingParams
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: page faults, BLAS buffers
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def median_of(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes per second numpy copies an array of `nbytes` (counted once, as the issue states it)."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    return src.nbytes / best_of(lambda: np.copyto(dst, src), 5)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    threads: int
+    weight_bytes: int
+    step_s: float  # median inter-token time of one stream (batch-1 decode step)
+    copy_bytes_per_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.weight_bytes / self.step_s
+
+    @property
+    def fraction(self) -> float:
+        return self.bytes_per_s / self.copy_bytes_per_s
+
+
+def decode_roofline(model: LlamaModel, config: EngineConfig, threads: int, tokens: int) -> Roofline:
+    copy = copy_bandwidth(model.weights.nbytes)
+    with Driver(model, replace(config, blas_threads=threads, prefill_slowdown=0.0)) as driver:
+        params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+        driver.add("roofline", [1, 2, 3, 4, 5, 6, 7, 8], params)
+        driver.wait("roofline")
+        gaps = driver.traces["roofline"].gaps[3:]
+    return Roofline(threads, model.weights.nbytes, statistics.median(gaps), copy)
+
+
+def decode_throughput(
+    model: LlamaModel, config: EngineConfig, threads: int, streams: int, tokens: int
+) -> float:
+    """Tokens/s of `streams` sequences decoding together (the engine alone)."""
+    with Driver(model, replace(config, blas_threads=threads, prefill_slowdown=0.0)) as driver:
+        params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+        got, wall = driver.closed_loop([1, 2, 3, 4], streams, params, streams)
+    return got / wall
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    rows: int
+    nn_gemm_ms: float  # x @ W, W stored [in, out] (what the engine keeps)
+    row_gemv_ms: float  # one GEMV per row against the same W
+    nt_gemm_ms: float  # x @ W.T, W stored [out, in] (the checkpoint's layout)
+    fp16_ms: float  # x @ W with W stored float16 (numpy has no fp16 BLAS)
+
+
+def layout_table(model: LlamaModel, rows: tuple[int, ...]) -> list[LayoutRow]:
+    """Every layer's gate|up projection (too big for the cache together), one product each."""
+    mats = [layer.gate_up_proj for layer in model.weights.layers]
+    transposed = [np.ascontiguousarray(w.T) for w in mats]
+    half = [w.astype(np.float16) for w in mats[:3]]  # 3 of 30, scaled: fp16 is far slower
+    table = []
+    for m in rows:
+        x = np.random.default_rng(0).standard_normal((m, mats[0].shape[0])).astype(np.float32)
+        xh = x.astype(np.float16)
+
+        def gemm(x: Floats = x) -> None:
+            for w in mats:
+                x @ w
+
+        def per_row(x: Floats = x) -> None:
+            for w in mats:
+                for r in x:
+                    r @ w
+
+        def transposed_gemm(x: Floats = x) -> None:
+            for w in transposed:
+                x @ w.T
+
+        def half_gemm(xh: npt.NDArray[np.float16] = xh) -> None:
+            for w in half:
+                xh @ w
+
+        nn, rg, nt = median_of(gemm, 3), median_of(per_row, 3), median_of(transposed_gemm, 3)
+        f16 = median_of(half_gemm, 1) * len(mats) / len(half)
+        table.append(LayoutRow(m, nn * 1e3, rg * 1e3, nt * 1e3, f16 * 1e3))
+    return table
+
+
+@dataclass(frozen=True)
+class HeadRow:
+    rows: int
+    embed_t_ms: float  # x @ embed.T: the tied head as a view of the one embedding array (kept)
+    copy_ms: float  # x @ H, H a contiguous [hidden, vocab] second copy (what the engine had)
+
+
+def head_table(model: LlamaModel, rows: tuple[int, ...]) -> list[HeadRow]:
+    embed = model.weights.lm_head
+    copy = np.ascontiguousarray(embed.T)
+    table = []
+    for m in rows:
+        x = np.ones((m, embed.shape[1]), dtype=np.float32)
+
+        def view(x: Floats = x) -> None:
+            x @ embed.T
+
+        def copied(x: Floats = x) -> None:
+            x @ copy
+
+        table.append(HeadRow(m, median_of(view, 3) * 1e3, median_of(copied, 3) * 1e3))
+    return table
+
+
+@dataclass(frozen=True)
+class JoinRun:
+    """Streams decoding while a long prompt joins: their gaps before and while it prefills."""
+
+    label: str
+    prompt_tokens: int
+    steady_gap_s: float  # median inter-token time before the prompt arrived
+    join_gaps_s: list[float]  # the streams' inter-token times while it prefilled
+    ttft_s: float  # the long prompt's time to first token
+    gaps_timeline: list[tuple[float, float]]  # (seconds since the join, gap) of one stream
+
+    @property
+    def join_p99_s(self) -> float:
+        return float(np.percentile(self.join_gaps_s, 99)) if self.join_gaps_s else float("nan")
+
+
+def long_prompt_joins(
+    model: LlamaModel, config: EngineConfig, label: str, prompt_tokens: int, streams: int
+) -> JoinRun:
+    rng = np.random.default_rng(prompt_tokens)
+    forever = SamplingParams(max_new_tokens=100_000, temperature=0.0, ignore_eos=True)
+    with threadpool_limits(config.blas_threads, "blas"), Driver(model, config) as driver:
+        for i in range(streams):
+            driver.add(f"stream-{i}", [1, 2, 3, 4 + i], forever)
+        for i in range(streams):
+            driver.wait_tokens(f"stream-{i}", 8)
+        steady_from = {f"stream-{i}": len(driver.traces[f"stream-{i}"].times) for i in range(streams)}
+        driver.wait_tokens("stream-0", 20)
+        steady = [
+            g for i in range(streams) for g in driver.traces[f"stream-{i}"].gaps[steady_from[f"stream-{i}"] :]
+        ]
+        prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, prompt_tokens)]
+        driver.add("long", prompt, SamplingParams(max_new_tokens=1, temperature=0.0))
+        driver.wait("long")
+        joined, first = driver.traces["long"].sent, driver.traces["long"].times[0]
+        gaps: list[float] = []
+        timeline: list[tuple[float, float]] = []
+        for i in range(streams):
+            times = driver.traces[f"stream-{i}"].times
+            for a, b in itertools.pairwise(times):
+                if b > joined and a < first:
+                    gaps.append(b - a)
+                    if i == 0:
+                        timeline.append((b - joined, b - a))
+        for i in range(streams):
+            driver.engine.abort(f"stream-{i}")
+    return JoinRun(label, prompt_tokens, statistics.median(steady), gaps, first - joined, timeline)
+
+
+@dataclass(frozen=True)
+class BatchingRun:
+    mode: str
+    requests: int
+    tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def heavy_tailed_lengths(count: int, seed: int = 7) -> list[int]:
+    """Reply lengths from a Pareto tail (shape 1.2, at least 8 tokens, capped at 256): most replies
+    are short, a few run long, as chat replies do."""
+    rng = np.random.default_rng(seed)
+    return [int(min(256, 8 * (1 + rng.pareto(1.2)))) for _ in range(count)]
+
+
+def batching_run(model: LlamaModel, config: EngineConfig, lengths: list[int]) -> BatchingRun:
+    """Every request submitted at once; tokens/s until the last one ends."""
+    with threadpool_limits(config.blas_threads, "blas"), Driver(model, config) as driver:
+        start = time.perf_counter()
+        for i, n in enumerate(lengths):
+            driver.add(
+                f"r{i}",
+                [1, 2, 3, 4 + i % 50],
+                SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True),
+            )
+        driver.wait(*(f"r{i}" for i in range(len(lengths))))
+        wall = time.perf_counter() - start
+        tokens = sum(t.tokens for t in driver.traces.values())
+    return BatchingRun(config.batching, len(lengths), tokens, wall)
