@@ -1,0 +1,350 @@
+"""Multi-turn chat on 2 replicas: no prefix cache, cache with least-KV routing, cache with
+prefix-aware routing, and worst-case against real-use KV admission, in one run.
+
+Drives the admission Dispatcher and real in-process engines directly (as bench/fairness.py does):
+what is measured is prefill saved by the KV cache, where the router sends each turn, and how many
+streams admission lets a replica run, without HTTP, auth or the limiter in the way.
+
+The workload, the same token for token in every configuration (greedy, seeded): `conversations`
+chats, alternately paid and free, all sharing one system prompt; each turn resends the whole
+history (system prompt, every earlier message and reply) plus a new user message, and its reply is
+appended to the history. Clients declare a large max_tokens (`declared_max_tokens`), as chat
+clients do, while the replies end much sooner (the reply length stands in for the model's end of
+turn): that gap is what worst-case admission reserves for nothing.
+
+    .venv/bin/python -m bench.prefix [--model demo] [--conversations 4] [--turns 4] \
+        [--out docs/bench-prefix.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from edge.admission import Dispatcher, Ticket
+from edge.admission.prefix_index import routing_hashes
+from edge.admission.real_use import RealUse
+from edge.upstreams.base import GenerationRequest
+from edge.upstreams.local import LocalUpstream
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineConfig, EngineStats
+
+PAID_PRIORITY, FREE_PRIORITY = 10, 0
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    prefix_caching: bool
+    prefix_weight: float
+    real_use_margin: int | None = None  # None: worst-case admission
+
+
+VARIANTS = (
+    Variant("before: no cache, least-KV, worst-case admission", False, 0.0),
+    Variant("no cache, least-KV routing", False, 0.0, real_use_margin=32),
+    Variant("cache, least-KV routing", True, 0.0, real_use_margin=32),
+    Variant("cache, prefix-aware routing", True, 2.0, real_use_margin=32),
+    Variant("cache, prefix-aware routing, worst-case admission", True, 2.0),
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    conversations: int = 4
+    turns: int = 4
+    system_tokens: int = 128
+    user_tokens: tuple[int, int] = (48, 96)
+    reply_tokens: tuple[int, int] = (12, 24)
+    declared_max_tokens: int = 1024
+    start_stagger_s: float = 0.2
+    seed: int = 7
+
+
+@dataclass
+class TurnResult:
+    conversation: int
+    turn: int
+    paid: bool
+    prompt_tokens: int
+    ttft_s: float
+    replica: str
+    reply: list[int]
+
+
+@dataclass
+class VariantResult:
+    variant: Variant
+    wall_s: float
+    turns: list[TurnResult]
+    engine_stats: list[EngineStats]
+    running_samples: list[list[int]] = field(default_factory=list)  # per sample: running per replica
+    kv_used_samples: list[float] = field(default_factory=list)
+
+    def ttft(self, q: float, paid_only: bool = False) -> float:
+        values = sorted(t.ttft_s for t in self.turns if t.paid or not paid_only)
+        return float(np.quantile(values, q)) if values else float("nan")
+
+    @property
+    def hit_rate(self) -> float:
+        hits = sum(s.prefix_hit_tokens for s in self.engine_stats)
+        queries = sum(s.prefix_query_tokens for s in self.engine_stats)
+        return hits / queries if queries else 0.0
+
+    @property
+    def preemptions(self) -> int:
+        return sum(s.preemptions for s in self.engine_stats)
+
+    @property
+    def turns_at_home(self) -> float:
+        """Share of later turns that went to the replica of the conversation's previous turn."""
+        by_conv: dict[int, list[TurnResult]] = {}
+        for t in sorted(self.turns, key=lambda t: (t.conversation, t.turn)):
+            by_conv.setdefault(t.conversation, []).append(t)
+        pairs = [(a, b) for ts in by_conv.values() for a, b in itertools.pairwise(ts)]
+        return sum(a.replica == b.replica for a, b in pairs) / len(pairs) if pairs else 0.0
+
+    @property
+    def streams_per_replica(self) -> float:
+        """Mean running sequences per replica over the samples where any ran."""
+        busy = [sum(s) / len(s) for s in self.running_samples if any(s)]
+        return statistics.fmean(busy) if busy else 0.0
+
+    @property
+    def kv_utilisation(self) -> float:
+        return statistics.fmean(self.kv_used_samples) if self.kv_used_samples else 0.0
+
+
+class Conversation:
+    def __init__(self, index: int, system: list[int], workload: Workload, vocab: int) -> None:
+        self.index = index
+        self.paid = index % 2 == 0
+        rng = np.random.default_rng(workload.seed * 1000 + index)
+        self.user_messages = [
+            rng.integers(100, vocab - 1, int(rng.integers(*workload.user_tokens, endpoint=True))).tolist()
+            for _ in range(workload.turns)
+        ]
+        self.reply_lengths = [
+            int(rng.integers(*workload.reply_tokens, endpoint=True)) for _ in range(workload.turns)
+        ]
+        self.system = system
+
+
+async def _run_conversation(
+    conv: Conversation, dispatcher: Dispatcher, workload: Workload, results: list[TurnResult]
+) -> None:
+    await asyncio.sleep(conv.index * workload.start_stagger_s)
+    history = list(conv.system)
+    for turn in range(workload.turns):
+        prompt = history + conv.user_messages[turn]
+        rid = f"c{conv.index}-t{turn}"
+        ticket = Ticket(
+            request_id=rid,
+            user=f"user-{conv.index}",
+            priority=PAID_PRIORITY if conv.paid else FREE_PRIORITY,
+            kv_tokens=len(prompt) + workload.declared_max_tokens,
+            max_wait_s=600.0,
+            may_use_reserve=conv.paid,
+            tier="paid" if conv.paid else "free",
+            prefix_keys=routing_hashes(prompt),
+            prompt_tokens=len(prompt),
+        )
+        asked = time.perf_counter()
+        slot = await dispatcher.acquire(ticket)
+        request = GenerationRequest(
+            rid, prompt, conv.reply_lengths[turn], temperature=0.0, priority=ticket.priority
+        )
+        reply: list[int] = []
+        ttft = float("nan")
+        try:
+            async for delta in slot.upstream.generate(request):
+                if delta.token_ids and not reply:
+                    ttft = time.perf_counter() - asked
+                reply += delta.token_ids
+                slot.grow(len(reply))
+        finally:
+            slot.release()
+        results.append(TurnResult(conv.index, turn, conv.paid, len(prompt), ttft, slot.upstream.name, reply))
+        history = prompt + reply
+
+
+async def _sample(engines: list[LLMEngine], result: VariantResult, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        stats = [e.stats() for e in engines]
+        result.running_samples.append([s.running for s in stats])
+        used = sum(s.num_blocks - s.free_blocks for s in stats) / sum(s.num_blocks for s in stats)
+        result.kv_used_samples.append(used)
+        await asyncio.sleep(0.05)
+
+
+async def run_variant(
+    variant: Variant, model_dir: Path, engine: EngineConfig, workload: Workload, replicas: int = 2
+) -> VariantResult:
+    config = dataclasses.replace(engine, enable_prefix_caching=variant.prefix_caching)
+    engines = [LLMEngine.from_pretrained(model_dir, config) for _ in range(replicas)]
+    for e in engines:
+        e.start()
+    upstreams = [LocalUpstream(f"replica-{i}", AsyncEngine(e)) for i, e in enumerate(engines)]
+    dispatcher = Dispatcher(
+        upstreams,
+        reserved_paid_fraction=0.0,
+        max_queue=1000,
+        poll_interval_s=0.05,
+        kv_block_tokens=config.block_size,
+        prefix_weight=variant.prefix_weight,
+        real_use=RealUse(variant.real_use_margin) if variant.real_use_margin else None,
+    )
+    await dispatcher.start()
+    vocab = engines[0]._model.config.vocab_size  # the bench draws token ids inside its vocabulary
+    system = np.random.default_rng(workload.seed).integers(100, vocab - 1, workload.system_tokens).tolist()
+    conversations = [Conversation(i, system, workload, vocab) for i in range(workload.conversations)]
+    turns: list[TurnResult] = []
+    result = VariantResult(variant, 0.0, turns, [])
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(_sample(engines, result, stop))
+    start = time.perf_counter()
+    try:
+        await asyncio.gather(*(_run_conversation(c, dispatcher, workload, turns) for c in conversations))
+        result.wall_s = time.perf_counter() - start
+        for e in engines:
+            e.wait_until_idle(30)
+        result.engine_stats = [e.stats() for e in engines]
+    finally:
+        stop.set()
+        await sampler
+        await dispatcher.aclose()
+        for upstream in upstreams:
+            await upstream.aclose()
+    return result
+
+
+def _table(results: list[VariantResult]) -> str:
+    def no_cache(r: VariantResult) -> VariantResult:
+        """The uncached run with the same admission, to compare TTFT against."""
+        same = [b for b in results if b.variant.real_use_margin == r.variant.real_use_margin]
+        return next(b for b in same if not b.variant.prefix_caching)
+
+    lines = [
+        "| variant | TTFT p50 s | TTFT p99 s | paid TTFT p99 s | TTFT p50 vs before "
+        "| vs no cache, same admission "
+        "| prompt tokens from cache | later turns on the previous turn's replica "
+        "| streams per replica | KV used | preemptions | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.variant.name} | {r.ttft(0.5):.2f} | {r.ttft(0.99):.2f} "
+            f"| {r.ttft(0.99, paid_only=True):.2f} "
+            f"| {r.ttft(0.5) / results[0].ttft(0.5):.2f}x | {r.ttft(0.5) / no_cache(r).ttft(0.5):.2f}x "
+            f"| {r.hit_rate:.0%} | {r.turns_at_home:.0%} "
+            f"| {r.streams_per_replica:.2f} | {r.kv_utilisation:.0%} | {r.preemptions} | {r.wall_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _plot(results: list[VariantResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.variant.name.replace(", ", ",\n") for r in results]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    x = np.arange(len(results))
+    axes[0].bar(x - 0.2, [r.ttft(0.5) for r in results], 0.4, label="p50")
+    axes[0].bar(x + 0.2, [r.ttft(0.99) for r in results], 0.4, label="p99")
+    axes[0].set_title("TTFT (s), queueing included")
+    axes[0].legend()
+    axes[1].bar(x, [100 * r.hit_rate for r in results], color="tab:green")
+    axes[1].set_title("prompt tokens served from the prefix cache (%)")
+    axes[1].set_ylim(0, 100)
+    axes[2].bar(x, [r.streams_per_replica for r in results], color="tab:purple")
+    axes[2].set_title("streams running per replica (mean while busy)")
+    for ax in axes:
+        ax.set_xticks(x, names, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _model_dir(choice: str) -> tuple[Path, str]:
+    if choice == "demo":
+        from gpu_container.engine.demo_model import build_demo_model
+
+        return build_demo_model(Path(".floodgate/demo-model")), "the demo model (random weights, 2 layers)"
+    if choice != "default":
+        return Path(choice), choice
+    from edge.config import load_settings
+    from edge.model_source import resolve_model_dir
+
+    model = load_settings().model
+    return resolve_model_dir(model), f"{model.name} (the real model, imported by `floodgate model import`)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default="default", help="'default' (the [model] settings), 'demo', or a path"
+    )
+    parser.add_argument("--conversations", type=int, default=Workload.conversations)
+    parser.add_argument("--turns", type=int, default=Workload.turns)
+    parser.add_argument("--num-blocks", type=int, default=128, help="KV blocks of 16 tokens per replica")
+    parser.add_argument("--out", type=Path, default=None, help="write the report (and a PNG beside it)")
+    args = parser.parse_args(argv)
+    model_dir, model_name = _model_dir(args.model)
+    workload = Workload(conversations=args.conversations, turns=args.turns)
+    engine = EngineConfig(
+        block_size=16,
+        num_blocks=args.num_blocks,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        max_model_len=2048,
+    )
+    load_before = os.getloadavg()[0]
+    started = datetime.now(UTC)
+    results = []
+    for variant in VARIANTS:
+        result = asyncio.run(run_variant(variant, model_dir, engine, workload))
+        print(f"{variant.name}: TTFT p50 {result.ttft(0.5):.2f}s, cache {result.hit_rate:.0%}", flush=True)
+        results.append(result)
+    replies = [{(t.conversation, t.turn): t.reply for t in r.turns} for r in results]
+    same_replies = all(r == replies[0] for r in replies)
+    table = _table(results)
+    print(table)
+    print(f"replies identical in every variant: {same_replies}")
+    if args.out is not None:
+        png = args.out.with_suffix(".png")
+        _plot(results, png)
+        header = (
+            f"Run {started:%Y-%m-%d %H:%M} UTC on {platform.machine()} with {os.cpu_count()} cores "
+            f"(load average {load_before:.1f} before the run), model: {model_name}. Workload: "
+            f"{workload.conversations} conversations x {workload.turns} turns, system prompt "
+            f"{workload.system_tokens} tokens, user messages "
+            f"{workload.user_tokens[0]}-{workload.user_tokens[1]}, "
+            f"replies {workload.reply_tokens[0]}-{workload.reply_tokens[1]} tokens, declared max_tokens "
+            f"{workload.declared_max_tokens}; 2 replicas of {engine.num_blocks} KV blocks x "
+            f"{engine.block_size} "
+            f"tokens. Replies identical in every variant: {same_replies}."
+        )
+        figure = f"![bench-prefix]({png.name})"
+        args.out.write_text(
+            f"<!-- generated by python -m bench.prefix -->\n{header}\n\n{table}\n\n{figure}\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
