@@ -15,6 +15,7 @@ from litestar.middleware import DefineMiddleware
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.real_use import real_use
 from edge.body_timeout import BodyReadTimeout
+from edge.cancel.factory import open_request_registry
 from edge.config import Settings
 from edge.conversation_log import ConversationLog
 from edge.drain import Drain
@@ -25,7 +26,6 @@ from edge.messages.writer import MessageWriter
 from edge.model_source import resolve_model_dir
 from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
-from edge.request_registry import open_request_registry
 from edge.routes.admin import admin_router
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions

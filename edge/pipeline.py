@@ -35,7 +35,9 @@ from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
-from edge.cancel import LiveRequest, RequestRegistry
+from edge.cancel.live import LiveRequest
+from edge.cancel.registry import RequestRegistry
+from edge.cancel.stream_close import aclose_stream
 from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
@@ -47,7 +49,6 @@ from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.text.stops import StopMatcher
 from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
-from edge.upstreams.closing import aclose_stream
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
 from limiter.tiers import tier_limits
@@ -423,14 +424,10 @@ class Generation:
                 )
         # Decided here, before any final event: a cancel that came first wins even when the
         # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
-        # after this answers 409 (edge/cancel.py, LiveRequest).
+        # after this answers 409 (edge/cancel/live.py).
         if self._live.end():
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
-            out.error = None
-        elif drain_cut.cancelled_caught:
-            out.reason = "drained"
-            out.error = shutting_down_error(self._p.drain.accept_left_s())
             out.error = None
         elif drain_cut.cancelled_caught:
             out.reason = "drained"

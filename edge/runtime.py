@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar import Request
 
-from edge.cancel import RequestRegistry
+from edge.cancel.registry import RequestRegistry
 from edge.config import Settings
 from edge.keys.authenticator import Authenticator
 from edge.keys.lifecycle import KeyLifecycle

@@ -8,8 +8,8 @@ from litestar import Request, post
 from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
-from edge.cancel import CancelOutcome
-from edge.cancel_bus import CancelBusUnavailable
+from edge.cancel.bus import CancelBusUnavailable
+from edge.cancel.outcome import CancelOutcome
 from edge.errors import ApiError, retry_after_headers
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of

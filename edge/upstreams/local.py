@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
+from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, RequestRejected, UpstreamError
-from edge.upstreams.closing import aclose_stream
 from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
 
 

@@ -9,16 +9,12 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from edge.cancel import CancelOutcome, CancelRegistry
-from edge.cancel_bus import (
-    CancelBus,
-    CancelBusUnavailable,
-    InMemoryCancelBus,
-    RedisCancelBus,
-    SharedCancelRegistry,
-    owner_key,
-)
+from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus, owner_key
+from edge.cancel.outcome import CancelOutcome
+from edge.cancel.registry import CancelRegistry
+from edge.cancel.shared import SharedCancelRegistry
 from tests.admission.flow import until
+from tests.support.in_memory_cancel_bus import InMemoryCancelBus
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edge.cancel import CancelOutcome, CancelRegistry
+from edge.cancel.outcome import CancelOutcome
+from edge.cancel.registry import CancelRegistry
 
 
 def test_cancel_registry_outcomes() -> None:

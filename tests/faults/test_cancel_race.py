@@ -4,7 +4,7 @@ Regression (issue 13): a cancel arriving as a generation ended on its own answer
 although the stream ended with `stop`: the request stayed in the registry until its clean-up was
 done, long after its outcome was decided. Now whichever comes first decides: a cancel after the end
 answers 409 and the stream keeps its own finish reason; a cancel before it answers 200 and the
-stream ends cancelled (edge/cancel.py, LiveRequest).
+stream ends cancelled (edge/cancel/live.py).
 
 The race is made deterministic by holding the request's clean-up where the old registry still held
 the request (its lease settle, which runs before the registry learns the finish): no sleeps.
@@ -21,7 +21,8 @@ import anyio
 import httpx
 import pytest
 
-from edge.cancel import CancelOutcome, CancelRegistry
+from edge.cancel.outcome import CancelOutcome
+from edge.cancel.registry import CancelRegistry
 from limiter.base import Admission, Limiter, OutputLease, TierLimits
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events

@@ -11,8 +11,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.closing import aclose_stream
 from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, end_token_ids
 from tests.triton.conftest import LocalTriton
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.closing import aclose_stream
 from edge.upstreams.triton import TritonUpstream, end_token_ids
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu_repository import render_cpu_repository

@@ -2,44 +2,45 @@
 
 A request's stream lives on one edge instance; its cancel may arrive at any of them. When a request
 starts, its instance records the owner (`track`), and the first SSE event, which carries the id, is
-written only once that write is done (`SharedCancelRegistry.announce`): a cancel sent to another
-instance right after it finds the owner.
-`cancel` checks the owner (another user's id and an unknown id answer alike: "not_found"), then
+written only once that write is done (`SharedCancelRegistry.announce`, edge/cancel/shared.py): a
+cancel sent to another instance right after it finds the owner.
+`cancel` checks the owner (another user's id and an unknown id answer alike: NOT_FOUND), then
 publishes the cancel; every instance is subscribed and hands it to `deliver(request_id, user)`, which
 stops the stream if that instance holds it.
 
-Two implementations: `InMemoryCancelBus` for one process (the embedded default) and `RedisCancelBus`
-for a fleet. In Redis the owner is a string `<state>\\t<user>` at `floodgate:cancel:{<request_id>}`
-(the hash tag keeps a request's key in one Cluster slot), with a TTL so nothing outlives a crashed
-instance; cancels go over classic pub/sub, which a Redis Cluster broadcasts to every node.
+`RedisCancelBus` is the fleet's bus (tests/support/in_memory_cancel_bus.py is a one-process double
+with the same answers). In Redis the owner is a string `<state>\\t<user>` at
+`floodgate:cancel:{<request_id>}` (the hash tag keeps a request's key in one Cluster slot), with a
+TTL so nothing outlives a crashed instance; cancels go over classic pub/sub, which a Redis Cluster
+broadcasts to every node.
 
-`SharedCancelRegistry` plugs a bus into the edge: it is a `RequestRegistry` (edge/cancel.py) that
-wraps the instance's own `CancelRegistry`.
+Across instances the answer is the store's: CANCELLED means the request was live when the cancel
+was published. The instance that runs it applies the cancel only if its generation has not ended
+by then (edge/cancel/live.py); if it has, the stream keeps its own finish reason. Only a cancel
+answered by the instance that runs the request is strict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Coroutine
-from typing import Any, Literal, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from edge.cancel import CancelOutcome, CancelRegistry, LiveRequest
+from edge.cancel.outcome import CancelOutcome
 
 log = structlog.get_logger("floodgate.cancel_bus")
 
-CancelVerdict = Literal["cancelled", "not_found", "finished"]
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
 
 CHANNEL = "floodgate:cancel"
-_LIVE, _DONE = "live", "done"
+LIVE, DONE = "live", "done"
+
 # What a store that is down or unsettled raises. redis-py's cluster client raises
 # RedisClusterException (not a RedisError) when no node answers or a slot is not covered.
 _STORE_ERRORS = (RedisError, RedisClusterException)
@@ -63,7 +64,7 @@ class CancelBus(Protocol):
         """The request ended; a cancel for it answers "finished" for a while, then "not_found"."""
         ...
 
-    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
+    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         """Check that `user` owns the request and, if it is live, broadcast its cancel."""
         ...
 
@@ -79,56 +80,14 @@ def owner_key(request_id: str) -> str:
     return f"floodgate:cancel:{{{request_id}}}"
 
 
-def _verdict(record: str | None, user: str) -> CancelVerdict:
+def record_outcome(record: str | None, user: str) -> CancelOutcome:
+    """What a cancel by `user` finds in an owner record (`<state>\\t<owner>`, or none)."""
     if record is None:
-        return "not_found"
+        return CancelOutcome.NOT_FOUND
     state, _, owner = record.partition("\t")
     if owner != user:
-        return "not_found"
-    return "finished" if state == _DONE else "cancelled"
-
-
-class InMemoryCancelBus:
-    """One process: the same answers as Redis. Live owners are dropped by finish(), which the edge
-    calls for every request; finished ones age out after finished_ttl_s, oldest first."""
-
-    def __init__(self, *, finished_ttl_s: float = 600.0) -> None:
-        self._finished_ttl_s = finished_ttl_s
-        self._live: dict[str, str] = {}
-        self._finished: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (owner, expires at)
-        self._deliver: Deliver | None = None
-
-    async def start(self, deliver: Deliver) -> None:
-        self._deliver = deliver
-
-    async def track(self, request_id: str, owner: str) -> None:
-        self._live[request_id] = owner
-
-    async def finish(self, request_id: str, owner: str) -> None:
-        self._expire()
-        self._live.pop(request_id, None)
-        self._finished[request_id] = (owner, time.monotonic() + self._finished_ttl_s)
-        self._finished.move_to_end(request_id)
-
-    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
-        self._expire()
-        if request_id in self._live:
-            verdict = _verdict(f"{_LIVE}\t{self._live[request_id]}", user)
-        elif request_id in self._finished:
-            verdict = _verdict(f"{_DONE}\t{self._finished[request_id][0]}", user)
-        else:
-            verdict = "not_found"
-        if verdict == "cancelled" and self._deliver is not None:
-            self._deliver(request_id, user)
-        return verdict
-
-    async def aclose(self) -> None:
-        self._deliver = None
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        while self._finished and next(iter(self._finished.values()))[1] <= now:
-            self._finished.popitem(last=False)
+        return CancelOutcome.NOT_FOUND
+    return CancelOutcome.FINISHED if state == DONE else CancelOutcome.CANCELLED
 
 
 class RedisCancelBus:
@@ -195,28 +154,28 @@ class RedisCancelBus:
     async def track(self, request_id: str, owner: str) -> None:
         # A store failure must not fail the request: it only loses cross-instance cancel for it.
         try:
-            await self._client.set(owner_key(request_id), f"{_LIVE}\t{owner}", ex=self._ttl_s)
+            await self._client.set(owner_key(request_id), f"{LIVE}\t{owner}", ex=self._ttl_s)
         except _STORE_ERRORS as exc:
             log.warning("cancel_bus_track_failed", request_id=request_id, error=type(exc).__name__)
 
     async def finish(self, request_id: str, owner: str) -> None:
         try:
-            await self._client.set(owner_key(request_id), f"{_DONE}\t{owner}", ex=self._finished_ttl_s)
+            await self._client.set(owner_key(request_id), f"{DONE}\t{owner}", ex=self._finished_ttl_s)
         except _STORE_ERRORS as exc:
             log.warning("cancel_bus_finish_failed", request_id=request_id, error=type(exc).__name__)
 
-    async def cancel(self, request_id: str, user: str) -> CancelVerdict:
+    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         try:
             record = await self._client.get(owner_key(request_id))
             if isinstance(record, bytes):
                 record = record.decode()
-            verdict = _verdict(record, user)
-            if verdict == "cancelled":
+            outcome = record_outcome(record, user)
+            if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
                 await self._client.publish(self._channel, message)
         except _STORE_ERRORS as exc:
             raise CancelBusUnavailable(str(exc)) from exc
-        return verdict
+        return outcome
 
     async def aclose(self) -> None:
         for task in (self._listener, self._cluster_setup):
@@ -264,64 +223,3 @@ class RedisCancelBus:
             log.warning("cancel_bus_bad_message")
             return
         deliver(message.request_id, message.user)
-
-
-class SharedCancelRegistry:
-    """The edge's RequestRegistry for a fleet: this instance's CancelRegistry, mirrored into a bus.
-
-    register/finish stay synchronous for the pipeline; their store writes run as tasks, the finish of
-    a request after its track. `announce` waits for the track (the pipeline awaits it before the
-    first event); a store failure there is logged by the bus and the request goes on, cancellable
-    on this instance only. A cancel is answered locally when the request is known here, else by
-    the bus, which also delivers it to the instance that runs it.
-    """
-
-    def __init__(self, local: CancelRegistry, bus: CancelBus) -> None:
-        self._local = local
-        self._bus = bus
-        self._tracking: dict[str, asyncio.Task[None]] = {}
-        self._writes: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        await self._bus.start(self._local.cancel_local)
-
-    async def drain(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for the store writes behind register/finish to complete."""
-        if self._writes:
-            await asyncio.wait(set(self._writes), timeout=timeout_s)
-
-    async def aclose(self) -> None:
-        await self.drain()
-        await self._bus.aclose()
-
-    def register(self, request_id: str, owner: str) -> LiveRequest:
-        live = self._local.register(request_id, owner)
-        self._tracking[request_id] = self._spawn(self._bus.track(request_id, owner))
-        return live
-
-    async def announce(self, live: LiveRequest) -> None:
-        tracking = self._tracking.get(live.request_id)
-        if tracking is not None:
-            # Shielded: a client leaving meanwhile must not cancel the write finish() chains after.
-            await asyncio.shield(tracking)
-
-    def finish(self, live: LiveRequest) -> None:
-        self._local.finish(live)
-        self._spawn(self._finish(live.request_id, live.owner, self._tracking.pop(live.request_id, None)))
-
-    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
-        outcome = self._local.cancel_local(request_id, user)
-        if outcome is not CancelOutcome.NOT_FOUND:
-            return outcome
-        return CancelOutcome(await self._bus.cancel(request_id, user))
-
-    async def _finish(self, request_id: str, owner: str, tracked: asyncio.Task[None] | None) -> None:
-        if tracked is not None:
-            await tracked
-        await self._bus.finish(request_id, owner)
-
-    def _spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(write)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        return task

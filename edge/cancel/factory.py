@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from edge.cancel import CancelRegistry, RequestRegistry
-from edge.cancel_bus import RedisCancelBus, SharedCancelRegistry
+from edge.cancel.bus import RedisCancelBus
+from edge.cancel.registry import CancelRegistry, RequestRegistry
+from edge.cancel.shared import SharedCancelRegistry
 from edge.config import LimiterConfig
 
 
