@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from limiter import policy
-from limiter.base import Admission, TierLimits
+from limiter.base import Admission, Decision, TierLimits
 from limiter.lease import admission
 from limiter.tiers import per_instance
 
@@ -62,22 +62,23 @@ class MemoryLimiter:
             state = self._states[user] = policy.UserState()
         return state
 
-    async def admit(
+    def decide(
         self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
-    ) -> Admission:
+    ) -> tuple[Decision, int]:
+        """`admit`'s decision and the output tokens it leased, without building a lease."""
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
         with self._lock:
             now = self._now_us()
             decision = policy.admit(
-                self._state(user, now),
-                rates,
-                now,
-                request_id,
-                input_tokens,
-                lease_tokens,
-                self._lease_ttl_us,
+                self._state(user, now), rates, now, request_id, input_tokens, lease_tokens, self._lease_ttl_us
             )
+        return decision, lease_tokens
+
+    async def admit(
+        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+    ) -> Admission:
+        decision, lease_tokens = self.decide(user, request_id, tier, input_tokens, max_output_tokens)
         return admission(
             self,
             decision,
@@ -90,20 +91,49 @@ class MemoryLimiter:
             batch_tokens=self.batch_tokens,
         )
 
-    async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+    def charge_now(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         with self._lock:
             now = self._now_us()
             return policy.charge(
                 self._state(user, now), self._rates_for(tier), now, request_id, want, self._lease_ttl_us
             )
 
-    async def settle(
+    async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+        return self.charge_now(user, tier, request_id, want)
+
+    def settle_now(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
     ) -> None:
         with self._lock:
             now = self._now_us()
             policy.settle(
                 self._state(user, now), self._rates_for(tier), now, request_id, refund, refund_request
+            )
+
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> None:
+        self.settle_now(user, tier, request_id, refund, refund_request=refund_request)
+
+    def record_admitted(self, user: str, request_id: str, tier: TierLimits, cost_tokens: int) -> None:
+        """Count what the shared store admitted (policy.record_admitted): as the Redis store's
+        fallback, this twin mirrors the instance's own traffic, so it takes over from there."""
+        with self._lock:
+            now = self._now_us()
+            policy.record_admitted(
+                self._state(user, now),
+                self._rates_for(tier),
+                now,
+                request_id,
+                cost_tokens,
+                self._lease_ttl_us,
+            )
+
+    def record_charged(self, user: str, tier: TierLimits, request_id: str, granted: int) -> None:
+        with self._lock:
+            now = self._now_us()
+            policy.record_charged(
+                self._state(user, now), self._rates_for(tier), now, request_id, granted, self._lease_ttl_us
             )
 
     async def aclose(self) -> None:

@@ -13,3 +13,20 @@ FALLBACK_ACTIVE = Gauge(
     "floodgate_limiter_fallback_active",
     "1 while the shared store is failing and the limiter answers from its local fallback, else 0.",
 )
+SETTLES_PENDING = Gauge(
+    "floodgate_limiter_settles_pending",
+    "Settles (slot frees and refunds) waiting to reach the shared store, retried until they land.",
+)
+SETTLES_EXPIRED = Counter(
+    "floodgate_limiter_settles_expired",
+    "Settles given up because their slot had expired on the store by itself (nothing left to free).",
+)
+SETTLES_DROPPED = Counter(
+    "floodgate_limiter_settles_dropped",
+    "Settles dropped because too many were pending; their slots expire with their lease TTL.",
+)
+STORE_BUSY = Counter(
+    "floodgate_limiter_store_busy",
+    "Limiter calls that found no free store connection within the pool wait (busy, not down).",
+    ["op"],
+)

@@ -126,7 +126,13 @@ def admit(
     lease_ttl_us: int,
 ) -> Decision:
     """Check requests, tokens (input + the initial output lease) and concurrency together; when all
-    three allow, count the request, debit the tokens and add the lease. Mutates `state`."""
+    three allow, count the request, debit the tokens and add the lease. Mutates `state`.
+
+    Idempotent per request id: asking again for a request that holds its slot answers "allowed"
+    and counts nothing (a retried call must not count twice)."""
+    prune_expired(state.leases, now_us)
+    if request_id in state.leases:
+        return _decision(state, rates, now_us, None, 0)
     requests = gcra(state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity, 1)
     tokens = gcra(
         state.token_tat_us,
@@ -135,7 +141,6 @@ def admit(
         rates.token_capacity,
         input_tokens + lease_tokens,
     )
-    prune_expired(state.leases, now_us)
     concurrency_wait = 0
     if len(state.leases) >= rates.max_concurrent:
         earliest = min(state.leases.values(), default=now_us)
@@ -158,10 +163,14 @@ def admit(
         state.token_tat_us = tokens.new_tat_us
         state.leases[request_id] = now_us + lease_ttl_us
 
+    return _decision(state, rates, now_us, limit, wait)
+
+
+def _decision(state: UserState, rates: Rates, now_us: int, limit: LimitName | None, wait_us: int) -> Decision:
     return Decision(
         allowed=limit is None,
         limit=limit,
-        retry_after_ms=ceil_ms(wait),
+        retry_after_ms=ceil_ms(wait_us),
         limit_requests=rates.request_capacity,
         remaining_requests=remaining(
             state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity
@@ -199,3 +208,24 @@ def settle(
     if refund_request:
         state.request_tat_us = max(state.request_tat_us - rates.request_interval_us, now_us)
     return True
+
+
+def record_admitted(
+    state: UserState, rates: Rates, now_us: int, request_id: str, cost_tokens: int, lease_ttl_us: int
+) -> None:
+    """Count a request the shared store admitted (or may have admitted) into this state, whatever
+    its limits say: the local state then continues from what this instance really let through,
+    so a fallback to it never starts from zero. Mutates `state`."""
+    state.request_tat_us = max(state.request_tat_us, now_us) + rates.request_interval_us
+    state.token_tat_us = max(state.token_tat_us, now_us) + cost_tokens * rates.token_interval_us
+    state.leases[request_id] = now_us + lease_ttl_us
+
+
+def record_charged(
+    state: UserState, rates: Rates, now_us: int, request_id: str, granted: int, lease_ttl_us: int
+) -> None:
+    """Count tokens the shared store granted to a running request (see record_admitted)."""
+    if granted > 0:
+        state.token_tat_us = max(state.token_tat_us, now_us) + granted * rates.token_interval_us
+    if request_id in state.leases:
+        state.leases[request_id] = now_us + lease_ttl_us

@@ -1,48 +1,87 @@
 """The shared limiter: one atomic Lua step per decision on Redis (standalone or Cluster).
 
-Scripts are called by SHA and loaded again when Redis answers NOSCRIPT (redis-py's registered
-scripts do both), so a restarted or failed-over Redis needs nothing from us. Every call is bounded
-by a timeout; when Redis fails the tier's `on_store_failure` applies: "open" answers from a local
-twin whose limits are divided by the number of edge instances, "closed" raises StoreUnavailable.
-After a failure the store is left alone for a short backoff (so a dead Redis does not cost every
-request a timeout), then the next call tries it again: recovery needs no restart.
+Scripts are called by SHA and loaded again when Redis answers NOSCRIPT, so a restarted or
+failed-over Redis needs nothing from us. When Redis fails the tier's `on_store_failure` applies:
+"open" answers from a local twin whose limits are divided by the number of edge instances,
+"closed" raises StoreUnavailable. After a failure the store is left alone for a short backoff
+(store_health.py), then tried again: recovery needs no restart.
+
+Slow is not down, and a late answer is not a "no":
+- Waiting for a free connection (the pool is busy, or the first connections are still being
+  opened) has its own bound (`pool_wait_s`) and never marks the store down; only a store that
+  does not answer within `timeout_ms` does.
+- A call that timed out may still run on Redis afterwards. redis-py's own retries are off (a
+  re-sent script would count twice), the scripts are idempotent per request id (admit answers a
+  request holding its slot "allowed" again at no cost; settle leaves a tombstone that a late admit
+  respects), and an admit whose answer never came is undone on Redis (a settle) unless the
+  request runs.
+- The local twin mirrors every decision Redis made for this instance, so the fail-open fallback
+  continues from what this instance really admitted instead of from an empty state: it never
+  lets one instance exceed its share of the tier (limit / instance count) on top of that.
+- Settles go through a queue that batches them into one round trip and retries them until they
+  land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
-from redis.commands.core import AsyncScript
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from limiter import policy
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
-from limiter.metrics import FALLBACK_ACTIVE, STORE_FAILURES
+from limiter.metrics import STORE_BUSY
 from limiter.scripts import script_text
+from limiter.settle_queue import PendingSettle, SettleQueue
+from limiter.store_health import StoreHealth
 
 log = structlog.get_logger("limiter")
 
 DEFAULT_BACKOFF_S = 1.0
-# In-flight script calls per limiter. redis-py's pools raise instead of waiting when exhausted, so
+# In-flight store calls per limiter. redis-py's pools raise instead of waiting when exhausted, so
 # the limiter queues callers itself; one call takes well under a millisecond on Redis.
 DEFAULT_MAX_CONNECTIONS = 64
+# How long a call may wait for one of those connections: a busy pool is not a failed store.
+DEFAULT_POOL_WAIT_S = 2.0
+# Opening a connection is not an answer from a busy server either: its own, longer bound.
+DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
 Op = Literal["admit", "charge", "settle"]
 
 
-class _StoreDown(Exception):
-    """Redis failed (or is inside its backoff after a failure) for this call."""
+class _NotSent(Exception):
+    """The call never reached Redis (backoff, no free connection, connection refused): nothing
+    can have run there."""
+
+
+class _NoAnswer(Exception):
+    """Redis did not answer in time or the connection broke mid-call: the script may have run."""
 
 
 def user_keys(user: str) -> tuple[str, str, str]:
     """The user's three keys; the {user} hash tag puts them in one Cluster slot."""
     return f"fg:{{{user}}}:req", f"fg:{{{user}}}:tok", f"fg:{{{user}}}:conc"
+
+
+def tombstone_key(user: str, request_id: str) -> str:
+    """Set by settle.lua: this request is over (same hash tag as the user's keys)."""
+    return f"fg:{{{user}}}:done:{request_id}"
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """redis-py failed while opening the connection, before any command went out."""
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError) and "connecting" in str(exc).lower()
 
 
 class RedisLimiter:
@@ -56,46 +95,81 @@ class RedisLimiter:
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         backoff_s: float = DEFAULT_BACKOFF_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        pool_wait_s: float = DEFAULT_POOL_WAIT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         now_override_us: Callable[[], int] | None = None,
     ) -> None:
-        """`now_override_us` is for tests only: the scripts then take this time instead of Redis
-        TIME, so a test can drive Redis and the twin through the same instants."""
+        """`timeout_ms` bounds Redis's answer to one call (the client's socket timeout should be
+        the same: from_url sets it); `now_override_us` is for tests only: the scripts then take
+        this time instead of Redis TIME, so a test can drive Redis and the twin together."""
         self._client = client
         self._timeout_s = timeout_ms / 1000
+        # Connect, then at worst EVALSHA, SCRIPT LOAD and EVALSHA again (NOSCRIPT after a restart).
+        self._call_bound_s = connect_timeout_s + 3 * self._timeout_s
+        self._pool_wait_s = pool_wait_s
         self.batch_tokens = batch_tokens
+        self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
-        self._backoff_s = backoff_s
         self._now_override_us = now_override_us
         self._in_flight = asyncio.Semaphore(max_connections)
         self._admit = client.register_script(script_text("admit"))
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
-        self._fallback = MemoryLimiter(
+        self._health = StoreHealth(backoff_s)
+        self._settles = SettleQueue(self._send_settles, self._health)
+        # This instance's own traffic, mirrored: the fail-open fallback's state.
+        self._local = MemoryLimiter(
             batch_tokens=batch_tokens, lease_ttl_s=lease_ttl_s, instance_count=instance_count
         )
         self._rates: dict[TierLimits, policy.Rates] = {}
-        self._down_until = 0.0
-        self._failing = False
         self._cluster_ready = not isinstance(client, RedisCluster)
 
     @classmethod
     def from_url(
-        cls, url: str, *, timeout_ms: int, instance_count: int = 1, cluster: bool = False, **kwargs: Any
+        cls,
+        url: str,
+        *,
+        timeout_ms: int,
+        instance_count: int = 1,
+        cluster: bool = False,
+        connect_timeout_s: float | None = None,
+        **kwargs: Any,
     ) -> RedisLimiter:
-        """`redis://…` for one server, `redis+cluster://…` (or cluster=True) for a Cluster."""
+        """`redis://…` for one server, `redis+cluster://…` (or cluster=True) for a Cluster.
+        `connect_timeout_s` defaults to the longer of DEFAULT_CONNECT_TIMEOUT_S and the answer
+        bound: opening a connection on a loaded host is slow, not a failed store."""
+        if connect_timeout_s is None:
+            connect_timeout_s = max(DEFAULT_CONNECT_TIMEOUT_S, timeout_ms / 1000)
         if url.startswith("redis+cluster://"):
             url, cluster = "redis://" + url.removeprefix("redis+cluster://"), True
-        timeout_s = timeout_ms / 1000
+        options: dict[str, Any] = {
+            "socket_timeout": timeout_ms / 1000,
+            "socket_connect_timeout": connect_timeout_s,
+            # No silent re-sends: a script re-sent after a timeout may run twice. The limiter
+            # decides itself what a failed call means.
+            "retry": Retry(NoBackoff(), 0),
+        }
         client: Redis | RedisCluster
         if cluster:
-            client = RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+            client = RedisCluster.from_url(url, **options)
         else:
-            client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        return cls(client, timeout_ms=timeout_ms, instance_count=instance_count, **kwargs)
+            client = Redis.from_url(url, **options)
+        return cls(
+            client,
+            timeout_ms=timeout_ms,
+            instance_count=instance_count,
+            connect_timeout_s=connect_timeout_s,
+            **kwargs,
+        )
 
     @property
     def fallback_active(self) -> bool:
-        return self._failing
+        return self._health.failing
+
+    @property
+    def pending_settles(self) -> int:
+        """Settles not yet landed on Redis (retried in the background)."""
+        return len(self._settles)
 
     def _rates_for(self, tier: TierLimits) -> policy.Rates:
         rates = self._rates.get(tier)
@@ -106,35 +180,38 @@ class RedisLimiter:
     def _now_arg(self) -> str:
         return "" if self._now_override_us is None else str(self._now_override_us())
 
-    async def _run(self, op: Op, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        if self._failing and time.monotonic() < self._down_until:
-            raise _StoreDown
+    async def _call(self, op: Op, send: Callable[[], Awaitable[Any]]) -> Any:
+        """One bounded round trip. Raises _NotSent when it never reached Redis, _NoAnswer when
+        Redis did not answer (the store is then marked down)."""
+        if self._health.retry_in() > 0:
+            raise _NotSent
         try:
+            async with asyncio.timeout(self._pool_wait_s):
+                await self._in_flight.acquire()
+        except TimeoutError:
+            STORE_BUSY.labels(op=op).inc()
+            raise _NotSent from None
+        try:
+            if self._health.retry_in() > 0:  # it failed while this call waited
+                raise _NotSent
             if not self._cluster_ready:
                 # Fetch the slot map before the first burst of calls: redis-py's cluster client
-                # fails with AttributeError when many first calls race to set it up. This one-time
-                # set-up (slot map and command table: ~50 ms, 100-150 ms on a busy 2-core host) is
-                # no store call, so it stays out of the per-call bound (else the first decisions
-                # after start fall back); the client's connect and read timeouts bound it.
+                # fails with AttributeError when many first calls race to set it up. One-time
+                # set-up, bounded by the client's own connect and read timeouts.
                 await self._client.initialize()
                 self._cluster_ready = True
-            # Waiting for a free connection counts against the bound: it is the decision's latency.
-            async with asyncio.timeout(self._timeout_s), self._in_flight:
-                result = await script(keys=keys, args=args)
+            async with asyncio.timeout(self._call_bound_s):
+                result = await send()
+        except _NotSent:
+            raise
         # Any failure of the store or its driver (redis-py's cluster client has raised
         # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
         except Exception as exc:
-            STORE_FAILURES.labels(op=op).inc()
-            self._down_until = time.monotonic() + self._backoff_s
-            if not self._failing:
-                self._failing = True
-                FALLBACK_ACTIVE.set(1)
-            log.warning("limiter_store_failed", op=op, error=type(exc).__name__, backoff_s=self._backoff_s)
-            raise _StoreDown from exc
-        if self._failing:
-            self._failing = False
-            FALLBACK_ACTIVE.set(0)
-            log.info("limiter_store_recovered", op=op)
+            self._health.failed(op, exc)
+            raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
+        finally:
+            self._in_flight.release()
+        self._health.succeeded(op)
         return result
 
     async def admit(
@@ -142,6 +219,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
+        keys = (*user_keys(user), tombstone_key(user, request_id))
         args = (
             self._now_arg(),
             request_id,
@@ -155,12 +233,15 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            reply = await self._run("admit", self._admit, user_keys(user), args)
-        except _StoreDown:
-            if tier.on_store_failure == "closed":
-                raise StoreUnavailable(max(self._down_until - time.monotonic(), 0.001)) from None
-            return await self._fallback.admit(user, request_id, tier, input_tokens, max_output_tokens)
+            reply = await self._call("admit", lambda: self._admit(keys=keys, args=args))
+        except _NotSent:
+            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
+        except _NoAnswer:
+            undo = input_tokens + lease_tokens
+            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=undo)
         allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok = (int(v) for v in reply)
+        if allowed:
+            self._local.record_admitted(user, request_id, tier, input_tokens + lease_tokens)
         decision = Decision(
             allowed=bool(allowed),
             limit=_LIMIT_NAMES.get(limit),
@@ -172,6 +253,22 @@ class RedisLimiter:
             remaining_tokens=rem_tok,
             reset_tokens_ms=reset_tok,
         )
+        return self._admission(
+            decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
+        )
+
+    def _admission(
+        self,
+        decision: Decision,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        input_tokens: int,
+        granted: int,
+        max_output_tokens: int,
+    ) -> Admission:
+        # The lease talks to this store whichever side decided: its charges and settle reach
+        # Redis whenever Redis answers, and the local mirror in every case.
         return admission(
             self,
             decision,
@@ -179,10 +276,37 @@ class RedisLimiter:
             tier,
             request_id,
             input_tokens=input_tokens,
-            granted=lease_tokens,
+            granted=granted,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
         )
+
+    def _fallback_admit(
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        undo: int | None,
+    ) -> Admission:
+        """The answer while Redis does not give one. `undo`: the tokens an admit that may have
+        run on Redis charged there; unless this request now runs, it is settled there as never
+        run (idempotent: a no-op when the script did not run or did not admit)."""
+        if tier.on_store_failure == "closed":
+            if undo is not None:
+                self._undo(user, tier, request_id, undo)
+            raise StoreUnavailable(max(self._health.retry_in(), 0.001))
+        decision, lease_tokens = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
+        if not decision.allowed and undo is not None:
+            self._undo(user, tier, request_id, undo)
+        return self._admission(
+            decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
+        )
+
+    def _undo(self, user: str, tier: TierLimits, request_id: str, tokens: int) -> None:
+        self._settles.add(self._settle_op(user, tier, request_id, tokens, refund_request=True))
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         rates = self._rates_for(tier)
@@ -196,16 +320,23 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            return int(await self._run("charge", self._charge, (tokens_key, concurrency_key), args))
-        except _StoreDown:
+            granted = int(
+                await self._call(
+                    "charge", lambda: self._charge(keys=(tokens_key, concurrency_key), args=args)
+                )
+            )
+        except (_NotSent, _NoAnswer):
+            # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":
                 return 0  # the stream stops with finish_reason "length": nothing vouches for more
             # Fail-open: this instance's share of the budget pays for the rest of the stream.
-            return await self._fallback.charge(user, tier, request_id, want)
+            return self._local.charge_now(user, tier, request_id, want)
+        self._local.record_charged(user, tier, request_id, granted)
+        return granted
 
-    async def settle(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
-    ) -> None:
+    def _settle_op(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool
+    ) -> PendingSettle:
         rates = self._rates_for(tier)
         args = (
             self._now_arg(),
@@ -214,13 +345,49 @@ class RedisLimiter:
             refund,
             rates.request_interval_us,
             int(refund_request),
+            self._lease_ttl_us,
         )
+        keys = (*user_keys(user), tombstone_key(user, request_id))
+        # Retried until the slot would have expired on Redis by itself (its last refresh was at
+        # most now); past that there is nothing left to free.
+        return PendingSettle(keys, args, expires_at=time.monotonic() + self._lease_ttl_s)
+
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> None:
+        self._local.settle_now(user, tier, request_id, refund, refund_request=refund_request)
+        await self._settles.submit(
+            self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
+        )
+
+    async def _send_settles(self, batch: list[PendingSettle]) -> bool:
+        """All of `batch` in one pipelined round trip (each settle still one atomic script)."""
+
+        async def send_each() -> None:
+            # redis-py's cluster pipeline refuses EVALSHA: one call per settle, concurrently.
+            await asyncio.gather(*(self._settle(keys=s.keys, args=s.args) for s in batch))
+
+        async def send() -> None:
+            for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
+                pipe = self._client.pipeline(transaction=False)
+                for settle in batch:
+                    pipe.evalsha(self._settle.sha, len(settle.keys), *settle.keys, *settle.args)
+                results = await pipe.execute(raise_on_error=False)
+                errors = [r for r in results if isinstance(r, Exception)]
+                if not errors:
+                    return
+                if not all(isinstance(e, NoScriptError) for e in errors):
+                    raise errors[0]
+                # Settles are idempotent: sending the whole batch again is safe.
+                await self._client.script_load(self._settle.script)
+            raise NoScriptError("settle script missing after loading it")
+
         try:
-            await self._run("settle", self._settle, user_keys(user), args)
-        except _StoreDown:
-            # The slot expires with its lease TTL; the unused reservation is not refunded (the
-            # safe side: the user is under-, never over-served).
-            log.warning("limiter_settle_skipped", request_id=request_id)
+            await self._call("settle", send_each if isinstance(self._client, RedisCluster) else send)
+        except (_NotSent, _NoAnswer):
+            return False
+        return True
 
     async def aclose(self) -> None:
+        await self._settles.aclose()
         await self._client.aclose()

@@ -1,10 +1,15 @@
 -- One admission, atomically: requests (GCRA), tokens (GCRA over input + initial output lease) and
 -- concurrency (a set of live request ids scored by lease expiry). Mirrors limiter/policy.py:admit.
--- KEYS: requests TAT, tokens TAT, concurrency set (one {user} hash tag: one Cluster slot)
+-- Idempotent per request id, so a call retried (or run late, after its caller gave up on it)
+-- never counts twice: a request that holds its slot is answered "allowed" again at no cost, and a
+-- request already settled (its tombstone, KEYS[4], is set by settle.lua) is refused at no cost.
+-- KEYS: requests TAT, tokens TAT, concurrency set, the request's tombstone (one {user} hash tag:
+--       one Cluster slot)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_interval_us, request_capacity, token_interval_us, token_capacity,
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us
--- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency), retry_after_ms,
+-- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
+--          the request was settled already), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms
 local CONCURRENCY_RETRY_US = 1000000
 
@@ -34,10 +39,30 @@ end
 
 local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
 local token_tat = tonumber(redis.call('GET', KEYS[2])) or 0
+
+local function reply(allowed, limit, wait)
+  return {
+    allowed,
+    limit,
+    ceil_ms(wait),
+    remaining(request_tat, request_interval, request_capacity),
+    ceil_ms(math.max(request_tat, now) - now),
+    remaining(token_tat, token_interval, token_capacity),
+    ceil_ms(math.max(token_tat, now) - now),
+  }
+end
+
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
+if redis.call('ZSCORE', KEYS[3], request_id) then
+  return reply(1, 0, 0)
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  return reply(0, 0, 0)
+end
+
 local new_request_tat, request_wait = gcra(request_tat, request_interval, request_capacity, 1)
 local new_token_tat, token_wait = gcra(token_tat, token_interval, token_capacity, cost_tokens)
 
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
 local concurrency_wait = 0
 if redis.call('ZCARD', KEYS[3]) >= max_concurrent then
   local earliest = now
@@ -68,12 +93,4 @@ if limit == 0 then
   redis.call('PEXPIRE', KEYS[3], ceil_ms(lease_ttl) + EXPIRY_MARGIN_MS)
 end
 
-return {
-  limit == 0 and 1 or 0,
-  limit,
-  ceil_ms(wait),
-  remaining(request_tat, request_interval, request_capacity),
-  ceil_ms(math.max(request_tat, now) - now),
-  remaining(token_tat, token_interval, token_capacity),
-  ceil_ms(math.max(token_tat, now) - now),
-}
+return reply(limit == 0 and 1 or 0, limit, wait)

@@ -1,9 +1,11 @@
 -- Finish a request, atomically: free its slot and refund its unused tokens (GCRA: move the TAT
 -- back), and the request itself when it never ran. Only the call that removes the slot refunds,
--- so it is idempotent. Mirrors limiter/policy.py:settle.
--- KEYS: requests TAT, tokens TAT, concurrency set (one {user} hash tag)
+-- so it is idempotent. Mirrors limiter/policy.py:settle. It also leaves a tombstone for the
+-- request (for the slot's lifetime), so that its admit, should it run only now (sent before a
+-- stall, executed after), takes no slot: admit.lua refuses a settled request.
+-- KEYS: requests TAT, tokens TAT, concurrency set, the request's tombstone (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens,
---       request_interval_us, refund_request (0/1)
+--       request_interval_us, refund_request (0/1), lease_ttl_us
 -- Returns: 1 when this call removed the slot, else 0.
 
 local token_interval = tonumber(ARGV[3])
@@ -16,6 +18,7 @@ local function move_back(key, by)
   redis.call('SET', key, string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
 
+redis.call('SET', KEYS[4], '1', 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
 if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 then
   return 0
 end

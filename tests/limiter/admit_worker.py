@@ -5,6 +5,7 @@ prints the number of admitted requests."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 from limiter.redis_store import RedisLimiter
@@ -19,7 +20,8 @@ async def main(url: str, user: str, n: int, requests: int, tokens: int, cost: in
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
     admissions = await asyncio.gather(
-        *(limiter.admit(user, f"{user}-w{i}", limits, cost, 0) for i in range(n))
+        # Request ids are unique across processes, as the edge's are (admit is idempotent per id).
+        *(limiter.admit(user, f"{user}-w{os.getpid()}-{i}", limits, cost, 0) for i in range(n))
     )
     print(sum(a.decision.allowed for a in admissions), flush=True)
     await limiter.aclose()

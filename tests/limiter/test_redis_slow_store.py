@@ -1,0 +1,92 @@
+"""A slow Redis is not a dead one: a burst against a store that answers late must never admit
+more than the tier allows, and every slot a late-running script took must be freed again.
+
+Redis is slowed with `DEBUG SLEEP` (it answers nothing meanwhile, then runs every command that
+queued up): the limiter's calls time out while their scripts still run afterwards, the exact
+situation where an empty fallback and redis-py's own retries used to double-count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from limiter.base import Admission
+from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.conditions import wait_until
+from tests.limiter.tiers import tier
+from tests.support.redis_server import RedisServer, start_redis
+
+BURST = 150
+LIMIT = 5
+
+
+@pytest.fixture
+def debug_redis() -> Iterator[RedisServer]:
+    """A server of this test's own that accepts DEBUG SLEEP from loopback."""
+    server = start_redis(extra_args=["--enable-debug-command", "local"])
+    yield server
+    server.kill()
+
+
+async def _stall(probe: Redis, seconds: float) -> asyncio.Task[object]:
+    """Start `DEBUG SLEEP` and return once Redis is inside it (a PING on another connection then
+    goes unanswered): the calls fired next certainly meet a stalled server."""
+    stall = asyncio.create_task(probe.execute_command("DEBUG", "SLEEP", str(seconds)))  # type: ignore[no-untyped-call]
+    port = probe.connection_pool.connection_kwargs["port"]
+    # No retries: redis-py's default retry would wait the stall out and hide it.
+    other = Redis(port=port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+    try:
+        while True:
+            try:
+                await other.ping()
+            except Exception:
+                return stall
+            await asyncio.sleep(0.001)
+    finally:
+        await other.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("on_store_failure", ["open", "closed"])
+async def test_a_burst_against_a_stalled_redis_right_after_start_never_over_admits(
+    debug_redis: RedisServer, on_store_failure: str
+) -> None:
+    limits = tier(requests=LIMIT, request_window_s=3600, on_store_failure=on_store_failure)
+    user = f"burst-{uuid.uuid4().hex}"
+    probe = Redis.from_url(debug_redis.url)
+    # A fresh limiter: no connection open, no script loaded yet. A short answer bound, so that
+    # the stall certainly outlasts it.
+    limiter = RedisLimiter.from_url(debug_redis.url, timeout_ms=100, backoff_s=0.05)
+    try:
+        stall = await _stall(probe, 0.5)
+
+        async def one(i: int) -> Admission | None:
+            try:
+                return await limiter.admit(user, f"b{i}", limits, 1, 0)
+            except Exception:  # StoreUnavailable for the fail-closed tier: refused, not admitted
+                return None
+
+        answers = await asyncio.gather(*(one(i) for i in range(BURST)))
+        await stall
+        admitted = [a for a in answers if a is not None and a.decision.allowed]
+        assert len(admitted) <= LIMIT  # over-admission 0
+
+        # Every request ends; afterwards no slot is left on Redis, whatever ran late there.
+        for admission in admitted:
+            assert admission.lease is not None
+            await admission.lease.settle()
+
+        async def no_slots_left() -> bool:
+            return limiter.pending_settles == 0 and await probe.zcard(user_keys(user)[2]) == 0
+
+        await wait_until("all slots freed on Redis", no_slots_left)
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
