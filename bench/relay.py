@@ -134,7 +134,7 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
         port = _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
+            f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
             f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
         )
