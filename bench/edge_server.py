@@ -59,7 +59,7 @@ def edge_process(extra_toml: str = "", triton: str | None = None) -> Iterator[Ed
         port = _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nkeys_file = "{tmp}/keys.jsonl"\n'
+            f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
             f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
         )
