@@ -6,7 +6,8 @@
 #
 #   FLOODGATE_CONFIG_TOML  the settings (iac/envs/example/edge.toml.tftpl), with @REDIS_AUTH_TOKEN@
 #   REDIS_AUTH_TOKEN       the token (Secrets Manager)
-#   FLOODGATE_KEYS_JSONL   the hashed API keys (Secrets Manager)
+#   FLOODGATE_KEYS_JSONL   hashed API keys from the api-keys secret, imported insert-only at start
+#                          (may be empty: keys live in the keys table)
 #   FLOODGATE_RUN_DIR      where the files go (default /run/floodgate, the task's volume)
 set -eu
 
@@ -17,11 +18,13 @@ fail() {
   exit 1
 }
 
-# No keys: refuse, because an edge without keys makes a development key and prints it, into the logs.
-if [ -z "$(printf '%s' "${FLOODGATE_KEYS_JSONL:-}" | tr -d '[:space:]')" ]; then
-  fail "the api-keys secret holds no keys"
-fi
 [ -n "${FLOODGATE_CONFIG_TOML:-}" ] || fail "FLOODGATE_CONFIG_TOML is empty"
+# Production settings must never let the edge make and print a development key (into the logs):
+# keys come from the keys table (`floodgate keys create`), the secret's file is only imported.
+case $FLOODGATE_CONFIG_TOML in
+  *"dev_key = false"*) ;;
+  *) fail "the settings must say [server] dev_key = false" ;;
+esac
 
 # Fargate mounts the task volume root-owned 0755 unless the image declares it a VOLUME owned by its
 # user: say so plainly instead of dying on the first write.
@@ -40,6 +43,6 @@ case $config in
     ;;
 esac
 printf '%s\n' "$config" >"$run_dir/config.toml"
-printf '%s\n' "$FLOODGATE_KEYS_JSONL" >"$run_dir/keys.jsonl"
+printf '%s' "${FLOODGATE_KEYS_JSONL:-}" | grep -v '^[[:space:]]*$' >"$run_dir/keys.jsonl" || true
 
 exec floodgate serve --config "$run_dir/config.toml"

@@ -119,12 +119,37 @@ def test_a_root_owned_mount_fails_loudly(stand_in: dict[str, str], tmp_path: Pat
     assert f"{mount} (0:0 755) is not writable by uid {UID}" in done.stderr
 
 
-def test_start_refuses_an_empty_keys_secret(stand_in: dict[str, str], tmp_path: Path) -> None:
-    done = start(stand_in, fargate_mount(tmp_path), "\n")
+def test_an_empty_keys_secret_is_fine_keys_live_in_the_table(
+    stand_in: dict[str, str], tmp_path: Path
+) -> None:
+    mount = fargate_mount(tmp_path)
+
+    done = start(stand_in, mount, "\n")
+
+    assert done.returncode == 0, done.stderr
+    assert (mount / "keys.jsonl").read_text() == ""
+
+
+def test_settings_that_allow_a_dev_key_are_refused(stand_in: dict[str, str], tmp_path: Path) -> None:
+    mount = fargate_mount(tmp_path)
+    settings = (EXAMPLE / "edge.toml.tftpl").read_text().replace("dev_key = false", "dev_key = true")
+
+    done = subprocess.run(
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(SCRIPT)],
+        env={
+            **stand_in,
+            "FLOODGATE_RUN_DIR": str(mount),
+            "FLOODGATE_CONFIG_TOML": settings,
+            "REDIS_AUTH_TOKEN": "t",
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
     assert done.returncode == 1
     assert "started" not in done.stdout
-    assert "no keys" in done.stderr
+    assert "dev_key = false" in done.stderr
 
 
 def test_the_image_installs_the_script_the_task_runs() -> None:

@@ -260,3 +260,18 @@ def test_every_checkov_skip_gives_a_reason() -> None:
     assert skips
     for skip in skips:
         assert re.fullmatch(r"#checkov:skip=CKV2?_AWS_\d+:\S.{10,}", skip), skip
+
+
+def test_stop_timings_match_the_edges_graceful_drain() -> None:
+    # ECS stops a task in this order: deregister it and wait the deregistration delay (the ALB
+    # closes whatever is still open at its end), then SIGTERM, then SIGKILL after stopTimeout.
+    # The edge's own drain ([server] in edge/defaults.toml, read by the running edge) runs from
+    # SIGTERM: /readyz 503 for drain_accept_s, streams cut gracefully at drain_deadline_s.
+    server = tomllib.loads((IAC.parent / "edge" / "defaults.toml").read_text())["server"]
+    stop_timeout = default("edge_service", "stop_timeout_s")
+    deregistration = default("alb", "deregistration_delay_s")
+
+    assert stop_timeout <= 120  # Fargate's ceiling
+    assert stop_timeout >= server["drain_deadline_s"] + 5  # the edge ends its streams before SIGKILL
+    assert deregistration == server["drain_deadline_s"]  # the same drain window either way
+    assert deregistration >= server["drain_accept_s"]

@@ -32,3 +32,8 @@ output "dashboard" {
   description = "CloudWatch dashboard name."
   value       = module.monitoring.dashboard_name
 }
+
+output "keys_table" {
+  description = "DynamoDB table of API keys and usage: name it in the settings file `floodgate keys` uses ([keys] backend = \"dynamodb\")."
+  value       = module.keys.name
+}

@@ -36,9 +36,9 @@ variable "idle_timeout_s" {
 }
 
 variable "deregistration_delay_s" {
-  description = "How long the ALB keeps a deregistering edge task's open requests before it closes them; ECS sends the task SIGTERM only after this (docs/deploy.md, graceful drain)."
+  description = "How long the ALB keeps a deregistering edge task's open streams before it closes them; ECS sends the task SIGTERM only after this. Equal to the edge's [server] drain_deadline_s, so a stream gets the same time whichever way its task stops (docs/deploy.md, graceful drain)."
   type        = number
-  default     = 30
+  default     = 90
 }
 
 variable "public_paths" {

@@ -100,9 +100,11 @@ run "routing_health_check_drain_and_waf" {
   }
 
   assert {
-    # ECS waits the deregistration delay, then sends SIGTERM and waits stopTimeout (120 s on Fargate).
-    condition     = aws_lb_target_group.edge.deregistration_delay == "30"
-    error_message = "deregistration delay must be 30 s (docs/deploy.md, graceful drain)"
+    # ECS waits the deregistration delay (the ALB then closes what is left), then sends SIGTERM and
+    # waits stopTimeout (at most 120 s on Fargate): the delay is the streams' drain window, equal to
+    # the edge's [server] drain_deadline_s (tests/iac/test_structure.py reads edge/defaults.toml).
+    condition     = aws_lb_target_group.edge.deregistration_delay == "90"
+    error_message = "deregistration delay must equal the edge's drain_deadline_s, 90 s (docs/deploy.md, graceful drain)"
   }
 
   assert {
