@@ -1,10 +1,11 @@
 """Usage recording off the token path: `record` only queues; one task sums what is queued per
 (user, model, day) and adds the sums to the store.
 
-A clean shutdown writes everything queued (retrying while the store fails) before the app exits:
-`aclose` waits for the queue without a deadline of its own, because usage is billing data. Only a
-request recorded after `aclose` began, or a queue full for lack of a store, is dropped: counted
-and logged."""
+A clean shutdown writes everything queued (retrying while the store fails) before the app exits.
+Only if the store stays down past `drain_timeout_s` does `aclose` give up, and then every row it
+could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
+replay it from the log. A request recorded after `aclose` began, or while the queue is full, is
+dropped the same way: counted and logged with its tokens."""
 
 from __future__ import annotations
 
@@ -26,12 +27,20 @@ Key = tuple[str, str, str]  # user, model, day
 
 class UsageWriter:
     def __init__(
-        self, store: UsageStore, queue_size: int, *, base_backoff_s: float = 0.05, max_backoff_s: float = 2.0
+        self,
+        store: UsageStore,
+        queue_size: int,
+        *,
+        base_backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        drain_timeout_s: float = 60.0,
     ) -> None:
         self._store = store
         self._queue: asyncio.Queue[Usage] = asyncio.Queue(maxsize=queue_size)
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
+        self._drain_timeout_s = drain_timeout_s
+        self._batch: list[Usage] = []
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -56,23 +65,33 @@ class UsageWriter:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._worker is not None:
-            await self._queue.join()
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+        if self._worker is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
+        self._worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._worker
+        self._worker = None
+        unwritten = self._batch + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        for row in _summed(unwritten):
+            USAGE_DROPPED.inc(row.requests)
+            log.error("usage_unwritten", **row.as_dict())
 
     async def _run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            self._batch = [await self._queue.get()]
             while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+                self._batch.append(self._queue.get_nowait())
+            taken = len(self._batch)
+            rows = _summed(self._batch)
             try:
-                for row in _summed(batch):
-                    await self._write(row)
+                while rows:
+                    await self._write(rows[0])
+                    rows.pop(0)
             finally:
-                for _ in batch:
+                self._batch = rows  # what aclose logs as unwritten if it cancelled this write
+                for _ in range(taken):
                     self._queue.task_done()
 
     async def _write(self, row: Usage) -> None:

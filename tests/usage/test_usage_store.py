@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog.testing
 
 from edge.usage.record import Usage, utc_day
 from edge.usage.store import UsageStore
@@ -64,3 +65,27 @@ async def test_the_writer_sums_retries_and_writes_everything_before_close(usage_
         200,
         utc_day(),
     )
+
+
+class DownStore(FlakyStore):
+    def __init__(self, inner: UsageStore) -> None:
+        super().__init__(inner, failures=10**9)
+
+
+async def test_a_store_down_through_shutdown_leaves_every_row_in_the_log(usage_store: UsageStore) -> None:
+    writer = UsageWriter(
+        DownStore(usage_store), 100, base_backoff_s=0.001, max_backoff_s=0.01, drain_timeout_s=0.2
+    )
+    writer.start()
+    writer.record("ann", "m", 10, 20)
+    writer.record("ann", "m", 1, 2)
+    writer.record("bo", "m", 5, 5)
+    with structlog.testing.capture_logs() as logs:
+        await writer.aclose()
+    unwritten = {
+        e["user"]: (e["input_tokens"], e["output_tokens"], e["requests"])
+        for e in logs
+        if e["event"] == "usage_unwritten"
+    }
+    assert unwritten == {"ann": (11, 22, 2), "bo": (5, 5, 1)}
+    assert await usage_store.query() == []
