@@ -220,9 +220,9 @@ def test_the_agent_protects_reports_and_completes_on_the_real_api(
         return actions
 
     def described() -> dict[str, Any]:
-        return autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])[
-            "AutoScalingInstances"
-        ][0]
+        answer = autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])
+        instance: dict[str, Any] = answer["AutoScalingInstances"][0]
+        return instance
 
     assert round_at(0) == [CompleteHook("ready", "CONTINUE")]  # no hook pending in moto: logged
     assert round_at(1) == [SetProtected(True)]  # 3 active streams

@@ -30,14 +30,15 @@ def moto_endpoint() -> Iterator[str]:
 
 
 def aws_client(service: str, endpoint: str) -> Any:
-    return boto3.client(
-        service,
+    client: Any = boto3.client(
+        service,  # type: ignore[call-overload]  # any service name, typed per literal in the stubs
         endpoint_url=endpoint,
         region_name=REGION,
         aws_access_key_id="test",
         aws_secret_access_key="test",
         config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
     )
+    return client
 
 
 class PutRecorder:

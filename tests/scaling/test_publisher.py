@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -119,7 +119,7 @@ def test_an_interval_must_fit_one_call() -> None:
         ScalingPublisher(
             lambda: {},
             dimensions=metric.dimensions("m"),
-            client_factory=lambda: None,
+            client_factory=lambda: cast(Any, None),
             interval_s=60,
             sample_interval_s=0.01,
         )

@@ -1,5 +1,5 @@
 # The edge: stateless Fargate tasks behind the ALB, scaled on CPU (tokenising and SSE framing are the
-# edge's work; the GPU pool scales separately on queue depth).
+# edge's work; the GPU pool scales separately on demand per replica, edge/scaling/).
 
 data "aws_region" "current" {}
 
