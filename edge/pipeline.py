@@ -425,7 +425,7 @@ class Generation:
         # Decided here, before any final event: a cancel that came first wins even when the
         # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
         # after this answers 409 (edge/cancel/live.py).
-        if self._live.end():
+        if await self._p.registry.end(self._live):
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
             out.error = None

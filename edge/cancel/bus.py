@@ -14,10 +14,11 @@ with the same answers). In Redis the owner is a string `<state>\\t<user>` at
 TTL so nothing outlives a crashed instance; cancels go over classic pub/sub, which a Redis Cluster
 broadcasts to every node.
 
-Across instances the answer is the store's: CANCELLED means the request was live when the cancel
-was published. The instance that runs it applies the cancel only if its generation has not ended
-by then (edge/cancel/live.py); if it has, the stream keeps its own finish reason. Only a cancel
-answered by the instance that runs the request is strict.
+The contract between a cancel and a generation ending on its own (edge/cancel/live.py) holds
+across instances too, decided in the store: a cancel marks a live record `cancelled` (one script:
+check and mark), and the instance that runs the request, when its generation stops running, marks it
+`done` and learns in the same script whether a cancel came first (`end`). So a cancel answered
+CANCELLED anywhere always ends the stream cancelled, and one after the end answers FINISHED.
 """
 
 from __future__ import annotations
@@ -39,7 +40,27 @@ log = structlog.get_logger("floodgate.cancel_bus")
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
 
 CHANNEL = "floodgate:cancel"
-LIVE, DONE = "live", "done"
+LIVE, CANCELLING, DONE = "live", "cancelled", "done"
+
+# Cancel: a live record of the user's becomes "cancelled" (kept TTL); answers what the record says.
+_CANCEL_SCRIPT = """
+local record = redis.call('GET', KEYS[1])
+if not record then return 'not_found' end
+local tab = string.find(record, '\\t', 1, true)
+if not tab then return 'not_found' end
+local state, owner = string.sub(record, 1, tab - 1), string.sub(record, tab + 1)
+if owner ~= ARGV[1] then return 'not_found' end
+if state == 'done' then return 'finished' end
+if state == 'live' then redis.call('SET', KEYS[1], 'cancelled\\t' .. owner, 'KEEPTTL') end
+return 'cancelled'
+"""
+# End: the record becomes "done" (finished TTL); returns 1 when a cancel had marked it first.
+_END_SCRIPT = """
+local cancelled = redis.call('GET', KEYS[1]) == ('cancelled\\t' .. ARGV[1])
+redis.call('SET', KEYS[1], 'done\\t' .. ARGV[1], 'EX', ARGV[2])
+if cancelled then return 1 end
+return 0
+"""
 
 # What a store that is down or unsettled raises. redis-py's cluster client raises
 # RedisClusterException (not a RedisError) when no node answers or a slot is not covered.
@@ -60,6 +81,11 @@ class CancelBus(Protocol):
         """A request started on this instance."""
         ...
 
+    async def end(self, request_id: str, owner: str) -> bool:
+        """The request's generation stopped running: from now on a cancel answers FINISHED. True
+        when a cancel was accepted before (the outcome must then be cancelled)."""
+        ...
+
     async def finish(self, request_id: str, owner: str) -> None:
         """The request ended; a cancel for it answers "finished" for a while, then "not_found"."""
         ...
@@ -78,16 +104,6 @@ class _CancelMessage(msgspec.Struct, frozen=True):
 
 def owner_key(request_id: str) -> str:
     return f"floodgate:cancel:{{{request_id}}}"
-
-
-def record_outcome(record: str | None, user: str) -> CancelOutcome:
-    """What a cancel by `user` finds in an owner record (`<state>\\t<owner>`, or none)."""
-    if record is None:
-        return CancelOutcome.NOT_FOUND
-    state, _, owner = record.partition("\t")
-    if owner != user:
-        return CancelOutcome.NOT_FOUND
-    return CancelOutcome.FINISHED if state == DONE else CancelOutcome.CANCELLED
 
 
 class RedisCancelBus:
@@ -158,6 +174,17 @@ class RedisCancelBus:
         except _STORE_ERRORS as exc:
             log.warning("cancel_bus_track_failed", request_id=request_id, error=type(exc).__name__)
 
+    async def end(self, request_id: str, owner: str) -> bool:
+        try:
+            marked = await self._client.eval(
+                _END_SCRIPT, 1, owner_key(request_id), owner, self._finished_ttl_s
+            )
+        except _STORE_ERRORS as exc:
+            # The store is away: this instance alone decides (a cancel another one took is lost).
+            log.warning("cancel_bus_end_failed", request_id=request_id, error=type(exc).__name__)
+            return False
+        return bool(marked)
+
     async def finish(self, request_id: str, owner: str) -> None:
         try:
             await self._client.set(owner_key(request_id), f"{DONE}\t{owner}", ex=self._finished_ttl_s)
@@ -166,10 +193,8 @@ class RedisCancelBus:
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         try:
-            record = await self._client.get(owner_key(request_id))
-            if isinstance(record, bytes):
-                record = record.decode()
-            outcome = record_outcome(record, user)
+            answer = await self._client.eval(_CANCEL_SCRIPT, 1, owner_key(request_id), user)
+            outcome = CancelOutcome(answer.decode() if isinstance(answer, bytes) else answer)
             if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
                 await self._client.publish(self._channel, message)

@@ -8,8 +8,9 @@ import anyio
 class LiveRequest:
     """A request in flight. Its generation runs inside `scope()`; `cancel` stops it there.
 
-    The contract between a cancel and a generation that ends on its own, strict on the instance
-    that runs the request: whichever of `cancel()` and `end()` comes first decides. A cancel before
+    The contract between a cancel and a generation that ends on its own: whichever of `cancel()`
+    and `end()` comes first decides (across instances the store decides the same way,
+    edge/cancel/bus.py). A cancel before
     `end()` answers CANCELLED and the outcome is cancelled (even if the last token was already
     out: the final chunk carries `"floodgate": {"cancelled": true}`); a cancel after it answers
     FINISHED (409), and the outcome is what the generation said. Both run on the event loop's

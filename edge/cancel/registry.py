@@ -26,6 +26,11 @@ class RequestRegistry(Protocol):
         before the first event, which hands the client the id to cancel with."""
         ...
 
+    async def end(self, live: LiveRequest) -> bool:
+        """The generation stopped running (before its final event): True when a cancel, sent to
+        any instance, came first and the outcome must be reported as cancelled."""
+        ...
+
     def finish(self, live: LiveRequest) -> None: ...
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
@@ -47,6 +52,9 @@ class CancelRegistry:
 
     async def announce(self, live: LiveRequest) -> None:
         """Known here from register() on: nothing to wait for."""
+
+    async def end(self, live: LiveRequest) -> bool:
+        return live.end()
 
     def finish(self, live: LiveRequest) -> None:
         self._live.pop(live.request_id, None)

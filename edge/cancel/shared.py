@@ -51,6 +51,19 @@ class SharedCancelRegistry:
             # Shielded: a client leaving meanwhile must not cancel the write finish() chains after.
             await asyncio.shield(tracking)
 
+    async def end(self, live: LiveRequest) -> bool:
+        """Decided here and in the store: a cancel accepted on this instance (live.end) or on another
+        one (the store's record, flipped to done by the same script that reads it) came first."""
+        cancelled_here = live.end()
+        tracking = self._tracking.get(live.request_id)
+        if tracking is not None:
+            # The owner record must exist before it is ended (announce usually waited for it).
+            await asyncio.shield(tracking)
+        cancelled_elsewhere = await self._bus.end(live.request_id, live.owner)
+        if cancelled_elsewhere:
+            live.cancelled = True
+        return cancelled_here or cancelled_elsewhere
+
     def finish(self, live: LiveRequest) -> None:
         self._local.finish(live)
         self._spawn(self._finish(live.request_id, live.owner, self._tracking.pop(live.request_id, None)))

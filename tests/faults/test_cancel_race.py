@@ -13,7 +13,7 @@ the request (its lease settle, which runs before the registry learns the finish)
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +21,15 @@ import anyio
 import httpx
 import pytest
 
+from edge.cancel.bus import RedisCancelBus
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
+from edge.cancel.shared import SharedCancelRegistry
 from limiter.base import Admission, Limiter, OutputLease, TierLimits
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.live_server import LiveServer, start_server
+from tests.support.redis_server import RedisServer, start_redis
 
 HOLD_TIMEOUT_S = 30.0
 
@@ -144,3 +147,55 @@ def test_a_cancel_after_the_end_finds_it_finished_even_before_the_clean_up() -> 
     assert registry.cancel_local("r1", "mallory") is CancelOutcome.NOT_FOUND
     registry.finish(live)
     assert registry.cancel_local("r1", "alice") is CancelOutcome.FINISHED
+
+
+# -- across instances: the shared store decides the same way -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def two_instances(redis_server: RedisServer) -> AsyncIterator[tuple[SharedCancelRegistry, ...]]:
+    """Two edge instances' registries on one real Redis (each its own clients, as in a fleet)."""
+    instances = [
+        SharedCancelRegistry(CancelRegistry(), RedisCancelBus.from_url(redis_server.url)) for _ in range(2)
+    ]
+    for instance in instances:
+        await instance.start()
+    yield tuple(instances)
+    for instance in instances:
+        await instance.aclose()
+
+
+@pytest.mark.anyio
+async def test_across_instances_a_cancel_after_the_end_is_finished(
+    two_instances: tuple[SharedCancelRegistry, ...],
+) -> None:
+    runs, other = two_instances
+    live = runs.register("r-end-first", "alice")
+    await runs.announce(live)
+
+    assert await runs.end(live) is False
+    # The cleanup (finish) has not run yet: the store already says the generation is over.
+    assert await other.cancel("r-end-first", "alice") is CancelOutcome.FINISHED
+    runs.finish(live)
+
+
+@pytest.mark.anyio
+async def test_across_instances_a_cancel_before_the_end_decides_the_outcome(
+    two_instances: tuple[SharedCancelRegistry, ...],
+) -> None:
+    runs, other = two_instances
+    live = runs.register("r-cancel-first", "alice")
+    await runs.announce(live)
+
+    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
+    # Whether or not the broadcast reached this instance yet, its end learns of the cancel.
+    assert await runs.end(live) is True
+    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.FINISHED
+    runs.finish(live)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from edge.cancel.bus import DONE, LIVE, Deliver, record_outcome
+from edge.cancel.bus import CANCELLING, LIVE, Deliver
 from edge.cancel.outcome import CancelOutcome
 
 
 class InMemoryCancelBus:
-    """One process: the same answers as Redis. Live owners are dropped by finish(), which the edge
-    calls for every request; finished ones age out after finished_ttl_s, oldest first."""
+    """One process: the same answers as Redis. Live owners are dropped by end() or finish(), which
+    the edge calls for every request; finished ones age out after finished_ttl_s, oldest first."""
 
     def __init__(self, *, finished_ttl_s: float = 600.0) -> None:
         self._finished_ttl_s = finished_ttl_s
-        self._live: dict[str, str] = {}
+        self._live: dict[str, tuple[str, str]] = {}  # id -> (state: LIVE or CANCELLING, owner)
         self._finished: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (owner, expires at)
         self._deliver: Deliver | None = None
 
@@ -24,7 +24,12 @@ class InMemoryCancelBus:
         self._deliver = deliver
 
     async def track(self, request_id: str, owner: str) -> None:
-        self._live[request_id] = owner
+        self._live[request_id] = (LIVE, owner)
+
+    async def end(self, request_id: str, owner: str) -> bool:
+        state, _ = self._live.get(request_id, (LIVE, owner))
+        await self.finish(request_id, owner)
+        return state == CANCELLING
 
     async def finish(self, request_id: str, owner: str) -> None:
         self._expire()
@@ -34,15 +39,14 @@ class InMemoryCancelBus:
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         self._expire()
-        if request_id in self._live:
-            outcome = record_outcome(f"{LIVE}\t{self._live[request_id]}", user)
-        elif request_id in self._finished:
-            outcome = record_outcome(f"{DONE}\t{self._finished[request_id][0]}", user)
-        else:
-            outcome = CancelOutcome.NOT_FOUND
-        if outcome is CancelOutcome.CANCELLED and self._deliver is not None:
-            self._deliver(request_id, user)
-        return outcome
+        if request_id in self._live and self._live[request_id][1] == user:
+            self._live[request_id] = (CANCELLING, user)
+            if self._deliver is not None:
+                self._deliver(request_id, user)
+            return CancelOutcome.CANCELLED
+        if request_id in self._finished and self._finished[request_id][0] == user:
+            return CancelOutcome.FINISHED
+        return CancelOutcome.NOT_FOUND
 
     async def aclose(self) -> None:
         self._deliver = None
