@@ -124,7 +124,11 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app: Litestar, server: ServerConfig, drain: Drain) -> None:
     """Run the edge until SIGTERM (drained) or SIGINT; returns once it has shut down."""
-    listeners = bind_listeners(server)
+    try:
+        listeners = bind_listeners(server)
+    except OSError as exc:
+        where = f"{server.host}:{server.port} or {server.ops_host}:{server.ops_port} (ops_port)"
+        raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
     app.state.ops_port = listeners.ops_port
     try:
         DrainingServer(uvicorn_config(app, server, log_config=None), drain).run(

@@ -26,7 +26,7 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     proc = subprocess.Popen(
@@ -63,7 +63,7 @@ def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\n'
+        f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\nops_port = 0\n'
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     proc = subprocess.Popen(
