@@ -70,6 +70,8 @@ class Workload:
     reply_tokens: tuple[int, int] = (12, 24)
     declared_max_tokens: int = 1024
     start_stagger_s: float = 0.2
+    # A user reads the reply and types the next message: other conversations' load moves meanwhile.
+    think_s: tuple[float, float] = (0.0, 3.0)
     seed: int = 7
 
 
@@ -139,6 +141,7 @@ class Conversation:
         self.reply_lengths = [
             int(rng.integers(*workload.reply_tokens, endpoint=True)) for _ in range(workload.turns)
         ]
+        self.think_s = [float(rng.uniform(*workload.think_s)) for _ in range(workload.turns)]
         self.system = system
 
 
@@ -148,6 +151,8 @@ async def _run_conversation(
     await asyncio.sleep(conv.index * workload.start_stagger_s)
     history = list(conv.system)
     for turn in range(workload.turns):
+        if turn:
+            await asyncio.sleep(conv.think_s[turn])
         prompt = history + conv.user_messages[turn]
         rid = f"c{conv.index}-t{turn}"
         ticket = Ticket(
@@ -260,8 +265,8 @@ def _plot(results: list[VariantResult], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r.variant.name.replace(", ", ",\n") for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    names = [r.variant.name.replace(": ", ":\n").replace(", w", ",\nw") for r in results]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
     x = np.arange(len(results))
     axes[0].bar(x - 0.2, [r.ttft(0.5) for r in results], 0.4, label="p50")
     axes[0].bar(x + 0.2, [r.ttft(0.99) for r in results], 0.4, label="p99")
@@ -273,7 +278,7 @@ def _plot(results: list[VariantResult], path: Path) -> None:
     axes[2].bar(x, [r.streams_per_replica for r in results], color="tab:purple")
     axes[2].set_title("streams running per replica (mean while busy)")
     for ax in axes:
-        ax.set_xticks(x, names, fontsize=7)
+        ax.set_xticks(x, names, fontsize=7, rotation=25, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -335,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{workload.conversations} conversations x {workload.turns} turns, system prompt "
             f"{workload.system_tokens} tokens, user messages "
             f"{workload.user_tokens[0]}-{workload.user_tokens[1]}, "
-            f"replies {workload.reply_tokens[0]}-{workload.reply_tokens[1]} tokens, declared max_tokens "
+            f"replies {workload.reply_tokens[0]}-{workload.reply_tokens[1]} tokens, think time "
+            f"{workload.think_s[0]:g}-{workload.think_s[1]:g} s, declared max_tokens "
             f"{workload.declared_max_tokens}; 2 replicas of {engine.num_blocks} KV blocks x "
             f"{engine.block_size} "
             f"tokens. Replies identical in every variant: {same_replies}."
