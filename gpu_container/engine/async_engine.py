@@ -71,24 +71,40 @@ class Mailbox:
         return merged
 
 
+async def mailbox_stream(
+    mailbox: Mailbox, start: Callable[[], None], abort: Callable[[], None]
+) -> AsyncGenerator[TokenOutput, None]:
+    """One request's outputs until its final one: the abort-on-close rule, written once.
+
+    `start` submits the request at the first iteration, so a refusal is raised there; leaving
+    early (break, aclose, task cancellation) calls `abort`, which frees the sequence's blocks.
+    """
+    start()
+    finished = False
+    try:
+        while not finished:
+            output = await mailbox.take()
+            finished = output.finish_reason is not None
+            yield output
+    finally:
+        if not finished:
+            abort()
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
     ) -> AsyncGenerator[TokenOutput, None]:
+        """Call from the event loop that will read the stream."""
         mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.engine.abort(request_id))
-        self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
-        finished = False
-        try:
-            while not finished:
-                output = await mailbox.take()
-                finished = output.finish_reason is not None
-                yield output
-        finally:
-            if not finished:
-                self.engine.abort(request_id)
+        return mailbox_stream(
+            mailbox,
+            lambda: self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority),
+            lambda: self.engine.abort(request_id),
+        )
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

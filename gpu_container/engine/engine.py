@@ -57,11 +57,11 @@ class LLMEngine:
         )
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._prefill_budget: PrefillBudget | None = None
-        self._scheduler = Scheduler(config, self._blocks)
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
         )
+        self._scheduler = self._new_scheduler()
         self._cond = threading.Condition()
         self._state: _State = "new"
         self._thread: threading.Thread | None = None
@@ -105,13 +105,17 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
 
+    def _new_scheduler(self) -> Scheduler:
+        budget = None if self._prefill_budget is None else self._prefill_budget.tokens
+        return Scheduler(self._config, self._blocks, budget, self._eos, self.max_model_len)
+
     def _calibrate(self) -> None:
         """Measure the step cost and budget prefill by time. Before the loop runs: calibration
         writes scratch K/V into blocks nobody holds yet."""
         cost = calibrate(self._model, self._cache)
         config = self._config
         self._prefill_budget = PrefillBudget(cost, config.prefill_slowdown, config.max_num_batched_tokens)
-        self._scheduler = Scheduler(config, self._blocks, self._prefill_budget.tokens)
+        self._scheduler = self._new_scheduler()
         log.info(
             "engine step cost calibrated",
             fixed_ms=round(cost.fixed_s * 1e3, 2),
@@ -262,16 +266,12 @@ class LLMEngine:
         return emitted
 
     def _commit(self, chunks: list[ScheduledChunk], logits: Floats) -> list[_Emission]:
-        """Record the computed chunks and sample a token for each sequence whose chunk completed."""
-        completing = [c.seq for c in chunks if c.completes]
-        self._scheduler.advance(chunks)
+        """Sample a token for each sequence whose chunk completed; the scheduler records it and
+        applies the finish rules."""
         emitted: list[_Emission] = []
-        for seq, row in zip(completing, logits, strict=True):
+        for seq, row in zip(self._scheduler.advance(chunks), logits, strict=True):
             if self._scheduler.is_padding(seq):
-                # Static batching's padding: computed like the rest of its batch, heard by nobody.
-                seq.output_ids.append(0)
-                if seq.num_tokens >= self.max_model_len:
-                    self._scheduler.remove(seq)
+                self._scheduler.postprocess(seq, 0)  # static batching's padding: heard by nobody
                 continue
             try:
                 token = sample(row, seq.params, seq.rng)
@@ -279,13 +279,9 @@ class LLMEngine:
                 log.exception("sampling failed", request_id=seq.request_id)
                 emitted.append(self._finish(seq, "error", error=_describe(exc)))
                 continue
-            seq.output_ids.append(token)
             self._generated_tokens += 1
-            reason = self._finish_reason(seq, token)
-            if reason is None:
-                emitted.append((seq, TokenOutput(seq.request_id, [token])))
-            else:
-                emitted.append(self._finish(seq, reason, [token]))
+            reason = self._scheduler.postprocess(seq, token)
+            emitted.append((seq, TokenOutput(seq.request_id, [token], reason)))
         return emitted
 
     def _reset(self, error: str) -> list[_Emission]:
@@ -297,19 +293,11 @@ class LLMEngine:
         )
         self._blocks.prefix_query_tokens = old.prefix_query_tokens
         self._blocks.prefix_hit_tokens = old.prefix_hit_tokens
-        budget = None if self._prefill_budget is None else self._prefill_budget.tokens
-        self._scheduler = Scheduler(self._config, self._blocks, budget)
+        self._scheduler = self._new_scheduler()
         self._scheduler.num_preemptions = preemptions
         for seq in seqs:
             seq.status, seq.block_table = SequenceStatus.FINISHED, []
         return [(seq, TokenOutput(seq.request_id, [], "error", error)) for seq in seqs]
-
-    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if token in seq.params.stop_token_ids or (token in self._eos and not seq.params.ignore_eos):
-            return "stop"
-        if len(seq.output_ids) >= seq.params.max_new_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def _finish(
         self,

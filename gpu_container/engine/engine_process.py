@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from gpu_container.engine.async_engine import Mailbox
+from gpu_container.engine.async_engine import Mailbox, mailbox_stream
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
 
 log = structlog.get_logger(__name__)
@@ -114,27 +114,24 @@ class EngineProcess:
             raise RuntimeError("engine process is not started")
         return self._stats
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
     ) -> AsyncGenerator[TokenOutput, None]:
-        """Outputs of one request; raises ValueError (refused) or RuntimeError (not running) first."""
+        """Outputs of one request; raises ValueError (refused) or RuntimeError (not running) at the
+        first iteration. Call from the event loop that will read the stream."""
         mailbox = Mailbox(asyncio.get_running_loop())
-        with self._lock:
-            if not self._alive or self._stopping:
-                raise RuntimeError("engine process is not running")
-            if request_id in self._mailboxes:
-                raise ValueError(f"request {request_id!r} is already running")
-            self._mailboxes[request_id] = mailbox
-            self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority))
-        finished = False
-        try:
-            while not finished:
-                output = await mailbox.take()
-                finished = output.finish_reason is not None
-                yield output
-        finally:
-            if not finished:
-                self.abort(request_id)
+        prompt = [int(t) for t in prompt_ids]
+
+        def submit() -> None:
+            with self._lock:
+                if not self._alive or self._stopping:
+                    raise RuntimeError("engine process is not running")
+                if request_id in self._mailboxes:
+                    raise ValueError(f"request {request_id!r} is already running")
+                self._mailboxes[request_id] = mailbox
+                self._send(("add", request_id, prompt, params, priority))
+
+        return mailbox_stream(mailbox, submit, lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
         """Forget the request here and have the child free it at its next step."""

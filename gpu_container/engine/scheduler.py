@@ -26,12 +26,12 @@ Equal priorities never preempt each other for admission, so there is no ping-pon
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.sequence import Sequence, SequenceStatus
-from gpu_container.engine.types import EngineConfig
+from gpu_container.engine.types import EngineConfig, FinishReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +70,19 @@ class Scheduler:
         config: EngineConfig,
         block_manager: BlockManager,
         prefill_budget: Callable[[int], int] | None = None,
+        eos_token_ids: Collection[int] = (),
+        max_model_len: int | None = None,
     ) -> None:
         """prefill_budget(decodes), if given, caps the prompt tokens of a step that decodes that
-        many sequences (the time budget of step_budget.py); max_num_batched_tokens caps it too."""
+        many sequences (the time budget of step_budget.py); max_num_batched_tokens caps it too.
+        eos_token_ids and max_model_len (default: the config's) are finish rules (postprocess)."""
         if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         self._config = config
         self._blocks = block_manager
         self._prefill_budget = prefill_budget
+        self._eos = frozenset(eos_token_ids)
+        self._max_model_len = max_model_len or config.max_model_len
         # Both kept sorted by Sequence.order_key: best first.
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -198,8 +203,34 @@ class Scheduler:
         self.num_preemptions += 1
         self.add(seq)
 
-    def advance(self, chunks: Iterable[ScheduledChunk]) -> None:
-        """Record that the chunks' K/V are now in the cache."""
+    def advance(self, chunks: Iterable[ScheduledChunk]) -> list[Sequence]:
+        """Record that the chunks' K/V are now in the cache. Returns the sequences whose chunk
+        completed, in chunk order: one logits row each, and each due a token (postprocess)."""
+        chunks = list(chunks)
+        completing = [c.seq for c in chunks if c.completes]
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self._blocks.seal(chunk.seq)  # its newly full blocks join the prefix cache
+        return completing
+
+    def postprocess(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Append seq's sampled token and apply the finish rules; a finished sequence leaves (its
+        blocks freed). The token that ends a sequence is part of its output. Static batching's
+        padding takes a placeholder and never finishes here (it leaves with its batch)."""
+        if seq in self._padding:
+            seq.output_ids.append(0)
+            if seq.num_tokens >= self._max_model_len:
+                self.remove(seq)
+            return None
+        seq.output_ids.append(token)
+        reason = self._finish_reason(seq, token)
+        if reason is not None:
+            self.remove(seq)
+        return reason
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token in seq.params.stop_token_ids or (token in self._eos and not seq.params.ignore_eos):
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_new_tokens or seq.num_tokens >= self._max_model_len:
+            return "length"
+        return None

@@ -48,12 +48,8 @@ def test_random_churn_never_shares_or_leaks_blocks() -> None:
             end = chunk.seq.num_computed_tokens + chunk.num_tokens
             assert len(chunk.seq.block_table) >= blocks_for(end, config.block_size)
         _check_partition(scheduler, blocks, config)
-        completing = [c.seq for c in chunks if c.completes]
-        scheduler.advance(chunks)
-        for seq in completing:
-            seq.output_ids.append(2)
-            if len(seq.output_ids) >= seq.params.max_new_tokens or seq.num_tokens >= config.max_model_len:
-                scheduler.remove(seq)
+        for seq in scheduler.advance(chunks):
+            if scheduler.postprocess(seq, 2) is not None:  # the scheduler's own finish rules
                 live.remove(seq)
                 finished += 1
     for seq in live:
@@ -87,10 +83,8 @@ def _seq(name: str, prompt_len: int, priority: int = 0, arrival: int = 0) -> Seq
 def _run_step(scheduler: Scheduler) -> dict[str, int]:
     """Schedule, pretend the model ran, sample token 2 for every completed chunk."""
     chunks = scheduler.schedule()
-    completing = [c.seq for c in chunks if c.completes]
-    scheduler.advance(chunks)
-    for seq in completing:
-        seq.output_ids.append(2)
+    for seq in scheduler.advance(chunks):
+        scheduler.postprocess(seq, 2)
     return {c.seq.request_id: c.num_tokens for c in chunks}
 
 

@@ -24,10 +24,8 @@ def _seq(request_id: str, prompt_len: int, arrival: int) -> Sequence:
 def _run(scheduler: Scheduler) -> list[ScheduledChunk]:
     """One step: schedule, then record the chunks and a sampled token for those that completed."""
     chunks = scheduler.schedule()
-    completing = [c.seq for c in chunks if c.completes]
-    scheduler.advance(chunks)
-    for seq in completing:
-        seq.output_ids.append(2)
+    for seq in scheduler.advance(chunks):
+        scheduler.postprocess(seq, 2)
     return chunks
 
 
