@@ -50,6 +50,7 @@ variable "public_paths" {
     "/v1/models",
     "/v1/models/*",
     "/v1/conversations/*",
+    "/v1/usage",
     "/",
     "/healthz",
   ]

@@ -39,6 +39,7 @@ variables {
     "/v1/models",
     "/v1/models/llama-3-8b",
     "/v1/conversations/c-1/messages",
+    "/v1/usage",
     "/",
     "/healthz",
   ]
