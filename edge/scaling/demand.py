@@ -25,8 +25,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from prometheus_client import Gauge
+
 from edge.admission.replica_set import ReplicaState
 from edge.scaling import metric
+
+DEMAND = Gauge(
+    "floodgate_scaling_demand_per_replica",
+    "This edge's last scaling sample: (in flight + queued + turned away) / live replicas' sequences.",
+)
+REPLICA_LOAD = Gauge(
+    "floodgate_scaling_replica_load_per_replica",
+    "The replicas' own running + waiting sequences / their sequences, at the last scaling sample.",
+)
 
 
 class DispatcherView(Protocol):
@@ -58,7 +69,10 @@ class DemandSignal:
         in_flight = sum(s.sequences_held for s in states)
         demand = in_flight + self._dispatcher.queue_depth() + recently_turned_away
         reported = sum(c.running + c.waiting for c in live)
-        return {
+        sample = {
             metric.DEMAND_METRIC: demand / capacity,
             metric.REPLICA_LOAD_METRIC: reported / capacity,
         }
+        DEMAND.set(sample[metric.DEMAND_METRIC])
+        REPLICA_LOAD.set(sample[metric.REPLICA_LOAD_METRIC])
+        return sample

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from prometheus_client import REGISTRY
 
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.replica_set import ReplicaState
@@ -94,6 +95,7 @@ def test_queued_and_turned_away_requests_count_once() -> None:
 
     assert first == pytest.approx((128 + 20 + 12) / 128)
     assert second == pytest.approx((128 + 20) / 128)
+    assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica") == pytest.approx(second)
 
 
 def test_the_replicas_own_load_counts_work_no_edge_accounts_for() -> None:

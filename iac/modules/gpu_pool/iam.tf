@@ -92,7 +92,6 @@ data "aws_iam_policy_document" "gpu" {
     sid = "ReportToOwnGroup"
     actions = [
       "autoscaling:CompleteLifecycleAction",
-      "autoscaling:RecordLifecycleActionHeartbeat",
       "autoscaling:SetInstanceHealth",
       "autoscaling:SetInstanceProtection",
     ]
