@@ -25,6 +25,14 @@ from edge.stalled_readers import SendProgress, StalledReaders
 log = structlog.get_logger("floodgate.streaming")
 T = TypeVar("T")
 
+# How long a stream cancelled by the server's exit may take to write its last events.
+_LAST_WORDS_S = 1.0
+_SHUTTING_DOWN = ErrorDetail(
+    "This server is shutting down. Please retry; another instance will take the request.",
+    "service_unavailable",
+    code="server_shutting_down",
+)
+
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -86,13 +94,24 @@ class EventStreamResponse:
         headers = _SSE_HEADERS + [(k.encode(), v.encode()) for k, v in generation.headers.items()]
         if stalled is not None:
             stalled.watch(progress)
+        started = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            started = True
             with cut_scope:
                 await until_disconnect(receive, produce)
             if not progress.cut:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # Cut: the response stays unfinished, and uvicorn closes the connection.
+        except asyncio.CancelledError:
+            # The server cancelled this task: it is exiting before the stream ended (a second signal,
+            # or a stream that outlived the drain). End it as every stream ends, if the client still
+            # takes it, rather than with a bare close and uvicorn's traceback.
+            log.warning("stream_cancelled_by_shutdown", request_id=generation.request_id)
+            if started:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_LAST_WORDS_S):
+                    for chunk in (event({"error": _SHUTTING_DOWN}), DONE, b""):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": bool(chunk)})
         finally:
             if stalled is not None:
                 stalled.unwatch(progress)

@@ -19,10 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, events, find_long_seed
+from tests.edge.sse_client import (
+    CHAT,
+    DONE,
+    LONG_PROMPT,
+    LONG_TOKENS,
+    MODEL,
+    events,
+    find_long_seed,
+    wait_until,
+)
 from tests.faults.serve_process import serve_process
+from tests.faults.stalled_client import open_and_never_read
 from tests.support.live_server import start_server
 
 STREAMS = 4
@@ -144,3 +155,38 @@ def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
         assert all(r.sequences_held == 0 and r.kv_tokens_held == 0 for r in held)
         after = wait_for_engine_to_drop(server, before)
         assert after.running == 0 and after.used_blocks == 0
+
+
+def test_a_stream_the_server_cancels_on_exit_still_ends_with_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain stop (no drain) cancels what still runs after uvicorn's graceful timeout: here a
+    stream queued behind a reader that never reads. It ends with an error event and [DONE]."""
+    settings = {
+        "server": {"send_buffer_bytes": 4096, "stalled_reader_s": 600.0},
+        "engine": {"max_num_seqs": 1},
+    }
+    server = start_server(tmp_path, settings)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+            body = BODY | {"seed": find_long_seed(client, server.keys["paid"])}
+        holder = open_and_never_read(server, body)
+        wait_until(
+            lambda: (
+                sum(r.sequences_held for r in server.app.state.runtime.pipeline.dispatcher.replica_states())
+                == 1
+            ),
+            30,
+            "the reader that never reads to hold the only sequence",
+        )
+        queued = _Stream(server.base_url, server.auth("paid"), body)
+        queued.start()
+        assert queued.started.wait(60) and queued.error is None, queued.error
+    finally:
+        server.stop()
+    queued.join(60)
+    holder.close()
+    assert queued.error is None, queued.error
+    assert queued.events[-1] == DONE
+    assert queued.events[-2]["error"]["code"] == "server_shutting_down"
+    assert "Exception in ASGI application" not in caplog.text

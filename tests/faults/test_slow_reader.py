@@ -8,8 +8,6 @@ limiter's lease are given back.
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +15,9 @@ import httpx
 import pytest
 
 from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
-from tests.edge.sse_client import CHAT, LONG_PROMPT, LONG_TOKENS, MODEL, find_long_seed, wait_until
+from tests.edge.sse_client import LONG_PROMPT, LONG_TOKENS, MODEL, find_long_seed, wait_until
+from tests.faults.stalled_client import open_and_never_read
 from tests.support.live_server import LiveServer, start_server
-
-RECEIVE_BUFFER = 4096
 
 
 @pytest.fixture
@@ -29,27 +26,13 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         yield edge
 
 
-def _open_and_never_read(server: LiveServer, body: dict[str, object]) -> socket.socket:
-    host, port = server.base_url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)  # before connect: the window
-    sock.connect((host, int(port)))
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + payload)
-    return sock
-
-
 def test_a_reader_that_stalls_is_cut_and_its_sequence_freed(server: LiveServer) -> None:
     with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
         seed = find_long_seed(client, server.keys["paid"])
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     body = {"model": MODEL, "messages": LONG_PROMPT, "seed": seed, "max_tokens": LONG_TOKENS, "stream": True}
-    sock = _open_and_never_read(server, body)
+    sock = open_and_never_read(server, body)
     try:
         # The client is still connected: only the stall watch can have ended it.
         wait_until(

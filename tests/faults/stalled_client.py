@@ -1,0 +1,26 @@
+"""A client that opens a stream over a socket with a tiny receive buffer and never reads it."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from tests.edge.sse_client import CHAT
+from tests.support.live_server import LiveServer
+
+RECEIVE_BUFFER = 4096
+
+
+def open_and_never_read(server: LiveServer, body: dict[str, object]) -> socket.socket:
+    """Send the request for `body` as the paid user; the caller closes the socket."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)  # before connect: the window
+    sock.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + payload)
+    return sock
