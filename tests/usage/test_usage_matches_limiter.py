@@ -18,7 +18,7 @@ from limiter import policy
 from limiter.memory import MemoryLimiter
 from limiter.tiers import tier_limits
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.edge.sse_client import _SEED_CANDIDATES, CHAT, DONE, LONG_PROMPT, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, start_server
 
 # Token windows so long that nothing refills during the test: the tokens a user's limiter state
@@ -109,7 +109,17 @@ def test_usage_totals_equal_the_limiters_charges(tmp_path: Path) -> None:
 
             # Free: short requests, then a stream the token budget stops, then a 429.
             assert _stream(client, server, "free", _body("hi", 8))[-1] == DONE
-            cut = _stream(client, server, "free", _body("Write a long poem", 400))
+            # Seeded to run long (no end token for LONG_TOKENS): only the budget can stop it.
+            with httpx.Client(base_url=server.base_url, timeout=60) as seeker:
+                seed = find_long_seed(seeker, server.keys["paid"])
+            long_run = {
+                "model": MODEL,
+                "messages": LONG_PROMPT,
+                "seed": seed,
+                "max_tokens": 400,
+                "stream": True,
+            }
+            cut = _stream(client, server, "free", long_run)
             assert cut[-2].get("floodgate") == {"limit_reached": "tokens"}, cut[-3:]
             assert _stream(client, server, "free", _body("hi", 8)) == [429]
 
@@ -124,7 +134,9 @@ def test_usage_totals_equal_the_limiters_charges(tmp_path: Path) -> None:
     usage = _usage_totals(server.settings.keys.sqlite_path)
     assert charged["free-user"] == FREE_BUDGET  # the budget stop spent the budget exactly
     assert {user: inp + out for user, (inp, out, _) in usage.items()} == charged
-    assert usage["paid-user"][2] == 6 and usage["free-user"][2] == 2  # the 400 and the 429 are not usage
+    # The 400 and the 429 are not usage; the seed search made one paid request per seed it tried.
+    seed_search = _SEED_CANDIDATES.index(seed) + 1
+    assert usage["paid-user"][2] == 6 + seed_search and usage["free-user"][2] == 2
 
 
 def test_a_user_sees_only_their_own_usage(tmp_path: Path) -> None:
