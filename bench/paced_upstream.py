@@ -1,0 +1,89 @@
+"""A zero-cost replica that streams at a real model's pace (bench.streams).
+
+Like an engine stepping its batch, one timer per step hands every running sequence of a replica
+its next token: the upstream itself costs one `set_result` per token, so what a process spends per
+token at this pace is the edge's own cost. An edge fronts many replicas whose steps do not line
+up: `replicas` step clocks, their phases spread over the interval, take the streams in turn
+(replicas=1: all tokens arrive together; one per stream: every token is its own wake-up).
+The first token comes at once (prefill is free here), so a one-token request measures what
+setting a stream up costs.
+
+Every token is the id of " The" (4 characters, whole): a client counts the tokens it received
+exactly from the text, whether the edge sent them one per event or several in one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from edge.upstreams.base import Capacity, Delta, GenerationRequest
+
+TOKEN_ID = 440
+TOKEN_TEXT = " The"
+
+
+class _StepClock:
+    """One replica's engine steps: every `interval_s` (from `phase_s` on), all waiting sequences."""
+
+    def __init__(self, interval_s: float, phase_s: float) -> None:
+        self.interval_s = interval_s
+        self.phase_s = phase_s
+        self.waiting: list[asyncio.Future[None]] = []
+        self.live = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.live += 1
+        if self._timer is None:
+            self._timer = loop.call_at(loop.time() + self.phase_s, self._step)
+
+    def _step(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+        self._timer = None
+        if self.live:
+            self._timer = asyncio.get_running_loop().call_later(self.interval_s, self._step)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class PacedUpstream:
+    name = "paced"
+
+    def __init__(self, interval_s: float, replicas: int = 1) -> None:
+        self._clocks = [_StepClock(interval_s, interval_s * (1 + i / replicas)) for i in range(replicas)]
+        self._next = 0
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        loop = asyncio.get_running_loop()
+        clock = self._clocks[self._next % len(self._clocks)]
+        self._next += 1
+        clock.start(loop)
+        try:
+            last = req.max_new_tokens - 1
+            for i in range(req.max_new_tokens):
+                if i:
+                    fut: asyncio.Future[None] = loop.create_future()
+                    clock.waiting.append(fut)
+                    await fut
+                yield Delta([TOKEN_ID], "length" if i == last else None)
+        finally:
+            clock.live -= 1
+
+    async def capacity(self) -> Capacity:
+        return Capacity(
+            kv_tokens_total=1 << 40, kv_tokens_used=0, max_sequences=1 << 20, running=0, waiting=0
+        )
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        for clock in self._clocks:
+            clock.stop()

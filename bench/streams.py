@@ -1,0 +1,362 @@
+"""What the edge spends per token at a real model's pace, per stream set up, and per open stream.
+
+python -m bench.streams [--paced 33:200,500:1000] [--workers 1,2] [--window 8] [--json]
+
+For each pacing (ms between tokens : streams held) and worker count, a real edge app
+(`create_app`: auth, limiter, admission, detokenizer, metrics, the request log line) serves in
+front of `PacedUpstream` (bench/paced_upstream.py: zero compute, one token per step to every
+running sequence), with the uvicorn settings of `floodgate serve`; `--workers 2` runs two such
+processes on one port with SO_REUSEPORT and sums their CPU. Reported, per run:
+
+- set-up CPU per stream: server CPU over a burst of one-token streams (parse, auth, template,
+  limiter, admission, first event, close, log line) divided by the streams;
+- CPU µs per token: server CPU over a window in which all N streams are open and streaming,
+  divided by the tokens the clients received in it (counted from the text, so several tokens
+  coalesced in one event count as several);
+- RSS per stream: the servers' resident memory with N streams open minus before, divided by N;
+- inter-token p99 (between content events of one stream, in the window) and errors (non-200,
+  error events, client exceptions).
+
+One server process per run: `python -m bench.streams --serve --config FILE --port P --interval-ms X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+from bench.__main__ import machine
+from bench.edge_server import BENCH_TIER, _free_port
+from bench.loadgen import markdown_table, percentile
+from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
+
+CONTENT = b'"content":"'
+
+
+def _serve(config: Path, port: int, interval_ms: float, replicas: int, ready: Path) -> None:
+    import uvicorn
+
+    from edge.app import create_app
+    from edge.config import Settings, load_settings
+    from edge.logging_setup import configure_logging
+    from edge.server import uvicorn_config
+
+    configure_logging()
+    settings = load_settings(str(config))
+    upstream = PacedUpstream(interval_ms / 1000, replicas)
+
+    @asynccontextmanager
+    async def paced(settings: Settings, model_dir: Path) -> AsyncIterator[list[PacedUpstream]]:
+        yield [upstream]
+
+    app = create_app(settings, paced)  # type: ignore[arg-type]
+
+    async def tell_ready(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+
+        async def send_and_mark(message: dict[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete":
+                ready.touch()  # noqa: ASYNC240 (once, at start-up)
+
+        await app(scope, receive, send_and_mark)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    uvicorn.Server(uvicorn_config(tell_ready, settings.server, log_config=None)).run(sockets=[sock])  # type: ignore[arg-type]
+
+
+@dataclass
+class Servers:
+    base_url: str
+    key: str
+    pids: list[int]
+
+    def cpu_seconds(self) -> float:
+        total = 0
+        for pid in self.pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        total = 0
+        for pid in self.pids:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+
+@contextmanager
+def servers(interval_ms: float, workers: int, replicas: int, extra_toml: str = "") -> Iterator[Servers]:
+    from edge.config import load_settings
+    from edge.keys.provision import create_keys
+
+    with tempfile.TemporaryDirectory(prefix="floodgate-streams-") as tmp:
+        port = _free_port()
+        config = Path(tmp) / "bench.toml"
+        config.write_text(
+            f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
+            '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
+        )
+        key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
+        procs: list[subprocess.Popen[bytes]] = []
+        logs = []
+        try:
+            for i in range(workers):
+                ready = Path(tmp) / f"ready-{i}"
+                log = open(Path(tmp) / f"server-{i}.log", "w")
+                logs.append(log)
+                cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
+                cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
+                cmd += ["--replicas", str(replicas)]
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log))
+            deadline = time.monotonic() + 120
+            while not all((Path(tmp) / f"ready-{i}").exists() for i in range(workers)):
+                for proc, i in zip(procs, range(workers), strict=True):
+                    if proc.poll() is not None:
+                        raise RuntimeError(
+                            f"server exited: {(Path(tmp) / f'server-{i}.log').read_text()[-2000:]}"
+                        )
+                if time.monotonic() > deadline:
+                    raise RuntimeError("servers did not become ready")
+                time.sleep(0.1)
+            base_url = f"http://127.0.0.1:{port}"
+            while httpx.get(f"{base_url}/readyz", timeout=5).status_code != 200:
+                time.sleep(0.1)
+            yield Servers(base_url, key, [p.pid for p in procs])
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            for log in logs:
+                log.close()
+
+
+@dataclass
+class Window:
+    """What the clients saw while the measuring window was open."""
+
+    open: bool = False
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_tokens: int = 0
+
+
+def _body(max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": "floodgate-tiny",
+        "messages": [{"role": "user", "content": "Tell me about continuous batching."}],
+        "stream": True,
+        "max_tokens": max_tokens,
+    }
+
+
+async def _stream(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], max_tokens: int, w: Window
+) -> None:
+    """One stream, read line by line without parsing JSON (the client shares the server's cores)."""
+    clock = time.perf_counter
+    width = len(TOKEN_TEXT)
+    last: float | None = None
+    try:
+        async with session.post(url, json=_body(max_tokens), headers=headers) as resp:
+            if resp.status != 200:
+                w.errors += 1
+                await resp.read()
+                return
+            async for line in resp.content:
+                at = line.find(CONTENT)
+                if at < 0:
+                    if line.startswith(b'data: {"error"'):
+                        w.errors += 1
+                    continue
+                end = line.find(b'"', at + len(CONTENT))
+                chars = end - at - len(CONTENT)
+                if chars <= 0:
+                    continue
+                now = clock()
+                if last is None:
+                    w.first_tokens += 1
+                elif w.open:
+                    w.gaps.append(now - last)
+                last = now
+                if w.open:
+                    w.tokens += chars // width
+    except (TimeoutError, aiohttp.ClientError):
+        w.errors += 1
+
+
+async def setup_cost(srv: Servers, concurrency: int, count: int) -> tuple[float, int]:
+    """Server CPU per one-token stream, and errors."""
+    url = f"{srv.base_url}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {srv.key}"}
+    w = Window()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        todo = iter(range(count))
+
+        async def worker() -> None:
+            for _ in todo:
+                await _stream(session, url, headers, 1, w)
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, 8))))  # warm-up
+        todo = iter(range(count))
+        before = srv.cpu_seconds()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        cpu = srv.cpu_seconds() - before
+    return cpu / count, w.errors
+
+
+async def hold(
+    srv: Servers, streams: int, interval_s: float, ramp_per_s: float, settle_s: float, window_s: float
+) -> dict[str, float]:
+    url = f"{srv.base_url}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {srv.key}"}
+    lifetime = streams / ramp_per_s + settle_s + window_s + 10 * interval_s + 5
+    max_tokens = int(lifetime / interval_s) + 1
+    w = Window()
+    rss_before = srv.rss_bytes()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = []
+        start = time.perf_counter()
+        for i in range(streams):
+            delay = start + i / ramp_per_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_stream(session, url, headers, max_tokens, w)))
+        ramp_end = time.perf_counter()
+        while w.first_tokens + w.errors < streams and time.perf_counter() - ramp_end < 60:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(settle_s)
+        cpu_before = srv.cpu_seconds()
+        w.open = True
+        opened = time.perf_counter()
+        await asyncio.sleep(window_s)
+        w.open = False
+        elapsed = time.perf_counter() - opened
+        cpu = srv.cpu_seconds() - cpu_before
+        rss = srv.rss_bytes()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "tokens_per_s": w.tokens / elapsed,
+        "cpu_us_per_token": cpu / max(w.tokens, 1) * 1e6,
+        "cpu_share": cpu / elapsed,
+        "rss_kib_per_stream": (rss - rss_before) / streams / 1024,
+        "itl_p50_ms": percentile(w.gaps, 50) * 1e3,
+        "itl_p99_ms": percentile(w.gaps, 99) * 1e3,
+        "errors": w.errors,
+    }
+
+
+def measure(
+    paced: list[tuple[float, int]],
+    workers: list[int],
+    replicas: list[int],
+    window_s: float,
+    ramp_per_s: float,
+    setup_count: int,
+) -> list[dict[str, Any]]:
+    rows = []
+    for n_workers, (interval_ms, streams), steps in itertools.product(workers, paced, replicas):
+        # 0 replicas: one step clock per stream, so every token arrives on its own.
+        n_replicas = steps or streams
+        with servers(interval_ms, n_workers, n_replicas) as srv:
+            setup_s, setup_errors = asyncio.run(setup_cost(srv, 32, setup_count))
+            held = asyncio.run(hold(srv, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s))
+        rows.append(
+            {
+                "workers": n_workers,
+                "interval_ms": interval_ms,
+                "streams": streams,
+                "replicas": n_replicas,
+                "setup_cpu_ms_per_stream": setup_s * 1e3,
+                **held,
+                "errors": held["errors"] + setup_errors,
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+    return markdown_table([{k: fmt(v) for k, v in row.items()} for row in rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.streams")
+    parser.add_argument("--paced", default="33:200,500:1000", help="ms between tokens:streams held, ...")
+    parser.add_argument("--workers", default="1,2", help="server processes on one port (SO_REUSEPORT)")
+    parser.add_argument(
+        "--replicas",
+        default="0,1",
+        help="step clocks the streams share (0: one per stream, every token its own wake-up)",
+    )
+    parser.add_argument("--window", type=float, default=8.0, help="seconds measured with all streams open")
+    parser.add_argument("--ramp", type=float, default=250.0, help="new streams per second while opening")
+    parser.add_argument("--setup-count", type=int, default=600, help="one-token streams for the set-up cost")
+    parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--interval-ms", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        _serve(args.config, args.port, args.interval_ms, int(args.replicas), args.ready)
+        return
+    gc.collect()
+    paced = [(float(a), int(b)) for a, b in (x.split(":") for x in args.paced.split(","))]
+    rows = measure(
+        paced,
+        [int(x) for x in args.workers.split(",")],
+        [int(x) for x in args.replicas.split(",")],
+        args.window,
+        args.ramp,
+        args.setup_count,
+    )
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(f"machine: {machine()}")
+        print(_table(rows))
+
+
+if __name__ == "__main__":
+    main()
