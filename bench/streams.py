@@ -67,7 +67,7 @@ def _serve(config: Path, port: int, interval_ms: float, replicas: int, ready: Pa
     async def paced(settings: Settings, model_dir: Path) -> AsyncIterator[list[PacedUpstream]]:
         yield [upstream]
 
-    app = create_app(settings, paced)  # type: ignore[arg-type]
+    app: Any = create_app(settings, paced)  # type: ignore[arg-type]
 
     async def tell_ready(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "lifespan":
