@@ -1,6 +1,6 @@
 """The edge's own CPU per streamed chunk, side by side with a bare Litestar relay (the floor).
 
-python -m bench.relay [--concurrency 1,32,128] [--duration 8] [--chunks 256]
+python -m bench.relay [--concurrency 1,64,256] [--duration 8] [--chunks 256] [--json]
 
 Each variant is a separate server process (same uvicorn/uvloop/httptools settings as
 `floodgate serve`); its CPU is read from /proc/<pid>/stat around a load of aiohttp streams:
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from litestar import Litestar, get, post
@@ -183,9 +185,9 @@ def _server_pid(pid: int) -> int:
 
 def measure(
     variants: list[str], concurrency: list[int], duration_s: float, chunks: int
-) -> list[dict[str, str]]:
-    per_chunk: dict[tuple[str, int], float] = {}
-    rows: list[dict[str, str]] = []
+) -> list[dict[str, Any]]:
+    """One row per variant and concurrency: chunks/s, server CPU µs per chunk, errors, × bare."""
+    rows: list[dict[str, Any]] = []
     for variant in variants:
         with _server(variant, chunks) as server:
             for n in concurrency:
@@ -196,31 +198,45 @@ def measure(
                     )
                 )
                 cpu = server.cpu_seconds() - before
-                us = cpu / max(load.tokens, 1) * 1e6
-                per_chunk[(variant, n)] = us
                 rows.append(
                     {
                         "variant": variant,
-                        "streams": str(n),
-                        "chunks": str(load.tokens),
-                        "chunks/s": f"{load.tokens / load.wall_s:.0f}",
-                        "server CPU µs/chunk": f"{us:.1f}",
-                        "errors": str(load.errors),
+                        "streams": n,
+                        "chunks": load.tokens,
+                        "chunks_per_s": load.tokens / load.wall_s,
+                        "server_cpu_us_per_chunk": cpu / max(load.tokens, 1) * 1e6,
+                        "errors": load.errors,
                     }
                 )
-    for row, key in zip(rows, per_chunk, strict=True):
-        floor = per_chunk.get(("bare", key[1]))
-        if floor:
-            row["× bare"] = f"{per_chunk[key] / floor:.2f}"
+    floors = {r["streams"]: r["server_cpu_us_per_chunk"] for r in rows if r["variant"] == "bare"}
+    for row in rows:
+        if floors.get(row["streams"]):
+            row["x_bare"] = row["server_cpu_us_per_chunk"] / floors[row["streams"]]
     return rows
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [
+        {
+            "variant": row["variant"],
+            "streams": str(row["streams"]),
+            "chunks": str(row["chunks"]),
+            "chunks/s": f"{row['chunks_per_s']:.0f}",
+            "server CPU µs/chunk": f"{row['server_cpu_us_per_chunk']:.1f}",
+            "errors": str(row["errors"]),
+            "× bare": f"{row['x_bare']:.2f}" if "x_bare" in row else "",
+        }
+        for row in rows
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.relay")
-    parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--concurrency", default="1,64,256")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--chunks", type=int, default=256, help="text chunks per stream")
     parser.add_argument("--variants", default="bare,edge")
+    parser.add_argument("--json", action="store_true", help="one JSON object per variant and concurrency")
     parser.add_argument("--serve", choices=["bare", "edge", "triton"], help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -231,8 +247,12 @@ def main() -> None:
     rows = measure(
         args.variants.split(","), [int(x) for x in args.concurrency.split(",")], args.duration, args.chunks
     )
+    if args.json:
+        for row in rows:
+            print(json.dumps({"machine": machine(), **row}))
+        return
     print(f"machine: {machine()}")
-    print(markdown_table(rows))
+    print(markdown_table(table_rows(rows)))
 
 
 if __name__ == "__main__":
