@@ -25,6 +25,8 @@ from contextlib import contextmanager
 import anyio
 import structlog
 
+from edge.metrics import DRAINING
+
 log = structlog.get_logger("floodgate.drain")
 
 
@@ -53,6 +55,7 @@ class Drain:
         if self._began_at is not None:
             return
         self._began_at = time.monotonic()
+        DRAINING.set(1)
         log.info(
             "drain_started", running=len(self._guards), accept_s=self.accept_s, deadline_s=self.deadline_s
         )
@@ -91,6 +94,7 @@ class Drain:
             self._guards.discard(scope)
 
     def close(self) -> None:
+        DRAINING.set(0)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

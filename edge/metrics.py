@@ -71,6 +71,13 @@ REQUESTS_FINISHED = Counter(
 REQUESTS_REJECTED = Counter(
     "floodgate_requests_rejected_total", "Requests answered with an error status.", ["status", "code"]
 )
+OPEN_STREAMS = Gauge(
+    "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."
+)
+DRAINING = Gauge("floodgate_draining", "1 from SIGTERM on: the process drains and takes no new work.")
+STALLED_READERS_CUT = Counter(
+    "floodgate_stalled_readers_cut_total", "Streams cut because their client stopped reading."
+)
 
 REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences running on a replica.", ["replica"])
 REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", ["replica"])

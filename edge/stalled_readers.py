@@ -19,6 +19,8 @@ import contextlib
 import anyio
 import structlog
 
+from edge.metrics import STALLED_READERS_CUT
+
 log = structlog.get_logger("floodgate.streaming")
 
 SCAN_INTERVAL_S = 1.0
@@ -62,6 +64,7 @@ class StalledReaders:
                 since = progress.waiting_since
                 if since is not None and since < stalled_before and not progress.cut:
                     progress.cut = True
+                    STALLED_READERS_CUT.inc()
                     log.warning("stalled_reader_cut", request_id=progress.request_id, limit_s=self.limit_s)
                     progress.scope.cancel()
 

@@ -19,7 +19,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from edge.drain import Drain
 from edge.errors import ErrorBody, ErrorDetail, retry_after_headers
-from edge.metrics import REQUESTS_REJECTED
+from edge.metrics import OPEN_STREAMS, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
 # Past capacity the wait is about one stream's life; the SDK adds jitter, so a second is a fair ask.
@@ -72,10 +72,12 @@ class StreamGate:
                 )
                 return
             self.open_streams += 1
+            OPEN_STREAMS.inc()
             try:
                 await app(scope, receive, send)
             finally:
                 self.open_streams -= 1
+                OPEN_STREAMS.dec()
 
         return gate
 
