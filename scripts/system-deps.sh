@@ -7,6 +7,7 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v chromium >/dev/null || need+=(chromium)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+command -v ss >/dev/null || need+=(iproute2)  # tests/faults: a listener's backlog
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "system-deps: missing ${need[*]} and not root; the tests that need them will skip" >&2
