@@ -1,0 +1,104 @@
+"""The fleet simulation's behaviour on short runs (bench/fleet/): what its conclusions rest on."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import simpy
+
+from bench.fleet import step_curve, terraform, tiers
+from bench.fleet.autoscaler import SCALE_IN_PERIODS, Autoscaler
+from bench.fleet.edge_queue import EdgeQueue
+from bench.fleet.gpu_group import GpuGroup, HostTiming
+from bench.fleet.recorder import Recorder
+from bench.fleet.replica import Replica
+from bench.fleet.simulation import Scenario, run
+from bench.fleet.traffic import DailyCurve, TrafficSpec
+
+REPO = Path(__file__).resolve().parents[2]
+FLAT_FLOOD = DailyCurve(trough=0.5, high=0.5, bursts=())  # 15K prompts/s over the fleet
+
+
+def small_flood(hosts: int, minutes: float = 6.0, **kw: object) -> Scenario:
+    """One-GPU hosts, a fixed group of `hosts`, 1/1000 of a flat half-peak flood: ~15 requests/s
+    against ~4 a host serves."""
+    scaling = terraform.read().with_overrides(min_size=hosts, max_size=hosts, warm_pool_min_size=0)
+    traffic = TrafficSpec(
+        groups=1000, bundle=1, duration_s=minutes * 60, free_users=200_000, paid_users=20_000
+    )
+    return Scenario("flood", scaling, traffic, FLAT_FLOOD, gpus_per_host=1, initial_hosts=hosts, **kw)  # type: ignore[arg-type]
+
+
+def test_terraform_numbers_are_read_from_iac_not_copied(tmp_path: Path) -> None:
+    iac = tmp_path / "iac"
+    shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
+    variables = iac / "modules" / "gpu_pool" / "variables.tf"
+    text = variables.read_text()
+    block = re.search(r'variable "surge_demand" \{.*?default\s*=\s*([0-9.]+)', text, re.S)
+    assert block is not None
+    variables.write_text(text[: block.start(1)] + "2.75" + text[block.end(1) :])
+    assert terraform.read(iac).surge_demand == 2.75
+    assert terraform.read().surge_demand != 2.75
+
+
+def test_saturated_group_with_empty_edge_queue_does_not_scale_in() -> None:
+    env = simpy.Environment()
+    curve = step_curve.h200_llama70b()
+    # At its budget (max_size 3): the signal reads ~1.0 for as long as the streams run.
+    settings = terraform.read().with_overrides(min_size=1, max_size=3)
+    recorder = Recorder(bundle=1)
+    group = GpuGroup(
+        env, lambda: [Replica(curve, 8, 1, "continuous")], curve, 8, 1, 3, 0, 300, HostTiming(), lambda: None
+    )
+    group.start(3)
+    edge = EdgeQueue(env, tiers.read(), group, recorder)
+    for host in group.in_service():
+        for replica in host.replicas:
+            replica.running = replica.slots  # every sequence busy
+            edge.in_flight += replica.slots
+    assert edge.queued() == 0
+    scaler = Autoscaler(env, settings, group, edge, recorder)
+    env.process(scaler.run())
+    env.run(until=(SCALE_IN_PERIODS + 10) * settings.metric_period_s)
+    assert group.desired == 3
+    assert [a for a in scaler.actions if a[1] == "target_in"] == []
+
+
+def test_idle_group_scales_in_after_the_quiet_periods() -> None:
+    """The same group with nothing running does scale in: the test above could not pass by accident."""
+    env = simpy.Environment()
+    curve = step_curve.h200_llama70b()
+    settings = terraform.read().with_overrides(min_size=1, max_size=8)
+    recorder = Recorder(bundle=1)
+    group = GpuGroup(
+        env, lambda: [Replica(curve, 8, 1, "continuous")], curve, 8, 1, 8, 0, 300, HostTiming(), lambda: None
+    )
+    group.start(3)
+    scaler = Autoscaler(env, settings, group, EdgeQueue(env, tiers.read(), group, recorder), recorder)
+    env.process(scaler.run())
+    env.run(until=(SCALE_IN_PERIODS + 10) * settings.metric_period_s)
+    assert group.desired == 1
+
+
+def test_paid_ttft_stays_below_free_under_a_free_flood() -> None:
+    out = run(small_flood(hosts=2))
+    r = out.recorder
+    assert r.rejected_total("free", ("wait",)) > 0  # it is a flood: free traffic is turned away
+    assert r.ttft_percentile("paid", 99) < r.ttft_percentile("free", 50)
+    assert r.rejected_total("paid", ("wait", "no_replica")) == 0
+
+
+def test_more_replicas_turn_fewer_requests_away() -> None:
+    few = run(small_flood(hosts=1)).recorder
+    more = run(small_flood(hosts=3)).recorder
+    reasons = ("wait", "no_replica")
+    assert more.rejected_total("free", reasons) < few.rejected_total("free", reasons)
+    assert more.tokens > few.tokens
+
+
+def test_continuous_batching_serves_more_than_static_on_the_same_gpus() -> None:
+    continuous = run(small_flood(hosts=2, minutes=8)).recorder
+    static = run(small_flood(hosts=2, minutes=8, batching="static")).recorder
+    assert continuous.tokens > 1.3 * static.tokens
