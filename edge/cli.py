@@ -1,5 +1,5 @@
 """`floodgate serve`, the operator's `keys`, `usage` and `config` (edge/keys_cli.py, edge/operator_cli.py) and
-`floodgate chat` (the client's, from client/cli.py)."""
+`floodgate chat` (the client's, from client/floodgate_client/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 
 import msgspec
 
-from client.cli import add_chat_command
 from edge.config import ConfigError, Settings, load_settings
 from edge.keys.cli_support import opened_lifecycle, run
 from edge.keys_cli import add_keys_commands
@@ -18,6 +17,7 @@ from edge.logging_setup import configure_logging
 from edge.model_cli import add_model_command
 from edge.model_source import prepare_model
 from edge.operator_cli import add_operator_commands
+from floodgate_client.cli import add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
 
 DEV_USER = "dev"

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from client import AsyncClient, Client, ConflictError, Finished, TextDelta
-from client.async_client import AsyncChatStream
-from client.client import ChatStream
+from floodgate_client import AsyncClient, Client, ConflictError, Finished, TextDelta
+from floodgate_client.async_client import AsyncChatStream
+from floodgate_client.client import ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.support.live_server import LiveServer
 

@@ -1,4 +1,4 @@
-"""`python -m client chat`: streams JSON lines, and Ctrl-C (SIGINT) cancels on the server."""
+"""`python -m floodgate_client chat`: streams JSON lines, and Ctrl-C (SIGINT) cancels on the server."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def chat_cli(server: LiveServer, *args: str, key: str | None) -> subprocess.Pope
     if key is not None:
         env["FLOODGATE_API_KEY"] = key
     return subprocess.Popen(
-        [sys.executable, "-m", "client", "chat", *args, "--base-url", server.base_url],
+        [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", server.base_url],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

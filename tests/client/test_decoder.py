@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from client.decoder import ChunkDecoder
-from client.errors import NetworkError, StreamError
-from client.events import Finished, RequestStarted, TextDelta, Usage
-from client.sse import ServerSentEvent
+from floodgate_client.decoder import ChunkDecoder
+from floodgate_client.errors import NetworkError, StreamError
+from floodgate_client.events import Finished, RequestStarted, TextDelta, Usage
+from floodgate_client.sse import ServerSentEvent
 
 
 def chunk(payload: dict[str, Any]) -> ServerSentEvent:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from client import AuthenticationError, BadRequestError, Client, ConflictError, NotFoundError, TextDelta
+from floodgate_client import (
+    AuthenticationError,
+    BadRequestError,
+    Client,
+    ConflictError,
+    NotFoundError,
+    TextDelta,
+)
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.support.live_server import LiveServer
 

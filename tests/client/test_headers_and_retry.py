@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from client.errors import BadRequestError, RateLimitError, error_from_response, retry_after_s
-from client.rate_limits import RateLimits, parse_duration_s
-from client.retry import RetryPolicy
+from floodgate_client.errors import BadRequestError, RateLimitError, error_from_response, retry_after_s
+from floodgate_client.rate_limits import RateLimits, parse_duration_s
+from floodgate_client.retry import RetryPolicy
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
+from floodgate_client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
 from tests.client.flaky_proxy import flaky_proxy
 from tests.client.live import SURE_TEXT
 from tests.support.live_server import LiveServer

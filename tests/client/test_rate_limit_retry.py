@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from client import AsyncClient, Client, RateLimitError
+from floodgate_client import AsyncClient, Client, RateLimitError
 from tests.support.live_server import LiveServer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.sse import ServerSentEvent, SSEParser, iter_events
+from floodgate_client.sse import ServerSentEvent, SSEParser, iter_events
 
 STREAM = (
     b": keep-alive\n\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client, ServiceUnavailableError
+from floodgate_client import Client, ServiceUnavailableError
 from tests.client.live import OVERRIDES, SURE_TEXT
 from tests.support.live_server import LiveServer, start_server
 from tests.support.ports import free_port

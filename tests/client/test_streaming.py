@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from client import AsyncClient, ChatResult, Client, Finished, RequestStarted, TextDelta
+from floodgate_client import AsyncClient, ChatResult, Client, Finished, RequestStarted, TextDelta
 from tests.client.live import LONG_REPLY, SURE_TEXT
 from tests.support.live_server import LiveServer
 

@@ -13,12 +13,18 @@ from typing import Any
 import anyio
 import httpx
 
-from client.client import DEFAULT_DEADLINE_S, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, http_timeout
-from client.decoder import ChunkDecoder
-from client.errors import ConflictError, FloodgateError, NetworkError, NotFoundError, error_from_response
-from client.events import ChatResult, Finished, StreamEvent
-from client.rate_limits import RateLimits
-from client.request import (
+from floodgate_client.client import DEFAULT_DEADLINE_S, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, http_timeout
+from floodgate_client.decoder import ChunkDecoder
+from floodgate_client.errors import (
+    ConflictError,
+    FloodgateError,
+    NetworkError,
+    NotFoundError,
+    error_from_response,
+)
+from floodgate_client.events import ChatResult, Finished, StreamEvent
+from floodgate_client.rate_limits import RateLimits
+from floodgate_client.request import (
     CHAT_PATH,
     MODELS_PATH,
     ChatRequest,
@@ -27,8 +33,8 @@ from client.request import (
     cancel_path,
     first_model_id,
 )
-from client.retry import RetryPolicy
-from client.sse import aiter_events
+from floodgate_client.retry import RetryPolicy
+from floodgate_client.sse import aiter_events
 
 log = logging.getLogger("floodgate.client")
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
-from client.client import Client
-from client.errors import FloodgateError, RateLimitError
-from client.events import Finished, RequestStarted, StreamEvent, TextDelta
-from client.interrupt import CancelOnInterrupt
+from floodgate_client.client import Client
+from floodgate_client.errors import FloodgateError, RateLimitError
+from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta
+from floodgate_client.interrupt import CancelOnInterrupt
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 KEY_ENV = "FLOODGATE_API_KEY"

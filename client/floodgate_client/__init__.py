@@ -1,6 +1,6 @@
 """Floodgate's Python client: streaming chat completions from the edge, sync and async (httpx only).
 
-    from client import Client, TextDelta, Finished
+    from floodgate_client import Client, TextDelta, Finished
 
     with Client("http://127.0.0.1:8000", api_key) as floodgate:
         with floodgate.chat.stream("Tell me about rivers", max_tokens=200) as stream:
@@ -15,9 +15,9 @@ subclasses (RateLimitError carries `limit` and `retry_after_s`); `stream.rate_li
 x-ratelimit-* headers.
 """
 
-from client.async_client import AsyncChatStream, AsyncClient
-from client.client import ChatStream, Client
-from client.errors import (
+from floodgate_client.async_client import AsyncChatStream, AsyncClient
+from floodgate_client.client import ChatStream, Client
+from floodgate_client.errors import (
     AuthenticationError,
     BadRequestError,
     ConflictError,
@@ -28,8 +28,8 @@ from client.errors import (
     ServiceUnavailableError,
     StreamError,
 )
-from client.events import ChatResult, Finished, RequestStarted, StreamEvent, TextDelta, Usage
-from client.rate_limits import RateLimits
+from floodgate_client.events import ChatResult, Finished, RequestStarted, StreamEvent, TextDelta, Usage
+from floodgate_client.rate_limits import RateLimits
 
 __all__ = [
     "AsyncChatStream",

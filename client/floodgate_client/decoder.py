@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from client.errors import NetworkError, StreamError, error_from_json
-from client.events import Finished, RequestStarted, StreamEvent, TextDelta, Usage
-from client.sse import ServerSentEvent
+from floodgate_client.errors import NetworkError, StreamError, error_from_json
+from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta, Usage
+from floodgate_client.sse import ServerSentEvent
 
 
 class ChunkDecoder:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
+from floodgate_client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
 
 # Without an advertised wait, back off exponentially from this, up to the cap.
 _BASE_BACKOFF_S = 0.5

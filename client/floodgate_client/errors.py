@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from client.rate_limits import RateLimits
+from floodgate_client.rate_limits import RateLimits
 
 
 class FloodgateError(Exception):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TextIO
 
-from client.errors import FloodgateError
+from floodgate_client.errors import FloodgateError
 
 
 class CancelOnInterrupt:

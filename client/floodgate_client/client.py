@@ -10,11 +10,17 @@ from types import TracebackType
 
 import httpx
 
-from client.decoder import ChunkDecoder
-from client.errors import ConflictError, FloodgateError, NetworkError, NotFoundError, error_from_response
-from client.events import ChatResult, Finished, StreamEvent
-from client.rate_limits import RateLimits
-from client.request import (
+from floodgate_client.decoder import ChunkDecoder
+from floodgate_client.errors import (
+    ConflictError,
+    FloodgateError,
+    NetworkError,
+    NotFoundError,
+    error_from_response,
+)
+from floodgate_client.events import ChatResult, Finished, StreamEvent
+from floodgate_client.rate_limits import RateLimits
+from floodgate_client.request import (
     CHAT_PATH,
     MODELS_PATH,
     ChatRequest,
@@ -23,8 +29,8 @@ from client.request import (
     cancel_path,
     first_model_id,
 )
-from client.retry import RetryPolicy
-from client.sse import iter_events
+from floodgate_client.retry import RetryPolicy
+from floodgate_client.sse import iter_events
 
 log = logging.getLogger("floodgate.client")
 
