@@ -129,6 +129,22 @@ class MemoryLimiter:
                 self._lease_ttl_us,
             )
 
+    def active_users(self) -> list[str]:
+        """Users whose state still matters (a TAT ahead of now, or a live lease)."""
+        with self._lock:
+            now = self._now_us()
+            return [user for user, state in self._states.items() if not state.is_idle(now)]
+
+    def snapshot(self, user: str) -> policy.Snapshot:
+        """The user's state relative to now, in the tier's own units (not this instance's share):
+        what the Redis store puts back after an outage (restore.lua)."""
+        with self._lock:
+            now = self._now_us()
+            snap = policy.snapshot(self._state(user, now), now)
+        # The twin's intervals are instance_count times the tier's: scale back to the tier's.
+        n = self._instance_count
+        return policy.Snapshot(snap.request_ahead_us // n, snap.token_ahead_us // n, snap.request_ids)
+
     def record_charged(self, user: str, tier: TierLimits, request_id: str, granted: int) -> None:
         with self._lock:
             now = self._now_us()

@@ -229,3 +229,21 @@ def record_charged(
         state.token_tat_us = max(state.token_tat_us, now_us) + granted * rates.token_interval_us
     if request_id in state.leases:
         state.leases[request_id] = now_us + lease_ttl_us
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a state holds, relative to now: how far each TAT is ahead, and the live requests."""
+
+    request_ahead_us: int
+    token_ahead_us: int
+    request_ids: tuple[str, ...]
+
+
+def snapshot(state: UserState, now_us: int) -> Snapshot:
+    prune_expired(state.leases, now_us)
+    return Snapshot(
+        request_ahead_us=max(0, state.request_tat_us - now_us),
+        token_ahead_us=max(0, state.token_tat_us - now_us),
+        request_ids=tuple(state.leases),
+    )

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -57,7 +58,7 @@ DEFAULT_POOL_WAIT_S = 2.0
 # Opening a connection is not an answer from a busy server either: its own, longer bound.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
-Op = Literal["admit", "charge", "settle"]
+Op = Literal["admit", "charge", "settle", "restore"]
 
 
 class _NotSent(Exception):
@@ -115,6 +116,12 @@ class RedisLimiter:
         self._admit = client.register_script(script_text("admit"))
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
+        self._restore = client.register_script(script_text("restore"))
+        # After a store failure, Redis may lack what this instance counted (its fallback's
+        # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
+        # admission there. `_synced_at` is the failure count the last restore covered.
+        self._synced_at = 0
+        self._resync_lock = asyncio.Lock()
         self._health = StoreHealth(backoff_s)
         self._settles = SettleQueue(self._send_settles, self._health)
         # This instance's own traffic, mirrored: the fail-open fallback's state.
@@ -180,7 +187,7 @@ class RedisLimiter:
     def _now_arg(self) -> str:
         return "" if self._now_override_us is None else str(self._now_override_us())
 
-    async def _call(self, op: Op, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def _call(self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None) -> Any:
         """One bounded round trip. Raises _NotSent when it never reached Redis, _NoAnswer when
         Redis did not answer (the store is then marked down)."""
         if self._health.retry_in() > 0:
@@ -193,6 +200,8 @@ class RedisLimiter:
             raise _NotSent from None
         try:
             if self._health.retry_in() > 0:  # it failed while this call waited
+                raise _NotSent
+            if epoch is not None and epoch != self._health.failures:
                 raise _NotSent
             if not self._cluster_ready:
                 # Fetch the slot map before the first burst of calls: redis-py's cluster client
@@ -233,14 +242,29 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            reply = await self._call("admit", lambda: self._admit(keys=keys, args=args))
+            if self._synced_at != self._health.failures:
+                await self._resync()
+        except (_NotSent, _NoAnswer):
+            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
+        try:
+            # Sent only if no failure came between the restore and this call (else Redis may be a
+            # restarted, empty one that this instance's running requests are missing from).
+            epoch = self._synced_at
+            reply = await self._call("admit", lambda: self._admit(keys=keys, args=args), epoch=epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
         except _NoAnswer:
             undo = input_tokens + lease_tokens
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=undo)
         allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok = (int(v) for v in reply)
-        if allowed:
+        if allowed and self._health.failures != epoch:
+            # A failure came while this call was in flight, so the fallback may have admitted
+            # meanwhile what Redis does not know yet: only what the mirror allows too stands.
+            local, _ = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
+            if not local.allowed:
+                self._undo(user, tier, request_id, input_tokens + lease_tokens)
+                return self._admission(local, user, tier, request_id, input_tokens, 0, max_output_tokens)
+        elif allowed:
             self._local.record_admitted(user, request_id, tier, input_tokens + lease_tokens)
         decision = Decision(
             allowed=bool(allowed),
@@ -334,6 +358,26 @@ class RedisLimiter:
         self._local.record_charged(user, tier, request_id, granted)
         return granted
 
+    async def _resync(self) -> None:
+        """Put back on Redis what this instance counted while Redis failed (restore.lua), every
+        user in one round trip, before admitting there again: the requests still running from
+        the outage (or admitted by a Redis that since restarted empty) then hold their slots on
+        Redis too, so Redis does not admit as many again beside them."""
+        async with self._resync_lock:
+            failures = self._health.failures
+            if self._synced_at == failures:
+                return
+            calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
+            for user in self._local.active_users():
+                snap = self._local.snapshot(user)
+                args = (self._now_arg(), snap.request_ahead_us, snap.token_ahead_us, self._lease_ttl_us)
+                tombstones = [tombstone_key(user, request_id) for request_id in snap.request_ids]
+                calls.append(((*user_keys(user), *tombstones), (*args, *snap.request_ids)))
+            if calls:
+                await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
+            self._synced_at = failures
+            log.info("limiter_restored", users=len(calls))
+
     def _settle_op(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool
     ) -> PendingSettle:
@@ -361,32 +405,36 @@ class RedisLimiter:
         )
 
     async def _send_settles(self, batch: list[PendingSettle]) -> bool:
-        """All of `batch` in one pipelined round trip (each settle still one atomic script)."""
-
-        async def send_each() -> None:
-            # redis-py's cluster pipeline refuses EVALSHA: one call per settle, concurrently.
-            await asyncio.gather(*(self._settle(keys=s.keys, args=s.args) for s in batch))
-
-        async def send() -> None:
-            for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
-                pipe = self._client.pipeline(transaction=False)
-                for settle in batch:
-                    pipe.evalsha(self._settle.sha, len(settle.keys), *settle.keys, *settle.args)
-                results = await pipe.execute(raise_on_error=False)
-                errors = [r for r in results if isinstance(r, Exception)]
-                if not errors:
-                    return
-                if not all(isinstance(e, NoScriptError) for e in errors):
-                    raise errors[0]
-                # Settles are idempotent: sending the whole batch again is safe.
-                await self._client.script_load(self._settle.script)
-            raise NoScriptError("settle script missing after loading it")
-
         try:
-            await self._call("settle", send_each if isinstance(self._client, RedisCluster) else send)
+            await self._call(
+                "settle", lambda: self._send_all(self._settle, [(s.keys, s.args) for s in batch])
+            )
         except (_NotSent, _NoAnswer):
             return False
         return True
+
+    async def _send_all(
+        self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]
+    ) -> None:
+        """Many calls of an idempotent script (settle, restore) in one pipelined round trip,
+        each still one atomic script run."""
+        if isinstance(self._client, RedisCluster):
+            # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently.
+            await asyncio.gather(*(script(keys=keys, args=args) for keys, args in calls))
+            return
+        for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            errors = [r for r in results if isinstance(r, Exception)]
+            if not errors:
+                return
+            if not all(isinstance(e, NoScriptError) for e in errors):
+                raise errors[0]
+            # The script is idempotent: sending every call again is safe.
+            await self._client.script_load(script.script)
+        raise NoScriptError(f"script {script.sha} missing right after loading it")
 
     async def aclose(self) -> None:
         await self._settles.aclose()

@@ -22,6 +22,9 @@ class StoreHealth:
         self._backoff_s = backoff_s
         self._down_until = 0.0
         self.failing = False
+        # Counts failures: a call that began before one (and may reach a restarted, empty Redis)
+        # can tell by comparing this with what it read when it began.
+        self.failures = 0
 
     def retry_in(self) -> float:
         """Seconds until the store may be tried again; 0 when it may be tried now."""
@@ -31,6 +34,7 @@ class StoreHealth:
 
     def failed(self, op: str, exc: BaseException) -> None:
         STORE_FAILURES.labels(op=op).inc()
+        self.failures += 1
         self._down_until = time.monotonic() + self._backoff_s
         if not self.failing:
             self.failing = True
