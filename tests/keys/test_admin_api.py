@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,22 @@ def test_bad_admin_requests_get_openai_style_errors(
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and (code is None or error["code"] == code)
+
+
+def test_an_operator_reads_anyones_usage(server: LiveServer) -> None:
+    asked = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    done = httpx.post(
+        server.base_url + "/v1/chat/completions", json=asked, headers=server.auth("free2"), timeout=60
+    )
+    assert done.status_code == 200
+    for _ in range(500):  # written off the request path: poll until the row is there
+        rows = httpx.get(
+            server.base_url + "/v1/admin/usage", params={"user": "free-user-2"}, headers=ADMIN
+        ).json()
+        if rows["data"]:
+            break
+        time.sleep(0.02)
+    [row] = rows["data"]
+    usage = done.json()["usage"]
+    assert (row["input_tokens"], row["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert httpx.get(server.base_url + "/v1/admin/usage", headers=server.auth("free2")).status_code == 401
