@@ -48,10 +48,10 @@ from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.text.stops import StopMatcher
+from edge.tier_limits import tier_limits
 from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
-from limiter.tiers import tier_limits
 
 log = structlog.get_logger("floodgate.request")
 

@@ -5,19 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+# The limiter's own tier type (the edge adapts its settings to it: edge/tier_limits.py).
+from limiter.tiers import TierLimits as TierLimits
+
 LimitName = Literal["requests", "tokens", "concurrency"]
-
-
-@dataclass(frozen=True, slots=True)
-class TierLimits:
-    name: str
-    requests_per_window: int
-    request_window_s: float
-    tokens_per_window: int
-    token_window_s: float
-    max_concurrent: int
-    max_tokens: int
-    on_store_failure: Literal["open", "closed"] = "open"
 
 
 @dataclass(frozen=True, slots=True)

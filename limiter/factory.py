@@ -7,9 +7,6 @@ from collections.abc import Callable
 from limiter.base import Limiter
 from limiter.memory import DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.redis_store import RedisLimiter
-from limiter.tiers import tier_limits
-
-__all__ = ["create_limiter", "tier_limits"]
 
 
 def create_limiter(

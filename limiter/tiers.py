@@ -1,24 +1,26 @@
-"""TierLimits from the settings, and the reduced limits one instance applies on its own."""
+"""The limiter's tier type, and the reduced limits one instance applies on its own.
+
+The limiter knows nothing of the edge's settings: the edge adapts its [tiers] settings to
+TierLimits (edge/tier_limits.py).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Literal
 
-from edge.config import TierConfig
-from limiter.base import TierLimits
 
-
-def tier_limits(name: str, config: TierConfig) -> TierLimits:
-    return TierLimits(
-        name=name,
-        requests_per_window=config.requests_per_window,
-        request_window_s=config.request_window_s,
-        tokens_per_window=config.tokens_per_window,
-        token_window_s=config.token_window_s,
-        max_concurrent=config.max_concurrent,
-        max_tokens=config.max_tokens,
-        on_store_failure=config.on_store_failure,
-    )
+@dataclass(frozen=True, slots=True)
+class TierLimits:
+    name: str
+    requests_per_window: int
+    request_window_s: float
+    tokens_per_window: int
+    token_window_s: float
+    max_concurrent: int
+    max_tokens: int
+    on_store_failure: Literal["open", "closed"] = "open"
 
 
 def per_instance(tier: TierLimits, instance_count: int) -> TierLimits:

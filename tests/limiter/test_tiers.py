@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edge.config import load_settings
-from limiter.factory import tier_limits
+from edge.tier_limits import tier_limits
 from limiter.tiers import per_instance
 
 

@@ -13,10 +13,10 @@ import httpx
 import msgspec
 
 from edge.config import TierConfig
+from edge.tier_limits import tier_limits
 from edge.usage.sqlite import SQLiteUsageStore
 from limiter import policy
 from limiter.memory import MemoryLimiter
-from limiter.tiers import tier_limits
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import _SEED_CANDIDATES, CHAT, DONE, LONG_PROMPT, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, start_server
