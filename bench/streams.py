@@ -12,7 +12,8 @@ processes on one port with SO_REUSEPORT and sums their CPU. Reported, per run:
   limiter, admission, first event, close, log line) divided by the streams;
 - CPU µs per token: server CPU over a window in which all N streams are open and streaming,
   divided by the tokens the clients received in it (counted from the text, so several tokens
-  coalesced in one event count as several);
+  coalesced in one event count as several); also without the servers' idle CPU (3 s with no
+  stream open, before the ramp: timers and polls);
 - RSS per stream: the servers' resident memory with N streams open minus before, divided by N;
 - inter-token p99 (between content events of one stream, in the window) and errors (non-200,
   error events, client exceptions).
@@ -134,6 +135,12 @@ def servers(interval_ms: float, workers: int, replicas: int, extra_toml: str = "
                 cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
                 cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
                 cmd += ["--replicas", str(replicas)]
+                profile = os.environ.get("STREAMS_PROFILE")
+                if profile:
+                    # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
+                    # (the CPU figures of such a run are not the server's: it is py-spy's child).
+                    py_spy = str(Path(sys.executable).parent / "py-spy")
+                    cmd = [py_spy, "record", "-r", "250", "-o", f"{profile}-{i}.txt", "-f", "raw", "--", *cmd]
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log))
             deadline = time.monotonic() + 120
             while not all((Path(tmp) / f"ready-{i}").exists() for i in range(workers)):
@@ -251,6 +258,10 @@ async def hold(
     max_tokens = int(lifetime / interval_s) + 1
     w = Window()
     rss_before = srv.rss_bytes()
+    # What the servers spend with no stream open (timers, polls): part of every per-token figure.
+    idle_before, idle_start = srv.cpu_seconds(), time.perf_counter()
+    await asyncio.sleep(3.0)
+    idle_share = (srv.cpu_seconds() - idle_before) / (time.perf_counter() - idle_start)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -280,6 +291,8 @@ async def hold(
         "tokens_per_s": w.tokens / elapsed,
         "cpu_us_per_token": cpu / max(w.tokens, 1) * 1e6,
         "cpu_share": cpu / elapsed,
+        "idle_cpu_share": idle_share,
+        "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share * elapsed) / max(w.tokens, 1) * 1e6,
         "rss_kib_per_stream": (rss - rss_before) / streams / 1024,
         "itl_p50_ms": percentile(w.gaps, 50) * 1e3,
         "itl_p99_ms": percentile(w.gaps, 99) * 1e3,
