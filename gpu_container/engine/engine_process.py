@@ -52,7 +52,10 @@ class EngineProcess:
         self._model_dir = str(model_dir)
         self._config = config
         self._name = name
-        self._lock = threading.Lock()  # guards _mailboxes, _alive and the command pipe
+        self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping
+        # The command pipe's own lock, never held with _lock: a write that waits for a busy child
+        # must not stop the reader thread from draining the child's outputs.
+        self._send_lock = threading.Lock()
         self._mailboxes: dict[str, Mailbox] = {}
         self._alive = False
         self._stopping = False
@@ -129,15 +132,16 @@ class EngineProcess:
                 if request_id in self._mailboxes:
                     raise ValueError(f"request {request_id!r} is already running")
                 self._mailboxes[request_id] = mailbox
-                self._send(("add", request_id, prompt, params, priority))
+            self._send(("add", request_id, prompt, params, priority))
 
         return mailbox_stream(mailbox, submit, lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
         """Forget the request here and have the child free it at its next step."""
         with self._lock:
-            if self._mailboxes.pop(request_id, None) is not None and self._alive:
-                self._send(("abort", request_id))
+            known = self._mailboxes.pop(request_id, None) is not None and self._alive
+        if known:
+            self._send(("abort", request_id))
 
     def stop(self) -> None:
         """Cancel every request, end the child (killed if it does not exit in time). Idempotent."""
@@ -146,8 +150,9 @@ class EngineProcess:
                 self._stopping = True
                 return
             self._stopping = True
-            if self._alive:
-                self._send(("stop",))
+            alive = self._alive
+        if alive:
+            self._send(("stop",))
         try:
             self._process.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -157,12 +162,13 @@ class EngineProcess:
             self._reader.join(timeout=_STOP_TIMEOUT_S)
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        """Caller holds _lock. A child that is gone is noticed by the reader, not here."""
+        """A child that is gone is noticed by the reader, not here."""
         assert self._commands is not None
-        try:
-            self._commands.send(message)
-        except OSError:
-            pass
+        with self._send_lock:
+            try:
+                self._commands.send(message)
+            except OSError:
+                pass
 
     def _kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
