@@ -90,3 +90,25 @@ async def test_a_burst_against_a_stalled_redis_right_after_start_never_over_admi
     finally:
         await limiter.aclose()
         await probe.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("instances", "more_on_fallback"), [(1, 2), (2, 0)])
+async def test_the_fallback_continues_from_what_this_instance_admitted_on_redis(
+    debug_redis: RedisServer, instances: int, more_on_fallback: int
+) -> None:
+    """The fallback used to start from an empty state: a tier of 5 with 3 already admitted on
+    Redis got 5 more once Redis failed. It continues from this instance's own count instead, and
+    never goes past its share (5 // instances) of the tier."""
+    limits = tier(requests=LIMIT, request_window_s=3600, on_store_failure="open")
+    user = f"continue-{uuid.uuid4().hex}"
+    limiter = RedisLimiter.from_url(debug_redis.url, timeout_ms=200, instance_count=instances, backoff_s=60)
+    try:
+        on_redis = [await limiter.admit(user, f"r{i}", limits, 1, 0) for i in range(3)]
+        assert all(a.decision.allowed for a in on_redis) and not limiter.fallback_active
+        debug_redis.kill()
+        on_fallback = [(await limiter.admit(user, f"f{i}", limits, 1, 0)).decision.allowed for i in range(5)]
+        assert limiter.fallback_active
+        assert on_fallback == [True] * more_on_fallback + [False] * (5 - more_on_fallback)
+    finally:
+        await limiter.aclose()
