@@ -80,17 +80,18 @@ class Autoscaler:
     def run(self) -> simpy.events.ProcessGenerator:
         interval = self.s.metric_period_s / self.s.samples_per_period
         while True:
-            demand_sum, load_max = 0.0, 0.0
+            demand_sum, load_max, busy = 0.0, 0.0, 0.0
             for _ in range(self.s.samples_per_period):
                 yield self.env.timeout(interval)
                 self.edge.expire()
                 demand, load = self.sample()
                 demand_sum += demand
                 load_max = max(load_max, load)
+                busy += self._busy()
             metric = max(demand_sum / self.s.samples_per_period, load_max)
             self.periods.append(metric)
             self._evaluate(metric, demand_sum)
-            self._record(metric)
+            self._record(metric, busy / self.s.samples_per_period)
 
     def _evaluate(self, metric: float, demand_sum: float) -> None:
         g = self.group
@@ -134,7 +135,13 @@ class Autoscaler:
         if self.group.desired != before:
             self.actions.append((self.env.now, policy, self.group.desired))
 
-    def _record(self, metric: float) -> None:
+    def _busy(self) -> float:
+        """Output rate of the hosts in service over what they produce with every slot busy."""
+        replicas = [r for h in self.group.in_service() for r in h.replicas]
+        full = sum(r.max_tokens_per_s() for r in replicas)
+        return sum(r.tokens_per_s() for r in replicas) / full if full else 0.0
+
+    def _record(self, metric: float, busy: float) -> None:
         g = self.group
         m = self.recorder.minute(self.env.now - 1e-9)
         hosts = g.in_service()
@@ -147,5 +154,6 @@ class Autoscaler:
         m.desired_hosts = g.desired
         m.occupancy = running / slots if slots else 0.0
         m.full_tokens_per_s = full
+        m.utilisation = busy
         m.demand = metric
         self.recorder.gpu_seconds += g.billed_gpus() * self.s.metric_period_s

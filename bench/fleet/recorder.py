@@ -24,6 +24,7 @@ class Minute:
     desired_hosts: int = 0
     occupancy: float = 0.0  # running / slots of hosts in service
     full_tokens_per_s: float = 0.0  # what the hosts in service produce with every slot busy
+    utilisation: float = 0.0  # their output rate over that, averaged over the period's samples
     demand: float = 0.0  # the scaling metric's period value
     rejected: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
@@ -72,11 +73,14 @@ class Recorder:
         return sum(m.offered for m in self.minutes.values())
 
     def utilisation(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Output tokens finished per minute over what the hosts in service could produce."""
-        rows = [self.minutes[k] for k in sorted(self.minutes)]
-        util = [m.served_tokens / 60.0 / m.full_tokens_per_s if m.full_tokens_per_s else 0.0 for m in rows]
-        return np.array([m.t for m in rows]), np.array(util)
+        """Per period: the output rate of the hosts in service over their full-batch output."""
+        return self.series("utilisation")
 
     def series(self, name: str) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        rows = [self.minutes[k] for k in sorted(self.minutes)]
+        # Periods the autoscaler closed (the last, partial minute of a run has no host figures).
+        rows = [
+            self.minutes[k]
+            for k in sorted(self.minutes)
+            if self.minutes[k].full_tokens_per_s or k < max(self.minutes)
+        ]
         return np.array([m.t for m in rows]), np.array([float(getattr(m, name)) for m in rows])

@@ -51,9 +51,13 @@ class Replica:
         )
 
     def tokens_per_s(self) -> float:
-        """Real output tokens/s this replica produces now (continuous)."""
+        """Real output tokens/s this replica produces now. Static: every held slot steps, finished
+        members included (padding is work the GPU does, not output anyone reads)."""
         if self.running == 0:
             return 0.0
+        if self.batching == "static":
+            per_gpu = self.sequences_per_gpu(self.running)
+            return self.running * self.bundle / (self.curve.fixed_s + self.curve.per_sequence_s * per_gpu)
         return self.running * self.bundle / self.continuous_step_s(self.running)
 
     def max_tokens_per_s(self) -> float:
