@@ -41,6 +41,9 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def clear(self) -> None:
+        self._keys.clear()
+
     def resize(self, max_blocks: int) -> None:
         """Follow the replica's KV capacity (in routing blocks); forgets the oldest if it shrank."""
         self.max_blocks = max(1, max_blocks)

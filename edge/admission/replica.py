@@ -36,6 +36,9 @@ class Replica:
     sequences: int = 0
     # The prompt prefixes this edge sent here recently: what the replica's cache probably holds.
     prefix_index: PrefixIndex = field(default_factory=PrefixIndex)
+    # The replica's prefix-cache running totals when last looked at: going backwards means it
+    # restarted, with an empty cache.
+    prefix_totals_seen: int = 0
 
     @property
     def name(self) -> str:
@@ -92,13 +95,23 @@ class Replica:
 
     def cached_prefix_tokens(self, prefix_keys: Sequence[int]) -> int:
         """Leading prompt tokens (of a prompt with these routing keys) this replica probably holds."""
+        self._forget_if_restarted()
         return self.prefix_index.overlap(prefix_keys) * ROUTING_BLOCK_TOKENS
 
     def sent_prefix(self, prefix_keys: Sequence[int]) -> None:
         """A prompt with these routing keys was granted here: its prefix will be in this cache."""
+        self._forget_if_restarted()
         if self.capacity is not None:
             self.prefix_index.resize(self.kv_tokens_total // ROUTING_BLOCK_TOKENS)
         self.prefix_index.record(prefix_keys)
+
+    def _forget_if_restarted(self) -> None:
+        if self.capacity is None:
+            return
+        totals = self.capacity.prefix_query_tokens + self.capacity.prefix_hit_tokens
+        if totals < self.prefix_totals_seen:
+            self.prefix_index.clear()
+        self.prefix_totals_seen = totals
 
     def utilisation(self) -> float:
         total = self.kv_tokens_total

@@ -9,8 +9,9 @@ import pytest
 
 from edge.admission import Ticket
 from edge.admission.prefix_index import MAX_ROUTING_BLOCKS, ROUTING_BLOCK_TOKENS, PrefixIndex, routing_hashes
+from edge.upstreams.base import Capacity
 from tests.admission.conftest import MakeDispatcher
-from tests.admission.flow import Flow, ticket
+from tests.admission.flow import Flow, ticket, until
 from tests.admission.replicas import ControlledUpstream
 
 B = ROUTING_BLOCK_TOKENS
@@ -122,4 +123,26 @@ async def test_stickiness_never_waits_for_a_full_replica_while_another_has_room(
         await flow.settle()
         assert dispatcher.queue_depth() == 0
         assert flow.held()[2].replica.name not in homes
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_restarted_replica_is_known_to_hold_nothing(make_dispatcher: MakeDispatcher) -> None:
+    class Reporting(ControlledUpstream):
+        hits = 5_000  # the replica's running total of prefix-cache hits
+
+        async def capacity(self) -> Capacity:
+            return dataclasses.replace(await super().capacity(), prefix_hit_tokens=self.hits)
+
+    replica = Reporting("r", kv_tokens_total=10_000)
+    async with make_dispatcher([replica], prefix_weight=2.0) as dispatcher:
+        flow = Flow(dispatcher)
+        history = [5] * (8 * B)
+        flow.submit(_turn(history))
+        await flow.settle()
+        state = flow.held()[0].replica
+        assert state.cached_prefix_tokens(routing_hashes(history)) == 8 * B
+        replica.hits = 0  # it restarted: its totals start again from 0, its cache is empty
+        await until(lambda: state.capacity is not None and state.capacity.prefix_hit_tokens == 0)
+        assert state.cached_prefix_tokens(routing_hashes(history)) == 0
         await flow.aclose()
