@@ -16,6 +16,7 @@ from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
 from edge.model_cli import add_model_command
 from edge.model_source import prepare_model
+from edge.models.served import served_models
 from edge.operator_cli import add_operator_commands
 from floodgate_client.cli import add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
@@ -64,16 +65,23 @@ def _serve(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: the replicas' metrics polls would flood the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        prepare_model(settings.model)
+        for served in served_models(settings):
+            prepare_model(served.model)
     except CheckpointError as exc:
         raise SystemExit(f"floodgate: cannot serve the model: {exc}") from None
     if settings.server.dev_key:
         _dev_key_hint(settings)
+    if args.workers > 1:
+        from edge.workers import serve_workers
+
+        return serve_workers(args.config, overrides, settings, args.workers)
     from edge.app import create_app
+    from edge.gc_tuning import quiet_gc
     from edge.server import serve
 
     # Two listeners (public API, operator endpoints); SIGTERM drains (edge/server.py).
     app = create_app(settings)
+    quiet_gc()
     serve(app, settings.server, app.state.drain)
     return 0
 
@@ -90,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--triton",
         metavar="local|HOST:PORT,...|asg:GROUP[:GRPC_PORT[:METRICS_PORT]]",
         help="serve from Triton replicas instead of in-process engines (default: upstream.triton)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="edge processes sharing the port (SO_REUSEPORT), one per core; needs the redis limiter",
     )
     serve.set_defaults(handler=_serve)
 

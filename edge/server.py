@@ -48,9 +48,10 @@ class Listeners:
         self.ops.close()
 
 
-def bind_listeners(server: ServerConfig) -> Listeners:
-    """Bind (not yet listen on) both sockets; port 0 picks a free one (tests)."""
-    public = _bind(server.host, server.port)
+def bind_listeners(server: ServerConfig, *, reuse_port: bool = False) -> Listeners:
+    """Bind (not yet listen on) both sockets; port 0 picks a free one (tests). `reuse_port`: the
+    public one is shared with the other workers of `floodgate serve --workers` (edge/workers.py)."""
+    public = _bind(server.host, server.port, reuse_port=reuse_port)
     if server.send_buffer_bytes:
         # Accepted connections inherit it: what one stalled client can pin in the kernel.
         public.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.send_buffer_bytes)
@@ -62,10 +63,12 @@ def bind_listeners(server: ServerConfig) -> Listeners:
     return Listeners(public, ops)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
@@ -122,10 +125,10 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app: Litestar, server: ServerConfig, drain: Drain) -> None:
+def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool = False) -> None:
     """Run the edge until SIGTERM (drained) or SIGINT; returns once it has shut down."""
     try:
-        listeners = bind_listeners(server)
+        listeners = bind_listeners(server, reuse_port=reuse_port)
     except OSError as exc:
         where = f"{server.host}:{server.port} or {server.ops_host}:{server.ops_port} (ops_port)"
         raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None

@@ -1,0 +1,123 @@
+"""`floodgate serve --workers N`: N edge processes on one port, one per core.
+
+One event loop is one core: a process holds a few thousand streams and opens a few hundred per
+second (docs/bench-streams.md). Each worker is a whole edge (its own app, limiter client,
+dispatcher and drain) listening on `[server] host:port` with SO_REUSEPORT, so the kernel spreads
+new connections over the workers' own accept queues (each `[server] listen_backlog` deep) and a
+worker's 429 `server_busy` (`[server] max_open_streams`) answers for that worker alone.
+
+Limits and shares stay exact because every worker counts as one edge instance: `[limiter]
+instance_count` is multiplied by N, which is what already makes several edge hosts exact (each
+fills 1/instance_count of every replica's KV cache and sequences; a fail-open limiter enforces its
+share of each limit). The limits themselves must then live in one store shared by the workers:
+`--workers` > 1 requires `[limiter] backend = "redis"`; with the in-memory limiter each worker
+would enforce a limit of its own, so it refuses to start instead.
+
+Each worker's operator listener is `ops_port + i` (0 stays "any free port"): `/metrics` is per
+worker, as it is per host.
+
+The parent only supervises: SIGTERM or SIGINT is passed on to every worker (each drains or cuts
+as `floodgate serve` does), and a worker that exits on its own stops the others, so a broken
+worker never leaves a half-served port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from edge.config import Settings
+
+
+class WorkersRefused(Exception):
+    """The settings cannot be served by several workers (the message says why and what to do)."""
+
+
+def worker_overrides(settings: Settings, workers: int, index: int) -> dict[str, dict[str, object]]:
+    """What worker `index` of `workers` changes in the settings (see the module doc)."""
+    if workers > 1 and settings.limiter.backend != "redis":
+        raise WorkersRefused(
+            f"--workers {workers} needs the limits in one store the workers share: set [limiter] "
+            f'backend = "redis" (with the {settings.limiter.backend!r} limiter each worker would '
+            "enforce every limit on its own). Or run one worker per host."
+        )
+    if workers > 1 and settings.server.port == 0:
+        raise WorkersRefused(f"--workers {workers} needs a fixed port to share (server.port is 0).")
+    ops_port = settings.server.ops_port
+    return {
+        "limiter": {"instance_count": settings.limiter.instance_count * workers},
+        "server": {"ops_port": ops_port + index if ops_port else 0},
+    }
+
+
+def _run_worker(config: str | None, overrides: dict[str, Any]) -> None:
+    # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once
+    # (a second SIGINT would force the worker's exit before its streams end cleanly).
+    os.setpgrp()
+    from edge.app import create_app
+    from edge.config import load_settings
+    from edge.gc_tuning import quiet_gc
+    from edge.logging_setup import configure_logging
+    from edge.server import serve
+
+    configure_logging()
+    settings = load_settings(config, overrides)
+    app = create_app(settings)
+    quiet_gc()
+    serve(app, settings.server, app.state.drain, reuse_port=True)
+
+
+def _merged(base: dict[str, dict[str, object]], over: dict[str, dict[str, object]]) -> dict[str, Any]:
+    merged: dict[str, dict[str, object]] = {k: dict(v) for k, v in base.items()}
+    for section, values in over.items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def serve_workers(
+    config: str | None, overrides: dict[str, dict[str, object]], settings: Settings, workers: int
+) -> int:
+    """Run `workers` edge processes until a signal (passed on) or one of them exits; the exit code."""
+    try:
+        per_worker = [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
+    except WorkersRefused as exc:
+        raise SystemExit(f"floodgate: {exc}") from None
+    # spawn, not fork: a worker starts from a clean interpreter (no parent threads or loop state).
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_run_worker, args=(config, o), name=f"floodgate-worker-{i}")
+        for i, o in enumerate(per_worker)
+    ]
+    for proc in procs:
+        proc.start()
+
+    signalled = False
+
+    def pass_on(sig: int, frame: FrameType | None) -> None:
+        nonlocal signalled
+        signalled = True
+        _signal_all(procs, sig)
+
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.signal(signal.SIGINT, pass_on)
+    multiprocessing.connection.wait([proc.sentinel for proc in procs])
+    if not signalled:
+        # One exited on its own (it failed): the others drain and follow; its code is the result.
+        _signal_all(procs, signal.SIGTERM)
+    for proc in procs:
+        proc.join()
+    return next((code for proc in procs if (code := proc.exitcode or 0)), 0)
+
+
+def _signal_all(procs: Sequence[BaseProcess], sig: int) -> None:
+    for proc in procs:
+        if proc.pid is not None and proc.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)

@@ -1,0 +1,115 @@
+"""`floodgate serve --workers N`: one port, N edge processes, limits exact across them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from edge.config import load_settings
+from edge.workers import WorkersRefused, worker_overrides
+from tests.edge.sse_client import CHAT, MODEL
+from tests.support.live_server import demo_model_dir
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer, start_redis
+
+ALLOWED = 12
+ASKED = 20
+
+
+def test_each_worker_is_one_more_edge_instance() -> None:
+    settings = load_settings(
+        None, {"limiter": {"backend": "redis", "instance_count": 3}, "server": {"port": 8000}}
+    )
+    first, second = (worker_overrides(settings, 2, i) for i in range(2))
+    # 3 hosts × 2 workers: each worker enforces and fills 1/6, as one of 6 instances.
+    assert first["limiter"]["instance_count"] == second["limiter"]["instance_count"] == 6
+    ops = settings.server.ops_port
+    assert (first["server"]["ops_port"], second["server"]["ops_port"]) == (ops, ops + 1)
+
+
+def test_workers_refuse_a_limiter_each_would_keep_alone() -> None:
+    settings = load_settings(None, {"limiter": {"backend": "memory"}, "server": {"port": 8000}})
+    with pytest.raises(WorkersRefused, match='backend = "redis"'):
+        worker_overrides(settings, 2, 0)
+    assert worker_overrides(settings, 1, 0)["limiter"]["instance_count"] == settings.limiter.instance_count
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: RedisServer) -> None:
+    port, ops_port = free_port(), free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = {ops_port}\ndrain_accept_s = 0\n'
+        f'[limiter]\nbackend = "redis"\nredis_url = "{redis.url}"\n'
+        f"[tiers.paid]\nrequests_per_window = {ALLOWED}\nrequest_window_s = 3600\n"
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    command += ["--workers", "2"]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        key_match = re.search(r"(fg-\S+)", lines[1])
+        assert key_match, lines
+        headers = {"Authorization": f"Bearer {key_match.group(1)}"}
+        for worker_ops in (ops_port, ops_port + 1):
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/metrics", proc)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        statuses = []
+        for _ in range(ASKED):
+            # A new connection each time: the kernel picks a worker per connection.
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                statuses.append(client.post(CHAT, json=body, headers=headers).status_code)
+        assert sorted(statuses) == [200] * ALLOWED + [429] * (ASKED - ALLOWED)
+        served = [
+            _finished(f"http://127.0.0.1:{worker_ops}/metrics") for worker_ops in (ops_port, ops_port + 1)
+        ]
+        assert sum(served) == ALLOWED and all(served), served  # both workers took some
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output[-2000:]
+
+
+def _finished(metrics_url: str) -> int:
+    text = httpx.get(metrics_url, timeout=10).text
+    return sum(
+        int(float(m.group(1)))
+        for m in re.finditer(
+            r'^floodgate_requests_finished_total\{[^}]*tier="paid"[^}]*\} (\S+)$', text, re.M
+        )
+    )
+
+
+def _wait_answering(url: str, proc: subprocess.Popen[str]) -> None:
+    for _ in range(1500):
+        assert proc.poll() is None, "floodgate serve exited"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        try:
+            proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            continue
+    raise AssertionError(f"{url} never answered")
