@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
@@ -20,6 +21,7 @@ from tests.support.ports import free_port
 UPSTREAMS = BOTH_PATHS
 
 
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
 def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "floodgate.toml"
