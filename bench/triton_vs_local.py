@@ -30,7 +30,7 @@ from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig, SamplingParams
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
 
 # Token lists a stream yields, one list per response.

@@ -41,8 +41,8 @@ from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_contract import GENERATED_TOKENS_METRIC
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
+from gpu_container.triton.cpu.tensors import GENERATED_TOKENS_METRIC
 from gpu_container.triton.launcher import start_local_triton
 
 log = structlog.get_logger(__name__)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from edge.upstreams.triton import parse_trtllm_metrics, triton_upstreams
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, demo_model_dir, start_server

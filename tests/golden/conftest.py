@@ -13,7 +13,7 @@ import pytest
 from edge.upstreams.triton import triton_upstreams
 from gpu_container.checkpoint.bundled import MODEL_NAME
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
 from tests.support.live_server import LiveServer, start_server
 from tests.support.smollm2 import smollm2_dir

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from tests.support.live_server import demo_model_dir
 

@@ -12,7 +12,7 @@ import pytest
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import _replica_urls, encode_request, parse_trtllm_metrics
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_contract import (
+from gpu_container.triton.cpu.tensors import (
     GENERATED_TOKENS_METRIC,
     ContractError,
     decode_request,

@@ -56,10 +56,10 @@ def cpu_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     stand_in.MetricFamily = _MetricFamily  # type: ignore[attr-defined]
     stand_in.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stand_in)
-    monkeypatch.delitem(sys.modules, "gpu_container.triton.cpu_model", raising=False)
-    module = importlib.import_module("gpu_container.triton.cpu_model")
+    monkeypatch.delitem(sys.modules, "gpu_container.triton.cpu.engine_model", raising=False)
+    module = importlib.import_module("gpu_container.triton.cpu.engine_model")
     yield module
-    sys.modules.pop("gpu_container.triton.cpu_model", None)
+    sys.modules.pop("gpu_container.triton.cpu.engine_model", None)
 
 
 def _stats(*, running: int, free_blocks: int, steps: int, generated: int) -> EngineStats:

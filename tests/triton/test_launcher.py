@@ -12,7 +12,7 @@ from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream, end_token_ids
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonStartError, start_local_triton
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from gpu_container.engine.types import TokenOutput
-from gpu_container.triton.outbox import Outbox
+from gpu_container.triton.cpu.outbox import Outbox
 
 
 def test_outputs_of_one_request_merge_until_taken() -> None:

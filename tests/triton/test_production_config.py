@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu_repository import render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.production.render import TrtLlmSettings, main, render_repository
 
 CONTRACT_INPUTS = {

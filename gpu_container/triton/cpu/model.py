@@ -1,4 +1,5 @@
-"""Triton's entry point for the CPU engine model; the model itself is gpu_container.triton.cpu_model.
+"""Triton's entry point for the CPU engine model (the Python backend loads a file named model.py);
+the model itself is gpu_container.triton.cpu.engine_model.
 
 The backend stub embeds its own interpreter and ignores PYTHONPATH, so the import path of the
 process that rendered this repository travels in the `python_path` parameter.
@@ -16,7 +17,7 @@ class TritonPythonModel:
         for entry in reversed([p for p in python_path.split(os.pathsep) if p]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        from gpu_container.triton.cpu_model import EngineModel
+        from gpu_container.triton.cpu.engine_model import EngineModel
 
         self._model = EngineModel(args)
 

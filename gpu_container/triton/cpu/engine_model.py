@@ -1,6 +1,6 @@
 """Our continuous-batching engine as a Triton Python-backend model, behind the `tensorrt_llm` contract.
 
-Runs inside the backend stub (cpu/model.py hands over to EngineModel), where
+Runs inside the backend stub (model.py, next to this file, hands over to EngineModel), where
 triton_python_backend_utils is importable.
 
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
@@ -30,8 +30,13 @@ import triton_python_backend_utils as pb_utils  # only inside tritonserver's Pyt
 
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, TokenOutput
-from gpu_container.triton.cpu_contract import decode_request, engine_config_from_parameters, output_arrays
-from gpu_container.triton.outbox import Outbox
+from gpu_container.triton.cpu.outbox import Outbox
+from gpu_container.triton.cpu.tensors import (
+    GENERATED_TOKENS_METRIC,
+    decode_request,
+    engine_config_from_parameters,
+    output_arrays,
+)
 from gpu_container.triton.plain_logging import configure_plain_logging
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
@@ -49,9 +54,6 @@ class _Live:
     # Non-streaming requests get every token in their one final response.
     tokens: list[int] = field(default_factory=list)
     abort_requested: bool = False
-
-
-GENERATED_TOKENS_METRIC = "floodgate_cpu_model_generated_tokens_total"
 
 
 class _Metrics:

@@ -13,9 +13,10 @@ from tritonclient.grpc import model_config_pb2
 
 from gpu_container.engine.types import EngineConfig
 
-CPU_DIR = Path(__file__).with_name("cpu")
+# This package holds the model's files as Triton reads them (config.pbtxt, the model.py shim).
+CPU_DIR = Path(__file__).parent
 MODEL_NAME = "tensorrt_llm"
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def current_python_path() -> str:

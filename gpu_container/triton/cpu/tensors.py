@@ -1,6 +1,6 @@
 """TensorRT-LLM's `tensorrt_llm` tensor contract, read into our engine's terms (and written back).
 
-Pure functions over numpy arrays so the Python-backend model (cpu/model.py) stays thin glue and
+Pure functions over numpy arrays so the Python-backend model (engine_model.py) stays thin glue and
 this part is type-checked and testable without a server.
 
 Conventions taken from TensorRT-LLM: `end_id = -1` ignores the end token (fixed-length output);
