@@ -17,10 +17,10 @@ from edge.admission.real_use import real_use
 from edge.body_timeout import BodyReadTimeout
 from edge.cancel.factory import open_request_registry
 from edge.config import Settings
-from edge.conversation_log import ConversationLog
 from edge.drain import Drain
 from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
 from edge.keys.services import open_key_services
+from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
 from edge.model_source import resolve_model_dir
