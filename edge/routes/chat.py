@@ -20,7 +20,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(request.headers.get("authorization"))
     req = parse_chat_request(await request.body())
-    generation = await runtime.pipeline.admit(principal, req)
+    generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
     if req.stream:
         return EventStreamResponse(generation)
     try:

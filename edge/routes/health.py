@@ -27,7 +27,7 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     state = request.app.state
     if "runtime" not in state:
         return json_response({"status": "starting", "replicas": {}}, status_code=503)
-    replicas = {r.name: r.alive for r in runtime_of(request).pipeline.dispatcher.replica_states()}
+    replicas = {r.name: r.alive for r in runtime_of(request).models.replica_states()}
     drain: Drain = state.drain
     if drain.draining:
         return json_response({"status": "draining", "replicas": replicas}, status_code=503)

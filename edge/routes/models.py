@@ -1,4 +1,8 @@
-"""GET /v1/models and /v1/models/{id}: the one model this edge serves."""
+"""GET /v1/models and /v1/models/{id}: the models the caller's tier may use, its default first.
+
+A model the tier may not use is a 404 model_not_found, the same body as for one that does not
+exist (edge/models/catalog.py).
+"""
 
 from __future__ import annotations
 
@@ -23,14 +27,15 @@ def _model_card(name: str) -> dict[str, Any]:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
-    await runtime.keys.authenticate(request.headers.get("authorization"))
-    return json_response({"object": "list", "data": [_model_card(runtime.settings.model.name)]})
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    cards = [_model_card(name) for name in runtime.models.models_for(principal.tier)]
+    return json_response({"object": "list", "data": cards})
 
 
 @get("/v1/models/{model_id:str}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    await runtime.keys.authenticate(request.headers.get("authorization"))
-    if model_id != runtime.settings.model.name:
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    if model_id not in runtime.models.models_for(principal.tier):
         raise unknown_model(model_id)
     return json_response(_model_card(model_id))

@@ -32,7 +32,7 @@ def operator_listener_only(connection: ASGIConnection[Any, Any, Any, Any], _: Ba
 
 @get("/metrics", guards=[operator_listener_only])
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
-    for replica in runtime_of(request).pipeline.dispatcher.replica_states():
+    for replica in runtime_of(request).models.replica_states():
         if replica.capacity is not None:
             record_capacity(replica.name, replica.capacity)
     return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -42,7 +42,7 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
 async def engine_state(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Each replica as its last health poll found it, and what this edge holds on it."""
     replicas: list[dict[str, Any]] = []
-    for r in runtime_of(request).pipeline.dispatcher.replica_states():
+    for r in runtime_of(request).models.replica_states():
         entry: dict[str, Any] = {
             "name": r.name,
             "reachable": r.alive,
