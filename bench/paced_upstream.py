@@ -27,6 +27,7 @@ class _StepClock:
     """One replica's engine steps: every `interval_s` (from `phase_s` on), all waiting sequences."""
 
     def __init__(self, interval_s: float, phase_s: float) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None  # kept: get_running_loop costs a getpid()
         self.interval_s = interval_s
         self.phase_s = phase_s
         self.waiting: list[asyncio.Future[None]] = []
@@ -35,6 +36,7 @@ class _StepClock:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.live += 1
+        self.loop = loop
         if self._timer is None:
             self._timer = loop.call_at(loop.time() + self.phase_s, self._step)
 
@@ -44,8 +46,8 @@ class _StepClock:
             if not fut.done():
                 fut.set_result(None)
         self._timer = None
-        if self.live:
-            self._timer = asyncio.get_running_loop().call_later(self.interval_s, self._step)
+        if self.live and self.loop is not None:
+            self._timer = self.loop.call_later(self.interval_s, self._step)
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -52,7 +52,7 @@ from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 CONTENT = b'"content":"'
 
 
-def _serve(config: Path, port: int, interval_ms: float, replicas: int, ready: Path) -> None:
+def _serve(config: Path, port: int, interval_ms: float, replicas: int, gc_mode: str, ready: Path) -> None:
     import uvicorn
 
     from edge.app import create_app
@@ -82,6 +82,10 @@ def _serve(config: Path, port: int, interval_ms: float, replicas: int, ready: Pa
 
         await app(scope, receive, send_and_mark)
 
+    if gc_mode == "quiet":
+        from edge.gc_tuning import quiet_gc
+
+        quiet_gc()  # as `floodgate serve` does
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -96,11 +100,17 @@ class Servers:
     pids: list[int]
 
     def cpu_seconds(self) -> float:
-        total = 0
+        return sum(self.user_system_seconds())
+
+    def user_system_seconds(self) -> tuple[float, float]:
+        """User and system (kernel: socket writes, epoll) CPU of the servers so far."""
+        user = system = 0
         for pid in self.pids:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11])
+            system += int(fields[12])
+        tick = os.sysconf("SC_CLK_TCK")
+        return user / tick, system / tick
 
     def rss_bytes(self) -> int:
         total = 0
@@ -112,7 +122,11 @@ class Servers:
 
 
 @contextmanager
-def servers(interval_ms: float, workers: int, replicas: int, extra_toml: str = "") -> Iterator[Servers]:
+def servers(
+    interval_ms: float, workers: int, replicas: int, gc_mode: str = "quiet", tree: Path | None = None
+) -> Iterator[Servers]:
+    """`tree`: serve from another checkout of the project (its edge/, this bench's server code),
+    so a change and the code before it are compared in one run."""
     from edge.config import load_settings
     from edge.keys.provision import create_keys
 
@@ -122,7 +136,7 @@ def servers(interval_ms: float, workers: int, replicas: int, extra_toml: str = "
         config.write_text(
             f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
-            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
         )
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         procs: list[subprocess.Popen[bytes]] = []
@@ -134,14 +148,15 @@ def servers(interval_ms: float, workers: int, replicas: int, extra_toml: str = "
                 logs.append(log)
                 cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
                 cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
-                cmd += ["--replicas", str(replicas)]
+                cmd += ["--replicas", str(replicas), "--gc", gc_mode]
                 profile = os.environ.get("STREAMS_PROFILE")
                 if profile:
                     # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
                     # (the CPU figures of such a run are not the server's: it is py-spy's child).
                     py_spy = str(Path(sys.executable).parent / "py-spy")
-                    cmd = [py_spy, "record", "-r", "250", "-o", f"{profile}-{i}.txt", "-f", "raw", "--", *cmd]
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log))
+                    cmd = [py_spy, "record", "-r", "250", "--native", "-o", f"{profile}-{i}.txt", "-f", "raw", "--", *cmd]
+                env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env))
             deadline = time.monotonic() + 120
             while not all((Path(tmp) / f"ready-{i}").exists() for i in range(workers)):
                 for proc, i in zip(procs, range(workers), strict=True):
@@ -177,6 +192,7 @@ class Window:
     gaps: list[float] = field(default_factory=list)
     errors: int = 0
     first_tokens: int = 0
+    streaming: set[int] = field(default_factory=set)  # streams that got a token in the window
 
 
 def _body(max_tokens: int) -> dict[str, Any]:
@@ -225,6 +241,7 @@ async def _stream(
                 last = now
                 if w.open:
                     w.tokens += chars // width
+                    w.streaming.add(id(resp))
     except (TimeoutError, aiohttp.ClientError):
         w.errors += 1
 
@@ -255,7 +272,9 @@ async def hold(
     url = f"{srv.base_url}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {srv.key}"}
     lifetime = streams / ramp_per_s + settle_s + window_s + 10 * interval_s + 5
-    max_tokens = int(lifetime / interval_s) + 1
+    # Three times what the plan needs (a loaded machine ramps slower), within the bench tier's 4096:
+    # the streams are cancelled once the window closes.
+    max_tokens = min(4096, 3 * int(lifetime / interval_s) + 1)
     w = Window()
     rss_before = srv.rss_bytes()
     # What the servers spend with no stream open (timers, polls): part of every per-token figure.
@@ -276,21 +295,26 @@ async def hold(
         while w.first_tokens + w.errors < streams and time.perf_counter() - ramp_end < 60:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         await asyncio.sleep(settle_s)
-        cpu_before = srv.cpu_seconds()
+        user_before, system_before = srv.user_system_seconds()
+        cpu_before = user_before + system_before
         w.open = True
         opened = time.perf_counter()
         await asyncio.sleep(window_s)
         w.open = False
         elapsed = time.perf_counter() - opened
-        cpu = srv.cpu_seconds() - cpu_before
+        user_after, system_after = srv.user_system_seconds()
+        cpu = user_after + system_after - cpu_before
+        system = system_after - system_before
         rss = srv.rss_bytes()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return {
+        "streams_streaming": len(w.streaming),
         "tokens_per_s": w.tokens / elapsed,
         "cpu_us_per_token": cpu / max(w.tokens, 1) * 1e6,
         "cpu_share": cpu / elapsed,
+        "system_share_of_cpu": system / max(cpu, 1e-9),
         "idle_cpu_share": idle_share,
         "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share * elapsed) / max(w.tokens, 1) * 1e6,
         "rss_kib_per_stream": (rss - rss_before) / streams / 1024,
@@ -304,15 +328,20 @@ def measure(
     paced: list[tuple[float, int]],
     workers: list[int],
     replicas: list[int],
+    gc_modes: list[str],
+    trees: list[tuple[str, Path | None]],
     window_s: float,
     ramp_per_s: float,
     setup_count: int,
 ) -> list[dict[str, Any]]:
     rows = []
-    for n_workers, (interval_ms, streams), steps in itertools.product(workers, paced, replicas):
+    runs = itertools.product(workers, paced, replicas, gc_modes, trees)
+    for n_workers, (interval_ms, streams), steps, gc_mode, (label, tree) in runs:
+        if gc_mode != "default" and tree and not (tree / "edge" / "gc_tuning.py").exists():
+            continue  # a checkout from before edge/gc_tuning.py: CPython's collector only
         # 0 replicas: one step clock per stream, so every token arrives on its own.
         n_replicas = steps or streams
-        with servers(interval_ms, n_workers, n_replicas) as srv:
+        with servers(interval_ms, n_workers, n_replicas, gc_mode, tree) as srv:
             setup_s, setup_errors = asyncio.run(setup_cost(srv, 32, setup_count))
             held = asyncio.run(hold(srv, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s))
         rows.append(
@@ -321,6 +350,8 @@ def measure(
                 "interval_ms": interval_ms,
                 "streams": streams,
                 "replicas": n_replicas,
+                "gc": gc_mode,
+                "tree": label,
                 "setup_cpu_ms_per_stream": setup_s * 1e3,
                 **held,
                 "errors": held["errors"] + setup_errors,
@@ -346,6 +377,14 @@ def main() -> None:
         default="0,1",
         help="step clocks the streams share (0: one per stream, every token its own wake-up)",
     )
+    parser.add_argument(
+        "--gc", default="quiet", help="default (CPython's) or quiet (edge/gc_tuning.py, as serve does), ..."
+    )
+    parser.add_argument(
+        "--trees",
+        default="",
+        help="LABEL=DIR,...: serve from these checkouts too, in the same run (default: this one only)",
+    )
     parser.add_argument("--window", type=float, default=8.0, help="seconds measured with all streams open")
     parser.add_argument("--ramp", type=float, default=250.0, help="new streams per second while opening")
     parser.add_argument("--setup-count", type=int, default=600, help="one-token streams for the set-up cost")
@@ -357,7 +396,7 @@ def main() -> None:
     parser.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        _serve(args.config, args.port, args.interval_ms, int(args.replicas), args.ready)
+        _serve(args.config, args.port, args.interval_ms, int(args.replicas), args.gc, args.ready)
         return
     gc.collect()
     paced = [(float(a), int(b)) for a, b in (x.split(":") for x in args.paced.split(","))]
@@ -365,6 +404,9 @@ def main() -> None:
         paced,
         [int(x) for x in args.workers.split(",")],
         [int(x) for x in args.replicas.split(",")],
+        args.gc.split(","),
+        [(lbl, Path(d).resolve()) for lbl, d in (t.split("=", 1) for t in args.trees.split(",") if t)]
+        or [("this", None)],
         args.window,
         args.ramp,
         args.setup_count,
