@@ -136,10 +136,10 @@ class Autoscaler:
             self.actions.append((self.env.now, policy, self.group.desired))
 
     def _busy(self) -> float:
-        """Output rate of the hosts in service over what they produce with every slot busy."""
+        """The hosts in service's work over their full-batch work (Replica.busy_fraction), by GPU."""
         replicas = [r for h in self.group.in_service() for r in h.replicas]
-        full = sum(r.max_tokens_per_s() for r in replicas)
-        return sum(r.tokens_per_s() for r in replicas) / full if full else 0.0
+        gpus = sum(r.gpus for r in replicas)
+        return sum(r.busy_fraction() * r.gpus for r in replicas) / gpus if gpus else 0.0
 
     def _record(self, metric: float, busy: float) -> None:
         g = self.group

@@ -60,6 +60,13 @@ class Replica:
             return self.running * self.bundle / (self.curve.fixed_s + self.curve.per_sequence_s * per_gpu)
         return self.running * self.bundle / self.continuous_step_s(self.running)
 
+    def busy_fraction(self) -> float:
+        """How much of its full-batch work the replica does now: continuous, its output rate over
+        the full batch's; static, 1 while a batch runs (padding keeps every slot stepping)."""
+        if self.batching == "static":
+            return 1.0 if self.running else 0.0
+        return self.tokens_per_s() / self.max_tokens_per_s()
+
     def max_tokens_per_s(self) -> float:
         return self.slots * self.bundle / self.continuous_step_s(self.slots)
 

@@ -69,6 +69,7 @@ def plot_day(outcomes: Sequence[Outcome], path: Path, groups: int) -> None:
     axes[3].set_yscale("log")
     axes[4].set_ylabel("429/s for capacity (fleet)")
     axes[4].set_yscale("symlog", linthresh=10)
+    axes[4].set_ylim(bottom=0)
     axes[4].set_xlabel("hour of the day (UTC)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -231,8 +232,9 @@ every row below is measured against.
 {scenario_table(outcomes, groups)}
 
 "429 capacity" is the edge turning a request away (wait too long, no replica); "limit" is the
-user's own request/token limit. TTFT includes the queue wait. Utilisation is output tokens
-finished over what the hosts in service produce with every slot busy.
+user's own request/token limit. TTFT includes the queue wait. Utilisation is the output rate of
+the hosts in service over their output with every slot busy (static batching: the share of GPUs
+running a batch, padding included).
 
 ![the day](fleet-day.png)
 
