@@ -1,79 +1,28 @@
-"""The one seam every request crosses: token ids go to a replica, token ids come back.
+"""The edge's name for the seam's contract (gpu_container/contract.py, where both sides import it).
 
 Whoever the replica is (the in-process engine, a local Triton, a fleet of Triton + TensorRT-LLM),
-the edge sees this protocol only.
+the edge sees this protocol only. The types are defined once, in gpu_container.contract; this
+module re-exports them so that the edge's modules name the seam from edge/upstreams/.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from gpu_container.contract import (
+    Capacity,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    RequestRejected,
+    Upstream,
+    UpstreamError,
+)
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    request_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_ids: list[int] = field(default_factory=list)
-    priority: int = 0
-
-
-@dataclass(slots=True)
-class Delta:
-    token_ids: list[int]
-    finish_reason: FinishReason | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    """What a replica can hold and holds now: KV-cache tokens and sequences cap a batch.
-
-    `kv_block_tokens` is the replica's KV block size: a sequence occupies whole blocks, so the edge
-    charges each request in multiples of it (1: no blocks, or not known).
-    """
-
-    kv_tokens_total: int
-    kv_tokens_used: int
-    max_sequences: int
-    running: int
-    waiting: int
-    kv_block_tokens: int = 1
-    # Prefix caching, where the replica reports it (0 otherwise): free KV tokens that still hold a
-    # reusable prefix, prompt tokens looked up and found cached since it started, and sequences
-    # it preempted (sent back to recompute) since it started.
-    kv_tokens_cached: int = 0
-    prefix_query_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    preemptions: int = 0
-
-
-class UpstreamError(Exception):
-    """The replica failed (connection lost, server error). Raised from generate()."""
-
-
-class RequestRejected(Exception):
-    """The replica refused this request for its own parameters (the engine's ValueError, Triton's
-    INVALID_ARGUMENT). Raised from generate(). The request's fault, not the replica's: it is
-    answered 400 and the replica stays healthy; an UpstreamError would mark it suspect for everyone.
-    """
-
-
-class Upstream(Protocol):
-    name: str
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        """Stream deltas; the last one has finish_reason set. Closing the iterator early cancels."""
-        ...
-
-    async def capacity(self) -> Capacity: ...
-
-    async def ready(self) -> bool: ...
-
-    async def aclose(self) -> None: ...
+__all__ = [
+    "Capacity",
+    "Delta",
+    "FinishReason",
+    "GenerationRequest",
+    "RequestRejected",
+    "Upstream",
+    "UpstreamError",
+]

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+# One finish reason across the seam: the engine ends a sequence for the reasons a replica reports.
+from gpu_container.contract import FinishReason
+
+__all__ = ["EngineConfig", "EngineStats", "FinishReason", "SamplingParams", "TokenOutput"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,87 @@
+"""The contract of the seam every request crosses: token ids go to a replica, token ids come back.
+
+A replica is one GPU-side server that generates tokens: the in-process engine, a local Triton, a
+Triton + TensorRT-LLM host in the fleet. The edge speaks to each one through an `Upstream` (its
+handle on that replica: generate, capacity, readiness), and sees nothing else of it.
+
+This module lives in gpu_container/ so that both sides can import it: the edge (edge/upstreams/
+re-exports it as edge.upstreams.base), the engine's async front and the Triton adapters, without
+gpu_container/ ever importing the edge (tests/structure/test_layering.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+# Why a generation ended, as the replica reports it (the edge's own end reasons extend it).
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: list[int] = field(default_factory=list)
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Delta:
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What a replica can hold and holds now: KV-cache tokens and sequences cap a batch.
+
+    `kv_block_tokens` is the replica's KV block size: a sequence occupies whole blocks, so the edge
+    charges each request in multiples of it (1: no blocks, or not known).
+    """
+
+    kv_tokens_total: int
+    kv_tokens_used: int
+    max_sequences: int
+    running: int
+    waiting: int
+    kv_block_tokens: int = 1
+    # Prefix caching, where the replica reports it (0 otherwise): free KV tokens that still hold a
+    # reusable prefix, prompt tokens looked up and found cached since it started, and sequences
+    # it preempted (sent back to recompute) since it started.
+    kv_tokens_cached: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+
+
+class UpstreamError(Exception):
+    """The replica failed (connection lost, server error). Raised from generate()."""
+
+
+class RequestRejected(Exception):
+    """The replica refused this request for its own parameters (the engine's ValueError, Triton's
+    INVALID_ARGUMENT). Raised from generate(). The request's fault, not the replica's: it is
+    answered 400 and the replica stays healthy; an UpstreamError would mark it suspect for everyone.
+    """
+
+
+class Upstream(Protocol):
+    """The edge's handle on one replica."""
+
+    name: str
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; the last one has finish_reason set. Closing the iterator early cancels."""
+        ...
+
+    async def capacity(self) -> Capacity: ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
