@@ -5,39 +5,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
-from tests.support.ports import free_port
+from tests.support.moto_server import aws_client, running_moto
 
-REGION = "us-east-1"
 _groups = itertools.count()
 
 
 @pytest.fixture(scope="package")
 def moto_endpoint() -> Iterator[str]:
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def aws_client(service: Literal["autoscaling", "ec2"], endpoint: str) -> Any:
-    return boto3.client(
-        service,
-        endpoint_url=endpoint,
-        region_name=REGION,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
-    )
+    with running_moto() as endpoint:
+        yield endpoint
 
 
 @dataclass

@@ -10,8 +10,9 @@ from edge.config import load_settings
 from edge.upstreams.local_pool import local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from edge.upstreams.triton import TritonUpstream
-from tests.fleet.conftest import REGION, GpuGroup
+from tests.fleet.conftest import GpuGroup
 from tests.support.live_server import demo_model_dir
+from tests.support.moto_server import REGION
 
 
 @pytest.mark.anyio

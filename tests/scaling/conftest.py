@@ -7,38 +7,16 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 from edge.scaling import metric
-from tests.support.ports import free_port
-
-REGION = "us-east-1"
+from tests.support.moto_server import aws_client, running_moto
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def aws_client(service: str, endpoint: str) -> Any:
-    client: Any = boto3.client(
-        service,  # type: ignore[call-overload]  # any service name, typed per literal in the stubs
-        endpoint_url=endpoint,
-        region_name=REGION,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
-    )
-    return client
+    with running_moto() as endpoint:
+        yield endpoint
 
 
 class PutRecorder:

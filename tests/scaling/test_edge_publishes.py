@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from edge.scaling import metric
-from tests.scaling.conftest import REGION, read_back
+from tests.scaling.conftest import read_back
 from tests.support.live_server import start_server
+from tests.support.moto_server import REGION
 
 
 def test_a_running_edge_publishes_demand_per_replica(

@@ -1,0 +1,44 @@
+"""A moto server (every AWS API it mocks, in one process) on a loopback port, and clients of it.
+
+tests/scaling, tests/fleet and tests/deploy each start their own (their fixtures' scopes differ, and
+a group one area creates must not show up in another's listing); this is the one way they do it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from moto.server import ThreadedMotoServer
+
+from tests.support.ports import free_port
+
+REGION = "us-east-1"
+
+
+@contextmanager
+def running_moto() -> Iterator[str]:
+    """The endpoint URL of a moto server that runs until the block ends."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def aws_client(service: str, endpoint: str) -> Any:
+    """A boto3 client of `service` on the moto server: test credentials, no retries, short timeouts."""
+    client: Any = boto3.client(
+        service,  # type: ignore[call-overload]  # any service name, typed per literal in the stubs
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+    )
+    return client
