@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from edge.config import load_settings
 from edge.messages import dynamodb
@@ -217,23 +222,39 @@ def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
     assert all("*" not in a for s in statements.values() for a in s["actions"])
 
 
-def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
+# The example's models as terraform renders them into the template (two models, two tiers).
+_RENDER_VALUES = (
+    '{models = {"llama-3-8b" = {path = "/opt/floodgate/model", gpu_group = "floodgate-gpu-llama-3-8b", '
+    'token_weight = 1}, "llama-3-70b" = {path = "/opt/floodgate/model-70b", '
+    'gpu_group = "floodgate-gpu-llama-3-70b", token_weight = 4}}, '
+    'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
+    'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
+    'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1"}'
+)
+
+
+def _render_edge_settings(tmp_path: Path) -> str:
+    """The template rendered by terraform's own templatefile (its loops included)."""
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("NOT RUN: no terraform on PATH to render the template")
+    expression = f'templatefile("{EXAMPLE / "edge.toml.tftpl"}", {_RENDER_VALUES})'
+    done = subprocess.run(
+        [terraform, "console"], input=expression, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    heredoc = re.search(r"<<EOT\n(.*)\nEOT", done.stdout, re.DOTALL)
+    assert heredoc is not None, done.stdout
+    return heredoc.group(1)
+
+
+def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) -> None:
     template = (EXAMPLE / "edge.toml.tftpl").read_text()
     args = resolve(ENV.calls()["edge"]["config_toml"], ENV, "edge")
-    names = set(re.findall(r"\$\{(\w+)\}", template))
-    rendered = template
-    for name, value in {
-        "model": "llama-3-8b",
-        "model_dir": "/opt/floodgate/model",
-        "redis_endpoint": "clustercfg.floodgate.cache.amazonaws.com",
-        "edge_instances": "2",
-        "messages_table": "floodgate-messages",
-        "gpu_group": "floodgate-gpu-llama-3-8b",
-        "region": "us-east-1",
-    }.items():
-        rendered = rendered.replace("${" + name + "}", value)
-
-    settings = load_settings(overrides=tomllib.loads(rendered))
+    loops = re.findall(r"%\{ for (\w+), (\w+) in (\w+)", template)
+    loop_names = {name for loop in loops for name in loop[:2]}
+    names = (set(re.findall(r"\$\{(\w+)\}", template)) - loop_names) | {loop[2] for loop in loops}
+    settings = load_settings(overrides=tomllib.loads(_render_edge_settings(tmp_path)))
 
     assert names == set(re.findall(r"\b(\w+)\s*=", args.split("{", 2)[2]))
     assert settings.limiter.backend == "redis"
@@ -241,12 +262,21 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge() -> None:
     assert settings.limiter.redis_cluster is True
     assert settings.limiter.instance_count == 2
     assert settings.messages.backend == "dynamodb"
-    assert settings.model.path == "/opt/floodgate/model"
     assert settings.server.dev_key is False
     assert settings.metrics.cloudwatch is True and settings.metrics.cloudwatch_region == "us-east-1"
-    assert settings.upstream.triton == "asg:floodgate-gpu-llama-3-8b:8001:8002"
-    # The group named in the settings is the one the first model's GPU pool creates.
-    assert re.search(r"\bgpu_group\s*=\s*local\.gpu_groups\[local\.first_model\]", args)
+    # Every model of var.models, each on its own GPU group; the embedded models are gone.
+    assert set(settings.models) == {"llama-3-8b", "llama-3-70b"}
+    large = settings.models["llama-3-70b"]
+    assert large.path == "/opt/floodgate/model-70b" and large.token_weight == 4
+    assert large.triton == "asg:floodgate-gpu-llama-3-70b:8001:8002"
+    assert settings.models["llama-3-8b"].triton == "asg:floodgate-gpu-llama-3-8b:8001:8002"
+    assert settings.tiers["free"].models == ("llama-3-8b",)
+    assert settings.tiers["paid"].default_model == "llama-3-70b"
+    # The groups named in the settings are the ones the GPU pools create.
+    assert re.search(r"\bmodels\s*=\s*local\.edge_models\b", args)
+    edge_models = (EXAMPLE / "main.tf").read_text()
+    assert re.search(r"gpu_group\s*=\s*local\.gpu_groups\[model\]", edge_models)
+    assert re.search(r"group_name\s*=\s*local\.gpu_groups\[each\.key\]", edge_models)
 
 
 def test_every_checkov_skip_gives_a_reason() -> None:

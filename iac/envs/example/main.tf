@@ -2,10 +2,17 @@
 
 locals {
   account_id    = data.aws_caller_identity.current.account_id
-  first_model   = keys(var.models)[0]
   bucket_suffix = "${local.account_id}-${var.region}"
   # Named here, not read from the pools: the edge needs them and the pools need the edge's group.
   gpu_groups = { for model in keys(var.models) : model => "${var.name}-gpu-${model}" }
+  # The edge's [models.NAME]: each model's replicas are the in-service hosts of its own GPU group.
+  edge_models = {
+    for model, spec in var.models : model => {
+      path         = spec.edge_model_dir != "" ? spec.edge_model_dir : var.edge_model_dir
+      gpu_group    = local.gpu_groups[model]
+      token_weight = spec.token_weight
+    }
+  }
 }
 
 data "aws_caller_identity" "current" {}
@@ -106,11 +113,10 @@ module "edge" {
   messages_table_arn    = module.messages.arn
   metric_namespace      = module.scaling_metric.namespace
   kms_key_arn           = module.kms.key_arn
-  # The edge serves the first model; its replicas are the in-service hosts of that model's group.
+  # The edge serves every model, each from its own GPU group, to the tiers tier_models names.
   config_toml = templatefile("${path.module}/edge.toml.tftpl", {
-    model          = local.first_model
-    model_dir      = var.edge_model_dir
-    gpu_group      = local.gpu_groups[local.first_model]
+    models         = local.edge_models
+    tier_models    = var.tier_models
     redis_endpoint = module.redis.configuration_endpoint
     # Exact while the service runs edge_min_count tasks; see the template for the trade-off.
     edge_instances = var.edge_min_count

@@ -43,7 +43,7 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models: each gets its own GPU Auto Scaling group. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand."
+  description = "Served models: each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own). token_weight: what each of its tokens counts against a user's token limit."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
@@ -52,6 +52,8 @@ variable "models" {
     warm_pool_min_size = number
     demand_target      = number
     ami_id             = optional(string, "")
+    edge_model_dir     = optional(string, "")
+    token_weight       = optional(number, 1)
   }))
   default = {
     "llama-3-8b" = {
@@ -111,4 +113,15 @@ variable "create_autoscaling_service_linked_role" {
   description = "Create the Auto Scaling service-linked role the KMS key policy names; false where the account already has one (any Auto Scaling group ever made creates it)."
   type        = bool
   default     = true
+}
+
+variable "tier_models" {
+  description = "Tier => the models of var.models it may use (the first is its default). A tier not named here may use every model, the alphabetically first by default."
+  type        = map(list(string))
+  default     = {}
+
+  validation {
+    condition     = alltrue([for models in values(var.tier_models) : length(models) > 0])
+    error_message = "Each tier in tier_models needs at least one model."
+  }
 }

