@@ -53,4 +53,4 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/mypy edge limiter gpu_container client bench
 
 clean:
-	rm -rf $(VENV) .floodgate build *.egg-info
+	rm -rf $(VENV) .floodgate build *.egg-info client/build client/*.egg-info
