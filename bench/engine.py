@@ -21,6 +21,7 @@ import os
 import pickle
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,9 +119,8 @@ def main() -> None:
 
     if "roofline" in only:
         res.rooflines, res.decode16 = [], {}
-        decode_tokens = int(48 * scale)
         for threads in (1, 2):
-            res.rooflines.append(decode_roofline(model, SERVE_CONFIG, threads, decode_tokens))
+            res.rooflines.append(decode_roofline(model, threads, int(16 * scale)))
             res.decode16[threads] = decode_throughput(model, SERVE_CONFIG, threads, 16, int(32 * scale))
         done("roofline")
 
@@ -159,24 +159,42 @@ def main() -> None:
 
 
 def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str, scale: float) -> None:
-    """The same chat prompt, greedy, closed loop: into the engine alone, then through the edge."""
+    """The same chat prompt, greedy, closed loop: into the engine alone and through two edges (the
+    engine in its own process, and in the edge's), all started first and run in the order
+    A B C C B A at each concurrency, so a change in the box's load falls on every path alike."""
     prompt = ModelText.load(model_dir).encode_chat(MESSAGES)
     max_tokens = 64
-    loads = {1: max(2, int(3 * scale)), 16: int(16 * scale)}
+    loads = {1: max(1, int(2 * scale)), 16: int(16 * scale)}
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0)
-    with Driver(model, SERVE_CONFIG) as driver:
+    toml = f"max_model_len = {SERVE_CONFIG.max_model_len}\n"
+    with (
+        Driver(model, SERVE_CONFIG) as driver,
+        serve(model_dir, name, f'isolation = "process"\n{toml}') as in_process,
+        serve(model_dir, name, f'isolation = "thread"\n{toml}') as in_thread,
+    ):
+        runs: dict[str, Callable[[int, int], tuple[int, float]]] = {
+            "engine alone": lambda streams, n: driver.closed_loop(prompt, streams, params, n),
+            "served, engine process": lambda streams, n: asyncio.run(
+                closed_loop(in_process, MESSAGES, streams, max_tokens, n)
+            ),
+            "served, engine thread": lambda streams, n: asyncio.run(
+                closed_loop(in_thread, MESSAGES, streams, max_tokens, n)
+            ),
+        }
+        order = [*runs, *reversed(runs)]
         for streams, requests in loads.items():
-            tokens, wall = driver.closed_loop(prompt, streams, params, requests)
-            res.served[("engine alone", streams)] = tokens / wall
-    for label, isolation in (("served, engine process", "process"), ("served, engine thread", "thread")):
-        engine_toml = f'isolation = "{isolation}"\nmax_model_len = {SERVE_CONFIG.max_model_len}\n'
-        with serve(model_dir, name, engine_toml) as served:
-            for streams, requests in loads.items():
-                tokens, wall = asyncio.run(closed_loop(served, MESSAGES, streams, max_tokens, requests))
-                res.served[(label, streams)] = tokens / wall
-            res.rss_mb[f"edge process ({isolation})"] = rss_mb(served.pid)
-            for pid in served.engine_pids():
-                res.rss_mb["engine process"] = rss_mb(pid)
+            tokens = dict.fromkeys(runs, 0)
+            seconds = dict.fromkeys(runs, 0.0)
+            for label in order:
+                got, wall = runs[label](streams, requests)
+                tokens[label] += got
+                seconds[label] += wall
+            for label in runs:
+                res.served[(label, streams)] = tokens[label] / seconds[label]
+        res.rss_mb["edge process (engine in its own process)"] = rss_mb(in_process.pid)
+        for pid in in_process.engine_pids():
+            res.rss_mb["engine process"] = rss_mb(pid)
+        res.rss_mb["edge process (engine in a thread)"] = rss_mb(in_thread.pid)
 
 
 if __name__ == "__main__":

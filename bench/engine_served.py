@@ -138,7 +138,8 @@ async def closed_loop(
             nonlocal total
             while remaining:
                 remaining.pop()
-                total += await _one(session, served, messages, max_tokens)
+                tokens = await _one(session, served, messages, max_tokens)
+                total += tokens  # after the await: `total += await ...` reads total before it
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(streams)))
