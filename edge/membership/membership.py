@@ -1,0 +1,153 @@
+"""One edge instance's membership loop: beat every `interval_s`, turn the fleet's claims into this
+instance's view (shares.py) and hand each new view to `on_change`, which applies it (the
+dispatcher's replica share, the fail-open limiter's divisor).
+
+Join: the first beat registers a full claim, so the others make room at their next beat; this
+instance takes new work only `join_wait_s` later (every other member has beaten since, with a late
+beat to spare). Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction
+of its share its open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
+unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
+the static `instance_count` takes over until Redis answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import structlog
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from edge.membership.registry import MembershipRegistry
+from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    instance_count: int = 1  # the fallback: what the fleet is assumed to be without Redis
+    interval_s: float = 5.0  # between beats
+    # A newcomer takes no work until this long after its first beat: every other member has beaten
+    # (and made room) by then, with one late beat to spare.
+    join_wait_s: float = 10.0
+    ttl_s: float = 15.0  # a member that stops beating is gone after this (3 missed beats)
+    stale_after_s: float = 30.0  # Redis unreachable this long: instance_count takes over
+    fleet: str = "edges"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_s < self.ttl_s:
+            raise ValueError("interval_s must be positive and below ttl_s")
+        if self.join_wait_s < self.interval_s:
+            raise ValueError("join_wait_s must be at least interval_s")
+        if self.instance_count < 1:
+            raise ValueError("instance_count must be at least 1")
+
+
+class FleetMembership:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        member_id: str,
+        settings: MembershipSettings,
+        on_change: Callable[[FleetView], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.member_id = member_id
+        self.settings = settings
+        self._registry = MembershipRegistry(client, settings.fleet)
+        self._on_change = on_change
+        self._clock = clock
+        self._joined_at: float | None = None  # first beat Redis accepted
+        self._last_ok: float | None = None
+        self._claims: dict[str, float] = {}
+        self._remaining: Callable[[], float] | None = None  # set while draining
+        self._task: asyncio.Task[None] | None = None
+        # Until the first beat: nothing known, no new work (start() settles it either way).
+        self.view = FleetView(0, 0.0, 0.0, 0.0, settings.instance_count, "fallback")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> FleetView:
+        """Register (one beat), then beat in the background. Returns the first view."""
+        await self.beat_once()
+        self._task = asyncio.create_task(self._loop(), name="fleet-membership")
+        return self.view
+
+    def begin_drain(self, remaining: Callable[[], float]) -> None:
+        """Take no new work; claim `remaining()` (0..1) of a share from now on, recomputed each beat."""
+        self._remaining = remaining
+        self._set(replace(self.view, share=0.0))
+
+    async def aclose(self) -> None:
+        """Stop beating and leave the fleet at once (the others grow at their next beat)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await self._registry.leave(self.member_id)
+
+    # -- the beat ------------------------------------------------------------------------------
+    @property
+    def joining(self) -> bool:
+        return self._joined_at is None or self._clock() - self._joined_at < self.settings.join_wait_s
+
+    def _claim(self) -> float:
+        if self._remaining is None:
+            return 1.0
+        return min(1.0, max(0.0, float(self._remaining())))
+
+    async def beat_once(self) -> FleetView:
+        now = self._clock()
+        try:
+            self._claims = await self._registry.beat(self.member_id, self._claim(), self.settings.ttl_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            return self._unreachable(now, exc)
+        if self._joined_at is None or self.view.source == "fallback":
+            # (Re)joining: after an outage the others may have counted this member out.
+            self._joined_at = now
+        self._last_ok = now
+        return self._recompute()
+
+    def _recompute(self) -> FleetView:
+        state: State = "draining" if self._remaining is not None else "joining" if self.joining else "serving"
+        return self._set(view_from_claims(self._claims, self.member_id, state))
+
+    def _unreachable(self, now: float, exc: BaseException) -> FleetView:
+        if self._last_ok is not None and now - self._last_ok < self.settings.stale_after_s:
+            view = replace(self.view, source="stale")
+        else:
+            view = fallback_view(self.settings.instance_count)
+            if self._remaining is not None:
+                view = replace(view, share=0.0)
+        if view.source != self.view.source:
+            log.warning("fleet_membership_unreachable", source=view.source, error=type(exc).__name__)
+        return self._set(view)
+
+    def _set(self, view: FleetView) -> FleetView:
+        changed = view != self.view
+        self.view = view
+        if changed and self._on_change is not None:
+            self._on_change(view)
+        return view
+
+    async def _loop(self) -> None:
+        while True:
+            delay = self.settings.interval_s
+            if self._joined_at is not None and self.joining:
+                # Take the share as soon as every other member has beaten once since the join.
+                until = self._joined_at + self.settings.join_wait_s - self._clock()
+                await asyncio.sleep(max(0.0, min(delay, until)))
+                if self._clock() - self._joined_at >= self.settings.join_wait_s:
+                    self._recompute()
+                    continue
+                await self.beat_once()
+                continue
+            await asyncio.sleep(delay)
+            await self.beat_once()

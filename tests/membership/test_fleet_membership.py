@@ -1,0 +1,184 @@
+"""Edges that count themselves: several edge processes (python -m edge.membership, the real
+membership loop) on one real redis-server; one killed, one drained, one joining, Redis itself
+killed. Each process prints its view on every change with a wall-clock time, so the tests can
+replay the fleet's timeline and check the shares never add up to more than a replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from edge.membership.shares import fallback_view, view_from_claims
+from tests.support.redis_server import RedisServer, start_redis
+
+INTERVAL_S = 0.2
+TTL_S = 0.8
+WAIT_S = 30.0
+
+
+@dataclass
+class Edge:
+    name: str
+    process: subprocess.Popen[str]
+    views: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.views[-1] if self.views else {}
+
+
+class Fleet:
+    def __init__(self, redis: RedisServer) -> None:
+        self.redis = redis
+        self.edges: dict[str, Edge] = {}
+        self.killed_at: dict[str, float] = {}
+        self._cond = threading.Condition()
+
+    def start(self, name: str, instance_count: int = 1) -> Edge:
+        args = [sys.executable, "-m", "edge.membership", "--redis", self.redis.url, "--id", name]
+        args += ["--interval", str(INTERVAL_S), "--ttl", str(TTL_S), "--stale-after", "1.0"]
+        args += ["--instance-count", str(instance_count), "--drain-s", "1.0"]
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        edge = Edge(name, process)
+        self.edges[name] = edge
+        threading.Thread(target=self._read, args=(edge,), daemon=True).start()
+        return edge
+
+    def _read(self, edge: Edge) -> None:
+        assert edge.process.stdout is not None
+        for line in edge.process.stdout:
+            if not line.startswith("{"):
+                continue
+            with self._cond:
+                edge.views.append(json.loads(line))
+                self._cond.notify_all()
+
+    def wait(self, what: str, predicate: Callable[[], bool]) -> None:
+        with self._cond:
+            if not self._cond.wait_for(predicate, WAIT_S):
+                state = {n: e.last for n, e in self.edges.items()}
+                raise AssertionError(f"timed out waiting for {what}: {state}")
+
+    def serving(self, names: list[str], share: float, divisor: int) -> Callable[[], bool]:
+        def ok() -> bool:
+            return all(
+                self.edges[n].last.get("source") == "redis"
+                and abs(self.edges[n].last["share"] - share) < 1e-9
+                and self.edges[n].last["divisor"] == divisor
+                for n in names
+            )
+
+        return ok
+
+    def max_total_held(self) -> float:
+        """Replay what every edge may hold of a replica as a step function of time (a killed edge
+        holds nothing from its death: its streams died with it): the largest sum at any instant."""
+        events = sorted((v["t"], e.name, v["held"]) for e in self.edges.values() for v in e.views)
+        events += [(t, name, 0.0) for name, t in self.killed_at.items()]
+        events.sort()
+        current: dict[str, float] = {}
+        worst = 0.0
+        for _, name, share in events:
+            current[name] = share
+            worst = max(worst, sum(current.values()))
+        return worst
+
+    def stop(self) -> None:
+        for edge in self.edges.values():
+            if edge.process.poll() is None:
+                edge.process.kill()
+            edge.process.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
+    f = Fleet(redis_server)
+    yield f
+    f.stop()
+
+
+def test_shares_follow_the_live_count_when_one_edge_is_killed(fleet: Fleet) -> None:
+    for name in ("a", "b", "c"):
+        fleet.start(name)
+    fleet.wait("three edges at 1/3", fleet.serving(["a", "b", "c"], 1 / 3, 3))
+    fleet.killed_at["c"] = time.time()
+    fleet.edges["c"].process.kill()  # SIGKILL: no goodbye, its TTL runs out
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    assert fleet.max_total_held() <= 1.0 + 1e-9
+
+
+def test_a_joining_edge_never_double_books(fleet: Fleet) -> None:
+    fleet.start("a")
+    fleet.start("b")
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    joiner = fleet.start("c")
+    fleet.wait("three edges at 1/3", fleet.serving(["a", "b", "c"], 1 / 3, 3))
+    # The newcomer said share 0 first (it waited for the others to make room)...
+    assert joiner.views[0]["share"] == 0.0
+    # ...so at no instant did the three claim more than the whole replica.
+    assert fleet.max_total_held() <= 1.0 + 1e-9
+
+
+def test_a_draining_edge_hands_its_share_over_gradually(fleet: Fleet) -> None:
+    for name in ("a", "b", "c"):
+        fleet.start(name)
+    fleet.wait("three edges at 1/3", fleet.serving(["a", "b", "c"], 1 / 3, 3))
+    fleet.edges["c"].process.send_signal(signal.SIGTERM)
+    fleet.wait("c gone", lambda: fleet.edges["c"].last.get("source") == "left")
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    # While c drained it took nothing new but its streams still held their part...
+    assert any(v["share"] == 0.0 and v["held"] > 0.0 for v in fleet.edges["c"].views)
+    # ...and between 1/3 and 1/2 the others passed through intermediate shares: the leaver's claim fell
+    # with its streams instead of vanishing at once.
+    between = {
+        round(v["share"], 6) for v in fleet.edges["a"].views if 1 / 3 + 1e-6 < v["share"] < 1 / 2 - 1e-6
+    }
+    assert between
+    assert fleet.max_total_held() <= 1.0 + 1e-9
+
+
+def test_redis_gone_falls_back_to_instance_count(fleet: Fleet, redis_server: RedisServer) -> None:
+    fleet.start("a", instance_count=4)
+    fleet.start("b", instance_count=4)
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    redis_server.kill()
+    fleet.wait(
+        "instance_count fallback",
+        lambda: all(fleet.edges[n].last.get("source") == "fallback" for n in ("a", "b")),
+    )
+    for name in ("a", "b"):
+        sources = [v["source"] for v in fleet.edges[name].views]
+        assert "stale" in sources  # the last view held for a while first
+        assert fleet.edges[name].last["share"] == 0.25
+        assert fleet.edges[name].last["divisor"] == 4
+
+
+def test_view_arithmetic() -> None:
+    claims = {"a": 1.0, "b": 1.0, "c": 0.5}  # c drains, half its streams left
+    a = view_from_claims(claims, "a", "serving")
+    assert a.share == a.held == pytest.approx(1 / 2.5)
+    assert a.divisor == 3
+    c = view_from_claims(claims, "c", "draining")
+    assert (c.share, c.held) == (0.0, pytest.approx(0.5 / 2.5))
+    joining = view_from_claims({"a": 1.0, "b": 1.0}, "b", "joining")
+    assert (joining.share, joining.held) == (0.0, 0.0)
+    assert fallback_view(4).share == 0.25
