@@ -8,44 +8,14 @@ test takes is caught as well.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.structure.imports import ROOT, imports_in, package_of
+
 LOWER_LAYERS = ("limiter", "gpu_container")
 FORBIDDEN = ("edge", "floodgate_client", "client", "bench", "tests")
-
-
-def _package_of(path: Path) -> str:
-    """The package a file's relative imports resolve against."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1])
-
-
-def _imports_in(source: str, package: str) -> set[str]:
-    """The absolute module names a source imports: statements at any depth, and importlib calls."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: `from .x` is this package's x, `from ..x` its parent's
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                found.add(".".join([*base, *([node.module] if node.module else [])]))
-            elif node.module:
-                found.add(node.module)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            found.add(node.args[0].value)
-    return found
 
 
 def _sources() -> list[Path]:
@@ -62,7 +32,7 @@ def test_a_lower_layer_never_imports_the_edge(layer: str) -> None:
         f"{path.relative_to(ROOT)}: {name}"
         for path in _sources()
         if path.relative_to(ROOT).parts[0] == layer
-        for name in _imports_in(path.read_text(), _package_of(path))
+        for name in imports_in(path.read_text(), package_of(path))
         if name.split(".")[0] in FORBIDDEN
     )
     assert offending == [], "\n".join(offending)
@@ -76,7 +46,7 @@ def test_the_walk_sees_every_kind_of_import() -> None:
         "import importlib\nimportlib.import_module('edge.pipeline')\n"
         "from .engine import types\nfrom .. import limiter\n"
     )
-    assert _imports_in(source, "gpu_container.triton") == {
+    assert imports_in(source, "gpu_container.triton") == {
         "edge.app",
         "edge.config",
         "edge.pipeline",
