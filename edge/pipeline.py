@@ -567,6 +567,7 @@ class Generation:
             request_id=self.request_id,
             user=self._principal.user,
             tier=tier,
+            model=self._p.config.model_name,
             stream=self._req.stream,
             outcome=out.reason,
             upstream=out.upstream,

@@ -52,7 +52,10 @@ def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> Engin
 
 @asynccontextmanager
 async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
-    names = [f"local-{i}" for i in range(settings.engine.replicas)]
+    # Beside other models ([models.*]) a replica is named after its model, so readiness and the
+    # per-replica metrics tell them apart.
+    prefix = f"{settings.model.name}/" if settings.models else ""
+    names = [f"{prefix}local-{i}" for i in range(settings.engine.replicas)]
     started = await asyncio.gather(
         *(asyncio.to_thread(_start_engine, settings.engine, model_dir, name) for name in names),
         return_exceptions=True,

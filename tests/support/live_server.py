@@ -21,7 +21,7 @@ import hashlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -114,9 +114,12 @@ class LiveServer:
 
 
 def start_server(
-    tmp_path: Path, overrides: dict[str, Any] | None = None, upstreams: UpstreamProvider | None = None
+    tmp_path: Path,
+    overrides: dict[str, Any] | None = None,
+    upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None,
 ) -> LiveServer:
-    """`upstreams` replaces the replicas the settings name (default: the in-process engines)."""
+    """`upstreams` replaces the replicas the settings name (default: the in-process engines): one
+    provider for every model, or one per model name ([models.*])."""
     port = free_port()
     base = {
         "server": {
