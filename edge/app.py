@@ -144,6 +144,7 @@ def create_app(
                     replica_share=1 / lim.instance_count,
                     prefix_weight=settings.admission.prefix_weight,
                     real_use=real_use(settings.admission),
+                    model=model.name if settings.models else "",
                 )
                 await dispatcher.start()
                 stack.push_async_callback(dispatcher.aclose)

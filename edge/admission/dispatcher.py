@@ -75,6 +75,7 @@ class Dispatcher:
         replica_share: float = 1.0,
         prefix_weight: float = 0.0,
         real_use: RealUse | None = None,
+        model: str = "",
     ) -> None:
         if not 0.0 <= reserved_paid_fraction < 1.0:
             raise ValueError("reserved_paid_fraction must be in [0, 1)")
@@ -98,6 +99,8 @@ class Dispatcher:
         # None: charge every request its worst case (prompt + max_tokens) for its whole life.
         self._real_use = real_use
         self._max_queue = max_queue
+        # The served model this queue is for (edge/models/): its metrics carry the name.
+        self._model = model
         self._clock = clock
         self._poll_interval_s = poll_interval_s
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
@@ -308,4 +311,5 @@ class Dispatcher:
             },
             {r.name: r.utilisation() for r in self.replicas.members},
             self.queue_depth_per_replica(),
+            self._model,
         )

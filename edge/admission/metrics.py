@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["tier"])
+# `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
+QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])
 QUEUE_WAIT = Histogram(
     "floodgate_queue_wait_seconds",
     "Time from joining the queue to getting a replica slot.",
@@ -24,15 +25,19 @@ REJECTED = Counter(
 QUEUE_DEPTH_PER_REPLICA = Gauge(
     "floodgate_queue_depth_per_replica",
     "Waiting requests per healthy replica: the figure the GPU pool autoscales on.",
+    ["model"],
 )
 
 
 def publish(
-    depth_by_tier: dict[str, int], utilisation_by_replica: dict[str, float], depth_per_replica: float
+    depth_by_tier: dict[str, int],
+    utilisation_by_replica: dict[str, float],
+    depth_per_replica: float,
+    model: str = "",
 ) -> None:
     """Set the gauges from the dispatcher's state after a dispatch pass."""
     for tier, depth in depth_by_tier.items():
-        QUEUE_DEPTH.labels(tier).set(depth)
+        QUEUE_DEPTH.labels(model, tier).set(depth)
     for replica, utilisation in utilisation_by_replica.items():
         REPLICA_UTILISATION.labels(replica).set(utilisation)
-    QUEUE_DEPTH_PER_REPLICA.set(depth_per_replica)
+    QUEUE_DEPTH_PER_REPLICA.labels(model).set(depth_per_replica)

@@ -29,12 +29,12 @@ async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
             flow.submit(ticket(f"u{i}", kv_tokens=250, tier="metrics-tier"))
         await flow.settle()
 
-        assert sample("floodgate_queue_depth", tier="metrics-tier") == 3
-        assert sample("floodgate_queue_depth_per_replica") == 3.0
+        assert sample("floodgate_queue_depth", model="", tier="metrics-tier") == 3
+        assert sample("floodgate_queue_depth_per_replica", model="") == 3.0
         assert sample("floodgate_replica_kv_utilisation", replica="metrics-r1") == 0.5
         assert sample("floodgate_queue_wait_seconds_count", tier="metrics-tier") == waits_before + 2
         with pytest.raises(Overloaded):
             dispatcher.precheck(ticket("late", tier="metrics-tier"))
         assert sample("floodgate_queue_rejected_total", reason="queue_full") == rejected_before + 1
         await flow.aclose()
-        assert sample("floodgate_queue_depth", tier="metrics-tier") == 0
+        assert sample("floodgate_queue_depth", model="", tier="metrics-tier") == 0

@@ -46,6 +46,8 @@ def test_a_flood_on_one_model_does_not_queue_the_other(two_models: LiveServer) -
             assert answer.json()["model"] == LARGE
             assert small.queue_depth() == 1
             assert large.queue_depth() == 0
+            # The operator sees which model's queue it is.
+            assert 'floodgate_queue_depth{model="small",tier="paid"} 1.0' in two_models.metrics_text()
             os.kill(engine.pid, signal.SIGCONT)
     finally:
         os.kill(engine.pid, signal.SIGCONT)
