@@ -70,14 +70,15 @@ def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPub
     )
 
 
-def replica_provider(settings: Settings) -> UpstreamProvider:
+def replica_provider(settings: Settings, triton_model: str = "") -> UpstreamProvider:
     """`[upstream] triton` empty: the in-process engines; otherwise Triton replicas (`local`,
     `HOST:PORT,...` or `asg:GROUP...`, see edge/upstreams/triton.py). The Triton client is imported
     only when asked for, so the default path never loads it."""
     spec = settings.upstream.triton.strip()
     if not spec:
         return local_upstreams
-    provider: UpstreamProvider = importlib.import_module("edge.upstreams.triton").triton_upstreams(spec)
+    triton = importlib.import_module("edge.upstreams.triton")
+    provider: UpstreamProvider = triton.triton_upstreams(spec, triton_model or triton.MODEL_NAME)
     return provider
 
 
@@ -85,9 +86,9 @@ def _provider_of(
     model: ServedModel, upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None
 ) -> UpstreamProvider:
     if upstreams is None:
-        return replica_provider(model.settings)
+        return replica_provider(model.settings, model.triton_model)
     if isinstance(upstreams, Mapping):
-        return upstreams.get(model.name) or replica_provider(model.settings)
+        return upstreams.get(model.name) or replica_provider(model.settings, model.triton_model)
     return upstreams
 
 

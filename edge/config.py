@@ -74,6 +74,9 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     replicas: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # Its replicas as [upstream] triton names them (default: [upstream] triton).
     triton: str | None = None
+    # The model's name inside Triton (empty: "tensorrt_llm", TensorRT-LLM's): one Triton may serve
+    # several models, each its own folder of one model repository.
+    triton_model: str = ""
     # Each of its tokens counts this many against a user's token limit (input and output).
     token_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Sampling for a request that omits temperature / top_p (default: the checkpoint's own).

@@ -19,6 +19,7 @@ class ServedModel:
 
     name: str
     settings: Settings
+    triton_model: str = ""  # empty: tensorrt_llm
 
     @property
     def model(self) -> ModelConfig:
@@ -44,7 +45,8 @@ def _served(settings: Settings, name: str, spec: ServedModelConfig) -> ServedMod
     )
     engine = settings.engine if spec.replicas is None else replace(settings.engine, replicas=spec.replicas)
     upstream = settings.upstream if spec.triton is None else replace(settings.upstream, triton=spec.triton)
-    return ServedModel(name, replace(settings, model=model, engine=engine, upstream=upstream))
+    own = replace(settings, model=model, engine=engine, upstream=upstream)
+    return ServedModel(name, own, spec.triton_model)
 
 
 def tier_models(tier: TierConfig, served: list[str], several: bool) -> list[str]:

@@ -355,14 +355,22 @@ def _replica_urls(spec: str) -> tuple[str, str]:
 
 
 def remote_triton_upstream(
-    spec: str, *, end_id: int | None = None, pad_id: int | None = None, extra_stop_ids: tuple[int, ...] = ()
+    spec: str,
+    *,
+    end_id: int | None = None,
+    pad_id: int | None = None,
+    extra_stop_ids: tuple[int, ...] = (),
+    model_name: str = MODEL_NAME,
 ) -> TritonUpstream:
-    """A running replica at `HOST:GRPC_PORT[:METRICS_PORT]`, named `triton-HOST:GRPC_PORT`."""
+    """A running replica at `HOST:GRPC_PORT[:METRICS_PORT]`, named `triton-HOST:GRPC_PORT` (with
+    `/MODEL` when it serves a Triton model other than tensorrt_llm: one server, several models)."""
     grpc_url, metrics_url = _replica_urls(spec)
+    suffix = "" if model_name == MODEL_NAME else f"/{model_name}"
     return TritonUpstream(
-        f"triton-{grpc_url}",
+        f"triton-{grpc_url}{suffix}",
         grpc_url,
         metrics_url,
+        model_name=model_name,
         end_id=end_id,
         pad_id=pad_id,
         extra_stop_ids=extra_stop_ids,
@@ -377,6 +385,7 @@ async def build_triton_upstreams(
     end_id: int | None = None,
     pad_id: int | None = None,
     extra_stop_ids: tuple[int, ...] = (),
+    model_name: str = MODEL_NAME,
 ) -> tuple[list[Upstream], Callable[[], Awaitable[None]]]:
     """Upstreams for `--triton local` (start tritonserver here over the CPU repository serving
     `model_dir`) or `--triton HOST:PORT[:METRICS_PORT],...` (running replicas).
@@ -385,10 +394,16 @@ async def build_triton_upstreams(
     """
     if spec.strip() == "local":
         repo_dir = Path(tempfile.mkdtemp(prefix="floodgate-cpu-repo-"))
-        render_cpu_repository(repo_dir, model_dir, engine_cfg)
+        render_cpu_repository(repo_dir, model_dir, engine_cfg, model_name=model_name)
         server = await anyio.to_thread.run_sync(start_local_triton, repo_dir)
+        suffix = "" if model_name == MODEL_NAME else f"/{model_name}"
         local = TritonUpstream(
-            "triton-local", server.grpc_url, server.metrics_url, end_id=end_id, pad_id=pad_id
+            f"triton-local{suffix}",
+            server.grpc_url,
+            server.metrics_url,
+            model_name=model_name,
+            end_id=end_id,
+            pad_id=pad_id,
         )
 
         async def stop_local() -> None:
@@ -401,7 +416,9 @@ async def build_triton_upstreams(
         return [local], stop_local
 
     upstreams: list[Upstream] = [
-        remote_triton_upstream(item, end_id=end_id, pad_id=pad_id, extra_stop_ids=extra_stop_ids)
+        remote_triton_upstream(
+            item, end_id=end_id, pad_id=pad_id, extra_stop_ids=extra_stop_ids, model_name=model_name
+        )
         for item in filter(None, (s.strip() for s in spec.split(",")))
     ]
     if not upstreams:
@@ -419,9 +436,10 @@ def end_token_ids(model_dir: Path) -> list[int]:
     return list(read_facts(model_dir).eos_token_ids)
 
 
-def triton_upstreams(spec: str) -> UpstreamProvider:
+def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvider:
     """The app's replica provider for `floodgate serve --triton SPEC` (see build_triton_upstreams);
-    `asg:GROUP[:GRPC_PORT[:METRICS_PORT]]` finds them in an Auto Scaling group (triton_fleet.py)."""
+    `asg:GROUP[:GRPC_PORT[:METRICS_PORT]]` finds them in an Auto Scaling group (triton_fleet.py).
+    `model_name`: the Triton model the replicas serve ([models.NAME] triton_model)."""
 
     @asynccontextmanager
     async def provide(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
@@ -430,6 +448,7 @@ def triton_upstreams(spec: str) -> UpstreamProvider:
             "end_id": eos[0] if eos else None,
             "pad_id": eos[0] if eos else None,
             "extra_stop_ids": tuple(eos[1:]),
+            "model_name": model_name,
         }
         if is_asg_spec(spec):
             make = functools.partial(remote_triton_upstream, **tokens)

@@ -32,8 +32,11 @@ def render_cpu_repository(
     *,
     cancellation_check_period_ms: int | None = None,
     metrics_period_ms: int | None = None,
+    model_name: str = MODEL_NAME,
 ) -> Path:
     """Write `dest/tensorrt_llm/{config.pbtxt,1/model.py}` serving the checkpoint at `model_dir`.
+    Another `model_name` adds a model of that name beside those already in `dest` (one Triton
+    serving several of the edge's models, each its own folder).
 
     The shipped config.pbtxt is parsed and only its `parameters` are set, so what Triton reads is
     always a well-formed ModelConfig.
@@ -50,7 +53,8 @@ def render_cpu_repository(
         values["metrics_period_ms"] = metrics_period_ms
     for key, value in values.items():
         config.parameters[key].string_value = str(value)
-    model_root = dest / MODEL_NAME
+    config.name = model_name
+    model_root = dest / model_name
     (model_root / "1").mkdir(parents=True, exist_ok=True)
     (model_root / "config.pbtxt").write_text(text_format.MessageToString(config))
     shutil.copy2(CPU_DIR / "model.py", model_root / "1" / "model.py")
