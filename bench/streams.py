@@ -70,7 +70,15 @@ def _serve(config: Path, port: int, interval_ms: float, replicas: int, gc_mode: 
 
     app: Any = create_app(settings, paced)  # type: ignore[arg-type]
 
+    pauses = _GcPauses()
+    gc.callbacks.append(pauses.callback)
+
     async def tell_ready(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/bench/gc":
+            body = json.dumps(pauses.totals()).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+            return
         if scope["type"] != "lifespan":
             await app(scope, receive, send)
             return
@@ -91,6 +99,30 @@ def _serve(config: Path, port: int, interval_ms: float, replicas: int, gc_mode: 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", port))
     uvicorn.Server(uvicorn_config(tell_ready, settings.server, log_config=None)).run(sockets=[sock])  # type: ignore[arg-type]
+
+
+class _GcPauses:
+    """Time the server spent in garbage collection (gc.callbacks), served at GET /bench/gc."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total_s = 0.0
+        self.max_s = 0.0
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.count += 1
+        self.total_s += took
+        self.max_s = max(self.max_s, took)
+
+    def totals(self) -> dict[str, float]:
+        """Counts so far, and the longest pause since the last call."""
+        longest, self.max_s = self.max_s, 0.0
+        return {"count": self.count, "total_s": self.total_s, "max_s": longest}
 
 
 @dataclass
@@ -154,7 +186,19 @@ def servers(
                     # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
                     # (the CPU figures of such a run are not the server's: it is py-spy's child).
                     py_spy = str(Path(sys.executable).parent / "py-spy")
-                    cmd = [py_spy, "record", "-r", "250", "--native", "-o", f"{profile}-{i}.txt", "-f", "raw", "--", *cmd]
+                    cmd = [
+                        py_spy,
+                        "record",
+                        "-r",
+                        "250",
+                        "--native",
+                        "-o",
+                        f"{profile}-{i}.txt",
+                        "-f",
+                        "raw",
+                        "--",
+                        *cmd,
+                    ]
                 env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env))
             deadline = time.monotonic() + 120
@@ -295,6 +339,7 @@ async def hold(
         while w.first_tokens + w.errors < streams and time.perf_counter() - ramp_end < 60:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         await asyncio.sleep(settle_s)
+        gc_before = await _gc_totals(session, srv.base_url)
         user_before, system_before = srv.user_system_seconds()
         cpu_before = user_before + system_before
         w.open = True
@@ -306,6 +351,7 @@ async def hold(
         cpu = user_after + system_after - cpu_before
         system = system_after - system_before
         rss = srv.rss_bytes()
+        gc_after = await _gc_totals(session, srv.base_url)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -321,7 +367,16 @@ async def hold(
         "itl_p50_ms": percentile(w.gaps, 50) * 1e3,
         "itl_p99_ms": percentile(w.gaps, 99) * 1e3,
         "errors": w.errors,
+        # Of one worker (whichever answered): exact with --workers 1.
+        "gc_pause_share": (gc_after["total_s"] - gc_before["total_s"]) / elapsed,
+        "gc_max_pause_ms": gc_after["max_s"] * 1e3,
     }
+
+
+async def _gc_totals(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:
+    async with session.get(f"{base_url}/bench/gc") as resp:
+        totals: dict[str, float] = await resp.json(content_type=None)
+        return totals
 
 
 def measure(
