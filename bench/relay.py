@@ -116,6 +116,10 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
 
         configure_logging()
         app = create_app(load_settings(str(config)), zero_cost_upstreams)
+    if variant != "bare":
+        from edge.gc_tuning import quiet_gc
+
+        quiet_gc()  # as `floodgate serve` does
     uvicorn.run(
         app,
         host="127.0.0.1",
