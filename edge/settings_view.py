@@ -50,14 +50,15 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     # A JSON string is a valid TOML basic string for everything settings hold.
     return json.dumps(str(value))
 
 
 def _table(name: str, table: dict[str, Any], out: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    # None is an unset optional setting (TOML has no null): left out, it keeps its meaning.
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
     if scalars or not table:
         out.append(f"[{name}]")
         out.extend(f"{key} = {_toml_value(value)}" for key, value in scalars.items())

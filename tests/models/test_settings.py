@@ -74,3 +74,14 @@ def test_sampling_defaults_setting_then_checkpoint_then_model_card(tmp_path: Pat
     set_here = load_settings(overrides={"model": {"source": "demo", "default_temperature": 0.0}}).model
     assert sampling_defaults(set_here, tmp_path).temperature == 0.0
     assert sampling_defaults(set_here, tmp_path).top_p == 0.95
+
+
+def test_config_show_of_two_models_loads_back_the_same(tmp_path: Path) -> None:
+    from edge.settings_view import effective_toml
+
+    settings = load_settings()
+    shown = tmp_path / "shown.toml"
+    shown.write_text(effective_toml(settings))
+    again = load_settings(shown)
+    assert again.models == settings.models
+    assert again.tiers == settings.tiers
