@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -27,7 +26,7 @@ from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence, SequenceStatus
-from gpu_container.engine.step_budget import PrefillBudget, calibrate
+from gpu_container.engine.step_budget import PrefillBudget, calibrate, step_clock
 from gpu_container.engine.types import EngineConfig, EngineStats, FinishReason, SamplingParams, TokenOutput
 
 log = structlog.get_logger(__name__)
@@ -57,6 +56,7 @@ class LLMEngine:
         )
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._prefill_budget: PrefillBudget | None = None
+        self._clock = step_clock(config.blas_threads)
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
@@ -112,7 +112,7 @@ class LLMEngine:
     def _calibrate(self) -> None:
         """Measure the step cost and budget prefill by time. Before the loop runs: calibration
         writes scratch K/V into blocks nobody holds yet."""
-        cost = calibrate(self._model, self._cache)
+        cost = calibrate(self._model, self._cache, self._clock)
         config = self._config
         self._prefill_budget = PrefillBudget(cost, config.prefill_slowdown, config.max_num_batched_tokens)
         self._scheduler = self._new_scheduler()
@@ -235,7 +235,7 @@ class LLMEngine:
         if not chunks:
             return []
         self._steps += 1
-        started = time.perf_counter()
+        started = self._clock()
         try:
             logits = self._forward(chunks)
         except Exception:
@@ -244,7 +244,7 @@ class LLMEngine:
         if self._prefill_budget is not None:
             decodes = sum(1 for c in chunks if c.num_tokens == 1 and c.completes)
             prefill = sum(c.num_tokens for c in chunks) - decodes
-            self._prefill_budget.observe(decodes, prefill, time.perf_counter() - started)
+            self._prefill_budget.observe(decodes, prefill, self._clock() - started)
         return self._commit(chunks, logits)
 
     def _forward(self, chunks: list[ScheduledChunk]) -> Floats:

@@ -6,13 +6,21 @@ A fixed token budget cannot do that on a CPU: 512 prompt tokens cost a few milli
 So the engine measures its step cost when it starts (a short calibration on the real model and a
 scratch corner of the KV pool) and models a step as
 
-    seconds = fixed + per_decode * decodes + per_prefill_token * prefill_tokens
+    seconds = fixed + per_decode * decodes + prefill_overhead + per_prefill_token * prefill_tokens
 
 A step with `decodes` running streams may then carry
-    (slowdown - 1) * (fixed + per_decode * decodes) / per_prefill_token
+    ((slowdown - 1) * (fixed + per_decode * decodes) - prefill_overhead) / per_prefill_token
 prompt tokens; with no stream decoding nobody is waiting, and the token cap alone applies.
-The per-token prefill cost grows with the prompt's context (attention reads all of it), so each
-step that carries prefill refines it (an exponential average of what steps actually took).
+
+prefill_overhead is what a prefill chunk costs whatever its size, and it grows with the prompt's
+context (each chunk gathers and attends to all of it): each step that carries prefill next to
+decodes refines it (an exponential average of what steps took beyond the model). Only that term is
+refined: attributing the excess to the per-token cost instead would shrink the chunk, which makes
+the fixed part weigh more per token, which shrinks the chunk again, down to one token a step.
+
+Seconds are the engine thread's CPU time when BLAS runs on that thread alone (the default): on a
+shared machine the wall clock also counts other processes' turns on the core, which slow decode
+and prefill steps alike and would otherwise read as an expensive prefill.
 """
 
 from __future__ import annotations
@@ -30,11 +38,18 @@ from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import SamplingParams
 
-# Weight of the newest observation in the running estimate of the per-token prefill cost.
+# Weight of the newest observation in the running estimate of the prefill overhead.
 _SMOOTHING = 0.3
 _CALIBRATION_DECODES = 8
 _CALIBRATION_CHUNKS = (16, 64)
 _CALIBRATION_CONTEXT = 32
+
+Clock = Callable[[], float]
+
+
+def step_clock(blas_threads: int) -> Clock:
+    """CPU time of the stepping thread when it does all the work, else the wall clock."""
+    return time.thread_time if blas_threads == 1 else time.perf_counter
 
 
 @dataclass(slots=True)
@@ -42,6 +57,7 @@ class StepCost:
     fixed_s: float
     per_decode_s: float
     per_prefill_token_s: float
+    prefill_overhead_s: float = 0.0
 
     def decode_step_s(self, decodes: int) -> float:
         return self.fixed_s + self.per_decode_s * decodes
@@ -60,20 +76,20 @@ class PrefillBudget:
     def tokens(self, decodes: int) -> int:
         if decodes == 0:
             return self._max_tokens
-        allowed = (self._slowdown - 1) * self.cost.decode_step_s(decodes) / self.cost.per_prefill_token_s
-        return max(1, min(self._max_tokens, int(allowed)))
+        c = self.cost
+        slack = (self._slowdown - 1) * c.decode_step_s(decodes) - c.prefill_overhead_s
+        return max(1, min(self._max_tokens, int(slack / c.per_prefill_token_s)))
 
     def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
-        """Refine the per-token prefill cost from a step that carried prefill alongside decodes."""
+        """Refine the prefill overhead from a step that carried prefill alongside decodes."""
         if decodes == 0 or prefill_tokens == 0:
             return
-        measured = (seconds - self.cost.decode_step_s(decodes)) / prefill_tokens
-        if measured > 0:
-            c = self.cost
-            c.per_prefill_token_s = (1 - _SMOOTHING) * c.per_prefill_token_s + _SMOOTHING * measured
+        c = self.cost
+        measured = max(0.0, seconds - c.decode_step_s(decodes) - c.per_prefill_token_s * prefill_tokens)
+        c.prefill_overhead_s = (1 - _SMOOTHING) * c.prefill_overhead_s + _SMOOTHING * measured
 
 
-def calibrate(model: LlamaModel, cache: KVCache, repeats: int = 2) -> StepCost:
+def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 2) -> StepCost:
     """Time decode steps of 1 and 8 sequences and prefill chunks of two sizes, on scratch blocks.
 
     Run before the engine serves anything: it writes garbage K/V into blocks nobody owns yet, which
@@ -94,9 +110,9 @@ def calibrate(model: LlamaModel, cache: KVCache, repeats: int = 2) -> StepCost:
         model.forward(batch, cache)  # warm-up: first-touch page faults, BLAS buffers
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = clock()
             model.forward(batch, cache)
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return float(np.median(times))
 
     ctx = _CALIBRATION_CONTEXT

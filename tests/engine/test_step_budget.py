@@ -38,13 +38,18 @@ def test_budget_follows_the_decode_step_time() -> None:
     assert budget.tokens(10_000) == 512
 
 
-def test_steps_that_took_longer_shrink_the_budget() -> None:
+def test_a_per_chunk_overhead_shrinks_the_chunk_once_not_down_to_one_token() -> None:
+    """Steps cost 10 ms more than the model says whatever the chunk (a long context's gather):
+    the budget settles at the chunk that fits the slack, it does not spiral down to 1 token."""
     cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.001)
-    budget = PrefillBudget(cost, slowdown=2.0, max_tokens=512)
-    before = budget.tokens(4)
-    budget.observe(decodes=4, prefill_tokens=10, seconds=0.040 + 10 * 0.004)
-    assert budget.tokens(4) < before
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    assert budget.tokens(4) == 20
+    for _ in range(50):
+        chunk = budget.tokens(4)
+        budget.observe(decodes=4, prefill_tokens=chunk, seconds=0.040 + 0.010 + 0.001 * chunk)
+    assert budget.tokens(4) in (9, 10)  # (20 ms slack - 10 ms overhead) / 1 ms a token
     budget.observe(decodes=0, prefill_tokens=10, seconds=100.0)  # prefill alone says nothing
+    assert budget.tokens(4) in (9, 10)
     assert budget.tokens(0) == 512
 
 
