@@ -16,7 +16,7 @@ from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
 from edge.model_cli import add_model_command
 from edge.model_source import prepare_model
-from edge.models.served import served_models
+from edge.models.served import default_model, served_models
 from edge.operator_cli import add_operator_commands
 from floodgate_client.cli import add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
@@ -38,7 +38,7 @@ def _dev_key_hint(settings: Settings) -> None:
         return
     url = f"http://{settings.server.host}:{settings.server.port}/v1/chat/completions"
     body = (
-        f'{{"model": "{settings.model.name}", "stream": true, '
+        f'{{"model": "{default_model(settings, DEV_TIER)}", "stream": true, '
         '"messages": [{"role": "user", "content": "Hello!"}]}'
     )
     print(f"No API keys yet: created one for user {DEV_USER!r} (tier {DEV_TIER!r}). It is shown only once:")

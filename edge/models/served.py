@@ -55,3 +55,11 @@ def tier_models(tier: TierConfig, served: list[str], several: bool) -> list[str]
     allowed = [m for m in served if not several or not tier.models or m in tier.models]
     default = tier.default_model if several and tier.default_model in allowed else allowed[0]
     return [default, *(m for m in allowed if m != default)]
+
+
+def default_model(settings: Settings, tier: str) -> str:
+    """The model a key of `tier` gets when its request names none (the first model when the tier
+    is not configured)."""
+    names = [m.name for m in served_models(settings)]
+    config = settings.tiers.get(tier)
+    return names[0] if config is None else tier_models(config, names, bool(settings.models))[0]

@@ -9,7 +9,7 @@ import pytest
 
 from edge.config import ConfigError, load_settings
 from edge.models.sampling import sampling_defaults
-from edge.models.served import served_models, tier_models
+from edge.models.served import default_model, served_models, tier_models
 
 
 def test_the_embedded_default_serves_the_demo_model_to_free_and_smollm2_to_paid() -> None:
@@ -85,3 +85,9 @@ def test_config_show_of_two_models_loads_back_the_same(tmp_path: Path) -> None:
     again = load_settings(shown)
     assert again.models == settings.models
     assert again.tiers == settings.tiers
+
+
+def test_the_dev_keys_hint_names_its_tiers_default_model() -> None:
+    assert default_model(load_settings(), "paid") == "smollm2-135m-instruct"
+    assert default_model(load_settings(), "free") == "floodgate-demo"
+    assert default_model(load_settings(overrides={"model": {"name": "x"}}), "free") == "x"
