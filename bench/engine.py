@@ -182,6 +182,10 @@ def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str,
             ),
         }
         order = [*runs, *reversed(runs)]
+        for run in runs.values():
+            # Untimed: a fresh engine's first full batch pays one-off costs (first-touch KV pages,
+            # the allocator growing into the step's buffers), a process's more than a thread's.
+            run(16, 16)
         for streams, requests in loads.items():
             tokens = dict.fromkeys(runs, 0)
             seconds = dict.fromkeys(runs, 0.0)

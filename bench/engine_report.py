@@ -163,10 +163,11 @@ BLAS thread by the thread's CPU time (on this shared box the wall clock also cou
 processes held the core: the last column), at two by the best wall time of the run. The copy counts
 each byte once, as the issue states it (a copy reads and writes, so a pure read can exceed 100 %).
 
-16 streams decoding together, engine alone (wall clock): {decode16}. Default `blas_threads = 1`:
-the engine has its own process, and on a 2-core machine the other core serves the edge's event loop
-and the load; a second BLAS thread read the weights {thread_gain:.2f}x as fast at batch 1 here, a gain
-that exists only while a core sits idle.
+16 streams decoding together, engine alone (wall clock, so the box's other load varies between
+them): {decode16}. Batch-1 decode is memory-bound, a second thread adds little
+({thread_gain:.2f}x); 16 rows are compute-bound, and there a second core counts. The default stays
+`blas_threads = 1`: on a 2-core machine the edge's process (event loop, detokenizer, SSE) needs the
+other core while the engine serves; set 2 or more where cores are spare.
 
 ## 2. Layout and dtype, measured
 
