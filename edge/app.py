@@ -20,6 +20,7 @@ from edge.config import Settings
 from edge.drain import Drain
 from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
 from edge.keys.services import open_key_services
+from edge.membership.edge_fleet import joined_fleet
 from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
@@ -49,6 +50,7 @@ from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from gpu_container.checkpoint.facts import read_facts
 from limiter.factory import create_limiter
+from limiter.redis_store import RedisLimiter
 
 
 def _max_model_len(settings: Settings, model_dir: Path) -> int:
@@ -129,6 +131,7 @@ def create_app(
             registry = await stack.enter_async_context(open_request_registry(settings.limiter))
             pipelines: dict[str, Pipeline] = {}
             all_replicas: list[Upstream] = []
+            dispatchers: list[Dispatcher] = []
             for model in models:
                 # Each model: its own replicas, dispatcher (queue, router, capacity) and pipeline;
                 # the limiter, registry and writers are shared.
@@ -149,6 +152,7 @@ def create_app(
                 )
                 await dispatcher.start()
                 stack.push_async_callback(dispatcher.aclose)
+                dispatchers.append(dispatcher)
                 if isinstance(replicas, DiscoveredUpstreams):
                     # Replicas found later join the dispatcher (and leave it) while the app runs.
                     await stack.enter_async_context(replicas.watch(dispatcher))
@@ -171,6 +175,12 @@ def create_app(
                 pipelines[model.name] = Pipeline(
                     config, text, charged, dispatcher, registry, log, drain=drain, usage=keys.usage_writer
                 )
+            app.state.fleet = None
+            if lim.backend == "redis":
+                # The live edge count sets every dispatcher's replica share and the fallback divisor.
+                divide = limiter.set_instance_count if isinstance(limiter, RedisLimiter) else None
+                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide)
+                app.state.fleet = await stack.enter_async_context(fleet)
             catalog = ModelCatalog(pipelines, settings.tiers, several=bool(settings.models))
             app.state.runtime = Runtime(
                 settings=settings,

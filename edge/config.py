@@ -145,6 +145,19 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     cloudwatch: bool
     cloudwatch_region: str
     cloudwatch_interval_s: Annotated[float, msgspec.Meta(gt=0)]
+    # The work signal's GPU prices (edge/scaling/work.py): seconds of one replica per prompt token
+    # and per output token, at a full batch; mean_reply_tokens prices a reply before it is written.
+    prefill_s_per_token: Annotated[float, msgspec.Meta(ge=0)] = 3.3e-6
+    decode_s_per_token: Annotated[float, msgspec.Meta(gt=0)] = 1.9e-4
+    mean_reply_tokens: Annotated[float, msgspec.Meta(gt=0)] = 500.0
+
+
+class FleetConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Edges that count themselves (edge/membership/), with the redis limiter backend."""
+
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    member_ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0
+    stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
 
 
 class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -187,6 +200,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True):
     tiers: dict[str, TierConfig]
     # Several models side by side (edge/models/); empty: the one model of [model].
     models: dict[str, ServedModelConfig] = msgspec.field(default_factory=dict)
+    fleet: FleetConfig = msgspec.field(default_factory=FleetConfig)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

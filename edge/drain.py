@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -40,6 +40,11 @@ class Drain:
         self._past_deadline = False
         self._guards: set[anyio.CancelScope] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._on_begin: list[Callable[[], None]] = []
+
+    def on_begin(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the drain begins (the fleet membership hands its share over)."""
+        self._on_begin.append(callback)
 
     @property
     def draining(self) -> bool:
@@ -60,6 +65,8 @@ class Drain:
             "drain_started", running=len(self._guards), accept_s=self.accept_s, deadline_s=self.deadline_s
         )
         self._timer = asyncio.get_running_loop().call_later(self.deadline_s, self.cut)
+        for callback in self._on_begin:
+            callback()
 
     def cut(self) -> None:
         """The deadline: cancel every guarded generation still running (and any that starts later)."""

@@ -43,6 +43,16 @@ class MemoryLimiter:
         self._lock = threading.Lock()
         self._ops = 0
 
+    def set_instance_count(self, n: int) -> None:
+        """Enforce 1/n of every limit from now on (edge/membership/: the live edge count changed).
+        Each tier's rates are derived from n, so the cached ones go."""
+        if n < 1:
+            raise ValueError("instance_count must be at least 1")
+        with self._lock:
+            if n != self._instance_count:
+                self._instance_count = n
+                self._rates.clear()
+
     def _now_us(self) -> int:
         return round(self._clock() * policy.MICROS)
 

@@ -169,6 +169,10 @@ class RedisLimiter:
             **kwargs,
         )
 
+    def set_instance_count(self, n: int) -> None:
+        """The fail-open fallback enforces 1/n of every limit from now on (the live edge count)."""
+        self._local.set_instance_count(n)
+
     @property
     def fallback_active(self) -> bool:
         return self._health.failing

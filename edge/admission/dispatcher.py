@@ -28,8 +28,8 @@ Policy
   waiters that no replica could ever hold fail as "no_replica".
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
-fills only this fraction of every replica, 1 / instance count), `poll_interval_s`, `health_timeout_s`,
-`clock` (tests).
+fills only this fraction of every replica; `set_replica_share` follows the live edge count),
+`poll_interval_s`, `health_timeout_s`, `clock` (tests).
 """
 
 from __future__ import annotations
@@ -134,6 +134,11 @@ class Dispatcher:
     def remove_upstream(self, name: str) -> None:
         """Drain a replica: no new tickets; its upstream is closed once its last generation ends."""
         self.replicas.remove(name)
+
+    def set_replica_share(self, share: float) -> None:
+        """Fill `share` (0..1) of every replica from now on and reconsider the queue: the live edge
+        count changed (edge/membership/). 0 takes no new work (this edge joins or drains)."""
+        self.replicas.set_share(share)
 
     async def check_replicas(self) -> None:
         """Poll every replica's health and capacity now (the poller does it every poll_interval_s)."""

@@ -117,6 +117,18 @@ class ReplicaSet:
         lost, self._lost_room = self._lost_room, False
         return lost
 
+    def set_share(self, share: float) -> None:
+        """Fill `share` of every replica from now on (edge/membership/: the fleet's size changed).
+        Requests already running keep their room; a smaller share only takes new work later."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError("replica share must be in [0, 1]")
+        if share < self._replica_share:
+            self._lost_room = True  # some waiters may no longer fit in this edge's smaller part
+        self._replica_share = share
+        for replica in self.members + self._draining:
+            replica.share = share
+        self._on_change()
+
     # -- membership ------------------------------------------------------------------------------
 
     async def add(self, upstream: Upstream) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import structlog
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
@@ -90,7 +90,7 @@ class FleetMembership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
+        with contextlib.suppress(RedisError, RedisClusterException, OSError, TimeoutError):
             await self._registry.leave(self.member_id)
 
     # -- the beat ------------------------------------------------------------------------------
@@ -107,9 +107,13 @@ class FleetMembership:
         now = self._clock()
         try:
             self._claims = await self._registry.beat(self.member_id, self._claim(), self.settings.ttl_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             return self._unreachable(now, exc)
-        if self._joined_at is None or self.view.source == "fallback":
+        if self._joined_at is None and set(self._claims) <= {self.member_id}:
+            # The first member of an empty fleet: nobody has to make room, so no wait (one edge
+            # alone serves at once). A later joiner finds this claim and waits for it to shrink.
+            self._joined_at = now - self.settings.join_wait_s
+        elif self._joined_at is None or self.view.source == "fallback":
             # (Re)joining: after an outage the others may have counted this member out.
             self._joined_at = now
         self._last_ok = now

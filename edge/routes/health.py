@@ -2,7 +2,8 @@
 
 Readiness reads the replica state the dispatcher keeps from its own health polls: it never calls a
 replica itself, so hung replicas cannot make the load balancer's check time out. It fails while
-the process drains (edge/drain.py), so the load balancer stops sending before the listener closes.
+the process drains (edge/drain.py), so the load balancer stops sending before the listener closes,
+and while this edge joins the fleet (edge/membership/: share 0 until the others made room).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
 from edge.drain import Drain
+from edge.membership.membership import FleetMembership
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
@@ -31,7 +33,17 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     drain: Drain = state.drain
     if drain.draining:
         return json_response({"status": "draining", "replicas": replicas}, status_code=503)
+    fleet: FleetMembership | None = state.get("fleet")
+    if fleet is not None:
+        view = fleet.view
+        body = {
+            "replicas": replicas,
+            "fleet": {"live": view.live, "share": view.share, "source": view.source},
+        }
+        if view.share == 0.0:
+            # Joining: the other edges have not made room on the replicas yet (edge/membership/).
+            return json_response({"status": "joining", **body}, status_code=503)
+    else:
+        body = {"replicas": replicas}
     ready = any(replicas.values())
-    return json_response(
-        {"status": "ready" if ready else "unavailable", "replicas": replicas}, 200 if ready else 503
-    )
+    return json_response({"status": "ready" if ready else "unavailable", **body}, 200 if ready else 503)

@@ -58,6 +58,8 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
         f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = {ops_port}\ndrain_accept_s = 0\n'
         f'[limiter]\nbackend = "redis"\nredis_url = "{redis.url}"\n'
+        # Each worker is a fleet member (edge/membership/); the second joins after two beats.
+        "[fleet]\nheartbeat_s = 0.25\nmember_ttl_s = 1.0\n"
         f"[tiers.paid]\nrequests_per_window = {ALLOWED}\nrequest_window_s = 3600\n"
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
@@ -72,7 +74,7 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         assert key_match, lines
         headers = {"Authorization": f"Bearer {key_match.group(1)}"}
         for worker_ops in (ops_port, ops_port + 1):
-            _wait_answering(f"http://127.0.0.1:{worker_ops}/metrics", proc)
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)  # joined: it has its share
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
         statuses = []
         for _ in range(ASKED):

@@ -135,6 +135,8 @@ def start_server(
         "model": {"source": "demo", "name": "floodgate-tiny", "demo_dir": str(demo_model_dir())},
         "messages": {"sqlite_path": str(tmp_path / "messages.db")},
         "keys": {"sqlite_path": str(tmp_path / "keys.db")},
+        # With the redis limiter the edges count themselves; a joiner waits two beats (edge/membership/).
+        "fleet": {"heartbeat_s": 0.25, "member_ttl_s": 1.0},
     }
     settings = load_settings(overrides=_merge(base, overrides or {}))
     wanted = {tier: (f"{tier}-user", tier) for tier in settings.tiers}

@@ -1,0 +1,106 @@
+"""The membership inside a running edge (edge/app.py's lifespan): with the redis limiter backend,
+this process registers in the fleet and applies every new view to what used to read the static
+`[limiter] instance_count`:
+
+* every model's dispatcher fills `view.share` of each replica (0 while joining or draining);
+* the fail-open fallback limiter divides each limit by `view.divisor`.
+
+A member is one process: its id carries the host and the pid, so `serve --workers N` counts N.
+On drain (edge/drain.py) the claim follows the fraction of the streams open at the drain's start
+that are still open, so the others take the share over as the streams end. `/readyz` answers 503
+while the share is 0 (joining): the load balancer sends nothing before the others made room.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from prometheus_client import Gauge
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from edge.admission.dispatcher import Dispatcher
+from edge.config import FleetConfig, LimiterConfig
+from edge.drain import Drain
+from edge.membership.membership import FleetMembership, MembershipSettings
+from edge.membership.shares import FleetView
+
+log = structlog.get_logger("floodgate.fleet")
+
+LIVE = Gauge("floodgate_fleet_live_instances", "Edge instances live in the fleet, as this one last saw.")
+SHARE = Gauge("floodgate_fleet_replica_share", "The fraction of every replica this instance may fill.")
+DIVISOR = Gauge("floodgate_fleet_limit_divisor", "What the fail-open limiter divides every limit by.")
+
+
+def member_id() -> str:
+    """Unique per process: host and pid (workers of one host differ), plus a nonce (a pid reused
+    after a restart must not inherit a dead member's claim)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _client(limiter: LimiterConfig, timeout_s: float) -> Redis | RedisCluster:
+    url = limiter.redis_url
+    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if url.startswith("redis+cluster://"):
+        url = "redis://" + url.removeprefix("redis+cluster://")
+        return RedisCluster.from_url(url, **options)
+    if limiter.redis_cluster:
+        return RedisCluster.from_url(url, **options)
+    return Redis.from_url(url, **options)
+
+
+def apply_view(
+    dispatchers: Sequence[Dispatcher], set_divisor: Callable[[int], None] | None
+) -> Callable[[FleetView], None]:
+    def apply(view: FleetView) -> None:
+        for dispatcher in dispatchers:
+            dispatcher.set_replica_share(view.share)
+        if set_divisor is not None:
+            set_divisor(view.divisor)
+        LIVE.set(view.live)
+        SHARE.set(view.share)
+        DIVISOR.set(view.divisor)
+        log.info(
+            "fleet_view", live=view.live, share=round(view.share, 6), divisor=view.divisor, source=view.source
+        )
+
+    return apply
+
+
+@asynccontextmanager
+async def joined_fleet(
+    limiter: LimiterConfig,
+    fleet: FleetConfig,
+    dispatchers: Sequence[Dispatcher],
+    drain: Drain,
+    set_divisor: Callable[[int], None] | None,
+) -> AsyncIterator[FleetMembership]:
+    """Join the fleet (the first beat, done here), keep beating, leave on exit."""
+    settings = MembershipSettings(
+        instance_count=limiter.instance_count,
+        interval_s=fleet.heartbeat_s,
+        join_wait_s=2 * fleet.heartbeat_s,
+        ttl_s=fleet.member_ttl_s,
+        stale_after_s=fleet.stale_after_s,
+    )
+    client = _client(limiter, fleet.heartbeat_s)
+    membership = FleetMembership(client, member_id(), settings, apply_view(dispatchers, set_divisor))
+
+    def hand_over() -> None:
+        open_at_start = drain.running
+        membership.begin_drain(lambda: drain.running / open_at_start if open_at_start else 0.0)
+
+    drain.on_begin(hand_over)
+    try:
+        await membership.start()
+        log.info("fleet_joined", member=membership.member_id, live=membership.view.live)
+        yield membership
+    finally:
+        await membership.aclose()
+        await client.aclose()

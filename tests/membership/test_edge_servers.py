@@ -1,0 +1,161 @@
+"""Edges that count themselves, in the real edge: several `floodgate serve` processes on one real
+redis-server. Each fills the share of the replicas its membership gives it (checked by what a
+request that fits half a replica but not a third gets), one killed without a drain leaves its share
+to the others once its TTL ran out, and a joiner never makes the shares add up to more than a whole
+replica (replayed from the processes' own `fleet_view` log lines)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.edge.sse_client import CHAT, MODEL
+from tests.faults.serve_process import ServeProcess, serve_process
+from tests.support.redis_server import RedisServer, start_redis
+
+HEARTBEAT_S = 0.3
+TTL_S = 1.5
+WAIT_S = 30.0
+# 8 blocks of 16 tokens: one replica holds 128 KV tokens, so 64 is half of it and 42 a third.
+HALF_REPLICA_TOKENS = 64
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.kill()
+
+
+class Fleet:
+    def __init__(self, tmp_path: Path, redis: RedisServer, stack: ExitStack) -> None:
+        self._tmp_path = tmp_path
+        self._redis = redis
+        self._stack = stack
+        self.edges: dict[str, ServeProcess] = {}
+        self.killed_at: dict[str, float] = {}
+
+    def start(self, name: str, **server: object) -> ServeProcess:
+        """`floodgate serve` in the fleet; returns once its /readyz is 200 (it has joined)."""
+        sections: dict[str, dict[str, object]] = {
+            "limiter": {"backend": "redis", "redis_url": self._redis.url, "timeout_ms": 2000},
+            "fleet": {"heartbeat_s": HEARTBEAT_S, "member_ttl_s": TTL_S},
+            "engine": {"block_size": 16, "num_blocks": 8, "isolation": "thread"},
+            "server": {"drain_accept_s": 0.0, "drain_deadline_s": 30.0, **server},
+        }
+        directory = self._tmp_path / name
+        directory.mkdir()
+        edge = self._stack.enter_context(serve_process(directory, sections))
+        self.edges[name] = edge
+        return edge
+
+    def kill(self, name: str) -> None:
+        self.killed_at[name] = time.time()
+        self.edges[name].proc.kill()  # SIGKILL: no leave, no drain; its TTL runs out
+        self.edges[name].proc.wait(timeout=30)
+
+    @staticmethod
+    def fleet_state(edge: ServeProcess) -> dict[str, Any]:
+        return dict(httpx.get(edge.base_url + "/readyz", timeout=10.0).json().get("fleet", {}))
+
+    def wait_shares(self, names: list[str], share: float, live: int) -> None:
+        def ok() -> bool:
+            states = [self.fleet_state(self.edges[n]) for n in names]
+            return all(
+                s.get("source") == "redis" and s.get("live") == live and abs(s["share"] - share) < 1e-6
+                for s in states
+            )
+
+        wait_for(f"{names} at share {share:.3f} of {live} live", ok)
+
+    def max_total_share(self) -> float:
+        """Replay every edge's shares (its `fleet_view` log lines, a killed edge's share falls to 0
+        when it dies): the largest sum at any instant."""
+        events: list[tuple[float, str, float]] = []
+        for name, edge in self.edges.items():
+            for line in edge.output().splitlines():
+                if '"fleet_view"' not in line:
+                    continue
+                record = json.loads(line)
+                at = datetime.fromisoformat(record["timestamp"]).timestamp()
+                events.append((at, name, float(record["share"])))
+        events += [(at, name, 0.0) for name, at in self.killed_at.items()]
+        current: dict[str, float] = {}
+        worst = 0.0
+        for _, name, share in sorted(events):
+            current[name] = share
+            worst = max(worst, sum(current.values()))
+        return worst
+
+    def first_share(self, name: str) -> float:
+        line = next(x for x in self.edges[name].output().splitlines() if '"fleet_view"' in x)
+        return float(json.loads(line)["share"])
+
+
+def wait_for(what: str, predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling the edges' /readyz: they offer nothing to wait on
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, redis_server: RedisServer) -> Iterator[Fleet]:
+    with ExitStack() as stack:
+        yield Fleet(tmp_path, redis_server, stack)
+
+
+def _chat(edge: ServeProcess, max_tokens: int) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    return httpx.post(edge.base_url + CHAT, json=body, headers=edge.auth(), timeout=60.0)
+
+
+def test_shares_follow_the_live_edges_and_a_killed_one_is_counted_out(fleet: Fleet) -> None:
+    a = fleet.start("a")
+    # Alone in the fleet: the whole replica, at once.
+    fleet.wait_shares(["a"], 1.0, 1)
+    prompt_tokens = _chat(a, 1).json()["usage"]["prompt_tokens"]
+    half = HALF_REPLICA_TOKENS - prompt_tokens  # fits half a replica, not a third
+    fleet.start("b")
+    fleet.start("c")
+    fleet.wait_shares(["a", "b", "c"], 1 / 3, 3)
+    refused = _chat(a, half)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "no_replica"
+
+    fleet.kill("c")
+    fleet.wait_shares(["a", "b"], 1 / 2, 2)
+    assert _chat(a, half).status_code == 200
+    assert fleet.max_total_share() <= 1.0 + 1e-9
+
+
+def test_a_joining_edge_waits_for_room_and_never_overbooks(fleet: Fleet) -> None:
+    fleet.start("a")
+    fleet.start("b")
+    fleet.wait_shares(["a", "b"], 1 / 2, 2)
+    fleet.start("c")  # returns once its /readyz said 200: it waited through "joining" first
+    fleet.wait_shares(["a", "b", "c"], 1 / 3, 3)
+    assert fleet.first_share("c") == 0.0
+    assert fleet.max_total_share() <= 1.0 + 1e-9
+
+
+def test_a_draining_edge_hands_its_share_over(fleet: Fleet) -> None:
+    fleet.start("a")
+    b = fleet.start("b")
+    fleet.wait_shares(["a", "b"], 1 / 2, 2)
+    b.proc.send_signal(signal.SIGTERM)
+    # b takes no new work at once and leaves when its (no) streams ended: a has it all.
+    fleet.wait_shares(["a"], 1.0, 1)
+    assert b.proc.wait(timeout=30) == 0
+    assert json.loads([x for x in b.output().splitlines() if '"fleet_view"' in x][-1])["share"] == 0.0
+    assert fleet.max_total_share() <= 1.0 + 1e-9
