@@ -41,7 +41,7 @@ from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
 from edge.routes.usage import own_usage
 from edge.runtime import Runtime
-from edge.scaling import ScalingPublisher, scaling_publisher
+from edge.scaling import ScalingPublisher, WorkPrice, scaling_publisher
 from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
@@ -69,6 +69,7 @@ def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPub
         dispatcher,
         lambda: boto3.client("cloudwatch", region_name=region),
         m.cloudwatch_interval_s,
+        WorkPrice(m.prefill_s_per_token, m.decode_s_per_token, m.mean_reply_tokens),
     )
 
 

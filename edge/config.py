@@ -147,8 +147,8 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     cloudwatch_interval_s: Annotated[float, msgspec.Meta(gt=0)]
     # The work signal's GPU prices (edge/scaling/work.py): seconds of one replica per prompt token
     # and per output token, at a full batch; mean_reply_tokens prices a reply before it is written.
-    prefill_s_per_token: Annotated[float, msgspec.Meta(ge=0)] = 3.3e-6
-    decode_s_per_token: Annotated[float, msgspec.Meta(gt=0)] = 1.9e-4
+    prefill_s_per_token: Annotated[float, msgspec.Meta(ge=0)] = 1.28e-4
+    decode_s_per_token: Annotated[float, msgspec.Meta(gt=0)] = 2.16e-4
     mean_reply_tokens: Annotated[float, msgspec.Meta(gt=0)] = 500.0
 
 

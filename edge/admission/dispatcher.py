@@ -105,8 +105,12 @@ class Dispatcher:
         self._poll_interval_s = poll_interval_s
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
         self._tier_labels: dict[int, str] = {}
-        # Tickets refused so far, for any reason: demand no replica served (edge/scaling/demand.py).
+        # Tickets refused so far, for any reason: demand no replica served.
         self._turned_away = 0
+        # Requests that asked for a replica (precheck) and their prompt tokens: the work signal
+        # (edge/scaling/demand.py) prices them, served or refused.
+        self._offered_requests = 0
+        self._offered_prompt_tokens = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -152,6 +156,10 @@ class Dispatcher:
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""
+        self._offered_requests += 1
+        self._offered_prompt_tokens += (
+            ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens
+        )
         refusal = self._turn_away(ticket, frozenset())
         if refusal is not None:
             raise refusal
@@ -191,8 +199,12 @@ class Dispatcher:
         return len(self._queue)
 
     def turned_away(self) -> int:
-        """Tickets refused since start (every Overloaded raised): read by the scaling signal."""
+        """Tickets refused since start (every Overloaded raised)."""
         return self._turned_away
+
+    def offered(self) -> tuple[int, int]:
+        """(requests, their prompt tokens) that asked for a replica since start, served or refused."""
+        return self._offered_requests, self._offered_prompt_tokens
 
     def queue_depth_per_replica(self) -> float:
         """Waiting requests per healthy replica: the autoscaling figure (no healthy replica counts as one)."""

@@ -1,5 +1,6 @@
-"""The GPU pool's scaling signal: what it measures (demand.py), its CloudWatch names (metric.py), and
-how the edge sends it (publisher.py). Terraform scales on exactly this (iac/modules/gpu_pool)."""
+"""The GPU pool's scaling signal: what it measures (demand.py), what a request costs (work.py), its
+CloudWatch names (metric.py), and how the edge sends it (publisher.py). Terraform scales on exactly
+this (iac/modules/gpu_pool)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import TYPE_CHECKING
 from edge.scaling import metric
 from edge.scaling.demand import DemandSignal, DispatcherView
 from edge.scaling.publisher import ScalingPublisher
+from edge.scaling.work import WorkPrice
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
 
-__all__ = ["DemandSignal", "DispatcherView", "ScalingPublisher", "metric", "scaling_publisher"]
+__all__ = ["DemandSignal", "DispatcherView", "ScalingPublisher", "WorkPrice", "metric", "scaling_publisher"]
 
 
 def scaling_publisher(
@@ -21,11 +23,13 @@ def scaling_publisher(
     dispatcher: DispatcherView,
     client_factory: Callable[[], CloudWatchClient],
     interval_s: float = metric.PERIOD_S,
+    price: WorkPrice | None = None,
 ) -> ScalingPublisher:
     """The running edge's publisher: samples `dispatcher` every sample interval (or every
-    `interval_s`, when shorter, as in tests) and sends them every `interval_s`."""
+    `interval_s`, when shorter, as in tests) and sends them every `interval_s`; `price`: what a
+    request costs a replica (work.py)."""
     return ScalingPublisher(
-        DemandSignal(dispatcher).sample,
+        DemandSignal(dispatcher, price).sample,
         dimensions=metric.dimensions(model),
         client_factory=client_factory,
         interval_s=interval_s,

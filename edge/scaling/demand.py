@@ -1,38 +1,40 @@
-"""Demand per replica: what one edge is asked for, over what the replicas it sees can hold.
+"""Demand per replica: the GPU work this edge is asked for per second, over the replicas in service.
 
-    demand = in flight + queued + turned away since the last sample
-    DemandPerReplica = demand / (sum of max_sequences over the live replicas)
+    DemandPerReplica = (replica-seconds asked for since the last sample / seconds since it)
+                       / live replicas (1 with none)
 
-* In flight: this edge's requests holding a replica, whether the replica runs them or queues them
-  inside TensorRT-LLM (an edge that fills more than its share, because the service scaled out on
-  CPU, still counts every request it sent). Saturated GPUs with an empty edge queue therefore read
-  about 1.0, not 0: the group does not scale in under full load.
-* Queued: waiting in this edge's admission queue.
-* Turned away: refused since the last sample (queue full, wait too long, no replica). With no
-  live replica every request is refused as no_replica, so the signal still reads the demand:
-  the scale-from-zero alarm starts a host on it.
-* Capacity: each live replica's max_sequences, as it reports it (the whole replica, not this edge's
-  share: summing the edges' samples then divides the fleet's demand by the fleet's capacity). With
-  no live replica, one replica of the last size seen stands in (1 before any was seen), so the
-  figure stays finite and positive.
+* Asked for: every request that reached the admission queue (past the limiter), served or not:
+  its prompt tokens and a mean reply, priced at a full batch (work.py). A request turned away
+  (queue full, wait too long, no replica) still asked: with no live replica every request is
+  refused as no_replica and the signal still reads the demand, in replicas wanted, so the
+  scale-from-zero alarm starts a host on it.
+* Linear in load: 1.0 means the replicas in service are all needed at their full-batch throughput.
+  The number of sequences the replicas hold is not linear under continuous batching (a replica at
+  80 % of its output holds 39 % of its sequences, docs/bench-fleet.md), and a signal built on it
+  oscillates; this one does not depend on where the requests wait (edge queue, Triton's queue,
+  refused), so an edge fleet that over-fills its replicas after scaling out on CPU reads the same.
 
-`ReplicaLoadPerReplica` is the replicas' own running + waiting sequences over the same capacity:
-work the edges do not account for (an edge that died with streams open) still counts.
+`ReplicaLoadPerReplica` is the replicas' own running + waiting sequences over their sequences.
+The policies track the MAX of the two: GPUs that report a full batch and a queue read at least 1.0
+whatever the edges think they asked (work no edge accounts for: an edge that died with streams
+open, a price set too low), so saturated GPUs never scale in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from prometheus_client import Gauge
 
 from edge.admission.replica_set import ReplicaState
 from edge.scaling import metric
+from edge.scaling.work import WorkPrice
 
 DEMAND = Gauge(
     "floodgate_scaling_demand_per_replica",
-    "This edge's last scaling sample: (in flight + queued + turned away) / live replicas' sequences.",
+    "This edge's last scaling sample: replica-seconds asked for per second / live replicas.",
 )
 REPLICA_LOAD = Gauge(
     "floodgate_scaling_replica_load_per_replica",
@@ -45,33 +47,39 @@ class DispatcherView(Protocol):
 
     def replica_states(self) -> Sequence[ReplicaState]: ...
 
-    def queue_depth(self) -> int: ...
-
-    def turned_away(self) -> int: ...
+    def offered(self) -> tuple[int, int]: ...
 
 
 class DemandSignal:
-    def __init__(self, dispatcher: DispatcherView) -> None:
+    def __init__(
+        self,
+        dispatcher: DispatcherView,
+        price: WorkPrice | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._dispatcher = dispatcher
-        self._turned_away_seen = dispatcher.turned_away()
+        self._price = price or WorkPrice()
+        self._clock = clock
+        self._offered_seen = dispatcher.offered()
+        self._sampled_at = clock()
         self._replica_sequences = 1  # one replica's max_sequences, last seen
 
     def sample(self) -> dict[str, float]:
-        """This instant's figures, by metric name. Counts refusals since the previous sample."""
+        """This instant's figures, by metric name: the work asked for since the previous sample."""
+        now = self._clock()
+        elapsed, self._sampled_at = now - self._sampled_at, now
+        requests, prompt_tokens = offered = self._dispatcher.offered()
+        asked = self._price.gpu_s(requests - self._offered_seen[0], prompt_tokens - self._offered_seen[1])
+        self._offered_seen = offered
         states = self._dispatcher.replica_states()
-        turned_away = self._dispatcher.turned_away()
-        recently_turned_away = turned_away - self._turned_away_seen
-        self._turned_away_seen = turned_away
         live = [s.capacity for s in states if s.alive and s.capacity is not None]
         if live:
             self._replica_sequences = max(c.max_sequences for c in live) or 1
-        capacity = sum(c.max_sequences for c in live) or self._replica_sequences
-        in_flight = sum(s.sequences_held for s in states)
-        demand = in_flight + self._dispatcher.queue_depth() + recently_turned_away
+        sequences = sum(c.max_sequences for c in live) or self._replica_sequences
         reported = sum(c.running + c.waiting for c in live)
         sample = {
-            metric.DEMAND_METRIC: demand / capacity,
-            metric.REPLICA_LOAD_METRIC: reported / capacity,
+            metric.DEMAND_METRIC: asked / elapsed / max(1, len(live)) if elapsed > 0 else 0.0,
+            metric.REPLICA_LOAD_METRIC: reported / sequences,
         }
         DEMAND.set(sample[metric.DEMAND_METRIC])
         REPLICA_LOAD.set(sample[metric.REPLICA_LOAD_METRIC])

@@ -1,5 +1,6 @@
-"""The scaling signal (edge/scaling/demand.py): what it reads when GPUs saturate, when the edge
-queue fills, when requests are turned away, and with no replica at all."""
+"""The scaling signal (edge/scaling/demand.py): the work asked for per replica, linear in load;
+what it reads when GPUs saturate with the edge queue empty, when requests are turned away, and
+with no replica at all."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from prometheus_client import REGISTRY
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.replica_set import ReplicaState
 from edge.admission.ticket import Overloaded, Ticket
-from edge.scaling import DemandSignal, metric
+from edge.scaling import DemandSignal, WorkPrice, metric
 from edge.upstreams.base import Capacity
 
 pytestmark = pytest.mark.anyio
 
 SEQUENCES = 64  # one replica's max_sequences
+# Round prices: a request of 1000 prompt tokens and a 500-token reply costs 0.1 + 0.5 = 0.6 s.
+PRICE = WorkPrice(prefill_s_per_token=1e-4, decode_s_per_token=1e-3, mean_reply_tokens=500)
+REQUEST_S = 0.6
+INTERVAL_S = metric.SAMPLE_INTERVAL_S
 
 
 @dataclass
@@ -25,18 +30,27 @@ class Edge:
     """One edge instance's admission state as the dispatcher reports it (edge/admission)."""
 
     states: list[ReplicaState]
-    queued: int = 0
-    refused: int = 0
+    requests: int = 0  # asked for a replica since start
+    prompt_tokens: int = 0
     held: dict[str, int] = field(default_factory=dict)
 
     def replica_states(self) -> Sequence[ReplicaState]:
         return self.states
 
-    def queue_depth(self) -> int:
-        return self.queued
+    def offered(self) -> tuple[int, int]:
+        return self.requests, self.prompt_tokens
 
-    def turned_away(self) -> int:
-        return self.refused
+    def ask(self, requests: int, prompt_tokens_each: int = 1000) -> None:
+        self.requests += requests
+        self.prompt_tokens += requests * prompt_tokens_each
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def replicas(count: int, running: int, waiting: int, held_each: int) -> list[ReplicaState]:
@@ -60,80 +74,88 @@ def fleet_value(samples: list[dict[str, float]]) -> float:
     return max(demand, load)
 
 
-def test_saturated_gpus_with_an_empty_edge_queue_do_not_read_zero() -> None:
+def period(edge: Edge, signal: DemandSignal, clock: Clock, requests_per_s: float) -> list[dict[str, float]]:
+    """One period of samples while `edge` is asked `requests_per_s` requests of 1000 prompt tokens."""
+    samples = []
+    for _ in range(metric.SAMPLES_PER_PERIOD):
+        clock.now += INTERVAL_S
+        edge.ask(round(requests_per_s * INTERVAL_S))
+        samples.append(signal.sample())
+    return samples
+
+
+def test_saturated_gpus_with_an_empty_edge_queue_do_not_scale_in() -> None:
     # docs/deploy.md's worked example: 4 replicas of 64 sequences, two edges (the service scaled
-    # out on CPU, each still assuming half of every replica) with 75 streams each on every replica:
-    # 150 per replica, 64 running and 86 queued inside TensorRT-LLM. Both edge queues are empty.
+    # out on CPU) that together hold 150 streams on every replica: 64 running, 86 queued inside
+    # TensorRT-LLM. Both edge queues are empty. The requests they are asked for: 3 per second each
+    # at 0.6 replica-seconds, 1.8 replica-seconds per second per edge over 4 replicas.
+    clock = Clock()
     edges = [Edge(replicas(4, running=64, waiting=86, held_each=75)) for _ in range(2)]
-    signals = [DemandSignal(e) for e in edges]
+    signals = [DemandSignal(e, PRICE, clock) for e in edges]
 
-    samples = [s.sample() for s in signals for _ in range(metric.SAMPLES_PER_PERIOD)]
+    samples = [s for e, signal in zip(edges, signals, strict=True) for s in period(e, signal, clock, 3)]
 
-    # The old figure (requests waiting at the edge per replica) was 0: scale in, at full load.
-    assert all(e.queue_depth() == 0 for e in edges)
-    assert samples[0][metric.DEMAND_METRIC] == pytest.approx(300 / 256)
-    assert fleet_value(samples) == pytest.approx(600 / 256)
-    # Target tracking at 0.8 wants ceil(4 x 2.34 / 0.8) = 12 replicas: out, never in.
+    assert samples[0][metric.DEMAND_METRIC] == pytest.approx(3 * REQUEST_S / 4)
+    # The edges' demand alone (0.9) would not hold 4 replicas of a full batch plus a queue at a
+    # target of 0.8 for long; the replicas' own load (150 / 64 = 2.34) does: out, never in.
+    assert fleet_value(samples) == pytest.approx(150 / 64)
     assert fleet_value(samples) > 0.8
 
 
-def test_demand_falls_only_when_replicas_have_room() -> None:
-    edge = Edge(replicas(4, running=16, waiting=0, held_each=16))
+def test_the_signal_is_linear_in_the_work_asked_for() -> None:
+    # Twice the requests read twice the demand, whatever the replicas hold right now.
+    values = []
+    for rate in (1.0, 2.0):
+        clock = Clock()
+        edge = Edge(replicas(4, running=4, waiting=0, held_each=4))
+        values.append(fleet_value(period(edge, DemandSignal(edge, PRICE, clock), clock, rate)))
+    assert values[0] == pytest.approx(REQUEST_S / 4)
+    assert values[1] == pytest.approx(2 * values[0])
 
-    value = fleet_value([DemandSignal(edge).sample() for _ in range(metric.SAMPLES_PER_PERIOD)])
 
-    assert value == pytest.approx(64 / 256)  # a quarter of every replica is wanted
+def test_prompt_tokens_are_priced_at_the_prefill_cost() -> None:
+    clock = Clock()
+    edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
+    signal = DemandSignal(edge, PRICE, clock)
+    clock.now += INTERVAL_S
+    edge.ask(10, prompt_tokens_each=3000)
 
+    demand = signal.sample()[metric.DEMAND_METRIC]
 
-def test_queued_and_turned_away_requests_count_once() -> None:
-    edge = Edge(replicas(2, running=64, waiting=0, held_each=64), queued=20)
-    signal = DemandSignal(edge)
-    edge.refused = 12  # refused between two samples
-
-    first = signal.sample()[metric.DEMAND_METRIC]
-    second = signal.sample()[metric.DEMAND_METRIC]
-
-    assert first == pytest.approx((128 + 20 + 12) / 128)
-    assert second == pytest.approx((128 + 20) / 128)
-    assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica") == pytest.approx(second)
+    assert demand == pytest.approx(10 * (3000 * 1e-4 + 500 * 1e-3) / INTERVAL_S)
+    assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica") == pytest.approx(demand)
 
 
 def test_the_replicas_own_load_counts_work_no_edge_accounts_for() -> None:
     # An edge that died left 40 streams running on each replica; this edge holds 10 on each.
+    clock = Clock()
     edge = Edge(replicas(2, running=50, waiting=0, held_each=10))
 
-    sample = DemandSignal(edge).sample()
+    sample = period(edge, DemandSignal(edge, PRICE, clock), clock, 0)[-1]
 
-    assert sample[metric.DEMAND_METRIC] == pytest.approx(20 / 128)
+    assert sample[metric.DEMAND_METRIC] == 0.0
     assert sample[metric.REPLICA_LOAD_METRIC] == pytest.approx(100 / 128)
 
 
-async def test_with_no_replica_the_turned_away_requests_are_the_demand() -> None:
+async def test_with_no_replica_the_refused_requests_are_the_demand() -> None:
     # A real dispatcher with no replica: every request is refused (no_replica), and the signal
-    # still reads demand, which the scale-from-zero alarm acts on.
+    # still reads demand, in replicas wanted, which the scale-from-zero alarm acts on.
+    clock = Clock()
     dispatcher = Dispatcher([], reserved_paid_fraction=0.1, max_queue=10)
     await dispatcher.start()
-    signal = DemandSignal(dispatcher)
-    ticket = Ticket("r1", "u1", priority=1, kv_tokens=100, max_wait_s=5, may_use_reserve=True)
+    signal = DemandSignal(dispatcher, PRICE, clock)
+    ticket = Ticket(
+        "r1", "u1", priority=1, kv_tokens=1100, max_wait_s=5, may_use_reserve=True, prompt_tokens=1000
+    )
     try:
         for _ in range(3):
             with pytest.raises(Overloaded, match="no_replica"):
                 dispatcher.precheck(ticket)
-
+        clock.now += 1.0
         sample = signal.sample()
     finally:
         await dispatcher.aclose()
 
-    assert dispatcher.turned_away() >= 3
-    assert sample[metric.DEMAND_METRIC] == pytest.approx(3.0)  # over one stand-in replica of 1
+    assert dispatcher.offered() == (3, 3000)
+    assert sample[metric.DEMAND_METRIC] == pytest.approx(3 * REQUEST_S)  # over one stand-in replica
     assert sample[metric.REPLICA_LOAD_METRIC] == 0.0
-
-
-def test_with_no_live_replica_the_last_size_seen_stands_in() -> None:
-    edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
-    signal = DemandSignal(edge)
-    signal.sample()
-    edge.states = [ReplicaState("r0", False, False, None, 0, 0)]
-    edge.refused = 32
-
-    assert signal.sample()[metric.DEMAND_METRIC] == pytest.approx(32 / SEQUENCES)
