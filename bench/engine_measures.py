@@ -185,6 +185,7 @@ class JoinRun:
     label: str
     prompt_tokens: int
     steady_gap_s: float  # median inter-token time before the prompt arrived
+    steady_p99_s: float  # their p99 then: the noise floor of this machine
     join_gaps_s: list[float]  # the streams' inter-token times while it prefilled
     ttft_s: float  # the long prompt's time to first token
     gaps_timeline: list[tuple[float, float]]  # (seconds since the join, gap) of one stream
@@ -205,7 +206,7 @@ def long_prompt_joins(
         for i in range(streams):
             driver.wait_tokens(f"stream-{i}", 8)
         steady_from = {f"stream-{i}": len(driver.traces[f"stream-{i}"].times) for i in range(streams)}
-        driver.wait_tokens("stream-0", 20)
+        driver.wait_tokens("stream-0", 40)
         steady = [
             g for i in range(streams) for g in driver.traces[f"stream-{i}"].gaps[steady_from[f"stream-{i}"] :]
         ]
@@ -224,7 +225,15 @@ def long_prompt_joins(
                         timeline.append((b - joined, b - a))
         for i in range(streams):
             driver.engine.abort(f"stream-{i}")
-    return JoinRun(label, prompt_tokens, statistics.median(steady), gaps, first - joined, timeline)
+    return JoinRun(
+        label,
+        prompt_tokens,
+        statistics.median(steady),
+        float(np.percentile(steady, 99)),
+        gaps,
+        first - joined,
+        timeline,
+    )
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,17 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 2)
     small, large = _CALIBRATION_CHUNKS
     t_small = timed(lambda: [ScheduledChunk(scratch(0, 0, small), small)])
     t_large = timed(lambda: [ScheduledChunk(scratch(0, 0, large), large)])
-    per_decode = max(0.0, (many - one) / (_CALIBRATION_DECODES - 1))
+    decodes = _CALIBRATION_DECODES
+    mixed = timed(
+        lambda: (
+            [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(decodes)]
+            + [ScheduledChunk(scratch(decodes, 0, small), small)]
+        )
+    )
+    per_decode = max(0.0, (many - one) / (decodes - 1))
     per_prefill = max((t_large - t_small) / (large - small), t_large / large / 4, 1e-6)
     fixed = max(one - per_decode, 1e-6)
-    return StepCost(fixed_s=fixed, per_decode_s=per_decode, per_prefill_token_s=per_prefill)
+    # What joining decodes costs beyond the chunk's tokens: a few decode rows run as GEMVs, a
+    # batch with a chunk in it as one GEMM, which costs more per row at these sizes.
+    overhead = max(0.0, mixed - many - per_prefill * small)
+    return StepCost(fixed, per_decode, per_prefill, overhead)
