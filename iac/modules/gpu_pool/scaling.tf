@@ -1,9 +1,9 @@
-# Scaling on demand per replica (edge/scaling/): what the model is asked for, as a fraction of what
-# its replicas hold. Every edge instance samples (its requests in flight + waiting + recently turned
-# away) / (the sequences of the replicas it sees) every sample interval; the sum over all edges in
-# one period, divided by the samples each sends per period, is the fleet's demand per replica.
-# The replicas' own reported load (running + waiting in TensorRT-LLM, the same at every edge) is a
-# floor: work the edges do not account for still counts. Target tracking holds the larger of the
+# Scaling on demand per replica (edge/scaling/): the GPU work the model is asked for, as a fraction of
+# what its replicas do at a full batch. Every edge instance samples (the replica-seconds its requests
+# asked for per second, served or refused) / (the live replicas it sees) every sample interval; the
+# sum over all edges in one period, divided by the samples each sends per period, is the fleet's
+# demand per replica. The replicas' own reported load (running + waiting in TensorRT-LLM over their
+# sequences, the same at every edge) is a floor: saturated GPUs never read as idle. Target tracking holds the larger of the
 # two at demand_target; a step policy adds hosts in larger jumps past surge_demand; a third policy
 # starts the first host when there is demand and the group's desired size is zero (target tracking multiplies
 # the current size, so it cannot leave zero).

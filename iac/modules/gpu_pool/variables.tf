@@ -97,7 +97,7 @@ variable "kms_key_arn" {
 }
 
 variable "demand_target" {
-  description = "Demand per replica that target tracking holds, as a fraction of a replica's sequences (1.0: every sequence wanted). Below 1 leaves headroom for a burst while hosts boot."
+  description = "Demand per replica that target tracking holds, as a fraction of a replica's full-batch work (1.0: every replica wanted at its full-batch throughput). Below 1 leaves headroom for a burst while hosts boot."
   type        = number
   default     = 0.8
 }

@@ -7,7 +7,7 @@ output "namespace" {
 }
 
 output "demand_metric" {
-  description = "One edge's requests in flight + waiting + recently turned away, over the sequences of the replicas it sees; sampled every sample interval, summed over the edges."
+  description = "The replica-seconds (at a full batch) one edge's requests asked for per second, served or refused, over the live replicas it sees; sampled every sample interval, summed over the edges."
   value       = "DemandPerReplica"
 }
 
