@@ -18,7 +18,7 @@ locals {
   ]
 
   widgets = [
-    { title = "Demand per GPU replica (1.0: every sequence wanted)", metrics = local.backlog_metrics },
+    { title = "Demand per GPU replica (1.0: every replica wanted at a full batch)", metrics = local.backlog_metrics },
     { title = "GPU hosts in service and warm", metrics = concat(local.in_service_metrics, local.warm_metrics) },
     {
       title = "Requests and 5xx"
