@@ -23,7 +23,8 @@ def configure_logging(level: int = logging.INFO) -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        # One write per line (PrintLogger writes the line and its newline apart: two syscalls).
+        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stdout)
