@@ -23,10 +23,12 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from redis import Redis as SyncRedis
+from redis.asyncio import Redis as RedisAsync
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from limiter.base import Limiter, TierLimits
@@ -98,12 +100,13 @@ def _reset_stats(port: int) -> None:
 async def _decisions(limiter: Limiter, decisions: int, clients: int, what: str, port: int | None) -> Row:
     admit_ms: list[float] = []
     per_client = decisions // clients
+    run = uuid.uuid4().hex[:8]  # request ids are unique, as the edge's are (admit is idempotent per id)
 
     async def client(c: int) -> None:
         for i in range(per_client):
             user = f"user-{(c * per_client + i) % USERS}"
             started = time.perf_counter()
-            admission = await limiter.admit(user, f"{c}-{i}", TIER, 100, 0)
+            admission = await limiter.admit(user, f"{run}-{c}-{i}", TIER, 100, 0)
             admit_ms.append((time.perf_counter() - started) * 1000)
             assert admission.decision.allowed and admission.lease is not None
             await admission.lease.settle()
@@ -120,6 +123,37 @@ async def _decisions(limiter: Limiter, decisions: int, clients: int, what: str, 
         _percentile(admit_ms, 0.5),
         _percentile(admit_ms, 0.99),
         _server_us_per_evalsha(port) if port is not None else None,
+    )
+
+
+async def _redis_py_evalsha(url: str, calls: int, clients: int) -> Row:
+    """redis-py asyncio calling EVALSHA of `return 1`, `clients` callers over one pool: the same
+    client library and event loop the limiter pays for, with a script that does nothing."""
+    client = RedisAsync.from_url(url, max_connections=clients)
+    sha = await client.script_load("return 1")
+    latencies: list[float] = []
+    per_client = calls // clients
+
+    async def caller() -> None:
+        for _ in range(per_client):
+            started = time.perf_counter()
+            await client.evalsha(sha, 0)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    await asyncio.gather(*(caller() for _ in range(clients)))  # warm-up: open the connections
+    latencies.clear()
+    _reset_stats(int(url.rsplit(":", 1)[1].split("/")[0]))
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    wall = time.perf_counter() - started
+    await client.aclose()
+    return Row(
+        "redis-py asyncio: EVALSHA of `return 1`",
+        clients,
+        len(latencies) / wall,
+        _percentile(latencies, 0.5),
+        _percentile(latencies, 0.99),
+        None,
     )
 
 
@@ -179,6 +213,8 @@ async def run(decisions: int, concurrency: int) -> list[Row]:
             pool = RedisLimiter.from_url(url, timeout_ms=5000, max_connections=concurrency)
             rows.append(await _decisions(pool, decisions, concurrency, what, port))
             await pool.aclose()
+            rows.append(await _redis_py_evalsha(url, decisions, 1))
+            rows.append(await _redis_py_evalsha(url, decisions, concurrency))
             rows.append(_redis_benchmark(port, decisions, 1))
             rows.append(_redis_benchmark(port, decisions * 2, concurrency))
             rows.append(

@@ -35,14 +35,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from limiter import policy
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
+from limiter.call_batcher import CallBatcher
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import STORE_BUSY
+from limiter.resp import pack_evalshas
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
 from limiter.store_health import StoreHealth
@@ -57,6 +59,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_WAIT_S = 2.0
 # Opening a connection is not an answer from a busy server either: its own, longer bound.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
+_CLUSTER_CONCURRENCY = 16
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
 Op = Literal["admit", "charge", "settle", "restore"]
 
@@ -117,6 +120,13 @@ class RedisLimiter:
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
+        # Admits and charges of concurrent callers share round trips (call_batcher.py).
+        self._admits = CallBatcher(
+            lambda calls, epoch: self._call("admit", lambda: self._send_all(self._admit, calls), epoch=epoch)
+        )
+        self._charges = CallBatcher(
+            lambda calls, _: self._call("charge", lambda: self._send_all(self._charge, calls))
+        )
         # After a store failure, Redis may lack what this instance counted (its fallback's
         # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
         # admission there. `_synced_at` is the failure count the last restore covered.
@@ -254,7 +264,7 @@ class RedisLimiter:
             # Sent only if no failure came between the restore and this call (else Redis may be a
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
-            reply = await self._call("admit", lambda: self._admit(keys=keys, args=args), epoch=epoch)
+            reply = await self._admits.call(keys, args, epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
         except _NoAnswer:
@@ -348,11 +358,7 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            granted = int(
-                await self._call(
-                    "charge", lambda: self._charge(keys=(tokens_key, concurrency_key), args=args)
-                )
-            )
+            granted = int(await self._charges.call((tokens_key, concurrency_key), args, 0))
         except (_NotSent, _NoAnswer):
             # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":
@@ -419,27 +425,52 @@ class RedisLimiter:
 
     async def _send_all(
         self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]
-    ) -> None:
-        """Many calls of an idempotent script (settle, restore) in one pipelined round trip,
-        each still one atomic script run."""
+    ) -> list[Any]:
+        """Many calls of a script in one pipelined round trip, each still one atomic script run;
+        their replies in order. After NOSCRIPT (none of them ran) all are sent again."""
         if isinstance(self._client, RedisCluster):
-            # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently.
-            await asyncio.gather(*(script(keys=keys, args=args) for keys, args in calls))
-            return
+            # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently, a few at a
+            # time (each node's pool has a connection limit, and it raises rather than waits).
+            replies: list[Any] = []
+            for start in range(0, len(calls), _CLUSTER_CONCURRENCY):
+                chunk = calls[start : start + _CLUSTER_CONCURRENCY]
+                replies += await asyncio.gather(*(script(keys=keys, args=args) for keys, args in chunk))
+            return replies
         for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
-            pipe = self._client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            results = await pipe.execute(raise_on_error=False)
+            results = await self._pipelined(pack_evalshas(script.sha, calls), len(calls))
             errors = [r for r in results if isinstance(r, Exception)]
             if not errors:
-                return
+                return list(results)
             if not all(isinstance(e, NoScriptError) for e in errors):
                 raise errors[0]
-            # The script is idempotent: sending every call again is safe.
+            # Every call failed the same way before running (or, for the idempotent admit, settle
+            # and restore, running one twice is harmless): sending them all again is safe.
             await self._client.script_load(script.script)
         raise NoScriptError(f"script {script.sha} missing right after loading it")
 
+    async def _pipelined(self, packed: bytes, replies: int) -> list[Any]:
+        """Write `packed` on one pooled connection and read its `replies` (error replies as
+        exception values). Any other failure closes the connection: its stream is out of step."""
+        assert isinstance(self._client, Redis)
+        pool = self._client.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            results: list[Any] = []
+            for _ in range(replies):
+                try:
+                    results.append(await conn.read_response())
+                except ResponseError as exc:
+                    results.append(exc)
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        return results
+
     async def aclose(self) -> None:
+        await self._admits.aclose()
+        await self._charges.aclose()
         await self._settles.aclose()
         await self._client.aclose()

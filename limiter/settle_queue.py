@@ -58,6 +58,7 @@ class SettleQueue:
         self._pending: deque[PendingSettle] = deque()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._closing = False
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -85,7 +86,9 @@ class SettleQueue:
             await asyncio.shield(attempted)
 
     async def _write(self) -> None:
-        while True:
+        # Stops on `_closing` as well as on cancel: a cancel that lands as a store call's own
+        # timeout fires is taken for that timeout (asyncio.timeout in Python 3.11) and lost.
+        while not self._closing:
             self._drop_expired()
             if not self._pending:
                 self._wake.clear()
@@ -127,11 +130,15 @@ class SettleQueue:
 
     async def aclose(self) -> None:
         """Stop the writer after one last attempt at whatever is pending (if the store is up)."""
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
+        self._closing = True
+        self._wake.set()
+        writer, self._writer = self._writer, None
+        while writer is not None and not writer.done():
+            writer.cancel()
+            await asyncio.wait({writer}, timeout=1.0)
+        if writer is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                writer.result()
         if self._pending and self._health.retry_in() == 0:
             batch = list(self._pending)
             with contextlib.suppress(Exception):

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 WAIT_S = 20.0  # never reached when the code under test is right; it only keeps a bug from hanging
-_POLL_S = 0.01
+_POLL_S = 0.001
 
 
 async def wait_until(what: str, predicate: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S) -> None:

@@ -43,12 +43,16 @@ async def _stall(probe: Redis, seconds: float) -> asyncio.Task[object]:
     # No retries: redis-py's default retry would wait the stall out and hide it.
     other = Redis(port=port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
     try:
-        while True:
+
+        async def stalled() -> bool:
             try:
                 await other.ping()
             except Exception:
-                return stall
-            await asyncio.sleep(0.001)
+                return True
+            return False
+
+        await wait_until("Redis inside DEBUG SLEEP", stalled)
+        return stall
     finally:
         await other.aclose()
 
