@@ -13,10 +13,10 @@ from pathlib import Path
 
 from bench.fleet import report, step_curve
 from bench.fleet.measure import OUT as CPU_STEPS
-from bench.fleet.scenarios import SIZED_MAX, all_scenarios
+from bench.fleet.scenarios import SEQUENCES_SIGNAL, all_scenarios
 from bench.fleet.simulation import run
 
-DAY_PLOT = ("terraform as is", f"work signal, max_size {SIZED_MAX}")
+DAY_PLOT = (SEQUENCES_SIGNAL, "terraform as is")
 
 
 def cpu_note() -> str:

@@ -1,9 +1,11 @@
 """The group's three policies as iac/modules/gpu_pool/scaling.tf defines them, played the way AWS
 documents them, on the signal edge/scaling/ publishes:
 
-* the signal: every SAMPLE_INTERVAL the edges sample (in flight + queued + turned away since the
-  last sample) / (sequences of the replicas in service); a period's value is the Sum of its samples
-  over samples_per_period, MAX'ed with the replicas' own load (running / sequences).
+* the signal ("work", deployed): every SAMPLE_INTERVAL the edges sample the GPU time the requests
+  past the limiter asked for since the last sample (prompt tokens x prefill cost + mean reply x
+  decode cost at a full batch, edge/scaling/work.py), per second, over the GPUs in service (1 host's
+  worth with none); a period's value is the Sum of its samples over samples_per_period, MAX'ed with
+  the replicas' own load (running / sequences).
 * target tracking at demand_target: AWS's alarms want 3 periods above the target to scale out and
   15 below it to scale in; the new capacity is ceil(in service x metric / target), never below what
   is already wanted while hosts warm up, and no scale-in while a host is still warming up
@@ -12,9 +14,9 @@ documents them, on the signal edge/scaling/ publishes:
   desired capacity (at least one host), then wait out the warm-up before stepping again.
 * from zero: demand with no host wanted starts one.
 
-`signal="work"` swaps the numerator and denominator for a signal linear in load (the GPU time the
-requests past the limiter ask for, priced at a full batch, per second, over the GPUs in service):
-the comparison docs/scale.md draws.
+`signal="slots"` is the signal before it, for the comparison docs/scale.md draws: (in flight +
+queued + turned away since the last sample) / (sequences of the replicas in service), which under
+continuous batching is not proportional to load and oscillates.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Autoscaler:
         group: GpuGroup,
         edge: EdgeQueue,
         recorder: Recorder,
-        signal: Signal = "slots",
+        signal: Signal = "work",
     ) -> None:
         self.signal = signal
         self._offered_seen = 0.0

@@ -1,8 +1,9 @@
 """The edge fleet as one admission point (edge/admission/ summed over the instances): the limiter,
 then a queue by tier (paid first), a 429 when the wait would be too long, free traffic kept off the
 last `reserved_paid_fraction` of every replica's slots, and the least-loaded replica for each
-request. It also keeps what the scaling signal reads (edge/scaling/demand.py): requests in flight,
-queued, and turned away since the last sample."""
+request. It also keeps what the scaling signals read: the GPU time asked for past the limiter (the
+deployed work signal, edge/scaling/demand.py), and requests in flight, queued and turned away (the
+sequences signal before it)."""
 
 from __future__ import annotations
 

@@ -229,6 +229,11 @@ every row below is measured against.
 
 ## Scenarios (same day, same seed)
 
+Every row scales on the deployed signal (edge/scaling/: the GPU time the requests past the limiter
+ask for per second, priced at a full batch, over the GPUs in service, MAX'ed with the replicas' own
+load) except the four "sequences" rows, which scale on the signal it replaced ((in flight + queued
++ turned away) / sequences of the replicas in service).
+
 {scenario_table(outcomes, groups)}
 
 "429 capacity" is the edge turning a request away (wait too long, no replica); "limit" is the

@@ -25,9 +25,9 @@ class Scenario:
     curve: DailyCurve = field(default_factory=DailyCurve)
     batching: Batching = "continuous"
     reserved_paid_fraction: float | None = None  # None: edge/defaults.toml's
-    # "slots": (in flight + queued + turned away) / sequences, what edge/scaling/ publishes;
-    # "work": GPU time asked for per second at a full batch / GPUs in service (linear in load).
-    signal: Signal = "slots"
+    # "work": GPU time asked for per second at a full batch / GPUs in service (linear in load), what
+    # edge/scaling/ publishes; "slots": (in flight + queued + turned away) / sequences, the one before.
+    signal: Signal = "work"
     initial_hosts: int | None = None  # None: what the first minute's traffic needs at the target
     timing: HostTiming = field(default_factory=HostTiming)
     gpus_per_host: int = gpu_figures.GPUS_PER_HOST
