@@ -3,8 +3,12 @@ each limit from the next decision on (its per-tier rates are derived from n, so 
 
 from __future__ import annotations
 
+import pytest
+
 from limiter.memory import MemoryLimiter
+from limiter.redis_store import RedisLimiter
 from limiter.tiers import TierLimits
+from tests.support.ports import free_port
 
 TIER = TierLimits("free", 6, 3600.0, 10**6, 3600.0, 100, 100)
 
@@ -21,3 +25,20 @@ def test_the_divisor_follows_the_live_count() -> None:
     assert _admitted(limiter, "b", 10) == 3  # the cached rates of 1/3 are gone
     limiter.set_instance_count(1)
     assert _admitted(limiter, "c", 10) == 6
+
+
+@pytest.mark.anyio
+async def test_the_redis_limiters_fallback_follows_the_live_count() -> None:
+    # Nothing listens on the port: every call fails at once and the fail-open tier is decided by
+    # the local fallback, which set_instance_count divides.
+    limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_ms=200, instance_count=1)
+    try:
+        limiter.set_instance_count(3)
+        allowed = 0
+        for i in range(10):
+            admission = await limiter.admit("u", f"r{i}", TIER, 1, 1)
+            allowed += admission.decision.allowed
+    finally:
+        await limiter.aclose()
+    assert limiter.fallback_active
+    assert allowed == 2  # 6 / 3 instances
