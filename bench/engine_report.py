@@ -200,7 +200,11 @@ would be 755 MB if all were written), numpy's buffers and its interpreter.
 ![served]({plots["served"]})
 
 The same chat prompt (greedy, at most 64 tokens, closed loop: a new request as soon as one ends),
-through `floodgate serve` on loopback (auth, limiter, admission, SSE) and straight into the engine.
+through `floodgate serve` on loopback (auth, limiter, admission, SSE) and straight into the engine,
+each path warmed up first, then run in the order A B C C B A. All three run the token budget
+(`prefill_slowdown = 0`): the engine alone receives a wave of 16 requests in one step, the edges over
+a few milliseconds, and the time budget would prefill those stragglers a few tokens a step next to
+the first one's decodes (section 4 measures that trade); what is compared here is serving's cost.
 
 {served}
 
