@@ -22,8 +22,8 @@ from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
 from tests.support.redis_server import RedisServer, start_redis
 
-HEARTBEAT_S = 0.3
-TTL_S = 1.5
+HEARTBEAT_S = 0.5  # a beat late by up to one interval still never overbooks (join waits two)
+TTL_S = 2.0
 WAIT_S = 30.0
 # 8 blocks of 16 tokens: one replica holds 128 KV tokens, so 64 is half of it and 42 a third.
 HALF_REPLICA_TOKENS = 64

@@ -47,7 +47,7 @@ class Fleet:
     def start(self, name: str, instance_count: int = 1) -> Edge:
         args = [sys.executable, "-m", "edge.membership", "--redis", self.redis.url, "--id", name]
         args += ["--interval", str(INTERVAL_S), "--ttl", str(TTL_S), "--stale-after", "1.0"]
-        args += ["--instance-count", str(instance_count), "--drain-s", "1.0"]
+        args += ["--instance-count", str(instance_count), "--drain-s", "2.0"]  # ~10 beats: room on a busy box
         process = subprocess.Popen(
             args, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
