@@ -30,6 +30,9 @@ VALUES = {
 
 STAND_IN = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$CALLS"
+# As the real docker login does: read the password from the pipe (a reader that exits first would
+# SIGPIPE the writer, and pipefail would fail the boot on a race of the stand-in's own making).
+[[ "$*" == *--password-stdin* ]] && cat > /dev/null
 case "$(basename "$0") $1 $2" in
   "curl -sf -X") echo token ;;
   "curl -sf -H") echo i-0123456789 ;;
