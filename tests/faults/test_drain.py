@@ -7,11 +7,13 @@ drain deadline with an error event (`server_shutting_down`) and their usage; the
 and logs no traceback.
 
 One replica that holds one sequence at a time runs the streams one after the other, each for
-LONG_TOKENS tokens, so the deadline finds some still running (generating or queued).
+LONG_TOKENS tokens, and the engine process is held (SIGSTOP) from SIGTERM until every stream has
+ended, so the deadline finds some still running (generating or queued) on any machine.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -72,6 +74,20 @@ class _Stream(threading.Thread):
             self.started.set()
 
 
+def _children(pid: int) -> list[int]:
+    """The serve process's child processes (its engine), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    assert found, "the serve process has no engine process"
+    return found
+
+
 def _wait(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -91,6 +107,11 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
             assert stream.error is None, stream.error
 
         server.proc.send_signal(signal.SIGTERM)
+        # Hold the engine still, so the drain deadline finds every unfinished stream unfinished
+        # however fast this machine generates; it resumes once they have all ended.
+        engine = _children(server.proc.pid)
+        for pid in engine:
+            os.kill(pid, signal.SIGSTOP)
 
         with httpx.Client(base_url=server.base_url, timeout=10.0) as client:
             _wait(lambda: client.get("/readyz").status_code == 503, "/readyz to fail")
@@ -105,6 +126,8 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
             stream.join(60)
             assert not stream.is_alive(), "a stream never ended"
             assert stream.error is None, stream.error
+        for pid in engine:
+            os.kill(pid, signal.SIGCONT)
         assert server.proc.wait(timeout=60) == 0
 
     cut = 0
@@ -124,7 +147,7 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
                 if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
             ]
             assert len(finals) == 1
-    assert cut >= 1  # one replica, one sequence: the last in the queue was still waiting or running
+    assert cut >= 1  # the engine was held from SIGTERM on: the last in the queue cannot have finished
     output = server.output()
     assert "Traceback" not in output
     assert "drain_deadline_cut" in output
