@@ -10,12 +10,14 @@ own atomic script run on Redis.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_BATCH = 128
+# Batches on the wire at once: while one is on Redis, the next is packed and sent, so the client's
+# CPU and Redis's overlap instead of taking turns.
+DEFAULT_MAX_IN_FLIGHT = 4
 
 Keys = Sequence[str]
 Args = Sequence[str | int]
@@ -33,20 +35,30 @@ SendBatch = Callable[[list[tuple[Keys, Args]], int], Awaitable[list[Any]]]
 
 
 class CallBatcher:
-    def __init__(self, send: SendBatch, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+    def __init__(
+        self,
+        send: SendBatch,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
         """`send(calls, epoch)` sends calls in one round trip and returns their replies in order,
         or raises (every call of the batch then raises the same)."""
         self._send = send
         self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
         self._pending: list[_Call] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
 
     async def call(self, keys: Keys, args: Args, epoch: int) -> Any:
         """`epoch`: calls of different epochs never share a batch (see RedisLimiter._call)."""
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(_Call(keys, args, epoch, answer))
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write(), name="limiter-batch")
+        if len(self._writers) < self._max_in_flight:
+            writer = asyncio.create_task(self._write(), name="limiter-batch")
+            self._writers.add(writer)
+            # (A writer removes itself when it ends; this covers one ending by an error.)
+            writer.add_done_callback(self._writers.discard)
         return await answer
 
     async def _write(self) -> None:
@@ -71,20 +83,21 @@ class CallBatcher:
                 for c, reply in zip(batch, replies, strict=True):
                     if not c.answer.done():
                         c.answer.set_result(reply)
-        finally:
-            self._writer = None
-            for c in self._pending:  # left only when cancelled: nothing will send them now
+            # Leave the set in the same step as the loop found nothing pending (a done-callback
+            # would run later, and a call arriving meanwhile would count this writer as running).
+            self._writers.discard(asyncio.current_task())
+        except asyncio.CancelledError:
+            self._writers.discard(asyncio.current_task())
+            for c in self._pending:  # nothing will send them now
                 if not c.answer.done():
                     c.answer.cancel()
             self._pending.clear()
+            raise
 
     async def aclose(self) -> None:
-        writer = self._writer
-        while writer is not None and not writer.done():
+        while self._writers:
             # Again if need be: a cancel landing as a store call's own timeout fires is lost
-            # (asyncio.timeout in Python 3.11); the writer ends anyway once nothing is pending.
-            writer.cancel()
-            await asyncio.wait({writer}, timeout=1.0)
-        if writer is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                writer.result()
+            # (asyncio.timeout in Python 3.11); a writer ends anyway once nothing is pending.
+            for writer in self._writers:
+                writer.cancel()
+            await asyncio.wait(set(self._writers), timeout=1.0)

@@ -121,8 +121,14 @@ class RedisLimiter:
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
         # Admits and charges of concurrent callers share round trips (call_batcher.py).
+        # One admit batch at a time: the drills found over-admission around a Redis restart with
+        # several in flight (not yet understood); settles and charges overlap their batches.
         self._admits = CallBatcher(
-            lambda calls, epoch: self._call("admit", lambda: self._send_all(self._admit, calls), epoch=epoch)
+            lambda calls, epoch: self._call("admit", lambda: self._send_all(self._admit, calls), epoch=epoch),
+            max_in_flight=1,
+        )
+        self._settle_calls = CallBatcher(
+            lambda calls, _: self._call("settle", lambda: self._send_all(self._settle, calls))
         )
         self._charges = CallBatcher(
             lambda calls, _: self._call("charge", lambda: self._send_all(self._charge, calls))
@@ -131,6 +137,9 @@ class RedisLimiter:
         # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
         # admission there. `_synced_at` is the failure count the last restore covered.
         self._synced_at = 0
+        # Counts the fallback's "allowed" answers: an admit on Redis that one overlapped must be
+        # checked against the mirror, which knows of it while Redis does not (yet).
+        self._fallback_allowed = 0
         self._resync_lock = asyncio.Lock()
         self._health = StoreHealth(backoff_s)
         self._settles = SettleQueue(self._send_settles, self._health)
@@ -264,6 +273,7 @@ class RedisLimiter:
             # Sent only if no failure came between the restore and this call (else Redis may be a
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
+            fallback_allowed = self._fallback_allowed
             reply = await self._admits.call(keys, args, epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
@@ -271,9 +281,9 @@ class RedisLimiter:
             undo = input_tokens + lease_tokens
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=undo)
         allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok = (int(v) for v in reply)
-        if allowed and self._health.failures != epoch:
-            # A failure came while this call was in flight, so the fallback may have admitted
-            # meanwhile what Redis does not know yet: only what the mirror allows too stands.
+        if allowed and (self._health.failures != epoch or self._fallback_allowed != fallback_allowed):
+            # A failure came while this call was in flight, or the fallback admitted meanwhile
+            # what Redis does not know yet: only what the mirror allows too stands.
             local, _ = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
             if not local.allowed:
                 self._undo(user, tier, request_id, input_tokens + lease_tokens)
@@ -337,7 +347,9 @@ class RedisLimiter:
                 self._undo(user, tier, request_id, undo)
             raise StoreUnavailable(max(self._health.retry_in(), 0.001))
         decision, lease_tokens = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
-        if not decision.allowed and undo is not None:
+        if decision.allowed:
+            self._fallback_allowed += 1
+        elif undo is not None:
             self._undo(user, tier, request_id, undo)
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
@@ -410,9 +422,16 @@ class RedisLimiter:
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
     ) -> None:
         self._local.settle_now(user, tier, request_id, refund, refund_request=refund_request)
-        await self._settles.submit(
-            self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
-        )
+        op = self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
+        if self._health.retry_in() > 0:
+            self._settles.add(op)
+            return
+        # The first attempt shares a round trip with other callers' settles; only a failed one
+        # goes to the retry queue.
+        try:
+            await self._settle_calls.call(op.keys, op.args, 0)
+        except (_NotSent, _NoAnswer):
+            self._settles.add(op)
 
     async def _send_settles(self, batch: list[PendingSettle]) -> bool:
         try:
@@ -472,5 +491,6 @@ class RedisLimiter:
     async def aclose(self) -> None:
         await self._admits.aclose()
         await self._charges.aclose()
+        await self._settle_calls.aclose()
         await self._settles.aclose()
         await self._client.aclose()
