@@ -69,16 +69,17 @@ async def test_deltas_arrive_in_order_and_equal_the_in_thread_engines(
         assert all(o.finish_reason is None for o in got[:-1])
 
 
-async def test_closing_the_stream_frees_the_sequence_within_one_step(process: EngineProcess) -> None:
+async def test_closing_the_stream_frees_the_sequence(process: EngineProcess) -> None:
+    """The abort goes out at close and the child applies it at the top of its next step, as the
+    in-thread engine does; how many steps ran meanwhile depends on the pipe's latency, not asserted."""
+    before = process.stats().generated_tokens
     stream = process.generate("closed", [3] * 20, FOREVER)
     first = await anext(stream)
     assert first.token_ids and first.finish_reason is None
     await stream.aclose()
-    closed_at = process.stats().steps
     stats = await _stats_until(process, lambda s: s.running == 0 and s.free_blocks == s.num_blocks)
-    # The step in flight when the abort arrived, then the step that frees it.
-    assert stats.steps <= closed_at + 2
     assert stats.waiting == 0
+    assert stats.generated_tokens - before < FOREVER.max_new_tokens  # cut short, not run to its end
 
 
 async def test_a_request_the_engine_refuses_raises_and_the_engine_serves_on(process: EngineProcess) -> None:
