@@ -4,8 +4,9 @@ dispatcher's replica share, the fail-open limiter's divisor).
 
 Join: the first beat registers a full claim, so the others make room at their next beat; this
 instance takes new work only `join_wait_s` later (every other member has beaten since, with a late
-beat to spare). The first member of an empty fleet has nobody to wait for and serves at once. Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction
-of its share its open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
+beat to spare). The first member of an empty fleet has nobody to wait for and serves at once.
+Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
+open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
 the static `instance_count` takes over until Redis answers again.
 """
