@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.upstreams.base import GenerationRequest
+from bench.triton_shared_stream import SharedStreamUpstream
+from edge.upstreams.base import GenerationRequest, Upstream
 from edge.upstreams.triton import TritonUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
@@ -109,7 +110,7 @@ def in_process_generate(async_engine: AsyncEngine) -> Generate:
     return generate
 
 
-def triton_generate(upstream: TritonUpstream) -> Generate:
+def triton_generate(upstream: Upstream) -> Generate:
     async def generate(rid: str, prompt: list[int], max_tokens: int) -> AsyncIterator[list[int]]:
         req = GenerationRequest(rid, prompt, max_new_tokens=max_tokens, temperature=0.0)
         async for delta in upstream.generate(req):
@@ -146,7 +147,7 @@ def render_report(
         f"| {r.itl_ms(50):.1f} | {r.itl_ms(99):.1f} | {r.wall_s:.2f} |"
         for r in results
     ]
-    local, triton = results
+    local, *tritons = results
     every_run = "; ".join(
         f"{label} " + ", ".join(f"{r.tokens_per_s:,.0f}" for r in label_runs)
         for label, label_runs in runs.items()
@@ -169,8 +170,11 @@ def render_report(
             f"Each row is the median-throughput run of {args.repeat} per path (alternating); "
             f"tokens/s of every run: {every_run}.",
             "",
-            f"Triton delivers {triton.tokens_per_s / local.tokens_per_s:.0%} of the in-process throughput; "
-            f"its TTFT p50 is {triton.ttft_ms(50) - local.ttft_ms(50):+.0f} ms from the in-process one.",
+            *(
+                f"{t.label} delivers {t.tokens_per_s / local.tokens_per_s:.0%} of the in-process "
+                f"throughput; its TTFT p50 is {t.ttft_ms(50) / local.ttft_ms(50):.2f}x the in-process one."
+                for t in tritons
+            ),
             "",
             f"Machine: {where}.",
             "",
@@ -200,7 +204,7 @@ def median_run(runs: list[RunResult]) -> RunResult:
 async def main_async(args: argparse.Namespace) -> list[RunResult]:
     where = machine()
     config = EngineConfig(max_num_seqs=max(64, args.streams), num_blocks=2048)
-    runs: dict[str, list[RunResult]] = {"in-process": [], "triton": []}
+    runs: dict[str, list[RunResult]] = {"in-process": [], "triton": [], "triton-shared": []}
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         model_dir = build_demo_model(Path(tmp) / "model")
         engine = LLMEngine.from_pretrained(model_dir, config)
@@ -209,18 +213,27 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
         server = await asyncio.to_thread(start_local_triton, repository)
         # end_id -1: TensorRT-LLM's "ignore the end token", so the output length is fixed here too.
         upstream = TritonUpstream("bench", server.grpc_url, server.metrics_url, end_id=-1)
-        paths = {"in-process": in_process_generate(AsyncEngine(engine)), "triton": triton_generate(upstream)}
+        # The measured alternative (one synchronous stream per replica), for the comparison.
+        shared = SharedStreamUpstream(
+            TritonUpstream("bench-shared", server.grpc_url, server.metrics_url, end_id=-1)
+        )
+        paths = {
+            "in-process": in_process_generate(AsyncEngine(engine)),
+            "triton": triton_generate(upstream),
+            "triton-shared": triton_generate(shared),
+        }
         try:
-            # Alternate the two paths so a burst of load from elsewhere hits both alike.
+            # Alternate the paths so a burst of load from elsewhere hits both alike.
             for _ in range(args.repeat):
                 for label, generate in paths.items():
                     result = await run_load(label, generate, args.streams, args.max_tokens, args.prompt_len)
                     runs[label].append(result)
         finally:
             await upstream.aclose()
+            await shared.aclose()
             await asyncio.to_thread(server.stop)
             engine.stop()
-    results = [median_run(runs["in-process"]), median_run(runs["triton"])]
+    results = [median_run(label_runs) for label_runs in runs.values()]
     report = render_report(results, runs, args, config, where)
     print(report)
     if args.doc:
