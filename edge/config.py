@@ -100,6 +100,8 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
     blas_threads: Annotated[int, msgspec.Meta(ge=0)] = 1
     # A step carrying prefill may last this many times a decode-only step (0: no time budget).
     prefill_slowdown: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # The least prompt tokens a step carries next to decodes, whatever the time budget says.
+    min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
     batching: Literal["continuous", "static"] = "continuous"
     # Share the K/V of prompt prefixes already computed (gpu_container/engine/block_manager.py).
     enable_prefix_caching: bool = True

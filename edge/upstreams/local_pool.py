@@ -34,6 +34,7 @@ def engine_config(e: EngineSettings) -> EngineConfig:
         enable_prefix_caching=e.enable_prefix_caching,
         blas_threads=e.blas_threads,
         prefill_slowdown=e.prefill_slowdown,
+        min_prefill_chunk=e.min_prefill_chunk,
         batching=e.batching,
     )
 

@@ -114,7 +114,9 @@ class LLMEngine:
         writes scratch K/V into blocks nobody holds yet."""
         cost = calibrate(self._model, self._cache, self._clock)
         config = self._config
-        self._prefill_budget = PrefillBudget(cost, config.prefill_slowdown, config.max_num_batched_tokens)
+        self._prefill_budget = PrefillBudget(
+            cost, config.prefill_slowdown, config.max_num_batched_tokens, config.min_prefill_chunk
+        )
         self._scheduler = self._new_scheduler()
         log.info(
             "engine step cost calibrated",

@@ -10,7 +10,15 @@ scratch corner of the KV pool) and models a step as
 
 A step with `decodes` running streams may then carry
     ((slowdown - 1) * (fixed + per_decode * decodes) - prefill_overhead) / per_prefill_token
-prompt tokens; with no stream decoding nobody is waiting, and the token cap alone applies.
+prompt tokens, but never fewer than a floor (min_chunk); with no stream decoding (an idle engine,
+or a burst of arrivals all still prefilling) nobody is waiting, and the token cap alone applies.
+
+The floor is there for the prompt's sake: on a CPU a decode step of a few streams leaves room for
+2-4 prompt tokens, and such chunks cost several times more per token than a chunk of a few dozen
+(a few rows run as GEMVs, the whole context is gathered and attended to once per chunk), so a
+500-token prompt joining 4 streams waited 40 s for its first token instead of 3. With the floor the
+decodes are slowed more than `slowdown` while a prompt joins; docs/bench-engine.md measures the
+trade (slowdown x floor against the streams' p99 and the prompt's TTFT) that chose the defaults.
 
 prefill_overhead is what a prefill chunk costs whatever its size, and it grows with the prompt's
 context (each chunk gathers and attends to all of it): each step that carries prefill next to
@@ -66,19 +74,22 @@ class StepCost:
 class PrefillBudget:
     """Prompt tokens allowed in a step, given how many sequences decode in it."""
 
-    def __init__(self, cost: StepCost, slowdown: float, max_tokens: int) -> None:
+    def __init__(self, cost: StepCost, slowdown: float, max_tokens: int, min_chunk: int = 1) -> None:
         if slowdown <= 1:
             raise ValueError("prefill_slowdown must be above 1")
+        if min_chunk < 1:
+            raise ValueError("min_prefill_chunk must be at least 1")
         self.cost = cost
         self._slowdown = slowdown
         self._max_tokens = max_tokens
+        self._min_chunk = min(min_chunk, max_tokens)
 
     def tokens(self, decodes: int) -> int:
         if decodes == 0:
             return self._max_tokens
         c = self.cost
         slack = (self._slowdown - 1) * c.decode_step_s(decodes) - c.prefill_overhead_s
-        return max(1, min(self._max_tokens, int(slack / c.per_prefill_token_s)))
+        return max(self._min_chunk, min(self._max_tokens, int(slack / c.per_prefill_token_s)))
 
     def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
         """Refine the prefill overhead from a step that carried prefill alongside decodes."""

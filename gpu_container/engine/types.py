@@ -49,6 +49,9 @@ class EngineConfig:
     # A step carrying prefill may last this many times a decode-only step of the same batch: the
     # prefill budget in time, from step costs measured at start (step_budget.py). 0: tokens only.
     prefill_slowdown: float = 0.0
+    # The least prompt tokens a step carries next to decodes under the time budget, however little
+    # time it leaves: tiny chunks cost several times more per token (step_budget.py).
+    min_prefill_chunk: int = 1
     # "static": a batch starts together and no one joins until its longest member ends (kept only
     # to measure continuous batching against, bench/engine.py).
     batching: Literal["continuous", "static"] = "continuous"

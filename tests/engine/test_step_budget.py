@@ -53,6 +53,40 @@ def test_a_per_chunk_overhead_shrinks_the_chunk_once_not_down_to_one_token() -> 
     assert budget.tokens(0) == 512
 
 
+def test_the_floor_holds_when_the_decodes_leave_little_time() -> None:
+    """4 decodes leave room for 5 tokens by time; the floor of 16 wins, and the token cap wins over it."""
+    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(4) == 5
+    floored = PrefillBudget(cost, slowdown=1.5, max_tokens=512, min_chunk=16)
+    assert floored.tokens(4) == 16
+    assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
+    floored.observe(decodes=4, prefill_tokens=16, seconds=10.0)  # a huge overhead estimate
+    assert floored.tokens(4) == 16
+    roomy = StepCost(fixed_s=0.400, per_decode_s=0.0, per_prefill_token_s=0.004)
+    assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=16).tokens(4) == 50
+    assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4) == 8
+
+
+def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
+    """An idle engine, or a burst of arrivals all still prefilling: nobody waits on a decode, so the
+    time budget does not apply; once one of them decodes, the others get the floor."""
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=48)
+    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=48, min_chunk=8)
+    scheduler = Scheduler(config, BlockManager(64, 4, False), budget.tokens)
+    scheduler.add(_seq("first", 20, 0))
+    scheduler.add(_seq("second", 40, 1))
+    assert {c.seq.request_id: c.num_tokens for c in _run(scheduler)} == {"first": 20, "second": 28}
+    # "first" now decodes: the rest of "second" joins at the floor, not at the 48-token cap.
+    assert {c.seq.request_id: c.num_tokens for c in _run(scheduler)} == {"first": 1, "second": 8}
+
+
+@pytest.mark.parametrize("min_chunk", [0, -3])
+def test_a_floor_below_one_token_is_refused(min_chunk: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PrefillBudget(StepCost(0.01, 0.0, 0.001), 1.5, 64, min_chunk)
+
+
 def test_a_long_prompt_joins_in_budgeted_chunks_while_others_decode() -> None:
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
     scheduler = Scheduler(config, BlockManager(64, 4, False), lambda decodes: 3 if decodes else 64)
