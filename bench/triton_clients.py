@@ -1,4 +1,4 @@
-"""The Triton client's own CPU per token, three ways, against one local tritonserver in one run.
+"""The Triton client's own CPU per token, four ways, against one local tritonserver in one run.
 
     .venv/bin/python -m bench.triton_clients [--streams 1,64] [--max-tokens 128] [--repeat 3]
 
@@ -8,6 +8,7 @@ time over a load, divided by the tokens it received, is what the client costs th
 - aio: one grpc.aio stream per request (edge/upstreams/triton.py, the edge's client);
 - shared: one synchronous gRPC stream per replica carrying every request, read on a thread that
   hands the ready responses to the loop in batches (bench/triton_shared_stream.py);
+- aio-shared: one grpc.aio stream per replica carrying every request, read by one task;
 - http: Triton's HTTP `generate_stream` (server-sent events), read with httpx, one request each.
 
 Variants alternate within each repeat, so load from elsewhere hits them alike; the median is shown.
@@ -93,10 +94,14 @@ async def main_async(args: argparse.Namespace) -> None:
             TritonUpstream("shared", server.grpc_url, server.metrics_url, end_id=-1)
         )
         aio = TritonUpstream("aio", server.grpc_url, server.metrics_url, end_id=-1)
+        aio_shared = SharedStreamUpstream(
+            TritonUpstream("aio-shared", server.grpc_url, server.metrics_url, end_id=-1), kind="aio"
+        )
         http = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000))
         variants: dict[str, Stream] = {
             "aio": upstream_stream(aio),
             "shared": upstream_stream(shared),
+            "aio-shared": upstream_stream(aio_shared),
             "http": http_stream(http, server.http_url),
         }
         try:
@@ -127,12 +132,13 @@ async def main_async(args: argparse.Namespace) -> None:
         finally:
             await shared.aclose()
             await aio.aclose()
+            await aio_shared.aclose()
             await http.aclose()
             await asyncio.to_thread(server.stop)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Triton client CPU per token, three ways.")
+    parser = argparse.ArgumentParser(description="Triton client CPU per token, four ways.")
     parser.add_argument("--streams", default="1,64")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)

@@ -226,25 +226,109 @@ def stop_request(model: str, wire: str) -> Any:
     return request
 
 
-class SharedStreamUpstream:
-    """`upstream` (a TritonUpstream) with generate() over the shared stream; the rest delegated."""
+class AioSharedStream:
+    """The same shared stream through grpc.aio: a reader task on the loop, no threads of our own.
 
-    def __init__(self, upstream: TritonUpstream) -> None:
+    One more option measured (docs/bench-triton.md): it keeps grpc.aio's per-message cost but drops
+    the per-request call set-up (a call, its request-iterator task, the shielded first read).
+    """
+
+    def __init__(self, name: str, channel: grpc.aio.Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self._name = name
+        self._loop = loop
+        self._inboxes: dict[str, Inbox] = {}
+        self._suffixes = itertools.count(1)
+        self._requests: asyncio.Queue[Any] = asyncio.Queue()
+        self.failed: BaseException | None = None
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        self._call = stub.ModelStreamInfer(self._outgoing())
+        self._reader = loop.create_task(self._read())
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @property
+    def alive(self) -> bool:
+        return self.failed is None
+
+    async def _outgoing(self) -> AsyncIterator[Any]:
+        while (request := await self._requests.get()) is not _END:
+            yield request
+
+    def submit(self, request: Any) -> Inbox:
+        if request.id in self._inboxes:
+            request.id = f"{request.id}.{next(self._suffixes)}"
+        inbox = Inbox(request.id, self._loop)
+        self._inboxes[request.id] = inbox
+        self._requests.put_nowait(request)
+        return inbox
+
+    def stop(self, inbox: Inbox, stop_request: Any) -> None:
+        if self._inboxes.pop(inbox.wire_id, None) is not None and self.alive:
+            self._requests.put_nowait(stop_request)
+
+    def close(self) -> None:
+        self._requests.put_nowait(_END)
+        self._call.cancel()
+
+    async def _read(self) -> None:
+        inboxes = self._inboxes
+        try:
+            async for message in self._call:
+                response = message.infer_response
+                inbox = inboxes.get(response.id)
+                if inbox is None:
+                    continue
+                item: tuple[list[int], bool] | BaseException
+                if message.error_message:
+                    item = UpstreamError(f"{self._name}: {message.error_message}")
+                else:
+                    item = _decode(response)
+                if isinstance(item, BaseException) or item[1]:
+                    del inboxes[response.id]
+                inbox.put(item)
+            error: BaseException = UpstreamError(f"{self._name}: stream ended")
+        except asyncio.CancelledError:
+            error = UpstreamError(f"{self._name}: stream closed")
+        except grpc.aio.AioRpcError as exc:
+            error = UpstreamError(f"{self._name}: {exc.code().name}: {exc.details()}")
+        self.failed = error
+        self._inboxes = {}
+        for inbox in inboxes.values():
+            inbox.put(error)
+
+
+class SharedStreamUpstream:
+    """`upstream` (a TritonUpstream) with generate() over a shared stream; the rest delegated.
+
+    `kind`: "sync" (SharedStream, the synchronous client on a thread) or "aio" (AioSharedStream).
+    """
+
+    def __init__(self, upstream: TritonUpstream, kind: str = "sync") -> None:
         self.name = upstream.name
         self._upstream = upstream
-        self._channel: grpc.Channel | None = None
-        self._stream: SharedStream | None = None
+        self._kind = kind
+        self._channel: Any = None
+        self._stream: SharedStream | AioSharedStream | None = None
 
-    def _shared_stream(self) -> SharedStream:
+    def _shared_stream(self) -> SharedStream | AioSharedStream:
         loop = asyncio.get_running_loop()
         if self._stream is not None and (self._stream.loop is not loop or not self._stream.alive):
             self._stream.close()
             self._stream = None
         if self._stream is None:
-            if self._channel is None:
-                options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-                self._channel = grpc.insecure_channel(self._upstream.grpc_url, options=options)
-            self._stream = SharedStream(self.name, self._channel, loop)
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            if self._kind == "aio":
+                self._channel = self._channel or grpc.aio.insecure_channel(
+                    self._upstream.grpc_url, options=options
+                )
+                self._stream = AioSharedStream(self.name, self._channel, loop)
+            else:
+                self._channel = self._channel or grpc.insecure_channel(
+                    self._upstream.grpc_url, options=options
+                )
+                self._stream = SharedStream(self.name, self._channel, loop)
         return self._stream
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
@@ -294,6 +378,8 @@ class SharedStreamUpstream:
             self._stream.close()
             self._stream = None
         if self._channel is not None:
-            self._channel.close()
+            closed = self._channel.close()
+            if asyncio.iscoroutine(closed):
+                await closed
             self._channel = None
         await self._upstream.aclose()
