@@ -69,12 +69,13 @@ class Scheduler:
         self,
         config: EngineConfig,
         block_manager: BlockManager,
-        prefill_budget: Callable[[int], int] | None = None,
+        prefill_budget: Callable[[int, int], int] | None = None,
         eos_token_ids: Collection[int] = (),
         max_model_len: int | None = None,
     ) -> None:
-        """prefill_budget(decodes), if given, caps the prompt tokens of a step that decodes that
-        many sequences (the time budget of step_budget.py); max_num_batched_tokens caps it too.
+        """prefill_budget(decodes, prompts), if given, caps the prompt tokens of a step that decodes
+        that many sequences while that many prompts wait for theirs (the time budget of
+        step_budget.py); max_num_batched_tokens caps it too.
         eos_token_ids and max_model_len (default: the config's) are finish rules (postprocess)."""
         if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
@@ -133,11 +134,18 @@ class Scheduler:
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
         if self._prefill_budget is not None:
-            step.budget = min(step.budget, self._prefill_budget(len(step.tokens)))
+            step.budget = min(step.budget, self._prefill_budget(len(step.tokens), self._prompts_pending()))
         preempted |= self._schedule_running(step, decodes=False)
         if not preempted and self._batch_open():
             self._admit(step)
         return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
+
+    def _prompts_pending(self) -> int:
+        """Prompts that could get prefill this step: running ones still prefilling, and the
+        waiting ones that fit the free sequence slots."""
+        prefilling = sum(1 for s in self.running if s.num_uncomputed_tokens > 1)
+        admissible = len(self.waiting) if self._batch_open() else 0
+        return prefilling + min(admissible, self._config.max_num_seqs - len(self.running))
 
     def _schedule_running(self, step: _Step, decodes: bool) -> bool:
         """Schedule the running decodes (or the running prefills); True if it had to preempt."""

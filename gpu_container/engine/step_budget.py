@@ -10,8 +10,9 @@ scratch corner of the KV pool) and models a step as
 
 A step with `decodes` running streams may then carry
     ((slowdown - 1) * (fixed + per_decode * decodes) - prefill_overhead) / per_prefill_token
-prompt tokens, but never fewer than a floor (min_chunk); with no stream decoding (an idle engine,
-or a burst of arrivals all still prefilling) nobody is waiting, and the token cap alone applies.
+prompt tokens, but never fewer than a floor (min_chunk) for each prompt waiting for its prefill;
+with no stream decoding (an idle engine, or a burst of arrivals all still prefilling) nobody is
+waiting on a decode, and the token cap alone applies.
 
 The floor is there for the prompt's sake: on a CPU a decode step of a few streams leaves room for
 2-4 prompt tokens, and such chunks cost several times more per token than a chunk of a few dozen
@@ -19,6 +20,8 @@ The floor is there for the prompt's sake: on a CPU a decode step of a few stream
 500-token prompt joining 4 streams waited 40 s for its first token instead of 3. With the floor the
 decodes are slowed more than `slowdown` while a prompt joins; docs/bench-engine.md measures the
 trade (slowdown x floor against the streams' p99 and the prompt's TTFT) that chose the defaults.
+The floor is per prompt: a wave of 15 arrivals next to one decoding stream would otherwise be
+admitted one floor a step, each new user waiting behind the others for as many steps.
 
 prefill_overhead is what a prefill chunk costs whatever its size, and it grows with the prompt's
 context (each chunk gathers and attends to all of it): each step that carries prefill next to
@@ -84,12 +87,14 @@ class PrefillBudget:
         self._max_tokens = max_tokens
         self._min_chunk = min(min_chunk, max_tokens)
 
-    def tokens(self, decodes: int) -> int:
+    def tokens(self, decodes: int, prompts: int = 1) -> int:
+        """Prompt tokens for a step with `decodes` decoding sequences and `prompts` prompts pending."""
         if decodes == 0:
             return self._max_tokens
         c = self.cost
         slack = (self._slowdown - 1) * c.decode_step_s(decodes) - c.prefill_overhead_s
-        return max(self._min_chunk, min(self._max_tokens, int(slack / c.per_prefill_token_s)))
+        floor = self._min_chunk * max(1, prompts)
+        return min(self._max_tokens, max(floor, int(slack / c.per_prefill_token_s)))
 
     def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
         """Refine the prefill overhead from a step that carried prefill alongside decodes."""

@@ -65,6 +65,21 @@ def test_the_floor_holds_when_the_decodes_leave_little_time() -> None:
     roomy = StepCost(fixed_s=0.400, per_decode_s=0.0, per_prefill_token_s=0.004)
     assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=16).tokens(4) == 50
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4) == 8
+    assert floored.tokens(4, prompts=3) == 48  # the floor is per prompt waiting for its prefill
+    assert floored.tokens(4, prompts=100) == 512
+
+
+def test_a_wave_of_arrivals_next_to_one_decode_gets_a_floor_each() -> None:
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
+    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=64, min_chunk=8)
+    scheduler = Scheduler(config, BlockManager(64, 4, False), budget.tokens)
+    scheduler.add(_seq("first", 4, 0))
+    _run(scheduler)
+    for i in range(3):
+        scheduler.add(_seq(f"late-{i}", 8, 1 + i))
+    chunks = {c.seq.request_id: c.num_tokens for c in _run(scheduler)}
+    assert chunks == {"first": 1, "late-0": 8, "late-1": 8, "late-2": 8}
 
 
 def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
@@ -89,7 +104,7 @@ def test_a_floor_below_one_token_is_refused(min_chunk: int) -> None:
 
 def test_a_long_prompt_joins_in_budgeted_chunks_while_others_decode() -> None:
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
-    scheduler = Scheduler(config, BlockManager(64, 4, False), lambda decodes: 3 if decodes else 64)
+    scheduler = Scheduler(config, BlockManager(64, 4, False), lambda decodes, _: 3 if decodes else 64)
     scheduler.add(_seq("short", 4, 0))
     _run(scheduler)  # the short prompt alone: prefilled whole, first token sampled
     scheduler.add(_seq("long", 40, 1))
