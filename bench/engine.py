@@ -32,6 +32,7 @@ from threadpoolctl import threadpool_info
 from bench.engine_driver import Driver
 from bench.engine_measures import (
     batching_run,
+    chunk_costs,
     decode_roofline,
     decode_throughput,
     head_table,
@@ -58,7 +59,15 @@ SERVE_CONFIG = EngineConfig(
     max_model_len=4096,
     blas_threads=1,
     prefill_slowdown=1.5,
+    min_prefill_chunk=32,
 )
+# The join section's trade-off: (prefill_slowdown, min_prefill_chunk) per prompt length; (0, 0) is
+# the token budget alone. The 2,000-token prompt runs fewer: each of its runs takes minutes.
+JOIN_SWEEP = {
+    500: [(0.0, 0), (1.5, 8), (1.5, 16), (2.0, 16), (1.5, 32), (1.5, 64)],
+    2000: [(0.0, 0), (1.5, 16), (1.5, 32)],
+}
+CHUNKS = (1, 4, 8, 16, 32, 64, 128)
 
 
 def machine() -> str:
@@ -136,10 +145,18 @@ def main() -> None:
 
     if "join" in only:
         res.joins = []
-        token_budget = replace(SERVE_CONFIG, prefill_slowdown=0.0)
-        for prompt_tokens in (500, 2000):
-            for label, config in (("time budget", SERVE_CONFIG), ("token budget", token_budget)):
+        res.chunk_costs = chunk_costs(model, CHUNKS)
+        for prompt_tokens, sweep in JOIN_SWEEP.items():
+            for slowdown, floor in sweep:
+                config = replace(SERVE_CONFIG, prefill_slowdown=slowdown, min_prefill_chunk=max(1, floor))
+                label = join_label(config)
                 res.joins.append(long_prompt_joins(model, config, label, prompt_tokens, streams=4))
+                j = res.joins[-1]
+                print(
+                    f"join {prompt_tokens} {label}: p99/steady {j.join_p99_s / j.steady_gap_s:.2f}, "
+                    f"TTFT {j.ttft_s:.1f} s",
+                    flush=True,
+                )
         done("join")
 
     if "batching" in only:
@@ -158,6 +175,18 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
+def join_label(config: EngineConfig) -> str:
+    if config.prefill_slowdown == 0:
+        return "token budget"
+    default = (config.prefill_slowdown, config.min_prefill_chunk) == (
+        SERVE_CONFIG.prefill_slowdown,
+        SERVE_CONFIG.min_prefill_chunk,
+    )
+    return f"time {config.prefill_slowdown:g}x, floor {config.min_prefill_chunk}" + (
+        " (default)" if default else ""
+    )
+
+
 def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str, scale: float) -> None:
     """The same chat prompt, greedy, closed loop: into the engine alone and through two edges (the
     engine in its own process, and in the edge's), all started first and run in the order
@@ -166,12 +195,14 @@ def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str,
     max_tokens = 64
     loads = {1: max(1, int(2 * scale)), 16: int(16 * scale)}
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0)
-    # Token budget on every path: the engine alone receives a wave of 16 requests in one step, the
-    # edges over a few milliseconds, and the time budget would prefill those stragglers a few tokens
-    # a step beside the first one's decodes (section 4 measures that trade); what is compared here
-    # is the cost of serving.
-    config = replace(SERVE_CONFIG, prefill_slowdown=0.0)
-    toml = f"max_model_len = {config.max_model_len}\nprefill_slowdown = 0.0\n"
+    # The default budget on every path (time budget with its floor): the engine alone receives a
+    # wave of 16 requests in one step, the edges over a few milliseconds, so the edges' stragglers
+    # join beside the first ones' decodes at the floor's chunk; that is part of what serving costs.
+    config = SERVE_CONFIG
+    toml = (
+        f"max_model_len = {config.max_model_len}\nprefill_slowdown = {config.prefill_slowdown}\n"
+        f"min_prefill_chunk = {config.min_prefill_chunk}\n"
+    )
     with (
         Driver(model, config) as driver,
         serve(model_dir, name, f'isolation = "process"\n{toml}') as in_process,

@@ -179,6 +179,48 @@ def _head_table(model: LlamaModel, rows: tuple[int, ...]) -> list[HeadRow]:
 
 
 @dataclass(frozen=True)
+class ChunkCost:
+    """A step of 4 decodes carrying one prefill chunk (256 tokens of context before it)."""
+
+    chunk: int
+    step_s: float
+    decode_step_s: float  # the same 4 decodes alone
+
+    @property
+    def per_token_s(self) -> float:
+        return (self.step_s - self.decode_step_s) / self.chunk
+
+
+def chunk_costs(model: LlamaModel, chunks: tuple[int, ...], decodes: int = 4) -> list[ChunkCost]:
+    """What a prompt token costs by chunk size, next to `decodes` decodes: where the per-token cost
+    flattens out is where [engine] min_prefill_chunk sits. Thread CPU time at one BLAS thread."""
+    cfg = model.config
+    cache = KVCache.allocate(cfg.num_hidden_layers, 160, 16, cfg.num_key_value_heads, cfg.head_dim)
+
+    def seq(i: int, computed: int, total: int, first_block: int) -> Sequence:
+        s = Sequence(f"cost-{i}", [5] * total, SamplingParams(), lambda _: None)
+        s.block_table = list(range(first_block, first_block - (-total // 16)))
+        s.num_computed_tokens = computed
+        return s
+
+    def decoding() -> list[ScheduledChunk]:
+        return [ScheduledChunk(seq(i, 64, 65, i * 8), 1) for i in range(decodes)]
+
+    def step(chunks: list[ScheduledChunk]) -> Callable[[], object]:
+        batch = ForwardBatch.from_chunks(chunks, 16)
+        return lambda: model.forward(batch, cache)
+
+    with threadpool_limits(1, "blas"):
+        alone = cpu_time_of(step(decoding()), 3)
+        return [
+            ChunkCost(
+                n, cpu_time_of(step([*decoding(), ScheduledChunk(seq(99, 256, 256 + n, 40), n)]), 3), alone
+            )
+            for n in chunks
+        ]
+
+
+@dataclass(frozen=True)
 class JoinRun:
     """Streams decoding while a long prompt joins: their gaps before and while it prefills."""
 
