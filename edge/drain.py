@@ -82,11 +82,6 @@ class Drain:
             return 0.0
         return max(0.0, self._began_at + self.accept_s - time.monotonic())
 
-    def deadline_left_s(self) -> float:
-        if self._began_at is None:
-            return self.deadline_s
-        return max(0.0, self._began_at + self.deadline_s - time.monotonic())
-
     @contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
         """The scope to run one generation in; `cancelled_caught` afterwards says the drain cut it."""

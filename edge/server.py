@@ -36,10 +36,6 @@ class Listeners:
     ops: socket.socket
 
     @property
-    def public_port(self) -> int:
-        return int(self.public.getsockname()[1])
-
-    @property
     def ops_port(self) -> int:
         return int(self.ops.getsockname()[1])
 

@@ -69,9 +69,6 @@ class Recorder:
     def rejected_total(self, tier: str, reasons: tuple[str, ...] = REASONS) -> int:
         return sum(m.rejected.get((tier, r), 0) for m in self.minutes.values() for r in reasons)
 
-    def offered_total(self) -> int:
-        return sum(m.offered for m in self.minutes.values())
-
     def utilisation(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """Per period: the output rate of the hosts in service over their full-batch output."""
         return self.series("utilisation")

@@ -70,9 +70,6 @@ class Replica:
     def max_tokens_per_s(self) -> float:
         return self.slots * self.bundle / self.continuous_step_s(self.slots)
 
-    def free_slots(self) -> int:
-        return self.slots - self.running
-
     def admit(self, req: Request) -> Timing:
         """Continuous batching: join the running batch."""
         self.running += 1

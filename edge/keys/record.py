@@ -37,9 +37,6 @@ class KeyRecord:
     revoked: float | None = None  # when it was revoked; None: live
     last4: str = ""  # the key's last four characters ("" for keys imported as hashes)
 
-    def usable_at(self, now: float) -> bool:
-        return self.revoked is None and (self.expires is None or now < self.expires)
-
     def status(self, now: float) -> str:
         if self.revoked is not None:
             return "revoked"
