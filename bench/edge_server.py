@@ -38,7 +38,7 @@ class EdgeProcess:
     pid: int
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the edge process so far (all its threads). The in-process engine runs
+        """User + system CPU of the edge process so far (all its threads). The CPU engine runs
         in a child process of its own: engine_cpu_seconds counts it."""
         return _cpu_seconds(self.pid)
 

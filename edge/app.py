@@ -74,7 +74,7 @@ def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPub
 
 
 def replica_provider(settings: Settings, triton_model: str = "") -> UpstreamProvider:
-    """`[upstream] triton` empty: the in-process engines; otherwise Triton replicas (`local`,
+    """`[upstream] triton` empty: the local CPU engines; otherwise Triton replicas (`local`,
     `HOST:PORT,...` or `asg:GROUP...`, see edge/upstreams/triton.py). The Triton client is imported
     only when asked for, so the default path never loads it."""
     spec = settings.upstream.triton.strip()

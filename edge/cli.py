@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--triton",
         metavar="local|HOST:PORT,...|asg:GROUP[:GRPC_PORT[:METRICS_PORT]]",
-        help="serve from Triton replicas instead of in-process engines (default: upstream.triton)",
+        help="serve from Triton replicas instead of the local CPU engines (default: upstream.triton)",
     )
     serve.add_argument(
         "--workers",

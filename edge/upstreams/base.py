@@ -1,6 +1,6 @@
 """The edge's name for the seam's contract (gpu_container/contract.py, where both sides import it).
 
-Whoever the replica is (the in-process engine, a local Triton, a fleet of Triton + TensorRT-LLM),
+Whoever the replica is (the local CPU engine, a local Triton, a fleet of Triton + TensorRT-LLM),
 the edge sees this protocol only. The types are defined once, in gpu_container.contract; this
 module re-exports them so that the edge's modules name the seam from edge/upstreams/.
 """
