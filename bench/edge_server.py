@@ -112,13 +112,15 @@ def edge_process(
         cmd = [*floodgate, "serve", "--config", str(config)]
         if triton:
             cmd += ["--triton", triton]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "edge.log", "w"))
+        log = Path(tmp) / "edge.log"
+        with log.open("w") as sink:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink)
         base_url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 180
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"edge exited: {(Path(tmp) / 'edge.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"edge exited: {log.read_text()[-2000:]}")
                 try:
                     if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
                         break
