@@ -59,7 +59,7 @@ def serve(model_dir: Path, model_name: str, engine_toml: str) -> Iterator[Served
         port = _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nops_port = {_free_port()}\nkeys_file = "{tmp}/keys.jsonl"\n'
+            f'[server]\nport = {port}\nops_port = {_free_port()}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             f'[model]\npath = "{model_dir.resolve()}"\nname = "{model_name}"\n'
             f"[engine]\n{engine_toml}\n" + BENCH_TIER
         )
