@@ -1,7 +1,8 @@
 """The CPU engine as an upstream replica: what `make serve` runs with no GPU.
 
 The engine behind it is either an EngineProcess (the default: its own process, off the event
-loop's GIL) or an AsyncEngine around an in-thread LLMEngine (tests that reach into the engine).
+loop's GIL) or an AsyncEngine around an in-thread LLMEngine (`isolation = "thread"`, and tests
+that reach into the engine).
 """
 
 from __future__ import annotations
