@@ -14,7 +14,8 @@ Here the child runs the ordinary thread-shell LLMEngine; the parent only moves s
 A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop.
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
 process. If the child dies, every open stream ends with an "error" output and `running` turns false.
-The in-thread LLMEngine + AsyncEngine stay for the Triton Python backend and the tests.
+The in-thread LLMEngine + AsyncEngine stay for the Triton Python backend, `[engine] isolation =
+"thread"` and the tests.
 """
 
 from __future__ import annotations
