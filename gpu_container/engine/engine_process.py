@@ -252,8 +252,11 @@ def _deliver(items: list[tuple[Mailbox, TokenOutput]]) -> None:
 
 def serve_engine(commands: Connection, events: Connection) -> None:
     """The child's main: load the model, run the engine thread, apply commands until told to stop."""
-    # Ctrl-C in a terminal reaches the whole process group; the parent decides when the engine stops.
+    # Ctrl-C in a terminal, and SIGTERM from systemd (KillMode=control-group) or `timeout`, reach the
+    # whole process group; the parent decides when the engine stops, after its drain: it sends "stop",
+    # kills with SIGKILL if that is ignored, and a parent that dies closes the pipe (EOF ends us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from gpu_container.engine.engine import LLMEngine
 
     send_lock = threading.Lock()

@@ -121,3 +121,17 @@ async def test_stop_cancels_open_streams(demo_dir: Path) -> None:
         rest = await _collect(stream)
     assert rest[-1].finish_reason == "cancelled"
     assert not stopping.running
+
+
+async def test_a_sigterm_to_the_process_group_leaves_the_engine_to_its_parent(process: EngineProcess) -> None:
+    """systemd and `timeout` signal the whole group: the edge's drain, not the signal, ends the engine."""
+    stream = process.generate("through-sigterm", [7, 8, 9], GREEDY)
+    first = await anext(stream)
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGTERM)
+    async with asyncio.timeout(TIMEOUT_S):
+        rest = await _collect(stream)
+    outputs = [first, *rest]
+    assert outputs[-1].finish_reason == "length"
+    assert sum(len(o.token_ids) for o in outputs) == GREEDY.max_new_tokens
+    assert process.running
