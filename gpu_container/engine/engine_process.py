@@ -36,6 +36,7 @@ import structlog
 
 from gpu_container.engine.async_engine import Mailbox, mailbox_stream
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
+from gpu_container.plain_logging import configure_plain_logging
 
 log = structlog.get_logger(__name__)
 
@@ -257,6 +258,9 @@ def serve_engine(commands: Connection, events: Connection) -> None:
     # kills with SIGKILL if that is ignored, and a parent that dies closes the pipe (EOF ends us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # JSON lines like the edge's, and never structlog's default console tracebacks with locals (a
+    # frame of the engine holds prompt token ids and KV-cache arrays).
+    configure_plain_logging()
     from gpu_container.engine.engine import LLMEngine
 
     send_lock = threading.Lock()

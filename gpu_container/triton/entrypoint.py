@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
+from gpu_container.plain_logging import configure_plain_logging
 from gpu_container.triton.fetch_engine import fetch_engine
-from gpu_container.triton.plain_logging import configure_plain_logging
 from gpu_container.triton.production.render import MODEL_NAME, TrtLlmSettings, render_repository
 
 log = structlog.get_logger(__name__)

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import structlog
 
-from gpu_container.triton.plain_logging import configure_plain_logging
+from gpu_container.plain_logging import configure_plain_logging
 
 log = structlog.get_logger(__name__)
 

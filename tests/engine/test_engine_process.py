@@ -7,6 +7,7 @@ crash test starts its own, since it kills it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -135,3 +136,13 @@ async def test_a_sigterm_to_the_process_group_leaves_the_engine_to_its_parent(pr
     assert outputs[-1].finish_reason == "length"
     assert sum(len(o.token_ids) for o in outputs) == GREEDY.max_new_tokens
     assert process.running
+
+
+def test_the_engine_process_logs_json_lines(demo_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """One log format for the operator: the child's lines are JSON, as the edge's are."""
+    logged = EngineProcess(demo_dir, CONFIG, "logging")
+    logged.start()
+    logged.stop()
+    lines = [line for line in capfd.readouterr().out.splitlines() if "engine started" in line]
+    assert lines, "the engine process logged no start line"
+    assert json.loads(lines[0])["event"] == "engine started"

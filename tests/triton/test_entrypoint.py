@@ -49,7 +49,7 @@ def test_tritonserver_command_serves_the_rendered_repository() -> None:
 def test_gpu_side_tracebacks_are_plain_and_carry_no_locals() -> None:
     # A separate interpreter: configuring structlog here would change every later test's logging.
     script = """
-from gpu_container.triton.plain_logging import configure_plain_logging
+from gpu_container.plain_logging import configure_plain_logging
 import structlog
 configure_plain_logging()
 def step():

@@ -30,6 +30,7 @@ import triton_python_backend_utils as pb_utils  # only inside tritonserver's Pyt
 
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, TokenOutput
+from gpu_container.plain_logging import configure_plain_logging
 from gpu_container.triton.cpu.outbox import Outbox
 from gpu_container.triton.cpu.tensors import (
     GENERATED_TOKENS_METRIC,
@@ -37,7 +38,6 @@ from gpu_container.triton.cpu.tensors import (
     engine_config_from_parameters,
     output_arrays,
 )
-from gpu_container.triton.plain_logging import configure_plain_logging
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
 

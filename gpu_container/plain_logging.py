@@ -1,5 +1,5 @@
-"""structlog for the GPU side (container start-up, the CPU model inside tritonserver): one JSON object
-per line, tracebacks as plain text.
+"""structlog for the GPU side (container start-up, the CPU model inside tritonserver, the engine
+process beside the edge): one JSON object per line, tracebacks as plain text.
 
 structlog's default console renderer prints rich tracebacks with every frame's local variables; a
 frame of the engine holds KV-cache arrays and prompt token ids, which must never reach a log. The
