@@ -18,7 +18,14 @@ from edge.body_timeout import BodyReadTimeout
 from edge.cancel.factory import open_request_registry
 from edge.config import Settings
 from edge.drain import Drain
-from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
+from edge.errors import (
+    STORE_ERRORS,
+    ApiError,
+    handle_api_error,
+    handle_http_exception,
+    handle_store_error,
+    handle_unexpected,
+)
 from edge.keys.services import open_key_services
 from edge.membership.edge_fleet import joined_fleet
 from edge.messages.conversation_log import ConversationLog
@@ -224,6 +231,7 @@ def create_app(
         exception_handlers={
             ApiError: handle_api_error,
             HTTPException: handle_http_exception,
+            **dict.fromkeys(STORE_ERRORS, handle_store_error),
             Exception: handle_unexpected,
         },
         request_max_body_size=settings.server.max_body_bytes,

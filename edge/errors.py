@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 from typing import Any
 
 import msgspec
 import structlog
+from botocore.exceptions import BotoCoreError, ClientError
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from redis.exceptions import RedisError
 
 from edge.metrics import REQUESTS_REJECTED
 
@@ -106,6 +109,22 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
     detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "api_error"), code=code)
     headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
     return error_response(status, detail, headers)
+
+
+# What a backing store (keys and usage, messages, the cancel bus) raises when it cannot answer: the
+# store's trouble, not a bug of ours and not the client's, so 503 + Retry-After rather than 500.
+STORE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, RedisError, BotoCoreError, ClientError)
+
+
+def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.warning("store_unavailable", path=request.url.path, error_type=type(exc).__name__)
+    REQUESTS_REJECTED.labels("503", "store_unavailable").inc()
+    detail = ErrorDetail(
+        message="A backing store is not answering right now; please retry.",
+        type=_TYPE_BY_STATUS[503],
+        code="store_unavailable",
+    )
+    return error_response(503, detail, retry_after_headers(1.0))
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

@@ -5,6 +5,7 @@ edge is stopped cleanly before the usage store is read: nothing queued may be lo
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,15 @@ def test_a_user_sees_only_their_own_usage(tmp_path: Path) -> None:
         )
         assert bad.status_code == 400
         assert client.get(server.base_url + "/v1/usage").status_code == 401
+
+
+def test_a_failing_store_answers_503_not_500(tmp_path: Path) -> None:
+    """A store that cannot answer is the store's trouble: 503 + Retry-After and an error object."""
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}) as server, httpx.Client(timeout=60) as client:
+        assert client.get(server.base_url + "/v1/usage", headers=server.auth("free")).status_code == 200
+        with sqlite3.connect(tmp_path / "keys.db") as db:
+            db.execute("DROP TABLE usage")
+        broken = client.get(server.base_url + "/v1/usage", headers=server.auth("free"))
+        assert broken.status_code == 503
+        assert int(broken.headers["retry-after"]) >= 1
+        assert broken.json()["error"]["code"] == "store_unavailable"
