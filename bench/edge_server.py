@@ -98,10 +98,10 @@ def edge_process(
         port, ops_port = _free_port(), _free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nops_port = {ops_port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
-            + MODELS[model]
-            + BENCH_TIER
-            + extra_toml
+            # No drain window: terminate() must stop the edge, and with it the tritonserver it started,
+            # before the kill below would orphan that server.
+            f"[server]\nport = {port}\nops_port = {ops_port}\ndrain_accept_s = 0.0\ndrain_deadline_s = 5.0\n"
+            f'[keys]\nsqlite_path = "{tmp}/keys.db"\n' + MODELS[model] + BENCH_TIER + extra_toml
         )
         key = subprocess.run(
             [*floodgate, "keys", "create", "--config", str(config), "--user", "bench", "--tier", "bench"],
