@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -71,12 +72,28 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _free_port() -> int:
-    import socket
-
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout_s: float, what: str = "edge"
+) -> None:
+    """Poll `/readyz` until 200; the server's log tail if it exits first, an error past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready")
+        time.sleep(0.2)
 
 
 # The models a benchmark can serve, by the name clients send: the real default model (imported from
@@ -95,7 +112,7 @@ def edge_process(
 ) -> Iterator[EdgeProcess]:
     floodgate = [sys.executable, "-c", "from edge.cli import main; main()"]
     with tempfile.TemporaryDirectory(prefix="floodgate-bench-") as tmp:
-        port, ops_port = _free_port(), _free_port()
+        port, ops_port = free_port(), free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
             # No drain window: terminate() must stop the edge, and with it the tritonserver it started,
@@ -117,18 +134,7 @@ def edge_process(
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink)
         base_url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"edge exited: {log.read_text()[-2000:]}")
-                try:
-                    if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("edge did not become ready")
-                time.sleep(0.2)
+            wait_ready(proc, base_url, log, 180)
             yield EdgeProcess(base_url, key, proc.pid)
         finally:
             proc.terminate()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import httpx
 
-from bench.edge_server import BENCH_TIER
+from bench.edge_server import BENCH_TIER, free_port, wait_ready
 
 FLOODGATE = [sys.executable, "-c", "from edge.cli import main; main()"]
 
@@ -47,19 +45,13 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve(model_dir: Path, model_name: str, engine_toml: str) -> Iterator[Served]:
     with tempfile.TemporaryDirectory(prefix="floodgate-bench-engine-") as tmp:
-        port = _free_port()
+        port = free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
-            f'[server]\nport = {port}\nops_port = {_free_port()}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
+            f'[server]\nport = {port}\nops_port = {free_port()}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             f'[model]\npath = "{model_dir.resolve()}"\nname = "{model_name}"\n'
             f"[engine]\n{engine_toml}\n" + BENCH_TIER
         )
@@ -76,18 +68,7 @@ def serve(model_dir: Path, model_name: str, engine_toml: str) -> Iterator[Served
             )
         base_url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"edge exited: {log.read_text()[-3000:]}")
-                try:
-                    if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("edge did not become ready")
-                time.sleep(0.2)
+            wait_ready(proc, base_url, log, 300)
             yield Served(base_url, key, proc.pid, model_name)
         finally:
             proc.terminate()

@@ -19,7 +19,6 @@ import io
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis as RedisAsync
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from bench.edge_server import free_port
 from limiter.base import Limiter, TierLimits
 from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter
@@ -62,17 +62,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_redis(workdir: str) -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed")
-    port = _free_port()
+    port = free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     process = subprocess.Popen([*args, "--dir", workdir], stdout=subprocess.DEVNULL)
     client = SyncRedis(port=port)

@@ -28,18 +28,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 from litestar import Litestar, get, post
 from litestar.response import Stream
 
 from bench.__main__ import machine
-from bench.edge_server import BENCH_TIER, EdgeProcess, _free_port
+from bench.edge_server import BENCH_TIER, EdgeProcess, free_port, wait_ready
 from bench.loadgen import markdown_table, run_load
 from edge.config import Settings
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
@@ -151,7 +149,7 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
     from edge.keys.provision import create_keys
 
     with tempfile.TemporaryDirectory(prefix="floodgate-relay-") as tmp:
-        port = _free_port()
+        port = free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
             f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
@@ -171,18 +169,7 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         base_url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{variant} exited: {(Path(tmp) / 'server.log').read_text()[-2000:]}")
-                try:
-                    if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{variant} did not become ready")
-                time.sleep(0.2)
+            wait_ready(proc, base_url, Path(tmp) / "server.log", 120, variant)
             yield EdgeProcess(base_url, key, _server_pid(proc.pid))
         finally:
             # py-spy writes its profile on SIGINT (and stops the server it runs).

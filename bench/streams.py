@@ -45,7 +45,7 @@ import aiohttp
 import httpx
 
 from bench.__main__ import machine
-from bench.edge_server import BENCH_TIER, _free_port
+from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 
@@ -163,7 +163,7 @@ def servers(
     from edge.keys.provision import create_keys
 
     with tempfile.TemporaryDirectory(prefix="floodgate-streams-") as tmp:
-        port = _free_port()
+        port = free_port()
         config = Path(tmp) / "bench.toml"
         config.write_text(
             f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
