@@ -69,12 +69,21 @@ def stand_in(tmp_path: Path) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/nonexistent"}
 
 
+def reachable(run_dir: Path) -> Path:
+    """The start script where uid 10001 can read it. The image installs it world-readable; the
+    checkout may sit under a folder that uid cannot enter (a `mktemp -d` clone is 0700)."""
+    script = run_dir.parent / "edge-start.sh"
+    shutil.copyfile(SCRIPT, script)
+    script.chmod(0o755)
+    return script
+
+
 def start(
     env: dict[str, str], run_dir: Path, keys: str, token: str = "tok3n"
 ) -> subprocess.CompletedProcess[str]:
     settings = (EXAMPLE / "edge.toml.tftpl").read_text()
     return subprocess.run(
-        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(SCRIPT)],
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(reachable(run_dir))],
         env={
             **env,
             "FLOODGATE_RUN_DIR": str(run_dir),
@@ -135,7 +144,7 @@ def test_settings_that_allow_a_dev_key_are_refused(stand_in: dict[str, str], tmp
     settings = (EXAMPLE / "edge.toml.tftpl").read_text().replace("dev_key = false", "dev_key = true")
 
     done = subprocess.run(
-        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(SCRIPT)],
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(reachable(mount))],
         env={
             **stand_in,
             "FLOODGATE_RUN_DIR": str(mount),
