@@ -43,6 +43,7 @@ from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.conversations import conversation_messages
 from edge.routes.health import healthz, readyz
+from edge.routes.model_stats import model_stats
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
@@ -217,6 +218,7 @@ def create_app(
             admin_router,
             list_models,
             retrieve_model,
+            model_stats,
             healthz,
             readyz,
             prometheus_metrics,

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from edge.admission.cache_figures import CacheFigures
 from edge.upstreams.base import Capacity
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -113,14 +114,12 @@ def record_capacity(replica: str, cap: Capacity) -> None:
     REPLICA_WAITING.labels(replica).set(cap.waiting)
     REPLICA_KV_USED.labels(replica).set(cap.kv_tokens_used)
     REPLICA_KV_TOTAL.labels(replica).set(cap.kv_tokens_total)
-    block = max(cap.kv_block_tokens, 1)
-    cached = cap.kv_tokens_cached // block
-    used = cap.kv_tokens_used // block
-    REPLICA_KV_BLOCKS.labels(replica, "used").set(used)
-    REPLICA_KV_BLOCKS.labels(replica, "cached").set(cached)
-    REPLICA_KV_BLOCKS.labels(replica, "free").set(cap.kv_tokens_total // block - used - cached)
-    REPLICA_PREFIX_HIT_TOKENS.labels(replica).set(cap.prefix_hit_tokens)
-    REPLICA_PREFIX_QUERY_TOKENS.labels(replica).set(cap.prefix_query_tokens)
-    if cap.prefix_query_tokens:
-        REPLICA_PREFIX_HIT_RATE.labels(replica).set(cap.prefix_hit_tokens / cap.prefix_query_tokens)
-    REPLICA_PREEMPTIONS.labels(replica).set(cap.preemptions)
+    figures = CacheFigures.of(cap)
+    REPLICA_KV_BLOCKS.labels(replica, "used").set(figures.blocks_used)
+    REPLICA_KV_BLOCKS.labels(replica, "cached").set(figures.blocks_cached)
+    REPLICA_KV_BLOCKS.labels(replica, "free").set(figures.blocks_free)
+    REPLICA_PREFIX_HIT_TOKENS.labels(replica).set(figures.prefix_hit_tokens)
+    REPLICA_PREFIX_QUERY_TOKENS.labels(replica).set(figures.prefix_query_tokens)
+    if figures.prefix_hit_rate is not None:
+        REPLICA_PREFIX_HIT_RATE.labels(replica).set(figures.prefix_hit_rate)
+    REPLICA_PREEMPTIONS.labels(replica).set(figures.preemptions)

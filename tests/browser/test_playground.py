@@ -7,10 +7,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.client.live import LONG_REPLIES, LONG_REPLY_TOKENS
+from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
@@ -135,6 +137,40 @@ def test_the_page_fits_a_narrow_screen(browser: Browser, page_server: LiveServer
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
     page.screenshot(path=str(screenshots / "playground-narrow.png"))
     context.close()
+
+
+FIRST_REPLICA_HITS = """() => {
+  const node = document.querySelector('#replicas .replica');
+  const found = node && node.textContent.match(/cache hits ([\\d,]+) tok/);
+  return found ? parseInt(found[1].replace(/,/g, ''), 10) : -1;
+}"""
+
+
+def test_the_stats_line_shows_each_replicas_kv_cache_and_follows_it_while_open(
+    page: Page, page_server: LiveServer, screenshots: Path
+) -> None:
+    page.fill("#api-key", page_server.keys["free"])
+    replica = page.locator("#replicas .replica").first
+    expect(replica).to_have_text(
+        re.compile(
+            r"^replica 1: cache hits [\d,]+ tok( \(\d+%\))? · KV blocks \d+ used, \d+ cached, "
+            r"\d+ free · \d+ preempted$"
+        ),
+        timeout=WAIT_MS,
+    )
+    before = int(page.evaluate(FIRST_REPLICA_HITS))
+    # Someone else's two requests sharing a long prefix: the page, left alone, shows the new hits.
+    shared = "You are a careful assistant. Answer in one short sentence. " * 4
+    for question in ("What is a river?", "What is a lake?"):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": shared + question}], "max_tokens": 4}
+        answer = httpx.post(
+            page_server.base_url + CHAT, json=body, headers=page_server.auth("paid"), timeout=60
+        )
+        assert answer.status_code == 200
+    page.wait_for_function(f"() => ({FIRST_REPLICA_HITS})() > {before}", timeout=WAIT_MS)
+    # Replicas are numbered, never named: their names are operator internals.
+    assert "local-" not in (page.locator("#replicas").text_content() or "")
+    page.locator("footer").screenshot(path=str(screenshots / "playground-stats.png"))
 
 
 SPLIT_EVERYWHERE = """(text) => {

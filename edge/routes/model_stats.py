@@ -1,0 +1,59 @@
+"""GET /v1/models/{id}/stats: how the model's replicas use their KV cache, for the playground.
+
+Per replica: prefix-cache hit tokens and hit rate, KV blocks used / cached / free, preemptions, and
+the sequences running and waiting. A public route (any valid key; the load balancer forwards
+/v1/models/*), so it says only what is safe for every user to see:
+* replicas are numbered in the order the edge lists them, never named: their names are Triton
+  addresses or instance ids, operator internals that /metrics and /v1/internal/engine keep on the
+  operator listener;
+* the figures are the replica's own totals over all users, nothing of any one request or user;
+* a model the caller's tier may not use is a 404 model_not_found, as /v1/models/{id} answers.
+
+Read from what the dispatcher's health poll last found (at most one poll interval old): no replica
+is called here, so a hung replica can never hold the answer. One that has not answered a poll yet
+has `figures: null`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+from litestar.params import FromPath
+from litestar.response.base import ASGIResponse
+
+from edge.admission.cache_figures import CacheFigures
+from edge.admission.replica_set import ReplicaState
+from edge.routes.json_body import json_response
+from edge.runtime import runtime_of
+from edge.schemas import unknown_model
+
+
+def _replica(number: int, state: ReplicaState) -> dict[str, Any]:
+    entry: dict[str, Any] = {"replica": number, "ready": state.alive, "figures": None}
+    cap = state.capacity
+    if cap is not None:
+        f = CacheFigures.of(cap)
+        entry["figures"] = {
+            "running": cap.running,
+            "waiting": cap.waiting,
+            "prefix_cache": {
+                "hit_tokens": f.prefix_hit_tokens,
+                "query_tokens": f.prefix_query_tokens,
+                "hit_rate": f.prefix_hit_rate,
+            },
+            "kv_blocks": {"used": f.blocks_used, "cached": f.blocks_cached, "free": f.blocks_free},
+            "preemptions": f.preemptions,
+        }
+    return entry
+
+
+@get("/v1/models/{model_id:str}/stats")
+async def model_stats(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
+    runtime = runtime_of(request)
+    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    if model_id not in runtime.models.models_for(principal.tier):
+        raise unknown_model(model_id)
+    states = runtime.models.pipeline_for(principal.tier, model_id).dispatcher.replica_states()
+    replicas = [_replica(number, state) for number, state in enumerate(states, start=1)]
+    return json_response({"object": "model.stats", "model": model_id, "replicas": replicas})
