@@ -24,6 +24,11 @@ class Decision:
     limit_tokens: int
     remaining_tokens: int
     reset_tokens_ms: int
+    # What the request and token limits alone would make this request wait (0: they allow it).
+    # A concurrency denial's wait is refined after the store answers (limiter/stream_ends.py),
+    # and the longer of these may then be the real wait.
+    request_wait_ms: int = 0
+    token_wait_ms: int = 0
 
 
 class OutputLease(Protocol):

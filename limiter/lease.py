@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 from limiter.base import Admission, Decision, TierLimits
+from limiter.stream_ends import StreamEnds, with_concurrency_wait
 
 
 class LeaseStore(Protocol):
@@ -41,6 +45,7 @@ class Lease:
         granted: int,
         max_output_tokens: int,
         batch_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._user = user
@@ -53,6 +58,10 @@ class Lease:
         self._batch = batch_tokens
         self._exhausted = False
         self._settled = False
+        self._clock = clock
+        # When the stream's first token was charged: its rate since then tells when it will end
+        # (limiter/stream_ends.py).
+        self.first_token_at: float | None = None
 
     @property
     def granted(self) -> int:
@@ -61,6 +70,10 @@ class Lease:
     @property
     def used(self) -> int:
         return self._used
+
+    @property
+    def max_output(self) -> int:
+        return self._max_output
 
     def try_take(self, n: int) -> int | None:
         """`take` without a coroutine while the reservation covers n (the per-token case); None
@@ -71,6 +84,8 @@ class Lease:
         if self._settled or n <= 0:
             return 0
         covered = n if n <= held else held
+        if self._used == 0 and covered:
+            self.first_token_at = self._clock()
         self._used += covered
         return covered
 
@@ -90,6 +105,8 @@ class Lease:
         if self._settled or n <= 0:
             return 0
         covered = min(n, self._granted - self._used)
+        if self._used == 0 and covered:
+            self.first_token_at = self._clock()
         self._used += covered
         return covered
 
@@ -117,9 +134,17 @@ def admission(
     granted: int,
     max_output_tokens: int,
     batch_tokens: int,
+    ends: StreamEnds,
+    held_slots: int,
 ) -> Admission:
-    """A store's answer to admit: the decision, with the lease it reserved when allowed."""
+    """A store's answer to admit: the decision, with the lease it reserved when allowed. A
+    concurrency denial's wait is lowered to when one of the user's streams should end; an
+    admitted stream is counted among the user's running ones until it settles. `held_slots`: how
+    many slots a concurrency denial means the user holds (the limit the store enforces)."""
     if not decision.allowed:
+        if decision.limit == "concurrency":
+            estimate_ms = math.ceil(ends.wait_s(user, held_slots) * 1000)
+            decision = with_concurrency_wait(decision, estimate_ms)
         return Admission(decision, None)
     lease = Lease(
         store,
@@ -130,5 +155,7 @@ def admission(
         granted=granted,
         max_output_tokens=max_output_tokens,
         batch_tokens=batch_tokens,
+        clock=ends.clock,
     )
+    ends.started(user, request_id, lease)
     return Admission(decision, lease)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from limiter import policy
 from limiter.base import Admission, Decision, TierLimits
 from limiter.lease import admission
+from limiter.stream_ends import StreamEnds
 from limiter.tiers import per_instance
 
 DEFAULT_BATCH_TOKENS = 32
@@ -42,6 +43,7 @@ class MemoryLimiter:
         # the lock makes the twin safe from threads as well.
         self._lock = threading.Lock()
         self._ops = 0
+        self._ends = StreamEnds(self._clock)
 
     def set_instance_count(self, n: int) -> None:
         """Enforce 1/n of every limit from now on (edge/membership/: the live edge count changed).
@@ -99,6 +101,8 @@ class MemoryLimiter:
             granted=lease_tokens,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
+            ends=self._ends,
+            held_slots=self._rates_for(tier).max_concurrent,
         )
 
     def charge_now(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
@@ -123,6 +127,7 @@ class MemoryLimiter:
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
     ) -> None:
+        self._ends.ended(user, request_id, ran=not refund_request)
         self.settle_now(user, tier, request_id, refund, refund_request=refund_request)
 
     def record_admitted(self, user: str, request_id: str, tier: TierLimits, cost_tokens: int) -> None:

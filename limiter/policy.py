@@ -31,9 +31,6 @@ from dataclasses import dataclass, field
 from limiter.base import Decision, LimitName, TierLimits
 
 MICROS = 1_000_000
-# A concurrency denial cannot know when a running stream will end; this is the hint we give,
-# capped by the earliest lease expiry (when a slot is certain to free).
-CONCURRENCY_RETRY_US = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +129,7 @@ def admit(
     and counts nothing (a retried call must not count twice)."""
     prune_expired(state.leases, now_us)
     if request_id in state.leases:
-        return _decision(state, rates, now_us, None, 0)
+        return _decision(state, rates, now_us, None, 0, 0, 0)
     requests = gcra(state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity, 1)
     tokens = gcra(
         state.token_tat_us,
@@ -141,10 +138,13 @@ def admit(
         rates.token_capacity,
         input_tokens + lease_tokens,
     )
+    # The store's bound: the earliest lease expiry, when a slot frees even if its holder died.
+    # When a live stream ends the store cannot know; the caller lowers this to its estimate
+    # (limiter/stream_ends.py), so the other two waits go back with the decision.
     concurrency_wait = 0
     if len(state.leases) >= rates.max_concurrent:
         earliest = min(state.leases.values(), default=now_us)
-        concurrency_wait = max(1, min(CONCURRENCY_RETRY_US, earliest - now_us))
+        concurrency_wait = max(1, earliest - now_us)
 
     # The binding limit is the one with the longest wait; on a tie the first in this order.
     waits: list[tuple[LimitName, int]] = [
@@ -163,10 +163,18 @@ def admit(
         state.token_tat_us = tokens.new_tat_us
         state.leases[request_id] = now_us + lease_ttl_us
 
-    return _decision(state, rates, now_us, limit, wait)
+    return _decision(state, rates, now_us, limit, wait, requests.wait_us, tokens.wait_us)
 
 
-def _decision(state: UserState, rates: Rates, now_us: int, limit: LimitName | None, wait_us: int) -> Decision:
+def _decision(
+    state: UserState,
+    rates: Rates,
+    now_us: int,
+    limit: LimitName | None,
+    wait_us: int,
+    request_wait_us: int,
+    token_wait_us: int,
+) -> Decision:
     return Decision(
         allowed=limit is None,
         limit=limit,
@@ -179,6 +187,8 @@ def _decision(state: UserState, rates: Rates, now_us: int, limit: LimitName | No
         limit_tokens=rates.token_capacity,
         remaining_tokens=remaining(state.token_tat_us, now_us, rates.token_interval_us, rates.token_capacity),
         reset_tokens_ms=ceil_ms(reset_us(state.token_tat_us, now_us)),
+        request_wait_ms=ceil_ms(request_wait_us) if limit else 0,
+        token_wait_ms=ceil_ms(token_wait_us) if limit else 0,
     )
 
 

@@ -48,6 +48,7 @@ from limiter.resp import pack_evalshas
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
 from limiter.store_health import StoreHealth
+from limiter.stream_ends import StreamEnds
 
 log = structlog.get_logger("limiter")
 
@@ -148,6 +149,10 @@ class RedisLimiter:
             batch_tokens=batch_tokens, lease_ttl_s=lease_ttl_s, instance_count=instance_count
         )
         self._rates: dict[TierLimits, policy.Rates] = {}
+        # This instance's running streams: when one ends is a concurrency denial's real wait.
+        self._ends = StreamEnds(
+            time.monotonic if now_override_us is None else lambda: now_override_us() / policy.MICROS
+        )
         self._cluster_ready = not isinstance(client, RedisCluster)
 
     @classmethod
@@ -280,7 +285,9 @@ class RedisLimiter:
         except _NoAnswer:
             undo = input_tokens + lease_tokens
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=undo)
-        allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok = (int(v) for v in reply)
+        allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok, req_wait, tok_wait = (
+            int(v) for v in reply
+        )
         if allowed and (self._health.failures != epoch or self._fallback_allowed != fallback_allowed):
             # A failure came while this call was in flight, or the fallback admitted meanwhile
             # what Redis does not know yet: only what the mirror allows too stands.
@@ -300,6 +307,8 @@ class RedisLimiter:
             limit_tokens=rates.token_capacity,
             remaining_tokens=rem_tok,
             reset_tokens_ms=reset_tok,
+            request_wait_ms=req_wait,
+            token_wait_ms=tok_wait,
         )
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
@@ -327,6 +336,8 @@ class RedisLimiter:
             granted=granted,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
+            ends=self._ends,
+            held_slots=self._rates_for(tier).max_concurrent,
         )
 
     def _fallback_admit(
@@ -421,6 +432,7 @@ class RedisLimiter:
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
     ) -> None:
+        self._ends.ended(user, request_id, ran=not refund_request)
         self._local.settle_now(user, tier, request_id, refund, refund_request=refund_request)
         op = self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
         if self._health.retry_in() > 0:

@@ -10,8 +10,9 @@
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
 --          the request was settled already), retry_after_ms,
---          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms
-local CONCURRENCY_RETRY_US = 1000000
+--          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms,
+--          request_wait_ms, token_wait_ms (what those two limits alone would wait; 0 when allowed:
+--          the caller lowers a concurrency wait to its estimate and picks the binding limit again)
 
 local request_id = ARGV[2]
 local request_interval = tonumber(ARGV[3])
@@ -40,7 +41,7 @@ end
 local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
 local token_tat = tonumber(redis.call('GET', KEYS[2])) or 0
 
-local function reply(allowed, limit, wait)
+local function reply(allowed, limit, wait, request_wait, token_wait)
   return {
     allowed,
     limit,
@@ -49,20 +50,23 @@ local function reply(allowed, limit, wait)
     ceil_ms(math.max(request_tat, now) - now),
     remaining(token_tat, token_interval, token_capacity),
     ceil_ms(math.max(token_tat, now) - now),
+    ceil_ms(request_wait),
+    ceil_ms(token_wait),
   }
 end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
 if redis.call('ZSCORE', KEYS[3], request_id) then
-  return reply(1, 0, 0)
+  return reply(1, 0, 0, 0, 0)
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  return reply(0, 0, 0)
+  return reply(0, 0, 0, 0, 0)
 end
 
 local new_request_tat, request_wait = gcra(request_tat, request_interval, request_capacity, 1)
 local new_token_tat, token_wait = gcra(token_tat, token_interval, token_capacity, cost_tokens)
 
+-- The bound: the earliest lease expiry, when a slot frees even if its holder died.
 local concurrency_wait = 0
 if redis.call('ZCARD', KEYS[3]) >= max_concurrent then
   local earliest = now
@@ -70,7 +74,7 @@ if redis.call('ZCARD', KEYS[3]) >= max_concurrent then
   if first[2] then
     earliest = tonumber(first[2])
   end
-  concurrency_wait = math.max(1, math.min(CONCURRENCY_RETRY_US, earliest - now))
+  concurrency_wait = math.max(1, earliest - now)
 end
 
 -- The binding limit is the one with the longest wait; on a tie the first in this order.
@@ -91,6 +95,6 @@ if limit == 0 then
   redis.call('SET', KEYS[2], string.format('%d', token_tat), 'PX', ceil_ms(math.max(token_tat, now) - now) + EXPIRY_MARGIN_MS)
   redis.call('ZADD', KEYS[3], string.format('%d', now + lease_ttl), request_id)
   redis.call('PEXPIRE', KEYS[3], ceil_ms(lease_ttl) + EXPIRY_MARGIN_MS)
+  return reply(1, 0, 0, 0, 0)
 end
-
-return reply(limit == 0 and 1 or 0, limit, wait)
+return reply(0, limit, wait, request_wait, token_wait)

@@ -155,7 +155,7 @@ async def test_concurrency_slots_free_on_settle_and_expire_with_the_lease_ttl() 
     first = _lease(await limiter.admit("u", "a", t, 1, 1))
     _lease(await limiter.admit("u", "b", t, 1, 1))  # never settled: its edge instance "died"
     denied = (await limiter.admit("u", "c", t, 1, 1)).decision
-    assert not denied.allowed and denied.limit == "concurrency" and denied.retry_after_ms == 1000
+    assert not denied.allowed and denied.limit == "concurrency"  # its wait: test_concurrency_wait.py
     await first.settle()
     _lease(await limiter.admit("u", "c", t, 1, 1))
     assert not (await limiter.admit("u", "d", t, 1, 1)).decision.allowed

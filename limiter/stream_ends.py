@@ -1,0 +1,121 @@
+"""When will one of a user's running streams end? The real wait behind a concurrency 429.
+
+The store alone cannot tell: a concurrency slot's only time is its lease expiry, refreshed by
+every charge, so it says when a *dead* holder's slot frees (minutes), not when a live stream ends.
+Until issue 13 the denial therefore carried a fixed 1 s hint, which sent a client polling every
+second through a minute-long generation. What this instance does know, without a store call:
+
+- its own running streams: each lease counts the tokens it has streamed since its first token and
+  knows its max_output_tokens, so its expected remaining time is (max - used) / its own measured
+  rate. A stream's own rate, not a replica-wide one: it already reflects its replica's batch and
+  load, and the limiter needs nothing from the edge to know it;
+- how long streams last here (an EWMA of admission-to-settle times, with a prior until the first
+  ends): for a stream with no token yet (queued, in prefill), or held by another edge instance,
+  which this one knows nothing of. k such streams at unknown points of a life of D end, the first
+  of them, after about D / (k + 1) (the expected minimum of k uniform phases).
+
+The wait is the soonest of those ends. It is an estimate (a stream may stop early on EOS or a
+cancel, which can only make the true wait shorter), so the store's answer stays its upper bound
+(a slot's lease expiry frees it whatever happens) and HTTP's whole seconds round it up to >= 1 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from limiter.base import Decision, LimitName
+
+# Before the first stream has ended here: a chat completion of a few hundred tokens at a few
+# dozen tokens/s. Forgotten after the first few completions (warm-start average).
+PRIOR_STREAM_S = 5.0
+_ALPHA = 0.2
+
+
+class Progress(Protocol):
+    """What a lease reports about its stream (limiter/lease.py keeps it)."""
+
+    @property
+    def first_token_at(self) -> float | None: ...
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def max_output(self) -> int: ...
+
+
+@dataclass(slots=True)
+class _Stream:
+    admitted_at: float
+    progress: Progress
+
+
+class StreamEnds:
+    def __init__(self, clock: Callable[[], float], prior_s: float = PRIOR_STREAM_S) -> None:
+        self.clock = clock
+        self._typical_s = prior_s
+        self._samples = 0
+        self._live: dict[str, dict[str, _Stream]] = {}
+
+    def started(self, user: str, request_id: str, progress: Progress) -> None:
+        self._live.setdefault(user, {})[request_id] = _Stream(self.clock(), progress)
+
+    def ended(self, user: str, request_id: str, *, ran: bool) -> None:
+        streams = self._live.get(user)
+        stream = streams.pop(request_id, None) if streams is not None else None
+        if streams is not None and not streams:
+            del self._live[user]
+        if stream is None or not ran:
+            return
+        self._observe(self.clock() - stream.admitted_at)
+
+    def _observe(self, lifetime_s: float) -> None:
+        if lifetime_s <= 0:
+            return
+        self._samples += 1
+        alpha = max(_ALPHA, 1.0 / self._samples)
+        self._typical_s += alpha * (lifetime_s - self._typical_s)
+
+    @property
+    def typical_s(self) -> float:
+        return self._typical_s
+
+    def wait_s(self, user: str, held_slots: int) -> float:
+        """The expected time until one of the user's `held_slots` running streams ends."""
+        now = self.clock()
+        local = self._live.get(user, {})
+        ends: list[float] = []
+        unknown = max(0, held_slots - len(local))  # streams held by other edge instances
+        for stream in local.values():
+            p = stream.progress
+            if p.first_token_at is None or p.used <= 0 or now <= p.first_token_at:
+                unknown += 1  # not streaming yet: nothing measured of it
+                continue
+            rate = p.used / (now - p.first_token_at)
+            ends.append(max(0, p.max_output - p.used) / rate)
+        if unknown:
+            ends.append(self._typical_s / (unknown + 1))
+        return min(ends, default=self._typical_s)
+
+
+def with_concurrency_wait(decision: Decision, estimate_ms: int) -> Decision:
+    """A concurrency denial's wait lowered to `estimate_ms` (never above the store's bound, never
+    below 1 ms), and the binding limit picked again: with the concurrency wait shorter, the
+    request or token limit may now be the longer wait. Ties go to the first in the store's order
+    (requests, tokens, concurrency), as the scripts do."""
+    if decision.limit != "concurrency":
+        return decision
+    concurrency_ms = max(1, min(decision.retry_after_ms, estimate_ms))
+    waits: list[tuple[LimitName, int]] = [
+        ("requests", decision.request_wait_ms),
+        ("tokens", decision.token_wait_ms),
+        ("concurrency", concurrency_ms),
+    ]
+    limit: LimitName = "concurrency"
+    wait = 0
+    for name, limit_wait in waits:
+        if limit_wait > wait:
+            limit, wait = name, limit_wait
+    return replace(decision, limit=limit, retry_after_ms=wait)

@@ -1,0 +1,116 @@
+"""A concurrency 429's Retry-After is when one of the user's running streams should end, not a
+fixed hint: both stores, the twin and Redis (a real redis-server), on one injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from limiter import policy
+from limiter.base import Admission, Limiter, OutputLease
+from limiter.headers import ratelimit_headers
+from limiter.memory import MemoryLimiter
+from limiter.redis_store import RedisLimiter
+from limiter.stream_ends import PRIOR_STREAM_S
+from tests.limiter.clock import ManualClock
+from tests.limiter.tiers import tier
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[tuple[Limiter, ManualClock]]:
+    clock = ManualClock()
+    if request.param == "memory":
+        yield MemoryLimiter(clock, batch_tokens=1000, lease_ttl_s=300), clock
+        return
+    limiter = RedisLimiter.from_url(
+        redis_server.url,
+        timeout_ms=5000,
+        batch_tokens=1000,
+        lease_ttl_s=300,
+        now_override_us=lambda: round(clock() * policy.MICROS),
+    )
+    try:
+        yield limiter, clock
+    finally:
+        await limiter.aclose()
+
+
+def _lease(admission: Admission) -> OutputLease:
+    assert admission.decision.allowed and admission.lease is not None
+    return admission.lease
+
+
+def _user(request: pytest.FixtureRequest) -> str:
+    return f"u-{request.node.name}"
+
+
+@pytest.mark.anyio
+async def test_the_wait_is_the_soonest_expected_end_of_a_running_stream(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=2)
+    slow = _lease(await limiter.admit(user, "slow", t, 1, 1000))
+    fast = _lease(await limiter.admit(user, "fast", t, 1, 90))
+    assert slow.try_take(1) == 1 and fast.try_take(1) == 1  # both streams' first tokens
+    clock.advance(3)
+    assert slow.try_take(9) == 9  # 10 tokens in 3 s: 990 left, about 5 minutes
+    assert fast.try_take(29) == 29  # 30 tokens in 3 s: 60 left at 10/s, 6 s
+    denied = (await limiter.admit(user, "third", t, 1, 10)).decision
+    assert not denied.allowed and denied.limit == "concurrency"
+    assert denied.retry_after_ms == 6000
+    assert ratelimit_headers(denied)["retry-after"] == "6"
+    await fast.settle()
+    clock.advance(0.001)
+    assert (await limiter.admit(user, "third", t, 1, 10)).decision.allowed
+
+
+@pytest.mark.anyio
+async def test_streams_with_nothing_measured_wait_a_share_of_the_typical_stream(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=3)
+    # One stream lasts 12 s here: the first completion replaces the prior.
+    done = _lease(await limiter.admit(user, "done", t, 1, 10))
+    clock.advance(12)
+    await done.settle()
+    for rid in ("a", "b", "c"):  # queued, no token yet
+        _lease(await limiter.admit(user, rid, t, 1, 10))
+    denied = (await limiter.admit(user, "d", t, 1, 10)).decision
+    assert denied.limit == "concurrency"
+    assert denied.retry_after_ms == 3000  # the first of 3 streams of 12 s ends after about 12 / 4
+    assert PRIOR_STREAM_S != 12  # (the measured life, not the prior)
+
+
+@pytest.mark.anyio
+async def test_a_longer_request_limit_wait_stays_the_answer(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=1, requests=1, request_window_s=60)
+    lease = _lease(await limiter.admit(user, "a", t, 1, 100))
+    assert lease.try_take(1) == 1
+    clock.advance(1)
+    assert lease.try_take(9) == 9  # 10 tokens/s: ends in 9 s; the request limit frees in 59 s
+    denied = (await limiter.admit(user, "b", t, 1, 10)).decision
+    assert denied.limit == "requests" and denied.retry_after_ms == 59_000
+
+
+@pytest.mark.anyio
+async def test_the_wait_never_passes_the_slots_lease_expiry(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=1)
+    lease = _lease(await limiter.admit(user, "a", t, 1, 4000))
+    assert lease.try_take(1) == 1
+    clock.advance(100)
+    assert lease.try_take(1) == 1  # 2 tokens in 100 s: thousands of seconds to go
+    denied = (await limiter.admit(user, "b", t, 1, 10)).decision
+    # The slot's lease (300 s, refreshed by no charge yet) frees it 200 s from now whatever happens.
+    assert denied.limit == "concurrency" and denied.retry_after_ms == 200_000
