@@ -1,7 +1,8 @@
 """GET /metrics (Prometheus) and GET /v1/internal/engine (each replica's load, as JSON).
 
 Operator endpoints: they answer only on the operator listener (`[server] ops_host:ops_port`, see
-edge/server.py) and 404 on the public one, so nothing the load balancer routes can reach them.
+edge/server.py) and 404 on the public one, so nothing the load balancer routes can reach them; the
+public OpenAPI document (served on both) leaves them out for the same reason.
 Both read the replica state the dispatcher keeps from its health polls (at most one poll interval
 old): a hung replica never holds a scrape.
 """
@@ -30,7 +31,7 @@ def operator_listener_only(connection: ASGIConnection[Any, Any, Any, Any], _: Ba
         raise NotFoundException()
 
 
-@get("/metrics", guards=[operator_listener_only])
+@get("/metrics", guards=[operator_listener_only], include_in_schema=False)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     for replica in runtime_of(request).models.replica_states():
         if replica.capacity is not None:
@@ -38,7 +39,7 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
-@get("/v1/internal/engine", guards=[operator_listener_only])
+@get("/v1/internal/engine", guards=[operator_listener_only], include_in_schema=False)
 async def engine_state(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Each replica as its last health poll found it, and what this edge holds on it."""
     replicas: list[dict[str, Any]] = []

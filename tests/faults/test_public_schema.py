@@ -1,0 +1,83 @@
+"""The public listener's OpenAPI document lists only what the public listener serves.
+
+The operator endpoints (`/metrics`, `/v1/internal/...`) answer only on the operator listener; a
+public document that listed them invited clients (and fuzzers) to a path that 404s. Fetched from a
+real server, every path the document lists is requested on the public listener with a valid key
+(the admin key for /v1/admin/*, its path parameters filled with things that exist): none 404s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from edge.keys.record import hash_key, key_id
+from edge.openapi import SCHEMA_PATH
+from tests.edge.sse_client import CHAT, MODEL
+from tests.support.live_server import LiveServer, start_server
+
+ADMIN_KEY = "fg-admin-public-schema-test"
+OPERATOR_PATHS = ("/metrics", "/v1/internal/engine")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = {"keys": {"admin_key_sha256": hash_key(ADMIN_KEY)}}
+    with start_server(tmp_path_factory.mktemp("public-schema"), settings) as live:
+        yield live
+
+
+def _document(server: LiveServer) -> dict[str, dict[str, object]]:
+    doc = httpx.get(server.base_url + SCHEMA_PATH + "/openapi.json", timeout=30).json()
+    paths: dict[str, dict[str, object]] = doc["paths"]
+    return paths
+
+
+def _existing(server: LiveServer, client: httpx.Client) -> dict[str, str]:
+    """A value that exists for each path parameter the document uses."""
+    conversation = "public-schema-conversation"
+    done = client.post(
+        CHAT,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "conversation_id": conversation,
+        },
+        headers=server.auth("paid"),
+    )
+    assert done.status_code == 200
+    return {
+        "model_id": MODEL,
+        "conversation_id": conversation,
+        "request_id": done.headers["x-request-id"],  # finished: cancel answers 409, not 404
+        "key_id": key_id(hash_key(server.keys["free"])),
+    }
+
+
+def test_operator_endpoints_are_not_in_the_public_document(server: LiveServer) -> None:
+    paths = _document(server)
+    assert not [p for p in paths if p in OPERATOR_PATHS or p.startswith("/v1/internal/")]
+    for path in OPERATOR_PATHS:  # still served where they belong
+        assert httpx.get(server.ops_url + path, timeout=30).status_code == 200
+
+
+def test_every_path_in_the_public_document_answers_on_the_public_listener(server: LiveServer) -> None:
+    answers: dict[str, int] = {}
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        values = _existing(server, client)
+        for template, operations in _document(server).items():
+            path = template.format(**values)
+            if path.endswith("/revoke"):  # another key: a revoked one cannot be rotated after
+                path = template.format(**values | {"key_id": key_id(hash_key(server.keys["free2"]))})
+            key = ADMIN_KEY if path.startswith("/v1/admin/") else server.keys["paid"]
+            for method in operations:
+                # No body, or an empty one: a 4xx about the body is an answer, a 404 is not.
+                body = {} if method == "post" else None
+                response = client.request(
+                    method.upper(), path, json=body, headers={"Authorization": f"Bearer {key}"}
+                )
+                answers[f"{method.upper()} {template}"] = response.status_code
+    assert answers and not {op: status for op, status in answers.items() if status == 404}, answers
