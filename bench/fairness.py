@@ -36,7 +36,6 @@ import numpy as np
 
 from edge.admission import Dispatcher, Overloaded, Ticket
 from edge.upstreams.base import GenerationRequest, Upstream
-from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
@@ -223,12 +222,12 @@ async def _watch_queue(dispatcher: Dispatcher, result: PhaseResult) -> None:
         await asyncio.sleep(0.05)
 
 
-def _start_replicas(model_dir: Path, config: BenchConfig) -> list[LocalUpstream]:
+def _start_replicas(model_dir: Path, config: BenchConfig) -> list[AsyncEngine]:
     replicas = []
     for i in range(config.replicas):
         engine = LLMEngine.from_pretrained(model_dir, config.engine)
         engine.start()
-        replicas.append(LocalUpstream(f"engine-{i}", AsyncEngine(engine)))
+        replicas.append(AsyncEngine(engine, f"engine-{i}"))
     return replicas
 
 

@@ -36,7 +36,6 @@ from edge.admission import Dispatcher, Ticket
 from edge.admission.prefix_index import routing_hashes
 from edge.admission.real_use import RealUse
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig, EngineStats
@@ -201,7 +200,7 @@ async def run_variant(
     engines = [LLMEngine.from_pretrained(model_dir, config) for _ in range(replicas)]
     for e in engines:
         e.start()
-    upstreams = [LocalUpstream(f"replica-{i}", AsyncEngine(e)) for i, e in enumerate(engines)]
+    upstreams = [AsyncEngine(e, f"replica-{i}") for i, e in enumerate(engines)]
     dispatcher = Dispatcher(
         upstreams,
         reserved_paid_fraction=0.0,

@@ -30,7 +30,7 @@ from edge.upstreams.triton import TritonUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig, SamplingParams
+from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
 
@@ -101,18 +101,11 @@ async def run_load(
     )
 
 
-def in_process_generate(async_engine: AsyncEngine) -> Generate:
+def upstream_generate(upstream: Upstream) -> Generate:
+    """Fixed-length replies (ignore_eos) from any replica, the engine's front or Triton."""
+
     async def generate(rid: str, prompt: list[int], max_tokens: int) -> AsyncIterator[list[int]]:
-        params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        async for out in async_engine.generate(rid, prompt, params):
-            yield out.token_ids
-
-    return generate
-
-
-def triton_generate(upstream: Upstream) -> Generate:
-    async def generate(rid: str, prompt: list[int], max_tokens: int) -> AsyncIterator[list[int]]:
-        req = GenerationRequest(rid, prompt, max_new_tokens=max_tokens, temperature=0.0)
+        req = GenerationRequest(rid, prompt, max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         async for delta in upstream.generate(req):
             yield delta.token_ids
 
@@ -218,9 +211,9 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
             TritonUpstream("bench-shared", server.grpc_url, server.metrics_url, end_id=-1)
         )
         paths = {
-            "in-process": in_process_generate(AsyncEngine(engine)),
-            "triton": triton_generate(upstream),
-            "triton-shared": triton_generate(shared),
+            "in-process": upstream_generate(AsyncEngine(engine)),
+            "triton": upstream_generate(upstream),
+            "triton-shared": upstream_generate(shared),
         }
         try:
             # Alternate the paths so a burst of load from elsewhere hits both alike.

@@ -29,12 +29,22 @@ class GenerationRequest:
     seed: int | None = None
     stop_ids: list[int] = field(default_factory=list)
     priority: int = 0
+    # Generate past the model's end tokens (vLLM's ignore_eos, TensorRT-LLM's end_id -1): a
+    # fixed-length reply, as benchmarks and parity tests want; stop_ids still end it.
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
 class Delta:
+    """New tokens of one request since its last delta; the last delta has finish_reason set."""
+
     token_ids: list[int]
     finish_reason: FinishReason | None = None
+    # Prompt tokens the replica served from its prefix cache instead of computing them (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens). Reported once, on the delta carrying the first
+    # token, 0 on every other one, so the request's figure is the sum over its deltas (a consumer
+    # that merges deltas adds them up); 0 throughout from a replica that does not report it.
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 Each engine runs in its own process by default (gpu_container/engine/engine_process.py), so its
 Python never competes with the event loop for the GIL; `isolation = "thread"` keeps it in this one.
+Either way the engine's front is itself the upstream (gpu_container/engine/front.py): the edge
+speaks the seam's contract to it directly.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from pathlib import Path
 
 from edge.config import EngineSettings, Settings
 from edge.upstreams.base import Upstream
-from edge.upstreams.local import EngineHandle, LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
+from gpu_container.engine.front import EngineFront
 from gpu_container.engine.types import EngineConfig
 
 # How the app gets its replicas: settings and the checkpoint directory in, live upstreams out for
@@ -39,7 +41,7 @@ def engine_config(e: EngineSettings) -> EngineConfig:
     )
 
 
-def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> EngineHandle:
+def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> EngineFront:
     """Blocking (loads the model): run it in a worker thread."""
     config = engine_config(settings)
     if settings.isolation == "process":
@@ -48,7 +50,7 @@ def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> Engin
         return process
     engine = LLMEngine.from_pretrained(model_dir, config)
     engine.start()
-    return AsyncEngine(engine)
+    return AsyncEngine(engine, name)
 
 
 @asynccontextmanager
@@ -61,11 +63,7 @@ async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[
         *(asyncio.to_thread(_start_engine, settings.engine, model_dir, name) for name in names),
         return_exceptions=True,
     )
-    upstreams = [
-        LocalUpstream(name, e)
-        for name, e in zip(names, started, strict=True)
-        if not isinstance(e, BaseException)
-    ]
+    upstreams = [e for e in started if not isinstance(e, BaseException)]
     try:
         for failure in started:
             if isinstance(failure, BaseException):

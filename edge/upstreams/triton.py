@@ -227,16 +227,18 @@ class TritonUpstream:
         return self._stub_instance
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        if self._extra_stop_ids:
+        # TensorRT-LLM's end_id -1: no end token (the contract's ignore_eos); stop_ids still end it.
+        end_id = -1 if req.ignore_eos else self._end_id
+        if self._extra_stop_ids and not req.ignore_eos:
             stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
             req = dataclasses.replace(req, stop_ids=stops)
-        request = encode_request(req, self.model_name, end_id=self._end_id, pad_id=self._pad_id)
+        request = encode_request(req, self.model_name, end_id=end_id, pad_id=self._pad_id)
 
         async def requests() -> AsyncIterator[Any]:
             yield request
 
         call = self._stub().ModelStreamInfer(requests())
-        stop_tokens = set(req.stop_ids) | ({self._end_id} if self._end_id is not None else set())
+        stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
         generated = 0
         last_token: int | None = None
         finished = False

@@ -283,7 +283,9 @@ class LLMEngine:
                 continue
             self._generated_tokens += 1
             reason = self._scheduler.postprocess(seq, token)
-            emitted.append((seq, TokenOutput(seq.request_id, [token], reason)))
+            # The first token reports the prompt tokens its prefill found in the prefix cache.
+            cached = seq.num_cached_tokens if len(seq.output_ids) == 1 else 0
+            emitted.append((seq, TokenOutput(seq.request_id, [token], reason, cached_tokens=cached)))
         return emitted
 
     def _reset(self, error: str) -> list[_Emission]:

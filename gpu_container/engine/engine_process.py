@@ -1,4 +1,4 @@
-"""LLMEngine in a child process, so its Python never holds the event loop's GIL.
+"""LLMEngine in a child process, so its Python never holds the event loop's GIL: the default replica.
 
 In one process the engine's step (scheduling, sampling, the numpy glue between BLAS calls) and the
 edge's event loop take turns on one GIL: served tokens/s fell to about 60 % of the engine alone.
@@ -7,15 +7,16 @@ Here the child runs the ordinary thread-shell LLMEngine; the parent only moves s
 - parent -> child, one pipe: ("init", model_dir, config) once, then ("add", id, prompt, params,
   priority), ("abort", id), ("stop",).
 - child -> parent, one pipe with one writer at a time: ("ready", max_model_len, stats) once, then
-  per engine step ("outputs", [(id, token_ids, finish_reason, error), ...], stats) -- every delta
-  of a step in one message, in step order -- and ("rejected", id, message, own_fault) for a request
-  the engine refused (own_fault: the request's ValueError, else the engine's RuntimeError).
+  per engine step ("outputs", [(id, token_ids, finish_reason, error, cached_tokens), ...], stats)
+  -- every delta of a step in one message, in step order -- and ("rejected", id, message,
+  own_fault) for a request the engine refused (own_fault: the request's ValueError, else the
+  engine's RuntimeError).
 
 A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop.
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
-process. If the child dies, every open stream ends with an "error" output and `running` turns false.
-The in-thread LLMEngine + AsyncEngine stay for the Triton Python backend, `[engine] isolation =
-"thread"` and the tests.
+process. If the child dies, every open stream fails with UpstreamError and `running` turns false.
+What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
+the engine front's (front.py), shared with the in-thread AsyncEngine.
 """
 
 from __future__ import annotations
@@ -26,34 +27,35 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncGenerator
-from collections.abc import Sequence as Seq
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from gpu_container.engine.async_engine import Mailbox, mailbox_stream
+from gpu_container.contract import RequestRejected, UpstreamError
+from gpu_container.engine.front import EngineFront
+from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
 from gpu_container.plain_logging import configure_plain_logging
 
 log = structlog.get_logger(__name__)
 
-# (request_id, token_ids, finish_reason, error): a TokenOutput as plain tuples, cheap to pickle.
-_Wire = tuple[str, list[int], str | None, str | None]
+# (request_id, token_ids, finish_reason, error, cached_tokens): a TokenOutput as a plain tuple,
+# cheap to pickle.
+_Wire = tuple[str, list[int], str | None, str | None, int]
 # The child's poll interval when idle: how soon it notices that its engine thread died.
 _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
 
 
-class EngineProcess:
-    """The parent's handle: the same surface as AsyncEngine (generate, stats, running, stop)."""
+class EngineProcess(EngineFront):
+    """The parent's handle on the child, an upstream as AsyncEngine is (front.py)."""
 
     def __init__(self, model_dir: str | Path, config: EngineConfig, name: str = "engine") -> None:
         self._model_dir = str(model_dir)
         self._config = config
-        self._name = name
+        self.name = name
         self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping
         # The command pipe's own lock, never held with _lock: a write that waits for a busy child
         # must not stop the reader thread from draining the child's outputs.
@@ -97,12 +99,12 @@ class EngineProcess:
             message = ("failed", f"exited during start-up (exit code {process.wait()})")
         if message[0] != "ready":
             self._kill()
-            raise RuntimeError(f"engine process {self._name} failed to start: {message[1]}")
+            raise RuntimeError(f"engine process {self.name} failed to start: {message[1]}")
         _, self.max_model_len, self._stats = message
         self._alive = True
-        self._reader = threading.Thread(target=self._read, name=f"{self._name}-reader", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
-        log.info("engine process started", name=self._name, pid=process.pid)
+        log.info("engine process started", name=self.name, pid=process.pid)
 
     @property
     def pid(self) -> int | None:
@@ -119,24 +121,16 @@ class EngineProcess:
             raise RuntimeError("engine process is not started")
         return self._stats
 
-    def generate(
-        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams, priority: int = 0
-    ) -> AsyncGenerator[TokenOutput, None]:
-        """Outputs of one request; raises ValueError (refused) or RuntimeError (not running) at the
-        first iteration. Call from the event loop that will read the stream."""
-        mailbox = Mailbox(asyncio.get_running_loop())
-        prompt = [int(t) for t in prompt_ids]
-
-        def submit() -> None:
-            with self._lock:
-                if not self._alive or self._stopping:
-                    raise RuntimeError("engine process is not running")
-                if request_id in self._mailboxes:
-                    raise ValueError(f"request {request_id!r} is already running")
-                self._mailboxes[request_id] = mailbox
-            self._send(("add", request_id, prompt, params, priority))
-
-        return mailbox_stream(mailbox, submit, lambda: self.abort(request_id))
+    def _submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int, mailbox: Mailbox
+    ) -> None:
+        with self._lock:
+            if not self._alive or self._stopping:
+                raise RuntimeError("engine process is not running")
+            if request_id in self._mailboxes:
+                raise ValueError(f"request {request_id!r} is already running")
+            self._mailboxes[request_id] = mailbox
+        self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority))
 
     def abort(self, request_id: str) -> None:
         """Forget the request here and have the child free it at its next step."""
@@ -158,7 +152,7 @@ class EngineProcess:
         try:
             self._process.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            log.warning("engine process ignored stop; killing it", name=self._name)
+            log.warning("engine process ignored stop; killing it", name=self.name)
             self._kill()
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout=_STOP_TIMEOUT_S)
@@ -193,20 +187,20 @@ class EngineProcess:
                     mailbox = self._mailboxes.pop(message[1], None)
                 if mailbox is not None:
                     _, _, text, own_fault = message
-                    mailbox.post_exception(ValueError(text) if own_fault else RuntimeError(text))
+                    mailbox.post_exception(RequestRejected(text) if own_fault else UpstreamError(text))
         self._fail_all()
 
     def _dispatch(self, wire: list[_Wire]) -> None:
         """Hand one step's outputs to their mailboxes."""
         items = []
         with self._lock:
-            for request_id, token_ids, finish_reason, error in wire:
+            for request_id, token_ids, finish_reason, error, cached_tokens in wire:
                 mailboxes = self._mailboxes
                 mailbox = (
                     mailboxes.get(request_id) if finish_reason is None else mailboxes.pop(request_id, None)
                 )
                 if mailbox is not None:
-                    output = TokenOutput(request_id, token_ids, finish_reason, error)  # type: ignore[arg-type]
+                    output = TokenOutput(request_id, token_ids, finish_reason, error, cached_tokens)  # type: ignore[arg-type]
                     items.append((mailbox, output))
         self._hand_over(items)
 
@@ -236,7 +230,7 @@ class EngineProcess:
             orphans, self._mailboxes = self._mailboxes, {}
         reason = "stopped" if self._stopping else f"exited unexpectedly (exit code {code})"
         if orphans and not self._stopping:
-            log.error("engine process died with requests open", name=self._name, exitcode=code)
+            log.error("engine process died with requests open", name=self.name, exitcode=code)
         self._hand_over(
             [
                 (mailbox, TokenOutput(request_id, [], "error", f"engine process {reason}"))
@@ -274,7 +268,9 @@ def serve_engine(commands: Connection, events: Connection) -> None:
                 pass  # the parent is gone; the command loop sees EOF and exits
 
     def collect(output: TokenOutput) -> None:
-        pending.append((output.request_id, output.token_ids, output.finish_reason, output.error))
+        pending.append(
+            (output.request_id, output.token_ids, output.finish_reason, output.error, output.cached_tokens)
+        )
 
     def flush(stats: EngineStats) -> None:
         batch = pending[:]

@@ -1,4 +1,8 @@
-"""Plain data the engine exchanges with its callers (the edge's local upstream, the Triton model)."""
+"""Plain data the engine exchanges with its callers (its async front, front.py; the Triton model).
+
+The seam's contract (gpu_container/contract.py) is translated to and from these in one place, the
+front; the engine itself knows nothing of it but the finish reasons.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ class TokenOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # Prompt tokens found in the prefix cache (not prefilled): set on the output carrying the
+    # sequence's first token only, so that outputs merged together add up to the request's figure.
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ import pytest
 from edge.admission import Dispatcher, Ticket
 from edge.admission.real_use import RealUse
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
@@ -106,7 +105,7 @@ async def test_on_a_real_engine_overcommitted_streams_are_preempted_and_finish_u
     config = EngineConfig(block_size=16, num_blocks=12, max_num_seqs=8, max_num_batched_tokens=256)
     engine = LLMEngine.from_pretrained(build_demo_model(tmp_path / "demo"), config)
     engine.start()
-    upstream = LocalUpstream("engine", AsyncEngine(engine))
+    upstream = AsyncEngine(engine, "engine")
     dispatcher = Dispatcher(
         [upstream], reserved_paid_fraction=0.0, max_queue=100, poll_interval_s=0.01, real_use=RealUse(16)
     )

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from edge.admission import Dispatcher, Ticket
-from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
@@ -31,12 +30,12 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-async def replicas(demo_dir: Path) -> AsyncIterator[list[LocalUpstream]]:
+async def replicas(demo_dir: Path) -> AsyncIterator[list[AsyncEngine]]:
     upstreams = []
     for i in range(2):
         engine = LLMEngine.from_pretrained(demo_dir, ENGINE)
         engine.start()
-        upstreams.append(LocalUpstream(f"engine-{i}", AsyncEngine(engine)))
+        upstreams.append(AsyncEngine(engine, f"engine-{i}"))
     yield upstreams
     for upstream in upstreams:
         await upstream.aclose()
@@ -54,7 +53,7 @@ class Served:
 
 
 @pytest.mark.anyio
-async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[LocalUpstream]) -> None:
+async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[AsyncEngine]) -> None:
     clock = counting_clock()
     dispatcher = Dispatcher(
         replicas, reserved_paid_fraction=0.25, max_queue=1000, clock=clock, kv_block_tokens=ENGINE.block_size
@@ -99,7 +98,7 @@ async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[
 
 @pytest.mark.anyio
 async def test_a_stopped_engine_fails_before_the_first_token_and_another_one_serves(
-    replicas: list[LocalUpstream],
+    replicas: list[AsyncEngine],
 ) -> None:
     broken, healthy = replicas
     await broken.aclose()  # the engine is stopped: every new request fails at once

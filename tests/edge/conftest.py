@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.upstreams.local import LocalUpstream
 from edge.upstreams.triton import TritonUpstream, parse_trtllm_metrics, triton_upstreams
+from gpu_container.engine.front import EngineFront
 from tests.edge.sse_client import LONG_PROMPT, LONG_TOKENS, MODEL, find_long_seed
 from tests.support.live_server import LiveServer, start_server
 from tests.support.triton_server import LocalTriton, local_triton
@@ -126,8 +126,8 @@ class EngineReading:
 def engine_reading(server: LiveServer) -> EngineReading:
     running = waiting = used_blocks = work = 0
     for upstream in server.app.state.runtime.upstreams:
-        if isinstance(upstream, LocalUpstream):
-            stats = upstream.engine.stats()
+        if isinstance(upstream, EngineFront):
+            stats = upstream.stats()
             running += stats.running
             waiting += stats.waiting
             used_blocks += stats.num_blocks - stats.free_blocks

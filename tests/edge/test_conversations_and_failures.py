@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from edge.upstreams.local import LocalUpstream
+from gpu_container.engine.front import EngineFront
 from tests.edge.conftest import BOTH_PATHS, finished_requests, idle_engine, wait_for_engine_to_drop
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer, start_server
@@ -82,8 +82,8 @@ def test_replica_failure_mid_stream_ends_with_an_error_event(
             next(stream)
             assert next(stream)["choices"][0]["delta"]["content"] is not None
             upstream = server.app.state.runtime.upstreams[0]
-            assert isinstance(upstream, LocalUpstream)
-            upstream.engine.stop()  # the replica goes away with the sequence running
+            assert isinstance(upstream, EngineFront)
+            upstream.stop()  # the replica goes away with the sequence running
             rest = list(stream)
     assert rest[-1] == DONE
     error = rest[-2]["error"]

@@ -1,4 +1,4 @@
-"""The in-process engine as an upstream: what it reports to the dispatcher."""
+"""The in-process engine as an upstream: what its front reports to the dispatcher."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from edge.upstreams.local import LocalUpstream
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
@@ -20,7 +19,7 @@ def _engine(block_size: int = 16) -> LLMEngine:
 
 
 async def test_capacity_reports_the_engines_kv_block_size() -> None:
-    upstream = LocalUpstream("local-0", AsyncEngine(_engine(block_size=8)))
+    upstream = AsyncEngine(_engine(block_size=8), "local-0")
     capacity = await upstream.capacity()
     assert capacity.kv_block_tokens == 8
     assert capacity.kv_tokens_total == 8 * 32
@@ -28,7 +27,7 @@ async def test_capacity_reports_the_engines_kv_block_size() -> None:
 
 async def test_ready_only_while_the_engine_runs() -> None:
     engine = _engine()
-    upstream = LocalUpstream("local-0", AsyncEngine(engine))
+    upstream = AsyncEngine(engine, "local-0")
     assert not await upstream.ready()
     engine.start()
     assert await upstream.ready()
@@ -57,6 +56,6 @@ async def test_not_ready_once_the_engine_loop_died() -> None:
         assert called.wait(timeout=10)
         loop_thread[0].join(timeout=10)
         assert not loop_thread[0].is_alive()
-        assert not await LocalUpstream("local-0", AsyncEngine(engine)).ready()
+        assert not await AsyncEngine(engine, "local-0").ready()
     finally:
         engine.stop()

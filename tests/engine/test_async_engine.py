@@ -1,4 +1,4 @@
-"""AsyncEngine: the asyncio bridge coalesces when the consumer lags and aborts when it leaves early."""
+"""AsyncEngine: the engine's async front coalesces when the consumer lags and aborts when it leaves early."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from collections.abc import Iterator
 import anyio.to_thread
 import pytest
 
+from gpu_container.contract import Delta, GenerationRequest, RequestRejected
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
+from gpu_container.engine.types import EngineConfig
 from tests.engine.collector import TIMEOUT_S
 from tests.engine.tiny_llama import tiny_model
 
-FOREVER = SamplingParams(max_new_tokens=1_000_000, temperature=0.0, ignore_eos=True)
+
+def forever(request_id: str, prompt: list[int]) -> GenerationRequest:
+    return GenerationRequest(request_id, prompt, max_new_tokens=1_000_000, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture
@@ -32,9 +35,9 @@ async def _idle(engine: LLMEngine) -> None:
 
 @pytest.mark.anyio
 async def test_a_lagging_consumer_gets_the_backlog_in_one_output(engine: LLMEngine) -> None:
-    outputs: list[TokenOutput] = []
-    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
-    stream = AsyncEngine(engine).generate("lagging", [2, 3, 4], params)
+    outputs: list[Delta] = []
+    req = GenerationRequest("lagging", [2, 3, 4], max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    stream = AsyncEngine(engine).generate(req)
     outputs.append(await anext(stream))
     await _idle(engine)  # the engine finishes while nobody reads
     outputs += [output async for output in stream]
@@ -45,7 +48,7 @@ async def test_a_lagging_consumer_gets_the_backlog_in_one_output(engine: LLMEngi
 
 @pytest.mark.anyio
 async def test_aclose_aborts_the_request_and_frees_its_blocks(engine: LLMEngine) -> None:
-    stream = AsyncEngine(engine).generate("closed", [5] * 10, FOREVER)
+    stream = AsyncEngine(engine).generate(forever("closed", [5] * 10))
     first = await anext(stream)
     assert first.token_ids and engine.stats().free_blocks < engine.stats().num_blocks
     await stream.aclose()
@@ -55,7 +58,7 @@ async def test_aclose_aborts_the_request_and_frees_its_blocks(engine: LLMEngine)
 
 @pytest.mark.anyio
 async def test_breaking_out_of_the_loop_aborts_the_request(engine: LLMEngine) -> None:
-    async for output in AsyncEngine(engine).generate("broken", [6, 7], FOREVER):
+    async for output in AsyncEngine(engine).generate(forever("broken", [6, 7])):
         assert output.token_ids
         break
     await _idle(engine)
@@ -67,7 +70,7 @@ async def test_cancelling_the_consumer_task_aborts_the_request(engine: LLMEngine
     started = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in AsyncEngine(engine).generate("cancelled", [8, 9], FOREVER):
+        async for _ in AsyncEngine(engine).generate(forever("cancelled", [8, 9])):
             started.set()
 
     task = asyncio.create_task(consume())
@@ -84,9 +87,11 @@ async def test_cancelling_the_consumer_task_aborts_the_request(engine: LLMEngine
 async def test_concurrent_streams_each_end_once(engine: LLMEngine) -> None:
     bridge = AsyncEngine(engine)
 
-    async def run(i: int) -> list[TokenOutput]:
-        params = SamplingParams(max_new_tokens=5 + i, temperature=0.7, seed=i, ignore_eos=True)
-        return [o async for o in bridge.generate(f"c{i}", [2 + i] * (1 + i), params)]
+    async def run(i: int) -> list[Delta]:
+        req = GenerationRequest(
+            f"c{i}", [2 + i] * (1 + i), max_new_tokens=5 + i, temperature=0.7, seed=i, ignore_eos=True
+        )
+        return [o async for o in bridge.generate(req)]
 
     results = await asyncio.gather(*(run(i) for i in range(12)))
     for i, outputs in enumerate(results):
@@ -98,5 +103,5 @@ async def test_concurrent_streams_each_end_once(engine: LLMEngine) -> None:
 
 @pytest.mark.anyio
 async def test_invalid_request_raises_on_first_iteration(engine: LLMEngine) -> None:
-    with pytest.raises(ValueError, match="empty"):
-        await anext(AsyncEngine(engine).generate("empty", [], FOREVER))
+    with pytest.raises(RequestRejected, match="empty"):
+        await anext(AsyncEngine(engine).generate(forever("empty", [])))

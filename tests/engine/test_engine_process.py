@@ -15,17 +15,30 @@ from pathlib import Path
 
 import pytest
 
+from gpu_container.contract import Delta, GenerationRequest, RequestRejected, UpstreamError
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
-from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
+from gpu_container.engine.types import EngineConfig, EngineStats
 from tests.engine.collector import TIMEOUT_S
 
 pytestmark = pytest.mark.anyio
 
 CONFIG = EngineConfig(block_size=8, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
-GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
-FOREVER = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+GREEDY_TOKENS = 24
+FOREVER_TOKENS = 400
+
+
+def greedy(request_id: str, prompt: list[int]) -> GenerationRequest:
+    return GenerationRequest(
+        request_id, prompt, max_new_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True
+    )
+
+
+def forever(request_id: str, prompt: list[int]) -> GenerationRequest:
+    return GenerationRequest(
+        request_id, prompt, max_new_tokens=FOREVER_TOKENS, temperature=0.0, ignore_eos=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +49,7 @@ def process(demo_dir: Path) -> Iterator[EngineProcess]:
     engine.stop()
 
 
-async def _collect(stream: AsyncIterator[TokenOutput]) -> list[TokenOutput]:
+async def _collect(stream: AsyncIterator[Delta]) -> list[Delta]:
     return [output async for output in stream]
 
 
@@ -54,13 +67,13 @@ async def test_deltas_arrive_in_order_and_equal_the_in_thread_engines(
 ) -> None:
     prompts = {f"r{i}": [5 + i, 9, 13 + 2 * i, 2] for i in range(4)}
     outputs = await asyncio.gather(
-        *(_collect(process.generate(rid, prompt, GREEDY)) for rid, prompt in prompts.items())
+        *(_collect(process.generate(greedy(rid, prompt))) for rid, prompt in prompts.items())
     )
     in_thread = LLMEngine.from_pretrained(demo_dir, CONFIG)
     in_thread.start()
     try:
         expected = await asyncio.gather(
-            *(_collect(AsyncEngine(in_thread).generate(rid, p, GREEDY)) for rid, p in prompts.items())
+            *(_collect(AsyncEngine(in_thread).generate(greedy(rid, p))) for rid, p in prompts.items())
         )
     finally:
         in_thread.stop()
@@ -74,22 +87,22 @@ async def test_closing_the_stream_frees_the_sequence(process: EngineProcess) -> 
     """The abort goes out at close and the child applies it at the top of its next step, as the
     in-thread engine does; how many steps ran meanwhile depends on the pipe's latency, not asserted."""
     before = process.stats().generated_tokens
-    stream = process.generate("closed", [3] * 20, FOREVER)
+    stream = process.generate(forever("closed", [3] * 20))
     first = await anext(stream)
     assert first.token_ids and first.finish_reason is None
     await stream.aclose()
     stats = await _stats_until(process, lambda s: s.running == 0 and s.free_blocks == s.num_blocks)
     assert stats.waiting == 0
-    assert stats.generated_tokens - before < FOREVER.max_new_tokens  # cut short, not run to its end
+    assert stats.generated_tokens - before < FOREVER_TOKENS  # cut short, not run to its end
 
 
 async def test_a_request_the_engine_refuses_raises_and_the_engine_serves_on(process: EngineProcess) -> None:
-    with pytest.raises(ValueError, match="empty"):
-        await anext(process.generate("empty", [], GREEDY))
-    with pytest.raises(ValueError, match="outside"):
-        await anext(process.generate("huge-id", [10**9], GREEDY))
-    outputs = await _collect(process.generate("after", [4, 5], GREEDY))
-    assert sum(len(o.token_ids) for o in outputs) == GREEDY.max_new_tokens
+    with pytest.raises(RequestRejected, match="empty"):
+        await anext(process.generate(greedy("empty", [])))
+    with pytest.raises(RequestRejected, match="outside"):
+        await anext(process.generate(greedy("huge-id", [10**9])))
+    outputs = await _collect(process.generate(greedy("after", [4, 5])))
+    assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
     assert process.running
 
 
@@ -97,17 +110,16 @@ async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(dem
     doomed = EngineProcess(demo_dir, CONFIG, "doomed")
     doomed.start()
     try:
-        stream = doomed.generate("victim", [7, 8, 9], FOREVER)
+        stream = doomed.generate(forever("victim", [7, 8, 9]))
         await anext(stream)
         assert doomed.pid is not None
         os.kill(doomed.pid, signal.SIGKILL)
         async with asyncio.timeout(TIMEOUT_S):
-            rest = await _collect(stream)
-        assert rest[-1].finish_reason == "error"
-        assert rest[-1].error is not None and "exited unexpectedly" in rest[-1].error
+            with pytest.raises(UpstreamError, match="exited unexpectedly"):
+                await _collect(stream)
         assert not doomed.running
-        with pytest.raises(RuntimeError, match="not running"):
-            await anext(doomed.generate("later", [1, 2], GREEDY))
+        with pytest.raises(UpstreamError, match="not running"):
+            await anext(doomed.generate(greedy("later", [1, 2])))
     finally:
         doomed.stop()
 
@@ -115,7 +127,7 @@ async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(dem
 async def test_stop_cancels_open_streams(demo_dir: Path) -> None:
     stopping = EngineProcess(demo_dir, CONFIG, "stopping")
     stopping.start()
-    stream = stopping.generate("open", [7, 8, 9], FOREVER)
+    stream = stopping.generate(forever("open", [7, 8, 9]))
     await anext(stream)
     await asyncio.to_thread(stopping.stop)
     async with asyncio.timeout(TIMEOUT_S):
@@ -126,7 +138,7 @@ async def test_stop_cancels_open_streams(demo_dir: Path) -> None:
 
 async def test_a_sigterm_to_the_process_group_leaves_the_engine_to_its_parent(process: EngineProcess) -> None:
     """systemd and `timeout` signal the whole group: the edge's drain, not the signal, ends the engine."""
-    stream = process.generate("through-sigterm", [7, 8, 9], GREEDY)
+    stream = process.generate(greedy("through-sigterm", [7, 8, 9]))
     first = await anext(stream)
     assert process.pid is not None
     os.kill(process.pid, signal.SIGTERM)
@@ -134,7 +146,7 @@ async def test_a_sigterm_to_the_process_group_leaves_the_engine_to_its_parent(pr
         rest = await _collect(stream)
     outputs = [first, *rest]
     assert outputs[-1].finish_reason == "length"
-    assert sum(len(o.token_ids) for o in outputs) == GREEDY.max_new_tokens
+    assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
     assert process.running
 
 

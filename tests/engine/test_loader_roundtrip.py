@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from gpu_container.contract import GenerationRequest
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig, SamplingParams
+from gpu_container.engine.types import EngineConfig
 
 
 @pytest.mark.anyio
@@ -23,8 +24,8 @@ async def test_demo_checkpoint_loads_and_generates(demo_dir: Path) -> None:
     try:
         tokens: list[int] = []
         reasons = []
-        params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-        async for output in AsyncEngine(engine).generate("r1", prompt, params):
+        req = GenerationRequest("r1", prompt, max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        async for output in AsyncEngine(engine).generate(req):
             tokens += output.token_ids
             reasons.append(output.finish_reason)
     finally:

@@ -8,7 +8,6 @@ from prometheus_client import REGISTRY
 
 from edge.metrics import record_capacity
 from edge.upstreams.base import Capacity
-from edge.upstreams.local import LocalUpstream
 from edge.upstreams.triton import parse_trtllm_metrics
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
@@ -33,7 +32,7 @@ def test_a_local_replica_reports_its_cache_hits_and_blocks() -> None:
         engine.add_request("again", [*list(range(2, 14)), 40], params, seen)
         seen.wait_finished("again")
         assert engine.wait_until_idle(TIMEOUT_S)
-        capacity = asyncio.run(LocalUpstream("local-x", AsyncEngine(engine)).capacity())
+        capacity = asyncio.run(AsyncEngine(engine, "local-x").capacity())
     finally:
         engine.stop()
     assert capacity.prefix_hit_tokens == 12 and capacity.prefix_query_tokens == 12 + 13

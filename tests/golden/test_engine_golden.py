@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from edge.text.model_text import ModelText
+from gpu_container.contract import GenerationRequest
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig, SamplingParams
+from gpu_container.engine.types import EngineConfig
 from tests.golden.reference import CONVERSATIONS, MAX_NEW_TOKENS
 
 
@@ -28,9 +29,11 @@ async def test_greedy_ids_equal_the_reference(smollm2: Path) -> None:
         generated = []
         # One at a time: batch 1, as the reference ran.
         for i, conversation in enumerate(CONVERSATIONS):
-            params = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0)
+            req = GenerationRequest(
+                f"golden-{i}", conversation.prompt_ids, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0
+            )
             ids: list[int] = []
-            async for output in AsyncEngine(engine).generate(f"golden-{i}", conversation.prompt_ids, params):
+            async for output in AsyncEngine(engine).generate(req):
                 ids += output.token_ids
             generated.append(ids)
     finally:

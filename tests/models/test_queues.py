@@ -26,8 +26,7 @@ def test_a_flood_on_one_model_does_not_queue_the_other(two_models: LiveServer) -
     """`small`'s engine is paused (SIGSTOP: real, and nothing it runs can finish), then flooded past
     its two sequences: its third request waits in `small`'s queue. `large` still answers at once,
     its own queue empty, while `small`'s request is still waiting."""
-    (engine_replica,) = replicas_of(two_models, SMALL)
-    engine = engine_replica.engine  # type: ignore[attr-defined]
+    (engine,) = replicas_of(two_models, SMALL)
     assert isinstance(engine, EngineProcess) and engine.pid is not None
     small, large = _dispatcher(two_models, SMALL), _dispatcher(two_models, LARGE)
     flood = {"model": SMALL, "messages": HI, "max_tokens": 50, "stream": True}

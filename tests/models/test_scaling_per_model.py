@@ -70,8 +70,7 @@ def test_a_flood_on_one_model_raises_only_its_own_demand(
     }
     cloudwatch = aws_client("cloudwatch", moto_endpoint)
     with start_server(tmp_path, overrides) as server:
-        (replica,) = replicas_of(server, small)
-        engine = replica.engine  # type: ignore[attr-defined]
+        (engine,) = replicas_of(server, small)
         assert isinstance(engine, EngineProcess) and engine.pid is not None
         flood = {"model": small, "messages": HI, "max_tokens": 50, "stream": True}
         os.kill(engine.pid, signal.SIGSTOP)  # nothing on `small` finishes: its demand stays up

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from edge.upstreams.local import LocalUpstream
+from gpu_container.engine.front import EngineFront
 from tests.edge.sse_client import CHAT
 from tests.models.conftest import LARGE, SMALL, replicas_of
 from tests.support.live_server import LiveServer
@@ -45,8 +45,8 @@ def test_each_model_answers_as_itself_on_its_own_replica(two_models: LiveServer)
 def _generated(server: LiveServer, model: str) -> int:
     total = 0
     for upstream in replicas_of(server, model):
-        assert isinstance(upstream, LocalUpstream)
-        total += upstream.engine.stats().generated_tokens
+        assert isinstance(upstream, EngineFront)
+        total += upstream.stats().generated_tokens
     return total
 
 

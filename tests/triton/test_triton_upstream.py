@@ -21,7 +21,6 @@ from edge.upstreams.triton import (
 )
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import SamplingParams
 from tests.support.ports import free_port
 from tests.triton.conftest import LocalTriton
 
@@ -59,7 +58,7 @@ async def fixed_length(local_triton: LocalTriton) -> AsyncIterator[TritonUpstrea
 def in_process(local_triton: LocalTriton) -> Iterator[AsyncEngine]:
     engine = LLMEngine.from_pretrained(local_triton.model_dir, local_triton.engine_config)
     engine.start()
-    yield AsyncEngine(engine)
+    yield AsyncEngine(engine, "in-process")
     engine.stop()
 
 
@@ -108,10 +107,12 @@ async def test_same_tokens_as_the_in_process_engine(
     req = GenerationRequest(
         "parity", PROMPT, max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed
     )
-    params = SamplingParams(max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed)
+    local = GenerationRequest(
+        "parity-local", PROMPT, max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed
+    )
     expected: list[int] = []
     expected_reason = None
-    async for out in in_process.generate("parity-local", PROMPT, params):
+    async for out in in_process.generate(local):
         expected += out.token_ids
         expected_reason = out.finish_reason
     tokens, reason = await _collect(upstream.generate(req))
@@ -133,9 +134,9 @@ async def test_stop_token_ends_the_stream_with_stop(
     upstream: TritonUpstream, in_process: AsyncEngine
 ) -> None:
     # The greedy continuation's 5th token, declared a stop token, must end the stream right there.
-    params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    probe = GenerationRequest("stop-probe", PROMPT, max_new_tokens=5, temperature=0.0, ignore_eos=True)
     greedy: list[int] = []
-    async for out in in_process.generate("stop-probe", PROMPT, params):
+    async for out in in_process.generate(probe):
         greedy += out.token_ids
     stop = greedy[4]
     first = greedy.index(stop)
@@ -217,9 +218,9 @@ async def test_a_stop_request_with_the_same_id_ends_generation(
 async def test_non_streaming_request_gets_every_token_in_one_final_response(
     local_triton: LocalTriton, in_process: AsyncEngine
 ) -> None:
-    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    local = GenerationRequest("whole-local", PROMPT, max_new_tokens=12, temperature=0.0, ignore_eos=True)
     expected: list[int] = []
-    async for out in in_process.generate("whole-local", PROMPT, params):
+    async for out in in_process.generate(local):
         expected += out.token_ids
     request = encode_request(
         GenerationRequest("whole", PROMPT, max_new_tokens=12, temperature=0.0), "tensorrt_llm", end_id=-1

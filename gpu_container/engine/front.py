@@ -1,0 +1,123 @@
+"""The engine's async front: one engine as an `Upstream` of the seam's contract (gpu_container/contract.py).
+
+The edge streams from it as from any replica. Two fronts share this class: AsyncEngine (the engine
+in a thread of this process, async_engine.py) and EngineProcess (the engine in a child process,
+engine_process.py); each says how to submit a request, abort one, read the stats and stop. What
+the contract asks of a replica is written here, once:
+
+- the contract's request becomes the engine's SamplingParams (sampling_params);
+- the engine's outputs become Deltas, and an output carrying an error raises UpstreamError;
+- a request the engine refuses for its own parameters (its ValueError) raises RequestRejected, an
+  engine that cannot take it (stopped, dead: RuntimeError) raises UpstreamError;
+- leaving the stream early (break, aclose, task cancellation) aborts the sequence, which frees its
+  KV blocks at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncGenerator
+
+from gpu_container.contract import (
+    Capacity,
+    Delta,
+    GenerationRequest,
+    RequestRejected,
+    UpstreamError,
+)
+from gpu_container.engine.mailbox import Mailbox
+from gpu_container.engine.types import EngineStats, SamplingParams
+
+
+def sampling_params(req: GenerationRequest) -> SamplingParams:
+    """The engine's terms for a contract request's sampling and ending rules."""
+    return SamplingParams(
+        max_new_tokens=req.max_new_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop_token_ids=tuple(req.stop_ids),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def capacity_of(stats: EngineStats) -> Capacity:
+    return Capacity(
+        kv_tokens_total=stats.kv_tokens_total,
+        kv_tokens_used=stats.kv_tokens_used,
+        max_sequences=stats.max_num_seqs,
+        running=stats.running,
+        waiting=stats.waiting,
+        kv_block_tokens=stats.block_size,
+        kv_tokens_cached=stats.cached_blocks * stats.block_size,
+        prefix_query_tokens=stats.prefix_query_tokens,
+        prefix_hit_tokens=stats.prefix_hit_tokens,
+        preemptions=stats.preemptions,
+    )
+
+
+class EngineFront(abc.ABC):
+    """An engine that is an upstream replica: generate, capacity, ready, aclose."""
+
+    name: str
+
+    @abc.abstractmethod
+    def _submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int, mailbox: Mailbox
+    ) -> None:
+        """Hand the request to the engine, its outputs to go to `mailbox`. Raises ValueError (the
+        request's fault) or RuntimeError (the engine's); a later refusal arrives through the mailbox
+        as RequestRejected or UpstreamError."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Have the engine drop the request and free its blocks; unknown or finished ids are ignored."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> bool:
+        """Started, not stopped, and the engine alive."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Finish every open stream with "cancelled" and end the engine (blocking). Idempotent."""
+
+    def generate(self, req: GenerationRequest) -> AsyncGenerator[Delta, None]:
+        """The request's deltas; it is submitted at the first iteration, so a refusal is raised there.
+
+        Call from the event loop that will read the stream."""
+        mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.abort(req.request_id))
+        return self._deltas(req, mailbox)
+
+    async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:
+        try:
+            self._submit(req.request_id, req.prompt_ids, sampling_params(req), req.priority, mailbox)
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from exc
+        except RuntimeError as exc:
+            raise UpstreamError(str(exc)) from exc
+        finished = False
+        try:
+            while not finished:
+                output = await mailbox.take()
+                finished = output.finish_reason is not None
+                if output.error is not None:
+                    raise UpstreamError(output.error)
+                yield Delta(output.token_ids, output.finish_reason, output.cached_tokens)
+        finally:
+            if not finished:
+                self.abort(req.request_id)
+
+    async def capacity(self) -> Capacity:
+        return capacity_of(self.stats())
+
+    async def ready(self) -> bool:
+        return self.running
+
+    async def aclose(self) -> None:
+        # Stopping waits for the engine's current step (or its process's exit): off the loop.
+        await asyncio.to_thread(self.stop)
