@@ -109,6 +109,8 @@ class Outcome:
     reason: EndReason = "error"  # until something better is known
     marker: dict[str, Any] | None = None
     completion_tokens: int = 0
+    # Prompt tokens the replica served from its prefix cache (Delta.cached_tokens).
+    cached_tokens: int = 0
     text: list[str] = field(default_factory=list)
     error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""
@@ -360,11 +362,11 @@ class Generation:
                 closing = [event({"error": out.error.detail})]
                 if out.reason == "drained" and self._req.include_usage:
                     # Cut by a shutdown: the tokens it got were charged, so say how many.
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens))
+                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             else:
                 closing = [enc.final(out.finish_reason, out.marker)]
                 if self._req.include_usage:
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens))
+                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             closing.append(DONE)
             await emit(b"".join(closing))
         except anyio.get_cancelled_exc_class():
@@ -399,7 +401,7 @@ class Generation:
                     "finish_reason": out.finish_reason,
                 }
             ],
-            "usage": usage_dict(self.prompt_tokens, out.completion_tokens),
+            "usage": usage_dict(self.prompt_tokens, out.completion_tokens, out.cached_tokens),
         }
         if out.marker:
             body["floodgate"] = out.marker
@@ -484,6 +486,8 @@ class Generation:
                 now = clock()
                 if out.ttft_s is None:
                     out.ttft_s = now - self._arrived
+                    # Reported on the delta carrying the first token (gpu_container/contract.py).
+                    out.cached_tokens = delta.cached_tokens
                     await self._stop_keepalive()
                 else:
                     inter_token.observe(now - last)
@@ -575,6 +579,7 @@ class Generation:
             upstream=out.upstream,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
             ttft_ms=None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
             duration_ms=round((time.perf_counter() - self._arrived) * 1000, 2),
         )

@@ -55,13 +55,17 @@ class ChunkEncoder:
             payload["floodgate"] = marker
         return event(payload)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return event({**self._head, "choices": [], "usage": usage_dict(prompt_tokens, completion_tokens)})
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+        usage = usage_dict(prompt_tokens, completion_tokens, cached_tokens)
+        return event({**self._head, "choices": [], "usage": usage})
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object. cached_tokens: prompt tokens the replica served from its prefix cache
+    (always present, as vLLM sends it; 0 where the replica does not report it)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }

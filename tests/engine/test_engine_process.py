@@ -158,3 +158,15 @@ def test_the_engine_process_logs_json_lines(demo_dir: Path, capfd: pytest.Captur
     lines = [line for line in capfd.readouterr().out.splitlines() if "engine started" in line]
     assert lines, "the engine process logged no start line"
     assert json.loads(lines[0])["event"] == "engine started"
+
+
+async def test_a_prompt_found_in_the_prefix_cache_reports_it_on_its_first_delta(
+    process: EngineProcess,
+) -> None:
+    """The cached-token figure crosses the wire: the full blocks the two prompts share, once."""
+    shared = list(range(40, 60))  # 20 tokens: two full blocks of 8, then 4 more
+    cold = await _collect(process.generate(greedy("cold", [*shared, 70, 71, 72, 73])))
+    warm = await _collect(process.generate(greedy("warm", [*shared, 80, 81, 82, 83])))
+    assert sum(d.cached_tokens for d in cold) == 0
+    assert warm[0].cached_tokens == 2 * CONFIG.block_size
+    assert all(d.cached_tokens == 0 for d in warm[1:])

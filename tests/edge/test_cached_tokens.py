@@ -1,0 +1,84 @@
+"""usage.prompt_tokens_details.cached_tokens: the prompt tokens the replica served from its prefix
+cache, as OpenAI and vLLM report them, read by the official openai SDK."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.edge.sse_client import MODEL
+from tests.support.live_server import LiveServer
+
+# Long enough to fill several KV blocks; unique per run, so no earlier request of the shared
+# server has cached it.
+SYSTEM = "You answer questions about rivers, lakes and the sea, briefly and kindly. " * 4
+
+
+def _sdk(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=0)
+
+
+@pytest.fixture
+def local_sdk(local_server: LiveServer) -> Iterator[openai.OpenAI]:
+    client = _sdk(local_server)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def triton_sdk(triton_server: LiveServer) -> Iterator[openai.OpenAI]:
+    client = _sdk(triton_server)
+    yield client
+    client.close()
+
+
+def _messages(system: str, question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def test_a_shared_prefix_is_reported_cached_in_both_modes(
+    local_server: LiveServer, local_sdk: openai.OpenAI
+) -> None:
+    system = f"{uuid.uuid4().hex} {SYSTEM}"
+    first = local_sdk.chat.completions.create(
+        model=MODEL, messages=_messages(system, "Where do rivers start?"), max_tokens=4
+    )
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    cold = first.usage.prompt_tokens_details.cached_tokens
+    assert cold is not None
+
+    again = local_sdk.chat.completions.create(
+        model=MODEL, messages=_messages(system, "Why is the sea salty?"), max_tokens=4
+    )
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    block = local_server.settings.engine.block_size
+    assert cached is not None and cached > cold
+    assert cached % block == 0 and cached < again.usage.prompt_tokens
+
+    stream = local_sdk.chat.completions.create(
+        model=MODEL,
+        messages=_messages(system, "What feeds a lake?"),
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = list(stream)[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    # The same shared prefix, found again (at least the blocks the second request found).
+    streamed = usage.prompt_tokens_details.cached_tokens
+    assert streamed is not None and streamed >= cached and streamed % block == 0
+
+
+def test_a_replica_that_does_not_report_it_says_zero(triton_sdk: openai.OpenAI) -> None:
+    """Triton's `tensorrt_llm` contract carries no cached-token figure here: always present, 0."""
+    system = f"{uuid.uuid4().hex} {SYSTEM}"
+    for question in ("Where do rivers start?", "Why is the sea salty?"):
+        completion = triton_sdk.chat.completions.create(
+            model=MODEL, messages=_messages(system, question), max_tokens=4
+        )
+        assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+        assert completion.usage.prompt_tokens_details.cached_tokens == 0
