@@ -1,7 +1,7 @@
 """Plain data the engine exchanges with its callers (its async front, front.py; the Triton model).
 
 The seam's contract (gpu_container/contract.py) is translated to and from these in one place, the
-front; the engine itself knows nothing of it but the finish reasons.
+front; the Triton model reads TensorRT-LLM's tensors into them (triton/cpu/tensors.py).
 """
 
 from __future__ import annotations
