@@ -11,12 +11,21 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # Prompt tokens the replica served from its prefix cache (`prompt_tokens_details.cached_tokens`,
+    # as OpenAI names it): a conversation's later turns and a shared system prompt cost less.
+    cached_tokens: int = 0
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Usage:
         prompt = int(raw.get("prompt_tokens", 0))
         completion = int(raw.get("completion_tokens", 0))
-        return cls(prompt, completion, int(raw.get("total_tokens", prompt + completion)))
+        details = raw.get("prompt_tokens_details") or {}
+        return cls(
+            prompt,
+            completion,
+            int(raw.get("total_tokens", prompt + completion)),
+            int(details.get("cached_tokens", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,3 +86,16 @@ async def test_async_client_carries_100_concurrent_streams(server: LiveServer) -
     )
     # A random-weight model may end a reply at its first token; across 100 of them, text comes back.
     assert sum(bool(result.text) for result in results.values()) > 50
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(server: LiveServer) -> None:
+    # Long enough to fill several KV blocks, so the second request meets the first one's blocks.
+    system = "You are a careful assistant who answers in one short sentence. " * 8
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hello"}]
+    with Client(server.base_url, server.keys["paid"]) as client:
+        client.chat.create(messages, max_tokens=2, temperature=0.0)
+        again = client.chat.create(messages, max_tokens=2, temperature=0.0)
+        with client.chat.stream(messages, max_tokens=2, temperature=0.0) as stream:
+            finished = stream.until_finished()
+    assert again.usage is not None and 0 < again.usage.cached_tokens < again.usage.prompt_tokens
+    assert finished.usage is not None and finished.usage.cached_tokens == again.usage.cached_tokens
