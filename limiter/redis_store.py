@@ -141,6 +141,11 @@ class RedisLimiter:
         # Counts the fallback's "allowed" answers: an admit on Redis that one overlapped must be
         # checked against the mirror, which knows of it while Redis does not (yet).
         self._fallback_allowed = 0
+        # The count the last restore covered. A fallback "allowed" after a restore's snapshot (a
+        # caller whose call failed while the restore was on its way) is missing on Redis even
+        # though the restore landed: without another restore Redis admitted one too many beside
+        # it (the over-admission by one that the kill drills found about one run in four).
+        self._synced_fallback = 0
         self._resync_lock = asyncio.Lock()
         self._health = StoreHealth(backoff_s)
         self._settles = SettleQueue(self._send_settles, self._health)
@@ -270,7 +275,7 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            if self._synced_at != self._health.failures:
+            if not self._in_sync():
                 await self._resync()
         except (_NotSent, _NoAnswer):
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
@@ -391,15 +396,21 @@ class RedisLimiter:
         self._local.record_charged(user, tier, request_id, granted)
         return granted
 
+    def _in_sync(self) -> bool:
+        """Redis holds what this instance counted: no failure and no fallback "allowed" since the
+        snapshot the last restore put back."""
+        return self._synced_at == self._health.failures and self._synced_fallback == self._fallback_allowed
+
     async def _resync(self) -> None:
         """Put back on Redis what this instance counted while Redis failed (restore.lua), every
         user in one round trip, before admitting there again: the requests still running from
         the outage (or admitted by a Redis that since restarted empty) then hold their slots on
         Redis too, so Redis does not admit as many again beside them."""
         async with self._resync_lock:
-            failures = self._health.failures
-            if self._synced_at == failures:
+            if self._in_sync():
                 return
+            # Read with the snapshot, in the same step: whatever comes after it needs another.
+            failures, fallback_allowed = self._health.failures, self._fallback_allowed
             calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
             for user in self._local.active_users():
                 snap = self._local.snapshot(user)
@@ -408,7 +419,7 @@ class RedisLimiter:
                 calls.append(((*user_keys(user), *tombstones), (*args, *snap.request_ids)))
             if calls:
                 await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
-            self._synced_at = failures
+            self._synced_at, self._synced_fallback = failures, fallback_allowed
             log.info("limiter_restored", users=len(calls))
 
     def _settle_op(

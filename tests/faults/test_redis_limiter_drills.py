@@ -10,7 +10,6 @@ each drill waits on conditions of real state (the load's own counters, Redis's k
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,7 +19,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from limiter.base import StoreUnavailable, TierLimits
+from bench.limiter_load import LimiterLoad
+from limiter.base import TierLimits
 from limiter.redis_store import RedisLimiter, user_keys
 from tests.limiter.conditions import wait_until
 from tests.limiter.tiers import tier
@@ -40,68 +40,11 @@ def redis() -> Iterator[RedisServer]:
     server.kill()
 
 
-class Load:
-    """WORKERS callers, each admitting, holding the slot across a few yields, charging and
-    settling, in a loop; counts running requests as the test sees them."""
+class Load(LimiterLoad):
+    """WORKERS callers on the tier (bench/limiter_load.py: the long drills share it)."""
 
     def __init__(self, limiter: RedisLimiter, limits: TierLimits) -> None:
-        self.limiter = limiter
-        self.limits = limits
-        self.user = f"drill-{uuid.uuid4().hex}"
-        self.running = 0
-        self.most_running = 0
-        self.admitted = 0
-        self.refused = 0
-        self.unavailable = 0
-        self.errors: list[BaseException] = []
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._worker(w)) for w in range(WORKERS)]
-
-    async def _worker(self, worker: int) -> None:
-        step = 0
-        while not self._stop.is_set():
-            step += 1
-            try:
-                try:
-                    admission = await self.limiter.admit(self.user, f"w{worker}-{step}", self.limits, 5, 64)
-                except StoreUnavailable:
-                    self.unavailable += 1
-                    await asyncio.sleep(0)
-                    continue
-                if admission.lease is None:
-                    self.refused += 1
-                    await asyncio.sleep(0)
-                    continue
-                self.admitted += 1
-                self.running += 1
-                self.most_running = max(self.most_running, self.running)
-                try:
-                    for _ in range(3):
-                        await asyncio.sleep(0)  # the stream runs: let the other callers in
-                    await admission.lease.take(40)  # past the first lease batch: one charge
-                finally:
-                    self.running -= 1
-                    await admission.lease.settle()
-            except Exception as exc:  # nothing may escape the limiter
-                self.errors.append(exc)
-                return
-
-    async def admitted_more(self, n: int) -> None:
-        target = self.admitted + n
-
-        async def reached() -> bool:
-            assert not self.errors, self.errors
-            return self.admitted >= target
-
-        await wait_until(f"{n} more admissions", reached)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.wait_for(asyncio.gather(*self._tasks), 30)
-        assert not self.errors, self.errors
+        super().__init__(limiter, limits, WORKERS)
 
 
 async def _no_slots_left(limiter: RedisLimiter, url: str, user: str) -> None:
