@@ -22,11 +22,11 @@ import pickle
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from msgspec.structs import replace
 from threadpoolctl import threadpool_info
 
 from bench.engine_driver import Driver

@@ -7,10 +7,11 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from msgspec.structs import replace
 from threadpoolctl import threadpool_limits
 
 from bench.engine_driver import Driver

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import itertools
 import os
 import platform
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from edge.admission import Dispatcher, Ticket
@@ -196,7 +196,7 @@ async def _sample(engines: list[LLMEngine], result: VariantResult, stop: asyncio
 async def run_variant(
     variant: Variant, model_dir: Path, engine: EngineConfig, workload: Workload, replicas: int = 2
 ) -> VariantResult:
-    config = dataclasses.replace(engine, enable_prefix_caching=variant.prefix_caching)
+    config = msgspec.structs.replace(engine, enable_prefix_caching=variant.prefix_caching)
     engines = [LLMEngine.from_pretrained(model_dir, config) for _ in range(replicas)]
     for e in engines:
         e.start()

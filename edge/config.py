@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
+from gpu_container.engine.types import EngineConfig
+
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 # A queued request holds its concurrency slot without refreshing it: the slot must outlive the
 # longest queue wait by this much, or it could expire under a request that is about to run.
@@ -87,24 +89,18 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
         check_model_source(self.source, "models.*.source")
 
 
-class EngineSettings(msgspec.Struct, forbid_unknown_fields=True):
-    replicas: int
-    block_size: int
-    num_blocks: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
+class EngineSettings(EngineConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`[engine]`: the engine's own config (EngineConfig, defined once in gpu_container) plus how
+    many replicas the edge starts and where each runs."""
+
+    replicas: Annotated[int, msgspec.Meta(ge=1)]
     # "process": each replica's engine in its own process (off the event loop's GIL); "thread": in
     # the edge's process (gpu_container/engine/engine_process.py says why the default is process).
     isolation: Literal["process", "thread"] = "process"
-    blas_threads: Annotated[int, msgspec.Meta(ge=0)] = 1
-    # A step carrying prefill may last this many times a decode-only step (0: no time budget).
-    prefill_slowdown: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    # The least prompt tokens a step carries next to decodes, whatever the time budget says.
-    min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
-    batching: Literal["continuous", "static"] = "continuous"
-    # Share the K/V of prompt prefixes already computed (gpu_container/engine/block_manager.py).
-    enable_prefix_caching: bool = True
+
+    def engine_config(self) -> EngineConfig:
+        """What one replica's engine gets: every EngineConfig field, none of the edge's own."""
+        return EngineConfig(**{name: getattr(self, name) for name in EngineConfig.__struct_fields__})
 
 
 class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):

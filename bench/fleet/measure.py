@@ -15,8 +15,9 @@ import argparse
 import json
 import os
 import statistics
-from dataclasses import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from bench.engine import SERVE_CONFIG, default_model
 from bench.engine_driver import Driver

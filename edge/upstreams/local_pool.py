@@ -19,31 +19,15 @@ from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.front import EngineFront
-from gpu_container.engine.types import EngineConfig
 
 # How the app gets its replicas: settings and the checkpoint directory in, live upstreams out for
 # the app's lifetime. `floodgate serve --triton` swaps in one from edge/upstreams/triton.py.
 UpstreamProvider = Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]
 
 
-def engine_config(e: EngineSettings) -> EngineConfig:
-    return EngineConfig(
-        block_size=e.block_size,
-        num_blocks=e.num_blocks,
-        max_num_seqs=e.max_num_seqs,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-        max_model_len=e.max_model_len,
-        enable_prefix_caching=e.enable_prefix_caching,
-        blas_threads=e.blas_threads,
-        prefill_slowdown=e.prefill_slowdown,
-        min_prefill_chunk=e.min_prefill_chunk,
-        batching=e.batching,
-    )
-
-
 def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> EngineFront:
     """Blocking (loads the model): run it in a worker thread."""
-    config = engine_config(settings)
+    config = settings.engine_config()
     if settings.isolation == "process":
         process = EngineProcess(model_dir, config, name)
         process.start()

@@ -457,15 +457,7 @@ def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvide
             async with discovered_triton_upstreams(spec, settings, make) as discovered:
                 yield discovered
             return
-        e = settings.engine
-        engine_cfg = EngineConfig(
-            block_size=e.block_size,
-            num_blocks=e.num_blocks,
-            max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            max_model_len=e.max_model_len,
-            enable_prefix_caching=e.enable_prefix_caching,
-        )
+        engine_cfg = settings.engine.engine_config()
         upstreams, cleanup = await build_triton_upstreams(spec, model_dir, engine_cfg, **tokens)
         try:
             yield upstreams

@@ -7,7 +7,9 @@ front; the Triton model reads TensorRT-LLM's tensors into them (triton/cpu/tenso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+import msgspec
 
 # One finish reason across the seam: the engine ends a sequence for the reasons a replica reports.
 from gpu_container.contract import FinishReason
@@ -41,24 +43,28 @@ class TokenOutput:
     cached_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    block_size: int = 16
-    num_blocks: int = 1024
-    max_num_seqs: int = 64
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one engine runs: the one engine-config type. The edge's `[engine]` settings extend it
+    (edge/config.py EngineSettings) and the Triton CPU model reads it from its string parameters
+    (triton/cpu/tensors.py), so a field added here reaches every path without a copy to forget.
+    A msgspec Struct so that the edge's settings file is decoded and checked into it directly."""
+
+    block_size: Annotated[int, msgspec.Meta(ge=1)] = 16
+    num_blocks: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    max_num_seqs: Annotated[int, msgspec.Meta(ge=1)] = 64
     # Token budget of one step: decode tokens plus prefill chunks (chunked prefill).
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
+    max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=1)] = 512
+    max_model_len: Annotated[int, msgspec.Meta(ge=1)] = 2048
     # BLAS threads for the process when the engine starts (see blas_threads.py); 0 leaves BLAS alone.
-    blas_threads: int = 1
+    blas_threads: Annotated[int, msgspec.Meta(ge=0)] = 1
     # Share the K/V of full blocks whose prompt prefix was already computed (block_manager.py).
     enable_prefix_caching: bool = True
     # A step carrying prefill may last this many times a decode-only step of the same batch: the
     # prefill budget in time, from step costs measured at start (step_budget.py). 0: tokens only.
-    prefill_slowdown: float = 0.0
+    prefill_slowdown: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     # The least prompt tokens a step carries next to decodes under the time budget, however little
     # time it leaves: tiny chunks cost several times more per token (step_budget.py).
-    min_prefill_chunk: int = 1
+    min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
     # "static": a batch starts together and no one joins until its longest member ends (kept only
     # to measure continuous batching against, bench/engine.py).
     batching: Literal["continuous", "static"] = "continuous"

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from edge.config import ConfigError, load_settings
+from gpu_container.engine.types import EngineConfig
 from limiter.factory import create_limiter
 from tests.edge.conftest import ROOMY_TIERS
 from tests.limiter.clock import ManualClock
@@ -54,3 +55,34 @@ async def test_the_slot_ttl_reaches_the_limiter() -> None:
     assert not (await limiter.admit("u", "b", one_slot, 1, 1)).decision.allowed
     clock.advance(90)
     assert (await limiter.admit("u", "c", one_slot, 1, 1)).decision.allowed
+
+
+# Every engine field set away from its default: what the settings file says must reach the engine
+# whichever path runs it (in-process here; the Triton CPU model in tests/triton/test_contract.py).
+ENGINE_TABLE = {
+    "block_size": 8,
+    "num_blocks": 96,
+    "max_num_seqs": 5,
+    "max_num_batched_tokens": 96,
+    "max_model_len": 512,
+    "blas_threads": 2,
+    "enable_prefix_caching": False,
+    "prefill_slowdown": 2.5,
+    "min_prefill_chunk": 7,
+    "batching": "static",
+}
+
+
+def test_every_engine_setting_reaches_the_engine_config() -> None:
+    settings = load_settings(overrides={"engine": ENGINE_TABLE | {"replicas": 3, "isolation": "thread"}})
+    assert settings.engine.engine_config() == EngineConfig(**ENGINE_TABLE)
+    assert set(ENGINE_TABLE) == set(EngineConfig.__struct_fields__), "a new engine field needs a value here"
+
+
+def test_engine_settings_are_checked_against_the_engines_bounds(tmp_path: Path) -> None:
+    with pytest.raises(msgspec.ValidationError, match="min_prefill_chunk"):
+        load_settings(overrides={"engine": {"min_prefill_chunk": 0}})
+    config = tmp_path / "typo.toml"
+    config.write_text("[engine]\nprefil_slowdown = 2.0\n")
+    with pytest.raises(ConfigError, match=r"engine\.prefil_slowdown"):
+        load_settings(config)

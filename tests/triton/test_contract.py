@@ -3,15 +3,19 @@ metrics page reads the same from TensorRT-LLM and from our model."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import _replica_urls, encode_request, parse_trtllm_metrics
 from gpu_container.engine.types import EngineConfig
+from gpu_container.triton.cpu.repository import MODEL_NAME, render_cpu_repository
 from gpu_container.triton.cpu.tensors import (
     GENERATED_TOKENS_METRIC,
     ContractError,
@@ -19,6 +23,7 @@ from gpu_container.triton.cpu.tensors import (
     engine_config_from_parameters,
     stop_word_ids,
 )
+from tests.edge.test_config import ENGINE_TABLE
 
 _DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
 
@@ -89,6 +94,17 @@ def test_stop_words_list_with_offsets() -> None:
 def test_engine_config_from_model_parameters() -> None:
     cfg = engine_config_from_parameters({"num_blocks": "64", "block_size": "32", "model_dir": "/x"})
     assert cfg == EngineConfig(num_blocks=64, block_size=32)
+
+
+def test_every_engine_setting_crosses_the_model_repository(tmp_path: Path) -> None:
+    # The edge renders the CPU model's repository from its EngineConfig; the model reads its string
+    # parameters back. Every field away from its default must come back as it went in.
+    sent = EngineConfig(**ENGINE_TABLE)
+    repository = render_cpu_repository(tmp_path, tmp_path / "checkpoint", sent)
+    config_text = (repository / MODEL_NAME / "config.pbtxt").read_text()
+    rendered = text_format.Parse(config_text, model_config_pb2.ModelConfig())
+    parameters = {key: value.string_value for key, value in rendered.parameters.items()}
+    assert engine_config_from_parameters(parameters) == sent
 
 
 # A TensorRT-LLM backend's page (older versions: no "waiting" gauge) beside another model.

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sys
 from pathlib import Path
 
+import msgspec
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -45,7 +45,7 @@ def render_cpu_repository(
     values: dict[str, object] = {
         "model_dir": model_dir.resolve(),
         "python_path": current_python_path(),
-        **dataclasses.asdict(engine_config),
+        **msgspec.structs.asdict(engine_config),
     }
     if cancellation_check_period_ms is not None:
         values["cancellation_check_period_ms"] = cancellation_check_period_ms

@@ -9,11 +9,10 @@ Conventions taken from TensorRT-LLM: `end_id = -1` ignores the end token (fixed-
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -103,13 +102,10 @@ def output_arrays(token_ids: list[int]) -> dict[str, npt.NDArray[np.int32]]:
 
 
 def engine_config_from_parameters(parameters: Mapping[str, str]) -> EngineConfig:
-    """EngineConfig from the model's string parameters; fields not given keep their defaults."""
-    defaults = EngineConfig()
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(EngineConfig):
-        if f.name not in parameters:
-            continue
-        default = getattr(defaults, f.name)
-        raw = parameters[f.name]
-        values[f.name] = raw.lower() == "true" if isinstance(default, bool) else type(default)(raw)
-    return EngineConfig(**values)
+    """EngineConfig from the model's string parameters; fields not given keep their defaults.
+
+    Triton hands every parameter over as a string: a lax convert parses the numbers and booleans
+    and checks them against EngineConfig's bounds; the model's other parameters are not its own.
+    """
+    own = {name: parameters[name] for name in EngineConfig.__struct_fields__ if name in parameters}
+    return msgspec.convert(own, EngineConfig, strict=False)
