@@ -112,6 +112,8 @@ class Outcome:
     # Prompt tokens the replica served from its prefix cache (Delta.cached_tokens).
     cached_tokens: int = 0
     text: list[str] = field(default_factory=list)
+    # Text of the reply's last delta, written with the closing events in one write (`stream`).
+    held: list[str] = field(default_factory=list)
     error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""
     ttft_s: float | None = None
@@ -357,14 +359,21 @@ class Generation:
             await self._p.registry.announce(self._live)
             await emit(enc.first())
             await self._run(out, on_text, emit)
-            # The closing events in one write (one syscall, not three): nothing waits between them.
+            # The last text and the closing events in one write (one syscall, not four): they were
+            # all ready at once, so nothing is delayed by waiting for the others.
+            closing = []
+            if out.held:
+                text = "".join(out.held)
+                closing.append(enc.delta(text))
+                if keep_text:
+                    out.text.append(text)
             if out.error is not None:
-                closing = [event({"error": out.error.detail})]
+                closing.append(event({"error": out.error.detail}))
                 if out.reason == "drained" and self._req.include_usage:
                     # Cut by a shutdown: the tokens it got were charged, so say how many.
                     closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             else:
-                closing = [enc.final(out.finish_reason, out.marker)]
+                closing.append(enc.final(out.finish_reason, out.marker))
                 if self._req.include_usage:
                     closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             closing.append(DONE)
@@ -380,6 +389,7 @@ class Generation:
 
         try:
             await self._run(out, out.text.append, None)
+            out.text += out.held
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
             raise
@@ -478,9 +488,14 @@ class Generation:
         clock = time.perf_counter
         # Real-use KV accounting charges the replica for the tokens as they come (admission/slot.py).
         grow = self._slot.grow if self._slot is not None else None
+        # A delta that ends the reply (its finish reason, or the budget's end) is held, not written:
+        # the caller writes it with the closing events, which are ready at the same moment.
+        hold: TextSink = out.held.append
         last = 0.0
         async for delta in deltas:
             ids = delta.token_ids
+            finish = delta.finish_reason
+            sink = on_text if finish is None or finish in ("error", "cancelled") else hold
             if ids:
                 n = len(ids)
                 now = clock()
@@ -497,6 +512,7 @@ class Generation:
                     granted = await lease.take(n)
                 if granted < n:
                     ids = ids[:granted]
+                    sink = hold
                 out.completion_tokens += granted
                 if grow is not None:
                     grow(out.completion_tokens)
@@ -505,21 +521,21 @@ class Generation:
                     stopped = False
                     if watch_stops:
                         text, stopped = stops.feed(text)
-                    if text and (written := on_text(text)) is not None:
+                    if text and (written := sink(text)) is not None:
                         await written
                     if stopped:
                         out.reason = "stop"
                         return
                 if granted < n:
-                    await self._emit_tail(detok.flush(), stops, on_text)
+                    await self._emit_tail(detok.flush(), stops, hold)
                     out.reason = "length"
                     out.marker = TOKENS_LIMIT_MARKER
                     return
-            if delta.finish_reason is not None:
-                if delta.finish_reason in ("error", "cancelled"):
-                    raise UpstreamError(f"replica ended the sequence with {delta.finish_reason!r}")
-                await self._emit_tail(detok.flush(), stops, on_text)
-                out.reason = delta.finish_reason
+            if finish is not None:
+                if finish in ("error", "cancelled"):
+                    raise UpstreamError(f"replica ended the sequence with {finish!r}")
+                await self._emit_tail(detok.flush(), stops, hold)
+                out.reason = finish
                 return
         raise UpstreamError("replica stream ended without a finish reason")
 

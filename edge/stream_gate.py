@@ -22,6 +22,9 @@ from edge.errors import ErrorBody, ErrorDetail, retry_after_headers
 from edge.metrics import OPEN_STREAMS, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
+# The scope key under which the gate keeps the send it was given, for a stream's body chunks: the
+# sends Litestar wraps it in further in only watch for the response start (edge/streaming.py).
+RAW_SEND = "floodgate.send"
 # Past capacity the wait is about one stream's life; the SDK adds jitter, so a second is a fair ask.
 BUSY_RETRY_AFTER_S = 1.0
 
@@ -73,6 +76,7 @@ class StreamGate:
                 return
             self.open_streams += 1
             OPEN_STREAMS.inc()
+            scope[RAW_SEND] = send  # type: ignore[literal-required]
             try:
                 await app(scope, receive, send)
             finally:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
 import structlog
 from litestar.types import Receive, Scope, Send
 
-from edge.errors import ApiError, ErrorDetail
+from edge.errors import ErrorDetail
 from edge.pipeline import Generation
 from edge.sse import DONE, event
 from edge.stalled_readers import SendProgress, StalledReaders
+from edge.stream_gate import RAW_SEND
 
 log = structlog.get_logger("floodgate.streaming")
 T = TypeVar("T")
@@ -41,25 +42,31 @@ _SSE_HEADERS = [
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        pass  # a connection that cannot be read any more is as gone as a disconnected one
     scope.cancel()
 
 
-async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Run `work`, cancelled if the client goes away (then None). ApiError passes through as is."""
-    result: T | None = None
-    error: ApiError | None = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
-        try:
-            result = await work()
-        except ApiError as exc:
-            error = exc
-        tg.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result
+async def until_disconnect(
+    receive: Receive, work: Callable[[], Awaitable[T]], scope: anyio.CancelScope | None = None
+) -> T | None:
+    """Run `work`, cancelled if the client goes away or `scope` is cancelled (then None). ApiError
+    passes through as is.
+
+    The watch is one plain task cancelled at the end, not an anyio task group: a group costs a
+    cancel scope, a task handle and, when cancelled, a formatted repr of the task, all per stream
+    (a tenth of a one-token stream's set-up CPU in the profile of docs/bench-streams.md)."""
+    scope = anyio.CancelScope() if scope is None else scope
+    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, scope))
+    try:
+        with scope:
+            return await work()
+        return None
+    finally:
+        watcher.cancel()
 
 
 class EventStreamResponse:
@@ -71,14 +78,18 @@ class EventStreamResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         generation = self._generation
         stalled: StalledReaders | None = getattr(scope["app"].state, "stalled_readers", None)
+        # Cancelled by a disconnect (until_disconnect) or by the stalled-reader watch (progress.cut).
         cut_scope = anyio.CancelScope()
         progress = SendProgress(generation.request_id, cut_scope)
         now = asyncio.get_running_loop().time
+        # The body goes to the server's own send when the stream gate kept it (edge/stream_gate.py):
+        # Litestar's wrapper only watches for the response start, and a token need not pass it.
+        body_send = cast(Send, scope.get(RAW_SEND, send))
 
         async def emit(chunk: bytes) -> None:
             # uvicorn's send waits (flow control) while the client reads nothing: the watch sees it.
             progress.waiting_since = now()
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             progress.waiting_since = None
 
         async def produce() -> None:
@@ -98,8 +109,7 @@ class EventStreamResponse:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             started = True
-            with cut_scope:
-                await until_disconnect(receive, produce)
+            await until_disconnect(receive, produce, cut_scope)
             if not progress.cut:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # Cut: the response stays unfinished, and uvicorn closes the connection.

@@ -176,6 +176,8 @@ class Dispatcher:
         self._tier_labels.setdefault(ticket.priority, ticket.tier_label)
         self._queue.push(waiter)
         self._dispatch()
+        if waiter.future.done():
+            return waiter.future.result()  # placed (or failed) at once: no wait to bound or shield
         try:
             async with asyncio.timeout(ticket.max_wait_s):
                 # Shielded: a timeout or cancellation must not lose a slot granted meanwhile.
