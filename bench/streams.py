@@ -29,6 +29,7 @@ import gc
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +49,7 @@ from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
+from bench.stream_clients import StreamClients
 
 CONTENT = b'"content":"'
 
@@ -185,7 +187,7 @@ def servers(
                 if profile:
                     # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
                     # (the CPU figures of such a run are not the server's: it is py-spy's child).
-                    py_spy = str(Path(sys.executable).parent / "py-spy")
+                    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
                     cmd = [
                         py_spy,
                         "record",
@@ -310,73 +312,70 @@ async def setup_cost(srv: Servers, concurrency: int, count: int) -> tuple[float,
     return cpu / count, w.errors
 
 
-async def hold(
-    srv: Servers, streams: int, interval_s: float, ramp_per_s: float, settle_s: float, window_s: float
-) -> dict[str, float]:
-    url = f"{srv.base_url}/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {srv.key}"}
+def hold(
+    srv: Servers,
+    streams: int,
+    interval_s: float,
+    ramp_per_s: float,
+    settle_s: float,
+    window_s: float,
+    client_processes: int,
+) -> dict[str, Any]:
     lifetime = streams / ramp_per_s + settle_s + window_s + 10 * interval_s + 5
-    # Three times what the plan needs (a loaded machine ramps slower), within the bench tier's 4096:
-    # the streams are cancelled once the window closes.
-    max_tokens = min(4096, 3 * int(lifetime / interval_s) + 1)
-    w = Window()
+    # Three times what the plan needs (a loaded machine ramps slower), within the demo model's
+    # context (2,048 with the prompt): the streams are cancelled once the window closes.
+    max_tokens = min(2000, 3 * int(lifetime / interval_s) + 1)
     rss_before = srv.rss_bytes()
     # What the servers spend with no stream open (timers, polls): part of every per-token figure.
     idle_before, idle_start = srv.cpu_seconds(), time.perf_counter()
-    await asyncio.sleep(3.0)
+    time.sleep(3.0)
     idle_share = (srv.cpu_seconds() - idle_before) / (time.perf_counter() - idle_start)
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        tasks = []
-        start = time.perf_counter()
-        for i in range(streams):
-            delay = start + i / ramp_per_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_stream(session, url, headers, max_tokens, w)))
-        ramp_end = time.perf_counter()
-        while w.first_tokens + w.errors < streams and time.perf_counter() - ramp_end < 60:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(settle_s)
-        gc_before = await _gc_totals(session, srv.base_url)
+    host, port = srv.base_url.removeprefix("http://").split(":")
+    clients = StreamClients(
+        host, int(port), srv.key, _body(max_tokens), streams, ramp_per_s, len(TOKEN_TEXT), client_processes
+    )
+    try:
+        clients.wait_ramped()
+        time.sleep(settle_s)
+        gc_before = _gc_totals(srv.base_url)
         user_before, system_before = srv.user_system_seconds()
         cpu_before = user_before + system_before
-        w.open = True
+        clients.open_window()
         opened = time.perf_counter()
-        await asyncio.sleep(window_s)
-        w.open = False
-        elapsed = time.perf_counter() - opened
+        time.sleep(window_s)
         user_after, system_after = srv.user_system_seconds()
-        cpu = user_after + system_after - cpu_before
-        system = system_after - system_before
+        elapsed = time.perf_counter() - opened
         rss = srv.rss_bytes()
-        gc_after = await _gc_totals(session, srv.base_url)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        gc_after = _gc_totals(srv.base_url)
+        seen = clients.close_window()
+    finally:
+        clients.kill()
+    cpu = user_after + system_after - cpu_before
+    system = system_after - system_before
     return {
-        "streams_streaming": len(w.streaming),
-        "tokens_per_s": w.tokens / elapsed,
-        "cpu_us_per_token": cpu / max(w.tokens, 1) * 1e6,
+        "streams_streaming": seen.streaming,
+        "tokens_per_s": seen.tokens / elapsed,
+        "tokens_due_per_s": streams / interval_s,
+        "cpu_us_per_token": cpu / max(seen.tokens, 1) * 1e6,
         "cpu_share": cpu / elapsed,
+        "client_cpu_share": seen.cpu_s / elapsed,
         "system_share_of_cpu": system / max(cpu, 1e-9),
         "idle_cpu_share": idle_share,
-        "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share * elapsed) / max(w.tokens, 1) * 1e6,
+        "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share * elapsed) / max(seen.tokens, 1) * 1e6,
         "rss_kib_per_stream": (rss - rss_before) / streams / 1024,
-        "itl_p50_ms": percentile(w.gaps, 50) * 1e3,
-        "itl_p99_ms": percentile(w.gaps, 99) * 1e3,
-        "errors": w.errors,
+        "itl_p50_ms": percentile(seen.gaps, 50) * 1e3,
+        "itl_p99_ms": percentile(seen.gaps, 99) * 1e3,
+        "errors": seen.errors,
+        "error_kinds": seen.error_kinds,
         # Of one worker (whichever answered): exact with --workers 1.
         "gc_pause_share": (gc_after["total_s"] - gc_before["total_s"]) / elapsed,
         "gc_max_pause_ms": gc_after["max_s"] * 1e3,
     }
 
 
-async def _gc_totals(session: aiohttp.ClientSession, base_url: str) -> dict[str, float]:
-    async with session.get(f"{base_url}/bench/gc") as resp:
-        totals: dict[str, float] = await resp.json(content_type=None)
-        return totals
+def _gc_totals(base_url: str) -> dict[str, float]:
+    totals: dict[str, float] = httpx.get(f"{base_url}/bench/gc", timeout=30).json()
+    return totals
 
 
 def measure(
@@ -388,6 +387,7 @@ def measure(
     window_s: float,
     ramp_per_s: float,
     setup_count: int,
+    client_processes: int = 2,
 ) -> list[dict[str, Any]]:
     rows = []
     runs = itertools.product(workers, paced, replicas, gc_modes, trees)
@@ -398,7 +398,7 @@ def measure(
         n_replicas = steps or streams
         with servers(interval_ms, n_workers, n_replicas, gc_mode, tree) as srv:
             setup_s, setup_errors = asyncio.run(setup_cost(srv, 32, setup_count))
-            held = asyncio.run(hold(srv, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s))
+            held = hold(srv, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s, client_processes)
         rows.append(
             {
                 "workers": n_workers,
@@ -443,6 +443,12 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=8.0, help="seconds measured with all streams open")
     parser.add_argument("--ramp", type=float, default=250.0, help="new streams per second while opening")
     parser.add_argument("--setup-count", type=int, default=600, help="one-token streams for the set-up cost")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=2,
+        help="client processes holding the streams (bench/stream_clients.py)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
@@ -465,6 +471,7 @@ def main() -> None:
         args.window,
         args.ramp,
         args.setup_count,
+        args.clients,
     )
     if args.json:
         for row in rows:
