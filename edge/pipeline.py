@@ -345,7 +345,8 @@ class Generation:
     def prompt_tokens(self) -> int:
         return len(self._upstream_req.prompt_ids)
 
-    async def stream(self, emit: Emit) -> None:
+    async def stream(self, emit: Emit, end: Emit) -> None:
+        """Write the events with `emit`; the last ones with `end`, which also ends the response."""
         enc = ChunkEncoder(self.request_id, self._p.config.model_name, self.created)
         out = Outcome()
         keep_text = self._req.conversation_id is not None
@@ -359,9 +360,7 @@ class Generation:
             await self._p.registry.announce(self._live)
             await emit(enc.first())
             await self._run(out, on_text, emit)
-            # The last text and the closing events in one write (one syscall, not four): they were
-            # all ready at once, so nothing is delayed by waiting for the others.
-            closing = []
+            closing: list[bytes] = []
             if out.held:
                 text = "".join(out.held)
                 closing.append(enc.delta(text))
@@ -377,12 +376,15 @@ class Generation:
                 if self._req.include_usage:
                     closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             closing.append(DONE)
-            await emit(b"".join(closing))
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
             raise
         finally:
             await self.close(out)
+        # Closed first: when the client sees the stream end, the lease is settled, the slot free and
+        # the request logged. Then the last text, the closing events and the end of the body go out
+        # in one write (one syscall, not five): all were ready at once, so none waited for another.
+        await end(b"".join(closing))
 
     async def complete(self) -> dict[str, Any]:
         out = Outcome()

@@ -27,15 +27,17 @@ SCAN_INTERVAL_S = 1.0
 
 
 class SendProgress:
-    """When this stream's pending send began (None: no send waiting)."""
+    """When this stream's pending send began (None: no send waiting), and whether its response
+    has ended (its last write sent) or was cut."""
 
-    __slots__ = ("cut", "request_id", "scope", "waiting_since")
+    __slots__ = ("cut", "ended", "request_id", "scope", "waiting_since")
 
     def __init__(self, request_id: str, scope: anyio.CancelScope) -> None:
         self.request_id = request_id
         self.scope = scope
         self.waiting_since: float | None = None
         self.cut = False
+        self.ended = False
 
 
 class StalledReaders:

@@ -92,9 +92,16 @@ class EventStreamResponse:
             await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             progress.waiting_since = None
 
+        async def end(chunk: bytes) -> None:
+            # The last events and the end of the chunked body in one write.
+            progress.waiting_since = now()
+            await body_send({"type": "http.response.body", "body": chunk, "more_body": False})
+            progress.waiting_since = None
+            progress.ended = True
+
         async def produce() -> None:
             try:
-                await generation.stream(emit)
+                await generation.stream(emit, end)
             except Exception as exc:
                 # The headers are gone: the stream itself must say it failed, then end.
                 log.error("stream_failed", request_id=generation.request_id, exc_info=exc)
@@ -110,7 +117,7 @@ class EventStreamResponse:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             started = True
             await until_disconnect(receive, produce, cut_scope)
-            if not progress.cut:
+            if not progress.cut and not progress.ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # Cut: the response stays unfinished, and uvicorn closes the connection.
         except asyncio.CancelledError:
@@ -118,7 +125,7 @@ class EventStreamResponse:
             # or a stream that outlived the drain). End it as every stream ends, if the client still
             # takes it, rather than with a bare close and uvicorn's traceback.
             log.warning("stream_cancelled_by_shutdown", request_id=generation.request_id)
-            if started:
+            if started and not progress.ended:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_LAST_WORDS_S):
                     for chunk in (event({"error": _SHUTTING_DOWN}), DONE, b""):
                         await send({"type": "http.response.body", "body": chunk, "more_body": bool(chunk)})
