@@ -2,9 +2,12 @@
 
 One bidirectional `ModelStreamInfer` stream per request: Triton cancels a request when its stream
 is cancelled, so closing the generator (or cancelling the task that reads it) cancels the stream
-and the replica drops the sequence. The request asks for an empty final response, so the end of a
-generation is a flag on the wire, never a guess. The channel uses tritonclient's generated stub
-directly because tritonclient.grpc.aio's stream_infer cannot set that flag.
+and the replica drops the sequence. A request the replica refuses for its own parameters is a
+RequestRejected (a 400 for that request; the replica stays healthy), any other error an
+UpstreamError: gpu_container/triton/refusals.py tells them apart. The request asks for an empty
+final response, so the end of a generation is a flag on the wire, never a guess. The channel uses
+tritonclient's generated stub directly because tritonclient.grpc.aio's stream_infer cannot set
+that flag.
 
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
 exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
@@ -36,7 +39,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from edge.config import Settings
 from edge.upstreams.asg_resolver import is_asg_spec
-from edge.upstreams.base import Capacity, Delta, FinishReason, GenerationRequest, Upstream, UpstreamError
+from edge.upstreams.base import (
+    Capacity,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    RequestRejected,
+    Upstream,
+    UpstreamError,
+)
 from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from gpu_container.checkpoint.facts import read_facts
@@ -44,6 +55,7 @@ from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.cpu.tensors import GENERATED_TOKENS_METRIC
 from gpu_container.triton.launcher import start_local_triton
+from gpu_container.triton.refusals import refusal_reason
 
 log = structlog.get_logger(__name__)
 
@@ -252,13 +264,13 @@ class TritonUpstream:
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
                 except grpc.aio.AioRpcError as exc:
-                    raise UpstreamError(f"{self.name}: {exc.code().name}: {exc.details()}") from exc
+                    raise _stream_error(self.name, exc.details() or "", exc.code()) from exc
                 # Set up now: a cancel lands on grpc's receive, which re-raises it unchanged.
                 timeout_s, read = self._stall_timeout_s, call.read
                 if message is grpc.aio.EOF:
                     raise UpstreamError(f"{self.name}: stream ended without a final response")
                 if message.error_message:
-                    raise UpstreamError(f"{self.name}: {message.error_message}")
+                    raise _stream_error(self.name, message.error_message)
                 response = message.infer_response
                 tokens = decode_tokens(response)
                 generated += len(tokens)
@@ -335,6 +347,16 @@ async def _first_read(call: Any) -> Any:
         # Not left running: its outcome is retrieved by shield, nobody else reads it.
         read.cancel()
         raise
+
+
+def _stream_error(
+    name: str, message: str, code: grpc.StatusCode | None = None
+) -> RequestRejected | UpstreamError:
+    """A refusal of the request's own parameters, or the replica's failure."""
+    reason = refusal_reason(message, invalid_argument=code == grpc.StatusCode.INVALID_ARGUMENT)
+    if reason is not None:
+        return RequestRejected(reason)
+    return UpstreamError(f"{name}: {code.name}: {message}" if code is not None else f"{name}: {message}")
 
 
 def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limit: int) -> FinishReason:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2_grpc
 
-from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
+from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
 from edge.upstreams.triton import (
     TritonUpstream,
     TrtLlmMetrics,
@@ -285,13 +285,35 @@ async def test_capacity_and_readiness_come_from_the_replica(
 
 
 @pytest.mark.anyio
-async def test_a_refused_request_raises_upstream_error(upstream: TritonUpstream) -> None:
+async def test_a_refused_request_raises_request_rejected_naming_the_reason(upstream: TritonUpstream) -> None:
+    """The engine's refusal of a request's own parameters is the request's fault (issue 13): the
+    model answers INVALID_ARG, and the edge must not take it for a failed replica."""
     too_long = GenerationRequest("long", [5] * 5000, max_new_tokens=4, temperature=0.0)
-    with pytest.raises(UpstreamError, match="prompt has 5000 tokens"):
+    with pytest.raises(RequestRejected, match="prompt has 5000 tokens"):
         await _collect(upstream.generate(too_long))
     bad_token = GenerationRequest("bad", [10**6], max_new_tokens=4, temperature=0.0)
-    with pytest.raises(UpstreamError, match="token ids outside"):
+    with pytest.raises(RequestRejected, match="token ids outside"):
         await _collect(upstream.generate(bad_token))
+    # The same replica serves the next request as before.
+    tokens, reason = await _collect(upstream.generate(GenerationRequest("after", PROMPT, max_new_tokens=4)))
+    assert tokens and reason is not None
+
+
+@pytest.mark.anyio
+async def test_a_live_replica_failing_a_request_raises_upstream_error(local_triton: LocalTriton) -> None:
+    """An error that is not a refusal stays the replica's failure: here the server does not serve
+    the model the edge asks for."""
+    wrong = TritonUpstream(
+        "wrong-model",
+        local_triton.process.grpc_url,
+        local_triton.process.metrics_url,
+        model_name="no_such_model",
+    )
+    try:
+        with pytest.raises(UpstreamError, match="no_such_model"):
+            await _collect(wrong.generate(GenerationRequest("x", PROMPT, max_new_tokens=2)))
+    finally:
+        await wrong.aclose()
 
 
 @pytest.mark.anyio

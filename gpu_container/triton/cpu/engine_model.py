@@ -38,6 +38,7 @@ from gpu_container.triton.cpu.tensors import (
     engine_config_from_parameters,
     output_arrays,
 )
+from gpu_container.triton.refusals import REFUSED
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
 
@@ -153,6 +154,11 @@ def _response(token_ids: list[int]) -> Any:
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
+def _send_error(sender: Any, message: str, code: int) -> None:
+    """The request's one final response, an error with Triton's status `code`."""
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+
+
 class EngineModel:
     def __init__(self, args: dict[str, str]) -> None:
         configure_plain_logging()
@@ -183,9 +189,15 @@ class EngineModel:
             sender = request.get_response_sender()
             try:
                 self._admit(request, sender)
+            except ValueError as exc:
+                # The contract's and the engine's refusals of the request's own parameters: INVALID_ARG,
+                # so the edge answers 400 and keeps the replica (gpu_container/triton/refusals.py).
+                log.info("request refused", error=str(exc))
+                _send_error(sender, f"{REFUSED}{exc}", pb_utils.TritonError.INVALID_ARG)
             except Exception as exc:
-                log.warning("request refused", error=str(exc))
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                # Anything else (the engine stopped) is this replica's failure.
+                log.warning("request failed", error=str(exc))
+                _send_error(sender, str(exc), pb_utils.TritonError.INTERNAL)
 
     def _admit(self, request: Any, sender: Any) -> None:
         def get(name: str) -> Any:
@@ -241,8 +253,7 @@ class EngineModel:
             return
         try:
             if out.error is not None:
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error))
-                live.sender.send(error, flags=FINAL)
+                _send_error(live.sender, out.error, pb_utils.TritonError.INTERNAL)
             elif live.streaming:
                 flags = FINAL if out.finish_reason is not None else 0
                 if out.token_ids:

@@ -1,0 +1,69 @@
+"""Which errors a Triton replica answers are the request's own fault (a refusal), not the replica's.
+
+A refused request must be answered 400 for that request alone; any other error marks the replica
+suspect and costs every user on it. On a `ModelStreamInfer` stream Triton reports a request's
+error as a bare `error_message` string: the backend's status code (INVALID_ARG, INTERNAL...) does
+not travel. So a refusal is known by its text, and the two servers of the `tensorrt_llm` contract
+word theirs differently:
+
+* Our CPU model (gpu_container/triton/cpu/engine_model.py) starts the message with REFUSED and
+  sends it with Triton's INVALID_ARG code (which HTTP clients do get, as a 400).
+* TensorRT-LLM's backend answers every error INTERNAL (inflight_batcher_llm
+  model_instance_state.cc), so its refusals are known by the phrases of its checks: those of
+  `LlmRequest::validate` and `SamplingConfig` that run when the executor takes a new request
+  ("Encountered an error when fetching new request: ...", wrapped in "Executor failed process
+  requestId N due to the following error: ...") and the backend's own checks of the input tensors
+  when it enqueues. An error in the executor's step ("... in forwardAsync function") ends every
+  request on the replica: always the replica's fault.
+
+Triton >= 2.50 can instead end the stream with the gRPC status (the `triton_grpc_error: true`
+header: INVALID_ARG arrives as INVALID_ARGUMENT), but in 2.51 that mode logs an internal error for
+every refused request and, in one test run of three, left the model unable to unload at shutdown
+(the mode's use-after-free was fixed upstream only in 2026, server PR #8708). The edge does not ask
+for it; a status INVALID_ARGUMENT is still read as a refusal.
+"""
+
+from __future__ import annotations
+
+import re
+
+# How our CPU model's refusals begin.
+REFUSED = "request refused: "
+
+# Phrases of TensorRT-LLM's request checks (cpp/tensorrt_llm/batch_manager/llmRequest.cpp,
+# executor/executorImpl.cpp, executor/samplingConfig.cpp; triton_backend utils.cc; the Python
+# `tensorrt_llm` model's convert_request).
+TRTLLM_REFUSALS = (
+    "exceeds maximum input length",  # Prompt length (N) exceeds maximum input length (M)
+    "exceeds maximum draft tokens length",
+    "exceeds maximum encoder input length",
+    "Request sequence length is potentially greater than max input length",
+    "is not within acceptable range",  # EndId (N) is not within acceptable range [-1, V)
+    "Incorrect sampling config",
+    "samplingConfig.cpp",  # a SamplingConfig check (top_p, top_k, temperature, beam width...)
+    "is not present in the request",  # request_output_len / input_ids missing
+    "tensor not provided",
+    "Streaming is only supported if model is deployed using decoupled mode",
+    "An error occurred when processing the input values",  # the Python tensorrt_llm model
+)
+# A failed engine step: it terminates every active request, so it is never a refusal.
+_STEP_FAILURE = "Encountered an error in forward"
+_WRAPPERS = re.compile(
+    r"^(Executor failed process requestId \d+ due to the following error: )?"
+    r"(Encountered an error when fetching new request: )?(\[TensorRT-LLM\]\[ERROR\] )?"
+)
+# TensorRT-LLM's exceptions end their first line with " (file:line)", then a backtrace.
+_SOURCE_LOCATION = re.compile(r" \([^()]*:\d+\)$")
+
+
+def refusal_reason(message: str, *, invalid_argument: bool = False) -> str | None:
+    """The reason to give the client when `message` (with the gRPC status INVALID_ARGUMENT when
+    `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure."""
+    if message.startswith(REFUSED):
+        return message.removeprefix(REFUSED)
+    if not invalid_argument and (
+        _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS)
+    ):
+        return None
+    first_line = message.strip().splitlines()[0] if message.strip() else "invalid request"
+    return _SOURCE_LOCATION.sub("", _WRAPPERS.sub("", first_line))

@@ -1,0 +1,86 @@
+"""Telling a replica's refusal of a request (its own fault) from the replica's failure, on the texts
+the two servers really send: our CPU model's, and TensorRT-LLM's backend's (built the way its
+sources build them: a TllmException's first line ends in "(file:line)", then a backtrace)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_container.triton.refusals import REFUSED, refusal_reason
+
+_BACKTRACE = (
+    "\n1       0x7f3a2b1c4d5e tensorrt_llm::common::throwRuntimeError(char const*, int, std::string const&)"
+)
+
+
+def _executor_error(inner: str) -> str:
+    """How the backend wraps an executor response's error (model_instance_state.cc)."""
+    return f"Executor failed process requestId 17 due to the following error: {inner}"
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            f"{REFUSED}prompt has 5000 tokens, max_model_len is 2048",
+            "prompt has 5000 tokens, max_model_len is 2048",
+        ),
+        (
+            _executor_error(
+                "Encountered an error when fetching new request: [TensorRT-LLM][ERROR] Prompt length "
+                "(5000) exceeds maximum input length (4096). Set log level to info and check TRTGptModel "
+                "logs for how maximum input length is set (/src/batch_manager/llmRequest.cpp:312)"
+                + _BACKTRACE
+            ),
+            "Prompt length (5000) exceeds maximum input length (4096). Set log level to info and check "
+            "TRTGptModel logs for how maximum input length is set",
+        ),
+        (
+            _executor_error(
+                "Encountered an error when fetching new request: [TensorRT-LLM][ERROR] Assertion failed: "
+                "EndId (200000) is not within acceptable range [-1, 128256). (/src/llmRequest.cpp:280)"
+                + _BACKTRACE
+            ),
+            "Assertion failed: EndId (200000) is not within acceptable range [-1, 128256).",
+        ),
+        (
+            "[TensorRT-LLM][ERROR] Assertion failed: topP.value() > 0.f "
+            "(/src/cpp/tensorrt_llm/executor/samplingConfig.cpp:301)" + _BACKTRACE,
+            "Assertion failed: topP.value() > 0.f",
+        ),
+        (
+            "request_output_len is not present in the request",
+            "request_output_len is not present in the request",
+        ),
+    ],
+    ids=["cpu-model", "trtllm-prompt-too-long", "trtllm-end-id", "trtllm-sampling", "trtllm-missing-input"],
+)
+def test_a_refusal_gives_its_reason_without_wrappers_or_backtrace(message: str, reason: str) -> None:
+    assert refusal_reason(message) == reason
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "engine is stopped",
+        "Engine step failed: out of memory",
+        _executor_error(
+            "Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] CUDA runtime error in "
+            "cudaMemcpyAsync: an illegal memory access was encountered (/src/cudaUtils.h:101)" + _BACKTRACE
+        ),
+        # A step failure is the replica's even when its text happens to name a request check.
+        _executor_error(
+            "Encountered an error in forwardSync function: Prompt length (9) exceeds maximum input length (8)"
+        ),
+        "Request for unknown model: 'tensorrt_llm' is not found",
+    ],
+    ids=["stopped", "step-error", "trtllm-forward-async", "trtllm-forward-sync", "unknown-model"],
+)
+def test_a_replica_failure_is_not_a_refusal(message: str) -> None:
+    assert refusal_reason(message) is None
+
+
+def test_the_invalid_argument_status_is_a_refusal_whatever_its_text() -> None:
+    assert refusal_reason("unexpected shape for input 'input_ids'", invalid_argument=True) == (
+        "unexpected shape for input 'input_ids'"
+    )
