@@ -126,7 +126,7 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
     prefix_weight: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # "worst_case": a request is charged prompt + max_tokens of a replica's KV cache for its whole
     # life. "real_use": what it holds so far + real_use_margin_tokens (edge/admission/real_use.py).
-    kv_accounting: Literal["worst_case", "real_use"] = "worst_case"
+    kv_accounting: Literal["worst_case", "real_use"] = "real_use"
     real_use_margin_tokens: Annotated[int, msgspec.Meta(ge=1)] = 256
 
 

@@ -2,11 +2,14 @@
 
 Policy
 ------
-* Room. A replica holds a request for its whole life, charged `kv_tokens` (prompt + max_new_tokens,
-  rounded up to the replica's KV block size, `Capacity.kv_block_tokens`; `kv_block_tokens` for a
-  replica that reports none) and one sequence. The sum of the charges on a
-  replica never exceeds its `Capacity.kv_tokens_total`, nor the count its `max_sequences`: a replica
-  is never sent more than it can hold, so its engine never has to preempt.
+* Room. A replica holds a request for its whole life, charged KV tokens (rounded up to the
+  replica's KV block size, `Capacity.kv_block_tokens`; `kv_block_tokens` for a replica that reports
+  none) and one sequence. The sum of the charges on a replica never exceeds its
+  `Capacity.kv_tokens_total`, nor the count its `max_sequences`. The charge: with `real_use` (the
+  settings' default) what the request holds so far plus a margin, growing as it streams
+  (real_use.py), so a replica runs the streams it really has room for and its engine's preemption
+  is the valve when replies run long; without it, the worst case `kv_tokens` (prompt +
+  max_new_tokens), so a replica is never sent more than it can hold and never has to preempt.
 * Reserve. A ticket with may_use_reserve=False (free tiers) never takes the last
   `reserved_paid_fraction` of a replica's KV tokens or sequences; paid traffic always finds that
   share empty of free work.

@@ -1,7 +1,7 @@
 """Write the production Triton model repository (one `tensorrt_llm` model) from config.pbtxt.tmpl.
 
     python -m gpu_container.triton.production.render --out /models --engine-dir /engines/llama \
-        [--batch-scheduler-policy max_utilization] [--kv-cache-free-gpu-mem-fraction 0.85] ...
+        [--batch-scheduler-policy guaranteed_no_evict] [--kv-cache-free-gpu-mem-fraction 0.85] ...
 
 Every setting has a default below; the container's entrypoint passes what its environment sets.
 """
@@ -27,10 +27,12 @@ class TrtLlmSettings:
     engine_dir: str = "/engines/model"
     # Largest Triton batch; keep it at the engine's --max_batch_size (in-flight batching fills it).
     max_batch_size: int = 64
-    # guaranteed_no_evict: admit a request only if its whole KV cache fits, never pause one (steady
-    # latency). max_utilization: admit while blocks are free and pause sequences under pressure
-    # (more throughput, occasional stalls).
-    batch_scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
+    # max_utilization: admit while blocks are free and pause sequences under pressure, the safety
+    # valve of the edge's default real-use admission ([admission] kv_accounting = "real_use", which
+    # sends a replica more than the worst case of its requests would fit). guaranteed_no_evict:
+    # admit a request only if its whole KV cache fits, never pause one; pair it with kv_accounting =
+    # "worst_case", or the replica itself queues what the edge sent it.
+    batch_scheduler_policy: SchedulerPolicy = "max_utilization"
     # Share of the GPU memory left after loading the weights that becomes paged KV cache.
     kv_cache_free_gpu_mem_fraction: float = 0.9
     # Split long prompts into chunks scheduled alongside decode steps, so a long prefill does not
