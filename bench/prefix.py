@@ -83,6 +83,7 @@ class TurnResult:
     ttft_s: float
     replica: str
     reply: list[int]
+    queue_s: float = 0.0  # of ttft_s: waiting for the dispatcher's slot (the rest is the engine's)
 
 
 @dataclass
@@ -167,6 +168,7 @@ async def _run_conversation(
         )
         asked = time.perf_counter()
         slot = await dispatcher.acquire(ticket)
+        queue_s = time.perf_counter() - asked
         request = GenerationRequest(
             rid, prompt, conv.reply_lengths[turn], temperature=0.0, priority=ticket.priority
         )
@@ -180,7 +182,9 @@ async def _run_conversation(
                 slot.grow(len(reply))
         finally:
             slot.release()
-        results.append(TurnResult(conv.index, turn, conv.paid, len(prompt), ttft, slot.upstream.name, reply))
+        results.append(
+            TurnResult(conv.index, turn, conv.paid, len(prompt), ttft, slot.upstream.name, reply, queue_s)
+        )
         history = prompt + reply
 
 
@@ -258,6 +262,31 @@ def _table(results: list[VariantResult]) -> str:
     return "\n".join(lines)
 
 
+def _profile(results: list[VariantResult]) -> str:
+    """Where TTFT goes: the dispatcher's queue or the engine, first turns or later ones, which
+    replica took the turns, and how many prompt tokens each turn still had to prefill."""
+    lines = [
+        "| variant | queue s (mean) | engine s (p50) | TTFT p50 turn 1 s | TTFT p50 later turns s "
+        "| turns per replica | first turns per replica | prefilled tokens per turn |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        replicas = sorted({t.replica for t in r.turns})
+        spread = "/".join(str(sum(t.replica == name for t in r.turns)) for name in replicas)
+        firsts = "/".join(str(sum(t.replica == name and t.turn == 0 for t in r.turns)) for name in replicas)
+        queried = sum(s.prefix_query_tokens for s in r.engine_stats)
+        prefilled = (queried - sum(s.prefix_hit_tokens for s in r.engine_stats)) / max(len(r.turns), 1)
+        first = [t.ttft_s for t in r.turns if t.turn == 0]
+        later = [t.ttft_s for t in r.turns if t.turn > 0]
+        lines.append(
+            f"| {r.variant.name} | {statistics.fmean(t.queue_s for t in r.turns):.2f} "
+            f"| {statistics.median(t.ttft_s - t.queue_s for t in r.turns):.2f} "
+            f"| {statistics.median(first):.2f} | {statistics.median(later) if later else float('nan'):.2f} "
+            f"| {spread} | {firsts} | {prefilled:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def _plot(results: list[VariantResult], path: Path) -> None:
     import matplotlib
 
@@ -306,11 +335,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--conversations", type=int, default=Workload.conversations)
     parser.add_argument("--turns", type=int, default=Workload.turns)
+    parser.add_argument("--system-tokens", type=int, default=Workload.system_tokens)
+    parser.add_argument("--user-tokens", type=int, nargs=2, default=Workload.user_tokens, metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--reply-tokens", type=int, nargs=2, default=Workload.reply_tokens, metavar=("MIN", "MAX")
+    )
     parser.add_argument("--num-blocks", type=int, default=128, help="KV blocks of 16 tokens per replica")
+    parser.add_argument(
+        "--variants", type=int, nargs="*", default=None, help="run only these (0-based, in table order)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the report (and a PNG beside it)")
     args = parser.parse_args(argv)
     model_dir, model_name = _model_dir(args.model)
-    workload = Workload(conversations=args.conversations, turns=args.turns)
+    workload = Workload(
+        conversations=args.conversations,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        user_tokens=(args.user_tokens[0], args.user_tokens[1]),
+        reply_tokens=(args.reply_tokens[0], args.reply_tokens[1]),
+    )
+    variants = VARIANTS if args.variants is None else [VARIANTS[i] for i in args.variants]
     engine = EngineConfig(
         block_size=16,
         num_blocks=args.num_blocks,
@@ -321,14 +365,16 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     started = datetime.now(UTC)
     results = []
-    for variant in VARIANTS:
+    for variant in variants:
         result = asyncio.run(run_variant(variant, model_dir, engine, workload))
         print(f"{variant.name}: TTFT p50 {result.ttft(0.5):.2f}s, cache {result.hit_rate:.0%}", flush=True)
         results.append(result)
     replies = [{(t.conversation, t.turn): t.reply for t in r.turns} for r in results]
     same_replies = all(r == replies[0] for r in replies)
     table = _table(results)
+    profile = _profile(results)
     print(table)
+    print(profile)
     print(f"replies identical in every variant: {same_replies}")
     if args.out is not None:
         png = args.out.with_suffix(".png")
@@ -347,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         figure = f"![bench-prefix]({png.name})"
         args.out.write_text(
-            f"<!-- generated by python -m bench.prefix -->\n{header}\n\n{table}\n\n{figure}\n"
+            f"<!-- generated by python -m bench.prefix -->\n{header}\n\n{table}\n\n{profile}\n\n{figure}\n"
         )
 
 
