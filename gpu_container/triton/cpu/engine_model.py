@@ -6,8 +6,9 @@ triton_python_backend_utils is importable.
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
 hands it to the engine; the engine thread posts each step's tokens to an outbox, and a sender
 thread sends them through each request's response sender (decoupled: many responses, the last one
-flagged FINAL). A watcher thread polls `is_cancelled()` of the live requests (a closed gRPC stream)
-and aborts them in the engine, which frees their KV blocks; a `stop=true` request with the same
+flagged FINAL), one request at a time, first tokens first (outbox.py). A watcher thread polls
+`is_cancelled()` of the live requests (a closed gRPC stream) and aborts them in the engine, which
+frees their KV blocks; a `stop=true` request with the same
 request id does the same. The engine's stats are exported as the gauges TensorRT-LLM's backend
 exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a generated-tokens
 counter of our own.
@@ -55,6 +56,11 @@ class _Live:
     # Non-streaming requests get every token in their one final response.
     tokens: list[int] = field(default_factory=list)
     abort_requested: bool = False
+    # Held across this request's cancellation probe (an IPC round trip), and taken to mark it final:
+    # probing a request whose final response has gone out crashes tritonserver (its response
+    # factory is freed). Per request, so a probe never holds up the other requests' work.
+    probe: threading.Lock = field(default_factory=threading.Lock)
+    final_sent: bool = False
 
 
 class _Metrics:
@@ -236,19 +242,19 @@ class EngineModel:
 
     def _send_loop(self) -> None:
         # Sending waits on the backend's IPC; doing it here keeps the engine thread stepping.
-        while (batch := self._outbox.take()) is not None:
-            for out in batch:
-                self._deliver(out)
+        while (out := self._outbox.take()) is not None:
+            self._deliver(out)
 
     def _deliver(self, out: TokenOutput) -> None:
         """Sender thread: the new tokens of one request since its last response."""
         if out.finish_reason is None:
-            # A plain dict read (atomic under the GIL): the lock may be held across a watcher probe.
             live = self._live.get(out.request_id)
         else:
-            # Once forgotten, the watcher never probes this request again: only then may its
-            # final response go out (see _watch).
             live = self._forget(out.request_id)
+            if live is not None:
+                # Waits for a probe of this request in flight; none starts after (see _abort_cancelled).
+                with live.probe:
+                    live.final_sent = True
         if live is None:
             return
         try:
@@ -287,10 +293,8 @@ class EngineModel:
         with self._lock:
             candidates = [(rid, live) for rid, live in self._live.items() if not live.abort_requested]
         for engine_id, live in candidates:
-            # Probing a request whose final response has gone out crashes tritonserver (its
-            # response factory is freed), so the probe holds the lock _forget takes first.
-            with self._lock:
-                if self._live.get(engine_id) is not live:
+            with live.probe:
+                if live.final_sent:
                     continue
                 cancelled = live.request.is_cancelled()
             if cancelled:
