@@ -1,13 +1,14 @@
 """A Triton replica as an upstream: TensorRT-LLM's `tensorrt_llm` contract over gRPC streaming.
 
-One bidirectional `ModelStreamInfer` stream per request: Triton cancels a request when its stream
-is cancelled, so closing the generator (or cancelling the task that reads it) cancels the stream
-and the replica drops the sequence. A request the replica refuses for its own parameters is a
-RequestRejected (a 400 for that request; the replica stays healthy), any other error an
-UpstreamError: gpu_container/triton/refusals.py tells them apart. The request asks for an empty
-final response, so the end of a generation is a flag on the wire, never a guess. The channel uses
-tritonclient's generated stub directly because tritonclient.grpc.aio's stream_infer cannot set
-that flag.
+One bidirectional `ModelStreamInfer` stream per request. Closing the generator early (or
+cancelling the task that reads it) cancels the stream and sends the contract's `stop` request for
+the request id on a stream of its own: the model drops the sequence on its next step, where a
+cancelled stream alone is only noticed by the model's poll (`cancellation_check_period_ms`). A
+request the replica refuses for its own parameters is a RequestRejected (a 400 for that request;
+the replica stays healthy), any other error an UpstreamError: gpu_container/triton/refusals.py
+tells them apart. The request asks for an empty final response, so the end of a generation is a
+flag on the wire, never a guess. The channel uses tritonclient's generated stub directly because
+tritonclient.grpc.aio's stream_infer cannot set that flag.
 
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
 exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
@@ -180,6 +181,14 @@ def encode_request(
     return request
 
 
+def encode_stop(request_id: str, model: str) -> Any:
+    """The `stop` request for `request_id` (TensorRT-LLM's way to end a running request at once),
+    with the inputs the contract requires of every request."""
+    request = encode_request(GenerationRequest(request_id, [0], max_new_tokens=1), model)
+    _tensor(request, "stop", "BOOL", np.array([[True]], dtype=np.bool_))
+    return request
+
+
 def decode_tokens(response: Any) -> list[int]:
     """New token ids of one streamed response (beam 0); empty for the bare final response."""
     names = [out.name for out in response.outputs]
@@ -228,6 +237,7 @@ class TritonUpstream:
         self._stub_instance: Any = None
         self._http: httpx.AsyncClient | None = None
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
+        self._stops: set[asyncio.Task[None]] = set()
 
     def _stub(self) -> Any:
         if self._stub_instance is None:
@@ -253,7 +263,7 @@ class TritonUpstream:
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
         generated = 0
         last_token: int | None = None
-        finished = False
+        finished = replica_ended = False
         try:
             timeout_s = self._first_timeout_s
             read: Callable[[], Awaitable[Any]] = functools.partial(_first_read, call)
@@ -264,12 +274,15 @@ class TritonUpstream:
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
                 except grpc.aio.AioRpcError as exc:
+                    replica_ended = True
                     raise _stream_error(self.name, exc.details() or "", exc.code()) from exc
                 # Set up now: a cancel lands on grpc's receive, which re-raises it unchanged.
                 timeout_s, read = self._stall_timeout_s, call.read
                 if message is grpc.aio.EOF:
+                    replica_ended = True
                     raise UpstreamError(f"{self.name}: stream ended without a final response")
                 if message.error_message:
+                    replica_ended = True
                     raise _stream_error(self.name, message.error_message)
                 response = message.infer_response
                 tokens = decode_tokens(response)
@@ -285,8 +298,38 @@ class TritonUpstream:
                     yield Delta(tokens)
         finally:
             if not finished:
-                # Cancelling the stream is how Triton learns to drop the request.
                 call.cancel()
+                if not replica_ended:
+                    self._stop_soon(req.request_id)
+
+    def _stop_soon(self, request_id: str) -> None:
+        """Send the `stop` request for `request_id` from a task of its own: a generator that is
+        being closed or cancelled cannot wait for the reply."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop left (interpreter shutdown): the model's poll still drops the request
+        task = loop.create_task(self._stop(request_id), name=f"triton-stop-{request_id}")
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+
+    async def _stop(self, request_id: str) -> None:
+        request = encode_stop(request_id, self.model_name)
+
+        async def one() -> AsyncIterator[Any]:
+            yield request
+
+        call = self._stub().ModelStreamInfer(one())
+        try:
+            async with asyncio.timeout(self._probe_timeout_s):
+                reply = await call.read()
+            if reply is grpc.aio.EOF or reply.error_message:
+                raise UpstreamError(reply.error_message if reply is not grpc.aio.EOF else "no reply")
+        except (TimeoutError, grpc.aio.AioRpcError, UpstreamError) as exc:
+            # Not fatal: the model's poll of closed streams drops the request a little later.
+            log.info("triton_stop_failed", replica=self.name, request_id=request_id, error=repr(exc))
+        finally:
+            call.cancel()
 
     async def _metrics(self) -> TrtLlmMetrics:
         now = time.monotonic()
@@ -323,6 +366,9 @@ class TritonUpstream:
         return bool(server.ready and model.ready)
 
     async def aclose(self) -> None:
+        # Stops still in flight are bounded by the probe timeout; closing the channel ends them.
+        if self._stops:
+            await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub_instance = None

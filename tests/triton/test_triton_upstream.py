@@ -215,6 +215,29 @@ async def test_a_stop_request_with_the_same_id_ends_generation(
 
 
 @pytest.mark.anyio
+async def test_a_stream_closed_without_a_stop_is_dropped_by_the_models_poll(
+    fixed_length: TritonUpstream, local_triton: LocalTriton
+) -> None:
+    """An edge that vanishes sends no `stop`: the model's poll of closed streams still frees it."""
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    request = encode_request(
+        GenerationRequest("no-stop", PROMPT, max_new_tokens=1500, temperature=0.0), "tensorrt_llm", end_id=-1
+    )
+    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
+
+        async def one() -> AsyncIterator[object]:
+            yield request
+
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
+        with anyio.fail_after(WAIT_S):
+            first = await call.read()
+        assert not first.error_message
+        call.cancel()
+    after = await _wait_for(fixed_length, _idle_since(before), "after the stream was cancelled")
+    assert after.iterations - before.iterations < 1500
+
+
+@pytest.mark.anyio
 async def test_non_streaming_request_gets_every_token_in_one_final_response(
     local_triton: LocalTriton, in_process: AsyncEngine
 ) -> None:

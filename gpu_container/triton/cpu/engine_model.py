@@ -6,12 +6,13 @@ triton_python_backend_utils is importable.
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
 hands it to the engine; the engine thread posts each step's tokens to an outbox, and a sender
 thread sends them through each request's response sender (decoupled: many responses, the last one
-flagged FINAL), one request at a time, first tokens first (outbox.py). A watcher thread polls
-`is_cancelled()` of the live requests (a closed gRPC stream) and aborts them in the engine, which
-frees their KV blocks; a `stop=true` request with the same
-request id does the same. The engine's stats are exported as the gauges TensorRT-LLM's backend
-exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a generated-tokens
-counter of our own.
+flagged FINAL), one request at a time, first tokens first (outbox.py). A `stop=true` request with
+the same request id (what the edge sends when it leaves a stream early) aborts the request in the
+engine, which frees its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the
+live requests (a closed gRPC stream) every `cancellation_check_period_ms` for streams closed
+without one; each probe is an IPC round trip per request. The engine's stats are exported as the
+gauges TensorRT-LLM's backend exports (nv_trt_llm_*), so the edge reads capacity the same way from
+both, plus a generated-tokens counter of our own.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class EngineModel:
         self._engine = LLMEngine.from_pretrained(
             parameters["model_dir"], engine_config_from_parameters(parameters)
         )
-        self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "10")) / 1000
+        self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "100")) / 1000
         self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
@@ -276,10 +277,12 @@ class EngineModel:
             self._engine.abort(out.request_id)
 
     def _watch(self) -> None:
-        next_metrics = 0.0
-        while not self._stopping.wait(self._cancel_period_s):
-            self._abort_cancelled()
+        next_probe = next_metrics = 0.0
+        while not self._stopping.wait(min(self._cancel_period_s, self._metrics_period_s)):
             now = time.monotonic()
+            if now >= next_probe:
+                self._abort_cancelled()
+                next_probe = now + self._cancel_period_s
             if now >= next_metrics:
                 self._metrics.update(self._engine.stats())
                 next_metrics = now + self._metrics_period_s

@@ -1,0 +1,92 @@
+"""Leaving a stream early sends the contract's `stop` request: the replica drops the sequence at
+once, without waiting for its poll of closed streams. Here that poll is off (a period of ten
+minutes), so only the stop can free the sequence."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from edge.upstreams.base import GenerationRequest
+from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics
+from gpu_container.triton.cpu.repository import render_cpu_repository
+from gpu_container.triton.launcher import TritonProcess, start_local_triton
+from tests.support.live_server import demo_model_dir
+from tests.support.triton_server import ENGINE_CONFIG
+
+PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
+WAIT_S = 20.0
+NO_POLL_MS = 600_000
+
+
+@pytest.fixture(scope="module")
+def unpolled_triton() -> Iterator[TritonProcess]:
+    with tempfile.TemporaryDirectory(prefix="unpolled-cpu-repo-") as repo:
+        repository = render_cpu_repository(
+            Path(repo), demo_model_dir(), ENGINE_CONFIG, cancellation_check_period_ms=NO_POLL_MS
+        )
+        process = start_local_triton(repository)
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+@pytest.fixture
+async def upstream(unpolled_triton: TritonProcess) -> AsyncIterator[TritonUpstream]:
+    # end_id -1: the request would run its full 1500 tokens unless it is stopped.
+    up = TritonUpstream("unpolled", unpolled_triton.grpc_url, unpolled_triton.metrics_url, end_id=-1)
+    yield up
+    await up.aclose()
+
+
+async def _running_then_idle(upstream: TritonUpstream, before: TrtLlmMetrics) -> TrtLlmMetrics:
+    last = await upstream.metrics()
+    with anyio.move_on_after(WAIT_S):
+        while not (
+            last.active_requests == 0 and last.used_blocks == 0 and last.iterations > before.iterations
+        ):
+            await anyio.sleep(0.02)
+            last = await upstream.metrics()
+    assert last.active_requests == 0 and last.used_blocks == 0, f"the sequence is still held: {last}"
+    return last
+
+
+@pytest.mark.anyio
+async def test_closing_the_stream_stops_the_sequence_without_the_poll(upstream: TritonUpstream) -> None:
+    before = await upstream.metrics()
+    stream = upstream.generate(GenerationRequest("close-me", PROMPT, max_new_tokens=1500, temperature=0.0))
+    received = 0
+    async for delta in stream:
+        received += len(delta.token_ids)
+        if received >= 3:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    after = await _running_then_idle(upstream, before)
+    assert after.iterations - before.iterations < 500
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_reading_task_stops_the_sequence_without_the_poll(
+    upstream: TritonUpstream,
+) -> None:
+    before = await upstream.metrics()
+    first_token = anyio.Event()
+
+    async def consume() -> None:
+        async for _ in upstream.generate(
+            GenerationRequest("cancel-me", PROMPT, max_new_tokens=1500, temperature=0.0)
+        ):
+            first_token.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        with anyio.fail_after(WAIT_S):
+            await first_token.wait()
+        tg.cancel_scope.cancel()
+    after = await _running_then_idle(upstream, before)
+    assert after.iterations - before.iterations < 500
