@@ -144,7 +144,8 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
 
 
 @contextmanager
-def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
+def _server(variant: str, chunks: int, tree: Path | None = None) -> Iterator[EdgeProcess]:
+    """`tree`: serve from another checkout (its edge/ and bench/), to compare versions in one run."""
     from edge.config import load_settings
     from edge.keys.provision import create_keys
 
@@ -166,7 +167,8 @@ def _server(variant: str, chunks: int) -> Iterator[EdgeProcess]:
             out = f"{profile}-{variant}.txt"
             cmd = [py_spy, "record", "-r", "500", "-o", out, "-f", "raw", "--nonblocking", "--", *cmd]
         log = open(Path(tmp) / "server.log", "w")
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env)
         base_url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(proc, base_url, Path(tmp) / "server.log", 120, variant)
@@ -189,12 +191,22 @@ def _server_pid(pid: int) -> int:
 
 
 def measure(
-    variants: list[str], concurrency: list[int], duration_s: float, chunks: int
+    variants: list[str],
+    concurrency: list[int],
+    duration_s: float,
+    chunks: int,
+    trees: list[tuple[str, Path | None]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per variant and concurrency: chunks/s, server CPU µs per chunk, errors, × bare."""
+    """One row per variant (and tree) and concurrency: chunks/s, server CPU µs per chunk, errors,
+    × bare. The bare relay runs once, from this checkout."""
     rows: list[dict[str, Any]] = []
-    for variant in variants:
-        with _server(variant, chunks) as server:
+    runs = [
+        (variant, label, tree)
+        for variant in variants
+        for label, tree in ([("this", None)] if variant == "bare" else trees or [("this", None)])
+    ]
+    for variant, label, tree in runs:
+        with _server(variant, chunks, tree) as server:
             for n in concurrency:
                 before = server.cpu_seconds()
                 load = asyncio.run(
@@ -206,6 +218,7 @@ def measure(
                 rows.append(
                     {
                         "variant": variant,
+                        "tree": label,
                         "streams": n,
                         "chunks": load.tokens,
                         "chunks_per_s": load.tokens / load.wall_s,
@@ -223,7 +236,7 @@ def measure(
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [
         {
-            "variant": row["variant"],
+            "variant": row["variant"] if row["tree"] == "this" else f"{row['variant']} ({row['tree']})",
             "streams": str(row["streams"]),
             "chunks": str(row["chunks"]),
             "chunks/s": f"{row['chunks_per_s']:.0f}",
@@ -243,6 +256,11 @@ def main() -> None:
     parser.add_argument("--variants", default="bare,edge")
     parser.add_argument("--json", action="store_true", help="one JSON object per variant and concurrency")
     parser.add_argument(
+        "--trees",
+        default="",
+        help="LABEL=DIR,...: run the edge variants from these checkouts too, in the same run",
+    )
+    parser.add_argument(
         "--serve", choices=["bare", "edge", "triton", "triton-shared"], help=argparse.SUPPRESS
     )
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
@@ -252,7 +270,12 @@ def main() -> None:
         _serve(args.serve, args.config, args.port, args.chunks)
         return
     rows = measure(
-        args.variants.split(","), [int(x) for x in args.concurrency.split(",")], args.duration, args.chunks
+        args.variants.split(","),
+        [int(x) for x in args.concurrency.split(",")],
+        args.duration,
+        args.chunks,
+        [(lbl, Path(d).resolve()) for lbl, d in (t.split("=", 1) for t in args.trees.split(",") if t)]
+        or None,
     )
     if args.json:
         for row in rows:
