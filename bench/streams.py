@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -32,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -313,64 +315,86 @@ async def setup_cost(srv: Servers, concurrency: int, count: int) -> tuple[float,
 
 
 def hold(
-    srv: Servers,
+    group: list[Servers],
     streams: int,
     interval_s: float,
     ramp_per_s: float,
     settle_s: float,
     window_s: float,
     client_processes: int,
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """Hold `streams` paced streams on each server of `group` at once, measured in one window: with
+    several (`--paired`), every version sees the same machine load."""
     lifetime = streams / ramp_per_s + settle_s + window_s + 10 * interval_s + 5
     # Three times what the plan needs (a loaded machine ramps slower), within the demo model's
     # context (2,048 with the prompt): the streams are cancelled once the window closes.
     max_tokens = min(2000, 3 * int(lifetime / interval_s) + 1)
-    rss_before = srv.rss_bytes()
+    rss_before = [srv.rss_bytes() for srv in group]
     # What the servers spend with no stream open (timers, polls): part of every per-token figure.
-    idle_before, idle_start = srv.cpu_seconds(), time.perf_counter()
+    idle_before, idle_start = [srv.cpu_seconds() for srv in group], time.perf_counter()
     time.sleep(3.0)
-    idle_share = (srv.cpu_seconds() - idle_before) / (time.perf_counter() - idle_start)
-    host, port = srv.base_url.removeprefix("http://").split(":")
-    clients = StreamClients(
-        host, int(port), srv.key, _body(max_tokens), streams, ramp_per_s, len(TOKEN_TEXT), client_processes
-    )
+    idle_s = time.perf_counter() - idle_start
+    idle_share = [(srv.cpu_seconds() - b) / idle_s for srv, b in zip(group, idle_before, strict=True)]
+    clients = []
     try:
-        clients.wait_ramped()
+        for srv in group:
+            host, port = srv.base_url.removeprefix("http://").split(":")
+            clients.append(
+                StreamClients(
+                    host,
+                    int(port),
+                    srv.key,
+                    _body(max_tokens),
+                    streams,
+                    ramp_per_s,
+                    len(TOKEN_TEXT),
+                    client_processes,
+                )
+            )
+        for c in clients:
+            c.wait_ramped()
         time.sleep(settle_s)
-        gc_before = _gc_totals(srv.base_url)
-        user_before, system_before = srv.user_system_seconds()
-        cpu_before = user_before + system_before
-        clients.open_window()
+        gc_before = [_gc_totals(srv.base_url) for srv in group]
+        before = [srv.user_system_seconds() for srv in group]
+        for c in clients:
+            c.open_window()
         opened = time.perf_counter()
         time.sleep(window_s)
-        user_after, system_after = srv.user_system_seconds()
+        after = [srv.user_system_seconds() for srv in group]
         elapsed = time.perf_counter() - opened
-        rss = srv.rss_bytes()
-        gc_after = _gc_totals(srv.base_url)
-        seen = clients.close_window()
+        rss = [srv.rss_bytes() for srv in group]
+        gc_after = [_gc_totals(srv.base_url) for srv in group]
+        seen = [c.close_window() for c in clients]
     finally:
-        clients.kill()
-    cpu = user_after + system_after - cpu_before
-    system = system_after - system_before
-    return {
-        "streams_streaming": seen.streaming,
-        "tokens_per_s": seen.tokens / elapsed,
-        "tokens_due_per_s": streams / interval_s,
-        "cpu_us_per_token": cpu / max(seen.tokens, 1) * 1e6,
-        "cpu_share": cpu / elapsed,
-        "client_cpu_share": seen.cpu_s / elapsed,
-        "system_share_of_cpu": system / max(cpu, 1e-9),
-        "idle_cpu_share": idle_share,
-        "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share * elapsed) / max(seen.tokens, 1) * 1e6,
-        "rss_kib_per_stream": (rss - rss_before) / streams / 1024,
-        "itl_p50_ms": percentile(seen.gaps, 50) * 1e3,
-        "itl_p99_ms": percentile(seen.gaps, 99) * 1e3,
-        "errors": seen.errors,
-        "error_kinds": seen.error_kinds,
-        # Of one worker (whichever answered): exact with --workers 1.
-        "gc_pause_share": (gc_after["total_s"] - gc_before["total_s"]) / elapsed,
-        "gc_max_pause_ms": gc_after["max_s"] * 1e3,
-    }
+        for c in clients:
+            c.kill()
+    rows = []
+    for i in range(len(group)):
+        cpu = sum(after[i]) - sum(before[i])
+        system = after[i][1] - before[i][1]
+        tokens = max(seen[i].tokens, 1)
+        rows.append(
+            {
+                "streams_streaming": seen[i].streaming,
+                "tokens_per_s": seen[i].tokens / elapsed,
+                "tokens_due_per_s": streams / interval_s,
+                "cpu_us_per_token": cpu / tokens * 1e6,
+                "cpu_share": cpu / elapsed,
+                "client_cpu_share": seen[i].cpu_s / elapsed,
+                "system_share_of_cpu": system / max(cpu, 1e-9),
+                "idle_cpu_share": idle_share[i],
+                "cpu_us_per_token_above_idle": max(0.0, cpu - idle_share[i] * elapsed) / tokens * 1e6,
+                "rss_kib_per_stream": (rss[i] - rss_before[i]) / streams / 1024,
+                "itl_p50_ms": percentile(seen[i].gaps, 50) * 1e3,
+                "itl_p99_ms": percentile(seen[i].gaps, 99) * 1e3,
+                "errors": seen[i].errors,
+                "error_kinds": seen[i].error_kinds,
+                # Of one worker (whichever answered): exact with --workers 1.
+                "gc_pause_share": (gc_after[i]["total_s"] - gc_before[i]["total_s"]) / elapsed,
+                "gc_max_pause_ms": gc_after[i]["max_s"] * 1e3,
+            }
+        )
+    return rows
 
 
 def _gc_totals(base_url: str) -> dict[str, float]:
@@ -388,31 +412,52 @@ def measure(
     ramp_per_s: float,
     setup_count: int,
     client_processes: int = 2,
+    paired: int = 0,
 ) -> list[dict[str, Any]]:
+    """`paired` > 0: the trees' servers run side by side, their set-up cost measured in `paired`
+    alternating bursts each (the median reported) and their streams held in one window."""
     rows = []
-    runs = itertools.product(workers, paced, replicas, gc_modes, trees)
-    for n_workers, (interval_ms, streams), steps, gc_mode, (label, tree) in runs:
-        if gc_mode != "default" and tree and not (tree / "edge" / "gc_tuning.py").exists():
-            continue  # a checkout from before edge/gc_tuning.py: CPython's collector only
+    for n_workers, (interval_ms, streams), steps, gc_mode in itertools.product(
+        workers, paced, replicas, gc_modes
+    ):
+        usable = [
+            (label, tree)
+            for label, tree in trees
+            # A checkout from before edge/gc_tuning.py: CPython's collector only.
+            if gc_mode == "default" or not tree or (tree / "edge" / "gc_tuning.py").exists()
+        ]
         # 0 replicas: one step clock per stream, so every token arrives on its own.
         n_replicas = steps or streams
-        with servers(interval_ms, n_workers, n_replicas, gc_mode, tree) as srv:
-            setup_s, setup_errors = asyncio.run(setup_cost(srv, 32, setup_count))
-            held = hold(srv, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s, client_processes)
-        rows.append(
-            {
-                "workers": n_workers,
-                "interval_ms": interval_ms,
-                "streams": streams,
-                "replicas": n_replicas,
-                "gc": gc_mode,
-                "tree": label,
-                "setup_cpu_ms_per_stream": setup_s * 1e3,
-                **held,
-                "errors": held["errors"] + setup_errors,
-            }
-        )
-        print(json.dumps(rows[-1]), file=sys.stderr)
+        config = {
+            "workers": n_workers,
+            "interval_ms": interval_ms,
+            "streams": streams,
+            "replicas": n_replicas,
+            "gc": gc_mode,
+        }
+        for group in [usable] if paired else [[t] for t in usable]:
+            with contextlib.ExitStack() as stack:
+                srvs = [
+                    stack.enter_context(servers(interval_ms, n_workers, n_replicas, gc_mode, tree))
+                    for _, tree in group
+                ]
+                bursts: list[list[tuple[float, int]]] = [[] for _ in srvs]
+                for _ in range(max(paired, 1)):
+                    for i, srv in enumerate(srvs):
+                        bursts[i].append(asyncio.run(setup_cost(srv, 32, setup_count)))
+                held = hold(srvs, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s, client_processes)
+            for (label, _), runs, row in zip(group, bursts, held, strict=True):
+                rows.append(
+                    {
+                        **config,
+                        "tree": label,
+                        "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
+                        "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],
+                        **row,
+                        "errors": row["errors"] + sum(e for _, e in runs),
+                    }
+                )
+                print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
 
@@ -449,6 +494,13 @@ def main() -> None:
         default=2,
         help="client processes holding the streams (bench/stream_clients.py)",
     )
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        help="with --trees: run the trees' servers side by side, N alternating set-up bursts each, "
+        "streams held in one window (same machine load for every version)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
@@ -472,6 +524,7 @@ def main() -> None:
         args.ramp,
         args.setup_count,
         args.clients,
+        args.paired,
     )
     if args.json:
         for row in rows:
