@@ -189,6 +189,7 @@ async def _hold(
     w.open = False
     seen.cpu_s = _cpu_s() - cpu_before
     loop.remove_reader(conn.fileno())
+    os.set_blocking(conn.fileno(), True)  # the loop made it non-blocking; the totals can be large
     for stream in opened:
         stream.close()
     conn.send(seen)
@@ -241,9 +242,12 @@ class StreamClients:
         for conn in self._conns:
             conn.send("open")
 
-    def close_window(self) -> Seen:
+    def close_window(self) -> None:
         for conn in self._conns:
             conn.send("close")
+
+    def results(self) -> Seen:
+        """What the clients saw in the window (after `close_window`), summed."""
         total = Seen()
         for conn in self._conns:
             part: Seen = conn.recv()

@@ -29,6 +29,7 @@ import contextlib
 import gc
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -361,10 +362,12 @@ def hold(
         opened = time.perf_counter()
         time.sleep(window_s)
         after = [srv.user_system_seconds() for srv in group]
+        for c in clients:
+            c.close_window()
         elapsed = time.perf_counter() - opened
         rss = [srv.rss_bytes() for srv in group]
         gc_after = [_gc_totals(srv.base_url) for srv in group]
-        seen = [c.close_window() for c in clients]
+        seen = [c.results() for c in clients]
     finally:
         for c in clients:
             c.kill()
@@ -398,7 +401,11 @@ def hold(
 
 
 def _gc_totals(base_url: str) -> dict[str, float]:
-    totals: dict[str, float] = httpx.get(f"{base_url}/bench/gc", timeout=30).json()
+    """The server's collector totals; NaN when it does not answer in time (a saturated loop)."""
+    try:
+        totals: dict[str, float] = httpx.get(f"{base_url}/bench/gc", timeout=30).json()
+    except httpx.TimeoutException:
+        return {"count": math.nan, "total_s": math.nan, "max_s": math.nan}
     return totals
 
 
