@@ -207,8 +207,11 @@ class EngineModel:
                 _send_error(sender, str(exc), pb_utils.TritonError.INTERNAL)
 
     def _admit(self, request: Any, sender: Any) -> None:
+        # One pass: pb_utils.get_input_tensor_by_name rebuilds the list of every input per lookup.
+        inputs = {tensor.name(): tensor for tensor in request.inputs()}
+
         def get(name: str) -> Any:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            tensor = inputs.get(name)
             return None if tensor is None else np.from_dlpack(tensor)
 
         contract = decode_request(get)
