@@ -1,13 +1,19 @@
 """The same load through the in-process engine and through a local tritonserver running it.
 
     .venv/bin/python -m bench.triton_vs_local [--streams 100] [--max-tokens 64] [--doc docs/bench-triton.md]
+        [--paths in-process,triton] [--baseline-code DIR]
 
 N concurrent streams, each a distinct prompt with a fixed output length (the end token ignored, so
 every run generates exactly streams x max_tokens tokens). The in-process side reads the engine's
 async API directly; the Triton side goes through TritonUpstream (gRPC stream per request, our engine
 as a decoupled Python-backend model). Both engines have the same configuration and model and run
 one after the other, never at once. The difference is what Triton adds: gRPC, the backend's
-shared-memory IPC, one response per token.
+shared-memory IPC, one response per token or few. Each Triton row also gives the replica's own CPU
+per token (tritonserver and its Python-backend stub, read from /proc).
+
+`--baseline-code DIR` adds a `triton-baseline` path: a second tritonserver whose CPU model runs the
+code of another checkout (e.g. `git worktree add /tmp/base main~3`), so a change to the model is
+measured before and after in the same run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
@@ -32,7 +41,7 @@ from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
-from gpu_container.triton.launcher import start_local_triton
+from gpu_container.triton.launcher import TritonProcess, start_local_triton
 
 # Token lists a stream yields, one list per response.
 Generate = Callable[[str, list[int], int], AsyncIterator[list[int]]]
@@ -46,6 +55,12 @@ class RunResult:
     wall_s: float
     ttft_s: list[float]
     inter_token_s: list[float]
+    # CPU seconds the replica process tree spent (Triton paths only).
+    replica_cpu_s: float | None = None
+
+    @property
+    def replica_us_per_token(self) -> float | None:
+        return None if self.replica_cpu_s is None else self.replica_cpu_s / self.tokens * 1e6
 
     @property
     def tokens_per_s(self) -> float:
@@ -77,17 +92,37 @@ async def _one(
     return ttft, gaps, count
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of `pid` and its children: tritonserver and its backend stubs."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    total = 0.0
+    for member in [pid, *map(int, children)]:
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 async def run_load(
-    label: str, generate: Generate, streams: int, max_tokens: int, prompt_len: int
+    label: str,
+    generate: Generate,
+    streams: int,
+    max_tokens: int,
+    prompt_len: int,
+    replica_pid: int | None = None,
 ) -> RunResult:
     # A few warm-up requests so neither side pays first-call costs inside the measurement.
     await asyncio.gather(*(_one(generate, f"warm-{i}", [1 + i, 2, 3], 4) for i in range(4)))
     prompts = [[(7 * i + j) % 900 + 10 for j in range(prompt_len)] for i in range(streams)]
+    cpu_before = tree_cpu_s(replica_pid) if replica_pid is not None else 0.0
     start = time.perf_counter()
     results = await asyncio.gather(
         *(_one(generate, f"{label}-{i}", prompts[i], max_tokens) for i in range(streams))
     )
     wall = time.perf_counter() - start
+    replica_cpu = tree_cpu_s(replica_pid) - cpu_before if replica_pid is not None else None
     tokens = sum(count for _, _, count in results)
     if tokens != streams * max_tokens:
         raise RuntimeError(f"{label}: {tokens} tokens, expected {streams * max_tokens}")
@@ -98,6 +133,7 @@ async def run_load(
         wall,
         [ttft for ttft, _, _ in results],
         [gap for _, gaps, _ in results for gap in gaps],
+        replica_cpu,
     )
 
 
@@ -128,21 +164,32 @@ def machine() -> str:
     )
 
 
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
 def render_report(
-    results: list[RunResult],
-    runs: dict[str, list[RunResult]],
-    args: argparse.Namespace,
-    config: EngineConfig,
-    where: str,
+    runs: dict[str, list[RunResult]], args: argparse.Namespace, config: EngineConfig, where: str
 ) -> str:
-    rows = [
-        f"| {r.label} | {r.tokens_per_s:,.0f} | {r.ttft_ms(50):.0f} | {r.ttft_ms(99):.0f} "
-        f"| {r.itl_ms(50):.1f} | {r.itl_ms(99):.1f} | {r.wall_s:.2f} |"
-        for r in results
-    ]
-    local, *tritons = results
+    """Each figure is the median over the runs of its path (single runs swing on a shared box);
+    the ratios are of those medians, against the in-process path of the same run."""
+    local = runs["in-process"]
+    local_tps = _median([r.tokens_per_s for r in local])
+    local_ttft = _median([r.ttft_ms(50) for r in local])
+    rows = []
+    for label, label_runs in runs.items():
+        tps = _median([r.tokens_per_s for r in label_runs])
+        ttft = _median([r.ttft_ms(50) for r in label_runs])
+        replica = [r.replica_us_per_token for r in label_runs if r.replica_us_per_token is not None]
+        rows.append(
+            f"| {label} | {tps:,.0f} | {tps / local_tps:.2f} | {ttft:.0f} | {ttft / local_ttft:.2f} "
+            f"| {_median([r.ttft_ms(99) for r in label_runs]):.0f} "
+            f"| {_median([r.itl_ms(50) for r in label_runs]):.1f} "
+            f"| {_median([r.itl_ms(99) for r in label_runs]):.1f} "
+            f"| {f'{_median(replica):.0f}' if replica else '-'} |"
+        )
     every_run = "; ".join(
-        f"{label} " + ", ".join(f"{r.tokens_per_s:,.0f}" for r in label_runs)
+        f"{label} " + ", ".join(f"{r.tokens_per_s:,.0f} ({r.ttft_ms(50):.0f} ms)" for r in label_runs)
         for label, label_runs in runs.items()
     )
     return "\n".join(
@@ -155,83 +202,97 @@ def render_report(
             f"Engine: block_size {config.block_size}, num_blocks {config.num_blocks}, "
             f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}.",
             "",
-            "| path | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | inter-token p50 (ms) "
-            "| inter-token p99 (ms) | wall (s) |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| path | tokens/s | x in-process | TTFT p50 (ms) | x in-process | TTFT p99 (ms) "
+            "| inter-token p50 (ms) | inter-token p99 (ms) | replica CPU (us/token) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
-            f"Each row is the median-throughput run of {args.repeat} per path (alternating); "
-            f"tokens/s of every run: {every_run}.",
-            "",
-            *(
-                f"{t.label} delivers {t.tokens_per_s / local.tokens_per_s:.0%} of the in-process "
-                f"throughput; its TTFT p50 is {t.ttft_ms(50) / local.ttft_ms(50):.2f}x the in-process one."
-                for t in tritons
-            ),
+            f"Medians of {args.repeat} runs per path (alternating). Every run, tokens/s (TTFT p50): "
+            f"{every_run}.",
             "",
             f"Machine: {where}.",
             "",
             "Reproduce: `.venv/bin/python -m bench.triton_vs_local "
             f"--streams {args.streams} --max-tokens {args.max_tokens} --prompt-len {args.prompt_len} "
-            f"--repeat {args.repeat}`.",
-            "",
-            "Reading it. What the Triton path adds per token: one gRPC stream message, one response",
-            "through the Python backend's shared-memory IPC, and a cancellation probe per live request",
-            "every `cancellation_check_period_ms`. Responses go out from one sender thread while the",
-            "engine keeps stepping (a request whose last response is still in flight gets its next",
-            "tokens merged into one response), so throughput stays close to the in-process engine.",
-            "TTFT is where the burst shows: all streams open at once, and their first responses leave",
-            "one IPC round trip after another from a thread that shares the GIL with the engine; an",
-            "idle request sees ~1 ms more than in process (`--streams 1`). On two CPU cores shared",
-            "with other work, single runs swing by tens of percent: compare the medians, not one run.",
+            f"--repeat {args.repeat} --paths {args.paths}"
+            + (" --baseline-code DIR" if args.baseline_code is not None else "")
+            + "`.",
             "",
         ]
     )
 
 
-def median_run(runs: list[RunResult]) -> RunResult:
-    """The run with the median throughput: on a shared machine single runs swing."""
-    return sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
+def _with_model_code(repository: Path, code_dir: Path) -> None:
+    """Point the CPU model of `repository` at the code of another checkout (its python_path)."""
+    for config_path in repository.glob("*/config.pbtxt"):
+        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+        rest = config.parameters["python_path"].string_value.split(os.pathsep)[1:]
+        config.parameters["python_path"].string_value = os.pathsep.join([str(code_dir.resolve()), *rest])
+        config_path.write_text(text_format.MessageToString(config))
 
 
-async def main_async(args: argparse.Namespace) -> list[RunResult]:
+async def main_async(args: argparse.Namespace) -> dict[str, list[RunResult]]:
     where = machine()
     config = EngineConfig(max_num_seqs=max(64, args.streams), num_blocks=2048)
-    runs: dict[str, list[RunResult]] = {"in-process": [], "triton": [], "triton-shared": []}
+    wanted = args.paths.split(",")
+    if args.baseline_code is not None:
+        wanted.append("triton-baseline")
+    runs: dict[str, list[RunResult]] = {label: [] for label in ["in-process", *wanted] if label}
+    servers: list[TritonProcess] = []
+    upstreams: list[Upstream] = []
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         model_dir = build_demo_model(Path(tmp) / "model")
         engine = LLMEngine.from_pretrained(model_dir, config)
         engine.start()
-        repository = render_cpu_repository(Path(tmp) / "repository", model_dir, config)
-        server = await asyncio.to_thread(start_local_triton, repository)
-        # end_id -1: TensorRT-LLM's "ignore the end token", so the output length is fixed here too.
-        upstream = TritonUpstream("bench", server.grpc_url, server.metrics_url, end_id=-1)
-        # The measured alternative (one synchronous stream per replica), for the comparison.
-        shared = SharedStreamUpstream(
-            TritonUpstream("bench-shared", server.grpc_url, server.metrics_url, end_id=-1)
-        )
-        paths = {
-            "in-process": upstream_generate(AsyncEngine(engine)),
-            "triton": upstream_generate(upstream),
-            "triton-shared": upstream_generate(shared),
+
+        async def triton(name: str, code: Path | None = None) -> TritonUpstream:
+            repository = render_cpu_repository(Path(tmp) / name, model_dir, config)
+            if code is not None:
+                _with_model_code(repository, code)
+            server = await asyncio.to_thread(start_local_triton, repository)
+            servers.append(server)
+            # end_id -1: TensorRT-LLM's "ignore the end token", so the output length is fixed here too.
+            up = TritonUpstream(name, server.grpc_url, server.metrics_url, end_id=-1)
+            upstreams.append(up)
+            return up
+
+        paths: dict[str, tuple[Generate, int | None]] = {
+            "in-process": (upstream_generate(AsyncEngine(engine)), None)
         }
         try:
-            # Alternate the paths so a burst of load from elsewhere hits both alike.
+            if "triton" in runs or "triton-shared" in runs:
+                upstream = await triton("bench")
+                pid = servers[-1].process.pid
+                if "triton" in runs:
+                    paths["triton"] = (upstream_generate(upstream), pid)
+                if "triton-shared" in runs:
+                    # The measured alternative client (one synchronous stream per replica).
+                    shared = SharedStreamUpstream(
+                        TritonUpstream("bench-shared", upstream.grpc_url, upstream.metrics_url, end_id=-1)
+                    )
+                    upstreams.append(shared)
+                    paths["triton-shared"] = (upstream_generate(shared), pid)
+            if args.baseline_code is not None:
+                baseline = await triton("baseline", args.baseline_code)
+                paths["triton-baseline"] = (upstream_generate(baseline), servers[-1].process.pid)
+            # Alternate the paths so a burst of load from elsewhere hits all alike.
             for _ in range(args.repeat):
-                for label, generate in paths.items():
-                    result = await run_load(label, generate, args.streams, args.max_tokens, args.prompt_len)
+                for label, (generate, replica_pid) in paths.items():
+                    result = await run_load(
+                        label, generate, args.streams, args.max_tokens, args.prompt_len, replica_pid
+                    )
                     runs[label].append(result)
         finally:
-            await upstream.aclose()
-            await shared.aclose()
-            await asyncio.to_thread(server.stop)
+            for up in upstreams:
+                await up.aclose()
+            for server in servers:
+                await asyncio.to_thread(server.stop)
             engine.stop()
-    results = [median_run(label_runs) for label_runs in runs.values()]
-    report = render_report(results, runs, args, config, where)
+    report = render_report(runs, args, config, where)
     print(report)
     if args.doc:
         args.doc.write_text(report)
-    return results
+    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -243,6 +304,14 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat", type=int, default=3, help="runs per path, alternating; the median is shown"
     )
     parser.add_argument("--doc", type=Path, help="write the Markdown report here")
+    parser.add_argument(
+        "--paths",
+        default="triton,triton-shared",
+        help="Triton paths beside in-process: triton, triton-shared",
+    )
+    parser.add_argument(
+        "--baseline-code", type=Path, help="also run the CPU model from this checkout (triton-baseline)"
+    )
     asyncio.run(main_async(parser.parse_args(argv)))
 
 
