@@ -6,7 +6,7 @@ triton_python_backend_utils is importable.
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
 hands it to the engine; the engine thread posts each step's tokens to an outbox, and a sender
 thread sends them through each request's response sender (decoupled: many responses, the last one
-flagged FINAL), one request at a time, first tokens first (outbox.py). A `stop=true` request with
+flagged FINAL), first tokens first (outbox.py). A `stop=true` request with
 the same request id (what the edge sends when it leaves a stream early) aborts the request in the
 engine, which frees its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the
 live requests (a closed gRPC stream) every `cancellation_check_period_ms` for streams closed
@@ -246,8 +246,11 @@ class EngineModel:
 
     def _send_loop(self) -> None:
         # Sending waits on the backend's IPC; doing it here keeps the engine thread stepping.
-        while (out := self._outbox.take()) is not None:
-            self._deliver(out)
+        while (batch := self._outbox.take()) is not None:
+            for out in batch:
+                for first in self._outbox.take_first():
+                    self._deliver(first)
+                self._deliver(out)
 
     def _deliver(self, out: TokenOutput) -> None:
         """Sender thread: the new tokens of one request since its last response."""

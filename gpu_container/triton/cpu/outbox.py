@@ -1,10 +1,11 @@
 """Engine outputs on their way to the response senders, merged per request, first tokens first.
 
-The engine thread only posts (no I/O); a sender thread takes one request's pending output at a time
-and sends it, each send one IPC round trip to the server. While a request waits for its turn, its
-next steps' tokens merge into the same response: a slow send path costs fewer, larger responses
-rather than engine steps. A request that has had no response yet goes before every request that
-has: its time to first token waits on no other stream's later tokens.
+The engine thread only posts (no I/O); a sender thread takes what is pending and sends it, each
+send one IPC round trip to the server. Outputs posted for a request still waiting to be taken merge
+into one response, and what is posted while a batch is being sent waits for the next batch: a slow
+send path costs fewer, larger responses rather than engine steps. A request that has had no
+response yet goes first, even before the rest of a batch being sent (`take_first`): its time to
+first token waits on no other stream's later tokens.
 """
 
 from __future__ import annotations
@@ -39,21 +40,28 @@ class Outbox:
                 held.error = out.error or held.error
             self._cond.notify()
 
-    def take(self) -> TokenOutput | None:
-        """One request's output, waiting while there is none; None once closed and drained."""
+    def take(self) -> list[TokenOutput] | None:
+        """Every first output pending, else every other output pending (waiting while there is
+        none); None once closed and drained."""
         with self._cond:
             while not (self._fresh or self._pending or self._closed):
                 self._cond.wait()
-            queue = self._fresh or self._pending
-            if not queue:
-                return None
-            request_id = next(iter(queue))
-            out = queue.pop(request_id)
+            return self._pop(self._fresh) if self._fresh else (self._pop(self._pending) or None)
+
+    def take_first(self) -> list[TokenOutput]:
+        """Every first output pending, without waiting: what goes before the rest of a batch."""
+        with self._cond:
+            return self._pop(self._fresh)
+
+    def _pop(self, queue: dict[str, TokenOutput]) -> list[TokenOutput]:
+        batch = list(queue.values())
+        queue.clear()
+        for out in batch:
             if out.finish_reason is None:
-                self._started.add(request_id)
+                self._started.add(out.request_id)
             else:
-                self._started.discard(request_id)
-            return out
+                self._started.discard(out.request_id)
+        return batch
 
     def close(self) -> None:
         """No more posts; take() returns what is left, then None."""
