@@ -1,7 +1,7 @@
 """The same load through the in-process engine and through a local tritonserver running it.
 
     .venv/bin/python -m bench.triton_vs_local [--streams 100] [--max-tokens 64] [--doc docs/bench-triton.md]
-        [--paths in-process,triton] [--baseline-code DIR]
+        [--paths triton,triton-shared] [--baseline-code DIR]
 
 N concurrent streams, each a distinct prompt with a fixed output length (the end token ignored, so
 every run generates exactly streams x max_tokens tokens). The in-process side reads the engine's

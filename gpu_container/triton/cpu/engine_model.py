@@ -6,13 +6,13 @@ triton_python_backend_utils is importable.
 One engine per model instance; every request joins its batch. `execute` only decodes a request and
 hands it to the engine; the engine thread posts each step's tokens to an outbox, and a sender
 thread sends them through each request's response sender (decoupled: many responses, the last one
-flagged FINAL), first tokens first (outbox.py). A `stop=true` request with
-the same request id (what the edge sends when it leaves a stream early) aborts the request in the
-engine, which frees its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the
-live requests (a closed gRPC stream) every `cancellation_check_period_ms` for streams closed
-without one; each probe is an IPC round trip per request. The engine's stats are exported as the
-gauges TensorRT-LLM's backend exports (nv_trt_llm_*), so the edge reads capacity the same way from
-both, plus a generated-tokens counter of our own.
+flagged FINAL), first tokens first (outbox.py). A `stop=true` request with the same request id
+(what the edge sends when it leaves a stream early) aborts the request in the engine, which frees
+its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the live requests (a
+closed gRPC stream) every `cancellation_check_period_ms` for streams closed without one; each probe
+is an IPC round trip per request. The engine's stats are exported as the gauges TensorRT-LLM's
+backend exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a
+generated-tokens counter of our own.
 """
 
 from __future__ import annotations
