@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from limiter import policy
+from limiter import policy, redis_url
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
 from limiter.call_batcher import CallBatcher
 from limiter.lease import admission
@@ -179,8 +179,6 @@ class RedisLimiter:
         bound: opening a connection on a loaded host is slow, not a failed store."""
         if connect_timeout_s is None:
             connect_timeout_s = max(DEFAULT_CONNECT_TIMEOUT_S, timeout_ms / 1000)
-        if url.startswith("redis+cluster://"):
-            url, cluster = "redis://" + url.removeprefix("redis+cluster://"), True
         options: dict[str, Any] = {
             "socket_timeout": timeout_ms / 1000,
             "socket_connect_timeout": connect_timeout_s,
@@ -188,13 +186,8 @@ class RedisLimiter:
             # decides itself what a failed call means.
             "retry": Retry(NoBackoff(), 0),
         }
-        client: Redis | RedisCluster
-        if cluster:
-            client = RedisCluster.from_url(url, **options)
-        else:
-            client = Redis.from_url(url, **options)
         return cls(
-            client,
+            redis_url.connect(url, cluster=cluster, **options),
             timeout_ms=timeout_ms,
             instance_count=instance_count,
             connect_timeout_s=connect_timeout_s,

@@ -34,6 +34,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
+from limiter import redis_url
 
 log = structlog.get_logger("floodgate.cancel_bus")
 
@@ -135,16 +136,12 @@ class RedisCancelBus:
     ) -> RedisCancelBus:
         """`redis://…` for one server, `redis+cluster://…` (or cluster=True) for a Cluster: keys go
         through the cluster client, the subscription to the node named in the URL."""
-        if url.startswith("redis+cluster://"):
-            url, cluster = "redis://" + url.removeprefix("redis+cluster://"), True
         timeout_s = timeout_ms / 1000
-        client: Redis | RedisCluster
-        if cluster:
-            client = RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        else:
-            client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client = redis_url.connect(
+            url, cluster=cluster, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
         # No read timeout on the subscription: it is idle until someone cancels.
-        subscriber = Redis.from_url(url, socket_connect_timeout=timeout_s, health_check_interval=30)
+        subscriber = redis_url.connect_node(url, socket_connect_timeout=timeout_s, health_check_interval=30)
         return cls(client, subscriber, **options)
 
     async def start(self, deliver: Deliver) -> None:

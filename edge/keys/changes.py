@@ -12,8 +12,9 @@ import contextlib
 from collections.abc import Callable
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from limiter import redis_url
 
 log = structlog.get_logger("floodgate.keys")
 
@@ -21,20 +22,16 @@ CHANNEL = "floodgate:keys"
 OnChange = Callable[[str | None], None]  # a key's hash, or None: forget every key
 
 
-def _plain_url(url: str) -> str:
-    # Classic pub/sub reaches every node of a Cluster: one plain connection to the node in the URL.
-    return "redis://" + url.removeprefix("redis+cluster://") if url.startswith("redis+cluster://") else url
-
-
 class RedisKeyChanges:
     def __init__(self, url: str, *, timeout_ms: int = 250, channel: str = CHANNEL) -> None:
         timeout_s = timeout_ms / 1000
-        self._publisher = Redis.from_url(
-            _plain_url(url), socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        # Classic pub/sub reaches every node of a Cluster: plain connections to the node in the URL.
+        self._publisher = redis_url.connect_node(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         # No read timeout on the subscription: it is idle until a key changes.
-        self._subscriber = Redis.from_url(
-            _plain_url(url), socket_connect_timeout=timeout_s, health_check_interval=30
+        self._subscriber = redis_url.connect_node(
+            url, socket_connect_timeout=timeout_s, health_check_interval=30
         )
         self._channel = channel
         self._listener: asyncio.Task[None] | None = None

@@ -18,7 +18,6 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 import structlog
 from prometheus_client import Gauge
@@ -30,6 +29,7 @@ from edge.config import FleetConfig, LimiterConfig
 from edge.drain import Drain
 from edge.membership.membership import FleetMembership, MembershipSettings
 from edge.membership.shares import FleetView
+from limiter import redis_url
 
 log = structlog.get_logger("floodgate.fleet")
 
@@ -45,14 +45,12 @@ def member_id() -> str:
 
 
 def _client(limiter: LimiterConfig, timeout_s: float) -> Redis | RedisCluster:
-    url = limiter.redis_url
-    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    if url.startswith("redis+cluster://"):
-        url = "redis://" + url.removeprefix("redis+cluster://")
-        return RedisCluster.from_url(url, **options)
-    if limiter.redis_cluster:
-        return RedisCluster.from_url(url, **options)
-    return Redis.from_url(url, **options)
+    return redis_url.connect(
+        limiter.redis_url,
+        cluster=limiter.redis_cluster,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
 
 
 def apply_view(

@@ -1,0 +1,40 @@
+"""The one place that reads a Redis URL: `redis://…` names one server, `redis+cluster://…` a Redis
+Cluster reached through the node it names (so does `redis://…` with cluster=True, the config's
+`redis_cluster` flag).
+
+The limiter, the cancel bus, key changes and fleet membership all connect to the same Redis the
+limiter's URL names; they used to parse the scheme each on their own. Here, in the limiter (a
+library the edge may import, never the reverse), so all of them agree on what a URL means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis, RedisCluster
+
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+def node_url(url: str) -> str:
+    """The plain `redis://` URL of the node `url` names (a cluster URL's seed node)."""
+    return "redis://" + url.removeprefix(CLUSTER_SCHEME) if url.startswith(CLUSTER_SCHEME) else url
+
+
+def is_cluster(url: str, *, cluster: bool = False) -> bool:
+    """Whether `url` (or the `cluster` flag beside it) names a Redis Cluster."""
+    return cluster or url.startswith(CLUSTER_SCHEME)
+
+
+def connect(url: str, *, cluster: bool = False, **options: Any) -> Redis | RedisCluster:
+    """A client for the Redis, or Redis Cluster, `url` names; `options` go to redis-py's from_url.
+    Opens nothing yet: redis-py connects on the first command."""
+    if is_cluster(url, cluster=cluster):
+        return RedisCluster.from_url(node_url(url), **options)
+    return Redis.from_url(node_url(url), **options)
+
+
+def connect_node(url: str, **options: Any) -> Redis:
+    """A plain client for the one node `url` names, even in a Cluster: classic pub/sub published on
+    any node reaches subscribers on every node, so one connection to the seed node is enough."""
+    return Redis.from_url(node_url(url), **options)
