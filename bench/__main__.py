@@ -65,6 +65,10 @@ def main() -> None:
                 )
     print(f"machine: {machine()}, model: {args.model}")
     print(markdown_table(rows))
+    # Then the fault drills' long variants: a few minutes (python -m bench.drills, docs/bench-drills.md).
+    from bench import drills
+
+    raise SystemExit(drills.main([]))
 
 
 if __name__ == "__main__":

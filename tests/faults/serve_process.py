@@ -1,101 +1,22 @@
-"""A real `floodgate serve` process on loopback ports, for the drills that signal or overload it.
-
-The process runs the demo model with the in-process engine; its output (stdout and stderr
-together: the JSON log) goes to a file the drill reads after the process ends.
-"""
+"""A real `floodgate serve` process on loopback ports, for the drills that signal or overload it:
+bench/drill_serve.py's (the long drills in bench/drills.py use the same), with the test session's
+demo model."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from edge.config import load_settings
-from edge.keys.provision import create_keys
+from bench.drill_serve import ServeProcess
+from bench.drill_serve import serve_process as _serve_process
 from tests.support.live_server import demo_model_dir
-from tests.support.ports import free_port
 
-STARTUP_TIMEOUT_S = 60.0
-
-
-@dataclass
-class ServeProcess:
-    proc: subprocess.Popen[bytes]
-    base_url: str
-    ops_url: str
-    key: str  # a paid-tier key
-    log_path: Path
-
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return str(value)
+__all__ = ["ServeProcess", "serve_process"]
 
 
 @contextmanager
 def serve_process(tmp_path: Path, sections: dict[str, dict[str, object]]) -> Iterator[ServeProcess]:
     """`floodgate serve` with `sections` over the test defaults; killed if still running at the end."""
-    port, ops_port = free_port(), free_port()
-    keys_file = tmp_path / "keys.jsonl"
-    base: dict[str, dict[str, object]] = {
-        "server": {"port": port, "ops_port": ops_port, "keys_file": str(keys_file), "dev_key": False},
-        "model": {"source": "demo", "name": "floodgate-tiny", "demo_dir": str(demo_model_dir())},
-        "messages": {"sqlite_path": str(tmp_path / "messages.db")},
-        "keys": {"sqlite_path": str(tmp_path / "keys.db")},
-    }
-    for name, values in sections.items():
-        base.setdefault(name, {}).update(values)
-    config = tmp_path / "floodgate.toml"
-    config.write_text(
-        "".join(
-            f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
-            for name, values in base.items()
-        )
-    )
-    key = create_keys(load_settings(config), {"drill": ("drill-user", "paid")})["drill"]
-    log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)],
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = ServeProcess(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}", key, log_path)
-    try:
-        _wait_ready(server)
+    with _serve_process(tmp_path, sections, demo_model_dir()) as server:
         yield server
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
-def _wait_ready(server: ServeProcess) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"floodgate serve exited during start-up:\n{server.output()}")
-        try:
-            if httpx.get(server.base_url + "/readyz", timeout=5.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        # Polling: the process offers no start-up event to wait on.
-        time.sleep(0.05)
-    raise TimeoutError(f"floodgate serve was not ready within {STARTUP_TIMEOUT_S}s:\n{server.output()}")
