@@ -198,8 +198,8 @@ async def _chat(client: httpx.AsyncClient, headers: dict[str, str], body: dict[s
                         code = chunk["error"].get("code")
                     text = text or any(c.get("delta", {}).get("content") for c in chunk.get("choices", []))
             return Answer(response.status_code, response.headers.get("x-request-id"), done, code, text)
-    except httpx.HTTPError:
-        return Answer(0, None, False, "transport")  # 0: no HTTP answer at all (a reset, a refusal)
+    except httpx.HTTPError as exc:  # 0: no whole HTTP answer (a reset, a refusal, a cut stream)
+        return Answer(0, None, False, type(exc).__name__)
 
 
 def _engine(server: ServeProcess) -> list[dict[str, Any]]:
@@ -320,6 +320,9 @@ async def overload(demo_dir: Path, seconds: float) -> Report:
             redis.kill()
     codes = Counter(a.error_code for a in answers if a.status == 200 and not a.done)
     report.notes.append(f"200s without [DONE]: {sum(codes.values())}")
+    transport = Counter(a.error_code for a in answers if a.status == 0)
+    if transport:
+        report.notes.append(f"no HTTP answer: {dict(transport)}")
     return report
 
 
