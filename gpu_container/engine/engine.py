@@ -121,8 +121,9 @@ class LLMEngine:
         log.info(
             "engine step cost calibrated",
             fixed_ms=round(cost.fixed_s * 1e3, 2),
+            per_row_ms=round(cost.per_row_s * 1e3, 3),
+            per_row_gemm_ms=round(cost.per_row_gemm_s * 1e3, 3),
             per_decode_ms=round(cost.per_decode_s * 1e3, 3),
-            per_prefill_token_ms=round(cost.per_prefill_token_s * 1e3, 3),
         )
 
     @property
@@ -245,7 +246,7 @@ class LLMEngine:
             return self._isolate(chunks)
         if self._prefill_budget is not None:
             decodes = sum(1 for c in chunks if c.num_tokens == 1 and c.completes)
-            prefill = sum(c.num_tokens for c in chunks) - decodes
+            prefill = [c.num_tokens for c in chunks if c.num_tokens > 1 or not c.completes]
             self._prefill_budget.observe(decodes, prefill, self._clock() - started)
         return self._commit(chunks, logits)
 

@@ -1,9 +1,10 @@
 """The Llama architecture in numpy, float32: RMSNorm, RoPE, grouped-query attention over the paged
 KV cache, SwiGLU MLP. One call runs one engine step: a flat batch mixing decodes and prefill chunks.
 
-Small batches multiply row by row: OpenBLAS's GEMM for 2 to 8 rows against a wide [in, out] matrix
-is several times slower than that many GEMVs, which re-read the matrix from the last-level cache
-(measured in bench/engine.py's layout table; docs/bench-engine.md)."""
+Small batches multiply row by row: OpenBLAS's GEMM for a few rows against a wide [in, out] matrix
+costs several GEMV passes whatever the row count (its packing), while each GEMV re-reads the matrix
+from the last-level cache; the two meet at about 16 rows (measured in bench/engine.py's layout
+table; docs/bench-engine.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:
     return out
 
 
-# Up to this many rows, one GEMV per row beats one GEMM (see the module docstring).
-ROW_GEMV_MAX_ROWS = 8
+# Up to this many rows, one GEMV per row beats one GEMM (see the module docstring); the step cost
+# model (step_budget.py) bends here.
+ROW_GEMV_MAX_ROWS = 16
 
 
 def linear(x: Floats, weight: Floats) -> Floats:

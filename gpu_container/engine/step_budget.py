@@ -4,30 +4,39 @@ already decoding are slowed by at most a set factor.
 A fixed token budget cannot do that on a CPU: 512 prompt tokens cost a few milliseconds on the
 2-layer demo model and several seconds on SmolLM2-135M, during which every running stream stops.
 So the engine measures its step cost when it starts (a short calibration on the real model and a
-scratch corner of the KV pool) and models a step as
+scratch corner of the KV pool) and models a step of `d` decodes and prefill chunks of `n` tokens as
 
-    seconds = fixed + per_decode * decodes + prefill_overhead + per_prefill_token * prefill_tokens
+    seconds = fixed + per_decode * d + rows(d + sum n) + prefill_overhead * chunks
 
-A step with `decodes` running streams may then carry
-    ((slowdown - 1) * (fixed + per_decode * decodes) - prefill_overhead) / per_prefill_token
-prompt tokens, but never fewer than a floor (min_chunk) for each prompt waiting for its prefill;
-with no stream decoding (an idle engine, or a burst of arrivals all still prefilling) nobody is
-waiting on a decode, and the token cap alone applies.
+rows(r) is what the projections cost for r rows of the batch, and it bends (model.py): up to
+ROW_GEMV_MAX_ROWS rows each row is its own GEMV (per_row each, the weights re-read from the cache),
+beyond them the batch is one GEMM (per_row_gemm each, about a third of that). A prompt token next
+to a few decodes therefore costs per_row, not the GEMM's per-token cost a large chunk shows: the
+budget used to take the latter, put 3x the tokens in a step that it had time for, and the decodes
+paid for it. per_decode is what a decode costs beyond its row (its logits row, its attention).
 
-The floor is there for the prompt's sake: on a CPU a decode step of a few streams leaves room for
-2-4 prompt tokens, and such chunks cost several times more per token than a chunk of a few dozen
-(a few rows run as GEMVs, the whole context is gathered and attended to once per chunk), so a
-500-token prompt joining 4 streams waited 40 s for its first token instead of 3. With the floor the
-decodes are slowed more than `slowdown` while a prompt joins; docs/bench-engine.md measures the
-trade (slowdown x floor against the streams' p99 and the prompt's TTFT) that chose the defaults.
-The floor is per prompt: a wave of 15 arrivals next to one decoding stream would otherwise be
-admitted one floor a step, each new user waiting behind the others for as many steps.
+A step with `d` running streams may carry the most tokens whose cost stays within (slowdown - 1)
+times the decode-only step, found by bisection; with no stream decoding (an idle engine, or a burst
+of arrivals all still prefilling) nobody is waiting on a decode, and the token cap alone applies.
 
-prefill_overhead is what a prefill chunk costs whatever its size, and it grows with the prompt's
-context (each chunk gathers and attends to all of it): each step that carries prefill next to
-decodes refines it (an exponential average of what steps took beyond the model). Only that term is
-refined: attributing the excess to the per-token cost instead would shrink the chunk, which makes
-the fixed part weigh more per token, which shrinks the chunk again, down to one token a step.
+prefill_overhead is what a prefill chunk costs beyond its rows, and it grows with the prompt's
+context: each chunk gathers its whole context from the paged pool and scores every query against
+it (a 32-token chunk's step grew from 200 to 330 ms over a 2,000-token prompt, docs/bench-engine.md).
+Each step that carries prefill next to decodes refines it (an exponential average of what steps
+took beyond the rows), so the chunk shrinks as the context grows; a prompt advances a few dozen
+tokens between two observations, which the average follows within a step or two. Only that term
+is refined: attributing the excess to the per-token cost instead would shrink the chunk, which
+makes the fixed part weigh more per token, which shrinks the chunk again, down to one token a step.
+
+min_chunk, a floor per prompt waiting for its prefill, is for the prompts' sake when the time left
+is tiny: a wave of 15 arrivals next to one decoding stream would otherwise be admitted a few tokens
+a step, each new user waiting behind the others for as many steps. The floor lets the decodes be
+slowed more than `slowdown`, so the default keeps it at what the budget gives a prompt next to a
+few decodes (docs/bench-engine.md measures the trade).
+
+Calibration is a few steps on a machine that may be busy; the decode-only steps the engine runs
+anyway refine `fixed` the same way (a slower average: they come every step), so the slowdown is
+measured against the decode step as it is now, not as it was at start-up.
 
 Seconds are the engine thread's CPU time when BLAS runs on that thread alone (the default): on a
 shared machine the wall clock also counts other processes' turns on the core, which slow decode
@@ -37,22 +46,21 @@ and prefill steps alike and would otherwise read as an expensive prefill.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-import numpy as np
 
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
-from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.model import ROW_GEMV_MAX_ROWS, LlamaModel
 from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import SamplingParams
 
-# Weight of the newest observation in the running estimate of the prefill overhead.
+# Weight of the newest observation in the running estimates of the prefill overhead and of the
+# decode step's fixed cost (decode-only steps come often, and one busy moment should not move it).
 _SMOOTHING = 0.3
+_DECODE_SMOOTHING = 0.1
 _CALIBRATION_DECODES = 8
-_CALIBRATION_CHUNKS = (16, 64)
 _CALIBRATION_CONTEXT = 32
 
 Clock = Callable[[], float]
@@ -66,12 +74,24 @@ def step_clock(blas_threads: int) -> Clock:
 @dataclass(slots=True)
 class StepCost:
     fixed_s: float
-    per_decode_s: float
-    per_prefill_token_s: float
+    per_row_s: float  # a batch row up to knee_rows (one GEMV per row)
+    per_row_gemm_s: float = 0.0  # a row beyond them (the batch as one GEMM)
+    per_decode_s: float = 0.0  # what a decode costs beyond its row: its logits row, its attention
     prefill_overhead_s: float = 0.0
+    knee_rows: int = ROW_GEMV_MAX_ROWS
+
+    def rows_s(self, rows: int) -> float:
+        below = min(rows, self.knee_rows)
+        return self.per_row_s * below + self.per_row_gemm_s * max(0, rows - self.knee_rows)
 
     def decode_step_s(self, decodes: int) -> float:
-        return self.fixed_s + self.per_decode_s * decodes
+        return self.fixed_s + self.per_decode_s * decodes + self.rows_s(decodes)
+
+    def prefill_s(self, decodes: int, chunks: Iterable[int]) -> float:
+        """What prefill chunks of these sizes add to a step of `decodes` decodes."""
+        sizes = list(chunks)
+        grown = self.rows_s(decodes + sum(sizes)) - self.rows_s(decodes)
+        return grown + self.prefill_overhead_s * len(sizes)
 
 
 class PrefillBudget:
@@ -91,22 +111,38 @@ class PrefillBudget:
         """Prompt tokens for a step with `decodes` decoding sequences and `prompts` prompts pending."""
         if decodes == 0:
             return self._max_tokens
-        c = self.cost
-        slack = (self._slowdown - 1) * c.decode_step_s(decodes) - c.prefill_overhead_s
+        slack = (self._slowdown - 1) * self.cost.decode_step_s(decodes) * (1 + 1e-9)  # float rounding
+        fits, over = 0, self._max_tokens + 1  # the most tokens within the slack, by bisection
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            if self.cost.prefill_s(decodes, [mid]) <= slack:
+                fits = mid
+            else:
+                over = mid
         floor = self._min_chunk * max(1, prompts)
-        return min(self._max_tokens, max(floor, int(slack / c.per_prefill_token_s)))
+        return min(self._max_tokens, max(floor, fits))
 
-    def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
-        """Refine the prefill overhead from a step that carried prefill alongside decodes."""
-        if decodes == 0 or prefill_tokens == 0:
-            return
+    def observe(self, decodes: int, chunks: list[int], seconds: float) -> None:
+        """Refine the model from a step of `decodes` decodes and prefill chunks of these sizes: a
+        decode-only step refines the fixed cost, a step mixing both the prefill overhead."""
         c = self.cost
-        measured = max(0.0, seconds - c.decode_step_s(decodes) - c.per_prefill_token_s * prefill_tokens)
+        if decodes == 0:
+            return
+        if not chunks:
+            fixed = max(seconds - (c.decode_step_s(decodes) - c.fixed_s), 1e-6)
+            c.fixed_s = (1 - _DECODE_SMOOTHING) * c.fixed_s + _DECODE_SMOOTHING * fixed
+            return
+        rows = c.decode_step_s(decodes) + c.prefill_s(decodes, chunks) - c.prefill_overhead_s * len(chunks)
+        measured = max(0.0, (seconds - rows) / len(chunks))
         c.prefill_overhead_s = (1 - _SMOOTHING) * c.prefill_overhead_s + _SMOOTHING * measured
 
 
-def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 2) -> StepCost:
-    """Time decode steps of 1 and 8 sequences and prefill chunks of two sizes, on scratch blocks.
+def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3) -> StepCost:
+    """Time decode steps of 1 and 8 sequences and prefill chunks at both sides of the GEMV/GEMM
+    knee, on scratch blocks.
+
+    The decode step's fixed cost is refined from every decode-only step after (observe), so a
+    calibration upset by a busy moment corrects itself before a prompt joins.
 
     Run before the engine serves anything: it writes garbage K/V into blocks nobody owns yet, which
     whoever reserves them later overwrites before reading.
@@ -129,25 +165,18 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 2)
             start = clock()
             model.forward(batch, cache)
             times.append(clock() - start)
-        return float(np.median(times))
+        return min(times)  # a busy moment on a shared machine only ever adds
 
-    ctx = _CALIBRATION_CONTEXT
+    ctx, decodes, knee = _CALIBRATION_CONTEXT, _CALIBRATION_DECODES, ROW_GEMV_MAX_ROWS
     one = timed(lambda: [ScheduledChunk(scratch(0, ctx, ctx + 1), 1)])
-    many = timed(lambda: [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(_CALIBRATION_DECODES)])
-    small, large = _CALIBRATION_CHUNKS
-    t_small = timed(lambda: [ScheduledChunk(scratch(0, 0, small), small)])
-    t_large = timed(lambda: [ScheduledChunk(scratch(0, 0, large), large)])
-    decodes = _CALIBRATION_DECODES
-    mixed = timed(
-        lambda: (
-            [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(decodes)]
-            + [ScheduledChunk(scratch(decodes, 0, small), small)]
-        )
-    )
-    per_decode = max(0.0, (many - one) / (decodes - 1))
-    per_prefill = max((t_large - t_small) / (large - small), t_large / large / 4, 1e-6)
+    many = timed(lambda: [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(decodes)])
+    at_knee = timed(lambda: [ScheduledChunk(scratch(0, 0, knee), knee)])
+    wide = timed(lambda: [ScheduledChunk(scratch(0, 0, 4 * knee), 4 * knee)])
+    # A decode is a row plus its logits row and its attention; a chunk of `knee` tokens is one
+    # decode's step (one logits row) plus knee - 1 rows. What a chunk costs beyond its rows
+    # (its attention over its context) is learnt from the steps that mix both (observe).
+    per_decode = max((many - one) / (decodes - 1), 1e-6)
+    per_row = min(per_decode, max((at_knee - one) / (knee - 1), 1e-6))
+    per_row_gemm = max((wide - at_knee) / (3 * knee), per_row / 8)
     fixed = max(one - per_decode, 1e-6)
-    # What joining decodes costs beyond the chunk's tokens: a few decode rows run as GEMVs, a
-    # batch with a chunk in it as one GEMM, which costs more per row at these sizes.
-    overhead = max(0.0, mixed - many - per_prefill * small)
-    return StepCost(fixed, per_decode, per_prefill, overhead)
+    return StepCost(fixed, per_row, per_row_gemm, per_decode - per_row)

@@ -30,39 +30,71 @@ def _run(scheduler: Scheduler) -> list[ScheduledChunk]:
 
 
 def test_budget_follows_the_decode_step_time() -> None:
-    cost = StepCost(fixed_s=0.040, per_decode_s=0.002, per_prefill_token_s=0.004)
+    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.001, knee_rows=16)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
     assert budget.tokens(0) == 512  # nobody is decoding: only the token cap applies
-    assert budget.tokens(1) == int(0.5 * 0.042 / 0.004)
-    assert budget.tokens(16) == int(0.5 * 0.072 / 0.004)
+    assert budget.tokens(1) == int(0.5 * 0.042 / 0.002)  # 11 rows: all below the knee
+    assert budget.tokens(16) == int(0.5 * 0.072 / 0.001)  # every prompt row beyond it
     assert budget.tokens(10_000) == 512
+
+
+def test_prompt_rows_cost_the_gemv_slope_up_to_the_knee_and_the_gemm_slope_beyond() -> None:
+    """12 decodes leave 32 ms: 4 rows up to the knee at 2 ms, then 24 rows at 1 ms."""
+    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.001, knee_rows=16)
+    assert cost.decode_step_s(12) == pytest.approx(0.064)
+    assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(12) == 4 + 24
+    assert cost.prefill_s(12, [28]) == pytest.approx(0.032)
+    with_decode_cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_decode_s=0.003, knee_rows=16)
+    assert with_decode_cost.decode_step_s(2) == pytest.approx(0.050)  # a decode is a row and more
+    assert with_decode_cost.prefill_s(2, [5]) == pytest.approx(0.010)  # a prompt token is a row
 
 
 def test_a_per_chunk_overhead_shrinks_the_chunk_once_not_down_to_one_token() -> None:
     """Steps cost 10 ms more than the model says whatever the chunk (a long context's gather):
     the budget settles at the chunk that fits the slack, it does not spiral down to 1 token."""
-    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.001)
+    cost = StepCost(fixed_s=0.036, per_row_s=0.001, per_row_gemm_s=0.001)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
     assert budget.tokens(4) == 20
     for _ in range(50):
         chunk = budget.tokens(4)
-        budget.observe(decodes=4, prefill_tokens=chunk, seconds=0.040 + 0.010 + 0.001 * chunk)
+        budget.observe(decodes=4, chunks=[chunk], seconds=0.040 + 0.010 + 0.001 * chunk)
     assert budget.tokens(4) in (9, 10)  # (20 ms slack - 10 ms overhead) / 1 ms a token
-    budget.observe(decodes=0, prefill_tokens=10, seconds=100.0)  # prefill alone says nothing
+    budget.observe(decodes=0, chunks=[10], seconds=100.0)  # prefill alone says nothing
     assert budget.tokens(4) in (9, 10)
     assert budget.tokens(0) == 512
 
 
+def test_decode_only_steps_correct_a_calibration_that_was_off() -> None:
+    """Calibrated on a busy moment (fixed 100 ms); decode steps of 4 take 48 ms: the slack
+    follows them, and a prompt gets what 48 ms leaves, not what 100 ms would."""
+    cost = StepCost(fixed_s=0.100, per_row_s=0.002, per_row_gemm_s=0.002)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    assert budget.tokens(4) == 27
+    for _ in range(200):
+        budget.observe(decodes=4, chunks=[], seconds=0.048)
+    assert cost.decode_step_s(4) == pytest.approx(0.048)
+    assert budget.tokens(4) == 12
+
+
+def test_the_overhead_is_per_chunk() -> None:
+    """Two chunks in a step that took 20 ms beyond its rows: 10 ms each."""
+    cost = StepCost(fixed_s=0.036, per_row_s=0.001, per_row_gemm_s=0.001)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    for _ in range(50):
+        budget.observe(decodes=4, chunks=[3, 5], seconds=0.040 + 0.008 + 0.020)
+    assert cost.prefill_overhead_s == pytest.approx(0.010)
+
+
 def test_the_floor_holds_when_the_decodes_leave_little_time() -> None:
     """4 decodes leave room for 5 tokens by time; the floor of 16 wins, and the token cap wins over it."""
-    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    cost = StepCost(fixed_s=0.024, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(4) == 5
     floored = PrefillBudget(cost, slowdown=1.5, max_tokens=512, min_chunk=16)
     assert floored.tokens(4) == 16
     assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
-    floored.observe(decodes=4, prefill_tokens=16, seconds=10.0)  # a huge overhead estimate
+    floored.observe(decodes=4, chunks=[16], seconds=10.0)  # a huge overhead estimate
     assert floored.tokens(4) == 16
-    roomy = StepCost(fixed_s=0.400, per_decode_s=0.0, per_prefill_token_s=0.004)
+    roomy = StepCost(fixed_s=0.384, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=16).tokens(4) == 50
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4) == 8
     assert floored.tokens(4, prompts=3) == 48  # the floor is per prompt waiting for its prefill
@@ -71,7 +103,7 @@ def test_the_floor_holds_when_the_decodes_leave_little_time() -> None:
 
 def test_a_wave_of_arrivals_next_to_one_decode_gets_a_floor_each() -> None:
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
-    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    cost = StepCost(fixed_s=0.040, per_row_s=0.004, per_row_gemm_s=0.004)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=64, min_chunk=8)
     scheduler = Scheduler(config, BlockManager(64, 4, False), budget.tokens)
     scheduler.add(_seq("first", 4, 0))
@@ -86,7 +118,7 @@ def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
     """An idle engine, or a burst of arrivals all still prefilling: nobody waits on a decode, so the
     time budget does not apply; once one of them decodes, the others get the floor."""
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=48)
-    cost = StepCost(fixed_s=0.040, per_decode_s=0.0, per_prefill_token_s=0.004)
+    cost = StepCost(fixed_s=0.040, per_row_s=0.004, per_row_gemm_s=0.004)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=48, min_chunk=8)
     scheduler = Scheduler(config, BlockManager(64, 4, False), budget.tokens)
     scheduler.add(_seq("first", 20, 0))
@@ -99,7 +131,7 @@ def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
 @pytest.mark.parametrize("min_chunk", [0, -3])
 def test_a_floor_below_one_token_is_refused(min_chunk: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        PrefillBudget(StepCost(0.01, 0.0, 0.001), 1.5, 64, min_chunk)
+        PrefillBudget(StepCost(0.01, 0.001), 1.5, 64, min_chunk)
 
 
 def test_a_long_prompt_joins_in_budgeted_chunks_while_others_decode() -> None:
@@ -170,4 +202,4 @@ def test_a_calibrated_engine_serves_with_a_time_budget() -> None:
 @pytest.mark.parametrize("slowdown", [0.5, 1.0])
 def test_a_slowdown_of_one_or_less_is_refused(slowdown: float) -> None:
     with pytest.raises(ValueError, match="above 1"):
-        PrefillBudget(StepCost(0.01, 0.0, 0.001), slowdown, 64)
+        PrefillBudget(StepCost(0.01, 0.001), slowdown, 64)
