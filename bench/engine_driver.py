@@ -3,6 +3,7 @@ figure in bench/engine.py is compared against, and the rig for the scheduling ex
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence as Seq
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.model import LlamaModel
-from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
+from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
 
 TIMEOUT_S = 1800.0
 
@@ -37,8 +38,11 @@ class Driver:
     """An LLMEngine with a recording callback; requests go in by id, traces come out."""
 
     def __init__(self, model: LlamaModel, config: EngineConfig) -> None:
-        self.engine = LLMEngine(model, config, model.config.eos_token_ids)
+        self.engine = LLMEngine(model, config, model.config.eos_token_ids, self._stepped)
         self.traces: dict[str, Trace] = {}
+        # (wall clock, engine thread's CPU time) after each step: the CPU time a step took is what
+        # the engine's budget controls, whatever the machine's other load does to the wall clock.
+        self.steps: list[tuple[float, float]] = []
         self._cond = threading.Condition()
         self._loops = 0
 
@@ -48,6 +52,15 @@ class Driver:
 
     def __exit__(self, *_: object) -> None:
         self.engine.stop()
+
+    def _stepped(self, _: EngineStats) -> None:
+        """Called from the engine thread after each step (on_published)."""
+        self.steps.append((time.perf_counter(), time.thread_time()))
+
+    def step_cpu_s(self, start: float, stop: float) -> list[float]:
+        """CPU time of each engine step that ended between two wall-clock instants."""
+        steps = list(self.steps)
+        return [b[1] - a[1] for a, b in itertools.pairwise(steps) if start < b[0] <= stop]
 
     def _record(self, output: TokenOutput) -> None:
         now = time.perf_counter()

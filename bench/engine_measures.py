@@ -4,10 +4,11 @@ choices, the prefill time budget, and continuous against static batching."""
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -232,6 +233,13 @@ class JoinRun:
     join_gaps_s: list[float]  # the streams' inter-token times while it prefilled
     ttft_s: float  # the long prompt's time to first token
     gaps_timeline: list[tuple[float, float]]  # (seconds since the join, gap) of one stream
+    steady_step_cpu_s: float = float("nan")  # median engine-thread CPU time of a step before it
+    join_step_cpu_s: list[float] = field(default_factory=list)  # each step's while it prefilled
+    load: float = float("nan")  # 1-minute load average when the run ended
+
+    @property
+    def join_step_cpu_p99_s(self) -> float:
+        return float(np.percentile(self.join_step_cpu_s, 99)) if self.join_step_cpu_s else float("nan")
 
     @property
     def join_p99_s(self) -> float:
@@ -253,6 +261,8 @@ def long_prompt_joins(
         steady = [
             g for i in range(streams) for g in driver.traces[f"stream-{i}"].gaps[steady_from[f"stream-{i}"] :]
         ]
+        steady_times = driver.traces["stream-0"].times
+        steady_cpu = driver.step_cpu_s(steady_times[steady_from["stream-0"]], steady_times[-1])
         prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, prompt_tokens)]
         driver.add("long", prompt, SamplingParams(max_new_tokens=1, temperature=0.0))
         driver.wait("long")
@@ -266,6 +276,7 @@ def long_prompt_joins(
                     gaps.append(b - a)
                     if i == 0:
                         timeline.append((b - joined, b - a))
+        join_cpu = driver.step_cpu_s(joined, first)
         for i in range(streams):
             driver.engine.abort(f"stream-{i}")
     return JoinRun(
@@ -276,6 +287,9 @@ def long_prompt_joins(
         gaps,
         first - joined,
         timeline,
+        statistics.median(steady_cpu),
+        join_cpu,
+        os.getloadavg()[0],
     )
 
 

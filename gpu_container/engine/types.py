@@ -62,8 +62,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # A step carrying prefill may last this many times a decode-only step of the same batch: the
     # prefill budget in time, from step costs measured at start (step_budget.py). 0: tokens only.
     prefill_slowdown: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    # The least prompt tokens a step carries next to decodes under the time budget, however little
-    # time it leaves: tiny chunks cost several times more per token (step_budget.py).
+    # The least prompt tokens a step gives each waiting prompt under the time budget when more
+    # prompts wait than sequences decode (a wave of arrivals; step_budget.py).
     min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
     # "static": a batch starts together and no one joins until its longest member ends (kept only
     # to measure continuous batching against, bench/engine.py).

@@ -85,20 +85,23 @@ def test_the_overhead_is_per_chunk() -> None:
     assert cost.prefill_overhead_s == pytest.approx(0.010)
 
 
-def test_the_floor_holds_when_the_decodes_leave_little_time() -> None:
-    """4 decodes leave room for 5 tokens by time; the floor of 16 wins, and the token cap wins over it."""
+def test_the_floor_holds_when_more_prompts_wait_than_streams_decode() -> None:
+    """4 decodes leave room for 5 tokens by time: one or four prompts get that (the streams are
+    protected), five or more get the floor of 16 each (the waiting users are more), capped."""
     cost = StepCost(fixed_s=0.024, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(4) == 5
     floored = PrefillBudget(cost, slowdown=1.5, max_tokens=512, min_chunk=16)
-    assert floored.tokens(4) == 16
+    assert floored.tokens(4, prompts=1) == 5
+    assert floored.tokens(4, prompts=4) == 5
+    assert floored.tokens(4, prompts=5) == 80
+    assert floored.tokens(4, prompts=100) == 512
     assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
     floored.observe(decodes=4, chunks=[16], seconds=10.0)  # a huge overhead estimate
-    assert floored.tokens(4) == 16
+    assert floored.tokens(4, prompts=1) == 1  # a prompt still advances
+    assert floored.tokens(4, prompts=5) == 80
     roomy = StepCost(fixed_s=0.384, per_row_s=0.004, per_row_gemm_s=0.004)
-    assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=16).tokens(4) == 50
-    assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4) == 8
-    assert floored.tokens(4, prompts=3) == 48  # the floor is per prompt waiting for its prefill
-    assert floored.tokens(4, prompts=100) == 512
+    assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=8).tokens(4, prompts=5) == 50
+    assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4, prompts=5) == 8
 
 
 def test_a_wave_of_arrivals_next_to_one_decode_gets_a_floor_each() -> None:
@@ -116,7 +119,7 @@ def test_a_wave_of_arrivals_next_to_one_decode_gets_a_floor_each() -> None:
 
 def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
     """An idle engine, or a burst of arrivals all still prefilling: nobody waits on a decode, so the
-    time budget does not apply; once one of them decodes, the others get the floor."""
+    time budget does not apply; once one of them decodes, the other gets what the time allows."""
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=48)
     cost = StepCost(fixed_s=0.040, per_row_s=0.004, per_row_gemm_s=0.004)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=48, min_chunk=8)
@@ -124,8 +127,8 @@ def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
     scheduler.add(_seq("first", 20, 0))
     scheduler.add(_seq("second", 40, 1))
     assert {c.seq.request_id: c.num_tokens for c in _run(scheduler)} == {"first": 20, "second": 28}
-    # "first" now decodes: the rest of "second" joins at the floor, not at the 48-token cap.
-    assert {c.seq.request_id: c.num_tokens for c in _run(scheduler)} == {"first": 1, "second": 8}
+    # "first" now decodes: the rest of "second" joins by time (22 ms, 4 ms a token), not at the cap.
+    assert {c.seq.request_id: c.num_tokens for c in _run(scheduler)} == {"first": 1, "second": 5}
 
 
 @pytest.mark.parametrize("min_chunk", [0, -3])
