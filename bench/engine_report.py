@@ -427,16 +427,18 @@ def _plot_join(res: Results, path: Path) -> Path:
     left.set_yscale("log")
     left.legend(fontsize=8)
     runs = [j for j in res.joins if j.label != "token budget"]
-    ys = range(len(runs))
-    right.barh([y + 0.2 for y in ys], [j.join_p99_s / j.steady_gap_s for j in runs], 0.4, label="wall clock")
+    rows = list(range(len(runs)))
     right.barh(
-        [y - 0.2 for y in ys],
+        [y + 0.2 for y in rows], [j.join_p99_s / j.steady_gap_s for j in runs], 0.4, label="wall clock"
+    )
+    right.barh(
+        [y - 0.2 for y in rows],
         [j.join_step_cpu_p99_s / j.steady_step_cpu_s for j in runs],
         0.4,
         label="engine CPU time per step",
     )
     right.axvline(2, color="tab:red", linestyle="--", label="goal: 2x")
-    right.set_yticks(list(ys), [f"{j.prompt_tokens}, {j.label}" for j in runs], fontsize=7)
+    right.set_yticks(rows, [f"{j.prompt_tokens}, {j.label}" for j in runs], fontsize=7)
     right.set_xlabel("p99 while the prompt joins / steady")
     right.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
