@@ -58,9 +58,10 @@ class Driver:
         self.steps.append((time.perf_counter(), time.thread_time()))
 
     def step_cpu_s(self, start: float, stop: float) -> list[float]:
-        """CPU time of each engine step that ended between two wall-clock instants."""
+        """CPU time of each engine step that ran between two wall-clock instants (a step delivers
+        its tokens before it ends: the one whose output came at `stop` ends after it)."""
         steps = list(self.steps)
-        return [b[1] - a[1] for a, b in itertools.pairwise(steps) if start < b[0] <= stop]
+        return [b[1] - a[1] for a, b in itertools.pairwise(steps) if a[0] < stop and b[0] > start]
 
     def _record(self, output: TokenOutput) -> None:
         now = time.perf_counter()
