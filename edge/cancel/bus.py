@@ -34,6 +34,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
+from edge.redis_subscription import Subscription
 from limiter import redis_url
 
 log = structlog.get_logger("floodgate.cancel_bus")
@@ -120,14 +121,16 @@ class RedisCancelBus:
         max_reconnect_delay_s: float = 10.0,
     ) -> None:
         self._client = client
-        self._subscriber = subscriber
         self._ttl_s = ttl_s
         self._finished_ttl_s = finished_ttl_s
         self._channel = channel
-        self._reconnect_delay_s = reconnect_delay_s
-        self._max_reconnect_delay_s = max_reconnect_delay_s
-        self._subscribed = asyncio.Event()
-        self._listener: asyncio.Task[None] | None = None
+        self._subscription = Subscription(
+            subscriber,
+            channel,
+            name="cancel_bus",
+            delay_s=reconnect_delay_s,
+            max_delay_s=max_reconnect_delay_s,
+        )
         self._cluster_setup: asyncio.Task[None] | None = None
 
     @classmethod
@@ -149,7 +152,7 @@ class RedisCancelBus:
         published meanwhile reach only the instance that runs the request). A Cluster client also
         fetches its slot map and command table now, in the background: otherwise the first request
         pays for it (tens of milliseconds, more on a busy host) before its first event."""
-        self._listener = asyncio.create_task(self._listen(deliver), name="cancel-bus-listener")
+        self._subscription.start(lambda data: self._handle(deliver, data))
         if isinstance(self._client, RedisCluster):
             self._cluster_setup = asyncio.create_task(
                 self._set_up_cluster(self._client), name="cancel-bus-cluster-setup"
@@ -157,12 +160,7 @@ class RedisCancelBus:
 
     async def wait_subscribed(self, timeout_s: float) -> bool:
         """Whether the subscription is up, waiting for it at most `timeout_s`."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._subscribed.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self._subscription.wait_subscribed(timeout_s)
 
     async def track(self, request_id: str, owner: str) -> None:
         # A store failure must not fail the request: it only loses cross-instance cancel for it.
@@ -200,14 +198,13 @@ class RedisCancelBus:
         return outcome
 
     async def aclose(self) -> None:
-        for task in (self._listener, self._cluster_setup):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._listener = self._cluster_setup = None
+        if self._cluster_setup is not None:
+            self._cluster_setup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cluster_setup
+            self._cluster_setup = None
+        await self._subscription.aclose()
         await self._client.aclose()
-        await self._subscriber.aclose()
 
     @staticmethod
     async def _set_up_cluster(client: RedisCluster) -> None:
@@ -217,28 +214,8 @@ class RedisCancelBus:
             # Not fatal: the first command sets the client up again.
             log.warning("cancel_bus_cluster_setup_failed", error=type(exc).__name__)
 
-    async def _listen(self, deliver: Deliver) -> None:
-        delay_s = self._reconnect_delay_s
-        while True:
-            try:
-                async with self._subscriber.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
-                        if message["type"] == "subscribe":
-                            self._subscribed.set()
-                            delay_s = self._reconnect_delay_s
-                        elif message["type"] == "message":
-                            self._handle(deliver, message["data"])
-            except (RedisError, OSError) as exc:
-                # Reconnect and resubscribe, backing off while Redis stays away; what was published
-                # while down is lost (a client disconnect still cancels locally).
-                self._subscribed.clear()
-                log.warning("cancel_bus_subscription_lost", error=type(exc).__name__, retry_in_s=delay_s)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, self._max_reconnect_delay_s)
-
     @staticmethod
-    def _handle(deliver: Deliver, data: bytes) -> None:
+    def _handle(deliver: Deliver, data: bytes | str) -> None:
         try:
             message = msgspec.json.decode(data, type=_CancelMessage)
         except msgspec.DecodeError:

@@ -1,0 +1,93 @@
+"""One Redis pub/sub channel, subscribed in the background and subscribed again, with backoff,
+whenever the connection breaks.
+
+The cancel bus (edge/cancel/bus.py) and key changes (edge/keys/changes.py) both listen this way.
+Pub/sub loses what is published while a subscriber is away, so each (re)subscription is reported
+(`on_subscribed`): key changes then forget every cached key, the cancel bus only notes it is up.
+Redis being away is not an error of the edge: the retries go on until `aclose`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+log = structlog.get_logger("floodgate.redis_subscription")
+
+OnMessage = Callable[[bytes | str], None]
+
+
+class Subscription:
+    def __init__(
+        self,
+        subscriber: Redis,
+        channel: str,
+        *,
+        name: str,
+        delay_s: float = 0.5,
+        max_delay_s: float = 10.0,
+    ) -> None:
+        """`subscriber` should have no read timeout (the channel is idle for long stretches);
+        `name` names the task and the log events (`<name>_subscription_lost`)."""
+        self._subscriber = subscriber
+        self._channel = channel
+        self._name = name
+        self._delay_s = delay_s
+        self._max_delay_s = max_delay_s
+        self._listener: asyncio.Task[None] | None = None
+        self.subscribed = asyncio.Event()
+
+    def start(self, on_message: OnMessage, on_subscribed: Callable[[], None] = lambda: None) -> None:
+        """Listen in the background: `on_subscribed` after every (re)subscription, `on_message`
+        with each message's payload."""
+        self._listener = asyncio.create_task(
+            self._listen(on_message, on_subscribed), name=f"{self._name}-listener"
+        )
+
+    async def wait_subscribed(self, timeout_s: float) -> bool:
+        """Whether the subscription is up, waiting for it at most `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.subscribed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Stop listening and close the subscriber's connections."""
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        await self._subscriber.aclose()
+
+    async def _listen(self, on_message: OnMessage, on_subscribed: Callable[[], None]) -> None:
+        delay_s = self._delay_s
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message["type"] == "subscribe":
+                            on_subscribed()
+                            self.subscribed.set()
+                            delay_s = self._delay_s
+                        elif message["type"] == "message":
+                            on_message(message["data"])
+            except (RedisError, OSError) as exc:
+                # Reconnect and resubscribe, backing off while Redis stays away.
+                self.subscribed.clear()
+                log.warning(
+                    f"{self._name}_subscription_lost",
+                    channel=self._channel,
+                    error=type(exc).__name__,
+                    retry_in_s=delay_s,
+                )
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, self._max_delay_s)
