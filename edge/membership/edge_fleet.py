@@ -2,7 +2,8 @@
 this process registers in the fleet and applies every new view to what used to read the static
 `[limiter] instance_count`:
 
-* every model's dispatcher fills `view.share` of each replica (0 while joining or draining);
+* every model's dispatcher fills `view.held` of each replica: its share while serving, 0 while
+  joining, and while draining the falling claim its accepted streams (running or queued) still need;
 * the fail-open fallback limiter divides each limit by `view.divisor`.
 
 A member is one process: its id carries the host and the pid, so `serve --workers N` counts N.
@@ -57,8 +58,11 @@ def apply_view(
     dispatchers: Sequence[Dispatcher], set_divisor: Callable[[int], None] | None
 ) -> Callable[[FleetView], None]:
     def apply(view: FleetView) -> None:
+        # The dispatchers fill what this instance's streams may hold (`held`), not only its share
+        # for new work: a draining edge takes no new requests (the drain answers them 503), but the
+        # streams it accepted before SIGTERM, queued ones included, still run on its falling claim.
         for dispatcher in dispatchers:
-            dispatcher.set_replica_share(view.share)
+            dispatcher.set_replica_share(view.held)
         if set_divisor is not None:
             set_divisor(view.divisor)
         LIVE.set(view.live)

@@ -37,6 +37,7 @@ from tests.edge.sse_client import (
 from tests.faults.serve_process import serve_process
 from tests.faults.stalled_client import open_and_never_read
 from tests.support.live_server import start_server
+from tests.support.redis_server import start_redis
 
 STREAMS = 4
 DRAIN: dict[str, object] = {"drain_accept_s": 3.0, "drain_deadline_s": 4.0}
@@ -213,3 +214,36 @@ def test_a_stream_the_server_cancels_on_exit_still_ends_with_done(
     assert queued.events[-1] == DONE
     assert queued.events[-2]["error"]["code"] == "server_shutting_down"
     assert "Exception in ASGI application" not in caplog.text
+
+
+def test_streams_queued_at_sigterm_still_run_on_an_edge_in_the_fleet(tmp_path: Path) -> None:
+    """With the Redis limiter the edge is a fleet member, and its drain hands its share of the
+    replicas over to the others. Streams it had already accepted but still queued must run on that
+    share until they end (here well before the deadline), not fail at once for want of a replica."""
+    redis = start_redis()
+    settings = {
+        "server": {"drain_accept_s": 60.0, "drain_deadline_s": 60.0},
+        "limiter": {"backend": "redis", "redis_url": redis.url, "timeout_ms": 2000},
+        "engine": {"max_num_seqs": 1},
+    }
+    try:
+        with start_server(tmp_path, settings) as server:
+            dispatcher = server.app.state.runtime.pipeline.dispatcher
+            body = BODY | {"max_tokens": 24}
+            streams = [_Stream(server.base_url, server.auth("paid"), body) for _ in range(3)]
+            for stream in streams:
+                stream.start()
+            # One runs (the replica holds one sequence), the other two wait in the queue.
+            _wait(lambda: dispatcher.queue_depth_per_replica() == 2, "two streams queued")
+            server.drain()
+            for stream in streams:
+                stream.join(60)
+                assert not stream.is_alive() and stream.error is None, stream.error
+    finally:
+        redis.kill()
+    for stream in streams:
+        data = [e for e in stream.events if isinstance(e, dict)]
+        assert not [e["error"] for e in data if "error" in e]
+        finals = [e for e in data if e.get("choices") and e["choices"][0]["finish_reason"]]
+        assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] in ("stop", "length")
+        assert stream.events[-1] == DONE
