@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from edge.config import Settings
@@ -54,92 +52,28 @@ from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
-from gpu_container.triton.cpu.tensors import GENERATED_TOKENS_METRIC
 from gpu_container.triton.launcher import start_local_triton
 from gpu_container.triton.refusals import refusal_reason
+from gpu_container.triton.trtllm_metrics import MODEL_NAME, TrtLlmMetrics, parse_trtllm_metrics
 
 log = structlog.get_logger(__name__)
 
-MODEL_NAME = "tensorrt_llm"
 TRITON_METRICS_PORT = 8002
 _FINAL = "triton_final_response"
 _ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
-_GENERATED_TOKENS_FAMILY = GENERATED_TOKENS_METRIC.removesuffix("_total")
 
 
-@dataclass(frozen=True, slots=True)
-class TrtLlmMetrics:
-    """The replica's gauges for one model, as TensorRT-LLM names them."""
-
-    max_blocks: int
-    free_blocks: int
-    used_blocks: int
-    tokens_per_block: int
-    max_requests: int
-    active_requests: int
-    scheduled_requests: int
-    waiting_requests: int
-    pending_in_triton: int
-    iterations: int
-    # Our CPU model's own counter (GENERATED_TOKENS_METRIC); TensorRT-LLM's backend reads 0.
-    generated_tokens: int
-    # Blocks found in the KV-cache reuse cache (enable_kv_cache_reuse) since the replica started.
-    reused_blocks: int = 0
-
-    def capacity(self) -> Capacity:
-        return Capacity(
-            kv_tokens_total=self.max_blocks * self.tokens_per_block,
-            kv_tokens_used=self.used_blocks * self.tokens_per_block,
-            max_sequences=self.max_requests,
-            running=self.scheduled_requests,
-            waiting=self.waiting_requests + self.pending_in_triton,
-            # A replica that does not export the gauge reads 0: charge in single tokens then.
-            kv_block_tokens=max(self.tokens_per_block, 1),
-            prefix_hit_tokens=self.reused_blocks * self.tokens_per_block,
-        )
-
-
-def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
-    """Read the metrics page; a gauge the replica does not export reads as 0."""
-    values: dict[tuple[str, str], float] = {}
-    label_of = {
-        "nv_trt_llm_kv_cache_block_metrics": "kv_cache_block_type",
-        "nv_trt_llm_request_metrics": "request_type",
-        "nv_trt_llm_general_metrics": "general_type",
-        "nv_inference_pending_request_count": "",
-        # The parser names a counter's family without its `_total` suffix.
-        _GENERATED_TOKENS_FAMILY: "",
-    }
-    for family in text_string_to_metric_families(text):
-        if family.name not in label_of:
-            continue
-        for sample in family.samples:
-            if sample.labels.get("model", model) != model:
-                continue
-            key = (family.name, sample.labels.get(label_of[family.name], ""))
-            values[key] = values.get(key, 0.0) + sample.value
-
-    def get(family: str, label: str = "") -> int:
-        return int(values.get((family, label), 0.0))
-
-    kv, req = "nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics"
-    active, scheduled = get(req, "active"), get(req, "scheduled")
-    # Older TensorRT-LLM backends have no "waiting" gauge: what is active but not scheduled waits.
-    waiting_key = (req, "waiting")
-    waiting = get(req, "waiting") if waiting_key in values else max(active - scheduled, 0)
-    return TrtLlmMetrics(
-        max_blocks=get(kv, "max"),
-        free_blocks=get(kv, "free"),
-        used_blocks=get(kv, "used"),
-        tokens_per_block=get(kv, "tokens_per"),
-        max_requests=get(req, "max"),
-        active_requests=active,
-        scheduled_requests=scheduled,
-        waiting_requests=waiting,
-        pending_in_triton=get("nv_inference_pending_request_count"),
-        iterations=get("nv_trt_llm_general_metrics", "iteration_counter"),
-        generated_tokens=get(_GENERATED_TOKENS_FAMILY),
-        reused_blocks=get(kv, "reused"),
+def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
+    """The replica's capacity in the edge's terms, from its TensorRT-LLM gauges."""
+    return Capacity(
+        kv_tokens_total=metrics.max_blocks * metrics.tokens_per_block,
+        kv_tokens_used=metrics.used_blocks * metrics.tokens_per_block,
+        max_sequences=metrics.max_requests,
+        running=metrics.scheduled_requests,
+        waiting=metrics.waiting_requests + metrics.pending_in_triton,
+        # A replica that does not export the gauge reads 0: charge in single tokens then.
+        kv_block_tokens=max(metrics.tokens_per_block, 1),
+        prefix_hit_tokens=metrics.reused_blocks * metrics.tokens_per_block,
     )
 
 
@@ -352,7 +286,7 @@ class TritonUpstream:
         return await self._metrics()
 
     async def capacity(self) -> Capacity:
-        return (await self._metrics()).capacity()
+        return trtllm_capacity(await self._metrics())
 
     async def ready(self) -> bool:
         stub = self._stub()

@@ -26,10 +26,9 @@ out through the instance metadata service and the Auto Scaling API.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -37,14 +36,13 @@ from typing import Any, Literal
 import structlog
 
 from gpu_container.plain_logging import configure_plain_logging
+from gpu_container.triton.trtllm_metrics import active_requests, parse_samples
 
 log = structlog.get_logger(__name__)
 
 IMDS = "http://169.254.169.254/latest"
 TRITON_HTTP = "http://127.0.0.1:8000"
 TRITON_METRICS = "http://127.0.0.1:8002/metrics"
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 GPU_GAUGES = {
     "nv_gpu_utilization": ("GPUUtilization", "None"),
     "nv_gpu_memory_used_bytes": ("GPUMemoryUsed", "Bytes"),
@@ -144,26 +142,6 @@ class HostAgent:
         return []
 
 
-def active_streams(metrics_text: str) -> int:
-    """TensorRT-LLM's active requests, summed over models, from Triton's Prometheus text."""
-    total = 0.0
-    for name, labels, value in parse_samples(metrics_text):
-        if name == "nv_trt_llm_request_metrics" and labels.get("request_type") == "active":
-            total += value
-    return int(total)
-
-
-def parse_samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
-    for line in text.splitlines():
-        if line.startswith("#") or not (match := _SAMPLE.match(line)):
-            continue
-        labels = dict(_LABEL.findall(match.group("labels") or ""))
-        try:
-            yield match.group("name"), labels, float(match.group("value"))
-        except ValueError:
-            continue
-
-
 def gpu_datums(metrics_text: str, dimensions: list[dict[str, str]], at: datetime) -> list[dict[str, Any]]:
     """Triton's GPU gauges as CloudWatch datums, one per GPU (dimension Gpu = its UUID)."""
     datums = []
@@ -238,7 +216,7 @@ class AwsHost:
         target = self._metadata("autoscaling/target-lifecycle-state")
         ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
         status, text = _get(self.triton_metrics, 2)
-        return Observation(target, ready, active_streams(text) if status == 200 else 0, now), text
+        return Observation(target, ready, active_requests(text) if status == 200 else 0, now), text
 
     def act(self, action: Action) -> None:
         instance = self.instance_id

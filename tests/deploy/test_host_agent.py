@@ -19,9 +19,9 @@ from gpu_container.triton.host_agent import (
     Observation,
     SetProtected,
     SetUnhealthy,
-    active_streams,
     gpu_datums,
 )
+from gpu_container.triton.trtllm_metrics import active_requests
 from tests.scaling.conftest import aws_client, moto_endpoint  # noqa: F401 (fixture)
 
 METRICS = """# HELP nv_trt_llm_request_metrics TRT LLM request metrics
@@ -112,8 +112,8 @@ def test_the_terminate_hook_completes_at_the_drain_limit() -> None:
 def test_metrics_text_gives_streams_and_gpu_datums() -> None:
     datums = gpu_datums(METRICS, [{"Name": "AutoScalingGroupName", "Value": "g"}], at=None)  # type: ignore[arg-type]
 
-    assert active_streams(METRICS) == 3
-    assert active_streams("") == 0
+    assert active_requests(METRICS) == 3
+    assert active_requests("") == 0
     assert {(d["MetricName"], d["Value"]) for d in datums} == {
         ("GPUUtilization", 0.97),
         ("GPUMemoryUsed", 4.2e10),

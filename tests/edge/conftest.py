@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.upstreams.triton import TritonUpstream, parse_trtllm_metrics, triton_upstreams
+from edge.upstreams.triton import TritonUpstream, triton_upstreams
 from gpu_container.engine.front import EngineFront
+from gpu_container.triton.trtllm_metrics import parse_trtllm_metrics
 from tests.edge.sse_client import LONG_PROMPT, LONG_TOKENS, MODEL, find_long_seed
 from tests.support.live_server import LiveServer, start_server
 from tests.support.triton_server import LocalTriton, local_triton

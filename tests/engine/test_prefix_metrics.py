@@ -8,10 +8,11 @@ from prometheus_client import REGISTRY
 
 from edge.metrics import record_capacity
 from edge.upstreams.base import Capacity
-from edge.upstreams.triton import parse_trtllm_metrics
+from edge.upstreams.triton import trtllm_capacity
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig, SamplingParams
+from gpu_container.triton.trtllm_metrics import parse_trtllm_metrics
 from tests.engine.collector import TIMEOUT_S, Collector
 from tests.engine.tiny_llama import tiny_model
 
@@ -57,7 +58,7 @@ def test_tensorrt_llm_reused_blocks_are_read_as_hit_tokens() -> None:
         f'{family}{{kv_cache_block_type="{kind}",model="tensorrt_llm",version="1"}} {v}\n'
         for kind, v in values.items()
     )
-    capacity = parse_trtllm_metrics(page).capacity()
+    capacity = trtllm_capacity(parse_trtllm_metrics(page))
     assert capacity.prefix_hit_tokens == 7 * 64 and capacity.prefix_query_tokens == 0
     record_capacity("trt-x", capacity)
     assert _sample("floodgate_replica_prefix_cache_hit_tokens", replica="trt-x") == 448

@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from edge.upstreams.triton import parse_trtllm_metrics, triton_upstreams
+from edge.upstreams.triton import triton_upstreams
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
+from gpu_container.triton.trtllm_metrics import parse_trtllm_metrics
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, demo_model_dir, start_server
 from tests.support.triton_server import ENGINE_CONFIG, LocalTriton, local_triton

@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from edge.upstreams.triton import TritonUpstream, parse_trtllm_metrics
+from edge.upstreams.triton import TritonUpstream
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
+from gpu_container.triton.trtllm_metrics import parse_trtllm_metrics
 from tests.edge.sse_client import CHAT, wait_until
 from tests.models.conftest import LARGE, SMALL, TWO_MODELS, replicas_of
 from tests.support.live_server import LiveServer, demo_model_dir, start_server

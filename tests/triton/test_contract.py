@@ -13,16 +13,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.triton import _replica_urls, encode_request, parse_trtllm_metrics
+from edge.upstreams.triton import _replica_urls, encode_request, trtllm_capacity
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import MODEL_NAME, render_cpu_repository
 from gpu_container.triton.cpu.tensors import (
-    GENERATED_TOKENS_METRIC,
     ContractError,
     decode_request,
     engine_config_from_parameters,
     stop_word_ids,
 )
+from gpu_container.triton.trtllm_metrics import GENERATED_TOKENS_METRIC, parse_trtllm_metrics
 from tests.edge.test_config import ENGINE_TABLE
 
 _DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
@@ -134,7 +134,7 @@ nv_trt_llm_general_metrics{general_type="iteration_counter",model="tensorrt_llm"
 def test_capacity_from_a_tensorrt_llm_metrics_page() -> None:
     metrics = parse_trtllm_metrics(TRTLLM_PAGE)
     assert metrics.iterations == 4242
-    capacity = metrics.capacity()
+    capacity = trtllm_capacity(metrics)
     assert capacity.kv_tokens_total == 6239 * 64
     assert capacity.kv_tokens_used == 100 * 64
     assert capacity.max_sequences == 64
@@ -146,7 +146,7 @@ def test_capacity_from_a_tensorrt_llm_metrics_page() -> None:
 
 
 def test_a_page_without_the_block_size_charges_single_tokens() -> None:
-    assert parse_trtllm_metrics("").capacity().kv_block_tokens == 1
+    assert trtllm_capacity(parse_trtllm_metrics("")).kv_block_tokens == 1
 
 
 def test_generated_tokens_come_from_our_cpu_models_counter_only() -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics, end_token_ids
+from edge.upstreams.triton import TritonUpstream, end_token_ids
+from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
 from tests.triton.conftest import LocalTriton
 
 WAIT_S = 20.0

@@ -12,9 +12,10 @@ import anyio
 import pytest
 
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.triton import TritonUpstream, TrtLlmMetrics
+from edge.upstreams.triton import TritonUpstream
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
+from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG
 

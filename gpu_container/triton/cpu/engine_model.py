@@ -35,12 +35,20 @@ from gpu_container.engine.types import EngineStats, TokenOutput
 from gpu_container.plain_logging import configure_plain_logging
 from gpu_container.triton.cpu.outbox import Outbox
 from gpu_container.triton.cpu.tensors import (
-    GENERATED_TOKENS_METRIC,
     decode_request,
     engine_config_from_parameters,
     output_arrays,
 )
 from gpu_container.triton.refusals import REFUSED
+from gpu_container.triton.trtllm_metrics import (
+    GENERAL_FAMILY,
+    GENERAL_LABEL,
+    GENERATED_TOKENS_METRIC,
+    KV_CACHE_FAMILY,
+    KV_CACHE_LABEL,
+    REQUEST_FAMILY,
+    REQUEST_LABEL,
+)
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
 
@@ -73,15 +81,15 @@ class _Metrics:
         gauge = pb_utils.MetricFamily.GAUGE
         self._families = {
             "request": pb_utils.MetricFamily(
-                name="nv_trt_llm_request_metrics", description="TRT LLM request metrics", kind=gauge
+                name=REQUEST_FAMILY, description="TRT LLM request metrics", kind=gauge
             ),
             "kv": pb_utils.MetricFamily(
-                name="nv_trt_llm_kv_cache_block_metrics",
+                name=KV_CACHE_FAMILY,
                 description="TRT LLM KV cache block metrics",
                 kind=gauge,
             ),
             "general": pb_utils.MetricFamily(
-                name="nv_trt_llm_general_metrics", description="General TRT LLM metrics", kind=gauge
+                name=GENERAL_FAMILY, description="General TRT LLM metrics", kind=gauge
             ),
             "tokens": pb_utils.MetricFamily(
                 name=GENERATED_TOKENS_METRIC,
@@ -91,17 +99,17 @@ class _Metrics:
         }
         request, kv, general = self._families["request"], self._families["kv"], self._families["general"]
         self._gauges = {
-            "active": request.Metric(labels={"request_type": "active", **labels}),
-            "max": request.Metric(labels={"request_type": "max", **labels}),
-            "scheduled": request.Metric(labels={"request_type": "scheduled", **labels}),
-            "waiting": request.Metric(labels={"request_type": "waiting", **labels}),
-            "blocks_max": kv.Metric(labels={"kv_cache_block_type": "max", **labels}),
-            "blocks_free": kv.Metric(labels={"kv_cache_block_type": "free", **labels}),
-            "blocks_used": kv.Metric(labels={"kv_cache_block_type": "used", **labels}),
-            "tokens_per": kv.Metric(labels={"kv_cache_block_type": "tokens_per", **labels}),
+            "active": request.Metric(labels={REQUEST_LABEL: "active", **labels}),
+            "max": request.Metric(labels={REQUEST_LABEL: "max", **labels}),
+            "scheduled": request.Metric(labels={REQUEST_LABEL: "scheduled", **labels}),
+            "waiting": request.Metric(labels={REQUEST_LABEL: "waiting", **labels}),
+            "blocks_max": kv.Metric(labels={KV_CACHE_LABEL: "max", **labels}),
+            "blocks_free": kv.Metric(labels={KV_CACHE_LABEL: "free", **labels}),
+            "blocks_used": kv.Metric(labels={KV_CACHE_LABEL: "used", **labels}),
+            "tokens_per": kv.Metric(labels={KV_CACHE_LABEL: "tokens_per", **labels}),
             # Prefix-cache hits in blocks, as TensorRT-LLM reports enable_kv_cache_reuse's.
-            "blocks_reused": kv.Metric(labels={"kv_cache_block_type": "reused", **labels}),
-            "iterations": general.Metric(labels={"general_type": "iteration_counter", **labels}),
+            "blocks_reused": kv.Metric(labels={KV_CACHE_LABEL: "reused", **labels}),
+            "iterations": general.Metric(labels={GENERAL_LABEL: "iteration_counter", **labels}),
         }
         self._generated_tokens = self._families["tokens"].Metric(labels=labels)
         self._last: dict[str, int] = {}

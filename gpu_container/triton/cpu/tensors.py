@@ -20,9 +20,6 @@ from gpu_container.engine.types import EngineConfig, SamplingParams
 
 GetInput = Callable[[str], "npt.NDArray[np.generic] | None"]
 
-# What our CPU model exports beside TensorRT-LLM's gauges: a counter TensorRT-LLM does not have.
-GENERATED_TOKENS_METRIC = "floodgate_cpu_model_generated_tokens_total"
-
 
 class ContractError(ValueError):
     """The request does not fit the contract (missing input, unsupported value)."""
