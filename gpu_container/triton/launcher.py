@@ -23,6 +23,8 @@ from typing import IO
 import httpx
 import structlog
 
+from gpu_container.triton.tied_child import popen_tied
+
 log = structlog.get_logger(__name__)
 
 READY_TIMEOUT_S = 120.0
@@ -179,7 +181,8 @@ def start_local_triton(
     ]
     log_file: IO[bytes] = log_path.open("wb")
     with log_file:
-        process = subprocess.Popen(
+        # Tied to this process: an owner that dies without stopping it (SIGKILL) takes it along.
+        process = popen_tied(
             command, env=server_environment(), stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir
         )
     proc = TritonProcess(
