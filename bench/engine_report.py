@@ -320,10 +320,10 @@ weights) makes the step jump, after which a token costs a third of a GEMV row.
 
 Four streams decode; a 500- or 2,000-token prompt arrives. "time Sx, floor F" is the time budget
 (`[engine] prefill_slowdown = S`: a step carrying prefill may last S times a decode-only step of the
-same batch) with `min_prefill_chunk = F` (each waiting prompt gets at least F tokens a step, but only
-when more prompts wait than streams decode: a wave of arrivals; one prompt next to 4 streams gets
-the time budget alone). A prompt with nobody decoding takes the whole token budget. "token budget"
-is the fixed `max_num_batched_tokens = 512` alone. The default is marked, and repeated.
+same batch) with `min_prefill_chunk = F` (each waiting prompt gets at least F tokens a step, whatever
+the time budget says; F = 1 is the time budget alone). A prompt with nobody decoding takes the whole
+token budget. "token budget" is the fixed `max_num_batched_tokens = 512` alone. The default is
+marked, and repeated.
 
 Measured before changing anything (per-step logs of a join, engine thread CPU time): no garbage
 collection in any join, no slow sampler or block allocation; every step while the prompt joined was
@@ -347,7 +347,10 @@ put 3x too many tokens in a step. What changed:
   product with V): a 32-token chunk at 2,000 tokens of context, 9.3 ms a layer before, 3.6 after;
 - decodes whose contexts differ by far are batched apart: the long prompt's last token, run as a
   decode, padded every other decode's attention to 2,000 keys (a 338 ms step against 85);
-- the floor no longer applies to a prompt joining streams that outnumber the waiting prompts.
+- the floor applies to every waiting prompt, as before: for a while it applied only when more
+  prompts waited than streams decoded, and a 2,000-token prompt joining 4 streams then got the time
+  budget alone, 1-2 tokens a step late in its prefill, and its first token after 308-624 s on this
+  loaded box (32 s with no budget). The time budget alone is the "floor 1" row.
 
 {joins}
 
@@ -360,18 +363,18 @@ decodes instead of in a few multi-second steps that stop everyone. The default's
 token budget's: {ttft_ratios}.
 {join_verdict}
 
-Why the 2,000-token prompt misses even in CPU time: its join lasts hundreds of steps (its TTFT), and
-meanwhile the 4 streams' own contexts grow from about 50 tokens to 800-1,500, which alone doubles
-their decode step: 79 ms at 50 tokens of context, 144 ms at 1,000, 156 ms at 1,600 (4 decodes,
-thread CPU time, measured separately on this machine at 17:09 UTC), and the steps while the prompt
-joins are 1.3x that (198 ms with a 2-token chunk at 1,900). The ratio is taken against the step
-before the join, as the goal states it, so the late steps read 3.5-4x; the engine's budget cannot
-see this growth either (its decode step is refined only by decode-only steps, and during a join
-there are none), so it shrinks the chunk to its 1-token minimum and the TTFT runs to minutes. Not
-solved here: the per-chunk cost at a long context (the gather and scoring of 2,000 keys, about 38 ms
-a step whatever the chunk) and a decode step that grows with the streams' contexts need either a
-cheaper attention or a model of the decode step by context, and a TTFT this long may not be the
-trade a deployment wants (`prefill_slowdown = 2`: the 500-token row above).
+Why the 2,000-token prompt misses even in CPU time: its join lasts a couple of hundred steps, and
+meanwhile the 4 streams' own contexts grow, which alone doubles their decode step: 79 ms at 50
+tokens of context, 144 ms at 1,000, 156 ms at 1,600 (4 decodes, thread CPU time, measured
+separately on this machine at 17:09 UTC). The ratio is taken against the step before the join, as
+the goal states it, and the engine's budget cannot see this growth either (its decode step is
+refined only by decode-only steps, and during a join there are none). Late in the prompt a chunk's
+own attention over 2,000 tokens of context costs about 38 ms whatever its size, so the time budget
+alone leaves it 1-2 tokens a step: in an earlier run of the "floor 1" trade at 2,000 tokens (load
+5.5-11) the first token came after 308-624 s. The default's floor keeps the prompt's TTFT within
+about 1.5-2x the unbudgeted one and takes the streams' slower steps instead; "floor 1" is the other
+trade, for a deployment that puts inter-token latency first. Not solved here: a cheaper attention
+over a long context, and a decode step modelled by context length.
 
 ## 5. Continuous against static batching
 

@@ -28,12 +28,14 @@ tokens between two observations, which the average follows within a step or two.
 is refined: attributing the excess to the per-token cost instead would shrink the chunk, which
 makes the fixed part weigh more per token, which shrinks the chunk again, down to one token a step.
 
-min_chunk, a floor per prompt waiting for its prefill, applies when more prompts wait for their
-first token than streams decode: a wave of 15 arrivals next to one decoding stream would otherwise
-be admitted a few tokens a step, each new user waiting behind the others for as many steps, to
-spare one stream a slower step. Then each prompt gets at least the floor, and the few decoding
-streams are slowed more than `slowdown`. A long prompt joining a few streams gets the time budget
-alone (it used to get the floor too: 32 tokens a step next to 4 decodes took 2.9x their step).
+min_chunk is a floor per prompt waiting for its prefill: each gets at least that many tokens a
+step, whatever the time budget says. Without it a wave of 15 arrivals next to one decoding stream
+is admitted a few tokens a step, each new user waiting behind the others; and a long prompt joining
+a few streams late in its prefill, where a chunk's attention over 2,000 tokens of context costs
+about 38 ms whatever its size, gets one or two tokens a step: its first token came after 5-10
+minutes under load against 11-32 s with no budget (docs/bench-engine.md). The floor trades the
+other way: those steps slow the decoding streams more than `slowdown`. `min_prefill_chunk = 1`
+gives the time budget alone, for a deployment that puts inter-token latency first.
 
 Calibration is a few steps on a machine that may be busy; the decode-only steps the engine runs
 anyway refine `fixed` the same way (a slower average: they come every step), so the slowdown is
@@ -120,7 +122,7 @@ class PrefillBudget:
                 fits = mid
             else:
                 over = mid
-        floor = self._min_chunk * prompts if prompts > decodes else 1
+        floor = self._min_chunk * prompts
         return min(self._max_tokens, max(floor, fits))
 
     def observe(self, decodes: int, chunks: list[int], seconds: float) -> None:

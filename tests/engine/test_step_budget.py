@@ -85,20 +85,21 @@ def test_the_overhead_is_per_chunk() -> None:
     assert cost.prefill_overhead_s == pytest.approx(0.010)
 
 
-def test_the_floor_holds_when_more_prompts_wait_than_streams_decode() -> None:
-    """4 decodes leave room for 5 tokens by time: one or four prompts get that (the streams are
-    protected), five or more get the floor of 16 each (the waiting users are more), capped."""
+def test_every_waiting_prompt_gets_at_least_the_floor() -> None:
+    """4 decodes leave room for 5 tokens by time: that is all a prompt gets with no floor; with a
+    floor of 16 each waiting prompt gets 16 (its TTFT bounded), capped by the token budget."""
     cost = StepCost(fixed_s=0.024, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(4) == 5
     floored = PrefillBudget(cost, slowdown=1.5, max_tokens=512, min_chunk=16)
-    assert floored.tokens(4, prompts=1) == 5
-    assert floored.tokens(4, prompts=4) == 5
+    assert floored.tokens(4, prompts=1) == 16
     assert floored.tokens(4, prompts=5) == 80
     assert floored.tokens(4, prompts=100) == 512
     assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
     floored.observe(decodes=4, chunks=[16], seconds=10.0)  # a huge overhead estimate
-    assert floored.tokens(4, prompts=1) == 1  # a prompt still advances
-    assert floored.tokens(4, prompts=5) == 80
+    assert floored.tokens(4, prompts=1) == 16  # the floor still holds
+    unfloored = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    unfloored.observe(decodes=4, chunks=[16], seconds=10.0)
+    assert unfloored.tokens(4) == 1  # a prompt still advances
     roomy = StepCost(fixed_s=0.384, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=8).tokens(4, prompts=5) == 50
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4, prompts=5) == 8
@@ -122,7 +123,7 @@ def test_a_prompt_with_nobody_decoding_takes_the_whole_token_budget() -> None:
     time budget does not apply; once one of them decodes, the other gets what the time allows."""
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=48)
     cost = StepCost(fixed_s=0.040, per_row_s=0.004, per_row_gemm_s=0.004)
-    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=48, min_chunk=8)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=48)
     scheduler = Scheduler(config, BlockManager(64, 4, False), budget.tokens)
     scheduler.add(_seq("first", 20, 0))
     scheduler.add(_seq("second", 40, 1))
