@@ -3,7 +3,8 @@
 One bidirectional `ModelStreamInfer` stream per request. Closing the generator early (or
 cancelling the task that reads it) cancels the stream and sends the contract's `stop` request for
 the request id on a stream of its own: the model drops the sequence on its next step, where a
-cancelled stream alone is only noticed by the model's poll (`cancellation_check_period_ms`). A
+cancelled stream alone is only noticed by the model's poll (`cancellation_check_period_ms`); once
+the upstream is closed (shutdown) no stop is sent, so nothing reopens the channel. A
 request the replica refuses for its own parameters is a RequestRejected (a 400 for that request;
 the replica stays healthy), any other error an UpstreamError: gpu_container/triton/refusals.py
 tells them apart. The request asks for an empty final response, so the end of a generation is a
@@ -172,6 +173,9 @@ class TritonUpstream:
         self._http: httpx.AsyncClient | None = None
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
         self._stops: set[asyncio.Task[None]] = set()
+        # Set by aclose: a stream closed after it sends no `stop` (that would open a new channel
+        # nobody closes); the model's poll of closed streams drops its request instead.
+        self._closed = False
 
     def _stub(self) -> Any:
         if self._stub_instance is None:
@@ -239,6 +243,8 @@ class TritonUpstream:
     def _stop_soon(self, request_id: str) -> None:
         """Send the `stop` request for `request_id` from a task of its own: a generator that is
         being closed or cancelled cannot wait for the reply."""
+        if self._closed:
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -300,6 +306,7 @@ class TritonUpstream:
         return bool(server.ready and model.ready)
 
     async def aclose(self) -> None:
+        self._closed = True
         # Stops still in flight are bounded by the probe timeout; closing the channel ends them.
         if self._stops:
             await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)

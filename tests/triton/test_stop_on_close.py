@@ -4,7 +4,11 @@ minutes), so only the stop can free the sequence."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
 from tests.support.live_server import demo_model_dir
-from tests.support.triton_server import ENGINE_CONFIG
+from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
 
 PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
 WAIT_S = 20.0
@@ -91,3 +95,49 @@ async def test_cancelling_the_reading_task_stops_the_sequence_without_the_poll(
         tg.cancel_scope.cancel()
     after = await _running_then_idle(upstream, before)
     assert after.iterations - before.iterations < 500
+
+
+def _established_to(port: int) -> int:
+    """This process's established TCP connections to 127.0.0.1:`port` (from /proc: a gRPC channel
+    keeps its sockets in grpc's core, out of Python's sight)."""
+    fds = Path("/proc/self/fd")
+    inodes = set()
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    count = 0
+    tables = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))  # grpc may open an IPv6 socket
+    for line in (row for table in tables for row in table.read_text().splitlines()[1:]):
+        fields = line.split()
+        remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
+        count += remote_port == port and state == "01" and inode in inodes
+    return count
+
+
+def _connections_left_after(port: int, timeout_s: float) -> int:
+    """grpc's core closes a closed channel's socket a little later, on its own thread: polled, with
+    a deadline (there is no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _established_to(port)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+@pytest.mark.anyio
+async def test_a_stream_closed_after_its_upstream_opens_no_new_channel(local_triton: LocalTriton) -> None:
+    """At shutdown the upstreams close before the last streams: a stream closed then must not send
+    its `stop` on a fresh channel that nobody closes (the model's poll drops the request)."""
+    grpc_port = int(local_triton.process.grpc_url.rsplit(":", 1)[1])
+    upstream = TritonUpstream("closed-first", local_triton.process.grpc_url, local_triton.process.metrics_url)
+    stream = upstream.generate(GenerationRequest("late-close", PROMPT, max_new_tokens=64, temperature=0.0))
+    await stream.__anext__()
+    assert _established_to(grpc_port) >= 1
+    await upstream.aclose()
+
+    await stream.aclose()  # type: ignore[attr-defined]
+    # Whatever the close started (a stop, before the fix) runs to its end before we look.
+    pending = [t for t in asyncio.all_tasks() if t.get_name().startswith("triton-stop-")]
+    await asyncio.gather(*pending)
+    left = await anyio.to_thread.run_sync(_connections_left_after, grpc_port, WAIT_S)
+    assert left == 0, "a channel to the replica is still open"
