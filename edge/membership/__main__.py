@@ -3,6 +3,8 @@ printing its view (one JSON line per change, with a wall-clock time) until SIGTE
 over `--drain-s` (its claim falls linearly, as open streams end) and leaving.
 
     python -m edge.membership --redis redis://127.0.0.1:6379/0 --id edge-a [--interval 5 --ttl 15]
+
+`--redis redis+cluster://HOST:PORT` joins through a Redis Cluster (limiter/redis_url.py).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import time
 from dataclasses import asdict
 
 import structlog
-from redis.asyncio import Redis
 
 from edge.membership.membership import FleetMembership, MembershipSettings
 from edge.membership.shares import FleetView
+from limiter import redis_url
 
 
 def _print(member: str, view: FleetView) -> None:
@@ -38,7 +40,8 @@ async def _main(args: argparse.Namespace) -> None:
         stale_after_s=args.stale_after,
         fleet=args.fleet,
     )
-    client = Redis.from_url(args.redis, socket_timeout=args.interval, socket_connect_timeout=args.interval)
+    # redis://… or redis+cluster://…, read as the edge reads its limiter's URL.
+    client = redis_url.connect(args.redis, socket_timeout=args.interval, socket_connect_timeout=args.interval)
     membership = FleetMembership(client, args.id, settings, lambda v: _print(args.id, v))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
