@@ -11,6 +11,11 @@ tells them apart. The request asks for an empty final response, so the end of a 
 flag on the wire, never a guess. The channel uses tritonclient's generated stub directly because
 tritonclient.grpc.aio's stream_infer cannot set that flag.
 
+Prompt tokens served from the replica's prefix cache (Delta.cached_tokens) come from TensorRT-LLM's
+per-request `kv_cache_reused_blocks` output, which the request asks for with `return_perf_metrics`
+and the replica sends with every response; blocks become tokens at the replica's own block size,
+its `tokens_per` KV gauge. A replica that does not say its block size reports 0, with a warning.
+
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
 exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
 model also counts the tokens it generated, which tests read as the replica's own record of work.
@@ -62,6 +67,7 @@ log = structlog.get_logger(__name__)
 TRITON_METRICS_PORT = 8002
 _FINAL = "triton_final_response"
 _ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+_REUSED_BLOCKS = "kv_cache_reused_blocks"
 
 
 def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
@@ -97,6 +103,8 @@ def encode_request(
     scalar("input_lengths", "INT32", len(req.prompt_ids), np.int32)
     scalar("request_output_len", "INT32", req.max_new_tokens, np.int32)
     scalar("streaming", "BOOL", True, np.bool_)
+    # Per-request perf metrics, among them kv_cache_reused_blocks (the prefix-cache hit).
+    scalar("return_perf_metrics", "BOOL", True, np.bool_)
     # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
     greedy = req.temperature == 0
     scalar("runtime_top_k", "INT32", 1 if greedy else 0, np.int32)
@@ -138,6 +146,15 @@ def decode_tokens(response: Any) -> list[int]:
     return [int(t) for t in ids]
 
 
+def decode_reused_blocks(response: Any) -> int | None:
+    """The request's prefix-cache hit in KV blocks, when the response carries it."""
+    names = [out.name for out in response.outputs]
+    if _REUSED_BLOCKS not in names:
+        return None
+    raw = np.frombuffer(response.raw_output_contents[names.index(_REUSED_BLOCKS)], dtype=np.int32)
+    return int(raw[0]) if raw.size else None
+
+
 class TritonUpstream:
     def __init__(
         self,
@@ -172,6 +189,8 @@ class TritonUpstream:
         self._stub_instance: Any = None
         self._http: httpx.AsyncClient | None = None
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
+        # The replica's KV block size (its tokens_per gauge), once its metrics have said it.
+        self._block_tokens = 0
         self._stops: set[asyncio.Task[None]] = set()
         # Set by aclose: a stream closed after it sends no `stop` (that would open a new channel
         # nobody closes); the model's poll of closed streams drops its request instead.
@@ -224,21 +243,41 @@ class TritonUpstream:
                     raise _stream_error(self.name, message.error_message)
                 response = message.infer_response
                 tokens = decode_tokens(response)
+                # Reported on the delta carrying the first token, as the in-process engine does.
+                cached = await self._cached_tokens(response) if tokens and not generated else 0
                 generated += len(tokens)
                 if tokens:
                     last_token = tokens[-1]
                 finished = response.parameters[_FINAL].bool_param if _FINAL in response.parameters else False
                 if finished:
                     yield Delta(
-                        tokens, _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens)
+                        tokens,
+                        _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens),
+                        cached,
                     )
                 elif tokens:
-                    yield Delta(tokens)
+                    yield Delta(tokens, cached_tokens=cached)
         finally:
             if not finished:
                 call.cancel()
                 if not replica_ended:
                     self._stop_soon(req.request_id)
+
+    async def _cached_tokens(self, response: Any) -> int:
+        """Prompt tokens the replica found in its prefix cache: reused blocks x its block size."""
+        reused = decode_reused_blocks(response)
+        if not reused:
+            return 0
+        if not self._block_tokens:
+            try:
+                await self._metrics()
+            except UpstreamError as exc:
+                log.warning("triton_block_size_unknown", replica=self.name, error=str(exc))
+        if not self._block_tokens:
+            # Never a guessed block size: the figure is left out rather than made up.
+            log.warning("triton_cached_tokens_unreported", replica=self.name, reused_blocks=reused)
+            return 0
+        return reused * self._block_tokens
 
     def _stop_soon(self, request_id: str) -> None:
         """Send the `stop` request for `request_id` from a task of its own: a generator that is
@@ -284,6 +323,7 @@ class TritonUpstream:
             raise UpstreamError(f"{self.name}: metrics unavailable: {exc}") from exc
         metrics = parse_trtllm_metrics(page.text, self.model_name)
         self._metrics_cache = (time.monotonic(), metrics)
+        self._block_tokens = metrics.tokens_per_block
         return metrics
 
     async def metrics(self) -> TrtLlmMetrics:

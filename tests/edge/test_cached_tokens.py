@@ -11,6 +11,7 @@ import pytest
 
 from tests.edge.sse_client import MODEL
 from tests.support.live_server import LiveServer
+from tests.support.triton_server import ENGINE_CONFIG
 
 # Long enough to fill several KV blocks; unique per run, so no earlier request of the shared
 # server has cached it.
@@ -73,12 +74,25 @@ def test_a_shared_prefix_is_reported_cached_in_both_modes(
     assert streamed is not None and streamed >= cached and streamed % block == 0
 
 
-def test_a_replica_that_does_not_report_it_says_zero(triton_sdk: openai.OpenAI) -> None:
-    """Triton's `tensorrt_llm` contract carries no cached-token figure here: always present, 0."""
+def _cached(sdk: openai.OpenAI, system: str, question: str) -> tuple[int, int]:
+    """(cached_tokens, prompt_tokens) of one completion, as the official SDK parses them."""
+    completion = sdk.chat.completions.create(model=MODEL, messages=_messages(system, question), max_tokens=4)
+    usage = completion.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None
+    return cached, usage.prompt_tokens
+
+
+def test_the_triton_path_reports_what_the_in_process_path_reports(
+    local_sdk: openai.OpenAI, triton_sdk: openai.OpenAI
+) -> None:
+    """TensorRT-LLM's kv_cache_reused_blocks x the replica's block size, on the same requests."""
     system = f"{uuid.uuid4().hex} {SYSTEM}"
-    for question in ("Where do rivers start?", "Why is the sea salty?"):
-        completion = triton_sdk.chat.completions.create(
-            model=MODEL, messages=_messages(system, question), max_tokens=4
-        )
-        assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
-        assert completion.usage.prompt_tokens_details.cached_tokens == 0
+    questions = ("Where do rivers start?", "Why is the sea salty?")
+    via_triton = [_cached(triton_sdk, system, q) for q in questions]
+    via_local = [_cached(local_sdk, system, q) for q in questions]
+    assert via_triton == via_local
+    (_, _), (cached, prompt_tokens) = via_triton
+    block = ENGINE_CONFIG.block_size  # the replica's own (tests/support/triton_server.py)
+    assert 0 < cached < prompt_tokens and cached % block == 0

@@ -26,6 +26,16 @@ def test_an_error_survives_merging() -> None:
     assert box.take() == [TokenOutput("a", [1], "error", "boom")]
 
 
+def test_the_prefix_cache_hit_of_the_first_output_survives_merging() -> None:
+    """The engine reports it on the output carrying the first token only; a merge must keep it."""
+    box = Outbox()
+    box.post(TokenOutput("a", [1], cached_tokens=32))
+    box.post(TokenOutput("a", [2]))
+    assert box.take() == [TokenOutput("a", [1, 2], cached_tokens=32)]
+    box.post(TokenOutput("a", [3]))
+    assert box.take() == [TokenOutput("a", [3])]
+
+
 def test_first_outputs_go_before_later_outputs_of_older_requests() -> None:
     box = Outbox()
     box.post(TokenOutput("old", [1]))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
@@ -15,6 +17,7 @@ from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, Upstr
 from edge.upstreams.triton import (
     TritonUpstream,
     TrtLlmMetrics,
+    decode_reused_blocks,
     decode_tokens,
     encode_request,
     end_token_ids,
@@ -119,6 +122,69 @@ async def test_same_tokens_as_the_in_process_engine(
     assert tokens == expected
     assert reason == expected_reason
     assert len(tokens) >= 1
+
+
+def _shared_prefix_prompts(block: int) -> tuple[list[int], list[int]]:
+    """Two prompts sharing five full KV blocks, unique per run so no earlier request cached them."""
+    rng = random.Random(uuid.uuid4().int)
+    prefix = [rng.randrange(5, 250) for _ in range(5 * block)]
+    return [*prefix, 11, 42, 7], [*prefix, 300, 5, 91, 18]
+
+
+async def _cached_per_delta(stream: AsyncIterator[Delta]) -> list[int]:
+    return [delta.cached_tokens async for delta in stream if delta.token_ids]
+
+
+@pytest.mark.anyio
+async def test_a_shared_prefix_is_reported_cached_as_the_in_process_engine_reports_it(
+    upstream: TritonUpstream, in_process: AsyncEngine, local_triton: LocalTriton
+) -> None:
+    block = local_triton.engine_config.block_size
+    first, second = _shared_prefix_prompts(block)
+    via_triton, via_engine = [], []
+    for i, prompt in enumerate((first, second)):
+        req = GenerationRequest(f"prefix-{i}", prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True)
+        via_triton.append(await _cached_per_delta(upstream.generate(req)))
+        local = GenerationRequest(
+            f"prefix-local-{i}", prompt, max_new_tokens=6, temperature=0.0, ignore_eos=True
+        )
+        via_engine.append(await _cached_per_delta(in_process.generate(local)))
+    # On the delta carrying the first token only (the two merge later tokens differently), in
+    # whole blocks of the replica's block size.
+    assert [d[0] for d in via_triton] == [d[0] for d in via_engine] == [0, 5 * block]
+    assert all(set(d[1:]) <= {0} for d in via_triton)
+
+
+@pytest.mark.anyio
+async def test_kv_cache_reused_blocks_is_sent_only_when_asked(local_triton: LocalTriton) -> None:
+    """TensorRT-LLM's contract: the output comes with every response of a request that sets
+    return_perf_metrics (here non-streaming: its one response), and not otherwise."""
+    block = local_triton.engine_config.block_size
+    prompts = _shared_prefix_prompts(block)
+
+    async def ask(i: int, prompt: list[int], perf_metrics: bool) -> list[int | None]:
+        request = encode_request(
+            GenerationRequest(f"perf-{i}", prompt, max_new_tokens=4, temperature=0.0),
+            "tensorrt_llm",
+            end_id=-1,
+        )
+        names = [t.name for t in request.inputs]
+        request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
+        request.raw_input_contents[names.index("return_perf_metrics")] = np.array([[perf_metrics]]).tobytes()
+        async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
+
+            async def one() -> AsyncIterator[object]:
+                yield request
+
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
+            with anyio.fail_after(WAIT_S):
+                replies = [reply async for reply in call]
+        assert all(not r.error_message for r in replies)
+        return [decode_reused_blocks(r.infer_response) for r in replies if decode_tokens(r.infer_response)]
+
+    assert await ask(0, prompts[0], perf_metrics=True) == [0]
+    assert await ask(1, prompts[1], perf_metrics=False) == [None]
+    assert await ask(2, prompts[1], perf_metrics=True) == [5]
 
 
 @pytest.mark.anyio

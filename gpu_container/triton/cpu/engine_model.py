@@ -12,7 +12,8 @@ its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the l
 closed gRPC stream) every `cancellation_check_period_ms` for streams closed without one; each probe
 is an IPC round trip per request. The engine's stats are exported as the gauges TensorRT-LLM's
 backend exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a
-generated-tokens counter of our own.
+generated-tokens counter of our own. A request that sets `return_perf_metrics` gets its prefix-cache
+hit as TensorRT-LLM's `kv_cache_reused_blocks` output with every response, as TensorRT-LLM sends it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class _Live:
     sender: Any
     triton_id: str
     streaming: bool
+    # Asked for kv_cache_reused_blocks (`return_perf_metrics`): sent with every response.
+    perf_metrics: bool
     # Non-streaming requests get every token in their one final response.
     tokens: list[int] = field(default_factory=list)
     abort_requested: bool = False
@@ -70,6 +73,8 @@ class _Live:
     # factory is freed). Per request, so a probe never holds up the other requests' work.
     probe: threading.Lock = field(default_factory=threading.Lock)
     final_sent: bool = False
+    # Prompt tokens found in the prefix cache, from the engine's output carrying the first token.
+    cached_tokens: int = 0
 
 
 class _Metrics:
@@ -164,8 +169,9 @@ def _ignore_renamed_dlpack_capsules(default: Callable[[Any], None]) -> Callable[
 
 # The wheel's backend stub is built against numpy 2's ABI: under numpy 1.x, Tensor(name, array) and
 # as_numpy() silently read the wrong bytes. DLPack crosses that boundary correctly for both.
-def _response(token_ids: list[int]) -> Any:
-    tensors = [pb_utils.Tensor.from_dlpack(name, array) for name, array in output_arrays(token_ids).items()]
+def _response(token_ids: list[int], reused_blocks: int | None) -> Any:
+    arrays = output_arrays(token_ids, reused_blocks)
+    tensors = [pb_utils.Tensor.from_dlpack(name, array) for name, array in arrays.items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
@@ -180,9 +186,9 @@ class EngineModel:
         sys.unraisablehook = _ignore_renamed_dlpack_capsules(sys.unraisablehook)
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        self._engine = LLMEngine.from_pretrained(
-            parameters["model_dir"], engine_config_from_parameters(parameters)
-        )
+        engine_config = engine_config_from_parameters(parameters)
+        self._engine = LLMEngine.from_pretrained(parameters["model_dir"], engine_config)
+        self._block_size = engine_config.block_size
         self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "100")) / 1000
         self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
         self._lock = threading.Lock()
@@ -231,7 +237,7 @@ class EngineModel:
                 self._engine.abort(target)
             sender.send(flags=FINAL)
             return
-        live = _Live(request, sender, triton_id, contract.streaming)
+        live = _Live(request, sender, triton_id, contract.streaming, contract.perf_metrics)
         with self._lock:
             # Triton ids are the client's choice: only a fresh one can also name the engine request.
             unique = bool(triton_id) and triton_id not in self._by_triton_id
@@ -272,19 +278,22 @@ class EngineModel:
                     live.final_sent = True
         if live is None:
             return
+        live.cached_tokens += out.cached_tokens
+        # Whole blocks by construction: the engine caches and finds full blocks only.
+        reused = live.cached_tokens // self._block_size if live.perf_metrics else None
         try:
             if out.error is not None:
                 _send_error(live.sender, out.error, pb_utils.TritonError.INTERNAL)
             elif live.streaming:
                 flags = FINAL if out.finish_reason is not None else 0
                 if out.token_ids:
-                    live.sender.send(_response(out.token_ids), flags=flags)
+                    live.sender.send(_response(out.token_ids, reused), flags=flags)
                 elif flags:
                     live.sender.send(flags=FINAL)
             else:
                 live.tokens.extend(out.token_ids)
                 if out.finish_reason is not None:
-                    live.sender.send(_response(live.tokens), flags=FINAL)
+                    live.sender.send(_response(live.tokens, reused), flags=FINAL)
         except Exception as exc:
             # The client is gone mid-send: stop generating for it.
             log.warning("response send failed, aborting", error=str(exc))

@@ -32,10 +32,12 @@ class Outbox:
             held = queue.get(out.request_id)
             if held is None:
                 queue[out.request_id] = TokenOutput(
-                    out.request_id, list(out.token_ids), out.finish_reason, out.error
+                    out.request_id, list(out.token_ids), out.finish_reason, out.error, out.cached_tokens
                 )
             else:
                 held.token_ids.extend(out.token_ids)
+                # Set on the first output only: merged outputs add up to the request's figure.
+                held.cached_tokens += out.cached_tokens
                 held.finish_reason = out.finish_reason or held.finish_reason
                 held.error = out.error or held.error
             self._cond.notify()

@@ -31,6 +31,8 @@ class ContractRequest:
     params: SamplingParams
     streaming: bool
     stop: bool
+    # TensorRT-LLM's `return_perf_metrics`: send kv_cache_reused_blocks with every response.
+    perf_metrics: bool = False
 
 
 def _scalar(get: GetInput, name: str) -> float | int | bool | None:
@@ -87,15 +89,21 @@ def decode_request(get: GetInput) -> ContractRequest:
         params=params,
         streaming=bool(_scalar(get, "streaming")),
         stop=bool(_scalar(get, "stop")),
+        perf_metrics=bool(_scalar(get, "return_perf_metrics")),
     )
 
 
-def output_arrays(token_ids: list[int]) -> dict[str, npt.NDArray[np.int32]]:
-    """One response's tensors: output_ids [batch=1, beam=1, n] and sequence_length [1, 1]."""
-    return {
+def output_arrays(token_ids: list[int], reused_blocks: int | None = None) -> dict[str, npt.NDArray[np.int32]]:
+    """One response's tensors: output_ids [batch=1, beam=1, n] and sequence_length [1, 1], plus
+    kv_cache_reused_blocks [1, 1] (the request's prefix-cache hit in KV blocks) when it is given,
+    as TensorRT-LLM sends it on every response of a request that set `return_perf_metrics`."""
+    arrays = {
         "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, -1),
         "sequence_length": np.asarray([[len(token_ids)]], dtype=np.int32),
     }
+    if reused_blocks is not None:
+        arrays["kv_cache_reused_blocks"] = np.asarray([[reused_blocks]], dtype=np.int32)
+    return arrays
 
 
 def engine_config_from_parameters(parameters: Mapping[str, str]) -> EngineConfig:
