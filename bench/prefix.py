@@ -240,10 +240,11 @@ async def run_variant(
 
 
 def _table(results: list[VariantResult]) -> str:
-    def no_cache(r: VariantResult) -> VariantResult:
-        """The uncached run with the same admission, to compare TTFT against."""
+    def vs_no_cache(r: VariantResult) -> str:
+        """TTFT p50 against the uncached run with the same admission ("-" when none ran)."""
         same = [b for b in results if b.variant.real_use_margin == r.variant.real_use_margin]
-        return next(b for b in same if not b.variant.prefix_caching)
+        base = next((b for b in same if not b.variant.prefix_caching), None)
+        return "-" if base is None else f"{r.ttft(0.5) / base.ttft(0.5):.2f}x"
 
     lines = [
         "| variant | TTFT p50 s | TTFT p99 s | paid TTFT p99 s | TTFT p50 vs before "
@@ -256,7 +257,7 @@ def _table(results: list[VariantResult]) -> str:
         lines.append(
             f"| {r.variant.name} | {r.ttft(0.5):.2f} | {r.ttft(0.99):.2f} "
             f"| {r.ttft(0.99, paid_only=True):.2f} "
-            f"| {r.ttft(0.5) / results[0].ttft(0.5):.2f}x | {r.ttft(0.5) / no_cache(r).ttft(0.5):.2f}x "
+            f"| {r.ttft(0.5) / results[0].ttft(0.5):.2f}x | {vs_no_cache(r)} "
             f"| {r.hit_rate:.0%} | {r.turns_at_home:.0%} "
             f"| {r.streams_per_replica:.2f} | {r.kv_utilisation:.0%} | {r.preemptions} | {r.wall_s:.1f} |"
         )
