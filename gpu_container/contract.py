@@ -32,6 +32,10 @@ class GenerationRequest:
     # Generate past the model's end tokens (vLLM's ignore_eos, TensorRT-LLM's end_id -1): a
     # fixed-length reply, as benchmarks and parity tests want; stop_ids still end it.
     ignore_eos: bool = False
+    # Requests with different salts never share prefix-cache blocks; "" shares with every other
+    # unsalted request. The edge salts per user, so one user cannot learn from cached_tokens what
+    # another sent (vLLM's cache_salt; OpenAI keeps its prompt caches per organization).
+    cache_salt: str = ""
 
 
 @dataclass(slots=True)

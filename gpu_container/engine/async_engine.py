@@ -20,9 +20,15 @@ class AsyncEngine(EngineFront):
         self.engine = engine
 
     def _submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int, mailbox: Mailbox
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        cache_salt: str,
+        mailbox: Mailbox,
     ) -> None:
-        self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority)
+        self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority, cache_salt)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -9,7 +9,8 @@ A block whose last user lets go keeps its K/V and key: it counts as free, but is
 only once no block without a key is left, least recently released first, and a later prompt with the
 same prefix can take it back until then. The last, partially filled block is never keyed, so never
 shared; and a fully cached sequence still recomputes its last block, because the step that computes
-its last token is what yields the logits for the next one.
+its last token is what yields the logits for the next one. A sequence's chain starts at the root of
+its cache salt (prefix_hash.root_hash), so sequences with different salts never share a block.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpu_container.engine.prefix_hash import ROOT_HASH, chain_hash
+from gpu_container.engine.prefix_hash import chain_hash
 from gpu_container.engine.sequence import Sequence
 
 
@@ -125,7 +126,7 @@ class BlockManager:
         for i in range(seq.num_sealed_blocks, full):
             key = seq.block_hashes[i]
             if key not in self._by_hash:
-                parent = seq.block_hashes[i - 1] if i else ROOT_HASH
+                parent = seq.block_hashes[i - 1] if i else seq.prefix_root
                 tokens = tuple(seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
                 block = seq.block_table[i]
                 self._keys[block] = _BlockKey(key, parent, tokens)
@@ -182,7 +183,7 @@ class BlockManager:
             if block is None:
                 break
             key = self._keys[block]
-            parent = seq.block_hashes[i - 1] if i else ROOT_HASH
+            parent = seq.block_hashes[i - 1] if i else seq.prefix_root
             tokens = tuple(seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
             if key is None or key.parent != parent or key.tokens != tokens:
                 break
@@ -195,5 +196,5 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) < count:
             i = len(hashes)
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = hashes[-1] if hashes else seq.prefix_root
             hashes.append(chain_hash(parent, seq.token_ids(i * self.block_size, (i + 1) * self.block_size)))

@@ -23,6 +23,7 @@ from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.prefix_hash import root_hash
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence, SequenceStatus
@@ -152,8 +153,10 @@ class LLMEngine:
         params: SamplingParams,
         on_output: Callable[[TokenOutput], None],
         priority: int = 0,
+        cache_salt: str = "",
     ) -> None:
-        """Queue a request. on_output is called from the engine thread with each step's new tokens."""
+        """Queue a request. on_output is called from the engine thread with each step's new tokens.
+        It shares prefix-cache blocks only with requests of the same cache_salt (contract.py)."""
         prompt = [int(t) for t in prompt_ids]
         self._validate(prompt, params)
         with self._cond:
@@ -161,7 +164,9 @@ class LLMEngine:
                 raise RuntimeError("engine is stopped")
             if request_id in self._live:
                 raise ValueError(f"request {request_id!r} is already running")
-            seq = Sequence(request_id, prompt, params, on_output, priority, next(self._arrivals))
+            seq = Sequence(
+                request_id, prompt, params, on_output, priority, next(self._arrivals), root_hash(cache_salt)
+            )
             self._live[request_id] = seq
             self._inbox.append(seq)
             # notify_all: wait_until_idle callers share this condition with the loop thread.

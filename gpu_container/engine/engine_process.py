@@ -5,7 +5,7 @@ edge's event loop take turns on one GIL: served tokens/s fell to about 60 % of t
 Here the child runs the ordinary thread-shell LLMEngine; the parent only moves small messages:
 
 - parent -> child, one pipe: ("init", model_dir, config) once, then ("add", id, prompt, params,
-  priority), ("abort", id), ("stop",).
+  priority, cache_salt), ("abort", id), ("stop",).
 - child -> parent, one pipe with one writer at a time: ("ready", max_model_len, stats) once, then
   per engine step ("outputs", [(id, token_ids, finish_reason, error, cached_tokens), ...], stats)
   -- every delta of a step in one message, in step order -- and ("rejected", id, message,
@@ -122,7 +122,13 @@ class EngineProcess(EngineFront):
         return self._stats
 
     def _submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int, mailbox: Mailbox
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        cache_salt: str,
+        mailbox: Mailbox,
     ) -> None:
         with self._lock:
             if not self._alive or self._stopping:
@@ -130,7 +136,7 @@ class EngineProcess(EngineFront):
             if request_id in self._mailboxes:
                 raise ValueError(f"request {request_id!r} is already running")
             self._mailboxes[request_id] = mailbox
-        self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority))
+        self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority, cache_salt))
 
     def abort(self, request_id: str) -> None:
         """Forget the request here and have the child free it at its next step."""
@@ -295,9 +301,9 @@ def serve_engine(commands: Connection, events: Connection) -> None:
                 break  # the parent died or closed the pipe
             kind = message[0]
             if kind == "add":
-                _, request_id, prompt, params, priority = message
+                _, request_id, prompt, params, priority, cache_salt = message
                 try:
-                    engine.add_request(request_id, prompt, params, collect, priority)
+                    engine.add_request(request_id, prompt, params, collect, priority, cache_salt)
                 except ValueError as exc:
                     send(("rejected", request_id, str(exc), True))
                 except RuntimeError as exc:

@@ -64,7 +64,13 @@ class EngineFront(abc.ABC):
 
     @abc.abstractmethod
     def _submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int, mailbox: Mailbox
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        cache_salt: str,
+        mailbox: Mailbox,
     ) -> None:
         """Hand the request to the engine, its outputs to go to `mailbox`. Raises ValueError (the
         request's fault) or RuntimeError (the engine's); a later refusal arrives through the mailbox
@@ -95,7 +101,9 @@ class EngineFront(abc.ABC):
 
     async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:
         try:
-            self._submit(req.request_id, req.prompt_ids, sampling_params(req), req.priority, mailbox)
+            self._submit(
+                req.request_id, req.prompt_ids, sampling_params(req), req.priority, req.cache_salt, mailbox
+            )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
         except RuntimeError as exc:

@@ -17,8 +17,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The parent of a sequence's first block.
+# The parent of an unsalted sequence's first block.
 ROOT_HASH = 0
+
+
+def root_hash(salt: str) -> int:
+    """The parent of the first block of a sequence with this cache salt.
+
+    Seeding the chain with the salt is what keeps tenants apart: every key of a salted sequence
+    differs from those of any other salt, so requests with different salts never share a block, and
+    a user cannot learn from a cache hit what another user sent (vLLM's cache_salt). "" is ROOT_HASH:
+    unsalted requests share with each other."""
+    if not salt:
+        return ROOT_HASH
+    digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"cache-salt").digest()
+    return int.from_bytes(digest, "little")
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -28,13 +41,16 @@ def chain_hash(parent: int, tokens: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, limit: int | None = None) -> list[int]:
-    """Keys of the full blocks of tokens, first block first; at most limit of them."""
+def block_hashes(
+    tokens: Sequence[int], block_size: int, limit: int | None = None, root: int = ROOT_HASH
+) -> list[int]:
+    """Keys of the full blocks of tokens, first block first; at most limit of them; the chain
+    starts at root (root_hash of the request's cache salt)."""
     count = len(tokens) // block_size
     if limit is not None:
         count = min(count, limit)
     hashes: list[int] = []
-    parent = ROOT_HASH
+    parent = root
     for i in range(count):
         parent = chain_hash(parent, tokens[i * block_size : (i + 1) * block_size])
         hashes.append(parent)

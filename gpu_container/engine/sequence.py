@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpu_container.engine.prefix_hash import ROOT_HASH
 from gpu_container.engine.types import SamplingParams, TokenOutput
 
 
@@ -26,6 +27,9 @@ class Sequence:
     priority: int = 0
     # Admission order; a preempted sequence keeps it, so it returns ahead of later arrivals.
     arrival: int = 0
+    # Parent of its first block's prefix-cache key: prefix_hash.root_hash of its cache salt, so it
+    # shares blocks only with sequences of the same salt.
+    prefix_root: int = ROOT_HASH
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
