@@ -178,6 +178,7 @@ def create_app(
                     token_weight=own.model.token_weight,
                     default_temperature=sampling.temperature,
                     default_top_p=sampling.top_p,
+                    prefix_cache_scope=settings.admission.prefix_cache_scope,
                 )
                 charged = weigh(limiter, own.model.token_weight)
                 log = ConversationLog(writer)

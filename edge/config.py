@@ -128,6 +128,9 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
     # life. "real_use": what it holds so far + real_use_margin_tokens (edge/admission/real_use.py).
     kv_accounting: Literal["worst_case", "real_use"] = "real_use"
     real_use_margin_tokens: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # Whose prefix cache a request may hit (edge/admission/cache_scope.py): "user", each user its
+    # own, so cached_tokens reveals nothing of other users' prompts; "shared", everyone's.
+    prefix_cache_scope: Literal["user", "shared"] = "user"
 
 
 class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):

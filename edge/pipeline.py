@@ -31,6 +31,7 @@ import anyio
 import structlog
 
 from edge import metrics
+from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
 from edge.admission.slot import Slot
@@ -96,6 +97,8 @@ class PipelineConfig:
     token_weight: float = 1.0
     default_temperature: float = 1.0
     default_top_p: float = 1.0
+    # Whose prefix cache a request may hit ([admission] prefix_cache_scope).
+    prefix_cache_scope: PrefixCacheScope = "user"
 
 
 def new_request_id() -> str:
@@ -194,6 +197,7 @@ class Pipeline:
                 code=limit,
                 headers=headers,
             )
+        salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         ticket = Ticket(
             request_id=request_id,
             user=principal.user,
@@ -203,7 +207,7 @@ class Pipeline:
             # Tiers above the lowest priority are the paying ones: only they may use the reserve.
             may_use_reserve=tier.priority > 0,
             tier=principal.tier,
-            prefix_keys=routing_hashes(prompt_ids),
+            prefix_keys=routing_hashes(prompt_ids, salt),
             prompt_tokens=len(prompt_ids),
         )
         try:
@@ -224,6 +228,7 @@ class Pipeline:
             seed=req.replica_seed,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,
+            cache_salt=salt,
         )
         return Generation(
             self,

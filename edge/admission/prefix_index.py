@@ -12,6 +12,7 @@ is enough here.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -21,11 +22,14 @@ ROUTING_BLOCK_TOKENS = 16
 MAX_ROUTING_BLOCKS = 256
 
 
-def routing_hashes(prompt_ids: Sequence[int]) -> tuple[int, ...]:
-    """Keys of the prompt's full leading blocks, first block first, each chained over all before it."""
+def routing_hashes(prompt_ids: Sequence[int], cache_salt: str = "") -> tuple[int, ...]:
+    """Keys of the prompt's full leading blocks, first block first, each chained over all before it.
+
+    The chain starts from the request's cache salt, as in the replicas: a replica holds a prefix
+    only for requests of the same salt, so the same prompt under another salt names other blocks."""
     count = min(len(prompt_ids) // ROUTING_BLOCK_TOKENS, MAX_ROUTING_BLOCKS)
     keys: list[int] = []
-    parent = 0
+    parent = int.from_bytes(hashlib.blake2b(cache_salt.encode(), digest_size=8).digest()) if cache_salt else 0
     for i in range(count):
         parent = hash((parent, *prompt_ids[i * ROUTING_BLOCK_TOKENS : (i + 1) * ROUTING_BLOCK_TOKENS]))
         keys.append(parent)

@@ -16,6 +16,12 @@ per-request `kv_cache_reused_blocks` output, which the request asks for with `re
 and the replica sends with every response; blocks become tokens at the replica's own block size,
 its `tokens_per` KV gauge. A replica that does not say its block size reports 0, with a warning.
 
+The request's cache_salt is not sent, so a Triton replica shares its prefix cache across users
+whatever `[admission] prefix_cache_scope` says: TensorRT-LLM's executor keys blocks by a per-request
+`cache_salt_id` (its LLM API's `cache_salt`), but the Triton backend's `tensorrt_llm` model declares
+no input for it (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt), and our
+CPU model follows that contract.
+
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
 exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
 model also counts the tokens it generated, which tests read as the replica's own record of work.

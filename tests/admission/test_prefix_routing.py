@@ -30,6 +30,17 @@ def test_routing_keys_name_whole_prefixes() -> None:
     assert len(routing_hashes([1] * (MAX_ROUTING_BLOCKS + 5) * B)) == MAX_ROUTING_BLOCKS
 
 
+def test_routing_keys_follow_the_cache_salt() -> None:
+    """A replica holds a prefix only for requests of the same salt: the router must not count a
+    prompt as cached because another user (another salt) sent it."""
+    prompt = list(range(5 * B))
+    mine = routing_hashes(prompt, "salt-a")
+    assert routing_hashes(prompt, "salt-a") == mine and len(mine) == 5
+    assert not set(routing_hashes(prompt, "salt-b")) & set(mine)
+    assert not set(routing_hashes(prompt)) & set(mine)
+    assert routing_hashes(prompt, "") == routing_hashes(prompt)
+
+
 def test_the_index_is_bounded_and_forgets_tails_and_old_prompts_first() -> None:
     index = PrefixIndex(max_blocks=6)
     old, new = routing_hashes([1] * 4 * B), routing_hashes([2] * 4 * B)

@@ -1,0 +1,60 @@
+"""`[admission] prefix_cache_scope`: one user's cached prompt prefix is no one else's to hit.
+
+A shared cache would let a user learn from cached_tokens whether another user recently sent a
+given prompt. Each test starts its own edge, so its replica's cache holds only what the test sent;
+"free" and "free2" are two users of one tier, so they differ only in who they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.edge.conftest import EDGE_SETTINGS
+from tests.edge.sse_client import MODEL
+from tests.support.live_server import LiveServer, start_server
+
+# Several KV blocks long, so a hit is plain to see.
+SYSTEM = "You answer questions about rivers, lakes and the sea, briefly and kindly. " * 4
+
+
+def _cached(server: LiveServer, who: str, question: str) -> int:
+    """The cached_tokens of one completion for user `who`, as the official SDK parses them."""
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys[who], max_retries=0) as sdk:
+        completion = sdk.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            max_tokens=4,
+        )
+    usage = completion.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None
+    return cached
+
+
+@pytest.fixture
+def scoped_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveServer]:
+    settings = {**EDGE_SETTINGS, "admission": {"prefix_cache_scope": request.param}}
+    with start_server(tmp_path, settings) as live:
+        yield live
+
+
+@pytest.mark.parametrize("scoped_server", ["user"], indirect=True)
+def test_by_default_a_user_hits_only_its_own_cached_prefix(scoped_server: LiveServer) -> None:
+    assert scoped_server.settings.admission.prefix_cache_scope == "user"  # the default
+    assert _cached(scoped_server, "free", "Where do rivers start?") == 0
+    assert _cached(scoped_server, "free", "Why is the sea salty?") > 0  # its own prefix, found again
+    # Another user sending the very same prefix learns nothing: computed afresh, reported 0.
+    assert _cached(scoped_server, "free2", "Why is the sea salty?") == 0
+    # ... and then has a cache of its own.
+    assert _cached(scoped_server, "free2", "What feeds a lake?") > 0
+
+
+@pytest.mark.parametrize("scoped_server", ["shared"], indirect=True)
+def test_a_shared_scope_lets_every_user_hit_the_prefix(scoped_server: LiveServer) -> None:
+    assert _cached(scoped_server, "free", "Where do rivers start?") == 0
+    assert _cached(scoped_server, "free2", "Why is the sea salty?") > 0
