@@ -12,8 +12,14 @@ appended to the history. Clients declare a large max_tokens (`declared_max_token
 clients do, while the replies end much sooner (the reply length stands in for the model's end of
 turn): that gap is what worst-case admission reserves for nothing.
 
+Each conversation is its own user. The cache scope (`--cache-scope`, the edge's `[admission]
+prefix_cache_scope`) defaults to "shared" here, as a single-tenant product whose users share the
+system prompt runs it: every conversation after the first finds the system prompt cached. With
+"user" (the edge's default) each user has a cache of its own, so each conversation's first turn
+computes the system prompt afresh and only a conversation's own earlier turns are found.
+
     .venv/bin/python -m bench.prefix [--model demo] [--conversations 4] [--turns 4] \
-        [--out docs/bench-prefix.md]
+        [--cache-scope shared] [--out docs/bench-prefix.md]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import msgspec
 import numpy as np
 
 from edge.admission import Dispatcher, Ticket
+from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.prefix_index import routing_hashes
 from edge.admission.real_use import RealUse
 from edge.upstreams.base import GenerationRequest
@@ -73,6 +80,7 @@ class Workload:
     # A user reads the reply and types the next message: other conversations' load moves meanwhile.
     think_s: tuple[float, float] = (0.0, 3.0)
     seed: int = 7
+    cache_scope: PrefixCacheScope = "shared"
 
 
 @dataclass
@@ -156,22 +164,24 @@ async def _run_conversation(
             await asyncio.sleep(conv.think_s[turn])
         prompt = history + conv.user_messages[turn]
         rid = f"c{conv.index}-t{turn}"
+        user = f"user-{conv.index}"
+        salt = cache_salt(user, workload.cache_scope)
         ticket = Ticket(
             request_id=rid,
-            user=f"user-{conv.index}",
+            user=user,
             priority=PAID_PRIORITY if conv.paid else FREE_PRIORITY,
             kv_tokens=len(prompt) + workload.declared_max_tokens,
             max_wait_s=600.0,
             may_use_reserve=conv.paid,
             tier="paid" if conv.paid else "free",
-            prefix_keys=routing_hashes(prompt),
+            prefix_keys=routing_hashes(prompt, salt),
             prompt_tokens=len(prompt),
         )
         asked = time.perf_counter()
         slot = await dispatcher.acquire(ticket)
         queue_s = time.perf_counter() - asked
         request = GenerationRequest(
-            rid, prompt, conv.reply_lengths[turn], temperature=0.0, priority=ticket.priority
+            rid, prompt, conv.reply_lengths[turn], temperature=0.0, priority=ticket.priority, cache_salt=salt
         )
         reply: list[int] = []
         ttft = float("nan")
@@ -266,9 +276,10 @@ def _table(results: list[VariantResult]) -> str:
 
 def _cacheable(turns: list[TurnResult], system_tokens: int, block: int) -> float:
     """The most of the prompt tokens a prefix cache could serve: each turn's whole blocks of what an
-    earlier request computed (the system prompt; the previous turn's prompt and reply, less the
-    reply's last token, whose K/V nobody computed), never its own last token. An upper bound: the
-    first request to carry the system prompt finds nothing."""
+    earlier request computed (the system prompt, system_tokens: 0 where users do not share a cache;
+    the previous turn's prompt and reply, less the reply's last token, whose K/V nobody computed),
+    never its own last token. An upper bound: the first request to carry the system prompt finds
+    nothing."""
     by_turn = {(t.conversation, t.turn): t for t in turns}
     cacheable = 0
     for t in turns:
@@ -371,6 +382,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--reply-tokens", type=int, nargs=2, default=Workload.reply_tokens, metavar=("MIN", "MAX")
     )
+    parser.add_argument(
+        "--cache-scope",
+        choices=["shared", "user"],
+        default=Workload.cache_scope,
+        help="whose cached prefixes a turn may hit: every user's, or its own user's",
+    )
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens per replica")
     parser.add_argument(
         "--variants", type=int, nargs="*", default=None, help="run only these (0-based, in table order)"
@@ -384,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         system_tokens=args.system_tokens,
         user_tokens=(args.user_tokens[0], args.user_tokens[1]),
         reply_tokens=(args.reply_tokens[0], args.reply_tokens[1]),
+        cache_scope=args.cache_scope,
     )
     variants = VARIANTS if args.variants is None else [VARIANTS[i] for i in args.variants]
     engine = EngineConfig(
@@ -403,7 +421,8 @@ def main(argv: list[str] | None = None) -> None:
     replies = [{(t.conversation, t.turn): t.reply for t in r.turns} for r in results]
     same_replies = all(r == replies[0] for r in replies)
     table = _table(results)
-    profile = _profile(results, workload.system_tokens, engine.block_size)
+    shareable = workload.system_tokens if workload.cache_scope == "shared" else 0
+    profile = _profile(results, shareable, engine.block_size)
     print(table)
     print(profile)
     print(f"replies identical in every variant: {same_replies}")
@@ -419,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{workload.user_tokens[0]}-{workload.user_tokens[1]}, "
             f"replies {workload.reply_tokens[0]}-{workload.reply_tokens[1]} tokens, think time "
             f"{workload.think_s[0]:g}-{workload.think_s[1]:g} s, declared max_tokens "
-            f"{workload.declared_max_tokens}; 2 replicas of {engine.num_blocks} KV blocks x "
+            f"{workload.declared_max_tokens}; prefix cache scope {workload.cache_scope!r}; "
+            f"2 replicas of {engine.num_blocks} KV blocks x "
             f"{engine.block_size} "
             f"tokens. Replies identical in every variant: {same_replies}."
         )
