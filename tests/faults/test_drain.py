@@ -229,12 +229,18 @@ def test_streams_queued_at_sigterm_still_run_on_an_edge_in_the_fleet(tmp_path: P
     try:
         with start_server(tmp_path, settings) as server:
             dispatcher = server.app.state.runtime.pipeline.dispatcher
-            body = BODY | {"max_tokens": 24}
-            streams = [_Stream(server.base_url, server.auth("paid"), body) for _ in range(3)]
-            for stream in streams:
+            with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+                long_body = BODY | {"seed": find_long_seed(client, server.keys["paid"])}
+            # The first holds the replica's one sequence for LONG_TOKENS tokens; the others queue.
+            streams = [_Stream(server.base_url, server.auth("paid"), long_body)]
+            streams[0].start()
+            assert streams[0].started.wait(60) and streams[0].error is None, streams[0].error
+            streams += [
+                _Stream(server.base_url, server.auth("paid"), BODY | {"max_tokens": 24}) for _ in range(2)
+            ]
+            for stream in streams[1:]:
                 stream.start()
-            # One runs (the replica holds one sequence), the other two wait in the queue.
-            _wait(lambda: dispatcher.queue_depth_per_replica() == 2, "two streams queued")
+            _wait(lambda: dispatcher.queue_depth_per_replica() == 2, "both queued")
             server.drain()
             for stream in streams:
                 stream.join(60)
