@@ -106,8 +106,14 @@ class FleetMembership:
 
     async def beat_once(self) -> FleetView:
         now = self._clock()
+        claim = self._claim()
+        if self._remaining is not None and self.member_id in self._claims and self.view.source == "redis":
+            # Draining: hold the smaller claim here before Redis shows it to the others, who grow
+            # as soon as they see it. Lowered after the write, the two views overlapped for as long
+            # as the reply took: the shares summed past the whole replica (1.014 in one CI run).
+            self._set(view_from_claims({**self._claims, self.member_id: claim}, self.member_id, "draining"))
         try:
-            self._claims = await self._registry.beat(self.member_id, self._claim(), self.settings.ttl_s)
+            self._claims = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             return self._unreachable(now, exc)
         if self._joined_at is None and set(self._claims) <= {self.member_id}:
