@@ -168,10 +168,22 @@ def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
             stream.start()
         for stream in streams:
             assert stream.started.wait(60) and stream.error is None, stream.error
-        server.drain()
+        # Hold the engine still, so the deadline finds both streams running on any machine (an idle
+        # one generates their 1,000 tokens in about the deadline's second).
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        engines = [r.upstream.pid for r in dispatcher.replicas.members]
+        assert engines and all(engines), "the replicas are not engine processes"
+        for pid in engines:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            server.drain()
+            for stream in streams:
+                stream.join(60)
+                assert not stream.is_alive() and stream.error is None, stream.error
+        finally:
+            for pid in engines:
+                os.kill(pid, signal.SIGCONT)
         for stream in streams:
-            stream.join(60)
-            assert not stream.is_alive() and stream.error is None, stream.error
             assert stream.events[-1] == DONE
             assert stream.events[-3]["error"]["code"] == "server_shutting_down"
         assert finished_requests(server, "drained") == drained + 2
