@@ -8,6 +8,7 @@ The default replica is the engine in its own process (engine_process.py).
 
 from __future__ import annotations
 
+from gpu_container.contract import GenerationRequest
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.front import EngineFront
 from gpu_container.engine.mailbox import Mailbox
@@ -19,16 +20,10 @@ class AsyncEngine(EngineFront):
         self.name = name
         self.engine = engine
 
-    def _submit(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        cache_salt: str,
-        mailbox: Mailbox,
-    ) -> None:
-        self.engine.add_request(request_id, prompt_ids, params, mailbox.post, priority, cache_salt)
+    def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
+        self.engine.add_request(
+            req.request_id, req.prompt_ids, params, mailbox.post, req.priority, req.cache_salt
+        )
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from gpu_container.contract import RequestRejected, UpstreamError
+from gpu_container.contract import GenerationRequest, RequestRejected, UpstreamError
 from gpu_container.engine.front import EngineFront
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
@@ -121,22 +121,15 @@ class EngineProcess(EngineFront):
             raise RuntimeError("engine process is not started")
         return self._stats
 
-    def _submit(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        cache_salt: str,
-        mailbox: Mailbox,
-    ) -> None:
+    def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
         with self._lock:
             if not self._alive or self._stopping:
                 raise RuntimeError("engine process is not running")
-            if request_id in self._mailboxes:
-                raise ValueError(f"request {request_id!r} is already running")
-            self._mailboxes[request_id] = mailbox
-        self._send(("add", request_id, [int(t) for t in prompt_ids], params, priority, cache_salt))
+            if req.request_id in self._mailboxes:
+                raise ValueError(f"request {req.request_id!r} is already running")
+            self._mailboxes[req.request_id] = mailbox
+        prompt = [int(t) for t in req.prompt_ids]
+        self._send(("add", req.request_id, prompt, params, req.priority, req.cache_salt))
 
     def abort(self, request_id: str) -> None:
         """Forget the request here and have the child free it at its next step."""

@@ -63,16 +63,9 @@ class EngineFront(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def _submit(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        cache_salt: str,
-        mailbox: Mailbox,
-    ) -> None:
-        """Hand the request to the engine, its outputs to go to `mailbox`. Raises ValueError (the
+    def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
+        """Hand the request (its sampling already in the engine's terms) to the engine, its outputs
+        to go to `mailbox`. Raises ValueError (the
         request's fault) or RuntimeError (the engine's); a later refusal arrives through the mailbox
         as RequestRejected or UpstreamError."""
 
@@ -101,9 +94,7 @@ class EngineFront(abc.ABC):
 
     async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:
         try:
-            self._submit(
-                req.request_id, req.prompt_ids, sampling_params(req), req.priority, req.cache_salt, mailbox
-            )
+            self._submit(req, sampling_params(req), mailbox)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
         except RuntimeError as exc:
