@@ -22,6 +22,7 @@ from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
+from tests.triton.reading_task import cancel_after_first_token
 
 PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
 WAIT_S = 20.0
@@ -80,19 +81,7 @@ async def test_cancelling_the_reading_task_stops_the_sequence_without_the_poll(
     upstream: TritonUpstream,
 ) -> None:
     before = await upstream.metrics()
-    first_token = anyio.Event()
-
-    async def consume() -> None:
-        async for _ in upstream.generate(
-            GenerationRequest("cancel-me", PROMPT, max_new_tokens=1500, temperature=0.0)
-        ):
-            first_token.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consume)
-        with anyio.fail_after(WAIT_S):
-            await first_token.wait()
-        tg.cancel_scope.cancel()
+    await cancel_after_first_token(upstream, "cancel-me", WAIT_S)
     after = await _running_then_idle(upstream, before)
     assert after.iterations - before.iterations < 500
 

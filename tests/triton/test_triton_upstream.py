@@ -6,6 +6,7 @@ import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import anyio
 import grpc
@@ -26,6 +27,7 @@ from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from tests.support.ports import free_port
 from tests.triton.conftest import LocalTriton
+from tests.triton.reading_task import cancel_after_first_token
 
 PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
 WAIT_S = 20.0
@@ -155,6 +157,27 @@ async def test_a_shared_prefix_is_reported_cached_as_the_in_process_engine_repor
     assert all(set(d[1:]) <= {0} for d in via_triton)
 
 
+async def _non_streaming_replies(
+    triton: LocalTriton, req: GenerationRequest, *, perf_metrics: bool = False
+) -> list[Any]:
+    """The request as the tensorrt_llm contract's non-streaming form, over raw gRPC (no end token):
+    every response's infer_response, none carrying an error."""
+    request = encode_request(req, "tensorrt_llm", end_id=-1)
+    names = [t.name for t in request.inputs]
+    request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
+    request.raw_input_contents[names.index("return_perf_metrics")] = np.array([[perf_metrics]]).tobytes()
+    async with grpc.aio.insecure_channel(triton.process.grpc_url) as channel:
+
+        async def one() -> AsyncIterator[object]:
+            yield request
+
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
+        with anyio.fail_after(WAIT_S):
+            replies = [reply async for reply in call]
+    assert all(not r.error_message for r in replies)
+    return [r.infer_response for r in replies]
+
+
 @pytest.mark.anyio
 async def test_kv_cache_reused_blocks_is_sent_only_when_asked(local_triton: LocalTriton) -> None:
     """TensorRT-LLM's contract: the output comes with every response of a request that sets
@@ -163,24 +186,9 @@ async def test_kv_cache_reused_blocks_is_sent_only_when_asked(local_triton: Loca
     prompts = _shared_prefix_prompts(block)
 
     async def ask(i: int, prompt: list[int], perf_metrics: bool) -> list[int | None]:
-        request = encode_request(
-            GenerationRequest(f"perf-{i}", prompt, max_new_tokens=4, temperature=0.0),
-            "tensorrt_llm",
-            end_id=-1,
-        )
-        names = [t.name for t in request.inputs]
-        request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
-        request.raw_input_contents[names.index("return_perf_metrics")] = np.array([[perf_metrics]]).tobytes()
-        async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
-
-            async def one() -> AsyncIterator[object]:
-                yield request
-
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
-            with anyio.fail_after(WAIT_S):
-                replies = [reply async for reply in call]
-        assert all(not r.error_message for r in replies)
-        return [decode_reused_blocks(r.infer_response) for r in replies if decode_tokens(r.infer_response)]
+        req = GenerationRequest(f"perf-{i}", prompt, max_new_tokens=4, temperature=0.0)
+        replies = await _non_streaming_replies(local_triton, req, perf_metrics=perf_metrics)
+        return [decode_reused_blocks(r) for r in replies if decode_tokens(r)]
 
     assert await ask(0, prompts[0], perf_metrics=True) == [0]
     assert await ask(1, prompts[1], perf_metrics=False) == [None]
@@ -235,19 +243,7 @@ async def test_closing_the_stream_stops_generation_and_frees_the_kv_cache(
 @pytest.mark.anyio
 async def test_cancelling_the_reading_task_stops_generation(fixed_length: TritonUpstream) -> None:
     before = await _wait_for(fixed_length, _idle, "idle before the test")
-    first_token = anyio.Event()
-
-    async def consume() -> None:
-        async for _ in fixed_length.generate(
-            GenerationRequest("task-cancel", PROMPT, max_new_tokens=1500, temperature=0.0)
-        ):
-            first_token.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consume)
-        with anyio.fail_after(WAIT_S):
-            await first_token.wait()
-        tg.cancel_scope.cancel()
+    await cancel_after_first_token(fixed_length, "task-cancel", WAIT_S)
     after = await _wait_for(fixed_length, _idle_since(before), "after task cancellation")
     assert after.iterations - before.iterations < 500
 
@@ -311,24 +307,12 @@ async def test_non_streaming_request_gets_every_token_in_one_final_response(
     expected: list[int] = []
     async for out in in_process.generate(local):
         expected += out.token_ids
-    request = encode_request(
-        GenerationRequest("whole", PROMPT, max_new_tokens=12, temperature=0.0), "tensorrt_llm", end_id=-1
-    )
-    names = [t.name for t in request.inputs]
-    request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
-    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
-
-        async def one() -> AsyncIterator[object]:
-            yield request
-
-        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
-        with anyio.fail_after(WAIT_S):
-            replies = [reply async for reply in call]
-    assert all(not r.error_message for r in replies)
-    with_tokens = [r.infer_response for r in replies if decode_tokens(r.infer_response)]
+    whole = GenerationRequest("whole", PROMPT, max_new_tokens=12, temperature=0.0)
+    replies = await _non_streaming_replies(local_triton, whole)
+    with_tokens = [r for r in replies if decode_tokens(r)]
     assert len(with_tokens) == 1
     assert decode_tokens(with_tokens[0]) == expected
-    assert replies[-1].infer_response.parameters["triton_final_response"].bool_param
+    assert replies[-1].parameters["triton_final_response"].bool_param
 
 
 @pytest.mark.anyio
