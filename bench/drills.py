@@ -28,7 +28,6 @@ import json
 import math
 import resource
 import signal
-import socket
 import sqlite3
 import tempfile
 import threading
@@ -48,11 +47,11 @@ from redis.asyncio import Redis
 from bench.drill_serve import ServeProcess, serve_process
 from bench.limiter_load import LimiterLoad
 from bench.redis_process import RedisProcess
+from bench.stalled_socket import CHAT, open_stalled
 from gpu_container.engine.demo_model import build_demo_model
 from limiter.redis_store import RedisLimiter, user_keys
 from limiter.tiers import TierLimits
 
-CHAT = "/v1/chat/completions"
 MODEL = "floodgate-tiny"
 DRILL_USER = "drill-user"  # bench/drill_serve.py's paid key
 BLOCK_TOKENS = 16  # [engine] block_size
@@ -402,21 +401,6 @@ async def drain(demo_dir: Path, streams: int) -> Report:
     return report
 
 
-def _stalled_socket(server: ServeProcess, body: dict[str, Any]) -> socket.socket:
-    """A stream over a socket with a tiny receive buffer that is never read."""
-    host, port = server.base_url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
-    sock.connect((host, int(port)))
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {server.key}\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + payload)
-    return sock
-
-
 def _metric(server: ServeProcess, name: str) -> float:
     for line in httpx.get(server.ops_url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(name + " "):
@@ -450,7 +434,7 @@ async def slow_readers(demo_dir: Path, readers: int, seconds: float) -> Report:
                     "stream": True,
                 }
                 started = time.monotonic()
-                sockets = [_stalled_socket(server, long_body) for _ in range(readers)]
+                sockets = [open_stalled(server.base_url, server.key, long_body) for _ in range(readers)]
                 try:
                     body = {"model": MODEL, "messages": PROMPT, "max_tokens": 32, "stream": True}
                     answers = await _loop_clients(server, 16, seconds, body)

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import socket
 
-from tests.edge.sse_client import CHAT
+from bench.stalled_socket import open_stalled
 from tests.support.live_server import LiveServer
 
-RECEIVE_BUFFER = 4096
+__all__ = ["open_and_never_read", "open_stalled"]
 
 
 def open_and_never_read(server: LiveServer, body: dict[str, object]) -> socket.socket:
     """Send the request for `body` as the paid user; the caller closes the socket."""
     return open_stalled(server.base_url, server.keys["paid"], body)
-
-
-def open_stalled(base_url: str, key: str, body: dict[str, object]) -> socket.socket:
-    """Send the request for `body` with `key` to the edge at `base_url`; the caller closes it."""
-    host, port = base_url.removeprefix("http://").split(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)  # before connect: the window
-    sock.connect((host, int(port)))
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + payload)
-    return sock
