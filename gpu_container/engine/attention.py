@@ -4,6 +4,17 @@ A plan is built once per step (the block tables and masks are the same in every 
 one query each, are batched over tables padded to the longest; prefill chunks run one by one, each
 query attending causally to its sequence's cached prefix and to the chunk itself.
 
+A sequence whose table is a few runs of consecutive blocks (the block manager hands them out that
+way where it can) is read through views of the pool, one per run, instead of gathering its whole
+context with `keys[table]` every layer of every step: a copy of context x kv_heads x head_dim
+floats for K and again for V, which late in a 2,000-token prompt was a large part of what a step
+spent on attention (docs/bench-engine.md). Each run's scores go into one row of scores over the
+whole context, the softmax runs over that row once, and each run's slice of it multiplies that
+run's V: the same arithmetic as over a gathered context, without the copies. Short decodes still go
+through the gathered batch: at a few dozen keys the copy is cheap, and one batched product for all
+of them costs less Python than a loop over them; a fragmented table too (a run per block or two
+would cost more in per-run calls than the copy saves).
+
 When a few decodes have far longer contexts than the rest (the reply to a 2,000-token prompt next
 to short chats), padding every table to the longest made each short decode gather and score 2,000
 keys: the decodes are then split into two batches, short and long, when that at least halves the
@@ -20,6 +31,7 @@ product with V, on [heads, chunk, head_dim] instead of [heads, chunk, context].
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,22 +54,58 @@ class _Prefill:
 
 
 @dataclass(frozen=True, slots=True)
+class _Viewed:
+    """A decode or a prefill chunk whose context is read through views of the pool."""
+
+    slice: SequenceSlice
+    runs: tuple[tuple[int, int], ...]  # (first pool slot, keys): the context, run by run
+    bias: Floats | None  # the chunk's causal mask, as _Prefill's; None for a decode
+
+
+# A decode is read through views from this many keys of context on (below it, the batched gather
+# costs less than a loop over the decodes), and any sequence only if its runs average at least
+# this many keys.
+VIEW_MIN_KEYS = 128
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionPlan:
     decodes: tuple[_Decodes, ...]
     prefills: tuple[_Prefill, ...]
+    viewed: tuple[_Viewed, ...] = ()
 
     @classmethod
     def build(cls, slices: tuple[SequenceSlice, ...], block_size: int) -> AttentionPlan:
-        decoding = sorted((s for s in slices if s.length == 1), key=lambda s: len(s.block_table))
+        viewed: list[_Viewed] = []
+        gathered: list[SequenceSlice] = []
+        for s in slices:
+            runs = _runs(s, block_size)
+            if len(runs) * VIEW_MIN_KEYS <= max(s.context_len, VIEW_MIN_KEYS if s.length > 1 else 0):
+                viewed.append(_Viewed(s, runs, _causal(s.length) if s.length > 1 else None))
+            else:
+                gathered.append(s)
+        decoding = sorted((s for s in gathered if s.length == 1), key=lambda s: len(s.block_table))
         split = _split(decoding)
         groups = [g for g in (decoding[:split], decoding[split:]) if g]
         decodes = tuple(_batch(group, block_size) for group in groups)
-        prefills = []
-        for s in slices:
-            if s.length > 1:
-                future = np.arange(s.length)[None, :] > np.arange(s.length)[:, None]
-                prefills.append(_Prefill(s, np.where(future, -np.inf, 0.0).astype(np.float32)))
-        return cls(decodes, tuple(prefills))
+        prefills = tuple(_Prefill(s, _causal(s.length)) for s in gathered if s.length > 1)
+        return cls(decodes, prefills, tuple(viewed))
+
+
+def _causal(length: int) -> Floats:
+    future = np.arange(length)[None, :] > np.arange(length)[:, None]
+    return np.where(future, -np.inf, 0.0).astype(np.float32)
+
+
+def _runs(s: SequenceSlice, block_size: int) -> tuple[tuple[int, int], ...]:
+    """The slice's context as (first pool slot, keys) runs of consecutive blocks."""
+    table = s.block_table
+    starts = [0, *(np.flatnonzero(np.diff(table) != 1) + 1).tolist(), len(table)]
+    runs = []
+    for first, stop in itertools.pairwise(starts):
+        keys = min(stop * block_size, s.context_len) - first * block_size
+        runs.append((int(table[first]) * block_size, keys))
+    return tuple(runs)
 
 
 def _split(decoding: list[SequenceSlice]) -> int:
@@ -95,6 +143,9 @@ def paged_attention(q: Floats, keys: Floats, values: Floats, plan: AttentionPlan
     for p in plan.prefills:
         rows = slice(p.slice.start, p.slice.start + p.slice.length)
         out[rows] = _prefill(q[rows], keys, values, p, scale)
+    for w in plan.viewed:
+        rows = slice(w.slice.start, w.slice.start + w.slice.length)
+        out[rows] = _viewed(q[rows], keys, values, w, scale)
     return out
 
 
@@ -122,6 +173,39 @@ def _prefill(q: Floats, keys: Floats, values: Floats, p: _Prefill, scale: float)
     scores = qg @ k  # [kvh, group * C, ctx]
     scores.reshape(kv_heads, group, chunk, context)[..., context - chunk :] += p.bias
     out = _softmax_product(scores, v)  # [kvh, group * C, hd]
+    result: Floats = out.reshape(kv_heads, group, chunk, hd).transpose(2, 0, 1, 3).reshape(chunk, heads, hd)
+    return result
+
+
+def _viewed(q: Floats, keys: Floats, values: Floats, w: _Viewed, scale: float) -> Floats:
+    """_prefill's arithmetic (a decode is a chunk of one), over views of the pool run by run."""
+    chunk, heads, hd = q.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
+    context = w.slice.context_len
+    flat_keys, flat_values = keys.reshape(-1, kv_heads, hd), values.reshape(-1, kv_heads, hd)
+    qg = (q * scale).reshape(chunk, kv_heads, group, hd).transpose(1, 2, 0, 3).reshape(kv_heads, -1, hd)
+    if len(w.runs) == 1:
+        slot, n = w.runs[0]
+        scores = qg @ flat_keys[slot : slot + n].transpose(1, 2, 0)  # [kvh, group * C, ctx]
+    else:
+        scores = np.empty((kv_heads, group * chunk, context), dtype=np.float32)
+        at = 0
+        for slot, n in w.runs:
+            scores[..., at : at + n] = qg @ flat_keys[slot : slot + n].transpose(1, 2, 0)
+            at += n
+    if w.bias is not None:
+        scores.reshape(kv_heads, group, chunk, context)[..., context - chunk :] += w.bias
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    (slot, n), *rest = w.runs
+    out: Floats = scores[..., :n] @ flat_values[slot : slot + n].transpose(1, 0, 2)  # [kvh, group * C, hd]
+    at = n
+    for slot, n in rest:
+        out += scores[..., at : at + n] @ flat_values[slot : slot + n].transpose(1, 0, 2)
+        at += n
+    out /= total
     result: Floats = out.reshape(kv_heads, group, chunk, hd).transpose(2, 0, 1, 3).reshape(chunk, heads, hd)
     return result
 

@@ -11,13 +11,23 @@ same prefix can take it back until then. The last, partially filled block is nev
 shared; and a fully cached sequence still recomputes its last block, because the step that computes
 its last token is what yields the logits for the next one. A sequence's chain starts at the root of
 its cache salt (prefix_hash.root_hash), so sequences with different salts never share a block.
+
+A sequence's blocks are handed out consecutively where the pool allows: a sequence that grows takes
+the block after its last one if that is empty, and one that needs a block elsewhere starts in the
+middle of the longest run of empty blocks (at its start when nobody holds the block before it), so
+whoever holds the block before that run can still grow into it. Attention then reads a context as a
+few runs of consecutive blocks, each a view of the pool, instead of gathering every block of it
+every step (attention.py): what a long context's step cost was spent on. Nothing depends on it for
+correctness; a fragmented table is read by gathering, as before.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from gpu_container.engine.prefix_hash import chain_hash
 from gpu_container.engine.sequence import Sequence
@@ -46,8 +56,9 @@ class BlockManager:
         self._refs = [0] * num_blocks
         self._keys: list[_BlockKey | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
-        # Free blocks holding nothing worth keeping. FIFO reuse spreads writes over the pool.
-        self._empty: deque[int] = deque(range(num_blocks))
+        # Free blocks holding nothing worth keeping.
+        self._empty = np.ones(num_blocks, dtype=bool)
+        self._num_empty = num_blocks
         # Free blocks that keep a keyed prefix, least recently released first: evicted in that order.
         self._cached: OrderedDict[int, None] = OrderedDict()
         # Tokens looked up at admission, and those of them found in the cache (admissions after a
@@ -58,7 +69,7 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks no sequence holds (the cached ones included: they are taken back when needed)."""
-        return len(self._empty) + len(self._cached)
+        return self._num_empty + len(self._cached)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -66,7 +77,7 @@ class BlockManager:
         return len(self._cached)
 
     def free_block_ids(self) -> tuple[int, ...]:
-        return (*self._empty, *self._cached)
+        return (*np.flatnonzero(self._empty).tolist(), *self._cached)
 
     def ref_count(self, block: int) -> int:
         return self._refs[block]
@@ -83,7 +94,8 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_tokens)
         if needed > self.num_free_blocks:
             raise RuntimeError(f"KV pool exhausted: need {needed} blocks, {self.num_free_blocks} free")
-        seq.block_table.extend(self._take_free() for _ in range(needed))
+        for _ in range(needed):
+            seq.block_table.append(self._take_free(seq.block_table[-1] if seq.block_table else None))
 
     def admission_cost(self, seq: Sequence) -> int:
         """Free blocks that admitting seq whole (allocate) would take: its blocks not found in the
@@ -107,8 +119,9 @@ class BlockManager:
             if self._refs[b] == 0:
                 del self._cached[b]
             self._refs[b] += 1
-        fresh = blocks_for(seq.num_tokens, self.block_size) - len(hits)
-        seq.block_table = hits + [self._take_free() for _ in range(fresh)]
+        seq.block_table = list(hits)
+        for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(hits)):
+            seq.block_table.append(self._take_free(seq.block_table[-1] if seq.block_table else None))
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_sealed_blocks = len(hits)
         self.prefix_query_tokens += seq.num_tokens
@@ -144,7 +157,8 @@ class BlockManager:
                 raise RuntimeError(f"block {block} released more often than taken")
             if self._refs[block] == 0:
                 if self._keys[block] is None:
-                    self._empty.append(block)
+                    self._empty[block] = True
+                    self._num_empty += 1
                 else:
                     self._cached[block] = None
         seq.block_table = []
@@ -159,9 +173,12 @@ class BlockManager:
                 held[block] = held.get(block, 0) + 1
         return sum(1 for block, n in held.items() if self._refs[block] == n)
 
-    def _take_free(self) -> int:
-        if self._empty:
-            block = self._empty.popleft()
+    def _take_free(self, after: int | None) -> int:
+        """A free block for a sequence whose table ends with block `after` (None: it holds none)."""
+        if self._num_empty:
+            block = self._next_empty(after)
+            self._empty[block] = False
+            self._num_empty -= 1
         else:
             block, _ = self._cached.popitem(last=False)
             key = self._keys[block]
@@ -170,6 +187,18 @@ class BlockManager:
             self._keys[block] = None
         self._refs[block] = 1
         return block
+
+    def _next_empty(self, after: int | None) -> int:
+        """The block after `after` if it is empty, else one where a new run of blocks can grow."""
+        if after is not None and after + 1 < self.num_blocks and self._empty[after + 1]:
+            return after + 1
+        edges = np.flatnonzero(np.diff(self._empty.astype(np.int8), prepend=0, append=0))
+        starts, stops = edges[0::2], edges[1::2]
+        longest = int(np.argmax(stops - starts))
+        start, stop = int(starts[longest]), int(stops[longest])
+        if start == 0 or self._refs[start - 1] == 0:
+            return start
+        return start + (stop - start) // 2
 
     def _match(self, seq: Sequence) -> list[int]:
         """The blocks holding seq's longest cached prefix of full blocks, its last token excluded."""
