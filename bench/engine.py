@@ -116,9 +116,17 @@ def main() -> None:
     model_dir = args.model or default_model()
     started = time.time()
     res = Results(machine=machine(), model_dir=str(model_dir), command="python -m bench.engine")
-    if only != set(SECTIONS) and args.saved.is_file():
-        res = pickle.loads(args.saved.read_bytes())
-        res.command = f"python -m bench.engine (sections {args.only} rerun at {datetime.now(UTC):%H:%M} UTC)"
+    # A rerun of some sections keeps the others from the saved results; with none saved (a fresh
+    # checkout) it replaces only its own sections in the page (write_report's `only`).
+    splice = None
+    if only != set(SECTIONS):
+        rerun = f"python -m bench.engine --only {args.only} at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        if args.saved.is_file():
+            res = pickle.loads(args.saved.read_bytes())
+            res.command = f"{rerun} (the other sections from the saved run)"
+        else:
+            splice = only
+            res.command = f"{rerun} (the other sections as this page had them)"
     model = load_model(model_dir)
     res.weights_mb = model.weights.nbytes / 1e6
     res.resident_weights_mb = model.weights.resident_bytes / 1e6
@@ -176,7 +184,7 @@ def main() -> None:
         done("batching")
 
     res.minutes = (time.time() - started) / 60
-    write_report(res, args.out)
+    write_report(res, args.out, splice)
     print(f"wrote {args.out}")
 
 

@@ -224,7 +224,8 @@ def chunk_costs(model: LlamaModel, chunks: tuple[int, ...], decodes: int = 4) ->
 
 @dataclass(frozen=True)
 class JoinRun:
-    """Streams decoding while a long prompt joins: their gaps before and while it prefills."""
+    """Streams decoding while a long prompt joins: their gaps before and while it prefills, and the
+    same streams' gaps at the same token positions in a run where nothing joins."""
 
     label: str
     prompt_tokens: int
@@ -236,6 +237,11 @@ class JoinRun:
     steady_step_cpu_s: float = float("nan")  # median engine-thread CPU time of a step before it
     join_step_cpu_s: list[float] = field(default_factory=list)  # each step's while it prefilled
     load: float = float("nan")  # 1-minute load average when the run ended
+    # The same streams' gaps at the same token positions, and the engine's steps meanwhile, run
+    # right after without the prompt: their decode step grows with their own context (attention
+    # over it), which the steady gap before the join does not see.
+    unjoined_gaps_s: list[float] = field(default_factory=list)
+    unjoined_step_cpu_s: list[float] = field(default_factory=list)
 
     @property
     def join_step_cpu_p99_s(self) -> float:
@@ -245,22 +251,37 @@ class JoinRun:
     def join_p99_s(self) -> float:
         return float(np.percentile(self.join_gaps_s, 99)) if self.join_gaps_s else float("nan")
 
+    @property
+    def unjoined_gap_s(self) -> float:
+        return statistics.median(self.unjoined_gaps_s) if self.unjoined_gaps_s else float("nan")
+
+    @property
+    def unjoined_step_cpu_s_median(self) -> float:
+        return statistics.median(self.unjoined_step_cpu_s) if self.unjoined_step_cpu_s else float("nan")
+
+
+_STEADY_FROM, _STEADY_TO = 8, 40  # the streams' tokens between which the steady gap is measured
+
+
+def _start_streams(driver: Driver, streams: int) -> None:
+    forever = SamplingParams(max_new_tokens=100_000, temperature=0.0, ignore_eos=True)
+    for i in range(streams):
+        driver.add(f"stream-{i}", [1, 2, 3, 4 + i], forever)
+
 
 def long_prompt_joins(
     model: LlamaModel, config: EngineConfig, label: str, prompt_tokens: int, streams: int
 ) -> JoinRun:
+    """The join, then the same streams alone in a fresh engine up to the same token positions."""
     rng = np.random.default_rng(prompt_tokens)
-    forever = SamplingParams(max_new_tokens=100_000, temperature=0.0, ignore_eos=True)
+    names = [f"stream-{i}" for i in range(streams)]
     with threadpool_limits(config.blas_threads, "blas"), Driver(model, config) as driver:
-        for i in range(streams):
-            driver.add(f"stream-{i}", [1, 2, 3, 4 + i], forever)
-        for i in range(streams):
-            driver.wait_tokens(f"stream-{i}", 8)
-        steady_from = {f"stream-{i}": len(driver.traces[f"stream-{i}"].times) for i in range(streams)}
-        driver.wait_tokens("stream-0", 40)
-        steady = [
-            g for i in range(streams) for g in driver.traces[f"stream-{i}"].gaps[steady_from[f"stream-{i}"] :]
-        ]
+        _start_streams(driver, streams)
+        for name in names:
+            driver.wait_tokens(name, _STEADY_FROM)
+        steady_from = {name: len(driver.traces[name].times) for name in names}
+        driver.wait_tokens("stream-0", _STEADY_TO)
+        steady = [g for name in names for g in driver.traces[name].gaps[steady_from[name] :]]
         steady_times = driver.traces["stream-0"].times
         steady_cpu = driver.step_cpu_s(steady_times[steady_from["stream-0"]], steady_times[-1])
         prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, prompt_tokens)]
@@ -269,16 +290,20 @@ def long_prompt_joins(
         joined, first = driver.traces["long"].sent, driver.traces["long"].times[0]
         gaps: list[float] = []
         timeline: list[tuple[float, float]] = []
-        for i in range(streams):
-            times = driver.traces[f"stream-{i}"].times
-            for a, b in itertools.pairwise(times):
+        # Per stream, the gaps that ended while the prompt joined, by the index of their first token.
+        positions: dict[str, list[int]] = {name: [] for name in names}
+        for name in names:
+            times = driver.traces[name].times
+            for k, (a, b) in enumerate(itertools.pairwise(times)):
                 if b > joined and a < first:
                     gaps.append(b - a)
-                    if i == 0:
+                    positions[name].append(k)
+                    if name == "stream-0":
                         timeline.append((b - joined, b - a))
         join_cpu = driver.step_cpu_s(joined, first)
-        for i in range(streams):
-            driver.engine.abort(f"stream-{i}")
+        for name in names:
+            driver.engine.abort(name)
+    unjoined, unjoined_cpu = _unjoined(model, config, positions)
     return JoinRun(
         label,
         prompt_tokens,
@@ -290,7 +315,27 @@ def long_prompt_joins(
         statistics.median(steady_cpu),
         join_cpu,
         os.getloadavg()[0],
+        unjoined,
+        unjoined_cpu,
     )
+
+
+def _unjoined(
+    model: LlamaModel, config: EngineConfig, positions: dict[str, list[int]]
+) -> tuple[list[float], list[float]]:
+    """The streams alone, same prompts and config: their gaps at `positions` and the engine's steps
+    between the first and the last of them."""
+    with threadpool_limits(config.blas_threads, "blas"), Driver(model, config) as driver:
+        _start_streams(driver, len(positions))
+        for name, ks in positions.items():
+            driver.wait_tokens(name, max(ks, default=0) + 2)
+        gaps = [driver.traces[name].gaps[k] for name, ks in positions.items() for k in ks]
+        ks = positions["stream-0"]
+        times = driver.traces["stream-0"].times
+        cpu = driver.step_cpu_s(times[ks[0]], times[ks[-1] + 1]) if ks else []
+        for name in positions:
+            driver.engine.abort(name)
+    return gaps, cpu
 
 
 @dataclass(frozen=True)

@@ -44,15 +44,62 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(res: Results, out: Path) -> None:
+# Each section of the page: its heading, and the first words of its line in the summary.
+_HEADINGS = {
+    "roofline": ("## 1. ", "- Batch-1 decode"),
+    "layout": ("## 2. ", None),
+    "served": ("## 3. ", "- Served through"),
+    "join": ("## 4. ", "- A long prompt joining"),
+    "batching": ("## 5. ", "- Continuous / static"),
+}
+
+
+def write_report(res: Results, out: Path, only: set[str] | None = None) -> None:
+    """The whole page from res; or, with `only`, those sections (and their summary lines) replaced
+    in the page already at `out`, the rest of it kept: a rerun of some sections with no saved
+    results of the others (a fresh checkout) must not blank them."""
     stem = out.with_suffix("")
-    plots = {
-        "roofline": _plot_roofline(res, Path(f"{stem}-roofline.png")),
-        "served": _plot_served(res, Path(f"{stem}-served.png")),
-        "join": _plot_join(res, Path(f"{stem}-join.png")),
-        "batching": _plot_batching(res, Path(f"{stem}-batching.png")),
+    painters = {
+        "roofline": _plot_roofline,
+        "served": _plot_served,
+        "join": _plot_join,
+        "batching": _plot_batching,
     }
-    out.write_text(_markdown(res, {k: v.name for k, v in plots.items()}))
+    plots = {}
+    for name, paint in painters.items():
+        path = Path(f"{stem}-{name}.png")
+        plots[name] = (paint(res, path) if only is None or name in only else path).name
+    page = _markdown(res, plots)
+    if only is not None:
+        page = _splice(out.read_text(), page, only)
+    out.write_text(page)
+
+
+def _splice(old: str, new: str, only: set[str]) -> str:
+    """`old` with the sections in `only`, their summary lines and the page's command from `new`."""
+    for name in only:
+        heading, summary = _HEADINGS[name]
+        old = _replace_block(old, new, heading, "\n## ")
+        if summary is not None:
+            old = _replace_block(old, new, summary, "\n- ", "\n\n")
+    marker = "This page: "
+    start, stop = old.index(marker), old.index(". Each comparison")
+    new_start, new_stop = new.index(marker), new.index(". Each comparison")
+    return old[:start] + new[new_start:new_stop] + old[stop:]
+
+
+def _replace_block(old: str, new: str, start: str, *ends: str) -> str:
+    """The block of `old` that starts at a line beginning with `start` and runs to the first of
+    `ends` after it, replaced by the same block of `new`."""
+
+    def bounds(text: str) -> tuple[int, int]:
+        begin = text.index("\n" + start) + 1
+        found = [i for i in (text.find(end, begin) for end in ends) if i >= 0]
+        return begin, min(found, default=len(text))
+
+    a, b = bounds(old)
+    c, d = bounds(new)
+    return old[:a] + new[c:d] + old[b:]
 
 
 def _markdown(res: Results, plots: dict[str, str]) -> str:
@@ -122,6 +169,9 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
             "p99 / steady gap (goal: 2x)",
             "p99 / steady p99",
             "step CPU p99 / steady step",
+            "gap p50 at the same positions, nothing joining (ms)",
+            "p99 / that gap",
+            "step CPU p99 / that step",
             "its TTFT (s)",
             "load",
         ],
@@ -136,6 +186,9 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
                 f"{j.join_p99_s / j.steady_gap_s:.2f}x",
                 f"{j.join_p99_s / j.steady_p99_s:.2f}x",
                 f"{j.join_step_cpu_p99_s / j.steady_step_cpu_s:.2f}x",
+                f"{j.unjoined_gap_s * 1e3:.0f}",
+                f"{j.join_p99_s / j.unjoined_gap_s:.2f}x",
+                f"{j.join_step_cpu_p99_s / j.unjoined_step_cpu_s_median:.2f}x",
                 f"{j.ttft_s:.1f}",
                 f"{j.load:.1f}",
             ]
@@ -176,6 +229,7 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
         if n in unbudgeted
     )
     worst = max((j.join_p99_s / j.steady_gap_s for j in defaults), default=0.0)
+    worst_unjoined = max((j.join_p99_s / j.unjoined_gap_s for j in defaults), default=0.0)
     one1_pct = one[1].fraction * 100 if 1 in one else float("nan")
     default_label = defaults[0].label.split(" (default)")[0] if defaults else "none measured"
     cpu_worst = max((j.join_step_cpu_p99_s / j.steady_step_cpu_s for j in defaults), default=0.0)
@@ -186,6 +240,9 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
         else f"**2x not met in this run**: worst p99 {worst:.2f}x the steady gap over {len(defaults)} runs "
         "of the default."
     ) + (
+        f" Against the same streams' gap at the same token positions with nothing joining (their own"
+        f" contexts grow meanwhile, which slows their decode step whether or not a prompt joins): worst"
+        f" p99 {worst_unjoined:.2f}x, {'within' if worst_unjoined <= 2 else 'not within'} 2x."
         f" In the engine thread's CPU time, which the budget controls and other processes do not inflate, "
         f"the p99 step while a prompt joins is at most {cpu_worst:.2f}x the steady step. The load average "
         f"during the default's runs was {spread([j.load for j in defaults], '')} on 2 cores: the wall-clock "
@@ -195,7 +252,9 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
     )
     default_joins = "; ".join(
         f"{n} tokens: p99 {spread([j.join_p99_s / j.steady_gap_s for j in of_default(n)], digits=2)} "
-        f"the steady gap (engine CPU time per step: "
+        f"the steady gap before it joins, "
+        f"{spread([j.join_p99_s / j.unjoined_gap_s for j in of_default(n)], digits=2)} the gap at the "
+        f"same positions with nothing joining (engine CPU time per step: "
         f"{spread([j.join_step_cpu_p99_s / j.steady_step_cpu_s for j in of_default(n)], digits=2)}), "
         f"TTFT {spread([j.ttft_s for j in of_default(n)], ' s')}"
         + (
