@@ -76,16 +76,17 @@ def write_report(res: Results, out: Path, only: set[str] | None = None) -> None:
 
 
 def _splice(old: str, new: str, only: set[str]) -> str:
-    """`old` with the sections in `only`, their summary lines and the page's command from `new`."""
+    """`old` with the sections in `only` and their summary lines from `new`, and `new`'s command
+    added to the page's."""
     for name in only:
         heading, summary = _HEADINGS[name]
         old = _replace_block(old, new, heading, "\n## ")
         if summary is not None:
             old = _replace_block(old, new, summary, "\n- ", "\n\n")
     marker = "This page: "
-    start, stop = old.index(marker), old.index(". Each comparison")
-    new_start, new_stop = new.index(marker), new.index(". Each comparison")
-    return old[:start] + new[new_start:new_stop] + old[stop:]
+    stop = old.index(". Each comparison")
+    rerun = new[new.index(marker) + len(marker) : new.index(". Each comparison")]
+    return f"{old[:stop]}; then {rerun}{old[stop:]}"
 
 
 def _replace_block(old: str, new: str, start: str, *ends: str) -> str:
@@ -372,8 +373,12 @@ loop on one GIL; "engine thread" is the old in-process path, kept as `isolation 
 
 What a prompt token costs by the size of its chunk, next to 4 decodes (thread CPU time, one BLAS
 thread, 256 tokens of context before the chunk): up to 16 rows in all (12 prompt tokens here) every
-row is its own GEMV, beyond that the batch is one GEMM whose fixed cost (OpenBLAS packing the
-weights) makes the step jump, after which a token costs a third of a GEMV row.
+row is its own GEMV (model.py), beyond that the batch is one GEMM. Where each GEMV re-reads the
+weights from the last-level cache (the machine of the runs before 2026-11-30 19:00 UTC) a GEMV row
+cost about 7 ms and the GEMM's fixed cost made the step jump at the knee; where it does not (the
+2026-11-30 19:26 UTC run, two other processes holding both cores and the cache) every GEMV row
+costs about as much as the first, a whole pass over the weights, and an 8-token chunk (12 rows,
+GEMVs) costs more than a 16-token one (20 rows, one GEMM): the knee is the machine's (section 2).
 
 {chunk_table}
 
@@ -409,7 +414,24 @@ put 3x too many tokens in a step. What changed:
 - the floor applies to every waiting prompt, as before: for a while it applied only when more
   prompts waited than streams decoded, and a 2,000-token prompt joining 4 streams then got the time
   budget alone, 1-2 tokens a step late in its prefill, and its first token after 308-624 s on this
-  loaded box (32 s with no budget). The time budget alone is the "floor 1" row.
+  loaded box (32 s with no budget). The time budget alone is the "floor 1" row;
+- attention reads a context through views of the KV pool, one per run of consecutive blocks, which
+  the block manager now hands out where it can, instead of gathering the whole context every layer
+  of every step (`gpu_container/engine/attention.py`). Engine thread CPU time per step, old gather
+  against views, same tables, interleaved (2026-11-30 19:46 UTC, load 3.1-4.2): 4 decodes at 50
+  tokens of context 254 / 257 ms, at 1,000 350 / 346, at 2,000 434 / 360 (0.83x); 4 decodes at
+  1,000 with a 2-token chunk at 2,000 517 / 489 (0.95x), with a 16-token chunk 730 / 520 (0.71x).
+  On this run's machine the projections' GEMV rows dominate the step, so attention is a smaller
+  share of it than on the earlier one (there 4 decodes cost 79 ms at 50 tokens, 144 at 1,000);
+- the default floor went from 32 tokens to 16 (`edge/defaults.toml`), measured below against the
+  old one in the same run;
+- each run also drives the same 4 streams, same prompts and budget, in a fresh engine with nothing
+  joining, up to the same token positions: "gap p50 at the same positions, nothing joining" is
+  their median gap over the very tokens that the join's gaps are measured on, and "step CPU p99 /
+  that step" compares the join's engine steps with those steps. The streams' decode step grows
+  with their own context, joining or not, which the steady gap before the join does not see. That
+  second engine runs after the first, on a box whose load moves by the minute: its wall-clock gap
+  varies far more from run to run than its CPU time does.
 
 {joins}
 
@@ -422,18 +444,21 @@ decodes instead of in a few multi-second steps that stop everyone. The default's
 token budget's: {ttft_ratios}.
 {join_verdict}
 
-Why the 2,000-token prompt misses even in CPU time: its join lasts a couple of hundred steps, and
-meanwhile the 4 streams' own contexts grow, which alone doubles their decode step: 79 ms at 50
-tokens of context, 144 ms at 1,000, 156 ms at 1,600 (4 decodes, thread CPU time, measured
-separately on this machine at 17:09 UTC). The ratio is taken against the step before the join, as
-the goal states it, and the engine's budget cannot see this growth either (its decode step is
-refined only by decode-only steps, and during a join there are none). Late in the prompt a chunk's
-own attention over 2,000 tokens of context costs about 38 ms whatever its size, so the time budget
-alone leaves it 1-2 tokens a step: in an earlier run of the "floor 1" trade at 2,000 tokens (load
-5.5-11) the first token came after 308-624 s. The default's floor keeps the prompt's TTFT within
-about 1.5-2x the unbudgeted one and takes the streams' slower steps instead; "floor 1" is the other
-trade, for a deployment that puts inter-token latency first. Not solved here: a cheaper attention
-over a long context, and a decode step modelled by context length.
+What the 2026-11-30 19:26 UTC run says (two other processes held both cores throughout, load
+3.9-5.7; each row is one run): the 16-token floor cuts the streams' p99 against the old 32-token
+floor, in the wall clock (500 tokens: 2.03-2.35x the steady gap against 2.84x; 2,000 tokens:
+2.46-2.63x against 3.97x) and in engine CPU time against the same positions with nothing joining
+(500: 1.66-2.04x against 3.18x; 2,000: 1.85-2.76x against 2.85x), and pays in the prompt's TTFT
+(500: 21.5-24.9 s against 18.8 s; 2,000: 59.4-78.7 s against 57.4 s). The goal, p99 within 2x the
+steady gap in the wall clock, is still not met: run to run, the wall clock on this box moves by more
+than the margin (the steady gap before the join ranged 338-671 ms over the runs; the same positions
+with nothing joining 286-497 ms). Late in the 2,000-token prompt a chunk's own attention over its
+context is still a fixed cost a step whatever its size, so the time budget alone leaves it a few
+tokens a step and the floor is what bounds its TTFT. Not solved here: a decode step modelled by
+context length (the budget refines the decode step only from decode-only steps, and during a join
+there are none), and a GEMV/GEMM knee measured on the machine instead of fixed at 16 rows (on this
+run's machine one GEMM for 4 rows of gate|up cost 71 ms of thread CPU time against 120 for four
+GEMVs, 30 layers, measured 2026-11-30 19:23 UTC under the same load).
 
 ## 5. Continuous against static batching
 

@@ -20,8 +20,10 @@ times the decode-only step, found by bisection; with no stream decoding (an idle
 of arrivals all still prefilling) nobody is waiting on a decode, and the token cap alone applies.
 
 prefill_overhead is what a prefill chunk costs beyond its rows, and it grows with the prompt's
-context: each chunk gathers its whole context from the paged pool and scores every query against
-it (a 32-token chunk's step grew from 200 to 330 ms over a 2,000-token prompt, docs/bench-engine.md).
+context: each chunk reads its whole context from the paged pool and scores every query against it
+(a 32-token chunk's step grew from 200 to 330 ms over a 2,000-token prompt, docs/bench-engine.md,
+when that read was a gather; it is now a view of the pool where the blocks are consecutive,
+attention.py, about a quarter less).
 Each step that carries prefill next to decodes refines it (an exponential average of what steps
 took beyond the rows), so the chunk shrinks as the context grows; a prompt advances a few dozen
 tokens between two observations, which the average follows within a step or two. Only that term
@@ -35,7 +37,10 @@ a few streams late in its prefill, where a chunk's attention over 2,000 tokens o
 about 38 ms whatever its size, gets one or two tokens a step: its first token came after 5-10
 minutes under load against 11-32 s with no budget (docs/bench-engine.md). The floor trades the
 other way: those steps slow the decoding streams more than `slowdown`. `min_prefill_chunk = 1`
-gives the time budget alone, for a deployment that puts inter-token latency first.
+gives the time budget alone, for a deployment that puts inter-token latency first. The default
+floor is 16 tokens, not 32: next to 4 decodes a 32-token chunk made the step 2.5-3x a decode step,
+a 16-token one far less, and the prompt's first token came about as soon (docs/bench-engine.md,
+section 4, measures both).
 
 Calibration is a few steps on a machine that may be busy; the decode-only steps the engine runs
 anyway refine `fixed` the same way (a slower average: they come every step), so the slowdown is
