@@ -43,6 +43,7 @@ from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
 from edge.keys.principal import Principal
+from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.schemas import ChatCompletionRequest, unknown_model
@@ -215,7 +216,7 @@ class Pipeline:
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
             raise overloaded_error(exc, headers) from None
-        metrics.PROMPT_TOKENS.labels(principal.tier).inc(len(prompt_ids))
+        child(metrics.PROMPT_TOKENS, principal.tier).inc(len(prompt_ids))
         if req.conversation_id is not None and self.messages is not None:
             prompt = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
             self.messages.record_prompt(req.conversation_id, principal.user, request_id, prompt)
@@ -587,10 +588,10 @@ class Generation:
 
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier
-        metrics.GENERATION_TOKENS.labels(tier).inc(out.completion_tokens)
-        metrics.REQUESTS_FINISHED.labels(tier, out.reason).inc()
+        child(metrics.GENERATION_TOKENS, tier).inc(out.completion_tokens)
+        child(metrics.REQUESTS_FINISHED, tier, out.reason).inc()
         if out.ttft_s is not None:
-            metrics.TTFT.labels(tier).observe(out.ttft_s)
+            child(metrics.TTFT, tier).observe(out.ttft_s)
         log.info(
             "chat_completion",
             request_id=self.request_id,

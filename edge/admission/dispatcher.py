@@ -51,6 +51,7 @@ from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
 from edge.admission.wait_estimate import WaitEstimate
+from edge.metric_children import child
 from edge.upstreams.base import Upstream
 
 
@@ -279,7 +280,7 @@ class Dispatcher:
         replica.sequences += 1
         replica.sent_prefix(waiter.ticket.prefix_keys)
         slot = Slot(replica, ticket, charge, now, self._release, self._real_use)
-        metrics.QUEUE_WAIT.labels(waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
+        child(metrics.QUEUE_WAIT, waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
         waiter.future.set_result(slot)
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:

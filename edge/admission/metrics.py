@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from edge.metric_children import child
+
 # `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
 QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])
 QUEUE_WAIT = Histogram(
@@ -37,7 +39,7 @@ def publish(
 ) -> None:
     """Set the gauges from the dispatcher's state after a dispatch pass."""
     for tier, depth in depth_by_tier.items():
-        QUEUE_DEPTH.labels(model, tier).set(depth)
+        child(QUEUE_DEPTH, model, tier).set(depth)
     for replica, utilisation in utilisation_by_replica.items():
-        REPLICA_UTILISATION.labels(replica).set(utilisation)
-    QUEUE_DEPTH_PER_REPLICA.labels(model).set(depth_per_replica)
+        child(REPLICA_UTILISATION, replica).set(utilisation)
+    child(QUEUE_DEPTH_PER_REPLICA, model).set(depth_per_replica)
