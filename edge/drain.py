@@ -9,7 +9,7 @@ settled). So a drain has two clocks, both counted from the moment it begins:
   meanwhile get 503 with `Retry-After` (another instance will take them) instead of a refused
   connection. Then the listener closes.
 * `deadline_s` (`[server] drain_deadline_s`): streams still running then are cut. Each runs inside
-  a `guard()` scope; the deadline cancels those scopes, and the generation ends its stream with an
+  a scope `watch`ed here; the deadline cancels those scopes, and the generation ends its stream with an
   error event (code `server_shutting_down`), its usage and `[DONE]`, and settles its limits.
 
 The server (edge/server.py) begins the drain on SIGTERM and exits once the last stream ended.
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import anyio
 import structlog
@@ -52,7 +51,7 @@ class Drain:
 
     @property
     def running(self) -> int:
-        """Generations inside a guard now (they end by the deadline at the latest)."""
+        """Generations watched now (they end by the deadline at the latest)."""
         return len(self._guards)
 
     def begin(self) -> None:
@@ -69,7 +68,7 @@ class Drain:
             callback()
 
     def cut(self) -> None:
-        """The deadline: cancel every guarded generation still running (and any that starts later)."""
+        """The deadline: cancel every watched generation still running (and any that starts later)."""
         self._past_deadline = True
         if self._guards:
             log.warning("drain_deadline_cut", streams=len(self._guards))
@@ -82,18 +81,21 @@ class Drain:
             return 0.0
         return max(0.0, self._began_at + self.accept_s - time.monotonic())
 
-    @contextmanager
-    def guard(self) -> Iterator[anyio.CancelScope]:
-        """The scope to run one generation in; `cancelled_caught` afterwards says the drain cut it."""
-        scope = anyio.CancelScope()
+    @property
+    def past_deadline(self) -> bool:
+        return self._past_deadline
+
+    def watch(self, scope: anyio.CancelScope) -> None:
+        """Cut `scope`, the one a generation runs in, at the deadline (at once if it has passed);
+        `unwatch` it when the generation ends. The generation's own scope, not one more of its own:
+        a cancel scope per stream is a cost every stream pays (docs/bench-streams.md), and the
+        generation tells the two cancellers apart (edge/pipeline.py)."""
         if self._past_deadline:
             scope.cancel()
         self._guards.add(scope)
-        try:
-            with scope:
-                yield scope
-        finally:
-            self._guards.discard(scope)
+
+    def unwatch(self, scope: anyio.CancelScope) -> None:
+        self._guards.discard(scope)
 
     def close(self) -> None:
         DRAINING.set(0)

@@ -428,28 +428,33 @@ class Generation:
     async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
         if keepalive is not None:
             self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
+        # One scope for both cancellers: the cancel endpoint (LiveRequest.cancel) and the drain's
+        # deadline (Drain.watch). A cancel marks the request cancelled, which `registry.end` reports
+        # first below; a scope cancelled otherwise was cut by the drain.
         scope = self._live.scope()
-        with scope, self._p.drain.guard() as drain_cut:
-            try:
+        drain = self._p.drain
+        drain.watch(scope)
+        try:
+            with scope:
                 await self._place_and_relay(out, on_text)
-            except Overloaded as exc:
-                out.reason = "overloaded"
-                out.error = overloaded_error(exc)
-            except RequestRejected as exc:
-                # The request's own fault: a 400 for it alone, and the replica is not blamed.
-                log.info("request_rejected_by_replica", request_id=self.request_id, error=str(exc))
-                if self._slot is not None:
-                    self._slot.discard()  # no failure mark, no service-rate sample
-                out.reason = "rejected"
-                out.error = invalid_request(f"The model replica refused this request: {exc}", None)
-            except UpstreamError as exc:
-                log.warning(
-                    "upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc)
-                )
-                out.reason = "error"
-                out.error = ApiError(
-                    502, "The model replica failed while generating.", type="api_error", code="upstream_error"
-                )
+        except Overloaded as exc:
+            out.reason = "overloaded"
+            out.error = overloaded_error(exc)
+        except RequestRejected as exc:
+            # The request's own fault: a 400 for it alone, and the replica is not blamed.
+            log.info("request_rejected_by_replica", request_id=self.request_id, error=str(exc))
+            if self._slot is not None:
+                self._slot.discard()  # no failure mark, no service-rate sample
+            out.reason = "rejected"
+            out.error = invalid_request(f"The model replica refused this request: {exc}", None)
+        except UpstreamError as exc:
+            log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
+            out.reason = "error"
+            out.error = ApiError(
+                502, "The model replica failed while generating.", type="api_error", code="upstream_error"
+            )
+        finally:
+            drain.unwatch(scope)
         # Decided here, before any final event: a cancel that came first wins even when the
         # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
         # after this answers 409 (edge/cancel/live.py).
@@ -457,7 +462,7 @@ class Generation:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
             out.error = None
-        elif drain_cut.cancelled_caught:
+        elif scope.cancelled_caught and drain.past_deadline:
             out.reason = "drained"
             out.error = shutting_down_error(self._p.drain.accept_left_s())
         # Before the caller writes its final events: nothing else may write to the stream then.
