@@ -115,6 +115,8 @@ class Dispatcher:
         # (edge/scaling/demand.py) prices them, served or refused.
         self._offered_requests = 0
         self._offered_prompt_tokens = 0
+        # The gauges read the queue when Prometheus collects (edge/admission/metrics.py).
+        metrics.watch_queue(model, self.queue_depth_per_replica)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -127,7 +129,6 @@ class Dispatcher:
         for waiter in list(self._queue):
             self._queue.remove(waiter)
             self._fail(waiter, self._reject("no_replica", self._poll_interval_s))
-        self._publish_metrics()
 
     # -- membership (the replica set's, here for replica discovery) ------------------------------
 
@@ -177,7 +178,8 @@ class Dispatcher:
         if refusal is not None:
             raise refusal
         waiter = _Waiter(ticket, exclude, self._clock())
-        self._tier_labels.setdefault(ticket.priority, ticket.tier_label)
+        if ticket.priority not in self._tier_labels:
+            self._watch_tier(ticket.priority, ticket.tier_label)
         self._queue.push(waiter)
         self._dispatch()
         if waiter.future.done():
@@ -244,6 +246,8 @@ class Dispatcher:
         the queue and the replicas' accounting never change under it."""
         if self.replicas.take_lost_room():
             self._fail_unplaceable()
+        if not self._queue:
+            return  # every release of a slot lands here; most find nobody waiting
         members = self.replicas.members
         placeable = [r for r in members if r.placeable]
         claims = Claims()
@@ -266,11 +270,9 @@ class Dispatcher:
                 # Stop early once nothing left in the queue could be placed: a flood of blocked free
                 # users must not cost a walk over all of them on every release.
                 if claims.all_closed(placeable, may_use_reserve=True):
-                    self._publish_metrics()
                     return
                 if claims.all_closed(placeable, may_use_reserve=False) and not tier.reserve_items:
                     break
-        self._publish_metrics()
 
     def _grant(self, waiter: _Waiter, replica: Replica) -> None:
         now = self._clock()
@@ -326,13 +328,6 @@ class Dispatcher:
         position = self._queue.position_of_new(ticket)
         return self._estimate.retry_after_s(position, ticket, self.replicas.members)
 
-    def _publish_metrics(self) -> None:
-        metrics.publish(
-            {
-                self._tier_labels.get(priority, str(priority)): depth
-                for priority, depth in self._queue.depth_by_priority().items()
-            },
-            {r.name: r.utilisation() for r in self.replicas.members},
-            self.queue_depth_per_replica(),
-            self._model,
-        )
+    def _watch_tier(self, priority: int, label: str) -> None:
+        self._tier_labels[priority] = label
+        metrics.watch_tier(self._model, label, lambda: self._queue.depth_of(priority))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import contextlib
+from collections.abc import Callable
 
-from edge.metric_children import child
+from prometheus_client import Counter, Gauge, Histogram
 
 # `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
 QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])
@@ -31,15 +32,25 @@ QUEUE_DEPTH_PER_REPLICA = Gauge(
 )
 
 
-def publish(
-    depth_by_tier: dict[str, int],
-    utilisation_by_replica: dict[str, float],
-    depth_per_replica: float,
-    model: str = "",
-) -> None:
-    """Set the gauges from the dispatcher's state after a dispatch pass."""
-    for tier, depth in depth_by_tier.items():
-        child(QUEUE_DEPTH, model, tier).set(depth)
-    for replica, utilisation in utilisation_by_replica.items():
-        child(REPLICA_UTILISATION, replica).set(utilisation)
-    child(QUEUE_DEPTH_PER_REPLICA, model).set(depth_per_replica)
+def watch_queue(model: str, depth_per_replica: Callable[[], float]) -> None:
+    """The queue's autoscaling figure, read when Prometheus collects.
+
+    Read at scrape time, not set after every dispatch pass: setting the gauges cost every request
+    two passes' worth of label look-ups and dict building (about 6 % of a one-token stream's CPU,
+    docs/bench-streams.md), for values read every few seconds."""
+    QUEUE_DEPTH_PER_REPLICA.labels(model).set_function(depth_per_replica)
+
+
+def watch_tier(model: str, tier: str, depth: Callable[[], int]) -> None:
+    """One tier's queue depth, read when Prometheus collects."""
+    QUEUE_DEPTH.labels(model, tier).set_function(depth)
+
+
+def watch_replica(replica: str, utilisation: Callable[[], float]) -> None:
+    """A member replica's KV utilisation, read when Prometheus collects (until `forget_replica`)."""
+    REPLICA_UTILISATION.labels(replica).set_function(utilisation)
+
+
+def forget_replica(replica: str) -> None:
+    with contextlib.suppress(KeyError):
+        REPLICA_UTILISATION.remove(replica)

@@ -151,8 +151,7 @@ class ReplicaSet:
         if replica is None:
             raise KeyError(name)
         self.members.remove(replica)
-        with contextlib.suppress(KeyError):  # never published if no dispatch ran since it joined
-            metrics.REPLICA_UTILISATION.remove(replica.name)
+        metrics.forget_replica(replica.name)
         log.info("replica_removed", replica=name, in_flight=replica.sequences)
         if replica.sequences == 0:
             self._close_removed(replica)
@@ -175,12 +174,14 @@ class ReplicaSet:
             self._close_removed(replica)
 
     def _new_replica(self, upstream: Upstream) -> Replica:
-        return Replica(
+        replica = Replica(
             upstream,
             ServiceRate(self._prior_service_s),
             self._replica_share,
             fallback_block_tokens=self._fallback_block_tokens,
         )
+        metrics.watch_replica(replica.name, replica.utilisation)
+        return replica
 
     def _close_removed(self, replica: Replica) -> None:
         task = asyncio.create_task(self._close_upstream(replica), name=f"close-{replica.name}")

@@ -36,8 +36,9 @@ class TieredQueue(Generic[T]):
         """The non-empty tiers, highest priority first."""
         return [self._tiers[p] for p in sorted(self._tiers, reverse=True) if len(self._tiers[p])]
 
-    def depth_by_priority(self) -> dict[int, int]:
-        return {priority: len(tier) for priority, tier in self._tiers.items()}
+    def depth_of(self, priority: int) -> int:
+        tier = self._tiers.get(priority)
+        return 0 if tier is None else len(tier)
 
     def position_of_new(self, ticket: Ticket) -> int:
         """How many dispatches a new ticket would wait for, itself included.
