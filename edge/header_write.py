@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
 
@@ -73,10 +71,3 @@ class HeadHoldingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a `HeadHoldingTransport` (`uvicorn.Config(http=...)`)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]

@@ -351,16 +351,21 @@ class Generation:
     def prompt_tokens(self) -> int:
         return len(self._upstream_req.prompt_ids)
 
-    async def stream(self, emit: Emit, end: Emit) -> None:
-        """Write the events with `emit`; the last ones with `end`, which also ends the response."""
+    async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
+        """Write the events with `emit`; the last ones with `end`, which also ends the response.
+        `write_now`, where the server offers it (edge/body_chunks.py), writes a token's event at once
+        when nothing would make it wait: no coroutine and no ASGI send for that token."""
         enc = ChunkEncoder(self.request_id, self._p.config.model_name, self.created)
         out = Outcome()
         keep_text = self._req.conversation_id is not None
 
-        def on_text(text: str) -> Awaitable[None]:
+        def on_text(text: str) -> Awaitable[None] | None:
             if keep_text:
                 out.text.append(text)
-            return emit(enc.delta(text))
+            chunk = enc.delta(text)
+            if write_now is not None and write_now(chunk):
+                return None
+            return emit(chunk)
 
         try:
             await self._p.registry.announce(self._live)

@@ -17,6 +17,7 @@ import anyio
 import structlog
 from litestar.types import Receive, Scope, Send
 
+from edge.body_chunks import WRITE_NOW, WriteNow
 from edge.errors import ErrorDetail
 from edge.pipeline import Generation
 from edge.sse import DONE, event
@@ -85,6 +86,8 @@ class EventStreamResponse:
         # The body goes to the server's own send when the stream gate kept it (edge/stream_gate.py):
         # Litestar's wrapper only watches for the response start, and a token need not pass it.
         body_send = cast(Send, scope.get(RAW_SEND, send))
+        # A token's chunk skips the send altogether when nothing would make it wait (edge/body_chunks.py).
+        write_now = cast(WriteNow | None, scope.get(WRITE_NOW))
 
         async def emit(chunk: bytes) -> None:
             # uvicorn's send waits (flow control) while the client reads nothing: the watch sees it.
@@ -101,7 +104,7 @@ class EventStreamResponse:
 
         async def produce() -> None:
             try:
-                await generation.stream(emit, end)
+                await generation.stream(emit, end, write_now)
             except Exception as exc:
                 # The headers are gone: the stream itself must say it failed, then end.
                 log.error("stream_failed", request_id=generation.request_id, exc_info=exc)
