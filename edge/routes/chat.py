@@ -6,29 +6,23 @@ from typing import Any
 
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
-from litestar.types import ASGIApp, Scope
+from litestar.types import ASGIApp
 
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
+from edge.routes.request_body import authorization_and_length, read_body
 from edge.runtime import runtime_of
 from edge.schemas import parse_chat_request
 from edge.streaming import EventStreamResponse, until_disconnect
 
 
-def _authorization(scope: Scope) -> str | None:
-    """The Authorization header, read from the raw headers: `request.headers` builds Litestar's
-    whole header mapping, a part of every stream's set-up (docs/bench-streams.md)."""
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            return value.decode("latin-1")
-    return None
-
-
 @post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionOperation)
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(_authorization(request.scope))
-    req = parse_chat_request(await request.body())
+    authorization, declared_length = authorization_and_length(request.scope)
+    principal = await runtime.keys.authenticate(authorization)
+    max_bytes = request.route_handler.resolve_request_max_body_size()
+    req = parse_chat_request(await read_body(request.receive, declared_length, max_bytes))
     generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
     if req.stream:
         return EventStreamResponse(generation)
