@@ -86,10 +86,12 @@ class EventStreamResponse:
         # The body goes to the server's own send when the stream gate kept it (edge/stream_gate.py):
         # Litestar's wrapper only watches for the response start, and a token need not pass it.
         body_send = cast(Send, scope.get(RAW_SEND, send))
-        # A token's chunk skips the send altogether when nothing would make it wait (edge/body_chunks.py).
+        # A chunk skips the send altogether when nothing would make it wait (edge/body_chunks.py).
         write_now = cast(WriteNow | None, scope.get(WRITE_NOW))
 
         async def emit(chunk: bytes) -> None:
+            if write_now is not None and write_now(chunk):
+                return
             # uvicorn's send waits (flow control) while the client reads nothing: the watch sees it.
             progress.waiting_since = now()
             await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
