@@ -2,12 +2,12 @@
 
 `metric.labels(...)` rebuilds the label tuple (a generator over `str()`), takes the metric's lock
 and looks the child up, on every call: several times per request (prompt tokens, queue wait, the
-queue gauges after each dispatch pass, the request's outcome, TTFT), about 3 % of a one-token
-stream's CPU (docs/bench-streams.md). The children never change once made (nothing here removes
-a label set), so a plain dict keyed by the metric and the values returns the same child.
+request's outcome, generated tokens, TTFT). The children of these metrics never change once made
+(nothing removes their label sets; the replica gauges, which are removed, do not come through
+here), so a plain dict keyed by the metric and the values returns the same child.
 
-Bounded by what Prometheus itself keeps: one entry per label set ever used (tiers, models,
-outcomes and replica names: configuration and discovery, not request data).
+Bounded by what Prometheus itself keeps: one entry per label set ever used (tiers, outcomes:
+configuration, not request data).
 """
 
 from __future__ import annotations
