@@ -8,6 +8,10 @@ up: `replicas` step clocks, their phases spread over the interval, take the stre
 The first token comes at once (prefill is free here), so a one-token request measures what
 setting a stream up costs.
 
+A step hands each sequence its delta through the edge's `offer` where the edge gave one
+(`generate_direct`, edge/upstreams/direct.py): the stream's task then sleeps on, as with a real
+engine's batched delivery; otherwise, or when the edge declines, it sets the stream's future.
+
 Every token is the id of " The" (4 characters, whole): a client counts the tokens it received
 exactly from the text, whether the edge sent them one per event or several in one.
 """
@@ -18,9 +22,25 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from edge.upstreams.base import Capacity, Delta, GenerationRequest
+from edge.upstreams.direct import DeltaSink
 
 TOKEN_ID = 440
 TOKEN_TEXT = " The"
+
+
+class _Sequence:
+    """One running sequence: the future its task sleeps on, and what the step hands it next."""
+
+    __slots__ = ("fut", "left", "offer")
+
+    def __init__(self, fut: asyncio.Future[Delta], left: int, offer: DeltaSink | None) -> None:
+        self.fut = fut
+        self.left = left
+        self.offer = offer
+
+    def next_delta(self) -> Delta:
+        self.left -= 1
+        return Delta([TOKEN_ID], None if self.left else "length")
 
 
 class _StepClock:
@@ -30,7 +50,7 @@ class _StepClock:
         self.loop: asyncio.AbstractEventLoop | None = None  # kept: get_running_loop costs a getpid()
         self.interval_s = interval_s
         self.phase_s = phase_s
-        self.waiting: list[asyncio.Future[None]] = []
+        self.waiting: list[_Sequence] = []
         self.live = 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -42,9 +62,16 @@ class _StepClock:
 
     def _step(self) -> None:
         waiting, self.waiting = self.waiting, []
-        for fut in waiting:
-            if not fut.done():
-                fut.set_result(None)
+        asleep = self.waiting
+        for seq in waiting:
+            fut = seq.fut
+            if fut.done():
+                continue  # its task was cancelled
+            delta = seq.next_delta()
+            if seq.offer is not None and seq.left and seq.offer(delta):
+                asleep.append(seq)  # relayed already: the task sleeps on the same future
+            else:
+                fut.set_result(delta)
         self._timer = None
         if self.live and self.loop is not None:
             self._timer = self.loop.call_later(self.interval_s, self._step)
@@ -62,19 +89,21 @@ class PacedUpstream:
         self._clocks = [_StepClock(interval_s, interval_s * (1 + i / replicas)) for i in range(replicas)]
         self._next = 0
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        return self.generate_direct(req, None)
+
+    async def generate_direct(self, req: GenerationRequest, offer: DeltaSink | None) -> AsyncIterator[Delta]:
         loop = asyncio.get_running_loop()
         clock = self._clocks[self._next % len(self._clocks)]
         self._next += 1
         clock.start(loop)
         try:
-            last = req.max_new_tokens - 1
-            for i in range(req.max_new_tokens):
-                if i:
-                    fut: asyncio.Future[None] = loop.create_future()
-                    clock.waiting.append(fut)
-                    await fut
-                yield Delta([TOKEN_ID], "length" if i == last else None)
+            seq = _Sequence(loop.create_future(), req.max_new_tokens, offer)
+            yield seq.next_delta()
+            while seq.left:
+                seq.fut = loop.create_future()
+                clock.waiting.append(seq)
+                yield await seq.fut
         finally:
             clock.live -= 1
 

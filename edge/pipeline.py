@@ -52,22 +52,20 @@ from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.text.stops import StopMatcher
 from edge.tier_limits import tier_limits
+from edge.token_relay import TextSink, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
+from edge.upstreams.direct import GenerateDirect
 from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
 
 log = structlog.get_logger("floodgate.request")
 
 Emit = Callable[[bytes], Awaitable[None]]
-# Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
-# function rather than a coroutine, so a token does not cost one more coroutine frame.
-TextSink = Callable[[str], Awaitable[None] | None]
 EndReason = Literal[
     "stop", "length", "cancelled", "error", "rejected", "overloaded", "disconnected", "drained"
 ]
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
-TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
 
 
 class UsageSink(Protocol):
@@ -485,77 +483,33 @@ class Generation:
                 raise
             metrics.REQUESTS_RUNNING.inc()
             out.upstream = self._slot.upstream.name
-            self._deltas = self._slot.upstream.generate(self._upstream_req)
+            slot = self._slot
+            relay = TokenRelay(
+                out,
+                on_text,
+                self._p.text.detokenizer(),
+                StopMatcher(self._req.stop_strings),
+                self._lease,
+                slot.grow,
+                self._arrived,
+                self._stop_keepalive,
+            )
+            # An upstream that can hand each delta to the relay in its own callback
+            # (edge/upstreams/direct.py) spares a token the wake-up of this task when nothing waits.
+            direct: GenerateDirect | None = getattr(slot.upstream, "generate_direct", None)
+            if direct is not None:
+                self._deltas = direct(self._upstream_req, relay.offer)
+            else:
+                self._deltas = slot.upstream.generate(self._upstream_req)
             self._reached_replica = True
             try:
-                await self._relay(out, on_text, self._deltas)
+                await relay.run(self._deltas)
                 return
             except UpstreamError:
                 if out.ttft_s is not None or failed:
                     raise
                 failed = frozenset({out.upstream})
                 await self._give_back_slot(failed=True)
-
-    async def _relay(self, out: Outcome, on_text: TextSink, deltas: AsyncIterator[Delta]) -> None:
-        detok = self._p.text.detokenizer()
-        stops = StopMatcher(self._req.stop_strings)
-        lease = self._lease
-        try_take = lease.try_take
-        inter_token = metrics.INTER_TOKEN
-        watch_stops = stops.active
-        clock = time.perf_counter
-        # Real-use KV accounting charges the replica for the tokens as they come (admission/slot.py).
-        grow = self._slot.grow if self._slot is not None else None
-        # A delta that ends the reply (its finish reason, or the budget's end) is held, not written:
-        # the caller writes it with the closing events, which are ready at the same moment.
-        hold: TextSink = out.held.append
-        last = 0.0
-        async for delta in deltas:
-            ids = delta.token_ids
-            finish = delta.finish_reason
-            sink = on_text if finish is None or finish in ("error", "cancelled") else hold
-            if ids:
-                n = len(ids)
-                now = clock()
-                if out.ttft_s is None:
-                    out.ttft_s = now - self._arrived
-                    # Reported on the delta carrying the first token (gpu_container/contract.py).
-                    out.cached_tokens = delta.cached_tokens
-                    await self._stop_keepalive()
-                else:
-                    inter_token.observe(now - last)
-                last = now
-                granted = try_take(n)
-                if granted is None:
-                    granted = await lease.take(n)
-                if granted < n:
-                    ids = ids[:granted]
-                    sink = hold
-                out.completion_tokens += granted
-                if grow is not None:
-                    grow(out.completion_tokens)
-                text = detok.push(ids) if granted else ""
-                if text:
-                    stopped = False
-                    if watch_stops:
-                        text, stopped = stops.feed(text)
-                    if text and (written := sink(text)) is not None:
-                        await written
-                    if stopped:
-                        out.reason = "stop"
-                        return
-                if granted < n:
-                    await self._emit_tail(detok.flush(), stops, hold)
-                    out.reason = "length"
-                    out.marker = TOKENS_LIMIT_MARKER
-                    return
-            if finish is not None:
-                if finish in ("error", "cancelled"):
-                    raise UpstreamError(f"replica ended the sequence with {finish!r}")
-                await self._emit_tail(detok.flush(), stops, hold)
-                out.reason = finish
-                return
-        raise UpstreamError("replica stream ended without a finish reason")
 
     async def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
@@ -571,14 +525,6 @@ class Generation:
         if slot is not None:
             slot.release(failed=failed)
             metrics.REQUESTS_RUNNING.dec()
-
-    @staticmethod
-    async def _emit_tail(text: str, stops: StopMatcher, on_text: TextSink) -> None:
-        text, stopped = stops.feed(text)
-        if not stopped:
-            text += stops.flush()
-        if text and (written := on_text(text)) is not None:
-            await written
 
     async def close(self, out: Outcome | None = None) -> None:
         """Give back everything the request holds. Idempotent; safe when it never ran."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from gpu_container.contract import (
     Capacity,
@@ -90,6 +90,15 @@ class EngineFront(abc.ABC):
 
         Call from the event loop that will read the stream."""
         mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.abort(req.request_id))
+        return self._deltas(req, mailbox)
+
+    def generate_direct(
+        self, req: GenerationRequest, offer: Callable[[Delta], bool]
+    ) -> AsyncGenerator[Delta, None]:
+        """`generate`, with each output the stream waits for offered to `offer` on arrival
+        (edge/upstreams/direct.py); what it declines comes through the iterator."""
+        mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.abort(req.request_id))
+        mailbox.offer = lambda output: offer(Delta(output.token_ids, None, output.cached_tokens))
         return self._deltas(req, mailbox)
 
     async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:

@@ -2,6 +2,10 @@
 
 The consumer drains everything that piled up since it last looked, so a lagging consumer gets
 several steps' tokens in one output instead of falling further behind.
+
+While the consumer waits in `take` with nothing pending, an output may be offered to `offer`
+instead (the edge's direct relay, edge/upstreams/direct.py): the engine process hands a whole
+step's outputs to the loop in one callback, and a token the edge relays right there wakes no task.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ import asyncio
 from collections.abc import Callable
 
 from gpu_container.engine.types import TokenOutput
+
+# Takes an output while the consumer waits (True: relayed, not to be delivered again).
+Offer = Callable[[TokenOutput], bool]
 
 
 class Mailbox:
@@ -24,7 +31,9 @@ class Mailbox:
         self._on_orphaned = on_orphaned
         self._pending: list[TokenOutput] = []
         self._error: Exception | None = None
-        self._ready = asyncio.Event()
+        # What `take` waits on while nothing is pending (done once something is, or when cancelled).
+        self._waiter: asyncio.Future[None] | None = None
+        self.offer: Offer | None = None
 
     def post(self, output: TokenOutput) -> None:
         """Called from the engine thread."""
@@ -43,17 +52,29 @@ class Mailbox:
 
     def put(self, output: TokenOutput) -> None:
         """Called on the loop."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            # The consumer waits for this very output, and only for it (nothing pending, not
+            # cancelled): offered first, it is delivered through take only if declined.
+            offer = self.offer
+            if offer is not None and output.finish_reason is None and output.error is None and offer(output):
+                return
+            waiter.set_result(None)
         self._pending.append(output)
-        self._ready.set()
 
     def _fail(self, error: Exception) -> None:
         self._error = error
-        self._ready.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def take(self) -> TokenOutput:
         """Everything posted since the last take, merged into one output."""
-        await self._ready.wait()
-        self._ready.clear()
+        if not self._pending and self._error is None:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         if self._error is not None:
             raise self._error
         outputs, self._pending = self._pending, []

@@ -1,0 +1,203 @@
+"""A replica's token ids relayed as text to one stream: charged, detokenized, stop-matched, written.
+
+Each token used to resume the stream's task: the upstream set a future, the loop stepped the task,
+which resumed the upstream's async generator and the relay's `async for` (about half of a token's
+CPU at a real pace was this machinery, not the work; docs/bench-streams.md, fourth pass). An
+upstream that offers `generate_direct` (edge/upstreams/direct.py) hands a delta to `offer` right in
+its own callback instead, where one engine step (one timer) serves every stream it feeds: when
+nothing would make the token wait (the lease grants it locally, the chunk goes straight to the
+transport) it is relayed there and the stream's task sleeps on. Anything else goes through the
+task as before (`run`), which awaits what must be awaited: the lease's store call, a slow reader's
+send (flow control and the stalled-reader watch), the first token (TTFT, keep-alives), the last
+delta, and stop strings, whose end of stream the task must act on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from edge import metrics
+from edge.text.detokenizer import IncrementalDetokenizer
+from edge.text.stops import StopMatcher
+from edge.upstreams.base import Delta, UpstreamError
+from limiter.base import OutputLease
+
+TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
+
+# Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
+# function rather than a coroutine, so a token does not cost one more coroutine frame.
+TextSink = Callable[[str], Awaitable[None] | None]
+
+
+class TokenRelay:
+    """One attempt's relay: `run` over the upstream's deltas, `offer` for deltas handed over directly.
+
+    `out` is the pipeline's Outcome (reason, marker, completion_tokens, ttft_s, cached_tokens, held).
+    """
+
+    __slots__ = (
+        "_arrived",
+        "_consumed",
+        "_detok",
+        "_granted",
+        "_grow",
+        "_last",
+        "_lease",
+        "_on_first",
+        "_on_text",
+        "_out",
+        "_pending",
+        "_stops",
+        "_try_take",
+        "_watch_stops",
+    )
+
+    def __init__(
+        self,
+        out: Any,
+        on_text: TextSink,
+        detok: IncrementalDetokenizer,
+        stops: StopMatcher,
+        lease: OutputLease,
+        grow: Callable[[int], None] | None,
+        arrived: float,
+        on_first: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._out = out
+        self._on_text = on_text
+        self._detok = detok
+        self._stops = stops
+        self._watch_stops = stops.active
+        self._lease = lease
+        self._try_take = lease.try_take
+        # Real-use KV accounting charges the replica for the tokens as they come (admission/slot.py).
+        self._grow = grow
+        self._arrived = arrived
+        self._on_first = on_first
+        self._last = 0.0
+        # A grant try_take gave `offer` for a delta it then left to `run` (the budget's end).
+        self._granted: int | None = None
+        # A delta `offer` relayed whose write must still be awaited (`run` awaits it first).
+        self._consumed: Delta | None = None
+        self._pending: Awaitable[None] | None = None
+
+    def offer(self, delta: Delta) -> bool:
+        """Relay `delta` now if nothing would make it wait: True when it is done with (the caller
+        must not deliver it again); False when the stream's task must be woken with it, untouched
+        or with its write left to await."""
+        ids = delta.token_ids
+        out = self._out
+        if (
+            delta.finish_reason is not None
+            or not ids
+            or out.ttft_s is None
+            or self._watch_stops
+            or self._pending is not None
+            or self._granted is not None
+        ):
+            return False
+        n = len(ids)
+        granted = self._try_take(n)
+        if granted is None:
+            return False
+        if granted < n:
+            self._granted = granted  # charged: `run` ends the reply with the marker
+            return False
+        now = time.perf_counter()
+        metrics.INTER_TOKEN.observe(now - self._last)
+        self._last = now
+        out.completion_tokens += n
+        if self._grow is not None:
+            self._grow(out.completion_tokens)
+        text = self._detok.push(ids)
+        if text and (written := self._on_text(text)) is not None:
+            self._consumed, self._pending = delta, written  # a paused or gone reader: the send decides
+            return False
+        return True
+
+    async def run(self, deltas: AsyncIterator[Delta]) -> None:
+        try:
+            await self._run(deltas)
+        finally:
+            pending, self._pending = self._pending, None
+            if isinstance(pending, Coroutine):
+                pending.close()  # cut before its turn (a cancel): never started, nothing to undo
+
+    async def _run(self, deltas: AsyncIterator[Delta]) -> None:
+        out = self._out
+        detok = self._detok
+        stops = self._stops
+        lease = self._lease
+        try_take = self._try_take
+        inter_token = metrics.INTER_TOKEN
+        watch_stops = self._watch_stops
+        clock = time.perf_counter
+        grow = self._grow
+        on_text = self._on_text
+        # A delta that ends the reply (its finish reason, or the budget's end) is held, not written:
+        # the caller writes it with the closing events, which are ready at the same moment.
+        hold: TextSink = out.held.append
+        async for delta in deltas:
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                await pending
+            if delta is self._consumed:
+                self._consumed = None
+                continue
+            ids = delta.token_ids
+            finish = delta.finish_reason
+            sink = on_text if finish is None or finish in ("error", "cancelled") else hold
+            if ids:
+                n = len(ids)
+                now = clock()
+                if out.ttft_s is None:
+                    out.ttft_s = now - self._arrived
+                    # Reported on the delta carrying the first token (gpu_container/contract.py).
+                    out.cached_tokens = delta.cached_tokens
+                    await self._on_first()
+                else:
+                    inter_token.observe(now - self._last)
+                self._last = now
+                granted, self._granted = self._granted, None
+                if granted is None:
+                    granted = try_take(n)
+                if granted is None:
+                    granted = await lease.take(n)
+                if granted < n:
+                    ids = ids[:granted]
+                    sink = hold
+                out.completion_tokens += granted
+                if grow is not None:
+                    grow(out.completion_tokens)
+                text = detok.push(ids) if granted else ""
+                if text:
+                    stopped = False
+                    if watch_stops:
+                        text, stopped = stops.feed(text)
+                    if text and (written := sink(text)) is not None:
+                        await written
+                    if stopped:
+                        out.reason = "stop"
+                        return
+                if granted < n:
+                    await emit_tail(detok.flush(), stops, hold)
+                    out.reason = "length"
+                    out.marker = TOKENS_LIMIT_MARKER
+                    return
+            if finish is not None:
+                if finish in ("error", "cancelled"):
+                    raise UpstreamError(f"replica ended the sequence with {finish!r}")
+                await emit_tail(detok.flush(), stops, hold)
+                out.reason = finish
+                return
+        raise UpstreamError("replica stream ended without a finish reason")
+
+
+async def emit_tail(text: str, stops: StopMatcher, on_text: TextSink) -> None:
+    text, stopped = stops.feed(text)
+    if not stopped:
+        text += stops.flush()
+    if text and (written := on_text(text)) is not None:
+        await written

@@ -1,0 +1,174 @@
+"""edge/token_relay.py with an upstream that hands deltas over in its step (generate_direct): one
+step relays a token to every stream without waking their tasks, in order and within each budget;
+whatever would wait (a paused writer, the budget's end, the last delta) goes through the task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import pytest
+
+from bench.paced_upstream import TOKEN_ID, PacedUpstream
+from edge.cancel.stream_close import aclose_stream
+from edge.pipeline import Outcome
+from edge.text.stops import StopMatcher
+from edge.token_relay import TOKENS_LIMIT_MARKER, TokenRelay
+from edge.upstreams.base import Delta, GenerationRequest
+
+pytestmark = pytest.mark.anyio
+
+
+class _Lease:
+    """A local budget of `left` tokens: try_take always answers (no store)."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def try_take(self, n: int) -> int:
+        granted = min(n, self.left)
+        self.left -= granted
+        return granted
+
+    async def take(self, n: int) -> int:
+        raise AssertionError("try_take answers every call here")
+
+
+class _Detok:
+    def push(self, ids: list[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+class _Stream:
+    """One stream: its relay, what it wrote, and how many deltas woke its task."""
+
+    def __init__(self, budget: int, writer: Any = None) -> None:
+        self.out = Outcome()
+        self.lease = _Lease(budget)
+        self.written: list[str] = []
+        self.woken = 0
+        self.grown: list[int] = []
+        self._writer = writer
+        self.relay = TokenRelay(
+            self.out,
+            self._on_text,
+            _Detok(),  # type: ignore[arg-type]
+            StopMatcher([]),
+            self.lease,  # type: ignore[arg-type]
+            self.grown.append,
+            0.0,
+            self._first,
+        )
+
+    def _on_text(self, text: str) -> Awaitable[None] | None:
+        if self._writer is not None:
+            return self._writer(self, text)
+        self.written.append(text)
+        return None
+
+    @staticmethod
+    async def _first() -> None:
+        return None
+
+    async def counted(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        async for delta in deltas:
+            self.woken += 1
+            yield delta
+
+    async def run(self, upstream: PacedUpstream, max_new: int) -> None:
+        req = GenerationRequest(request_id="r", prompt_ids=[1], max_new_tokens=max_new)
+        deltas = upstream.generate_direct(req, self.relay.offer)
+        try:
+            await self.relay.run(self.counted(deltas))
+        finally:
+            await aclose_stream(deltas)
+
+
+TOKEN = f"<{TOKEN_ID}>"
+
+
+async def test_one_step_relays_a_token_to_every_stream_without_waking_their_tasks() -> None:
+    upstream = PacedUpstream(0.001, replicas=1)
+    streams = [_Stream(budget=100) for _ in range(20)]
+    await asyncio.gather(*(s.run(upstream, 10) for s in streams))
+    await upstream.aclose()
+    for s in streams:
+        assert s.out.completion_tokens == 10
+        assert s.out.reason == "length"
+        assert s.out.marker is None  # the replica's own length, not the budget
+        # Nine tokens written in order (the last one is held for the closing events).
+        assert s.written == [TOKEN] * 9 and s.out.held == [TOKEN]
+        assert s.grown == list(range(1, 11))
+        assert s.woken == 2  # the first token and the last delta only
+
+
+async def test_a_budget_that_ends_mid_stream_stops_exactly_with_the_marker() -> None:
+    upstream = PacedUpstream(0.001, replicas=1)
+    short, long = _Stream(budget=4), _Stream(budget=100)
+    await asyncio.gather(short.run(upstream, 10), long.run(upstream, 10))
+    await upstream.aclose()
+    assert short.out.completion_tokens == 4
+    assert short.lease.left == 0
+    assert short.out.reason == "length" and short.out.marker is TOKENS_LIMIT_MARKER
+    # All four granted tokens written; the fifth, refused, ended the reply with nothing to hold.
+    assert short.written == [TOKEN] * 4 and short.out.held == []
+    assert short.woken == 2  # the first token and the refused one
+    assert long.out.completion_tokens == 10 and long.out.marker is None
+
+
+async def test_a_paused_writer_falls_back_to_the_task_and_keeps_the_order() -> None:
+    """The third token's write must wait (a slow reader): its task awaits the send, is not offered
+    the next tokens meanwhile, and resumes the direct path once the send is done."""
+    upstream = PacedUpstream(0.001, replicas=1)
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    order: list[str] = []
+
+    def writer(stream: _Stream, text: str) -> Awaitable[None] | None:
+        n = len(stream.written) + 1
+        stream.written.append(f"{text}{n}")
+        if n != 3:
+            return None
+
+        async def send() -> None:
+            order.append("send waits")
+            loop.call_later(0.01, gate.set_result, None)
+            await gate
+            order.append("send done")
+
+        return send()
+
+    stream = _Stream(budget=100, writer=writer)
+    await stream.run(upstream, 8)
+    await upstream.aclose()
+    assert order == ["send waits", "send done"]
+    assert stream.written == [f"{TOKEN}{n}" for n in range(1, 8)]
+    assert stream.out.completion_tokens == 8
+    # First token, the waiting write's token, the last delta: the others went straight through.
+    assert stream.woken == 3
+
+
+async def test_a_cancelled_stream_is_offered_nothing_more_and_ends_its_sequence() -> None:
+    """Cancelled from inside a step (as a disconnect's cancel can land between two streams' offers):
+    the next steps skip it, and closing its deltas (the pipeline's _give_back_slot) ends the sequence."""
+    upstream = PacedUpstream(0.001, replicas=1)
+    tasks: list[asyncio.Task[None]] = []
+
+    def writer(stream: _Stream, text: str) -> None:
+        stream.written.append(text)
+        if len(stream.written) == 5:
+            tasks[0].cancel()
+
+    stream, other = _Stream(budget=100, writer=writer), _Stream(budget=100)
+    tasks.append(asyncio.ensure_future(stream.run(upstream, 1000)))
+    await other.run(upstream, 30)  # 30 steps of the clock both streams share
+    await asyncio.wait(tasks)
+    await upstream.aclose()
+    assert tasks[0].cancelled()
+    assert stream.written == [TOKEN] * 5
+    assert stream.out.completion_tokens == 5
+    assert upstream._clocks[0].live == 0

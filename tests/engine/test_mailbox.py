@@ -1,0 +1,57 @@
+"""gpu_container/engine/mailbox.py: an output the consumer waits for is offered to the edge's
+direct relay first (no wake-up when taken); anything else is delivered through take, in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpu_container.engine.mailbox import Mailbox
+from gpu_container.engine.types import TokenOutput
+
+pytestmark = pytest.mark.anyio
+
+
+async def _parked(mailbox: Mailbox) -> asyncio.Task[TokenOutput]:
+    task = asyncio.ensure_future(mailbox.take())
+    await asyncio.sleep(0)  # one loop pass: the task is now waiting inside take
+    assert mailbox._waiter is not None and not mailbox._waiter.done()
+    return task
+
+
+async def test_an_output_the_consumer_waits_for_is_offered_and_not_delivered_again() -> None:
+    mailbox = Mailbox(asyncio.get_running_loop())
+    offered: list[list[int]] = []
+    mailbox.offer = lambda out: offered.append(out.token_ids) or True
+    task = await _parked(mailbox)
+    mailbox.put(TokenOutput("r", [1]))
+    mailbox.put(TokenOutput("r", [2]))
+    assert offered == [[1], [2]]
+    assert not task.done()
+    mailbox.put(TokenOutput("r", [3], "length"))  # the last output always goes through take
+    assert (await task).token_ids == [3]
+    assert offered == [[1], [2]]
+
+
+async def test_a_declined_output_is_taken_and_later_ones_wait_with_it_in_order() -> None:
+    mailbox = Mailbox(asyncio.get_running_loop())
+    offered: list[list[int]] = []
+    mailbox.offer = lambda out: offered.append(out.token_ids) or False
+    task = await _parked(mailbox)
+    mailbox.put(TokenOutput("r", [1]))
+    mailbox.put(TokenOutput("r", [2]))  # the consumer is not waiting any more: not offered
+    assert offered == [[1]]
+    assert (await task).token_ids == [1, 2]
+
+
+async def test_a_cancelled_consumer_is_offered_nothing() -> None:
+    mailbox = Mailbox(asyncio.get_running_loop())
+    offered: list[list[int]] = []
+    mailbox.offer = lambda out: offered.append(out.token_ids) or True
+    task = await _parked(mailbox)
+    task.cancel()  # not run yet: the put below comes between the cancel and the task's wake-up
+    mailbox.put(TokenOutput("r", [1]))
+    await asyncio.wait({task})
+    assert task.cancelled()
+    assert offered == []
