@@ -53,12 +53,14 @@ class _StepClock:
         self.waiting: list[_Sequence] = []
         self.live = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.live += 1
         self.loop = loop
         if self._timer is None:
-            self._timer = loop.call_at(loop.time() + self.phase_s, self._step)
+            self._due = loop.time() + self.phase_s
+            self._timer = loop.call_at(self._due, self._step)
 
     def _step(self) -> None:
         waiting, self.waiting = self.waiting, []
@@ -74,7 +76,10 @@ class _StepClock:
                 fut.set_result(delta)
         self._timer = None
         if self.live and self.loop is not None:
-            self._timer = self.loop.call_later(self.interval_s, self._step)
+            # A fixed rate, as a replica's steps do not wait for the edge: timed from when this step
+            # was due, not from the end of the work it caused here (the streams relayed in it).
+            self._due = max(self._due + self.interval_s, self.loop.time())
+            self._timer = self.loop.call_at(self._due, self._step)
 
     def stop(self) -> None:
         if self._timer is not None:
