@@ -1,8 +1,8 @@
 """A replica's token ids relayed as text to one stream: charged, detokenized, stop-matched, written.
 
 Each token used to resume the stream's task: the upstream set a future, the loop stepped the task,
-which resumed the upstream's async generator and the relay's `async for` (about half of a token's
-CPU at a real pace was this machinery, not the work; docs/bench-streams.md, fourth pass). An
+which resumed the upstream's async generator and the relay's `async for`: a future, a scheduled
+callback and three frames per token before any of the work (docs/bench-streams.md, fourth pass). An
 upstream that offers `generate_direct` (edge/upstreams/direct.py) hands a delta to `offer` right in
 its own callback instead, where one engine step (one timer) serves every stream it feeds: when
 nothing would make the token wait (the lease grants it locally, the chunk goes straight to the
