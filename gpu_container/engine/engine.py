@@ -20,6 +20,7 @@ from gpu_container.engine.arrays import Floats
 from gpu_container.engine.blas_threads import limit_blas_threads
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.forward_batch import ForwardBatch
+from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
@@ -93,6 +94,7 @@ class LLMEngine:
             self._state = "running"
             if self._config.blas_threads > 0:
                 limit_blas_threads(self._config.blas_threads)
+            self._set_knee()
             if self._config.prefill_slowdown > 0:
                 self._calibrate()
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -110,6 +112,19 @@ class LLMEngine:
         budget = None if self._prefill_budget is None else self._prefill_budget.tokens
         return Scheduler(self._config, self._blocks, budget, self._eos, self.max_model_len)
 
+    def _set_knee(self) -> None:
+        """The GEMV/GEMM knee: the setting's, else measured here, after BLAS got its thread count
+        and before the step cost is calibrated (whose model bends at the knee)."""
+        configured = self._config.gemv_knee_rows
+        start = self._clock()
+        self._model.knee_rows = configured or model_knee(self._model, self._clock)
+        log.info(
+            "engine gemv knee",
+            knee_rows=self._model.knee_rows,
+            measured=not configured,
+            took_ms=round((self._clock() - start) * 1e3, 1),
+        )
+
     def _calibrate(self) -> None:
         """Measure the step cost and budget prefill by time. Before the loop runs: calibration
         writes scratch K/V into blocks nobody holds yet."""
@@ -125,6 +140,7 @@ class LLMEngine:
             per_row_ms=round(cost.per_row_s * 1e3, 3),
             per_row_gemm_ms=round(cost.per_row_gemm_s * 1e3, 3),
             per_decode_ms=round(cost.per_decode_s * 1e3, 3),
+            knee_rows=cost.knee_rows,
         )
 
     @property

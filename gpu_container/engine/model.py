@@ -1,10 +1,12 @@
 """The Llama architecture in numpy, float32: RMSNorm, RoPE, grouped-query attention over the paged
 KV cache, SwiGLU MLP. One call runs one engine step: a flat batch mixing decodes and prefill chunks.
 
-Small batches multiply row by row: OpenBLAS's GEMM for a few rows against a wide [in, out] matrix
-costs several GEMV passes whatever the row count (its packing), while each GEMV re-reads the matrix
-from the last-level cache; the two meet at about 16 rows (measured in bench/engine.py's layout
-table; docs/bench-engine.md)."""
+Small batches may multiply row by row: on some machines OpenBLAS's GEMM for a few rows against a
+wide [in, out] matrix costs several GEMV passes whatever the row count (its packing), while each
+GEMV re-reads the matrix from the last-level cache (an AMD EPYC: the two met at about 16 rows); on
+others the GEMM wins from 3 rows on (an Intel Xeon). The model's `knee_rows` says up to how many
+rows it takes the GEMVs: measured when the engine starts (gemv_knee.py), or set (`[engine]`
+gemv_knee_rows); the knee never changes the result beyond float rounding."""
 
 from __future__ import annotations
 
@@ -24,15 +26,15 @@ def rms_norm(x: Floats, weight: Floats, eps: float) -> Floats:
     return out
 
 
-# Up to this many rows, one GEMV per row beats one GEMM (see the module docstring); the step cost
-# model (step_budget.py) bends here.
-ROW_GEMV_MAX_ROWS = 16
+# The most rows the knee is measured for, and the knee a model has until the engine measures or
+# sets it (the EPYC's, where this engine was first measured).
+MAX_KNEE_ROWS = 16
 
 
-def linear(x: Floats, weight: Floats) -> Floats:
-    """x [rows, in] @ weight [in, out], choosing GEMV per row for small batches."""
+def linear(x: Floats, weight: Floats, knee_rows: int) -> Floats:
+    """x [rows, in] @ weight [in, out]: one GEMV per row up to knee_rows rows, else one GEMM."""
     rows = x.shape[0]
-    if 1 < rows <= ROW_GEMV_MAX_ROWS:
+    if 1 < rows <= knee_rows:
         out = np.empty((rows, weight.shape[1]), dtype=np.float32)
         for i in range(rows):
             np.matmul(x[i], weight, out=out[i])
@@ -50,6 +52,9 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
         self.config = config
         self.weights = weights
+        # Up to this many rows a projection is one GEMV per row (the module docstring); the step
+        # cost model (step_budget.py) bends here too.
+        self.knee_rows = MAX_KNEE_ROWS
         half = config.head_dim // 2
         self._inv_freq = 1.0 / (
             config.rope_theta ** (np.arange(half, dtype=np.float64) * 2 / config.head_dim)
@@ -68,9 +73,10 @@ class LlamaModel:
         cos, sin = self._rope_tables(batch.positions)
         plan = AttentionPlan.build(batch.slices, cache.block_size)
         x = self.weights.embed_tokens[batch.token_ids]
+        knee = self.knee_rows
         for index, layer in enumerate(self.weights.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            qkv = linear(h, layer.qkv_proj)
+            qkv = linear(h, layer.qkv_proj, knee)
             q = qkv[:, : heads * hd].reshape(n, heads, hd)
             k = qkv[:, heads * hd : (heads + kv_heads) * hd].reshape(n, kv_heads, hd)
             v = qkv[:, (heads + kv_heads) * hd :].reshape(n, kv_heads, hd)
@@ -79,10 +85,10 @@ class LlamaModel:
             layer_keys.reshape(-1, kv_heads, hd)[batch.slot_mapping] = k
             layer_values.reshape(-1, kv_heads, hd)[batch.slot_mapping] = v
             attn = paged_attention(q, layer_keys, layer_values, plan, self._scale)
-            x = x + linear(attn.reshape(n, heads * hd), layer.o_proj)
+            x = x + linear(attn.reshape(n, heads * hd), layer.o_proj, knee)
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
-            gate, up = np.split(linear(h, layer.gate_up_proj), 2, axis=-1)
-            x = x + linear(silu(gate) * up, layer.down_proj)
+            gate, up = np.split(linear(h, layer.gate_up_proj, knee), 2, axis=-1)
+            x = x + linear(silu(gate) * up, layer.down_proj, knee)
         last = rms_norm(x[batch.logits_rows], self.weights.norm, cfg.rms_norm_eps)
         logits: Floats = last @ self.weights.lm_head.T
         return logits

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
-from gpu_container.engine.model import ROW_GEMV_MAX_ROWS, LlamaModel
+from gpu_container.engine.model import MAX_KNEE_ROWS, LlamaModel
 from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import SamplingParams
@@ -70,6 +70,8 @@ _SMOOTHING = 0.3
 _DECODE_SMOOTHING = 0.1
 _CALIBRATION_DECODES = 8
 _CALIBRATION_CONTEXT = 32
+# The narrower of the two chunks that measure the GEMM's slope when there are no GEMV rows (knee 1).
+_GEMM_CHUNK = 16
 
 Clock = Callable[[], float]
 
@@ -86,7 +88,7 @@ class StepCost:
     per_row_gemm_s: float = 0.0  # a row beyond them (the batch as one GEMM)
     per_decode_s: float = 0.0  # what a decode costs beyond its row: its logits row, its attention
     prefill_overhead_s: float = 0.0
-    knee_rows: int = ROW_GEMV_MAX_ROWS
+    knee_rows: int = MAX_KNEE_ROWS
 
     def rows_s(self, rows: int) -> float:
         below = min(rows, self.knee_rows)
@@ -146,8 +148,8 @@ class PrefillBudget:
 
 
 def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3) -> StepCost:
-    """Time decode steps of 1 and 8 sequences and prefill chunks at both sides of the GEMV/GEMM
-    knee, on scratch blocks.
+    """Time decode steps of 1 and 8 sequences and prefill chunks at both sides of the model's
+    GEMV/GEMM knee, on scratch blocks.
 
     The decode step's fixed cost is refined from every decode-only step after (observe), so a
     calibration upset by a busy moment corrects itself before a prompt joins.
@@ -175,16 +177,39 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
             times.append(clock() - start)
         return min(times)  # a busy moment on a shared machine only ever adds
 
-    ctx, decodes, knee = _CALIBRATION_CONTEXT, _CALIBRATION_DECODES, ROW_GEMV_MAX_ROWS
+    def chunk(tokens: int) -> float:
+        return timed(lambda: [ScheduledChunk(scratch(0, 0, tokens), tokens)])
+
+    ctx, decodes, knee = _CALIBRATION_CONTEXT, _CALIBRATION_DECODES, model.knee_rows
     one = timed(lambda: [ScheduledChunk(scratch(0, ctx, ctx + 1), 1)])
     many = timed(lambda: [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(decodes)])
-    at_knee = timed(lambda: [ScheduledChunk(scratch(0, 0, knee), knee)])
-    wide = timed(lambda: [ScheduledChunk(scratch(0, 0, 4 * knee), 4 * knee)])
-    # A decode is a row plus its logits row and its attention; a chunk of `knee` tokens is one
-    # decode's step (one logits row) plus knee - 1 rows. What a chunk costs beyond its rows
-    # (its attention over its context) is learnt from the steps that mix both (observe).
-    per_decode = max((many - one) / (decodes - 1), 1e-6)
-    per_row = min(per_decode, max((at_knee - one) / (knee - 1), 1e-6))
-    per_row_gemm = max((wide - at_knee) / (3 * knee), per_row / 8)
-    fixed = max(one - per_decode, 1e-6)
-    return StepCost(fixed, per_row, per_row_gemm, per_decode - per_row)
+    # A chunk of `n` tokens is one decode's step (one logits row, a row) plus n - 1 rows; what a
+    # chunk costs beyond its rows (its attention over its context) is learnt from the steps that
+    # mix both (observe). The GEMM's slope is read up to a chunk of 64 rows or more, where the
+    # GEMM's fixed part weighs little.
+    wide_rows = 4 * max(knee, _GEMM_CHUNK)
+    wide = chunk(wide_rows)
+    jump = 0.0  # what a step's second row costs beyond its slope: the GEMM's fixed part
+    if knee > 1:
+        # From the knee on, the line through the GEMVs at the knee and the wide GEMM is the GEMM's:
+        # at the crossover the GEMVs cost what the GEMM's fixed part and its rows do.
+        at_knee = chunk(knee)
+        per_row = max((at_knee - one) / (knee - 1), 1e-6)
+        per_row_gemm = max((wide - at_knee) / (wide_rows - knee), per_row / 8)
+    else:
+        # No GEMV rows beyond a lone decode's: from two rows on a step is one GEMM, its fixed part
+        # paid once and each row at the GEMM's slope, read between two chunks that are both GEMMs.
+        # The model stays a line (per_row and per_row_gemm the same slope) whose fixed part holds
+        # the GEMM's: right from two rows on, and a lone decode (a GEMV) over-estimated by that
+        # fixed part, at most a GEMV row per projection where the knee is 1.
+        narrow = chunk(_GEMM_CHUNK)
+        per_row_gemm = max((wide - narrow) / (wide_rows - _GEMM_CHUNK), 1e-6)
+        per_row = per_row_gemm
+        jump = max(narrow - one - per_row_gemm * (_GEMM_CHUNK - 1), 0.0)
+    rows = StepCost(0.0, per_row, per_row_gemm, knee_rows=knee)
+    # A decode is a row plus its logits row and its attention: what the decodes cost beyond the
+    # rows the model already counts for them, whichever side of the knee 8 decodes fall.
+    grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1))
+    per_decode = max(grown / (decodes - 1), 0.0)
+    fixed = max(one + jump - per_decode - per_row, 1e-6)
+    return StepCost(fixed, per_row, per_row_gemm, per_decode, knee_rows=knee)

@@ -65,6 +65,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The least prompt tokens a step gives each waiting prompt under the time budget when more
     # prompts wait than sequences decode (a wave of arrivals; step_budget.py).
     min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # Up to how many rows a projection runs as one GEMV per row rather than one GEMM (model.py):
+    # 0 measures it when the engine starts (gemv_knee.py), 1 is GEMM always; set it to reproduce
+    # a run, or to skip the measurement.
+    gemv_knee_rows: Annotated[int, msgspec.Meta(ge=0)] = 0
     # "static": a batch starts together and no one joins until its longest member ends (kept only
     # to measure continuous batching against, bench/engine.py).
     batching: Literal["continuous", "static"] = "continuous"

@@ -69,6 +69,7 @@ ENGINE_TABLE = {
     "enable_prefix_caching": False,
     "prefill_slowdown": 2.5,
     "min_prefill_chunk": 7,
+    "gemv_knee_rows": 3,
     "batching": "static",
 }
 

@@ -19,9 +19,12 @@ from tests.engine.tiny_llama import tiny_model
 PLAN = [(0, 13, 6), (0, 3, 9), (1, 1, 5), (2, 21, 4), (4, 6, 12), (7, 2, 3), (9, 17, 5), (12, 30, 2)]
 
 
+@pytest.mark.parametrize("knee_rows", [1, 3, 16], ids=lambda k: f"knee-{k}")
 @pytest.mark.parametrize("tied", [False, True], ids=["untied-lm-head", "tied-lm-head"])
-def test_paged_batched_forward_matches_full_recompute(tied: bool) -> None:
+def test_paged_batched_forward_matches_full_recompute(tied: bool, knee_rows: int) -> None:
+    """Whatever the GEMV/GEMM knee (batches here have 1-9 rows: both sides of a knee of 3)."""
     model, tensors = tiny_model(tie_word_embeddings=tied)
+    model.knee_rows = knee_rows
     mc = model.config
     config = EngineConfig(
         block_size=4, num_blocks=14, max_num_seqs=4, max_num_batched_tokens=9, max_model_len=56
