@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from msgspec.structs import replace
-from threadpoolctl import threadpool_info
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from bench.engine_driver import Driver
 from bench.engine_measures import (
@@ -43,6 +43,7 @@ from bench.engine_measures import (
 from bench.engine_report import Results, write_report
 from bench.engine_served import closed_loop, rss_mb, serve
 from edge.text.model_text import ModelText
+from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.types import EngineConfig, SamplingParams
@@ -126,6 +127,8 @@ def main() -> None:
         if args.saved.is_file():
             res = pickle.loads(args.saved.read_bytes())
             res.command = f"{rerun} (the other sections from the saved run)"
+            # The box under a rerun may not be the one the saved sections ran on.
+            res.rerun_machine = f"{machine()} (sections {args.only})"
         else:
             splice = only
             res.command = rerun
@@ -148,6 +151,8 @@ def main() -> None:
 
     if "layout" in only:
         res.layout = layout_table(model, (1, 2, 4, 8, 12, 16, 24, 64))
+        with threadpool_limits(1, "blas"):
+            res.knee = model_knee(model, time.thread_time)  # what the engine picks at start here
         res.head = head_table(model, (1, 2, 16))
         done("layout")
 

