@@ -9,7 +9,8 @@ the box's load falls on both alike:
    with nothing joining, in CPU time too, and the prompt's TTFT.
 
     .venv/bin/python -m bench.engine_knee [--model DIR] [--tokens 48] [--join-tokens 500]
-    .venv/bin/python -m bench.engine_knee --floors 16,8 (the join alone, at the measured knee, by floor)
+    .venv/bin/python -m bench.engine_knee --budgets 1.6:16,1.6:8 (the join alone at the measured
+        knee, by prefill_slowdown:min_prefill_chunk)
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def join_line(run: JoinRun) -> str:
         f"p99/unjoined {run.join_p99_s / run.unjoined_gap_s:.2f}, "
         f"step CPU p99/steady {run.join_step_cpu_p99_s / run.steady_step_cpu_s:.2f}, "
         f"step CPU p99/unjoined median {run.join_step_cpu_p99_s / run.unjoined_step_cpu_s_median:.2f}, "
-        f"steady gap {run.steady_gap_s * 1e3:.0f} ms (CPU {run.steady_step_cpu_s * 1e3:.0f} ms), "
+        f"steady gap {run.steady_gap_s * 1e3:.0f} ms (CPU {run.steady_step_cpu_s * 1e3:.0f} ms, "
+        f"p99 {run.steady_p99_s / run.steady_gap_s:.2f}x), "
         f"TTFT {run.ttft_s:.1f} s, load {run.load:.1f}"
     )
 
@@ -63,9 +65,10 @@ def main() -> None:
     parser.add_argument("--join-tokens", type=int, default=500, help="0 skips the join")
     parser.add_argument("--joins", type=int, default=1, help="A B B A rounds of the join")
     parser.add_argument(
-        "--floors",
+        "--budgets",
         default="",
-        help="min_prefill_chunk values to join with at the measured knee instead (e.g. 16,8): no decode runs",
+        help="prefill_slowdown:min_prefill_chunk pairs to join with at the measured knee instead "
+        "(e.g. 1.6:16,1.6:8): no decode runs",
     )
     args = parser.parse_args()
     model = load_model(args.model or default_model())
@@ -75,13 +78,13 @@ def main() -> None:
     took = time.thread_time() - start
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}", flush=True)
     print(f"measured knee {measured} rows ({took * 1e3:.0f} ms of CPU time to measure)", flush=True)
-    if args.floors:
-        floors = [int(f) for f in args.floors.split(",")]
+    if args.budgets:
+        budgets = [(float(b.split(":")[0]), int(b.split(":")[1])) for b in args.budgets.split(",")]
         variants = {
-            f"measured knee {measured}, floor {f}": replace(
-                SERVE_CONFIG, gemv_knee_rows=measured, min_prefill_chunk=f
+            f"measured knee {measured}, time {slowdown:g}x, floor {floor}": replace(
+                SERVE_CONFIG, gemv_knee_rows=measured, prefill_slowdown=slowdown, min_prefill_chunk=floor
             )
-            for f in floors
+            for slowdown, floor in budgets
         }
         for _ in range(args.joins):
             for label in [*variants, *reversed(variants)]:
