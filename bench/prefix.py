@@ -18,8 +18,8 @@ system prompt runs it: every conversation after the first finds the system promp
 "user" (the edge's default) each user has a cache of its own, so each conversation's first turn
 computes the system prompt afresh and only a conversation's own earlier turns are found.
 
-    .venv/bin/python -m bench.prefix [--model demo] [--conversations 4] [--turns 4] \
-        [--cache-scope shared] [--out docs/bench-prefix.md]
+    .venv/bin/python -m bench.prefix [--model demo] [--conversations 8] [--num-blocks 320] \
+        [--variants 1 3 4 5] [--turns 4] [--cache-scope shared] [--out docs/bench-prefix.md]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ VARIANTS = (
 
 @dataclass(frozen=True)
 class Workload:
-    conversations: int = 4
+    conversations: int = 8
     turns: int = 4
     # As the issue's workload: contexts of about 1K tokens by the later turns, replies of 200-400.
     system_tokens: int = 256
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         default=Workload.cache_scope,
         help="whose cached prefixes a turn may hit: every user's, or its own user's",
     )
-    parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of 16 tokens per replica")
+    parser.add_argument("--num-blocks", type=int, default=320, help="KV blocks of 16 tokens per replica")
     parser.add_argument(
         "--variants", type=int, nargs="*", default=None, help="run only these (0-based, in table order)"
     )
