@@ -43,12 +43,7 @@ def test_decodes_of_short_and_long_contexts_and_a_chunk_match_plain_attention() 
     assert [len(d.rows) for d in plan.decodes] == [3, 1]  # the long one is batched apart
     q = rng.standard_normal((sum(lengths), HEADS, HEAD_DIM)).astype(np.float32)
     got = paged_attention(q, keys, values, plan, 1 / np.sqrt(HEAD_DIM))
-    for s in slices:
-        k = keys[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
-        v = values[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
-        rows = slice(s.start, s.start + s.length)
-        expected = _plain(q[rows], k, v, s.context_len - s.length)
-        np.testing.assert_allclose(got[rows], expected, rtol=1e-4, atol=1e-5)
+    _assert_matches_plain(got, q, keys, values, slices)
 
 
 def test_decodes_of_similar_contexts_stay_one_batch() -> None:
@@ -78,15 +73,22 @@ def test_contexts_in_a_few_runs_of_blocks_are_read_through_views_and_match_plain
     assert [p.slice.length for p in plan.prefills] == [5]  # the scattered one is gathered
     q = rng.standard_normal((sum(n for _, _, n in cases), HEADS, HEAD_DIM)).astype(np.float32)
     got = paged_attention(q, keys, values, plan, 1 / np.sqrt(HEAD_DIM))
-    for s in slices:
-        k = keys[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
-        v = values[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
-        rows = slice(s.start, s.start + s.length)
-        expected = _plain(q[rows], k, v, s.context_len - s.length)
-        np.testing.assert_allclose(got[rows], expected, rtol=1e-4, atol=1e-5)
+    _assert_matches_plain(got, q, keys, values, slices)
 
 
 def test_short_decodes_stay_in_the_gathered_batch() -> None:
     slices = tuple(SequenceSlice(i, 1, 40, np.arange(i * 10, i * 10 + 10)) for i in range(3))
     plan = AttentionPlan.build(slices, BLOCK)
     assert not plan.viewed and [len(d.rows) for d in plan.decodes] == [3]
+
+
+def _assert_matches_plain(
+    got: Floats, q: Floats, keys: Floats, values: Floats, slices: tuple[SequenceSlice, ...]
+) -> None:
+    """Each slice's rows of `got` equal plain attention over its context, gathered from the pool."""
+    for s in slices:
+        k = keys[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
+        v = values[s.block_table].reshape(-1, KV_HEADS, HEAD_DIM)[: s.context_len]
+        rows = slice(s.start, s.start + s.length)
+        expected = _plain(q[rows], k, v, s.context_len - s.length)
+        np.testing.assert_allclose(got[rows], expected, rtol=1e-4, atol=1e-5)
