@@ -104,16 +104,18 @@ def test_a_cancel_after_the_generation_ended_on_its_own_is_409(
     }
     with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
         with client.stream("POST", CHAT, json=body) as stream:
-            received: list[Any] = []
-            for item in events(stream):  # up to [DONE]: the body itself ends after the clean-up
+            items = events(stream)
+            received: list[Any] = [next(items)]
+            rid = received[0]["request_id"]
+            # The generation ends on its own (4 tokens) and its clean-up is held: the closing
+            # events wait for it (the client sees the end only once the lease is settled).
+            assert holding.settling.wait(HOLD_TIMEOUT_S)
+            cancel = client.post(f"{CHAT}/{rid}/cancel")
+            holding.release.set()
+            for item in items:
                 received.append(item)
                 if item == DONE:
                     break
-            # The stream is over; its clean-up is held before the registry hears of the finish.
-            assert holding.settling.wait(HOLD_TIMEOUT_S)
-            rid = received[0]["request_id"]
-            cancel = client.post(f"{CHAT}/{rid}/cancel")
-            holding.release.set()
         after = client.post(f"{CHAT}/{rid}/cancel")
 
     assert received[-1] == DONE
