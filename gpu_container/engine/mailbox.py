@@ -13,7 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import structlog
+
+from gpu_container.contract import UpstreamError
 from gpu_container.engine.types import TokenOutput
+
+log = structlog.get_logger(__name__)
 
 # Takes an output while the consumer waits (True: relayed, not to be delivered again).
 Offer = Callable[[TokenOutput], bool]
@@ -57,8 +62,16 @@ class Mailbox:
             # The consumer waits for this very output, and only for it (nothing pending, not
             # cancelled): offered first, it is delivered through take only if declined.
             offer = self.offer
-            if offer is not None and output.finish_reason is None and output.error is None and offer(output):
-                return
+            if offer is not None and output.finish_reason is None and output.error is None:
+                try:
+                    if offer(output):
+                        return
+                except Exception as exc:
+                    # Called in the step that delivers every stream's output: one stream's failed
+                    # relay ends that stream with an error, never the others' outputs.
+                    log.exception("direct_relay_failed", request_id=output.request_id)
+                    self._fail(UpstreamError(f"relaying the output failed: {exc!r}"))
+                    return
             waiter.set_result(None)
         self._pending.append(output)
 

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from gpu_container.contract import UpstreamError
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import TokenOutput
 
@@ -55,3 +56,20 @@ async def test_a_cancelled_consumer_is_offered_nothing() -> None:
     await asyncio.wait({task})
     assert task.cancelled()
     assert offered == []
+
+
+async def test_a_relay_that_raises_ends_its_own_stream_with_an_error_and_no_other() -> None:
+    loop = asyncio.get_running_loop()
+    broken, healthy = Mailbox(loop), Mailbox(loop)
+
+    def fail(out: TokenOutput) -> bool:
+        raise RuntimeError("the relay broke")
+
+    broken.offer = fail
+    healthy.offer = lambda out: False
+    tasks = [await _parked(broken), await _parked(healthy)]
+    for mailbox in (broken, healthy):  # one engine step delivering to both, in one callback
+        mailbox.put(TokenOutput("r", [1]))
+    with pytest.raises(UpstreamError, match="the relay broke"):
+        await tasks[0]
+    assert (await tasks[1]).token_ids == [1]
