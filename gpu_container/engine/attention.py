@@ -162,44 +162,52 @@ def _decode(q: Floats, keys: Floats, values: Floats, d: _Decodes, scale: float) 
 
 
 def _prefill(q: Floats, keys: Floats, values: Floats, p: _Prefill, scale: float) -> Floats:
-    chunk, heads, hd = q.shape
-    kv_heads = keys.shape[2]
-    group = heads // kv_heads
+    """A chunk whose table is fragmented: its context gathered into one run, then as _viewed."""
+    kv_heads, hd = keys.shape[2], keys.shape[3]
+    k = keys[p.slice.block_table].reshape(-1, kv_heads, hd)
+    v = values[p.slice.block_table].reshape(-1, kv_heads, hd)
     context = p.slice.context_len
-    k = keys[p.slice.block_table].reshape(-1, kv_heads, hd)[:context].transpose(1, 2, 0)  # [kvh, hd, ctx]
-    v = values[p.slice.block_table].reshape(-1, kv_heads, hd)[:context].transpose(1, 0, 2)  # [kvh, ctx, hd]
-    # One product per KV head, its group's queries stacked: [kvh, group * C, hd].
-    qg = (q * scale).reshape(chunk, kv_heads, group, hd).transpose(1, 2, 0, 3).reshape(kv_heads, -1, hd)
-    scores = qg @ k  # [kvh, group * C, ctx]
-    scores.reshape(kv_heads, group, chunk, context)[..., context - chunk :] += p.bias
-    out = _softmax_product(scores, v)  # [kvh, group * C, hd]
-    result: Floats = out.reshape(kv_heads, group, chunk, hd).transpose(2, 0, 1, 3).reshape(chunk, heads, hd)
-    return result
+    return _attend_runs(q, k, v, ((0, context),), context, p.bias, scale)
 
 
 def _viewed(q: Floats, keys: Floats, values: Floats, w: _Viewed, scale: float) -> Floats:
-    """_prefill's arithmetic (a decode is a chunk of one), over views of the pool run by run."""
-    chunk, heads, hd = q.shape
-    kv_heads = keys.shape[2]
-    group = heads // kv_heads
-    context = w.slice.context_len
+    """A decode (a chunk of one) or a chunk read run by run through views of the pool."""
+    kv_heads, hd = keys.shape[2], keys.shape[3]
     flat_keys, flat_values = keys.reshape(-1, kv_heads, hd), values.reshape(-1, kv_heads, hd)
+    return _attend_runs(q, flat_keys, flat_values, w.runs, w.slice.context_len, w.bias, scale)
+
+
+def _attend_runs(
+    q: Floats,
+    flat_keys: Floats,
+    flat_values: Floats,
+    runs: tuple[tuple[int, int], ...],
+    context: int,
+    bias: Floats | None,
+    scale: float,
+) -> Floats:
+    """q [C, heads, hd] attending to the context held in `runs` (first slot, keys) of the flat
+    [slots, kv_heads, hd] K/V, with `bias` the chunk's causal mask over its own keys (None: a
+    decode). One product per KV head, its group's queries stacked: [kvh, group * C, hd]."""
+    chunk, heads, hd = q.shape
+    kv_heads = flat_keys.shape[1]
+    group = heads // kv_heads
     qg = (q * scale).reshape(chunk, kv_heads, group, hd).transpose(1, 2, 0, 3).reshape(kv_heads, -1, hd)
-    if len(w.runs) == 1:
-        slot, n = w.runs[0]
+    if len(runs) == 1:
+        slot, n = runs[0]
         scores = qg @ flat_keys[slot : slot + n].transpose(1, 2, 0)  # [kvh, group * C, ctx]
     else:
         scores = np.empty((kv_heads, group * chunk, context), dtype=np.float32)
         at = 0
-        for slot, n in w.runs:
+        for slot, n in runs:
             scores[..., at : at + n] = qg @ flat_keys[slot : slot + n].transpose(1, 2, 0)
             at += n
-    if w.bias is not None:
-        scores.reshape(kv_heads, group, chunk, context)[..., context - chunk :] += w.bias
+    if bias is not None:
+        scores.reshape(kv_heads, group, chunk, context)[..., context - chunk :] += bias
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     total = scores.sum(axis=-1, keepdims=True)
-    (slot, n), *rest = w.runs
+    (slot, n), *rest = runs
     out: Floats = scores[..., :n] @ flat_values[slot : slot + n].transpose(1, 0, 2)  # [kvh, group * C, hd]
     at = n
     for slot, n in rest:
