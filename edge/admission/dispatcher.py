@@ -26,6 +26,10 @@ Policy
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
+* Nobody waiting. A ticket that finds the queue empty and a replica with room is placed at once,
+  without joining the queue: a pass over a queue holding only it would grant it the same replica
+  and leave the queue as empty as it found it (an emptied DRR queue forfeits its deficit), so the
+  policy above is unchanged and the common case skips the queue's bookkeeping.
 * Replicas. Their health, membership and drain live in the replica set (replica_set.py); after any
   change there the queue is reconsidered here, so waiting tickets may land on a new replica, and
   waiters that no replica could ever hold fail as "no_replica".
@@ -53,6 +57,9 @@ from edge.admission.tiered_queue import TieredQueue
 from edge.admission.wait_estimate import WaitEstimate
 from edge.metric_children import child
 from edge.upstreams.base import Upstream
+
+# A ticket placed with nobody queued is blocked by no earlier one.
+_NO_CLAIMS = Claims()
 
 
 @dataclass(eq=False)
@@ -165,6 +172,9 @@ class Dispatcher:
         self._offered_prompt_tokens += (
             ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens
         )
+        if not self._queue and not self.replicas.closed and self._room_now(ticket):
+            # First in line with room now: no guard could refuse it and its estimated wait is 0.
+            return
         refusal = self._turn_away(ticket, frozenset())
         if refusal is not None:
             raise refusal
@@ -174,6 +184,10 @@ class Dispatcher:
 
     async def acquire(self, ticket: Ticket, exclude: frozenset[str] = frozenset()) -> Slot:
         """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket."""
+        if not self._queue and not self.replicas.closed:
+            slot = self._place_at_once(ticket, exclude)
+            if slot is not None:
+                return slot
         refusal = self._turn_away(ticket, exclude)
         if refusal is not None:
             raise refusal
@@ -274,16 +288,38 @@ class Dispatcher:
                 if claims.all_closed(placeable, may_use_reserve=False) and not tier.reserve_items:
                     break
 
-    def _grant(self, waiter: _Waiter, replica: Replica) -> None:
+    def _place_at_once(self, ticket: Ticket, exclude: frozenset[str]) -> Slot | None:
+        """With nobody queued: the slot the dispatch pass would grant this ticket alone, or None
+        (no room now: it joins the queue). `_dispatch` first settles a lost-room mark, which with an
+        empty queue fails nobody, so here it is only cleared."""
+        self.replicas.take_lost_room()
+        fitting = [r for r in self.replicas.members if r.placeable and r.name not in exclude]
+        kv_tokens = self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
+        replica = pick(fitting, ticket, kv_tokens, self._reserve, _NO_CLAIMS, self._prefix_weight)
+        if replica is None:
+            return None
+        if ticket.priority not in self._tier_labels:
+            self._watch_tier(ticket.priority, ticket.tier_label)
         now = self._clock()
-        ticket = waiter.ticket
+        return self._grant_slot(ticket, replica, now, now)
+
+    def _room_now(self, ticket: Ticket) -> bool:
+        """A replica could take the ticket now (what the wait estimate of the first in line asks)."""
+        return any(
+            r.placeable and r.has_room(ticket.kv_tokens, ticket.may_use_reserve, self._reserve)
+            for r in self.replicas.members
+        )
+
+    def _grant(self, waiter: _Waiter, replica: Replica) -> None:
+        waiter.future.set_result(self._grant_slot(waiter.ticket, replica, waiter.enqueued_at, self._clock()))
+
+    def _grant_slot(self, ticket: Ticket, replica: Replica, enqueued_at: float, now: float) -> Slot:
         charge = replica.charge(self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens)
         replica.kv_in_use += charge
         replica.sequences += 1
-        replica.sent_prefix(waiter.ticket.prefix_keys)
-        slot = Slot(replica, ticket, charge, now, self._release, self._real_use)
-        child(metrics.QUEUE_WAIT, waiter.ticket.tier_label).observe(max(0.0, now - waiter.enqueued_at))
-        waiter.future.set_result(slot)
+        replica.sent_prefix(ticket.prefix_keys)
+        child(metrics.QUEUE_WAIT, ticket.tier_label).observe(max(0.0, now - enqueued_at))
+        return Slot(replica, ticket, charge, now, self._release, self._real_use)
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
         replica = slot.replica
