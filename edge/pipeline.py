@@ -38,6 +38,7 @@ from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
 from edge.cancel.live import LiveRequest
 from edge.cancel.registry import RequestRegistry
+from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
 from edge.config import TierConfig
 from edge.drain import Drain
@@ -532,7 +533,7 @@ class Generation:
             return
         self._closed = True
         out = out or Outcome()
-        with anyio.CancelScope(shield=True):
+        with cancel_scope(shield=True):
             await self._stop_keepalive()
             await self._give_back_slot()
             # A request that never reached a replica (turned away or cancelled while queued) is

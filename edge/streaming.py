@@ -18,6 +18,7 @@ import structlog
 from litestar.types import Receive, Scope, Send
 
 from edge.body_chunks import WRITE_NOW, WriteNow
+from edge.cancel.scope import cancel_scope
 from edge.errors import ErrorDetail
 from edge.pipeline import Generation
 from edge.sse import DONE, event
@@ -60,7 +61,7 @@ async def until_disconnect(
     The watch is one plain task cancelled at the end, not an anyio task group: a group costs a
     cancel scope, a task handle and, when cancelled, a formatted repr of the task, all per stream
     (about 5 % of a one-token stream's event-loop time in the profile of docs/bench-streams.md)."""
-    scope = anyio.CancelScope() if scope is None else scope
+    scope = cancel_scope() if scope is None else scope
     watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, scope))
     try:
         with scope:
@@ -80,7 +81,7 @@ class EventStreamResponse:
         generation = self._generation
         stalled: StalledReaders | None = getattr(scope["app"].state, "stalled_readers", None)
         # Cancelled by a disconnect (until_disconnect) or by the stalled-reader watch (progress.cut).
-        cut_scope = anyio.CancelScope()
+        cut_scope = cancel_scope()
         progress = SendProgress(generation.request_id, cut_scope)
         now = asyncio.get_running_loop().time
         # The body goes to the server's own send when the stream gate kept it (edge/stream_gate.py):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import anyio
 
+from edge.cancel.scope import cancel_scope
+
 
 class LiveRequest:
     """A request in flight. Its generation runs inside `scope()`; `cancel` stops it there.
@@ -29,7 +31,7 @@ class LiveRequest:
     def scope(self) -> anyio.CancelScope:
         """The cancel scope to run the generation in (cancelled at once if a cancel came first)."""
         if self._scope is None:
-            self._scope = anyio.CancelScope()
+            self._scope = cancel_scope()
             if self.cancelled:
                 self._scope.cancel()
         return self._scope
