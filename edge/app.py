@@ -41,6 +41,7 @@ from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.admin import admin_router
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
+from edge.routes.chat_route import chat_route
 from edge.routes.conversations import conversation_messages
 from edge.routes.health import healthz, readyz
 from edge.routes.model_stats import model_stats
@@ -230,6 +231,7 @@ def create_app(
         middleware=[
             gate.middleware,
             DefineMiddleware(BodyReadTimeout, timeout_s=settings.server.body_timeout_s),
+            chat_route,  # innermost: the chat route's lean path
         ],
         exception_handlers={
             ApiError: handle_api_error,

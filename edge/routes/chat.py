@@ -1,4 +1,9 @@
-"""POST /v1/chat/completions: streaming (SSE) or one JSON answer."""
+"""POST /v1/chat/completions: streaming (SSE) or one JSON answer.
+
+Every call is answered by `answer_chat`. Litestar's route handler below declares the endpoint
+(its OpenAPI operation, its place in the router) and serves it where the route takes Litestar's
+own path; a served app takes the lean one (edge/routes/chat_route.py).
+"""
 
 from __future__ import annotations
 
@@ -6,30 +11,35 @@ from typing import Any
 
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
-from litestar.types import ASGIApp
+from litestar.types import ASGIApp, Receive, Scope
 
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
-from edge.runtime import runtime_of
+from edge.runtime import Runtime, runtime_of
 from edge.schemas import parse_chat_request
 from edge.streaming import EventStreamResponse, until_disconnect
 
 
-@post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionOperation)
-async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
-    runtime = runtime_of(request)
-    authorization, declared_length = authorization_and_length(request.scope)
+async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_bytes: int | None) -> ASGIApp:
+    """The answer to one chat completion request: its response, or an ApiError / HTTPException
+    raised for the app's exception handlers (edge/errors.py) to answer."""
+    authorization, declared_length = authorization_and_length(scope)
     principal = await runtime.keys.authenticate(authorization)
-    max_bytes = request.route_handler.resolve_request_max_body_size()
-    req = parse_chat_request(await read_body(request.receive, declared_length, max_bytes))
+    req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
     generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
     if req.stream:
         return EventStreamResponse(generation)
     try:
-        body = await until_disconnect(request.receive, generation.complete)
+        body = await until_disconnect(receive, generation.complete)
     finally:
         await generation.close()
     if body is None:  # the client left; nobody reads this
         return ASGIResponse(body=b"", status_code=499)
     return json_response(body, headers=generation.headers)
+
+
+@post("/v1/chat/completions", status_code=200, operation_class=ChatCompletionOperation)
+async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
+    max_bytes = request.route_handler.resolve_request_max_body_size()
+    return await answer_chat(runtime_of(request), request.scope, request.receive, max_bytes)
