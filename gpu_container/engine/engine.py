@@ -28,7 +28,7 @@ from gpu_container.engine.prefix_hash import root_hash
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence, SequenceStatus
-from gpu_container.engine.step_budget import PrefillBudget, calibrate, step_clock
+from gpu_container.engine.step_budget import PrefillBudget, PromptChunk, calibrate, step_clock
 from gpu_container.engine.types import EngineConfig, EngineStats, FinishReason, SamplingParams, TokenOutput
 
 log = structlog.get_logger(__name__)
@@ -140,6 +140,7 @@ class LLMEngine:
             per_row_ms=round(cost.per_row_s * 1e3, 3),
             per_row_gemm_ms=round(cost.per_row_gemm_s * 1e3, 3),
             per_decode_ms=round(cost.per_decode_s * 1e3, 3),
+            attention_us_per_kilopair=round(cost.attention_s * 1e9, 3),
             knee_rows=cost.knee_rows,
         )
 
@@ -266,9 +267,14 @@ class LLMEngine:
             log.exception("engine step failed; retrying its sequences one by one", sequences=len(chunks))
             return self._isolate(chunks)
         if self._prefill_budget is not None:
-            decodes = sum(1 for c in chunks if c.num_tokens == 1 and c.completes)
-            prefill = [c.num_tokens for c in chunks if c.num_tokens > 1 or not c.completes]
-            self._prefill_budget.observe(decodes, prefill, self._clock() - started)
+            decoding = [c.seq for c in chunks if c.num_tokens == 1 and c.completes]
+            keys = sum(seq.num_computed_tokens + 1 for seq in decoding)
+            prefill = [
+                PromptChunk(c.num_tokens, c.seq.num_computed_tokens)
+                for c in chunks
+                if c.num_tokens > 1 or not c.completes
+            ]
+            self._prefill_budget.observe(len(decoding), prefill, self._clock() - started, keys)
         return self._commit(chunks, logits)
 
     def _forward(self, chunks: list[ScheduledChunk]) -> Floats:

@@ -26,8 +26,9 @@ Equal priorities never preempt each other for admission, so there is no ping-pon
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.sequence import Sequence, SequenceStatus
@@ -47,6 +48,13 @@ class ScheduledChunk:
 
         Meaningful until Scheduler.advance records the chunk."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+class PrefillRule(Protocol):
+    """The prompt tokens a step may carry: it decodes `decodes` sequences holding `decode_keys` keys
+    of context in all, while `prompts` prompts wait for theirs, the first `context` tokens in."""
+
+    def __call__(self, *, decodes: int, prompts: int, context: int, decode_keys: int) -> int: ...
 
 
 @dataclass(slots=True)
@@ -69,12 +77,11 @@ class Scheduler:
         self,
         config: EngineConfig,
         block_manager: BlockManager,
-        prefill_budget: Callable[[int, int], int] | None = None,
+        prefill_budget: PrefillRule | None = None,
         eos_token_ids: Collection[int] = (),
         max_model_len: int | None = None,
     ) -> None:
-        """prefill_budget(decodes, prompts), if given, caps the prompt tokens of a step that decodes
-        that many sequences while that many prompts wait for theirs (the time budget of
+        """prefill_budget, if given, caps the prompt tokens of a step (the time budget of
         step_budget.py); max_num_batched_tokens caps it too.
         eos_token_ids and max_model_len (default: the config's) are finish rules (postprocess)."""
         if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
@@ -134,7 +141,13 @@ class Scheduler:
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
         if self._prefill_budget is not None:
-            step.budget = min(step.budget, self._prefill_budget(len(step.tokens), self._prompts_pending()))
+            budget = self._prefill_budget(
+                decodes=len(step.tokens),
+                prompts=self._prompts_pending(),
+                context=self._prefill_context(),
+                decode_keys=sum(seq.num_computed_tokens + 1 for seq in step.tokens),
+            )
+            step.budget = min(step.budget, budget)
         preempted |= self._schedule_running(step, decodes=False)
         if not preempted and self._batch_open():
             self._admit(step)
@@ -146,6 +159,11 @@ class Scheduler:
         prefilling = sum(1 for s in self.running if s.num_uncomputed_tokens > 1)
         admissible = len(self.waiting) if self._batch_open() else 0
         return prefilling + min(admissible, self._config.max_num_seqs - len(self.running))
+
+    def _prefill_context(self) -> int:
+        """Tokens already computed of the prompt that gets this step's prefill first: the best
+        running one still prefilling, else a waiting one (0: its cached prefix is not known yet)."""
+        return next((s.num_computed_tokens for s in self.running if s.num_uncomputed_tokens > 1), 0)
 
     def _schedule_running(self, step: _Step, decodes: bool) -> bool:
         """Schedule the running decodes (or the running prefills); True if it had to preempt."""

@@ -22,28 +22,27 @@ A step with `d` running streams may carry the most tokens whose cost stays withi
 times the decode-only step, found by bisection; with no stream decoding (an idle engine, or a burst
 of arrivals all still prefilling) nobody is waiting on a decode, and the token cap alone applies.
 
-prefill_overhead is what a prefill chunk costs beyond its rows, and it grows with the prompt's
-context: each chunk reads its whole context from the paged pool and scores every query against it
-(a 32-token chunk's step grew from 200 to 330 ms over a 2,000-token prompt, docs/bench-engine.md,
-when that read was a gather; it is now a view of the pool where the blocks are consecutive,
-attention.py, about a quarter less).
-Each step that carries prefill next to decodes refines it (an exponential average of what steps
-took beyond the rows), so the chunk shrinks as the context grows; a prompt advances a few dozen
-tokens between two observations, which the average follows within a step or two. Only that term
-is refined: attributing the excess to the per-token cost instead would shrink the chunk, which
-makes the fixed part weigh more per token, which shrinks the chunk again, down to one token a step.
+A prefill chunk also attends: each of its n tokens scores every key before it, n * context +
+n * (n + 1) / 2 query-key pairs, attention_s each. That term is what makes a chunk dear late in a
+long prompt (a 16-token chunk next to 4 decodes grew from 188 to 278 ms of CPU over a 2,000-token
+prompt on the AMD EPYC, 93 ms of it its attention), and it scales with the chunk: a 4-token chunk
+at the same context pays a quarter of it. Modelled as a cost per chunk instead (as it was), the
+budget priced a 1-token chunk like a 16-token one, found no chunk that fit the slack and fell back
+on the floor, so every step with a long prompt in it overshot. attention_s is calibrated at start
+from the same chunk at two contexts (the difference is attention alone).
+
+prefill_overhead is what a prefill chunk costs beyond its rows and its attention: whatever the model
+misses, refined by each step that carries prefill next to decodes (an exponential average of what
+steps took beyond the model), so the chunk shrinks if the model under-prices it. Only that term is
+refined: attributing the excess to the per-token or per-pair costs instead would shrink the chunk,
+which makes a per-chunk cost weigh more per token, which shrinks the chunk again, down to one token
+a step.
 
 min_chunk is a floor per prompt waiting for its prefill: each gets at least that many tokens a
 step, whatever the time budget says. Without it a wave of 15 arrivals next to one decoding stream
-is admitted a few tokens a step, each new user waiting behind the others; and a long prompt joining
-a few streams late in its prefill, where a chunk's attention over 2,000 tokens of context costs
-about 38 ms whatever its size, gets one or two tokens a step: its first token came after 5-10
-minutes under load against 11-32 s with no budget (docs/bench-engine.md). The floor trades the
+is admitted a few tokens a step, each new user waiting behind the others. The floor trades the
 other way: those steps slow the decoding streams more than `slowdown`. `min_prefill_chunk = 1`
-gives the time budget alone, for a deployment that puts inter-token latency first. The default
-floor is 16 tokens, not 32: next to 4 decodes a 32-token chunk made the step 2.5-3x a decode step,
-a 16-token one far less, and the prompt's first token came about as soon (docs/bench-engine.md,
-section 4, measures both).
+gives the time budget alone, for a deployment that puts inter-token latency first.
 
 Calibration is a few steps on a machine that may be busy; the decode-only steps the engine runs
 anyway refine `fixed` the same way (a slower average: they come every step), so the slowdown is
@@ -59,6 +58,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
@@ -73,8 +73,12 @@ _SMOOTHING = 0.3
 _DECODE_SMOOTHING = 0.1
 _CALIBRATION_DECODES = 8
 _CALIBRATION_CONTEXT = 32
-# The narrower of the two chunks that measure the GEMM's slope when there are no GEMV rows (knee 1).
+# The narrower of the two chunks that measure the GEMM's slope when there are no GEMV rows (knee 1),
+# and the chunk whose attention is timed at two contexts.
 _GEMM_CHUNK = 16
+# The longer of those two contexts: long enough that attention dwarfs a busy moment's noise, and
+# that its K/V outgrow the caches as a long prompt's do (47 MB over SmolLM2's 30 layers).
+_ATTENTION_CONTEXT = 1024
 
 Clock = Callable[[], float]
 
@@ -84,12 +88,31 @@ def step_clock(blas_threads: int) -> Clock:
     return time.thread_time if blas_threads == 1 else time.perf_counter
 
 
+class PromptChunk(NamedTuple):
+    """`tokens` of one prompt in a step, after the `context` tokens of it already computed."""
+
+    tokens: int
+    context: int = 0
+
+    @property
+    def keys(self) -> int:
+        """Keys its attention reads: the context and the chunk itself."""
+        return self.context + self.tokens
+
+    @property
+    def pairs(self) -> int:
+        """Query-key pairs its attention scores (each token sees the context and the chunk up to it)."""
+        return self.tokens * self.context + self.tokens * (self.tokens + 1) // 2
+
+
 @dataclass(slots=True)
 class StepCost:
     fixed_s: float
     per_row_s: float  # a batch row up to knee_rows (one GEMV per row)
     per_row_gemm_s: float = 0.0  # a row beyond them (the batch as one GEMM)
-    per_decode_s: float = 0.0  # what a decode costs beyond its row: its logits row, its attention
+    per_decode_s: float = 0.0  # what a decode costs beyond its row and its keys: its logits row
+    key_read_s: float = 0.0  # a key a sequence's attention reads (its K and V in every layer)
+    attention_s: float = 0.0  # a query-key pair scored
     prefill_overhead_s: float = 0.0
     knee_rows: int = MAX_KNEE_ROWS
 
@@ -97,18 +120,22 @@ class StepCost:
         below = min(rows, self.knee_rows)
         return self.per_row_s * below + self.per_row_gemm_s * max(0, rows - self.knee_rows)
 
-    def decode_step_s(self, decodes: int) -> float:
-        return self.fixed_s + self.per_decode_s * decodes + self.rows_s(decodes)
+    def decode_step_s(self, decodes: int, keys: int = 0) -> float:
+        """A step of `decodes` decodes whose contexts hold `keys` keys in all (a decode scores each
+        of its keys once)."""
+        attention = (self.key_read_s + self.attention_s) * keys
+        return self.fixed_s + self.per_decode_s * decodes + self.rows_s(decodes) + attention
 
-    def prefill_s(self, decodes: int, chunks: Iterable[int]) -> float:
-        """What prefill chunks of these sizes add to a step of `decodes` decodes."""
-        sizes = list(chunks)
-        grown = self.rows_s(decodes + sum(sizes)) - self.rows_s(decodes)
-        return grown + self.prefill_overhead_s * len(sizes)
+    def prefill_s(self, decodes: int, chunks: Iterable[PromptChunk]) -> float:
+        """What these prefill chunks add to a step of `decodes` decodes."""
+        listed = list(chunks)
+        grown = self.rows_s(decodes + sum(c.tokens for c in listed)) - self.rows_s(decodes)
+        attention = sum(self.key_read_s * c.keys + self.attention_s * c.pairs for c in listed)
+        return grown + attention + self.prefill_overhead_s * len(listed)
 
 
 class PrefillBudget:
-    """Prompt tokens allowed in a step, given how many sequences decode in it."""
+    """Prompt tokens allowed in a step, given the sequences that decode in it."""
 
     def __init__(self, cost: StepCost, slowdown: float, max_tokens: int, min_chunk: int = 1) -> None:
         if slowdown <= 1:
@@ -120,39 +147,42 @@ class PrefillBudget:
         self._max_tokens = max_tokens
         self._min_chunk = min(min_chunk, max_tokens)
 
-    def tokens(self, decodes: int, prompts: int = 1) -> int:
-        """Prompt tokens for a step with `decodes` decoding sequences and `prompts` prompts pending."""
+    def tokens(self, decodes: int, prompts: int = 1, context: int = 0, decode_keys: int = 0) -> int:
+        """Prompt tokens for a step with `decodes` decoding sequences (holding `decode_keys` keys in
+        all) and `prompts` prompts pending, the first of which has `context` tokens computed."""
         if decodes == 0:
             return self._max_tokens
-        slack = (self._slowdown - 1) * self.cost.decode_step_s(decodes) * (1 + 1e-9)  # float rounding
+        slack = (self._slowdown - 1) * self.cost.decode_step_s(decodes, decode_keys) * (1 + 1e-9)  # rounding
         fits, over = 0, self._max_tokens + 1  # the most tokens within the slack, by bisection
         while over - fits > 1:
             mid = (fits + over) // 2
-            if self.cost.prefill_s(decodes, [mid]) <= slack:
+            if self.cost.prefill_s(decodes, [PromptChunk(mid, context)]) <= slack:
                 fits = mid
             else:
                 over = mid
         floor = self._min_chunk * prompts
         return min(self._max_tokens, max(floor, fits))
 
-    def observe(self, decodes: int, chunks: list[int], seconds: float) -> None:
-        """Refine the model from a step of `decodes` decodes and prefill chunks of these sizes: a
-        decode-only step refines the fixed cost, a step mixing both the prefill overhead."""
+    def observe(self, decodes: int, chunks: list[PromptChunk], seconds: float, decode_keys: int = 0) -> None:
+        """Refine the model from a step of `decodes` decodes (holding `decode_keys` keys) and these
+        prefill chunks: a decode-only step refines the fixed cost, a step mixing both the prefill
+        overhead."""
         c = self.cost
         if decodes == 0:
             return
+        decode_s = c.decode_step_s(decodes, decode_keys)
         if not chunks:
-            fixed = max(seconds - (c.decode_step_s(decodes) - c.fixed_s), 1e-6)
+            fixed = max(seconds - (decode_s - c.fixed_s), 1e-6)
             c.fixed_s = (1 - _DECODE_SMOOTHING) * c.fixed_s + _DECODE_SMOOTHING * fixed
             return
-        rows = c.decode_step_s(decodes) + c.prefill_s(decodes, chunks) - c.prefill_overhead_s * len(chunks)
-        measured = max(0.0, (seconds - rows) / len(chunks))
+        modelled = decode_s + c.prefill_s(decodes, chunks) - c.prefill_overhead_s * len(chunks)
+        measured = max(0.0, (seconds - modelled) / len(chunks))
         c.prefill_overhead_s = (1 - _SMOOTHING) * c.prefill_overhead_s + _SMOOTHING * measured
 
 
 def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3) -> StepCost:
-    """Time decode steps of 1 and 8 sequences and prefill chunks at both sides of the model's
-    GEMV/GEMM knee, on scratch blocks.
+    """Time decode steps of 1 and 8 sequences, prefill chunks at both sides of the model's
+    GEMV/GEMM knee, and chunks at two contexts (their attention), on scratch blocks.
 
     The decode step's fixed cost is refined from every decode-only step after (observe), so a
     calibration upset by a busy moment corrects itself before a prompt joins.
@@ -180,15 +210,15 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
             times.append(clock() - start)
         return min(times)  # a busy moment on a shared machine only ever adds
 
-    def chunk(tokens: int) -> float:
-        return timed(lambda: [ScheduledChunk(scratch(0, 0, tokens), tokens)])
+    def chunk(tokens: int, context: int = 0) -> float:
+        return timed(lambda: [ScheduledChunk(scratch(0, context, context + tokens), tokens)])
 
     ctx, decodes, knee = _CALIBRATION_CONTEXT, _CALIBRATION_DECODES, model.knee_rows
     one = timed(lambda: [ScheduledChunk(scratch(0, ctx, ctx + 1), 1)])
     many = timed(lambda: [ScheduledChunk(scratch(i, ctx, ctx + 1), 1) for i in range(decodes)])
-    # A chunk of `n` tokens is one decode's step (one logits row, a row) plus n - 1 rows; what a
-    # chunk costs beyond its rows (its attention over its context) is learnt from the steps that
-    # mix both (observe). The GEMM's slope is read up to a chunk of 64 rows or more, where the
+    # A chunk of `n` tokens is one decode's step (one logits row, a row) plus n - 1 rows and its
+    # attention (_attention_costs); what else it costs is learnt from the steps that mix both
+    # (observe). The GEMM's slope is read up to a chunk of 64 rows or more, where the
     # GEMM's fixed part weighs little.
     wide_rows = 4 * max(knee, _GEMM_CHUNK)
     wide = chunk(wide_rows)
@@ -209,10 +239,32 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
         per_row_gemm = max((wide - narrow) / (wide_rows - _GEMM_CHUNK), 1e-6)
         per_row = per_row_gemm
         jump = max(narrow - one - per_row_gemm * (_GEMM_CHUNK - 1), 0.0)
+    key_read, attention = _attention_costs(chunk, model, cache)
     rows = StepCost(0.0, per_row, per_row_gemm, knee_rows=knee)
-    # A decode is a row plus its logits row and its attention: what the decodes cost beyond the
-    # rows the model already counts for them, whichever side of the knee 8 decodes fall.
-    grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1))
+    # A decode is a row, its logits row and its attention over its keys: what the decodes cost
+    # beyond the rows and the keys the model already counts for them, whichever side of the knee
+    # 8 decodes fall.
+    per_key = key_read + attention
+    grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1)) - per_key * (ctx + 1) * (decodes - 1)
     per_decode = max(grown / (decodes - 1), 0.0)
-    fixed = max(one + jump - per_decode - per_row, 1e-6)
-    return StepCost(fixed, per_row, per_row_gemm, per_decode, knee_rows=knee)
+    fixed = max(one + jump - per_decode - per_row - per_key * (ctx + 1), 1e-6)
+    return StepCost(fixed, per_row, per_row_gemm, per_decode, key_read, attention, knee_rows=knee)
+
+
+def _attention_costs(
+    chunk: Callable[[int, int], float], model: LlamaModel, cache: KVCache
+) -> tuple[float, float]:
+    """(key_read_s, attention_s) from chunks of 1 and of _GEMM_CHUNK tokens, each at context 0 and
+    at a long context: the same rows at both, so each difference is attention alone; the lone
+    token adds as many pairs as keys, the wide chunk as many keys but _GEMM_CHUNK times the pairs."""
+    far = min(
+        _ATTENTION_CONTEXT,
+        model.config.max_position_embeddings - _GEMM_CHUNK,
+        cache.num_blocks * cache.block_size - _GEMM_CHUNK,
+    )
+    if far <= 0:
+        return 0.0, 0.0
+    lone = chunk(1, far) - chunk(1, 0)  # (key_read + attention) * far
+    wide = chunk(_GEMM_CHUNK, far) - chunk(_GEMM_CHUNK, 0)  # key_read * far + attention * 16 * far
+    attention = max((wide - lone) / ((_GEMM_CHUNK - 1) * far), 0.0)
+    return max(lone / far - attention, 0.0), attention

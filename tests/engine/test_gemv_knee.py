@@ -15,7 +15,7 @@ from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.gemv_knee import crossover, measure_knee
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
-from gpu_container.engine.step_budget import calibrate
+from gpu_container.engine.step_budget import PrefillBudget, PromptChunk, calibrate
 from gpu_container.engine.types import EngineConfig, SamplingParams
 from tests.engine.collector import TIMEOUT_S, Collector
 from tests.engine.tiny_llama import tiny_model
@@ -107,18 +107,22 @@ def test_an_engine_measures_its_knee_unless_set() -> None:
 
 class TimedModel(LlamaModel):
     """The tiny model on a fake machine: a forward costs a fixed part, 30 layers of projections
-    of its rows at the model's knee, and a logits row and some attention per sequence."""
+    of its rows at the model's knee, a logits row and some attention per sequence, and, if given,
+    the reading of each sequence's keys and the scoring of its query-key pairs."""
 
-    def __init__(self, machine: FakeMachine, knee: int) -> None:
+    def __init__(self, machine: FakeMachine, knee: int, key_read_s: float = 0.0, pair_s: float = 0.0) -> None:
         base = tiny_model()[0]
         super().__init__(base.config, base.weights)
         self.machine, self.knee_rows = machine, knee
+        self.key_read_s, self.pair_s = key_read_s, pair_s
 
-    def step_s(self, rows: int, sequences: int) -> float:
-        return 2e-3 + 30 * self.machine.rows_s(rows, self.knee_rows) + 150e-6 * sequences
+    def step_s(self, rows: int, sequences: int, chunks: tuple[PromptChunk, ...] = ()) -> float:
+        attention = sum(self.key_read_s * c.keys + self.pair_s * c.pairs for c in chunks)
+        return 2e-3 + 30 * self.machine.rows_s(rows, self.knee_rows) + 150e-6 * sequences + attention
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
-        self.machine.now += self.step_s(len(batch.token_ids), len(batch.slices))
+        chunks = tuple(PromptChunk(s.length, s.context_len - s.length) for s in batch.slices)
+        self.machine.now += self.step_s(len(batch.token_ids), len(batch.slices), chunks)
         return super().forward(batch, cache)
 
 
@@ -139,7 +143,7 @@ def test_the_calibrated_step_cost_is_monotone_and_near_the_truth(
     assert cost.knee_rows == knee
     decode = [cost.decode_step_s(d) for d in range(1, 65)]
     assert all(b > a for a, b in itertools.pairwise(decode))
-    grown = [cost.prefill_s(4, [n]) for n in range(0, 257)]
+    grown = [cost.prefill_s(4, [PromptChunk(n)]) for n in range(0, 257)]
     assert all(b > a for a, b in itertools.pairwise(grown))
     for decodes in (2, 4, 8, 16, 32, 64):
         truth = model.step_s(decodes, decodes)
@@ -150,4 +154,29 @@ def test_the_calibrated_step_cost_is_monotone_and_near_the_truth(
     assert alone * 0.9 <= cost.decode_step_s(1) <= (2 if knee == 1 else 1.1) * alone
     for decodes, tokens in ((4, 16), (8, 64), (16, 128)):
         truth = model.step_s(decodes + tokens, decodes + 1) - model.step_s(decodes, decodes)
-        assert cost.prefill_s(decodes, [tokens]) == pytest.approx(truth, rel=0.35, abs=2e-3)
+        assert cost.prefill_s(decodes, [PromptChunk(tokens)]) == pytest.approx(truth, rel=0.35, abs=2e-3)
+
+
+def test_calibration_prices_a_chunk_by_the_keys_it_reads_and_the_pairs_it_scores() -> None:
+    """Reading a key costs 5 us and scoring a pair 0.5 us: a chunk late in a long prompt is dear,
+    but a small one far less than a large one, so the budget still finds one that fits the slack
+    (priced per chunk, a 1-token chunk cost what a 16-token one did, and none fit)."""
+    fake = FakeMachine(*EPYC)
+    model = TimedModel(fake, 16, key_read_s=5e-6, pair_s=0.5e-6)
+    mc = model.config
+    cache = KVCache.allocate(mc.num_hidden_layers, 64, 4, mc.num_key_value_heads, mc.head_dim)
+    cost = calibrate(model, cache, fake.clock)
+    assert cost.key_read_s == pytest.approx(5e-6, rel=0.05)
+    assert cost.attention_s == pytest.approx(0.5e-6, rel=0.05)
+    decodes = (PromptChunk(1, 40),) * 4
+    for chunk in (PromptChunk(1, 1000), PromptChunk(4, 1000), PromptChunk(16, 1000), PromptChunk(8, 0)):
+        truth = model.step_s(4 + chunk.tokens, 5, (*decodes, chunk)) - model.step_s(4, 4, decodes)
+        assert cost.prefill_s(4, [chunk]) == pytest.approx(truth, rel=0.2)
+    budget = PrefillBudget(cost, slowdown=2.0, max_tokens=512)
+    steady = model.step_s(4, 4, decodes)
+    late = budget.tokens(decodes=4, context=1000, decode_keys=4 * 41)
+    early = budget.tokens(decodes=4, context=0, decode_keys=4 * 41)
+    assert 1 < late < early
+    for tokens, context in ((late, 1000), (early, 0)):
+        assert model.step_s(4 + tokens, 5, (*decodes, PromptChunk(tokens, context))) <= 2.0 * steady * 1.05
+        assert model.step_s(5 + tokens, 5, (*decodes, PromptChunk(tokens + 1, context))) > 2.0 * steady * 0.95

@@ -9,7 +9,7 @@ from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
 from gpu_container.engine.sequence import Sequence
-from gpu_container.engine.step_budget import PrefillBudget, StepCost
+from gpu_container.engine.step_budget import PrefillBudget, PromptChunk, StepCost
 from gpu_container.engine.types import EngineConfig, SamplingParams
 from tests.engine.collector import TIMEOUT_S, Collector
 from tests.engine.tiny_llama import tiny_model
@@ -43,10 +43,10 @@ def test_prompt_rows_cost_the_gemv_slope_up_to_the_knee_and_the_gemm_slope_beyon
     cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.001, knee_rows=16)
     assert cost.decode_step_s(12) == pytest.approx(0.064)
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(12) == 4 + 24
-    assert cost.prefill_s(12, [28]) == pytest.approx(0.032)
+    assert cost.prefill_s(12, [PromptChunk(28)]) == pytest.approx(0.032)
     with_decode_cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_decode_s=0.003, knee_rows=16)
     assert with_decode_cost.decode_step_s(2) == pytest.approx(0.050)  # a decode is a row and more
-    assert with_decode_cost.prefill_s(2, [5]) == pytest.approx(0.010)  # a prompt token is a row
+    assert with_decode_cost.prefill_s(2, [PromptChunk(5)]) == pytest.approx(0.010)  # a prompt token is a row
 
 
 def test_a_per_chunk_overhead_shrinks_the_chunk_once_not_down_to_one_token() -> None:
@@ -57,9 +57,9 @@ def test_a_per_chunk_overhead_shrinks_the_chunk_once_not_down_to_one_token() -> 
     assert budget.tokens(4) == 20
     for _ in range(50):
         chunk = budget.tokens(4)
-        budget.observe(decodes=4, chunks=[chunk], seconds=0.040 + 0.010 + 0.001 * chunk)
+        budget.observe(decodes=4, chunks=[PromptChunk(chunk)], seconds=0.040 + 0.010 + 0.001 * chunk)
     assert budget.tokens(4) in (9, 10)  # (20 ms slack - 10 ms overhead) / 1 ms a token
-    budget.observe(decodes=0, chunks=[10], seconds=100.0)  # prefill alone says nothing
+    budget.observe(decodes=0, chunks=[PromptChunk(10)], seconds=100.0)  # prefill alone says nothing
     assert budget.tokens(4) in (9, 10)
     assert budget.tokens(0) == 512
 
@@ -81,7 +81,7 @@ def test_the_overhead_is_per_chunk() -> None:
     cost = StepCost(fixed_s=0.036, per_row_s=0.001, per_row_gemm_s=0.001)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
     for _ in range(50):
-        budget.observe(decodes=4, chunks=[3, 5], seconds=0.040 + 0.008 + 0.020)
+        budget.observe(decodes=4, chunks=[PromptChunk(3), PromptChunk(5)], seconds=0.040 + 0.008 + 0.020)
     assert cost.prefill_overhead_s == pytest.approx(0.010)
 
 
@@ -95,10 +95,10 @@ def test_every_waiting_prompt_gets_at_least_the_floor() -> None:
     assert floored.tokens(4, prompts=5) == 80
     assert floored.tokens(4, prompts=100) == 512
     assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
-    floored.observe(decodes=4, chunks=[16], seconds=10.0)  # a huge overhead estimate
+    floored.observe(decodes=4, chunks=[PromptChunk(16)], seconds=10.0)  # a huge overhead estimate
     assert floored.tokens(4, prompts=1) == 16  # the floor still holds
     unfloored = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
-    unfloored.observe(decodes=4, chunks=[16], seconds=10.0)
+    unfloored.observe(decodes=4, chunks=[PromptChunk(16)], seconds=10.0)
     assert unfloored.tokens(4) == 1  # a prompt still advances
     roomy = StepCost(fixed_s=0.384, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=8).tokens(4, prompts=5) == 50
@@ -140,7 +140,7 @@ def test_a_floor_below_one_token_is_refused(min_chunk: int) -> None:
 
 def test_a_long_prompt_joins_in_budgeted_chunks_while_others_decode() -> None:
     config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
-    scheduler = Scheduler(config, BlockManager(64, 4, False), lambda decodes, _: 3 if decodes else 64)
+    scheduler = Scheduler(config, BlockManager(64, 4, False), lambda *, decodes, **_: 3 if decodes else 64)
     scheduler.add(_seq("short", 4, 0))
     _run(scheduler)  # the short prompt alone: prefilled whole, first token sampled
     scheduler.add(_seq("long", 40, 1))
@@ -207,3 +207,34 @@ def test_a_calibrated_engine_serves_with_a_time_budget() -> None:
 def test_a_slowdown_of_one_or_less_is_refused(slowdown: float) -> None:
     with pytest.raises(ValueError, match="above 1"):
         PrefillBudget(StepCost(0.01, 0.001), slowdown, 64)
+
+
+def test_the_scheduler_tells_the_budget_where_the_prompt_is_and_how_long_the_decodes_are() -> None:
+    """A chunk's attention grows with its prompt's context and a decode's with its own: the
+    scheduler hands the budget both, the prompt's as it advances chunk by chunk."""
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+    asked: list[dict[str, int]] = []
+
+    def rule(*, decodes: int, prompts: int, context: int, decode_keys: int) -> int:
+        asked.append({"decodes": decodes, "prompts": prompts, "context": context, "decode_keys": decode_keys})
+        return 5 if decodes else 64
+
+    scheduler = Scheduler(config, BlockManager(64, 4, False), rule)
+    scheduler.add(_seq("short", 6, 0))
+    _run(scheduler)  # prefilled whole: 6 tokens, its first token sampled
+    scheduler.add(_seq("long", 40, 1))
+    _run(scheduler)  # "short" decodes (6 computed + its new token), "long" gets 5 tokens
+    _run(scheduler)
+    assert asked[1] == {"decodes": 1, "prompts": 1, "context": 0, "decode_keys": 7}
+    assert asked[2] == {"decodes": 1, "prompts": 1, "context": 5, "decode_keys": 8}
+
+
+def test_longer_decodes_leave_more_slack_for_a_prompt() -> None:
+    """Four decodes 2,000 tokens in cost more than four 40 tokens in: the same slowdown of a
+    longer decode step leaves room for more prompt tokens."""
+    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.002, key_read_s=10e-6)
+    budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
+    short = budget.tokens(decodes=4, decode_keys=4 * 40)
+    long = budget.tokens(decodes=4, decode_keys=4 * 2000)
+    assert cost.decode_step_s(4, 4 * 2000) == pytest.approx(0.048 + 0.080)
+    assert long > short >= 1
