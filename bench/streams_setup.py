@@ -1,0 +1,90 @@
+"""Set-up CPU per stream of several checkouts, side by side: alternating bursts, CPU in nanoseconds.
+
+python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16] [--count 600]
+
+The set-up column of `bench.streams` (a burst of one-token streams, server CPU / streams) with
+what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
+on a shared machine: every tree's server runs at once (`bench.streams` servers, `--replicas 0`
+pacing), the bursts alternate between them and the order flips every round (neither is always
+first after a pause), and the CPU is the servers' threads' time on the CPU from
+/proc/PID/task/*/schedstat (nanoseconds) instead of /proc's 10 ms ticks (±2–3 % of a 600-stream
+burst). Printed: every burst, then per tree the median, the minimum and the median ratio to the
+first tree over the rounds, and in how many rounds it was the lower; `--json` adds every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+from pathlib import Path
+
+from bench.__main__ import machine
+from bench.streams import Servers, servers, setup_cost
+
+
+def _cpu_ns(srv: Servers) -> int:
+    """The servers' threads' time on the CPU so far (exited threads no longer count: none exit here)."""
+    total = 0
+    for pid in srv.pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+class _NanosecondServers(Servers):
+    def cpu_seconds(self) -> float:
+        return _cpu_ns(self) / 1e9
+
+
+def measure(trees: list[tuple[str, Path]], rounds: int, count: int) -> dict[str, list[float]]:
+    """ms of server CPU per one-token stream, per tree, one figure per round."""
+    figures: dict[str, list[float]] = {label: [] for label, _ in trees}
+    with contextlib.ExitStack() as stack:
+        started = [(label, stack.enter_context(servers(33, 1, 32, "quiet", tree))) for label, tree in trees]
+        srvs = [(label, _NanosecondServers(s.base_url, s.key, s.pids)) for label, s in started]
+        for r in range(rounds):
+            for label, srv in srvs if r % 2 == 0 else srvs[::-1]:
+                cpu_s, errors = asyncio.run(setup_cost(srv, 32, count))
+                if errors:
+                    raise RuntimeError(f"{label}: {errors} streams failed")
+                figures[label].append(cpu_s * 1e3)
+            print(r, {label: round(v[-1], 3) for label, v in figures.items()}, flush=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.streams_setup")
+    parser.add_argument("--trees", required=True, help="LABEL=DIR,...: the first is the reference")
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--count", type=int, default=600, help="one-token streams per burst")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(","))]
+    print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
+    figures = measure(trees, args.rounds, args.count)
+    print(f"load average after: {os.getloadavg()}")
+    reference = figures[trees[0][0]]
+    for label, values in figures.items():
+        ratios = [v / ref for v, ref in zip(values, reference, strict=True)]
+        summary = {
+            "tree": label,
+            "setup_cpu_ms_per_stream_median": round(statistics.median(values), 3),
+            "min": round(min(values), 3),
+            "ratio_to_first_median": round(statistics.median(ratios), 3),
+            "lower_in_rounds": sum(r < 1 for r in ratios),
+            "rounds": len(values),
+        }
+        if args.json:
+            summary["all"] = [round(v, 3) for v in values]
+            print(json.dumps(summary))
+        else:
+            print(summary)
+
+
+if __name__ == "__main__":
+    main()
