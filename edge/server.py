@@ -78,6 +78,9 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
         "http": EdgeHttpProtocol,
         "log_level": "warning",
+        # uvicorn's access lines are info, below that level: none was ever written. Off, a response
+        # also skips formatting the client address and quoting the path for the filtered call.
+        "access_log": False,
         # The kernel caps it at net.core.somaxconn: raise that too where many clients connect at once.
         "backlog": server.listen_backlog,
         # Only reached after the drain deadline has already ended every stream (see module doc).
