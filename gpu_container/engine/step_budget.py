@@ -22,14 +22,17 @@ A step with `d` running streams may carry the most tokens whose cost stays withi
 times the decode-only step, found by bisection; with no stream decoding (an idle engine, or a burst
 of arrivals all still prefilling) nobody is waiting on a decode, and the token cap alone applies.
 
-A prefill chunk also attends: each of its n tokens scores every key before it, n * context +
-n * (n + 1) / 2 query-key pairs, attention_s each. That term is what makes a chunk dear late in a
-long prompt (a 16-token chunk next to 4 decodes grew from 188 to 278 ms of CPU over a 2,000-token
-prompt on the AMD EPYC, 93 ms of it its attention), and it scales with the chunk: a 4-token chunk
-at the same context pays a quarter of it. Modelled as a cost per chunk instead (as it was), the
-budget priced a 1-token chunk like a 16-token one, found no chunk that fit the slack and fell back
-on the floor, so every step with a long prompt in it overshot. attention_s is calibrated at start
-from the same chunk at two contexts (the difference is attention alone).
+A prefill chunk also attends: it reads the K and V of every key before it and of itself
+(key_read_s a key, whatever its size: the reads dominate a small chunk late in a long prompt) and
+scores n * context + n * (n + 1) / 2 query-key pairs (attention_s each). On the AMD EPYC a 16-token
+chunk next to 4 decodes grew from 188 to 278 ms of CPU over a 2,000-token prompt, and a 1-token
+chunk at 1,800 tokens of context still cost 34 ms more than at none. Modelled as a cost per chunk
+instead (as it was), the budget priced a 1-token chunk like a 16-token one, found no chunk that fit
+the slack and fell back on the floor, so every step with a long prompt in it overshot. A decode
+reads and scores its keys through its own products (decode_key_s a key, attention.py's
+_attend_one): its step grows as the streams' contexts do, and the slack with it. The three are
+calibrated at start from chunks of 1, 2 and 16 tokens, each at context 0 and 1,024 (the same rows:
+each difference is attention alone).
 
 prefill_overhead is what a prefill chunk costs beyond its rows and its attention: whatever the model
 misses, refined by each step that carries prefill next to decodes (an exponential average of what
@@ -111,8 +114,9 @@ class StepCost:
     per_row_s: float  # a batch row up to knee_rows (one GEMV per row)
     per_row_gemm_s: float = 0.0  # a row beyond them (the batch as one GEMM)
     per_decode_s: float = 0.0  # what a decode costs beyond its row and its keys: its logits row
-    key_read_s: float = 0.0  # a key a sequence's attention reads (its K and V in every layer)
-    attention_s: float = 0.0  # a query-key pair scored
+    decode_key_s: float = 0.0  # a key a decode's attention reads and scores
+    key_read_s: float = 0.0  # a key a prefill chunk's attention reads (its K and V in every layer)
+    attention_s: float = 0.0  # a query-key pair a prefill chunk's attention scores
     prefill_overhead_s: float = 0.0
     knee_rows: int = MAX_KNEE_ROWS
 
@@ -123,7 +127,7 @@ class StepCost:
     def decode_step_s(self, decodes: int, keys: int = 0) -> float:
         """A step of `decodes` decodes whose contexts hold `keys` keys in all (a decode scores each
         of its keys once)."""
-        attention = (self.key_read_s + self.attention_s) * keys
+        attention = self.decode_key_s * keys
         return self.fixed_s + self.per_decode_s * decodes + self.rows_s(decodes) + attention
 
     def prefill_s(self, decodes: int, chunks: Iterable[PromptChunk]) -> float:
@@ -239,32 +243,34 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
         per_row_gemm = max((wide - narrow) / (wide_rows - _GEMM_CHUNK), 1e-6)
         per_row = per_row_gemm
         jump = max(narrow - one - per_row_gemm * (_GEMM_CHUNK - 1), 0.0)
-    key_read, attention = _attention_costs(chunk, model, cache)
+    decode_key, key_read, attention = _attention_costs(chunk, model, cache)
     rows = StepCost(0.0, per_row, per_row_gemm, knee_rows=knee)
     # A decode is a row, its logits row and its attention over its keys: what the decodes cost
     # beyond the rows and the keys the model already counts for them, whichever side of the knee
     # 8 decodes fall.
-    per_key = key_read + attention
-    grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1)) - per_key * (ctx + 1) * (decodes - 1)
+    keys = decode_key * (ctx + 1)
+    grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1)) - keys * (decodes - 1)
     per_decode = max(grown / (decodes - 1), 0.0)
-    fixed = max(one + jump - per_decode - per_row - per_key * (ctx + 1), 1e-6)
-    return StepCost(fixed, per_row, per_row_gemm, per_decode, key_read, attention, knee_rows=knee)
+    fixed = max(one + jump - per_decode - per_row - keys, 1e-6)
+    return StepCost(fixed, per_row, per_row_gemm, per_decode, decode_key, key_read, attention, knee_rows=knee)
 
 
 def _attention_costs(
     chunk: Callable[[int, int], float], model: LlamaModel, cache: KVCache
-) -> tuple[float, float]:
-    """(key_read_s, attention_s) from chunks of 1 and of _GEMM_CHUNK tokens, each at context 0 and
-    at a long context: the same rows at both, so each difference is attention alone; the lone
-    token adds as many pairs as keys, the wide chunk as many keys but _GEMM_CHUNK times the pairs."""
+) -> tuple[float, float, float]:
+    """(decode_key_s, key_read_s, attention_s) from chunks of 1, 2 and _GEMM_CHUNK tokens, each at
+    context 0 and at a long context: the same rows at both, so each difference is attention alone.
+    A lone token is a decode (its own product, attention.py's _attend_one); the two chunks read as
+    many keys as each other and score 2 and _GEMM_CHUNK times as many pairs."""
     far = min(
         _ATTENTION_CONTEXT,
         model.config.max_position_embeddings - _GEMM_CHUNK,
         cache.num_blocks * cache.block_size - _GEMM_CHUNK,
     )
     if far <= 0:
-        return 0.0, 0.0
-    lone = chunk(1, far) - chunk(1, 0)  # (key_read + attention) * far
+        return 0.0, 0.0, 0.0
+    lone = chunk(1, far) - chunk(1, 0)  # decode_key * far
+    pair = chunk(2, far) - chunk(2, 0)  # key_read * far + attention * 2 * far
     wide = chunk(_GEMM_CHUNK, far) - chunk(_GEMM_CHUNK, 0)  # key_read * far + attention * 16 * far
-    attention = max((wide - lone) / ((_GEMM_CHUNK - 1) * far), 0.0)
-    return max(lone / far - attention, 0.0), attention
+    attention = max((wide - pair) / ((_GEMM_CHUNK - 2) * far), 0.0)
+    return max(lone / far, 0.0), max(pair / far - 2 * attention, 0.0), attention

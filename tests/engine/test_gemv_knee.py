@@ -168,6 +168,7 @@ def test_calibration_prices_a_chunk_by_the_keys_it_reads_and_the_pairs_it_scores
     cost = calibrate(model, cache, fake.clock)
     assert cost.key_read_s == pytest.approx(5e-6, rel=0.05)
     assert cost.attention_s == pytest.approx(0.5e-6, rel=0.05)
+    assert cost.decode_key_s == pytest.approx(5.5e-6, rel=0.05)  # a decode's key is read and scored
     decodes = (PromptChunk(1, 40),) * 4
     for chunk in (PromptChunk(1, 1000), PromptChunk(4, 1000), PromptChunk(16, 1000), PromptChunk(8, 0)):
         truth = model.step_s(4 + chunk.tokens, 5, (*decodes, chunk)) - model.step_s(4, 4, decodes)

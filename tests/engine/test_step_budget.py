@@ -232,7 +232,7 @@ def test_the_scheduler_tells_the_budget_where_the_prompt_is_and_how_long_the_dec
 def test_longer_decodes_leave_more_slack_for_a_prompt() -> None:
     """Four decodes 2,000 tokens in cost more than four 40 tokens in: the same slowdown of a
     longer decode step leaves room for more prompt tokens."""
-    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.002, key_read_s=10e-6)
+    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_row_gemm_s=0.002, decode_key_s=10e-6)
     budget = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
     short = budget.tokens(decodes=4, decode_keys=4 * 40)
     long = budget.tokens(decodes=4, decode_keys=4 * 2000)
