@@ -60,15 +60,15 @@ SERVE_CONFIG = EngineConfig(
     max_model_len=4096,
     blas_threads=1,
     prefill_slowdown=1.6,
-    min_prefill_chunk=16,
+    min_prefill_chunk=4,
 )
 # The join section's runs per prompt length: ((prefill_slowdown, min_prefill_chunk), repeats); (0, 0)
 # is the token budget alone. The default repeats (its p99 hinges on a few slow steps on a shared
-# box: the spread is reported); the default before the floor went from 32 tokens to 16 runs once
+# box: the spread is reported); the default before the floor went from 16 tokens to 4 runs once
 # beside it. Every run also measures the streams with nothing joining (long_prompt_joins), so a
 # 2,000-token run takes minutes.
 _DEFAULT_BUDGET = (SERVE_CONFIG.prefill_slowdown, SERVE_CONFIG.min_prefill_chunk)
-OLD_DEFAULT_BUDGET = (1.6, 32)
+OLD_DEFAULT_BUDGET = (1.6, 16)
 JOIN_SWEEP = {
     500: [((0.0, 0), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],
     2000: [((0.0, 0), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],

@@ -52,6 +52,7 @@ def join_line(run: JoinRun) -> str:
         f"p99/unjoined {run.join_p99_s / run.unjoined_gap_s:.2f}, "
         f"step CPU p99/steady {run.join_step_cpu_p99_s / run.steady_step_cpu_s:.2f}, "
         f"step CPU p99/unjoined median {run.join_step_cpu_p99_s / run.unjoined_step_cpu_s_median:.2f}, "
+        f"p99 of gap/same gap unjoined {run.same_position_p99:.2f} (step CPU {run.same_step_cpu_p99:.2f}), "
         f"steady gap {run.steady_gap_s * 1e3:.0f} ms (CPU {run.steady_step_cpu_s * 1e3:.0f} ms, "
         f"p99 {run.steady_p99_s / run.steady_gap_s:.2f}x), "
         f"TTFT {run.ttft_s:.1f} s, load {run.load:.1f}"

@@ -259,6 +259,23 @@ class JoinRun:
     def unjoined_step_cpu_s_median(self) -> float:
         return statistics.median(self.unjoined_step_cpu_s) if self.unjoined_step_cpu_s else float("nan")
 
+    @property
+    def same_position_p99(self) -> float:
+        """p99 of each gap over the same stream's gap at the same position with nothing joining:
+        a long join lets the streams' contexts grow, and their decode step with them, which a p99
+        over the whole window against one median counts as the join's doing."""
+        return _ratio_p99(self.join_gaps_s, self.unjoined_gaps_s)
+
+    @property
+    def same_step_cpu_p99(self) -> float:
+        """The same for the engine's steps, in CPU time (the n-th step of each window)."""
+        return _ratio_p99(self.join_step_cpu_s, self.unjoined_step_cpu_s)
+
+
+def _ratio_p99(joined: list[float], unjoined: list[float]) -> float:
+    pairs = [a / b for a, b in zip(joined, unjoined, strict=False) if b > 0]
+    return float(np.percentile(pairs, 99)) if pairs else float("nan")
+
 
 _STEADY_FROM, _STEADY_TO = 8, 40  # the streams' tokens between which the steady gap is measured
 
