@@ -1,6 +1,7 @@
 """Set-up CPU per stream of several checkouts, side by side: alternating bursts, CPU in nanoseconds.
 
-python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16] [--count 600]
+python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16]
+                              [--count 600] [--bare]
 
 The set-up column of `bench.streams` (a burst of one-token streams, server CPU / streams) with
 what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
@@ -10,6 +11,8 @@ first after a pause), and the CPU is the servers' threads' time on the CPU from
 /proc/PID/task/*/schedstat (nanoseconds) instead of /proc's 10 ms ticks (±2–3 % of a 600-stream
 burst). Printed: every burst, then per tree the median, the minimum and the median ratio to the
 first tree over the rounds, and in how many rounds it was the lower; `--json` adds every figure.
+`--bare` adds a row "bare": bench/bare_sse_server.py, the same uvicorn protocol answering the same
+request with the same bytes and none of the edge's work, the floor under the edge's figure.
 """
 
 from __future__ import annotations
@@ -20,9 +23,16 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.__main__ import machine
+from bench.edge_server import free_port
 from bench.streams import Servers, servers, setup_cost
 
 
@@ -41,11 +51,36 @@ class _NanosecondServers(Servers):
         return _cpu_ns(self) / 1e9
 
 
-def measure(trees: list[tuple[str, Path]], rounds: int, count: int) -> dict[str, list[float]]:
-    """ms of server CPU per one-token stream, per tree, one figure per round."""
+@contextmanager
+def _bare_server() -> Iterator[Servers]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp:
+        ready = Path(tmp) / "ready"
+        cmd = [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the bare server did not start")
+                time.sleep(0.1)
+            yield Servers(f"http://127.0.0.1:{port}", "none", [proc.pid])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def measure(
+    trees: list[tuple[str, Path]], rounds: int, count: int, bare: bool = False
+) -> dict[str, list[float]]:
+    """ms of server CPU per one-token stream, per tree (and "bare"), one figure per round."""
     figures: dict[str, list[float]] = {label: [] for label, _ in trees}
+    if bare:
+        figures["bare"] = []
     with contextlib.ExitStack() as stack:
         started = [(label, stack.enter_context(servers(33, 1, 32, "quiet", tree))) for label, tree in trees]
+        if bare:
+            started.append(("bare", stack.enter_context(_bare_server())))
         srvs = [(label, _NanosecondServers(s.base_url, s.key, s.pids)) for label, s in started]
         for r in range(rounds):
             for label, srv in srvs if r % 2 == 0 else srvs[::-1]:
@@ -62,11 +97,12 @@ def main() -> None:
     parser.add_argument("--trees", required=True, help="LABEL=DIR,...: the first is the reference")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--count", type=int, default=600, help="one-token streams per burst")
+    parser.add_argument("--bare", action="store_true", help="add bench/bare_sse_server.py as a row")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(","))]
     print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
-    figures = measure(trees, args.rounds, args.count)
+    figures = measure(trees, args.rounds, args.count, args.bare)
     print(f"load average after: {os.getloadavg()}")
     reference = figures[trees[0][0]]
     for label, values in figures.items():
