@@ -85,21 +85,21 @@ def test_the_overhead_is_per_chunk() -> None:
     assert cost.prefill_overhead_s == pytest.approx(0.010)
 
 
-def test_every_waiting_prompt_gets_at_least_the_floor() -> None:
-    """4 decodes leave room for 5 tokens by time: that is all a prompt gets with no floor; with a
-    floor of 16 each waiting prompt gets 16 (its TTFT bounded), capped by the token budget."""
+def test_every_prompt_of_a_wave_gets_at_least_the_floor_and_a_lone_prompt_what_the_time_allows() -> None:
+    """4 decodes leave room for 5 tokens by time: that is all a lone prompt gets, floor or not;
+    with a floor of 16 each of several waiting prompts gets 16 (their TTFT bounded), capped by
+    the token budget."""
     cost = StepCost(fixed_s=0.024, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=512).tokens(4) == 5
     floored = PrefillBudget(cost, slowdown=1.5, max_tokens=512, min_chunk=16)
-    assert floored.tokens(4, prompts=1) == 16
+    assert floored.tokens(4, prompts=1) == 5
+    assert floored.tokens(4, prompts=2) == 32
     assert floored.tokens(4, prompts=5) == 80
     assert floored.tokens(4, prompts=100) == 512
     assert floored.tokens(0) == 512  # nobody decoding: the whole token budget
     floored.observe(decodes=4, chunks=[PromptChunk(16)], seconds=10.0)  # a huge overhead estimate
-    assert floored.tokens(4, prompts=1) == 16  # the floor still holds
-    unfloored = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
-    unfloored.observe(decodes=4, chunks=[PromptChunk(16)], seconds=10.0)
-    assert unfloored.tokens(4) == 1  # a prompt still advances
+    assert floored.tokens(4, prompts=5) == 80  # the floor still holds
+    assert floored.tokens(4, prompts=1) == 1  # a lone prompt still advances
     roomy = StepCost(fixed_s=0.384, per_row_s=0.004, per_row_gemm_s=0.004)
     assert PrefillBudget(roomy, slowdown=1.5, max_tokens=512, min_chunk=8).tokens(4, prompts=5) == 50
     assert PrefillBudget(cost, slowdown=1.5, max_tokens=8, min_chunk=16).tokens(4, prompts=5) == 8
