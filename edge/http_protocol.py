@@ -1,6 +1,7 @@
 """The HTTP/1.1 protocol the edge's uvicorn runs: uvicorn's httptools one, with a response's head
 written with its first body bytes (edge/header_write.py) and a stream's token chunks written
-without the ASGI send when nothing makes them wait (edge/body_chunks.py)."""
+without the ASGI send when nothing makes them wait (edge/body_chunks.py), and a client's disconnect
+cancelling its generation from `connection_lost` (edge/disconnect_watch.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
+from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.header_write import HeadHoldingTransport
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
     """`uvicorn.Config(http=EdgeHttpProtocol)`."""
+
+    _disconnect_watch: DisconnectWatch | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -24,3 +28,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
             self.scope[WRITE_NOW] = BodyChunkWriter(cycle).write_now  # type: ignore[literal-required]
+            self._disconnect_watch = DisconnectWatch(cycle)
+            self.scope[DISCONNECT_WATCH] = self._disconnect_watch  # type: ignore[literal-required]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # The latest cycle's watch, as uvicorn tells only its latest cycle (a pipelined request's
+        # predecessor hears of the disconnect from neither).
+        if self._disconnect_watch is not None:
+            self._disconnect_watch.connection_lost()

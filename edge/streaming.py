@@ -2,7 +2,7 @@
 
 Litestar's own Stream response cancels its iterator on disconnect but may leave it un-closed, and
 a generation must release its slot, settle its lease and abort the engine sequence at once. So the
-request task runs the generation itself and a watcher cancels it when `http.disconnect` arrives.
+request runs the generation itself, cancelled when the client goes (edge/disconnect_watch.py).
 A client that stays connected but stops reading is cut the same way once one send has waited
 `[server] stalled_reader_s` (edge/stalled_readers.py).
 """
@@ -19,6 +19,7 @@ from litestar.types import Receive, Scope, Send
 
 from edge.body_chunks import WRITE_NOW, WriteNow
 from edge.cancel.scope import cancel_scope
+from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import ErrorDetail
 from edge.pipeline import Generation
 from edge.sse import DONE, event
@@ -53,15 +54,29 @@ async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> N
 
 
 async def until_disconnect(
-    receive: Receive, work: Callable[[], Awaitable[T]], scope: anyio.CancelScope | None = None
+    asgi_scope: Scope,
+    receive: Receive,
+    work: Callable[[], Awaitable[T]],
+    scope: anyio.CancelScope | None = None,
 ) -> T | None:
     """Run `work`, cancelled if the client goes away or `scope` is cancelled (then None). ApiError
     passes through as is.
 
-    The watch is one plain task cancelled at the end, not an anyio task group: a group costs a
-    cancel scope, a task handle and, when cancelled, a formatted repr of the task, all per stream
-    (about 5 % of a one-token stream's event-loop time in the profile of docs/bench-streams.md)."""
+    Under the edge's protocol its disconnect watch cancels the scope (edge/disconnect_watch.py):
+    no task per request. Elsewhere the watch is one plain task cancelled at the end, not an anyio
+    task group: a group costs a cancel scope, a task handle and, when cancelled, a formatted repr
+    of the task, all per stream (about 5 % of a one-token stream's event-loop time in the profile
+    of docs/bench-streams.md)."""
     scope = cancel_scope() if scope is None else scope
+    watch = cast(DisconnectWatch | None, asgi_scope.get(DISCONNECT_WATCH))
+    if watch is not None:
+        with scope:
+            watch.watch(scope)
+            try:
+                return await work()
+            finally:
+                watch.unwatch()
+        return None
     watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, scope))
     try:
         with scope:
@@ -128,7 +143,7 @@ class EventStreamResponse:
             # not the twenty of uvicorn, Litestar's middleware and route and this response above it
             # (about 1.5 µs a token, docs/bench-streams.md). Awaiting the task passes a cancel of
             # this one on to it, so the server's shutdown reaches the generation as before.
-            await asyncio.get_running_loop().create_task(until_disconnect(receive, produce, cut_scope))
+            await asyncio.get_running_loop().create_task(until_disconnect(scope, receive, produce, cut_scope))
             if not progress.cut and not progress.ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             # Cut: the response stays unfinished, and uvicorn closes the connection.

@@ -31,7 +31,7 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     if req.stream:
         return EventStreamResponse(generation)
     try:
-        body = await until_disconnect(receive, generation.complete)
+        body = await until_disconnect(scope, receive, generation.complete)
     finally:
         await generation.close()
     if body is None:  # the client left; nobody reads this

@@ -1,0 +1,49 @@
+"""A client's disconnect cancels its generation from the protocol's `connection_lost`, with no
+task per request waiting for it.
+
+The ASGI way to see a disconnect is a task blocked in `receive()` until `http.disconnect`: a
+stream paid for that task (made, scheduled, cancelled at the end: about 1.5 % of a one-token
+stream's set-up CPU, docs/bench-streams.md) although uvicorn's protocol already knows the moment
+the connection goes. Here the edge's protocol (edge/http_protocol.py) puts a watch in the request's
+scope, and `connection_lost` cancels the scope registered with it, in the same loop pass the
+watcher's `receive()` would have woken in. Under another server (or a test's ASGI transport) there
+is no watch and edge/streaming.py keeps the watcher task.
+"""
+
+from __future__ import annotations
+
+import anyio
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+# The scope key under which the protocol leaves the watch (absent under other servers and tests).
+DISCONNECT_WATCH = "floodgate.disconnect_watch"
+
+
+class DisconnectWatch:
+    __slots__ = ("_cycle", "_scope")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+        self._scope: anyio.CancelScope | None = None
+
+    def watch(self, scope: anyio.CancelScope) -> None:
+        """Cancel `scope` when the client goes (at once if it has gone) until `unwatch`."""
+        cycle = self._cycle
+        if cycle.disconnected:
+            scope.cancel()
+            return
+        self._scope = scope
+        # What the watcher's `receive()` did first: a body that filled uvicorn's buffer paused the
+        # reading, and a paused socket would not tell that the client left.
+        cycle.flow.resume_reading()
+
+    def unwatch(self) -> None:
+        self._scope = None
+
+    def connection_lost(self) -> None:
+        """The protocol's `connection_lost`, after uvicorn's own: a response that had not ended is
+        the client leaving (an ended one is not, as `receive()` would have it too)."""
+        scope = self._scope
+        if scope is not None and self._cycle.disconnected:
+            self._scope = None
+            scope.cancel()
