@@ -6,17 +6,18 @@ A fixed token budget cannot do that on a CPU: 512 prompt tokens cost a few milli
 So the engine measures its step cost when it starts (a short calibration on the real model and a
 scratch corner of the KV pool) and models a step of `d` decodes and prefill chunks of `n` tokens as
 
-    seconds = fixed + per_decode * d + rows(d + sum n) + prefill_overhead * chunks
+    seconds = fixed + per_decode * d + keys + rows(d + sum n) + attention + prefill_overhead * chunks
 
 rows(r) is what the projections cost for r rows of the batch, and it bends at the model's knee
 (model.py, measured at start by gemv_knee.py): up to knee_rows rows each row is its own GEMV
-(per_row each, the weights re-read from the cache), beyond them the batch is one GEMM (per_row_gemm
-each). Where the knee is high (16 rows on an AMD EPYC, a GEMM row a third of a GEMV row) a prompt
-token next to a few decodes costs per_row, not the GEMM's per-token cost a large chunk shows: the
-budget used to take the latter, put 3x the tokens in a step that it had time for, and the decodes
-paid for it. Where it is low (2-3 rows on an Intel Xeon) nearly every step is one GEMM; at a knee
-of 1 the two slopes are one, and the line's fixed part holds the GEMM's (calibrate). per_decode is
-what a decode costs beyond its row (its logits row, its attention).
+(per_row each, the weights re-read from the cache), beyond them the batch is one GEMM (its fixed
+part, gemm_jump, once, and per_row_gemm a row). Where the knee is high (16 rows on an AMD EPYC, a
+GEMM row a third of a GEMV row) a prompt token next to a few decodes costs per_row, not the GEMM's
+per-token cost a large chunk shows: the budget used to take the latter, put 3x the tokens in a step
+that it had time for, and the decodes paid for it. Where it is low (2-3 rows on an Intel Xeon)
+nearly every step is one GEMM; at a knee of 1 the two slopes are one, and the line's fixed part
+holds the GEMM's (calibrate). per_decode is what a decode costs beyond its row and its keys (its
+logits row); keys and attention are below.
 
 A step with `d` running streams may carry the most tokens whose cost stays within (slowdown - 1)
 times the decode-only step, found by bisection; with no stream decoding (an idle engine, or a burst
@@ -117,6 +118,7 @@ class StepCost:
     fixed_s: float
     per_row_s: float  # a batch row up to knee_rows (one GEMV per row)
     per_row_gemm_s: float = 0.0  # a row beyond them (the batch as one GEMM)
+    gemm_jump_s: float = 0.0  # what crossing the knee costs beyond that row: the GEMM's fixed part
     per_decode_s: float = 0.0  # what a decode costs beyond its row and its keys: its logits row
     decode_key_s: float = 0.0  # a key a decode's attention reads and scores
     key_read_s: float = 0.0  # a key a prefill chunk's attention reads (its K and V in every layer)
@@ -126,7 +128,8 @@ class StepCost:
 
     def rows_s(self, rows: int) -> float:
         below = min(rows, self.knee_rows)
-        return self.per_row_s * below + self.per_row_gemm_s * max(0, rows - self.knee_rows)
+        beyond = max(0, rows - self.knee_rows)
+        return self.per_row_s * below + (self.gemm_jump_s + self.per_row_gemm_s * beyond if beyond else 0.0)
 
     def decode_step_s(self, decodes: int, keys: int = 0) -> float:
         """A step of `decodes` decodes whose contexts hold `keys` keys in all (a decode scores each
@@ -231,12 +234,18 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
     wide_rows = 4 * max(knee, _GEMM_CHUNK)
     wide = chunk(wide_rows)
     jump = 0.0  # what a step's second row costs beyond its slope: the GEMM's fixed part
+    gemm_jump = 0.0
     if knee > 1:
-        # From the knee on, the line through the GEMVs at the knee and the wide GEMM is the GEMM's:
-        # at the crossover the GEMVs cost what the GEMM's fixed part and its rows do.
-        at_knee = chunk(knee)
+        # GEMVs up to the knee, then one GEMM: the line from one row past the knee to the wide
+        # chunk is the GEMM's, and what the row past the knee costs beyond the GEMVs at the knee
+        # and one GEMM row is the step's jump there. The knee is measured on one matrix in the
+        # cache and may sit a few rows off the whole model's crossover (7-15 on the AMD EPYC
+        # across starts): a line drawn straight from the GEMVs at the knee to the wide GEMM
+        # priced a step of 11 rows at 178 ms where it took 226.
+        at_knee, past = chunk(knee), chunk(knee + 1)
         per_row = max((at_knee - one) / (knee - 1), 1e-6)
-        per_row_gemm = max((wide - at_knee) / (wide_rows - knee), per_row / 8)
+        per_row_gemm = max((wide - past) / (wide_rows - knee - 1), per_row / 8)
+        gemm_jump = max(past - at_knee - per_row_gemm, 0.0)
     else:
         # No GEMV rows beyond a lone decode's: from two rows on a step is one GEMM, its fixed part
         # paid once and each row at the GEMM's slope, read between two chunks that are both GEMMs.
@@ -248,7 +257,7 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
         per_row = per_row_gemm
         jump = max(narrow - one - per_row_gemm * (_GEMM_CHUNK - 1), 0.0)
     decode_key, key_read, attention = _attention_costs(chunk, model, cache)
-    rows = StepCost(0.0, per_row, per_row_gemm, knee_rows=knee)
+    rows = StepCost(0.0, per_row, per_row_gemm, gemm_jump, knee_rows=knee)
     # A decode is a row, its logits row and its attention over its keys: what the decodes cost
     # beyond the rows and the keys the model already counts for them, whichever side of the knee
     # 8 decodes fall.
@@ -256,7 +265,9 @@ def calibrate(model: LlamaModel, cache: KVCache, clock: Clock, repeats: int = 3)
     grown = many - one - jump - (rows.rows_s(decodes) - rows.rows_s(1)) - keys * (decodes - 1)
     per_decode = max(grown / (decodes - 1), 0.0)
     fixed = max(one + jump - per_decode - per_row - keys, 1e-6)
-    return StepCost(fixed, per_row, per_row_gemm, per_decode, decode_key, key_read, attention, knee_rows=knee)
+    return StepCost(
+        fixed, per_row, per_row_gemm, gemm_jump, per_decode, decode_key, key_read, attention, knee_rows=knee
+    )
 
 
 def _attention_costs(

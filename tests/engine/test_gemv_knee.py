@@ -181,3 +181,21 @@ def test_calibration_prices_a_chunk_by_the_keys_it_reads_and_the_pairs_it_scores
     for tokens, context in ((late, 1000), (early, 0)):
         assert model.step_s(4 + tokens, 5, (*decodes, PromptChunk(tokens, context))) <= 2.0 * steady * 1.05
         assert model.step_s(5 + tokens, 5, (*decodes, PromptChunk(tokens + 1, context))) > 2.0 * steady * 0.95
+
+
+def test_a_knee_set_below_the_machines_crossover_prices_the_gemm_it_jumps_to() -> None:
+    """The EPYC-like machine's GEMVs win up to 16 rows, but the model's knee says 8 (a measurement
+    off by a busy moment): a step of 9 rows is one GEMM, its fixed part paid at once. Calibration
+    prices that step, and a budget whose slack does not cover the jump stays below the knee."""
+    fake = FakeMachine(*EPYC)
+    model = TimedModel(fake, 8)
+    mc = model.config
+    cache = KVCache.allocate(mc.num_hidden_layers, 64, 4, mc.num_key_value_heads, mc.head_dim)
+    cost = calibrate(model, cache, fake.clock)
+    decodes = (PromptChunk(1, 40),) * 4
+    steady = model.step_s(4, 4, decodes)
+    for tokens in (4, 5, 12, 60):
+        truth = model.step_s(4 + tokens, 5, (*decodes, PromptChunk(tokens, 0))) - steady
+        assert cost.prefill_s(4, [PromptChunk(tokens)]) == pytest.approx(truth, rel=0.1)
+    budget = PrefillBudget(cost, slowdown=2.0, max_tokens=512)
+    assert budget.tokens(decodes=4, decode_keys=4 * 41) == 4  # 8 rows; a 9th would cost the jump
