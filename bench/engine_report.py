@@ -434,6 +434,14 @@ put 3x too many tokens in a step. What changed:
   share of it than on the earlier one (there 4 decodes cost 79 ms at 50 tokens, 144 at 1,000);
 - the default floor went from 32 tokens to 16 (`edge/defaults.toml`), measured below against the
   old one in the same run;
+- then (2026-11-30, 22:30-23:10 UTC; docs/bench-engine-knee.md, "Chunks priced by their
+  attention"): a chunk is priced by the keys its attention reads and the query-key pairs it scores,
+  not by a cost per chunk (a 1-token chunk 1,800 tokens into a prompt cost 34 ms more than at none,
+  a 16-token one 77 ms more: priced alike, no chunk fit the slack and the floor decided every step);
+  a decode by its keys; crossing the GEMV/GEMM knee by the GEMM's fixed part; the floor applies to
+  waves only (several prompts waiting), a prompt alone gets what the time allows, and the default
+  floor is 4; a decode of 192 keys or more attends through matrix-vector products (41.6 -> 22.8 ms
+  over 30 layers at 2,000 keys);
 - each run also drives the same 4 streams, same prompts and budget, in a fresh engine with nothing
   joining, up to the same token positions: "gap p50 at the same positions, nothing joining" is
   their median gap over the very tokens that the join's gaps are measured on, and "step CPU p99 /
