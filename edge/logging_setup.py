@@ -21,6 +21,8 @@ import msgspec
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from edge.log_line import use_chain
+
 _encoder = msgspec.json.Encoder(enc_hook=repr)  # anything JSON has no type for: its repr
 
 
@@ -54,17 +56,21 @@ def configure_logging(level: int = logging.INFO) -> None:
         structlog.processors.add_log_level,
         IsoUtcStamper(),
     ]
+    processors: list[Processor] = [
+        *shared,
+        structlog.processors.format_exc_info,
+        structlog.processors.JSONRenderer(serializer=_dumps),
+    ]
+    wrapper_class = structlog.make_filtering_bound_logger(level)
+    # One write per line (PrintLogger writes the line and its newline apart: two syscalls).
+    logger_factory = structlog.WriteLoggerFactory(sys.stdout)
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=_dumps),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        # One write per line (PrintLogger writes the line and its newline apart: two syscalls).
-        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
+        processors=processors,
+        wrapper_class=wrapper_class,
+        logger_factory=logger_factory,
         cache_logger_on_first_use=True,
     )
+    use_chain(processors, logger_factory(), wrapper_class if level <= logging.INFO else None)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

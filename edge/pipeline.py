@@ -44,6 +44,7 @@ from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
 from edge.keys.principal import Principal
+from edge.log_line import info_line
 from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
@@ -549,20 +550,23 @@ class Generation:
         child(metrics.REQUESTS_FINISHED, tier, out.reason).inc()
         if out.ttft_s is not None:
             child(metrics.TTFT, tier).observe(out.ttft_s)
-        log.info(
+        info_line(
+            log,
             "chat_completion",
-            request_id=self.request_id,
-            user=self._principal.user,
-            tier=tier,
-            model=self._p.config.model_name,
-            stream=self._req.stream,
-            outcome=out.reason,
-            upstream=out.upstream,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            cached_tokens=out.cached_tokens,
-            ttft_ms=None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
-            duration_ms=round((time.perf_counter() - self._arrived) * 1000, 2),
+            {
+                "request_id": self.request_id,
+                "user": self._principal.user,
+                "tier": tier,
+                "model": self._p.config.model_name,
+                "stream": self._req.stream,
+                "outcome": out.reason,
+                "upstream": out.upstream,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "cached_tokens": out.cached_tokens,
+                "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
+                "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
+            },
         )
         if self._p.usage is not None and self._reached_replica:
             # Exactly what the lease settled as charged: the prompt and every granted token (a

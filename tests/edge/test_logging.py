@@ -39,3 +39,38 @@ def test_logs_are_json_with_the_request_id_and_plain_tracebacks() -> None:
         assert line["request_id"] == "chatcmpl-test" and line["level"] == "error"
         assert line["exception"].startswith("Traceback") and "engine step failed" in line["exception"]
     assert lines[1]["logger"] == "uvicorn.error"
+
+
+LINE_SCRIPT = textwrap.dedent(
+    """
+    import time
+
+    import structlog
+    import structlog.testing
+    from edge.log_line import info_line
+    from edge.logging_setup import configure_logging
+
+    time.time = lambda: 1764520000.123456  # both lines get one timestamp
+    configure_logging()
+    structlog.contextvars.bind_contextvars(request_id="chatcmpl-test", route="chat")
+    log = structlog.get_logger("floodgate.request")
+
+    def fields():
+        return {"request_id": "chatcmpl-test", "user": "u", "stream": True, "ttft_ms": None, "n": 3}
+
+    log.info("chat_completion", **fields())
+    info_line(log, "chat_completion", fields())
+    with structlog.testing.capture_logs() as captured:
+        info_line(log, "chat_completion", fields())  # captured, not written
+    assert [c["event"] for c in captured] == ["chat_completion"], captured
+    info_line(log, "chat_completion", fields())  # the capture is over: written again
+    """
+)
+
+
+def test_the_request_line_is_byte_for_byte_structlogs_and_honours_a_log_capture() -> None:
+    done = subprocess.run([sys.executable, "-c", LINE_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[0] == lines[1] == lines[2], lines
+    assert json.loads(lines[0])["route"] == "chat"  # the bound context merged in
