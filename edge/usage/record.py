@@ -5,9 +5,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+_SECONDS_A_DAY = 86_400
+# Today's stamp and the [start, end) of its day: every request's usage row is stamped, and
+# formatting the date (gmtime + strftime) was a third of recording one (2 of 6 µs).
+_today = ("", 0.0, 0.0)
+
 
 def utc_day(unix_s: float | None = None) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(time.time() if unix_s is None else unix_s))
+    global _today
+    if unix_s is not None:
+        return time.strftime("%Y-%m-%d", time.gmtime(unix_s))
+    now = time.time()
+    day, start, end = _today
+    if start <= now < end:  # a clock stepped back past midnight formats again
+        return day
+    start = now - now % _SECONDS_A_DAY  # UTC days are whole multiples of 86,400 s of Unix time
+    _today = (day := time.strftime("%Y-%m-%d", time.gmtime(start)), start, start + _SECONDS_A_DAY)
+    return day
 
 
 @dataclass(frozen=True, slots=True)
