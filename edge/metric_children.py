@@ -12,17 +12,24 @@ configuration, not request data).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-M = TypeVar("M")
+C = TypeVar("C", covariant=True)
+
+
+class _Labelled(Protocol[C]):
+    """prometheus_client's metrics and edge/labelled_loop_histogram.py's: `labels` gives the child."""
+
+    def labels(self, *values: str) -> C: ...
+
 
 _CHILDREN: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
-def child(metric: M, *values: str) -> M:
+def child(metric: _Labelled[C], *values: str) -> C:
     """`metric.labels(*values)`, cached."""
     key = (metric, values)
     found = _CHILDREN.get(key)
     if found is None:
-        found = _CHILDREN[key] = metric.labels(*values)  # type: ignore[attr-defined]
-    return found  # type: ignore[no-any-return]
+        found = _CHILDREN[key] = metric.labels(*values)
+    return found

@@ -5,21 +5,22 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from edge.admission.cache_figures import CacheFigures
+from edge.labelled_loop_histogram import LabelledLoopHistogram
 from edge.upstreams.base import Capacity
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
-TTFT = Histogram(
+TTFT = LabelledLoopHistogram(
     "floodgate_time_to_first_token_seconds",
     "From the request's arrival to its first generated token.",
     ["tier"],
-    buckets=_LATENCY_BUCKETS,
+    _LATENCY_BUCKETS,
 )
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
+
+from edge.labelled_loop_histogram import LabelledLoopHistogram
 
 # `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
 QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])
-QUEUE_WAIT = Histogram(
+QUEUE_WAIT = LabelledLoopHistogram(
     "floodgate_queue_wait_seconds",
     "Time from joining the queue to getting a replica slot.",
     ["tier"],
-    buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
+    (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
 )
 REPLICA_UTILISATION = Gauge(
     "floodgate_replica_kv_utilisation",
