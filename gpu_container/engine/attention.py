@@ -235,11 +235,11 @@ def _attend_one(
 ) -> Floats:
     """A decode's one query per head against a long context, as matrix-vector products.
 
-    With one query token a head group is 3 rows against thousands of keys, and OpenBLAS's GEMM
-    for so few rows copies (packs) the keys before it multiplies: at 2,000 keys the product read
-    K at 2.5 GB/s where a sum over it reads at 8. A GEMV reads a head's
-    keys in place, strided ([keys, head_dim] rows kv_heads * head_dim apart), and the group's other
-    queries find them in the cache."""
+    With one query token a head group is 3 rows against thousands of keys, and OpenBLAS's GEMM for
+    so few rows copies (packs) the keys before it multiplies: at 2,000 keys the product read K at
+    2.5 GB/s where a sum over it reads at 8. A GEMV reads a head's keys in place, strided
+    ([keys, head_dim] rows kv_heads * head_dim apart), and the group's other queries find them in
+    the cache."""
     heads, hd = q.shape[1], q.shape[2]
     group = heads // flat_keys.shape[1]
     queries = q[0] * scale

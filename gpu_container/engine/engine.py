@@ -139,7 +139,10 @@ class LLMEngine:
             fixed_ms=round(cost.fixed_s * 1e3, 2),
             per_row_ms=round(cost.per_row_s * 1e3, 3),
             per_row_gemm_ms=round(cost.per_row_gemm_s * 1e3, 3),
+            gemm_jump_ms=round(cost.gemm_jump_s * 1e3, 3),
             per_decode_ms=round(cost.per_decode_s * 1e3, 3),
+            decode_key_us=round(cost.decode_key_s * 1e6, 3),
+            key_read_us=round(cost.key_read_s * 1e6, 3),
             attention_us_per_kilopair=round(cost.attention_s * 1e9, 3),
             knee_rows=cost.knee_rows,
         )
