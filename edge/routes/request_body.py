@@ -5,17 +5,21 @@ reads in an async generator and a list comprehension, and caches the result in t
 state: about 5 % of a one-token stream's CPU (docs/bench-streams.md) for a body that is almost
 always one `http.request` message. Same limits and errors as Litestar's: a declared
 Content-Length over `max_bytes` is refused before reading, so is a body that grows past it while
-read (413, `RequestEntityTooLarge`, answered in the OpenAI shape by edge/errors.py), and a client
-that disconnects before the end of its body is a 500 as there.
+read (413, `RequestEntityTooLarge`, answered in the OpenAI shape by edge/errors.py). A client that
+disconnects before the end of its body hears nothing, but Litestar's answer there is a 500, which
+counts in the metrics and alerts as the server's fault: here it is 499 (nginx's "client closed
+request"), counted as `floodgate_requests_rejected_total{status="499"}`.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from litestar.exceptions import ClientException, InternalServerException
+from litestar.exceptions import ClientException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import HTTPReceiveMessage, Receive, Scope
+
+from edge.errors import ApiError
 
 
 def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
@@ -43,7 +47,8 @@ async def read_body(receive: Receive, declared: int | None, max_bytes: int | Non
     while True:
         message = cast(HTTPReceiveMessage, await receive())
         if message["type"] == "http.disconnect":
-            raise InternalServerException("client disconnected prematurely")
+            gone = "The client closed the connection before its request body ended."
+            raise ApiError(499, gone, code="client_closed_request")
         body: bytes = message.get("body", b"")
         if body:
             total += len(body)

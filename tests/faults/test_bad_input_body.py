@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,3 +157,24 @@ def test_a_stream_outlives_the_body_timeout(server: LiveServer, client: httpx.Cl
     chunks = [e for e in received if isinstance(e, dict)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert received[-1] == DONE
+
+
+def test_a_client_that_leaves_mid_body_is_a_499_not_a_server_error(server: LiveServer) -> None:
+    """Nobody hears the answer, but a 500 there counted in the metrics as the server's fault."""
+
+    def leaves_count() -> float:
+        for line in server.metrics_text().splitlines():
+            rejected = line.startswith("floodgate_requests_rejected_total{")
+            if rejected and 'code="client_closed_request"' in line:
+                assert 'status="499"' in line
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = leaves_count()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(_short_body(server.keys["paid"]))
+    deadline = time.monotonic() + 30
+    while leaves_count() == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling an observable counter, bounded
+    assert leaves_count() == before + 1
