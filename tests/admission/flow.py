@@ -18,11 +18,19 @@ def counting_clock() -> Callable[[], float]:
     return lambda: float(next(counter))
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Yield to the event loop until predicate holds (the tasks it watches make progress meanwhile)."""
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0, poll_s: float = 0.0) -> None:
+    """Yield to the event loop until predicate holds (the tasks it watches make progress meanwhile).
+
+    poll_s > 0 waits that long between looks: where engine threads do the work, a loop that only
+    yields to the event loop keeps the GIL busy, and each of the engine's numpy calls that gives it
+    up waits a switch interval (5 ms) to get it back (on a machine whose GEMV/GEMM knee is 11 rows,
+    a demo-model step of 4 rows made 32 such calls: 57 requests took 47 s instead of one)."""
     with anyio.fail_after(timeout_s):
         while not predicate():
-            await anyio.lowlevel.checkpoint()
+            if poll_s:
+                await anyio.sleep(poll_s)
+            else:
+                await anyio.lowlevel.checkpoint()
 
 
 _serial = itertools.count()

@@ -130,7 +130,7 @@ async def test_on_a_real_engine_overcommitted_streams_are_preempted_and_finish_u
 
     try:
         alone = {rid: await stream(rid, 0) for rid in prompts}
-        await until(lambda: engine.stats().running == 0)
+        await until(lambda: engine.stats().running == 0, poll_s=0.001)  # an engine thread: no GIL spin
         before = engine.stats().preemptions
         together = await asyncio.gather(*(stream(rid, i % 2) for i, rid in enumerate(prompts)))
         stats = engine.stats()

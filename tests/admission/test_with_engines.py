@@ -22,6 +22,8 @@ ENGINE = EngineConfig(
 )
 PROMPT = list(range(10, 40))  # 30 tokens; with 32 new ones a request is charged 64 KV tokens
 MAX_NEW = 32
+# The engines are threads of this process: look at their progress without spinning on the GIL.
+ENGINE_POLL_S = 0.001
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +78,12 @@ async def test_paid_trickle_through_a_free_flood_on_real_engines(replicas: list[
         for i in range(48):
             group.create_task(request(ticket(f"free-{i % 8}", kv_tokens=len(PROMPT) + MAX_NEW)))
         # Free may fill 3 of each replica's 4 sequences: 6 run, the rest queue.
-        await until(lambda: dispatcher.queue_depth() == 42)
+        await until(lambda: dispatcher.queue_depth() == 42, poll_s=ENGINE_POLL_S)
         for _ in range(3):  # paid arrive in bursts larger than the reserve while the flood drains
             enough = served_at_least(len(served) + 3)
             for i in range(3):
                 group.create_task(request(ticket(f"paid-{i}", paid=True, kv_tokens=len(PROMPT) + MAX_NEW)))
-            await until(enough)
+            await until(enough, poll_s=ENGINE_POLL_S)
     await dispatcher.aclose()
 
     assert len(served) == 57 and all(len(s.tokens) > 0 for s in served)
