@@ -154,8 +154,8 @@ def _layout_table(model: LlamaModel, rows: tuple[int, ...]) -> list[LayoutRow]:
 @dataclass(frozen=True)
 class HeadRow:
     rows: int
-    embed_t_ms: float  # x @ embed.T: the tied head as a view of the one embedding array (kept)
-    copy_ms: float  # x @ H, H a contiguous [hidden, vocab] second copy (what the engine had)
+    embed_t_ms: float  # x @ E.T, E the [vocab, hidden] embedding: the head as a view of it (before)
+    copy_ms: float  # x @ H, H the contiguous [hidden, vocab] head the engine keeps (E its transpose)
 
 
 def head_table(model: LlamaModel, rows: tuple[int, ...]) -> list[HeadRow]:
@@ -164,8 +164,8 @@ def head_table(model: LlamaModel, rows: tuple[int, ...]) -> list[HeadRow]:
 
 
 def _head_table(model: LlamaModel, rows: tuple[int, ...]) -> list[HeadRow]:
-    embed = model.weights.lm_head
-    copy = np.ascontiguousarray(embed.T)
+    copy = model.weights.lm_head
+    embed = np.ascontiguousarray(copy.T)
     table = []
     for m in rows:
         x = np.ones((m, embed.shape[1]), dtype=np.float32)

