@@ -18,7 +18,7 @@ C = TypeVar("C", covariant=True)
 
 
 class _Labelled(Protocol[C]):
-    """prometheus_client's metrics and edge/labelled_loop_histogram.py's: `labels` gives the child."""
+    """prometheus_client's metrics and edge/loop_histogram.py's: `labels` gives the child."""
 
     def labels(self, *values: str) -> C: ...
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge.admission.cache_figures import CacheFigures
-from edge.labelled_loop_histogram import LabelledLoopHistogram
+from edge.loop_histogram import LabelledLoopHistogram, LoopHistogram
 from edge.upstreams.base import Capacity
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -22,39 +21,6 @@ TTFT = LabelledLoopHistogram(
     ["tier"],
     _LATENCY_BUCKETS,
 )
-
-
-class LoopHistogram(Collector):
-    """A label-less histogram observed from the event loop's thread only, so without the lock
-    prometheus_client's Histogram takes per observation: this one is observed once per token."""
-
-    def __init__(
-        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry = REGISTRY
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._bounds = list(buckets)
-        self._counts = [0] * (len(self._bounds) + 1)  # the last one: above every bound (+Inf)
-        self._sum = 0.0
-        registry.register(self)
-
-    def observe(self, value: float) -> None:
-        # Prometheus buckets are "less than or equal": bisect_left puts a value equal to a bound in it.
-        self._counts[bisect_left(self._bounds, value)] += 1
-        self._sum += value
-
-    def describe(self) -> Iterable[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self._name, self._documentation)
-
-    def collect(self) -> Iterable[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, self._documentation)
-        cumulative: list[tuple[str, float]] = []
-        total = 0
-        for bound, count in zip([*map(str, self._bounds), "+Inf"], self._counts, strict=True):
-            total += count
-            cumulative.append((bound, total))
-        family.add_metric([], cumulative, self._sum)
-        yield family
 
 
 class LoopGauge(Collector):

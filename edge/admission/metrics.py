@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
-from edge.labelled_loop_histogram import LabelledLoopHistogram
+from edge.loop_histogram import LabelledLoopHistogram
 
 # `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
 QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])

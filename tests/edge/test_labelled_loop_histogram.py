@@ -1,11 +1,11 @@
-"""edge/labelled_loop_histogram.py: the samples a labelled prometheus_client Histogram exposes
+"""edge/loop_histogram.py: the samples a labelled prometheus_client Histogram exposes
 (less `_created`), per label set."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from edge.labelled_loop_histogram import LabelledLoopHistogram
+from edge.loop_histogram import LabelledLoopHistogram
 
 BUCKETS = (0.005, 0.025, 0.1, 1, 2.5, 10, 120)  # ints too: written "1.0", as Prometheus does
 VALUES = [0.0001, 0.005, 0.0051, 0.1, 0.99, 1.0, 7.5, 120.0, 500.0]
