@@ -194,11 +194,11 @@ def _attend_runs(
     """q [C, heads, hd] attending to the context held in `runs` (first slot, keys) of the flat
     [slots, kv_heads, hd] K/V, with `bias` the chunk's causal mask over its own keys (None: a
     decode). One product per KV head, its group's queries stacked: [kvh, group * C, hd]."""
+    if bias is None and context >= GEMV_MIN_KEYS:
+        return _attend_one(q, flat_keys, flat_values, runs, context, scale)
     chunk, heads, hd = q.shape
     kv_heads = flat_keys.shape[1]
     group = heads // kv_heads
-    if bias is None and context >= GEMV_MIN_KEYS:
-        return _attend_one(q, flat_keys, flat_values, runs, context, scale)
     qg = (q * scale).reshape(chunk, kv_heads, group, hd).transpose(1, 2, 0, 3).reshape(kv_heads, -1, hd)
     if len(runs) == 1:
         slot, n = runs[0]
