@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import structlog
 
 from gpu_container.engine.arrays import Floats
@@ -24,6 +25,7 @@ from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.prefill_lane import PrefillLane, lane_wanted
 from gpu_container.engine.prefix_hash import root_hash
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
@@ -59,6 +61,7 @@ class LLMEngine:
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._prefill_budget: PrefillBudget | None = None
         self._clock = step_clock(config.blas_threads)
+        self._lane: PrefillLane | None = None
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
@@ -95,6 +98,8 @@ class LLMEngine:
             if self._config.blas_threads > 0:
                 limit_blas_threads(self._config.blas_threads)
             self._set_knee()
+            if lane_wanted(self._config.prefill_lane, self._config.blas_threads):
+                self._lane = PrefillLane(self._model, self._cache)
             if self._config.prefill_slowdown > 0:
                 self._calibrate()
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -106,6 +111,7 @@ class LLMEngine:
             max_num_seqs=self._config.max_num_seqs,
             max_num_batched_tokens=self._config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            prefill_lane=self._lane is not None,
         )
 
     def _new_scheduler(self) -> Scheduler:
@@ -131,7 +137,11 @@ class LLMEngine:
         cost = calibrate(self._model, self._cache, self._clock)
         config = self._config
         self._prefill_budget = PrefillBudget(
-            cost, config.prefill_slowdown, config.max_num_batched_tokens, config.min_prefill_chunk
+            cost,
+            config.prefill_slowdown,
+            config.max_num_batched_tokens,
+            config.min_prefill_chunk,
+            lane=self._lane is not None,
         )
         self._scheduler = self._new_scheduler()
         log.info(
@@ -247,6 +257,8 @@ class LLMEngine:
                 emitted = self._reset(_describe(exc))
             self._publish(emitted)
         self._cancel_all()
+        if self._lane is not None:
+            self._lane.close()
 
     def _has_runnable(self) -> bool:
         return self._scheduler.has_work() and not self._stalled
@@ -257,30 +269,46 @@ class LLMEngine:
             self._prompt_tokens += len(seq.prompt_ids)
 
     def _step(self) -> list[_Emission]:
-        chunks = self._scheduler.schedule()
+        scheduled = self._scheduler.schedule()
         # Nothing schedulable (should not happen: a lone sequence always fits) must not spin the loop.
-        self._stalled = not chunks
-        if not chunks:
+        self._stalled = not scheduled
+        if not scheduled:
             return []
         self._steps += 1
+        # Decodes first, then prefill: the order of the logits rows either way (the lane's come last).
+        decodes = [c for c in scheduled if c.num_tokens == 1 and c.completes]
+        prefill = [c for c in scheduled if c.num_tokens > 1 or not c.completes]
+        chunks = decodes + prefill
         started = self._clock()
         try:
-            logits = self._forward(chunks)
+            logits, lane_s = self._forward(decodes, prefill)
         except Exception:
             log.exception("engine step failed; retrying its sequences one by one", sequences=len(chunks))
             return self._isolate(chunks)
         if self._prefill_budget is not None:
-            decoding = [c.seq for c in chunks if c.num_tokens == 1 and c.completes]
-            keys = sum(seq.num_computed_tokens + 1 for seq in decoding)
-            prefill = [
-                PromptChunk(c.num_tokens, c.seq.num_computed_tokens)
-                for c in chunks
-                if c.num_tokens > 1 or not c.completes
-            ]
-            self._prefill_budget.observe(len(decoding), prefill, self._clock() - started, keys)
+            keys = sum(c.seq.num_computed_tokens + 1 for c in decodes)
+            prompts = [PromptChunk(c.num_tokens, c.seq.num_computed_tokens) for c in prefill]
+            seconds = self._clock() - started if lane_s is None else lane_s
+            self._prefill_budget.observe(len(decodes), prompts, seconds, keys)
         return self._commit(chunks, logits)
 
-    def _forward(self, chunks: list[ScheduledChunk]) -> Floats:
+    def _forward(
+        self, decodes: list[ScheduledChunk], prefill: list[ScheduledChunk]
+    ) -> tuple[Floats, float | None]:
+        """The step's logits, decodes' rows first; with a lane and both kinds of work, the prefill
+        runs on it meanwhile and its seconds come back too (None otherwise)."""
+        if self._lane is None or not decodes or not prefill:
+            return self._forward_one(decodes + prefill), None
+        running = self._lane.submit(ForwardBatch.from_chunks(prefill, self._config.block_size))
+        try:
+            decoded = self._forward_one(decodes)
+        finally:
+            # Even when the decodes fail: the lane must be done writing the KV pool before anyone
+            # (the retries one by one, a reset) touches it again.
+            prefilled, lane_s = running.result()
+        return np.concatenate([decoded, prefilled]), lane_s
+
+    def _forward_one(self, chunks: list[ScheduledChunk]) -> Floats:
         return self._model.forward(ForwardBatch.from_chunks(chunks, self._config.block_size), self._cache)
 
     def _isolate(self, chunks: list[ScheduledChunk]) -> list[_Emission]:
@@ -291,7 +319,7 @@ class LLMEngine:
         emitted: list[_Emission] = []
         for chunk in chunks:
             try:
-                logits = self._forward([chunk])
+                logits = self._forward_one([chunk])
             except Exception as exc:
                 emitted.append(self._finish(chunk.seq, "error", error=_describe(exc)))
                 continue

@@ -70,6 +70,7 @@ ENGINE_TABLE = {
     "prefill_slowdown": 2.5,
     "min_prefill_chunk": 7,
     "gemv_knee_rows": 3,
+    "prefill_lane": "off",
     "batching": "static",
 }
 
