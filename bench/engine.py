@@ -61,17 +61,18 @@ SERVE_CONFIG = EngineConfig(
     blas_threads=1,
     prefill_slowdown=1.6,
     min_prefill_chunk=4,
+    prefill_lane="auto",
 )
-# The join section's runs per prompt length: ((prefill_slowdown, min_prefill_chunk), repeats); (0, 0)
-# is the token budget alone. The default repeats (its p99 hinges on a few slow steps on a shared
-# box: the spread is reported); the default before the floor went from 16 tokens to 4 runs once
-# beside it. Every run also measures the streams with nothing joining (long_prompt_joins), so a
-# 2,000-token run takes minutes.
-_DEFAULT_BUDGET = (SERVE_CONFIG.prefill_slowdown, SERVE_CONFIG.min_prefill_chunk)
-OLD_DEFAULT_BUDGET = (1.6, 16)
+# The join section's runs per prompt length: ((prefill_slowdown, min_prefill_chunk, prefill_lane),
+# repeats); slowdown 0 is the token budget alone. The default repeats (its p99 hinges on a few slow
+# steps on a shared box: the spread is reported); the default before the prefill lane (the same
+# budget, prefill in the decodes' forward) runs once beside it. Every run also measures the streams
+# with nothing joining (long_prompt_joins), so a 2,000-token run takes minutes.
+_DEFAULT_BUDGET = (SERVE_CONFIG.prefill_slowdown, SERVE_CONFIG.min_prefill_chunk, SERVE_CONFIG.prefill_lane)
+OLD_DEFAULT_BUDGET = (SERVE_CONFIG.prefill_slowdown, SERVE_CONFIG.min_prefill_chunk, "off")
 JOIN_SWEEP = {
-    500: [((0.0, 0), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],
-    2000: [((0.0, 0), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],
+    500: [((0.0, 0, "off"), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],
+    2000: [((0.0, 0, "off"), 1), (OLD_DEFAULT_BUDGET, 1), (_DEFAULT_BUDGET, 2)],
 }
 CHUNKS = (1, 4, 8, 16, 32, 64, 128)
 
@@ -165,8 +166,13 @@ def main() -> None:
         res.joins = []
         res.chunk_costs = chunk_costs(model, CHUNKS)
         for prompt_tokens, sweep in JOIN_SWEEP.items():
-            for (slowdown, floor), repeats in sweep:
-                config = replace(SERVE_CONFIG, prefill_slowdown=slowdown, min_prefill_chunk=max(1, floor))
+            for (slowdown, floor, lane), repeats in sweep:
+                config = replace(
+                    SERVE_CONFIG,
+                    prefill_slowdown=slowdown,
+                    min_prefill_chunk=max(1, floor),
+                    prefill_lane=lane,
+                )
                 for run in range(repeats):
                     label = join_label(config) + (f", run {run + 1}" if repeats > 1 else "")
                     res.joins.append(long_prompt_joins(model, config, label, prompt_tokens, streams=4))
@@ -199,9 +205,11 @@ def main() -> None:
 def join_label(config: EngineConfig) -> str:
     if config.prefill_slowdown == 0:
         return "token budget"
-    budget = (config.prefill_slowdown, config.min_prefill_chunk)
+    budget = (config.prefill_slowdown, config.min_prefill_chunk, config.prefill_lane)
     marks = {_DEFAULT_BUDGET: " (default)", OLD_DEFAULT_BUDGET: " (old default)"}
-    return f"time {config.prefill_slowdown:g}x, floor {config.min_prefill_chunk}" + marks.get(budget, "")
+    lane = {"off": ", no lane", "on": ", lane"}.get(config.prefill_lane, ", lane auto")
+    label = f"time {config.prefill_slowdown:g}x, floor {config.min_prefill_chunk}{lane}"
+    return label + marks.get(budget, "")
 
 
 def served_vs_alone(res: Results, model: LlamaModel, model_dir: Path, name: str, scale: float) -> None:

@@ -10,7 +10,7 @@ the box's load falls on both alike:
 
     .venv/bin/python -m bench.engine_knee [--model DIR] [--tokens 48] [--join-tokens 500]
     .venv/bin/python -m bench.engine_knee --budgets 1.6:16,1.6:8 (the join alone at the measured
-        knee, by prefill_slowdown:min_prefill_chunk)
+        knee, by prefill_slowdown:min_prefill_chunk[:prefill_lane], e.g. 1.6:4:off,1.6:4:on)
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def main() -> None:
     parser.add_argument(
         "--budgets",
         default="",
-        help="prefill_slowdown:min_prefill_chunk pairs to join with at the measured knee instead "
-        "(e.g. 1.6:16,1.6:8): no decode runs",
+        help="prefill_slowdown:min_prefill_chunk[:prefill_lane] to join with at the measured knee "
+        "instead (e.g. 1.6:4:off,1.6:4:on): no decode runs",
     )
     args = parser.parse_args()
     model = load_model(args.model or default_model())
@@ -80,13 +80,18 @@ def main() -> None:
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}", flush=True)
     print(f"measured knee {measured} rows ({took * 1e3:.0f} ms of CPU time to measure)", flush=True)
     if args.budgets:
-        budgets = [(float(b.split(":")[0]), int(b.split(":")[1])) for b in args.budgets.split(",")]
-        variants = {
-            f"measured knee {measured}, time {slowdown:g}x, floor {floor}": replace(
-                SERVE_CONFIG, gemv_knee_rows=measured, prefill_slowdown=slowdown, min_prefill_chunk=floor
+        variants = {}
+        for budget in args.budgets.split(","):
+            slowdown, floor, *lane = budget.split(":")
+            config = replace(
+                SERVE_CONFIG,
+                gemv_knee_rows=measured,
+                prefill_slowdown=float(slowdown),
+                min_prefill_chunk=int(floor),
+                prefill_lane=lane[0] if lane else SERVE_CONFIG.prefill_lane,
             )
-            for slowdown, floor in budgets
-        }
+            label = f"measured knee {measured}, time {float(slowdown):g}x, floor {floor}"
+            variants[label + (f", lane {lane[0]}" if lane else "")] = config
         for _ in range(args.joins):
             for label in [*variants, *reversed(variants)]:
                 run = long_prompt_joins(model, variants[label], label, args.join_tokens, streams=4)
