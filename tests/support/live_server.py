@@ -17,7 +17,9 @@ Others import the `live_server` fixture (one server per test) from here, e.g. in
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
+import sys
 import tempfile
 import threading
 import time
@@ -97,6 +99,8 @@ class LiveServer:
     def wait_stopped(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
+            # Where every thread is stuck, so that a hang in CI explains itself.
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             raise RuntimeError("the edge did not shut down in time")
         self._listeners.close()
 
