@@ -2,7 +2,9 @@
 
 Callers (the edge through asyncio, the Triton Python backend from its own threads) only touch the
 inbox, the abort set and the stats snapshot, all under one condition; the scheduler, the block
-manager, the KV cache and the model belong to the loop thread alone.
+manager, the KV cache and the model belong to the loop thread alone, but for the prefill lane
+(prefill_lane.py): a forward of prefill chunks that runs beside the loop's decode steps, over blocks
+the scheduler holds for it, and is committed by the loop at the first step after it ends.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import structlog
 
 from gpu_container.engine.arrays import Floats
@@ -25,7 +26,7 @@ from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
-from gpu_container.engine.prefill_lane import PrefillLane, lane_wanted
+from gpu_container.engine.prefill_lane import LaneWork, PrefillLane, lane_wanted
 from gpu_container.engine.prefix_hash import root_hash
 from gpu_container.engine.sampler import sample
 from gpu_container.engine.scheduler import ScheduledChunk, Scheduler
@@ -62,6 +63,9 @@ class LLMEngine:
         self._prefill_budget: PrefillBudget | None = None
         self._clock = step_clock(config.blas_threads)
         self._lane: PrefillLane | None = None
+        self._lane_work: LaneWork | None = None
+        # Aborts of sequences the lane is prefilling: their blocks are freed once it is done.
+        self._deferred_aborts: list[Sequence] = []
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
@@ -98,9 +102,10 @@ class LLMEngine:
             if self._config.blas_threads > 0:
                 limit_blas_threads(self._config.blas_threads)
             self._set_knee()
-            if lane_wanted(self._config.prefill_lane, self._config.blas_threads):
+            config = self._config
+            if config.batching == "continuous" and lane_wanted(config.prefill_lane, config.blas_threads):
                 self._lane = PrefillLane(self._model, self._cache)
-            if self._config.prefill_slowdown > 0:
+            elif config.prefill_slowdown > 0:  # the lane makes the time budget moot: nothing waits on it
                 self._calibrate()
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
             self._thread.start()
@@ -141,7 +146,6 @@ class LLMEngine:
             config.prefill_slowdown,
             config.max_num_batched_tokens,
             config.min_prefill_chunk,
-            lane=self._lane is not None,
         )
         self._scheduler = self._new_scheduler()
         log.info(
@@ -249,7 +253,7 @@ class LLMEngine:
                 self._aborts.clear()
             try:
                 self._admit(inbox)
-                emitted = [self._finish(seq, "cancelled") for seq in aborted]
+                emitted = self._abort(aborted)
                 emitted += self._step()
             except Exception as exc:
                 # A bug outside the model (scheduler, bookkeeping): the state cannot be trusted any more.
@@ -260,6 +264,17 @@ class LLMEngine:
         if self._lane is not None:
             self._lane.close()
 
+    def _abort(self, seqs: list[Sequence]) -> list[_Emission]:
+        """Cancel these sequences now, but those the lane is prefilling once it is done."""
+        emitted: list[_Emission] = []
+        for seq in seqs:
+            if self._scheduler.is_held(seq):
+                if seq not in self._deferred_aborts:
+                    self._deferred_aborts.append(seq)
+            else:
+                emitted.append(self._finish(seq, "cancelled"))
+        return emitted
+
     def _has_runnable(self) -> bool:
         return self._scheduler.has_work() and not self._stalled
 
@@ -269,44 +284,75 @@ class LLMEngine:
             self._prompt_tokens += len(seq.prompt_ids)
 
     def _step(self) -> list[_Emission]:
+        emitted = self._collect_lane(wait=False)
+        self._scheduler.prefill_open = self._lane_work is None
         scheduled = self._scheduler.schedule()
-        # Nothing schedulable (should not happen: a lone sequence always fits) must not spin the loop.
-        self._stalled = not scheduled
         if not scheduled:
-            return []
+            if self._lane_work is not None:  # nothing to do but wait for the lane's prefill
+                with self._cond:  # what this step changed (a preemption) shows meanwhile
+                    self._stats = self._snapshot()
+                return emitted + self._collect_lane(wait=True)
+            # Nothing schedulable (should not happen: a lone sequence always fits) must not spin.
+            self._stalled = True
+            return emitted
+        self._stalled = False
         self._steps += 1
-        # Decodes first, then prefill: the order of the logits rows either way (the lane's come last).
         decodes = [c for c in scheduled if c.num_tokens == 1 and c.completes]
         prefill = [c for c in scheduled if c.num_tokens > 1 or not c.completes]
-        chunks = decodes + prefill
+        if self._lane is not None and decodes and prefill:
+            # The prefill goes to the lane and the decodes step on without waiting for it.
+            batch = ForwardBatch.from_chunks(prefill, self._config.block_size)
+            self._lane_work = LaneWork(self._lane.submit(batch), prefill)
+            self._scheduler.hold(c.seq for c in prefill)
+            scheduled = decodes
+        return emitted + self._run_here(scheduled)
+
+    def _run_here(self, chunks: list[ScheduledChunk]) -> list[_Emission]:
+        """Compute the chunks on the loop thread and commit them; the step refines the time budget."""
         started = self._clock()
         try:
-            logits, lane_s = self._forward(decodes, prefill)
+            logits = self._forward_one(chunks)
         except Exception:
             log.exception("engine step failed; retrying its sequences one by one", sequences=len(chunks))
             return self._isolate(chunks)
         if self._prefill_budget is not None:
-            keys = sum(c.seq.num_computed_tokens + 1 for c in decodes)
-            prompts = [PromptChunk(c.num_tokens, c.seq.num_computed_tokens) for c in prefill]
-            seconds = self._clock() - started if lane_s is None else lane_s
-            self._prefill_budget.observe(len(decodes), prompts, seconds, keys)
+            decoding = [c.seq for c in chunks if c.num_tokens == 1 and c.completes]
+            keys = sum(seq.num_computed_tokens + 1 for seq in decoding)
+            prefill = [
+                PromptChunk(c.num_tokens, c.seq.num_computed_tokens)
+                for c in chunks
+                if c.num_tokens > 1 or not c.completes
+            ]
+            self._prefill_budget.observe(len(decoding), prefill, self._clock() - started, keys)
         return self._commit(chunks, logits)
 
-    def _forward(
-        self, decodes: list[ScheduledChunk], prefill: list[ScheduledChunk]
-    ) -> tuple[Floats, float | None]:
-        """The step's logits, decodes' rows first; with a lane and both kinds of work, the prefill
-        runs on it meanwhile and its seconds come back too (None otherwise)."""
-        if self._lane is None or not decodes or not prefill:
-            return self._forward_one(decodes + prefill), None
-        running = self._lane.submit(ForwardBatch.from_chunks(prefill, self._config.block_size))
+    def _collect_lane(self, wait: bool) -> list[_Emission]:
+        """Commit the lane's prefill once it is done (waiting for it if `wait`): release its
+        sequences, cancel those aborted meanwhile, sample the first token of those it completed."""
+        work = self._lane_work
+        if work is None or not (wait or work.future.done()):
+            return []
+        self._lane_work = None
+        self._scheduler.release(c.seq for c in work.chunks)
+        aborted, self._deferred_aborts = set(self._deferred_aborts), []
+        kept = [c for c in work.chunks if c.seq not in aborted]
+        # One logits row per completing chunk, in chunk order: the rows of the chunks kept.
+        rows = [i for i, c in enumerate(c for c in work.chunks if c.completes) if c.seq not in aborted]
+        emitted = [self._finish(seq, "cancelled") for seq in aborted]
         try:
-            decoded = self._forward_one(decodes)
-        finally:
-            # Even when the decodes fail: the lane must be done writing the KV pool before anyone
-            # (the retries one by one, a reset) touches it again.
-            prefilled, lane_s = running.result()
-        return np.concatenate([decoded, prefilled]), lane_s
+            logits, _ = work.future.result()
+        except Exception:
+            log.exception("prefill lane failed; retrying its sequences one by one", sequences=len(kept))
+            return emitted + self._isolate(kept)
+        return emitted + self._commit(kept, logits[rows])
+
+    def _drain_lane(self) -> None:
+        """Wait for the lane to stop writing the KV pool and forget its work (a reset, a stop)."""
+        if self._lane_work is not None:
+            self._lane_work.future.exception()  # waits; whatever it raised does not matter now
+            self._scheduler.release(c.seq for c in self._lane_work.chunks)
+            self._lane_work = None
+        self._deferred_aborts = []
 
     def _forward_one(self, chunks: list[ScheduledChunk]) -> Floats:
         return self._model.forward(ForwardBatch.from_chunks(chunks, self._config.block_size), self._cache)
@@ -348,6 +394,7 @@ class LLMEngine:
         return emitted
 
     def _reset(self, error: str) -> list[_Emission]:
+        self._drain_lane()
         with self._cond:
             seqs = list(self._live.values())
         preemptions, old = self._scheduler.num_preemptions, self._blocks
@@ -398,6 +445,7 @@ class LLMEngine:
             self._on_published(stats)
 
     def _cancel_all(self) -> None:
+        self._drain_lane()
         with self._cond:
             inbox, self._inbox = self._inbox, []
             self._aborts.clear()

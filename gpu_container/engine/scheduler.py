@@ -14,6 +14,10 @@ on a CPU engine there is no slower tier to swap to, and recomputing a prefill is
 decoding; the victim keeps its arrival order, so it is readmitted before anything that came later,
 and its sampler state, so a seeded request still yields the same tokens.
 
+A sequence whose prefill chunk the engine runs on its prefill lane (prefill_lane.py) is held until
+the lane is done: no step schedules it, and preemption passes it over (the lane is writing its
+blocks). While the lane runs, steps carry decodes only (`prefill_open`): the lane is the prefill.
+
 Admission reserves blocks for the whole known sequence up front (the part of it found in the prefix
 cache shared and counted as computed, see block_manager.py): a sequence that is admitted never
 needs preempting before its prefill ends, and one that would not fit waits (strictly in priority
@@ -96,6 +100,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._padding: set[Sequence] = set()
+        # Prefilling on the engine's lane: neither scheduled nor preempted until released.
+        self._held: set[Sequence] = set()
+        # False while the lane runs: steps then carry decodes only, and nobody is admitted.
+        self.prefill_open = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -126,6 +134,15 @@ class Scheduler:
         self._blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
 
+    def hold(self, seqs: Iterable[Sequence]) -> None:
+        self._held.update(seqs)
+
+    def release(self, seqs: Iterable[Sequence]) -> None:
+        self._held.difference_update(seqs)
+
+    def is_held(self, seq: Sequence) -> bool:
+        return seq in self._held
+
     def is_padding(self, seq: Sequence) -> bool:
         return seq in self._padding
 
@@ -140,6 +157,8 @@ class Scheduler:
                 self.remove(seq)
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
+        if not self.prefill_open:
+            return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
         if self._prefill_budget is not None:
             budget = self._prefill_budget(
                 decodes=len(step.tokens),
@@ -156,14 +175,15 @@ class Scheduler:
     def _prompts_pending(self) -> int:
         """Prompts that could get prefill this step: running ones still prefilling, and the
         waiting ones that fit the free sequence slots."""
-        prefilling = sum(1 for s in self.running if s.num_uncomputed_tokens > 1)
+        prefilling = sum(1 for s in self.running if s.num_uncomputed_tokens > 1 and s not in self._held)
         admissible = len(self.waiting) if self._batch_open() else 0
         return prefilling + min(admissible, self._config.max_num_seqs - len(self.running))
 
     def _prefill_context(self) -> int:
         """Tokens already computed of the prompt that gets this step's prefill first: the best
         running one still prefilling, else a waiting one (0: its cached prefix is not known yet)."""
-        return next((s.num_computed_tokens for s in self.running if s.num_uncomputed_tokens > 1), 0)
+        prefilling = (s for s in self.running if s.num_uncomputed_tokens > 1 and s not in self._held)
+        return next((s.num_computed_tokens for s in prefilling), 0)
 
     def _schedule_running(self, step: _Step, decodes: bool) -> bool:
         """Schedule the running decodes (or the running prefills); True if it had to preempt."""
@@ -173,9 +193,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or (seq.num_uncomputed_tokens == 1) != decodes:
                 continue  # preempted earlier in this step, or belongs to the other pass
+            if seq in self._held:
+                continue
             n = min(seq.num_uncomputed_tokens, step.budget)
             while not self._blocks.can_hold(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
+                # The worst running sequence not held: seq itself at worst.
+                victim = next(s for s in reversed(self.running) if s not in self._held)
                 step.unschedule(victim)
                 self._preempt(victim)
                 preempted = True
@@ -211,11 +234,11 @@ class Scheduler:
     def _make_room_for(self, seq: Sequence, step: _Step) -> bool:
         """Preempt the worst running sequence if it has strictly lower priority than seq and preempting
         lower-priority sequences can make seq fit at all; True if it preempted one."""
-        lower = [r for r in self.running if r.priority < seq.priority]
+        lower = [r for r in self.running if r.priority < seq.priority and r not in self._held]
         reclaimable = self._blocks.num_free_blocks + self._blocks.reclaimable(lower)
         if not lower or reclaimable < self._blocks.admission_cost(seq):
             return False
-        victim = self.running[-1]
+        victim = lower[-1]
         step.unschedule(victim)
         self._preempt(victim)
         return True

@@ -52,11 +52,8 @@ with a knee of 7 rows next to 4 decodes, a floor of 4 tokens made a step of 8 ro
 a decode step where the 3 tokens the time allowed cost 1.6x). `min_prefill_chunk = 1` gives the
 time budget alone, for a deployment that puts inter-token latency first.
 
-With a prefill lane (prefill_lane.py) the step's prefill chunks are a forward of their own on a
-second core beside the decodes', and the step ends when both have: a chunk may then cost up to
-`slowdown` times the decode step on its own (lane_s: the fixed part, its rows from the first, its
-attention), and the lane's own time refines the prefill overhead (which so also learns what the
-two forwards cost each other: memory bandwidth, the GIL between numpy calls).
+With a prefill lane (prefill_lane.py) there is no budget in time: the prefill runs beside the decode
+steps instead of in them, and they do not wait for it; the engine does not calibrate.
 
 Calibration is a few steps on a machine that may be busy; the decode-only steps the engine runs
 anyway refine `fixed` the same way (a slower average: they come every step), so the slowdown is
@@ -150,24 +147,11 @@ class StepCost:
         attention = sum(self.key_read_s * c.keys + self.attention_s * c.pairs for c in listed)
         return grown + attention + self.prefill_overhead_s * len(listed)
 
-    def lane_s(self, chunks: Iterable[PromptChunk]) -> float:
-        """These prefill chunks as a forward of their own (prefill_lane.py): the step's fixed
-        part and a logits row, their rows from the first, their attention."""
-        listed = list(chunks)
-        rows = self.rows_s(sum(c.tokens for c in listed))
-        attention = sum(self.key_read_s * c.keys + self.attention_s * c.pairs for c in listed)
-        return self.fixed_s + self.per_decode_s + rows + attention + self.prefill_overhead_s * len(listed)
-
 
 class PrefillBudget:
     """Prompt tokens allowed in a step, given the sequences that decode in it."""
 
-    def __init__(
-        self, cost: StepCost, slowdown: float, max_tokens: int, min_chunk: int = 1, lane: bool = False
-    ) -> None:
-        """lane: the step's prefill runs beside its decodes on another core (prefill_lane.py), so
-        a chunk may cost up to `slowdown` times the decode step on its own, rather than add up to
-        (slowdown - 1) times it to the decodes' forward."""
+    def __init__(self, cost: StepCost, slowdown: float, max_tokens: int, min_chunk: int = 1) -> None:
         if slowdown <= 1:
             raise ValueError("prefill_slowdown must be above 1")
         if min_chunk < 1:
@@ -176,7 +160,6 @@ class PrefillBudget:
         self._slowdown = slowdown
         self._max_tokens = max_tokens
         self._min_chunk = min(min_chunk, max_tokens)
-        self._lane = lane
 
     def tokens(self, decodes: int, prompts: int = 1, context: int = 0, decode_keys: int = 0) -> int:
         """Prompt tokens for a step with `decodes` decoding sequences (holding `decode_keys` keys in
@@ -184,26 +167,21 @@ class PrefillBudget:
         if decodes == 0:
             return self._max_tokens
         decode_s = self.cost.decode_step_s(decodes, decode_keys)
-        allowed = (self._slowdown if self._lane else self._slowdown - 1) * decode_s * (1 + 1e-9)  # rounding
-        fits, over = 0, self._max_tokens + 1  # the most tokens within what is allowed, by bisection
+        slack = (self._slowdown - 1) * decode_s * (1 + 1e-9)  # rounding
+        fits, over = 0, self._max_tokens + 1  # the most tokens within the slack, by bisection
         while over - fits > 1:
             mid = (fits + over) // 2
-            if self._chunk_s(decodes, PromptChunk(mid, context)) <= allowed:
+            if self.cost.prefill_s(decodes, [PromptChunk(mid, context)]) <= slack:
                 fits = mid
             else:
                 over = mid
         floor = self._min_chunk * prompts if prompts > 1 else 1
         return min(self._max_tokens, max(floor, fits))
 
-    def _chunk_s(self, decodes: int, chunk: PromptChunk) -> float:
-        """What the budget holds a chunk to: its own forward on the lane, else what it adds to the
-        decodes' forward."""
-        return self.cost.lane_s([chunk]) if self._lane else self.cost.prefill_s(decodes, [chunk])
-
     def observe(self, decodes: int, chunks: list[PromptChunk], seconds: float, decode_keys: int = 0) -> None:
         """Refine the model from a step of `decodes` decodes (holding `decode_keys` keys) and these
         prefill chunks: a decode-only step refines the fixed cost, a step mixing both the prefill
-        overhead. With a lane, `seconds` of a mixing step are the lane's alone (its chunks)."""
+        overhead."""
         c = self.cost
         if decodes == 0:
             return
@@ -212,10 +190,7 @@ class PrefillBudget:
             fixed = max(seconds - (decode_s - c.fixed_s), 1e-6)
             c.fixed_s = (1 - _DECODE_SMOOTHING) * c.fixed_s + _DECODE_SMOOTHING * fixed
             return
-        if self._lane:
-            modelled = c.lane_s(chunks) - c.prefill_overhead_s * len(chunks)
-        else:
-            modelled = decode_s + c.prefill_s(decodes, chunks) - c.prefill_overhead_s * len(chunks)
+        modelled = decode_s + c.prefill_s(decodes, chunks) - c.prefill_overhead_s * len(chunks)
         measured = max(0.0, (seconds - modelled) / len(chunks))
         c.prefill_overhead_s = (1 - _SMOOTHING) * c.prefill_overhead_s + _SMOOTHING * measured
 

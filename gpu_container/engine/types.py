@@ -14,7 +14,10 @@ import msgspec
 # One finish reason across the seam: the engine ends a sequence for the reasons a replica reports.
 from gpu_container.contract import FinishReason
 
-__all__ = ["EngineConfig", "EngineStats", "FinishReason", "SamplingParams", "TokenOutput"]
+__all__ = ["EngineConfig", "EngineStats", "FinishReason", "LaneSetting", "SamplingParams", "TokenOutput"]
+
+# Whether the engine prefills on a thread of its own (prefill_lane.py).
+LaneSetting = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +68,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The least prompt tokens a step gives each waiting prompt under the time budget when more
     # prompts wait than sequences decode (a wave of arrivals; step_budget.py).
     min_prefill_chunk: Annotated[int, msgspec.Meta(ge=1)] = 1
-    # A step's prefill chunks on a second thread beside its decodes (prefill_lane.py): "auto" when
-    # BLAS keeps to one thread and the process may use two CPUs or more.
-    prefill_lane: Literal["auto", "on", "off"] = "auto"
+    # Prompts' prefill on a second thread while the steps decode on without it (prefill_lane.py):
+    # "auto" when BLAS keeps to one thread and the process may use two CPUs or more. With a lane
+    # prefill_slowdown does not apply (nothing waits on a chunk) and max_num_batched_tokens caps it.
+    prefill_lane: LaneSetting = "auto"
     # Up to how many rows a projection runs as one GEMV per row rather than one GEMM (model.py):
     # 0 measures it when the engine starts (gemv_knee.py), 1 is GEMM always; set it to reproduce
     # a run, or to skip the measurement.

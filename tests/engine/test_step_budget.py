@@ -238,19 +238,3 @@ def test_longer_decodes_leave_more_slack_for_a_prompt() -> None:
     long = budget.tokens(decodes=4, decode_keys=4 * 2000)
     assert cost.decode_step_s(4, 4 * 2000) == pytest.approx(0.048 + 0.080)
     assert long > short >= 1
-
-
-def test_with_a_lane_a_chunk_is_held_to_the_slowdown_on_its_own() -> None:
-    """On the lane a chunk runs beside the decodes: its own forward (the fixed part, a logits row,
-    its rows from the first) may last `slowdown` decode steps, rather than add slowdown - 1 of one."""
-    cost = StepCost(fixed_s=0.040, per_row_s=0.002, per_decode_s=0.004, knee_rows=64)
-    decode_s = cost.decode_step_s(4)  # 0.040 + 0.016 + 0.008 = 0.064
-    assert cost.lane_s([PromptChunk(10)]) == pytest.approx(0.040 + 0.004 + 0.020)
-    lane = PrefillBudget(cost, slowdown=1.5, max_tokens=512, lane=True)
-    inline = PrefillBudget(cost, slowdown=1.5, max_tokens=512)
-    assert lane.tokens(4) == int((1.5 * decode_s - 0.044) / 0.002)  # 26 tokens in 96 ms alone
-    assert inline.tokens(4) == int(0.5 * decode_s / 0.002)  # 16 tokens adding 32 ms
-    # The lane's time refines the prefill overhead: a chunk that took 20 ms more than priced.
-    lane.observe(4, [PromptChunk(26)], cost.lane_s([PromptChunk(26)]) + 0.020)
-    assert cost.prefill_overhead_s == pytest.approx(0.3 * 0.020)
-    assert lane.tokens(4) == int((1.5 * decode_s - 0.044 - 0.006) / 0.002)
