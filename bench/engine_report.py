@@ -443,11 +443,12 @@ put 3x too many tokens in a step. What changed:
   waves only (several prompts waiting), a prompt alone gets what the time allows, and the default
   floor is 4; a decode of 192 keys or more attends through matrix-vector products (41.6 -> 22.8 ms
   over 30 layers at 2,000 keys);
-- then (2026-12-01; docs/bench-engine-knee.md, "A prefill lane"): a step's prefill chunks run as a
-  forward of their own on a second thread (the machine's second core, which one BLAS thread leaves
-  to the event loop) beside the decodes', and the budget holds that forward to the slowdown times
-  the decode step (`[engine] prefill_lane`, "auto": on with one BLAS thread and two CPUs). The
-  "no lane" row is the budget before it, in the decodes' forward;
+- then (2026-12-01; docs/bench-engine-knee.md, "A prefill lane"): prompts' prefill runs as a
+  forward of its own on a second thread (the machine's second core, which one BLAS thread leaves
+  to the event loop), and the engine thread goes on decoding without waiting for it, committing
+  its chunks at the first step after they are done; chunks of up to max_num_batched_tokens, no time
+  budget (`[engine] prefill_lane`, "auto": on with one BLAS thread and two CPUs). The "no lane"
+  row is the time budget in the decodes' forward, the default before;
 - each run also drives the same 4 streams, same prompts and budget, in a fresh engine with nothing
   joining, up to the same token positions: "gap p50 at the same positions, nothing joining" is
   their median gap over the very tokens that the join's gaps are measured on, and "step CPU p99 /
