@@ -46,6 +46,7 @@ from edge.text.model_text import ModelText
 from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.loader import load_model
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.prefill_lane import lane_wanted
 from gpu_container.engine.types import EngineConfig, SamplingParams
 
 MESSAGES = [
@@ -207,8 +208,10 @@ def join_label(config: EngineConfig) -> str:
         return "token budget"
     budget = (config.prefill_slowdown, config.min_prefill_chunk, config.prefill_lane)
     marks = {_DEFAULT_BUDGET: " (default)", OLD_DEFAULT_BUDGET: " (old default)"}
-    lane = {"off": ", no lane", "on": ", lane"}.get(config.prefill_lane, ", lane auto")
-    label = f"time {config.prefill_slowdown:g}x, floor {config.min_prefill_chunk}{lane}"
+    if lane_wanted(config.prefill_lane, config.blas_threads):
+        label = "prefill lane, no time budget"
+    else:
+        label = f"time {config.prefill_slowdown:g}x, floor {config.min_prefill_chunk}, no lane"
     return label + marks.get(budget, "")
 
 

@@ -364,12 +364,11 @@ would be 755 MB if all were written), numpy's buffers and its interpreter.
 The same chat prompt (greedy, at most 64 tokens, closed loop: a new request as soon as one ends),
 through `floodgate serve` on loopback (auth, limiter, admission, SSE) and straight into the engine,
 each path warmed up first, then run in the order A B C C B A. All three run the default
-prefill budget (the time budget with its floor, section 4): the engine alone receives a wave of 16
-requests over a few steps, and through an edge they arrive over a few milliseconds, so stragglers
-join beside the first ones' decodes; while they outnumber the decoding streams each gets at least
-the floor's chunk a step. (With a floor of 1 token the edges lost about a third of their tokens/s;
-with a floor of 32 tokens per step, not per prompt, the engine alone lost a third instead: a wave
-of 15 arrivals was admitted 32 tokens a step.)
+`[engine]` settings, the prefill lane among them (section 4): the engine alone receives a wave of
+16 requests over a few steps, and through an edge they arrive over a few milliseconds, so
+stragglers prefill on the lane beside the first ones' decodes. (Under the time budget the lane
+replaced, a floor of 1 token cost the edges about a third of their tokens/s, and a floor of 32
+tokens per step, not per prompt, cost the engine alone a third instead.)
 
 {served}
 
@@ -463,25 +462,18 @@ Target: p99 within 2x the steady inter-token time ("p99 / steady gap"; "p99 / st
 tails). The wall clock is what a user sees, and on this shared box it also counts the time other
 processes held the cores: "step CPU p99 / steady step" is the engine thread's CPU time per step
 while the prompt joins against a decode-only step, what the budget controls (S is set below 2 for
-that noise). The price is the prompt's TTFT: it is computed a few tokens at a time alongside the
-decodes instead of in a few multi-second steps that stop everyone. The default's TTFT against the
-token budget's: {ttft_ratios}.
+that noise). Without a lane the price is the prompt's TTFT: it is computed a few tokens at a time
+alongside the decodes instead of in a few multi-second steps that stop everyone. With the lane
+(the default) it is computed beside them in chunks as large as the token budget's, and the streams
+pay only what the two threads share. The default's TTFT against the token budget's: {ttft_ratios}.
 {join_verdict}
 
-What the 2026-11-30 19:26 UTC run says (two other processes held both cores throughout, load
-3.9-5.7; each row is one run): the 16-token floor cuts the streams' p99 against the old 32-token
-floor, in the wall clock (500 tokens: 2.03-2.35x the steady gap against 2.84x; 2,000 tokens:
-2.46-2.63x against 3.97x) and in engine CPU time against the same positions with nothing joining
-(500: 1.66-2.04x against 3.18x; 2,000: 1.85-2.76x against 2.85x), and pays in the prompt's TTFT
-(500: 21.5-24.9 s against 18.8 s; 2,000: 59.4-78.7 s against 57.4 s). The goal, p99 within 2x the
-steady gap in the wall clock, is still not met: run to run, the wall clock on this box moves by more
-than the margin (the steady gap before the join ranged 338-671 ms over the runs; the same positions
-with nothing joining 286-497 ms). Late in the 2,000-token prompt a chunk's own attention over its
-context is still a fixed cost a step whatever its size, so the time budget alone leaves it a few
-tokens a step and the floor is what bounds its TTFT. Not solved here: a decode step modelled by
-context length (the budget refines the decode step only from decode-only steps, and during a join
-there are none). The joins run at the knee the engine measures at start (section 2);
-docs/bench-engine-knee.md compares them, and decode, against the knee fixed at 16 rows.
+The "no lane" row is the default before the lane (2026-11-30): there the 2,000-token prompt's
+first token took a minute or more, and over that time the streams' own decode step grew with their
+contexts (compare "steady gap" with the gap at the same positions with nothing joining), which is
+what kept it near 2x the pre-join gap. The joins run at the knee the engine measures at start
+(section 2); docs/bench-engine-knee.md compares the lane with the time budget in the same run, and
+decode against the knee fixed at 16 rows.
 
 ## 5. Continuous against static batching
 
