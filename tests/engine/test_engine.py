@@ -8,14 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from gpu_container.engine.arrays import Floats
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.forward_batch import ForwardBatch
-from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
 from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.failing_model import FailsOnToken
 from tests.engine.tiny_llama import tiny_model
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
@@ -144,18 +142,9 @@ def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
         engine.add_request("f", [2, 3], GREEDY, seen)
 
 
-class _FailsOnToken(LlamaModel):
-    """The real model, except that a prompt starting with token 66 raises: a stand-in for a step failure."""
-
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
-        if 66 in batch.token_ids[batch.positions == 0]:
-            raise FloatingPointError("poisoned batch")
-        return super().forward(batch, cache)
-
-
 def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on() -> None:
     model, _ = tiny_model()
-    engine = _engine(_FailsOnToken(model.config, model.weights))
+    engine = _engine(FailsOnToken(model.config, model.weights))
     seen = Collector()
     # Queued before start, so all three share the first step's batch.
     engine.add_request("good1", [2, 3], GREEDY, seen)

@@ -13,6 +13,7 @@ from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.prefill_lane import lane_wanted
 from gpu_container.engine.types import EngineConfig, LaneSetting, SamplingParams
 from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.failing_model import FailsOnToken
 from tests.engine.tiny_llama import tiny_model
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
@@ -63,18 +64,9 @@ def test_a_prompt_prefilled_on_the_lane_gets_the_tokens_one_forward_gives() -> N
     assert outputs["on"] == outputs["off"]
 
 
-class _FailsOnToken(LlamaModel):
-    """The real model, except that a prompt starting with token 66 raises."""
-
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
-        if 66 in batch.token_ids[batch.positions == 0]:
-            raise FloatingPointError("poisoned batch")
-        return super().forward(batch, cache)
-
-
 def test_a_chunk_failing_on_the_lane_errors_only_its_prompt() -> None:
     model, _ = tiny_model()
-    engine, seen = _engine("on", _FailsOnToken(model.config, model.weights)), Collector()
+    engine, seen = _engine("on", FailsOnToken(model.config, model.weights)), Collector()
     engine.start()
     try:
         _join_while_decoding(engine, seen, ("bad", [66, *PROMPT[:20]]), ("good", PROMPT))
