@@ -10,12 +10,13 @@ Redis being away is not an error of the edge: the retries go on until `aclose`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from edge.task_stop import cancelling, stop_task
 
 log = structlog.get_logger("floodgate.redis_subscription")
 
@@ -61,9 +62,7 @@ class Subscription:
     async def aclose(self) -> None:
         """Stop listening and close the subscriber's connections."""
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+            await stop_task(self._listener)
             self._listener = None
         await self._subscriber.aclose()
 
@@ -81,6 +80,8 @@ class Subscription:
                         elif message["type"] == "message":
                             on_message(message["data"])
             except (RedisError, OSError) as exc:
+                if cancelling():
+                    raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
                 # Reconnect and resubscribe, backing off while Redis stays away.
                 self.subscribed.clear()
                 log.warning(

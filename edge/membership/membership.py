@@ -26,6 +26,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
+from edge.task_stop import cancelling, stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -87,9 +88,7 @@ class FleetMembership:
     async def aclose(self) -> None:
         """Stop beating and leave the fleet at once (the others grow at their next beat)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(RedisError, RedisClusterException, OSError, TimeoutError):
             await self._registry.leave(self.member_id)
@@ -115,6 +114,8 @@ class FleetMembership:
         try:
             self._claims = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+            if cancelling():
+                raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
         if self._joined_at is None and set(self._claims) <= {self.member_id}:
             # The first member of an empty fleet: nobody has to make room, so no wait (one edge

@@ -17,8 +17,10 @@ Others import the `live_server` fixture (one server per test) from here, e.g. in
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import hashlib
+import socket
 import sys
 import tempfile
 import threading
@@ -81,7 +83,7 @@ class LiveServer:
     settings: Settings
     app: Litestar  # the app itself (same process): tests may look at its state, e.g. engine stats
     ops_url: str  # the operator listener: /metrics, /v1/internal/engine
-    _server: DrainingServer = field(repr=False)
+    _server: _TracedServer = field(repr=False)
     _thread: threading.Thread = field(repr=False)
     _listeners: Listeners = field(repr=False)
 
@@ -99,8 +101,13 @@ class LiveServer:
     def wait_stopped(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            # Where every thread is stuck, so that a hang in CI explains itself.
+            # Where every thread and every task of the edge's loop is stuck, so that a hang in CI
+            # explains itself.
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            loop = self._server.loop
+            for task in asyncio.all_tasks(loop) if loop is not None else ():
+                print(f"edge task {task!r}", file=sys.stderr)
+                task.print_stack(file=sys.stderr)
             raise RuntimeError("the edge did not shut down in time")
         self._listeners.close()
 
@@ -115,6 +122,16 @@ class LiveServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class _TracedServer(DrainingServer):
+    """The edge's server, keeping its loop: a test that sees it hang can print the loop's tasks."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
 
 def start_server(
@@ -151,7 +168,7 @@ def start_server(
     app = create_app(settings, upstreams)
     listeners = bind_listeners(settings.server)
     app.state.ops_port = listeners.ops_port
-    server = DrainingServer(uvicorn_config(app, settings.server), app.state.drain)
+    server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain)
     thread = threading.Thread(
         target=server.run,
         kwargs={"sockets": [listeners.public, listeners.ops]},
