@@ -14,12 +14,12 @@ wake-up per stream per second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import anyio
 import structlog
 
 from edge.metrics import STALLED_READERS_CUT
+from edge.task_stop import stop_task
 
 log = structlog.get_logger("floodgate.streaming")
 
@@ -72,7 +72,5 @@ class StalledReaders:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None

@@ -1,4 +1,5 @@
-"""Stopping a background task for good: cancel it, and cancel it again until it has ended.
+"""Stopping a background task for good: cancel it, and cancel it again until it has ended. Every
+long-lived task the edge starts (writers, pollers, listeners, the fleet beat) stops through here.
 
 A cancel is one CancelledError thrown into the task. A library that turns it into another error (a
 Redis client's socket timeout around a cancelled read) and a loop that catches that error and goes

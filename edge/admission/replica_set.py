@@ -20,7 +20,6 @@ some waiters may have lost every replica that could ever hold them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import structlog
 from edge.admission import metrics
 from edge.admission.replica import Replica
 from edge.admission.service_rate import ServiceRate
+from edge.task_stop import stop_task
 from edge.upstreams.base import Capacity, Upstream
 
 log = structlog.get_logger("floodgate.admission")
@@ -86,9 +86,7 @@ class ReplicaSet:
     async def aclose(self) -> None:
         self.closed = True
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await stop_task(self._poller)
             self._poller = None
         for replica in self._draining:
             self._close_removed(replica)

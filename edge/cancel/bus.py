@@ -24,7 +24,6 @@ CANCELLED anywhere always ends the stream cancelled, and one after the end answe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
 from edge.redis_subscription import Subscription
+from edge.task_stop import stop_task
 from limiter import redis_url
 
 log = structlog.get_logger("floodgate.cancel_bus")
@@ -199,9 +199,7 @@ class RedisCancelBus:
 
     async def aclose(self) -> None:
         if self._cluster_setup is not None:
-            self._cluster_setup.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._cluster_setup
+            await stop_task(self._cluster_setup)
             self._cluster_setup = None
         await self._subscription.aclose()
         await self._client.aclose()

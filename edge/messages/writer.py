@@ -11,6 +11,7 @@ import structlog
 from edge.messages.message import StoredMessage
 from edge.messages.metrics import MESSAGE_WRITE_RETRIES, MESSAGES_DROPPED, MESSAGES_FAILED, MESSAGES_WRITTEN
 from edge.messages.store import MessageStore
+from edge.task_stop import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -64,9 +65,7 @@ class MessageWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
             in_flight = self._writing is not None
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+            await stop_task(self._worker)
             self._worker = None
         left = self._queue.qsize() + in_flight
         if left:

@@ -10,7 +10,6 @@ then closes it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
@@ -19,6 +18,7 @@ import anyio.to_thread
 import structlog
 from prometheus_client import Counter, Gauge
 
+from edge.task_stop import stop_task
 from edge.upstreams.base import Upstream
 
 log = structlog.get_logger(__name__)
@@ -79,9 +79,7 @@ class ReplicaDiscovery:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
             self._membership = None
 
     async def aclose(self) -> None:

@@ -21,6 +21,7 @@ from collections import defaultdict
 
 import structlog
 
+from edge.task_stop import stop_task
 from edge.usage.metrics import USAGE_DROPPED, USAGE_ROWS_WRITTEN, USAGE_WRITE_RETRIES
 from edge.usage.record import Usage, utc_day
 from edge.usage.store import UsageStore
@@ -79,9 +80,7 @@ class UsageWriter:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
+        await stop_task(self._worker)
         self._worker = None
         unwritten = self._batch + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
         for row in _summed(unwritten):
