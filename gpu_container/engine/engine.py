@@ -340,7 +340,7 @@ class LLMEngine:
         rows = [i for i, c in enumerate(c for c in work.chunks if c.completes) if c.seq not in aborted]
         emitted = [self._finish(seq, "cancelled") for seq in aborted]
         try:
-            logits, _ = work.future.result()
+            logits = work.future.result()
         except Exception:
             log.exception("prefill lane failed; retrying its sequences one by one", sequences=len(kept))
             return emitted + self._isolate(kept)

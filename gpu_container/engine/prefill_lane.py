@@ -21,7 +21,6 @@ releases the GIL inside its BLAS calls and array loops, so both threads run at o
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -35,7 +34,8 @@ from gpu_container.engine.types import LaneSetting
 
 def lane_wanted(setting: LaneSetting, blas_threads: int) -> bool:
     """ "auto": a lane when BLAS keeps to one thread and the process may run on two CPUs or more
-    (on one CPU the two forwards would take turns, and the budget would price a chunk as free)."""
+    (on one CPU the two forwards would take turns: every decode step would wait out the chunk's
+    share of the core, with no time budget to keep the chunk small)."""
     if setting != "auto":
         return setting == "on"
     return blas_threads == 1 and _usable_cpus() >= 2
@@ -48,29 +48,23 @@ def _usable_cpus() -> int:
 
 
 class LaneWork(NamedTuple):
-    """The prefill chunks the lane is computing, and their forward's logits and seconds to come."""
+    """The prefill chunks the lane is computing, and their forward's logits to come."""
 
-    future: Future[tuple[Floats, float]]
+    future: Future[Floats]
     chunks: list[ScheduledChunk]
 
 
 class PrefillLane:
-    """One worker thread that runs a forward for the engine thread and times it."""
+    """One worker thread that runs a forward for the engine thread."""
 
     def __init__(self, model: LlamaModel, cache: KVCache) -> None:
         self._model = model
         self._cache = cache
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-prefill-lane")
 
-    def submit(self, batch: ForwardBatch) -> Future[tuple[Floats, float]]:
-        """Start the batch's forward; the future holds its logits and the wall seconds it took, or
-        the exception it raised."""
-        return self._pool.submit(self._forward, batch)
-
-    def _forward(self, batch: ForwardBatch) -> tuple[Floats, float]:
-        start = time.perf_counter()
-        logits = self._model.forward(batch, self._cache)
-        return logits, time.perf_counter() - start
+    def submit(self, batch: ForwardBatch) -> Future[Floats]:
+        """Start the batch's forward; the future holds its logits, or the exception it raised."""
+        return self._pool.submit(self._model.forward, batch, self._cache)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -166,8 +166,7 @@ class PrefillBudget:
         all) and `prompts` prompts pending, the first of which has `context` tokens computed."""
         if decodes == 0:
             return self._max_tokens
-        decode_s = self.cost.decode_step_s(decodes, decode_keys)
-        slack = (self._slowdown - 1) * decode_s * (1 + 1e-9)  # rounding
+        slack = (self._slowdown - 1) * self.cost.decode_step_s(decodes, decode_keys) * (1 + 1e-9)  # rounding
         fits, over = 0, self._max_tokens + 1  # the most tokens within the slack, by bisection
         while over - fits > 1:
             mid = (fits + over) // 2
