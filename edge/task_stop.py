@@ -4,7 +4,7 @@ long-lived task the edge starts (writers, pollers, listeners, the fleet beat) st
 A cancel is one CancelledError thrown into the task. A library that turns it into another error (a
 Redis client's socket timeout around a cancelled read) and a loop that catches that error and goes
 on leave the task running, marked "cancelling", and whoever awaits it waits forever. Seen in the
-tests: an edge hung at shutdown in 2 of about 45 runs of tests/models under load, its lifespan
+tests: an edge hung at shutdown in 4 of about 56 runs of tests/models under load, its lifespan
 awaiting the fleet-membership task, which had been cancelled inside a Redis call and was asleep
 before its next beat."""
 
