@@ -65,7 +65,7 @@ class LLMEngine:
         self._lane: PrefillLane | None = None
         self._lane_work: LaneWork | None = None
         # Aborts of sequences the lane is prefilling: their blocks are freed once it is done.
-        self._deferred_aborts: list[Sequence] = []
+        self._deferred_aborts: set[Sequence] = set()
         # A sequence alone must always fit the pool, or preempting everything else would not save it.
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
@@ -269,8 +269,7 @@ class LLMEngine:
         emitted: list[_Emission] = []
         for seq in seqs:
             if self._scheduler.is_held(seq):
-                if seq not in self._deferred_aborts:
-                    self._deferred_aborts.append(seq)
+                self._deferred_aborts.add(seq)
             else:
                 emitted.append(self._finish(seq, "cancelled"))
         return emitted
@@ -285,7 +284,6 @@ class LLMEngine:
 
     def _step(self) -> list[_Emission]:
         emitted = self._collect_lane(wait=False)
-        self._scheduler.prefill_open = self._lane_work is None
         scheduled = self._scheduler.schedule()
         if not scheduled:
             if self._lane_work is not None:  # nothing to do but wait for the lane's prefill
@@ -334,7 +332,7 @@ class LLMEngine:
             return []
         self._lane_work = None
         self._scheduler.release(c.seq for c in work.chunks)
-        aborted, self._deferred_aborts = set(self._deferred_aborts), []
+        aborted, self._deferred_aborts = self._deferred_aborts, set()
         kept = [c for c in work.chunks if c.seq not in aborted]
         # One logits row per completing chunk, in chunk order: the rows of the chunks kept.
         rows = [i for i, c in enumerate(c for c in work.chunks if c.completes) if c.seq not in aborted]
@@ -352,7 +350,7 @@ class LLMEngine:
             self._lane_work.future.exception()  # waits; whatever it raised does not matter now
             self._scheduler.release(c.seq for c in self._lane_work.chunks)
             self._lane_work = None
-        self._deferred_aborts = []
+        self._deferred_aborts = set()
 
     def _forward_one(self, chunks: list[ScheduledChunk]) -> Floats:
         return self._model.forward(ForwardBatch.from_chunks(chunks, self._config.block_size), self._cache)

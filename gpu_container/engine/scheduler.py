@@ -16,7 +16,7 @@ and its sampler state, so a seeded request still yields the same tokens.
 
 A sequence whose prefill chunk the engine runs on its prefill lane (prefill_lane.py) is held until
 the lane is done: no step schedules it, and preemption passes it over (the lane is writing its
-blocks). While the lane runs, steps carry decodes only (`prefill_open`): the lane is the prefill.
+blocks). While it holds any, steps carry decodes only and admit nobody: the lane is the prefill.
 
 Admission reserves blocks for the whole known sequence up front (the part of it found in the prefix
 cache shared and counted as computed, see block_manager.py): a sequence that is admitted never
@@ -100,10 +100,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._padding: set[Sequence] = set()
-        # Prefilling on the engine's lane: neither scheduled nor preempted until released.
+        # Prefilling on the engine's lane: neither scheduled nor preempted until released, and
+        # while any are, steps carry decodes only.
         self._held: set[Sequence] = set()
-        # False while the lane runs: steps then carry decodes only, and nobody is admitted.
-        self.prefill_open = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -157,7 +156,7 @@ class Scheduler:
                 self.remove(seq)
         step = _Step(self._config.max_num_batched_tokens)
         preempted = self._schedule_running(step, decodes=True)
-        if not self.prefill_open:
+        if self._held:
             return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
         if self._prefill_budget is not None:
             budget = self._prefill_budget(
