@@ -9,9 +9,11 @@ Each variant is a separate server process (same uvicorn/uvloop/httptools setting
 - edge: the real app (auth, limiter, admission, detokenizer, stop strings, metrics) in front of a
   zero-cost upstream that yields a fixed cycle of the demo tokenizer's ids, so no model runs;
 - triton (opt-in, `--variants bare,edge,triton`): the real app in front of a local tritonserver
-  running the demo model (its own process, not counted): the edge plus the Triton gRPC client
-  (one grpc.aio stream per request);
-- triton-shared (opt-in): the same through the measured alternative client, one synchronous
+  running the demo model (its own process, not counted): the edge plus its Triton client (HTTP
+  `generate_stream`, edge/upstreams/triton_sse.py);
+- triton-grpc (opt-in): the same through the edge's earlier client, one grpc.aio stream per
+  request (bench/triton_grpc.py);
+- triton-shared (opt-in): the same through another measured alternative, one synchronous gRPC
   stream per replica read on a thread (bench/triton_shared_stream.py).
 
 The same process serves one variant: `python -m bench.relay --serve bare|edge --config FILE`.
@@ -97,30 +99,25 @@ async def zero_cost_upstreams(settings: Settings, model_dir: Path) -> AsyncItera
     yield [ZeroCostUpstream()]
 
 
-@asynccontextmanager
-async def _shared_stream_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
-    """`--triton local` with the measured alternative client (bench/triton_shared_stream.py)."""
-    from bench.triton_shared_stream import SharedStreamUpstream
-    from edge.upstreams.triton import TritonUpstream, triton_upstreams
-
-    async with triton_upstreams("local")(settings, model_dir) as upstreams:
-        yield [SharedStreamUpstream(u) if isinstance(u, TritonUpstream) else u for u in upstreams]
-
-
 def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
     import uvicorn
 
     app: Litestar
     if variant == "bare":
         app = _bare_app(chunks)
-    elif variant in ("triton", "triton-shared"):
+    elif variant in ("triton", "triton-grpc", "triton-shared"):
         from edge.app import create_app
         from edge.config import load_settings
         from edge.logging_setup import configure_logging
 
         configure_logging()
         settings = load_settings(str(config), {"upstream": {"triton": "local"}})
-        app = create_app(settings, _shared_stream_upstreams if variant == "triton-shared" else None)
+        if variant == "triton":
+            app = create_app(settings)
+        else:
+            from bench.triton_grpc import local_grpc_upstreams
+
+            app = create_app(settings, local_grpc_upstreams(variant.removeprefix("triton-")))
     else:
         from edge.app import create_app
         from edge.config import load_settings
@@ -261,7 +258,7 @@ def main() -> None:
         help="LABEL=DIR,...: run the edge variants from these checkouts too, in the same run",
     )
     parser.add_argument(
-        "--serve", choices=["bare", "edge", "triton", "triton-shared"], help=argparse.SUPPRESS
+        "--serve", choices=["bare", "edge", "triton", "triton-grpc", "triton-shared"], help=argparse.SUPPRESS
     )
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)

@@ -1,15 +1,17 @@
-"""The Triton client's own CPU per token, four ways, against one local tritonserver in one run.
+"""The Triton client's own CPU per token, five ways, against one local tritonserver in one run.
 
     .venv/bin/python -m bench.triton_clients [--streams 1,64] [--max-tokens 128] [--repeat 3]
 
 Only the client runs in this process (tritonserver is its own process), so this process's CPU
 time over a load, divided by the tokens it received, is what the client costs the edge per token:
 
-- aio: one grpc.aio stream per request (edge/upstreams/triton.py, the edge's client);
+- sse: Triton's HTTP `generate_stream` read off the socket (edge/upstreams/triton_sse.py, the
+  edge's client since 2026-12-01): one keep-alive connection per stream, httptools and msgspec;
+- aio: one grpc.aio stream per request (bench/triton_grpc.py, the edge's client before);
 - shared: one synchronous gRPC stream per replica carrying every request, read on a thread that
   hands the ready responses to the loop in batches (bench/triton_shared_stream.py);
 - aio-shared: one grpc.aio stream per replica carrying every request, read by one task;
-- http: Triton's HTTP `generate_stream` (server-sent events), read with httpx, one request each.
+- httpx: Triton's HTTP `generate_stream` read with httpx's line iterator, one request each.
 
 Variants alternate within each repeat, so load from elsewhere hits them alike; the median is shown.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.triton_grpc import GrpcAioUpstream
 from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
 from edge.upstreams.triton import TritonUpstream
@@ -90,19 +93,21 @@ async def main_async(args: argparse.Namespace) -> None:
         model_dir = build_demo_model(Path(tmp) / "model")
         repository = render_cpu_repository(Path(tmp) / "repository", model_dir, config)
         server = await asyncio.to_thread(start_local_triton, repository)
-        shared = SharedStreamUpstream(
-            TritonUpstream("shared", server.grpc_url, server.metrics_url, end_id=-1)
-        )
-        aio = TritonUpstream("aio", server.grpc_url, server.metrics_url, end_id=-1)
-        aio_shared = SharedStreamUpstream(
-            TritonUpstream("aio-shared", server.grpc_url, server.metrics_url, end_id=-1), kind="aio"
-        )
+
+        def upstream(name: str) -> TritonUpstream:
+            return TritonUpstream(name, server.http_url, server.metrics_url, end_id=-1)
+
+        sse = upstream("sse")
+        aio = GrpcAioUpstream(upstream("aio"), server.grpc_url)
+        shared = SharedStreamUpstream(upstream("shared"), server.grpc_url)
+        aio_shared = SharedStreamUpstream(upstream("aio-shared"), server.grpc_url, kind="aio")
         http = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000))
         variants: dict[str, Stream] = {
+            "sse": upstream_stream(sse),
             "aio": upstream_stream(aio),
             "shared": upstream_stream(shared),
             "aio-shared": upstream_stream(aio_shared),
-            "http": http_stream(http, server.http_url),
+            "httpx": http_stream(http, server.http_url),
         }
         try:
             for n in [int(x) for x in args.streams.split(",")]:
@@ -130,6 +135,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         flush=True,
                     )
         finally:
+            await sse.aclose()
             await shared.aclose()
             await aio.aclose()
             await aio_shared.aclose()
@@ -138,7 +144,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Triton client CPU per token, four ways.")
+    parser = argparse.ArgumentParser(description="Triton client CPU per token, five ways.")
     parser.add_argument("--streams", default="1,64")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)

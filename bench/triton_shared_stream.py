@@ -2,8 +2,9 @@
 
 Tried for issue 11 ("a cheaper Triton stream") and kept here, out of the edge, so that
 `bench.triton_clients`, `bench.relay --variants triton,triton-shared` and `bench.triton_vs_local`
-can rerun the comparison (docs/bench-triton.md): the edge still uses edge/upstreams/triton.py's
-one grpc.aio stream per request, which cost less CPU per token in the same runs.
+can rerun the comparison (docs/bench-triton.md): one grpc.aio stream per request (bench/triton_grpc.py,
+the edge's client then) cost less CPU per token in the same runs; the edge now reads Triton's HTTP
+`generate_stream` (edge/upstreams/triton_sse.py), which costs less than either.
 
 How it works. The synchronous gRPC client reads every response of a replica on one thread, decodes
 it there, and hands everything ready to the event loop in one call_soon_threadsafe per batch
@@ -34,8 +35,9 @@ import numpy as np
 import structlog
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from bench.triton_grpc import encode_request
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
-from edge.upstreams.triton import TritonUpstream, _finish_reason, encode_request
+from edge.upstreams.triton import TritonUpstream, _finish_reason
 
 log = structlog.get_logger(__name__)
 
@@ -305,9 +307,10 @@ class SharedStreamUpstream:
     `kind`: "sync" (SharedStream, the synchronous client on a thread) or "aio" (AioSharedStream).
     """
 
-    def __init__(self, upstream: TritonUpstream, kind: str = "sync") -> None:
+    def __init__(self, upstream: TritonUpstream, grpc_url: str, kind: str = "sync") -> None:
         self.name = upstream.name
         self._upstream = upstream
+        self._grpc_url = grpc_url
         self._kind = kind
         self._channel: Any = None
         self._stream: SharedStream | AioSharedStream | None = None
@@ -320,14 +323,10 @@ class SharedStreamUpstream:
         if self._stream is None:
             options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
             if self._kind == "aio":
-                self._channel = self._channel or grpc.aio.insecure_channel(
-                    self._upstream.grpc_url, options=options
-                )
+                self._channel = self._channel or grpc.aio.insecure_channel(self._grpc_url, options=options)
                 self._stream = AioSharedStream(self.name, self._channel, loop)
             else:
-                self._channel = self._channel or grpc.insecure_channel(
-                    self._upstream.grpc_url, options=options
-                )
+                self._channel = self._channel or grpc.insecure_channel(self._grpc_url, options=options)
                 self._stream = SharedStream(self.name, self._channel, loop)
         return self._stream
 

@@ -2,16 +2,18 @@
 
     .venv/bin/python -m bench.triton_vs_local [--model smollm2-135m-instruct|floodgate-tiny]
         [--streams 64,100] [--max-tokens 64] [--doc docs/bench-triton.md]
-        [--paths triton,triton-shared] [--baseline-code DIR]
+        [--paths triton,triton-grpc,triton-shared] [--baseline-code DIR]
 
 N concurrent streams, each a distinct prompt with a fixed output length (the end token ignored, so
 every run generates exactly streams x max_tokens tokens). The in-process side reads the engine's
-async API directly; the Triton side goes through TritonUpstream (gRPC stream per request, our engine
-as a decoupled Python-backend model). Both engines have the same configuration and model and run
-one after the other, never at once. The difference is what Triton adds: gRPC, the backend's
+async API directly; the Triton side goes through TritonUpstream (the edge's client: HTTP
+`generate_stream`, one connection per open stream; our engine as a decoupled Python-backend model),
+and with `--paths triton-grpc` through the edge's earlier gRPC client too. Both engines have the
+same configuration and model and run one after the other, never at once. The difference is what
+Triton adds: the wire, the backend's
 shared-memory IPC, one response per token or few. Each Triton row also gives the replica's own CPU
 per token (tritonserver and its Python-backend stub, read from /proc), this process's CPU per token
-(on a Triton path: the edge's gRPC client alone, the engine being elsewhere) and the tokens each
+(on a Triton path: the edge's client alone, the engine being elsewhere) and the tokens each
 response carried. `--paths engine-process` adds the edge's default local replica, the same engine in
 a child process: the in-process path shares one GIL between the engine and the client, the other
 two do not.
@@ -46,6 +48,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from bench.triton_grpc import GrpcAioUpstream
 from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
 from edge.upstreams.triton import TritonUpstream
@@ -346,7 +349,7 @@ async def main_async(args: argparse.Namespace) -> dict[int, dict[str, list[RunRe
             server = await asyncio.to_thread(start_local_triton, repository)
             servers.append(server)
             # end_id -1: TensorRT-LLM's "ignore the end token", so the output length is fixed here too.
-            up = TritonUpstream(name, server.grpc_url, server.metrics_url, end_id=-1)
+            up = TritonUpstream(name, server.http_url, server.metrics_url, end_id=-1)
             upstreams.append(up)
             return up
 
@@ -354,18 +357,27 @@ async def main_async(args: argparse.Namespace) -> dict[int, dict[str, list[RunRe
             "in-process": (upstream_generate(AsyncEngine(engine)), None)
         }
         try:
-            if "triton" in labels or "triton-shared" in labels:
+            if {"triton", "triton-grpc", "triton-shared"} & set(labels):
                 upstream = await triton("bench")
-                pid = servers[-1].process.pid
+                server = servers[-1]
                 if "triton" in labels:
-                    paths["triton"] = (upstream_generate(upstream), pid)
+                    paths["triton"] = (upstream_generate(upstream), server.process.pid)
+                # The measured gRPC clients: one grpc.aio stream per request (the edge's before
+                # 2026-12-01), one synchronous stream per replica.
+                if "triton-grpc" in labels:
+                    grpc_aio = GrpcAioUpstream(
+                        TritonUpstream("bench-grpc", server.http_url, server.metrics_url, end_id=-1),
+                        server.grpc_url,
+                    )
+                    upstreams.append(grpc_aio)
+                    paths["triton-grpc"] = (upstream_generate(grpc_aio), server.process.pid)
                 if "triton-shared" in labels:
-                    # The measured alternative client (one synchronous stream per replica).
                     shared = SharedStreamUpstream(
-                        TritonUpstream("bench-shared", upstream.grpc_url, upstream.metrics_url, end_id=-1)
+                        TritonUpstream("bench-shared", server.http_url, server.metrics_url, end_id=-1),
+                        server.grpc_url,
                     )
                     upstreams.append(shared)
-                    paths["triton-shared"] = (upstream_generate(shared), pid)
+                    paths["triton-shared"] = (upstream_generate(shared), server.process.pid)
             if "engine-process" in labels:
                 # The edge's default local replica: the same engine in a child process of its own,
                 # so that the in-process path's sharing of one GIL with the client is told apart
@@ -422,9 +434,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every run's figures here, a JSON line each")
     parser.add_argument(
         "--paths",
-        default="triton,triton-shared",
-        help="paths beside in-process: triton, triton-shared, engine-process (the edge's default "
-        "local replica: the engine in a child process)",
+        default="triton,triton-grpc",
+        help="paths beside in-process: triton, triton-grpc, triton-shared, engine-process (the edge's "
+        "default local replica: the engine in a child process)",
     )
     parser.add_argument(
         "--baseline-code", type=Path, help="also run the CPU model from this checkout (triton-baseline)"

@@ -507,9 +507,11 @@ class Generation:
             try:
                 await relay.run(self._deltas)
                 return
-            except UpstreamError:
+            except UpstreamError as exc:
                 if out.ttft_s is not None or failed:
                     raise
+                # The error that made this replica suspect; the request goes on to another one.
+                log.warning("upstream_failover", upstream=out.upstream, error=str(exc))
                 failed = frozenset({out.upstream})
                 await self._give_back_slot(failed=True)
 

@@ -1,4 +1,4 @@
-"""Which GPU replicas an EC2 Auto Scaling group holds now: `asg:GROUP[:GRPC_PORT[:METRICS_PORT]]`.
+"""Which GPU replicas an EC2 Auto Scaling group holds now: `asg:GROUP[:HTTP_PORT[:METRICS_PORT]]`.
 
 A replica is an instance the group counts as InService and Healthy. Everything else is not one yet
 or not any more: Pending (still booting Triton), Terminating / Detaching / Standby, and the warm
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PREFIX = "asg:"
-DEFAULT_GRPC_PORT = 8001
+DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8002
 
 
@@ -24,7 +24,7 @@ class AsgResolveError(Exception):
 @dataclass(frozen=True, slots=True)
 class AsgSpec:
     group: str
-    grpc_port: int = DEFAULT_GRPC_PORT
+    http_port: int = DEFAULT_HTTP_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
 
 
@@ -33,10 +33,10 @@ def is_asg_spec(spec: str) -> bool:
 
 
 def parse_asg_spec(spec: str) -> AsgSpec:
-    """`asg:GROUP[:GRPC_PORT[:METRICS_PORT]]`; ports default to Triton's 8001 and 8002."""
+    """`asg:GROUP[:HTTP_PORT[:METRICS_PORT]]`; ports default to Triton's 8000 and 8002."""
     parts = spec.strip().removeprefix(PREFIX).split(":")
     if not is_asg_spec(spec) or not parts[0] or len(parts) > 3:
-        raise ValueError(f"expected asg:GROUP[:GRPC_PORT[:METRICS_PORT]], got {spec!r}")
+        raise ValueError(f"expected asg:GROUP[:HTTP_PORT[:METRICS_PORT]], got {spec!r}")
     try:
         ports = [int(p) for p in parts[1:]]
     except ValueError:
@@ -86,6 +86,6 @@ class AsgResolver:
         return sorted(ips)
 
     def replica_specs(self) -> list[str]:
-        """`HOST:GRPC_PORT:METRICS_PORT` of every replica, as `--triton` takes them."""
+        """`HOST:HTTP_PORT:METRICS_PORT` of every replica, as `--triton` takes them."""
         s = self.spec
-        return [f"{ip}:{s.grpc_port}:{s.metrics_port}" for ip in self.private_ips()]
+        return [f"{ip}:{s.http_port}:{s.metrics_port}" for ip in self.private_ips()]

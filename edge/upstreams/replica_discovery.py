@@ -2,7 +2,7 @@
 
 `resolve` is blocking (boto3) and runs in a worker thread, so a slow AWS API never stalls requests.
 A failed resolve is logged and counted, and the replicas found last stay: an API hiccup must not
-empty the fleet. Each resolved spec (`HOST:GRPC_PORT:METRICS_PORT`) becomes one upstream; a spec
+empty the fleet. Each resolved spec (`HOST:HTTP_PORT:METRICS_PORT`) becomes one upstream; a spec
 that appears is added to the dispatcher, one that disappears is removed (the dispatcher drains it,
 then closes it).
 """

@@ -1,15 +1,15 @@
-"""A Triton replica as an upstream: TensorRT-LLM's `tensorrt_llm` contract over gRPC streaming.
+"""A Triton replica as an upstream: TensorRT-LLM's `tensorrt_llm` contract over Triton's HTTP
+`generate_stream` (server-sent events), read by edge/upstreams/triton_sse.py.
 
-One bidirectional `ModelStreamInfer` stream per request. Closing the generator early (or
-cancelling the task that reads it) cancels the stream and sends the contract's `stop` request for
-the request id on a stream of its own: the model drops the sequence on its next step, where a
-cancelled stream alone is only noticed by the model's poll (`cancellation_check_period_ms`); once
-the upstream is closed (shutdown) no stop is sent, so nothing reopens the channel. A
-request the replica refuses for its own parameters is a RequestRejected (a 400 for that request;
-the replica stays healthy), any other error an UpstreamError: gpu_container/triton/refusals.py
-tells them apart. The request asks for an empty final response, so the end of a generation is a
-flag on the wire, never a guess. The channel uses tritonclient's generated stub directly because
-tritonclient.grpc.aio's stream_infer cannot set that flag.
+One keep-alive HTTP/1.1 connection per open stream, taken from the replica's pool. Closing the
+generator early (or cancelling the task that reads it) drops the connection and sends the contract's
+`stop` request for the request id on a connection of its own: the model drops the sequence on its
+next step, where a dropped connection alone is only noticed when Triton next writes to it, or by the
+model's poll (`cancellation_check_period_ms`); once the upstream is closed (shutdown) no stop is
+sent. A request the replica refuses for its own parameters is a RequestRejected (a 400 for that
+request; the replica stays healthy), any other error an UpstreamError:
+gpu_container/triton/refusals.py tells them apart. The end of the HTTP response is the end of the
+generation (Triton ends it on the response flagged final), never a guess.
 
 Prompt tokens served from the replica's prefix cache (Delta.cached_tokens) come from TensorRT-LLM's
 per-request `kv_cache_reused_blocks` output, which the request asks for with `return_perf_metrics`
@@ -39,14 +39,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
-import grpc
 import httpx
-import numpy as np
-import numpy.typing as npt
+import msgspec
 import structlog
-from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from edge.config import Settings
 from edge.upstreams.asg_resolver import is_asg_spec
@@ -59,8 +57,10 @@ from edge.upstreams.base import (
     Upstream,
     UpstreamError,
 )
+from edge.upstreams.direct import DeltaSink
 from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
+from edge.upstreams.triton_sse import ConnectionPool, SseConnection
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
@@ -71,9 +71,7 @@ from gpu_container.triton.trtllm_metrics import MODEL_NAME, TrtLlmMetrics, parse
 log = structlog.get_logger(__name__)
 
 TRITON_METRICS_PORT = 8002
-_FINAL = "triton_final_response"
-_ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
-_REUSED_BLOCKS = "kv_cache_reused_blocks"
+_encode_json = msgspec.json.Encoder().encode
 
 
 def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
@@ -90,82 +88,53 @@ def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
     )
 
 
-def _tensor(request: Any, name: str, datatype: str, array: npt.NDArray[Any]) -> None:
-    request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
-    request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
-
-
-def encode_request(
-    req: GenerationRequest, model: str, *, end_id: int | None = None, pad_id: int | None = None
-) -> Any:
-    """A ModelInferRequest in the `tensorrt_llm` contract (batch of one, streaming)."""
-    request = service_pb2.ModelInferRequest(model_name=model, id=req.request_id)
-    request.parameters[_ENABLE_EMPTY_FINAL].bool_param = True
-
-    def scalar(name: str, datatype: str, value: object, dtype: type[np.generic]) -> None:
-        _tensor(request, name, datatype, np.array([[value]], dtype=dtype))
-
-    _tensor(request, "input_ids", "INT32", np.array([req.prompt_ids], dtype=np.int32))
-    scalar("input_lengths", "INT32", len(req.prompt_ids), np.int32)
-    scalar("request_output_len", "INT32", req.max_new_tokens, np.int32)
-    scalar("streaming", "BOOL", True, np.bool_)
-    # Per-request perf metrics, among them kv_cache_reused_blocks (the prefix-cache hit).
-    scalar("return_perf_metrics", "BOOL", True, np.bool_)
+def generate_body(
+    req: GenerationRequest, *, end_id: int | None = None, pad_id: int | None = None, stop: bool = False
+) -> dict[str, Any]:
+    """A `generate_stream` request in the `tensorrt_llm` contract: each input tensor by name, as the
+    generate extension takes them (one request: Triton adds the batch dimension and converts each
+    value to the type the model's config declares)."""
+    body: dict[str, Any] = {
+        "id": req.request_id,
+        "input_ids": req.prompt_ids,
+        "input_lengths": [len(req.prompt_ids)],
+        "request_output_len": [req.max_new_tokens],
+        "streaming": [True],
+        # Per-request perf metrics, among them kv_cache_reused_blocks (the prefix-cache hit).
+        "return_perf_metrics": [True],
+    }
     # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
     greedy = req.temperature == 0
-    scalar("runtime_top_k", "INT32", 1 if greedy else 0, np.int32)
-    scalar("temperature", "FP32", 1.0 if greedy else req.temperature, np.float32)
-    scalar("runtime_top_p", "FP32", req.top_p, np.float32)
+    body["runtime_top_k"] = [1 if greedy else 0]
+    body["temperature"] = [1.0 if greedy else req.temperature]
+    body["runtime_top_p"] = [req.top_p]
     if req.seed is not None:
         # The seed travels as UINT64: a negative one wraps rather than failing the request.
-        scalar("random_seed", "UINT64", req.seed % 2**64, np.uint64)
+        body["random_seed"] = [req.seed % 2**64]
     if end_id is not None:
-        scalar("end_id", "INT32", end_id, np.int32)
+        body["end_id"] = [end_id]
     if pad_id is not None:
-        scalar("pad_id", "INT32", pad_id, np.int32)
+        body["pad_id"] = [pad_id]
     if req.stop_ids:
-        # [ids; end offsets]: every stop word here is one token long.
-        words = [req.stop_ids, list(range(1, len(req.stop_ids) + 1))]
-        _tensor(request, "stop_words_list", "INT32", np.array([words], dtype=np.int32))
-    return request
+        # [ids; end offsets] (every stop word here is one token long), flat: Triton reshapes it to
+        # the declared [2, -1], where a nested list is refused unless each row holds one value.
+        body["stop_words_list"] = [*req.stop_ids, *range(1, len(req.stop_ids) + 1)]
+    if stop:
+        body["stop"] = [True]
+    return body
 
 
-def encode_stop(request_id: str, model: str) -> Any:
+def stop_body(request_id: str) -> dict[str, Any]:
     """The `stop` request for `request_id` (TensorRT-LLM's way to end a running request at once),
     with the inputs the contract requires of every request."""
-    request = encode_request(GenerationRequest(request_id, [0], max_new_tokens=1), model)
-    _tensor(request, "stop", "BOOL", np.array([[True]], dtype=np.bool_))
-    return request
-
-
-def decode_tokens(response: Any) -> list[int]:
-    """New token ids of one streamed response (beam 0); empty for the bare final response."""
-    names = [out.name for out in response.outputs]
-    if "output_ids" not in names:
-        return []
-    ids = np.frombuffer(response.raw_output_contents[names.index("output_ids")], dtype=np.int32)
-    if "sequence_length" in names:
-        raw_length = response.raw_output_contents[names.index("sequence_length")]
-        length = int(np.frombuffer(raw_length, dtype=np.int32)[0])
-        if 0 <= length <= ids.size:
-            ids = ids[:length]
-    return [int(t) for t in ids]
-
-
-def decode_reused_blocks(response: Any) -> int | None:
-    """The request's prefix-cache hit in KV blocks, when the response carries it."""
-    names = [out.name for out in response.outputs]
-    if _REUSED_BLOCKS not in names:
-        return None
-    raw = np.frombuffer(response.raw_output_contents[names.index(_REUSED_BLOCKS)], dtype=np.int32)
-    return int(raw[0]) if raw.size else None
+    return generate_body(GenerationRequest(request_id, [0], max_new_tokens=1), stop=True)
 
 
 class TritonUpstream:
     def __init__(
         self,
         name: str,
-        grpc_url: str,
+        http_url: str,
         metrics_url: str,
         *,
         model_name: str = MODEL_NAME,
@@ -178,7 +147,7 @@ class TritonUpstream:
         probe_timeout_s: float = 2.0,
     ) -> None:
         self.name = name
-        self.grpc_url = grpc_url
+        self.http_url = http_url.rstrip("/")
         self.metrics_url = metrics_url
         self.model_name = model_name
         self._end_id = end_id
@@ -190,88 +159,88 @@ class TritonUpstream:
         self._stall_timeout_s = stall_timeout_s
         self._capacity_ttl_s = capacity_ttl_s
         self._probe_timeout_s = probe_timeout_s
-        # Created on first use, inside the event loop that will drive them.
-        self._channel: grpc.aio.Channel | None = None
-        self._stub_instance: Any = None
+        address = urlsplit(self.http_url)
+        self._pool = ConnectionPool(address.hostname or "127.0.0.1", address.port or 80)
+        self._request_head = (
+            f"POST /v2/models/{model_name}/generate_stream HTTP/1.1\r\nHost: {address.netloc}\r\n"
+            "Content-Type: application/json\r\nContent-Length: "
+        ).encode()
+        # Created on first use, inside the event loop that will drive it.
         self._http: httpx.AsyncClient | None = None
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
         # The replica's KV block size (its tokens_per gauge), once its metrics have said it.
         self._block_tokens = 0
         self._stops: set[asyncio.Task[None]] = set()
-        # Set by aclose: a stream closed after it sends no `stop` (that would open a new channel
-        # nobody closes); the model's poll of closed streams drops its request instead.
+        # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
+        # connection it opens); the model's poll of closed streams drops its request instead.
         self._closed = False
 
-    def _stub(self) -> Any:
-        if self._stub_instance is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.grpc_url,
-                options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
-            )
-            self._stub_instance = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        return self._stub_instance
+    def _request(self, body: dict[str, Any]) -> bytes:
+        payload = _encode_json(body)
+        return b"%s%d\r\n\r\n%s" % (self._request_head, len(payload), payload)
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        return self._deltas(req, None)
+
+    def generate_direct(self, req: GenerationRequest, offer: DeltaSink) -> AsyncIterator[Delta]:
+        """`generate`, each read's tokens offered to `offer` in the connection's own callback
+        (edge/upstreams/direct.py); what it declines comes through the iterator."""
+        return self._deltas(req, offer)
+
+    async def _deltas(self, req: GenerationRequest, offer: DeltaSink | None) -> AsyncIterator[Delta]:
         # TensorRT-LLM's end_id -1: no end token (the contract's ignore_eos); stop_ids still end it.
         end_id = -1 if req.ignore_eos else self._end_id
         if self._extra_stop_ids and not req.ignore_eos:
             stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
             req = dataclasses.replace(req, stop_ids=stops)
-        request = encode_request(req, self.model_name, end_id=end_id, pad_id=self._pad_id)
-
-        async def requests() -> AsyncIterator[Any]:
-            yield request
-
-        call = self._stub().ModelStreamInfer(requests())
+        request = self._request(generate_body(req, end_id=end_id, pad_id=self._pad_id))
+        conn = await self._pool.connect()
+        conn.send(request, offer)
+        retried = False
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
-        generated = 0
-        last_token: int | None = None
-        finished = replica_ended = False
+        first = True
+        finished = False
         try:
             timeout_s = self._first_timeout_s
-            read: Callable[[], Awaitable[Any]] = functools.partial(_first_read, call)
             while not finished:
                 try:
-                    async with asyncio.timeout(timeout_s):
-                        message = await read()
+                    await conn.wait(timeout_s)
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
-                except grpc.aio.AioRpcError as exc:
-                    replica_ended = True
-                    raise _stream_error(self.name, exc.details() or "", exc.code()) from exc
-                # Set up now: a cancel lands on grpc's receive, which re-raises it unchanged.
-                timeout_s, read = self._stall_timeout_s, call.read
-                if message is grpc.aio.EOF:
-                    replica_ended = True
-                    raise UpstreamError(f"{self.name}: stream ended without a final response")
-                if message.error_message:
-                    replica_ended = True
-                    raise _stream_error(self.name, message.error_message)
-                response = message.infer_response
-                tokens = decode_tokens(response)
+                timeout_s = self._stall_timeout_s
+                if conn.failure is not None and conn.reused and not conn.responded and not retried:
+                    # A kept-alive connection the replica had closed while idle: nothing was read.
+                    retried = True
+                    conn = await self._pool.connect(fresh=True)
+                    conn.send(request, offer)
+                    continue
+                if conn.failure is not None:
+                    raise _stream_error(self.name, conn.failure, conn.status)
+                declined, conn.declined = conn.declined, None
+                if declined is not None:
+                    # Relayed already, or its write still pending: the relay knows it by identity.
+                    yield declined
+                    continue
+                tokens, conn.tokens = conn.tokens, []
                 # Reported on the delta carrying the first token, as the in-process engine does.
-                cached = await self._cached_tokens(response) if tokens and not generated else 0
-                generated += len(tokens)
-                if tokens:
-                    last_token = tokens[-1]
-                finished = response.parameters[_FINAL].bool_param if _FINAL in response.parameters else False
+                cached = await self._cached_tokens(conn.reused_blocks) if tokens and first else 0
+                first = first and not tokens
+                finished = conn.ended
                 if finished:
-                    yield Delta(
-                        tokens,
-                        _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens),
-                        cached,
-                    )
+                    reason = _finish_reason(conn.last_token, stop_tokens, conn.received, req.max_new_tokens)
+                    yield Delta(tokens, reason, cached)
                 elif tokens:
                     yield Delta(tokens, cached_tokens=cached)
         finally:
-            if not finished:
-                call.cancel()
-                if not replica_ended:
+            if finished:
+                self._pool.release(conn)
+            else:
+                conn.abort()
+                if conn.failure is None:
                     self._stop_soon(req.request_id)
 
-    async def _cached_tokens(self, response: Any) -> int:
+    async def _cached_tokens(self, reused: int | None) -> int:
         """Prompt tokens the replica found in its prefix cache: reused blocks x its block size."""
-        reused = decode_reused_blocks(response)
         if not reused:
             return 0
         if not self._block_tokens:
@@ -299,31 +268,32 @@ class TritonUpstream:
         task.add_done_callback(self._stops.discard)
 
     async def _stop(self, request_id: str) -> None:
-        request = encode_stop(request_id, self.model_name)
-
-        async def one() -> AsyncIterator[Any]:
-            yield request
-
-        call = self._stub().ModelStreamInfer(one())
+        conn: SseConnection | None = None
         try:
-            async with asyncio.timeout(self._probe_timeout_s):
-                reply = await call.read()
-            if reply is grpc.aio.EOF or reply.error_message:
-                raise UpstreamError(reply.error_message if reply is not grpc.aio.EOF else "no reply")
-        except (TimeoutError, grpc.aio.AioRpcError, UpstreamError) as exc:
+            conn = await self._pool.connect()
+            conn.send(self._request(stop_body(request_id)), None)
+            while not conn.ended and conn.failure is None:
+                await conn.wait(self._probe_timeout_s)
+            if conn.failure is not None:
+                raise UpstreamError(conn.failure)
+        except (TimeoutError, UpstreamError) as exc:
             # Not fatal: the model's poll of closed streams drops the request a little later.
             log.info("triton_stop_failed", replica=self.name, request_id=request_id, error=repr(exc))
         finally:
-            call.cancel()
+            if conn is not None:
+                self._pool.release(conn)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self._probe_timeout_s)
+        return self._http
 
     async def _metrics(self) -> TrtLlmMetrics:
         now = time.monotonic()
         if self._metrics_cache is not None and now - self._metrics_cache[0] < self._capacity_ttl_s:
             return self._metrics_cache[1]
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self._probe_timeout_s)
         try:
-            page = await self._http.get(self.metrics_url)
+            page = await self._client().get(self.metrics_url)
             page.raise_for_status()
         except httpx.HTTPError as exc:
             raise UpstreamError(f"{self.name}: metrics unavailable: {exc}") from exc
@@ -341,55 +311,33 @@ class TritonUpstream:
         return trtllm_capacity(await self._metrics())
 
     async def ready(self) -> bool:
-        stub = self._stub()
+        """Triton's own readiness and the model's (KServe v2 health endpoints)."""
+        client = self._client()
         try:
-            server = await stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=self._probe_timeout_s)
-            model = await stub.ModelReady(
-                service_pb2.ModelReadyRequest(name=self.model_name), timeout=self._probe_timeout_s
-            )
-        except grpc.aio.AioRpcError:
+            server = await client.get(f"{self.http_url}/v2/health/ready")
+            model = await client.get(f"{self.http_url}/v2/models/{self.model_name}/ready")
+        except httpx.HTTPError:
             return False
-        return bool(server.ready and model.ready)
+        return server.status_code == 200 and model.status_code == 200
 
     async def aclose(self) -> None:
         self._closed = True
-        # Stops still in flight are bounded by the probe timeout; closing the channel ends them.
+        # Stops still in flight are bounded by the probe timeout.
         if self._stops:
             await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = self._stub_instance = None
+        self._pool.close()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
 
 
-async def _first_read(call: Any) -> Any:
-    """The stream's first response, read in a task of its own that a cancel cannot reach.
-
-    Until the first response, `call.read()` awaits grpc.aio's own stream set-up task, so a cancel
-    landing then would cancel that task instead: it swallows the cancellation and ends without
-    anyio's message, and a bare CancelledError escapes the caller's cancel scope. Shielded, the
-    cancel lands on this await alone and propagates as the caller's own; the caller then cancels
-    the call (which ends the set-up and tells Triton to drop the request).
-    """
-    read = asyncio.ensure_future(call.read())
-    try:
-        return await asyncio.shield(read)
-    except asyncio.CancelledError:
-        # Not left running: its outcome is retrieved by shield, nobody else reads it.
-        read.cancel()
-        raise
-
-
-def _stream_error(
-    name: str, message: str, code: grpc.StatusCode | None = None
-) -> RequestRejected | UpstreamError:
+def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:
     """A refusal of the request's own parameters, or the replica's failure."""
-    reason = refusal_reason(message, invalid_argument=code == grpc.StatusCode.INVALID_ARGUMENT)
+    reason = refusal_reason(message, invalid_argument=status == 400)
     if reason is not None:
         return RequestRejected(reason)
-    return UpstreamError(f"{name}: {code.name}: {message}" if code is not None else f"{name}: {message}")
+    where = f"{name}: HTTP {status}" if status not in (0, 200) else name
+    return UpstreamError(f"{where}: {message}")
 
 
 def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limit: int) -> FinishReason:
@@ -402,13 +350,13 @@ def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limi
 
 
 def _replica_urls(spec: str) -> tuple[str, str]:
-    """`host:grpc_port[:metrics_port]` -> (grpc target, metrics URL); metrics default to 8002."""
+    """`host:http_port[:metrics_port]` -> (Triton's HTTP URL, metrics URL); metrics default to 8002."""
     parts = spec.strip().split(":")
     if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"expected HOST:GRPC_PORT[:METRICS_PORT], got {spec!r}")
-    host, grpc_port = parts[0], int(parts[1])
+        raise ValueError(f"expected HOST:HTTP_PORT[:METRICS_PORT], got {spec!r}")
+    host, http_port = parts[0], int(parts[1])
     metrics_port = int(parts[2]) if len(parts) == 3 else TRITON_METRICS_PORT
-    return f"{host}:{grpc_port}", f"http://{host}:{metrics_port}/metrics"
+    return f"http://{host}:{http_port}", f"http://{host}:{metrics_port}/metrics"
 
 
 def remote_triton_upstream(
@@ -419,13 +367,13 @@ def remote_triton_upstream(
     extra_stop_ids: tuple[int, ...] = (),
     model_name: str = MODEL_NAME,
 ) -> TritonUpstream:
-    """A running replica at `HOST:GRPC_PORT[:METRICS_PORT]`, named `triton-HOST:GRPC_PORT` (with
+    """A running replica at `HOST:HTTP_PORT[:METRICS_PORT]`, named `triton-HOST:HTTP_PORT` (with
     `/MODEL` when it serves a Triton model other than tensorrt_llm: one server, several models)."""
-    grpc_url, metrics_url = _replica_urls(spec)
+    http_url, metrics_url = _replica_urls(spec)
     suffix = "" if model_name == MODEL_NAME else f"/{model_name}"
     return TritonUpstream(
-        f"triton-{grpc_url}{suffix}",
-        grpc_url,
+        f"triton-{http_url.removeprefix('http://')}{suffix}",
+        http_url,
         metrics_url,
         model_name=model_name,
         end_id=end_id,
@@ -456,7 +404,7 @@ async def build_triton_upstreams(
         suffix = "" if model_name == MODEL_NAME else f"/{model_name}"
         local = TritonUpstream(
             f"triton-local{suffix}",
-            server.grpc_url,
+            server.http_url,
             server.metrics_url,
             model_name=model_name,
             end_id=end_id,

@@ -1,4 +1,4 @@
-"""Triton replicas found in an EC2 Auto Scaling group (`--triton asg:GROUP[:GRPC_PORT[:METRICS_PORT]]`).
+"""Triton replicas found in an EC2 Auto Scaling group (`--triton asg:GROUP[:HTTP_PORT[:METRICS_PORT]]`).
 
 The group is read once before the app starts (so the first requests find the replicas there are),
 then every `[upstream] discovery_interval_s` while it runs (see replica_discovery.py).

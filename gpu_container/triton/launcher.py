@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -92,6 +93,12 @@ class TritonProcess:
     workdir: Path
     # Set by stop(): the server ignored SIGTERM for STOP_TIMEOUT_S and was killed.
     killed: bool = False
+
+    @property
+    def replica_spec(self) -> str:
+        """`HOST:HTTP_PORT:METRICS_PORT`, how `floodgate serve --triton` names this server."""
+        http = urlsplit(self.http_url)
+        return f"{http.hostname}:{http.port}:{urlsplit(self.metrics_url).port}"
 
     def log_summary(self, tail_chars: int = 2000) -> str:
         """Triton's error lines (`E<date> ...`: start-up tables often bury them), then the tail."""

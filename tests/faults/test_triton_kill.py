@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -35,7 +34,7 @@ CONCURRENT = 6
 
 
 def _spec(process: TritonProcess) -> str:
-    return f"{process.grpc_url}:{urlsplit(process.metrics_url).port}"
+    return process.replica_spec
 
 
 def _descendants(pid: int) -> list[int]:

@@ -8,16 +8,16 @@ from edge.upstreams.asg_resolver import AsgResolveError, AsgResolver, AsgSpec, i
 from tests.fleet.conftest import GpuGroup
 
 
-def _resolver(group: GpuGroup, grpc_port: int = 8001, metrics_port: int = 8002) -> AsgResolver:
-    return AsgResolver(AsgSpec(group.name, grpc_port, metrics_port), group.autoscaling, group.ec2)
+def _resolver(group: GpuGroup, http_port: int = 8000, metrics_port: int = 8002) -> AsgResolver:
+    return AsgResolver(AsgSpec(group.name, http_port, metrics_port), group.autoscaling, group.ec2)
 
 
 def test_spec_names_the_group_and_optional_ports() -> None:
-    assert parse_asg_spec("asg:gpu") == AsgSpec("gpu", 8001, 8002)
+    assert parse_asg_spec("asg:gpu") == AsgSpec("gpu", 8000, 8002)
     assert parse_asg_spec(" asg:gpu:9001 ") == AsgSpec("gpu", 9001, 8002)
     assert parse_asg_spec("asg:gpu:9001:9002") == AsgSpec("gpu", 9001, 9002)
-    assert is_asg_spec("asg:gpu") and not is_asg_spec("10.0.0.1:8001")
-    for bad in ("asg:", "asg:gpu:x", "asg:gpu:1:2:3", "gpu:8001"):
+    assert is_asg_spec("asg:gpu") and not is_asg_spec("10.0.0.1:8000")
+    for bad in ("asg:", "asg:gpu:x", "asg:gpu:1:2:3", "gpu:8000"):
         with pytest.raises(ValueError):
             parse_asg_spec(bad)
 

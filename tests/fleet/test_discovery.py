@@ -42,7 +42,7 @@ def _replica(spec: str) -> Upstream:
 
 
 def _names(group: GpuGroup) -> list[str]:
-    return sorted(f"replica-{ip}:8001:8002" for ip in group.in_service_ips())
+    return sorted(f"replica-{ip}:8000:8002" for ip in group.in_service_ips())
 
 
 @asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -43,7 +42,7 @@ def triton_edge(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iter
     repository = render_cpu_repository(tmp_path_factory.mktemp("golden-repository"), smollm2, config)
     triton = start_local_triton(repository)
     try:
-        spec = f"{triton.grpc_url}:{urlsplit(triton.metrics_url).port}"
+        spec = triton.replica_spec
         tmp = tmp_path_factory.mktemp("golden-triton")
         with start_server(tmp, _edge_settings(smollm2), triton_upstreams(spec)) as live:
             yield live

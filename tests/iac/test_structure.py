@@ -206,7 +206,7 @@ def test_gpu_hosts_take_triton_traffic_from_the_edge_only() -> None:
     group = module(MODULES / "gpu_pool").resource("aws_security_group", "gpu")
     ingress = only(group["ingress"])
 
-    assert (ingress["from_port"], ingress["to_port"], ingress["protocol"]) == (8001, 8002, "tcp")
+    assert (ingress["from_port"], ingress["to_port"], ingress["protocol"]) == (8000, 8002, "tcp")
     assert ingress["security_groups"] == ["${var.edge_security_group_id}"]
     assert "cidr_blocks" not in ingress
     assert ENV.calls()["gpu_pool"]["edge_security_group_id"] == "${module.edge.security_group_id}"
@@ -268,8 +268,8 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     assert set(settings.models) == {"llama-3-8b", "llama-3-70b"}
     large = settings.models["llama-3-70b"]
     assert large.path == "/opt/floodgate/model-70b" and large.token_weight == 4
-    assert large.triton == "asg:floodgate-gpu-llama-3-70b:8001:8002"
-    assert settings.models["llama-3-8b"].triton == "asg:floodgate-gpu-llama-3-8b:8001:8002"
+    assert large.triton == "asg:floodgate-gpu-llama-3-70b:8000:8002"
+    assert settings.models["llama-3-8b"].triton == "asg:floodgate-gpu-llama-3-8b:8000:8002"
     assert settings.tiers["free"].models == ("llama-3-8b",)
     assert settings.tiers["paid"].default_model == "llama-3-70b"
     # The groups named in the settings are the ones the GPU pools create.

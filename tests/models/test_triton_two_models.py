@@ -5,7 +5,6 @@ settings path `floodgate serve` takes (no provider handed in)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -37,7 +36,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory, triton: TritonProcess) -> Iterator[LiveServer]:
-    spec = f"{triton.grpc_url}:{urlsplit(triton.metrics_url).port}"
+    spec = triton.replica_spec
     models = {
         name: TWO_MODELS["models"][name] | {"triton": spec, "triton_model": TRITON_MODELS[name]}
         for name in (SMALL, LARGE)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -34,9 +33,8 @@ class LocalTriton:
 
     @property
     def spec(self) -> str:
-        """`HOST:GRPC_PORT:METRICS_PORT`, what `triton_upstreams` takes to reach this server."""
-        metrics_port = urlsplit(self.process.metrics_url).port
-        return f"{self.process.grpc_url}:{metrics_port}"
+        """`HOST:HTTP_PORT:METRICS_PORT`, what `triton_upstreams` takes to reach this server."""
+        return self.process.replica_spec
 
 
 @dataclass

@@ -3,6 +3,7 @@ metrics page reads the same from TensorRT-LLM and from our model."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from edge.upstreams.base import GenerationRequest
-from edge.upstreams.triton import _replica_urls, encode_request, trtllm_capacity
+from edge.upstreams.triton import _replica_urls, generate_body, stop_body, trtllm_capacity
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import MODEL_NAME, render_cpu_repository
 from gpu_container.triton.cpu.tensors import (
@@ -25,13 +26,31 @@ from gpu_container.triton.cpu.tensors import (
 from gpu_container.triton.trtllm_metrics import GENERATED_TOKENS_METRIC, parse_trtllm_metrics
 from tests.edge.test_config import ENGINE_TABLE
 
-_DTYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+_DTYPES = {"TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_}
 
 
-def _as_model_sees_it(request: Any) -> dict[str, npt.NDArray[Any]]:
+def _declared_inputs() -> dict[str, tuple[type[np.generic], list[int]]]:
+    """The CPU model's input types and shapes, from the config.pbtxt Triton serves it with."""
+    with tempfile.TemporaryDirectory() as repo:
+        repository = render_cpu_repository(Path(repo), Path(repo) / "checkpoint", EngineConfig())
+        text = (repository / MODEL_NAME / "config.pbtxt").read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return {
+        i.name: (_DTYPES[model_config_pb2.DataType.Name(i.data_type)], list(i.dims)) for i in config.input
+    }
+
+
+def _as_model_sees_it(body: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    """A generate request's JSON as Triton hands it to the model: every input the model declares,
+    its values in the declared type and shape (a -1 takes what the values leave), with the batch
+    dimension (one request) in front."""
+    declared = _declared_inputs()
+    assert set(body) - {"id"} <= set(declared), "an input the model does not declare"
     arrays = {}
-    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
-        arrays[tensor.name] = np.frombuffer(raw, dtype=_DTYPES[tensor.datatype]).reshape(list(tensor.shape))
+    for name, value in body.items():
+        if name != "id":
+            dtype, dims = declared[name]
+            arrays[name] = np.array(value, dtype=dtype).reshape([1, *dims])
     return arrays
 
 
@@ -39,9 +58,8 @@ def test_encoded_request_decodes_to_the_same_generation() -> None:
     req = GenerationRequest(
         "r1", [5, 6, 7], max_new_tokens=12, temperature=0.7, top_p=0.9, seed=2**40, stop_ids=[3, 9]
     )
-    encoded = encode_request(req, "tensorrt_llm", end_id=2, pad_id=2)
-    assert encoded.id == "r1"
-    assert encoded.parameters["triton_enable_empty_final_response"].bool_param
+    encoded = generate_body(req, end_id=2, pad_id=2)
+    assert encoded["id"] == "r1"
     decoded = decode_request(_as_model_sees_it(encoded).get)
     assert decoded.prompt_ids == [5, 6, 7]
     assert decoded.streaming and not decoded.stop
@@ -57,7 +75,7 @@ def test_encoded_request_decodes_to_the_same_generation() -> None:
 
 def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
     req = GenerationRequest("g", [1], max_new_tokens=4, temperature=0.0)
-    arrays = _as_model_sees_it(encode_request(req, "tensorrt_llm", end_id=-1))
+    arrays = _as_model_sees_it(generate_body(req, end_id=-1))
     assert arrays["runtime_top_k"].item() == 1
     assert arrays["temperature"].item() == 1.0  # TensorRT-LLM takes no temperature of 0
     decoded = decode_request(arrays.get)
@@ -68,7 +86,12 @@ def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
 
 def test_a_negative_seed_wraps_into_uint64() -> None:
     req = GenerationRequest("s", [1], max_new_tokens=1, seed=-1)
-    assert _as_model_sees_it(encode_request(req, "tensorrt_llm"))["random_seed"].item() == 2**64 - 1
+    assert _as_model_sees_it(generate_body(req))["random_seed"].item() == 2**64 - 1
+
+
+def test_the_stop_request_carries_the_running_requests_id() -> None:
+    decoded = decode_request(_as_model_sees_it(stop_body("to-stop")).get)
+    assert decoded.stop
 
 
 def test_input_lengths_trims_padding_and_missing_inputs_are_refused() -> None:
@@ -161,7 +184,7 @@ def test_generated_tokens_come_from_our_cpu_models_counter_only() -> None:
 
 
 def test_replica_spec_parsing() -> None:
-    assert _replica_urls("gpu-1:8001") == ("gpu-1:8001", "http://gpu-1:8002/metrics")
-    assert _replica_urls(" 10.0.0.5:9001:9002 ") == ("10.0.0.5:9001", "http://10.0.0.5:9002/metrics")
+    assert _replica_urls("gpu-1:8000") == ("http://gpu-1:8000", "http://gpu-1:8002/metrics")
+    assert _replica_urls(" 10.0.0.5:9000:9002 ") == ("http://10.0.0.5:9000", "http://10.0.0.5:9002/metrics")
     with pytest.raises(ValueError):
         _replica_urls("gpu-1")

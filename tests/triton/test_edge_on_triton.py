@@ -24,8 +24,8 @@ def _idle(m: TrtLlmMetrics) -> bool:
     return m.active_requests == 0 and m.used_blocks == 0 and m.pending_in_triton == 0
 
 
-# Each checkpoint lets grpc.aio's set-up go one step further before the cancel lands: right after
-# the call is made, while its metadata goes out, and while the first response is awaited.
+# Each checkpoint lets the stream's set-up go one step further before the cancel lands: while the
+# connection opens, once the request is written, and while the first response is awaited.
 @pytest.mark.anyio
 @pytest.mark.parametrize("checkpoints", [1, 2, 3, 5, 8, 20])
 async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(
@@ -33,7 +33,7 @@ async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(
 ) -> None:
     eos = end_token_ids(local_triton.model_dir)[0]
     process = local_triton.process
-    upstream = TritonUpstream("triton-test", process.grpc_url, process.metrics_url, end_id=eos, pad_id=eos)
+    upstream = TritonUpstream("triton-test", process.http_url, process.metrics_url, end_id=eos, pad_id=eos)
     try:
         assert await upstream.ready()
         deltas = upstream.generate(GenerationRequest(f"cancel-early-{checkpoints}", [11, 42, 7], 50, seed=1))

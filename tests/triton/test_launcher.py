@@ -37,7 +37,7 @@ async def test_a_server_that_served_requests_stops_on_sigterm_without_being_kill
     server = await anyio.to_thread.run_sync(start_local_triton, repository)
     try:
         eos = end_token_ids(model_dir)[0]
-        upstream = TritonUpstream("triton-stop", server.grpc_url, server.metrics_url, end_id=-1, pad_id=eos)
+        upstream = TritonUpstream("triton-stop", server.http_url, server.metrics_url, end_id=-1, pad_id=eos)
         try:
             finished = [d async for d in upstream.generate(GenerationRequest("done", [11, 42, 7], 8))]
             assert finished[-1].finish_reason == "length"

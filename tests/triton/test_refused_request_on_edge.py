@@ -11,7 +11,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -49,7 +48,7 @@ def small_triton() -> Iterator[TritonProcess]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, small_triton: TritonProcess) -> Iterator[LiveServer]:
-    spec = f"{small_triton.grpc_url}:{urlsplit(small_triton.metrics_url).port}"
+    spec = small_triton.replica_spec
     with start_server(
         tmp_path_factory.mktemp("edge-small-triton"), {"tiers": ROOMY_TIERS}, triton_upstreams(spec)
     ) as live:

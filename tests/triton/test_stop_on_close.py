@@ -45,7 +45,7 @@ def unpolled_triton() -> Iterator[TritonProcess]:
 @pytest.fixture
 async def upstream(unpolled_triton: TritonProcess) -> AsyncIterator[TritonUpstream]:
     # end_id -1: the request would run its full 1500 tokens unless it is stopped.
-    up = TritonUpstream("unpolled", unpolled_triton.grpc_url, unpolled_triton.metrics_url, end_id=-1)
+    up = TritonUpstream("unpolled", unpolled_triton.http_url, unpolled_triton.metrics_url, end_id=-1)
     yield up
     await up.aclose()
 
@@ -87,8 +87,8 @@ async def test_cancelling_the_reading_task_stops_the_sequence_without_the_poll(
 
 
 def _established_to(port: int) -> int:
-    """This process's established TCP connections to 127.0.0.1:`port` (from /proc: a gRPC channel
-    keeps its sockets in grpc's core, out of Python's sight)."""
+    """This process's established TCP connections to 127.0.0.1:`port`, from /proc (what the kernel
+    holds, whoever in the process opened them)."""
     fds = Path("/proc/self/fd")
     inodes = set()
     for fd in fds.iterdir():
@@ -96,7 +96,7 @@ def _established_to(port: int) -> int:
             if (target := os.readlink(fd)).startswith("socket:["):
                 inodes.add(target.removeprefix("socket:[").removesuffix("]"))
     count = 0
-    tables = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))  # grpc may open an IPv6 socket
+    tables = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
     for line in (row for table in tables for row in table.read_text().splitlines()[1:]):
         fields = line.split()
         remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
@@ -105,8 +105,7 @@ def _established_to(port: int) -> int:
 
 
 def _connections_left_after(port: int, timeout_s: float) -> int:
-    """grpc's core closes a closed channel's socket a little later, on its own thread: polled, with
-    a deadline (there is no event to wait on)."""
+    """Polled, with a deadline: a socket another thread (or library) closes gives no event to wait on."""
     deadline = time.monotonic() + timeout_s
     while (left := _established_to(port)) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -114,19 +113,19 @@ def _connections_left_after(port: int, timeout_s: float) -> int:
 
 
 @pytest.mark.anyio
-async def test_a_stream_closed_after_its_upstream_opens_no_new_channel(local_triton: LocalTriton) -> None:
+async def test_a_stream_closed_after_its_upstream_opens_no_new_connection(local_triton: LocalTriton) -> None:
     """At shutdown the upstreams close before the last streams: a stream closed then must not send
-    its `stop` on a fresh channel that nobody closes (the model's poll drops the request)."""
-    grpc_port = int(local_triton.process.grpc_url.rsplit(":", 1)[1])
-    upstream = TritonUpstream("closed-first", local_triton.process.grpc_url, local_triton.process.metrics_url)
+    its `stop` on a fresh connection that nobody closes (the model's poll drops the request)."""
+    port = int(local_triton.process.http_url.rsplit(":", 1)[1])
+    upstream = TritonUpstream("closed-first", local_triton.process.http_url, local_triton.process.metrics_url)
     stream = upstream.generate(GenerationRequest("late-close", PROMPT, max_new_tokens=64, temperature=0.0))
     await stream.__anext__()
-    assert _established_to(grpc_port) >= 1
+    assert _established_to(port) >= 1
     await upstream.aclose()
 
     await stream.aclose()  # type: ignore[attr-defined]
     # Whatever the close started (a stop, before the fix) runs to its end before we look.
     pending = [t for t in asyncio.all_tasks() if t.get_name().startswith("triton-stop-")]
     await asyncio.gather(*pending)
-    left = await anyio.to_thread.run_sync(_connections_left_after, grpc_port, WAIT_S)
-    assert left == 0, "a channel to the replica is still open"
+    left = await anyio.to_thread.run_sync(_connections_left_after, port, WAIT_S)
+    assert left == 0, "a connection to the replica is still open"

@@ -6,23 +6,21 @@ import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 
 import anyio
-import grpc
-import numpy as np
+import httpx
+import msgspec
 import pytest
-from tritonclient.grpc import service_pb2_grpc
 
 from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
 from edge.upstreams.triton import (
     TritonUpstream,
     TrtLlmMetrics,
-    decode_reused_blocks,
-    decode_tokens,
-    encode_request,
     end_token_ids,
+    generate_body,
+    stop_body,
 )
+from edge.upstreams.triton_sse import Event, event_tokens
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from tests.support.ports import free_port
@@ -37,7 +35,7 @@ def _upstream(triton: LocalTriton, end_id: int | None = None) -> TritonUpstream:
     eos = end_token_ids(triton.model_dir)[0]
     return TritonUpstream(
         "triton-test",
-        triton.process.grpc_url,
+        triton.process.http_url,
         triton.process.metrics_url,
         end_id=eos if end_id is None else end_id,
         pad_id=eos,
@@ -157,25 +155,25 @@ async def test_a_shared_prefix_is_reported_cached_as_the_in_process_engine_repor
     assert all(set(d[1:]) <= {0} for d in via_triton)
 
 
+def _events(text: str) -> list[Event]:
+    return [
+        msgspec.json.decode(line[6:], type=Event) for line in text.split("\n\n") if line.startswith("data: ")
+    ]
+
+
 async def _non_streaming_replies(
     triton: LocalTriton, req: GenerationRequest, *, perf_metrics: bool = False
-) -> list[Any]:
-    """The request as the tensorrt_llm contract's non-streaming form, over raw gRPC (no end token):
-    every response's infer_response, none carrying an error."""
-    request = encode_request(req, "tensorrt_llm", end_id=-1)
-    names = [t.name for t in request.inputs]
-    request.raw_input_contents[names.index("streaming")] = np.array([[False]]).tobytes()
-    request.raw_input_contents[names.index("return_perf_metrics")] = np.array([[perf_metrics]]).tobytes()
-    async with grpc.aio.insecure_channel(triton.process.grpc_url) as channel:
-
-        async def one() -> AsyncIterator[object]:
-            yield request
-
-        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
-        with anyio.fail_after(WAIT_S):
-            replies = [reply async for reply in call]
-    assert all(not r.error_message for r in replies)
-    return [r.infer_response for r in replies]
+) -> list[Event]:
+    """The request as the tensorrt_llm contract's non-streaming form, over raw HTTP (no end token):
+    every response, none carrying an error."""
+    body = generate_body(req, end_id=-1) | {"streaming": [False], "return_perf_metrics": [perf_metrics]}
+    url = f"{triton.process.http_url}/v2/models/tensorrt_llm/generate_stream"
+    async with httpx.AsyncClient(timeout=WAIT_S) as client:
+        reply = await client.post(url, json=body)
+    assert reply.status_code == 200, reply.text
+    events = _events(reply.text)
+    assert all(e.error is None for e in events)
+    return events
 
 
 @pytest.mark.anyio
@@ -188,7 +186,7 @@ async def test_kv_cache_reused_blocks_is_sent_only_when_asked(local_triton: Loca
     async def ask(i: int, prompt: list[int], perf_metrics: bool) -> list[int | None]:
         req = GenerationRequest(f"perf-{i}", prompt, max_new_tokens=4, temperature=0.0)
         replies = await _non_streaming_replies(local_triton, req, perf_metrics=perf_metrics)
-        return [decode_reused_blocks(r) for r in replies if decode_tokens(r)]
+        return [r.kv_cache_reused_blocks for r in replies if event_tokens(r)]
 
     assert await ask(0, prompts[0], perf_metrics=True) == [0]
     assert await ask(1, prompts[1], perf_metrics=False) == [None]
@@ -256,19 +254,11 @@ async def test_a_stop_request_with_the_same_id_ends_generation(
     before = await _wait_for(fixed_length, _idle, "idle before the test")
     stream = fixed_length.generate(GenerationRequest("to-stop", PROMPT, max_new_tokens=1500, temperature=0.0))
     first = await stream.__anext__()
-    stop = encode_request(GenerationRequest("to-stop", PROMPT, max_new_tokens=1), "tensorrt_llm")
-    stop.inputs.add(name="stop", datatype="BOOL", shape=[1, 1])
-    stop.raw_input_contents.append(np.array([[True]]).tobytes())
-    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
-
-        async def just_stop() -> AsyncIterator[object]:
-            yield stop
-
-        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(just_stop())
-        with anyio.fail_after(WAIT_S):
-            reply = await call.read()
-        assert not reply.error_message
-        assert reply.infer_response.parameters["triton_final_response"].bool_param
+    url = f"{local_triton.process.http_url}/v2/models/tensorrt_llm/generate_stream"
+    async with httpx.AsyncClient(timeout=WAIT_S) as client:
+        reply = await client.post(url, json=stop_body("to-stop"))
+    assert reply.status_code == 200, reply.text
+    assert all(e.error is None for e in _events(reply.text))
     with anyio.fail_after(WAIT_S):
         rest, reason = await _collect(stream)
     assert reason == "stop"
@@ -282,19 +272,15 @@ async def test_a_stream_closed_without_a_stop_is_dropped_by_the_models_poll(
 ) -> None:
     """An edge that vanishes sends no `stop`: the model's poll of closed streams still frees it."""
     before = await _wait_for(fixed_length, _idle, "idle before the test")
-    request = encode_request(
-        GenerationRequest("no-stop", PROMPT, max_new_tokens=1500, temperature=0.0), "tensorrt_llm", end_id=-1
+    body = generate_body(
+        GenerationRequest("no-stop", PROMPT, max_new_tokens=1500, temperature=0.0), end_id=-1
     )
-    async with grpc.aio.insecure_channel(local_triton.process.grpc_url) as channel:
-
-        async def one() -> AsyncIterator[object]:
-            yield request
-
-        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(one())
+    url = f"{local_triton.process.http_url}/v2/models/tensorrt_llm/generate_stream"
+    async with httpx.AsyncClient(timeout=WAIT_S) as client, client.stream("POST", url, json=body) as reply:
         with anyio.fail_after(WAIT_S):
-            first = await call.read()
-        assert not first.error_message
-        call.cancel()
+            first = await reply.aiter_lines().__anext__()
+        assert first.startswith("data: ") and '"error"' not in first
+    # The connection is closed here, and no stop was sent.
     after = await _wait_for(fixed_length, _idle_since(before), "after the stream was cancelled")
     assert after.iterations - before.iterations < 1500
 
@@ -309,10 +295,9 @@ async def test_non_streaming_request_gets_every_token_in_one_final_response(
         expected += out.token_ids
     whole = GenerationRequest("whole", PROMPT, max_new_tokens=12, temperature=0.0)
     replies = await _non_streaming_replies(local_triton, whole)
-    with_tokens = [r for r in replies if decode_tokens(r)]
+    with_tokens = [r for r in replies if event_tokens(r)]
     assert len(with_tokens) == 1
-    assert decode_tokens(with_tokens[0]) == expected
-    assert replies[-1].parameters["triton_final_response"].bool_param
+    assert event_tokens(with_tokens[0]) == expected
 
 
 @pytest.mark.anyio
@@ -378,7 +363,7 @@ async def test_a_live_replica_failing_a_request_raises_upstream_error(local_trit
     the model the edge asks for."""
     wrong = TritonUpstream(
         "wrong-model",
-        local_triton.process.grpc_url,
+        local_triton.process.http_url,
         local_triton.process.metrics_url,
         model_name="no_such_model",
     )
@@ -392,7 +377,7 @@ async def test_a_live_replica_failing_a_request_raises_upstream_error(local_trit
 @pytest.mark.anyio
 async def test_a_dead_replica_is_not_ready_and_fails_requests() -> None:
     port = free_port()
-    dead = TritonUpstream("dead", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
+    dead = TritonUpstream("dead", f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
     try:
         assert not await dead.ready()
         with pytest.raises(UpstreamError):
@@ -405,13 +390,16 @@ async def test_a_dead_replica_is_not_ready_and_fails_requests() -> None:
 
 @pytest.mark.anyio
 async def test_a_silent_replica_times_out_on_the_first_response() -> None:
-    # A listener that accepts TCP and never speaks HTTP/2: the stream never gets a first response.
+    # A listener that accepts TCP and never answers: the stream never gets a first response.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         port = listener.getsockname()[1]
         silent = TritonUpstream(
-            "silent", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics", first_response_timeout_s=0.5
+            "silent",
+            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{port}/metrics",
+            first_response_timeout_s=0.5,
         )
         try:
             with anyio.fail_after(WAIT_S), pytest.raises(UpstreamError, match="no response within"):

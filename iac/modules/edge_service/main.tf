@@ -40,8 +40,8 @@ resource "aws_security_group" "edge" {
   }
 
   egress {
-    description = "Triton gRPC and metrics on the GPU hosts"
-    from_port   = 8001
+    description = "Triton HTTP (the streams) and metrics on the GPU hosts"
+    from_port   = 8000
     to_port     = 8002
     protocol    = "tcp"
     cidr_blocks = [var.vpc_cidr_block]

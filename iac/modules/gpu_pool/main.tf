@@ -25,12 +25,12 @@ resource "aws_cloudwatch_log_group" "triton" {
 
 resource "aws_security_group" "gpu" {
   name        = var.group_name
-  description = "GPU hosts of ${var.model}: Triton gRPC and metrics from the edge"
+  description = "GPU hosts of ${var.model}: Triton HTTP and metrics from the edge"
   vpc_id      = var.vpc_id
 
   ingress {
-    description     = "Triton gRPC and metrics from the edge"
-    from_port       = 8001
+    description     = "Triton HTTP (the streams) and metrics from the edge"
+    from_port       = 8000
     to_port         = 8002
     protocol        = "tcp"
     security_groups = [var.edge_security_group_id]

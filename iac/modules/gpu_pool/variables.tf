@@ -19,7 +19,7 @@ variable "private_subnet_ids" {
 }
 
 variable "edge_security_group_id" {
-  description = "The edge, the only client of Triton's gRPC and metrics ports."
+  description = "The edge, the only client of Triton's HTTP and metrics ports."
   type        = string
 }
 

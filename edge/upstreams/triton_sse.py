@@ -1,0 +1,263 @@
+"""Triton's HTTP `generate_stream`, read straight off the socket: one keep-alive HTTP/1.1 connection
+per open stream, every Triton response parsed in the read that brings it.
+
+Why not gRPC's `ModelStreamInfer` (what the edge used before): every token is one gRPC message, and
+grpc.aio spends its per-message machinery on each (its poller thread, a loop wake-up, a future, a
+protobuf): the edge's CPU per token through Triton was 9-20x its figure in front of a zero-cost
+upstream, and no gRPC client tried did better (docs/bench-triton.md). Why not httpx: its per-line
+iteration cost as much as gRPC. Here the response is parsed by httptools (the C parser uvicorn uses)
+inside the protocol's `data_received`, each server-sent event (one Triton response) is decoded by
+msgspec into the four fields the edge reads, and everything one read brings is handed over at once:
+to the relay's `offer` (edge/upstreams/direct.py) when it can take the tokens in this callback, so
+the stream's task sleeps on; else to the stream's reader, woken once per read. When the edge falls
+behind, the kernel's socket buffer gathers a stream's responses and one read takes them all.
+
+The end of the HTTP response is the end of the generation (Triton closes the chunked body on the
+response flagged final); an error event, a status other than 200, or a connection lost before that
+end are failures the caller classifies (gpu_container/triton/refusals.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import cast
+
+import httptools
+import msgspec
+
+from edge.upstreams.base import Delta, UpstreamError
+
+# How many idle keep-alive connections a replica's pool keeps for the next streams.
+MAX_IDLE = 512
+
+
+class Event(msgspec.Struct):
+    """The fields of one Triton response the edge reads; the rest of the event is skipped."""
+
+    # Triton writes a one-element tensor as a bare number, a longer one as a flat list.
+    output_ids: int | list[int] = []
+    sequence_length: int | None = None
+    kv_cache_reused_blocks: int | None = None
+    error: str | None = None
+
+
+_decode_event = msgspec.json.Decoder(Event).decode
+
+
+def event_tokens(event: Event) -> list[int]:
+    """The response's new token ids (beam 0): `sequence_length` bounds them when it is sent."""
+    ids = event.output_ids
+    tokens = [ids] if isinstance(ids, int) else ids
+    length = event.sequence_length
+    if length is not None and 0 <= length < len(tokens):
+        tokens = tokens[:length]
+    return tokens
+
+
+class SseConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection to a replica carrying one `generate_stream` request at a time.
+
+    State of the request in flight: `tokens` received and not yet taken, `declined` (a delta the
+    relay's `offer` left to the reader), `reused_blocks` (the first response's prefix-cache hit),
+    `failure`, `ended` (the response is complete), `last_activity` (loop time of the last read).
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.tokens: list[int] = []
+        # Every token of the response so far, and its last, however each reached the edge.
+        self.received = 0
+        self.last_token: int | None = None
+        self.declined: Delta | None = None
+        self.reused_blocks: int | None = None
+        self.failure: str | None = None
+        self.status = 0
+        self.ended = False
+        self.responded = False
+        self.reused = False
+        self.closed = False
+        self.last_activity = 0.0
+        self._offer: Callable[[Delta], bool] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._buffer = b""
+        self._error_body = b""
+        self._keep_alive = False
+        self._loop = asyncio.get_running_loop()
+
+    # -- the request ------------------------------------------------------------------------
+
+    def send(self, request: bytes, offer: Callable[[Delta], bool] | None) -> None:
+        """Start a request on this idle connection; `offer` is handed tokens where they arrive."""
+        self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
+        self.received, self.last_token = 0, None
+        self.status, self.ended, self.responded = 0, False, False
+        self._offer, self._buffer, self._error_body = offer, b"", b""
+        self._parser = httptools.HttpResponseParser(self)
+        self.last_activity = self._loop.time()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    @property
+    def reusable(self) -> bool:
+        return self.ended and self._keep_alive and not self.closed and self.failure is None
+
+    def abort(self) -> None:
+        """Drop the connection mid-response (Triton cancels the request when it next writes)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until something is left for the reader (tokens, a declined delta, the end, a failure).
+
+        Raises TimeoutError after `timeout_s` without a read: tokens the relay took in `offer`
+        count as activity though they never wake the reader."""
+        while not (self.tokens or self.declined or self.ended or self.failure is not None):
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            try:
+                async with asyncio.timeout_at(self.last_activity + timeout_s):
+                    await waiter
+            except TimeoutError:
+                if self._loop.time() < self.last_activity + timeout_s:
+                    continue  # reads went to `offer` meanwhile
+                raise
+            finally:
+                self._waiter = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = self._loop.time()
+        self.responded = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"not an HTTP/1.1 answer ({exc}): is this Triton's HTTP port?")
+        tokens = self.tokens
+        offer = self._offer
+        if (
+            tokens
+            and offer is not None
+            and self.declined is None
+            and not self.ended
+            and self.failure is None
+            # The first tokens go to the reader, which reports the prefix-cache hit with them.
+            and self.received > len(tokens)
+        ):
+            delta = Delta(tokens)
+            self.tokens = []
+            if not offer(delta):
+                self.declined = delta
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.ended and self.failure is None:
+            self.failure = "connection closed before the end of the response"
+        self._wake()
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.status != 200:
+            self._error_body += body
+            return
+        buffer = self._buffer + body if self._buffer else body
+        start = 0
+        while (end := buffer.find(b"\n\n", start)) >= 0:
+            line = buffer[start:end]
+            start = end + 2
+            if not line.startswith(b"data: "):
+                continue
+            try:
+                event = _decode_event(line[6:])
+            except msgspec.DecodeError as exc:
+                self.failure = f"unreadable event: {exc}"
+                continue
+            if event.error is not None:
+                self.failure = event.error
+                continue
+            if self.reused_blocks is None:
+                self.reused_blocks = event.kv_cache_reused_blocks
+            tokens = event_tokens(event)
+            if tokens:
+                self.tokens += tokens
+                self.received += len(tokens)
+                self.last_token = tokens[-1]
+        self._buffer = buffer[start:]
+
+    def on_message_complete(self) -> None:
+        self._keep_alive = self._parser.should_keep_alive()
+        if self.status != 200 and self.failure is None:
+            self.failure = _error_text(self._error_body) or f"HTTP {self.status}"
+        self.ended = True
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+        self.abort()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _error_text(body: bytes) -> str:
+    """Triton's error: a JSON object, or (a model's refusal of a streamed request) an event."""
+    text = body.strip().removeprefix(b"data: ")
+    try:
+        error = _decode_event(text).error
+    except msgspec.DecodeError:
+        return body.decode(errors="replace")[:500]
+    return error or ""
+
+
+class ConnectionPool:
+    """Idle keep-alive connections to one replica's HTTP port, reused by the next streams."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[SseConnection] = []
+
+    async def connect(self, *, fresh: bool = False) -> SseConnection:
+        """An idle connection (unless `fresh`), or a new one; UpstreamError when the replica cannot
+        be reached."""
+        while self._idle and not fresh:
+            conn = self._idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(SseConnection, self.host, self.port)
+        except OSError as exc:
+            raise UpstreamError(f"{self.host}:{self.port}: {exc}") from exc
+        return conn
+
+    def release(self, conn: SseConnection) -> None:
+        """Keep a connection whose response ended cleanly; drop any other."""
+        if conn.reusable and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.abort()
