@@ -2,8 +2,9 @@
 
 python -m bench.relay [--concurrency 1,64,256] [--duration 8] [--chunks 256] [--json]
 
-Each variant is a separate server process (same uvicorn/uvloop/httptools settings as
-`floodgate serve`); its CPU is read from /proc/<pid>/stat around a load of aiohttp streams:
+Each variant is a separate server process (the edge's variants with `floodgate serve`'s uvicorn
+settings and HTTP protocol, edge/server.py; the bare one with stock uvicorn + uvloop + httptools);
+its CPU is read from /proc/<pid>/stat around a load of aiohttp streams:
 
 - bare: a Litestar app streaming pre-encoded SSE chunks as fast as the client takes them;
 - edge: the real app (auth, limiter, admission, detokenizer, stop strings, metrics) in front of a
@@ -102,15 +103,28 @@ async def zero_cost_upstreams(settings: Settings, model_dir: Path) -> AsyncItera
 def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
     import uvicorn
 
-    app: Litestar
     if variant == "bare":
-        app = _bare_app(chunks)
-    elif variant in ("triton", "triton-grpc", "triton-shared"):
-        from edge.app import create_app
-        from edge.config import load_settings
-        from edge.logging_setup import configure_logging
+        uvicorn.run(
+            _bare_app(chunks),
+            host="127.0.0.1",
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            log_level="warning",
+            log_config=None,
+        )
+        return
+    from edge.app import create_app
+    from edge.config import load_settings
+    from edge.gc_tuning import quiet_gc
+    from edge.logging_setup import configure_logging
+    from edge.server import uvicorn_config
 
-        configure_logging()
+    configure_logging()
+    if variant == "edge":
+        settings = load_settings(str(config))
+        app = create_app(settings, zero_cost_upstreams)
+    else:
         settings = load_settings(str(config), {"upstream": {"triton": "local"}})
         if variant == "triton":
             app = create_app(settings)
@@ -118,26 +132,10 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
             from bench.triton_grpc import local_grpc_upstreams
 
             app = create_app(settings, local_grpc_upstreams(variant.removeprefix("triton-")))
-    else:
-        from edge.app import create_app
-        from edge.config import load_settings
-        from edge.logging_setup import configure_logging
-
-        configure_logging()
-        app = create_app(load_settings(str(config)), zero_cost_upstreams)
-    if variant != "bare":
-        from edge.gc_tuning import quiet_gc
-
-        quiet_gc()  # as `floodgate serve` does
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        log_config=None,
-    )
+    quiet_gc()  # as `floodgate serve` does
+    # The edge's own server settings and HTTP protocol (edge/http_protocol.py), as `floodgate serve`.
+    config_ = uvicorn_config(app, settings.server, host="127.0.0.1", port=port, log_config=None)
+    uvicorn.Server(config_).run()
 
 
 @contextmanager

@@ -13,7 +13,9 @@ time over a load, divided by the tokens it received, is what the client costs th
 - aio-shared: one grpc.aio stream per replica carrying every request, read by one task;
 - httpx: Triton's HTTP `generate_stream` read with httpx's line iterator, one request each.
 
-Variants alternate within each repeat, so load from elsewhere hits them alike; the median is shown.
+Each run is a process of its own on uvloop (as the edge runs), so no client's background threads
+(grpc's pollers, the shared stream's reader) bill another's figure; variants alternate within each
+repeat, so load from elsewhere hits them alike; the median is shown.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import uvloop
 
 from bench.triton_grpc import GrpcAioUpstream
 from bench.triton_shared_stream import SharedStreamUpstream
@@ -87,68 +93,87 @@ async def load(stream: Stream, streams: int, max_tokens: int) -> tuple[int, floa
     return sum(counts), time.process_time() - cpu0, time.perf_counter() - wall0
 
 
-async def main_async(args: argparse.Namespace) -> None:
+VARIANTS = ("sse", "aio", "shared", "aio-shared", "httpx")
+
+
+async def run_one(args: argparse.Namespace) -> None:
+    """One load through one client, in a process of its own (`--one`): no other client's threads
+    (grpc's pollers, the shared stream's reader) run beside it and bill this process."""
+    http_url, grpc_url, metrics_url = args.urls.split(",")
+
+    def upstream(name: str) -> TritonUpstream:
+        return TritonUpstream(name, http_url, metrics_url, end_id=-1)
+
+    client: Any
+    if args.one == "sse":
+        client = upstream("sse")
+    elif args.one == "aio":
+        client = GrpcAioUpstream(upstream("aio"), grpc_url)
+    elif args.one in ("shared", "aio-shared"):
+        client = SharedStreamUpstream(
+            upstream(args.one), grpc_url, kind="sync" if args.one == "shared" else "aio"
+        )
+    else:
+        client = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000))
+    stream = http_stream(client, http_url) if args.one == "httpx" else upstream_stream(client)
+    try:
+        # Warm: first connections, lazy imports and first calls are not what a token costs.
+        await load(stream, args.streams_one, 8)
+        tokens, cpu, wall = await load(stream, args.streams_one, args.max_tokens)
+    finally:
+        await client.aclose()
+    print(json.dumps({"tokens": tokens, "cpu_s": cpu, "wall_s": wall}), flush=True)
+
+
+def main_runs(args: argparse.Namespace) -> None:
     config = EngineConfig(max_num_seqs=64, num_blocks=2048)
+    variants = args.clients.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-triton-clients-") as tmp:
         model_dir = build_demo_model(Path(tmp) / "model")
         repository = render_cpu_repository(Path(tmp) / "repository", model_dir, config)
-        server = await asyncio.to_thread(start_local_triton, repository)
-
-        def upstream(name: str) -> TritonUpstream:
-            return TritonUpstream(name, server.http_url, server.metrics_url, end_id=-1)
-
-        sse = upstream("sse")
-        aio = GrpcAioUpstream(upstream("aio"), server.grpc_url)
-        shared = SharedStreamUpstream(upstream("shared"), server.grpc_url)
-        aio_shared = SharedStreamUpstream(upstream("aio-shared"), server.grpc_url, kind="aio")
-        http = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000))
-        variants: dict[str, Stream] = {
-            "sse": upstream_stream(sse),
-            "aio": upstream_stream(aio),
-            "shared": upstream_stream(shared),
-            "aio-shared": upstream_stream(aio_shared),
-            "httpx": http_stream(http, server.http_url),
-        }
+        server = start_local_triton(repository)
+        urls = f"{server.http_url},{server.grpc_url},{server.metrics_url}"
         try:
             for n in [int(x) for x in args.streams.split(",")]:
                 per_token: dict[str, list[float]] = {name: [] for name in variants}
                 tokens_per_s: dict[str, list[float]] = {name: [] for name in variants}
                 for _ in range(args.repeat):
-                    for name, stream in variants.items():
-                        run: Awaitable[tuple[int, float, float]] = load(stream, n, args.max_tokens)
-                        tokens, cpu, wall = await run
-                        per_token[name].append(cpu / max(tokens, 1) * 1e6)
-                        tokens_per_s[name].append(tokens / wall)
-                base = statistics.median(per_token["aio"])
+                    for name in variants:
+                        cmd = [sys.executable, "-m", "bench.triton_clients", "--one", name, "--urls", urls]
+                        cmd += ["--streams-one", str(n), "--max-tokens", str(args.max_tokens)]
+                        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                        run = json.loads(out.strip().splitlines()[-1])
+                        per_token[name].append(run["cpu_s"] / max(run["tokens"], 1) * 1e6)
+                        tokens_per_s[name].append(run["tokens"] / run["wall_s"])
+                base = statistics.median(per_token[variants[0]])
                 for name in variants:
                     us = statistics.median(per_token[name])
-                    print(
-                        json.dumps(
-                            {
-                                "client": name,
-                                "streams": n,
-                                "client_cpu_us_per_token": round(us, 1),
-                                "x_aio": round(us / base, 2),
-                                "tokens_per_s": round(statistics.median(tokens_per_s[name])),
-                            }
-                        ),
-                        flush=True,
-                    )
+                    row = {
+                        "client": name,
+                        "streams": n,
+                        "client_cpu_us_per_token": round(us, 1),
+                        f"x_{variants[0]}": round(us / base, 2),
+                        "tokens_per_s": round(statistics.median(tokens_per_s[name])),
+                    }
+                    print(json.dumps(row), flush=True)
         finally:
-            await sse.aclose()
-            await shared.aclose()
-            await aio.aclose()
-            await aio_shared.aclose()
-            await http.aclose()
-            await asyncio.to_thread(server.stop)
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Triton client CPU per token, five ways.")
     parser.add_argument("--streams", default="1,64")
+    parser.add_argument("--clients", default=",".join(VARIANTS), help="the first is the ratios' base")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
-    asyncio.run(main_async(parser.parse_args(argv)))
+    parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--urls", help=argparse.SUPPRESS)
+    parser.add_argument("--streams-one", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        uvloop.run(run_one(args))
+    else:
+        main_runs(args)
 
 
 if __name__ == "__main__":

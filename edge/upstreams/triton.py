@@ -206,7 +206,7 @@ class TritonUpstream:
                 try:
                     await conn.wait(timeout_s)
                 except TimeoutError:
-                    raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
+                    raise UpstreamError(f"{self.name}: no response within {timeout_s:g} s") from None
                 timeout_s = self._stall_timeout_s
                 if conn.failure is not None and conn.reused and not conn.responded and not retried:
                     # A kept-alive connection the replica had closed while idle: nothing was read.
@@ -273,6 +273,9 @@ class TritonUpstream:
             conn = await self._pool.connect()
             conn.send(self._request(stop_body(request_id)), None)
             while not conn.ended and conn.failure is None:
+                # TensorRT-LLM may answer a stop with the request's last tokens: not wanted here,
+                # and left in place they would end every wait at once.
+                conn.tokens = []
                 await conn.wait(self._probe_timeout_s)
             if conn.failure is not None:
                 raise UpstreamError(conn.failure)

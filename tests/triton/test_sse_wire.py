@@ -1,0 +1,236 @@
+"""The edge's reading of Triton's HTTP `generate_stream` at the byte level, against small servers
+that answer as Triton does but misbehave on purpose: a kept-alive connection closed while idle, an
+event cut across reads, a replica that streams slowly to a relay taking every token in `offer`,
+one that goes silent, and a port that does not speak HTTP/1.1 (the real tritonserver's gRPC port)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+import pytest
+
+from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
+from edge.upstreams.triton import TritonUpstream
+from tests.triton.conftest import LocalTriton
+
+WAIT_S = 20.0
+HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+Answer = Callable[[asyncio.StreamWriter, int], Awaitable[None]]
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def event(*tokens: int) -> bytes:
+    ids = str(tokens[0]) if len(tokens) == 1 else str(list(tokens)).replace(" ", "")
+    return b'data: {"id":"r","model_name":"tensorrt_llm","output_ids":%s,"sequence_length":%d}\n\n' % (
+        ids.encode(),
+        len(tokens),
+    )
+
+
+END = b"0\r\n\r\n"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bool:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return True
+
+
+class FakeReplica:
+    """An HTTP/1.1 server on loopback: `answer(writer, n)` writes the n-th request's response."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self.connections = 0
+        self.requests = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FakeReplica:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while await _read_request(reader):
+                self.requests += 1
+                await self._answer(writer, self.requests)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def upstream(self, **kwargs: float) -> TritonUpstream:
+        url = f"http://127.0.0.1:{self.port}"
+        return TritonUpstream("fake", url, f"{url}/metrics", end_id=-1, **kwargs)  # type: ignore[arg-type]
+
+
+async def _tokens(stream: AsyncIterator[Delta]) -> tuple[list[int], str | None]:
+    tokens: list[int] = []
+    reason = None
+    with anyio.fail_after(WAIT_S):
+        async for delta in stream:
+            tokens += delta.token_ids
+            reason = delta.finish_reason
+    return tokens, reason
+
+
+def _request(n: int = 3) -> GenerationRequest:
+    return GenerationRequest(f"req-{n}", [5, 6, 7], max_new_tokens=n, temperature=0.0)
+
+
+@pytest.mark.anyio
+async def test_a_kept_alive_connection_closed_while_idle_is_replaced_before_the_request_fails() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD + chunk(event(1, 2, 3)) + END)
+        await writer.drain()
+        writer.close()  # the replica drops the connection the edge keeps for the next stream
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        try:
+            assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
+            assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
+        finally:
+            await upstream.aclose()
+    assert replica.requests == 2 and replica.connections == 2
+
+
+@pytest.mark.anyio
+async def test_a_kept_alive_connection_serves_the_next_stream() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD + chunk(event(n, n + 1, n + 2)) + END)
+        await writer.drain()
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        try:
+            for n in (1, 2, 3):
+                assert await _tokens(upstream.generate(_request())) == ([n, n + 1, n + 2], "length")
+        finally:
+            await upstream.aclose()
+    assert replica.connections == 1
+
+
+@pytest.mark.anyio
+async def test_events_cut_anywhere_across_reads_arrive_whole() -> None:
+    body = HEAD + chunk(event(7)) + chunk(event(8, 9)) + chunk(event(10)) + END
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        for i in range(0, len(body), 5):  # cut inside the head, the chunk sizes and the JSON
+            writer.write(body[i : i + 5])
+            await writer.drain()
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        try:
+            assert await _tokens(upstream.generate(_request(4))) == ([7, 8, 9, 10], "length")
+        finally:
+            await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> None:
+    """Past the first token the relay takes every read in `offer`, so the reader never wakes: the
+    stream must still not count as silent while tokens arrive, longer than the stall timeout."""
+    gap_s, count, stall_s = 0.1, 12, 0.5
+    sent = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD)
+        for t in range(count):
+            writer.write(chunk(event(100 + t)))
+            await writer.drain()
+            await asyncio.sleep(gap_s)  # the replica's pace, not synchronisation
+        sent.set()
+        writer.write(END)
+        await writer.drain()
+
+    offered: list[int] = []
+
+    def offer(delta: Delta) -> bool:
+        offered.extend(delta.token_ids)
+        return True
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream(stall_timeout_s=stall_s)
+        try:
+            via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
+        finally:
+            await upstream.aclose()
+    assert sent.is_set()
+    assert reason == "length"
+    assert via_reader[:1] == [100]  # the first token goes to the reader (it reports the cache hit)
+    assert sorted(via_reader + offered) == list(range(100, 100 + count))
+    assert len(offered) >= count - 2, "the relay was offered almost every token"
+
+
+@pytest.mark.anyio
+async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_up() -> None:
+    """The stop sent for the failed stream meets the same silent replica, which answers it with a
+    token and nothing more: the stop gives up after its own timeout (an answer carrying tokens
+    once kept its wait from ever waiting, and the edge's loop spun)."""
+    silence = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD + chunk(event(1)))
+        await writer.drain()
+        await silence.wait()  # then nothing, until the test ends
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream(stall_timeout_s=0.3, probe_timeout_s=0.3)
+        try:
+            with pytest.raises(UpstreamError, match="no response within"):
+                await _tokens(upstream.generate(_request(5)))
+            with anyio.fail_after(WAIT_S):
+                await upstream.aclose()
+            assert replica.requests == 2  # the stream, then its stop
+        finally:
+            silence.set()
+            await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_error_event_mid_stream_is_the_replicas_failure() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD + chunk(event(1)) + chunk(b'data: {"error":"engine step failed"}\n\n') + END)
+        await writer.drain()
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        try:
+            with pytest.raises(UpstreamError, match="engine step failed"):
+                await _tokens(upstream.generate(_request(5)))
+        finally:
+            await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_port_that_does_not_speak_http_1_is_named_as_such(local_triton: LocalTriton) -> None:
+    """Triton's gRPC port, given where its HTTP port belongs (an old `HOST:8001` spec)."""
+    process = local_triton.process
+    upstream = TritonUpstream("grpc-port", f"http://{process.grpc_url}", process.metrics_url)
+    try:
+        with pytest.raises(UpstreamError, match=r"HTTP/1\.1"):
+            await _tokens(upstream.generate(_request()))
+    finally:
+        await upstream.aclose()
