@@ -42,7 +42,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
 import msgspec
 import structlog
 
@@ -161,12 +160,13 @@ class TritonUpstream:
         self._probe_timeout_s = probe_timeout_s
         address = urlsplit(self.http_url)
         self._pool = ConnectionPool(address.hostname or "127.0.0.1", address.port or 80)
+        metrics = urlsplit(metrics_url)
+        self._metrics_pool = ConnectionPool(metrics.hostname or "127.0.0.1", metrics.port or 80)
+        self._metrics_path = metrics.path or "/metrics"
         self._request_head = (
             f"POST /v2/models/{model_name}/generate_stream HTTP/1.1\r\nHost: {address.netloc}\r\n"
             "Content-Type: application/json\r\nContent-Length: "
         ).encode()
-        # Created on first use, inside the event loop that will drive it.
-        self._http: httpx.AsyncClient | None = None
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
         # The replica's KV block size (its tokens_per gauge), once its metrics have said it.
         self._block_tokens = 0
@@ -286,21 +286,17 @@ class TritonUpstream:
             if conn is not None:
                 self._pool.release(conn)
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self._probe_timeout_s)
-        return self._http
-
     async def _metrics(self) -> TrtLlmMetrics:
         now = time.monotonic()
         if self._metrics_cache is not None and now - self._metrics_cache[0] < self._capacity_ttl_s:
             return self._metrics_cache[1]
         try:
-            page = await self._client().get(self.metrics_url)
-            page.raise_for_status()
-        except httpx.HTTPError as exc:
+            status, page = await self._metrics_pool.get(self._metrics_path, self._probe_timeout_s)
+        except UpstreamError as exc:
             raise UpstreamError(f"{self.name}: metrics unavailable: {exc}") from exc
-        metrics = parse_trtllm_metrics(page.text, self.model_name)
+        if status != 200:
+            raise UpstreamError(f"{self.name}: metrics unavailable: HTTP {status}")
+        metrics = parse_trtllm_metrics(page.decode(errors="replace"), self.model_name)
         self._metrics_cache = (time.monotonic(), metrics)
         self._block_tokens = metrics.tokens_per_block
         return metrics
@@ -315,13 +311,12 @@ class TritonUpstream:
 
     async def ready(self) -> bool:
         """Triton's own readiness and the model's (KServe v2 health endpoints)."""
-        client = self._client()
         try:
-            server = await client.get(f"{self.http_url}/v2/health/ready")
-            model = await client.get(f"{self.http_url}/v2/models/{self.model_name}/ready")
-        except httpx.HTTPError:
+            server, _ = await self._pool.get("/v2/health/ready", self._probe_timeout_s)
+            model, _ = await self._pool.get(f"/v2/models/{self.model_name}/ready", self._probe_timeout_s)
+        except UpstreamError:
             return False
-        return server.status_code == 200 and model.status_code == 200
+        return server == 200 and model == 200
 
     async def aclose(self) -> None:
         self._closed = True
@@ -329,9 +324,7 @@ class TritonUpstream:
         if self._stops:
             await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
         self._pool.close()
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        self._metrics_pool.close()
 
 
 def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:

@@ -1,5 +1,6 @@
 """Triton's HTTP `generate_stream`, read straight off the socket: one keep-alive HTTP/1.1 connection
-per open stream, every Triton response parsed in the read that brings it.
+per open stream, every Triton response parsed in the read that brings it. The same connections
+carry the replica's polls (readiness, the metrics page) as plain GETs.
 
 Why not gRPC's `ModelStreamInfer` (what the edge used before): every token is one gRPC message, and
 grpc.aio spends its per-message machinery on each (its poller thread, a loop wake-up, a future, a
@@ -15,6 +16,10 @@ behind, the kernel's socket buffer gathers a stream's responses and one read tak
 The end of the HTTP response is the end of the generation (Triton closes the chunked body on the
 response flagged final); an error event, a status other than 200, or a connection lost before that
 end are failures the caller classifies (gpu_container/triton/refusals.py).
+
+The polls once went through httpx: 1.4 ms of the edge's CPU per GET on a 2-core Xeon, 4.5 ms a
+second per replica for its readiness (two GETs) and capacity (one), which a fleet of replicas
+multiplies; a GET here costs a small fraction of that (docs/bench-triton.md).
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ def event_tokens(event: Event) -> list[int]:
 
 
 class SseConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection to a replica carrying one `generate_stream` request at a time.
+    """One HTTP/1.1 connection to a replica carrying one request at a time: a `generate_stream`
+    (its events parsed as they come) or a plain GET (its body kept whole, in `body`).
 
     State of the request in flight: `tokens` received and not yet taken, `declined` (a delta the
     relay's `offer` left to the reader), `reused_blocks` (the first response's prefix-cache hit),
@@ -83,18 +89,20 @@ class SseConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._buffer = b""
-        self._error_body = b""
+        self._events = True
+        self.body = b""
         self._keep_alive = False
         self._loop = asyncio.get_running_loop()
 
     # -- the request ------------------------------------------------------------------------
 
-    def send(self, request: bytes, offer: Callable[[Delta], bool] | None) -> None:
-        """Start a request on this idle connection; `offer` is handed tokens where they arrive."""
+    def send(self, request: bytes, offer: Callable[[Delta], bool] | None, *, events: bool = True) -> None:
+        """Start a request on this idle connection; `offer` is handed tokens where they arrive.
+        `events`: the answer is a stream of server-sent events (else a body read whole)."""
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
         self.received, self.last_token = 0, None
         self.status, self.ended, self.responded = 0, False, False
-        self._offer, self._buffer, self._error_body = offer, b"", b""
+        self._offer, self._buffer, self.body, self._events = offer, b"", b"", events
         self._parser = httptools.HttpResponseParser(self)
         self.last_activity = self._loop.time()
         assert self.transport is not None
@@ -173,8 +181,8 @@ class SseConnection(asyncio.Protocol):
         self.status = self._parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        if self.status != 200:
-            self._error_body += body
+        if self.status != 200 or not self._events:
+            self.body += body
             return
         buffer = self._buffer + body if self._buffer else body
         start = 0
@@ -202,8 +210,8 @@ class SseConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._keep_alive = self._parser.should_keep_alive()
-        if self.status != 200 and self.failure is None:
-            self.failure = _error_text(self._error_body) or f"HTTP {self.status}"
+        if self.status != 200 and self._events and self.failure is None:
+            self.failure = _error_text(self.body) or f"HTTP {self.status}"
         self.ended = True
 
     def _fail(self, message: str) -> None:
@@ -234,6 +242,7 @@ class ConnectionPool:
         self.host = host
         self.port = port
         self._idle: list[SseConnection] = []
+        self._get_head = f" HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
     async def connect(self, *, fresh: bool = False) -> SseConnection:
         """An idle connection (unless `fresh`), or a new one; UpstreamError when the replica cannot
@@ -256,6 +265,30 @@ class ConnectionPool:
             self._idle.append(conn)
         else:
             conn.abort()
+
+    async def get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """(status, body) of a GET; UpstreamError when the replica does not answer in time."""
+        request = b"GET " + path.encode() + self._get_head
+        conn = await self.connect()
+        for fresh in (False, True):
+            if fresh:
+                conn = await self.connect(fresh=True)
+            conn.send(request, None, events=False)
+            try:
+                while not conn.ended and conn.failure is None:
+                    await conn.wait(timeout_s)
+            except TimeoutError:
+                conn.abort()
+                raise UpstreamError(
+                    f"{self.host}:{self.port}{path}: no answer within {timeout_s:g} s"
+                ) from None
+            if conn.failure is None or not conn.reused or conn.responded or fresh:
+                break
+            # A kept-alive connection the replica had closed while idle: once more on a new one.
+        if conn.failure is not None:
+            raise UpstreamError(f"{self.host}:{self.port}{path}: {conn.failure}")
+        self.release(conn)
+        return conn.status, conn.body
 
     def close(self) -> None:
         idle, self._idle = self._idle, []

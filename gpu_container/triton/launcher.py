@@ -93,6 +93,8 @@ class TritonProcess:
     workdir: Path
     # Set by stop(): the server ignored SIGTERM for STOP_TIMEOUT_S and was killed.
     killed: bool = False
+    # Set by stop() when the server did not exit cleanly: its whole log (the workdir is removed).
+    exit_log: str | None = None
 
     @property
     def replica_spec(self) -> str:
@@ -121,6 +123,7 @@ class TritonProcess:
                 self.process.wait()
             else:
                 if self.process.returncode != 0:
+                    self.exit_log = self.log_path.read_text(errors="replace")
                     log.warning(
                         "tritonserver did not stop cleanly",
                         returncode=self.process.returncode,

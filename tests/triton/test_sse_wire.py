@@ -40,11 +40,9 @@ END = b"0\r\n\r\n"
 
 async def _read_request(reader: asyncio.StreamReader) -> bool:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length")
-    )
+    lines = head.split(b"\r\n")
+    lengths = [int(line.split(b":", 1)[1]) for line in lines if line.lower().startswith(b"content-length")]
+    length = lengths[0] if lengths else 0  # a GET has no body
     await reader.readexactly(length)
     return True
 
@@ -110,6 +108,22 @@ async def test_a_kept_alive_connection_closed_while_idle_is_replaced_before_the_
         try:
             assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
             assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
+        finally:
+            await upstream.aclose()
+    assert replica.requests == 2 and replica.connections == 2
+
+
+@pytest.mark.anyio
+async def test_a_poll_on_a_connection_closed_while_idle_is_sent_again_on_a_new_one() -> None:
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        try:
+            assert await upstream.ready()  # two GETs: the server's readiness, then the model's
         finally:
             await upstream.aclose()
     assert replica.requests == 2 and replica.connections == 2
