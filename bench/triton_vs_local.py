@@ -258,7 +258,8 @@ def render_report(
             *rows,
             "",
             "This process's CPU is the engine and the client on the in-process path, the client alone "
-            "on the others (the edge's gRPC client on a Triton path).",
+            "on the others (the Triton client: the edge's on `triton`, a gRPC one on `triton-grpc` and "
+            "`triton-shared`).",
             f"Medians of {args.repeat} runs per path (alternating). Every run, tokens/s (TTFT p50): "
             f"{every_run}.",
             "",
