@@ -36,6 +36,7 @@ from edge.models.catalog import ModelCatalog
 from edge.models.sampling import sampling_defaults
 from edge.models.served import ServedModel, served_models
 from edge.models.token_weight import weigh
+from edge.open_files import raise_open_files_limit, stream_cap
 from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.admin import admin_router
@@ -115,7 +116,10 @@ def create_app(
     models = served_models(settings)
     providers = {m.name: _provider_of(m, upstreams) for m in models}
     drain = Drain(settings.server.drain_accept_s, settings.server.drain_deadline_s)
-    gate = StreamGate(drain, settings.server.max_open_streams)
+    # A stream on a Triton replica holds a second socket (edge/open_files.py).
+    fds_per_stream = 2 if any(m.settings.upstream.triton for m in models) else 1
+    streams = stream_cap(settings.server.max_open_streams, fds_per_stream, raise_open_files_limit())
+    gate = StreamGate(drain, streams)
     stalled_readers = StalledReaders(settings.server.stalled_reader_s)
 
     @asynccontextmanager

@@ -106,7 +106,10 @@ resource "aws_ecs_task_definition" "edge" {
       command      = ["floodgate-start"]
       stopTimeout  = var.stop_timeout_s
       portMappings = [{ containerPort = var.container_port, protocol = "tcp" }]
-      mountPoints  = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
+      # Two sockets per stream through Triton (the client's, the replica's): Fargate's default,
+      # said here so it is not lost; the edge holds max_open_streams to it (edge/open_files.py).
+      ulimits     = [{ name = "nofile", softLimit = 65535, hardLimit = 65535 }]
+      mountPoints = [{ sourceVolume = "run", containerPath = "/run/floodgate", readOnly = false }]
       environment = [
         for k, v in merge(var.environment, {
           FLOODGATE_CONFIG_TOML = var.config_toml
