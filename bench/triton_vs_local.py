@@ -365,20 +365,13 @@ async def main_async(args: argparse.Namespace) -> dict[int, dict[str, list[RunRe
                     paths["triton"] = (upstream_generate(upstream), server.process.pid)
                 # The measured gRPC clients: one grpc.aio stream per request (the edge's before
                 # 2026-12-01), one synchronous stream per replica.
-                if "triton-grpc" in labels:
-                    grpc_aio = GrpcAioUpstream(
-                        TritonUpstream("bench-grpc", server.http_url, server.metrics_url, end_id=-1),
-                        server.grpc_url,
-                    )
-                    upstreams.append(grpc_aio)
-                    paths["triton-grpc"] = (upstream_generate(grpc_aio), server.process.pid)
-                if "triton-shared" in labels:
-                    shared = SharedStreamUpstream(
-                        TritonUpstream("bench-shared", server.http_url, server.metrics_url, end_id=-1),
-                        server.grpc_url,
-                    )
-                    upstreams.append(shared)
-                    paths["triton-shared"] = (upstream_generate(shared), server.process.pid)
+                grpc_clients = {"triton-grpc": GrpcAioUpstream, "triton-shared": SharedStreamUpstream}
+                for label, client in grpc_clients.items():
+                    if label in labels:
+                        http = TritonUpstream(label, server.http_url, server.metrics_url, end_id=-1)
+                        wrapped = client(http, server.grpc_url)
+                        upstreams.append(wrapped)
+                        paths[label] = (upstream_generate(wrapped), server.process.pid)
             if "engine-process" in labels:
                 # The edge's default local replica: the same engine in a child process of its own,
                 # so that the in-process path's sharing of one GIL with the client is told apart
