@@ -5,11 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tests.server_marker import mark_server_tests
-from tests.support import grpc_stale_events
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    grpc_stale_events.install()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
