@@ -268,11 +268,14 @@ class ConnectionPool:
         self.host = host
         self.port = port
         self._idle: list[SseConnection] = []
+        self._closed = False
         self._get_head = f" HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
     async def connect(self, *, fresh: bool = False) -> SseConnection:
         """An idle connection (unless `fresh`), or a new one; UpstreamError when the replica cannot
-        be reached."""
+        be reached or the pool is closed (a connection opened then would never be closed)."""
+        if self._closed:
+            raise UpstreamError(f"{self.host}:{self.port}: the upstream is closed")
         while self._idle and not fresh:
             conn = self._idle.pop()
             if not conn.closed:
@@ -287,7 +290,7 @@ class ConnectionPool:
 
     def release(self, conn: SseConnection) -> None:
         """Keep a connection whose response ended cleanly; drop any other."""
-        if conn.reusable and len(self._idle) < MAX_IDLE:
+        if conn.reusable and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
         else:
             conn.abort()
@@ -317,6 +320,9 @@ class ConnectionPool:
         return conn.status, conn.body
 
     def close(self) -> None:
+        """Drop the idle connections; from now on no connection is opened or kept. Those still
+        carrying a stream are closed by their streams."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.abort()

@@ -248,3 +248,22 @@ async def test_a_port_that_does_not_speak_http_1_is_named_as_such(local_triton: 
             await _tokens(upstream.generate(_request()))
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_closed_upstream_opens_no_connection() -> None:
+    """At shutdown the upstreams close first: a health poll or a stream arriving after must not
+    open a connection nobody would close."""
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream()
+        assert await upstream.ready()
+        await upstream.aclose()
+        assert not await upstream.ready()
+        with pytest.raises(UpstreamError, match="closed"):
+            await _tokens(upstream.generate(_request()))
+    assert replica.connections == 1
