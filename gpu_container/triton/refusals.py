@@ -1,10 +1,11 @@
 """Which errors a Triton replica answers are the request's own fault (a refusal), not the replica's.
 
 A refused request must be answered 400 for that request alone; any other error marks the replica
-suspect and costs every user on it. On a `ModelStreamInfer` stream Triton reports a request's
-error as a bare `error_message` string: the backend's status code (INVALID_ARG, INTERNAL...) does
-not travel. So a refusal is known by its text, and the two servers of the `tensorrt_llm` contract
-word theirs differently:
+suspect and costs every user on it. On a stream Triton reports a request's error as a bare
+message (an `error` event of HTTP `generate_stream`, which the edge reads; an `error_message` on
+gRPC's `ModelStreamInfer`): the backend's status code (INVALID_ARG, INTERNAL...) travels only as the
+HTTP status of a refusal that came before any token (400 for INVALID_ARG). So a refusal is known by
+its text, and the two servers of the `tensorrt_llm` contract word theirs differently:
 
 * Our CPU model (gpu_container/triton/cpu/engine_model.py) starts the message with REFUSED and
   sends it with Triton's INVALID_ARG code (which HTTP clients do get, as a 400).
@@ -20,7 +21,7 @@ Triton >= 2.50 can instead end the stream with the gRPC status (the `triton_grpc
 header: INVALID_ARG arrives as INVALID_ARGUMENT), but in 2.51 that mode logs an internal error for
 every refused request and, in one test run of three, left the model unable to unload at shutdown
 (the mode's use-after-free was fixed upstream only in 2026, server PR #8708). The edge does not ask
-for it; a status INVALID_ARGUMENT is still read as a refusal.
+for it; a status INVALID_ARGUMENT (HTTP 400) is still read as a refusal.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ _SOURCE_LOCATION = re.compile(r" \([^()]*:\d+\)$")
 
 
 def refusal_reason(message: str, *, invalid_argument: bool = False) -> str | None:
-    """The reason to give the client when `message` (with the gRPC status INVALID_ARGUMENT when
+    """The reason to give the client when `message` (with HTTP 400 or gRPC INVALID_ARGUMENT when
     `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure."""
     if message.startswith(REFUSED):
         return message.removeprefix(REFUSED)
