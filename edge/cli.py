@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, msgspec.ValidationError) as exc:
         raise SystemExit(f"floodgate: invalid settings: {exc}") from None
     configure_logging()
-    # httpx logs every request at INFO: the replicas' metrics polls would flood the log.
+    # httpx logs every request at INFO: a local tritonserver's readiness polls at start would flood it.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         for served in served_models(settings):
