@@ -216,6 +216,8 @@ class TritonUpstream:
                     continue
                 if conn.failure is not None:
                     raise _stream_error(self.name, conn.failure, conn.status)
+                if conn.relay_error is not None:
+                    raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")
                 declined, conn.declined = conn.declined, None
                 if declined is not None:
                     # Relayed already, or its write still pending: the relay knows it by identity.

@@ -31,8 +31,11 @@ from typing import cast
 
 import httptools
 import msgspec
+import structlog
 
 from edge.upstreams.base import Delta, UpstreamError
+
+log = structlog.get_logger(__name__)
 
 # How many idle keep-alive connections a replica's pool keeps for the next streams.
 MAX_IDLE = 512
@@ -79,6 +82,8 @@ class SseConnection(asyncio.Protocol):
         self.declined: Delta | None = None
         self.reused_blocks: int | None = None
         self.failure: str | None = None
+        # The relay's own failure in `offer` (the replica is fine: its sequence must still stop).
+        self.relay_error: Exception | None = None
         self.status = 0
         self.ended = False
         self.responded = False
@@ -105,7 +110,7 @@ class SseConnection(asyncio.Protocol):
         """Start a request on this idle connection; `offer` is handed tokens where they arrive.
         `events`: the answer is a stream of server-sent events (else a body read whole)."""
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
-        self.received, self.last_token = 0, None
+        self.received, self.last_token, self.relay_error = 0, None, None
         self.status, self.ended, self.responded, self._silent = 0, False, False, False
         self._offer, self._buffer, self.body, self._events = offer, b"", b"", events
         self._parser = httptools.HttpResponseParser(self)
@@ -132,7 +137,9 @@ class SseConnection(asyncio.Protocol):
         if timeout_s != self._timeout_s:
             self._stop_timer()  # armed for the other timeout (the first response's)
             self._timeout_s = timeout_s
-        while not (self.tokens or self.declined or self.ended or self.failure is not None):
+        while not (
+            self.tokens or self.declined or self.ended or self.failure is not None or self.relay_error
+        ):
             if self._silent:
                 raise TimeoutError
             if self._timer is None:
@@ -184,13 +191,20 @@ class SseConnection(asyncio.Protocol):
             and self.declined is None
             and not self.ended
             and self.failure is None
+            and self.relay_error is None
             # The first tokens go to the reader, which reports the prefix-cache hit with them.
             and self.received > len(tokens)
         ):
             delta = Delta(tokens)
             self.tokens = []
-            if not offer(delta):
-                self.declined = delta
+            try:
+                if not offer(delta):
+                    self.declined = delta
+            except Exception as exc:
+                # Raised here it would only reach the loop's handler, and the stream would wait
+                # for its stall timeout: its reader ends it instead.
+                log.exception("direct_relay_failed")
+                self.relay_error = exc
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:

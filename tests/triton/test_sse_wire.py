@@ -267,3 +267,40 @@ async def test_a_closed_upstream_opens_no_connection() -> None:
         with pytest.raises(UpstreamError, match="closed"):
             await _tokens(upstream.generate(_request()))
     assert replica.connections == 1
+
+
+@pytest.mark.anyio
+async def test_a_relay_failing_in_offer_ends_its_stream_and_stops_the_sequence() -> None:
+    """A bug in the relay's `offer` runs in the connection's callback: it must end that stream at
+    once (not after the stall timeout) and still send the replica the sequence's `stop`."""
+    first_read, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:
+            writer.write(HEAD + chunk(event(1)))
+            await writer.drain()
+            await first_read.wait()  # the first token is the reader's; the next goes to `offer`
+            writer.write(chunk(event(2)))
+            await writer.drain()
+            await release.wait()
+        else:  # the stop
+            writer.write(HEAD + END)
+            await writer.drain()
+
+    def broken_offer(delta: Delta) -> bool:
+        raise RuntimeError("relay bug")
+
+    async with FakeReplica(answer) as replica:
+        upstream = replica.upstream(stall_timeout_s=WAIT_S)
+        try:
+            stream = upstream.generate_direct(_request(5), broken_offer)
+            with anyio.fail_after(WAIT_S / 2):
+                assert (await stream.__anext__()).token_ids == [1]
+                first_read.set()
+                with pytest.raises(UpstreamError, match="relay bug"):
+                    await stream.__anext__()
+            await upstream.aclose()
+            assert replica.requests == 2  # the stream, then its stop
+        finally:
+            release.set()
+            await upstream.aclose()
