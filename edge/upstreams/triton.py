@@ -59,7 +59,7 @@ from edge.upstreams.base import (
 from edge.upstreams.direct import DeltaSink
 from edge.upstreams.local_pool import UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
-from edge.upstreams.triton_sse import ConnectionPool, SseConnection
+from edge.upstreams.triton_sse import ConnectionPool
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
@@ -270,23 +270,15 @@ class TritonUpstream:
         task.add_done_callback(self._stops.discard)
 
     async def _stop(self, request_id: str) -> None:
-        conn: SseConnection | None = None
         try:
-            conn = await self._pool.connect()
-            conn.send(self._request(stop_body(request_id)), None)
-            while not conn.ended and conn.failure is None:
-                # TensorRT-LLM may answer a stop with the request's last tokens: not wanted here,
-                # and left in place they would end every wait at once.
-                conn.tokens = []
-                await conn.wait(self._probe_timeout_s)
-            if conn.failure is not None:
-                raise UpstreamError(conn.failure)
-        except (TimeoutError, UpstreamError) as exc:
+            status, body = await self._pool.fetch(
+                self._request(stop_body(request_id)), "stop", self._probe_timeout_s
+            )
+            if status != 200:
+                raise UpstreamError(f"HTTP {status}: {body[:300]!r}")
+        except UpstreamError as exc:
             # Not fatal: the model's poll of closed streams drops the request a little later.
             log.info("triton_stop_failed", replica=self.name, request_id=request_id, error=repr(exc))
-        finally:
-            if conn is not None:
-                self._pool.release(conn)
 
     async def _metrics(self) -> TrtLlmMetrics:
         now = time.monotonic()

@@ -311,7 +311,12 @@ class ConnectionPool:
 
     async def get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
         """(status, body) of a GET; UpstreamError when the replica does not answer in time."""
-        request = b"GET " + path.encode() + self._get_head
+        return await self.fetch(b"GET " + path.encode() + self._get_head, path, timeout_s)
+
+    async def fetch(self, request: bytes, what: str, timeout_s: float) -> tuple[int, bytes]:
+        """(status, body) of `request`, its answer read whole (never as events: a `stop` answered
+        with tokens is just a body here); UpstreamError naming `what` when the replica does not
+        answer in time."""
         conn = await self.connect()
         for fresh in (False, True):
             if fresh:
@@ -323,13 +328,13 @@ class ConnectionPool:
             except TimeoutError:
                 conn.abort()
                 raise UpstreamError(
-                    f"{self.host}:{self.port}{path}: no answer within {timeout_s:g} s"
+                    f"{self.host}:{self.port} {what}: no answer within {timeout_s:g} s"
                 ) from None
             if conn.failure is None or not conn.reused or conn.responded or fresh:
                 break
             # A kept-alive connection the replica had closed while idle: once more on a new one.
         if conn.failure is not None:
-            raise UpstreamError(f"{self.host}:{self.port}{path}: {conn.failure}")
+            raise UpstreamError(f"{self.host}:{self.port} {what}: {conn.failure}")
         self.release(conn)
         return conn.status, conn.body
 
