@@ -84,6 +84,25 @@ def decode_tokens(response: Any) -> list[int]:
     return [int(t) for t in ids]
 
 
+class DeltaTally:
+    """One stream's tokens so far, and the delta each response makes of them (the finish reason on
+    the final one), for the gRPC clients measured here."""
+
+    def __init__(self, req: GenerationRequest, stop_tokens: set[int]) -> None:
+        self._limit = req.max_new_tokens
+        self._stop_tokens = stop_tokens
+        self._generated = 0
+        self._last: int | None = None
+
+    def delta(self, tokens: list[int], finished: bool) -> Delta | None:
+        self._generated += len(tokens)
+        if tokens:
+            self._last = tokens[-1]
+        if finished:
+            return Delta(tokens, _finish_reason(self._last, self._stop_tokens, self._generated, self._limit))
+        return Delta(tokens) if tokens else None
+
+
 async def _first_read(call: Any) -> Any:
     """The first response, read in a task of its own that a cancel cannot reach (grpc.aio's set-up
     task would swallow it)."""
@@ -121,9 +140,7 @@ class GrpcAioUpstream:
             yield request
 
         call = self._stub.ModelStreamInfer(requests())
-        stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
-        generated = 0
-        last_token: int | None = None
+        tally = DeltaTally(req, set(req.stop_ids) | ({end_id} if end_id is not None else set()))
         finished = False
         first = True
         try:
@@ -136,17 +153,9 @@ class GrpcAioUpstream:
                 if message.error_message:
                     raise UpstreamError(f"{self.name}: {message.error_message}")
                 response = message.infer_response
-                tokens = decode_tokens(response)
-                generated += len(tokens)
-                if tokens:
-                    last_token = tokens[-1]
                 finished = response.parameters[_FINAL].bool_param if _FINAL in response.parameters else False
-                if finished:
-                    yield Delta(
-                        tokens, _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens)
-                    )
-                elif tokens:
-                    yield Delta(tokens)
+                if (delta := tally.delta(decode_tokens(response), finished)) is not None:
+                    yield delta
         finally:
             if not finished:
                 call.cancel()

@@ -35,9 +35,9 @@ import numpy as np
 import structlog
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from bench.triton_grpc import encode_request
+from bench.triton_grpc import DeltaTally, encode_request
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
-from edge.upstreams.triton import TritonUpstream, _finish_reason
+from edge.upstreams.triton import TritonUpstream
 
 log = structlog.get_logger(__name__)
 
@@ -340,9 +340,7 @@ class SharedStreamUpstream:
         request = encode_request(req, up.model_name, end_id=up._end_id, pad_id=up._pad_id)
         stream = self._shared_stream()
         inbox = stream.submit(request)
-        stop_tokens = set(req.stop_ids) | ({up._end_id} if up._end_id is not None else set())
-        generated = 0
-        last_token: int | None = None
+        tally = DeltaTally(req, set(req.stop_ids) | ({up._end_id} if up._end_id is not None else set()))
         finished = False
         try:
             timeout_s = up._first_timeout_s
@@ -353,15 +351,8 @@ class SharedStreamUpstream:
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:.0f} s") from None
                 timeout_s = up._stall_timeout_s
-                generated += len(tokens)
-                if tokens:
-                    last_token = tokens[-1]
-                if finished:
-                    yield Delta(
-                        tokens, _finish_reason(last_token, stop_tokens, generated, req.max_new_tokens)
-                    )
-                elif tokens:
-                    yield Delta(tokens)
+                if (delta := tally.delta(tokens, finished)) is not None:
+                    yield delta
         finally:
             if not finished:
                 stream.stop(inbox, stop_request(up.model_name, inbox.wire_id))
