@@ -201,8 +201,8 @@ async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> Non
 @pytest.mark.anyio
 async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_up() -> None:
     """The stop sent for the failed stream meets the same silent replica, which answers it with a
-    token and nothing more: the stop gives up after its own timeout (an answer carrying tokens
-    once kept its wait from ever waiting, and the edge's loop spun)."""
+    token and nothing more: the stop gives up after its own timeout (a stop's answer once parsed
+    as events left its tokens in place, its wait never waited, and the edge's loop spun)."""
     silence = asyncio.Event()
 
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
