@@ -327,6 +327,23 @@ async def test_concurrent_streams_share_the_engine_batch(fixed_length: TritonUps
 
 
 @pytest.mark.anyio
+async def test_the_metrics_page_counts_a_finished_request_by_the_time_its_client_has_it(
+    fixed_length: TritonUpstream,
+) -> None:
+    """Read once, no polling: a request shorter than the model's metrics period left the page
+    showing the state from before it, and a reader's "idle before" snapshot then missed its tokens
+    (CI saw the batch test above count one earlier request's 12 tokens as its own)."""
+    before = await _wait_for(fixed_length, _idle, "idle before the test")
+    for i in range(5):
+        req = GenerationRequest(f"short-{i}", PROMPT, max_new_tokens=3, temperature=0.0)
+        tokens, _ = await _collect(fixed_length.generate(req))
+        page = await fixed_length.metrics()
+        assert _idle(page)
+        assert page.generated_tokens - before.generated_tokens == len(tokens) == 3
+        before = page
+
+
+@pytest.mark.anyio
 async def test_capacity_and_readiness_come_from_the_replica(
     upstream: TritonUpstream, local_triton: LocalTriton
 ) -> None:

@@ -119,8 +119,14 @@ class _Metrics:
         self._generated_tokens = self._families["tokens"].Metric(labels=labels)
         self._last: dict[str, int] = {}
         self._last_generated = 0
+        # The watcher refreshes periodically and the sender when the replica goes idle.
+        self._lock = threading.Lock()
 
     def update(self, stats: EngineStats) -> None:
+        with self._lock:
+            self._update(stats)
+
+    def _update(self, stats: EngineStats) -> None:
         # The counter first: each write below is a separate IPC call, and a scrape may land between
         # any two. A reader that waits on the gauges (idle, iterations advanced) must find the tokens
         # of the same snapshot already counted; written last, the counter lagged the gauges by the
@@ -276,6 +282,12 @@ class EngineModel:
                 # Waits for a probe of this request in flight; none starts after (see _abort_cancelled).
                 with live.probe:
                     live.final_sent = True
+                if not self._live:
+                    # The last request's final response: a reader who has it must find the page
+                    # already idle with its tokens counted. A request shorter than the watcher's
+                    # period never showed on the page otherwise, and the next reader's "idle before"
+                    # snapshot missed its tokens. Only when going idle, so it costs nothing under load.
+                    self._metrics.update(self._engine.stats())
         if live is None:
             return
         live.cached_tokens += out.cached_tokens
