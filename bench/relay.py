@@ -15,7 +15,10 @@ its CPU is read from /proc/<pid>/stat around a load of aiohttp streams:
 - triton-grpc (opt-in): the same through the edge's earlier client, one grpc.aio stream per
   request (bench/triton_grpc.py);
 - triton-shared (opt-in): the same through another measured alternative, one synchronous gRPC
-  stream per replica read on a thread (bench/triton_shared_stream.py).
+  stream per replica read on a thread (bench/triton_shared_stream.py);
+- triton-zero (opt-in): the edge and its Triton client in front of a replica that speaks Triton's
+  HTTP `generate_stream` with no model (bench/zero_cost_replica.py, its own process, not counted),
+  as fast as the edge reads: the Triton path at the zero-cost upstream's pace.
 
 The same process serves one variant: `python -m bench.relay --serve bare|edge --config FILE`.
 """
@@ -100,7 +103,7 @@ async def zero_cost_upstreams(settings: Settings, model_dir: Path) -> AsyncItera
     yield [ZeroCostUpstream()]
 
 
-def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
+def _serve(variant: str, config: Path, port: int, chunks: int, replica_port: int | None) -> None:
     import uvicorn
 
     if variant == "bare":
@@ -124,6 +127,10 @@ def _serve(variant: str, config: Path, port: int, chunks: int) -> None:
     if variant == "edge":
         settings = load_settings(str(config))
         app = create_app(settings, zero_cost_upstreams)
+    elif variant == "triton-zero":
+        spec = f"127.0.0.1:{replica_port}:{replica_port}"
+        settings = load_settings(str(config), {"upstream": {"triton": spec}})
+        app = create_app(settings)
     else:
         settings = load_settings(str(config), {"upstream": {"triton": "local"}})
         if variant == "triton":
@@ -155,12 +162,21 @@ def _server(variant: str, chunks: int, tree: Path | None = None) -> Iterator[Edg
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]
         cmd += ["--port", str(port), "--chunks", str(chunks)]
+        replica = None
+        if variant == "triton-zero":
+            replica_port = free_port()
+            replica = subprocess.Popen(
+                [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(replica_port)], cwd=tree
+            )
+            cmd += ["--replica-port", str(replica_port)]
         profile = os.environ.get("RELAY_PROFILE")
         if profile:
             # RELAY_PROFILE=/tmp/prof: py-spy's collapsed stacks of each server in /tmp/prof-<variant>.txt
             py_spy = str(Path(sys.executable).parent / "py-spy")
             out = f"{profile}-{variant}.txt"
-            cmd = [py_spy, "record", "-r", "500", "-o", out, "-f", "raw", "--nonblocking", "--", *cmd]
+            # RELAY_PROFILE_FLAGS: py-spy's other flags (default --nonblocking; --native for the C below).
+            flags = os.environ.get("RELAY_PROFILE_FLAGS", "--nonblocking").split()
+            cmd = [py_spy, "record", "-r", "500", *flags, "-o", out, "-f", "raw", "--", *cmd]
         log = open(Path(tmp) / "server.log", "w")
         env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env)
@@ -176,6 +192,9 @@ def _server(variant: str, chunks: int, tree: Path | None = None) -> Iterator[Edg
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
+            if replica is not None:
+                replica.terminate()
+                replica.wait()
 
 
 def _server_pid(pid: int) -> int:
@@ -256,13 +275,16 @@ def main() -> None:
         help="LABEL=DIR,...: run the edge variants from these checkouts too, in the same run",
     )
     parser.add_argument(
-        "--serve", choices=["bare", "edge", "triton", "triton-grpc", "triton-shared"], help=argparse.SUPPRESS
+        "--serve",
+        choices=["bare", "edge", "triton", "triton-grpc", "triton-shared", "triton-zero"],
+        help=argparse.SUPPRESS,
     )
+    parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        _serve(args.serve, args.config, args.port, args.chunks)
+        _serve(args.serve, args.config, args.port, args.chunks, args.replica_port)
         return
     rows = measure(
         args.variants.split(","),

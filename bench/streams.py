@@ -1,12 +1,14 @@
 """What the edge spends per token at a real model's pace, per stream set up, and per open stream.
 
-python -m bench.streams [--paced 33:200,500:1000] [--workers 1,2] [--window 8] [--json]
+python -m bench.streams [--paced 33:200,500:1000] [--workers 1,2] [--upstream in-process,triton] [--json]
 
 For each pacing (ms between tokens : streams held) and worker count, a real edge app
 (`create_app`: auth, limiter, admission, detokenizer, metrics, the request log line) serves in
 front of `PacedUpstream` (bench/paced_upstream.py: zero compute, one token per step to every
 running sequence), with the uvicorn settings of `floodgate serve`; `--workers 2` runs two such
-processes on one port with SO_REUSEPORT and sums their CPU. Reported, per run:
+processes on one port with SO_REUSEPORT and sums their CPU. `--upstream triton` puts the Triton
+path beside it: the edge's own Triton client reading bench/zero_cost_replica.py (Triton's HTTP
+`generate_stream`, no model, the same pace and step clocks) in its own process. Reported, per run:
 
 - set-up CPU per stream: server CPU over a burst of one-token streams (parse, auth, template,
   limiter, admission, first event, close, log line) divided by the streams;
@@ -55,7 +57,15 @@ from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 from bench.stream_clients import ERROR_EVENT, StreamClients
 
 
-def _serve(config: Path, port: int, interval_ms: float, replicas: int, gc_mode: str, ready: Path) -> None:
+def _serve(
+    config: Path,
+    port: int,
+    interval_ms: float,
+    replicas: int,
+    gc_mode: str,
+    ready: Path,
+    replica_port: int | None,
+) -> None:
     import uvicorn
 
     from edge.app import create_app
@@ -64,14 +74,21 @@ def _serve(config: Path, port: int, interval_ms: float, replicas: int, gc_mode: 
     from edge.server import uvicorn_config
 
     configure_logging()
-    settings = load_settings(str(config))
-    upstream = PacedUpstream(interval_ms / 1000, replicas)
+    app: Any
+    if replica_port is not None:
+        # The Triton path: the edge's own Triton client, in front of bench/zero_cost_replica.py.
+        spec = f"127.0.0.1:{replica_port}:{replica_port}"
+        settings = load_settings(str(config), {"upstream": {"triton": spec}})
+        app = create_app(settings)
+    else:
+        settings = load_settings(str(config))
+        upstream = PacedUpstream(interval_ms / 1000, replicas)
 
-    @asynccontextmanager
-    async def paced(settings: Settings, model_dir: Path) -> AsyncIterator[list[PacedUpstream]]:
-        yield [upstream]
+        @asynccontextmanager
+        async def paced(settings: Settings, model_dir: Path) -> AsyncIterator[list[PacedUpstream]]:
+            yield [upstream]
 
-    app: Any = create_app(settings, paced)  # type: ignore[arg-type]
+        app = create_app(settings, paced)  # type: ignore[arg-type]
 
     pauses = _GcPauses()
     gc.callbacks.append(pauses.callback)
@@ -158,10 +175,17 @@ class Servers:
 
 @contextmanager
 def servers(
-    interval_ms: float, workers: int, replicas: int, gc_mode: str = "quiet", tree: Path | None = None
+    interval_ms: float,
+    workers: int,
+    replicas: int,
+    gc_mode: str = "quiet",
+    tree: Path | None = None,
+    upstream: str = "in-process",
 ) -> Iterator[Servers]:
     """`tree`: serve from another checkout of the project (its edge/, this bench's server code),
-    so a change and the code before it are compared in one run."""
+    so a change and the code before it are compared in one run. `upstream` "triton": the servers
+    read a zero-cost replica over Triton's HTTP (bench/zero_cost_replica.py, its own process, not
+    counted) paced alike, instead of the in-process PacedUpstream."""
     from edge.config import load_settings
     from edge.keys.provision import create_keys
 
@@ -176,7 +200,13 @@ def servers(
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         procs: list[subprocess.Popen[bytes]] = []
         logs = []
+        replica = None
         try:
+            if upstream == "triton":
+                replica_port = free_port()
+                replica_cmd = [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(replica_port)]
+                replica_cmd += ["--interval-ms", str(interval_ms), "--clocks", str(replicas)]
+                replica = subprocess.Popen(replica_cmd, cwd=tree)
             for i in range(workers):
                 ready = Path(tmp) / f"ready-{i}"
                 log = open(Path(tmp) / f"server-{i}.log", "w")
@@ -184,6 +214,8 @@ def servers(
                 cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
                 cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
                 cmd += ["--replicas", str(replicas), "--gc", gc_mode]
+                if replica is not None:
+                    cmd += ["--replica-port", str(replica_port)]
                 profile = os.environ.get("STREAMS_PROFILE")
                 if profile:
                     # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
@@ -228,6 +260,9 @@ def servers(
                     proc.kill()
             for log in logs:
                 log.close()
+            if replica is not None:
+                replica.terminate()
+                replica.wait()
 
 
 def _body(max_tokens: int) -> dict[str, Any]:
@@ -376,12 +411,13 @@ def measure(
     setup_count: int,
     client_processes: int = 2,
     paired: int = 0,
+    upstreams: tuple[str, ...] = ("in-process",),
 ) -> list[dict[str, Any]]:
     """`paired` > 0: the trees' servers run side by side, their set-up cost measured in `paired`
     alternating bursts each (the median reported) and their streams held in one window."""
     rows = []
-    for n_workers, (interval_ms, streams), steps, gc_mode in itertools.product(
-        workers, paced, replicas, gc_modes
+    for n_workers, (interval_ms, streams), steps, gc_mode, upstream in itertools.product(
+        workers, paced, replicas, gc_modes, upstreams
     ):
         usable = [
             (label, tree)
@@ -397,11 +433,12 @@ def measure(
             "streams": streams,
             "replicas": n_replicas,
             "gc": gc_mode,
+            "upstream": upstream,
         }
         for group in [usable] if paired else [[t] for t in usable]:
             with contextlib.ExitStack() as stack:
                 srvs = [
-                    stack.enter_context(servers(interval_ms, n_workers, n_replicas, gc_mode, tree))
+                    stack.enter_context(servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream))
                     for _, tree in group
                 ]
                 bursts: list[list[tuple[float, int]]] = [[] for _ in srvs]
@@ -464,15 +501,22 @@ def main() -> None:
         help="with --trees: run the trees' servers side by side, N alternating set-up bursts each, "
         "streams held in one window (same machine load for every version)",
     )
+    parser.add_argument(
+        "--upstream",
+        default="in-process",
+        help="in-process (PacedUpstream) or triton (a zero-cost replica read over Triton's HTTP), ...",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--interval-ms", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        _serve(args.config, args.port, args.interval_ms, int(args.replicas), args.gc, args.ready)
+        replicas = int(args.replicas)
+        _serve(args.config, args.port, args.interval_ms, replicas, args.gc, args.ready, args.replica_port)
         return
     gc.collect()
     paced = [(float(a), int(b)) for a, b in (x.split(":") for x in args.paced.split(","))]
@@ -488,6 +532,7 @@ def main() -> None:
         args.setup_count,
         args.clients,
         args.paired,
+        tuple(args.upstream.split(",")),
     )
     if args.json:
         for row in rows:
