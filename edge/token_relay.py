@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from edge import metrics
-from edge.text.detokenizer import IncrementalDetokenizer
+from edge.text.detokenizer import Detokenizer
 from edge.text.stops import StopMatcher
 from edge.upstreams.base import Delta, UpstreamError
 from limiter.base import OutputLease
@@ -58,7 +58,7 @@ class TokenRelay:
         self,
         out: Any,
         on_text: TextSink,
-        detok: IncrementalDetokenizer,
+        detok: Detokenizer,
         stops: StopMatcher,
         lease: OutputLease,
         grow: Callable[[int], None] | None,

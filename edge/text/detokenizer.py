@@ -10,14 +10,56 @@ still to come, so it is held until the next token says.
 One decode per push: the window's emitted text is the previous push's decode of the same window,
 kept. Only when the window has grown past _WINDOW_TOKENS does it move up to the last push's
 tokens, which costs one more decode (a short window keeps every decode cheap).
+
+Where a token's bytes never depend on its neighbours (byte-level BPE, edge/text/byte_pieces.py),
+`PiecesDetokenizer` needs no window and no call into the tokenizer: each push joins its tokens'
+bytes and an incremental UTF-8 decoder holds back a character whose bytes are still to come.
 """
 
 from __future__ import annotations
+
+import codecs
+from typing import Protocol
 
 from tokenizers import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 _WINDOW_TOKENS = 4
+
+
+class Detokenizer(Protocol):
+    def push(self, token_ids: list[int]) -> str:
+        """The new text of these tokens that can no longer change."""
+        ...
+
+    def flush(self) -> str:
+        """Whatever is still held: the sequence has ended, nothing will complete it."""
+        ...
+
+
+_Utf8Decoder = codecs.getincrementaldecoder("utf-8")
+
+
+class PiecesDetokenizer:
+    """Feed token ids as they arrive; each id's bytes come from `pieces` (edge/text/byte_pieces.py)."""
+
+    __slots__ = ("_decode", "_pieces", "_size")
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+        self._size = len(pieces)
+        # Invalid bytes read as the tokenizer's own decode reads them (byte_pieces checks it).
+        self._decode = _Utf8Decoder("replace").decode
+
+    def push(self, token_ids: list[int]) -> str:
+        pieces, size = self._pieces, self._size
+        if len(token_ids) == 1 and 0 <= (token_id := token_ids[0]) < size:
+            return self._decode(pieces[token_id])
+        # An id past the vocabulary decodes to nothing, as the tokenizer skips it.
+        return self._decode(b"".join([pieces[i] for i in token_ids if 0 <= i < size]))
+
+    def flush(self) -> str:
+        return self._decode(b"", True)
 
 
 class IncrementalDetokenizer:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from edge.text.byte_pieces import byte_pieces
 from edge.text.chat_template import ChatTemplate
-from edge.text.detokenizer import IncrementalDetokenizer
+from edge.text.detokenizer import Detokenizer, IncrementalDetokenizer, PiecesDetokenizer
 from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
 
 
@@ -16,6 +17,8 @@ class ModelText:
         self.tokenizer = tokenizer
         self.template = template
         self.eos_token_ids = eos_token_ids
+        # Built once per model: every stream's detokenizer then reads it (None: not byte-level).
+        self._pieces = byte_pieces(tokenizer)
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -33,5 +36,7 @@ class ModelText:
         ids: list[int] = self.tokenizer.encode(self.template.render(messages), add_special_tokens=False).ids
         return ids
 
-    def detokenizer(self) -> IncrementalDetokenizer:
+    def detokenizer(self) -> Detokenizer:
+        if self._pieces is not None:
+            return PiecesDetokenizer(self._pieces)
         return IncrementalDetokenizer(self.tokenizer)

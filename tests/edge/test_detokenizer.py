@@ -1,12 +1,21 @@
-"""Incremental detokenizing with the demo model's byte-level BPE tokenizer."""
+"""Incremental detokenizing with the demo model's byte-level BPE tokenizer and the real model's,
+by both detokenizers: the decode window that asks the tokenizer (any tokenizer) and the byte table
+(byte-level BPE only, edge/text/byte_pieces.py)."""
 
 from __future__ import annotations
 
-import pytest
-from tokenizers import Tokenizer
+import random
+from collections.abc import Callable
 
-from edge.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from edge.text.byte_pieces import byte_pieces
+from edge.text.detokenizer import REPLACEMENT_CHAR, Detokenizer, IncrementalDetokenizer, PiecesDetokenizer
 from tests.support.live_server import demo_model_dir
+from tests.support.smollm2 import smollm2_dir
+
+MakeDetokenizer = Callable[[], Detokenizer]
 
 TEXTS = [
     "Hello world, how are you?",
@@ -21,8 +30,26 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(demo_model_dir() / "tokenizer.json"))
 
 
-def _stream(tokenizer: Tokenizer, ids: list[int], step: int) -> list[str]:
-    detok = IncrementalDetokenizer(tokenizer)
+@pytest.fixture(scope="module")
+def real_tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(smollm2_dir() / "tokenizer.json"))
+
+
+def _factory(tokenizer: Tokenizer, kind: str) -> MakeDetokenizer:
+    if kind == "window":
+        return lambda: IncrementalDetokenizer(tokenizer)
+    pieces = byte_pieces(tokenizer)
+    assert pieces is not None, "byte-level BPE: the table applies"
+    return lambda: PiecesDetokenizer(pieces)
+
+
+@pytest.fixture(scope="module", params=["window", "pieces"])
+def make(request: pytest.FixtureRequest, tokenizer: Tokenizer) -> MakeDetokenizer:
+    return _factory(tokenizer, request.param)
+
+
+def _stream(make: MakeDetokenizer, ids: list[int], step: int) -> list[str]:
+    detok = make()
     pieces = [detok.push(ids[i : i + step]) for i in range(0, len(ids), step)]
     pieces.append(detok.flush())
     return pieces
@@ -30,55 +57,106 @@ def _stream(tokenizer: Tokenizer, ids: list[int], step: int) -> list[str]:
 
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("step", [1, 2, 3])
-def test_pieces_add_up_and_never_split_a_character(tokenizer: Tokenizer, text: str, step: int) -> None:
+def test_pieces_add_up_and_never_split_a_character(
+    tokenizer: Tokenizer, make: MakeDetokenizer, text: str, step: int
+) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False).ids
-    pieces = _stream(tokenizer, ids, step)
+    pieces = _stream(make, ids, step)
     assert "".join(pieces) == text
     assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
 
 
-def test_multibyte_characters_really_span_several_tokens(tokenizer: Tokenizer) -> None:
+def test_multibyte_characters_really_span_several_tokens(tokenizer: Tokenizer, make: MakeDetokenizer) -> None:
     # Guards the test above: with byte-level BPE an emoji is several tokens, held until complete.
     ids = tokenizer.encode("😀", add_special_tokens=False).ids
     assert len(ids) > 1
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = make()
     assert [detok.push([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
     assert detok.push([ids[-1]]) == "😀"
 
 
-def test_special_tokens_are_not_emitted(tokenizer: Tokenizer) -> None:
+def test_special_tokens_are_not_emitted(tokenizer: Tokenizer, make: MakeDetokenizer) -> None:
     eos = tokenizer.token_to_id("<|im_end|>")
     assert eos is not None
     ids = tokenizer.encode("done", add_special_tokens=False).ids
-    assert "".join(_stream(tokenizer, [*ids, eos], 1)) == "done"
+    assert "".join(_stream(make, [*ids, eos], 1)) == "done"
 
 
-def test_text_after_invalid_bytes_streams_and_the_bytes_show_as_replacements(tokenizer: Tokenizer) -> None:
+def test_text_after_invalid_bytes_streams_and_the_bytes_show_as_replacements(
+    tokenizer: Tokenizer, make: MakeDetokenizer
+) -> None:
     # A lone UTF-8 lead byte (0xC3, "Ã" in the byte-level alphabet) then plain text: the text
     # must come out as it arrives, the bad byte as U+FFFD, as a full decode renders it.
     lead = tokenizer.token_to_id("Ã")
     assert lead is not None
     words = tokenizer.encode(" and then some more words", add_special_tokens=False).ids
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = make()
     streamed = [detok.push([i]) for i in [lead, *words]]
     assert streamed[0] == ""
     assert "".join(streamed) == tokenizer.decode([lead, *words])
     assert detok.flush() == ""
 
 
-def test_a_dangling_partial_character_comes_out_on_flush(tokenizer: Tokenizer) -> None:
+def test_a_dangling_partial_character_comes_out_on_flush(tokenizer: Tokenizer, make: MakeDetokenizer) -> None:
     ids = tokenizer.encode("ok 😀", add_special_tokens=False).ids
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = make()
     assert "".join(detok.push([i]) for i in ids[:-1]) == "ok "
     assert detok.flush() == REPLACEMENT_CHAR
 
 
 @pytest.mark.parametrize("step", [1, 2, 5])
-def test_a_long_reply_streams_whole_while_the_decode_window_moves_up(tokenizer: Tokenizer, step: int) -> None:
+def test_a_long_reply_streams_whole_while_the_decode_window_moves_up(
+    tokenizer: Tokenizer, make: MakeDetokenizer, step: int
+) -> None:
     # Far more tokens than the decode window holds: the window moves many times, mid-character too.
     text = " ".join(TEXTS) * 4
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     assert len(ids) > 100
-    pieces = _stream(tokenizer, ids, step)
+    pieces = _stream(make, ids, step)
     assert "".join(pieces) == text
     assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
+
+
+@pytest.mark.parametrize("kind", ["window", "pieces"])
+@pytest.mark.parametrize("which", ["demo", "real"])
+def test_any_token_sequence_streams_as_the_tokenizer_decodes_it_whole(
+    tokenizer: Tokenizer, real_tokenizer: Tokenizer, which: str, kind: str
+) -> None:
+    """Token ids drawn at random from the whole vocabulary (a sampling model can emit any): broken
+    characters, special tokens and plain words mixed, pushed in deltas of 1-4 tokens. What the
+    stream shows in the end is what the tokenizer makes of the whole sequence."""
+    tok = tokenizer if which == "demo" else real_tokenizer
+    make = _factory(tok, kind)
+    rng = random.Random(20261201)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    for _ in range(200):
+        ids = [rng.randrange(size) for _ in range(rng.randrange(1, 40))]
+        detok = make()
+        streamed, at = [], 0
+        while at < len(ids):
+            step = rng.randrange(1, 5)
+            streamed.append(detok.push(ids[at : at + step]))
+            at += step
+        streamed.append(detok.flush())
+        assert "".join(streamed) == tok.decode(ids)
+
+
+def test_the_real_models_tokenizer_gets_the_byte_table(real_tokenizer: Tokenizer) -> None:
+    pieces = byte_pieces(real_tokenizer)
+    assert pieces is not None
+    assert len(pieces) == real_tokenizer.get_vocab_size(with_added_tokens=True)
+    assert pieces[real_tokenizer.token_to_id("<|im_end|>")] == b""  # special: skipped
+    # " café" spelled in the byte-level alphabet, read back as the bytes of the text.
+    ids = real_tokenizer.encode(" café", add_special_tokens=False).ids
+    assert b"".join(pieces[i] for i in ids) == " café".encode()
+
+
+def test_a_tokenizer_whose_decoding_is_not_byte_level_gets_no_table() -> None:
+    """A SentencePiece-style decoder renders a token by its neighbours: the window stays."""
+    vocab = {"<unk>": 0, "▁hello": 1, "▁world": 2}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    assert byte_pieces(tok) is None
+    detok = IncrementalDetokenizer(tok)
+    assert detok.push([1]) + detok.push([2]) + detok.flush() == tok.decode([1, 2]) == "hello world"
