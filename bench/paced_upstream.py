@@ -26,6 +26,10 @@ from edge.upstreams.direct import DeltaSink
 
 TOKEN_ID = 440
 TOKEN_TEXT = " The"
+# What bench.relay's unpaced zero-cost upstreams hand out instead: whole-word ids of the demo
+# tokenizer (" The quick brown fox jumps over the lazy dog, and then it runs far away."), every id a
+# complete piece of text, so each one is one chunk.
+TOKEN_CYCLE = [440, 392, 75, 492, 894, 386, 270, 81, 90, 223, 76, 87, 79, 505, 881, 262, 306, 67, 92, 91]
 
 
 class _Sequence:

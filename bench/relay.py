@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -45,12 +46,11 @@ from litestar.response import Stream
 from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, EdgeProcess, free_port, wait_ready
 from bench.loadgen import markdown_table, run_load
+from bench.paced_upstream import TOKEN_CYCLE
+from bench.zero_cost_replica import running_replica
 from edge.config import Settings
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
 
-# Whole-word ids of the demo tokenizer (" The quick brown fox jumps over the lazy dog, and then it
-# runs far away."): every id is a complete piece of text, so each one is one chunk.
-TOKEN_CYCLE = [440, 392, 75, 492, 894, 386, 270, 81, 90, 223, 76, 87, 79, 505, 881, 262, 306, 67, 92, 91]
 BARE_CHUNK = b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":" fox"},"finish_reason":null}]}\n\n'  # noqa: E501
 
 
@@ -162,12 +162,10 @@ def _server(variant: str, chunks: int, tree: Path | None = None) -> Iterator[Edg
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         cmd = [sys.executable, "-m", "bench.relay", "--serve", variant, "--config", str(config)]
         cmd += ["--port", str(port), "--chunks", str(chunks)]
-        replica = None
+        replica = contextlib.ExitStack()
         if variant == "triton-zero":
             replica_port = free_port()
-            replica = subprocess.Popen(
-                [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(replica_port)], cwd=tree
-            )
+            replica.enter_context(running_replica(replica_port, cwd=tree))
             cmd += ["--replica-port", str(replica_port)]
         profile = os.environ.get("RELAY_PROFILE")
         if profile:
@@ -192,9 +190,7 @@ def _server(variant: str, chunks: int, tree: Path | None = None) -> Iterator[Edg
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
-            if replica is not None:
-                replica.terminate()
-                replica.wait()
+            replica.close()
 
 
 def _server_pid(pid: int) -> int:

@@ -55,6 +55,7 @@ from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 from bench.stream_clients import ERROR_EVENT, StreamClients
+from bench.zero_cost_replica import running_replica
 
 
 def _serve(
@@ -200,13 +201,12 @@ def servers(
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         procs: list[subprocess.Popen[bytes]] = []
         logs = []
-        replica = None
+        replica = contextlib.ExitStack()
+        replica_port = None
         try:
             if upstream == "triton":
                 replica_port = free_port()
-                replica_cmd = [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(replica_port)]
-                replica_cmd += ["--interval-ms", str(interval_ms), "--clocks", str(replicas)]
-                replica = subprocess.Popen(replica_cmd, cwd=tree)
+                replica.enter_context(running_replica(replica_port, interval_ms, replicas, tree))
             for i in range(workers):
                 ready = Path(tmp) / f"ready-{i}"
                 log = open(Path(tmp) / f"server-{i}.log", "w")
@@ -214,7 +214,7 @@ def servers(
                 cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
                 cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
                 cmd += ["--replicas", str(replicas), "--gc", gc_mode]
-                if replica is not None:
+                if replica_port is not None:
                     cmd += ["--replica-port", str(replica_port)]
                 profile = os.environ.get("STREAMS_PROFILE")
                 if profile:
@@ -260,9 +260,7 @@ def servers(
                     proc.kill()
             for log in logs:
                 log.close()
-            if replica is not None:
-                replica.terminate()
-                replica.wait()
+            replica.close()
 
 
 def _body(max_tokens: int) -> dict[str, Any]:

@@ -20,9 +20,9 @@ cost taken out, so that the two upstreams can be compared at the same pace:
 
 Each event carries the outputs TensorRT-LLM's backend sends with every response (log-probs, batch
 and sequence index), so the edge skips what it skips in production. The tokens are those of the
-in-process upstream each mode stands beside: unpaced, whole words of the demo tokenizer in a cycle
-(bench.relay's TOKEN_CYCLE); paced, " The" every time (bench/paced_upstream.py, whose clients count
-tokens in the text).
+in-process upstream each mode stands beside (bench/paced_upstream.py): unpaced, whole words of the
+demo tokenizer in a cycle, as bench.relay's; paced, " The" every time, whose clients count tokens
+in the text.
 """
 
 from __future__ import annotations
@@ -30,13 +30,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httptools
 import msgspec
 import uvloop
 
-from bench.paced_upstream import TOKEN_ID
-from bench.relay import TOKEN_CYCLE
+from bench.paced_upstream import TOKEN_CYCLE, TOKEN_ID
 
 HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -223,6 +227,24 @@ async def serve(port: int, interval_ms: float, clocks: int, announce: bool) -> N
         print("listening", flush=True)
     async with server:
         await server.serve_forever()
+
+
+@contextmanager
+def running_replica(
+    port: int, interval_ms: float = 0.0, clocks: int = 1, cwd: Path | None = None
+) -> Iterator[None]:
+    """This replica in a process of its own on `port`, listening when this yields."""
+    cmd = [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(port), "--announce"]
+    cmd += ["--interval-ms", str(interval_ms), "--clocks", str(clocks)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline() != "listening\n":
+            raise RuntimeError(f"the zero-cost replica did not start (exit code {proc.wait()})")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def main() -> None:

@@ -3,15 +3,13 @@ client as a tritonserver is: its figures stand for the Triton path only if this 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import pytest
 
-from bench.paced_upstream import TOKEN_ID
-from bench.relay import TOKEN_CYCLE
+from bench.paced_upstream import TOKEN_CYCLE, TOKEN_ID
+from bench.zero_cost_replica import running_replica
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream
 from tests.support.ports import free_port
@@ -22,16 +20,8 @@ WAIT_S = 20.0
 @pytest.fixture(scope="module", params=[0.0, 5.0], ids=["unpaced", "paced"])
 def replica(request: pytest.FixtureRequest) -> Iterator[tuple[int, float]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "bench.zero_cost_replica", "--port", str(port), "--announce"]
-    proc = subprocess.Popen(
-        [*cmd, "--interval-ms", str(request.param), "--clocks", "0"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "listening\n"
+    with running_replica(port, request.param, clocks=0):
         yield port, request.param
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 @pytest.fixture
