@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -20,9 +21,9 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 def _engine(model: LlamaModel | None = None, **overrides: int) -> LLMEngine:
-    settings = {"block_size": 4, "num_blocks": 32, "max_num_seqs": 8, "max_num_batched_tokens": 16}
-    settings |= overrides
-    return LLMEngine(model or tiny_model()[0], EngineConfig(**settings), eos_token_ids=[1])
+    config = EngineConfig(block_size=4, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=16)
+    config = msgspec.structs.replace(config, **overrides)
+    return LLMEngine(model or tiny_model()[0], config, eos_token_ids=[1])
 
 
 @pytest.fixture
