@@ -7,8 +7,11 @@ is one body), so the headers are held until that next write and go out with it: 
 one wake-up of the client instead of two. (On loopback a write's wall time is mostly the client
 running in the server's place; its CPU is a few per cent of a stream's set-up, docs/bench-streams.md.)
 
-The headers never wait past the current pass of the loop: a callback scheduled with `call_soon`
-writes them if nothing followed (a response whose body is computed after an await). Closing the
+The headers never wait past the loop's next pass: a callback scheduled there writes them if nothing
+followed (a response whose body is computed after an await). Not this pass's end: an SSE stream
+writes its first event from a task of its own (edge/streaming.py), whose first step runs in the
+next pass, and a flush at the end of this one sent every stream's head in a write of its own (seen
+with strace: head, first event, last event, three writes for a one-token stream). Closing the
 connection writes them first. Only what uvicorn writes as a response head (status line through
 the blank line) is held; body chunks pass straight through, so a token costs one attribute check
 more here, not a wait.
@@ -44,9 +47,13 @@ class HeadHoldingTransport:
             self._held = data
             if not self._flush_due:
                 self._flush_due = True
-                self._loop.call_soon(self._flush)
+                self._loop.call_soon(self._flush_next_pass)
         else:
             self._transport.write(data)
+
+    def _flush_next_pass(self) -> None:
+        # Callbacks scheduled in this pass (a new task's first step) run before this one.
+        self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False

@@ -56,11 +56,35 @@ def test_head_and_first_body_bytes_are_one_write() -> None:
     loop.close()
 
 
-def test_a_head_alone_goes_out_on_the_loops_next_pass() -> None:
+def test_a_head_alone_goes_out_by_the_loops_next_pass() -> None:
     raw, transport, loop = _wrapped()
     transport.write(HEAD)
-    loop.run_until_complete(asyncio.sleep(0))
+
+    async def two_passes() -> None:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    loop.run_until_complete(two_passes())
     assert raw.calls == [("write", HEAD)]
+    loop.close()
+
+
+def test_a_first_event_written_by_a_task_created_with_the_head_leaves_with_it() -> None:
+    """edge/streaming.py's order: the response start is sent, then the generation runs in a task
+    of its own, whose first step (the first event) comes in the loop's next pass."""
+    raw, transport, loop = _wrapped()
+
+    async def first_event() -> None:
+        transport.write(b"5\r\nhello\r\n")
+
+    async def respond() -> None:
+        transport.write(HEAD)
+        await loop.create_task(first_event())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    loop.run_until_complete(respond())
+    assert raw.calls == [("write", HEAD + b"5\r\nhello\r\n")]
     loop.close()
 
 
