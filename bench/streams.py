@@ -220,20 +220,12 @@ def servers(
                 if profile:
                     # STREAMS_PROFILE=/tmp/prof: py-spy's collapsed stacks of worker i in /tmp/prof-<i>.txt
                     # (the CPU figures of such a run are not the server's: it is py-spy's child).
+                    # STREAMS_PROFILE_FLAGS: py-spy's other flags; --native loses the Python frames
+                    # under uvloop's C ones on some instances (perf record -g -p PID sees both).
                     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-                    cmd = [
-                        py_spy,
-                        "record",
-                        "-r",
-                        "250",
-                        "--native",
-                        "-o",
-                        f"{profile}-{i}.txt",
-                        "-f",
-                        "raw",
-                        "--",
-                        *cmd,
-                    ]
+                    flags = os.environ.get("STREAMS_PROFILE_FLAGS", "--nonblocking").split()
+                    out = f"{profile}-{i}.txt"
+                    cmd = [py_spy, "record", "-r", "250", *flags, "-o", out, "-f", "raw", "--", *cmd]
                 env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env))
             deadline = time.monotonic() + 120
