@@ -19,6 +19,8 @@ from tests.support.ports import free_port
 
 # `floodgate chat` streams from the edge on either upstream path (see tests/edge/conftest.py).
 UPSTREAMS = BOTH_PATHS
+# The SIGTERM that ends these servers is not what they test: no 15 s of draining (tests/faults/).
+NO_DRAIN = "drain_accept_s = 0.0\ndrain_deadline_s = 0.0\n"
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
@@ -28,7 +30,7 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     proc = subprocess.Popen(
@@ -65,7 +67,7 @@ def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\nops_port = 0\n'
+        f'[server]\nkeys_file = "{keys_file}"\ndev_key = false\nops_port = 0\n{NO_DRAIN}'
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     proc = subprocess.Popen(
