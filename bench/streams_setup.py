@@ -37,11 +37,13 @@ from bench.streams import Servers, servers, setup_cost
 
 
 def _cpu_ns(srv: Servers) -> int:
-    """The servers' threads' time on the CPU so far (exited threads no longer count: none exit here)."""
+    """The servers' threads' time on the CPU so far. An exited thread no longer counts: the only
+    ones that exit are anyio's idle worker threads (the key store's reads), 10 s after their last
+    call, and one may go between the listing and its read."""
     total = 0
     for pid in srv.pids:
         for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                 total += int((task / "schedstat").read_text().split()[0])
     return total
 
