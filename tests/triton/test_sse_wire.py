@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -77,9 +78,15 @@ class FakeReplica:
         finally:
             writer.close()
 
-    def upstream(self, **kwargs: float) -> TritonUpstream:
+    @asynccontextmanager
+    async def upstream(self, **kwargs: float) -> AsyncIterator[TritonUpstream]:
+        """The edge's client of this replica, closed on the way out (closing twice is harmless)."""
         url = f"http://127.0.0.1:{self.port}"
-        return TritonUpstream("fake", url, f"{url}/metrics", end_id=-1, **kwargs)  # type: ignore[arg-type]
+        upstream = TritonUpstream("fake", url, f"{url}/metrics", end_id=-1, **kwargs)  # type: ignore[arg-type]
+        try:
+            yield upstream
+        finally:
+            await upstream.aclose()
 
 
 async def _tokens(stream: AsyncIterator[Delta]) -> tuple[list[int], str | None]:
@@ -103,13 +110,9 @@ async def test_a_kept_alive_connection_closed_while_idle_is_replaced_before_the_
         await writer.drain()
         writer.close()  # the replica drops the connection the edge keeps for the next stream
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
-        try:
-            assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
-            assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
+        assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
     assert replica.requests == 2 and replica.connections == 2
 
 
@@ -120,12 +123,8 @@ async def test_a_poll_on_a_connection_closed_while_idle_is_sent_again_on_a_new_o
         await writer.drain()
         writer.close()
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
-        try:
-            assert await upstream.ready()  # two GETs: the server's readiness, then the model's
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        assert await upstream.ready()  # two GETs: the server's readiness, then the model's
     assert replica.requests == 2 and replica.connections == 2
 
 
@@ -135,13 +134,9 @@ async def test_a_kept_alive_connection_serves_the_next_stream() -> None:
         writer.write(HEAD + chunk(event(n, n + 1, n + 2)) + END)
         await writer.drain()
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
-        try:
-            for n in (1, 2, 3):
-                assert await _tokens(upstream.generate(_request())) == ([n, n + 1, n + 2], "length")
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        for n in (1, 2, 3):
+            assert await _tokens(upstream.generate(_request())) == ([n, n + 1, n + 2], "length")
     assert replica.connections == 1
 
 
@@ -154,12 +149,8 @@ async def test_events_cut_anywhere_across_reads_arrive_whole() -> None:
             writer.write(body[i : i + 5])
             await writer.drain()
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
-        try:
-            assert await _tokens(upstream.generate(_request(4))) == ([7, 8, 9, 10], "length")
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        assert await _tokens(upstream.generate(_request(4))) == ([7, 8, 9, 10], "length")
 
 
 @pytest.mark.anyio
@@ -185,12 +176,8 @@ async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> Non
         offered.extend(delta.token_ids)
         return True
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream(stall_timeout_s=stall_s)
-        try:
-            via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream(stall_timeout_s=stall_s) as upstream:
+        via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
     assert sent.is_set()
     assert reason == "length"
     assert via_reader[:1] == [100]  # the first token goes to the reader (it reports the cache hit)
@@ -210,8 +197,10 @@ async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_u
         await writer.drain()
         await silence.wait()  # then nothing, until the test ends
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream(stall_timeout_s=0.3, probe_timeout_s=0.3)
+    async with (
+        FakeReplica(answer) as replica,
+        replica.upstream(stall_timeout_s=0.3, probe_timeout_s=0.3) as upstream,
+    ):
         try:
             with pytest.raises(UpstreamError, match="no response within"):
                 await _tokens(upstream.generate(_request(5)))
@@ -220,7 +209,6 @@ async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_u
             assert replica.requests == 2  # the stream, then its stop
         finally:
             silence.set()
-            await upstream.aclose()
 
 
 @pytest.mark.anyio
@@ -229,13 +217,9 @@ async def test_an_error_event_mid_stream_is_the_replicas_failure() -> None:
         writer.write(HEAD + chunk(event(1)) + chunk(b'data: {"error":"engine step failed"}\n\n') + END)
         await writer.drain()
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
-        try:
-            with pytest.raises(UpstreamError, match="engine step failed"):
-                await _tokens(upstream.generate(_request(5)))
-        finally:
-            await upstream.aclose()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        with pytest.raises(UpstreamError, match="engine step failed"):
+            await _tokens(upstream.generate(_request(5)))
 
 
 @pytest.mark.anyio
@@ -259,8 +243,7 @@ async def test_a_closed_upstream_opens_no_connection() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await writer.drain()
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream()
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
         assert await upstream.ready()
         await upstream.aclose()
         assert not await upstream.ready()
@@ -290,8 +273,7 @@ async def test_a_relay_failing_in_offer_ends_its_stream_and_stops_the_sequence()
     def broken_offer(delta: Delta) -> bool:
         raise RuntimeError("relay bug")
 
-    async with FakeReplica(answer) as replica:
-        upstream = replica.upstream(stall_timeout_s=WAIT_S)
+    async with FakeReplica(answer) as replica, replica.upstream(stall_timeout_s=WAIT_S) as upstream:
         try:
             stream = upstream.generate_direct(_request(5), broken_offer)
             with anyio.fail_after(WAIT_S / 2):
@@ -303,4 +285,3 @@ async def test_a_relay_failing_in_offer_ends_its_stream_and_stops_the_sequence()
             assert replica.requests == 2  # the stream, then its stop
         finally:
             release.set()
-            await upstream.aclose()
