@@ -255,28 +255,37 @@ def servers(
             replica.close()
 
 
-def _body(max_tokens: int) -> dict[str, Any]:
+PROMPT = "Tell me about continuous batching."
+# Numbers no stream has sent before, for `setup_cost(new_prompts=True)`: across rounds and servers.
+_NEW_PROMPT_NUMBERS = itertools.count()
+
+
+def _body(max_tokens: int, prompt: str = PROMPT) -> dict[str, Any]:
     return {
         "model": "floodgate-tiny",
-        "messages": [{"role": "user", "content": "Tell me about continuous batching."}],
+        "messages": [{"role": "user", "content": prompt}],
         "stream": True,
         "max_tokens": max_tokens,
     }
 
 
-async def _one_stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> bool:
+async def _one_stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str], prompt: str) -> bool:
     """A one-token stream read to its end; whether it came back whole (200, no error event). Only
     the server's CPU is measured here, so the client does no more than that."""
     try:
-        async with session.post(url, json=_body(1), headers=headers) as resp:
+        async with session.post(url, json=_body(1, prompt), headers=headers) as resp:
             body = await resp.read()
     except (TimeoutError, aiohttp.ClientError):
         return False
     return resp.status == 200 and ERROR_EVENT not in body
 
 
-async def setup_cost(srv: Servers, concurrency: int, count: int) -> tuple[float, int]:
-    """Server CPU per one-token stream, and errors."""
+async def setup_cost(
+    srv: Servers, concurrency: int, count: int, new_prompts: bool = False
+) -> tuple[float, int]:
+    """Server CPU per one-token stream, and errors. Every stream sends the same prompt, as an app's
+    users send its system prompt and a chat its history (the edge keeps their pieces' token ids,
+    edge/text/piece_cache.py), or with `new_prompts` one no stream sent before (none kept)."""
     url = f"{srv.base_url}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {srv.key}"}
     errors = 0
@@ -286,7 +295,8 @@ async def setup_cost(srv: Servers, concurrency: int, count: int) -> tuple[float,
         async def worker() -> None:
             nonlocal errors
             for _ in todo:
-                errors += not await _one_stream(session, url, headers)
+                prompt = f"{PROMPT} Take {next(_NEW_PROMPT_NUMBERS)}." if new_prompts else PROMPT
+                errors += not await _one_stream(session, url, headers, prompt)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, 8))))  # warm-up
         todo = iter(range(count))

@@ -1,7 +1,7 @@
 """Set-up CPU per stream of several checkouts, side by side: alternating bursts, CPU in nanoseconds.
 
 python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16]
-                              [--count 600] [--bare]
+                              [--count 600] [--bare] [--new-prompts]
 
 The set-up column of `bench.streams` (a burst of one-token streams, server CPU / streams) with
 what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
@@ -73,7 +73,7 @@ def _bare_server() -> Iterator[Servers]:
 
 
 def measure(
-    trees: list[tuple[str, Path]], rounds: int, count: int, bare: bool = False
+    trees: list[tuple[str, Path]], rounds: int, count: int, bare: bool = False, new_prompts: bool = False
 ) -> dict[str, list[float]]:
     """ms of server CPU per one-token stream, per tree (and "bare"), one figure per round."""
     figures: dict[str, list[float]] = {label: [] for label, _ in trees}
@@ -86,7 +86,7 @@ def measure(
         srvs = [(label, _NanosecondServers(s.base_url, s.key, s.pids)) for label, s in started]
         for r in range(rounds):
             for label, srv in srvs if r % 2 == 0 else srvs[::-1]:
-                cpu_s, errors = asyncio.run(setup_cost(srv, 32, count))
+                cpu_s, errors = asyncio.run(setup_cost(srv, 32, count, new_prompts))
                 if errors:
                     raise RuntimeError(f"{label}: {errors} streams failed")
                 figures[label].append(cpu_s * 1e3)
@@ -100,11 +100,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--count", type=int, default=600, help="one-token streams per burst")
     parser.add_argument("--bare", action="store_true", help="add bench/bare_sse_server.py as a row")
+    parser.add_argument(
+        "--new-prompts",
+        action="store_true",
+        help="every stream a prompt no stream sent before (default: one prompt for all, as a system prompt)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(","))]
     print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
-    figures = measure(trees, args.rounds, args.count, args.bare)
+    figures = measure(trees, args.rounds, args.count, args.bare, args.new_prompts)
     print(f"load average after: {os.getloadavg()}")
     reference = figures[trees[0][0]]
     for label, values in figures.items():

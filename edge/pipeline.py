@@ -159,8 +159,9 @@ class Pipeline:
         if req.model and req.model != self.config.model_name:  # empty: the tier's default (edge/models/)
             raise unknown_model(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
-            prompt_ids = await encode_messages(self.text.encode_chat, messages)
+            prompt_ids = await encode_messages(self.text.encode_chat, messages, salt)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
         if weighted(len(prompt_ids), self.config.token_weight) > tier.tokens_per_window:
@@ -198,7 +199,6 @@ class Pipeline:
                 code=limit,
                 headers=headers,
             )
-        salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         ticket = Ticket(
             request_id=request_id,
             user=principal.user,

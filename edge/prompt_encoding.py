@@ -31,8 +31,10 @@ def runs_inline(messages: Messages) -> bool:
     return encoding_cost(messages) <= INLINE_COST_LIMIT
 
 
-async def encode_messages(encode_chat: Callable[[Messages], list[int]], messages: Messages) -> list[int]:
-    """`encode_chat(messages)`, on the loop when cheap, else in a worker thread."""
+async def encode_messages(
+    encode_chat: Callable[[Messages, str], list[int]], messages: Messages, scope: str
+) -> list[int]:
+    """`encode_chat(messages, scope)`, on the loop when cheap, else in a worker thread."""
     if runs_inline(messages):
-        return encode_chat(messages)
-    return await anyio.to_thread.run_sync(encode_chat, messages)
+        return encode_chat(messages, scope)
+    return await anyio.to_thread.run_sync(encode_chat, messages, scope)

@@ -58,3 +58,23 @@ def test_by_default_a_user_hits_only_its_own_cached_prefix(scoped_server: LiveSe
 def test_a_shared_scope_lets_every_user_hit_the_prefix(scoped_server: LiveServer) -> None:
     assert _cached(scoped_server, "free", "Where do rivers start?") == 0
     assert _cached(scoped_server, "free2", "Why is the sea salty?") > 0
+
+
+def _scopes_keeping(server: LiveServer, piece_start: str) -> set[str]:
+    """The scopes under which the edge's tokenizer cache keeps a piece (edge/text/piece_cache.py)."""
+    cache = server.app.state.runtime.pipeline.text._piece_cache
+    assert cache is not None
+    return {scope for scope, piece in cache._kept if piece.startswith(piece_start)}
+
+
+@pytest.mark.parametrize(
+    ("scoped_server", "scopes"), [("user", 2), ("shared", 1)], indirect=["scoped_server"]
+)
+def test_the_edges_kept_prompt_pieces_follow_the_same_scope(scoped_server: LiveServer, scopes: int) -> None:
+    """How long the edge takes to encode a prompt must not tell a user what another one sent
+    either: the system prompt's token ids are kept once per user, or once for all when shared."""
+    _cached(scoped_server, "free", "Where do rivers start?")
+    _cached(scoped_server, "free", "Why is the sea salty?")
+    assert len(_scopes_keeping(scoped_server, "system\n" + SYSTEM[:20])) == 1
+    _cached(scoped_server, "free2", "Why is the sea salty?")
+    assert len(_scopes_keeping(scoped_server, "system\n" + SYSTEM[:20])) == scopes

@@ -93,9 +93,9 @@ def test_many_small_messages_are_encoded_in_a_worker_thread(server: LiveServer, 
     encode = text.encode_chat
     threads: list[str] = []
 
-    def recording(batch: list[dict[str, str]]) -> list[int]:
+    def recording(batch: list[dict[str, str]], scope: str = "") -> list[int]:
         threads.append(threading.current_thread().name)
-        ids: list[int] = encode(batch)
+        ids: list[int] = encode(batch, scope)
         return ids
 
     text.encode_chat = recording

@@ -1,0 +1,140 @@
+"""A prompt's token ids put together from its pieces between added tokens, each piece's ids kept.
+
+Why: the tokenizer's cost is its pre-tokenizer (byte-level BPE's regex: about 2 µs a word on these
+cores, 16 µs for a seven-word sentence, 4-5 ms for a 2,000-token conversation), paid on every
+request's set-up, and a chat sends the same text again and again: the same system prompt with every
+request of an app, the whole history with every turn, the template's own "\\n" and "assistant\\n"
+with every request of everyone. One stream's set-up spent about a sixth of its CPU there
+(docs/bench-streams.md, tenth pass).
+
+Exact by construction: a Hugging Face tokenizer first splits its input at its added tokens (its
+special tokens among them) and encodes each piece between them alone (AddedVocabulary's
+extract_and_normalize), so a text's ids are its pieces' ids and its added tokens' ids in order.
+That holds when no added token eats the whitespace beside it (lstrip/rstrip), matches only whole
+words (single_word) or is matched after a normalizer; `build` checks those flags and then compares
+the result with the tokenizer's own encoding of texts that put every added token against spaces,
+newlines, digits, letters and each other: any difference, and there is no cache (the caller encodes
+the whole text as before).
+
+Whose: a piece is kept per cache scope, as the replicas' prefix caches are
+(edge/admission/cache_scope.py): how long a request takes to encode must not tell one user what
+another sent. Bounded by characters, least recently used first out.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+
+from tokenizers import Tokenizer
+
+# About 4 MB of text plus its ids' tuples: the system prompts and recent histories of a few
+# thousand users.
+MAX_CACHED_CHARS = 4_000_000
+
+
+def _probes(added: list[str]) -> list[str]:
+    """Texts where a wrong split would show: every added token against what sits beside it."""
+    around = ["", " ", "  ", "\n", "\n\n", "a", " a", "a ", "7", " 12", "é", "\t"]
+    texts = []
+    for token in added:
+        for before in around:
+            for after in around:
+                texts.append(f"x{before}{token}{after}y")
+        texts.append(token + token)
+        texts.append(f" {token} {token} ")
+    texts.append("".join(added) + " Hello, world! 2024\n" + " ".join(added))
+    return texts
+
+
+class PieceCache:
+    """`encode(text, scope)`: the tokenizer's ids of `text`, from kept pieces where it can."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, added: dict[str, int], max_chars: int = MAX_CACHED_CHARS
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._added = added
+        # Longest first: at one position the longest added token wins, as in the tokenizer.
+        self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._max_chars = max_chars
+        self._chars = 0
+        self._kept: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        # Large prompts are encoded on worker threads (edge/prompt_encoding.py).
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer, max_chars: int = MAX_CACHED_CHARS) -> PieceCache | None:
+        """A cache for this tokenizer, or None when its encoding is not the sum of its pieces'."""
+        tokens = tokenizer.get_added_tokens_decoder()
+        if not tokens or getattr(tokenizer, "encode_special_tokens", False):
+            return None
+        for token in tokens.values():
+            if token.lstrip or token.rstrip or token.single_word or not token.content:
+                return None
+            if token.normalized and tokenizer.normalizer is not None:
+                return None
+        cache = cls(tokenizer, {t.content: i for i, t in tokens.items()}, max_chars)
+        for text in _probes(list(cache._added)):
+            if cache.encode(text, "") != tokenizer.encode(text, add_special_tokens=False).ids:
+                return None
+        cache.clear()
+        return cache
+
+    def encode(self, text: str, scope: str) -> list[int]:
+        parts: list[int | str | tuple[int, ...]] = []
+        start = 0
+        for match in self._split.finditer(text):
+            if match.start() > start:
+                parts.append(text[start : match.start()])
+            parts.append(self._added[match.group()])
+            start = match.end()
+        if start < len(text):
+            parts.append(text[start:])
+        missing: dict[str, None] = {}  # each new piece once, however often the text repeats it
+        kept = self._kept
+        with self._lock:
+            for i, part in enumerate(parts):
+                if isinstance(part, str):
+                    ids = kept.get((scope, part))
+                    if ids is None:
+                        missing[part] = None
+                    else:
+                        kept.move_to_end((scope, part))
+                        parts[i] = ids
+        new: dict[str, tuple[int, ...]] = {}
+        if missing:
+            # One call for all of them: each call into the tokenizer has its own fixed cost.
+            encoded = self._tokenizer.encode_batch_fast(list(missing), add_special_tokens=False)
+            new = {piece: tuple(e.ids) for piece, e in zip(missing, encoded, strict=True)}
+            self._keep(scope, new)
+        out: list[int] = []
+        for part in parts:
+            if isinstance(part, int):
+                out.append(part)
+            elif isinstance(part, tuple):
+                out += part
+            else:
+                out += new[part]
+        return out
+
+    def _keep(self, scope: str, new: dict[str, tuple[int, ...]]) -> None:
+        with self._lock:
+            for piece, ids in new.items():
+                if len(piece) > self._max_chars or (scope, piece) in self._kept:
+                    continue
+                self._kept[scope, piece] = ids
+                self._chars += len(piece)
+            while self._chars > self._max_chars:
+                (_, gone), _ = self._kept.popitem(last=False)
+                self._chars -= len(gone)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._chars = 0
+
+    @property
+    def chars(self) -> int:
+        return self._chars
