@@ -18,20 +18,28 @@ the whole text as before).
 
 Whose: a piece is kept per cache scope, as the replicas' prefix caches are
 (edge/admission/cache_scope.py): how long a request takes to encode must not tell one user what
-another sent. Bounded by characters, least recently used first out.
+another sent. Bounded in bytes (a piece's text, its ids as 4-byte integers and the entry's own
+objects), least recently used first out.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from array import array
 from collections import OrderedDict
 
 from tokenizers import Tokenizer
 
-# About 4 MB of text plus its ids' tuples: the system prompts and recent histories of a few
-# thousand users.
-MAX_CACHED_CHARS = 4_000_000
+# The system prompts and recent histories of a few thousand users.
+MAX_CACHED_BYTES = 32 * 2**20
+# What an entry costs beyond its text and ids: its key tuple, the string and array headers, the
+# ordered dict's slot and link (tracemalloc, 20,000 one-line pieces: 277 bytes an entry in all).
+ENTRY_BYTES = 170
+
+
+def _size(piece: str, ids: array[int]) -> int:
+    return ENTRY_BYTES + len(piece) + ids.itemsize * len(ids)
 
 
 def _probes(added: list[str]) -> list[str]:
@@ -52,20 +60,22 @@ class PieceCache:
     """`encode(text, scope)`: the tokenizer's ids of `text`, from kept pieces where it can."""
 
     def __init__(
-        self, tokenizer: Tokenizer, added: dict[str, int], max_chars: int = MAX_CACHED_CHARS
+        self, tokenizer: Tokenizer, added: dict[str, int], max_bytes: int = MAX_CACHED_BYTES
     ) -> None:
         self._tokenizer = tokenizer
         self._added = added
         # Longest first: at one position the longest added token wins, as in the tokenizer.
         self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
-        self._max_chars = max_chars
-        self._chars = 0
-        self._kept: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._joiner, self._joiner_id = next(iter(added.items()))
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        # Arrays, not tuples: one object per piece instead of one per token for the collector.
+        self._kept: OrderedDict[tuple[str, str], array[int]] = OrderedDict()
         # Large prompts are encoded on worker threads (edge/prompt_encoding.py).
         self._lock = threading.Lock()
 
     @classmethod
-    def build(cls, tokenizer: Tokenizer, max_chars: int = MAX_CACHED_CHARS) -> PieceCache | None:
+    def build(cls, tokenizer: Tokenizer, max_bytes: int = MAX_CACHED_BYTES) -> PieceCache | None:
         """A cache for this tokenizer, or None when its encoding is not the sum of its pieces'."""
         tokens = tokenizer.get_added_tokens_decoder()
         if not tokens or getattr(tokenizer, "encode_special_tokens", False):
@@ -75,7 +85,7 @@ class PieceCache:
                 return None
             if token.normalized and tokenizer.normalizer is not None:
                 return None
-        cache = cls(tokenizer, {t.content: i for i, t in tokens.items()}, max_chars)
+        cache = cls(tokenizer, {t.content: i for i, t in tokens.items()}, max_bytes)
         for text in _probes(list(cache._added)):
             if cache.encode(text, "") != tokenizer.encode(text, add_special_tokens=False).ids:
                 return None
@@ -83,7 +93,7 @@ class PieceCache:
         return cache
 
     def encode(self, text: str, scope: str) -> list[int]:
-        parts: list[int | str | tuple[int, ...]] = []
+        parts: list[int | str | array[int]] = []
         start = 0
         for match in self._split.finditer(text):
             if match.start() > start:
@@ -103,38 +113,54 @@ class PieceCache:
                     else:
                         kept.move_to_end((scope, part))
                         parts[i] = ids
-        new: dict[str, tuple[int, ...]] = {}
+        new: dict[str, array[int]] = {}
         if missing:
-            # One call for all of them: each call into the tokenizer has its own fixed cost.
-            encoded = self._tokenizer.encode_batch_fast(list(missing), add_special_tokens=False)
-            new = {piece: tuple(e.ids) for piece, e in zip(missing, encoded, strict=True)}
+            new = self._encode_new(list(missing))
             self._keep(scope, new)
         out: list[int] = []
         for part in parts:
             if isinstance(part, int):
                 out.append(part)
-            elif isinstance(part, tuple):
+            elif isinstance(part, array):
                 out += part
             else:
                 out += new[part]
         return out
 
-    def _keep(self, scope: str, new: dict[str, tuple[int, ...]]) -> None:
+    def _encode_new(self, pieces: list[str]) -> dict[str, array[int]]:
+        """The pieces' ids, in one call into the tokenizer: each call has its own fixed cost, and a
+        batch of several would be spread over the tokenizer's threads (more CPU in all, spent
+        spinning). Joined by an added token, since the tokenizer splits there anyway."""
+        text = self._joiner.join(pieces)
+        (encoding,) = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)
+        new: dict[str, array[int]] = {}
+        ids: list[int] = encoding.ids
+        start = 0
+        for piece in pieces[:-1]:
+            end = ids.index(self._joiner_id, start)
+            new[piece] = array("i", ids[start:end])
+            start = end + 1
+        new[pieces[-1]] = array("i", ids[start:])
+        return new
+
+    def _keep(self, scope: str, new: dict[str, array[int]]) -> None:
         with self._lock:
             for piece, ids in new.items():
-                if len(piece) > self._max_chars or (scope, piece) in self._kept:
+                size = _size(piece, ids)
+                if size > self._max_bytes or (scope, piece) in self._kept:
                     continue
                 self._kept[scope, piece] = ids
-                self._chars += len(piece)
-            while self._chars > self._max_chars:
-                (_, gone), _ = self._kept.popitem(last=False)
-                self._chars -= len(gone)
+                self._bytes += size
+            while self._bytes > self._max_bytes:
+                (_, gone), gone_ids = self._kept.popitem(last=False)
+                self._bytes -= _size(gone, gone_ids)
 
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
-            self._chars = 0
+            self._bytes = 0
 
     @property
-    def chars(self) -> int:
-        return self._chars
+    def size(self) -> int:
+        """Bytes kept, as the bound counts them."""
+        return self._bytes

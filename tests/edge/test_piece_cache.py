@@ -6,13 +6,14 @@ eat their neighbours' whitespace gets no cache."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 from typing import Any
 
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from edge.text.piece_cache import PieceCache
+from edge.text.piece_cache import ENTRY_BYTES, PieceCache
 from tests.support.live_server import demo_model_dir
 from tests.support.smollm2 import smollm2_dir
 
@@ -32,21 +33,23 @@ def _random_text(rng: random.Random, specials: list[str]) -> str:
 
 
 class _CountingTokenizer:
-    """The real tokenizer, counting the texts it was asked to encode."""
+    """The real tokenizer, listing the pieces between added tokens it was asked to encode."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder().values()
+        self.split = re.compile("|".join(re.escape(t.content) for t in added))
         self.encoded: list[str] = []
 
     def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> Any:
-        self.encoded += texts
+        self.encoded += [piece for text in texts for piece in self.split.split(text)]
         return self.tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
 
 
-def _counting_cache(tokenizer: Tokenizer, max_chars: int = 10**6) -> tuple[PieceCache, _CountingTokenizer]:
+def _counting_cache(tokenizer: Tokenizer, max_bytes: int = 10**6) -> tuple[PieceCache, _CountingTokenizer]:
     counting = _CountingTokenizer(tokenizer)
     added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
-    return PieceCache(counting, added, max_chars), counting  # type: ignore[arg-type]
+    return PieceCache(counting, added, max_bytes), counting  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("which", ["demo", "real"])
@@ -61,7 +64,7 @@ def test_ids_from_kept_pieces_are_the_tokenizers_own(which: str) -> None:
         for text in texts:
             expected = tokenizer.encode(text, add_special_tokens=False).ids
             assert cache.encode(text, "user-a") == expected, (rounds, text)
-    assert cache.chars > 0
+    assert cache.size > 0
 
 
 def test_a_piece_kept_for_one_scope_is_encoded_again_for_another() -> None:
@@ -86,14 +89,15 @@ def test_the_next_turn_encodes_only_what_is_new() -> None:
 
 
 def test_the_cache_keeps_within_its_bound_dropping_the_least_recently_used() -> None:
-    cache, counting = _counting_cache(_tokenizer("demo"), max_chars=100)
-    pieces = [f"piece number {i} " * 2 for i in range(20)]  # 32-34 characters each
+    bound = 3 * (ENTRY_BYTES + 80)  # three of these pieces, not four
+    cache, counting = _counting_cache(_tokenizer("demo"), max_bytes=bound)
+    pieces = [f"piece number {i} " * 2 for i in range(20)]  # 32-34 characters, under 12 tokens each
     for piece in pieces[:3]:
         cache.encode(piece, "")
-        assert cache.chars <= 100
+        assert cache.size <= bound
     cache.encode(pieces[0], "")  # used again: the oldest is now pieces[1]
     cache.encode(pieces[3], "")
-    assert cache.chars <= 100
+    assert cache.size <= bound
     counting.encoded.clear()
     cache.encode(pieces[0], "")
     assert counting.encoded == [], "recently used: still kept"
@@ -101,14 +105,14 @@ def test_the_cache_keeps_within_its_bound_dropping_the_least_recently_used() -> 
     assert counting.encoded == [pieces[1]], "least recently used: dropped"
     for piece in pieces:
         cache.encode(piece, "")
-        assert cache.chars <= 100
-    cache.encode("x" * 101, "")
-    assert cache.chars <= 100, "a piece over the whole bound is encoded, not kept"
+        assert cache.size <= bound
+    cache.encode("x" * bound, "")
+    assert cache.size <= bound, "a piece over the whole bound is encoded, not kept"
 
 
 def test_threads_sharing_the_cache_get_the_tokenizers_ids() -> None:
     tokenizer = _tokenizer("real")
-    cache = PieceCache.build(tokenizer, max_chars=300)  # small: evictions race with lookups
+    cache = PieceCache.build(tokenizer, max_bytes=3000)  # small: evictions race with lookups
     assert cache is not None
     rng = random.Random(3)
     specials = ["<|im_start|>", "<|im_end|>"]
