@@ -137,9 +137,7 @@ class SseConnection(asyncio.Protocol):
         if timeout_s != self._timeout_s:
             self._stop_timer()  # armed for the other timeout (the first response's)
             self._timeout_s = timeout_s
-        while not (
-            self.tokens or self.declined or self.ended or self.failure is not None or self.relay_error
-        ):
+        while not self._for_reader():
             if self._silent:
                 raise TimeoutError
             if self._timer is None:
@@ -205,7 +203,19 @@ class SseConnection(asyncio.Protocol):
                 # for its stall timeout: its reader ends it instead.
                 log.exception("direct_relay_failed")
                 self.relay_error = exc
-        self._wake()
+        # Tokens the relay took in `offer` leave the reader asleep: waking it for nothing would
+        # cost every such token a step of its task (its future, its callback, five frames resumed).
+        if self._for_reader():
+            self._wake()
+
+    def _for_reader(self) -> bool:
+        return bool(
+            self.tokens
+            or self.declined is not None
+            or self.ended
+            or self.failure is not None
+            or self.relay_error is not None
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()

@@ -14,6 +14,7 @@ import pytest
 
 from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from edge.upstreams.triton import TritonUpstream
+from edge.upstreams.triton_sse import SseConnection
 from tests.triton.conftest import LocalTriton
 
 WAIT_S = 20.0
@@ -183,6 +184,45 @@ async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> Non
     assert via_reader[:1] == [100]  # the first token goes to the reader (it reports the cache hit)
     assert sorted(via_reader + offered) == list(range(100, 100 + count))
     assert len(offered) >= count - 2, "the relay was offered almost every token"
+
+
+@pytest.mark.anyio
+async def test_tokens_taken_in_offer_leave_the_reader_asleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of `offer`: a token it takes costs no step of the stream's reading task. The
+    reader wakes for the first token and the end, not once per read."""
+    count = 20
+    woken = 0
+    wake = SseConnection._wake
+
+    def counting_wake(conn: SseConnection) -> None:
+        nonlocal woken
+        waiter = conn._waiter
+        woken += waiter is not None and not waiter.done()
+        wake(conn)
+
+    monkeypatch.setattr(SseConnection, "_wake", counting_wake)
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(HEAD)
+        for t in range(count):
+            writer.write(chunk(event(100 + t)))
+            await writer.drain()
+            await asyncio.sleep(0.01)  # one read per token, as a replica's pace gives
+        writer.write(END)
+        await writer.drain()
+
+    offered: list[int] = []
+
+    def offer(delta: Delta) -> bool:
+        offered.extend(delta.token_ids)
+        return True
+
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
+    assert reason == "length"
+    assert sorted(via_reader + offered) == list(range(100, 100 + count))
+    assert len(offered) >= count - 2
+    assert woken <= 3, f"the reader woke {woken} times for {len(offered)} tokens it never saw"
 
 
 @pytest.mark.anyio
