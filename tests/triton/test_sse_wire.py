@@ -154,12 +154,8 @@ async def test_events_cut_anywhere_across_reads_arrive_whole() -> None:
         assert await _tokens(upstream.generate(_request(4))) == ([7, 8, 9, 10], "length")
 
 
-@pytest.mark.anyio
-async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> None:
-    """Past the first token the relay takes every read in `offer`, so the reader never wakes: the
-    stream must still not count as silent while tokens arrive, longer than the stall timeout."""
-    gap_s, count, stall_s = 0.1, 12, 0.5
-    sent = asyncio.Event()
+def _paced(count: int, gap_s: float, sent: asyncio.Event) -> Answer:
+    """Tokens 100, 101, ... one event and one read each, `gap_s` apart; `sent` set before the end."""
 
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
         writer.write(HEAD)
@@ -171,13 +167,31 @@ async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> Non
         writer.write(END)
         await writer.drain()
 
+    return answer
+
+
+def _taking_offer() -> tuple[list[int], Callable[[Delta], bool]]:
+    """A relay's `offer` that takes every delta, and the tokens it took."""
     offered: list[int] = []
 
     def offer(delta: Delta) -> bool:
         offered.extend(delta.token_ids)
         return True
 
-    async with FakeReplica(answer) as replica, replica.upstream(stall_timeout_s=stall_s) as upstream:
+    return offered, offer
+
+
+@pytest.mark.anyio
+async def test_tokens_taken_in_offer_keep_a_slow_stream_from_timing_out() -> None:
+    """Past the first token the relay takes every read in `offer`, so the reader never wakes: the
+    stream must still not count as silent while tokens arrive, longer than the stall timeout."""
+    gap_s, count, stall_s = 0.1, 12, 0.5
+    sent = asyncio.Event()
+    offered, offer = _taking_offer()
+    async with (
+        FakeReplica(_paced(count, gap_s, sent)) as replica,
+        replica.upstream(stall_timeout_s=stall_s) as upstream,
+    ):
         via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
     assert sent.is_set()
     assert reason == "length"
@@ -201,23 +215,8 @@ async def test_tokens_taken_in_offer_leave_the_reader_asleep(monkeypatch: pytest
         wake(conn)
 
     monkeypatch.setattr(SseConnection, "_wake", counting_wake)
-
-    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(HEAD)
-        for t in range(count):
-            writer.write(chunk(event(100 + t)))
-            await writer.drain()
-            await asyncio.sleep(0.01)  # one read per token, as a replica's pace gives
-        writer.write(END)
-        await writer.drain()
-
-    offered: list[int] = []
-
-    def offer(delta: Delta) -> bool:
-        offered.extend(delta.token_ids)
-        return True
-
-    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+    offered, offer = _taking_offer()
+    async with FakeReplica(_paced(count, 0.01, asyncio.Event())) as replica, replica.upstream() as upstream:
         via_reader, reason = await _tokens(upstream.generate_direct(_request(count), offer))
     assert reason == "length"
     assert sorted(via_reader + offered) == list(range(100, 100 + count))
