@@ -11,10 +11,12 @@ Exact by construction: a Hugging Face tokenizer first splits its input at its ad
 special tokens among them) and encodes each piece between them alone (AddedVocabulary's
 extract_and_normalize), so a text's ids are its pieces' ids and its added tokens' ids in order.
 That holds when no added token eats the whitespace beside it (lstrip/rstrip), matches only whole
-words (single_word) or is matched after a normalizer; `build` checks those flags and then compares
-the result with the tokenizer's own encoding of texts that put every added token against spaces,
-newlines, digits, letters and each other: any difference, and there is no cache (the caller encodes
-the whole text as before).
+words (single_word) or is matched after a normalizer, and when a piece's encoding does not depend
+on where it sits (a Metaspace pre-tokenizer that marks only the text's first word does: "hi" is
+"▁hi" at the start, "hi" after a special token). `build` checks those flags and then encodes texts
+that put every added token against spaces, newlines, digits, letters and each other, three ways:
+whole, piece by piece (each piece alone, as a kept piece is reused anywhere) and through the cache;
+any difference, and there is no cache (the caller encodes the whole text as before).
 
 Whose: a piece is kept per cache scope, as the replicas' prefix caches are
 (edge/admission/cache_scope.py): how long a request takes to encode must not tell one user what
@@ -87,12 +89,20 @@ class PieceCache:
                 return None
         cache = cls(tokenizer, {t.content: i for i, t in tokens.items()}, max_bytes)
         for text in _probes(list(cache._added)):
-            if cache.encode(text, "") != tokenizer.encode(text, add_special_tokens=False).ids:
+            whole = tokenizer.encode(text, add_special_tokens=False).ids
+            alone: list[int] = []
+            for part in cache._parts(text):
+                if isinstance(part, str):
+                    alone += tokenizer.encode(part, add_special_tokens=False).ids
+                elif isinstance(part, int):
+                    alone.append(part)
+            if alone != whole or cache.encode(text, "") != whole:
                 return None
         cache.clear()
         return cache
 
-    def encode(self, text: str, scope: str) -> list[int]:
+    def _parts(self, text: str) -> list[int | str | array[int]]:
+        """The text's pieces and, between them, its added tokens' ids."""
         parts: list[int | str | array[int]] = []
         start = 0
         for match in self._split.finditer(text):
@@ -102,6 +112,10 @@ class PieceCache:
             start = match.end()
         if start < len(text):
             parts.append(text[start:])
+        return parts
+
+    def encode(self, text: str, scope: str) -> list[int]:
+        parts = self._parts(text)
         missing: dict[str, None] = {}  # each new piece once, however often the text repeats it
         kept = self._kept
         with self._lock:

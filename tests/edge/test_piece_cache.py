@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 import pytest
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from edge.text.piece_cache import ENTRY_BYTES, PieceCache
 from tests.support.live_server import demo_model_dir
@@ -145,4 +145,16 @@ def test_added_tokens_that_strip_whitespace_get_no_cache() -> None:
         *tokenizer.encode("  now", add_special_tokens=False).ids,
     ]
     assert tokenizer.encode(text, add_special_tokens=False).ids != pieces_sum, "the pieces would be wrong"
+    assert PieceCache.build(tokenizer) is None
+
+
+def test_a_tokenizer_that_encodes_a_piece_by_where_it_sits_gets_no_cache() -> None:
+    """A Metaspace pre-tokenizer that marks only the text's first word: "hi" is "▁hi" at the
+    start and "hi" after a special token, so a piece kept from one place is wrong in another."""
+    vocab = {"▁hi": 0, "hi": 1, "<sep>": 2, "[UNK]": 3, "▁x": 4, "x": 5, "▁y": 6, "y": 7}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tokenizer.add_special_tokens(["<sep>"])
+    assert tokenizer.encode("hi<sep>hi", add_special_tokens=False).ids == [0, 2, 1]
+    assert tokenizer.encode("hi", add_special_tokens=False).ids == [0], "alone it is the first word"
     assert PieceCache.build(tokenizer) is None
