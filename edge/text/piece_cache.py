@@ -80,7 +80,7 @@ class PieceCache:
     def build(cls, tokenizer: Tokenizer, max_bytes: int = MAX_CACHED_BYTES) -> PieceCache | None:
         """A cache for this tokenizer, or None when its encoding is not the sum of its pieces'."""
         tokens = tokenizer.get_added_tokens_decoder()
-        if not tokens or getattr(tokenizer, "encode_special_tokens", False):
+        if not tokens or tokenizer.encode_special_tokens:
             return None
         for token in tokens.values():
             if token.lstrip or token.rstrip or token.single_word or not token.content:
