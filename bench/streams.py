@@ -255,6 +255,29 @@ def servers(
             replica.close()
 
 
+@contextmanager
+def bare_server(interval_ms: float | None = None, replicas: int = 1) -> Iterator[Servers]:
+    """bench/bare_sse_server.py, the floor under the edge: with `interval_ms`, its streams paced as
+    the edge's in-process upstream paces them (same step clocks)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp:
+        ready = Path(tmp) / "ready"
+        cmd = [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready)]
+        if interval_ms is not None:
+            cmd += [str(interval_ms), str(replicas)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the bare server did not start")
+                time.sleep(0.1)
+            yield Servers(f"http://127.0.0.1:{port}", "none", [proc.pid])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 PROMPT = "Tell me about continuous batching."
 # Numbers no stream has sent before, for `setup_cost(new_prompts=True)`: across rounds and servers.
 _NEW_PROMPT_NUMBERS = itertools.count()
@@ -392,10 +415,11 @@ def hold(
 
 
 def _gc_totals(base_url: str) -> dict[str, float]:
-    """The server's collector totals; NaN when it does not answer in time (a saturated loop)."""
+    """The server's collector totals; NaN when it does not answer in time (a saturated loop) or
+    does not keep them (the bare floor)."""
     try:
         totals: dict[str, float] = httpx.get(f"{base_url}/bench/gc", timeout=30).json()
-    except httpx.TimeoutException:
+    except (httpx.TimeoutException, json.JSONDecodeError):
         return {"count": math.nan, "total_s": math.nan, "max_s": math.nan}
     return totals
 
@@ -412,9 +436,12 @@ def measure(
     client_processes: int = 2,
     paired: int = 0,
     upstreams: tuple[str, ...] = ("in-process",),
+    bare: bool = False,
 ) -> list[dict[str, Any]]:
     """`paired` > 0: the trees' servers run side by side, their set-up cost measured in `paired`
-    alternating bursts each (the median reported) and their streams held in one window."""
+    alternating bursts each (the median reported) and their streams held in one window. `bare`: a
+    row "bare" beside each group's, bench/bare_sse_server.py paced alike (the floor), in the same
+    window when paired."""
     rows = []
     for n_workers, (interval_ms, streams), steps, gc_mode, upstream in itertools.product(
         workers, paced, replicas, gc_modes, upstreams
@@ -435,11 +462,19 @@ def measure(
             "gc": gc_mode,
             "upstream": upstream,
         }
-        for group in [usable] if paired else [[t] for t in usable]:
+        groups: list[list[tuple[str, Path | None]]] = [usable] if paired else [[t] for t in usable]
+        if bare:
+            groups = [[*g, _BARE] for g in groups] if paired else [*groups, [_BARE]]
+        for group in groups:
             with contextlib.ExitStack() as stack:
                 srvs = [
-                    stack.enter_context(servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream))
-                    for _, tree in group
+                    stack.enter_context(
+                        bare_server(interval_ms, n_replicas)
+                        if member is _BARE
+                        else servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream)
+                    )
+                    for member in group
+                    for tree in [member[1]]
                 ]
                 bursts: list[list[tuple[float, int]]] = [[] for _ in srvs]
                 for _ in range(max(paired, 1)):
@@ -450,6 +485,7 @@ def measure(
                 rows.append(
                     {
                         **config,
+                        **({"workers": 1, "upstream": "bare"} if label == _BARE[0] else {}),
                         "tree": label,
                         "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
                         "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],
@@ -459,6 +495,10 @@ def measure(
                 )
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
+
+
+# The floor's place among the trees of a group (bench/bare_sse_server.py).
+_BARE: tuple[str, Path | None] = ("bare", None)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -506,6 +546,11 @@ def main() -> None:
         default="in-process",
         help="in-process (PacedUpstream) or triton (a zero-cost replica read over Triton's HTTP), ...",
     )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="add a row 'bare': bench/bare_sse_server.py paced alike, one process (the floor)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)
@@ -533,6 +578,7 @@ def main() -> None:
         args.clients,
         args.paired,
         tuple(args.upstream.split(",")),
+        args.bare,
     )
     if args.json:
         for row in rows:

@@ -23,17 +23,10 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from bench.__main__ import machine
-from bench.edge_server import free_port
-from bench.streams import Servers, servers, setup_cost
+from bench.streams import Servers, bare_server, servers, setup_cost
 
 
 def _cpu_ns(srv: Servers) -> int:
@@ -53,25 +46,6 @@ class _NanosecondServers(Servers):
         return _cpu_ns(self) / 1e9
 
 
-@contextmanager
-def _bare_server() -> Iterator[Servers]:
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp:
-        ready = Path(tmp) / "ready"
-        cmd = [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while not ready.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the bare server did not start")
-                time.sleep(0.1)
-            yield Servers(f"http://127.0.0.1:{port}", "none", [proc.pid])
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-
-
 def measure(
     trees: list[tuple[str, Path]], rounds: int, count: int, bare: bool = False, new_prompts: bool = False
 ) -> dict[str, list[float]]:
@@ -82,7 +56,7 @@ def measure(
     with contextlib.ExitStack() as stack:
         started = [(label, stack.enter_context(servers(33, 1, 32, "quiet", tree))) for label, tree in trees]
         if bare:
-            started.append(("bare", stack.enter_context(_bare_server())))
+            started.append(("bare", stack.enter_context(bare_server())))
         srvs = [(label, _NanosecondServers(s.base_url, s.key, s.pids)) for label, s in started]
         for r in range(rounds):
             for label, srv in srvs if r % 2 == 0 else srvs[::-1]:
