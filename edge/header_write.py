@@ -13,8 +13,8 @@ writes its first event from a task of its own (edge/streaming.py), whose first s
 next pass, and a flush at the end of this one sent every stream's head in a write of its own (seen
 with strace: head, first event, last event, three writes for a one-token stream). Closing the
 connection writes them first. Only what uvicorn writes as a response head (status line through
-the blank line) is held; body chunks pass straight through, so a token costs one attribute check
-more here, not a wait.
+the blank line) is held; body chunks pass straight through, and a stream's token chunks after its
+first body bytes skip this wrapper altogether (edge/body_chunks.py).
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     """`uvicorn.Config(http=EdgeHttpProtocol)`."""
 
     _disconnect_watch: DisconnectWatch | None = None
+    _raw_transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._raw_transport = transport
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def on_headers_complete(self) -> None:
@@ -27,7 +29,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
-            self.scope[WRITE_NOW] = BodyChunkWriter(cycle).write_now  # type: ignore[literal-required]
+            writer = BodyChunkWriter(cycle, self._raw_transport.write)
+            self.scope[WRITE_NOW] = writer.write_now  # type: ignore[literal-required]
             self._disconnect_watch = DisconnectWatch(cycle)
             self.scope[DISCONNECT_WATCH] = self._disconnect_watch  # type: ignore[literal-required]
 

@@ -26,6 +26,10 @@ from limiter.base import OutputLease
 
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
 
+# Read per token in `offer`: module constants, not a module's attribute looked up each time.
+_clock = time.perf_counter
+_observe_gap = metrics.INTER_TOKEN.observe
+
 # Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
 # function rather than a coroutine, so a token does not cost one more coroutine frame.
 TextSink = Callable[[str], Awaitable[None] | None]
@@ -105,8 +109,8 @@ class TokenRelay:
         if granted < n:
             self._granted = granted  # charged: `run` ends the reply with the marker
             return False
-        now = time.perf_counter()
-        metrics.INTER_TOKEN.observe(now - self._last)
+        now = _clock()
+        _observe_gap(now - self._last)
         self._last = now
         out.completion_tokens += n
         if self._grow is not None:
@@ -131,9 +135,7 @@ class TokenRelay:
         stops = self._stops
         lease = self._lease
         try_take = self._try_take
-        inter_token = metrics.INTER_TOKEN
         watch_stops = self._watch_stops
-        clock = time.perf_counter
         grow = self._grow
         on_text = self._on_text
         # A delta that ends the reply (its finish reason, or the budget's end) is held, not written:
@@ -151,14 +153,14 @@ class TokenRelay:
             sink = on_text if finish is None or finish in ("error", "cancelled") else hold
             if ids:
                 n = len(ids)
-                now = clock()
+                now = _clock()
                 if out.ttft_s is None:
                     out.ttft_s = now - self._arrived
                     # Reported on the delta carrying the first token (gpu_container/contract.py).
                     out.cached_tokens = delta.cached_tokens
                     await self._on_first()
                 else:
-                    inter_token.observe(now - self._last)
+                    _observe_gap(now - self._last)
                 self._last = now
                 granted, self._granted = self._granted, None
                 if granted is None:

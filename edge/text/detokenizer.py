@@ -40,20 +40,46 @@ class Detokenizer(Protocol):
 _Utf8Decoder = codecs.getincrementaldecoder("utf-8")
 
 
-class PiecesDetokenizer:
-    """Feed token ids as they arrive; each id's bytes come from `pieces` (edge/text/byte_pieces.py)."""
+class PieceTable:
+    """A byte-level tokenizer's pieces (edge/text/byte_pieces.py), built once per model, and the
+    text of each piece that is whole UTF-8 by itself (None where it is not: part of a character)."""
 
-    __slots__ = ("_decode", "_pieces", "_size")
+    __slots__ = ("pieces", "texts")
 
     def __init__(self, pieces: list[bytes]) -> None:
-        self._pieces = pieces
-        self._size = len(pieces)
+        self.pieces = pieces
+        self.texts: list[str | None] = [_whole_text(piece) for piece in pieces]
+
+
+def _whole_text(piece: bytes) -> str | None:
+    try:
+        return piece.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class PiecesDetokenizer:
+    """Feed token ids as they arrive; each id's bytes come from the model's PieceTable.
+
+    Most tokens are whole characters: when the decoder holds nothing back, such a token's text is
+    the table's, read without a decode (the incremental decoder's `decode` is a Python frame, a
+    bytes join and a slice, per token of every stream: docs/bench-streams.md, eleventh pass)."""
+
+    __slots__ = ("_decode", "_decoder", "_pieces", "_size", "_texts")
+
+    def __init__(self, table: PieceTable) -> None:
+        self._pieces = table.pieces
+        self._texts = table.texts
+        self._size = len(table.pieces)
         # Invalid bytes read as the tokenizer's own decode reads them (byte_pieces checks it).
-        self._decode = _Utf8Decoder("replace").decode
+        self._decoder = _Utf8Decoder("replace")
+        self._decode = self._decoder.decode
 
     def push(self, token_ids: list[int]) -> str:
         pieces, size = self._pieces, self._size
         if len(token_ids) == 1 and 0 <= (token_id := token_ids[0]) < size:
+            if not self._decoder.buffer and (text := self._texts[token_id]) is not None:
+                return text
             return self._decode(pieces[token_id])
         # An id past the vocabulary decodes to nothing, as the tokenizer skips it.
         return self._decode(b"".join([pieces[i] for i in token_ids if 0 <= i < size]))

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from edge.text.byte_pieces import byte_pieces
 from edge.text.chat_template import ChatTemplate
-from edge.text.detokenizer import Detokenizer, IncrementalDetokenizer, PiecesDetokenizer
+from edge.text.detokenizer import Detokenizer, IncrementalDetokenizer, PiecesDetokenizer, PieceTable
 from edge.text.piece_cache import PieceCache
 from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
 
@@ -19,7 +19,8 @@ class ModelText:
         self.template = template
         self.eos_token_ids = eos_token_ids
         # Built once per model: every stream's detokenizer then reads it (None: not byte-level).
-        self._pieces = byte_pieces(tokenizer)
+        pieces = byte_pieces(tokenizer)
+        self._pieces = PieceTable(pieces) if pieces is not None else None
         # None: this tokenizer's encoding is not its pieces' put together (edge/text/piece_cache.py).
         self._piece_cache = PieceCache.build(tokenizer)
 

@@ -14,6 +14,7 @@ from edge.body_chunks import BodyChunkWriter
 def _cycle(**state: Any) -> Any:
     written: list[bytes] = []
     cycle = SimpleNamespace(
+        raw=[],
         flow=SimpleNamespace(write_paused=False),
         disconnected=False,
         response_complete=False,
@@ -30,9 +31,13 @@ def _cycle(**state: Any) -> Any:
     return cycle
 
 
+def _writer(cycle: Any) -> BodyChunkWriter:
+    return BodyChunkWriter(cycle, cycle.raw.append)
+
+
 def test_a_chunk_is_framed_and_written_at_once() -> None:
     cycle = _cycle()
-    assert BodyChunkWriter(cycle).write_now(b"data: x\n\n")
+    assert _writer(cycle).write_now(b"data: x\n\n")
     assert cycle.written == [b"9\r\ndata: x\n\n\r\n"]
 
 
@@ -48,11 +53,21 @@ def test_a_chunk_is_framed_and_written_at_once() -> None:
 )
 def test_anything_that_would_make_the_send_wait_or_refuse_is_left_to_it(state: dict[str, bool]) -> None:
     cycle = _cycle(**state)
-    assert not BodyChunkWriter(cycle).write_now(b"data: x\n\n")
+    assert not _writer(cycle).write_now(b"data: x\n\n")
     assert cycle.written == []
 
 
 def test_an_empty_chunk_is_never_written_as_the_end_of_the_body() -> None:
     cycle = _cycle()
-    assert not BodyChunkWriter(cycle).write_now(b"")
+    assert not _writer(cycle).write_now(b"")
     assert cycle.written == []
+
+
+def test_only_the_first_chunk_passes_the_head_holding_transport() -> None:
+    """The first body bytes carry a held head (edge/header_write.py); after them none is held, so
+    the rest of the response's chunks go to the socket's own transport."""
+    cycle = _cycle()
+    write_now = _writer(cycle).write_now
+    assert write_now(b"data: a\n\n") and write_now(b"data: b\n\n") and write_now(b"data: c\n\n")
+    assert cycle.written == [b"9\r\ndata: a\n\n\r\n"]
+    assert cycle.raw == [b"9\r\ndata: b\n\n\r\n", b"9\r\ndata: c\n\n\r\n"]

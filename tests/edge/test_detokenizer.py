@@ -11,7 +11,13 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edge.text.byte_pieces import byte_pieces
-from edge.text.detokenizer import REPLACEMENT_CHAR, Detokenizer, IncrementalDetokenizer, PiecesDetokenizer
+from edge.text.detokenizer import (
+    REPLACEMENT_CHAR,
+    Detokenizer,
+    IncrementalDetokenizer,
+    PiecesDetokenizer,
+    PieceTable,
+)
 from tests.support.live_server import demo_model_dir
 from tests.support.smollm2 import smollm2_dir
 
@@ -40,7 +46,8 @@ def _factory(tokenizer: Tokenizer, kind: str) -> MakeDetokenizer:
         return lambda: IncrementalDetokenizer(tokenizer)
     pieces = byte_pieces(tokenizer)
     assert pieces is not None, "byte-level BPE: the table applies"
-    return lambda: PiecesDetokenizer(pieces)
+    table = PieceTable(pieces)
+    return lambda: PiecesDetokenizer(table)
 
 
 @pytest.fixture(scope="module", params=["window", "pieces"])
