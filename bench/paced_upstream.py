@@ -117,8 +117,16 @@ class PacedUpstream:
             clock.live -= 1
 
     async def capacity(self) -> Capacity:
+        # KV blocks of 16 tokens, as the CPU engine's (and bench/zero_cost_replica.py's 64, as
+        # TensorRT-LLM's): a replica that reported none would have its streams' real-use charge
+        # grow with every token (edge/admission/slot.py), which no paged engine makes it do.
         return Capacity(
-            kv_tokens_total=1 << 40, kv_tokens_used=0, max_sequences=1 << 20, running=0, waiting=0
+            kv_tokens_total=1 << 40,
+            kv_tokens_used=0,
+            max_sequences=1 << 20,
+            running=0,
+            waiting=0,
+            kv_block_tokens=16,
         )
 
     async def ready(self) -> bool:
