@@ -1,6 +1,6 @@
 """The floor under a stream's set-up: a bare ASGI app on the edge's uvicorn settings.
 
-python -m bench.bare_sse_server PORT READY_FILE [INTERVAL_MS REPLICAS]
+python -m bench.bare_sse_server PORT READY_FILE [INTERVAL_MS REPLICAS [REPLICA_PORT]]
     (started by bench.streams_setup --bare and bench.streams --bare)
 
 It does for `POST /v1/chat/completions` what any server must do for a one-token stream and nothing
@@ -14,6 +14,11 @@ from bench.streams' own paced upstream (bench/paced_upstream.py, the same step c
 to `offer` in the clock's callback and written there as one prebuilt chunk through the protocol's
 direct writer (edge/body_chunks.py), as the edge writes a token that nothing makes wait. What the
 edge spends per token above it is charging, detokenizing, encoding the event and its metrics.
+
+With REPLICA_PORT, the floor under the Triton path: each stream opens a connection of its own to
+bench/zero_cost_replica.py (paced alike), sends a `generate_stream`, and for every event a read
+brings writes the same prebuilt chunk, in the read's callback: the socket read per token that the
+edge's Triton client makes too, without its HTTP parser, its JSON or its relay.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ _HEADERS = [
 ]
 
 
-def app_for(ready: Path, paced: PacedUpstream | None = None) -> Any:
+def app_for(ready: Path, paced: PacedUpstream | None = None, replica_port: int | None = None) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] == "lifespan.startup":
@@ -88,7 +93,13 @@ def app_for(ready: Path, paced: PacedUpstream | None = None) -> Any:
         if paced is None:
             await send({"type": "http.response.body", "body": _REST, "more_body": False})
             return
-        stream = asyncio.get_running_loop().create_task(_paced(paced, request["max_tokens"], scope, send))
+        tokens = request["max_tokens"]
+        relay = (
+            _from_replica(replica_port, tokens, scope, send)
+            if replica_port
+            else _paced(paced, tokens, scope, send)
+        )
+        stream = asyncio.get_running_loop().create_task(relay)
         # A client gone: its stream stops, as the edge's does (edge/streaming.py, until_disconnect).
         gone = asyncio.get_running_loop().create_task(_until_disconnect(receive))
         await asyncio.wait((stream, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -124,13 +135,48 @@ async def _paced(paced: PacedUpstream, max_tokens: int, scope: dict[str, Any], s
         await aclose_stream(deltas)
 
 
+class _ReplicaReader(asyncio.Protocol):
+    """A replica's events, each written on as one prebuilt chunk where the read brings it."""
+
+    def __init__(self, write_now: Any) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+        self._write_now = write_now
+
+    def data_received(self, data: bytes) -> None:
+        for _ in range(data.count(b"data: ")):
+            self._write_now(_DELTA)
+        if data.endswith(b"0\r\n\r\n") and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _from_replica(port: int, max_tokens: int, scope: dict[str, Any], send: Any) -> None:
+    loop = asyncio.get_running_loop()
+    reader = _ReplicaReader(scope[WRITE_NOW])
+    transport, _ = await loop.create_connection(lambda: reader, "127.0.0.1", port)
+    try:
+        body = b'{"request_output_len":[%d]}' % max_tokens
+        transport.write(
+            b"POST /v2/models/tensorrt_llm/generate_stream HTTP/1.1\r\nHost: replica\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await reader.done
+        await send({"type": "http.response.body", "body": _END, "more_body": False})
+    finally:
+        transport.abort()
+
+
 def main() -> None:
     port, ready = int(sys.argv[1]), Path(sys.argv[2])
     paced = PacedUpstream(float(sys.argv[3]) / 1000, int(sys.argv[4])) if len(sys.argv) > 3 else None
+    replica_port = int(sys.argv[5]) if len(sys.argv) > 5 else None
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
-    config = uvicorn_config(app_for(ready, paced), load_settings(None).server, log_config=None)
+    config = uvicorn_config(app_for(ready, paced, replica_port), load_settings(None).server, log_config=None)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -256,15 +256,22 @@ def servers(
 
 
 @contextmanager
-def bare_server(interval_ms: float | None = None, replicas: int = 1) -> Iterator[Servers]:
+def bare_server(
+    interval_ms: float | None = None, replicas: int = 1, upstream: str = "in-process"
+) -> Iterator[Servers]:
     """bench/bare_sse_server.py, the floor under the edge: with `interval_ms`, its streams paced as
-    the edge's in-process upstream paces them (same step clocks)."""
+    the edge's in-process upstream paces them (same step clocks); `upstream` "triton": read from a
+    zero-cost replica of their own (bench/zero_cost_replica.py, its own process, not counted)."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp, contextlib.ExitStack() as replica:
         ready = Path(tmp) / "ready"
         cmd = [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready)]
         if interval_ms is not None:
             cmd += [str(interval_ms), str(replicas)]
+            if upstream == "triton":
+                replica_port = free_port()
+                replica.enter_context(running_replica(replica_port, interval_ms, replicas))
+                cmd.append(str(replica_port))
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 60
@@ -469,7 +476,7 @@ def measure(
             with contextlib.ExitStack() as stack:
                 srvs = [
                     stack.enter_context(
-                        bare_server(interval_ms, n_replicas)
+                        bare_server(interval_ms, n_replicas, upstream)
                         if member is _BARE
                         else servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream)
                     )
@@ -485,7 +492,7 @@ def measure(
                 rows.append(
                     {
                         **config,
-                        **({"workers": 1, "upstream": "bare"} if label == _BARE[0] else {}),
+                        **({"workers": 1, "upstream": f"bare-{upstream}"} if label == _BARE[0] else {}),
                         "tree": label,
                         "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
                         "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],

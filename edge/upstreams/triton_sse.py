@@ -196,16 +196,19 @@ class SseConnection(asyncio.Protocol):
             delta = Delta(tokens)
             self.tokens = []
             try:
-                if not offer(delta):
-                    self.declined = delta
+                if offer(delta):
+                    # Taken: nothing is left for the reader, which sleeps on. Waking it for nothing
+                    # would cost every such token a step of its task (its future, its callback,
+                    # five frames resumed).
+                    return
+                self.declined = delta
             except Exception as exc:
                 # Raised here it would only reach the loop's handler, and the stream would wait
                 # for its stall timeout: its reader ends it instead.
                 log.exception("direct_relay_failed")
                 self.relay_error = exc
-        # Tokens the relay took in `offer` leave the reader asleep: waking it for nothing would
-        # cost every such token a step of its task (its future, its callback, five frames resumed).
-        if self._for_reader():
+            self._wake()
+        elif self._for_reader():
             self._wake()
 
     def _for_reader(self) -> bool:
@@ -236,12 +239,12 @@ class SseConnection(asyncio.Protocol):
         buffer = self._buffer + body if self._buffer else body
         start = 0
         while (end := buffer.find(b"\n\n", start)) >= 0:
-            line = buffer[start:end]
+            line = start
             start = end + 2
-            if not line.startswith(b"data: "):
+            if not buffer.startswith(b"data: ", line, end):
                 continue
             try:
-                event = _decode_event(line[6:])
+                event = _decode_event(buffer[line + 6 : end])
             except msgspec.DecodeError as exc:
                 self.failure = f"unreadable event: {exc}"
                 continue
@@ -250,8 +253,13 @@ class SseConnection(asyncio.Protocol):
                 continue
             if self.reused_blocks is None:
                 self.reused_blocks = event.kv_cache_reused_blocks
-            tokens = event_tokens(event)
-            if tokens:
+            ids = event.output_ids
+            if isinstance(ids, int) and event.sequence_length != 0:
+                # One token, the response of nearly every engine step: without event_tokens' list.
+                self.tokens.append(ids)
+                self.received += 1
+                self.last_token = ids
+            elif tokens := event_tokens(event):
                 self.tokens += tokens
                 self.received += len(tokens)
                 self.last_token = tokens[-1]

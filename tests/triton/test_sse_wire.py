@@ -154,6 +154,29 @@ async def test_events_cut_anywhere_across_reads_arrive_whole() -> None:
         assert await _tokens(upstream.generate(_request(4))) == ([7, 8, 9, 10], "length")
 
 
+@pytest.mark.anyio
+async def test_only_the_tokens_an_event_bounds_count_and_comments_are_skipped() -> None:
+    """`sequence_length` bounds an event's tokens (0: none, even of a bare number), and a line that
+    is not `data:` is no event: both read across cut reads as whole events are."""
+    body = (
+        HEAD
+        + chunk(event(7))
+        + chunk(b": keep-alive\n\n")
+        + chunk(b'data: {"output_ids":99,"sequence_length":0}\n\n')
+        + chunk(event(8, 9))
+        + chunk(b'data: {"output_ids":[10,11,12],"sequence_length":2}\n\n')
+        + END
+    )
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        for i in range(0, len(body), 7):
+            writer.write(body[i : i + 7])
+            await writer.drain()
+
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        assert await _tokens(upstream.generate(_request(5))) == ([7, 8, 9, 10, 11], "length")
+
+
 def _paced(count: int, gap_s: float, sent: asyncio.Event) -> Answer:
     """Tokens 100, 101, ... one event and one read each, `gap_s` apart; `sent` set before the end."""
 
