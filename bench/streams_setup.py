@@ -1,7 +1,7 @@
 """Set-up CPU per stream of several checkouts, side by side: alternating bursts, CPU in nanoseconds.
 
 python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16]
-                              [--count 600] [--bare] [--new-prompts]
+                              [--count 600] [--bare] [--prompts same,new]
 
 The set-up column of `bench.streams` (a burst of one-token streams, server CPU / streams) with
 what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
@@ -13,6 +13,9 @@ burst). Printed: every burst, then per tree the median, the minimum and the medi
 first tree over the rounds, and in how many rounds it was the lower; `--json` adds every figure.
 `--bare` adds a row "bare": bench/bare_sse_server.py, the same uvicorn protocol answering the same
 request with the same bytes and none of the edge's work, the floor under the edge's figure.
+`--prompts`: "same" (every stream sends one prompt, as an app's users send its system prompt) and
+"new" (every stream a prompt no stream sent before: the edge keeps no piece of it,
+edge/text/piece_cache.py); with both, each tree has a row of each, "LABEL new-prompts" the second.
 """
 
 from __future__ import annotations
@@ -47,19 +50,27 @@ class _NanosecondServers(Servers):
 
 
 def measure(
-    trees: list[tuple[str, Path]], rounds: int, count: int, bare: bool = False, new_prompts: bool = False
+    trees: list[tuple[str, Path]],
+    rounds: int,
+    count: int,
+    bare: bool = False,
+    prompts: tuple[str, ...] = ("same",),
 ) -> dict[str, list[float]]:
-    """ms of server CPU per one-token stream, per tree (and "bare"), one figure per round."""
-    figures: dict[str, list[float]] = {label: [] for label, _ in trees}
-    if bare:
-        figures["bare"] = []
+    """ms of server CPU per one-token stream, per tree and prompt kind (and "bare"), one figure per
+    round."""
     with contextlib.ExitStack() as stack:
         started = [(label, stack.enter_context(servers(33, 1, 32, "quiet", tree))) for label, tree in trees]
         if bare:
             started.append(("bare", stack.enter_context(bare_server())))
-        srvs = [(label, _NanosecondServers(s.base_url, s.key, s.pids)) for label, s in started]
+        runs = [
+            (label if kind == "same" else f"{label} new-prompts", kind == "new", server)
+            for label, s in started
+            for server in [_NanosecondServers(s.base_url, s.key, s.pids)]
+            for kind in (("same",) if label == "bare" else prompts)
+        ]
+        figures: dict[str, list[float]] = {label: [] for label, _, _ in runs}
         for r in range(rounds):
-            for label, srv in srvs if r % 2 == 0 else srvs[::-1]:
+            for label, new_prompts, srv in runs if r % 2 == 0 else runs[::-1]:
                 cpu_s, errors = asyncio.run(setup_cost(srv, 32, count, new_prompts))
                 if errors:
                     raise RuntimeError(f"{label}: {errors} streams failed")
@@ -75,17 +86,21 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=600, help="one-token streams per burst")
     parser.add_argument("--bare", action="store_true", help="add bench/bare_sse_server.py as a row")
     parser.add_argument(
-        "--new-prompts",
-        action="store_true",
-        help="every stream a prompt no stream sent before (default: one prompt for all, as a system prompt)",
+        "--prompts",
+        default="same",
+        help="same (one prompt for every stream, as a system prompt) and/or new (a prompt no stream "
+        "sent before), comma-separated: a row of each per tree",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(","))]
     print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
-    figures = measure(trees, args.rounds, args.count, args.bare, args.new_prompts)
+    prompts = tuple(args.prompts.split(","))
+    if not prompts or not set(prompts) <= {"same", "new"}:
+        parser.error("--prompts takes same, new or both")
+    figures = measure(trees, args.rounds, args.count, args.bare, prompts)
     print(f"load average after: {os.getloadavg()}")
-    reference = figures[trees[0][0]]
+    reference = next(iter(figures.values()))
     for label, values in figures.items():
         ratios = [v / ref for v, ref in zip(values, reference, strict=True)]
         summary = {
