@@ -1,9 +1,10 @@
 """Plots of bench.streams runs side by side (docs/bench-streams.md).
 
-python -m bench.streams_plot LABEL=FILE.jsonl [LABEL=FILE.jsonl ...] -o docs/bench-streams.png
+python -m bench.streams_plot LABEL=FILE.jsonl [LABEL=FILE.jsonl#TREE ...] -o docs/bench-streams.png
 
-Each FILE holds the JSON lines of one `python -m bench.streams --json` run; runs are matched by
-(workers, pacing, streams, replicas, gc).
+Each FILE holds the JSON lines of one `python -m bench.streams --json` run; `#TREE` keeps the rows of
+one tree of a `--trees` or `--bare` run (`#bare`: the floor). Runs are matched by (upstream,
+workers, pacing, streams, replicas); the floor's rows count under the upstream they stand under.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ PANELS = [
 
 def _key(row: dict[str, Any]) -> str:
     replicas = "each token alone" if row["replicas"] == row["streams"] else f"{row['replicas']} step clock(s)"
-    return f"{row['workers']}w, {row['interval_ms']:g} ms × {row['streams']}\n{replicas}"
+    upstream = row.get("upstream", "in-process").removeprefix("bare-")
+    return f"{upstream}, {row['workers']}w\n{row['interval_ms']:g} ms × {row['streams']}\n{replicas}"
 
 
 def plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
@@ -52,11 +54,18 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="LABEL=FILE.jsonl")
     parser.add_argument("-o", "--out", type=Path, required=True)
     args = parser.parse_args()
+    plot(load_runs(args.runs), args.out)
+
+
+def load_runs(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each `LABEL=FILE[#TREE]`'s rows, by label."""
     runs = {}
-    for spec in args.runs:
-        label, path = spec.split("=", 1)
-        runs[label] = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    plot(runs, args.out)
+    for spec in specs:
+        label, source = spec.split("=", 1)
+        path, _, tree = source.partition("#")
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        runs[label] = [r for r in rows if not tree or r.get("tree") == tree]
+    return runs
 
 
 if __name__ == "__main__":
