@@ -15,8 +15,12 @@ import anyio
 
 Messages = list[dict[str, str]]
 
-# Work above this many "characters" runs in a worker thread (~4 ms of template + tokenizer work).
-INLINE_COST_LIMIT = 16_384
+# Work above this many "characters" runs in a worker thread, where the tokenizer lets go of the GIL
+# and the loop goes on: about 3-6 ms of template and tokenizer work on a slow 2-core EPYC. It was
+# 16,384 for "~4 ms", but SmolLM2's tokenizer takes 22 ms for 16,384 characters of prose there (7 µs
+# a word; the demo model's 13 ms), and every stream's next token waited as long. The hop costs
+# no CPU that bench.prompt_encoding can tell from its noise at these sizes.
+INLINE_COST_LIMIT = 4_096
 # What one message costs the template on top of its content, in characters of content: measured
 # on the demo model, one empty message costs about as much as 70 characters of content.
 MESSAGE_COST_CHARS = 64
