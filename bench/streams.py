@@ -174,6 +174,12 @@ class Servers:
         return total
 
 
+def _tier(redis_url: str | None) -> str:
+    if redis_url is None:
+        return BENCH_TIER
+    return BENCH_TIER.replace("[limiter]\n", f'[limiter]\nbackend = "redis"\nredis_url = "{redis_url}"\n', 1)
+
+
 @contextmanager
 def servers(
     interval_ms: float,
@@ -182,11 +188,13 @@ def servers(
     gc_mode: str = "quiet",
     tree: Path | None = None,
     upstream: str = "in-process",
+    redis_url: str | None = None,
 ) -> Iterator[Servers]:
     """`tree`: serve from another checkout of the project (its edge/, this bench's server code),
     so a change and the code before it are compared in one run. `upstream` "triton": the servers
     read a zero-cost replica over Triton's HTTP (bench/zero_cost_replica.py, its own process, not
-    counted) paced alike, instead of the in-process PacedUpstream."""
+    counted) paced alike, instead of the in-process PacedUpstream. `redis_url`: the limiter on that
+    Redis (the production backend) instead of the in-process twin."""
     from edge.config import load_settings
     from edge.keys.provision import create_keys
 
@@ -196,7 +204,7 @@ def servers(
         config.write_text(
             f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
-            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + BENCH_TIER
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + _tier(redis_url)
         )
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         procs: list[subprocess.Popen[bytes]] = []

@@ -1,0 +1,179 @@
+"""The edge's own share of time to first token, with N streams open and new ones admitted as old
+ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms at 50 concurrent).
+
+python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
+    [--limiters memory,redis,bare] [--arrivals spread,burst] [--json]
+
+The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
+token comes at once: the upstream's own time to first token is one generator step (microseconds),
+so what a client waits for its first content delta is the edge's overhead (parse, auth, template,
+limiter admit, admission, the first events) plus loopback and the client's own reading. Each of
+`--concurrency` clients opens a connection, sends a streaming request for about `--tokens` tokens
+(one every `--interval-ms`, as a model streams), reads it to its end and starts the next: that many
+streams are open at every moment and about concurrency / (tokens x interval) admits happen a second,
+each among the others' tokens. `--arrivals spread`: streams of different lengths, clients started
+apart, so admits arrive one or two at a time; `burst`: all alike, so all `--concurrency` admits
+arrive in the same moment, every time (the last waits for the 49 before it). The Redis rows run
+the limiter on a real redis-server of their own (bench/redis_process.py). The bare rows are
+bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of the edge's, the
+floor under the figure on this machine.
+
+Reported per limiter and arrivals: TTFT p50 / p99 / max at the client (connect to the first content delta),
+admits per second, errors, and the server's CPU share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import uvloop
+
+from bench.__main__ import machine
+from bench.paced_upstream import TOKEN_TEXT
+from bench.redis_process import RedisProcess
+from bench.streams import Servers, _body, bare_server, servers
+
+CONTENT = b'"content":"' + TOKEN_TEXT.encode()
+END_OF_BODY = b"0\r\n\r\n"
+
+
+def _request(host: str, port: int, key: str, tokens: int) -> bytes:
+    body = json.dumps(_body(tokens)).encode()
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+async def _one(host: str, port: int, request: bytes) -> float | None:
+    """Seconds from connecting to the first content delta; None when the stream failed."""
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        first: float | None = None
+        seen = b""
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            if first is None:
+                seen += data
+                if not seen.startswith(b"HTTP/1.1 200"):
+                    return None
+                if CONTENT in seen:
+                    first = time.perf_counter() - start
+                    seen = b""
+            if data.endswith(END_OF_BODY):
+                break
+        return first
+    finally:
+        writer.close()
+
+
+async def _load(
+    server: Servers, concurrency: int, tokens: int, duration_s: float, spread: bool, interval_s: float
+) -> dict[str, Any]:
+    host, port = server.base_url.removeprefix("http://").split(":")
+    # Spread: every stream of its own length (half to one and a half `tokens`), every client
+    # starting at its own moment, so admits arrive one or two at a time. Burst: all the same
+    # length from the same moment: the streams end at one engine step and all come back at once.
+    lengths = range(max(1, tokens // 2), tokens * 3 // 2 + 1) if spread else range(tokens, tokens + 1)
+    requests = [_request(host, int(port), server.key, n) for n in lengths]
+    rng = random.Random(5)
+    ttfts: list[float] = []
+    errors = 0
+    cpu_before = server.cpu_seconds()
+    started = time.perf_counter()
+    end = started + duration_s
+
+    async def client() -> None:
+        nonlocal errors
+        if spread:
+            await asyncio.sleep(rng.uniform(0, tokens * interval_s))  # a start of its own
+        while time.perf_counter() < end:
+            try:
+                ttft = await _one(host, int(port), rng.choice(requests))
+            except OSError:
+                ttft = None
+            if ttft is None:
+                errors += 1
+            else:
+                ttfts.append(ttft)
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    ttfts.sort()
+
+    def q(p: float) -> float:
+        return round(ttfts[min(len(ttfts) - 1, int(p * len(ttfts)))] * 1e3, 2) if ttfts else float("nan")
+
+    return {
+        "admits": len(ttfts),
+        "admits_per_s": round(len(ttfts) / wall, 1),
+        "ttft_p50_ms": q(0.50),
+        "ttft_p99_ms": q(0.99),
+        "ttft_max_ms": round(ttfts[-1] * 1e3, 2) if ttfts else float("nan"),
+        "errors": errors,
+        "server_cpu_share": round((server.cpu_seconds() - cpu_before) / wall, 3),
+    }
+
+
+@contextmanager
+def _server(limiter: str, interval_ms: float) -> Iterator[Servers]:
+    if limiter == "bare":
+        with bare_server(interval_ms, 1) as bare:
+            yield bare
+        return
+    redis = RedisProcess.start() if limiter == "redis" else None
+    try:
+        edge: AbstractContextManager[Servers] = servers(
+            interval_ms, 1, 1, redis_url=redis.url if redis else None
+        )
+        with edge as server:
+            yield server
+    finally:
+        if redis is not None:
+            redis.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ttft_overhead")
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--tokens", type=int, default=30, help="tokens per stream")
+    parser.add_argument("--interval-ms", type=float, default=33.0)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per limiter")
+    parser.add_argument("--limiters", default="memory,redis,bare", help="memory, redis, bare")
+    parser.add_argument("--arrivals", default="spread,burst", help="spread, burst (see the module)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    print(f"machine: {machine()}", flush=True)
+    interval_s = args.interval_ms / 1000
+    for limiter in args.limiters.split(","):
+        with _server(limiter, args.interval_ms) as server:
+            # A short warm-up: the first requests pay imports and the key cache's first read.
+            uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
+            for arrivals in args.arrivals.split(","):
+                spread = arrivals == "spread"
+                row = {
+                    "limiter": limiter,
+                    "arrivals": arrivals,
+                    "concurrency": args.concurrency,
+                    "tokens": args.tokens,
+                    "interval_ms": args.interval_ms,
+                    **uvloop.run(
+                        _load(server, args.concurrency, args.tokens, args.duration, spread, interval_s)
+                    ),
+                }
+                print(json.dumps(row) if args.json else row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
