@@ -5,6 +5,7 @@ GIL, so every other stream's tokens go on), and its ids are the tokenizer's own 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -17,7 +18,10 @@ pytestmark = pytest.mark.anyio
 PROSE = "Continuous batching joins new sequences at every engine step, 42 of them. "
 
 
-def _recording(text: ModelText) -> tuple[list[str], object]:
+Encode = Callable[[list[dict[str, str]], str], list[int]]
+
+
+def _recording(text: ModelText) -> tuple[list[str], Encode]:
     threads: list[str] = []
     encode = text.encode_chat
 
@@ -34,7 +38,7 @@ async def test_only_a_short_prompt_is_encoded_on_the_loop(chars: int, on_loop: b
     threads, recording = _recording(text)
     messages = [{"role": "user", "content": (PROSE * (chars // len(PROSE) + 1))[:chars]}]
 
-    ids = await encode_messages(recording, messages, "alice")  # type: ignore[arg-type]
+    ids = await encode_messages(recording, messages, "alice")
 
     expected = text.tokenizer.encode(text.template.render(messages), add_special_tokens=False).ids
     assert ids == expected
