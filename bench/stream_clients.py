@@ -143,7 +143,8 @@ class _Stream(asyncio.Protocol):
             self._transport.abort()
 
 
-def _request(host: str, port: int, key: str, body: dict[str, Any]) -> bytes:
+def chat_request(host: str, port: int, key: str, body: dict[str, Any]) -> bytes:
+    """A streaming chat request as raw HTTP/1.1 bytes, sent as is by every stream."""
     payload = json.dumps(body).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\nauthorization: Bearer {key}\r\n"
@@ -218,7 +219,7 @@ class StreamClients:
         processes: int = 2,
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
-        request = _request(host, port, key, body)
+        request = chat_request(host, port, key, body)
         self._conns: list[Connection] = []
         self._procs = []
         shares = [streams // processes + (1 if i < streams % processes else 0) for i in range(processes)]

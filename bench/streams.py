@@ -177,6 +177,8 @@ class Servers:
 def _tier(redis_url: str | None) -> str:
     if redis_url is None:
         return BENCH_TIER
+    # Into BENCH_TIER's own [limiter] table: TOML allows a table once.
+    assert "[limiter]\n" in BENCH_TIER
     return BENCH_TIER.replace("[limiter]\n", f'[limiter]\nbackend = "redis"\nredis_url = "{redis_url}"\n', 1)
 
 

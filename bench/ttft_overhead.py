@@ -30,7 +30,7 @@ import json
 import random
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import uvloop
@@ -38,18 +38,10 @@ import uvloop
 from bench.__main__ import machine
 from bench.paced_upstream import TOKEN_TEXT
 from bench.redis_process import RedisProcess
+from bench.stream_clients import END_OF_BODY, chat_request
 from bench.streams import Servers, _body, bare_server, servers
 
 CONTENT = b'"content":"' + TOKEN_TEXT.encode()
-END_OF_BODY = b"0\r\n\r\n"
-
-
-def _request(host: str, port: int, key: str, tokens: int) -> bytes:
-    body = json.dumps(_body(tokens)).encode()
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode() + body
 
 
 async def _one(host: str, port: int, request: bytes) -> float | None:
@@ -86,7 +78,7 @@ async def _load(
     # starting at its own moment, so admits arrive one or two at a time. Burst: all the same
     # length from the same moment: the streams end at one engine step and all come back at once.
     lengths = range(max(1, tokens // 2), tokens * 3 // 2 + 1) if spread else range(tokens, tokens + 1)
-    requests = [_request(host, int(port), server.key, n) for n in lengths]
+    requests = [chat_request(host, int(port), server.key, _body(n)) for n in lengths]
     rng = random.Random(5)
     ttfts: list[float] = []
     errors = 0
@@ -134,10 +126,7 @@ def _server(limiter: str, interval_ms: float) -> Iterator[Servers]:
         return
     redis = RedisProcess.start() if limiter == "redis" else None
     try:
-        edge: AbstractContextManager[Servers] = servers(
-            interval_ms, 1, 1, redis_url=redis.url if redis else None
-        )
-        with edge as server:
+        with servers(interval_ms, 1, 1, redis_url=redis.url if redis else None) as server:
             yield server
     finally:
         if redis is not None:
