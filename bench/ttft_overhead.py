@@ -2,7 +2,7 @@
 ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms at 50 concurrent).
 
 python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
-    [--limiters memory,redis,bare] [--arrivals spread,burst] [--json]
+    [--limiters memory,redis,bare] [--arrivals spread,burst] [--trees a=DIR,b=DIR [--rounds N]] [--json]
 
 The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
 token comes at once: the upstream's own time to first token is one generator step (microseconds),
@@ -19,7 +19,11 @@ bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of
 floor under the figure on this machine.
 
 Reported per limiter and arrivals: TTFT p50 / p99 / max at the client (connect to the first content delta),
-admits per second, errors, and the server's CPU share.
+admits per second, errors, the server's CPU share and its CPU per admitted stream (all of a stream's
+cost: its set-up, its tokens and its end; the bare floor's too).
+
+`--trees`: the edge served from each of these checkouts in turn (bench.streams' `tree`), `--rounds`
+times over, so a change and the code before it meet the same machine in one run.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -115,18 +120,19 @@ async def _load(
         "ttft_max_ms": round(ttfts[-1] * 1e3, 2) if ttfts else float("nan"),
         "errors": errors,
         "server_cpu_share": round((server.cpu_seconds() - cpu_before) / wall, 3),
+        "server_cpu_us_per_admit": round((server.cpu_seconds() - cpu_before) / max(len(ttfts), 1) * 1e6),
     }
 
 
 @contextmanager
-def _server(limiter: str, interval_ms: float) -> Iterator[Servers]:
+def _server(limiter: str, interval_ms: float, tree: Path | None) -> Iterator[Servers]:
     if limiter == "bare":
         with bare_server(interval_ms, 1) as bare:
             yield bare
         return
     redis = RedisProcess.start() if limiter == "redis" else None
     try:
-        with servers(interval_ms, 1, 1, redis_url=redis.url if redis else None) as server:
+        with servers(interval_ms, 1, 1, tree=tree, redis_url=redis.url if redis else None) as server:
             yield server
     finally:
         if redis is not None:
@@ -141,17 +147,30 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per limiter")
     parser.add_argument("--limiters", default="memory,redis,bare", help="memory, redis, bare")
     parser.add_argument("--arrivals", default="spread,burst", help="spread, burst (see the module)")
+    parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
+    parser.add_argument("--rounds", type=int, default=1, help="with --trees: alternate them N times")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
     interval_s = args.interval_ms / 1000
-    for limiter in args.limiters.split(","):
-        with _server(limiter, args.interval_ms) as server:
+    trees: list[tuple[str, Path | None]] = [
+        (label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(",") if t)
+    ] or [("", None)]
+    runs = [
+        (limiter, label, tree)
+        for _ in range(args.rounds if args.trees else 1)
+        for limiter in args.limiters.split(",")
+        # The bare floor has no tree: once a round.
+        for label, tree in (trees if limiter != "bare" else [("", None)])
+    ]
+    for limiter, label, tree in runs:
+        with _server(limiter, args.interval_ms, tree) as server:
             # A short warm-up: the first requests pay imports and the key cache's first read.
             uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
             for arrivals in args.arrivals.split(","):
                 spread = arrivals == "spread"
                 row = {
+                    **({"tree": label} if label else {}),
                     "limiter": limiter,
                     "arrivals": arrivals,
                     "concurrency": args.concurrency,

@@ -368,7 +368,6 @@ class Generation:
             return emit(chunk)
 
         try:
-            await self._p.registry.announce(self._live)
             await emit(enc.first())
             await self._run(out, on_text, emit)
             closing: list[bytes] = []

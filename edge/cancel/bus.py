@@ -1,21 +1,21 @@
-"""Cancel across edge instances: who owns a request, and a broadcast that reaches whoever runs it.
+"""Cancel across edge instances: who runs a request, and a broadcast that reaches whoever runs it.
 
-A request's stream lives on one edge instance; its cancel may arrive at any of them. When a request
-starts, its instance records the owner (`track`), and the first SSE event, which carries the id, is
-written only once that write is done (`SharedCancelRegistry.announce`, edge/cancel/shared.py): a
-cancel sent to another instance right after it finds the owner.
-`cancel` checks the owner (another user's id and an unknown id answer alike: NOT_FOUND), then
-publishes the cancel; every instance is subscribed and hands it to `deliver(request_id, user)`, which
-stops the stream if that instance holds it.
+A request's stream lives on one edge instance; its cancel may arrive at any of them. `cancel`
+finds the request live in the store, marks it cancelled and publishes the cancel; every instance
+is subscribed and hands it to `deliver(request_id, user)`, which stops the stream if that instance
+holds it.
 
-`RedisCancelBus` is the fleet's bus (tests/support/in_memory_cancel_bus.py is a one-process double
-with the same answers). In Redis the owner is a string `<state>\\t<user>` at
-`floodgate:cancel:{<request_id>}` (the hash tag keeps a request's key in one Cluster slot), with a
-TTL so nothing outlives a crashed instance; cancels go over classic pub/sub, which a Redis Cluster
-broadcasts to every node.
+Live is what the limiter already writes: an admitted request holds a slot in its user's
+concurrency set (`fg:{<user>}:conc`, limiter/redis_store.py) from the admit, which completes before
+the client can know the id, to its settle. So a stream costs the cancel machinery no write of its
+own when it starts (it cost a round trip on Redis before the first event, and a stream's CPU) and
+only its `end` when it stops. A cancel's own record sits at `floodgate:cancel:{<user>}:<request_id>`:
+the user's hash tag puts it in the slot of that set (one script reads both on a Cluster), and the
+user in the key answers another user's id and an unknown one alike (NOT_FOUND). Cancels go over
+classic pub/sub, which a Redis Cluster broadcasts to every node.
 
 The contract between a cancel and a generation ending on its own (edge/cancel/live.py) holds
-across instances too, decided in the store: a cancel marks a live record `cancelled` (one script:
+across instances too, decided in the store: a cancel marks a live request `cancelled` (one script:
 check and mark), and the instance that runs the request, when its generation stops running, marks it
 `done` and learns in the same script whether a cancel came first (`end`). So a cancel answered
 CANCELLED anywhere always ends the stream cancelled, and one after the end answers FINISHED.
@@ -36,30 +36,29 @@ from edge.cancel.outcome import CancelOutcome
 from edge.redis_subscription import Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
+from limiter.redis_store import user_keys
 
 log = structlog.get_logger("floodgate.cancel_bus")
 
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
 
 CHANNEL = "floodgate:cancel"
-LIVE, CANCELLING, DONE = "live", "cancelled", "done"
+CANCELLING, DONE = "cancelled", "done"
 
-# Cancel: a live record of the user's becomes "cancelled" (kept TTL); answers what the record says.
+# Cancel: a request the limiter holds a slot for, with no record yet, becomes "cancelled".
+# KEYS: the request's record, its user's concurrency set. ARGV: request id, the record's TTL.
 _CANCEL_SCRIPT = """
-local record = redis.call('GET', KEYS[1])
-if not record then return 'not_found' end
-local tab = string.find(record, '\\t', 1, true)
-if not tab then return 'not_found' end
-local state, owner = string.sub(record, 1, tab - 1), string.sub(record, tab + 1)
-if owner ~= ARGV[1] then return 'not_found' end
+local state = redis.call('GET', KEYS[1])
 if state == 'done' then return 'finished' end
-if state == 'live' then redis.call('SET', KEYS[1], 'cancelled\\t' .. owner, 'KEEPTTL') end
+if state == 'cancelled' then return 'cancelled' end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 'not_found' end
+redis.call('SET', KEYS[1], 'cancelled', 'EX', ARGV[2])
 return 'cancelled'
 """
 # End: the record becomes "done" (finished TTL); returns 1 when a cancel had marked it first.
 _END_SCRIPT = """
-local cancelled = redis.call('GET', KEYS[1]) == ('cancelled\\t' .. ARGV[1])
-redis.call('SET', KEYS[1], 'done\\t' .. ARGV[1], 'EX', ARGV[2])
+local cancelled = redis.call('GET', KEYS[1]) == 'cancelled'
+redis.call('SET', KEYS[1], 'done', 'EX', ARGV[1])
 if cancelled then return 1 end
 return 0
 """
@@ -79,21 +78,21 @@ class CancelBus(Protocol):
         Returns without waiting for a store that is down (start-up must not hang on it)."""
         ...
 
-    async def track(self, request_id: str, owner: str) -> None:
-        """A request started on this instance."""
-        ...
-
-    async def end(self, request_id: str, owner: str) -> bool:
+    async def end(self, request_id: str, owner: str) -> bool | None:
         """The request's generation stopped running: from now on a cancel answers FINISHED. True
-        when a cancel was accepted before (the outcome must then be cancelled)."""
+        when a cancel was accepted before (the outcome must then be cancelled); None when the store
+        could not be asked (then `finish` writes the record)."""
         ...
 
     async def finish(self, request_id: str, owner: str) -> None:
-        """The request ended; a cancel for it answers "finished" for a while, then "not_found"."""
+        """The request ended; a cancel for it answers "finished" for a while, then "not_found".
+        Needed only where `end` did not run or answer (a client gone mid-stream, a store failing):
+        its script leaves the record so."""
         ...
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
-        """Check that `user` owns the request and, if it is live, broadcast its cancel."""
+        """If `user`'s request is live (holds its limiter slot), mark it cancelled and broadcast
+        the cancel. Another user's id answers as an unknown one: NOT_FOUND."""
         ...
 
     async def aclose(self) -> None: ...
@@ -104,8 +103,9 @@ class _CancelMessage(msgspec.Struct, frozen=True):
     user: str
 
 
-def owner_key(request_id: str) -> str:
-    return f"floodgate:cancel:{{{request_id}}}"
+def record_key(user: str, request_id: str) -> str:
+    """A request's cancel record, in the Cluster slot of its user's limiter keys."""
+    return f"floodgate:cancel:{{{user}}}:{request_id}"
 
 
 class RedisCancelBus:
@@ -114,7 +114,7 @@ class RedisCancelBus:
         client: Redis | RedisCluster,
         subscriber: Redis,
         *,
-        ttl_s: int = 3600,
+        ttl_s: int = 3600,  # a cancelled record's (its stream's end replaces it)
         finished_ttl_s: int = 600,
         channel: str = CHANNEL,
         reconnect_delay_s: float = 0.5,
@@ -132,6 +132,9 @@ class RedisCancelBus:
             max_delay_s=max_reconnect_delay_s,
         )
         self._cluster_setup: asyncio.Task[None] | None = None
+        # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
+        self._cancel_script = client.register_script(_CANCEL_SCRIPT)
+        self._end_script = client.register_script(_END_SCRIPT)
 
     @classmethod
     def from_url(
@@ -150,8 +153,8 @@ class RedisCancelBus:
     async def start(self, deliver: Deliver) -> None:
         """Subscribe in the background, retrying with backoff while Redis is unreachable (cancels
         published meanwhile reach only the instance that runs the request). A Cluster client also
-        fetches its slot map and command table now, in the background: otherwise the first request
-        pays for it (tens of milliseconds, more on a busy host) before its first event."""
+        fetches its slot map and command table now, in the background: otherwise the first stream
+        to end pays for it (tens of milliseconds, more on a busy host) before its final event."""
         self._subscription.start(lambda data: self._handle(deliver, data))
         if isinstance(self._client, RedisCluster):
             self._cluster_setup = asyncio.create_task(
@@ -162,33 +165,25 @@ class RedisCancelBus:
         """Whether the subscription is up, waiting for it at most `timeout_s`."""
         return await self._subscription.wait_subscribed(timeout_s)
 
-    async def track(self, request_id: str, owner: str) -> None:
-        # A store failure must not fail the request: it only loses cross-instance cancel for it.
+    async def end(self, request_id: str, owner: str) -> bool | None:
         try:
-            await self._client.set(owner_key(request_id), f"{LIVE}\t{owner}", ex=self._ttl_s)
-        except _STORE_ERRORS as exc:
-            log.warning("cancel_bus_track_failed", request_id=request_id, error=type(exc).__name__)
-
-    async def end(self, request_id: str, owner: str) -> bool:
-        try:
-            marked = await self._client.eval(
-                _END_SCRIPT, 1, owner_key(request_id), owner, self._finished_ttl_s
-            )
+            marked = await self._end_script(keys=[record_key(owner, request_id)], args=[self._finished_ttl_s])
         except _STORE_ERRORS as exc:
             # The store is away: this instance alone decides (a cancel another one took is lost).
             log.warning("cancel_bus_end_failed", request_id=request_id, error=type(exc).__name__)
-            return False
+            return None
         return bool(marked)
 
     async def finish(self, request_id: str, owner: str) -> None:
         try:
-            await self._client.set(owner_key(request_id), f"{DONE}\t{owner}", ex=self._finished_ttl_s)
+            await self._client.set(record_key(owner, request_id), DONE, ex=self._finished_ttl_s)
         except _STORE_ERRORS as exc:
             log.warning("cancel_bus_finish_failed", request_id=request_id, error=type(exc).__name__)
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         try:
-            answer = await self._client.eval(_CANCEL_SCRIPT, 1, owner_key(request_id), user)
+            keys = [record_key(user, request_id), user_keys(user)[2]]
+            answer = await self._cancel_script(keys=keys, args=[request_id, self._ttl_s])
             outcome = CancelOutcome(answer.decode() if isinstance(answer, bytes) else answer)
             if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))

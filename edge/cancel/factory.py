@@ -14,7 +14,8 @@ from edge.config import LimiterConfig
 @asynccontextmanager
 async def open_request_registry(limiter: LimiterConfig) -> AsyncIterator[RequestRegistry]:
     """With the Redis limiter there may be other instances: a cancel reaching any of them must stop
-    the stream wherever it runs, so the registry is shared over the limiter's Redis."""
+    the stream wherever it runs, so the registry is shared over the limiter's Redis (it must be
+    that one: a request is live there by the limiter's concurrency slot, edge/cancel/bus.py)."""
     local = CancelRegistry()
     if limiter.backend != "redis":
         yield local

@@ -1,9 +1,9 @@
 """Live requests by id, so a cancel (endpoint or disconnect) reaches the generation that runs it.
 
 `CancelRegistry` is this instance's view. Cross-instance cancel is another `RequestRegistry`
-(edge/cancel/shared.py) wrapping it: it mirrors register/finish into a shared store (owner, live or
-finished) and, for an id not live here, answers from that store and publishes the cancel for the
-instance that runs it to apply with `cancel_local`.
+(edge/cancel/shared.py) wrapping it: it decides a request's end with a shared store and, for an id
+not live here, answers from that store and publishes the cancel for the instance that runs it to
+apply with `cancel_local`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ from edge.cancel.outcome import CancelOutcome
 class RequestRegistry(Protocol):
     """What the pipeline (register, finish) and the cancel route (cancel) need."""
 
-    def register(self, request_id: str, owner: str) -> LiveRequest: ...
-
-    async def announce(self, live: LiveRequest) -> None:
-        """Returns once a cancel sent to any instance would find the request: the pipeline awaits it
-        before the first event, which hands the client the id to cancel with."""
+    def register(self, request_id: str, owner: str) -> LiveRequest:
+        """A request admitted (by then a cancel sent to any instance finds it: the first event,
+        which hands the client the id, comes after)."""
         ...
 
     async def end(self, live: LiveRequest) -> bool:
@@ -49,9 +47,6 @@ class CancelRegistry:
         live = LiveRequest(request_id, owner)
         self._live[request_id] = live
         return live
-
-    async def announce(self, live: LiveRequest) -> None:
-        """Known here from register() on: nothing to wait for."""
 
     async def end(self, live: LiveRequest) -> bool:
         return live.end()

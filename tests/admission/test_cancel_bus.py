@@ -1,4 +1,7 @@
-"""Cross-instance cancel: two edge "instances" (two buses, their own Redis clients) on one real Redis."""
+"""Cross-instance cancel: two edge "instances" (two buses, their own Redis clients) on one real Redis.
+
+A request is live there from its limiter admit (edge/cancel/bus.py): each test admits its requests
+with the real RedisLimiter on the same Redis, as the edge does before a stream starts."""
 
 from __future__ import annotations
 
@@ -9,12 +12,14 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus, owner_key
+from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus, record_key
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
+from limiter.redis_store import RedisLimiter
 from tests.admission.flow import until
-from tests.support.in_memory_cancel_bus import InMemoryCancelBus
+from tests.limiter.tiers import tier
+from tests.support.admitted import admit
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
@@ -61,24 +66,28 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[Instances]:
 
 @pytest.mark.anyio
 async def test_a_cancel_on_another_instance_reaches_the_one_running_the_request(
-    two_instances: Instances,
+    two_instances: Instances, redis_server: RedisServer
 ) -> None:
     a, inbox_a, b, inbox_b = two_instances
-    await a.track("req-1", "alice")
+    await admit(redis_server.url, "req-1")
 
     assert await b.cancel("req-1", "alice") == "cancelled"
     await inbox_a.wait_for(("req-1", "alice"))
     # Every instance hears it; the one that does not hold the stream ignores it.
     await inbox_b.wait_for(("req-1", "alice"))
+    assert await a.cancel("req-1", "alice") == "cancelled"  # again: the same answer
+    assert await a.end("req-1", "alice") is True  # its end learns of it
 
 
 @pytest.mark.anyio
 async def test_another_users_or_an_unknown_id_is_not_found_and_not_published(
-    two_instances: Instances,
+    two_instances: Instances, redis_server: RedisServer
 ) -> None:
-    a, inbox_a, b, _ = two_instances
-    await a.track("req-2", "alice")
+    _, inbox_a, b, _ = two_instances
+    await admit(redis_server.url, "req-2")
+    await admit(redis_server.url, "req-2m", user="mallory")
     assert await b.cancel("req-2", "mallory") == "not_found"
+    assert await b.cancel("req-2m", "alice") == "not_found"
     assert await b.cancel("req-unknown", "alice") == "not_found"
 
     # A real cancel published after them is the first thing instance A receives.
@@ -88,26 +97,57 @@ async def test_another_users_or_an_unknown_id_is_not_found_and_not_published(
 
 
 @pytest.mark.anyio
-async def test_a_finished_request_answers_finished_to_its_owner_only(
-    two_instances: Instances,
+async def test_an_ended_or_settled_request_answers_finished_to_its_owner_only(
+    two_instances: Instances, redis_server: RedisServer
 ) -> None:
-    a, _, b, _ = two_instances
-    await a.track("req-3", "alice")
-    await a.finish("req-3", "alice")
+    a, inbox_a, b, _ = two_instances
+    await admit(redis_server.url, "req-3")
+    assert await a.end("req-3", "alice") is False
     assert await b.cancel("req-3", "alice") == "finished"
     assert await b.cancel("req-3", "mallory") == "not_found"
 
+    # A request whose end never ran (its client left): settled by the limiter, finished by finish.
+    admission = await admit(redis_server.url, "req-3b")
+    assert admission.lease is not None
+    await admission.lease.settle()
+    await a.finish("req-3b", "alice")
+    assert await b.cancel("req-3b", "alice") == "finished"
+    assert inbox_a.received == []
+
 
 @pytest.mark.anyio
-async def test_owner_records_expire_and_share_a_slot_per_request(redis_server: RedisServer) -> None:
+async def test_a_request_not_admitted_or_already_settled_is_not_found(
+    two_instances: Instances, redis_server: RedisServer
+) -> None:
+    _, inbox_a, b, _ = two_instances
+    # Turned away by the limiter: never live.
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=2000)
+    try:
+        refused = await limiter.admit("alice", "req-8", tier(tokens=5), 10, 10)
+    finally:
+        await limiter.aclose()
+    assert not refused.decision.allowed
+    assert await b.cancel("req-8", "alice") == "not_found"
+    # Settled with no end and no finish (a crash between them): its slot is gone, so is it.
+    admission = await admit(redis_server.url, "req-8b")
+    assert admission.lease is not None
+    await admission.lease.settle()
+    assert await b.cancel("req-8b", "alice") == "not_found"
+    assert inbox_a.received == []
+
+
+@pytest.mark.anyio
+async def test_records_expire_and_share_their_users_slot(redis_server: RedisServer) -> None:
     bus = RedisCancelBus.from_url(redis_server.url, ttl_s=120, finished_ttl_s=30)
     raw = Redis.from_url(redis_server.url)
     try:
-        await bus.track("req-4", "alice")
-        assert 0 < await raw.ttl(owner_key("req-4")) <= 120
-        await bus.finish("req-4", "alice")
-        assert 0 < await raw.ttl(owner_key("req-4")) <= 30
-        assert owner_key("req-4").endswith("{req-4}")
+        await admit(redis_server.url, "req-4")
+        assert await bus.cancel("req-4", "alice") == "cancelled"
+        assert 0 < await raw.ttl(record_key("alice", "req-4")) <= 120
+        assert await bus.end("req-4", "alice") is True
+        assert 0 < await raw.ttl(record_key("alice", "req-4")) <= 30
+        # The hash tag of the limiter's keys for that user (limiter/redis_store.py): one slot.
+        assert record_key("alice", "req-4").startswith("floodgate:cancel:{alice}:")
     finally:
         await bus.aclose()
         await raw.aclose()
@@ -123,7 +163,7 @@ async def test_the_subscription_comes_back_after_redis_restarts() -> None:
     try:
         server.kill()
         server = start_redis(server.port)
-        await bus.track("req-5", "alice")
+        await admit(server.url, "req-5")
         # The listener resubscribes on its own; cancel until one lands (bounded by wait_for).
         with anyio.fail_after(10):
             while ("req-5", "alice") not in inbox.received:
@@ -147,7 +187,7 @@ async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_
         assert not await bus.wait_subscribed(0)
         server = start_redis(port)
         assert await bus.wait_subscribed(10)  # the background retries found it
-        await bus.track("req-7", "alice")
+        await admit(server.url, "req-7")
         assert await bus.cancel("req-7", "alice") == "cancelled"
         await inbox.wait_for(("req-7", "alice"))
     finally:
@@ -156,37 +196,24 @@ async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_
 
 
 @pytest.mark.anyio
-async def test_in_memory_bus_answers_like_redis() -> None:
-    bus = InMemoryCancelBus()
-    inbox = Inbox()
-    await bus.start(inbox)
-    await bus.track("req-6", "alice")
-    assert await bus.cancel("req-6", "mallory") == "not_found"
-    assert await bus.cancel("req-unknown", "alice") == "not_found"
-    assert await bus.cancel("req-6", "alice") == "cancelled"
-    assert inbox.received == [("req-6", "alice")]
-    await bus.finish("req-6", "alice")
-    assert await bus.cancel("req-6", "alice") == "finished"
-    assert await bus.cancel("req-6", "mallory") == "not_found"
-    await bus.aclose()
-
-
-@pytest.mark.anyio
 async def test_cancel_across_instances_on_a_redis_cluster() -> None:
     cluster = start_redis_cluster(3)
     # Each instance subscribes through a different node: pub/sub is broadcast across the cluster.
-    a = RedisCancelBus.from_url(f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}")
+    url = f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}"
+    a = RedisCancelBus.from_url(url)
     b = RedisCancelBus.from_url(f"redis+cluster://127.0.0.1:{cluster.nodes[2].port}")
     inbox_a = Inbox()
     await a.start(inbox_a)
     await b.start(Inbox())
     assert await a.wait_subscribed(5) and await b.wait_subscribed(5)
     try:
-        for i in range(5):  # ids land in different slots, on different nodes
-            await a.track(f"req-c{i}", "alice")
+        for i in range(5):  # users land in different slots, on different nodes
+            user = f"user-{i}"
+            await admit(url, f"req-c{i}", user)
             assert await b.cancel(f"req-c{i}", "mallory") == "not_found"
-            assert await b.cancel(f"req-c{i}", "alice") == "cancelled"
-            await inbox_a.wait_for((f"req-c{i}", "alice"))
+            assert await b.cancel(f"req-c{i}", user) == "cancelled"
+            await inbox_a.wait_for((f"req-c{i}", user))
+            assert await a.end(f"req-c{i}", user) is True
     finally:
         await a.aclose()
         await b.aclose()
@@ -196,11 +223,12 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
 @pytest.mark.anyio
 async def test_an_unreachable_cluster_loses_the_record_and_answers_unavailable() -> None:
     # The cluster client fails with RedisClusterException (no RedisError) when no node answers:
-    # a request must still go on, and a cancel must answer "unavailable" (503), not crash.
+    # a request must still go on (its end says "no answer", None), and a cancel must answer
+    # "unavailable" (503), not crash.
     bus = RedisCancelBus.from_url(f"redis+cluster://127.0.0.1:{free_port()}")
     await bus.start(Inbox())
     try:
-        await bus.track("req-u1", "alice")
+        assert await bus.end("req-u1", "alice") is None
         await bus.finish("req-u1", "alice")
         with pytest.raises(CancelBusUnavailable):
             await bus.cancel("req-u1", "alice")
@@ -218,13 +246,19 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_
     await b.start()
     assert await bus_a.wait_subscribed(5)
     try:
+        for request_id in ("req-s1", "req-s2", "req-s3"):
+            await admit(redis_server.url, request_id)
         live = a.register("req-s1", "alice")
-        other = a.register("req-s2", "alice")
-        a.finish(other)
+        ended = a.register("req-s2", "alice")
+        assert await a.end(ended) is False
+        a.finish(ended)  # ended in the store: nothing more to write
+        left = a.register("req-s3", "alice")
+        a.finish(left)  # its client left before the end: finish writes the record
         await a.drain()
 
         assert await b.cancel("req-s1", "mallory") is CancelOutcome.NOT_FOUND
         assert await b.cancel("req-s2", "alice") is CancelOutcome.FINISHED
+        assert await b.cancel("req-s3", "alice") is CancelOutcome.FINISHED
         assert await b.cancel("req-s1", "alice") is CancelOutcome.CANCELLED
         await until(lambda: live.cancelled)  # instance A stopped its stream
     finally:

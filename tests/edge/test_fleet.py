@@ -54,7 +54,7 @@ def test_a_cancel_sent_to_another_instance_stops_the_stream(
         for _ in range(3):
             with client.stream("POST", a.base_url + CHAT, json=long_body, headers=a.auth("paid")) as response:
                 stream = events(response)
-                # Right after the first event: the owner record must already be in Redis.
+                # Right after the first event: the request must already be live in Redis (its limiter slot).
                 rid = next(stream)["request_id"]
                 cancel = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
                 assert cancel.status_code == 200

@@ -28,6 +28,7 @@ from edge.cancel.shared import SharedCancelRegistry
 from limiter.base import Admission, Limiter, OutputLease, TierLimits
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.admitted import admit
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import RedisServer, start_redis
 
@@ -176,11 +177,11 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[tuple[Shared
 
 @pytest.mark.anyio
 async def test_across_instances_a_cancel_after_the_end_is_finished(
-    two_instances: tuple[SharedCancelRegistry, ...],
+    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
 ) -> None:
     runs, other = two_instances
+    await admit(redis_server.url, "r-end-first")  # live for every instance from here
     live = runs.register("r-end-first", "alice")
-    await runs.announce(live)
 
     assert await runs.end(live) is False
     # The cleanup (finish) has not run yet: the store already says the generation is over.
@@ -190,11 +191,11 @@ async def test_across_instances_a_cancel_after_the_end_is_finished(
 
 @pytest.mark.anyio
 async def test_across_instances_a_cancel_before_the_end_decides_the_outcome(
-    two_instances: tuple[SharedCancelRegistry, ...],
+    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
 ) -> None:
     runs, other = two_instances
+    await admit(redis_server.url, "r-cancel-first")  # live for every instance from here
     live = runs.register("r-cancel-first", "alice")
-    await runs.announce(live)
 
     assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
     # Whether or not the broadcast reached this instance yet, its end learns of the cancel.
