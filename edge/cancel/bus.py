@@ -43,7 +43,7 @@ log = structlog.get_logger("floodgate.cancel_bus")
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
 
 CHANNEL = "floodgate:cancel"
-CANCELLING, DONE = "cancelled", "done"
+DONE = "done"
 
 # Cancel: a request the limiter holds a slot for, with no record yet, becomes "cancelled".
 # KEYS: the request's record, its user's concurrency set. ARGV: request id, the record's TTL.
