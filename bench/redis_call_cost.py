@@ -25,14 +25,9 @@ from redis.asyncio import Redis
 
 from bench.__main__ import machine
 from bench.redis_process import RedisProcess
+from edge.cancel.bus import END_SCRIPT
 from limiter.resp import pack_evalshas
 
-_END = """
-local cancelled = redis.call('GET', KEYS[1]) == 'cancelled'
-redis.call('SET', KEYS[1], 'done', 'EX', ARGV[1])
-if cancelled then return 1 end
-return 0
-"""
 _SET = b"*5\r\n$3\r\nSET\r\n$20\r\nfloodgate:cancel:{k}\r\n$4\r\nlive\r\n$2\r\nEX\r\n$4\r\n3600\r\n"
 
 
@@ -70,8 +65,8 @@ async def _measure(call: Callable[[int], Awaitable[Any]], calls: int, concurrenc
 
 async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> list[dict[str, Any]]:
     client = Redis(port=port)
-    script = client.register_script(_END)
-    await client.script_load(_END)
+    script = client.register_script(END_SCRIPT)
+    await client.script_load(END_SCRIPT)
     pool = client.connection_pool
 
     async def pooled(i: int) -> Any:

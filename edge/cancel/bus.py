@@ -56,7 +56,8 @@ redis.call('SET', KEYS[1], 'cancelled', 'EX', ARGV[2])
 return 'cancelled'
 """
 # End: the record becomes "done" (finished TTL); returns 1 when a cancel had marked it first.
-_END_SCRIPT = """
+# (Public for bench/redis_call_cost.py, which times it.)
+END_SCRIPT = """
 local cancelled = redis.call('GET', KEYS[1]) == 'cancelled'
 redis.call('SET', KEYS[1], 'done', 'EX', ARGV[1])
 if cancelled then return 1 end
@@ -134,7 +135,7 @@ class RedisCancelBus:
         self._cluster_setup: asyncio.Task[None] | None = None
         # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
         self._cancel_script = client.register_script(_CANCEL_SCRIPT)
-        self._end_script = client.register_script(_END_SCRIPT)
+        self._end_script = client.register_script(END_SCRIPT)
 
     @classmethod
     def from_url(
@@ -182,7 +183,8 @@ class RedisCancelBus:
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         try:
-            keys = [record_key(user, request_id), user_keys(user)[2]]
+            _, _, slots = user_keys(user)
+            keys = [record_key(user, request_id), slots]
             answer = await self._cancel_script(keys=keys, args=[request_id, self._ttl_s])
             outcome = CancelOutcome(answer.decode() if isinstance(answer, bytes) else answer)
             if outcome is CancelOutcome.CANCELLED:

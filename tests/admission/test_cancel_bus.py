@@ -16,10 +16,9 @@ from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus, rec
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
-from limiter.redis_store import RedisLimiter
 from tests.admission.flow import until
 from tests.limiter.tiers import tier
-from tests.support.admitted import admit
+from tests.support.admitted import admission, admit
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
@@ -107,9 +106,9 @@ async def test_an_ended_or_settled_request_answers_finished_to_its_owner_only(
     assert await b.cancel("req-3", "mallory") == "not_found"
 
     # A request whose end never ran (its client left): settled by the limiter, finished by finish.
-    admission = await admit(redis_server.url, "req-3b")
-    assert admission.lease is not None
-    await admission.lease.settle()
+    admitted = await admit(redis_server.url, "req-3b")
+    assert admitted.lease is not None
+    await admitted.lease.settle()
     await a.finish("req-3b", "alice")
     assert await b.cancel("req-3b", "alice") == "finished"
     assert inbox_a.received == []
@@ -121,17 +120,13 @@ async def test_a_request_not_admitted_or_already_settled_is_not_found(
 ) -> None:
     _, inbox_a, b, _ = two_instances
     # Turned away by the limiter: never live.
-    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=2000)
-    try:
-        refused = await limiter.admit("alice", "req-8", tier(tokens=5), 10, 10)
-    finally:
-        await limiter.aclose()
+    refused = await admission(redis_server.url, "req-8", "alice", tier(tokens=5))
     assert not refused.decision.allowed
     assert await b.cancel("req-8", "alice") == "not_found"
     # Settled with no end and no finish (a crash between them): its slot is gone, so is it.
-    admission = await admit(redis_server.url, "req-8b")
-    assert admission.lease is not None
-    await admission.lease.settle()
+    admitted = await admit(redis_server.url, "req-8b")
+    assert admitted.lease is not None
+    await admitted.lease.settle()
     assert await b.cancel("req-8b", "alice") == "not_found"
     assert inbox_a.received == []
 
