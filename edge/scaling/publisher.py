@@ -109,9 +109,10 @@ class ScalingPublisher:
             self.sample()
             next_sample += self._sample_interval_s
             if loop.time() >= next_flush:
-                # Counted from this call's start: a slow call never leads to two calls in a row.
-                next_flush = loop.time() + self._interval_s
                 await self.flush()
+                # Counted from this call's end: a call slower than the interval (a loaded host, a
+                # slow CloudWatch) is not followed at once by another carrying a single sample.
+                next_flush = loop.time() + self._interval_s
             # After a slow flush, skip the missed samples rather than take them in a burst.
             next_sample = max(next_sample, loop.time())
             with contextlib.suppress(TimeoutError):
