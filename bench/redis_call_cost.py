@@ -4,11 +4,11 @@ python -m bench.redis_call_cost [--calls 4000] [--concurrency 1,16] [--repeat 2]
 
 On a real redis-server of its own (bench/redis_process.py), uvloop, this process's CPU (and wall
 time) per call for: redis-py's `set` (the call the cancel bus's owner record used to cost every
-stream), a registered script by EVALSHA (the bus's end script), the limiter's own path (the call
-packed by limiter/resp.py, sent and read on one pooled connection, as RedisLimiter._pipelined
-does), and a bare `asyncio.Protocol` writing a `SET` and waiting for its reply: the event loop's
-and the kernel's share alone, the floor under every client. `--concurrency`: that many callers at
-once (replies then share reads).
+stream), a registered script by EVALSHA (the bus's cancel script, on unknown ids), the limiter's
+own path (the call packed by limiter/resp.py, sent and read on one pooled connection, as
+RedisLimiter._pipelined does), and a bare `asyncio.Protocol` writing a `SET` and waiting for its
+reply: the event loop's and the kernel's share alone, the floor under every client.
+`--concurrency`: that many callers at once (replies then share reads).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from bench.__main__ import machine
 from bench.redis_process import RedisProcess
-from edge.cancel.bus import END_SCRIPT
+from edge.cancel.bus import CANCEL_SCRIPT
 from limiter.resp import pack_evalshas
 
 _SET = b"*5\r\n$3\r\nSET\r\n$20\r\nfloodgate:cancel:{k}\r\n$4\r\nlive\r\n$2\r\nEX\r\n$4\r\n3600\r\n"
@@ -65,12 +65,12 @@ async def _measure(call: Callable[[int], Awaitable[Any]], calls: int, concurrenc
 
 async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> list[dict[str, Any]]:
     client = Redis(port=port)
-    script = client.register_script(END_SCRIPT)
-    await client.script_load(END_SCRIPT)
+    script = client.register_script(CANCEL_SCRIPT)
+    await client.script_load(CANCEL_SCRIPT)
     pool = client.connection_pool
 
     async def pooled(i: int) -> Any:
-        packed = pack_evalshas(script.sha, [([f"floodgate:cancel:{{u}}:{i}"], [600])])
+        packed = pack_evalshas(script.sha, [([f"fg:{{u}}:done:{i}", "fg:{u}:conc"], [i, 600])])
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.send_packed_command(packed, check_health=False)
@@ -96,7 +96,7 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
         bare.append(protocol)
     variants: dict[str, Callable[[int], Awaitable[Any]]] = {
         "redis-py set": lambda i: client.set(f"floodgate:cancel:{{k{i}}}", "live", ex=3600),
-        "redis-py evalsha": lambda i: script(keys=[f"floodgate:cancel:{{u}}:{i}"], args=[600]),
+        "redis-py evalsha": lambda i: script(keys=[f"fg:{{u}}:done:{i}", "fg:{u}:conc"], args=[i, 600]),
         "pooled pipelined evalsha": pooled,
         "bare protocol set": raw,
     }

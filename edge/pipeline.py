@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import structlog
@@ -61,6 +61,8 @@ from limiter.base import Limiter, OutputLease, StoreUnavailable
 from limiter.headers import ratelimit_headers
 
 log = structlog.get_logger("floodgate.request")
+
+_T = TypeVar("_T")
 
 Emit = Callable[[bytes], Awaitable[None]]
 EndReason = Literal[
@@ -433,8 +435,8 @@ class Generation:
         if keepalive is not None:
             self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
         # One scope for both cancellers: the cancel endpoint (LiveRequest.cancel) and the drain's
-        # deadline (Drain.watch). A cancel marks the request cancelled, which `registry.end` reports
-        # first below; a scope cancelled otherwise was cut by the drain.
+        # deadline (Drain.watch). A cancel marks the request cancelled, which `LiveRequest.end`
+        # reports first below; a scope cancelled otherwise was cut by the drain.
         scope = self._live.scope()
         drain = self._p.drain
         drain.watch(scope)
@@ -461,16 +463,20 @@ class Generation:
             drain.unwatch(scope)
         # Decided here, before any final event: a cancel that came first wins even when the
         # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
-        # after this answers 409 (edge/cancel/live.py).
-        if await self._p.registry.end(self._live):
+        # after this answers 409 (edge/cancel/live.py). A cancel sent to another edge instance is
+        # learnt from the settle's answer: the store decides between it and this end in one
+        # script (edge/cancel/bus.py), so the stream's end costs no round trip of its own.
+        cancelled_here = self._live.end()
+        # Given back before the final events too (the keep-alive stopped: nothing else may write to
+        # the stream then): a client that sees the end may start its next stream at once.
+        cancelled_elsewhere = await self._give_back()
+        if cancelled_here or cancelled_elsewhere:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
             out.error = None
         elif scope.cancelled_caught and drain.past_deadline:
             out.reason = "drained"
             out.error = shutting_down_error(self._p.drain.accept_left_s())
-        # Before the caller writes its final events: nothing else may write to the stream then.
-        await self._stop_keepalive()
 
     async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
         """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""
@@ -519,6 +525,19 @@ class Generation:
             keepalive, self._keepalive = self._keepalive, None
             await keepalive.stop()
 
+    async def _give_back(self) -> bool | None:
+        """The keep-alive stopped, the replica's slot and the lease given back (the first call
+        does it all; shielded: a disconnect must not leave a slot held). The settle's answer:
+        True when the store says a cancel sent to another instance came first (OutputLease.settle)."""
+        with cancel_scope(shield=True):
+            await self._stop_keepalive()
+            await self._give_back_slot()
+            # A request that never reached a replica (turned away or cancelled while queued) is
+            # refunded whole: it cost no GPU work.
+            settle = self._lease.settle(ran=self._reached_replica)
+            cancelled_elsewhere = await _quietly(settle, "lease_settle_failed", self.request_id)
+        return cancelled_elsewhere
+
     async def _give_back_slot(self, *, failed: bool = False) -> None:
         deltas, self._deltas = self._deltas, None
         if deltas is not None:
@@ -535,13 +554,7 @@ class Generation:
             return
         self._closed = True
         out = out or Outcome()
-        with cancel_scope(shield=True):
-            await self._stop_keepalive()
-            await self._give_back_slot()
-            # A request that never reached a replica (turned away or cancelled while queued) is
-            # refunded whole: it cost no GPU work.
-            settle = self._lease.settle(ran=self._reached_replica)
-            await _quietly(settle, "lease_settle_failed", self.request_id)
+        await self._give_back()
         self._p.registry.finish(self._live)
         self._record(out)
 
@@ -593,9 +606,10 @@ def _stored_finish_reason(out: Outcome) -> str:
     return out.finish_reason
 
 
-async def _quietly(step: Awaitable[None], what: str, request_id: str) -> None:
+async def _quietly(step: Awaitable[_T], what: str, request_id: str) -> _T | None:
     # Clean-up steps must all run: one failing (a store hiccup) is logged, not raised.
     try:
-        await step
+        return await step
     except Exception as exc:
         log.warning(what, request_id=request_id, error=repr(exc))
+        return None

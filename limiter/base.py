@@ -48,12 +48,17 @@ class OutputLease(Protocol):
         local lease is used up, to extend it by a batch."""
         ...
 
-    async def settle(self, *, ran: bool = True) -> None:
+    async def settle(self, *, ran: bool = True) -> bool | None:
         """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally.
 
         ran=False: the request never reached a replica (the edge turned it away after admission,
         e.g. the queue was full), so admission is undone whole: the request, its input tokens and
-        the lease are all given back."""
+        the lease are all given back.
+
+        Returns True when the shared store's record of the request says a cancel sent to another
+        edge instance came first (edge/cancel/bus.py marks it there): the outcome must then be
+        reported as cancelled. False when it says not; None when no shared store answered (the
+        in-process store, a store that is down, or a second call)."""
         ...
 
 

@@ -20,9 +20,10 @@ class LeaseStore(Protocol):
 
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
-    ) -> None:
+    ) -> bool | None:
         """Free the request's slot and refund `refund` tokens, and the request itself when
-        `refund_request` (idempotent in the store)."""
+        `refund_request` (idempotent in the store). True when the store's record of the request
+        says the fleet's cancel came first (OutputLease.settle); None when nothing says."""
         ...
 
 
@@ -110,17 +111,16 @@ class Lease:
         self._used += covered
         return covered
 
-    async def settle(self, *, ran: bool = True) -> None:
+    async def settle(self, *, ran: bool = True) -> bool | None:
         if self._settled:
-            return
+            return None
         self._settled = True
         unused = self._granted - self._used
         if ran:
-            await self._store.settle(self._user, self._tier, self._request_id, unused)
-        else:
-            await self._store.settle(
-                self._user, self._tier, self._request_id, self._input_tokens + unused, refund_request=True
-            )
+            return await self._store.settle(self._user, self._tier, self._request_id, unused)
+        return await self._store.settle(
+            self._user, self._tier, self._request_id, self._input_tokens + unused, refund_request=True
+        )
 
 
 def admission(

@@ -126,9 +126,10 @@ class MemoryLimiter:
 
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
-    ) -> None:
+    ) -> bool | None:
         self._ends.ended(user, request_id, ran=not refund_request)
         self.settle_now(user, tier, request_id, refund, refund_request=refund_request)
+        return None  # one instance: its cancels never reach a store
 
     def record_admitted(self, user: str, request_id: str, tier: TierLimits, cost_tokens: int) -> None:
         """Count what the shared store admitted (policy.record_admitted): as the Redis store's

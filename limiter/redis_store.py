@@ -12,8 +12,8 @@ Slow is not down, and a late answer is not a "no":
   does not answer within `timeout_ms` does.
 - A call that timed out may still run on Redis afterwards. redis-py's own retries are off (a
   re-sent script would count twice), the scripts are idempotent per request id (admit answers a
-  request holding its slot "allowed" again at no cost; settle leaves a tombstone that a late admit
-  respects), and an admit whose answer never came is undone on Redis (a settle) unless the
+  request holding its slot "allowed" again at no cost; settle marks the request's record done,
+  which a late admit respects), and an admit whose answer never came is undone on Redis (a settle) unless the
   request runs.
 - The local twin mirrors every decision Redis made for this instance, so the fail-open fallback
   continues from what this instance really admitted instead of from an empty state: it never
@@ -79,8 +79,9 @@ def user_keys(user: str) -> tuple[str, str, str]:
     return f"fg:{{{user}}}:req", f"fg:{{{user}}}:tok", f"fg:{{{user}}}:conc"
 
 
-def tombstone_key(user: str, request_id: str) -> str:
-    """Set by settle.lua: this request is over (same hash tag as the user's keys)."""
+def record_key(user: str, request_id: str) -> str:
+    """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
+    once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
     return f"fg:{{{user}}}:done:{request_id}"
 
 
@@ -257,7 +258,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        keys = (*user_keys(user), tombstone_key(user, request_id))
+        keys = (*user_keys(user), record_key(user, request_id))
         args = (
             self._now_arg(),
             request_id,
@@ -411,8 +412,8 @@ class RedisLimiter:
             for user in self._local.active_users():
                 snap = self._local.snapshot(user)
                 args = (self._now_arg(), snap.request_ahead_us, snap.token_ahead_us, self._lease_ttl_us)
-                tombstones = [tombstone_key(user, request_id) for request_id in snap.request_ids]
-                calls.append(((*user_keys(user), *tombstones), (*args, *snap.request_ids)))
+                records = [record_key(user, request_id) for request_id in snap.request_ids]
+                calls.append(((*user_keys(user), *records), (*args, *snap.request_ids)))
             if calls:
                 await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
@@ -431,26 +432,28 @@ class RedisLimiter:
             int(refund_request),
             self._lease_ttl_us,
         )
-        keys = (*user_keys(user), tombstone_key(user, request_id))
+        keys = (*user_keys(user), record_key(user, request_id))
         # Retried until the slot would have expired on Redis by itself (its last refresh was at
         # most now); past that there is nothing left to free.
         return PendingSettle(keys, args, expires_at=time.monotonic() + self._lease_ttl_s)
 
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
-    ) -> None:
+    ) -> bool | None:
         self._ends.ended(user, request_id, ran=not refund_request)
         self._local.settle_now(user, tier, request_id, refund, refund_request=refund_request)
         op = self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
         if self._health.retry_in() > 0:
             self._settles.add(op)
-            return
+            return None
         # The first attempt shares a round trip with other callers' settles; only a failed one
-        # goes to the retry queue.
+        # goes to the retry queue (and its answer is not waited for).
         try:
-            await self._settle_calls.call(op.keys, op.args, 0)
+            _, cancelled = await self._settle_calls.call(op.keys, op.args, 0)
         except (_NotSent, _NoAnswer):
             self._settles.add(op)
+            return None
+        return bool(cancelled)
 
     async def _send_settles(self, batch: list[PendingSettle]) -> bool:
         try:

@@ -7,18 +7,20 @@ holds it.
 
 Live is what the limiter already writes: an admitted request holds a slot in its user's
 concurrency set (`fg:{<user>}:conc`, limiter/redis_store.py) from the admit, which completes before
-the client can know the id, to its settle. So a stream costs the cancel machinery no write of its
-own when it starts (it cost a round trip on Redis before the first event, and a stream's CPU) and
-only its `end` when it stops. A cancel's own record sits at `floodgate:cancel:{<user>}:<request_id>`:
-the user's hash tag puts it in the slot of that set (one script reads both on a Cluster), and the
-user in the key answers another user's id and an unknown one alike (NOT_FOUND). Cancels go over
+the client can know the id, to its settle; and the limiter keeps a record per request
+(`limiter.redis_store.record_key`, in the same Cluster slot), which its settle marks "done". A
+cancel marks that record "cancelled". So a stream costs the cancel machinery no write of its own:
+neither when it starts nor when it ends (the settle that frees its slot answers for it). The user
+in the keys answers another user's id and an unknown one alike (NOT_FOUND). Cancels go over
 classic pub/sub, which a Redis Cluster broadcasts to every node.
 
 The contract between a cancel and a generation ending on its own (edge/cancel/live.py) holds
 across instances too, decided in the store: a cancel marks a live request `cancelled` (one script:
-check and mark), and the instance that runs the request, when its generation stops running, marks it
-`done` and learns in the same script whether a cancel came first (`end`). So a cancel answered
-CANCELLED anywhere always ends the stream cancelled, and one after the end answers FINISHED.
+check and mark), and the instance that runs it, once its generation stops running, settles it,
+which marks it `done` and learns in the same script whether a cancel came first
+(limiter/scripts/settle.lua). So a cancel answered CANCELLED anywhere always ends the stream
+cancelled, and one after the settle answers FINISHED (while the record lasts: the slot's lease TTL,
+then NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -36,32 +38,24 @@ from edge.cancel.outcome import CancelOutcome
 from edge.redis_subscription import Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
-from limiter.redis_store import user_keys
+from limiter.redis_store import record_key, user_keys
 
 log = structlog.get_logger("floodgate.cancel_bus")
 
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
 
 CHANNEL = "floodgate:cancel"
-DONE = "done"
 
-# Cancel: a request the limiter holds a slot for, with no record yet, becomes "cancelled".
-# KEYS: the request's record, its user's concurrency set. ARGV: request id, the record's TTL.
-_CANCEL_SCRIPT = """
+# Cancel: a request the limiter holds a slot for, not yet settled, is marked "cancelled".
+# KEYS: the request's record, its user's concurrency set. ARGV: request id, the mark's TTL.
+# (Public for bench/redis_call_cost.py, which times it.)
+CANCEL_SCRIPT = """
 local state = redis.call('GET', KEYS[1])
-if state == 'done' then return 'finished' end
 if state == 'cancelled' then return 'cancelled' end
+if state then return 'finished' end
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 'not_found' end
 redis.call('SET', KEYS[1], 'cancelled', 'EX', ARGV[2])
 return 'cancelled'
-"""
-# End: the record becomes "done" (finished TTL); returns 1 when a cancel had marked it first.
-# (Public for bench/redis_call_cost.py, which times it.)
-END_SCRIPT = """
-local cancelled = redis.call('GET', KEYS[1]) == 'cancelled'
-redis.call('SET', KEYS[1], 'done', 'EX', ARGV[1])
-if cancelled then return 1 end
-return 0
 """
 
 # What a store that is down or unsettled raises. redis-py's cluster client raises
@@ -79,18 +73,6 @@ class CancelBus(Protocol):
         Returns without waiting for a store that is down (start-up must not hang on it)."""
         ...
 
-    async def end(self, request_id: str, owner: str) -> bool | None:
-        """The request's generation stopped running: from now on a cancel answers FINISHED. True
-        when a cancel was accepted before (the outcome must then be cancelled); None when the store
-        could not be asked (then `finish` writes the record)."""
-        ...
-
-    async def finish(self, request_id: str, owner: str) -> None:
-        """The request ended; a cancel for it answers "finished" for a while, then "not_found".
-        Needed only where `end` did not run or answer (a client gone mid-stream, a store failing):
-        its script leaves the record so."""
-        ...
-
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         """If `user`'s request is live (holds its limiter slot), mark it cancelled and broadcast
         the cancel. Another user's id answers as an unknown one: NOT_FOUND."""
@@ -104,26 +86,19 @@ class _CancelMessage(msgspec.Struct, frozen=True):
     user: str
 
 
-def record_key(user: str, request_id: str) -> str:
-    """A request's cancel record, in the Cluster slot of its user's limiter keys."""
-    return f"floodgate:cancel:{{{user}}}:{request_id}"
-
-
 class RedisCancelBus:
     def __init__(
         self,
         client: Redis | RedisCluster,
         subscriber: Redis,
         *,
-        ttl_s: int = 3600,  # a cancelled record's (its stream's end replaces it)
-        finished_ttl_s: int = 600,
+        ttl_s: int = 3600,  # a cancelled record's (its stream's settle replaces it)
         channel: str = CHANNEL,
         reconnect_delay_s: float = 0.5,
         max_reconnect_delay_s: float = 10.0,
     ) -> None:
         self._client = client
         self._ttl_s = ttl_s
-        self._finished_ttl_s = finished_ttl_s
         self._channel = channel
         self._subscription = Subscription(
             subscriber,
@@ -134,8 +109,7 @@ class RedisCancelBus:
         )
         self._cluster_setup: asyncio.Task[None] | None = None
         # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
-        self._cancel_script = client.register_script(_CANCEL_SCRIPT)
-        self._end_script = client.register_script(END_SCRIPT)
+        self._cancel_script = client.register_script(CANCEL_SCRIPT)
 
     @classmethod
     def from_url(
@@ -154,8 +128,8 @@ class RedisCancelBus:
     async def start(self, deliver: Deliver) -> None:
         """Subscribe in the background, retrying with backoff while Redis is unreachable (cancels
         published meanwhile reach only the instance that runs the request). A Cluster client also
-        fetches its slot map and command table now, in the background: otherwise the first stream
-        to end pays for it (tens of milliseconds, more on a busy host) before its final event."""
+        fetches its slot map and command table now, in the background: otherwise the first cancel
+        pays for it (tens of milliseconds, more on a busy host)."""
         self._subscription.start(lambda data: self._handle(deliver, data))
         if isinstance(self._client, RedisCluster):
             self._cluster_setup = asyncio.create_task(
@@ -165,21 +139,6 @@ class RedisCancelBus:
     async def wait_subscribed(self, timeout_s: float) -> bool:
         """Whether the subscription is up, waiting for it at most `timeout_s`."""
         return await self._subscription.wait_subscribed(timeout_s)
-
-    async def end(self, request_id: str, owner: str) -> bool | None:
-        try:
-            marked = await self._end_script(keys=[record_key(owner, request_id)], args=[self._finished_ttl_s])
-        except _STORE_ERRORS as exc:
-            # The store is away: this instance alone decides (a cancel another one took is lost).
-            log.warning("cancel_bus_end_failed", request_id=request_id, error=type(exc).__name__)
-            return None
-        return bool(marked)
-
-    async def finish(self, request_id: str, owner: str) -> None:
-        try:
-            await self._client.set(record_key(owner, request_id), DONE, ex=self._finished_ttl_s)
-        except _STORE_ERRORS as exc:
-            log.warning("cancel_bus_finish_failed", request_id=request_id, error=type(exc).__name__)
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         try:

@@ -1,9 +1,9 @@
 """Live requests by id, so a cancel (endpoint or disconnect) reaches the generation that runs it.
 
 `CancelRegistry` is this instance's view. Cross-instance cancel is another `RequestRegistry`
-(edge/cancel/shared.py) wrapping it: it decides a request's end with a shared store and, for an id
-not live here, answers from that store and publishes the cancel for the instance that runs it to
-apply with `cancel_local`.
+(edge/cancel/shared.py) wrapping it: for an id not live here, it answers from a shared store and
+publishes the cancel for the instance that runs it to apply with `cancel_local`. (A cancel that
+reached the store first is learnt at the request's end from its lease's settle: OutputLease.settle.)
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ class RequestRegistry(Protocol):
         which hands the client the id, comes after)."""
         ...
 
-    async def end(self, live: LiveRequest) -> bool:
-        """The generation stopped running (before its final event): True when a cancel, sent to
-        any instance, came first and the outcome must be reported as cancelled."""
-        ...
-
     def finish(self, live: LiveRequest) -> None: ...
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
@@ -47,9 +42,6 @@ class CancelRegistry:
         live = LiveRequest(request_id, owner)
         self._live[request_id] = live
         return live
-
-    async def end(self, live: LiveRequest) -> bool:
-        return live.end()
 
     def finish(self, live: LiveRequest) -> None:
         self._live.pop(live.request_id, None)

@@ -85,8 +85,8 @@ class WeightedLease:
         self._tokens += covered
         return covered
 
-    async def settle(self, *, ran: bool = True) -> None:
-        await self._inner.settle(ran=ran)
+    async def settle(self, *, ran: bool = True) -> bool | None:
+        return await self._inner.settle(ran=ran)
 
 
 def weigh(limiter: Limiter, weight: float) -> Limiter:

@@ -2,8 +2,9 @@
 -- concurrency (a set of live request ids scored by lease expiry). Mirrors limiter/policy.py:admit.
 -- Idempotent per request id, so a call retried (or run late, after its caller gave up on it)
 -- never counts twice: a request that holds its slot is answered "allowed" again at no cost, and a
--- request already settled (its tombstone, KEYS[4], is set by settle.lua) is refused at no cost.
--- KEYS: requests TAT, tokens TAT, concurrency set, the request's tombstone (one {user} hash tag:
+-- request already settled (its record, KEYS[4], is set by settle.lua) is refused at no cost. (A
+-- cancel marks only a request holding its slot, answered above that check.)
+-- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag:
 --       one Cluster slot)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_interval_us, request_capacity, token_interval_us, token_capacity,

@@ -3,8 +3,9 @@
 -- (or lost with a restarted Redis) would not count there, and Redis would admit as many again.
 -- Takes the later of each TAT (what Redis counted, what this instance counted) and adds the running
 -- requests' slots that Redis does not hold. Idempotent: restoring twice changes nothing more.
--- A request settled meanwhile (its tombstone is set) gets no slot back.
--- KEYS: requests TAT, tokens TAT, concurrency set, then each running request's tombstone
+-- A request settled meanwhile (its record is 'done'; 'cancelled' is a request still running) gets
+-- no slot back.
+-- KEYS: requests TAT, tokens TAT, concurrency set, then each running request's record
 --       (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_ahead_us, token_ahead_us,
 --       lease_ttl_us, then the running requests' ids
@@ -28,7 +29,8 @@ at_least(KEYS[2], token_ahead)
 if #ARGV > 4 then
   local expiry = string.format('%d', now + lease_ttl)
   for i = 5, #ARGV do
-    if redis.call('EXISTS', KEYS[i - 1]) == 0 then
+    local record = redis.call('GET', KEYS[i - 1])
+    if not record or record == 'cancelled' then
       redis.call('ZADD', KEYS[3], 'NX', expiry, ARGV[i])
     end
   end

@@ -1,12 +1,14 @@
 -- Finish a request, atomically: free its slot and refund its unused tokens (GCRA: move the TAT
 -- back), and the request itself when it never ran. Only the call that removes the slot refunds,
--- so it is idempotent. Mirrors limiter/policy.py:settle. It also leaves a tombstone for the
--- request (for the slot's lifetime), so that its admit, should it run only now (sent before a
--- stall, executed after), takes no slot: admit.lua refuses a settled request.
--- KEYS: requests TAT, tokens TAT, concurrency set, the request's tombstone (one {user} hash tag)
+-- so it is idempotent. Mirrors limiter/policy.py:settle. It marks the request's record 'done' (for
+-- the slot's lifetime), so that its admit, should it run only now (sent before a stall, executed
+-- after), takes no slot (admit.lua refuses a settled request) and a cancel of it from now on answers
+-- "finished"; and it reports whether the record said 'cancelled' before: the fleet's cancel
+-- (edge/cancel/bus.py) marks a running request so, and its stream must then end cancelled.
+-- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens,
 --       request_interval_us, refund_request (0/1), lease_ttl_us
--- Returns: 1 when this call removed the slot, else 0.
+-- Returns: {1 when this call removed the slot else 0, 1 when a cancel had marked the record else 0}.
 
 local token_interval = tonumber(ARGV[3])
 local refund = tonumber(ARGV[4])
@@ -18,9 +20,13 @@ local function move_back(key, by)
   redis.call('SET', key, string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
 
-redis.call('SET', KEYS[4], '1', 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
+local cancelled = 0
+if redis.call('GET', KEYS[4]) == 'cancelled' then
+  cancelled = 1
+end
+redis.call('SET', KEYS[4], 'done', 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
 if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 then
-  return 0
+  return {0, cancelled}
 end
 if refund > 0 then
   move_back(KEYS[2], refund * token_interval)
@@ -28,4 +34,4 @@ end
 if ARGV[6] == '1' then
   move_back(KEYS[1], request_interval)
 end
-return 1
+return {1, cancelled}

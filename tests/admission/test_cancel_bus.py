@@ -12,10 +12,12 @@ import anyio
 import pytest
 from redis.asyncio import Redis
 
-from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus, record_key
+from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
+from limiter.memory import DEFAULT_LEASE_TTL_S
+from limiter.redis_store import record_key
 from tests.admission.flow import until
 from tests.limiter.tiers import tier
 from tests.support.admitted import admission, admit
@@ -68,14 +70,16 @@ async def test_a_cancel_on_another_instance_reaches_the_one_running_the_request(
     two_instances: Instances, redis_server: RedisServer
 ) -> None:
     a, inbox_a, b, inbox_b = two_instances
-    await admit(redis_server.url, "req-1")
+    admitted = await admit(redis_server.url, "req-1")
+    assert admitted.lease is not None
 
     assert await b.cancel("req-1", "alice") == "cancelled"
     await inbox_a.wait_for(("req-1", "alice"))
     # Every instance hears it; the one that does not hold the stream ignores it.
     await inbox_b.wait_for(("req-1", "alice"))
     assert await a.cancel("req-1", "alice") == "cancelled"  # again: the same answer
-    assert await a.end("req-1", "alice") is True  # its end learns of it
+    assert await admitted.lease.settle() is True  # its settle learns of it
+    assert await a.cancel("req-1", "alice") == "finished"
 
 
 @pytest.mark.anyio
@@ -99,50 +103,46 @@ async def test_another_users_or_an_unknown_id_is_not_found_and_not_published(
 async def test_an_ended_or_settled_request_answers_finished_to_its_owner_only(
     two_instances: Instances, redis_server: RedisServer
 ) -> None:
-    a, inbox_a, b, _ = two_instances
-    await admit(redis_server.url, "req-3")
-    assert await a.end("req-3", "alice") is False
+    _, inbox_a, b, _ = two_instances
+    # Settled (its stream ended, or its client left): the settle answers that no cancel came first.
+    admitted = await admit(redis_server.url, "req-3")
+    assert admitted.lease is not None
+    assert await admitted.lease.settle() is False
     assert await b.cancel("req-3", "alice") == "finished"
     assert await b.cancel("req-3", "mallory") == "not_found"
-
-    # A request whose end never ran (its client left): settled by the limiter, finished by finish.
-    admitted = await admit(redis_server.url, "req-3b")
-    assert admitted.lease is not None
-    await admitted.lease.settle()
-    await a.finish("req-3b", "alice")
+    # Turned away after its admit (never ran, refunded whole): over all the same.
+    refunded = await admit(redis_server.url, "req-3b")
+    assert refunded.lease is not None
+    assert await refunded.lease.settle(ran=False) is False
     assert await b.cancel("req-3b", "alice") == "finished"
     assert inbox_a.received == []
 
 
 @pytest.mark.anyio
-async def test_a_request_not_admitted_or_already_settled_is_not_found(
+async def test_a_request_the_limiter_turned_away_is_not_found(
     two_instances: Instances, redis_server: RedisServer
 ) -> None:
     _, inbox_a, b, _ = two_instances
-    # Turned away by the limiter: never live.
     refused = await admission(redis_server.url, "req-8", "alice", tier(tokens=5))
     assert not refused.decision.allowed
     assert await b.cancel("req-8", "alice") == "not_found"
-    # Settled with no end and no finish (a crash between them): its slot is gone, so is it.
-    admitted = await admit(redis_server.url, "req-8b")
-    assert admitted.lease is not None
-    await admitted.lease.settle()
-    assert await b.cancel("req-8b", "alice") == "not_found"
     assert inbox_a.received == []
 
 
 @pytest.mark.anyio
 async def test_records_expire_and_share_their_users_slot(redis_server: RedisServer) -> None:
-    bus = RedisCancelBus.from_url(redis_server.url, ttl_s=120, finished_ttl_s=30)
+    bus = RedisCancelBus.from_url(redis_server.url, ttl_s=7200)
     raw = Redis.from_url(redis_server.url)
     try:
-        await admit(redis_server.url, "req-4")
+        admitted = await admit(redis_server.url, "req-4")
+        assert admitted.lease is not None
         assert await bus.cancel("req-4", "alice") == "cancelled"
-        assert 0 < await raw.ttl(record_key("alice", "req-4")) <= 120
-        assert await bus.end("req-4", "alice") is True
-        assert 0 < await raw.ttl(record_key("alice", "req-4")) <= 30
+        assert 3600 < await raw.ttl(record_key("alice", "req-4")) <= 7200
+        assert await admitted.lease.settle() is True
+        # Settled: "finished" for as long as the slot could have lived, then "not_found".
+        assert 0 < await raw.ttl(record_key("alice", "req-4")) <= DEFAULT_LEASE_TTL_S + 1
         # The hash tag of the limiter's keys for that user (limiter/redis_store.py): one slot.
-        assert record_key("alice", "req-4").startswith("floodgate:cancel:{alice}:")
+        assert record_key("alice", "req-4").startswith("fg:{alice}:")
     finally:
         await bus.aclose()
         await raw.aclose()
@@ -204,11 +204,13 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
     try:
         for i in range(5):  # users land in different slots, on different nodes
             user = f"user-{i}"
-            await admit(url, f"req-c{i}", user)
+            admitted = await admit(url, f"req-c{i}", user)
+            assert admitted.lease is not None
             assert await b.cancel(f"req-c{i}", "mallory") == "not_found"
             assert await b.cancel(f"req-c{i}", user) == "cancelled"
             await inbox_a.wait_for((f"req-c{i}", user))
-            assert await a.end(f"req-c{i}", user) is True
+            assert await admitted.lease.settle() is True
+            assert await b.cancel(f"req-c{i}", user) == "finished"
     finally:
         await a.aclose()
         await b.aclose()
@@ -216,15 +218,12 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
 
 
 @pytest.mark.anyio
-async def test_an_unreachable_cluster_loses_the_record_and_answers_unavailable() -> None:
+async def test_an_unreachable_cluster_answers_unavailable() -> None:
     # The cluster client fails with RedisClusterException (no RedisError) when no node answers:
-    # a request must still go on (its end says "no answer", None), and a cancel must answer
-    # "unavailable" (503), not crash.
+    # a cancel must answer "unavailable" (503), not crash.
     bus = RedisCancelBus.from_url(f"redis+cluster://127.0.0.1:{free_port()}")
     await bus.start(Inbox())
     try:
-        assert await bus.end("req-u1", "alice") is None
-        await bus.finish("req-u1", "alice")
         with pytest.raises(CancelBusUnavailable):
             await bus.cancel("req-u1", "alice")
     finally:
@@ -241,19 +240,17 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_
     await b.start()
     assert await bus_a.wait_subscribed(5)
     try:
-        for request_id in ("req-s1", "req-s2", "req-s3"):
-            await admit(redis_server.url, request_id)
+        await admit(redis_server.url, "req-s1")
+        ended_lease = (await admit(redis_server.url, "req-s2")).lease
+        assert ended_lease is not None
         live = a.register("req-s1", "alice")
         ended = a.register("req-s2", "alice")
-        assert await a.end(ended) is False
-        a.finish(ended)  # ended in the store: nothing more to write
-        left = a.register("req-s3", "alice")
-        a.finish(left)  # its client left before the end: finish writes the record
-        await a.drain()
+        assert ended.end() is False
+        assert await ended_lease.settle() is False
+        a.finish(ended)
 
         assert await b.cancel("req-s1", "mallory") is CancelOutcome.NOT_FOUND
         assert await b.cancel("req-s2", "alice") is CancelOutcome.FINISHED
-        assert await b.cancel("req-s3", "alice") is CancelOutcome.FINISHED
         assert await b.cancel("req-s1", "alice") is CancelOutcome.CANCELLED
         await until(lambda: live.cancelled)  # instance A stopped its stream
     finally:

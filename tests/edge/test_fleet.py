@@ -12,6 +12,7 @@ import pytest
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.holding_limiter import HOLD_TIMEOUT_S, holding
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import start_redis, start_redis_cluster
 
@@ -61,6 +62,34 @@ def test_a_cancel_sent_to_another_instance_stops_the_stream(
                 rest = list(stream)
             assert rest[-1] == DONE
             assert rest[-2]["floodgate"] == {"cancelled": True}
+
+
+def test_a_cancel_that_reaches_the_store_as_the_stream_ends_on_its_own_ends_it_cancelled(
+    fleet: tuple[LiveServer, LiveServer],
+) -> None:
+    """Instance A's generation is over (its outcome decided here: no cancel) but its settle, which
+    frees the slot and marks the request done in the store, has not landed; a cancel sent to B
+    then still finds the request running there and answers 200. A stream whose cancel was answered
+    200 must end cancelled: A learns of it from its settle's answer, whether or not B's broadcast
+    reached it first (it arrives after A's own end, which then ignores it)."""
+    a, b = fleet
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with httpx.Client(timeout=60) as client, holding(a) as held:
+        with client.stream("POST", a.base_url + CHAT, json=body, headers=a.auth("paid")) as response:
+            stream = events(response)
+            rid = next(stream)["request_id"]
+            assert held.settling.wait(HOLD_TIMEOUT_S)  # the 4 tokens are out; the settle waits
+            cancel = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
+            held.release.set()
+            rest = list(stream)
+        again = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
+
+    assert cancel.status_code == 200, cancel.text
+    assert rest[-1] == DONE
+    final = [e for e in rest if isinstance(e, dict) and e.get("choices")][-1]
+    assert final["floodgate"] == {"cancelled": True}
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "request_finished"
 
 
 def test_request_limit_is_shared_by_the_instances(fleet: tuple[LiveServer, LiveServer]) -> None:

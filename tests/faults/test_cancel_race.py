@@ -4,20 +4,20 @@ Regression (issue 13): a cancel arriving as a generation ended on its own answer
 although the stream ended with `stop`: the request stayed in the registry until its clean-up was
 done, long after its outcome was decided. Now whichever comes first decides: a cancel after the end
 answers 409 and the stream keeps its own finish reason; a cancel before it answers 200 and the
-stream ends cancelled (edge/cancel/live.py).
+stream ends cancelled (edge/cancel/live.py). Across instances the store decides the same way
+between a cancel and the request's settle (edge/cancel/bus.py; tests/edge/test_fleet.py has the
+whole edge).
 
 The race is made deterministic by holding the request's clean-up where the old registry still held
-the request (its lease settle, which runs before the registry learns the finish): no sleeps.
+the request (its lease settle, which runs after the outcome is decided on this instance and before
+the registry learns the finish): no sleeps.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 
@@ -25,54 +25,12 @@ from edge.cancel.bus import RedisCancelBus
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
-from limiter.base import Admission, Limiter, OutputLease, TierLimits
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.admitted import admit
+from tests.support.holding_limiter import HOLD_TIMEOUT_S, HoldingLimiter, holding
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import RedisServer, start_redis
-
-HOLD_TIMEOUT_S = 30.0
-
-
-@dataclass
-class _HeldLease:
-    """The real lease, whose settle first waits for the test's go-ahead."""
-
-    lease: OutputLease
-    settling: threading.Event
-    release: threading.Event
-
-    def try_take(self, n: int) -> int | None:
-        return self.lease.try_take(n)
-
-    async def take(self, n: int) -> int:
-        return await self.lease.take(n)
-
-    async def settle(self, *, ran: bool = True) -> None:
-        self.settling.set()
-        await anyio.to_thread.run_sync(self.release.wait, HOLD_TIMEOUT_S)
-        await self.lease.settle(ran=ran)
-
-
-class _HoldingLimiter:
-    """The server's real limiter, whose leases hold their settle (the request's clean-up)."""
-
-    def __init__(self, limiter: Limiter) -> None:
-        self.limiter = limiter
-        self.settling = threading.Event()
-        self.release = threading.Event()
-
-    async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
-    ) -> Admission:
-        admission = await self.limiter.admit(user, request_id, tier, input_tokens, max_output_tokens)
-        if admission.lease is None:
-            return admission
-        return Admission(admission.decision, _HeldLease(admission.lease, self.settling, self.release))
-
-    async def aclose(self) -> None:
-        await self.limiter.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +40,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def holding(server: LiveServer) -> Iterator[_HoldingLimiter]:
-    pipeline = server.app.state.runtime.pipeline
-    real = pipeline.limiter
-    holder = _HoldingLimiter(real)
-    pipeline.limiter = holder
-    try:
+def held(server: LiveServer) -> Iterator[HoldingLimiter]:
+    with holding(server) as holder:
         yield holder
-    finally:
-        holder.release.set()
-        pipeline.limiter = real
 
 
 def test_a_cancel_after_the_generation_ended_on_its_own_is_409(
-    server: LiveServer, holding: _HoldingLimiter
+    server: LiveServer, held: HoldingLimiter
 ) -> None:
     body: dict[str, Any] = {
         "model": MODEL,
@@ -110,9 +61,9 @@ def test_a_cancel_after_the_generation_ended_on_its_own_is_409(
             rid = received[0]["request_id"]
             # The generation ends on its own (4 tokens) and its clean-up is held: the closing
             # events wait for it (the client sees the end only once the lease is settled).
-            assert holding.settling.wait(HOLD_TIMEOUT_S)
+            assert held.settling.wait(HOLD_TIMEOUT_S)
             cancel = client.post(f"{CHAT}/{rid}/cancel")
-            holding.release.set()
+            held.release.set()
             for item in items:
                 received.append(item)
                 if item == DONE:
@@ -176,29 +127,33 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[tuple[Shared
 
 
 @pytest.mark.anyio
-async def test_across_instances_a_cancel_after_the_end_is_finished(
+async def test_across_instances_a_cancel_after_the_settle_is_finished(
     two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
 ) -> None:
     runs, other = two_instances
-    await admit(redis_server.url, "r-end-first")  # live for every instance from here
+    admitted = await admit(redis_server.url, "r-end-first")  # live for every instance from here
+    assert admitted.lease is not None
     live = runs.register("r-end-first", "alice")
 
-    assert await runs.end(live) is False
-    # The cleanup (finish) has not run yet: the store already says the generation is over.
+    assert live.end() is False
+    assert await admitted.lease.settle() is False  # no cancel reached the store first
+    # The clean-up (finish) has not run yet: the store already says the generation is over.
     assert await other.cancel("r-end-first", "alice") is CancelOutcome.FINISHED
     runs.finish(live)
 
 
 @pytest.mark.anyio
-async def test_across_instances_a_cancel_before_the_end_decides_the_outcome(
+async def test_across_instances_a_cancel_before_the_settle_decides_the_outcome(
     two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
 ) -> None:
     runs, other = two_instances
-    await admit(redis_server.url, "r-cancel-first")  # live for every instance from here
+    admitted = await admit(redis_server.url, "r-cancel-first")  # live for every instance from here
+    assert admitted.lease is not None
     live = runs.register("r-cancel-first", "alice")
 
     assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
-    # Whether or not the broadcast reached this instance yet, its end learns of the cancel.
-    assert await runs.end(live) is True
+    live.end()  # True or False: whether the broadcast reached this instance yet
+    # Either way its settle learns of the cancel: the stream ends cancelled (Generation._run).
+    assert await admitted.lease.settle() is True
     assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.FINISHED
     runs.finish(live)
