@@ -2,7 +2,8 @@
 ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms at 50 concurrent).
 
 python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
-    [--limiters memory,redis,bare] [--arrivals spread,burst] [--trees a=DIR,b=DIR [--rounds N]] [--json]
+    [--limiters memory,redis,bare] [--arrivals spread,burst] [--think-ms 0]
+    [--trees a=DIR,b=DIR [--rounds N]] [--json]
 
 The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
 token comes at once: the upstream's own time to first token is one generator step (microseconds),
@@ -13,7 +14,12 @@ limiter admit, admission, the first events) plus loopback and the client's own r
 streams are open at every moment and about concurrency / (tokens x interval) admits happen a second,
 each among the others' tokens. `--arrivals spread`: streams of different lengths, clients started
 apart, so admits arrive one or two at a time; `burst`: all alike, so all `--concurrency` admits
-arrive in the same moment, every time (the last waits for the 49 before it). The Redis rows run
+arrive in the same moment, every time (the last waits for the 49 before it). `--think-ms X`: a
+client waits a random 0-X ms before its next stream. Without it, every admit follows a stream's
+end, which comes at one of the upstream's steps: admits then arrive phase-locked to the step, at a
+distance set by how long a stream's end takes, and a change to the end moves them nearer to or
+further from the step's burst of token writes (X = the interval spreads them over the step). The
+Redis rows run
 the limiter on a real redis-server of their own (bench/redis_process.py). The bare rows are
 bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of the edge's, the
 floor under the figure on this machine.
@@ -76,7 +82,13 @@ async def _one(host: str, port: int, request: bytes) -> float | None:
 
 
 async def _load(
-    server: Servers, concurrency: int, tokens: int, duration_s: float, spread: bool, interval_s: float
+    server: Servers,
+    concurrency: int,
+    tokens: int,
+    duration_s: float,
+    spread: bool,
+    interval_s: float,
+    think_s: float = 0.0,
 ) -> dict[str, Any]:
     host, port = server.base_url.removeprefix("http://").split(":")
     # Spread: every stream of its own length (half to one and a half `tokens`), every client
@@ -104,6 +116,8 @@ async def _load(
                 errors += 1
             else:
                 ttfts.append(ttft)
+            if think_s:
+                await asyncio.sleep(rng.uniform(0, think_s))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     wall = time.perf_counter() - started
@@ -147,6 +161,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per limiter")
     parser.add_argument("--limiters", default="memory,redis,bare", help="memory, redis, bare")
     parser.add_argument("--arrivals", default="spread,burst", help="spread, burst (see the module)")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="a random pause up to this between streams"
+    )
     parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
     parser.add_argument("--rounds", type=int, default=1, help="with --trees: alternate them N times")
     parser.add_argument("--json", action="store_true")
@@ -176,8 +193,17 @@ def main() -> None:
                     "concurrency": args.concurrency,
                     "tokens": args.tokens,
                     "interval_ms": args.interval_ms,
+                    "think_ms": args.think_ms,
                     **uvloop.run(
-                        _load(server, args.concurrency, args.tokens, args.duration, spread, interval_s)
+                        _load(
+                            server,
+                            args.concurrency,
+                            args.tokens,
+                            args.duration,
+                            spread,
+                            interval_s,
+                            args.think_ms / 1000,
+                        )
                     ),
                 }
                 print(json.dumps(row) if args.json else row, flush=True)
