@@ -15,6 +15,7 @@ completes the response, always goes through `send`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
@@ -31,21 +32,28 @@ class BodyChunkWriter:
     (edge/header_write.py). A response's first body bytes go through the head-holding transport,
     which sends a held head with them; once they have, nothing is held for the rest of the
     response, and each token's chunk goes straight to the socket's transport (one Python call less
-    per token)."""
+    per token).
+
+    The cycle is held weakly: the writer sits in the cycle's own scope, and a strong reference back
+    would make every request's cycle, scope and headers a reference cycle that only the garbage
+    collector frees (26 objects a request; with the edge's spaced-out collections, one young
+    collection of 16 ms every ~1,000 streams, a stall of every open stream). While the app runs,
+    its `send` keeps the cycle alive."""
 
     __slots__ = ("_cycle", "_raw_write", "_write")
 
     def __init__(self, cycle: RequestResponseCycle, raw_write: Write) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
         self._raw_write = raw_write
         self._write: Write | None = None
 
     def write_now(self, body: bytes) -> bool:
         """Write `body` as one chunk of the started response now; False (nothing written) when the
         ordinary send must decide."""
-        cycle = self._cycle
+        cycle = self._cycle()
         if (
-            not body  # an empty chunk would end a chunked body
+            cycle is None
+            or not body  # an empty chunk would end a chunked body
             or cycle.flow.write_paused
             or cycle.disconnected
             or cycle.response_complete

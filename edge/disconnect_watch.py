@@ -12,6 +12,8 @@ is no watch and edge/streaming.py keeps the watcher task.
 
 from __future__ import annotations
 
+import weakref
+
 import anyio
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -20,16 +22,19 @@ DISCONNECT_WATCH = "floodgate.disconnect_watch"
 
 
 class DisconnectWatch:
+    """Sits in its cycle's scope, so it holds the cycle weakly (edge/body_chunks.py says why); the
+    protocol and the running app keep the cycle alive while it matters."""
+
     __slots__ = ("_cycle", "_scope")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
         self._scope: anyio.CancelScope | None = None
 
     def watch(self, scope: anyio.CancelScope) -> None:
         """Cancel `scope` when the client goes (at once if it has gone) until `unwatch`."""
-        cycle = self._cycle
-        if cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
             scope.cancel()
             return
         self._scope = scope
@@ -44,6 +49,7 @@ class DisconnectWatch:
         """The protocol's `connection_lost`, after uvicorn's own: a response that had not ended is
         the client leaving (an ended one is not, as `receive()` would have it too)."""
         scope = self._scope
-        if scope is not None and self._cycle.disconnected:
+        cycle = self._cycle()
+        if scope is not None and (cycle is None or cycle.disconnected):
             self._scope = None
             scope.cancel()

@@ -80,6 +80,9 @@ class StreamGate:
             try:
                 await app(scope, receive, send)
             finally:
+                # `send` reaches the server's request cycle, which holds this scope: left here, the
+                # request's cycle, scope and headers would be garbage only the collector frees.
+                del scope[RAW_SEND]  # type: ignore[misc]
                 self.open_streams -= 1
                 OPEN_STREAMS.dec()
 

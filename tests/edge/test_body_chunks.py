@@ -11,9 +11,13 @@ import pytest
 from edge.body_chunks import BodyChunkWriter
 
 
+class _Cycle(SimpleNamespace):
+    """uvicorn's RequestResponseCycle, as far as the writer reads it (and weakly referable)."""
+
+
 def _cycle(**state: Any) -> Any:
     written: list[bytes] = []
-    cycle = SimpleNamespace(
+    cycle = _Cycle(
         raw=[],
         flow=SimpleNamespace(write_paused=False),
         disconnected=False,
