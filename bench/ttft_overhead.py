@@ -19,8 +19,7 @@ client waits a random 0-X ms before its next stream. Without it, every admit fol
 end, which comes at one of the upstream's steps: admits then arrive phase-locked to the step, at a
 distance set by how long a stream's end takes, and a change to the end moves them nearer to or
 further from the step's burst of token writes (X = the interval spreads them over the step). The
-Redis rows run
-the limiter on a real redis-server of their own (bench/redis_process.py). The bare rows are
+Redis rows run the limiter on a real redis-server of their own (bench/redis_process.py). The bare rows are
 bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of the edge's, the
 floor under the figure on this machine.
 
