@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from bench.__main__ import machine
 from bench.redis_process import RedisProcess
 from edge.cancel.bus import CANCEL_SCRIPT
+from limiter.redis_store import record_key, user_keys
 from limiter.resp import pack_evalshas
 
 _SET = b"*5\r\n$3\r\nSET\r\n$20\r\nfloodgate:cancel:{k}\r\n$4\r\nlive\r\n$2\r\nEX\r\n$4\r\n3600\r\n"
@@ -68,9 +69,14 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
     script = client.register_script(CANCEL_SCRIPT)
     await client.script_load(CANCEL_SCRIPT)
     pool = client.connection_pool
+    _, _, slots = user_keys("u")
+
+    def cancel_keys(i: int) -> list[str]:
+        """The cancel script's keys for an unknown request of user "u" (edge/cancel/bus.py)."""
+        return [record_key("u", str(i)), slots]
 
     async def pooled(i: int) -> Any:
-        packed = pack_evalshas(script.sha, [([f"fg:{{u}}:done:{i}", "fg:{u}:conc"], [i, 600])])
+        packed = pack_evalshas(script.sha, [(cancel_keys(i), [i, 600])])
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.send_packed_command(packed, check_health=False)
@@ -96,7 +102,7 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
         bare.append(protocol)
     variants: dict[str, Callable[[int], Awaitable[Any]]] = {
         "redis-py set": lambda i: client.set(f"floodgate:cancel:{{k{i}}}", "live", ex=3600),
-        "redis-py evalsha": lambda i: script(keys=[f"fg:{{u}}:done:{i}", "fg:{u}:conc"], args=[i, 600]),
+        "redis-py evalsha": lambda i: script(keys=cancel_keys(i), args=[i, 600]),
         "pooled pipelined evalsha": pooled,
         "bare protocol set": raw,
     }

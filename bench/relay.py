@@ -47,6 +47,7 @@ from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, EdgeProcess, free_port, wait_ready
 from bench.loadgen import markdown_table, run_load
 from bench.paced_upstream import TOKEN_CYCLE
+from bench.trees import parse_trees
 from bench.zero_cost_replica import running_replica
 from edge.config import Settings
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
@@ -287,8 +288,7 @@ def main() -> None:
         [int(x) for x in args.concurrency.split(",")],
         args.duration,
         args.chunks,
-        [(lbl, Path(d).resolve()) for lbl, d in (t.split("=", 1) for t in args.trees.split(",") if t)]
-        or None,
+        parse_trees(args.trees) or None,
     )
     if args.json:
         for row in rows:

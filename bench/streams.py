@@ -55,6 +55,7 @@ from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 from bench.stream_clients import ERROR_EVENT, StreamClients
+from bench.trees import parse_trees
 from bench.zero_cost_replica import running_replica
 
 
@@ -587,8 +588,7 @@ def main() -> None:
         [int(x) for x in args.workers.split(",")],
         [int(x) for x in args.replicas.split(",")],
         args.gc.split(","),
-        [(lbl, Path(d).resolve()) for lbl, d in (t.split("=", 1) for t in args.trees.split(",") if t)]
-        or [("this", None)],
+        parse_trees(args.trees) or [("this", None)],
         args.window,
         args.ramp,
         args.setup_count,

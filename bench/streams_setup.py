@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.__main__ import machine
 from bench.streams import Servers, bare_server, servers, setup_cost
+from bench.trees import parse_trees
 
 
 def _cpu_ns(srv: Servers) -> int:
@@ -50,7 +51,7 @@ class _NanosecondServers(Servers):
 
 
 def measure(
-    trees: list[tuple[str, Path]],
+    trees: list[tuple[str, Path | None]],
     rounds: int,
     count: int,
     bare: bool = False,
@@ -93,7 +94,7 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    trees = [(label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(","))]
+    trees = parse_trees(args.trees)
     print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
     prompts = tuple(args.prompts.split(","))
     if not prompts or not set(prompts) <= {"same", "new"}:

@@ -50,6 +50,7 @@ from bench.paced_upstream import TOKEN_TEXT
 from bench.redis_process import RedisProcess
 from bench.stream_clients import END_OF_BODY, chat_request
 from bench.streams import Servers, _body, bare_server, servers
+from bench.trees import parse_trees
 
 CONTENT = b'"content":"' + TOKEN_TEXT.encode()
 
@@ -169,9 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
     interval_s = args.interval_ms / 1000
-    trees: list[tuple[str, Path | None]] = [
-        (label, Path(d).resolve()) for label, d in (t.split("=", 1) for t in args.trees.split(",") if t)
-    ] or [("", None)]
+    trees = parse_trees(args.trees) or [("", None)]
     runs = [
         (limiter, label, tree)
         for _ in range(args.rounds if args.trees else 1)

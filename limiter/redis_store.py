@@ -13,8 +13,8 @@ Slow is not down, and a late answer is not a "no":
 - A call that timed out may still run on Redis afterwards. redis-py's own retries are off (a
   re-sent script would count twice), the scripts are idempotent per request id (admit answers a
   request holding its slot "allowed" again at no cost; settle marks the request's record done,
-  which a late admit respects), and an admit whose answer never came is undone on Redis (a settle) unless the
-  request runs.
+  which a late admit respects), and an admit whose answer never came is undone on Redis (a
+  settle) unless the request runs.
 - The local twin mirrors every decision Redis made for this instance, so the fail-open fallback
   continues from what this instance really admitted instead of from an empty state: it never
   lets one instance exceed its share of the tier (limit / instance count) on top of that.
