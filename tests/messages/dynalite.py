@@ -1,8 +1,12 @@
 """dynalite (a DynamoDB-compatible server on Node.js, in memory) installed into .floodgate/node/ and
-started on a loopback port. Missing node/npm: the caller skips."""
+started on a loopback port. Missing node/npm: the caller skips.
+
+`make test` runs the tests in several processes (pytest-xdist): the install holds a file lock, so
+two of them never run `npm install` into the same folder at once."""
 
 from __future__ import annotations
 
+import fcntl
 import queue
 import shutil
 import subprocess
@@ -27,8 +31,12 @@ def ensure_installed() -> str:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         raise DynaliteUnavailable("node/npm not installed (make system-deps installs them)")
-    if not CLI.exists():
-        NODE_DIR.mkdir(parents=True, exist_ok=True)
+    NODE_DIR.mkdir(parents=True, exist_ok=True)
+    # Checked under the lock: npm writes cli.js before the rest of the package is in place.
+    with (NODE_DIR / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if CLI.exists():
+            return node
         done = subprocess.run(
             [npm, "install", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund", "dynalite@4"],
             capture_output=True,
