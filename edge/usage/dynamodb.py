@@ -1,14 +1,24 @@
 """Usage rows in the keys table (iac/modules/keys_table): item (`usage#<user>`, `<day>#<model>`),
-its counters added to atomically with UpdateItem ADD, so every edge writes without coordination."""
+its counters added to atomically with UpdateItem ADD, so every edge writes without coordination.
+
+ADD is not idempotent, and an UpdateItem can land with its answer lost; boto3 then sends it again
+(up to ten times by default) and so does the writer: each lost answer billed the row twice. So the
+update also sets the item's `write#<writer>` attribute to the write's seq, on the condition that
+the attribute is missing or below it (edge/usage/store.py: WriteId); a repeated write fails that
+condition and adds nothing. An item keeps one such attribute per edge process that wrote to it
+that day (~30 bytes each).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
+from botocore.exceptions import ClientError
 
 from edge.keys.dynamodb import PARTITION_KEY, SORT_KEY
 from edge.usage.record import Usage
+from edge.usage.store import WriteId
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -34,8 +44,8 @@ class DynamoDBUsageStore:
         self._client = client
         self._table = table
 
-    async def add(self, usage: Usage) -> None:
-        await anyio.to_thread.run_sync(self._add, usage)
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        return await anyio.to_thread.run_sync(self._add, usage, write)
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         rows = await anyio.to_thread.run_sync(self._query, user)
@@ -47,22 +57,35 @@ class DynamoDBUsageStore:
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close)
 
-    def _add(self, u: Usage) -> None:
-        self._client.update_item(
-            TableName=self._table,
-            Key={PARTITION_KEY: {"S": f"usage#{u.user}"}, SORT_KEY: {"S": f"{u.day}#{u.model}"}},
-            UpdateExpression=(
-                "SET #kind = :kind, #owner = :owner ADD input_tokens :i, output_tokens :o, requests :r"
-            ),
-            ExpressionAttributeNames={"#kind": "kind", "#owner": "owner"},
-            ExpressionAttributeValues={
-                ":kind": {"S": USAGE_ITEM},
-                ":owner": {"S": u.user},
-                ":i": {"N": str(u.input_tokens)},
-                ":o": {"N": str(u.output_tokens)},
-                ":r": {"N": str(u.requests)},
-            },
-        )
+    def _add(self, u: Usage, write: WriteId) -> bool:
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={PARTITION_KEY: {"S": f"usage#{u.user}"}, SORT_KEY: {"S": f"{u.day}#{u.model}"}},
+                UpdateExpression=(
+                    "SET #kind = :kind, #owner = :owner, #write = :seq "
+                    "ADD input_tokens :i, output_tokens :o, requests :r"
+                ),
+                ConditionExpression="attribute_not_exists(#write) OR #write < :seq",
+                ExpressionAttributeNames={
+                    "#kind": "kind",
+                    "#owner": "owner",
+                    "#write": f"write#{write.writer}",
+                },
+                ExpressionAttributeValues={
+                    ":kind": {"S": USAGE_ITEM},
+                    ":owner": {"S": u.user},
+                    ":seq": {"N": str(write.seq)},
+                    ":i": {"N": str(u.input_tokens)},
+                    ":o": {"N": str(u.output_tokens)},
+                    ":r": {"N": str(u.requests)},
+                },
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
 
     def _query(self, user: str | None) -> list[Usage]:
         found: list[Usage] = []

@@ -11,3 +11,7 @@ USAGE_DROPPED = Counter(
 USAGE_WRITE_RETRIES = Counter(
     "floodgate_usage_write_retries_total", "Usage store writes retried after a failure."
 )
+USAGE_WRITES_REPEATED = Counter(
+    "floodgate_usage_writes_repeated_total",
+    "Usage writes sent again after a lost answer that the store had already applied (not added twice).",
+)

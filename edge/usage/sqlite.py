@@ -1,4 +1,7 @@
-"""Usage rows in the embedded store's SQLite file (beside the keys), added to in place."""
+"""Usage rows in the embedded store's SQLite file (beside the keys), added to in place.
+
+Each writer's last applied seq sits in `usage_writes`, changed in the same transaction as the row,
+so a write repeated after an error adds nothing (edge/usage/store.py: WriteId), as in DynamoDB."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import anyio.to_thread
 
 from edge.keys.sqlite import connect
 from edge.usage.record import Usage
+from edge.usage.store import WriteId
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -19,7 +23,11 @@ CREATE TABLE IF NOT EXISTS usage (
     output_tokens INTEGER NOT NULL,
     requests INTEGER NOT NULL,
     PRIMARY KEY (user, day, model)
-) WITHOUT ROWID
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage_writes (
+    writer TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -27,10 +35,10 @@ class SQLiteUsageStore:
     def __init__(self, path: str | Path) -> None:
         self._conn = connect(path)
         self._lock = threading.Lock()
-        self._conn.execute(_SCHEMA)
+        self._conn.executescript(_SCHEMA)
 
-    async def add(self, usage: Usage) -> None:
-        await anyio.to_thread.run_sync(self._add, usage)
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        return await anyio.to_thread.run_sync(self._add, usage, write)
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         return await anyio.to_thread.run_sync(self._query, user, start, end)
@@ -38,16 +46,36 @@ class SQLiteUsageStore:
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
 
-    def _add(self, u: Usage) -> None:
+    def _add(self, u: Usage, write: WriteId) -> bool:
         with self._lock:
-            self._conn.execute(
-                "INSERT INTO usage (user, day, model, input_tokens, output_tokens, requests) "
-                "VALUES (?,?,?,?,?,?) ON CONFLICT (user, day, model) DO UPDATE SET "
-                "input_tokens = input_tokens + excluded.input_tokens, "
-                "output_tokens = output_tokens + excluded.output_tokens, "
-                "requests = requests + excluded.requests",
-                (u.user, u.day, u.model, u.input_tokens, u.output_tokens, u.requests),
-            )
+            # The connection is in autocommit mode (edge/keys/sqlite.py): the row and the writer's
+            # seq go in one explicit transaction, or neither does.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                added = self._add_once(u, write)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return added
+
+    def _add_once(self, u: Usage, write: WriteId) -> bool:
+        seq_moved = self._conn.execute(
+            "INSERT INTO usage_writes (writer, seq) VALUES (?, ?) ON CONFLICT (writer) "
+            "DO UPDATE SET seq = excluded.seq WHERE excluded.seq > seq",
+            (write.writer, write.seq),
+        )
+        if seq_moved.rowcount == 0:
+            return False
+        self._conn.execute(
+            "INSERT INTO usage (user, day, model, input_tokens, output_tokens, requests) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (user, day, model) DO UPDATE SET "
+            "input_tokens = input_tokens + excluded.input_tokens, "
+            "output_tokens = output_tokens + excluded.output_tokens, "
+            "requests = requests + excluded.requests",
+            (u.user, u.day, u.model, u.input_tokens, u.output_tokens, u.requests),
+        )
+        return True
 
     def _query(self, user: str | None, start: str, end: str) -> list[Usage]:
         where, params = ["day >= ?"], [start]

@@ -10,21 +10,31 @@ A clean shutdown writes everything queued (retrying while the store fails) befor
 Only if the store stays down past `drain_timeout_s` does `aclose` give up, and then every row it
 could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
 replay it from the log. A request recorded after `aclose` began, or while the queue is full, is
-dropped the same way: counted and logged with its tokens."""
+dropped the same way: counted and logged with its tokens.
+
+Every retry of a row carries the row's WriteId (edge/usage/store.py), so a write that landed with
+its answer lost is not added twice; rows go one at a time, so their seqs rise in store order."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
+import secrets
 from collections import defaultdict
 
 import structlog
 
 from edge.task_stop import stop_task
-from edge.usage.metrics import USAGE_DROPPED, USAGE_ROWS_WRITTEN, USAGE_WRITE_RETRIES
+from edge.usage.metrics import (
+    USAGE_DROPPED,
+    USAGE_ROWS_WRITTEN,
+    USAGE_WRITE_RETRIES,
+    USAGE_WRITES_REPEATED,
+)
 from edge.usage.record import Usage, utc_day
-from edge.usage.store import UsageStore
+from edge.usage.store import UsageStore, WriteId
 
 log = structlog.get_logger("floodgate.usage")
 
@@ -53,6 +63,8 @@ class UsageWriter:
         self._batch: list[Usage] = []
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        self._writer_id = secrets.token_hex(8)
+        self._seqs = itertools.count(1)
 
     def record(self, user: str, model: str, input_tokens: int, output_tokens: int) -> bool:
         """One settled request's charged tokens; False when it could not be queued."""
@@ -109,10 +121,11 @@ class UsageWriter:
 
     async def _write(self, row: Usage) -> None:
         """Retries until the store takes it: dropping it would under-bill."""
+        write = WriteId(self._writer_id, next(self._seqs))
         attempt = 0
         while True:
             try:
-                await self._store.add(row)
+                added = await self._store.add(row, write)
             except Exception as exc:
                 attempt += 1
                 USAGE_WRITE_RETRIES.inc()
@@ -120,6 +133,8 @@ class UsageWriter:
                 log.warning("usage_write_failed", user=row.user, attempt=attempt, error=repr(exc))
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             else:
+                if not added:  # an earlier try had landed; its answer was lost
+                    USAGE_WRITES_REPEATED.inc()
                 USAGE_ROWS_WRITTEN.inc()
                 return
 

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from floodgate_client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
-from tests.client.flaky_proxy import flaky_proxy
 from tests.client.live import SURE_TEXT
+from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
 

@@ -17,6 +17,7 @@ from edge.keys.record import hash_key
 from edge.keys.sqlite import SQLiteKeyStore
 from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
+from edge.usage.store import WriteId
 
 
 @pytest.fixture
@@ -109,8 +110,8 @@ def test_a_dev_key_in_the_old_keys_file_keeps_working(
 def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     async def seed() -> None:
         store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
-        await store.add(Usage("ann", "m", "2026-01-01", 12, 30, 2))
-        await store.add(Usage("bo", "m", "2026-01-02", 5, 7, 1))
+        await store.add(Usage("ann", "m", "2026-01-01", 12, 30, 2), WriteId("seed", 1))
+        await store.add(Usage("bo", "m", "2026-01-02", 5, 7, 1), WriteId("seed", 2))
         await store.aclose()
 
     asyncio.run(seed())

@@ -1,24 +1,33 @@
-"""Usage rows add up per (user, model, day) in either store, and the writer loses none on close."""
+"""Usage rows add up per (user, model, day) in either store, each write once however often it is
+sent, and the writer loses none on close."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
+from urllib.parse import urlsplit
 
 import pytest
 import structlog.testing
 
+from edge.keys.dynamodb import create_table_if_missing
+from edge.usage.dynamodb import DynamoDBUsageStore
 from edge.usage.record import Usage, utc_day
-from edge.usage.store import UsageStore
+from edge.usage.store import UsageStore, WriteId
 from edge.usage.writer import UsageWriter
+from tests.keys.conftest import dynamodb_client
+from tests.support.flaky_proxy import flaky_proxy
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_rows_add_up_per_user_model_and_day(usage_store: UsageStore) -> None:
-    await usage_store.add(Usage("alice", "m", "2026-01-01", 10, 5, 1))
-    await usage_store.add(Usage("alice", "m", "2026-01-01", 3, 2, 1))
-    await usage_store.add(Usage("alice", "m", "2026-01-02", 1, 1, 1))
-    await usage_store.add(Usage("bob", "m", "2026-01-01", 7, 0, 1))
+    writes = (WriteId("w", seq) for seq in itertools.count(1))
+    await usage_store.add(Usage("alice", "m", "2026-01-01", 10, 5, 1), next(writes))
+    await usage_store.add(Usage("alice", "m", "2026-01-01", 3, 2, 1), next(writes))
+    await usage_store.add(Usage("alice", "m", "2026-01-02", 1, 1, 1), next(writes))
+    await usage_store.add(Usage("bob", "m", "2026-01-01", 7, 0, 1), next(writes))
     assert await usage_store.query("alice") == [
         Usage("alice", "m", "2026-01-01", 13, 7, 2),
         Usage("alice", "m", "2026-01-02", 1, 1, 1),
@@ -29,6 +38,36 @@ async def test_rows_add_up_per_user_model_and_day(usage_store: UsageStore) -> No
     assert [u.user for u in await usage_store.query(None, end="2026-01-01")] == ["alice", "bob"]
 
 
+async def test_a_write_sent_again_adds_nothing_and_other_writers_still_add(usage_store: UsageStore) -> None:
+    row = Usage("dora", "m", "2026-01-01", 10, 5, 1)
+    assert await usage_store.add(row, WriteId("a", 1))
+    assert not await usage_store.add(row, WriteId("a", 1))  # the same write again
+    assert await usage_store.add(row, WriteId("b", 1))  # another writer's first write
+    assert await usage_store.add(row, WriteId("a", 2))
+    assert not await usage_store.add(row, WriteId("b", 1))
+    assert await usage_store.query("dora") == [Usage("dora", "m", "2026-01-01", 30, 15, 3)]
+
+
+async def test_a_write_whose_answer_is_lost_on_the_wire_counts_once(
+    dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DynamoDB applies the update, the connection drops before its answer, boto3 sends it again
+    (as it does after a timeout): before WriteId the row was billed twice."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "test")
+    table = f"usage-{secrets.token_hex(4)}"
+    direct = dynamodb_client(dynalite_endpoint)
+    create_table_if_missing(direct, table)  # type: ignore[arg-type]
+    port = urlsplit(dynalite_endpoint).port
+    assert port is not None
+    with flaky_proxy(port, ["lose_answer"]) as proxy:
+        store = DynamoDBUsageStore(dynamodb_client(proxy.base_url), table)  # type: ignore[arg-type]
+        assert not await store.add(Usage("erin", "m", "2026-01-01", 10, 5, 1), WriteId("w", 1))
+        assert proxy.connections == 2  # the lost answer, then boto3's retry
+    rows = await DynamoDBUsageStore(direct, table).query("erin")  # type: ignore[arg-type]
+    assert rows == [Usage("erin", "m", "2026-01-01", 10, 5, 1)]
+
+
 class FlakyStore:
     """A usage store whose first writes fail: the writer must retry, not drop."""
 
@@ -36,11 +75,11 @@ class FlakyStore:
         self.inner = inner
         self.failures = failures
 
-    async def add(self, usage: Usage) -> None:
+    async def add(self, usage: Usage, write: WriteId) -> bool:
         if self.failures:
             self.failures -= 1
             raise ConnectionError("store hiccup")
-        await self.inner.add(usage)
+        return await self.inner.add(usage, write)
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         return await self.inner.query(user, start, end)
@@ -65,6 +104,28 @@ async def test_the_writer_sums_retries_and_writes_everything_before_close(usage_
         200,
         utc_day(),
     )
+
+
+class LostAnswerStore(FlakyStore):
+    """A usage store whose first writes land but answer with an error, as after a timeout."""
+
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        added = await self.inner.add(usage, write)
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("the answer was lost")
+        return added
+
+
+async def test_the_writers_retry_of_a_write_that_landed_adds_nothing(usage_store: UsageStore) -> None:
+    writer = UsageWriter(LostAnswerStore(usage_store, failures=3), 1000, base_backoff_s=0.001)
+    writer.start()
+    for i in range(10):
+        assert writer.record("fay", "m", i, 2)
+        await asyncio.sleep(0)  # the worker may take the rows in several batches
+    await writer.aclose()
+    [row] = await usage_store.query("fay")
+    assert (row.input_tokens, row.output_tokens, row.requests) == (sum(range(10)), 20, 10)
 
 
 class DownStore(FlakyStore):
@@ -96,9 +157,9 @@ class CountingStore(FlakyStore):
         super().__init__(inner, failures=0)
         self.writes: list[Usage] = []
 
-    async def add(self, usage: Usage) -> None:
+    async def add(self, usage: Usage, write: WriteId) -> bool:
         self.writes.append(usage)
-        await super().add(usage)
+        return await super().add(usage, write)
 
 
 async def test_rows_of_one_gather_reach_the_store_as_one_write_each_and_close_cuts_the_gather_short(

@@ -1,14 +1,18 @@
-"""A real TCP proxy in front of the edge that breaks chosen connections at chosen points.
+"""A real TCP proxy in front of a server (the edge, dynalite) that breaks chosen connections at chosen
+points.
 
 Each accepted connection takes the next plan from the list (then "forward" once the list runs out):
   "refuse"            read the request, then close without answering
   "cut_after_start"   pass the response up to the end of its first SSE event, then close
   "cut_after_text"    pass the response up to the end of the first event carrying text, then close
+  "lose_answer"       pass the request, wait for the server's first bytes of answer, then close
+                      without passing them: the request was served, the client never hears of it
   "forward"           pass everything
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -63,6 +67,11 @@ class FlakyProxy:
             with socket.create_connection(("127.0.0.1", self._upstream_port)) as upstream:
                 pump = threading.Thread(target=_pipe, args=(client, upstream), daemon=True)
                 pump.start()
+                if plan == "lose_answer":
+                    with contextlib.suppress(OSError):
+                        upstream.recv(65536)
+                    client.shutdown(socket.SHUT_RDWR)
+                    return
                 self._relay_response(upstream, client, _CUTS.get(plan))
 
     @staticmethod
