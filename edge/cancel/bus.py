@@ -46,14 +46,21 @@ Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream i
 
 CHANNEL = "floodgate:cancel"
 
-# Cancel: a request the limiter holds a slot for, not yet settled, is marked "cancelled".
+# Cancel: a request the limiter holds a slot for, not yet settled, is marked "cancelled". A slot
+# past its lease (its score, in Redis TIME microseconds) is no stream's: its instance stopped
+# charging, which renews the lease, because it died; the limiter's next admit of that user drops
+# it. Until then a cancel of it answered "cancelled" for a stream nobody runs.
 # KEYS: the request's record, its user's concurrency set. ARGV: request id, the mark's TTL.
 # (Public for bench/redis_call_cost.py, which times it.)
 CANCEL_SCRIPT = """
 local state = redis.call('GET', KEYS[1])
 if state == 'cancelled' then return 'cancelled' end
 if state then return 'finished' end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 'not_found' end
+local lease_ends = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local t = redis.call('TIME')
+if not lease_ends or tonumber(lease_ends) <= tonumber(t[1]) * 1000000 + tonumber(t[2]) then
+  return 'not_found'
+end
 redis.call('SET', KEYS[1], 'cancelled', 'EX', ARGV[2])
 return 'cancelled'
 """

@@ -17,7 +17,7 @@ from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
 from limiter.memory import DEFAULT_LEASE_TTL_S
-from limiter.redis_store import record_key
+from limiter.redis_store import record_key, user_keys
 from tests.admission.flow import until
 from tests.limiter.tiers import tier
 from tests.support.admitted import admission, admit
@@ -126,6 +126,24 @@ async def test_a_request_the_limiter_turned_away_is_not_found(
     refused = await admission(redis_server.url, "req-8", "alice", tier(tokens=5))
     assert not refused.decision.allowed
     assert await b.cancel("req-8", "alice") == "not_found"
+    assert inbox_a.received == []
+
+
+@pytest.mark.anyio
+async def test_the_slot_of_an_instance_that_died_is_not_found_once_its_lease_is_over(
+    two_instances: Instances, redis_server: RedisServer
+) -> None:
+    """An instance killed mid-stream never settles: its slot stays in the user's set, scored by
+    when its lease ends, until the user's next admit drops it. Its lease over, nobody runs it."""
+    _, inbox_a, b, _ = two_instances
+    await admit(redis_server.url, "req-9")
+    _, _, slots = user_keys("alice")
+    raw = Redis.from_url(redis_server.url)
+    try:
+        assert await raw.zadd(slots, {"req-9": 1}, xx=True, ch=True) == 1  # the lease ran out long ago
+    finally:
+        await raw.aclose()
+    assert await b.cancel("req-9", "alice") == "not_found"
     assert inbox_a.received == []
 
 
