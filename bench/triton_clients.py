@@ -1,4 +1,4 @@
-"""The Triton client's own CPU per token, five ways, against one local tritonserver in one run.
+"""The Triton client's own CPU per token, six ways, against one local tritonserver in one run.
 
     .venv/bin/python -m bench.triton_clients [--streams 1,64] [--max-tokens 128] [--repeat 3]
 
@@ -11,7 +11,9 @@ time over a load, divided by the tokens it received, is what the client costs th
 - shared: one synchronous gRPC stream per replica carrying every request, read on a thread that
   hands the ready responses to the loop in batches (bench/triton_shared_stream.py);
 - aio-shared: one grpc.aio stream per replica carrying every request, read by one task;
-- httpx: Triton's HTTP `generate_stream` read with httpx's line iterator, one request each.
+- httpx: Triton's HTTP `generate_stream` read with httpx's line iterator, one request each;
+- h2-shared: one gRPC stream per replica carrying every request, its HTTP/2 read by hand with no
+  grpc machinery (bench/triton_h2.py).
 
 Each run is a process of its own on uvloop (as the edge runs), so no client's background threads
 (grpc's pollers, the shared stream's reader) bill another's figure; variants alternate within each
@@ -36,6 +38,7 @@ import httpx
 import uvloop
 
 from bench.triton_grpc import GrpcAioUpstream
+from bench.triton_h2 import H2SharedStream
 from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
 from edge.upstreams.triton import TritonUpstream
@@ -93,7 +96,7 @@ async def load(stream: Stream, streams: int, max_tokens: int) -> tuple[int, floa
     return sum(counts), time.process_time() - cpu0, time.perf_counter() - wall0
 
 
-VARIANTS = ("sse", "aio", "shared", "aio-shared", "httpx")
+VARIANTS = ("sse", "aio", "shared", "aio-shared", "httpx", "h2-shared")
 
 
 async def run_one(args: argparse.Namespace) -> None:
@@ -109,20 +112,31 @@ async def run_one(args: argparse.Namespace) -> None:
         client = upstream("sse")
     elif args.one == "aio":
         client = GrpcAioUpstream(upstream("aio"), grpc_url)
-    elif args.one in ("shared", "aio-shared"):
-        client = SharedStreamUpstream(
-            upstream(args.one), grpc_url, kind="sync" if args.one == "shared" else "aio"
-        )
+    elif args.one in ("shared", "aio-shared", "h2-shared"):
+        kind = {"shared": "sync", "aio-shared": "aio", "h2-shared": "h2"}[args.one]
+        client = SharedStreamUpstream(upstream(args.one), grpc_url, kind=kind)
     else:
         client = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1000))
     stream = http_stream(client, http_url) if args.one == "httpx" else upstream_stream(client)
     try:
         # Warm: first connections, lazy imports and first calls are not what a token costs.
         await load(stream, args.streams_one, 8)
+        wire = _wire_counts(client)
         tokens, cpu, wall = await load(stream, args.streams_one, args.max_tokens)
+        run: dict[str, float] = {"tokens": tokens, "cpu_s": cpu, "wall_s": wall}
+        if wire is not None and (after := _wire_counts(client)) is not None:
+            run["reads_per_message"] = (after[0] - wire[0]) / max(after[1] - wire[1], 1)
     finally:
         await client.aclose()
-    print(json.dumps({"tokens": tokens, "cpu_s": cpu, "wall_s": wall}), flush=True)
+    print(json.dumps(run), flush=True)
+
+
+def _wire_counts(client: object) -> tuple[int, int] | None:
+    """(reads, messages) so far where the client counts them (h2-shared), else None."""
+    stream = client.stream if isinstance(client, SharedStreamUpstream) else None
+    if not isinstance(stream, H2SharedStream):
+        return None
+    return stream.reads, stream.messages
 
 
 def main_runs(args: argparse.Namespace) -> None:
@@ -137,6 +151,7 @@ def main_runs(args: argparse.Namespace) -> None:
             for n in [int(x) for x in args.streams.split(",")]:
                 per_token: dict[str, list[float]] = {name: [] for name in variants}
                 tokens_per_s: dict[str, list[float]] = {name: [] for name in variants}
+                reads_per_message: dict[str, list[float]] = {name: [] for name in variants}
                 for _ in range(args.repeat):
                     for name in variants:
                         cmd = [sys.executable, "-m", "bench.triton_clients", "--one", name, "--urls", urls]
@@ -145,23 +160,27 @@ def main_runs(args: argparse.Namespace) -> None:
                         run = json.loads(out.strip().splitlines()[-1])
                         per_token[name].append(run["cpu_s"] / max(run["tokens"], 1) * 1e6)
                         tokens_per_s[name].append(run["tokens"] / run["wall_s"])
+                        if "reads_per_message" in run:
+                            reads_per_message[name].append(run["reads_per_message"])
                 base = statistics.median(per_token[variants[0]])
                 for name in variants:
                     us = statistics.median(per_token[name])
-                    row = {
+                    row: dict[str, object] = {
                         "client": name,
                         "streams": n,
                         "client_cpu_us_per_token": round(us, 1),
                         f"x_{variants[0]}": round(us / base, 2),
                         "tokens_per_s": round(statistics.median(tokens_per_s[name])),
                     }
+                    if reads_per_message[name]:
+                        row["reads_per_message"] = round(statistics.median(reads_per_message[name]), 3)
                     print(json.dumps(row), flush=True)
         finally:
             server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Triton client CPU per token, five ways.")
+    parser = argparse.ArgumentParser(description="Triton client CPU per token, six ways.")
     parser.add_argument("--streams", default="1,64")
     parser.add_argument("--clients", default=",".join(VARIANTS), help="the first is the ratios' base")
     parser.add_argument("--max-tokens", type=int, default=128)

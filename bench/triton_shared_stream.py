@@ -28,7 +28,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -39,13 +39,16 @@ from bench.triton_grpc import DeltaTally, encode_request
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, UpstreamError
 from edge.upstreams.triton import TritonUpstream
 
+if TYPE_CHECKING:
+    from bench.triton_h2 import H2SharedStream
+
 log = structlog.get_logger(__name__)
 
 _FINAL = "triton_final_response"
 _END = object()  # ends the request iterator, which half-closes the stream
 
 
-def _decode(response: Any) -> tuple[list[int], bool]:
+def decode_response(response: Any) -> tuple[list[int], bool]:
     """(new token ids of beam 0, is this the request's final response)."""
     tokens: list[int] = []
     outputs = response.outputs
@@ -163,7 +166,7 @@ class SharedStream:
                 if message.error_message:
                     item = UpstreamError(f"{self._name}: {message.error_message}")
                 else:
-                    item = _decode(response)
+                    item = decode_response(response)
                 self._post(response.id, item)
             error: BaseException = UpstreamError(f"{self._name}: stream ended")
         except grpc.RpcError as exc:
@@ -286,7 +289,7 @@ class AioSharedStream:
                 if message.error_message:
                     item = UpstreamError(f"{self._name}: {message.error_message}")
                 else:
-                    item = _decode(response)
+                    item = decode_response(response)
                 if isinstance(item, BaseException) or item[1]:
                     del inboxes[response.id]
                 inbox.put(item)
@@ -304,7 +307,8 @@ class AioSharedStream:
 class SharedStreamUpstream:
     """`upstream` (a TritonUpstream) with generate() over a shared stream; the rest delegated.
 
-    `kind`: "sync" (SharedStream, the synchronous client on a thread) or "aio" (AioSharedStream).
+    `kind`: "sync" (SharedStream, the synchronous client on a thread), "aio" (AioSharedStream) or
+    "h2" (bench/triton_h2.py: HTTP/2 read by hand, no grpc).
     """
 
     def __init__(self, upstream: TritonUpstream, grpc_url: str, kind: str = "sync") -> None:
@@ -313,13 +317,17 @@ class SharedStreamUpstream:
         self._grpc_url = grpc_url
         self._kind = kind
         self._channel: Any = None
-        self._stream: SharedStream | AioSharedStream | None = None
+        self._stream: SharedStream | AioSharedStream | H2SharedStream | None = None
 
-    def _shared_stream(self) -> SharedStream | AioSharedStream:
+    def _shared_stream(self) -> SharedStream | AioSharedStream | H2SharedStream:
         loop = asyncio.get_running_loop()
         if self._stream is not None and (self._stream.loop is not loop or not self._stream.alive):
             self._stream.close()
             self._stream = None
+        if self._stream is None and self._kind == "h2":
+            from bench.triton_h2 import H2SharedStream  # it imports this module
+
+            self._stream = H2SharedStream(self.name, self._grpc_url, loop)
         if self._stream is None:
             options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
             if self._kind == "aio":
@@ -328,6 +336,11 @@ class SharedStreamUpstream:
             else:
                 self._channel = self._channel or grpc.insecure_channel(self._grpc_url, options=options)
                 self._stream = SharedStream(self.name, self._channel, loop)
+        return self._stream
+
+    @property
+    def stream(self) -> SharedStream | AioSharedStream | H2SharedStream | None:
+        """The replica's stream now (None before the first request)."""
         return self._stream
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
