@@ -8,6 +8,7 @@ from tokenizers import Tokenizer
 
 from edge.text.byte_pieces import byte_pieces
 from edge.text.chat_template import ChatTemplate
+from edge.text.content_as_text import ContentAsText
 from edge.text.detokenizer import Detokenizer, IncrementalDetokenizer, PiecesDetokenizer, PieceTable
 from edge.text.piece_cache import PieceCache
 from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
@@ -23,6 +24,7 @@ class ModelText:
         self._pieces = PieceTable(pieces) if pieces is not None else None
         # None: this tokenizer's encoding is not its pieces' put together (edge/text/piece_cache.py).
         self._piece_cache = PieceCache.build(tokenizer)
+        self._content_as_text = ContentAsText(tokenizer, template)
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -36,7 +38,10 @@ class ModelText:
         return cls(text.tokenizer, template, list(facts.eos_token_ids))
 
     def encode_chat(self, messages: list[dict[str, str]], scope: str = "") -> list[int]:
-        """The prompt's ids; `scope` is whose kept pieces it may reuse (the request's cache salt)."""
+        """The prompt's ids; `scope` is whose kept pieces it may reuse (the request's cache salt).
+        A control token's text inside a message is encoded as text (edge/text/content_as_text.py)."""
+        if self._content_as_text.holds_control_text(messages):
+            return self._content_as_text.encode(messages)
         # The template already writes every special token the model expects.
         text = self.template.render(messages)
         if self._piece_cache is not None:
