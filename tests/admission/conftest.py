@@ -11,6 +11,7 @@ import pytest
 from edge.admission import Dispatcher
 from edge.upstreams.base import Upstream
 from tests.admission.flow import counting_clock
+from tests.support.admitted import admitter  # noqa: F401  (requests admitted on a real Redis)
 
 MakeDispatcher = Callable[..., AbstractAsyncContextManager[Dispatcher]]
 

@@ -20,7 +20,7 @@ from limiter.memory import DEFAULT_LEASE_TTL_S
 from limiter.redis_store import record_key, user_keys
 from tests.admission.flow import until
 from tests.limiter.tiers import tier
-from tests.support.admitted import admission, admit
+from tests.support.admitted import Admitter
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
@@ -67,10 +67,10 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[Instances]:
 
 @pytest.mark.anyio
 async def test_a_cancel_on_another_instance_reaches_the_one_running_the_request(
-    two_instances: Instances, redis_server: RedisServer
+    two_instances: Instances, redis_server: RedisServer, admitter: Admitter
 ) -> None:
     a, inbox_a, b, inbox_b = two_instances
-    admitted = await admit(redis_server.url, "req-1")
+    admitted = await admitter.admit(redis_server.url, "req-1")
     assert admitted.lease is not None
 
     assert await b.cancel("req-1", "alice") == "cancelled"
@@ -84,11 +84,11 @@ async def test_a_cancel_on_another_instance_reaches_the_one_running_the_request(
 
 @pytest.mark.anyio
 async def test_another_users_or_an_unknown_id_is_not_found_and_not_published(
-    two_instances: Instances, redis_server: RedisServer
+    two_instances: Instances, redis_server: RedisServer, admitter: Admitter
 ) -> None:
     _, inbox_a, b, _ = two_instances
-    await admit(redis_server.url, "req-2")
-    await admit(redis_server.url, "req-2m", user="mallory")
+    await admitter.admit(redis_server.url, "req-2")
+    await admitter.admit(redis_server.url, "req-2m", user="mallory")
     assert await b.cancel("req-2", "mallory") == "not_found"
     assert await b.cancel("req-2m", "alice") == "not_found"
     assert await b.cancel("req-unknown", "alice") == "not_found"
@@ -101,17 +101,17 @@ async def test_another_users_or_an_unknown_id_is_not_found_and_not_published(
 
 @pytest.mark.anyio
 async def test_an_ended_or_settled_request_answers_finished_to_its_owner_only(
-    two_instances: Instances, redis_server: RedisServer
+    two_instances: Instances, redis_server: RedisServer, admitter: Admitter
 ) -> None:
     _, inbox_a, b, _ = two_instances
     # Settled (its stream ended, or its client left): the settle answers that no cancel came first.
-    admitted = await admit(redis_server.url, "req-3")
+    admitted = await admitter.admit(redis_server.url, "req-3")
     assert admitted.lease is not None
     assert await admitted.lease.settle() is False
     assert await b.cancel("req-3", "alice") == "finished"
     assert await b.cancel("req-3", "mallory") == "not_found"
     # Turned away after its admit (never ran, refunded whole): over all the same.
-    refunded = await admit(redis_server.url, "req-3b")
+    refunded = await admitter.admit(redis_server.url, "req-3b")
     assert refunded.lease is not None
     assert await refunded.lease.settle(ran=False) is False
     assert await b.cancel("req-3b", "alice") == "finished"
@@ -120,10 +120,10 @@ async def test_an_ended_or_settled_request_answers_finished_to_its_owner_only(
 
 @pytest.mark.anyio
 async def test_a_request_the_limiter_turned_away_is_not_found(
-    two_instances: Instances, redis_server: RedisServer
+    two_instances: Instances, redis_server: RedisServer, admitter: Admitter
 ) -> None:
     _, inbox_a, b, _ = two_instances
-    refused = await admission(redis_server.url, "req-8", "alice", tier(tokens=5))
+    refused = await admitter.admission(redis_server.url, "req-8", "alice", tier(tokens=5))
     assert not refused.decision.allowed
     assert await b.cancel("req-8", "alice") == "not_found"
     assert inbox_a.received == []
@@ -131,12 +131,12 @@ async def test_a_request_the_limiter_turned_away_is_not_found(
 
 @pytest.mark.anyio
 async def test_the_slot_of_an_instance_that_died_is_not_found_once_its_lease_is_over(
-    two_instances: Instances, redis_server: RedisServer
+    two_instances: Instances, redis_server: RedisServer, admitter: Admitter
 ) -> None:
     """An instance killed mid-stream never settles: its slot stays in the user's set, scored by
     when its lease ends, until the user's next admit drops it. Its lease over, nobody runs it."""
     _, inbox_a, b, _ = two_instances
-    await admit(redis_server.url, "req-9")
+    await admitter.admit(redis_server.url, "req-9")
     _, _, slots = user_keys("alice")
     raw = Redis.from_url(redis_server.url)
     try:
@@ -148,11 +148,13 @@ async def test_the_slot_of_an_instance_that_died_is_not_found_once_its_lease_is_
 
 
 @pytest.mark.anyio
-async def test_records_expire_and_share_their_users_slot(redis_server: RedisServer) -> None:
+async def test_records_expire_and_share_their_users_slot(
+    redis_server: RedisServer, admitter: Admitter
+) -> None:
     bus = RedisCancelBus.from_url(redis_server.url, ttl_s=7200)
     raw = Redis.from_url(redis_server.url)
     try:
-        admitted = await admit(redis_server.url, "req-4")
+        admitted = await admitter.admit(redis_server.url, "req-4")
         assert admitted.lease is not None
         assert await bus.cancel("req-4", "alice") == "cancelled"
         assert 3600 < await raw.ttl(record_key("alice", "req-4")) <= 7200
@@ -167,7 +169,7 @@ async def test_records_expire_and_share_their_users_slot(redis_server: RedisServ
 
 
 @pytest.mark.anyio
-async def test_the_subscription_comes_back_after_redis_restarts() -> None:
+async def test_the_subscription_comes_back_after_redis_restarts(admitter: Admitter) -> None:
     server = start_redis()
     bus = RedisCancelBus.from_url(server.url, reconnect_delay_s=0.05)
     inbox = Inbox()
@@ -176,7 +178,7 @@ async def test_the_subscription_comes_back_after_redis_restarts() -> None:
     try:
         server.kill()
         server = start_redis(server.port)
-        await admit(server.url, "req-5")
+        await admitter.admit(server.url, "req-5")
         # The listener resubscribes on its own; cancel until one lands (bounded by wait_for).
         with anyio.fail_after(10):
             while ("req-5", "alice") not in inbox.received:
@@ -189,7 +191,9 @@ async def test_the_subscription_comes_back_after_redis_restarts() -> None:
 
 
 @pytest.mark.anyio
-async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_it_is_up() -> None:
+async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_it_is_up(
+    admitter: Admitter,
+) -> None:
     server = start_redis()
     port = server.port
     server.kill()  # nothing listens on the port now
@@ -200,7 +204,7 @@ async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_
         assert not await bus.wait_subscribed(0)
         server = start_redis(port)
         assert await bus.wait_subscribed(10)  # the background retries found it
-        await admit(server.url, "req-7")
+        await admitter.admit(server.url, "req-7")
         assert await bus.cancel("req-7", "alice") == "cancelled"
         await inbox.wait_for(("req-7", "alice"))
     finally:
@@ -209,7 +213,7 @@ async def test_start_does_not_wait_for_an_unreachable_redis_and_subscribes_once_
 
 
 @pytest.mark.anyio
-async def test_cancel_across_instances_on_a_redis_cluster() -> None:
+async def test_cancel_across_instances_on_a_redis_cluster(admitter: Admitter) -> None:
     cluster = start_redis_cluster(3)
     # Each instance subscribes through a different node: pub/sub is broadcast across the cluster.
     url = f"redis+cluster://127.0.0.1:{cluster.nodes[0].port}"
@@ -222,7 +226,7 @@ async def test_cancel_across_instances_on_a_redis_cluster() -> None:
     try:
         for i in range(5):  # users land in different slots, on different nodes
             user = f"user-{i}"
-            admitted = await admit(url, f"req-c{i}", user)
+            admitted = await admitter.admit(url, f"req-c{i}", user)
             assert admitted.lease is not None
             assert await b.cancel(f"req-c{i}", "mallory") == "not_found"
             assert await b.cancel(f"req-c{i}", user) == "cancelled"
@@ -249,7 +253,9 @@ async def test_an_unreachable_cluster_answers_unavailable() -> None:
 
 
 @pytest.mark.anyio
-async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_server: RedisServer) -> None:
+async def test_shared_registries_cancel_a_stream_held_by_another_instance(
+    redis_server: RedisServer, admitter: Admitter
+) -> None:
     here, there = CancelRegistry(), CancelRegistry()
     bus_a = RedisCancelBus.from_url(redis_server.url)
     a = SharedCancelRegistry(here, bus_a)
@@ -258,8 +264,8 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(redis_
     await b.start()
     assert await bus_a.wait_subscribed(5)
     try:
-        await admit(redis_server.url, "req-s1")
-        ended_lease = (await admit(redis_server.url, "req-s2")).lease
+        await admitter.admit(redis_server.url, "req-s1")
+        ended_lease = (await admitter.admit(redis_server.url, "req-s2")).lease
         assert ended_lease is not None
         live = a.register("req-s1", "alice")
         ended = a.register("req-s2", "alice")

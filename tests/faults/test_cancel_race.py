@@ -27,7 +27,7 @@ from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
-from tests.support.admitted import admit
+from tests.support.admitted import Admitter
 from tests.support.holding_limiter import HOLD_TIMEOUT_S, HoldingLimiter, holding
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import RedisServer, start_redis
@@ -128,10 +128,10 @@ async def two_instances(redis_server: RedisServer) -> AsyncIterator[tuple[Shared
 
 @pytest.mark.anyio
 async def test_across_instances_a_cancel_after_the_settle_is_finished(
-    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
+    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer, admitter: Admitter
 ) -> None:
     runs, other = two_instances
-    admitted = await admit(redis_server.url, "r-end-first")  # live for every instance from here
+    admitted = await admitter.admit(redis_server.url, "r-end-first")  # live for every instance from here
     assert admitted.lease is not None
     live = runs.register("r-end-first", "alice")
 
@@ -144,10 +144,10 @@ async def test_across_instances_a_cancel_after_the_settle_is_finished(
 
 @pytest.mark.anyio
 async def test_across_instances_a_cancel_before_the_settle_decides_the_outcome(
-    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer
+    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer, admitter: Admitter
 ) -> None:
     runs, other = two_instances
-    admitted = await admit(redis_server.url, "r-cancel-first")  # live for every instance from here
+    admitted = await admitter.admit(redis_server.url, "r-cancel-first")  # live for every instance from here
     assert admitted.lease is not None
     live = runs.register("r-cancel-first", "alice")
 
