@@ -56,7 +56,7 @@ SERVER_STARTERS = frozenset(
         ("tests.faults.serve_process", "serve_process"),
         ("tests.messages.dynalite", "running_dynalite"),
         ("tests.support.moto_server", "running_moto"),
-        ("tests.client.flaky_proxy", "flaky_proxy"),
+        ("tests.support.flaky_proxy", "flaky_proxy"),
         ("gpu_container.triton.launcher", "start_local_triton"),
         ("moto.moto_server.threaded_moto_server", "ThreadedMotoServer"),
         ("http.server", "HTTPServer"),
