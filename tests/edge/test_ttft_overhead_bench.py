@@ -1,0 +1,33 @@
+"""`python -m bench.ttft_overhead`, the issue-11 command for the edge's share of time to first token,
+run small: the real edge on a redis-server of its own streams every admit it measures, none fails,
+and the figures it reports are consistent. (A bench that no test runs rots between sessions; its
+timings themselves are for docs/, not for a pass or a fail here.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.server
+def test_the_ttft_bench_streams_every_admit_on_a_real_redis() -> None:
+    args = ["--concurrency", "4", "--tokens", "3", "--duration", "1", "--limiters", "redis"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert (row["limiter"], row["arrivals"], row["errors"]) == ("redis", "spread", 0)
+    assert row["admits"] > 4  # every client streamed more than once
+    assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["ttft_max_ms"]
+    assert row["server_cpu_us_per_admit"] > 0
