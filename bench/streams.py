@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,12 +94,21 @@ def _serve(
 
     pauses = _GcPauses()
     gc.callbacks.append(pauses.callback)
+    phases: Callable[[], dict[str, dict[str, float]]] | None = None
+    if os.environ.get("FLOODGATE_BENCH_PHASES") == "1":
+        # Where TTFT goes in this server (bench/ttft_phases.py), served at GET /bench/phases.
+        from bench import ttft_phases
+
+        ttft_phases.install()
+        phases = ttft_phases.take
 
     async def tell_ready(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/bench/gc":
-            body = json.dumps(pauses.totals()).encode()
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": body})
+        bench_path = scope["type"] == "http" and scope["path"]
+        if bench_path in ("/bench/gc", "/bench/phases"):
+            found = pauses.totals() if bench_path == "/bench/gc" else phases() if phases else None
+            status = 404 if found is None else 200
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": json.dumps(found).encode()})
             return
         if scope["type"] != "lifespan":
             await app(scope, receive, send)

@@ -29,6 +29,10 @@ cost: its set-up, its tokens and its end; the bare floor's too).
 
 `--trees`: the edge served from each of these checkouts in turn (bench.streams' `tree`), `--rounds`
 times over, so a change and the code before it meet the same machine in one run.
+
+`--phases`: each edge row also says where its TTFT went inside the server (`server_phases_ms`:
+first byte to first content chunk, the route, `Pipeline.admit`, the limiter's admit, the rest;
+p50 / p90 / p99 / max, bench/ttft_phases.py), read from the server after each load.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -43,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvloop
 
 from bench.__main__ import machine
@@ -138,6 +144,12 @@ async def _load(
     }
 
 
+def _phases(server: Servers) -> dict[str, Any] | None:
+    """The server's phase summaries since the last call (None: a bare floor or an older tree)."""
+    answer = httpx.get(f"{server.base_url}/bench/phases", timeout=30)
+    return answer.json() if answer.status_code == 200 else None
+
+
 @contextmanager
 def _server(limiter: str, interval_ms: float, tree: Path | None) -> Iterator[Servers]:
     if limiter == "bare":
@@ -166,8 +178,11 @@ def main() -> None:
     )
     parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
     parser.add_argument("--rounds", type=int, default=1, help="with --trees: alternate them N times")
+    parser.add_argument("--phases", action="store_true", help="where TTFT goes in the server (edge rows)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.phases:
+        os.environ["FLOODGATE_BENCH_PHASES"] = "1"  # read by the bench servers started below
     print(f"machine: {machine()}", flush=True)
     interval_s = args.interval_ms / 1000
     trees = parse_trees(args.trees) or [("", None)]
@@ -184,6 +199,8 @@ def main() -> None:
             uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
             for arrivals in args.arrivals.split(","):
                 spread = arrivals == "spread"
+                if args.phases:
+                    _phases(server)  # what the warm-up or the last load left, dropped
                 row = {
                     **({"tree": label} if label else {}),
                     "limiter": limiter,
@@ -204,6 +221,8 @@ def main() -> None:
                         )
                     ),
                 }
+                if args.phases and (phases := _phases(server)) is not None:
+                    row["server_phases_ms"] = phases
                 print(json.dumps(row) if args.json else row, flush=True)
 
 
