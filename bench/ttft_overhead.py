@@ -145,7 +145,7 @@ async def _load(
 
 
 def _phases(server: Servers) -> dict[str, Any] | None:
-    """The server's phase summaries since the last call (None: a bare floor or an older tree)."""
+    """The edge's phase summaries since the last call (None: a tree without the probe)."""
     answer = httpx.get(f"{server.base_url}/bench/phases", timeout=30)
     return answer.json() if answer.status_code == 200 else None
 
@@ -199,7 +199,8 @@ def main() -> None:
             uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
             for arrivals in args.arrivals.split(","):
                 spread = arrivals == "spread"
-                if args.phases:
+                probe = args.phases and limiter != "bare"  # the floor has no edge to look into
+                if probe:
                     _phases(server)  # what the warm-up or the last load left, dropped
                 row = {
                     **({"tree": label} if label else {}),
@@ -221,7 +222,7 @@ def main() -> None:
                         )
                     ),
                 }
-                if args.phases and (phases := _phases(server)) is not None:
+                if probe and (phases := _phases(server)) is not None:
                     row["server_phases_ms"] = phases
                 print(json.dumps(row) if args.json else row, flush=True)
 
