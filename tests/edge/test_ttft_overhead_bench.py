@@ -1,7 +1,8 @@
 """`python -m bench.ttft_overhead`, the issue-11 command for the edge's share of time to first token,
 run small: the real edge on a redis-server of its own streams every admit it measures, none fails,
-and the figures it reports are consistent. (A bench that no test runs rots between sessions; its
-timings themselves are for docs/, not for a pass or a fail here.)"""
+and the figures it reports are consistent, where the time went inside the server too (`--phases`,
+whose probe wraps edge functions by name and would rot silently as they move). A bench that no test
+runs rots between sessions; its timings themselves are for docs/, not for a pass or a fail here."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_ttft_bench_streams_every_admit_on_a_real_redis() -> None:
     args = ["--concurrency", "4", "--tokens", "3", "--duration", "1", "--limiters", "redis"]
     done = subprocess.run(
-        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--json"],
+        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--phases", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -31,3 +32,10 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis() -> None:
     assert row["admits"] > 4  # every client streamed more than once
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["ttft_max_ms"]
     assert row["server_cpu_us_per_admit"] > 0
+    phases = row["server_phases_ms"]
+    assert phases["total"]["n"] >= row["admits"]  # the server saw every stream the client timed
+    # Nested spans of each request: each one's quantiles lie under its container's.
+    for inner, outer in (("limiter_admit", "pipeline_admit"), ("pipeline_admit", "route")):
+        assert 0 < phases[inner]["p50"] <= phases[outer]["p50"]
+        assert phases[inner]["max"] <= phases[outer]["max"]
+    assert phases["total"]["p50"] <= row["ttft_p50_ms"]
