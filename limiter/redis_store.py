@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -45,6 +46,7 @@ from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import STORE_BUSY
 from limiter.resp import pack_evalshas
+from limiter.resp_connection import RespConnection, open_connection
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
 from limiter.store_health import StoreHealth
@@ -88,6 +90,24 @@ def record_key(user: str, request_id: str) -> str:
 def _never_sent(exc: BaseException) -> bool:
     """redis-py failed while opening the connection, before any command went out."""
     return isinstance(exc, RedisConnectionError | RedisTimeoutError) and "connecting" in str(exc).lower()
+
+
+def _direct_target(client: Redis | RedisCluster) -> dict[str, Any] | None:
+    """Where the admit connection goes: a plain TCP server's address and credentials; None for a
+    Cluster, TLS or a Unix socket (redis-py's batched path serves those)."""
+    if not isinstance(client, Redis):
+        return None
+    pool = client.connection_pool
+    if pool.connection_class is not Connection:
+        return None
+    kw = pool.connection_kwargs
+    return {
+        "host": kw.get("host", "localhost"),
+        "port": int(kw.get("port", 6379)),
+        "username": kw.get("username"),
+        "password": kw.get("password"),
+        "db": int(kw.get("db", 0) or 0),
+    }
 
 
 class RedisLimiter:
@@ -163,6 +183,12 @@ class RedisLimiter:
             time.monotonic if now_override_us is None else lambda: now_override_us() / policy.MICROS
         )
         self._cluster_ready = not isinstance(client, RedisCluster)
+        # Admits on a connection of their own whose replies wake their callers directly
+        # (limiter/resp_connection.py), where the client is one plain TCP server; else batched.
+        self._direct = _direct_target(client)
+        self._direct_conn: RespConnection | None = None
+        self._direct_opening: asyncio.Lock = asyncio.Lock()
+        self._connect_timeout_s = connect_timeout_s
 
     @classmethod
     def from_url(
@@ -281,7 +307,10 @@ class RedisLimiter:
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
             fallback_allowed = self._fallback_allowed
-            reply = await self._admits.call(keys, args, epoch)
+            if self._direct is not None:
+                reply = await self._call("admit", lambda: self._direct_evalsha(keys, args), epoch=epoch)
+            else:
+                reply = await self._admits.call(keys, args, epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
         except _NoAnswer:
@@ -315,6 +344,27 @@ class RedisLimiter:
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
         )
+
+    async def _direct_evalsha(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """The admit script's reply, on the admit connection (opened on first use, and again after
+        it was lost). NOSCRIPT (a restarted Redis): load it and send again; it did not run."""
+        conn = self._direct_conn
+        if conn is None or not conn.usable():
+            async with self._direct_opening:
+                conn = self._direct_conn
+                if conn is None or not conn.usable():
+                    assert self._direct is not None
+                    conn = self._direct_conn = await open_connection(
+                        **self._direct, timeout_s=self._connect_timeout_s
+                    )
+        packed = pack_evalshas(self._admit.sha, [(keys, args)])
+        reply = await conn.send(packed)
+        if isinstance(reply, NoScriptError):
+            await self._client.script_load(self._admit.script)
+            reply = await conn.send(packed)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _admission(
         self,
@@ -511,6 +561,8 @@ class RedisLimiter:
         return results
 
     async def aclose(self) -> None:
+        if self._direct_conn is not None:
+            self._direct_conn.close()
         await self._admits.aclose()
         await self._charges.aclose()
         await self._settle_calls.aclose()

@@ -32,3 +32,8 @@ def _pack_one(head: str, keys: Sequence[str], args: Sequence[str | int]) -> byte
 def pack_evalshas(sha: str, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]) -> bytes:
     head = f"$7\r\nEVALSHA\r\n${len(sha)}\r\n{sha}\r\n"
     return b"".join([_pack_one(head, keys, args) for keys, args in calls])
+
+
+def pack_command(*words: str) -> bytes:
+    """One command of plain words (AUTH, SELECT) as RESP."""
+    return b"*%d\r\n" % len(words) + b"".join([_bulk(w) for w in words])

@@ -108,7 +108,9 @@ def _command(port: int, *words: str) -> bytes:
 
 
 def _ping(port: int) -> bool:
-    return _command(port, "PING").startswith(b"+PONG")
+    """It answers: PONG, or NOAUTH from a server started with a password (--requirepass)."""
+    reply = _command(port, "PING")
+    return reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
 
 
 def start_redis_cluster(n: int = 3) -> RedisClusterServers:

@@ -1,0 +1,111 @@
+"""One Redis connection whose replies go straight to their callers: the admit's round trip.
+
+The limiter's admit is on every stream's way to its first token, and on Redis it was half of the
+server's part of TTFT at the median and two thirds at p99 (bench.ttft_overhead --phases,
+docs/bench-streams.md, fourteenth pass). Through redis-py it took three passes of the event loop
+after the command: the batch writer task's start, its wake-up when the StreamReader had the reply,
+the caller's wake-up when the writer handed the reply over; under load each pass waits behind
+whatever else the loop is doing (another stream's set-up, an engine step's token writes). Here a
+caller writes its own EVALSHA on the connection (concurrent callers' commands share the socket and
+Redis's reads as a pipeline would) and the reply, parsed by hiredis in `data_received`, resolves
+the caller's future there: one pass. Measured paired against the batcher path (fourteenth pass):
+the admit p50 / p99 0.55x / 0.45-0.53x, the server's first-token time 0.78x / 0.70x, CPU per
+stream 0.90x.
+
+Replies come back in the order the commands went out, so each pops the oldest waiting future; a
+caller that gave up (its timeout) leaves its future there, done, and its reply is dropped when it
+comes, so the order holds. A lost connection fails every waiting caller (the scripts may have
+run) and the next call opens a new one. Error replies are results, not raised: the caller decides
+(NOSCRIPT: load the script and send again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from limiter.resp import pack_command
+
+
+class RespConnection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader()
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self.closed = False
+
+    def usable(self) -> bool:
+        """Open, and on the running loop (a limiter outliving one loop, as tests' do, reconnects)."""
+        return not self.closed and self._loop is asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiting, self._waiting = self._waiting, deque()
+        for answer in waiting:
+            if not answer.done():
+                answer.set_exception(RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            if not self._waiting:
+                # A reply nobody asked for: the stream is out of step, nothing after it can be
+                # trusted. Close; every caller then fails and the next call reconnects.
+                self.close()
+                return
+            answer = self._waiting.popleft()
+            if answer.done():
+                continue  # its caller gave up; the reply is dropped and the order holds
+            if isinstance(reply, hiredis.ReplyError):
+                message = str(reply)
+                reply = NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
+            answer.set_result(reply)
+
+    def send(self, packed: bytes) -> asyncio.Future[Any]:
+        """Write one command; the future resolves to its reply (an error reply as an exception value)."""
+        if self.closed or self._transport is None:
+            raise RedisConnectionError("Connection to Redis closed")
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append(answer)
+        self._transport.write(packed)
+        return answer
+
+    def close(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.close()
+        self.closed = True
+
+
+async def open_connection(
+    host: str, port: int, *, username: str | None, password: str | None, db: int, timeout_s: float
+) -> RespConnection:
+    """Connected, authenticated and on `db`, within `timeout_s`. Any failure is redis-py's
+    "Error connecting" ConnectionError: nothing was sent (the limiter's _never_sent)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, conn = await asyncio.get_running_loop().create_connection(RespConnection, host, port)
+            if password:
+                auth = ("AUTH", username, password) if username else ("AUTH", password)
+                await _expect_ok(conn, auth)
+            if db:
+                await _expect_ok(conn, ("SELECT", str(db)))
+    except (OSError, TimeoutError, ResponseError, RedisConnectionError) as exc:
+        raise RedisConnectionError(f"Error connecting to Redis at {host}:{port}: {exc!r}") from exc
+    return conn
+
+
+async def _expect_ok(conn: RespConnection, command: tuple[str, ...]) -> None:
+    reply = await conn.send(pack_command(*command))
+    if isinstance(reply, Exception):
+        conn.close()
+        raise reply

@@ -1,0 +1,111 @@
+"""limiter/resp_connection.py against a real redis-server: every caller gets its own reply however many
+share the connection, one that gave up does not shift the others', error replies are values, a
+lost connection fails whoever waits, and the limiter admits through it on a server with a password
+and a database of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from limiter.redis_store import RedisLimiter, user_keys
+from limiter.resp import pack_command
+from limiter.resp_connection import RespConnection, open_connection
+from tests.limiter.tiers import tier
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer, start_redis
+
+pytestmark = pytest.mark.anyio
+PASSWORD = "s3cret-" + secrets.token_hex(4)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis(extra_args=["--enable-debug-command", "local"])
+    yield server
+    server.stop()
+
+
+async def _open(server: RedisServer) -> RespConnection:
+    return await open_connection("127.0.0.1", server.port, username=None, password=None, db=0, timeout_s=5)
+
+
+async def test_many_callers_on_one_connection_each_get_their_own_reply(redis_server: RedisServer) -> None:
+    conn = await _open(redis_server)
+    try:
+        replies = await asyncio.gather(*(conn.send(pack_command("ECHO", f"caller-{i}")) for i in range(500)))
+        assert replies == [f"caller-{i}".encode() for i in range(500)]
+    finally:
+        conn.close()
+
+
+async def test_a_caller_that_gave_up_does_not_take_the_next_callers_reply(redis_server: RedisServer) -> None:
+    conn = await _open(redis_server)
+    try:
+        stalled = conn.send(pack_command("DEBUG", "SLEEP", "0.2"))  # its reply comes late
+        stalled.cancel()  # as a caller's timeout does
+        assert await conn.send(pack_command("ECHO", "mine")) == b"mine"
+        assert not conn.closed
+    finally:
+        conn.close()
+
+
+async def test_error_replies_are_values_and_noscript_is_told_apart(redis_server: RedisServer) -> None:
+    conn = await _open(redis_server)
+    try:
+        missing = await conn.send(pack_command("EVALSHA", "0" * 40, "0"))
+        assert isinstance(missing, NoScriptError)
+        wrong = await conn.send(pack_command("NOSUCHCOMMAND"))
+        assert isinstance(wrong, ResponseError) and not isinstance(wrong, NoScriptError)
+        assert await conn.send(pack_command("PING")) == b"PONG"  # the connection goes on
+    finally:
+        conn.close()
+
+
+async def test_a_lost_connection_fails_whoever_waits_and_refuses_new_calls() -> None:
+    server = start_redis(extra_args=["--enable-debug-command", "local"])
+    try:
+        conn = await _open(server)
+        waiting = conn.send(pack_command("DEBUG", "SLEEP", "5"))
+        await asyncio.sleep(0)  # written
+        server.kill()
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(waiting, 10)
+        assert conn.closed
+        with pytest.raises(RedisConnectionError):
+            conn.send(pack_command("PING"))
+    finally:
+        server.kill()
+
+
+async def test_a_refused_connection_is_an_error_connecting() -> None:
+    with pytest.raises(RedisConnectionError, match="Error connecting"):
+        await open_connection("127.0.0.1", free_port(), username=None, password=None, db=0, timeout_s=5)
+
+
+async def test_the_limiter_admits_on_a_server_with_a_password_and_a_database_of_its_own() -> None:
+    server = start_redis(extra_args=["--requirepass", PASSWORD])
+    url = f"redis://:{PASSWORD}@127.0.0.1:{server.port}/3"
+    limiter = RedisLimiter.from_url(url, timeout_ms=2000)
+    raw = Redis.from_url(url)
+    try:
+        admitted = await limiter.admit("ann", "req-1", tier(), 10, 10)
+        assert admitted.decision.allowed and admitted.lease is not None
+        assert not limiter.fallback_active  # Redis answered, not the local fallback
+        _, _, slots = user_keys("ann")
+        assert await raw.zscore(slots, "req-1") is not None  # in database 3
+        assert await admitted.lease.settle() is False
+        with pytest.raises(RedisConnectionError, match="Error connecting"):
+            await open_connection(
+                "127.0.0.1", server.port, username=None, password="wrong", db=0, timeout_s=5
+            )
+    finally:
+        await limiter.aclose()
+        await raw.aclose()
+        server.kill()
