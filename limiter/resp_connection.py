@@ -74,7 +74,9 @@ class RespConnection(asyncio.Protocol):
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         """Write one command; the future resolves to its reply (an error reply as an exception value)."""
         if self.closed or self._transport is None:
-            raise RedisConnectionError("Connection to Redis closed")
+            # Nothing written: for the limiter that is a call never sent (its _never_sent reads
+            # redis-py's wording), not one that may have run.
+            raise RedisConnectionError("Error connecting to Redis: the connection closed before the call")
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(answer)
         self._transport.write(packed)
