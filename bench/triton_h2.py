@@ -27,7 +27,7 @@ from typing import Any, cast
 import hpack
 from tritonclient.grpc import service_pb2
 
-from bench.triton_shared_stream import Inbox
+from bench.triton_shared_stream import Inbox, deliver, response_item
 from edge.upstreams.base import UpstreamError
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -226,18 +226,7 @@ class H2SharedStream(asyncio.Protocol):
             message = parse(bytes(g[at + 5 : at + 5 + length]))
             at += 5 + length
             self.messages += 1
-            response = message.infer_response
-            inbox = inboxes.get(response.id)
-            if inbox is None:
-                continue
-            item: tuple[list[int], bool] | BaseException
-            if message.error_message:
-                item = UpstreamError(f"{self._name}: {message.error_message}")
-            else:
-                item = _tokens(response)
-            if isinstance(item, BaseException) or item[1]:
-                del inboxes[response.id]
-            inbox.put(item)
+            deliver(inboxes, *response_item(self._name, message, _tokens))
         if at:
             del g[:at]
 

@@ -27,7 +27,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -65,6 +65,31 @@ def decode_response(response: Any) -> tuple[list[int], bool]:
     params = response.parameters
     final = params[_FINAL].bool_param if _FINAL in params else False
     return tokens, final
+
+
+Item = tuple[list[int], bool] | BaseException
+
+
+def response_item(
+    name: str, message: Any, decode: Callable[[Any], tuple[list[int], bool]] = decode_response
+) -> tuple[str, Item]:
+    """A ModelStreamInferResponse as (its request's wire id, what its Inbox gets): the decoded
+    tokens and final flag, or the replica's error."""
+    response = message.infer_response
+    if message.error_message:
+        return response.id, UpstreamError(f"{name}: {message.error_message}")
+    return response.id, decode(response)
+
+
+def deliver(inboxes: dict[str, Inbox], wire_id: str, item: Item) -> None:
+    """Hand `item` to its request's inbox, forgetting the request once it ended (final or error);
+    a response for a request no longer there (stopped, a cancelled tail) is dropped."""
+    inbox = inboxes.get(wire_id)
+    if inbox is None:
+        return
+    if isinstance(item, BaseException) or item[1]:
+        del inboxes[wire_id]
+    inbox.put(item)
 
 
 class Inbox:
@@ -161,13 +186,7 @@ class SharedStream:
         """Reader thread: decode each response here, hand the ready ones to the loop in batches."""
         try:
             for message in self._call:
-                response = message.infer_response
-                item: tuple[list[int], bool] | BaseException
-                if message.error_message:
-                    item = UpstreamError(f"{self._name}: {message.error_message}")
-                else:
-                    item = decode_response(response)
-                self._post(response.id, item)
+                self._post(*response_item(self._name, message))
             error: BaseException = UpstreamError(f"{self._name}: stream ended")
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
@@ -178,7 +197,7 @@ class SharedStream:
             error = UpstreamError(f"{self._name}: stream reader failed: {exc}")
         self._fail_all(error)
 
-    def _post(self, wire_id: str, item: tuple[list[int], bool] | BaseException) -> None:
+    def _post(self, wire_id: str, item: Item) -> None:
         with self._lock:
             first = not self._ready
             self._ready.append((wire_id, item))
@@ -195,14 +214,8 @@ class SharedStream:
         """On the loop: one call for everything the reader posted since the last one."""
         with self._lock:
             ready, self._ready = self._ready, []
-        inboxes = self._inboxes
         for wire_id, item in ready:
-            inbox = inboxes.get(wire_id)
-            if inbox is None:
-                continue  # stopped or finished: a late response (the stop's own, a cancelled tail)
-            if isinstance(item, BaseException) or item[1]:
-                del inboxes[wire_id]
-            inbox.put(item)
+            deliver(self._inboxes, wire_id, item)
 
     def _fail_all(self, error: BaseException) -> None:
         self.failed = error
@@ -281,18 +294,7 @@ class AioSharedStream:
         inboxes = self._inboxes
         try:
             async for message in self._call:
-                response = message.infer_response
-                inbox = inboxes.get(response.id)
-                if inbox is None:
-                    continue
-                item: tuple[list[int], bool] | BaseException
-                if message.error_message:
-                    item = UpstreamError(f"{self._name}: {message.error_message}")
-                else:
-                    item = decode_response(response)
-                if isinstance(item, BaseException) or item[1]:
-                    del inboxes[response.id]
-                inbox.put(item)
+                deliver(inboxes, *response_item(self._name, message))
             error: BaseException = UpstreamError(f"{self._name}: stream ended")
         except asyncio.CancelledError:
             error = UpstreamError(f"{self._name}: stream closed")

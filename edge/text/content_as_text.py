@@ -21,11 +21,11 @@ message (the lengths differ) cannot be read this way: the request is refused (Ch
 
 from __future__ import annotations
 
-import re
 import threading
 
 from tokenizers import Tokenizer
 
+from edge.text.added_tokens import added_token_pattern
 from edge.text.chat_template import ChatTemplate, ChatTemplateError
 
 Messages = list[dict[str, str]]
@@ -36,9 +36,7 @@ class ContentAsText:
         self._tokenizer = tokenizer
         self._template = template
         self._ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.content}
-        # Longest first: at one position the longest added token wins, as in the tokenizer.
-        names = sorted(self._ids, key=len, reverse=True)
-        self._added = re.compile("|".join(map(re.escape, names))) if names else None
+        self._added = added_token_pattern(self._ids) if self._ids else None
         # The copy that reads added tokens as text: built on first use (a copy of the vocabulary).
         self._as_text: Tokenizer | None = None
         self._lock = threading.Lock()

@@ -26,12 +26,13 @@ objects), least recently used first out.
 
 from __future__ import annotations
 
-import re
 import threading
 from array import array
 from collections import OrderedDict
 
 from tokenizers import Tokenizer
+
+from edge.text.added_tokens import added_token_pattern
 
 # The system prompts and recent histories of a few thousand users.
 MAX_CACHED_BYTES = 32 * 2**20
@@ -66,8 +67,7 @@ class PieceCache:
     ) -> None:
         self._tokenizer = tokenizer
         self._added = added
-        # Longest first: at one position the longest added token wins, as in the tokenizer.
-        self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._split = added_token_pattern(added)
         self._joiner, self._joiner_id = next(iter(added.items()))
         self._max_bytes = max_bytes
         self._bytes = 0
