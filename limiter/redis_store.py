@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -42,11 +41,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from limiter import policy, redis_url
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
 from limiter.call_batcher import CallBatcher
+from limiter.direct_calls import DirectCalls
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import STORE_BUSY
 from limiter.resp import pack_evalshas
-from limiter.resp_connection import RespConnection, open_connection
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
 from limiter.store_health import StoreHealth
@@ -92,24 +91,6 @@ def _never_sent(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError | RedisTimeoutError) and "connecting" in str(exc).lower()
 
 
-def _direct_target(client: Redis | RedisCluster) -> dict[str, Any] | None:
-    """Where the admit connection goes: a plain TCP server's address and credentials; None for a
-    Cluster, TLS or a Unix socket (redis-py's batched path serves those)."""
-    if not isinstance(client, Redis):
-        return None
-    pool = client.connection_pool
-    if pool.connection_class is not Connection:
-        return None
-    kw = pool.connection_kwargs
-    return {
-        "host": kw.get("host", "localhost"),
-        "port": int(kw.get("port", 6379)),
-        "username": kw.get("username"),
-        "password": kw.get("password"),
-        "db": int(kw.get("db", 0) or 0),
-    }
-
-
 class RedisLimiter:
     def __init__(
         self,
@@ -143,8 +124,8 @@ class RedisLimiter:
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
         # Charges and settles of concurrent callers share round trips (call_batcher.py), and so
-        # do admits where they cannot take the admit connection (a Cluster, TLS, a Unix socket;
-        # `_direct` below: on one plain server each admit is its own command, its reply waking
+        # do admits where they cannot take a direct connection (a Unix socket, a credential
+        # provider; `_direct` below: elsewhere each admit is its own command, its reply waking
         # its caller at once, the first token's wait). Batched admits keep one batch on the wire:
         # with client and Redis on shared cores, fewer, larger batches cost less CPU per decision
         # (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four in
@@ -186,12 +167,9 @@ class RedisLimiter:
             time.monotonic if now_override_us is None else lambda: now_override_us() / policy.MICROS
         )
         self._cluster_ready = not isinstance(client, RedisCluster)
-        # Admits on a connection of their own whose replies wake their callers directly
-        # (limiter/resp_connection.py), where the client is one plain TCP server; else batched.
-        self._direct = _direct_target(client)
-        self._direct_conn: RespConnection | None = None
-        self._direct_opening: asyncio.Lock = asyncio.Lock()
-        self._connect_timeout_s = connect_timeout_s
+        # Admits on connections of their own whose replies wake their callers directly
+        # (limiter/direct_calls.py): one server or a Cluster, plain or TLS; else batched.
+        self._direct = DirectCalls.for_client(client, self._admit, connect_timeout_s)
 
     @classmethod
     def from_url(
@@ -310,8 +288,8 @@ class RedisLimiter:
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
             fallback_allowed = self._fallback_allowed
-            if self._direct is not None:
-                reply = await self._call("admit", lambda: self._direct_evalsha(keys, args), epoch=epoch)
+            if (direct := self._direct) is not None:
+                reply = await self._call("admit", lambda: direct.call(keys, args), epoch=epoch)
             else:
                 reply = await self._admits.call(keys, args, epoch)
         except _NotSent:
@@ -347,27 +325,6 @@ class RedisLimiter:
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
         )
-
-    async def _direct_evalsha(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """The admit script's reply, on the admit connection (opened on first use, and again after
-        it was lost). NOSCRIPT (a restarted Redis): load it and send again; it did not run."""
-        conn = self._direct_conn
-        if conn is None or not conn.usable():
-            async with self._direct_opening:
-                conn = self._direct_conn
-                if conn is None or not conn.usable():
-                    assert self._direct is not None
-                    conn = self._direct_conn = await open_connection(
-                        **self._direct, timeout_s=self._connect_timeout_s
-                    )
-        packed = pack_evalshas(self._admit.sha, [(keys, args)])
-        reply = await conn.send(packed)
-        if isinstance(reply, NoScriptError):
-            await self._client.script_load(self._admit.script)
-            reply = await conn.send(packed)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
     def _admission(
         self,
@@ -564,8 +521,8 @@ class RedisLimiter:
         return results
 
     async def aclose(self) -> None:
-        if self._direct_conn is not None:
-            self._direct_conn.close()
+        if self._direct is not None:
+            self._direct.close()
         await self._admits.aclose()
         await self._charges.aclose()
         await self._settle_calls.aclose()

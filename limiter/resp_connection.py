@@ -22,6 +22,7 @@ run) and the next call opens a new one. Error replies are results, not raised: t
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from typing import Any
 
@@ -30,6 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from limiter.resp import pack_command
+
+CLIENT_NAME = "floodgate-admit"
 
 
 class RespConnection(asyncio.Protocol):
@@ -89,25 +92,32 @@ class RespConnection(asyncio.Protocol):
 
 
 async def open_connection(
-    host: str, port: int, *, username: str | None, password: str | None, db: int, timeout_s: float
+    host: str,
+    port: int,
+    *,
+    tls: ssl.SSLContext | None = None,
+    username: str | None,
+    password: str | None,
+    db: int,
+    timeout_s: float,
 ) -> RespConnection:
-    """Connected, authenticated and on `db`, within `timeout_s`. Any failure is redis-py's
-    "Error connecting" ConnectionError: nothing was sent (the limiter's _never_sent)."""
+    """Connected (over TLS with `tls`, the server's name checked as that context says),
+    authenticated, on `db` and named CLIENT_NAME (what `CLIENT LIST` shows), within `timeout_s`,
+    the set-up commands in one round trip. Any failure is redis-py's "Error connecting"
+    ConnectionError: nothing was sent (the limiter's _never_sent)."""
+    setup: list[tuple[str, ...]] = []
+    if password:
+        setup.append(("AUTH", username, password) if username else ("AUTH", password))
+    if db:
+        setup.append(("SELECT", str(db)))
+    setup.append(("CLIENT", "SETNAME", CLIENT_NAME))
     try:
         async with asyncio.timeout(timeout_s):
-            _, conn = await asyncio.get_running_loop().create_connection(RespConnection, host, port)
-            if password:
-                auth = ("AUTH", username, password) if username else ("AUTH", password)
-                await _expect_ok(conn, auth)
-            if db:
-                await _expect_ok(conn, ("SELECT", str(db)))
+            _, conn = await asyncio.get_running_loop().create_connection(RespConnection, host, port, ssl=tls)
+            replies = await asyncio.gather(*(conn.send(pack_command(*words)) for words in setup))
+            if errors := [r for r in replies if isinstance(r, Exception)]:
+                conn.close()
+                raise errors[0]
     except (OSError, TimeoutError, ResponseError, RedisConnectionError) as exc:
         raise RedisConnectionError(f"Error connecting to Redis at {host}:{port}: {exc!r}") from exc
     return conn
-
-
-async def _expect_ok(conn: RespConnection, command: tuple[str, ...]) -> None:
-    reply = await conn.send(pack_command(*command))
-    if isinstance(reply, Exception):
-        conn.close()
-        raise reply

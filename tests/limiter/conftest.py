@@ -7,6 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.tls_files import TlsFiles, make_tls_files
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """A CA and a certificate for 127.0.0.1, for servers started with TLS."""
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="session")

@@ -1,38 +1,65 @@
-"""The same scripts on a 3-node Redis Cluster the test starts: every user's keys share one slot,
-users spread over the nodes, and the counts hold under concurrency."""
+"""The same scripts on a 3-node Redis Cluster the test starts, plain and TLS-only (production's
+ElastiCache has both cluster mode and TLS required): every user's keys share one slot, users
+spread over the nodes, admits go on the limiter's own connection to the node holding the slot
+(limiter/direct_calls.py), and the counts hold under concurrency, across a slot's move to another
+node and across a node's loss."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import RedisCluster
 
-from limiter.factory import create_limiter
+from limiter.base import StoreUnavailable
 from limiter.lease import Lease
 from limiter.redis_store import RedisLimiter, user_keys
+from limiter.resp_connection import CLIENT_NAME
+from limiter.scripts import script_text
 from tests.limiter.tiers import tier
-from tests.support.redis_server import RedisClusterServers, start_redis_cluster
+from tests.support.redis_server import RedisClusterServers, RedisServer, start_redis_cluster
+from tests.support.tls_files import TlsFiles
 
+pytestmark = pytest.mark.anyio
 USERS = 8
 ATTEMPTS = 40
 LIMIT = 5
+SETTLE_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = start_redis_cluster(3)
+@pytest.fixture(scope="module", params=["plain", "tls"])
+def cluster(request: pytest.FixtureRequest, tls_files: TlsFiles) -> Iterator[RedisClusterServers]:
+    servers = start_redis_cluster(3, tls=tls_files if request.param == "tls" else None)
     yield servers
     servers.stop()
 
 
-@pytest.mark.anyio
-async def test_cluster_runs_the_scripts_and_the_counts_hold(cluster: RedisClusterServers) -> None:
-    limiter = create_limiter("redis", cluster.url.replace("redis://", "redis+cluster://"), 5000, 1)
-    assert isinstance(limiter, RedisLimiter)
-    probe = RedisCluster.from_url(cluster.url)
+@pytest.fixture
+async def probe(cluster: RedisClusterServers) -> AsyncIterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster.url)
+    yield client
+    await client.aclose()
+
+
+def _node_holding(cluster: RedisClusterServers, probe: RedisCluster, user: str) -> RedisServer:
+    node = probe.get_node_from_key(user_keys(user)[0])
+    assert node is not None
+    return next(server for server in cluster.nodes if server.port == int(node.port))
+
+
+def _admits_on_own_connection(node: RedisServer) -> bool:
+    """The node has the limiter's admit connection, and its last command was the admit script."""
+    return any(c["name"] == CLIENT_NAME and c["cmd"] == "evalsha" for c in node.clients())
+
+
+async def test_cluster_runs_the_scripts_and_the_counts_hold(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    await probe.initialize()
     users = [f"c-{uuid.uuid4().hex}" for _ in range(USERS)]
     limits = tier(requests=LIMIT, request_window_s=3600, tokens=10**6, token_window_s=86400)
     try:
@@ -44,16 +71,120 @@ async def test_cluster_runs_the_scripts_and_the_counts_hold(cluster: RedisCluste
             mine = [a for a in admissions if a.lease is not None and a.lease._user == user]
             assert len(mine) == LIMIT
 
-        # One slot per user (scripts may touch only keys of one slot), users on several nodes.
+        # One slot per user (scripts may touch only keys of one slot), users on several nodes, each
+        # node's admits on the limiter's own connection to it.
         slots = {user: {await probe.cluster_keyslot(key) for key in user_keys(user)} for user in users}
         assert all(len(user_slots) == 1 for user_slots in slots.values())
-        nodes = {probe.get_node_from_key(user_keys(user)[0]).name for user in users}
-        assert len(nodes) > 1
+        holders = {
+            _node_holding(cluster, probe, user).port: _node_holding(cluster, probe, user) for user in users
+        }
+        assert len(holders) > 1
+        assert all(_admits_on_own_connection(node) for node in holders.values())
 
         lease = next(a.lease for a in admissions if isinstance(a.lease, Lease))
         assert await lease.take(200) == 100  # charged up to max_output_tokens on its node
         await lease.settle()
         assert await probe.zcard(user_keys(lease._user)[2]) == LIMIT - 1
     finally:
-        await probe.aclose()
         await limiter.aclose()
+
+
+def _node_id(node: RedisServer) -> str:
+    return node.command("CLUSTER", "MYID").decode().split("\r\n")[1]
+
+
+def _ok(reply: bytes) -> None:
+    assert reply.startswith(b"+OK"), reply
+
+
+async def test_a_slot_moved_to_another_node_is_followed_and_its_counts_hold(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """The limiter's slot map says the user is on one node; the slot moves (keys and all, as a
+    resharding does): the next admit is answered MOVED there, goes where the slot now is, and counts
+    on what the first node had counted."""
+    await probe.initialize()
+    user = f"m-{uuid.uuid4().hex}"
+    limits = tier(requests=2, request_window_s=3600)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    try:
+        assert (await limiter.admit(user, "r1", limits, 10, 10)).decision.allowed
+        source = _node_holding(cluster, probe, user)
+        target = next(node for node in cluster.nodes if node is not source)
+        slot = str(probe.keyslot(user_keys(user)[0]))
+        source_id, target_id = _node_id(source), _node_id(target)
+        _ok(target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id))
+        _ok(source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id))
+        keys = [
+            k
+            for k in source.command("CLUSTER", "GETKEYSINSLOT", slot, "100").decode().split("\r\n")
+            if "{" in k
+        ]
+        assert keys  # the first admit's counts
+        _ok(source.command("MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *keys))
+        _ok(target.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
+        _ok(source.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
+
+        assert (await limiter.admit(user, "r2", limits, 10, 10)).decision.allowed
+        third = await limiter.admit(user, "r3", limits, 10, 10)
+        assert not third.decision.allowed and third.decision.limit == "requests"
+        assert not limiter.fallback_active  # Redis answered all three
+        assert _admits_on_own_connection(target)  # the third went straight to the slot's new node
+    finally:
+        await limiter.aclose()
+
+
+def _wait_cluster_ok(nodes: list[RedisServer]) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while not all(b"cluster_state:ok" in node.command("CLUSTER", "INFO") for node in nodes):
+        assert time.monotonic() < deadline, "the cluster did not recover"
+        time.sleep(0.05)
+
+
+async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhere() -> None:
+    """A node dies; while its slots are unserved its users' admits are a store failure (this tier
+    fails closed); once another node serves them (here the operator's CLUSTER ADDSLOTS, in
+    production a replica's promotion) the limiter reloads the slot map and admits there. Nothing
+    else reloads it here: this instance counted nothing on the lost node, so its restore after
+    the failure touches only the live ones."""
+    cluster = start_redis_cluster(3)
+    probe = RedisCluster.from_url(cluster.url)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=2000, cluster=True, backoff_s=0)
+    try:
+        await probe.initialize()
+        seed = cluster.nodes[0]  # the URL's node stays up: maps are reloaded from it
+        users = (f"f-{uuid.uuid4().hex}" for _ in range(1000))
+        user = next(u for u in users if _node_holding(cluster, probe, u) is not seed)
+        lost = _node_holding(cluster, probe, user)
+        elsewhere = next(u for u in users if _node_holding(cluster, probe, u) not in (lost,))
+        assert (await limiter.admit(elsewhere, "e1", tier(), 10, 10)).decision.allowed  # the map, loaded
+        # As on a cluster that ran a while: every script already loaded everywhere (else the
+        # restore's SCRIPT LOAD, to every primary, would reach the lost node and reload the map).
+        await probe.script_load(script_text("restore"))
+
+        lost_id = _node_id(lost)
+        ranges = next(
+            line.split()[8:]
+            for line in lost.command("CLUSTER", "NODES").decode().splitlines()
+            if "myself" in line
+        )
+        lost.kill()
+        closed = tier(on_store_failure="closed")
+        with pytest.raises(StoreUnavailable):
+            await limiter.admit(user, "r1", closed, 10, 10)
+
+        survivors = [node for node in cluster.nodes if node is not lost]
+        for node in survivors:
+            _ok(node.command("CLUSTER", "FORGET", lost_id))
+        bounds = [str(b) for r in ranges for b in (r.split("-") if "-" in r else (r, r))]
+        _ok(survivors[0].command("CLUSTER", "ADDSLOTSRANGE", *bounds))
+        _wait_cluster_ok(survivors)
+
+        admitted = await limiter.admit(user, "r2", closed, 10, 10)
+        assert admitted.decision.allowed and not limiter.fallback_active
+        assert _admits_on_own_connection(survivors[0])
+        assert await probe.exists(user_keys(user)[2])  # the user's slots, on the node now serving them
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
+        cluster.stop()

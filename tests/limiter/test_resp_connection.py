@@ -1,13 +1,14 @@
 """limiter/resp_connection.py against a real redis-server: every caller gets its own reply however many
 share the connection, one that gave up does not shift the others', error replies are values, a
 lost connection fails whoever waits, and the limiter admits through it on a server with a password
-and a database of its own."""
+and a database of its own, and on a TLS-only server whose certificate it checks."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -16,10 +17,11 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from limiter.redis_store import RedisLimiter, _never_sent, user_keys
 from limiter.resp import pack_command
-from limiter.resp_connection import RespConnection, open_connection
+from limiter.resp_connection import CLIENT_NAME, RespConnection, open_connection
 from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.tls_files import TlsFiles, make_tls_files
 
 pytestmark = pytest.mark.anyio
 PASSWORD = "s3cret-" + secrets.token_hex(4)
@@ -112,4 +114,42 @@ async def test_the_limiter_admits_on_a_server_with_a_password_and_a_database_of_
     finally:
         await limiter.aclose()
         await raw.aclose()
+        server.kill()
+
+
+def _admit_connections(server: RedisServer) -> list[dict[str, str]]:
+    return [c for c in server.clients() if c["name"] == CLIENT_NAME]
+
+
+async def test_the_limiter_admits_over_tls_on_its_own_connection(tls_files: TlsFiles) -> None:
+    server = start_redis(tls=tls_files)  # no plain port: whatever answers, answered over TLS
+    limiter = RedisLimiter.from_url(server.url, timeout_ms=2000)
+    try:
+        admissions = await asyncio.gather(
+            *(
+                limiter.admit("tia", f"req-{i}", tier(requests=3, request_window_s=3600), 10, 10)
+                for i in range(5)
+            )
+        )
+        assert [a.decision.allowed for a in admissions].count(True) == 3
+        assert not limiter.fallback_active
+        (admit_connection,) = _admit_connections(server)
+        assert admit_connection["cmd"] == "evalsha"
+    finally:
+        await limiter.aclose()
+        server.kill()
+
+
+async def test_a_server_certificate_from_another_authority_is_refused(
+    tls_files: TlsFiles, tmp_path: Path
+) -> None:
+    server = start_redis(tls=tls_files)
+    stranger = make_tls_files(tmp_path)  # the client trusts only this other CA
+    limiter = RedisLimiter.from_url(server.url.replace(str(tls_files.ca), str(stranger.ca)), timeout_ms=2000)
+    try:
+        admitted = await limiter.admit("tom", "req-1", tier(), 10, 10)
+        assert admitted.decision.allowed and limiter.fallback_active  # the local fallback answered
+        assert _admit_connections(server) == []
+    finally:
+        await limiter.aclose()
         server.kill()

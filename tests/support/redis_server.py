@@ -4,12 +4,14 @@ ports, with nothing persisted. Skips the calling test when no redis-server binar
     server = start_redis()              # server.url, server.port; server.stop() / server.kill()
     again = start_redis(server.port)    # a restart on the same port (after kill())
     cluster = start_redis_cluster(3)    # cluster.url (any node), cluster.nodes, cluster.stop()
+    secure = start_redis(tls=files)     # TLS only (no plain port): a rediss:// url trusting files.ca
 """
 
 from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.tls_files import TlsFiles
 
 START_TIMEOUT_S = 10.0
 _READY_LINE = "Ready to accept connections"
@@ -40,7 +43,17 @@ class RedisServer:
     port: int
     process: subprocess.Popen[str]
     workdir: Path
+    tls: TlsFiles | None = None
     log: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+
+    def command(self, *words: str) -> bytes:
+        """One command's raw reply, on a connection of its own (TLS where the server is)."""
+        return _command(self.port, *words, tls=self.tls)
+
+    def clients(self) -> list[dict[str, str]]:
+        """CLIENT LIST: each connection's fields (name, cmd: its last command, ...)."""
+        lines = self.command("CLIENT", "LIST").decode().split("\r\n")[1].splitlines()
+        return [dict(field.split("=", 1) for field in line.split() if "=" in field) for line in lines]
 
     def stop(self) -> None:
         """Shut down cleanly (SIGTERM) and wait for the process to exit."""
@@ -77,60 +90,82 @@ def _drain(process: subprocess.Popen[str], log: deque[str], ready: threading.Eve
 
 
 def start_redis(
-    port: int | None = None, *, cluster: bool = False, extra_args: Sequence[str] = ()
+    port: int | None = None,
+    *,
+    cluster: bool = False,
+    tls: TlsFiles | None = None,
+    extra_args: Sequence[str] = (),
 ) -> RedisServer:
-    """Start redis-server on 127.0.0.1:`port` (a free one when None) and wait until it answers."""
+    """Start redis-server on 127.0.0.1:`port` (a free one when None) and wait until it answers.
+    With `tls` it listens for TLS only on that port (as ElastiCache with transit encryption
+    "required" does), clients need no certificate of their own, and a Cluster's bus is TLS too."""
     binary = _binary("redis-server")
     port = port or free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"redis-{port}-"))
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args += ["--dir", str(workdir), "--logfile", ""]
+    if tls is None:
+        args += ["--port", str(port)]
+        url = f"redis://127.0.0.1:{port}/0"
+    else:
+        args += ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+        args += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
+        args += ["--tls-ca-cert-file", str(tls.ca)]
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls.ca}"
     if cluster:
         # An explicit bus port: the default (port + 10000) overflows for high ephemeral ports.
         args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]
         args += ["--cluster-config-file", str(workdir / "nodes.conf")]
+        if tls is not None:
+            args += ["--tls-cluster", "yes"]
     args += list(extra_args)
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    server = RedisServer(url=f"redis://127.0.0.1:{port}/0", port=port, process=process, workdir=workdir)
+    server = RedisServer(url=url, port=port, process=process, workdir=workdir, tls=tls)
     ready = threading.Event()
     threading.Thread(target=_drain, args=(process, server.log, ready), daemon=True).start()
-    if not ready.wait(START_TIMEOUT_S) or not _ping(port):
+    if not ready.wait(START_TIMEOUT_S) or not _ping(port, tls):
         server.kill()
         raise RuntimeError(f"redis-server on port {port} did not start:\n" + "\n".join(server.log))
     return server
 
 
-def _command(port: int, *words: str) -> bytes:
+def _command(port: int, *words: str, tls: TlsFiles | None = None) -> bytes:
     request = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
-    with socket.create_connection(("127.0.0.1", port), timeout=START_TIMEOUT_S) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=START_TIMEOUT_S) as plain:
+        sock = plain
+        if tls is not None:
+            sock = ssl.create_default_context(cafile=str(tls.ca)).wrap_socket(
+                plain, server_hostname="127.0.0.1"
+            )
         sock.sendall(request.encode())
         return sock.recv(65536)
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, tls: TlsFiles | None = None) -> bool:
     """It answers: PONG, or NOAUTH from a server started with a password (--requirepass)."""
-    reply = _command(port, "PING")
+    reply = _command(port, "PING", tls=tls)
     return reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
 
 
-def start_redis_cluster(n: int = 3) -> RedisClusterServers:
-    """Start `n` cluster-enabled servers, join them as `n` primaries with no replicas, and wait
-    until every node reports cluster_state:ok."""
+def start_redis_cluster(n: int = 3, *, tls: TlsFiles | None = None) -> RedisClusterServers:
+    """Start `n` cluster-enabled servers (TLS only with `tls`), join them as `n` primaries with no
+    replicas, and wait until every node reports cluster_state:ok."""
     cli = _binary("redis-cli")
     nodes: list[RedisServer] = []
+    tls_args = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
     try:
         for _ in range(n):
-            nodes.append(start_redis(cluster=True))
+            nodes.append(start_redis(cluster=True, tls=tls))
         addresses = [f"127.0.0.1:{node.port}" for node in nodes]
         subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [cli, *tls_args, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
             check=True,
             capture_output=True,
             timeout=START_TIMEOUT_S * 3,
         )
         deadline = time.monotonic() + START_TIMEOUT_S * 3
         # Gossip needs a moment to spread the slot map; poll the condition, bounded.
-        while not all(b"cluster_state:ok" in _command(node.port, "CLUSTER", "INFO") for node in nodes):
+        while not all(b"cluster_state:ok" in node.command("CLUSTER", "INFO") for node in nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("redis cluster did not reach cluster_state:ok")
             time.sleep(0.05)
@@ -138,4 +173,4 @@ def start_redis_cluster(n: int = 3) -> RedisClusterServers:
         for node in nodes:
             node.kill()
         raise
-    return RedisClusterServers(url=f"redis://127.0.0.1:{nodes[0].port}/0", nodes=nodes)
+    return RedisClusterServers(url=nodes[0].url, nodes=nodes)

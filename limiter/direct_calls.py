@@ -1,0 +1,188 @@
+"""Admits on connections of their own, one per Redis node: the admit's round trip, everywhere.
+
+resp_connection.py is one such connection (a reply wakes its caller in `data_received`: one pass
+of the event loop where redis-py took three). Its first version served one plain TCP server only,
+and production's Redis is neither: iac/modules/redis deploys an ElastiCache Cluster with TLS
+required, where every admit still went through redis-py's cluster client, one call each. Here the
+connections follow the client they sit beside, with redis-py's own settings for each node (its TLS
+context, built by redis-py from the same options, so verification is the same; credentials; the
+database): the one server a plain client names, or on a Cluster the node that holds the user's
+slot (all of a user's keys share one hash tag, so one node runs the whole script).
+
+On a Cluster the slot map is redis-py's (the client's nodes manager):
+- A reply saying the slot is elsewhere or busy (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did
+  not run) sends that one call through redis-py, which follows the redirect and updates the map
+  the next call reads.
+- A node lost or refusing fails the call (the limiter's store-failure policy answers), and the
+  next call first reloads the map from the cluster: after a failover it finds the new primary.
+
+Unix sockets and credential providers stay on redis-py's path (None from `for_client`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError, SlotNotCoveredError
+
+from limiter.resp import pack_command, pack_evalshas
+from limiter.resp_connection import RespConnection, open_connection
+
+# Error replies a Cluster node gives before running anything: the call belongs elsewhere (MOVED,
+# ASK) or not now (TRYAGAIN during a slot's migration, CLUSTERDOWN during a failover).
+_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One node as redis-py would reach it."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None
+    username: str | None
+    password: str | None
+    db: int
+
+    @classmethod
+    def of(cls, connection_class: type, kwargs: dict[str, Any]) -> Endpoint | None:
+        """From a pool's or cluster node's connection class and options; None where this module
+        cannot connect as redis-py would."""
+        if not _reachable(connection_class, kwargs):
+            return None
+        if connection_class is SSLConnection:
+            # redis-py's own context for these options (CA, verification, hostname check, client
+            # certificate): constructing the connection opens nothing.
+            tls: ssl.SSLContext | None = SSLConnection(**kwargs).ssl_context.get()
+        else:
+            tls = None
+        return cls(
+            host=kwargs.get("host", "localhost"),
+            port=int(kwargs.get("port", 6379)),
+            tls=tls,
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            db=int(kwargs.get("db", 0) or 0),
+        )
+
+
+def _reachable(connection_class: type, kwargs: dict[str, Any]) -> bool:
+    """TCP, plain or TLS, with a fixed password if any (not a Unix socket or a credential provider)."""
+    return connection_class in (Connection, SSLConnection) and kwargs.get("credential_provider") is None
+
+
+class DirectCalls:
+    """One script's calls, each on the connection to the node that runs it."""
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        script: AsyncScript,
+        connect_timeout_s: float,
+        single: Endpoint | None,
+    ) -> None:
+        self._client = client
+        self._script = script
+        text = script.script
+        self._load = pack_command("SCRIPT", "LOAD", text if isinstance(text, str) else bytes(text).decode())
+        self._connect_timeout_s = connect_timeout_s
+        self._single = single  # the one server, when the client is not a Cluster
+        self._endpoints: dict[str, Endpoint | None] = {}  # a cluster node's name: how to reach it
+        self._conns: dict[tuple[str, int], RespConnection] = {}
+        self._opening = asyncio.Lock()
+        self._reload_slots = False
+
+    @classmethod
+    def for_client(
+        cls, client: Redis | RedisCluster, script: AsyncScript, connect_timeout_s: float
+    ) -> DirectCalls | None:
+        if isinstance(client, RedisCluster):
+            kwargs = client.nodes_manager.connection_kwargs
+            if not _reachable(kwargs.get("connection_class", Connection), kwargs):
+                return None
+            return cls(client, script, connect_timeout_s, None)
+        pool = client.connection_pool
+        single = Endpoint.of(pool.connection_class, dict(pool.connection_kwargs))
+        return None if single is None else cls(client, script, connect_timeout_s, single)
+
+    async def call(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """The script's reply; an error reply is raised. NOSCRIPT (a restarted node): load it there
+        and send again, it did not run."""
+        try:
+            conn = await self._connection(keys[0])
+        except RedisConnectionError:
+            self._reload_slots = self._single is None
+            raise
+        except SlotNotCoveredError:
+            conn = None  # the map has a hole (a failover under way): redis-py reloads it and retries
+        if conn is None:  # or a cluster node this module cannot reach as redis-py would
+            return await self._script(keys=keys, args=args)
+        packed = pack_evalshas(self._script.sha, [(keys, args)])
+        try:
+            reply = await conn.send(packed)
+            if isinstance(reply, NoScriptError):
+                loaded = await conn.send(self._load)
+                if isinstance(loaded, Exception):
+                    raise loaded
+                reply = await conn.send(packed)
+        except RedisConnectionError:
+            self._reload_slots = self._single is None
+            raise
+        if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
+            return await self._script(keys=keys, args=args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _connection(self, key: str) -> RespConnection | None:
+        endpoint = self._single if self._single is not None else await self._node_for(key)
+        if endpoint is None:
+            return None
+        address = (endpoint.host, endpoint.port)
+        conn = self._conns.get(address)
+        if conn is not None and conn.usable():
+            return conn
+        async with self._opening:
+            conn = self._conns.get(address)
+            if conn is None or not conn.usable():
+                conn = self._conns[address] = await open_connection(
+                    endpoint.host,
+                    endpoint.port,
+                    tls=endpoint.tls,
+                    username=endpoint.username,
+                    password=endpoint.password,
+                    db=endpoint.db,
+                    timeout_s=self._connect_timeout_s,
+                )
+        return conn
+
+    async def _node_for(self, key: str) -> Endpoint | None:
+        assert isinstance(self._client, RedisCluster)
+        if self._reload_slots:
+            async with self._opening:
+                if self._reload_slots:
+                    # Bounded by the limiter's call timeout around us; on failure the flag stays.
+                    await self._client.nodes_manager.initialize()
+                    self._reload_slots = False
+                    self._endpoints.clear()
+        node = self._client.get_node_from_key(key)
+        if node is None:
+            return None
+        try:
+            return self._endpoints[node.name]
+        except KeyError:
+            endpoint = self._endpoints[node.name] = Endpoint.of(node.connection_class, node.connection_kwargs)
+            return endpoint
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
