@@ -104,11 +104,14 @@ class RedisLimiter:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_wait_s: float = DEFAULT_POOL_WAIT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        direct_admits: bool = True,
         now_override_us: Callable[[], int] | None = None,
     ) -> None:
         """`timeout_ms` bounds Redis's answer to one call (the client's socket timeout should be
-        the same: from_url sets it); `now_override_us` is for tests only: the scripts then take
-        this time instead of Redis TIME, so a test can drive Redis and the twin together."""
+        the same: from_url sets it); `direct_admits=False` sends admits through redis-py as
+        charges and settles go (bench/limiter_paths.py measures both); `now_override_us` is for
+        tests only: the scripts then take this time instead of Redis TIME, so a test can drive
+        Redis and the twin together."""
         self._client = client
         self._timeout_s = timeout_ms / 1000
         # Connect, then at worst EVALSHA, SCRIPT LOAD and EVALSHA again (NOSCRIPT after a restart).
@@ -169,7 +172,9 @@ class RedisLimiter:
         self._cluster_ready = not isinstance(client, RedisCluster)
         # Admits on connections of their own whose replies wake their callers directly
         # (limiter/direct_calls.py): one server or a Cluster, plain or TLS; else batched.
-        self._direct = DirectCalls.for_client(client, self._admit, connect_timeout_s)
+        self._direct = (
+            DirectCalls.for_client(client, self._admit, connect_timeout_s) if direct_admits else None
+        )
 
     @classmethod
     def from_url(

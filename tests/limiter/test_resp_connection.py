@@ -90,6 +90,27 @@ async def test_a_lost_connection_fails_whoever_waits_and_refuses_new_calls() -> 
         server.kill()
 
 
+async def test_commands_of_one_pass_leave_together_and_a_loss_before_that_is_a_call_never_sent(
+    redis_server: RedisServer,
+) -> None:
+    conn = await _open(redis_server)
+    try:
+        first, second = conn.send(pack_command("ECHO", "a")), conn.send(pack_command("ECHO", "b"))
+        assert await asyncio.gather(first, second) == [b"a", b"b"]
+        sent = conn.send(pack_command("DEBUG", "SLEEP", "0.1"))
+        await asyncio.sleep(0)  # the pass ends: written
+        unsent = conn.send(pack_command("ECHO", "c"))  # waits for this pass's write
+        conn.connection_lost(ConnectionResetError())  # as the transport reports a reset
+        with pytest.raises(RedisConnectionError) as lost:
+            await sent
+        assert not _never_sent(lost.value)  # it went out: it may have run
+        with pytest.raises(RedisConnectionError) as never:
+            await unsent
+        assert _never_sent(never.value)  # it never left this process
+    finally:
+        conn.close()
+
+
 async def test_a_refused_connection_is_an_error_connecting() -> None:
     with pytest.raises(RedisConnectionError, match="Error connecting"):
         await open_connection("127.0.0.1", free_port(), username=None, password=None, db=0, timeout_s=5)

@@ -1,0 +1,228 @@
+"""The admit's two paths side by side, on each kind of Redis the edge meets.
+
+    .venv/bin/python -m bench.limiter_paths [--decisions N] [--concurrency C] [--rounds R] [--out F]
+
+For each Redis (one server plain, one server TLS-only, a 3-node Cluster plain, the same TLS-only:
+production's ElastiCache is the last), started on free loopback ports with a throwaway CA, the
+limiter makes decisions (admit, then settle) with admits on its own connections
+(limiter/direct_calls.py) and with admits through redis-py (`direct_admits=False`: batched on one
+server, one call each on a Cluster, the path every admit took there before), in alternating rounds
+so a change in the machine's load moves both alike. Reported per Redis and path: decisions/s, the
+admit's p50 / p99 (what a request waits before its stream opens) and CPU per decision (this
+process plus every redis-server, from /proc). Writes a markdown table with the machine to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.limiter import TIER, _machine, _percentile
+from limiter.redis_store import RedisLimiter
+from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
+from tests.support.tls_files import TlsFiles, make_tls_files
+
+USERS = 10_000
+PATHS = ("own connections", "redis-py")
+
+
+@dataclass
+class Setup:
+    name: str
+    url: str
+    cluster: bool
+    servers: list[RedisServer]
+
+
+@dataclass
+class Sample:
+    per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+
+
+class _Cpu:
+    """CPU seconds of this process and of every redis-server over a stretch of work."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+        self._start = self._now()
+
+    def _now(self) -> float:
+        total = time.process_time()
+        for pid in self._pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def us_per(self, operations: int) -> float:
+        return (self._now() - self._start) * 1e6 / operations
+
+
+async def _decisions(limiter: RedisLimiter, decisions: int, clients: int, pids: list[int]) -> Sample:
+    admit_ms: list[float] = []
+    per_client = decisions // clients
+    run = uuid.uuid4().hex[:8]
+
+    async def client(c: int) -> None:
+        for i in range(per_client):
+            user = f"user-{(c * per_client + i) % USERS}"
+            started = time.perf_counter()
+            admission = await limiter.admit(user, f"{run}-{c}-{i}", TIER, 100, 0)
+            admit_ms.append((time.perf_counter() - started) * 1000)
+            assert admission.decision.allowed and admission.lease is not None
+            await admission.lease.settle()
+
+    cpu = _Cpu(pids)
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    wall = time.perf_counter() - started
+    assert not limiter.fallback_active
+    return Sample(
+        len(admit_ms) / wall,
+        _percentile(admit_ms, 0.5),
+        _percentile(admit_ms, 0.99),
+        cpu.us_per(len(admit_ms)),
+    )
+
+
+def _setups(tls: TlsFiles) -> list[Callable[[], Setup]]:
+    def single(secure: bool) -> Setup:
+        server = start_redis(tls=tls if secure else None)
+        return Setup(f"one server, {'TLS' if secure else 'plain'}", server.url, False, [server])
+
+    def cluster(secure: bool) -> Setup:
+        servers = start_redis_cluster(3, tls=tls if secure else None)
+        return Setup(f"3-node Cluster, {'TLS' if secure else 'plain'}", servers.url, True, servers.nodes)
+
+    return [lambda: single(False), lambda: single(True), lambda: cluster(False), lambda: cluster(True)]
+
+
+async def _measure(
+    setup: Setup, decisions: int, concurrency: int, rounds: int
+) -> dict[tuple[str, int], list[Sample]]:
+    pids = [server.process.pid for server in setup.servers]
+    samples: dict[tuple[str, int], list[Sample]] = {}
+    limiters = {
+        path: RedisLimiter.from_url(
+            setup.url,
+            timeout_ms=5000,
+            cluster=setup.cluster,
+            max_connections=concurrency,
+            direct_admits=path == PATHS[0],
+        )
+        for path in PATHS
+    }
+    try:
+        for limiter in limiters.values():
+            # Warm-up at full concurrency: connections (TLS handshakes cost milliseconds of CPU
+            # each), scripts, the slot map; the rounds then measure the steady state.
+            await _decisions(limiter, concurrency * 40, concurrency, pids)
+        for clients in (1, concurrency):
+            for _ in range(rounds):
+                for path in PATHS:
+                    count = decisions // 4 if clients == 1 else decisions
+                    samples.setdefault((path, clients), []).append(
+                        await _decisions(limiters[path], count, clients, pids)
+                    )
+    finally:
+        for limiter in limiters.values():
+            await limiter.aclose()
+    return samples
+
+
+def _row(name: str, path: str, clients: int, runs: list[Sample]) -> str:
+    def med(f: Callable[[Sample], float]) -> float:
+        return statistics.median(f(s) for s in runs)
+
+    return (
+        f"| {name} | {path} | {clients} | {med(lambda s: s.per_s):,.0f} | {med(lambda s: s.p50_ms):.3f} | "
+        f"{med(lambda s: s.p99_ms):.3f} | {med(lambda s: s.cpu_us):.0f} |"
+    )
+
+
+def _ratio_row(name: str, clients: int, ours: list[Sample], theirs: list[Sample]) -> str:
+    def pairs(f: Callable[[Sample], float]) -> str:
+        values = [f(a) / f(b) for a, b in zip(ours, theirs, strict=True)]
+        return f"{statistics.median(values):.2f}x ({', '.join(f'{v:.2f}' for v in values)})"
+
+    return (
+        f"| {name} | {clients} | {pairs(lambda s: s.per_s)} | {pairs(lambda s: s.p50_ms)} | "
+        f"{pairs(lambda s: s.p99_ms)} | {pairs(lambda s: s.cpu_us)} |"
+    )
+
+
+async def run(decisions: int, concurrency: int, rounds: int) -> tuple[list[str], list[str]]:
+    rows: list[str] = []
+    ratios: list[str] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        tls = make_tls_files(Path(workdir))
+        for make in _setups(tls):
+            setup = make()
+            try:
+                samples = await _measure(setup, decisions, concurrency, rounds)
+            finally:
+                for server in setup.servers:
+                    server.kill()
+            for clients in (1, concurrency):
+                for path in PATHS:
+                    rows.append(_row(setup.name, path, clients, samples[(path, clients)]))
+                ratios.append(
+                    _ratio_row(
+                        setup.name, clients, samples[(PATHS[0], clients)], samples[(PATHS[1], clients)]
+                    )
+                )
+            print("\n".join(rows[-4:]), flush=True)
+    return rows, ratios
+
+
+def main() -> None:
+    machine = _machine()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--decisions", type=int, default=8000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="docs/bench-limiter-paths.md")
+    args = parser.parse_args()
+    rows, ratios = asyncio.run(run(args.decisions, args.concurrency, args.rounds))
+    table = "\n".join(
+        [
+            "| Redis | admits | callers | decisions/s | admit p50 ms | admit p99 ms | CPU µs / decision |",
+            "|---|---|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    ratio_table = "\n".join(
+        [
+            "| Redis | callers | decisions/s | admit p50 | admit p99 | CPU / decision |",
+            "|---|---:|---:|---:|---:|---:|",
+            *ratios,
+        ]
+    )
+    print(ratio_table)
+    Path(args.out).write_text(
+        "# The admit's paths on each kind of Redis\n\n"
+        f"`.venv/bin/python -m bench.limiter_paths --decisions {args.decisions} --concurrency "
+        f"{args.concurrency} --rounds {args.rounds}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
+        f"Machine: {machine}. The Python client and every redis-server share the machine.\n\n"
+        "One decision = admit + settle. *Own connections*: admits on the limiter's own connection to "
+        "the node holding the user's slot (limiter/direct_calls.py); *redis-py*: admits through "
+        "redis-py, batched on one server, one call each on a Cluster. Settles go through redis-py "
+        "on both. Medians of the alternating rounds; one caller makes a quarter of the decisions.\n\n"
+        f"{table}\n\nOwn connections over redis-py, pair by pair (median, then each round):\n\n"
+        f"{ratio_table}\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
