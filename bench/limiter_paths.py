@@ -1,12 +1,13 @@
-"""The admit's two paths side by side, on each kind of Redis the edge meets.
+"""The limiter's two paths to Redis side by side, on each kind of Redis the edge meets.
 
     .venv/bin/python -m bench.limiter_paths [--decisions N] [--concurrency C] [--rounds R] [--out F]
 
 For each Redis (one server plain, one server TLS-only, a 3-node Cluster plain, the same TLS-only:
 production's ElastiCache is the last), started on free loopback ports with a throwaway CA, the
-limiter makes decisions (admit, then settle) with admits on its own connections
-(limiter/direct_calls.py) and with admits through redis-py (`direct_admits=False`: batched on one
-server, one call each on a Cluster, the path every admit took there before), in alternating rounds
+limiter makes decisions (admit, then settle) on its own connections (limiter/direct_calls.py:
+admits on one server; every call on a Cluster) and through redis-py (`own_connections=False`:
+batched on one server, one call each on a Cluster, the path every call took there before), in
+alternating rounds
 so a change in the machine's load moves both alike. Reported per Redis and path: decisions/s, the
 admit's p50 / p99 (what a request waits before its stream opens) and CPU per decision (this
 process plus every redis-server, from /proc). Writes a markdown table with the machine to --out.
@@ -118,7 +119,7 @@ async def _measure(
             timeout_ms=5000,
             cluster=setup.cluster,
             max_connections=concurrency,
-            direct_admits=path == PATHS[0],
+            own_connections=path == PATHS[0],
         )
         for path in PATHS
     }
@@ -215,10 +216,11 @@ def main() -> None:
         f"{args.concurrency} --rounds {args.rounds}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
         f"Machine: {machine}. The Python client and every redis-server share the machine.\n\n"
-        "One decision = admit + settle. *Own connections*: admits on the limiter's own connection to "
-        "the node holding the user's slot (limiter/direct_calls.py); *redis-py*: admits through "
-        "redis-py, batched on one server, one call each on a Cluster. Settles go through redis-py "
-        "on both. Medians of the alternating rounds; one caller makes a quarter of the decisions.\n\n"
+        "One decision = admit + settle. *Own connections*: the limiter's own connection to the node "
+        "holding the user's slot (limiter/direct_calls.py) for admits on one server (settles there "
+        "go batched through redis-py) and for every call on a Cluster; *redis-py*: every call "
+        "through redis-py, batched on one server, one call each on a Cluster. Medians of the "
+        "alternating rounds; one caller makes a quarter of the decisions.\n\n"
         f"{table}\n\nOwn connections over redis-py, pair by pair (median, then each round):\n\n"
         f"{ratio_table}\n"
     )

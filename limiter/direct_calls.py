@@ -1,10 +1,12 @@
-"""Admits on connections of their own, one per Redis node: the admit's round trip, everywhere.
+"""The limiter's own connections, one per Redis node: the admit's round trip, everywhere, and on a
+Cluster every script call.
 
 resp_connection.py is one such connection (a reply wakes its caller in `data_received`: one pass
 of the event loop where redis-py took three). Its first version served one plain TCP server only,
 and production's Redis is neither: iac/modules/redis deploys an ElastiCache Cluster with TLS
-required, where every admit still went through redis-py's cluster client, one call each. Here the
-connections follow the client they sit beside, with redis-py's own settings for each node (its TLS
+required, where every call still went through redis-py's cluster client, one call each (its
+cluster pipeline refuses scripts), at 0.5-1 ms of CPU per decision (bench/limiter_paths.py).
+Here the connections follow the client they sit beside, with redis-py's own settings for each node (its TLS
 context, built by redis-py from the same options, so verification is the same; credentials; the
 database): the one server a plain client names, or on a Cluster the node that holds the user's
 slot (all of a user's keys share one hash tag, so one node runs the whole script).
@@ -80,19 +82,13 @@ def _reachable(connection_class: type, kwargs: dict[str, Any]) -> bool:
 
 
 class DirectCalls:
-    """One script's calls, each on the connection to the node that runs it."""
+    """Script calls, each on the connection to the node that runs it."""
 
     def __init__(
-        self,
-        client: Redis | RedisCluster,
-        script: AsyncScript,
-        connect_timeout_s: float,
-        single: Endpoint | None,
+        self, client: Redis | RedisCluster, connect_timeout_s: float, single: Endpoint | None
     ) -> None:
         self._client = client
-        self._script = script
-        text = script.script
-        self._load = pack_command("SCRIPT", "LOAD", text if isinstance(text, str) else bytes(text).decode())
+        self._loads: dict[str, bytes] = {}  # a script's SHA: its SCRIPT LOAD, packed
         self._connect_timeout_s = connect_timeout_s
         self._single = single  # the one server, when the client is not a Cluster
         self._endpoints: dict[str, Endpoint | None] = {}  # a cluster node's name: how to reach it
@@ -101,19 +97,17 @@ class DirectCalls:
         self._reload_slots = False
 
     @classmethod
-    def for_client(
-        cls, client: Redis | RedisCluster, script: AsyncScript, connect_timeout_s: float
-    ) -> DirectCalls | None:
+    def for_client(cls, client: Redis | RedisCluster, connect_timeout_s: float) -> DirectCalls | None:
         if isinstance(client, RedisCluster):
             kwargs = client.nodes_manager.connection_kwargs
             if not _reachable(kwargs.get("connection_class", Connection), kwargs):
                 return None
-            return cls(client, script, connect_timeout_s, None)
+            return cls(client, connect_timeout_s, None)
         pool = client.connection_pool
         single = Endpoint.of(pool.connection_class, dict(pool.connection_kwargs))
-        return None if single is None else cls(client, script, connect_timeout_s, single)
+        return None if single is None else cls(client, connect_timeout_s, single)
 
-    async def call(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    async def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """The script's reply; an error reply is raised. NOSCRIPT (a restarted node): load it there
         and send again, it did not run."""
         try:
@@ -124,12 +118,12 @@ class DirectCalls:
         except SlotNotCoveredError:
             conn = None  # the map has a hole (a failover under way): redis-py reloads it and retries
         if conn is None:  # or a cluster node this module cannot reach as redis-py would
-            return await self._script(keys=keys, args=args)
-        packed = pack_evalshas(self._script.sha, [(keys, args)])
+            return await script(keys=keys, args=args)
+        packed = pack_evalshas(script.sha, [(keys, args)])
         try:
             reply = await conn.send(packed)
             if isinstance(reply, NoScriptError):
-                loaded = await conn.send(self._load)
+                loaded = await conn.send(self._load(script))
                 if isinstance(loaded, Exception):
                     raise loaded
                 reply = await conn.send(packed)
@@ -137,10 +131,18 @@ class DirectCalls:
             self._reload_slots = self._single is None
             raise
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
-            return await self._script(keys=keys, args=args)
+            return await script(keys=keys, args=args)
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    def _load(self, script: AsyncScript) -> bytes:
+        packed = self._loads.get(script.sha)
+        if packed is None:
+            text = script.script
+            source = text if isinstance(text, str) else bytes(text).decode()
+            packed = self._loads[script.sha] = pack_command("SCRIPT", "LOAD", source)
+        return packed
 
     async def _connection(self, key: str) -> RespConnection | None:
         endpoint = self._single if self._single is not None else await self._node_for(key)

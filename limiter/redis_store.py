@@ -104,12 +104,12 @@ class RedisLimiter:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_wait_s: float = DEFAULT_POOL_WAIT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        direct_admits: bool = True,
+        own_connections: bool = True,
         now_override_us: Callable[[], int] | None = None,
     ) -> None:
         """`timeout_ms` bounds Redis's answer to one call (the client's socket timeout should be
-        the same: from_url sets it); `direct_admits=False` sends admits through redis-py as
-        charges and settles go (bench/limiter_paths.py measures both); `now_override_us` is for
+        the same: from_url sets it); `own_connections=False` sends every call through redis-py
+        (bench/limiter_paths.py measures both); `now_override_us` is for
         tests only: the scripts then take this time instead of Redis TIME, so a test can drive
         Redis and the twin together."""
         self._client = client
@@ -127,9 +127,9 @@ class RedisLimiter:
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
         # Charges and settles of concurrent callers share round trips (call_batcher.py), and so
-        # do admits where they cannot take a direct connection (a Unix socket, a credential
-        # provider; `_direct` below: elsewhere each admit is its own command, its reply waking
-        # its caller at once, the first token's wait). Batched admits keep one batch on the wire:
+        # do admits where they cannot take the limiter's own connections (a Unix socket, a
+        # credential provider; `_direct` below: elsewhere each admit is its own command, its reply
+        # waking its caller at once, the first token's wait). Batched admits keep one batch on the wire:
         # with client and Redis on shared cores, fewer, larger batches cost less CPU per decision
         # (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four in
         # flight). A tuning choice only: the over-admission that several in flight showed around a
@@ -170,11 +170,10 @@ class RedisLimiter:
             time.monotonic if now_override_us is None else lambda: now_override_us() / policy.MICROS
         )
         self._cluster_ready = not isinstance(client, RedisCluster)
-        # Admits on connections of their own whose replies wake their callers directly
-        # (limiter/direct_calls.py): one server or a Cluster, plain or TLS; else batched.
-        self._direct = (
-            DirectCalls.for_client(client, self._admit, connect_timeout_s) if direct_admits else None
-        )
+        # Connections of the limiter's own whose replies wake their callers directly
+        # (limiter/direct_calls.py), to one server or a Cluster's nodes, plain or TLS: every admit,
+        # and on a Cluster every call (redis-py's cluster client cannot pipeline scripts).
+        self._direct = DirectCalls.for_client(client, connect_timeout_s) if own_connections else None
 
     @classmethod
     def from_url(
@@ -294,7 +293,7 @@ class RedisLimiter:
             epoch = self._synced_at
             fallback_allowed = self._fallback_allowed
             if (direct := self._direct) is not None:
-                reply = await self._call("admit", lambda: direct.call(keys, args), epoch=epoch)
+                reply = await self._call("admit", lambda: direct.call(self._admit, keys, args), epoch=epoch)
             else:
                 reply = await self._admits.call(keys, args, epoch)
         except _NotSent:
@@ -485,6 +484,9 @@ class RedisLimiter:
         """Many calls of a script in one pipelined round trip, each still one atomic script run;
         their replies in order. After NOSCRIPT (none of them ran) all are sent again."""
         if isinstance(self._client, RedisCluster):
+            if (direct := self._direct) is not None:
+                # One command each on the nodes' own connections; those of one pass share a write.
+                return list(await asyncio.gather(*(direct.call(script, keys, args) for keys, args in calls)))
             # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently, a few at a
             # time (each node's pool has a connection limit, and it raises rather than waits).
             replies: list[Any] = []
