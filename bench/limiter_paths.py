@@ -197,7 +197,7 @@ def main() -> None:
     rows, ratios = asyncio.run(run(args.decisions, args.concurrency, args.rounds))
     table = "\n".join(
         [
-            "| Redis | admits | callers | decisions/s | admit p50 ms | admit p99 ms | CPU µs / decision |",
+            "| Redis | path | callers | decisions/s | admit p50 ms | admit p99 ms | CPU µs / decision |",
             "|---|---|---:|---:|---:|---:|---:|",
             *rows,
         ]
@@ -211,7 +211,7 @@ def main() -> None:
     )
     print(ratio_table)
     Path(args.out).write_text(
-        "# The admit's paths on each kind of Redis\n\n"
+        "# The limiter's paths to Redis on each kind of Redis\n\n"
         f"`.venv/bin/python -m bench.limiter_paths --decisions {args.decisions} --concurrency "
         f"{args.concurrency} --rounds {args.rounds}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"

@@ -184,12 +184,14 @@ class Servers:
         return total
 
 
-def _tier(redis_url: str | None) -> str:
+def _tier(redis_url: str | None, redis_cluster: bool = False) -> str:
     if redis_url is None:
         return BENCH_TIER
     # Into BENCH_TIER's own [limiter] table: TOML allows a table once.
     assert "[limiter]\n" in BENCH_TIER
-    return BENCH_TIER.replace("[limiter]\n", f'[limiter]\nbackend = "redis"\nredis_url = "{redis_url}"\n', 1)
+    cluster = "true" if redis_cluster else "false"
+    limiter = f'[limiter]\nbackend = "redis"\nredis_url = "{redis_url}"\nredis_cluster = {cluster}\n'
+    return BENCH_TIER.replace("[limiter]\n", limiter, 1)
 
 
 @contextmanager
@@ -201,12 +203,13 @@ def servers(
     tree: Path | None = None,
     upstream: str = "in-process",
     redis_url: str | None = None,
+    redis_cluster: bool = False,
 ) -> Iterator[Servers]:
     """`tree`: serve from another checkout of the project (its edge/, this bench's server code),
     so a change and the code before it are compared in one run. `upstream` "triton": the servers
     read a zero-cost replica over Triton's HTTP (bench/zero_cost_replica.py, its own process, not
     counted) paced alike, instead of the in-process PacedUpstream. `redis_url`: the limiter on that
-    Redis (the production backend) instead of the in-process twin."""
+    Redis (the production backend; a Cluster with `redis_cluster`) instead of the in-process twin."""
     from edge.config import load_settings
     from edge.keys.provision import create_keys
 
@@ -216,7 +219,7 @@ def servers(
         config.write_text(
             f'[server]\nport = {port}\n[keys]\nsqlite_path = "{tmp}/keys.db"\n'
             '[model]\nsource = "demo"\nname = "floodgate-tiny"\n'
-            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + _tier(redis_url)
+            f'demo_dir = "{Path(".floodgate/demo-model").resolve()}"\n' + _tier(redis_url, redis_cluster)
         )
         key = create_keys(load_settings(config), {"bench": ("bench", "bench")})["bench"]
         procs: list[subprocess.Popen[bytes]] = []

@@ -2,7 +2,7 @@
 ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms at 50 concurrent).
 
 python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
-    [--limiters memory,redis,bare] [--arrivals spread,burst] [--think-ms 0]
+    [--limiters memory,redis,redis-cluster-tls,bare] [--arrivals spread,burst] [--think-ms 0]
     [--trees a=DIR,b=DIR [--rounds N]] [--json]
 
 The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
@@ -19,7 +19,9 @@ client waits a random 0-X ms before its next stream. Without it, every admit fol
 end, which comes at one of the upstream's steps: admits then arrive phase-locked to the step, at a
 distance set by how long a stream's end takes, and a change to the end moves them nearer to or
 further from the step's burst of token writes (X = the interval spreads them over the step). The
-Redis rows run the limiter on a real redis-server of their own (bench/redis_process.py). The bare rows are
+Redis rows run the limiter on a real redis-server of their own (bench/redis_process.py);
+redis-cluster-tls rows on a 3-node Redis Cluster that takes TLS only, production's shape (the
+tests' starter, tests/support/redis_server.py, with a throwaway CA). The bare rows are
 bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of the edge's, the
 floor under the figure on this machine.
 
@@ -42,6 +44,7 @@ import asyncio
 import json
 import os
 import random
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,6 +159,13 @@ def _server(limiter: str, interval_ms: float, tree: Path | None) -> Iterator[Ser
         with bare_server(interval_ms, 1) as bare:
             yield bare
         return
+    if limiter == "redis-cluster-tls":
+        with (
+            _tls_cluster() as url,
+            servers(interval_ms, 1, 1, tree=tree, redis_url=url, redis_cluster=True) as server,
+        ):
+            yield server
+        return
     redis = RedisProcess.start() if limiter == "redis" else None
     try:
         with servers(interval_ms, 1, 1, tree=tree, redis_url=redis.url if redis else None) as server:
@@ -165,13 +175,28 @@ def _server(limiter: str, interval_ms: float, tree: Path | None) -> Iterator[Ser
             redis.kill()
 
 
+@contextmanager
+def _tls_cluster() -> Iterator[str]:
+    from tests.support.redis_server import start_redis_cluster
+    from tests.support.tls_files import make_tls_files
+
+    with tempfile.TemporaryDirectory(prefix="floodgate-bench-tls-") as tmp:
+        cluster = start_redis_cluster(3, tls=make_tls_files(Path(tmp)))
+        try:
+            yield cluster.url
+        finally:
+            cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ttft_overhead")
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=30, help="tokens per stream")
     parser.add_argument("--interval-ms", type=float, default=33.0)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per limiter")
-    parser.add_argument("--limiters", default="memory,redis,bare", help="memory, redis, bare")
+    parser.add_argument(
+        "--limiters", default="memory,redis,bare", help="memory, redis, redis-cluster-tls, bare"
+    )
     parser.add_argument("--arrivals", default="spread,burst", help="spread, burst (see the module)")
     parser.add_argument(
         "--think-ms", type=float, default=0.0, help="a random pause up to this between streams"

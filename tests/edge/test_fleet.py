@@ -1,5 +1,5 @@
-"""Two edge instances sharing one real Redis (standalone, and a 3-node Cluster): limits and cancels
-hold across the fleet."""
+"""Two edge instances sharing one real Redis (standalone, a 3-node Cluster, and a 3-node Cluster
+taking TLS only, as production's ElastiCache does): limits and cancels hold across the fleet."""
 
 from __future__ import annotations
 
@@ -15,13 +15,18 @@ from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.holding_limiter import HOLD_TIMEOUT_S, holding
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import start_redis, start_redis_cluster
+from tests.support.tls_files import make_tls_files
 
 
-@pytest.fixture(scope="module", params=["standalone", "cluster"])
-def redis_store(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """The limiter settings of a real Redis: one server, or a Cluster (keys and pub/sub through it)."""
-    if request.param == "cluster":
-        cluster = start_redis_cluster(3)
+@pytest.fixture(scope="module", params=["standalone", "cluster", "cluster-tls"])
+def redis_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The limiter settings of a real Redis: one server, or a Cluster (keys and pub/sub through it),
+    plain or over TLS (a `rediss://` URL trusting the test's own CA)."""
+    if request.param.startswith("cluster"):
+        tls = make_tls_files(tmp_path_factory.mktemp("tls")) if request.param == "cluster-tls" else None
+        cluster = start_redis_cluster(3, tls=tls)
         yield {"redis_url": cluster.url, "redis_cluster": True}
         cluster.stop()
     else:
