@@ -90,16 +90,15 @@ async def test_a_lost_connection_fails_whoever_waits_and_refuses_new_calls() -> 
         server.kill()
 
 
-async def test_commands_of_one_pass_leave_together_and_a_loss_before_that_is_a_call_never_sent(
+async def test_a_command_waiting_for_its_pass_to_end_when_the_connection_goes_was_never_sent(
     redis_server: RedisServer,
 ) -> None:
     conn = await _open(redis_server)
     try:
-        first, second = conn.send(pack_command("ECHO", "a")), conn.send(pack_command("ECHO", "b"))
-        assert await asyncio.gather(first, second) == [b"a", b"b"]
-        sent = conn.send(pack_command("DEBUG", "SLEEP", "0.1"))
-        await asyncio.sleep(0)  # the pass ends: written
-        unsent = conn.send(pack_command("ECHO", "c"))  # waits for this pass's write
+        replies = [conn.send(pack_command("ECHO", f"m{i}")) for i in range(20)]  # one pass: two writes
+        assert await asyncio.gather(*replies) == [f"m{i}".encode() for i in range(20)]
+        sent = conn.send(pack_command("DEBUG", "SLEEP", "0.1"))  # the pass's first: written at once
+        unsent = conn.send(pack_command("ECHO", "c"))  # waits for the pass's end
         conn.connection_lost(ConnectionResetError())  # as the transport reports a reset
         with pytest.raises(RedisConnectionError) as lost:
             await sent
