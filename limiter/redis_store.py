@@ -483,10 +483,9 @@ class RedisLimiter:
     ) -> list[Any]:
         """Many calls of a script in one pipelined round trip, each still one atomic script run;
         their replies in order. After NOSCRIPT (none of them ran) all are sent again."""
+        if self._direct is not None:
+            return await self._direct.call_all(script, calls)
         if isinstance(self._client, RedisCluster):
-            if (direct := self._direct) is not None:
-                # One command each on the nodes' own connections; those of one pass share a write.
-                return list(await asyncio.gather(*(direct.call(script, keys, args) for keys, args in calls)))
             # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently, a few at a
             # time (each node's pool has a connection limit, and it raises rather than waits).
             replies: list[Any] = []

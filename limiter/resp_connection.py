@@ -50,6 +50,7 @@ class RespConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._unsent: list[bytes] = []  # commands of this pass after its first, written by _flush
+        self._unsent_calls = 0  # how many commands _unsent holds
         self._corked = False  # this pass has written its first command: the rest wait for _flush
         self.closed = False
 
@@ -63,9 +64,10 @@ class RespConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         waiting, self._waiting = self._waiting, deque()
-        # The newest len(_unsent) callers' commands were never written: nothing of theirs ran.
-        sent = len(waiting) - len(self._unsent)
+        # The newest _unsent_calls callers' commands were never written: nothing of theirs ran.
+        sent = len(waiting) - self._unsent_calls
         self._unsent.clear()
+        self._unsent_calls = 0
         for i, answer in enumerate(waiting):
             if answer.done():
                 continue
@@ -80,7 +82,7 @@ class RespConnection(asyncio.Protocol):
         reader = self._reader
         reader.feed(data)
         while (reply := reader.gets()) is not False:
-            if len(self._waiting) <= len(self._unsent):
+            if len(self._waiting) <= self._unsent_calls:
                 # A reply nobody asked for (no command of a waiting caller went out): the stream
                 # is out of step, nothing after it can be trusted. Close; every caller then fails
                 # and the next call reconnects.
@@ -96,25 +98,31 @@ class RespConnection(asyncio.Protocol):
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         """Write one command; the future resolves to its reply (an error reply as an exception value)."""
+        return self.send_many(packed, 1)[0]
+
+    def send_many(self, packed: bytes, count: int) -> list[asyncio.Future[Any]]:
+        """Write `count` commands packed together; their replies' futures, in order."""
         if self.closed or self._transport is None:
             # Nothing written: for the limiter that is a call never sent (its _never_sent reads
             # redis-py's wording), not one that may have run.
             raise RedisConnectionError("Error connecting to Redis: the connection closed before the call")
-        answer: asyncio.Future[Any] = self._loop.create_future()
-        self._waiting.append(answer)
+        answers: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in range(count)]
+        self._waiting.extend(answers)
         if self._corked:
             self._unsent.append(packed)
+            self._unsent_calls += count
         else:
             self._transport.write(packed)
             self._corked = True
             self._loop.call_soon(self._flush)
-        return answer
+        return answers
 
     def _flush(self) -> None:
         self._corked = False
         if self._unsent and not self.closed and self._transport is not None:
             self._transport.write(b"".join(self._unsent))
             self._unsent.clear()
+            self._unsent_calls = 0
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:
