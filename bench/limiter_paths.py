@@ -5,12 +5,11 @@
 For each Redis (one server plain, one server TLS-only, a 3-node Cluster plain, the same TLS-only:
 production's ElastiCache is the last), started on free loopback ports with a throwaway CA, the
 limiter makes decisions (admit, then settle) on its own connections (limiter/direct_calls.py:
-admits on one server; every call on a Cluster) and through redis-py (`own_connections=False`:
-batched on one server, one call each on a Cluster, the path every call took there before), in
-alternating rounds
-so a change in the machine's load moves both alike. Reported per Redis and path: decisions/s, the
-admit's p50 / p99 (what a request waits before its stream opens) and CPU per decision (this
-process plus every redis-server, from /proc). Writes a markdown table with the machine to --out.
+every call; on one server a batch of charges or settles in one write) and through redis-py
+(`own_connections=False`: batched on one server, one call each on a Cluster, the path every call
+took there before), in alternating rounds so a change in the machine's load moves both alike.
+Reported per Redis and path: decisions/s, the admit's p50 / p99 (what a request waits before its
+stream opens) and CPU per decision (this process plus every redis-server, from /proc). Writes a markdown table with the machine to --out.
 """
 
 from __future__ import annotations
@@ -216,10 +215,10 @@ def main() -> None:
         f"{args.concurrency} --rounds {args.rounds}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
         f"Machine: {machine}. The Python client and every redis-server share the machine.\n\n"
-        "One decision = admit + settle. *Own connections*: the limiter's own connection to the node "
-        "holding the user's slot (limiter/direct_calls.py) for admits on one server (settles there "
-        "go batched through redis-py) and for every call on a Cluster; *redis-py*: every call "
-        "through redis-py, batched on one server, one call each on a Cluster. Medians of the "
+        "One decision = admit + settle. *Own connections*: every call on the limiter's own connection "
+        "to the node holding the user's slot (limiter/direct_calls.py; on one server concurrent "
+        "settles go as one batch in one write); *redis-py*: every call through redis-py, batched on "
+        "one server, one call each on a Cluster. Medians of the "
         "alternating rounds; one caller makes a quarter of the decisions.\n\n"
         f"{table}\n\nOwn connections over redis-py, pair by pair (median, then each round):\n\n"
         f"{ratio_table}\n"

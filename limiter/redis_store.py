@@ -128,9 +128,9 @@ class RedisLimiter:
         self._restore = client.register_script(script_text("restore"))
         # Charges and settles of concurrent callers share round trips (call_batcher.py), and so
         # do admits where they cannot take the limiter's own connections (a Unix socket, a
-        # credential provider; `_direct` below: elsewhere each admit is its own command, its reply
-        # waking its caller at once, the first token's wait). Batched admits keep one batch on the wire:
-        # with client and Redis on shared cores, fewer, larger batches cost less CPU per decision
+        # credential provider; `_direct` below: elsewhere each admit is its own command, its
+        # reply waking its caller at once, the first token's wait). Batched admits keep one batch
+        # on the wire: with client and Redis on shared cores, fewer, larger batches cost less CPU per decision
         # (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four in
         # flight). A tuning choice only: the over-admission that several in flight showed around a
         # Redis restart was a fallback "allowed" after a restore's snapshot, fixed
@@ -171,8 +171,8 @@ class RedisLimiter:
         )
         self._cluster_ready = not isinstance(client, RedisCluster)
         # Connections of the limiter's own whose replies wake their callers directly
-        # (limiter/direct_calls.py), to one server or a Cluster's nodes, plain or TLS: every admit,
-        # and on a Cluster every call (redis-py's cluster client cannot pipeline scripts).
+        # (limiter/direct_calls.py), to one server or a Cluster's nodes, plain or TLS, for every
+        # call; redis-py's client serves the rest (a Unix socket, a credential provider).
         self._direct = DirectCalls.for_client(client, connect_timeout_s) if own_connections else None
 
     @classmethod
@@ -482,7 +482,8 @@ class RedisLimiter:
         self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]
     ) -> list[Any]:
         """Many calls of a script in one pipelined round trip, each still one atomic script run;
-        their replies in order. After NOSCRIPT (none of them ran) all are sent again."""
+        their replies in order. After NOSCRIPT (none of them ran) all are sent again. On the
+        limiter's own connections where it has them, else through redis-py."""
         if self._direct is not None:
             return await self._direct.call_all(script, calls)
         if isinstance(self._client, RedisCluster):
