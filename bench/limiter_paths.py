@@ -9,7 +9,8 @@ every call; on one server a batch of charges or settles in one write) and throug
 (`own_connections=False`: batched on one server, one call each on a Cluster, the path every call
 took there before), in alternating rounds so a change in the machine's load moves both alike.
 Reported per Redis and path: decisions/s, the admit's p50 / p99 (what a request waits before its
-stream opens) and CPU per decision (this process plus every redis-server, from /proc). Writes a markdown table with the machine to --out.
+stream opens) and CPU per decision (this process plus every redis-server, from /proc). Writes a
+markdown table with the machine to --out.
 """
 
 from __future__ import annotations

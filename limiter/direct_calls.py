@@ -1,15 +1,15 @@
-"""The limiter's own connections, one per Redis node: the admit's round trip, everywhere, and on a
-Cluster every script call.
+"""The limiter's own connections, one per Redis node: every script call's round trip, on one
+server or a Cluster, plain or TLS.
 
 resp_connection.py is one such connection (a reply wakes its caller in `data_received`: one pass
 of the event loop where redis-py took three). Its first version served one plain TCP server only,
 and production's Redis is neither: iac/modules/redis deploys an ElastiCache Cluster with TLS
 required, where every call still went through redis-py's cluster client, one call each (its
-cluster pipeline refuses scripts), at 0.5-1 ms of CPU per decision (bench/limiter_paths.py).
-Here the connections follow the client they sit beside, with redis-py's own settings for each node (its TLS
-context, built by redis-py from the same options, so verification is the same; credentials; the
-database): the one server a plain client names, or on a Cluster the node that holds the user's
-slot (all of a user's keys share one hash tag, so one node runs the whole script).
+cluster pipeline refuses scripts), at 0.3-0.9 ms of CPU per decision (bench/limiter_paths.py).
+Here the connections follow the client they sit beside, with redis-py's own settings for each
+node (its TLS context, built by redis-py from the same options, so verification is the same;
+credentials; the database): the one server a plain client names, or on a Cluster the node that
+holds the user's slot (all of a user's keys share one hash tag, so one node runs the whole script).
 
 On a Cluster the slot map is redis-py's (the client's nodes manager):
 - A reply saying the slot is elsewhere or busy (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did

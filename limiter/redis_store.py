@@ -109,9 +109,9 @@ class RedisLimiter:
     ) -> None:
         """`timeout_ms` bounds Redis's answer to one call (the client's socket timeout should be
         the same: from_url sets it); `own_connections=False` sends every call through redis-py
-        (bench/limiter_paths.py measures both); `now_override_us` is for
-        tests only: the scripts then take this time instead of Redis TIME, so a test can drive
-        Redis and the twin together."""
+        (bench/limiter_paths.py measures both); `now_override_us` is for tests only: the scripts
+        then take this time instead of Redis TIME, so a test can drive Redis and the twin
+        together."""
         self._client = client
         self._timeout_s = timeout_ms / 1000
         # Connect, then at worst EVALSHA, SCRIPT LOAD and EVALSHA again (NOSCRIPT after a restart).

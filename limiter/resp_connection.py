@@ -150,13 +150,15 @@ async def open_connection(
     if db:
         setup.append(("SELECT", str(db)))
     setup.append(("CLIENT", "SETNAME", CLIENT_NAME))
+    conn: RespConnection | None = None
     try:
         async with asyncio.timeout(timeout_s):
             _, conn = await asyncio.get_running_loop().create_connection(RespConnection, host, port, ssl=tls)
             replies = await asyncio.gather(*(conn.send(pack_command(*words)) for words in setup))
             if errors := [r for r in replies if isinstance(r, Exception)]:
-                conn.close()
                 raise errors[0]
     except (OSError, TimeoutError, ResponseError, RedisConnectionError) as exc:
+        if conn is not None:
+            conn.close()  # refused or too slow on its set-up: not left open behind us
         raise RedisConnectionError(f"Error connecting to Redis at {host}:{port}: {exc!r}") from exc
     return conn
