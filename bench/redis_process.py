@@ -1,8 +1,10 @@
 """A real redis-server for the benchmarks and drills: on a free loopback port, nothing persisted,
 and the faults a drill needs (kill, restart on the same port, pause and resume).
 
-bench/ imports nothing of tests/; the test suite keeps its own starter (tests/support/redis_server.py,
-which skips a test when the binary is missing, where a benchmark exits with a message instead).
+The test suite keeps its own starter (tests/support/redis_server.py, which skips a test when the
+binary is missing, where a benchmark exits with a message instead); the benchmarks that need a
+Cluster or TLS (bench.limiter_paths, bench.ttft_overhead's redis-cluster-tls) borrow that one
+rather than write a second.
 """
 
 from __future__ import annotations
