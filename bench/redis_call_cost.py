@@ -5,9 +5,12 @@ python -m bench.redis_call_cost [--calls 4000] [--concurrency 1,16] [--repeat 2]
 On a real redis-server of its own (bench/redis_process.py), uvloop, this process's CPU (and wall
 time) per call for: redis-py's `set` (the call the cancel bus's owner record used to cost every
 stream), a registered script by EVALSHA (the bus's cancel script, on unknown ids), the limiter's
-own path (the call packed by limiter/resp.py, sent and read on one pooled connection, as
-RedisLimiter._pipelined does), and a bare `asyncio.Protocol` writing a `SET` and waiting for its
-reply: the event loop's and the kernel's share alone, the floor under every client.
+pooled path (the call packed by limiter/resp.py, sent and read on one pooled redis-py connection,
+as RedisLimiter._pipelined does where it has no connection of its own), the limiter's own
+connection (limiter/resp_connection.py, every caller's command on one connection, each reply
+resolving its caller in `data_received`: the path every limiter call takes now), and a bare
+`asyncio.Protocol` writing a `SET` and waiting for its reply: the event loop's and the kernel's
+share alone, the floor under every client.
 `--concurrency`: that many callers at once (replies then share reads).
 """
 
@@ -28,6 +31,7 @@ from bench.redis_process import RedisProcess
 from edge.cancel.bus import CANCEL_SCRIPT
 from limiter.redis_store import record_key, user_keys
 from limiter.resp import pack_evalshas
+from limiter.resp_connection import open_connection
 
 _SET = b"*5\r\n$3\r\nSET\r\n$20\r\nfloodgate:cancel:{k}\r\n$4\r\nlive\r\n$2\r\nEX\r\n$4\r\n3600\r\n"
 
@@ -97,6 +101,11 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
         finally:
             bare.append(protocol)
 
+    own = await open_connection("127.0.0.1", port, username=None, password=None, db=0, timeout_s=5)
+
+    async def own_connection(i: int) -> Any:
+        return await own.send(pack_evalshas(script.sha, [(cancel_keys(i), [i, 600])]))
+
     for _ in range(max(concurrencies)):  # one connection per concurrent caller, as a pool would hold
         _, protocol = await loop.create_connection(_OneReply, "127.0.0.1", port)
         bare.append(protocol)
@@ -104,6 +113,7 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
         "redis-py set": lambda i: client.set(f"floodgate:cancel:{{k{i}}}", "live", ex=3600),
         "redis-py evalsha": lambda i: script(keys=cancel_keys(i), args=[i, 600]),
         "pooled pipelined evalsha": pooled,
+        "own connection evalsha": own_connection,
         "bare protocol set": raw,
     }
     rows = []
@@ -115,6 +125,7 @@ async def _run(port: int, calls: int, concurrencies: list[int], repeat: int) -> 
     for protocol in bare:
         assert protocol.transport is not None
         protocol.transport.close()
+    own.close()
     await client.aclose()
     return rows
 

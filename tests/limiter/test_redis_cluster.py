@@ -18,7 +18,6 @@ from limiter.base import StoreUnavailable
 from limiter.lease import Lease
 from limiter.redis_store import RedisLimiter, user_keys
 from limiter.resp_connection import CLIENT_NAME
-from limiter.scripts import script_text
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisClusterServers, RedisServer, start_redis_cluster
 from tests.support.tls_files import TlsFiles
@@ -141,6 +140,13 @@ def _wait_cluster_ok(nodes: list[RedisServer]) -> None:
         time.sleep(0.05)
 
 
+def _wait_promoted(replica: RedisServer) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while b"role:master" not in replica.command("INFO", "replication"):
+        assert time.monotonic() < deadline, "the replica was not promoted"
+        time.sleep(0.05)  # the cluster's own failover, polled, bounded
+
+
 async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhere() -> None:
     """A node dies; while its slots are unserved its users' admits are a store failure (this tier
     fails closed); once another node serves them (here the operator's CLUSTER ADDSLOTS, in
@@ -158,9 +164,6 @@ async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhe
         lost = _node_holding(cluster, probe, user)
         elsewhere = next(u for u in users if _node_holding(cluster, probe, u) not in (lost,))
         assert (await limiter.admit(elsewhere, "e1", tier(), 10, 10)).decision.allowed  # the map, loaded
-        # As on a cluster that ran a while: every script already loaded everywhere (else the
-        # restore's SCRIPT LOAD, to every primary, would reach the lost node and reload the map).
-        await probe.script_load(script_text("restore"))
 
         lost_id = _node_id(lost)
         ranges = next(
@@ -184,6 +187,60 @@ async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhe
         assert admitted.decision.allowed and not limiter.fallback_active
         assert _admits_on_own_connection(survivors[0])
         assert await probe.exists(user_keys(user)[2])  # the user's slots, on the node now serving them
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
+        cluster.stop()
+
+
+async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the_limiter_returns() -> None:
+    """Production's Cluster keeps a replica per shard: a primary dies and its replica is promoted
+    (cluster-node-timeout 1 s here). A user holding every concurrency slot of the tier gets no
+    more while the shard is down (the local fallback answers) nor after (the limiter reloads the
+    slot map, puts back what it counted and decides on the new primary); a slot freed there then
+    admits again."""
+    cluster = start_redis_cluster(6, replicas=1, extra_args=["--cluster-node-timeout", "1000"])
+    probe = RedisCluster.from_url(cluster.url)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=1000, cluster=True, backoff_s=0)
+    try:
+        await probe.initialize()
+        seed = cluster.nodes[0]  # the URL's node stays up: maps are reloaded from it
+        users = (f"o-{uuid.uuid4().hex}" for _ in range(1000))
+        user = next(u for u in users if _node_holding(cluster, probe, u) is not seed)
+        primary = _node_holding(cluster, probe, user)
+        (replica,) = [
+            node
+            for node in cluster.nodes
+            if f"master_port:{primary.port}\r\n".encode() in node.command("INFO", "replication")
+        ]
+        limits = tier(concurrent=3)
+        held = [await limiter.admit(user, f"held-{i}", limits, 10, 10) for i in range(3)]
+        assert all(a.decision.allowed for a in held)
+
+        primary.kill()
+        during = await limiter.admit(user, "during", limits, 10, 10)
+        assert limiter.fallback_active and not during.decision.allowed
+        assert during.decision.limit == "concurrency"
+
+        _wait_promoted(replica)
+        _wait_cluster_ok([node for node in cluster.nodes if node is not primary])
+
+        # The first call after the promotion may still go where the old map says; each failure
+        # reloads it. Bounded, no waiting between.
+        for attempt in range(5):
+            after = await limiter.admit(user, f"after-{attempt}", limits, 10, 10)
+            assert not after.decision.allowed and after.decision.limit == "concurrency"
+            if not limiter.fallback_active:
+                break
+        assert not limiter.fallback_active  # decided on the new primary
+        assert await probe.zcard(user_keys(user)[2]) == 3  # the three held slots, on the new primary
+
+        lease = held[0].lease
+        assert lease is not None
+        await lease.settle()
+        freed = await limiter.admit(user, "freed", limits, 10, 10)
+        assert freed.decision.allowed and not limiter.fallback_active
+        assert _admits_on_own_connection(replica)
     finally:
         await limiter.aclose()
         await probe.aclose()

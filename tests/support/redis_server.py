@@ -147,25 +147,38 @@ def _ping(port: int, tls: TlsFiles | None = None) -> bool:
     return reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
 
 
-def start_redis_cluster(n: int = 3, *, tls: TlsFiles | None = None) -> RedisClusterServers:
-    """Start `n` cluster-enabled servers (TLS only with `tls`), join them as `n` primaries with no
-    replicas, and wait until every node reports cluster_state:ok."""
+def _settled(node: RedisServer) -> bool:
+    """The node sees the whole slot map served, and as a replica it is in sync with its primary."""
+    if b"cluster_state:ok" not in node.command("CLUSTER", "INFO"):
+        return False
+    replication = node.command("INFO", "replication")
+    return b"role:master" in replication or b"master_link_status:up" in replication
+
+
+def start_redis_cluster(
+    n: int = 3, *, tls: TlsFiles | None = None, replicas: int = 0, extra_args: Sequence[str] = ()
+) -> RedisClusterServers:
+    """Start `n` cluster-enabled servers (TLS only with `tls`), join them as primaries with
+    `replicas` replicas each (redis-cli's choice of which), and wait until every node reports
+    cluster_state:ok and every replica's link to its primary is up. `extra_args` go to every
+    server (`--cluster-node-timeout 1000`: a lost primary is failed over within seconds)."""
     cli = _binary("redis-cli")
     nodes: list[RedisServer] = []
     tls_args = [] if tls is None else ["--tls", "--cacert", str(tls.ca)]
     try:
         for _ in range(n):
-            nodes.append(start_redis(cluster=True, tls=tls))
+            nodes.append(start_redis(cluster=True, tls=tls, extra_args=extra_args))
         addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        create = ["--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"]
         subprocess.run(
-            [cli, *tls_args, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [cli, *tls_args, *create],
             check=True,
             capture_output=True,
             timeout=START_TIMEOUT_S * 3,
         )
         deadline = time.monotonic() + START_TIMEOUT_S * 3
         # Gossip needs a moment to spread the slot map; poll the condition, bounded.
-        while not all(b"cluster_state:ok" in node.command("CLUSTER", "INFO") for node in nodes):
+        while not all(_settled(node) for node in nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("redis cluster did not reach cluster_state:ok")
             time.sleep(0.05)
