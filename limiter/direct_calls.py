@@ -35,6 +35,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError, SlotNotCoveredError
 
+from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS
 from limiter.resp import pack_command, pack_evalshas
 from limiter.resp_connection import RespConnection, open_connection
 
@@ -131,6 +132,7 @@ class DirectCalls:
             self._reload_slots = self._single is None
             raise
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
+            CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             return await script(keys=keys, args=args)
         if isinstance(reply, Exception):
             raise reply
@@ -189,6 +191,7 @@ class DirectCalls:
                     db=endpoint.db,
                     timeout_s=self._connect_timeout_s,
                 )
+                CONNECTIONS_OPENED.inc()
         return conn
 
     async def _node_for(self, key: str) -> Endpoint | None:
@@ -198,6 +201,7 @@ class DirectCalls:
                 if self._reload_slots:
                     # Bounded by the limiter's call timeout around us; on failure the flag stays.
                     await self._client.nodes_manager.initialize()
+                    SLOT_MAP_RELOADS.inc()
                     self._reload_slots = False
                     self._endpoints.clear()
         node = self._client.get_node_from_key(key)

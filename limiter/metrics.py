@@ -30,3 +30,19 @@ STORE_BUSY = Counter(
     "Limiter calls that found no free store connection within the pool wait (busy, not down).",
     ["op"],
 )
+CLUSTER_REDIRECTS = Counter(
+    "floodgate_limiter_cluster_redirects",
+    "Limiter calls a Redis Cluster node answered MOVED, ASK, TRYAGAIN or CLUSTERDOWN without running "
+    "them (sent once more through redis-py, which follows them), by that answer.",
+    ["reply"],
+)
+SLOT_MAP_RELOADS = Counter(
+    "floodgate_limiter_slot_map_reloads",
+    "Redis Cluster slot maps the limiter reloaded because a node's connection failed (a failover, a "
+    "node gone).",
+)
+CONNECTIONS_OPENED = Counter(
+    "floodgate_limiter_connections_opened",
+    "Connections of its own the limiter opened to Redis nodes (one per node and process in a steady "
+    "state: a rising count is reconnects).",
+)

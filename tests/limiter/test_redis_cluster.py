@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import RedisCluster
 
 from limiter.base import StoreUnavailable
@@ -88,6 +89,10 @@ async def test_cluster_runs_the_scripts_and_the_counts_hold(
         await limiter.aclose()
 
 
+def _count(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def _node_id(node: RedisServer) -> str:
     return node.command("CLUSTER", "MYID").decode().split("\r\n")[1]
 
@@ -124,7 +129,11 @@ async def test_a_slot_moved_to_another_node_is_followed_and_its_counts_hold(
         _ok(target.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
         _ok(source.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
 
+        moved = _count("floodgate_limiter_cluster_redirects_total", reply="MOVED")
         assert (await limiter.admit(user, "r2", limits, 10, 10)).decision.allowed
+        assert (
+            _count("floodgate_limiter_cluster_redirects_total", reply="MOVED") == moved + 1
+        )  # the ops' view
         third = await limiter.admit(user, "r3", limits, 10, 10)
         assert not third.decision.allowed and third.decision.limit == "requests"
         assert not limiter.fallback_active  # Redis answered all three
@@ -217,6 +226,7 @@ async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the
         held = [await limiter.admit(user, f"held-{i}", limits, 10, 10) for i in range(3)]
         assert all(a.decision.allowed for a in held)
 
+        reloads = _count("floodgate_limiter_slot_map_reloads_total")
         primary.kill()
         during = await limiter.admit(user, "during", limits, 10, 10)
         assert limiter.fallback_active and not during.decision.allowed
@@ -233,6 +243,7 @@ async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the
             if not limiter.fallback_active:
                 break
         assert not limiter.fallback_active  # decided on the new primary
+        assert _count("floodgate_limiter_slot_map_reloads_total") > reloads  # the ops' view
         assert await probe.zcard(user_keys(user)[2]) == 3  # the three held slots, on the new primary
 
         lease = held[0].lease
