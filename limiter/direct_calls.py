@@ -17,6 +17,9 @@ On a Cluster the slot map is redis-py's (the client's nodes manager):
   the next call reads.
 - A node lost or refusing fails the call (the limiter's store-failure policy answers), and the
   next call first reloads the map from the cluster: after a failover it finds the new primary.
+- A connection that stops answering without closing (a host gone without a reset) is closed when
+  a call on it times out (`drop_stalled`), as redis-py drops a connection that timed out; else it
+  would hold every later call of its node until the kernel gave up on it, many minutes on.
 
 Unix sockets and credential providers stay on redis-py's path (None from `for_client`).
 """
@@ -35,7 +38,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError, SlotNotCoveredError
 
-from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS
+from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS, STALLED_CLOSED
 from limiter.resp import pack_command, pack_evalshas
 from limiter.resp_connection import RespConnection, open_connection
 
@@ -212,6 +215,17 @@ class DirectCalls:
         except KeyError:
             endpoint = self._endpoints[node.name] = Endpoint.of(node.connection_class, node.connection_kwargs)
             return endpoint
+
+    def drop_stalled(self, after_s: float) -> None:
+        """Close every connection whose oldest owed reply is more than `after_s` late (a call on it
+        timed out), as redis-py drops a connection that timed out: the next call opens a new one
+        and, on a Cluster, reloads the slot map first (the node may be gone for good)."""
+        for address, conn in list(self._conns.items()):
+            if conn.stalled(after_s):
+                conn.close()
+                del self._conns[address]
+                STALLED_CLOSED.inc()
+                self._reload_slots = self._single is None
 
     def close(self) -> None:
         for conn in self._conns.values():

@@ -46,3 +46,8 @@ CONNECTIONS_OPENED = Counter(
     "Connections of its own the limiter opened to Redis nodes (one per node and process in a steady "
     "state: a rising count is reconnects).",
 )
+STALLED_CLOSED = Counter(
+    "floodgate_limiter_stalled_connections_closed",
+    "Connections of its own the limiter closed because a reply on them was overdue past the call "
+    "timeout (a peer gone without a reset).",
+)

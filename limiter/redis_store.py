@@ -258,6 +258,8 @@ class RedisLimiter:
         # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
         except Exception as exc:
             self._health.failed(op, exc)
+            if isinstance(exc, TimeoutError) and self._direct is not None:
+                self._direct.drop_stalled(self._timeout_s)
             raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
         finally:
             self._in_flight.release()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from typing import Any
 
@@ -47,6 +48,7 @@ class RespConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self._reader = hiredis.Reader()
         self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._sent_at: deque[float] = deque()  # monotonic time of each waiting caller's send
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._unsent: list[bytes] = []  # commands of this pass after its first, written by _flush
@@ -64,6 +66,7 @@ class RespConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         waiting, self._waiting = self._waiting, deque()
+        self._sent_at.clear()
         # The newest _unsent_calls callers' commands were never written: nothing of theirs ran.
         sent = len(waiting) - self._unsent_calls
         self._unsent.clear()
@@ -89,6 +92,7 @@ class RespConnection(asyncio.Protocol):
                 self.close()
                 return
             answer = self._waiting.popleft()
+            self._sent_at.popleft()
             if answer.done():
                 continue  # its caller gave up; the reply is dropped and the order holds
             if isinstance(reply, hiredis.ReplyError):
@@ -108,6 +112,7 @@ class RespConnection(asyncio.Protocol):
             raise RedisConnectionError("Error connecting to Redis: the connection closed before the call")
         answers: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in range(count)]
         self._waiting.extend(answers)
+        self._sent_at.extend([time.monotonic()] * count)
         if self._corked:
             self._unsent.append(packed)
             self._unsent_calls += count
@@ -123,6 +128,13 @@ class RespConnection(asyncio.Protocol):
             self._transport.write(b"".join(self._unsent))
             self._unsent.clear()
             self._unsent_calls = 0
+
+    def stalled(self, after_s: float) -> bool:
+        """The oldest reply still owed is more than `after_s` late. Replies come in order, so none
+        behind it can come either: a peer gone without a reset (a host lost mid-failover) leaves the
+        connection open, and only the kernel's retransmission timeout, many minutes on, would
+        close it."""
+        return bool(self._sent_at) and time.monotonic() - self._sent_at[0] > after_s
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:

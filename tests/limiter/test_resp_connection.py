@@ -21,6 +21,7 @@ from limiter.resp_connection import CLIENT_NAME, RespConnection, open_connection
 from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.stalling_proxy import stalling_proxy
 from tests.support.tls_files import TlsFiles, make_tls_files
 
 pytestmark = pytest.mark.anyio
@@ -172,4 +173,27 @@ async def test_a_server_certificate_from_another_authority_is_refused(
         assert _admit_connections(server) == []
     finally:
         await limiter.aclose()
+        server.kill()
+
+
+async def test_a_connection_gone_silent_is_dropped_when_a_call_on_it_times_out() -> None:
+    """A peer gone without a reset leaves the connection open and silent; the call on it times out
+    (the fallback answers), and the next call opens a new connection rather than waiting on the
+    silent one until the kernel gives up on it."""
+    server = start_redis()
+    try:
+        with stalling_proxy(server.port) as proxy:
+            limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{proxy.port}/0", timeout_ms=200, backoff_s=0)
+            try:
+                first = await limiter.admit("sid", "req-1", tier(), 10, 10)
+                assert first.decision.allowed and not limiter.fallback_active
+                proxy.stall()
+                silent = await limiter.admit("sid", "req-2", tier(), 10, 10)
+                assert silent.decision.allowed and limiter.fallback_active  # the local fallback answered
+                after = await limiter.admit("sid", "req-3", tier(), 10, 10)
+                assert after.decision.allowed and not limiter.fallback_active  # Redis answered again
+                assert proxy.connections == 2  # on a new connection
+            finally:
+                await limiter.aclose()
+    finally:
         server.kill()
