@@ -21,10 +21,11 @@ def create_limiter(
 ) -> Limiter:
     """backend "memory": the in-process twin (`clock` drives it; tests inject one); with
     `instance_count` > 1 each instance enforces its share of every limit.
-    backend "redis": shared by every edge instance; `redis+cluster://host:port` or `cluster=True`
-    talks to a Redis Cluster. `timeout_ms` bounds every Redis call; `instance_count` divides the
-    limits of the local fallback used while Redis is down for fail-open tiers. `lease_ttl_s`: how
-    long a request's concurrency slot lives without being refreshed."""
+    backend "redis": shared by every edge instance; `redis+cluster://host:port` (over TLS
+    `rediss+cluster://`) or `cluster=True` talks to a Redis Cluster. `timeout_ms` bounds every Redis
+    call; `instance_count` divides the limits of the local fallback used while Redis is down for
+    fail-open tiers. `lease_ttl_s`: how long a request's concurrency slot lives without being
+    refreshed."""
     if backend == "memory":
         return MemoryLimiter(clock, instance_count=instance_count, lease_ttl_s=lease_ttl_s)
     if backend == "redis":

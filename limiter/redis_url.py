@@ -1,6 +1,6 @@
 """The one place that reads a Redis URL: `redis://…` names one server, `redis+cluster://…` a Redis
 Cluster reached through the node it names (so does `redis://…` with cluster=True, the config's
-`redis_cluster` flag).
+`redis_cluster` flag); `rediss://…` and `rediss+cluster://…` are the same over TLS.
 
 The limiter, the cancel bus, key changes and fleet membership all connect to the same Redis the
 limiter's URL names; they used to parse the scheme each on their own. Here, in the limiter (a
@@ -13,17 +13,21 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 
-CLUSTER_SCHEME = "redis+cluster://"
+# A cluster scheme: the node scheme redis-py reads for it.
+CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 
 
 def node_url(url: str) -> str:
-    """The plain `redis://` URL of the node `url` names (a cluster URL's seed node)."""
-    return "redis://" + url.removeprefix(CLUSTER_SCHEME) if url.startswith(CLUSTER_SCHEME) else url
+    """The `redis://` (`rediss://`) URL of the node `url` names (a cluster URL's seed node)."""
+    for scheme, node_scheme in CLUSTER_SCHEMES.items():
+        if url.startswith(scheme):
+            return node_scheme + url.removeprefix(scheme)
+    return url
 
 
 def is_cluster(url: str, *, cluster: bool = False) -> bool:
     """Whether `url` (or the `cluster` flag beside it) names a Redis Cluster."""
-    return cluster or url.startswith(CLUSTER_SCHEME)
+    return cluster or url.startswith(tuple(CLUSTER_SCHEMES))
 
 
 def connect(url: str, *, cluster: bool = False, **options: Any) -> Redis | RedisCluster:

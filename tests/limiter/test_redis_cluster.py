@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from redis.asyncio import RedisCluster
 
 from limiter.base import StoreUnavailable
+from limiter.factory import create_limiter
 from limiter.lease import Lease
 from limiter.redis_store import RedisLimiter, user_keys
 from limiter.resp_connection import CLIENT_NAME
@@ -58,7 +59,11 @@ def _admits_on_own_connection(node: RedisServer) -> bool:
 async def test_cluster_runs_the_scripts_and_the_counts_hold(
     cluster: RedisClusterServers, probe: RedisCluster
 ) -> None:
-    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    # The scheme names the Cluster here (redis+cluster://, rediss+cluster://), through the factory
+    # the edge uses; elsewhere the config's flag does.
+    scheme, rest = cluster.url.split("://", 1)
+    limiter = create_limiter("redis", f"{scheme}+cluster://{rest}", 5000, 1)
+    assert isinstance(limiter, RedisLimiter)
     await probe.initialize()
     users = [f"c-{uuid.uuid4().hex}" for _ in range(USERS)]
     limits = tier(requests=LIMIT, request_window_s=3600, tokens=10**6, token_window_s=86400)

@@ -12,6 +12,7 @@ from tests.support.redis_server import RedisServer
 
 def test_the_cluster_scheme_or_the_flag_names_a_cluster() -> None:
     assert redis_url.is_cluster("redis+cluster://10.0.0.1:7000/0")
+    assert redis_url.is_cluster("rediss+cluster://10.0.0.1:7000/0")
     assert redis_url.is_cluster("redis://10.0.0.1:7000/0", cluster=True)
     assert not redis_url.is_cluster("redis://10.0.0.1:6379/0")
 
@@ -19,6 +20,7 @@ def test_the_cluster_scheme_or_the_flag_names_a_cluster() -> None:
 def test_a_cluster_url_names_its_seed_node() -> None:
     assert redis_url.node_url("redis+cluster://10.0.0.1:7000/0") == "redis://10.0.0.1:7000/0"
     assert redis_url.node_url("redis://10.0.0.1:6379/2") == "redis://10.0.0.1:6379/2"
+    assert redis_url.node_url("rediss+cluster://:t@10.0.0.1:7000/0") == "rediss://:t@10.0.0.1:7000/0"
 
 
 def test_a_cluster_url_gets_a_cluster_client() -> None:
