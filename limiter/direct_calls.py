@@ -97,7 +97,10 @@ class DirectCalls:
         self._single = single  # the one server, when the client is not a Cluster
         self._endpoints: dict[str, Endpoint | None] = {}  # a cluster node's name: how to reach it
         self._conns: dict[tuple[str, int], RespConnection] = {}
-        self._opening = asyncio.Lock()
+        # One opening at a time per node (concurrent first calls share it); a node slow to answer
+        # a connect delays no other node's.
+        self._opening: dict[tuple[str, int], asyncio.Lock] = {}
+        self._reloading = asyncio.Lock()
         self._reload_slots = False
 
     @classmethod
@@ -182,7 +185,7 @@ class DirectCalls:
         conn = self._conns.get(address)
         if conn is not None and conn.usable():
             return conn
-        async with self._opening:
+        async with self._opening.setdefault(address, asyncio.Lock()):
             conn = self._conns.get(address)
             if conn is None or not conn.usable():
                 conn = self._conns[address] = await open_connection(
@@ -200,7 +203,7 @@ class DirectCalls:
     async def _node_for(self, key: str) -> Endpoint | None:
         assert isinstance(self._client, RedisCluster)
         if self._reload_slots:
-            async with self._opening:
+            async with self._reloading:
                 if self._reload_slots:
                     # Bounded by the limiter's call timeout around us; on failure the flag stays.
                     await self._client.nodes_manager.initialize()
