@@ -137,6 +137,8 @@ def create_app(
                 lease_ttl_s=lim.slot_ttl_s,
             )
             stack.push_async_callback(limiter.aclose)
+            if isinstance(limiter, RedisLimiter):
+                await limiter.connect()  # its connections before the first request, not during it
             store = await create_store(settings.messages)
             stack.push_async_callback(store.aclose)
             writer = MessageWriter(store, settings.messages.queue_size)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -177,10 +178,23 @@ class DirectCalls:
             packed = self._loads[script.sha] = pack_command("SCRIPT", "LOAD", source)
         return packed
 
+    async def open_all(self) -> None:
+        """Every node's connection now (a Cluster's primaries, its slot map first) rather than on
+        each node's first call: a new edge's first requests pay no connect or TLS handshake."""
+        if self._single is not None:
+            await self._connected(self._single)
+            return
+        assert isinstance(self._client, RedisCluster)
+        await self._client.initialize()
+        for node in self._client.get_primaries():
+            if (endpoint := self._endpoint_of(node)) is not None:
+                await self._connected(endpoint)
+
     async def _connection(self, key: str) -> RespConnection | None:
         endpoint = self._single if self._single is not None else await self._node_for(key)
-        if endpoint is None:
-            return None
+        return None if endpoint is None else await self._connected(endpoint)
+
+    async def _connected(self, endpoint: Endpoint) -> RespConnection:
         address = (endpoint.host, endpoint.port)
         conn = self._conns.get(address)
         if conn is not None and conn.usable():
@@ -211,8 +225,9 @@ class DirectCalls:
                     self._reload_slots = False
                     self._endpoints.clear()
         node = self._client.get_node_from_key(key)
-        if node is None:
-            return None
+        return None if node is None else self._endpoint_of(node)
+
+    def _endpoint_of(self, node: ClusterNode) -> Endpoint | None:
         try:
             return self._endpoints[node.name]
         except KeyError:

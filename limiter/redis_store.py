@@ -206,6 +206,18 @@ class RedisLimiter:
             **kwargs,
         )
 
+    async def connect(self) -> None:
+        """Open the limiter's own connections now (to every primary of a Cluster) instead of on
+        the first calls, so a new edge's first requests pay no handshakes. A failure is logged, not
+        raised: the first calls try again, and the tiers' store-failure policy answers meanwhile."""
+        if self._direct is None:
+            return
+        try:
+            async with asyncio.timeout(self._call_bound_s):
+                await self._direct.open_all()
+        except Exception as exc:  # any driver failure: the calls will meet it again, and say so
+            log.warning("limiter_connect_failed", error=type(exc).__name__, detail=str(exc))
+
     def set_instance_count(self, n: int) -> None:
         """The fail-open fallback enforces 1/n of every limit from now on (the live edge count)."""
         self._local.set_instance_count(n)

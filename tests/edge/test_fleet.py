@@ -10,29 +10,35 @@ from typing import Any
 import httpx
 import pytest
 
+from limiter.resp_connection import CLIENT_NAME
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
 from tests.support.holding_limiter import HOLD_TIMEOUT_S, holding
 from tests.support.live_server import LiveServer, start_server
-from tests.support.redis_server import start_redis, start_redis_cluster
+from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 from tests.support.tls_files import make_tls_files
 
 
 @pytest.fixture(scope="module", params=["standalone", "cluster", "cluster-tls"])
-def redis_store(
+def redis_servers(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    """The limiter settings of a real Redis: one server, or a Cluster (keys and pub/sub through it),
-    plain or over TLS (a `rediss://` URL trusting the test's own CA)."""
+) -> Iterator[tuple[dict[str, Any], list[RedisServer]]]:
+    """The limiter settings of a real Redis and its servers: one server, or a Cluster (keys and
+    pub/sub through it), plain or over TLS (a `rediss://` URL trusting the test's own CA)."""
     if request.param.startswith("cluster"):
         tls = make_tls_files(tmp_path_factory.mktemp("tls")) if request.param == "cluster-tls" else None
         cluster = start_redis_cluster(3, tls=tls)
-        yield {"redis_url": cluster.url, "redis_cluster": True}
+        yield {"redis_url": cluster.url, "redis_cluster": True}, cluster.nodes
         cluster.stop()
     else:
         server = start_redis()
-        yield {"redis_url": server.url, "redis_cluster": False}
+        yield {"redis_url": server.url, "redis_cluster": False}, [server]
         server.stop()
+
+
+@pytest.fixture
+def redis_store(redis_servers: tuple[dict[str, Any], list[RedisServer]]) -> dict[str, Any]:
+    return redis_servers[0]
 
 
 @pytest.fixture
@@ -106,3 +112,13 @@ def test_request_limit_is_shared_by_the_instances(fleet: tuple[LiveServer, LiveS
             for s in (a, b, a, b)
         ]
     assert statuses == [200, 200, 200, 429]
+
+
+def test_each_instance_opens_its_limiter_connections_at_start(
+    fleet: tuple[LiveServer, LiveServer], redis_servers: tuple[dict[str, Any], list[RedisServer]]
+) -> None:
+    """Before any request: every node holds one limiter connection of each edge (no handshake on
+    the first requests' way)."""
+    _, nodes = redis_servers
+    for node in nodes:
+        assert len([c for c in node.clients() if c["name"] == CLIENT_NAME]) >= 2, node.port

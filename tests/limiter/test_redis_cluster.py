@@ -261,3 +261,15 @@ async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the
         await limiter.aclose()
         await probe.aclose()
         cluster.stop()
+
+
+async def test_connect_opens_a_connection_to_every_primary_before_any_call(
+    cluster: RedisClusterServers,
+) -> None:
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    try:
+        await limiter.connect()
+        for node in cluster.nodes:
+            assert [c for c in node.clients() if c["name"] == CLIENT_NAME], node.port
+    finally:
+        await limiter.aclose()

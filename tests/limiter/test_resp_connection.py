@@ -197,3 +197,13 @@ async def test_a_connection_gone_silent_is_dropped_when_a_call_on_it_times_out()
                 await limiter.aclose()
     finally:
         server.kill()
+
+
+async def test_connect_to_a_redis_that_is_not_there_is_logged_not_raised() -> None:
+    limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout_ms=200)
+    try:
+        await limiter.connect()  # the edge starts anyway
+        admitted = await limiter.admit("nia", "req-1", tier(), 10, 10)
+        assert admitted.decision.allowed and limiter.fallback_active  # the tier's policy answered
+    finally:
+        await limiter.aclose()
