@@ -62,16 +62,17 @@ class Row:
 
 
 class CpuMeter:
-    """CPU seconds of this process and of redis-server (its pid) over a stretch of work."""
+    """CPU seconds of this process and of the redis-servers (their pids; a Cluster has several)
+    over a stretch of work."""
 
-    def __init__(self, redis_pid: int | None) -> None:
-        self._pid = redis_pid
+    def __init__(self, *redis_pids: int) -> None:
+        self._pids = redis_pids
         self._start = self._now()
 
     def _now(self) -> float:
         total = time.process_time()
-        if self._pid is not None:
-            fields = Path(f"/proc/{self._pid}/stat").read_text().rsplit(")", 1)[1].split()
+        for pid in self._pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
@@ -114,8 +115,10 @@ def _reset_stats(port: int) -> None:
 
 
 async def _decisions(
-    limiter: Limiter, decisions: int, clients: int, what: str, port: int | None, redis_pid: int | None = None
+    limiter: Limiter, decisions: int, clients: int, what: str, port: int | None, *redis_pids: int
 ) -> Row:
+    """`decisions` admits (each settled after), `clients` callers at once; CPU counted for this
+    process and `redis_pids`, Redis's own time per call read from `port` when given."""
     admit_ms: list[float] = []
     per_client = decisions // clients
     run = uuid.uuid4().hex[:8]  # request ids are unique, as the edge's are (admit is idempotent per id)
@@ -131,7 +134,7 @@ async def _decisions(
 
     if port is not None:
         _reset_stats(port)
-    cpu = CpuMeter(redis_pid)
+    cpu = CpuMeter(*redis_pids)
     started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     wall = time.perf_counter() - started
@@ -163,7 +166,7 @@ async def _redis_py_evalsha(url: str, calls: int, clients: int, redis_pid: int |
     await asyncio.gather(*(caller() for _ in range(clients)))  # warm-up: open the connections
     latencies.clear()
     _reset_stats(int(url.rsplit(":", 1)[1].split("/")[0]))
-    cpu = CpuMeter(redis_pid)
+    cpu = CpuMeter(*([] if redis_pid is None else [redis_pid]))
     started = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(clients)))
     wall = time.perf_counter() - started

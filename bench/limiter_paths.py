@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.limiter import TIER, _machine, _percentile
+from bench.limiter import Row, _decisions, _machine
 from limiter.redis_store import RedisLimiter
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 from tests.support.tls_files import TlsFiles, make_tls_files
 
-USERS = 10_000
 PATHS = ("own connections", "redis-py")
 
 
@@ -43,57 +40,15 @@ class Setup:
     servers: list[RedisServer]
 
 
-@dataclass
-class Sample:
-    per_s: float
-    p50_ms: float
-    p99_ms: float
-    cpu_us: float
+async def _sample(limiter: RedisLimiter, decisions: int, clients: int, pids: list[int]) -> Row:
+    row = await _decisions(limiter, decisions, clients, "", None, *pids)
+    assert not limiter.fallback_active  # every decision was Redis's, none the local fallback's
+    return row
 
 
-class _Cpu:
-    """CPU seconds of this process and of every redis-server over a stretch of work."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self._pids = pids
-        self._start = self._now()
-
-    def _now(self) -> float:
-        total = time.process_time()
-        for pid in self._pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
-
-    def us_per(self, operations: int) -> float:
-        return (self._now() - self._start) * 1e6 / operations
-
-
-async def _decisions(limiter: RedisLimiter, decisions: int, clients: int, pids: list[int]) -> Sample:
-    admit_ms: list[float] = []
-    per_client = decisions // clients
-    run = uuid.uuid4().hex[:8]
-
-    async def client(c: int) -> None:
-        for i in range(per_client):
-            user = f"user-{(c * per_client + i) % USERS}"
-            started = time.perf_counter()
-            admission = await limiter.admit(user, f"{run}-{c}-{i}", TIER, 100, 0)
-            admit_ms.append((time.perf_counter() - started) * 1000)
-            assert admission.decision.allowed and admission.lease is not None
-            await admission.lease.settle()
-
-    cpu = _Cpu(pids)
-    started = time.perf_counter()
-    await asyncio.gather(*(client(c) for c in range(clients)))
-    wall = time.perf_counter() - started
-    assert not limiter.fallback_active
-    return Sample(
-        len(admit_ms) / wall,
-        _percentile(admit_ms, 0.5),
-        _percentile(admit_ms, 0.99),
-        cpu.us_per(len(admit_ms)),
-    )
+def _cpu(row: Row) -> float:
+    assert row.cpu_us is not None  # measured: _decisions always has a CpuMeter
+    return row.cpu_us
 
 
 def _setups(tls: TlsFiles) -> list[Callable[[], Setup]]:
@@ -110,9 +65,9 @@ def _setups(tls: TlsFiles) -> list[Callable[[], Setup]]:
 
 async def _measure(
     setup: Setup, decisions: int, concurrency: int, rounds: int
-) -> dict[tuple[str, int], list[Sample]]:
+) -> dict[tuple[str, int], list[Row]]:
     pids = [server.process.pid for server in setup.servers]
-    samples: dict[tuple[str, int], list[Sample]] = {}
+    samples: dict[tuple[str, int], list[Row]] = {}
     limiters = {
         path: RedisLimiter.from_url(
             setup.url,
@@ -127,13 +82,13 @@ async def _measure(
         for limiter in limiters.values():
             # Warm-up at full concurrency: connections (TLS handshakes cost milliseconds of CPU
             # each), scripts, the slot map; the rounds then measure the steady state.
-            await _decisions(limiter, concurrency * 40, concurrency, pids)
+            await _sample(limiter, concurrency * 40, concurrency, pids)
         for clients in (1, concurrency):
             for _ in range(rounds):
                 for path in PATHS:
                     count = decisions // 4 if clients == 1 else decisions
                     samples.setdefault((path, clients), []).append(
-                        await _decisions(limiters[path], count, clients, pids)
+                        await _sample(limiters[path], count, clients, pids)
                     )
     finally:
         for limiter in limiters.values():
@@ -141,24 +96,24 @@ async def _measure(
     return samples
 
 
-def _row(name: str, path: str, clients: int, runs: list[Sample]) -> str:
-    def med(f: Callable[[Sample], float]) -> float:
+def _row(name: str, path: str, clients: int, runs: list[Row]) -> str:
+    def med(f: Callable[[Row], float]) -> float:
         return statistics.median(f(s) for s in runs)
 
     return (
         f"| {name} | {path} | {clients} | {med(lambda s: s.per_s):,.0f} | {med(lambda s: s.p50_ms):.3f} | "
-        f"{med(lambda s: s.p99_ms):.3f} | {med(lambda s: s.cpu_us):.0f} |"
+        f"{med(lambda s: s.p99_ms):.3f} | {med(_cpu):.0f} |"
     )
 
 
-def _ratio_row(name: str, clients: int, ours: list[Sample], theirs: list[Sample]) -> str:
-    def pairs(f: Callable[[Sample], float]) -> str:
+def _ratio_row(name: str, clients: int, ours: list[Row], theirs: list[Row]) -> str:
+    def pairs(f: Callable[[Row], float]) -> str:
         values = [f(a) / f(b) for a, b in zip(ours, theirs, strict=True)]
         return f"{statistics.median(values):.2f}x ({', '.join(f'{v:.2f}' for v in values)})"
 
     return (
         f"| {name} | {clients} | {pairs(lambda s: s.per_s)} | {pairs(lambda s: s.p50_ms)} | "
-        f"{pairs(lambda s: s.p99_ms)} | {pairs(lambda s: s.cpu_us)} |"
+        f"{pairs(lambda s: s.p99_ms)} | {pairs(_cpu)} |"
     )
 
 
