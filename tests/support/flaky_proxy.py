@@ -16,50 +16,26 @@ import contextlib
 import re
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-from tests.support.ports import free_port
+from tests.support.tcp_proxy import TcpProxy, running
 
 _FIRST_EVENT_END = re.compile(rb'"request_id".*?\n\n', re.S)
 _TEXT_EVENT_END = re.compile(rb'"delta":\{"content":"[^"].*?\n\n', re.S)
 _CUTS = {"cut_after_start": _FIRST_EVENT_END, "cut_after_text": _TEXT_EVENT_END}
 
 
-class FlakyProxy:
+class FlakyProxy(TcpProxy):
     def __init__(self, upstream_port: int, plans: list[str]) -> None:
-        self.port = free_port()
-        self.connections = 0
-        self._upstream_port = upstream_port
+        super().__init__(upstream_port)
         self._plans = list(plans)
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        self._threads: list[threading.Thread] = []
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def serve(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            plan = self._plans.pop(0) if self._plans else "forward"
-            self.connections += 1
-            thread = threading.Thread(target=self._handle, args=(client, plan), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def close(self) -> None:
-        # shutdown() wakes the thread blocked in accept(); close() alone does not on Linux.
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-
-    def _handle(self, client: socket.socket, plan: str) -> None:
+    def _handle(self, client: socket.socket, number: int) -> None:
+        plan = self._plans[number - 1] if number <= len(self._plans) else "forward"
         with client:
             if plan == "refuse":
                 _read_request_head(client)
@@ -113,13 +89,5 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
         return
 
 
-@contextmanager
-def flaky_proxy(upstream_port: int, plans: list[str]) -> Iterator[FlakyProxy]:
-    proxy = FlakyProxy(upstream_port, plans)
-    thread = threading.Thread(target=proxy.serve, daemon=True)
-    thread.start()
-    try:
-        yield proxy
-    finally:
-        proxy.close()
-        thread.join(timeout=5)
+def flaky_proxy(upstream_port: int, plans: list[str]) -> AbstractContextManager[FlakyProxy]:
+    return running(FlakyProxy(upstream_port, plans))

@@ -13,18 +13,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-from tests.support.ports import free_port
+from tests.support.tcp_proxy import TcpProxy, running
 
 
-class StallingProxy:
+class StallingProxy(TcpProxy):
     def __init__(self, upstream_port: int) -> None:
-        self.port = free_port()
-        self.connections = 0
-        self._upstream_port = upstream_port
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        super().__init__(upstream_port)
         self._silenced: list[threading.Event] = []
         self._sockets: list[socket.socket] = []
 
@@ -32,28 +28,20 @@ class StallingProxy:
         for silenced in self._silenced:
             silenced.set()
 
-    def serve(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
-            self.connections += 1
-            silenced = threading.Event()
-            self._silenced.append(silenced)
-            self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, sink, silenced), daemon=True).start()
-
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+        super().close()
         for sock in self._sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def _handle(self, client: socket.socket, number: int) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
+        silenced = threading.Event()
+        self._silenced.append(silenced)
+        self._sockets += [client, upstream]
+        threading.Thread(target=_pump, args=(upstream, client, silenced), daemon=True).start()
+        _pump(client, upstream, silenced)
 
 
 def _pump(source: socket.socket, sink: socket.socket, silenced: threading.Event) -> None:
@@ -72,13 +60,5 @@ def _pump(source: socket.socket, sink: socket.socket, silenced: threading.Event)
                 sink.sendall(data)
 
 
-@contextmanager
-def stalling_proxy(upstream_port: int) -> Iterator[StallingProxy]:
-    proxy = StallingProxy(upstream_port)
-    thread = threading.Thread(target=proxy.serve, daemon=True)
-    thread.start()
-    try:
-        yield proxy
-    finally:
-        proxy.close()
-        thread.join(timeout=5)
+def stalling_proxy(upstream_port: int) -> AbstractContextManager[StallingProxy]:
+    return running(StallingProxy(upstream_port))
