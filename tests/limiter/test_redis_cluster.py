@@ -10,6 +10,8 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -161,22 +163,42 @@ def _wait_promoted(replica: RedisServer) -> None:
         time.sleep(0.05)  # the cluster's own failover, polled, bounded
 
 
+@asynccontextmanager
+async def _own_cluster(
+    timeout_ms: int, **start: Any
+) -> AsyncIterator[tuple[RedisClusterServers, RedisCluster, RedisLimiter]]:
+    """A Cluster this test alone uses (and breaks), a probe with its slot map, and a limiter on it
+    that retries Redis at once after a failure (no backoff)."""
+    cluster = start_redis_cluster(**start)
+    probe = RedisCluster.from_url(cluster.url)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=timeout_ms, cluster=True, backoff_s=0)
+    try:
+        await probe.initialize()
+        yield cluster, probe, limiter
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
+        cluster.stop()
+
+
+def _users_off_seed(cluster: RedisClusterServers, probe: RedisCluster) -> Iterator[str]:
+    """Users whose keys are not on the URL's node: it stays up, maps are reloaded from it."""
+    seed = cluster.nodes[0]
+    users = (f"u-{uuid.uuid4().hex}" for _ in range(1000))
+    return (u for u in users if _node_holding(cluster, probe, u) is not seed)
+
+
 async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhere() -> None:
     """A node dies; while its slots are unserved its users' admits are a store failure (this tier
     fails closed); once another node serves them (here the operator's CLUSTER ADDSLOTS, in
     production a replica's promotion) the limiter reloads the slot map and admits there. Nothing
     else reloads it here: this instance counted nothing on the lost node, so its restore after
     the failure touches only the live ones."""
-    cluster = start_redis_cluster(3)
-    probe = RedisCluster.from_url(cluster.url)
-    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=2000, cluster=True, backoff_s=0)
-    try:
-        await probe.initialize()
-        seed = cluster.nodes[0]  # the URL's node stays up: maps are reloaded from it
-        users = (f"f-{uuid.uuid4().hex}" for _ in range(1000))
-        user = next(u for u in users if _node_holding(cluster, probe, u) is not seed)
+    async with _own_cluster(timeout_ms=2000, n=3) as (cluster, probe, limiter):
+        users = _users_off_seed(cluster, probe)
+        user = next(users)
         lost = _node_holding(cluster, probe, user)
-        elsewhere = next(u for u in users if _node_holding(cluster, probe, u) not in (lost,))
+        elsewhere = next(u for u in users if _node_holding(cluster, probe, u) is not lost)
         assert (await limiter.admit(elsewhere, "e1", tier(), 10, 10)).decision.allowed  # the map, loaded
 
         lost_id = _node_id(lost)
@@ -201,10 +223,6 @@ async def test_a_lost_node_is_a_store_failure_until_its_slots_are_served_elsewhe
         assert admitted.decision.allowed and not limiter.fallback_active
         assert _admits_on_own_connection(survivors[0])
         assert await probe.exists(user_keys(user)[2])  # the user's slots, on the node now serving them
-    finally:
-        await limiter.aclose()
-        await probe.aclose()
-        cluster.stop()
 
 
 async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the_limiter_returns() -> None:
@@ -213,14 +231,10 @@ async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the
     holding every concurrency slot of the tier gets no more while the shard is down (the local
     fallback answers) nor after (the limiter reloads the slot map, puts back what it counted and
     decides on the new primary); a slot freed there then admits again."""
-    cluster = start_redis_cluster(6, replicas=1, extra_args=["--cluster-node-timeout", "2000"])
-    probe = RedisCluster.from_url(cluster.url)
-    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=1000, cluster=True, backoff_s=0)
-    try:
-        await probe.initialize()
-        seed = cluster.nodes[0]  # the URL's node stays up: maps are reloaded from it
-        users = (f"o-{uuid.uuid4().hex}" for _ in range(1000))
-        user = next(u for u in users if _node_holding(cluster, probe, u) is not seed)
+    async with _own_cluster(
+        timeout_ms=1000, n=6, replicas=1, extra_args=["--cluster-node-timeout", "2000"]
+    ) as (cluster, probe, limiter):
+        user = next(_users_off_seed(cluster, probe))
         primary = _node_holding(cluster, probe, user)
         (replica,) = [
             node
@@ -257,10 +271,6 @@ async def test_a_primary_failed_over_to_its_replica_admits_none_too_many_and_the
         freed = await limiter.admit(user, "freed", limits, 10, 10)
         assert freed.decision.allowed and not limiter.fallback_active
         assert _admits_on_own_connection(replica)
-    finally:
-        await limiter.aclose()
-        await probe.aclose()
-        cluster.stop()
 
 
 async def test_connect_opens_a_connection_to_every_primary_before_any_call(
