@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError, SlotNotCoveredError
 
 from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS, STALLED_CLOSED
+from limiter.pipelined_replies import replies_loading_once
 from limiter.resp import pack_command, pack_evalshas
 from limiter.resp_connection import RespConnection, open_connection
 
@@ -156,19 +157,16 @@ class DirectCalls:
         conn = await self._connection("")
         assert conn is not None  # one server: always its endpoint
         packed = pack_evalshas(script.sha, calls)
-        for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
-            replies = await asyncio.gather(*conn.send_many(packed, len(calls)))
-            errors = [r for r in replies if isinstance(r, Exception)]
-            if not errors:
-                return replies
-            if not all(isinstance(e, NoScriptError) for e in errors):
-                raise errors[0]
-            # Every call failed the same way before running (or, for the idempotent admit, settle
-            # and restore, running one twice is harmless): sending them all again is safe.
+
+        async def send() -> list[Any]:
+            return list(await asyncio.gather(*conn.send_many(packed, len(calls))))
+
+        async def load() -> None:
             loaded = await conn.send(self._load(script))
             if isinstance(loaded, Exception):
                 raise loaded
-        raise NoScriptError(f"script {script.sha} missing right after loading it")
+
+        return await replies_loading_once(send, load, script.sha)
 
     def _load(self, script: AsyncScript) -> bytes:
         packed = self._loads.get(script.sha)

@@ -35,7 +35,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from limiter import policy, redis_url
@@ -45,6 +45,7 @@ from limiter.direct_calls import DirectCalls
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.metrics import STORE_BUSY
+from limiter.pipelined_replies import replies_loading_once
 from limiter.resp import pack_evalshas
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
@@ -508,17 +509,12 @@ class RedisLimiter:
                 chunk = calls[start : start + _CLUSTER_CONCURRENCY]
                 replies += await asyncio.gather(*(script(keys=keys, args=args) for keys, args in chunk))
             return replies
-        for _ in range(2):  # a second time only after loading the script (NOSCRIPT)
-            results = await self._pipelined(pack_evalshas(script.sha, calls), len(calls))
-            errors = [r for r in results if isinstance(r, Exception)]
-            if not errors:
-                return list(results)
-            if not all(isinstance(e, NoScriptError) for e in errors):
-                raise errors[0]
-            # Every call failed the same way before running (or, for the idempotent admit, settle
-            # and restore, running one twice is harmless): sending them all again is safe.
-            await self._client.script_load(script.script)
-        raise NoScriptError(f"script {script.sha} missing right after loading it")
+        packed = pack_evalshas(script.sha, calls)
+        return await replies_loading_once(
+            lambda: self._pipelined(packed, len(calls)),
+            lambda: self._client.script_load(script.script),
+            script.sha,
+        )
 
     async def _pipelined(self, packed: bytes, replies: int) -> list[Any]:
         """Write `packed` on one pooled connection and read its `replies` (error replies as
