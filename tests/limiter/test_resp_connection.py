@@ -207,3 +207,24 @@ async def test_connect_to_a_redis_that_is_not_there_is_logged_not_raised() -> No
         assert admitted.decision.allowed and limiter.fallback_active  # the tier's policy answered
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.parametrize("own_connections", [True, False], ids=["own connection", "redis-py pool"])
+async def test_a_batch_meeting_noscript_loads_the_script_and_runs(
+    redis_server: RedisServer, own_connections: bool
+) -> None:
+    """A Redis that lost its scripts (restarted, flushed) answers a settle batch NOSCRIPT: the
+    script is loaded and the batch sent again, on either way of sending it."""
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=2000, own_connections=own_connections)
+    raw = Redis.from_url(redis_server.url)
+    user = f"ns-{secrets.token_hex(4)}"
+    try:
+        admitted = await limiter.admit(user, "req-1", tier(), 10, 10)
+        assert admitted.lease is not None
+        await raw.script_flush()
+        assert await admitted.lease.settle() is False
+        assert not limiter.fallback_active  # Redis ran it, not the local fallback
+        assert await raw.zscore(user_keys(user)[2], "req-1") is None  # the slot is free on Redis
+    finally:
+        await limiter.aclose()
+        await raw.aclose()
