@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import csv
 import io
+import json
 import os
 import platform
 import shutil
@@ -278,6 +279,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="docs/bench-limiter.md")
+    parser.add_argument("--json", type=Path, help="also write the alternating rounds' ratios here, as JSON")
     args = parser.parse_args()
     rows, ratios = asyncio.run(run(args.decisions, args.concurrency, args.rounds))
     table = _table(rows)
@@ -289,6 +291,19 @@ def main() -> None:
     print(f"limiter / redis-py trivial EVALSHA: {_ratios(rows)}")
     print(f"with {args.concurrency} callers, {args.rounds} alternating rounds: {rounds}; median {median:.0%}")
     print(f"the same in CPU per operation (client + redis-server): {cpu_rounds}; median {cpu_median:.0%}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "concurrency": args.concurrency,
+                    "decisions_per_s_ratios": [round(r, 3) for r, _ in ratios],
+                    "median": round(median, 3),
+                    "cpu_ratios": [round(c, 3) for _, c in ratios],
+                    "cpu_median": round(cpu_median, 3),
+                }
+            )
+            + "\n"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         "# Limiter benchmark\n\n"

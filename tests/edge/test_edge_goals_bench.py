@@ -1,0 +1,135 @@
+"""`python -m bench.edge_goals`, issue 11's goals in one run: the runner runs the commands it names
+(small, with `--quick`) and keeps what they printed, and the verdict judges each goal's figures
+against its bound, with the bare server's figure beside it. Its timings are for docs/, not for a
+pass or a fail here: what is asserted is that the runner's commands still run and that a figure
+past its bound, or a failed stream, is never reported as met."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.edge_goals_verdict import Run, figures_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _streams_row(upstream: str, replicas: int, cpu_us: float, errors: int = 0) -> dict[str, object]:
+    return {
+        "workers": 1,
+        "interval_ms": 33.0,
+        "streams": 200,
+        "replicas": replicas,
+        "upstream": upstream,
+        "cpu_us_per_token": cpu_us,
+        "errors": errors,
+    }
+
+
+def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
+    run = Run(
+        {
+            "streams": [
+                _streams_row("in-process", 1, 20.0),
+                _streams_row("bare-in-process", 1, 10.0),
+                _streams_row("triton", 1, 36.0),
+                _streams_row("bare-triton", 1, 16.0),
+                # A clock per stream: cheap enough, but one stream failed.
+                _streams_row("in-process", 200, 25.0, errors=1),
+                _streams_row("triton", 200, 26.0),
+            ],
+            "limiter": [{"concurrency": 50, "decisions_per_s_ratios": [0.6, 0.8, 0.75], "median": 0.75}],
+            "ttft": [
+                {"limiter": "redis", "concurrency": 50, "ttft_p99_ms": 4.5, "errors": 0},
+                {"limiter": "bare", "concurrency": 50, "ttft_p99_ms": 2.5, "errors": 0},
+            ],
+        }
+    )
+    by_view = {(f.goal.split()[0], f.view): f for f in figures_of(run)}
+    one_clock = by_view[("CPU", "one step clock, 33 ms, 1 worker")]
+    assert (one_clock.value, one_clock.floor, one_clock.met) == (20.0, 10.0, True)
+    # Under its bound, but a stream failed: not met.
+    failed = by_view[("CPU", "a clock per stream (a wake-up per token), 33 ms, 1 worker")]
+    assert failed.value < failed.limit and not failed.met
+    # The Triton path over the zero-cost figure of the same clocks; its floor, the bare servers' ratio.
+    triton = by_view[("Triton", "paced, one step clock, 33 ms, 1 worker")]
+    assert (triton.value, triton.floor, triton.met) == (1.8, 1.6, False)
+    assert (
+        by_view[("Triton", "paced, a clock per stream (a wake-up per token), 33 ms, 1 worker")].met is False
+    )
+    # A lower bound: 75 % of redis-py meets ">= 70 %".
+    [limiter] = [f for f in figures_of(run) if f.goal.startswith("limiter")]
+    assert limiter.met and limiter.to_goal(limiter.value) < 1
+    [ttft] = [f for f in figures_of(run) if f.goal.startswith("edge TTFT")]
+    assert (ttft.value, ttft.floor, ttft.met) == (4.5, 2.5, False)
+
+
+def test_a_figure_the_run_could_not_measure_is_not_met() -> None:
+    run = Run(
+        {
+            "relay": [
+                {"variant": "edge", "streams": 1, "server_cpu_us_per_chunk": 0.0, "errors": 0},
+                {"variant": "triton-zero", "streams": 1, "server_cpu_us_per_chunk": 12.0, "errors": 0},
+            ]
+        }
+    )
+    [figure] = figures_of(run)
+    assert math.isnan(figure.value) and not figure.met
+
+
+@pytest.mark.server
+def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Path) -> None:
+    plot = tmp_path / "goals-plot.png"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.edge_goals",
+            "--quick",
+            "--only",
+            "setup,relay,ttft,limiter,triton",
+            "--out",
+            str(tmp_path),
+            "--plot",
+            str(plot),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert list(steps) == ["setup", "relay", "ttft", "limiter", "triton"]
+    assert all(step["returncode"] == 0 for step in steps.values())
+    # What the table gives is what the commands printed.
+    setup = [json.loads(line) for line in (tmp_path / "setup.jsonl").read_text().splitlines()]
+    repeated = next(r for r in setup if r["tree"] == "now")["setup_cpu_ms_per_stream_median"]
+    bare = next(r for r in setup if r["tree"] == "bare")["setup_cpu_ms_per_stream_median"]
+    table = (tmp_path / "goals.md").read_text()
+    row = next(line for line in table.splitlines() if "| a repeated prompt |" in line)
+    assert f"| {repeated:.3g} ms | {bare:.3g} ms |" in row
+    for goal in (
+        "Triton TTFT p50",
+        "Triton tokens/s",
+        "Triton path CPU",
+        "edge TTFT p99",
+        "limiter decisions/s",
+    ):
+        assert f"| {goal}" in table
+    for png in (tmp_path / "goals.png", plot):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Judging the kept run again, measuring nothing, gives the same table.
+    again = subprocess.run(
+        [sys.executable, "-m", "bench.edge_goals", "--from", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and table in again.stdout
