@@ -36,11 +36,11 @@ OUT_FILE = "{jsonl}"
 
 @dataclass(frozen=True)
 class Step:
-    """One command: `python -m MODULE ARGS` (`quick`: the same, small)."""
+    """One command: `python -m MODULE ARGS` (`quick`: the same, small); arguments split on spaces."""
 
     module: str
-    args: tuple[str, ...]
-    quick: tuple[str, ...]
+    args: str
+    quick: str
 
 
 STEPS: dict[str, Step] = {
@@ -48,168 +48,56 @@ STEPS: dict[str, Step] = {
     # the Triton path at the same pace, two workers, and the bare floors beside them.
     "streams": Step(
         "bench.streams",
-        ("--workers", "1,2", "--upstream", "in-process,triton", "--bare", "--json"),
-        (
-            "--paced",
-            "33:4",
-            "--workers",
-            "1",
-            "--upstream",
-            "in-process,triton",
-            "--bare",
-            "--window",
-            "1",
-            "--setup-count",
-            "10",
-            "--ramp",
-            "50",
-            "--json",
-        ),
+        "--workers 1,2 --upstream in-process,triton --bare --json",
+        "--paced 33:4 --workers 1 --upstream in-process,triton --bare --window 1 --setup-count 10 --ramp 50 "
+        "--json",
     ),
     # 10,000 streams at 2 tokens/s in one process.
     "streams-10k": Step(
         "bench.streams",
-        (
-            "--paced",
-            "500:10000",
-            "--replicas",
-            "0",
-            "--workers",
-            "1",
-            "--gc",
-            "quiet",
-            "--ramp",
-            "300",
-            "--window",
-            "10",
-            "--json",
-        ),
-        (
-            "--paced",
-            "500:20",
-            "--replicas",
-            "0",
-            "--workers",
-            "1",
-            "--ramp",
-            "100",
-            "--window",
-            "1",
-            "--setup-count",
-            "10",
-            "--json",
-        ),
+        "--paced 500:10000 --replicas 0 --workers 1 --gc quiet --ramp 300 --window 10 --json",
+        "--paced 500:20 --replicas 0 --workers 1 --ramp 100 --window 1 --setup-count 10 --json",
     ),
     # Set-up CPU per stream in alternating bursts (steadier than bench.streams' single burst).
     "setup": Step(
         "bench.streams_setup",
-        ("--trees", "now=.", "--rounds", "16", "--count", "600", "--bare", "--prompts", "same,new", "--json"),
-        ("--trees", "now=.", "--rounds", "2", "--count", "20", "--bare", "--prompts", "same,new", "--json"),
+        "--trees now=. --rounds 16 --count 600 --bare --prompts same,new --json",
+        "--trees now=. --rounds 2 --count 20 --bare --prompts same,new --json",
     ),
     # As fast as read: the Triton path against the zero-cost upstream (bench/zero_cost_replica.py).
     "relay": Step(
         "bench.relay",
-        ("--variants", "edge,triton-zero", "--concurrency", "1,64,256", "--duration", "5", "--json"),
-        (
-            "--variants",
-            "edge,triton-zero",
-            "--concurrency",
-            "1,4",
-            "--duration",
-            "1",
-            "--chunks",
-            "16",
-            "--json",
-        ),
+        "--variants edge,triton-zero --concurrency 1,64,256 --duration 5 --json",
+        "--variants edge,triton-zero --concurrency 1,4 --duration 1 --chunks 16 --json",
     ),
-    # The edge's share of time to first token, 50 streams open, admits among their tokens.
+    # The edge's share of time to first token, 50 streams open, admits among their tokens; on a
+    # connection per stream and on connections kept alive.
     "ttft": Step(
         "bench.ttft_overhead",
-        ("--limiters", "redis,redis-cluster-tls,bare", "--arrivals", "spread", "--json"),
-        (
-            "--limiters",
-            "redis,bare",
-            "--arrivals",
-            "spread",
-            "--concurrency",
-            "4",
-            "--tokens",
-            "3",
-            "--duration",
-            "1",
-            "--json",
-        ),
+        "--limiters redis,redis-cluster-tls,bare --arrivals spread --connections new,kept --json",
+        "--limiters redis,bare --arrivals spread --connections new,kept --concurrency 4 --tokens 3 "
+        "--duration 1 --json",
     ),
     # The same with admits spread over the upstream's step.
     "ttft-think": Step(
         "bench.ttft_overhead",
-        ("--limiters", "redis,redis-cluster-tls,bare", "--arrivals", "spread", "--think-ms", "33", "--json"),
-        (
-            "--limiters",
-            "redis,bare",
-            "--arrivals",
-            "spread",
-            "--think-ms",
-            "33",
-            "--concurrency",
-            "4",
-            "--tokens",
-            "3",
-            "--duration",
-            "1",
-            "--json",
-        ),
+        "--limiters redis,redis-cluster-tls,bare --arrivals spread --think-ms 33 --connections new,kept "
+        "--json",
+        "--limiters redis,bare --arrivals spread --think-ms 33 --concurrency 4 --tokens 3 --duration 1 "
+        "--json",
     ),
     # Limiter decisions/s against redis-py's trivial EVALSHA, 50 callers, alternating rounds.
     "limiter": Step(
         "bench.limiter",
-        ("--out", "{dir}/limiter.md", "--json", OUT_FILE),
-        (
-            "--decisions",
-            "300",
-            "--rounds",
-            "1",
-            "--concurrency",
-            "4",
-            "--out",
-            "{dir}/limiter.md",
-            "--json",
-            OUT_FILE,
-        ),
+        f"--out {{dir}}/limiter.md --json {OUT_FILE}",
+        f"--decisions 300 --rounds 1 --concurrency 4 --out {{dir}}/limiter.md --json {OUT_FILE}",
     ),
     # The real model through local Triton against the in-process engine (last: the longest).
     "triton": Step(
         "bench.triton_vs_local",
-        (
-            "--streams",
-            "64,100",
-            "--max-tokens",
-            "32",
-            "--prompt-len",
-            "32",
-            "--repeat",
-            "3",
-            "--paths",
-            "triton",
-            "--json",
-            OUT_FILE,
-        ),
-        (
-            "--model",
-            "floodgate-tiny",
-            "--streams",
-            "2",
-            "--max-tokens",
-            "4",
-            "--prompt-len",
-            "8",
-            "--repeat",
-            "1",
-            "--paths",
-            "triton",
-            "--json",
-            OUT_FILE,
-        ),
+        f"--streams 64,100 --max-tokens 32 --prompt-len 32 --repeat 3 --paths triton --json {OUT_FILE}",
+        "--model floodgate-tiny --streams 2 --max-tokens 4 --prompt-len 8 --repeat 1 --paths triton "
+        f"--json {OUT_FILE}",
     ),
 }
 
@@ -217,7 +105,7 @@ STEPS: dict[str, Step] = {
 def command(name: str, out: Path, quick: bool) -> list[str]:
     step = STEPS[name]
     jsonl = out / f"{name}.jsonl"
-    args = [a.format(dir=out, jsonl=jsonl) for a in (step.quick if quick else step.args)]
+    args = [a.format(dir=out, jsonl=jsonl) for a in (step.quick if quick else step.args).split()]
     return [sys.executable, "-m", step.module, *args]
 
 
@@ -225,7 +113,7 @@ def run_step(name: str, out: Path, quick: bool) -> dict[str, object]:
     """Run one command; its JSON lines into NAME.jsonl (unless it writes that itself), the rest into
     NAME.log. Returns what run.json records of it."""
     argv = command(name, out, quick)
-    writes_itself = OUT_FILE in STEPS[name].args
+    writes_itself = OUT_FILE in STEPS[name].args.split()
     started = time.time()
     load = os.getloadavg()[0]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv[1:])}", flush=True)

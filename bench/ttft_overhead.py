@@ -3,6 +3,7 @@ ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms a
 
 python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
     [--limiters memory,redis,redis-cluster-tls,bare] [--arrivals spread,burst] [--think-ms 0]
+    [--connections new,kept]
     [--trees a=DIR,b=DIR [--rounds N]] [--json]
 
 The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
@@ -25,7 +26,13 @@ tests' starter, tests/support/redis_server.py, with a throwaway CA). The bare ro
 bench/bare_sse_server.py paced alike: the same protocol and loop with nothing of the edge's, the
 floor under the figure on this machine.
 
-Reported per limiter and arrivals: TTFT p50 / p99 / max at the client (connect to the first content delta),
+`--connections new`: every stream on a connection of its own, its TTFT from the connect (the TCP
+handshake and the server's accept included); `kept`: each client keeps its connection alive from
+stream to stream, its TTFT from sending the request, as clients through the OpenAI SDK's pool, and
+a load balancer's connections to its targets, reach the edge.
+
+Reported per limiter, arrivals and connections: TTFT p50 / p99 / max at the client (to the first
+content delta),
 admits per second, errors, the server's CPU share and its CPU per admitted stream (all of a stream's
 cost: its set-up, its tokens and its end; the bare floor's too).
 
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -64,30 +72,47 @@ from bench.trees import parse_trees
 CONTENT = b'"content":"' + TOKEN_TEXT.encode()
 
 
-async def _one(host: str, port: int, request: bytes) -> float | None:
-    """Seconds from connecting to the first content delta; None when the stream failed."""
-    start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(request)
-        first: float | None = None
-        seen = b""
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            if first is None:
-                seen += data
-                if not seen.startswith(b"HTTP/1.1 200"):
-                    return None
-                if CONTENT in seen:
-                    first = time.perf_counter() - start
-                    seen = b""
-            if data.endswith(END_OF_BODY):
-                break
-        return first
-    finally:
-        writer.close()
+class _Client:
+    """One client's connection: a new one for every stream (`kept` False: every TTFT pays a TCP
+    connect and the server's accept), or one kept alive from stream to stream, as the OpenAI SDK's
+    connection pool and a load balancer's connections to its targets are (reopened only when the
+    server closed it)."""
+
+    def __init__(self, host: str, port: int, kept: bool) -> None:
+        self.host, self.port, self.kept = host, port, kept
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def stream(self, request: bytes) -> float | None:
+        """Seconds from connecting (or, on a kept connection, from sending) to the first content
+        delta; None when the stream failed."""
+        start = time.perf_counter()
+        if self._conn is None:
+            self._conn = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self._conn
+        ended = False
+        try:
+            writer.write(request)
+            first: float | None = None
+            seen = b""
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if first is None:
+                    seen += data
+                    if not seen.startswith(b"HTTP/1.1 200"):
+                        return None
+                    if CONTENT in seen:
+                        first = time.perf_counter() - start
+                        seen = b""
+                if data.endswith(END_OF_BODY):
+                    ended = True
+                    break
+            return first
+        finally:
+            if not (self.kept and ended):
+                writer.close()
+                self._conn = None
 
 
 async def _load(
@@ -98,6 +123,7 @@ async def _load(
     spread: bool,
     interval_s: float,
     think_s: float = 0.0,
+    kept: bool = False,
 ) -> dict[str, Any]:
     host, port = server.base_url.removeprefix("http://").split(":")
     # Spread: every stream of its own length (half to one and a half `tokens`), every client
@@ -114,11 +140,12 @@ async def _load(
 
     async def client() -> None:
         nonlocal errors
+        conn = _Client(host, int(port), kept)
         if spread:
             await asyncio.sleep(rng.uniform(0, tokens * interval_s))  # a start of its own
         while time.perf_counter() < end:
             try:
-                ttft = await _one(host, int(port), rng.choice(requests))
+                ttft = await conn.stream(rng.choice(requests))
             except OSError:
                 ttft = None
             if ttft is None:
@@ -201,6 +228,11 @@ def main() -> None:
     parser.add_argument(
         "--think-ms", type=float, default=0.0, help="a random pause up to this between streams"
     )
+    parser.add_argument(
+        "--connections",
+        default="new",
+        help="new (a connection per stream), kept (one per client, kept alive), or both",
+    )
     parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
     parser.add_argument("--rounds", type=int, default=1, help="with --trees: alternate them N times")
     parser.add_argument("--phases", action="store_true", help="where TTFT goes in the server (edge rows)")
@@ -222,7 +254,9 @@ def main() -> None:
         with _server(limiter, args.interval_ms, tree) as server:
             # A short warm-up: the first requests pay imports and the key cache's first read.
             uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
-            for arrivals in args.arrivals.split(","):
+            for arrivals, connections in itertools.product(
+                args.arrivals.split(","), args.connections.split(",")
+            ):
                 spread = arrivals == "spread"
                 probe = args.phases and limiter != "bare"  # the floor has no edge to look into
                 if probe:
@@ -231,6 +265,7 @@ def main() -> None:
                     **({"tree": label} if label else {}),
                     "limiter": limiter,
                     "arrivals": arrivals,
+                    "connections": connections,
                     "concurrency": args.concurrency,
                     "tokens": args.tokens,
                     "interval_ms": args.interval_ms,
@@ -244,6 +279,7 @@ def main() -> None:
                             spread,
                             interval_s,
                             args.think_ms / 1000,
+                            connections == "kept",
                         )
                     ),
                 }
