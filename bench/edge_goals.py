@@ -1,9 +1,9 @@
 """Issue 11's goals in one run: every command docs/benchmarks.md names for them, one after another on
 this machine, their raw output kept in one folder, then each goal's figure beside its floor and a
-verdict (bench/edge_goals_verdict.py), as a table and a plot.
+verdict (bench/edge_goals_verdict.py), as a table (DIR/goals.md) and a plot (DIR/goals.png).
 
-python -m bench.edge_goals [--out DIR] [--only streams,setup,...] [--quick] [--plot PNG]
-python -m bench.edge_goals --from DIR [--plot PNG]      (judge a run already made; measures nothing)
+python -m bench.edge_goals [--out DIR] [--only streams,setup,...] [--quick]
+python -m bench.edge_goals --from DIR      (judge a run already made; measures nothing)
 
 Why one runner: the goals are ratios and floors of one machine at one time (an instance of this
 kind runs the same code 2x faster or slower from one session to the next), and "done" means they
@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(STEPS), help=f"commands to run, of {','.join(STEPS)}")
     parser.add_argument("--quick", action="store_true", help="every command small: a smoke run")
     parser.add_argument("--from", dest="source", type=Path, help="judge this earlier run; run nothing")
-    parser.add_argument("--plot", type=Path, help="write the goals' plot here too (PNG)")
     args = parser.parse_args(argv)
     if args.source is not None:
         out = args.source
@@ -160,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     text = table(figures, raw)
     (out / "goals.md").write_text(text)
     plot(figures, raw, out / "goals.png")
-    if args.plot is not None:
-        plot(figures, raw, args.plot)
     print(text)
     print(f"raw output, table and plot: {out}")
     failed = [n for n, s in raw.steps.items() if s.get("returncode") not in (0, None)]

@@ -7,12 +7,17 @@ and records, per request, in milliseconds:
 - `total`: from the protocol's first byte of the request (uvicorn's on_message_begin) to the first
   content chunk offered to the connection (the edge's write_now);
 - `begin_to_route`: from that first byte to the chat route's start (parsing, the middlewares);
+- `begin_to_task`: the part of that before the request's ASGI task first runs (the head parsed,
+  the task created, then every callback the loop ran before it);
 - `route`: the route's own work up to its answer (auth, body, parse, `Pipeline.admit`);
 - `pipeline_admit`: `Pipeline.admit` (template and tokenizer, limiter, admission);
 - `limiter_admit`: the limiter's admit alone (on Redis: its round trip and the loop passes around
   it);
 - `answer_to_content`: from the route's answer to the first content chunk (the response's start,
   the generation's task, the upstream's first token, the relay).
+
+- `step`: not a request's: how long each of the paced upstream's steps holds the loop (every open
+  stream's token written in one callback), what a request arriving during one waits for.
 
 `take()` returns each phase's count, p50, p90, p99 and max, and starts afresh (GET /bench/phases).
 A wrapper's own cost is a perf_counter call and a list append per phase per request. Wrapping
@@ -48,6 +53,9 @@ def take() -> dict[str, dict[str, float]]:
 
 
 def install() -> None:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from bench.paced_upstream import _StepClock
     from edge.body_chunks import WRITE_NOW
     from edge.http_protocol import EdgeHttpProtocol
     from edge.pipeline import Pipeline
@@ -83,6 +91,22 @@ def install() -> None:
 
         scope[WRITE_NOW] = first_content
 
+    run_asgi = RequestResponseCycle.run_asgi
+
+    async def timed_run_asgi(self: Any, app: Any) -> None:
+        if _T0 in self.scope:
+            _samples["begin_to_task"].append(_perf() - self.scope[_T0])
+        await run_asgi(self, app)
+
+    step = _StepClock._step
+
+    def timed_step(self: Any) -> None:
+        start = _perf()
+        step(self)
+        _samples["step"].append(_perf() - start)
+
+    RequestResponseCycle.run_asgi = timed_run_asgi  # type: ignore[method-assign]
+    _StepClock._step = timed_step  # type: ignore[method-assign]
     EdgeHttpProtocol.on_message_begin = on_message_begin  # type: ignore[method-assign]
     EdgeHttpProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
 
