@@ -10,7 +10,7 @@ kind runs the same code 2x faster or slower from one session to the next), and "
 hold in one run of the commands. Each command runs alone (run nothing else meanwhile): its JSON
 lines go to DIR/NAME.jsonl, everything else it prints to DIR/NAME.log, and DIR/run.json says
 which commands ran, when, for how long, and the load average before each. The whole run takes
-about 25 minutes on 2 cores; `--quick` runs every command small (a smoke run: its figures mean
+about 20 minutes on 2 cores; `--quick` runs every command small (a smoke run: its figures mean
 nothing), `--only` some of them.
 """
 

@@ -71,7 +71,9 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _one(rows: Iterable[Row], **match: Any) -> Row | None:
-    """The first row whose fields equal `match` (bench.streams prints each row once per run)."""
+    """The first row whose fields equal `match`. With `--workers 1,2` bench.streams measures the bare
+    floor once beside each worker count (as one process both times): the first is the one measured
+    in the same minutes as the one-worker rows, the only ones given a floor here."""
     for row in rows:
         if all(row.get(k) == v for k, v in match.items()):
             return row

@@ -32,9 +32,8 @@ stream to stream, its TTFT from sending the request, as clients through the Open
 a load balancer's connections to its targets, reach the edge.
 
 Reported per limiter, arrivals and connections: TTFT p50 / p99 / max at the client (to the first
-content delta),
-admits per second, errors, the server's CPU share and its CPU per admitted stream (all of a stream's
-cost: its set-up, its tokens and its end; the bare floor's too).
+content delta), admits per second, errors, the server's CPU share and its CPU per admitted stream
+(all of a stream's cost: its set-up, its tokens and its end; the bare floor's too).
 
 `--trees`: the edge served from each of these checkouts in turn (bench.streams' `tree`), `--rounds`
 times over, so a change and the code before it meet the same machine in one run.
