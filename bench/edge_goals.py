@@ -11,7 +11,8 @@ hold in one run of the commands. Each command runs alone (run nothing else meanw
 lines go to DIR/NAME.jsonl, everything else it prints to DIR/NAME.log, and DIR/run.json says
 which commands ran, when, for how long, and the load average before each. The whole run takes
 about 20 minutes on 2 cores; `--quick` runs every command small (a smoke run: its figures mean
-nothing), `--only` some of them.
+nothing), `--only` some of them (into a kept run's folder: those commands' output is added or
+replaced, the rest stays, and run.json says when each ran).
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ STEPS: dict[str, Step] = {
         "--workers 1,2 --upstream in-process,triton --bare --json",
         "--paced 33:4 --workers 1 --upstream in-process,triton --bare --window 1 --setup-count 10 --ramp 50 "
         "--json",
+    ),
+    # The Triton path and the in-process one (and both floors) holding their streams side by side in
+    # one window: their ratio under the same machine load, steadier than from windows minutes apart.
+    "streams-paired": Step(
+        "bench.streams",
+        "--paced 33:200,500:1000 --replicas 1 --workers 1 --upstream in-process,triton --bare --paired 1 "
+        "--json",
+        "--paced 33:4 --replicas 1 --workers 1 --upstream in-process,triton --bare --paired 1 --window 1 "
+        "--setup-count 10 --ramp 50 --json",
     ),
     # 10,000 streams at 2 tokens/s in one process.
     "streams-10k": Step(
@@ -149,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown commands: {', '.join(sorted(unknown))}")
         out = args.out or Path(time.strftime("/tmp/edge-goals-%Y%m%d-%H%M%S"))
         out.mkdir(parents=True, exist_ok=True)
-        steps: dict[str, object] = {}
+        # Into a kept run's folder, `--only` adds or replaces those commands' output, the rest stays.
+        kept = out / "run.json"
+        steps: dict[str, object] = json.loads(kept.read_text())["steps"] if kept.exists() else {}
         for name in names:
             steps[name] = run_step(name, out, args.quick)
             record = {"machine": machine(), "quick": args.quick, "steps": steps}

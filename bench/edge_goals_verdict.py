@@ -200,30 +200,31 @@ def _triton_path(run: Run) -> list[Figure]:
             figures.append(
                 Figure(goal, f"as fast as read, {_streams(row['streams'])}", ratio, 1.5, "x", errors=errors)
             )
-    streams = run.rows.get("streams", [])
-    for row in sorted(streams, key=lambda r: r["replicas"] != 1):
-        if row["upstream"] != "triton":
-            continue
-        same = {"replicas": row["replicas"], "interval_ms": row["interval_ms"]}
-        zero = _one(streams, upstream="in-process", workers=row["workers"], **same)
-        if zero is None:
-            continue
-        floor = None
-        bare_triton = _one(streams, upstream="bare-triton", **same)
-        bare_zero = _one(streams, upstream="bare-in-process", **same)
-        if bare_triton and bare_zero and row["workers"] == 1:
-            floor = _ratio(bare_triton["cpu_us_per_token"], bare_zero["cpu_us_per_token"])
-        figures.append(
-            Figure(
-                goal,
-                f"paced, {_clocks(row)}, {row['interval_ms']:g} ms, {_workers(row)}",
-                _ratio(row["cpu_us_per_token"], zero["cpu_us_per_token"]),
-                1.5,
-                "x",
-                floor=floor,
-                errors=row["errors"] + zero["errors"],
+    for step, how in (("streams", "paced"), ("streams-paired", "paced side by side in one window")):
+        streams = run.rows.get(step, [])
+        for row in sorted(streams, key=lambda r: r["replicas"] != 1):
+            if row["upstream"] != "triton":
+                continue
+            same = {"replicas": row["replicas"], "interval_ms": row["interval_ms"]}
+            zero = _one(streams, upstream="in-process", workers=row["workers"], **same)
+            if zero is None:
+                continue
+            floor = None
+            bare_triton = _one(streams, upstream="bare-triton", **same)
+            bare_zero = _one(streams, upstream="bare-in-process", **same)
+            if bare_triton and bare_zero and row["workers"] == 1:
+                floor = _ratio(bare_triton["cpu_us_per_token"], bare_zero["cpu_us_per_token"])
+            figures.append(
+                Figure(
+                    goal,
+                    f"{how}, {_clocks(row)}, {row['interval_ms']:g} ms, {_workers(row)}",
+                    _ratio(row["cpu_us_per_token"], zero["cpu_us_per_token"]),
+                    1.5,
+                    "x",
+                    floor=floor,
+                    errors=row["errors"] + zero["errors"],
+                )
             )
-        )
     return figures
 
 

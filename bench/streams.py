@@ -469,12 +469,15 @@ def measure(
     bare: bool = False,
 ) -> list[dict[str, Any]]:
     """`paired` > 0: the trees' servers run side by side, their set-up cost measured in `paired`
-    alternating bursts each (the median reported) and their streams held in one window. `bare`: a
-    row "bare" beside each group's, bench/bare_sse_server.py paced alike (the floor), in the same
-    window when paired."""
+    alternating bursts each (the median reported) and their streams held in one window; with
+    several `upstreams`, every upstream's servers too (the Triton path and the in-process one under
+    the same load, their ratio from one window). `bare`: a row "bare" beside each group's,
+    bench/bare_sse_server.py paced alike (the floor), in the same window when paired."""
     rows = []
-    for n_workers, (interval_ms, streams), steps, gc_mode, upstream in itertools.product(
-        workers, paced, replicas, gc_modes, upstreams
+    # Paired, the upstreams share a group; else each is a run of its own.
+    upstream_runs = [upstreams] if paired else [(u,) for u in upstreams]
+    for n_workers, (interval_ms, streams), steps, gc_mode, run_upstreams in itertools.product(
+        workers, paced, replicas, gc_modes, upstream_runs
     ):
         usable = [
             (label, tree)
@@ -490,32 +493,39 @@ def measure(
             "streams": streams,
             "replicas": n_replicas,
             "gc": gc_mode,
-            "upstream": upstream,
         }
-        groups: list[list[tuple[str, Path | None]]] = [usable] if paired else [[t] for t in usable]
+        # A group's members: (label, tree, upstream, is the bare floor).
+        groups: list[list[tuple[str, Path | None, str, bool]]] = [
+            [(label, tree, upstream, False) for upstream in run_upstreams for label, tree in usable]
+        ]
+        if not paired:
+            groups = [[member] for member in groups[0]]
         if bare:
-            groups = [[*g, _BARE] for g in groups] if paired else [*groups, [_BARE]]
+            floors: list[tuple[str, Path | None, str, bool]] = [
+                ("bare", None, upstream, True) for upstream in run_upstreams
+            ]
+            groups = [[*groups[0], *floors]] if paired else [*groups, *([f] for f in floors)]
         for group in groups:
             with contextlib.ExitStack() as stack:
                 srvs = [
                     stack.enter_context(
                         bare_server(interval_ms, n_replicas, upstream)
-                        if member is _BARE
+                        if floor
                         else servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream)
                     )
-                    for member in group
-                    for tree in [member[1]]
+                    for _, tree, upstream, floor in group
                 ]
                 bursts: list[list[tuple[float, int]]] = [[] for _ in srvs]
                 for _ in range(max(paired, 1)):
                     for i, srv in enumerate(srvs):
                         bursts[i].append(asyncio.run(setup_cost(srv, 32, setup_count)))
                 held = hold(srvs, streams, interval_ms / 1000, ramp_per_s, 2.0, window_s, client_processes)
-            for (label, _), runs, row in zip(group, bursts, held, strict=True):
+            for (label, _, upstream, floor), runs, row in zip(group, bursts, held, strict=True):
                 rows.append(
                     {
                         **config,
-                        **({"workers": 1, "upstream": f"bare-{upstream}"} if label == _BARE[0] else {}),
+                        "upstream": upstream,
+                        **({"workers": 1, "upstream": f"bare-{upstream}"} if floor else {}),
                         "tree": label,
                         "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
                         "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],
@@ -525,10 +535,6 @@ def measure(
                 )
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
-
-
-# The floor's place among the trees of a group (bench/bare_sse_server.py).
-_BARE: tuple[str, Path | None] = ("bare", None)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -568,8 +574,8 @@ def main() -> None:
         "--paired",
         type=int,
         default=0,
-        help="with --trees: run the trees' servers side by side, N alternating set-up bursts each, "
-        "streams held in one window (same machine load for every version)",
+        help="run every tree's and every upstream's servers side by side, N alternating set-up bursts "
+        "each, streams held in one window (the same machine load for every version and path)",
     )
     parser.add_argument(
         "--upstream",

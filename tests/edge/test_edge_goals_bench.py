@@ -43,6 +43,13 @@ def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
                 _streams_row("in-process", 200, 25.0, errors=1),
                 _streams_row("triton", 200, 26.0),
             ],
+            # The same four side by side in one window.
+            "streams-paired": [
+                _streams_row("in-process", 1, 16.0),
+                _streams_row("triton", 1, 23.2),
+                _streams_row("bare-in-process", 1, 10.0),
+                _streams_row("bare-triton", 1, 13.0),
+            ],
             "limiter": [{"concurrency": 50, "decisions_per_s_ratios": [0.6, 0.8, 0.75], "median": 0.75}],
             "ttft": [
                 {"limiter": "redis", "concurrency": 50, "ttft_p99_ms": 4.5, "errors": 0},
@@ -62,6 +69,8 @@ def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
     assert (
         by_view[("Triton", "paced, a clock per stream (a wake-up per token), 33 ms, 1 worker")].met is False
     )
+    paired = by_view[("Triton", "paced side by side in one window, one step clock, 33 ms, 1 worker")]
+    assert (paired.value, paired.floor, paired.met) == (1.45, 1.3, True)
     # A lower bound: 75 % of redis-py meets ">= 70 %".
     [limiter] = [f for f in figures_of(run) if f.goal.startswith("limiter")]
     assert limiter.met and limiter.to_goal(limiter.value) < 1
@@ -84,7 +93,7 @@ def test_a_figure_the_run_could_not_measure_is_not_met() -> None:
 
 @pytest.mark.server
 def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Path) -> None:
-    only = "setup,relay,ttft,limiter,triton"
+    only = "streams-paired,setup,relay,ttft,limiter,triton"
     done = subprocess.run(
         [sys.executable, "-m", "bench.edge_goals", "--quick", "--only", only, "--out", str(tmp_path)],
         cwd=REPO,
@@ -94,7 +103,7 @@ def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Pat
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = json.loads((tmp_path / "run.json").read_text())["steps"]
-    assert list(steps) == ["setup", "relay", "ttft", "limiter", "triton"]
+    assert list(steps) == only.split(",")
     assert all(step["returncode"] == 0 for step in steps.values())
     # What the table gives is what the commands printed.
     setup = [json.loads(line) for line in (tmp_path / "setup.jsonl").read_text().splitlines()]
@@ -103,6 +112,17 @@ def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Pat
     table = (tmp_path / "goals.md").read_text()
     row = next(line for line in table.splitlines() if "| a repeated prompt |" in line)
     assert f"| {repeated:.3g} ms | {bare:.3g} ms |" in row
+    # Side by side: every upstream's edge and bare server held their streams in the same window.
+    paired = [json.loads(line) for line in (tmp_path / "streams-paired.jsonl").read_text().splitlines()]
+    assert sorted(r["upstream"] for r in paired) == ["bare-in-process", "bare-triton", "in-process", "triton"]
+    assert all(r["errors"] == 0 and r["streams_streaming"] == r["streams"] for r in paired)
+    # The edge's TTFT on a connection per stream and on connections kept alive, every stream served.
+    ttft = [json.loads(line) for line in (tmp_path / "ttft.jsonl").read_text().splitlines()]
+    assert {(r["limiter"], r["connections"]) for r in ttft} == {
+        (limiter, connections) for limiter in ("redis", "bare") for connections in ("new", "kept")
+    }
+    assert all(r["errors"] == 0 and r["admits"] > r["concurrency"] for r in ttft)
+    assert "connections kept alive" in table
     for goal in (
         "Triton TTFT p50",
         "Triton tokens/s",
