@@ -12,10 +12,10 @@ path beside it: the edge's own Triton client reading bench/zero_cost_replica.py 
 
 - set-up CPU per stream: server CPU over a burst of one-token streams (parse, auth, template,
   limiter, admission, first event, close, log line) divided by the streams;
-- CPU µs per token: server CPU over a window in which all N streams are open and streaming,
-  divided by the tokens the clients received in it (counted from the text, so several tokens
-  coalesced in one event count as several); also without the servers' idle CPU (3 s with no
-  stream open, before the ramp: timers and polls);
+- CPU µs per token: server CPU (its threads' schedstat, in nanoseconds) over a window in which all
+  N streams are open and streaming, divided by the tokens the clients received in it (counted
+  from the text, so several tokens coalesced in one event count as several); also without the
+  servers' idle CPU (3 s with no stream open, before the ramp: timers and polls);
 - RSS per stream: the servers' resident memory with N streams open minus before, divided by N;
 - inter-token p99 (between content events of one stream, in the window) and errors (non-200,
   error events, client exceptions).
@@ -174,6 +174,17 @@ class Servers:
             system += int(fields[12])
         tick = os.sysconf("SC_CLK_TCK")
         return user / tick, system / tick
+
+    def thread_cpu_ns(self) -> dict[tuple[int, str], int]:
+        """Each live thread's time on the CPU so far, in nanoseconds (/proc's schedstat: /proc/PID/stat
+        counts 10 ms ticks, a few dozen in a window at 500 ms a token). See `cpu_ns_between`."""
+        times = {}
+        for pid in self.pids:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                        times[(pid, task.name)] = int((task / "schedstat").read_text().split()[0])
+        return times
 
     def rss_bytes(self) -> int:
         total = 0
@@ -376,10 +387,13 @@ def hold(
     max_tokens = min(2000, 3 * int(lifetime / interval_s) + 1)
     rss_before = [srv.rss_bytes() for srv in group]
     # What the servers spend with no stream open (timers, polls): part of every per-token figure.
-    idle_before, idle_start = [srv.cpu_seconds() for srv in group], time.perf_counter()
+    idle_before, idle_start = [srv.thread_cpu_ns() for srv in group], time.perf_counter()
     time.sleep(3.0)
     idle_s = time.perf_counter() - idle_start
-    idle_share = [(srv.cpu_seconds() - b) / idle_s for srv, b in zip(group, idle_before, strict=True)]
+    idle_share = [
+        cpu_ns_between(b, srv.thread_cpu_ns()) / 1e9 / idle_s
+        for srv, b in zip(group, idle_before, strict=True)
+    ]
     clients = []
     try:
         for srv in group:
@@ -401,10 +415,12 @@ def hold(
         time.sleep(settle_s)
         gc_before = [_gc_totals(srv.base_url) for srv in group]
         before = [srv.user_system_seconds() for srv in group]
+        before_ns = [srv.thread_cpu_ns() for srv in group]
         for c in clients:
             c.open_window()
         opened = time.perf_counter()
         time.sleep(window_s)
+        after_ns = [srv.thread_cpu_ns() for srv in group]
         after = [srv.user_system_seconds() for srv in group]
         for c in clients:
             c.close_window()
@@ -417,8 +433,10 @@ def hold(
             c.kill()
     rows = []
     for i in range(len(group)):
-        cpu = sum(after[i]) - sum(before[i])
-        system = after[i][1] - before[i][1]
+        cpu = cpu_ns_between(before_ns[i], after_ns[i]) / 1e9
+        # The user / system split has only /proc's ticks: a share of the ticks, not of `cpu`.
+        ticks = sum(after[i]) - sum(before[i])
+        system = (after[i][1] - before[i][1]) / max(ticks, 1e-9) * cpu
         tokens = max(seen[i].tokens, 1)
         rows.append(
             {
@@ -442,6 +460,13 @@ def hold(
             }
         )
     return rows
+
+
+def cpu_ns_between(before: dict[tuple[int, str], int], after: dict[tuple[int, str], int]) -> int:
+    """CPU time between two `thread_cpu_ns` readings: each thread's own difference, so a thread that
+    ended in between (anyio's idle workers, 10 s after their last call) takes away nothing but its
+    own few nanoseconds in the window; one that began counts from zero."""
+    return sum(ns - before.get(thread, 0) for thread, ns in after.items())
 
 
 def _gc_totals(base_url: str) -> dict[str, float]:

@@ -33,21 +33,13 @@ from bench.streams import Servers, bare_server, servers, setup_cost
 from bench.trees import parse_trees
 
 
-def _cpu_ns(srv: Servers) -> int:
+class _NanosecondServers(Servers):
     """The servers' threads' time on the CPU so far. An exited thread no longer counts: the only
     ones that exit are anyio's idle worker threads (the key store's reads), 10 s after their last
     call, and one may go between the listing and its read."""
-    total = 0
-    for pid in srv.pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += int((task / "schedstat").read_text().split()[0])
-    return total
 
-
-class _NanosecondServers(Servers):
     def cpu_seconds(self) -> float:
-        return _cpu_ns(self) / 1e9
+        return sum(self.thread_cpu_ns().values()) / 1e9
 
 
 def measure(
