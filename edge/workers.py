@@ -108,13 +108,16 @@ def serve_workers(
 
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
-    multiprocessing.connection.wait([proc.sentinel for proc in procs])
+    ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
+    first = next(proc for proc in procs if proc.sentinel in ended)
     if not signalled:
-        # One exited on its own (it failed): the others drain and follow; its code is the result.
+        # One exited on its own (it failed): the others drain and follow; its code is the result,
+        # not the SIGTERM the others then got.
         _signal_all(procs, signal.SIGTERM)
     for proc in procs:
         proc.join()
-    return next((code for proc in procs if (code := proc.exitcode or 0)), 0)
+    codes = [first.exitcode or 0] if not signalled else []
+    return next((code for code in [*codes, *(proc.exitcode or 0 for proc in procs)] if code), 0)
 
 
 def _signal_all(procs: Sequence[BaseProcess], sig: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from edge.config import load_settings
 from edge.workers import WorkersRefused, worker_overrides
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import demo_model_dir
-from tests.support.ports import free_port
+from tests.support.ports import free_consecutive_ports, free_port
 from tests.support.redis_server import RedisServer, start_redis
 
 ALLOWED = 12
@@ -49,9 +50,9 @@ def redis() -> Iterator[RedisServer]:
         server.stop()
 
 
-@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
-def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: RedisServer) -> None:
-    port, ops_port = free_port(), free_port()
+def _serve_two_workers(tmp_path: Path, redis: RedisServer, port: int, ops_port: int) -> list[str]:
+    """`floodgate serve --workers 2` on the demo model and this Redis; worker i's operator
+    listener on ops_port + i."""
     config = tmp_path / "floodgate.toml"
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
@@ -63,7 +64,30 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         f"[tiers.paid]\nrequests_per_window = {ALLOWED}\nrequest_window_s = 3600\n"
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
-    command += ["--workers", "2"]
+    return [*command, "--workers", "2"]
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_worker_that_cannot_start_ends_serve_with_its_own_exit_code(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    ops_port = free_consecutive_ports(2)
+    command = _serve_two_workers(tmp_path, redis, free_port(), ops_port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        # The second worker's operator port is someone else's: it cannot start.
+        taken.bind(("127.0.0.1", ops_port + 1))
+        taken.listen()
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    # Its own code and its own words, not the SIGTERM that stopped the other worker (-15: 241).
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"127.0.0.1:{ops_port + 1} (ops_port): Address already in use" in done.stderr
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: RedisServer) -> None:
+    # Both workers' operator ports free: another test's server on ops_port + 1 would stop the second.
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    command = _serve_two_workers(tmp_path, redis, port, ops_port)
     proc = subprocess.Popen(
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -104,7 +128,9 @@ def _finished(metrics_url: str) -> int:
 
 def _wait_answering(url: str, proc: subprocess.Popen[str]) -> None:
     for _ in range(1500):
-        assert proc.poll() is None, "floodgate serve exited"
+        if proc.poll() is not None:
+            said = proc.stdout.read() if proc.stdout is not None else ""
+            raise AssertionError(f"floodgate serve exited ({proc.returncode}): {said[-2000:]}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
