@@ -116,8 +116,9 @@ def serve_workers(
         _signal_all(procs, signal.SIGTERM)
     for proc in procs:
         proc.join()
-    codes = [first.exitcode or 0] if not signalled else []
-    return next((code for code in [*codes, *(proc.exitcode or 0 for proc in procs)] if code), 0)
+    if not signalled and first.exitcode:
+        return first.exitcode
+    return next((code for proc in procs if (code := proc.exitcode or 0)), 0)
 
 
 def _signal_all(procs: Sequence[BaseProcess], sig: int) -> None:
