@@ -129,9 +129,11 @@ def run_step(name: str, out: Path, quick: bool) -> dict[str, object]:
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv[1:])}", flush=True)
     with (out / f"{name}.log").open("w") as log:
         done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
-        log.write(done.stdout)
+        # What a command prints as JSON lines is kept once, in NAME.jsonl when it prints them.
+        printed = done.stdout.splitlines()
+        log.writelines(f"{line}\n" for line in printed if not line.startswith("{"))
     if not writes_itself:
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        lines = [line for line in printed if line.startswith("{")]
         (out / f"{name}.jsonl").write_text("".join(f"{line}\n" for line in dict.fromkeys(lines)))
     if done.returncode != 0:
         print(f"  {name} failed ({done.returncode}): see {out / (name + '.log')}", flush=True)

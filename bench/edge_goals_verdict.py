@@ -158,30 +158,21 @@ def _triton_model(run: Run) -> list[Figure]:
         values = [r[key] for r in rows if r["path"] == path and r["streams"] == streams]
         return statistics.median(values) if values else math.nan
 
+    def versus(n: int, key: str) -> float:
+        return _ratio(median("triton", n, key), median("in-process", n, key))
+
     counts = sorted({r["streams"] for r in rows})
     model = {r["streams"]: r["model"] for r in rows}
-    ttft = [
+    ttft = "Triton TTFT p50 <= 1.3x in-process"
+    rate = "Triton tokens/s >= 95 % of in-process"
+    return [
+        Figure(ttft, f"{_streams(n)}, {model[n]}", versus(n, "ttft_p50_ms"), 1.3, "x") for n in counts
+    ] + [
         Figure(
-            "Triton TTFT p50 <= 1.3x in-process",
-            f"{_streams(n)}, {model[n]}",
-            _ratio(median("triton", n, "ttft_p50_ms"), median("in-process", n, "ttft_p50_ms")),
-            1.3,
-            "x",
+            rate, f"{_streams(n)}, {model[n]}", versus(n, "tokens_per_s"), 0.95, "x", higher_is_better=True
         )
         for n in counts
     ]
-    rate = [
-        Figure(
-            "Triton tokens/s >= 95 % of in-process",
-            f"{_streams(n)}, {model[n]}",
-            _ratio(median("triton", n, "tokens_per_s"), median("in-process", n, "tokens_per_s")),
-            0.95,
-            "x",
-            higher_is_better=True,
-        )
-        for n in counts
-    ]
-    return ttft + rate
 
 
 def _triton_path(run: Run) -> list[Figure]:
@@ -238,12 +229,8 @@ def _ttft(run: Run) -> list[Figure]:
         for row in rows:
             if row["limiter"] == "bare":
                 continue
-            # Rows from before `--connections` opened a connection per stream.
-            connections = row.get("connections", "new")
-            bare = next(
-                (r for r in rows if r["limiter"] == "bare" and r.get("connections", "new") == connections),
-                None,
-            )
+            connections = row["connections"]
+            bare = _one(rows, limiter="bare", connections=connections)
             kept = "connections kept alive" if connections == "kept" else "a connection per stream"
             figures.append(
                 Figure(

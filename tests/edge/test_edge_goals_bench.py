@@ -52,8 +52,14 @@ def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
             ],
             "limiter": [{"concurrency": 50, "decisions_per_s_ratios": [0.6, 0.8, 0.75], "median": 0.75}],
             "ttft": [
-                {"limiter": "redis", "concurrency": 50, "ttft_p99_ms": 4.5, "errors": 0},
-                {"limiter": "bare", "concurrency": 50, "ttft_p99_ms": 2.5, "errors": 0},
+                {
+                    "limiter": "redis",
+                    "connections": "new",
+                    "concurrency": 50,
+                    "ttft_p99_ms": 4.5,
+                    "errors": 0,
+                },
+                {"limiter": "bare", "connections": "new", "concurrency": 50, "ttft_p99_ms": 2.5, "errors": 0},
             ],
         }
     )
