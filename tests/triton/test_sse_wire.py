@@ -155,26 +155,30 @@ async def test_events_cut_anywhere_across_reads_arrive_whole() -> None:
 
 
 @pytest.mark.anyio
-async def test_only_the_tokens_an_event_bounds_count_and_comments_are_skipped() -> None:
-    """`sequence_length` bounds an event's tokens (0: none, even of a bare number), and a line that
-    is not `data:` is no event: both read across cut reads as whole events are."""
+@pytest.mark.parametrize("cut", [7, None], ids=["cut-reads", "whole-chunks"])
+async def test_only_the_tokens_an_event_bounds_count_and_comments_are_skipped(cut: int | None) -> None:
+    """`sequence_length` bounds an event's tokens (0: none, even of a bare number), a line that is
+    not `data:` is no event, and a chunk may hold several events: all read alike whether reads cut
+    the chunks anywhere or bring them whole (the one-event fast path, then the general parse)."""
     body = (
         HEAD
         + chunk(event(7))
         + chunk(b": keep-alive\n\n")
         + chunk(b'data: {"output_ids":99,"sequence_length":0}\n\n')
         + chunk(event(8, 9))
+        + chunk(event(20) + event(21))
         + chunk(b'data: {"output_ids":[10,11,12],"sequence_length":2}\n\n')
         + END
     )
 
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        for i in range(0, len(body), 7):
-            writer.write(body[i : i + 7])
+        step = cut or len(body)
+        for i in range(0, len(body), step):
+            writer.write(body[i : i + step])
             await writer.drain()
 
     async with FakeReplica(answer) as replica, replica.upstream() as upstream:
-        assert await _tokens(upstream.generate(_request(5))) == ([7, 8, 9, 10, 11], "length")
+        assert await _tokens(upstream.generate(_request(7))) == ([7, 8, 9, 20, 21, 10, 11], "length")
 
 
 def _paced(count: int, gap_s: float, sent: asyncio.Event) -> Answer:
@@ -274,13 +278,23 @@ async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_u
 
 
 @pytest.mark.anyio
-async def test_an_error_event_mid_stream_is_the_replicas_failure() -> None:
+@pytest.mark.parametrize(
+    ("bad_event", "failure"),
+    [
+        (b'data: {"error":"engine step failed"}\n\n', "engine step failed"),
+        (b'data: {"output_ids":[3,\n\n', "unreadable event"),
+    ],
+    ids=["error-event", "unreadable-event"],
+)
+async def test_an_error_or_unreadable_event_mid_stream_is_the_replicas_failure(
+    bad_event: bytes, failure: str
+) -> None:
     async def answer(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(HEAD + chunk(event(1)) + chunk(b'data: {"error":"engine step failed"}\n\n') + END)
+        writer.write(HEAD + chunk(event(1)) + chunk(bad_event) + chunk(event(2)) + END)
         await writer.drain()
 
     async with FakeReplica(answer) as replica, replica.upstream() as upstream:
-        with pytest.raises(UpstreamError, match="engine step failed"):
+        with pytest.raises(UpstreamError, match=failure):
             await _tokens(upstream.generate(_request(5)))
 
 
