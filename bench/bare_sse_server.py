@@ -175,6 +175,8 @@ def main() -> None:
     replica_port = int(sys.argv[5]) if len(sys.argv) > 5 else None
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Several bare processes on one port, as `serve --workers N` runs the edge (bench.streams).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", port))
     config = uvicorn_config(app_for(ready, paced, replica_port), load_settings(None).server, log_config=None)
     uvicorn.Server(config).run(sockets=[sock])

@@ -71,9 +71,9 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _one(rows: Iterable[Row], **match: Any) -> Row | None:
-    """The first row whose fields equal `match`. With `--workers 1,2` bench.streams measures the bare
-    floor once beside each worker count (as one process both times): the first is the one measured
-    in the same minutes as the one-worker rows, the only ones given a floor here."""
+    """The first row whose fields equal `match`. bench.streams measures the bare floor beside each
+    worker count with as many bare processes (runs kept before that measured one process each time,
+    its rows all `workers` 1: there only the one-worker views find a floor)."""
     for row in rows:
         if all(row.get(k) == v for k, v in match.items()):
             return row
@@ -102,7 +102,11 @@ def _per_token(run: Run) -> list[Figure]:
         if row["upstream"] != "in-process":
             continue
         bare = _one(
-            rows, upstream="bare-in-process", replicas=row["replicas"], interval_ms=row["interval_ms"]
+            rows,
+            upstream="bare-in-process",
+            replicas=row["replicas"],
+            interval_ms=row["interval_ms"],
+            workers=row["workers"],
         )
         figures.append(
             Figure(
@@ -111,7 +115,7 @@ def _per_token(run: Run) -> list[Figure]:
                 row["cpu_us_per_token"],
                 30.0,
                 "µs",
-                floor=bare["cpu_us_per_token"] if bare and row["workers"] == 1 else None,
+                floor=bare["cpu_us_per_token"] if bare else None,
                 errors=row["errors"],
             )
         )
@@ -196,14 +200,14 @@ def _triton_path(run: Run) -> list[Figure]:
         for row in sorted(streams, key=lambda r: r["replicas"] != 1):
             if row["upstream"] != "triton":
                 continue
-            same = {"replicas": row["replicas"], "interval_ms": row["interval_ms"]}
-            zero = _one(streams, upstream="in-process", workers=row["workers"], **same)
+            same = {"replicas": row["replicas"], "interval_ms": row["interval_ms"], "workers": row["workers"]}
+            zero = _one(streams, upstream="in-process", **same)
             if zero is None:
                 continue
             floor = None
             bare_triton = _one(streams, upstream="bare-triton", **same)
             bare_zero = _one(streams, upstream="bare-in-process", **same)
-            if bare_triton and bare_zero and row["workers"] == 1:
+            if bare_triton and bare_zero:
                 floor = _ratio(bare_triton["cpu_us_per_token"], bare_zero["cpu_us_per_token"])
             figures.append(
                 Figure(

@@ -291,32 +291,42 @@ def servers(
 
 @contextmanager
 def bare_server(
-    interval_ms: float | None = None, replicas: int = 1, upstream: str = "in-process"
+    interval_ms: float | None = None, replicas: int = 1, upstream: str = "in-process", workers: int = 1
 ) -> Iterator[Servers]:
     """bench/bare_sse_server.py, the floor under the edge: with `interval_ms`, its streams paced as
     the edge's in-process upstream paces them (same step clocks); `upstream` "triton": read from a
-    zero-cost replica of their own (bench/zero_cost_replica.py, its own process, not counted)."""
+    zero-cost replica of their own (bench/zero_cost_replica.py, its own process, not counted).
+    `workers`: that many bare processes on one port (SO_REUSEPORT), as `serve --workers` runs the
+    edge, sharing the replica as the edge's workers do."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="floodgate-bare-") as tmp, contextlib.ExitStack() as replica:
-        ready = Path(tmp) / "ready"
-        cmd = [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready)]
+        readies = [Path(tmp) / f"ready-{i}" for i in range(workers)]
+        paced: list[str] = []
         if interval_ms is not None:
-            cmd += [str(interval_ms), str(replicas)]
+            paced = [str(interval_ms), str(replicas)]
             if upstream == "triton":
                 replica_port = free_port()
                 replica.enter_context(running_replica(replica_port, interval_ms, replicas))
-                cmd.append(str(replica_port))
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                paced.append(str(replica_port))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.bare_sse_server", str(port), str(ready), *paced],
+                stdout=subprocess.DEVNULL,
+            )
+            for ready in readies
+        ]
         try:
             deadline = time.monotonic() + 60
-            while not ready.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
+            while not all(ready.exists() for ready in readies):
+                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                     raise RuntimeError("the bare server did not start")
                 time.sleep(0.1)
-            yield Servers(f"http://127.0.0.1:{port}", "none", [proc.pid])
+            yield Servers(f"http://127.0.0.1:{port}", "none", [p.pid for p in procs])
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=30)
 
 
 PROMPT = "Tell me about continuous batching."
@@ -534,7 +544,7 @@ def measure(
             with contextlib.ExitStack() as stack:
                 srvs = [
                     stack.enter_context(
-                        bare_server(interval_ms, n_replicas, upstream)
+                        bare_server(interval_ms, n_replicas, upstream, n_workers)
                         if floor
                         else servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream)
                     )
@@ -550,7 +560,7 @@ def measure(
                     {
                         **config,
                         "upstream": upstream,
-                        **({"workers": 1, "upstream": f"bare-{upstream}"} if floor else {}),
+                        **({"upstream": f"bare-{upstream}"} if floor else {}),
                         "tree": label,
                         "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
                         "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],
@@ -610,7 +620,8 @@ def main() -> None:
     parser.add_argument(
         "--bare",
         action="store_true",
-        help="add a row 'bare': bench/bare_sse_server.py paced alike, one process (the floor)",
+        help="add a row 'bare': bench/bare_sse_server.py paced alike, as many processes as the edge's "
+        "workers (the floor)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

@@ -19,9 +19,11 @@ from bench.edge_goals_verdict import Run, figures_of
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _streams_row(upstream: str, replicas: int, cpu_us: float, errors: int = 0) -> dict[str, object]:
+def _streams_row(
+    upstream: str, replicas: int, cpu_us: float, errors: int = 0, workers: int = 1
+) -> dict[str, object]:
     return {
-        "workers": 1,
+        "workers": workers,
         "interval_ms": 33.0,
         "streams": 200,
         "replicas": replicas,
@@ -82,6 +84,30 @@ def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
     assert limiter.met and limiter.to_goal(limiter.value) < 1
     [ttft] = [f for f in figures_of(run) if f.goal.startswith("edge TTFT")]
     assert (ttft.value, ttft.floor, ttft.met) == (4.5, 2.5, False)
+
+
+def test_each_worker_count_is_judged_beside_as_many_bare_processes() -> None:
+    rows = [
+        _streams_row("in-process", 1, 20.0, workers=1),
+        _streams_row("triton", 1, 30.0, workers=1),
+        _streams_row("bare-in-process", 1, 10.0, workers=1),
+        _streams_row("bare-triton", 1, 16.0, workers=1),
+        _streams_row("in-process", 1, 22.0, workers=2),
+        _streams_row("triton", 1, 33.0, workers=2),
+        _streams_row("bare-in-process", 1, 12.0, workers=2),
+        _streams_row("bare-triton", 1, 15.0, workers=2),
+    ]
+    by_view = {(f.goal.split()[0], f.view): f for f in figures_of(Run({"streams": rows}))}
+    assert by_view[("CPU", "one step clock, 33 ms, 1 worker")].floor == 10.0
+    assert by_view[("CPU", "one step clock, 33 ms, 2 workers")].floor == 12.0
+    assert by_view[("Triton", "paced, one step clock, 33 ms, 2 workers")].floor == 1.25
+    # A run kept from before: its bare floor was one process beside each worker count, its rows
+    # all `workers` 1; the two-worker views are then given no floor rather than a wrong one.
+    old = [r if not str(r["upstream"]).startswith("bare") else {**r, "workers": 1} for r in rows]
+    by_view = {(f.goal.split()[0], f.view): f for f in figures_of(Run({"streams": old}))}
+    assert by_view[("CPU", "one step clock, 33 ms, 1 worker")].floor == 10.0
+    assert by_view[("CPU", "one step clock, 33 ms, 2 workers")].floor is None
+    assert by_view[("Triton", "paced, one step clock, 33 ms, 2 workers")].floor is None
 
 
 def test_a_figure_the_run_could_not_measure_is_not_met() -> None:
