@@ -251,6 +251,43 @@ async def test_tokens_taken_in_offer_leave_the_reader_asleep(monkeypatch: pytest
     assert woken <= 3, f"the reader woke {woken} times for {len(offered)} tokens it never saw"
 
 
+class _Transport:
+    """Where an SseConnection fed by hand writes its request: nowhere."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def abort(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("gone", [False, True], ids=["stream-open", "stream-gone"])
+async def test_tokens_of_a_loop_pass_are_offered_after_its_reads_and_never_to_a_stream_gone(
+    gone: bool,
+) -> None:
+    """Tokens that reads bring are offered once the loop's pass of reads is over (every stream's
+    relay in one callback), in their order; a stream whose reader gave up in between (its
+    connection aborted when its task was cancelled) is offered nothing more."""
+    offered, offer = _taking_offer()
+    conn = SseConnection()
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    conn.send(b"POST ...", offer)
+    conn.data_received(HEAD + chunk(event(7)))
+    assert conn.tokens == [7]  # the first token is the reader's
+    conn.tokens = []
+    conn.data_received(chunk(event(8)))
+    conn.data_received(chunk(event(9, 10)))
+    assert offered == []
+    if gone:
+        conn.abort()
+    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+    assert offered == ([] if gone else [8, 9, 10])
+
+
 @pytest.mark.anyio
 async def test_a_replica_silent_mid_stream_fails_the_stream_and_its_stop_gives_up() -> None:
     """The stop sent for the failed stream meets the same silent replica, which answers it with a
