@@ -183,8 +183,9 @@ class TritonUpstream:
         return self._deltas(req, None)
 
     def generate_direct(self, req: GenerationRequest, offer: DeltaSink) -> AsyncIterator[Delta]:
-        """`generate`, each read's tokens offered to `offer` in the connection's own callback
-        (edge/upstreams/direct.py); what it declines comes through the iterator."""
+        """`generate`, the tokens of each loop pass's reads offered to `offer` in one callback for
+        every stream (edge/upstreams/direct.py, triton_sse.py's `_RelayBatch`); what it declines
+        comes through the iterator."""
         return self._deltas(req, offer)
 
     async def _deltas(self, req: GenerationRequest, offer: DeltaSink | None) -> AsyncIterator[Delta]:
