@@ -197,8 +197,9 @@ class SseConnection(asyncio.Protocol):
             self._wake()
 
     def relay(self) -> None:
-        """Offer the tokens this loop pass's reads brought to the relay (`_RelayBatch`); what it
-        declines, and anything else left for the reader, wakes the reader."""
+        """Offer the tokens this loop pass's reads brought to the relay (`_RelayBatch`, which turns
+        a failure here into the stream's); what it declines, and anything else left for the
+        reader, wakes the reader."""
         self._queued = False
         tokens = self.tokens
         offer = self._offer
@@ -214,21 +215,20 @@ class SseConnection(asyncio.Protocol):
         ):
             delta = Delta(tokens)
             self.tokens = []
-            try:
-                if offer(delta):
-                    # Taken: nothing is left for the reader, which sleeps on. Waking it for nothing
-                    # would cost every such token a step of its task (its future, its callback,
-                    # five frames resumed).
-                    return
-                self.declined = delta
-            except Exception as exc:
-                # Raised here it would only reach the loop's handler, and the stream would wait
-                # for its stall timeout: its reader ends it instead.
-                log.exception("direct_relay_failed")
-                self.relay_error = exc
+            if offer(delta):
+                # Taken: nothing is left for the reader, which sleeps on. Waking it for nothing
+                # would cost every such token a step of its task (its future, its callback, five
+                # frames resumed).
+                return
+            self.declined = delta
             self._wake()
         elif self._for_reader():
             self._wake()
+
+    def relay_failed(self, exc: Exception) -> None:
+        """The relay failed with this stream's tokens: its reader ends the stream with `exc`."""
+        self.relay_error = exc
+        self._wake()
 
     def _for_reader(self) -> bool:
         return bool(
@@ -333,8 +333,9 @@ class _RelayBatch:
     one stream (lease, detokenizer, event, write) with uvloop's read and the parse of the next, and
     cost more than the same work done for all streams in a row: with one step clock for 200 streams
     at 33 ms, the Triton path's CPU per token was 0.91-0.94x this way (three runs side by side,
-    docs/bench-streams.md, seventeenth pass). A token waits at most for the rest of this pass's
-    reads to be parsed, a few microseconds each; nothing waits for a timer.
+    docs/bench-streams.md, seventeenth pass). A token waits for the rest of this pass's reads (a
+    few microseconds each) and for what the loop runs before its ready callbacks (timers then due),
+    never for a timer's delay.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -349,7 +350,13 @@ class _RelayBatch:
     def _relay(self) -> None:
         ready, self._ready = self._ready, []
         for conn in ready:
-            conn.relay()
+            try:
+                conn.relay()
+            except Exception as exc:
+                # Raised to the loop's handler it would strand the pass's other streams, and leave
+                # this one waiting for its stall timeout: its reader ends it instead.
+                log.exception("direct_relay_failed")
+                conn.relay_failed(exc)
 
 
 _batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RelayBatch] = weakref.WeakKeyDictionary()

@@ -264,6 +264,16 @@ class _Transport:
         pass
 
 
+def _fed_connection(offer: Callable[[Delta], bool]) -> SseConnection:
+    """A connection past its stream's first token (the reader's), fed by hand."""
+    conn = SseConnection()
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    conn.send(b"POST ...", offer)
+    conn.data_received(HEAD + chunk(event(7)))
+    conn.tokens = []
+    return conn
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("gone", [False, True], ids=["stream-open", "stream-gone"])
 async def test_tokens_of_a_loop_pass_are_offered_after_its_reads_and_never_to_a_stream_gone(
@@ -273,12 +283,8 @@ async def test_tokens_of_a_loop_pass_are_offered_after_its_reads_and_never_to_a_
     relay in one callback), in their order; a stream whose reader gave up in between (its
     connection aborted when its task was cancelled) is offered nothing more."""
     offered, offer = _taking_offer()
-    conn = SseConnection()
-    conn.connection_made(_Transport())  # type: ignore[arg-type]
-    conn.send(b"POST ...", offer)
-    conn.data_received(HEAD + chunk(event(7)))
-    assert conn.tokens == [7]  # the first token is the reader's
-    conn.tokens = []
+    conn = _fed_connection(offer)
+    assert offered == [] and conn.received == 1  # the first token was the reader's
     conn.data_received(chunk(event(8)))
     conn.data_received(chunk(event(9, 10)))
     assert offered == []
@@ -286,6 +292,21 @@ async def test_tokens_of_a_loop_pass_are_offered_after_its_reads_and_never_to_a_
         conn.abort()
     await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
     assert offered == ([] if gone else [8, 9, 10])
+
+
+@pytest.mark.anyio
+async def test_a_relay_failing_in_a_pass_fails_its_stream_and_no_other() -> None:
+    def failing(delta: Delta) -> bool:
+        raise RuntimeError("the client's transport broke")
+
+    offered, offer = _taking_offer()
+    broken, fine = _fed_connection(failing), _fed_connection(offer)
+    broken.data_received(chunk(event(8)))
+    fine.data_received(chunk(event(9)))
+    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+    assert offered == [9]
+    assert isinstance(broken.relay_error, RuntimeError)  # its reader ends its stream with it
+    assert fine.relay_error is None
 
 
 @pytest.mark.anyio
