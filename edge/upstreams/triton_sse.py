@@ -192,7 +192,7 @@ class SseConnection(asyncio.Protocol):
         if tokens and self._offer is not None and self.received > len(tokens):
             if not self._queued:
                 self._queued = True
-                self._batch.add(self)
+                self._batch.add(self, self._loop)
         elif self._for_reader():
             self._wake()
 
@@ -338,13 +338,13 @@ class _RelayBatch:
     never for a timer's delay.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # No reference to the loop: the batch is the value of a weak mapping keyed by it.
         self._ready: list[SseConnection] = []
 
-    def add(self, conn: SseConnection) -> None:
+    def add(self, conn: SseConnection, loop: asyncio.AbstractEventLoop) -> None:
         if not self._ready:
-            self._loop.call_soon(self._relay)
+            loop.call_soon(self._relay)
         self._ready.append(conn)
 
     def _relay(self) -> None:
@@ -365,7 +365,7 @@ _batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RelayBatch] = we
 def _batch_of(loop: asyncio.AbstractEventLoop) -> _RelayBatch:
     batch = _batches.get(loop)
     if batch is None:
-        batch = _batches[loop] = _RelayBatch(loop)
+        batch = _batches[loop] = _RelayBatch()
     return batch
 
 

@@ -6,12 +6,14 @@ one that goes silent, and a port that does not speak HTTP/1.1 (the real tritonse
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import pytest
 
+from edge.upstreams import triton_sse
 from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from edge.upstreams.triton import TritonUpstream
 from edge.upstreams.triton_sse import SseConnection
@@ -419,3 +421,17 @@ async def test_a_relay_failing_in_offer_ends_its_stream_and_stops_the_sequence()
             assert replica.requests == 2  # the stream, then its stop
         finally:
             release.set()
+
+
+def test_a_closed_loops_relay_batch_is_not_kept() -> None:
+    """The batch of each loop's reads is kept per loop, weakly: a loop closed and dropped (as every
+    test's and every `asyncio.run`'s is) takes its batch with it."""
+
+    async def open_one() -> None:
+        conn = SseConnection()
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+
+    for _ in range(3):
+        asyncio.run(open_one())
+    gc.collect()
+    assert not triton_sse._batches
