@@ -108,7 +108,6 @@ class SseConnection(asyncio.Protocol):
         self._keep_alive = False
         self._loop = asyncio.get_running_loop()
         self._batch = _batch_of(self._loop)
-        self._queued = False
 
     # -- the request ------------------------------------------------------------------------
 
@@ -188,42 +187,42 @@ class SseConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(f"not an HTTP/1.1 answer ({exc}): is this Triton's HTTP port?")
         tokens = self.tokens
-        # The first tokens go to the reader at once: it reports the prefix-cache hit with them.
-        if tokens and self._offer is not None and self.received > len(tokens):
-            if not self._queued:
-                self._queued = True
-                self._batch.add(self, self._loop)
+        if (
+            tokens
+            and self._offer is not None
+            and self.declined is None
+            and not self.ended
+            and self.failure is None
+            and self.relay_error is None
+            # The first tokens go to the reader, which reports the prefix-cache hit with them.
+            and self.received > len(tokens)
+        ):
+            self._batch.add(self, self._loop)
         elif self._for_reader():
             self._wake()
 
     def relay(self) -> None:
         """Offer the tokens this loop pass's reads brought to the relay (`_RelayBatch`, which turns
-        a failure here into the stream's); what it declines, and anything else left for the
-        reader, wakes the reader."""
-        self._queued = False
+        a failure here into the stream's); what it declines wakes the reader.
+
+        Checked again here only what can change between the read and this callback: the reader
+        may have taken the tokens, the connection may have been lost or aborted (its stream's task
+        cancelled). The rest is set by reads, one per pass, or by this callback."""
         tokens = self.tokens
         offer = self._offer
-        if (
-            tokens
-            and offer is not None
-            and self.declined is None
-            and not self.ended
-            and self.failure is None
-            and self.relay_error is None
-            and not self.closed  # the stream gave up since the read (its task was cancelled)
-            and self.received > len(tokens)
-        ):
-            delta = Delta(tokens)
-            self.tokens = []
-            if offer(delta):
-                # Taken: nothing is left for the reader, which sleeps on. Waking it for nothing
-                # would cost every such token a step of its task (its future, its callback, five
-                # frames resumed).
-                return
-            self.declined = delta
-            self._wake()
-        elif self._for_reader():
-            self._wake()
+        if not tokens or offer is None or self.closed or self.failure is not None:
+            if self._for_reader():
+                self._wake()
+            return
+        delta = Delta(tokens)
+        self.tokens = []
+        if offer(delta):
+            # Taken: nothing is left for the reader, which sleeps on. Waking it for nothing would
+            # cost every such token a step of its task (its future, its callback, five frames
+            # resumed).
+            return
+        self.declined = delta
+        self._wake()
 
     def relay_failed(self, exc: Exception) -> None:
         """The relay failed with this stream's tokens: its reader ends the stream with `exc`."""
@@ -343,6 +342,8 @@ class _RelayBatch:
         self._ready: list[SseConnection] = []
 
     def add(self, conn: SseConnection, loop: asyncio.AbstractEventLoop) -> None:
+        """Relay `conn` in this pass's callback. Read twice in one pass (uvloop reads a socket once
+        per readiness; a test may feed it twice), its second turn finds nothing left to offer."""
         if not self._ready:
             loop.call_soon(self._relay)
         self._ready.append(conn)
