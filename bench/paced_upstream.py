@@ -10,7 +10,9 @@ setting a stream up costs.
 
 A step hands each sequence its delta through the edge's `offer` where the edge gave one
 (`generate_direct`, edge/upstreams/direct.py): the stream's task then sleeps on, as with a real
-engine's batched delivery; otherwise, or when the edge declines, it sets the stream's future.
+engine's batched delivery; otherwise, or when the edge declines, it sets the stream's future. The
+step's chunk writes are held and written in a row, as the engine process's delivery has the edge do
+(edge/writes_together.py).
 
 Every token is the id of " The" (4 characters, whole): a client counts the tokens it received
 exactly from the text, whether the edge sent them one per event or several in one.
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 
 from edge.upstreams.base import Capacity, Delta, GenerationRequest
 from edge.upstreams.direct import DeltaSink
+from edge.writes_together import writes_together
 
 TOKEN_ID = 440
 TOKEN_TEXT = " The"
@@ -68,6 +72,19 @@ class _StepClock:
 
     def _step(self) -> None:
         waiting, self.waiting = self.waiting, []
+        if len(waiting) == 1:
+            self._hand(waiting)
+        else:
+            # As the engine process's delivery does on the edge (edge/upstreams/local_pool.py).
+            writes_together(partial(self._hand, waiting))
+        self._timer = None
+        if self.live and self.loop is not None:
+            # A fixed rate, as a replica's steps do not wait for the edge: timed from when this step
+            # was due, not from the end of the work it caused here (the streams relayed in it).
+            self._due = max(self._due + self.interval_s, self.loop.time())
+            self._timer = self.loop.call_at(self._due, self._step)
+
+    def _hand(self, waiting: list[_Sequence]) -> None:
         asleep = self.waiting
         for seq in waiting:
             fut = seq.fut
@@ -78,12 +95,6 @@ class _StepClock:
                 asleep.append(seq)  # relayed already: the task sleeps on the same future
             else:
                 fut.set_result(delta)
-        self._timer = None
-        if self.live and self.loop is not None:
-            # A fixed rate, as a replica's steps do not wait for the edge: timed from when this step
-            # was due, not from the end of the work it caused here (the streams relayed in it).
-            self._due = max(self._due + self.interval_s, self.loop.time())
-            self._timer = self.loop.call_at(self._due, self._step)
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -20,11 +20,13 @@ from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from edge import writes_together
+from edge.writes_together import Write
+
 # The scope key under which the protocol leaves the writer (absent under other servers and tests).
 WRITE_NOW = "floodgate.write_now"
 
 WriteNow = Callable[[bytes], bool]
-Write = Callable[[bytes], object]
 
 
 class BodyChunkWriter:
@@ -64,8 +66,10 @@ class BodyChunkWriter:
         chunk = b"%x\r\n%b\r\n" % (len(body), body)
         write = self._write
         if write is None:
-            cycle.transport.write(chunk)
+            write = cycle.transport.write
             self._write = self._raw_write
-        else:
+        if writes_together._open is None:
             write(chunk)
+        else:
+            writes_together.write(write, chunk)
         return True

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edge.config import EngineSettings, Settings
 from edge.upstreams.base import Upstream
+from edge.writes_together import writes_together
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
@@ -29,7 +30,7 @@ def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> Engin
     """Blocking (loads the model): run it in a worker thread."""
     config = settings.engine_config()
     if settings.isolation == "process":
-        process = EngineProcess(model_dir, config, name)
+        process = EngineProcess(model_dir, config, name, run_delivery=writes_together)
         process.start()
         return process
     engine = LLMEngine.from_pretrained(model_dir, config)

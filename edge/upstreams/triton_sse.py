@@ -29,6 +29,7 @@ import asyncio
 import socket
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 import httptools
@@ -36,6 +37,7 @@ import msgspec
 import structlog
 
 from edge.upstreams.base import Delta, UpstreamError
+from edge.writes_together import writes_together
 
 log = structlog.get_logger(__name__)
 
@@ -334,7 +336,8 @@ class _RelayBatch:
     at 33 ms, the Triton path's CPU per token was 0.91-0.94x this way (three runs side by side,
     docs/bench-streams.md, seventeenth pass). A token waits for the rest of this pass's reads (a
     few microseconds each) and for what the loop runs before its ready callbacks (timers then due),
-    never for a timer's delay.
+    never for a timer's delay. Their chunk writes are held and written in a row
+    (edge/writes_together.py).
     """
 
     def __init__(self) -> None:
@@ -350,14 +353,21 @@ class _RelayBatch:
 
     def _relay(self) -> None:
         ready, self._ready = self._ready, []
-        for conn in ready:
-            try:
-                conn.relay()
-            except Exception as exc:
-                # Raised to the loop's handler it would strand the pass's other streams, and leave
-                # this one waiting for its stall timeout: its reader ends it instead.
-                log.exception("direct_relay_failed")
-                conn.relay_failed(exc)
+        if len(ready) == 1:
+            _relay_each(ready)
+        else:
+            writes_together(partial(_relay_each, ready))
+
+
+def _relay_each(ready: list[SseConnection]) -> None:
+    for conn in ready:
+        try:
+            conn.relay()
+        except Exception as exc:
+            # Raised to the loop's handler it would strand the pass's other streams, and leave
+            # this one waiting for its stall timeout: its reader ends it instead.
+            log.exception("direct_relay_failed")
+            conn.relay_failed(exc)
 
 
 _batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RelayBatch] = weakref.WeakKeyDictionary()

@@ -12,7 +12,9 @@ Here the child runs the ordinary thread-shell LLMEngine; the parent only moves s
   own_fault) for a request the engine refused (own_fault: the request's ValueError, else the
   engine's RuntimeError).
 
-A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop.
+A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop,
+whose callback the edge may wrap (`run_delivery`: it holds the step's writes and writes them in a
+row, edge/writes_together.py).
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
 process. If the child dies, every open stream fails with UpstreamError and `running` turns false.
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
@@ -27,6 +29,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -48,14 +52,24 @@ _Wire = tuple[str, list[int], str | None, str | None, int]
 _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
 
+# Runs a step's delivery on the loop: `run_delivery(deliver)` must call `deliver()` once, at once.
+RunDelivery = Callable[[Callable[[], None]], None]
+
 
 class EngineProcess(EngineFront):
     """The parent's handle on the child, an upstream as AsyncEngine is (front.py)."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig, name: str = "engine") -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig,
+        name: str = "engine",
+        run_delivery: RunDelivery | None = None,
+    ) -> None:
         self._model_dir = str(model_dir)
         self._config = config
         self.name = name
+        self._run_delivery = run_delivery
         self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping
         # The command pipe's own lock, never held with _lock: a write that waits for a busy child
         # must not stop the reader thread from draining the child's outputs.
@@ -208,9 +222,13 @@ class EngineProcess(EngineFront):
         batches: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, TokenOutput]]] = {}
         for mailbox, output in items:
             batches.setdefault(mailbox.loop, []).append((mailbox, output))
+        run = self._run_delivery
         for loop, batch in batches.items():
             try:
-                loop.call_soon_threadsafe(_deliver, batch)
+                if run is None:
+                    loop.call_soon_threadsafe(_deliver, batch)
+                else:
+                    loop.call_soon_threadsafe(run, partial(_deliver, batch))
             except RuntimeError:
                 # That event loop is closed: nobody is left to read, so stop spending steps on it.
                 for _, output in batch:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from edge.body_chunks import BodyChunkWriter
+from edge.writes_together import writes_together
 
 
 class _Cycle(SimpleNamespace):
@@ -75,3 +76,21 @@ def test_only_the_first_chunk_passes_the_head_holding_transport() -> None:
     assert write_now(b"data: a\n\n") and write_now(b"data: b\n\n") and write_now(b"data: c\n\n")
     assert cycle.written == [b"9\r\ndata: a\n\n\r\n"]
     assert cycle.raw == [b"9\r\ndata: b\n\n\r\n", b"9\r\ndata: c\n\n\r\n"]
+
+
+def test_inside_a_delivery_a_chunk_is_accepted_at_once_and_written_with_the_others() -> None:
+    """The caller learns at once that the chunk is taken (it must not also await the send); the
+    bytes go out when the delivery's relays are done, the first through the head-holding transport."""
+    cycle = _cycle()
+    write_now = _writer(cycle).write_now
+    taken: list[bool] = []
+
+    def deliver() -> None:
+        taken.append(write_now(b"data: a\n\n"))
+        taken.append(write_now(b"data: b\n\n"))
+        assert cycle.written == [] and cycle.raw == []
+
+    writes_together(deliver)
+    assert taken == [True, True]
+    assert cycle.written == [b"9\r\ndata: a\n\n\r\n"]
+    assert cycle.raw == [b"9\r\ndata: b\n\n\r\n"]

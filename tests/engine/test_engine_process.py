@@ -170,3 +170,41 @@ async def test_a_prompt_found_in_the_prefix_cache_reports_it_on_its_first_delta(
     assert sum(d.cached_tokens for d in cold) == 0
     assert warm[0].cached_tokens == 2 * CONFIG.block_size
     assert all(d.cached_tokens == 0 for d in warm[1:])
+
+
+async def test_every_delivery_of_a_step_runs_inside_the_edges_run_delivery(demo_dir: Path) -> None:
+    """The edge hands the process a wrapper for each step's delivery (it holds the step's writes,
+    edge/writes_together.py): every token offered to a stream is offered inside it, and the tokens
+    are those of a process without it."""
+    inside = False
+    calls = 0
+
+    def run_delivery(deliver: Callable[[], None]) -> None:
+        nonlocal inside, calls
+        calls += 1
+        inside = True
+        try:
+            deliver()
+        finally:
+            inside = False
+
+    offered_inside: list[bool] = []
+    offered: list[int] = []
+
+    def offer(delta: Delta) -> bool:
+        offered_inside.append(inside)
+        offered.extend(delta.token_ids)
+        return True
+
+    wrapped = EngineProcess(demo_dir, CONFIG, "wrapped", run_delivery=run_delivery)
+    wrapped.start()
+    try:
+        outputs = await _collect(wrapped.generate_direct(greedy("direct", [7, 8, 9]), offer))
+        plain = await _collect(wrapped.generate(greedy("plain", [7, 8, 9])))
+    finally:
+        wrapped.stop()
+    assert offered_inside and all(offered_inside)
+    assert calls >= len(offered_inside)
+    # (Any output that arrived while the stream was not waiting was taken instead of offered.)
+    taken = [t for o in outputs for t in o.token_ids]
+    assert sorted(offered + taken) == sorted(t for o in plain for t in o.token_ids)

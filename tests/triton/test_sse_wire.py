@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
+from edge import writes_together
 from edge.upstreams import triton_sse
 from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from edge.upstreams.triton import TritonUpstream
@@ -309,6 +310,27 @@ async def test_a_relay_failing_in_a_pass_fails_its_stream_and_no_other() -> None
     assert offered == [9]
     assert isinstance(broken.relay_error, RuntimeError)  # its reader ends its stream with it
     assert fine.relay_error is None
+
+
+@pytest.mark.anyio
+async def test_a_passs_relays_write_their_chunks_together_after_them() -> None:
+    """The relays of a pass's streams hold their chunk writes (edge/writes_together.py) until the
+    last of them is done; then every stream's chunk goes out, in the relays' order."""
+    log: list[str] = []
+
+    def relay_writing(name: str) -> Callable[[Delta], bool]:
+        def offer(delta: Delta) -> bool:
+            log.append(f"relay {name}")
+            writes_together.write(lambda _chunk: log.append(f"write {name}"), b"x")
+            return True
+
+        return offer
+
+    first, second = _fed_connection(relay_writing("a")), _fed_connection(relay_writing("b"))
+    first.data_received(chunk(event(8)))
+    second.data_received(chunk(event(9)))
+    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+    assert log == ["relay a", "relay b", "write a", "write b"]
 
 
 @pytest.mark.anyio

@@ -1,0 +1,120 @@
+"""edge/writes_together.py: a delivery callback's chunk writes go out after its relays, in their
+order, at most HOLD_MAX held at a time, and never held for another thread or lost to an error."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from edge import writes_together
+from edge.writes_together import HOLD_MAX, write
+from edge.writes_together import writes_together as hold
+
+
+def _logging(log: list[Any], entry: Any) -> Callable[[bytes], None]:
+    """A stream's writer: it logs `entry` when its chunk is written."""
+
+    def writer(_chunk: bytes) -> None:
+        log.append(entry)
+
+    return writer
+
+
+def test_writes_in_a_hold_go_out_when_it_ends_in_their_order() -> None:
+    log: list[str] = []
+
+    def run() -> None:
+        for stream in ("a", "b", "a"):
+            log.append(f"relay {stream}")
+            write(_logging(log, f"write {stream}"), b"x")
+
+    hold(run)
+    assert log == ["relay a", "relay b", "relay a", "write a", "write b", "write a"]
+
+
+def test_without_a_hold_a_write_goes_out_at_once() -> None:
+    written: list[bytes] = []
+    write(written.append, b"now")
+    assert written == [b"now"]
+
+
+def test_a_long_delivery_writes_every_hold_max_chunks_not_only_at_its_end() -> None:
+    written: list[int] = []
+    seen_during: list[int] = []
+
+    def run() -> None:
+        for i in range(HOLD_MAX * 2 + 3):
+            write(_logging(written, i), b"x")
+            seen_during.append(len(written))
+
+    hold(run)
+    assert seen_during[HOLD_MAX - 2] == 0
+    assert seen_during[HOLD_MAX - 1] == HOLD_MAX  # the HOLD_MAX-th write flushed the hold
+    assert seen_during[-1] == HOLD_MAX * 2
+    assert written == list(range(HOLD_MAX * 2 + 3))
+
+
+def test_a_hold_inside_a_hold_leaves_its_writes_to_the_outer_one() -> None:
+    log: list[str] = []
+
+    def inner() -> None:
+        write(lambda _c: log.append("inner write"), b"x")
+        log.append("inner end")
+
+    def outer() -> None:
+        hold(inner)
+        log.append("outer end")
+
+    hold(outer)
+    assert log == ["inner end", "outer end", "inner write"]
+
+
+def test_a_delivery_that_raises_still_writes_what_it_held() -> None:
+    written: list[bytes] = []
+
+    def run() -> None:
+        write(written.append, b"kept")
+        raise RuntimeError("relay broke")
+
+    with pytest.raises(RuntimeError, match="relay broke"):
+        hold(run)
+    assert written == [b"kept"]
+    assert writes_together._open is None  # the next delivery holds afresh
+
+
+def test_one_write_that_raises_does_not_cost_the_other_streams_theirs() -> None:
+    written: list[bytes] = []
+
+    def broken(_chunk: bytes) -> None:
+        raise OSError("gone")
+
+    def run() -> None:
+        write(written.append, b"before")
+        write(broken, b"lost")
+        write(written.append, b"after")
+
+    with pytest.raises(OSError, match="gone"):
+        hold(run)
+    assert written == [b"before", b"after"]
+
+
+def test_another_threads_write_during_a_hold_goes_out_at_once() -> None:
+    """A second event loop in another thread (a test's server) writes its own streams' chunks; the
+    hold's flush runs on the thread that opened it and must not write them there, later."""
+    log: list[str] = []
+
+    def other_thread() -> None:
+        write(lambda _c: log.append("other thread's write"), b"x")
+
+    def run() -> None:
+        write(lambda _c: log.append("held write"), b"x")
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        log.append("relays done")
+
+    hold(run)
+    assert log == ["other thread's write", "relays done", "held write"]
