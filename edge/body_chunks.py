@@ -68,7 +68,7 @@ class BodyChunkWriter:
         if write is None:
             write = cycle.transport.write
             self._write = self._raw_write
-        if writes_together._open is None:
+        if writes_together.open_hold is None:
             write(chunk)
         else:
             writes_together.write(write, chunk)

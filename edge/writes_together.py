@@ -21,6 +21,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import structlog
+
+log = structlog.get_logger(__name__)
+
 Write = Callable[[bytes], object]
 
 HOLD_MAX = 32
@@ -34,29 +38,29 @@ class _Hold:
         self.writes: list[tuple[Write, bytes]] = []
 
 
-# Read on every token's write: a module global is a third of a thread-local's cost, and the thread
-# is checked only while a hold is open.
-_open: _Hold | None = None
+# The hold open now, if any. Read on every token's write (edge/body_chunks.py): a module global is
+# a third of a thread-local's cost, and the thread is checked only while a hold is open.
+open_hold: _Hold | None = None
 
 
 def writes_together(run: Callable[[], None]) -> None:
     """`run()`, its chunk writes (edge/body_chunks.py) held and written in a row. Inside another
     hold (or while another thread's is open) `run` writes as it would without one."""
-    global _open
-    if _open is not None:
+    global open_hold
+    if open_hold is not None:
         run()
         return
-    _open = hold = _Hold()
+    open_hold = hold = _Hold()
     try:
         run()
     finally:
-        _open = None
+        open_hold = None
         _flush(hold.writes)
 
 
 def write(writer: Write, chunk: bytes) -> None:
     """`writer(chunk)` now, or when this thread's open hold is flushed."""
-    hold = _open
+    hold = open_hold
     if hold is None or hold.thread != threading.get_ident():
         writer(chunk)
         return
@@ -68,12 +72,12 @@ def write(writer: Write, chunk: bytes) -> None:
 
 
 def _flush(writes: list[tuple[Write, bytes]]) -> None:
-    """Every write, even past one that raised (it is another stream's); then the first error."""
-    error: Exception | None = None
+    """Every write, even past one that raised. A flush runs inside some relay or at a delivery's
+    end: an error raised there would fail another stream's relay or cut the rest of the delivery
+    short. A transport that refuses a write is a client gone (uvloop closes it on a send error), which
+    its stream learns from the connection's loss; the error is logged here and goes no further."""
     for writer, chunk in writes:
         try:
             writer(chunk)
-        except Exception as exc:
-            error = error or exc
-    if error is not None:
-        raise error
+        except Exception:
+            log.exception("held_write_failed")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from edge import writes_together
 from edge.writes_together import HOLD_MAX, write
@@ -82,23 +83,30 @@ def test_a_delivery_that_raises_still_writes_what_it_held() -> None:
     with pytest.raises(RuntimeError, match="relay broke"):
         hold(run)
     assert written == [b"kept"]
-    assert writes_together._open is None  # the next delivery holds afresh
+    assert writes_together.open_hold is None  # the next delivery holds afresh
 
 
-def test_one_write_that_raises_does_not_cost_the_other_streams_theirs() -> None:
+def test_one_write_that_raises_costs_no_other_stream_its_write_nor_the_relay_its_run() -> None:
+    """A transport refusing a write is its own client gone (its stream learns that from the
+    connection's loss): the relay that filled the hold, and the delivery, go on."""
     written: list[bytes] = []
+    relays_done: list[int] = []
 
     def broken(_chunk: bytes) -> None:
-        raise OSError("gone")
+        raise RuntimeError("the transport is closed")
 
     def run() -> None:
         write(written.append, b"before")
         write(broken, b"lost")
-        write(written.append, b"after")
+        for i in range(HOLD_MAX):  # the hold fills and is written inside this relay
+            write(written.append, b"after")
+            relays_done.append(i)
 
-    with pytest.raises(OSError, match="gone"):
+    with capture_logs() as logs:
         hold(run)
-    assert written == [b"before", b"after"]
+    assert written == [b"before"] + [b"after"] * HOLD_MAX
+    assert relays_done == list(range(HOLD_MAX))
+    assert [entry["event"] for entry in logs] == ["held_write_failed"]
 
 
 def test_another_threads_write_during_a_hold_goes_out_at_once() -> None:
