@@ -3,9 +3,12 @@
 One callback hands one step's tokens to many streams: the engine process's delivery
 (gpu_container/engine/engine_process.py) and the Triton path's relay batch
 (edge/upstreams/triton_sse.py), and bench/paced_upstream.py's step in their place. Each stream's
-relay detokenizes, charges and frames its token and then writes it to its socket: interleaved,
-each write's trip through the kernel and the next relay's Python evict each other from the caches.
-Held while the callback relays and written one after another, each runs warm.
+relay detokenizes, charges and frames its token and then writes it to its socket. Held while the
+callback relays and written one after another, the same work cost 0.82-0.97x the CPU per token of
+each write made in its relay (one step clock for 200 / 1,000 streams at 33 / 500 ms, four
+alternating side-by-side runs, both paths; docs/bench-streams.md, eighteenth pass): the kernel's
+send path and the relays' Python no longer take turns in the caches. Holding 128 rather than 32
+measured the same.
 
 The writes held are flushed every HOLD_MAX (the first streams of a step of thousands wait for 32
 relays, not for them all) and when the callback ends, before any other callback runs: a stream's
