@@ -52,7 +52,8 @@ _Wire = tuple[str, list[int], str | None, str | None, int]
 _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
 
-# Runs a step's delivery on the loop: `run_delivery(deliver)` must call `deliver()` once, at once.
+# Runs a step's delivery of several outputs on the loop: `run_delivery(deliver)` must call
+# `deliver()` once, at once.
 RunDelivery = Callable[[Callable[[], None]], None]
 
 
@@ -225,7 +226,7 @@ class EngineProcess(EngineFront):
         run = self._run_delivery
         for loop, batch in batches.items():
             try:
-                if run is None:
+                if run is None or len(batch) == 1:  # one output has nothing to be delivered with
                     loop.call_soon_threadsafe(_deliver, batch)
                 else:
                     loop.call_soon_threadsafe(run, partial(_deliver, batch))

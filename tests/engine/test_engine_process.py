@@ -172,16 +172,17 @@ async def test_a_prompt_found_in_the_prefix_cache_reports_it_on_its_first_delta(
     assert all(d.cached_tokens == 0 for d in warm[1:])
 
 
-async def test_every_delivery_of_a_step_runs_inside_the_edges_run_delivery(demo_dir: Path) -> None:
+async def test_a_steps_outputs_for_several_streams_are_delivered_inside_the_edges_run_delivery(
+    demo_dir: Path,
+) -> None:
     """The edge hands the process a wrapper for each step's delivery (it holds the step's writes,
-    edge/writes_together.py): every token offered to a stream is offered inside it, and the tokens
-    are those of a process without it."""
+    edge/writes_together.py): tokens of a step that feeds several streams are offered inside it (a
+    step with one output has nothing to hold, and is delivered plainly), and every stream gets the
+    tokens a process without it gives."""
     inside = False
-    calls = 0
 
     def run_delivery(deliver: Callable[[], None]) -> None:
-        nonlocal inside, calls
-        calls += 1
+        nonlocal inside
         inside = True
         try:
             deliver()
@@ -189,22 +190,28 @@ async def test_every_delivery_of_a_step_runs_inside_the_edges_run_delivery(demo_
             inside = False
 
     offered_inside: list[bool] = []
-    offered: list[int] = []
+    offered: dict[str, list[int]] = {}
 
-    def offer(delta: Delta) -> bool:
-        offered_inside.append(inside)
-        offered.extend(delta.token_ids)
-        return True
+    def offer_to(rid: str) -> Callable[[Delta], bool]:
+        def offer(delta: Delta) -> bool:
+            offered_inside.append(inside)
+            offered.setdefault(rid, []).extend(delta.token_ids)
+            return True
 
+        return offer
+
+    prompts = {f"w{i}": [7 + i, 8, 9] for i in range(3)}
     wrapped = EngineProcess(demo_dir, CONFIG, "wrapped", run_delivery=run_delivery)
     wrapped.start()
     try:
-        outputs = await _collect(wrapped.generate_direct(greedy("direct", [7, 8, 9]), offer))
-        plain = await _collect(wrapped.generate(greedy("plain", [7, 8, 9])))
+        direct = await asyncio.gather(
+            *(_collect(wrapped.generate_direct(greedy(rid, p), offer_to(rid))) for rid, p in prompts.items())
+        )
+        plain = [await _collect(wrapped.generate(greedy(f"plain-{rid}", p))) for rid, p in prompts.items()]
     finally:
         wrapped.stop()
-    assert offered_inside and all(offered_inside)
-    assert calls >= len(offered_inside)
-    # (Any output that arrived while the stream was not waiting was taken instead of offered.)
-    taken = [t for o in outputs for t in o.token_ids]
-    assert sorted(offered + taken) == sorted(t for o in plain for t in o.token_ids)
+    assert any(offered_inside)  # three streams of one engine share its steps
+    for rid, taken, want in zip(prompts, direct, plain, strict=True):
+        # (An output that came while its stream was not waiting was taken instead of offered.)
+        got = offered.get(rid, []) + [t for o in taken for t in o.token_ids]
+        assert sorted(got) == sorted(t for o in want for t in o.token_ids)
