@@ -21,8 +21,7 @@ exactly from the text, whether the edge sent them one per event or several in on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from functools import partial
+from collections.abc import AsyncIterator, Sequence
 
 from edge.upstreams.base import Capacity, Delta, GenerationRequest
 from edge.upstreams.direct import DeltaSink
@@ -72,11 +71,8 @@ class _StepClock:
 
     def _step(self) -> None:
         waiting, self.waiting = self.waiting, []
-        if len(waiting) == 1:
-            self._hand(waiting)
-        else:
-            # As the engine process's delivery does on the edge (edge/upstreams/local_pool.py).
-            writes_together(partial(self._hand, waiting))
+        # As the engine process's delivery does on the edge (edge/upstreams/local_pool.py).
+        writes_together(self._hand, waiting)
         self._timer = None
         if self.live and self.loop is not None:
             # A fixed rate, as a replica's steps do not wait for the edge: timed from when this step
@@ -84,7 +80,7 @@ class _StepClock:
             self._due = max(self._due + self.interval_s, self.loop.time())
             self._timer = self.loop.call_at(self._due, self._step)
 
-    def _hand(self, waiting: list[_Sequence]) -> None:
+    def _hand(self, waiting: Sequence[_Sequence]) -> None:
         asleep = self.waiting
         for seq in waiting:
             fut = seq.fut

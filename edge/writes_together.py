@@ -15,6 +15,9 @@ relays, not for them all) and when the callback ends, before any other callback 
 other writes (its first and last events, a write that waits for a slow reader) go through its task,
 which runs later, so each stream's bytes keep their order.
 
+A delivery of one item writes at once: a hold costs 0.95 µs a delivery (a loop of 300,000 on this
+instance), which one write cannot earn back (a clock per stream, a wake-up per token).
+
 The hold belongs to the thread that opened it: an event loop in another thread (tests run servers
 in threads) writing meanwhile writes at once, as it would without the hold.
 """
@@ -22,13 +25,15 @@ in threads) writing meanwhile writes at once, as it would without the hold.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import structlog
 
 log = structlog.get_logger(__name__)
 
 Write = Callable[[bytes], object]
+T = TypeVar("T")
 
 HOLD_MAX = 32
 
@@ -46,16 +51,17 @@ class _Hold:
 open_hold: _Hold | None = None
 
 
-def writes_together(run: Callable[[], None]) -> None:
-    """`run()`, its chunk writes (edge/body_chunks.py) held and written in a row. Inside another
-    hold (or while another thread's is open) `run` writes as it would without one."""
+def writes_together(deliver: Callable[[Sequence[T]], None], items: Sequence[T]) -> None:
+    """`deliver(items)`, its chunk writes (edge/body_chunks.py) held and written in a row when
+    there are several items. Inside another hold (or while another thread's is open) `deliver`
+    writes as it would without one."""
     global open_hold
-    if open_hold is not None:
-        run()
+    if open_hold is not None or len(items) < 2:
+        deliver(items)
         return
     open_hold = hold = _Hold()
     try:
-        run()
+        deliver(items)
     finally:
         open_hold = None
         _flush(hold.writes)

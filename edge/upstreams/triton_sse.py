@@ -28,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import weakref
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import httptools
@@ -353,13 +352,10 @@ class _RelayBatch:
 
     def _relay(self) -> None:
         ready, self._ready = self._ready, []
-        if len(ready) == 1:
-            _relay_each(ready)
-        else:
-            writes_together(partial(_relay_each, ready))
+        writes_together(_relay_each, ready)
 
 
-def _relay_each(ready: list[SseConnection]) -> None:
+def _relay_each(ready: Sequence[SseConnection]) -> None:
     for conn in ready:
         try:
             conn.relay()

@@ -13,8 +13,8 @@ Here the child runs the ordinary thread-shell LLMEngine; the parent only moves s
   engine's RuntimeError).
 
 A reader thread in the parent turns each step message into one call_soon_threadsafe per event loop,
-whose callback the edge may wrap (`run_delivery`: it holds the step's writes and writes them in a
-row, edge/writes_together.py).
+which the edge may run through its own `run_delivery` (it holds the step's writes and writes them in
+a row, edge/writes_together.py).
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
 process. If the child dies, every open stream fails with UpstreamError and `running` turns false.
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
@@ -29,8 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,10 @@ _Wire = tuple[str, list[int], str | None, str | None, int]
 _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
 
-# Runs a step's delivery of several outputs on the loop: `run_delivery(deliver)` must call
-# `deliver()` once, at once.
-RunDelivery = Callable[[Callable[[], None]], None]
+_Items = Sequence[tuple[Mailbox, TokenOutput]]
+# Runs a step's delivery on the loop: `run_delivery(deliver, items)` must call `deliver(items)`
+# once, at once.
+RunDelivery = Callable[[Callable[[_Items], None], _Items], None]
 
 
 class EngineProcess(EngineFront):
@@ -70,7 +70,7 @@ class EngineProcess(EngineFront):
         self._model_dir = str(model_dir)
         self._config = config
         self.name = name
-        self._run_delivery = run_delivery
+        self._run_delivery: RunDelivery = run_delivery or _at_once
         self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping
         # The command pipe's own lock, never held with _lock: a write that waits for a busy child
         # must not stop the reader thread from draining the child's outputs.
@@ -223,13 +223,9 @@ class EngineProcess(EngineFront):
         batches: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, TokenOutput]]] = {}
         for mailbox, output in items:
             batches.setdefault(mailbox.loop, []).append((mailbox, output))
-        run = self._run_delivery
         for loop, batch in batches.items():
             try:
-                if run is None or len(batch) == 1:  # one output has nothing to be delivered with
-                    loop.call_soon_threadsafe(_deliver, batch)
-                else:
-                    loop.call_soon_threadsafe(run, partial(_deliver, batch))
+                loop.call_soon_threadsafe(self._run_delivery, _deliver, batch)
             except RuntimeError:
                 # That event loop is closed: nobody is left to read, so stop spending steps on it.
                 for _, output in batch:
@@ -257,10 +253,14 @@ class EngineProcess(EngineFront):
         )
 
 
-def _deliver(items: list[tuple[Mailbox, TokenOutput]]) -> None:
+def _deliver(items: _Items) -> None:
     """On the event loop: one step's outputs into their mailboxes."""
     for mailbox, output in items:
         mailbox.put(output)
+
+
+def _at_once(deliver: Callable[[_Items], None], items: _Items) -> None:
+    deliver(items)
 
 
 def serve_engine(commands: Connection, events: Connection) -> None:

@@ -85,12 +85,12 @@ def test_inside_a_delivery_a_chunk_is_accepted_at_once_and_written_with_the_othe
     write_now = _writer(cycle).write_now
     taken: list[bool] = []
 
-    def deliver() -> None:
+    def deliver(_streams: object) -> None:
         taken.append(write_now(b"data: a\n\n"))
         taken.append(write_now(b"data: b\n\n"))
         assert cycle.written == [] and cycle.raw == []
 
-    writes_together(deliver)
+    writes_together(deliver, ["stream", "another stream"])
     assert taken == [True, True]
     assert cycle.written == [b"9\r\ndata: a\n\n\r\n"]
     assert cycle.raw == [b"9\r\ndata: b\n\n\r\n"]

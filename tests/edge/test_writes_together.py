@@ -4,7 +4,7 @@ order, at most HOLD_MAX held at a time, and never held for another thread or los
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -13,6 +13,11 @@ from structlog.testing import capture_logs
 from edge import writes_together
 from edge.writes_together import HOLD_MAX, write
 from edge.writes_together import writes_together as hold
+
+
+def _hold(run: Callable[[], None]) -> None:
+    """`run` as a delivery to two streams, which opens a hold."""
+    hold(lambda _streams: run(), ["a", "b"])
 
 
 def _logging(log: list[Any], entry: Any) -> Callable[[bytes], None]:
@@ -32,7 +37,7 @@ def test_writes_in_a_hold_go_out_when_it_ends_in_their_order() -> None:
             log.append(f"relay {stream}")
             write(_logging(log, f"write {stream}"), b"x")
 
-    hold(run)
+    _hold(run)
     assert log == ["relay a", "relay b", "relay a", "write a", "write b", "write a"]
 
 
@@ -40,6 +45,18 @@ def test_without_a_hold_a_write_goes_out_at_once() -> None:
     written: list[bytes] = []
     write(written.append, b"now")
     assert written == [b"now"]
+
+
+def test_a_delivery_to_one_stream_holds_nothing() -> None:
+    """One write has nothing to be written with: a hold would only cost its own upkeep."""
+    log: list[str] = []
+
+    def deliver(streams: Sequence[str]) -> None:
+        write(_logging(log, f"write {streams[0]}"), b"x")
+        log.append("relay done")
+
+    hold(deliver, ["a"])
+    assert log == ["write a", "relay done"]
 
 
 def test_a_long_delivery_writes_every_hold_max_chunks_not_only_at_its_end() -> None:
@@ -51,7 +68,7 @@ def test_a_long_delivery_writes_every_hold_max_chunks_not_only_at_its_end() -> N
             write(_logging(written, i), b"x")
             seen_during.append(len(written))
 
-    hold(run)
+    _hold(run)
     assert seen_during[HOLD_MAX - 2] == 0
     assert seen_during[HOLD_MAX - 1] == HOLD_MAX  # the HOLD_MAX-th write flushed the hold
     assert seen_during[-1] == HOLD_MAX * 2
@@ -66,10 +83,10 @@ def test_a_hold_inside_a_hold_leaves_its_writes_to_the_outer_one() -> None:
         log.append("inner end")
 
     def outer() -> None:
-        hold(inner)
+        _hold(inner)
         log.append("outer end")
 
-    hold(outer)
+    _hold(outer)
     assert log == ["inner end", "outer end", "inner write"]
 
 
@@ -81,7 +98,7 @@ def test_a_delivery_that_raises_still_writes_what_it_held() -> None:
         raise RuntimeError("relay broke")
 
     with pytest.raises(RuntimeError, match="relay broke"):
-        hold(run)
+        _hold(run)
     assert written == [b"kept"]
     assert writes_together.open_hold is None  # the next delivery holds afresh
 
@@ -103,7 +120,7 @@ def test_one_write_that_raises_costs_no_other_stream_its_write_nor_the_relay_its
             relays_done.append(i)
 
     with capture_logs() as logs:
-        hold(run)
+        _hold(run)
     assert written == [b"before"] + [b"after"] * HOLD_MAX
     assert relays_done == list(range(HOLD_MAX))
     assert [entry["event"] for entry in logs] == ["held_write_failed"]
@@ -124,5 +141,5 @@ def test_another_threads_write_during_a_hold_goes_out_at_once() -> None:
         thread.join()
         log.append("relays done")
 
-    hold(run)
+    _hold(run)
     assert log == ["other thread's write", "relays done", "held write"]

@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,20 +173,19 @@ async def test_a_prompt_found_in_the_prefix_cache_reports_it_on_its_first_delta(
     assert all(d.cached_tokens == 0 for d in warm[1:])
 
 
-async def test_a_steps_outputs_for_several_streams_are_delivered_inside_the_edges_run_delivery(
+async def test_every_delivery_of_a_step_runs_inside_the_edges_run_delivery(
     demo_dir: Path,
 ) -> None:
     """The edge hands the process a wrapper for each step's delivery (it holds the step's writes,
-    edge/writes_together.py): tokens of a step that feeds several streams are offered inside it (a
-    step with one output has nothing to hold, and is delivered plainly), and every stream gets the
-    tokens a process without it gives."""
+    edge/writes_together.py): every token offered to a stream is offered inside it, and every stream
+    gets the tokens a process without it gives."""
     inside = False
 
-    def run_delivery(deliver: Callable[[], None]) -> None:
+    def run_delivery(deliver: Callable[[Any], None], items: Any) -> None:
         nonlocal inside
         inside = True
         try:
-            deliver()
+            deliver(items)
         finally:
             inside = False
 
@@ -210,7 +210,7 @@ async def test_a_steps_outputs_for_several_streams_are_delivered_inside_the_edge
         plain = [await _collect(wrapped.generate(greedy(f"plain-{rid}", p))) for rid, p in prompts.items()]
     finally:
         wrapped.stop()
-    assert any(offered_inside)  # three streams of one engine share its steps
+    assert offered_inside and all(offered_inside)
     for rid, taken, want in zip(prompts, direct, plain, strict=True):
         # (An output that came while its stream was not waiting was taken instead of offered.)
         got = offered.get(rid, []) + [t for o in taken for t in o.token_ids]
