@@ -43,7 +43,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
+from bench.redis_process import RedisProcess
 from bench.stream_clients import ERROR_EVENT, StreamClients
 from bench.trees import parse_trees
 from bench.zero_cost_replica import running_replica
@@ -161,6 +162,8 @@ class Servers:
     base_url: str
     key: str
     pids: list[int]
+    # The limiter's redis-server (`--limiter redis`): its CPU is the store's, reported on its own.
+    store_pids: list[int] = field(default_factory=list)
 
     def cpu_seconds(self) -> float:
         return sum(self.user_system_seconds())
@@ -175,11 +178,12 @@ class Servers:
         tick = os.sysconf("SC_CLK_TCK")
         return user / tick, system / tick
 
-    def thread_cpu_ns(self) -> dict[tuple[int, str], int]:
+    def thread_cpu_ns(self, store: bool = False) -> dict[tuple[int, str], int]:
         """Each live thread's time on the CPU so far, in nanoseconds (/proc's schedstat: /proc/PID/stat
-        counts 10 ms ticks, a few dozen in a window at 500 ms a token). See `cpu_ns_between`."""
+        counts 10 ms ticks, a few dozen in a window at 500 ms a token). See `cpu_ns_between`.
+        `store`: the limiter's Redis's threads instead of the servers'."""
         times = {}
-        for pid in self.pids:
+        for pid in self.store_pids if store else self.pids:
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                 for task in Path(f"/proc/{pid}/task").iterdir():
                     with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -426,11 +430,13 @@ def hold(
         gc_before = [_gc_totals(srv.base_url) for srv in group]
         before = [srv.user_system_seconds() for srv in group]
         before_ns = [srv.thread_cpu_ns() for srv in group]
+        store_before_ns = [srv.thread_cpu_ns(store=True) for srv in group]
         for c in clients:
             c.open_window()
         opened = time.perf_counter()
         time.sleep(window_s)
         after_ns = [srv.thread_cpu_ns() for srv in group]
+        store_after_ns = [srv.thread_cpu_ns(store=True) for srv in group]
         after = [srv.user_system_seconds() for srv in group]
         for c in clients:
             c.close_window()
@@ -469,6 +475,9 @@ def hold(
                 "gc_max_pause_ms": gc_after[i]["max_s"] * 1e3,
             }
         )
+        if group[i].store_pids:
+            store_ns = cpu_ns_between(store_before_ns[i], store_after_ns[i])
+            rows[-1]["store_cpu_us_per_token"] = store_ns / 1e3 / tokens
     return rows
 
 
@@ -502,12 +511,15 @@ def measure(
     paired: int = 0,
     upstreams: tuple[str, ...] = ("in-process",),
     bare: bool = False,
+    limiter: str = "memory",
 ) -> list[dict[str, Any]]:
     """`paired` > 0: the trees' servers run side by side, their set-up cost measured in `paired`
     alternating bursts each (the median reported) and their streams held in one window; with
     several `upstreams`, every upstream's servers too (the Triton path and the in-process one under
     the same load, their ratio from one window). `bare`: a row "bare" beside each group's,
-    bench/bare_sse_server.py paced alike (the floor), in the same window when paired."""
+    bench/bare_sse_server.py paced alike (the floor), in the same window when paired. `limiter`
+    "redis": each edge server's limiter on a redis-server of its own (production's backend: its
+    lease charges are round trips), whose CPU per token is reported beside the server's."""
     rows = []
     # Paired, the upstreams share a group; else each is a run of its own.
     upstream_runs = [upstreams] if paired else [(u,) for u in upstreams]
@@ -528,6 +540,7 @@ def measure(
             "streams": streams,
             "replicas": n_replicas,
             "gc": gc_mode,
+            "limiter": limiter,
         }
         # A group's members: (label, tree, upstream, is the bare floor).
         groups: list[list[tuple[str, Path | None, str, bool]]] = [
@@ -546,7 +559,9 @@ def measure(
                     stack.enter_context(
                         bare_server(interval_ms, n_replicas, upstream, n_workers)
                         if floor
-                        else servers(interval_ms, n_workers, n_replicas, gc_mode, tree, upstream)
+                        else _edge_servers(
+                            stack, limiter, interval_ms, n_workers, n_replicas, gc_mode, tree, upstream
+                        )
                     )
                     for _, tree, upstream, floor in group
                 ]
@@ -570,6 +585,31 @@ def measure(
                 )
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
+
+
+@contextmanager
+def _edge_servers(
+    stack: contextlib.ExitStack,
+    limiter: str,
+    interval_ms: float,
+    workers: int,
+    replicas: int,
+    gc_mode: str,
+    tree: Path | None,
+    upstream: str,
+) -> Iterator[Servers]:
+    """`servers`, on the in-process limiter or (`limiter` "redis") on a redis-server of their own."""
+    if limiter not in ("memory", "redis"):
+        raise SystemExit(f"--limiter: memory or redis, not {limiter!r}")
+    redis = RedisProcess.start() if limiter == "redis" else None
+    if redis is not None:
+        stack.callback(redis.kill)
+    with servers(
+        interval_ms, workers, replicas, gc_mode, tree, upstream, redis_url=redis.url if redis else None
+    ) as srv:
+        if redis is not None:
+            srv.store_pids = [redis.process.pid]
+        yield srv
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -623,6 +663,12 @@ def main() -> None:
         help="add a row 'bare': bench/bare_sse_server.py paced alike, as many processes as the edge's "
         "workers (the floor)",
     )
+    parser.add_argument(
+        "--limiter",
+        default="memory",
+        help="memory (the in-process twin) or redis (a redis-server per edge server, production's "
+        "backend; its CPU per token reported as store_cpu_us_per_token)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)
@@ -650,6 +696,7 @@ def main() -> None:
         args.paired,
         tuple(args.upstream.split(",")),
         args.bare,
+        args.limiter,
     )
     if args.json:
         for row in rows:

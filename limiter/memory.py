@@ -36,6 +36,7 @@ class MemoryLimiter:
         self._clock = clock or time.monotonic
         self._instance_count = instance_count
         self.batch_tokens = batch_tokens
+        self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
         self._states: dict[str, policy.UserState] = {}
         self._rates: dict[TierLimits, policy.Rates] = {}
@@ -101,6 +102,7 @@ class MemoryLimiter:
             granted=lease_tokens,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
+            slot_ttl_s=self._lease_ttl_s,
             ends=self._ends,
             held_slots=self._rates_for(tier).max_concurrent,
         )

@@ -367,6 +367,7 @@ class RedisLimiter:
             granted=granted,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,
+            slot_ttl_s=self._lease_ttl_s,
             ends=self._ends,
             held_slots=self._rates_for(tier).max_concurrent,
         )

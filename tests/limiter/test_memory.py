@@ -96,10 +96,54 @@ async def test_lease_takes_locally_charges_in_batches_and_stops_at_the_budget() 
     lease = _lease(await limiter.admit("u", "r", t, 100, 1000))
     taken = [await lease.take(1) for _ in range(400)]
     assert taken == [1] * 400  # 100 input + 400 output = the whole budget
-    assert calls == (400 - 32) // 32 + 1  # one store call per batch, not per token
+    # One store call per batch, not per token: batches of 64 and 128, then the budget's last 176
+    # of the 256 asked.
+    assert calls == 3
     assert await lease.take(1) == 0  # budget spent: the edge stops with "length"
     await lease.settle()
     assert not (await limiter.admit("u", "next", t, 1, 1)).decision.allowed
+
+
+def _counting(limiter: MemoryLimiter) -> list[int]:
+    """Every charge's `want`, in order."""
+    wants: list[int] = []
+    charge = limiter.charge
+
+    async def counting_charge(user, tier, request_id, want):  # type: ignore[no-untyped-def]
+        wants.append(want)
+        return await charge(user, tier, request_id, want)
+
+    limiter.charge = counting_charge  # type: ignore[method-assign]
+    return wants
+
+
+@pytest.mark.anyio
+async def test_a_fast_streams_batch_doubles_to_the_cap_and_reserves_ahead_no_more_than_it_used() -> None:
+    limiter = MemoryLimiter(ManualClock(), batch_tokens=32)
+    wants = _counting(limiter)
+    lease = _lease(await limiter.admit("u", "r", tier(tokens=10**6, token_window_s=1000), 10, 5000))
+    for _ in range(5000):
+        assert await lease.take(1) == 1
+        # Never more ahead of its use than it has used, beyond the first batch.
+        assert lease.granted - lease.used <= lease.used + 32
+    assert wants == [64, 128, 256, 512, 512, 512, 512, 512, 512, 512, 512, 424]
+    assert sum(wants[:6]) + 32 >= 2000  # a 2,000-token reply: 6 store calls after its admission
+
+
+@pytest.mark.anyio
+async def test_a_slow_streams_batch_stays_small_so_its_charges_keep_its_slot_alive() -> None:
+    clock = ManualClock()
+    # Each batch lasts 10 s, an eighth of the slot's TTL: doubled, the next would take a quarter.
+    limiter = MemoryLimiter(clock, batch_tokens=32, lease_ttl_s=80)
+    wants = _counting(limiter)
+    t = tier(tokens=10**6, token_window_s=1000, concurrent=1)
+    lease = _lease(await limiter.admit("u", "r", t, 10, 320))
+    for i in range(320):
+        if i and i % 32 == 0:
+            clock.advance(10)
+        assert await lease.take(1) == 1
+    assert wants == [32] * 9
+    assert not (await limiter.admit("u", "second", t, 1, 1)).decision.allowed  # its slot held throughout
 
 
 @pytest.mark.anyio
