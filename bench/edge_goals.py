@@ -10,7 +10,7 @@ kind runs the same code 2x faster or slower from one session to the next), and "
 hold in one run of the commands. Each command runs alone (run nothing else meanwhile): its JSON
 lines go to DIR/NAME.jsonl, everything else it prints to DIR/NAME.log, and DIR/run.json says
 which commands ran, when, for how long, and the load average before each. The whole run takes
-about 20 minutes on 2 cores; `--quick` runs every command small (a smoke run: its figures mean
+about 25 minutes on 2 cores; `--quick` runs every command small (a smoke run: its figures mean
 nothing), `--only` some of them (into a kept run's folder: those commands' output is added or
 replaced, the rest stays, and run.json says when each ran).
 """
@@ -61,6 +61,15 @@ STEPS: dict[str, Step] = {
         "--json",
         "--paced 33:4 --replicas 1 --workers 1 --upstream in-process,triton --bare --paired 1 --window 1 "
         "--setup-count 10 --ramp 50 --json",
+    ),
+    # CPU per token and set-up per stream with the limiter on Redis, production's backend: every
+    # stream's admit and settle, and its lease's charges, are round trips (the rows above use the
+    # in-process twin, whose calls are local).
+    "streams-redis": Step(
+        "bench.streams",
+        "--paced 33:200 --replicas 1,0 --workers 1 --limiter redis --bare --json",
+        "--paced 33:4 --replicas 1 --workers 1 --limiter redis --bare --window 1 --setup-count 10 --ramp 50 "
+        "--json",
     ),
     # 10,000 streams at 2 tokens/s in one process.
     "streams-10k": Step(

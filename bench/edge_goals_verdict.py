@@ -96,29 +96,30 @@ def _workers(row: Row) -> str:
 
 
 def _per_token(run: Run) -> list[Figure]:
-    rows = run.rows.get("streams", [])
     figures = []
-    for row in sorted(rows, key=lambda r: r["replicas"] != 1):
-        if row["upstream"] != "in-process":
-            continue
-        bare = _one(
-            rows,
-            upstream="bare-in-process",
-            replicas=row["replicas"],
-            interval_ms=row["interval_ms"],
-            workers=row["workers"],
-        )
-        figures.append(
-            Figure(
-                "CPU per token at real pacing <= 30 µs",
-                f"{_clocks(row)}, {row['interval_ms']:g} ms, {_workers(row)}",
-                row["cpu_us_per_token"],
-                30.0,
-                "µs",
-                floor=bare["cpu_us_per_token"] if bare else None,
-                errors=row["errors"],
+    for step, where in (("streams", ""), ("streams-redis", ", limiter on Redis")):
+        rows = run.rows.get(step, [])
+        for row in sorted(rows, key=lambda r: r["replicas"] != 1):
+            if row["upstream"] != "in-process":
+                continue
+            bare = _one(
+                rows,
+                upstream="bare-in-process",
+                replicas=row["replicas"],
+                interval_ms=row["interval_ms"],
+                workers=row["workers"],
             )
-        )
+            figures.append(
+                Figure(
+                    "CPU per token at real pacing <= 30 µs",
+                    f"{_clocks(row)}, {row['interval_ms']:g} ms, {_workers(row)}{where}",
+                    row["cpu_us_per_token"],
+                    30.0,
+                    "µs",
+                    floor=bare["cpu_us_per_token"] if bare else None,
+                    errors=row["errors"],
+                )
+            )
     return figures
 
 
@@ -137,6 +138,26 @@ def _setup(run: Run) -> list[Figure]:
         )
         for row in rows
         if row["tree"] != "bare"
+    ] + _setup_on_redis(run)
+
+
+def _setup_on_redis(run: Run) -> list[Figure]:
+    """From bench.streams' own set-up burst (one per server, noisier than bench.streams_setup's
+    alternating rounds) beside the bare server's: a stream's admit and settle as round trips."""
+    rows = run.rows.get("streams-redis", [])
+    bare = _one(rows, upstream="bare-in-process", replicas=1)
+    return [
+        Figure(
+            "set-up CPU per stream <= 0.5 ms",
+            "a repeated prompt, limiter on Redis (one burst)",
+            row["setup_cpu_ms_per_stream"],
+            0.5,
+            "ms",
+            floor=bare["setup_cpu_ms_per_stream"] if bare else None,
+            errors=row["errors"],
+        )
+        for row in rows
+        if row["upstream"] == "in-process" and row["replicas"] == 1
     ]
 
 

@@ -575,7 +575,7 @@ def measure(
                     {
                         **config,
                         "upstream": upstream,
-                        **({"upstream": f"bare-{upstream}"} if floor else {}),
+                        **({"upstream": f"bare-{upstream}", "limiter": "none"} if floor else {}),
                         "tree": label,
                         "setup_cpu_ms_per_stream": statistics.median(c for c, _ in runs) * 1e3,
                         "setup_cpu_ms_per_stream_all": [round(c * 1e3, 3) for c, _ in runs],

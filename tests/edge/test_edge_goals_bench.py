@@ -86,6 +86,20 @@ def test_the_verdict_holds_each_view_to_its_own_bound_with_its_floor() -> None:
     assert (ttft.value, ttft.floor, ttft.met) == (4.5, 2.5, False)
 
 
+def test_the_rows_on_redis_are_views_of_their_own_beside_their_own_floor() -> None:
+    on_redis = [
+        {**_streams_row("in-process", 1, 31.0), "setup_cpu_ms_per_stream": 0.62},
+        {**_streams_row("bare-in-process", 1, 12.0), "setup_cpu_ms_per_stream": 0.1},
+    ]
+    run = Run({"streams": [_streams_row("in-process", 1, 20.0)], "streams-redis": on_redis})
+    by_view = {(f.goal.split()[0], f.view): f for f in figures_of(run)}
+    assert by_view[("CPU", "one step clock, 33 ms, 1 worker")].met
+    redis = by_view[("CPU", "one step clock, 33 ms, 1 worker, limiter on Redis")]
+    assert (redis.value, redis.floor, redis.met) == (31.0, 12.0, False)
+    setup = by_view[("set-up", "a repeated prompt, limiter on Redis (one burst)")]
+    assert (setup.value, setup.floor, setup.met) == (0.62, 0.1, False)
+
+
 def test_each_worker_count_is_judged_beside_as_many_bare_processes() -> None:
     rows = [
         _streams_row("in-process", 1, 20.0, workers=1),
@@ -125,7 +139,7 @@ def test_a_figure_the_run_could_not_measure_is_not_met() -> None:
 
 @pytest.mark.server
 def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Path) -> None:
-    only = "streams-paired,setup,relay,ttft,limiter,triton"
+    only = "streams-paired,streams-redis,setup,relay,ttft,limiter,triton"
     done = subprocess.run(
         [sys.executable, "-m", "bench.edge_goals", "--quick", "--only", only, "--out", str(tmp_path)],
         cwd=REPO,
@@ -148,6 +162,12 @@ def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Pat
     paired = [json.loads(line) for line in (tmp_path / "streams-paired.jsonl").read_text().splitlines()]
     assert sorted(r["upstream"] for r in paired) == ["bare-in-process", "bare-triton", "in-process", "triton"]
     assert all(r["errors"] == 0 and r["streams_streaming"] == r["streams"] for r in paired)
+    # On Redis: the store's own CPU per token measured beside the edge's, against the bare floor.
+    on_redis = [json.loads(line) for line in (tmp_path / "streams-redis.jsonl").read_text().splitlines()]
+    assert sorted(r["upstream"] for r in on_redis) == ["bare-in-process", "in-process"]
+    edge_on_redis = next(r for r in on_redis if r["upstream"] == "in-process")
+    assert edge_on_redis["limiter"] == "redis" and edge_on_redis["store_cpu_us_per_token"] > 0
+    assert all(r["errors"] == 0 for r in on_redis)
     # The edge's TTFT on a connection per stream and on connections kept alive, every stream served.
     ttft = [json.loads(line) for line in (tmp_path / "ttft.jsonl").read_text().splitlines()]
     assert {(r["limiter"], r["connections"]) for r in ttft} == {
