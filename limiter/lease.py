@@ -10,8 +10,8 @@ from typing import Protocol
 from limiter.base import Admission, Decision, TierLimits
 from limiter.stream_ends import StreamEnds, with_concurrency_wait
 
-# How far a lease's batch may grow (`Lease`): a 2,000-token reply then costs 6 store calls
-# after its admission instead of 62.
+# How far a lease's batch may grow (`Lease`): a 2,000-token reply streamed fast enough then costs
+# 6 store calls after its admission instead of 62 (9 at 30 tokens a second).
 MAX_BATCH_TOKENS = 512
 
 
@@ -42,15 +42,20 @@ class Lease:
     each charge is a store round trip on the edge (about 60 µs of its CPU on Redis) and a script on
     the store. At a fixed batch of 32, 200 streams on Redis cost the edge 1.09-1.13x its CPU per
     token against the in-process store, and charges were about 60 % of Redis's own CPU per token;
-    growing, 0.88-0.92x the edge's CPU per token and 0.40-0.44x Redis's (docs/bench-streams.md,
+    growing, 0.88-0.97x the edge's CPU per token and 0.38-0.42x Redis's (docs/bench-streams.md,
     nineteenth pass). What it costs: a lease holds at most one batch ahead of its use, and a batch
     is never more than what the stream has already used plus the first, so a long stream
     reserves at most about as many tokens ahead as it has streamed (refunded at settle). A user
     whose budget is nearly spent sees it spent sooner by its running streams' reservations, as
-    OpenAI's limits count a request's max_tokens up front. Grown only while the batch just used
-    lasted under an eighth of the slot's TTL: every charge also refreshes the request's
-    concurrency slot (a slot not refreshed for the TTL frees, as an edge that died would leave
-    it), so at the same pace the next charge still comes within a quarter of the TTL.
+    OpenAI's limits count a request's max_tokens up front.
+
+    Every charge also refreshes the request's concurrency slot, which frees when not refreshed for
+    its TTL (as an edge that died would leave it), so a batch must never outlast the TTL, however
+    the stream's pace changes: the batch doubles only when the one just used lasted under a 64th
+    of the TTL (under 4.7 s of the default 300; at the same pace the next comes within a 32nd, so
+    the stream would have to slow 32-fold within one batch for its slot to lapse), and halves, down
+    to the first batch's size, when it lasted over a 16th (a stream slowing down shrinks its
+    batches as it goes). At 30 tokens a second a batch stops growing at 256 tokens.
     """
 
     def __init__(
@@ -76,8 +81,10 @@ class Lease:
         self._used = 0
         self._max_output = max_output_tokens
         self._batch = batch_tokens
+        self._first_batch = batch_tokens
         self._max_batch = max(batch_tokens, MAX_BATCH_TOKENS)
-        self._grow_within_s = slot_ttl_s / 8
+        self._grow_within_s = slot_ttl_s / 64
+        self._shrink_after_s = slot_ttl_s / 16
         self._exhausted = False
         self._settled = False
         self._clock = clock
@@ -117,8 +124,11 @@ class Lease:
         if taken is not None:
             return taken
         now = self._clock()
-        if now - self._extended_at < self._grow_within_s:
+        lasted = now - self._extended_at
+        if lasted < self._grow_within_s:
             self._batch = min(2 * self._batch, self._max_batch)
+        elif lasted > self._shrink_after_s:
+            self._batch = max(self._batch // 2, self._first_batch)
         self._extended_at = now
         want = min(max(self._batch, n - (self._granted - self._used)), self._max_output - self._granted)
         got = await self._store.charge(self._user, self._tier, self._request_id, want) if want > 0 else 0

@@ -133,16 +133,32 @@ async def test_a_fast_streams_batch_doubles_to_the_cap_and_reserves_ahead_no_mor
 @pytest.mark.anyio
 async def test_a_slow_streams_batch_stays_small_so_its_charges_keep_its_slot_alive() -> None:
     clock = ManualClock()
-    # Each batch lasts 10 s, an eighth of the slot's TTL: doubled, the next would take a quarter.
+    # Each batch lasts 1.25 s, a 64th of the slot's TTL: doubled, the next would take a 32nd.
     limiter = MemoryLimiter(clock, batch_tokens=32, lease_ttl_s=80)
     wants = _counting(limiter)
     t = tier(tokens=10**6, token_window_s=1000, concurrent=1)
     lease = _lease(await limiter.admit("u", "r", t, 10, 320))
     for i in range(320):
         if i and i % 32 == 0:
-            clock.advance(10)
+            clock.advance(1.25)
         assert await lease.take(1) == 1
     assert wants == [32] * 9
+    assert not (await limiter.admit("u", "second", t, 1, 1)).decision.allowed  # its slot held throughout
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_slows_down_shrinks_its_batch_back_to_the_first() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, batch_tokens=32, lease_ttl_s=80)
+    wants = _counting(limiter)
+    t = tier(tokens=10**6, token_window_s=1000, concurrent=1)
+    lease = _lease(await limiter.admit("u", "r", t, 10, 10**5))
+    while len(wants) < 3:  # fast: 64, 128, 256
+        assert await lease.take(1) == 1
+    for _ in range(4):  # then each batch takes 6 s, over a 16th of the TTL
+        clock.advance(6)
+        assert await lease.take(lease.granted - lease.used + 1) >= 1
+    assert wants == [64, 128, 256, 128, 64, 32, 32]
     assert not (await limiter.admit("u", "second", t, 1, 1)).decision.allowed  # its slot held throughout
 
 
