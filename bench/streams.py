@@ -560,7 +560,7 @@ def measure(
                         bare_server(interval_ms, n_replicas, upstream, n_workers)
                         if floor
                         else _edge_servers(
-                            stack, limiter, interval_ms, n_workers, n_replicas, gc_mode, tree, upstream
+                            limiter, interval_ms, n_workers, n_replicas, gc_mode, tree, upstream
                         )
                     )
                     for _, tree, upstream, floor in group
@@ -589,7 +589,6 @@ def measure(
 
 @contextmanager
 def _edge_servers(
-    stack: contextlib.ExitStack,
     limiter: str,
     interval_ms: float,
     workers: int,
@@ -598,18 +597,21 @@ def _edge_servers(
     tree: Path | None,
     upstream: str,
 ) -> Iterator[Servers]:
-    """`servers`, on the in-process limiter or (`limiter` "redis") on a redis-server of their own."""
+    """`servers`, on the in-process limiter or (`limiter` "redis") on a redis-server of their own,
+    stopped after them."""
     if limiter not in ("memory", "redis"):
         raise SystemExit(f"--limiter: memory or redis, not {limiter!r}")
     redis = RedisProcess.start() if limiter == "redis" else None
-    if redis is not None:
-        stack.callback(redis.kill)
-    with servers(
-        interval_ms, workers, replicas, gc_mode, tree, upstream, redis_url=redis.url if redis else None
-    ) as srv:
+    try:
+        with servers(
+            interval_ms, workers, replicas, gc_mode, tree, upstream, redis_url=redis.url if redis else None
+        ) as srv:
+            if redis is not None:
+                srv.store_pids = [redis.process.pid]
+            yield srv
+    finally:
         if redis is not None:
-            srv.store_pids = [redis.process.pid]
-        yield srv
+            redis.kill()
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
