@@ -182,7 +182,16 @@ async def _hold(
         await asyncio.sleep(0.05)
     conn.send("ramped")
     commands: asyncio.Queue[str] = asyncio.Queue()
-    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+
+    def command() -> None:
+        try:
+            commands.put_nowait(conn.recv())
+        except EOFError:
+            # The runner is gone (killed mid-run): its end of the pipe reads EOF for ever, and this
+            # reader would spin on it, a core for nothing until someone kills the process.
+            os._exit(1)
+
+    loop.add_reader(conn.fileno(), command)
     assert await commands.get() == "open"
     cpu_before = _cpu_s()
     w.open = True
