@@ -42,7 +42,7 @@ class Lease:
     each charge is a store round trip on the edge (about 60 µs of its CPU on Redis) and a script on
     the store. At a fixed batch of 32, 200 streams on Redis cost the edge 1.09-1.13x its CPU per
     token against the in-process store, and charges were about 60 % of Redis's own CPU per token;
-    growing, 0.88-0.97x the edge's CPU per token and 0.38-0.42x Redis's (docs/bench-streams.md,
+    growing, 0.88-0.90x the edge's CPU per token and 0.38-0.41x Redis's (docs/bench-streams.md,
     nineteenth pass). What it costs: a lease holds at most one batch ahead of its use, and a batch
     is never more than what the stream has already used plus the first, so a long stream
     reserves at most about as many tokens ahead as it has streamed (refunded at settle). A user
