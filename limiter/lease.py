@@ -40,7 +40,7 @@ class Lease:
 
     The batch doubles with each extension, up to MAX_BATCH_TOKENS, while the stream keeps pace:
     each charge is a store round trip on the edge (about 60 µs of its CPU on Redis) and a script on
-    the store. At a fixed batch of 32, 200 streams on Redis cost the edge 1.09-1.13x its CPU per
+    the store. At a fixed batch of 32, 200 streams on Redis cost the edge 1.09-1.11x its CPU per
     token against the in-process store, and charges were about 60 % of Redis's own CPU per token;
     growing, 0.88-0.90x the edge's CPU per token and 0.38-0.41x Redis's (docs/bench-streams.md,
     nineteenth pass). What it costs: a lease holds at most one batch ahead of its use, and a batch
@@ -124,6 +124,7 @@ class Lease:
         if taken is not None:
             return taken
         now = self._clock()
+        # The first batch's time includes the wait for the stream's first token.
         lasted = now - self._extended_at
         if lasted < self._grow_within_s:
             self._batch = min(2 * self._batch, self._max_batch)

@@ -79,31 +79,6 @@ async def test_tokens_debit_input_and_the_initial_lease_and_report_the_binding_l
     assert (await limiter.admit("u", "b", t, 100, 500)).decision.allowed
 
 
-@pytest.mark.anyio
-async def test_lease_takes_locally_charges_in_batches_and_stops_at_the_budget() -> None:
-    clock = ManualClock()
-    limiter = MemoryLimiter(clock, batch_tokens=32)
-    calls = 0
-    charge = limiter.charge
-
-    async def counting_charge(*args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        return await charge(*args, **kwargs)
-
-    limiter.charge = counting_charge  # type: ignore[method-assign]
-    t = tier(tokens=500, token_window_s=1000)
-    lease = _lease(await limiter.admit("u", "r", t, 100, 1000))
-    taken = [await lease.take(1) for _ in range(400)]
-    assert taken == [1] * 400  # 100 input + 400 output = the whole budget
-    # One store call per batch, not per token: batches of 64 and 128, then the budget's last 176
-    # of the 256 asked.
-    assert calls == 3
-    assert await lease.take(1) == 0  # budget spent: the edge stops with "length"
-    await lease.settle()
-    assert not (await limiter.admit("u", "next", t, 1, 1)).decision.allowed
-
-
 def _counting(limiter: MemoryLimiter) -> list[int]:
     """Every charge's `want`, in order."""
     wants: list[int] = []
@@ -115,6 +90,23 @@ def _counting(limiter: MemoryLimiter) -> list[int]:
 
     limiter.charge = counting_charge  # type: ignore[method-assign]
     return wants
+
+
+@pytest.mark.anyio
+async def test_lease_takes_locally_charges_in_batches_and_stops_at_the_budget() -> None:
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, batch_tokens=32)
+    wants = _counting(limiter)
+    t = tier(tokens=500, token_window_s=1000)
+    lease = _lease(await limiter.admit("u", "r", t, 100, 1000))
+    taken = [await lease.take(1) for _ in range(400)]
+    assert taken == [1] * 400  # 100 input + 400 output = the whole budget
+    # One store call per batch, not per token: batches of 64 and 128, then 256 asked of a budget
+    # with 176 left.
+    assert wants == [64, 128, 256]
+    assert await lease.take(1) == 0  # budget spent: the edge stops with "length"
+    await lease.settle()
+    assert not (await limiter.admit("u", "next", t, 1, 1)).decision.allowed
 
 
 @pytest.mark.anyio
