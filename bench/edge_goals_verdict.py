@@ -138,7 +138,7 @@ def _setup(run: Run) -> list[Figure]:
         )
         for row in rows
         if row["tree"] != "bare"
-    ] + _setup_on_redis(run)
+    ]
 
 
 def _setup_on_redis(run: Run) -> list[Figure]:
@@ -288,6 +288,7 @@ def _limiter(run: Run) -> list[Figure]:
 JUDGES: tuple[Callable[[Run], list[Figure]], ...] = (
     _per_token,
     _setup,
+    _setup_on_redis,
     _many_streams,
     _triton_model,
     _triton_path,
