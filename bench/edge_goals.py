@@ -77,11 +77,12 @@ STEPS: dict[str, Step] = {
         "--paced 500:10000 --replicas 0 --workers 1 --gc quiet --ramp 300 --window 10 --json",
         "--paced 500:20 --replicas 0 --workers 1 --ramp 100 --window 1 --setup-count 10 --json",
     ),
-    # Set-up CPU per stream in alternating bursts (steadier than bench.streams' single burst).
+    # Set-up CPU per stream in alternating bursts (steadier than bench.streams' single burst), on
+    # the in-process twin and on Redis (the admit's and settle's round trips), beside the bare server.
     "setup": Step(
         "bench.streams_setup",
-        "--trees now=. --rounds 16 --count 600 --bare --prompts same,new --json",
-        "--trees now=. --rounds 2 --count 20 --bare --prompts same,new --json",
+        "--trees now=. --rounds 10 --count 600 --bare --prompts same,new --limiter memory,redis --json",
+        "--trees now=. --rounds 2 --count 20 --bare --prompts same,new --limiter memory,redis --json",
     ),
     # As fast as read: the Triton path against the zero-cost upstream (bench/zero_cost_replica.py).
     "relay": Step(

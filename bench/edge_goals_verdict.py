@@ -123,6 +123,13 @@ def _per_token(run: Run) -> list[Figure]:
     return figures
 
 
+def _setup_view(tree: str) -> str:
+    """bench.streams_setup's row label ("now", "now new-prompts", "now redis new-prompts") as a view."""
+    words = tree.split()
+    view = "a new prompt every stream" if "new-prompts" in words else "a repeated prompt"
+    return f"{view}, limiter on Redis" if "redis" in words else view
+
+
 def _setup(run: Run) -> list[Figure]:
     rows = run.rows.get("setup", [])
     bare = _one(rows, tree="bare")
@@ -130,7 +137,7 @@ def _setup(run: Run) -> list[Figure]:
     return [
         Figure(
             "set-up CPU per stream <= 0.5 ms",
-            "a new prompt every stream" if row["tree"].endswith("new-prompts") else "a repeated prompt",
+            _setup_view(row["tree"]),
             row["setup_cpu_ms_per_stream_median"],
             0.5,
             "ms",
@@ -143,7 +150,10 @@ def _setup(run: Run) -> list[Figure]:
 
 def _setup_on_redis(run: Run) -> list[Figure]:
     """From bench.streams' own set-up burst (one per server, noisier than bench.streams_setup's
-    alternating rounds) beside the bare server's: a stream's admit and settle as round trips."""
+    alternating rounds) beside the bare server's: a stream's admit and settle as round trips. Only
+    for a run whose set-up step had no Redis rows of its own (runs kept from before it had them)."""
+    if any("redis" in row["tree"].split() for row in run.rows.get("setup", [])):
+        return []
     rows = run.rows.get("streams-redis", [])
     bare = _one(rows, upstream="bare-in-process", replicas=1)
     return [

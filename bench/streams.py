@@ -130,7 +130,21 @@ def _serve(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", port))
-    uvicorn.Server(uvicorn_config(tell_ready, settings.server, log_config=None)).run(sockets=[sock])  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn_config(tell_ready, settings.server, log_config=None))  # type: ignore[arg-type]
+    cprofile = os.environ.get("STREAMS_CPROFILE")
+    if not cprofile:
+        server.run(sockets=[sock])
+        return
+    # STREAMS_CPROFILE=/tmp/cprof: cProfile's call counts of each server in /tmp/cprof-<pid>.prof
+    # (pstats; a coroutine counts a call at every resumption). Written when the server stops,
+    # also when uvicorn re-raises the SIGINT that stopped it.
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(server.run, sockets=[sock])
+    finally:
+        profile.dump_stats(f"{cprofile}-{os.getpid()}.prof")
 
 
 class _GcPauses:
@@ -263,7 +277,8 @@ def servers(
                     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
                     flags = os.environ.get("STREAMS_PROFILE_FLAGS", "--nonblocking").split()
                     out = f"{profile}-{i}.txt"
-                    cmd = [py_spy, "record", "-r", "250", *flags, "-o", out, "-f", "raw", "--", *cmd]
+                    rate = os.environ.get("STREAMS_PROFILE_RATE", "250")  # samples a second
+                    cmd = [py_spy, "record", "-r", rate, *flags, "-o", out, "-f", "raw", "--", *cmd]
                 env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=tree, env=env))
             deadline = time.monotonic() + 120

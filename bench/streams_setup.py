@@ -1,7 +1,7 @@
 """Set-up CPU per stream of several checkouts, side by side: alternating bursts, CPU in nanoseconds.
 
 python -m bench.streams_setup --trees before=/path/to/old/checkout,after=. [--rounds 16]
-                              [--count 600] [--bare] [--prompts same,new]
+                              [--count 600] [--bare] [--prompts same,new] [--limiter memory,redis]
 
 The set-up column of `bench.streams` (a burst of one-token streams, server CPU / streams) with
 what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
@@ -16,6 +16,11 @@ request with the same bytes and none of the edge's work, the floor under the edg
 `--prompts`: "same" (every stream sends one prompt, as an app's users send its system prompt) and
 "new" (every stream a prompt no stream sent before: the edge keeps no piece of it,
 edge/text/piece_cache.py); with both, each tree has a row of each, "LABEL new-prompts" the second.
+`--limiter`: "memory" (the in-process twin) and/or "redis" (each tree's server on a redis-server
+of its own, production's backend: the admit's and the settle's round trips are part of a stream's
+set-up there); with both, "LABEL redis" rows beside the twin's, in the same alternating rounds.
+The servers' CPU only: with `--json` a Redis row also gives its redis-server's CPU per stream
+(`store_all`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import statistics
 from pathlib import Path
 
 from bench.__main__ import machine
-from bench.streams import Servers, bare_server, servers, setup_cost
+from bench.streams import Servers, _edge_servers, bare_server, setup_cost
 from bench.trees import parse_trees
 
 
@@ -41,6 +46,9 @@ class _NanosecondServers(Servers):
     def cpu_seconds(self) -> float:
         return sum(self.thread_cpu_ns().values()) / 1e9
 
+    def store_cpu_seconds(self) -> float:
+        return sum(self.thread_cpu_ns(store=True).values()) / 1e9
+
 
 def measure(
     trees: list[tuple[str, Path | None]],
@@ -48,26 +56,38 @@ def measure(
     count: int,
     bare: bool = False,
     prompts: tuple[str, ...] = ("same",),
+    limiters: tuple[str, ...] = ("memory",),
+    store: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """ms of server CPU per one-token stream, per tree and prompt kind (and "bare"), one figure per
-    round."""
+    """ms of server CPU per one-token stream, per tree, limiter and prompt kind (and "bare"), one
+    figure per round. `store`, when given, receives the Redis rows' redis-server CPU alike."""
     with contextlib.ExitStack() as stack:
-        started = [(label, stack.enter_context(servers(33, 1, 32, "quiet", tree))) for label, tree in trees]
+        started = [
+            (
+                label if limiter == "memory" else f"{label} {limiter}",
+                stack.enter_context(_edge_servers(limiter, 33, 1, 32, "quiet", tree, "in-process")),
+            )
+            for label, tree in trees
+            for limiter in limiters
+        ]
         if bare:
             started.append(("bare", stack.enter_context(bare_server())))
         runs = [
             (label if kind == "same" else f"{label} new-prompts", kind == "new", server)
             for label, s in started
-            for server in [_NanosecondServers(s.base_url, s.key, s.pids)]
+            for server in [_NanosecondServers(s.base_url, s.key, s.pids, s.store_pids)]
             for kind in (("same",) if label == "bare" else prompts)
         ]
         figures: dict[str, list[float]] = {label: [] for label, _, _ in runs}
         for r in range(rounds):
             for label, new_prompts, srv in runs if r % 2 == 0 else runs[::-1]:
+                store_before = srv.store_cpu_seconds()
                 cpu_s, errors = asyncio.run(setup_cost(srv, 32, count, new_prompts))
                 if errors:
                     raise RuntimeError(f"{label}: {errors} streams failed")
                 figures[label].append(cpu_s * 1e3)
+                if store is not None and srv.store_pids:
+                    store.setdefault(label, []).append((srv.store_cpu_seconds() - store_before) / count * 1e3)
             print(r, {label: round(v[-1], 3) for label, v in figures.items()}, flush=True)
     return figures
 
@@ -84,6 +104,11 @@ def main() -> None:
         help="same (one prompt for every stream, as a system prompt) and/or new (a prompt no stream "
         "sent before), comma-separated: a row of each per tree",
     )
+    parser.add_argument(
+        "--limiter",
+        default="memory",
+        help="memory (the in-process twin) and/or redis (a redis-server per server), comma-separated",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trees = parse_trees(args.trees)
@@ -91,7 +116,11 @@ def main() -> None:
     prompts = tuple(args.prompts.split(","))
     if not prompts or not set(prompts) <= {"same", "new"}:
         parser.error("--prompts takes same, new or both")
-    figures = measure(trees, args.rounds, args.count, args.bare, prompts)
+    limiters = tuple(args.limiter.split(","))
+    if not limiters or not set(limiters) <= {"memory", "redis"}:
+        parser.error("--limiter takes memory, redis or both")
+    store: dict[str, list[float]] = {}
+    figures = measure(trees, args.rounds, args.count, args.bare, prompts, limiters, store)
     print(f"load average after: {os.getloadavg()}")
     reference = next(iter(figures.values()))
     for label, values in figures.items():
@@ -106,6 +135,8 @@ def main() -> None:
         }
         if args.json:
             summary["all"] = [round(v, 3) for v in values]
+            if label in store:
+                summary["store_all"] = [round(v, 3) for v in store[label]]
             print(json.dumps(summary))
         else:
             print(summary)

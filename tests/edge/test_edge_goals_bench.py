@@ -100,6 +100,32 @@ def test_the_rows_on_redis_are_views_of_their_own_beside_their_own_floor() -> No
     assert (setup.value, setup.floor, setup.met) == (0.62, 0.1, False)
 
 
+def test_set_up_on_redis_from_alternating_rounds_replaces_the_one_burst_view() -> None:
+    setup = [
+        {"tree": "now", "setup_cpu_ms_per_stream_median": 0.45},
+        {"tree": "now new-prompts", "setup_cpu_ms_per_stream_median": 0.52},
+        {"tree": "now redis", "setup_cpu_ms_per_stream_median": 0.56},
+        {"tree": "now redis new-prompts", "setup_cpu_ms_per_stream_median": 0.63},
+        {"tree": "bare", "setup_cpu_ms_per_stream_median": 0.09},
+    ]
+    one_burst = [
+        {**_streams_row("in-process", 1, 31.0), "setup_cpu_ms_per_stream": 0.7},
+        {**_streams_row("bare-in-process", 1, 12.0), "setup_cpu_ms_per_stream": 0.1},
+    ]
+    run = Run({"setup": setup, "streams-redis": one_burst})
+    views = {f.view: (f.value, f.floor, f.met) for f in figures_of(run) if f.goal.startswith("set-up")}
+    assert views == {
+        "a repeated prompt": (0.45, 0.09, True),
+        "a new prompt every stream": (0.52, 0.09, False),
+        "a repeated prompt, limiter on Redis": (0.56, 0.09, False),
+        "a new prompt every stream, limiter on Redis": (0.63, 0.09, False),
+    }
+    # A kept run from before the set-up step had Redis rows still gets its one-burst view.
+    older = Run({"setup": setup[:2] + setup[4:], "streams-redis": one_burst})
+    views = {f.view: f.value for f in figures_of(older) if f.goal.startswith("set-up")}
+    assert views["a repeated prompt, limiter on Redis (one burst)"] == 0.7
+
+
 def test_each_worker_count_is_judged_beside_as_many_bare_processes() -> None:
     rows = [
         _streams_row("in-process", 1, 20.0, workers=1),
@@ -158,6 +184,10 @@ def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Pat
     table = (tmp_path / "goals.md").read_text()
     row = next(line for line in table.splitlines() if "| a repeated prompt |" in line)
     assert f"| {repeated:.3g} ms | {bare:.3g} ms |" in row
+    # And on Redis, in the same alternating rounds: the store's CPU measured beside the edge's.
+    on_redis = next(r for r in setup if r["tree"] == "now redis")
+    assert len(on_redis["all"]) == len(on_redis["store_all"]) == 2 and min(on_redis["store_all"]) > 0
+    assert "| a repeated prompt, limiter on Redis |" in table
     # Side by side: every upstream's edge and bare server held their streams in the same window.
     paired = [json.loads(line) for line in (tmp_path / "streams-paired.jsonl").read_text().splitlines()]
     assert sorted(r["upstream"] for r in paired) == ["bare-in-process", "bare-triton", "in-process", "triton"]
