@@ -241,17 +241,41 @@ class RedisLimiter:
     def _now_arg(self) -> str:
         return "" if self._now_override_us is None else str(self._now_override_us())
 
+    async def _one(
+        self,
+        op: Op,
+        script: AsyncScript,
+        batcher: CallBatcher,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        epoch: int | None = None,
+    ) -> Any:
+        """One call of `script`. On the limiter's own connections it is its own command, written
+        at once, its reply waking its caller where it is read (limiter/resp_connection.py; the
+        commands of one pass of the loop still share a write). Through redis-py it waits in
+        `batcher` and shares a round trip with the calls that came meanwhile. A batcher on the own
+        connections cost each call a writer task, a gather and a batch's bookkeeping for what the
+        connection's write already shares: about a fifth of what the Redis backend adds to a
+        one-token stream's set-up (docs/bench-streams.md, twentieth pass)."""
+        if (direct := self._direct) is not None:
+            return await self._call(op, lambda: direct.call(script, keys, args), epoch=epoch)
+        return await batcher.call(keys, args, 0 if epoch is None else epoch)
+
     async def _call(self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None) -> Any:
         """One bounded round trip. Raises _NotSent when it never reached Redis, _NoAnswer when
         Redis did not answer (the store is then marked down)."""
         if self._health.retry_in() > 0:
             raise _NotSent
-        try:
-            async with asyncio.timeout(self._pool_wait_s):
-                await self._in_flight.acquire()
-        except TimeoutError:
-            STORE_BUSY.labels(op=op).inc()
-            raise _NotSent from None
+        in_flight = self._in_flight
+        if not in_flight.locked():
+            await in_flight.acquire()  # a free slot: taken at once, no deadline to arm
+        else:
+            try:
+                async with asyncio.timeout(self._pool_wait_s):
+                    await in_flight.acquire()
+            except TimeoutError:
+                STORE_BUSY.labels(op=op).inc()
+                raise _NotSent from None
         try:
             if self._health.retry_in() > 0:  # it failed while this call waited
                 raise _NotSent
@@ -275,7 +299,7 @@ class RedisLimiter:
                 self._direct.drop_stalled(self._timeout_s)
             raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
         finally:
-            self._in_flight.release()
+            in_flight.release()
         self._health.succeeded(op)
         return result
 
@@ -307,10 +331,7 @@ class RedisLimiter:
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
             fallback_allowed = self._fallback_allowed
-            if (direct := self._direct) is not None:
-                reply = await self._call("admit", lambda: direct.call(self._admit, keys, args), epoch=epoch)
-            else:
-                reply = await self._admits.call(keys, args, epoch)
+            reply = await self._one("admit", self._admit, self._admits, keys, args, epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
         except _NoAnswer:
@@ -413,7 +434,9 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            granted = int(await self._charges.call((tokens_key, concurrency_key), args, 0))
+            granted = int(
+                await self._one("charge", self._charge, self._charges, (tokens_key, concurrency_key), args)
+            )
         except (_NotSent, _NoAnswer):
             # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":
@@ -479,7 +502,7 @@ class RedisLimiter:
         # The first attempt shares a round trip with other callers' settles; only a failed one
         # goes to the retry queue (and its answer is not waited for).
         try:
-            _, cancelled = await self._settle_calls.call(op.keys, op.args, 0)
+            _, cancelled = await self._one("settle", self._settle, self._settle_calls, op.keys, op.args)
         except (_NotSent, _NoAnswer):
             self._settles.add(op)
             return None
