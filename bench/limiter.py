@@ -60,6 +60,9 @@ class Row:
     # CPU per decision (or call): this process plus redis-server, from /proc. Unlike per_s it
     # hardly moves with what else runs on the machine, so its ratio is the steadier yardstick.
     cpu_us: float | None = None
+    # redis-server's own share of cpu_us: the whole process (reading, parsing and answering each
+    # command, not only the script that server_us times), what sizes a Redis fleet.
+    redis_cpu_us: float | None = None
 
 
 class CpuMeter:
@@ -68,17 +71,21 @@ class CpuMeter:
 
     def __init__(self, *redis_pids: int) -> None:
         self._pids = redis_pids
-        self._start = self._now()
+        self._start_redis = self._redis_now()
+        self._start = time.process_time() + self._start_redis
 
-    def _now(self) -> float:
-        total = time.process_time()
+    def _redis_now(self) -> float:
+        total = 0.0
         for pid in self._pids:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
     def us_per(self, operations: int) -> float:
-        return (self._now() - self._start) * 1e6 / operations
+        return (time.process_time() + self._redis_now() - self._start) * 1e6 / operations
+
+    def redis_us_per(self, operations: int) -> float | None:
+        return (self._redis_now() - self._start_redis) * 1e6 / operations if self._pids else None
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -147,6 +154,7 @@ async def _decisions(
         _percentile(admit_ms, 0.99),
         _server_us_per_evalsha(port) if port is not None else None,
         cpu.us_per(len(admit_ms)),
+        cpu.redis_us_per(len(admit_ms)),
     )
 
 
@@ -172,6 +180,7 @@ async def _redis_py_evalsha(url: str, calls: int, clients: int, redis_pid: int |
     await asyncio.gather(*(caller() for _ in range(clients)))
     wall = time.perf_counter() - started
     cpu_us = cpu.us_per(len(latencies))
+    redis_cpu_us = cpu.redis_us_per(len(latencies))
     await client.aclose()
     return Row(
         "redis-py asyncio: EVALSHA of `return 1`",
@@ -181,6 +190,7 @@ async def _redis_py_evalsha(url: str, calls: int, clients: int, redis_pid: int |
         _percentile(latencies, 0.99),
         None,
         cpu_us,
+        redis_cpu_us,
     )
 
 
@@ -224,13 +234,15 @@ def _ratios(rows: list[Row]) -> str:
 
 def _table(rows: list[Row]) -> str:
     lines = [
-        "| what | callers | per second | p50 ms | p99 ms | Redis µs per EVALSHA | CPU µs per op |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| what | callers | per second | p50 ms | p99 ms | Redis µs per EVALSHA | CPU µs per op "
+        "| of which redis-server |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         server = "" if r.server_us is None else f"{r.server_us:.2f}"
         cpu = "" if r.cpu_us is None else f"{r.cpu_us:.0f}"
-        figures = f"{r.per_s:,.0f} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | {server} | {cpu}"
+        redis_cpu = "" if r.redis_cpu_us is None else f"{r.redis_cpu_us:.0f}"
+        figures = f"{r.per_s:,.0f} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | {server} | {cpu} | {redis_cpu}"
         lines.append(f"| {r.what} | {r.clients} | {figures} |")
     return "\n".join(lines)
 
@@ -300,6 +312,17 @@ def main() -> None:
                     "median": round(median, 3),
                     "cpu_ratios": [round(c, 3) for _, c in ratios],
                     "cpu_median": round(cpu_median, 3),
+                    # The last round's, per decision (admit + settle) at this concurrency.
+                    "redis_cpu_us_per_decision": next(
+                        r.redis_cpu_us
+                        for r in rows
+                        if r.what.startswith("limiter") and r.clients == args.concurrency
+                    ),
+                    "redis_script_us_per_evalsha": next(
+                        r.server_us
+                        for r in rows
+                        if r.what.startswith("limiter") and r.clients == args.concurrency
+                    ),
                 }
             )
             + "\n"
@@ -313,12 +336,14 @@ def main() -> None:
         f"Machine: {machine}. The Python client and redis-server share the machine.\n\n"
         "Limiter rows: one decision = `admit` + `settle`, one EVALSHA each; *per second* counts "
         "decisions, p50/p99 are the `admit` call as a request waits for it (the latency the limiter "
-        "adds before a stream opens). Concurrent callers' admits (and settles, and charges) share "
-        "pipelined round trips. redis-py rows: redis-py asyncio calling EVALSHA of `return 1` with "
-        "the same number of callers, the same client library and event loop: the issue's yardstick "
-        "(decisions/s >= 70 % of it at the same concurrency). redis-benchmark rows: the same "
-        "trivial script from C, the server's floor. The last column is Redis's own CPU time per "
-        "script call (INFO commandstats).\n\n"
+        "adds before a stream opens). On the limiter's own connection the commands concurrent "
+        "callers send in one pass of the event loop share a write. redis-py rows: redis-py asyncio "
+        "calling EVALSHA of `return 1` with the same number of callers, the same client library and "
+        "event loop: the issue's yardstick (decisions/s >= 70 % of it at the same concurrency). "
+        "redis-benchmark rows: the same trivial script from C, the server's floor. *Redis µs per "
+        "EVALSHA*: the script's own time (INFO commandstats); *CPU µs per op*: this process and "
+        "redis-server, from /proc; *of which redis-server*: the server process's share, its reading, "
+        "parsing and answering of every command included (what sizes a Redis fleet).\n\n"
         f"{table}\n\n"
         f"Limiter decisions/s against redis-py's trivial EVALSHA calls/s, same run: "
         f"{_ratios(rows)} (the rows above). With {args.concurrency} callers, in {args.rounds} "
