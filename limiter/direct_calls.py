@@ -18,8 +18,13 @@ On a Cluster the slot map is redis-py's (the client's nodes manager):
 - A node lost or refusing fails the call (the limiter's store-failure policy answers), and the
   next call first reloads the map from the cluster: after a failover it finds the new primary.
 - A connection that stops answering without closing (a host gone without a reset) is closed when
-  a call on it times out (`drop_stalled`), as redis-py drops a connection that timed out; else it
-  would hold every later call of its node until the kernel gave up on it, many minutes on.
+  a reply on it is owed longer than the answer timeout (resp_connection.py), as redis-py drops a
+  connection that timed out; else it would hold every later call of its node until the kernel gave
+  up on it, many minutes on. The next call opens a new one, on a Cluster after reloading the map.
+
+Each call is bounded without a timer of its own on the way every call takes (an open connection:
+its reply's deadline is the connection's); the rest (opening a connection, reloading the slot map,
+a call that goes through redis-py) runs under one deadline for all of it, as every call did before.
 
 Unix sockets and credential providers stay on redis-py's path (None from `for_client`).
 """
@@ -91,11 +96,19 @@ class DirectCalls:
     """Script calls, each on the connection to the node that runs it."""
 
     def __init__(
-        self, client: Redis | RedisCluster, connect_timeout_s: float, single: Endpoint | None
+        self,
+        client: Redis | RedisCluster,
+        connect_timeout_s: float,
+        single: Endpoint | None,
+        answer_timeout_s: float,
     ) -> None:
+        """`answer_timeout_s`: how long a reply may be owed (the client's socket timeout)."""
         self._client = client
         self._loads: dict[str, bytes] = {}  # a script's SHA: its SCRIPT LOAD, packed
         self._connect_timeout_s = connect_timeout_s
+        self._answer_timeout_s = answer_timeout_s
+        # Connect, then at worst EVALSHA, SCRIPT LOAD and EVALSHA again (NOSCRIPT after a restart).
+        self._slow_bound_s = connect_timeout_s + 3 * answer_timeout_s
         self._single = single  # the one server, when the client is not a Cluster
         self._endpoints: dict[str, Endpoint | None] = {}  # a cluster node's name: how to reach it
         self._conns: dict[tuple[str, int], RespConnection] = {}
@@ -106,28 +119,56 @@ class DirectCalls:
         self._reload_slots = False
 
     @classmethod
-    def for_client(cls, client: Redis | RedisCluster, connect_timeout_s: float) -> DirectCalls | None:
+    def for_client(
+        cls, client: Redis | RedisCluster, connect_timeout_s: float, answer_timeout_s: float
+    ) -> DirectCalls | None:
         if isinstance(client, RedisCluster):
             kwargs = client.nodes_manager.connection_kwargs
             if not _reachable(kwargs.get("connection_class", Connection), kwargs):
                 return None
-            return cls(client, connect_timeout_s, None)
+            return cls(client, connect_timeout_s, None, answer_timeout_s)
         pool = client.connection_pool
         single = Endpoint.of(pool.connection_class, dict(pool.connection_kwargs))
-        return None if single is None else cls(client, connect_timeout_s, single)
+        return None if single is None else cls(client, connect_timeout_s, single, answer_timeout_s)
 
     async def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """The script's reply; an error reply is raised. NOSCRIPT (a restarted node): load it there
-        and send again, it did not run."""
-        try:
-            conn = await self._connection(keys[0])
-        except RedisConnectionError:
-            self._reload_slots = self._single is None
-            raise
-        except SlotNotCoveredError:
-            conn = None  # the map has a hole (a failover under way): redis-py reloads it and retries
-        if conn is None:  # or a cluster node this module cannot reach as redis-py would
-            return await script(keys=keys, args=args)
+        """The script's reply; an error reply is raised, so is TimeoutError for a reply owed too long.
+        NOSCRIPT (a restarted node): load it there and send again, it did not run."""
+        conn = self._open_for(keys[0])
+        if conn is not None:
+            return await self._send(conn, script, keys, args)
+        async with asyncio.timeout(self._slow_bound_s):
+            try:
+                conn = await self._connection(keys[0])
+            except RedisConnectionError:
+                self._reload_slots = self._single is None
+                raise
+            except SlotNotCoveredError:
+                conn = None  # the map has a hole (a failover under way): redis-py reloads it and retries
+            if conn is None:  # or a cluster node this module cannot reach as redis-py would
+                return await script(keys=keys, args=args)
+            return await self._send(conn, script, keys, args)
+
+    def _open_for(self, key: str) -> RespConnection | None:
+        """The open connection to the node holding `key`, when there is one and the slot map needs
+        no reload: found without waiting for anything."""
+        if self._single is not None:
+            endpoint: Endpoint | None = self._single
+        elif self._reload_slots:
+            return None
+        else:
+            assert isinstance(self._client, RedisCluster)
+            try:
+                node = self._client.get_node_from_key(key)
+            except SlotNotCoveredError:
+                return None
+            endpoint = None if node is None else self._endpoint_of(node)
+        conn = None if endpoint is None else self._conns.get((endpoint.host, endpoint.port))
+        return conn if conn is not None and conn.usable() else None
+
+    async def _send(
+        self, conn: RespConnection, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]
+    ) -> Any:
         packed = pack_evalshas(script.sha, [(keys, args)])
         try:
             reply = await conn.send(packed)
@@ -139,9 +180,15 @@ class DirectCalls:
         except RedisConnectionError:
             self._reload_slots = self._single is None
             raise
+        except TimeoutError:
+            # The connection closed itself (its reply owed too long): the node may be gone for good.
+            STALLED_CLOSED.inc()
+            self._reload_slots = self._single is None
+            raise
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
-            return await script(keys=keys, args=args)
+            async with asyncio.timeout(self._slow_bound_s):
+                return await script(keys=keys, args=args)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -208,6 +255,7 @@ class DirectCalls:
                     password=endpoint.password,
                     db=endpoint.db,
                     timeout_s=self._connect_timeout_s,
+                    answer_timeout_s=self._answer_timeout_s,
                 )
                 CONNECTIONS_OPENED.inc()
         return conn
@@ -217,7 +265,7 @@ class DirectCalls:
         if self._reload_slots:
             async with self._reloading:
                 if self._reload_slots:
-                    # Bounded by the limiter's call timeout around us; on failure the flag stays.
+                    # Bounded by the deadline around us (`call`); on failure the flag stays.
                     await self._client.nodes_manager.initialize()
                     SLOT_MAP_RELOADS.inc()
                     self._reload_slots = False
@@ -231,17 +279,6 @@ class DirectCalls:
         except KeyError:
             endpoint = self._endpoints[node.name] = Endpoint.of(node.connection_class, node.connection_kwargs)
             return endpoint
-
-    def drop_stalled(self, after_s: float) -> None:
-        """Close every connection whose oldest owed reply is more than `after_s` late (a call on it
-        timed out), as redis-py drops a connection that timed out: the next call opens a new one
-        and, on a Cluster, reloads the slot map first (the node may be gone for good)."""
-        for address, conn in list(self._conns.items()):
-            if conn.stalled(after_s):
-                conn.close()
-                del self._conns[address]
-                STALLED_CLOSED.inc()
-                self._reload_slots = self._single is None
 
     def close(self) -> None:
         for conn in self._conns.values():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import structlog
@@ -174,7 +175,9 @@ class RedisLimiter:
         # Connections of the limiter's own whose replies wake their callers directly
         # (limiter/direct_calls.py), to one server or a Cluster's nodes, plain or TLS, for every
         # call; redis-py's client serves the rest (a Unix socket, a credential provider).
-        self._direct = DirectCalls.for_client(client, connect_timeout_s) if own_connections else None
+        self._direct = (
+            DirectCalls.for_client(client, connect_timeout_s, self._timeout_s) if own_connections else None
+        )
 
     @classmethod
     def from_url(
@@ -258,12 +261,15 @@ class RedisLimiter:
         connection's write already shares: about a fifth of what the Redis backend adds to a
         one-token stream's set-up (docs/bench-streams.md, twentieth pass)."""
         if (direct := self._direct) is not None:
-            return await self._call(op, lambda: direct.call(script, keys, args), epoch=epoch)
+            # Bounded by direct_calls.py itself: the reply's deadline is its connection's.
+            return await self._call(op, partial(direct.call, script, keys, args), epoch=epoch, bounded=False)
         return await batcher.call(keys, args, 0 if epoch is None else epoch)
 
-    async def _call(self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None) -> Any:
-        """One bounded round trip. Raises _NotSent when it never reached Redis, _NoAnswer when
-        Redis did not answer (the store is then marked down)."""
+    async def _call(
+        self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None, bounded: bool = True
+    ) -> Any:
+        """One bounded round trip (`bounded` False: `send` bounds itself). Raises _NotSent when it
+        never reached Redis, _NoAnswer when Redis did not answer (the store is then marked down)."""
         if self._health.retry_in() > 0:
             raise _NotSent
         in_flight = self._in_flight
@@ -287,7 +293,10 @@ class RedisLimiter:
                 # set-up, bounded by the client's own connect and read timeouts.
                 await self._client.initialize()
                 self._cluster_ready = True
-            async with asyncio.timeout(self._call_bound_s):
+            if bounded:
+                async with asyncio.timeout(self._call_bound_s):
+                    result = await send()
+            else:
                 result = await send()
         except _NotSent:
             raise
@@ -295,8 +304,6 @@ class RedisLimiter:
         # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
         except Exception as exc:
             self._health.failed(op, exc)
-            if isinstance(exc, TimeoutError) and self._direct is not None:
-                self._direct.drop_stalled(self._timeout_s)
             raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
         finally:
             in_flight.release()

@@ -21,10 +21,19 @@ the admit p50 (Redis sat idle while the pass went on); this way 0.93x the CPU, t
 decisions/s, admit p50 1.2x.
 
 Replies come back in the order the commands went out, so each pops the oldest waiting future; a
-caller that gave up (its timeout) leaves its future there, done, and its reply is dropped when it
-comes, so the order holds. A lost connection fails every waiting caller (the scripts may have
-run) and the next call opens a new one. Error replies are results, not raised: the caller decides
-(NOSCRIPT: load the script and send again).
+caller that gave up leaves its future there, done, and its reply is dropped when it comes, so the
+order holds. A lost connection fails every waiting caller (the scripts may have run) and the next
+call opens a new one. Error replies are results, not raised: the caller decides (NOSCRIPT: load
+the script and send again).
+
+A reply owed for longer than `answer_timeout_s` fails its caller with TimeoutError, and every
+caller behind it, and closes the connection: replies come in order, so none behind a late one can
+come first, and a peer gone without a reset (a host lost mid-failover) would otherwise hold the
+connection open until the kernel's retransmission timeout, many minutes on. One timer per
+connection keeps that deadline, armed for the oldest reply owed, not one per call: a deadline per
+call (`asyncio.timeout` around each) left a cancelled timer on asyncio's heap for every call, and
+half of the limiter's client CPU per decision went to that heap at 50 callers (the twentieth pass,
+docs/bench-limiter.md).
 """
 
 from __future__ import annotations
@@ -45,10 +54,12 @@ CLIENT_NAME = "floodgate-admit"
 
 
 class RespConnection(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, answer_timeout_s: float | None = None) -> None:
         self._reader = hiredis.Reader()
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._sent_at: deque[float] = deque()  # monotonic time of each waiting caller's send
+        self._answer_timeout_s = answer_timeout_s
+        self._deadline: asyncio.TimerHandle | None = None  # armed while a reply is owed
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._unsent: list[bytes] = []  # commands of this pass after its first, written by _flush
@@ -64,7 +75,15 @@ class RespConnection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
+
+    def _fail_all(self, sent_error: Exception) -> None:
+        """Every waiting caller fails: `sent_error` for a command written (it may have run), an
+        error connecting for one that never left (nothing of it ran)."""
         self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         waiting, self._waiting = self._waiting, deque()
         self._sent_at.clear()
         # The newest _unsent_calls callers' commands were never written: nothing of theirs ran.
@@ -75,11 +94,22 @@ class RespConnection(asyncio.Protocol):
             if answer.done():
                 continue
             if i < sent:
-                answer.set_exception(RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
+                answer.set_exception(sent_error)
             else:
                 answer.set_exception(
                     RedisConnectionError("Error connecting to Redis: closed before the write")
                 )
+
+    def _check_deadline(self) -> None:
+        self._deadline = None
+        if not self._sent_at or self.closed or self._answer_timeout_s is None:
+            return
+        late = time.monotonic() - self._sent_at[0] - self._answer_timeout_s
+        if late < 0:
+            self._deadline = self._loop.call_later(-late, self._check_deadline)
+            return
+        self._fail_all(TimeoutError(f"No answer from Redis within {self._answer_timeout_s:g}s"))
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -113,6 +143,9 @@ class RespConnection(asyncio.Protocol):
         answers: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in range(count)]
         self._waiting.extend(answers)
         self._sent_at.extend([time.monotonic()] * count)
+        if self._deadline is None and self._answer_timeout_s is not None:
+            # For the oldest reply owed; when it fires it moves on to the next oldest.
+            self._deadline = self._loop.call_later(self._answer_timeout_s, self._check_deadline)
         if self._corked:
             self._unsent.append(packed)
             self._unsent_calls += count
@@ -129,13 +162,6 @@ class RespConnection(asyncio.Protocol):
             self._unsent.clear()
             self._unsent_calls = 0
 
-    def stalled(self, after_s: float) -> bool:
-        """The oldest reply still owed is more than `after_s` late. Replies come in order, so none
-        behind it can come either: a peer gone without a reset (a host lost mid-failover) leaves the
-        connection open, and only the kernel's retransmission timeout, many minutes on, would
-        close it."""
-        return bool(self._sent_at) and time.monotonic() - self._sent_at[0] > after_s
-
     def close(self) -> None:
         if self._transport is not None and not self.closed:
             self._transport.close()
@@ -151,11 +177,13 @@ async def open_connection(
     password: str | None,
     db: int,
     timeout_s: float,
+    answer_timeout_s: float | None = None,
 ) -> RespConnection:
     """Connected (over TLS with `tls`, the server's name checked as that context says),
     authenticated, on `db` and named CLIENT_NAME (what `CLIENT LIST` shows), within `timeout_s`,
-    the set-up commands in one round trip. Any failure is redis-py's "Error connecting"
-    ConnectionError: nothing was sent (the limiter's _never_sent)."""
+    the set-up commands in one round trip; from then on each reply owed within `answer_timeout_s`.
+    Any failure is redis-py's "Error connecting" ConnectionError: nothing was sent (the limiter's
+    _never_sent)."""
     setup: list[tuple[str, ...]] = []
     if password:
         setup.append(("AUTH", username, password) if username else ("AUTH", password))
@@ -165,7 +193,9 @@ async def open_connection(
     conn: RespConnection | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            _, conn = await asyncio.get_running_loop().create_connection(RespConnection, host, port, ssl=tls)
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: RespConnection(answer_timeout_s), host, port, ssl=tls
+            )
             replies = await asyncio.gather(*(conn.send(pack_command(*words)) for words in setup))
             if errors := [r for r in replies if isinstance(r, Exception)]:
                 raise errors[0]

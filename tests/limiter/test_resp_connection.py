@@ -1,7 +1,8 @@
 """limiter/resp_connection.py against a real redis-server: every caller gets its own reply however many
-share the connection, one that gave up does not shift the others', error replies are values, a
-lost connection fails whoever waits, and the limiter admits through it on a server with a password
-and a database of its own, and on a TLS-only server whose certificate it checks."""
+share the connection, one that gave up does not shift the others', error replies are values, a reply
+owed too long fails its caller and those behind it, a lost connection fails whoever waits, and the
+limiter admits through it on a server with a password and a database of its own, and on a TLS-only
+server whose certificate it checks."""
 
 from __future__ import annotations
 
@@ -67,6 +68,29 @@ async def test_error_replies_are_values_and_noscript_is_told_apart(redis_server:
         wrong = await conn.send(pack_command("NOSUCHCOMMAND"))
         assert isinstance(wrong, ResponseError) and not isinstance(wrong, NoScriptError)
         assert await conn.send(pack_command("PING")) == b"PONG"  # the connection goes on
+    finally:
+        conn.close()
+
+
+async def test_a_reply_owed_past_the_answer_timeout_fails_it_and_those_behind_it_and_closes(
+    redis_server: RedisServer,
+) -> None:
+    conn = await open_connection(
+        "127.0.0.1", redis_server.port, username=None, password=None, db=0, timeout_s=5, answer_timeout_s=0.5
+    )
+    try:
+        # Replies within the timeout keep the connection, however long they take all together.
+        for _ in range(3):
+            assert await conn.send(pack_command("DEBUG", "SLEEP", "0.2")) == b"OK"
+        assert not conn.closed
+        late = conn.send(pack_command("DEBUG", "SLEEP", "3"))  # owed past the timeout
+        await asyncio.sleep(0)  # written
+        behind = conn.send(pack_command("ECHO", "behind"))  # queued behind it on the same connection
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(late, 10)  # (the bound only keeps a broken test from hanging)
+        with pytest.raises(TimeoutError):
+            await behind  # it went out: it may have run, so no "Error connecting"
+        assert conn.closed and not conn.usable()
     finally:
         conn.close()
 
