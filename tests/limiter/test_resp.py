@@ -1,4 +1,4 @@
-"""The limiter's own RESP packer writes exactly what redis-py's packer writes, ASCII or not."""
+"""The limiter's RESP packing (hiredis's) writes exactly what redis-py's packer writes, ASCII or not."""
 
 from __future__ import annotations
 
