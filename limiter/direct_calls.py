@@ -18,13 +18,18 @@ On a Cluster the slot map is redis-py's (the client's nodes manager):
 - A node lost or refusing fails the call (the limiter's store-failure policy answers), and the
   next call first reloads the map from the cluster: after a failover it finds the new primary.
 - A connection that stops answering without closing (a host gone without a reset) is closed when
-  a reply on it is owed longer than the answer timeout (resp_connection.py), as redis-py drops a
+  a reply on it is owed longer than a call's bound (resp_connection.py), as redis-py drops a
   connection that timed out; else it would hold every later call of its node until the kernel gave
   up on it, many minutes on. The next call opens a new one, on a Cluster after reloading the map.
 
 Each call is bounded without a timer of its own on the way every call takes (an open connection:
 its reply's deadline is the connection's); the rest (opening a connection, reloading the slot map,
 a call that goes through redis-py) runs under one deadline for all of it, as every call did before.
+Both are the limiter's bound on a call (RedisLimiter: the connect timeout and three answer
+timeouts, 1.75 s by the edge's defaults), not the answer timeout alone: a reply can sit unread
+while this process's loop is busy (a burst of stream set-ups, a collection), and uvloop runs its
+timers before it reads the sockets, so a deadline that short would take a busy edge for a dead
+Redis.
 
 Unix sockets and credential providers stay on redis-py's path (None from `for_client`).
 """
@@ -100,15 +105,14 @@ class DirectCalls:
         client: Redis | RedisCluster,
         connect_timeout_s: float,
         single: Endpoint | None,
-        answer_timeout_s: float,
+        bound_s: float,
     ) -> None:
-        """`answer_timeout_s`: how long a reply may be owed (the client's socket timeout)."""
+        """`bound_s`: how long a call may take, a reply owed on an open connection or the slow way
+        all told."""
         self._client = client
         self._loads: dict[str, bytes] = {}  # a script's SHA: its SCRIPT LOAD, packed
         self._connect_timeout_s = connect_timeout_s
-        self._answer_timeout_s = answer_timeout_s
-        # Connect, then at worst EVALSHA, SCRIPT LOAD and EVALSHA again (NOSCRIPT after a restart).
-        self._slow_bound_s = connect_timeout_s + 3 * answer_timeout_s
+        self._bound_s = bound_s
         self._single = single  # the one server, when the client is not a Cluster
         self._endpoints: dict[str, Endpoint | None] = {}  # a cluster node's name: how to reach it
         self._conns: dict[tuple[str, int], RespConnection] = {}
@@ -120,16 +124,16 @@ class DirectCalls:
 
     @classmethod
     def for_client(
-        cls, client: Redis | RedisCluster, connect_timeout_s: float, answer_timeout_s: float
+        cls, client: Redis | RedisCluster, connect_timeout_s: float, bound_s: float
     ) -> DirectCalls | None:
         if isinstance(client, RedisCluster):
             kwargs = client.nodes_manager.connection_kwargs
             if not _reachable(kwargs.get("connection_class", Connection), kwargs):
                 return None
-            return cls(client, connect_timeout_s, None, answer_timeout_s)
+            return cls(client, connect_timeout_s, None, bound_s)
         pool = client.connection_pool
         single = Endpoint.of(pool.connection_class, dict(pool.connection_kwargs))
-        return None if single is None else cls(client, connect_timeout_s, single, answer_timeout_s)
+        return None if single is None else cls(client, connect_timeout_s, single, bound_s)
 
     async def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """The script's reply; an error reply is raised, so is TimeoutError for a reply owed too long.
@@ -137,7 +141,7 @@ class DirectCalls:
         conn = self._open_for(keys[0])
         if conn is not None:
             return await self._send(conn, script, keys, args)
-        async with asyncio.timeout(self._slow_bound_s):
+        async with asyncio.timeout(self._bound_s):
             try:
                 conn = await self._connection(keys[0])
             except RedisConnectionError:
@@ -187,7 +191,7 @@ class DirectCalls:
             raise
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
-            async with asyncio.timeout(self._slow_bound_s):
+            async with asyncio.timeout(self._bound_s):
                 return await script(keys=keys, args=args)
         if isinstance(reply, Exception):
             raise reply
@@ -255,7 +259,7 @@ class DirectCalls:
                     password=endpoint.password,
                     db=endpoint.db,
                     timeout_s=self._connect_timeout_s,
-                    answer_timeout_s=self._answer_timeout_s,
+                    answer_timeout_s=self._bound_s,
                 )
                 CONNECTIONS_OPENED.inc()
         return conn

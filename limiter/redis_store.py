@@ -176,7 +176,7 @@ class RedisLimiter:
         # (limiter/direct_calls.py), to one server or a Cluster's nodes, plain or TLS, for every
         # call; redis-py's client serves the rest (a Unix socket, a credential provider).
         self._direct = (
-            DirectCalls.for_client(client, connect_timeout_s, self._timeout_s) if own_connections else None
+            DirectCalls.for_client(client, connect_timeout_s, self._call_bound_s) if own_connections else None
         )
 
     @classmethod
@@ -258,8 +258,8 @@ class RedisLimiter:
         commands of one pass of the loop still share a write). Through redis-py it waits in
         `batcher` and shares a round trip with the calls that came meanwhile. A batcher on the own
         connections cost each call a writer task, a gather and a batch's bookkeeping for what the
-        connection's write already shares: about a fifth of what the Redis backend adds to a
-        one-token stream's set-up (docs/bench-streams.md, twentieth pass)."""
+        connection's write already shares: without it a one-token stream's set-up on Redis took
+        0.97x the CPU (docs/bench-streams.md, twentieth pass)."""
         if (direct := self._direct) is not None:
             # Bounded by direct_calls.py itself: the reply's deadline is its connection's.
             return await self._call(op, partial(direct.call, script, keys, args), epoch=epoch, bounded=False)
@@ -506,8 +506,8 @@ class RedisLimiter:
         if self._health.retry_in() > 0:
             self._settles.add(op)
             return None
-        # The first attempt shares a round trip with other callers' settles; only a failed one
-        # goes to the retry queue (and its answer is not waited for).
+        # The first attempt is sent at once (with other callers' commands of this pass of the
+        # loop); only a failed one goes to the retry queue (and its answer is not waited for).
         try:
             _, cancelled = await self._one("settle", self._settle, self._settle_calls, op.keys, op.args)
         except (_NotSent, _NoAnswer):

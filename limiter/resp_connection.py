@@ -26,14 +26,16 @@ order holds. A lost connection fails every waiting caller (the scripts may have 
 call opens a new one. Error replies are results, not raised: the caller decides (NOSCRIPT: load
 the script and send again).
 
-A reply owed for longer than `answer_timeout_s` fails its caller with TimeoutError, and every
-caller behind it, and closes the connection: replies come in order, so none behind a late one can
+A reply owed for longer than `answer_timeout_s` (the limiter's bound on a call,
+limiter/direct_calls.py) fails its caller with TimeoutError, and every caller behind it, and
+closes the connection: replies come in order, so none behind a late one can
 come first, and a peer gone without a reset (a host lost mid-failover) would otherwise hold the
 connection open until the kernel's retransmission timeout, many minutes on. One timer per
 connection keeps that deadline, armed for the oldest reply owed, not one per call: a deadline per
-call (`asyncio.timeout` around each) left a cancelled timer on asyncio's heap for every call, and
-half of the limiter's client CPU per decision went to that heap at 50 callers (the twentieth pass,
-docs/bench-limiter.md).
+call (`asyncio.timeout` around each) armed and cancelled a timer for every call (on asyncio's own
+loop a cancelled one stays on its heap until it would have fired), which at 50 callers was about
+half of the limiter's client CPU per decision on asyncio's loop and a sixth to a quarter on uvloop,
+the edge's (the twentieth pass, docs/bench-limiter.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -75,11 +78,11 @@ class RespConnection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail_all(RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
+        self._fail_all(lambda: RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
 
-    def _fail_all(self, sent_error: Exception) -> None:
-        """Every waiting caller fails: `sent_error` for a command written (it may have run), an
-        error connecting for one that never left (nothing of it ran)."""
+    def _fail_all(self, sent_error: Callable[[], Exception]) -> None:
+        """Every waiting caller fails (an exception of its own each): `sent_error()` for a command
+        written (it may have run), an error connecting for one that never left (nothing of it ran)."""
         self.closed = True
         if self._deadline is not None:
             self._deadline.cancel()
@@ -94,7 +97,7 @@ class RespConnection(asyncio.Protocol):
             if answer.done():
                 continue
             if i < sent:
-                answer.set_exception(sent_error)
+                answer.set_exception(sent_error())
             else:
                 answer.set_exception(
                     RedisConnectionError("Error connecting to Redis: closed before the write")
@@ -108,7 +111,8 @@ class RespConnection(asyncio.Protocol):
         if late < 0:
             self._deadline = self._loop.call_later(-late, self._check_deadline)
             return
-        self._fail_all(TimeoutError(f"No answer from Redis within {self._answer_timeout_s:g}s"))
+        bound = self._answer_timeout_s
+        self._fail_all(lambda: TimeoutError(f"No answer from Redis within {bound:g}s"))
         self.close()
 
     def data_received(self, data: bytes) -> None:
