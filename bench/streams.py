@@ -574,7 +574,7 @@ def measure(
                     stack.enter_context(
                         bare_server(interval_ms, n_replicas, upstream, n_workers)
                         if floor
-                        else _edge_servers(
+                        else edge_servers(
                             limiter, interval_ms, n_workers, n_replicas, gc_mode, tree, upstream
                         )
                     )
@@ -603,7 +603,7 @@ def measure(
 
 
 @contextmanager
-def _edge_servers(
+def edge_servers(
     limiter: str,
     interval_ms: float,
     workers: int,

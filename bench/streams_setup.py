@@ -34,7 +34,7 @@ import statistics
 from pathlib import Path
 
 from bench.__main__ import machine
-from bench.streams import Servers, _edge_servers, bare_server, setup_cost
+from bench.streams import Servers, bare_server, edge_servers, setup_cost
 from bench.trees import parse_trees
 
 
@@ -65,7 +65,7 @@ def measure(
         started = [
             (
                 label if limiter == "memory" else f"{label} {limiter}",
-                stack.enter_context(_edge_servers(limiter, 33, 1, 32, "quiet", tree, "in-process")),
+                stack.enter_context(edge_servers(limiter, 33, 1, 32, "quiet", tree, "in-process")),
             )
             for label, tree in trees
             for limiter in limiters
