@@ -81,7 +81,7 @@ STEPS: dict[str, Step] = {
     # the in-process twin and on Redis (the admit's and settle's round trips), beside the bare server.
     "setup": Step(
         "bench.streams_setup",
-        "--trees now=. --rounds 10 --count 600 --bare --prompts same,new --limiter memory,redis --json",
+        "--trees now=. --rounds 16 --count 600 --bare --prompts same,new --limiter memory,redis --json",
         "--trees now=. --rounds 2 --count 20 --bare --prompts same,new --limiter memory,redis --json",
     ),
     # As fast as read: the Triton path against the zero-cost upstream (bench/zero_cost_replica.py).
