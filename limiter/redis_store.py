@@ -128,13 +128,13 @@ class RedisLimiter:
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
-        # Charges and settles of concurrent callers share round trips (call_batcher.py), and so
-        # do admits where they cannot take the limiter's own connections (a Unix socket, a
-        # credential provider; `_direct` below: elsewhere each admit is its own command, its
-        # reply waking its caller at once, the first token's wait). Batched admits keep one batch
-        # on the wire: with client and Redis on shared cores, fewer, larger batches cost less CPU per decision
-        # (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four in
-        # flight). A tuning choice only: the over-admission that several in flight showed around a
+        # Where the calls cannot take the limiter's own connections (a Unix socket, a credential
+        # provider; `_direct` below: there each call is its own command, its reply waking its
+        # caller at once, see `_one`), concurrent callers' admits, charges and settles share
+        # round trips through redis-py (call_batcher.py). Batched admits keep one batch on the
+        # wire: with client and Redis on shared cores, fewer, larger batches cost less CPU per
+        # decision (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four
+        # in flight). A tuning choice only: the over-admission that several in flight showed around a
         # Redis restart was a fallback "allowed" after a restore's snapshot, fixed
         # (`_synced_fallback`).
         self._admits = CallBatcher(

@@ -112,8 +112,8 @@ class RespConnection(asyncio.Protocol):
             self._deadline = self._loop.call_later(-late, self._check_deadline)
             return
         bound = self._answer_timeout_s
+        self.close()  # before the callers hear of it: `close` skips a connection marked closed
         self._fail_all(lambda: TimeoutError(f"No answer from Redis within {bound:g}s"))
-        self.close()
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

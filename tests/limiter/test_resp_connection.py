@@ -91,6 +91,7 @@ async def test_a_reply_owed_past_the_answer_timeout_fails_it_and_those_behind_it
         with pytest.raises(TimeoutError):
             await behind  # it went out: it may have run, so no "Error connecting"
         assert conn.closed and not conn.usable()
+        assert conn._transport is not None and conn._transport.is_closing()  # the socket too
     finally:
         conn.close()
 
