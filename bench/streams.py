@@ -56,7 +56,7 @@ from bench.loadgen import markdown_table, percentile
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 from bench.redis_process import RedisProcess
 from bench.stream_clients import ERROR_EVENT, StreamClients
-from bench.trees import parse_trees
+from bench.trees import parse_trees, tree_python
 from bench.zero_cost_replica import running_replica
 
 
@@ -263,7 +263,7 @@ def servers(
                 ready = Path(tmp) / f"ready-{i}"
                 log = open(Path(tmp) / f"server-{i}.log", "w")
                 logs.append(log)
-                cmd = [sys.executable, "-m", "bench.streams", "--serve", "--config", str(config)]
+                cmd = [tree_python(tree), "-m", "bench.streams", "--serve", "--config", str(config)]
                 cmd += ["--port", str(port), "--interval-ms", str(interval_ms), "--ready", str(ready)]
                 cmd += ["--replicas", str(replicas), "--gc", gc_mode]
                 if replica_port is not None:
