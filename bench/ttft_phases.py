@@ -16,8 +16,9 @@ and records, per request, in milliseconds:
 - `answer_to_content`: from the route's answer to the first content chunk (the response's start,
   the generation's task, the upstream's first token, the relay).
 
-- `step`: not a request's: how long each of the paced upstream's steps holds the loop (every open
-  stream's token written in one callback), what a request arriving during one waits for.
+- `step`: not a request's: how long each hold of the loop by a step's delivery lasts (up to SLICE
+  open streams' tokens relayed and written in one callback, edge/writes_together.py; the loop reads
+  its sockets between two), what a request arriving during one waits for.
 
 `take()` returns each phase's count, p50, p90, p99 and max, and starts afresh (GET /bench/phases).
 A wrapper's own cost is a perf_counter call and a list append per phase per request. Wrapping
@@ -55,7 +56,7 @@ def take() -> dict[str, dict[str, float]]:
 def install() -> None:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from bench.paced_upstream import _StepClock
+    from edge import writes_together
     from edge.body_chunks import WRITE_NOW
     from edge.http_protocol import EdgeHttpProtocol
     from edge.pipeline import Pipeline
@@ -98,15 +99,15 @@ def install() -> None:
             _samples["begin_to_task"].append(_perf() - self.scope[_T0])
         await run_asgi(self, app)
 
-    step = _StepClock._step
+    held = writes_together._held
 
-    def timed_step(self: Any) -> None:
+    def timed_held(deliver: Any, items: Any) -> None:
         start = _perf()
-        step(self)
+        held(deliver, items)
         _samples["step"].append(_perf() - start)
 
     RequestResponseCycle.run_asgi = timed_run_asgi  # type: ignore[method-assign]
-    _StepClock._step = timed_step  # type: ignore[method-assign]
+    writes_together._held = timed_held
     EdgeHttpProtocol.on_message_begin = on_message_begin  # type: ignore[method-assign]
     EdgeHttpProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
 

@@ -52,8 +52,9 @@ _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
 
 _Items = Sequence[tuple[Mailbox, TokenOutput]]
-# Runs a step's delivery on the loop: `run_delivery(deliver, items)` must call `deliver(items)`
-# once, at once.
+# Runs a step's delivery on the loop: `run_delivery(deliver, items)` must hand every item to
+# `deliver` once, a delivery's items in order and after the previous delivery's (the edge's runs a
+# big one a slice a loop pass, edge/writes_together.py).
 RunDelivery = Callable[[Callable[[_Items], None], _Items], None]
 
 

@@ -1,8 +1,10 @@
 """edge/writes_together.py: a delivery callback's chunk writes go out after its relays, in their
-order, at most HOLD_MAX held at a time, and never held for another thread or lost to an error."""
+order, at most HOLD_MAX held at a time, and never held for another thread or lost to an error; on a
+loop, a big delivery runs SLICE streams a pass, in the order deliveries came."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from edge import writes_together
-from edge.writes_together import HOLD_MAX, write
+from edge.writes_together import HOLD_MAX, SLICE, write
 from edge.writes_together import writes_together as hold
 
 
@@ -143,3 +145,73 @@ def test_another_threads_write_during_a_hold_goes_out_at_once() -> None:
 
     _hold(run)
     assert log == ["other thread's write", "relays done", "held write"]
+
+
+async def _passes(n: int) -> None:
+    """Let the loop run `n` passes: the test's task yields, and runs again after what is ready."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def _relaying(log: list[Any], name: str) -> Callable[[Sequence[int]], None]:
+    """A delivery to streams numbered by its items: each relay logs itself and writes a chunk."""
+
+    def deliver(streams: Sequence[int]) -> None:
+        for i in streams:
+            log.append(f"relay {name}{i}")
+            write(_logging(log, f"write {name}{i}"), b"x")
+
+    return deliver
+
+
+@pytest.mark.anyio
+async def test_a_big_delivery_lets_the_loop_run_other_callbacks_between_its_slices() -> None:
+    """A step of many streams must not hold the loop for all of them: what the loop got meanwhile
+    (a new request's head, a Redis reply) runs after one more slice, not after the whole step."""
+    loop = asyncio.get_running_loop()
+    log: list[Any] = []
+    hold(_relaying(log, "s"), range(SLICE * 2 + 1))
+    assert log[-1] == f"write s{SLICE - 1}"  # the first slice relayed and written at once
+    loop.call_soon(log.append, "another callback")
+    await _passes(2)  # a slice a pass
+    relays = [entry for entry in log if entry.startswith("relay") or entry == "another callback"]
+    assert relays == [
+        *(f"relay s{i}" for i in range(SLICE * 2)),
+        "another callback",
+        f"relay s{SLICE * 2}",
+    ]
+    # Each slice's writes go out at its end, in the relays' order.
+    writes = [entry for entry in log if entry.startswith("write")]
+    assert writes == [f"write s{i}" for i in range(SLICE * 2 + 1)]
+    assert log.index(f"write s{SLICE * 2 - 1}") < log.index("another callback")
+
+
+@pytest.mark.anyio
+async def test_a_delivery_behind_slices_waits_for_them_so_a_streams_tokens_keep_their_order() -> None:
+    log: list[Any] = []
+    hold(_relaying(log, "step1 "), range(SLICE + 1))
+    hold(_relaying(log, "step2 "), [SLICE])  # one item, the stream the first step has yet to relay
+    assert "relay step2 32" not in log
+    await _passes(2)
+    assert log.index("write step1 32") < log.index("relay step2 32")
+
+
+@pytest.mark.anyio
+async def test_a_slice_that_raises_goes_to_the_loops_handler_and_the_rest_still_run() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[BaseException | None] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+    relayed: list[int] = []
+
+    def deliver(streams: Sequence[int]) -> None:
+        relayed.extend(streams)
+        if SLICE in streams:
+            raise RuntimeError("a relay broke")
+
+    try:
+        hold(deliver, range(SLICE * 3))
+        await _passes(2)
+    finally:
+        loop.set_exception_handler(None)
+    assert relayed == list(range(SLICE * 3))
+    assert [type(e) for e in errors] == [RuntimeError]
