@@ -25,13 +25,13 @@ A delivery of more than SLICE items is relayed SLICE at a time, one slice a loop
 slices the loop reads its sockets, so a new request's head, a Redis reply or a cancel waits for one
 slice (about 1 ms here), not for a whole step of every open stream. With one step clock for 600
 streams at 500 ms a step held the loop 13 ms at p50 (30 at p99), and a request crosses several
-passes on its way to its first token; sliced, TTFT p50 0.60x and p99 0.73x, the server's CPU per
-admitted stream 1.14x in that churn, steady streams' CPU per token the same (ten alternating
-rounds, docs/bench-streams.md, twenty-first pass). Slices of 128 were worse than none: each pass a
-request crosses waits for one. A token of a later slice waits for what the loop runs in between,
-a set-up or two, a small part of a step's interval. The slices of a loop's deliveries run in the
-order the deliveries came (a later delivery waits for the slices before it), so a stream's tokens
-keep their order.
+passes on its way to its first token; sliced, TTFT p50 0.60x and p99 0.68x, the server's CPU per
+admitted stream 1.08x in that churn (within its rounds' spread), steady streams' CPU per token the
+same (fourteen alternating rounds, docs/bench-streams.md, twenty-first pass). Slices of 128 were
+worse than none: each pass a request crosses waits for one. A token of a later slice waits for what
+the loop runs in between, a set-up or two, a small part of a step's interval. The slices of a
+loop's deliveries run in the order the deliveries came (a later delivery waits for the slices
+before it), so a stream's tokens keep their order.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> Non
     assert row["admits"] > 4  # every client streamed more than once
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["ttft_max_ms"]
     assert row["server_cpu_us_per_admit"] > 0
+    assert 0 <= row["server_system_us_per_admit"] <= row["server_cpu_us_per_admit"]
     phases = row["server_phases_ms"]
     assert phases["total"]["n"] >= row["admits"]  # the server saw every stream the client timed
     # Nested spans of each request: each one's quantiles lie under its container's.
