@@ -13,6 +13,10 @@ and records, per request, in milliseconds:
 - `pipeline_admit`: `Pipeline.admit` (template and tokenizer, limiter, admission);
 - `limiter_admit`: the limiter's admit alone (on Redis: its round trip and the loop passes around
   it);
+- `redis_reply`: on Redis, from a call's write to the read that brings its reply (admits and
+  settles alike, the oldest owed on the connection): Redis's own time, its wake-up and the edge
+  loop's lateness in reading; `limiter_admit` less this is the caller's code and its task's wait
+  for the loop after the reply.
 - `answer_to_content`: from the route's answer to the first content chunk (the response's start,
   the generation's task, the upstream's first token, the relay).
 
@@ -63,6 +67,7 @@ def install() -> None:
     from edge.routes import chat_route
     from limiter.memory import MemoryLimiter
     from limiter.redis_store import RedisLimiter
+    from limiter.resp_connection import RespConnection
 
     begin = EdgeHttpProtocol.on_message_begin
     headers_complete = EdgeHttpProtocol.on_headers_complete
@@ -128,6 +133,16 @@ def install() -> None:
     _time_method(Pipeline, "admit", "pipeline_admit")
     _time_method(RedisLimiter, "admit", "limiter_admit")
     _time_method(MemoryLimiter, "admit", "limiter_admit")
+
+    received = RespConnection.data_received
+
+    def timed_received(self: Any, data: bytes) -> None:
+        owed = self._sent_at
+        if owed:
+            _samples["redis_reply"].append(time.monotonic() - owed[0])
+        received(self, data)
+
+    RespConnection.data_received = timed_received  # type: ignore[method-assign]
 
 
 def _time_method(cls: type, name: str, phase: str) -> None:

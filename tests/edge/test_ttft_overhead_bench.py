@@ -42,3 +42,5 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> Non
         assert 0 < phases[inner]["p50"] <= phases[outer]["p50"]
         assert phases[inner]["max"] <= phases[outer]["max"]
     assert phases["total"]["p50"] <= row["ttft_p50_ms"]
+    # Every admit's and settle's reply came over the limiter's own connections and was timed.
+    assert phases["redis_reply"]["n"] > 0 and phases["redis_reply"]["p50"] > 0
