@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
@@ -66,6 +66,14 @@ DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _CLUSTER_CONCURRENCY = 16
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
 Op = Literal["admit", "charge", "settle", "restore"]
+
+
+class _ScriptCall(Protocol):
+    """One script's call (RedisLimiter._way): its reply, or _NotSent / _NoAnswer."""
+
+    def __call__(
+        self, keys: Sequence[str], args: Sequence[str | int], epoch: int | None = None
+    ) -> Awaitable[Any]: ...
 
 
 class _NotSent(Exception):
@@ -128,25 +136,6 @@ class RedisLimiter:
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
-        # Where the calls cannot take the limiter's own connections (a Unix socket, a credential
-        # provider; `_direct` below: there each call is its own command, its reply waking its
-        # caller at once, see `_one`), concurrent callers' admits, charges and settles share
-        # round trips through redis-py (call_batcher.py). Batched admits keep one batch on the
-        # wire: with client and Redis on shared cores, fewer, larger batches cost less CPU per
-        # decision (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four
-        # in flight). A tuning choice only: the over-admission that several in flight showed around a
-        # Redis restart was a fallback "allowed" after a restore's snapshot, fixed
-        # (`_synced_fallback`).
-        self._admits = CallBatcher(
-            lambda calls, epoch: self._call("admit", lambda: self._send_all(self._admit, calls), epoch=epoch),
-            max_in_flight=1,
-        )
-        self._settle_calls = CallBatcher(
-            lambda calls, _: self._call("settle", lambda: self._send_all(self._settle, calls))
-        )
-        self._charges = CallBatcher(
-            lambda calls, _: self._call("charge", lambda: self._send_all(self._charge, calls))
-        )
         # After a store failure, Redis may lack what this instance counted (its fallback's
         # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
         # admission there. `_synced_at` is the failure count the last restore covered.
@@ -178,6 +167,10 @@ class RedisLimiter:
         self._direct = (
             DirectCalls.for_client(client, connect_timeout_s, self._call_bound_s) if own_connections else None
         )
+        self._batchers: list[CallBatcher] = []  # redis-py's path only
+        self._admit_call = self._way("admit", self._admit, max_in_flight=1)
+        self._charge_call = self._way("charge", self._charge)
+        self._settle_call = self._way("settle", self._settle)
 
     @classmethod
     def from_url(
@@ -244,26 +237,43 @@ class RedisLimiter:
     def _now_arg(self) -> str:
         return "" if self._now_override_us is None else str(self._now_override_us())
 
-    async def _one(
-        self,
-        op: Op,
-        script: AsyncScript,
-        batcher: CallBatcher,
-        keys: Sequence[str],
-        args: Sequence[str | int],
-        epoch: int | None = None,
-    ) -> Any:
-        """One call of `script`. On the limiter's own connections it is its own command, written
-        at once, its reply waking its caller where it is read (limiter/resp_connection.py; the
-        commands of one pass of the loop still share a write). Through redis-py it waits in
-        `batcher` and shares a round trip with the calls that came meanwhile. A batcher on the own
-        connections cost each call a writer task, a gather and a batch's bookkeeping for what the
+    def _way(self, op: Op, script: AsyncScript, **batching: int) -> _ScriptCall:
+        """How `script` is called, chosen once. On the limiter's own connections each call is its
+        own command, written at once, its reply waking its caller where it is read
+        (limiter/resp_connection.py; the commands of one pass of the loop still share a write). A
+        batcher there cost each call a writer task, a gather and a batch's bookkeeping for what the
         connection's write already shares: without it a one-token stream's set-up on Redis took
-        0.97x the CPU (docs/bench-streams.md, twentieth pass)."""
+        0.97x the CPU (docs/bench-streams.md, twentieth pass).
+
+        Where the calls cannot take those connections (a Unix socket, a credential provider),
+        concurrent callers' calls wait in a batcher (call_batcher.py, `batching` its options) and
+        share round trips through redis-py. Batched admits keep one batch on the wire: with client
+        and Redis on shared cores, fewer, larger batches cost less CPU per decision
+        (bench/limiter.py: 86-90 % of a trivial EVALSHA's CPU, against 72-87 % with four in
+        flight). A tuning choice only: the over-admission that several in flight showed around a
+        Redis restart was a fallback "allowed" after a restore's snapshot, fixed
+        (`_synced_fallback`)."""
         if (direct := self._direct) is not None:
-            # Bounded by direct_calls.py itself: the reply's deadline is its connection's.
-            return await self._call(op, partial(direct.call, script, keys, args), epoch=epoch, bounded=False)
-        return await batcher.call(keys, args, 0 if epoch is None else epoch)
+
+            async def one(keys: Sequence[str], args: Sequence[str | int], epoch: int | None = None) -> Any:
+                # Bounded by direct_calls.py itself: the reply's deadline is its connection's.
+                call = partial(direct.call, script, keys, args)
+                return await self._call(op, call, epoch=epoch, bounded=False)
+
+            return one
+
+        def send(calls: list[tuple[Sequence[str], Sequence[str | int]]], epoch: int) -> Awaitable[list[Any]]:
+            # Only an admit's batch carries the restore epoch it was decided under.
+            epoch_kept = epoch if op == "admit" else None
+            return self._call(op, lambda: self._send_all(script, calls), epoch=epoch_kept)
+
+        batcher = CallBatcher(send, **batching)
+        self._batchers.append(batcher)
+
+        async def batched(keys: Sequence[str], args: Sequence[str | int], epoch: int | None = None) -> Any:
+            return await batcher.call(keys, args, 0 if epoch is None else epoch)
+
+        return batched
 
     async def _call(
         self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None, bounded: bool = True
@@ -338,7 +348,7 @@ class RedisLimiter:
             # restarted, empty one that this instance's running requests are missing from).
             epoch = self._synced_at
             fallback_allowed = self._fallback_allowed
-            reply = await self._one("admit", self._admit, self._admits, keys, args, epoch)
+            reply = await self._admit_call(keys, args, epoch)
         except _NotSent:
             return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
         except _NoAnswer:
@@ -441,9 +451,7 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            granted = int(
-                await self._one("charge", self._charge, self._charges, (tokens_key, concurrency_key), args)
-            )
+            granted = int(await self._charge_call((tokens_key, concurrency_key), args))
         except (_NotSent, _NoAnswer):
             # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":
@@ -509,7 +517,7 @@ class RedisLimiter:
         # The first attempt is sent at once (with other callers' commands of this pass of the
         # loop); only a failed one goes to the retry queue (and its answer is not waited for).
         try:
-            _, cancelled = await self._one("settle", self._settle, self._settle_calls, op.keys, op.args)
+            _, cancelled = await self._settle_call(op.keys, op.args)
         except (_NotSent, _NoAnswer):
             self._settles.add(op)
             return None
@@ -571,8 +579,7 @@ class RedisLimiter:
     async def aclose(self) -> None:
         if self._direct is not None:
             self._direct.close()
-        await self._admits.aclose()
-        await self._charges.aclose()
-        await self._settle_calls.aclose()
+        for batcher in self._batchers:
+            await batcher.aclose()
         await self._settles.aclose()
         await self._client.aclose()
