@@ -304,6 +304,8 @@ def main() -> None:
     print(f"with {args.concurrency} callers, {args.rounds} alternating rounds: {rounds}; median {median:.0%}")
     print(f"the same in CPU per operation (client + redis-server): {cpu_rounds}; median {cpu_median:.0%}")
     if args.json:
+        # The last round's limiter row at this concurrency: per decision (admit + settle).
+        last = next(r for r in rows if r.what.startswith("limiter") and r.clients == args.concurrency)
         args.json.write_text(
             json.dumps(
                 {
@@ -312,17 +314,8 @@ def main() -> None:
                     "median": round(median, 3),
                     "cpu_ratios": [round(c, 3) for _, c in ratios],
                     "cpu_median": round(cpu_median, 3),
-                    # The last round's, per decision (admit + settle) at this concurrency.
-                    "redis_cpu_us_per_decision": next(
-                        r.redis_cpu_us
-                        for r in rows
-                        if r.what.startswith("limiter") and r.clients == args.concurrency
-                    ),
-                    "redis_script_us_per_evalsha": next(
-                        r.server_us
-                        for r in rows
-                        if r.what.startswith("limiter") and r.clients == args.concurrency
-                    ),
+                    "redis_cpu_us_per_decision": last.redis_cpu_us,
+                    "redis_script_us_per_evalsha": last.server_us,
                 }
             )
             + "\n"
