@@ -81,6 +81,7 @@ def writes_together(deliver: Callable[[Sequence[T]], None], items: Sequence[T]) 
         if loop is not None and later is not None and later.queue:
             later.add(loop, deliver, items, 0)
             return
+        _forget_closed_loops()
     if len(items) < 2:
         deliver(items)
         return
@@ -89,7 +90,7 @@ def writes_together(deliver: Callable[[Sequence[T]], None], items: Sequence[T]) 
         return
     later = _later.get(loop)
     if later is None:
-        later = _later[loop] = _Later()
+        later = _later[loop] = _Later(loop)
     later.add(loop, deliver, items, SLICE)
     _held(deliver, items[:SLICE])
 
@@ -107,9 +108,10 @@ def _held(deliver: Callable[[Sequence[T]], None], items: Sequence[T]) -> None:
 class _Later:
     """One loop's deliveries past their first slice, in the order they came: one slice a pass."""
 
-    __slots__ = ("queue",)
+    __slots__ = ("loop", "queue")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = weakref.ref(loop)
         self.queue: deque[tuple[Callable[[Sequence[Any]], None], Sequence[Any], int]] = deque()
 
     def add(
@@ -146,8 +148,19 @@ class _Later:
 # The _Later of every loop with slices to run (a set's add and discard are atomic under the GIL):
 # while it is empty, a delivery need not look its loop up.
 _waiting: set[_Later] = set()
-# Keyed by the loop and never holding it (only a scheduled pass does): a loop closed with slices
-# left drops them with itself.
+
+
+def _forget_closed_loops() -> None:
+    """Drop the _Later of each loop closed (or gone) with slices left: its passes will never run,
+    and kept it would make every later delivery look its loop up. Only a delivery that found some
+    _Later waiting but none of its own loop's calls this: never in a server's one loop."""
+    for later in list(_waiting):  # a copy: another thread's loop may add or discard meanwhile
+        loop = later.loop()
+        if loop is None or loop.is_closed():
+            _waiting.discard(later)
+            later.queue.clear()
+# Keyed by the loop and never holding it (only a scheduled pass does; a _Later holds it weakly): a
+# loop closed with slices left drops them with itself, and the next delivery its _Later from _waiting.
 _later: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Later] = weakref.WeakKeyDictionary()
 
 

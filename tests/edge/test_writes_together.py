@@ -215,3 +215,24 @@ async def test_a_slice_that_raises_goes_to_the_loops_handler_and_the_rest_still_
         loop.set_exception_handler(None)
     assert relayed == list(range(SLICE * 3))
     assert [type(e) for e in errors] == [RuntimeError]
+
+
+def test_a_loop_closed_with_slices_left_is_forgotten_by_the_next_delivery() -> None:
+    """Its passes will never run: kept waiting, it would make every delivery after it look its
+    loop up, and hold its streams' relays for good."""
+    log: list[Any] = []
+    closed = asyncio.new_event_loop()
+
+    async def deliver_a_big_step() -> None:
+        hold(_relaying(log, "s"), range(SLICE * 4))
+
+    closed.run_until_complete(deliver_a_big_step())
+    closed.close()
+    assert writes_together._waiting  # slices were left when it closed
+    relayed_before = len(log)
+
+    delivered: list[int] = []
+    hold(delivered.extend, [1])
+    assert delivered == [1]
+    assert not writes_together._waiting
+    assert len(log) == relayed_before  # nothing of the closed loop's ran elsewhere
