@@ -6,14 +6,18 @@ value the replica cannot take is refused here, for this request only, and never 
 (where it would fail a generation and make the replica look broken to everyone else).
 
 Some OpenAI parameters are accepted and bounded but have no effect here (`presence_penalty`,
-`frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`): a client that sends a valid value
-gets an answer, one that sends an invalid value gets the same 400 OpenAI would give.
+`frequency_penalty`, `logit_bias`): a client that sends a valid value gets an answer, one that sends
+an invalid value gets the same 400 OpenAI would give. What would change the reply's contract is
+refused rather than ignored, as vLLM refuses it without a tool parser or structured output: `n` > 1,
+`logprobs`, a reply held to JSON (`response_format` other than text) and tool calls (`tools` or
+`functions` the model may call, a `tool_choice` that asks for one). A client that parses the reply as
+JSON or waits for a tool call would otherwise get prose, and fail later and further away.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -54,6 +58,14 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+class ResponseFormat(msgspec.Struct):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+# "none", "auto", "required", or {"type": "function", "function": {"name": ...}}.
+ToolChoice = str | dict[str, Any]
+
+
 class ChatCompletionRequest(msgspec.Struct):
     model: str
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
@@ -74,6 +86,12 @@ class ChatCompletionRequest(msgspec.Struct):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     conversation_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    # The deprecated forms of tools and tool_choice.
+    functions: list[dict[str, Any]] | None = None
+    function_call: ToolChoice | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -128,7 +146,36 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise invalid_request("Only n=1 is supported.", "n")
     if req.logprobs or req.top_logprobs:
         raise invalid_request("logprobs are not supported.", "logprobs" if req.logprobs else "top_logprobs")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise invalid_request(
+            f"Unsupported value: 'response_format' of type '{req.response_format.type}' is not supported: "
+            "this server cannot hold a reply to JSON. Ask for JSON in the prompt and check the reply.",
+            "response_format",
+            code="unsupported_value",
+        )
+    for tools, choice, (tools_param, choice_param) in (
+        (req.tools, req.tool_choice, ("tools", "tool_choice")),
+        (req.functions, req.function_call, ("functions", "function_call")),
+    ):
+        if _may_call_tools(tools, choice):
+            param = tools_param if tools else choice_param
+            raise invalid_request(
+                f"Unsupported parameter: '{param}' asks for tool calls, which this model cannot make. "
+                "Send no tools, or tool_choice 'none'.",
+                param,
+                code="unsupported_parameter",
+            )
     return req
+
+
+def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | None) -> bool:
+    """Whether the request lets the model call a tool (tools offered, not with "none") or makes it
+    ("required" or a named function, with or without tools)."""
+    if choice == "none":
+        return False
+    if choice is not None and choice != "auto":
+        return True
+    return bool(tools)
 
 
 def unknown_model(name: str) -> ApiError:

@@ -20,6 +20,7 @@ from tests.support.live_server import LiveServer
 UPSTREAMS = BOTH_PATHS
 
 OK_BODY: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 3}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
 @pytest.fixture
@@ -60,6 +61,7 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         (OK_BODY | {"n": 2}, "n"),
         (OK_BODY | {"max_tokens": 5000}, "max_tokens"),
         (OK_BODY | {"max_completion_tokens": 5000}, "max_completion_tokens"),
+        (OK_BODY | {"response_format": {"type": "yaml"}}, "response_format.type"),
     ],
 )
 def test_400_names_the_bad_parameter(
@@ -68,6 +70,36 @@ def test_400_names_the_bad_parameter(
     error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+            "response_format",
+            "unsupported_value",
+        ),
+        ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
+        ({"tools": [TOOL], "tool_choice": "auto"}, "tools", "unsupported_parameter"),
+        ({"tools": [TOOL], "tool_choice": "required"}, "tools", "unsupported_parameter"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+            "unsupported_parameter",
+        ),
+        ({"functions": [TOOL["function"]]}, "functions", "unsupported_parameter"),
+        ({"function_call": {"name": "f"}}, "function_call", "unsupported_parameter"),
+    ],
+)
+def test_400_for_what_would_change_the_replys_contract(
+    local_server: LiveServer, local_client: httpx.Client, fields: dict[str, Any], param: str, code: str
+) -> None:
+    """A reply held to JSON, or a tool call: prose in their place would fail the client later."""
+    body = OK_BODY | fields
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
 
 
 def test_400_on_malformed_json(local_server: LiveServer, local_client: httpx.Client) -> None:
@@ -82,6 +114,10 @@ def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, 
         "max_completion_tokens": 2,
         "logprobs": False,
         "frequency_penalty": 0,
+        # Asking for no JSON and no tool call is asking for what every reply is.
+        "response_format": {"type": "text"},
+        "tools": [TOOL],
+        "tool_choice": "none",
     }
     response = client.post(CHAT, json=body, headers=server.auth("paid"))
     assert response.status_code == 200

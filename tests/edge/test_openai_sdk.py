@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -74,3 +75,18 @@ def test_sdk_raises_typed_errors(server: LiveServer) -> None:
     assert good.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         good.models.retrieve("no-such-model")
+
+
+def test_sdk_hears_json_mode_and_tools_refused_by_name(sdk: openai.OpenAI) -> None:
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model=MODEL, messages=messages, response_format={"type": "json_object"})
+    assert (info.value.param, info.value.code) == ("response_format", "unsupported_value")
+    tool: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model=MODEL, messages=messages, tools=[tool])
+    assert (info.value.param, info.value.code) == ("tools", "unsupported_parameter")
+    reply = sdk.chat.completions.create(
+        model=MODEL, messages=messages, tools=[tool], tool_choice="none", max_tokens=2
+    )
+    assert reply.choices[0].message.tool_calls is None
