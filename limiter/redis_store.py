@@ -279,45 +279,52 @@ class RedisLimiter:
         self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None, bounded: bool = True
     ) -> Any:
         """One bounded round trip (`bounded` False: `send` bounds itself). Raises _NotSent when it
-        never reached Redis, _NoAnswer when Redis did not answer (the store is then marked down)."""
-        if self._health.retry_in() > 0:
+        never reached Redis, _NoAnswer when Redis did not answer (the store is then marked down).
+        While the store is down, only the probe (store_health.py) gets past the first check."""
+        health = self._health
+        probe = health.failing
+        if not health.may_call():
             raise _NotSent
         in_flight = self._in_flight
-        if not in_flight.locked():
-            await in_flight.acquire()  # a free slot: taken at once, no deadline to arm
-        else:
-            try:
-                async with asyncio.timeout(self._pool_wait_s):
-                    await in_flight.acquire()
-            except TimeoutError:
-                STORE_BUSY.labels(op=op).inc()
-                raise _NotSent from None
         try:
-            if self._health.retry_in() > 0:  # it failed while this call waited
-                raise _NotSent
-            if epoch is not None and epoch != self._health.failures:
-                raise _NotSent
-            if not self._cluster_ready:
-                # Fetch the slot map before the first burst of calls: redis-py's cluster client
-                # fails with AttributeError when many first calls race to set it up. One-time
-                # set-up, bounded by the client's own connect and read timeouts.
-                await self._client.initialize()
-                self._cluster_ready = True
-            if bounded:
-                async with asyncio.timeout(self._call_bound_s):
-                    result = await send()
+            if not in_flight.locked():
+                await in_flight.acquire()  # a free slot: taken at once, no deadline to arm
             else:
-                result = await send()
-        except _NotSent:
-            raise
-        # Any failure of the store or its driver (redis-py's cluster client has raised
-        # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
-        except Exception as exc:
-            self._health.failed(op, exc)
-            raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
+                try:
+                    async with asyncio.timeout(self._pool_wait_s):
+                        await in_flight.acquire()
+                except TimeoutError:
+                    STORE_BUSY.labels(op=op).inc()
+                    raise _NotSent from None
+            try:
+                if health.failing and not probe:  # it failed while this call waited
+                    raise _NotSent
+                if epoch is not None and epoch != health.failures:
+                    raise _NotSent
+                if not self._cluster_ready:
+                    # Fetch the slot map before the first burst of calls: redis-py's cluster client
+                    # fails with AttributeError when many first calls race to set it up. One-time
+                    # set-up, bounded by the client's own connect and read timeouts.
+                    await self._client.initialize()
+                    self._cluster_ready = True
+                if bounded:
+                    async with asyncio.timeout(self._call_bound_s):
+                        result = await send()
+                else:
+                    result = await send()
+            except _NotSent:
+                raise
+            # Any failure of the store or its driver (redis-py's cluster client has raised
+            # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
+            except Exception as exc:
+                health.failed(op, exc)
+                raise (_NotSent if _never_sent(exc) else _NoAnswer) from exc
+            finally:
+                in_flight.release()
         finally:
-            in_flight.release()
-        self._health.succeeded(op)
+            if probe:
+                health.probe_ended()  # a no-op after failed or succeeded; else cancelled or not sent
+        health.succeeded(op)
         return result
 
     async def admit(
@@ -470,7 +477,11 @@ class RedisLimiter:
         """Put back on Redis what this instance counted while Redis failed (restore.lua), every
         user in one round trip, before admitting there again: the requests still running from
         the outage (or admitted by a Redis that since restarted empty) then hold their slots on
-        Redis too, so Redis does not admit as many again beside them."""
+        Redis too, so Redis does not admit as many again beside them. While the store is down, a
+        restore under way is the probe (store_health.py): the fallback answers the callers
+        meanwhile, as it answers every other call then, rather than each waiting out its bound."""
+        if self._health.failing and self._resync_lock.locked():
+            raise _NotSent
         async with self._resync_lock:
             if self._in_sync():
                 return

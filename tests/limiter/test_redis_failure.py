@@ -163,12 +163,68 @@ async def test_a_hung_redis_costs_one_bounded_timeout_then_the_fallback_answers(
         own_redis_server.process.send_signal(signal.SIGSTOP)
         before = _failures("admit")
         # The bound here only keeps a broken limiter from hanging the suite; the limiter's own
-        # 200 ms timeout is what lets this call return.
+        # bound on a call (its connect timeout and three answer timeouts) is what lets it return.
         admission = await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)
         assert admission.decision.allowed and limiter.fallback_active
         assert _failures("admit") == before + 1
         with pytest.raises(StoreUnavailable):
             await asyncio.wait_for(limiter.admit("u", "closed", CLOSED, 1, 0), WAIT_S)
+    finally:
+        own_redis_server.process.send_signal(signal.SIGCONT)
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_hung_redis_is_probed_by_one_call_while_the_others_keep_to_the_fallback(
+    own_redis_server: RedisServer,
+) -> None:
+    """Once the backoff is over, one call tries the store again; the callers meanwhile are answered
+    by the fallback at once, not held for a call's bound each by a Redis that still hangs."""
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=100, backoff_s=0.0)
+    try:
+        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed
+        own_redis_server.process.send_signal(signal.SIGSTOP)
+        assert (await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)).decision.allowed
+        assert limiter.fallback_active
+        before = _all_failures()
+        # No backoff left: the first of these probes the store, which still does not answer (the
+        # probe is the restore of what the fallback admitted, sent before any admit on Redis).
+        calls = [asyncio.ensure_future(limiter.admit("u", f"r{i}", OPEN, 1, 0)) for i in range(20)]
+        while sum(call.done() for call in calls) < 19:
+            _, pending = await asyncio.wait(
+                [c for c in calls if not c.done()], timeout=WAIT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            assert len(pending) < 20, "no call was answered by the fallback"
+        (probe,) = [call for call in calls if not call.done()]
+        assert _all_failures() == before  # the probe is still waiting for Redis
+        assert (await asyncio.wait_for(probe, WAIT_S)).decision.allowed
+        assert all(call.result().decision.allowed for call in calls)
+        assert _all_failures() == before + 1  # one probe, one failure: the others never tried
+    finally:
+        own_redis_server.process.send_signal(signal.SIGCONT)
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_probe_cancelled_with_its_client_hands_the_next_call_the_probe(
+    own_redis_server: RedisServer,
+) -> None:
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=100, backoff_s=0.0)
+    try:
+        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed
+        own_redis_server.process.send_signal(signal.SIGSTOP)
+        assert (await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)).decision.allowed
+        probe = asyncio.ensure_future(limiter.admit("u", "probe", OPEN, 1, 0))
+        answered = await asyncio.wait_for(limiter.admit("u", "beside", OPEN, 1, 0), WAIT_S)
+        assert answered.decision.allowed and not probe.done()  # the fallback answered; the probe waits
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        own_redis_server.process.send_signal(signal.SIGCONT)
+        # Redis answers again: the next call probes it (none is left holding the probe) and the
+        # limiter counts on Redis again.
+        assert (await asyncio.wait_for(limiter.admit("u", "back", OPEN, 1, 0), WAIT_S)).decision.allowed
+        assert not limiter.fallback_active
     finally:
         own_redis_server.process.send_signal(signal.SIGCONT)
         await limiter.aclose()
