@@ -72,6 +72,7 @@ class Report:
     peak_rss_mib: float = 0.0
     notes: list[str] = field(default_factory=list)
     stream_errors: dict[str, int] = field(default_factory=dict)  # in-stream errors (drain)
+    late_statuses: Counter[int] = field(default_factory=Counter)  # new requests during a drain
 
     @property
     def only_200_429(self) -> bool:
@@ -371,7 +372,16 @@ async def drain(demo_dir: Path, streams: int) -> Report:
                     while sampler.peak_slots < streams and not any(t.done() for t in running):  # noqa: ASYNC110
                         await asyncio.sleep(0.01)  # the sampler is a thread: nothing to await on
                     server.proc.send_signal(signal.SIGTERM)
-                    late = [await _chat(client, server.auth(), body | {"max_tokens": 4}) for _ in range(5)]
+                    # The drain begins at the server's next tick (edge/server.py): a request sent
+                    # before it is served as usual. Once /readyz says so, the window that still
+                    # accepts connections must turn new requests away with a 503, all at once.
+                    while (await client.get("/readyz")).status_code != 503:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)  # a condition on the server, polled
+                    late = list(
+                        await asyncio.gather(
+                            *(_chat(client, server.auth(), body | {"max_tokens": 4}) for _ in range(5))
+                        )
+                    )
                     answers = list(await asyncio.gather(*running))
                 exit_code = server.proc.wait(timeout=60)
                 report.seconds = time.monotonic() - started
@@ -397,7 +407,8 @@ async def drain(demo_dir: Path, streams: int) -> Report:
         f"new requests during the drain: {dict(Counter(a.status for a in late))}",
         f"exit {exit_code}, tracebacks {tracebacks}; KV: the engine exits with the edge",
     ]
-    report.statuses += Counter(a.status for a in late)
+    report.late_statuses = Counter(a.status for a in late)
+    report.statuses += report.late_statuses
     return report
 
 
@@ -495,6 +506,8 @@ def failures(reports: list[Report]) -> list[str]:
             found.append(f"overload: statuses other than 200 and 429: {dict(r.statuses)}")
         if r.drill == "drain" and r.stream_errors:
             found.append(f"drain: streams ended by something else than the drain: {r.stream_errors}")
+        if r.drill == "drain" and set(r.late_statuses) - {503}:
+            found.append(f"drain: new requests during the drain not turned away: {dict(r.late_statuses)}")
     return found
 
 
