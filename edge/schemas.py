@@ -161,7 +161,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             param = tools_param if tools else choice_param
             raise invalid_request(
                 f"Unsupported parameter: '{param}' asks for tool calls, which this model cannot make. "
-                "Send no tools, or tool_choice 'none'.",
+                f"Send no {tools_param}, or {choice_param} 'none'.",
                 param,
                 code="unsupported_parameter",
             )

@@ -149,6 +149,10 @@ class _Later:
 # while it is empty, a delivery need not look its loop up.
 _waiting: set[_Later] = set()
 
+# Keyed by the loop and never holding it (only a scheduled pass does; a _Later holds it weakly): a
+# loop closed with slices left drops them with itself, and the next delivery its _Later from _waiting.
+_later: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Later] = weakref.WeakKeyDictionary()
+
 
 def _forget_closed_loops() -> None:
     """Drop the _Later of each loop closed (or gone) with slices left: its passes will never run,
@@ -159,9 +163,6 @@ def _forget_closed_loops() -> None:
         if loop is None or loop.is_closed():
             _waiting.discard(later)
             later.queue.clear()
-# Keyed by the loop and never holding it (only a scheduled pass does; a _Later holds it weakly): a
-# loop closed with slices left drops them with itself, and the next delivery its _Later from _waiting.
-_later: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Later] = weakref.WeakKeyDictionary()
 
 
 def write(writer: Write, chunk: bytes) -> None:
