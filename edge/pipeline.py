@@ -229,6 +229,8 @@ class Pipeline:
             temperature=self.config.default_temperature if req.temperature is None else req.temperature,
             top_p=self.config.default_top_p if req.top_p is None else req.top_p,
             seed=req.replica_seed,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,
             cache_salt=salt,

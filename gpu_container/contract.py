@@ -28,6 +28,10 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: list[int] = field(default_factory=list)
+    # OpenAI's: a token's logit less presence_penalty once it was generated, and frequency_penalty
+    # for every time it was (TensorRT-LLM's inputs of the same names).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     priority: int = 0
     # Generate past the model's end tokens (vLLM's ignore_eos, TensorRT-LLM's end_id -1): a
     # fixed-length reply, as benchmarks and parity tests want; stop_ids still end it.

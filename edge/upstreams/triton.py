@@ -110,6 +110,11 @@ def generate_body(
     if req.seed is not None:
         # The seed travels as UINT64: a negative one wraps rather than failing the request.
         body["random_seed"] = [req.seed % 2**64]
+    # Sent only when set: a model repository that does not declare them still takes the rest.
+    if req.presence_penalty:
+        body["presence_penalty"] = [req.presence_penalty]
+    if req.frequency_penalty:
+        body["frequency_penalty"] = [req.frequency_penalty]
     if end_id is not None:
         body["end_id"] = [end_id]
     if pad_id is not None:

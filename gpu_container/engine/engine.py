@@ -379,7 +379,7 @@ class LLMEngine:
                 self._scheduler.postprocess(seq, 0)  # static batching's padding: heard by nobody
                 continue
             try:
-                token = sample(row, seq.params, seq.rng)
+                token = sample(row, seq.params, seq.rng, seq.output_ids)
             except Exception as exc:
                 log.exception("sampling failed", request_id=seq.request_id)
                 emitted.append(self._finish(seq, "error", error=_describe(exc)))

@@ -37,6 +37,8 @@ def sampling_params(req: GenerationRequest) -> SamplingParams:
         temperature=req.temperature,
         top_p=req.top_p,
         seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
         stop_token_ids=tuple(req.stop_ids),
         ignore_eos=req.ignore_eos,
     )

@@ -28,6 +28,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     # Extra end tokens on top of the model's eos; the token that ends a sequence is emitted.
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False

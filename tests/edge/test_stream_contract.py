@@ -194,3 +194,22 @@ def test_a_seeded_request_streams_the_same_answer_on_both_paths(
     text, _, usage = on_engine
     assert text and usage["completion_tokens"] > 1
     assert on_triton == on_engine
+
+
+def test_presence_and_frequency_penalties_reach_the_replica_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about rivers."}],
+        "stream": True,
+        "max_tokens": 48,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
+    penalised = body | {"presence_penalty": 1.5, "frequency_penalty": 1.0}
+    plain = _streamed_answer(local_server, body)
+    on_engine = _streamed_answer(local_server, penalised)
+    on_triton = _streamed_answer(triton_server, penalised)
+    assert on_engine[0] != plain[0]  # greedy, so only the penalties can have changed the reply
+    assert on_triton == on_engine  # the Triton path carries them as TensorRT-LLM's inputs

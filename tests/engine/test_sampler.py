@@ -37,3 +37,29 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
 
 def test_low_temperature_sharpens() -> None:
     assert _frequencies(SamplingParams(temperature=0.2))[0] > 0.9
+
+
+def test_presence_penalty_takes_the_same_off_every_token_the_reply_has() -> None:
+    logits = np.array([3.0, 2.9, 0.0], dtype=np.float32)
+    greedy = SamplingParams(temperature=0, presence_penalty=0.5)
+    assert sample(logits, greedy, None, [0]) == 1
+    assert sample(logits, greedy, None, [0, 0, 0, 1]) == 0  # both penalised once: 2.5 > 2.4
+    assert sample(logits, greedy, None, []) == 0  # nothing generated yet: nothing to penalise
+    assert logits[0] == 3.0  # the batch's row itself is left as it was
+
+
+def test_frequency_penalty_counts_how_often() -> None:
+    logits = np.array([3.0, 2.9, 0.0], dtype=np.float32)
+    once_too_often = SamplingParams(temperature=0, frequency_penalty=0.05)
+    assert sample(logits, once_too_often, None, [0]) == 0  # 2.95 > 2.9
+    assert sample(logits, once_too_often, None, [0, 0, 0]) == 1  # 2.85 < 2.9
+    # A negative penalty favours what was said: the third token overtakes both.
+    assert sample(logits, SamplingParams(temperature=0, frequency_penalty=-2.0), None, [2, 2]) == 2
+
+
+def test_penalties_shift_the_sampled_distribution_too() -> None:
+    params = SamplingParams(temperature=1.0, presence_penalty=2.0)
+    rng = np.random.default_rng(0)
+    draws = np.bincount([sample(LOGITS, params, rng, [0]) for _ in range(10_000)], minlength=len(LOGITS))
+    # exp(-2) on token 0: 0.5e^-2 / (0.5e^-2 + 0.5) = 0.119
+    np.testing.assert_allclose(draws[0] / 10_000, 0.5 * np.exp(-2) / (0.5 * np.exp(-2) + 0.5), atol=0.02)

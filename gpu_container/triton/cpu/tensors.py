@@ -70,6 +70,8 @@ def decode_request(get: GetInput) -> ContractRequest:
     top_k = _scalar(get, "runtime_top_k")
     top_p = _scalar(get, "runtime_top_p")
     seed = _scalar(get, "random_seed")
+    presence = _scalar(get, "presence_penalty")
+    frequency = _scalar(get, "frequency_penalty")
     end_id = _scalar(get, "end_id")
     stop_words = get("stop_words_list")
     stop_ids = stop_word_ids(stop_words) if stop_words is not None and stop_words.size else ()
@@ -81,6 +83,8 @@ def decode_request(get: GetInput) -> ContractRequest:
         temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
         top_p=float(top_p) if top_p is not None else 1.0,
         seed=int(seed) if seed is not None else None,
+        presence_penalty=float(presence) if presence is not None else 0.0,
+        frequency_penalty=float(frequency) if frequency is not None else 0.0,
         stop_token_ids=stop_ids,
         ignore_eos=end_id is not None and int(end_id) < 0,
     )
