@@ -176,19 +176,20 @@ def _streamed_answer(server: LiveServer, body: dict[str, Any]) -> tuple[str, str
     return content_of(got), got[-3]["choices"][0]["finish_reason"], _counts(got[-2]["usage"])
 
 
+RIVERS: dict[str, Any] = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me about rivers."}],
+    "stream": True,
+    "max_tokens": 48,
+    "stream_options": {"include_usage": True},
+}
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
 def test_a_seeded_request_streams_the_same_answer_on_both_paths(
     local_server: LiveServer, triton_server: LiveServer, temperature: float
 ) -> None:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me about rivers."}],
-        "stream": True,
-        "max_tokens": 48,
-        "temperature": temperature,
-        "seed": 5,
-        "stream_options": {"include_usage": True},
-    }
+    body = RIVERS | {"temperature": temperature, "seed": 5}
     on_engine = _streamed_answer(local_server, body)
     on_triton = _streamed_answer(triton_server, body)
     text, _, usage = on_engine
@@ -199,14 +200,7 @@ def test_a_seeded_request_streams_the_same_answer_on_both_paths(
 def test_presence_and_frequency_penalties_reach_the_replica_on_both_paths(
     local_server: LiveServer, triton_server: LiveServer
 ) -> None:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me about rivers."}],
-        "stream": True,
-        "max_tokens": 48,
-        "temperature": 0.0,
-        "stream_options": {"include_usage": True},
-    }
+    body = RIVERS | {"temperature": 0.0}
     penalised = body | {"presence_penalty": 1.5, "frequency_penalty": 1.0}
     plain = _streamed_answer(local_server, body)
     on_engine = _streamed_answer(local_server, penalised)

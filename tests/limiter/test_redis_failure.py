@@ -5,9 +5,10 @@ counting moves back to Redis by itself once it returns."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -174,21 +175,32 @@ async def test_a_hung_redis_costs_one_bounded_timeout_then_the_fallback_answers(
         await limiter.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _hung_with_no_backoff(server: RedisServer) -> AsyncIterator[RedisLimiter]:
+    """A limiter whose Redis stopped answering (SIGSTOP) after one admit there and one that found
+    it hung: in fallback, with no backoff left, so its next call to the store is the probe."""
+    limiter = RedisLimiter.from_url(server.url, timeout_ms=100, backoff_s=0.0)
+    try:
+        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed
+        server.process.send_signal(signal.SIGSTOP)
+        assert (await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)).decision.allowed
+        assert limiter.fallback_active
+        yield limiter
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        await limiter.aclose()
+
+
 @pytest.mark.anyio
 async def test_a_hung_redis_is_probed_by_one_call_while_the_others_keep_to_the_fallback(
     own_redis_server: RedisServer,
 ) -> None:
     """Once the backoff is over, one call tries the store again; the callers meanwhile are answered
     by the fallback at once, not held for a call's bound each by a Redis that still hangs."""
-    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=100, backoff_s=0.0)
-    try:
-        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed
-        own_redis_server.process.send_signal(signal.SIGSTOP)
-        assert (await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)).decision.allowed
-        assert limiter.fallback_active
+    async with _hung_with_no_backoff(own_redis_server) as limiter:
         before = _all_failures()
-        # No backoff left: the first of these probes the store, which still does not answer (the
-        # probe is the restore of what the fallback admitted, sent before any admit on Redis).
+        # The first of these probes the store, which still does not answer (the probe is the
+        # restore of what the fallback admitted, sent before any admit on Redis).
         calls = [asyncio.ensure_future(limiter.admit("u", f"r{i}", OPEN, 1, 0)) for i in range(20)]
         while sum(call.done() for call in calls) < 19:
             _, pending = await asyncio.wait(
@@ -200,20 +212,13 @@ async def test_a_hung_redis_is_probed_by_one_call_while_the_others_keep_to_the_f
         assert (await asyncio.wait_for(probe, WAIT_S)).decision.allowed
         assert all(call.result().decision.allowed for call in calls)
         assert _all_failures() == before + 1  # one probe, one failure: the others never tried
-    finally:
-        own_redis_server.process.send_signal(signal.SIGCONT)
-        await limiter.aclose()
 
 
 @pytest.mark.anyio
 async def test_a_probe_cancelled_with_its_client_hands_the_next_call_the_probe(
     own_redis_server: RedisServer,
 ) -> None:
-    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=100, backoff_s=0.0)
-    try:
-        assert (await limiter.admit("u", "warm", OPEN, 1, 0)).decision.allowed
-        own_redis_server.process.send_signal(signal.SIGSTOP)
-        assert (await asyncio.wait_for(limiter.admit("u", "hung", OPEN, 1, 0), WAIT_S)).decision.allowed
+    async with _hung_with_no_backoff(own_redis_server) as limiter:
         probe = asyncio.ensure_future(limiter.admit("u", "probe", OPEN, 1, 0))
         answered = await asyncio.wait_for(limiter.admit("u", "beside", OPEN, 1, 0), WAIT_S)
         assert answered.decision.allowed and not probe.done()  # the fallback answered; the probe waits
@@ -225,6 +230,3 @@ async def test_a_probe_cancelled_with_its_client_hands_the_next_call_the_probe(
         # limiter counts on Redis again.
         assert (await asyncio.wait_for(limiter.admit("u", "back", OPEN, 1, 0), WAIT_S)).decision.allowed
         assert not limiter.fallback_active
-    finally:
-        own_redis_server.process.send_signal(signal.SIGCONT)
-        await limiter.aclose()
