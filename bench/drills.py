@@ -1,6 +1,6 @@
 """Long variants of the fault drills (tests/faults/ runs the short ones in `make test`).
 
-python -m bench.drills [--scale 1.0] [--only redis-pause,redis-kill,overload,drain,slow-readers]
+python -m bench.drills [--scale 1.0] [--only redis-pause,redis-kill,redis-hang,overload,drain,slow-readers]
 
 Each drill runs real servers (redis-server, `floodgate serve` on the demo model) for longer and
 harder than its test, and reports what the issue asks of every drill:
@@ -29,6 +29,7 @@ import math
 import resource
 import signal
 import sqlite3
+import statistics
 import tempfile
 import threading
 import time
@@ -326,6 +327,57 @@ async def overload(demo_dir: Path, seconds: float) -> Report:
     return report
 
 
+async def redis_hang(demo_dir: Path, seconds: float, hang_s: float) -> Report:
+    """8 callers streaming short replies through the edge while its Redis hangs (SIGSTOP) for
+    `hang_s` in the middle of `seconds`: the fail-open tier's answers and their latency then, as a
+    client sees them (the whole request, its first byte to its last)."""
+    clients = 8
+    report = Report(
+        "redis-hang",
+        f"{clients} callers through the edge, Redis paused {hang_s:g} s of {seconds:g} s, fail-open",
+    )
+    limit = 16
+    sections: dict[str, dict[str, object]] = {
+        "tiers.paid": {"max_concurrent": limit, "requests_per_window": 10**7}
+    }
+    body = {"model": MODEL, "messages": PROMPT, "max_tokens": 2, "stream": True}
+    timed: list[tuple[float, float, Answer]] = []  # (sent at, took, answer)
+    with tempfile.TemporaryDirectory(prefix="floodgate-drill-") as tmp:
+        redis = RedisProcess.start()
+        try:
+            with _serve(Path(tmp), redis, demo_dir, sections) as server:
+                sampler = SlotSampler(redis.url, server.proc.pid)
+                sampler.start()
+                started = time.monotonic()
+                hang_from = (seconds - hang_s) / 2
+                async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0) as client:
+
+                    async def caller() -> None:
+                        while (sent := time.monotonic()) - started < seconds:
+                            answer = await _chat(client, server.auth(), body)
+                            timed.append((sent - started, time.monotonic() - sent, answer))
+
+                    async def hang() -> None:
+                        await asyncio.sleep(hang_from)  # the load's shape, not a wait for anything
+                        redis.pause()
+                        await asyncio.sleep(hang_s)
+                        redis.resume()
+
+                    await asyncio.gather(hang(), *(caller() for _ in range(clients)))
+                report.seconds = time.monotonic() - started
+                _http_report(report, server, sampler, redis, [a for _, _, a in timed], limit, Path(tmp))
+        finally:
+            redis.kill()
+    during = sorted(took * 1000 for sent, took, _ in timed if hang_from <= sent < hang_from + hang_s)
+    if during:
+        p99 = during[min(len(during) - 1, int(0.99 * len(during)))]
+        report.notes.append(
+            f"sent during the hang: {len(during)}, ms p50 {statistics.median(during):.0f} / p99 {p99:.0f} / "
+            f"max {during[-1]:.0f}, over 1 s: {sum(1 for ms in during if ms > 1000)}"
+        )
+    return report
+
+
 def _long_seed(server: ServeProcess, max_tokens: int) -> int:
     """A seed with which PROMPT runs to max_tokens (sampling is seeded, so it will again)."""
     body = {"model": MODEL, "messages": PROMPT, "max_tokens": max_tokens}
@@ -502,8 +554,8 @@ def failures(reports: list[Report]) -> list[str]:
         ):
             if value:
                 found.append(f"{r.drill}: {label} {value}")
-        if r.drill == "overload" and not r.only_200_429:
-            found.append(f"overload: statuses other than 200 and 429: {dict(r.statuses)}")
+        if r.drill in ("overload", "redis-hang") and not r.only_200_429:
+            found.append(f"{r.drill}: statuses other than 200 and 429: {dict(r.statuses)}")
         if r.drill == "drain" and r.stream_errors:
             found.append(f"drain: streams ended by something else than the drain: {r.stream_errors}")
         if r.drill == "drain" and set(r.late_statuses) - {503}:
@@ -531,6 +583,7 @@ DRILLS: dict[str, Callable[[Path, float], list[Awaitable[Report]]]] = {
     "redis-kill": lambda _, k: [
         _redis_drill("redis-kill", "kill", _tier(f), max(1, round(10 * k)), 1.0) for f in ("open", "closed")
     ],
+    "redis-hang": lambda demo, k: [redis_hang(demo, 12 * k, 6 * k)],
     "overload": lambda demo, k: [overload(demo, 30 * k)],
     "drain": lambda demo, k: [drain(demo, max(8, round(64 * k)))],
     "slow-readers": lambda demo, k: [slow_readers(demo, max(4, round(20 * k)), 20 * k)],
