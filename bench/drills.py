@@ -253,6 +253,20 @@ def _serve(
         yield server
 
 
+@contextmanager
+def _edge_on_redis(
+    demo_dir: Path, sections: dict[str, dict[str, object]]
+) -> Iterator[tuple[Path, RedisProcess, ServeProcess]]:
+    """A work folder, a redis-server of its own and `floodgate serve` on both, each gone after."""
+    with tempfile.TemporaryDirectory(prefix="floodgate-drill-") as tmp:
+        redis = RedisProcess.start()
+        try:
+            with _serve(Path(tmp), redis, demo_dir, sections) as server:
+                yield Path(tmp), redis, server
+        finally:
+            redis.kill()
+
+
 async def _loop_clients(
     server: ServeProcess, clients: int, seconds: float, body: dict[str, Any]
 ) -> list[Answer]:
@@ -307,18 +321,13 @@ async def overload(demo_dir: Path, seconds: float) -> Report:
         "tiers.paid": {"max_concurrent": limit, "requests_per_window": 10**7},
     }
     body = {"model": MODEL, "messages": PROMPT, "max_tokens": 32, "stream": True}
-    with tempfile.TemporaryDirectory(prefix="floodgate-drill-") as tmp:
-        redis = RedisProcess.start()
-        try:
-            with _serve(Path(tmp), redis, demo_dir, sections) as server:
-                sampler = SlotSampler(redis.url, server.proc.pid)
-                sampler.start()
-                started = time.monotonic()
-                answers = await _loop_clients(server, 10 * capacity, seconds, body)
-                report.seconds = time.monotonic() - started
-                _http_report(report, server, sampler, redis, answers, limit, Path(tmp))
-        finally:
-            redis.kill()
+    with _edge_on_redis(demo_dir, sections) as (workdir, redis, server):
+        sampler = SlotSampler(redis.url, server.proc.pid)
+        sampler.start()
+        started = time.monotonic()
+        answers = await _loop_clients(server, 10 * capacity, seconds, body)
+        report.seconds = time.monotonic() - started
+        _http_report(report, server, sampler, redis, answers, limit, workdir)
     codes = Counter(a.error_code for a in answers if a.status == 200 and not a.done)
     report.notes.append(f"200s without [DONE]: {sum(codes.values())}")
     transport = Counter(a.error_code for a in answers if a.status == 0)
@@ -342,32 +351,27 @@ async def redis_hang(demo_dir: Path, seconds: float, hang_s: float) -> Report:
     }
     body = {"model": MODEL, "messages": PROMPT, "max_tokens": 2, "stream": True}
     timed: list[tuple[float, float, Answer]] = []  # (sent at, took, answer)
-    with tempfile.TemporaryDirectory(prefix="floodgate-drill-") as tmp:
-        redis = RedisProcess.start()
-        try:
-            with _serve(Path(tmp), redis, demo_dir, sections) as server:
-                sampler = SlotSampler(redis.url, server.proc.pid)
-                sampler.start()
-                started = time.monotonic()
-                hang_from = (seconds - hang_s) / 2
-                async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0) as client:
+    hang_from = (seconds - hang_s) / 2
+    with _edge_on_redis(demo_dir, sections) as (workdir, redis, server):
+        sampler = SlotSampler(redis.url, server.proc.pid)
+        sampler.start()
+        started = time.monotonic()
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0) as client:
 
-                    async def caller() -> None:
-                        while (sent := time.monotonic()) - started < seconds:
-                            answer = await _chat(client, server.auth(), body)
-                            timed.append((sent - started, time.monotonic() - sent, answer))
+            async def caller() -> None:
+                while (sent := time.monotonic()) - started < seconds:
+                    answer = await _chat(client, server.auth(), body)
+                    timed.append((sent - started, time.monotonic() - sent, answer))
 
-                    async def hang() -> None:
-                        await asyncio.sleep(hang_from)  # the load's shape, not a wait for anything
-                        redis.pause()
-                        await asyncio.sleep(hang_s)
-                        redis.resume()
+            async def hang() -> None:
+                await asyncio.sleep(hang_from)  # the load's shape, not a wait for anything
+                redis.pause()
+                await asyncio.sleep(hang_s)
+                redis.resume()
 
-                    await asyncio.gather(hang(), *(caller() for _ in range(clients)))
-                report.seconds = time.monotonic() - started
-                _http_report(report, server, sampler, redis, [a for _, _, a in timed], limit, Path(tmp))
-        finally:
-            redis.kill()
+            await asyncio.gather(hang(), *(caller() for _ in range(clients)))
+        report.seconds = time.monotonic() - started
+        _http_report(report, server, sampler, redis, [a for _, _, a in timed], limit, workdir)
     during = sorted(took * 1000 for sent, took, _ in timed if hang_from <= sent < hang_from + hang_s)
     if during:
         p99 = during[min(len(during) - 1, int(0.99 * len(during)))]
@@ -482,38 +486,33 @@ async def slow_readers(demo_dir: Path, readers: int, seconds: float) -> Report:
         "server": {"stalled_reader_s": 2.0, "send_buffer_bytes": 4096},
         "tiers.paid": {"max_concurrent": limit, "requests_per_window": 10**7},
     }
-    with tempfile.TemporaryDirectory(prefix="floodgate-drill-") as tmp:
-        redis = RedisProcess.start()
+    with _edge_on_redis(demo_dir, sections) as (workdir, redis, server):
+        seed = _long_seed(server, 1000)
+        sampler = SlotSampler(redis.url, server.proc.pid)
+        sampler.start()
+        long_body = {
+            "model": MODEL,
+            "messages": PROMPT,
+            "max_tokens": 1000,
+            "seed": seed,
+            "stream": True,
+        }
+        started = time.monotonic()
+        sockets = [open_stalled(server.base_url, server.key, long_body) for _ in range(readers)]
         try:
-            with _serve(Path(tmp), redis, demo_dir, sections) as server:
-                seed = _long_seed(server, 1000)
-                sampler = SlotSampler(redis.url, server.proc.pid)
-                sampler.start()
-                long_body = {
-                    "model": MODEL,
-                    "messages": PROMPT,
-                    "max_tokens": 1000,
-                    "seed": seed,
-                    "stream": True,
-                }
-                started = time.monotonic()
-                sockets = [open_stalled(server.base_url, server.key, long_body) for _ in range(readers)]
-                try:
-                    body = {"model": MODEL, "messages": PROMPT, "max_tokens": 32, "stream": True}
-                    answers = await _loop_clients(server, 16, seconds, body)
-                    cut_deadline = time.monotonic() + SETTLE_WAIT_S
-                    while _metric(server, "floodgate_stalled_readers_cut_total") < readers:
-                        if time.monotonic() > cut_deadline:
-                            break
-                        await asyncio.sleep(0.1)
-                    cut = _metric(server, "floodgate_stalled_readers_cut_total")
-                    report.seconds = time.monotonic() - started
-                    _http_report(report, server, sampler, redis, answers, limit, Path(tmp))
-                finally:
-                    for sock in sockets:
-                        sock.close()
+            body = {"model": MODEL, "messages": PROMPT, "max_tokens": 32, "stream": True}
+            answers = await _loop_clients(server, 16, seconds, body)
+            cut_deadline = time.monotonic() + SETTLE_WAIT_S
+            while _metric(server, "floodgate_stalled_readers_cut_total") < readers:
+                if time.monotonic() > cut_deadline:
+                    break
+                await asyncio.sleep(0.1)
+            cut = _metric(server, "floodgate_stalled_readers_cut_total")
+            report.seconds = time.monotonic() - started
+            _http_report(report, server, sampler, redis, answers, limit, workdir)
         finally:
-            redis.kill()
+            for sock in sockets:
+                sock.close()
     report.notes.append(f"stalled readers cut {cut:g} of {readers}")
     return report
 
