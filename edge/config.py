@@ -28,6 +28,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     # A request body must have arrived this long after the request started (408 past it).
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
     keepalive_s: float
+    # HTTP keep-alive of an idle client connection (uvicorn's timeout_keep_alive).
+    http_keep_alive_s: Annotated[float, msgspec.Meta(gt=0)]
     dev_key: bool
     # Operator endpoints (/metrics, /v1/internal/...) answer only on this listener.
     ops_host: str

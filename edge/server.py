@@ -83,6 +83,8 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
         "access_log": False,
         # The kernel caps it at net.core.somaxconn: raise that too where many clients connect at once.
         "backlog": server.listen_backlog,
+        # uvicorn's own 5 s is far below any load balancer's idle timeout (ALB: 60 s by default).
+        "timeout_keep_alive": server.http_keep_alive_s,
         # Only reached after the drain deadline has already ended every stream (see module doc).
         "timeout_graceful_shutdown": max(0.0, server.drain_deadline_s - server.drain_accept_s)
         + SHUTDOWN_GRACE_S,

@@ -229,7 +229,8 @@ _RENDER_VALUES = (
     'gpu_group = "floodgate-gpu-llama-3-70b", token_weight = 4}}, '
     'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
     'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
-    'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1"}'
+    'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1", '
+    "http_keep_alive_s = 3605}"
 )
 
 
@@ -263,6 +264,11 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     assert settings.limiter.instance_count == 2
     assert settings.messages.backend == "dynamodb"
     assert settings.server.dev_key is False
+    # The edge keeps an idle connection longer than the ALB does, so it never closes one the ALB is
+    # about to reuse (the ALB answers such a request 502).
+    assert settings.server.http_keep_alive_s > default("alb", "idle_timeout_s")
+    assert re.search(r"\bhttp_keep_alive_s\s*=\s*module\.alb\.idle_timeout_s\s*\+\s*\d", args)
+    assert module(MODULES / "alb").outputs()["idle_timeout_s"] == "${aws_lb.this.idle_timeout}"
     assert settings.metrics.cloudwatch is True and settings.metrics.cloudwatch_region == "us-east-1"
     # Every model of var.models, each on its own GPU group; the embedded models are gone.
     assert set(settings.models) == {"llama-3-8b", "llama-3-70b"}

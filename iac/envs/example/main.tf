@@ -123,6 +123,8 @@ module "edge" {
     messages_table = module.messages.name
     keys_table     = module.keys.name
     region         = var.region
+    # Above the ALB's idle timeout, so the ALB, not the edge, closes an idle connection between them.
+    http_keep_alive_s = module.alb.idle_timeout_s + 5
   })
 }
 

@@ -28,3 +28,8 @@ output "https_listener_arn" {
   description = "The HTTPS listener (the edge service depends on it existing)."
   value       = aws_lb_listener.https.arn
 }
+
+output "idle_timeout_s" {
+  description = "Seconds the load balancer keeps a silent connection; the edge's HTTP keep-alive must outlast it, or the ALB reuses a connection the edge is closing and answers 502."
+  value       = aws_lb.this.idle_timeout
+}

@@ -109,6 +109,12 @@ run "routing_health_check_drain_and_waf" {
   }
 
   assert {
+    # The example environment sets the edge's HTTP keep-alive above this output (edge.toml.tftpl).
+    condition     = output.idle_timeout_s == aws_lb.this.idle_timeout && output.idle_timeout_s == 3600
+    error_message = "idle_timeout_s must report the load balancer's own idle timeout"
+  }
+
+  assert {
     condition = length(setsubtract(
       ["CrossSiteScripting_BODY", "GenericLFI_BODY", "GenericRFI_BODY", "EC2MetaDataSSRF_BODY", "SizeRestrictions_BODY"],
       [for o in one(one([for r in aws_wafv2_web_acl.this.rule : r if r.name == "common"]).statement).managed_rule_group_statement[0].rule_action_override : o.name if length(one(o.action_to_use).count) == 1]

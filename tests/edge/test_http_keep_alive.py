@@ -1,0 +1,66 @@
+"""How long the edge keeps an idle client connection ([server] http_keep_alive_s), on a served edge
+over raw sockets, so nothing on the client side decides when the connection closes.
+
+Behind an ALB the edge must outlast the ALB's idle timeout: at uvicorn's own 5 s the edge closed
+connections the ALB was about to reuse, which the ALB answers 502 (the example environment sets it
+from the ALB's, tests/iac/test_structure.py). A long keep-alive must not hold up a shutdown."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from tests.support.live_server import LiveServer, start_server
+
+# Below uvicorn's own keep-alive (5 s): only the setting can have closed the connection by then.
+CLOSE_WITHIN_S = 3.0
+
+
+def _connect_and_request(live: LiveServer) -> socket.socket:
+    """A connection that has had one complete response and now sits idle."""
+    port = int(live.base_url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WITHIN_S)
+    _exchange(sock)
+    return sock
+
+
+def _exchange(sock: socket.socket) -> None:
+    """One GET /healthz on `sock`, its response read to the last byte of its body."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, f"closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        assert chunk, f"closed mid-body: {body!r}"
+        body += chunk
+
+
+def test_an_idle_connection_is_closed_after_the_setting(tmp_path: Path) -> None:
+    with start_server(tmp_path, {"server": {"http_keep_alive_s": 0.2}}) as live:
+        with _connect_and_request(live) as sock:
+            # socket.timeout here means the setting never reached uvicorn.
+            assert sock.recv(1) == b""
+
+
+def test_a_long_keep_alive_does_not_hold_up_shutdown(tmp_path: Path) -> None:
+    live = start_server(tmp_path, {"server": {"http_keep_alive_s": 3600.0}})
+    try:
+        sock = _connect_and_request(live)
+        _exchange(sock)  # the same connection serves the next request
+        live._server.should_exit = True
+        # Closed at once at shutdown, before uvicorn's grace period would cut it (SHUTDOWN_GRACE_S,
+        # 5 s): socket.timeout here means a shutdown waits on idle clients.
+        assert sock.recv(1) == b""
+        sock.close()
+    finally:
+        live.stop()
