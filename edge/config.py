@@ -25,6 +25,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int
     keys_file: str
     max_body_bytes: int
+    # A request's headers must have arrived this long after the connection's start, or after the
+    # next request's first byte on a kept-alive one (408, or a plain close where nothing came).
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
     # A request body must have arrived this long after the request started (408 past it).
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
     keepalive_s: float

@@ -1,30 +1,49 @@
 """The HTTP/1.1 protocol the edge's uvicorn runs: uvicorn's httptools one, with a response's head
 written with its first body bytes (edge/header_write.py) and a stream's token chunks written
 without the ASGI send when nothing makes them wait (edge/body_chunks.py), and a client's disconnect
-cancelling its generation from `connection_lost` (edge/disconnect_watch.py)."""
+cancelling its generation from `connection_lost` (edge/disconnect_watch.py), and a deadline for each
+request's headers (edge/header_timeout.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
+from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
+
+DEFAULT_HEADER_TIMEOUT_S = 30.0
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
-    """`uvicorn.Config(http=EdgeHttpProtocol)`."""
+    """`uvicorn.Config(http=edge_http_protocol(header_timeout_s))`."""
 
+    header_timeout_s: ClassVar[float] = DEFAULT_HEADER_TIMEOUT_S
+    _header_timeout_response: ClassVar[bytes] = timeout_response(DEFAULT_HEADER_TIMEOUT_S)
     _disconnect_watch: DisconnectWatch | None = None
     _raw_transport: asyncio.Transport
+    _header_deadline: HeaderDeadline
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw_transport = transport
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._header_deadline = HeaderDeadline(
+            self.loop, transport, self.header_timeout_s, self._header_timeout_response
+        )
+        self._header_deadline.start(request_begun=False)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self._header_deadline.start(request_begun=True)
 
     def on_headers_complete(self) -> None:
+        self._header_deadline.stop()
         super().on_headers_complete()
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
@@ -36,7 +55,20 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._header_deadline.stop()
         # The latest cycle's watch, as uvicorn tells only its latest cycle (a pipelined request's
         # predecessor hears of the disconnect from neither).
         if self._disconnect_watch is not None:
             self._disconnect_watch.connection_lost()
+
+
+def edge_http_protocol(header_timeout_s: float) -> type[EdgeHttpProtocol]:
+    """The protocol class for one server's settings (uvicorn takes a class and builds it itself)."""
+    return type(
+        "EdgeHttpProtocol",
+        (EdgeHttpProtocol,),
+        {
+            "header_timeout_s": header_timeout_s,
+            "_header_timeout_response": timeout_response(header_timeout_s),
+        },
+    )

@@ -25,7 +25,7 @@ from litestar import Litestar
 
 from edge.config import ServerConfig
 from edge.drain import Drain
-from edge.http_protocol import EdgeHttpProtocol
+from edge.http_protocol import edge_http_protocol
 
 # After the drain deadline, how long the cut streams get to write their last events and close.
 SHUTDOWN_GRACE_S = 5.0
@@ -76,7 +76,7 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
     options: dict[str, object] = {
         "loop": "uvloop",
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
-        "http": EdgeHttpProtocol,
+        "http": edge_http_protocol(server.header_timeout_s),
         "log_level": "warning",
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 from tests.support.live_server import LiveServer, start_server
+from tests.support.raw_http import get_healthz
 
 # Below uvicorn's own keep-alive (5 s): only the setting can have closed the connection by then.
 CLOSE_WITHIN_S = 3.0
@@ -20,29 +21,8 @@ def _connect_and_request(live: LiveServer) -> socket.socket:
     """A connection that has had one complete response and now sits idle."""
     port = int(live.base_url.rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WITHIN_S)
-    _exchange(sock)
+    assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
     return sock
-
-
-def _exchange(sock: socket.socket) -> None:
-    """One GET /healthz on `sock`, its response read to the last byte of its body."""
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        assert chunk, f"closed mid-response: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        chunk = sock.recv(length - len(body))
-        assert chunk, f"closed mid-body: {body!r}"
-        body += chunk
 
 
 def test_an_idle_connection_is_closed_after_the_setting(tmp_path: Path) -> None:
@@ -56,7 +36,7 @@ def test_a_long_keep_alive_does_not_hold_up_shutdown(tmp_path: Path) -> None:
     live = start_server(tmp_path, {"server": {"http_keep_alive_s": 3600.0}})
     try:
         sock = _connect_and_request(live)
-        _exchange(sock)  # the same connection serves the next request
+        assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")  # the same connection serves the next one
         live._server.should_exit = True
         # Closed at once at shutdown, before uvicorn's grace period would cut it (SHUTDOWN_GRACE_S,
         # 5 s): socket.timeout here means a shutdown waits on idle clients.

@@ -1,0 +1,73 @@
+"""A request's headers must arrive in time. uvicorn bounds only the wait between requests (its
+keep-alive timer, cancelled by the first byte of the next request), so a client that connects and
+sends nothing, or trickles its headers a byte at a time, held a connection, its socket and its
+memory for ever: a few thousand such clients exhaust a process's file descriptors without ever
+reaching a limiter (nginx's client_header_timeout bounds the same wait, 60 s by default).
+
+The deadline runs from the connection's start, and on a kept-alive connection from the next
+request's first byte, to the end of its headers. Past it: a request that had begun is answered 408
+(an OpenAI error object, `connection: close`); a connection that sent nothing is closed, as
+uvicorn's keep-alive timer closes an idle one. The body has its own deadline (edge/body_timeout.py).
+Never while a response is being written: a pipelined request's headers are not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from edge.errors import ErrorBody, ErrorDetail
+
+
+def timeout_response(timeout_s: float) -> bytes:
+    """The whole 408 response, written straight to the transport (no request reached the app)."""
+    body = msgspec.json.encode(
+        ErrorBody(
+            ErrorDetail(
+                message=f"The request headers did not arrive within {timeout_s:g} s.",
+                type="invalid_request_error",
+                code="request_timeout",
+            )
+        )
+    )
+    head = (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
+    return head + body
+
+
+class HeaderDeadline:
+    """One connection's deadline for its current request's headers."""
+
+    __slots__ = ("_handle", "_loop", "_response", "_timeout_s", "_transport", "request_begun")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, timeout_s: float, response: bytes
+    ) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._timeout_s = timeout_s
+        self._response = response
+        self._handle: asyncio.TimerHandle | None = None
+        self.request_begun = False
+
+    def start(self, *, request_begun: bool) -> None:
+        """From now, unless already running (the connection's start runs it until the first request)."""
+        self.request_begun = request_begun
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._timeout_s, self._expired)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expired(self) -> None:
+        self._handle = None
+        if self._transport.is_closing():
+            return
+        if self.request_begun:
+            self._transport.write(self._response)
+        self._transport.close()
