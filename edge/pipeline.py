@@ -160,6 +160,7 @@ class Pipeline:
             raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
         if req.model and req.model != self.config.model_name:  # empty: the tier's default (edge/models/)
             raise unknown_model(req.model)
+        logit_bias = self._logit_bias(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
@@ -231,6 +232,7 @@ class Pipeline:
             seed=req.replica_seed,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
+            logit_bias=logit_bias,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,
             cache_salt=salt,
@@ -245,6 +247,23 @@ class Pipeline:
             {**headers, "x-request-id": request_id},
             arrived,
         )
+
+    def _logit_bias(self, req: ChatCompletionRequest) -> tuple[tuple[int, float], ...]:
+        """The request's logit_bias as the replicas take it, zero biases left out (they change
+        nothing, and a request left with none sends Triton no [vocab] row). A token id outside the
+        model's vocabulary is refused here by name, as OpenAI and vLLM refuse it: the engine would
+        refuse it too, but without naming the parameter, and TensorRT-LLM's row has no place for it."""
+        if not req.logit_bias:
+            return ()
+        vocab = self.text.vocab_size
+        outside = sorted(token for token in req.logit_bias if not 0 <= token < vocab)
+        if outside:
+            raise invalid_request(
+                f"Invalid key in 'logit_bias': {outside[0]}. This model's token ids are 0 to {vocab - 1}.",
+                "logit_bias",
+                code="invalid_value",
+            )
+        return tuple((token, float(bias)) for token, bias in req.logit_bias.items() if bias)
 
     def _max_new_tokens(self, req: ChatCompletionRequest, tier: TierConfig, prompt_tokens: int) -> int:
         asked = req.requested_max_tokens

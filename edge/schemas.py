@@ -5,14 +5,17 @@ become a 400 naming the parameter. Every number is bounded the way the OpenAI AP
 value the replica cannot take is refused here, for this request only, and never reaches a replica
 (where it would fail a generation and make the replica look broken to everyone else).
 
-`presence_penalty` and `frequency_penalty` reach the replica (gpu_container/engine/sampler.py;
-TensorRT-LLM's inputs of the same names). `logit_bias` is accepted and bounded but has no effect
-here: a client that sends a valid value gets an answer, one that sends an invalid value gets the
-same 400 OpenAI would give. What would change the reply's contract is
-refused rather than ignored, as vLLM refuses it without a tool parser or structured output: `n` > 1,
-`logprobs`, a reply held to JSON (`response_format` other than text) and tool calls (`tools` or
-`functions` the model may call, a `tool_choice` that asks for one). A client that parses the reply as
-JSON or waits for a tool call would otherwise get prose, and fail later and further away.
+`presence_penalty`, `frequency_penalty` and `logit_bias` reach the replica
+(gpu_container/engine/sampler.py; TensorRT-LLM's inputs of the same names, and its `embedding_bias`
+for logit_bias). Here a logit_bias key must be an integer and its bias within [-100, 100]; whether
+the key is one of this model's token ids only the pipeline knows, which holds the model's
+vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too.
+
+What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
+tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
+than text) and tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks for
+one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose, and
+fail later and further away.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ class GenerationRequest:
     # for every time it was (TensorRT-LLM's inputs of the same names).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # OpenAI's logit_bias: (token id, bias) pairs added to those tokens' logits before sampling,
+    # greedy too (TensorRT-LLM's embedding_bias, dense). Pairs rather than a [vocab] row, so a
+    # request carries only what the client sent; every id is within the model's vocabulary.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     priority: int = 0
     # Generate past the model's end tokens (vLLM's ignore_eos, TensorRT-LLM's end_id -1): a
     # fixed-length reply, as benchmarks and parity tests want; stop_ids still end it.

@@ -1,4 +1,5 @@
-"""A checkpoint's text side: tokenizer, chat template and end-of-sequence tokens (from its facts)."""
+"""A checkpoint's text side: tokenizer, chat template, end-of-sequence tokens and the size of its
+vocabulary (from its facts)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,22 @@ from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
 
 
 class ModelText:
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        eos_token_ids: list[int],
+        vocab_size: int | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.eos_token_ids = eos_token_ids
+        # The model's: the width of its logits row (config.json's vocab_size), which a token id a
+        # request names (logit_bias) must fall within. It can exceed the tokenizer's count (rows
+        # padded for the GPU), so the tokenizer's own is only the fallback without a config.
+        self.vocab_size = (
+            vocab_size if vocab_size is not None else tokenizer.get_vocab_size(with_added_tokens=True)
+        )
         # Built once per model: every stream's detokenizer then reads it (None: not byte-level).
         pieces = byte_pieces(tokenizer)
         self._pieces = PieceTable(pieces) if pieces is not None else None
@@ -35,7 +48,7 @@ class ModelText:
     def from_facts(cls, facts: CheckpointFacts) -> ModelText:
         text = facts.text
         template = ChatTemplate(text.chat_template, bos_token=text.bos_token, eos_token=text.eos_token)
-        return cls(text.tokenizer, template, list(facts.eos_token_ids))
+        return cls(text.tokenizer, template, list(facts.eos_token_ids), facts.config.vocab_size)
 
     def encode_chat(self, messages: list[dict[str, str]], scope: str = "") -> list[int]:
         """The prompt's ids; `scope` is whose kept pieces it may reuse (the request's cache salt).

@@ -88,11 +88,17 @@ def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
 
 
 def generate_body(
-    req: GenerationRequest, *, end_id: int | None = None, pad_id: int | None = None, stop: bool = False
+    req: GenerationRequest,
+    *,
+    end_id: int | None = None,
+    pad_id: int | None = None,
+    stop: bool = False,
+    vocab_size: int | None = None,
 ) -> dict[str, Any]:
     """A `generate_stream` request in the `tensorrt_llm` contract: each input tensor by name, as the
     generate extension takes them (one request: Triton adds the batch dimension and converts each
-    value to the type the model's config declares)."""
+    value to the type the model's config declares). `vocab_size`: the model's, the length of the
+    `embedding_bias` row a request with a logit_bias needs."""
     body: dict[str, Any] = {
         "id": req.request_id,
         "input_ids": req.prompt_ids,
@@ -115,6 +121,8 @@ def generate_body(
         body["presence_penalty"] = [req.presence_penalty]
     if req.frequency_penalty:
         body["frequency_penalty"] = [req.frequency_penalty]
+    if req.logit_bias:
+        body["embedding_bias"] = embedding_bias(req.logit_bias, vocab_size)
     if end_id is not None:
         body["end_id"] = [end_id]
     if pad_id is not None:
@@ -126,6 +134,25 @@ def generate_body(
     if stop:
         body["stop"] = [True]
     return body
+
+
+def embedding_bias(logit_bias: tuple[tuple[int, float], ...], vocab_size: int | None) -> list[float]:
+    """TensorRT-LLM's `embedding_bias` for a logit_bias: a row as long as the model's vocabulary
+    (its executor refuses any other length), the bias at each named token and 0 elsewhere.
+
+    The generate extension takes a tensor as JSON numbers only, so this is 4 bytes a token for
+    Triton to parse (0.5 MB for Llama 3's 128k vocabulary), paid only by requests that send a
+    logit_bias. An id outside the row is refused as the request's fault: the edge checks it against
+    the same checkpoint first (edge/pipeline.py), so only a caller that skipped that meets it here.
+    """
+    if vocab_size is None:
+        raise RequestRejected("logit_bias needs the model's vocabulary size, which this upstream lacks")
+    row = [0.0] * vocab_size
+    for token, bias in logit_bias:
+        if not 0 <= token < vocab_size:
+            raise RequestRejected(f"logit_bias has token id {token}, outside [0, {vocab_size})")
+        row[token] = bias
+    return row
 
 
 def stop_body(request_id: str) -> dict[str, Any]:
@@ -145,6 +172,7 @@ class TritonUpstream:
         end_id: int | None = None,
         pad_id: int | None = None,
         extra_stop_ids: tuple[int, ...] = (),
+        vocab_size: int | None = None,
         first_response_timeout_s: float = 30.0,
         stall_timeout_s: float = 60.0,
         capacity_ttl_s: float = 0.25,
@@ -158,6 +186,9 @@ class TritonUpstream:
         self._pad_id = pad_id
         # More end tokens than TensorRT-LLM's single end_id (e.g. Llama 3's <|eot_id|>).
         self._extra_stop_ids = extra_stop_ids
+        # The model's vocabulary, which a logit_bias's embedding_bias row spans (None: a request
+        # with a logit_bias is refused).
+        self._vocab_size = vocab_size
         # A replica that goes silent mid-stream is as failed as one that never answers.
         self._first_timeout_s = first_response_timeout_s
         self._stall_timeout_s = stall_timeout_s
@@ -199,7 +230,9 @@ class TritonUpstream:
         if self._extra_stop_ids and not req.ignore_eos:
             stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
             req = dataclasses.replace(req, stop_ids=stops)
-        request = self._request(generate_body(req, end_id=end_id, pad_id=self._pad_id))
+        request = self._request(
+            generate_body(req, end_id=end_id, pad_id=self._pad_id, vocab_size=self._vocab_size)
+        )
         conn = await self._pool.connect()
         conn.send(request, offer)
         retried = False
@@ -362,6 +395,7 @@ def remote_triton_upstream(
     pad_id: int | None = None,
     extra_stop_ids: tuple[int, ...] = (),
     model_name: str = MODEL_NAME,
+    vocab_size: int | None = None,
 ) -> TritonUpstream:
     """A running replica at `HOST:HTTP_PORT[:METRICS_PORT]`, named `triton-HOST:HTTP_PORT` (with
     `/MODEL` when it serves a Triton model other than tensorrt_llm: one server, several models)."""
@@ -375,6 +409,7 @@ def remote_triton_upstream(
         end_id=end_id,
         pad_id=pad_id,
         extra_stop_ids=extra_stop_ids,
+        vocab_size=vocab_size,
     )
 
 
@@ -387,6 +422,7 @@ async def build_triton_upstreams(
     pad_id: int | None = None,
     extra_stop_ids: tuple[int, ...] = (),
     model_name: str = MODEL_NAME,
+    vocab_size: int | None = None,
 ) -> tuple[list[Upstream], Callable[[], Awaitable[None]]]:
     """Upstreams for `--triton local` (start tritonserver here over the CPU repository serving
     `model_dir`) or `--triton HOST:PORT[:METRICS_PORT],...` (running replicas).
@@ -405,6 +441,7 @@ async def build_triton_upstreams(
             model_name=model_name,
             end_id=end_id,
             pad_id=pad_id,
+            vocab_size=vocab_size,
         )
 
         async def stop_local() -> None:
@@ -418,7 +455,12 @@ async def build_triton_upstreams(
 
     upstreams: list[Upstream] = [
         remote_triton_upstream(
-            item, end_id=end_id, pad_id=pad_id, extra_stop_ids=extra_stop_ids, model_name=model_name
+            item,
+            end_id=end_id,
+            pad_id=pad_id,
+            extra_stop_ids=extra_stop_ids,
+            model_name=model_name,
+            vocab_size=vocab_size,
         )
         for item in filter(None, (s.strip() for s in spec.split(",")))
     ]
@@ -444,12 +486,15 @@ def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvide
 
     @asynccontextmanager
     async def provide(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
-        eos = end_token_ids(model_dir)
+        facts = read_facts(model_dir)
+        eos = list(facts.eos_token_ids)
         tokens: dict[str, Any] = {
             "end_id": eos[0] if eos else None,
             "pad_id": eos[0] if eos else None,
             "extra_stop_ids": tuple(eos[1:]),
             "model_name": model_name,
+            # config.json's, as the engine the replica runs was built from the same checkpoint.
+            "vocab_size": facts.config.vocab_size,
         }
         if is_asg_spec(spec):
             make = functools.partial(remote_triton_upstream, **tokens)

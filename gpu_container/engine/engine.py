@@ -70,6 +70,8 @@ class LLMEngine:
         self.max_model_len = min(
             config.max_model_len, mc.max_position_embeddings, config.num_blocks * config.block_size
         )
+        # The width of a logits row: the token ids a request may name (its prompt, its logit_bias).
+        self.vocab_size = mc.vocab_size
         self._scheduler = self._new_scheduler()
         self._cond = threading.Condition()
         self._state: _State = "new"
@@ -233,9 +235,14 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {len(prompt)} tokens, this engine holds at most {self.max_model_len}"
             )
-        vocab = self._model.config.vocab_size
+        vocab = self.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt has token ids outside [0, {vocab})")
+        # The edge refuses these first; checked here too, since an id past the row would fail the
+        # sampler mid-generation (an error the caller cannot tell from a broken replica's), and a
+        # negative one would quietly bias a token counted from the row's end.
+        if any(not 0 <= token < vocab for token, _ in params.logit_bias):
+            raise ValueError(f"logit_bias has token ids outside [0, {vocab})")
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         if params.temperature < 0 or not 0 < params.top_p <= 1:

@@ -39,6 +39,7 @@ def sampling_params(req: GenerationRequest) -> SamplingParams:
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
+        logit_bias=req.logit_bias,
         stop_token_ids=tuple(req.stop_ids),
         ignore_eos=req.ignore_eos,
     )

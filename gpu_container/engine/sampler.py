@@ -7,6 +7,11 @@ counts the reply's tokens alone too; the prompt's are not penalised). They chang
 as well. In production TensorRT-LLM applies its inputs of the same names, and counts the prompt's
 tokens too unless told to skip them (its `prompt_ignore_length` input, in releases newer than the
 model repository here declares): the same words, a stronger penalty where the prompt repeats them.
+
+`logit_bias` is added to its tokens' logits with them, as OpenAI defines it (and TensorRT-LLM's
+`embedding_bias`, a [vocab] row it adds to the logits): before the temperature and the greedy choice
+alike, so +100 all but forces a token and -100 all but bans it. Both adjustments are sums, so their
+order does not matter.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ def sample(
     logits: Floats, params: SamplingParams, rng: np.random.Generator | None, generated: Sequence[int] = ()
 ) -> int:
     """One token id from a [vocab] row of logits; `generated`: the reply's tokens so far."""
-    if generated and (params.presence_penalty or params.frequency_penalty):
-        logits = _penalised(logits, params, generated)
+    penalised = bool(generated) and bool(params.presence_penalty or params.frequency_penalty)
+    if penalised or params.logit_bias:
+        logits = _adjusted(logits, params, generated if penalised else ())
     if params.temperature == 0 or rng is None:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
@@ -38,10 +44,16 @@ def sample(
     return _draw(np.cumsum(probs), rng)
 
 
-def _penalised(logits: Floats, params: SamplingParams, generated: Sequence[int]) -> Floats:
-    ids, counts = np.unique(np.asarray(generated), return_counts=True)
+def _adjusted(logits: Floats, params: SamplingParams, generated: Sequence[int]) -> Floats:
+    """The row with the request's logit_bias added and, for the `generated` tokens, its penalties
+    taken off."""
     out = logits.astype(np.float32, copy=True)  # the batch's row stays as the forward pass left it
-    out[ids] -= counts * params.frequency_penalty + params.presence_penalty
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        out[list(ids)] += np.asarray(biases, dtype=np.float32)
+    if generated:
+        seen, counts = np.unique(np.asarray(generated), return_counts=True)
+        out[seen] -= counts * params.frequency_penalty + params.presence_penalty
     return out
 
 

@@ -30,6 +30,9 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before sampling (sampler.py): what the request
+    # sent, not a [vocab] row, since most requests bias nothing and a few bias a handful of tokens.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # Extra end tokens on top of the model's eos; the token that ends a sequence is emitted.
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False

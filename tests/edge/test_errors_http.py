@@ -8,11 +8,13 @@ reaches the replica, so that one runs on both paths (`server`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from edge.text.model_text import ModelText
 from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, LONG_PROMPT, MODEL
 from tests.support.live_server import LiveServer
@@ -100,6 +102,25 @@ def test_400_for_what_would_change_the_replys_contract(
     body = OK_BODY | fields
     error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+
+
+def test_400_for_a_logit_bias_token_outside_the_vocabulary(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """Refused by the edge, as OpenAI and vLLM refuse it: the replica's logits row has no place for it."""
+    vocab = ModelText.load(Path(local_server.settings.model.demo_dir)).vocab_size
+    for token in (vocab, -1, 10**30):
+        body = OK_BODY | {"logit_bias": {str(token): 5}}
+        error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error",
+            "logit_bias",
+            "invalid_value",
+        )
+        assert str(token) in error["message"]
+    # The last token of the vocabulary is one like any other.
+    body = OK_BODY | {"logit_bias": {str(vocab - 1): 5}}
+    assert local_client.post(CHAT, json=body, headers=local_server.auth("paid")).status_code == 200
 
 
 def test_400_on_malformed_json(local_server: LiveServer, local_client: httpx.Client) -> None:

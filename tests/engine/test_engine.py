@@ -136,6 +136,9 @@ def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
         engine.add_request("c", [1] * 129, GREEDY, seen)  # 32 blocks of 4 tokens
     with pytest.raises(ValueError, match="token ids"):
         engine.add_request("d", [10_000], GREEDY, seen)
+    for token in (-1, engine.vocab_size):  # a bias the sampler's row has no place for
+        with pytest.raises(ValueError, match="logit_bias"):
+            engine.add_request("d", [1], SamplingParams(logit_bias=((token, 1.0),)), seen)
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.add_request("e", [1], SamplingParams(max_new_tokens=0), seen)
     engine.add_request("f", [2, 3], SamplingParams(max_new_tokens=1000, ignore_eos=True), seen)

@@ -63,3 +63,38 @@ def test_penalties_shift_the_sampled_distribution_too() -> None:
     draws = np.bincount([sample(LOGITS, params, rng, [0]) for _ in range(10_000)], minlength=len(LOGITS))
     # exp(-2) on token 0: 0.5e^-2 / (0.5e^-2 + 0.5) = 0.119
     np.testing.assert_allclose(draws[0] / 10_000, 0.5 * np.exp(-2) / (0.5 * np.exp(-2) + 0.5), atol=0.02)
+
+
+def test_logit_bias_plus_100_forces_a_token_greedy_too() -> None:
+    forced = SamplingParams(temperature=0, logit_bias=((3, 100.0),))
+    assert sample(LOGITS, forced, None) == 3  # the least likely token, over the argmax
+    rng = np.random.default_rng(0)
+    assert {
+        sample(LOGITS, SamplingParams(temperature=1.0, logit_bias=((3, 100.0),)), rng) for _ in range(1000)
+    } == {3}
+    assert LOGITS[3] == np.float32(np.log(0.05))  # the batch's row itself is left as it was
+
+
+def test_logit_bias_minus_100_bans_a_token() -> None:
+    banned = SamplingParams(temperature=0, logit_bias=((0, -100.0),))
+    assert sample(LOGITS, banned, None) == 1  # the runner-up once the argmax is banned
+    rng = np.random.default_rng(0)
+    draws = [
+        sample(LOGITS, SamplingParams(temperature=1.0, logit_bias=((0, -100.0),)), rng) for _ in range(10_000)
+    ]
+    assert 0 not in draws
+    # What token 0 held goes to the rest in proportion: 0.3 / 0.5 = 0.6 for token 1.
+    assert abs(draws.count(1) / 10_000 - 0.6) < 0.02
+
+
+def test_a_small_logit_bias_shifts_the_distribution_and_adds_to_the_penalties() -> None:
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1.0, logit_bias=((3, float(np.log(10.0))),))
+    draws = np.bincount([sample(LOGITS, params, rng) for _ in range(10_000)], minlength=len(LOGITS))
+    # x10 on token 3: 0.5 / (0.5 + 0.3 + 0.15 + 0.5) = 0.345 each for tokens 0 and 3.
+    np.testing.assert_allclose(draws[[0, 3]] / 10_000, [0.5 / 1.45, 0.5 / 1.45], atol=0.02)
+    # Greedy: 3.0 + 0.5 - 1.0 (presence, once generated) = 2.5 < 2.9.
+    logits = np.array([3.0, 2.9, 0.0], dtype=np.float32)
+    both = SamplingParams(temperature=0, presence_penalty=1.0, logit_bias=((0, 0.5),))
+    assert sample(logits, both, None, [0]) == 1
+    assert sample(logits, both, None, []) == 0

@@ -77,6 +77,8 @@ def test_a_negative_seed_is_a_reproducible_seed_and_blames_no_replica(
         ("frequency_penalty", -3),
         ("logit_bias", {"42": 101}),
         ("logit_bias", {"not-a-token": 1}),
+        ("logit_bias", {"-1": 1}),
+        ("logit_bias", {"10000000": 1}),  # past the demo model's vocabulary
         ("top_logprobs", 21),
         ("logprobs", True),
         ("stop", ["a", "b", "c", "d", "e"]),

@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from edge.upstreams.base import GenerationRequest
+from edge.upstreams.base import GenerationRequest, RequestRejected
 from edge.upstreams.triton import _replica_urls, generate_body, stop_body, trtllm_capacity
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import MODEL_NAME, render_cpu_repository
@@ -87,6 +87,23 @@ def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
 def test_a_negative_seed_wraps_into_uint64() -> None:
     req = GenerationRequest("s", [1], max_new_tokens=1, seed=-1)
     assert _as_model_sees_it(generate_body(req))["random_seed"].item() == 2**64 - 1
+
+
+def test_logit_bias_travels_as_an_embedding_bias_row_of_the_vocabulary() -> None:
+    bias = ((0, -100.0), (7, 2.5), (9, 100.0))
+    req = GenerationRequest("b", [1], max_new_tokens=1, logit_bias=bias)
+    arrays = _as_model_sees_it(generate_body(req, vocab_size=10))
+    assert arrays["embedding_bias"].shape == (1, 10)  # [batch, vocab], as TensorRT-LLM takes it
+    assert decode_request(arrays.get, vocab_size=10).params.logit_bias == bias
+    with pytest.raises(ContractError, match="vocabulary"):  # a row for another model's vocabulary
+        decode_request(arrays.get, vocab_size=11)
+    # Without a logit_bias no row is sent: a model repository that does not declare it still works.
+    assert "embedding_bias" not in generate_body(GenerationRequest("p", [1], max_new_tokens=1))
+    # A row the edge cannot size, or an id outside it, is the request's refusal, never the replica's.
+    with pytest.raises(RequestRejected, match="vocabulary"):
+        generate_body(req)
+    with pytest.raises(RequestRejected, match="outside"):
+        generate_body(req, vocab_size=9)
 
 
 def test_the_stop_request_carries_the_running_requests_id() -> None:

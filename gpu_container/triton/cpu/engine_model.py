@@ -234,7 +234,7 @@ class EngineModel:
             tensor = inputs.get(name)
             return None if tensor is None else np.from_dlpack(tensor)
 
-        contract = decode_request(get)
+        contract = decode_request(get, self._engine.vocab_size)
         triton_id = request.request_id()
         if contract.stop:
             with self._lock:

@@ -4,7 +4,9 @@ Pure functions over numpy arrays so the Python-backend model (engine_model.py) s
 this part is type-checked and testable without a server.
 
 Conventions taken from TensorRT-LLM: `end_id = -1` ignores the end token (fixed-length output);
-`runtime_top_k = 1` is greedy decoding; `stop_words_list` is [ids; end offsets] padded with -1.
+`runtime_top_k = 1` is greedy decoding; `stop_words_list` is [ids; end offsets] padded with -1;
+`embedding_bias` is a [vocab] row added to the logits, exactly the model's vocabulary long (the
+engine's logit_bias, read back into (token id, bias) pairs of its nonzero entries).
 """
 
 from __future__ import annotations
@@ -57,7 +59,21 @@ def stop_word_ids(stop_words: npt.NDArray[np.generic]) -> tuple[int, ...]:
     return tuple(words)
 
 
-def decode_request(get: GetInput) -> ContractRequest:
+def logit_bias_pairs(row: npt.NDArray[np.generic], vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """The (token id, bias) pairs of an `embedding_bias` row's nonzero entries. A row of another
+    length than the model's vocabulary is refused, as TensorRT-LLM refuses it ("The embedding bias
+    shape is not as expected"): a row cut short or run long means the sender counted another model."""
+    values = row.reshape(-1).astype(np.float32)
+    if vocab_size is not None and values.size != vocab_size:
+        raise ContractError(
+            f"embedding_bias has {values.size} values; the model's vocabulary has {vocab_size} tokens"
+        )
+    ids = np.flatnonzero(values)
+    return tuple(zip(ids.tolist(), values[ids].tolist(), strict=True))
+
+
+def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequest:
+    """`vocab_size`: the model's, which an `embedding_bias` row must match (None: not checked)."""
     input_ids = get("input_ids")
     output_len = _scalar(get, "request_output_len")
     if input_ids is None or output_len is None:
@@ -72,6 +88,8 @@ def decode_request(get: GetInput) -> ContractRequest:
     seed = _scalar(get, "random_seed")
     presence = _scalar(get, "presence_penalty")
     frequency = _scalar(get, "frequency_penalty")
+    bias_row = get("embedding_bias")
+    logit_bias = logit_bias_pairs(bias_row, vocab_size) if bias_row is not None and bias_row.size else ()
     end_id = _scalar(get, "end_id")
     stop_words = get("stop_words_list")
     stop_ids = stop_word_ids(stop_words) if stop_words is not None and stop_words.size else ()
@@ -85,6 +103,7 @@ def decode_request(get: GetInput) -> ContractRequest:
         seed=int(seed) if seed is not None else None,
         presence_penalty=float(presence) if presence is not None else 0.0,
         frequency_penalty=float(frequency) if frequency is not None else 0.0,
+        logit_bias=logit_bias,
         stop_token_ids=stop_ids,
         ignore_eos=end_id is not None and int(end_id) < 0,
     )
