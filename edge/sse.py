@@ -2,6 +2,13 @@
 
 Every chunk of one stream shares its head (id, created, model), so it is encoded once and a text
 delta costs one msgspec string encode plus a concatenation.
+
+Each event is one line, for every reader of lines. JSON may carry U+0085, U+2028 and U+2029 raw,
+and SSE ends a line only at CR or LF, but Python's `str.splitlines` ends one at each of them too,
+and so does httpx's `aiter_lines`, the usual way to read a stream by hand in Python: a reply with
+one of them arrived as two broken lines (found by the overload drill's httpx client, "Unterminated
+string"). They are sent escaped (`\u2028`), which every JSON parser reads back as the same text.
+ASCII text, nearly every delta, is checked by one `isascii` and passes untouched.
 """
 
 from __future__ import annotations
@@ -13,7 +20,22 @@ import msgspec
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
-_encode = msgspec.json.encode
+_LINE_BREAKS_JSON_KEEPS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
+def _encode(payload: Any) -> bytes:
+    """msgspec's JSON with the line breaks it leaves raw escaped (see the module doc)."""
+    encoded = msgspec.json.encode(payload)
+    if encoded.isascii():
+        return encoded
+    for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
+        if raw in encoded:
+            encoded = encoded.replace(raw, escaped)
+    return encoded
 
 
 def event(payload: Any) -> bytes:
