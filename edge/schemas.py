@@ -16,6 +16,12 @@ tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`re
 than text) and tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks for
 one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose, and
 fail later and further away.
+
+`logprobs` stays refused although the in-process engine could compute them: TensorRT-LLM's Triton
+backend, the production replicas, returns the log-probability under the distribution it sampled
+from, after temperature and top-k, so every token of a greedy reply reads 0 (tensorrtllm_backend
+issue 276), and no alternatives (`top_logprobs`). OpenAI's are the model's own; zeros in their
+place would mislead a client that ranks or thresholds on them, where a 400 tells it at once.
 """
 
 from __future__ import annotations
@@ -149,7 +155,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if req.n is not None and req.n != 1:
         raise invalid_request("Only n=1 is supported.", "n")
     if req.logprobs or req.top_logprobs:
-        raise invalid_request("logprobs are not supported.", "logprobs" if req.logprobs else "top_logprobs")
+        raise invalid_request(
+            "logprobs are not supported: this server's replicas cannot return the model's own "
+            "log-probabilities.",
+            "logprobs" if req.logprobs else "top_logprobs",
+            code="unsupported_parameter",
+        )
     if req.response_format is not None and req.response_format.type != "text":
         raise invalid_request(
             f"Unsupported value: 'response_format' of type '{req.response_format.type}' is not supported: "

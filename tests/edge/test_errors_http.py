@@ -93,12 +93,16 @@ def test_400_names_the_bad_parameter(
         ),
         ({"functions": [TOOL["function"]]}, "functions", "unsupported_parameter"),
         ({"function_call": {"name": "f"}}, "function_call", "unsupported_parameter"),
+        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"logprobs": True, "top_logprobs": 5}, "logprobs", "unsupported_parameter"),
+        ({"top_logprobs": 5}, "top_logprobs", "unsupported_parameter"),
     ],
 )
 def test_400_for_what_would_change_the_replys_contract(
     local_server: LiveServer, local_client: httpx.Client, fields: dict[str, Any], param: str, code: str
 ) -> None:
-    """A reply held to JSON, or a tool call: prose in their place would fail the client later."""
+    """A reply held to JSON, a tool call, log-probabilities: prose or zeros in their place would
+    fail the client later."""
     body = OK_BODY | fields
     error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
