@@ -27,11 +27,16 @@ _LINE_BREAKS_JSON_KEEPS = (
 )
 
 
+_json = msgspec.json.encode
+
+
 def _encode(payload: Any) -> bytes:
     """msgspec's JSON with the line breaks it leaves raw escaped (see the module doc)."""
-    encoded = msgspec.json.encode(payload)
-    if encoded.isascii():
-        return encoded
+    encoded = _json(payload)
+    return encoded if encoded.isascii() else _escape_line_breaks(encoded)
+
+
+def _escape_line_breaks(encoded: bytes) -> bytes:
     for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
         if raw in encoded:
             encoded = encoded.replace(raw, escaped)
@@ -66,7 +71,11 @@ class ChunkEncoder:
         )
 
     def delta(self, text: str) -> bytes:
-        return self._delta_head + _encode(text) + b'},"finish_reason":null}]}\n\n'
+        # _encode written out: this runs once per token of every stream.
+        encoded = _json(text)
+        if not encoded.isascii():
+            encoded = _escape_line_breaks(encoded)
+        return self._delta_head + encoded + b'},"finish_reason":null}]}\n\n'
 
     def final(self, finish_reason: str, marker: dict[str, Any] | None) -> bytes:
         payload: dict[str, Any] = {
