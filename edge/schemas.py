@@ -17,6 +17,9 @@ than text) and tool calls (`tools` or `functions` the model may call, a `tool_ch
 one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose, and
 fail later and further away.
 
+So is a message's content part other than text (an image, audio, a file): the model reads text
+only, and would answer about what it never saw.
+
 `logprobs` stays refused although the in-process engine could compute them: TensorRT-LLM's Triton
 backend, the production replicas, returns the log-probability under the distribution it sampled
 from, after temperature and top-k, so every token of a greedy reply reads 0 (tensorrtllm_backend
@@ -52,6 +55,12 @@ Bias = Annotated[int, msgspec.Meta(ge=-100, le=100)]
 class ContentPart(msgspec.Struct):
     type: str
     text: str | None = None
+    # An assistant message's refusal part (OpenAI's `{"type": "refusal", "refusal": ...}`).
+    refusal: str | None = None
+
+
+# What a text model reads of a content part, by the part's type (_check_content_parts refuses others).
+_READABLE_PART = {"text": "text", "refusal": "refusal"}
 
 
 class ChatMessage(msgspec.Struct):
@@ -61,7 +70,7 @@ class ChatMessage(msgspec.Struct):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "\n".join(part.text or "" for part in self.content if part.type == "text")
+        return "\n".join((part.text if part.type == "text" else part.refusal) or "" for part in self.content)
 
 
 class StreamOptions(msgspec.Struct):
@@ -168,6 +177,9 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "response_format",
             code="unsupported_value",
         )
+    for index, message in enumerate(req.messages):
+        if isinstance(message.content, list):
+            _check_content_parts(message.content, index)
     for tools, choice, (tools_param, choice_param) in (
         (req.tools, req.tool_choice, ("tools", "tool_choice")),
         (req.functions, req.function_call, ("functions", "function_call")),
@@ -181,6 +193,25 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
                 code="unsupported_parameter",
             )
     return req
+
+
+def _check_content_parts(parts: list[ContentPart], message: int) -> None:
+    """A part this text model cannot read (an image, audio, a file) is refused by name: dropped, it
+    would leave the model answering about something it never saw (vLLM refuses one too)."""
+    for index, part in enumerate(parts):
+        place = f"messages[{message}].content[{index}]"
+        field = _READABLE_PART.get(part.type)
+        if field is None:
+            raise invalid_request(
+                f"Unsupported value: content part type '{part.type}' is not supported: this model "
+                "reads text only.",
+                f"{place}.type",
+                code="unsupported_value",
+            )
+        if getattr(part, field) is None:
+            raise invalid_request(
+                f"Invalid request: a '{part.type}' content part needs its '{field}'.", f"{place}.{field}"
+            )
 
 
 def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | None) -> bool:

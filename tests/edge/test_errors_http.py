@@ -108,6 +108,61 @@ def test_400_for_what_would_change_the_replys_contract(
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+@pytest.mark.parametrize(
+    ("content", "param", "code"),
+    [
+        (
+            [{"type": "text", "text": "What is in this picture?"}, IMAGE],
+            "messages[1].content[1].type",
+            "unsupported_value",
+        ),
+        (
+            [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
+            "messages[1].content[0].type",
+            "unsupported_value",
+        ),
+        ([{"type": "text"}], "messages[1].content[0].text", None),
+    ],
+)
+def test_400_for_a_content_part_the_model_cannot_read(
+    local_server: LiveServer,
+    local_client: httpx.Client,
+    content: list[dict[str, Any]],
+    param: str,
+    code: str | None,
+) -> None:
+    """Dropped, an image would leave the model describing a picture it never saw."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
+    body = OK_BODY | {"messages": messages}
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+
+
+def test_text_and_refusal_parts_are_read(local_server: LiveServer, local_client: httpx.Client) -> None:
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Say hi."}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Please."}, {"type": "text", "text": "Now."}]},
+    ]
+    as_parts = local_client.post(
+        CHAT, json=OK_BODY | {"messages": messages}, headers=local_server.auth("paid")
+    )
+    as_strings = [
+        {"role": "user", "content": "Say hi."},
+        {"role": "assistant", "content": "I cannot."},
+        {"role": "user", "content": "Please.\nNow."},
+    ]
+    as_text = local_client.post(
+        CHAT, json=OK_BODY | {"messages": as_strings}, headers=local_server.auth("paid")
+    )
+    assert as_parts.status_code == as_text.status_code == 200
+    # The same prompt either way: every part's text reached the template.
+    assert as_parts.json()["usage"]["prompt_tokens"] == as_text.json()["usage"]["prompt_tokens"]
+
+
 def test_400_for_a_logit_bias_token_outside_the_vocabulary(
     local_server: LiveServer, local_client: httpx.Client
 ) -> None:
