@@ -16,14 +16,13 @@ from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
 
-DEFAULT_HEADER_TIMEOUT_S = 30.0
-
 
 class EdgeHttpProtocol(HttpToolsProtocol):
     """`uvicorn.Config(http=edge_http_protocol(header_timeout_s))`."""
 
-    header_timeout_s: ClassVar[float] = DEFAULT_HEADER_TIMEOUT_S
-    _header_timeout_response: ClassVar[bytes] = timeout_response(DEFAULT_HEADER_TIMEOUT_S)
+    # Set by edge_http_protocol, from the server's settings.
+    header_timeout_s: ClassVar[float]
+    _header_timeout_response: ClassVar[bytes]
     _disconnect_watch: DisconnectWatch | None = None
     _raw_transport: asyncio.Transport
     _header_deadline: HeaderDeadline

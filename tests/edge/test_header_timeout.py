@@ -26,8 +26,7 @@ def edge(tmp_path: Path) -> Iterator[LiveServer]:
 
 
 def _connect(live: LiveServer) -> socket.socket:
-    port = int(live.base_url.rsplit(":", 1)[1])
-    return socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_S)
+    return socket.create_connection(("127.0.0.1", live.settings.server.port), timeout=GIVE_UP_S)
 
 
 def _json_response(raw: bytes) -> tuple[bytes, dict[str, object]]:

@@ -19,8 +19,7 @@ CLOSE_WITHIN_S = 3.0
 
 def _connect_and_request(live: LiveServer) -> socket.socket:
     """A connection that has had one complete response and now sits idle."""
-    port = int(live.base_url.rsplit(":", 1)[1])
-    sock = socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WITHIN_S)
+    sock = socket.create_connection(("127.0.0.1", live.settings.server.port), timeout=CLOSE_WITHIN_S)
     assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
     return sock
 
