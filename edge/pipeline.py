@@ -229,6 +229,7 @@ class Pipeline:
             max_new_tokens=max_new,
             temperature=self.config.default_temperature if req.temperature is None else req.temperature,
             top_p=self.config.default_top_p if req.top_p is None else req.top_p,
+            top_k=max(req.top_k or 0, 0),
             seed=req.replica_seed,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,

@@ -26,6 +26,8 @@ class GenerationRequest:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    # The k most likely tokens only (vLLM's top_k, TensorRT-LLM's runtime_top_k); 0 is off.
+    top_k: int = 0
     seed: int | None = None
     stop_ids: list[int] = field(default_factory=list)
     # OpenAI's: a token's logit less presence_penalty once it was generated, and frequency_penalty

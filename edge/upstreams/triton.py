@@ -110,7 +110,7 @@ def generate_body(
     }
     # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
     greedy = req.temperature == 0
-    body["runtime_top_k"] = [1 if greedy else 0]
+    body["runtime_top_k"] = [1 if greedy else req.top_k]
     body["temperature"] = [1.0 if greedy else req.temperature]
     body["runtime_top_p"] = [req.top_p]
     if req.seed is not None:

@@ -245,8 +245,8 @@ class LLMEngine:
             raise ValueError(f"logit_bias has token ids outside [0, {vocab})")
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        if params.temperature < 0 or not 0 < params.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
+            raise ValueError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
 
     def _run(self) -> None:
         while True:

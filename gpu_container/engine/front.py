@@ -36,6 +36,7 @@ def sampling_params(req: GenerationRequest) -> SamplingParams:
         max_new_tokens=req.max_new_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
+        top_k=req.top_k,
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,

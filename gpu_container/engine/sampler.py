@@ -1,5 +1,6 @@
-"""Next-token choice: greedy at temperature 0, else temperature + top-p (nucleus) sampling with the
-request's own generator, so a seeded request draws the same tokens whatever it is batched with.
+"""Next-token choice: greedy at temperature 0, else temperature + top-k + top-p (nucleus) sampling
+with the request's own generator, so a seeded request draws the same tokens whatever it is batched
+with. top_k 1 is greedy whatever the temperature, as TensorRT-LLM's runtime_top_k 1 is.
 
 Presence and frequency penalties come first, as OpenAI defines them: a token's logit less
 `presence_penalty` if the reply has generated it, and `frequency_penalty` times how often (vLLM
@@ -31,10 +32,14 @@ def sample(
     penalised = bool(generated) and bool(params.presence_penalty or params.frequency_penalty)
     if penalised or params.logit_bias:
         logits = _adjusted(logits, params, generated if penalised else ())
-    if params.temperature == 0 or rng is None:
+    if params.temperature == 0 or rng is None or params.top_k == 1:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
     probs = np.exp(scaled - scaled.max())
+    if 0 < params.top_k < probs.size:
+        # The k largest stay (ties with the k-th too); top_p then cuts within them.
+        kth = np.partition(probs, -params.top_k)[-params.top_k]
+        probs = np.where(probs >= kth, probs, 0.0)
     if params.top_p < 1.0:
         order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])

@@ -27,6 +27,8 @@ class SamplingParams:
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    # Sample among the k most likely tokens (1: greedy, as TensorRT-LLM takes it); 0 is off.
+    top_k: int = 0
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -209,6 +209,15 @@ def test_presence_and_frequency_penalties_reach_the_replica_on_both_paths(
     assert on_triton == on_engine  # the Triton path carries them as TensorRT-LLM's inputs
 
 
+def test_top_k_reaches_the_replica_on_both_paths(local_server: LiveServer, triton_server: LiveServer) -> None:
+    greedy = _streamed_answer(local_server, RIVERS | {"temperature": 0.0})
+    sampled = RIVERS | {"temperature": 1.5, "seed": 11}
+    assert _streamed_answer(local_server, sampled)[0] != greedy[0]  # sampling alone changes it
+    # top_k 1 leaves one token to draw from at every step: the greedy reply, on both paths.
+    assert _streamed_answer(local_server, sampled | {"top_k": 1}) == greedy
+    assert _streamed_answer(triton_server, sampled | {"top_k": 1}) == greedy
+
+
 def test_logit_bias_reaches_the_replica_on_both_paths(
     local_server: LiveServer, triton_server: LiveServer
 ) -> None:

@@ -1,4 +1,4 @@
-"""The sampler's distribution: greedy, temperature, and the top-p cut."""
+"""The sampler's distribution: greedy, temperature, and the top-k and top-p cuts."""
 
 from __future__ import annotations
 
@@ -33,6 +33,17 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
     np.testing.assert_allclose(
         _frequencies(SamplingParams(temperature=1.0, top_p=0.7)), [0.625, 0.375, 0, 0], atol=0.02
     )
+
+
+def test_top_k_keeps_the_k_most_likely() -> None:
+    # The first two tokens survive, renormalised to 5/8 and 3/8; top_p then cuts within them.
+    np.testing.assert_allclose(
+        _frequencies(SamplingParams(temperature=1.0, top_k=2)), [0.625, 0.375, 0, 0], atol=0.02
+    )
+    np.testing.assert_allclose(
+        _frequencies(SamplingParams(temperature=1.0, top_k=3, top_p=0.5)), [1, 0, 0, 0], atol=0.001
+    )
+    assert _frequencies(SamplingParams(temperature=2.0, top_k=1))[0] == 1.0  # greedy, as on TensorRT-LLM
 
 
 def test_low_temperature_sharpens() -> None:

@@ -84,6 +84,15 @@ def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
     assert decoded.params.stop_token_ids == ()
 
 
+def test_top_k_travels_as_runtime_top_k() -> None:
+    req = GenerationRequest("k", [1], max_new_tokens=1, temperature=0.8, top_k=40)
+    arrays = _as_model_sees_it(generate_body(req))
+    assert arrays["runtime_top_k"].item() == 40
+    assert decode_request(arrays.get).params.top_k == 40
+    off = _as_model_sees_it(generate_body(GenerationRequest("o", [1], max_new_tokens=1)))
+    assert off["runtime_top_k"].item() == 0 and decode_request(off.get).params.top_k == 0
+
+
 def test_a_negative_seed_wraps_into_uint64() -> None:
     req = GenerationRequest("s", [1], max_new_tokens=1, seed=-1)
     assert _as_model_sees_it(generate_body(req))["random_seed"].item() == 2**64 - 1

@@ -100,6 +100,7 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
         max_new_tokens=int(output_len),
         temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
         top_p=float(top_p) if top_p is not None else 1.0,
+        top_k=0 if greedy or top_k is None else int(top_k),
         seed=int(seed) if seed is not None else None,
         presence_penalty=float(presence) if presence is not None else 0.0,
         frequency_penalty=float(frequency) if frequency is not None else 0.0,
