@@ -233,6 +233,7 @@ class Pipeline:
             seed=req.replica_seed,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0,
             logit_bias=logit_bias,
             stop_ids=self.text.eos_token_ids,
             priority=tier.priority,

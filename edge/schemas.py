@@ -9,9 +9,9 @@ value the replica cannot take is refused here, for this request only, and never 
 (gpu_container/engine/sampler.py; TensorRT-LLM's inputs of the same names, and its `embedding_bias`
 for logit_bias). Here a logit_bias key must be an integer and its bias within [-100, 100]; whether
 the key is one of this model's token ids only the pipeline knows, which holds the model's
-vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too. vLLM's `top_k`
-extension reaches it as well (TensorRT-LLM's `runtime_top_k`); other fields OpenAI does not define
-are ignored.
+vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too. vLLM's `top_k` and
+`repetition_penalty` extensions reach it as well (TensorRT-LLM's `runtime_top_k` and
+`repetition_penalty`); other fields OpenAI does not define are ignored.
 
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
@@ -98,6 +98,9 @@ class ChatCompletionRequest(msgspec.Struct):
     # vLLM's extension (clients send it in the openai SDK's extra_body): sample among the k most
     # likely tokens; 0 or -1 is off. Bounded by TensorRT-LLM's top-k sampling, which takes k <= 1024.
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
+    # vLLM's extension too: a logit of a token the prompt or the reply holds is divided by it when
+    # positive, multiplied when negative (1 is off).
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] | None = None
     # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
     seed: Int64 | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None

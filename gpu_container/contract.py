@@ -33,6 +33,9 @@ class GenerationRequest:
     # OpenAI's: a token's logit less presence_penalty once it was generated, and frequency_penalty
     # for every time it was (TensorRT-LLM's inputs of the same names).
     presence_penalty: float = 0.0
+    # vLLM's and TensorRT-LLM's: a logit of a token in the prompt or the reply is divided by it when
+    # positive, multiplied when negative; 1 is off.
+    repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     # OpenAI's logit_bias: (token id, bias) pairs added to those tokens' logits before sampling,
     # greedy too (TensorRT-LLM's embedding_bias, dense). Pairs rather than a [vocab] row, so a

@@ -117,6 +117,8 @@ def generate_body(
         # The seed travels as UINT64: a negative one wraps rather than failing the request.
         body["random_seed"] = [req.seed % 2**64]
     # Sent only when set: a model repository that does not declare them still takes the rest.
+    if req.repetition_penalty != 1.0:
+        body["repetition_penalty"] = [req.repetition_penalty]
     if req.presence_penalty:
         body["presence_penalty"] = [req.presence_penalty]
     if req.frequency_penalty:

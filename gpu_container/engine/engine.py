@@ -247,6 +247,8 @@ class LLMEngine:
             raise ValueError("max_new_tokens must be at least 1")
         if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
             raise ValueError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+        if params.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
 
     def _run(self) -> None:
         while True:
@@ -386,7 +388,7 @@ class LLMEngine:
                 self._scheduler.postprocess(seq, 0)  # static batching's padding: heard by nobody
                 continue
             try:
-                token = sample(row, seq.params, seq.rng, seq.output_ids)
+                token = sample(row, seq.params, seq.rng, seq.output_ids, seq.prompt_ids)
             except Exception as exc:
                 log.exception("sampling failed", request_id=seq.request_id)
                 emitted.append(self._finish(seq, "error", error=_describe(exc)))

@@ -39,6 +39,7 @@ def sampling_params(req: GenerationRequest) -> SamplingParams:
         top_k=req.top_k,
         seed=req.seed,
         presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty,
         frequency_penalty=req.frequency_penalty,
         logit_bias=req.logit_bias,
         stop_token_ids=tuple(req.stop_ids),

@@ -9,6 +9,9 @@ as well. In production TensorRT-LLM applies its inputs of the same names, and co
 tokens too unless told to skip them (its `prompt_ignore_length` input, in releases newer than the
 model repository here declares): the same words, a stronger penalty where the prompt repeats them.
 
+The repetition penalty (vLLM's and TensorRT-LLM's extension) comes before them: each token the
+prompt or the reply holds has its logit divided by it when positive, multiplied when negative.
+
 `logit_bias` is added to its tokens' logits with them, as OpenAI defines it (and TensorRT-LLM's
 `embedding_bias`, a [vocab] row it adds to the logits): before the temperature and the greedy choice
 alike, so +100 all but forces a token and -100 all but bans it. Both adjustments are sums, so their
@@ -26,9 +29,16 @@ from gpu_container.engine.types import SamplingParams
 
 
 def sample(
-    logits: Floats, params: SamplingParams, rng: np.random.Generator | None, generated: Sequence[int] = ()
+    logits: Floats,
+    params: SamplingParams,
+    rng: np.random.Generator | None,
+    generated: Sequence[int] = (),
+    prompt: Sequence[int] = (),
 ) -> int:
-    """One token id from a [vocab] row of logits; `generated`: the reply's tokens so far."""
+    """One token id from a [vocab] row of logits; `generated`: the reply's tokens so far, `prompt`
+    the prompt's (only the repetition penalty reads it)."""
+    if params.repetition_penalty != 1.0:
+        logits = _repetition_penalised(logits, params.repetition_penalty, (*prompt, *generated))
     penalised = bool(generated) and bool(params.presence_penalty or params.frequency_penalty)
     if penalised or params.logit_bias:
         logits = _adjusted(logits, params, generated if penalised else ())
@@ -47,6 +57,17 @@ def sample(
         keep = int(np.searchsorted(cumulative, params.top_p * cumulative[-1])) + 1
         return int(order[_draw(cumulative[:keep], rng)])
     return _draw(np.cumsum(probs), rng)
+
+
+def _repetition_penalised(logits: Floats, penalty: float, tokens: Sequence[int]) -> Floats:
+    """Each token seen once or more: its logit divided by `penalty` when positive, multiplied when
+    negative (CTRL's rule, as vLLM and TensorRT-LLM apply it), so a penalty above 1 always lowers it."""
+    out = logits.astype(np.float32, copy=True)
+    if tokens:
+        seen = np.unique(np.asarray(tokens))
+        values = out[seen]
+        out[seen] = np.where(values > 0, values / penalty, values * penalty)
+    return out
 
 
 def _adjusted(logits: Floats, params: SamplingParams, generated: Sequence[int]) -> Floats:

@@ -31,6 +31,8 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     presence_penalty: float = 0.0
+    # Over the prompt's and the reply's tokens (sampler.py); 1 is off.
+    repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     # (token id, bias) pairs added to the logits before sampling (sampler.py): what the request
     # sent, not a [vocab] row, since most requests bias nothing and a few bias a handful of tokens.

@@ -66,6 +66,8 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         (OK_BODY | {"response_format": {"type": "yaml"}}, "response_format.type"),
         (OK_BODY | {"top_k": 1025}, "top_k"),  # past TensorRT-LLM's top-k sampling
         (OK_BODY | {"top_k": -2}, "top_k"),
+        (OK_BODY | {"repetition_penalty": 0}, "repetition_penalty"),
+        (OK_BODY | {"repetition_penalty": 11}, "repetition_penalty"),
     ],
 )
 def test_400_names_the_bad_parameter(

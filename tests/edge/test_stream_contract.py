@@ -218,6 +218,17 @@ def test_top_k_reaches_the_replica_on_both_paths(local_server: LiveServer, trito
     assert _streamed_answer(triton_server, sampled | {"top_k": 1}) == greedy
 
 
+def test_repetition_penalty_reaches_the_replica_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    body = RIVERS | {"temperature": 0.0}
+    penalised = body | {"repetition_penalty": 1.8}
+    plain = _streamed_answer(local_server, body)
+    on_engine = _streamed_answer(local_server, penalised)
+    assert on_engine[0] != plain[0]  # greedy, so only the penalty can have changed the reply
+    assert _streamed_answer(triton_server, penalised) == on_engine  # TensorRT-LLM's input of that name
+
+
 def test_logit_bias_reaches_the_replica_on_both_paths(
     local_server: LiveServer, triton_server: LiveServer
 ) -> None:

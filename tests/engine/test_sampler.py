@@ -46,6 +46,21 @@ def test_top_k_keeps_the_k_most_likely() -> None:
     assert _frequencies(SamplingParams(temperature=2.0, top_k=1))[0] == 1.0  # greedy, as on TensorRT-LLM
 
 
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = np.array([3.0, 2.0, -1.0, 1.0], dtype=np.float32)
+    # Token 0 (prompt) 3 -> 1.5, token 1 untouched: greedy moves to 1.
+    assert sample(logits, SamplingParams(temperature=0, repetition_penalty=2.0), None, [], [0]) == 1
+    # Seen in the reply counts as in the prompt (3 -> 0.75, 2 -> 0.5 against token 3's 1.0).
+    assert sample(logits, SamplingParams(temperature=0, repetition_penalty=4.0), None, [0, 1], [2]) == 3
+    assert sample(logits, SamplingParams(temperature=0), None, [0, 1], [2]) == 0  # off: unchanged
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    draws = np.bincount([sample(logits, params, rng, [], [2]) for _ in range(10_000)], minlength=4)
+    # exp(-2) for token 2 against exp(-1) unpenalised.
+    expected = np.exp([3.0, 2.0, -2.0, 1.0]) / np.exp([3.0, 2.0, -2.0, 1.0]).sum()
+    np.testing.assert_allclose(draws / 10_000, expected, atol=0.02)
+
+
 def test_low_temperature_sharpens() -> None:
     assert _frequencies(SamplingParams(temperature=0.2))[0] > 0.9
 

@@ -93,6 +93,14 @@ def test_top_k_travels_as_runtime_top_k() -> None:
     assert off["runtime_top_k"].item() == 0 and decode_request(off.get).params.top_k == 0
 
 
+def test_repetition_penalty_travels_only_when_set() -> None:
+    req = GenerationRequest("r", [1], max_new_tokens=1, repetition_penalty=1.3)
+    arrays = _as_model_sees_it(generate_body(req))
+    assert decode_request(arrays.get).params.repetition_penalty == pytest.approx(1.3)
+    plain = generate_body(GenerationRequest("p", [1], max_new_tokens=1))
+    assert "repetition_penalty" not in plain
+
+
 def test_a_negative_seed_wraps_into_uint64() -> None:
     req = GenerationRequest("s", [1], max_new_tokens=1, seed=-1)
     assert _as_model_sees_it(generate_body(req))["random_seed"].item() == 2**64 - 1
