@@ -9,13 +9,14 @@ as well. In production TensorRT-LLM applies its inputs of the same names, and co
 tokens too unless told to skip them (its `prompt_ignore_length` input, in releases newer than the
 model repository here declares): the same words, a stronger penalty where the prompt repeats them.
 
-The repetition penalty (vLLM's and TensorRT-LLM's extension) comes before them: each token the
-prompt or the reply holds has its logit divided by it when positive, multiplied when negative.
+Before those, the repetition penalty (vLLM's and TensorRT-LLM's extension): each token the prompt
+or the reply holds has its logit divided by it when positive, multiplied when negative. It scales
+rather than adds, so its place matters; vLLM applies it first too.
 
-`logit_bias` is added to its tokens' logits with them, as OpenAI defines it (and TensorRT-LLM's
-`embedding_bias`, a [vocab] row it adds to the logits): before the temperature and the greedy choice
-alike, so +100 all but forces a token and -100 all but bans it. Both adjustments are sums, so their
-order does not matter.
+`logit_bias` is added to its tokens' logits with the presence and frequency penalties, as OpenAI
+defines it (and TensorRT-LLM's `embedding_bias`, a [vocab] row it adds to the logits): before the
+temperature and the greedy choice alike, so +100 all but forces a token and -100 all but bans it.
+Both are sums, so their order does not matter.
 """
 
 from __future__ import annotations
