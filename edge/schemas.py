@@ -60,9 +60,13 @@ class ContentPart(msgspec.Struct):
     # An assistant message's refusal part (OpenAI's `{"type": "refusal", "refusal": ...}`).
     refusal: str | None = None
 
+    def words(self) -> str | None:
+        """What a text model reads of it: a part carries its text in the field named as its type."""
+        return self.text if self.type == "text" else self.refusal
 
-# What a text model reads of a content part, by the part's type (_check_content_parts refuses others).
-_READABLE_PART = {"text": "text", "refusal": "refusal"}
+
+# The parts a text model can read (_check_content_parts refuses the others).
+_READABLE_PARTS = ("text", "refusal")
 
 
 class ChatMessage(msgspec.Struct):
@@ -72,7 +76,7 @@ class ChatMessage(msgspec.Struct):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "\n".join((part.text if part.type == "text" else part.refusal) or "" for part in self.content)
+        return "\n".join(part.words() or "" for part in self.content)
 
 
 class StreamOptions(msgspec.Struct):
@@ -207,18 +211,17 @@ def _check_content_parts(parts: list[ContentPart], message: int) -> None:
     """A part this text model cannot read (an image, audio, a file) is refused by name: dropped, it
     would leave the model answering about something it never saw (vLLM refuses one too)."""
     for index, part in enumerate(parts):
-        place = f"messages[{message}].content[{index}]"
-        field = _READABLE_PART.get(part.type)
-        if field is None:
+        if part.type not in _READABLE_PARTS:
             raise invalid_request(
                 f"Unsupported value: content part type '{part.type}' is not supported: this model "
                 "reads text only.",
-                f"{place}.type",
+                f"messages[{message}].content[{index}].type",
                 code="unsupported_value",
             )
-        if getattr(part, field) is None:
+        if part.words() is None:
             raise invalid_request(
-                f"Invalid request: a '{part.type}' content part needs its '{field}'.", f"{place}.{field}"
+                f"Invalid request: a '{part.type}' content part needs its '{part.type}'.",
+                f"messages[{message}].content[{index}].{part.type}",
             )
 
 

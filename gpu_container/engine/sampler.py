@@ -38,11 +38,13 @@ def sample(
 ) -> int:
     """One token id from a [vocab] row of logits; `generated`: the reply's tokens so far, `prompt`
     the prompt's (only the repetition penalty reads it)."""
-    if params.repetition_penalty != 1.0:
-        logits = _repetition_penalised(logits, params.repetition_penalty, (*prompt, *generated))
-    penalised = bool(generated) and bool(params.presence_penalty or params.frequency_penalty)
-    if penalised or params.logit_bias:
-        logits = _adjusted(logits, params, generated if penalised else ())
+    if (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty
+        or params.frequency_penalty
+        or params.logit_bias
+    ):
+        logits = _adjusted(logits, params, generated, prompt)
     if params.temperature == 0 or rng is None or params.top_k == 1:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
@@ -60,25 +62,25 @@ def sample(
     return _draw(np.cumsum(probs), rng)
 
 
-def _repetition_penalised(logits: Floats, penalty: float, tokens: Sequence[int]) -> Floats:
-    """Each token seen once or more: its logit divided by `penalty` when positive, multiplied when
-    negative (CTRL's rule, as vLLM and TensorRT-LLM apply it), so a penalty above 1 always lowers it."""
-    out = logits.astype(np.float32, copy=True)
-    if tokens:
-        seen = np.unique(np.asarray(tokens))
+def _adjusted(
+    logits: Floats, params: SamplingParams, generated: Sequence[int], prompt: Sequence[int]
+) -> Floats:
+    """The row with the request's adjustments, in the module doc's order: the repetition penalty on
+    every token of `prompt` and `generated` (divided when positive, multiplied when negative: CTRL's
+    rule, as vLLM and TensorRT-LLM apply it), the logit_bias added, the presence and frequency
+    penalties taken off the `generated` tokens."""
+    out = logits.astype(np.float32, copy=True)  # the batch's row stays as the forward pass left it
+    penalty = params.repetition_penalty
+    if penalty != 1.0 and (prompt or generated):
+        seen = np.unique(
+            np.concatenate((np.asarray(prompt, dtype=np.int64), np.asarray(generated, dtype=np.int64)))
+        )
         values = out[seen]
         out[seen] = np.where(values > 0, values / penalty, values * penalty)
-    return out
-
-
-def _adjusted(logits: Floats, params: SamplingParams, generated: Sequence[int]) -> Floats:
-    """The row with the request's logit_bias added and, for the `generated` tokens, its penalties
-    taken off."""
-    out = logits.astype(np.float32, copy=True)  # the batch's row stays as the forward pass left it
     if params.logit_bias:
         ids, biases = zip(*params.logit_bias, strict=True)
         out[list(ids)] += np.asarray(biases, dtype=np.float32)
-    if generated:
+    if generated and (params.presence_penalty or params.frequency_penalty):
         seen, counts = np.unique(np.asarray(generated), return_counts=True)
         out[seen] -= counts * params.frequency_penalty + params.presence_penalty
     return out
