@@ -194,9 +194,12 @@ def create_app(
                 )
             app.state.fleet = None
             if lim.backend == "redis":
-                # The live edge count sets every dispatcher's replica share and the fallback divisor.
-                divide = limiter.set_instance_count if isinstance(limiter, RedisLimiter) else None
-                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide)
+                # The live edge count sets every dispatcher's replica share and the fallback divisor;
+                # the departed edges, whose users' concurrency slots the limiter frees.
+                redis_limiter = limiter if isinstance(limiter, RedisLimiter) else None
+                divide = redis_limiter.set_instance_count if redis_limiter else None
+                free = redis_limiter.free_slots_of if redis_limiter else None
+                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide, free)
                 app.state.fleet = await stack.enter_async_context(fleet)
             catalog = ModelCatalog(pipelines, settings.tiers, several=bool(settings.models))
             app.state.runtime = Runtime(

@@ -21,7 +21,6 @@ A failure once the stream is open (the replica died, the queue wait grew too lon
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from edge.log_line import info_line
 from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
+from edge.request_ids import new_request_id
 from edge.schemas import ChatCompletionRequest, unknown_model
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
@@ -102,10 +102,6 @@ class PipelineConfig:
     default_top_p: float = 1.0
     # Whose prefix cache a request may hit ([admission] prefix_cache_scope).
     prefix_cache_scope: PrefixCacheScope = "user"
-
-
-def new_request_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
 
 
 @dataclass(slots=True)

@@ -20,13 +20,15 @@ Slow is not down, and a late answer is not a "no":
   lets one instance exceed its share of the tier (limit / instance count) on top of that.
 - Settles go through a queue that batches them into one round trip and retries them until they
   land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
+- A crashed edge instance cannot settle: the fleet names it departed (edge/membership/), and admit
+  frees its slots when they would refuse a user (`free_slots_of`), not a slot TTL later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -131,6 +133,7 @@ class RedisLimiter:
         self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
         self._now_override_us = now_override_us
+        self._departed = ""  # free_slots_of's prefixes, as admit.lua takes them
         self._in_flight = asyncio.Semaphore(max_connections)
         self._admit = client.register_script(script_text("admit"))
         self._charge = client.register_script(script_text("charge"))
@@ -218,6 +221,11 @@ class RedisLimiter:
     def set_instance_count(self, n: int) -> None:
         """The fail-open fallback enforces 1/n of every limit from now on (the live edge count)."""
         self._local.set_instance_count(n)
+
+    def free_slots_of(self, holders: Collection[str]) -> None:
+        """From now on an admit that finds its user's slots full frees those of `holders` first:
+        the request-id prefixes of edge instances that died holding them (admit.lua)."""
+        self._departed = " ".join(holders)
 
     @property
     def fallback_active(self) -> bool:
@@ -344,6 +352,7 @@ class RedisLimiter:
             input_tokens,
             lease_tokens,
             self._lease_ttl_us,
+            self._departed,
         )
         try:
             if not self._in_sync():

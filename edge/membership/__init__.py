@@ -2,6 +2,7 @@
 heartbeat and a TTL, and derives from the live members what it used to read from the static
 `instance_count` setting: the share of every replica it may fill, and the divisor of the fail-open
 limiter's limits. `instance_count` remains the fallback when Redis has been unreachable too long.
+A member that stops beating is departed: the others free its users' concurrency slots.
 
     registry.py   the Redis side: one atomic script per beat (purge the dead, write my claim, read all)
     shares.py     the arithmetic: claims -> my share and the fallback divisor (pure)

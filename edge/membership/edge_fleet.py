@@ -4,9 +4,13 @@ this process registers in the fleet and applies every new view to what used to r
 
 * every model's dispatcher fills `view.held` of each replica: its share while serving, 0 while
   joining, and while draining the falling claim its accepted streams (running or queued) still need;
-* the fail-open fallback limiter divides each limit by `view.divisor`.
+* the fail-open fallback limiter divides each limit by `view.divisor`;
+* the limiter frees the concurrency slots of `view.departed`, members that stopped beating: their
+  streams died with them (a crash, a kill), and their users would otherwise be refused for up to the
+  slots' TTL ([limiter] slot_ttl_s, 5 minutes by default) for streams nobody serves.
 
-A member is one process: its id carries the host and the pid, so `serve --workers N` counts N.
+A member is one process: its id carries the host and the pid, so `serve --workers N` counts N, and
+ends with the tag its request ids carry (edge/request_ids.py).
 On drain (edge/drain.py) the claim follows the fraction of the streams open at the drain's start
 that are still open, so the others take the share over as the streams end. `/readyz` answers 503
 while the share is 0 (joining): the load balancer sends nothing before the others made room.
@@ -15,9 +19,8 @@ while the share is 0 (joining): the load balancer sends nothing before the other
 from __future__ import annotations
 
 import os
-import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import structlog
@@ -30,6 +33,7 @@ from edge.config import FleetConfig, LimiterConfig
 from edge.drain import Drain
 from edge.membership.membership import FleetMembership, MembershipSettings
 from edge.membership.shares import FleetView
+from edge.request_ids import holder_prefix, process_tag
 from limiter import redis_url
 
 log = structlog.get_logger("floodgate.fleet")
@@ -40,9 +44,10 @@ DIVISOR = Gauge("floodgate_fleet_limit_divisor", "What the fail-open limiter div
 
 
 def member_id() -> str:
-    """Unique per process: host and pid (workers of one host differ), plus a nonce (a pid reused
-    after a restart must not inherit a dead member's claim)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    """Unique per process: host and pid (workers of one host differ), then the process's tag, a
+    nonce (a pid reused after a restart must not inherit a dead member's claim) that its request ids
+    carry too, so that the fleet can tell which slots a departed member held."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_tag()}"
 
 
 def _client(limiter: LimiterConfig, timeout_s: float) -> Redis | RedisCluster:
@@ -55,7 +60,9 @@ def _client(limiter: LimiterConfig, timeout_s: float) -> Redis | RedisCluster:
 
 
 def apply_view(
-    dispatchers: Sequence[Dispatcher], set_divisor: Callable[[int], None] | None
+    dispatchers: Sequence[Dispatcher],
+    set_divisor: Callable[[int], None] | None,
+    free_slots_of: Callable[[Collection[str]], None] | None = None,
 ) -> Callable[[FleetView], None]:
     def apply(view: FleetView) -> None:
         # The dispatchers fill what this instance's streams may hold (`held`), not only its share
@@ -65,11 +72,18 @@ def apply_view(
             dispatcher.set_replica_share(view.held)
         if set_divisor is not None:
             set_divisor(view.divisor)
+        if free_slots_of is not None:
+            free_slots_of([holder_prefix(tag) for tag in view.departed])
         LIVE.set(view.live)
         SHARE.set(view.share)
         DIVISOR.set(view.divisor)
         log.info(
-            "fleet_view", live=view.live, share=round(view.share, 6), divisor=view.divisor, source=view.source
+            "fleet_view",
+            live=view.live,
+            share=round(view.share, 6),
+            divisor=view.divisor,
+            source=view.source,
+            departed=list(view.departed),
         )
 
     return apply
@@ -82,6 +96,7 @@ async def joined_fleet(
     dispatchers: Sequence[Dispatcher],
     drain: Drain,
     set_divisor: Callable[[int], None] | None,
+    free_slots_of: Callable[[Collection[str]], None] | None = None,
 ) -> AsyncIterator[FleetMembership]:
     """Join the fleet (the first beat, done here), keep beating, leave on exit."""
     settings = MembershipSettings(
@@ -90,9 +105,12 @@ async def joined_fleet(
         join_wait_s=2 * fleet.heartbeat_s,
         ttl_s=fleet.member_ttl_s,
         stale_after_s=fleet.stale_after_s,
+        remember_departed_s=limiter.slot_ttl_s,
     )
     client = _client(limiter, fleet.heartbeat_s)
-    membership = FleetMembership(client, member_id(), settings, apply_view(dispatchers, set_divisor))
+    membership = FleetMembership(
+        client, member_id(), settings, apply_view(dispatchers, set_divisor, free_slots_of)
+    )
 
     def hand_over() -> None:
         open_at_start = drain.running

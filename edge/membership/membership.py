@@ -1,6 +1,7 @@
 """One edge instance's membership loop: beat every `interval_s`, turn the fleet's claims into this
 instance's view (shares.py) and hand each new view to `on_change`, which applies it (the
-dispatcher's replica share, the fail-open limiter's divisor).
+dispatcher's replica share, the fail-open limiter's divisor, the departed members whose slots the
+limiter frees).
 
 Join: the first beat registers a full claim, so the others make room at their next beat; this
 instance takes new work only `join_wait_s` later (every other member has beaten since, with a late
@@ -24,7 +25,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from edge.membership.registry import MembershipRegistry
+from edge.membership.registry import Fleet, MembershipRegistry
 from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
 from edge.task_stop import cancelling, stop_task
 
@@ -41,6 +42,9 @@ class MembershipSettings:
     ttl_s: float = 15.0  # a member that stops beating is gone after this (3 missed beats)
     stale_after_s: float = 30.0  # Redis unreachable this long: instance_count takes over
     fleet: str = "edges"
+    # A member that stopped beating is departed this long (its slots are freed meanwhile): the
+    # limiter's slot TTL, past which its slots have expired anyway.
+    remember_departed_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not 0 < self.interval_s < self.ttl_s:
@@ -62,12 +66,12 @@ class FleetMembership:
     ) -> None:
         self.member_id = member_id
         self.settings = settings
-        self._registry = MembershipRegistry(client, settings.fleet)
+        self._registry = MembershipRegistry(client, settings.fleet, settings.remember_departed_s)
         self._on_change = on_change
         self._clock = clock
         self._joined_at: float | None = None  # first beat Redis accepted
         self._last_ok: float | None = None
-        self._claims: dict[str, float] = {}
+        self._fleet = Fleet({}, ())
         self._remaining: Callable[[], float] | None = None  # set while draining
         self._task: asyncio.Task[None] | None = None
         # Until the first beat: nothing known, no new work (start() settles it either way).
@@ -106,18 +110,20 @@ class FleetMembership:
     async def beat_once(self) -> FleetView:
         now = self._clock()
         claim = self._claim()
-        if self._remaining is not None and self.member_id in self._claims and self.view.source == "redis":
+        claimed = self.member_id in self._fleet.claims
+        if self._remaining is not None and claimed and self.view.source == "redis":
             # Draining: hold the smaller claim here before Redis shows it to the others, who grow
             # as soon as they see it. Lowered after the write, the two views overlapped for as long
             # as the reply took: the shares summed past the whole replica (1.014 in one CI run).
-            self._set(view_from_claims({**self._claims, self.member_id: claim}, self.member_id, "draining"))
+            claims = {**self._fleet.claims, self.member_id: claim}
+            self._set(view_from_claims(claims, self.member_id, "draining", self._fleet.departed))
         try:
-            self._claims = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
+            self._fleet = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             if cancelling():
                 raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
-        if self._joined_at is None and set(self._claims) <= {self.member_id}:
+        if self._joined_at is None and set(self._fleet.claims) <= {self.member_id}:
             # The first member of an empty fleet: nobody has to make room, so no wait (one edge
             # alone serves at once). A later joiner finds this claim and waits for it to shrink.
             self._joined_at = now - self.settings.join_wait_s
@@ -129,7 +135,7 @@ class FleetMembership:
 
     def _recompute(self) -> FleetView:
         state: State = "draining" if self._remaining is not None else "joining" if self.joining else "serving"
-        return self._set(view_from_claims(self._claims, self.member_id, state))
+        return self._set(view_from_claims(self._fleet.claims, self.member_id, state, self._fleet.departed))
 
     def _unreachable(self, now: float, exc: BaseException) -> FleetView:
         if self._last_ok is not None and now - self._last_ok < self.settings.stale_after_s:

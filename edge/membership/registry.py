@@ -1,9 +1,11 @@
-"""The fleet's membership in Redis: a sorted set of expiries and a hash of claims under one hash
-tag (so a Redis Cluster keeps them on one shard), changed only by heartbeat.lua. A member that
-stops beating is gone one TTL later, whoever beats next."""
+"""The fleet's membership in Redis: a sorted set of expiries, a hash of claims and a sorted set of
+departed members under one hash tag (so a Redis Cluster keeps them on one shard), changed only by
+heartbeat.lua. A member that stops beating is gone one TTL later, whoever beats next, and departed
+(its slots freed, limiter/scripts/admit.lua) until `remember_s` later or its next beat."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -13,25 +15,38 @@ from redis.asyncio.cluster import RedisCluster
 SCRIPT = resources.files("edge.membership").joinpath("heartbeat.lua").read_text()
 
 
+@dataclass(frozen=True)
+class Fleet:
+    claims: dict[str, float]  # every live member's claim
+    departed: tuple[str, ...]  # the tags of members that stopped beating (sorted)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class MembershipRegistry:
-    def __init__(self, client: Redis | RedisCluster, fleet: str = "edges") -> None:
+    def __init__(self, client: Redis | RedisCluster, fleet: str = "edges", remember_s: float = 300.0) -> None:
+        """`remember_s`: how long a departed member's slots may still be held (the limiter's slot
+        TTL); it is remembered as departed that long."""
         self._client = client
         tag = "{floodgate:" + fleet + "}"
-        self._keys = [f"{tag}:expiry", f"{tag}:claims"]
+        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed"]
+        self._remember_ms = max(1, int(remember_s * 1000))
         self._script: Any = client.register_script(SCRIPT)
 
-    async def beat(self, member: str, claim: float, ttl_s: float) -> dict[str, float]:
+    async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
         """Renew `member` with `claim`; every live member's claim (this one's included)."""
         return await self._run(member, claim, ttl_s, leave=False)
 
-    async def leave(self, member: str) -> dict[str, float]:
+    async def leave(self, member: str) -> Fleet:
         """Remove `member` at once (a drained instance; a crashed one just stops beating)."""
         return await self._run(member, 0.0, 0.0, leave=True)
 
-    async def _run(self, member: str, claim: float, ttl_s: float, *, leave: bool) -> dict[str, float]:
+    async def _run(self, member: str, claim: float, ttl_s: float, *, leave: bool) -> Fleet:
         ttl_ms = max(1, int(ttl_s * 1000))
-        flat = await self._script(
-            keys=self._keys, args=[member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10]
-        )
-        pairs = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
-        return {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+        args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
+        flat, departed = await self._script(keys=self._keys, args=args)
+        pairs = [_text(x) for x in flat]
+        claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+        return Fleet(claims, tuple(sorted(_text(x) for x in departed)))

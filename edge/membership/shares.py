@@ -30,9 +30,13 @@ class FleetView:
     held: float  # fraction of every replica its streams may hold now (a drainer's falls to 0)
     divisor: int  # the fail-open limiter divides each limit by this
     source: str  # "redis", "stale" (last view, Redis unreachable) or "fallback" (instance_count)
+    # The tags of members that stopped beating, whose concurrency slots are freed (registry.py).
+    departed: tuple[str, ...] = ()
 
 
-def view_from_claims(claims: dict[str, float], me: str, state: State) -> FleetView:
+def view_from_claims(
+    claims: dict[str, float], me: str, state: State, departed: tuple[str, ...] = ()
+) -> FleetView:
     total = sum(max(0.0, c) for c in claims.values())
     mine = min(1.0, max(0.0, claims.get(me, 0.0)) / total) if total > 0 else 0.0
     share = mine if state == "serving" else 0.0
@@ -40,7 +44,7 @@ def view_from_claims(claims: dict[str, float], me: str, state: State) -> FleetVi
     # Round up: a draining member's remaining streams still count, so the limits are divided by at
     # least as many instances as may admit or finish work; never more than the fleet's limit.
     divisor = max(1, math.ceil(total - 1e-9))
-    return FleetView(len(claims), total, share, held, divisor, "redis")
+    return FleetView(len(claims), total, share, held, divisor, "redis", departed)
 
 
 def fallback_view(instance_count: int) -> FleetView:

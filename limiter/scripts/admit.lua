@@ -8,7 +8,13 @@
 --       one Cluster slot)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_interval_us, request_capacity, token_interval_us, token_capacity,
---       max_concurrent, input_tokens, lease_tokens, lease_ttl_us
+--       max_concurrent, input_tokens, lease_tokens, lease_ttl_us,
+--       departed holders (space-separated request-id prefixes, all of one length, of the edge
+--       instances that stopped beating, edge/membership/; usually ''). A request id starts with
+--       its holder's prefix (edge/request_ids.py), and a holder that died cannot settle: when the
+--       user's slots are full, those it held are freed here rather than a lease TTL later (their
+--       streams died with it; their unused tokens are not refunded, as when a lease expires).
+--       The twin (policy.py) serves one instance and has no fleet.
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
 --          the request was settled already), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms,
@@ -67,9 +73,24 @@ end
 local new_request_tat, request_wait = gcra(request_tat, request_interval, request_capacity, 1)
 local new_token_tat, token_wait = gcra(token_tat, token_interval, token_capacity, cost_tokens)
 
--- The bound: the earliest lease expiry, when a slot frees even if its holder died.
+local held = redis.call('ZCARD', KEYS[3])
+if held >= max_concurrent and ARGV[11] ~= '' then
+  local departed, width = {}, 0
+  for prefix in string.gmatch(ARGV[11], '%S+') do
+    departed[prefix] = true
+    width = #prefix
+  end
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    if departed[string.sub(id, 1, width)] then
+      redis.call('ZREM', KEYS[3], id)
+      held = held - 1
+    end
+  end
+end
+
+-- The bound: the earliest lease expiry, when a slot frees even if its holder died unnoticed.
 local concurrency_wait = 0
-if redis.call('ZCARD', KEYS[3]) >= max_concurrent then
+if held >= max_concurrent then
   local earliest = now
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if first[2] then

@@ -135,6 +135,36 @@ async def test_a_slot_whose_edge_died_expires_with_its_lease_ttl(redis_server: R
 
 
 @pytest.mark.anyio
+async def test_the_slots_of_a_departed_edge_free_when_they_would_refuse(redis_server: RedisServer) -> None:
+    """Slots whose request ids carry a departed holder's prefix go when the user's slots are full;
+    a live holder's stay, and so do a departed one's while there is room (they cost nothing)."""
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, lease_ttl_s=300)
+    probe = Redis.from_url(redis_server.url)
+    user, limits = _user(), tier(concurrent=3)
+    conc = user_keys(user)[2]
+    try:
+        for request_id in ("chatcmpl-deadbeef01", "chatcmpl-deadbeef02", "chatcmpl-11ve000003"):
+            _lease(await limiter.admit(user, request_id, limits, 1, 1))  # never settled
+        limiter.free_slots_of(["chatcmpl-0ther000"])  # another departed edge: not this user's
+        denied = (await limiter.admit(user, "chatcmpl-11ve000004", limits, 1, 1)).decision
+        assert not denied.allowed and denied.limit == "concurrency"
+
+        limiter.free_slots_of(["chatcmpl-0ther000", "chatcmpl-deadbeef"])
+        assert (await limiter.admit(user, "chatcmpl-11ve000004", limits, 1, 1)).decision.allowed
+        held = sorted(m.decode() for m in await probe.zrange(conc, 0, -1))
+        assert held == ["chatcmpl-11ve000003", "chatcmpl-11ve000004"]
+
+        # Room left: nothing is scanned or freed (a departed holder's slot there costs nobody).
+        other, wide = _user(), tier(concurrent=3)
+        _lease(await limiter.admit(other, "chatcmpl-deadbeef05", wide, 1, 1))
+        assert (await limiter.admit(other, "chatcmpl-11ve000006", wide, 1, 1)).decision.allowed
+        assert await probe.zscore(user_keys(other)[2], "chatcmpl-deadbeef05") is not None
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
+
+
+@pytest.mark.anyio
 async def test_keys_carry_the_user_hash_tag_and_expire(redis_server: RedisServer) -> None:
     limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000)
     probe = Redis.from_url(redis_server.url)

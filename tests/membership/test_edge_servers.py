@@ -1,8 +1,9 @@
 """Edges that count themselves, in the real edge: several `floodgate serve` processes on one real
 redis-server. Each fills the share of the replicas its membership gives it (checked by what a
 request that fits half a replica but not a third gets), one killed without a drain leaves its share
-to the others once its TTL ran out, and a joiner never makes the shares add up to more than a whole
-replica (replayed from the processes' own `fleet_view` log lines)."""
+to the others once its TTL ran out, and its users' concurrency slots with it, and a joiner never
+makes the shares add up to more than a whole replica (replayed from the processes' own `fleet_view`
+log lines)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
@@ -44,14 +46,19 @@ class Fleet:
         self.edges: dict[str, ServeProcess] = {}
         self.killed_at: dict[str, float] = {}
 
-    def start(self, name: str, **server: object) -> ServeProcess:
-        """`floodgate serve` in the fleet; returns once its /readyz is 200 (it has joined)."""
+    def start(
+        self, name: str, more: dict[str, dict[str, object]] | None = None, **server: object
+    ) -> ServeProcess:
+        """`floodgate serve` in the fleet, with `more` sections; returns once its /readyz is 200
+        (it has joined)."""
         sections: dict[str, dict[str, object]] = {
             "limiter": {"backend": "redis", "redis_url": self._redis.url, "timeout_ms": 2000},
             "fleet": {"heartbeat_s": HEARTBEAT_S, "member_ttl_s": TTL_S},
             "engine": {"block_size": 16, "num_blocks": 8, "isolation": "thread"},
             "server": {"drain_accept_s": 0.0, "drain_deadline_s": 30.0, **server},
         }
+        for section, values in (more or {}).items():
+            sections[section] = {**sections.get(section, {}), **values}
         directory = self._tmp_path / name
         directory.mkdir()
         edge = self._stack.enter_context(serve_process(directory, sections))
@@ -159,3 +166,34 @@ def test_a_draining_edge_hands_its_share_over(fleet: Fleet) -> None:
     assert b.proc.wait(timeout=30) == 0
     assert json.loads([x for x in b.output().splitlines() if '"fleet_view"' in x][-1])["share"] == 0.0
     assert fleet.max_total_share() <= 1.0 + 1e-9
+
+
+def test_a_killed_edges_users_get_their_concurrency_slots_back(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A user at their concurrency limit through an edge that is killed mid-stream: the stream died
+    with the edge, and the other edge admits the user's next request once the killed one is counted
+    out (TTL_S), not after the slot's own TTL ([limiter] slot_ttl_s, 300 s here)."""
+    more: dict[str, dict[str, object]] = {
+        "tiers.paid": {"max_concurrent": 1},
+        "engine": {"num_blocks": 512},  # room for the long stream below
+        "limiter": {"slot_ttl_s": 300},
+    }
+    a = fleet.start("a", more)
+    b = fleet.start("b", more)
+    fleet.wait_shares(["a", "b"], 1 / 2, 2)
+    store = redis.Redis.from_url(redis_server.url)
+    messages = [{"role": "user", "content": "hi"}]
+    long = {"model": MODEL, "messages": messages, "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", a.base_url + CHAT, json=long, headers=a.auth(), timeout=60.0) as stream:
+        assert stream.status_code == 200
+        next(line for line in stream.iter_lines() if line.startswith("data:"))  # it runs
+        fleet.kill("a")
+    slots = [key for key in store.scan_iter("fg:{*}:conc") if store.zcard(key)]
+    assert len(slots) == 1, "the killed edge's stream ended before the kill: nothing to free"
+
+    # Until the killed edge is counted out, its dead stream's slot refuses the user.
+    refused = _chat(b, 1)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrency"
+    wait_for("b admits the killed edge's user", lambda: _chat(b, 1).status_code == 200)
+    store.close()

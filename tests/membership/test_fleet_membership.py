@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import fallback_view, view_from_claims
+from limiter import redis_url
 from tests.support.redis_server import RedisServer, start_redis
 
 INTERVAL_S = 0.2
@@ -124,6 +126,8 @@ def test_shares_follow_the_live_count_when_one_edge_is_killed(fleet: Fleet) -> N
     fleet.edges["c"].process.kill()  # SIGKILL: no goodbye, its TTL runs out
     fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
     assert fleet.max_total_held() <= 1.0 + 1e-9
+    # c is departed (its slots are freed, tests/membership/test_edge_servers.py): the survivors say so.
+    fleet.wait("c departed", lambda: all(fleet.edges[n].last.get("departed") == ["c"] for n in ("a", "b")))
 
 
 def test_a_joining_edge_never_double_books(fleet: Fleet) -> None:
@@ -182,3 +186,36 @@ def test_view_arithmetic() -> None:
     joining = view_from_claims({"a": 1.0, "b": 1.0}, "b", "joining")
     assert (joining.share, joining.held) == (0.0, 0.0)
     assert fallback_view(4).share == 0.25
+
+
+@pytest.mark.anyio
+async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
+    redis_server: RedisServer,
+) -> None:
+    """By its tag (the id's part after the last ':', which its request ids carry); one that leaves
+    itself is not departed (its streams settled), and the departed are forgotten after remember_s."""
+    client = redis_url.connect(redis_server.url)
+    registry = MembershipRegistry(client, "departed-test", remember_s=300)
+    try:
+        await registry.beat("host:1:aaaa1111", 1.0, ttl_s=0.001)  # its TTL runs out at once
+        await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)
+        await registry.beat("host:3:cccc3333", 1.0, ttl_s=60)
+        deadline = time.monotonic() + WAIT_S
+        while (fleet := await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).departed != ("aaaa1111",):
+            assert time.monotonic() < deadline, fleet
+        assert set(fleet.claims) == {"host:2:bbbb2222", "host:3:cccc3333"}
+
+        await registry.leave("host:3:cccc3333")
+        assert (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).departed == ("aaaa1111",)
+
+        back = await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)  # a stall, not a crash
+        assert back.departed == () and "host:1:aaaa1111" in back.claims
+
+        brief = MembershipRegistry(client, "departed-brief", remember_s=0.001)
+        await brief.beat("host:4:dddd4444", 1.0, ttl_s=0.001)
+        while len((fleet := await brief.beat("host:5:eeee5555", 1.0, ttl_s=60)).claims) > 1:
+            assert time.monotonic() < deadline, fleet
+        while (await brief.beat("host:5:eeee5555", 1.0, ttl_s=60)).departed:
+            assert time.monotonic() < deadline, "a departed member was never forgotten"
+    finally:
+        await client.aclose()
