@@ -157,6 +157,7 @@ class Pipeline:
         if req.model and req.model != self.config.model_name:  # empty: the tier's default (edge/models/)
             raise unknown_model(req.model)
         logit_bias = self._logit_bias(req)
+        stop_token_ids = self._stop_token_ids(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
@@ -172,6 +173,7 @@ class Pipeline:
                 code="tokens_exceed_budget",
             )
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
+        min_tokens = self._min_tokens(req, max_new)
 
         request_id = new_request_id()
         # Bound for the rest of this request's task: every log line it causes carries the id.
@@ -231,7 +233,9 @@ class Pipeline:
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=req.repetition_penalty or 1.0,
             logit_bias=logit_bias,
-            stop_ids=self.text.eos_token_ids,
+            stop_ids=self._stop_ids(req, stop_token_ids),
+            ignore_eos=req.ignore_eos,
+            min_tokens=min_tokens,
             priority=tier.priority,
             cache_salt=salt,
         )
@@ -262,6 +266,44 @@ class Pipeline:
                 code="invalid_value",
             )
         return tuple((token, float(bias)) for token, bias in req.logit_bias.items() if bias)
+
+    def _stop_token_ids(self, req: ChatCompletionRequest) -> tuple[int, ...]:
+        """The request's stop_token_ids, each once. One outside the model's vocabulary is refused
+        here by name, as logit_bias's are: no token could ever match it, and the engine refuses it."""
+        if not req.stop_token_ids:
+            return ()
+        vocab = self.text.vocab_size
+        outside = [token for token in req.stop_token_ids if not 0 <= token < vocab]
+        if outside:
+            raise invalid_request(
+                f"Invalid value in 'stop_token_ids': {outside[0]}. This model's token ids are 0 to "
+                f"{vocab - 1}.",
+                "stop_token_ids",
+                code="invalid_value",
+            )
+        return tuple(dict.fromkeys(req.stop_token_ids))
+
+    def _stop_ids(self, req: ChatCompletionRequest, stop_token_ids: tuple[int, ...]) -> list[int]:
+        """The tokens that end the reply: the model's end tokens (none with ignore_eos) and the
+        request's stop_token_ids."""
+        stop_ids = [] if req.ignore_eos else self.text.eos_token_ids
+        if stop_token_ids:
+            stop_ids = [*stop_ids, *(token for token in stop_token_ids if token not in stop_ids)]
+        return stop_ids
+
+    def _min_tokens(self, req: ChatCompletionRequest, max_new: int) -> int:
+        """min_tokens, which cannot exceed the max_tokens the request gets (asked for, or what its
+        tier and the model's context leave): vLLM refuses it too, and the reply could not hold it."""
+        min_tokens = req.min_tokens or 0
+        if min_tokens > max_new:
+            asked = req.requested_max_tokens
+            if asked is not None:
+                param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+                limit = f"{param} ({asked})"
+            else:
+                limit = f"the {max_new} tokens your tier and the model's context leave this request"
+            raise invalid_request(f"min_tokens must be at most {limit}, got {min_tokens}.", "min_tokens")
+        return min_tokens
 
     def _max_new_tokens(self, req: ChatCompletionRequest, tier: TierConfig, prompt_tokens: int) -> int:
         asked = req.requested_max_tokens
@@ -513,7 +555,8 @@ class Generation:
             relay = TokenRelay(
                 out,
                 on_text,
-                self._p.text.detokenizer(),
+                # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py).
+                self._p.text.detokenizer(self._req.stop_token_ids),
                 StopMatcher(self._req.stop_strings),
                 self._lease,
                 slot.grow,

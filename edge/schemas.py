@@ -11,7 +11,11 @@ for logit_bias). Here a logit_bias key must be an integer and its bias within [-
 the key is one of this model's token ids only the pipeline knows, which holds the model's
 vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too. vLLM's `top_k` and
 `repetition_penalty` extensions reach it as well (TensorRT-LLM's `runtime_top_k` and
-`repetition_penalty`); other fields OpenAI does not define are ignored.
+`repetition_penalty`), and so do its ways to say how a reply ends: `ignore_eos` (TensorRT-LLM's
+end_id -1), `min_tokens` (its `min_length`) and `stop_token_ids` (its `stop_words_list`). Those the
+pipeline checks against the request and the model too: min_tokens against the max_tokens it gets,
+each stop token id against the vocabulary, each a 400 naming it. Other fields OpenAI does not
+define are ignored.
 
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
@@ -47,6 +51,9 @@ INT64_MAX = 2**63 - 1
 MAX_MESSAGES = 2048
 MAX_STOP_SEQUENCES = 4
 MAX_LOGIT_BIAS_ENTRIES = 300
+# A model has a handful of end tokens; the engine looks each generated token up among them, and
+# TensorRT-LLM's stop-word check walks them at every step.
+MAX_STOP_TOKEN_IDS = 64
 
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
@@ -105,6 +112,15 @@ class ChatCompletionRequest(msgspec.Struct):
     # vLLM's extension too: a logit of a token the prompt or the reply holds is divided by it when
     # positive, multiplied when negative (1 is off).
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] | None = None
+    # vLLM's extensions for how a reply ends. ignore_eos: generate past the model's end tokens
+    # (stop strings, stop_token_ids and max_tokens still end it, the last as "length").
+    ignore_eos: bool = False
+    # No end token or stop_token_ids before the reply has this many tokens. Bounded as max_tokens
+    # is; the pipeline holds it to the max_tokens the request gets (vLLM's 400 too).
+    min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
+    # Tokens that end the reply ("stop"), left out of its text as vLLM leaves them; whether each is
+    # one of this model's ids the pipeline checks.
+    stop_token_ids: Annotated[list[int], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
     seed: Int64 | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None

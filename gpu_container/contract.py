@@ -29,6 +29,8 @@ class GenerationRequest:
     # The k most likely tokens only (vLLM's top_k, TensorRT-LLM's runtime_top_k); 0 is off.
     top_k: int = 0
     seed: int | None = None
+    # Tokens that end the reply, as "stop", and are its last (the edge sends the model's end tokens
+    # here unless ignore_eos, and a client's stop_token_ids); every id is within the vocabulary.
     stop_ids: list[int] = field(default_factory=list)
     # OpenAI's: a token's logit less presence_penalty once it was generated, and frequency_penalty
     # for every time it was (TensorRT-LLM's inputs of the same names).
@@ -45,6 +47,9 @@ class GenerationRequest:
     # Generate past the model's end tokens (vLLM's ignore_eos, TensorRT-LLM's end_id -1): a
     # fixed-length reply, as benchmarks and parity tests want; stop_ids still end it.
     ignore_eos: bool = False
+    # No end token before the reply holds this many tokens (vLLM's min_tokens; TensorRT-LLM's
+    # min_length, which holds back its end_id alone); at most max_new_tokens.
+    min_tokens: int = 0
     # Requests with different salts never share prefix-cache blocks; "" shares with every other
     # unsalted request. The edge salts per user, so one user cannot learn from cached_tokens what
     # another sent (vLLM's cache_salt; OpenAI keeps its prompt caches per organization).

@@ -140,3 +140,26 @@ class IncrementalDetokenizer:
             return ""
         self._emitted += len(stable) - start
         return stable[start:]
+
+
+class LeavingOut:
+    """A detokenizer that leaves these tokens' text out: a client's stop_token_ids end the reply,
+    and the token that ended it is not part of its text (vLLM's default, which leaves out the
+    token that stopped a reply unless asked for it); it is counted as generated all the same.
+
+    Any place in a push, not only the last: a replica may send the stop token in one response and
+    the end of the stream in the next, so the edge cannot always tell the reply's last token by
+    its delta. A stop token ends the reply wherever it comes, so it is the last token anyway."""
+
+    __slots__ = ("_detok", "_left_out")
+
+    def __init__(self, detok: Detokenizer, left_out: frozenset[int]) -> None:
+        self._detok = detok
+        self._left_out = left_out
+
+    def push(self, token_ids: list[int]) -> str:
+        left_out = self._left_out
+        return self._detok.push([token for token in token_ids if token not in left_out])
+
+    def flush(self) -> str:
+        return self._detok.flush()

@@ -3,6 +3,7 @@ vocabulary (from its facts)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -10,7 +11,13 @@ from tokenizers import Tokenizer
 from edge.text.byte_pieces import byte_pieces
 from edge.text.chat_template import ChatTemplate
 from edge.text.content_as_text import ContentAsText
-from edge.text.detokenizer import Detokenizer, IncrementalDetokenizer, PiecesDetokenizer, PieceTable
+from edge.text.detokenizer import (
+    Detokenizer,
+    IncrementalDetokenizer,
+    LeavingOut,
+    PiecesDetokenizer,
+    PieceTable,
+)
 from edge.text.piece_cache import PieceCache
 from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
 
@@ -65,7 +72,12 @@ class ModelText:
         ids: list[int] = encoding.ids
         return ids
 
-    def detokenizer(self) -> Detokenizer:
+    def detokenizer(self, left_out: Collection[int] | None = None) -> Detokenizer:
+        """A stream's detokenizer; `left_out`: tokens whose text it leaves out (a request's
+        stop_token_ids)."""
+        detok: Detokenizer
         if self._pieces is not None:
-            return PiecesDetokenizer(self._pieces)
-        return IncrementalDetokenizer(self.tokenizer)
+            detok = PiecesDetokenizer(self._pieces)
+        else:
+            detok = IncrementalDetokenizer(self.tokenizer)
+        return LeavingOut(detok, frozenset(left_out)) if left_out else detok

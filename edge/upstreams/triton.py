@@ -127,6 +127,12 @@ def generate_body(
         body["embedding_bias"] = embedding_bias(req.logit_bias, vocab_size)
     if end_id is not None:
         body["end_id"] = [end_id]
+    if req.min_tokens and end_id is not None and end_id >= 0:
+        # TensorRT-LLM's min_length holds back the end_id alone (its logit masked until the reply
+        # has min_length tokens; stop words end it whenever they come). Without an end id (-1:
+        # ignore_eos) it has nothing to hold back, and releases without the kernel's end_id > -1
+        # check masked the row's last token instead: not sent then.
+        body["min_length"] = [req.min_tokens]
     if pad_id is not None:
         body["pad_id"] = [pad_id]
     if req.stop_ids:

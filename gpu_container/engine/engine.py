@@ -243,12 +243,18 @@ class LLMEngine:
         # negative one would quietly bias a token counted from the row's end.
         if any(not 0 <= token < vocab for token, _ in params.logit_bias):
             raise ValueError(f"logit_bias has token ids outside [0, {vocab})")
+        # So for the stop tokens, which min_tokens holds back by setting them in the row.
+        stops = (*params.stop_token_ids, *(params.min_tokens_ids or ()))
+        if any(not 0 <= token < vocab for token in stops):
+            raise ValueError(f"stop_token_ids has token ids outside [0, {vocab})")
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
             raise ValueError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
         if params.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if params.min_tokens < 0:
+            raise ValueError("min_tokens must be >= 0")
 
     def _run(self) -> None:
         while True:
@@ -388,7 +394,7 @@ class LLMEngine:
                 self._scheduler.postprocess(seq, 0)  # static batching's padding: heard by nobody
                 continue
             try:
-                token = sample(row, seq.params, seq.rng, seq.output_ids, seq.prompt_ids)
+                token = sample(row, seq.params, seq.rng, seq.output_ids, seq.prompt_ids, self._eos)
             except Exception as exc:
                 log.exception("sampling failed", request_id=seq.request_id)
                 emitted.append(self._finish(seq, "error", error=_describe(exc)))

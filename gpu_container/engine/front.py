@@ -44,6 +44,7 @@ def sampling_params(req: GenerationRequest) -> SamplingParams:
         logit_bias=req.logit_bias,
         stop_token_ids=tuple(req.stop_ids),
         ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
     )
 
 

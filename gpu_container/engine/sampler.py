@@ -17,11 +17,16 @@ rather than adds, so its place matters; vLLM applies it first too.
 defines it (and TensorRT-LLM's `embedding_bias`, a [vocab] row it adds to the logits): before the
 temperature and the greedy choice alike, so +100 all but forces a token and -100 all but bans it.
 Both are sums, so their order does not matter.
+
+Last, `min_tokens` (vLLM's, TensorRT-LLM's `min_length`): while the reply holds fewer tokens, the
+tokens that would end it get a logit of -inf, greedy too, so nothing can end it sooner whatever the
+bias: the request's stop_token_ids and the model's eos (`eos`, unless ignore_eos), as vLLM masks
+them, or the request's `min_tokens_ids` where it names them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -35,16 +40,20 @@ def sample(
     rng: np.random.Generator | None,
     generated: Sequence[int] = (),
     prompt: Sequence[int] = (),
+    eos: Collection[int] = (),
 ) -> int:
     """One token id from a [vocab] row of logits; `generated`: the reply's tokens so far, `prompt`
-    the prompt's (only the repetition penalty reads it)."""
+    the prompt's (only the repetition penalty reads it), `eos` the model's end tokens (only
+    min_tokens reads them)."""
+    held = len(generated) < params.min_tokens
     if (
-        params.repetition_penalty != 1.0
+        held
+        or params.repetition_penalty != 1.0
         or params.presence_penalty
         or params.frequency_penalty
         or params.logit_bias
     ):
-        logits = _adjusted(logits, params, generated, prompt)
+        logits = _adjusted(logits, params, generated, prompt, held_back(params, eos) if held else ())
     if params.temperature == 0 or rng is None or params.top_k == 1:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
@@ -62,13 +71,27 @@ def sample(
     return _draw(np.cumsum(probs), rng)
 
 
+def held_back(params: SamplingParams, eos: Collection[int]) -> tuple[int, ...]:
+    """The tokens min_tokens keeps from ending the reply: `min_tokens_ids` where the request names
+    them, else every token that would end it (its stop_token_ids, and `eos` unless ignore_eos)."""
+    if params.min_tokens_ids is not None:
+        return params.min_tokens_ids
+    if params.ignore_eos:
+        return params.stop_token_ids
+    return (*params.stop_token_ids, *eos)
+
+
 def _adjusted(
-    logits: Floats, params: SamplingParams, generated: Sequence[int], prompt: Sequence[int]
+    logits: Floats,
+    params: SamplingParams,
+    generated: Sequence[int],
+    prompt: Sequence[int],
+    held: Sequence[int] = (),
 ) -> Floats:
     """The row with the request's adjustments, in the module doc's order: the repetition penalty on
     every token of `prompt` and `generated` (divided when positive, multiplied when negative: CTRL's
     rule, as vLLM and TensorRT-LLM apply it), the logit_bias added, the presence and frequency
-    penalties taken off the `generated` tokens."""
+    penalties taken off the `generated` tokens, and the `held` tokens (min_tokens) at -inf."""
     out = logits.astype(np.float32, copy=True)  # the batch's row stays as the forward pass left it
     penalty = params.repetition_penalty
     if penalty != 1.0 and (prompt or generated):
@@ -83,6 +106,8 @@ def _adjusted(
     if generated and (params.presence_penalty or params.frequency_penalty):
         seen, counts = np.unique(np.asarray(generated), return_counts=True)
         out[seen] -= counts * params.frequency_penalty + params.presence_penalty
+    if held:
+        out[list(held)] = -np.inf
     return out
 
 

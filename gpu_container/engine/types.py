@@ -40,6 +40,13 @@ class SamplingParams:
     # Extra end tokens on top of the model's eos; the token that ends a sequence is emitted.
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # No end before the reply holds this many tokens (vLLM's min_tokens, TensorRT-LLM's
+    # min_length): until then the sampler gives the tokens that would end it a logit of -inf.
+    min_tokens: int = 0
+    # The tokens min_tokens holds back. None: every one that would end the reply (stop_token_ids,
+    # and the model's eos unless ignore_eos), as vLLM holds them back; TensorRT-LLM's min_length
+    # holds back its end_id alone, which the Triton model says (triton/cpu/tensors.py).
+    min_tokens_ids: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)

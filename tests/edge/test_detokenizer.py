@@ -15,6 +15,7 @@ from edge.text.detokenizer import (
     REPLACEMENT_CHAR,
     Detokenizer,
     IncrementalDetokenizer,
+    LeavingOut,
     PiecesDetokenizer,
     PieceTable,
 )
@@ -167,3 +168,17 @@ def test_a_tokenizer_whose_decoding_is_not_byte_level_gets_no_table() -> None:
     assert byte_pieces(tok) is None
     detok = IncrementalDetokenizer(tok)
     assert detok.push([1]) + detok.push([2]) + detok.flush() == tok.decode([1, 2]) == "hello world"
+
+
+@pytest.mark.parametrize("kind", ["window", "table"])
+def test_a_left_out_token_adds_no_text_wherever_it_comes(tokenizer: Tokenizer, kind: str) -> None:
+    """A request's stop_token_ids: the token that ended the reply is not part of its text, whether
+    it comes last in its push or a replica sent it before the push that ends the stream."""
+    make = _factory(tokenizer, kind)
+    ids = tokenizer.encode("Hello world, how are you?").ids
+    stop = ids[3]
+    expected = tokenizer.decode(ids[:3])
+    alone = LeavingOut(make(), frozenset({stop}))
+    assert alone.push(ids[:2]) + alone.push([ids[2], stop]) + alone.flush() == expected
+    split = LeavingOut(make(), frozenset({stop}))
+    assert split.push(ids[:3]) + split.push([stop]) + split.push([]) + split.flush() == expected

@@ -68,6 +68,13 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         (OK_BODY | {"top_k": -2}, "top_k"),
         (OK_BODY | {"repetition_penalty": 0}, "repetition_penalty"),
         (OK_BODY | {"repetition_penalty": 11}, "repetition_penalty"),
+        (OK_BODY | {"ignore_eos": "yes"}, "ignore_eos"),
+        (OK_BODY | {"min_tokens": -1}, "min_tokens"),
+        (OK_BODY | {"min_tokens": 4}, "min_tokens"),  # past max_tokens (3), as vLLM refuses it
+        (OK_BODY | {"max_tokens": None, "max_completion_tokens": 3, "min_tokens": 4}, "min_tokens"),
+        ({"model": MODEL, "messages": LONG_PROMPT, "min_tokens": 2001}, "min_tokens"),  # tier's 2000
+        (OK_BODY | {"stop_token_ids": list(range(65))}, "stop_token_ids"),
+        (OK_BODY | {"stop_token_ids": [1.5]}, "stop_token_ids[0]"),
     ],
 )
 def test_400_names_the_bad_parameter(
@@ -183,6 +190,24 @@ def test_400_for_a_logit_bias_token_outside_the_vocabulary(
         assert str(token) in error["message"]
     # The last token of the vocabulary is one like any other.
     body = OK_BODY | {"logit_bias": {str(vocab - 1): 5}}
+    assert local_client.post(CHAT, json=body, headers=local_server.auth("paid")).status_code == 200
+
+
+def test_400_for_a_stop_token_id_outside_the_vocabulary(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """Refused by the edge, as logit_bias's are: no generated token could ever match it."""
+    vocab = ModelText.load(Path(local_server.settings.model.demo_dir)).vocab_size
+    for token in (vocab, -1, 10**30):
+        body = OK_BODY | {"stop_token_ids": [5, token]}
+        error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error",
+            "stop_token_ids",
+            "invalid_value",
+        )
+        assert str(token) in error["message"]
+    body = OK_BODY | {"stop_token_ids": [vocab - 1, vocab - 1], "min_tokens": 3}  # at max_tokens: fine
     assert local_client.post(CHAT, json=body, headers=local_server.auth("paid")).status_code == 200
 
 

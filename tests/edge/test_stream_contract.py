@@ -249,3 +249,69 @@ def test_logit_bias_reaches_the_replica_on_both_paths(
         # The Triton path carries it as TensorRT-LLM's embedding_bias row.
         assert _streamed_answer(triton_server, biased) == on_engine[name], name
     assert on_engine["forced"][:2] == ("a" * 48, "length")
+
+
+# The demo model's greedy reply to it ends early, on its end token (the Triton path's end_id).
+HI: dict[str, Any] = RIVERS | {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0.0}
+
+
+def test_min_tokens_holds_the_end_back_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    text, reason, usage = _streamed_answer(local_server, HI)
+    assert reason == "stop" and usage["completion_tokens"] < 30
+    held = HI | {"min_tokens": 30}
+    on_engine = _streamed_answer(local_server, held)
+    assert on_engine[2]["completion_tokens"] >= 30
+    assert on_engine[0].startswith(text) and len(on_engine[0]) > len(text)  # greedy: the same start
+    assert _streamed_answer(triton_server, held) == on_engine  # TensorRT-LLM's min_length
+
+
+def test_ignore_eos_runs_to_max_tokens_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    text, reason, _ = _streamed_answer(local_server, HI)
+    assert reason == "stop"
+    for server in (local_server, triton_server):
+        past, reason, usage = _streamed_answer(server, HI | {"ignore_eos": True})
+        assert (reason, usage["completion_tokens"]) == ("length", 48), server.base_url
+        assert past.startswith(text) and len(past) > len(text), server.base_url
+    # A stop string still ends it.
+    stop = next(word for word in text.split() if word.isalpha() and len(word) > 2)
+    stopped = _streamed_answer(local_server, HI | {"ignore_eos": True, "stop": [stop]})
+    assert stopped[:2] == (text[: text.index(stop)], "stop")
+
+
+def _greedy_reply_cut(server: LiveServer, count: int) -> list[str]:
+    """The greedy RIVERS reply's text cut after 0, 1, ... `count` tokens (one request a length)."""
+    cuts = [
+        _streamed_answer(server, RIVERS | {"temperature": 0.0, "max_tokens": n})[0]
+        for n in range(1, count + 1)
+    ]
+    return ["", *cuts]
+
+
+def test_stop_token_ids_end_the_reply_there_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    tokenizer = ModelText.load(Path(local_server.settings.model.demo_dir)).tokenizer
+    cut = _greedy_reply_cut(local_server, 12)
+    # A token past the first whose text is whole, follows the text before it and is new to the
+    # reply (no token before it spells it): each token id that spells it stops the reply there.
+    at = next(
+        i
+        for i in range(2, len(cut) - 1)
+        if cut[i + 1].startswith(cut[i])
+        and (piece := cut[i + 1][len(cut[i]) :]).isprintable()
+        and "\ufffd" not in piece
+        and piece not in cut[i]
+    )
+    piece = cut[at + 1][len(cut[at]) :]
+    spelling_it = [i for i in range(tokenizer.get_vocab_size()) if tokenizer.decode([i]) == piece]
+    assert spelling_it
+    body = RIVERS | {"temperature": 0.0, "stop_token_ids": spelling_it}
+    for server in (local_server, triton_server):
+        text, reason, usage = _streamed_answer(server, body)
+        # Counted as generated, as vLLM counts it; its text left out, as vLLM leaves it out.
+        assert (reason, usage["completion_tokens"]) == ("stop", at + 1), server.base_url
+        assert text == cut[at], server.base_url

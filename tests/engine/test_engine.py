@@ -20,9 +20,11 @@ from tests.engine.tiny_llama import tiny_model
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 
 
+ENGINE_CONFIG = EngineConfig(block_size=4, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=16)
+
+
 def _engine(model: LlamaModel | None = None, **overrides: int) -> LLMEngine:
-    config = EngineConfig(block_size=4, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=16)
-    config = msgspec.structs.replace(config, **overrides)
+    config = msgspec.structs.replace(ENGINE_CONFIG, **overrides)
     return LLMEngine(model or tiny_model()[0], config, eos_token_ids=[1])
 
 
@@ -112,6 +114,26 @@ def test_stop_token_is_emitted_and_length_limits_apply(engine: LLMEngine) -> Non
     assert seen.finish_reason("probe") == "length"
 
 
+def test_min_tokens_holds_the_models_end_token_back(engine: LLMEngine) -> None:
+    seen = Collector()
+    engine.add_request("probe", [11, 12], GREEDY, seen)
+    seen.wait_finished("probe")
+    first = seen.tokens("probe")[0]
+    # An engine whose model ends on that token: the reply is that token alone, unless held back.
+    ending = LLMEngine(tiny_model()[0], ENGINE_CONFIG, eos_token_ids=[first])
+    ending.start()
+    try:
+        plain = SamplingParams(max_new_tokens=8, temperature=0.0)
+        ending.add_request("plain", [11, 12], plain, seen)
+        ending.add_request("held", [11, 12], dataclasses.replace(plain, min_tokens=5), seen)
+        seen.wait_finished("plain", "held")
+    finally:
+        ending.stop()
+    assert seen.tokens("plain") == [first] and seen.finish_reason("plain") == "stop"
+    held = seen.tokens("held")
+    assert len(held) > 5 and first not in held[:5]  # the engine's own eos, not a stop_token_id
+
+
 def test_max_model_len_ends_with_length() -> None:
     engine = _engine(max_model_len=10)
     engine.start()
@@ -139,6 +161,13 @@ def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
     for token in (-1, engine.vocab_size):  # a bias the sampler's row has no place for
         with pytest.raises(ValueError, match="logit_bias"):
             engine.add_request("d", [1], SamplingParams(logit_bias=((token, 1.0),)), seen)
+    for token in (-1, engine.vocab_size):  # a stop token min_tokens could not hold back in the row
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            engine.add_request("d", [1], SamplingParams(stop_token_ids=(token,)), seen)
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            engine.add_request("d", [1], SamplingParams(min_tokens=1, min_tokens_ids=(token,)), seen)
+    with pytest.raises(ValueError, match="min_tokens"):
+        engine.add_request("d", [1], SamplingParams(min_tokens=-1), seen)
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.add_request("e", [1], SamplingParams(max_new_tokens=0), seen)
     engine.add_request("f", [2, 3], SamplingParams(max_new_tokens=1000, ignore_eos=True), seen)

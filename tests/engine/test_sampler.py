@@ -1,4 +1,5 @@
-"""The sampler's distribution: greedy, temperature, and the top-k and top-p cuts."""
+"""The sampler's distribution: greedy, temperature, the top-k and top-p cuts, the penalties, the bias
+and min_tokens' hold on the end tokens."""
 
 from __future__ import annotations
 
@@ -124,3 +125,34 @@ def test_a_small_logit_bias_shifts_the_distribution_and_adds_to_the_penalties() 
     both = SamplingParams(temperature=0, presence_penalty=1.0, logit_bias=((0, 0.5),))
     assert sample(logits, both, None, [0]) == 1
     assert sample(logits, both, None, []) == 0
+
+
+def test_min_tokens_holds_the_end_and_stop_tokens_back_until_the_reply_has_them() -> None:
+    eos = (0,)  # the argmax is the model's end token; token 1 a stop token
+    held = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=(1,))
+    assert sample(LOGITS, held, None, [], eos=eos) == 2  # greedy: both held back
+    assert sample(LOGITS, held, None, [3], eos=eos) == 2
+    assert sample(LOGITS, held, None, [3, 3], eos=eos) == 0  # two tokens: the end may come
+    # -inf, not a penalty: a +100 bias cannot bring the end token back before its time.
+    forced = SamplingParams(temperature=0, min_tokens=1, logit_bias=((0, 100.0),))
+    assert sample(LOGITS, forced, None, [], eos=eos) == 1
+    # With ignore_eos the model's end token ends nothing, so nothing holds it back.
+    assert (
+        sample(LOGITS, SamplingParams(temperature=0, min_tokens=2, ignore_eos=True), None, [], eos=eos) == 0
+    )
+    # Named ids (TensorRT-LLM's min_length holds back its end_id alone): the stop token may come.
+    end_id_only = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=(1,), min_tokens_ids=(0,))
+    assert sample(LOGITS, end_id_only, None, [], eos=eos) == 1
+    assert LOGITS[0] == np.float32(np.log(0.5))  # the batch's row itself is left as it was
+
+
+def test_min_tokens_holds_the_end_token_back_when_sampling_too() -> None:
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=1.0, min_tokens=1)
+    draws = [sample(LOGITS, params, rng, [], eos=(0,)) for _ in range(10_000)]
+    assert 0 not in draws
+    # What token 0 held goes to the rest in proportion: 0.3 / 0.5 = 0.6 for token 1.
+    assert abs(draws.count(1) / 10_000 - 0.6) < 0.02
+    # Once the reply has min_tokens tokens the end token is drawn as often as ever.
+    after = [sample(LOGITS, params, rng, [3], eos=(0,)) for _ in range(10_000)]
+    assert abs(after.count(0) / 10_000 - 0.5) < 0.02

@@ -82,6 +82,10 @@ def test_a_negative_seed_is_a_reproducible_seed_and_blames_no_replica(
         ("top_logprobs", 21),
         ("logprobs", True),
         ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop_token_ids", [-1]),
+        ("stop_token_ids", [10000000]),  # past the demo model's vocabulary
+        ("min_tokens", -1),
+        ("min_tokens", 9),  # past max_tokens
     ],
 )
 def test_each_out_of_range_field_is_a_400_naming_it(

@@ -3,6 +3,7 @@ metrics page reads the same from TensorRT-LLM and from our model."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,19 @@ def test_repetition_penalty_travels_only_when_set() -> None:
     assert decode_request(arrays.get).params.repetition_penalty == pytest.approx(1.3)
     plain = generate_body(GenerationRequest("p", [1], max_new_tokens=1))
     assert "repetition_penalty" not in plain
+
+
+def test_min_tokens_travels_as_min_length_which_holds_back_the_end_id_alone() -> None:
+    req = GenerationRequest("m", [1], max_new_tokens=9, min_tokens=6, stop_ids=[3, 9])
+    arrays = _as_model_sees_it(generate_body(req, end_id=2))
+    assert arrays["min_length"].item() == 6
+    params = decode_request(arrays.get).params
+    # TensorRT-LLM masks its end_id's logit until min_length; the stop words may end it sooner.
+    assert (params.min_tokens, params.min_tokens_ids) == (6, (2,))
+    assert set(params.stop_token_ids) == {2, 3, 9}
+    # Not sent unset, nor with no end id to hold back (ignore_eos: end_id -1).
+    assert "min_length" not in generate_body(GenerationRequest("p", [1], max_new_tokens=1), end_id=2)
+    assert "min_length" not in generate_body(dataclasses.replace(req, ignore_eos=True), end_id=-1)
 
 
 def test_a_negative_seed_wraps_into_uint64() -> None:

@@ -6,7 +6,9 @@ this part is type-checked and testable without a server.
 Conventions taken from TensorRT-LLM: `end_id = -1` ignores the end token (fixed-length output);
 `runtime_top_k = 1` is greedy decoding; `stop_words_list` is [ids; end offsets] padded with -1;
 `embedding_bias` is a [vocab] row added to the logits, exactly the model's vocabulary long (the
-engine's logit_bias, read back into (token id, bias) pairs of its nonzero entries).
+engine's logit_bias, read back into (token id, bias) pairs of its nonzero entries); `min_length`
+holds back the end_id alone until the reply has that many tokens (its logit masked,
+penaltyKernels.cu), never the stop words, which end the reply whenever they come.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
     bias_row = get("embedding_bias")
     logit_bias = logit_bias_pairs(bias_row, vocab_size) if bias_row is not None and bias_row.size else ()
     end_id = _scalar(get, "end_id")
+    min_length = _scalar(get, "min_length")
     stop_words = get("stop_words_list")
     stop_ids = stop_word_ids(stop_words) if stop_words is not None and stop_words.size else ()
     if end_id is not None and int(end_id) >= 0:
@@ -109,6 +112,8 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
         logit_bias=logit_bias,
         stop_token_ids=stop_ids,
         ignore_eos=end_id is not None and int(end_id) < 0,
+        min_tokens=max(int(min_length), 0) if min_length is not None else 0,
+        min_tokens_ids=(int(end_id),) if end_id is not None and int(end_id) >= 0 else (),
     )
     return ContractRequest(
         prompt_ids=[int(t) for t in prompt],
