@@ -495,11 +495,11 @@ def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvide
     @asynccontextmanager
     async def provide(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
         facts = read_facts(model_dir)
-        eos = list(facts.eos_token_ids)
+        end_id = facts.end_id
         tokens: dict[str, Any] = {
-            "end_id": eos[0] if eos else None,
-            "pad_id": eos[0] if eos else None,
-            "extra_stop_ids": tuple(eos[1:]),
+            "end_id": end_id,
+            "pad_id": end_id,
+            "extra_stop_ids": tuple(token for token in facts.eos_token_ids if token != end_id),
             "model_name": model_name,
             # config.json's, as the engine the replica runs was built from the same checkpoint.
             "vocab_size": facts.config.vocab_size,

@@ -9,7 +9,11 @@ engine-only directory (no tokenizer.json) has facts too, and so has an edge's we
 
 End of sequence, one rule: config.json's `eos_token_id` (an int or a list), then
 generation_config.json's (as HF generate does), then tokenizer_config.json's `eos_token`; in that
-order, without repeats. The first is the one Triton's `end_id` takes.
+order, without repeats. TensorRT-LLM takes one of them as its `end_id` (`end_id`, below), the others
+as stop words: the tokenizer's own `eos_token`, as tensorrtllm_backend's preprocessing model takes
+it, else the first. They differ where it matters: Llama 3.1 Instruct's config.json lists
+<|end_of_text|> first, while its tokenizer's eos_token is <|eot_id|>, the token that ends a chat
+turn, which `min_length` (vLLM's min_tokens) must hold back.
 """
 
 from __future__ import annotations
@@ -62,6 +66,17 @@ class CheckpointFacts:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.config.eos_token_ids
+
+    @property
+    def end_id(self) -> int | None:
+        """The end token TensorRT-LLM's `end_id` takes (the module's doc): the tokenizer's eos_token
+        (read_facts put it among the end tokens), else the first end token."""
+        text = self.text_facts
+        if text is not None and text.eos_token:
+            own = text.tokenizer.token_to_id(text.eos_token)
+            if own is not None:
+                return int(own)
+        return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
     def max_context(self) -> int:

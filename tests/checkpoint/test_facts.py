@@ -49,6 +49,21 @@ def test_eos_ids_merge_every_file_that_names_them(checkpoint: Path) -> None:
     assert engine._model.config.eos_token_ids == (7, 9, im_end)  # the engine asks the same reader
 
 
+def test_tensorrt_llms_end_id_is_the_tokenizers_eos_token(checkpoint: Path) -> None:
+    """As tensorrtllm_backend's preprocessing takes it, not config.json's first end token (Llama 3.1
+    Instruct lists <|end_of_text|> first; its tokenizer's eos_token <|eot_id|> ends a chat turn)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"eos_token_id": [7, 9]}))
+    facts = read_facts(checkpoint)
+    im_end = facts.text.tokenizer.token_to_id("<|im_end|>")
+    assert facts.eos_token_ids[0] == 7 and facts.end_id == im_end
+
+    tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    del tokenizer_config["eos_token"]
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert read_facts(checkpoint).end_id == 7  # no eos_token of its own: the first end token
+
+
 def test_missing_tokenizer_json_is_named(checkpoint: Path) -> None:
     (checkpoint / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match=r"ckpt/tokenizer\.json: missing"):
