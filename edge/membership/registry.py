@@ -36,7 +36,8 @@ class MembershipRegistry:
         self._script: Any = client.register_script(SCRIPT)
 
     async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
-        """Renew `member` with `claim`; every live member's claim (this one's included)."""
+        """Renew `member` with `claim`; every live member's claim (this one's included) and the
+        departed members' tags."""
         return await self._run(member, claim, ttl_s, leave=False)
 
     async def leave(self, member: str) -> Fleet:
