@@ -257,14 +257,7 @@ class Pipeline:
         refuse it too, but without naming the parameter, and TensorRT-LLM's row has no place for it."""
         if not req.logit_bias:
             return ()
-        vocab = self.text.vocab_size
-        outside = sorted(token for token in req.logit_bias if not 0 <= token < vocab)
-        if outside:
-            raise invalid_request(
-                f"Invalid key in 'logit_bias': {outside[0]}. This model's token ids are 0 to {vocab - 1}.",
-                "logit_bias",
-                code="invalid_value",
-            )
+        self._refuse_outside_vocabulary(sorted(req.logit_bias), "key", "logit_bias")
         return tuple((token, float(bias)) for token, bias in req.logit_bias.items() if bias)
 
     def _stop_token_ids(self, req: ChatCompletionRequest) -> tuple[int, ...]:
@@ -272,16 +265,19 @@ class Pipeline:
         here by name, as logit_bias's are: no token could ever match it, and the engine refuses it."""
         if not req.stop_token_ids:
             return ()
+        self._refuse_outside_vocabulary(req.stop_token_ids, "value", "stop_token_ids")
+        return tuple(dict.fromkeys(req.stop_token_ids))
+
+    def _refuse_outside_vocabulary(self, tokens: list[int], what: str, param: str) -> None:
+        """A 400 naming `param` for the first of `tokens` that is not one of this model's ids."""
         vocab = self.text.vocab_size
-        outside = [token for token in req.stop_token_ids if not 0 <= token < vocab]
-        if outside:
+        outside = next((token for token in tokens if not 0 <= token < vocab), None)
+        if outside is not None:
             raise invalid_request(
-                f"Invalid value in 'stop_token_ids': {outside[0]}. This model's token ids are 0 to "
-                f"{vocab - 1}.",
-                "stop_token_ids",
+                f"Invalid {what} in '{param}': {outside}. This model's token ids are 0 to {vocab - 1}.",
+                param,
                 code="invalid_value",
             )
-        return tuple(dict.fromkeys(req.stop_token_ids))
 
     def _stop_ids(self, req: ChatCompletionRequest, stop_token_ids: tuple[int, ...]) -> list[int]:
         """The tokens that end the reply: the model's end tokens (none with ignore_eos) and the
