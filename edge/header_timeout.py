@@ -8,7 +8,8 @@ The deadline runs from the connection's start, and on a kept-alive connection fr
 request's first byte, to the end of its headers. Past it: a request that had begun is answered 408
 (an OpenAI error object, `connection: close`); a connection that sent nothing is closed, as
 uvicorn's keep-alive timer closes an idle one. The body has its own deadline (edge/body_timeout.py).
-Never while a response is being written: a pipelined request's headers are not timed.
+Never while a response is being written (a 408 would cut it): the headers of a request pipelined
+behind it are timed from the moment it has been written (edge/http_protocol.py).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _disconnect_watch: DisconnectWatch | None = None
     _raw_transport: asyncio.Transport
     _header_deadline: HeaderDeadline
+    # A request has begun and its headers have not all come.
+    _headers_pending = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw_transport = transport
@@ -37,11 +39,13 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._headers_pending = True
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self._header_deadline.start(request_begun=True)
 
     def on_headers_complete(self) -> None:
+        self._headers_pending = False
         self._header_deadline.stop()
         super().on_headers_complete()
         cycle = self.cycle
@@ -51,6 +55,15 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self.scope[WRITE_NOW] = writer.write_now  # type: ignore[literal-required]
             self._disconnect_watch = DisconnectWatch(cycle)
             self.scope[DISCONNECT_WATCH] = self._disconnect_watch  # type: ignore[literal-required]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A request pipelined behind this response began while it was written, when its headers
+        # were not timed (a 408 then would cut that response): their deadline runs from now, or a
+        # client trickling them would hold the connection for ever (its bytes cancel uvicorn's
+        # keep-alive timer).
+        if self._headers_pending and not self.transport.is_closing():
+            self._header_deadline.start(request_begun=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

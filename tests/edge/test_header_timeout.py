@@ -61,6 +61,22 @@ def test_the_next_request_on_a_kept_alive_connection_is_timed_too(edge: LiveServ
     assert body["error"]["code"] == "request_timeout"  # type: ignore[index]
 
 
+def test_a_request_pipelined_behind_a_response_is_timed_once_that_response_is_written(
+    edge: LiveServer,
+) -> None:
+    # Its first bytes come with the request before it, so they are read while that one is answered
+    # (when a 408 would cut the response); the trickle after it cancels uvicorn's keep-alive timer,
+    # so without a deadline of its own this connection stays open for ever.
+    with _connect(edge) as sock:
+        first = get_healthz(sock, pipelined=HEADERS_OF_A_CHAT)
+        sock.sendall(b"x-trickle: 1\r\n")
+        head, body = _json_response(read_to_close(sock))
+
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert body["error"]["code"] == "request_timeout"  # type: ignore[index]
+
+
 def test_a_request_whose_headers_came_in_time_is_not_cut(edge: LiveServer) -> None:
     # The body comes after the header deadline has passed; it has its own (body_timeout_s, 30 s).
     payload = json.dumps(

@@ -6,9 +6,10 @@ from __future__ import annotations
 import socket
 
 
-def get_healthz(sock: socket.socket) -> bytes:
-    """One GET /healthz on `sock`, its response read to the last byte of its body; the head."""
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+def get_healthz(sock: socket.socket, pipelined: bytes = b"") -> bytes:
+    """One GET /healthz on `sock`, its response read to the last byte of its body; the head.
+    `pipelined`: bytes of the next request, sent in the same write (before the response)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n" + pipelined)
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(4096)
