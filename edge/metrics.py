@@ -15,10 +15,12 @@ from edge.upstreams.base import Capacity
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
+# `model`: the served model, "" where the edge serves one, as the queue's metrics name it
+# (edge/admission/metrics.py): an edge serving several has a latency and a token count for each.
 TTFT = LabelledLoopHistogram(
     "floodgate_time_to_first_token_seconds",
     "From the request's arrival to its first generated token.",
-    ["tier"],
+    ["model", "tier"],
     _LATENCY_BUCKETS,
 )
 
@@ -54,12 +56,16 @@ INTER_TOKEN = LoopHistogram(
     _ITL_BUCKETS,
 )
 REQUESTS_RUNNING = LoopGauge("floodgate_requests_running", "Requests holding a replica slot.")
-PROMPT_TOKENS = Counter("floodgate_prompt_tokens_total", "Prompt tokens of admitted requests.", ["tier"])
-GENERATION_TOKENS = Counter("floodgate_generation_tokens_total", "Generated tokens streamed.", ["tier"])
+PROMPT_TOKENS = Counter(
+    "floodgate_prompt_tokens_total", "Prompt tokens of admitted requests.", ["model", "tier"]
+)
+GENERATION_TOKENS = Counter(
+    "floodgate_generation_tokens_total", "Generated tokens streamed.", ["model", "tier"]
+)
 REQUESTS_FINISHED = Counter(
     "floodgate_requests_finished_total",
     "Requests that got past admission, by how they ended.",
-    ["tier", "reason"],
+    ["model", "tier", "reason"],
 )
 REQUESTS_REJECTED = Counter(
     "floodgate_requests_rejected_total", "Requests answered with an error status.", ["status", "code"]

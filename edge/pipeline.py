@@ -217,7 +217,7 @@ class Pipeline:
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
             raise overloaded_error(exc, headers) from None
-        child(metrics.PROMPT_TOKENS, principal.tier).inc(len(prompt_ids))
+        child(metrics.PROMPT_TOKENS, self.dispatcher.model, principal.tier).inc(len(prompt_ids))
         if req.conversation_id is not None and self.messages is not None:
             prompt = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
             self.messages.record_prompt(req.conversation_id, principal.user, request_id, prompt)
@@ -618,10 +618,11 @@ class Generation:
 
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier
-        child(metrics.GENERATION_TOKENS, tier).inc(out.completion_tokens)
-        child(metrics.REQUESTS_FINISHED, tier, out.reason).inc()
+        model = self._p.dispatcher.model
+        child(metrics.GENERATION_TOKENS, model, tier).inc(out.completion_tokens)
+        child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
         if out.ttft_s is not None:
-            child(metrics.TTFT, tier).observe(out.ttft_s)
+            child(metrics.TTFT, model, tier).observe(out.ttft_s)
         info_line(
             log,
             "chat_completion",

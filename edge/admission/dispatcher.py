@@ -110,8 +110,9 @@ class Dispatcher:
         # None: charge every request its worst case (prompt + max_tokens) for its whole life.
         self._real_use = real_use
         self._max_queue = max_queue
-        # The served model this queue is for (edge/models/): its metrics carry the name.
-        self._model = model
+        # The served model this queue is for (edge/models/): its metrics, and its requests'
+        # (edge/pipeline.py), carry the name.
+        self.model = model
         self._clock = clock
         self._poll_interval_s = poll_interval_s
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
@@ -318,7 +319,7 @@ class Dispatcher:
         replica.kv_in_use += charge
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
-        child(metrics.QUEUE_WAIT, ticket.tier_label).observe(max(0.0, now - enqueued_at))
+        child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
         return Slot(replica, ticket, charge, now, self._release, self._real_use)
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
@@ -366,4 +367,4 @@ class Dispatcher:
 
     def _watch_tier(self, priority: int, label: str) -> None:
         self._tier_labels[priority] = label
-        metrics.watch_tier(self._model, label, lambda: self._queue.depth_of(priority))
+        metrics.watch_tier(self.model, label, lambda: self._queue.depth_of(priority))

@@ -14,7 +14,7 @@ QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slo
 QUEUE_WAIT = LabelledLoopHistogram(
     "floodgate_queue_wait_seconds",
     "Time from joining the queue to getting a replica slot.",
-    ["tier"],
+    ["model", "tier"],
     (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
 )
 REPLICA_UTILISATION = Gauge(

@@ -171,11 +171,12 @@ def idle_engine(server: LiveServer) -> EngineReading:
 
 
 def finished_requests(server: LiveServer, reason: str, tier: str = "paid") -> float:
-    """The edge's own count of requests of `tier` that ended for `reason` (its /metrics page)."""
+    """The edge's own count of requests of `tier` that ended for `reason` (its /metrics page), over
+    the models it serves."""
     text = server.metrics_text()
-    pattern = rf'floodgate_requests_finished_total\{{reason="{reason}",tier="{tier}"\}} ([0-9.e+]+)'
-    match = re.search(pattern, text)
-    return float(match.group(1)) if match else 0.0
+    labels = rf'model="[^"]*",reason="{reason}",tier="{tier}"'
+    pattern = rf"floodgate_requests_finished_total\{{{labels}\}} ([0-9.e+]+)"
+    return sum(float(match.group(1)) for match in re.finditer(pattern, text))
 
 
 def replica_names(server: LiveServer) -> list[str]:

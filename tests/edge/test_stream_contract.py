@@ -155,7 +155,7 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
         "floodgate_inter_token_latency_seconds_bucket",
         "floodgate_prompt_tokens_total",
         "floodgate_generation_tokens_total",
-        'floodgate_requests_finished_total{reason="length",tier="free"}',
+        'floodgate_requests_finished_total{model="",reason="length",tier="free"}',
         *(f'floodgate_replica_kv_tokens_total{{replica="{name}"}}' for name in names),
     ):
         assert family in text

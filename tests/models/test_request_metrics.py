@@ -1,0 +1,56 @@
+"""An edge serving two models counts each model's requests apart on its /metrics page: tokens,
+outcomes, time to first token and queue wait carry the model beside the tier, as the queue's depth
+already did, so a dashboard can tell which model is slow or busy."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.edge.sse_client import CHAT
+from tests.models.conftest import LARGE, SMALL
+from tests.support.live_server import LiveServer
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _samples(server: LiveServer) -> Samples:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(server.metrics_text())
+        for sample in family.samples
+    }
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_each_models_tokens_outcomes_and_latencies_are_counted_under_its_own_name(
+    two_models: LiveServer,
+) -> None:
+    before = _samples(two_models)
+    usage: dict[str, dict[str, int]] = {}
+    for model, max_tokens in ((SMALL, 3), (LARGE, 5)):
+        answer = httpx.post(
+            two_models.base_url + CHAT,
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
+            headers=two_models.auth("paid"),
+            timeout=60.0,
+        )
+        assert answer.status_code == 200, answer.text
+        usage[model] = answer.json()["usage"]
+    after = _samples(two_models)
+
+    def grew(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    for model in (SMALL, LARGE):
+        mine = {"model": model, "tier": "paid"}
+        assert grew("floodgate_prompt_tokens_total", **mine) == usage[model]["prompt_tokens"]
+        assert grew("floodgate_generation_tokens_total", **mine) == usage[model]["completion_tokens"]
+        assert grew("floodgate_requests_finished_total", **mine, reason="length") == 1
+        assert grew("floodgate_time_to_first_token_seconds_count", **mine) == 1
+        assert grew("floodgate_queue_wait_seconds_count", **mine) == 1
+    # Told apart, not only both counted: each model's reply had its own length.
+    assert usage[SMALL]["completion_tokens"] == 3 and usage[LARGE]["completion_tokens"] == 5
