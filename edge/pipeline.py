@@ -553,7 +553,7 @@ class Generation:
                 on_text,
                 # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py).
                 self._p.text.detokenizer(self._req.stop_token_ids),
-                StopMatcher(self._req.stop_strings),
+                StopMatcher(self._req.stop_strings, self._upstream_req.min_tokens),
                 self._lease,
                 slot.grow,
                 self._arrived,

@@ -115,7 +115,8 @@ class ChatCompletionRequest(msgspec.Struct):
     # vLLM's extensions for how a reply ends. ignore_eos: generate past the model's end tokens
     # (stop strings, stop_token_ids and max_tokens still end it, the last as "length").
     ignore_eos: bool = False
-    # No end token or stop_token_ids before the reply has this many tokens. Bounded as max_tokens
+    # No end token, stop_token_ids or stop string before the reply has this many tokens (the
+    # string's match waits at the edge, edge/text/stops.py). Bounded as max_tokens
     # is; the pipeline holds it to the max_tokens the request gets (vLLM's 400 too).
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
     # Tokens that end the reply ("stop"), left out of its text as vLLM leaves them; whether each is

@@ -177,28 +177,28 @@ class TokenRelay:
                 if text:
                     stopped = False
                     if watch_stops:
-                        text, stopped = stops.feed(text)
+                        text, stopped = stops.feed(text, out.completion_tokens)
                     if text and (written := sink(text)) is not None:
                         await written
                     if stopped:
                         out.reason = "stop"
                         return
                 if granted < n:
-                    await emit_tail(detok.flush(), stops, hold)
+                    await emit_tail(detok.flush(), stops, hold, out.completion_tokens)
                     out.reason = "length"
                     out.marker = TOKENS_LIMIT_MARKER
                     return
             if finish is not None:
                 if finish in ("error", "cancelled"):
                     raise UpstreamError(f"replica ended the sequence with {finish!r}")
-                await emit_tail(detok.flush(), stops, hold)
+                await emit_tail(detok.flush(), stops, hold, out.completion_tokens)
                 out.reason = finish
                 return
         raise UpstreamError("replica stream ended without a finish reason")
 
 
-async def emit_tail(text: str, stops: StopMatcher, on_text: TextSink) -> None:
-    text, stopped = stops.feed(text)
+async def emit_tail(text: str, stops: StopMatcher, on_text: TextSink, tokens: int) -> None:
+    text, stopped = stops.feed(text, tokens)
     if not stopped:
         text += stops.flush()
     if text and (written := on_text(text)) is not None:

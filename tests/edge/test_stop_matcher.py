@@ -53,3 +53,23 @@ def test_no_stops_passes_text_through() -> None:
     matcher = StopMatcher([])
     assert not matcher.active
     assert matcher.feed("anything") == ("anything", False)
+
+
+def test_a_stop_string_before_min_tokens_is_sent_as_text() -> None:
+    # As vLLM's min_tokens: a stop ending in the text of the reply's first tokens does not end it.
+    matcher = StopMatcher(["END"], min_tokens=3)
+    assert matcher.feed("one END", 1) == ("one END", False)
+    assert matcher.feed(" two", 2) == (" two", False)
+    assert matcher.feed(" END three", 3) == (" ", True)
+
+
+def test_a_stop_begun_before_min_tokens_and_ended_after_it_counts() -> None:
+    matcher = StopMatcher(["END"], min_tokens=2)
+    assert matcher.feed("one EN", 1) == ("one ", False)  # held as a possible stop, as without a minimum
+    assert matcher.feed("D", 2) == ("", True)
+
+
+def test_a_stop_that_ended_before_min_tokens_is_not_found_later() -> None:
+    matcher = StopMatcher(["END"], min_tokens=2)
+    assert matcher.feed("END", 1) == ("END", False)
+    assert matcher.feed(" more", 2) == (" more", False)

@@ -282,6 +282,23 @@ def test_ignore_eos_runs_to_max_tokens_on_both_paths(
     assert stopped[:2] == (text[: text.index(stop)], "stop")
 
 
+def test_a_stop_string_before_min_tokens_is_sent_on_both_paths(
+    local_server: LiveServer, triton_server: LiveServer
+) -> None:
+    """As vLLM's min_tokens, the stop strings wait for it too (edge/text/stops.py): the edge
+    matches them on both paths."""
+    long = HI | {"ignore_eos": True}
+    text, _, _ = _streamed_answer(local_server, long)
+    stop = next(word for word in text.split() if word.isalpha() and len(word) > 2)
+    end = text.index(stop) + len(stop)
+    assert _streamed_answer(local_server, long | {"stop": [stop]})[:2] == (text[: text.index(stop)], "stop")
+    held = long | {"stop": [stop], "min_tokens": 48}
+    on_engine = _streamed_answer(local_server, held)
+    assert on_engine[0].startswith(text[:end])  # the stop string went out as text
+    assert on_engine[2]["completion_tokens"] == 48
+    assert _streamed_answer(triton_server, held) == on_engine
+
+
 def _greedy_reply_cut(server: LiveServer, count: int) -> list[str]:
     """The greedy RIVERS reply's text cut after 0, 1, ... `count` tokens (one request a length)."""
     cuts = [
