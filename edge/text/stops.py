@@ -1,10 +1,11 @@
 """Stop strings matched across deltas: text that might be the start of a stop string is held back.
 
-A stop string ends the reply only once it has `min_tokens` tokens, as vLLM's min_tokens holds back
-every way a reply ends: its stop checker looks for stop strings only from then on, and only in the
-text that token brought (one that began earlier, still held here as a possible stop, counts). One
-that ended sooner is sent as text. The count is the relay's after each delta, so on a delta of
-several tokens (Triton's, when it batches) the whole delta is judged by its last token's count.
+A stop string ends the reply only once the reply has `min_tokens` tokens, as vLLM's min_tokens holds
+back every way a reply ends: its stop checker looks for stop strings only from the token that reaches
+it on, each time in the text that token brought (one that began earlier, held here as a possible
+stop, counts). One that ended sooner is sent as text. The count is the relay's after each delta, so
+on a delta of several tokens (the engine's mailbox merges what a slow reader has not taken) the
+whole delta is judged by its last token's count.
 """
 
 from __future__ import annotations
