@@ -190,6 +190,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             None,
             code="json_too_deep",
         ) from None
+    if req.stream_options is not None and not req.stream:
+        # As OpenAI and vLLM answer it: the options say what a stream carries (usage in its own
+        # chunk); a reply that is not streamed has its usage anyway.
+        raise invalid_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is true.", "stream_options"
+        )
     if req.n is not None and req.n != 1:
         raise invalid_request("Only n=1 is supported.", "n")
     if req.logprobs or req.top_logprobs:

@@ -61,6 +61,7 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         (OK_BODY | {"stream": "yes"}, "stream"),
         (OK_BODY | {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         (OK_BODY | {"n": 2}, "n"),
+        (OK_BODY | {"stream_options": {"include_usage": True}}, "stream_options"),  # not streamed
         (OK_BODY | {"max_tokens": 5000}, "max_tokens"),
         (OK_BODY | {"max_completion_tokens": 5000}, "max_completion_tokens"),
         (OK_BODY | {"response_format": {"type": "yaml"}}, "response_format.type"),
