@@ -194,7 +194,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         # As OpenAI and vLLM answer it: the options say what a stream carries (usage in its own
         # chunk); a reply that is not streamed has its usage anyway.
         raise invalid_request(
-            "The 'stream_options' parameter is only allowed when 'stream' is true.", "stream_options"
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
         )
     if req.n is not None and req.n != 1:
         raise invalid_request("Only n=1 is supported.", "n")
