@@ -1,15 +1,34 @@
 """An edge serving two models counts each model's requests apart on its /metrics page: tokens,
 outcomes, time to first token and queue wait carry the model beside the tier, as the queue's depth
-already did, so a dashboard can tell which model is slow or busy."""
+already did, so a dashboard can tell which model is slow or busy.
+
+On an edge of its own, serving models of names no other test uses: every server a test process
+starts shares one Prometheus registry, and the package's shared edge may still be finishing another
+test's streams, which would count too."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.edge.sse_client import CHAT
-from tests.models.conftest import LARGE, SMALL
-from tests.support.live_server import LiveServer
+from tests.models.conftest import TWO_MODELS
+from tests.support.live_server import LiveServer, start_server
+
+SMALL, LARGE = "tally-small", "tally-large"
+# TWO_MODELS (tests/models/conftest.py) with its models renamed.
+OWN_MODELS: dict[str, Any] = TWO_MODELS | {
+    "models": {SMALL: TWO_MODELS["models"]["small"], LARGE: TWO_MODELS["models"]["large"]},
+    "tiers": {
+        "free": TWO_MODELS["tiers"]["free"] | {"models": [SMALL], "default_model": SMALL},
+        "paid": TWO_MODELS["tiers"]["paid"] | {"models": [LARGE, SMALL], "default_model": LARGE},
+    },
+}
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -24,6 +43,12 @@ def _samples(server: LiveServer) -> Samples:
 
 def _value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture
+def two_models(tmp_path: Path) -> Iterator[LiveServer]:
+    with start_server(tmp_path, OWN_MODELS) as live:
+        yield live
 
 
 def test_each_models_tokens_outcomes_and_latencies_are_counted_under_its_own_name(
