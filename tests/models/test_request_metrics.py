@@ -4,7 +4,7 @@ already did, so a dashboard can tell which model is slow or busy.
 
 On an edge of its own, serving models of names no other test uses: every server a test process
 starts shares one Prometheus registry, and the package's shared edge may still be finishing another
-test's streams, which would count too."""
+test's streams, which would count too. So every count under these names is this test's."""
 
 from __future__ import annotations
 
@@ -30,52 +30,41 @@ OWN_MODELS: dict[str, Any] = TWO_MODELS | {
     },
 }
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _samples(server: LiveServer) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(server.metrics_text())
-        for sample in family.samples
-    }
-
-
-def _value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
 
 @pytest.fixture
-def two_models(tmp_path: Path) -> Iterator[LiveServer]:
+def own_edge(tmp_path: Path) -> Iterator[LiveServer]:
     with start_server(tmp_path, OWN_MODELS) as live:
         yield live
 
 
 def test_each_models_tokens_outcomes_and_latencies_are_counted_under_its_own_name(
-    two_models: LiveServer,
+    own_edge: LiveServer,
 ) -> None:
-    before = _samples(two_models)
     usage: dict[str, dict[str, int]] = {}
     for model, max_tokens in ((SMALL, 3), (LARGE, 5)):
         answer = httpx.post(
-            two_models.base_url + CHAT,
+            own_edge.base_url + CHAT,
             json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
-            headers=two_models.auth("paid"),
+            headers=own_edge.auth("paid"),
             timeout=60.0,
         )
         assert answer.status_code == 200, answer.text
         usage[model] = answer.json()["usage"]
-    after = _samples(two_models)
+    samples = {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(own_edge.metrics_text())
+        for sample in family.samples
+    }
 
-    def grew(name: str, **labels: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+    def count(name: str, **labels: str) -> float:
+        return samples.get((name, frozenset(labels.items())), 0.0)
 
     for model in (SMALL, LARGE):
         mine = {"model": model, "tier": "paid"}
-        assert grew("floodgate_prompt_tokens_total", **mine) == usage[model]["prompt_tokens"]
-        assert grew("floodgate_generation_tokens_total", **mine) == usage[model]["completion_tokens"]
-        assert grew("floodgate_requests_finished_total", **mine, reason="length") == 1
-        assert grew("floodgate_time_to_first_token_seconds_count", **mine) == 1
-        assert grew("floodgate_queue_wait_seconds_count", **mine) == 1
+        assert count("floodgate_prompt_tokens_total", **mine) == usage[model]["prompt_tokens"]
+        assert count("floodgate_generation_tokens_total", **mine) == usage[model]["completion_tokens"]
+        assert count("floodgate_requests_finished_total", **mine, reason="length") == 1
+        assert count("floodgate_time_to_first_token_seconds_count", **mine) == 1
+        assert count("floodgate_queue_wait_seconds_count", **mine) == 1
     # Told apart, not only both counted: each model's reply had its own length.
     assert usage[SMALL]["completion_tokens"] == 3 and usage[LARGE]["completion_tokens"] == 5
