@@ -78,11 +78,15 @@ _READABLE_PARTS = ("text", "refusal")
 
 class ChatMessage(msgspec.Struct):
     role: Role
-    content: str | list[ContentPart] | None = None
+    # UNSET tells a message sent without content from one whose content is null: OpenAI names the
+    # first a missing parameter and the second a wrong type (_check_content).
+    content: str | list[ContentPart] | None | msgspec.UnsetType = msgspec.UNSET
 
     def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
+        if self.content is None or self.content is msgspec.UNSET:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
         return "\n".join(part.words() or "" for part in self.content)
 
 
@@ -213,8 +217,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             code="unsupported_value",
         )
     for index, message in enumerate(req.messages):
-        if isinstance(message.content, list):
-            _check_content_parts(message.content, index)
+        _check_content(message, index)
     for tools, choice, (tools_param, choice_param) in (
         (req.tools, req.tool_choice, ("tools", "tool_choice")),
         (req.functions, req.function_call, ("functions", "function_call")),
@@ -228,6 +231,28 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
                 code="unsupported_parameter",
             )
     return req
+
+
+def _check_content(message: ChatMessage, index: int) -> None:
+    """Only an assistant's message may come without content (as OpenAI's, whose content is then in
+    the tool calls it made): a user's or system's message without any would be read as an empty
+    turn, a prompt the client never meant (OpenAI refuses it; vLLM reads it as empty)."""
+    content = message.content
+    if isinstance(content, list):
+        _check_content_parts(content, index)
+    elif message.role != "assistant" and content is msgspec.UNSET:
+        raise invalid_request(
+            f"Missing required parameter: 'messages[{index}].content'.",
+            f"messages[{index}].content",
+            code="missing_required_parameter",
+        )
+    elif message.role != "assistant" and content is None:
+        raise invalid_request(
+            f"Invalid type for 'messages[{index}].content': expected one of a string or array of "
+            "objects, but got null instead.",
+            f"messages[{index}].content",
+            code="invalid_type",
+        )
 
 
 def _check_content_parts(parts: list[ContentPart], message: int) -> None:

@@ -55,6 +55,15 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         ({"model": MODEL, "messages": []}, "messages"),
         ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": MODEL, "messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}],
+            },
+            "messages[0].content",
+        ),
         (OK_BODY | {"temperature": "hot"}, "temperature"),
         (OK_BODY | {"temperature": 3.5}, "temperature"),
         (OK_BODY | {"max_tokens": 0}, "max_tokens"),
@@ -232,6 +241,35 @@ def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, 
     response = client.post(CHAT, json=body, headers=server.auth("paid"))
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_an_assistant_turn_may_come_without_content(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """As OpenAI's history has it after a tool call: the assistant's content null, or not sent."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = OK_BODY | {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "assistant"},
+            {"role": "user", "content": "and then?"},
+        ]
+    }
+    response = local_client.post(CHAT, json=body, headers=local_server.auth("paid"))
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [({"role": "user"}, "missing_required_parameter"), ({"role": "user", "content": None}, "invalid_type")],
+)
+def test_a_users_turn_without_content_is_named(
+    local_server: LiveServer, local_client: httpx.Client, message: dict[str, Any], code: str
+) -> None:
+    body = OK_BODY | {"messages": [{"role": "user", "content": "hi"}, message]}
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+    assert (error["param"], error["code"]) == ("messages[1].content", code)
 
 
 def test_context_length_exceeded(local_server: LiveServer, local_client: httpx.Client) -> None:
