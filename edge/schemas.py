@@ -80,7 +80,7 @@ class ChatMessage(msgspec.Struct):
     role: Role
     # UNSET tells a message sent without content from one whose content is null: OpenAI names the
     # first a missing parameter and the second a wrong type (_check_content).
-    content: str | list[ContentPart] | None | msgspec.UnsetType = msgspec.UNSET
+    content: str | list[ContentPart] | msgspec.UnsetType | None = msgspec.UNSET
 
     def text(self) -> str:
         if self.content is None or self.content is msgspec.UNSET:

@@ -1,5 +1,7 @@
 """GET /healthz (the process answers) and GET /readyz (this instance should get traffic).
 
+Both answer HEAD too, as uptime monitors and some load balancers probe: the status without the body.
+
 Readiness reads the replica state the dispatcher keeps from its own health polls: it never calls a
 replica itself, so hung replicas cannot make the load balancer's check time out. It fails while
 the process drains (edge/drain.py), so the load balancer stops sending before the listener closes,
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, get
+from litestar import HttpMethod, Request, route
 from litestar.response.base import ASGIResponse
 
 from edge.drain import Drain
@@ -18,13 +20,15 @@ from edge.membership.membership import FleetMembership
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
+_PROBE_METHODS = [HttpMethod.GET, HttpMethod.HEAD]
 
-@get("/healthz")
+
+@route("/healthz", http_method=_PROBE_METHODS)
 async def healthz() -> ASGIResponse:
     return json_response({"status": "ok"})
 
 
-@get("/readyz")
+@route("/readyz", http_method=_PROBE_METHODS)
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     state = request.app.state
     if "runtime" not in state:

@@ -161,6 +161,14 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
         assert family in text
 
 
+def test_health_and_readiness_answer_head(client: httpx.Client) -> None:
+    """A probe by HEAD gets GET's status and no body, and the connection stays usable after it."""
+    for path in ("/healthz", "/readyz"):
+        head = client.head(path)
+        assert (head.status_code, head.content) == (200, b"")
+    assert client.get("/healthz").json() == {"status": "ok"}  # the same connection, nothing left over
+
+
 def _counts(usage: dict[str, Any]) -> dict[str, int]:
     """The usage's token counts, without what the replica found in its prefix cache (a repeated
     prompt finds more; Triton reports none)."""
