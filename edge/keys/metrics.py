@@ -6,7 +6,8 @@ from prometheus_client import Counter
 
 KEY_LOOKUPS = Counter(
     "floodgate_key_lookups_total",
-    "API key lookups by where the answer came from: this edge's cache, or the shared key store.",
+    "API key lookups by where the answer came from: this edge's cache, the shared key store, or "
+    "shared (another request's read of the same key, under way).",
     ["source"],
 )
 KEY_REFUSALS = Counter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -12,7 +13,7 @@ from edge.errors import ApiError
 from edge.keys.authenticator import Authenticator
 from edge.keys.legacy import import_keys, parse_jsonl
 from edge.keys.lifecycle import KeyLifecycle, KeyNotFound, UnknownTier
-from edge.keys.record import hash_key
+from edge.keys.record import KeyRecord, hash_key
 from edge.keys.store import KeyStore
 from tests.limiter.clock import ManualClock
 
@@ -127,3 +128,73 @@ async def test_importing_the_old_keys_file_adds_keys_but_never_revives_one(key_s
     assert (again.added, again.present) == (0, 1)
     with pytest.raises(ApiError, match="revoked"):
         await auth.authenticate(f"Bearer {legacy_key}")
+
+
+class _GatedStore:
+    """The real store, its reads counted and their answers held until the test opens the gate."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+        self.reads = 0
+        self.failing = False
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        self.reads += 1
+        if self.failing:
+            raise ConnectionError("the key store is unreachable")
+        record = await self.store.get(key_sha256)
+        self.entered.set()
+        await self.gate.wait()
+        return record
+
+
+async def test_concurrent_requests_of_one_key_share_one_store_read(key_store: KeyStore) -> None:
+    key, record = await lifecycle(key_store).create("alice", "paid")
+    store = _GatedStore(key_store)
+    auth = Authenticator(store, ttl_s=5.0)  # type: ignore[arg-type]
+    first = asyncio.create_task(auth.authenticate(f"Bearer {key}"))
+    await store.entered.wait()
+    others = [asyncio.create_task(auth.authenticate(f"Bearer {key}")) for _ in range(15)]
+    first.cancel()  # its client went away: the read goes on for the others
+    store.gate.set()
+    principals = await asyncio.gather(*others)
+    assert {p.key_id for p in principals} == {record.id}
+    assert store.reads == 1
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await auth.authenticate(f"Bearer {key}")  # cached: no read
+    assert store.reads == 1
+
+
+async def test_a_key_invalidated_during_its_read_is_read_again(key_store: KeyStore) -> None:
+    keys = lifecycle(key_store)
+    key, record = await keys.create("alice", "free")
+    store = _GatedStore(key_store)
+    auth = Authenticator(store, ttl_s=5.0)  # type: ignore[arg-type]
+    before = asyncio.create_task(auth.authenticate(f"Bearer {key}"))
+    await store.entered.wait()
+    await keys.revoke(record.id)
+    auth.invalidate(record.key_sha256)  # announced while the read was under way
+    store.gate.set()
+    assert (await before).key_id == record.id  # what the store held when it was read
+    with pytest.raises(ApiError, match="revoked"):
+        await auth.authenticate(f"Bearer {key}")
+    assert store.reads == 2
+
+
+async def test_a_failed_read_is_a_503_for_every_waiting_request_and_is_not_kept(key_store: KeyStore) -> None:
+    key, _ = await lifecycle(key_store).create("alice", "paid")
+    store = _GatedStore(key_store)
+    auth = Authenticator(store, ttl_s=5.0)  # type: ignore[arg-type]
+    store.failing = True
+    store.gate.set()
+    results = await asyncio.gather(
+        *(auth.authenticate(f"Bearer {key}") for _ in range(4)), return_exceptions=True
+    )
+    assert [getattr(r, "status", r) for r in results] == [503] * 4
+    assert store.reads == 1
+    store.failing = False
+    assert (await auth.authenticate(f"Bearer {key}")).user == "alice"  # read again, not a kept failure
+    assert store.reads == 2
