@@ -5,8 +5,12 @@ python -m bench.cold_burst [--paths local,triton] [--bursts 3] [--streams 16] [-
 Each path starts its own edge on the real model (bench/edge_server.py: the in-process engine, or
 local Triton with the CPU model), then sends `--streams` new prompts at once, `--bursts` times with
 `--pause` seconds between, and prints each burst's time to first token at the client (p50, max, and
-every stream's). The first burst is what a replica that just joined meets; the later ones, a warm
-replica. Why it matters and what it found: gpu_container/engine/kv_cache.py, docs/benchmarks.md.
+every stream's) and the prompt tokens the replica found in its prefix cache. The first burst is what
+a replica that just joined meets; the later ones, a warm replica. Every prompt of every burst is new
+from its first word: the template's system prompt is all a later burst finds cached, as any prompt
+on a warm replica would (until 2026-12-04 each burst repeated the first's prompts, and a later
+burst's prefix cache hits read as warmth). Why it matters and what it found:
+gpu_container/engine/kv_cache.py, docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from bench.loadgen import one_stream
 MODEL = "smollm2-135m-instruct"
 
 
-async def burst(base_url: str, key: str, streams: int, max_tokens: int) -> list[float]:
-    """Every stream's TTFT in ms; a new prompt each, so no prefix cache helps."""
+async def burst(
+    base_url: str, key: str, streams: int, max_tokens: int, index: int
+) -> tuple[list[float], int]:
+    """Every stream's TTFT in ms, and the prompt tokens found in the prefix cache; a prompt no
+    earlier burst sent, different from its first word."""
     url = base_url + "/v1/chat/completions"
-    prompts = [f"Tell me about continuous batching, take {i}." for i in range(streams)]
+    prompts = [f"Take {index}.{i}: tell me about continuous batching." for i in range(streams)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         results = await asyncio.gather(
             *(one_stream(session, url, key, prompt, max_tokens, MODEL) for prompt in prompts)
@@ -37,7 +44,8 @@ async def burst(base_url: str, key: str, streams: int, max_tokens: int) -> list[
     errors = [r.error for r in results if r.error]
     if errors:
         raise RuntimeError(f"streams failed: {errors}")
-    return sorted(round(r.ttft_s * 1e3, 1) for r in results if r.ttft_s is not None)
+    ttfts = sorted(round(r.ttft_s * 1e3, 1) for r in results if r.ttft_s is not None)
+    return ttfts, sum(r.cached_tokens for r in results)
 
 
 def main() -> None:
@@ -52,13 +60,16 @@ def main() -> None:
     for path in args.paths.split(","):
         with edge_process(triton="local" if path == "triton" else None, model=MODEL) as edge:
             for index in range(args.bursts):
-                ttfts = asyncio.run(burst(edge.base_url, edge.key, args.streams, args.max_tokens))
+                ttfts, cached = asyncio.run(
+                    burst(edge.base_url, edge.key, args.streams, args.max_tokens, index)
+                )
                 row = {
                     "path": path,
                     "burst": index,
                     "ttft_p50_ms": statistics.median(ttfts),
                     "ttft_max_ms": ttfts[-1],
                     "ttfts_ms": ttfts,
+                    "cached_prompt_tokens": cached,
                 }
                 print(json.dumps(row), flush=True)
                 time.sleep(args.pause)

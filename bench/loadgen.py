@@ -19,6 +19,8 @@ class StreamResult:
     ttft_s: float | None = None
     inter_token_s: list[float] = field(default_factory=list)
     completion_tokens: int = 0
+    # Of the prompt's tokens, those the replica found in its prefix cache (Triton reports none).
+    cached_tokens: int = 0
     error: str | None = None
 
 
@@ -75,8 +77,11 @@ async def one_stream(
                 if "error" in event:
                     result.error = str(event["error"].get("code") or event["error"].get("type"))
                     continue
-                if event.get("usage"):
-                    result.completion_tokens = int(event["usage"]["completion_tokens"])
+                if usage := event.get("usage"):
+                    result.completion_tokens = int(usage["completion_tokens"])
+                    result.cached_tokens = int(
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    )
                 for choice in event.get("choices", []):
                     if choice.get("delta", {}).get("content"):
                         now = time.perf_counter()
