@@ -8,7 +8,7 @@ local Triton with the CPU model), then sends `--streams` new prompts at once, `-
 every stream's) and the prompt tokens the replica found in its prefix cache. The first burst is what
 a replica that just joined meets; the later ones, a warm replica. Every prompt of every burst is new
 from its first word: the template's system prompt is all a later burst finds cached, as any prompt
-on a warm replica would (until 2026-12-04 each burst repeated the first's prompts, and a later
+on a warm replica would (until 2026-12-03 each burst repeated the first's prompts, and a later
 burst's prefix cache hits read as warmth). Why it matters and what it found:
 gpu_container/engine/kv_cache.py, docs/benchmarks.md.
 """
