@@ -354,12 +354,17 @@ _NEW_PROMPT_NUMBERS = itertools.count()
 
 
 def _body(max_tokens: int, prompt: str = PROMPT) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "model": "floodgate-tiny",
         "messages": [{"role": "user", "content": prompt}],
         "stream": True,
         "max_tokens": max_tokens,
     }
+    # STREAMS_STOP="<JSON list>": stop strings on every request (the paced tokens never match
+    # them): what matching them costs a token.
+    if stop := os.environ.get("STREAMS_STOP"):
+        body["stop"] = json.loads(stop)
+    return body
 
 
 async def _one_stream(session: aiohttp.ClientSession, url: str, headers: dict[str, str], prompt: str) -> bool:

@@ -9,7 +9,8 @@ nothing would make the token wait (the lease grants it locally, the chunk goes s
 transport) it is relayed there and the stream's task sleeps on. Anything else goes through the
 task as before (`run`), which awaits what must be awaited: the lease's store call, a slow reader's
 send (flow control and the stalled-reader watch), the first token (TTFT, keep-alives), the last
-delta, and stop strings, whose end of stream the task must act on.
+delta, and a stop string found, whose end of stream the task must act on (stop strings themselves
+are matched in `offer` too: a reply that has them would otherwise wake its task every token).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class TokenRelay:
         "_on_text",
         "_out",
         "_pending",
+        "_stop_text",
         "_stops",
         "_try_take",
         "_watch_stops",
@@ -86,6 +88,9 @@ class TokenRelay:
         # A delta `offer` relayed whose write must still be awaited (`run` awaits it first).
         self._consumed: Delta | None = None
         self._pending: Awaitable[None] | None = None
+        # The text before the stop string `offer` found in the delta it consumed: `run` writes it
+        # and ends the reply.
+        self._stop_text: str | None = None
 
     def offer(self, delta: Delta) -> bool:
         """Relay `delta` now if nothing would make it wait: True when it is done with (the caller
@@ -97,7 +102,7 @@ class TokenRelay:
             delta.finish_reason is not None
             or not ids
             or out.ttft_s is None
-            or self._watch_stops
+            or self._stop_text is not None
             or self._pending is not None
             or self._granted is not None
         ):
@@ -116,6 +121,11 @@ class TokenRelay:
         if self._grow is not None:
             self._grow(out.completion_tokens)
         text = self._detok.push(ids)
+        if text and self._watch_stops:
+            text, stopped = self._stops.feed(text, out.completion_tokens)
+            if stopped:
+                self._consumed, self._stop_text = delta, text
+                return False
         if text and (written := self._on_text(text)) is not None:
             self._consumed, self._pending = delta, written  # a paused or gone reader: the send decides
             return False
@@ -147,6 +157,12 @@ class TokenRelay:
                 await pending
             if delta is self._consumed:
                 self._consumed = None
+                if self._stop_text is not None:
+                    text, self._stop_text = self._stop_text, None
+                    if text and (written := on_text(text)) is not None:
+                        await written
+                    out.reason = "stop"
+                    return
                 continue
             ids = delta.token_ids
             finish = delta.finish_reason

@@ -27,7 +27,7 @@ from gpu_container.contract import (
     UpstreamError,
 )
 from gpu_container.engine.mailbox import Mailbox
-from gpu_container.engine.types import EngineStats, SamplingParams
+from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
 
 
 def sampling_params(req: GenerationRequest) -> SamplingParams:
@@ -104,10 +104,26 @@ class EngineFront(abc.ABC):
         """`generate`, with each output the stream waits for offered to `offer` on arrival
         (edge/upstreams/direct.py); what it declines comes through the iterator."""
         mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.abort(req.request_id))
-        mailbox.offer = lambda output: offer(Delta(output.token_ids, None, output.cached_tokens))
-        return self._deltas(req, mailbox)
+        # The delta `offer` declined, and its output: the iterator yields that same delta (the
+        # relay may have written part of it and knows it by identity, edge/token_relay.py).
+        declined: list[tuple[TokenOutput, Delta]] = []
 
-    async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:
+        def offer_output(output: TokenOutput) -> bool:
+            delta = Delta(output.token_ids, None, output.cached_tokens)
+            if offer(delta):
+                return True
+            declined[:] = [(output, delta)]
+            return False
+
+        mailbox.offer = offer_output
+        return self._deltas(req, mailbox, declined)
+
+    async def _deltas(
+        self,
+        req: GenerationRequest,
+        mailbox: Mailbox,
+        declined: list[tuple[TokenOutput, Delta]] | None = None,
+    ) -> AsyncGenerator[Delta, None]:
         try:
             self._submit(req, sampling_params(req), mailbox)
         except ValueError as exc:
@@ -121,7 +137,10 @@ class EngineFront(abc.ABC):
                 finished = output.finish_reason is not None
                 if output.error is not None:
                     raise UpstreamError(output.error)
-                yield Delta(output.token_ids, output.finish_reason, output.cached_tokens)
+                if declined and declined[0][0] is output:
+                    yield declined.pop()[1]
+                else:
+                    yield Delta(output.token_ids, output.finish_reason, output.cached_tokens)
         finally:
             if not finished:
                 self.abort(req.request_id)

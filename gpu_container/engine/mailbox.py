@@ -38,6 +38,10 @@ class Mailbox:
         self._error: Exception | None = None
         # What `take` waits on while nothing is pending (done once something is, or when cancelled).
         self._waiter: asyncio.Future[None] | None = None
+        # The output `offer` declined, which `take` hands over alone: the edge may have relayed part
+        # of it already (a write left to await, a stop string found) and knows it by identity, so it
+        # must come as it was offered, not merged with the outputs after it.
+        self._declined: TokenOutput | None = None
         self.offer: Offer | None = None
 
     def post(self, output: TokenOutput) -> None:
@@ -66,6 +70,7 @@ class Mailbox:
                 try:
                     if offer(output):
                         return
+                    self._declined = output
                 except Exception as exc:
                     # Called in the step that delivers every stream's output: one stream's failed
                     # relay ends that stream with an error, never the others' outputs.
@@ -91,7 +96,9 @@ class Mailbox:
         if self._error is not None:
             raise self._error
         outputs, self._pending = self._pending, []
-        if len(outputs) == 1:
+        if len(outputs) == 1 or outputs[0] is self._declined:
+            self._declined = None
+            self._pending = outputs[1:]
             return outputs[0]
         merged = TokenOutput(outputs[0].request_id)
         for output in outputs:

@@ -16,6 +16,10 @@ from edge.pipeline import Outcome
 from edge.text.stops import StopMatcher
 from edge.token_relay import TOKENS_LIMIT_MARKER, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest
+from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.types import EngineConfig
+from tests.support.live_server import demo_model_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +50,9 @@ class _Detok:
 class _Stream:
     """One stream: its relay, what it wrote, and how many deltas woke its task."""
 
-    def __init__(self, budget: int, writer: Any = None) -> None:
+    def __init__(
+        self, budget: int, writer: Any = None, stops: list[str] | None = None, detok: Any = None
+    ) -> None:
         self.out = Outcome()
         self.lease = _Lease(budget)
         self.written: list[str] = []
@@ -56,8 +62,8 @@ class _Stream:
         self.relay = TokenRelay(
             self.out,
             self._on_text,
-            _Detok(),  # type: ignore[arg-type]
-            StopMatcher([]),
+            detok or _Detok(),
+            StopMatcher(stops or []),
             self.lease,  # type: ignore[arg-type]
             self.grown.append,
             0.0,
@@ -152,6 +158,35 @@ async def test_a_paused_writer_falls_back_to_the_task_and_keeps_the_order() -> N
     assert stream.woken == 3
 
 
+class _Counting:
+    """Each token's text is its place in the reply: "<1>", "<2>", ..."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def push(self, ids: list[int]) -> str:
+        texts = []
+        for _ in ids:
+            self.count += 1
+            texts.append(f"<{self.count}>")
+        return "".join(texts)
+
+    def flush(self) -> str:
+        return ""
+
+
+async def test_a_reply_with_stop_strings_takes_the_direct_path_until_one_is_found() -> None:
+    """Stop strings are matched where the step hands the token over: only the first token and the
+    one that completes the stop string wake the task, which ends the reply with the text before it."""
+    upstream = PacedUpstream(0.001, replicas=1)
+    stream = _Stream(budget=100, stops=["<6>", "<9>"], detok=_Counting())
+    await stream.run(upstream, 20)
+    await upstream.aclose()
+    assert "".join(stream.written) == "<1><2><3><4><5>"
+    assert (stream.out.reason, stream.out.completion_tokens) == ("stop", 6)
+    assert stream.woken == 2
+
+
 async def test_a_cancelled_stream_is_offered_nothing_more_and_ends_its_sequence() -> None:
     """Cancelled from inside a step (as a disconnect's cancel can land between two streams' offers):
     the next steps skip it, and closing its deltas (the pipeline's _give_back_slot) ends the sequence."""
@@ -172,3 +207,39 @@ async def test_a_cancelled_stream_is_offered_nothing_more_and_ends_its_sequence(
     assert stream.written == [TOKEN] * 5
     assert stream.out.completion_tokens == 5
     assert upstream._clocks[0].live == 0
+
+
+async def test_a_paused_writer_on_the_engines_mailbox_relays_each_token_once() -> None:
+    """The in-process engine's front offers each output as a Delta of its own making: a delta the
+    relay took and declined (its write had to wait, or it held a stop string) must reach the task as
+    that same delta, or the task relays its tokens a second time."""
+    engine = LLMEngine.from_pretrained(demo_model_dir(), EngineConfig(block_size=16, num_blocks=32))
+    engine.start()
+    upstream = AsyncEngine(engine, "local-0")
+
+    def request(rid: str) -> GenerationRequest:
+        return GenerationRequest(rid, [1, 2, 3], max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+    def writer(stream: _Stream, text: str) -> Awaitable[None] | None:
+        stream.written.append(text)
+        if len(stream.written) % 3:
+            return None
+        return asyncio.sleep(0)  # a send that waits: the slow reader's flow control
+
+    async def relayed(stream: _Stream, rid: str) -> list[str]:
+        deltas = upstream.generate_direct(request(rid), stream.relay.offer)
+        try:
+            await stream.relay.run(stream.counted(deltas))
+        finally:
+            await aclose_stream(deltas)
+        return stream.written
+
+    try:
+        plain = await relayed(_Stream(budget=100), "plain")
+        paused = _Stream(budget=100, writer=writer)
+        got = await relayed(paused, "paused")
+        assert got == plain
+        assert paused.out.completion_tokens == 12
+        assert paused.woken < 12  # the direct path was taken between the waiting writes
+    finally:
+        await upstream.aclose()
