@@ -240,13 +240,15 @@ def _check_content(message: ChatMessage, index: int) -> None:
     content = message.content
     if isinstance(content, list):
         _check_content_parts(content, index)
-    elif message.role != "assistant" and content is msgspec.UNSET:
+    elif isinstance(content, str) or message.role == "assistant":
+        return
+    elif content is msgspec.UNSET:
         raise invalid_request(
             f"Missing required parameter: 'messages[{index}].content'.",
             f"messages[{index}].content",
             code="missing_required_parameter",
         )
-    elif message.role != "assistant" and content is None:
+    else:
         raise invalid_request(
             f"Invalid type for 'messages[{index}].content': expected one of a string or array of "
             "objects, but got null instead.",

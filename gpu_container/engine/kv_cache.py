@@ -5,10 +5,10 @@ device memory held from the start. Left to the kernel (numpy's zeros are pages m
 write), the first requests a fresh engine served paid the faults of every block they touched, in
 both its threads at once: 16 new prompts at once on a just-started engine had their first tokens
 after 1.3-2.0 s (p50) through local Triton and 0.9-1.1 s in process, against 0.54-0.62 and
-0.57-0.68 s with the pool committed, what a burst a few seconds later takes (SmolLM2-135M,
-`python -m bench.cold_burst`, docs/benchmarks.md). What it costs: the configured pool's memory from
-the start (720 MiB for SmolLM2-135M's 1,024 blocks, resident in 0.28 s) instead of as the blocks are
-first used, which the engine was sized to hold anyway.
+0.57-0.68 s with the pool committed (SmolLM2-135M, `python -m bench.cold_burst`, docs/benchmarks.md;
+with new prompts in every burst, the first now costs what later ones do). What it costs: the
+configured pool's memory from the start (720 MiB for SmolLM2-135M's 1,024 blocks, resident in
+0.28 s) instead of as the blocks are first used, which the engine was sized to hold anyway.
 """
 
 from __future__ import annotations
