@@ -6,7 +6,8 @@ engine_process.py); each says how to submit a request, abort one, read the stats
 the contract asks of a replica is written here, once:
 
 - the contract's request becomes the engine's SamplingParams (sampling_params);
-- the engine's outputs become Deltas, and an output carrying an error raises UpstreamError;
+- the engine's outputs become Deltas in its mailbox (mailbox.py), where an output carrying an
+  error raises UpstreamError;
 - a request the engine refuses for its own parameters (its ValueError) raises RequestRejected, an
   engine that cannot take it (stopped, dead: RuntimeError) raises UpstreamError;
 - leaving the stream early (break, aclose, task cancellation) aborts the sequence, which frees its
@@ -27,7 +28,7 @@ from gpu_container.contract import (
     UpstreamError,
 )
 from gpu_container.engine.mailbox import Mailbox
-from gpu_container.engine.types import EngineStats, SamplingParams, TokenOutput
+from gpu_container.engine.types import EngineStats, SamplingParams
 
 
 def sampling_params(req: GenerationRequest) -> SamplingParams:
@@ -101,29 +102,13 @@ class EngineFront(abc.ABC):
     def generate_direct(
         self, req: GenerationRequest, offer: Callable[[Delta], bool]
     ) -> AsyncGenerator[Delta, None]:
-        """`generate`, with each output the stream waits for offered to `offer` on arrival
-        (edge/upstreams/direct.py); what it declines comes through the iterator."""
+        """`generate`, with each delta the stream waits for offered to `offer` on arrival
+        (edge/upstreams/direct.py); what it declines comes through the iterator, as it was offered."""
         mailbox = Mailbox(asyncio.get_running_loop(), lambda: self.abort(req.request_id))
-        # The delta `offer` declined, and its output: the iterator yields that same delta (the
-        # relay may have written part of it and knows it by identity, edge/token_relay.py).
-        declined: list[tuple[TokenOutput, Delta]] = []
+        mailbox.offer = offer
+        return self._deltas(req, mailbox)
 
-        def offer_output(output: TokenOutput) -> bool:
-            delta = Delta(output.token_ids, None, output.cached_tokens)
-            if offer(delta):
-                return True
-            declined[:] = [(output, delta)]
-            return False
-
-        mailbox.offer = offer_output
-        return self._deltas(req, mailbox, declined)
-
-    async def _deltas(
-        self,
-        req: GenerationRequest,
-        mailbox: Mailbox,
-        declined: list[tuple[TokenOutput, Delta]] | None = None,
-    ) -> AsyncGenerator[Delta, None]:
+    async def _deltas(self, req: GenerationRequest, mailbox: Mailbox) -> AsyncGenerator[Delta, None]:
         try:
             self._submit(req, sampling_params(req), mailbox)
         except ValueError as exc:
@@ -133,14 +118,9 @@ class EngineFront(abc.ABC):
         finished = False
         try:
             while not finished:
-                output = await mailbox.take()
-                finished = output.finish_reason is not None
-                if output.error is not None:
-                    raise UpstreamError(output.error)
-                if declined and declined[0][0] is output:
-                    yield declined.pop()[1]
-                else:
-                    yield Delta(output.token_ids, output.finish_reason, output.cached_tokens)
+                delta = await mailbox.take()
+                finished = delta.finish_reason is not None
+                yield delta
         finally:
             if not finished:
                 self.abort(req.request_id)

@@ -1,11 +1,14 @@
-"""Outputs of one request, carried from the engine's thread (or process reader) to its event loop.
+"""One request's outputs, carried from the engine's thread (or process reader) to its event loop as
+the seam's deltas (gpu_container/contract.py).
 
-The consumer drains everything that piled up since it last looked, so a lagging consumer gets
-several steps' tokens in one output instead of falling further behind.
+Each output becomes a `Delta` once, on the loop, where it arrives; one carrying an error fails the
+stream (take raises UpstreamError). The consumer drains everything that piled up since it last
+looked, so a lagging consumer gets several steps' tokens in one delta instead of falling further
+behind.
 
-While the consumer waits in `take` with nothing pending, an output may be offered to `offer`
-instead (the edge's direct relay, edge/upstreams/direct.py): the engine process hands a whole
-step's outputs to the loop in one callback, and a token the edge relays right there wakes no task.
+While the consumer waits in `take` with nothing pending, a delta may be offered to `offer` instead
+(the edge's direct relay, edge/upstreams/direct.py): the engine process hands a whole step's
+outputs to the loop in one callback, and a token the edge relays right there wakes no task.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from collections.abc import Callable
 
 import structlog
 
-from gpu_container.contract import UpstreamError
+from gpu_container.contract import Delta, UpstreamError
 from gpu_container.engine.types import TokenOutput
 
 log = structlog.get_logger(__name__)
 
-# Takes an output while the consumer waits (True: relayed, not to be delivered again).
-Offer = Callable[[TokenOutput], bool]
+# Takes a delta while the consumer waits (True: relayed, not to be delivered again).
+Offer = Callable[[Delta], bool]
 
 
 class Mailbox:
@@ -34,14 +37,14 @@ class Mailbox:
     ) -> None:
         self.loop = loop
         self._on_orphaned = on_orphaned
-        self._pending: list[TokenOutput] = []
+        self._pending: list[Delta] = []
         self._error: Exception | None = None
         # What `take` waits on while nothing is pending (done once something is, or when cancelled).
         self._waiter: asyncio.Future[None] | None = None
-        # The output `offer` declined, which `take` hands over alone: the edge may have relayed part
-        # of it already (a write left to await, a stop string found) and knows it by identity, so it
-        # must come as it was offered, not merged with the outputs after it.
-        self._declined: TokenOutput | None = None
+        # The delta `offer` declined, which `take` hands over alone and as it is: the edge may have
+        # relayed part of it already (a write left to await, a stop string found) and knows it by
+        # identity (edge/token_relay.py), so it is never merged with the deltas after it.
+        self._declined: Delta | None = None
         self.offer: Offer | None = None
 
     def post(self, output: TokenOutput) -> None:
@@ -61,16 +64,20 @@ class Mailbox:
 
     def put(self, output: TokenOutput) -> None:
         """Called on the loop."""
+        if output.error is not None:
+            self._fail(UpstreamError(output.error))
+            return
+        delta = Delta(output.token_ids, output.finish_reason, output.cached_tokens)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            # The consumer waits for this very output, and only for it (nothing pending, not
+            # The consumer waits for this very delta, and only for it (nothing pending, not
             # cancelled): offered first, it is delivered through take only if declined.
             offer = self.offer
-            if offer is not None and output.finish_reason is None and output.error is None:
+            if offer is not None and delta.finish_reason is None:
                 try:
-                    if offer(output):
+                    if offer(delta):
                         return
-                    self._declined = output
+                    self._declined = delta
                 except Exception as exc:
                     # Called in the step that delivers every stream's output: one stream's failed
                     # relay ends that stream with an error, never the others' outputs.
@@ -78,15 +85,15 @@ class Mailbox:
                     self._fail(UpstreamError(f"relaying the output failed: {exc!r}"))
                     return
             waiter.set_result(None)
-        self._pending.append(output)
+        self._pending.append(delta)
 
     def _fail(self, error: Exception) -> None:
         self._error = error
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def take(self) -> TokenOutput:
-        """Everything posted since the last take, merged into one output."""
+    async def take(self) -> Delta:
+        """Everything put since the last take, as one delta (a declined one alone)."""
         if not self._pending and self._error is None:
             self._waiter = self.loop.create_future()
             try:
@@ -95,15 +102,14 @@ class Mailbox:
                 self._waiter = None
         if self._error is not None:
             raise self._error
-        outputs, self._pending = self._pending, []
-        if len(outputs) == 1 or outputs[0] is self._declined:
+        deltas, self._pending = self._pending, []
+        if len(deltas) == 1 or deltas[0] is self._declined:
             self._declined = None
-            self._pending = outputs[1:]
-            return outputs[0]
-        merged = TokenOutput(outputs[0].request_id)
-        for output in outputs:
-            merged.token_ids.extend(output.token_ids)
-            merged.finish_reason = output.finish_reason
-            merged.error = output.error
-            merged.cached_tokens += output.cached_tokens
+            self._pending = deltas[1:]
+            return deltas[0]
+        merged = Delta([])
+        for delta in deltas:
+            merged.token_ids.extend(delta.token_ids)
+            merged.finish_reason = delta.finish_reason
+            merged.cached_tokens += delta.cached_tokens
         return merged

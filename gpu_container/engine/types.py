@@ -1,7 +1,8 @@
 """Plain data the engine exchanges with its callers (its async front, front.py; the Triton model).
 
-The seam's contract (gpu_container/contract.py) is translated to and from these in one place, the
-front; the Triton model reads TensorRT-LLM's tensors into them (triton/cpu/tensors.py).
+The seam's contract (gpu_container/contract.py) is translated to these in the front (a request's
+sampling, front.py) and from them in the request's mailbox (its outputs, mailbox.py); the Triton
+model reads TensorRT-LLM's tensors into them (triton/cpu/tensors.py).
 """
 
 from __future__ import annotations

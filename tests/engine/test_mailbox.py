@@ -1,5 +1,6 @@
 """gpu_container/engine/mailbox.py: an output the consumer waits for is offered to the edge's
-direct relay first (no wake-up when taken); anything else is delivered through take, in order."""
+direct relay first, as a delta (no wake-up when taken); anything else is delivered through take, in
+order; an output carrying an error fails the stream."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import asyncio
 
 import pytest
 
-from gpu_container.contract import UpstreamError
+from gpu_container.contract import Delta, UpstreamError
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import TokenOutput
 
 pytestmark = pytest.mark.anyio
 
 
-async def _parked(mailbox: Mailbox) -> asyncio.Task[TokenOutput]:
+async def _parked(mailbox: Mailbox) -> asyncio.Task[Delta]:
     task = asyncio.ensure_future(mailbox.take())
     await asyncio.sleep(0)  # one loop pass: the task is now waiting inside take
     assert mailbox._waiter is not None and not mailbox._waiter.done()
@@ -39,7 +40,7 @@ async def test_a_declined_output_is_taken_alone_and_later_ones_after_it_in_order
     """The relay may have written part of what it declined and knows it by identity: it comes as
     it was offered, never merged with what came after it (edge/token_relay.py)."""
     mailbox = Mailbox(asyncio.get_running_loop())
-    offered: list[TokenOutput] = []
+    offered: list[Delta] = []
     mailbox.offer = lambda out: offered.append(out) or False
     task = await _parked(mailbox)
     mailbox.put(TokenOutput("r", [1]))
@@ -66,7 +67,7 @@ async def test_a_relay_that_raises_ends_its_own_stream_with_an_error_and_no_othe
     loop = asyncio.get_running_loop()
     broken, healthy = Mailbox(loop), Mailbox(loop)
 
-    def fail(out: TokenOutput) -> bool:
+    def fail(out: Delta) -> bool:
         raise RuntimeError("the relay broke")
 
     broken.offer = fail
@@ -77,3 +78,20 @@ async def test_a_relay_that_raises_ends_its_own_stream_with_an_error_and_no_othe
     with pytest.raises(UpstreamError, match="the relay broke"):
         await tasks[0]
     assert (await tasks[1]).token_ids == [1]
+
+
+async def test_an_output_carrying_an_error_fails_the_stream_with_what_it_had_pending() -> None:
+    """As a merged output carrying the error did: the tokens not yet taken go with the stream."""
+    mailbox = Mailbox(asyncio.get_running_loop())
+    mailbox.put(TokenOutput("r", [1]))
+    mailbox.put(TokenOutput("r", [], "error", "the step failed"))
+    with pytest.raises(UpstreamError, match="the step failed"):
+        await mailbox.take()
+
+
+async def test_a_lagging_consumer_gets_what_piled_up_as_one_delta() -> None:
+    mailbox = Mailbox(asyncio.get_running_loop())
+    mailbox.put(TokenOutput("r", [1], cached_tokens=32))
+    mailbox.put(TokenOutput("r", [2]))
+    mailbox.put(TokenOutput("r", [3], "stop"))
+    assert await mailbox.take() == Delta([1, 2, 3], "stop", 32)
