@@ -195,11 +195,13 @@ def create_app(
             app.state.fleet = None
             if lim.backend == "redis":
                 # The live edge count sets every dispatcher's replica share and the fallback divisor;
-                # the departed edges, whose users' concurrency slots the limiter frees.
+                # the departed edges, whose users' concurrency slots the limiter frees; and this
+                # edge's own slots put back when it returns from being counted out.
                 redis_limiter = limiter if isinstance(limiter, RedisLimiter) else None
                 divide = redis_limiter.set_instance_count if redis_limiter else None
                 free = redis_limiter.free_slots_of if redis_limiter else None
-                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide, free)
+                restore = redis_limiter.restore_slots if redis_limiter else None
+                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide, free, restore)
                 app.state.fleet = await stack.enter_async_context(fleet)
             catalog = ModelCatalog(pipelines, settings.tiers, several=bool(settings.models))
             app.state.runtime = Runtime(

@@ -151,6 +151,11 @@ class RedisLimiter:
         # though the restore landed: without another restore Redis admitted one too many beside
         # it (the over-admission by one that the kill drills found about one run in four).
         self._synced_fallback = 0
+        # Counts the times the fleet counted this instance out and it came back (`restore_slots`),
+        # and the count the last restore covered.
+        self._counted_out = 0
+        self._synced_counted_out = 0
+        self._restoring: asyncio.Task[None] | None = None
         self._resync_lock = asyncio.Lock()
         self._health = StoreHealth(backoff_s)
         self._settles = SettleQueue(self._send_settles, self._health)
@@ -226,6 +231,25 @@ class RedisLimiter:
         """From now on an admit that finds its user's slots full frees those of `holders` first:
         the request-id prefixes of edge instances that died holding them (admit.lua)."""
         self._departed = " ".join(holders)
+
+    def restore_slots(self) -> None:
+        """This instance is back in the fleet after the others counted it out (a stall past its
+        membership TTL, edge/membership/): their admits may have freed its running requests' slots
+        as a dead instance's (admit.lua), which leaves its users over their concurrency limit and
+        its settles refunding nothing (settle.lua refunds with the slot it removes). Puts them back
+        now (restore.lua, as after an outage: a settled request gets none), and before the next
+        admit should this fail. Call on the loop."""
+        self._counted_out += 1
+        if self._restoring is None or self._restoring.done():
+            self._restoring = asyncio.get_running_loop().create_task(
+                self._restore_now(), name="limiter-restore"
+            )
+
+    async def _restore_now(self) -> None:
+        try:
+            await self._resync()
+        except (_NotSent, _NoAnswer):
+            pass  # counted as the store's failure: the next admit restores first
 
     @property
     def fallback_active(self) -> bool:
@@ -478,9 +502,13 @@ class RedisLimiter:
         return granted
 
     def _in_sync(self) -> bool:
-        """Redis holds what this instance counted: no failure and no fallback "allowed" since the
-        snapshot the last restore put back."""
-        return self._synced_at == self._health.failures and self._synced_fallback == self._fallback_allowed
+        """Redis holds what this instance counted: no failure, no fallback "allowed" and no return
+        to the fleet since the snapshot the last restore put back."""
+        return (
+            self._synced_at == self._health.failures
+            and self._synced_fallback == self._fallback_allowed
+            and self._synced_counted_out == self._counted_out
+        )
 
     async def _resync(self) -> None:
         """Put back on Redis what this instance counted while Redis failed (restore.lua), every
@@ -496,6 +524,7 @@ class RedisLimiter:
                 return
             # Read with the snapshot, in the same step: whatever comes after it needs another.
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
+            counted_out = self._counted_out
             calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
             for user in self._local.active_users():
                 snap = self._local.snapshot(user)
@@ -505,6 +534,7 @@ class RedisLimiter:
             if calls:
                 await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
+            self._synced_counted_out = counted_out
             log.info("limiter_restored", users=len(calls))
 
     def _settle_op(
@@ -597,6 +627,10 @@ class RedisLimiter:
         return results
 
     async def aclose(self) -> None:
+        restoring, self._restoring = self._restoring, None
+        if restoring is not None:
+            restoring.cancel()
+            await asyncio.wait({restoring})
         if self._direct is not None:
             self._direct.close()
         for batcher in self._batchers:

@@ -7,7 +7,9 @@ this process registers in the fleet and applies every new view to what used to r
 * the fail-open fallback limiter divides each limit by `view.divisor`;
 * the limiter frees the concurrency slots of `view.departed`, members that stopped beating: their
   streams died with them (a crash, a kill), and their users would otherwise be refused for up to the
-  slots' TTL ([limiter] slot_ttl_s, 5 minutes by default) for streams nobody serves.
+  slots' TTL ([limiter] slot_ttl_s, 5 minutes by default) for streams nobody serves;
+* back after being counted out itself (it only stalled, its streams live), this process has the
+  limiter put its running requests' slots back (`restore_slots`).
 
 A member is one process: its id carries the host and the pid, so `serve --workers N` counts N, and
 ends with the tag its request ids carry (edge/request_ids.py).
@@ -97,6 +99,7 @@ async def joined_fleet(
     drain: Drain,
     set_divisor: Callable[[int], None] | None,
     free_slots_of: Callable[[Collection[str]], None] | None = None,
+    restore_slots: Callable[[], None] | None = None,
 ) -> AsyncIterator[FleetMembership]:
     """Join the fleet (the first beat, done here), keep beating, leave on exit."""
     settings = MembershipSettings(
@@ -109,7 +112,11 @@ async def joined_fleet(
     )
     client = _client(limiter, fleet.heartbeat_s)
     membership = FleetMembership(
-        client, member_id(), settings, apply_view(dispatchers, set_divisor, free_slots_of)
+        client,
+        member_id(),
+        settings,
+        apply_view(dispatchers, set_divisor, free_slots_of),
+        on_back=restore_slots,
     )
 
     def hand_over() -> None:

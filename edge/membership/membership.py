@@ -9,7 +9,10 @@ beat to spare). The first member of an empty fleet has nobody to wait for and se
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
-the static `instance_count` takes over until Redis answers again.
+the static `instance_count` takes over until Redis answers again. Back after the others counted it
+out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP): it joins again as a newcomer,
+since they took its share, and has its running requests' slots put back (`on_back`), since their
+admits may have freed them as a dead member's.
 """
 
 from __future__ import annotations
@@ -63,11 +66,20 @@ class FleetMembership:
         settings: MembershipSettings,
         on_change: Callable[[FleetView], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_back: Callable[[], None] | None = None,
     ) -> None:
+        """`on_back`: called when a beat finds this instance back after the others counted it
+        out (a stall past `ttl_s`), and again once it serves: its running requests' slots, which
+        their admits may have freed as a dead member's, are to be put back (the limiter's
+        `restore_slots`)."""
         self.member_id = member_id
         self.settings = settings
         self._registry = MembershipRegistry(client, settings.fleet, settings.remember_departed_s)
         self._on_change = on_change
+        self._on_back = on_back
+        # Back from being counted out, the slots put back once more when this instance serves:
+        # until their next beat, the others' views still name it departed.
+        self._restore_when_serving = False
         self._clock = clock
         self._joined_at: float | None = None  # first beat Redis accepted
         self._last_ok: float | None = None
@@ -123,18 +135,30 @@ class FleetMembership:
             if cancelling():
                 raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
-        if self._joined_at is None and set(self._fleet.claims) <= {self.member_id}:
+        alone = set(self._fleet.claims) <= {self.member_id}
+        back = self._fleet.back and self._joined_at is not None
+        if self._joined_at is None and alone:
             # The first member of an empty fleet: nobody has to make room, so no wait (one edge
             # alone serves at once). A later joiner finds this claim and waits for it to shrink.
             self._joined_at = now - self.settings.join_wait_s
-        elif self._joined_at is None or self.view.source == "fallback":
-            # (Re)joining: after an outage the others may have counted this member out.
+        elif self._joined_at is None or self.view.source == "fallback" or (back and not alone):
+            # (Re)joining: after an outage, or a stall past the TTL, the others counted this member
+            # out and took its share; it takes it back once they have made room again.
             self._joined_at = now
         self._last_ok = now
+        if back:
+            log.warning("fleet_member_back", member=self.member_id, alone=alone)
+            self._restore_when_serving = not alone
+            if self._on_back is not None:
+                self._on_back()
         return self._recompute()
 
     def _recompute(self) -> FleetView:
         state: State = "draining" if self._remaining is not None else "joining" if self.joining else "serving"
+        if state == "serving" and self._restore_when_serving:
+            self._restore_when_serving = False
+            if self._on_back is not None:
+                self._on_back()
         return self._set(view_from_claims(self._fleet.claims, self.member_id, state, self._fleet.departed))
 
     def _unreachable(self, now: float, exc: BaseException) -> FleetView:

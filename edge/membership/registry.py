@@ -19,6 +19,9 @@ SCRIPT = resources.files("edge.membership").joinpath("heartbeat.lua").read_text(
 class Fleet:
     claims: dict[str, float]  # every live member's claim
     departed: tuple[str, ...]  # the tags of members that stopped beating (sorted)
+    # The beat found the member not live: its first, or back after the others counted it out (a
+    # stall past its TTL), when they may have freed its running requests' slots.
+    back: bool = False
 
 
 def _text(value: Any) -> str:
@@ -36,8 +39,8 @@ class MembershipRegistry:
         self._script: Any = client.register_script(SCRIPT)
 
     async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
-        """Renew `member` with `claim`; every live member's claim (this one's included) and the
-        departed members' tags."""
+        """Renew `member` with `claim`; every live member's claim (this one's included), the
+        departed members' tags, and whether `member` was not live before this beat."""
         return await self._run(member, claim, ttl_s, leave=False)
 
     async def leave(self, member: str) -> Fleet:
@@ -47,7 +50,7 @@ class MembershipRegistry:
     async def _run(self, member: str, claim: float, ttl_s: float, *, leave: bool) -> Fleet:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
-        flat, departed = await self._script(keys=self._keys, args=args)
+        flat, departed, back = await self._script(keys=self._keys, args=args)
         pairs = [_text(x) for x in flat]
         claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
-        return Fleet(claims, tuple(sorted(_text(x) for x in departed)))
+        return Fleet(claims, tuple(sorted(_text(x) for x in departed)), bool(int(back)))

@@ -165,6 +165,40 @@ async def test_the_slots_of_a_departed_edge_free_when_they_would_refuse(redis_se
 
 
 @pytest.mark.anyio
+async def test_an_edge_back_from_a_stall_puts_its_running_requests_slots_back(
+    redis_server: RedisServer,
+) -> None:
+    """Counted out while stalled, an edge's running request lost its slot to another edge's admit
+    (freed as a dead edge's). Back in the fleet (restore_slots), the slot is put back before its
+    next admit: the user is at their limit again, and the request's settle refunds its lease."""
+    stalled = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, lease_ttl_s=300)
+    other = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, lease_ttl_s=300)
+    probe = Redis.from_url(redis_server.url)
+    user, limits = _user(), tier(concurrent=1, tokens=10_000, token_window_s=86400)
+    tokens_key = user_keys(user)[1]
+    try:
+        running = _lease(await stalled.admit(user, "chatcmpl-aaaa1111x1", limits, 10, 500))
+        other.free_slots_of(["chatcmpl-aaaa1111"])  # the fleet counted the stalled edge out
+        await _lease(await other.admit(user, "chatcmpl-bbbb2222x1", limits, 1, 1)).settle()
+        other.free_slots_of([])  # ... and sees it beat again
+
+        stalled.restore_slots()
+        _lease(await stalled.admit(_user(), "chatcmpl-aaaa1111x2", limits, 1, 1))
+        denied = (await other.admit(user, "chatcmpl-bbbb2222x2", limits, 1, 1)).decision
+        assert not denied.allowed and denied.limit == "concurrency"
+
+        before = int(await probe.get(tokens_key) or 0)
+        assert running.granted > running.used
+        await running.settle()
+        assert int(await probe.get(tokens_key) or 0) < before  # the unused lease came back
+        assert (await other.admit(user, "chatcmpl-bbbb2222x3", limits, 1, 1)).decision.allowed
+    finally:
+        await stalled.aclose()
+        await other.aclose()
+        await probe.aclose()
+
+
+@pytest.mark.anyio
 async def test_keys_carry_the_user_hash_tag_and_expire(redis_server: RedisServer) -> None:
     limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000)
     probe = Redis.from_url(redis_server.url)

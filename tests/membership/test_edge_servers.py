@@ -3,7 +3,7 @@ redis-server. Each fills the share of the replicas its membership gives it (chec
 request that fits half a replica but not a third gets), one killed without a drain leaves its share
 to the others once its TTL ran out, and its users' concurrency slots with it, and a joiner never
 makes the shares add up to more than a whole replica (replayed from the processes' own `fleet_view`
-log lines)."""
+log lines); one frozen past its TTL and back again holds its running streams' slots again."""
 
 from __future__ import annotations
 
@@ -197,3 +197,51 @@ def test_a_killed_edges_users_get_their_concurrency_slots_back(
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrency"
     wait_for("b admits the killed edge's user", lambda: _chat(b, 1).status_code == 200)
     store.close()
+
+
+def test_an_edge_back_from_a_stall_holds_its_running_streams_slots_again(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """An edge frozen past its membership TTL (SIGSTOP: a frozen VM, a blocked loop) is counted out,
+    and the other edge frees its user's slot as a dead edge's. It only stalled: back (SIGCONT), its
+    stream goes on, and its slot is put back, so the other edge refuses the user again until that
+    stream ends, instead of letting them run past their concurrency limit."""
+    more: dict[str, dict[str, object]] = {
+        "tiers.paid": {"max_concurrent": 1},
+        "engine": {"num_blocks": 512},  # room for the long stream below
+        "limiter": {"slot_ttl_s": 300},
+    }
+    # The stream below stops being read: it stays open on its unsent events, not cut as stalled.
+    a = fleet.start("a", more, stalled_reader_s=300.0)
+    b = fleet.start("b", more)
+    fleet.wait_shares(["a", "b"], 1 / 2, 2)
+    store = redis.Redis.from_url(redis_server.url)
+    messages = [{"role": "user", "content": "hi"}]
+    long = {"model": MODEL, "messages": messages, "max_tokens": 2000, "stream": True, "ignore_eos": True}
+
+    def held() -> int:
+        return sum(int(store.zcard(key)) for key in store.scan_iter("fg:{*}:conc"))
+
+    with httpx.stream("POST", a.base_url + CHAT, json=long, headers=a.auth(), timeout=60.0) as stream:
+        assert stream.status_code == 200
+        # Kept: a line iterator dropped mid-response closes the connection when collected.
+        lines = stream.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # admitted, slot held
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for("b admits the stalled edge's user", lambda: _chat(b, 1).status_code == 200)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        # Until b's next beat its view still has a departed, and would free the slot again (a puts
+        # it back once more when it serves again, membership.py).
+        wait_for("b sees a back", lambda: fleet.fleet_state(b).get("live") == 2)
+        wait_for("a's running stream holds its slot again", lambda: held() == 1)
+        refused = _chat(b, 1)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrency"
+    # The stream closed: a settles it and frees the slot.
+    wait_for("b admits the user once a's stream ended", lambda: _chat(b, 1).status_code == 200)
+    store.close()
+    # b took a's share while a was out: a came back as a joiner (share 0) until b made room. Alone
+    # at its start, a never had a share of 0 before.
+    views = [json.loads(x) for x in a.output().splitlines() if '"fleet_view"' in x]
+    assert any(v["share"] == 0.0 and v["source"] == "redis" for v in views), views

@@ -197,8 +197,9 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
     client = redis_url.connect(redis_server.url)
     registry = MembershipRegistry(client, "departed-test", remember_s=300)
     try:
-        await registry.beat("host:1:aaaa1111", 1.0, ttl_s=0.001)  # its TTL runs out at once
-        await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)
+        assert (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=0.001)).back  # a first beat
+        assert (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).back
+        assert not (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).back  # live before it
         await registry.beat("host:3:cccc3333", 1.0, ttl_s=60)
         deadline = time.monotonic() + WAIT_S
         while (fleet := await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).departed != ("aaaa1111",):
@@ -209,7 +210,8 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
         assert (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).departed == ("aaaa1111",)
 
         back = await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)  # a stall, not a crash
-        assert back.departed == () and "host:1:aaaa1111" in back.claims
+        assert back.departed == () and "host:1:aaaa1111" in back.claims and back.back
+        assert not (await registry.leave("host:2:bbbb2222")).back
 
         brief = MembershipRegistry(client, "departed-brief", remember_s=0.001)
         await brief.beat("host:4:dddd4444", 1.0, ttl_s=0.001)
