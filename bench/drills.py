@@ -564,7 +564,6 @@ def failures(reports: list[Report]) -> list[str]:
 
 def _tier(on_failure: str) -> TierLimits:
     return TierLimits(
-        name=f"drill-{on_failure}",
         requests_per_window=10**6,
         request_window_s=60.0,
         tokens_per_window=10**7,

@@ -38,7 +38,6 @@ from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter
 
 TIER = TierLimits(
-    name="bench",
     requests_per_window=10**9,
     request_window_s=3600,
     tokens_per_window=10**12,

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 
 from gpu_container.engine.types import EngineConfig
+from limiter.tiers import TierLimits
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 # A queued request holds its concurrency slot without refreshing it: the slot must outlive the
@@ -177,16 +178,12 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
 
 
-class TierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TierConfig(TierLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A [tiers.*] table: the limits the limiter enforces (limiter/tiers.py, declared there once),
+    and what only the edge reads. Handed to the limiter as it is."""
+
     priority: int
-    requests_per_window: int
-    request_window_s: float
-    tokens_per_window: int
-    token_window_s: float
-    max_concurrent: int
-    max_tokens: int
     max_queue_wait_s: float
-    on_store_failure: Literal["open", "closed"]
     # The [models.*] this tier may use (empty: all) and the one a request naming none gets
     # (empty: the first it may use). Ignored when only [model] is configured.
     models: tuple[str, ...] = ()

@@ -53,7 +53,6 @@ from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.text.stops import StopMatcher
-from edge.tier_limits import tier_limits
 from edge.token_relay import TextSink, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
 from edge.upstreams.direct import GenerateDirect
@@ -138,7 +137,6 @@ class Pipeline:
         drain: Drain | None = None,
     ) -> None:
         self.config = config
-        self._limits = {name: tier_limits(name, tier) for name, tier in config.tiers.items()}
         self.text = text
         self.limiter = limiter
         self.dispatcher = dispatcher
@@ -179,9 +177,7 @@ class Pipeline:
         # Bound for the rest of this request's task: every log line it causes carries the id.
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            admission = await self.limiter.admit(
-                principal.user, request_id, self._limits[principal.tier], len(prompt_ids), max_new
-            )
+            admission = await self.limiter.admit(principal.user, request_id, tier, len(prompt_ids), max_new)
         except StoreUnavailable as exc:
             raise ApiError(
                 503,

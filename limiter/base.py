@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-# The limiter's own tier type (the edge adapts its settings to it: edge/tier_limits.py).
+# The limiter's own tier type (the edge's [tiers] settings extend it: edge/config.py TierConfig).
 from limiter.tiers import TierLimits as TierLimits
 
 LimitName = Literal["requests", "tokens", "concurrency"]

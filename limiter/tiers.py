@@ -1,19 +1,19 @@
 """The limiter's tier type, and the reduced limits one instance applies on its own.
 
-The limiter knows nothing of the edge's settings: the edge adapts its [tiers] settings to
-TierLimits (edge/tier_limits.py).
+The limiter knows nothing of the edge's settings: the edge's [tiers] settings extend this type with
+what only the edge reads (edge/config.py TierConfig), so each limit is declared once, here.
+A frozen msgspec Struct: hashable (the stores key their rates by tier, on every call) at about half
+a frozen dataclass's cost per lookup (118 against 256 ns), and decoded straight from the settings.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class TierLimits:
-    name: str
+
+class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
     requests_per_window: int
     request_window_s: float
     tokens_per_window: int
@@ -28,7 +28,7 @@ def per_instance(tier: TierLimits, instance_count: int) -> TierLimits:
     fallback), so that all instances together stay within the tier. Never below 1."""
     if instance_count <= 1:
         return tier
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         tier,
         requests_per_window=max(1, tier.requests_per_window // instance_count),
         tokens_per_window=max(1, tier.tokens_per_window // instance_count),

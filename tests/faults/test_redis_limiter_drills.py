@@ -29,8 +29,8 @@ from tests.support.redis_server import RedisServer, start_redis
 CONCURRENT = 4  # the tier's concurrency limit
 WORKERS = 12  # callers, three times the limit: the limit binds all the time
 PHASE = 25  # admissions each phase of a drill waits for
-OPEN = tier(requests=10**6, concurrent=CONCURRENT, on_store_failure="open", name="drill-open")
-CLOSED = tier(requests=10**6, concurrent=CONCURRENT, on_store_failure="closed", name="drill-closed")
+OPEN = tier(requests=10**6, concurrent=CONCURRENT, on_store_failure="open")
+CLOSED = tier(requests=10**6, concurrent=CONCURRENT, on_store_failure="closed")
 
 
 @pytest.fixture

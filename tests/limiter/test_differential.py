@@ -30,12 +30,12 @@ START_US = 10**12
 # instants land exactly on boundaries, where `<` versus `<=` and rounding differences show.
 STEPS_US = [0, 0, 0, 1, 999, 7_000, 100_000, 428_572, 1_000_000, 2_000_000, 5_000_000, 3_000_001]
 TIERS = [
-    tier(requests=5, request_window_s=10, tokens=300, token_window_s=30, concurrent=4, name="tight"),
-    tier(requests=7, request_window_s=3, tokens=1000, token_window_s=7, concurrent=3, name="odd"),
+    tier(requests=5, request_window_s=10, tokens=300, token_window_s=30, concurrent=4),
+    tier(requests=7, request_window_s=3, tokens=1000, token_window_s=7, concurrent=3),
     # Whole-second waits on every limit, so ties between the limits' waits occur.
-    tier(requests=4, request_window_s=4, tokens=40, token_window_s=4, concurrent=2, name="aligned"),
+    tier(requests=4, request_window_s=4, tokens=40, token_window_s=4, concurrent=2),
     # Concurrency never binds: bursts reach the exact request and token capacity.
-    tier(requests=3, request_window_s=3, tokens=100, token_window_s=10, concurrent=100, name="burst"),
+    tier(requests=3, request_window_s=3, tokens=100, token_window_s=10, concurrent=100),
 ]
 
 

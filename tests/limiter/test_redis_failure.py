@@ -20,8 +20,8 @@ from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis
 
-OPEN = tier(requests=10**6, request_window_s=60, on_store_failure="open", name="open")
-CLOSED = tier(requests=10**6, request_window_s=60, on_store_failure="closed", name="closed")
+OPEN = tier(requests=10**6, request_window_s=60, on_store_failure="open")
+CLOSED = tier(requests=10**6, request_window_s=60, on_store_failure="closed")
 WAIT_S = 20.0  # bound on every wait for the load loop to reach a phase
 
 

@@ -14,11 +14,9 @@ def tier(
     concurrent: int = 1000,
     max_tokens: int = 4096,
     on_store_failure: str = "open",
-    name: str = "test",
 ) -> TierLimits:
     assert on_store_failure in ("open", "closed")
     return TierLimits(
-        name=name,
         requests_per_window=requests,
         request_window_s=request_window_s,
         tokens_per_window=tokens,

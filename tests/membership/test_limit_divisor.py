@@ -10,7 +10,14 @@ from limiter.redis_store import RedisLimiter
 from limiter.tiers import TierLimits
 from tests.support.ports import free_port
 
-TIER = TierLimits("free", 6, 3600.0, 10**6, 3600.0, 100, 100)
+TIER = TierLimits(
+    requests_per_window=6,
+    request_window_s=3600.0,
+    tokens_per_window=10**6,
+    token_window_s=3600.0,
+    max_concurrent=100,
+    max_tokens=100,
+)
 
 
 def _admitted(limiter: MemoryLimiter, user: str, asked: int) -> int:

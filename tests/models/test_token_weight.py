@@ -27,7 +27,14 @@ def test_weighted_rounds_up_on_the_total() -> None:
 async def test_a_weighted_lease_charges_redis_weight_times_and_stops_at_the_budget(redis_url: str) -> None:
     """Budget 30 at weight 2: the 5-token prompt costs 10; of 14 output tokens only 10 fit (20)."""
     limiter = create_limiter("redis", redis_url, 1000, 1)
-    tier = TierLimits("t", 100, 3600, 30, 3600, 4, 100)
+    tier = TierLimits(
+        requests_per_window=100,
+        request_window_s=3600,
+        tokens_per_window=30,
+        token_window_s=3600,
+        max_concurrent=4,
+        max_tokens=100,
+    )
     try:
         heavy = WeightedLimiter(limiter, 2.0)
         admission = await heavy.admit("weighted-user", "req-1", tier, 5, 100)

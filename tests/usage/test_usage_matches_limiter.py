@@ -14,7 +14,6 @@ import httpx
 import msgspec
 
 from edge.config import TierConfig
-from edge.tier_limits import tier_limits
 from edge.usage.sqlite import SQLiteUsageStore
 from limiter import policy
 from limiter.memory import MemoryLimiter
@@ -58,7 +57,7 @@ def _stream(
 
 def _charged(limiter: MemoryLimiter, user: str, tier: str) -> int:
     """What the limiter holds as spent by `user` (no refill happens within the test)."""
-    limits = tier_limits(tier, msgspec.convert(TIERS[tier], TierConfig))
+    limits = msgspec.convert(TIERS[tier], TierConfig)
     rates = limiter._rates_for(limits)
     state = limiter._states.get(user)
     if state is None:
