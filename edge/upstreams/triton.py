@@ -64,8 +64,9 @@ from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import start_local_triton
+from gpu_container.triton.model_name import MODEL_NAME
 from gpu_container.triton.refusals import refusal_reason
-from gpu_container.triton.trtllm_metrics import MODEL_NAME, TrtLlmMetrics, parse_trtllm_metrics
+from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metrics
 
 log = structlog.get_logger(__name__)
 

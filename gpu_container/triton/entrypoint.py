@@ -29,7 +29,8 @@ import structlog
 
 from gpu_container.plain_logging import configure_plain_logging
 from gpu_container.triton.fetch_engine import fetch_engine
-from gpu_container.triton.production.render import MODEL_NAME, TrtLlmSettings, render_repository
+from gpu_container.triton.model_name import MODEL_NAME
+from gpu_container.triton.production.render import TrtLlmSettings, render_repository
 
 log = structlog.get_logger(__name__)
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-MODEL_NAME = "tensorrt_llm"
+from gpu_container.triton.model_name import MODEL_NAME
 
 REQUEST_FAMILY = "nv_trt_llm_request_metrics"
 REQUEST_LABEL = "request_type"

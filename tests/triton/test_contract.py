@@ -17,13 +17,14 @@ from tritonclient.grpc import model_config_pb2
 from edge.upstreams.base import GenerationRequest, RequestRejected
 from edge.upstreams.triton import _replica_urls, generate_body, stop_body, trtllm_capacity
 from gpu_container.engine.types import EngineConfig
-from gpu_container.triton.cpu.repository import MODEL_NAME, render_cpu_repository
+from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.cpu.tensors import (
     ContractError,
     decode_request,
     engine_config_from_parameters,
     stop_word_ids,
 )
+from gpu_container.triton.model_name import MODEL_NAME
 from gpu_container.triton.trtllm_metrics import GENERATED_TOKENS_METRIC, parse_trtllm_metrics
 from tests.edge.test_config import ENGINE_TABLE
 

@@ -12,10 +12,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from gpu_container.engine.types import EngineConfig
+from gpu_container.triton.model_name import MODEL_NAME
 
 # This package holds the model's files as Triton reads them (config.pbtxt, the model.py shim).
 CPU_DIR = Path(__file__).parent
-MODEL_NAME = "tensorrt_llm"
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 

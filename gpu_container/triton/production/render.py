@@ -15,8 +15,9 @@ from pathlib import Path
 from string import Template
 from typing import Literal
 
+from gpu_container.triton.model_name import MODEL_NAME
+
 TEMPLATE_PATH = Path(__file__).with_name("config.pbtxt.tmpl")
-MODEL_NAME = "tensorrt_llm"
 
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization"]
 
