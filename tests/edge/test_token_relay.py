@@ -5,7 +5,7 @@ whatever would wait (a paused writer, the budget's end, the last delta) goes thr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -51,7 +51,11 @@ class _Stream:
     """One stream: its relay, what it wrote, and how many deltas woke its task."""
 
     def __init__(
-        self, budget: int, writer: Any = None, stops: list[str] | None = None, detok: Any = None
+        self,
+        budget: int,
+        writer: Callable[[_Stream, str], Awaitable[None] | None] | None = None,
+        stops: list[str] | None = None,
+        detok: Any = None,
     ) -> None:
         self.out = Outcome()
         self.lease = _Lease(budget)
