@@ -195,3 +195,20 @@ def test_the_pages_sse_parser_gives_the_same_events_wherever_the_stream_is_split
     results = page.evaluate(SPLIT_EVERYWHERE, stream)
     assert len(results) == len(stream) + 1
     assert all(events == ['{"a":1}', "b1\nb2", "[DONE]"] for events in results), results
+
+
+def test_the_model_field_offers_the_models_the_key_may_use(page: Page, page_server: LiveServer) -> None:
+    key = page_server.keys["paid"]
+    listed = httpx.get(
+        page_server.base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10.0
+    ).json()
+    expected = [entry["id"] for entry in listed["data"]]
+    assert expected
+    options = page.locator("#models option")
+    expect(options).to_have_count(0)
+    page.fill("#model", "typed-by-hand")  # the choices follow the key whatever the field holds
+    page.fill("#api-key", key)
+    page.press("#api-key", "Tab")  # the key's change event
+    expect(options).to_have_count(len(expected), timeout=WAIT_MS)
+    assert [options.nth(i).get_attribute("value") for i in range(len(expected))] == expected
+    assert page.input_value("#model") == "typed-by-hand"
