@@ -10,17 +10,18 @@
 --           departed tag -> forget at (ms); one hash tag.
 -- ARGV = member id, claim, ttl_ms, "1" to leave, key lifetime (ms) once the fleet is gone,
 --        how long a departed member is remembered (ms).
--- Returns {flat claims (member, claim, ...), departed tags, 1 when this beat brought the member
---          back: it was not live before it (its first beat, or back after being counted out)}.
+-- Returns {flat claims (member, claim, ...), departed tags, 1 when this beat brings the member back
+--          after another member's beat counted it out (it stalled past its TTL: the others may
+--          have freed its slots and taken its share), else 0 (a first beat, a Redis that lost the
+--          fleet: nobody acted on its absence)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local remember = tonumber(ARGV[6])
 local function tag_of(member)
   return string.match(member, '([^:]*)$')
 end
-local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 local back = 0
-if ARGV[4] ~= '1' and (not expiry or expiry <= now) then
+if ARGV[4] ~= '1' and redis.call('ZSCORE', KEYS[3], tag_of(ARGV[1])) then
   back = 1
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)

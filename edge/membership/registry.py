@@ -19,8 +19,8 @@ SCRIPT = resources.files("edge.membership").joinpath("heartbeat.lua").read_text(
 class Fleet:
     claims: dict[str, float]  # every live member's claim
     departed: tuple[str, ...]  # the tags of members that stopped beating (sorted)
-    # The beat found the member not live: its first, or back after the others counted it out (a
-    # stall past its TTL), when they may have freed its running requests' slots.
+    # The beat brought the member back after another's counted it out (a stall past its TTL): the
+    # others may have freed its running requests' slots and taken its share meanwhile.
     back: bool = False
 
 
@@ -40,7 +40,7 @@ class MembershipRegistry:
 
     async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
         """Renew `member` with `claim`; every live member's claim (this one's included), the
-        departed members' tags, and whether `member` was not live before this beat."""
+        departed members' tags, and whether `member` is back after being counted out."""
         return await self._run(member, claim, ttl_s, leave=False)
 
     async def leave(self, member: str) -> Fleet:

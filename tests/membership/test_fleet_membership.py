@@ -176,6 +176,32 @@ def test_redis_gone_falls_back_to_instance_count(fleet: Fleet, redis_server: Red
         assert fleet.edges[name].last["divisor"] == 4
 
 
+def test_a_redis_restarted_empty_leaves_every_edge_serving(fleet: Fleet, redis_server: RedisServer) -> None:
+    """Nobody counted anybody out (the fleet's keys are simply gone): the edges register again and
+    keep their shares, none goes back through the join wait (share 0) as one back from a stall
+    past its TTL does."""
+    fleet.start("a")
+    fleet.start("b")
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    seen = {name: len(fleet.edges[name].views) for name in ("a", "b")}
+    redis_server.kill()
+    restarted = start_redis(redis_server.port)
+    try:
+        fleet.wait(
+            "both back on Redis after a failed beat",
+            lambda: all(
+                any(v["source"] == "stale" for v in fleet.edges[n].views[seen[n] :])
+                and fleet.edges[n].last.get("source") == "redis"
+                for n in ("a", "b")
+            ),
+        )
+        fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+        for name in ("a", "b"):
+            assert all(v["share"] > 0 for v in fleet.edges[name].views[seen[name] :]), fleet.edges[name].views
+    finally:
+        restarted.kill()
+
+
 def test_view_arithmetic() -> None:
     claims = {"a": 1.0, "b": 1.0, "c": 0.5}  # c drains, half its streams left
     a = view_from_claims(claims, "a", "serving")
@@ -197,9 +223,8 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
     client = redis_url.connect(redis_server.url)
     registry = MembershipRegistry(client, "departed-test", remember_s=300)
     try:
-        assert (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=0.001)).back  # a first beat
-        assert (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).back
-        assert not (await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).back  # live before it
+        assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=0.001)).back  # a first beat
+        await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)
         await registry.beat("host:3:cccc3333", 1.0, ttl_s=60)
         deadline = time.monotonic() + WAIT_S
         while (fleet := await registry.beat("host:2:bbbb2222", 1.0, ttl_s=60)).departed != ("aaaa1111",):
@@ -211,6 +236,7 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
 
         back = await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)  # a stall, not a crash
         assert back.departed == () and "host:1:aaaa1111" in back.claims and back.back
+        assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)).back  # back once
         assert not (await registry.leave("host:2:bbbb2222")).back
 
         brief = MembershipRegistry(client, "departed-brief", remember_s=0.001)
@@ -219,5 +245,9 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
             assert time.monotonic() < deadline, fleet
         while (await brief.beat("host:5:eeee5555", 1.0, ttl_s=60)).departed:
             assert time.monotonic() < deadline, "a departed member was never forgotten"
+
+        # A Redis that lost the fleet (restarted empty): nobody counted anyone out.
+        await client.flushdb()
+        assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)).back
     finally:
         await client.aclose()
