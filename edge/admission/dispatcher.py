@@ -20,7 +20,9 @@ Policy
   replicas it is waiting for, and only for the pool it waits on: a free request held back by the
   reserve leaves the reserve to the paid requests behind it; a paid request waits ahead of everything
   on its replicas; a retry that excludes a failed replica does not hold back others on that replica.
-* Bounded waiting. `precheck` says no when the queue holds `max_queue` tickets ("queue_full") or
+* Bounded waiting. `precheck` says no when the queue holds `max_queue` tickets of the ticket's tier
+  or above ("queue_full": a lower tier's flood never closes the queue to a higher one, which passes
+  it; all tiers together hold at most `max_queue` per tier) or
   when the estimated wait (wait_estimate.py) exceeds the tier's max_wait_s ("wait_too_long");
   Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
@@ -239,7 +241,7 @@ class Dispatcher:
         """Why a ticket may not even join the queue now (None: it may)."""
         if self.replicas.closed:
             return self._reject("no_replica", self._poll_interval_s)
-        if len(self._queue) >= self._max_queue:
+        if self._queue.depth_from(ticket.priority) >= self._max_queue:
             return self._reject("queue_full", self._retry_after(ticket))
         if not self._alive_candidates(ticket, exclude):
             return self._reject("no_replica", self._poll_interval_s)

@@ -36,6 +36,10 @@ class TieredQueue(Generic[T]):
         """The non-empty tiers, highest priority first."""
         return [self._tiers[p] for p in sorted(self._tiers, reverse=True) if len(self._tiers[p])]
 
+    def depth_from(self, priority: int) -> int:
+        """The tickets queued at `priority` or above: those a new ticket of it would not pass."""
+        return sum(len(tier) for p, tier in self._tiers.items() if p >= priority)
+
     def depth_of(self, priority: int) -> int:
         tier = self._tiers.get(priority)
         return 0 if tier is None else len(tier)

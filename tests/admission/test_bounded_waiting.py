@@ -119,3 +119,27 @@ async def test_a_slot_granted_to_a_cancelled_waiter_is_given_back(make_dispatche
         again = await asyncio.wait_for(dispatcher.acquire(ticket("next")), 5)
         assert again.upstream.name == "r1"
         again.release()
+
+
+@pytest.mark.anyio
+async def test_a_free_flood_that_fills_the_queue_does_not_turn_paid_away(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """max_queue counts the tickets a newcomer would wait behind: a paid request passes every free
+    one, so a queue full of free requests is no reason to refuse it; a full paid queue is."""
+    replica = ControlledUpstream("r1", kv_tokens_total=1000, max_sequences=10)
+    async with make_dispatcher([replica], reserved_paid_fraction=0.2, max_queue=20) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(8 + 20):  # 8 fill the unreserved share, 20 wait: full for free requests
+            flow.submit(ticket(f"free-{i}"))
+        await flow.settle()
+        assert len(flow.held()) == 8 and dispatcher.queue_depth() == 20
+        with pytest.raises(Overloaded) as free:
+            dispatcher.precheck(ticket("free-late"))
+        assert free.value.reason == "queue_full"
+
+        paid = ticket("paid-user", paid=True)
+        dispatcher.precheck(paid)
+        slot = await dispatcher.acquire(paid)  # the reserve is empty: placed at once
+        slot.release()
+        await flow.aclose()
