@@ -249,7 +249,7 @@ class Dispatcher:
 
     def _alive_candidates(self, ticket: Ticket, exclude: frozenset[str]) -> list[Replica]:
         members = self.replicas.members
-        return candidates(members, ticket, ticket.kv_tokens, exclude, self._reserve, alive_only=True)
+        return candidates(members, ticket, self._charge(ticket), exclude, self._reserve, alive_only=True)
 
     def _reject(self, reason: OverloadReason, retry_after_s: float) -> Overloaded:
         metrics.REJECTED.labels(reason).inc()
@@ -273,7 +273,7 @@ class Dispatcher:
             while (waiter := tier.next_candidate()) is not None:
                 ticket = waiter.ticket
                 fitting = [r for r in placeable if r.name not in waiter.exclude]
-                kv_tokens = self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
+                kv_tokens = self._charge(ticket)
                 replica = pick(fitting, ticket, kv_tokens, self._reserve, claims, self._prefix_weight)
                 if replica is not None:
                     tier.commit(waiter)
@@ -281,7 +281,7 @@ class Dispatcher:
                     continue
                 tier.block(waiter)
                 claims.claim(
-                    candidates(members, ticket, ticket.kv_tokens, waiter.exclude, self._reserve),
+                    candidates(members, ticket, kv_tokens, waiter.exclude, self._reserve),
                     ticket.may_use_reserve,
                 )
                 # Stop early once nothing left in the queue could be placed: a flood of blocked free
@@ -297,8 +297,7 @@ class Dispatcher:
         empty queue fails nobody, so here it is only cleared."""
         self.replicas.take_lost_room()
         fitting = [r for r in self.replicas.members if r.placeable and r.name not in exclude]
-        kv_tokens = self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
-        replica = pick(fitting, ticket, kv_tokens, self._reserve, _NO_CLAIMS, self._prefix_weight)
+        replica = pick(fitting, ticket, self._charge(ticket), self._reserve, _NO_CLAIMS, self._prefix_weight)
         if replica is None:
             return None
         if ticket.priority not in self._tier_labels:
@@ -306,10 +305,19 @@ class Dispatcher:
         now = self._clock()
         return self._grant_slot(ticket, replica, now, now)
 
+    def _charge(self, ticket: Ticket) -> int:
+        """The KV tokens the ticket is charged when placed: what every judgment of room (placement,
+        room now, the wait estimate, whether a replica could ever take it) asks for. Judged by the
+        worst case while placement charged real use, a request the replicas had room for was
+        refused (429 wait_too_long, or 503 no_replica for good where the worst case passed this
+        edge's share of a replica)."""
+        return self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
+
     def _room_now(self, ticket: Ticket) -> bool:
         """A replica could take the ticket now (what the wait estimate of the first in line asks)."""
+        kv_tokens = self._charge(ticket)
         return any(
-            r.placeable and r.has_room(ticket.kv_tokens, ticket.may_use_reserve, self._reserve)
+            r.placeable and r.has_room(kv_tokens, ticket.may_use_reserve, self._reserve)
             for r in self.replicas.members
         )
 
@@ -317,7 +325,7 @@ class Dispatcher:
         waiter.future.set_result(self._grant_slot(waiter.ticket, replica, waiter.enqueued_at, self._clock()))
 
     def _grant_slot(self, ticket: Ticket, replica: Replica, enqueued_at: float, now: float) -> Slot:
-        charge = replica.charge(self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens)
+        charge = replica.charge(self._charge(ticket))
         replica.kv_in_use += charge
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
@@ -361,11 +369,11 @@ class Dispatcher:
 
     def _wait_s(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        return self._estimate.wait_s(position, ticket, self.replicas.members)
+        return self._estimate.wait_s(position, ticket, self._charge(ticket), self.replicas.members)
 
     def _retry_after(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        return self._estimate.retry_after_s(position, ticket, self.replicas.members)
+        return self._estimate.retry_after_s(position, ticket, self._charge(ticket), self.replicas.members)
 
     def _watch_tier(self, priority: int, label: str) -> None:
         self._tier_labels[priority] = label

@@ -21,18 +21,20 @@ class WaitEstimate:
         self._prior = ServiceRate(prior_service_s)
         self._reserve = reserved_fraction
 
-    def wait_s(self, position: int, ticket: Ticket, replicas: Sequence[Replica]) -> float:
-        """The wait of a ticket that would be `position`-th in line now."""
+    def wait_s(self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]) -> float:
+        """The wait of a ticket that would be `position`-th in line now, charged `kv_tokens` when
+        placed."""
         if position == 1 and any(
-            r.placeable and r.has_room(ticket.kv_tokens, ticket.may_use_reserve, self._reserve)
-            for r in replicas
+            r.placeable and r.has_room(kv_tokens, ticket.may_use_reserve, self._reserve) for r in replicas
         ):
             return 0.0
         return position / self.completions_per_s(replicas)
 
-    def retry_after_s(self, position: int, ticket: Ticket, replicas: Sequence[Replica]) -> float:
+    def retry_after_s(
+        self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]
+    ) -> float:
         """When trying again is worth it: the estimated wait, and never less than one completion."""
-        return max(self.wait_s(position, ticket, replicas), 1.0 / self.completions_per_s(replicas))
+        return max(self.wait_s(position, ticket, kv_tokens, replicas), 1.0 / self.completions_per_s(replicas))
 
     def completions_per_s(self, replicas: Sequence[Replica]) -> float:
         alive = [r for r in replicas if r.alive]

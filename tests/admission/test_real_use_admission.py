@@ -40,6 +40,44 @@ async def test_real_use_admits_what_worst_case_would_keep_waiting(make_dispatche
 
 
 @pytest.mark.anyio
+async def test_the_precheck_judges_room_by_the_charge_placement_makes(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """One stream holds a fifth of the replica: a newcomer charged as much is placed at once, so the
+    precheck before it must not refuse it on its worst case (prompt + max_tokens, which does not
+    fit beside the first) with a wait estimated from the service time."""
+    now = [0.0]
+    replica = ControlledUpstream("r", kv_tokens_total=1_000, max_sequences=8)
+    real_use = RealUse(margin_tokens=100)
+    async with make_dispatcher([replica], real_use=real_use, clock=lambda: now[0]) as dispatcher:
+        first = await dispatcher.acquire(_request("x", prompt=100, max_new=800))
+        now[0] += 40.0  # a 40 s reply: the service time the estimate divides by
+        first.release()
+        holder = await dispatcher.acquire(_request("a", prompt=100, max_new=800))
+        newcomer = dataclasses.replace(_request("b", prompt=100, max_new=800), max_wait_s=30.0)
+
+        assert dispatcher.estimate_wait_s(newcomer) == 0.0
+        dispatcher.precheck(newcomer)  # 429 wait_too_long, Retry-After 40 s before
+        slot = await dispatcher.acquire(newcomer)
+        assert slot.replica.kv_in_use == 400
+        slot.release()
+        holder.release()
+
+
+@pytest.mark.anyio
+async def test_a_request_bigger_than_this_edges_share_still_runs(make_dispatcher: MakeDispatcher) -> None:
+    """Four edges share a replica: the worst case of a long request exceeds one edge's share, what it
+    is charged does not; the replica's own preemption covers its growth, as for every stream."""
+    replica = ControlledUpstream("r", kv_tokens_total=65_536, max_sequences=256)
+    async with make_dispatcher([replica], replica_share=0.25, real_use=RealUse(256)) as dispatcher:
+        request = _request("paid", prompt=2_000, max_new=16_000, paid=True)  # 18,000 > 16,384
+        dispatcher.precheck(request)  # 503 no_replica before, on every retry
+        slot = await dispatcher.acquire(request)
+        assert slot.kv_charge == 2_256
+        slot.release()
+
+
+@pytest.mark.anyio
 async def test_the_charge_follows_the_stream_a_margin_ahead_in_whole_blocks(
     make_dispatcher: MakeDispatcher,
 ) -> None:
