@@ -326,7 +326,7 @@ class Dispatcher:
 
     def _grant_slot(self, ticket: Ticket, replica: Replica, enqueued_at: float, now: float) -> Slot:
         charge = replica.charge(self._charge(ticket))
-        replica.kv_in_use += charge
+        replica.add_kv(charge, ticket.may_use_reserve)
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
@@ -334,7 +334,7 @@ class Dispatcher:
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
         replica = slot.replica
-        replica.kv_in_use -= slot.kv_charge
+        replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
         held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(

@@ -33,6 +33,8 @@ class Replica:
     # after the failure passes. Holds the number of checks started when it failed.
     suspect_since_check: int | None = None
     kv_in_use: int = 0
+    # The part of kv_in_use charged to tickets that may not use the reserve (free tiers).
+    kv_in_use_free: int = 0
     sequences: int = 0
     # The prompt prefixes this edge sent here recently: what the replica's cache probably holds.
     prefix_index: PrefixIndex = field(default_factory=PrefixIndex)
@@ -88,8 +90,22 @@ class Replica:
             and self.sequence_limit(may_use_reserve, reserved_fraction) >= 1
         )
 
+    def add_kv(self, tokens: int, may_use_reserve: bool) -> None:
+        """Charge (or, negative, give back) `tokens` for a ticket of this kind."""
+        self.kv_in_use += tokens
+        if not may_use_reserve:
+            self.kv_in_use_free += tokens
+
     def has_room(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
-        return self.kv_in_use + self.charge(kv_tokens) <= self.kv_limit(
+        in_use = self.kv_in_use
+        if may_use_reserve:
+            # With real-use accounting free streams grow past their share as they stream, into the
+            # reserve. Their overrun does not keep a paid request waiting: the reserve stays paid
+            # traffic's, as the policy promises. Our engine makes the room by preempting the lowest
+            # priority first (scheduler.py); TensorRT-LLM's max_utilization pauses the newest
+            # request, so there the paid one may wait in the replica rather than in this queue.
+            in_use -= max(0, self.kv_in_use_free - self.kv_limit(False, reserved_fraction))
+        return in_use + self.charge(kv_tokens) <= self.kv_limit(
             may_use_reserve, reserved_fraction
         ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
 

@@ -53,7 +53,7 @@ class Slot:
         assert self._real_use is not None
         charge = self.replica.charge(self._real_use.tokens(self.ticket, generated))
         if charge > self.kv_charge:
-            self.replica.kv_in_use += charge - self.kv_charge
+            self.replica.add_kv(charge - self.kv_charge, self.ticket.may_use_reserve)
             self.kv_charge = charge
         self._grow_at = self._real_use.grows_at(self.ticket, self.kv_charge)
 

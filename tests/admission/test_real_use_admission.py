@@ -78,6 +78,32 @@ async def test_a_request_bigger_than_this_edges_share_still_runs(make_dispatcher
 
 
 @pytest.mark.anyio
+async def test_free_streams_grown_into_the_reserve_do_not_keep_paid_waiting(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Four free streams fill the free share at placement and grow past it, into the reserve, as
+    they stream. A paid request is placed at once all the same (the replica preempts the free
+    overrun first), while a free newcomer still waits."""
+    replica = ControlledUpstream("r", kv_tokens_total=1_000, max_sequences=10)
+    real_use = RealUse(margin_tokens=100)
+    async with make_dispatcher([replica], reserved_paid_fraction=0.2, real_use=real_use) as dispatcher:
+        flow = Flow(dispatcher)
+        for i in range(4):  # 100 + 100 each: 800, the whole unreserved share
+            flow.submit(_request(f"free-{i}", prompt=100, max_new=700))
+        await flow.settle()
+        assert len(flow.held()) == 4
+        for slot in flow.held():
+            slot.grow(60)  # 260 each: 1,040 of 1,000, the reserve taken by free work
+        assert flow.held()[0].replica.kv_in_use == 1_040
+
+        free = flow.submit(_request("free-late", prompt=50, max_new=100))
+        paid = flow.submit(_request("paid", prompt=50, max_new=100, paid=True))
+        await flow.settle()
+        assert paid.done() and not free.done()  # paid waited behind the free streams before
+        await flow.aclose()
+
+
+@pytest.mark.anyio
 async def test_the_charge_follows_the_stream_a_margin_ahead_in_whole_blocks(
     make_dispatcher: MakeDispatcher,
 ) -> None:
