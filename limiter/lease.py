@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -87,6 +89,9 @@ class Lease:
         self._shrink_after_s = slot_ttl_s / 16
         self._exhausted = False
         self._settled = False
+        # An extension sent to the store whose grant is not counted yet: `take` was cancelled while
+        # it waited (a cancel, a disconnect), and `settle` counts it before refunding.
+        self._extending: asyncio.Future[int] | None = None
         self._clock = clock
         self._extended_at = clock()
         # When the stream's first token was charged: its rate since then tells when it will end
@@ -132,7 +137,17 @@ class Lease:
             self._batch = max(self._batch // 2, self._first_batch)
         self._extended_at = now
         want = min(max(self._batch, n - (self._granted - self._used)), self._max_output - self._granted)
-        got = await self._store.charge(self._user, self._tier, self._request_id, want) if want > 0 else 0
+        if want > 0:
+            # Shielded: once sent, the store grants the extension whether or not this stream is
+            # still there to read the answer; a cancel here leaves it to `settle`, which counts it
+            # and refunds what was not used. Cut off, its tokens stayed charged, never refunded.
+            self._extending = asyncio.ensure_future(
+                self._store.charge(self._user, self._tier, self._request_id, want)
+            )
+            got = await asyncio.shield(self._extending)
+            self._extending = None
+        else:
+            got = 0
         self._granted += got
         # A short grant means the budget (or max_output) is spent: asking again would only cost
         # another store call for the same answer.
@@ -152,6 +167,11 @@ class Lease:
         if self._settled:
             return None
         self._settled = True
+        extending, self._extending = self._extending, None
+        if extending is not None:
+            # A store that failed the call granted nothing the refund could count.
+            with contextlib.suppress(Exception):
+                self._granted += await asyncio.shield(extending)
         unused = self._granted - self._used
         if ran:
             return await self._store.settle(self._user, self._tier, self._request_id, unused)

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from limiter import policy
-from limiter.base import Admission
+from limiter.base import Admission, TierLimits
 from limiter.factory import create_limiter
 from limiter.lease import Lease
 from limiter.redis_store import RedisLimiter, user_keys
@@ -195,6 +195,69 @@ async def test_an_edge_back_from_a_stall_puts_its_running_requests_slots_back(
     finally:
         await stalled.aclose()
         await other.aclose()
+        await probe.aclose()
+
+
+class _Announcing:
+    """The limiter as a lease's store, saying when an extension has been asked for."""
+
+    def __init__(self, limiter: RedisLimiter) -> None:
+        self.limiter = limiter
+        self.asked = asyncio.Event()
+
+    async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+        self.asked.set()
+        return await self.limiter.charge(user, tier, request_id, want)
+
+    async def settle(
+        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+    ) -> bool | None:
+        return await self.limiter.settle(user, tier, request_id, refund, refund_request=refund_request)
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_while_its_lease_extends_is_refunded_the_extension(
+    redis_server: RedisServer,
+) -> None:
+    """The stream is cancelled (a cancel, a disconnect) while the extension's answer is held up (a
+    paused Redis): the store grants it all the same, and the settle refunds it. Two users use the
+    same lease; the cut one used a token less, so it has at least as many left."""
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=5000, batch_tokens=32)
+    probe = Redis.from_url(redis_server.url)
+    limits = tier(tokens=100_000, token_window_s=86400)
+    left: dict[str, int] = {}
+    try:
+        for name, cut in (("whole", False), ("cut", True)):
+            user = _user()
+            admitted = _lease(await limiter.admit(user, f"{name}-1", limits, 10, 500))
+            store = _Announcing(limiter)
+            lease = Lease(
+                store,
+                user,
+                limits,
+                f"{name}-1",
+                input_tokens=10,
+                granted=admitted.granted,
+                max_output_tokens=500,
+                batch_tokens=32,
+                slot_ttl_s=300,
+            )
+            assert lease.try_take(lease.granted) == admitted.granted  # the first batch, all used
+            if cut:
+                await probe.execute_command("CLIENT", "PAUSE", "300", "ALL")
+                extending = asyncio.ensure_future(lease.take(1))
+                await store.asked.wait()
+                extending.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await extending
+            else:
+                assert await lease.take(1) == 1
+            await lease.settle()
+            decision = (await limiter.admit(user, f"{name}-2", limits, 1, 1)).decision
+            left[name] = decision.remaining_tokens
+        assert left["cut"] >= left["whole"], left
+    finally:
+        await limiter.aclose()
         await probe.aclose()
 
 
