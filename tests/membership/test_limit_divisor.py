@@ -7,16 +7,11 @@ import pytest
 
 from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter
-from limiter.tiers import TierLimits
+from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 
-TIER = TierLimits(
-    requests_per_window=6,
-    request_window_s=3600.0,
-    tokens_per_window=10**6,
-    token_window_s=3600.0,
-    max_concurrent=100,
-    max_tokens=100,
+TIER = tier(
+    requests=6, request_window_s=3600.0, tokens=10**6, token_window_s=3600.0, concurrent=100, max_tokens=100
 )
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from edge.models.token_weight import WeightedLimiter, weighted
 from limiter.factory import create_limiter
-from limiter.tiers import TierLimits
 from tests.edge.sse_client import CHAT, wait_until
+from tests.limiter.tiers import tier as limits
 from tests.models.conftest import LARGE, SMALL, TWO_MODELS
 from tests.support.live_server import LiveServer, start_server
 
@@ -27,13 +27,8 @@ def test_weighted_rounds_up_on_the_total() -> None:
 async def test_a_weighted_lease_charges_redis_weight_times_and_stops_at_the_budget(redis_url: str) -> None:
     """Budget 30 at weight 2: the 5-token prompt costs 10; of 14 output tokens only 10 fit (20)."""
     limiter = create_limiter("redis", redis_url, 1000, 1)
-    tier = TierLimits(
-        requests_per_window=100,
-        request_window_s=3600,
-        tokens_per_window=30,
-        token_window_s=3600,
-        max_concurrent=4,
-        max_tokens=100,
+    tier = limits(
+        requests=100, request_window_s=3600, tokens=30, token_window_s=3600, concurrent=4, max_tokens=100
     )
     try:
         heavy = WeightedLimiter(limiter, 2.0)
