@@ -25,12 +25,22 @@ class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 def per_instance(tier: TierLimits, instance_count: int) -> TierLimits:
     """The share of each limit one of `instance_count` edge instances enforces alone (fail-open
-    fallback), so that all instances together stay within the tier. Never below 1."""
-    if instance_count <= 1:
+    fallback), so that all instances together stay within the tier: 1/n of each budget's burst
+    (never below 1) refilling at exactly 1/n of the tier's rate, whatever the rounding of the burst.
+    The rate is what restoring Redis after an outage relies on: the twin's lead on a budget, divided
+    by n, is then the tier's (limiter/memory.py `snapshot`). With the window kept and the burst
+    rounded down, 20 requests per 3 h on 3 instances refilled one per 30 min, not 27, and the
+    restore pushed Redis past the whole window (remaining -3, Retry-After 29 min for 9)."""
+    n = instance_count
+    if n <= 1:
         return tier
+    requests = max(1, tier.requests_per_window // n)
+    tokens = max(1, tier.tokens_per_window // n)
     return msgspec.structs.replace(
         tier,
-        requests_per_window=max(1, tier.requests_per_window // instance_count),
-        tokens_per_window=max(1, tier.tokens_per_window // instance_count),
-        max_concurrent=max(1, tier.max_concurrent // instance_count),
+        requests_per_window=requests,
+        request_window_s=tier.request_window_s * requests * n / tier.requests_per_window,
+        tokens_per_window=tokens,
+        token_window_s=tier.token_window_s * tokens * n / tier.tokens_per_window,
+        max_concurrent=max(1, tier.max_concurrent // n),
     )

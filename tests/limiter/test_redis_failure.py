@@ -230,3 +230,34 @@ async def test_a_probe_cancelled_with_its_client_hands_the_next_call_the_probe(
         # limiter counts on Redis again.
         assert (await asyncio.wait_for(limiter.admit("u", "back", OPEN, 1, 0), WAIT_S)).decision.allowed
         assert not limiter.fallback_active
+
+
+@pytest.mark.anyio
+async def test_the_restore_after_an_outage_puts_back_what_this_instance_counted_not_more(
+    own_redis_server: RedisServer,
+) -> None:
+    """20 requests per 3 h on one of 3 instances (a share of 20 // 3): after Redis came back empty,
+    the restore puts back this instance's 20 requests as the tier counts them, so the next is due
+    one interval (540 s) later, as before the outage. Put back at the share's rounded-down rate, it
+    was due in 29 min, with remaining -3 and a reset past the whole window."""
+    limits = tier(requests=20, request_window_s=10_800, tokens=10**6, token_window_s=60)
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, instance_count=3, backoff_s=0)
+    user = f"u-{uuid.uuid4().hex}"
+    restarted = None
+    try:
+        assert all([(await store.admit(user, f"r{i}", limits, 1, 0)).decision.allowed for i in range(20)])
+        before = (await store.admit(user, "x", limits, 1, 0)).decision
+        assert not before.allowed and before.retry_after_ms <= 540_000 + 1000
+        own_redis_server.kill()
+        await store.admit(user, "during", limits, 1, 0)  # the fallback answers
+        assert store.fallback_active
+        restarted = start_redis(own_redis_server.port)  # empty: the restore puts back what was counted
+        after = (await store.admit(user, "y", limits, 1, 0)).decision
+        assert not store.fallback_active
+        assert after.remaining_requests >= 0
+        assert after.retry_after_ms <= 540_000 + 1000
+        assert after.reset_requests_ms <= 10_800_000 + 1000
+    finally:
+        await store.aclose()
+        if restarted is not None:
+            restarted.kill()

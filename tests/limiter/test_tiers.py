@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from edge.config import load_settings
+from limiter.policy import rates_for
 from limiter.tiers import TierLimits, per_instance
 
 
@@ -18,5 +21,8 @@ def test_each_of_n_instances_enforces_a_share_never_below_one() -> None:
     free = load_settings().tiers["free"]
     share = per_instance(free, 3)
     assert (share.requests_per_window, share.tokens_per_window, share.max_concurrent) == (6, 13333, 1)
-    assert share.request_window_s == free.request_window_s
+    # Each share refills at exactly 1/3 of the tier's rate, whatever the burst's rounding (20 // 3).
+    whole, third = rates_for(free), rates_for(share)
+    assert third.request_interval_us == pytest.approx(3 * whole.request_interval_us, abs=3)
+    assert third.token_interval_us == pytest.approx(3 * whole.token_interval_us, abs=3)
     assert per_instance(free, 1) is free
