@@ -34,6 +34,21 @@ async def test_each_of_several_memory_instances_enforces_its_share() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_prompt_bigger_than_one_instances_share_waits_for_an_untouched_share_only() -> None:
+    """The tier's 40,000 tokens hold a 25,000-token prompt (the edge lets it through); one of two
+    instances' share does not. It is charged the whole share on a share untouched, not refused
+    for good (a 6 h Retry-After, then the same again)."""
+    clock = ManualClock()
+    limiter = MemoryLimiter(clock, instance_count=2)
+    limits = tier(tokens=40_000, token_window_s=86_400)
+    assert (await limiter.admit("u", "first", limits, 25_000, 100)).decision.allowed
+    again = (await limiter.admit("u", "second", limits, 25_000, 100)).decision
+    assert not again.allowed and again.limit == "tokens"
+    clock.advance(again.retry_after_ms / 1000)
+    assert (await limiter.admit("u", "second", limits, 25_000, 100)).decision.allowed
+
+
+@pytest.mark.anyio
 async def test_burst_is_the_limit_then_one_per_interval_no_edge_double_burst() -> None:
     clock = ManualClock()
     limiter = MemoryLimiter(clock)
