@@ -8,18 +8,19 @@ a frozen dataclass's cost per lookup (118 against 256 ns), and decoded straight 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 
 class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
-    requests_per_window: int
-    request_window_s: float
-    tokens_per_window: int
-    token_window_s: float
-    max_concurrent: int
-    max_tokens: int
+    # Checked where the settings are decoded: a budget of 0 divided every request's rates by zero.
+    requests_per_window: Annotated[int, msgspec.Meta(ge=1)]
+    request_window_s: Annotated[float, msgspec.Meta(gt=0)]
+    tokens_per_window: Annotated[int, msgspec.Meta(ge=1)]
+    token_window_s: Annotated[float, msgspec.Meta(gt=0)]
+    max_concurrent: Annotated[int, msgspec.Meta(ge=1)]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     on_store_failure: Literal["open", "closed"] = "open"
 
 

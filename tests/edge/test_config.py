@@ -37,6 +37,15 @@ def test_instance_count_below_one_is_refused() -> None:
         load_settings(overrides={"limiter": {"instance_count": 0}})
 
 
+@pytest.mark.parametrize(
+    "field", ["requests_per_window", "tokens_per_window", "token_window_s", "max_concurrent", "max_tokens"]
+)
+def test_a_tier_budget_of_zero_is_refused(field: str) -> None:
+    """It divided every request's rates by zero: a 500 on each request instead of a settings error."""
+    with pytest.raises(msgspec.ValidationError, match=field):
+        load_settings(overrides={"tiers": {"free": {field: 0}}})
+
+
 def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[limiter]\nslot_ttl_s = 100\n")
