@@ -407,9 +407,15 @@ class LLMEngine:
         return emitted
 
     def _reset(self, error: str) -> list[_Emission]:
+        """Fail every request the failed step's state held and start from an empty pool. Those added
+        meanwhile, still in the inbox, never touched that state: they run on the new one. Failed
+        with the others, they were admitted all the same at the next pass, streamed after their
+        final "error", and their finish raised in `_publish` (already forgotten): the loop thread
+        died, and with it every open stream."""
         self._drain_lane()
         with self._cond:
-            seqs = list(self._live.values())
+            pending = {id(seq) for seq in self._inbox}
+            seqs = [seq for seq in self._live.values() if id(seq) not in pending]
         preemptions, old = self._scheduler.num_preemptions, self._blocks
         self._blocks = BlockManager(
             self._config.num_blocks, self._config.block_size, self._config.enable_prefix_caching
