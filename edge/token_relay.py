@@ -108,6 +108,8 @@ class TokenRelay:
         ):
             return False
         n = len(ids)
+        if n > 1 and self._watch_stops:
+            return False  # the task takes it a token at a time (`_one_token_each`)
         granted = self._try_take(n)
         if granted is None:
             return False
@@ -139,7 +141,25 @@ class TokenRelay:
             if isinstance(pending, Coroutine):
                 pending.close()  # cut before its turn (a cancel): never started, nothing to undo
 
+    async def _one_token_each(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        """A delta of several tokens (a reader that lagged a step, whose outputs the replica
+        merged) one token at a time, when a stop string may end the reply inside it: the tokens
+        after the one that completes the match are neither counted nor charged, as vLLM stops at
+        that token. Matched on the whole delta, they were: the same reply's completion_tokens (and
+        its charge) then depended on when its reader had last caught up."""
+        async for delta in deltas:
+            ids = delta.token_ids
+            if len(ids) <= 1 or delta is self._consumed:
+                yield delta
+                continue
+            last = len(ids) - 1
+            for i, token in enumerate(ids):
+                finish = delta.finish_reason if i == last else None
+                yield Delta([token], finish, delta.cached_tokens if i == 0 else 0)
+
     async def _run(self, deltas: AsyncIterator[Delta]) -> None:
+        if self._watch_stops:
+            deltas = self._one_token_each(deltas)
         out = self._out
         detok = self._detok
         stops = self._stops

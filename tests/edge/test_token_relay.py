@@ -246,3 +246,31 @@ async def test_a_paused_writer_on_the_engines_mailbox_relays_each_token_once() -
         assert paused.out.completion_tokens == 12
     finally:
         await upstream.aclose()
+
+
+async def test_a_stop_string_inside_a_merged_delta_ends_the_count_at_its_token() -> None:
+    """A reader that lagged gets several tokens in one delta: the tokens after the one completing
+    the stop string are neither counted nor charged, so the reply's usage does not depend on when
+    its reader caught up (as vLLM stops at that token)."""
+
+    async def deltas() -> AsyncIterator[Delta]:
+        yield Delta([1], None, 16)
+        yield Delta([2, 3, 4, 5])  # "<3>" ends the reply at the second of these
+        yield Delta([6], "length")
+
+    for merged in (True, False):
+        stream = _Stream(budget=100, stops=["<3>"])
+        if merged:
+            await stream.relay.run(deltas())
+        else:
+            await stream.relay.run(Delta([i], None, 16 if i == 1 else 0) async for i in _ids(1, 6))
+        assert stream.out.reason == "stop"
+        assert "".join(stream.written) == "<1><2>"
+        assert stream.out.completion_tokens == 3
+        assert stream.lease.left == 97
+        assert stream.out.cached_tokens == 16
+
+
+async def _ids(first: int, last: int) -> AsyncIterator[int]:
+    for i in range(first, last + 1):
+        yield i
