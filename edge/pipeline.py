@@ -627,7 +627,7 @@ class Generation:
                 "user": self._principal.user,
                 "tier": tier,
                 "model": self._p.config.model_name,
-                "stream": self._req.stream,
+                "stream": bool(self._req.stream),
                 "outcome": out.reason,
                 "upstream": out.upstream,
                 "prompt_tokens": self.prompt_tokens,

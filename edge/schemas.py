@@ -91,7 +91,7 @@ class ChatMessage(msgspec.Struct):
 
 
 class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
+    include_usage: bool | None = False  # null as in OpenAI's spec: false
 
 
 class ResponseFormat(msgspec.Struct):
@@ -105,7 +105,8 @@ ToolChoice = str | dict[str, Any]
 class ChatCompletionRequest(msgspec.Struct):
     model: str
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
-    stream: bool = False
+    # null as in OpenAI's spec (and vLLM): not streamed. Clients that fill every field send it.
+    stream: bool | None = False
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
@@ -163,7 +164,7 @@ class ChatCompletionRequest(msgspec.Struct):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)

@@ -86,6 +86,19 @@ def test_stream_without_include_usage_has_no_usage_chunk(
     assert not any(isinstance(e, dict) and "usage" in e for e in got)
 
 
+def test_null_stream_and_include_usage_read_as_false(server: LiveServer, client: httpx.Client) -> None:
+    """OpenAI's spec (and vLLM) take null for both; clients that fill every field send it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    answer = client.post(CHAT, json=body | {"stream": None}, headers=server.auth("paid"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["object"] == "chat.completion"
+    streamed = body | {"stream": True, "stream_options": {"include_usage": None}}
+    with client.stream("POST", CHAT, json=streamed, headers=server.auth("paid")) as response:
+        assert response.status_code == 200
+        got = list(events(response))
+    assert got[-1] == DONE and not any(isinstance(e, dict) and "usage" in e for e in got)
+
+
 def test_non_stream_answer_matches_the_stream(server: LiveServer, client: httpx.Client) -> None:
     # Greedy decoding is deterministic: both modes must produce the same text and counts.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 40}
