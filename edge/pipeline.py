@@ -189,11 +189,13 @@ class Pipeline:
         headers = ratelimit_headers(decision)
         if not decision.allowed or admission.lease is None:
             limit = decision.limit or "requests"
+            # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
+            # test the code to tell a rate limit from other 429s).
             raise ApiError(
                 429,
                 f"Rate limit reached ({limit}). Please try again in {decision.retry_after_ms / 1000:.3g}s.",
-                type="rate_limit_exceeded",
-                code=limit,
+                type=limit,
+                code="rate_limit_exceeded",
                 headers=headers,
             )
         ticket = Ticket(

@@ -59,7 +59,9 @@ class RateLimitError(FloodgateError):
 
     @property
     def limit(self) -> str | None:
-        return self.code
+        # A rate limit names its limit as the type (code "rate_limit_exceeded", as OpenAI's do);
+        # an overload names its reason as the code.
+        return self.type if self.code == "rate_limit_exceeded" else self.code
 
     @property
     def retry_after_s(self) -> float | None:

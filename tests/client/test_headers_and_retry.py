@@ -49,10 +49,13 @@ def test_retry_after_prefers_milliseconds_then_seconds() -> None:
 
 
 def test_error_bodies_become_typed_errors_with_their_fields() -> None:
-    body = b'{"error":{"message":"slow down","type":"rate_limit_exceeded","param":null,"code":"tokens"}}'
+    body = b'{"error":{"message":"slow down","type":"tokens","param":null,"code":"rate_limit_exceeded"}}'
     error = error_from_response(429, {"retry-after-ms": "500"}, body)
     assert isinstance(error, RateLimitError)
-    assert (error.limit, error.retry_after_s, error.type) == ("tokens", 0.5, "rate_limit_exceeded")
+    assert (error.limit, error.retry_after_s, error.code) == ("tokens", 0.5, "rate_limit_exceeded")
+    # An overload names its reason as the code.
+    body = b'{"error":{"message":"busy","type":"rate_limit_exceeded","param":null,"code":"queue_full"}}'
+    assert error_from_response(429, {}, body).limit == "queue_full"
     assert isinstance(error_from_response(413, {}, b"too large"), BadRequestError)
 
 

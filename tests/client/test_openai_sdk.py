@@ -38,7 +38,9 @@ def test_the_openai_sdk_raises_rate_limit_error_without_retries(server: LiveServ
     patient.chat.completions.create(model="floodgate-tiny", messages=messages, max_tokens=2)  # type: ignore[arg-type]
     with pytest.raises(openai.RateLimitError) as caught:
         impatient.chat.completions.create(model="floodgate-tiny", messages=messages, max_tokens=2)  # type: ignore[arg-type]
-    assert caught.value.status_code == 429 and caught.value.code == "requests"
+    # As OpenAI's: the code says a rate limit, the type which one.
+    assert caught.value.status_code == 429 and caught.value.code == "rate_limit_exceeded"
+    assert caught.value.type == "requests"
     patient.close()
     impatient.close()
 

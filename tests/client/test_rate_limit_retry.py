@@ -19,7 +19,7 @@ def test_a_refused_request_raises_rate_limit_error_and_auto_retry_is_admitted(se
             client.chat.stream("second, at once", max_tokens=2)
         refused = caught.value
         assert refused.status_code == 429 and refused.limit == "requests"
-        assert refused.type == "rate_limit_exceeded"
+        assert (refused.type, refused.code) == ("requests", "rate_limit_exceeded")  # OpenAI's shape
         assert refused.retry_after_s is not None and 0 < refused.retry_after_s <= 1.0
         assert refused.headers["retry-after"] == "1"
         assert refused.rate_limits.limit_requests == 1 and refused.rate_limits.remaining_requests == 0

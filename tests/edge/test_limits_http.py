@@ -31,7 +31,7 @@ def test_request_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
             denied = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
     assert denied.status_code == 429
     error = denied.json()["error"]
-    assert error["type"] == "rate_limit_exceeded" and error["code"] == "requests"
+    assert error["type"] == "requests" and error["code"] == "rate_limit_exceeded"  # OpenAI's shape
     retry_ms = int(denied.headers["retry-after-ms"])
     assert 0 < retry_ms <= 3600 * 1000
     assert int(denied.headers["retry-after"]) == math.ceil(retry_ms / 1000)

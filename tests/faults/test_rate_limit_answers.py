@@ -91,7 +91,7 @@ def test_a_request_limit_429_waits_for_the_next_request_to_refill(tmp_path: Path
                 assert ok.status_code == 200
                 _assert_openai_headers(ok)
             denied = client.post(CHAT, json=_body(4))
-    assert denied.status_code == 429 and denied.json()["error"]["code"] == "requests"
+    assert denied.status_code == 429 and denied.json()["error"]["type"] == "requests"
     _assert_openai_headers(denied)
     interval_ms = REQUEST_WINDOW_S * 1000 / 2
     # One request refills every interval: the wait is what is left of it, not the whole window.
@@ -115,7 +115,7 @@ def test_a_token_limit_429_waits_for_the_missing_tokens_to_refill(tmp_path: Path
                     denied = response
                     break
                 assert response.status_code == 200
-    assert denied is not None and denied.json()["error"]["code"] == "tokens"
+    assert denied is not None and denied.json()["error"]["type"] == "tokens"
     _assert_openai_headers(denied)
     # The denied request needed prompt + 32 tokens (its first output lease); it waits for exactly
     # the missing ones to refill, each one interval.
@@ -151,7 +151,7 @@ def test_a_concurrency_429_waits_for_a_running_stream_not_a_fixed_second(
     stall: dict[str, dict[str, object]] = {"server": {"stalled_reader_s": 120.0, "send_buffer_bytes": 4096}}
     with _serve(tmp_path, redis, max_concurrent=1, sections=stall) as server:
         denied = _concurrency_denial(server)
-    assert denied.status_code == 429 and denied.json()["error"]["code"] == "concurrency"
+    assert denied.status_code == 429 and denied.json()["error"]["type"] == "concurrency"
     _assert_openai_headers(denied)
     exact_ms = _assert_retry_after(denied)
     # The store's bound is the slot's lease (300 s); the estimate (when the running stream should

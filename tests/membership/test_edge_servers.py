@@ -194,7 +194,7 @@ def test_a_killed_edges_users_get_their_concurrency_slots_back(
 
     # Until the killed edge is counted out, its dead stream's slot refuses the user.
     refused = _chat(b, 1)
-    assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrency"
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "concurrency"
     wait_for("b admits the killed edge's user", lambda: _chat(b, 1).status_code == 200)
     store.close()
 
@@ -237,7 +237,7 @@ def test_an_edge_back_from_a_stall_holds_its_running_streams_slots_again(
         wait_for("b sees a back", lambda: fleet.fleet_state(b).get("live") == 2)
         wait_for("a's running stream holds its slot again", lambda: held() == 1)
         refused = _chat(b, 1)
-        assert refused.status_code == 429 and refused.json()["error"]["code"] == "concurrency"
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "concurrency"
     # The stream closed: a settles it and frees the slot.
     wait_for("b admits the user once a's stream ended", lambda: _chat(b, 1).status_code == 200)
     store.close()
