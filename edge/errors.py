@@ -73,6 +73,19 @@ def retry_after_headers(retry_after_s: float) -> dict[str, str]:
     return {"retry-after": str(max(1, math.ceil(ms / 1000))), "retry-after-ms": str(ms)}
 
 
+def wait_text(seconds: float) -> str:
+    """A wait as a person reads it, as OpenAI writes it in its messages: 850ms, 3.89s, 6m0s, 2h5m
+    (Python's 3.6e+03s said an hour to nobody)."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    whole = math.ceil(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60}s"
+    return f"{whole // 3600}h{whole % 3600 // 60}m"
+
+
 def rate_limited(
     message: str, code: str, retry_after_s: float, headers: dict[str, str] | None = None
 ) -> ApiError:

@@ -41,7 +41,7 @@ from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
 from edge.config import TierConfig
 from edge.drain import Drain
-from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers
+from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers, wait_text
 from edge.keys.principal import Principal
 from edge.log_line import info_line
 from edge.metric_children import child
@@ -191,9 +191,10 @@ class Pipeline:
             limit = decision.limit or "requests"
             # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
             # test the code to tell a rate limit from other 429s).
+            wait = wait_text(decision.retry_after_ms / 1000)
             raise ApiError(
                 429,
-                f"Rate limit reached ({limit}). Please try again in {decision.retry_after_ms / 1000:.3g}s.",
+                f"Rate limit reached ({limit}). Please try again in {wait}.",
                 type=limit,
                 code="rate_limit_exceeded",
                 headers=headers,
@@ -322,9 +323,9 @@ class Pipeline:
 
 def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:
     """Queue full or too slow: 429, as a rate limit. No replica at all: 503, the service is down."""
-    message = f"The service is overloaded ({exc.reason}). Please try again in {exc.retry_after_s:.3g}s."
+    message = f"The service is overloaded ({exc.reason}). Please try again in {wait_text(exc.retry_after_s)}."
     if exc.reason == "no_replica":
-        message = f"No model replica is available. Please try again in {exc.retry_after_s:.3g}s."
+        message = f"No model replica is available. Please try again in {wait_text(exc.retry_after_s)}."
         return ApiError(
             503,
             message,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from litestar import Litestar, get
 from litestar.exceptions import HTTPException
 from litestar.testing import TestClient
 
-from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected
+from edge.errors import ApiError, handle_api_error, handle_http_exception, handle_unexpected, wait_text
 
 
 @get("/boom")
@@ -46,3 +47,19 @@ def test_api_error_keeps_status_code_and_headers() -> None:
     assert response.json() == {
         "error": {"message": "slow down", "type": "rate_limit_exceeded", "param": None, "code": "tokens"}
     }
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0004, "1ms"),
+        (0.85, "850ms"),
+        (3.891, "3.89s"),
+        (59.4, "59.4s"),
+        (360, "6m0s"),
+        (3600, "1h0m"),
+        (7501, "2h5m"),
+    ],
+)
+def test_a_wait_reads_as_a_person_reads_it(seconds: float, text: str) -> None:
+    assert wait_text(seconds) == text
