@@ -162,6 +162,9 @@ class Pipeline:
             prompt_ids = await encode_messages(self.text.encode_chat, messages, salt)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
+        # The model's context first: a client that trims its history on context_length_exceeded
+        # must get that code for a prompt too long for both.
+        max_new = self._max_new_tokens(req, tier, len(prompt_ids))
         if weighted(len(prompt_ids), self.config.token_weight) > tier.tokens_per_window:
             # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies.
             raise invalid_request(
@@ -170,7 +173,6 @@ class Pipeline:
                 "messages",
                 code="tokens_exceed_budget",
             )
-        max_new = self._max_new_tokens(req, tier, len(prompt_ids))
         min_tokens = self._min_tokens(req, max_new)
 
         request_id = new_request_id()

@@ -43,7 +43,12 @@ def test_a_prompt_larger_than_the_whole_token_budget_is_a_400_that_costs_no_requ
     huge = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 60}], "max_tokens": 1}
     with start_server(tmp_path, overrides) as server, httpx.Client(base_url=server.base_url) as client:
         refused = client.post(CHAT, json=huge, headers=server.auth("paid"))
+        # Too long for the model's context as well: that is what the client can act on.
+        beyond = huge | {"messages": [{"role": "user", "content": "word " * 5000}]}
+        too_long = client.post(CHAT, json=beyond, headers=server.auth("paid"))
         ok = client.post(CHAT, json=SHORT | {"max_tokens": 1}, headers=server.auth("paid"))
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["type"] == "invalid_request_error"
