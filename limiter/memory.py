@@ -81,10 +81,17 @@ class MemoryLimiter:
         """`admit`'s decision and the output tokens it leased, without building a lease."""
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
+        charged = input_tokens
+        if rates.token_capacity < input_tokens <= tier.tokens_per_window:
+            # The tier's budget holds the prompt (the edge let it through), this instance's share
+            # of it does not (the fail-open fallback's, per_instance): no wait would ever admit it,
+            # so it is charged the whole share, once the share is untouched, instead of refused
+            # for good (a Retry-After of hours, then the same answer again).
+            charged = rates.token_capacity
         with self._lock:
             now = self._now_us()
             decision = policy.admit(
-                self._state(user, now), rates, now, request_id, input_tokens, lease_tokens, self._lease_ttl_us
+                self._state(user, now), rates, now, request_id, charged, lease_tokens, self._lease_ttl_us
             )
         return decision, lease_tokens
 

@@ -131,15 +131,12 @@ def admit(
     if request_id in state.leases:
         return _decision(state, rates, now_us, None, 0, 0, 0)
     requests = gcra(state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity, 1)
-    # A prompt the edge let through can still exceed one instance's share of the budget (the
-    # fail-open fallback's, per_instance): no wait would ever admit it, so it is charged the whole
-    # budget instead, and waits only for that budget to be untouched. (admit.lua does the same.)
     tokens = gcra(
         state.token_tat_us,
         now_us,
         rates.token_interval_us,
         rates.token_capacity,
-        min(input_tokens + lease_tokens, rates.token_capacity),
+        input_tokens + lease_tokens,
     )
     # The store's bound: the earliest lease expiry, when a slot frees even if its holder died.
     # When a live stream ends the store cannot know; the caller lowers this to its estimate

@@ -27,8 +27,7 @@ local request_capacity = tonumber(ARGV[4])
 local token_interval = tonumber(ARGV[5])
 local token_capacity = tonumber(ARGV[6])
 local max_concurrent = tonumber(ARGV[7])
--- Never more than the whole budget: a larger request could never be admitted (policy.py says why).
-local cost_tokens = math.min(tonumber(ARGV[8]) + tonumber(ARGV[9]), token_capacity)
+local cost_tokens = tonumber(ARGV[8]) + tonumber(ARGV[9])
 local lease_ttl = tonumber(ARGV[10])
 
 local function ceil_ms(us)
