@@ -76,8 +76,7 @@ class DynamoDBKeyStore:
         return await anyio.to_thread.run_sync(self._add, record)
 
     async def put(self, record: KeyRecord) -> None:
-        item = _item(record)
-        await anyio.to_thread.run_sync(lambda: self._client.put_item(TableName=self._table, Item=item))
+        await anyio.to_thread.run_sync(self._put, record)
 
     async def by_id(self, key_id: str) -> KeyRecord | None:
         found = await anyio.to_thread.run_sync(self._scan, "id", key_id, None)
@@ -105,6 +104,21 @@ class DynamoDBKeyStore:
         )
         item = found.get("Item")
         return _record(item) if item else None
+
+    def _put(self, record: KeyRecord) -> None:
+        # A revocation is final (KeyStore.put): a record without one is written only over a stored
+        # record without one; else the stored revocation stands, and so does the rest of it (a
+        # tier or an expiry for a revoked key changes nothing anyone can use).
+        item = _item(record)
+        try:
+            if record.revoked is not None:
+                self._client.put_item(TableName=self._table, Item=item)
+            else:
+                self._client.put_item(
+                    TableName=self._table, Item=item, ConditionExpression="attribute_not_exists(revoked)"
+                )
+        except self._client.exceptions.ConditionalCheckFailedException:
+            pass
 
     def _add(self, record: KeyRecord) -> bool:
         try:

@@ -85,9 +85,15 @@ class SQLiteKeyStore:
         return cursor.rowcount == 1
 
     def _put(self, record: KeyRecord) -> None:
+        # A revocation is final (KeyStore.put): the stored one is kept whatever the record says.
         with self._lock:
             self._conn.execute(
-                f"INSERT OR REPLACE INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", _row(record)
+                f"INSERT INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(key_sha256) DO UPDATE SET id=excluded.id, user=excluded.user, "
+                "tier=excluded.tier, label=excluded.label, created=excluded.created, "
+                "expires=excluded.expires, revoked=COALESCE(api_keys.revoked, excluded.revoked), "
+                "last4=excluded.last4",
+                _row(record),
             )
 
     def _list(self, user: str | None) -> list[KeyRecord]:

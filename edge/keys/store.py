@@ -18,7 +18,10 @@ class KeyStore(Protocol):
         ...
 
     async def put(self, record: KeyRecord) -> None:
-        """Overwrite the record (tier change, revocation, expiry), found by its hash."""
+        """Overwrite the record (tier change, revocation, expiry), found by its hash; but never
+        undo a stored revocation. A tier change or a rotation writes back the record it read: a
+        revocation that landed in between was undone, and the key the operator was told is
+        revoked went on working (for good after a tier change, for the grace after a rotation)."""
         ...
 
     async def by_id(self, key_id: str) -> KeyRecord | None: ...

@@ -85,6 +85,29 @@ async def test_revoke_and_set_tier_reach_a_cache_once_its_ttl_is_over(key_store:
     assert info.value.status == 401
 
 
+@pytest.mark.parametrize("change", ["tier", "expires"])
+async def test_a_revocation_is_never_undone_by_a_change_read_before_it(
+    key_store: KeyStore, change: str
+) -> None:
+    """A tier change or a rotation writes back the record it read; an operator's revoke that landed
+    in between stands (before, the key went on working: for good, or for the rotation's grace)."""
+    keys = lifecycle(key_store)
+    key, record = await keys.create("alice", "free")
+    read = await key_store.by_id(record.id)  # the other operator's step read it ...
+    assert read is not None
+    await keys.revoke(record.id)  # ... then this one revoked it ...
+    changed = (
+        read.with_changes(tier="paid")
+        if change == "tier"
+        else read.with_changes(expires=read.created + 86400)
+    )
+    await key_store.put(changed)  # ... and the other step wrote back what it read, changed
+    stored = await key_store.by_id(record.id)
+    assert stored is not None and stored.revoked is not None
+    with pytest.raises(ApiError, match="revoked"):
+        await Authenticator(key_store, 5.0).authenticate(f"Bearer {key}")
+
+
 async def test_rotation_keeps_the_old_key_for_the_grace_period(key_store: KeyStore) -> None:
     clock = ManualClock(1_000_000.0)
     keys = lifecycle(key_store, clock, grace_s=60.0)
