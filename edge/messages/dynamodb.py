@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -81,9 +82,15 @@ class DynamoDBMessageStore:
             params: QueryInputTypeDef = {
                 "TableName": self._table,
                 "KeyConditionExpression": f"{PARTITION_KEY} = :c",
-                "FilterExpression": "#owner = :u",
+                # DynamoDB's TTL deletes expired items when it gets to them (up to days later), and
+                # a query returns them until then: a prompt past ttl_days is filtered out here.
+                "FilterExpression": f"#owner = :u AND {TTL_ATTRIBUTE} > :now",
                 "ExpressionAttributeNames": {"#owner": "owner"},
-                "ExpressionAttributeValues": {":c": {"S": conversation_id}, ":u": {"S": user}},
+                "ExpressionAttributeValues": {
+                    ":c": {"S": conversation_id},
+                    ":u": {"S": user},
+                    ":now": {"N": str(int(time.time()))},
+                },
                 "ScanIndexForward": False,
                 "Limit": _PAGE,
                 "ConsistentRead": True,

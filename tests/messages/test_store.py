@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 
 import pytest
 
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.store import MessageStore
+from tests.messages.conftest import dynamodb_store
 
 pytestmark = pytest.mark.anyio
 
@@ -69,9 +71,26 @@ async def test_owner_filter_does_not_starve_the_limit(store: MessageStore) -> No
 
 async def test_unicode_and_empty_content_round_trip(store: MessageStore) -> None:
     conv = conversation()
-    msg = StoredMessage(conv, "ünï", "01J0000000000000000000000A", "assistant", "", "r_1", 1.5, "length")
+    now = float(int(time.time())) + 0.5  # written now: a 1970 one is past any TTL
+    msg = StoredMessage(conv, "ünï", "01J0000000000000000000000A", "assistant", "", "r_1", now, "length")
     odd = dataclasses.replace(msg, message_id="01J0000000000000000000000B", content="é 🚀 \n\t\"'")
     await store.append(msg)
     await store.append(odd)
 
     assert await store.history(conv, "ünï") == [msg, odd]
+
+
+async def test_dynamodb_serves_no_message_past_its_ttl(dynalite_endpoint: str) -> None:
+    """DynamoDB deletes an expired item when it gets to it (days later, in AWS; dynalite never does),
+    and a query returns it until then: a prompt past ttl_days must not come back."""
+    store = dynamodb_store(dynalite_endpoint, f"ttl-{uuid.uuid4().hex[:8]}")
+    await store.create_table_if_missing()
+    conv = conversation()
+    try:
+        old = dataclasses.replace(new_message(conv, "alice", "user", "an old secret", "r1"), created_at=0.0)
+        await store.append(old)  # its TTL (90 days after 1970) ran out long ago
+        fresh = new_message(conv, "alice", "user", "today", "r2")
+        await store.append(fresh)
+        assert [m.content for m in await store.history(conv, "alice")] == ["today"]
+    finally:
+        await store.aclose()
