@@ -242,7 +242,7 @@ class TritonUpstream:
         request = self._request(
             generate_body(req, end_id=end_id, pad_id=self._pad_id, vocab_size=self._vocab_size)
         )
-        conn = await self._pool.connect()
+        conn = await self._pool.connect(self._first_timeout_s)
         conn.send(request, offer)
         retried = False
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
@@ -259,7 +259,7 @@ class TritonUpstream:
                 if conn.failure is not None and conn.reused and not conn.responded and not retried:
                     # A kept-alive connection the replica had closed while idle: nothing was read.
                     retried = True
-                    conn = await self._pool.connect(fresh=True)
+                    conn = await self._pool.connect(self._first_timeout_s, fresh=True)
                     conn.send(request, offer)
                     continue
                 if conn.failure is not None:

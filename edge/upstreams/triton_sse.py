@@ -396,9 +396,13 @@ class ConnectionPool:
         self._closed = False
         self._get_head = f" HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
-    async def connect(self, *, fresh: bool = False) -> SseConnection:
-        """An idle connection (unless `fresh`), or a new one; UpstreamError when the replica cannot
-        be reached or the pool is closed (a connection opened then would never be closed)."""
+    async def connect(self, timeout_s: float, *, fresh: bool = False) -> SseConnection:
+        """An idle connection (unless `fresh`), or a new one opened within `timeout_s`; UpstreamError
+        when the replica cannot be reached in that time or the pool is closed (a connection opened
+        then would never be closed). Unbounded, a replica that drops connection attempts rather
+        than refusing them (a terminated instance's address, a dropping security group, a full
+        accept queue) held a stream for the kernel's SYN retries, about two minutes, before
+        its failover to another replica."""
         if self._closed:
             raise UpstreamError(f"{self.host}:{self.port}: the upstream is closed")
         while self._idle and not fresh:
@@ -408,7 +412,10 @@ class ConnectionPool:
                 return conn
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(SseConnection, self.host, self.port)
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(SseConnection, self.host, self.port)
+        except TimeoutError:
+            raise UpstreamError(f"{self.host}:{self.port}: no connection within {timeout_s:g} s") from None
         except OSError as exc:
             raise UpstreamError(f"{self.host}:{self.port}: {exc}") from exc
         return conn
@@ -428,10 +435,10 @@ class ConnectionPool:
         """(status, body) of `request`, its answer read whole (never as events: a `stop` answered
         with tokens is just a body here); UpstreamError naming `what` when the replica does not
         answer in time."""
-        conn = await self.connect()
+        conn = await self.connect(timeout_s)
         for fresh in (False, True):
             if fresh:
-                conn = await self.connect(fresh=True)
+                conn = await self.connect(timeout_s, fresh=True)
             conn.send(request, None, events=False)
             try:
                 while not conn.ended and conn.failure is None:

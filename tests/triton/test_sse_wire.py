@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -457,3 +458,24 @@ def test_a_closed_loops_relay_batch_is_not_kept() -> None:
         asyncio.run(open_one())
     gc.collect()
     assert not triton_sse._batches
+
+
+@pytest.mark.anyio
+async def test_a_replica_that_drops_connection_attempts_fails_the_stream_within_its_first_timeout() -> None:
+    """A listener that never accepts, its one-deep queue full: the kernel drops further SYNs, as for
+    a terminated instance's address. The stream fails (and so may fail over) within its first
+    response's timeout, not after the kernel's SYN retries (about two minutes)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    url = f"http://127.0.0.1:{port}"
+    upstream = TritonUpstream("dropping", url, f"{url}/metrics", end_id=-1, first_response_timeout_s=0.5)
+    try:
+        with pytest.raises(UpstreamError, match=r"no connection within 0\.5 s"):
+            await _tokens(upstream.generate(_request()))  # WAIT_S bounds the test itself
+    finally:
+        await upstream.aclose()
+        filler.close()
+        listener.close()
