@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,26 @@ def test_a_failed_step_abandons_the_launch_at_once(tmp_path: Path, fail: str) ->
     assert done.returncode == 1
     assert calls[-1] == ABANDON
     assert "abandoning this launch" in done.stderr + done.stdout
+
+
+def test_both_containers_give_boto3_its_region(tmp_path: Path) -> None:
+    """The agent's boto3 clients (and the engine fetch's) find the region in the environment the
+    user data gives each container, as boto3 resolves it: AWS_DEFAULT_REGION, never AWS_REGION.
+    Without it the agent died at start (NoRegionError) and no host ever joined its group."""
+    done, calls = run_user_data(tmp_path)
+    assert done.returncode == 0, done.stderr
+    for run in (c for c in calls if c.startswith("docker run")):
+        env = dict(re.findall(r"-e (\w+)=(\S+)", run))
+        resolved = subprocess.run(
+            [sys.executable, "-c", "import boto3; print(boto3.session.Session().region_name)"],
+            env={
+                **env,
+                "PATH": os.environ["PATH"],
+                "HOME": str(tmp_path),
+                "AWS_EC2_METADATA_DISABLED": "true",
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert resolved.stdout.strip() == VALUES["region"], (run, resolved.stderr[-300:])
