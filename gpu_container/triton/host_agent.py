@@ -12,11 +12,13 @@ same image, host networking) and, every `--interval-s`:
   group replaces the host instead of waiting out the hook;
 * health: in service, Triton not ready for `--unhealthy-after-s` marks the host Unhealthy (the
   group replaces it; EC2 status checks alone never see a dead Triton on a healthy instance);
-* scale-in protection: protected while Triton has streams (TensorRT-LLM's active requests), not
-  when idle, so scale-in picks idle hosts;
-* drain: when the group terminates the host (target state Terminated), completes the terminate
-  hook as soon as the host's streams end (the edge sends it nothing new meanwhile), at the latest
-  after `--drain-s`;
+* drain: when the group takes the host out of service (target state Terminated, or back to the warm
+  pool: Warmed:*, as reuse_on_scale_in returns scaled-in hosts there), completes the terminate hook
+  as soon as the host's streams end (the edge sends it nothing new meanwhile), at the latest after
+  `--drain-s`. The drain is what keeps streams alive through a scale-in. The agent used to protect
+  every host with a stream from scale-in besides: the edge spreads streams over the least loaded
+  hosts, so with more streams than hosts every host was protected and the group could not scale in
+  until traffic all but stopped, however far the demand fell;
 * GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
 
 The decisions (`HostAgent.step`) are pure: an observation in, actions out; `AwsHost` carries them
@@ -66,16 +68,11 @@ class CompleteHook:
 
 
 @dataclass(frozen=True, slots=True)
-class SetProtected:
-    protected: bool
-
-
-@dataclass(frozen=True, slots=True)
 class SetUnhealthy:
     pass
 
 
-Action = CompleteHook | SetProtected | SetUnhealthy
+Action = CompleteHook | SetUnhealthy
 
 
 @dataclass
@@ -85,7 +82,8 @@ class HostAgent:
     unhealthy_after_s: float
     started_at: float
     launch_done: bool = False
-    protected: bool | None = None
+    # Seen in service: a later Warmed:* target is a scale-in back to the warm pool, not a launch.
+    in_service: bool = False
     unready_since: float | None = None
     reported_unhealthy: bool = False
     drain_started: float | None = None
@@ -94,13 +92,14 @@ class HostAgent:
     def step(self, seen: Observation) -> list[Action]:
         """The actions this observation calls for; each is taken at most once."""
         state = seen.target_state
-        if state == "Terminated":
+        if state == "Terminated" or (self.in_service and state.startswith("Warmed:")):
             return self._drain(seen)
         if not self.launch_done:
             return self._launch(seen)
         if state != "InService":
             return []
-        return [*self._health(seen), *self._protection(seen)]
+        self.in_service = True
+        return self._health(seen)
 
     def _launch(self, seen: Observation) -> list[Action]:
         if seen.target_state != "InService" and not seen.target_state.startswith("Warmed:"):
@@ -123,13 +122,6 @@ class HostAgent:
             self.reported_unhealthy = True
             return [SetUnhealthy()]
         return []
-
-    def _protection(self, seen: Observation) -> list[Action]:
-        wanted = seen.active_streams > 0
-        if wanted == self.protected:
-            return []
-        self.protected = wanted
-        return [SetProtected(wanted)]
 
     def _drain(self, seen: Observation) -> list[Action]:
         if self.drain_done:
@@ -230,10 +222,6 @@ class AwsHost:
                 )
             except Exception as exc:  # no action pending (an agent restart after it was completed)
                 log.warning("complete_lifecycle_action_failed", hook=action.hook, error=repr(exc))
-        elif isinstance(action, SetProtected):
-            self.autoscaling.set_instance_protection(
-                AutoScalingGroupName=self.group, InstanceIds=[instance], ProtectedFromScaleIn=action.protected
-            )
         else:
             self.autoscaling.set_instance_health(
                 InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False

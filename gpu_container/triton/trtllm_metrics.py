@@ -3,7 +3,7 @@
 TensorRT-LLM's backend exports its state as gauges `nv_trt_llm_<kind>_metrics` with a label that
 says which value a sample is (`request_type="active"`, `kv_cache_block_type="free"`, …). Three
 parts read or write them: the edge (capacity of a Triton replica, edge/upstreams/triton.py), the
-host agent (scale-in protection while streams are active, host_agent.py) and our CPU model, which
+host agent (its drain waits for the active streams, host_agent.py) and our CPU model, which
 exports the same gauges so the edge reads both alike (cpu/engine_model.py). They share the names
 and the parser here.
 

@@ -17,7 +17,6 @@ from gpu_container.triton.host_agent import (
     CompleteHook,
     HostAgent,
     Observation,
-    SetProtected,
     SetUnhealthy,
     gpu_datums,
 )
@@ -81,14 +80,25 @@ def test_a_short_blip_is_not_unhealthy() -> None:
     assert SetUnhealthy() not in a.step(seen(ready=False, now=75))
 
 
-def test_scale_in_protection_follows_the_streams() -> None:
+def test_a_host_with_streams_stays_a_scale_in_candidate() -> None:
+    """The edge spreads streams over the least loaded hosts: with more streams than hosts, every
+    host has some. Protected from scale-in while it had any, no host could be scaled in; the drain
+    keeps their streams alive instead."""
     a = agent()
     a.step(seen(now=0))
+    for now, streams in enumerate((0, 4, 9, 0), start=1):
+        assert a.step(seen(streams=streams, now=now)) == []
 
-    assert a.step(seen(streams=0, now=1)) == [SetProtected(False)]
-    assert a.step(seen(streams=4, now=2)) == [SetProtected(True)]
-    assert a.step(seen(streams=9, now=3)) == []
-    assert a.step(seen(streams=0, now=4)) == [SetProtected(False)]
+
+def test_a_host_scaled_in_back_to_the_warm_pool_is_drained() -> None:
+    """With reuse_on_scale_in the terminate hook returns the host to the warm pool: its target
+    state is Warmed:Stopped, not Terminated. Its hook was left to the drain limit (300 s of GPU
+    time every scale-in)."""
+    a = agent()
+    assert a.step(seen("Warmed:Stopped", now=0)) == [CompleteHook("ready", "CONTINUE")]  # into the pool
+    assert a.step(seen(now=10)) == []  # launched from the pool, in service
+    assert a.step(seen("Warmed:Stopped", streams=2, now=20)) == []
+    assert a.step(seen("Warmed:Stopped", streams=0, now=30)) == [CompleteHook("drain", "CONTINUE")]
 
 
 def test_the_terminate_hook_completes_when_the_streams_end() -> None:
@@ -178,7 +188,7 @@ def host_endpoints() -> Iterator[tuple[str, HostState]]:
         server.server_close()
 
 
-def test_the_agent_protects_reports_and_completes_on_the_real_api(
+def test_the_agent_reports_and_completes_on_the_real_api(
     moto_endpoint: str,  # noqa: F811 (fixture)
     host_endpoints: tuple[str, HostState],
 ) -> None:
@@ -225,10 +235,7 @@ def test_the_agent_protects_reports_and_completes_on_the_real_api(
         return instance
 
     assert round_at(0) == [CompleteHook("ready", "CONTINUE")]  # no hook pending in moto: logged
-    assert round_at(1) == [SetProtected(True)]  # 3 active streams
-    assert described()["ProtectedFromScaleIn"] is True
-    state.metrics = ""
-    assert round_at(2) == [SetProtected(False)]
+    assert round_at(1) == []  # 3 active streams: still a scale-in candidate (the drain keeps them)
     assert described()["ProtectedFromScaleIn"] is False
     state.ready = False
     round_at(3)

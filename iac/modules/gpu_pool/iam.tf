@@ -87,13 +87,12 @@ data "aws_iam_policy_document" "gpu" {
   }
 
   # The host agent (gpu_container/triton/host_agent.py): completes the launch and terminate hooks,
-  # marks the host unhealthy when Triton stays down, protects it from scale-in while it has streams.
+  # marks the host unhealthy when Triton stays down.
   statement {
     sid = "ReportToOwnGroup"
     actions = [
       "autoscaling:CompleteLifecycleAction",
       "autoscaling:SetInstanceHealth",
-      "autoscaling:SetInstanceProtection",
     ]
     resources = [local.group_arn]
   }
