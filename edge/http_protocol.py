@@ -64,6 +64,18 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         # keep-alive timer).
         if self._headers_pending and not self.transport.is_closing():
             self._header_deadline.start(request_begun=True)
+        # Answered before its body was all read (a 401, a 413, a busy 429): the rest of the body
+        # has until the same deadline, then the connection closes. Its bytes cancel uvicorn's
+        # keep-alive timer and no body timeout runs once the request is answered, so a client
+        # trickling them held the connection (its file descriptor) for ever, with no key needed.
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.response_complete
+            and cycle.more_body
+            and not self.transport.is_closing()
+        ):
+            self._header_deadline.start(request_begun=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

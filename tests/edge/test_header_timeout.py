@@ -99,3 +99,29 @@ def test_a_request_whose_headers_came_in_time_is_not_cut(edge: LiveServer) -> No
 
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert body["object"] == "chat.completion"
+
+
+def test_a_request_answered_before_its_body_was_read_does_not_hold_the_connection(edge: LiveServer) -> None:
+    """No key: 401 before the body is read. A client trickling the rest of the body (a byte at a
+    time, each cancelling the keep-alive timer) held the connection for ever; now it closes once
+    the header deadline has passed, the trickle notwithstanding."""
+    with _connect(edge) as sock:
+        sock.sendall(HEADERS_OF_A_CHAT + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{")
+        sock.settimeout(0.1)
+        received = b""
+        closed = False
+        for _ in range(int(GIVE_UP_S / 0.1)):  # a byte every 0.1 s, until the server closes
+            try:
+                sock.sendall(b"x")
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+            if chunk == b"":
+                closed = True
+                break
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 401 ")
+    assert closed, f"still open after {GIVE_UP_S:g} s of trickling"
