@@ -15,6 +15,7 @@ event and `[DONE]`) and exits; a second signal of either kind forces the exit.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class DrainingServer(uvicorn.Server):
         self.drain = drain
         self._drain_requested = False
         self._cut_requested = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
@@ -111,6 +113,10 @@ class DrainingServer(uvicorn.Server):
         # Ctrl-C, or a second signal: end the streams now (with their final events), then exit.
         self._drain_requested = True
         self._cut_requested = True
+        if self.should_exit and self._loop is not None:
+            # Past the accept window uvicorn's main loop has ended and waits for the streams: no
+            # tick reads the flag any more, so a second SIGTERM left them to the drain deadline.
+            self._loop.call_soon_threadsafe(self.drain.cut)
         super().handle_exit(sig, frame)
 
     def request_drain(self) -> None:
@@ -118,6 +124,8 @@ class DrainingServer(uvicorn.Server):
         self._drain_requested = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         drain = self.drain
         if self._drain_requested and not drain.draining:
             drain.begin()

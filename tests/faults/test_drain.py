@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -152,6 +153,43 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
     output = server.output()
     assert "Traceback" not in output
     assert "drain_deadline_cut" in output
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_a_second_sigterm_after_the_accept_window_cuts_the_streams(tmp_path: Path) -> None:
+    """Past drain_accept_s the listeners are closed and uvicorn waits for the streams: a second
+    SIGTERM ends them now (each with its error event and [DONE]), not at the drain deadline."""
+    drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+            body = BODY | {"seed": find_long_seed(client, server.key)}
+        stream = _Stream(server.base_url, server.auth(), body)
+        stream.start()
+        assert stream.started.wait(60) and stream.error is None, stream.error
+        engine = _children(server.proc.pid)
+        for pid in engine:
+            os.kill(pid, signal.SIGSTOP)  # the stream cannot finish by itself
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            port = int(server.base_url.rsplit(":", 1)[1])
+            _wait(lambda: not _listening(port), "the accept window to end")
+            server.proc.send_signal(signal.SIGTERM)
+            stream.join(30)  # the deadline is 120 s away
+            ended = not stream.is_alive()
+        finally:
+            for pid in engine:
+                os.kill(pid, signal.SIGCONT)
+        assert ended, "the stream ran on after the second SIGTERM"
+        assert stream.events[-1] == DONE
+        # And the process goes, re-raising the forcing signal as uvicorn does.
+        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
 def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
