@@ -25,16 +25,17 @@ class DisconnectWatch:
     """Sits in its cycle's scope, so it holds the cycle weakly (edge/body_chunks.py says why); the
     protocol and the running app keep the cycle alive while it matters."""
 
-    __slots__ = ("_cycle", "_scope")
+    __slots__ = ("_cycle", "_gone", "_scope")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = weakref.ref(cycle)
         self._scope: anyio.CancelScope | None = None
+        self._gone = False
 
     def watch(self, scope: anyio.CancelScope) -> None:
         """Cancel `scope` when the client goes (at once if it has gone) until `unwatch`."""
         cycle = self._cycle()
-        if cycle is None or cycle.disconnected:
+        if cycle is None or cycle.disconnected or self._gone:
             scope.cancel()
             return
         self._scope = scope
@@ -45,11 +46,19 @@ class DisconnectWatch:
     def unwatch(self) -> None:
         self._scope = None
 
-    def connection_lost(self) -> None:
-        """The protocol's `connection_lost`, after uvicorn's own: a response that had not ended is
-        the client leaving (an ended one is not, as `receive()` would have it too)."""
-        scope = self._scope
+    def pending(self) -> bool:
+        """Its response has not ended."""
         cycle = self._cycle()
-        if scope is not None and (cycle is None or cycle.disconnected):
-            self._scope = None
+        return cycle is not None and not cycle.response_complete
+
+    def connection_lost(self) -> None:
+        """The protocol's `connection_lost`: a response that had not ended is the client leaving
+        (an ended one is not, as `receive()` would have it too). Not `cycle.disconnected`: uvicorn
+        sets it on the connection's latest cycle only."""
+        cycle = self._cycle()
+        if cycle is not None and cycle.response_complete:
+            return
+        self._gone = True
+        scope, self._scope = self._scope, None
+        if scope is not None:
             scope.cancel()

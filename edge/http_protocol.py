@@ -23,7 +23,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # Set by edge_http_protocol, from the server's settings.
     header_timeout_s: ClassVar[float]
     _header_timeout_response: ClassVar[bytes]
-    _disconnect_watch: DisconnectWatch | None = None
+    # One per request whose response has not ended: the running one and any pipelined behind it.
+    _disconnect_watches: list[DisconnectWatch]
     _raw_transport: asyncio.Transport
     _header_deadline: HeaderDeadline
     # A request has begun and its headers have not all come.
@@ -31,6 +32,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw_transport = transport
+        self._disconnect_watches = []
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._header_deadline = HeaderDeadline(
             self.loop, transport, self.header_timeout_s, self._header_timeout_response
@@ -53,11 +55,13 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope:
             writer = BodyChunkWriter(cycle, self._raw_transport.write)
             self.scope[WRITE_NOW] = writer.write_now  # type: ignore[literal-required]
-            self._disconnect_watch = DisconnectWatch(cycle)
-            self.scope[DISCONNECT_WATCH] = self._disconnect_watch  # type: ignore[literal-required]
+            watch = DisconnectWatch(cycle)
+            self._disconnect_watches.append(watch)
+            self.scope[DISCONNECT_WATCH] = watch  # type: ignore[literal-required]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._disconnect_watches = [w for w in self._disconnect_watches if w.pending()]
         # A request pipelined behind this response began while it was written, when its headers
         # were not timed (a 408 then would cut that response): their deadline runs from now, or a
         # client trickling them would hold the connection for ever (its bytes cancel uvicorn's
@@ -80,10 +84,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._header_deadline.stop()
-        # The latest cycle's watch, as uvicorn tells only its latest cycle (a pipelined request's
-        # predecessor hears of the disconnect from neither).
-        if self._disconnect_watch is not None:
-            self._disconnect_watch.connection_lost()
+        # Every unfinished cycle's watch: uvicorn marks only its latest cycle disconnected, and
+        # with a request pipelined behind a stream that is the waiting one, while the stream's
+        # next write failed on the closed transport (an upstream error, where the client left).
+        for watch in self._disconnect_watches:
+            watch.connection_lost()
+        self._disconnect_watches = []
 
 
 def edge_http_protocol(header_timeout_s: float) -> type[EdgeHttpProtocol]:

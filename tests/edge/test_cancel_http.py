@@ -121,3 +121,31 @@ def test_client_disconnect_aborts_a_non_stream_generation(
     )
     after = wait_for_engine_to_drop(server, before)
     assert after.work - before.work < long_body["max_tokens"]
+
+
+def test_client_disconnect_aborts_a_generation_with_a_request_pipelined_behind_it(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    """uvicorn tells a disconnect only to a connection's latest request, which here is the one
+    pipelined behind the stream, waiting its turn: the stream's own generation must stop too."""
+    disconnected = finished_requests(server, "disconnected")
+    before = idle_engine(server)
+    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall((head.encode() + body) * 2)
+        received = b""
+        while received.count(b"data: {") < 2:
+            data = sock.recv(65536)
+            assert data, "the server closed the stream early"
+            received += data
+    wait_until(
+        lambda: finished_requests(server, "disconnected") == disconnected + 1,
+        what="the edge to see the disconnect",
+    )
+    after = wait_for_engine_to_drop(server, before)
+    assert after.work - before.work < long_body["max_tokens"]
