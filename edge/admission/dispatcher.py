@@ -118,7 +118,8 @@ class Dispatcher:
         self._clock = clock
         self._poll_interval_s = poll_interval_s
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
-        self._tier_labels: dict[int, str] = {}
+        # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
+        self._tier_labels: set[str] = set()
         # Tickets refused so far, for any reason: demand no replica served.
         self._turned_away = 0
         # Requests that asked for a replica (precheck) and their prompt tokens: the work signal
@@ -195,7 +196,7 @@ class Dispatcher:
         if refusal is not None:
             raise refusal
         waiter = _Waiter(ticket, exclude, self._clock())
-        if ticket.priority not in self._tier_labels:
+        if ticket.tier_label not in self._tier_labels:
             self._watch_tier(ticket.priority, ticket.tier_label)
         self._queue.push(waiter)
         self._dispatch()
@@ -300,7 +301,7 @@ class Dispatcher:
         replica = pick(fitting, ticket, self._charge(ticket), self._reserve, _NO_CLAIMS, self._prefix_weight)
         if replica is None:
             return None
-        if ticket.priority not in self._tier_labels:
+        if ticket.tier_label not in self._tier_labels:
             self._watch_tier(ticket.priority, ticket.tier_label)
         now = self._clock()
         return self._grant_slot(ticket, replica, now, now)
@@ -376,5 +377,5 @@ class Dispatcher:
         return self._estimate.retry_after_s(position, ticket, self._charge(ticket), self.replicas.members)
 
     def _watch_tier(self, priority: int, label: str) -> None:
-        self._tier_labels[priority] = label
-        metrics.watch_tier(self.model, label, lambda: self._queue.depth_of(priority))
+        self._tier_labels.add(label)
+        metrics.watch_tier(self.model, label, lambda: self._queue.depth_of(priority, label))

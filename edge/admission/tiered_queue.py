@@ -40,9 +40,11 @@ class TieredQueue(Generic[T]):
         """The tickets queued at `priority` or above: those a new ticket of it would not pass."""
         return sum(len(tier) for p, tier in self._tiers.items() if p >= priority)
 
-    def depth_of(self, priority: int) -> int:
+    def depth_of(self, priority: int, label: str) -> int:
+        """The tickets queued by the tier named `label` (Ticket.tier_label): tiers may share a
+        priority, and so a queue. Counted, as only a metrics scrape asks."""
         tier = self._tiers.get(priority)
-        return 0 if tier is None else len(tier)
+        return 0 if tier is None else sum(1 for item in tier if item.ticket.tier_label == label)
 
     def position_of_new(self, ticket: Ticket) -> int:
         """How many dispatches a new ticket would wait for, itself included.

@@ -38,3 +38,23 @@ async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
         assert sample("floodgate_queue_rejected_total", reason="queue_full") == rejected_before + 1
         await flow.aclose()
         assert sample("floodgate_queue_depth", model="", tier="metrics-tier") == 0
+
+
+@pytest.mark.anyio
+async def test_tiers_of_one_priority_each_report_their_own_queue_depth(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Two tiers may share a priority (one queue, served round robin by user): each tier's gauge
+    counts its own waiting requests, not the shared queue's."""
+    replica = ControlledUpstream("metrics-r2", kv_tokens_total=1000, max_sequences=1)
+    async with make_dispatcher([replica]) as dispatcher:
+        flow = Flow(dispatcher)
+        flow.submit(ticket("runs", kv_tokens=250, tier="pro-a"))
+        for i in range(3):
+            flow.submit(ticket(f"a{i}", kv_tokens=250, tier="pro-a"))
+        flow.submit(ticket("b0", kv_tokens=250, tier="pro-b"))
+        await flow.settle()
+
+        assert sample("floodgate_queue_depth", model="", tier="pro-a") == 3
+        assert sample("floodgate_queue_depth", model="", tier="pro-b") == 1
+        await flow.aclose()
