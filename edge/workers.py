@@ -19,12 +19,13 @@ worker, as it is per host.
 
 The parent only supervises: SIGTERM or SIGINT is passed on to every worker (each drains or cuts
 as `floodgate serve` does), and a worker that exits on its own stops the others, so a broken
-worker never leaves a half-served port.
+worker never leaves a half-served port; a parent killed outright has its workers drain and leave.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -58,10 +59,26 @@ def worker_overrides(settings: Settings, workers: int, index: int) -> dict[str, 
     }
 
 
-def _run_worker(config: str | None, overrides: dict[str, Any]) -> None:
+def _leave_with_parent(parent: int) -> None:
+    """SIGTERM (a drain) when the parent dies: one killed outright (the OOM killer, `kill -9`)
+    passes nothing on, and its workers, in groups of their own, would serve on as orphans beside
+    the edge a supervisor starts in its place. Linux's parent-death signal; elsewhere nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            return
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _run_worker(config: str | None, overrides: dict[str, Any], parent: int) -> None:
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once
     # (a second SIGINT would force the worker's exit before its streams end cleanly).
     os.setpgrp()
+    _leave_with_parent(parent)
     from edge.app import create_app
     from edge.config import load_settings
     from edge.gc_tuning import quiet_gc
@@ -93,7 +110,7 @@ def serve_workers(
     # spawn, not fork: a worker starts from a clean interpreter (no parent threads or loop state).
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_run_worker, args=(config, o), name=f"floodgate-worker-{i}")
+        ctx.Process(target=_run_worker, args=(config, o, os.getpid()), name=f"floodgate-worker-{i}")
         for i, o in enumerate(per_worker)
     ]
     for proc in procs:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +144,46 @@ def _wait_answering(url: str, proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             continue
     raise AssertionError(f"{url} never answered")
+
+
+def _workers_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def _running(pid: int) -> bool:
+    """Neither gone nor a zombie left for its new parent to reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_workers_leave_when_their_parent_is_killed(tmp_path: Path, redis: RedisServer) -> None:
+    """A parent killed outright (the OOM killer, `kill -9`) passes no signal on: its workers must
+    not serve on for ever as orphans beside the edge a supervisor starts in its place."""
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    proc = subprocess.Popen(
+        _serve_two_workers(tmp_path, redis, port, ops_port),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for worker_ops in (ops_port, ops_port + 1):
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
+        workers = _workers_of(proc.pid)
+        assert len(workers) == 2, workers
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    still = [w for w in workers if _running(w)]
+    for w in still:
+        os.kill(w, signal.SIGKILL)
+    assert not still, "workers outlived their killed parent"
