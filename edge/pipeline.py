@@ -78,8 +78,8 @@ class UsageSink(Protocol):
 
 
 class MessageSink(Protocol):
-    """Where a named conversation's turn goes (the message writer): the prompt when the request is
-    admitted, the reply when it ends."""
+    """Where a named conversation's turn goes (the message writer): the prompt when the request
+    reaches a replica, the reply when it ends."""
 
     def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None: ...
 
@@ -219,9 +219,6 @@ class Pipeline:
             await admission.lease.settle(ran=False)
             raise overloaded_error(exc, headers) from None
         child(metrics.PROMPT_TOKENS, self.dispatcher.model, principal.tier).inc(len(prompt_ids))
-        if req.conversation_id is not None and self.messages is not None:
-            prompt = next((m.text() for m in reversed(req.messages) if m.role == "user"), "")
-            self.messages.record_prompt(req.conversation_id, principal.user, request_id, prompt)
         upstream_req = GenerationRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -567,7 +564,9 @@ class Generation:
                 self._deltas = direct(self._upstream_req, relay.offer)
             else:
                 self._deltas = slot.upstream.generate(self._upstream_req)
-            self._reached_replica = True
+            if not self._reached_replica:
+                self._reached_replica = True
+                self._record_prompt()
             try:
                 await relay.run(self._deltas)
                 return
@@ -616,6 +615,16 @@ class Generation:
         await self._give_back()
         self._p.registry.finish(self._live)
         self._record(out)
+
+    def _record_prompt(self) -> None:
+        """A named conversation's question, stored once the request reaches a replica: a request
+        turned away before (a 429 from the queue, a cancel while queued) has no answer, and a
+        client retrying it, as the 429 says to, would find its question twice. Stored now rather
+        than with the reply, so that an edge dying mid-stream still leaves the question."""
+        conversation_id = self._req.conversation_id
+        if conversation_id is not None and self._p.messages is not None:
+            prompt = next((m.text() for m in reversed(self._req.messages) if m.role == "user"), "")
+            self._p.messages.record_prompt(conversation_id, self._principal.user, self.request_id, prompt)
 
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier

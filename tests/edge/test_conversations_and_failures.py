@@ -11,8 +11,14 @@ from typing import Any
 import httpx
 
 from gpu_container.engine.front import EngineFront
-from tests.edge.conftest import BOTH_PATHS, finished_requests, idle_engine, wait_for_engine_to_drop
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
+from tests.edge.conftest import (
+    BOTH_PATHS,
+    ROOMY_TIERS,
+    finished_requests,
+    idle_engine,
+    wait_for_engine_to_drop,
+)
+from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer, start_server
 
 UPSTREAMS = BOTH_PATHS
@@ -121,3 +127,50 @@ def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
     assert client.post(CHAT, json=short, headers=server.auth("paid")).status_code == 200
     after = wait_for_engine_to_drop(server, before)
     assert after.work - before.work < long_body["max_tokens"]
+
+
+def test_a_request_turned_away_while_queued_leaves_no_question_in_the_history(
+    tmp_path: Path, long_body: dict[str, Any]
+) -> None:
+    """Cancelled (or refused) in the queue, a request gets no answer: its question must not be
+    stored, or the client's retry leaves it twice in the history."""
+    overrides = {"engine": {"max_num_seqs": 1}, "server": {"keepalive_s": 0.02}, "tiers": ROOMY_TIERS}
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "still there?"}],
+        "max_tokens": 2,
+        "stream": True,
+        "conversation_id": "conv-queued",
+    }
+    url = "/v1/conversations/conv-queued/messages"
+    with (
+        start_server(tmp_path, overrides) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        paid = server.auth("paid")
+        with client.stream("POST", CHAT, json=long_body, headers=paid) as first:
+            holding = events(first)
+            first_id = next(holding)["request_id"]
+            next(holding)  # it holds the only sequence now
+            with client.stream("POST", CHAT, json=ask, headers=paid) as queued:
+                waiting = events(queued)
+                queued_id = next(waiting)["request_id"]
+                assert next(waiting) == KEEPALIVE
+                assert client.post(f"{CHAT}/{queued_id}/cancel", headers=paid).status_code == 200
+                assert [e for e in waiting if e != KEEPALIVE][-1] == DONE
+            assert client.post(f"{CHAT}/{first_id}/cancel", headers=paid).status_code == 200
+            list(holding)
+        with client.stream("POST", CHAT, json=ask, headers=paid) as retried:
+            reply = content_of(list(events(retried)))
+            retried_id = retried.headers["x-request-id"]
+
+        def answered() -> bool:
+            data = client.get(url, headers=paid).json().get("data", [])
+            return bool(data) and data[-1]["role"] == "assistant"
+
+        wait_until(answered, what="the retried turn to be stored")
+        data = client.get(url, headers=paid).json()["data"]
+    assert [(m["role"], m["content"], m["request_id"]) for m in data] == [
+        ("user", "still there?", retried_id),
+        ("assistant", reply, retried_id),
+    ]
