@@ -1,14 +1,21 @@
 """The production message store: one DynamoDB table, partition key `conversation_id`, sort key
-`message_id`. Rows carry their `owner`, checked on every read, and an `expires_at` TTL attribute."""
+`message_id`. Rows carry their `owner`, checked on every read, and an `expires_at` TTL attribute.
+
+A DynamoDB item holds at most 400 KB, and a request body may be 1 MiB: a message whose text does
+not fit is kept compressed (`content_z`, zlib), and one that does not fit even so is kept cut to
+what fits, marked `truncated` (SQLite keeps every message whole)."""
 
 from __future__ import annotations
 
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
+from botocore.exceptions import ClientError
 
 from edge.messages.message import StoredMessage
+from edge.messages.store import MessageRefused
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -21,6 +28,22 @@ DEFAULT_TTL_S = 90 * 86400
 # One Query page: enough to fill a typical history in one round trip even when the owner filter
 # (applied after the page is read) discards some rows.
 _PAGE = 200
+# Of an item's 400 KB (names and values), what its content may take: the other attributes are
+# a few ids (a conversation id is at most 256 characters), a number or two and their names.
+CONTENT_BYTES = 390_000
+# Errors no retry can mend: the item itself is refused.
+_REFUSALS = frozenset({"ValidationException", "ItemCollectionSizeLimitExceededException"})
+
+
+def _content(text: str) -> dict[str, AttributeValueTypeDef]:
+    raw = text.encode()
+    if len(raw) <= CONTENT_BYTES:
+        return {"content": {"S": text}}
+    packed = zlib.compress(raw, 6)
+    if len(packed) <= CONTENT_BYTES:
+        return {"content_z": {"B": packed}}
+    # Even compressed it does not fit: as much of its start as does, cut on a character's edge.
+    return {"content": {"S": raw[:CONTENT_BYTES].decode(errors="ignore")}, "truncated": {"BOOL": True}}
 
 
 def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
@@ -29,7 +52,7 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
         SORT_KEY: {"S": msg.message_id},
         "owner": {"S": msg.user},
         "role": {"S": msg.role},
-        "content": {"S": msg.content},
+        **_content(msg.content),
         "request_id": {"S": msg.request_id},
         "created_at": {"N": repr(msg.created_at)},
         TTL_ATTRIBUTE: {"N": str(expires_at)},
@@ -41,15 +64,17 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
 
 def _message(item: dict[str, Any]) -> StoredMessage:
     finish = item.get("finish_reason")
+    packed = item.get("content_z")
     return StoredMessage(
         conversation_id=item[PARTITION_KEY]["S"],
         user=item["owner"]["S"],
         message_id=item[SORT_KEY]["S"],
         role=item["role"]["S"],
-        content=item["content"]["S"],
+        content=zlib.decompress(packed["B"]).decode() if packed else item["content"]["S"],
         request_id=item["request_id"]["S"],
         created_at=float(item["created_at"]["N"]),
         finish_reason=finish["S"] if finish else None,
+        truncated="truncated" in item,
     )
 
 
@@ -63,7 +88,12 @@ class DynamoDBMessageStore:
 
     async def append(self, msg: StoredMessage) -> None:
         item = _item(msg, int(msg.created_at) + self._ttl_s)
-        await anyio.to_thread.run_sync(lambda: self._client.put_item(TableName=self._table, Item=item))
+        try:
+            await anyio.to_thread.run_sync(lambda: self._client.put_item(TableName=self._table, Item=item))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _REFUSALS:
+                raise MessageRefused(str(exc)) from exc
+            raise
 
     async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
         return await anyio.to_thread.run_sync(self._history, conversation_id, user, limit)

@@ -18,6 +18,8 @@ class StoredMessage:
     request_id: str
     created_at: float  # Unix seconds
     finish_reason: str | None = None
+    # Kept cut short: the store could not hold it whole (edge/messages/dynamodb.py).
+    truncated: bool = False
 
 
 def new_message(

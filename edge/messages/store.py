@@ -7,9 +7,14 @@ from typing import Protocol
 from edge.messages.message import StoredMessage
 
 
+class MessageRefused(Exception):
+    """The store refuses this message itself: writing it again would fail the same way."""
+
+
 class MessageStore(Protocol):
     async def append(self, msg: StoredMessage) -> None:
-        """Write one message. Idempotent: writing the same message id twice keeps one copy."""
+        """Write one message. Idempotent: writing the same message id twice keeps one copy.
+        Raises MessageRefused when no retry could write it."""
         ...
 
     async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:

@@ -10,7 +10,7 @@ import structlog
 
 from edge.messages.message import StoredMessage
 from edge.messages.metrics import MESSAGE_WRITE_RETRIES, MESSAGES_DROPPED, MESSAGES_FAILED, MESSAGES_WRITTEN
-from edge.messages.store import MessageStore
+from edge.messages.store import MessageRefused, MessageStore
 from edge.task_stop import stop_task
 
 log = structlog.get_logger(__name__)
@@ -86,7 +86,9 @@ class MessageWriter:
             try:
                 await self._store.append(msg)
             except Exception as exc:
-                if attempt == self._max_attempts:
+                # A refused message is given up at once: retried, it would fail the same way while
+                # every message queued behind it waited.
+                if attempt == self._max_attempts or isinstance(exc, MessageRefused):
                     MESSAGES_FAILED.inc()
                     log.error(
                         "message_write_failed",

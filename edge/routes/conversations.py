@@ -33,6 +33,7 @@ async def conversation_messages(
             "created_at": m.created_at,
             "request_id": m.request_id,
             "finish_reason": m.finish_reason,
+            "truncated": m.truncated,
         }
         for m in messages
     ]

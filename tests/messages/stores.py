@@ -6,6 +6,7 @@ import anyio
 
 from edge.messages.message import StoredMessage
 from edge.messages.sqlite import SQLiteMessageStore
+from edge.messages.store import MessageRefused
 
 
 class GatedStore:
@@ -41,6 +42,26 @@ class FlakyStore:
         if self.failures_left > 0:
             self.failures_left -= 1
             raise ConnectionError("store unreachable")
+        await self.inner.append(msg)
+
+    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
+        return await self.inner.history(conversation_id, user, limit)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class RefusingStore:
+    """Refuses the first message for good (as DynamoDB refuses an item it cannot hold), then writes."""
+
+    def __init__(self, inner: SQLiteMessageStore) -> None:
+        self.inner = inner
+        self.refused = 0
+
+    async def append(self, msg: StoredMessage) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise MessageRefused("Item size has exceeded the maximum allowed size")
         await self.inner.append(msg)
 
     async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:

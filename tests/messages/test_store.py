@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import random
+import string
 import time
 import uuid
 
@@ -94,3 +96,28 @@ async def test_dynamodb_serves_no_message_past_its_ttl(dynalite_endpoint: str) -
         assert [m.content for m in await store.history(conv, "alice")] == ["today"]
     finally:
         await store.aclose()
+
+
+async def test_a_prompt_over_a_dynamodb_item_is_kept_whole(store: MessageStore) -> None:
+    """A request body may be 1 MiB; a DynamoDB item at most 400 KB."""
+    conv = conversation()
+    long = new_message(conv, "alice", "user", "a long document, pasted whole. " * 15_000, "r1")  # 465 KB
+    await store.append(long)
+
+    assert await store.history(conv, "alice") == [long]
+
+
+async def test_dynamodb_keeps_what_fits_of_a_message_that_does_not_even_compressed(
+    dynalite_endpoint: str,
+) -> None:
+    store = dynamodb_store(dynalite_endpoint, f"big-{uuid.uuid4().hex[:8]}")
+    await store.create_table_if_missing()
+    conv = conversation()
+    noise = "".join(random.Random(7).choices(string.printable[:94], k=600_000))  # hardly compressible
+    try:
+        await store.append(new_message(conv, "alice", "user", noise, "r1"))
+        (kept,) = await store.history(conv, "alice")
+    finally:
+        await store.aclose()
+    assert kept.truncated
+    assert 300_000 < len(kept.content) < len(noise) and noise.startswith(kept.content)

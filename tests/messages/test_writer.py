@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from edge.messages.message import new_message
 from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.writer import MessageWriter
-from tests.messages.stores import FlakyStore, GatedStore
+from tests.messages.stores import FlakyStore, GatedStore, RefusingStore
 
 pytestmark = pytest.mark.anyio
 
@@ -70,6 +70,26 @@ async def test_a_message_is_given_up_after_max_attempts(tmp_path: Path) -> None:
 
     assert counter("floodgate_messages_failed_total") - failed_before == 1
     assert await store.history("c1", "alice") == [following]
+    await store.aclose()
+
+
+async def test_a_refused_message_is_given_up_at_once(tmp_path: Path) -> None:
+    """No retry mends a message the store refuses, and the messages behind it must not wait out
+    the backoff of every attempt."""
+    store = RefusingStore(SQLiteMessageStore(tmp_path / "m.db"))
+    writer = MessageWriter(store, queue_size=10, max_attempts=5, base_backoff_s=60.0)
+    failed_before = counter("floodgate_messages_failed_total")
+    retries_before = counter("floodgate_message_write_retries_total")
+    writer.start()
+    writer.submit(new_message("c1", "alice", "user", "refused", "r"))
+    following = new_message("c1", "bob", "user", "kept", "r")
+    writer.submit(following)
+
+    await writer.aclose()
+
+    assert counter("floodgate_messages_failed_total") - failed_before == 1
+    assert counter("floodgate_message_write_retries_total") == retries_before
+    assert await store.history("c1", "bob") == [following]
     await store.aclose()
 
 
