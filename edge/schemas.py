@@ -102,6 +102,11 @@ class ResponseFormat(msgspec.Struct):
 ToolChoice = str | dict[str, Any]
 
 
+# One path segment of the history's URL (GET /v1/conversations/{id}/messages): an id with a '/'
+# (or none at all) would be stored where no request could read it back.
+ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^[^/]+$")]
+
+
 class ChatCompletionRequest(msgspec.Struct):
     model: str
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
@@ -138,7 +143,7 @@ class ChatCompletionRequest(msgspec.Struct):
     logit_bias: Annotated[dict[int, Bias], msgspec.Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    conversation_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    conversation_id: ConversationId | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None

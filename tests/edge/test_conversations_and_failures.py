@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -174,3 +175,23 @@ def test_a_request_turned_away_while_queued_leaves_no_question_in_the_history(
         ("user", "still there?", retried_id),
         ("assistant", reply, retried_id),
     ]
+
+
+def test_a_conversation_id_is_one_the_history_can_be_read_back_by(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """The history's URL holds the id as one path segment: an id it could never name (empty, or
+    with a '/') is refused up front, while any other, escaped, reads back."""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for unreadable in ("", "team/42"):
+        refused = client.post(CHAT, json=ask | {"conversation_id": unreadable}, headers=server.auth("paid"))
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "conversation_id"
+    odd = "what? x#1 é"
+    served = client.post(CHAT, json=ask | {"conversation_id": odd}, headers=server.auth("paid"))
+    assert served.status_code == 200
+    url = f"/v1/conversations/{quote(odd, safe='')}/messages"
+    wait_until(
+        lambda: len(client.get(url, headers=server.auth("paid")).json().get("data", [])) == 2,
+        what="the turn to be stored",
+    )
