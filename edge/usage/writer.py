@@ -9,8 +9,10 @@ few per second whatever the request rate, and a row reaches the store a quarter 
 A clean shutdown writes everything queued (retrying while the store fails) before the app exits.
 Only if the store stays down past `drain_timeout_s` does `aclose` give up, and then every row it
 could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
-replay it from the log. A request recorded after `aclose` began, or while the queue is full, is
-dropped the same way: counted and logged with its tokens.
+replay it from the log. The row whose write was under way may have landed: it is logged on its
+own with its WriteId (`writer`, `seq`, `maybe_written`), which a replay through the store's `add`
+applies at most once. A request recorded after `aclose` began, or while the queue is full, is
+dropped the same way: counted and logged whole (`usage_dropped`).
 
 Every retry of a row carries the row's WriteId (edge/usage/store.py), so a write that landed with
 its answer lost is not added twice; rows go one at a time, so their seqs rise in store order."""
@@ -61,6 +63,8 @@ class UsageWriter:
         # Set by aclose: the batch being gathered is written at once, not a gather later.
         self._closing = asyncio.Event()
         self._batch: list[Usage] = []
+        # The row being written, and its WriteId: sent, it may land whatever becomes of the call.
+        self._writing: tuple[Usage, WriteId] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self._writer_id = secrets.token_hex(8)
@@ -95,6 +99,14 @@ class UsageWriter:
         await stop_task(self._worker)
         self._worker = None
         unwritten = self._batch + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            # Kept apart: summed with rows of its key that never went out, a replay under its
+            # WriteId would be skipped whole if it had landed.
+            row, write = writing
+            unwritten.remove(row)
+            USAGE_DROPPED.inc(row.requests)
+            log.error("usage_unwritten", **row.as_dict(), writer=write.writer, seq=write.seq, maybe_written=True)
         for row in _summed(unwritten):
             USAGE_DROPPED.inc(row.requests)
             log.error("usage_unwritten", **row.as_dict())
@@ -122,6 +134,7 @@ class UsageWriter:
     async def _write(self, row: Usage) -> None:
         """Retries until the store takes it: dropping it would under-bill."""
         write = WriteId(self._writer_id, next(self._seqs))
+        self._writing = (row, write)
         attempt = 0
         while True:
             try:
@@ -133,6 +146,7 @@ class UsageWriter:
                 log.warning("usage_write_failed", user=row.user, attempt=attempt, error=repr(exc))
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             else:
+                self._writing = None
                 if not added:  # an earlier try had landed; its answer was lost
                     USAGE_WRITES_REPEATED.inc()
                 USAGE_ROWS_WRITTEN.inc()
@@ -140,13 +154,7 @@ class UsageWriter:
 
     def _drop(self, usage: Usage, reason: str) -> bool:
         USAGE_DROPPED.inc()
-        log.warning(
-            "usage_dropped",
-            reason=reason,
-            user=usage.user,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-        )
+        log.warning("usage_dropped", reason=reason, **usage.as_dict())
         return False
 
 

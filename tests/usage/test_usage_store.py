@@ -177,3 +177,66 @@ async def test_rows_of_one_gather_reach_the_store_as_one_write_each_and_close_cu
     assert store.writes == []
     await writer.aclose()
     assert sorted((w.user, w.requests) for w in store.writes) == [("alice", 20), ("bob", 10)]
+
+
+class AnswerHeldStore(FlakyStore):
+    """Applies each write, then holds its answer until `answer` is set: a write that landed while
+    its answer was still on the way when the writer's close ran out of time."""
+
+    def __init__(self, inner: UsageStore) -> None:
+        super().__init__(inner, failures=0)
+        self.landed = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        added = await self.inner.add(usage, write)
+        self.landed.set()
+        await self.answer.wait()
+        return added
+
+
+async def test_replaying_the_log_of_a_close_cut_short_bills_each_request_once(
+    usage_store: UsageStore,
+) -> None:
+    store = AnswerHeldStore(usage_store)
+    writer = UsageWriter(store, 100, gather_s=0.0, drain_timeout_s=0.2)
+    writer.start()
+    writer.record("ann", "m", 10, 20)
+    await store.landed.wait()
+    writer.record("ann", "m", 1, 2)  # queued behind the write under way, same user, model and day
+    with structlog.testing.capture_logs() as logs:
+        await writer.aclose()
+    for entry in (e for e in logs if e["event"] == "usage_unwritten"):
+        row = Usage(
+            entry["user"],
+            entry["model"],
+            entry["date"],
+            entry["input_tokens"],
+            entry["output_tokens"],
+            entry["requests"],
+        )
+        # What billing's replay does: the logged WriteId where there is one, a fresh one otherwise.
+        write = (
+            WriteId(entry["writer"], entry["seq"]) if "writer" in entry else WriteId(secrets.token_hex(8), 1)
+        )
+        await usage_store.add(row, write)
+    [row] = await usage_store.query("ann")
+    assert (row.input_tokens, row.output_tokens, row.requests) == (11, 22, 2)
+
+
+async def test_a_dropped_request_is_logged_whole(usage_store: UsageStore) -> None:
+    """Billing replays a dropped request from the log: it needs its model (models are priced
+    apart) and its day, as an unwritten row has them."""
+    writer = UsageWriter(usage_store, 100)
+    await writer.aclose()
+    with structlog.testing.capture_logs() as logs:
+        assert not writer.record("ann", "m", 10, 20)
+    [dropped] = [e for e in logs if e["event"] == "usage_dropped"]
+    assert Usage(
+        dropped["user"],
+        dropped["model"],
+        dropped["date"],
+        dropped["input_tokens"],
+        dropped["output_tokens"],
+        1,
+    ) == Usage("ann", "m", utc_day(), 10, 20, 1)
