@@ -106,7 +106,9 @@ class UsageWriter:
             row, write = writing
             unwritten.remove(row)
             USAGE_DROPPED.inc(row.requests)
-            log.error("usage_unwritten", **row.as_dict(), writer=write.writer, seq=write.seq, maybe_written=True)
+            log.error(
+                "usage_unwritten", **row.as_dict(), writer=write.writer, seq=write.seq, maybe_written=True
+            )
         for row in _summed(unwritten):
             USAGE_DROPPED.inc(row.requests)
             log.error("usage_unwritten", **row.as_dict())
