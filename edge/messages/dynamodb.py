@@ -15,7 +15,7 @@ import anyio.to_thread
 from botocore.exceptions import ClientError
 
 from edge.messages.message import StoredMessage
-from edge.messages.store import MessageRefused
+from edge.messages.store import DEFAULT_TTL_S, MessageRefused
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 PARTITION_KEY = "conversation_id"
 SORT_KEY = "message_id"
 TTL_ATTRIBUTE = "expires_at"  # iac/modules/messages_table enables TTL on it
-DEFAULT_TTL_S = 90 * 86400
 # One Query page: enough to fill a typical history in one round trip even when the owner filter
 # (applied after the page is read) discards some rows.
 _PAGE = 200

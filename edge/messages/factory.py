@@ -11,10 +11,11 @@ from edge.messages.store import MessageStore
 
 
 async def create_store(config: MessagesConfig) -> MessageStore:
+    ttl_s = round(config.ttl_days * 86400)
     if config.backend == "sqlite":
-        return SQLiteMessageStore(config.sqlite_path)
+        return SQLiteMessageStore(config.sqlite_path, ttl_s=ttl_s)
     client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
-    store = DynamoDBMessageStore(client, config.dynamodb_table, ttl_s=round(config.ttl_days * 86400))
+    store = DynamoDBMessageStore(client, config.dynamodb_table, ttl_s=ttl_s)
     if config.dynamodb_endpoint:
         # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.
         await store.create_table_if_missing()

@@ -1,14 +1,19 @@
-"""The embedded message store: one SQLite file in WAL mode, queried off the event loop."""
+"""The embedded message store: one SQLite file in WAL mode, queried off the event loop.
+
+A message lives `ttl_s` ([messages] ttl_days), as DynamoDB's TTL keeps it there: past it, history
+no longer returns it, and a sweep at most once an hour (on a write) deletes it from the file."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import anyio.to_thread
 
 from edge.messages.message import StoredMessage
+from edge.messages.store import DEFAULT_TTL_S
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -21,8 +26,10 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL,
     finish_reason TEXT,
     PRIMARY KEY (conversation_id, message_id)
-) WITHOUT ROWID
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
 """
+_SWEEP_EVERY_S = 3600.0
 
 _COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason"
 
@@ -31,14 +38,16 @@ class SQLiteMessageStore:
     """One connection shared by the worker threads, serialised by a lock: SQLite allows one writer
     at a time anyway, and WAL keeps readers from waiting on it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, ttl_s: float = DEFAULT_TTL_S) -> None:
+        self._ttl_s = ttl_s
+        self._swept_at = 0.0
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(_SCHEMA)
+        self._conn.executescript(_SCHEMA)
 
     async def append(self, msg: StoredMessage) -> None:
         await anyio.to_thread.run_sync(self._append, msg)
@@ -60,16 +69,20 @@ class SQLiteMessageStore:
             msg.created_at,
             msg.finish_reason,
         )
+        now = time.time()
         with self._lock:
             # REPLACE makes a retried write after an ambiguous failure harmless.
             self._conn.execute(f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+            if now - self._swept_at >= _SWEEP_EVERY_S:
+                self._swept_at = now
+                self._conn.execute("DELETE FROM messages WHERE created_at <= ?", (now - self._ttl_s,))
 
     def _history(self, conversation_id: str, user: str, limit: int) -> list[StoredMessage]:
         with self._lock:
             rows = self._conn.execute(
                 f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? AND user = ? "
-                "ORDER BY message_id DESC LIMIT ?",
-                (conversation_id, user, limit),
+                "AND created_at > ? ORDER BY message_id DESC LIMIT ?",
+                (conversation_id, user, time.time() - self._ttl_s, limit),
             ).fetchall()
         return [StoredMessage(*row) for row in reversed(rows)]
 

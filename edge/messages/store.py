@@ -6,6 +6,9 @@ from typing import Protocol
 
 from edge.messages.message import StoredMessage
 
+# How long a message is kept when the settings do not say ([messages] ttl_days).
+DEFAULT_TTL_S = 90 * 86400
+
 
 class MessageRefused(Exception):
     """The store refuses this message itself: writing it again would fail the same way."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 import string
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from edge.messages.message import StoredMessage, new_message
+from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.store import MessageStore
 from tests.messages.conftest import dynamodb_store
 
@@ -82,20 +85,29 @@ async def test_unicode_and_empty_content_round_trip(store: MessageStore) -> None
     assert await store.history(conv, "ünï") == [msg, odd]
 
 
-async def test_dynamodb_serves_no_message_past_its_ttl(dynalite_endpoint: str) -> None:
+async def test_no_message_is_served_past_its_ttl(store: MessageStore) -> None:
     """DynamoDB deletes an expired item when it gets to it (days later, in AWS; dynalite never does),
-    and a query returns it until then: a prompt past ttl_days must not come back."""
-    store = dynamodb_store(dynalite_endpoint, f"ttl-{uuid.uuid4().hex[:8]}")
-    await store.create_table_if_missing()
+    and a query returns it until then; SQLite has no TTL of its own: in neither may a prompt past
+    ttl_days come back."""
     conv = conversation()
-    try:
-        old = dataclasses.replace(new_message(conv, "alice", "user", "an old secret", "r1"), created_at=0.0)
-        await store.append(old)  # its TTL (90 days after 1970) ran out long ago
-        fresh = new_message(conv, "alice", "user", "today", "r2")
-        await store.append(fresh)
-        assert [m.content for m in await store.history(conv, "alice")] == ["today"]
-    finally:
-        await store.aclose()
+    old = dataclasses.replace(new_message(conv, "alice", "user", "an old secret", "r1"), created_at=0.0)
+    await store.append(old)  # its TTL (90 days after 1970) ran out long ago
+    fresh = new_message(conv, "alice", "user", "today", "r2")
+    await store.append(fresh)
+    assert [m.content for m in await store.history(conv, "alice")] == ["today"]
+
+
+async def test_sqlite_deletes_what_outlived_its_ttl(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = SQLiteMessageStore(path, ttl_s=86400)
+    conv = conversation()
+    await store.append(
+        dataclasses.replace(new_message(conv, "alice", "user", "a secret", "r1"), created_at=0.0)
+    )
+    await store.append(new_message(conv, "alice", "user", "today", "r2"))
+    await store.aclose()
+    with sqlite3.connect(path) as db:
+        assert [row[0] for row in db.execute("SELECT content FROM messages")] == ["today"]
 
 
 async def test_a_prompt_over_a_dynamodb_item_is_kept_whole(store: MessageStore) -> None:
