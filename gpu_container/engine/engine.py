@@ -435,7 +435,7 @@ class LLMEngine:
         token_ids: list[int] | None = None,
         error: str | None = None,
     ) -> _Emission:
-        self._scheduler.remove(seq)
+        self._scheduler.remove(seq, failed=reason == "error")
         return seq, TokenOutput(seq.request_id, token_ids or [], reason, error)
 
     def _publish(self, emitted: list[_Emission]) -> None:

@@ -111,14 +111,16 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=Sequence.order_key)
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: Sequence, *, failed: bool = False) -> None:
         """Take seq out of the scheduler and give its blocks back (finish or abort).
 
         Static batching: a member that ends before the rest of its batch stays in it as padding
         (its slot, its blocks and its row in every step, as in a fixed-shape batch) until the
-        longest member ends; the engine drops its tokens (is_padding)."""
+        longest member ends; the engine drops its tokens (is_padding). Not one whose own forward
+        `failed`: as padding it would fail its batch's every step, and be finished again."""
         if (
             self._config.batching == "static"
+            and not failed
             and seq.status is SequenceStatus.RUNNING
             and seq not in self._padding
         ):

@@ -23,7 +23,7 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 ENGINE_CONFIG = EngineConfig(block_size=4, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=16)
 
 
-def _engine(model: LlamaModel | None = None, **overrides: int) -> LLMEngine:
+def _engine(model: LlamaModel | None = None, **overrides: int | str) -> LLMEngine:
     config = msgspec.structs.replace(ENGINE_CONFIG, **overrides)
     return LLMEngine(model or tiny_model()[0], config, eos_token_ids=[1])
 
@@ -175,9 +175,12 @@ def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
         engine.add_request("f", [2, 3], GREEDY, seen)
 
 
-def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on() -> None:
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on(batching: str) -> None:
+    """Static batching too: the culprit, finished once, must not stay in its batch as padding (it
+    would fail again, and be finished again, every step)."""
     model, _ = tiny_model()
-    engine = _engine(FailsOnToken(model.config, model.weights))
+    engine = _engine(FailsOnToken(model.config, model.weights), batching=batching)
     seen = Collector()
     # Queued before start, so all three share the first step's batch.
     engine.add_request("good1", [2, 3], GREEDY, seen)
@@ -187,6 +190,7 @@ def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on() -> Non
     try:
         seen.wait_finished("bad", "good1", "good2")
         assert seen.finish_reason("bad") == "error"
+        assert [o.finish_reason for o in seen.outputs["bad"] if o.finish_reason] == ["error"]
         assert "poisoned batch" in (seen.outputs["bad"][-1].error or "")
         assert seen.finish_reason("good1") == seen.finish_reason("good2") == "length"
         assert len(seen.tokens("good1")) == len(seen.tokens("good2")) == 8
