@@ -288,6 +288,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     settings = msgspec.convert(data, Settings)
     _check_slot_ttl(settings)
     _check_tier_models(settings)
+    _check_model_replicas(settings)
     return settings
 
 
@@ -323,6 +324,27 @@ def _check_tier_models(settings: Settings) -> None:
         allowed = tier.models or tuple(settings.models)
         if tier.default_model and tier.default_model not in allowed:
             raise ConfigError(f"tiers.{name}.default_model {tier.default_model!r} is not one of its models")
+
+
+def _check_model_replicas(settings: Settings) -> None:
+    """Two models served by one Triton model would each be answered by the same weights (the
+    other's, for one of them) and count the same replica as all theirs: refused. As when
+    `serve --triton host:port` sets [upstream] triton for models that do not name their own."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, spec in settings.models.items():
+        triton = settings.upstream.triton if spec.triton is None else spec.triton
+        if triton in ("", "local"):  # their own engines, or a tritonserver each
+            continue
+        where = [triton] if triton.startswith("asg:") else [e.strip() for e in triton.split(",") if e.strip()]
+        inside = spec.triton_model or "tensorrt_llm"
+        for endpoint in where:
+            other = seen.setdefault((endpoint, inside), name)
+            if other != name:
+                raise ConfigError(
+                    f"models {other!r} and {name!r} would both be served by the Triton model {inside!r} at "
+                    f"{endpoint}: give each model its own replicas (models.NAME.triton) or its own model "
+                    "inside Triton (models.NAME.triton_model), or serve one model ([model] alone)."
+                )
 
 
 def _check_slot_ttl(settings: Settings) -> None:

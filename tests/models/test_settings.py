@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,31 @@ def test_the_dev_keys_hint_names_its_tiers_default_model() -> None:
     assert default_model(load_settings(), "paid") == "smollm2-135m-instruct"
     assert default_model(load_settings(), "free") == "floodgate-demo"
     assert default_model(load_settings(overrides={"model": {"name": "x"}}), "free") == "x"
+
+
+def test_serve_refuses_two_models_on_one_triton_model() -> None:
+    """`serve --triton host:port` on the embedded two models would send both to the one Triton
+    model there: each request tokenized for its model and answered by the other's weights."""
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "serve", "--triton", "127.0.0.1:1", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "'floodgate-demo' and 'smollm2-135m-instruct'" in done.stderr
+    assert "triton_model" in done.stderr
+
+
+def test_models_on_one_triton_each_as_its_own_model_inside_are_served(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text(
+        '[upstream]\ntriton = "10.0.0.5:8000,10.0.0.6:8000"\n'
+        '[models.a]\nsource = "demo"\ntriton_model = "a"\n[models.b]\nsource = "demo"\ntriton_model = "b"\n'
+        '[models.c]\nsource = "demo"\ntriton = "10.0.0.7:8000"\n'
+    )
+    assert [m.triton_model for m in served_models(load_settings(path))] == ["a", "b", ""]
+    shared = 'triton = "10.0.0.6:8000"\ntriton_model = "b"'
+    path.write_text(path.read_text().replace('triton = "10.0.0.7:8000"', shared))
+    with pytest.raises(ConfigError, match="'b' and 'c'"):
+        load_settings(path)
