@@ -432,9 +432,14 @@ async def build_triton_upstreams(
     extra_stop_ids: tuple[int, ...] = (),
     model_name: str = MODEL_NAME,
     vocab_size: int | None = None,
+    served_as: str = "",
 ) -> tuple[list[Upstream], Callable[[], Awaitable[None]]]:
     """Upstreams for `--triton local` (start tritonserver here over the CPU repository serving
     `model_dir`) or `--triton HOST:PORT[:METRICS_PORT],...` (running replicas).
+
+    `served_as`: the served model's name beside other models ([models.*]): each starts a local
+    tritonserver of its own, named after it, or readiness and the replica metrics would take the
+    two for one.
 
     Returns the upstreams and an async cleanup that closes them and stops a local server.
     """
@@ -444,7 +449,7 @@ async def build_triton_upstreams(
         server = await anyio.to_thread.run_sync(start_local_triton, repo_dir)
         suffix = "" if model_name == MODEL_NAME else f"/{model_name}"
         local = TritonUpstream(
-            f"triton-local{suffix}",
+            f"{served_as}/triton-local" if served_as else f"triton-local{suffix}",
             server.http_url,
             server.metrics_url,
             model_name=model_name,
@@ -511,7 +516,10 @@ def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvide
                 yield discovered
             return
         engine_cfg = settings.engine.engine_config()
-        upstreams, cleanup = await build_triton_upstreams(spec, model_dir, engine_cfg, **tokens)
+        served_as = settings.model.name if settings.models else ""
+        upstreams, cleanup = await build_triton_upstreams(
+            spec, model_dir, engine_cfg, served_as=served_as, **tokens
+        )
         try:
             yield upstreams
         finally:
