@@ -23,7 +23,10 @@ async def test_the_asg_spec_yields_a_triton_upstream_per_instance(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     settings = load_settings(
-        overrides={"upstream": {"triton": f"asg:{gpu_group.name}:9001:9002", "region": REGION}}
+        overrides={
+            "model": {"source": "demo"},  # one model: the group is all its replicas
+            "upstream": {"triton": f"asg:{gpu_group.name}:9001:9002", "region": REGION},
+        }
     )
 
     async with replica_provider(settings)(settings, demo_model_dir()) as upstreams:
