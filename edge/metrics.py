@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
@@ -105,6 +106,36 @@ REPLICA_PREFIX_HIT_RATE = Gauge(
 REPLICA_PREEMPTIONS = Gauge(
     "floodgate_replica_preemptions", "Sequences a replica preempted to recompute later.", ["replica"]
 )
+
+
+_PER_REPLICA = (
+    REPLICA_RUNNING,
+    REPLICA_WAITING,
+    REPLICA_KV_USED,
+    REPLICA_KV_TOTAL,
+    REPLICA_PREFIX_HIT_TOKENS,
+    REPLICA_PREFIX_QUERY_TOKENS,
+    REPLICA_PREFIX_HIT_RATE,
+    REPLICA_PREEMPTIONS,
+)
+
+
+def record_capacities(capacities: dict[str, Capacity], recorded: set[str]) -> None:
+    """Every member replica's last capacity, and the gauges of those no longer members (a scale-in
+    took them) removed: left, a dashboard summing over replicas counts hosts long gone. `recorded`:
+    the names this app recorded last time, updated (one set per app: apps in one process share
+    the registry)."""
+    for gone in recorded - capacities.keys():
+        for gauge in _PER_REPLICA:
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
+        for kind in ("used", "cached", "free"):
+            with contextlib.suppress(KeyError):
+                REPLICA_KV_BLOCKS.remove(gone, kind)
+    for name, cap in capacities.items():
+        record_capacity(name, cap)
+    recorded.clear()
+    recorded.update(capacities)
 
 
 def record_capacity(replica: str, cap: Capacity) -> None:

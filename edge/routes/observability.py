@@ -18,7 +18,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from edge.metrics import record_capacity
+from edge.metrics import record_capacities
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
@@ -33,9 +33,12 @@ def operator_listener_only(connection: ASGIConnection[Any, Any, Any, Any], _: Ba
 
 @get("/metrics", guards=[operator_listener_only], include_in_schema=False)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
-    for replica in runtime_of(request).models.replica_states():
-        if replica.capacity is not None:
-            record_capacity(replica.name, replica.capacity)
+    states = runtime_of(request).models.replica_states()
+    capacities = {r.name: r.capacity for r in states if r.capacity is not None}
+    state = request.app.state
+    if not hasattr(state, "replicas_recorded"):
+        state.replicas_recorded = set()
+    record_capacities(capacities, state.replicas_recorded)
     return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -23,6 +23,7 @@ from edge.upstreams.base import Upstream
 from edge.upstreams.replica_discovery import ReplicaDiscovery
 from tests.admission.flow import ticket, until
 from tests.admission.replicas import ControlledUpstream
+from tests.edge.sse_client import wait_until
 from tests.fleet.conftest import GpuGroup
 from tests.support.live_server import start_server
 
@@ -146,3 +147,18 @@ def test_a_served_edge_keeps_its_replicas_current(gpu_group: GpuGroup, tmp_path:
 
         assert ready_replicas(server.base_url) == grown
         assert sorted(server.app.state.runtime.pipeline.dispatcher.upstream_names()) == grown
+
+        # Scaled in: the hosts that left leave /metrics too (a dashboard summing over replicas
+        # would count them for ever).
+        def exported() -> list[str]:
+            lines = server.metrics_text().splitlines()
+            # This group's replicas: other tests in the process record theirs in the same registry.
+            prefix = 'floodgate_replica_kv_tokens_total{replica="replica-'
+            return sorted(
+                "replica-" + line[len(prefix) :].split('"')[0] for line in lines if line.startswith(prefix)
+            )
+
+        assert exported() == grown
+        gpu_group.set_desired(1)
+        wait_until(lambda: len(ready_replicas(server.base_url)) == 1, what="the scale-in to reach the edge")
+        assert exported() == ready_replicas(server.base_url)
