@@ -289,6 +289,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     _check_slot_ttl(settings)
     _check_tier_models(settings)
     _check_model_replicas(settings)
+    _check_model_names(settings)
     return settings
 
 
@@ -324,6 +325,18 @@ def _check_tier_models(settings: Settings) -> None:
         allowed = tier.models or tuple(settings.models)
         if tier.default_model and tier.default_model not in allowed:
             raise ConfigError(f"tiers.{name}.default_model {tier.default_model!r} is not one of its models")
+
+
+def _check_model_names(settings: Settings) -> None:
+    """A served model's name is one path segment of /v1/models/{id} (and its /stats): a name with
+    a '/' would be listed and chatted with, but never retrieved, its stats never shown."""
+    for name in settings.models or (settings.model.name,):
+        if "/" in name or not name:
+            raise ConfigError(
+                f"model name {name!r}: a served model's name must be non-empty and have no '/' (it is "
+                "one segment of /v1/models/{id}); name it, say, "
+                f"{name.replace('/', '--')!r} and keep the checkpoint's own name in its source or path."
+            )
 
 
 def _check_model_replicas(settings: Settings) -> None:

@@ -121,3 +121,14 @@ def test_models_on_one_triton_each_as_its_own_model_inside_are_served(tmp_path: 
     path.write_text(path.read_text().replace('triton = "10.0.0.7:8000"', shared))
     with pytest.raises(ConfigError, match="'b' and 'c'"):
         load_settings(path)
+
+
+def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> None:
+    """/v1/models/{id} holds the id as one path segment: 'org/name' would be listed and served
+    but never retrieved (the OpenAI SDK's models.retrieve), nor its stats shown."""
+    path = tmp_path / "my.toml"
+    path.write_text('[models."HuggingFaceTB/SmolLM2"]\nsource = "demo"\n')
+    with pytest.raises(ConfigError, match="HuggingFaceTB--SmolLM2"):
+        load_settings(path)
+    with pytest.raises(ConfigError, match="no '/'"):
+        load_settings(overrides={"model": {"source": "demo", "name": "org/tiny"}})
