@@ -3,7 +3,8 @@ chat template, special tokens, weight files. The engine, the edge and the Triton
 here, so they agree; a missing or bad file is an error that names it.
 
 A Hugging Face-style checkpoint directory holds config.json, one or more *.safetensors, and for
-the text side tokenizer.json (+ tokenizer_config.json, generation_config.json when present). An
+the text side tokenizer.json (+ tokenizer_config.json, generation_config.json when present; the chat
+template in tokenizer_config.json, else chat_template.jinja, else chat_templates/default.jinja). An
 engine-only directory (no tokenizer.json) has facts too, and so has an edge's weightless copy
 (config and tokenizer files only); asking either for what it lacks fails, naming the file.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 from tokenizers import Tokenizer
 
 from gpu_container.checkpoint.errors import CheckpointError, UnsupportedModel
@@ -32,6 +34,10 @@ CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# Where transformers (since 4.47 or so) saves the template instead of in tokenizer_config.json.
+TEMPLATE_FILES = ("chat_template.jinja", "chat_templates/default.jinja")
+
+log = structlog.get_logger(__name__)
 
 # Used when a checkpoint ships no template: ChatML, the format of the demo model.
 CHATML = (
@@ -125,7 +131,7 @@ def _text_facts(directory: Path, config: dict[str, Any]) -> TextFacts | None:
     specials = tuple(t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special)
     return TextFacts(
         tokenizer=tokenizer,
-        chat_template=_template_source(config),
+        chat_template=_template_source(directory, config),
         bos_token=_token_text(config.get("bos_token")),
         eos_token=_token_text(config.get("eos_token")),
         special_tokens=specials,
@@ -161,9 +167,26 @@ def _token_text(value: Any) -> str:
     return str(value) if value else ""
 
 
-def _template_source(config: dict[str, Any]) -> str:
+def _template_source(directory: Path, config: dict[str, Any]) -> str:
     source = config.get("chat_template")
     if isinstance(source, list):
         named = {item.get("name"): item.get("template") for item in source if isinstance(item, dict)}
         source = named.get("default") or next(iter(named.values()), None)
-    return source if isinstance(source, str) and source else CHATML
+    if isinstance(source, str) and source:
+        return source
+    for name in TEMPLATE_FILES:
+        path = directory / name
+        if path.is_file():
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"{path}: not a readable template: {exc}") from None
+            if text:
+                return text
+    # ChatML may not be the model's format at all: a reply in the wrong format is quiet, so say it.
+    log.warning(
+        "checkpoint has no chat template; serving ChatML",
+        directory=str(directory),
+        looked_in=[TOKENIZER_CONFIG, *TEMPLATE_FILES],
+    )
+    return CHATML

@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from edge.text.model_text import ModelText
 from gpu_container.checkpoint.errors import CheckpointError
-from gpu_container.checkpoint.facts import read_facts
+from gpu_container.checkpoint.facts import CHATML, read_facts
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineConfig
 from tests.support.live_server import demo_model_dir
@@ -119,3 +120,42 @@ def test_a_corrupt_safetensors_file_is_named(checkpoint: Path) -> None:
 def test_a_missing_directory_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"nowhere: no such checkpoint directory"):
         ModelText.load(tmp_path / "nowhere")
+
+
+def _without_config_template(checkpoint: Path) -> None:
+    tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    del tokenizer_config["chat_template"]
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+
+# Renders what ChatML never would, so a ChatML fallback cannot pass for it.
+OWN_TEMPLATE = (
+    "{% for message in messages %}[{{ message['role'] | upper }}] {{ message['content'] }}\n{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("name", ["chat_template.jinja", "chat_templates/default.jinja"])
+def test_a_template_saved_in_its_own_file_is_the_models(checkpoint: Path, name: str) -> None:
+    """Current transformers saves the template beside tokenizer_config.json, not in it."""
+    _without_config_template(checkpoint)
+    (checkpoint / name).parent.mkdir(exist_ok=True)
+    (checkpoint / name).write_text(OWN_TEMPLATE)
+    with capture_logs() as logs:
+        text = ModelText.load(checkpoint)
+    assert text.template.render([{"role": "user", "content": "hi"}]) == "[USER] hi\n"
+    assert logs == []
+
+
+def test_tokenizer_configs_template_comes_before_the_files(checkpoint: Path) -> None:
+    (checkpoint / "chat_template.jinja").write_text(OWN_TEMPLATE)
+    rendered = ModelText.load(checkpoint).template.render([{"role": "user", "content": "hi"}])
+    assert rendered.startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_no_template_anywhere_is_chatml_with_a_warning(checkpoint: Path) -> None:
+    _without_config_template(checkpoint)
+    with capture_logs() as logs:
+        facts = read_facts(checkpoint)
+    assert facts.text.chat_template == CHATML
+    assert [entry["log_level"] for entry in logs] == ["warning"]
+    assert logs[0]["directory"] == str(checkpoint)
