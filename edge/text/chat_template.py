@@ -1,12 +1,15 @@
-"""The model's own chat template (tokenizer_config.json), rendered in a Jinja sandbox.
+"""The model's own chat template (checkpoint/facts.py finds it), rendered in a Jinja sandbox.
 
 Templates ship with checkpoints, so they are untrusted code: the immutable sandbox keeps them
-from touching anything but the data they are given.
+from touching anything but the data they are given. They are written for transformers' renderer,
+so they get what it gives them: `raise_exception`, `strftime_now`, the `tojson` filter and the
+loop controls ({% break %}, {% continue %}).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError
@@ -21,14 +24,23 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+def _strftime_now(format: str) -> str:
+    # Local time, as transformers renders it: Llama 3.x templates put today's date in the system
+    # turn, and fall back to a fixed 2024 date when this is missing.
+    return datetime.now().strftime(format)
+
+
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str, eos_token: str) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson
         self._template = env.from_string(source)
         # The template's globals are a ChainMap over the environment's, which every render copies

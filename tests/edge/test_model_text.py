@@ -4,6 +4,8 @@ message is text: a caller cannot open a turn of their own (edge/text/content_as_
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from edge.text.chat_template import ChatTemplate, ChatTemplateError
@@ -70,3 +72,34 @@ def test_a_template_that_changes_a_messages_length_refuses_control_text_rather_t
     assert (
         text.encode_chat(plain) == real.tokenizer.encode(doubling.render(plain), add_special_tokens=False).ids
     )
+
+
+def test_a_template_can_ask_for_todays_date() -> None:
+    """As transformers gives templates strftime_now: Llama 3.x's puts today's date in the system turn,
+    and without it says 26 Jul 2024 for ever."""
+    template = ChatTemplate(
+        "{% if strftime_now is defined %}Today Date: {{ strftime_now('%d %b %Y') }}"
+        "{% else %}Today Date: 26 Jul 2024{% endif %}",
+        bos_token="",
+        eos_token="",
+    )
+    before = datetime.now().strftime("%d %b %Y")
+    rendered = template.render([{"role": "user", "content": "hi"}])
+    after = datetime.now().strftime("%d %b %Y")
+    assert rendered in {f"Today Date: {before}", f"Today Date: {after}"}
+
+
+def test_a_template_may_use_loop_controls() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{{ m['content'] }};{% if m['content'] == 'stop' %}{% break %}{% endif %}{% endfor %}",
+        bos_token="",
+        eos_token="",
+    )
+    messages = [
+        {"role": "system", "content": "hidden"},
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "stop"},
+        {"role": "user", "content": "never"},
+    ]
+    assert template.render(messages) == "a;stop;"
