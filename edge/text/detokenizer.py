@@ -9,7 +9,8 @@ still to come, so it is held until the next token says.
 
 One decode per push: the window's emitted text is the previous push's decode of the same window,
 kept. Only when the window has grown past _WINDOW_TOKENS does it move up to the last push's
-tokens, which costs one more decode (a short window keeps every decode cheap).
+tokens (from the first one not skipped as special), which costs one more decode (a short window
+keeps every decode cheap).
 
 Where a token's bytes never depend on its neighbours (byte-level BPE, edge/text/byte_pieces.py),
 `PiecesDetokenizer` needs no window and no call into the tokenizer: each push joins its tokens'
@@ -98,12 +99,25 @@ class IncrementalDetokenizer:
         "_prefix_offset",
         "_read_offset",
         "_skip_special",
+        "_skipped",
         "_tokenizer",
     )
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        skip_special_tokens: bool = True,
+        special_ids: frozenset[int] | None = None,
+    ) -> None:
+        """`special_ids`: the tokenizer's special tokens (`special_token_ids`), given where one set
+        serves every stream of a model."""
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
+        if not skip_special_tokens:
+            self._skipped: frozenset[int] = frozenset()
+        else:
+            self._skipped = special_token_ids(tokenizer) if special_ids is None else special_ids
         self._ids: list[int] = []
         # _ids[_prefix_offset:_read_offset] is emitted text kept as left context for the decoder,
         # and _prefix its decoded text; of the text after it, the first _emitted characters are
@@ -129,7 +143,14 @@ class IncrementalDetokenizer:
             read = self._read_offset
             self._read_offset = len(ids)
             self._emitted = 0
-            if len(ids) - self._prefix_offset > _WINDOW_TOKENS:
+            # The window may start only at a token whose text is decoded: a decoder that strips the
+            # first token's leading space (SentencePiece's Strip) would otherwise strip it from the
+            # token after a skipped special one, which the whole text keeps ('Hello world', not
+            # 'Helloworld'). The skipped tokens before it decode to nothing, so none is lost.
+            skipped = self._skipped
+            while read < len(ids) and ids[read] in skipped:
+                read += 1
+            if len(ids) - self._prefix_offset > _WINDOW_TOKENS and read < len(ids):
                 self._prefix_offset = read
                 self._prefix = self._tokenizer.decode(ids[read:], self._skip_special)
             else:
@@ -140,6 +161,11 @@ class IncrementalDetokenizer:
             return ""
         self._emitted += len(stable) - start
         return stable[start:]
+
+
+def special_token_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids `decode(..., skip_special_tokens=True)` leaves out: added tokens marked special."""
+    return frozenset(i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special)
 
 
 class LeavingOut:

@@ -17,6 +17,7 @@ from edge.text.detokenizer import (
     LeavingOut,
     PiecesDetokenizer,
     PieceTable,
+    special_token_ids,
 )
 from edge.text.piece_cache import PieceCache
 from gpu_container.checkpoint.facts import CheckpointFacts, read_facts
@@ -42,6 +43,7 @@ class ModelText:
         # Built once per model: every stream's detokenizer then reads it (None: not byte-level).
         pieces = byte_pieces(tokenizer)
         self._pieces = PieceTable(pieces) if pieces is not None else None
+        self._special_ids = special_token_ids(tokenizer) if self._pieces is None else frozenset()
         # None: this tokenizer's encoding is not its pieces' put together (edge/text/piece_cache.py).
         self._piece_cache = PieceCache.build(tokenizer)
         self._content_as_text = ContentAsText(tokenizer, template)
@@ -79,5 +81,5 @@ class ModelText:
         if self._pieces is not None:
             detok = PiecesDetokenizer(self._pieces)
         else:
-            detok = IncrementalDetokenizer(self.tokenizer)
+            detok = IncrementalDetokenizer(self.tokenizer, special_ids=self._special_ids)
         return LeavingOut(detok, frozenset(left_out)) if left_out else detok

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from edge.text.byte_pieces import byte_pieces
 from edge.text.detokenizer import (
@@ -182,3 +182,32 @@ def test_a_left_out_token_adds_no_text_wherever_it_comes(tokenizer: Tokenizer, k
     assert alone.push(ids[:2]) + alone.push([ids[2], stop]) + alone.flush() == expected
     split = LeavingOut(make(), frozenset({stop}))
     assert split.push(ids[:3]) + split.push([stop]) + split.push([]) + split.flush() == expected
+
+
+def _llama2_style_tokenizer() -> Tokenizer:
+    """SentencePiece as Llama 2 converts: Metaspace words, byte fallback, and a decoder that strips
+    the first token's leading space."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁Hello": 3, "▁world": 4, "!": 5}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    return tok
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_a_word_after_a_skipped_special_token_keeps_its_space(step: int) -> None:
+    """The window once started at the skipped </s>, and the Strip decoder took the next word's
+    space: 'Helloworld' streamed where the whole decode says 'Hello world'."""
+    tok = _llama2_style_tokenizer()
+    assert byte_pieces(tok) is None
+    tokens = ["▁Hello", "▁world", "!", "▁Hello", "</s>", "▁world", "▁Hello", "<s>", "<s>", "▁world", "!"]
+    vocab = tok.get_vocab(with_added_tokens=True)
+    ids = [vocab[token] for token in tokens]
+    whole = tok.decode(ids, skip_special_tokens=True)
+    assert whole == "Hello world! Hello world Hello world!"
+    given = frozenset({vocab["<s>"], vocab["</s>"]})
+    for make in (lambda: IncrementalDetokenizer(tok), lambda: IncrementalDetokenizer(tok, special_ids=given)):
+        assert "".join(_stream(make, ids, step)) == whole
