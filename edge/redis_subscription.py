@@ -3,7 +3,8 @@ whenever the connection breaks.
 
 The cancel bus (edge/cancel/bus.py) and key changes (edge/keys/changes.py) both listen this way.
 Pub/sub loses what is published while a subscriber is away, so each (re)subscription is reported
-(`on_subscribed`): key changes then forget every cached key, the cancel bus only notes it is up.
+(`on_subscribed`): key changes then forget every cached key, the cancel bus looks up in the store
+whether a request running here was cancelled meanwhile.
 Redis being away is not an error of the edge: the retries go on until `aclose`.
 """
 
@@ -67,7 +68,10 @@ class Subscription:
         await self._subscriber.aclose()
 
     async def _listen(self, on_message: OnMessage, on_subscribed: Callable[[], None]) -> None:
-        delay_s = self._delay_s
+        # A link that was up is tried again at once: a dropped connection (a reset, a failover, a
+        # CLIENT KILL) usually reconnects on the first try, and every moment away loses messages.
+        # Backoff starts with the second failure in a row.
+        delay_s = 0.0
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
@@ -76,7 +80,7 @@ class Subscription:
                         if message["type"] == "subscribe":
                             on_subscribed()
                             self.subscribed.set()
-                            delay_s = self._delay_s
+                            delay_s = 0.0
                         elif message["type"] == "message":
                             on_message(message["data"])
             except (RedisError, OSError) as exc:
@@ -91,4 +95,4 @@ class Subscription:
                     retry_in_s=delay_s,
                 )
                 await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, self._max_delay_s)
+                delay_s = min(max(delay_s * 2, self._delay_s), self._max_delay_s)

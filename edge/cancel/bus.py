@@ -26,7 +26,7 @@ then NOT_FOUND).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -43,6 +43,7 @@ from limiter.redis_store import record_key, user_keys
 log = structlog.get_logger("floodgate.cancel_bus")
 
 Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream if held here
+Running = Callable[[], Iterable[tuple[str, str]]]  # (request_id, user) of each request running here
 
 CHANNEL = "floodgate:cancel"
 
@@ -74,10 +75,16 @@ class CancelBusUnavailable(Exception):
     """The shared store could not be asked: answer 503, the request may still be running."""
 
 
+def _no_requests() -> Iterable[tuple[str, str]]:
+    return ()
+
+
 class CancelBus(Protocol):
-    async def start(self, deliver: Deliver) -> None:
-        """Subscribe: once subscribed, deliver() is called for every cancel any instance publishes.
-        Returns without waiting for a store that is down (start-up must not hang on it)."""
+    async def start(self, deliver: Deliver, running: Running = _no_requests) -> None:
+        """Subscribe: once subscribed, deliver() is called for every cancel any instance publishes,
+        and for each of `running` (this instance's requests) the store marked cancelled while the
+        subscription was away. Returns without waiting for a store that is down (start-up must not
+        hang on it)."""
         ...
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
@@ -115,6 +122,7 @@ class RedisCancelBus:
             max_delay_s=max_reconnect_delay_s,
         )
         self._cluster_setup: asyncio.Task[None] | None = None
+        self._reconcile: asyncio.Task[None] | None = None
         # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
         self._cancel_script = client.register_script(CANCEL_SCRIPT)
 
@@ -132,12 +140,24 @@ class RedisCancelBus:
         subscriber = redis_url.connect_node(url, socket_connect_timeout=timeout_s, health_check_interval=30)
         return cls(client, subscriber, **options)
 
-    async def start(self, deliver: Deliver) -> None:
-        """Subscribe in the background, retrying with backoff while Redis is unreachable (cancels
-        published meanwhile reach only the instance that runs the request). A Cluster client also
-        fetches its slot map and command table now, in the background: otherwise the first cancel
-        pays for it (tens of milliseconds, more on a busy host)."""
-        self._subscription.start(lambda data: self._handle(deliver, data))
+    async def start(self, deliver: Deliver, running: Running = _no_requests) -> None:
+        """Subscribe in the background, retrying with backoff while Redis is unreachable. A cancel
+        published meanwhile reaches no instance, but the store has marked the request's record: on
+        every (re)subscription the records of the requests `running` here are read, and those
+        marked cancelled delivered. A Cluster client also fetches its slot map and command table
+        now, in the background: otherwise the first cancel pays for it (tens of milliseconds, more
+        on a busy host)."""
+
+        def subscribed() -> None:
+            # A lookup still under way began before this subscription: its answers may predate a
+            # mark whose publish this subscription missed, so it starts over.
+            if self._reconcile is not None:
+                self._reconcile.cancel()
+            self._reconcile = asyncio.create_task(
+                self._deliver_missed(deliver, running), name="cancel-bus-reconcile"
+            )
+
+        self._subscription.start(lambda data: self._handle(deliver, data), subscribed)
         if isinstance(self._client, RedisCluster):
             self._cluster_setup = asyncio.create_task(
                 self._set_up_cluster(self._client), name="cancel-bus-cluster-setup"
@@ -161,11 +181,36 @@ class RedisCancelBus:
         return outcome
 
     async def aclose(self) -> None:
+        if self._reconcile is not None:
+            await stop_task(self._reconcile)
+            self._reconcile = None
         if self._cluster_setup is not None:
             await stop_task(self._cluster_setup)
             self._cluster_setup = None
         await self._subscription.aclose()
         await self._client.aclose()
+
+    async def _deliver_missed(self, deliver: Deliver, running: Running) -> None:
+        """Deliver the cancels of requests running here that the store marked while the
+        subscription was away. Read after the subscription is up, so a cancel marked later is
+        heard on the channel. (Every running request's record is read: one pipelined round trip
+        per batch, on each reconnect only.)"""
+        requests = list(running())
+        batch = 500
+        for start in range(0, len(requests), batch):
+            chunk = requests[start : start + batch]
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                for request_id, user in chunk:
+                    pipe.get(record_key(user, request_id))
+                states = await pipe.execute()
+            except _STORE_ERRORS as exc:
+                # The subscription is likely breaking too; its resubscription looks again.
+                log.warning("cancel_bus_reconcile_failed", error=type(exc).__name__)
+                return
+            for (request_id, user), state in zip(chunk, states, strict=True):
+                if state in (b"cancelled", "cancelled"):
+                    deliver(request_id, user)
 
     @staticmethod
     async def _set_up_cluster(client: RedisCluster) -> None:

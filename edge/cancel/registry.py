@@ -65,5 +65,9 @@ class CancelRegistry:
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:
         return self.cancel_local(request_id, user)
 
+    def running(self) -> list[tuple[str, str]]:
+        """(request_id, owner) of each live request."""
+        return [(live.request_id, live.owner) for live in self._live.values()]
+
     def __len__(self) -> int:
         return len(self._live)

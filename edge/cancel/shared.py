@@ -22,7 +22,7 @@ class SharedCancelRegistry:
         self._bus = bus
 
     async def start(self) -> None:
-        await self._bus.start(self._local.cancel_local)
+        await self._bus.start(self._local.cancel_local, self._local.running)
 
     async def aclose(self) -> None:
         await self._bus.aclose()

@@ -280,3 +280,28 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_published_while_an_instance_was_not_subscribed_reaches_it_once_it_is(
+    redis_server: RedisServer, admitter: Admitter
+) -> None:
+    """Pub/sub drops what is published to nobody: a subscription read the store's marks of its
+    requests when it comes (back) up."""
+    here, there = CancelRegistry(), CancelRegistry()
+    bus_a = RedisCancelBus.from_url(redis_server.url)
+    a = SharedCancelRegistry(here, bus_a)
+    b = SharedCancelRegistry(there, RedisCancelBus.from_url(redis_server.url))
+    await b.start()
+    try:
+        await admitter.admit(redis_server.url, "req-m1")
+        await admitter.admit(redis_server.url, "req-m2")
+        missed = a.register("req-m1", "alice")
+        running = a.register("req-m2", "alice")
+        assert await b.cancel("req-m1", "alice") is CancelOutcome.CANCELLED  # A hears nothing
+        await a.start()
+        await until(lambda: missed.cancelled)
+        assert not running.cancelled
+    finally:
+        await a.aclose()
+        await b.aclose()

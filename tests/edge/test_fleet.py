@@ -12,7 +12,7 @@ import pytest
 
 from limiter.resp_connection import CLIENT_NAME
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.edge.sse_client import CHAT, DONE, LONG_TOKENS, MODEL, events
 from tests.support.holding_limiter import HOLD_TIMEOUT_S, holding
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
@@ -73,6 +73,33 @@ def test_a_cancel_sent_to_another_instance_stops_the_stream(
                 rest = list(stream)
             assert rest[-1] == DONE
             assert rest[-2]["floodgate"] == {"cancelled": True}
+
+
+def test_a_cancel_sent_while_the_other_instances_subscription_reconnects_stops_the_stream(
+    fleet: tuple[LiveServer, LiveServer],
+    long_body: dict[str, Any],
+    redis_servers: tuple[dict[str, Any], list[RedisServer]],
+) -> None:
+    """A's cancel subscription drops (a reset, a failover) just before B answers a cancel 200: the
+    broadcast may reach nobody, yet the store marked the request, which A reads on resubscribing."""
+    a, b = fleet
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", a.base_url + CHAT, json=long_body, headers=a.auth("paid")) as response:
+            stream = events(response)
+            rid = next(stream)["request_id"]
+            for node in redis_servers[1]:
+                node.command("CLIENT", "KILL", "TYPE", "pubsub")
+            cancel = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
+            rest = list(stream)
+    assert cancel.status_code == 200
+    assert rest[-1] == DONE
+    assert rest[-2]["floodgate"] == {"cancelled": True}
+    tokens = [
+        e
+        for e in rest
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["delta"].get("content")
+    ]
+    assert len(tokens) < LONG_TOKENS // 2
 
 
 def test_a_cancel_that_reaches_the_store_as_the_stream_ends_on_its_own_ends_it_cancelled(
