@@ -5,7 +5,10 @@ The cancel bus (edge/cancel/bus.py) and key changes (edge/keys/changes.py) both 
 Pub/sub loses what is published while a subscriber is away, so each (re)subscription is reported
 (`on_subscribed`): key changes then forget every cached key, the cancel bus looks up in the store
 whether a request running here was cancelled meanwhile.
-Redis being away is not an error of the edge: the retries go on until `aclose`.
+Redis being away is not an error of the edge: the retries go on until `aclose`. A link that dies
+without a word (a NAT or load balancer dropping it, a host gone without a reset) is found by a
+PING on a channel idle for `idle_ping_s` whose answer takes over `pong_timeout_s`: the connection
+is then dropped and subscribed again like a broken one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from edge.task_stop import cancelling, stop_task
@@ -33,14 +37,19 @@ class Subscription:
         name: str,
         delay_s: float = 0.5,
         max_delay_s: float = 10.0,
+        idle_ping_s: float = 5.0,
+        pong_timeout_s: float = 5.0,
     ) -> None:
-        """`subscriber` should have no read timeout (the channel is idle for long stretches);
-        `name` names the task and the log events (`<name>_subscription_lost`)."""
+        """`subscriber` should have no read timeout (the channel is idle for long stretches: the
+        pings here tell a quiet link from a dead one); `name` names the task and the log events
+        (`<name>_subscription_lost`)."""
         self._subscriber = subscriber
         self._channel = channel
         self._name = name
         self._delay_s = delay_s
         self._max_delay_s = max_delay_s
+        self._idle_ping_s = idle_ping_s
+        self._pong_timeout_s = pong_timeout_s
         self._listener: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 
@@ -76,7 +85,20 @@ class Subscription:
             try:
                 async with self._subscriber.pubsub() as pubsub:
                     await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
+                    # Not pubsub.listen(): it waits on the socket for ever, and redis-py's
+                    # health_check_interval only pings before a read, so a silent link is never seen.
+                    ping_sent_at: float | None = None
+                    while True:
+                        message = await pubsub.get_message(timeout=self._idle_ping_s)
+                        now = asyncio.get_running_loop().time()
+                        if message is None:
+                            if ping_sent_at is None:
+                                await pubsub.ping()
+                                ping_sent_at = now
+                            elif now - ping_sent_at > self._pong_timeout_s:
+                                raise RedisConnectionError("no answer to a PING on the subscription")
+                            continue
+                        ping_sent_at = None  # anything read shows the link is alive
                         if message["type"] == "subscribe":
                             on_subscribed()
                             self.subscribed.set()

@@ -110,6 +110,8 @@ class RedisCancelBus:
         channel: str = CHANNEL,
         reconnect_delay_s: float = 0.5,
         max_reconnect_delay_s: float = 10.0,
+        idle_ping_s: float = 5.0,  # a silent subscription link is found within both
+        pong_timeout_s: float = 5.0,
     ) -> None:
         self._client = client
         self._ttl_s = ttl_s
@@ -120,6 +122,8 @@ class RedisCancelBus:
             name="cancel_bus",
             delay_s=reconnect_delay_s,
             max_delay_s=max_reconnect_delay_s,
+            idle_ping_s=idle_ping_s,
+            pong_timeout_s=pong_timeout_s,
         )
         self._cluster_setup: asyncio.Task[None] | None = None
         self._reconcile: asyncio.Task[None] | None = None
@@ -137,7 +141,9 @@ class RedisCancelBus:
             url, cluster=cluster, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         # No read timeout on the subscription: it is idle until someone cancels.
-        subscriber = redis_url.connect_node(url, socket_connect_timeout=timeout_s, health_check_interval=30)
+        subscriber = redis_url.connect_node(
+            url, socket_connect_timeout=timeout_s, health_check_interval=30, socket_keepalive=True
+        )
         return cls(client, subscriber, **options)
 
     async def start(self, deliver: Deliver, running: Running = _no_requests) -> None:

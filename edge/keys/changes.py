@@ -26,7 +26,9 @@ class RedisKeyChanges:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         # No read timeout on the subscription: it is idle until a key changes.
-        subscriber = redis_url.connect_node(url, socket_connect_timeout=timeout_s, health_check_interval=30)
+        subscriber = redis_url.connect_node(
+            url, socket_connect_timeout=timeout_s, health_check_interval=30, socket_keepalive=True
+        )
         self._channel = channel
         self._subscription = Subscription(subscriber, channel, name="key_changes")
         self.subscribed = self._subscription.subscribed

@@ -23,6 +23,7 @@ from tests.limiter.tiers import tier
 from tests.support.admitted import Admitter
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
+from tests.support.stalling_proxy import stalling_proxy
 
 
 class Inbox:
@@ -305,3 +306,33 @@ async def test_a_cancel_published_while_an_instance_was_not_subscribed_reaches_i
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_subscription_link_gone_silent_is_subscribed_again_and_its_missed_cancels_applied(
+    redis_server: RedisServer, admitter: Admitter
+) -> None:
+    """A's subscription goes through a path that goes silent without a reset (a NAT or load balancer
+    dropping it): its idle pings go unanswered, it subscribes again and finds the cancel it missed."""
+    with stalling_proxy(redis_server.port) as proxy:
+        here = CancelRegistry()
+        bus_a = RedisCancelBus(
+            Redis.from_url(redis_server.url, socket_timeout=1),
+            Redis.from_url(f"redis://127.0.0.1:{proxy.port}/0"),
+            idle_ping_s=0.2,
+            pong_timeout_s=0.5,
+        )
+        a = SharedCancelRegistry(here, bus_a)
+        b = SharedCancelRegistry(CancelRegistry(), RedisCancelBus.from_url(redis_server.url))
+        await a.start()
+        await b.start()
+        assert await bus_a.wait_subscribed(5)
+        try:
+            await admitter.admit(redis_server.url, "req-q1")
+            live = a.register("req-q1", "alice")
+            proxy.stall()
+            assert await b.cancel("req-q1", "alice") is CancelOutcome.CANCELLED  # lost on A's link
+            await until(lambda: live.cancelled, timeout_s=10, poll_s=0.05)
+        finally:
+            await a.aclose()
+            await b.aclose()
