@@ -21,6 +21,8 @@ from floodgate_client.errors import (
     NetworkError,
     NotFoundError,
     error_from_response,
+    transport_cause,
+    transport_failure,
 )
 from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
@@ -132,7 +134,7 @@ class AsyncChat:
         try:
             response = await self._http.post(cancel_path(request_id))
         except httpx.TransportError as exc:
-            raise NetworkError(f"cancel failed: {exc}") from exc
+            raise transport_failure("cancel failed", exc) from transport_cause(exc)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.headers, response.content)
         return str(response.json().get("status", ""))
@@ -144,7 +146,7 @@ class AsyncChat:
             try:
                 response = await self._http.get(MODELS_PATH)
             except httpx.TransportError as exc:
-                raise NetworkError(f"listing models failed: {exc}") from exc
+                raise transport_failure("listing models failed", exc) from transport_cause(exc)
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.headers, response.content)
             try:
@@ -167,7 +169,7 @@ class AsyncChat:
                     network_retries -= 1
                     log.info("retrying after a network error: %s", type(exc).__name__)
                     continue
-                raise NetworkError(f"request failed: {exc}") from exc
+                raise transport_failure("request failed", exc) from transport_cause(exc)
             if response.status_code == 200:
                 return response
             try:
@@ -310,7 +312,7 @@ class AsyncChatStream:
                         yield event
                     return
                 if self._decoder.saw_text or self._network_retries == 0:
-                    raise NetworkError(f"stream broken: {exc}") from exc
+                    raise transport_failure("stream broken", exc) from transport_cause(exc)
                 self._network_retries -= 1
                 await self._response.aclose()
                 self._response = await self._chat._open(self._request, self._policy, 0)

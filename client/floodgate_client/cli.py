@@ -51,7 +51,13 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
         return 2
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
-    with Client(args.base_url, api_key) as client:
+    try:
+        client = Client(args.base_url, api_key)
+    except ValueError as error:
+        # Its message never quotes the key.
+        print(f"error: {KEY_ENV}: {error}", file=err)
+        return 2
+    with client:
         try:
             stream = client.chat.stream(
                 messages,

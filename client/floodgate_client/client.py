@@ -17,6 +17,8 @@ from floodgate_client.errors import (
     NetworkError,
     NotFoundError,
     error_from_response,
+    transport_cause,
+    transport_failure,
 )
 from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
@@ -130,7 +132,7 @@ class Chat:
         try:
             response = self._http.post(cancel_path(request_id))
         except httpx.TransportError as exc:
-            raise NetworkError(f"cancel failed: {exc}") from exc
+            raise transport_failure("cancel failed", exc) from transport_cause(exc)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.headers, response.content)
         return str(response.json().get("status", ""))
@@ -142,7 +144,7 @@ class Chat:
             try:
                 response = self._http.get(MODELS_PATH)
             except httpx.TransportError as exc:
-                raise NetworkError(f"listing models failed: {exc}") from exc
+                raise transport_failure("listing models failed", exc) from transport_cause(exc)
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.headers, response.content)
             try:
@@ -165,7 +167,7 @@ class Chat:
                     network_retries -= 1
                     log.info("retrying after a network error: %s", type(exc).__name__)
                     continue
-                raise NetworkError(f"request failed: {exc}") from exc
+                raise transport_failure("request failed", exc) from transport_cause(exc)
             if response.status_code == 200:
                 return response
             try:
@@ -294,7 +296,7 @@ class ChatStream:
                     yield from self._cancelled_ending()
                     return
                 if self._decoder.saw_text or self._network_retries == 0:
-                    raise NetworkError(f"stream broken: {exc}") from exc
+                    raise transport_failure("stream broken", exc) from transport_cause(exc)
                 self._network_retries -= 1
                 self._response.close()
                 self._response = self._chat._open(self._request, self._policy, 0)

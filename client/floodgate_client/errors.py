@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import httpx
+
 from floodgate_client.rate_limits import RateLimits
 
 
@@ -121,6 +123,19 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
         return max(0.0, parsedate_to_datetime(seconds).timestamp() - time.time())
     except (TypeError, ValueError):
         return None
+
+
+def transport_failure(what: str, exc: Exception) -> NetworkError:
+    """A NetworkError for an httpx failure; raise it `from transport_cause(exc)`. A LocalProtocolError
+    (h11 refusing what we would send) quotes the offending header value, which may be the API key."""
+    if isinstance(exc, httpx.LocalProtocolError):
+        return NetworkError(f"{what}: the request could not be sent (an invalid header or body)")
+    return NetworkError(f"{what}: {exc}")
+
+
+def transport_cause(exc: Exception) -> Exception | None:
+    """The exception to chain: not one that may quote the key, which a traceback would print."""
+    return None if isinstance(exc, httpx.LocalProtocolError) else exc
 
 
 def error_from_json(payload: Mapping[str, Any], **extra: Any) -> dict[str, Any]:

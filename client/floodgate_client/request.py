@@ -26,7 +26,13 @@ def first_model_id(models: Any) -> str:
 
 
 def auth_headers(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}", "Accept": "text/event-stream"}
+    """A key read from a file or an environment variable often ends in a newline: that is trimmed. A
+    control character left inside is refused here, without the key in the message: httpx would
+    refuse it later with the whole header value (the key) in its exception."""
+    key = api_key.strip()
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in key):
+        raise ValueError("the API key contains a control character")
+    return {"Authorization": f"Bearer {key}", "Accept": "text/event-stream"}
 
 
 @dataclass(frozen=True, slots=True)
