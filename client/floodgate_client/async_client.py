@@ -13,7 +13,13 @@ from typing import Any
 import anyio
 import httpx
 
-from floodgate_client.client import DEFAULT_DEADLINE_S, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, http_timeout
+from floodgate_client.client import (
+    CANCEL_ON_EXIT_S,
+    DEFAULT_DEADLINE_S,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    http_timeout,
+)
 from floodgate_client.decoder import ChunkDecoder
 from floodgate_client.errors import (
     ConflictError,
@@ -39,8 +45,6 @@ from floodgate_client.retry import RetryPolicy
 from floodgate_client.sse import aiter_events
 
 log = logging.getLogger("floodgate.client")
-
-_CANCEL_ON_EXIT_S = 5.0
 
 
 class AsyncClient:
@@ -278,7 +282,7 @@ class AsyncChatStream:
     ) -> None:
         # Shielded: the block may be exiting because its task is being cancelled. Bounded: closing the
         # connection stops the generation too, so a slow cancel call is not worth waiting for.
-        with anyio.move_on_after(_CANCEL_ON_EXIT_S, shield=True):
+        with anyio.move_on_after(CANCEL_ON_EXIT_S, shield=True):
             if self._decoder.finished is None and not (self._cancelled or self._ended_on_server):
                 try:
                     await self.cancel()

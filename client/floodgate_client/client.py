@@ -39,6 +39,9 @@ log = logging.getLogger("floodgate.client")
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_DEADLINE_S = 60.0
+# Leaving a `with` block early closes the connection, which stops the generation on its own; the cancel
+# sent after is a courtesy, not worth holding the caller up for (the async client caps it the same).
+CANCEL_ON_EXIT_S = 5.0
 
 
 def http_timeout(timeout_s: float) -> httpx.Timeout:
@@ -126,11 +129,12 @@ class Chat:
             finished = stream.until_finished()
             return ChatResult(stream.text, finished.reason, finished.usage, stream.request_id or "")
 
-    def cancel(self, request_id: str) -> str:
+    def cancel(self, request_id: str, *, timeout_s: float | None = None) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
         ConflictError (already finished). Returns the server's status ("CANCELLED")."""
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         try:
-            response = self._http.post(cancel_path(request_id))
+            response = self._http.post(cancel_path(request_id), timeout=timeout)
         except httpx.TransportError as exc:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
         if response.status_code != 200:
@@ -267,13 +271,18 @@ class ChatStream:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._decoder.finished is None and not (self._cancelled or self._ended_on_server):
-            try:
-                self.cancel()
-            except FloodgateError as error:
-                log.info("cancel on exit failed: %s", type(error).__name__)
+        running = self._decoder.finished is None and not (self._cancelled or self._ended_on_server)
+        request_id = self.request_id
+        # Closed first: the edge takes the disconnect as a cancel, and this stream's connection goes back
+        # to the pool, where a cancel sent before it could wait the whole timeout with every slot taken.
         self._events.close()
         self.close()
+        if running and request_id is not None:
+            try:
+                self._chat.cancel(request_id, timeout_s=CANCEL_ON_EXIT_S)
+            except FloodgateError as error:
+                # Not found or already finished: the disconnect has stopped it already.
+                log.info("cancel on exit: %s", type(error).__name__)
 
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""

@@ -7,7 +7,9 @@ own before the cancel lands, the next recipe is tried, so a finished reply never
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import anyio
 import pytest
@@ -71,6 +73,22 @@ def test_leaving_the_with_block_early_cancels_on_the_server(server: LiveServer) 
             request_id = stream.request_id
         assert request_id is not None and stream.text
         # Cancelled on exit, so no longer running: the server has it as finished.
+        with pytest.raises(ConflictError):
+            client.chat.cancel(request_id)
+
+
+def test_leaving_the_with_block_early_is_prompt_with_every_pool_connection_taken(server: LiveServer) -> None:
+    """httpx's pool holds 100 connections; each open stream holds one. The exit must not wait the
+    whole timeout (60 s) for a slot its own stream holds."""
+    with Client(server.base_url, server.keys["paid"]) as client, ExitStack() as others:
+        for _ in range(99):
+            others.enter_context(client.chat.stream("hi", max_tokens=1))
+        with open_long(client, LONG_REPLIES[0]) as stream:
+            request_id = stream.request_id
+            started = time.monotonic()
+        assert time.monotonic() - started < 15.0
+        assert request_id is not None
+        # Stopped on the server (by the disconnect, or the cancel after it).
         with pytest.raises(ConflictError):
             client.chat.cancel(request_id)
 
