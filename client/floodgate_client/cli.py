@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import TextIO
 
 from floodgate_client.client import Client
-from floodgate_client.errors import FloodgateError, RateLimitError
+from floodgate_client.errors import FloodgateError, NetworkError, RateLimitError
 from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta
 from floodgate_client.interrupt import CancelOnInterrupt
 
@@ -76,8 +76,15 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
         except FloodgateError as error:
             print(f"error: {error.message}", file=err)
             return 1
-        request_id = stream.request_id or ""
-        with stream, CancelOnInterrupt(lambda: client.chat.cancel(request_id), err) as interrupt:
+
+        def cancel_running() -> str:
+            # Read when Ctrl-C comes: a stream cut before its first text is reopened under a new id.
+            request_id = stream.request_id
+            if request_id is None:
+                raise NetworkError("no request id yet to cancel")
+            return client.chat.cancel(request_id)
+
+        with stream, CancelOnInterrupt(cancel_running, err) as interrupt:
             try:
                 for event in stream:
                     _print_event(event, args.json, out, err)

@@ -9,19 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
+from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def chat_cli(server: LiveServer, *args: str, key: str | None) -> subprocess.Popen[str]:
+def chat_cli(
+    server: LiveServer, *args: str, key: str | None, base_url: str | None = None
+) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"}
     if key is not None:
         env["FLOODGATE_API_KEY"] = key
     return subprocess.Popen(
-        [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", server.base_url],
+        [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", base_url or server.base_url],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -79,6 +83,41 @@ def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None
     # The reply ends with the server's own final chunk saying it was cancelled.
     finished = json.loads(rest.splitlines()[-1])
     assert finished["type"] == "finished" and finished["cancelled"] is True
+    assert finished["usage"]["completion_tokens"] < LONG_REPLY_TOKENS
+
+
+def test_ctrl_c_after_the_stream_was_reopened_cancels_the_running_request(server: LiveServer) -> None:
+    port = urlsplit(server.base_url).port
+    assert port is not None
+    # The first connection is cut after its first event: the client reopens under a new request id.
+    with flaky_proxy(port, ["cut_after_start"]) as proxy:
+        proc = chat_cli(
+            server,
+            LONG_REPLY.prompt,
+            "--json",
+            "--temperature",
+            str(LONG_REPLY.temperature),
+            "--max-tokens",
+            str(LONG_REPLY_TOKENS),
+            "--model",
+            "floodgate-tiny",
+            key=server.keys["paid"],
+            base_url=proxy.base_url,
+        )
+        assert proc.stdout is not None
+        started = []
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "request_started":
+                started.append(event["request_id"])
+            if event["type"] == "text_delta":
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    assert len(set(started)) == 2
+    assert proc.returncode == 130, err
+    finished = json.loads(rest.splitlines()[-1])
+    assert finished["type"] == "finished" and finished["cancelled"] is True, err
     assert finished["usage"]["completion_tokens"] < LONG_REPLY_TOKENS
 
 
