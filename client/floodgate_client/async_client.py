@@ -200,6 +200,8 @@ class AsyncChatStream:
         self._request = request
         self._policy = policy
         self._network_retries = min(1, chat._max_retries)
+        # As in the sync stream: a turn the edge may have stored is not sent twice.
+        self._keeps_history = request.conversation_id is not None
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._ended_on_server = False
@@ -315,7 +317,7 @@ class AsyncChatStream:
                     for event in self._cancelled_ending():
                         yield event
                     return
-                if self._decoder.saw_text or self._network_retries == 0:
+                if self._decoder.saw_text or self._network_retries == 0 or self._keeps_history:
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
                 self._network_retries -= 1
                 await self._response.aclose()

@@ -192,7 +192,9 @@ class ChatStream:
 
     A network failure before the first text delta reopens the request once (a new RequestStarted
     follows, with the new id); after text has arrived it raises NetworkError: a reply is never
-    silently restarted. Leaving a `with` block before the end cancels the generation on the server.
+    silently restarted. A request with a `conversation_id` is never reopened: the edge may already have
+    stored its turn, and a second request would store the same user message again. Leaving a `with`
+    block before the end cancels the generation on the server.
     """
 
     def __init__(self, chat: Chat, request: ChatRequest, policy: RetryPolicy) -> None:
@@ -200,6 +202,7 @@ class ChatStream:
         self._request = request
         self._policy = policy
         self._network_retries = min(1, chat._max_retries)
+        self._keeps_history = request.conversation_id is not None
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._ended_on_server = False
@@ -304,7 +307,7 @@ class ChatStream:
                 if self._cancelled:
                     yield from self._cancelled_ending()
                     return
-                if self._decoder.saw_text or self._network_retries == 0:
+                if self._decoder.saw_text or self._network_retries == 0 or self._keeps_history:
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
                 self._network_retries -= 1
                 self._response.close()

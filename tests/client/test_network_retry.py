@@ -59,6 +59,34 @@ def test_a_stream_cut_after_text_arrived_raises_instead_of_restarting(server: Li
     assert proxy.connections == 1
 
 
+def test_a_stream_with_a_conversation_id_is_not_reopened(server: LiveServer) -> None:
+    """The edge may have stored the first request's turn already: a reopen would store it twice."""
+    with (
+        flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+    ):
+        stream = client.chat.stream("hi", model="floodgate-tiny", max_tokens=4, conversation_id="conv-cut")
+        with pytest.raises(NetworkError):
+            list(stream)
+        # Counted before a `with` exit would send its cancel on a connection of its own.
+        assert proxy.connections == 1
+        stream.close()
+
+
+@pytest.mark.anyio
+async def test_an_async_stream_with_a_conversation_id_is_not_reopened(server: LiveServer) -> None:
+    with flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy:
+        async with AsyncClient(proxy.base_url, server.keys["paid"]) as client:
+            stream = await client.chat.stream(
+                "hi", model="floodgate-tiny", max_tokens=4, conversation_id="conv-cut-async"
+            )
+            with pytest.raises(NetworkError):
+                async for _ in stream:
+                    pass
+            assert proxy.connections == 1
+            await stream.close()
+
+
 def test_too_many_network_failures_raise_network_error(server: LiveServer) -> None:
     with (
         flaky_proxy(edge_port(server), ["refuse", "refuse"]) as proxy,
