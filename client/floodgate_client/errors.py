@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -120,9 +121,13 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
     except ValueError:
         pass
     try:
-        return max(0.0, parsedate_to_datetime(seconds).timestamp() - time.time())
+        when = parsedate_to_datetime(seconds)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        # HTTP dates are GMT; the asctime form (and a "-0000" zone) parse naive, not as local time.
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def transport_failure(what: str, exc: Exception) -> NetworkError:

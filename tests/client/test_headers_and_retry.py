@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+
 import pytest
 
 from floodgate_client.errors import BadRequestError, RateLimitError, error_from_response, retry_after_s
@@ -46,6 +50,29 @@ def test_retry_after_prefers_milliseconds_then_seconds() -> None:
     assert retry_after_s({"Retry-After": "2", "retry-after-ms": "1250"}) == pytest.approx(1.25)
     assert retry_after_s({"retry-after": "3"}) == pytest.approx(3.0)
     assert retry_after_s({}) is None
+
+
+@pytest.fixture
+def far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A local zone hours from UTC, so a date read as local time is off by hours."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("far_from_utc")
+def test_retry_after_http_dates_are_gmt_in_every_form() -> None:
+    when = time.time() + 30
+    forms = [
+        formatdate(when, usegmt=True),  # IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
+        time.asctime(time.gmtime(when)),  # asctime: Sun Nov  6 08:49:37 1994
+        formatdate(when).replace("+0000", "-0000"),
+    ]
+    for form in forms:
+        wait = retry_after_s({"retry-after": form})
+        assert wait is not None and 25.0 <= wait <= 31.0, form
 
 
 def test_error_bodies_become_typed_errors_with_their_fields() -> None:
