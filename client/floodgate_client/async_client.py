@@ -26,6 +26,8 @@ from floodgate_client.errors import (
     FloodgateError,
     NetworkError,
     NotFoundError,
+    RateLimitError,
+    ServiceUnavailableError,
     error_from_response,
     transport_cause,
     transport_failure,
@@ -202,6 +204,8 @@ class AsyncChatStream:
         self._network_retries = min(1, chat._max_retries)
         # As in the sync stream: a turn the edge may have stored is not sent twice.
         self._keeps_history = request.conversation_id is not None
+        self._started = time.monotonic()
+        self._overload_retries = 0
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._ended_on_server = False
@@ -294,6 +298,13 @@ class AsyncChatStream:
             await self._events.aclose()
             await self.close()
 
+    def _overload_wait_s(self, error: FloodgateError) -> float | None:
+        if self._decoder.saw_text or self._cancelled:
+            return None
+        wait = self._policy.wait_s(error, self._overload_retries, time.monotonic() - self._started)
+        self._overload_retries += 1
+        return wait
+
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""
         return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
@@ -312,6 +323,18 @@ class AsyncChatStream:
                 for event in self._cancelled_ending() if self._cancelled else self._decoder.end_of_stream():
                     yield event
                 return
+            except (RateLimitError, ServiceUnavailableError) as error:
+                # As in the sync stream: refused in its queue before any reply, waited out and reopened.
+                wait = self._overload_wait_s(error)
+                if wait is None:
+                    # Refused: nothing runs on the server for a cancel on exit to stop.
+                    self._ended_on_server = True
+                    raise
+                log.info("%s in the stream: retrying in %.2f s", error.code, wait)
+                await self._response.aclose()
+                await anyio.sleep(wait)
+                self._response = await self._chat._open(self._request, self._policy, 0)
+                self._decoder = ChunkDecoder()
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     for event in self._cancelled_ending():

@@ -16,6 +16,8 @@ from floodgate_client.errors import (
     FloodgateError,
     NetworkError,
     NotFoundError,
+    RateLimitError,
+    ServiceUnavailableError,
     error_from_response,
     transport_cause,
     transport_failure,
@@ -203,6 +205,8 @@ class ChatStream:
         self._policy = policy
         self._network_retries = min(1, chat._max_retries)
         self._keeps_history = request.conversation_id is not None
+        self._started = time.monotonic()
+        self._overload_retries = 0
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._ended_on_server = False
@@ -287,6 +291,13 @@ class ChatStream:
                 # Not found or already finished: the disconnect has stopped it already.
                 log.info("cancel on exit: %s", type(error).__name__)
 
+    def _overload_wait_s(self, error: FloodgateError) -> float | None:
+        if self._decoder.saw_text or self._cancelled:
+            return None
+        wait = self._policy.wait_s(error, self._overload_retries, time.monotonic() - self._started)
+        self._overload_retries += 1
+        return wait
+
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""
         return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
@@ -303,6 +314,19 @@ class ChatStream:
                 else:
                     yield from self._decoder.end_of_stream()
                 return
+            except (RateLimitError, ServiceUnavailableError) as error:
+                # Refused in its queue after the stream opened: no reply was started, so with
+                # auto_retry it is waited out and reopened as a 429 before the stream would be.
+                wait = self._overload_wait_s(error)
+                if wait is None:
+                    # Refused: nothing runs on the server for a cancel on exit to stop.
+                    self._ended_on_server = True
+                    raise
+                log.info("%s in the stream: retrying in %.2f s", error.code, wait)
+                self._response.close()
+                time.sleep(wait)
+                self._response = self._chat._open(self._request, self._policy, 0)
+                self._decoder = ChunkDecoder()
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     yield from self._cancelled_ending()

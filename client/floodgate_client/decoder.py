@@ -7,11 +7,30 @@ the finish reason) and knows when a reply is complete.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from floodgate_client.errors import NetworkError, StreamError, error_from_json
+from floodgate_client.errors import (
+    FloodgateError,
+    NetworkError,
+    RateLimitError,
+    ServiceUnavailableError,
+    StreamError,
+    error_from_json,
+)
 from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta, Usage
+from floodgate_client.rate_limits import parse_duration_s
 from floodgate_client.sse import ServerSentEvent
+
+# A request the edge admitted into its queue and then refused there (queue full, the wait too long, no
+# replica left) is refused in the stream it had already opened: the same refusal as its 429/503.
+_OVERLOADS: dict[str, type[FloodgateError]] = {
+    "queue_full": RateLimitError,
+    "wait_too_long": RateLimitError,
+    "no_replica": ServiceUnavailableError,
+}
+# The event has no headers; its message says the wait as OpenAI writes it ("try again in 2.5s.").
+_TRY_AGAIN_IN = re.compile(r"try again in ([0-9][0-9.hms]*)")
 
 
 class ChunkDecoder:
@@ -36,7 +55,7 @@ class ChunkDecoder:
             return [self._finish()]
         payload = self._parse(event.data)
         if "error" in payload or event.event == "error":
-            raise StreamError(**error_from_json(payload))
+            raise stream_error(payload)
         out: list[StreamEvent] = []
         if self.request_id is None:
             request_id = payload.get("request_id") or payload.get("id")
@@ -93,3 +112,24 @@ class ChunkDecoder:
         if not isinstance(payload, dict):
             raise StreamError(f"malformed stream chunk: {data[:200]!r}")
         return payload
+
+
+def stream_error(payload: dict[str, Any]) -> FloodgateError:
+    """An error event: an overload as the RateLimitError (or ServiceUnavailableError) it would have been
+    before the stream opened, with its wait; anything else a StreamError."""
+    fields = error_from_json(payload)
+    cls = _OVERLOADS.get(fields["code"] or "")
+    if cls is None:
+        return StreamError(**fields)
+    wait_s = _advertised_wait_s(payload.get("error"), fields["message"])
+    headers = {} if wait_s is None else {"retry-after-ms": str(round(wait_s * 1000))}
+    return cls(**fields, headers=headers)
+
+
+def _advertised_wait_s(error: Any, message: str) -> float | None:
+    if isinstance(error, dict):
+        for key, scale in (("retry_after_ms", 0.001), ("retry_after_s", 1.0)):
+            if isinstance(error.get(key), int | float):
+                return float(error[key]) * scale
+    found = _TRY_AGAIN_IN.search(message)
+    return None if found is None else parse_duration_s(found.group(1).rstrip("."))

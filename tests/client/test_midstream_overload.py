@@ -1,0 +1,110 @@
+"""A request refused in the edge's queue after its stream opened gets the overload as an error event:
+the client raises it as the RateLimitError it would have been as a 429, and auto_retry waits it out.
+
+A scripted loopback server sends the edge's own encodings (edge/sse.py, edge/pipeline.py): an edge
+cannot be made to refuse a queued request at a chosen moment."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from edge.admission.ticket import Overloaded
+from edge.pipeline import overloaded_error
+from edge.sse import DONE, ChunkEncoder, event
+from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted
+
+WAIT_S = 0.2
+
+
+def overloaded(request_id: str) -> bytes:
+    error = overloaded_error(Overloaded("wait_too_long", WAIT_S))
+    start = ChunkEncoder(request_id, "floodgate-tiny", 0).first()
+    return start + b": keep-alive\n\n" + event({"error": error.detail}) + DONE
+
+
+def answered(request_id: str) -> bytes:
+    encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
+    return encoder.first() + encoder.delta("hello") + encoder.final("stop", None) + encoder.usage(3, 1) + DONE
+
+
+class ScriptedEdge:
+    """Answers each chat request with the next script (the last one repeats); counts them."""
+
+    def __init__(self, scripts: list[bytes]) -> None:
+        self.scripts = scripts
+        self.requests = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            while len(body) < length:
+                body += conn.recv(65536)
+            if b"/cancel " in head.split(b"\r\n")[0]:
+                conn.sendall(b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                return
+            self.requests += 1
+            script = self.scripts[min(self.requests, len(self.scripts)) - 1]
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + script
+            )
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@pytest.fixture
+def edge() -> Iterator[ScriptedEdge]:
+    scripted = ScriptedEdge([overloaded("chatcmpl-first"), answered("chatcmpl-second")])
+    yield scripted
+    scripted.close()
+
+
+def test_an_overload_in_the_stream_raises_rate_limit_error_with_its_wait(edge: ScriptedEdge) -> None:
+    with Client(edge.base_url, "fg-test") as client, pytest.raises(RateLimitError) as raised:
+        client.chat.create("hi", model="floodgate-tiny")
+    assert raised.value.limit == "wait_too_long"
+    assert raised.value.retry_after_s == pytest.approx(WAIT_S)
+    assert edge.requests == 1
+
+
+def test_auto_retry_waits_out_an_overload_in_the_stream_and_reopens(edge: ScriptedEdge) -> None:
+    with Client(edge.base_url, "fg-test") as client:
+        with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+            events = list(stream)
+    assert stream.text == "hello" and edge.requests == 2
+    assert [e.request_id for e in events if isinstance(e, RequestStarted)] == [
+        "chatcmpl-first",
+        "chatcmpl-second",
+    ]
+
+
+def test_async_auto_retry_waits_out_an_overload_in_the_stream(edge: ScriptedEdge) -> None:
+    async def main() -> str:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            return (await client.chat.create("hi", model="floodgate-tiny", auto_retry=True)).text
+
+    assert anyio.run(main) == "hello" and edge.requests == 2
