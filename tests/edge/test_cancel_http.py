@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.edge.conftest import (
     BOTH_PATHS,
@@ -70,32 +71,45 @@ def test_cancel_of_a_finished_request_is_409(server: LiveServer, client: httpx.C
     assert response.json()["error"]["code"] == "request_finished"
 
 
+def _raw_chat(server: LiveServer, body: dict[str, Any]) -> tuple[tuple[str, int], bytes]:
+    """A chat request as bytes on the wire, and where to send them (a raw socket hangs up at will)."""
+    content = httpx.Request("POST", server.base_url + CHAT, json=body, headers=server.auth("paid")).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(content)}\r\n\r\n"
+    )
+    return (host, port), head.encode() + content
+
+
+def _aborted_as_a_disconnect(server: LiveServer, disconnected: float, before: Any, max_tokens: int) -> None:
+    """Hung up mid-generation: the edge must abort the sequence, not finish it."""
+    wait_until(
+        lambda: finished_requests(server, "disconnected") == disconnected + 1,
+        what="the edge to see the disconnect",
+    )
+    after = wait_for_engine_to_drop(server, before)
+    assert after.work - before.work < max_tokens
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
 def test_client_disconnect_aborts_the_generation(
-    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any], pipelined: bool
 ) -> None:
+    """Pipelined: uvicorn tells a disconnect only to a connection's latest request, there the one
+    waiting its turn behind the stream: the stream's own generation must stop too."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
-    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
-    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
-    with socket.create_connection((host, port), timeout=30) as sock:
-        head = (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        sock.sendall(head.encode() + body)
+    address, request = _raw_chat(server, long_body)
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(request * 2 if pipelined else request)
         # Hang up once a token has arrived (the first event, the role, comes before any).
         received = b""
         while received.count(b"data: {") < 2:
             data = sock.recv(65536)
             assert data, "the server closed the stream early"
             received += data
-    # Hung up mid-generation: the edge must abort the sequence, not finish it.
-    wait_until(
-        lambda: finished_requests(server, "disconnected") == disconnected + 1,
-        what="the edge to see the disconnect",
-    )
-    after = wait_for_engine_to_drop(server, before)
-    assert after.work - before.work < long_body["max_tokens"]
+    _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
 
 
 def test_client_disconnect_aborts_a_non_stream_generation(
@@ -103,49 +117,8 @@ def test_client_disconnect_aborts_a_non_stream_generation(
 ) -> None:
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
-    body = httpx.Request(
-        "POST", server.base_url + CHAT, json=long_body | {"stream": False}, headers=server.auth("paid")
-    ).read()
-    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
-
-    with socket.create_connection((host, port), timeout=30) as sock:
-        head = (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        sock.sendall(head.encode() + body)
+    address, request = _raw_chat(server, long_body | {"stream": False})
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(request)
         wait_for_engine(server, lambda r: r.running > 0, "the generation to start")
-    wait_until(
-        lambda: finished_requests(server, "disconnected") == disconnected + 1,
-        what="the edge to see the disconnect",
-    )
-    after = wait_for_engine_to_drop(server, before)
-    assert after.work - before.work < long_body["max_tokens"]
-
-
-def test_client_disconnect_aborts_a_generation_with_a_request_pipelined_behind_it(
-    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
-) -> None:
-    """uvicorn tells a disconnect only to a connection's latest request, which here is the one
-    pipelined behind the stream, waiting its turn: the stream's own generation must stop too."""
-    disconnected = finished_requests(server, "disconnected")
-    before = idle_engine(server)
-    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
-    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
-    with socket.create_connection((host, port), timeout=30) as sock:
-        head = (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        sock.sendall((head.encode() + body) * 2)
-        received = b""
-        while received.count(b"data: {") < 2:
-            data = sock.recv(65536)
-            assert data, "the server closed the stream early"
-            received += data
-    wait_until(
-        lambda: finished_requests(server, "disconnected") == disconnected + 1,
-        what="the edge to see the disconnect",
-    )
-    after = wait_for_engine_to_drop(server, before)
-    assert after.work - before.work < long_body["max_tokens"]
+    _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
