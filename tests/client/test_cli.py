@@ -62,7 +62,11 @@ def test_plain_mode_prints_the_reply_text(server: LiveServer) -> None:
     assert out.strip() and "[" in err
 
 
-def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None:
+def _interrupted_long_reply(
+    server: LiveServer, *args: str, base_url: str | None = None
+) -> tuple[list[str], int, dict[str, Any], str]:
+    """A long reply in --json mode, SIGINT once its first text has arrived: the request ids it
+    started, its exit code, its last event and its stderr."""
     proc = chat_cli(
         server,
         LONG_REPLY.prompt,
@@ -71,17 +75,27 @@ def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None
         str(LONG_REPLY.temperature),
         "--max-tokens",
         str(LONG_REPLY_TOKENS),
+        *args,
         key=server.keys["paid"],
+        base_url=base_url,
     )
     assert proc.stdout is not None
+    started = []
     for line in proc.stdout:
-        if json.loads(line)["type"] == "text_delta":
+        event = json.loads(line)
+        if event["type"] == "request_started":
+            started.append(event["request_id"])
+        if event["type"] == "text_delta":
             break
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    return started, proc.returncode, json.loads(rest.splitlines()[-1]), err
+
+
+def test_ctrl_c_cancels_the_generation_on_the_server(server: LiveServer) -> None:
+    _, returncode, finished, err = _interrupted_long_reply(server)
+    assert returncode == 130, err
     # The reply ends with the server's own final chunk saying it was cancelled.
-    finished = json.loads(rest.splitlines()[-1])
     assert finished["type"] == "finished" and finished["cancelled"] is True
     assert finished["usage"]["completion_tokens"] < LONG_REPLY_TOKENS
 
@@ -91,32 +105,11 @@ def test_ctrl_c_after_the_stream_was_reopened_cancels_the_running_request(server
     assert port is not None
     # The first connection is cut after its first event: the client reopens under a new request id.
     with flaky_proxy(port, ["cut_after_start"]) as proxy:
-        proc = chat_cli(
-            server,
-            LONG_REPLY.prompt,
-            "--json",
-            "--temperature",
-            str(LONG_REPLY.temperature),
-            "--max-tokens",
-            str(LONG_REPLY_TOKENS),
-            "--model",
-            "floodgate-tiny",
-            key=server.keys["paid"],
-            base_url=proxy.base_url,
+        started, returncode, finished, err = _interrupted_long_reply(
+            server, "--model", "floodgate-tiny", base_url=proxy.base_url
         )
-        assert proc.stdout is not None
-        started = []
-        for line in proc.stdout:
-            event = json.loads(line)
-            if event["type"] == "request_started":
-                started.append(event["request_id"])
-            if event["type"] == "text_delta":
-                break
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
     assert len(set(started)) == 2
-    assert proc.returncode == 130, err
-    finished = json.loads(rest.splitlines()[-1])
+    assert returncode == 130, err
     assert finished["type"] == "finished" and finished["cancelled"] is True, err
     assert finished["usage"]["completion_tokens"] < LONG_REPLY_TOKENS
 
