@@ -28,6 +28,7 @@ from floodgate_client.errors import (
     NotFoundError,
     RateLimitError,
     ServiceUnavailableError,
+    cancel_status,
     error_from_response,
     transport_cause,
     transport_failure,
@@ -141,9 +142,7 @@ class AsyncChat:
             response = await self._http.post(cancel_path(request_id))
         except httpx.TransportError as exc:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
-        if response.status_code != 200:
-            raise error_from_response(response.status_code, response.headers, response.content)
-        return str(response.json().get("status", ""))
+        return cancel_status(response.status_code, response.headers, response.content)
 
     async def _with_model(self, request: ChatRequest) -> ChatRequest:
         if request.model is not None:

@@ -172,3 +172,22 @@ def error_from_response(status_code: int, headers: Mapping[str, str], body: byte
         payload = {}
     cls = _BY_STATUS.get(status_code, FloodgateError)
     return cls(**error_from_json(payload, status_code=status_code, headers=headers))
+
+
+def cancel_status(status_code: int, headers: Mapping[str, str], body: bytes) -> str:
+    """The status a cancel's answer reports ("CANCELLED"). An error answer raises as its class; so does
+    a 200 that is not the edge's JSON (a proxy's or captive portal's page), which json() let escape as
+    a bare ValueError, past every `except FloodgateError`, a `with` block's exit among them."""
+    if status_code != 200:
+        raise error_from_response(status_code, headers, body)
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    status = payload.get("status") if isinstance(payload, Mapping) else None
+    if not isinstance(status, str):
+        text = body.decode("utf-8", errors="replace")[:200]
+        raise FloodgateError(
+            f"unexpected answer to a cancel: {text}", status_code=status_code, headers=headers
+        )
+    return status

@@ -14,10 +14,12 @@ from contextlib import ExitStack
 import anyio
 import pytest
 
-from floodgate_client import AsyncClient, Client, ConflictError, Finished, TextDelta
+from floodgate_client import AsyncClient, Client, ConflictError, Finished, FloodgateError, TextDelta
 from floodgate_client.async_client import AsyncChatStream
 from floodgate_client.client import ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
+from tests.client.scripted_edge import ScriptedEdge
+from tests.client.test_midstream_overload import answered
 from tests.support.live_server import LiveServer
 
 
@@ -166,3 +168,37 @@ async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server
     last = events[-1]
     assert isinstance(last, Finished) and last.cancelled
     assert sum(isinstance(event, Finished) for event in events) == 1
+
+
+PROXY_PAGE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 23\r\nconnection: close\r\n\r\n"
+    b"<html>maintenance</html>"
+)
+
+
+def test_a_cancel_answered_with_a_proxys_page_raises_floodgate_error_and_a_with_exit_swallows_it() -> None:
+    """A 200 that is not the edge's JSON (a proxy or captive portal in the way) is an error the caller
+    handles like any other; leaving a `with` block never raises it (the disconnect stops the reply)."""
+    edge = ScriptedEdge([answered("chatcmpl-a")], cancel_answer=PROXY_PAGE)
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with pytest.raises(FloodgateError) as raised:
+                client.chat.cancel("chatcmpl-a")
+            assert raised.value.status_code == 200 and "maintenance" in raised.value.message
+            with client.chat.stream("hi", model="floodgate-tiny") as stream:
+                next(event for event in stream if isinstance(event, TextDelta))
+        assert edge.cancels == 2
+
+        async def leave_async() -> None:
+            async with AsyncClient(edge.base_url, "fg-test") as aclient:
+                with pytest.raises(FloodgateError):
+                    await aclient.chat.cancel("chatcmpl-a")
+                async with aclient.chat.stream("hi", model="floodgate-tiny") as astream:
+                    async for event in astream:
+                        if isinstance(event, TextDelta):
+                            break
+
+        anyio.run(leave_async)
+        assert edge.cancels == 4
+    finally:
+        edge.close()

@@ -6,8 +6,6 @@ cannot be made to refuse a queued request at a chosen moment."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import anyio
@@ -17,6 +15,7 @@ from edge.admission.ticket import Overloaded
 from edge.pipeline import overloaded_error
 from edge.sse import DONE, ChunkEncoder, event
 from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted
+from tests.client.scripted_edge import ScriptedEdge
 
 WAIT_S = 0.2
 
@@ -30,50 +29,6 @@ def overloaded(request_id: str) -> bytes:
 def answered(request_id: str) -> bytes:
     encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
     return encoder.first() + encoder.delta("hello") + encoder.final("stop", None) + encoder.usage(3, 1) + DONE
-
-
-class ScriptedEdge:
-    """Answers each chat request with the next script (the last one repeats); counts them."""
-
-    def __init__(self, scripts: list[bytes]) -> None:
-        self.scripts = scripts
-        self.requests = 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length")
-            )
-            while len(body) < length:
-                body += conn.recv(65536)
-            if b"/cancel " in head.split(b"\r\n")[0]:
-                conn.sendall(b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
-                return
-            self.requests += 1
-            script = self.scripts[min(self.requests, len(self.scripts)) - 1]
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + script
-            )
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 @pytest.fixture
