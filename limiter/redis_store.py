@@ -27,6 +27,7 @@ Slow is not down, and a late answer is not a "no":
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from functools import partial
@@ -87,15 +88,28 @@ class _NoAnswer(Exception):
     """Redis did not answer in time or the connection broke mid-call: the script may have run."""
 
 
+def _user_prefix(user: str) -> str:
+    """`fg:{user}`: the hash tag puts all the user's keys in one Cluster slot. A name with a "}" (or
+    none) would end the tag early or leave it empty, and an empty tag makes Redis hash each key
+    whole: every script on them failed CROSSSLOT, read as the store failing for every user. Such a
+    name's tag is a digest instead, the name kept after it so that distinct names keep distinct
+    keys (a digest shared with another name's tag only shares a slot)."""
+    if user and "}" not in user:
+        return f"fg:{{{user}}}"
+    digest = hashlib.blake2b(user.encode(), digest_size=12).hexdigest()
+    return f"fg:{{#{digest}}}{user}"
+
+
 def user_keys(user: str) -> tuple[str, str, str]:
-    """The user's three keys; the {user} hash tag puts them in one Cluster slot."""
-    return f"fg:{{{user}}}:req", f"fg:{{{user}}}:tok", f"fg:{{{user}}}:conc"
+    """The user's three keys, in one Cluster slot."""
+    prefix = _user_prefix(user)
+    return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:conc"
 
 
 def record_key(user: str, request_id: str) -> str:
     """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
     once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
-    return f"fg:{{{user}}}:done:{request_id}"
+    return f"{_user_prefix(user)}:done:{request_id}"
 
 
 def _never_sent(exc: BaseException) -> bool:

@@ -26,6 +26,14 @@ class UnknownTier(ValueError):
         super().__init__(f"unknown tier {tier!r}; configured: {', '.join(sorted(tiers))}")
 
 
+class InvalidUser(ValueError):
+    """A key's user must name someone: an empty name (or one of spaces only) would pool every such
+    key's limits and usage under one nameless user."""
+
+    def __init__(self) -> None:
+        super().__init__("user must not be empty")
+
+
 @dataclass(frozen=True, slots=True)
 class Rotated:
     key: str  # the new key, in clear: shown once
@@ -66,6 +74,8 @@ class KeyLifecycle:
     async def create(
         self, user: str, tier: str, label: str = "", expires_in_s: float | None = None
     ) -> tuple[str, KeyRecord]:
+        if not user.strip():
+            raise InvalidUser()
         self._check_tier(tier)
         expires = None if expires_in_s is None else self._clock() + expires_in_s
         key, record = new_record(user, tier, label, expires)

@@ -18,7 +18,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
-from edge.keys.lifecycle import KeyNotFound, UnknownTier
+from edge.keys.lifecycle import InvalidUser, KeyNotFound, UnknownTier
 from edge.keys.record import hash_key
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
@@ -69,12 +69,12 @@ def _lifecycle_error(exc: Exception) -> ApiError:
 @post("/keys", status_code=201)
 async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
     body = _body(await request.body(), CreateKey)
-    if not body.user.strip():
-        raise invalid_request("user must not be empty.", "user")
     try:
         key, record = await runtime_of(request).key_admin.create(
             body.user, body.tier, body.label, body.expires_in_s
         )
+    except InvalidUser:
+        raise invalid_request("user must not be empty.", "user") from None
     except UnknownTier as exc:
         raise _lifecycle_error(exc) from None
     return json_response({**key_view(record), "key": key}, status_code=201)

@@ -111,6 +111,7 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
     [
         ("/v1/admin/keys", {"user": "h", "tier": "platinum"}, 400, "unknown_tier"),
         ("/v1/admin/keys", {"user": "h"}, 400, None),
+        ("/v1/admin/keys", {"user": " ", "tier": "free"}, 400, None),
         ("/v1/admin/keys", {"user": "h", "tier": "free", "colour": "red"}, 400, None),
         ("/v1/admin/keys/key_000000000000/revoke", {}, 404, "key_not_found"),
         ("/v1/admin/keys/key_000000000000/tier", {"tier": "paid"}, 404, "key_not_found"),

@@ -76,11 +76,18 @@ def test_rotate_and_set_tier(capsys: pytest.CaptureFixture[str], config: Path) -
     assert tiers[record["id"]] == "paid"
 
 
-def test_unknown_tier_and_key_are_refused(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+def test_unknown_tier_empty_user_and_unknown_key_are_refused(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
     with pytest.raises(SystemExit, match="unknown tier"):
         main(["keys", "create", "--user", "x", "--tier", "platinum", "--config", str(config)])
     with pytest.raises(SystemExit, match="no key key_nope"):
         main(["keys", "revoke", "key_nope", "--config", str(config)])
+    # A nameless user would pool every such key's limits and usage (and named no Cluster slot).
+    for user in ("", "  "):
+        with pytest.raises(SystemExit, match="user must not be empty"):
+            main(["keys", "create", "--user", user, "--tier", "free", "--config", str(config)])
+    assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
 
 
 def test_import_of_the_old_keys_file_is_one_command_and_idempotent(

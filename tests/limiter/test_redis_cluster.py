@@ -20,7 +20,7 @@ from redis.asyncio import RedisCluster
 from limiter.base import StoreUnavailable
 from limiter.factory import create_limiter
 from limiter.lease import Lease
-from limiter.redis_store import RedisLimiter, user_keys
+from limiter.redis_store import RedisLimiter, record_key, user_keys
 from limiter.resp_connection import CLIENT_NAME
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisClusterServers, RedisServer, start_redis_cluster
@@ -92,6 +92,40 @@ async def test_cluster_runs_the_scripts_and_the_counts_hold(
         assert await lease.take(200) == 100  # charged up to max_output_tokens on its node
         await lease.settle()
         assert await probe.zcard(user_keys(lease._user)[2]) == LIMIT - 1
+    finally:
+        await limiter.aclose()
+
+
+ODD_USERS = ["}acme", "}", "a}b", "{x}", "{", "", "é}"]
+
+
+async def test_any_user_name_keeps_its_keys_in_one_slot_and_the_store_up(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """A user name beginning with "}" (or empty) made an empty hash tag: Redis hashed each of its keys
+    whole, every script failed CROSSSLOT, and that counted as the store failing, so one such user
+    sent every user to the fallback (503 on a fail-closed tier) for a backoff at each request, and
+    its settle kept failing in the queue for the slot's TTL. Now each name's keys share one slot."""
+    await probe.initialize()
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    limits = tier(requests=2, request_window_s=3600, on_store_failure="closed")
+    run = uuid.uuid4().hex[:8]
+    try:
+        for name in ODD_USERS:
+            user = name + run if name else ""
+            first = await limiter.admit(user, f"{run}-1", limits, 10, 10)
+            assert first.decision.allowed and not limiter.fallback_active, user
+            assert first.lease is not None
+            assert await first.lease.take(5) == 5
+            await first.lease.settle()
+            assert (await limiter.admit(user, f"{run}-2", limits, 10, 10)).decision.allowed
+            third = await limiter.admit(user, f"{run}-3", limits, 10, 10)
+            assert not third.decision.allowed and third.decision.limit == "requests", user
+            assert not limiter.fallback_active
+            keys = (*user_keys(user), record_key(user, "r1"))
+            assert len({probe.keyslot(key) for key in keys}) == 1, (user, keys)
+        # Distinct names, distinct keys, whatever their hash tags share.
+        assert len({user_keys(name + run if name else "")[0] for name in ODD_USERS}) == len(ODD_USERS)
     finally:
         await limiter.aclose()
 
