@@ -121,6 +121,10 @@ class DirectCalls:
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
         self._reloading = asyncio.Lock()
         self._reload_slots = False
+        # Connections the server or the network ended. A Redis restarted between two calls is
+        # noticed only here: no call failed, yet it may have come back empty (redis_store.py's
+        # restore then runs before the next admit).
+        self.lost = 0
 
     @classmethod
     def for_client(
@@ -260,9 +264,13 @@ class DirectCalls:
                     db=endpoint.db,
                     timeout_s=self._connect_timeout_s,
                     answer_timeout_s=self._bound_s,
+                    on_lost=self._count_lost,
                 )
                 CONNECTIONS_OPENED.inc()
         return conn
+
+    def _count_lost(self) -> None:
+        self.lost += 1
 
     async def _node_for(self, key: str) -> Endpoint | None:
         assert isinstance(self._client, RedisCluster)

@@ -169,6 +169,11 @@ class RedisLimiter:
         # and the count the last restore covered.
         self._counted_out = 0
         self._synced_counted_out = 0
+        # The limiter's own connections lost (direct_calls.py) that the last restore covered: a
+        # Redis restarted empty between two calls failed no call, so only its lost connection says
+        # this instance's counts may be missing there. A lost connection to a Redis that kept its
+        # data costs a restore that changes nothing (restore.lua keeps the later of each count).
+        self._synced_lost = 0
         self._restoring: asyncio.Task[None] | None = None
         self._resync_lock = asyncio.Lock()
         self._health = StoreHealth(backoff_s)
@@ -516,13 +521,17 @@ class RedisLimiter:
         return granted
 
     def _in_sync(self) -> bool:
-        """Redis holds what this instance counted: no failure, no fallback "allowed" and no return
-        to the fleet since the snapshot the last restore put back."""
+        """Redis holds what this instance counted: no failure, no fallback "allowed", no return to
+        the fleet and no connection lost since the snapshot the last restore put back."""
         return (
             self._synced_at == self._health.failures
             and self._synced_fallback == self._fallback_allowed
             and self._synced_counted_out == self._counted_out
+            and self._synced_lost == self._connections_lost()
         )
+
+    def _connections_lost(self) -> int:
+        return 0 if self._direct is None else self._direct.lost
 
     async def _resync(self) -> None:
         """Put back on Redis what this instance counted while Redis failed (restore.lua), every
@@ -538,7 +547,7 @@ class RedisLimiter:
                 return
             # Read with the snapshot, in the same step: whatever comes after it needs another.
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
-            counted_out = self._counted_out
+            counted_out, lost = self._counted_out, self._connections_lost()
             calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
             for user in self._local.active_users():
                 snap = self._local.snapshot(user)
@@ -548,7 +557,7 @@ class RedisLimiter:
             if calls:
                 await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
-            self._synced_counted_out = counted_out
+            self._synced_counted_out, self._synced_lost = counted_out, lost
             log.info("limiter_restored", users=len(calls))
 
     def _settle_op(

@@ -57,7 +57,10 @@ CLIENT_NAME = "floodgate-admit"
 
 
 class RespConnection(asyncio.Protocol):
-    def __init__(self, answer_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, answer_timeout_s: float | None = None, on_lost: Callable[[], None] | None = None
+    ) -> None:
+        self._on_lost = on_lost  # told when the server (or the network) ends the connection, not we
         self._reader = hiredis.Reader()
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._sent_at: deque[float] = deque()  # monotonic time of each waiting caller's send
@@ -78,7 +81,10 @@ class RespConnection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        lost = not self.closed
         self._fail_all(lambda: RedisConnectionError(f"Connection to Redis lost: {exc!r}"))
+        if lost and self._on_lost is not None:
+            self._on_lost()
 
     def _fail_all(self, sent_error: Callable[[], Exception]) -> None:
         """Every waiting caller fails (an exception of its own each): `sent_error()` for a command
@@ -182,10 +188,12 @@ async def open_connection(
     db: int,
     timeout_s: float,
     answer_timeout_s: float | None = None,
+    on_lost: Callable[[], None] | None = None,
 ) -> RespConnection:
     """Connected (over TLS with `tls`, the server's name checked as that context says),
     authenticated, on `db` and named CLIENT_NAME (what `CLIENT LIST` shows), within `timeout_s`,
-    the set-up commands in one round trip; from then on each reply owed within `answer_timeout_s`.
+    the set-up commands in one round trip; from then on each reply owed within `answer_timeout_s`;
+    `on_lost` called if the server or the network ends it.
     Any failure is redis-py's "Error connecting" ConnectionError: nothing was sent (the limiter's
     _never_sent)."""
     setup: list[tuple[str, ...]] = []
@@ -198,7 +206,7 @@ async def open_connection(
     try:
         async with asyncio.timeout(timeout_s):
             _, conn = await asyncio.get_running_loop().create_connection(
-                lambda: RespConnection(answer_timeout_s), host, port, ssl=tls
+                lambda: RespConnection(answer_timeout_s, on_lost), host, port, ssl=tls
             )
             replies = await asyncio.gather(*(conn.send(pack_command(*words)) for words in setup))
             if errors := [r for r in replies if isinstance(r, Exception)]:

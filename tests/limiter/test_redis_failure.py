@@ -261,3 +261,41 @@ async def test_the_restore_after_an_outage_puts_back_what_this_instance_counted_
         await store.aclose()
         if restarted is not None:
             restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_redis_restarted_empty_between_two_calls_gets_back_what_this_instance_counted(
+    own_redis_server: RedisServer,
+) -> None:
+    """No call was on the wire when Redis went (a quick restart, a quiet moment): its loss was never a
+    failed call, so no restore ran, and the restarted, empty Redis handed back a spent budget and
+    forgot the running requests' slots. A connection lost under the limiter now means the next admit
+    restores first."""
+    limits = tier(requests=3, request_window_s=3600, concurrent=3)
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, backoff_s=0)
+    user = f"u-{uuid.uuid4().hex}"
+    restarted = None
+    failures_before = _all_failures()
+    try:
+        running = [(await store.admit(user, f"r{i}", limits, 1, 0)).lease for i in range(2)]
+        ended = (await store.admit(user, "r2", limits, 1, 0)).lease
+        assert ended is not None and all(lease is not None for lease in running)
+        await ended.settle()
+        assert (await store.admit(user, "r3", limits, 1, 0)).decision.limit == "requests"
+        own_redis_server.kill()
+        # Restarted while the loop runs (it sees the connection go), and nothing calls meanwhile.
+        restarted = await asyncio.to_thread(start_redis, own_redis_server.port)
+        after = [(await store.admit(user, f"a{i}", limits, 1, 0)).decision for i in range(2)]
+        assert not store.fallback_active and _all_failures() == failures_before
+        assert [d.allowed for d in after] == [False, False], after
+        assert after[0].limit == "requests" and after[0].remaining_requests == 0
+        probe = Redis.from_url(restarted.url)
+        try:
+            # The two running requests hold their slots on the restarted Redis too.
+            assert await probe.zcard(user_keys(user)[2]) == 2
+        finally:
+            await probe.aclose()
+    finally:
+        await store.aclose()
+        if restarted is not None:
+            restarted.kill()
