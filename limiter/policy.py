@@ -2,8 +2,8 @@
 
 Requests and tokens both use GCRA (the generic cell rate algorithm, a token bucket stored as one
 number: the theoretical arrival time, TAT). A limit of L per window W becomes an emission interval
-I = ceil(W / L) and a capacity of L: a cost of c moves the TAT forward by c * I, and is allowed
-when the new TAT lies no further than L * I ahead of now.
+I = W / L: a cost of c moves the TAT forward by its span, c * I rounded up to a whole microsecond,
+and is allowed when the new TAT lies no further than W ahead of now.
 
 Why GCRA and not fixed windows or a sliding-window counter:
 - No double burst at a window edge. A fixed window hands back the whole quota at the boundary, so
@@ -21,11 +21,17 @@ Concurrency is a per-user set of live request ids, each with its own expiry (a l
 every charge refreshes), so a slot held by a dead edge instance frees itself.
 
 All times are integer microseconds and every quantity stays below 2**53, so Lua's doubles and
-Python's ints compute identical results.
+Python's ints compute identical results. The interval alone is a double, W / L, and the two
+computations that use it (a span, the room left) are the same IEEE operations in the same order on
+both sides (limiter/scripts/gcra.lua), so they agree too. It was rounded up to a whole microsecond
+once per tier, which costs nothing at usual rates but held fast ones far under their setting: 40M
+tokens a minute (1.5 µs a token) enforced as 30M, 150M as 60M. Now a span is rounded once per
+charge, a microsecond at most, over a cost of many tokens.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from limiter.base import Decision, LimitName, TierLimits
@@ -35,28 +41,35 @@ MICROS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """A tier's limits as the integers the algorithm works on."""
+    """A tier's limits as the integers the algorithm works on: each budget's capacity per window."""
 
-    request_interval_us: int
+    request_window_us: int
     request_capacity: int
-    token_interval_us: int
+    token_window_us: int
     token_capacity: int
     max_concurrent: int
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def rates_for(tier: TierLimits) -> Rates:
-    # Rounding the interval up keeps the rate at or under the configured one.
     return Rates(
-        request_interval_us=max(1, ceil_div(round(tier.request_window_s * MICROS), tier.requests_per_window)),
+        request_window_us=round(tier.request_window_s * MICROS),
         request_capacity=tier.requests_per_window,
-        token_interval_us=max(1, ceil_div(round(tier.token_window_s * MICROS), tier.tokens_per_window)),
+        token_window_us=round(tier.token_window_s * MICROS),
         token_capacity=tier.tokens_per_window,
         max_concurrent=tier.max_concurrent,
     )
+
+
+# A span a hair over a whole microsecond is that microsecond (a cost of the whole capacity spans
+# exactly the window, whatever the double's last bit), and the room a hair under a unit is that
+# unit. Far above the doubles' rounding error on any window (1e-5 µs on a day's), far below a unit.
+_SPAN_SLACK_US = 0.001
+_ROOM_SLACK = 0.000001
+
+
+def span_us(cost: int, window_us: int, capacity: int) -> int:
+    """How far `cost` units move the TAT: cost * (window / capacity), rounded up (gcra.lua's span)."""
+    return math.ceil(cost * (window_us / capacity) - _SPAN_SLACK_US)
 
 
 @dataclass(slots=True)
@@ -81,15 +94,14 @@ class Gcra:
     wait_us: int
 
 
-def gcra(tat_us: int, now_us: int, interval_us: int, capacity: int, cost: int) -> Gcra:
-    base = max(tat_us, now_us)
-    new_tat = base + cost * interval_us
-    allowed_until = now_us + capacity * interval_us
-    return Gcra(new_tat, max(0, new_tat - allowed_until))
+def gcra(tat_us: int, now_us: int, window_us: int, capacity: int, cost: int) -> Gcra:
+    new_tat = max(tat_us, now_us) + span_us(cost, window_us, capacity)
+    return Gcra(new_tat, max(0, new_tat - (now_us + window_us)))
 
 
-def remaining(tat_us: int, now_us: int, interval_us: int, capacity: int) -> int:
-    return (now_us + capacity * interval_us - max(tat_us, now_us)) // interval_us
+def remaining(tat_us: int, now_us: int, window_us: int, capacity: int) -> int:
+    """The units the budget holds now (gcra.lua's room)."""
+    return math.floor((now_us + window_us - max(tat_us, now_us)) / (window_us / capacity) + _ROOM_SLACK)
 
 
 def reset_us(tat_us: int, now_us: int) -> int:
@@ -130,11 +142,11 @@ def admit(
     prune_expired(state.leases, now_us)
     if request_id in state.leases:
         return _decision(state, rates, now_us, None, 0, 0, 0)
-    requests = gcra(state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity, 1)
+    requests = gcra(state.request_tat_us, now_us, rates.request_window_us, rates.request_capacity, 1)
     tokens = gcra(
         state.token_tat_us,
         now_us,
-        rates.token_interval_us,
+        rates.token_window_us,
         rates.token_capacity,
         input_tokens + lease_tokens,
     )
@@ -181,11 +193,11 @@ def _decision(
         retry_after_ms=ceil_ms(wait_us),
         limit_requests=rates.request_capacity,
         remaining_requests=remaining(
-            state.request_tat_us, now_us, rates.request_interval_us, rates.request_capacity
+            state.request_tat_us, now_us, rates.request_window_us, rates.request_capacity
         ),
         reset_requests_ms=ceil_ms(reset_us(state.request_tat_us, now_us)),
         limit_tokens=rates.token_capacity,
-        remaining_tokens=remaining(state.token_tat_us, now_us, rates.token_interval_us, rates.token_capacity),
+        remaining_tokens=remaining(state.token_tat_us, now_us, rates.token_window_us, rates.token_capacity),
         reset_tokens_ms=ceil_ms(reset_us(state.token_tat_us, now_us)),
         request_wait_ms=ceil_ms(request_wait_us) if limit else 0,
         token_wait_ms=ceil_ms(token_wait_us) if limit else 0,
@@ -196,10 +208,10 @@ def charge(state: UserState, rates: Rates, now_us: int, request_id: str, want: i
     """Extend a running request's output lease by up to `want` tokens: all of it when the budget
     covers it, else what the budget still holds (0: the generation must stop). Refreshes the
     request's slot expiry if it still holds one. Mutates `state`; returns the tokens granted."""
-    available = max(0, remaining(state.token_tat_us, now_us, rates.token_interval_us, rates.token_capacity))
+    available = max(0, remaining(state.token_tat_us, now_us, rates.token_window_us, rates.token_capacity))
     granted = min(want, available)
     if granted > 0:
-        state.token_tat_us = max(state.token_tat_us, now_us) + granted * rates.token_interval_us
+        state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, granted)
     if request_id in state.leases:
         state.leases[request_id] = now_us + lease_ttl_us
     return granted
@@ -214,9 +226,9 @@ def settle(
     if state.leases.pop(request_id, None) is None:
         return False
     if refund_tokens > 0:
-        state.token_tat_us = max(state.token_tat_us - refund_tokens * rates.token_interval_us, now_us)
+        state.token_tat_us = max(state.token_tat_us - _token_span(rates, refund_tokens), now_us)
     if refund_request:
-        state.request_tat_us = max(state.request_tat_us - rates.request_interval_us, now_us)
+        state.request_tat_us = max(state.request_tat_us - _request_span(rates), now_us)
     return True
 
 
@@ -226,8 +238,8 @@ def record_admitted(
     """Count a request the shared store admitted (or may have admitted) into this state, whatever
     its limits say: the local state then continues from what this instance really let through,
     so a fallback to it never starts from zero. Mutates `state`."""
-    state.request_tat_us = max(state.request_tat_us, now_us) + rates.request_interval_us
-    state.token_tat_us = max(state.token_tat_us, now_us) + cost_tokens * rates.token_interval_us
+    state.request_tat_us = max(state.request_tat_us, now_us) + _request_span(rates)
+    state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, cost_tokens)
     state.leases[request_id] = now_us + lease_ttl_us
 
 
@@ -236,9 +248,17 @@ def record_charged(
 ) -> None:
     """Count tokens the shared store granted to a running request (see record_admitted)."""
     if granted > 0:
-        state.token_tat_us = max(state.token_tat_us, now_us) + granted * rates.token_interval_us
+        state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, granted)
     if request_id in state.leases:
         state.leases[request_id] = now_us + lease_ttl_us
+
+
+def _token_span(rates: Rates, tokens: int) -> int:
+    return span_us(tokens, rates.token_window_us, rates.token_capacity)
+
+
+def _request_span(rates: Rates) -> int:
+    return span_us(1, rates.request_window_us, rates.request_capacity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -387,9 +387,9 @@ class RedisLimiter:
         args = (
             self._now_arg(),
             request_id,
-            rates.request_interval_us,
+            rates.request_window_us,
             rates.request_capacity,
-            rates.token_interval_us,
+            rates.token_window_us,
             rates.token_capacity,
             rates.max_concurrent,
             input_tokens,
@@ -504,7 +504,7 @@ class RedisLimiter:
         args = (
             self._now_arg(),
             request_id,
-            rates.token_interval_us,
+            rates.token_window_us,
             rates.token_capacity,
             want,
             self._lease_ttl_us,
@@ -567,11 +567,13 @@ class RedisLimiter:
         args = (
             self._now_arg(),
             request_id,
-            rates.token_interval_us,
+            rates.token_window_us,
             refund,
-            rates.request_interval_us,
+            rates.request_window_us,
             int(refund_request),
             self._lease_ttl_us,
+            rates.token_capacity,
+            rates.request_capacity,
         )
         keys = (*user_keys(user), record_key(user, request_id))
         # Retried until the slot would have expired on Redis by itself (its last refresh was at

@@ -1,5 +1,6 @@
-"""The Lua scripts Redis runs: one atomic step each (admit, charge, settle), each prefixed with
-clock.lua (the shared clock and key-expiry margin): Redis scripts cannot import one another."""
+"""The Lua scripts Redis runs: one atomic step each (admit, charge, settle, restore), each prefixed
+with clock.lua (the shared clock and key-expiry margin) and gcra.lua (the algorithm's arithmetic):
+Redis scripts cannot import one another."""
 
 from __future__ import annotations
 
@@ -8,4 +9,4 @@ from importlib.resources import files
 
 def script_text(name: str) -> str:
     scripts = files(__package__)
-    return scripts.joinpath("clock.lua").read_text() + scripts.joinpath(f"{name}.lua").read_text()
+    return "".join(scripts.joinpath(part).read_text() for part in ("clock.lua", "gcra.lua", f"{name}.lua"))

@@ -7,7 +7,7 @@
 -- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag:
 --       one Cluster slot)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
---       request_id, request_interval_us, request_capacity, token_interval_us, token_capacity,
+--       request_id, request_window_us, request_capacity, token_window_us, token_capacity,
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us,
 --       departed holders (space-separated request-id prefixes, all of one length, of the edge
 --       instances that stopped beating, edge/membership/; usually ''). A request id starts with
@@ -22,9 +22,9 @@
 --          the caller lowers a concurrency wait to its estimate and picks the binding limit again)
 
 local request_id = ARGV[2]
-local request_interval = tonumber(ARGV[3])
+local request_window = tonumber(ARGV[3])
 local request_capacity = tonumber(ARGV[4])
-local token_interval = tonumber(ARGV[5])
+local token_window = tonumber(ARGV[5])
 local token_capacity = tonumber(ARGV[6])
 local max_concurrent = tonumber(ARGV[7])
 local cost_tokens = tonumber(ARGV[8]) + tonumber(ARGV[9])
@@ -35,14 +35,9 @@ local function ceil_ms(us)
 end
 
 -- The TAT if `cost` is allowed, and how long until it would be (0: allowed now).
-local function gcra(tat, interval, capacity, cost)
-  local new_tat = math.max(tat, now) + cost * interval
-  local allowed_until = now + capacity * interval
-  return new_tat, math.max(0, new_tat - allowed_until)
-end
-
-local function remaining(tat, interval, capacity)
-  return math.floor((now + capacity * interval - math.max(tat, now)) / interval)
+local function gcra(tat, window, capacity, cost)
+  local new_tat = math.max(tat, now) + span(cost, window, capacity)
+  return new_tat, math.max(0, new_tat - (now + window))
 end
 
 local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
@@ -53,9 +48,9 @@ local function reply(allowed, limit, wait, request_wait, token_wait)
     allowed,
     limit,
     ceil_ms(wait),
-    remaining(request_tat, request_interval, request_capacity),
+    room(request_tat, request_window, request_capacity),
     ceil_ms(math.max(request_tat, now) - now),
-    remaining(token_tat, token_interval, token_capacity),
+    room(token_tat, token_window, token_capacity),
     ceil_ms(math.max(token_tat, now) - now),
     ceil_ms(request_wait),
     ceil_ms(token_wait),
@@ -70,8 +65,8 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   return reply(0, 0, 0, 0, 0)
 end
 
-local new_request_tat, request_wait = gcra(request_tat, request_interval, request_capacity, 1)
-local new_token_tat, token_wait = gcra(token_tat, token_interval, token_capacity, cost_tokens)
+local new_request_tat, request_wait = gcra(request_tat, request_window, request_capacity, 1)
+local new_token_tat, token_wait = gcra(token_tat, token_window, token_capacity, cost_tokens)
 
 local held = redis.call('ZCARD', KEYS[3])
 if held >= max_concurrent and ARGV[11] ~= '' then

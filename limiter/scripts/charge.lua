@@ -1,21 +1,21 @@
 -- Extend a running request's output lease, atomically. Mirrors limiter/policy.py:charge.
 -- KEYS: tokens TAT, concurrency set (one {user} hash tag)
--- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us,
+-- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_window_us,
 --       token_capacity, want, lease_ttl_us
 -- Returns: the tokens granted: want when the budget covers it, else what it still holds (0: stop).
 
 local request_id = ARGV[2]
-local token_interval = tonumber(ARGV[3])
+local token_window = tonumber(ARGV[3])
 local token_capacity = tonumber(ARGV[4])
 local want = tonumber(ARGV[5])
 local lease_ttl = tonumber(ARGV[6])
 
 local tat = tonumber(redis.call('GET', KEYS[1])) or 0
 local base = math.max(tat, now)
-local available = math.max(0, math.floor((now + token_capacity * token_interval - base) / token_interval))
+local available = math.max(0, room(tat, token_window, token_capacity))
 local granted = math.min(want, available)
 if granted > 0 then
-  tat = base + granted * token_interval
+  tat = base + span(granted, token_window, token_capacity)
   redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
 -- Only a slot still held is refreshed: a settled or expired request does not get one back.

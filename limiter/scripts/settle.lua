@@ -6,13 +6,15 @@
 -- "finished"; and it reports whether the record said 'cancelled' before: the fleet's cancel
 -- (edge/cancel/bus.py) marks a running request so, and its stream must then end cancelled.
 -- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag)
--- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_interval_us, refund_tokens,
---       request_interval_us, refund_request (0/1), lease_ttl_us
+-- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_window_us, refund_tokens,
+--       request_window_us, refund_request (0/1), lease_ttl_us, token_capacity, request_capacity
 -- Returns: {1 when this call removed the slot else 0, 1 when a cancel had marked the record else 0}.
 
-local token_interval = tonumber(ARGV[3])
+local token_window = tonumber(ARGV[3])
 local refund = tonumber(ARGV[4])
-local request_interval = tonumber(ARGV[5])
+local request_window = tonumber(ARGV[5])
+local token_capacity = tonumber(ARGV[8])
+local request_capacity = tonumber(ARGV[9])
 
 local function move_back(key, by)
   local tat = tonumber(redis.call('GET', key)) or 0
@@ -29,9 +31,9 @@ if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 then
   return {0, cancelled}
 end
 if refund > 0 then
-  move_back(KEYS[2], refund * token_interval)
+  move_back(KEYS[2], span(refund, token_window, token_capacity))
 end
 if ARGV[6] == '1' then
-  move_back(KEYS[1], request_interval)
+  move_back(KEYS[1], span(1, request_window, request_capacity))
 end
 return {1, cancelled}

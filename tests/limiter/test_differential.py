@@ -36,6 +36,8 @@ TIERS = [
     tier(requests=4, request_window_s=4, tokens=40, token_window_s=4, concurrent=2),
     # Concurrency never binds: bursts reach the exact request and token capacity.
     tier(requests=3, request_window_s=3, tokens=100, token_window_s=10, concurrent=100),
+    # Intervals no whole number of microseconds (333,333.3 and 8,571.43): spans rounded per charge.
+    tier(requests=3, request_window_s=1, tokens=700, token_window_s=6, concurrent=3),
 ]
 
 
@@ -106,3 +108,32 @@ async def _assert_same_state(store: RedisLimiter, twin: MemoryLimiter, users: li
         assert {r: e for r, e in stored_leases.items() if e > now_us} == {
             r: e for r, e in state.leases.items() if e > now_us
         }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tokens_per_minute", [7_000_000, 40_000_000, 150_000_000, 1_000_003])
+async def test_a_fast_tier_is_enforced_at_its_setting(
+    redis_server: RedisServer, tokens_per_minute: int
+) -> None:
+    """The whole budget spent at once is whole again one window later, on both sides, and not
+    sooner. With the interval rounded up to a whole microsecond a token, 40M tokens a minute
+    (1.5 µs) was held to 30M: the second minute's budget came 20 s late."""
+    now_us = START_US
+    limits = tier(tokens=tokens_per_minute, token_window_s=60, max_tokens=0)
+    twin = MemoryLimiter(lambda: now_us / policy.MICROS)
+    store = RedisLimiter.from_url(redis_server.url, timeout_ms=5000, now_override_us=lambda: now_us)
+    user = f"fast-{uuid.uuid4().hex}"
+    try:
+        for limiter in (twin, store):
+            now_us = START_US
+            first = (await limiter.admit(user, "r1", limits, tokens_per_minute, 0)).decision
+            assert first.allowed and first.remaining_tokens == 0
+            assert first.reset_tokens_ms == 60_000
+            now_us += 60 * policy.MICROS - 1000
+            early = (await limiter.admit(user, "r2", limits, tokens_per_minute, 0)).decision
+            assert not early.allowed and early.limit == "tokens" and early.retry_after_ms == 1
+            now_us += 1000
+            again = (await limiter.admit(user, "r3", limits, tokens_per_minute, 0)).decision
+            assert again.allowed, (type(limiter).__name__, again)
+    finally:
+        await store.aclose()

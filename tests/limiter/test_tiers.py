@@ -23,6 +23,11 @@ def test_each_of_n_instances_enforces_a_share_never_below_one() -> None:
     assert (share.requests_per_window, share.tokens_per_window, share.max_concurrent) == (6, 13333, 1)
     # Each share refills at exactly 1/3 of the tier's rate, whatever the burst's rounding (20 // 3).
     whole, third = rates_for(free), rates_for(share)
-    assert third.request_interval_us == pytest.approx(3 * whole.request_interval_us, abs=3)
-    assert third.token_interval_us == pytest.approx(3 * whole.token_interval_us, abs=3)
+    interval = lambda window, capacity: window / capacity  # noqa: E731
+    assert interval(third.request_window_us, third.request_capacity) == pytest.approx(
+        3 * interval(whole.request_window_us, whole.request_capacity), abs=3
+    )
+    assert interval(third.token_window_us, third.token_capacity) == pytest.approx(
+        3 * interval(whole.token_window_us, whole.token_capacity), abs=3
+    )
     assert per_instance(free, 1) is free

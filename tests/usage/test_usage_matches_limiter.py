@@ -63,7 +63,7 @@ def _charged(limiter: MemoryLimiter, user: str, tier: str) -> int:
     if state is None:
         return 0
     left = policy.remaining(
-        state.token_tat_us, limiter._now_us(), rates.token_interval_us, rates.token_capacity
+        state.token_tat_us, limiter._now_us(), rates.token_window_us, rates.token_capacity
     )
     return rates.token_capacity - left
 
