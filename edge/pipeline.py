@@ -165,11 +165,18 @@ class Pipeline:
         # The model's context first: a client that trims its history on context_length_exceeded
         # must get that code for a prompt too long for both.
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
-        if weighted(len(prompt_ids), self.config.token_weight) > tier.tokens_per_window:
-            # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies.
+        counted = weighted(len(prompt_ids), self.config.token_weight)
+        if counted > tier.tokens_per_window:
+            # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies. On a
+            # weighted model, what it counts as: the budget is in weighted tokens.
+            weight = self.config.token_weight
+            as_counted = (
+                "" if counted == len(prompt_ids) else f", {counted} tokens at this model's weight {weight:g}"
+            )
             raise invalid_request(
-                f"The messages are {len(prompt_ids)} tokens, more than your tier's whole token budget "
-                f"({tier.tokens_per_window} tokens per {tier.token_window_s:g}s). Please shorten them.",
+                f"The messages are {len(prompt_ids)} tokens{as_counted}, more than your tier's whole "
+                f"token budget ({tier.tokens_per_window} tokens per {tier.token_window_s:g}s). "
+                "Please shorten them.",
                 "messages",
                 code="tokens_exceed_budget",
             )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,3 +94,17 @@ def test_the_edge_charges_the_large_models_tokens_twice_and_records_them_once(re
         heavy["usage"]["prompt_tokens"],
         heavy["usage"]["completion_tokens"],
     )
+
+
+def test_a_prompt_over_the_whole_budget_at_its_models_weight_says_what_it_counts_as(
+    redis_edge: LiveServer,
+) -> None:
+    """The message compared real tokens with the weighted budget: 600 tokens "more than" a budget
+    of 1,000 read as a wrong sum. It now says what the prompt counts as on this model."""
+    body = {"model": LARGE, "messages": [{"role": "user", "content": "word " * 560}], "max_tokens": 1}
+    refused = httpx.post(redis_edge.base_url + CHAT, json=body, headers=redis_edge.auth("free"), timeout=60.0)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "tokens_exceed_budget"
+    real, counted = (int(n) for n in re.findall(r"(\d+) tokens", error["message"])[:2])
+    assert 500 < real <= 1000 < counted == 2 * real, error["message"]
