@@ -253,7 +253,7 @@ class Dispatcher:
         return candidates(members, ticket, self._charge(ticket), exclude, self._reserve, alive_only=True)
 
     def _reject(self, reason: OverloadReason, retry_after_s: float) -> Overloaded:
-        metrics.REJECTED.labels(reason).inc()
+        child(metrics.REJECTED, self.model, reason).inc()
         self._turned_away += 1
         return Overloaded(reason, retry_after_s)
 

@@ -24,8 +24,8 @@ REPLICA_UTILISATION = Gauge(
 )
 REJECTED = Counter(
     "floodgate_queue_rejected_total",
-    "Requests the admission queue turned away (429), by reason.",
-    ["reason"],
+    "Requests a model's admission queue turned away (429, or 503 no_replica), by reason.",
+    ["model", "reason"],
 )
 QUEUE_DEPTH_PER_REPLICA = Gauge(
     "floodgate_queue_depth_per_replica",

@@ -27,7 +27,11 @@ RESOLVE_FAILURES = Counter(
     "floodgate_replica_discovery_failures_total",
     "Replica discovery rounds that failed (the replicas found before were kept).",
 )
-DISCOVERED = Gauge("floodgate_replicas_discovered", "Replicas the last successful discovery round found.")
+# `group`: the Auto Scaling group (one per served model, iac/): an edge serving several models
+# discovers each model's replicas on its own.
+DISCOVERED = Gauge(
+    "floodgate_replicas_discovered", "Replicas the last successful discovery round found.", ["group"]
+)
 
 
 class ReplicaMembership(Protocol):
@@ -45,8 +49,10 @@ class ReplicaDiscovery:
         make_upstream: Callable[[str], Upstream],
         *,
         interval_s: float,
+        group: str = "",
     ) -> None:
         self._resolve = resolve
+        self._found = DISCOVERED.labels(group)
         self._make_upstream = make_upstream
         self._interval_s = interval_s
         self.upstreams = DiscoveredUpstreams(self)
@@ -61,7 +67,7 @@ class ReplicaDiscovery:
             RESOLVE_FAILURES.inc()
             log.warning("replica_discovery_failed", error=str(exc), kept=len(self._by_spec))
             return False
-        DISCOVERED.set(len(specs))
+        self._found.set(len(specs))
         for spec in [s for s in self._by_spec if s not in specs]:
             await self._drop(spec)
         for spec in sorted(specs - self._by_spec.keys()):

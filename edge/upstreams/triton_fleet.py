@@ -39,7 +39,10 @@ async def discovered_triton_upstreams(
     """The group's replicas now, kept current; the app's dispatcher watches them (see app.py)."""
     resolver = await anyio.to_thread.run_sync(asg_resolver, spec, settings.upstream.region)
     discovery = ReplicaDiscovery(
-        resolver.replica_specs, make_upstream, interval_s=settings.upstream.discovery_interval_s
+        resolver.replica_specs,
+        make_upstream,
+        interval_s=settings.upstream.discovery_interval_s,
+        group=resolver.spec.group,
     )
     # A failure here is logged and counted: the edge starts with no replica and keeps looking.
     await discovery.refresh()

@@ -21,23 +21,32 @@ async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
     make_dispatcher: MakeDispatcher,
 ) -> None:
     replica = ControlledUpstream("metrics-r1", kv_tokens_total=1000, max_sequences=2)
-    async with make_dispatcher([replica], max_queue=3) as dispatcher:
+    async with make_dispatcher([replica], max_queue=3, model="metrics-model") as dispatcher:
         flow = Flow(dispatcher)
-        waits_before = sample("floodgate_queue_wait_seconds_count", model="", tier="metrics-tier")
-        rejected_before = sample("floodgate_queue_rejected_total", reason="queue_full")
+        waits_before = sample(
+            "floodgate_queue_wait_seconds_count", model="metrics-model", tier="metrics-tier"
+        )
+        # Which model's queue turned a request away (an edge serving several has a queue each).
+        rejected_before = sample("floodgate_queue_rejected_total", model="metrics-model", reason="queue_full")
         for i in range(5):
             flow.submit(ticket(f"u{i}", kv_tokens=250, tier="metrics-tier"))
         await flow.settle()
 
-        assert sample("floodgate_queue_depth", model="", tier="metrics-tier") == 3
-        assert sample("floodgate_queue_depth_per_replica", model="") == 3.0
+        assert sample("floodgate_queue_depth", model="metrics-model", tier="metrics-tier") == 3
+        assert sample("floodgate_queue_depth_per_replica", model="metrics-model") == 3.0
         assert sample("floodgate_replica_kv_utilisation", replica="metrics-r1") == 0.5
-        assert sample("floodgate_queue_wait_seconds_count", model="", tier="metrics-tier") == waits_before + 2
+        assert (
+            sample("floodgate_queue_wait_seconds_count", model="metrics-model", tier="metrics-tier")
+            == waits_before + 2
+        )
         with pytest.raises(Overloaded):
             dispatcher.precheck(ticket("late", tier="metrics-tier"))
-        assert sample("floodgate_queue_rejected_total", reason="queue_full") == rejected_before + 1
+        assert (
+            sample("floodgate_queue_rejected_total", model="metrics-model", reason="queue_full")
+            == rejected_before + 1
+        )
         await flow.aclose()
-        assert sample("floodgate_queue_depth", model="", tier="metrics-tier") == 0
+        assert sample("floodgate_queue_depth", model="metrics-model", tier="metrics-tier") == 0
 
 
 @pytest.mark.anyio

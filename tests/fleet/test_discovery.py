@@ -58,8 +58,12 @@ async def _dispatcher(upstreams: list[Upstream]) -> AsyncIterator[Dispatcher]:
 
 @pytest.mark.anyio
 async def test_the_dispatcher_follows_the_groups_instances(gpu_group: GpuGroup) -> None:
-    discovery = ReplicaDiscovery(_resolver(gpu_group).replica_specs, _replica, interval_s=0.05)
+    discovery = ReplicaDiscovery(
+        _resolver(gpu_group).replica_specs, _replica, interval_s=0.05, group=gpu_group.name
+    )
     assert await discovery.refresh()
+    # Per group: an edge serving several models discovers each model's group.
+    assert REGISTRY.get_sample_value("floodgate_replicas_discovered", {"group": gpu_group.name}) == 2
     async with _dispatcher(discovery.upstreams) as dispatcher, discovery.watch(dispatcher):
         assert sorted(dispatcher.upstream_names()) == _names(gpu_group)
         assert len(_names(gpu_group)) == 2
