@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.client.live import LONG_REPLIES, LONG_REPLY_TOKENS
+from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer
 
@@ -212,3 +212,63 @@ def test_the_model_field_offers_the_models_the_key_may_use(page: Page, page_serv
     expect(options).to_have_count(len(expected), timeout=WAIT_MS)
     assert [options.nth(i).get_attribute("value") for i in range(len(expected))] == expected
     assert page.input_value("#model") == "typed-by-hand"
+
+
+TYPED = "A long question I typed carefully"
+STREAMING = "() => document.getElementById('status-state').dataset.state === 'streaming'"
+
+
+def chat_posts(page: Page) -> list[str]:
+    """The chat requests the page sends from now on (their bodies), as they go out."""
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.post_data or "") if r.url.endswith(CHAT) else None)
+    return posts
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"), [("", "enter your API key first"), ("fg-not-a-real-key", "HTTP 401")]
+)
+def test_a_message_the_page_cannot_send_stays_in_the_box_with_the_reason(
+    page: Page, key: str, reason: str
+) -> None:
+    """No key yet, or a mistyped one with the model field empty (the model list is refused): the
+    page sends nothing, and the typed text must not go with it."""
+    posts = chat_posts(page)
+    page.fill("#api-key", key)
+    page.fill("#prompt", TYPED)
+    page.press("#prompt", "Enter")
+    state = page.locator("#status-state")
+    expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+    expect(state).to_contain_text(reason)
+    expect(page.locator("#prompt")).to_have_value(TYPED)
+    expect(page.locator("#transcript .msg")).to_have_count(0)
+    assert posts == []
+
+
+def test_enter_while_a_reply_streams_keeps_the_next_message_for_later(
+    page: Page, page_server: LiveServer
+) -> None:
+    """Enter calls requestSubmit(), which a disabled Send button does not stop: the page must hold
+    the next message back itself, in the box, and send it once asked after the reply."""
+    posts = chat_posts(page)
+    send(page, page_server.keys["paid"], LONG_REPLY.prompt, LONG_REPLY_TOKENS, LONG_REPLY.temperature)
+    assert still_streaming(page, STREAMING)
+    page.fill("#prompt", TYPED)
+    page.press("#prompt", "Enter")
+    expect(page.locator("#prompt")).to_have_value(TYPED)
+    page.click("#stop")
+    expect(page.locator("#status-state")).to_have_attribute(
+        "data-state", re.compile("stopped|done"), timeout=WAIT_MS
+    )
+    expect(page.locator("#prompt")).to_have_value(TYPED)
+    assert len(posts) == 1
+    # Now it goes (in a new chat: the long reply, if it ran to its end, fills the model's context).
+    page.click("#new-chat")
+    page.fill("#max-tokens", "4")
+    page.press("#prompt", "Enter")
+    expect(page.locator("#status-state")).to_have_attribute(
+        "data-state", re.compile("stopped|done"), timeout=WAIT_MS
+    )
+    expect(page.locator("#transcript .msg.user")).to_have_text([TYPED])
+    expect(page.locator("#prompt")).to_have_value("")
+    assert len(posts) == 2 and TYPED in posts[1]
