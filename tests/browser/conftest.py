@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
+from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from tests.client.live import OVERRIDES
 from tests.support.live_server import LiveServer, start_server
 
@@ -26,9 +27,23 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output"
 
-# The free user gets one request a minute here, so a second send is surely refused (the 429 view).
+# Two models, as the embedded default serves them: paid keys default to LARGE, which free keys may
+# not use (a 404 model_not_found for them). The free user gets one request a minute here, so a
+# second send is surely refused (the 429 view). The admin API moves a key to another tier.
+SMALL, LARGE = "floodgate-tiny", "floodgate-large"
+ADMIN_KEY = new_secret(ADMIN_KEY_PREFIX)
 BROWSER_OVERRIDES: dict[str, Any] = {
-    "tiers": {**OVERRIDES["tiers"], "free": {**OVERRIDES["tiers"]["free"], "request_window_s": 60.0}}
+    "models": {SMALL: {"source": "demo"}, LARGE: {"source": "demo"}},
+    "tiers": {
+        "paid": {**OVERRIDES["tiers"]["paid"], "models": [LARGE, SMALL], "default_model": LARGE},
+        "free": {
+            **OVERRIDES["tiers"]["free"],
+            "request_window_s": 60.0,
+            "models": [SMALL],
+            "default_model": SMALL,
+        },
+    },
+    "keys": {"admin_key_sha256": hash_key(ADMIN_KEY)},
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer
@@ -19,6 +21,7 @@ WAIT_MS = 30_000
 # The page has no seed field: only the greedy recipes are repeatable from it.
 GREEDY_LONG_REPLIES = [recipe for recipe in LONG_REPLIES if recipe.temperature == 0.0]
 TOKENS_PER_S = re.compile(r"^\d+(\.\d+)? tok/s$")
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 REPLY_LENGTH = (
     "() => { const r = document.querySelectorAll('#transcript .msg.assistant'); "
     "return r.length ? r[r.length - 1].textContent.length : 0; }"
@@ -272,3 +275,54 @@ def test_enter_while_a_reply_streams_keeps_the_next_message_for_later(
     expect(page.locator("#transcript .msg.user")).to_have_text([TYPED])
     expect(page.locator("#prompt")).to_have_value("")
     assert len(posts) == 2 and TYPED in posts[1]
+
+
+def turn(page: Page, selector: str = "#send") -> str:
+    """Click (Send), wait for the chat request it makes and for the turn to end: the status then."""
+    with page.expect_response(lambda r: r.url.endswith(CHAT), timeout=WAIT_MS):
+        page.click(selector)
+    state = page.locator("#status-state")
+    running = re.compile("queued|streaming|stopping")
+    expect(state).not_to_have_attribute("data-state", running, timeout=WAIT_MS)
+    return state.text_content() or ""
+
+
+def test_each_key_gets_its_own_default_model_when_the_field_is_left_empty(
+    page: Page, page_server: LiveServer
+) -> None:
+    """The paid key's default (LARGE) is one the free tier may not use: it must not stay behind for
+    the next key, whose own models the drop-down offers."""
+    posts = chat_posts(page)
+    page.fill("#max-tokens", "4")
+    page.fill("#api-key", page_server.keys["paid"])
+    page.fill("#prompt", "hi")
+    assert turn(page).startswith("done")
+    page.fill("#api-key", page_server.keys["free2"])
+    page.press("#api-key", "Tab")  # the key's change event
+    expect(page.locator("#models option")).to_have_count(1, timeout=WAIT_MS)
+    page.fill("#prompt", "hi again")
+    assert turn(page).startswith("done")
+    assert [json.loads(body)["model"] for body in posts] == [LARGE, SMALL]
+    assert page.input_value("#model") == ""
+
+
+def test_a_key_moved_to_another_tier_gets_its_new_default_model(page: Page, page_server: LiveServer) -> None:
+    """The page keeps the key's model list; a 404 model_not_found (the tier no longer has the model
+    it picked) must make it list them again, or every send fails the same way."""
+    admin = httpx.Client(base_url=page_server.base_url, headers=ADMIN, timeout=10.0)
+    made = admin.post("/v1/admin/keys", json={"user": "mover", "tier": "paid"})
+    assert made.status_code == 201, made.text
+    posts = chat_posts(page)
+    page.fill("#max-tokens", "4")
+    page.fill("#api-key", made.json()["key"])
+    page.fill("#prompt", "hi")
+    assert turn(page).startswith("done")
+    moved = admin.post(f"/v1/admin/keys/{made.json()['id']}/tier", json={"tier": "free"})
+    assert moved.status_code == 200, moved.text
+    page.fill("#prompt", "hi again")
+    # The list the page had says LARGE: it learns of the change here, and gives the text back.
+    assert "HTTP 404" in turn(page)
+    expect(page.locator("#prompt")).to_have_value("hi again")
+    expect(page.locator("#models option")).to_have_count(1, timeout=WAIT_MS)  # the free tier's
+    assert turn(page).startswith("done")
+    assert [json.loads(body)["model"] for body in posts] == [LARGE, LARGE, SMALL]
