@@ -5,9 +5,9 @@
 #   2. checkov over iac/: zero failed checks (each deliberate exception is a #checkov:skip beside
 #      its resource, with the reason);
 #   3. terraform init + validate of the example environment, and `terraform test` (mocked AWS
-#      provider, no account) of every module with a tests/ folder, only where a local provider
-#      mirror exists (TF_PROVIDER_MIRROR, default /opt/tf-plugins): providers cannot be downloaded
-#      here. Without the mirror the script says so on a line starting "iac-checks: SKIPPED" (and
+#      provider, no account) of every module and environment with a tests/ folder, only where a
+#      local provider mirror exists (TF_PROVIDER_MIRROR, default /opt/tf-plugins): providers cannot
+#      be downloaded here. Without the mirror the script says so on a line starting "iac-checks: SKIPPED" (and
 #      tests/iac reports the test as skipped, never passed).
 # checkov pins heavy dependencies, so it lives in its own venv, created on first use.
 set -euo pipefail
@@ -73,9 +73,10 @@ if [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
     "$terraform" init -backend=false -input=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
     "$terraform" validate -no-color
   )
-  for tests in "$work"/iac/modules/*/tests; do
+  for tests in "$work"/iac/modules/*/tests "$work"/iac/envs/*/tests; do
+    [[ -d $tests ]] || continue
     mod=$(dirname "$tests")
-    echo "iac-checks: terraform test iac/modules/$(basename "$mod")"
+    echo "iac-checks: terraform test ${mod#"$work"/}"
     (
       cd "$mod"
       "$terraform" init -backend=false -input=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }

@@ -4,10 +4,12 @@ that did not run is reported as not run, never as passed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +59,33 @@ def init(binary: str, config_dir: Path, home: Path) -> dict[str, str]:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return env
+
+
+def planned_runs(
+    binary: str, config_dir: Path, env: dict[str, str], *files: str
+) -> dict[str, dict[str, Any]]:
+    """`terraform test` of `files` (under config_dir, mocked providers): each run block's plan, as
+    `terraform show -json` gives it (`-verbose` puts it in the JSON output), by run name. The runs'
+    own assertions must pass."""
+    done = subprocess.run(
+        [binary, "test", "-json", "-verbose", "-no-color", *(f"-filter={f}" for f in files)],
+        cwd=config_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    messages = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    problems = [
+        f"{m['@message']}: {m['diagnostic'].get('detail', '')}" for m in messages if m["type"] == "diagnostic"
+    ]
+    assert done.returncode == 0, "\n".join(problems) or done.stderr[-3000:]
+    return {m["@testrun"]: m["test_plan"] for m in messages if m["type"] == "test_plan"}
+
+
+def planned(plan: dict[str, Any], address: str) -> dict[str, Any]:
+    """The planned values of the resource at `address` (module path included)."""
+    for change in plan["resource_changes"]:
+        if change["address"] == address:
+            return dict(change["change"]["after"])
+    raise KeyError(f"{address} is not in the plan")

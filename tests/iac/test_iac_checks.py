@@ -1,6 +1,6 @@
 """scripts/iac-checks.sh: terraform fmt, checkov with zero failed checks, and, where the AWS provider
-mirror exists, terraform validate and `terraform test` (mocked provider) of every module with tests.
-The first run on a machine installs checkov into .venv-checkov (about a minute)."""
+mirror exists, terraform validate and `terraform test` (mocked provider) of every module and
+environment with tests. The first run on a machine installs checkov into .venv-checkov (about a minute)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def test_terraform_test_ran_on_every_module_with_tests(checks: subprocess.Comple
     if not has_mirror():
         assert "iac-checks: SKIPPED terraform validate and terraform test" in checks.stdout
         pytest.skip("NOT RUN: terraform test needs the AWS provider mirror (see iac-checks output)")
-    modules = sorted(p.parent.name for p in (REPO / "iac" / "modules").glob("*/tests"))
+    modules = sorted(str(p.parent.relative_to(REPO)) for p in (REPO / "iac").glob("*/*/tests"))
 
-    assert modules, "no module has terraform tests"
+    assert "iac/envs/example" in modules and "iac/modules/gpu_pool" in modules, modules
     for name in modules:
-        assert f"iac-checks: terraform test iac/modules/{name}" in checks.stdout
+        assert f"iac-checks: terraform test {name}" in checks.stdout
     assert checks.stdout.count("Success!") >= len(modules)
     assert "iac-checks: terraform tests passed" in checks.stdout

@@ -4,7 +4,12 @@ locals {
   account_id    = data.aws_caller_identity.current.account_id
   bucket_suffix = "${local.account_id}-${var.region}"
   # Named here, not read from the pools: the edge needs them and the pools need the edge's group.
-  gpu_groups = { for model in keys(var.models) : model => "${var.name}-gpu-${model}" }
+  # AWS names take fewer characters than model names (a lifecycle hook's only [A-Za-z0-9-_/], and
+  # the group names its hooks), so the group is named from the model's name with every other
+  # character made a '-': "llama-3.1-8b" runs on "floodgate-gpu-llama-3-1-8b". The model keeps its
+  # own name everywhere else: the edge's settings, the scaling metric's Model dimension, the tags.
+  # var.models refuses two names that would share a group.
+  gpu_groups = { for model in keys(var.models) : model => "${var.name}-gpu-${replace(model, "/[^A-Za-z0-9_-]/", "-")}" }
   # The edge's [models.NAME]: each model's replicas are the in-service hosts of its own GPU group.
   edge_models = {
     for model, spec in var.models : model => {

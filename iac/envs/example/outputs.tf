@@ -37,3 +37,15 @@ output "keys_table" {
   description = "DynamoDB table of API keys and usage: name it in the settings file `floodgate keys` uses ([keys] backend = \"dynamodb\")."
   value       = module.keys.name
 }
+
+output "tier_models" {
+  description = "Tier => the models it may use, its default first (tiers not named may use every model)."
+  value       = var.tier_models
+
+  # The edge refuses a tier naming a model it does not serve, and every task would crash-loop: here
+  # the plan fails instead (var.tier_models cannot read var.models in a validation before 1.9).
+  precondition {
+    condition     = alltrue([for models in values(var.tier_models) : alltrue([for model in models : contains(keys(var.models), model)])])
+    error_message = "tier_models names a model that is not in var.models."
+  }
+}

@@ -43,7 +43,7 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models: each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own). token_weight: what each of its tokens counts against a user's token limit."
+  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own). token_weight: what each of its tokens counts against a user's token limit."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
@@ -64,6 +64,20 @@ variable "models" {
       warm_pool_min_size = 2
       demand_target      = 0.8
     }
+  }
+
+  # The edge refuses a served model's name that is empty or has a '/' (it is one segment of
+  # /v1/models/{id}): every task would crash-loop on its settings.
+  validation {
+    condition     = alltrue([for model in keys(var.models) : model != "" && !strcontains(model, "/")])
+    error_message = "A model's name must be non-empty and have no '/': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
+  }
+
+  # Each model's GPU group is named from its name with every character but [A-Za-z0-9_-] made a '-'
+  # (main.tf, local.gpu_groups): two names that differ only there would share one group.
+  validation {
+    condition     = length(distinct([for model in keys(var.models) : replace(model, "/[^A-Za-z0-9_-]/", "-")])) == length(var.models)
+    error_message = "Two model names differ only in characters other than letters, digits, '-' and '_' (e.g. \"llama-3.1-8b\" and \"llama-3-1-8b\"): their GPU groups would have the same name. Rename one."
   }
 }
 
@@ -123,5 +137,14 @@ variable "tier_models" {
   validation {
     condition     = alltrue([for models in values(var.tier_models) : length(models) > 0])
     error_message = "Each tier in tier_models needs at least one model."
+  }
+
+  # The edge defines its tiers' limits (edge/defaults.toml [tiers.*]); a tier it does not define
+  # would reach it without them and be refused at start, every task crash-looping. That the models
+  # are among var.models is checked by the tier_models output (a validation here may only read this
+  # variable before Terraform 1.9).
+  validation {
+    condition     = alltrue([for tier in keys(var.tier_models) : contains(["free", "paid"], tier)])
+    error_message = "tier_models may only name the tiers the edge defines: free, paid (edge/defaults.toml [tiers.*])."
   }
 }

@@ -1,6 +1,13 @@
 variable "group_name" {
   description = "Name of the Auto Scaling group (the edge finds its replicas by it); also prefixes the pool's other resources."
   type        = string
+
+  # It names the lifecycle hooks ("<group>-ready", AWS allows [A-Za-z0-9-_/] there) and the hosts'
+  # IAM role ("<group>-host", at most 64 characters of [A-Za-z0-9+=,.@_-]): only what both take.
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_-]{1,59}$", var.group_name))
+    error_message = "group_name must be 1 to 59 letters, digits, '-' or '_' (it names the group's lifecycle hooks and, with \"-host\", its IAM role): make a model's name safe for AWS before naming its group after it."
+  }
 }
 
 variable "model" {

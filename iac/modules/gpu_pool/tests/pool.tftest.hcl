@@ -109,3 +109,15 @@ run "pool_hooks_user_data_and_scaling" {
     error_message = "demand with no host wanted must start one (target tracking cannot leave zero)"
   }
 }
+
+# A dot (usual in model names: llama-3.1-8b) is not allowed in a lifecycle hook's name, which the
+# group's name makes: refused at plan, not by the Auto Scaling API half-way through an apply.
+run "a_group_name_aws_cannot_take" {
+  command = plan
+
+  variables {
+    group_name = "fg-gpu-llama-3.1-8b"
+  }
+
+  expect_failures = [var.group_name]
+}

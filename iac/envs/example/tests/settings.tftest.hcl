@@ -1,0 +1,48 @@
+# The example environment planned against a mocked AWS provider (tests/mocks, no account), with
+# models named the way Llama 3.1 and Qwen2.5 are, with a dot. tests/iac/test_example_plan.py reads
+# this plan (`terraform test -json -verbose`) and loads the edge settings it renders with the edge's
+# own start script and loader, and checks every AWS name against the API's own pattern.
+
+mock_provider "aws" {
+  override_during = plan
+  source          = "./tests/mocks"
+}
+
+variables {
+  domain_name      = "api.example.com"
+  route53_zone_id  = "Z0123"
+  edge_image_tag   = "1"
+  triton_image_tag = "1"
+  models = {
+    "llama-3.1-8b" = {
+      instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3.1-8b/l40s/", min_size = 1,
+      max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8, edge_model_dir = "/opt/floodgate/model-8b"
+    }
+    "qwen2.5-72b" = {
+      instance_type = "p5.48xlarge", engine_prefix = "engines/qwen2.5-72b/h100x8/", min_size = 1,
+      max_size      = 4, warm_pool_min_size = 1, demand_target = 0.8, edge_model_dir = "/opt/floodgate/model-72b",
+      token_weight  = 4
+    }
+  }
+  # Every tier the edge defines (edge/defaults.toml).
+  tier_models = { free = ["llama-3.1-8b"], paid = ["qwen2.5-72b", "llama-3.1-8b"] }
+}
+
+run "dotted_model_names" {
+  command = plan
+
+  # AWS names allow no dot in a lifecycle hook's name: the group (which names the hooks) uses the
+  # model's name with the dot made a dash.
+  assert {
+    condition = output.gpu_autoscaling_groups == {
+      "llama-3.1-8b" = "floodgate-gpu-llama-3-1-8b"
+      "qwen2.5-72b"  = "floodgate-gpu-qwen2-5-72b"
+    }
+    error_message = "each model's GPU group is named from its name made safe for AWS (no dot)"
+  }
+
+  assert {
+    condition     = output.tier_models == var.tier_models
+    error_message = "the tiers keep the models' real names"
+  }
+}

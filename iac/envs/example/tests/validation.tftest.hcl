@@ -1,0 +1,68 @@
+# What the example environment refuses when it plans (mocked AWS provider, tests/mocks): settings
+# the edge would refuse at start (every task crash-looping) and names AWS cannot take.
+
+mock_provider "aws" {
+  override_during = plan
+  source          = "./tests/mocks"
+}
+
+variables {
+  domain_name      = "api.example.com"
+  route53_zone_id  = "Z0123"
+  edge_image_tag   = "1"
+  triton_image_tag = "1"
+}
+
+run "a_tier_the_edge_does_not_define" {
+  command = plan
+
+  variables {
+    tier_models = { enterprise = ["llama-3-8b"] }
+  }
+
+  expect_failures = [var.tier_models]
+}
+
+run "a_tier_naming_a_model_not_served" {
+  command = plan
+
+  variables {
+    tier_models = { free = ["llama-3-70b"] }
+  }
+
+  expect_failures = [output.tier_models]
+}
+
+run "a_model_name_with_a_slash" {
+  command = plan
+
+  variables {
+    models = {
+      "meta/llama-3-8b" = {
+        instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3-8b/l40s/", min_size = 1,
+        max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
+
+run "two_model_names_one_gpu_group" {
+  command = plan
+
+  variables {
+    models = {
+      "llama-3.1-8b" = {
+        instance_type      = "g6e.xlarge", engine_prefix = "engines/a/", min_size = 1, max_size = 8,
+        warm_pool_min_size = 2, demand_target = 0.8, edge_model_dir = "/opt/floodgate/a"
+      }
+      "llama-3-1-8b" = {
+        instance_type      = "g6e.xlarge", engine_prefix = "engines/b/", min_size = 1, max_size = 8,
+        warm_pool_min_size = 2, demand_target = 0.8, edge_model_dir = "/opt/floodgate/b"
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}

@@ -1,0 +1,120 @@
+"""The example environment as `terraform test` plans it (iac/envs/example/tests, mocked AWS provider,
+no account): what that plan would deploy, checked against the real consumers. The edge settings it
+renders go through the task's start script (scripts/edge-start.sh) and the edge's own loader, as a
+task starts; the names it gives AWS resources are matched against the AWS APIs' own patterns
+(botocore's service models)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+import pytest
+
+from edge.config import DEFAULTS_PATH, Settings, load_settings
+from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
+
+# iac/envs/example/tests/settings.tftest.hcl: two models named with a dot, as Llama 3.1 and Qwen2.5 are.
+DOTTED = ("llama-3.1-8b", "qwen2.5-72b")
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    binary = require_mirror()
+    work = tmp_path_factory.mktemp("example-plan")
+    shutil.copytree(REPO / "iac", work / "iac")
+    example = work / "iac" / "envs" / "example"
+    env = init(binary, example, work)
+    return planned_runs(binary, example, env, "tests/settings.tftest.hcl")
+
+
+def edge_settings(plan: dict[str, Any], run_dir: Path) -> Settings:
+    """The settings an edge task of this plan starts with: its start script writes them from the
+    task definition's environment (the Redis token spliced in), and `floodgate serve` loads them."""
+    task = planned(plan, "module.edge.aws_ecs_task_definition.edge")
+    (container,) = json.loads(task["container_definitions"])
+    environment = {e["name"]: e["value"] for e in container["environment"]}
+    bin_dir = run_dir / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "floodgate").write_text('#!/bin/sh\necho "started: $*"\n')
+    (bin_dir / "floodgate").chmod(0o755)
+    started = subprocess.run(
+        ["sh", str(REPO / "scripts" / "edge-start.sh")],
+        env={
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "FLOODGATE_RUN_DIR": str(run_dir),
+            "FLOODGATE_CONFIG_TOML": environment["FLOODGATE_CONFIG_TOML"],
+            "REDIS_AUTH_TOKEN": "tok3n",
+            "FLOODGATE_KEYS_JSONL": "",
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == f"started: serve --config {run_dir}/config.toml"
+    return load_settings(run_dir / "config.toml")
+
+
+def api_pattern(service: str, shape: str, member: str) -> tuple[str, int]:
+    """A name's pattern and longest length in an AWS API (botocore's service model)."""
+    model = botocore.session.get_session().get_service_model(service)
+    metadata = model.shape_for(shape).members[member].metadata
+    return metadata["pattern"], metadata["max"]
+
+
+def test_dotted_model_names_load_in_the_edge_under_their_own_names(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    plan = plans["dotted_model_names"]
+
+    settings = edge_settings(plan, tmp_path)
+
+    assert set(settings.models) == set(DOTTED)
+    for model in DOTTED:
+        group = planned(plan, f'module.gpu_pool["{model}"].aws_autoscaling_group.gpu')["name"]
+        # The edge finds the model's replicas in the group this plan creates for it.
+        assert settings.models[model].triton == f"asg:{group}:8000:8002"
+    assert settings.models["qwen2.5-72b"].token_weight == 4
+    assert settings.models["llama-3.1-8b"].path == "/opt/floodgate/model-8b"
+    # Every tier the edge defines, each with the models the plan gives it.
+    edge_tiers = tomllib.loads(DEFAULTS_PATH.read_text())["tiers"]
+    assert {t: settings.tiers[t].models for t in edge_tiers} == {
+        "free": ("llama-3.1-8b",),
+        "paid": ("qwen2.5-72b", "llama-3.1-8b"),
+    }
+    assert settings.tiers["paid"].default_model == "qwen2.5-72b"
+
+
+def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:
+    plan = plans["dotted_model_names"]
+    hook_pattern, hook_max = api_pattern("autoscaling", "LifecycleHookSpecification", "LifecycleHookName")
+    role_pattern, role_max = api_pattern("iam", "CreateRoleRequest", "RoleName")
+    log_pattern, log_max = api_pattern("logs", "CreateLogGroupRequest", "logGroupName")
+
+    for model in DOTTED:
+        pool = f'module.gpu_pool["{model}"]'
+        group = planned(plan, f"{pool}.aws_autoscaling_group.gpu")
+        hooks = [h["name"] for h in group["initial_lifecycle_hook"]]
+        hooks.append(planned(plan, f"{pool}.aws_autoscaling_lifecycle_hook.drain")["name"])
+        role = planned(plan, f"{pool}.aws_iam_role.gpu")["name"]
+        log_group = planned(plan, f"{pool}.aws_cloudwatch_log_group.triton")["name"]
+        for name, pattern, longest in (
+            *((hook, hook_pattern, hook_max) for hook in hooks),
+            (role, role_pattern, role_max),
+            (log_group, log_pattern, log_max),
+        ):
+            assert re.fullmatch(pattern, name) and len(name) <= longest, (name, pattern)
+        # Clients, the scaling metric and the hosts' tag keep the model's own name.
+        assert {"key": "Model", "value": model, "propagate_at_launch": True} in group["tag"]
+        dimension = planned(plan, f"{pool}.aws_cloudwatch_metric_alarm.demand_surge")["metric_query"]
+        assert {model} == {
+            value for query in dimension for m in query["metric"] for value in m["dimensions"].values()
+        }
