@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import botocore.session
+import msgspec
 import pytest
 
 from edge.config import DEFAULTS_PATH, Settings, load_settings
+from edge.server import bind_listeners
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
 
 # iac/envs/example/tests/settings.tftest.hcl: two models named with a dot, as Llama 3.1 and Qwen2.5 are.
@@ -118,3 +120,37 @@ def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, An
         assert {model} == {
             value for query in dimension for m in query["metric"] for value in m["dimensions"].values()
         }
+
+
+def test_operators_reach_the_ops_listener_from_the_scrapers_group_only(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    plan = plans["a_metrics_scraper"]
+
+    settings = edge_settings(plan, tmp_path)
+    ingress = planned(plan, "module.edge.aws_security_group.edge")["ingress"]
+    task = planned(plan, "module.edge.aws_ecs_task_definition.edge")
+    (container,) = json.loads(task["container_definitions"])
+
+    ops_port = settings.server.ops_port
+    # The edge listens for operators on every interface of the task, on the port the task declares
+    # and its security group opens to the scraper's group alone (no address range).
+    assert settings.server.ops_host == "0.0.0.0"
+    assert {"containerPort": ops_port, "protocol": "tcp"} in container["portMappings"]
+    (rule,) = [r for r in ingress if r["from_port"] == ops_port]
+    assert (rule["to_port"], rule["security_groups"]) == (ops_port, ["sg-0prometheus"])
+    assert not rule["cidr_blocks"]
+    # Nothing else opens: the public port to the load balancer only.
+    assert [r["from_port"] for r in ingress] == sorted([settings.server.port, ops_port])
+    # And the edge binds that listener where a packet from another host arrives (not loopback).
+    listeners = bind_listeners(msgspec.structs.replace(settings.server, port=0, ops_port=0))
+    try:
+        assert listeners.ops.getsockname()[0] == "0.0.0.0"
+    finally:
+        listeners.close()
+
+
+def test_without_a_scraper_the_ops_port_stays_closed(plans: dict[str, dict[str, Any]]) -> None:
+    ingress = planned(plans["dotted_model_names"], "module.edge.aws_security_group.edge")["ingress"]
+
+    assert [(r["from_port"], r["to_port"]) for r in ingress] == [(8000, 8000)]

@@ -230,7 +230,7 @@ _RENDER_VALUES = (
     'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
     'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
     'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1", '
-    "http_keep_alive_s = 3605}"
+    "http_keep_alive_s = 3605, ops_port = 9464}"
 )
 
 

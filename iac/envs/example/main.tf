@@ -118,6 +118,8 @@ module "edge" {
   messages_table_arn    = module.messages.arn
   metric_namespace      = module.scaling_metric.namespace
   kms_key_arn           = module.kms.key_arn
+  # Operators scrape /metrics on the tasks' operator port from these groups (none: unreachable).
+  metrics_scraper_security_group_ids = var.metrics_scraper_security_group_ids
   # The edge serves every model, each from its own GPU group, to the tiers tier_models names.
   config_toml = templatefile("${path.module}/edge.toml.tftpl", {
     models         = local.edge_models
@@ -130,6 +132,8 @@ module "edge" {
     region         = var.region
     # Above the ALB's idle timeout, so the ALB, not the edge, closes an idle connection between them.
     http_keep_alive_s = module.alb.idle_timeout_s + 5
+    # The operator listener, on the port the task declares and its security group opens.
+    ops_port = module.edge.ops_port
   })
 }
 

@@ -49,3 +49,8 @@ output "tier_models" {
     error_message = "tier_models names a model that is not in var.models."
   }
 }
+
+output "edge_ops_port" {
+  description = "The edge tasks' operator port (/metrics, /v1/internal/engine): reachable at each task's private IP from metrics_scraper_security_group_ids only."
+  value       = module.edge.ops_port
+}

@@ -148,3 +148,9 @@ variable "tier_models" {
     error_message = "tier_models may only name the tiers the edge defines: free, paid (edge/defaults.toml [tiers.*])."
   }
 }
+
+variable "metrics_scraper_security_group_ids" {
+  description = "Security groups in the VPC (a Prometheus, a bastion) that may reach the edge tasks' operator endpoints, /metrics and /v1/internal/engine, on the edge's ops_port (output edge_ops_port). Empty: no rule, none may."
+  type        = list(string)
+  default     = []
+}

@@ -105,8 +105,9 @@ resource "aws_acm_certificate_validation" "this" {
 }
 
 # Only the public API reaches the edge. Everything else (the operator endpoints /metrics,
-# /v1/internal/*, /v1/admin/*, and any path not listed) gets a 404 from the load balancer itself;
-# operators reach those from inside the VPC.
+# /v1/internal/*, /v1/admin/*, and any path not listed) gets a 404 from the load balancer itself.
+# Operators reach /metrics and /v1/internal/engine from inside the VPC, on the tasks' operator port,
+# from the security groups the example's metrics_scraper_security_group_ids names (edge_service).
 resource "aws_lb_listener" "https" {
   load_balancer_arn = aws_lb.this.arn
   port              = 443

@@ -31,6 +31,20 @@ resource "aws_security_group" "edge" {
     security_groups = [var.alb_security_group_id]
   }
 
+  # The operator listener (/metrics, /v1/internal/engine) from the groups named for it, inside the
+  # VPC; no rule at all when none is. (Inline like the rest: a separate rule resource beside inline
+  # rules would be removed by them at the next apply.)
+  dynamic "ingress" {
+    for_each = length(var.metrics_scraper_security_group_ids) > 0 ? [var.metrics_scraper_security_group_ids] : []
+    content {
+      description     = "Operator endpoints (/metrics) from the scrapers"
+      from_port       = var.ops_port
+      to_port         = var.ops_port
+      protocol        = "tcp"
+      security_groups = ingress.value
+    }
+  }
+
   egress {
     description = "Redis"
     from_port   = 6379
@@ -103,9 +117,13 @@ resource "aws_ecs_task_definition" "edge" {
       readonlyRootFilesystem = true
       # scripts/edge-start.sh in the image: writes the settings (with the Redis token spliced in)
       # and the keys file into the task volume, refuses to start without keys, execs the server.
-      command      = ["floodgate-start"]
-      stopTimeout  = var.stop_timeout_s
-      portMappings = [{ containerPort = var.container_port, protocol = "tcp" }]
+      command     = ["floodgate-start"]
+      stopTimeout = var.stop_timeout_s
+      # The public API (the load balancer's target) and the operator listener ([server] ops_port).
+      portMappings = [
+        { containerPort = var.container_port, protocol = "tcp" },
+        { containerPort = var.ops_port, protocol = "tcp" },
+      ]
       # Two sockets per stream through Triton (the client's, the replica's): Fargate's default,
       # said here so it is not lost; the edge holds max_open_streams to it (edge/open_files.py).
       ulimits     = [{ name = "nofile", softLimit = 65535, hardLimit = 65535 }]

@@ -22,3 +22,8 @@ output "task_role_arn" {
   description = "Role the edge's code runs as."
   value       = aws_iam_role.task.arn
 }
+
+output "ops_port" {
+  description = "Port of the edge's operator listener (/metrics, /v1/internal/engine); the settings must bind it ([server] ops_port)."
+  value       = var.ops_port
+}

@@ -39,6 +39,18 @@ variable "container_port" {
   default     = 8000
 }
 
+variable "ops_port" {
+  description = "Port of the edge's operator listener ([server] ops_port: /metrics, /v1/internal/engine), which the load balancer never reaches."
+  type        = number
+  default     = 9464
+}
+
+variable "metrics_scraper_security_group_ids" {
+  description = "Security groups (a Prometheus, an operator's bastion) the tasks admit on ops_port; empty: none, the operator listener is unreachable from outside the task."
+  type        = list(string)
+  default     = []
+}
+
 variable "cpu" {
   description = "Task CPU units (1024 = 1 vCPU). Tokenising and detokenising make the edge CPU-bound."
   type        = number

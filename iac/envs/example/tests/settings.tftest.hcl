@@ -46,3 +46,17 @@ run "dotted_model_names" {
     error_message = "the tiers keep the models' real names"
   }
 }
+
+# Operators' Prometheus (its own security group) scrapes /metrics on the tasks' operator port.
+run "a_metrics_scraper" {
+  command = plan
+
+  variables {
+    metrics_scraper_security_group_ids = ["sg-0prometheus"]
+  }
+
+  assert {
+    condition     = output.edge_ops_port == 9464
+    error_message = "the operator listener's port is the edge module's"
+  }
+}

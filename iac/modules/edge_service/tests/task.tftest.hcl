@@ -56,3 +56,40 @@ run "start_script_volume_and_stop_timeout" {
     error_message = "a stopping task gets Fargate's longest stop timeout for the edge's drain"
   }
 }
+
+# The operator listener (/metrics, /v1/internal/engine on ops_port) is reachable inside the VPC only
+# from the security groups named for it: none by default, so no rule.
+run "no_operator_access_unless_asked" {
+  command = plan
+
+  assert {
+    condition     = [for rule in aws_security_group.edge.ingress : rule.from_port] == [8000]
+    error_message = "without metrics_scraper_security_group_ids only the load balancer reaches the tasks"
+  }
+
+  assert {
+    condition     = contains([for m in jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].portMappings : m.containerPort], 9464)
+    error_message = "the task declares the operator port beside the public one"
+  }
+}
+
+run "a_scraper_reaches_the_operator_port" {
+  command = plan
+
+  variables {
+    metrics_scraper_security_group_ids = ["sg-0prometheus"]
+  }
+
+  assert {
+    condition = one([
+      for rule in aws_security_group.edge.ingress : rule.to_port == 9464 && rule.security_groups == toset(["sg-0prometheus"]) && length(coalesce(rule.cidr_blocks, [])) == 0
+      if rule.from_port == 9464
+    ])
+    error_message = "the operator port admits the scraper's security group, and no address range"
+  }
+
+  assert {
+    condition     = [for rule in aws_security_group.edge.ingress : rule.security_groups if rule.from_port == 8000] == [toset(["sg-alb"])]
+    error_message = "the public port still admits the load balancer only"
+  }
+}
