@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
+from tokenizers import Tokenizer
 
+from edge.config import Settings
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
 from tests.client.live import OVERRIDES
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer, demo_model_dir, start_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -51,6 +56,62 @@ BROWSER_OVERRIDES: dict[str, Any] = {
 def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with start_server(tmp_path_factory.mktemp("edge-page"), overrides=BROWSER_OVERRIDES) as live:
         yield live
+
+
+class PacedReplica:
+    """A replica that writes a token every PACE_S, as a real model does under load, until its
+    max_new_tokens or until the edge closes the stream. The demo engine answers a whole long reply
+    in about a second: too soon for streams to hold the browser's connections while a test looks."""
+
+    PACE_S = 0.02
+    name = "paced-0"
+
+    def __init__(self) -> None:
+        tokenizer = Tokenizer.from_file(str(demo_model_dir() / "tokenizer.json"))
+        self.text_ids = tokenizer.encode(" Once upon a time a dragon slept, and dreamt.").ids
+        self.running = 0  # streams generating now
+        self.cut = 0  # streams the edge closed before their end (a cancel or a disconnect)
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        return self._generate(req)
+
+    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        self.running += 1
+        last = req.max_new_tokens - 1
+        try:
+            for k in range(req.max_new_tokens):
+                await asyncio.sleep(self.PACE_S)
+                yield Delta([self.text_ids[k % len(self.text_ids)]], "length" if k == last else None)
+        except (GeneratorExit, asyncio.CancelledError):  # closed, or its consumer cancelled
+            self.cut += 1
+            raise
+        finally:
+            self.running -= 1
+
+    async def capacity(self) -> Capacity:
+        return Capacity(1_000_000, 0, 64, self.running, 0, 16)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="package")
+def paced_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, PacedReplica]]:
+    """An edge whose one replica is a PacedReplica."""
+    replica = PacedReplica()
+
+    def provider(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            yield [replica]
+
+        return provide()
+
+    with start_server(tmp_path_factory.mktemp("edge-paced"), OVERRIDES, provider) as live:
+        yield live, replica
 
 
 @pytest.fixture(scope="package")

@@ -1,4 +1,5 @@
-"""The playground page in headless Chromium against a real edge: streaming, Stop, escaping, 429s."""
+"""The playground page in headless Chromium against a real edge: streaming, Stop, escaping, 429s,
+each key's default model, the typed text kept until it is sent."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL
+from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
-from tests.edge.sse_client import CHAT, MODEL
+from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
@@ -326,3 +327,40 @@ def test_a_key_moved_to_another_tier_gets_its_new_default_model(page: Page, page
     expect(page.locator("#models option")).to_have_count(1, timeout=WAIT_MS)  # the free tier's
     assert turn(page).startswith("done")
     assert [json.loads(body)["model"] for body in posts] == [LARGE, LARGE, SMALL]
+
+
+def test_stop_drops_the_stream_within_its_grace_when_the_cancel_cannot_go_out(
+    browser: Browser, paced_server: tuple[LiveServer, PacedReplica]
+) -> None:
+    """Six tabs streaming at once from one edge over HTTP/1.1 hold all six connections Chromium
+    opens to a host: a Stop's cancel request waits for a free one, which only dropping the stream
+    frees. The page must drop it within STOP_GRACE_MS, and the edge then stops generating it."""
+    server, replica = paced_server
+    context = browser.new_context()
+    try:
+        tabs = []
+        for i in range(6):
+            tab = context.new_page()
+            tab.goto(server.base_url + "/")
+            send(tab, server.keys["paid"], f"Tell me a long story, number {i}.", LONG_REPLY_TOKENS)
+            expect(tab.locator("#status-state")).to_have_attribute("data-state", "streaming", timeout=WAIT_MS)
+            tabs.append(tab)
+        assert replica.running == 6
+        tab = tabs[-1]
+        grace_ms = int(tab.evaluate("STOP_GRACE_MS"))
+        asked: list[str] = []
+        answered: list[int] = []
+        tab.on("request", lambda r: asked.append(r.method) if r.url.endswith("/cancel") else None)
+        tab.on("response", lambda r: answered.append(r.status) if r.url.endswith("/cancel") else None)
+        tab.click("#stop")
+        # Two seconds' slack for a busy machine; before the fix it stayed "stopping…" until another
+        # tab's stream ended (here in 38 s).
+        state = tab.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "stopped", timeout=grace_ms + 2000)
+        wait_until(lambda: replica.cut == 1, what="the edge to stop generating the stopped reply")
+        assert replica.running == 5  # the other tabs stream on
+        # The premise held: the cancel was asked for and never got through; the hang-up did.
+        assert (asked, answered) == (["POST"], [])
+    finally:
+        context.close()
+    wait_until(lambda: replica.running == 0, what="the edge to see the tabs go")
