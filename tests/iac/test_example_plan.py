@@ -154,3 +154,20 @@ def test_without_a_scraper_the_ops_port_stays_closed(plans: dict[str, dict[str, 
     ingress = planned(plans["dotted_model_names"], "module.edge.aws_security_group.edge")["ingress"]
 
     assert [(r["from_port"], r["to_port"]) for r in ingress] == [(8000, 8000)]
+
+
+def test_gpu_root_volumes_are_sized_per_model_and_provisioned_to_read_the_engine(
+    plans: dict[str, dict[str, Any]],
+) -> None:
+    plan = plans["dotted_model_names"]
+    sizes = {"llama-3.1-8b": 200, "qwen2.5-72b": 400}  # the default, and the model's root_volume_gb
+
+    for model, size in sizes.items():
+        template = planned(plan, f'module.gpu_pool["{model}"].aws_launch_template.gpu')
+        (mapping,) = template["block_device_mappings"]
+        (ebs,) = mapping["ebs"]
+        assert (ebs["volume_type"], ebs["volume_size"]) == ("gp3", size)
+        # A warm host re-reads its whole engine from this volume: a 70 GB engine takes 9 minutes at
+        # gp3's baseline 125 MiB/s, about 70 s at 1000 MiB/s, which needs 4000 IOPS (0.25 MiB/s each).
+        assert (ebs["throughput"], ebs["iops"]) == (1000, 6000)
+        assert ebs["throughput"] <= ebs["iops"] / 4 and ebs["iops"] <= 500 * size

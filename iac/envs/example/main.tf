@@ -158,6 +158,11 @@ module "gpu_pool" {
   engine_s3_uri          = "s3://${module.engines.bucket}/${each.value.engine_prefix}"
   kms_key_arn            = module.kms.key_arn
 
+  # null: the module's defaults, provisioned for re-reading the engine at a warm start.
+  root_volume_gb               = each.value.root_volume_gb
+  root_volume_iops             = each.value.root_volume_iops
+  root_volume_throughput_mibps = each.value.root_volume_throughput_mibps
+
   metric_namespace          = module.scaling_metric.namespace
   demand_metric             = module.scaling_metric.demand_metric
   replica_load_metric       = module.scaling_metric.replica_load_metric

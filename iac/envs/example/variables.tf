@@ -43,7 +43,7 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own). token_weight: what each of its tokens counts against a user's token limit."
+  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own). token_weight: what each of its tokens counts against a user's token limit. root_volume_gb, root_volume_iops, root_volume_throughput_mibps: its hosts' gp3 root volume, which holds the image and the engine (default 200 GiB, 6000 IOPS, 1000 MiB/s: a warm-pool host re-reads its whole engine at start)."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
@@ -54,6 +54,11 @@ variable "models" {
     ami_id             = optional(string, "")
     edge_model_dir     = optional(string, "")
     token_weight       = optional(number, 1)
+    # The GPU hosts' root volume (null: the gpu_pool module's defaults, 200 GiB, 6000 IOPS,
+    # 1000 MiB/s): it holds the image and the engine, which a warm-pool host re-reads at start.
+    root_volume_gb               = optional(number)
+    root_volume_iops             = optional(number)
+    root_volume_throughput_mibps = optional(number)
   }))
   default = {
     "llama-3-8b" = {

@@ -65,11 +65,15 @@ resource "aws_launch_template" "gpu" {
     instance_metadata_tags      = "enabled"
   }
 
+  # The engine lives here and a warm-pool host re-reads all of it when it starts: throughput and
+  # IOPS provisioned for that, not gp3's baseline (variables.tf says what each costs in time).
   block_device_mappings {
     device_name = "/dev/sda1"
     ebs {
       volume_size           = var.root_volume_gb
       volume_type           = "gp3"
+      throughput            = var.root_volume_throughput_mibps
+      iops                  = var.root_volume_iops
       encrypted             = true
       kms_key_id            = var.kms_key_arn
       delete_on_termination = true
@@ -102,6 +106,18 @@ resource "aws_launch_template" "gpu" {
   tag_specifications {
     resource_type = "volume"
     tags          = { Name = var.group_name, Model = var.model }
+  }
+
+  lifecycle {
+    # gp3's ratios, which EC2 would only refuse when the group launches a host.
+    precondition {
+      condition     = var.root_volume_throughput_mibps <= var.root_volume_iops / 4
+      error_message = "root_volume_throughput_mibps may be at most root_volume_iops / 4 (gp3: 0.25 MiB/s per provisioned IOPS; 1000 MiB/s needs 4000 IOPS)."
+    }
+    precondition {
+      condition     = var.root_volume_iops <= 500 * var.root_volume_gb
+      error_message = "root_volume_iops may be at most 500 per GiB of root_volume_gb (gp3)."
+    }
   }
 }
 

@@ -15,13 +15,24 @@ variables {
   triton_image_tag = "1"
   models = {
     "llama-3.1-8b" = {
-      instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3.1-8b/l40s/", min_size = 1,
-      max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8, edge_model_dir = "/opt/floodgate/model-8b"
+      instance_type      = "g6e.xlarge"
+      engine_prefix      = "engines/llama-3.1-8b/l40s/"
+      min_size           = 1
+      max_size           = 8
+      warm_pool_min_size = 2
+      demand_target      = 0.8
+      edge_model_dir     = "/opt/floodgate/model-8b"
     }
     "qwen2.5-72b" = {
-      instance_type = "p5.48xlarge", engine_prefix = "engines/qwen2.5-72b/h100x8/", min_size = 1,
-      max_size      = 4, warm_pool_min_size = 1, demand_target = 0.8, edge_model_dir = "/opt/floodgate/model-72b",
-      token_weight  = 4
+      instance_type      = "p5.48xlarge"
+      engine_prefix      = "engines/qwen2.5-72b/h100x8/"
+      min_size           = 1
+      max_size           = 4
+      warm_pool_min_size = 1
+      demand_target      = 0.8
+      edge_model_dir     = "/opt/floodgate/model-72b"
+      token_weight       = 4
+      root_volume_gb     = 400
     }
   }
   # Every tier the edge defines (edge/defaults.toml).
