@@ -185,6 +185,8 @@ def create_app(
                     token_weight=own.model.token_weight,
                     default_temperature=sampling.temperature,
                     default_top_p=sampling.top_p,
+                    default_top_k=sampling.top_k,
+                    default_repetition_penalty=sampling.repetition_penalty,
                     prefix_cache_scope=settings.admission.prefix_cache_scope,
                 )
                 charged = weigh(limiter, own.model.token_weight)

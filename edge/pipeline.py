@@ -95,10 +95,13 @@ class PipelineConfig:
     keepalive_s: float
     tiers: dict[str, TierConfig]
     # Per model (edge/models/): what each of its tokens counts against a user's token budget, and
-    # the sampling a request that omits temperature / top_p gets.
+    # the sampling a request that omits temperature / top_p / top_k / repetition_penalty gets
+    # (edge/models/sampling.py: the checkpoint's generation_config, as vLLM applies it).
     token_weight: float = 1.0
     default_temperature: float = 1.0
     default_top_p: float = 1.0
+    default_top_k: int = 0
+    default_repetition_penalty: float = 1.0
     # Whose prefix cache a request may hit ([admission] prefix_cache_scope).
     prefix_cache_scope: PrefixCacheScope = "user"
 
@@ -232,11 +235,15 @@ class Pipeline:
             max_new_tokens=max_new,
             temperature=self.config.default_temperature if req.temperature is None else req.temperature,
             top_p=self.config.default_top_p if req.top_p is None else req.top_p,
-            top_k=max(req.top_k or 0, 0),
+            top_k=self.config.default_top_k if req.top_k is None else max(req.top_k, 0),
             seed=req.replica_seed,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=req.repetition_penalty or 1.0,
+            repetition_penalty=(
+                self.config.default_repetition_penalty
+                if req.repetition_penalty is None
+                else req.repetition_penalty
+            ),
             logit_bias=logit_bias,
             stop_ids=self._stop_ids(req, stop_token_ids),
             ignore_eos=req.ignore_eos,

@@ -132,3 +132,24 @@ def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> N
         load_settings(path)
     with pytest.raises(ConfigError, match="no '/'"):
         load_settings(overrides={"model": {"source": "demo", "name": "org/tiny"}})
+
+
+def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_request_could_send_them(
+    tmp_path: Path,
+) -> None:
+    demo = load_settings(overrides={"model": {"source": "demo"}}).model
+
+    def found() -> tuple[int, float]:
+        defaults = sampling_defaults(demo, tmp_path)
+        return defaults.top_k, defaults.repetition_penalty
+
+    assert found() == (0, 1.0)
+    config = tmp_path / "generation_config.json"
+    config.write_text(json.dumps({"top_k": 20, "repetition_penalty": 1.05, "min_p": 0.1}))
+    assert found() == (20, 1.05)
+    config.write_text(json.dumps({"top_k": -1, "repetition_penalty": 1}))
+    assert found() == (0, 1.0)
+    # Values the replicas would refuse for every request that omits them are left out.
+    for bad in ({"top_k": 4096, "repetition_penalty": 0}, {"top_k": 2.5, "repetition_penalty": "1.1"}):
+        config.write_text(json.dumps(bad))
+        assert found() == (0, 1.0)
