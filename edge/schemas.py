@@ -19,9 +19,12 @@ define are ignored.
 
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
-than text) and tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks for
-one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose, and
-fail later and further away.
+than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `guided_regex`,
+`guided_grammar`, `structured_outputs`, and `guided_decoding_backend` / `guided_whitespace_pattern`
+that tune them) and tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
+for one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose,
+and fail later and further away. Each is refused only when sent with a value: null, as clients that
+fill every field send it, asks for nothing.
 
 So is a message's content part other than text (an image, audio, a file): the model reads text
 only, and would answer about what it never saw.
@@ -102,6 +105,13 @@ class ResponseFormat(msgspec.Struct):
 ToolChoice = str | dict[str, Any]
 
 
+# A field decoded only to be refused by name when it holds anything but null (the OpenAPI document,
+# edge/openapi.py, says so).
+Refused = Annotated[
+    Any, msgspec.Meta(description="vLLM's structured outputs: not supported, a 400 unless null")
+]
+
+
 # One path segment of the history's URL (GET /v1/conversations/{id}/messages): an id with a '/'
 # (or none at all) would be stored where no request could read it back.
 ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^[^/]+$")]
@@ -150,6 +160,14 @@ class ChatCompletionRequest(msgspec.Struct):
     # The deprecated forms of tools and tool_choice.
     functions: list[dict[str, Any]] | None = None
     function_call: ToolChoice | None = None
+    # vLLM's structured outputs (STRUCTURED_OUTPUTS), decoded only to be refused by name.
+    guided_json: Refused = None
+    guided_choice: Refused = None
+    guided_regex: Refused = None
+    guided_grammar: Refused = None
+    guided_decoding_backend: Refused = None
+    guided_whitespace_pattern: Refused = None
+    structured_outputs: Refused = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -173,6 +191,18 @@ class ChatCompletionRequest(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
+# vLLM's ways to hold a reply to a schema, a choice, a regex or a grammar, and to tune that: neither
+# replica path constrains decoding (the in-process engine has no grammar, and the Triton replicas are
+# sent no guided-decoding input), so each is refused.
+STRUCTURED_OUTPUTS = (
+    "guided_json",
+    "guided_choice",
+    "guided_regex",
+    "guided_grammar",
+    "structured_outputs",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+)
 # msgspec names the place as "at `$.a.b`", or "at `key` in `$.a`" for a dict key; "[...]" is any key.
 _PATH = re.compile(r"`\$\.?(?P<path>[^`]*?)(?:\[\.\.\.\])?`")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
@@ -222,6 +252,15 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "response_format",
             code="unsupported_value",
         )
+    for name in STRUCTURED_OUTPUTS:
+        if getattr(req, name) is not None:
+            raise invalid_request(
+                f"Unsupported parameter: '{name}' is one of vLLM's structured outputs: this server "
+                "cannot hold a reply to a schema, choice, regex or grammar. Ask for the form in the "
+                "prompt and check the reply.",
+                name,
+                code="unsupported_parameter",
+            )
     for index, message in enumerate(req.messages):
         _check_content(message, index)
     for tools, choice, (tools_param, choice_param) in (

@@ -90,3 +90,32 @@ def test_sdk_hears_json_mode_and_tools_refused_by_name(sdk: openai.OpenAI) -> No
         model=MODEL, messages=messages, tools=[tool], tool_choice="none", max_tokens=2
     )
     assert reply.choices[0].message.tool_calls is None
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+STRUCTURED_OUTPUTS: dict[str, Any] = {
+    "guided_json": SCHEMA,
+    "guided_choice": ["yes", "no"],
+    "guided_regex": "[0-9]{3}",
+    "guided_grammar": 'root ::= "yes" | "no"',
+    "guided_decoding_backend": "xgrammar",
+    "guided_whitespace_pattern": " ?",
+    "structured_outputs": {"json": SCHEMA},
+}
+
+
+@pytest.mark.parametrize("field", sorted(STRUCTURED_OUTPUTS))
+def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, field: str) -> None:
+    """vLLM holds the reply to these; a reply in free prose would fail the client's parse later and
+    further away, so they are refused as response_format's JSON is."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2, extra_body={field: STRUCTURED_OUTPUTS[field]}
+        )
+    assert (info.value.param, info.value.code) == (field, "unsupported_parameter")
+    # Sent as null, as clients that fill every field send it: nothing is asked.
+    reply = sdk.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, extra_body={field: None}
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
