@@ -550,6 +550,7 @@ class Generation:
     async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
         """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""
         failed: frozenset[str] = frozenset()
+        include_stop = self._req.include_stop_str_in_output
         while True:
             try:
                 self._slot = await self._p.dispatcher.acquire(self._ticket, failed)
@@ -563,9 +564,10 @@ class Generation:
             relay = TokenRelay(
                 out,
                 on_text,
-                # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py).
-                self._p.text.detokenizer(self._req.stop_token_ids),
-                StopMatcher(self._req.stop_strings, self._upstream_req.min_tokens),
+                # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py)
+                # unless it asks for it, as vLLM's include_stop_str_in_output keeps a stop string too.
+                self._p.text.detokenizer(None if include_stop else self._req.stop_token_ids),
+                StopMatcher(self._req.stop_strings, self._upstream_req.min_tokens, include_stop),
                 self._lease,
                 slot.grow,
                 self._arrived,

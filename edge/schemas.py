@@ -14,8 +14,10 @@ vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too.
 `repetition_penalty`), and so do its ways to say how a reply ends: `ignore_eos` (TensorRT-LLM's
 end_id -1), `min_tokens` (its `min_length`) and `stop_token_ids` (its `stop_words_list`). Those the
 pipeline checks against the request and the model too: min_tokens against the max_tokens it gets,
-each stop token id against the vocabulary, each a 400 naming it. Other fields OpenAI does not
-define are ignored.
+each stop token id against the vocabulary, each a 400 naming it. `include_stop_str_in_output`
+keeps the stop string (or stop token's text) that ended the reply at the end of its text, as vLLM
+does; the edge matches stop strings (edge/text/stops.py). Other fields OpenAI does not define are
+ignored.
 
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
@@ -142,6 +144,9 @@ class ChatCompletionRequest(msgspec.Struct):
     # Tokens that end the reply ("stop"), left out of its text as vLLM leaves them; whether each is
     # one of this model's ids the pipeline checks.
     stop_token_ids: Annotated[list[int], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    # vLLM's: the stop string that ended the reply ends its text too (edge/text/stops.py), and so
+    # does the text of a stop_token_ids token (the detokenizer leaves none out).
+    include_stop_str_in_output: bool = False
     # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
     seed: Int64 | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None

@@ -66,11 +66,14 @@ class _LongStop:
 
 
 class StopMatcher:
-    """`feed` returns (text safe to emit, stopped). The stop string itself is never emitted."""
+    """`feed` returns (text safe to emit, stopped). The stop string itself is not emitted, unless
+    `include` (vLLM's include_stop_str_in_output): then the reply is cut after it, not before. Only
+    the found stop's end differs, so the text matched per token is the same either way."""
 
-    __slots__ = ("_firsts", "_held", "_long", "_min_tokens", "_prefixes", "_stops")
+    __slots__ = ("_firsts", "_held", "_include", "_long", "_min_tokens", "_prefixes", "_stops")
 
-    def __init__(self, stops: list[str], min_tokens: int = 0) -> None:
+    def __init__(self, stops: list[str], min_tokens: int = 0, include: bool = False) -> None:
+        self._include = include
         self._stops = [s for s in stops if s]
         short = [s for s in self._stops if len(s) <= SHORT_STOP]
         # The short strings' proper prefixes by length, longest first, and their first characters:
@@ -95,14 +98,14 @@ class StopMatcher:
             # Only a stop string that ends in `text`: the held text begins one but may hold another
             # whole, one that ended before min_tokens ("ab" held as the start of "abcd").
             held = len(self._held)
-            cut = -1
+            cut = -1  # `end` is set with it: where the stop string found ends
             for stop in self._stops:
                 at = buf.find(stop, held - len(stop) + 1 if held >= len(stop) else 0)
                 if at >= 0 and (cut < 0 or at < cut):
-                    cut = at
+                    cut, end = at, at + len(stop)
             if cut >= 0:
                 self._held = ""
-                return buf[:cut], True
+                return buf[: end if self._include else cut], True
         keep = self._partial_suffix_len(buf)
         for long in self._long:
             keep = max(keep, long.advance(text))

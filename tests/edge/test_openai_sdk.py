@@ -119,3 +119,36 @@ def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, 
         model=MODEL, messages=messages, max_tokens=2, extra_body={field: None}
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def _sdk_reply(sdk: openai.OpenAI, stream: bool, **extra: Any) -> tuple[str, str | None]:
+    """The reply's text and finish_reason, streamed or not, for a greedy request."""
+    messages: list[Any] = [{"role": "user", "content": "Tell me a story"}]
+    if not stream:
+        done = sdk.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=40, temperature=0, **extra
+        )
+        return done.choices[0].message.content or "", done.choices[0].finish_reason
+    text, finish = "", None
+    for chunk in sdk.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=40, temperature=0, stream=True, **extra
+    ):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sdk_include_stop_str_in_output_keeps_the_stop_string(sdk: openai.OpenAI, stream: bool) -> None:
+    """vLLM's include_stop_str_in_output: the reply ends where the stop string does, and holds it."""
+    full, _ = _sdk_reply(sdk, stream)
+    # A stop string from the middle of the greedy reply, spanning tokens, not seen earlier in it.
+    cut = next(i for i in range(10, len(full) - 5) if full.find(full[i : i + 5]) == i)
+    stop = full[cut : cut + 5]
+    assert _sdk_reply(sdk, stream, stop=[stop]) == (full[:cut], "stop")
+    kept = _sdk_reply(sdk, stream, stop=["@@never@@", stop], extra_body={"include_stop_str_in_output": True})
+    assert kept == (full[: cut + 5], "stop")
+    # False, as vLLM's default: left out.
+    left = _sdk_reply(sdk, stream, stop=[stop], extra_body={"include_stop_str_in_output": False})
+    assert left == (full[:cut], "stop")

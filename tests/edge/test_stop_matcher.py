@@ -36,6 +36,29 @@ def test_stop_across_deltas(deltas: list[str], expected: str) -> None:
     assert (text, stopped) == (expected, True)
 
 
+@pytest.mark.parametrize(
+    ("stops", "deltas", "expected"),
+    [
+        (["END"], ["Hello ", "EN", "D there"], "Hello END"),
+        (["END"], ["HelloEND more"], "HelloEND"),
+        (["world", "lo w"], ["hello world"], "hello w"),  # the earliest, whole
+        (["x" * (SHORT_STOP + 8)], ["ab", "x" * 30, "x" * 30, "tail"], "ab" + "x" * (SHORT_STOP + 8)),
+    ],
+)
+def test_include_stop_str_in_output_keeps_the_stop_string_and_cuts_after_it(
+    stops: list[str], deltas: list[str], expected: str
+) -> None:
+    """vLLM's include_stop_str_in_output: the reply ends at the same place, with its stop string."""
+    matcher = StopMatcher(stops, include=True)
+    out = ""
+    for delta in deltas:
+        text, stopped = matcher.feed(delta)
+        out += text
+        if stopped:
+            break
+    assert (out, stopped) == (expected, True)
+
+
 def test_possible_prefix_is_held_then_released() -> None:
     text, stopped, pieces = _run(["END"], ["abc E", "N", "x", "yz"])
     assert not stopped and text == "abc ENxyz"

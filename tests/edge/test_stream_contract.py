@@ -353,3 +353,6 @@ def test_stop_token_ids_end_the_reply_there_on_both_paths(
         # Counted as generated, as vLLM counts it; its text left out, as vLLM leaves it out.
         assert (reason, usage["completion_tokens"]) == ("stop", at + 1), server.base_url
         assert text == cut[at], server.base_url
+        # Asked for, as vLLM's include_stop_str_in_output: the token's text ends the reply's.
+        kept = _streamed_answer(server, body | {"include_stop_str_in_output": True})
+        assert kept == (cut[at + 1], "stop", usage), server.base_url
