@@ -162,7 +162,7 @@ class Pipeline:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
-            prompt_ids = await encode_messages(self.text.encode_chat, messages, salt)
+            prompt_ids = await encode_messages(self.text.encode_chat, messages, salt, req.prompt_end)
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
         # The model's context first: a client that trims its history on context_length_exceeded

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import anyio
 
+from edge.text.chat_template import PromptEnd
+
 Messages = list[dict[str, str]]
 
 # Work above this many "characters" runs in a worker thread, where the tokenizer lets go of the GIL
@@ -36,9 +38,12 @@ def runs_inline(messages: Messages) -> bool:
 
 
 async def encode_messages(
-    encode_chat: Callable[[Messages, str], list[int]], messages: Messages, scope: str
+    encode_chat: Callable[[Messages, str, PromptEnd], list[int]],
+    messages: Messages,
+    scope: str,
+    end: PromptEnd = "reply",
 ) -> list[int]:
-    """`encode_chat(messages, scope)`, on the loop when cheap, else in a worker thread."""
+    """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread."""
     if runs_inline(messages):
-        return encode_chat(messages, scope)
-    return await anyio.to_thread.run_sync(encode_chat, messages, scope)
+        return encode_chat(messages, scope, end)
+    return await anyio.to_thread.run_sync(encode_chat, messages, scope, end)

@@ -16,7 +16,10 @@ end_id -1), `min_tokens` (its `min_length`) and `stop_token_ids` (its `stop_word
 pipeline checks against the request and the model too: min_tokens against the max_tokens it gets,
 each stop token id against the vocabulary, each a 400 naming it. `include_stop_str_in_output`
 keeps the stop string (or stop token's text) that ended the reply at the end of its text, as vLLM
-does; the edge matches stop strings (edge/text/stops.py). Other fields OpenAI does not define are
+does; the edge matches stop strings (edge/text/stops.py). `continue_final_message` (with
+`add_generation_prompt` false, as vLLM requires) continues the final message instead of opening a
+new turn, and `add_generation_prompt` false alone renders the conversation as it stands: the edge
+renders the chat template (edge/text/chat_template.py). Other fields OpenAI does not define are
 ignored.
 
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
@@ -46,6 +49,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from edge.errors import ApiError, invalid_request
+from edge.text.chat_template import PromptEnd
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -147,6 +151,9 @@ class ChatCompletionRequest(msgspec.Struct):
     # vLLM's: the stop string that ended the reply ends its text too (edge/text/stops.py), and so
     # does the text of a stop_token_ids token (the detokenizer leaves none out).
     include_stop_str_in_output: bool = False
+    # vLLM's (transformers' apply_chat_template arguments): how the prompt ends (`prompt_end`).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
     seed: Int64 | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
@@ -189,6 +196,15 @@ class ChatCompletionRequest(msgspec.Struct):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def prompt_end(self) -> PromptEnd:
+        """A new assistant turn for the reply (the default); the final message continued, an
+        assistant's reply the client began (vLLM's prefill); or, without either, the conversation as
+        it stands."""
+        if self.continue_final_message:
+            return "continue"
+        return "reply" if self.add_generation_prompt else "as_is"
 
     @property
     def include_usage(self) -> bool:
@@ -240,6 +256,13 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         # chunk); a reply that is not streamed has its usage anyway.
         raise invalid_request(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
+        )
+    if req.continue_final_message and req.add_generation_prompt:
+        # vLLM's 400 (and transformers' error): a new turn opened after the message to continue.
+        raise invalid_request(
+            "Cannot set both 'continue_final_message' and 'add_generation_prompt' to true: send "
+            "add_generation_prompt false to continue the final message.",
+            "continue_final_message",
         )
     if req.n is not None and req.n != 1:
         raise invalid_request("Only n=1 is supported.", "n")

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# How the rendered prompt ends, as vLLM's request says it: "reply", a new assistant turn opened for
+# the model's reply (add_generation_prompt, the default); "as_is", the conversation as it stands
+# (add_generation_prompt false); "continue", the final message left open for the model to go on
+# with (continue_final_message: an assistant's reply begun by the client, its prefill).
+PromptEnd = Literal["reply", "as_is", "continue"]
 
 
 class ChatTemplateError(Exception):
@@ -50,10 +56,34 @@ class ChatTemplate:
         self._bos = bos_token
         self._eos = eos_token
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, str]], end: PromptEnd = "reply") -> str:
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
+            rendered = self._template.render(
+                messages=messages,
+                add_generation_prompt=end == "reply",
+                bos_token=self._bos,
+                eos_token=self._eos,
             )
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
+        return _left_open(rendered, messages[-1]["content"]) if end == "continue" else rendered
+
+
+def _left_open(rendered: str, final: str) -> str:
+    """The rendering cut right after the final message's text, as transformers'
+    apply_chat_template(continue_final_message=True) cuts it (and so vLLM): whatever the template
+    writes after it (the turn's end token) is gone, and the model continues the message itself.
+    Found by its last occurrence, stripped; its trailing whitespace is kept where the template kept
+    it and the message has none in front. A template that drops or changes the message leaves
+    nothing to continue, and neither does an empty message: refused rather than cut anywhere."""
+    stripped = final.strip()
+    if not stripped:
+        raise ChatTemplateError("continue_final_message needs a final message with text to continue")
+    at = rendered.rfind(stripped)
+    if at < 0:
+        raise ChatTemplateError(
+            "continue_final_message is set but the final message does not appear in the chat the "
+            "template rendered: this model's template changes it"
+        )
+    whole = len(final.lstrip())
+    return rendered[: at + (whole if rendered[at : at + whole] == final else len(stripped))]

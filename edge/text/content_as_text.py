@@ -26,7 +26,7 @@ import threading
 from tokenizers import Tokenizer
 
 from edge.text.added_tokens import added_token_pattern
-from edge.text.chat_template import ChatTemplate, ChatTemplateError
+from edge.text.chat_template import ChatTemplate, ChatTemplateError, PromptEnd
 
 Messages = list[dict[str, str]]
 
@@ -46,13 +46,14 @@ class ContentAsText:
         added = self._added
         return added is not None and any(added.search(m["content"]) for m in messages)
 
-    def encode(self, messages: Messages) -> list[int]:
+    def encode(self, messages: Messages, end: PromptEnd = "reply") -> list[int]:
         """The prompt's ids: the template's tokens as tokens, the messages' text as text."""
         added = self._added
         assert added is not None
-        text = self._template.render(messages)
+        text = self._template.render(messages, end)
         masked = self._template.render(
-            [{**m, "content": added.sub(lambda t: "\0" * len(t.group()), m["content"])} for m in messages]
+            [{**m, "content": added.sub(lambda t: "\0" * len(t.group()), m["content"])} for m in messages],
+            end,
         )
         if len(masked) != len(text):
             raise ChatTemplateError(

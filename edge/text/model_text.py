@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from edge.text.byte_pieces import byte_pieces
-from edge.text.chat_template import ChatTemplate
+from edge.text.chat_template import ChatTemplate, PromptEnd
 from edge.text.content_as_text import ContentAsText
 from edge.text.detokenizer import (
     Detokenizer,
@@ -59,13 +59,16 @@ class ModelText:
         template = ChatTemplate(text.chat_template, bos_token=text.bos_token, eos_token=text.eos_token)
         return cls(text.tokenizer, template, list(facts.eos_token_ids), facts.config.vocab_size)
 
-    def encode_chat(self, messages: list[dict[str, str]], scope: str = "") -> list[int]:
-        """The prompt's ids; `scope` is whose kept pieces it may reuse (the request's cache salt).
-        A control token's text inside a message is encoded as text (edge/text/content_as_text.py)."""
+    def encode_chat(
+        self, messages: list[dict[str, str]], scope: str = "", end: PromptEnd = "reply"
+    ) -> list[int]:
+        """The prompt's ids; `scope` is whose kept pieces it may reuse (the request's cache salt);
+        `end`, how the prompt ends (edge/text/chat_template.py). A control token's text inside a
+        message is encoded as text (edge/text/content_as_text.py)."""
         if self._content_as_text.holds_control_text(messages):
-            return self._content_as_text.encode(messages)
+            return self._content_as_text.encode(messages, end)
         # The template already writes every special token the model expects.
-        text = self.template.render(messages)
+        text = self.template.render(messages, end)
         if self._piece_cache is not None:
             return self._piece_cache.encode(text, scope)
         # encode_batch_fast is `encode` without the character offsets of every token, which nothing

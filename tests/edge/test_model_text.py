@@ -103,3 +103,59 @@ def test_a_template_may_use_loop_controls() -> None:
         {"role": "user", "content": "never"},
     ]
     assert template.render(messages) == "a;stop;"
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+ASKED = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("source", "final", "ends_with"),
+    [
+        (CHATML, "Sure,", "assistant\nSure,"),
+        (CHATML, "Sure, \n", "assistant\nSure, \n"),  # trailing whitespace kept where the template keeps it
+        (CHATML, "  Sure,", "assistant\n  Sure,"),
+        # A template that trims: cut after the text it wrote, not past its end token.
+        (CHATML.replace("m.content", "m.content | trim"), "Sure,  ", "assistant\nSure,"),
+    ],
+)
+def test_continue_cuts_right_after_the_final_messages_text(source: str, final: str, ends_with: str) -> None:
+    """As transformers' apply_chat_template(continue_final_message=True): the rendering without the
+    generation prompt, cut where the final message's text ends."""
+    template = ChatTemplate(source, bos_token="", eos_token="<|im_end|>")
+    messages = [ASKED, {"role": "assistant", "content": final}]
+    closed = template.render(messages, "as_is")
+    continued = template.render(messages, "continue")
+    assert continued.endswith(ends_with) and closed.startswith(continued)
+    assert closed[len(continued) :].strip().startswith("<|im_end|>")
+    assert template.render([ASKED], "as_is") + "<|im_start|>assistant\n" == template.render([ASKED])
+
+
+@pytest.mark.parametrize("final", ["", "  \n"])
+def test_continue_refuses_a_final_message_with_nothing_to_continue(final: str) -> None:
+    template = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")
+    with pytest.raises(ChatTemplateError, match="continue"):
+        template.render([ASKED, {"role": "assistant", "content": final}], "continue")
+
+
+def test_continue_refuses_a_template_that_changes_the_final_message() -> None:
+    template = ChatTemplate(CHATML.replace("m.content", "m.content | upper"), bos_token="", eos_token="")
+    with pytest.raises(ChatTemplateError, match="does not appear"):
+        template.render([ASKED, {"role": "assistant", "content": "sure"}], "continue")
+
+
+def test_a_continued_message_with_control_token_text_is_spelled_out_and_left_open() -> None:
+    """The path that encodes a message's control-token text as text continues the message too."""
+    text = ModelText.load(smollm2_dir())
+    end = text.tokenizer.token_to_id("<|im_end|>")
+    messages = [ASKED, {"role": "assistant", "content": "You wrote <|im_end|> and"}]
+    ids = text.encode_chat(messages, end="continue")
+    rendered = text.template.render(messages, "continue")
+    assert rendered.endswith("You wrote <|im_end|> and")
+    assert text.tokenizer.decode(ids, skip_special_tokens=False) == rendered
+    # The template's own end tokens only (its system turn's and the user's): the caller's is text,
+    # and the continued message has none.
+    assert ids.count(end) == 2

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from edge.prompt_encoding import encode_messages
+from edge.text.chat_template import PromptEnd
 from edge.text.model_text import ModelText
 from tests.support.live_server import demo_model_dir
 
@@ -18,16 +19,16 @@ pytestmark = pytest.mark.anyio
 PROSE = "Continuous batching joins new sequences at every engine step, 42 of them. "
 
 
-Encode = Callable[[list[dict[str, str]], str], list[int]]
+Encode = Callable[[list[dict[str, str]], str, PromptEnd], list[int]]
 
 
 def _recording(text: ModelText) -> tuple[list[str], Encode]:
     threads: list[str] = []
     encode = text.encode_chat
 
-    def recording(messages: list[dict[str, str]], scope: str = "") -> list[int]:
+    def recording(messages: list[dict[str, str]], scope: str = "", end: PromptEnd = "reply") -> list[int]:
         threads.append(threading.current_thread().name)
-        return encode(messages, scope)
+        return encode(messages, scope, end)
 
     return threads, recording
 

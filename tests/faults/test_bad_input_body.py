@@ -20,6 +20,7 @@ import pytest
 
 from edge.prompt_encoding import runs_inline
 from edge.schemas import MAX_MESSAGES
+from edge.text.chat_template import PromptEnd
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, start_server
@@ -93,9 +94,9 @@ def test_many_small_messages_are_encoded_in_a_worker_thread(server: LiveServer, 
     encode = text.encode_chat
     threads: list[str] = []
 
-    def recording(batch: list[dict[str, str]], scope: str = "") -> list[int]:
+    def recording(batch: list[dict[str, str]], scope: str = "", end: PromptEnd = "reply") -> list[int]:
         threads.append(threading.current_thread().name)
-        ids: list[int] = encode(batch, scope)
+        ids: list[int] = encode(batch, scope, end)
         return ids
 
     text.encode_chat = recording
