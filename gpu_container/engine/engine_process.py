@@ -16,7 +16,11 @@ A reader thread in the parent turns each step message into one call_soon_threads
 which the edge may run through its own `run_delivery` (it holds the step's writes and writes them in
 a row, edge/writes_together.py).
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
-process. If the child dies, every open stream fails with UpstreamError and `running` turns false.
+process. If the child dies, every open stream fails with UpstreamError, `running` turns false (the
+edge's health checks take the replica out, /readyz fails once none is left) and the reader starts a
+new child: at once the first time, then after a doubling pause while children keep dying young, so
+a replica that crashed comes back by itself, as a supervisor would bring back a Triton server,
+rather than leaving the edge answering 503 forever while its own process looks healthy.
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
 the engine front's (front.py), shared with the in-thread AsyncEngine.
 """
@@ -29,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -50,6 +55,11 @@ _Wire = tuple[str, list[int], str | None, str | None, int]
 # The child's poll interval when idle: how soon it notices that its engine thread died.
 _CHILD_POLL_S = 0.5
 _STOP_TIMEOUT_S = 10.0
+# Restarts: a child that lived this long before dying is restarted at once; one that died younger
+# waits first, twice as long each time in a row, up to the cap.
+_STABLE_S = 60.0
+_FIRST_PAUSE_S = 0.5
+_MAX_PAUSE_S = 30.0
 
 _Items = Sequence[tuple[Mailbox, TokenOutput]]
 # Runs a step's delivery on the loop: `run_delivery(deliver, items)` must hand every item to
@@ -84,10 +94,20 @@ class EngineProcess(EngineFront):
         self._events: Connection | None = None
         self._reader: threading.Thread | None = None
         self._stats: EngineStats | None = None
+        self._stopped = threading.Event()  # ends a pause between restarts
+        self._started_at = 0.0
+        self._early_ends = 0  # children in a row that died young or failed to start
+        self.restarts = 0
         self.max_model_len = 0
 
     def start(self, timeout: float = 300.0) -> None:
-        """Start the child and wait until its model is loaded (blocking: call via to_thread).
+        """Start the child and wait until its model is loaded (blocking: call via to_thread)."""
+        self._spawn(timeout)
+        self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
+        self._reader.start()
+
+    def _spawn(self, timeout: float = 300.0) -> None:
+        """A new child, its model loaded, or RuntimeError.
 
         A fresh interpreter (`python -m gpu_container.engine.engine_process`), not a fork: the
         parent has threads and an event loop a fork would copy mid-flight, and multiprocessing's
@@ -103,23 +123,35 @@ class EngineProcess(EngineFront):
         finally:
             os.close(commands_r)
             os.close(events_w)
-        self._process = process
-        self._commands = Connection(commands_w, readable=False)
-        self._events = events = Connection(events_r, writable=False)
-        self._commands.send(("init", self._model_dir, self._config))
+        commands = Connection(commands_w, readable=False)
+        events = Connection(events_r, writable=False)
+        with self._send_lock:
+            if self._commands is not None:  # a dead child's
+                self._commands.close()
+            self._commands = commands
+        with self._lock:
+            self._process = process
+        if self._events is not None:  # only the reader thread reads it, and it is here
+            self._events.close()
+        self._events = events
+        commands.send(("init", self._model_dir, self._config))
         message: tuple[Any, ...] = ("failed", f"no answer within {timeout:.0f} s")
         try:
             if events.poll(timeout):
                 message = events.recv()
         except (EOFError, OSError):
             message = ("failed", f"exited during start-up (exit code {process.wait()})")
-        if message[0] != "ready":
+        with self._lock:
+            stopping = self._stopping
+            if message[0] == "ready" and not stopping:
+                _, self.max_model_len, self._stats = message
+                self._alive = True
+                self._started_at = time.monotonic()
+        if message[0] != "ready" or stopping:
             self._kill()
-            raise RuntimeError(f"engine process {self.name} failed to start: {message[1]}")
-        _, self.max_model_len, self._stats = message
-        self._alive = True
-        self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
-        self._reader.start()
+            raise RuntimeError(
+                f"engine process {self.name} failed to start: {'stopped' if stopping else message[1]}"
+            )
         log.info("engine process started", name=self.name, pid=process.pid)
 
     @property
@@ -161,11 +193,14 @@ class EngineProcess(EngineFront):
                 self._stopping = True
                 return
             self._stopping = True
-            alive = self._alive
+            alive, process = self._alive, self._process
+        self._stopped.set()
         if alive:
             self._send(("stop",))
+        else:  # dead, or a restart loading its model: nothing to wait for
+            self._kill()
         try:
-            self._process.wait(timeout=_STOP_TIMEOUT_S)
+            process.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             log.warning("engine process ignored stop; killing it", name=self.name)
             self._kill()
@@ -187,13 +222,21 @@ class EngineProcess(EngineFront):
             self._process.wait(timeout=_STOP_TIMEOUT_S)
 
     def _read(self) -> None:
+        """The reader thread: each child's messages until it exits, then a new child unless stopped."""
+        while True:
+            self._read_child()
+            self._fail_all()
+            if not self._restart():
+                return
+
+    def _read_child(self) -> None:
         assert self._events is not None
         events = self._events
         while True:
             try:
                 message = events.recv()
             except (EOFError, OSError):
-                break
+                return
             if message[0] == "outputs":
                 self._stats = message[2]
                 self._dispatch(message[1])
@@ -203,7 +246,31 @@ class EngineProcess(EngineFront):
                 if mailbox is not None:
                     _, _, text, own_fault = message
                     mailbox.post_exception(RequestRejected(text) if own_fault else UpstreamError(text))
-        self._fail_all()
+
+    def _restart(self) -> bool:
+        """A new child in the dead one's place (False: stopped meanwhile). See the module doc."""
+        if time.monotonic() - self._started_at >= _STABLE_S:
+            self._early_ends = 0
+            pause = 0.0
+        else:
+            pause = self._next_pause()
+        while not self._stopped.wait(pause):
+            try:
+                self._spawn()
+            except RuntimeError as exc:
+                log.error("engine process restart failed", name=self.name, error=str(exc))
+                pause = self._next_pause()
+                continue
+            self.restarts += 1
+            log.warning("engine process restarted", name=self.name, restarts=self.restarts)
+            return True
+        return False
+
+    def _next_pause(self) -> float:
+        """After a child that died young or failed to start: twice the last pause, capped."""
+        pause = min(_FIRST_PAUSE_S * float(2 ** min(self._early_ends, 16)), _MAX_PAUSE_S)
+        self._early_ends += 1
+        return pause
 
     def _dispatch(self, wire: list[_Wire]) -> None:
         """Hand one step's outputs to their mailboxes."""

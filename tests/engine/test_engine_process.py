@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -118,11 +119,54 @@ async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(dem
         async with asyncio.timeout(TIMEOUT_S):
             with pytest.raises(UpstreamError, match="exited unexpectedly"):
                 await _collect(stream)
-        assert not doomed.running
-        with pytest.raises(UpstreamError, match="not running"):
-            await anext(doomed.generate(greedy("later", [1, 2])))
     finally:
         doomed.stop()
+
+
+async def test_a_crashed_engine_process_comes_back_and_serves(demo_dir: Path) -> None:
+    """The replica does not stay dead (the edge would answer 503 forever): a new child takes over."""
+    crashing = EngineProcess(demo_dir, CONFIG, "crashing")
+    crashing.start()
+    try:
+        first_pid = crashing.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        async with asyncio.timeout(TIMEOUT_S):
+            # The restart runs on the reader thread; nothing here to wait on but its effect.
+            while not (crashing.running and crashing.pid != first_pid):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert crashing.restarts == 1
+        outputs = await _collect(crashing.generate(greedy("after-restart", [4, 5])))
+        assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
+        assert outputs[-1].finish_reason == "length"
+    finally:
+        crashing.stop()
+    assert not crashing.running
+    assert _live_pid(crashing.pid) is False
+
+
+async def test_stop_during_a_restart_ends_it(demo_dir: Path) -> None:
+    restarting = EngineProcess(demo_dir, CONFIG, "restarting")
+    restarting.start()
+    first_pid = restarting.pid
+    assert first_pid is not None
+    os.kill(first_pid, signal.SIGKILL)
+    await asyncio.to_thread(restarting.stop)
+    assert not restarting.running
+    # Whichever child stop() met (the dead one, or a new one loading), none is left, and none
+    # starts later.
+    assert _live_pid(restarting.pid) is False
+    assert restarting.restarts == 0
+
+
+def _live_pid(pid: int | None) -> bool:
+    """Whether `pid` names a process (stop() reaps its child, so a stopped one's is gone)."""
+    assert pid is not None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def test_stop_cancels_open_streams(demo_dir: Path) -> None:
@@ -215,3 +259,26 @@ async def test_every_delivery_of_a_step_runs_inside_the_edges_run_delivery(
         # (An output that came while its stream was not waiting was taken instead of offered.)
         got = offered.get(rid, []) + [t for o in taken for t in o.token_ids]
         assert sorted(got) == sorted(t for o in want for t in o.token_ids)
+
+
+async def test_a_child_that_cannot_start_again_leaves_the_replica_down_and_stop_still_ends_it(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(demo_dir, model)
+    broken = EngineProcess(model, CONFIG, "broken")
+    broken.start()
+    first_pid = broken.pid
+    assert first_pid is not None
+    shutil.rmtree(model)
+    os.kill(first_pid, signal.SIGKILL)
+    async with asyncio.timeout(TIMEOUT_S):
+        # A new child was tried (and failed to load the model): nothing to wait on but its pid.
+        while broken.pid == first_pid:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert not broken.running
+    with pytest.raises(UpstreamError, match="not running"):
+        await anext(broken.generate(greedy("while-down", [1, 2])))
+    await asyncio.to_thread(broken.stop)
+    assert broken.restarts == 0
+    assert _live_pid(broken.pid) is False
