@@ -165,13 +165,22 @@ class BlockManager:
         seq.num_computed_tokens = 0
         seq.num_sealed_blocks = 0
 
-    def reclaimable(self, seqs: Iterable[Sequence]) -> int:
-        """Blocks that would become free if all of seqs let go (a block shared with others would not)."""
+    def can_allocate_after(self, seq: Sequence, others: Iterable[Sequence]) -> bool:
+        """Whether seq could be admitted once all of `others` let go of their blocks.
+
+        Their blocks no one else holds would become free, but those that are seq's cache hits would
+        go straight back to seq (a hit nobody holds costs a free block, one held costs none): with
+        the prefix cache shared, preempting a sequence whose prefix the newcomer shares gains only
+        the blocks beyond that prefix."""
         held: dict[int, int] = {}
-        for seq in seqs:
-            for block in seq.block_table:
+        for other in others:
+            for block in other.block_table:
                 held[block] = held.get(block, 0) + 1
-        return sum(1 for block, n in held.items() if self._refs[block] == n)
+        released = {block for block, n in held.items() if self._refs[block] == n}
+        hits = self._match(seq)
+        fresh = blocks_for(seq.num_tokens, self.block_size) - len(hits)
+        cost = fresh + sum(1 for b in hits if self._refs[b] == 0 or b in released)
+        return cost <= self.num_free_blocks + len(released)
 
     def _take_free(self, after: int | None) -> int:
         """A free block for a sequence whose table ends with block `after` (None: it holds none)."""

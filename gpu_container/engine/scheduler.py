@@ -236,8 +236,7 @@ class Scheduler:
         """Preempt the worst running sequence if it has strictly lower priority than seq and preempting
         lower-priority sequences can make seq fit at all; True if it preempted one."""
         lower = [r for r in self.running if r.priority < seq.priority and r not in self._held]
-        reclaimable = self._blocks.num_free_blocks + self._blocks.reclaimable(lower)
-        if not lower or reclaimable < self._blocks.admission_cost(seq):
+        if not lower or not self._blocks.can_allocate_after(seq, lower):
             return False
         victim = lower[-1]
         step.unschedule(victim)

@@ -133,3 +133,33 @@ def test_preempted_sequence_recomputes_prompt_and_output() -> None:
     assert len(second.output_ids) == 1  # what it produced is kept, and recomputed with the prompt
     scheduler.remove(first)
     assert _run_step(scheduler) == {"second": 5}
+
+
+def test_a_higher_priority_prompt_sharing_a_lower_ones_prefix_preempts_it_only_if_that_makes_room() -> None:
+    # Freeing the lower sequence's blocks that the new prompt would share gains nothing: the new
+    # prompt takes them straight back from the pool. Here the lower one holds 4 blocks, 3 of them
+    # the higher prompt's prefix; the higher needs 3 more, the pool has none free, and releasing
+    # the lower one frees 4 of which 3 go back to the prefix: 1 < 3, so it would wait anyway.
+    config = EngineConfig(block_size=4, num_blocks=8, max_num_seqs=8, max_num_batched_tokens=64)
+    blocks = BlockManager(config.num_blocks, config.block_size, enable_prefix_caching=True)
+    scheduler = Scheduler(config, blocks)
+    shared = [5] * 12
+
+    def seq(name: str, prompt: list[int], priority: int, arrival: int) -> Sequence:
+        return Sequence(name, prompt, SamplingParams(temperature=0), lambda _: None, priority, arrival)
+
+    scheduler.add(seq("free", [*shared, 6], priority=0, arrival=0))
+    scheduler.add(seq("mid", [9] * 12, priority=10, arrival=1))
+    _run_step(scheduler)  # both prefill: 4 + 3 blocks
+    _run_step(scheduler)  # mid's first decode takes the last free block
+    assert blocks.num_free_blocks == 0
+    scheduler.add(seq("paid", [*shared, *[7] * 9], priority=10, arrival=2))
+    step = _run_step(scheduler)
+    assert scheduler.num_preemptions == 0
+    assert "free" in step and "paid" not in step
+    assert [s.request_id for s in scheduler.waiting] == ["paid"]
+    # Once mid leaves, paid fits beside free, sharing its prefix.
+    scheduler.remove(next(s for s in scheduler.running if s.request_id == "mid"))
+    step = _run_step(scheduler)
+    assert step["paid"] == 21 - 12
+    assert scheduler.num_preemptions == 0
