@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from gpu_container.engine.sampler import sample
+from gpu_container.engine.sampler import nucleus, sample
 from gpu_container.engine.types import SamplingParams
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
@@ -156,3 +156,51 @@ def test_min_tokens_holds_the_end_token_back_when_sampling_too() -> None:
     # Once the reply has min_tokens tokens the end token is drawn as often as ever.
     after = [sample(LOGITS, params, rng, [3], eos=(0,)) for _ in range(10_000)]
     assert abs(after.count(0) / 10_000 - 0.5) < 0.02
+
+
+VOCAB = 49_152  # SmolLM2's
+
+
+def _rows() -> list[npt.NDArray[np.float64]]:
+    """Unnormalised probability rows as the sampler builds them: peaked, flat, tied at the cut, cut
+    by top_k (zeros), and underflowed (a low temperature over a wide spread of logits)."""
+    gen = np.random.default_rng(3)
+    rows = []
+    for temperature in (0.2, 1.0, 3.0):
+        logits = gen.normal(0, 4, VOCAB)
+        rows.append(np.exp((logits - logits.max()) / temperature))
+    tied = np.full(VOCAB, 1e-6)
+    tied[gen.choice(VOCAB, 300, replace=False)] = 1.0
+    rows.append(tied)
+    cut = np.exp(gen.normal(0, 1, VOCAB))
+    cut[np.argsort(cut)[:-20]] = 0.0
+    rows.append(cut)
+    underflowed = np.exp(np.minimum(0.0, gen.normal(-900, 400, VOCAB)))
+    underflowed[gen.choice(VOCAB, 5, replace=False)] = 1.0
+    rows.append(underflowed)
+    return rows
+
+
+def test_a_nucleus_reaching_far_below_the_most_likely_token_keeps_the_right_tokens() -> None:
+    # One token holds a fifth of the weight; a long tail of tokens, each 10,000 times less likely,
+    # the rest. top_p 0.5 keeps the top token and the ~15,000 most likely of the tail, far below
+    # where the nucleus looks first.
+    gen = np.random.default_rng(1)
+    tail = gen.permutation(VOCAB)[:40_000]
+    weights = np.zeros(VOCAB)
+    weights[tail] = 1e-4 * (1 - np.arange(40_000) * 1e-6)
+    weights[tail[0]] = 1.0
+    reached = np.searchsorted(np.cumsum(weights[tail]), 0.5 * weights.sum()) + 1
+    rng = np.random.default_rng(0)
+    drawn = [nucleus(weights, 0.5, rng) for _ in range(300)]
+    assert set(drawn) <= set(tail[:reached].tolist())
+    assert 12_000 < reached < 18_000 and len(set(drawn)) > 150
+
+
+def test_the_nucleus_draws_what_a_sort_of_the_whole_row_draws() -> None:
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        for row in _rows():
+            for seed in range(20):
+                partial = nucleus(row, top_p, np.random.default_rng(seed))
+                whole = nucleus(row, top_p, np.random.default_rng(seed), floors=(0.0,))
+                assert partial == whole, (top_p, seed)
