@@ -107,6 +107,12 @@ REPLICA_PREEMPTIONS = Gauge(
     "floodgate_replica_preemptions", "Sequences a replica preempted to recompute later.", ["replica"]
 )
 
+REPLICA_RESTARTS = Gauge(
+    "floodgate_replica_restarts",
+    "Times a replica's engine died and was replaced since the edge started it (local engines).",
+    ["replica"],
+)
+
 
 _PER_REPLICA = (
     REPLICA_RUNNING,
@@ -117,6 +123,7 @@ _PER_REPLICA = (
     REPLICA_PREFIX_QUERY_TOKENS,
     REPLICA_PREFIX_HIT_RATE,
     REPLICA_PREEMPTIONS,
+    REPLICA_RESTARTS,
 )
 
 
@@ -152,3 +159,4 @@ def record_capacity(replica: str, cap: Capacity) -> None:
     if figures.prefix_hit_rate is not None:
         REPLICA_PREFIX_HIT_RATE.labels(replica).set(figures.prefix_hit_rate)
     REPLICA_PREEMPTIONS.labels(replica).set(figures.preemptions)
+    REPLICA_RESTARTS.labels(replica).set(cap.restarts)

@@ -90,6 +90,8 @@ class Capacity:
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
     preemptions: int = 0
+    # Times the replica's engine died and was replaced (a local engine process; 0 otherwise).
+    restarts: int = 0
 
 
 class UpstreamError(Exception):

@@ -18,9 +18,10 @@ a row, edge/writes_together.py).
 Cancel and disconnect send "abort" at once; the engine frees the sequence at its next step, as in
 process. If the child dies, every open stream fails with UpstreamError, `running` turns false (the
 edge's health checks take the replica out, /readyz fails once none is left) and the reader starts a
-new child: at once the first time, then after a doubling pause while children keep dying young, so
-a replica that crashed comes back by itself, as a supervisor would bring back a Triton server,
-rather than leaving the edge answering 503 forever while its own process looks healthy.
+new child: at once if the dead one had run a minute, else after a pause that doubles while children
+keep dying young or failing to load, so a replica that crashed comes back by itself, as a
+supervisor would bring back a Triton server, rather than leaving the edge answering 503 forever
+while its own process looks healthy.
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
 the engine front's (front.py), shared with the in-thread AsyncEngine.
 """
@@ -28,6 +29,7 @@ the engine front's (front.py), shared with the in-thread AsyncEngine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -41,7 +43,7 @@ from typing import Any
 
 import structlog
 
-from gpu_container.contract import GenerationRequest, RequestRejected, UpstreamError
+from gpu_container.contract import Capacity, GenerationRequest, RequestRejected, UpstreamError
 from gpu_container.engine.front import EngineFront
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
@@ -168,6 +170,9 @@ class EngineProcess(EngineFront):
         if self._stats is None:
             raise RuntimeError("engine process is not started")
         return self._stats
+
+    async def capacity(self) -> Capacity:
+        return dataclasses.replace(await super().capacity(), restarts=self.restarts)
 
     def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
         with self._lock:

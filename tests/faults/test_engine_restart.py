@@ -1,7 +1,8 @@
 """Drill: the local engine's child process killed (SIGKILL: out of memory, a segfault in BLAS).
 
 The stream on it ends with an error event and [DONE], and the edge does not stay down: a new child
-takes over, /readyz turns ready again and the next request is answered in full. Before, the dead
+takes over, /readyz turns ready again, the next request is answered in full and /metrics counts the
+restart. Before, the dead
 replica stayed dead: /healthz said ok while every chat got 503 no_replica until someone restarted
 the whole edge.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, events
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, events, wait_until
 from tests.support.live_server import start_server
 
 RECOVERY_TIMEOUT_S = 60.0
@@ -74,3 +75,9 @@ def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path:
         (replacement,) = _engine_children() - before
         assert replacement != doomed
         assert httpx.get(server.base_url + "/readyz").status_code == 200
+        # The operator sees it: the replica's restarts, from the health poll's capacity read.
+        wait_until(
+            lambda: 'floodgate_replica_restarts{replica="local-0"} 1.0' in server.metrics_text(),
+            RECOVERY_TIMEOUT_S,
+            "the restart in /metrics",
+        )
