@@ -58,8 +58,12 @@ def sample(
         return int(np.argmax(logits))
     # exp in float32 (numpy's float64 exp costs 8x as much over a 49,152-entry row); the sums below
     # run in float64, so 49,152 terms lose nothing to rounding.
-    scaled = (logits - logits.max()) / np.float32(params.temperature)
-    probs = np.exp(scaled, dtype=np.float32)
+    # The division in float64: a temperature too small for float32 (1e-46 is 0 there) would make
+    # the row NaN; scaled and narrowed (what falls past float32's range is -inf, weight 0), it is
+    # the greedy row it should be.
+    with np.errstate(over="ignore"):
+        scaled = ((logits - logits.max()).astype(np.float64) / params.temperature).astype(np.float32)
+    probs = np.exp(scaled)
     if 0 < params.top_k < probs.size:
         # The k largest stay (ties with the k-th too); top_p then cuts within them.
         kth = np.partition(probs, -params.top_k)[-params.top_k]

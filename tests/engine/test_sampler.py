@@ -204,3 +204,13 @@ def test_the_nucleus_draws_what_a_sort_of_the_whole_row_draws() -> None:
                 partial = nucleus(row, top_p, np.random.default_rng(seed))
                 whole = nucleus(row, top_p, np.random.default_rng(seed), floors=(0.0,))
                 assert partial == whole, (top_p, seed)
+
+
+def test_a_temperature_too_small_for_float32_samples_the_most_likely_token() -> None:
+    # 1e-46 is 0 in float32: divided there, the row was NaN (an IndexError at top_p 0.9, the last
+    # token id at top_p 1). The request may send it (temperature only has to be within [0, 2]).
+    logits = np.random.default_rng(0).normal(0, 3, VOCAB).astype(np.float32)
+    for top_p in (0.9, 1.0):
+        for seed in range(3):
+            params = SamplingParams(temperature=1e-46, top_p=top_p)
+            assert sample(logits, params, np.random.default_rng(seed)) == int(np.argmax(logits))
