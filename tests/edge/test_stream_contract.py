@@ -231,12 +231,14 @@ def test_presence_and_frequency_penalties_reach_the_replica_on_both_paths(
 
 
 def test_top_k_reaches_the_replica_on_both_paths(local_server: LiveServer, triton_server: LiveServer) -> None:
-    greedy = _streamed_answer(local_server, RIVERS | {"temperature": 0.0})
     sampled = RIVERS | {"temperature": 1.5, "seed": 11}
-    assert _streamed_answer(local_server, sampled)[0] != greedy[0]  # sampling alone changes it
-    # top_k 1 leaves one token to draw from at every step: the greedy reply, on both paths.
-    assert _streamed_answer(local_server, sampled | {"top_k": 1}) == greedy
-    assert _streamed_answer(triton_server, sampled | {"top_k": 1}) == greedy
+    for server in (local_server, triton_server):
+        # Each path against its own greedy reply: the demo model's random weights leave near-ties
+        # that two engines computing the prompt in different chunks may break differently.
+        greedy = _streamed_answer(server, RIVERS | {"temperature": 0.0})
+        assert _streamed_answer(server, sampled)[0] != greedy[0]  # sampling alone changes it
+        # top_k 1 leaves one token to draw from at every step: the greedy reply.
+        assert _streamed_answer(server, sampled | {"top_k": 1}) == greedy
 
 
 def test_repetition_penalty_reaches_the_replica_on_both_paths(
