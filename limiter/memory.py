@@ -7,9 +7,11 @@ the differential test as the reference the scripts must agree with. Run in each 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from limiter import policy
 from limiter.base import Admission, Decision, TierLimits
@@ -22,6 +24,34 @@ DEFAULT_BATCH_TOKENS = 32
 DEFAULT_LEASE_TTL_S = 300.0
 # Idle users are dropped every this many operations, the twin's stand-in for key expiry.
 _SWEEP_EVERY = 10_000
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """What this twin decided on its own for one user (as the Redis store's fail-open fallback)
+    since Redis last took it: a second GCRA state, in the twin's units and clock, fed by those
+    decisions alone. The twin's own state holds this instance's whole traffic, which a Redis that
+    kept its data already counts but for this part; N instances restoring after one outage each
+    add theirs (restore.lua), where the later of the TATs kept only one instance's."""
+
+    generation: int  # names this ledger on Redis (restore.lua): a retry of it adds only what is new
+    state: policy.UserState = field(default_factory=policy.UserState)
+    changes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSnapshot:
+    """A ledger as restore.lua takes it: its TATs and the time they were read, in the twin's units
+    and clock (the script compares them only with this ledger's earlier ones), the instance count
+    that scales them to the tier's, and the requests it holds."""
+
+    generation: int
+    request_tat_us: int
+    token_tat_us: int
+    now_us: int
+    instance_count: int
+    changes: int
+    request_ids: tuple[str, ...]
 
 
 class MemoryLimiter:
@@ -45,6 +75,9 @@ class MemoryLimiter:
         self._lock = threading.Lock()
         self._ops = 0
         self._ends = StreamEnds(self._clock)
+        # Only the Redis store's fallback (`own=True`) writes these (_Ledger).
+        self._ledgers: dict[str, _Ledger] = {}
+        self._generations = itertools.count(1)
 
     def set_instance_count(self, n: int) -> None:
         """Enforce 1/n of every limit from now on (edge/membership/: the live edge count changed).
@@ -70,15 +103,33 @@ class MemoryLimiter:
         if self._ops % _SWEEP_EVERY == 0:
             for idle in [u for u, s in self._states.items() if s.is_idle(now_us)]:
                 del self._states[idle]
+            # An idle ledger has nothing left to add: a later one starts a new generation.
+            for idle in [u for u, ledger in self._ledgers.items() if ledger.state.is_idle(now_us)]:
+                del self._ledgers[idle]
         state = self._states.get(user)
         if state is None:
             state = self._states[user] = policy.UserState()
         return state
 
+    def _ledger(self, user: str) -> _Ledger:
+        ledger = self._ledgers.get(user)
+        if ledger is None:
+            ledger = self._ledgers[user] = _Ledger(next(self._generations))
+        ledger.changes += 1
+        return ledger
+
     def decide(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        own: bool = False,
     ) -> tuple[Decision, int]:
-        """`admit`'s decision and the output tokens it leased, without building a lease."""
+        """`admit`'s decision and the output tokens it leased, without building a lease. `own`: the
+        Redis store's fallback decides alone, so what it admits goes in the user's ledger too."""
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
         charged = input_tokens
@@ -90,9 +141,19 @@ class MemoryLimiter:
             charged = rates.token_capacity
         with self._lock:
             now = self._now_us()
-            decision = policy.admit(
-                self._state(user, now), rates, now, request_id, charged, lease_tokens, self._lease_ttl_us
-            )
+            state = self._state(user, now)
+            policy.prune_expired(state.leases, now)
+            held = request_id in state.leases  # admitted before: answered again at no cost
+            decision = policy.admit(state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us)
+            if own and decision.allowed and not held:
+                policy.record_admitted(
+                    self._ledger(user).state,
+                    rates,
+                    now,
+                    request_id,
+                    charged + lease_tokens,
+                    self._lease_ttl_us,
+                )
         return decision, lease_tokens
 
     async def admit(
@@ -114,12 +175,18 @@ class MemoryLimiter:
             held_slots=self._rates_for(tier).max_concurrent,
         )
 
-    def charge_now(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
+    def charge_now(
+        self, user: str, tier: TierLimits, request_id: str, want: int, *, own: bool = False
+    ) -> int:
+        """`own`: as in `decide`, what the fallback grants alone goes in the user's ledger too."""
         with self._lock:
             now = self._now_us()
-            return policy.charge(
-                self._state(user, now), self._rates_for(tier), now, request_id, want, self._lease_ttl_us
-            )
+            rates = self._rates_for(tier)
+            granted = policy.charge(self._state(user, now), rates, now, request_id, want, self._lease_ttl_us)
+            if own and granted > 0:
+                ledger = self._ledger(user)
+                policy.record_charged(ledger.state, rates, now, request_id, granted, self._lease_ttl_us)
+            return granted
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         return self.charge_now(user, tier, request_id, want)
@@ -129,9 +196,15 @@ class MemoryLimiter:
     ) -> None:
         with self._lock:
             now = self._now_us()
-            policy.settle(
-                self._state(user, now), self._rates_for(tier), now, request_id, refund, refund_request
-            )
+            rates = self._rates_for(tier)
+            policy.settle(self._state(user, now), rates, now, request_id, refund, refund_request)
+            # A request the fallback admitted and no restore has sent yet is refunded in the
+            # ledger too: Redis never held its slot, so its settle there refunds nothing.
+            ledger = self._ledgers.get(user)
+            if ledger is not None and policy.settle(
+                ledger.state, rates, now, request_id, refund, refund_request
+            ):
+                ledger.changes += 1
 
     async def settle(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
@@ -155,10 +228,52 @@ class MemoryLimiter:
             )
 
     def active_users(self) -> list[str]:
-        """Users whose state still matters (a TAT ahead of now, or a live lease)."""
+        """Users whose state still matters (a TAT ahead of now, or a live lease, in the twin or in
+        a ledger)."""
         with self._lock:
             now = self._now_us()
-            return [user for user, state in self._states.items() if not state.is_idle(now)]
+            users = [user for user, state in self._states.items() if not state.is_idle(now)]
+            busy = set(users)
+            users += [
+                u for u, ledger in self._ledgers.items() if u not in busy and not ledger.state.is_idle(now)
+            ]
+            return users
+
+    def ledger(self, user: str) -> LedgerSnapshot | None:
+        """The user's ledger as a restore sends it; None when it holds nothing."""
+        with self._lock:
+            now = self._now_us()
+            ledger = self._ledgers.get(user)
+            if ledger is None:
+                return None
+            policy.prune_expired(ledger.state.leases, now)
+            if ledger.state.is_idle(now):
+                del self._ledgers[user]
+                return None
+            state = ledger.state
+            return LedgerSnapshot(
+                ledger.generation,
+                state.request_tat_us,
+                state.token_tat_us,
+                now,
+                self._instance_count,
+                ledger.changes,
+                tuple(state.leases),
+            )
+
+    def ledger_sent(self, user: str, sent: LedgerSnapshot, *, landed: bool) -> None:
+        """A restore carrying `sent` ran (`landed`) or may have run (no answer). Its requests leave
+        the ledger either way: Redis may hold their slots now, and their settles refund there.
+        Landed, the ledger goes unless it changed meanwhile; else it is sent again, whole, under
+        the same generation, and restore.lua adds only what Redis has not had of it."""
+        with self._lock:
+            ledger = self._ledgers.get(user)
+            if ledger is None or ledger.generation != sent.generation:
+                return
+            for request_id in sent.request_ids:
+                ledger.state.leases.pop(request_id, None)
+            if landed and ledger.changes == sent.changes:
+                del self._ledgers[user]
 
     def snapshot(self, user: str) -> policy.Snapshot:
         """The user's state relative to now, in the tier's own units (not this instance's share):

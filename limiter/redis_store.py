@@ -18,6 +18,10 @@ Slow is not down, and a late answer is not a "no":
 - The local twin mirrors every decision Redis made for this instance, so the fail-open fallback
   continues from what this instance really admitted instead of from an empty state: it never
   lets one instance exceed its share of the tier (limit / instance count) on top of that.
+- After an outage each instance puts back what it counted (restore.lua), and N instances' counts
+  add up there: what each fallback admitted alone (the twin's ledger) is added to what Redis holds,
+  once per ledger however often the restore is sent, and a Redis restarted empty gets the sum of
+  the instances' whole counts. The later of the instances' TATs kept one instance's share only.
 - Settles go through a queue that batches them into one round trip and retries them until they
   land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
 - A crashed edge instance cannot settle: the fleet names it departed (edge/membership/), and admit
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from functools import partial
 from typing import Any, Literal, Protocol
@@ -47,7 +52,7 @@ from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierL
 from limiter.call_batcher import CallBatcher
 from limiter.direct_calls import DirectCalls
 from limiter.lease import admission
-from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, MemoryLimiter
+from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, LedgerSnapshot, MemoryLimiter
 from limiter.metrics import STORE_BUSY
 from limiter.pipelined_replies import replies_loading_once
 from limiter.resp import pack_evalshas
@@ -110,6 +115,45 @@ def record_key(user: str, request_id: str) -> str:
     """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
     once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
     return f"{_user_prefix(user)}:done:{request_id}"
+
+
+def restore_call(
+    user: str,
+    snap: policy.Snapshot,
+    ledger: LedgerSnapshot | None,
+    *,
+    instance: str,
+    instance_count: int,
+    lease_ttl_us: int,
+    now_arg: str = "",
+) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+    """restore.lua's keys and arguments for one user: the twin's snapshot (this instance's whole
+    count), its ledger (what its fallback counted alone since Redis last took it) and the running
+    requests. The ledger's key names this instance and the ledger's generation, so that only a
+    retry of the same ledger finds what was added before (same hash tag as the user's keys)."""
+    prefix = _user_prefix(user)
+    generation = 0 if ledger is None else ledger.generation
+    keys = (
+        *user_keys(user),
+        f"{prefix}:ledger:{instance}:{generation}",
+        f"{prefix}:req:wholes",
+        f"{prefix}:tok:wholes",
+        *(record_key(user, request_id) for request_id in snap.request_ids),
+    )
+    if ledger is None:
+        ledger_args: tuple[int, ...] = (instance_count, 0, 0, 0)
+    else:
+        ledger_args = (ledger.instance_count, ledger.now_us, ledger.request_tat_us, ledger.token_tat_us)
+    args: tuple[str | int, ...] = (
+        now_arg,
+        snap.request_ahead_us,
+        snap.token_ahead_us,
+        lease_ttl_us,
+        instance,
+        *ledger_args,
+        *snap.request_ids,
+    )
+    return keys, args
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -176,6 +220,10 @@ class RedisLimiter:
         self._synced_lost = 0
         self._restoring: asyncio.Task[None] | None = None
         self._resync_lock = asyncio.Lock()
+        # Names this instance's counts on Redis (restore.lua: its ledgers, its whole count beside
+        # the other instances').
+        self._instance = uuid.uuid4().hex[:16]
+        self._instance_count = instance_count
         self._health = StoreHealth(backoff_s)
         self._settles = SettleQueue(self._send_settles, self._health)
         # This instance's own traffic, mirrored: the fail-open fallback's state.
@@ -245,6 +293,7 @@ class RedisLimiter:
     def set_instance_count(self, n: int) -> None:
         """The fail-open fallback enforces 1/n of every limit from now on (the live edge count)."""
         self._local.set_instance_count(n)
+        self._instance_count = n
 
     def free_slots_of(self, holders: Collection[str]) -> None:
         """From now on an admit that finds its user's slots full frees those of `holders` first:
@@ -486,7 +535,9 @@ class RedisLimiter:
             if undo is not None:
                 self._undo(user, tier, request_id, undo)
             raise StoreUnavailable(max(self._health.retry_in(), 0.001))
-        decision, lease_tokens = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
+        decision, lease_tokens = self._local.decide(
+            user, request_id, tier, input_tokens, max_output_tokens, own=True
+        )
         if decision.allowed:
             self._fallback_allowed += 1
         elif undo is not None:
@@ -516,7 +567,7 @@ class RedisLimiter:
             if tier.on_store_failure == "closed":
                 return 0  # the stream stops with finish_reason "length": nothing vouches for more
             # Fail-open: this instance's share of the budget pays for the rest of the stream.
-            return self._local.charge_now(user, tier, request_id, want)
+            return self._local.charge_now(user, tier, request_id, want, own=True)
         self._local.record_charged(user, tier, request_id, granted)
         return granted
 
@@ -549,13 +600,31 @@ class RedisLimiter:
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
             counted_out, lost = self._counted_out, self._connections_lost()
             calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
+            ledgers: list[tuple[str, LedgerSnapshot]] = []
             for user in self._local.active_users():
-                snap = self._local.snapshot(user)
-                args = (self._now_arg(), snap.request_ahead_us, snap.token_ahead_us, self._lease_ttl_us)
-                records = [record_key(user, request_id) for request_id in snap.request_ids]
-                calls.append(((*user_keys(user), *records), (*args, *snap.request_ids)))
+                snap, ledger = self._local.snapshot(user), self._local.ledger(user)
+                if ledger is not None:
+                    ledgers.append((user, ledger))
+                calls.append(
+                    restore_call(
+                        user,
+                        snap,
+                        ledger,
+                        instance=self._instance,
+                        instance_count=self._instance_count,
+                        lease_ttl_us=self._lease_ttl_us,
+                        now_arg=self._now_arg(),
+                    )
+                )
             if calls:
-                await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
+                try:
+                    await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
+                except _NoAnswer:
+                    for user, ledger in ledgers:  # it may have run: its requests' settles go to Redis
+                        self._local.ledger_sent(user, ledger, landed=False)
+                    raise
+            for user, ledger in ledgers:
+                self._local.ledger_sent(user, ledger, landed=True)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
             self._synced_counted_out, self._synced_lost = counted_out, lost
             log.info("limiter_restored", users=len(calls))

@@ -1,0 +1,126 @@
+"""Several edge instances restoring Redis after one outage: what each admitted on its fallback adds
+up there (restore.lua), once, whether Redis kept its data or came back empty."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from limiter import policy
+from limiter.memory import MemoryLimiter
+from limiter.redis_store import RedisLimiter, user_keys
+from limiter.scripts import script_text
+from tests.limiter.clock import ManualClock
+from tests.limiter.tiers import tier
+from tests.support.redis_server import RedisServer, start_redis
+
+# 10 requests an hour (one every 360 s); tokens and slots never bind.
+LIMITS = tier(requests=10, request_window_s=3600, tokens=10**9, token_window_s=60)
+INTERVAL_US = 360 * policy.MICROS
+
+
+async def _allowed(store: RedisLimiter, user: str, request_id: str) -> bool:
+    return (await store.admit(user, request_id, LIMITS, 1, 0)).decision.allowed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kept", [True, False], ids=["redis-kept-its-data", "redis-restarted-empty"])
+async def test_two_instances_fallback_admits_add_up_on_redis_after_the_outage(
+    own_redis_server: RedisServer, kept: bool
+) -> None:
+    """Two edges each admit 2 on Redis, then, Redis down, 3 more on their fallback (their share is
+    5 of 10): the user had all 10. After both restored, Redis refuses the next one and admits one
+    an interval later. Taking the later of the two instances' TATs, Redis counted 5 and admitted 5
+    more (7 more, the pre-outage 4 of them too, after restarting empty: 1 was put back of 3)."""
+    now_us = 10**15  # Redis's clock, held still: the twins' own clocks move by the test's milliseconds
+
+    def clock() -> int:
+        return now_us
+
+    edges = [
+        RedisLimiter.from_url(
+            own_redis_server.url, timeout_ms=1000, instance_count=2, backoff_s=0, now_override_us=clock
+        )
+        for _ in range(2)
+    ]
+    user = f"u-{uuid.uuid4().hex}"
+    restarted: RedisServer | None = None
+    probe = Redis.from_url(own_redis_server.url)
+    try:
+        for e, edge in enumerate(edges):
+            assert [await _allowed(edge, user, f"e{e}-r{i}") for i in range(2)] == [True, True]
+        # What Redis holds before it goes, to put back into the restarted one (its data kept).
+        dumps = [(key, await probe.pttl(key), await probe.dump(key)) for key in await probe.keys("*")]
+        await probe.aclose()
+        own_redis_server.kill()
+
+        for e, edge in enumerate(edges):
+            outage = [await _allowed(edge, user, f"e{e}-f{i}") for i in range(4)]
+            assert outage == [True, True, True, False]  # this edge's share: 5 of the tier's 10
+            assert edge.fallback_active
+
+        restarted = start_redis(own_redis_server.port)
+        probe = Redis.from_url(restarted.url)
+        if kept:
+            for key, ttl_ms, dump in dumps:
+                assert dump is not None
+                await probe.restore(key, max(ttl_ms, 0), dump)
+        assert int(await probe.exists(user_keys(user)[0])) == int(kept)
+
+        # Each edge restores before its first admit on Redis, whoever that admit is for: here both
+        # have, before either admits for the user. (Until the other one has, the first may admit
+        # what the other's fallback did: each restore is one instance's.)
+        for e, edge in enumerate(edges):
+            assert await _allowed(edge, f"other-{uuid.uuid4().hex}", f"e{e}-o")
+        assert not any(edge.fallback_active for edge in edges)
+        after = [(await edge.admit(user, f"e{e}-a", LIMITS, 1, 0)).decision for e, edge in enumerate(edges)]
+        assert [d.allowed for d in after] == [False, False], after
+        assert after[1].limit == "requests" and after[1].remaining_requests == 0
+        # The 10th request's interval, give or take the twins' drift (under a second).
+        assert INTERVAL_US / 1000 - 1000 <= after[1].retry_after_ms <= INTERVAL_US / 1000
+
+        now_us += INTERVAL_US
+        assert [await _allowed(edges[0], user, f"later{i}") for i in range(2)] == [True, False]
+    finally:
+        await probe.aclose()
+        for edge in edges:
+            await edge.aclose()
+        if restarted is not None:
+            restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_a_restore_sent_twice_counts_its_ledger_once(redis_server: RedisServer) -> None:
+    """A restore whose reply was lost is sent again, the same snapshot or a newer one of the same
+    ledger: Redis adds what the fallback admitted once, and of a newer snapshot only what is new."""
+    from limiter.redis_store import restore_call  # imported here: the test above runs without it
+
+    twin_clock = ManualClock()
+    twin = MemoryLimiter(twin_clock, instance_count=2)
+    user = f"u-{uuid.uuid4().hex}"
+    now_us = 10**15
+    client = Redis.from_url(redis_server.url)
+    restore = client.register_script(script_text("restore"))
+
+    async def send(*, instance: str) -> int:
+        snap, ledger = twin.snapshot(user), twin.ledger(user)
+        keys, args = restore_call(
+            user, snap, ledger, instance=instance, instance_count=2, lease_ttl_us=300 * policy.MICROS
+        )
+        args = (str(now_us), *args[1:])
+        await restore(keys=keys, args=args)
+        return int(await client.get(user_keys(user)[0]) or 0) - now_us  # Redis's lead, in µs
+
+    try:
+        # Redis kept its data: 2 of the user's requests, admitted by the other instance.
+        await client.set(user_keys(user)[0], now_us + 2 * INTERVAL_US, px=3_600_000)
+        for i in range(3):
+            assert twin.decide(user, f"f{i}", LIMITS, 1, 0, own=True)[0].allowed
+        assert await send(instance="a") == 5 * INTERVAL_US
+        assert await send(instance="a") == 5 * INTERVAL_US  # the same snapshot again: nothing more
+        assert twin.decide(user, "f3", LIMITS, 1, 0, own=True)[0].allowed
+        assert await send(instance="a") == 6 * INTERVAL_US  # a newer snapshot: only the new one
+    finally:
+        await client.aclose()
