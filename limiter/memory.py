@@ -142,8 +142,10 @@ class MemoryLimiter:
         with self._lock:
             now = self._now_us()
             state = self._state(user, now)
-            policy.prune_expired(state.leases, now)
-            held = request_id in state.leases  # admitted before: answered again at no cost
+            held = False
+            if own:
+                policy.prune_expired(state.leases, now)
+                held = request_id in state.leases  # admitted before: answered again at no cost
             decision = policy.admit(state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us)
             if own and decision.allowed and not held:
                 policy.record_admitted(
