@@ -18,10 +18,10 @@ Slow is not down, and a late answer is not a "no":
 - The local twin mirrors every decision Redis made for this instance, so the fail-open fallback
   continues from what this instance really admitted instead of from an empty state: it never
   lets one instance exceed its share of the tier (limit / instance count) on top of that.
-- After an outage each instance puts back what it counted (restore.lua), and N instances' counts
-  add up there: what each fallback admitted alone (the twin's ledger) is added to what Redis holds,
-  once per ledger however often the restore is sent, and a Redis restarted empty gets the sum of
-  the instances' whole counts. The later of the instances' TATs kept one instance's share only.
+- After an outage each instance puts back what it counted (restore.lua), and N instances'
+  fallbacks add up there: what each admitted alone (the twin's ledger) is added to what Redis
+  holds, once per ledger however often the restore is sent; a Redis restarted empty also gets
+  back this instance's whole count. The later of the instances' TATs kept one fallback's only.
 - Settles go through a queue that batches them into one round trip and retries them until they
   land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
 - A crashed edge instance cannot settle: the fleet names it departed (edge/membership/), and admit
@@ -136,8 +136,6 @@ def restore_call(
     keys = (
         *user_keys(user),
         f"{prefix}:ledger:{instance}:{generation}",
-        f"{prefix}:req:wholes",
-        f"{prefix}:tok:wholes",
         *(record_key(user, request_id) for request_id in snap.request_ids),
     )
     if ledger is None:
@@ -149,7 +147,6 @@ def restore_call(
         snap.request_ahead_us,
         snap.token_ahead_us,
         lease_ttl_us,
-        instance,
         *ledger_args,
         *snap.request_ids,
     )
@@ -220,8 +217,7 @@ class RedisLimiter:
         self._synced_lost = 0
         self._restoring: asyncio.Task[None] | None = None
         self._resync_lock = asyncio.Lock()
-        # Names this instance's counts on Redis (restore.lua: its ledgers, its whole count beside
-        # the other instances').
+        # Names this instance's ledgers on Redis (restore.lua).
         self._instance = uuid.uuid4().hex[:16]
         self._instance_count = instance_count
         self._health = StoreHealth(backoff_s)

@@ -7,46 +7,42 @@
 --
 -- Per budget (requests, tokens) two counts go in, and the TAT becomes the later of:
 -- - Redis's TAT plus this instance's ledger: what its fallback admitted or charged alone since
---   Redis last took it (limiter/memory.py _Ledger), added on top of max(TAT, now). Exact for a
---   Redis that kept its data (it holds every instance's admits from before the outage, and each
---   instance adds what it alone counted meanwhile), once per ledger: Redis keeps the ledger's
---   TATs as last added (KEYS[4], named by instance and ledger generation), and a restore sent again
---   (a reply lost, a pipeline resent after NOSCRIPT, a newer snapshot of the same ledger) adds only
---   how far its TATs are past those, so the same snapshot twice adds nothing the second time.
--- - now plus the sum of every instance's whole count (its twin's lead, in the tier's units, this
---   instance's overwritten by each of its restores: KEYS[5], KEYS[6], one field per instance).
---   For a Redis restarted empty: it then holds nothing from before the outage, and each instance's
---   twin mirrors all its own traffic. One instance alone gets back exactly what it counted, as
---   before; N instances get their sum.
--- Approximate, on the side of counting:
+--   Redis last took it (limiter/memory.py _Ledger), added on top of max(TAT, now). Redis never saw
+--   those decisions, so N instances' ledgers add up whether Redis kept its data or not; once per
+--   ledger: Redis keeps the ledger's TATs as last added (KEYS[4], named by instance and ledger
+--   generation), and a restore sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer
+--   snapshot of the same ledger) adds only how far its TATs are past those, so the same snapshot
+--   twice adds nothing the second time.
+-- - now plus this instance's whole count (its twin's lead in the tier's units: all its own traffic,
+--   before the outage too): for a Redis restarted empty, one instance alone gets back what it
+--   counted.
+-- Approximate:
+-- - A Redis restarted empty gets back each instance's fallback admits, but of what Redis itself had
+--   admitted before the outage only the largest instance's lead: the other instances' share of it
+--   is lost with Redis's data. Summing every instance's whole lead instead was tried and dropped:
+--   a twin's lead drains at 1/N of the tier's rate, so the sum counted finished bursts again and
+--   blocked users within their limits after a routine restore (a dropped connection) on a Redis
+--   that kept everything.
 -- - Ledgers drain as GCRA TATs at the twin's rate (1/N of the tier's), so a long outage with
---   steady spending does not block the user for its whole length afterwards. N ledgers added
---   together bound the merged GCRA state from above (each drains 1/N as fast as the merged one),
---   but once on Redis an added ledger drains at the tier's rate: instances restoring t apart
---   under-count the earlier one's by up to t * (1 - 1/N) of time, what the tier refills in that
---   gap (milliseconds to a backoff after Redis returns). The ledger also drains while a Redis TAT
---   far ahead would not have; the fallback's share limit bounds what it admitted anyway.
+--   steady spending does not block the user for its whole length afterwards; instances restoring
+--   t apart under-count the earlier one's by up to t * (1 - 1/N) of refill (milliseconds to a
+--   backoff after Redis returns).
 -- - An admit whose Redis answer was lost and that the fallback then admitted counts twice.
--- - The other instances' whole counts are as of their last restore (refunds since are not in
---   them) until they pass; a Redis that kept its data needs them not at all.
 -- Then the running requests' slots that Redis does not hold go back. A request settled meanwhile
 -- (its record is 'done'; 'cancelled' is a request still running) gets no slot back. Idempotent:
 -- restoring the same snapshot twice changes nothing more.
--- KEYS: requests TAT, tokens TAT, concurrency set, this instance's ledger as last added, the
---       requests' and the tokens' whole counts per instance, then each running request's record
---       (one {user} hash tag)
+-- KEYS: requests TAT, tokens TAT, concurrency set, this instance's ledger as last added, then each
+--       running request's record (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_ahead_us, token_ahead_us (this
---       instance's whole count: its twin's lead in the tier's units), lease_ttl_us, instance id,
---       then the ledger: instance count (N), its clock's now, request TAT, token TAT (its units and
---       clock: N times the tier's intervals; TATs 0 when there is none), then the running requests'
---       ids
+--       instance's whole count: its twin's lead in the tier's units), lease_ttl_us, then the
+--       ledger: instance count (N), its clock's now, request TAT, token TAT (its units and clock:
+--       N times the tier's intervals; TATs 0 when there is none), then the running requests' ids
 local lease_ttl = tonumber(ARGV[4])
-local instance = ARGV[5]
-local instance_count = tonumber(ARGV[6])
-local ledger_now = tonumber(ARGV[7])
-local ledger = {tonumber(ARGV[8]), tonumber(ARGV[9])}
+local instance_count = tonumber(ARGV[5])
+local ledger_now = tonumber(ARGV[6])
+local ledger = {tonumber(ARGV[7]), tonumber(ARGV[8])}
 local whole = {tonumber(ARGV[2]), tonumber(ARGV[3])}
-local FIRST_ID = 10
+local FIRST_ID = 9
 
 local function ceil_ms(us)
   return math.floor((us + 999) / 1000)
@@ -72,45 +68,26 @@ if ledger[1] > ledger_now or ledger[2] > ledger_now then
   end
 end
 
--- This instance's whole count replaces its last one; the sum over instances still ahead of now.
-local function sum_of_wholes(key, ahead)
-  if ahead > 0 then
-    redis.call('HSET', key, instance, string.format('%d', now + ahead))
-  else
-    redis.call('HDEL', key, instance)
-  end
-  local sum, last = 0, now
-  for _, value in ipairs(redis.call('HVALS', key)) do
-    local at = tonumber(value)
-    if at > now then
-      sum = sum + (at - now)
-      last = math.max(last, at)
-    end
-  end
-  if last > now then
-    redis.call('PEXPIRE', key, ceil_ms(last - now) + EXPIRY_MARGIN_MS)
-  end
-  return sum
-end
-
-local function restore(key, wholes_key, i)
+local function restore(key, i)
   local tat = tonumber(redis.call('GET', key)) or 0
   local new_tat = tat
   if added[i] > 0 then
     new_tat = math.max(tat, now) + added[i]
   end
-  new_tat = math.max(new_tat, now + sum_of_wholes(wholes_key, whole[i]))
+  if whole[i] > 0 then
+    new_tat = math.max(new_tat, now + whole[i])
+  end
   if new_tat > tat then
     redis.call('SET', key, string.format('%d', new_tat), 'PX', ceil_ms(new_tat - now) + EXPIRY_MARGIN_MS)
   end
 end
 
-restore(KEYS[1], KEYS[5], 1)
-restore(KEYS[2], KEYS[6], 2)
+restore(KEYS[1], 1)
+restore(KEYS[2], 2)
 if #ARGV >= FIRST_ID then
   local expiry = string.format('%d', now + lease_ttl)
   for i = FIRST_ID, #ARGV do
-    local record = redis.call('GET', KEYS[i - FIRST_ID + 7])
+    local record = redis.call('GET', KEYS[i - FIRST_ID + 5])
     if not record or record == 'cancelled' then
       redis.call('ZADD', KEYS[3], 'NX', expiry, ARGV[i])
     end

@@ -31,9 +31,11 @@ async def test_two_instances_fallback_admits_add_up_on_redis_after_the_outage(
     own_redis_server: RedisServer, kept: bool
 ) -> None:
     """Two edges each admit 2 on Redis, then, Redis down, 3 more on their fallback (their share is
-    5 of 10): the user had all 10. After both restored, Redis refuses the next one and admits one
-    an interval later. Taking the later of the two instances' TATs, Redis counted 5 and admitted 5
-    more (7 more, the pre-outage 4 of them too, after restarting empty: 1 was put back of 3)."""
+    5 of 10): the user had all 10. Taking the later of the two instances' TATs, Redis counted 5 and
+    admitted 5 more. Now, Redis kept its data: after both restored it refuses the next one and
+    admits one an interval later. Redis restarted empty: both fallbacks' 6 are back, and one
+    instance's 2 from before the outage (its own lead), but the other's 2 went with Redis's data
+    (restore.lua's header): 2 more are admitted, not 5."""
     now_us = 10**15  # Redis's clock, held still: the twins' own clocks move by the test's milliseconds
 
     def clock() -> int:
@@ -75,6 +77,10 @@ async def test_two_instances_fallback_admits_add_up_on_redis_after_the_outage(
         for e, edge in enumerate(edges):
             assert await _allowed(edge, f"other-{uuid.uuid4().hex}", f"e{e}-o")
         assert not any(edge.fallback_active for edge in edges)
+        if not kept:
+            extra = [await _allowed(edges[i % 2], user, f"x{i}") for i in range(6)]
+            assert extra == [True, True, False, False, False, False]
+            return
         after = [(await edge.admit(user, f"e{e}-a", LIMITS, 1, 0)).decision for e, edge in enumerate(edges)]
         assert [d.allowed for d in after] == [False, False], after
         assert after[1].limit == "requests" and after[1].remaining_requests == 0
@@ -122,5 +128,41 @@ async def test_a_restore_sent_twice_counts_its_ledger_once(redis_server: RedisSe
         assert await send(instance="a") == 5 * INTERVAL_US  # the same snapshot again: nothing more
         assert twin.decide(user, "f3", LIMITS, 1, 0, own=True)[0].allowed
         assert await send(instance="a") == 6 * INTERVAL_US  # a newer snapshot: only the new one
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_routine_restore_by_two_instances_leaves_a_redis_that_kept_its_data_as_it_was(
+    redis_server: RedisServer,
+) -> None:
+    """No outage, nothing on a fallback: a dropped connection makes each instance restore anyway.
+    Edge a admitted 5 of the user's 10, edge b 5 more half an hour later: Redis is 1,800 s ahead,
+    5 left. Each twin's lead drains at half the tier's rate (its share's), so a is still 900 s
+    ahead and b 1,800 s: summing them (as restore.lua once did for a Redis restarted empty) put
+    Redis 2,700 s ahead and refused 3 of the user's 5; the later of them changes nothing."""
+    from limiter.redis_store import restore_call
+
+    clock = ManualClock()
+    twins = {name: MemoryLimiter(clock, instance_count=2) for name in "ab"}
+    user = f"u-{uuid.uuid4().hex}"
+    client = Redis.from_url(redis_server.url)
+    restore = client.register_script(script_text("restore"))
+    try:
+        for i in range(5):
+            assert twins["a"].decide(user, f"a{i}", LIMITS, 1, 0)[0].allowed
+        clock.advance(1800)
+        for i in range(5):
+            assert twins["b"].decide(user, f"b{i}", LIMITS, 1, 0)[0].allowed
+        now_us = 10**15
+        await client.set(user_keys(user)[0], now_us + 5 * INTERVAL_US, px=3_600_000)
+        for name, twin in twins.items():
+            snap = twin.snapshot(user)
+            assert twin.ledger(user) is None  # Redis decided all of them
+            keys, args = restore_call(
+                user, snap, None, instance=name, instance_count=2, lease_ttl_us=300 * policy.MICROS
+            )
+            await restore(keys=keys, args=(str(now_us), *args[1:]))
+        assert int(await client.get(user_keys(user)[0])) - now_us == 5 * INTERVAL_US
     finally:
         await client.aclose()
