@@ -18,6 +18,7 @@ from edge.keys.lifecycle import InvalidUser, KeyLifecycle, KeyNotFound, UnknownT
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
+from edge.usage.day import checked_day
 
 _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires")
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
@@ -139,6 +140,13 @@ def _admin_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _day(value: str) -> str:
+    try:
+        return checked_day(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _usage(args: argparse.Namespace) -> int:
     settings = settings_of(args)
 
@@ -204,7 +212,7 @@ def add_keys_commands(commands: Any) -> None:
     usage = commands.add_parser("usage", help="tokens used per user, model and UTC day")
     add_config_option(usage)
     usage.add_argument("--user", help="only this user (default: everyone)")
-    usage.add_argument("--start", help="first day, YYYY-MM-DD (UTC)")
-    usage.add_argument("--end", help="last day, YYYY-MM-DD (UTC)")
+    usage.add_argument("--start", type=_day, help="first day, YYYY-MM-DD (UTC)")
+    usage.add_argument("--end", type=_day, help="last day, YYYY-MM-DD (UTC)")
     usage.add_argument("--csv", action="store_true", help="CSV instead of a table")
     usage.set_defaults(handler=_usage)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from litestar import Request, get
@@ -12,14 +11,16 @@ from litestar.response.base import ASGIResponse
 from edge.errors import invalid_request
 from edge.routes.json_body import json_response
 from edge.runtime import Runtime, runtime_of
-
-_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+from edge.usage.day import checked_day
 
 
 async def usage_response(runtime: Runtime, user: str | None, start: str, end: str) -> ASGIResponse:
     for name, day in (("start", start), ("end", end)):
-        if day and not _DAY.fullmatch(day):
-            raise invalid_request(f"{name} must be a date like 2026-01-31, not {day!r}.", name)
+        if day:
+            try:
+                checked_day(day)
+            except ValueError as exc:
+                raise invalid_request(f"{name} {exc}.", name) from None
     rows = await runtime.usage.query(user, start, end)
     return json_response({"object": "list", "data": [row.as_dict() for row in rows]})
 

@@ -143,6 +143,12 @@ def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config:
     ]
     table = run(capsys, config, "usage", "--user", "bo")
     assert "bo" in table and "ann" not in table and "input_tokens" in table
+    for bound, day in (("--start", "bad"), ("--end", "2026-13-01")):
+        # No such day: a usage error (exit 2) naming it, not an empty table that looks like none used.
+        with pytest.raises(SystemExit) as refused:
+            main(["usage", bound, day, "--config", str(config)])
+        assert refused.value.code == 2
+        assert f"must be a date like 2026-01-31, not '{day}'" in capsys.readouterr().err
 
 
 def test_admin_key_prints_a_key_and_the_hash_to_configure(capsys: pytest.CaptureFixture[str]) -> None:

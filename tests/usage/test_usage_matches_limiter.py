@@ -156,10 +156,10 @@ def test_a_user_sees_only_their_own_usage(tmp_path: Path) -> None:
         assert [(r["user"], r["input_tokens"], r["output_tokens"], r["requests"]) for r in mine] == [
             ("free-user", expected["prompt_tokens"], expected["completion_tokens"], 1)
         ]
-        bad = client.get(
-            server.base_url + "/v1/usage", params={"start": "yesterday"}, headers=server.auth("free")
-        )
-        assert bad.status_code == 400
+        for name, day in (("start", "yesterday"), ("start", "2026-13-01"), ("end", "2026-02-30")):
+            bad = client.get(server.base_url + "/v1/usage", params={name: day}, headers=server.auth("free"))
+            assert bad.status_code == 400, day  # no such day: not an empty list
+            assert bad.json()["error"]["param"] == name
         assert client.get(server.base_url + "/v1/usage").status_code == 401
 
 
