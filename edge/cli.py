@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default: server.port)")
     serve.add_argument(
         "--triton",
-        metavar="local|HOST:PORT,...|asg:GROUP[:GRPC_PORT[:METRICS_PORT]]",
+        metavar="local|HOST:PORT,...|asg:GROUP[:HTTP_PORT[:METRICS_PORT]]",
         help="serve from Triton replicas instead of the local CPU engines (default: upstream.triton)",
     )
     serve.add_argument(

@@ -495,7 +495,7 @@ def end_token_ids(model_dir: Path) -> list[int]:
 
 def triton_upstreams(spec: str, model_name: str = MODEL_NAME) -> UpstreamProvider:
     """The app's replica provider for `floodgate serve --triton SPEC` (see build_triton_upstreams);
-    `asg:GROUP[:GRPC_PORT[:METRICS_PORT]]` finds them in an Auto Scaling group (triton_fleet.py).
+    `asg:GROUP[:HTTP_PORT[:METRICS_PORT]]` finds them in an Auto Scaling group (triton_fleet.py).
     `model_name`: the Triton model the replicas serve ([models.NAME] triton_model)."""
 
     @asynccontextmanager
