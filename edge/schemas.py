@@ -26,10 +26,12 @@ What would change the reply's contract is refused rather than ignored, as vLLM r
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
 than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `guided_regex`,
 `guided_grammar`, `structured_outputs`, and `guided_decoding_backend` / `guided_whitespace_pattern`
-that tune them) and tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
-for one). A client that parses the reply as JSON or waits for a tool call would otherwise get prose,
-and fail later and further away. Each is refused only when sent with a value: null, as clients that
-fill every field send it, asks for nothing.
+that tune them), tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
+for one), an audio reply (`modalities` other than "text", `audio`) and a web search
+(`web_search_options`), as OpenAI refuses them for a model without them. A client that parses the
+reply as JSON, waits for a tool call or plays the audio would otherwise get prose, and fail later
+and further away. Each is refused only when sent with a value: null, as clients that fill every
+field send it, asks for nothing (and `modalities` ["text"] asks for what there is).
 
 So is a message's content part other than text (an image, audio, a file): the model reads text
 only, and would answer about what it never saw.
@@ -116,6 +118,9 @@ ToolChoice = str | dict[str, Any]
 Refused = Annotated[
     Any, msgspec.Meta(description="vLLM's structured outputs: not supported, a 400 unless null")
 ]
+RefusedOutput = Annotated[
+    Any, msgspec.Meta(description="Audio replies and web search: not supported, a 400 unless null")
+]
 
 
 # One path segment of the history's URL (GET /v1/conversations/{id}/messages): an id with a '/'
@@ -180,6 +185,10 @@ class ChatCompletionRequest(msgspec.Struct):
     guided_decoding_backend: Refused = None
     guided_whitespace_pattern: Refused = None
     structured_outputs: Refused = None
+    # OpenAI's output modalities and search: a text model answers in text and searches nothing.
+    modalities: list[str] | None = None
+    audio: RefusedOutput = None
+    web_search_options: RefusedOutput = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -286,6 +295,20 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
                 f"Unsupported parameter: '{name}' is one of vLLM's structured outputs: this server "
                 "cannot hold a reply to a schema, choice, regex or grammar. Ask for the form in the "
                 "prompt and check the reply.",
+                name,
+                code="unsupported_parameter",
+            )
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        other = next(m for m in req.modalities if m != "text")
+        raise invalid_request(
+            f"Unsupported value: 'modalities' asks for {other!r}: this model replies in text only.",
+            "modalities",
+            code="unsupported_value",
+        )
+    for name, what in (("audio", "an audio reply"), ("web_search_options", "a web search")):
+        if getattr(req, name) is not None:
+            raise invalid_request(
+                f"Unsupported parameter: '{name}' asks for {what}, which this model cannot give.",
                 name,
                 code="unsupported_parameter",
             )

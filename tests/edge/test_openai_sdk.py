@@ -121,6 +121,30 @@ def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, 
     assert reply.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [
+        ("modalities", ["text", "audio"], "unsupported_value"),
+        ("audio", {"voice": "alloy", "format": "wav"}, "unsupported_parameter"),
+        ("web_search_options", {}, "unsupported_parameter"),
+    ],
+)
+def test_sdk_hears_an_audio_reply_or_a_web_search_refused_by_name(
+    sdk: openai.OpenAI, field: str, value: Any, code: str
+) -> None:
+    """A client asking for audio got 200 and text alone, one asking for a search an answer from
+    nothing searched: refused by name, as OpenAI refuses them for a model without them."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={field: value})
+    assert (info.value.param, info.value.code) == (field, code)
+    for asks_nothing in (None, ["text"]) if field == "modalities" else (None,):
+        reply = sdk.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2, extra_body={field: asks_nothing}
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+
+
 def _sdk_reply(sdk: openai.OpenAI, stream: bool, **extra: Any) -> tuple[str, str | None]:
     """The reply's text and finish_reason, streamed or not, for a greedy request."""
     messages: list[Any] = [{"role": "user", "content": "Tell me a story"}]
