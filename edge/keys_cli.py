@@ -14,7 +14,7 @@ import boto3
 
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
-from edge.keys.lifecycle import InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
+from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
@@ -33,7 +33,7 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
 
     try:
         return run(go)
-    except (KeyNotFound, UnknownTier, InvalidUser) as exc:
+    except (KeyNotFound, UnknownTier, InvalidUser, InvalidPeriod) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
 
 

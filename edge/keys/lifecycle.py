@@ -5,6 +5,7 @@ Every change that can turn a working key away (revoke, rotate's expiry, a tier c
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ Announce = Callable[[str], Awaitable[object]]
 
 
 class KeyNotFound(LookupError):
-    def __init__(self, key_id: str) -> None:
-        super().__init__(f"no key {key_id}")
+    def __init__(self, key_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"no key {key_id}")
         self.key_id = key_id
 
 
@@ -32,6 +33,23 @@ class InvalidUser(ValueError):
 
     def __init__(self) -> None:
         super().__init__("user must not be empty")
+
+
+class InvalidPeriod(ValueError):
+    """A key's lifetime must end in the future and a rotation's grace cannot end in the past: a key
+    created already expired, or an old key cut off before the rotation that replaced it, is a typo,
+    never what was meant."""
+
+    def __init__(self, param: str, seconds: float, allowed: str) -> None:
+        super().__init__(f"{param} must be {allowed}, not {seconds:g}")
+        self.param = param
+
+
+class KeyNotRotatable(KeyNotFound):
+    """Only an active key has a successor: a revoked or expired one has nothing left to hand over."""
+
+    def __init__(self, key_id: str, status: str) -> None:
+        super().__init__(key_id, f"key {key_id} is {status}: only an active key can be rotated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +94,8 @@ class KeyLifecycle:
     ) -> tuple[str, KeyRecord]:
         if not user.strip():
             raise InvalidUser()
+        if expires_in_s is not None and not 0 < expires_in_s < math.inf:
+            raise InvalidPeriod("expires_in_s", expires_in_s, "a positive number of seconds")
         self._check_tier(tier)
         expires = None if expires_in_s is None else self._clock() + expires_in_s
         key, record = new_record(user, tier, label, expires)
@@ -105,9 +125,11 @@ class KeyLifecycle:
     async def rotate(self, key_id: str, grace_s: float | None = None) -> Rotated:
         """A new key for the same user, tier and label; the old one keeps working for the grace
         period (keys.rotation_grace_s unless given), then expires."""
+        if grace_s is not None and not 0 <= grace_s < math.inf:
+            raise InvalidPeriod("grace_s", grace_s, "0 or a positive number of seconds")
         old = await self._find(key_id)
-        if old.status(self._clock()) != "active":
-            raise KeyNotFound(key_id)
+        if (status := old.status(self._clock())) != "active":
+            raise KeyNotRotatable(key_id, status)
         key, new = new_record(old.user, old.tier, old.label, old.expires)
         await self.store.add(new)
         ends = self._clock() + (self._grace_s if grace_s is None else grace_s)

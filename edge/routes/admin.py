@@ -18,7 +18,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
-from edge.keys.lifecycle import InvalidUser, KeyNotFound, UnknownTier
+from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyNotFound, KeyNotRotatable, UnknownTier
 from edge.keys.record import hash_key
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
@@ -61,6 +61,8 @@ def _body(raw: bytes, kind: type[_T]) -> _T:
 
 
 def _lifecycle_error(exc: Exception) -> ApiError:
+    if isinstance(exc, KeyNotRotatable):
+        return ApiError(409, f"{str(exc).capitalize()}.", param="key_id", code="key_not_active")
     if isinstance(exc, KeyNotFound):
         return ApiError(404, f"No active key {exc.key_id}.", param="key_id", code="key_not_found")
     return invalid_request(str(exc), "tier", code="unknown_tier")
@@ -75,6 +77,8 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         )
     except InvalidUser:
         raise invalid_request("user must not be empty.", "user") from None
+    except InvalidPeriod as exc:
+        raise invalid_request(f"{exc}.", exc.param) from None
     except UnknownTier as exc:
         raise _lifecycle_error(exc) from None
     return json_response({**key_view(record), "key": key}, status_code=201)
@@ -102,6 +106,8 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
         rotated = await runtime_of(request).key_admin.rotate(key_id, body.grace_s)
     except KeyNotFound as exc:
         raise _lifecycle_error(exc) from None
+    except InvalidPeriod as exc:
+        raise invalid_request(f"{exc}.", exc.param) from None
     return json_response({**key_view(rotated.new), "key": rotated.key, "replaces": key_view(rotated.old)})
 
 

@@ -106,6 +106,20 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
     assert not _works(server, body["key"]) and _works(server, ended.json()["key"])
 
 
+def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: LiveServer) -> None:
+    made = _create(server, user="hal", tier="free")
+    base = f"{server.base_url}/v1/admin/keys/{made['id']}"
+    negative = httpx.post(base + "/rotate", json={"grace_s": -5}, headers=ADMIN)
+    assert negative.status_code == 400
+    assert negative.json()["error"]["param"] == "grace_s"
+    assert _works(server, made["key"])  # nothing changed
+    assert httpx.post(base + "/revoke", json={}, headers=ADMIN).status_code == 200
+    refused = httpx.post(base + "/rotate", json={}, headers=ADMIN)
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "key_not_active" and "is revoked" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [
@@ -115,6 +129,9 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
         ("/v1/admin/keys", {"user": "h", "tier": "free", "colour": "red"}, 400, None),
         ("/v1/admin/keys/key_000000000000/revoke", {}, 404, "key_not_found"),
         ("/v1/admin/keys/key_000000000000/tier", {"tier": "paid"}, 404, "key_not_found"),
+        # A key expired on arrival (a typo), or an old key cut off before its rotation.
+        ("/v1/admin/keys", {"user": "h", "tier": "free", "expires_in_s": -5}, 400, None),
+        ("/v1/admin/keys", {"user": "h", "tier": "free", "expires_in_s": 0}, 400, None),
     ],
 )
 def test_bad_admin_requests_get_openai_style_errors(

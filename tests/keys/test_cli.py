@@ -76,7 +76,7 @@ def test_rotate_and_set_tier(capsys: pytest.CaptureFixture[str], config: Path) -
     assert tiers[record["id"]] == "paid"
 
 
-def test_unknown_tier_empty_user_and_unknown_key_are_refused(
+def test_unknown_tier_empty_user_unknown_key_and_bad_periods_are_refused(
     capsys: pytest.CaptureFixture[str], config: Path
 ) -> None:
     with pytest.raises(SystemExit, match="unknown tier"):
@@ -87,7 +87,29 @@ def test_unknown_tier_empty_user_and_unknown_key_are_refused(
     for user in ("", "  "):
         with pytest.raises(SystemExit, match="user must not be empty"):
             main(["keys", "create", "--user", user, "--tier", "free", "--config", str(config)])
+    with pytest.raises(SystemExit, match="expires_in_s must be a positive number of seconds"):
+        main(
+            [
+                "keys",
+                "create",
+                "--user",
+                "x",
+                "--tier",
+                "free",
+                "--expires-in-days",
+                "-1",
+                "--config",
+                str(config),
+            ]
+        )
     assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
+    run(capsys, config, "keys", "create", "--user", "x", "--tier", "free")
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    with pytest.raises(SystemExit, match="grace_s must be 0 or a positive number of seconds"):
+        main(["keys", "rotate", record["id"], "--grace-s", "-5", "--config", str(config)])
+    run(capsys, config, "keys", "revoke", record["id"])
+    with pytest.raises(SystemExit, match=f"key {record['id']} is revoked: only an active key can be rotated"):
+        main(["keys", "rotate", record["id"], "--config", str(config)])
 
 
 def test_import_of_the_old_keys_file_is_one_command_and_idempotent(
