@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import boto3
-
 from edge.config import KeysConfig, LimiterConfig
+from edge.dynamodb_client import dynamodb_client
 from edge.keys.changes import RedisKeyChanges
 from edge.keys.dynamodb import DynamoDBKeyStore
 from edge.keys.sqlite import SQLiteKeyStore
@@ -14,7 +13,7 @@ from edge.keys.store import KeyStore
 async def open_key_store(config: KeysConfig) -> KeyStore:
     if config.backend == "sqlite":
         return SQLiteKeyStore(config.sqlite_path)
-    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    client = dynamodb_client(config.dynamodb_endpoint)
     store = DynamoDBKeyStore(client, config.dynamodb_table)
     if config.dynamodb_endpoint:
         # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import boto3
-
 from edge.config import MessagesConfig
+from edge.dynamodb_client import dynamodb_client
 from edge.messages.dynamodb import DynamoDBMessageStore
 from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.store import MessageStore
@@ -14,7 +13,7 @@ async def create_store(config: MessagesConfig) -> MessageStore:
     ttl_s = round(config.ttl_days * 86400)
     if config.backend == "sqlite":
         return SQLiteMessageStore(config.sqlite_path, ttl_s=ttl_s)
-    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    client = dynamodb_client(config.dynamodb_endpoint)
     store = DynamoDBMessageStore(client, config.dynamodb_table, ttl_s=ttl_s)
     if config.dynamodb_endpoint:
         # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.

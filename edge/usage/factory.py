@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import anyio.to_thread
-import boto3
 
 from edge.config import KeysConfig
+from edge.dynamodb_client import dynamodb_client
 from edge.keys.dynamodb import create_table_if_missing
 from edge.usage.dynamodb import DynamoDBUsageStore
 from edge.usage.sqlite import SQLiteUsageStore
@@ -15,7 +15,7 @@ from edge.usage.store import UsageStore
 async def open_usage_store(config: KeysConfig) -> UsageStore:
     if config.backend == "sqlite":
         return SQLiteUsageStore(config.sqlite_path)
-    client = boto3.client("dynamodb", endpoint_url=config.dynamodb_endpoint or None)
+    client = dynamodb_client(config.dynamodb_endpoint)
     if config.dynamodb_endpoint:
         await anyio.to_thread.run_sync(create_table_if_missing, client, config.dynamodb_table)
     return DynamoDBUsageStore(client, config.dynamodb_table)

@@ -1,0 +1,22 @@
+"""The boto3 DynamoDB client every store of the edge uses (keys, usage, conversation messages).
+
+botocore's defaults wait 60 s for a reply, then retry: one connection gone silent (a host lost
+mid-failover, a black-holed path) held a store's call for minutes. The message writer writes one
+message at a time, so every conversation's turns queued behind that one call, and a shutdown then
+dropped them all; a key lookup on the request path would have held its request as long. Short
+bounds instead: a silent connection costs a few seconds and the retry opens a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+CONFIG = Config(connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3})
+
+
+def dynamodb_client(endpoint_url: str | None) -> Any:
+    """`endpoint_url`: a local DynamoDB-compatible server, or None for AWS's."""
+    return boto3.client("dynamodb", endpoint_url=endpoint_url or None, config=CONFIG)
