@@ -638,9 +638,14 @@ class Generation:
         client retrying it, as the 429 says to, would find its question twice. Stored now rather
         than with the reply, so that an edge dying mid-stream still leaves the question."""
         conversation_id = self._req.conversation_id
-        if conversation_id is not None and self._p.messages is not None:
-            prompt = next((m.text() for m in reversed(self._req.messages) if m.role == "user"), "")
-            self._p.messages.record_prompt(conversation_id, self._principal.user, self.request_id, prompt)
+        final = self._req.messages[-1]
+        # Only a request ending on the user's message asks something new: one that continues an
+        # assistant's message (continue_final_message), or holds a system prompt alone, would store
+        # an earlier question again, or an empty one.
+        if conversation_id is not None and self._p.messages is not None and final.role == "user":
+            self._p.messages.record_prompt(
+                conversation_id, self._principal.user, self.request_id, final.text()
+            )
 
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier
@@ -675,12 +680,12 @@ class Generation:
             )
         conversation_id = self._req.conversation_id
         if conversation_id is not None and self._p.messages is not None and self._reached_replica:
+            reply = "".join(out.text)
+            if self._req.prompt_end == "continue":
+                # The client began the reply: the stored turn is the whole of it, not its end alone.
+                reply = self._req.messages[-1].text() + reply
             self._p.messages.record_reply(
-                conversation_id,
-                self._principal.user,
-                self.request_id,
-                "".join(out.text),
-                _stored_finish_reason(out),
+                conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
             )
 
 

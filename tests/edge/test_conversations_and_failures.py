@@ -49,6 +49,42 @@ def test_a_named_conversation_is_stored_for_its_owner_only(server: LiveServer, c
     assert client.get(url, headers=server.auth("free2")).status_code == 404
 
 
+def test_a_continued_reply_and_a_system_prompt_alone_store_no_question_again(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """A request ending on an assistant's message continues it (continue_final_message): it asks
+    nothing new, so the history gains the whole continued reply, not the earlier question again
+    and the continuation's end alone. A system prompt alone asks nothing either."""
+    url = "/v1/conversations/conv-edge-continue/messages"
+
+    def history() -> list[tuple[str, str]]:
+        data = client.get(url, headers=server.auth("paid")).json().get("data", [])
+        return [(m["role"], m["content"]) for m in data]
+
+    ask = {"model": MODEL, "max_tokens": 4, "temperature": 0, "conversation_id": "conv-edge-continue"}
+    first = client.post(
+        CHAT, json=ask | {"messages": [{"role": "user", "content": "Q1"}]}, headers=server.auth("paid")
+    )
+    answer = first.json()["choices"][0]["message"]["content"]
+    wait_until(lambda: len(history()) == 2, what="the first turn stored")
+    began = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "The"}]
+    flags = {"continue_final_message": True, "add_generation_prompt": False}
+    more = client.post(CHAT, json=ask | flags | {"messages": began}, headers=server.auth("paid"))
+    assert more.status_code == 200, more.text
+    continuation = more.json()["choices"][0]["message"]["content"]
+    wait_until(lambda: len(history()) >= 3, what="the continued turn stored")
+    system_only = [{"role": "system", "content": "Say hello."}]
+    alone = client.post(CHAT, json=ask | {"messages": system_only}, headers=server.auth("paid"))
+    assert alone.status_code == 200, alone.text
+    wait_until(lambda: len(history()) >= 4, what="the system prompt's reply stored")
+    assert history() == [
+        ("user", "Q1"),
+        ("assistant", answer),
+        ("assistant", "The" + continuation),
+        ("assistant", alone.json()["choices"][0]["message"]["content"]),
+    ]
+
+
 def test_the_prompt_is_stored_before_the_reply_ends_and_a_cancelled_reply_is_kept(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
