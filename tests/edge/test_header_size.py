@@ -1,0 +1,50 @@
+"""A request's URL and headers are bounded (edge/http_protocol.py MAX_HEAD_BYTES): past the bound
+it is answered 431 with an error object and its connection closed, before anything is kept of it.
+uvicorn kept every header it was sent, before any route or key check: one anonymous connection
+sending 600 MB of headers grew the process by 1.2 GB in under a second."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from edge.http_protocol import MAX_HEAD_BYTES
+from tests.support.live_server import LiveServer, start_server
+from tests.support.raw_http import read_to_close
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with start_server(tmp_path_factory.mktemp("header-size")) as live:
+        yield live
+
+
+def _send(live: LiveServer, headers: bytes) -> bytes:
+    port = int(live.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + headers + b"connection: close\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered and closed while the rest was on its way: the answer is still there
+        return read_to_close(sock)
+
+
+def test_headers_past_the_bound_are_answered_431_and_the_connection_closed(edge: LiveServer) -> None:
+    pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    answer = _send(edge, pad * 1024)  # 1 MB of headers
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), head
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_header_fields_too_large"
+    assert str(MAX_HEAD_BYTES // 1024) in error["message"]
+    many = _send(edge, b"x: y\r\n" * 20_000)  # many small ones count too
+    assert many.startswith(b"HTTP/1.1 431 ")
+
+
+def test_headers_within_the_bound_are_served(edge: LiveServer) -> None:
+    pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    answer = _send(edge, pad * 50 + b"authorization: Bearer " + edge.keys["paid"].encode() + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
