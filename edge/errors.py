@@ -63,6 +63,19 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def closing_error_response(status_line: bytes, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes its connection, as bytes for a protocol to write
+    itself where no request reached the app (a header deadline, a head too large)."""
+    body = msgspec.json.encode(
+        ErrorBody(ErrorDetail(message=message, type="invalid_request_error", code=code))
+    )
+    head = (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+        % (status_line, len(body))
+    )
+    return head + body
+
+
 def invalid_request(message: str, param: str | None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 

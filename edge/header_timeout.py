@@ -16,27 +16,16 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
-
-from edge.errors import ErrorBody, ErrorDetail
+from edge.errors import closing_error_response
 
 
 def timeout_response(timeout_s: float) -> bytes:
     """The whole 408 response, written straight to the transport (no request reached the app)."""
-    body = msgspec.json.encode(
-        ErrorBody(
-            ErrorDetail(
-                message=f"The request headers did not arrive within {timeout_s:g} s.",
-                type="invalid_request_error",
-                code="request_timeout",
-            )
-        )
+    return closing_error_response(
+        b"408 Request Timeout",
+        f"The request headers did not arrive within {timeout_s:g} s.",
+        "request_timeout",
     )
-    head = (
-        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: %d\r\n\r\n" % len(body)
-    )
-    return head + body
 
 
 class HeaderDeadline:

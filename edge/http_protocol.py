@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
-from edge.errors import ErrorBody, ErrorDetail
+from edge.errors import closing_error_response
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
 
@@ -32,24 +31,11 @@ class _HeadTooLarge(Exception):
     send_400_response, which answers 431 instead)."""
 
 
-def head_too_large_response() -> bytes:
-    body = msgspec.json.encode(
-        ErrorBody(
-            ErrorDetail(
-                message=f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
-                type="invalid_request_error",
-                code="request_header_fields_too_large",
-            )
-        )
-    )
-    head = (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-    )
-    return head + body
-
-
-_HEAD_TOO_LARGE = head_too_large_response()
+_HEAD_TOO_LARGE = closing_error_response(
+    b"431 Request Header Fields Too Large",
+    f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
+    "request_header_fields_too_large",
+)
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
