@@ -31,6 +31,11 @@ class _HeadTooLarge(Exception):
     send_400_response, which answers 431 instead)."""
 
 
+_INVALID_HTTP = closing_error_response(
+    b"400 Bad Request",
+    "The request is not valid HTTP/1.1 (its request line, a header or its framing).",
+    "invalid_http_request",
+)
 _HEAD_TOO_LARGE = closing_error_response(
     b"431 Request Header Fields Too Large",
     f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
@@ -86,8 +91,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             raise _HeadTooLarge
 
     def send_400_response(self, msg: str) -> None:
+        """The parser refused the request (uvicorn's answer is plain text): an error object too."""
         if not self._head_too_large:
-            super().send_400_response(msg)
+            self._header_deadline.stop()
+            self._raw_transport.write(_INVALID_HTTP)
+            self._raw_transport.close()
             return
         self._header_deadline.stop()
         self._raw_transport.write(_HEAD_TOO_LARGE)

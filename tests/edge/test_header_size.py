@@ -48,3 +48,18 @@ def test_headers_within_the_bound_are_served(edge: LiveServer) -> None:
     pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
     answer = _send(edge, pad * 50 + b"authorization: Bearer " + edge.keys["paid"].encode() + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"1, 2"])
+def test_a_request_the_parser_refuses_gets_an_error_object(edge: LiveServer, length: bytes) -> None:
+    """uvicorn answered these with a plain-text 400 ("Invalid HTTP request received."): a client
+    parsing error objects, as every other answer of the API is one, got none."""
+    port = int(edge.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: " + length + b"\r\n\r\n"
+        )
+        answer = read_to_close(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
