@@ -236,7 +236,10 @@ async def test_a_paused_writer_on_the_engines_mailbox_relays_each_token_once() -
             await stream.relay.run(stream.counted(deltas))
         finally:
             await aclose_stream(deltas)
-        return stream.written
+        # With what the last delta held for the closing events: how many tokens that delta carries
+        # depends on when the loop took the outputs (a lagging reader's merge), so only the whole
+        # reply is the same from run to run.
+        return [*stream.written, *stream.out.held]
 
     try:
         plain = await relayed(_Stream(budget=100), "plain")
