@@ -56,7 +56,9 @@ def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path:
         assert rest[-1] == DONE
         assert any(isinstance(event, dict) and "error" in event for event in rest)
 
-        # A client retrying as told (503 with Retry-After while the replica is down) gets its reply
+        # A client retrying as the official SDK does (5xx again, after the 503's Retry-After, or a
+        # short pause after a 502: a request placed on the replica in the moment between its
+        # child's death and the health poll that noticed it fails over to nothing) gets its reply
         # once the new child serves; before, it got 503 for ever.
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         while True:
@@ -66,10 +68,10 @@ def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path:
                 headers=server.auth("paid"),
                 timeout=30.0,
             )
-            if answered.status_code != 503:
+            if answered.status_code not in (502, 503):
                 break
             assert time.monotonic() < deadline, "the edge did not come back"
-            time.sleep(float(answered.headers["Retry-After"]))
+            time.sleep(float(answered.headers.get("Retry-After", "0.1")))
         assert answered.status_code == 200, answered.text
         assert answered.json()["usage"]["completion_tokens"] == 16
         (replacement,) = _engine_children() - before
