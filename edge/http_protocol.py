@@ -92,12 +92,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """The parser refused the request (uvicorn's answer is plain text): an error object too."""
+        self._header_deadline.stop()
         if not self._head_too_large:
-            self._header_deadline.stop()
             self._raw_transport.write(_INVALID_HTTP)
             self._raw_transport.close()
             return
-        self._header_deadline.stop()
         self._raw_transport.write(_HEAD_TOO_LARGE)
         # Closed a moment later, not now: closed with the client's bytes still unread, the socket
         # sends a reset, which can reach the client before the 431 and destroy it.
