@@ -77,7 +77,9 @@ class Authenticator:
         status = record.status(self._wall_clock())
         if status != "active":
             KEY_REFUSALS.labels(status).inc()
-            raise unauthorized(f"This API key has been {status}.")
+            raise unauthorized(
+                "This API key has expired." if status == "expired" else f"This API key has been {status}."
+            )
         return Principal(user=record.user, tier=record.tier, key_id=record.id)
 
     def invalidate(self, key_sha256: str | None = None) -> None:
