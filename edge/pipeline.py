@@ -191,11 +191,15 @@ class Pipeline:
         try:
             admission = await self.limiter.admit(principal.user, request_id, tier, len(prompt_ids), max_new)
         except StoreUnavailable as exc:
-            raise ApiError(
-                503,
-                "Rate limiting is unavailable; please retry shortly.",
-                code="limiter_unavailable",
-                headers=retry_after_headers(exc.retry_after_s),
+            raise self._refused(
+                principal,
+                request_id,
+                ApiError(
+                    503,
+                    "Rate limiting is unavailable; please retry shortly.",
+                    code="limiter_unavailable",
+                    headers=retry_after_headers(exc.retry_after_s),
+                ),
             ) from None
         decision = admission.decision
         headers = ratelimit_headers(decision)
@@ -204,12 +208,16 @@ class Pipeline:
             # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
             # test the code to tell a rate limit from other 429s).
             wait = wait_text(decision.retry_after_ms / 1000)
-            raise ApiError(
-                429,
-                f"Rate limit reached ({limit}). Please try again in {wait}.",
-                type=limit,
-                code="rate_limit_exceeded",
-                headers=headers,
+            raise self._refused(
+                principal,
+                request_id,
+                ApiError(
+                    429,
+                    f"Rate limit reached ({limit}). Please try again in {wait}.",
+                    type=limit,
+                    code="rate_limit_exceeded",
+                    headers=headers,
+                ),
             )
         ticket = Ticket(
             request_id=request_id,
@@ -227,7 +235,7 @@ class Pipeline:
             self.dispatcher.precheck(ticket)
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
-            raise overloaded_error(exc, headers) from None
+            raise self._refused(principal, request_id, overloaded_error(exc, headers)) from None
         child(metrics.PROMPT_TOKENS, self.dispatcher.model, principal.tier).inc(len(prompt_ids))
         upstream_req = GenerationRequest(
             request_id=request_id,
@@ -261,6 +269,25 @@ class Pipeline:
             {**headers, "x-request-id": request_id},
             arrived,
         )
+
+    def _refused(self, principal: Principal, request_id: str, error: ApiError) -> ApiError:
+        """A refusal after the request got its id (the limiter's 429 or 503, the queue's): the id
+        travels in `x-request-id`, as on an admitted request's response, and one log line carries
+        it, so a client quoting the id of a 429 it was given can be found in the logs."""
+        error.headers["x-request-id"] = request_id
+        info_line(
+            log,
+            "chat_refused",
+            {
+                "request_id": request_id,
+                "user": principal.user,
+                "tier": principal.tier,
+                "model": self.config.model_name,
+                "status": error.status,
+                "code": error.detail.code,
+            },
+        )
+        return error
 
     def _logit_bias(self, req: ChatCompletionRequest) -> tuple[tuple[int, float], ...]:
         """The request's logit_bias as the replicas take it, zero biases left out (they change

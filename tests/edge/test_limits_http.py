@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from structlog.testing import capture_logs
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
@@ -36,6 +37,21 @@ def test_request_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
     assert 0 < retry_ms <= 3600 * 1000
     assert int(denied.headers["retry-after"]) == math.ceil(retry_ms / 1000)
     assert denied.headers["x-ratelimit-limit-requests"] == "2"
+
+
+def test_a_429_names_its_request_id_and_the_log_has_it(tmp_path: Path) -> None:
+    # The client's errors carry the id "for support and logs": a refusal's must be findable.
+    with start_server(tmp_path, _paid(requests_per_window=1, request_window_s=3600)) as server:
+        with httpx.Client(base_url=server.base_url) as client, capture_logs() as logs:
+            ok = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+            denied = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+    assert ok.status_code == 200 and denied.status_code == 429
+    request_id = denied.headers["x-request-id"]
+    assert request_id.startswith("chatcmpl-") and request_id != ok.headers["x-request-id"]
+    refused = [line for line in logs if line["event"] == "chat_refused"]
+    assert [(line["request_id"], line["status"], line["code"]) for line in refused] == [
+        (request_id, 429, "rate_limit_exceeded")
+    ]
 
 
 def test_a_prompt_larger_than_the_whole_token_budget_is_a_400_that_costs_no_request(tmp_path: Path) -> None:
