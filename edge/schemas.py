@@ -55,6 +55,7 @@ from edge.text.chat_template import PromptEnd
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
+FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # OpenAI answers 400 "array too long" above 2048 messages. The chat template runs once per message,
@@ -141,8 +142,9 @@ class ChatCompletionRequest(msgspec.Struct):
     # likely tokens; 0 or -1 is off. Bounded by TensorRT-LLM's top-k sampling, which takes k <= 1024.
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
     # vLLM's extension too: a logit of a token the prompt or the reply holds is divided by it when
-    # positive, multiplied when negative (1 is off).
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] | None = None
+    # positive, multiplied when negative (1 is off). Above 0 as vLLM takes it, and at least float32's
+    # smallest normal number: both replicas hold it in float32, where a smaller one is 0 or denormal.
+    repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_MIN_NORMAL, le=10.0)] | None = None
     # vLLM's extensions for how a reply ends. ignore_eos: generate past the model's end tokens
     # (stop strings, stop_token_ids and max_tokens still end it, the last as "length").
     ignore_eos: bool = False

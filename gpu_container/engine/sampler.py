@@ -145,7 +145,15 @@ def _adjusted(
         out[seen] -= counts * params.frequency_penalty + params.presence_penalty
     if held:
         out[list(held)] = -np.inf
+    # A repetition penalty near 0 divides a positive logit past float32's range: +inf, and then
+    # inf - inf is NaN in the softmax (an IndexError, an "error" for the request). At float32's
+    # largest value such tokens tie, as infinitely preferred: the first of them greedy, any of them
+    # sampled.
+    np.minimum(out, _FLOAT32_MAX, out=out)
     return out
+
+
+_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def _draw(cumulative: np.ndarray[tuple[int], np.dtype[np.float64]], rng: np.random.Generator) -> int:

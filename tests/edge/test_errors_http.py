@@ -77,6 +77,7 @@ def test_401_without_a_valid_key(local_client: httpx.Client, headers: dict[str, 
         (OK_BODY | {"top_k": 1025}, "top_k"),  # past TensorRT-LLM's top-k sampling
         (OK_BODY | {"top_k": -2}, "top_k"),
         (OK_BODY | {"repetition_penalty": 0}, "repetition_penalty"),
+        (OK_BODY | {"repetition_penalty": 1e-300}, "repetition_penalty"),  # 0 in the replicas' float32
         (OK_BODY | {"repetition_penalty": 11}, "repetition_penalty"),
         (OK_BODY | {"ignore_eos": "yes"}, "ignore_eos"),
         (OK_BODY | {"min_tokens": -1}, "min_tokens"),

@@ -62,6 +62,19 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() ->
     np.testing.assert_allclose(draws / 10_000, expected, atol=0.02)
 
 
+def test_a_repetition_penalty_near_zero_ties_the_penalised_tokens_instead_of_failing() -> None:
+    # 5 / 1.2e-38 is past float32's range: +inf, and inf - inf made the row NaN (an IndexError at
+    # top_p below 1, a 502 for the request). Now the tokens so penalised tie at float32's largest.
+    logits = np.array([3.0, 5.0, -1.0, 6.0], dtype=np.float32)
+    tiny = SamplingParams(temperature=0, repetition_penalty=1.2e-38)
+    assert sample(logits, tiny, None, [], [1, 3]) == 1  # the first of the tied tokens
+    rng = np.random.default_rng(0)
+    for top_p in (0.9, 1.0):
+        params = SamplingParams(temperature=1.0, top_p=top_p, repetition_penalty=1.2e-38)
+        draws = np.bincount([sample(logits, params, rng, [], [1, 3]) for _ in range(2_000)], minlength=4)
+        assert draws[0] == draws[2] == 0 and min(draws[1], draws[3]) > 800, (top_p, draws)
+
+
 def test_low_temperature_sharpens() -> None:
     assert _frequencies(SamplingParams(temperature=0.2))[0] > 0.9
 
