@@ -14,11 +14,15 @@ same image, host networking) and, every `--interval-s`:
   group replaces it; EC2 status checks alone never see a dead Triton on a healthy instance);
 * drain: when the group takes the host out of service (target state Terminated, or back to the warm
   pool: Warmed:*, as reuse_on_scale_in returns scaled-in hosts there), completes the terminate hook
-  as soon as the host's streams end (the edge sends it nothing new meanwhile), at the latest after
-  `--drain-s`. The drain is what keeps streams alive through a scale-in. The agent used to protect
-  every host with a stream from scale-in besides: the edge spreads streams over the least loaded
-  hosts, so with more streams than hosts every host was protected and the group could not scale in
-  until traffic all but stopped, however far the demand fell;
+  once the host has no stream and every edge has stopped placing new ones on it, at the latest after
+  `--drain-s`. The edges find the group's in-service hosts again every `[upstream]
+  discovery_interval_s` (15 s): until each has, it may still send this host new streams, so the
+  hook waits `--min-drain-s` (20 s) from the first sight of the drain even on an idle host (it
+  completed at once before, and the streams the edges sent next met a stopping Triton). The drain
+  is what keeps streams alive through a scale-in. The agent used to protect every host with a
+  stream from scale-in besides: the edge spreads streams over the least loaded hosts, so with more
+  streams than hosts every host was protected and the group could not scale in until traffic all
+  but stopped, however far the demand fell;
 * GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
 
 The decisions (`HostAgent.step`) are pure: an observation in, actions out; `AwsHost` carries them
@@ -88,6 +92,9 @@ class HostAgent:
     reported_unhealthy: bool = False
     drain_started: float | None = None
     drain_done: bool = False
+    # How long the edges may still send new streams after the drain starts (their discovery
+    # interval and a margin): an idle host's hook waits this long too.
+    min_drain_s: float = 20.0
 
     def step(self, seen: Observation) -> list[Action]:
         """The actions this observation calls for; each is taken at most once."""
@@ -128,7 +135,8 @@ class HostAgent:
             return []
         if self.drain_started is None:
             self.drain_started = seen.now
-        if seen.active_streams == 0 or seen.now - self.drain_started >= self.drain_s:
+        draining_for = seen.now - self.drain_started
+        if (seen.active_streams == 0 and draining_for >= self.min_drain_s) or draining_for >= self.drain_s:
             self.drain_done = True
             return [CompleteHook("drain", "CONTINUE")]
         return []
@@ -266,6 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-timeout-s", type=float, default=1740.0, help="abandon the launch after this")
     parser.add_argument("--drain-s", type=float, default=300.0, help="longest drain on termination")
     parser.add_argument(
+        "--min-drain-s",
+        type=float,
+        default=20.0,
+        help="shortest drain: the edges' [upstream] discovery_interval_s and a margin",
+    )
+    parser.add_argument(
         "--unhealthy-after-s", type=float, default=60.0, help="Triton down this long: Unhealthy"
     )
     parser.add_argument(
@@ -283,7 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         boto3.client("autoscaling"),
         boto3.client("cloudwatch"),
     )
-    agent = HostAgent(args.ready_timeout_s, args.drain_s, args.unhealthy_after_s, started_at=time.monotonic())
+    agent = HostAgent(
+        args.ready_timeout_s,
+        args.drain_s,
+        args.unhealthy_after_s,
+        started_at=time.monotonic(),
+        min_drain_s=min(args.min_drain_s, args.drain_s),
+    )
     run(agent, host, args.interval_s)
 
 
