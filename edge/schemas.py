@@ -28,9 +28,10 @@ than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `gu
 `guided_grammar`, `structured_outputs`, and `guided_decoding_backend` / `guided_whitespace_pattern`
 that tune them), tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
 for one), an audio reply (`modalities` other than "text", `audio`) and a web search
-(`web_search_options`), as OpenAI refuses them for a model without them. A client that parses the
-reply as JSON, waits for a tool call or plays the audio would otherwise get prose, and fail later
-and further away. Each is refused only when sent with a value: null, as clients that fill every
+(`web_search_options`), as OpenAI refuses them for a model without them, and vLLM's extensions
+neither replica applies (VLLM_UNAPPLIED: `min_p`, `bad_words`, beam search, ...). A client that
+parses the reply as JSON, waits for a tool call or plays the audio would otherwise get prose, and
+fail later and further away. Each is refused only when sent with a value: null, as clients that fill every
 field send it, asks for nothing (and `modalities` ["text"] asks for what there is).
 
 So is a message's content part other than text (an image, audio, a file): the model reads text
@@ -122,6 +123,13 @@ Refused = Annotated[
 RefusedOutput = Annotated[
     Any, msgspec.Meta(description="Audio replies and web search: not supported, a 400 unless null")
 ]
+RefusedSampling = Annotated[
+    Any,
+    msgspec.Meta(
+        description="vLLM's extension: not applied here, a 400 when it asks for anything (null, "
+        "false, 0, an empty list or best_of 1 ask for nothing)"
+    ),
+]
 
 
 # One path segment of the history's URL (GET /v1/conversations/{id}/messages): an id with a '/'
@@ -191,6 +199,17 @@ class ChatCompletionRequest(msgspec.Struct):
     modalities: list[str] | None = None
     audio: RefusedOutput = None
     web_search_options: RefusedOutput = None
+    # vLLM's sampling and prompt extensions neither replica applies (VLLM_UNAPPLIED), decoded
+    # only to be refused when they ask for something.
+    min_p: RefusedSampling = None
+    allowed_token_ids: RefusedSampling = None
+    bad_words: RefusedSampling = None
+    prompt_logprobs: RefusedSampling = None
+    best_of: RefusedSampling = None
+    use_beam_search: RefusedSampling = None
+    echo: RefusedSampling = None
+    truncate_prompt_tokens: RefusedSampling = None
+    chat_template: RefusedSampling = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -235,6 +254,31 @@ STRUCTURED_OUTPUTS = (
     "guided_decoding_backend",
     "guided_whitespace_pattern",
 )
+# vLLM's extensions that change the reply or the prompt, which neither replica path applies (the
+# in-process engine has none of them; the Triton replicas are sent no such input): each is refused by
+# name when it asks for something, as the README promises ("refused by name, never ignored"), since a
+# client sending min_p 0.9 or bad_words ["Paris"] would otherwise take the reply as shaped by them.
+# Each names what it asks for; null, false, 0, an empty list (and best_of 1: one reply, as n=1)
+# ask for nothing, as clients that fill every field send them.
+VLLM_UNAPPLIED = {
+    "min_p": "a min-p cut",
+    "allowed_token_ids": "a reply held to given tokens",
+    "bad_words": "banned words",
+    "prompt_logprobs": "the prompt's log-probabilities",
+    "best_of": "the best of several replies",
+    "use_beam_search": "beam search",
+    "echo": "the prompt echoed in the reply",
+    "truncate_prompt_tokens": "a truncated prompt",
+    "chat_template": "a chat template of the client's",
+}
+
+
+def _asks_for_something(name: str, value: Any) -> bool:
+    if name == "best_of":
+        return value is not None and value != 1
+    return value is not None and value is not False and value != 0 and value != [] and value != ""
+
+
 # msgspec names the place as "at `$.a.b`", or "at `key` in `$.a`" for a dict key; "[...]" is any key.
 _PATH = re.compile(r"`\$\.?(?P<path>[^`]*?)(?:\[\.\.\.\])?`")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
@@ -311,6 +355,14 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         if getattr(req, name) is not None:
             raise invalid_request(
                 f"Unsupported parameter: '{name}' asks for {what}, which this model cannot give.",
+                name,
+                code="unsupported_parameter",
+            )
+    for name, what in VLLM_UNAPPLIED.items():
+        if _asks_for_something(name, getattr(req, name)):
+            raise invalid_request(
+                f"Unsupported parameter: '{name}' asks for {what}, which this server does not apply "
+                "(one of vLLM's extensions).",
                 name,
                 code="unsupported_parameter",
             )

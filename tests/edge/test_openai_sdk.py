@@ -176,3 +176,33 @@ def test_sdk_include_stop_str_in_output_keeps_the_stop_string(sdk: openai.OpenAI
     # False, as vLLM's default: left out.
     left = _sdk_reply(sdk, stream, stop=[stop], extra_body={"include_stop_str_in_output": False})
     assert left == (full[:cut], "stop")
+
+
+VLLM_UNAPPLIED: dict[str, tuple[Any, Any]] = {
+    # name: (a value that asks for something, one that asks for nothing)
+    "min_p": (0.99, 0.0),
+    "allowed_token_ids": ([42], None),
+    "bad_words": (["Paris"], []),
+    "prompt_logprobs": (1, None),
+    "best_of": (3, 1),
+    "use_beam_search": (True, False),
+    "echo": (True, False),
+    "truncate_prompt_tokens": (8, None),
+    "chat_template": ("{{ messages[0].content }}", None),
+}
+
+
+@pytest.mark.parametrize("field", sorted(VLLM_UNAPPLIED))
+def test_sdk_hears_vllm_extensions_no_replica_applies_refused_by_name(sdk: openai.OpenAI, field: str) -> None:
+    """Each answered 200 with the reply as if it had not been sent (min_p 0.99 at temperature 1.5:
+    the same random text; bad_words ["Paris"]: "Paris" in the reply), against the README's
+    "refused by name, never ignored"."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    asks, asks_nothing = VLLM_UNAPPLIED[field]
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={field: asks})
+    assert (info.value.param, info.value.code) == (field, "unsupported_parameter")
+    reply = sdk.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, extra_body={field: asks_nothing}
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
