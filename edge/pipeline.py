@@ -159,7 +159,12 @@ class Pipeline:
             raise unknown_model(req.model)
         logit_bias = self._logit_bias(req)
         stop_token_ids = self._stop_token_ids(req)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        # OpenAI's `developer` role is its newer name for `system` (what it says for o1 and later);
+        # chat templates know only `system`, and SmolLM2's would add its own default system prompt
+        # in front of a `developer` turn it renders as a turn of its own.
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
+        ]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
             prompt_ids = await encode_messages(self.text.encode_chat, messages, salt, req.prompt_end)

@@ -358,3 +358,19 @@ def test_stop_token_ids_end_the_reply_there_on_both_paths(
         # Asked for, as vLLM's include_stop_str_in_output: the token's text ends the reply's.
         kept = _streamed_answer(server, body | {"include_stop_str_in_output": True})
         assert kept == (cut[at + 1], "stop", usage), server.base_url
+
+
+def test_a_developer_message_is_read_as_the_system_prompt(server: LiveServer, client: httpx.Client) -> None:
+    """OpenAI's `developer` role is its newer name for `system`. Rendered as a turn of its own,
+    SmolLM2's template also put its default system prompt in front (18 prompt tokens with
+    "system", 40 with "developer")."""
+    replies = {}
+    for role in ("system", "developer"):
+        messages = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+        answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+        assert answer.status_code == 200, answer.text
+        replies[role] = (answer.json()["usage"]["prompt_tokens"], answer.json()["choices"][0]["message"])
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    assert replies["developer"] == replies["system"]
+    assert replies["system"][0] == _prompt_tokens(server, system)
