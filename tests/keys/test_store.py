@@ -118,7 +118,7 @@ async def test_rotation_keeps_the_old_key_for_the_grace_period(key_store: KeySto
     assert (await auth.authenticate(f"Bearer {old_key}")).user == "alice"
     assert (await auth.authenticate(f"Bearer {rotated.key}")).user == "alice"
     clock.advance(60.0)
-    with pytest.raises(ApiError, match="^This API key has expired.$"):
+    with pytest.raises(ApiError, match=r"^This API key has expired\.$"):
         await auth.authenticate(f"Bearer {old_key}")
     assert (await auth.authenticate(f"Bearer {rotated.key}")).user == "alice"
     with pytest.raises(KeyNotFound):
