@@ -18,6 +18,7 @@ from floodgate_client.client import (
     DEFAULT_DEADLINE_S,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
+    default_gone,
     http_timeout,
 )
 from floodgate_client.decoder import ChunkDecoder
@@ -160,14 +161,19 @@ class AsyncChat:
                 raise NotFoundError(str(exc), status_code=response.status_code) from exc
         return dataclasses.replace(request, model=self._default_model)
 
+    def _forget_default(self, sent: ChatRequest) -> None:
+        if self._default_model == sent.model:
+            self._default_model = None
+
     async def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        request = await self._with_model(request)
+        sent = await self._with_model(request)
         started = time.monotonic()
         retries_done = 0
+        relisted = False
         while True:
             try:
                 response = await self._http.send(
-                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
+                    self._http.build_request("POST", CHAT_PATH, json=sent.body()), stream=True
                 )
             except httpx.TransportError as exc:
                 if network_retries > 0:
@@ -182,6 +188,12 @@ class AsyncChat:
             finally:
                 await response.aclose()
             error = error_from_response(response.status_code, response.headers, body)
+            if not relisted and default_gone(request, error):
+                relisted = True
+                log.info("the default model %s is gone for this key: listing the models again", sent.model)
+                self._forget_default(sent)
+                sent = await self._with_model(request)
+                continue
             wait = policy.wait_s(error, retries_done, time.monotonic() - started)
             if wait is None:
                 raise error

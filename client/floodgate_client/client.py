@@ -47,6 +47,13 @@ DEFAULT_DEADLINE_S = 60.0
 CANCEL_ON_EXIT_S = 5.0
 
 
+def default_gone(request: ChatRequest, error: FloodgateError) -> bool:
+    """A 404 model_not_found for a request whose model the client chose (the key's default, listed
+    once per client): the key's tier, or the tier's models, changed since. Listed again and retried
+    once. A model the caller named is the caller's to fix."""
+    return request.model is None and isinstance(error, NotFoundError) and error.code == "model_not_found"
+
+
 def http_timeout(timeout_s: float) -> httpx.Timeout:
     """`timeout_s` bounds each read: a queued request still gets keep-alives well within it."""
     return httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
@@ -158,14 +165,19 @@ class Chat:
                 raise NotFoundError(str(exc), status_code=response.status_code) from exc
         return dataclasses.replace(request, model=self._default_model)
 
+    def _forget_default(self, sent: ChatRequest) -> None:
+        if self._default_model == sent.model:
+            self._default_model = None
+
     def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        request = self._with_model(request)
+        sent = self._with_model(request)
         started = time.monotonic()
         retries_done = 0
+        relisted = False
         while True:
             try:
                 response = self._http.send(
-                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
+                    self._http.build_request("POST", CHAT_PATH, json=sent.body()), stream=True
                 )
             except httpx.TransportError as exc:
                 if network_retries > 0:
@@ -180,6 +192,12 @@ class Chat:
             finally:
                 response.close()
             error = error_from_response(response.status_code, response.headers, body)
+            if not relisted and default_gone(request, error):
+                relisted = True
+                log.info("the default model %s is gone for this key: listing the models again", sent.model)
+                self._forget_default(sent)
+                sent = self._with_model(request)
+                continue
             wait = policy.wait_s(error, retries_done, time.monotonic() - started)
             if wait is None:
                 raise error
