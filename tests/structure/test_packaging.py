@@ -1,17 +1,23 @@
 """What each distribution installs: the client alone pulls httpx only; the server's distribution
 ships edge/, limiter/ and gpu_container/ (no top-level `client` or `bench`) and no test tools.
 
-Read from the pyproject files and the sources, so it holds without building or installing anything;
-`pip install ./client` in a fresh venv is the by-hand check (README, client/README.md).
+Read from the pyproject files and the sources, so it holds without building or installing anything,
+but for the client's typing marker: which files a wheel gets is setuptools' to say, so that test runs
+its build_py (offline, on a copy of client/). `pip install ./client` in a fresh venv is the by-hand
+check (README, client/README.md).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
+
+import pytest
 
 from tests.structure.imports import ROOT, imports_in
 
@@ -69,3 +75,21 @@ def test_the_runtime_set_holds_no_test_tools_and_the_client_is_separate() -> Non
     assert runtime.isdisjoint(DEV_TOOLS)
     assert "floodgate-client" in runtime  # `floodgate chat`, from the client's own distribution
     assert SERVER_ONLY <= runtime  # the server needs them; the client must not pull them
+
+
+def test_the_client_wheel_carries_its_py_typed_marker(tmp_path: Path) -> None:
+    """An application's mypy reads an installed package's annotations only with a py.typed (PEP 561):
+    without it, everything from floodgate_client was Any to the application's type check."""
+    pytest.importorskip("setuptools", reason="setuptools builds the client's wheel")
+    source = tmp_path / "client"
+    shutil.copytree(CLIENT_DIR, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    built = tmp_path / "lib"
+    subprocess.run(
+        [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py", "-d", str(built)],
+        cwd=source,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert (built / "floodgate_client" / "__init__.py").is_file()
+    assert (built / "floodgate_client" / "py.typed").is_file()
