@@ -135,7 +135,26 @@ def transport_failure(what: str, exc: Exception) -> NetworkError:
     (h11 refusing what we would send) quotes the offending header value, which may be the API key."""
     if isinstance(exc, httpx.LocalProtocolError):
         return NetworkError(f"{what}: the request could not be sent (an invalid header or body)")
-    return NetworkError(f"{what}: {exc}")
+    return NetworkError(f"{what}: {what_happened(exc)}")
+
+
+def what_happened(exc: Exception) -> str:
+    """The failure in words. The sync transport's exceptions carry the socket's own ("timed out",
+    "[Errno 104] Connection reset by peer"); the async one's are empty (anyio raises TimeoutError() and
+    BrokenResourceError()), so a timeout says so, and another failure gives the first OS error among
+    its causes, or at least its type."""
+    if text := str(exc):
+        return text
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(8):  # a few links: httpx's, httpcore's, anyio's, then the OS error
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and str(cause):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
 
 
 def transport_cause(exc: Exception) -> Exception | None:

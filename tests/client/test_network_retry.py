@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+import anyio
+import httpx
 import pytest
 
 from floodgate_client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
+from floodgate_client.errors import transport_failure
 from tests.client.live import SURE_TEXT
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
@@ -103,3 +106,31 @@ async def test_async_stream_cut_before_its_first_token_is_reopened(server: LiveS
         async with AsyncClient(proxy.base_url, server.keys["paid"]) as client:
             result = await client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
     assert result.text and proxy.connections >= 2
+
+
+def test_a_reset_stream_says_what_happened_in_the_sync_and_the_async_client(server: LiveServer) -> None:
+    """anyio's errors carry no message (httpx's ReadError('') over a reset): the NetworkError must
+    still say what happened, as the sync client's does, for the log line or the UI that shows it."""
+    plans = ["reset_after_text"] * 2
+    with (
+        flaky_proxy(edge_port(server), plans) as proxy,
+        Client(proxy.base_url, server.keys["paid"], max_retries=0) as client,
+        pytest.raises(NetworkError) as sync_caught,
+    ):
+        client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=200)
+
+    async def main() -> None:
+        async with AsyncClient(proxy.base_url, server.keys["paid"], max_retries=0) as aclient:
+            await aclient.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=200)
+
+    with flaky_proxy(edge_port(server), plans) as proxy, pytest.raises(NetworkError) as async_caught:
+        anyio.run(main)
+    for caught in (sync_caught, async_caught):
+        what, _, happened = str(caught.value).partition(": ")
+        assert what == "stream broken" and "reset" in happened.lower(), str(caught.value)
+
+
+def test_a_timeout_with_an_empty_message_still_says_it_timed_out() -> None:
+    """What the async client gets for a read timeout: ReadTimeout(''), over anyio's TimeoutError()."""
+    assert str(transport_failure("stream broken", httpx.ReadTimeout(""))) == "stream broken: timed out"
+    assert str(transport_failure("request failed", httpx.ReadError(""))) == "request failed: ReadError"

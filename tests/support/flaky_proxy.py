@@ -5,6 +5,7 @@ Each accepted connection takes the next plan from the list (then "forward" once 
   "refuse"            read the request, then close without answering
   "cut_after_start"   pass the response up to the end of its first SSE event, then close
   "cut_after_text"    pass the response up to the end of the first event carrying text, then close
+  "reset_after_text"  the same, then reset the connection (RST) instead of closing it
   "lose_answer"       pass the request, wait for the server's first bytes of answer, then close
                       without passing them: the request was served, the client never hears of it
   "forward"           pass everything
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import struct
 import threading
 from contextlib import AbstractContextManager
 
@@ -22,7 +24,11 @@ from tests.support.tcp_proxy import TcpProxy, running
 
 _FIRST_EVENT_END = re.compile(rb'"request_id".*?\n\n', re.S)
 _TEXT_EVENT_END = re.compile(rb'"delta":\{"content":"[^"].*?\n\n', re.S)
-_CUTS = {"cut_after_start": _FIRST_EVENT_END, "cut_after_text": _TEXT_EVENT_END}
+_CUTS = {
+    "cut_after_start": _FIRST_EVENT_END,
+    "cut_after_text": _TEXT_EVENT_END,
+    "reset_after_text": _TEXT_EVENT_END,
+}
 
 
 class FlakyProxy(TcpProxy):
@@ -48,11 +54,11 @@ class FlakyProxy(TcpProxy):
                         upstream.recv(65536)
                     client.shutdown(socket.SHUT_RDWR)
                     return
-                self._relay_response(upstream, client, _CUTS.get(plan))
+                self._relay_response(upstream, client, _CUTS.get(plan), reset=plan.startswith("reset"))
 
     @staticmethod
     def _relay_response(
-        upstream: socket.socket, client: socket.socket, cut: re.Pattern[bytes] | None
+        upstream: socket.socket, client: socket.socket, cut: re.Pattern[bytes] | None, reset: bool
     ) -> None:
         seen = b""
         while True:
@@ -66,7 +72,14 @@ class FlakyProxy(TcpProxy):
                 match = cut.search(seen + data)
                 if match is not None:
                     client.sendall(data[: match.end() - len(seen)])
-                    client.shutdown(socket.SHUT_RDWR)
+                    if reset:
+                        # Linger on, for no time: the close sends a RST, as a crashed peer's host does.
+                        # SHUT_RD first wakes the pump blocked reading it, which would hold it open.
+                        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        client.shutdown(socket.SHUT_RD)
+                        client.close()
+                    else:
+                        client.shutdown(socket.SHUT_RDWR)
                     return
                 seen += data
             client.sendall(data)
