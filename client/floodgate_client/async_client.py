@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
 from contextlib import aclosing
@@ -14,6 +15,7 @@ import anyio
 import httpx
 
 from floodgate_client.client import (
+    CANCEL_DRAIN_S,
     CANCEL_ON_EXIT_S,
     DEFAULT_DEADLINE_S,
     DEFAULT_MAX_RETRIES,
@@ -46,7 +48,7 @@ from floodgate_client.request import (
     first_model_id,
 )
 from floodgate_client.retry import RetryPolicy
-from floodgate_client.sse import aiter_events
+from floodgate_client.sse import ServerSentEvent, aiter_events
 
 log = logging.getLogger("floodgate.client")
 
@@ -219,6 +221,9 @@ class AsyncChatStream:
         self._overload_retries = 0
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        # Reads wait until this (anyio's clock): forever, until a confirmed cancel bounds the rest.
+        self._drain_deadline = math.inf
+        self._read_scope: anyio.CancelScope | None = None
         self._ended_on_server = False
         self._response: httpx.Response | None = None
         self._events = self._generate()
@@ -268,8 +273,10 @@ class AsyncChatStream:
         return self._decoder.finished
 
     async def cancel(self) -> bool:
-        """Ask the server to stop generating, then close the connection. True when the server confirmed;
-        False when the reply had already finished. The stream then ends with Finished(cancelled=True)."""
+        """Ask the server to stop generating. True when the server confirmed; False when the reply had
+        already finished. The stream then ends with Finished(cancelled=True): reading on gives what the
+        server sent before the cancel reached it and its own ending, with usage, for at most
+        CANCEL_DRAIN_S; then the connection is dropped."""
         if self._decoder.finished is not None or self._cancelled or self._response is None:
             return False
         request_id = self.request_id
@@ -284,7 +291,10 @@ class AsyncChatStream:
             await self.close()
             raise
         self._cancelled = True
-        await self.close()
+        self._drain_deadline = anyio.current_time() + CANCEL_DRAIN_S
+        if self._read_scope is not None:
+            # Another task is waiting on the stream's next bytes: bound that wait too.
+            self._read_scope.deadline = self._drain_deadline
         return True
 
     async def close(self) -> None:
@@ -316,6 +326,17 @@ class AsyncChatStream:
         self._overload_retries += 1
         return wait
 
+    async def _next_event(self, events: AsyncGenerator[ServerSentEvent, None]) -> ServerSentEvent | None:
+        """The stream's next event; None at its end, or once a cancel's bound on the rest has passed.
+        The scope covers this one wait, never a yield of the stream's own generator."""
+        with anyio.CancelScope(deadline=self._drain_deadline) as scope:
+            self._read_scope = scope
+            try:
+                return await anext(events, None)
+            finally:
+                self._read_scope = None
+        return None
+
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""
         return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
@@ -326,11 +347,12 @@ class AsyncChatStream:
             assert self._response is not None
             try:
                 async with aclosing(aiter_events(self._response.aiter_bytes())) as events:
-                    async for sse in events:
+                    while (sse := await self._next_event(events)) is not None:
                         for event in self._decoder.feed(sse):
                             yield event
-                        if self._cancelled:
-                            break
+                if self._cancelled and self._decoder.finished is None:
+                    # The server's ending did not come in time: drop the connection.
+                    await self._response.aclose()
                 for event in self._cancelled_ending() if self._cancelled else self._decoder.end_of_stream():
                     yield event
                 return

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import socket
+import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
@@ -45,6 +48,10 @@ DEFAULT_DEADLINE_S = 60.0
 # Leaving a `with` block early closes the connection, which stops the generation on its own; the cancel
 # sent after is a courtesy, not worth holding the caller up for (the async client caps it the same).
 CANCEL_ON_EXIT_S = 5.0
+# After a confirmed cancel the server still ends the stream itself: its final chunk (marked cancelled),
+# then usage and [DONE], at once. They are read for at most this long; then the connection is dropped
+# and the stream ends cancelled without usage (the async client bounds it the same).
+CANCEL_DRAIN_S = 2.0
 
 
 def default_gone(request: ChatRequest, error: FloodgateError) -> bool:
@@ -226,6 +233,7 @@ class ChatStream:
         self._overload_retries = 0
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        self._cut_off: CutOff | None = None
         self._ended_on_server = False
         self._response = chat._open(request, policy, self._network_retries)
         self._events = self._generate()
@@ -265,8 +273,10 @@ class ChatStream:
         return self._decoder.finished
 
     def cancel(self) -> bool:
-        """Ask the server to stop generating, then close the connection. True when the server confirmed;
-        False when the reply had already finished. The stream then ends with Finished(cancelled=True)."""
+        """Ask the server to stop generating. True when the server confirmed; False when the reply had
+        already finished. The stream then ends with Finished(cancelled=True): reading on gives what the
+        server sent before the cancel reached it and its own ending, with usage, for at most
+        CANCEL_DRAIN_S; then the connection is dropped."""
         if self._decoder.finished is not None or self._cancelled:
             return False
         request_id = self.request_id
@@ -283,11 +293,20 @@ class ChatStream:
             self.close()
             raise
         self._cancelled = True
-        self.close()
+        if self._decoder.finished is None:
+            # A reader (this thread's next read, or another thread's blocked one) gets the server's
+            # ending, or, should it not come in time, the end of the connection.
+            self._cut_off = CutOff(self._response, CANCEL_DRAIN_S)
         return True
 
     def close(self) -> None:
+        self._disarm()
         self._response.close()
+
+    def _disarm(self) -> None:
+        if self._cut_off is not None:
+            self._cut_off.disarm()
+            self._cut_off = None
 
     def __enter__(self) -> ChatStream:
         return self
@@ -317,6 +336,7 @@ class ChatStream:
 
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""
+        self._disarm()
         return [] if self._decoder.finished is not None else [self._decoder.finish_cancelled()]
 
     def _generate(self) -> Generator[StreamEvent, None, None]:
@@ -324,8 +344,9 @@ class ChatStream:
             try:
                 for sse in iter_events(self._response.iter_bytes()):
                     yield from self._decoder.feed(sse)
-                    if self._cancelled:
-                        break
+                    if self._decoder.finished is not None:
+                        # Before the connection goes back to the pool, where a cut-off must not reach it.
+                        self._disarm()
                 if self._cancelled:
                     yield from self._cancelled_ending()
                 else:
@@ -354,3 +375,35 @@ class ChatStream:
                 self._response.close()
                 self._response = self._chat._open(self._request, self._policy, 0)
                 self._decoder = ChunkDecoder()
+
+
+class CutOff:
+    """Shuts a stream's connection down at a deadline, from a timer thread: a read blocked on a peer that
+    has gone quiet then returns at once, as it would not if the socket were closed under it (the read
+    holds it open). Disarmed before the connection can go back to the pool; a closed response, which
+    may have gone back already, is never touched."""
+
+    def __init__(self, response: httpx.Response, after_s: float) -> None:
+        self._response = response
+        self._lock = threading.Lock()
+        self._armed = True
+        self._timer = threading.Timer(after_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = False
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if not self._armed or self._response.is_closed:
+                return
+            stream = self._response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                log.info("no end of the stream within %.1f s of its cancel: dropping it", CANCEL_DRAIN_S)
+                with contextlib.suppress(OSError):
+                    # socket.socket's own: a TLS socket's would drop its TLS state under the reader.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)

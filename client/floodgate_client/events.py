@@ -45,7 +45,8 @@ class Finished:
     """The last event of a stream. `reason` is "stop" or "length" (OpenAI's finish_reason).
 
     `cancelled`: the generation was stopped by a cancel. `limit_reached`: which budget cut it short
-    ("tokens"), or None. `usage` is None when the server sent no usage chunk.
+    ("tokens"), or None. `usage` is None when the server sent no usage chunk, or, after the stream's
+    own cancel(), none within the short wait the client gives the rest of the stream (CANCEL_DRAIN_S).
     """
 
     reason: str

@@ -11,11 +11,15 @@ FINISHED = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n
 
 class ScriptedEdge:
     """Answers each chat request with the next script (the last one repeats); counts them. A cancel
-    gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished)."""
+    gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished). With
+    `hold_open`, a script's connection stays open, silent, until that event is set."""
 
-    def __init__(self, scripts: list[bytes], cancel_answer: bytes = FINISHED) -> None:
+    def __init__(
+        self, scripts: list[bytes], cancel_answer: bytes = FINISHED, hold_open: threading.Event | None = None
+    ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
+        self.hold_open = hold_open
         self.cancels = 0
         self.requests = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -52,6 +56,8 @@ class ScriptedEdge:
             conn.sendall(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + script
             )
+            if self.hold_open is not None:
+                self.hold_open.wait(timeout=120)
 
     def close(self) -> None:
         self._sock.close()

@@ -14,9 +14,10 @@ from contextlib import ExitStack
 import anyio
 import pytest
 
+from edge.sse import ChunkEncoder
 from floodgate_client import AsyncClient, Client, ConflictError, Finished, FloodgateError, TextDelta
 from floodgate_client.async_client import AsyncChatStream
-from floodgate_client.client import ChatStream
+from floodgate_client.client import CANCEL_DRAIN_S, ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import answered
@@ -42,10 +43,20 @@ def stop_a_long_reply(client: Client, stop: Callable[[ChatStream], bool]) -> Cha
     raise AssertionError("every long reply finished before it could be stopped")
 
 
-def test_cancel_is_confirmed_and_the_stream_ends_cancelled(server: LiveServer) -> None:
+def ends_with_the_servers_cancelled_ending(events: list[object]) -> None:
+    """What a stream gives after its cancel() was confirmed: the text the server sent before the cancel
+    reached it, if any, then the server's own final chunk, with the usage it sends after a cancel."""
+    *text, finished = events
+    assert all(isinstance(event, TextDelta) for event in text), events
+    assert isinstance(finished, Finished) and finished.cancelled and finished.reason == "stop", events
+    assert finished.usage is not None, "the server's usage, sent after the cancel, was not read"
+    assert 0 < finished.usage.completion_tokens < LONG_REPLY_TOKENS
+
+
+def test_cancel_is_confirmed_and_the_stream_ends_cancelled_with_the_servers_usage(server: LiveServer) -> None:
     with Client(server.base_url, server.keys["paid"]) as client:
         stream = stop_a_long_reply(client, lambda stream: stream.cancel())
-        assert list(stream) == [Finished("stop", None, cancelled=True, limit_reached=None)]
+        ends_with_the_servers_cancelled_ending(list(stream))
         assert stream.finished is not None and stream.finished.cancelled
         assert stream.request_id is not None
         # The server has really stopped it: cancelling again finds it finished.
@@ -117,7 +128,8 @@ async def test_async_with_exit_cancels_and_async_cancel_is_confirmed(server: Liv
 
         stream = await open_long_async(client)
         assert await stream.cancel() is True
-        assert [event async for event in stream] == [Finished("stop", None, cancelled=True)]
+        ends_with_the_servers_cancelled_ending([event async for event in stream])
+        await stream.close()
 
 
 def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
@@ -141,7 +153,7 @@ def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: Li
         reader.join(timeout=30)
     assert not reader.is_alive()
     last = events[-1]
-    assert isinstance(last, Finished) and last.cancelled
+    assert isinstance(last, Finished) and last.cancelled and last.usage is not None
     assert sum(isinstance(event, Finished) for event in events) == 1
 
 
@@ -166,7 +178,7 @@ async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server
                 await first_text.wait()
                 assert await stream.cancel() is True
     last = events[-1]
-    assert isinstance(last, Finished) and last.cancelled
+    assert isinstance(last, Finished) and last.cancelled and last.usage is not None
     assert sum(isinstance(event, Finished) for event in events) == 1
 
 
@@ -201,4 +213,56 @@ def test_a_cancel_answered_with_a_proxys_page_raises_floodgate_error_and_a_with_
         anyio.run(leave_async)
         assert edge.cancels == 4
     finally:
+        edge.close()
+
+
+CANCELLED = (
+    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 22\r\n\r\n{"status":"CANCELLED"}'
+)
+
+
+def text_then_silence(request_id: str) -> bytes:
+    encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
+    return encoder.first() + encoder.delta("hello")
+
+
+def test_a_confirmed_cancel_whose_stream_then_goes_silent_ends_within_its_bound() -> None:
+    """The server confirms the cancel, then sends nothing more and keeps the connection open (a proxy
+    holding the rest back, a peer gone): reading on must end within CANCEL_DRAIN_S, cancelled, without
+    usage, however long the client's read timeout; from this thread or a reader's."""
+    hold = threading.Event()
+    edge = ScriptedEdge([text_then_silence("chatcmpl-quiet")], cancel_answer=CANCELLED, hold_open=hold)
+    try:
+        with Client(edge.base_url, "fg-test", timeout=60.0) as client:
+            with client.chat.stream("hi", model="floodgate-tiny") as stream:
+                next(event for event in stream if isinstance(event, TextDelta))
+                started = time.monotonic()
+                assert stream.cancel() is True
+                assert list(stream) == [Finished("stop", None, cancelled=True)]
+                assert time.monotonic() - started < CANCEL_DRAIN_S + 5.0
+
+        async def read_in_a_task_cancel_in_another() -> list[object]:
+            events: list[object] = []
+            first_text = anyio.Event()
+
+            async def read(stream: AsyncChatStream) -> None:
+                async for event in stream:
+                    events.append(event)
+                    if isinstance(event, TextDelta):
+                        first_text.set()
+
+            async with AsyncClient(edge.base_url, "fg-test", timeout=60.0) as aclient:
+                async with aclient.chat.stream("hi", model="floodgate-tiny") as astream:
+                    with anyio.fail_after(CANCEL_DRAIN_S + 5.0):
+                        async with anyio.create_task_group() as group:
+                            group.start_soon(read, astream)
+                            await first_text.wait()
+                            assert await astream.cancel() is True
+            return events
+
+        events = anyio.run(read_in_a_task_cancel_in_another)
+        assert events[-1] == Finished("stop", None, cancelled=True)
+        assert edge.cancels == 2
+    finally:
+        hold.set()
         edge.close()
