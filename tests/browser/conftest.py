@@ -18,6 +18,7 @@ from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
 from tests.client.live import OVERRIDES
 from tests.support.live_server import LiveServer, demo_model_dir, start_server
+from tests.support.ports import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,6 +56,18 @@ BROWSER_OVERRIDES: dict[str, Any] = {
 @pytest.fixture(scope="package")
 def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with start_server(tmp_path_factory.mktemp("edge-page"), overrides=BROWSER_OVERRIDES) as live:
+        yield live
+
+
+@pytest.fixture(scope="package")
+def storeless_page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """An edge whose limiter store is down (nothing listens on its Redis port) and whose paid tier
+    fails closed: each of its chat requests is a 503 with a Retry-After."""
+    overrides = {
+        "limiter": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 100},
+        "tiers": {**OVERRIDES["tiers"], "paid": {**OVERRIDES["tiers"]["paid"], "on_store_failure": "closed"}},
+    }
+    with start_server(tmp_path_factory.mktemp("edge-page-storeless"), overrides=overrides) as live:
         yield live
 
 

@@ -1,5 +1,7 @@
-"""The playground page in headless Chromium against a real edge: streaming, Stop, escaping, 429s,
-each key's default model, the typed text kept until it is sent."""
+"""The playground page in headless Chromium against a real edge: streaming, Stop, escaping, 429s and
+503s, each key's default model, the typed text kept until it is sent, a connection lost mid-reply.
+A refusal inside an opened stream, which an edge cannot be made to send at a chosen moment, comes
+from a scripted server (tests/client/scripted_edge.py) serving the page beside it."""
 
 from __future__ import annotations
 
@@ -8,14 +10,21 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from edge.admission.ticket import Overloaded
+from edge.pipeline import overloaded_error
+from edge.routes.playground import PLAYGROUND
+from edge.sse import DONE, ChunkEncoder, event
 from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
+from tests.client.scripted_edge import ScriptedEdge, served
 from tests.edge.sse_client import CHAT, MODEL, wait_until
+from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
@@ -127,6 +136,76 @@ def test_a_rate_limited_send_shows_the_wait_and_gives_the_prompt_back(
     expect(state).to_contain_text(re.compile(r"rate limited \(requests\): try again in \d+"))
     expect(page.locator("#prompt")).to_have_value("second, too soon")
     page.screenshot(path=str(screenshots / "playground-429.png"))
+
+
+def test_a_503_with_a_retry_after_shows_the_wait_and_gives_the_prompt_back(
+    browser: Browser, storeless_page_server: LiveServer
+) -> None:
+    """The limiter's store is down and the tier fails closed: a 503 with Retry-After, a refusal that
+    says when to come back, as a 429 does (it read 'HTTP 503: ...', with no wait)."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(storeless_page_server.base_url + "/")
+        page.fill("#model", SMALL)
+        send(page, storeless_page_server.keys["paid"], "hello while the limiter is down", 4)
+        state = page.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
+        expect(state).to_contain_text(re.compile(r"unavailable \(limiter_unavailable\): try again in \d"))
+        expect(page.locator("#prompt")).to_have_value("hello while the limiter is down")
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize(("reason", "label"), [("queue_full", "rate limited"), ("no_replica", "unavailable")])
+def test_a_refusal_in_the_stream_shows_its_wait_as_a_429_would(
+    browser: Browser, reason: str, label: str
+) -> None:
+    """Queued, then turned away in the stream the edge had opened: the wait is in the error event's
+    message ("Please try again in 12s."); the page counts it down as for the 429 or 503 it would
+    have been (it showed the message as a failure)."""
+    error = overloaded_error(Overloaded(reason, 12.0))
+    refused = ChunkEncoder("chatcmpl-refused", SMALL, 0).first() + b": keep-alive\n\n"
+    edge = ScriptedEdge(
+        [refused + event({"error": error.detail}) + DONE], pages={"/": served(PLAYGROUND.read_bytes())}
+    )
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.fill("#model", SMALL)
+        send(page, "fg-test", "hello in a busy hour", 4)
+        state = page.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
+        expect(state).to_contain_text(re.compile(label + r" \(" + reason + r"\): try again in 1[0-2] s"))
+        expect(page.locator("#prompt")).to_have_value("hello in a busy hour")
+        assert edge.requests == 1
+    finally:
+        context.close()
+        edge.close()
+
+
+def test_a_connection_cut_mid_reply_says_the_connection_was_lost(
+    browser: Browser, page_server: LiveServer
+) -> None:
+    """The stream breaks after its first text (a proxy between the page and the edge closes it): the
+    status must say so, where Chromium's own words made it 'network error: network error'."""
+    port = urlsplit(page_server.base_url).port
+    assert port is not None
+    # Every connection the browser opens is cut after a text event, which only a reply carries.
+    with flaky_proxy(port, ["cut_after_text"] * 50) as proxy:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(proxy.base_url + "/")
+            page.fill("#model", SMALL)
+            send(page, page_server.keys["paid"], LONG_REPLY.prompt, 64, LONG_REPLY.temperature)
+            state = page.locator("#status-state")
+            expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+            expect(state).to_have_text("the connection was lost mid-reply")
+            expect(page.locator("#prompt")).to_have_value(LONG_REPLY.prompt)
+        finally:
+            context.close()
 
 
 def test_the_page_fits_a_narrow_screen(browser: Browser, page_server: LiveServer, screenshots: Path) -> None:

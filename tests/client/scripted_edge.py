@@ -7,19 +7,32 @@ import socket
 import threading
 
 FINISHED = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+
+
+def served(body: bytes, content_type: str = "text/html; charset=utf-8") -> bytes:
+    """A whole HTTP response for a GET, to serve with `pages` (a page under test next to its scripts)."""
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + b"connection: close\r\n\r\n" + body
 
 
 class ScriptedEdge:
     """Answers each chat request with the next script (the last one repeats); counts them. A cancel
     gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished). With
-    `hold_open`, a script's connection stays open, silent, until that event is set."""
+    `hold_open`, a script's connection stays open, silent, until that event is set. A GET gets its
+    path's answer in `pages` (whole HTTP responses), or a 404."""
 
     def __init__(
-        self, scripts: list[bytes], cancel_answer: bytes = FINISHED, hold_open: threading.Event | None = None
+        self,
+        scripts: list[bytes],
+        cancel_answer: bytes = FINISHED,
+        hold_open: threading.Event | None = None,
+        pages: dict[str, bytes] | None = None,
     ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
         self.hold_open = hold_open
+        self.pages = pages or {}
         self.cancels = 0
         self.requests = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -38,8 +51,15 @@ class ScriptedEdge:
         with conn:
             data = b""
             while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
+                more = conn.recv(65536)
+                if not more:
+                    return  # a browser's spare connection, closed unused
+                data += more
             head, _, body = data.partition(b"\r\n\r\n")
+            request_line = head.split(b"\r\n")[0]
+            if request_line.startswith(b"GET "):
+                conn.sendall(self.pages.get(request_line.split(b" ")[1].decode(), NOT_FOUND))
+                return
             length = next(
                 int(line.split(b":")[1])
                 for line in head.split(b"\r\n")
@@ -47,7 +67,7 @@ class ScriptedEdge:
             )
             while len(body) < length:
                 body += conn.recv(65536)
-            if b"/cancel " in head.split(b"\r\n")[0]:
+            if b"/cancel " in request_line:
                 self.cancels += 1
                 conn.sendall(self.cancel_answer)
                 return
