@@ -9,14 +9,22 @@ second through a minute-long generation. What this instance does know, without a
   knows its max_output_tokens, so its expected remaining time is (max - used) / its own measured
   rate. A stream's own rate, not a replica-wide one: it already reflects its replica's batch and
   load, and the limiter needs nothing from the edge to know it;
-- how long streams last here (an EWMA of admission-to-settle times, with a prior until the first
-  ends): for a stream with no token yet (queued, in prefill), or held by another edge instance,
-  which this one knows nothing of. k such streams at unknown points of a life of D end, the first
-  of them, after about D / (k + 1) (the expected minimum of k uniform phases).
+- how long streams last here (an EWMA of admission-to-settle times D, with a prior until the first
+  ends), for the streams nothing is measured of. One of its own with no token yet (queued behind
+  other work, in prefill) was admitted a known time ago: it should end D after its admission, or,
+  once it has outlived half of D (a queue holding it longer than usual), after as long again as it
+  has lived, so that a client following the answer retries a few times as the wait doubles, not
+  every few ms. Streams held by another edge instance, which this one knows nothing of, are at
+  unknown points of their lives: k of them end, the first, after about D / (k + 1) (the expected
+  minimum of k uniform phases). Until the first of these rules, local queued streams were taken
+  as at unknown points too: two just admitted behind 4 s of other work were said to free a slot in
+  1.7 s (5 s / 3), and a client retrying then was refused three times (a helper's live run).
 
-The wait is the soonest of those ends. It is an estimate (a stream may stop early on EOS or a
-cancel, which can only make the true wait shorter), so the store's answer stays its upper bound
-(a slot's lease expiry frees it whatever happens) and HTTP's whole seconds round it up to >= 1 s.
+The wait is the soonest of those ends, and at least MIN_WAIT_S (a stream at its max_tokens that
+has not settled yet is expected to end now: retries in a burst of ms would each be refused). It
+is an estimate (a stream may stop early on EOS or a cancel, which can only make the true wait
+shorter), so the store's answer stays its upper bound (a slot's lease expiry frees it whatever
+happens) and HTTP's whole seconds round it up to >= 1 s.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from limiter.base import Decision, LimitName
 # dozen tokens/s. Forgotten after the first few completions (warm-start average).
 PRIOR_STREAM_S = 5.0
 _ALPHA = 0.2
+# The shortest wait a concurrency denial names: what a slot takes to be settled after its stream ends.
+MIN_WAIT_S = 0.25
 
 
 class Progress(Protocol):
@@ -91,13 +101,16 @@ class StreamEnds:
         for stream in local.values():
             p = stream.progress
             if p.first_token_at is None or p.used <= 0 or now <= p.first_token_at:
-                unknown += 1  # not streaming yet: nothing measured of it
+                # Not streaming yet: a typical life from its admission, or as long again as it has
+                # waited once that is past half of it.
+                age = now - stream.admitted_at
+                ends.append(max(self._typical_s - age, age))
                 continue
             rate = p.used / (now - p.first_token_at)
             ends.append(max(0, p.max_output - p.used) / rate)
         if unknown:
             ends.append(self._typical_s / (unknown + 1))
-        return min(ends, default=self._typical_s)
+        return max(min(ends, default=self._typical_s), MIN_WAIT_S)
 
 
 def with_concurrency_wait(decision: Decision, estimate_ms: int) -> Decision:

@@ -12,7 +12,7 @@ from limiter.base import Admission, Limiter, OutputLease
 from limiter.headers import ratelimit_headers
 from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter
-from limiter.stream_ends import PRIOR_STREAM_S
+from limiter.stream_ends import MIN_WAIT_S, PRIOR_STREAM_S, StreamEnds
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisServer
@@ -70,9 +70,12 @@ async def test_the_wait_is_the_soonest_expected_end_of_a_running_stream(
 
 
 @pytest.mark.anyio
-async def test_streams_with_nothing_measured_wait_a_share_of_the_typical_stream(
+async def test_queued_streams_wait_the_typical_stream_from_their_admission(
     store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
 ) -> None:
+    """Streams of this instance with no token yet (queued behind other work) were admitted a known
+    time ago: the first ends a typical life after that, not after a share of it (as if their
+    phases were unknown: 12 / 4 = 3 s before, and a client retrying then was refused)."""
     limiter, clock = store
     user, t = _user(request), tier(concurrent=3)
     # One stream lasts 12 s here: the first completion replaces the prior.
@@ -81,10 +84,39 @@ async def test_streams_with_nothing_measured_wait_a_share_of_the_typical_stream(
     await done.settle()
     for rid in ("a", "b", "c"):  # queued, no token yet
         _lease(await limiter.admit(user, rid, t, 1, 10))
+    clock.advance(2)
     denied = (await limiter.admit(user, "d", t, 1, 10)).decision
     assert denied.limit == "concurrency"
-    assert denied.retry_after_ms == 3000  # the first of 3 streams of 12 s ends after about 12 / 4
+    assert denied.retry_after_ms == 10_000  # 12 s from their admission, 2 s ago
     assert PRIOR_STREAM_S != 12  # (the measured life, not the prior)
+    # Queued for longer than the typical life: as long again as they have waited (20 s), so a
+    # client following the answer retries as the wait doubles, not every 12 / 4 s.
+    clock.advance(18)
+    denied = (await limiter.admit(user, "d", t, 1, 10)).decision
+    assert denied.retry_after_ms == 20_000
+
+
+def test_streams_of_other_instances_wait_a_share_of_the_typical_stream() -> None:
+    """Slots the store counts but this instance does not run are at unknown points of their lives:
+    the first of k ends after about a (k + 1)-th of the typical stream."""
+    ends = StreamEnds(ManualClock(), prior_s=12.0)
+    assert ends.wait_s("u", held_slots=3) == 3.0
+
+
+@pytest.mark.anyio
+async def test_a_stream_about_to_settle_is_not_a_burst_of_milliseconds(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    """A stream that has streamed all its max_tokens is expected to end now; the denial still names
+    MIN_WAIT_S (the settle that frees the slot), not 1 ms."""
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=1)
+    lease = _lease(await limiter.admit(user, "a", t, 1, 10))
+    assert lease.try_take(1) == 1
+    clock.advance(1)
+    assert lease.try_take(9) == 9
+    denied = (await limiter.admit(user, "b", t, 1, 10)).decision
+    assert denied.limit == "concurrency" and denied.retry_after_ms == MIN_WAIT_S * 1000
 
 
 @pytest.mark.anyio
