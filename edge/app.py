@@ -56,7 +56,7 @@ from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
 from edge.upstreams.base import Upstream
-from edge.upstreams.local_pool import UpstreamProvider, local_upstreams
+from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider, local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from gpu_container.checkpoint.facts import read_facts
 from limiter.factory import create_limiter
@@ -148,6 +148,8 @@ def create_app(
             pipelines: dict[str, Pipeline] = {}
             all_replicas: list[Upstream] = []
             dispatchers: list[Dispatcher] = []
+            # Those whose replicas every edge instance reaches: the fleet divides these replicas.
+            shared: list[Dispatcher] = []
             for model in models:
                 # Each model: its own replicas, dispatcher (queue, router, capacity) and pipeline;
                 # the limiter, registry and writers are shared.
@@ -156,12 +158,14 @@ def create_app(
                 text = ModelText.load(model_dir)
                 replicas = await stack.enter_async_context(providers[model.name](own, model_dir))
                 all_replicas.extend(replicas)
+                # Every instance counts only its own requests: each fills its share of a replica all
+                # of them reach, and the whole of one only it reaches (its own engines).
+                private = isinstance(replicas, PrivateUpstreams)
                 dispatcher = Dispatcher(
                     replicas,
                     reserved_paid_fraction=settings.admission.reserved_paid_fraction,
                     max_queue=settings.admission.max_queue,
-                    # Every instance counts only its own requests: each fills its share of a replica.
-                    replica_share=1 / lim.instance_count,
+                    replica_share=1.0 if private else 1 / lim.instance_count,
                     prefix_weight=settings.admission.prefix_weight,
                     real_use=real_use(settings.admission),
                     model=model.name if settings.models else "",
@@ -169,6 +173,8 @@ def create_app(
                 await dispatcher.start()
                 stack.push_async_callback(dispatcher.aclose)
                 dispatchers.append(dispatcher)
+                if not private:
+                    shared.append(dispatcher)
                 if isinstance(replicas, DiscoveredUpstreams):
                     # Replicas found later join the dispatcher (and leave it) while the app runs.
                     await stack.enter_async_context(replicas.watch(dispatcher))
@@ -195,15 +201,17 @@ def create_app(
                     config, text, charged, dispatcher, registry, log, drain=drain, usage=keys.usage_writer
                 )
             app.state.fleet = None
+            app.state.fleet_divides = bool(shared)  # read by /readyz: a joiner waits for room
             if lim.backend == "redis":
-                # The live edge count sets every dispatcher's replica share and the fallback divisor;
-                # the departed edges, whose users' concurrency slots the limiter frees; and this
-                # edge's own slots put back when it returns from being counted out.
+                # The live edge count sets the replica share of every dispatcher on shared replicas
+                # and the fallback divisor; the departed edges, whose users' concurrency slots the
+                # limiter frees; and this edge's own slots put back when it returns from being
+                # counted out.
                 redis_limiter = limiter if isinstance(limiter, RedisLimiter) else None
                 divide = redis_limiter.set_instance_count if redis_limiter else None
                 free = redis_limiter.free_slots_of if redis_limiter else None
                 restore = redis_limiter.restore_slots if redis_limiter else None
-                fleet = joined_fleet(lim, settings.fleet, dispatchers, drain, divide, free, restore)
+                fleet = joined_fleet(lim, settings.fleet, shared, drain, divide, free, restore)
                 app.state.fleet = await stack.enter_async_context(fleet)
             catalog = ModelCatalog(pipelines, settings.tiers, several=bool(settings.models))
             app.state.runtime = Runtime(

@@ -6,12 +6,15 @@ dispatcher and drain) listening on `[server] host:port` with SO_REUSEPORT, so th
 new connections over the workers' own accept queues (each `[server] listen_backlog` deep) and a
 worker's 429 `server_busy` (`[server] max_open_streams`) answers for that worker alone.
 
-Limits and shares stay exact because every worker counts as one edge instance. The limits must
-live in one store shared by the workers: `--workers` > 1 requires `[limiter] backend = "redis"`
-(with the in-memory limiter each worker would enforce a limit of its own, so it refuses to start
-instead). With Redis, each worker joins the fleet as a member of its own (edge/membership: the
-member id is host:pid), so the live replica shares and fail-open divisors count every worker; the
-static `[limiter] instance_count`, what the fleet is assumed to be while Redis is unreachable, is
+Each worker starts the replicas of its own that the settings name (the local engines, `--triton
+local`: one set per worker, which it fills whole, since no other worker reaches them) or reaches
+the shared ones (`--triton host:port`, `asg:`), of which it fills its fleet share. Limits and shares
+stay exact because every worker counts as one edge instance. The limits must live in one store
+shared by the workers: `--workers` > 1 requires `[limiter] backend = "redis"` (with the in-memory
+limiter each worker would enforce a limit of its own, so it refuses to start instead). With Redis,
+each worker joins the fleet as a member of its own (edge/membership: the member id is host:pid), so
+the shares of the shared replicas and the fail-open divisors count every worker; the static
+`[limiter] instance_count`, what the fleet is assumed to be while Redis is unreachable, is
 multiplied by N, since it counts edge hosts and each host now runs N instances.
 
 Each worker's operator listener is `ops_port + i` (0 stays "any free port"): `/metrics` is per

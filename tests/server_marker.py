@@ -53,6 +53,7 @@ SERVER_STARTERS = frozenset(
         ("tests.support.redis_server", "start_redis"),
         ("tests.support.redis_server", "start_redis_cluster"),
         ("tests.support.triton_server", "shared_local_triton"),
+        ("tests.support.triton_server", "own_local_triton"),
         ("tests.faults.serve_process", "serve_process"),
         ("tests.messages.dynalite", "running_dynalite"),
         ("tests.support.moto_server", "running_moto"),

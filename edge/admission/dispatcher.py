@@ -39,7 +39,8 @@ Policy
   waiters that no replica could ever hold fail as "no_replica".
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
-fills only this fraction of every replica; `set_replica_share` follows the live edge count),
+fills only this fraction of every replica; `set_replica_share` follows the live edge count; 1 for
+replicas this instance alone reaches, its own engines),
 `poll_interval_s`, `health_timeout_s`, `clock` (tests).
 """
 

@@ -6,7 +6,7 @@ only the totals and the health from the replica's periodic answers.
 
 Several edge instances sending to the same replicas would each count only their own requests; each
 then fills only its `share` of every replica (1 / the number of instances), so together they never
-overfill one.
+overfill one. A replica only this instance reaches (its own local engine) keeps a share of 1.
 """
 
 from __future__ import annotations

@@ -2,8 +2,11 @@
 this process registers in the fleet and applies every new view to what used to read the static
 `[limiter] instance_count`:
 
-* every model's dispatcher fills `view.held` of each replica: its share while serving, 0 while
-  joining, and while draining the falling claim its accepted streams (running or queued) still need;
+* every model's dispatcher on replicas the edges share (Triton hosts: every edge reaches them) fills
+  `view.held` of each: its share while serving, 0 while joining, and while draining the falling
+  claim its accepted streams (running or queued) still need. Replicas this process started for
+  itself (its local engines, `--triton local`: PrivateUpstreams) no other edge fills: they are
+  not divided, and an edge with only those has nobody to wait for when it joins;
 * the fail-open fallback limiter divides each limit by `view.divisor`;
 * the limiter frees the concurrency slots of `view.departed`, members that stopped beating: their
   streams died with them (a crash, a kill), and their users would otherwise be refused for up to the
@@ -41,7 +44,10 @@ from limiter import redis_url
 log = structlog.get_logger("floodgate.fleet")
 
 LIVE = Gauge("floodgate_fleet_live_instances", "Edge instances live in the fleet, as this one last saw.")
-SHARE = Gauge("floodgate_fleet_replica_share", "The fraction of every replica this instance may fill.")
+SHARE = Gauge(
+    "floodgate_fleet_replica_share",
+    "The fraction of every replica the edges share (Triton hosts) this instance may fill.",
+)
 DIVISOR = Gauge("floodgate_fleet_limit_divisor", "What the fail-open limiter divides every limit by.")
 
 

@@ -5,7 +5,8 @@ Both answer HEAD too, as uptime monitors and some load balancers probe: the stat
 Readiness reads the replica state the dispatcher keeps from its own health polls: it never calls a
 replica itself, so hung replicas cannot make the load balancer's check time out. It fails while
 the process drains (edge/drain.py), so the load balancer stops sending before the listener closes,
-and while this edge joins the fleet (edge/membership/: share 0 until the others made room).
+and while this edge joins the fleet (edge/membership/: share 0 until the others made room on the
+replicas they share; not on replicas of its own, its local engines, which no other edge fills).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
             "replicas": replicas,
             "fleet": {"live": view.live, "share": view.share, "source": view.source},
         }
-        if view.share == 0.0:
+        if view.share == 0.0 and state.fleet_divides:
             # Joining: the other edges have not made room on the replicas yet (edge/membership/).
+            # An edge on replicas of its own only (its local engines) has nobody to wait for.
             return json_response({"status": "joining", **body}, status_code=503)
     else:
         body = {"replicas": replicas}

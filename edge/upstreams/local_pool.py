@@ -1,4 +1,5 @@
-"""The default replicas: `engine.replicas` CPU engines, started and stopped with the app.
+"""The default replicas: `engine.replicas` CPU engines, started and stopped with the app, each this
+process's own (PrivateUpstreams: `serve --workers N` starts N sets, one per worker).
 
 Each engine runs in its own process by default (gpu_container/engine/engine_process.py), so its
 Python never competes with the event loop for the GIL; `isolation = "thread"` keeps it in this one.
@@ -24,6 +25,13 @@ from gpu_container.engine.front import EngineFront
 # How the app gets its replicas: settings and the checkpoint directory in, live upstreams out for
 # the app's lifetime. `floodgate serve --triton` swaps in one from edge/upstreams/triton.py.
 UpstreamProvider = Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]
+
+
+class PrivateUpstreams(list[Upstream]):
+    """Replicas this process started for itself (the local engines, `--triton local`): no other edge
+    instance reaches them, so the fleet's share (edge/membership/, `[limiter] instance_count`) does
+    not divide them, and this instance fills each whole. A provider yields this instead of a plain
+    list for such replicas; a plain list is replicas every instance sends work to (Triton hosts)."""
 
 
 def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> EngineFront:
@@ -53,7 +61,7 @@ async def local_upstreams(settings: Settings, model_dir: Path) -> AsyncIterator[
         for failure in started:
             if isinstance(failure, BaseException):
                 raise failure
-        yield list(upstreams)
+        yield PrivateUpstreams(upstreams)
     finally:
         for upstream in upstreams:
             await upstream.aclose()

@@ -57,7 +57,7 @@ from edge.upstreams.base import (
     UpstreamError,
 )
 from edge.upstreams.direct import DeltaSink
-from edge.upstreams.local_pool import UpstreamProvider
+from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from edge.upstreams.triton_sse import ConnectionPool
 from gpu_container.checkpoint.facts import read_facts
@@ -441,7 +441,8 @@ async def build_triton_upstreams(
     tritonserver of its own, named after it, or readiness and the replica metrics would take the
     two for one.
 
-    Returns the upstreams and an async cleanup that closes them and stops a local server.
+    Returns the upstreams (a local server's as PrivateUpstreams: no other edge instance reaches it)
+    and an async cleanup that closes them and stops a local server.
     """
     if spec.strip() == "local":
         repo_dir = Path(tempfile.mkdtemp(prefix="floodgate-cpu-repo-"))
@@ -465,7 +466,8 @@ async def build_triton_upstreams(
                 await anyio.to_thread.run_sync(server.stop)
                 shutil.rmtree(repo_dir, ignore_errors=True)
 
-        return [local], stop_local
+        # This process's own tritonserver: `serve --workers N` starts one per worker.
+        return PrivateUpstreams([local]), stop_local
 
     upstreams: list[Upstream] = [
         remote_triton_upstream(

@@ -1,14 +1,19 @@
-"""Several edge instances in front of the same replicas: each fills only its share of a replica."""
+"""Several edge instances in front of the same replicas: each fills only its share of a replica
+every instance reaches (a Triton host), and the whole of one it alone reaches (its own engine)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from edge.upstreams.triton import triton_upstreams
+from gpu_container.engine.types import EngineConfig
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import start_server
+from tests.support.triton_server import LocalTriton, own_local_triton
 
 # 8 blocks of 16: a replica holds 128 KV tokens, so a request of about 100 fits one whole replica
 # but not half of one.
@@ -16,11 +21,34 @@ SMALL_ENGINE = {"engine": {"block_size": 16, "num_blocks": 8}}
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 80}
 
 
+@pytest.fixture(scope="module")
+def small_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """A Triton host of the same size: a replica other instances could reach as well."""
+    config = EngineConfig(block_size=16, num_blocks=8, max_num_seqs=4, max_num_batched_tokens=128)
+    with own_local_triton(tmp_path_factory.mktemp("small-repository"), config) as triton:
+        yield triton
+
+
 @pytest.mark.parametrize(("instances", "status"), [(1, 200), (2, 503)])
-def test_each_instance_fills_only_its_share_of_a_replica(tmp_path: Path, instances: int, status: int) -> None:
+def test_each_instance_fills_only_its_share_of_a_shared_replica(
+    tmp_path: Path, small_triton: LocalTriton, instances: int, status: int
+) -> None:
     overrides = SMALL_ENGINE | {"limiter": {"instance_count": instances}}
-    with start_server(tmp_path, overrides) as server, httpx.Client(base_url=server.base_url) as client:
+    provider = triton_upstreams(small_triton.spec)
+    with (
+        start_server(tmp_path, overrides, provider) as server,
+        httpx.Client(base_url=server.base_url) as client,
+    ):
         answer = client.post(CHAT, json=BODY, headers=server.auth("paid"))
     assert answer.status_code == status
     if status == 503:
         assert answer.json()["error"]["code"] == "no_replica"
+
+
+def test_an_instance_fills_the_whole_of_its_own_engine(tmp_path: Path) -> None:
+    """The local engine is this instance's own: no other instance sends it work, so however many
+    instances there are, this one may fill all of it."""
+    overrides = SMALL_ENGINE | {"limiter": {"instance_count": 2}}
+    with start_server(tmp_path, overrides) as server, httpx.Client(base_url=server.base_url) as client:
+        answer = client.post(CHAT, json=BODY, headers=server.auth("paid"))
+    assert answer.status_code == 200, answer.text

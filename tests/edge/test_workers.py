@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,6 +26,8 @@ from tests.support.redis_server import RedisServer, start_redis
 
 ALLOWED = 12
 ASKED = 20
+STREAMS = 8
+ENGINE_SEQUENCES = 4
 
 
 def test_each_worker_is_one_more_edge_instance() -> None:
@@ -53,9 +57,17 @@ def redis() -> Iterator[RedisServer]:
         server.stop()
 
 
-def _serve_two_workers(tmp_path: Path, redis: RedisServer, port: int, ops_port: int) -> list[str]:
+def _serve_two_workers(
+    tmp_path: Path,
+    redis: RedisServer,
+    port: int,
+    ops_port: int,
+    *,
+    paid: str = f"requests_per_window = {ALLOWED}\nrequest_window_s = 3600\n",
+    more: str = "",
+) -> list[str]:
     """`floodgate serve --workers 2` on the demo model and this Redis; worker i's operator
-    listener on ops_port + i."""
+    listener on ops_port + i. `paid`: the paid tier's lines; `more`: further sections."""
     config = tmp_path / "floodgate.toml"
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
@@ -64,7 +76,7 @@ def _serve_two_workers(tmp_path: Path, redis: RedisServer, port: int, ops_port: 
         f'[limiter]\nbackend = "redis"\nredis_url = "{redis.url}"\n'
         # Each worker is a fleet member (edge/membership/); the second joins after two beats.
         "[fleet]\nheartbeat_s = 0.25\nmember_ttl_s = 1.0\n"
-        f"[tiers.paid]\nrequests_per_window = {ALLOWED}\nrequest_window_s = 3600\n"
+        f"[tiers.paid]\n{paid}{more}"
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     return [*command, "--workers", "2"]
@@ -95,11 +107,7 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]
-        key_match = re.search(r"(fg-\S+)", lines[1])
-        assert key_match, lines
-        headers = {"Authorization": f"Bearer {key_match.group(1)}"}
+        headers = _dev_key_headers(proc)
         for worker_ops in (ops_port, ops_port + 1):
             _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)  # joined: it has its share
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
@@ -117,6 +125,95 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         proc.terminate()
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output[-2000:]
+
+
+def _dev_key_headers(proc: subprocess.Popen[str]) -> dict[str, str]:
+    """The dev key `serve` prints on its second line, as a request's headers."""
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(2)]
+    key_match = re.search(r"(fg-\S+)", lines[1])
+    assert key_match, lines
+    return {"Authorization": f"Bearer {key_match.group(1)}"}
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_each_worker_fills_the_whole_of_its_own_engine(tmp_path: Path, redis: RedisServer) -> None:
+    """With the local engine each worker starts one of its own: a replica no other worker sends
+    work to, which the fleet's share must not divide. 8 long streams over 2 workers whose engines
+    hold 4 sequences each: a worker queues a stream only when its own engine is full (all 8 run
+    when the kernel splits them 4 and 4). Each filled its fleet share, half: 2 of its 4 sequences,
+    the other streams queued behind them."""
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    more = f"[engine]\nmax_num_seqs = {ENGINE_SEQUENCES}\n"
+    command = _serve_two_workers(tmp_path, redis, port, ops_port, paid="max_concurrent = 16\n", more=more)
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    stop = threading.Event()
+    try:
+        headers = _dev_key_headers(proc)
+        for worker_ops in (ops_port, ops_port + 1):
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+
+        def stream() -> int:
+            # A connection of its own: the kernel picks a worker per connection.
+            with (
+                httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client,
+                client.stream("POST", CHAT, json=body, headers=headers) as response,
+            ):
+                for _ in response.iter_lines():
+                    if stop.is_set():
+                        break  # hanging up cancels the stream
+                return response.status_code
+
+        with ThreadPoolExecutor(STREAMS) as pool:
+            streams = [pool.submit(stream) for _ in range(STREAMS)]
+            seen: list[tuple[int, int]] = []  # (held, queued) per worker, once all 8 had arrived
+
+            def each_engine_full_before_any_queues() -> bool:
+                nonlocal seen
+                now = [_held_and_queued(worker_ops) for worker_ops in (ops_port, ops_port + 1)]
+                if sum(held + queued for held, queued in now) != STREAMS:
+                    return False
+                seen = now
+                return all(held == min(held + queued, ENGINE_SEQUENCES) for held, queued in now)
+
+            try:
+                _wait_until(each_engine_full_before_any_queues, lambda: f"(held, queued) per worker: {seen}")
+            finally:
+                stop.set()
+            assert [s.result() for s in streams] == [200] * STREAMS
+    finally:
+        stop.set()
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output[-2000:]
+
+
+def _held_and_queued(ops_port: int) -> tuple[int, int]:
+    """A worker's sequences on its engine, as its dispatcher counts them, and its queued requests."""
+    base = f"http://127.0.0.1:{ops_port}"
+    (replica,) = httpx.get(f"{base}/v1/internal/engine", timeout=10).json()["replicas"]
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    queued = sum(
+        int(float(m.group(1))) for m in re.finditer(r"^floodgate_queue_depth\{[^}]*\} (\S+)$", text, re.M)
+    )
+    return int(replica["sequences_held"]), queued
+
+
+def _wait_until(predicate: Callable[[], bool], last_seen: Callable[[], str], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; last seen {last_seen()}")
+        time.sleep(0.05)  # polling the workers' operator endpoints: they offer nothing to wait on
 
 
 def _finished(metrics_url: str) -> int:

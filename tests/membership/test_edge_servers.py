@@ -1,6 +1,7 @@
 """Edges that count themselves, in the real edge: several `floodgate serve` processes on one real
-redis-server. Each fills the share of the replicas its membership gives it (checked by what a
-request that fits half a replica but not a third gets), one killed without a drain leaves its share
+redis-server, in front of one real tritonserver they all reach. Each fills the share of that
+replica its membership gives it (checked by what a request that fits half a replica but not a third
+gets), one killed without a drain leaves its share
 to the others once its TTL ran out, and its users' concurrency slots with it, and a joiner never
 makes the shares add up to more than a whole replica (replayed from the processes' own `fleet_view`
 log lines); one frozen past its TTL and back again holds its running streams' slots again."""
@@ -20,9 +21,11 @@ import httpx
 import pytest
 import redis
 
+from gpu_container.engine.types import EngineConfig
 from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.triton_server import LocalTriton, own_local_triton
 
 HEARTBEAT_S = 0.5  # a beat late by up to one interval still never overbooks (join waits two)
 TTL_S = 2.0
@@ -38,10 +41,20 @@ def redis_server() -> Iterator[RedisServer]:
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def shared_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """The one replica every edge reaches, as a Triton host is: the fleet divides it. (An edge's own
+    local engine no other edge fills, so none divides it: tests/edge/test_workers.py.)"""
+    config = EngineConfig(block_size=16, num_blocks=8, max_num_seqs=8, max_num_batched_tokens=128)
+    with own_local_triton(tmp_path_factory.mktemp("shared-replica"), config) as triton:
+        yield triton
+
+
 class Fleet:
-    def __init__(self, tmp_path: Path, redis: RedisServer, stack: ExitStack) -> None:
+    def __init__(self, tmp_path: Path, redis: RedisServer, replica: LocalTriton, stack: ExitStack) -> None:
         self._tmp_path = tmp_path
         self._redis = redis
+        self._replica = replica
         self._stack = stack
         self.edges: dict[str, ServeProcess] = {}
         self.killed_at: dict[str, float] = {}
@@ -49,11 +62,13 @@ class Fleet:
     def start(
         self, name: str, more: dict[str, dict[str, object]] | None = None, **server: object
     ) -> ServeProcess:
-        """`floodgate serve` in the fleet, with `more` sections; returns once its /readyz is 200
-        (it has joined)."""
+        """`floodgate serve` in the fleet, on the shared replica, with `more` sections; returns once
+        its /readyz is 200 (it has joined)."""
         sections: dict[str, dict[str, object]] = {
             "limiter": {"backend": "redis", "redis_url": self._redis.url, "timeout_ms": 2000},
             "fleet": {"heartbeat_s": HEARTBEAT_S, "member_ttl_s": TTL_S},
+            "upstream": {"triton": self._replica.spec},
+            # The replica's size, which bounds the longest request the edge takes.
             "engine": {"block_size": 16, "num_blocks": 8, "isolation": "thread"},
             "server": {"drain_accept_s": 0.0, "drain_deadline_s": 30.0, **server},
         }
@@ -117,9 +132,9 @@ def wait_for(what: str, predicate: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, redis_server: RedisServer) -> Iterator[Fleet]:
+def fleet(tmp_path: Path, redis_server: RedisServer, shared_replica: LocalTriton) -> Iterator[Fleet]:
     with ExitStack() as stack:
-        yield Fleet(tmp_path, redis_server, stack)
+        yield Fleet(tmp_path, redis_server, shared_replica, stack)
 
 
 def _chat(edge: ServeProcess, max_tokens: int) -> httpx.Response:
@@ -176,7 +191,9 @@ def test_a_killed_edges_users_get_their_concurrency_slots_back(
     out (TTL_S), not after the slot's own TTL ([limiter] slot_ttl_s, 300 s here)."""
     more: dict[str, dict[str, object]] = {
         "tiers.paid": {"max_concurrent": 1},
-        "engine": {"num_blocks": 512},  # room for the long stream below
+        # Each its own local engine, with room for the long stream below.
+        "upstream": {"triton": ""},
+        "engine": {"num_blocks": 512},
         "limiter": {"slot_ttl_s": 300},
     }
     a = fleet.start("a", more)
@@ -208,7 +225,9 @@ def test_an_edge_back_from_a_stall_holds_its_running_streams_slots_again(
     stream ends, instead of letting them run past their concurrency limit."""
     more: dict[str, dict[str, object]] = {
         "tiers.paid": {"max_concurrent": 1},
-        "engine": {"num_blocks": 512},  # room for the long stream below
+        # Each its own local engine, with room for the long stream below.
+        "upstream": {"triton": ""},
+        "engine": {"num_blocks": 512},
         "limiter": {"slot_ttl_s": 300},
     }
     # The stream below stops being read: it stays open on its unsent events, not cut as stalled.

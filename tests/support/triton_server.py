@@ -64,6 +64,19 @@ def shared_local_triton(repository_dir: Path) -> Iterator[LocalTriton]:
             triton.process.stop()
 
 
+@contextmanager
+def own_local_triton(repository_dir: Path, engine_config: EngineConfig) -> Iterator[LocalTriton]:
+    """A tritonserver of the caller's own over the demo model with `engine_config` (a replica small
+    enough that a test sees a share of it), stopped on exit."""
+    model_dir = demo_model_dir()
+    repository = render_cpu_repository(repository_dir, model_dir, engine_config)
+    process = start_local_triton(repository)
+    try:
+        yield LocalTriton(process, model_dir, engine_config)
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="session")
 def local_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     with shared_local_triton(tmp_path_factory.mktemp("cpu-repository")) as triton:
