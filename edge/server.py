@@ -3,7 +3,9 @@
 Listeners. The public API listens on `[server] host:port`; the operator endpoints (`/metrics`,
 `/v1/internal/...`) answer only on `[server] ops_host:ops_port` (loopback by default, see
 edge/routes/observability.py), so the load balancer's port never exposes them. One uvicorn server
-holds both sockets: one event loop, one app, one lifespan.
+holds both sockets: one event loop, one app, one lifespan. Under `serve --workers` the public port
+is the workers' (SO_REUSEPORT): a worker listens on it only once it may take work, not while it
+joins the fleet with no share yet of the replicas the edges share (its ops listener at once).
 
 Signals. uvicorn stops listening at once on SIGTERM and then cancels whatever still runs, which
 cut streams with a bare TCP close. Here SIGTERM begins a drain (edge/drain.py) instead: `/readyz`
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
@@ -27,6 +30,7 @@ from litestar import Litestar
 from edge.config import ServerConfig
 from edge.drain import Drain
 from edge.http_protocol import edge_http_protocol
+from edge.routes.health import joining
 
 # After the drain deadline, how long the cut streams get to write their last events and close.
 SHUTDOWN_GRACE_S = 5.0
@@ -96,14 +100,26 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with SIGTERM turned into a drain. The signal handler only sets flags: the
-    drain itself begins on the loop, at uvicorn's next tick (every 0.1 s)."""
+    drain itself begins on the loop, at uvicorn's next tick (every 0.1 s).
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    `held`: a bound socket not passed to run(), listened on at the first tick at which
+    `may_take_work()` is true (never once the drain began)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        *,
+        held: socket.socket | None = None,
+        may_take_work: Callable[[], bool] = lambda: True,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
         self._drain_requested = False
         self._cut_requested = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._held = held
+        self._may_take_work = may_take_work
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
@@ -133,7 +149,25 @@ class DrainingServer(uvicorn.Server):
             drain.cut()
         if drain.draining and not self.should_exit and drain.accept_left_s() == 0.0:
             self.should_exit = True  # the listeners close now; uvicorn waits for the streams
+        if self._held is not None and not drain.draining and self._may_take_work():
+            sock, self._held = self._held, None
+            await self._listen(sock)
         return await super().on_tick(counter)
+
+    async def _listen(self, sock: socket.socket) -> None:
+        """Accept on `sock` from now on, as uvicorn's startup does on the sockets run() was given
+        (and its shutdown closes every server in `self.servers`)."""
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        loop = asyncio.get_running_loop()
+        self.servers.append(
+            await loop.create_server(protocol, sock=sock, ssl=config.ssl, backlog=config.backlog)
+        )
 
 
 def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool = False) -> None:
@@ -144,9 +178,16 @@ def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool
         where = f"{server.host}:{server.port} or {server.ops_host}:{server.ops_port} (ops_port)"
         raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
     app.state.ops_port = listeners.ops_port
+    # A port shared by the workers (edge/workers.py) has no readiness check of its own: the kernel
+    # hands a worker connections as soon as it listens. So a worker listens on it only once it may
+    # take work; joining the fleet, it has no share of the replicas the edges share for two beats,
+    # and would answer 503 no_replica to what the others can serve.
+    held = listeners.public if reuse_port else None
+    sockets = [listeners.ops] if held else [listeners.public, listeners.ops]
+    config = uvicorn_config(app, server, log_config=None)
     try:
-        DrainingServer(uvicorn_config(app, server, log_config=None), drain).run(
-            sockets=[listeners.public, listeners.ops]
+        DrainingServer(config, drain, held=held, may_take_work=lambda: not joining(app.state)).run(
+            sockets=sockets
         )
     finally:
         listeners.close()

@@ -18,7 +18,10 @@ the shares of the shared replicas and the fail-open divisors count every worker;
 multiplied by N, since it counts edge hosts and each host now runs N instances.
 
 Each worker's operator listener is `ops_port + i` (0 stays "any free port"): `/metrics` is per
-worker, as it is per host.
+worker, as it is per host. No load balancer checks one worker's readiness on the shared port, so a
+worker listens on it only once it may take work: one joining the fleet on shared replicas has no
+share of them until the others made room (two beats), and would answer 503 no_replica meanwhile
+(edge/server.py); its operator listener, `/readyz` included, answers from the start.
 
 The parent only supervises: SIGTERM or SIGINT is passed on to every worker (each drains or cuts
 as `floodgate serve` does), and a worker that exits on its own stops the others, so a broken

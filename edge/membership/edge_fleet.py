@@ -18,7 +18,9 @@ A member is one process: its id carries the host and the pid, so `serve --worker
 ends with the tag its request ids carry (edge/request_ids.py).
 On drain (edge/drain.py) the claim follows the fraction of the streams open at the drain's start
 that are still open, so the others take the share over as the streams end. `/readyz` answers 503
-while the share is 0 (joining): the load balancer sends nothing before the others made room.
+while the share is 0 (joining, on shared replicas): the load balancer sends nothing before the
+others made room; a `serve --workers` worker, whose port no load balancer checks alone, listens on
+it only then (edge/server.py).
 """
 
 from __future__ import annotations

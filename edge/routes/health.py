@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import HttpMethod, Request, route
+from litestar.datastructures import State
 from litestar.response.base import ASGIResponse
 
 from edge.drain import Drain
@@ -22,6 +23,14 @@ from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
 _PROBE_METHODS = [HttpMethod.GET, HttpMethod.HEAD]
+
+
+def joining(state: State) -> bool:
+    """This edge waits for the others to make room on the replicas they share (edge/membership/:
+    its share is 0 until then). Not on replicas of its own only (its local engines), which no other
+    edge fills. `serve --workers` holds a worker's public listener meanwhile (edge/server.py)."""
+    fleet: FleetMembership | None = state.get("fleet")
+    return fleet is not None and bool(state.get("fleet_divides")) and fleet.view.share == 0.0
 
 
 @route("/healthz", http_method=_PROBE_METHODS)
@@ -45,9 +54,7 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
             "replicas": replicas,
             "fleet": {"live": view.live, "share": view.share, "source": view.source},
         }
-        if view.share == 0.0 and state.fleet_divides:
-            # Joining: the other edges have not made room on the replicas yet (edge/membership/).
-            # An edge on replicas of its own only (its local engines) has nobody to wait for.
+        if joining(state):
             return json_response({"status": "joining", **body}, status_code=503)
     else:
         body = {"replicas": replicas}

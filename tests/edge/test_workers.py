@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import demo_model_dir
 from tests.support.ports import free_consecutive_ports, free_port
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.triton_server import LocalTriton
 
 ALLOWED = 12
 ASKED = 20
@@ -65,6 +67,7 @@ def _serve_two_workers(
     *,
     paid: str = f"requests_per_window = {ALLOWED}\nrequest_window_s = 3600\n",
     more: str = "",
+    heartbeat_s: float = 0.25,
 ) -> list[str]:
     """`floodgate serve --workers 2` on the demo model and this Redis; worker i's operator
     listener on ops_port + i. `paid`: the paid tier's lines; `more`: further sections."""
@@ -75,7 +78,7 @@ def _serve_two_workers(
         f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = {ops_port}\ndrain_accept_s = 0\n'
         f'[limiter]\nbackend = "redis"\nredis_url = "{redis.url}"\n'
         # Each worker is a fleet member (edge/membership/); the second joins after two beats.
-        "[fleet]\nheartbeat_s = 0.25\nmember_ttl_s = 1.0\n"
+        f"[fleet]\nheartbeat_s = {heartbeat_s}\nmember_ttl_s = {4 * heartbeat_s}\n"
         f"[tiers.paid]\n{paid}{more}"
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
@@ -192,6 +195,53 @@ def test_each_worker_fills_the_whole_of_its_own_engine(tmp_path: Path, redis: Re
             assert [s.result() for s in streams] == [200] * STREAMS
     finally:
         stop.set()
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output[-2000:]
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_joining_worker_takes_no_connection_on_the_shared_port(
+    tmp_path: Path, redis: RedisServer, local_triton: LocalTriton
+) -> None:
+    """Workers on a Triton host they all reach: the second to join the fleet has a share of 0 until
+    the first made room (two beats, edge/membership/), and one port has no readiness check a load
+    balancer could route by. So it listens on the port only once it has its share: from the
+    moment the port accepts, every request is served, by either worker. It listened at once and
+    answered 503 no_replica to whatever the kernel gave it for those two beats."""
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    more = f'[upstream]\ntriton = "{local_triton.spec}"\n'
+    command = _serve_two_workers(
+        tmp_path, redis, port, ops_port, paid="max_concurrent = 16\n", more=more, heartbeat_s=1.0
+    )
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        headers = _dev_key_headers(proc)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        answers: list[str] = []  # from the first connection the port accepted
+
+        def both_served() -> bool:
+            """One request after another, each on a new connection (the kernel picks a worker per
+            connection), until both workers have finished some."""
+            try:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                    answer = client.post(CHAT, json=body, headers=headers)
+            except httpx.ConnectError:
+                if answers:
+                    answers.append("connection refused")
+                return False
+            error = answer.json().get("error", {}).get("code", "") if answer.status_code != 200 else ""
+            answers.append(f"{answer.status_code} {error}".strip())
+            try:
+                return all(_finished(f"http://127.0.0.1:{o}/metrics") for o in (ops_port, ops_port + 1))
+            except httpx.TransportError:
+                return False  # that worker's operator listener is not up yet
+
+        _wait_until(both_served, lambda: f"answers {collections.Counter(answers)}")
+        assert set(answers) == {"200"}, collections.Counter(answers)
+    finally:
         proc.terminate()
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output[-2000:]
