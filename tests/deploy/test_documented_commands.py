@@ -23,7 +23,7 @@ from tests.deploy.documented import (
     parse_dockerfile,
     user_data_commands,
 )
-from tests.iac.hcl import EXAMPLE, module
+from tests.iac.hcl import EXAMPLE, MODULES, module, only
 
 COMMANDS = doc_commands()
 FLOODGATE = Path(sys.executable).parent / "floodgate"
@@ -62,10 +62,31 @@ def check_floodgate(words: list[str], where: str) -> None:
             assert flag in usage, f"{where}: floodgate {' '.join([*parents, alternative])} has no {flag}"
 
 
+def deployed_platform(dockerfile: Path) -> str:
+    """The platform the Terraform runs an image on: the edge's task definition's runtime platform,
+    the GPU hosts' AMI (its SSM parameter names the architecture)."""
+    if dockerfile == REPO / "Dockerfile.edge":
+        task = module(MODULES / "edge_service").resource("aws_ecs_task_definition", "edge")
+        platform = only(task["runtime_platform"])
+        assert platform["operating_system_family"] == "LINUX"
+        return {"X86_64": "linux/amd64", "ARM64": "linux/arm64"}[platform["cpu_architecture"]]
+    assert dockerfile == image_dockerfile("$TRITON"), dockerfile
+    ami = module(MODULES / "gpu_pool").variables()["ami_ssm_parameter"]["default"]
+    (architecture,) = {"x86_64", "arm64"} & set(ami.split("/"))
+    return {"x86_64": "linux/amd64", "arm64": "linux/arm64"}[architecture]
+
+
 def check_docker(words: list[str], where: str) -> None:
     if words[1] == "build":
         dockerfile = REPO / words[words.index("-f") + 1]
         assert dockerfile.is_file(), where
+        # Built anywhere (an ARM laptop too), the image must be for the machines that run it.
+        platform = next((w.split("=", 1)[1] for w in words if w.startswith("--platform=")), None)
+        if "--platform" in words:
+            platform = words[words.index("--platform") + 1]
+        assert platform == deployed_platform(dockerfile), (
+            f"{where}: needs --platform {deployed_platform(dockerfile)}"
+        )
         declared = {a.split("=", 1)[0] for a in parse_dockerfile(dockerfile).all("ARG")}
         for i, word in enumerate(words):
             if word == "--build-arg":
