@@ -85,7 +85,7 @@ def test_dotted_model_names_load_in_the_edge_under_their_own_names(
         # The edge finds the model's replicas in the group this plan creates for it.
         assert settings.models[model].triton == f"asg:{group}:8000:8002"
     assert settings.models["qwen2.5-72b"].token_weight == 4
-    assert settings.models["llama-3.1-8b"].path == "/opt/floodgate/model-8b"
+    assert settings.models["llama-3.1-8b"].path == "/opt/floodgate/model/llama-3.1-8b"
     # Every tier the edge defines, each with the models the plan gives it.
     edge_tiers = tomllib.loads(DEFAULTS_PATH.read_text())["tiers"]
     assert {t: settings.tiers[t].models for t in edge_tiers} == {

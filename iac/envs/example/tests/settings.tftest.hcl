@@ -21,7 +21,7 @@ variables {
       max_size           = 8
       warm_pool_min_size = 2
       demand_target      = 0.8
-      edge_model_dir     = "/opt/floodgate/model-8b"
+      edge_model_dir     = "/opt/floodgate/model/llama-3.1-8b"
     }
     "qwen2.5-72b" = {
       instance_type      = "p5.48xlarge"
@@ -30,7 +30,7 @@ variables {
       max_size           = 4
       warm_pool_min_size = 1
       demand_target      = 0.8
-      edge_model_dir     = "/opt/floodgate/model-72b"
+      edge_model_dir     = "/opt/floodgate/model/qwen2.5-72b"
       token_weight       = 4
       root_volume_gb     = 400
     }
