@@ -51,7 +51,7 @@ from edge.routes.observability import engine_state, prometheus_metrics
 from edge.routes.playground import playground
 from edge.routes.usage import own_usage
 from edge.runtime import Runtime
-from edge.scaling import ScalingPublisher, WorkPrice, scaling_publisher
+from edge.scaling import ScalingPublisher, scaling_publisher, work_price
 from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
@@ -72,6 +72,7 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
 
 
 def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPublisher:
+    """One served model's publisher: `settings` are the model's own, its prices in `metrics`."""
     m = settings.metrics
     region = m.cloudwatch_region or None
     return scaling_publisher(
@@ -79,7 +80,7 @@ def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPub
         dispatcher,
         lambda: boto3.client("cloudwatch", region_name=region),
         m.cloudwatch_interval_s,
-        WorkPrice(m.prefill_s_per_token, m.decode_s_per_token, m.mean_reply_tokens),
+        work_price(m),
     )
 
 

@@ -90,6 +90,11 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     # Sampling for a request that omits temperature / top_p (default: the checkpoint's own).
     default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    # What a request costs one of its replicas, priced into its own scaling demand (edge/scaling/
+    # work.py; default: [metrics]): a small model on its GPU costs far less per token than the
+    # defaults' 70B on an H200, and each model's GPU group scales on its own demand.
+    prefill_s_per_token: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    decode_s_per_token: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
     def __post_init__(self) -> None:
         check_model_source(self.source, "models.*.source")

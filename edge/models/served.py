@@ -14,7 +14,8 @@ class ServedModel:
     """One model and the settings its replicas are built from.
 
     `settings` is the app's settings as this model sees them: `model` names its checkpoint,
-    `engine.replicas` its engine count, `upstream.triton` its replicas; everything else is shared.
+    `engine.replicas` its engine count, `upstream.triton` its replicas, `metrics` its replicas'
+    prices (its scaling demand); everything else is shared.
     """
 
     name: str
@@ -45,8 +46,17 @@ def _served(settings: Settings, name: str, spec: ServedModelConfig) -> ServedMod
     )
     engine = settings.engine if spec.replicas is None else replace(settings.engine, replicas=spec.replicas)
     upstream = settings.upstream if spec.triton is None else replace(settings.upstream, triton=spec.triton)
-    own = replace(settings, model=model, engine=engine, upstream=upstream)
+    metrics = replace(
+        settings.metrics,
+        prefill_s_per_token=_given(spec.prefill_s_per_token, settings.metrics.prefill_s_per_token),
+        decode_s_per_token=_given(spec.decode_s_per_token, settings.metrics.decode_s_per_token),
+    )
+    own = replace(settings, model=model, engine=engine, upstream=upstream, metrics=metrics)
     return ServedModel(name, own, spec.triton_model)
+
+
+def _given(own: float | None, shared: float) -> float:
+    return shared if own is None else own
 
 
 def tier_models(tier: TierConfig, served: list[str], several: bool) -> list[str]:

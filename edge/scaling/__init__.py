@@ -10,12 +10,20 @@ from typing import TYPE_CHECKING
 from edge.scaling import metric
 from edge.scaling.demand import DemandSignal, DispatcherView
 from edge.scaling.publisher import ScalingPublisher
-from edge.scaling.work import WorkPrice
+from edge.scaling.work import WorkPrice, work_price
 
 if TYPE_CHECKING:
     from mypy_boto3_cloudwatch import CloudWatchClient
 
-__all__ = ["DemandSignal", "DispatcherView", "ScalingPublisher", "WorkPrice", "metric", "scaling_publisher"]
+__all__ = [
+    "DemandSignal",
+    "DispatcherView",
+    "ScalingPublisher",
+    "WorkPrice",
+    "metric",
+    "scaling_publisher",
+    "work_price",
+]
 
 
 def scaling_publisher(

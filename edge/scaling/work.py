@@ -20,6 +20,10 @@ proportionally less per token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge.config import MetricsConfig
 
 # bench/fleet/step_curve.h200_llama70b(): per_prefill_token_s and step(Bmax) / Bmax.
 H200_LLAMA70B_PREFILL_S_PER_TOKEN = 1.28e-4
@@ -37,3 +41,9 @@ class WorkPrice:
         """Replica-seconds that `requests` requests with `prompt_tokens` prompt tokens in all ask for."""
         reply_s = requests * self.mean_reply_tokens * self.decode_s_per_token
         return prompt_tokens * self.prefill_s_per_token + reply_s
+
+
+def work_price(metrics: MetricsConfig) -> WorkPrice:
+    """The price `[metrics]` sets; a served model's own settings carry its `[models.NAME]` prices
+    there (edge/models/served.py), so each model's demand is priced for its own replicas."""
+    return WorkPrice(metrics.prefill_s_per_token, metrics.decode_s_per_token, metrics.mean_reply_tokens)

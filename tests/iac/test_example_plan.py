@@ -19,7 +19,10 @@ import botocore.session
 import msgspec
 import pytest
 
+from edge.admission.replica_set import ReplicaState
 from edge.config import DEFAULTS_PATH, Settings, load_settings
+from edge.models.served import served_models
+from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.server import bind_listeners
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
 
@@ -35,6 +38,20 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     example = work / "iac" / "envs" / "example"
     env = init(binary, example, work)
     return planned_runs(binary, example, env, "tests/settings.tftest.hcl")
+
+
+class Asked:
+    """A dispatcher asked 3 requests of 1000 prompt tokens since the previous sample, no replica."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def replica_states(self) -> list[ReplicaState]:
+        return []
+
+    def offered(self) -> tuple[int, int]:
+        self.calls += 1
+        return (0, 0) if self.calls == 1 else (3, 3000)
 
 
 def edge_settings(plan: dict[str, Any], run_dir: Path) -> Settings:
@@ -93,6 +110,26 @@ def test_dotted_model_names_load_in_the_edge_under_their_own_names(
         "paid": ("qwen2.5-72b", "llama-3.1-8b"),
     }
     assert settings.tiers["paid"].default_model == "qwen2.5-72b"
+
+
+def test_a_models_own_gpu_prices_set_its_published_demand(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    # settings.tftest.hcl prices the 8B model's replicas (var.models); the 72B keeps the edge's
+    # [metrics] defaults. Each model's publisher prices its demand with its own settings' metrics.
+    settings = edge_settings(plans["dotted_model_names"], tmp_path)
+    defaults = WorkPrice()
+    prices = {
+        "llama-3.1-8b": (2e-5, 5e-5),
+        "qwen2.5-72b": (defaults.prefill_s_per_token, defaults.decode_s_per_token),
+    }
+
+    for model in served_models(settings):
+        signal = DemandSignal(Asked(), work_price(model.settings.metrics), clock=iter((0.0, 10.0)).__next__)
+        prefill, decode = prices[model.name]
+        assert signal.sample()[metric.DEMAND_METRIC] == pytest.approx(
+            3 * (1000 * prefill + 500 * decode) / 10
+        )
 
 
 def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:

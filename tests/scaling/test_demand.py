@@ -13,7 +13,9 @@ from prometheus_client import REGISTRY
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.replica_set import ReplicaState
 from edge.admission.ticket import Overloaded, Ticket
-from edge.scaling import DemandSignal, WorkPrice, metric
+from edge.config import load_settings
+from edge.models.served import served_models
+from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.upstreams.base import Capacity
 
 pytestmark = pytest.mark.anyio
@@ -124,6 +126,31 @@ def test_prompt_tokens_are_priced_at_the_prefill_cost() -> None:
 
     assert demand == pytest.approx(10 * (3000 * 1e-4 + 500 * 1e-3) / INTERVAL_S)
     assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica") == pytest.approx(demand)
+
+
+def test_a_models_own_prices_price_its_demand_the_others_keep_the_defaults() -> None:
+    # Two models on different GPUs: the small one's replicas cost far less per token than the
+    # [metrics] defaults (one H200 serving a 70B), and its group scales on its own demand.
+    models = {
+        "small": {"source": "demo", "prefill_s_per_token": 2e-5, "decode_s_per_token": 5e-5},
+        "large": {"source": "demo"},
+    }
+    settings = load_settings(overrides={"models": models})
+    defaults = settings.metrics
+    demand = {}
+    for model in served_models(settings):
+        clock = Clock()
+        edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
+        signal = DemandSignal(edge, work_price(model.settings.metrics), clock)
+        clock.now += INTERVAL_S
+        edge.ask(10, prompt_tokens_each=3000)
+        demand[model.name] = signal.sample()[metric.DEMAND_METRIC]
+
+    assert demand["small"] == pytest.approx(10 * (3000 * 2e-5 + 500 * 5e-5) / INTERVAL_S)
+    assert demand["large"] == pytest.approx(
+        10 * (3000 * defaults.prefill_s_per_token + 500 * defaults.decode_s_per_token) / INTERVAL_S
+    )
+    assert (defaults.prefill_s_per_token, defaults.decode_s_per_token) == (1.28e-4, 2.16e-4)
 
 
 def test_the_replicas_own_load_counts_work_no_edge_accounts_for() -> None:

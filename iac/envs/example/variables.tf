@@ -43,7 +43,7 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own, /opt/floodgate/model/NAME: the image built with MODEL_DIR a folder of one folder per model, docs/deploy.md). token_weight: what each of its tokens counts against a user's token limit. root_volume_gb, root_volume_iops, root_volume_throughput_mibps: its hosts' gp3 root volume, which holds the image and the engine (default 200 GiB, 6000 IOPS, 1000 MiB/s: a warm-pool host re-reads its whole engine at start)."
+  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own, /opt/floodgate/model/NAME: the image built with MODEL_DIR a folder of one folder per model, docs/deploy.md). token_weight: what each of its tokens counts against a user's token limit. prefill_s_per_token, decode_s_per_token: seconds of one of its replicas per prompt token and per output token at a full batch, what its requests cost in its own scaling demand (unset: the edge's [metrics] defaults, one H200 serving Llama 3.3 70B FP8; docs/deploy.md, What scales on what). root_volume_gb, root_volume_iops, root_volume_throughput_mibps: its hosts' gp3 root volume, which holds the image and the engine (default 200 GiB, 6000 IOPS, 1000 MiB/s: a warm-pool host re-reads its whole engine at start)."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
@@ -54,6 +54,10 @@ variable "models" {
     ami_id             = optional(string, "")
     edge_model_dir     = optional(string, "")
     token_weight       = optional(number, 1)
+    # Seconds of one of its replicas per prompt token and per output token at a full batch: the
+    # price of its requests in its own scaling demand (null: the edge's [metrics] defaults).
+    prefill_s_per_token = optional(number)
+    decode_s_per_token  = optional(number)
     # The GPU hosts' root volume (null: the gpu_pool module's defaults, 200 GiB, 6000 IOPS,
     # 1000 MiB/s): it holds the image and the engine, which a warm-pool host re-reads at start.
     root_volume_gb               = optional(number)
@@ -76,6 +80,16 @@ variable "models" {
   validation {
     condition     = alltrue([for model in keys(var.models) : model != "" && !strcontains(model, "/")])
     error_message = "A model's name must be non-empty and have no '/': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
+  }
+
+  # The edge refuses a negative prefill price or a decode price that is not positive.
+  validation {
+    condition = alltrue([
+      for spec in values(var.models) :
+      (spec.prefill_s_per_token == null ? true : spec.prefill_s_per_token >= 0) &&
+      (spec.decode_s_per_token == null ? true : spec.decode_s_per_token > 0)
+    ])
+    error_message = "A model's prefill_s_per_token must be at least 0 and its decode_s_per_token above 0 (seconds of one replica per token at a full batch), or unset for the edge's defaults."
   }
 
   # Each model's GPU group is named from its name with every character but [A-Za-z0-9_-] made a '-'

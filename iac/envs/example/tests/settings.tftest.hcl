@@ -22,6 +22,9 @@ variables {
       warm_pool_min_size = 2
       demand_target      = 0.8
       edge_model_dir     = "/opt/floodgate/model/llama-3.1-8b"
+      # Its replicas' own prices in its scaling demand (the 72B keeps the edge's defaults).
+      prefill_s_per_token = 0.00002
+      decode_s_per_token  = 0.00005
     }
     "qwen2.5-72b" = {
       instance_type      = "p5.48xlarge"

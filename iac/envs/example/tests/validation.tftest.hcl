@@ -66,3 +66,20 @@ run "two_model_names_one_gpu_group" {
 
   expect_failures = [var.models]
 }
+
+# The edge refuses a decode price of 0 (a request would cost nothing: its group never scales).
+run "a_model_price_the_edge_refuses" {
+  command = plan
+
+  variables {
+    models = {
+      "llama-3-8b" = {
+        instance_type      = "g6e.xlarge", engine_prefix = "engines/llama-3-8b/l40s/", min_size = 1,
+        max_size           = 8, warm_pool_min_size = 2, demand_target = 0.8, prefill_s_per_token = 0.00002,
+        decode_s_per_token = 0
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
