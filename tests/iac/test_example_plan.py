@@ -6,6 +6,7 @@ task starts; the names it gives AWS resources are matched against the AWS APIs' 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from edge.config import DEFAULTS_PATH, Settings, load_settings
 from edge.models.served import served_models
 from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.server import bind_listeners
+from tests.iac.hcl import MODULES, module
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
 
 # iac/envs/example/tests/settings.tftest.hcl: two models named with a dot, as Llama 3.1 and Qwen2.5 are.
@@ -37,7 +39,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     shutil.copytree(REPO / "iac", work / "iac")
     example = work / "iac" / "envs" / "example"
     env = init(binary, example, work)
-    return planned_runs(binary, example, env, "tests/settings.tftest.hcl")
+    return planned_runs(binary, example, env, "tests/settings.tftest.hcl", "tests/knobs.tftest.hcl")
 
 
 class Asked:
@@ -208,3 +210,96 @@ def test_gpu_root_volumes_are_sized_per_model_and_provisioned_to_read_the_engine
         # gp3's baseline 125 MiB/s, about 70 s at 1000 MiB/s, which needs 4000 IOPS (0.25 MiB/s each).
         assert (ebs["throughput"], ebs["iops"]) == (1000, 6000)
         assert ebs["throughput"] <= ebs["iops"] / 4 and ebs["iops"] <= 500 * size
+
+
+def documented_knobs(plan: dict[str, Any], run_dir: Path, model: str) -> dict[str, Any]:
+    """Where each knob docs/deploy.md names lands in this plan: on the resource it configures."""
+    pool = f'module.gpu_pool["{model}"]'
+    step = planned(plan, f"{pool}.aws_autoscaling_policy.demand_surge")["step_adjustment"]
+    (rule,) = planned(plan, "module.engines.aws_s3_bucket_lifecycle_configuration.engines")["rule"]
+    user_data = base64.b64decode(planned(plan, f"{pool}.aws_launch_template.gpu")["user_data"]).decode()
+    return {
+        "scale_in_drain_s": (
+            planned(plan, f"{pool}.aws_autoscaling_lifecycle_hook.drain")["heartbeat_timeout"],
+            # The host agent completes the terminate hook at the latest then.
+            int(re.findall(r"--drain-s (\d+)", user_data)[0]),
+        ),
+        "wait_for_capacity_timeout": planned(plan, f"{pool}.aws_autoscaling_group.gpu")[
+            "wait_for_capacity_timeout"
+        ],
+        "surge_demand": (
+            planned(plan, f"{pool}.aws_cloudwatch_metric_alarm.demand_surge")["threshold"],
+            # The step policy's bounds are relative to the alarm's: its larger step starts there.
+            *(float(s["metric_interval_lower_bound"]) for s in step if not s["metric_interval_upper_bound"]),
+        ),
+        "interface_endpoints": sorted(
+            c["index"]
+            for c in plan["resource_changes"]
+            if c["address"].startswith("module.network.aws_vpc_endpoint.interface[")
+        ),
+        "deregistration_delay_s": (
+            int(planned(plan, "module.alb.aws_lb_target_group.edge")["deregistration_delay"]),
+            # The edge ends its streams at the same time (its settings, as a task loads them).
+            edge_settings(plan, run_dir).server.drain_deadline_s,
+        ),
+        "noncurrent_version_days": rule["noncurrent_version_expiration"][0]["noncurrent_days"],
+        "log_retention_days": {
+            c["address"]: c["change"]["after"]["retention_in_days"]
+            for c in plan["resource_changes"]
+            if c["type"] == "aws_cloudwatch_log_group"
+        },
+    }
+
+
+LOG_GROUPS = (
+    "module.alb.aws_cloudwatch_log_group.waf",
+    "module.edge.aws_cloudwatch_log_group.edge",
+    "module.network.aws_cloudwatch_log_group.flow_logs",
+    "module.redis.aws_cloudwatch_log_group.slow_log",
+)
+
+
+def test_each_knob_the_guide_names_reaches_the_resource_it_configures(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    # iac/envs/example/tests/knobs.tftest.hcl sets each one away from its default.
+    knobs = documented_knobs(plans["every_documented_knob"], tmp_path, "llama-3-8b")
+
+    assert knobs == {
+        "scale_in_drain_s": (600, 600),
+        "wait_for_capacity_timeout": "45m",
+        "surge_demand": (2, 2),
+        "interface_endpoints": ["ecr.api", "ecr.dkr", "logs"],
+        "deregistration_delay_s": (110, 110),
+        "noncurrent_version_days": 7,
+        "log_retention_days": dict.fromkeys(
+            [*LOG_GROUPS, 'module.gpu_pool["llama-3-8b"].aws_cloudwatch_log_group.triton'], 30
+        ),
+    }
+
+
+def test_unset_knobs_keep_the_modules_defaults(plans: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    # settings.tftest.hcl sets none of them: the example's defaults are the modules' (and the edge's).
+    knobs = documented_knobs(plans["dotted_model_names"], tmp_path, "qwen2.5-72b")
+
+    def default(mod: str, variable: str) -> Any:
+        return module(MODULES / mod).variables()[variable]["default"]
+
+    drain, surge = default("gpu_pool", "scale_in_drain_s"), default("gpu_pool", "surge_demand")
+    (days,) = {
+        default(m, "log_retention_days") for m in ("alb", "edge_service", "network", "redis", "gpu_pool")
+    }
+    triton_logs = [f'module.gpu_pool["{m}"].aws_cloudwatch_log_group.triton' for m in DOTTED]
+    assert knobs == {
+        "scale_in_drain_s": (drain, drain),
+        "wait_for_capacity_timeout": default("gpu_pool", "wait_for_capacity_timeout"),
+        "surge_demand": (surge, surge),
+        "interface_endpoints": sorted(default("network", "interface_endpoints")),
+        # The edge's own drain_deadline_s default too (edge/defaults.toml).
+        "deregistration_delay_s": (
+            default("alb", "deregistration_delay_s"),
+            load_settings().server.drain_deadline_s,
+        ),
+        "noncurrent_version_days": default("engine_bucket", "noncurrent_version_days"),
+        "log_retention_days": dict.fromkeys([*LOG_GROUPS, *triton_logs], days),
+    }

@@ -232,7 +232,7 @@ _RENDER_VALUES = (
     'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
     'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
     'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1", '
-    "http_keep_alive_s = 3605, ops_port = 9464}"
+    "http_keep_alive_s = 3605, ops_port = 9464, drain_deadline_s = 110}"
 )
 
 
@@ -282,6 +282,10 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     small = settings.models["llama-3-8b"]
     assert (small.prefill_s_per_token, small.decode_s_per_token) == (0.00002, 0.00005)
     assert (large.prefill_s_per_token, large.decode_s_per_token) == (None, None)
+    # The edge ends its streams when the load balancer stops waiting for them.
+    assert settings.server.drain_deadline_s == 110
+    assert re.search(r"\bdrain_deadline_s\s*=\s*var\.deregistration_delay_s\b", args)
+    assert ENV.calls()["alb"]["deregistration_delay_s"] == "${var.deregistration_delay_s}"
     assert settings.tiers["free"].models == ("llama-3-8b",)
     assert settings.tiers["paid"].default_model == "llama-3-70b"
     # The groups named in the settings are the ones the GPU pools create.

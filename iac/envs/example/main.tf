@@ -36,11 +36,13 @@ module "kms" {
 }
 
 module "network" {
-  source             = "../../modules/network"
-  name               = var.name
-  availability_zones = var.availability_zones
-  single_nat_gateway = var.single_nat_gateway
-  kms_key_arn        = module.kms.key_arn
+  source              = "../../modules/network"
+  name                = var.name
+  availability_zones  = var.availability_zones
+  single_nat_gateway  = var.single_nat_gateway
+  kms_key_arn         = module.kms.key_arn
+  interface_endpoints = var.interface_endpoints
+  log_retention_days  = var.log_retention_days
 }
 
 module "logs" {
@@ -59,6 +61,9 @@ module "alb" {
   log_prefix          = module.logs.alb_prefix
   kms_key_arn         = module.kms.key_arn
   deletion_protection = var.deletion_protection
+  log_retention_days  = var.log_retention_days
+  # The edge's drain_deadline_s is rendered from the same value (the edge's settings below).
+  deregistration_delay_s = var.deregistration_delay_s
 }
 
 module "edge_registry" {
@@ -74,11 +79,12 @@ module "triton_registry" {
 }
 
 module "engines" {
-  source      = "../../modules/engine_bucket"
-  name        = "${var.name}-engines-${local.bucket_suffix}"
-  kms_key_arn = module.kms.key_arn
-  log_bucket  = module.logs.bucket
-  log_prefix  = module.logs.s3_prefix
+  source                  = "../../modules/engine_bucket"
+  name                    = "${var.name}-engines-${local.bucket_suffix}"
+  kms_key_arn             = module.kms.key_arn
+  log_bucket              = module.logs.bucket
+  log_prefix              = module.logs.s3_prefix
+  noncurrent_version_days = var.noncurrent_version_days
 }
 
 module "messages" {
@@ -104,6 +110,7 @@ module "redis" {
   node_type                 = var.redis_node_type
   shards                    = var.redis_shards
   kms_key_arn               = module.kms.key_arn
+  log_retention_days        = var.log_retention_days
 }
 
 module "edge" {
@@ -121,6 +128,7 @@ module "edge" {
   messages_table_arn    = module.messages.arn
   metric_namespace      = module.scaling_metric.namespace
   kms_key_arn           = module.kms.key_arn
+  log_retention_days    = var.log_retention_days
   # Operators scrape /metrics on the tasks' operator port from these groups (none: unreachable).
   metrics_scraper_security_group_ids = var.metrics_scraper_security_group_ids
   # The edge serves every model, each from its own GPU group, to the tiers tier_models names.
@@ -137,6 +145,8 @@ module "edge" {
     http_keep_alive_s = module.alb.idle_timeout_s + 5
     # The operator listener, on the port the task declares and its security group opens.
     ops_port = module.edge.ops_port
+    # Streams get as long after SIGTERM as the load balancer gives them after deregistration.
+    drain_deadline_s = var.deregistration_delay_s
   })
 }
 
@@ -165,6 +175,12 @@ module "gpu_pool" {
   root_volume_gb               = each.value.root_volume_gb
   root_volume_iops             = each.value.root_volume_iops
   root_volume_throughput_mibps = each.value.root_volume_throughput_mibps
+
+  # null: the module's defaults (surge 1.5, drain 300 s, apply waits "30m").
+  surge_demand              = each.value.surge_demand
+  scale_in_drain_s          = each.value.scale_in_drain_s
+  wait_for_capacity_timeout = each.value.wait_for_capacity_timeout
+  log_retention_days        = var.log_retention_days
 
   metric_namespace          = module.scaling_metric.namespace
   demand_metric             = module.scaling_metric.demand_metric

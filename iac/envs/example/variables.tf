@@ -43,7 +43,7 @@ variable "edge_model_dir" {
 }
 
 variable "models" {
-  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own, /opt/floodgate/model/NAME: the image built with MODEL_DIR a folder of one folder per model, docs/deploy.md). token_weight: what each of its tokens counts against a user's token limit. prefill_s_per_token, decode_s_per_token: seconds of one of its replicas per prompt token and per output token at a full batch, what its requests cost in its own scaling demand (unset: the edge's [metrics] defaults, one H200 serving Llama 3.3 70B FP8; docs/deploy.md, What scales on what). root_volume_gb, root_volume_iops, root_volume_throughput_mibps: its hosts' gp3 root volume, which holds the image and the engine (default 200 GiB, 6000 IOPS, 1000 MiB/s: a warm-pool host re-reads its whole engine at start)."
+  description = "Served models, by the name clients pass (dots allowed, e.g. llama-3.1-8b; its GPU group is named from it with every character but letters, digits, '-' and '_' made a '-'): each gets its own GPU Auto Scaling group, scaled on its own demand (the metric's Model dimension), and its own [models.NAME] in the edge's settings. engine_prefix is the engine's key prefix in the engine bucket, built for instance_type's GPU. ami_id pins the GPU AMI (empty: the latest, read at plan time). min_size may be 0: the group then starts from zero on demand. edge_model_dir: where the edge image holds this model's config and tokenizer files (empty: edge_model_dir; with several models give each its own, /opt/floodgate/model/NAME: the image built with MODEL_DIR a folder of one folder per model, docs/deploy.md). token_weight: what each of its tokens counts against a user's token limit. prefill_s_per_token, decode_s_per_token: seconds of one of its replicas per prompt token and per output token at a full batch, what its requests cost in its own scaling demand (unset: the edge's [metrics] defaults, one H200 serving Llama 3.3 70B FP8; docs/deploy.md, What scales on what). root_volume_gb, root_volume_iops, root_volume_throughput_mibps: its hosts' gp3 root volume, which holds the image and the engine (default 200 GiB, 6000 IOPS, 1000 MiB/s: a warm-pool host re-reads its whole engine at start). surge_demand: demand per replica past which a step policy adds 50 % / 100 % of the group (default 1.5). scale_in_drain_s: longest a host leaving the group waits for its streams (default 300). wait_for_capacity_timeout: how long apply waits for min_size hosts in service (default \"30m\"; \"0\" does not wait)."
   type = map(object({
     instance_type      = string
     engine_prefix      = string
@@ -63,6 +63,10 @@ variable "models" {
     root_volume_gb               = optional(number)
     root_volume_iops             = optional(number)
     root_volume_throughput_mibps = optional(number)
+    # Scaling and rollout of its group (null: the gpu_pool module's defaults, 1.5, 300 s, "30m").
+    surge_demand              = optional(number)
+    scale_in_drain_s          = optional(number)
+    wait_for_capacity_timeout = optional(string)
   }))
   default = {
     "llama-3-8b" = {
@@ -172,4 +176,33 @@ variable "metrics_scraper_security_group_ids" {
   description = "Security groups in the VPC (a Prometheus, a bastion) that may reach the edge tasks' operator endpoints, /metrics and /v1/internal/engine, on the edge's ops_port (output edge_ops_port). Empty: no rule, none may."
   type        = list(string)
   default     = []
+}
+
+variable "log_retention_days" {
+  description = "Days the log groups keep their logs: the edge's, Triton's on every GPU host, the WAF's, Redis' slow log and the VPC flow logs."
+  type        = number
+  default     = 365
+}
+
+variable "noncurrent_version_days" {
+  description = "Days a replaced engine version stays in the engine bucket, for rollback."
+  type        = number
+  default     = 30
+}
+
+variable "interface_endpoints" {
+  description = "AWS services the private subnets reach through interface endpoints instead of the NAT (each costs per zone-hour: drop one whose traffic is small)."
+  type        = list(string)
+  default     = ["ecr.api", "ecr.dkr", "logs", "monitoring", "secretsmanager", "sts", "autoscaling"]
+}
+
+variable "deregistration_delay_s" {
+  description = "Seconds the load balancer keeps a stopping edge task's open streams, and the edge's own [server] drain_deadline_s (rendered from it): a stream gets the same time whichever way its task stops. At least the edge's drain_accept_s (15), at most the task's stopTimeout (120, Fargate's maximum) less 5 s, so the edge ends its streams before SIGKILL (docs/deploy.md, Graceful drain)."
+  type        = number
+  default     = 90
+
+  validation {
+    condition     = var.deregistration_delay_s >= 15 && var.deregistration_delay_s <= 115
+    error_message = "deregistration_delay_s must be from 15 (the edge's drain_accept_s) to 115 s (the task's stopTimeout, 120 s at most on Fargate, less 5 s for the edge to end its streams)."
+  }
 }

@@ -148,18 +148,21 @@ variable "surge_demand" {
   description = "Demand per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly."
   type        = number
   default     = 1.5
+  nullable    = false
 }
 
 variable "scale_in_drain_s" {
   description = "Longest a host leaving the pool waits (Terminating:Wait) for its running streams; the host agent completes the hook as soon as they end, and the edge sends it no new work."
   type        = number
   default     = 300
+  nullable    = false
 }
 
 variable "wait_for_capacity_timeout" {
   description = "How long apply waits for min_size hosts in service (engine download and load included); \"0\" does not wait."
   type        = string
   default     = "30m"
+  nullable    = false
 }
 
 variable "log_retention_days" {

@@ -83,3 +83,14 @@ run "a_model_price_the_edge_refuses" {
 
   expect_failures = [var.models]
 }
+
+# A deregistration delay the edge could not drain in before the task's stopTimeout (120 s) kills it.
+run "a_drain_longer_than_the_task_may_stop" {
+  command = plan
+
+  variables {
+    deregistration_delay_s = 120
+  }
+
+  expect_failures = [var.deregistration_delay_s]
+}
