@@ -136,7 +136,8 @@ def _adjusted(
             np.concatenate((np.asarray(prompt, dtype=np.int64), np.asarray(generated, dtype=np.int64)))
         )
         values = out[seen]
-        out[seen] = np.where(values > 0, values / penalty, values * penalty)
+        with np.errstate(over="ignore"):  # past float32's range: +inf, held at its largest below
+            out[seen] = np.where(values > 0, values / penalty, values * penalty)
     if params.logit_bias:
         ids, biases = zip(*params.logit_bias, strict=True)
         out[list(ids)] += np.asarray(biases, dtype=np.float32)
