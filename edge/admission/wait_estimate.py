@@ -86,13 +86,6 @@ class WaitEstimate:
         """The wait of a ticket that would be `position`-th in line now, charged `kv_tokens` when
         placed."""
         may_use_reserve = ticket.may_use_reserve
-        if position == 1 and any(
-            r.alive and r.placeable and r.has_room(kv_tokens, may_use_reserve, self._reserve)
-            for r in replicas
-        ):
-            # The common case, every admitted request's precheck: placed at once, and no sort of
-            # the held places (free_times), which costs O(places log places) per snapshot.
-            return 0.0
         lanes: list[_Chances] = []
         room_now = False
         for replica in replicas:
