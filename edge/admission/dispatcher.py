@@ -336,7 +336,7 @@ class Dispatcher:
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
-        slot = Slot(replica, ticket, charge, now, self._release, self._real_use)
+        slot = Slot(replica, ticket, charge, now, self._release, self._real_use, self._clock)
         replica.hold(slot)
         return slot
 

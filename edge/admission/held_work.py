@@ -2,12 +2,11 @@
 
 A request holds its place until its reply ends, so a replica busy with long streams frees nothing for
 seconds however short the requests it finished before were. For each place it holds the edge knows,
-without asking the replica, the reply's max_tokens and how far it has got (Slot.grow, called for
-every relayed delta, keeps the count), so its own token rate since it was placed, which already
-reflects the batch it runs in (Slot.tokens_per_s says why from the placement). What it cannot
-know is whether the reply stops before max_tokens; the replica's finished replies teach that
-(`ReplyPace`): the share of its max_tokens a reply used, and one stream's tokens per second. A
-held place is then expected to free after
+without asking the replica, the reply's max_tokens and how far it has got: tokens so far and the
+time of the first (Slot.grow, called for every relayed delta, keeps both), so its own decode rate,
+which already reflects the batch it runs in. What it cannot know is whether the reply stops before
+max_tokens; the replica's finished replies teach that (`ReplyPace`): the share of its max_tokens a
+reply used, and one stream's tokens per second. A held place is then expected to free after
 
     (expected length - generated) / the reply's own rate,
     expected length = min(max_tokens, max(share x max_tokens, 2 x generated)):

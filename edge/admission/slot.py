@@ -2,12 +2,13 @@
 
 Its KV charge is either the worst case (prompt + max_tokens) for its whole life, or, with real-use
 accounting (real_use.py), what the request holds so far plus a margin, growing as tokens stream.
-It also keeps how many tokens its reply has got: when it will give its place back is what a refused
-client is told to wait for (held_work.py).
+It also keeps how far its reply has got (tokens, and when the first came): when it will give its
+place back is what a refused client is told to wait for (held_work.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -30,6 +31,7 @@ class Slot:
         granted_at: float,
         on_release: Callable[[Slot, ReleaseKind], None],
         real_use: RealUse | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.upstream: Upstream = replica.upstream
         self.replica = replica
@@ -41,8 +43,11 @@ class Slot:
         self._real_use = real_use
         # Generated tokens from which the charge no longer covers held tokens + margin.
         self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
-        # The reply's progress: tokens generated so far.
+        self._clock = clock
+        # The reply's progress: tokens generated, and when (and at which count) the first came.
         self.generated = 0
+        self.first_token_at: float | None = None
+        self.first_tokens = 0
 
     @property
     def released(self) -> bool:
@@ -55,20 +60,22 @@ class Slot:
         return None if prompt is None else self.ticket.kv_tokens - prompt
 
     def tokens_per_s(self, now: float) -> float | None:
-        """This reply's own token rate since it was placed (None: no token yet). Its own, not the
-        replica's: it already reflects the batch it runs in. Counted from the placement, prefill
-        included, not from the first token: a little slow early in a reply (so a wait a little
-        long), never fast, as it would be from a first token relayed late by a busy event loop and
-        the next ones at once."""
-        held_s = now - self.granted_at
-        if self.generated <= 0 or held_s <= 0:
+        """This reply's own decode rate since its first token (None: nothing measured yet). Its own,
+        not the replica's: it already reflects the batch it runs in."""
+        first = self.first_token_at
+        streamed = self.generated - self.first_tokens
+        if first is None or streamed <= 0 or now <= first:
             return None
-        return self.generated / held_s
+        return streamed / (now - first)
 
     def grow(self, generated: int) -> None:
         """The request has generated this many tokens: with real-use accounting, charge the replica
         for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
-        have not: it runs for every streamed delta (one store more for the progress count)."""
+        have not: it runs for every streamed delta (one comparison and one store more for the
+        progress count)."""
+        if self.first_token_at is None:
+            self.first_token_at = self._clock()
+            self.first_tokens = generated
         self.generated = generated
         if self._grow_at is None or generated < self._grow_at or self._released:
             return

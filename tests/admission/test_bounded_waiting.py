@@ -156,6 +156,7 @@ def _reply(user: str, max_new: int, *, paid: bool = False, max_wait_s: float = 6
 async def _one_reply_ran_to_its_end(dispatcher: Dispatcher, now: list[float]) -> None:
     """A short reply streams all its max_tokens: replies here run to their max_tokens (share 1)."""
     short = await dispatcher.acquire(_reply("warm", 10, paid=True))
+    short.grow(1)
     now[0] += 0.05
     short.grow(10)
     short.release()
@@ -171,10 +172,12 @@ async def test_the_wait_is_when_the_held_streams_free_enough_room(make_dispatche
     async with make_dispatcher([replica], clock=lambda: now[0], reserved_paid_fraction=0.2) as dispatcher:
         await _one_reply_ran_to_its_end(dispatcher, now)
         streams: list[Slot] = [await dispatcher.acquire(_reply(f"p{i}", 1000, paid=True)) for i in range(5)]
+        for slot in streams:
+            slot.grow(1)
         now[0] += 1.0
         for i, slot in enumerate(streams, 1):
-            slot.grow(100 * i)  # 1000 - 100 i tokens left at 100 i a second
-        # They end 9, 4, 2.33, 1.5 and 1 s from now.
+            slot.grow(1 + 100 * i)  # 999 - 100 i tokens left at 100 i a second
+        # They end 1.0, 1.5, 2.33, 4.0 and 8.99 s from now.
         assert dispatcher.estimate_wait_s(_reply("paid", 5, paid=True)) == pytest.approx(1.0, abs=0.01)
         assert dispatcher.estimate_wait_s(_reply("free", 5)) == pytest.approx(1.5, abs=0.01)
         with pytest.raises(Overloaded) as refused:
@@ -196,6 +199,7 @@ async def test_retry_after_is_never_a_burst_of_milliseconds(make_dispatcher: Mak
     ) as dispatcher:
         await _one_reply_ran_to_its_end(dispatcher, now)
         holder = await dispatcher.acquire(_reply("holder", 100))
+        holder.grow(1)
         now[0] += 1.0
         holder.grow(100)
         flow = Flow(dispatcher)

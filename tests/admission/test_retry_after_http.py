@@ -86,8 +86,8 @@ def _retry_after_s(refused: httpx.Response) -> float:
 
 def _held_for_at_least_s(sent: float) -> float:
     """What is left, at the least, of the holder's HOLD tokens now, by the upstream's pace alone;
-    the edge measures a rate no faster than that pace (tokens since the place was granted), so its
-    estimate of the holder's end can only be later. 0.8: slack."""
+    the edge measures a rate no faster than that pace, so its estimate of the holder's end can only
+    be later. 0.8: the rate's first-token slack and the holder's early tokens."""
     return 0.8 * (HOLD * TOKEN_S - (time.monotonic() - sent))
 
 
