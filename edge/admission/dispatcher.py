@@ -23,10 +23,9 @@ Policy
   on its replicas; a retry that excludes a failed replica does not hold back others on that replica.
 * Bounded waiting. `precheck` says no when the queue holds `max_queue` tickets of the ticket's tier
   or above ("queue_full": a lower tier's flood never closes the queue to a higher one, which passes
-  it; all tiers together hold at most `max_queue` per tier) or when the estimated wait
-  (wait_estimate.py: when the work the replicas hold now frees places for it) exceeds the tier's
-  max_wait_s ("wait_too_long"); Retry-After is that estimate, between a quarter of a second and a
-  minute (wait_estimate.py says why). `acquire` gives up after max_wait_s in the queue. Both answer
+  it; all tiers together hold at most `max_queue` per tier) or
+  when the estimated wait (wait_estimate.py) exceeds the tier's max_wait_s ("wait_too_long");
+  Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
@@ -189,7 +188,7 @@ class Dispatcher:
             raise refusal
         estimate = self._wait_s(ticket)
         if estimate > ticket.max_wait_s:
-            raise self._reject("wait_too_long", self._estimate.retry_after_s(estimate))
+            raise self._reject("wait_too_long", estimate)
 
     async def acquire(self, ticket: Ticket, exclude: frozenset[str] = frozenset()) -> Slot:
         """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket."""
@@ -336,20 +335,13 @@ class Dispatcher:
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
-        slot = Slot(replica, ticket, charge, now, self._release, self._real_use, self._clock)
-        replica.hold(slot)
-        return slot
+        return Slot(replica, ticket, charge, now, self._release, self._real_use)
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
         replica = slot.replica
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
-        replica.let_go(slot)
-        held_s = None
-        if kind == "done":
-            now = self._clock()
-            held_s = now - slot.granted_at
-            replica.pace.observe(slot, now)
+        held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id
         )
@@ -382,11 +374,11 @@ class Dispatcher:
 
     def _wait_s(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        members = self.replicas.members
-        return self._estimate.wait_s(position, ticket, self._charge(ticket), members, self._clock())
+        return self._estimate.wait_s(position, ticket, self._charge(ticket), self.replicas.members)
 
     def _retry_after(self, ticket: Ticket) -> float:
-        return self._estimate.retry_after_s(self._wait_s(ticket))
+        position = self._queue.position_of_new(ticket)
+        return self._estimate.retry_after_s(position, ticket, self._charge(ticket), self.replicas.members)
 
     def _watch_tier(self, priority: int, label: str) -> None:
         self._tier_labels.add(label)

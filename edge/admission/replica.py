@@ -14,15 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from edge.admission.held_work import FreeTimes, ReplyPace, free_times
 from edge.admission.prefix_index import ROUTING_BLOCK_TOKENS, PrefixIndex
 from edge.admission.service_rate import ServiceRate
 from edge.upstreams.base import Capacity, Upstream
-
-if TYPE_CHECKING:
-    from edge.admission.slot import Slot
 
 
 @dataclass(eq=False)
@@ -49,12 +44,6 @@ class Replica:
     # The replica's prefix-cache running totals when last looked at: going backwards means it
     # restarted, with an empty cache.
     prefix_totals_seen: int = 0
-    # The places this edge holds here now, and what finished replies taught of their length and
-    # pace: when the held work should free them (held_work.py).
-    slots: set[Slot] = field(default_factory=set, init=False, repr=False)
-    pace: ReplyPace = field(default_factory=ReplyPace, init=False, repr=False)
-    _slots_version: int = field(default=0, init=False, repr=False)
-    _free_times: FreeTimes | None = field(default=None, init=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -111,70 +100,18 @@ class Replica:
             self.kv_in_use_free += tokens
 
     def has_room(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
-        return _fits(
-            self.kv_in_use,
-            self.kv_in_use_free,
-            self.sequences,
-            self.charge(kv_tokens),
-            self.kv_limit(may_use_reserve, reserved_fraction),
-            # Read only for a ticket that may use the reserve.
-            self.kv_limit(False, reserved_fraction) if may_use_reserve else 0,
-            self.sequence_limit(may_use_reserve, reserved_fraction),
-            may_use_reserve,
-            self.free_preemptible,
-        )
-
-    # -- the held work ---------------------------------------------------------------------------
-
-    def hold(self, slot: Slot) -> None:
-        self.slots.add(slot)
-        self._slots_version += 1
-
-    def let_go(self, slot: Slot) -> None:
-        self.slots.discard(slot)
-        self._slots_version += 1
-
-    def free_times(self, now: float) -> FreeTimes:
-        """The held places by when they should free (held_work.py), sorted again only when one was
-        taken or given back, or the last sort is older than held_work.SNAPSHOT_S."""
-        cached = self._free_times
-        if cached is None or not cached.fresh(now, self._slots_version):
-            cached = free_times(self.slots, now, self.pace, self.rate.service_s, self._slots_version)
-            self._free_times = cached
-        return cached
-
-    def frees_before_room(
-        self, frees: FreeTimes, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float
-    ) -> int | None:
-        """How many held places must free, in the order they should, before a ticket charged
-        `kv_tokens` fits (has_room's rule): 0 when it fits now, None when not even all of them would
-        make room for it. Walked once per kind of ticket while `frees` serves."""
-        charge = self.charge(kv_tokens)
-        key = (charge, may_use_reserve)
-        if key in frees.room_after:
-            return frees.room_after[key]
-        frees.room_after[key] = found = self._frees_before_room(
-            frees, charge, may_use_reserve, reserved_fraction
-        )
-        return found
-
-    def _frees_before_room(
-        self, frees: FreeTimes, charge: int, may_use_reserve: bool, reserved_fraction: float
-    ) -> int | None:
-        kv_limit = self.kv_limit(may_use_reserve, reserved_fraction)
-        free_limit = self.kv_limit(False, reserved_fraction)
-        seq_limit = self.sequence_limit(may_use_reserve, reserved_fraction)
-        in_use, in_use_free, sequences = self.kv_in_use, self.kv_in_use_free, self.sequences
-        limits = (charge, kv_limit, free_limit, seq_limit, may_use_reserve, self.free_preemptible)
-        if _fits(in_use, in_use_free, sequences, *limits):
-            return 0
-        for freed, (held, free_tier) in enumerate(zip(frees.charges, frees.free_tier, strict=True), 1):
-            in_use -= held
-            in_use_free -= held if free_tier else 0
-            sequences -= 1
-            if _fits(in_use, in_use_free, sequences, *limits):
-                return freed
-        return None
+        in_use = self.kv_in_use
+        if may_use_reserve:
+            # Where the replica preempts free work for paid work (free_preemptible, real_use.py
+            # says what that relies on) free charges do not count: only paid ones, up to the whole
+            # cache, so paid work never exceeds what preempting every free sequence frees. Else
+            # free charges count up to the free share, never past it: the reserve stays paid's.
+            free = self.kv_in_use_free
+            unreserved = self.kv_limit(False, reserved_fraction)
+            in_use -= free if self.free_preemptible else max(0, free - unreserved)
+        return in_use + self.charge(kv_tokens) <= self.kv_limit(
+            may_use_reserve, reserved_fraction
+        ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)
 
     def cached_prefix_tokens(self, prefix_keys: Sequence[int]) -> int:
         """Leading prompt tokens (of a prompt with these routing keys) this replica probably holds."""
@@ -200,25 +137,8 @@ class Replica:
         total = self.kv_tokens_total
         return self.kv_in_use / total if total else 0.0
 
-
-def _fits(
-    in_use: int,
-    in_use_free: int,
-    sequences: int,
-    charge: int,
-    kv_limit: int,
-    free_limit: int,
-    seq_limit: int,
-    may_use_reserve: bool,
-    free_preemptible: bool,
-) -> bool:
-    if may_use_reserve:
-        # Where the replica preempts free work for paid work (free_preemptible, real_use.py says
-        # what that relies on) free charges do not count: only paid ones, up to the whole cache, so
-        # paid work never exceeds what preempting every free sequence frees. Else free charges
-        # count up to the free share, never past it: the reserve stays paid's.
-        in_use -= in_use_free if free_preemptible else max(0, in_use_free - free_limit)
-    return in_use + charge <= kv_limit and sequences + 1 <= seq_limit
+    def completions_per_s(self) -> float:
+        return self.rate.completions_per_s(self.sequences)
 
 
 def _fraction(total: int, fraction: float) -> int:

@@ -1,10 +1,10 @@
-"""How long a replica's requests hold their place, learnt from the requests it completes.
+"""How fast a replica completes requests when it is full, learnt from the requests it completes.
 
-An EWMA of the time from placement to release (the prior until the first completion). The wait
-estimate (wait_estimate.py) takes it as how often a place, once freed, serves the queue again: the
-work beyond what the replica holds now, whose own end held_work.py estimates stream by stream.
-Until then the estimate divided occupancy by it (Little's law) and so judged long streams by the
-short requests finished before them.
+Completions per second are derived by Little's law, throughput = requests in flight / time each
+spends in service, from an EWMA of the service time and the replica's current occupancy. Counting
+completions per second directly would read near zero on a quiet replica and so overstate the wait
+at the first burst; the wait estimate is only needed when a replica is full, which is exactly when
+its occupancy is the batch it can sustain.
 """
 
 from __future__ import annotations
@@ -31,3 +31,6 @@ class ServiceRate:
         # wrong prior is forgotten within a few completions instead of decaying by (1 - alpha)^n.
         alpha = max(self._alpha, 1.0 / self.samples)
         self._service_s += alpha * (service_s - self._service_s)
+
+    def completions_per_s(self, in_flight: int) -> float:
+        return max(in_flight, 1) / self._service_s

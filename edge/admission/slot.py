@@ -2,13 +2,10 @@
 
 Its KV charge is either the worst case (prompt + max_tokens) for its whole life, or, with real-use
 accounting (real_use.py), what the request holds so far plus a margin, growing as tokens stream.
-It also keeps how far its reply has got (tokens, and when the first came): when it will give its
-place back is what a refused client is told to wait for (held_work.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -31,7 +28,6 @@ class Slot:
         granted_at: float,
         on_release: Callable[[Slot, ReleaseKind], None],
         real_use: RealUse | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.upstream: Upstream = replica.upstream
         self.replica = replica
@@ -43,40 +39,15 @@ class Slot:
         self._real_use = real_use
         # Generated tokens from which the charge no longer covers held tokens + margin.
         self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
-        self._clock = clock
-        # The reply's progress: tokens generated, and when (and at which count) the first came.
-        self.generated = 0
-        self.first_token_at: float | None = None
-        self.first_tokens = 0
 
     @property
     def released(self) -> bool:
         return self._released
 
-    @property
-    def max_new_tokens(self) -> int | None:
-        """The reply's max_tokens (None: the ticket does not say how much of it is prompt)."""
-        prompt = self.ticket.prompt_tokens
-        return None if prompt is None else self.ticket.kv_tokens - prompt
-
-    def tokens_per_s(self, now: float) -> float | None:
-        """This reply's own decode rate since its first token (None: nothing measured yet). Its own,
-        not the replica's: it already reflects the batch it runs in."""
-        first = self.first_token_at
-        streamed = self.generated - self.first_tokens
-        if first is None or streamed <= 0 or now <= first:
-            return None
-        return streamed / (now - first)
-
     def grow(self, generated: int) -> None:
         """The request has generated this many tokens: with real-use accounting, charge the replica
         for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
-        have not: it runs for every streamed delta (one comparison and one store more for the
-        progress count)."""
-        if self.first_token_at is None:
-            self.first_token_at = self._clock()
-            self.first_tokens = generated
-        self.generated = generated
+        have not: it runs for every streamed delta."""
         if self._grow_at is None or generated < self._grow_at or self._released:
             return
         assert self._real_use is not None

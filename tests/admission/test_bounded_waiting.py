@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
-from edge.admission import Dispatcher, Overloaded, Slot, Ticket
-from edge.admission.wait_estimate import MIN_RETRY_S
+from edge.admission import Overloaded
 from tests.admission.conftest import MakeDispatcher
 from tests.admission.flow import Flow, ticket, until
 from tests.admission.replicas import ControlledUpstream
@@ -144,70 +142,4 @@ async def test_a_free_flood_that_fills_the_queue_does_not_turn_paid_away(
         dispatcher.precheck(paid)
         slot = await dispatcher.acquire(paid)  # the reserve is empty: placed at once
         slot.release()
-        await flow.aclose()
-
-
-def _reply(user: str, max_new: int, *, paid: bool = False, max_wait_s: float = 60.0) -> Ticket:
-    """A ticket whose max_tokens the queue knows (the edge's always say their prompt tokens)."""
-    t = ticket(user, paid=paid, kv_tokens=10 + max_new, max_wait_s=max_wait_s)
-    return dataclasses.replace(t, prompt_tokens=10)
-
-
-async def _one_reply_ran_to_its_end(dispatcher: Dispatcher, now: list[float]) -> None:
-    """A short reply streams all its max_tokens: replies here run to their max_tokens (share 1)."""
-    short = await dispatcher.acquire(_reply("warm", 10, paid=True))
-    short.grow(1)
-    now[0] += 0.05
-    short.grow(10)
-    short.release()
-
-
-@pytest.mark.anyio
-async def test_the_wait_is_when_the_held_streams_free_enough_room(make_dispatcher: MakeDispatcher) -> None:
-    """Five paid streams of 1,000 tokens hold the replica, at 100 to 500 tokens a second. A paid
-    ticket waits for the first of them to end; a free one for the second, as the paid reserve keeps
-    one of the five places from it. Neither is judged by the short reply finished before (0.05 s)."""
-    now = [0.0]
-    replica = ControlledUpstream("r", max_sequences=5)
-    async with make_dispatcher([replica], clock=lambda: now[0], reserved_paid_fraction=0.2) as dispatcher:
-        await _one_reply_ran_to_its_end(dispatcher, now)
-        streams: list[Slot] = [await dispatcher.acquire(_reply(f"p{i}", 1000, paid=True)) for i in range(5)]
-        for slot in streams:
-            slot.grow(1)
-        now[0] += 1.0
-        for i, slot in enumerate(streams, 1):
-            slot.grow(1 + 100 * i)  # 999 - 100 i tokens left at 100 i a second
-        # They end 1.0, 1.5, 2.33, 4.0 and 8.99 s from now.
-        assert dispatcher.estimate_wait_s(_reply("paid", 5, paid=True)) == pytest.approx(1.0, abs=0.01)
-        assert dispatcher.estimate_wait_s(_reply("free", 5)) == pytest.approx(1.5, abs=0.01)
-        with pytest.raises(Overloaded) as refused:
-            dispatcher.precheck(_reply("free", 5, max_wait_s=1.0))
-        assert refused.value.reason == "wait_too_long"
-        assert refused.value.retry_after_s == pytest.approx(1.5, abs=0.01)
-        for slot in streams:
-            slot.release()
-
-
-@pytest.mark.anyio
-async def test_retry_after_is_never_a_burst_of_milliseconds(make_dispatcher: MakeDispatcher) -> None:
-    """A stream at its max_tokens that has not given its place back yet is expected to free it now;
-    the full queue's Retry-After still gives the retry MIN_RETRY_S, not the 0 ms that would make a
-    client's retries arrive together, each refused."""
-    now = [0.0]
-    async with make_dispatcher(
-        [ControlledUpstream("r", max_sequences=1)], clock=lambda: now[0], max_queue=1
-    ) as dispatcher:
-        await _one_reply_ran_to_its_end(dispatcher, now)
-        holder = await dispatcher.acquire(_reply("holder", 100))
-        holder.grow(1)
-        now[0] += 1.0
-        holder.grow(100)
-        flow = Flow(dispatcher)
-        flow.submit(_reply("queued", 5))
-        await flow.settle()
-        with pytest.raises(Overloaded) as refused:
-            dispatcher.precheck(_reply("late", 5))
-        assert refused.value.reason == "queue_full"
-        assert refused.value.retry_after_s == MIN_RETRY_S
-        holder.release()
         await flow.aclose()

@@ -70,11 +70,12 @@ def test_removed_items_leave_the_queue_and_an_emptied_user_leaves_the_ring() -> 
 
 def test_service_time_forgets_its_prior_at_the_first_completion() -> None:
     rate = ServiceRate(prior_service_s=10.0, alpha=0.2)
-    assert rate.service_s == 10.0
+    assert rate.completions_per_s(in_flight=4) == 0.4
     rate.observe(2.0)
     assert rate.service_s == 2.0
     rate.observe(4.0)
     assert rate.service_s == 3.0
+    assert rate.completions_per_s(in_flight=6) == 2.0
 
 
 def test_backlog_within_counts_at_most_so_many_per_user() -> None:
