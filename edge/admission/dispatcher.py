@@ -12,8 +12,7 @@ Policy
   max_new_tokens), so a replica is never sent more than it can hold and never has to preempt.
 * Reserve. A ticket with may_use_reserve=False (free tiers) never takes the last
   `reserved_paid_fraction` of a replica's KV tokens or sequences; paid traffic always finds that
-  share empty of free work. With `real_use`, free charges do not count against a paid ticket's KV
-  room at all: the replica preempts free work for it (real_use.py says what that relies on).
+  share empty of free work.
 * Order. Strict priority between tiers (`Ticket.priority`, higher first). Within a tier, deficit
   round robin between users with a quantum of `fair_quantum_kv_tokens` KV tokens, so backlogged users
   get equal KV-token service whatever their demand (see deficit_round_robin.py for why KV tokens).
@@ -106,8 +105,6 @@ class Dispatcher:
             prior_service_s=prior_service_s,
             replica_share=replica_share,
             fallback_block_tokens=kv_block_tokens,
-            # Real use leans on the replicas' preemption, which sends free work back for paid work.
-            free_preemptible=real_use is not None,
         )
         self._estimate = WaitEstimate(prior_service_s, reserved_paid_fraction)
         self._reserve = reserved_paid_fraction

@@ -8,20 +8,6 @@ the replica's real occupancy a margin ahead. When replies do run long and a repl
 the replica's own preemption is the safety valve: our engine sends the lowest-priority (lowest
 tier), newest sequence back to recompute later (TensorRT-LLM's max_utilization scheduler pauses
 one), and its stream resumes where it stopped: the client only sees a longer pause.
-
-The same valve makes room for paid work. A ticket that may use the reserve counts only the paid
-charges on a replica, up to its whole cache (Replica.has_room, `free_preemptible`): free streams fill
-the free share and grow past it as they stream, and counting them would leave paid traffic the
-reserve alone while they run (a reviewer's second paid request waited 1 s while free replies ended).
-The rule relies on the replica giving way by priority: our engine does (the request carries its
-tier's priority; a waiting sequence preempts running ones of strictly lower priority, newest first,
-and a growing one takes blocks from the lowest priority first: gpu_container/engine/scheduler.py).
-TensorRT-LLM behind Triton is sent no priority, and max_utilization pauses the newest started request
-whatever its tier: there a paid request placed beside free streams waits inside the replica for them
-to end instead of in the edge's queue. Either way the paid charges alone never exceed the cache, so
-preempting free work always makes room for them; sequences still count whole (free streams keep their
-share of the slots). Worst-case accounting leans on no preemption: free charges count against paid
-tickets up to the free share.
 """
 
 from __future__ import annotations

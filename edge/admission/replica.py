@@ -35,9 +35,6 @@ class Replica:
     kv_in_use: int = 0
     # The part of kv_in_use charged to tickets that may not use the reserve (free tiers).
     kv_in_use_free: int = 0
-    # Free work here gives way to paid work inside the replica (real-use accounting, which leans on
-    # the replica's preemption): a paid ticket's room leaves out every free charge (has_room).
-    free_preemptible: bool = False
     sequences: int = 0
     # The prompt prefixes this edge sent here recently: what the replica's cache probably holds.
     prefix_index: PrefixIndex = field(default_factory=PrefixIndex)
@@ -102,13 +99,12 @@ class Replica:
     def has_room(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         in_use = self.kv_in_use
         if may_use_reserve:
-            # Where the replica preempts free work for paid work (free_preemptible, real_use.py
-            # says what that relies on) free charges do not count: only paid ones, up to the whole
-            # cache, so paid work never exceeds what preempting every free sequence frees. Else
-            # free charges count up to the free share, never past it: the reserve stays paid's.
-            free = self.kv_in_use_free
-            unreserved = self.kv_limit(False, reserved_fraction)
-            in_use -= free if self.free_preemptible else max(0, free - unreserved)
+            # With real-use accounting free streams grow past their share as they stream, into the
+            # reserve. Their overrun does not keep a paid request waiting: the reserve stays paid
+            # traffic's, as the policy promises. Our engine makes the room by preempting the lowest
+            # priority first (scheduler.py); TensorRT-LLM's max_utilization pauses the newest
+            # request, so there the paid one may wait in the replica rather than in this queue.
+            in_use -= max(0, self.kv_in_use_free - self.kv_limit(False, reserved_fraction))
         return in_use + self.charge(kv_tokens) <= self.kv_limit(
             may_use_reserve, reserved_fraction
         ) and self.sequences + 1 <= self.sequence_limit(may_use_reserve, reserved_fraction)

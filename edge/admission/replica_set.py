@@ -57,7 +57,6 @@ class ReplicaSet:
         prior_service_s: float,
         replica_share: float,
         fallback_block_tokens: int,
-        free_preemptible: bool = False,
     ) -> None:
         names = [u.name for u in upstreams]
         if len(set(names)) != len(names):
@@ -68,7 +67,6 @@ class ReplicaSet:
         self._prior_service_s = prior_service_s
         self._replica_share = replica_share
         self._fallback_block_tokens = fallback_block_tokens
-        self._free_preemptible = free_preemptible
         # The members that may take new tickets; removed ones wait in _draining until they are empty.
         self.members: list[Replica] = [self._new_replica(u) for u in upstreams]
         self._draining: list[Replica] = []
@@ -179,7 +177,6 @@ class ReplicaSet:
             ServiceRate(self._prior_service_s),
             self._replica_share,
             fallback_block_tokens=self._fallback_block_tokens,
-            free_preemptible=self._free_preemptible,
         )
         metrics.watch_replica(replica.name, replica.utilisation)
         return replica

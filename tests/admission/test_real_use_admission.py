@@ -104,39 +104,6 @@ async def test_free_streams_grown_into_the_reserve_do_not_keep_paid_waiting(
 
 
 @pytest.mark.anyio
-async def test_free_streams_within_their_share_leave_paid_more_than_the_reserve(
-    make_dispatcher: MakeDispatcher,
-) -> None:
-    """Four free streams fill the free share (800 of 1,000) without passing it and one paid stream
-    takes the reserve (150 of 200). A second paid request is placed all the same: the replica
-    preempts free work for it (lowest tier first), so free charges do not keep paid traffic to the
-    reserve. Paid charges alone still never pass the replica: a paid request that would take it
-    beyond its whole cache waits, and so does a free newcomer. Worst-case accounting, which never
-    leans on preemption, keeps the second paid request waiting as before."""
-    for real_use, placed in ((RealUse(margin_tokens=100), True), (None, False)):
-        replica = ControlledUpstream("r", kv_tokens_total=1_000, max_sequences=10)
-        async with make_dispatcher([replica], reserved_paid_fraction=0.2, real_use=real_use) as dispatcher:
-            flow = Flow(dispatcher)
-            for i in range(4):  # 200 each, by real use (100 + 100) or worst case (100 + 100)
-                flow.submit(_request(f"free-{i}", prompt=100, max_new=100))
-            await flow.settle()
-            first = flow.submit(_request("paid-a", prompt=50, max_new=100, paid=True))
-            await flow.settle()
-            assert len(flow.held()) == 5 and first.done()
-            assert flow.held()[0].replica.kv_in_use == 950
-
-            second = flow.submit(_request("paid-b", prompt=50, max_new=100, paid=True))
-            await flow.settle()
-            assert second.done() is placed, real_use  # real use: it waited for a free stream's end before
-            if placed:
-                too_big = flow.submit(_request("paid-c", prompt=700, max_new=100, paid=True))
-                free = flow.submit(_request("free-late", prompt=50, max_new=100))
-                await flow.settle()
-                assert not too_big.done() and not free.done()  # paid: 300 + 800 > 1,000
-            await flow.aclose()
-
-
-@pytest.mark.anyio
 async def test_the_charge_follows_the_stream_a_margin_ahead_in_whole_blocks(
     make_dispatcher: MakeDispatcher,
 ) -> None:
