@@ -4,6 +4,13 @@ A new ticket's wait is its place in line (everything in higher tiers plus one DR
 tier, see TieredQueue.position_of_new) divided by the replicas' completion rate (service_rate.py;
 `prior_service_s` before the first completion). A ticket first in line with room for it now waits
 nothing.
+
+Retry-After is that wait, never less than one completion nor MIN_RETRY_S: after a run of short
+replies the completion rate reads fast even while long streams hold every place (five 2,000-token
+streams holding a replica for 3.6 s gave a full queue's 429 a Retry-After of 20 ms, retried 103
+times), and a burst of retries a few ms apart is turned away again while the place that frees goes
+to the queue ahead. The wait itself stays as estimated: the precheck's wait_too_long compares it
+with the tier's max_wait_s.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from collections.abc import Sequence
 from edge.admission.replica import Replica
 from edge.admission.service_rate import ServiceRate
 from edge.admission.ticket import Ticket
+
+MIN_RETRY_S = 0.25
 
 
 class WaitEstimate:
@@ -33,8 +42,10 @@ class WaitEstimate:
     def retry_after_s(
         self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]
     ) -> float:
-        """When trying again is worth it: the estimated wait, and never less than one completion."""
-        return max(self.wait_s(position, ticket, kv_tokens, replicas), 1.0 / self.completions_per_s(replicas))
+        """When trying again is worth it: the estimated wait, never less than one completion nor
+        MIN_RETRY_S."""
+        wait = self.wait_s(position, ticket, kv_tokens, replicas)
+        return max(wait, 1.0 / self.completions_per_s(replicas), MIN_RETRY_S)
 
     def completions_per_s(self, replicas: Sequence[Replica]) -> float:
         alive = [r for r in replicas if r.alive]
