@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -129,8 +130,13 @@ def lay_out_image(root: Path, context: Path, build_args: dict[str, str]) -> Path
         shutil.copytree(source, site / name, ignore=shutil.ignore_patterns("__pycache__"))
     bin_dir = image / "opt" / "venv" / "bin"
     bin_dir.mkdir(parents=True)
-    # `floodgate`, as the package's console script, on this checkout's interpreter and venv.
-    (bin_dir / "floodgate").write_text(f'#!/bin/sh\nexec {sys.executable} -m edge.cli "$@"\n')
+    # Where the task mounts this venv's third-party packages (TASK): the venv itself may sit under a
+    # folder uid 10001 cannot enter (a clone in a 0700 mktemp folder, as CI's is).
+    (image / "opt" / "venv" / "site").mkdir()
+    # `floodgate`, as the package's console script, on this checkout's interpreter (its real path:
+    # TASK shows uid 10001 its home) with this venv's packages.
+    python = os.path.realpath(sys.executable)
+    (bin_dir / "floodgate").write_text(f'#!/bin/sh\nexec {python} -m edge.cli "$@"\n')
     (bin_dir / "floodgate").chmod(0o755)
     for path in [image, *image.rglob("*")]:
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
@@ -143,7 +149,7 @@ TASK = r"""
 set -eu
 ip link set lo up
 mount --make-rprivate /
-mount --bind "$IMAGE/opt" /opt && mount -o remount,bind,ro /opt
+mount --bind "$IMAGE/opt" /opt && mount --bind "$SITE" /opt/venv/site && mount -o remount,bind,ro /opt
 mount --bind "$IMAGE/usr/local/bin" /usr/local/bin && mount -o remount,bind,ro /usr/local/bin
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount --bind "$WORK" "$WORK"
@@ -158,7 +164,7 @@ mount -o remount,bind,ro /
 if touch /probe-rw 2>/dev/null; then echo "root fs is writable" >&2; exit 3; fi
 cd /opt/floodgate
 setpriv --reuid=10001 --regid=10001 --clear-groups env -i \
-  PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin HOME=/nonexistent PYTHONPATH=/opt/venv/src \
+  PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin HOME=/nonexistent PYTHONPATH=/opt/venv/src:/opt/venv/site \
   PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 FLOODGATE_CONFIG_TOML="$FLOODGATE_CONFIG_TOML" \
   REDIS_AUTH_TOKEN=tok3n FLOODGATE_KEYS_JSONL= AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 \
   AWS_ACCESS_KEY_ID=AKIAFAKE AWS_SECRET_ACCESS_KEY=fake AWS_EC2_METADATA_DISABLED=true \
@@ -211,6 +217,7 @@ def start_task(root: Path, image: Path, settings: str) -> tuple[dict[str, object
             "IMAGE": str(image),
             "WORK": str(work),
             "PYTHON": sys.executable,
+            "SITE": sysconfig.get_paths()["purelib"],
             "PY_HOME_TOP": python_home_top(),
             "FLOODGATE_CONFIG_TOML": settings,
         },
