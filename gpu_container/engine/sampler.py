@@ -136,8 +136,13 @@ def _adjusted(
             np.concatenate((np.asarray(prompt, dtype=np.int64), np.asarray(generated, dtype=np.int64)))
         )
         values = out[seen]
-        with np.errstate(over="ignore"):  # past float32's range: +inf, held at its largest below
-            out[seen] = np.where(values > 0, values / penalty, values * penalty)
+        # A penalty near 0 divides a positive logit past float32's range: +inf, and then inf - inf
+        # is NaN in the softmax (an IndexError, an "error" for the request). Held at float32's
+        # largest value, such tokens tie, as infinitely preferred: the first of them greedy, any of
+        # them sampled. Only these tokens can overflow (the bias and penalties are bounded sums).
+        with np.errstate(over="ignore"):
+            penalised = np.where(values > 0, values / penalty, values * penalty)
+        out[seen] = np.minimum(penalised, _FLOAT32_MAX)
     if params.logit_bias:
         ids, biases = zip(*params.logit_bias, strict=True)
         out[list(ids)] += np.asarray(biases, dtype=np.float32)
@@ -146,11 +151,6 @@ def _adjusted(
         out[seen] -= counts * params.frequency_penalty + params.presence_penalty
     if held:
         out[list(held)] = -np.inf
-    # A repetition penalty near 0 divides a positive logit past float32's range: +inf, and then
-    # inf - inf is NaN in the softmax (an IndexError, an "error" for the request). At float32's
-    # largest value such tokens tie, as infinitely preferred: the first of them greedy, any of them
-    # sampled.
-    np.minimum(out, _FLOAT32_MAX, out=out)
     return out
 
 
