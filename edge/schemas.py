@@ -258,8 +258,8 @@ STRUCTURED_OUTPUTS = (
 # in-process engine has none of them; the Triton replicas are sent no such input): each is refused by
 # name when it asks for something, as the README promises ("refused by name, never ignored"), since a
 # client sending min_p 0.9 or bad_words ["Paris"] would otherwise take the reply as shaped by them.
-# Each names what it asks for; null, false, 0, an empty list (and best_of 1: one reply, as n=1)
-# ask for nothing, as clients that fill every field send them.
+# Null, false, 0, an empty list (and best_of 1: one reply, as n=1) ask for nothing, as clients that
+# fill every field send them.
 VLLM_UNAPPLIED = {
     "min_p": "a min-p cut",
     "allowed_token_ids": "a reply held to given tokens",
@@ -271,12 +271,31 @@ VLLM_UNAPPLIED = {
     "truncate_prompt_tokens": "a truncated prompt",
     "chat_template": "a chat template of the client's",
 }
+_STRUCTURED = (
+    "is one of vLLM's structured outputs: this server cannot hold a reply to a schema, choice, regex "
+    "or grammar. Ask for the form in the prompt and check the reply."
+)
+# Every parameter refused by name (unsupported_parameter) when sent with a value that asks for
+# something, with what the error says of it.
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(STRUCTURED_OUTPUTS, _STRUCTURED),
+    "audio": "asks for an audio reply, which this model cannot give.",
+    "web_search_options": "asks for a web search, which this model cannot give.",
+    **{
+        name: f"asks for {what}, which this server does not apply (one of vLLM's extensions)."
+        for name, what in VLLM_UNAPPLIED.items()
+    },
+}
 
 
 def _asks_for_something(name: str, value: Any) -> bool:
+    """Any value but null asks, except for vLLM's extensions, where false, 0, an empty list or
+    string (and best_of 1) ask for nothing too."""
+    if value is None or name not in VLLM_UNAPPLIED:
+        return value is not None
     if name == "best_of":
-        return value is not None and value != 1
-    return value is not None and value is not False and value != 0 and value != [] and value != ""
+        return bool(value != 1)
+    return value is not False and value != 0 and value != [] and value != ""
 
 
 # msgspec names the place as "at `$.a.b`", or "at `key` in `$.a`" for a dict key; "[...]" is any key.
@@ -335,14 +354,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "response_format",
             code="unsupported_value",
         )
-    for name in STRUCTURED_OUTPUTS:
-        if getattr(req, name) is not None:
+    for name, says in REFUSED.items():
+        if _asks_for_something(name, getattr(req, name)):
             raise invalid_request(
-                f"Unsupported parameter: '{name}' is one of vLLM's structured outputs: this server "
-                "cannot hold a reply to a schema, choice, regex or grammar. Ask for the form in the "
-                "prompt and check the reply.",
-                name,
-                code="unsupported_parameter",
+                f"Unsupported parameter: '{name}' {says}", name, code="unsupported_parameter"
             )
     if req.modalities is not None and any(m != "text" for m in req.modalities):
         other = next(m for m in req.modalities if m != "text")
@@ -351,21 +366,6 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "modalities",
             code="unsupported_value",
         )
-    for name, what in (("audio", "an audio reply"), ("web_search_options", "a web search")):
-        if getattr(req, name) is not None:
-            raise invalid_request(
-                f"Unsupported parameter: '{name}' asks for {what}, which this model cannot give.",
-                name,
-                code="unsupported_parameter",
-            )
-    for name, what in VLLM_UNAPPLIED.items():
-        if _asks_for_something(name, getattr(req, name)):
-            raise invalid_request(
-                f"Unsupported parameter: '{name}' asks for {what}, which this server does not apply "
-                "(one of vLLM's extensions).",
-                name,
-                code="unsupported_parameter",
-            )
     for index, message in enumerate(req.messages):
         _check_content(message, index)
     for tools, choice, (tools_param, choice_param) in (
