@@ -215,7 +215,9 @@ class ReplicaSet:
                 ready = await replica.upstream.ready()
                 capacity = await replica.upstream.capacity() if ready else None
         except Exception as exc:  # any failure to answer is a failed check
-            log.warning("replica_check_failed", replica=replica.name, error=type(exc).__name__)
+            log.warning(
+                "replica_check_failed", replica=replica.name, error=type(exc).__name__, detail=str(exc)
+            )
             ready, capacity = False, None
         was_alive = replica.alive
         replica.healthy = ready

@@ -143,6 +143,9 @@ def _stop_leftovers() -> None:
 
 
 def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
+    """Until the server is ready and its metrics page answers too: tritonserver starts its metrics
+    listener after its HTTP one, and an edge reading the page in that gap (it reads each replica's
+    capacity there) took the replica for dead until its next health poll."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -150,7 +153,10 @@ def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
                 code = proc.process.returncode
                 raise TritonStartError(f"tritonserver exited with {code}:\n{proc.log_summary()}")
             try:
-                if client.get(f"{proc.http_url}/v2/health/ready").status_code == 200:
+                if (
+                    client.get(f"{proc.http_url}/v2/health/ready").status_code == 200
+                    and client.get(proc.metrics_url).status_code == 200
+                ):
                     return
             except httpx.TransportError:
                 pass

@@ -1,11 +1,15 @@
-"""A tritonserver that cannot load its model fails the start with Triton's own error; one that
-served requests stops cleanly on SIGTERM."""
+"""A tritonserver that cannot load its model fails the start with Triton's own error; the start
+returns only once everything the edge reads answers; one that served requests stops cleanly on
+SIGTERM."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from edge.cancel.stream_close import aclose_stream
@@ -13,7 +17,13 @@ from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream, end_token_ids
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
-from gpu_container.triton.launcher import TritonStartError, start_local_triton
+from gpu_container.triton.launcher import (
+    TritonProcess,
+    TritonStartError,
+    _loopback_port,
+    _wait_ready,
+    start_local_triton,
+)
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG
 
@@ -65,3 +75,47 @@ async def test_a_server_that_served_requests_stops_on_sigterm_without_being_kill
         log = server.exit_log or ""
         assert "Found 0 model versions that have in-flight inferences" in log, log[-3000:]
         assert "Found 1 live models and 0 in-flight non-inference requests" in log, log[-3000:]
+
+
+# A stand-in for tritonserver's start-up order, which a test cannot force on the real one:
+# HTTP answers ready at once, the metrics listener opens only a little after the first probe.
+_HTTP_BEFORE_METRICS = """
+import http.server, sys, threading, time
+http_port, metrics_port = int(sys.argv[1]), int(sys.argv[2])
+probed = threading.Event()
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        probed.set()
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *args): pass
+ready = http.server.HTTPServer(("127.0.0.1", http_port), Ready)
+threading.Thread(target=ready.serve_forever, daemon=True).start()
+probed.wait()
+time.sleep(0.3)
+http.server.HTTPServer(("127.0.0.1", metrics_port), Ready).serve_forever()
+"""
+
+
+def test_the_start_waits_for_the_metrics_page_as_well_as_readiness(tmp_path: Path) -> None:
+    """The edge reads each replica's capacity from the metrics page the moment the server is up."""
+    http_port, metrics_port = _loopback_port(), _loopback_port()
+    log_path = tmp_path / "server.log"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HTTP_BEFORE_METRICS, str(http_port), str(metrics_port)],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    server = TritonProcess(
+        process=process,
+        grpc_url="127.0.0.1:1",
+        http_url=f"http://127.0.0.1:{http_port}",
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        log_path=log_path,
+        workdir=tmp_path / "workdir",
+    )
+    try:
+        _wait_ready(server, timeout_s=30)
+        assert httpx.get(server.metrics_url, timeout=5).status_code == 200
+    finally:
+        process.kill()
+        process.wait()
