@@ -123,6 +123,39 @@ def test_the_conversation_is_sent_as_context_and_html_stays_text(page: Page, pag
     assert page.evaluate("chat.messages.map(m => m.role).join(',')") == "user,assistant,user,assistant"
 
 
+def test_markup_put_in_the_page_never_runs_and_the_page_cannot_be_framed(
+    browser: Browser, page: Page, page_server: LiveServer
+) -> None:
+    """The page's policy, the second line behind putting text in as text: a handler that some later
+    change let into the page is refused by the browser, and another site cannot frame the page."""
+    page.evaluate(
+        """() => new Promise(done => {
+            document.addEventListener('securitypolicyviolation', e => {
+                window.refused = e.effectiveDirective;
+                done();
+            });
+            const box = document.createElement('div');
+            box.innerHTML = '<img src="data:," onerror="window.ran = 1">';
+            box.firstChild.addEventListener('error', () => setTimeout(done, 0));
+            document.body.appendChild(box);
+        })"""
+    )
+    assert page.evaluate("window.ran") is None
+    assert page.evaluate("window.refused") in ("script-src-attr", "script-src")
+    # The page's own script still runs under the policy: it answers and its key field works.
+    assert page.evaluate("typeof chat") == "object"
+
+    context = browser.new_context()
+    try:
+        framing = context.new_page()
+        # set_content returns on the framing page's load event, which waits for its frame's.
+        framing.set_content(f'<iframe src="{page_server.base_url}/"></iframe>')
+        (frame,) = framing.main_frame.child_frames
+        assert frame.query_selector("#api-key") is None, "the playground loaded inside another page"
+    finally:
+        context.close()
+
+
 def test_a_rate_limited_send_shows_the_wait_and_gives_the_prompt_back(
     page: Page, page_server: LiveServer, screenshots: Path
 ) -> None:
