@@ -448,11 +448,20 @@ class Generation:
         self._deltas: AsyncIterator[Delta] | None = None
         self._keepalive: _KeepAlive | None = None
         self._reached_replica = False
+        # The replica refused the request, or failed before its first token: the client got only an
+        # error, and is charged nothing for it (OpenAI bills no 4xx or 5xx answer).
+        self._answered_nothing = False
         self._closed = False
 
     @property
     def prompt_tokens(self) -> int:
         return len(self._upstream_req.prompt_ids)
+
+    @property
+    def _charged(self) -> bool:
+        """Whether the user pays for the request: it reached a replica and got an answer (a request
+        turned away, cancelled while queued or failed before any token cost it nothing)."""
+        return self._reached_replica and not self._answered_nothing
 
     async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
         """Write the events with `emit`; the last ones with `end`, which also ends the response.
@@ -554,12 +563,14 @@ class Generation:
                 self._slot.discard()  # no failure mark, no service-rate sample
             out.reason = "rejected"
             out.error = invalid_request(f"The model replica refused this request: {exc}", None)
+            self._answered_nothing = True
         except UpstreamError as exc:
             log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
             out.reason = "error"
             out.error = ApiError(
                 502, "The model replica failed while generating.", type="api_error", code="upstream_error"
             )
+            self._answered_nothing = out.ttft_s is None
         finally:
             drain.unwatch(scope)
         # Decided here, before any final event: a cancel that came first wins even when the
@@ -638,9 +649,8 @@ class Generation:
         with cancel_scope(shield=True):
             await self._stop_keepalive()
             await self._give_back_slot()
-            # A request that never reached a replica (turned away or cancelled while queued) is
-            # refunded whole: it cost no GPU work.
-            settle = self._lease.settle(ran=self._reached_replica)
+            # A request not charged (_charged) gets its prompt's tokens and the request back.
+            settle = self._lease.settle(ran=self._charged)
             cancelled_elsewhere = await _quietly(settle, "lease_settle_failed", self.request_id)
         return cancelled_elsewhere
 
@@ -704,9 +714,9 @@ class Generation:
                 "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
             },
         )
-        if self._p.usage is not None and self._reached_replica:
+        if self._p.usage is not None and self._charged:
             # Exactly what the lease settled as charged: the prompt and every granted token (a
-            # request that never reached a replica was refunded whole, and costs nothing).
+            # request not charged was refunded whole, and costs nothing).
             self._p.usage.record(
                 self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
             )
