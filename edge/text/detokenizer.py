@@ -34,7 +34,10 @@ class Detokenizer(Protocol):
         ...
 
     def flush(self) -> str:
-        """Whatever is still held: the sequence has ended, nothing will complete it."""
+        """The sequence has ended: whatever is held and whole. A character whose bytes were cut off
+        (max_tokens, a stop token, the budget) is dropped, as vLLM drops it: a U+FFFD at the
+        reply's end is no text the model meant, and a client sending the reply back as the next
+        turn's history would teach the model to write one."""
         ...
 
 
@@ -86,7 +89,10 @@ class PiecesDetokenizer:
         return self._decode(b"".join([pieces[i] for i in token_ids if 0 <= i < size]))
 
     def flush(self) -> str:
-        return self._decode(b"", True)
+        # The decoder holds only the start of a character that may yet be valid (it replaces
+        # invalid bytes as they come): all there is at the end is a cut-off character.
+        self._decoder.reset()
+        return ""
 
 
 class IncrementalDetokenizer:
@@ -132,8 +138,9 @@ class IncrementalDetokenizer:
         return self._advance(False)
 
     def flush(self) -> str:
-        """Whatever is still held: the sequence has ended, nothing will complete it."""
-        return self._advance(True)
+        # The decoded text's trailing U+FFFD may be a character cut off, or bytes the model got
+        # wrong: a window cannot tell them apart, and either at the very end is dropped.
+        return self._advance(True).rstrip(REPLACEMENT_CHAR)
 
     def _advance(self, final: bool) -> str:
         ids = self._ids
