@@ -348,22 +348,29 @@ class Pipeline:
     def _max_new_tokens(self, req: ChatCompletionRequest, tier: TierConfig, prompt_tokens: int) -> int:
         asked = req.requested_max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        room = self.config.max_model_len - prompt_tokens
+        if room < 1:
+            # A prompt the context cannot hold whatever the completion: the client must trim its
+            # messages, which only this code tells it, even when max_tokens is over its tier too.
+            raise self._context_exceeded(prompt_tokens, asked or 1)
         if asked is not None and asked > tier.max_tokens:
             raise invalid_request(
                 f"{param} is too large: {asked}. Your tier allows at most {tier.max_tokens}.", param
             )
-        room = self.config.max_model_len - prompt_tokens
         max_new = asked if asked is not None else min(tier.max_tokens, room)
-        if room < 1 or max_new > room:
-            raise invalid_request(
-                f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
-                f"requested {prompt_tokens + max(max_new, 1)} tokens ({prompt_tokens} in the messages, "
-                f"{max(max_new, 1)} in the completion). Please reduce the length of the messages or "
-                "completion.",
-                "messages",
-                code="context_length_exceeded",
-            )
+        if max_new > room:
+            raise self._context_exceeded(prompt_tokens, max_new)
         return max_new
+
+    def _context_exceeded(self, prompt_tokens: int, completion_tokens: int) -> ApiError:
+        return invalid_request(
+            f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{completion_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "messages",
+            code="context_length_exceeded",
+        )
 
 
 def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:

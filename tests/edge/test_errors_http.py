@@ -280,6 +280,22 @@ def test_context_length_exceeded(local_server: LiveServer, local_client: httpx.C
     assert error["code"] == "context_length_exceeded"
 
 
+def test_a_prompt_too_long_for_the_context_says_so_even_with_max_tokens_over_the_tier(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """The client must trim its messages, and only this code tells it: a reply about max_tokens
+    alone would have it lower max_tokens and fail again."""
+    long_text = " ".join(f"word{i}" for i in range(3000))
+    over_tier = local_server.settings.tiers["paid"].max_tokens + 1
+    body = {"model": MODEL, "messages": [{"role": "user", "content": long_text}], "max_tokens": over_tier}
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    # A prompt that fits is told about its max_tokens.
+    short = body | {"messages": [{"role": "user", "content": "hi"}]}
+    error = _error(local_client.post(CHAT, json=short, headers=local_server.auth("paid")), 400)
+    assert error["param"] == "max_tokens" and "Your tier allows at most" in error["message"]
+
+
 def test_404_for_an_unknown_model(local_server: LiveServer, local_client: httpx.Client) -> None:
     error = _error(
         local_client.post(CHAT, json=OK_BODY | {"model": "gpt-9"}, headers=local_server.auth("paid")), 404
