@@ -20,15 +20,24 @@ from edge.schemas import unknown_model
 _CREATED = 1_700_000_000
 
 
-def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": _CREATED, "owned_by": "floodgate"}
+def _model_card(name: str, max_model_len: int) -> dict[str, Any]:
+    """OpenAI's fields, and vLLM's `max_model_len`: without it a client learns the context only from
+    a 400 (prompt and completion together must fit in it)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": _CREATED,
+        "owned_by": "floodgate",
+        "max_model_len": max_model_len,
+    }
 
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(request.headers.get("authorization"))
-    cards = [_model_card(name) for name in runtime.models.models_for(principal.tier)]
+    models = runtime.models
+    cards = [_model_card(name, models.max_model_len(name)) for name in models.models_for(principal.tier)]
     return json_response({"object": "list", "data": cards})
 
 
@@ -38,4 +47,4 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str
     principal = await runtime.keys.authenticate(request.headers.get("authorization"))
     if model_id not in runtime.models.models_for(principal.tier):
         raise unknown_model(model_id)
-    return json_response(_model_card(model_id))
+    return json_response(_model_card(model_id, runtime.models.max_model_len(model_id)))

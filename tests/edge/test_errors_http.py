@@ -296,6 +296,26 @@ def test_a_prompt_too_long_for_the_context_says_so_even_with_max_tokens_over_the
     assert error["param"] == "max_tokens" and "Your tier allows at most" in error["message"]
 
 
+def test_the_context_length_the_model_card_gives_is_the_one_requests_meet(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    card = local_client.get(f"/v1/models/{MODEL}", headers=local_server.auth("paid")).json()
+    listed = local_client.get("/v1/models", headers=local_server.auth("paid")).json()["data"]
+    context = card["max_model_len"]
+    assert [m["max_model_len"] for m in listed if m["id"] == MODEL] == [context]
+    # A prompt leaving less room than the tier's max_tokens: the context is what refuses.
+    body = OK_BODY | {"messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(400))}]}
+    one = local_client.post(CHAT, json=body | {"max_tokens": 1}, headers=local_server.auth("paid"))
+    prompt = one.json()["usage"]["prompt_tokens"]
+    assert context - prompt < local_server.settings.tiers["paid"].max_tokens
+    over = body | {"max_tokens": context - prompt + 1}
+    error = _error(local_client.post(CHAT, json=over, headers=local_server.auth("paid")), 400)
+    assert error["code"] == "context_length_exceeded"
+    fits = body | {"max_tokens": context - prompt, "stream": True}
+    with local_client.stream("POST", CHAT, json=fits, headers=local_server.auth("paid")) as answer:
+        assert answer.status_code == 200  # closed unread: the edge frees the generation
+
+
 def test_404_for_an_unknown_model(local_server: LiveServer, local_client: httpx.Client) -> None:
     error = _error(
         local_client.post(CHAT, json=OK_BODY | {"model": "gpt-9"}, headers=local_server.auth("paid")), 404
