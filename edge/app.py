@@ -39,12 +39,13 @@ from edge.models.token_weight import weigh
 from edge.open_files import raise_open_files_limit, stream_cap
 from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
-from edge.routes.admin import admin_router
+from edge.routes.admin import admin_routes
 from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.chat_route import chat_route
 from edge.routes.conversations import conversation_messages
 from edge.routes.health import healthz, readyz
+from edge.routes.listeners import listener_split
 from edge.routes.model_stats import model_stats
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
@@ -239,7 +240,7 @@ def create_app(
             cancel_completion,
             conversation_messages,
             own_usage,
-            admin_router,
+            admin_routes(enabled=bool(settings.keys.admin_key_sha256)),
             list_models,
             retrieve_model,
             model_stats,
@@ -251,6 +252,7 @@ def create_app(
         ],
         lifespan=[lifespan],
         middleware=[
+            listener_split,  # outermost: a route the listener does not serve never reaches the gate
             gate.middleware,
             DefineMiddleware(BodyReadTimeout, timeout_s=settings.server.body_timeout_s),
             chat_route,  # innermost: the chat route's lean path

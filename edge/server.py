@@ -1,8 +1,9 @@
 """The HTTP server around the app: its two listeners, and the drain on SIGTERM.
 
 Listeners. The public API listens on `[server] host:port`; the operator endpoints (`/metrics`,
-`/v1/internal/...`) answer only on `[server] ops_host:ops_port` (loopback by default, see
-edge/routes/observability.py), so the load balancer's port never exposes them. One uvicorn server
+`/v1/internal/...`) answer only on `[server] ops_host:ops_port` (loopback by default), so the load
+balancer's port never exposes them, and the public API never answers there (which route answers on
+which: edge/routes/listeners.py). One uvicorn server
 holds both sockets: one event loop, one app, one lifespan. Under `serve --workers` the public port
 is the workers' (SO_REUSEPORT): a worker listens on it only once it may take work, not while it
 joins the fleet with no share yet of the replicas the edges share (its ops listener at once).

@@ -22,10 +22,13 @@ from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyNotFound, KeyNotR
 from edge.keys.record import hash_key
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
+from edge.routes.listeners import BOTH
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
 
 _T = TypeVar("_T")
+# An answer carrying a new key: no cache on the way (a proxy, the browser's) may keep it.
+NO_STORE = {"cache-control": "no-store"}
 
 
 def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -81,7 +84,7 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         raise invalid_request(f"{exc}.", exc.param) from None
     except UnknownTier as exc:
         raise _lifecycle_error(exc) from None
-    return json_response({**key_view(record), "key": key}, status_code=201)
+    return json_response({**key_view(record), "key": key}, status_code=201, headers=NO_STORE)
 
 
 @get("/keys")
@@ -108,7 +111,8 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
         raise _lifecycle_error(exc) from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None
-    return json_response({**key_view(rotated.new), "key": rotated.key, "replaces": key_view(rotated.old)})
+    answer = {**key_view(rotated.new), "key": rotated.key, "replaces": key_view(rotated.old)}
+    return json_response(answer, headers=NO_STORE)
 
 
 @post("/keys/{key_id:str}/tier", status_code=200)
@@ -131,8 +135,14 @@ async def all_usage(
     return await usage_response(runtime_of(request), user, start, end)
 
 
-admin_router = Router(
-    "/v1/admin",
-    route_handlers=[create_key, list_keys, revoke_key, rotate_key, set_key_tier, all_usage],
-    guards=[admin_guard],
-)
+def admin_routes(enabled: bool) -> Router:
+    """/v1/admin/*, on both listeners (operators reach it through the operator listener: the load
+    balancer never routes it). Off, it is left out of the OpenAPI document too (it listed five
+    paths that could only 404)."""
+    return Router(
+        "/v1/admin",
+        route_handlers=[create_key, list_keys, revoke_key, rotate_key, set_key_tier, all_usage],
+        guards=[admin_guard],
+        include_in_schema=enabled,
+        opt=BOTH,
+    )

@@ -20,6 +20,7 @@ from litestar.response.base import ASGIResponse
 from edge.drain import Drain
 from edge.membership.membership import FleetMembership
 from edge.routes.json_body import json_response
+from edge.routes.listeners import BOTH
 from edge.runtime import runtime_of
 
 _PROBE_METHODS = [HttpMethod.GET, HttpMethod.HEAD]
@@ -33,12 +34,12 @@ def joining(state: State) -> bool:
     return fleet is not None and bool(state.get("fleet_divides")) and fleet.view.share == 0.0
 
 
-@route("/healthz", http_method=_PROBE_METHODS)
+@route("/healthz", http_method=_PROBE_METHODS, opt=BOTH)
 async def healthz() -> ASGIResponse:
     return json_response({"status": "ok"})
 
 
-@route("/readyz", http_method=_PROBE_METHODS)
+@route("/readyz", http_method=_PROBE_METHODS, opt=BOTH)
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     state = request.app.state
     if "runtime" not in state:

@@ -1,8 +1,8 @@
 """GET /metrics (Prometheus) and GET /v1/internal/engine (each replica's load, as JSON).
 
-Operator endpoints: they answer only on the operator listener (`[server] ops_host:ops_port`, see
-edge/server.py) and 404 on the public one, so nothing the load balancer routes can reach them; the
-public OpenAPI document (served on both) leaves them out for the same reason.
+Operator endpoints: they answer only on the operator listener (`[server] ops_host:ops_port`,
+edge/routes/listeners.py) and 404 on the public one, so nothing the load balancer routes can reach
+them; the public OpenAPI document leaves them out for the same reason.
 Both read the replica state the dispatcher keeps from its health polls (at most one poll interval
 old): a hung replica never holds a scrape.
 """
@@ -12,26 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, get
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotFoundException
-from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from edge.metrics import record_capacities
 from edge.routes.json_body import json_response
+from edge.routes.listeners import OPERATOR_ONLY
 from edge.runtime import runtime_of
 
 
-def operator_listener_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """A guard: 404 unless the request came in on the operator listener (its local port)."""
-    server = connection.scope.get("server")
-    ops_port = getattr(connection.app.state, "ops_port", None)
-    if ops_port is None or server is None or server[1] != ops_port:
-        raise NotFoundException()
-
-
-@get("/metrics", guards=[operator_listener_only], include_in_schema=False)
+@get("/metrics", opt=OPERATOR_ONLY, include_in_schema=False)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     states = runtime_of(request).models.replica_states()
     capacities = {r.name: r.capacity for r in states if r.capacity is not None}
@@ -42,7 +32,7 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
-@get("/v1/internal/engine", guards=[operator_listener_only], include_in_schema=False)
+@get("/v1/internal/engine", opt=OPERATOR_ONLY, include_in_schema=False)
 async def engine_state(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Each replica as its last health poll found it, and what this edge holds on it."""
     replicas: list[dict[str, Any]] = []
