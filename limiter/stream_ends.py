@@ -6,12 +6,9 @@ Until issue 13 the denial therefore carried a fixed 1 s hint, which sent a clien
 second through a minute-long generation. What this instance does know, without a store call:
 
 - its own running streams: each lease counts the tokens it has streamed since its first token and
-  knows its max_output_tokens, so it ends at the latest after (max - used) / its own measured
+  knows its max_output_tokens, so its expected remaining time is (max - used) / its own measured
   rate. A stream's own rate, not a replica-wide one: it already reflects its replica's batch and
-  load, and the limiter needs nothing from the edge to know it. Most replies end on their own
-  long before that (a client naming no max_tokens gets the tier's largest: 4,096 tokens, two
-  minutes, for a reply of seconds, and the OpenAI SDK ignores a Retry-After past 60 s), so once
-  lives have been measured here the typical-life rule below bounds it too;
+  load, and the limiter needs nothing from the edge to know it;
 - how long streams last here (an EWMA of admission-to-settle times D, with a prior until the first
   ends), for the streams nothing is measured of. One of its own with no token yet (queued behind
   other work, in prefill) was admitted a known time ago: it should end D after its admission, or,
@@ -110,13 +107,7 @@ class StreamEnds:
                 ends.append(max(self._typical_s - age, age))
                 continue
             rate = p.used / (now - p.first_token_at)
-            at_max = max(0, p.max_output - p.used) / rate
-            if self._samples:
-                # Most replies end on their own long before max_tokens (the tier's largest when the
-                # client names none): a learnt typical life bounds it as for a stream not started.
-                age = now - stream.admitted_at
-                at_max = min(at_max, max(self._typical_s - age, age))
-            ends.append(at_max)
+            ends.append(max(0, p.max_output - p.used) / rate)
         if unknown:
             ends.append(self._typical_s / (unknown + 1))
         return max(min(ends, default=self._typical_s), MIN_WAIT_S)
