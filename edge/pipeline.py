@@ -455,8 +455,8 @@ class Generation:
         self._deltas: AsyncIterator[Delta] | None = None
         self._keepalive: _KeepAlive | None = None
         self._reached_replica = False
-        # The replica refused the request, or failed before its first token: the client got only an
-        # error, and is charged nothing for it (OpenAI bills no 4xx or 5xx answer).
+        # The replica refused the request, or failed before the client got any of its text: the
+        # client got only an error, and is charged nothing for it (OpenAI bills no 4xx or 5xx).
         self._answered_nothing = False
         self._closed = False
 
@@ -577,7 +577,8 @@ class Generation:
             out.error = ApiError(
                 502, "The model replica failed while generating.", type="api_error", code="upstream_error"
             )
-            self._answered_nothing = out.ttft_s is None
+            # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
+            self._answered_nothing = out.ttft_s is None or not self._req.stream
         finally:
             drain.unwatch(scope)
         # Decided here, before any final event: a cancel that came first wins even when the

@@ -51,9 +51,10 @@ class OutputLease(Protocol):
     async def settle(self, *, ran: bool = True) -> bool | None:
         """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally.
 
-        ran=False: the request never reached a replica (the edge turned it away after admission,
-        e.g. the queue was full), so admission is undone whole: the request, its input tokens and
-        the lease are all given back.
+        ran=False: the request is not charged (it never reached a replica, turned away after
+        admission, e.g. the queue was full; or its client got nothing but an error), so admission
+        is undone whole: the request, its input tokens and the whole lease, tokens taken from it
+        included, are all given back.
 
         Returns True when the shared store's record of the request says a cancel sent to another
         edge instance came first (edge/cancel/bus.py marks it there): the outcome must then be

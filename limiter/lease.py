@@ -172,11 +172,11 @@ class Lease:
             # A store that failed the call granted nothing the refund could count.
             with contextlib.suppress(Exception):
                 self._granted += await asyncio.shield(extending)
-        unused = self._granted - self._used
         if ran:
+            unused = self._granted - self._used
             return await self._store.settle(self._user, self._tier, self._request_id, unused)
         return await self._store.settle(
-            self._user, self._tier, self._request_id, self._input_tokens + unused, refund_request=True
+            self._user, self._tier, self._request_id, self._input_tokens + self._granted, refund_request=True
         )
 
 

@@ -37,8 +37,9 @@ def test_a_request_the_replica_refuses_uses_none_of_the_users_requests(tmp_path:
     assert answered.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-class _FailsBeforeItsFirstToken:
-    """A replica whose generations all fail before a token (its connection reset mid-prefill)."""
+class _FailingReplica:
+    """The real engine, but a generation asking for FAIL_AT_ONCE tokens fails before its first (its
+    connection reset mid-prefill), and one asking for FAIL_AFTER_3 fails after three."""
 
     generate_direct = None  # the inner engine's callback path would bypass generate()
 
@@ -50,18 +51,27 @@ class _FailsBeforeItsFirstToken:
         return getattr(self._inner, name)
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._fail()
+        return self._generate(req)
 
-    async def _fail(self) -> AsyncIterator[Delta]:
-        raise UpstreamError("connection reset by the replica")
-        yield  # a generator that fails when first read
+    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        if req.max_new_tokens == FAIL_AT_ONCE:
+            raise UpstreamError("connection reset by the replica")
+        tokens = 0
+        async for delta in self._inner.generate(req):
+            if req.max_new_tokens == FAIL_AFTER_3 and tokens >= 3:
+                raise UpstreamError("connection reset by the replica")
+            tokens += len(delta.token_ids)
+            yield delta
+
+
+FAIL_AT_ONCE, FAIL_AFTER_3 = 8, 9
 
 
 def _failing_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
     @asynccontextmanager
     async def provide() -> AsyncIterator[list[Upstream]]:
         async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_FailsBeforeItsFirstToken(up) for up in ups])  # type: ignore[misc]
+            yield PrivateUpstreams([_FailingReplica(up) for up in ups])  # type: ignore[misc]
 
     return provide()
 
@@ -69,10 +79,43 @@ def _failing_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncConte
 def test_a_request_the_replica_fails_before_its_first_token_uses_none_of_the_users_requests(
     tmp_path: Path,
 ) -> None:
+    failing = SHORT | {"max_tokens": FAIL_AT_ONCE}
     with start_server(tmp_path, ONE_REQUEST, _failing_replicas) as server:
         with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
-            first, second = client.post(CHAT, json=SHORT), client.post(CHAT, json=SHORT | {"stream": True})
-    assert first.status_code == 502, first.text
-    assert first.json()["error"]["code"] == "upstream_error"
-    # Not a 429: the failed request gave the tier's one request back.
-    assert second.status_code != 429, second.text
+            failed, answered = client.post(CHAT, json=failing), client.post(CHAT, json=SHORT)
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error"]["code"] == "upstream_error"
+    assert answered.status_code == 200, answered.text  # the tier's one request was still there
+
+
+# Token windows so long that nothing refills within the test: what the limiter holds spent moves
+# only by what requests are charged.
+NO_REFILL = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"token_window_s": 1e9, "tokens_per_window": 100_000}}}
+
+
+def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stream_pays_what_it_got(
+    tmp_path: Path,
+) -> None:
+    """Not streamed, the client gets the 502 alone, whatever the replica generated before failing;
+    streamed, it got those tokens' text, and pays for them."""
+
+    def remaining(answer: httpx.Response) -> int:
+        assert answer.status_code == 200, answer.text
+        return int(answer.headers["x-ratelimit-remaining-tokens"])
+
+    failing = SHORT | {"max_tokens": FAIL_AFTER_3}
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            before = client.post(CHAT, json=SHORT)
+            failed = client.post(CHAT, json=failing)
+            after = client.post(CHAT, json=SHORT)
+            with client.stream("POST", CHAT, json=failing | {"stream": True}) as streamed:
+                got = [line for line in streamed.iter_lines() if line.startswith("data: {")]
+            last = client.post(CHAT, json=SHORT)
+    assert failed.status_code == 502, failed.text
+    cost = before.json()["usage"]["total_tokens"]
+    # Between two alike requests' admissions: the first one's cost, and nothing of the failure.
+    assert remaining(before) - remaining(after) == cost
+    # The stream carried its three tokens' text before its error, and they were charged with its prompt.
+    assert streamed.status_code == 200 and any('"error"' in line for line in got)
+    assert remaining(after) - remaining(last) == cost + before.json()["usage"]["prompt_tokens"] + 3
