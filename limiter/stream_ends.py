@@ -6,9 +6,13 @@ Until issue 13 the denial therefore carried a fixed 1 s hint, which sent a clien
 second through a minute-long generation. What this instance does know, without a store call:
 
 - its own running streams: each lease counts the tokens it has streamed since its first token and
-  knows its max_output_tokens, so its expected remaining time is (max - used) / its own measured
+  knows its max_output_tokens, so it ends at the latest after (max - used) / its own measured
   rate. A stream's own rate, not a replica-wide one: it already reflects its replica's batch and
-  load, and the limiter needs nothing from the edge to know it;
+  load, and the limiter needs nothing from the edge to know it. Most replies end on their own long
+  before that (a client naming no max_tokens gets the tier's largest: two minutes for a reply of
+  seconds, past the 60 s the OpenAI SDK heeds), so once this user's own streams have been seen to
+  end here, their typical life bounds it as below (the user's own: one instance-wide average let
+  other users' short replies cut a long writer's wait to a burst of refused retries);
 - how long streams last here (an EWMA of admission-to-settle times D, with a prior until the first
   ends), for the streams nothing is measured of. One of its own with no token yet (queued behind
   other work, in prefill) was admitted a known time ago: it should end D after its admission, or,
@@ -29,6 +33,7 @@ happens) and HTTP's whole seconds round it up to >= 1 s.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -41,6 +46,8 @@ PRIOR_STREAM_S = 5.0
 _ALPHA = 0.2
 # The shortest wait a concurrency denial names: what a slot takes to be settled after its stream ends.
 MIN_WAIT_S = 0.25
+# Users whose own typical life is kept (the least recently ended forgotten first): ~150 bytes each.
+MAX_USERS_KEPT = 20_000
 
 
 class Progress(Protocol):
@@ -57,6 +64,18 @@ class Progress(Protocol):
 
 
 @dataclass(slots=True)
+class _Life:
+    """How long streams last: an EWMA that starts as a plain average (warm start)."""
+
+    typical_s: float
+    samples: int = 0
+
+    def observe(self, lifetime_s: float) -> None:
+        self.samples += 1
+        self.typical_s += max(_ALPHA, 1.0 / self.samples) * (lifetime_s - self.typical_s)
+
+
+@dataclass(slots=True)
 class _Stream:
     admitted_at: float
     progress: Progress
@@ -65,8 +84,9 @@ class _Stream:
 class StreamEnds:
     def __init__(self, clock: Callable[[], float], prior_s: float = PRIOR_STREAM_S) -> None:
         self.clock = clock
-        self._typical_s = prior_s
-        self._samples = 0
+        self._all = _Life(prior_s)
+        # Each user's own, for the users seen last (a user's replies are alike more than anyone's).
+        self._by_user: OrderedDict[str, _Life] = OrderedDict()
         self._live: dict[str, dict[str, _Stream]] = {}
 
     def started(self, user: str, request_id: str, progress: Progress) -> None:
@@ -79,38 +99,42 @@ class StreamEnds:
             del self._live[user]
         if stream is None or not ran:
             return
-        self._observe(self.clock() - stream.admitted_at)
-
-    def _observe(self, lifetime_s: float) -> None:
+        lifetime_s = self.clock() - stream.admitted_at
         if lifetime_s <= 0:
             return
-        self._samples += 1
-        alpha = max(_ALPHA, 1.0 / self._samples)
-        self._typical_s += alpha * (lifetime_s - self._typical_s)
+        self._all.observe(lifetime_s)
+        own = self._by_user.pop(user, None) or _Life(lifetime_s)
+        own.observe(lifetime_s)
+        self._by_user[user] = own
+        if len(self._by_user) > MAX_USERS_KEPT:
+            self._by_user.popitem(last=False)
 
     @property
     def typical_s(self) -> float:
-        return self._typical_s
+        return self._all.typical_s
 
     def wait_s(self, user: str, held_slots: int) -> float:
         """The expected time until one of the user's `held_slots` running streams ends."""
         now = self.clock()
         local = self._live.get(user, {})
+        typical_s = self._all.typical_s
+        own = self._by_user.get(user)
         ends: list[float] = []
         unknown = max(0, held_slots - len(local))  # streams held by other edge instances
         for stream in local.values():
             p = stream.progress
+            age = now - stream.admitted_at
             if p.first_token_at is None or p.used <= 0 or now <= p.first_token_at:
                 # Not streaming yet: a typical life from its admission, or as long again as it has
                 # waited once that is past half of it.
-                age = now - stream.admitted_at
-                ends.append(max(self._typical_s - age, age))
+                ends.append(max(typical_s - age, age))
                 continue
             rate = p.used / (now - p.first_token_at)
-            ends.append(max(0, p.max_output - p.used) / rate)
+            at_max = max(0, p.max_output - p.used) / rate
+            ends.append(at_max if own is None else min(at_max, max(own.typical_s - age, age)))
         if unknown:
-            ends.append(self._typical_s / (unknown + 1))
-        return max(min(ends, default=self._typical_s), MIN_WAIT_S)
+            ends.append(typical_s / (unknown + 1))
+        return max(min(ends, default=typical_s), MIN_WAIT_S)
 
 
 def with_concurrency_wait(decision: Decision, estimate_ms: int) -> Decision:

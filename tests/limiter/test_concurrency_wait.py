@@ -146,3 +146,50 @@ async def test_the_wait_never_passes_the_slots_lease_expiry(
     denied = (await limiter.admit(user, "b", t, 1, 10)).decision
     # The slot's lease (300 s, refreshed by no charge yet) frees it 200 s from now whatever happens.
     assert denied.limit == "concurrency" and denied.retry_after_ms == 200_000
+
+
+@pytest.mark.anyio
+async def test_a_stream_far_from_its_max_tokens_waits_its_users_typical_life(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    """A client naming no max_tokens gets the tier's largest; most replies end on their own long
+    before it. A reviewer saw 3.2 s said where the slot freed at 0.7 s (4.5x), and past 60 s on the
+    real model, which the OpenAI SDK ignores."""
+    limiter, clock = store
+    user, t = _user(request), tier(concurrent=1)
+    done = _lease(await limiter.admit(user, "done", t, 1, 4000))  # this user's replies last 1 s
+    assert done.try_take(1) == 1
+    clock.advance(1)
+    await done.settle()
+    running = _lease(await limiter.admit(user, "running", t, 1, 4000))
+    assert running.try_take(1) == 1
+    clock.advance(0.25)
+    assert running.try_take(4) == 4  # 20 tokens/s: 3,995 left, 200 s at max_tokens
+    denied = (await limiter.admit(user, "next", t, 1, 10)).decision
+    assert denied.limit == "concurrency" and denied.retry_after_ms == 750  # 1 s from its admission
+    # Outliving its typical life: as long again as it has lived, never past its max_tokens' end.
+    clock.advance(2.75)
+    assert running.try_take(56) == 56
+    denied = (await limiter.admit(user, "next", t, 1, 10)).decision
+    assert denied.retry_after_ms == 3000
+
+
+@pytest.mark.anyio
+async def test_other_users_short_replies_do_not_shorten_a_long_writers_wait(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    """An instance-wide typical life (the first try of the rule above) made one user's one-token
+    replies cut another's wait to a burst of refused retries (5 refusals where 2 were before)."""
+    limiter, clock = store
+    short, writer, t = _user(request) + "-short", _user(request) + "-writer", tier(concurrent=1)
+    for i in range(20):
+        reply = _lease(await limiter.admit(short, f"short-{i}", t, 1, 1))
+        assert reply.try_take(1) == 1
+        clock.advance(0.05)
+        await reply.settle()
+    running = _lease(await limiter.admit(writer, "essay", t, 1, 250))
+    assert running.try_take(1) == 1
+    clock.advance(0.5)
+    assert running.try_take(24) == 24  # 50 tokens/s: 225 left, 4.5 s at its max_tokens
+    denied = (await limiter.admit(writer, "next", t, 1, 10)).decision
+    assert denied.limit == "concurrency" and denied.retry_after_ms == 4500
