@@ -39,6 +39,16 @@ def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
 
 
+def refusal(status: str) -> ApiError:
+    """Why a key that is not active is turned away: at admission, and in a stream it admitted that
+    is ended when the key stops being active (edge/keys/stream_watch.py)."""
+    if status == "unknown":
+        return unauthorized("Incorrect API key provided.")
+    return unauthorized(
+        "This API key has expired." if status == "expired" else f"This API key has been {status}."
+    )
+
+
 def bearer_key(authorization: str | None) -> str:
     """The key of an `Authorization: Bearer <key>` header; 401 when there is none."""
     if not authorization:
@@ -73,14 +83,31 @@ class Authenticator:
         # constant-time all the same.
         if record is None or not hmac.compare_digest(record.key_sha256, digest):
             KEY_REFUSALS.labels("unknown").inc()
-            raise unauthorized("Incorrect API key provided.")
+            raise refusal("unknown")
         status = record.status(self._wall_clock())
         if status != "active":
             KEY_REFUSALS.labels(status).inc()
-            raise unauthorized(
-                "This API key has expired." if status == "expired" else f"This API key has been {status}."
-            )
-        return Principal(user=record.user, tier=record.tier, key_id=record.id)
+            raise refusal(status)
+        return Principal(
+            user=record.user, tier=record.tier, key_id=record.id, key_sha256=digest, expires=record.expires
+        )
+
+    async def status(self, key_sha256: str) -> tuple[str, float | None]:
+        """A key's status now and its expiry, read as `authenticate` reads it (the cache, else the
+        store once for every caller): what a running stream's key is re-checked with. Raises ApiError
+        (503) when the store cannot be read."""
+        record = await self._lookup(key_sha256)
+        if record is None:
+            return "unknown", None
+        return record.status(self._wall_clock()), record.expires
+
+    def stale_in(self, key_sha256: str) -> float:
+        """Seconds until the cached lookup of a key is older than the TTL (0: none is cached): the
+        next look at it after that reads the store."""
+        cached = self._cache.get(key_sha256)
+        if cached is None:
+            return 0.0
+        return max(0.0, cached[1] + self.ttl_s - self._clock())
 
     def invalidate(self, key_sha256: str | None = None) -> None:
         """Forget one key's lookup (None: all of them): the next request reads the store."""
