@@ -200,7 +200,15 @@ def create_app(
                 charged = weigh(limiter, own.model.token_weight)
                 log = ConversationLog(writer)
                 pipelines[model.name] = Pipeline(
-                    config, text, charged, dispatcher, registry, log, drain=drain, usage=keys.usage_writer
+                    config,
+                    text,
+                    charged,
+                    dispatcher,
+                    registry,
+                    log,
+                    drain=drain,
+                    usage=keys.usage_writer,
+                    key_watch=keys.streams,
                 )
             app.state.fleet = None
             app.state.fleet_divides = bool(shared)  # read by /readyz: a joiner waits for room

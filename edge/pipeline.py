@@ -14,7 +14,8 @@ one is kept and a top-level `floodgate` object says what happened):
 - the user's token budget ran out mid-generation: `finish_reason: "length"` and
   `"floodgate": {"limit_reached": "tokens"}`
 
-A failure once the stream is open (the replica died, the queue wait grew too long) is an event
+A failure once the stream is open (the replica died, the queue wait grew too long, the server's
+drain deadline, the key revoked or expired: edge/keys/stream_watch.py) is an event
 `data: {"error": {...}}` followed by `data: [DONE]`, never a hang.
 """
 
@@ -42,7 +43,9 @@ from edge.cancel.stream_close import aclose_stream
 from edge.config import TierConfig
 from edge.drain import Drain
 from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers, wait_text
+from edge.keys.authenticator import refusal
 from edge.keys.principal import Principal
+from edge.keys.stream_watch import StreamWatch
 from edge.log_line import info_line
 from edge.metric_children import child
 from edge.models.token_weight import weighted
@@ -65,7 +68,15 @@ _T = TypeVar("_T")
 
 Emit = Callable[[bytes], Awaitable[None]]
 EndReason = Literal[
-    "stop", "length", "cancelled", "error", "rejected", "overloaded", "disconnected", "drained"
+    "stop",
+    "length",
+    "cancelled",
+    "error",
+    "rejected",
+    "overloaded",
+    "disconnected",
+    "drained",
+    "key_inactive",
 ]
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
@@ -138,6 +149,7 @@ class Pipeline:
         messages: MessageSink | None = None,
         usage: UsageSink | None = None,
         drain: Drain | None = None,
+        key_watch: StreamWatch | None = None,
     ) -> None:
         self.config = config
         self.text = text
@@ -148,6 +160,8 @@ class Pipeline:
         self.usage = usage
         # Never begun unless the server drains (edge/server.py): then it cuts streams at its deadline.
         self.drain = drain or Drain(accept_s=0.0, deadline_s=0.0)
+        # Ends a generation whose key stops being active; None: keys are checked at admission only.
+        self.key_watch = key_watch
 
     async def admit(self, principal: Principal, req: ChatCompletionRequest) -> Generation:
         """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer."""
@@ -497,8 +511,8 @@ class Generation:
                     out.text.append(text)
             if out.error is not None:
                 closing.append(event({"error": out.error.detail}))
-                if out.reason == "drained" and self._req.include_usage:
-                    # Cut by a shutdown: the tokens it got were charged, so say how many.
+                if out.reason in ("drained", "key_inactive") and self._req.include_usage:
+                    # Cut by a shutdown or its key: the tokens it got were charged, so say how many.
                     closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
             else:
                 closing.append(enc.final(out.finish_reason, out.marker))
@@ -551,12 +565,18 @@ class Generation:
     async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
         if keepalive is not None:
             self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
-        # One scope for both cancellers: the cancel endpoint (LiveRequest.cancel) and the drain's
-        # deadline (Drain.watch). A cancel marks the request cancelled, which `LiveRequest.end`
-        # reports first below; a scope cancelled otherwise was cut by the drain.
+        # One scope for the three cancellers: the cancel endpoint (LiveRequest.cancel), the drain's
+        # deadline (Drain.watch) and the key's end (StreamWatch.watch). A cancel marks the request
+        # cancelled, which `LiveRequest.end` reports first below; the key watch says the status it
+        # found; a scope cancelled otherwise was cut by the drain.
         scope = self._live.scope()
         drain = self._p.drain
         drain.watch(scope)
+        keys = self._p.key_watch
+        key = self._principal.key_sha256
+        if keys is not None and key:
+            keys.watch(key, self._principal.expires, scope)
+        key_status: str | None = None
         try:
             with scope:
                 await self._place_and_relay(out, on_text)
@@ -581,6 +601,8 @@ class Generation:
             self._answered_nothing = out.ttft_s is None or not self._req.stream
         finally:
             drain.unwatch(scope)
+            if keys is not None and key:
+                key_status = keys.unwatch(key, scope)
         # Decided here, before any final event: a cancel that came first wins even when the
         # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
         # after this answers 409 (edge/cancel/live.py). A cancel sent to another edge instance is
@@ -594,6 +616,17 @@ class Generation:
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
             out.error = None
+        elif scope.cancelled_caught and key_status is not None:
+            # Its key was revoked or expired meanwhile: the stream ends with the 401 a new request
+            # with the key gets, given back and settled like a cancel.
+            log.info(
+                "stream_ended_for_key",
+                request_id=self.request_id,
+                key_id=self._principal.key_id,
+                key_status=key_status,
+            )
+            out.reason = "key_inactive"
+            out.error = refusal(key_status)
         elif scope.cancelled_caught and drain.past_deadline:
             out.reason = "drained"
             out.error = shutting_down_error(self._p.drain.accept_left_s())
@@ -741,7 +774,7 @@ class Generation:
 
 def _stored_finish_reason(out: Outcome) -> str:
     """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
-    if out.reason in ("cancelled", "error", "rejected", "disconnected", "drained"):
+    if out.reason in ("cancelled", "error", "rejected", "disconnected", "drained", "key_inactive"):
         return out.reason
     return out.finish_reason
 

@@ -13,6 +13,7 @@ from edge.keys.authenticator import Authenticator
 from edge.keys.factory import key_changes, open_key_store
 from edge.keys.legacy import import_keys_file_into
 from edge.keys.lifecycle import KeyLifecycle
+from edge.keys.stream_watch import StreamWatch
 from edge.usage.factory import open_usage_store
 from edge.usage.store import UsageStore
 from edge.usage.writer import UsageWriter
@@ -23,6 +24,8 @@ log = structlog.get_logger("floodgate.keys")
 @dataclass(frozen=True, slots=True)
 class KeyServices:
     authenticator: Authenticator
+    # The running streams by key: each ends when its key stops being active.
+    streams: StreamWatch
     lifecycle: KeyLifecycle
     usage_store: UsageStore
     usage_writer: UsageWriter
@@ -40,15 +43,23 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
         if imported.added:
             log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
         authenticator = Authenticator(store, cfg.cache_ttl_s)
+        streams = StreamWatch(authenticator)
+        stack.push_async_callback(streams.aclose)
+
+        def changed(key_sha256: str | None) -> None:
+            # The next request reads the store, and the key's running streams are looked at now.
+            authenticator.invalidate(key_sha256)
+            streams.changed(key_sha256)
+
         changes = key_changes(settings.limiter)
         if changes is not None:
             stack.push_async_callback(changes.aclose)
-            changes.start(authenticator.invalidate)
+            changes.start(changed)
 
         async def announce(key_sha256: str) -> None:
             # A change made through this edge's admin API holds here at once, and on the others
             # at once with Redis, else within the cache TTL.
-            authenticator.invalidate(key_sha256)
+            changed(key_sha256)
             if changes is not None and not await changes.announce(key_sha256):
                 log.warning("key_change_announce_failed", bound_s=cfg.cache_ttl_s)
 
@@ -60,4 +71,4 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
         writer = UsageWriter(usage_store, cfg.usage_queue_size)
         writer.start()
         stack.push_async_callback(writer.aclose)
-        yield KeyServices(authenticator, lifecycle, usage_store, writer)
+        yield KeyServices(authenticator, streams, lifecycle, usage_store, writer)
