@@ -89,10 +89,6 @@ class StreamWatch:
         if key_sha256 is not None and key_sha256 in self._keys:
             self._check_soon(key_sha256)
 
-    @property
-    def streams(self) -> int:
-        return sum(len(key.streams) for key in self._keys.values())
-
     async def aclose(self) -> None:
         self._closed = True
         for key in self._keys.values():
