@@ -106,8 +106,8 @@ class StreamWatch:
         if key.timer is not None:
             key.timer.cancel()
         delay = self._auth.ttl_s if retry else self._auth.stale_in(digest)
-        if key.expires is not None:
-            delay = min(delay, max(0.0, key.expires - self._wall_clock()))
+        if key.expires is not None and (left := key.expires - self._wall_clock()) > 0:
+            delay = min(delay, left)
         # An empty context: the timer is the key's, not the request's whose stream set it (its
         # request_id must not be bound to the check's log lines).
         key.timer = asyncio.get_running_loop().call_later(
@@ -132,13 +132,19 @@ class StreamWatch:
         check.add_done_callback(self._checks.discard)
 
     async def _check(self, digest: str) -> None:
+        key = self._keys.get(digest)
         expires: float | None = None
-        try:
-            status, expires = await self._auth.status(digest)
-        except ApiError:
-            # The store is unreachable (the Authenticator logs it): nothing says the key changed, so
-            # its streams go on; the next look is a TTL away (or at the expiry known).
-            status = None
+        if key is not None and key.expires is not None and key.expires <= self._wall_clock():
+            # Its known expiry has passed: nothing extends one, so no store read is needed (and a
+            # store that is down cannot keep the streams running past it).
+            status: str | None = "expired"
+        else:
+            try:
+                status, expires = await self._auth.status(digest)
+            except ApiError:
+                # The store is unreachable (the Authenticator logs it): nothing says the key changed,
+                # so its streams go on; the next look is a TTL away (or at the expiry known).
+                status = None
         key = self._keys.get(digest)
         if key is None or key.ended is not None or self._closed:
             return

@@ -127,7 +127,7 @@ def _baseline(edge: LiveServer) -> tuple[EngineReading, float]:
     return idle_engine(edge), finished_requests(edge, "key_inactive")
 
 
-def _freed(edge: LiveServer, before: tuple[EngineReading, float], user_key: str) -> None:
+def _freed(edge: LiveServer, before: tuple[EngineReading, float], user_key: str) -> httpx.Response:
     """The replica dropped the sequence, and the user's one concurrency slot is free again."""
     after = wait_for_engine_to_drop(edge, before[0])
     assert after.work - before[0].work < MAX_TOKENS
@@ -140,6 +140,29 @@ def _freed(edge: LiveServer, before: tuple[EngineReading, float], user_key: str)
         timeout=60.0,
     )
     assert short.status_code == 200, short.text
+    return short
+
+
+def _store_reads(edge: LiveServer) -> float:
+    line = next(
+        line
+        for line in edge.metrics_text().splitlines()
+        if line.startswith('floodgate_key_lookups_total{source="store"}')
+    )
+    return float(line.split()[-1])
+
+
+def _break_the_store(edge: LiveServer) -> None:
+    """Every read of the key store fails from now on, as a DynamoDB or a disk that stopped answering
+    would (a stand-in: nothing breaks the embedded SQLite store's WAL on cue)."""
+    store = edge.app.state.runtime.keys.store
+
+    async def unreachable(key_sha256: str) -> None:
+        raise OSError("the key store stopped answering")
+
+    loop = edge._server.loop
+    assert loop is not None
+    loop.call_soon_threadsafe(setattr, store, "get", unreachable)
 
 
 def _revoke_in_store(keys_db: Path, key: str) -> None:
@@ -193,6 +216,21 @@ def test_a_key_that_expires_mid_stream_ends_it_at_its_expiry(tmp_path: Path) -> 
         _freed(edge, before, other)
 
 
+def test_a_key_that_expires_while_the_key_store_is_down_ends_its_stream_at_its_expiry(tmp_path: Path) -> None:
+    """A review: with the store unreadable at the expiry, the watch retried at once, again and again
+    (thousands of reads a second), and the stream ran past its expiry until the store came back. A
+    known expiry needs no read: nothing extends one."""
+    with start_server(tmp_path / "edge", _settings(tmp_path / "keys.db", SHORT_TTL_S)) as edge:
+        before = _baseline(edge)
+        key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": 2.0})["key"]
+        reads_before = _store_reads(edge)
+        got = _stream(edge, key, lambda: _break_the_store(edge))
+        _ended_for_its_key(got, EXPIRED)
+        wait_for_engine_to_drop(edge, before[0])
+        # A read a TTL (0.5 s) at most while it streamed, not one per loop turn.
+        assert _store_reads(edge) - reads_before < 30
+
+
 def test_a_key_rotated_mid_stream_ends_it_when_its_grace_ends(tmp_path: Path) -> None:
     with start_server(tmp_path / "edge", _settings(tmp_path / "keys.db", LONG_TTL_S)) as edge:
         made = _admin(edge, "", {"user": "di", "tier": "paid"})
@@ -236,4 +274,10 @@ def test_a_non_streaming_request_whose_key_is_revoked_mid_generation_is_answered
         assert answer.status_code == 401, answer.text[:200]
         assert answer.json() == {"error": REVOKED}
         assert answer.headers["x-request-id"].startswith("chatcmpl-")
-        _freed(edge, before, other)
+        short = _freed(edge, before, other)
+    # The client got the 401 alone, which cost it nothing: the short request is the user's first.
+    assert (
+        int(short.headers["x-ratelimit-limit-requests"])
+        - int(short.headers["x-ratelimit-remaining-requests"])
+        == 1
+    )
