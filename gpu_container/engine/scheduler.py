@@ -2,9 +2,11 @@
 
 Every step first decodes one token for every running sequence, then gives the budget that is left
 to the next chunks of prompts still being prefilled, then admits waiting sequences into what remains,
-each pass in priority order. A step's token budget (max_num_batched_tokens) is shared by decodes and
-prefill chunks, and decodes come first, so a long prompt is split over several steps and never stalls
-the decodes of the others, whatever its priority. The engine may cap a step's prefill tokens further
+each pass in priority order; a waiting sequence that outranks every prompt still prefilling is
+admitted before their chunks (prompts are served in priority order, not running ones first). A
+step's token budget (max_num_batched_tokens) is shared by decodes and prefill chunks, and decodes
+come first, so a long prompt is split over several steps and never stalls the decodes of the
+others, whatever its priority. The engine may cap a step's prefill tokens further
 by time (step_budget.py): a step that carries prefill lasts at most a set factor of a decode step.
 
 Preemption: when a running sequence needs a new block and the pool is empty, the lowest-priority,
@@ -168,10 +170,21 @@ class Scheduler:
                 decode_keys=sum(seq.num_computed_tokens + 1 for seq in step.tokens),
             )
             step.budget = min(step.budget, budget)
+        best_prefilling = self._best_prefilling_priority()
+        if not preempted and best_prefilling is not None and self._batch_open():
+            # Prompts in priority order: a waiting one that outranks every prompt still prefilling
+            # is admitted before their next chunks, which would otherwise take the whole budget
+            # step after step (a paid request waited 25 s behind a free 1,800-token prompt).
+            self._admit(step, above=best_prefilling)
         preempted |= self._schedule_running(step, decodes=False)
         if not preempted and self._batch_open():
             self._admit(step)
         return [ScheduledChunk(seq, n) for seq, n in step.tokens.items()]
+
+    def _best_prefilling_priority(self) -> int | None:
+        """The highest priority among running prompts still prefilling (None: none is)."""
+        prefilling = (s.priority for s in self.running if s.num_uncomputed_tokens > 1 and s not in self._held)
+        return max(prefilling, default=None)
 
     def _prompts_pending(self) -> int:
         """Prompts that could get prefill this step: running ones still prefilling, and the
@@ -194,8 +207,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or (seq.num_uncomputed_tokens == 1) != decodes:
                 continue  # preempted earlier in this step, or belongs to the other pass
-            if seq in self._held:
-                continue
+            if seq in self._held or seq in step.tokens:
+                continue  # the lane's, or admitted ahead of this pass (its chunk is scheduled)
             n = min(seq.num_uncomputed_tokens, step.budget)
             while not self._blocks.can_hold(seq, seq.num_computed_tokens + n):
                 # The worst running sequence not held: seq itself at worst.
@@ -216,9 +229,13 @@ class Scheduler:
         produced its first token (then nothing joins until its longest member ends)."""
         return self._config.batching == "continuous" or not any(s.output_ids for s in self.running)
 
-    def _admit(self, step: _Step) -> None:
+    def _admit(self, step: _Step, above: int | None = None) -> None:
+        """Admit waiting sequences in order while the budget lasts; with `above`, only while the
+        next one's priority is strictly higher than that."""
         while self.waiting and step.budget > 0:
             seq = self.waiting[0]
+            if above is not None and seq.priority <= above:
+                break
             if not self._fits(seq):
                 if not self._make_room_for(seq, step):
                     break

@@ -163,3 +163,20 @@ def test_a_higher_priority_prompt_sharing_a_lower_ones_prefix_preempts_it_only_i
     step = _run_step(scheduler)
     assert step["paid"] == 21 - 12
     assert scheduler.num_preemptions == 0
+
+
+def test_a_higher_priority_prompt_is_prefilled_before_a_lower_ones_next_chunks() -> None:
+    """A review on the real model: a paid request arriving 0.5 s after a free 1,800-token prompt got
+    its first token after 25 s (0.27 s alone), in the same step as the free one's: the running
+    prompt's chunks took each step's whole budget before admission ran."""
+    config = EngineConfig(block_size=4, num_blocks=256, max_num_seqs=8, max_num_batched_tokens=16)
+    scheduler = Scheduler(config, BlockManager(config.num_blocks, config.block_size))
+    scheduler.add(_seq("free", 400, priority=0, arrival=0))
+    assert _run_step(scheduler) == {"free": 16}
+    scheduler.add(_seq("paid", 6, priority=10, arrival=1))
+    assert _run_step(scheduler) == {"paid": 6, "free": 10}  # its whole prompt first, the rest to free
+    step = _run_step(scheduler)
+    assert step["paid"] == 1 and step["free"] == 15  # paid decodes from now on
+    # Equal priorities keep their order: a later free prompt waits for the running one's chunks.
+    scheduler.add(_seq("free-later", 6, priority=0, arrival=2))
+    assert "free-later" not in _run_step(scheduler)
