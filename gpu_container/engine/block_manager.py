@@ -122,10 +122,13 @@ class BlockManager:
         seq.block_table = list(hits)
         for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(hits)):
             seq.block_table.append(self._take_free(seq.block_table[-1] if seq.block_table else None))
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = len(hits) * self.block_size
+        if not seq.admitted:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            seq.admitted = True
         seq.num_sealed_blocks = len(hits)
         self.prefix_query_tokens += seq.num_tokens
-        self.prefix_hit_tokens += seq.num_cached_tokens
+        self.prefix_hit_tokens += seq.num_computed_tokens
 
     def seal(self, seq: Sequence) -> None:
         """Key seq's blocks that have become full of computed K/V, so later prompts can share them.

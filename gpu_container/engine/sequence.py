@@ -36,8 +36,11 @@ class Sequence:
     # Tokens whose K/V are in the cache. Reset to 0 on preemption: the sequence is recomputed, but
     # for what the prefix cache still holds of it.
     num_computed_tokens: int = 0
-    # Tokens found in the prefix cache at the last admission (so not prefilled then).
+    # Tokens found in the prefix cache at its first admission (so not prefilled then): what the
+    # usage reports, as vLLM does. Not a readmission's after a preemption, which finds the
+    # sequence's own blocks, computed for this very request.
     num_cached_tokens: int = 0
+    admitted: bool = False
     # Prefix-cache keys of its full blocks, first block first (see prefix_hash.py): computed once,
     # kept across preemption, since a sequence's tokens only grow.
     block_hashes: list[int] = field(default_factory=list)

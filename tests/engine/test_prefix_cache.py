@@ -184,6 +184,20 @@ def test_released_prefixes_stay_cached_and_are_evicted_least_recently_used_first
     assert _admit_alone(blocks, new).num_computed_tokens == 8
 
 
+def test_a_readmission_after_preemption_reports_the_first_admissions_cache_hits() -> None:
+    """The usage's cached_tokens is what the prefix cache spared the request: a sequence preempted
+    mid-prefill finds its own blocks on readmission, computed for it, and reported them as cached
+    (a 60-token prompt nobody shared said 24 in a review)."""
+    blocks = BlockManager(8, BLOCK, enable_prefix_caching=True)
+    seq = _admit_alone(blocks, list(range(2, 14)))
+    assert seq.num_cached_tokens == 0
+    _compute_all(blocks, seq)
+    blocks.free(seq)  # preempted: recomputed from what the cache still holds of it
+    blocks.allocate(seq)
+    assert seq.num_computed_tokens == 8  # its own blocks spare the recompute
+    assert seq.num_cached_tokens == 0
+
+
 def test_caching_off_shares_nothing() -> None:
     blocks = BlockManager(8, BLOCK, enable_prefix_caching=False)
     seq = _admit_alone(blocks, [3] * 9)
