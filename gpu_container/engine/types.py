@@ -97,6 +97,15 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # to measure continuous batching against, bench/engine.py).
     batching: Literal["continuous", "static"] = "continuous"
 
+    def __post_init__(self) -> None:
+        # Every running sequence decodes one token a step within the step's budget: with fewer
+        # tokens than sequences, those past the budget wait for others to finish (vLLM refuses it).
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}): every running sequence decodes a token each step"
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:

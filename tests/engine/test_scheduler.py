@@ -4,6 +4,7 @@ tiny pool: every step keeps the pool an exact partition, and at the end every bl
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gpu_container.engine.block_manager import BlockManager, blocks_for
 from gpu_container.engine.scheduler import Scheduler
@@ -180,3 +181,13 @@ def test_a_higher_priority_prompt_is_prefilled_before_a_lower_ones_next_chunks()
     # Equal priorities keep their order: a later free prompt waits for the running one's chunks.
     scheduler.add(_seq("free-later", 6, priority=0, arrival=2))
     assert "free-later" not in _run_step(scheduler)
+
+
+def test_a_step_budget_below_the_running_sequences_is_refused_at_load() -> None:
+    """Each running sequence decodes a token a step inside the step's budget: with a budget of 4
+    and 8 sequences, a reviewer saw streams 5 and 6 get their first token only after the first
+    four had finished (vLLM refuses such settings too)."""
+    from edge.config import load_settings
+
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(4\) must be at least max_num_seqs \(8\)"):
+        load_settings(overrides={"engine": {"max_num_seqs": 8, "max_num_batched_tokens": 4}})

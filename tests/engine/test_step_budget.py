@@ -189,7 +189,9 @@ def test_a_static_engine_answers_only_real_requests_and_frees_every_block() -> N
 
 
 def test_a_calibrated_engine_serves_with_a_time_budget() -> None:
-    config = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32, prefill_slowdown=1.5)
+    config = EngineConfig(
+        block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=32, prefill_slowdown=1.5
+    )
     engine = LLMEngine(tiny_model()[0], config, eos_token_ids=[1])
     engine.start()
     seen = Collector()
