@@ -609,13 +609,18 @@ class Generation:
         # learnt from the settle's answer: the store decides between it and this end in one
         # script (edge/cancel/bus.py), so the stream's end costs no round trip of its own.
         cancelled_here = self._live.end()
-        if scope.cancelled_caught and key_status is not None and not cancelled_here and not self._req.stream:
+        if cancelled_here:
+            # The cancel came first: its reply (what was generated, marked cancelled) is the answer.
+            self._answered_nothing = False
+        elif scope.cancelled_caught and key_status is not None and not self._req.stream:
             # Cut by its key, not streamed: the client gets the 401 alone, which costs it nothing.
             self._answered_nothing = True
         # Given back before the final events too (the keep-alive stopped: nothing else may write to
         # the stream then): a client that sees the end may start its next stream at once.
         cancelled_elsewhere = await self._give_back()
-        if cancelled_here or cancelled_elsewhere:
+        # A cancel another edge took is learnt only from the settle: a request refunded as answered
+        # with its error alone keeps that error (its text, turned into a cancelled reply, was free).
+        if cancelled_here or (cancelled_elsewhere and self._charged):
             out.reason = "cancelled"
             out.marker = CANCELLED_MARKER
             out.error = None

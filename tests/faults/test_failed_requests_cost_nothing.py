@@ -16,6 +16,7 @@ from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
 from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from gpu_container.contract import UpstreamError
+from limiter.base import Admission, OutputLease
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.test_bad_input_replica import _small_replicas
@@ -71,7 +72,7 @@ def _failing_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncConte
     @asynccontextmanager
     async def provide() -> AsyncIterator[list[Upstream]]:
         async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_FailingReplica(up) for up in ups])  # type: ignore[misc]
+            yield PrivateUpstreams([_FailingReplica(up) for up in ups])
 
     return provide()
 
@@ -119,3 +120,56 @@ def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stre
     # The stream carried its three tokens' text before its error, and they were charged with its prompt.
     assert streamed.status_code == 200 and any('"error"' in line for line in got)
     assert remaining(after) - remaining(last) == cost + before.json()["usage"]["prompt_tokens"] + 3
+
+
+class _CancelledElsewhere:
+    """A limiter whose settle answers that a cancel sent to another edge instance came first, as
+    the Redis store answers when the fleet's cancel reached the store before this end (a stand-in:
+    two edges cannot be made to race so on cue)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    async def admit(self, *args: Any) -> Admission:
+        admission: Admission = await self._real.admit(*args)
+        if admission.lease is None:
+            return admission
+        return Admission(admission.decision, _SettledAsCancelled(admission.lease))
+
+    async def aclose(self) -> None:
+        await self._real.aclose()
+
+
+class _SettledAsCancelled:
+    def __init__(self, lease: OutputLease) -> None:
+        self._lease = lease
+
+    def try_take(self, n: int) -> int | None:
+        return self._lease.try_take(n)
+
+    async def take(self, n: int) -> int:
+        return await self._lease.take(n)
+
+    async def settle(self, *, ran: bool = True) -> bool | None:
+        await self._lease.settle(ran=ran)
+        return True
+
+
+def test_a_failed_answer_refunded_keeps_its_error_when_a_cancel_elsewhere_came_first(tmp_path: Path) -> None:
+    """A review: the refunded request was turned into the cancelled reply, 200 with the text the
+    replica made before failing, and that text cost nothing."""
+    failing = SHORT | {"max_tokens": FAIL_AFTER_3}
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            before = client.post(CHAT, json=SHORT)
+            pipeline = server.app.state.runtime.pipeline
+            real, pipeline.limiter = pipeline.limiter, _CancelledElsewhere(pipeline.limiter)
+            raced = client.post(CHAT, json=failing)
+            pipeline.limiter = real
+            after = client.post(CHAT, json=SHORT)
+    assert raced.status_code == 502, raced.text
+    assert (
+        int(before.headers["x-ratelimit-remaining-tokens"])
+        - int(after.headers["x-ratelimit-remaining-tokens"])
+        == before.json()["usage"]["total_tokens"]
+    )
