@@ -481,7 +481,7 @@ class Generation:
     @property
     def _charged(self) -> bool:
         """Whether the user pays for the request: it reached a replica and got an answer (a request
-        turned away, cancelled while queued or failed before any token cost it nothing)."""
+        turned away, cancelled while queued, or answered with an error alone costs it nothing)."""
         return self._reached_replica and not self._answered_nothing
 
     async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
