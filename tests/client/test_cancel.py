@@ -157,26 +157,33 @@ def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: Li
     assert sum(isinstance(event, Finished) for event in events) == 1
 
 
-@pytest.mark.anyio
-async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
+async def _cancel_from_another_task(stream: AsyncChatStream, within_s: float) -> list[object]:
+    """Read `stream` in one task and cancel it from another once its first text came; what the
+    reader got, to the end."""
     events: list[object] = []
     first_text = anyio.Event()
 
-    async def read(stream: AsyncChatStream) -> None:
+    async def read() -> None:
         async for event in stream:
             events.append(event)
             if isinstance(event, TextDelta):
                 first_text.set()
 
+    with anyio.fail_after(within_s):
+        async with anyio.create_task_group() as group:
+            group.start_soon(read)
+            await first_text.wait()
+            assert await stream.cancel() is True
+    return events
+
+
+@pytest.mark.anyio
+async def test_a_cancel_from_another_task_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
     async with AsyncClient(server.base_url, server.keys["paid"]) as client:
         stream = await client.chat.stream(
             LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
         )
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as group:
-                group.start_soon(read, stream)
-                await first_text.wait()
-                assert await stream.cancel() is True
+        events = await _cancel_from_another_task(stream, 30)
     last = events[-1]
     assert isinstance(last, Finished) and last.cancelled and last.usage is not None
     assert sum(isinstance(event, Finished) for event in events) == 1
@@ -242,23 +249,9 @@ def test_a_confirmed_cancel_whose_stream_then_goes_silent_ends_within_its_bound(
                 assert time.monotonic() - started < CANCEL_DRAIN_S + 5.0
 
         async def read_in_a_task_cancel_in_another() -> list[object]:
-            events: list[object] = []
-            first_text = anyio.Event()
-
-            async def read(stream: AsyncChatStream) -> None:
-                async for event in stream:
-                    events.append(event)
-                    if isinstance(event, TextDelta):
-                        first_text.set()
-
             async with AsyncClient(edge.base_url, "fg-test", timeout=60.0) as aclient:
                 async with aclient.chat.stream("hi", model="floodgate-tiny") as astream:
-                    with anyio.fail_after(CANCEL_DRAIN_S + 5.0):
-                        async with anyio.create_task_group() as group:
-                            group.start_soon(read, astream)
-                            await first_text.wait()
-                            assert await astream.cancel() is True
-            return events
+                    return await _cancel_from_another_task(astream, CANCEL_DRAIN_S + 5.0)
 
         events = anyio.run(read_in_a_task_cancel_in_another)
         assert events[-1] == Finished("stop", None, cancelled=True)
