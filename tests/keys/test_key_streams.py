@@ -2,9 +2,13 @@
 
 Before, the key was checked at admission only: a key revoked mid-stream kept streaming to the end
 (max_tokens, finish_reason "length"), and so did one that expired mid-stream. Each test reads a long
-stream (ignore_eos, MAX_TOKENS tokens, several seconds on the demo model) to its end and asserts what
-it carried: an OpenAI-style 401 error event naming the reason, then [DONE], long before MAX_TOKENS;
-the replica's sequence freed; the user's concurrency slot given back (its tier allows one stream).
+stream (ignore_eos, MAX_TOKENS tokens) to its end and asserts what it carried: an OpenAI-style 401
+error event naming the reason, then [DONE], long before MAX_TOKENS; the replica's sequence freed;
+the user's concurrency slot given back (its tier allows one stream).
+
+Where a clock ends the stream (an expiry, the cache TTL) the real model serves it: the demo model
+makes 1,500 tokens a second on a fast machine, half of MAX_TOKENS before a 2-second expiry, where
+the real model makes a few dozen; an event (an announcement, an admin call) ends it at once.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 from edge.keys.lifecycle import KeyLifecycle
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, key_id, new_secret
 from edge.keys.sqlite import SQLiteKeyStore
+from gpu_container.checkpoint.bundled import MODEL_NAME
 from tests.edge.conftest import (
     ROOMY_TIERS,
     EngineReading,
@@ -32,6 +37,7 @@ from tests.edge.conftest import (
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, events
 from tests.support.live_server import LiveServer, start_server
 from tests.support.redis_server import start_redis
+from tests.support.smollm2 import smollm2_dir
 
 ADMIN_KEY = new_secret(ADMIN_KEY_PREFIX)
 MAX_TOKENS = 4000
@@ -49,6 +55,7 @@ BODY = {
     "stream": True,
     "stream_options": {"include_usage": True},
 }
+
 REVOKED = {
     "message": "This API key has been revoked.",
     "type": "invalid_request_error",
@@ -58,8 +65,11 @@ REVOKED = {
 EXPIRED = REVOKED | {"message": "This API key has expired."}
 
 
-def _settings(keys_db: Path, ttl_s: float, limiter: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
+def _settings(
+    keys_db: Path, ttl_s: float, limiter: dict[str, Any] | None = None, real_model: bool = False
+) -> dict[str, Any]:
+    model = {"model": {"path": str(smollm2_dir()), "name": MODEL_NAME}} if real_model else {}
+    return model | {
         "tiers": TIERS,
         # Room for MAX_TOKENS after the prompt (the default context is 2,048).
         "engine": {"max_model_len": MAX_TOKENS + 96},
@@ -94,11 +104,16 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def _served(edge: LiveServer) -> str:
+    """The model the edge serves: the demo model, or the real one (`real_model=True`)."""
+    return edge.settings.model.name
+
+
 def _stream(edge: LiveServer, key: str, on_generating: Any = None) -> list[Any]:
     """Every event of one stream to its end; `on_generating()` once READ_BEFORE events came."""
     with (
         httpx.Client(base_url=edge.base_url, timeout=60.0) as client,
-        client.stream("POST", CHAT, json=BODY, headers=_auth(key)) as response,
+        client.stream("POST", CHAT, json=BODY | {"model": _served(edge)}, headers=_auth(key)) as response,
     ):
         assert response.status_code == 200, response.read()
         got: list[Any] = []
@@ -135,7 +150,7 @@ def _freed(edge: LiveServer, before: tuple[EngineReading, float], user_key: str)
     # The tier allows one stream at a time: a short request with the user's other key is admitted.
     short = httpx.post(
         edge.base_url + CHAT,
-        json={"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 2},
+        json={"model": _served(edge), "messages": LONG_PROMPT, "max_tokens": 2},
         headers=_auth(user_key),
         timeout=60.0,
     )
@@ -180,7 +195,7 @@ def _revoke_in_store(keys_db: Path, key: str) -> None:
 
 def test_a_key_revoked_in_the_store_ends_its_stream_within_the_cache_ttl(tmp_path: Path) -> None:
     keys_db = tmp_path / "keys.db"
-    with start_server(tmp_path / "edge", _settings(keys_db, SHORT_TTL_S)) as edge:
+    with start_server(tmp_path / "edge", _settings(keys_db, SHORT_TTL_S, real_model=True)) as edge:
         key = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
         other = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
         before = _baseline(edge)
@@ -207,7 +222,8 @@ def test_a_revocation_announced_over_redis_ends_a_stream_on_another_edge_at_once
 
 
 def test_a_key_that_expires_mid_stream_ends_it_at_its_expiry(tmp_path: Path) -> None:
-    with start_server(tmp_path / "edge", _settings(tmp_path / "keys.db", LONG_TTL_S)) as edge:
+    settings = _settings(tmp_path / "keys.db", LONG_TTL_S, real_model=True)
+    with start_server(tmp_path / "edge", settings) as edge:
         other = _admin(edge, "", {"user": "cy", "tier": "paid"})["key"]
         before = _baseline(edge)
         key = _admin(edge, "", {"user": "cy", "tier": "paid", "expires_in_s": 2.0})["key"]
@@ -220,7 +236,8 @@ def test_a_key_that_expires_while_the_key_store_is_down_ends_its_stream_at_its_e
     """A review: with the store unreadable at the expiry, the watch retried at once, again and again
     (thousands of reads a second), and the stream ran past its expiry until the store came back. A
     known expiry needs no read: nothing extends one."""
-    with start_server(tmp_path / "edge", _settings(tmp_path / "keys.db", SHORT_TTL_S)) as edge:
+    settings = _settings(tmp_path / "keys.db", SHORT_TTL_S, real_model=True)
+    with start_server(tmp_path / "edge", settings) as edge:
         before = _baseline(edge)
         key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": 2.0})["key"]
         reads_before = _store_reads(edge)
