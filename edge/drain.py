@@ -89,7 +89,7 @@ class Drain:
         """Cut `scope`, the one a generation runs in, at the deadline (at once if it has passed);
         `unwatch` it when the generation ends. The generation's own scope, not one more of its own:
         a cancel scope per stream is a cost every stream pays (docs/bench-streams.md), and the
-        generation tells the two cancellers apart (edge/pipeline.py)."""
+        generation tells the two cancellers apart (edge/generation.py)."""
         if self._past_deadline:
             scope.cancel()
         self._guards.add(scope)

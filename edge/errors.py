@@ -13,6 +13,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from redis.exceptions import RedisError
 
+from edge.admission.ticket import Overloaded
 from edge.metrics import REQUESTS_REJECTED
 
 log = structlog.get_logger("floodgate.errors")
@@ -157,3 +158,27 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
     log.error("unhandled_error", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
     detail = ErrorDetail(message="The server had an error while processing your request.", type="api_error")
     return error_response(500, detail)
+
+
+def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:
+    """Queue full or too slow: 429, as a rate limit. No replica at all: 503, the service is down."""
+    message = f"The service is overloaded ({exc.reason}). Please try again in {wait_text(exc.retry_after_s)}."
+    if exc.reason == "no_replica":
+        message = f"No model replica is available. Please try again in {wait_text(exc.retry_after_s)}."
+        return ApiError(
+            503,
+            message,
+            code=exc.reason,
+            headers={**(headers or {}), **retry_after_headers(exc.retry_after_s)},
+        )
+    return rate_limited(message, exc.reason, exc.retry_after_s, headers)
+
+
+def shutting_down_error(retry_after_s: float = 0.0) -> ApiError:
+    """This instance is draining (SIGTERM): another instance will take the request."""
+    return ApiError(
+        503,
+        "This server is shutting down. Please retry; another instance will take the request.",
+        code="server_shutting_down",
+        headers=retry_after_headers(max(retry_after_s, 1.0)),
+    )

@@ -1,49 +1,30 @@
-"""One chat completion, read top to bottom.
+"""One chat completion's admission, read top to bottom: everything decided before the response
+starts, where a refusal is a plain HTTP status.
 
-Before the response starts (errors are plain HTTP statuses): count the prompt's tokens → ask the
-limiter → ask the admission queue whether waiting makes sense. Then, with the stream open: first
-event (it carries the request id) → wait for a replica slot, sending keep-alive comments → relay
-the replica's token ids as text, charging each token to the limiter's lease → final chunk → usage
-chunk → [DONE]. Whatever happens, the `finally` settles the lease, releases the slot, records the
-metrics and logs one line.
-
-How a stream ends, in its final chunk (OpenAI has no finish_reason for these two, so the standard
-one is kept and a top-level `floodgate` object says what happened):
-
-- cancelled (cancel endpoint): `finish_reason: "stop"` and `"floodgate": {"cancelled": true}`
-- the user's token budget ran out mid-generation: `finish_reason: "length"` and
-  `"floodgate": {"limit_reached": "tokens"}`
-
-A failure once the stream is open (the replica died, the queue wait grew too long, the server's
-drain deadline, the key revoked or expired: edge/keys/stream_watch.py) is an event
-`data: {"error": {...}}` followed by `data: [DONE]`, never a hang.
+Count the prompt's tokens (after the request's own checks: its model, its sampling parameters
+against the vocabulary, max_tokens against its tier and the model's context) → ask the limiter → ask
+the admission queue whether waiting makes sense. What is admitted is a Generation (generation.py),
+which runs it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Protocol
 
-import anyio
 import structlog
 
 from edge import metrics
 from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
-from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
-from edge.cancel.live import LiveRequest
 from edge.cancel.registry import RequestRegistry
-from edge.cancel.scope import cancel_scope
-from edge.cancel.stream_close import aclose_stream
 from edge.config import TierConfig
 from edge.drain import Drain
-from edge.errors import ApiError, invalid_request, rate_limited, retry_after_headers, wait_text
-from edge.keys.authenticator import refusal
+from edge.errors import ApiError, invalid_request, overloaded_error, retry_after_headers, wait_text
+from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
 from edge.log_line import info_line
@@ -52,34 +33,13 @@ from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
 from edge.schemas import ChatCompletionRequest, unknown_model
-from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
-from edge.text.stops import StopMatcher
-from edge.token_relay import TextSink, TokenRelay
-from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
-from edge.upstreams.direct import GenerateDirect
-from limiter.base import Limiter, OutputLease, StoreUnavailable
+from edge.upstreams.base import GenerationRequest
+from limiter.base import Limiter, StoreUnavailable
 from limiter.headers import ratelimit_headers
 
 log = structlog.get_logger("floodgate.request")
-
-_T = TypeVar("_T")
-
-Emit = Callable[[bytes], Awaitable[None]]
-EndReason = Literal[
-    "stop",
-    "length",
-    "cancelled",
-    "error",
-    "rejected",
-    "overloaded",
-    "disconnected",
-    "drained",
-    "key_inactive",
-]
-
-CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
 
 
 class UsageSink(Protocol):
@@ -115,27 +75,6 @@ class PipelineConfig:
     default_repetition_penalty: float = 1.0
     # Whose prefix cache a request may hit ([admission] prefix_cache_scope).
     prefix_cache_scope: PrefixCacheScope = "user"
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How one admitted request went, filled in as it runs."""
-
-    reason: EndReason = "error"  # until something better is known
-    marker: dict[str, Any] | None = None
-    completion_tokens: int = 0
-    # Prompt tokens the replica served from its prefix cache (Delta.cached_tokens).
-    cached_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    # Text of the reply's last delta, written with the closing events in one write (`stream`).
-    held: list[str] = field(default_factory=list)
-    error: ApiError | None = None  # a failure after admission: an error event, or the status
-    upstream: str = ""
-    ttft_s: float | None = None
-
-    @property
-    def finish_reason(self) -> str:
-        return "length" if self.reason == "length" else "stop"
 
 
 class Pipeline:
@@ -385,412 +324,3 @@ class Pipeline:
             "messages",
             code="context_length_exceeded",
         )
-
-
-def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:
-    """Queue full or too slow: 429, as a rate limit. No replica at all: 503, the service is down."""
-    message = f"The service is overloaded ({exc.reason}). Please try again in {wait_text(exc.retry_after_s)}."
-    if exc.reason == "no_replica":
-        message = f"No model replica is available. Please try again in {wait_text(exc.retry_after_s)}."
-        return ApiError(
-            503,
-            message,
-            code=exc.reason,
-            headers={**(headers or {}), **retry_after_headers(exc.retry_after_s)},
-        )
-    return rate_limited(message, exc.reason, exc.retry_after_s, headers)
-
-
-def shutting_down_error(retry_after_s: float = 0.0) -> ApiError:
-    """This instance is draining (SIGTERM): another instance will take the request."""
-    return ApiError(
-        503,
-        "This server is shutting down. Please retry; another instance will take the request.",
-        code="server_shutting_down",
-        headers=retry_after_headers(max(retry_after_s, 1.0)),
-    )
-
-
-class _KeepAlive:
-    """SSE comments while nothing else is sent, so load balancers keep an idle stream open.
-
-    A timer until the first comment is due, a task only from then on: most streams get their
-    first token sooner, and a timer costs far less to set and cancel than a task."""
-
-    def __init__(self, emit: Emit, interval_s: float) -> None:
-        self._task: asyncio.Task[None] | None = None
-        self._timer = asyncio.get_running_loop().call_later(interval_s, self._start, emit, interval_s)
-
-    def _start(self, emit: Emit, interval_s: float) -> None:
-        self._task = asyncio.ensure_future(self._beat(emit, interval_s))
-
-    @staticmethod
-    async def _beat(emit: Emit, interval_s: float) -> None:
-        while True:
-            await emit(KEEPALIVE)
-            await asyncio.sleep(interval_s)
-
-    async def stop(self) -> None:
-        self._timer.cancel()
-        if self._task is None:
-            return
-        self._task.cancel()
-        await asyncio.wait({self._task})
-        if not self._task.cancelled():
-            self._task.exception()  # retrieved so asyncio does not report it; the stream ends anyway
-
-
-class Generation:
-    """An admitted request: run it once, as a stream (`stream`) or as one answer (`complete`)."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        principal: Principal,
-        req: ChatCompletionRequest,
-        upstream_req: GenerationRequest,
-        ticket: Ticket,
-        lease: OutputLease,
-        headers: dict[str, str],
-        arrived: float,
-    ) -> None:
-        self._p = pipeline
-        self._principal = principal
-        self._req = req
-        self._upstream_req = upstream_req
-        self._ticket = ticket
-        self._lease = lease
-        self.headers = headers
-        self._arrived = arrived
-        self.request_id = upstream_req.request_id
-        self.created = int(time.time())
-        self._live: LiveRequest = pipeline.registry.register(self.request_id, principal.user)
-        self._slot: Slot | None = None
-        self._deltas: AsyncIterator[Delta] | None = None
-        self._keepalive: _KeepAlive | None = None
-        self._reached_replica = False
-        # The replica refused the request, or failed before the client got any of its text: the
-        # client got only an error, and is charged nothing for it (OpenAI bills no 4xx or 5xx).
-        self._answered_nothing = False
-        self._closed = False
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self._upstream_req.prompt_ids)
-
-    @property
-    def _charged(self) -> bool:
-        """Whether the user pays for the request: it reached a replica and got an answer (a request
-        turned away, cancelled while queued, or answered with an error alone costs it nothing)."""
-        return self._reached_replica and not self._answered_nothing
-
-    async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
-        """Write the events with `emit`; the last ones with `end`, which also ends the response.
-        `write_now`, where the server offers it (edge/body_chunks.py), writes a token's event at once
-        when nothing would make it wait: no coroutine and no ASGI send for that token."""
-        enc = ChunkEncoder(self.request_id, self._p.config.model_name, self.created)
-        out = Outcome()
-        keep_text = self._req.conversation_id is not None
-
-        def on_text(text: str) -> Awaitable[None] | None:
-            if keep_text:
-                out.text.append(text)
-            chunk = enc.delta(text)
-            if write_now is not None and write_now(chunk):
-                return None
-            return emit(chunk)
-
-        try:
-            await emit(enc.first())
-            await self._run(out, on_text, emit)
-            closing: list[bytes] = []
-            if out.held:
-                text = "".join(out.held)
-                closing.append(enc.delta(text))
-                if keep_text:
-                    out.text.append(text)
-            if out.error is not None:
-                closing.append(event({"error": out.error.detail}))
-                if out.reason in ("drained", "key_inactive") and self._req.include_usage:
-                    # Cut by a shutdown or its key: the tokens it got were charged, so say how many.
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
-            else:
-                closing.append(enc.final(out.finish_reason, out.marker))
-                if self._req.include_usage:
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
-            closing.append(DONE)
-        except anyio.get_cancelled_exc_class():
-            out.reason = "disconnected"
-            raise
-        finally:
-            await self.close(out)
-        # Closed first: when the client sees the stream end, the lease is settled, the slot free and
-        # the request logged. Then the last text, the closing events and the end of the body go out
-        # in one write (one syscall, not five): all were ready at once, so none waited for another.
-        await end(b"".join(closing))
-
-    async def complete(self) -> dict[str, Any]:
-        out = Outcome()
-
-        try:
-            await self._run(out, out.text.append, None)
-            out.text += out.held
-        except anyio.get_cancelled_exc_class():
-            out.reason = "disconnected"
-            raise
-        finally:
-            await self.close(out)
-        if out.error is not None:
-            out.error.headers = {**self.headers, **out.error.headers}
-            raise out.error
-        body: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self._p.config.model_name,
-            "request_id": self.request_id,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(out.text)},
-                    "finish_reason": out.finish_reason,
-                }
-            ],
-            "usage": usage_dict(self.prompt_tokens, out.completion_tokens, out.cached_tokens),
-        }
-        if out.marker:
-            body["floodgate"] = out.marker
-        return body
-
-    async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
-        if keepalive is not None:
-            self._keepalive = _KeepAlive(keepalive, self._p.config.keepalive_s)
-        # One scope for the three cancellers: the cancel endpoint (LiveRequest.cancel), the drain's
-        # deadline (Drain.watch) and the key's end (StreamWatch.watch). A cancel marks the request
-        # cancelled, which `LiveRequest.end` reports first below; the key watch says the status it
-        # found; a scope cancelled otherwise was cut by the drain.
-        scope = self._live.scope()
-        drain = self._p.drain
-        drain.watch(scope)
-        keys = self._p.key_watch
-        key = self._principal.key_sha256
-        if keys is not None and key:
-            keys.watch(key, self._principal.expires, scope)
-        key_status: str | None = None
-        try:
-            with scope:
-                await self._place_and_relay(out, on_text)
-        except Overloaded as exc:
-            out.reason = "overloaded"
-            out.error = overloaded_error(exc)
-        except RequestRejected as exc:
-            # The request's own fault: a 400 for it alone, and the replica is not blamed.
-            log.info("request_rejected_by_replica", request_id=self.request_id, error=str(exc))
-            if self._slot is not None:
-                self._slot.discard()  # no failure mark, no service-rate sample
-            out.reason = "rejected"
-            out.error = invalid_request(f"The model replica refused this request: {exc}", None)
-            self._answered_nothing = True
-        except UpstreamError as exc:
-            log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
-            out.reason = "error"
-            out.error = ApiError(
-                502, "The model replica failed while generating.", type="api_error", code="upstream_error"
-            )
-            # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
-            self._answered_nothing = out.ttft_s is None or not self._req.stream
-        finally:
-            drain.unwatch(scope)
-            if keys is not None and key:
-                key_status = keys.unwatch(key, scope)
-        # Decided here, before any final event: a cancel that came first wins even when the
-        # generation ended on its own meanwhile, since the cancel endpoint answered CANCELLED; one
-        # after this answers 409 (edge/cancel/live.py). A cancel sent to another edge instance is
-        # learnt from the settle's answer: the store decides between it and this end in one
-        # script (edge/cancel/bus.py), so the stream's end costs no round trip of its own.
-        cancelled_here = self._live.end()
-        if cancelled_here:
-            # The cancel came first: its reply (what was generated, marked cancelled) is the answer.
-            self._answered_nothing = False
-        elif scope.cancelled_caught and key_status is not None and not self._req.stream:
-            # Cut by its key, not streamed: the client gets the 401 alone, which costs it nothing.
-            self._answered_nothing = True
-        # Given back before the final events too (the keep-alive stopped: nothing else may write to
-        # the stream then): a client that sees the end may start its next stream at once.
-        cancelled_elsewhere = await self._give_back()
-        # A cancel another edge took is learnt only from the settle: a request refunded as answered
-        # with its error alone keeps that error (its text, turned into a cancelled reply, was free).
-        if cancelled_here or (cancelled_elsewhere and self._charged):
-            out.reason = "cancelled"
-            out.marker = CANCELLED_MARKER
-            out.error = None
-        elif scope.cancelled_caught and key_status is not None:
-            # Its key was revoked or expired meanwhile: the stream ends with the 401 a new request
-            # with the key gets, given back and settled like a cancel.
-            log.info(
-                "stream_ended_for_key",
-                request_id=self.request_id,
-                key_id=self._principal.key_id,
-                key_status=key_status,
-            )
-            out.reason = "key_inactive"
-            out.error = refusal(key_status)
-        elif scope.cancelled_caught and drain.past_deadline:
-            out.reason = "drained"
-            out.error = shutting_down_error(self._p.drain.accept_left_s())
-
-    async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
-        """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""
-        failed: frozenset[str] = frozenset()
-        include_stop = self._req.include_stop_str_in_output
-        while True:
-            try:
-                self._slot = await self._p.dispatcher.acquire(self._ticket, failed)
-            except Overloaded:
-                if failed:
-                    raise UpstreamError(f"no other replica after {sorted(failed)} failed") from None
-                raise
-            metrics.REQUESTS_RUNNING.inc()
-            out.upstream = self._slot.upstream.name
-            slot = self._slot
-            relay = TokenRelay(
-                out,
-                on_text,
-                # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py)
-                # unless it asks for it, as vLLM's include_stop_str_in_output keeps a stop string too.
-                self._p.text.detokenizer(None if include_stop else self._req.stop_token_ids),
-                StopMatcher(self._req.stop_strings, self._upstream_req.min_tokens, include_stop),
-                self._lease,
-                slot.grow,
-                self._arrived,
-                self._stop_keepalive,
-            )
-            # An upstream that can hand each delta to the relay in its own callback
-            # (edge/upstreams/direct.py) spares a token the wake-up of this task when nothing waits.
-            direct: GenerateDirect | None = getattr(slot.upstream, "generate_direct", None)
-            if direct is not None:
-                self._deltas = direct(self._upstream_req, relay.offer)
-            else:
-                self._deltas = slot.upstream.generate(self._upstream_req)
-            if not self._reached_replica:
-                self._reached_replica = True
-                self._record_prompt()
-            try:
-                await relay.run(self._deltas)
-                return
-            except UpstreamError as exc:
-                if out.ttft_s is not None or failed:
-                    raise
-                # The error that made this replica suspect; the request goes on to another one.
-                log.warning("upstream_failover", upstream=out.upstream, error=str(exc))
-                failed = frozenset({out.upstream})
-                await self._give_back_slot(failed=True)
-
-    async def _stop_keepalive(self) -> None:
-        if self._keepalive is not None:
-            keepalive, self._keepalive = self._keepalive, None
-            await keepalive.stop()
-
-    async def _give_back(self) -> bool | None:
-        """The keep-alive stopped, the replica's slot and the lease given back (the first call
-        does it all; shielded: a disconnect must not leave a slot held). The settle's answer:
-        True when the store says a cancel sent to another instance came first (OutputLease.settle)."""
-        with cancel_scope(shield=True):
-            await self._stop_keepalive()
-            await self._give_back_slot()
-            # A request not charged (_charged) gets its prompt's tokens and the request back.
-            settle = self._lease.settle(ran=self._charged)
-            cancelled_elsewhere = await _quietly(settle, "lease_settle_failed", self.request_id)
-        return cancelled_elsewhere
-
-    async def _give_back_slot(self, *, failed: bool = False) -> None:
-        deltas, self._deltas = self._deltas, None
-        if deltas is not None:
-            # Closing the stream is what aborts the sequence on the replica and frees its KV blocks.
-            await _quietly(aclose_stream(deltas), "upstream_close_failed", self.request_id)
-        slot, self._slot = self._slot, None
-        if slot is not None:
-            slot.release(failed=failed)
-            metrics.REQUESTS_RUNNING.dec()
-
-    async def close(self, out: Outcome | None = None) -> None:
-        """Give back everything the request holds. Idempotent; safe when it never ran."""
-        if self._closed:
-            return
-        self._closed = True
-        out = out or Outcome()
-        await self._give_back()
-        self._p.registry.finish(self._live)
-        self._record(out)
-
-    def _record_prompt(self) -> None:
-        """A named conversation's question, stored once the request reaches a replica: a request
-        turned away before (a 429 from the queue, a cancel while queued) has no answer, and a
-        client retrying it, as the 429 says to, would find its question twice. Stored now rather
-        than with the reply, so that an edge dying mid-stream still leaves the question."""
-        conversation_id = self._req.conversation_id
-        final = self._req.messages[-1]
-        # Only a request ending on the user's message asks something new: one that continues an
-        # assistant's message (continue_final_message), or holds a system prompt alone, would store
-        # an earlier question again, or an empty one.
-        if conversation_id is not None and self._p.messages is not None and final.role == "user":
-            self._p.messages.record_prompt(
-                conversation_id, self._principal.user, self.request_id, final.text()
-            )
-
-    def _record(self, out: Outcome) -> None:
-        tier = self._principal.tier
-        model = self._p.dispatcher.model
-        child(metrics.GENERATION_TOKENS, model, tier).inc(out.completion_tokens)
-        child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
-        if out.ttft_s is not None:
-            child(metrics.TTFT, model, tier).observe(out.ttft_s)
-        info_line(
-            log,
-            "chat_completion",
-            {
-                "request_id": self.request_id,
-                "user": self._principal.user,
-                "tier": tier,
-                "model": self._p.config.model_name,
-                "stream": bool(self._req.stream),
-                "outcome": out.reason,
-                "upstream": out.upstream,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "cached_tokens": out.cached_tokens,
-                "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
-                "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
-            },
-        )
-        if self._p.usage is not None and self._charged:
-            # Exactly what the lease settled as charged: the prompt and every granted token (a
-            # request not charged was refunded whole, and costs nothing).
-            self._p.usage.record(
-                self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
-            )
-        conversation_id = self._req.conversation_id
-        if conversation_id is not None and self._p.messages is not None and self._reached_replica:
-            reply = "".join(out.text)
-            if self._req.prompt_end == "continue":
-                # The client began the reply: the stored turn is the whole of it, not its end alone.
-                reply = self._req.messages[-1].text() + reply
-            self._p.messages.record_reply(
-                conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
-            )
-
-
-def _stored_finish_reason(out: Outcome) -> str:
-    """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
-    if out.reason in ("cancelled", "error", "rejected", "disconnected", "drained", "key_inactive"):
-        return out.reason
-    return out.finish_reason
-
-
-async def _quietly(step: Awaitable[_T], what: str, request_id: str) -> _T | None:
-    # Clean-up steps must all run: one failing (a store hiccup) is logged, not raised.
-    try:
-        return await step
-    except Exception as exc:
-        log.warning(what, request_id=request_id, error=repr(exc))
-        return None

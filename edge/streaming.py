@@ -21,7 +21,7 @@ from edge.body_chunks import WRITE_NOW, WriteNow
 from edge.cancel.scope import cancel_scope
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import ErrorDetail
-from edge.pipeline import Generation
+from edge.generation import Generation
 from edge.sse import DONE, event
 from edge.stalled_readers import SendProgress, StalledReaders
 from edge.stream_gate import RAW_SEND

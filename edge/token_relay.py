@@ -39,7 +39,8 @@ TextSink = Callable[[str], Awaitable[None] | None]
 class TokenRelay:
     """One attempt's relay: `run` over the upstream's deltas, `offer` for deltas handed over directly.
 
-    `out` is the pipeline's Outcome (reason, marker, completion_tokens, ttft_s, cached_tokens, held).
+    `out` is the generation's Outcome (edge/generation.py: reason, marker, completion_tokens, ttft_s,
+    cached_tokens, held).
     """
 
     __slots__ = (

@@ -17,7 +17,7 @@ key's hash, and each key with streams is looked at again:
 A key found not active cancels the scope of each of its generations, the scope a cancel and the
 drain's deadline cut (edge/cancel/live.py, edge/drain.py): the generation ends its stream with an
 error event saying why and `[DONE]` (a non-streaming request answers 401), frees the replica's
-sequence and settles its limits as for a cancel (edge/pipeline.py).
+sequence and settles its limits as for a cancel (edge/generation.py).
 
 Per stream: a set insert and discard on the stream's set-up, nothing per token. The timer is per
 key: a key whose streams all ended is forgotten when its timer next fires, so back-to-back streams

@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from edge.admission.ticket import Overloaded
-from edge.pipeline import overloaded_error
+from edge.errors import overloaded_error
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder, event
 from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica

@@ -1,7 +1,7 @@
 """A request refused in the edge's queue after its stream opened gets the overload as an error event:
 the client raises it as the RateLimitError it would have been as a 429, and auto_retry waits it out.
 
-A scripted loopback server sends the edge's own encodings (edge/sse.py, edge/pipeline.py): an edge
+A scripted loopback server sends the edge's own encodings (edge/sse.py, edge/errors.py): an edge
 cannot be made to refuse a queued request at a chosen moment."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from edge.admission.ticket import Overloaded
-from edge.pipeline import overloaded_error
+from edge.errors import overloaded_error
 from edge.sse import DONE, ChunkEncoder, event
 from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted
 from tests.client.scripted_edge import ScriptedEdge

@@ -12,7 +12,7 @@ import pytest
 
 from bench.paced_upstream import TOKEN_ID, PacedUpstream
 from edge.cancel.stream_close import aclose_stream
-from edge.pipeline import Outcome
+from edge.generation import Outcome
 from edge.text.stops import StopMatcher
 from edge.token_relay import TOKENS_LIMIT_MARKER, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest
