@@ -530,7 +530,7 @@ class RedisLimiter:
         if tier.on_store_failure == "closed":
             if undo is not None:
                 self._undo(user, tier, request_id, undo)
-            raise StoreUnavailable(max(self._health.retry_in(), 0.001))
+            raise StoreUnavailable(self._health.turned_away_for(self._timeout_s))
         decision, lease_tokens = self._local.decide(
             user, request_id, tier, input_tokens, max_output_tokens, own=True
         )

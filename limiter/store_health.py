@@ -39,6 +39,18 @@ class StoreHealth:
             return 0.0
         return max(0.0, self._down_until - time.monotonic())
 
+    def turned_away_for(self, call_s: float) -> float:
+        """How long a caller turned away while the store fails should wait before it tries again
+        (a fail-closed tier's Retry-After): until the backoff ends; while the probe is out (no
+        backoff left), a backoff from now and at least a call's time limit `call_s`, since the
+        probe's failure starts another backoff and its success is known within a call. The 1 ms
+        this said then had the OpenAI SDK, which prefers retry-after-ms, spend its retries at once
+        on the same refusal."""
+        left = self.retry_in()
+        if left > 0:
+            return left
+        return max(self._backoff_s, call_s)
+
     def may_call(self) -> bool:
         """Whether a call may go to the store now: always while it answers; after a failure, once
         the backoff is over, one call at a time (this one, if True: the probe, which must end with

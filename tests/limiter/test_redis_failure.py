@@ -215,6 +215,22 @@ async def test_a_hung_redis_is_probed_by_one_call_while_the_others_keep_to_the_f
 
 
 @pytest.mark.anyio
+async def test_a_fail_closed_caller_turned_away_while_the_probe_is_out_waits_a_call_at_least(
+    own_redis_server: RedisServer,
+) -> None:
+    """A review with the OpenAI SDK: while one call probed a hung Redis, a fail-closed tier's 503
+    said retry-after-ms 1, and the SDK spent its retries at once on the same refusal."""
+    async with _hung_with_no_backoff(own_redis_server) as limiter:
+        probe = asyncio.ensure_future(limiter.admit("u", "probe", OPEN, 1, 0))
+        with pytest.raises(StoreUnavailable) as refused:
+            await asyncio.wait_for(limiter.admit("u", "closed", CLOSED, 1, 0), WAIT_S)
+        assert not probe.done()  # turned away while the probe was out
+        # The probe's answer, or its failure's new backoff, comes within a call's time limit (100 ms).
+        assert refused.value.retry_after_s >= 0.1
+        assert (await asyncio.wait_for(probe, WAIT_S)).decision.allowed
+
+
+@pytest.mark.anyio
 async def test_a_probe_cancelled_with_its_client_hands_the_next_call_the_probe(
     own_redis_server: RedisServer,
 ) -> None:
