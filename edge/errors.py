@@ -174,11 +174,18 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
     return rate_limited(message, exc.reason, exc.retry_after_s, headers)
 
 
-def shutting_down_error(retry_after_s: float = 0.0) -> ApiError:
+# A draining instance's Retry-After: the client's next try, on a new connection, goes to another
+# instance (the load balancer stops routing here within its health check's interval), so it need not
+# wait for this one's drain. The rest of the accept window it said before (15 s by default) had the
+# OpenAI SDK wait 14.8 s for an answer another instance gave at once.
+DRAINING_RETRY_AFTER_S = 1.0
+
+
+def shutting_down_error() -> ApiError:
     """This instance is draining (SIGTERM): another instance will take the request."""
     return ApiError(
         503,
         "This server is shutting down. Please retry; another instance will take the request.",
         code="server_shutting_down",
-        headers=retry_after_headers(max(retry_after_s, 1.0)),
+        headers=retry_after_headers(DRAINING_RETRY_AFTER_S),
     )

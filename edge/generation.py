@@ -317,7 +317,7 @@ class Generation:
             out.error = refusal(key_status)
         elif scope.cancelled_caught and drain.past_deadline:
             out.reason = "drained"
-            out.error = shutting_down_error(self._p.drain.accept_left_s())
+            out.error = shutting_down_error()
 
     async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
         """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""

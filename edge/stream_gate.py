@@ -18,7 +18,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from edge.drain import Drain
-from edge.errors import ErrorBody, ErrorDetail, retry_after_headers
+from edge.errors import DRAINING_RETRY_AFTER_S, ErrorBody, ErrorDetail, retry_after_headers
 from edge.metrics import OPEN_STREAMS, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
@@ -57,7 +57,7 @@ class StreamGate:
                         "service_unavailable",
                         code="server_shutting_down",
                     ),
-                    max(self.drain.accept_left_s(), 1.0),
+                    DRAINING_RETRY_AFTER_S,
                     # The client's next try opens a new connection, which the balancer sends elsewhere.
                     close=True,
                 )
