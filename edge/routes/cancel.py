@@ -32,7 +32,12 @@ async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPat
         return json_response({"request_id": request_id, "status": "CANCELLED"})
     if outcome is CancelOutcome.FINISHED:
         raise ApiError(
-            409, f"Request {request_id} has already finished.", param="request_id", code="request_finished"
+            409,
+            f"Request {request_id} has already finished.",
+            param="request_id",
+            code="request_finished",
+            # Final: the OpenAI SDK retries a 409 (a lock timeout, to it) unless told otherwise.
+            headers={"x-should-retry": "false"},
         )
     # Another user's request answers exactly like an unknown one: ids must not be probeable.
     raise ApiError(404, f"No request {request_id} in progress.", param="request_id", code="request_not_found")

@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.edge.conftest import (
@@ -69,6 +70,26 @@ def test_cancel_of_a_finished_request_is_409(server: LiveServer, client: httpx.C
     response = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "request_finished"
+
+
+def test_the_openai_sdk_does_not_retry_the_cancel_of_a_finished_request(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """A review: the SDK retries a 409 (it reads one as a lock timeout) unless told not to, so a
+    cancel that came after the end was sent three times, 1.3 s, for the same answer."""
+    done = client.post(
+        CHAT, json={"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 2}, headers=server.auth("paid")
+    )
+    rid = done.json()["id"]
+    sent: list[httpx.Request] = []
+    with httpx.Client(event_hooks={"request": [sent.append]}) as http:
+        sdk = openai.OpenAI(
+            base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=2, http_client=http
+        )
+        with pytest.raises(openai.ConflictError) as conflict:
+            sdk.post(f"/chat/completions/{rid}/cancel", cast_to=object)
+    assert conflict.value.code == "request_finished"
+    assert len(sent) == 1
 
 
 def _raw_chat(server: LiveServer, body: dict[str, Any]) -> tuple[tuple[str, int], bytes]:
