@@ -133,8 +133,10 @@ RefusedSampling = Annotated[
 
 
 # One path segment of the history's URL (GET /v1/conversations/{id}/messages): an id with a '/'
-# (or none at all) would be stored where no request could read it back.
-ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^[^/]+$")]
+# (or none at all) would be stored where no request could read it back, and so would "." and "..",
+# which clients resolve away before sending the URL (RFC 3986's dot segments: httpx and browsers
+# ask for /v1/conversations/messages or /v1/messages instead).
+ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^(?!\.\.?$)[^/]+$")]
 
 
 class ChatCompletionRequest(msgspec.Struct):
