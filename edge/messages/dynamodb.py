@@ -15,7 +15,7 @@ import anyio.to_thread
 from botocore.exceptions import ClientError
 
 from edge.messages.message import StoredMessage
-from edge.messages.store import DEFAULT_TTL_S, MessageRefused
+from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, span
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -94,8 +94,24 @@ class DynamoDBMessageStore:
                 raise MessageRefused(str(exc)) from exc
             raise
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        return await anyio.to_thread.run_sync(self._history, conversation_id, user, limit)
+    async def history(
+        self,
+        conversation_id: str,
+        user: str,
+        limit: int = 100,
+        *,
+        after: str | None = None,
+        before: str | None = None,
+        order: Order = "asc",
+    ) -> HistoryPage:
+        where = span(after, before, order)
+        if where.empty:
+            return HistoryPage([], has_more=False)
+        found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
+        page = found[:limit]
+        if where.reverse:
+            page.reverse()
+        return HistoryPage(page, has_more=len(found) > limit)
 
     async def create_table_if_missing(self) -> None:
         """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""
@@ -104,34 +120,52 @@ class DynamoDBMessageStore:
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close)
 
-    def _history(self, conversation_id: str, user: str, limit: int) -> list[StoredMessage]:
+    def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
+        """The first `limit` of the owner's messages in the span, in the order it is read."""
+        values: dict[str, AttributeValueTypeDef] = {
+            ":c": {"S": conversation_id},
+            ":u": {"S": user},
+            ":now": {"N": str(int(time.time()))},
+        }
+        # The cursors are a condition on the sort key: the query starts at the cursor, however deep
+        # into the conversation, and reads (and bills) only from there. BETWEEN takes its bounds
+        # in, so the cursors' own messages are left out below.
+        key = f"{PARTITION_KEY} = :c"
+        if where.above is not None and where.below is not None:
+            key += f" AND {SORT_KEY} BETWEEN :above AND :below"
+        elif where.above is not None:
+            key += f" AND {SORT_KEY} > :above"
+        elif where.below is not None:
+            key += f" AND {SORT_KEY} < :below"
+        if where.above is not None:
+            values[":above"] = {"S": where.above}
+        if where.below is not None:
+            values[":below"] = {"S": where.below}
+        bounds = {where.above, where.below}
         found: list[StoredMessage] = []
         start: dict[str, Any] | None = None
         while len(found) < limit:
             params: QueryInputTypeDef = {
                 "TableName": self._table,
-                "KeyConditionExpression": f"{PARTITION_KEY} = :c",
+                "KeyConditionExpression": key,
                 # DynamoDB's TTL deletes expired items when it gets to them (up to days later), and
                 # a query returns them until then: a prompt past ttl_days is filtered out here.
                 "FilterExpression": f"#owner = :u AND {TTL_ATTRIBUTE} > :now",
                 "ExpressionAttributeNames": {"#owner": "owner"},
-                "ExpressionAttributeValues": {
-                    ":c": {"S": conversation_id},
-                    ":u": {"S": user},
-                    ":now": {"N": str(int(time.time()))},
-                },
-                "ScanIndexForward": False,
+                "ExpressionAttributeValues": values,
+                "ScanIndexForward": where.ascending,
                 "Limit": _PAGE,
                 "ConsistentRead": True,
             }
             if start:
                 params["ExclusiveStartKey"] = start
             page = self._client.query(**params)
-            found.extend(_message(item) for item in page.get("Items", []))
+            items = page.get("Items", [])
+            found.extend(_message(item) for item in items if item[SORT_KEY]["S"] not in bounds)
             start = page.get("LastEvaluatedKey")
             if not start:
                 break
-        return list(reversed(found[:limit]))
+        return found[:limit]
 
     def _create_table_if_missing(self) -> None:
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from edge.messages.message import StoredMessage
-from edge.messages.store import DEFAULT_TTL_S
+from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, span
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -52,8 +52,24 @@ class SQLiteMessageStore:
     async def append(self, msg: StoredMessage) -> None:
         await anyio.to_thread.run_sync(self._append, msg)
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        return await anyio.to_thread.run_sync(self._history, conversation_id, user, limit)
+    async def history(
+        self,
+        conversation_id: str,
+        user: str,
+        limit: int = 100,
+        *,
+        after: str | None = None,
+        before: str | None = None,
+        order: Order = "asc",
+    ) -> HistoryPage:
+        where = span(after, before, order)
+        if where.empty:
+            return HistoryPage([], has_more=False)
+        rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
+        page = rows[:limit]
+        if where.reverse:
+            page.reverse()
+        return HistoryPage(page, has_more=len(rows) > limit)
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
@@ -77,14 +93,23 @@ class SQLiteMessageStore:
                 self._swept_at = now
                 self._conn.execute("DELETE FROM messages WHERE created_at <= ?", (now - self._ttl_s,))
 
-    def _history(self, conversation_id: str, user: str, limit: int) -> list[StoredMessage]:
+    def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
+        # The cursors bound message_id, the primary key's second column: a range of the index, so
+        # a page deep into a long conversation costs what the first one does.
+        sql = f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ?"
+        args: list[object] = [conversation_id]
+        if where.above is not None:
+            sql += " AND message_id > ?"
+            args.append(where.above)
+        if where.below is not None:
+            sql += " AND message_id < ?"
+            args.append(where.below)
+        direction = "ASC" if where.ascending else "DESC"
+        sql += f" AND user = ? AND created_at > ? ORDER BY message_id {direction} LIMIT ?"
+        args += [user, time.time() - self._ttl_s, limit]
         with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? AND user = ? "
-                "AND created_at > ? ORDER BY message_id DESC LIMIT ?",
-                (conversation_id, user, time.time() - self._ttl_s, limit),
-            ).fetchall()
-        return [StoredMessage(*row) for row in reversed(rows)]
+            rows = self._conn.execute(sql, args).fetchall()
+        return [StoredMessage(*row) for row in rows]
 
     def _close(self) -> None:
         with self._lock:

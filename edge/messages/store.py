@@ -1,17 +1,57 @@
-"""What the edge asks of a message store."""
+"""What the edge asks of a message store, and how a page of a history is cut (both stores alike)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from edge.messages.message import StoredMessage
 
 # How long a message is kept when the settings do not say ([messages] ttl_days).
 DEFAULT_TTL_S = 90 * 86400
 
+Order = Literal["asc", "desc"]
+
 
 class MessageRefused(Exception):
     """The store refuses this message itself: writing it again would fail the same way."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    messages: list[StoredMessage]  # in the order asked
+    # More messages lie past this page, in the direction it was read: after its last message, or,
+    # for a page read with `before`, before its first.
+    has_more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A page's query in terms of the message ids (time-ordered: edge/messages/ids.py): the ids
+    strictly between `above` and `below` (None: unbounded), read in ascending id order or not, the
+    first limit + 1 kept (one more than the page, to tell `has_more`); `reverse` turns what was read
+    into the order asked."""
+
+    above: str | None
+    below: str | None
+    ascending: bool
+    reverse: bool
+
+    @property
+    def empty(self) -> bool:
+        return self.above is not None and self.below is not None and self.above >= self.below
+
+
+def span(after: str | None, before: str | None, order: Order) -> Span:
+    """`after` and `before` are cursors in the list's own order, as OpenAI's list endpoints take
+    them: with order "desc", after a message means older than it. A page with `before` is the one
+    right before that cursor (the previous page), so it is read from the cursor back."""
+    if order == "asc":
+        above, below = after, before
+    else:
+        above, below = before, after
+    backward = before is not None
+    return Span(above, below, ascending=(order == "asc") != backward, reverse=backward)
 
 
 class MessageStore(Protocol):
@@ -20,9 +60,20 @@ class MessageStore(Protocol):
         Raises MessageRefused when no retry could write it."""
         ...
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        """The latest `limit` messages of the conversation, oldest first. A conversation is seen only
-        by the user who wrote it: another user gets [] (the route answers 404 then)."""
+    async def history(
+        self,
+        conversation_id: str,
+        user: str,
+        limit: int = 100,
+        *,
+        after: str | None = None,
+        before: str | None = None,
+        order: Order = "asc",
+    ) -> HistoryPage:
+        """One page of the conversation, `limit` messages at most, in message id order (`order`;
+        ascending: oldest first): the first ones after the cursor `after` (or from the start), or,
+        with `before`, the last ones before it; with both, between them. A conversation is seen only
+        by the user who wrote it: another user gets an empty page (the route answers 404 then)."""
         ...
 
     async def aclose(self) -> None: ...

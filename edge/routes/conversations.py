@@ -1,29 +1,102 @@
-"""GET /v1/conversations/{conversation_id}/messages: a user's stored turns of one conversation."""
+"""GET /v1/conversations/{conversation_id}/messages: a user's stored turns of one conversation, a
+page at a time, as OpenAI's list endpoints page: `limit`, the cursors `after` and `before` (message
+ids), `order`; the list says `first_id`, `last_id` and `has_more`. Oldest first by default, so a
+conversation shorter than a page reads in the order it was written."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import re
+from typing import Any
 
 from litestar import Request, get
-from litestar.params import FromPath, Parameter
+from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
-from edge.errors import ApiError
+from edge.errors import ApiError, invalid_request
+from edge.messages.store import Order
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+# What edge/messages/ids.py makes: 26 characters of Crockford's base 32.
+_MESSAGE_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+
+
+def _limit(value: str | None) -> int:
+    """OpenAI's messages for a bad integer parameter, naming it (Litestar's own 400 said
+    "Validation failed" with no param)."""
+    if value is None:
+        return DEFAULT_LIMIT
+    if not _INTEGER.fullmatch(value):
+        raise invalid_request(
+            f"Invalid type for 'limit': expected an integer, but got {value!r} instead.",
+            "limit",
+            code="invalid_type",
+        )
+    limit = int(value)
+    if limit < 1:
+        raise invalid_request(
+            f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
+            "limit",
+            code="integer_below_min_value",
+        )
+    if limit > MAX_LIMIT:
+        raise invalid_request(
+            f"Invalid 'limit': integer above maximum value. Expected a value <= {MAX_LIMIT}, "
+            f"but got {limit} instead.",
+            "limit",
+            code="integer_above_max_value",
+        )
+    return limit
+
+
+def _order(value: str | None) -> Order:
+    if value is None or value == "asc":
+        return "asc"
+    if value == "desc":
+        return "desc"
+    raise invalid_request(
+        f"Invalid 'order': {value[:64]!r}. Supported values are: 'asc' and 'desc'.",
+        "order",
+        code="invalid_value",
+    )
+
+
+def _cursor(name: str, value: str | None) -> str | None:
+    if value is not None and not _MESSAGE_ID.fullmatch(value):
+        raise invalid_request(
+            f"Invalid '{name}': {value[:64]!r} is not a message id (the `id` of a message this endpoint "
+            "listed).",
+            name,
+            code="invalid_value",
+        )
+    return value
 
 
 @get("/v1/conversations/{conversation_id:str}/messages")
 async def conversation_messages(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],
-    limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
+    limit: FromQuery[str | None] = None,
+    after: FromQuery[str | None] = None,
+    before: FromQuery[str | None] = None,
+    order: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(request.headers.get("authorization"))
-    messages = await runtime.messages.history(conversation_id, principal.user, limit)
-    if not messages:
-        # Someone else's conversation looks exactly like a missing one.
+    size = _limit(limit)
+    sort = _order(order)
+    after, before = _cursor("after", after), _cursor("before", before)
+    user = principal.user
+    store = runtime.messages
+    page = await store.history(conversation_id, user, size, after=after, before=before, order=sort)
+    # An empty page past either end of a conversation that exists is a page like any other;
+    # otherwise someone else's conversation looks exactly like a missing one.
+    if not page.messages and (
+        (after is None and before is None) or not (await store.history(conversation_id, user, 1)).messages
+    ):
         raise ApiError(404, f"No conversation {conversation_id}.", param="conversation_id", code="not_found")
     data = [
         {
@@ -35,6 +108,15 @@ async def conversation_messages(
             "finish_reason": m.finish_reason,
             "truncated": m.truncated,
         }
-        for m in messages
+        for m in page.messages
     ]
-    return json_response({"object": "list", "conversation_id": conversation_id, "data": data})
+    return json_response(
+        {
+            "object": "list",
+            "conversation_id": conversation_id,
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )

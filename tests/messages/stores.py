@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 
 from edge.messages.message import StoredMessage
 from edge.messages.sqlite import SQLiteMessageStore
-from edge.messages.store import MessageRefused
+from edge.messages.store import HistoryPage, MessageRefused
 
 
 class GatedStore:
@@ -22,8 +24,8 @@ class GatedStore:
         await self.gate.wait()
         await self.inner.append(msg)
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        return await self.inner.history(conversation_id, user, limit)
+    async def history(self, conversation_id: str, user: str, limit: int = 100, **page: Any) -> HistoryPage:
+        return await self.inner.history(conversation_id, user, limit, **page)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -44,8 +46,8 @@ class FlakyStore:
             raise ConnectionError("store unreachable")
         await self.inner.append(msg)
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        return await self.inner.history(conversation_id, user, limit)
+    async def history(self, conversation_id: str, user: str, limit: int = 100, **page: Any) -> HistoryPage:
+        return await self.inner.history(conversation_id, user, limit, **page)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -64,8 +66,8 @@ class RefusingStore:
             raise MessageRefused("Item size has exceeded the maximum allowed size")
         await self.inner.append(msg)
 
-    async def history(self, conversation_id: str, user: str, limit: int = 100) -> list[StoredMessage]:
-        return await self.inner.history(conversation_id, user, limit)
+    async def history(self, conversation_id: str, user: str, limit: int = 100, **page: Any) -> HistoryPage:
+        return await self.inner.history(conversation_id, user, limit, **page)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -25,7 +25,7 @@ async def test_sqlite_is_the_embedded_default(tmp_path: Path) -> None:
     await store.append(msg)
 
     assert isinstance(store, SQLiteMessageStore)
-    assert await store.history("c1", "alice") == [msg]
+    assert (await store.history("c1", "alice")).messages == [msg]
     assert path.exists()
     await store.aclose()
 
@@ -52,7 +52,7 @@ async def test_dynamodb_with_a_local_endpoint_creates_its_table(
     await store.append(msg)
 
     assert isinstance(store, DynamoDBMessageStore)
-    assert await store.history("c1", "alice") == [msg]
+    assert (await store.history("c1", "alice")).messages == [msg]
     await store.aclose()
     raw = boto3.client("dynamodb", endpoint_url=dynalite_endpoint)
     item = raw.get_item(

@@ -1,22 +1,137 @@
-"""GET /v1/conversations/{id}/messages on a real edge: a conversation id no URL can carry is a 400
-naming it."""
+"""GET /v1/conversations/{id}/messages on a real edge: pages walk a conversation of any length as
+OpenAI's list endpoints page (on SQLite and on DynamoDB), and a bad parameter or an id no URL can
+carry is a 400 naming it."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from edge.messages.message import StoredMessage, new_message
+from edge.messages.sqlite import SQLiteMessageStore
+from edge.messages.store import MessageStore
 from tests.edge.sse_client import CHAT, MODEL
+from tests.messages.conftest import dynamodb_store
 from tests.support.live_server import LiveServer, start_server
+
+OWNER = "paid-user"  # the user of start_server's "paid" key
+
+
+@pytest.fixture
+def history_server(
+    store_endpoint: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[LiveServer, MessageStore]]:
+    """An edge on SQLite or on DynamoDB (dynalite), and a store of its own on the same data, to
+    write a long conversation faster than turns would."""
+    if store_endpoint is None:
+        with start_server(tmp_path) as server:
+            store: MessageStore = SQLiteMessageStore(server.settings.messages.sqlite_path)
+            yield server, store
+        return
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    table = f"floodgate-history-{uuid.uuid4().hex[:8]}"
+    messages = {"backend": "dynamodb", "dynamodb_endpoint": store_endpoint, "dynamodb_table": table}
+    with start_server(tmp_path, {"messages": messages}) as server:
+        yield server, dynamodb_store(store_endpoint, table)
+
+
+def _write(store: MessageStore, messages: list[StoredMessage]) -> None:
+    async def write_all() -> None:
+        for start in range(0, len(messages), 50):
+            await asyncio.gather(*(store.append(m) for m in messages[start : start + 50]))
+        await store.aclose()
+
+    asyncio.run(write_all())
+
+
+def test_paging_reaches_every_message_of_a_long_conversation(
+    history_server: tuple[LiveServer, MessageStore],
+) -> None:
+    """Past the largest page (1,000), the oldest turns were out of reach, and `after` was ignored:
+    a client paging the OpenAI way got the same page forever."""
+    server, store = history_server
+    conv = f"long-{uuid.uuid4().hex[:8]}"
+    mine = [
+        new_message(conv, OWNER, ("user", "assistant")[i % 2], f"m{i}", f"r{i // 2}") for i in range(1003)
+    ]
+    # Another user's rows under the same id, among the owner's: the owner's pages skip them.
+    noise = [new_message(conv, "free-user", "user", f"noise{i}", "rx") for i in range(40)]
+    _write(store, mine[:500] + noise + mine[500:])
+    ids = [m.message_id for m in mine]
+    url = f"/v1/conversations/{conv}/messages"
+    auth = server.auth("paid")
+
+    def walk(**query: Any) -> list[dict[str, Any]]:
+        pages, params = [], dict(query)
+        for _ in range(len(ids) + 1):  # bounded: a cursor that is ignored must not loop forever
+            page = httpx.get(server.base_url + url, params=params, headers=auth, timeout=30)
+            assert page.status_code == 200, page.text
+            pages.append(page.json())
+            if not pages[-1]["has_more"]:
+                break
+            params["after"] = pages[-1]["last_id"]
+        return pages
+
+    forward = walk(limit=1000)
+    assert [len(p["data"]) for p in forward] == [1000, 3]
+    assert [m["id"] for p in forward for m in p["data"]] == ids
+    first = forward[0]
+    assert (first["object"], first["first_id"], first["last_id"]) == ("list", ids[0], ids[999])
+    assert [m["content"] for m in first["data"][:2]] == ["m0", "m1"]
+
+    backward = walk(limit=300, order="desc")
+    assert [len(p["data"]) for p in backward] == [300, 300, 300, 103]
+    assert [m["id"] for p in backward for m in p["data"]] == ids[::-1]
+
+    # `before`: the page right before a cursor, in the list's order, as OpenAI's previous page.
+    previous = httpx.get(server.base_url + url, params={"limit": 3, "before": ids[500]}, headers=auth).json()
+    assert [m["id"] for m in previous["data"]] == ids[497:500] and previous["has_more"]
+    between = {"after": ids[10], "before": ids[14], "limit": 10}
+    assert [
+        m["id"] for m in httpx.get(server.base_url + url, params=between, headers=auth).json()["data"]
+    ] == ids[11:14]
+    # Past the end of a conversation that exists: an empty page, not a 404.
+    past = httpx.get(server.base_url + url, params={"after": ids[-1]}, headers=auth).json()
+    assert (past["data"], past["has_more"], past["first_id"], past["last_id"]) == ([], False, None, None)
+    # Someone else's conversation still looks missing, with a cursor too.
+    stranger = httpx.get(server.base_url + url, params={"after": ids[0]}, headers=server.auth("free2"))
+    assert stranger.status_code == 404
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     with start_server(tmp_path) as live:
         yield live
+
+
+@pytest.mark.parametrize(
+    ("query", "param", "says"),
+    [
+        ("limit=0", "limit", "Expected a value >= 1, but got 0"),
+        ("limit=1001", "limit", "Expected a value <= 1000, but got 1001"),
+        ("limit=abc", "limit", "expected an integer"),
+        ("order=newest", "order", "Supported values are: 'asc' and 'desc'"),
+        ("after=last", "after", "not a message id"),
+        ("before=01J", "before", "not a message id"),
+    ],
+)
+def test_a_bad_paging_parameter_is_a_400_naming_it(
+    server: LiveServer, query: str, param: str, says: str
+) -> None:
+    answer = httpx.get(
+        f"{server.base_url}/v1/conversations/any/messages?{query}", headers=server.auth("paid")
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == param and says in error["message"] and f"'{param}'" in error["message"]
 
 
 @pytest.mark.parametrize("conversation_id", [".", ".."])

@@ -14,7 +14,7 @@ import pytest
 
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.sqlite import SQLiteMessageStore
-from edge.messages.store import MessageStore
+from edge.messages.store import HistoryPage, MessageStore
 from tests.messages.conftest import dynamodb_store
 
 pytestmark = pytest.mark.anyio
@@ -31,24 +31,27 @@ async def test_history_returns_what_was_appended_in_order(store: MessageStore) -
     await store.append(asked)
     await store.append(answered)
 
-    assert await store.history(conv, "alice") == [asked, answered]
+    assert (await store.history(conv, "alice")).messages == [asked, answered]
 
 
 async def test_another_users_conversation_is_empty(store: MessageStore) -> None:
     conv = conversation()
     await store.append(new_message(conv, "alice", "user", "private", "r_1"))
 
-    assert await store.history(conv, "mallory") == []
-    assert await store.history(conversation(), "alice") == []
+    assert (await store.history(conv, "mallory")).messages == []
+    assert (await store.history(conversation(), "alice")).messages == []
 
 
-async def test_limit_keeps_the_latest_messages_oldest_first(store: MessageStore) -> None:
+async def test_limit_keeps_the_first_messages_in_the_order_asked(store: MessageStore) -> None:
     conv = conversation()
     written = [new_message(conv, "alice", "user", f"m{i}", f"r_{i}") for i in range(7)]
     for msg in written:
         await store.append(msg)
 
-    assert await store.history(conv, "alice", limit=3) == written[-3:]
+    assert await store.history(conv, "alice", limit=3) == HistoryPage(written[:3], has_more=True)
+    latest = await store.history(conv, "alice", limit=3, order="desc")
+    assert latest == HistoryPage(written[:-4:-1], has_more=True)
+    assert await store.history(conv, "alice", limit=7) == HistoryPage(written, has_more=False)
 
 
 async def test_appending_the_same_message_twice_keeps_one(store: MessageStore) -> None:
@@ -57,7 +60,7 @@ async def test_appending_the_same_message_twice_keeps_one(store: MessageStore) -
     await store.append(msg)
     await store.append(msg)
 
-    assert await store.history(conv, "alice") == [msg]
+    assert (await store.history(conv, "alice")).messages == [msg]
 
 
 async def test_owner_filter_does_not_starve_the_limit(store: MessageStore) -> None:
@@ -70,8 +73,8 @@ async def test_owner_filter_does_not_starve_the_limit(store: MessageStore) -> No
     for i in range(230):
         await store.append(new_message(conv, "mallory", "user", f"noise{i}", "r_m"))
 
-    assert await store.history(conv, "alice", limit=2) == mine[-2:]
-    assert len(await store.history(conv, "mallory", limit=500)) == 230
+    assert (await store.history(conv, "alice", limit=2, order="desc")).messages == mine[:-3:-1]
+    assert len((await store.history(conv, "mallory", limit=500)).messages) == 230
 
 
 async def test_unicode_and_empty_content_round_trip(store: MessageStore) -> None:
@@ -82,7 +85,7 @@ async def test_unicode_and_empty_content_round_trip(store: MessageStore) -> None
     await store.append(msg)
     await store.append(odd)
 
-    assert await store.history(conv, "ünï") == [msg, odd]
+    assert (await store.history(conv, "ünï")).messages == [msg, odd]
 
 
 async def test_no_message_is_served_past_its_ttl(store: MessageStore) -> None:
@@ -94,7 +97,7 @@ async def test_no_message_is_served_past_its_ttl(store: MessageStore) -> None:
     await store.append(old)  # its TTL (90 days after 1970) ran out long ago
     fresh = new_message(conv, "alice", "user", "today", "r2")
     await store.append(fresh)
-    assert [m.content for m in await store.history(conv, "alice")] == ["today"]
+    assert [m.content for m in (await store.history(conv, "alice")).messages] == ["today"]
 
 
 async def test_sqlite_deletes_what_outlived_its_ttl(tmp_path: Path) -> None:
@@ -116,7 +119,7 @@ async def test_a_prompt_over_a_dynamodb_item_is_kept_whole(store: MessageStore) 
     long = new_message(conv, "alice", "user", "a long document, pasted whole. " * 15_000, "r1")  # 465 KB
     await store.append(long)
 
-    assert await store.history(conv, "alice") == [long]
+    assert (await store.history(conv, "alice")).messages == [long]
 
 
 async def test_dynamodb_keeps_what_fits_of_a_message_that_does_not_even_compressed(
@@ -128,7 +131,7 @@ async def test_dynamodb_keeps_what_fits_of_a_message_that_does_not_even_compress
     noise = "".join(random.Random(7).choices(string.printable[:94], k=600_000))  # hardly compressible
     try:
         await store.append(new_message(conv, "alice", "user", noise, "r1"))
-        (kept,) = await store.history(conv, "alice")
+        (kept,) = (await store.history(conv, "alice")).messages
     finally:
         await store.aclose()
     assert kept.truncated

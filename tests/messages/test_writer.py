@@ -36,7 +36,7 @@ async def test_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) ->
     assert counter("floodgate_messages_dropped_total") - dropped_before == 2
     store.gate.set()
     await writer.aclose()
-    assert await store.history("c1", "alice") == msgs[:3]
+    assert (await store.history("c1", "alice")).messages == msgs[:3]
     await store.aclose()
 
 
@@ -50,7 +50,7 @@ async def test_transient_failures_are_retried_until_written(tmp_path: Path) -> N
     assert writer.submit(msg)
     await writer.aclose()
 
-    assert await store.history("c1", "alice") == [msg]
+    assert (await store.history("c1", "alice")).messages == [msg]
     assert store.attempts == 4
     assert counter("floodgate_message_write_retries_total") - retries_before == 3
     await store.aclose()
@@ -69,7 +69,7 @@ async def test_a_message_is_given_up_after_max_attempts(tmp_path: Path) -> None:
     await writer.aclose()
 
     assert counter("floodgate_messages_failed_total") - failed_before == 1
-    assert await store.history("c1", "alice") == [following]
+    assert (await store.history("c1", "alice")).messages == [following]
     await store.aclose()
 
 
@@ -89,7 +89,7 @@ async def test_a_refused_message_is_given_up_at_once(tmp_path: Path) -> None:
 
     assert counter("floodgate_messages_failed_total") - failed_before == 1
     assert counter("floodgate_message_write_retries_total") == retries_before
-    assert await store.history("c1", "bob") == [following]
+    assert (await store.history("c1", "bob")).messages == [following]
     await store.aclose()
 
 
