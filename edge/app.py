@@ -231,6 +231,7 @@ def create_app(
                 registry=registry,
                 upstreams=all_replicas,
                 messages=store,
+                message_writer=writer,
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
                 models=catalog,

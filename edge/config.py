@@ -159,6 +159,9 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     dynamodb_endpoint: str
     queue_size: int
     ttl_days: Annotated[float, msgspec.Meta(gt=0)]
+    # How long a history read waits for this edge's own unwritten messages of its conversation
+    # (edge/messages/writer.py) before it answers with what the store holds.
+    read_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -12,6 +12,7 @@ from edge.config import Settings
 from edge.keys.authenticator import Authenticator
 from edge.keys.lifecycle import KeyLifecycle
 from edge.messages.store import MessageStore
+from edge.messages.writer import MessageWriter
 from edge.models.catalog import ModelCatalog
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
@@ -26,6 +27,8 @@ class Runtime:
     registry: RequestRegistry
     upstreams: list[Upstream]
     messages: MessageStore
+    # Read by the history route: it waits for this edge's own unwritten turns of a conversation.
+    message_writer: MessageWriter
     key_admin: KeyLifecycle
     usage: UsageStore
     # Every served model's pipeline; `pipeline` above is the first (the default).

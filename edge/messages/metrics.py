@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 MESSAGES_WRITTEN = Counter("floodgate_messages_written_total", "Messages written to the message store.")
 MESSAGES_DROPPED = Counter(
@@ -14,4 +14,13 @@ MESSAGES_FAILED = Counter(
 )
 MESSAGE_WRITE_RETRIES = Counter(
     "floodgate_message_write_retries_total", "Store writes retried after a failure."
+)
+HISTORY_READS_WAITING = Gauge(
+    "floodgate_history_reads_waiting",
+    "History reads waiting for this edge's own unwritten messages of their conversation.",
+)
+HISTORY_READS_UNWRITTEN = Counter(
+    "floodgate_history_reads_unwritten_total",
+    "History reads answered before this edge's messages of their conversation were written: "
+    "the wait ([messages] read_wait_s) ran out.",
 )

@@ -1,15 +1,32 @@
-"""Message persistence off the hot path: a bounded queue drained by one background task."""
+"""Message persistence off the hot path: a bounded queue drained by one background task.
+
+A conversation's history read on this edge waits for the turns of that conversation this edge has
+queued and not yet written (`written`): a client that reloads the history when its reply ends
+(its stream's [DONE], its JSON answer) finds the reply there, as OpenAI's conversation items are
+once a response completes. The reply is queued before the client sees the end (Generation.close
+runs first), so the wait covers it; another edge's queue it cannot see (README.md, "Conversation
+history").
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import random
 
 import structlog
 
 from edge.messages.message import StoredMessage
-from edge.messages.metrics import MESSAGE_WRITE_RETRIES, MESSAGES_DROPPED, MESSAGES_FAILED, MESSAGES_WRITTEN
+from edge.messages.metrics import (
+    HISTORY_READS_UNWRITTEN,
+    HISTORY_READS_WAITING,
+    MESSAGE_WRITE_RETRIES,
+    MESSAGES_DROPPED,
+    MESSAGES_FAILED,
+    MESSAGES_WRITTEN,
+)
 from edge.messages.store import MessageRefused, MessageStore
 from edge.task_stop import stop_task
 
@@ -32,7 +49,18 @@ class MessageWriter:
         drain_timeout_s: float = 5.0,
     ) -> None:
         self._store = store
-        self._queue: asyncio.Queue[StoredMessage] = asyncio.Queue(maxsize=queue_size)
+        # Each message with its place in the queue's order: one worker takes them in that order, so
+        # "every message up to n is done" is one number, `_done`.
+        self._queue: asyncio.Queue[tuple[int, StoredMessage]] = asyncio.Queue(maxsize=queue_size)
+        self._queued = 0
+        self._done = 0
+        # (conversation_id, user) → the place of its latest message queued and not yet done: a
+        # read of that history waits until `_done` reaches it. Messages queued after the read began
+        # do not hold it up (a conversation written to without pause still gets its answer).
+        self._latest: dict[tuple[str, str], int] = {}
+        # Reads waiting, by the place they wait for (a heap: the worker wakes the front ones).
+        self._readers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._reader_ids = itertools.count()
         self._max_attempts = max_attempts
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
@@ -46,10 +74,38 @@ class MessageWriter:
         if self._closed:
             self._drop(msg, "closed")
             return False
+        place = self._queued + 1
         try:
-            self._queue.put_nowait(msg)
+            self._queue.put_nowait((place, msg))
         except asyncio.QueueFull:
             self._drop(msg, "queue_full")
+            return False
+        self._queued = place
+        self._latest[(msg.conversation_id, msg.user)] = place
+        return True
+
+    async def written(self, conversation_id: str, user: str, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until every message of this conversation and user queued so
+        far is written (or given up on, or dropped by the shutdown). False: the wait ran out first,
+        and a read now may miss them."""
+        place = self._latest.get((conversation_id, user))
+        if place is None or place <= self._done:
+            return True
+        if timeout_s <= 0:  # [messages] read_wait_s = 0: reads never wait
+            HISTORY_READS_UNWRITTEN.inc()
+            return False
+        reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._readers, (place, next(self._reader_ids), reader))
+        HISTORY_READS_WAITING.inc()
+        try:
+            await asyncio.wait({reader}, timeout=timeout_s)
+        finally:
+            HISTORY_READS_WAITING.dec()
+            if not reader.done():
+                reader.cancel()  # left in the heap: the worker skips it
+        if reader.cancelled():
+            HISTORY_READS_UNWRITTEN.inc()
+            log.info("history_read_before_written", conversation_id=conversation_id, waited_s=timeout_s)
             return False
         return True
 
@@ -68,18 +124,33 @@ class MessageWriter:
             await stop_task(self._worker)
             self._worker = None
         left = self._queue.qsize() + in_flight
+        # Nothing more will be written: a read waiting reads what is there.
+        self._finished(self._queued)
         if left:
             MESSAGES_DROPPED.inc(left)
             log.warning("message_writer_drain_incomplete", dropped=left)
 
     async def _run(self) -> None:
         while True:
-            self._writing = await self._queue.get()
+            place, self._writing = await self._queue.get()
             try:
                 await self._write(self._writing)
             finally:
+                key = (self._writing.conversation_id, self._writing.user)
+                if self._latest.get(key) == place:
+                    del self._latest[key]
                 self._writing = None
+                self._finished(place)
                 self._queue.task_done()
+
+    def _finished(self, place: int) -> None:
+        """Every message up to `place` is done with: wake the reads that waited for no later one."""
+        self._done = max(self._done, place)
+        readers = self._readers
+        while readers and readers[0][0] <= self._done:
+            reader = heapq.heappop(readers)[2]
+            if not reader.done():
+                reader.set_result(None)
 
     async def _write(self, msg: StoredMessage) -> None:
         for attempt in range(1, self._max_attempts + 1):

@@ -90,6 +90,10 @@ async def conversation_messages(
     sort = _order(order)
     after, before = _cursor("after", after), _cursor("before", before)
     user = principal.user
+    # Read-your-writes on this edge: the turns it has queued for this conversation (the reply of
+    # a stream that just ended) are written first, so a client reloading the history when its
+    # reply ends finds it there.
+    await runtime.message_writer.written(conversation_id, user, runtime.settings.messages.read_wait_s)
     store = runtime.messages
     page = await store.history(conversation_id, user, size, after=after, before=before, order=sort)
     # An empty page past either end of a conversation that exists is a page like any other;

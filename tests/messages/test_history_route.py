@@ -1,10 +1,13 @@
-"""GET /v1/conversations/{id}/messages on a real edge: pages walk a conversation of any length as
-OpenAI's list endpoints page (on SQLite and on DynamoDB), and a bad parameter or an id no URL can
-carry is a 400 naming it."""
+"""GET /v1/conversations/{id}/messages on a real edge: a read right after a reply ends finds the
+reply (the edge that served it waits for its own unwritten turns), pages walk a conversation of any
+length as OpenAI's list endpoints page (on SQLite and on DynamoDB), and a bad parameter or an id no
+URL can carry is a 400 naming it."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +19,56 @@ import pytest
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.store import MessageStore
-from tests.edge.sse_client import CHAT, MODEL
+from tests.edge.sse_client import CHAT, DONE, MODEL, events, wait_until
 from tests.messages.conftest import dynamodb_store
 from tests.support.live_server import LiveServer, start_server
 
 OWNER = "paid-user"  # the user of start_server's "paid" key
+
+
+def _waiting_reads(server: LiveServer) -> float:
+    for line in server.metrics_text().splitlines():
+        if line.startswith("floodgate_history_reads_waiting "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_history_read_right_after_the_stream_ends_finds_the_reply(tmp_path: Path) -> None:
+    """The store is held (another connection keeps SQLite's write lock) until the history read is
+    at the edge: the turn is still in the edge's writer then, as under load, when the store lags
+    the streams by a few hundred milliseconds. The read must wait for it, not answer without it."""
+    messages = {"read_wait_s": 60.0}  # far past any wait here: the test decides when the store frees
+    with (
+        start_server(tmp_path, {"messages": messages}) as server,
+        httpx.Client(base_url=server.base_url, timeout=60) as client,
+    ):
+        held = sqlite3.connect(server.settings.messages.sqlite_path, isolation_level=None)
+        held.execute("BEGIN IMMEDIATE")  # no other connection writes until it ends
+        try:
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "what did I ask?"}],
+                "max_tokens": 8,
+                "stream": True,
+                "conversation_id": "read-after-done",
+            }
+            with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                assert list(events(response))[-1] == DONE
+            answer: list[httpx.Response] = []
+            read = threading.Thread(
+                target=lambda: answer.append(
+                    client.get("/v1/conversations/read-after-done/messages", headers=server.auth("paid"))
+                )
+            )
+            read.start()
+            # Either the read waits at the edge, or (as before) it answered with what was stored.
+            wait_until(lambda: bool(answer) or _waiting_reads(server) >= 1, 30, "the history read")
+        finally:
+            held.execute("ROLLBACK")
+            held.close()
+        read.join(60)
+    assert answer[0].status_code == 200, answer[0].text
+    assert [m["role"] for m in answer[0].json()["data"]] == ["user", "assistant"]
 
 
 @pytest.fixture

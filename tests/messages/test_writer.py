@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from prometheus_client import REGISTRY
 
@@ -108,4 +109,66 @@ async def test_close_drains_within_its_bound_and_counts_what_is_left(tmp_path: P
 
     assert counter("floodgate_messages_dropped_total") - dropped_before == 4
     assert not writer.submit(new_message("c1", "alice", "user", "late", "r"))
+    await store.aclose()
+
+
+async def _reads_wait(count: float) -> None:
+    """A task started just now has run up to its first wait after one checkpoint (asyncio runs the
+    ready tasks in order): a read that waits has counted itself by then."""
+    await anyio.lowlevel.checkpoint()
+    assert counter("floodgate_history_reads_waiting") == count
+
+
+async def test_a_read_waits_for_its_own_conversations_queued_messages(tmp_path: Path) -> None:
+    store = GatedStore(SQLiteMessageStore(tmp_path / "m.db"))
+    writer = MessageWriter(store, queue_size=10)
+    writer.start()
+    reply = new_message("c1", "alice", "assistant", "the reply", "r", finish_reason="stop")
+    writer.submit(reply)
+    # Another conversation, or another user's under the same id, has nothing queued: no wait.
+    with anyio.fail_after(5):
+        assert await writer.written("c2", "alice", timeout_s=60)
+        assert await writer.written("c1", "bob", timeout_s=60)
+    waiting = counter("floodgate_history_reads_waiting")
+
+    async with anyio.create_task_group() as tasks:
+        read: list[bool] = []
+
+        async def reader() -> None:
+            read.append(await writer.written("c1", "alice", timeout_s=60))
+
+        tasks.start_soon(reader)
+        await _reads_wait(waiting + 1)
+        assert not read  # the reply is not written yet
+        store.gate.set()
+
+    assert read == [True]
+    assert (await store.history("c1", "alice")).messages == [reply]
+    await writer.aclose()
+    await store.aclose()
+
+
+async def test_a_read_waits_no_longer_than_its_bound_nor_past_the_shutdown(tmp_path: Path) -> None:
+    store = GatedStore(SQLiteMessageStore(tmp_path / "m.db"))  # never opened
+    writer = MessageWriter(store, queue_size=10, drain_timeout_s=0.01)
+    writer.start()
+    writer.submit(new_message("c1", "alice", "user", "stuck", "r"))
+    unwritten = counter("floodgate_history_reads_unwritten_total")
+
+    with anyio.fail_after(5):
+        assert not await writer.written("c1", "alice", timeout_s=0.01)
+    assert counter("floodgate_history_reads_unwritten_total") - unwritten == 1
+
+    waiting = counter("floodgate_history_reads_waiting")
+    async with anyio.create_task_group() as tasks:
+        read: list[bool] = []
+
+        async def reader() -> None:
+            read.append(await writer.written("c1", "alice", timeout_s=60))
+
+        tasks.start_soon(reader)
+        await _reads_wait(waiting + 1)
+        with anyio.fail_after(5):
+            await writer.aclose()  # nothing more will be written: the read goes on with what is there
+    assert read == [True]
     await store.aclose()
