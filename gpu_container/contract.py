@@ -98,6 +98,18 @@ class UpstreamError(Exception):
     """The replica failed (connection lost, server error). Raised from generate()."""
 
 
+class ReplicaRestarting(UpstreamError):
+    """The replica died and the upstream is bringing it back itself (the local engine process
+    starts a new child: gpu_container/engine/engine_process.py). Raised from generate(), where the
+    death is known for certain, so that the edge can tell a request that a short wait will serve
+    (it waits for the same replica rather than failing with no other to go to) from a replica that
+    failed for a reason nobody is mending. `back_in_s`: about how long until it serves again."""
+
+    def __init__(self, message: str, back_in_s: float) -> None:
+        super().__init__(message)
+        self.back_in_s = back_in_s
+
+
 class RequestRejected(Exception):
     """The replica refused this request for its own parameters (the engine's ValueError, Triton's
     INVALID_ARGUMENT). Raised from generate(). The request's fault, not the replica's: it is
@@ -119,3 +131,17 @@ class Upstream(Protocol):
     async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+class Restarts(Protocol):
+    """What an upstream that brings its own replica back (the local engine process) may offer
+    beside `Upstream`: the edge's health checks read it (edge/admission/replica_set.py) so that
+    requests wait for a replica that is coming back instead of being turned away as from a dead
+    one. A Triton host has none: who restarts it (its host's supervisor, the autoscaler) does not
+    tell the edge, whose health checks alone say when it serves again."""
+
+    def back_in_s(self) -> float | None:
+        """While the replica is down and being restarted: about how long until it serves again (0
+        once overdue). None otherwise: serving, stopped, or down with no restart expected soon (a
+        new child failed to load)."""
+        ...

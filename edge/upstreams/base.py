@@ -12,7 +12,9 @@ from gpu_container.contract import (
     Delta,
     FinishReason,
     GenerationRequest,
+    ReplicaRestarting,
     RequestRejected,
+    Restarts,
     Upstream,
     UpstreamError,
 )
@@ -22,7 +24,9 @@ __all__ = [
     "Delta",
     "FinishReason",
     "GenerationRequest",
+    "ReplicaRestarting",
     "RequestRejected",
+    "Restarts",
     "Upstream",
     "UpstreamError",
 ]

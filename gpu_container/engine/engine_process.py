@@ -22,6 +22,11 @@ new child: at once if the dead one had run a minute, else after a pause that dou
 keep dying young or failing to load, so a replica that crashed comes back by itself, as a
 supervisor would bring back a Triton server, rather than leaving the edge answering 503 forever
 while its own process looks healthy.
+The edge is told the restart is under way, so that a crash is a short wait for its requests rather
+than an error: the open streams fail with ReplicaRestarting (an UpstreamError saying the replica is
+coming back), and `back_in_s` (contract.py's `Restarts`) says when, from the pause and the time the
+last child took to load. A child that fails to load is not expected back: from then on until one
+loads the replica is as down as any other (plain UpstreamError, `back_in_s` None).
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
 the engine front's (front.py), shared with the in-thread AsyncEngine.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -43,7 +49,13 @@ from typing import Any
 
 import structlog
 
-from gpu_container.contract import Capacity, GenerationRequest, RequestRejected, UpstreamError
+from gpu_container.contract import (
+    Capacity,
+    GenerationRequest,
+    ReplicaRestarting,
+    RequestRejected,
+    UpstreamError,
+)
 from gpu_container.engine.front import EngineFront
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
@@ -84,7 +96,7 @@ class EngineProcess(EngineFront):
         self._config = config
         self.name = name
         self._run_delivery: RunDelivery = run_delivery or _at_once
-        self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping
+        self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping, _back_at
         # The command pipe's own lock, never held with _lock: a write that waits for a busy child
         # must not stop the reader thread from draining the child's outputs.
         self._send_lock = threading.Lock()
@@ -99,6 +111,10 @@ class EngineProcess(EngineFront):
         self._stopped = threading.Event()  # ends a pause between restarts
         self._started_at = 0.0
         self._early_ends = 0  # children in a row that died young or failed to start
+        # How long the last child took from its spawn to "ready": what the next restart should take.
+        self._load_s = 0.0
+        # While a dead child is being replaced: when the new one should serve (monotonic); else None.
+        self._back_at: float | None = None
         self.restarts = 0
         self.max_model_len = 0
 
@@ -115,6 +131,7 @@ class EngineProcess(EngineFront):
         parent has threads and an event loop a fork would copy mid-flight, and multiprocessing's
         spawn would re-run the parent's main script.
         """
+        began = time.monotonic()
         commands_r, commands_w = os.pipe()
         events_r, events_w = os.pipe()
         try:
@@ -149,6 +166,8 @@ class EngineProcess(EngineFront):
                 _, self.max_model_len, self._stats = message
                 self._alive = True
                 self._started_at = time.monotonic()
+                self._load_s = self._started_at - began
+                self._back_at = None
         if message[0] != "ready" or stopping:
             self._kill()
             raise RuntimeError(
@@ -166,6 +185,13 @@ class EngineProcess(EngineFront):
         with self._lock:
             return self._alive and not self._stopping
 
+    def back_in_s(self) -> float | None:
+        """While a dead child is being replaced: about how long until the new one serves (0 once
+        overdue). None while one serves, once stopped, or after a new child failed to load."""
+        with self._lock:
+            back_at = None if self._stopping else self._back_at
+        return None if back_at is None else max(0.0, back_at - time.monotonic())
+
     def stats(self) -> EngineStats:
         if self._stats is None:
             raise RuntimeError("engine process is not started")
@@ -177,6 +203,12 @@ class EngineProcess(EngineFront):
     def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
         with self._lock:
             if not self._alive or self._stopping:
+                back_at = None if self._stopping else self._back_at
+                if back_at is not None:
+                    # Placed in the moment before the edge's health check saw the child die.
+                    raise ReplicaRestarting(
+                        "engine process is restarting", max(0.0, back_at - time.monotonic())
+                    )
                 raise RuntimeError("engine process is not running")
             if req.request_id in self._mailboxes:
                 raise ValueError(f"request {req.request_id!r} is already running")
@@ -230,8 +262,9 @@ class EngineProcess(EngineFront):
         """The reader thread: each child's messages until it exits, then a new child unless stopped."""
         while True:
             self._read_child()
-            self._fail_all()
-            if not self._restart():
+            pause = self._pause_before_restart()
+            self._fail_all(pause)
+            if not self._restart(pause):
                 return
 
     def _read_child(self) -> None:
@@ -252,18 +285,23 @@ class EngineProcess(EngineFront):
                     _, _, text, own_fault = message
                     mailbox.post_exception(RequestRejected(text) if own_fault else UpstreamError(text))
 
-    def _restart(self) -> bool:
-        """A new child in the dead one's place (False: stopped meanwhile). See the module doc."""
+    def _pause_before_restart(self) -> float:
+        """0 after a child that ran a minute; else the next of the doubling pauses."""
         if time.monotonic() - self._started_at >= _STABLE_S:
             self._early_ends = 0
-            pause = 0.0
-        else:
-            pause = self._next_pause()
+            return 0.0
+        return self._next_pause()
+
+    def _restart(self, pause: float) -> bool:
+        """A new child in the dead one's place, after `pause` (False: stopped meanwhile). See the
+        module doc."""
         while not self._stopped.wait(pause):
             try:
                 self._spawn()
             except RuntimeError as exc:
                 log.error("engine process restart failed", name=self.name, error=str(exc))
+                with self._lock:
+                    self._back_at = None  # down for a reason a restart did not mend: not expected back
                 pause = self._next_pause()
                 continue
             self.restarts += 1
@@ -291,38 +329,50 @@ class EngineProcess(EngineFront):
                     items.append((mailbox, output))
         self._hand_over(items)
 
-    def _hand_over(self, items: list[tuple[Mailbox, TokenOutput]]) -> None:
-        """One wake-up per event loop for a whole step, not one per token."""
+    def _hand_over(
+        self, items: list[tuple[Mailbox, TokenOutput]], deliver: Callable[[_Items], None] | None = None
+    ) -> None:
+        """One wake-up per event loop for a whole step, not one per token (`deliver`: `_deliver`
+        unless said)."""
+        deliver = deliver or _deliver
         batches: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, TokenOutput]]] = {}
         for mailbox, output in items:
             batches.setdefault(mailbox.loop, []).append((mailbox, output))
         for loop, batch in batches.items():
             try:
-                loop.call_soon_threadsafe(self._run_delivery, _deliver, batch)
+                loop.call_soon_threadsafe(self._run_delivery, deliver, batch)
             except RuntimeError:
                 # That event loop is closed: nobody is left to read, so stop spending steps on it.
                 for _, output in batch:
                     self.abort(output.request_id)
 
-    def _fail_all(self) -> None:
-        """The child is gone: every open stream ends with an error instead of hanging."""
+    def _fail_all(self, pause: float) -> None:
+        """The child is gone: every open stream ends with an error instead of hanging, and unless
+        stopped, with ReplicaRestarting: a new child is expected after `pause` and a load as long as
+        the last one's. Marked restarting in the same step as not alive, so that nobody sees the
+        replica down without seeing it come back."""
         code = None
         if self._process is not None:
             try:
                 code = self._process.wait(timeout=_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 pass
+        back_at = time.monotonic() + pause + self._load_s
         with self._lock:
             self._alive = False
+            stopping = self._stopping
+            if not stopping:
+                self._back_at = back_at
             orphans, self._mailboxes = self._mailboxes, {}
-        reason = "stopped" if self._stopping else f"exited unexpectedly (exit code {code})"
-        if orphans and not self._stopping:
+        reason = "stopped" if stopping else f"exited unexpectedly (exit code {code})"
+        if orphans and not stopping:
             log.error("engine process died with requests open", name=self.name, exitcode=code)
         self._hand_over(
             [
                 (mailbox, TokenOutput(request_id, [], "error", f"engine process {reason}"))
                 for request_id, mailbox in orphans.items()
-            ]
+            ],
+            None if stopping else functools.partial(_deliver_restarting, back_at),
         )
 
 
@@ -330,6 +380,14 @@ def _deliver(items: _Items) -> None:
     """On the event loop: one step's outputs into their mailboxes."""
     for mailbox, output in items:
         mailbox.put(output)
+
+
+def _deliver_restarting(back_at: float, items: _Items) -> None:
+    """On the event loop: the streams of a child that died, failed as coming back by `back_at`
+    (in step order, after the outputs it sent before it died)."""
+    back_in_s = max(0.0, back_at - time.monotonic())
+    for mailbox, output in items:
+        mailbox.fail(ReplicaRestarting(output.error or "engine process died", back_in_s))
 
 
 def _at_once(deliver: Callable[[_Items], None], items: _Items) -> None:

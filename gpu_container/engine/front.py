@@ -73,8 +73,9 @@ class EngineFront(abc.ABC):
     def _submit(self, req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
         """Hand the request (its sampling already in the engine's terms) to the engine, its outputs
         to go to `mailbox`. Raises ValueError (the
-        request's fault) or RuntimeError (the engine's); a later refusal arrives through the mailbox
-        as RequestRejected or UpstreamError."""
+        request's fault) or RuntimeError (the engine's), or an UpstreamError of its own (the engine
+        process's ReplicaRestarting); a later refusal arrives through the mailbox as RequestRejected
+        or UpstreamError."""
 
     @abc.abstractmethod
     def abort(self, request_id: str) -> None:

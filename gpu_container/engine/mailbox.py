@@ -87,6 +87,10 @@ class Mailbox:
             waiter.set_result(None)
         self._pending.append(delta)
 
+    def fail(self, error: Exception) -> None:
+        """Called on the loop: take() raises `error`."""
+        self._fail(error)
+
     def _fail(self, error: Exception) -> None:
         self._error = error
         if self._waiter is not None and not self._waiter.done():

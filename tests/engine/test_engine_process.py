@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from gpu_container.contract import Delta, GenerationRequest, RequestRejected, UpstreamError
+from gpu_container.contract import (
+    Delta,
+    GenerationRequest,
+    ReplicaRestarting,
+    RequestRejected,
+    UpstreamError,
+)
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
@@ -117,8 +123,10 @@ async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(dem
         assert doomed.pid is not None
         os.kill(doomed.pid, signal.SIGKILL)
         async with asyncio.timeout(TIMEOUT_S):
-            with pytest.raises(UpstreamError, match="exited unexpectedly"):
+            # Saying the replica is coming back, and about when: the edge's request waits for it.
+            with pytest.raises(ReplicaRestarting, match="exited unexpectedly") as failed:
                 await _collect(stream)
+        assert failed.value.back_in_s >= 0.0
     finally:
         doomed.stop()
 
@@ -130,6 +138,7 @@ async def test_a_crashed_engine_process_comes_back_and_serves(demo_dir: Path) ->
     try:
         first_pid = crashing.pid
         assert first_pid is not None
+        assert crashing.back_in_s() is None  # serving
         os.kill(first_pid, signal.SIGKILL)
         async with asyncio.timeout(TIMEOUT_S):
             # The restart runs on the reader thread; nothing here to wait on but its effect (the
@@ -138,6 +147,7 @@ async def test_a_crashed_engine_process_comes_back_and_serves(demo_dir: Path) ->
             while not (crashing.running and crashing.restarts):  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         assert crashing.restarts == 1 and crashing.pid != first_pid
+        assert crashing.back_in_s() is None  # serving again
         outputs = await _collect(crashing.generate(greedy("after-restart", [4, 5])))
         assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
         assert outputs[-1].finish_reason == "length"
@@ -275,9 +285,12 @@ async def test_a_child_that_cannot_start_again_leaves_the_replica_down_and_stop_
     shutil.rmtree(model)
     os.kill(first_pid, signal.SIGKILL)
     async with asyncio.timeout(TIMEOUT_S):
-        # A new child was tried (and failed to load the model): nothing to wait on but its pid.
-        while broken.pid == first_pid:  # noqa: ASYNC110
+        # Coming back until a new child was tried and failed to load the model: nothing to wait on
+        # but its effect.
+        while broken.pid == first_pid or broken.back_in_s() is not None:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+    # Down for a reason a restart did not mend: a request fails at once as on any dead replica,
+    # not as coming back.
     assert not broken.running
     with pytest.raises(UpstreamError, match="not running"):
         await anext(broken.generate(greedy("while-down", [1, 2])))
