@@ -27,6 +27,12 @@ Policy
   Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
+* A crash is a wait. A replica that is down while its upstream restarts it (the local engine
+  process: `Replica.back_in_s`) counts as one that could take the ticket when it is expected back
+  within the ticket's max_wait_s: the ticket waits for it, under the same bound, instead of a 503
+  (with one engine, every crash of it was an error for every request that met it, and the
+  official SDK's two retries were spent before it served again). Where it is not back in time,
+  the no_replica's Retry-After is when it should be.
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
 * Nobody waiting. A ticket that finds the queue empty and a replica with room is placed at once,
   without joining the queue: a pass over a queue holding only it would grant it the same replica
@@ -45,6 +51,7 @@ replicas this instance alone reaches, its own engines),
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +64,7 @@ from edge.admission.router import Claims, candidates, pick
 from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
-from edge.admission.wait_estimate import WaitEstimate
+from edge.admission.wait_estimate import MIN_RETRY_S, WaitEstimate
 from edge.metric_children import child
 from edge.upstreams.base import Upstream
 
@@ -245,13 +252,23 @@ class Dispatcher:
             return self._reject("no_replica", self._poll_interval_s)
         if self._queue.depth_from(ticket.priority) >= self._max_queue:
             return self._reject("queue_full", self._retry_after(ticket))
-        if not self._alive_candidates(ticket, exclude):
-            return self._reject("no_replica", self._poll_interval_s)
+        if not self._candidates_within(ticket, exclude, ticket.max_wait_s):
+            return self._no_replica(ticket, exclude)
         return None
 
-    def _alive_candidates(self, ticket: Ticket, exclude: frozenset[str]) -> list[Replica]:
+    def _candidates_within(self, ticket: Ticket, exclude: frozenset[str], wait_s: float) -> list[Replica]:
+        """The replicas the ticket may wait for: alive, or restarting and back within `wait_s`."""
         members = self.replicas.members
-        return candidates(members, ticket, self._charge(ticket), exclude, self._reserve, alive_only=True)
+        return candidates(members, ticket, self._charge(ticket), exclude, self._reserve, within_s=wait_s)
+
+    def _no_replica(self, ticket: Ticket, exclude: frozenset[str]) -> Overloaded:
+        """No replica the ticket may wait for. Retry-After: when the first one being restarted
+        should serve again (the replica set checks it then: replica_set.py), never under
+        MIN_RETRY_S; with none restarting, the next health poll."""
+        coming = self._candidates_within(ticket, exclude, math.inf)
+        backs = [r.back_in_s for r in coming if r.back_in_s is not None]
+        retry_after_s = max(min(backs), MIN_RETRY_S) if backs else self._poll_interval_s
+        return self._reject("no_replica", retry_after_s)
 
     def _reject(self, reason: OverloadReason, retry_after_s: float) -> Overloaded:
         child(metrics.REJECTED, self.model, reason).inc()
@@ -358,9 +375,9 @@ class Dispatcher:
     def _fail_unplaceable(self) -> None:
         """Fail the waiters that no healthy replica could ever take."""
         for waiter in list(self._queue):
-            if not self._alive_candidates(waiter.ticket, waiter.exclude):
+            if not self._candidates_within(waiter.ticket, waiter.exclude, waiter.ticket.max_wait_s):
                 self._queue.remove(waiter)
-                self._fail(waiter, self._reject("no_replica", self._poll_interval_s))
+                self._fail(waiter, self._no_replica(waiter.ticket, waiter.exclude))
 
     @staticmethod
     def _fail(waiter: _Waiter, error: Overloaded) -> None:

@@ -32,6 +32,10 @@ class Replica:
     # Set by a failed generation: the replica takes no new work until a health check that started
     # after the failure passes. Holds the number of checks started when it failed.
     suspect_since_check: int | None = None
+    # As of the last health check: down, and being brought back by its own upstream (the local
+    # engine process starts a new child), expected to serve again in about this many seconds.
+    # None: up, or down with no restart known (a Triton host: only its health checks tell).
+    back_in_s: float | None = None
     kv_in_use: int = 0
     # The part of kv_in_use charged to tickets that may not use the reserve (free tiers).
     kv_in_use_free: int = 0
@@ -50,6 +54,15 @@ class Replica:
     def alive(self) -> bool:
         """Passed its last health check: requests may keep waiting for it."""
         return self.healthy and self.capacity is not None
+
+    def serves_within(self, wait_s: float) -> bool:
+        """Alive, or being restarted and expected back within `wait_s`: a request that may wait
+        that long may wait for it. A crash of the local engine is then a short wait for the
+        requests that meet it, not a 503 (nor a 502 for the one that was on it), as it would be if
+        the replica were down for good."""
+        back = self.back_in_s
+        # Its size as last polled holds while it restarts (the same engine settings load again).
+        return self.alive or (self.capacity is not None and back is not None and back <= wait_s)
 
     @property
     def placeable(self) -> bool:

@@ -3,7 +3,10 @@
 Health. Every `poll_interval_s` each replica's ready() and capacity() are polled, all replicas at
 once, each bounded by `health_timeout_s`; failing either takes it out. A replica whose generation
 failed (`Slot.release(failed=True)`) gets no new work until a health check that started after the
-failure passes; requests already waiting for it keep waiting meanwhile.
+failure passes; requests already waiting for it keep waiting meanwhile. A replica that is down but
+whose upstream restarts it itself (the local engine process: `Restarts.back_in_s`) is kept as
+coming back, `Replica.back_in_s`: requests may wait for it (the dispatcher), and it is checked
+again when it is expected back rather than a whole poll interval later.
 
 Membership. Replicas come and go while the edge runs (`add`, `remove`: replica discovery calls them
 through the dispatcher). An added replica is health-checked at once. A removed one drains: it takes
@@ -199,8 +202,18 @@ class ReplicaSet:
 
     async def _poll_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval_s)
+            await asyncio.sleep(self._next_poll_s())
             await self.check_all()
+
+    def _next_poll_s(self) -> float:
+        """The poll interval, or less when a restarting replica is expected back sooner: requests
+        waiting for it are placed once a check finds it ready, and a whole interval more would be
+        part of their wait. Never under a tenth of the interval, so one that is overdue is looked
+        at ten times as often, not in a loop."""
+        backs = [r.back_in_s for r in self.members if r.back_in_s is not None]
+        if not backs:
+            return self._poll_interval_s
+        return min(self._poll_interval_s, max(min(backs), self._poll_interval_s / 10))
 
     async def check_all(self) -> None:
         """Poll every replica's health and capacity now, all at once (start() and the poller)."""
@@ -220,7 +233,13 @@ class ReplicaSet:
             )
             ready, capacity = False, None
         was_alive = replica.alive
+        was_back_in_s = replica.back_in_s
         replica.healthy = ready
+        replica.back_in_s = None if ready else _back_in_s(replica.upstream)
+        if replica.back_in_s is not None and was_back_in_s is None:
+            log.info("replica_restarting", replica=replica.name, back_in_s=round(replica.back_in_s, 2))
+        elif was_back_in_s is not None and replica.back_in_s is None:
+            self._lost_room = True  # back (nothing lost then), or its restart failed: waiters fail
         if capacity is not None:
             if replica.capacity is not None and _totals(capacity) != _totals(replica.capacity):
                 self._lost_room = True  # a smaller replica may no longer hold some waiters
@@ -231,6 +250,12 @@ class ReplicaSet:
         if replica.alive != was_alive:
             self._lost_room = True
             log.info("replica_health", replica=replica.name, alive=replica.alive)
+
+
+def _back_in_s(upstream: Upstream) -> float | None:
+    """When a replica that is down serves again, where its upstream restarts it (`Restarts`)."""
+    back_in_s: Callable[[], float | None] | None = getattr(upstream, "back_in_s", None)
+    return None if back_in_s is None else back_in_s()
 
 
 def _totals(capacity: Capacity) -> tuple[int, int]:

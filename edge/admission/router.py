@@ -56,15 +56,16 @@ def candidates(
     exclude: frozenset[str],
     reserved_fraction: float,
     *,
-    alive_only: bool = False,
+    within_s: float | None = None,
 ) -> list[Replica]:
-    """The replicas this ticket could run on once they have room: placeable (or, with alive_only,
-    merely passing health checks), not excluded, big enough. Each replica rounds `kv_tokens` up to
-    its own KV block size."""
+    """The replicas this ticket could run on once they have room: placeable (or, with `within_s`,
+    merely passing health checks, or being restarted and expected back within that many seconds:
+    Replica.serves_within), not excluded, big enough. Each replica rounds `kv_tokens` up to its own
+    KV block size."""
     return [
         r
         for r in replicas
-        if (r.alive if alive_only else r.placeable)
+        if (r.placeable if within_s is None else r.serves_within(within_s))
         and r.name not in exclude
         and r.could_hold(kv_tokens, ticket.may_use_reserve, reserved_fraction)
     ]

@@ -16,6 +16,9 @@ class ControlledUpstream:
         self.kv_tokens_total = kv_tokens_total
         self.max_sequences = max_sequences
         self.is_ready = True
+        # What back_in_s answers (contract.py's Restarts): a number while down plays a replica that
+        # its upstream is restarting, as the local engine process does.
+        self.restart_eta_s: float | None = None
         self.fail_generation = False
         self.ready_calls = 0
         self.generated: list[str] = []
@@ -36,6 +39,9 @@ class ControlledUpstream:
     async def ready(self) -> bool:
         self.ready_calls += 1
         return self.is_ready
+
+    def back_in_s(self) -> float | None:
+        return self.restart_eta_s
 
     async def aclose(self) -> None:
         return None

@@ -139,6 +139,83 @@ async def test_no_healthy_replica_is_overloaded_for_waiters_and_newcomers(
 
 
 @pytest.mark.anyio
+async def test_a_replica_being_restarted_is_waited_for_not_refused(make_dispatcher: MakeDispatcher) -> None:
+    """The local engine process restarts its child: with one replica, every request meeting the
+    crash got a 503 no_replica (or a 502), and the SDK's retries ran out before it served again."""
+    only = ControlledUpstream("only")
+    async with make_dispatcher([only], poll_interval_s=3600) as dispatcher:
+        only.is_ready, only.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        newcomer = ticket("newcomer", max_wait_s=60.0)
+        dispatcher.precheck(newcomer)  # not refused
+        flow = Flow(dispatcher)
+        waiter = flow.submit(newcomer)
+        await flow.settle()
+        assert not waiter.done()
+
+        # Another check still finds it restarting: the waiter keeps waiting.
+        only.restart_eta_s = 0.5
+        await dispatcher.check_replicas()
+        await flow.settle()
+        assert not waiter.done()
+
+        only.is_ready, only.restart_eta_s = True, None
+        await dispatcher.check_replicas()
+        await until(waiter.done)
+        assert waiter.result().upstream is only
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_restart_longer_than_the_wait_is_refused_until_it_should_be_over(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    only = ControlledUpstream("only")
+    async with make_dispatcher([only], poll_interval_s=3600) as dispatcher:
+        only.is_ready, only.restart_eta_s = False, 45.0
+        await dispatcher.check_replicas()
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(ticket("short", max_wait_s=30.0))
+        assert (refused.value.reason, refused.value.retry_after_s) == ("no_replica", 45.0)
+        dispatcher.precheck(ticket("patient", max_wait_s=60.0))
+
+
+@pytest.mark.anyio
+async def test_waiters_for_a_restart_that_failed_are_turned_away(make_dispatcher: MakeDispatcher) -> None:
+    only = ControlledUpstream("only")
+    async with make_dispatcher([only], poll_interval_s=3600) as dispatcher:
+        only.is_ready, only.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        flow = Flow(dispatcher)
+        waiter = flow.submit(ticket("waiter"))
+        await flow.settle()
+        assert not waiter.done()
+
+        # The new child failed to load: down, and nobody says when it is back.
+        only.restart_eta_s = None
+        await dispatcher.check_replicas()
+        await until(waiter.done)
+        refused = waiter.exception()
+        assert isinstance(refused, Overloaded) and refused.reason == "no_replica"
+        with pytest.raises(Overloaded):
+            dispatcher.precheck(ticket("newcomer"))
+        await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_being_restarted_does_not_hold_back_another_with_room(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    restarting, other = ControlledUpstream("restarting"), ControlledUpstream("other")
+    async with make_dispatcher([restarting, other], poll_interval_s=3600) as dispatcher:
+        restarting.is_ready, restarting.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        slot = await dispatcher.acquire(ticket("u1"))
+        assert slot.upstream is other
+        slot.release()
+
+
+@pytest.mark.anyio
 async def test_queue_depth_per_replica_counts_healthy_replicas(make_dispatcher: MakeDispatcher) -> None:
     a, b = ControlledUpstream("a", max_sequences=1), ControlledUpstream("b", max_sequences=1)
     async with make_dispatcher([a, b]) as dispatcher:
