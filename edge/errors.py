@@ -174,6 +174,22 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
     return rate_limited(message, exc.reason, exc.retry_after_s, headers)
 
 
+def upstream_error(retry_after_s: float | None = None) -> ApiError:
+    """The replica failed while generating: 502, as vLLM's server and OpenAI answer a backend's
+    failure. With `retry_after_s` (the replica is being restarted, or the queue said when another
+    try would find room) it says when a retry should succeed: the OpenAI SDK honours it on a 502,
+    where without one it retries after half a second and again after one, and gave up before a
+    restarted engine served again."""
+    headers = {} if retry_after_s is None else retry_after_headers(retry_after_s)
+    return ApiError(
+        502,
+        "The model replica failed while generating.",
+        type="api_error",
+        code="upstream_error",
+        headers=headers,
+    )
+
+
 # A draining instance's Retry-After: the client's next try, on a new connection, goes to another
 # instance (the load balancer stops routing here within its health check's interval), so it need not
 # wait for this one's drain. The rest of the accept window it said before (15 s by default) had the

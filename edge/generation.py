@@ -31,10 +31,11 @@ import structlog
 from edge import metrics
 from edge.admission.slot import Slot
 from edge.admission.ticket import Overloaded, Ticket
+from edge.admission.wait_estimate import MIN_RETRY_S
 from edge.cancel.live import LiveRequest
 from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
-from edge.errors import ApiError, invalid_request, overloaded_error, shutting_down_error
+from edge.errors import ApiError, invalid_request, overloaded_error, shutting_down_error, upstream_error
 from edge.keys.authenticator import refusal
 from edge.keys.principal import Principal
 from edge.log_line import info_line
@@ -43,7 +44,7 @@ from edge.schemas import ChatCompletionRequest
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.stops import StopMatcher
 from edge.token_relay import TextSink, TokenRelay
-from edge.upstreams.base import Delta, GenerationRequest, RequestRejected, UpstreamError
+from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, RequestRejected, UpstreamError
 from edge.upstreams.direct import GenerateDirect
 from limiter.base import OutputLease
 
@@ -274,9 +275,7 @@ class Generation:
         except UpstreamError as exc:
             log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
             out.reason = "error"
-            out.error = ApiError(
-                502, "The model replica failed while generating.", type="api_error", code="upstream_error"
-            )
+            out.error = upstream_error(_retry_after_s(exc))
             # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
             self._answered_nothing = out.ttft_s is None or not self._req.stream
         finally:
@@ -320,15 +319,22 @@ class Generation:
             out.error = shutting_down_error()
 
     async def _place_and_relay(self, out: Outcome, on_text: TextSink) -> None:
-        """Get a slot and relay; a replica that fails before the first token is retried once elsewhere."""
+        """Get a slot and relay; a replica that fails before the first token is retried once
+        elsewhere, or, where it failed by dying and is being restarted (ReplicaRestarting), on
+        whichever replica takes the request first, itself once back included: with one engine, its
+        crash is then a wait for the request that met it, not a 502."""
         failed: frozenset[str] = frozenset()
+        retried = False
         include_stop = self._req.include_stop_str_in_output
         while True:
             try:
                 self._slot = await self._p.dispatcher.acquire(self._ticket, failed)
-            except Overloaded:
-                if failed:
-                    raise UpstreamError(f"no other replica after {sorted(failed)} failed") from None
+            except Overloaded as exc:
+                if retried:
+                    raise _NotRetried(
+                        f"no replica took the request again after {out.upstream} failed ({exc.reason})",
+                        exc.retry_after_s,
+                    ) from None
                 raise
             metrics.REQUESTS_RUNNING.inc()
             out.upstream = self._slot.upstream.name
@@ -359,11 +365,17 @@ class Generation:
                 await relay.run(self._deltas)
                 return
             except UpstreamError as exc:
-                if out.ttft_s is not None or failed:
+                if out.ttft_s is not None or retried:
                     raise
-                # The error that made this replica suspect; the request goes on to another one.
-                log.warning("upstream_failover", upstream=out.upstream, error=str(exc))
-                failed = frozenset({out.upstream})
+                retried = True
+                # The error that made this replica suspect; the request goes on to another one, or
+                # waits for this one where it is coming back.
+                restarting = isinstance(exc, ReplicaRestarting)
+                log.warning(
+                    "upstream_failover", upstream=out.upstream, error=str(exc), waits_for_restart=restarting
+                )
+                if not restarting:
+                    failed = frozenset({out.upstream})
                 await self._give_back_slot(failed=True)
 
     async def _stop_keepalive(self) -> None:
@@ -458,6 +470,26 @@ class Generation:
             self._p.messages.record_reply(
                 conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
             )
+
+
+class _NotRetried(UpstreamError):
+    """A request whose replica failed before its first token found no replica to take it again:
+    its 502 says when to try again, as the queue's refusal did."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after_s(exc: UpstreamError) -> float | None:
+    """When a retry of a request that failed this way should succeed, where known: the replica is
+    being restarted (never sooner than MIN_RETRY_S: an overdue one is no reason for a burst), or
+    the queue said."""
+    if isinstance(exc, ReplicaRestarting):
+        return max(exc.back_in_s, MIN_RETRY_S)
+    if isinstance(exc, _NotRetried):
+        return exc.retry_after_s
+    return None
 
 
 def _stored_finish_reason(out: Outcome) -> str:
