@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 
+from edge.keys.lifecycle import MAX_PERIOD_S
 from gpu_container.engine.types import EngineConfig
 from limiter.tiers import TierLimits
 
@@ -189,7 +190,8 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     dynamodb_table: str
     dynamodb_endpoint: str
     cache_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
-    rotation_grace_s: Annotated[float, msgspec.Meta(ge=0)]
+    # Capped as a rotate's own grace_s is (edge/keys/lifecycle.py): the old key's expiry is set from it.
+    rotation_grace_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_PERIOD_S)]
     admin_key_sha256: str
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
 

@@ -38,7 +38,14 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
 
 
 def _when(ts: float | None) -> str:
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+    """A time for the table. One the platform cannot convert (a store written before expiries were
+    capped may hold 1e300) is shown as its Unix seconds: one such key made the whole listing fail."""
+    if ts is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:g} (Unix s)"
 
 
 def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
@@ -180,7 +187,9 @@ def add_keys_commands(commands: Any) -> None:
     create.add_argument("--user", required=True)
     create.add_argument("--tier", required=True)
     create.add_argument("--label", default="", help="a note for the operator, e.g. the customer's app")
-    create.add_argument("--expires-in-days", type=float, help="default: never expires")
+    create.add_argument(
+        "--expires-in-days", type=float, help="at most 36525 (100 years); default: never expires"
+    )
 
     listing = sub("list", "list keys (id, user, label, last four characters; never the key)", _list)
     listing.add_argument("--user", help="only this user's keys")

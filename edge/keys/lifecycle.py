@@ -5,7 +5,6 @@ Every change that can turn a working key away (revoke, rotate's expiry, a tier c
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -35,14 +34,31 @@ class InvalidUser(ValueError):
         super().__init__("user must not be empty")
 
 
+# The longest lifetime a key, or a rotation's grace, may be given: 100 years. Longer is a typo
+# (days for seconds, an exponent too many), never what was meant, and a time that far out is past
+# what the platform's time functions take: one key expiring in 1e17 s made `floodgate keys list`
+# crash for every key, for good (a revoked key is still listed).
+MAX_PERIOD_S = 100 * 365.25 * 86400
+
+
 class InvalidPeriod(ValueError):
     """A key's lifetime must end in the future and a rotation's grace cannot end in the past: a key
     created already expired, or an old key cut off before the rotation that replaced it, is a typo,
-    never what was meant."""
+    never what was meant. Neither may exceed MAX_PERIOD_S."""
 
     def __init__(self, param: str, seconds: float, allowed: str) -> None:
-        super().__init__(f"{param} must be {allowed}, not {seconds:g}")
+        limit = f"at most {MAX_PERIOD_S:.0f} (100 years)"
+        super().__init__(f"{param} must be {allowed}, {limit}, not {seconds:g}")
         self.param = param
+
+
+def checked_period(param: str, seconds: float, *, zero_ok: bool = False) -> float:
+    """`seconds`, if it is a lifetime (or, `zero_ok`, a grace) a key may be given: the one check
+    every way of setting an expiry goes through. NaN fails both comparisons."""
+    if (seconds >= 0 if zero_ok else seconds > 0) and seconds <= MAX_PERIOD_S:
+        return seconds
+    allowed = "0 or a positive number of seconds" if zero_ok else "a positive number of seconds"
+    raise InvalidPeriod(param, seconds, allowed)
 
 
 class KeyNotRotatable(KeyNotFound):
@@ -94,8 +110,8 @@ class KeyLifecycle:
     ) -> tuple[str, KeyRecord]:
         if not user.strip():
             raise InvalidUser()
-        if expires_in_s is not None and not 0 < expires_in_s < math.inf:
-            raise InvalidPeriod("expires_in_s", expires_in_s, "a positive number of seconds")
+        if expires_in_s is not None:
+            checked_period("expires_in_s", expires_in_s)
         self._check_tier(tier)
         expires = None if expires_in_s is None else self._clock() + expires_in_s
         key, record = new_record(user, tier, label, expires)
@@ -125,14 +141,13 @@ class KeyLifecycle:
     async def rotate(self, key_id: str, grace_s: float | None = None) -> Rotated:
         """A new key for the same user, tier and label; the old one keeps working for the grace
         period (keys.rotation_grace_s unless given), then expires."""
-        if grace_s is not None and not 0 <= grace_s < math.inf:
-            raise InvalidPeriod("grace_s", grace_s, "0 or a positive number of seconds")
+        grace = self._grace_s if grace_s is None else checked_period("grace_s", grace_s, zero_ok=True)
         old = await self._find(key_id)
         if (status := old.status(self._clock())) != "active":
             raise KeyNotRotatable(key_id, status)
         key, new = new_record(old.user, old.tier, old.label, old.expires)
         await self.store.add(new)
-        ends = self._clock() + (self._grace_s if grace_s is None else grace_s)
+        ends = self._clock() + grace
         old = old.with_changes(expires=ends if old.expires is None else min(old.expires, ends))
         await self.store.put(old)
         await self._announce(old.key_sha256)

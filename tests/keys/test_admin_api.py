@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from tests.edge.conftest import ROOMY_TIERS
 from tests.support.live_server import LiveServer, start_server
@@ -118,6 +119,27 @@ def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: 
     assert refused.status_code == 409
     error = refused.json()["error"]
     assert error["code"] == "key_not_active" and "is revoked" in error["message"]
+
+
+def test_a_lifetime_or_grace_past_100_years_is_refused_naming_it(server: LiveServer) -> None:
+    """A review: expires_in_s up to 1.8e308 was accepted, and one key expiring past ~1e17 s made
+    `floodgate keys list` fail for every key, for good."""
+    for too_long in (MAX_PERIOD_S * 1.01, 1e12, 1e300):
+        refused = httpx.post(
+            server.base_url + "/v1/admin/keys",
+            json={"user": "jo", "tier": "free", "expires_in_s": too_long},
+            headers=ADMIN,
+        )
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "expires_in_s" and "100 years" in error["message"]
+    made = _create(server, user="jo", tier="free", expires_in_s=MAX_PERIOD_S)
+    refused = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/rotate", json={"grace_s": 1e12}, headers=ADMIN
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "grace_s"
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "jo"}, headers=ADMIN).json()
+    assert [(k["id"], k["expires"]) for k in listed["data"]] == [(made["id"], made["expires"])]  # unchanged
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from edge.cli import main
-from edge.config import load_settings
+from edge.config import ConfigError, load_settings
 from edge.keys.authenticator import Authenticator
-from edge.keys.record import hash_key
+from edge.keys.record import KeyRecord, hash_key, key_id
 from edge.keys.sqlite import SQLiteKeyStore
 from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
@@ -110,6 +110,38 @@ def test_unknown_tier_empty_user_unknown_key_and_bad_periods_are_refused(
     run(capsys, config, "keys", "revoke", record["id"])
     with pytest.raises(SystemExit, match=f"key {record['id']} is revoked: only an active key can be rotated"):
         main(["keys", "rotate", record["id"], "--config", str(config)])
+
+
+def test_a_far_expiry_is_refused(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    """A review: `--expires-in-days 1e8` (or the admin API's expires_in_s 1e12) was accepted, and
+    `keys list` then failed for every key, for good (OSError/OverflowError in the table's times)."""
+    with pytest.raises(SystemExit, match=r"expires_in_s must be .* \(100 years\), not 8.64e\+12"):
+        run(capsys, config, "keys", "create", "--user", "x", "--tier", "free", "--expires-in-days", "1e8")
+    assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
+
+
+def test_a_far_expiry_a_store_holds_is_listed(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    """What a store written before the cap may hold (1e300 fits a SQLite REAL) is shown as its Unix
+    seconds; the other keys are listed as ever."""
+
+    async def seed() -> None:
+        store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+        for n, expires in enumerate((1e17, 1e300, -1e17)):
+            digest = hash_key(f"fg-stored-long-ago-{n}")
+            await store.add(KeyRecord(key_id(digest), digest, "old", "free", created=1.0, expires=expires))
+        await store.aclose()
+
+    asyncio.run(seed())
+    run(capsys, config, "keys", "create", "--user", "new", "--tier", "free")
+    table = run(capsys, config, "keys", "list").splitlines()
+    assert len(table) == 5 and "1e+300 (Unix s)" in table[2] and "new" in table[4]
+
+
+def test_a_rotation_grace_past_100_years_is_a_settings_error(tmp_path: Path) -> None:
+    path = tmp_path / "floodgate.toml"
+    path.write_text("[keys]\nrotation_grace_s = 1e12\n")
+    with pytest.raises(ConfigError, match=r"keys\.rotation_grace_s"):
+        load_settings(path)
 
 
 def test_import_of_the_old_keys_file_is_one_command_and_idempotent(
