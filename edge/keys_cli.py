@@ -20,7 +20,7 @@ from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
 from edge.usage.day import checked_day
 
-_LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires")
+_LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires", "replaced_by")
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
 
 
@@ -78,6 +78,7 @@ def _list(args: argparse.Namespace) -> int:
     for v in views:
         v["created"], v["expires"] = _when(v["created"]), _when(v["expires"])
         v["last4"] = f"…{v['last4']}" if v["last4"] else "-"
+        v["replaced_by"] = v["replaced_by"] or "-"
     _print_table(views, _LIST_COLUMNS)
     return 0
 
@@ -200,7 +201,10 @@ def add_keys_commands(commands: Any) -> None:
     )
 
     rotate = sub(
-        "rotate", "a new key for the same user and tier; the old one works for a grace period", _rotate
+        "rotate",
+        "a new key for the same user and tier; the old one works for a grace period."
+        " Once per key: a second rotate is refused and names the first one's new key",
+        _rotate,
     )
     rotate.add_argument("key_id")
     rotate.add_argument("--grace-s", type=float, help="default: keys.rotation_grace_s")

@@ -42,6 +42,8 @@ def _item(r: KeyRecord) -> dict[str, AttributeValueTypeDef]:
         item["expires"] = {"N": repr(r.expires)}
     if r.revoked is not None:
         item["revoked"] = {"N": repr(r.revoked)}
+    if r.replaced_by is not None:
+        item["replaced_by"] = {"S": r.replaced_by}
     return item
 
 
@@ -59,6 +61,7 @@ def _record(item: dict[str, Any]) -> KeyRecord:
         expires=number("expires"),
         revoked=number("revoked"),
         last4=item["last4"]["S"],
+        replaced_by=item["replaced_by"]["S"] if "replaced_by" in item else None,
     )
 
 
@@ -108,14 +111,26 @@ class DynamoDBKeyStore:
     def _put(self, record: KeyRecord) -> None:
         # A revocation is final (KeyStore.put): a record without one is written only over a stored
         # record without one; else the stored revocation stands, and so does the rest of it (a
-        # tier or an expiry for a revoked key changes nothing anyone can use).
+        # tier or an expiry for a revoked key changes nothing anyone can use). A replacement is
+        # final too: a record without the stored one (read before the rotation) is not written,
+        # and the rotation's expiry and replacement stand.
         item = _item(record)
         try:
             if record.revoked is not None:
                 self._client.put_item(TableName=self._table, Item=item)
+            elif record.replaced_by is None:
+                self._client.put_item(
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(revoked) AND attribute_not_exists(replaced_by)",
+                )
             else:
                 self._client.put_item(
-                    TableName=self._table, Item=item, ConditionExpression="attribute_not_exists(revoked)"
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(revoked) AND "
+                    "(attribute_not_exists(replaced_by) OR replaced_by = :replaced_by)",
+                    ExpressionAttributeValues={":replaced_by": {"S": record.replaced_by}},
                 )
         except self._client.exceptions.ConditionalCheckFailedException:
             pass

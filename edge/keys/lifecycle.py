@@ -68,11 +68,27 @@ class KeyNotRotatable(KeyNotFound):
         super().__init__(key_id, f"key {key_id} is {status}: only an active key can be rotated")
 
 
+class KeyAlreadyRotated(KeyNotFound):
+    """A key is replaced once. A second rotate (a retry whose answer was lost, a script run again,
+    a second operator) made a second replacement that inherited the grace's end as its expiry and
+    died with the old key, while the first replacement, whose key may never have been seen, lived
+    on. Refused, naming the replacement: its key was shown once, to the first rotate; if it was
+    lost, rotate the replacement in turn."""
+
+    def __init__(self, key_id: str, replaced_by: str) -> None:
+        super().__init__(
+            key_id,
+            f"key {key_id} was already rotated: its replacement is {replaced_by}"
+            f" (if that key was lost, rotate {replaced_by} in turn)",
+        )
+        self.replaced_by = replaced_by
+
+
 @dataclass(frozen=True, slots=True)
 class Rotated:
     key: str  # the new key, in clear: shown once
     new: KeyRecord
-    old: KeyRecord  # now expiring at the end of the grace period
+    old: KeyRecord  # now expiring at the end of the grace period, replaced_by the new one
 
 
 async def _no_announce(key_sha256: str) -> None:
@@ -139,16 +155,30 @@ class KeyLifecycle:
         return record
 
     async def rotate(self, key_id: str, grace_s: float | None = None) -> Rotated:
-        """A new key for the same user, tier and label; the old one keeps working for the grace
-        period (keys.rotation_grace_s unless given), then expires."""
+        """A new key for the same user, tier, label and expiry; the old one keeps working for the
+        grace period (keys.rotation_grace_s unless given), then expires. Once: a key already
+        replaced is refused (KeyAlreadyRotated), so the new key always inherits the old key's own
+        expiry, never the grace's end."""
         grace = self._grace_s if grace_s is None else checked_period("grace_s", grace_s, zero_ok=True)
         old = await self._find(key_id)
         if (status := old.status(self._clock())) != "active":
             raise KeyNotRotatable(key_id, status)
+        if old.replaced_by is not None:
+            raise KeyAlreadyRotated(key_id, old.replaced_by)
         key, new = new_record(old.user, old.tier, old.label, old.expires)
         await self.store.add(new)
         ends = self._clock() + grace
-        old = old.with_changes(expires=ends if old.expires is None else min(old.expires, ends))
-        await self.store.put(old)
+        retiring = old.with_changes(
+            expires=ends if old.expires is None else min(old.expires, ends), replaced_by=new.id
+        )
+        await self.store.put(retiring)
+        # Two rotations that read the key at once both get here; the store kept the first
+        # replacement (KeyStore.put). The other's key was never shown: it is revoked, not left live.
+        stored = await self.store.get(old.key_sha256)
+        first = None if stored is None else stored.replaced_by
+        if first is not None and first != new.id:
+            await self.store.put(new.with_changes(revoked=self._clock()))
+            await self._announce(new.key_sha256)
+            raise KeyAlreadyRotated(key_id, first)
         await self._announce(old.key_sha256)
-        return Rotated(key, new, old)
+        return Rotated(key, new, stored or retiring)

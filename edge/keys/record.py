@@ -36,6 +36,9 @@ class KeyRecord:
     expires: float | None = None  # Unix seconds; None: never
     revoked: float | None = None  # when it was revoked; None: live
     last4: str = ""  # the key's last four characters ("" for keys imported as hashes)
+    # The id of the key a rotation made to replace this one (which then works only for the grace):
+    # a key is replaced once, so a second rotate can be refused and name the first one's key.
+    replaced_by: str | None = None
 
     def status(self, now: float) -> str:
         if self.revoked is not None:

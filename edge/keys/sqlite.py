@@ -21,10 +21,12 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created REAL NOT NULL,
     expires REAL,
     revoked REAL,
-    last4 TEXT NOT NULL
+    last4 TEXT NOT NULL,
+    replaced_by TEXT
 ) WITHOUT ROWID
 """
-_COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4"
+_COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4, replaced_by"
+_PLACES = ",".join("?" * len(_COLUMNS.split(", ")))
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -40,7 +42,31 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
 def _row(record: KeyRecord) -> tuple[Any, ...]:
     r = record
-    return (r.id, r.key_sha256, r.user, r.tier, r.label, r.created, r.expires, r.revoked, r.last4)
+    return (
+        r.id,
+        r.key_sha256,
+        r.user,
+        r.tier,
+        r.label,
+        r.created,
+        r.expires,
+        r.revoked,
+        r.last4,
+        r.replaced_by,
+    )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a file an older edge made up to this schema: `replaced_by` came with the refusal of a
+    second rotation. Edges and the CLI of one host may open the file at once: the loser of the
+    race to add the column finds it there."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(api_keys)")}
+    if "replaced_by" not in present:
+        try:
+            conn.execute("ALTER TABLE api_keys ADD COLUMN replaced_by TEXT")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise
 
 
 class SQLiteKeyStore:
@@ -48,6 +74,7 @@ class SQLiteKeyStore:
         self._conn = connect(path)
         self._lock = threading.Lock()
         self._conn.execute(_SCHEMA)
+        _migrate(self._conn)
 
     async def get(self, key_sha256: str) -> KeyRecord | None:
         return await anyio.to_thread.run_sync(self._one, "key_sha256", key_sha256)
@@ -80,19 +107,24 @@ class SQLiteKeyStore:
     def _add(self, record: KeyRecord) -> bool:
         with self._lock:
             cursor = self._conn.execute(
-                f"INSERT OR IGNORE INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", _row(record)
+                f"INSERT OR IGNORE INTO api_keys ({_COLUMNS}) VALUES ({_PLACES})", _row(record)
             )
         return cursor.rowcount == 1
 
     def _put(self, record: KeyRecord) -> None:
-        # A revocation is final (KeyStore.put): the stored one is kept whatever the record says.
+        # A revocation is final, and so is a replacement (KeyStore.put): the stored one is kept
+        # whatever the record says, and with it the expiry its rotation set when the record was
+        # read before it (its replaced_by is not the stored one).
         with self._lock:
             self._conn.execute(
-                f"INSERT INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+                f"INSERT INTO api_keys ({_COLUMNS}) VALUES ({_PLACES}) "
                 "ON CONFLICT(key_sha256) DO UPDATE SET id=excluded.id, user=excluded.user, "
                 "tier=excluded.tier, label=excluded.label, created=excluded.created, "
-                "expires=excluded.expires, revoked=COALESCE(api_keys.revoked, excluded.revoked), "
-                "last4=excluded.last4",
+                "expires=CASE WHEN api_keys.replaced_by IS NULL "
+                "OR api_keys.replaced_by = excluded.replaced_by "
+                "THEN excluded.expires ELSE api_keys.expires END, "
+                "revoked=COALESCE(api_keys.revoked, excluded.revoked), last4=excluded.last4, "
+                "replaced_by=COALESCE(api_keys.replaced_by, excluded.replaced_by)",
                 _row(record),
             )
 

@@ -21,7 +21,13 @@ class KeyStore(Protocol):
         """Overwrite the record (tier change, revocation, expiry), found by its hash; but never
         undo a stored revocation. A tier change or a rotation writes back the record it read: a
         revocation that landed in between was undone, and the key the operator was told is
-        revoked went on working (for good after a tier change, for the grace after a rotation)."""
+        revoked went on working (for good after a tier change, for the grace after a rotation).
+
+        Nor undo a stored replacement (`replaced_by`, set by a rotation): a write from a record read
+        before the rotation keeps the stored replacement and the expiry the rotation set (else a
+        tier change made the retiring key work for good, or a second rotation racing the first
+        made a second replacement). A revocation's write may drop the link: the key is dead
+        either way."""
         ...
 
     async def by_id(self, key_id: str) -> KeyRecord | None: ...

@@ -20,4 +20,5 @@ def key_view(record: KeyRecord, now: float | None = None) -> dict[str, Any]:
         "expires": record.expires,
         "revoked": record.revoked,
         "status": record.status(now),
+        "replaced_by": record.replaced_by,
     }

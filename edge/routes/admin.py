@@ -18,7 +18,14 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
-from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyNotFound, KeyNotRotatable, UnknownTier
+from edge.keys.lifecycle import (
+    InvalidPeriod,
+    InvalidUser,
+    KeyAlreadyRotated,
+    KeyNotFound,
+    KeyNotRotatable,
+    UnknownTier,
+)
 from edge.keys.record import hash_key
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
@@ -63,9 +70,18 @@ def _body(raw: bytes, kind: type[_T]) -> _T:
         raise invalid_request(f"Invalid request body: {exc}", None) from None
 
 
+# A refused rotation is final: the OpenAI SDK, which an operator's script may use, retries a 409
+# (a lock timeout, to it) unless told otherwise.
+_FINAL = {"x-should-retry": "false"}
+
+
 def _lifecycle_error(exc: Exception) -> ApiError:
+    if isinstance(exc, KeyAlreadyRotated):
+        message = f"{str(exc).capitalize()}."
+        return ApiError(409, message, param="key_id", code="key_already_rotated", headers=_FINAL)
     if isinstance(exc, KeyNotRotatable):
-        return ApiError(409, f"{str(exc).capitalize()}.", param="key_id", code="key_not_active")
+        message = f"{str(exc).capitalize()}."
+        return ApiError(409, message, param="key_id", code="key_not_active", headers=_FINAL)
     if isinstance(exc, KeyNotFound):
         return ApiError(404, f"No active key {exc.key_id}.", param="key_id", code="key_not_found")
     return invalid_request(str(exc), "tier", code="unknown_tier")

@@ -119,6 +119,41 @@ def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: 
     assert refused.status_code == 409
     error = refused.json()["error"]
     assert error["code"] == "key_not_active" and "is revoked" in error["message"]
+    assert refused.headers["x-should-retry"] == "false"  # final: an OpenAI SDK does not retry it
+
+
+def test_a_second_rotate_is_refused_naming_the_first_replacement(
+    tmp_path: Path, backend: dict[str, str]
+) -> None:
+    """A review: the same rotate twice (its answer lost and the call retried, a script run again)
+    answered 200 twice; the second new key inherited the grace's end as its expiry and died with
+    the old key, while the first, whose key may never have been seen, lived on. On either store."""
+    keys = backend | {"admin_key_sha256": hash_key(ADMIN_KEY), "cache_ttl_s": 3600}
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS, "keys": keys}) as edge:
+        made = _create(edge, user="ivy", tier="free", expires_in_s=30 * 86400)
+        rotate = f"{edge.base_url}/v1/admin/keys/{made['id']}/rotate"
+        first = httpx.post(rotate, json={"grace_s": 3600}, headers=ADMIN)
+        assert first.status_code == 200, first.text
+        new = first.json()
+        again = httpx.post(rotate, json={"grace_s": 3600}, headers=ADMIN)
+        assert again.status_code == 409, again.text
+        assert new["expires"] == made["expires"] and new["replaces"]["replaced_by"] == new["id"]
+        error = again.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            "key_already_rotated",
+            "key_id",
+            "conflict_error",
+        )
+        assert f"its replacement is {new['id']}" in error["message"]
+        # Final: an OpenAI SDK in an operator's script does not retry it.
+        assert again.headers["x-should-retry"] == "false"
+
+        listed = httpx.get(edge.base_url + "/v1/admin/keys", params={"user": "ivy"}, headers=ADMIN).json()
+        assert {(k["id"], k["status"], k["replaced_by"]) for k in listed["data"]} == {
+            (made["id"], "active", new["id"]),  # in its grace
+            (new["id"], "active", None),
+        }
+        assert _works(edge, made["key"]) and _works(edge, new["key"])
 
 
 def test_a_lifetime_or_grace_past_100_years_is_refused_naming_it(server: LiveServer) -> None:

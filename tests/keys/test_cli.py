@@ -59,7 +59,18 @@ def test_create_list_revoke(capsys: pytest.CaptureFixture[str], config: Path) ->
     assert "carol" in table and f"…{key[-4:]}" in table and "active" in table
 
     [listed] = json.loads(run(capsys, config, "keys", "list", "--json", "--user", "carol"))
-    assert set(listed) == {"id", "user", "tier", "label", "last4", "created", "expires", "revoked", "status"}
+    assert set(listed) == {
+        "id",
+        "user",
+        "tier",
+        "label",
+        "last4",
+        "created",
+        "expires",
+        "revoked",
+        "status",
+        "replaced_by",
+    }
     run(capsys, config, "keys", "revoke", listed["id"])
     assert user_of(config, key) is None
     assert "revoked" in run(capsys, config, "keys", "list")
@@ -135,6 +146,20 @@ def test_a_far_expiry_a_store_holds_is_listed(capsys: pytest.CaptureFixture[str]
     run(capsys, config, "keys", "create", "--user", "new", "--tier", "free")
     table = run(capsys, config, "keys", "list").splitlines()
     assert len(table) == 5 and "1e+300 (Unix s)" in table[2] and "new" in table[4]
+
+
+def test_a_second_rotate_is_refused_and_the_list_shows_the_replacement(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    run(capsys, config, "keys", "create", "--user", "eve", "--tier", "free")
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    new = run(capsys, config, "keys", "rotate", record["id"]).strip()
+    new_id = key_id(hash_key(new))
+    refusal = f"key {record['id']} was already rotated: its replacement is {new_id}"
+    with pytest.raises(SystemExit, match=refusal):
+        run(capsys, config, "keys", "rotate", record["id"])
+    [old_row] = [line for line in run(capsys, config, "keys", "list").splitlines() if record["id"] in line]
+    assert old_row.split()[-1] == new_id
 
 
 def test_a_rotation_grace_past_100_years_is_a_settings_error(tmp_path: Path) -> None:

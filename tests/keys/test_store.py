@@ -6,14 +6,15 @@ import asyncio
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edge.errors import ApiError
 from edge.keys.authenticator import Authenticator
 from edge.keys.legacy import import_keys, parse_jsonl
-from edge.keys.lifecycle import KeyLifecycle, KeyNotFound, UnknownTier
-from edge.keys.record import KeyRecord, hash_key
+from edge.keys.lifecycle import KeyAlreadyRotated, KeyLifecycle, KeyNotFound, UnknownTier
+from edge.keys.record import KeyRecord, hash_key, key_id
 from edge.keys.store import KeyStore
 from tests.limiter.clock import ManualClock
 
@@ -123,6 +124,134 @@ async def test_rotation_keeps_the_old_key_for_the_grace_period(key_store: KeySto
     assert (await auth.authenticate(f"Bearer {rotated.key}")).user == "alice"
     with pytest.raises(KeyNotFound):
         await keys.rotate(old.id)  # an expired key cannot be rotated again
+
+
+async def test_a_key_is_rotated_once_and_its_replacement_keeps_the_keys_own_expiry(
+    key_store: KeyStore,
+) -> None:
+    """A review: a second rotate of one key (a retry whose answer was lost) made a second
+    replacement that inherited the grace's end as its expiry, and died with the old key, while the
+    first replacement lived on. Refused now, naming the first; that one is rotated in turn if its
+    key was lost, and every replacement keeps the expiry the key was created with."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await keys.create("alice", "paid", "ci", expires_in_s=86400.0)
+    first = await keys.rotate(old.id)
+    with pytest.raises(KeyAlreadyRotated, match=f"its replacement is {first.new.id}") as refused:
+        await keys.rotate(old.id)  # the retry
+    assert refused.value.replaced_by == first.new.id
+    assert first.new.expires == old.expires and first.old.replaced_by == first.new.id
+    listed = {r.id: r for r in await keys.list_keys("alice")}
+    assert set(listed) == {old.id, first.new.id}  # no second replacement
+    assert listed[old.id].replaced_by == first.new.id and listed[first.new.id].replaced_by is None
+
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    clock.advance(60.0)  # the grace ends: the old key with it, the replacement lives on
+    with pytest.raises(ApiError, match="expired"):
+        await auth.authenticate(f"Bearer {old_key}")
+    assert (await auth.authenticate(f"Bearer {first.key}")).key_id == first.new.id
+    second = await keys.rotate(first.new.id)  # the replacement's key was lost: rotate it in turn
+    assert second.new.expires == old.expires
+
+
+class _HeldPut:
+    """The real store, its first put held until the test lets it through: one rotation stopped
+    between reading the key and writing it back, while another runs."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.puts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def put(self, record: KeyRecord) -> None:
+        self.puts += 1
+        if self.puts == 1:
+            self.entered.set()
+            await self.gate.wait()
+        await self.store.put(record)
+
+
+async def test_two_rotations_at_once_make_one_replacement(key_store: KeyStore) -> None:
+    """Two operators rotate one key at once: both read it unreplaced. The store keeps the first
+    replacement written; the other rotation is refused naming it, and its own new key, never
+    shown, is revoked rather than left working unseen."""
+    clock = ManualClock(1_000_000.0)
+    held = _HeldPut(key_store)
+    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
+    fast = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await fast.create("alice", "paid")
+    losing = asyncio.create_task(slow.rotate(old.id))
+    await held.entered.wait()  # it read the key and added its new one; its write waits
+    won = await fast.rotate(old.id)
+    held.gate.set()
+    with pytest.raises(KeyAlreadyRotated, match=won.new.id):
+        await losing
+    stored = await key_store.by_id(old.id)
+    assert stored is not None and stored.replaced_by == won.new.id and stored.expires == won.old.expires
+
+    listed = await fast.list_keys("alice")
+    [lost] = [r for r in listed if r.id not in (old.id, won.new.id)]
+    assert lost.revoked is not None
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    assert (await auth.authenticate(f"Bearer {won.key}")).key_id == won.new.id
+    assert (await auth.authenticate(f"Bearer {old_key}")).key_id == old.id  # in its grace
+
+
+async def test_a_change_read_before_a_rotation_keeps_the_rotation(key_store: KeyStore) -> None:
+    """A tier change that read the key before a rotation writes it back after: the rotation's grace
+    expiry and replacement stand (before, the retiring key went on working for good)."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await keys.create("alice", "free")
+    read = await key_store.by_id(old.id)  # the other operator's set-tier read it ...
+    assert read is not None
+    rotated = await keys.rotate(old.id)  # ... this one rotated it ...
+    await key_store.put(read.with_changes(tier="paid"))  # ... and the set-tier wrote back
+    clock.advance(60.0)
+    with pytest.raises(ApiError, match="expired"):
+        await Authenticator(key_store, ttl_s=1e-9, wall_clock=clock).authenticate(f"Bearer {old_key}")
+    stored = await key_store.by_id(old.id)
+    assert stored is not None
+    assert (stored.replaced_by, stored.expires) == (rotated.new.id, rotated.old.expires)
+
+
+# The api_keys table as edges before `replaced_by` made it.
+_OLD_SCHEMA = """
+CREATE TABLE api_keys (
+    key_sha256 TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE, user TEXT NOT NULL, tier TEXT NOT NULL,
+    label TEXT NOT NULL, created REAL NOT NULL, expires REAL, revoked REAL, last4 TEXT NOT NULL
+) WITHOUT ROWID
+"""
+
+
+async def test_a_sqlite_file_of_an_older_edge_gains_the_replacement_column(tmp_path: Path) -> None:
+    from edge.keys.sqlite import SQLiteKeyStore
+
+    path = tmp_path / "keys.db"
+    old_key = "fg-a-key-an-older-edge-made"
+    digest = hash_key(old_key)
+    with sqlite3.connect(path) as conn:
+        conn.execute(_OLD_SCHEMA)
+        conn.execute(
+            "INSERT INTO api_keys VALUES (?,?,?,?,?,?,?,?,?)",
+            (digest, key_id(digest), "alice", "paid", "", 1.0, None, None, old_key[-4:]),
+        )
+    conn.close()
+    store, other = SQLiteKeyStore(path), SQLiteKeyStore(path)  # an edge and the CLI, say
+    try:
+        keys = lifecycle(store)
+        assert (await Authenticator(store, 1e-9).authenticate(f"Bearer {old_key}")).user == "alice"
+        rotated = await keys.rotate(key_id(digest))
+        with pytest.raises(KeyAlreadyRotated):
+            await lifecycle(other).rotate(key_id(digest))
+        assert rotated.new.id in {r.id for r in await other.list_keys("alice")}
+    finally:
+        await store.aclose()
+        await other.aclose()
 
 
 async def test_unknown_ids_and_tiers_are_refused(key_store: KeyStore) -> None:
