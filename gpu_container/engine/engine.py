@@ -3,8 +3,9 @@
 Callers (the edge through asyncio, the Triton Python backend from its own threads) only touch the
 inbox, the abort set and the stats snapshot, all under one condition; the scheduler, the block
 manager, the KV cache and the model belong to the loop thread alone, but for the prefill lane
-(prefill_lane.py): a forward of prefill chunks that runs beside the loop's decode steps, over blocks
-the scheduler holds for it, and is committed by the loop at the first step after it ends.
+(prefill_lane.py): forwards of prefill chunks that run beside the loop's decode steps, over blocks
+the scheduler holds for them, committed by the loop at the first step after they end (as far as they
+got: the loop ends them early for a prompt that outranks theirs).
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ class LLMEngine:
             self._set_knee()
             config = self._config
             if config.batching == "continuous" and lane_wanted(config.prefill_lane, config.blas_threads):
-                self._lane = PrefillLane(self._model, self._cache)
+                self._lane = PrefillLane(
+                    self._model, self._cache, config.block_size, config.lane_piece_tokens
+                )
             elif config.prefill_slowdown > 0:  # the lane makes the time budget moot: nothing waits on it
                 self._calibrate()
             self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -259,7 +262,13 @@ class LLMEngine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._state == "stopped" or self._inbox or self._aborts or self._has_runnable()):
+                while not (
+                    self._state == "stopped"
+                    or self._inbox
+                    or self._aborts
+                    or self._has_runnable()
+                    or self._lane_done()
+                ):
                     self._cond.wait()
                 if self._state == "stopped":
                     break
@@ -283,8 +292,9 @@ class LLMEngine:
         """Cancel these sequences now, but those the lane is prefilling once it is done."""
         emitted: list[_Emission] = []
         for seq in seqs:
-            if self._scheduler.is_held(seq):
+            if self._lane_work is not None and self._scheduler.is_held(seq):
                 self._deferred_aborts.add(seq)
+                self._lane_work.stop.set()  # the rest of its chunk would be thrown away
             else:
                 emitted.append(self._finish(seq, "cancelled"))
         return emitted
@@ -292,31 +302,41 @@ class LLMEngine:
     def _has_runnable(self) -> bool:
         return self._scheduler.has_work() and not self._stalled
 
+    def _lane_done(self) -> bool:
+        return self._lane_work is not None and self._lane_work.future.done()
+
+    def _lane_ended(self, _: object) -> None:
+        """Wake the loop, which may be waiting for nothing but the lane (from the lane's thread)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _admit(self, inbox: list[Sequence]) -> None:
         for seq in inbox:
             self._scheduler.add(seq)
             self._prompt_tokens += len(seq.prompt_ids)
 
     def _step(self) -> list[_Emission]:
-        emitted = self._collect_lane(wait=False)
+        emitted = self._collect_lane()
+        if self._lane_work is not None and self._scheduler.outranks_held():
+            self._lane_work.stop.set()  # the lane ends at its next piece, and the prompt goes first
         scheduled = self._scheduler.schedule()
         if not scheduled:
-            if self._lane_work is not None:  # nothing to do but wait for the lane's prefill
-                with self._cond:  # what this step changed (a preemption) shows meanwhile
-                    self._stats = self._snapshot()
-                return emitted + self._collect_lane(wait=True)
-            # Nothing schedulable (should not happen: a lone sequence always fits) must not spin.
+            # Nothing to do until the lane's work ends, or something arrives; nothing schedulable
+            # with the lane idle (should not happen: a lone sequence always fits) must not spin.
             self._stalled = True
             return emitted
         self._stalled = False
         self._steps += 1
         decodes = [c for c in scheduled if c.num_tokens == 1 and c.completes]
         prefill = [c for c in scheduled if c.num_tokens > 1 or not c.completes]
-        if self._lane is not None and decodes and prefill:
-            # The prefill goes to the lane and the decodes step on without waiting for it.
-            batch = ForwardBatch.from_chunks(prefill, self._config.block_size)
-            self._lane_work = LaneWork(self._lane.submit(batch), prefill)
+        if self._lane is not None and prefill:
+            # The prefill goes to the lane and the decodes step on without waiting for it. With
+            # no decodes too: the loop, free, then hears an arrival that outranks the lane's work.
+            self._lane_work = self._lane.submit(prefill)
+            self._lane_work.future.add_done_callback(self._lane_ended)
             self._scheduler.hold(c.seq for c in prefill)
+            if not decodes:
+                return emitted
             scheduled = decodes
         return emitted + self._run_here(scheduled)
 
@@ -339,29 +359,33 @@ class LLMEngine:
             self._prefill_budget.observe(len(decoding), prefill, self._clock() - started, keys)
         return self._commit(chunks, logits)
 
-    def _collect_lane(self, wait: bool) -> list[_Emission]:
-        """Commit the lane's prefill once it is done (waiting for it if `wait`): release its
-        sequences, cancel those aborted meanwhile, sample the first token of those it completed."""
+    def _collect_lane(self) -> list[_Emission]:
+        """Commit the lane's prefill once it is done, as far as it got: release its sequences,
+        cancel those aborted meanwhile, sample the first token of those it completed. The rest of
+        a chunk it did not reach is scheduled again."""
         work = self._lane_work
-        if work is None or not (wait or work.future.done()):
+        if work is None or not work.future.done():
             return []
         self._lane_work = None
         self._scheduler.release(c.seq for c in work.chunks)
         aborted, self._deferred_aborts = self._deferred_aborts, set()
-        kept = [c for c in work.chunks if c.seq not in aborted]
-        # One logits row per completing chunk, in chunk order: the rows of the chunks kept.
-        rows = [i for i, c in enumerate(c for c in work.chunks if c.completes) if c.seq not in aborted]
         emitted = [self._finish(seq, "cancelled") for seq in aborted]
         try:
-            logits = work.future.result()
+            result = work.future.result()
         except Exception:
+            kept = [c for c in work.chunks if c.seq not in aborted]
             log.exception("prefill lane failed; retrying its sequences one by one", sequences=len(kept))
             return emitted + self._isolate(kept)
-        return emitted + self._commit(kept, logits[rows])
+        computed = work.computed(result.rows)
+        kept = [c for c in computed if c.seq not in aborted]
+        # One logits row per completing chunk computed, in chunk order: the rows of the chunks kept.
+        rows = [i for i, c in enumerate(c for c in computed if c.completes) if c.seq not in aborted]
+        return emitted + self._commit(kept, result.logits[rows])
 
     def _drain_lane(self) -> None:
         """Wait for the lane to stop writing the KV pool and forget its work (a reset, a stop)."""
         if self._lane_work is not None:
+            self._lane_work.stop.set()
             self._lane_work.future.exception()  # waits; whatever it raised does not matter now
             self._scheduler.release(c.seq for c in self._lane_work.chunks)
             self._lane_work = None

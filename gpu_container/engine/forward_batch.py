@@ -54,3 +54,26 @@ class ForwardBatch:
             slices=tuple(slices),
             logits_rows=np.asarray(logits_rows, dtype=np.int64),
         )
+
+    def rows(self, start: int, stop: int, block_size: int) -> ForwardBatch:
+        """Rows [start, stop) as a batch of their own, each sequence's slice cut to its rows there.
+
+        Run in order, the parts of a batch compute what it does (a part's attention reads the K/V
+        the parts before it wrote), and the work can stop between two of them: the prefill lane
+        (prefill_lane.py) runs a large chunk as a few such forwards."""
+        slices: list[SequenceSlice] = []
+        for s in self.slices:
+            first, last = max(start, s.start), min(stop, s.start + s.length)
+            if first >= last:
+                continue
+            context = s.context_len - (s.start + s.length - last)
+            table = s.block_table[: blocks_for(context, block_size)]
+            slices.append(SequenceSlice(first - start, last - first, context, table))
+        logits = self.logits_rows[(self.logits_rows >= start) & (self.logits_rows < stop)]
+        return ForwardBatch(
+            token_ids=self.token_ids[start:stop],
+            positions=self.positions[start:stop],
+            slot_mapping=self.slot_mapping[start:stop],
+            slices=tuple(slices),
+            logits_rows=logits - start,
+        )

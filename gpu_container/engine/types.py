@@ -89,6 +89,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "auto" when BLAS keeps to one thread and the process may use two CPUs or more. With a lane
     # prefill_slowdown does not apply (nothing waits on a chunk) and max_num_batched_tokens caps it.
     prefill_lane: LaneSetting = "auto"
+    # The lane computes its chunk as forwards of at most this many rows in sequence, and ends its
+    # work between two of them when a waiting prompt outranks the lane's (prefill_lane.py): what
+    # such a prompt may wait for the lane, at about the cost of a large chunk a token.
+    lane_piece_tokens: Annotated[int, msgspec.Meta(ge=1)] = 256
     # Up to how many rows a projection runs as one GEMV per row rather than one GEMM (model.py):
     # 0 measures it when the engine starts (gemv_knee.py), 1 is GEMM always; set it to reproduce
     # a run, or to skip the measurement.

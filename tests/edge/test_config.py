@@ -80,6 +80,7 @@ ENGINE_TABLE = {
     "min_prefill_chunk": 7,
     "gemv_knee_rows": 3,
     "prefill_lane": "off",
+    "lane_piece_tokens": 32,
     "batching": "static",
 }
 
