@@ -74,10 +74,10 @@ class Driver:
                 trace.done = now
             self._cond.notify_all()
 
-    def add(self, request_id: str, prompt: Seq[int], params: SamplingParams) -> None:
+    def add(self, request_id: str, prompt: Seq[int], params: SamplingParams, priority: int = 0) -> None:
         with self._cond:
             self.traces[request_id] = Trace(time.perf_counter())
-        self.engine.add_request(request_id, prompt, params, self._record)
+        self.engine.add_request(request_id, prompt, params, self._record, priority=priority)
 
     def wait(self, *request_ids: str) -> None:
         with self._cond:
