@@ -102,12 +102,20 @@ class StreamWatch:
 
     def _schedule(self, digest: str, key: _Key, retry: bool = False) -> None:
         """The next look: when the cached lookup turns stale, or at the expiry if sooner; a TTL
-        from now after a failed read (none is cached then: it would be at once, again and again)."""
+        from now after a failed read (none is cached then: it would be at once, again and again).
+
+        An expiry already passed is a look at once (which finds it expired with no store read),
+        never a look a TTL away. It passes here after a look that found the key active: uvloop
+        rounds a timer to the millisecond and fires it by the loop's cached time, so the look at
+        the expiry may run just before it, and the expiry can pass between that look's status and
+        this. The stream set up after its key's expiry, with its request's lookup still cached, is
+        another. Dropping it ran a rotated key's stream a TTL past its grace (to its max_tokens,
+        now and then, in test_a_key_rotated_mid_stream_ends_it_when_its_grace_ends)."""
         if key.timer is not None:
             key.timer.cancel()
         delay = self._auth.ttl_s if retry else self._auth.stale_in(digest)
-        if key.expires is not None and (left := key.expires - self._wall_clock()) > 0:
-            delay = min(delay, left)
+        if key.expires is not None:
+            delay = min(delay, max(0.0, key.expires - self._wall_clock()))
         # An empty context: the timer is the key's, not the request's whose stream set it (its
         # request_id must not be bound to the check's log lines).
         key.timer = asyncio.get_running_loop().call_later(

@@ -1,0 +1,100 @@
+"""The key watch's next look at a key (edge/keys/stream_watch.py), with the interleaving that ended
+a rotated key's stream late forced by hand: a clock each read of which is later. The end-to-end
+tests (tests/keys/test_key_streams.py) run the same paths on a live edge."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from edge.keys.authenticator import Authenticator
+from edge.keys.record import KeyRecord, new_record
+from edge.keys.stream_watch import StreamWatch
+from tests.limiter.clock import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+# Far longer than any test: only a look the watch schedules at the expiry ends the stream.
+TTL_S = 3600.0
+# Enough turns of the loop for a look due at once to run and cancel the stream: a look takes a few.
+LOOP_TURNS = 20
+
+
+class TickingClock(ManualClock):
+    """A wall clock time passes on between reads: each read is `step` later than the one before."""
+
+    def __init__(self, start: float = 1_000.0, step: float = 1.0) -> None:
+        super().__init__(start)
+        self.step = step
+
+    def __call__(self) -> float:
+        now = self.now
+        self.now += self.step
+        return now
+
+
+class DictStore:
+    def __init__(self, record: KeyRecord) -> None:
+        self.records = {record.key_sha256: record}
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        return self.records.get(key_sha256)
+
+
+async def _turns(until: Callable[[], bool]) -> None:
+    """Turns of the loop until `until()` holds, LOOP_TURNS at most (counted, not timed)."""
+    for _ in range(LOOP_TURNS):
+        if until():
+            return
+        await asyncio.sleep(0)
+
+
+def _expiring(start: float, in_s: float) -> KeyRecord:
+    _, record = new_record("di", "paid")
+    return record.with_changes(expires=start + in_s, replaced_by="key_successor")
+
+
+async def test_a_look_just_before_the_expiry_that_schedules_just_after_it_ends_the_stream() -> None:
+    """The flake of test_a_key_rotated_mid_stream_ends_it_when_its_grace_ends (now and then): uvloop
+    rounds a timer to the millisecond and fires it by a cached loop time, so the look at a rotated
+    key's grace end ran up to a millisecond before it. The key was still active then; by the time
+    the next look was scheduled the expiry had passed, and a passed expiry was dropped from the
+    delay: the next look came a cache TTL (an hour) later and the stream ran to max_tokens."""
+    clock = TickingClock()
+    record = _expiring(clock.now, 10.0)
+    digest = record.key_sha256
+    auth = Authenticator(DictStore(record), TTL_S, clock=ManualClock(), wall_clock=clock)
+    watch = StreamWatch(auth, wall_clock=clock)
+    await auth.status(digest)  # the lookup its request made, cached for the TTL
+    scope = anyio.CancelScope()
+    watch.watch(digest, record.expires, scope)
+    # The look: the watch's clock reads 1.5 s before the expiry, the Authenticator's (the status)
+    # 0.5 s before, the schedule's 0.5 s after.
+    assert record.expires is not None
+    clock.now = record.expires - 1.5
+    watch.changed(digest)
+    await _turns(lambda: scope.cancel_called)
+    assert scope.cancel_called
+    assert watch.unwatch(digest, scope) == "expired"
+    await watch.aclose()
+
+
+async def test_a_stream_set_up_after_its_keys_expiry_ends_at_once_though_its_lookup_is_cached() -> None:
+    """Admitted a moment before its key's expiry, set up after it: its lookup is cached for the TTL,
+    and a passed expiry no longer defers the first look to the TTL's end."""
+    clock = ManualClock()
+    record = _expiring(clock.now, 1.0)
+    digest = record.key_sha256
+    auth = Authenticator(DictStore(record), TTL_S, clock=ManualClock(), wall_clock=clock)
+    watch = StreamWatch(auth, wall_clock=clock)
+    assert (await auth.status(digest))[0] == "active"
+    clock.advance(1.0)
+    scope = anyio.CancelScope()
+    watch.watch(digest, record.expires, scope)
+    await _turns(lambda: scope.cancel_called)
+    assert scope.cancel_called
+    assert watch.unwatch(digest, scope) == "expired"
+    await watch.aclose()
