@@ -369,17 +369,21 @@ class LLMEngine:
         self._lane_work = None
         self._scheduler.release(c.seq for c in work.chunks)
         aborted, self._deferred_aborts = self._deferred_aborts, set()
-        emitted = [self._finish(seq, "cancelled") for seq in aborted]
         try:
             result = work.future.result()
         except Exception:
+            emitted = [self._finish(seq, "cancelled") for seq in aborted]
             kept = [c for c in work.chunks if c.seq not in aborted]
             log.exception("prefill lane failed; retrying its sequences one by one", sequences=len(kept))
             return emitted + self._isolate(kept)
         computed = work.computed(result.rows)
         kept = [c for c in computed if c.seq not in aborted]
         # One logits row per completing chunk computed, in chunk order: the rows of the chunks kept.
+        # Worked out before the aborted sequences are finished: that frees their blocks and resets
+        # their computed tokens, so an aborted chunk that completed its prompt would no longer
+        # count as completing, and every later prompt would take the row before its own.
         rows = [i for i, c in enumerate(c for c in computed if c.completes) if c.seq not in aborted]
+        emitted = [self._finish(seq, "cancelled") for seq in aborted]
         return emitted + self._commit(kept, result.logits[rows])
 
     def _drain_lane(self) -> None:
