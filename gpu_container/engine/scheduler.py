@@ -19,8 +19,9 @@ and its sampler state, so a seeded request still yields the same tokens.
 A sequence whose prefill chunk the engine runs on its prefill lane (prefill_lane.py) is held until
 the lane is done: no step schedules it, and preemption passes it over (the lane is writing its
 blocks). While it holds any, steps carry decodes only and admit nobody: the lane is the prefill.
-A waiting sequence that outranks every held one (outranks_held) has the engine end the lane's work
-at its next piece (prefill_lane.py), after which it is admitted ahead of their next chunks.
+A waiting sequence that outranks every held one, and could be admitted once they are released
+(outranks_held), has the engine end the lane's work at its next piece (prefill_lane.py), after
+which it is admitted ahead of their next chunks.
 
 Admission reserves blocks for the whole known sequence up front (the part of it found in the prefix
 cache shared and counted as computed, see block_manager.py): a sequence that is admitted never
@@ -149,11 +150,20 @@ class Scheduler:
         return seq in self._held
 
     def outranks_held(self) -> bool:
-        """Whether a waiting sequence has a strictly higher priority than every held one: the
-        lane's work is then cut short, as a prompt prefilling here is passed by it (schedule)."""
+        """Whether the first waiting sequence has a strictly higher priority than every held one
+        and could be admitted once they are released: the lane's work is then cut short, as a
+        prompt prefilling here is passed by it (schedule). One that could not (the pool taken by
+        sequences it may not preempt) would only have the lane end its work at every piece."""
         if not (self._held and self.waiting):
             return False
-        return self.waiting[0].priority > max(seq.priority for seq in self._held)
+        seq = self.waiting[0]
+        if seq.priority <= max(held.priority for held in self._held):
+            return False
+        if self._fits(seq):
+            return True
+        # What _make_room_for could free once the held sequences are released.
+        lower = [r for r in self.running if r.priority < seq.priority]
+        return bool(lower) and self._blocks.can_allocate_after(seq, lower)
 
     def is_padding(self, seq: Sequence) -> bool:
         return seq in self._padding

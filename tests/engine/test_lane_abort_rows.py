@@ -1,15 +1,19 @@
 """An abort deferred by the prefill lane does not move the logits rows of the lane's other prompts
-(engine._collect_lane)."""
+(engine._collect_lane), and a waiting prompt that could not be admitted anyway does not cut the
+lane's work short (Scheduler.outranks_held)."""
 
 from __future__ import annotations
 
 import threading
 
 from gpu_container.engine.arrays import Floats
+from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.scheduler import Scheduler
+from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import EngineConfig, SamplingParams
 from tests.engine.collector import TIMEOUT_S, Collector
 from tests.engine.tiny_llama import tiny_model
@@ -122,3 +126,41 @@ def test_an_aborted_prompt_completed_from_the_prefix_cache_leaves_the_next_promp
 
 def test_an_aborted_prompts_last_chunk_leaves_the_next_prompts_row() -> None:
     _abort_beside(prefix_cache=False)
+
+
+def _seq(name: str, prompt_len: int, priority: int, arrival: int) -> Sequence:
+    params = SamplingParams(max_new_tokens=4)
+    return Sequence(name, [3] * prompt_len, params, lambda _: None, priority, arrival)
+
+
+def test_a_waiting_prompt_that_could_not_be_admitted_does_not_cut_the_lane_short() -> None:
+    """A paid stream holds most of the pool; a free prompt is on the lane. A paid prompt that
+    would fit once the free one lets go outranks the lane's work; one too large even then (it may
+    not preempt the paid stream) does not: ending the lane's work at each of its pieces got it
+    admitted no sooner, and the free prompt's first token came up to twice as late. Before the fix
+    both outranked it."""
+    config = EngineConfig(block_size=4, num_blocks=20, max_num_seqs=8, max_num_batched_tokens=64)
+    blocks = BlockManager(config.num_blocks, config.block_size)
+    scheduler = Scheduler(config, blocks)
+    stream, free = _seq("stream", 40, 2, 0), _seq("free", 24, 0, 1)  # 10 blocks, 6 blocks
+    scheduler.add(stream)
+    scheduler.add(free)
+    chunks = scheduler.schedule()
+    assert [c.seq for c in chunks] == [stream, free]
+    scheduler.hold([free])  # the free prompt's chunk goes to the lane
+    assert blocks.num_free_blocks == 4
+    too_large = _seq("too large", 44, 1, 2)  # 11 blocks: 10 with the free prompt's 6 released
+    scheduler.add(too_large)
+    assert not scheduler.outranks_held()
+    scheduler.remove(too_large)
+    fits_after = _seq("fits after", 36, 1, 3)  # 9 blocks: 4 free, and the free prompt's 6
+    scheduler.add(fits_after)
+    assert scheduler.outranks_held()
+    scheduler.remove(fits_after)
+    fits_now = _seq("fits now", 12, 1, 4)
+    scheduler.add(fits_now)
+    assert scheduler.outranks_held()
+    scheduler.remove(fits_now)
+    same = _seq("same", 4, 0, 5)  # fits, but does not outrank the lane's prompt
+    scheduler.add(same)
+    assert not scheduler.outranks_held()
