@@ -44,13 +44,14 @@ log = structlog.get_logger("floodgate.keys")
 class _Key:
     """One key with streams (or with streams until its timer fires)."""
 
-    __slots__ = ("ended", "expires", "streams", "timer")
+    __slots__ = ("ended", "expires", "looks", "streams", "timer")
 
     def __init__(self, expires: float | None) -> None:
         self.expires = expires  # Unix seconds, as last read; None: never
         self.streams: set[anyio.CancelScope] = set()
         self.timer: asyncio.TimerHandle | None = None
         self.ended: str | None = None  # the status it was found in, once not active
+        self.looks = 0  # the looks at it begun so far: only the latest one's answer is kept
 
 
 class StreamWatch:
@@ -141,6 +142,10 @@ class StreamWatch:
 
     async def _check(self, digest: str) -> None:
         key = self._keys.get(digest)
+        look = 0
+        if key is not None:
+            key.looks += 1
+            look = key.looks
         expires: float | None = None
         if key is not None and key.expires is not None and key.expires <= self._wall_clock():
             # Its known expiry has passed: nothing extends one, so no store read is needed (and a
@@ -155,6 +160,11 @@ class StreamWatch:
                 status = None
         key = self._keys.get(digest)
         if key is None or key.ended is not None or self._closed:
+            return
+        if look != key.looks:
+            # A later look began while this one read (an announced change: a rotation, say); this
+            # read may be from before the change, and coming back last it set the key's expiry
+            # back to none and its next look a TTL away. The later look's answer stands.
             return
         if status is None or status == "active":
             if status is not None:

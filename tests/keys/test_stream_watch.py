@@ -1,11 +1,13 @@
-"""The key watch's next look at a key (edge/keys/stream_watch.py), with the interleaving that ended
-a rotated key's stream late forced by hand: a clock each read of which is later. The end-to-end
-tests (tests/keys/test_key_streams.py) run the same paths on a live edge."""
+"""The key watch's next look at a key (edge/keys/stream_watch.py), with the interleavings that ended
+a rotated key's stream late forced by hand: a clock each read of which is later, a store whose
+reads are held. The end-to-end tests (tests/keys/test_key_streams.py) run the same paths on a
+live edge."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -36,6 +38,21 @@ class TickingClock(ManualClock):
         return now
 
 
+class HeldStore:
+    """A key store whose reads return the record as it was when each began, once the test lets it."""
+
+    def __init__(self, record: KeyRecord) -> None:
+        self.records = {record.key_sha256: record}
+        self.held: list[asyncio.Event] = []
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        record = self.records.get(key_sha256)
+        gate = asyncio.Event()
+        self.held.append(gate)
+        await gate.wait()
+        return record
+
+
 class DictStore:
     def __init__(self, record: KeyRecord) -> None:
         self.records = {record.key_sha256: record}
@@ -50,6 +67,22 @@ async def _turns(until: Callable[[], bool]) -> None:
         if until():
             return
         await asyncio.sleep(0)
+
+
+def _timer_delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The delays of the watch's timers from now on, in the order they are set (the last one is
+    the next look)."""
+    loop = asyncio.get_running_loop()
+    delays: list[float] = []
+    call_later = loop.call_later
+
+    def spy(delay: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        if getattr(callback, "__name__", "") == "_due":
+            delays.append(delay)
+        return call_later(delay, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_later", spy)
+    return delays
 
 
 def _expiring(start: float, in_s: float) -> KeyRecord:
@@ -97,4 +130,35 @@ async def test_a_stream_set_up_after_its_keys_expiry_ends_at_once_though_its_loo
     await _turns(lambda: scope.cancel_called)
     assert scope.cancel_called
     assert watch.unwatch(digest, scope) == "expired"
+    await watch.aclose()
+
+
+async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look under way when a rotation is announced read the record before it; the look the
+    announcement started reads the grace's end. The first one's answer, back last, set the key's
+    expiry back to none and the next look a TTL away: the stream outlived the grace by up to a TTL."""
+    due_in = _timer_delays(monkeypatch)
+    clock = ManualClock()
+    _, record = new_record("di", "paid")
+    digest = record.key_sha256
+    store = HeldStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=clock)
+    watch = StreamWatch(auth, wall_clock=clock)
+    scope = anyio.CancelScope()
+    watch.watch(digest, None, scope)  # nothing cached: a look at once, its read held
+    await _turns(lambda: len(store.held) == 1)
+    # The rotation: the store written, then announced (edge/keys/services.py's `changed`).
+    store.records[digest] = record.with_changes(expires=clock.now + 0.5, replaced_by="key_successor")
+    auth.invalidate(digest)
+    watch.changed(digest)
+    await _turns(lambda: len(store.held) == 2)
+    store.held[1].set()  # the look after the rotation answers first
+    await _turns(lambda: len(due_in) == 2)
+    assert due_in[-1] <= 0.5
+    store.held[0].set()  # then the one from before it
+    await _turns(lambda: False)
+    assert due_in[-1] <= 0.5, due_in
+    assert not scope.cancel_called
     await watch.aclose()
