@@ -174,13 +174,17 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
     return rate_limited(message, exc.reason, exc.retry_after_s, headers)
 
 
-def upstream_error(retry_after_s: float | None = None) -> ApiError:
+def upstream_error(retry_after_s: float | None = None, *, final: bool = False) -> ApiError:
     """The replica failed while generating: 502, as vLLM's server and OpenAI answer a backend's
     failure. With `retry_after_s` (the replica is being restarted, or the queue said when another
     try would find room) it says when a retry should succeed: the OpenAI SDK honours it on a 502,
     where without one it retries after half a second and again after one, and gave up before a
-    restarted engine served again."""
+    restarted engine served again. `final`: the request may be what killed the replica, so it says
+    not to send it again (`x-should-retry: false`, which the OpenAI SDK obeys); a client may still,
+    after a look at what it sent."""
     headers = {} if retry_after_s is None else retry_after_headers(retry_after_s)
+    if final:
+        headers["x-should-retry"] = "false"
     return ApiError(
         502,
         "The model replica failed while generating.",

@@ -150,6 +150,10 @@ class Generation:
         self._deltas: AsyncIterator[Delta] | None = None
         self._keepalive: _KeepAlive | None = None
         self._reached_replica = False
+        # The request was on a replica that died again soon after a crash: it may be what killed
+        # it (ReplicaRestarting.may_be_cause). It goes to no replica it was on again, and its 502
+        # does not invite the client to send it again.
+        self._maybe_poison = False
         # The replica refused the request, or failed before the client got any of its text: the
         # client got only an error, and is charged nothing for it (OpenAI bills no 4xx or 5xx).
         self._answered_nothing = False
@@ -275,7 +279,13 @@ class Generation:
         except UpstreamError as exc:
             log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
             out.reason = "error"
-            out.error = upstream_error(_retry_after_s(exc))
+            if self._maybe_poison:
+                # Without Retry-After and final for the OpenAI SDK: its retries, sent when the new
+                # child serves (or, without the header, waiting in the queue for it), met it with
+                # the request that may kill it again.
+                out.error = upstream_error(None, final=True)
+            else:
+                out.error = upstream_error(_retry_after_s(exc))
             # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
             self._answered_nothing = out.ttft_s is None or not self._req.stream
         finally:
@@ -322,7 +332,10 @@ class Generation:
         """Get a slot and relay; a replica that fails before the first token is retried once
         elsewhere, or, where it failed by dying and is being restarted (ReplicaRestarting), on
         whichever replica takes the request first, itself once back included: with one engine, its
-        crash is then a wait for the request that met it, not a 502."""
+        crash is then a wait for the request that met it, not a 502. Not where the request may be
+        what killed it (`may_be_cause`: it was on a child that died within a minute of replacing a
+        dead one): a request that crashes the engine crashed each new child it was sent back to;
+        that one goes elsewhere or fails, as vLLM's server fails the requests its dead engine held."""
         failed: frozenset[str] = frozenset()
         retried = False
         include_stop = self._req.include_stop_str_in_output
@@ -365,16 +378,22 @@ class Generation:
                 await relay.run(self._deltas)
                 return
             except UpstreamError as exc:
+                if isinstance(exc, ReplicaRestarting) and exc.may_be_cause:
+                    self._maybe_poison = True
                 if out.ttft_s is not None or retried:
                     raise
                 retried = True
                 # The error that made this replica suspect; the request goes on to another one, or
-                # waits for this one where it is coming back.
-                restarting = isinstance(exc, ReplicaRestarting)
+                # waits for this one where it is coming back and cannot have been killed by it.
+                waits = isinstance(exc, ReplicaRestarting) and not exc.may_be_cause
                 log.warning(
-                    "upstream_failover", upstream=out.upstream, error=str(exc), waits_for_restart=restarting
+                    "upstream_failover",
+                    upstream=out.upstream,
+                    error=str(exc),
+                    waits_for_restart=waits,
+                    may_be_cause=self._maybe_poison,
                 )
-                if not restarting:
+                if not waits:
                     failed = frozenset({out.upstream})
                 await self._give_back_slot(failed=True)
 

@@ -103,11 +103,24 @@ class ReplicaRestarting(UpstreamError):
     starts a new child: gpu_container/engine/engine_process.py). Raised from generate(), where the
     death is known for certain, so that the edge can tell a request that a short wait will serve
     (it waits for the same replica rather than failing with no other to go to) from a replica that
-    failed for a reason nobody is mending. `back_in_s`: about how long until it serves again."""
+    failed for a reason nobody is mending. `back_in_s`: about how long until it serves again.
 
-    def __init__(self, message: str, back_in_s: float) -> None:
+    `may_be_cause`: the request was on the replica when it died, a replica started in place of a
+    dead one less than a minute (the engine process's _STABLE_S) before the request reached it: a
+    crash again so soon may be the request's doing, as a prompt that crashes the engine crashes
+    every new one. Such a request is not sent back to the replica it may have killed, nor invited to
+    be sent again (a 502 the OpenAI SDK does not retry): sent back each time, one such request
+    crashed the engine twice, and its SDK's retries, each told when the new child would serve, six
+    times. False: it never reached the dead child (handed over after the death, or refused at
+    once), or the crash was a first one (the first child's, or one that had served a minute), which
+    is forgiven: the requests it held are sent back once, which costs a request that crashes the
+    engine one crash more, the new child's, and none after; or it came to the new child beside
+    requests sent back to it, which are the ones suspected then."""
+
+    def __init__(self, message: str, back_in_s: float, *, may_be_cause: bool) -> None:
         super().__init__(message)
         self.back_in_s = back_in_s
+        self.may_be_cause = may_be_cause
 
 
 class RequestRejected(Exception):

@@ -58,8 +58,8 @@ class Replica:
     def serves_within(self, wait_s: float) -> bool:
         """Alive, or being restarted and expected back within `wait_s`: a request that may wait
         that long may wait for it. A crash of the local engine is then a short wait for the
-        requests that meet it, not a 503 (nor a 502 for the one that was on it), as it would be if
-        the replica were down for good."""
+        requests that meet it, not a 503 (nor a 502 for one that was on it and cannot have killed
+        it: edge/generation.py), as it would be if the replica were down for good."""
         back = self.back_in_s
         # Its size as last polled holds while it restarts (the same engine settings load again).
         return self.alive or (self.capacity is not None and back is not None and back <= wait_s)

@@ -27,6 +27,15 @@ than an error: the open streams fail with ReplicaRestarting (an UpstreamError sa
 coming back), and `back_in_s` (contract.py's `Restarts`) says when, from the pause and the time the
 last child took to load. A child that fails to load is not expected back: from then on until one
 loads the replica is as down as any other (plain UpstreamError, `back_in_s` None).
+A crash of a child that replaced a dead one less than _STABLE_S before a request reached it may be
+that request's doing: a prompt that crashes the engine crashes every child it is sent to. The
+request's ReplicaRestarting says so (`may_be_cause`), and the edge neither sends it back to the new
+child nor invites its client to (edge/generation.py). Where some of the requests on it had been on
+the dead child before too (sent back after its crash), those alone are suspected (`_blame`). A first
+crash is forgiven (the first child's, or one that had served a minute): the requests it held are
+sent back once, which costs a request that crashes the engine one crash more, the new child's, and
+none after; a kill from outside (the OOM killer) costs them nothing. One handed over after the child
+died never reached it, and is not suspected either.
 What the seam's contract asks of a replica (the request's conversion, abort on close, errors) is
 the engine front's (front.py), shared with the in-thread AsyncEngine.
 """
@@ -110,6 +119,11 @@ class EngineProcess(EngineFront):
         self._stats: EngineStats | None = None
         self._stopped = threading.Event()  # ends a pause between restarts
         self._started_at = 0.0
+        # Until then a child that dies may have been killed by a request it held: it replaced a dead
+        # one less than _STABLE_S ago. 0 for the first child, whose first crash is forgiven.
+        self._suspect_until = 0.0
+        # The requests the last child that died held (reader thread only).
+        self._last_orphans: set[str] = set()
         self._early_ends = 0  # children in a row that died young or failed to start
         # How long the last child took from its spawn to "ready": what the next restart should take.
         self._load_s = 0.0
@@ -124,8 +138,8 @@ class EngineProcess(EngineFront):
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
 
-    def _spawn(self, timeout: float = 300.0) -> None:
-        """A new child, its model loaded, or RuntimeError.
+    def _spawn(self, timeout: float = 300.0, *, replacing: bool = False) -> None:
+        """A new child, its model loaded, or RuntimeError (`replacing`: a dead one).
 
         A fresh interpreter (`python -m gpu_container.engine.engine_process`), not a fork: the
         parent has threads and an event loop a fork would copy mid-flight, and multiprocessing's
@@ -168,6 +182,7 @@ class EngineProcess(EngineFront):
                 self._started_at = time.monotonic()
                 self._load_s = self._started_at - began
                 self._back_at = None
+                self._suspect_until = self._started_at + _STABLE_S if replacing else 0.0
         if message[0] != "ready" or stopping:
             self._kill()
             raise RuntimeError(
@@ -207,11 +222,20 @@ class EngineProcess(EngineFront):
                 if back_at is not None:
                     # Placed in the moment before the edge's health check saw the child die.
                     raise ReplicaRestarting(
-                        "engine process is restarting", max(0.0, back_at - time.monotonic())
+                        "engine process is restarting",
+                        max(0.0, back_at - time.monotonic()),
+                        may_be_cause=False,
                     )
                 raise RuntimeError("engine process is not running")
+            if self._process is not None and self._process.poll() is not None:
+                # Dead, and its reader not there yet: a request written down its pipe now would fail
+                # with the requests the child held, as one that may have killed it.
+                raise ReplicaRestarting(
+                    "engine process exited", self._pause_ahead() + self._load_s, may_be_cause=False
+                )
             if req.request_id in self._mailboxes:
                 raise ValueError(f"request {req.request_id!r} is already running")
+            mailbox.may_be_cause = time.monotonic() < self._suspect_until
             self._mailboxes[req.request_id] = mailbox
         prompt = [int(t) for t in req.prompt_ids]
         self._send(("add", req.request_id, prompt, params, req.priority, req.cache_salt))
@@ -292,12 +316,18 @@ class EngineProcess(EngineFront):
             return 0.0
         return self._next_pause()
 
+    def _pause_ahead(self) -> float:
+        """The pause `_pause_before_restart` would choose if the child died now (it changes nothing)."""
+        if time.monotonic() - self._started_at >= _STABLE_S:
+            return 0.0
+        return _pause(self._early_ends)
+
     def _restart(self, pause: float) -> bool:
         """A new child in the dead one's place, after `pause` (False: stopped meanwhile). See the
         module doc."""
         while not self._stopped.wait(pause):
             try:
-                self._spawn()
+                self._spawn(replacing=True)
             except RuntimeError as exc:
                 log.error("engine process restart failed", name=self.name, error=str(exc))
                 with self._lock:
@@ -311,7 +341,7 @@ class EngineProcess(EngineFront):
 
     def _next_pause(self) -> float:
         """After a child that died young or failed to start: twice the last pause, capped."""
-        pause = min(_FIRST_PAUSE_S * float(2 ** min(self._early_ends, 16)), _MAX_PAUSE_S)
+        pause = _pause(self._early_ends)
         self._early_ends += 1
         return pause
 
@@ -346,6 +376,18 @@ class EngineProcess(EngineFront):
                 for _, output in batch:
                     self.abort(output.request_id)
 
+    def _blame(self, orphans: dict[str, Mailbox]) -> None:
+        """Which requests of a dead child may be what killed it (Mailbox.may_be_cause, set at
+        submit where the child had replaced a dead one less than _STABLE_S before): of those, the
+        ones the last child to die with requests open held too (sent back after its death: the
+        same id) where there are any; else all. A request that merely came to the new child beside
+        ones sent back to it is sent back once itself, not failed for them."""
+        repeated = orphans.keys() & self._last_orphans
+        if repeated:
+            for request_id, mailbox in orphans.items():
+                mailbox.may_be_cause = mailbox.may_be_cause and request_id in repeated
+        self._last_orphans = set(orphans)
+
     def _fail_all(self, pause: float) -> None:
         """The child is gone: every open stream ends with an error instead of hanging, and unless
         stopped, with ReplicaRestarting: a new child is expected after `pause` and a load as long as
@@ -367,6 +409,7 @@ class EngineProcess(EngineFront):
         reason = "stopped" if stopping else f"exited unexpectedly (exit code {code})"
         if orphans and not stopping:
             log.error("engine process died with requests open", name=self.name, exitcode=code)
+            self._blame(orphans)
         self._hand_over(
             [
                 (mailbox, TokenOutput(request_id, [], "error", f"engine process {reason}"))
@@ -374,6 +417,11 @@ class EngineProcess(EngineFront):
             ],
             None if stopping else functools.partial(_deliver_restarting, back_at),
         )
+
+
+def _pause(early_ends: int) -> float:
+    """The pause before a restart after `early_ends` children in a row died young or failed to load."""
+    return min(_FIRST_PAUSE_S * float(2 ** min(early_ends, 16)), _MAX_PAUSE_S)
 
 
 def _deliver(items: _Items) -> None:
@@ -384,10 +432,12 @@ def _deliver(items: _Items) -> None:
 
 def _deliver_restarting(back_at: float, items: _Items) -> None:
     """On the event loop: the streams of a child that died, failed as coming back by `back_at`
-    (in step order, after the outputs it sent before it died)."""
+    (in step order, after the outputs it sent before it died), each saying whether it may be what
+    killed it."""
     back_in_s = max(0.0, back_at - time.monotonic())
     for mailbox, output in items:
-        mailbox.fail(ReplicaRestarting(output.error or "engine process died", back_in_s))
+        error = output.error or "engine process died"
+        mailbox.fail(ReplicaRestarting(error, back_in_s, may_be_cause=mailbox.may_be_cause))
 
 
 def _at_once(deliver: Callable[[_Items], None], items: _Items) -> None:

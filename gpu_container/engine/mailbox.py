@@ -46,6 +46,10 @@ class Mailbox:
         # identity (edge/token_relay.py), so it is never merged with the deltas after it.
         self._declined: Delta | None = None
         self.offer: Offer | None = None
+        # Set by the engine process when it hands the request to a child that replaced a dead one
+        # less than a minute ago: should that child die holding it, the request may be why
+        # (contract.py's ReplicaRestarting.may_be_cause).
+        self.may_be_cause = False
 
     def post(self, output: TokenOutput) -> None:
         """Called from the engine thread."""

@@ -127,6 +127,8 @@ async def test_a_crashed_engine_process_fails_its_streams_instead_of_hanging(dem
             with pytest.raises(ReplicaRestarting, match="exited unexpectedly") as failed:
                 await _collect(stream)
         assert failed.value.back_in_s >= 0.0
+        # The first child's crash is forgiven: the request is sent back once.
+        assert not failed.value.may_be_cause
     finally:
         doomed.stop()
 
@@ -151,6 +153,17 @@ async def test_a_crashed_engine_process_comes_back_and_serves(demo_dir: Path) ->
         outputs = await _collect(crashing.generate(greedy("after-restart", [4, 5])))
         assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
         assert outputs[-1].finish_reason == "length"
+
+        # A crash of the new child within a minute of its start is not forgiven: the request on it
+        # may be what kills every child it is sent to.
+        stream = crashing.generate(forever("second-victim", [7, 8, 9]))
+        await anext(stream)
+        assert crashing.pid is not None
+        os.kill(crashing.pid, signal.SIGKILL)
+        async with asyncio.timeout(TIMEOUT_S):
+            with pytest.raises(ReplicaRestarting) as failed:
+                await _collect(stream)
+        assert failed.value.may_be_cause
     finally:
         crashing.stop()
     assert not crashing.running

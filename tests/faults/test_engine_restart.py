@@ -8,27 +8,38 @@ the whole edge.
 
 A request that meets the crash before its first token waits for the new child, as it would for room
 on a busy one: the edge restarts the engine itself, so it knows it is coming back (engine_process.py,
-the dispatcher's "a crash is a wait").
+the dispatcher's "a crash is a wait"). Not one that was on a child that died within a minute of
+replacing a dead one: it may be what killed it (a prompt that crashes the engine crashes every child
+it is sent to), so it fails, with a 502 that asks the client not to send it again.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from edge.cancel.stream_close import aclose_stream
 from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, Upstream
 from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
+from gpu_container.engine.engine_process import EngineProcess
+from gpu_container.engine.mailbox import Mailbox
+from gpu_container.engine.types import SamplingParams
+from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
-from tests.support.live_server import start_server
+from tests.support.live_server import LiveServer, start_server
 
 RECOVERY_TIMEOUT_S = 60.0
 
@@ -46,6 +57,21 @@ def _engine_children() -> set[int]:
             if b"gpu_container.engine.engine_process" in cmdline:
                 found.add(int(pid))
     return found
+
+
+def _dead(pid: int) -> bool:
+    """Exited (a zombie until its reader reaps it), not merely sent SIGKILL."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, "the child did not stop"
 
 
 def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path: Path) -> None:
@@ -105,6 +131,9 @@ def test_a_request_right_after_the_engine_process_dies_waits_for_the_new_one(
     with start_server(tmp_path) as server:
         (doomed,) = _engine_children() - before
         os.kill(doomed, signal.SIGKILL)
+        # Sent once it is dead: one sent to a child still dying would have been on it when it died
+        # (young), and may have killed it.
+        wait_until(lambda: _dead(doomed), RECOVERY_TIMEOUT_S, "the child's exit")
         body: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 16, "ignore_eos": True}
         if stream:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -127,13 +156,15 @@ def test_a_request_right_after_the_engine_process_dies_waits_for_the_new_one(
 
 class _DiesAfterItsFirstToken:
     """The real engine, but a generation asking for DIES_AFTER_ONE tokens meets the engine process's
-    death after its first delta, as the process reports it (ReplicaRestarting)."""
+    death after its first delta, as the process reports it (ReplicaRestarting): a first crash
+    (`may_be_cause` False), or one within a minute of another."""
 
     generate_direct = None  # the inner engine's callback path would bypass generate()
 
-    def __init__(self, inner: Upstream) -> None:
+    def __init__(self, inner: Upstream, may_be_cause: bool) -> None:
         self._inner = inner
         self.name = inner.name
+        self._may_be_cause = may_be_cause
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -147,30 +178,238 @@ class _DiesAfterItsFirstToken:
             async for delta in stream:
                 yield delta
                 if req.max_new_tokens == DIES_AFTER_ONE:
-                    raise ReplicaRestarting("engine process exited unexpectedly (exit code -9)", RESTART_S)
+                    raise ReplicaRestarting(
+                        "engine process exited unexpectedly (exit code -9)",
+                        RESTART_S,
+                        may_be_cause=self._may_be_cause,
+                    )
         finally:
             await aclose_stream(stream)
 
 
 DIES_AFTER_ONE, RESTART_S = 7, 2.5
+SECOND_CRASH = ["first crash", "crash within a minute of another"]
 
 
-def _dying_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-    @asynccontextmanager
-    async def provide() -> AsyncIterator[list[Upstream]]:
-        async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_DiesAfterItsFirstToken(up) for up in ups])
+def _dying_replicas(may_be_cause: bool) -> Any:
+    def provider(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            async with local_upstreams(settings, model_dir) as ups:
+                yield PrivateUpstreams([_DiesAfterItsFirstToken(up, may_be_cause) for up in ups])
 
-    return provide()
+        return provide()
+
+    return provider
 
 
-def test_an_answer_whose_engine_died_after_its_first_token_says_when_to_retry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("may_be_cause", [False, True], ids=SECOND_CRASH)
+def test_an_answer_whose_engine_died_after_its_first_token_says_when_to_retry(
+    tmp_path: Path, may_be_cause: bool
+) -> None:
     """Past its first token a request is not run again (streamed, its text reached the client), so
     it fails; its 502 says when the restart should be over, which the official SDK honours. Without
-    it, the SDK's two retries came 0.4 s and 1.4 s later and met the replica still down."""
+    it, the SDK's two retries came 0.4 s and 1.4 s later and met the replica still down. Unless it
+    may be what killed the engine: then it says not to retry (a request that crashes the engine
+    after its first token, retried by the SDK when the new child served, crashed that one too)."""
     body = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": DIES_AFTER_ONE, "ignore_eos": True}
-    with start_server(tmp_path, None, _dying_replicas) as server:
+    with start_server(tmp_path, None, _dying_replicas(may_be_cause)) as server:
         failed = httpx.post(server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=30.0)
     assert failed.status_code == 502, failed.text
     assert failed.json()["error"]["code"] == "upstream_error"
-    assert (failed.headers["retry-after"], failed.headers["retry-after-ms"]) == ("3", "2500")
+    if may_be_cause:
+        assert "retry-after" not in failed.headers
+        assert failed.headers["x-should-retry"] == "false"
+    else:
+        assert (failed.headers["retry-after"], failed.headers["retry-after-ms"]) == ("3", "2500")
+        assert "x-should-retry" not in failed.headers
+
+
+# A request asking for this many tokens is one the engine's child dies on (`_Engines`); HELD, one
+# the child holds without starting on it.
+POISON, HELD = 77, 55
+
+
+@dataclass
+class _Engines:
+    """The real engine processes, whose child dies when it is handed a request asking for POISON
+    tokens (its handle kills it right after handing the request over, so the request is on the
+    child when it dies), as on a prompt that crashes the engine: every time (`dies_on` None), or
+    the first `dies_on` times, as when the kernel's OOM killer or an operator kills it then. The
+    first request asking for HELD tokens stops the child before it starts on it (it is on the child,
+    without a token, when the child dies). Each restart waits for `restart_gate` when set: a restart
+    lasts until the test lets it end."""
+
+    dies_on: int | None = None
+    restart_gate: threading.Event | None = None
+    kills: list[int] = field(default_factory=list)
+    holds: list[int] = field(default_factory=list)
+    started: list[EngineProcess] = field(default_factory=list)
+
+    def provider(self, settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            async with local_upstreams(settings, model_dir) as ups:
+                for up in ups:
+                    assert isinstance(up, EngineProcess)
+                    self._hook(up)
+                    self.started.append(up)
+                yield ups
+
+        return provide()
+
+    def _hook(self, process: EngineProcess) -> None:
+        submit, spawn = process._submit, process._spawn
+
+        def submit_then_die(req: GenerationRequest, params: SamplingParams, mailbox: Mailbox) -> None:
+            pid = process.pid
+            if req.max_new_tokens == HELD and not self.holds:
+                # The child stopped before it starts on it: it holds this request when it next dies.
+                assert pid is not None
+                _stop(pid)
+                self.holds.append(pid)
+            if req.max_new_tokens != POISON or (self.dies_on is not None and len(self.kills) >= self.dies_on):
+                submit(req, params, mailbox)
+                return
+            assert pid is not None
+            # Stopped first, so that it dies holding the request before its first token, however
+            # long this thread waits for a core between the two.
+            _stop(pid)
+            submit(req, params, mailbox)
+            self.kills.append(pid)
+            os.kill(pid, signal.SIGKILL)
+
+        def gated_spawn(*args: Any, **kwargs: Any) -> None:
+            if self.restart_gate is not None:
+                self.restart_gate.wait(RECOVERY_TIMEOUT_S)
+            spawn(*args, **kwargs)
+
+        process._submit = submit_then_die  # type: ignore[method-assign]
+        process._spawn = gated_spawn  # type: ignore[method-assign]
+
+
+ASK = [{"role": "user", "content": "hi there"}]
+
+
+def _crash_first(server: LiveServer, engines: _Engines) -> None:
+    """The engine's child killed while idle, and replaced: the new one serves (a request waits for
+    it), and a crash of it within a minute is a second one."""
+    (process,) = engines.started
+    doomed = process.pid
+    assert doomed is not None
+    os.kill(doomed, signal.SIGKILL)
+    wait_until(lambda: _dead(doomed), RECOVERY_TIMEOUT_S, "the child's exit")
+    answered = httpx.post(
+        server.base_url + CHAT,
+        json={"model": MODEL, "messages": ASK, "max_tokens": 4},
+        headers=server.auth("paid"),
+        timeout=RECOVERY_TIMEOUT_S,
+    )
+    assert answered.status_code == 200, answered.text
+    assert process.pid != doomed
+
+
+@pytest.mark.parametrize(("crashed_before", "crashes"), [(False, 2), (True, 1)], ids=SECOND_CRASH)
+def test_a_request_that_kills_the_engine_is_not_sent_back_to_it(
+    tmp_path: Path, crashed_before: bool, crashes: int
+) -> None:
+    """A request that crashes the engine was sent back to each new child, and its 502 said when the
+    next would serve: one such request through the official SDK (max_retries 2) crashed it 6 times
+    (each attempt twice, each retry sent when the new child came up), the restart's pause doubled
+    to 30 s, and the engine served again a minute later. Now a first crash is forgiven, once: the
+    request is sent back to the new child (so are the others it held: a kill from outside, the OOM
+    killer, costs them nothing), which it kills too; a crash of a child that replaced a dead one
+    within a minute is not: its requests fail, with a 502 the SDK does not retry."""
+    engines = _Engines()
+    with start_server(tmp_path, None, engines.provider) as server:
+        if crashed_before:
+            _crash_first(server, engines)
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=2)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(
+                model=MODEL, messages=ASK, max_tokens=POISON, extra_body={"ignore_eos": True}
+            )
+        assert failed.value.status_code == 502
+        assert "retry-after" not in failed.value.response.headers
+        assert failed.value.response.headers["x-should-retry"] == "false"
+        assert len(engines.kills) == crashes
+
+        # The others are served by the new child.
+        answered = httpx.post(
+            server.base_url + CHAT,
+            json={"model": MODEL, "messages": ASK, "max_tokens": 16, "ignore_eos": True},
+            headers=server.auth("paid"),
+            timeout=RECOVERY_TIMEOUT_S,
+        )
+        assert answered.status_code == 200, answered.text
+        assert len(engines.kills) == crashes
+
+
+def test_a_request_that_came_to_the_new_child_beside_one_sent_back_is_not_blamed_for_its_crash(
+    tmp_path: Path,
+) -> None:
+    """A request that crashes the engine, sent back once after a first crash, kills the new child
+    too, with the requests that came to it meanwhile: those were never on a dead child before, the
+    one sent back was, so they are sent back once themselves and answered; it fails for good."""
+    gate = threading.Event()
+    engines = _Engines(restart_gate=gate)
+    try:
+        with start_server(tmp_path, {"tiers": ROOMY_TIERS}, engines.provider) as server:
+            dispatcher = server.app.state.runtime.pipeline.dispatcher
+            url = server.base_url + CHAT
+            with ThreadPoolExecutor(2) as pool:
+                # Free, so that the paid request beside it reaches the new child first.
+                poison = pool.submit(
+                    httpx.post,
+                    url,
+                    json={"model": MODEL, "messages": ASK, "max_tokens": POISON, "ignore_eos": True},
+                    headers=server.auth("free"),
+                    timeout=RECOVERY_TIMEOUT_S,
+                )
+                wait_until(
+                    lambda: len(engines.kills) == 1 and dispatcher.queue_depth() == 1,
+                    RECOVERY_TIMEOUT_S,
+                    "the request sent back, waiting for the new child",
+                )
+                beside = pool.submit(
+                    httpx.post,
+                    url,
+                    json={"model": MODEL, "messages": ASK, "max_tokens": HELD, "ignore_eos": True},
+                    headers=server.auth("paid"),
+                    timeout=RECOVERY_TIMEOUT_S,
+                )
+                wait_until(lambda: dispatcher.queue_depth() == 2, RECOVERY_TIMEOUT_S, "the second waiter")
+                gate.set()
+                failed, answered = poison.result(), beside.result()
+        assert len(engines.kills) == 2
+        assert engines.holds == engines.kills[1:]  # the second child held it when it died
+        assert failed.status_code == 502, failed.text
+        assert failed.headers["x-should-retry"] == "false"
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["completion_tokens"] == HELD
+    finally:
+        gate.set()
+
+
+@pytest.mark.parametrize("crashed_before", [False, True], ids=SECOND_CRASH)
+def test_a_request_on_an_engine_killed_from_outside(tmp_path: Path, crashed_before: bool) -> None:
+    """Killed once, from outside (the OOM killer), while a request was on it before its first
+    token: at a first crash the request waits for the new child and is answered; at a crash within
+    a minute of another it cannot be told from a request that killed it, and fails (as every
+    request on a crashed engine did before the engine's restarts were waited for), with a 502 that
+    asks the client not to retry."""
+    engines = _Engines(dies_on=1)
+    with start_server(tmp_path, None, engines.provider) as server:
+        if crashed_before:
+            _crash_first(server, engines)
+        body = {"model": MODEL, "messages": ASK, "max_tokens": POISON, "ignore_eos": True}
+        sent = httpx.post(
+            server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=RECOVERY_TIMEOUT_S
+        )
+    assert len(engines.kills) == 1
+    if crashed_before:
+        assert sent.status_code == 502, sent.text
+        assert sent.headers["x-should-retry"] == "false"
+    else:
+        assert sent.status_code == 200, sent.text
+        assert sent.json()["usage"]["completion_tokens"] == POISON
