@@ -149,7 +149,12 @@ class Generation:
         self._slot: Slot | None = None
         self._deltas: AsyncIterator[Delta] | None = None
         self._keepalive: _KeepAlive | None = None
+        # On a replica now: charged unless answered with an error alone. A first attempt that failed
+        # before its first token undoes it: waiting for another try costs what waiting in the
+        # queue does, nothing, until a replica takes the request again.
         self._reached_replica = False
+        # A named conversation's question is stored (_record_prompt): its reply will be too.
+        self._prompt_recorded = False
         # The request was on a replica that died again soon after a crash: it may be what killed
         # it (ReplicaRestarting.may_be_cause). It goes to no replica it was on again, and its 502
         # does not invite the client to send it again.
@@ -371,8 +376,9 @@ class Generation:
                 self._deltas = direct(self._upstream_req, relay.offer)
             else:
                 self._deltas = slot.upstream.generate(self._upstream_req)
-            if not self._reached_replica:
-                self._reached_replica = True
+            self._reached_replica = True
+            if not self._prompt_recorded:
+                self._prompt_recorded = True
                 self._record_prompt()
             try:
                 await relay.run(self._deltas)
@@ -396,6 +402,9 @@ class Generation:
                 if not waits:
                     failed = frozenset({out.upstream})
                 await self._give_back_slot(failed=True)
+                # Nothing of it reached the client: until a replica takes it again it is a queued
+                # request, which a disconnect or a cancel leaves uncharged.
+                self._reached_replica = False
 
     async def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
@@ -481,7 +490,7 @@ class Generation:
                 self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
             )
         conversation_id = self._req.conversation_id
-        if conversation_id is not None and self._p.messages is not None and self._reached_replica:
+        if conversation_id is not None and self._p.messages is not None and self._prompt_recorded:
             reply = "".join(out.text)
             if self._req.prompt_end == "continue":
                 # The client began the reply: the stored turn is the whole of it, not its end alone.

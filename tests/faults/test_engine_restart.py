@@ -413,3 +413,51 @@ def test_a_request_on_an_engine_killed_from_outside(tmp_path: Path, crashed_befo
     else:
         assert sent.status_code == 200, sent.text
         assert sent.json()["usage"]["completion_tokens"] == POISON
+
+
+ONE_REQUEST = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"requests_per_window": 1, "request_window_s": 3600}}}
+
+
+@pytest.mark.parametrize("how", ["cancel", "disconnect"])
+def test_a_request_that_met_the_crash_and_ends_while_waiting_for_the_restart_costs_nothing(
+    tmp_path: Path, how: str
+) -> None:
+    """Its first attempt failed before its first token; waiting for the new child it is a queued
+    request, which a cancel or a disconnect leaves uncharged. It was charged a request and its
+    prompt, as if it had been answered."""
+    gate = threading.Event()
+    engines = _Engines(dies_on=1, restart_gate=gate)
+    try:
+        with start_server(tmp_path, ONE_REQUEST, engines.provider) as server:
+            dispatcher = server.app.state.runtime.pipeline.dispatcher
+            registry = server.app.state.runtime.registry
+            auth = server.auth("paid")
+            body = {"model": MODEL, "messages": ASK, "max_tokens": POISON, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", server.base_url + CHAT, json=body, headers=auth, timeout=30.0) as sent:
+                stream = events(sent)
+                request_id = next(stream)["id"]
+                # A first crash: the request waits for the new child, which the gate holds back.
+                wait_until(
+                    lambda: len(engines.kills) == 1 and dispatcher.queue_depth() == 1,
+                    RECOVERY_TIMEOUT_S,
+                    "the request waiting for the restart",
+                )
+                if how == "cancel":
+                    cancel = httpx.post(
+                        f"{server.base_url}{CHAT}/{request_id}/cancel", headers=auth, timeout=30.0
+                    )
+                    assert cancel.status_code == 200, cancel.text
+                    assert list(stream)[-1] == DONE
+            wait_until(lambda: len(registry) == 0, RECOVERY_TIMEOUT_S, "the request's end")
+            gate.set()
+            # The tier's one request is still there.
+            answered = httpx.post(
+                server.base_url + CHAT,
+                json=body | {"stream": False, "max_tokens": 4},
+                headers=auth,
+                timeout=RECOVERY_TIMEOUT_S,
+            )
+            assert answered.status_code == 200, answered.text
+            assert answered.headers["x-ratelimit-remaining-requests"] == "0"
+    finally:
+        gate.set()
