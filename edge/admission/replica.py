@@ -149,6 +149,18 @@ class Replica:
     def completions_per_s(self) -> float:
         return self.rate.completions_per_s(self.sequences)
 
+    def completions_per_s_when_back(
+        self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float
+    ) -> float:
+        """A replica being restarted, once back: it comes back empty and takes as many tickets of
+        this size as it holds at once, a batch that then completes at its learnt service time (the
+        full occupancy an alive replica's rate reads from the queue it is serving)."""
+        batch = min(
+            self.sequence_limit(may_use_reserve, reserved_fraction),
+            self.kv_limit(may_use_reserve, reserved_fraction) // max(self.charge(kv_tokens), 1),
+        )
+        return self.rate.completions_per_s(batch)
+
 
 def _fraction(total: int, fraction: float) -> int:
     # The epsilon keeps 0.8 * 1000 from flooring to 799 through float rounding.

@@ -223,6 +223,9 @@ class ReplicaSet:
         self._on_change()
 
     async def _check(self, replica: Replica, check: int) -> None:
+        # Read before ready() too: a child that comes up between ready() and the read after it
+        # answers None there, which alone would read as a restart that failed (its waiters fail).
+        back_before = _back_in_s(replica.upstream)
         try:
             async with asyncio.timeout(self._health_timeout_s):
                 ready = await replica.upstream.ready()
@@ -235,7 +238,10 @@ class ReplicaSet:
         was_alive = replica.alive
         was_back_in_s = replica.back_in_s
         replica.healthy = ready
-        replica.back_in_s = None if ready else _back_in_s(replica.upstream)
+        back_in_s = None if ready else _back_in_s(replica.upstream)
+        if back_in_s is None and not ready and back_before is not None:
+            back_in_s = 0.0  # back since, or failed: overdue, so checked again soon (_next_poll_s)
+        replica.back_in_s = back_in_s
         if replica.back_in_s is not None and was_back_in_s is None:
             log.info("replica_restarting", replica=replica.name, back_in_s=round(replica.back_in_s, 2))
         elif was_back_in_s is not None and replica.back_in_s is None:

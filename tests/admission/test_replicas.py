@@ -216,6 +216,76 @@ async def test_a_replica_being_restarted_does_not_hold_back_another_with_room(
 
 
 @pytest.mark.anyio
+async def test_the_wait_for_a_restarting_replica_is_its_restart_then_its_batches(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Requests arriving while the only engine restarted were counted as if at one replica of the
+    prior that serves one request at a time: 28 of 40 paid requests were refused 429 wait_too_long
+    (Retry-After 65 s) while it served again 4 s later with room for 64. Now the wait is until it
+    is back, then the line at its rate, full."""
+    only = ControlledUpstream("only", max_sequences=10)
+    async with make_dispatcher([only], poll_interval_s=3600, prior_service_s=2.0) as dispatcher:
+        only.is_ready, only.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        flow = Flow(dispatcher)
+        for i in range(12):
+            flow.submit(ticket(f"u{i}", max_wait_s=60.0))
+        await flow.settle()
+        assert dispatcher.queue_depth() == 12
+        # 13th in line: back in 2 s, then 10 at a time, each for 2 s: about 4.6 s (one at a time
+        # at the prior, 26 s: refused).
+        dispatcher.precheck(ticket("newcomer", max_wait_s=10.0))
+        assert 2.0 < dispatcher.estimate_wait_s(ticket("newcomer")) < 5.0
+
+        only.restart_eta_s = 9.0  # the restart itself is part of the wait
+        await dispatcher.check_replicas()
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(ticket("newcomer", max_wait_s=10.0))
+        assert refused.value.reason == "wait_too_long"
+        assert 11.0 < refused.value.retry_after_s < 12.0
+        await flow.aclose()
+
+
+class _ComesUpDuringItsCheck(ControlledUpstream):
+    """Restarting until a health check asks: it answers not ready, and its new child serves the
+    moment after, before the replica set reads back_in_s (which says None: no restart under way)."""
+
+    comes_up = False
+
+    async def ready(self) -> bool:
+        was_ready = await super().ready()
+        if self.comes_up:
+            self.comes_up = False
+            self.is_ready, self.restart_eta_s = True, None
+        return was_ready
+
+
+@pytest.mark.anyio
+async def test_waiters_of_a_replica_that_comes_up_during_its_check_keep_waiting(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Read after ready() alone, back_in_s of a replica that came up in between read as a restart
+    that failed: its waiters were turned away no_replica at once."""
+    only = _ComesUpDuringItsCheck("only")
+    async with make_dispatcher([only], poll_interval_s=3600) as dispatcher:
+        only.is_ready, only.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        flow = Flow(dispatcher)
+        waiter = flow.submit(ticket("waiter"))
+        await flow.settle()
+
+        only.comes_up = True
+        await dispatcher.check_replicas()
+        await flow.settle()
+        assert not waiter.done()  # before: failed no_replica
+
+        await dispatcher.check_replicas()
+        await until(waiter.done)
+        assert waiter.result().upstream is only
+        await flow.aclose()
+
+
+@pytest.mark.anyio
 async def test_queue_depth_per_replica_counts_healthy_replicas(make_dispatcher: MakeDispatcher) -> None:
     a, b = ControlledUpstream("a", max_sequences=1), ControlledUpstream("b", max_sequences=1)
     async with make_dispatcher([a, b]) as dispatcher:
