@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from edge.text.model_text import ModelText
-from tests.edge.conftest import BOTH_PATHS, replica_names
+from tests.edge.conftest import BOTH_PATHS, idle_engine, replica_names
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events
 from tests.support.live_server import LiveServer
 
@@ -189,6 +189,11 @@ def _counts(usage: dict[str, Any]) -> dict[str, int]:
 
 
 def _streamed_answer(server: LiveServer, body: dict[str, Any]) -> tuple[str, str, dict[str, int]]:
+    """The reply to `body` on a replica running nothing else. Replies are compared across requests
+    here, and a sequence an earlier test left to be aborted would share the request's steps: the
+    batch's rows change the float sums, which flip the demo model's near-ties (under load a greedy
+    and a top_k 1 reply once differed so in two tokens)."""
+    idle_engine(server)
     with httpx.Client(base_url=server.base_url, timeout=30.0) as client:
         with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
             assert response.status_code == 200, response.read()
