@@ -108,10 +108,7 @@ class DynamoDBMessageStore:
         if where.empty:
             return HistoryPage([], has_more=False)
         found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
-        page = found[:limit]
-        if where.reverse:
-            page.reverse()
-        return HistoryPage(page, has_more=len(found) > limit)
+        return where.page(found, limit)
 
     async def create_table_if_missing(self) -> None:
         """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""

@@ -66,10 +66,7 @@ class SQLiteMessageStore:
         if where.empty:
             return HistoryPage([], has_more=False)
         rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
-        page = rows[:limit]
-        if where.reverse:
-            page.reverse()
-        return HistoryPage(page, has_more=len(rows) > limit)
+        return where.page(rows, limit)
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)

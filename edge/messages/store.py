@@ -41,6 +41,13 @@ class Span:
     def empty(self) -> bool:
         return self.above is not None and self.below is not None and self.above >= self.below
 
+    def page(self, found: list[StoredMessage], limit: int) -> HistoryPage:
+        """The page out of the `limit` + 1 messages read (each store reads them its own way)."""
+        page = found[:limit]
+        if self.reverse:
+            page.reverse()
+        return HistoryPage(page, has_more=len(found) > limit)
+
 
 def span(after: str | None, before: str | None, order: Order) -> Span:
     """`after` and `before` are cursors in the list's own order, as OpenAI's list endpoints take
