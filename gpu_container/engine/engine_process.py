@@ -286,8 +286,11 @@ class EngineProcess(EngineFront):
         """The reader thread: each child's messages until it exits, then a new child unless stopped."""
         while True:
             self._read_child()
+            # Read before the pause resets it: a child that served a minute died a forgiven death,
+            # whatever its requests' marks at submit said.
+            stable = time.monotonic() - self._started_at >= _STABLE_S
             pause = self._pause_before_restart()
-            self._fail_all(pause)
+            self._fail_all(pause, stable)
             if not self._restart(pause):
                 return
 
@@ -376,19 +379,24 @@ class EngineProcess(EngineFront):
                 for _, output in batch:
                     self.abort(output.request_id)
 
-    def _blame(self, orphans: dict[str, Mailbox]) -> None:
+    def _blame(self, orphans: dict[str, Mailbox], stable: bool) -> None:
         """Which requests of a dead child may be what killed it (Mailbox.may_be_cause, set at
-        submit where the child had replaced a dead one less than _STABLE_S before): of those, the
+        submit where the child had replaced a dead one less than _STABLE_S before): none where the
+        child had served _STABLE_S by its death (a request that reached it young and was still on
+        it then was failed final before, though the crash was forgiven); else, of those marked, the
         ones the last child to die with requests open held too (sent back after its death: the
         same id) where there are any; else all. A request that merely came to the new child beside
         ones sent back to it is sent back once itself, not failed for them."""
         repeated = orphans.keys() & self._last_orphans
-        if repeated:
+        if stable:
+            for mailbox in orphans.values():
+                mailbox.may_be_cause = False
+        elif repeated:
             for request_id, mailbox in orphans.items():
                 mailbox.may_be_cause = mailbox.may_be_cause and request_id in repeated
         self._last_orphans = set(orphans)
 
-    def _fail_all(self, pause: float) -> None:
+    def _fail_all(self, pause: float, stable: bool = False) -> None:
         """The child is gone: every open stream ends with an error instead of hanging, and unless
         stopped, with ReplicaRestarting: a new child is expected after `pause` and a load as long as
         the last one's. Marked restarting in the same step as not alive, so that nobody sees the
@@ -409,7 +417,7 @@ class EngineProcess(EngineFront):
         reason = "stopped" if stopping else f"exited unexpectedly (exit code {code})"
         if orphans and not stopping:
             log.error("engine process died with requests open", name=self.name, exitcode=code)
-            self._blame(orphans)
+            self._blame(orphans, stable)
         self._hand_over(
             [
                 (mailbox, TokenOutput(request_id, [], "error", f"engine process {reason}"))
