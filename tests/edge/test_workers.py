@@ -302,7 +302,7 @@ def _running(pid: int) -> bool:
     """Neither gone nor a zombie left for its new parent to reap."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: a read racing the reap
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 

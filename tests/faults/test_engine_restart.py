@@ -49,10 +49,14 @@ def _engine_children() -> set[int]:
     me = os.getpid()
     found = set()
     for task in Path(f"/proc/{me}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        for pid in children:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
                 continue
             if b"gpu_container.engine.engine_process" in cmdline:
                 found.add(int(pid))
@@ -63,7 +67,8 @@ def _dead(pid: int) -> bool:
     """Exited (a zombie until its reader reaps it), not merely sent SIGKILL."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped: gone, or going (a read racing the reap fails with ESRCH rather than ENOENT).
         return True
 
 
