@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from gpu_container.engine.types import TokenOutput
+from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.model import LlamaModel
+from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
 
 TIMEOUT_S = 30.0
 
@@ -46,3 +48,18 @@ class Collector:
     def finish_reason_unlocked(self, request_id: str) -> str | None:
         outs = self.outputs.get(request_id)
         return outs[-1].finish_reason if outs else None
+
+
+def tokens_alone(
+    model: LlamaModel, config: EngineConfig, prompt: list[int], params: SamplingParams
+) -> list[int]:
+    """What `prompt` gets on an engine of its own running nothing else: the reference a test's
+    batched, interrupted or preempted run must equal (greedy)."""
+    engine, seen = LLMEngine(model, config, eos_token_ids=[1]), Collector()
+    engine.start()
+    try:
+        engine.add_request("alone", prompt, params, seen)
+        seen.wait_finished("alone")
+        return seen.tokens("alone")
+    finally:
+        engine.stop()

@@ -15,7 +15,7 @@ from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.scheduler import Scheduler
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import EngineConfig, SamplingParams
-from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.collector import TIMEOUT_S, Collector, tokens_alone
 from tests.engine.tiny_llama import tiny_model
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
@@ -59,14 +59,7 @@ def _config(prefix_cache: bool, lane: bool = True) -> EngineConfig:
 
 
 def _alone(prompt: list[int]) -> list[int]:
-    engine, seen = LLMEngine(tiny_model()[0], _config(False, lane=False), eos_token_ids=[1]), Collector()
-    engine.start()
-    try:
-        engine.add_request("alone", prompt, GREEDY, seen)
-        seen.wait_finished("alone")
-        return seen.tokens("alone")
-    finally:
-        engine.stop()
+    return tokens_alone(tiny_model()[0], _config(False, lane=False), prompt, GREEDY)
 
 
 def _abort_beside(prefix_cache: bool) -> None:

@@ -13,7 +13,7 @@ from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.types import EngineConfig, LaneSetting, SamplingParams, TokenOutput
-from tests.engine.collector import TIMEOUT_S, Collector
+from tests.engine.collector import TIMEOUT_S, Collector, tokens_alone
 from tests.engine.tiny_llama import tiny_model
 
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
@@ -67,14 +67,7 @@ def _config(lane: LaneSetting) -> EngineConfig:
 
 
 def _alone(prompt: list[int]) -> list[int]:
-    engine, seen = LLMEngine(tiny_model()[0], _config("off"), eos_token_ids=[1]), Collector()
-    engine.start()
-    try:
-        engine.add_request("alone", prompt, GREEDY, seen)
-        seen.wait_finished("alone")
-        return seen.tokens("alone")
-    finally:
-        engine.stop()
+    return tokens_alone(tiny_model()[0], _config("off"), prompt, GREEDY)
 
 
 def test_a_paid_prompt_gets_its_first_token_before_the_lane_ends_a_free_prompts_chunk() -> None:
