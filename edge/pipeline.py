@@ -127,17 +127,18 @@ class Pipeline:
         # must get that code for a prompt too long for both.
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
         counted = weighted(len(prompt_ids), self.config.token_weight)
-        if counted > tier.tokens_per_window:
-            # No wait would ever admit it: say so now instead of a 429 whose Retry-After lies. On a
+        if counted >= tier.tokens_per_window:
+            # No wait would ever admit it with room for a reply: say so now instead of a 429 whose
+            # Retry-After lies, or a 200 that spends the whole budget on an empty reply. On a
             # weighted model, what it counts as: the budget is in weighted tokens.
             weight = self.config.token_weight
             as_counted = (
                 "" if counted == len(prompt_ids) else f", {counted} tokens at this model's weight {weight:g}"
             )
             raise invalid_request(
-                f"The messages are {len(prompt_ids)} tokens{as_counted}, more than your tier's whole "
-                f"token budget ({tier.tokens_per_window} tokens per {tier.token_window_s:g}s). "
-                "Please shorten them.",
+                f"The messages are {len(prompt_ids)} tokens{as_counted}, which leaves no room for a "
+                f"reply in your tier's whole token budget ({tier.tokens_per_window} tokens per "
+                f"{tier.token_window_s:g}s). Please shorten them.",
                 "messages",
                 code="tokens_exceed_budget",
             )

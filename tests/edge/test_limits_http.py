@@ -74,6 +74,23 @@ def test_a_prompt_larger_than_the_whole_token_budget_is_a_400_that_costs_no_requ
     assert ok.status_code == 200 and ok.headers["x-ratelimit-remaining-requests"] == "4"
 
 
+def test_a_prompt_as_large_as_the_whole_token_budget_is_a_400_not_an_empty_reply(tmp_path: Path) -> None:
+    # Admitted, it would spend the whole budget on a reply of no tokens (200, content "").
+    with (
+        start_server(tmp_path / "roomy", _paid()) as server,
+        httpx.Client(base_url=server.base_url) as client,
+    ):
+        prompt_tokens = client.post(CHAT, json=SHORT, headers=server.auth("paid")).json()["usage"][
+            "prompt_tokens"
+        ]
+    with start_server(tmp_path / "exact", _paid(tokens_per_window=prompt_tokens)) as server:
+        with httpx.Client(base_url=server.base_url) as client:
+            exact = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+    assert exact.status_code == 400, exact.text
+    assert exact.json()["error"]["code"] == "tokens_exceed_budget"
+    assert f"{prompt_tokens} tokens" in exact.json()["error"]["message"]
+
+
 def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path, long_body: dict[str, Any]) -> None:
     budget = 80
     with start_server(tmp_path, _paid(tokens_per_window=budget, token_window_s=86400)) as server:
