@@ -11,6 +11,13 @@ Why KV tokens and not requests: the KV cache is the resource that caps a batch, 
 4K-token requests should not get eight times the GPU share of one sending 512-token requests. A small
 quantum (a typical request or less) keeps the interleaving fine-grained.
 
+A request costs what it really used: its prompt when it is dispatched, and the tokens it generated
+when it ends (`charge_after`, taken from its user's deficit while the user is still queued: a user
+with long replies waits longer for its next turn). Charged its worst case (prompt + max_tokens) up
+front, a user who left max_tokens out (the OpenAI SDK's default; the server fills in the tier's
+largest) paid 1,040 KV tokens a turn for a 1-token reply against another's 32, and got 7 replies to
+its 181 (a review: two free users, one slot).
+
 Dispatching happens in passes. A candidate that finds no room is `block`ed: its user sits out the rest
 of the pass but keeps its place and its deficit, so a user waiting for a large request to fit is
 served first when room appears, instead of being overtaken indefinitely.
@@ -41,7 +48,10 @@ class DeficitRoundRobin(Generic[T]):
         self._queues: dict[str, deque[T]] = {}
         self._deficit: dict[str, int] = {}
         self._ring: deque[str] = deque()
-        self._turn_user: str | None = None
+        # The users whose current turn has had its quantum: a turn gets one, however many passes it
+        # spans (blocked, a user keeps its place; its deficit, lowered by a reply that ended
+        # meanwhile, must not be topped up again at every pass).
+        self._topped_up: set[str] = set()
         self._blocked: set[str] = set()
         self._size = 0
         self._users_by_length: Counter[int] = Counter()
@@ -88,6 +98,12 @@ class DeficitRoundRobin(Generic[T]):
             self._drop_user(user)
         return True
 
+    def charge_after(self, user: str, generated: int) -> None:
+        """A request of this user's ended having generated this many tokens: its user pays for them
+        from its deficit if it is still waiting (one that left the ring starts afresh, as in DRR)."""
+        if user in self._deficit:
+            self._deficit[user] -= generated
+
     def begin_pass(self) -> None:
         self._blocked.clear()
 
@@ -98,9 +114,9 @@ class DeficitRoundRobin(Generic[T]):
             if user is None:
                 return None
             head = self._queues[user][0]
-            cost = head.ticket.kv_tokens
-            if self._turn_user != user:
-                self._turn_user = user
+            cost = _dispatch_cost(head.ticket)
+            if user not in self._topped_up:
+                self._topped_up.add(user)
                 if self._deficit[user] < cost:
                     self._deficit[user] += self._quantum
             if self._deficit[user] >= cost:
@@ -115,7 +131,7 @@ class DeficitRoundRobin(Generic[T]):
             raise ValueError("commit() takes the candidate next_candidate() returned")
         queue.popleft()
         self._counted(item, len(queue) + 1, -1)
-        self._deficit[user] -= item.ticket.kv_tokens
+        self._deficit[user] -= _dispatch_cost(item.ticket)
         if not queue:
             self._drop_user(user)
 
@@ -123,8 +139,6 @@ class DeficitRoundRobin(Generic[T]):
         """The candidate found no room: its user waits, in place, until the next pass."""
         user = item.ticket.user
         self._blocked.add(user)
-        if self._turn_user == user:
-            self._turn_user = None
 
     def _first_unblocked(self) -> str | None:
         # Only the first unblocked user is ever blocked and turns only move unblocked users to the
@@ -145,7 +159,7 @@ class DeficitRoundRobin(Generic[T]):
     def _end_turn(self, user: str) -> None:
         self._ring.remove(user)
         self._ring.append(user)
-        self._turn_user = None
+        self._topped_up.discard(user)
 
     def _drop_user(self, user: str) -> None:
         # An emptied queue forfeits its deficit, as in DRR: credit is not banked while idle.
@@ -153,5 +167,10 @@ class DeficitRoundRobin(Generic[T]):
         del self._deficit[user]
         self._ring.remove(user)
         self._blocked.discard(user)
-        if self._turn_user == user:
-            self._turn_user = None
+        self._topped_up.discard(user)
+
+
+def _dispatch_cost(ticket: Ticket) -> int:
+    """What a request costs its user when dispatched: its prompt (its reply is charged as it ends);
+    its worst case where the prompt's length is not known."""
+    return ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens

@@ -355,6 +355,7 @@ class Dispatcher:
         replica = slot.replica
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
+        self._queue.charge_after(slot.ticket, slot.generated)
         held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id

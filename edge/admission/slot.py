@@ -37,6 +37,9 @@ class Slot:
         self._on_release = on_release
         self._released = False
         self._real_use = real_use
+        # Tokens generated so far, as last told (grow): what the request's user is charged for its
+        # reply in the fair queue when it ends (deficit_round_robin.py).
+        self.generated = 0
         # Generated tokens from which the charge no longer covers held tokens + margin.
         self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
 
@@ -48,6 +51,7 @@ class Slot:
         """The request has generated this many tokens: with real-use accounting, charge the replica
         for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
         have not: it runs for every streamed delta."""
+        self.generated = generated
         if self._grow_at is None or generated < self._grow_at or self._released:
             return
         assert self._real_use is not None

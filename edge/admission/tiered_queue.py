@@ -32,6 +32,12 @@ class TieredQueue(Generic[T]):
         tier = self._tiers.get(item.ticket.priority)
         return tier is not None and tier.remove(item)
 
+    def charge_after(self, ticket: Ticket, generated: int) -> None:
+        """The ticket's request ended having generated this many tokens (deficit_round_robin.py)."""
+        tier = self._tiers.get(ticket.priority)
+        if tier is not None:
+            tier.charge_after(ticket.user, generated)
+
     def tiers(self) -> list[DeficitRoundRobin[T]]:
         """The non-empty tiers, highest priority first."""
         return [self._tiers[p] for p in sorted(self._tiers, reverse=True) if len(self._tiers[p])]

@@ -37,7 +37,13 @@ _serial = itertools.count()
 
 
 def ticket(
-    user: str, *, paid: bool = False, kv_tokens: int = 100, max_wait_s: float = 60.0, tier: str | None = None
+    user: str,
+    *,
+    paid: bool = False,
+    kv_tokens: int = 100,
+    max_wait_s: float = 60.0,
+    tier: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> Ticket:
     return Ticket(
         request_id=f"req-{next(_serial)}",
@@ -47,6 +53,7 @@ def ticket(
         max_wait_s=max_wait_s,
         may_use_reserve=paid,
         tier=tier or ("paid" if paid else "free"),
+        prompt_tokens=prompt_tokens,
     )
 
 

@@ -47,6 +47,55 @@ async def test_two_free_users_at_ten_to_one_demand_get_equal_service(make_dispat
         await flow.aclose()
 
 
+async def _serve_replying(flow: Flow, reply_tokens: dict[str, int], grants: int) -> list[str]:
+    """Release the oldest held slot, its request having generated its user's reply length, until
+    `grants` slots were granted; the users served, in order."""
+    while len(flow.granted()) < grants:
+        oldest = flow.held()[0]
+        oldest.grow(reply_tokens[oldest.ticket.user])
+        await flow.release_oldest()
+    return [s.ticket.user for s in flow.granted()[:grants]]
+
+
+@pytest.mark.anyio
+async def test_a_user_who_leaves_max_tokens_out_is_served_as_often_as_one_who_sets_it_small(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    # The OpenAI SDK sends no max_tokens unless asked: the server fills in the tier's largest. Both
+    # users' replies are one token; charged its worst case, the second got 7 turns to the first's 181.
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], fair_quantum_kv_tokens=256) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(60):
+            flow.submit(ticket("sets-16", kv_tokens=20 + 16, prompt_tokens=20))
+            flow.submit(ticket("leaves-it-out", kv_tokens=20 + 1024, prompt_tokens=20))
+        await flow.settle()
+        served = await _serve_replying(flow, {"sets-16": 1, "leaves-it-out": 1}, 96)
+        await flow.aclose()
+    # Turns of a quantum each: 256 / (20 + 1) grants, so one user may lead by a turn's worth.
+    assert abs(served.count("sets-16") - served.count("leaves-it-out")) <= 13, served
+
+
+@pytest.mark.anyio
+async def test_a_user_with_long_replies_gets_as_many_tokens_not_as_many_turns(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    replica = ControlledUpstream("r1", max_sequences=1)
+    replies = {"long": 400, "short": 10}
+    async with make_dispatcher([replica], fair_quantum_kv_tokens=256) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(120):
+            for user in replies:
+                flow.submit(ticket(user, kv_tokens=20 + 1024, prompt_tokens=20))
+        await flow.settle()
+        served = await _serve_replying(flow, replies, 100)
+        await flow.aclose()
+    # Each while both were waiting: the last grant may lead by one reply and one quantum.
+    used = {user: served.count(user) * (20 + reply) for user, reply in replies.items()}
+    assert served.count("short") > 5 * served.count("long") > 0, served
+    assert abs(used["long"] - used["short"]) <= 420 + 256, used
+
+
 @pytest.mark.anyio
 async def test_free_never_takes_the_reserved_share(make_dispatcher: MakeDispatcher) -> None:
     replica = ControlledUpstream("r1", kv_tokens_total=1000, max_sequences=10)
