@@ -68,6 +68,9 @@ class DeficitRoundRobin(Generic[T]):
         queue = self._queues.get(user)
         return len(queue) if queue else 0
 
+    def users_waiting(self) -> int:
+        return len(self._queues)
+
     def backlog_within(self, per_user: int) -> int:
         """Items queued counting at most per_user from each user: what one DRR round of that many
         requests per user serves. Cheap: users are counted by queue length."""

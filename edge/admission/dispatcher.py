@@ -22,7 +22,10 @@ Policy
   on its replicas; a retry that excludes a failed replica does not hold back others on that replica.
 * Bounded waiting. `precheck` says no when the queue holds `max_queue` tickets of the ticket's tier
   or above ("queue_full": a lower tier's flood never closes the queue to a higher one, which passes
-  it; all tiers together hold at most `max_queue` per tier) or
+  it; all tiers together hold at most `max_queue` per tier), unless the ticket's user holds less
+  than an equal share of its tier's places (one user's flood does not close the queue to the
+  tier's other users: tiered_queue.py's under_fair_share; the queue then holds at most twice
+  `max_queue`), or
   when the estimated wait (wait_estimate.py) exceeds the tier's max_wait_s ("wait_too_long");
   Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
@@ -250,7 +253,9 @@ class Dispatcher:
         """Why a ticket may not even join the queue now (None: it may)."""
         if self.replicas.closed:
             return self._reject("no_replica", self._poll_interval_s)
-        if self._queue.depth_from(ticket.priority) >= self._max_queue:
+        if self._queue.depth_from(ticket.priority) >= self._max_queue and not self._queue.under_fair_share(
+            ticket, self._max_queue
+        ):
             return self._reject("queue_full", self._retry_after(ticket))
         if not self._candidates_within(ticket, exclude, ticket.max_wait_s):
             return self._no_replica(ticket, exclude)

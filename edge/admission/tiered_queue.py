@@ -46,6 +46,20 @@ class TieredQueue(Generic[T]):
         """The tickets queued at `priority` or above: those a new ticket of it would not pass."""
         return sum(len(tier) for p, tier in self._tiers.items() if p >= priority)
 
+    def under_fair_share(self, ticket: Ticket, max_queue: int) -> bool:
+        """Whether the ticket's user holds fewer of its tier's waiting places than an equal share of
+        `max_queue` among the tier's waiting users, itself counted: such a ticket joins a queue its
+        own tier filled. Without it, one user's loops kept the tier's queue full and every other
+        user of the tier was turned away (queue_full) while that user was served (a review: a heavy
+        user's 43 replies to five light users' 4, and their 96 refusals). The queue then holds at
+        most twice `max_queue` (the users below their share fill it to `max_queue` again); higher
+        tiers filling it alone still close it."""
+        tier = self._tiers.get(ticket.priority)
+        if tier is None or self.depth_from(ticket.priority + 1) >= max_queue:
+            return False
+        mine = tier.queued_by(ticket.user)
+        return mine < max_queue // (tier.users_waiting() + (0 if mine else 1))
+
     def depth_of(self, priority: int, label: str) -> int:
         """The tickets queued by the tier named `label` (Ticket.tier_label): tiers may share a
         priority, and so a queue. Counted, as only a metrics scrape asks."""

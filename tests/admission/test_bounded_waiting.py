@@ -146,3 +146,32 @@ async def test_a_free_flood_that_fills_the_queue_does_not_turn_paid_away(
         slot = await dispatcher.acquire(paid)  # the reserve is empty: placed at once
         slot.release()
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_one_users_flood_that_fills_the_queue_does_not_turn_the_tiers_other_users_away(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """A full queue still takes a user who holds less than an equal share of its tier's places;
+    the user who filled it, and a newcomer at its share, are turned away."""
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], max_queue=4) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(5):  # one placed, four waiting: the queue is full
+            flow.submit(ticket("heavy"))
+        await flow.settle()
+        assert dispatcher.queue_depth() == 4
+        with pytest.raises(Overloaded) as heavy:
+            dispatcher.precheck(ticket("heavy"))
+        assert heavy.value.reason == "queue_full"
+
+        # Two users waiting: a share of two places each.
+        for _ in range(2):
+            dispatcher.precheck(ticket("light"))
+            flow.submit(ticket("light"))
+            await flow.settle()
+        assert dispatcher.queue_depth() == 6
+        with pytest.raises(Overloaded) as light:
+            dispatcher.precheck(ticket("light"))
+        assert light.value.reason == "queue_full"
+        await flow.aclose()
