@@ -11,12 +11,16 @@ Why KV tokens and not requests: the KV cache is the resource that caps a batch, 
 4K-token requests should not get eight times the GPU share of one sending 512-token requests. A small
 quantum (a typical request or less) keeps the interleaving fine-grained.
 
-A request costs what it really used: its prompt when it is dispatched, and the tokens it generated
-when it ends (`charge_after`, taken from its user's deficit while the user is still queued: a user
-with long replies waits longer for its next turn). Charged its worst case (prompt + max_tokens) up
-front, a user who left max_tokens out (the OpenAI SDK's default; the server fills in the tier's
-largest) paid 1,040 KV tokens a turn for a 1-token reply against another's 32, and got 7 replies to
-its 181 (a review: two free users, one slot).
+A request costs its user its prompt and a quantum for its reply when it is dispatched, and the
+difference between its reply's real length and that quantum when it ends (`charge_after`, while the
+user is still queued): users alike are served alike whatever max_tokens they send, and a user whose
+replies run long waits longer between turns. Charged its worst case (prompt + max_tokens) instead,
+a user who left max_tokens out (the OpenAI SDK's default; the server fills in the tier's largest)
+paid 1,040 KV tokens a turn for a 1-token reply against another's 36 and got 8 replies to its 213
+(a review's script on a real edge: two free users, 4 loops each, one engine of 2 sequences; 66 to
+84 now). Charged its prompt alone, a short request cost a fraction of a quantum and a user's turn
+lasted several requests, long enough for its own loops to come back within it: two alike users got
+30 and 118 replies (83 and 68 with the quantum).
 
 Dispatching happens in passes. A candidate that finds no room is `block`ed: its user sits out the rest
 of the pass but keeps its place and its deficit, so a user waiting for a large request to fit is
@@ -101,11 +105,24 @@ class DeficitRoundRobin(Generic[T]):
             self._drop_user(user)
         return True
 
-    def charge_after(self, user: str, generated: int) -> None:
+    def charge_after(self, ticket: Ticket, generated: int) -> None:
         """A request of this user's ended having generated this many tokens: its user pays for them
         from its deficit if it is still waiting (one that left the ring starts afresh, as in DRR)."""
+        user = ticket.user
         if user in self._deficit:
-            self._deficit[user] -= generated
+            self._deficit[user] -= generated - self._reply_guess(ticket)
+
+    def _reply_guess(self, ticket: Ticket) -> int:
+        """What a reply is counted at dispatch, until it ends: a quantum, whatever its max_tokens."""
+        return 0 if ticket.prompt_tokens is None else self._quantum
+
+    def _dispatch_cost(self, ticket: Ticket) -> int:
+        """What a request costs its user when dispatched: its prompt and a quantum for its reply (its
+        worst case where the prompt's length is not known); the reply's real length settles it when
+        it ends (charge_after)."""
+        if ticket.prompt_tokens is None:
+            return ticket.kv_tokens
+        return ticket.prompt_tokens + self._reply_guess(ticket)
 
     def begin_pass(self) -> None:
         self._blocked.clear()
@@ -117,7 +134,7 @@ class DeficitRoundRobin(Generic[T]):
             if user is None:
                 return None
             head = self._queues[user][0]
-            cost = _dispatch_cost(head.ticket)
+            cost = self._dispatch_cost(head.ticket)
             if user not in self._topped_up:
                 self._topped_up.add(user)
                 if self._deficit[user] < cost:
@@ -134,7 +151,7 @@ class DeficitRoundRobin(Generic[T]):
             raise ValueError("commit() takes the candidate next_candidate() returned")
         queue.popleft()
         self._counted(item, len(queue) + 1, -1)
-        self._deficit[user] -= _dispatch_cost(item.ticket)
+        self._deficit[user] -= self._dispatch_cost(item.ticket)
         if not queue:
             self._drop_user(user)
 
@@ -171,9 +188,3 @@ class DeficitRoundRobin(Generic[T]):
         self._ring.remove(user)
         self._blocked.discard(user)
         self._topped_up.discard(user)
-
-
-def _dispatch_cost(ticket: Ticket) -> int:
-    """What a request costs its user when dispatched: its prompt (its reply is charged as it ends);
-    its worst case where the prompt's length is not known."""
-    return ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens

@@ -36,7 +36,7 @@ class TieredQueue(Generic[T]):
         """The ticket's request ended having generated this many tokens (deficit_round_robin.py)."""
         tier = self._tiers.get(ticket.priority)
         if tier is not None:
-            tier.charge_after(ticket.user, generated)
+            tier.charge_after(ticket, generated)
 
     def tiers(self) -> list[DeficitRoundRobin[T]]:
         """The non-empty tiers, highest priority first."""

