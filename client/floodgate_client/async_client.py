@@ -307,17 +307,22 @@ class AsyncChatStream:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        # Shielded: the block may be exiting because its task is being cancelled. Bounded: closing the
-        # connection stops the generation too, so a slow cancel call is not worth waiting for.
-        with anyio.move_on_after(CANCEL_ON_EXIT_S, shield=True):
-            if self._decoder.finished is None and not (self._cancelled or self._ended_on_server):
-                try:
-                    await self.cancel()
-                except FloodgateError as error:
-                    log.info("cancel on exit failed: %s", type(error).__name__)
+        running = self._decoder.finished is None and not (self._cancelled or self._ended_on_server)
+        request_id = self.request_id
+        # Shielded: the block may be exiting because its task is being cancelled. Closed first, as
+        # the sync ChatStream: the edge takes the disconnect as a cancel, and this stream's connection
+        # goes back to the pool, where a cancel sent before it waited the whole bound (5 s) with every
+        # connection taken, the generation running on meanwhile.
         with anyio.CancelScope(shield=True):
             await self._events.aclose()
             await self.close()
+        # Bounded: the disconnect has stopped the generation already; the cancel makes it certain.
+        with anyio.move_on_after(CANCEL_ON_EXIT_S, shield=True):
+            if running and request_id is not None:
+                try:
+                    await self._chat.cancel(request_id)
+                except FloodgateError as error:
+                    log.info("cancel on exit: %s", type(error).__name__)
 
     def _overload_wait_s(self, error: FloodgateError) -> float | None:
         if self._decoder.saw_text or self._cancelled:

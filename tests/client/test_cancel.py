@@ -17,7 +17,7 @@ import pytest
 from edge.sse import ChunkEncoder
 from floodgate_client import AsyncClient, Client, ConflictError, Finished, FloodgateError, TextDelta
 from floodgate_client.async_client import AsyncChatStream
-from floodgate_client.client import CANCEL_DRAIN_S, ChatStream
+from floodgate_client.client import CANCEL_DRAIN_S, CANCEL_ON_EXIT_S, ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import answered
@@ -130,6 +130,31 @@ async def test_async_with_exit_cancels_and_async_cancel_is_confirmed(server: Liv
         assert await stream.cancel() is True
         ends_with_the_servers_cancelled_ending([event async for event in stream])
         await stream.close()
+
+
+@pytest.mark.anyio
+async def test_leaving_an_async_with_block_early_is_prompt_with_every_pool_connection_taken(
+    server: LiveServer,
+) -> None:
+    """The async exit sent its cancel before closing its own connection: with the pool's only
+    connection taken by that stream, the cancel waited out its whole bound (5 s) while the reply
+    generated on (a review, max_connections 1 and 3)."""
+    recipe = LONG_REPLIES[0]
+    async with AsyncClient(server.base_url, server.keys["paid"], max_connections=1) as client:
+        stream = await client.chat.stream(
+            recipe.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=recipe.temperature, seed=recipe.seed
+        )
+        async with stream:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    break
+            request_id = stream.request_id
+            started = time.monotonic()
+        assert time.monotonic() - started < CANCEL_ON_EXIT_S
+        assert request_id is not None
+        # Stopped on the server (by the disconnect, or the cancel after it).
+        with pytest.raises(ConflictError):
+            await client.chat.cancel(request_id)
 
 
 def test_a_cancel_from_another_thread_ends_the_readers_stream_cleanly(server: LiveServer) -> None:
