@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -237,8 +238,41 @@ def test_a_connection_cut_mid_reply_says_the_connection_was_lost(
             expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
             expect(state).to_have_text("the connection was lost mid-reply")
             expect(page.locator("#prompt")).to_have_value(LONG_REPLY.prompt)
+            # What text came stays marked as the prompt is: neither goes out with the next turn.
+            expect(page.locator("#transcript .msg.assistant:not(.failed)")).to_have_count(0)
+            assert page.evaluate("chat.messages.length") == 0
         finally:
             context.close()
+
+
+def test_stop_before_the_first_word_leaves_no_empty_reply_in_the_conversation(browser: Browser) -> None:
+    """Stopped while queued: the turn did not happen. It went on as an empty assistant message in
+    every later request, under an empty bubble."""
+    queued = ChunkEncoder("chatcmpl-queued", SMALL, 0).first() + b": keep-alive\n\n"
+    cancelled = b'{"id":"chatcmpl-queued","object":"chat.completion.cancel","status":"CANCELLED"}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    answer += f"content-length: {len(cancelled)}\r\nconnection: close\r\n\r\n".encode() + cancelled
+    release = threading.Event()
+    edge = ScriptedEdge(
+        [queued], cancel_answer=answer, hold_open=release, pages={"/": served(PLAYGROUND.read_bytes())}
+    )
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.fill("#model", SMALL)
+        send(page, "fg-test", "never answered", 4)
+        state = page.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "queued", timeout=WAIT_MS)
+        page.click("#stop")
+        expect(state).to_have_attribute("data-state", "stopped", timeout=WAIT_MS)
+        expect(page.locator("#transcript .msg.assistant")).to_have_count(0)
+        expect(page.locator("#prompt")).to_have_value("never answered")
+        assert page.evaluate("chat.messages.length") == 0
+    finally:
+        release.set()
+        context.close()
+        edge.close()
 
 
 def test_the_page_fits_a_narrow_screen(browser: Browser, page_server: LiveServer, screenshots: Path) -> None:
