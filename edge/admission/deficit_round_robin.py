@@ -11,16 +11,13 @@ Why KV tokens and not requests: the KV cache is the resource that caps a batch, 
 4K-token requests should not get eight times the GPU share of one sending 512-token requests. A small
 quantum (a typical request or less) keeps the interleaving fine-grained.
 
-A request costs its user its prompt and a quantum for its reply when it is dispatched, and the
-difference between its reply's real length and that quantum when it ends (`charge_after`, while the
-user is still queued): users alike are served alike whatever max_tokens they send, and a user whose
-replies run long waits longer between turns. Charged its worst case (prompt + max_tokens) instead,
-a user who left max_tokens out (the OpenAI SDK's default; the server fills in the tier's largest)
-paid 1,040 KV tokens a turn for a 1-token reply against another's 36 and got 8 replies to its 213
-(a review's script on a real edge: two free users, 4 loops each, one engine of 2 sequences; 66 to
-84 now). Charged its prompt alone, a short request cost a fraction of a quantum and a user's turn
-lasted several requests, long enough for its own loops to come back within it: two alike users got
-30 and 118 replies (83 and 68 with the quantum).
+A request costs its user what `cost` says (the dispatcher's: its prompt and its reply counted at
+the user's own average length, edge/admission/reply_lengths.py), not its worst case.
+
+A turn serves at most the requests its user had waiting when it began. A user's closed loops (each
+sends its next request as its last reply ends) came back within a turn that lasted several short
+requests and kept it going, while another user's waited for it: two alike users got 30 and 118
+replies on a real edge. The deficit left when a turn ends so carries to the user's next turn.
 
 Dispatching happens in passes. A candidate that finds no room is `block`ed: its user sits out the rest
 of the pass but keeps its place and its deficit, so a user waiting for a large request to fit is
@@ -30,7 +27,7 @@ served first when room appears, instead of being overtaken indefinitely.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 from edge.admission.ticket import Ticket
@@ -45,17 +42,18 @@ T = TypeVar("T", bound=Queued)
 
 
 class DeficitRoundRobin(Generic[T]):
-    def __init__(self, quantum: int) -> None:
+    def __init__(self, quantum: int, cost: Callable[[Ticket], int]) -> None:
         if quantum < 1:
             raise ValueError("the quantum must be at least one KV token")
         self._quantum = quantum
+        self._cost = cost
         self._queues: dict[str, deque[T]] = {}
         self._deficit: dict[str, int] = {}
         self._ring: deque[str] = deque()
-        # The users whose current turn has had its quantum: a turn gets one, however many passes it
-        # spans (blocked, a user keeps its place; its deficit, lowered by a reply that ended
-        # meanwhile, must not be topped up again at every pass).
-        self._topped_up: set[str] = set()
+        # The users in a turn, and how many more of the requests they had waiting when it began the
+        # turn may serve. A turn gets one quantum however many passes it spans (blocked, a user
+        # keeps its place).
+        self._turn_left: dict[str, int] = {}
         self._blocked: set[str] = set()
         self._size = 0
         self._users_by_length: Counter[int] = Counter()
@@ -105,25 +103,6 @@ class DeficitRoundRobin(Generic[T]):
             self._drop_user(user)
         return True
 
-    def charge_after(self, ticket: Ticket, generated: int) -> None:
-        """A request of this user's ended having generated this many tokens: its user pays for them
-        from its deficit if it is still waiting (one that left the ring starts afresh, as in DRR)."""
-        user = ticket.user
-        if user in self._deficit:
-            self._deficit[user] -= generated - self._reply_guess(ticket)
-
-    def _reply_guess(self, ticket: Ticket) -> int:
-        """What a reply is counted at dispatch, until it ends: a quantum, whatever its max_tokens."""
-        return 0 if ticket.prompt_tokens is None else self._quantum
-
-    def _dispatch_cost(self, ticket: Ticket) -> int:
-        """What a request costs its user when dispatched: its prompt and a quantum for its reply (its
-        worst case where the prompt's length is not known); the reply's real length settles it when
-        it ends (charge_after)."""
-        if ticket.prompt_tokens is None:
-            return ticket.kv_tokens
-        return ticket.prompt_tokens + self._reply_guess(ticket)
-
     def begin_pass(self) -> None:
         self._blocked.clear()
 
@@ -133,13 +112,14 @@ class DeficitRoundRobin(Generic[T]):
             user = self._first_unblocked()
             if user is None:
                 return None
-            head = self._queues[user][0]
-            cost = self._dispatch_cost(head.ticket)
-            if user not in self._topped_up:
-                self._topped_up.add(user)
+            queue = self._queues[user]
+            head = queue[0]
+            cost = self._cost(head.ticket)
+            if user not in self._turn_left:
+                self._turn_left[user] = len(queue)
                 if self._deficit[user] < cost:
                     self._deficit[user] += self._quantum
-            if self._deficit[user] >= cost:
+            if self._turn_left[user] and self._deficit[user] >= cost:
                 return head
             self._end_turn(user)
 
@@ -151,7 +131,9 @@ class DeficitRoundRobin(Generic[T]):
             raise ValueError("commit() takes the candidate next_candidate() returned")
         queue.popleft()
         self._counted(item, len(queue) + 1, -1)
-        self._deficit[user] -= self._dispatch_cost(item.ticket)
+        self._deficit[user] -= self._cost(item.ticket)
+        if user in self._turn_left:
+            self._turn_left[user] -= 1
         if not queue:
             self._drop_user(user)
 
@@ -179,7 +161,7 @@ class DeficitRoundRobin(Generic[T]):
     def _end_turn(self, user: str) -> None:
         self._ring.remove(user)
         self._ring.append(user)
-        self._topped_up.discard(user)
+        self._turn_left.pop(user, None)
 
     def _drop_user(self, user: str) -> None:
         # An emptied queue forfeits its deficit, as in DRR: credit is not banked while idle.
@@ -187,4 +169,4 @@ class DeficitRoundRobin(Generic[T]):
         del self._deficit[user]
         self._ring.remove(user)
         self._blocked.discard(user)
-        self._topped_up.discard(user)
+        self._turn_left.pop(user, None)

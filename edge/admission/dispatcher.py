@@ -63,6 +63,7 @@ from edge.admission import metrics
 from edge.admission.real_use import RealUse
 from edge.admission.replica import Replica
 from edge.admission.replica_set import ReplicaSet, ReplicaState
+from edge.admission.reply_lengths import ReplyLengths
 from edge.admission.router import Claims, candidates, pick
 from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
@@ -128,7 +129,10 @@ class Dispatcher:
         self.model = model
         self._clock = clock
         self._poll_interval_s = poll_interval_s
-        self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens)
+        # Each user's replies' length, what the fair queue counts a request's reply at (a quantum
+        # for a user not seen yet, until any reply has ended).
+        self._reply_lengths = ReplyLengths(fair_quantum_kv_tokens)
+        self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens, self._fair_cost)
         # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
         self._tier_labels: set[str] = set()
         # Tickets refused so far, for any reason: demand no replica served.
@@ -337,6 +341,14 @@ class Dispatcher:
         edge's share of a replica)."""
         return self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
 
+    def _fair_cost(self, ticket: Ticket) -> int:
+        """What a ticket costs its user in the fair queue: its prompt and its reply at the user's own
+        average length (reply_lengths.py); its worst case where the prompt's length is not known."""
+        if ticket.prompt_tokens is None:
+            return ticket.kv_tokens
+        max_new = ticket.kv_tokens - ticket.prompt_tokens
+        return ticket.prompt_tokens + self._reply_lengths.estimate(ticket.user, max_new)
+
     def _room_now(self, ticket: Ticket) -> bool:
         """A replica could take the ticket now (what the wait estimate of the first in line asks)."""
         kv_tokens = self._charge(ticket)
@@ -360,7 +372,8 @@ class Dispatcher:
         replica = slot.replica
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
-        self._queue.charge_after(slot.ticket, slot.generated)
+        if kind == "done":
+            self._reply_lengths.observe(slot.ticket.user, slot.generated)
         held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic
 
 from edge.admission.deficit_round_robin import DeficitRoundRobin, T
@@ -10,8 +10,10 @@ from edge.admission.ticket import Ticket
 
 
 class TieredQueue(Generic[T]):
-    def __init__(self, quantum: int) -> None:
+    def __init__(self, quantum: int, cost: Callable[[Ticket], int]) -> None:
+        """`cost`: what a ticket costs its user in the fair queue (deficit_round_robin.py)."""
         self._quantum = quantum
+        self._cost = cost
         self._tiers: dict[int, DeficitRoundRobin[T]] = {}
 
     def __len__(self) -> int:
@@ -25,18 +27,12 @@ class TieredQueue(Generic[T]):
         priority = item.ticket.priority
         tier = self._tiers.get(priority)
         if tier is None:
-            tier = self._tiers[priority] = DeficitRoundRobin(self._quantum)
+            tier = self._tiers[priority] = DeficitRoundRobin(self._quantum, self._cost)
         tier.push(item)
 
     def remove(self, item: T) -> bool:
         tier = self._tiers.get(item.ticket.priority)
         return tier is not None and tier.remove(item)
-
-    def charge_after(self, ticket: Ticket, generated: int) -> None:
-        """The ticket's request ended having generated this many tokens (deficit_round_robin.py)."""
-        tier = self._tiers.get(ticket.priority)
-        if tier is not None:
-            tier.charge_after(ticket, generated)
 
     def tiers(self) -> list[DeficitRoundRobin[T]]:
         """The non-empty tiers, highest priority first."""
@@ -51,11 +47,13 @@ class TieredQueue(Generic[T]):
         `max_queue` among the tier's waiting users, itself counted: such a ticket joins a queue its
         own tier filled. Without it, one user's loops kept the tier's queue full and every other
         user of the tier was turned away (queue_full) while that user was served (a review: a heavy
-        user's 43 replies to five light users' 4, and their 96 refusals). The queue then holds at
-        most twice `max_queue` (the users below their share fill it to `max_queue` again); higher
-        tiers filling it alone still close it."""
+        user's 43 replies to five light users' 4, and their 96 refusals). Never past twice
+        `max_queue` (each newcomer's share, added up, would reach several times it); higher tiers
+        filling it alone still close it."""
         tier = self._tiers.get(ticket.priority)
         if tier is None or self.depth_from(ticket.priority + 1) >= max_queue:
+            return False
+        if self.depth_from(ticket.priority) >= 2 * max_queue:
             return False
         mine = tier.queued_by(ticket.user)
         return mine < max_queue // (tier.users_waiting() + (0 if mine else 1))

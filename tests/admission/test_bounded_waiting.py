@@ -175,3 +175,27 @@ async def test_one_users_flood_that_fills_the_queue_does_not_turn_the_tiers_othe
             dispatcher.precheck(ticket("light"))
         assert light.value.reason == "queue_full"
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_newcomers_below_their_share_never_take_the_queue_past_twice_max_queue(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    # Each newcomer's share (max_queue over the users waiting) added up to several times max_queue:
+    # 20 waiting at max_queue 8, 482 at 100 (a review).
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], max_queue=8) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(9):
+            flow.submit(ticket("heavy"))
+        await flow.settle()
+        for i in range(20):
+            while True:
+                try:
+                    dispatcher.precheck(ticket(f"newcomer-{i}"))
+                except Overloaded:
+                    break
+                flow.submit(ticket(f"newcomer-{i}"))
+                await flow.settle()
+        assert dispatcher.queue_depth() == 16
+        await flow.aclose()

@@ -11,6 +11,10 @@ from edge.admission.ticket import Ticket
 from tests.admission.flow import ticket
 
 
+def KV_TOKENS(ticket: Ticket) -> int:
+    return ticket.kv_tokens
+
+
 @dataclass(eq=False)
 class Item:
     ticket: Ticket
@@ -28,7 +32,7 @@ def serve(drr: DeficitRoundRobin[Item], n: int) -> list[Item]:
 
 
 def test_backlogged_users_get_equal_kv_tokens_whatever_their_request_sizes() -> None:
-    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256)
+    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256, cost=KV_TOKENS)
     for _ in range(200):
         drr.push(Item(ticket("big", kv_tokens=512)))
         drr.push(Item(ticket("small", kv_tokens=128)))
@@ -39,7 +43,7 @@ def test_backlogged_users_get_equal_kv_tokens_whatever_their_request_sizes() -> 
 
 
 def test_a_blocked_user_sits_out_the_pass_and_comes_first_in_the_next() -> None:
-    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256)
+    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256, cost=KV_TOKENS)
     for user in ("a", "b", "c"):
         for _ in range(3):
             drr.push(Item(ticket(user, kv_tokens=200)))
@@ -59,7 +63,7 @@ def test_a_blocked_user_sits_out_the_pass_and_comes_first_in_the_next() -> None:
 
 
 def test_removed_items_leave_the_queue_and_an_emptied_user_leaves_the_ring() -> None:
-    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256)
+    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256, cost=KV_TOKENS)
     gone, stays = Item(ticket("a")), Item(ticket("b"))
     drr.push(gone)
     drr.push(stays)
@@ -79,7 +83,7 @@ def test_service_time_forgets_its_prior_at_the_first_completion() -> None:
 
 
 def test_backlog_within_counts_at_most_so_many_per_user() -> None:
-    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256)
+    drr: DeficitRoundRobin[Item] = DeficitRoundRobin(quantum=256, cost=KV_TOKENS)
     items = [Item(ticket(user)) for user, n in (("a", 5), ("b", 2), ("c", 1)) for _ in range(n)]
     for item in items:
         drr.push(item)
