@@ -45,6 +45,7 @@ from floodgate_client.request import (
     Messages,
     auth_headers,
     cancel_path,
+    edge_root,
     first_model_id,
 )
 from floodgate_client.retry import RetryPolicy
@@ -64,7 +65,7 @@ class AsyncClient:
         max_connections: int = 1000,
     ) -> None:
         self._http = httpx.AsyncClient(
-            base_url=base_url,
+            base_url=edge_root(base_url),
             headers=auth_headers(api_key),
             timeout=http_timeout(timeout),
             # Every open stream holds a connection for its whole reply.

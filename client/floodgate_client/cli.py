@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ from floodgate_client.interrupt import CancelOnInterrupt
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 KEY_ENV = "FLOODGATE_API_KEY"
 EXIT_INTERRUPTED = 130
+# As a shell reports a process its reader left (128 + SIGPIPE).
+EXIT_READER_GONE = 141
 
 
 def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +52,7 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
     if not api_key:
         print(f"error: set {KEY_ENV} to your API key", file=err)
         return 2
+    _say_waits(err)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
     try:
@@ -90,10 +94,36 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
                     _print_event(event, args.json, out, err)
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
+            except BrokenPipeError:
+                # Piped into `head` and the like: the reader has what it wanted. The stream's exit
+                # stops the generation; no traceback, and nothing more written to the closed pipe.
+                _quiet(out)
+                return EXIT_READER_GONE
             except FloodgateError as error:
                 print(f"\nerror: {error.message}", file=err)
                 return 1
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
+
+
+def _say_waits(err: TextIO) -> None:
+    """The client's retries and waits (logged at INFO) on stderr: a `--retry` that waits out a 429's
+    Retry-After printed nothing for as long (19.6 s in a review) before the reply."""
+    logger = logging.getLogger("floodgate.client")
+    if not any(getattr(h, "floodgate_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(err)
+        handler.setFormatter(logging.Formatter("floodgate: %(message)s"))
+        handler.floodgate_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _quiet(out: TextIO) -> None:
+    """Point `out` at /dev/null, so that the interpreter's own flush at exit finds no closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+    except (OSError, ValueError):
+        pass  # not a real file (a test's buffer): nothing flushes it at exit
 
 
 def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) -> None:

@@ -35,6 +35,7 @@ from floodgate_client.request import (
     Messages,
     auth_headers,
     cancel_path,
+    edge_root,
     first_model_id,
 )
 from floodgate_client.retry import RetryPolicy
@@ -76,7 +77,7 @@ class Client:
         max_retries: int = DEFAULT_MAX_RETRIES,
     ) -> None:
         self._http = httpx.Client(
-            base_url=base_url, headers=auth_headers(api_key), timeout=http_timeout(timeout)
+            base_url=edge_root(base_url), headers=auth_headers(api_key), timeout=http_timeout(timeout)
         )
         self.chat = Chat(self._http, max_retries)
 

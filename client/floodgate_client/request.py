@@ -13,6 +13,14 @@ MODELS_PATH = "/v1/models"
 Messages = Sequence[Mapping[str, str]] | str
 
 
+def edge_root(base_url: str) -> str:
+    """The edge's root, from a base URL given either as that or as the OpenAI SDK's convention, the
+    root plus `/v1` (what the README's SDK example passes): this client adds `/v1` itself, so that one
+    reached `/v1/v1/...` and said only "Not Found"."""
+    trimmed = base_url.rstrip("/")
+    return trimmed.removesuffix("/v1") if trimmed.endswith("/v1") else trimmed
+
+
 def cancel_path(request_id: str) -> str:
     return f"{CHAT_PATH}/{quote(request_id, safe='')}/cancel"
 

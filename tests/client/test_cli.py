@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
+from floodgate_client import Client
+from floodgate_client.cli import run_chat
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
@@ -118,3 +125,58 @@ def test_a_missing_key_is_reported_without_a_request(server: LiveServer) -> None
     proc = chat_cli(server, "Hello", key=None)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "FLOODGATE_API_KEY" in err
+
+
+def test_a_base_url_with_the_sdks_v1_reaches_the_edge(server: LiveServer) -> None:
+    # The OpenAI SDK's convention (the README's example passes it): it reached /v1/v1/... ("Not Found").
+    proc = chat_cli(
+        server, "hi", "--max-tokens", "2", key=server.keys["paid"], base_url=server.base_url + "/v1/"
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.strip(), err
+
+
+def test_a_reader_that_goes_away_ends_the_chat_quietly(server: LiveServer) -> None:
+    # Piped into `head`: a BrokenPipeError traceback and exit status 1 before.
+    proc = chat_cli(
+        server,
+        LONG_REPLY.prompt,
+        "--json",
+        "--temperature",
+        str(LONG_REPLY.temperature),
+        "--max-tokens",
+        str(LONG_REPLY_TOKENS),
+        key=server.keys["paid"],
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err
+    assert first["type"] == "request_started"
+
+
+def test_retry_says_on_stderr_what_it_waits_for(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It printed nothing for as long as it waited (19.6 s in a review).
+    monkeypatch.setenv("FLOODGATE_API_KEY", server.keys["free"])
+    with Client(server.base_url, server.keys["free"]) as client:
+        client.chat.create("fill the window", max_tokens=2, auto_retry=True, deadline_s=10)
+    out, err = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(
+        prompt="hi",
+        system=None,
+        model=None,
+        max_tokens=2,
+        temperature=None,
+        seed=None,
+        base_url=server.base_url,
+        json=False,
+        retry=True,
+    )
+    assert run_chat(args, out, err) == 0, err.getvalue()
+    assert re.search(r"floodgate: HTTP 429 \(rate_limit_exceeded\): retrying in \d", err.getvalue()), (
+        err.getvalue()
+    )
