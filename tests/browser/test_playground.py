@@ -275,6 +275,30 @@ def test_stop_before_the_first_word_leaves_no_empty_reply_in_the_conversation(br
         edge.close()
 
 
+def test_a_stream_gone_silent_ends_as_a_lost_connection(browser: Browser) -> None:
+    """No byte for longer than the edge ever leaves between keep-alives: the page left it
+    "streaming" for good (91 s in a review) while the edge had long dropped the request."""
+    started = ChunkEncoder("chatcmpl-silent", SMALL, 0).first()
+    release = threading.Event()
+    edge = ScriptedEdge([started], hold_open=release, pages={"/": served(PLAYGROUND.read_bytes())})
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.evaluate("IDLE_LIMIT_MS = 1500")  # the edge's keep-alives come every 10 s; 30 s by default
+        page.fill("#model", SMALL)
+        send(page, "fg-test", "hello?", 4)
+        state = page.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+        expect(state).to_contain_text("the connection was lost")
+        expect(page.locator("#prompt")).to_have_value("hello?")
+        expect(page.locator("#send")).to_be_enabled()
+    finally:
+        release.set()
+        context.close()
+        edge.close()
+
+
 def test_the_page_fits_a_narrow_screen(browser: Browser, page_server: LiveServer, screenshots: Path) -> None:
     context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True)
     page = context.new_page()
