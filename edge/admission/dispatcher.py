@@ -24,8 +24,8 @@ Policy
   or above ("queue_full": a lower tier's flood never closes the queue to a higher one, which passes
   it; all tiers together hold at most `max_queue` per tier), unless the ticket's user holds less
   than an equal share of its tier's places (one user's flood does not close the queue to the
-  tier's other users: tiered_queue.py's under_fair_share; the queue then holds at most twice
-  `max_queue`), or
+  tier's other users: tiered_queue.py's under_fair_share; a tier's part of the queue then holds at
+  most twice `max_queue`), or
   when the estimated wait (wait_estimate.py) exceeds the tier's max_wait_s ("wait_too_long");
   Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
@@ -130,7 +130,7 @@ class Dispatcher:
         self._clock = clock
         self._poll_interval_s = poll_interval_s
         # Each user's replies' length, what the fair queue counts a request's reply at (a quantum
-        # for a user not seen yet, until any reply has ended).
+        # for a user not seen yet).
         self._reply_lengths = ReplyLengths(fair_quantum_kv_tokens)
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens, self._fair_cost)
         # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
@@ -372,8 +372,9 @@ class Dispatcher:
         replica = slot.replica
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
-        if kind == "done":
-            self._reply_lengths.observe(slot.ticket.user, slot.generated)
+        if kind == "done" and slot.ticket.prompt_tokens is not None:
+            max_new = slot.ticket.kv_tokens - slot.ticket.prompt_tokens
+            self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
         held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id

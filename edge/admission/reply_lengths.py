@@ -9,8 +9,13 @@ replies, a longer wait between turns. Settling each request's real length afterw
 late charge or refund lands on whatever turn the user is in (or on none, once its queue emptied),
 and a user that keeps a queue got refunds that a one-loop user lost.
 
-A user not seen yet is counted at the average of every reply seen (`prior_tokens` before the first);
-never more than the request's own max_tokens. Bounded: the least recently seen users are forgotten.
+A user not seen yet is counted at `prior_tokens` (the quantum): one long reply of another user's set
+every newcomer's price when a shared average stood in. Never more than the request's own
+max_tokens, and a reply cut at a max_tokens below the user's average teaches nothing: it is charged
+its cap exactly, and counted, a few requests capped at 1 token pulled the average down so that the
+user's long replies cost little (two users after 1,000-token replies, one also sending five
+1-token pings a reply: 183 long replies served against 610). Bounded: the least recently seen users
+are forgotten.
 """
 
 from __future__ import annotations
@@ -20,27 +25,28 @@ from collections import OrderedDict
 
 class ReplyLengths:
     def __init__(self, prior_tokens: int, alpha: float = 0.2, users: int = 65_536) -> None:
+        self._prior = float(prior_tokens)
         self._alpha = alpha
         self._users = users
-        self._overall = float(prior_tokens)
-        self._overall_samples = 0
         self._by_user: OrderedDict[str, tuple[float, int]] = OrderedDict()
 
     def estimate(self, user: str, max_new_tokens: int) -> int:
         """The reply tokens to count for a request of this user's, before it has run."""
-        seen = self._by_user.get(user)
-        average = seen[0] if seen is not None else self._overall
-        return min(max_new_tokens, round(average))
+        return min(max_new_tokens, round(self._average(user)))
 
-    def observe(self, user: str, generated: int) -> None:
-        """One of this user's replies ended with this many tokens."""
-        self._overall_samples += 1
-        self._overall = _step(self._overall, generated, self._alpha, self._overall_samples)
+    def observe(self, user: str, generated: int, max_new_tokens: int) -> None:
+        """One of this user's replies, allowed `max_new_tokens`, ended with `generated` tokens."""
+        if generated >= max_new_tokens and max_new_tokens < round(self._average(user)):
+            return  # cut by its own small cap: says nothing of how long the user's replies run
         average, samples = self._by_user.pop(user, (float(generated), 0))
         samples += 1
         self._by_user[user] = (_step(average, generated, self._alpha, samples), samples)
         if len(self._by_user) > self._users:
             self._by_user.popitem(last=False)
+
+    def _average(self, user: str) -> float:
+        seen = self._by_user.get(user)
+        return self._prior if seen is None else seen[0]
 
 
 def _step(average: float, sample: int, alpha: float, samples: int) -> float:

@@ -150,6 +150,32 @@ async def test_a_user_with_long_replies_waits_longer_between_turns(
 
 
 @pytest.mark.anyio
+async def test_pings_capped_at_one_token_do_not_make_a_users_long_replies_cheap(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    # Counted, five 1-token pings per real request pulled the user's average reply length down, and
+    # its 1,000-token replies were charged as short ones: 610 long replies served against 183.
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], fair_quantum_kv_tokens=256) as dispatcher:
+        flow = Flow(dispatcher)
+        for _ in range(40):
+            flow.submit(ticket("honest", kv_tokens=20 + 1000, prompt_tokens=20))
+            flow.submit(ticket("pinger", kv_tokens=20 + 1000, prompt_tokens=20))
+            for _ in range(5):
+                flow.submit(ticket("pinger", kv_tokens=20 + 1, prompt_tokens=20))
+        await flow.settle()
+        tokens = {"honest": 0, "pinger": 0}
+        for _ in range(150):
+            oldest = flow.held()[0]
+            reply = oldest.ticket.kv_tokens - 20
+            oldest.grow(reply)
+            tokens[oldest.ticket.user] += 20 + reply
+            await flow.release_oldest()
+        await flow.aclose()
+    assert tokens["pinger"] < 1.5 * tokens["honest"], tokens
+
+
+@pytest.mark.anyio
 async def test_free_never_takes_the_reserved_share(make_dispatcher: MakeDispatcher) -> None:
     replica = ControlledUpstream("r1", kv_tokens_total=1000, max_sequences=10)
     async with make_dispatcher([replica], reserved_paid_fraction=0.2) as dispatcher:
