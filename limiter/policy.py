@@ -72,19 +72,13 @@ def span_us(cost: int, window_us: int, capacity: int) -> int:
     return math.ceil(cost * (window_us / capacity) - _SPAN_SLACK_US)
 
 
-RatesKey = tuple[int, int, int, int]
-
-
 @dataclass(slots=True)
 class UserState:
-    """One user's limiter state: the two TATs, the rates they were written at (admit.lua's rates
-    key: request window and capacity, token window and capacity) and the live leases (request id
-    -> expiry)."""
+    """One user's limiter state: the two TATs and the live leases (request id -> expiry)."""
 
     request_tat_us: int = 0
     token_tat_us: int = 0
     leases: dict[str, int] = field(default_factory=dict)
-    rates: RatesKey | None = None
 
     def is_idle(self, now_us: int) -> bool:
         """True when dropping this state changes nothing (what key expiry does in Redis)."""
@@ -108,41 +102,6 @@ def gcra(tat_us: int, now_us: int, window_us: int, capacity: int, cost: int) -> 
 def remaining(tat_us: int, now_us: int, window_us: int, capacity: int) -> int:
     """The units the budget holds now (gcra.lua's room)."""
     return math.floor((now_us + window_us - max(tat_us, now_us)) / (window_us / capacity) + _ROOM_SLACK)
-
-
-def rescaled(
-    tat_us: int, now_us: int, old_window_us: int, old_capacity: int, window_us: int, capacity: int
-) -> int:
-    """A TAT written at other rates, owing the same units at these (gcra.lua's rescaled), at most the
-    whole window. A TAT is time owed at one rate: read at another, a day's free budget spent would
-    be a day's paid budget spent, and a key moved up a tier stayed throttled for the rest of the day
-    (OpenAI applies a higher tier's limits at once; what was spent stays spent)."""
-    debt = tat_us - now_us
-    if debt <= 0:
-        return tat_us
-    owed = math.ceil(debt / (old_window_us / old_capacity) * (window_us / capacity) - _SPAN_SLACK_US)
-    return now_us + min(window_us, owed)
-
-
-def retier(state: UserState, rates: Rates, now_us: int) -> None:
-    """Rescale the state's TATs to `rates` when they were written at others (admit.lua does it
-    before deciding, and keeps the new rates)."""
-    key = (rates.request_window_us, rates.request_capacity, rates.token_window_us, rates.token_capacity)
-    if state.rates is None or state.rates == key:
-        return
-    req_window, req_capacity, tok_window, tok_capacity = state.rates
-    state.request_tat_us = rescaled(
-        state.request_tat_us,
-        now_us,
-        req_window,
-        req_capacity,
-        rates.request_window_us,
-        rates.request_capacity,
-    )
-    state.token_tat_us = rescaled(
-        state.token_tat_us, now_us, tok_window, tok_capacity, rates.token_window_us, rates.token_capacity
-    )
-    state.rates = key
 
 
 def reset_us(tat_us: int, now_us: int) -> int:
@@ -180,7 +139,6 @@ def admit(
 
     Idempotent per request id: asking again for a request that holds its slot answers "allowed"
     and counts nothing (a retried call must not count twice)."""
-    retier(state, rates, now_us)
     prune_expired(state.leases, now_us)
     if request_id in state.leases:
         return _decision(state, rates, now_us, None, 0, 0, 0)
@@ -215,12 +173,6 @@ def admit(
     if limit is None:
         state.request_tat_us = requests.new_tat_us
         state.token_tat_us = tokens.new_tat_us
-        state.rates = (
-            rates.request_window_us,
-            rates.request_capacity,
-            rates.token_window_us,
-            rates.token_capacity,
-        )
         state.leases[request_id] = now_us + lease_ttl_us
 
     return _decision(state, rates, now_us, limit, wait, requests.wait_us, tokens.wait_us)

@@ -111,12 +111,6 @@ def user_keys(user: str) -> tuple[str, str, str]:
     return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:conc"
 
 
-def rates_key(user: str) -> str:
-    """The rates the user's TATs were last written at (same hash tag): admit.lua rescales the TATs
-    when the tier's differ (a key moved to another tier, a tier's limits changed)."""
-    return f"{_user_prefix(user)}:rates"
-
-
 def record_key(user: str, request_id: str) -> str:
     """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
     once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
@@ -434,7 +428,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        keys = (*user_keys(user), record_key(user, request_id), rates_key(user))
+        keys = (*user_keys(user), record_key(user, request_id))
         args = (
             self._now_arg(),
             request_id,
@@ -563,7 +557,7 @@ class RedisLimiter:
             self._lease_ttl_us,
         )
         try:
-            granted = int(await self._charge_call((tokens_key, concurrency_key, rates_key(user)), args))
+            granted = int(await self._charge_call((tokens_key, concurrency_key), args))
         except (_NotSent, _NoAnswer):
             # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":

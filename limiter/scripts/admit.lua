@@ -4,9 +4,8 @@
 -- never counts twice: a request that holds its slot is answered "allowed" again at no cost, and a
 -- request already settled (its record, KEYS[4], is set by settle.lua) is refused at no cost. (A
 -- cancel marks only a request holding its slot, answered above that check.)
--- KEYS: requests TAT, tokens TAT, concurrency set, the request's record, the rates the TATs were
---       written at (one {user} hash tag: one Cluster slot). A TAT owes units, not time: when the
---       rates differ from this tier's, both TATs are rescaled to them first (gcra.lua's rescaled).
+-- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag:
+--       one Cluster slot)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_window_us, request_capacity, token_window_us, token_capacity,
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us,
@@ -43,31 +42,6 @@ end
 
 local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
 local token_tat = tonumber(redis.call('GET', KEYS[2])) or 0
-
--- The rates last written with the TATs; a key lives as long as the later TAT (charge.lua keeps it so).
-local rates = string.format('%d %d %d %d', request_window, request_capacity, token_window, token_capacity)
-local function write_rates()
-  local ahead = math.max(request_tat, token_tat, now) - now
-  redis.call('SET', KEYS[5], rates, 'PX', ceil_ms(ahead) + EXPIRY_MARGIN_MS)
-end
-local written = redis.call('GET', KEYS[5])
-if written and written ~= rates then
-  local old = {}
-  for n in string.gmatch(written, '%S+') do
-    old[#old + 1] = tonumber(n)
-  end
-  local new_request_tat = rescaled(request_tat, old[1], old[2], request_window, request_capacity)
-  local new_token_tat = rescaled(token_tat, old[3], old[4], token_window, token_capacity)
-  if new_request_tat ~= request_tat then
-    request_tat = new_request_tat
-    redis.call('SET', KEYS[1], string.format('%d', request_tat), 'PX', ceil_ms(request_tat - now) + EXPIRY_MARGIN_MS)
-  end
-  if new_token_tat ~= token_tat then
-    token_tat = new_token_tat
-    redis.call('SET', KEYS[2], string.format('%d', token_tat), 'PX', ceil_ms(token_tat - now) + EXPIRY_MARGIN_MS)
-  end
-  write_rates()
-end
 
 local function reply(allowed, limit, wait, request_wait, token_wait)
   return {
@@ -136,7 +110,6 @@ if limit == 0 then
   token_tat = new_token_tat
   redis.call('SET', KEYS[1], string.format('%d', request_tat), 'PX', ceil_ms(request_tat - now) + EXPIRY_MARGIN_MS)
   redis.call('SET', KEYS[2], string.format('%d', token_tat), 'PX', ceil_ms(math.max(token_tat, now) - now) + EXPIRY_MARGIN_MS)
-  write_rates()
   redis.call('ZADD', KEYS[3], string.format('%d', now + lease_ttl), request_id)
   redis.call('PEXPIRE', KEYS[3], ceil_ms(lease_ttl) + EXPIRY_MARGIN_MS)
   return reply(1, 0, 0, 0, 0)

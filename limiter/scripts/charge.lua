@@ -1,5 +1,5 @@
 -- Extend a running request's output lease, atomically. Mirrors limiter/policy.py:charge.
--- KEYS: tokens TAT, concurrency set, the rates the TATs were written at (one {user} hash tag)
+-- KEYS: tokens TAT, concurrency set (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_window_us,
 --       token_capacity, want, lease_ttl_us
 -- Returns: the tokens granted: want when the budget covers it, else what it still holds (0: stop).
@@ -16,13 +16,7 @@ local available = math.max(0, room(tat, token_window, token_capacity))
 local granted = math.min(want, available)
 if granted > 0 then
   tat = base + span(granted, token_window, token_capacity)
-  local px = math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS
-  redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', px)
-  -- The rates stay as long as a TAT they were written with (admit.lua rescales by them).
-  local ttl = redis.call('PTTL', KEYS[3])
-  if ttl > 0 and ttl < px then
-    redis.call('PEXPIRE', KEYS[3], px)
-  end
+  redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
 -- Only a slot still held is refreshed: a settled or expired request does not get one back.
 if redis.call('ZSCORE', KEYS[2], request_id) then

@@ -14,15 +14,3 @@ end
 local function room(tat, window, capacity)
   return math.floor((now + window - math.max(tat, now)) / (window / capacity) + 0.000001)
 end
-
--- A TAT written under other rates (the user's tier changed, or the tier's limits did): what it
--- owes, in units, owed at these rates, at most the whole window (all spent). Read as time, a day's
--- free budget spent would read as a day's paid budget spent: an upgraded key stayed throttled for
--- the rest of the day.
-local function rescaled(tat, old_window, old_capacity, window, capacity)
-  local debt = tat - now
-  if debt <= 0 then
-    return tat
-  end
-  return now + math.min(window, math.ceil(debt / (old_window / old_capacity) * (window / capacity) - 0.001))
-end
