@@ -146,7 +146,10 @@ class MemoryLimiter:
             if own:
                 policy.prune_expired(state.leases, now)
                 held = request_id in state.leases  # admitted before: answered again at no cost
-            decision = policy.admit(state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us)
+            reply_tokens = policy.whole_reply(rates, charged, max_output_tokens)
+            decision = policy.admit(
+                state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us, reply_tokens
+            )
             if own and decision.allowed and not held:
                 policy.record_admitted(
                     self._ledger(user).state,

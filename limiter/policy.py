@@ -125,6 +125,11 @@ def initial_lease(rates: Rates, batch_tokens: int, input_tokens: int, max_output
     return max(0, min(batch_tokens, max_output_tokens, rates.token_capacity - input_tokens))
 
 
+def whole_reply(rates: Rates, input_tokens: int, max_output_tokens: int) -> int:
+    """The output tokens a request may generate that an untouched budget holds beside its prompt."""
+    return max(0, min(max_output_tokens, rates.token_capacity - input_tokens))
+
+
 def admit(
     state: UserState,
     rates: Rates,
@@ -133,9 +138,17 @@ def admit(
     input_tokens: int,
     lease_tokens: int,
     lease_ttl_us: int,
+    reply_tokens: int,
 ) -> Decision:
     """Check requests, tokens (input + the initial output lease) and concurrency together; when all
     three allow, count the request, debit the tokens and add the lease. Mutates `state`.
+
+    A refused request is told to wait until its whole reply fits too (`reply_tokens`, whole_reply:
+    input + reply in the token budget), not only its lease: told when the lease fits, a client that
+    waited was admitted and its reply cut by the budget a few tokens in, its prompt charged again
+    each time (a review, the OpenAI SDK retrying: 636 output tokens for 5,025 prompt tokens in 37 s).
+    Admission itself still asks only for the lease, as the design wants (the budget stops a reply
+    with a marker).
 
     Idempotent per request id: asking again for a request that holds its slot answers "allowed"
     and counts nothing (a retried call must not count twice)."""
@@ -158,24 +171,38 @@ def admit(
         earliest = min(state.leases.values(), default=now_us)
         concurrency_wait = max(1, earliest - now_us)
 
-    # The binding limit is the one with the longest wait; on a tie the first in this order.
     waits: list[tuple[LimitName, int]] = [
         ("requests", requests.wait_us),
         ("tokens", tokens.wait_us),
         ("concurrency", concurrency_wait),
     ]
+    limit, wait = _binding(waits)
+    if limit is None:
+        state.request_tat_us = requests.new_tat_us
+        state.token_tat_us = tokens.new_tat_us
+        state.leases[request_id] = now_us + lease_ttl_us
+        return _decision(state, rates, now_us, None, 0, requests.wait_us, tokens.wait_us)
+    if reply_tokens > lease_tokens:
+        whole = gcra(
+            state.token_tat_us,
+            now_us,
+            rates.token_window_us,
+            rates.token_capacity,
+            input_tokens + reply_tokens,
+        )
+        waits[1] = ("tokens", whole.wait_us)
+        limit, wait = _binding(waits)
+    return _decision(state, rates, now_us, limit, wait, requests.wait_us, waits[1][1])
+
+
+def _binding(waits: list[tuple[LimitName, int]]) -> tuple[LimitName | None, int]:
+    """The binding limit: the one with the longest wait; on a tie the first in this order."""
     limit: LimitName | None = None
     wait = 0
     for name, limit_wait in waits:
         if limit_wait > wait:
             limit, wait = name, limit_wait
-
-    if limit is None:
-        state.request_tat_us = requests.new_tat_us
-        state.token_tat_us = tokens.new_tat_us
-        state.leases[request_id] = now_us + lease_ttl_us
-
-    return _decision(state, rates, now_us, limit, wait, requests.wait_us, tokens.wait_us)
+    return limit, wait
 
 
 def _decision(

@@ -441,6 +441,7 @@ class RedisLimiter:
             lease_tokens,
             self._lease_ttl_us,
             self._departed,
+            policy.whole_reply(rates, input_tokens, max_output_tokens),
         )
         try:
             if not self._in_sync():

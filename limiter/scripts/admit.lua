@@ -15,6 +15,8 @@
 --       user's slots are full, those it held are freed here rather than a lease TTL later (their
 --       streams died with it; their unused tokens are not refunded, as when a lease expires).
 --       The twin (policy.py) serves one instance and has no fleet.
+--       reply_tokens: the whole reply an untouched budget holds beside the prompt (policy.py's
+--       whole_reply): a refused request is told to wait until it fits too, not only the lease.
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
 --          the request was settled already), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms,
@@ -95,15 +97,17 @@ if held >= max_concurrent then
 end
 
 -- The binding limit is the one with the longest wait; on a tie the first in this order.
-local limit = 0
-local wait = 0
-local waits = {request_wait, token_wait, concurrency_wait}
-for i = 1, 3 do
-  if waits[i] > wait then
-    limit = i
-    wait = waits[i]
+local function binding(waits)
+  local limit, wait = 0, 0
+  for i = 1, 3 do
+    if waits[i] > wait then
+      limit = i
+      wait = waits[i]
+    end
   end
+  return limit, wait
 end
+local limit, wait = binding({request_wait, token_wait, concurrency_wait})
 
 if limit == 0 then
   request_tat = new_request_tat
@@ -113,5 +117,11 @@ if limit == 0 then
   redis.call('ZADD', KEYS[3], string.format('%d', now + lease_ttl), request_id)
   redis.call('PEXPIRE', KEYS[3], ceil_ms(lease_ttl) + EXPIRY_MARGIN_MS)
   return reply(1, 0, 0, 0, 0)
+end
+local reply_tokens = tonumber(ARGV[12])
+if reply_tokens > tonumber(ARGV[9]) then
+  local _, whole_wait = gcra(token_tat, token_window, token_capacity, tonumber(ARGV[8]) + reply_tokens)
+  token_wait = whole_wait
+  limit, wait = binding({request_wait, token_wait, concurrency_wait})
 end
 return reply(0, limit, wait, request_wait, token_wait)

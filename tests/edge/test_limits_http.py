@@ -4,6 +4,7 @@ and keep-alive comments while a request waits for a replica."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,26 @@ def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(
     assert fourth_rest[-1] == DONE
     assert fourth_rest[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     assert "floodgate" not in fourth_rest[-2]
+
+
+def test_waiting_out_a_token_429s_retry_after_gets_the_whole_reply(
+    tmp_path: Path, long_body: dict[str, Any]
+) -> None:
+    # Told only when its prompt and a first lease of output fit, a client that waited was admitted
+    # and its reply cut by the budget a few tokens in, its prompt charged again on every retry (a
+    # review: 636 output tokens for 5,025 prompt tokens in 37 s through the OpenAI SDK).
+    budget, reply = 200, 60
+    tier = _paid(tokens_per_window=budget, token_window_s=4, requests_per_window=100, request_window_s=3600)
+    ask = long_body | {"stream": False, "max_tokens": reply}
+    with start_server(tmp_path, tier) as server, httpx.Client(base_url=server.base_url) as client:
+        prompt = client.post(CHAT, json=ask | {"max_tokens": 1}, headers=server.auth("paid")).json()
+        spend = budget - 2 * prompt["usage"]["prompt_tokens"] - 1
+        client.post(CHAT, json=ask | {"max_tokens": spend}, headers=server.auth("paid"))
+        refused = client.post(CHAT, json=ask, headers=server.auth("paid"))
+        assert refused.status_code == 429, refused.text
+        time.sleep(int(refused.headers["retry-after-ms"]) / 1000)  # what a client does with it
+        waited = client.post(CHAT, json=ask, headers=server.auth("paid"))
+    assert waited.status_code == 200, waited.text
+    answer = waited.json()
+    assert answer["usage"]["completion_tokens"] == reply, answer
+    assert "floodgate" not in answer or "limit_reached" not in answer["floodgate"], answer

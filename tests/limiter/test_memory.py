@@ -88,10 +88,13 @@ async def test_tokens_debit_input_and_the_initial_lease_and_report_the_binding_l
     assert first.allowed and first.remaining_tokens == 1000 - 900 - 32
     denied = (await limiter.admit("u", "b", t, 100, 500)).decision
     assert not denied.allowed and denied.limit == "tokens"
-    # 932 + 132 = 1064 tokens: 64 over, at 0.1 s each.
-    assert denied.retry_after_ms == 6_400
+    # Told to wait until its whole reply fits: 932 + 100 + 500 = 1532 tokens, 532 over at 0.1 s each.
+    assert denied.retry_after_ms == 53_200 and denied.token_wait_ms == 53_200
+    # Its lease (932 + 132 = 1064, 64 over) fits sooner: sent then, it is admitted all the same, and
+    # the budget stops its reply.
     clock.advance(6.4)
-    assert (await limiter.admit("u", "b", t, 100, 500)).decision.allowed
+    early = (await limiter.admit("u", "b", t, 100, 500)).decision
+    assert early.allowed and early.remaining_tokens == 0
 
 
 def _counting(limiter: MemoryLimiter) -> list[int]:
