@@ -65,6 +65,7 @@ from edge.admission.replica import Replica
 from edge.admission.replica_set import ReplicaSet, ReplicaState
 from edge.admission.reply_lengths import ReplyLengths
 from edge.admission.router import Claims, candidates, pick
+from edge.admission.running_ends import expected_ends_s
 from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
@@ -132,6 +133,9 @@ class Dispatcher:
         # Each user's replies' length, what the fair queue counts a request's reply at (a quantum
         # for a user not seen yet).
         self._reply_lengths = ReplyLengths(fair_quantum_kv_tokens)
+        # The slots granted and not released: when they should end tells a refused client when to
+        # come back (running_ends.py).
+        self._running: set[Slot] = set()
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens, self._fair_cost)
         # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
         self._tier_labels: set[str] = set()
@@ -366,12 +370,15 @@ class Dispatcher:
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
-        return Slot(replica, ticket, charge, now, self._release, self._real_use)
+        slot = Slot(replica, ticket, charge, now, self._release, self._real_use)
+        self._running.add(slot)
+        return slot
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
         replica = slot.replica
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
+        self._running.discard(slot)
         if kind == "done" and slot.ticket.prompt_tokens is not None:
             max_new = slot.ticket.kv_tokens - slot.ticket.prompt_tokens
             self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
@@ -412,7 +419,10 @@ class Dispatcher:
 
     def _retry_after(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        return self._estimate.retry_after_s(position, ticket, self._charge(ticket), self.replicas.members)
+        ends = expected_ends_s(self._running, self._clock(), self._reply_lengths)
+        return self._estimate.retry_after_s(
+            position, ticket, self._charge(ticket), self.replicas.members, ends
+        )
 
     def _watch_tier(self, priority: int, label: str) -> None:
         self._tier_labels.add(label)

@@ -47,13 +47,20 @@ class WaitEstimate:
         return back_in_s + position / rate
 
     def retry_after_s(
-        self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]
+        self,
+        position: int,
+        ticket: Ticket,
+        kv_tokens: int,
+        replicas: Sequence[Replica],
+        running_ends_s: Sequence[float] = (),
     ) -> float:
         """When trying again is worth it: the estimated wait, never less than one completion nor
-        MIN_RETRY_S."""
+        MIN_RETRY_S, nor than when the running requests should have freed `position` places
+        (`running_ends_s`, soonest first: running_ends.py), as far as they tell."""
         wait = self.wait_s(position, ticket, kv_tokens, replicas)
         rate, _ = self._rate(ticket, kv_tokens, replicas)
-        return max(wait, 1.0 / rate, MIN_RETRY_S)
+        freed = running_ends_s[min(position, len(running_ends_s)) - 1] if running_ends_s else 0.0
+        return max(wait, 1.0 / rate, MIN_RETRY_S, freed)
 
     def _rate(self, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]) -> tuple[float, float]:
         """Completions per second the line moves at, and in how many seconds it starts to: the alive

@@ -199,3 +199,38 @@ async def test_newcomers_below_their_share_never_take_the_queue_past_twice_max_q
                 await flow.settle()
         assert dispatcher.queue_depth() == 16
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_full_queues_retry_after_waits_for_a_long_reply_holding_the_place(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Short replies taught a fast completion rate; then a long one holds the only place. Its pace
+    and its user's typical length say when it frees: 0.25 s before (a review: 0.9 s, obeyed and
+    refused 18 times while the place stayed busy for 18 s)."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], max_queue=4, clock=lambda: now[0]) as dispatcher:
+        for _ in range(10):
+            slot = await dispatcher.acquire(ticket("quick", kv_tokens=20 + 8, prompt_tokens=20))
+            now[0] += 0.1
+            slot.grow(8)
+            slot.release()
+        long = await dispatcher.acquire(ticket("writer", kv_tokens=20 + 500, prompt_tokens=20))
+        flow = Flow(dispatcher)
+        for i in range(4):
+            flow.submit(ticket(f"waiting-{i}", kv_tokens=28, prompt_tokens=20))
+        await flow.settle()
+        now[0] += 2.0
+        long.grow(56)  # 28 tokens a second; its user's replies unknown: 256 tokens expected
+        with pytest.raises(Overloaded) as early:
+            dispatcher.precheck(ticket("late", kv_tokens=28, prompt_tokens=20))
+        now[0] += 7.0
+        long.grow(252)  # nearly the 256 expected
+        with pytest.raises(Overloaded) as near_the_end:
+            dispatcher.precheck(ticket("late", kv_tokens=28, prompt_tokens=20))
+        long.release()
+        await flow.aclose()
+    assert early.value.reason == "queue_full"
+    assert early.value.retry_after_s == pytest.approx(200 * 2.0 / 56)
+    assert near_the_end.value.retry_after_s < 1.0

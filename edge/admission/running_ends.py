@@ -1,0 +1,36 @@
+"""When the requests running on the replicas should end, from how far each has got: what a refused
+client is told to wait for when long replies hold the places (wait_estimate.py's Retry-After).
+
+The completion rate the wait estimate learns from finished requests says nothing of the ones still
+running: after a run of short replies a full queue's Retry-After said 0.9 s while one stream held
+the only place for 18 s, and a client that obeyed it was refused 18 times (a review; the SDK gave up
+after its retries, 15.8 s in, while the place was busy for 31.8 s).
+
+A running request's reply is expected to run to its user's typical length (reply_lengths.py), or,
+once past that, as long again as it has run, never past its max_tokens; its pace is its own so far
+(tokens since it was placed, its prompt's prefill included). One that has not streamed two tokens
+yet tells nothing and is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from edge.admission.reply_lengths import ReplyLengths
+from edge.admission.slot import Slot
+
+
+def expected_ends_s(slots: Iterable[Slot], now: float, lengths: ReplyLengths) -> list[float]:
+    """Seconds from now until each running request should end, soonest first."""
+    ends = []
+    for slot in slots:
+        ticket = slot.ticket
+        generated, elapsed = slot.generated, now - slot.granted_at
+        if ticket.prompt_tokens is None or generated < 2 or elapsed <= 0:
+            continue
+        max_new = ticket.kv_tokens - ticket.prompt_tokens
+        typical = lengths.estimate(ticket.user, max_new)
+        total = min(max_new, typical if generated < typical else 2 * generated)
+        ends.append(max(total - generated, 0) * elapsed / generated)
+    ends.sort()
+    return ends
