@@ -7,9 +7,10 @@ the only place for 18 s, and a client that obeyed it was refused 18 times (a rev
 after its retries, 15.8 s in, while the place was busy for 31.8 s).
 
 A running request's reply is expected to run to its user's typical length (reply_lengths.py), or,
-once past that, as long again as it has run, never past its max_tokens; its pace is its own so far
-(tokens since it was placed, its prompt's prefill included). One that has not streamed two tokens
-yet tells nothing and is left out.
+once past that, as long again as it has run, never past its max_tokens; its pace is its own since its
+first token. One that has not streamed two tokens yet tells nothing and is left out. The figure is
+a bound to wait for, so it is kept within MAX_WAIT_S: a stream stalled (preempted) after a few
+tokens reads as a very slow one, and its end as hours away.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from collections.abc import Iterable
 from edge.admission.reply_lengths import ReplyLengths
 from edge.admission.slot import Slot
 
+# What the official SDK waits at most for a Retry-After; past it, it backs off on its own.
+MAX_WAIT_S = 60.0
+
 
 def expected_ends_s(slots: Iterable[Slot], now: float, lengths: ReplyLengths) -> list[float]:
-    """Seconds from now until each running request should end, soonest first."""
+    """Seconds from now until each running request should end, soonest first, none past MAX_WAIT_S."""
     ends = []
     for slot in slots:
         ticket = slot.ticket
-        generated, elapsed = slot.generated, now - slot.granted_at
-        if ticket.prompt_tokens is None or generated < 2 or elapsed <= 0:
+        generated, first = slot.generated, slot.first_token_at
+        if ticket.prompt_tokens is None or generated < 2 or first is None or now <= first:
             continue
+        elapsed = now - first
         max_new = ticket.kv_tokens - ticket.prompt_tokens
         typical = lengths.estimate(ticket.user, max_new)
         total = min(max_new, typical if generated < typical else 2 * generated)
-        ends.append(max(total - generated, 0) * elapsed / generated)
+        # The first token came at `first`: the pace is over the generated - 1 since.
+        ends.append(min(max(total - generated, 0) * elapsed / (generated - 1), MAX_WAIT_S))
     ends.sort()
     return ends

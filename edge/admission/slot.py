@@ -28,6 +28,7 @@ class Slot:
         granted_at: float,
         on_release: Callable[[Slot, ReleaseKind], None],
         real_use: RealUse | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.upstream: Upstream = replica.upstream
         self.replica = replica
@@ -40,6 +41,10 @@ class Slot:
         # Tokens generated so far, as last told (grow): what the request's user is charged for its
         # reply in the fair queue when it ends (deficit_round_robin.py).
         self.generated = 0
+        # When its first token came (the dispatcher's clock): its pace is counted from there, not
+        # from the grant, which a long prompt's prefill would make look slow (running_ends.py).
+        self.first_token_at: float | None = None
+        self._clock = clock
         # Generated tokens from which the charge no longer covers held tokens + margin.
         self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
 
@@ -52,6 +57,8 @@ class Slot:
         for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
         have not: it runs for every streamed delta."""
         self.generated = generated
+        if self.first_token_at is None and self._clock is not None:
+            self.first_token_at = self._clock()
         if self._grow_at is None or generated < self._grow_at or self._released:
             return
         assert self._real_use is not None

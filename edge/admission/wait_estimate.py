@@ -53,13 +53,19 @@ class WaitEstimate:
         kv_tokens: int,
         replicas: Sequence[Replica],
         running_ends_s: Sequence[float] = (),
+        ends_age_s: float = 0.0,
     ) -> float:
         """When trying again is worth it: the estimated wait, never less than one completion nor
         MIN_RETRY_S, nor than when the running requests should have freed `position` places
-        (`running_ends_s`, soonest first: running_ends.py), as far as they tell."""
+        (`running_ends_s`, soonest first: running_ends.py). Further back in line than places are
+        running, only the soonest says something: those ahead take the places that free, and may
+        free them again before the slowest ends (it set everyone's wait: 3,780 s behind a stalled
+        stream). `ends_age_s`: how long ago the ends were worked out."""
         wait = self.wait_s(position, ticket, kv_tokens, replicas)
         rate, _ = self._rate(ticket, kv_tokens, replicas)
-        freed = running_ends_s[min(position, len(running_ends_s)) - 1] if running_ends_s else 0.0
+        freed = 0.0
+        if running_ends_s:
+            freed = running_ends_s[position - 1 if position <= len(running_ends_s) else 0] - ends_age_s
         return max(wait, 1.0 / rate, MIN_RETRY_S, freed)
 
     def _rate(self, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]) -> tuple[float, float]:
