@@ -127,10 +127,11 @@ class Pipeline:
         # must get that code for a prompt too long for both.
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
         counted = weighted(len(prompt_ids), self.config.token_weight)
-        if counted >= tier.tokens_per_window:
-            # No wait would ever admit it with room for a reply: say so now instead of a 429 whose
-            # Retry-After lies, or a 200 that spends the whole budget on an empty reply. On a
-            # weighted model, what it counts as: the budget is in weighted tokens.
+        if counted + weighted(1, self.config.token_weight) > tier.tokens_per_window:
+            # No wait would ever admit it with room for a reply (one token, as this model counts it):
+            # say so now instead of a 429 whose Retry-After lies, or a 200 that spends the whole
+            # budget on an empty reply. On a weighted model, what it counts as: the budget is in
+            # weighted tokens.
             weight = self.config.token_weight
             as_counted = (
                 "" if counted == len(prompt_ids) else f", {counted} tokens at this model's weight {weight:g}"
@@ -148,7 +149,14 @@ class Pipeline:
         # Bound for the rest of this request's task: every log line it causes carries the id.
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            admission = await self.limiter.admit(principal.user, request_id, tier, len(prompt_ids), max_new)
+            admission = await self.limiter.admit(
+                principal.user,
+                request_id,
+                tier,
+                len(prompt_ids),
+                max_new,
+                asked_output_tokens=None if req.requested_max_tokens is None else max_new,
+            )
         except StoreUnavailable as exc:
             raise self._refused(
                 principal,

@@ -79,11 +79,22 @@ class StoreUnavailable(Exception):
 
 class Limiter(Protocol):
     async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
     ) -> Admission:
         """One atomic decision over requests, tokens (input + an initial output lease) and
         concurrency. A prompt larger than the tier's whole token budget can never be admitted
-        (no wait helps): check `input_tokens <= tier.tokens_per_window` before asking."""
+        (no wait helps): check `input_tokens <= tier.tokens_per_window` before asking.
+        `asked_output_tokens`: the reply the client asked for by name (its max_tokens), which a
+        refusal's wait makes room for (policy.whole_reply); None, the lease only (a max_tokens the
+        server filled in, the tier's largest, would tell a free user to wait 37 minutes, where its
+        usual reply fits in one)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -127,6 +127,7 @@ class MemoryLimiter:
         max_output_tokens: int,
         *,
         own: bool = False,
+        asked_output_tokens: int | None = None,
     ) -> tuple[Decision, int]:
         """`admit`'s decision and the output tokens it leased, without building a lease. `own`: the
         Redis store's fallback decides alone, so what it admits goes in the user's ledger too."""
@@ -146,7 +147,11 @@ class MemoryLimiter:
             if own:
                 policy.prune_expired(state.leases, now)
                 held = request_id in state.leases  # admitted before: answered again at no cost
-            reply_tokens = policy.whole_reply(rates, charged, max_output_tokens)
+            reply_tokens = (
+                lease_tokens
+                if asked_output_tokens is None
+                else policy.whole_reply(rates, charged, asked_output_tokens)
+            )
             decision = policy.admit(
                 state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us, reply_tokens
             )
@@ -162,9 +167,18 @@ class MemoryLimiter:
         return decision, lease_tokens
 
     async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
     ) -> Admission:
-        decision, lease_tokens = self.decide(user, request_id, tier, input_tokens, max_output_tokens)
+        decision, lease_tokens = self.decide(
+            user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens=asked_output_tokens
+        )
         return admission(
             self,
             decision,

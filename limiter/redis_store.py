@@ -424,7 +424,14 @@ class RedisLimiter:
         return result
 
     async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
@@ -441,13 +448,17 @@ class RedisLimiter:
             lease_tokens,
             self._lease_ttl_us,
             self._departed,
-            policy.whole_reply(rates, input_tokens, max_output_tokens),
+            lease_tokens
+            if asked_output_tokens is None
+            else policy.whole_reply(rates, input_tokens, asked_output_tokens),
         )
         try:
             if not self._in_sync():
                 await self._resync()
         except (_NotSent, _NoAnswer):
-            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
+            return self._fallback_admit(
+                user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens, undo=None
+            )
         try:
             # Sent only if no failure came between the restore and this call (else Redis may be a
             # restarted, empty one that this instance's running requests are missing from).
@@ -455,17 +466,28 @@ class RedisLimiter:
             fallback_allowed = self._fallback_allowed
             reply = await self._admit_call(keys, args, epoch)
         except _NotSent:
-            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=None)
+            return self._fallback_admit(
+                user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens, undo=None
+            )
         except _NoAnswer:
             undo = input_tokens + lease_tokens
-            return self._fallback_admit(user, request_id, tier, input_tokens, max_output_tokens, undo=undo)
+            return self._fallback_admit(
+                user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens, undo=undo
+            )
         allowed, limit, retry_ms, rem_req, reset_req, rem_tok, reset_tok, req_wait, tok_wait = (
             int(v) for v in reply
         )
         if allowed and (self._health.failures != epoch or self._fallback_allowed != fallback_allowed):
             # A failure came while this call was in flight, or the fallback admitted meanwhile
             # what Redis does not know yet: only what the mirror allows too stands.
-            local, _ = self._local.decide(user, request_id, tier, input_tokens, max_output_tokens)
+            local, _ = self._local.decide(
+                user,
+                request_id,
+                tier,
+                input_tokens,
+                max_output_tokens,
+                asked_output_tokens=asked_output_tokens,
+            )
             if not local.allowed:
                 self._undo(user, tier, request_id, input_tokens + lease_tokens)
                 return self._admission(local, user, tier, request_id, input_tokens, 0, max_output_tokens)
@@ -522,6 +544,7 @@ class RedisLimiter:
         tier: TierLimits,
         input_tokens: int,
         max_output_tokens: int,
+        asked_output_tokens: int | None,
         *,
         undo: int | None,
     ) -> Admission:
@@ -533,7 +556,13 @@ class RedisLimiter:
                 self._undo(user, tier, request_id, undo)
             raise StoreUnavailable(self._health.turned_away_for(self._timeout_s))
         decision, lease_tokens = self._local.decide(
-            user, request_id, tier, input_tokens, max_output_tokens, own=True
+            user,
+            request_id,
+            tier,
+            input_tokens,
+            max_output_tokens,
+            own=True,
+            asked_output_tokens=asked_output_tokens,
         )
         if decision.allowed:
             self._fallback_allowed += 1

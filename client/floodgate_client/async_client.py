@@ -323,7 +323,7 @@ class AsyncChatStream:
                 try:
                     await self._chat.cancel(request_id)
                 except FloodgateError as error:
-                    log.info("cancel on exit: %s", type(error).__name__)
+                    log.debug("cancel on exit: %s", type(error).__name__)
 
     def _overload_wait_s(self, error: FloodgateError) -> float | None:
         if self._decoder.saw_text or self._cancelled:

@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TextIO
 
@@ -52,7 +53,11 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
     if not api_key:
         print(f"error: set {KEY_ENV} to your API key", file=err)
         return 2
-    _say_waits(err)
+    with _waits_told(err, args.retry):
+        return _chat(args, api_key, out, err)
+
+
+def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> int:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
     try:
@@ -105,16 +110,25 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
 
 
-def _say_waits(err: TextIO) -> None:
-    """The client's retries and waits (logged at INFO) on stderr: a `--retry` that waits out a 429's
-    Retry-After printed nothing for as long (19.6 s in a review) before the reply."""
+@contextmanager
+def _waits_told(err: TextIO, retrying: bool) -> Iterator[None]:
+    """With --retry, the client's retries and waits (logged at INFO) on `err` while the chat runs:
+    it printed nothing for as long as it waited out a 429's Retry-After (19.6 s in a review)."""
+    if not retrying:
+        yield
+        return
     logger = logging.getLogger("floodgate.client")
-    if not any(getattr(h, "floodgate_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler(err)
-        handler.setFormatter(logging.Formatter("floodgate: %(message)s"))
-        handler.floodgate_cli = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("floodgate: %(message)s"))
+    handler.setLevel(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _quiet(out: TextIO) -> None:

@@ -326,7 +326,7 @@ class ChatStream:
                 self._chat.cancel(request_id, timeout_s=CANCEL_ON_EXIT_S)
             except FloodgateError as error:
                 # Not found or already finished: the disconnect has stopped it already.
-                log.info("cancel on exit: %s", type(error).__name__)
+                log.debug("cancel on exit: %s", type(error).__name__)
 
     def _overload_wait_s(self, error: FloodgateError) -> float | None:
         if self._decoder.saw_text or self._cancelled:

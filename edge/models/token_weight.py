@@ -30,11 +30,24 @@ class WeightedLimiter:
         self.weight = weight
 
     async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
     ) -> Admission:
         w = self.weight
+        asked = None if asked_output_tokens is None else weighted(asked_output_tokens, w)
         admission = await self._inner.admit(
-            user, request_id, tier, weighted(input_tokens, w), weighted(max_output_tokens, w)
+            user,
+            request_id,
+            tier,
+            weighted(input_tokens, w),
+            weighted(max_output_tokens, w),
+            asked_output_tokens=asked,
         )
         if admission.lease is None:
             return admission

@@ -275,6 +275,32 @@ def test_stop_before_the_first_word_leaves_no_empty_reply_in_the_conversation(br
         edge.close()
 
 
+def test_a_finished_reply_with_no_text_is_done_not_stopped(browser: Browser) -> None:
+    """An empty reply that ended by itself (a budget spent, an end token first) is the model's turn:
+    the page called it "stopped", took it out and gave the prompt back (a review)."""
+    encoder = ChunkEncoder("chatcmpl-empty", SMALL, 0)
+    ended = event(
+        {
+            "id": "chatcmpl-empty",
+            "object": "chat.completion.chunk",
+            "model": SMALL,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+    )
+    edge = ScriptedEdge([encoder.first() + ended + DONE], pages={"/": served(PLAYGROUND.read_bytes())})
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.fill("#model", SMALL)
+        send(page, "fg-test", "say nothing", 4)
+        expect(page.locator("#status-state")).to_have_attribute("data-state", "done", timeout=WAIT_MS)
+        assert page.evaluate("chat.messages.map(m => m.role).join(',')") == "user,assistant"
+    finally:
+        context.close()
+        edge.close()
+
+
 def test_a_stream_gone_silent_ends_as_a_lost_connection(browser: Browser) -> None:
     """No byte for longer than the edge ever leaves between keep-alives: the page left it
     "streaming" for good (91 s in a review) while the edge had long dropped the request."""
@@ -285,7 +311,7 @@ def test_a_stream_gone_silent_ends_as_a_lost_connection(browser: Browser) -> Non
     try:
         page = context.new_page()
         page.goto(edge.base_url + "/")
-        page.evaluate("IDLE_LIMIT_MS = 1500")  # the edge's keep-alives come every 10 s; 30 s by default
+        page.evaluate("IDLE_LIMIT_MS = 1500")  # the edge's keep-alives come every 10 s; 60 s by default
         page.fill("#model", SMALL)
         send(page, "fg-test", "hello?", 4)
         state = page.locator("#status-state")

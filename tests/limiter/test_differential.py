@@ -64,9 +64,12 @@ async def test_redis_scripts_and_the_twin_decide_identically(redis_server: Redis
             if op < 0.55 or not live:
                 request_id = f"r{step}"
                 input_tokens = rng.choice([0, 1, 10, rng.randint(0, 120)])
-                args = (user, request_id, limits, input_tokens, rng.choice([0, 5, 16, 40]))
-                expected = (await twin.admit(*args)).decision
-                got = (await store.admit(*args)).decision
+                max_out = rng.choice([0, 5, 16, 40])
+                args = (user, request_id, limits, input_tokens, max_out)
+                # A max_tokens the client named makes a refusal wait for its whole reply.
+                asked = rng.choice([None, max_out])
+                expected = (await twin.admit(*args, asked_output_tokens=asked)).decision
+                got = (await store.admit(*args, asked_output_tokens=asked)).decision
                 assert got == expected, f"seed {seed} step {step}: admit"
                 decisions += 1
                 denials += not got.allowed

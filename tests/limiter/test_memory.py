@@ -86,9 +86,12 @@ async def test_tokens_debit_input_and_the_initial_lease_and_report_the_binding_l
     t = tier(tokens=1000, token_window_s=100)  # 0.1 s per token
     first = (await limiter.admit("u", "a", t, 900, 500)).decision
     assert first.allowed and first.remaining_tokens == 1000 - 900 - 32
-    denied = (await limiter.admit("u", "b", t, 100, 500)).decision
-    assert not denied.allowed and denied.limit == "tokens"
-    # Told to wait until its whole reply fits: 932 + 100 + 500 = 1532 tokens, 532 over at 0.1 s each.
+    # The server's own max_tokens (the client asked for none): the wait is for the lease,
+    # 932 + 132 = 1064 tokens, 64 over at 0.1 s each.
+    left_out = (await limiter.admit("u", "b", t, 100, 500)).decision
+    assert not left_out.allowed and left_out.limit == "tokens" and left_out.retry_after_ms == 6_400
+    # Asked for by name: told to wait until its whole reply fits, 932 + 100 + 500 = 1532, 532 over.
+    denied = (await limiter.admit("u", "b", t, 100, 500, asked_output_tokens=500)).decision
     assert denied.retry_after_ms == 53_200 and denied.token_wait_ms == 53_200
     # Its lease (932 + 132 = 1064, 64 over) fits sooner: sent then, it is admitted all the same, and
     # the budget stops its reply.
