@@ -135,8 +135,8 @@ class _CancelledElsewhere:
     def __init__(self, real: Any) -> None:
         self._real = real
 
-    async def admit(self, *args: Any) -> Admission:
-        admission: Admission = await self._real.admit(*args)
+    async def admit(self, *args: Any, **kwargs: Any) -> Admission:
+        admission: Admission = await self._real.admit(*args, **kwargs)
         if admission.lease is None:
             return admission
         return Admission(admission.decision, _SettledAsCancelled(admission.lease))

@@ -48,9 +48,18 @@ class HoldingLimiter:
         self.release = threading.Event()
 
     async def admit(
-        self, user: str, request_id: str, tier: TierLimits, input_tokens: int, max_output_tokens: int
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
     ) -> Admission:
-        admission = await self.limiter.admit(user, request_id, tier, input_tokens, max_output_tokens)
+        admission = await self.limiter.admit(
+            user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens=asked_output_tokens
+        )
         if admission.lease is None:
             return admission
         return Admission(admission.decision, _HeldLease(admission.lease, self.settling, self.release))
