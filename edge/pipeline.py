@@ -155,7 +155,13 @@ class Pipeline:
                 tier,
                 len(prompt_ids),
                 max_new,
-                asked_output_tokens=None if req.requested_max_tokens is None else max_new,
+                # Named, the reply asked for; else the user's usual reply, not the tier's largest
+                # (a free user told 37 minutes) nor a first lease (a client that waited got 32).
+                asked_output_tokens=(
+                    max_new
+                    if req.requested_max_tokens is not None
+                    else self.dispatcher.typical_reply_tokens(principal.user, max_new)
+                ),
             )
         except StoreUnavailable as exc:
             raise self._refused(

@@ -143,10 +143,11 @@ def admit(
     """Check requests, tokens (input + the initial output lease) and concurrency together; when all
     three allow, count the request, debit the tokens and add the lease. Mutates `state`.
 
-    A refused request is told to wait until its whole reply fits too (`reply_tokens`, whole_reply:
-    input + reply in the token budget), not only its lease: told when the lease fits, a client that
-    waited was admitted and its reply cut by the budget a few tokens in, its prompt charged again
-    each time (a review, the OpenAI SDK retrying: 636 output tokens for 5,025 prompt tokens in 37 s).
+    A refused request is told to wait until the reply it asked for fits too (`reply_tokens`,
+    whole_reply: the limiter's caller says which, limiter/base.py), not only its lease: told when
+    the lease fits, a client that waited was admitted and its reply cut by the budget a few tokens
+    in, its prompt charged again each time (a review, the OpenAI SDK retrying: 636 output tokens for
+    5,025 prompt tokens in 37 s).
     Admission itself still asks only for the lease, as the design wants (the budget stops a reply
     with a marker).
 

@@ -65,7 +65,7 @@ from edge.admission.replica import Replica
 from edge.admission.replica_set import ReplicaSet, ReplicaState
 from edge.admission.reply_lengths import ReplyLengths
 from edge.admission.router import Claims, candidates, pick
-from edge.admission.running_ends import expected_ends_s
+from edge.admission.running_ends import expected_ends_s, place_frees_s
 from edge.admission.slot import ReleaseKind, Slot
 from edge.admission.ticket import Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
@@ -73,8 +73,10 @@ from edge.admission.wait_estimate import MIN_RETRY_S, WaitEstimate
 from edge.metric_children import child
 from edge.upstreams.base import Upstream
 
-# How often the running requests' ends are worked out again for a refusal's Retry-After.
+# How often the running requests' ends are worked out again for a refusal's Retry-After (and at
+# each grant and release).
 ENDS_EVERY_S = 0.25
+_NO_FREES: tuple[float, list[float], int] = (-math.inf, [], 0)
 # A ticket placed with nobody queued is blocked by no earlier one.
 _NO_CLAIMS = Claims()
 
@@ -139,7 +141,7 @@ class Dispatcher:
         # come back (running_ends.py); worked out at most every ENDS_EVERY_S, for a flood of
         # refusals (0.65 µs a running slot each time).
         self._running: set[Slot] = set()
-        self._ends: tuple[float, list[float]] = (-math.inf, [])
+        self._frees: tuple[float, list[float], int] = _NO_FREES
         self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens, self._fair_cost)
         # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
         self._tier_labels: set[str] = set()
@@ -239,6 +241,10 @@ class Dispatcher:
             if slot is not None:
                 slot.discard()
             raise
+
+    def typical_reply_tokens(self, user: str, max_new_tokens: int) -> int:
+        """The reply this user's requests usually get (reply_lengths.py), at most max_new_tokens."""
+        return self._reply_lengths.estimate(user, max_new_tokens)
 
     def estimate_wait_s(self, ticket: Ticket) -> float:
         """The wait precheck() would predict for this ticket now, in seconds."""
@@ -376,6 +382,7 @@ class Dispatcher:
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
         slot = Slot(replica, ticket, charge, now, self._release, self._real_use, self._clock)
         self._running.add(slot)
+        self._frees = _NO_FREES
         return slot
 
     def _release(self, slot: Slot, kind: ReleaseKind) -> None:
@@ -383,6 +390,7 @@ class Dispatcher:
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
         self._running.discard(slot)
+        self._frees = _NO_FREES
         if kind == "done" and slot.ticket.prompt_tokens is not None:
             max_new = slot.ticket.kv_tokens - slot.ticket.prompt_tokens
             self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
@@ -423,24 +431,27 @@ class Dispatcher:
 
     def _retry_after(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        ends, age_s = self._running_ends()
+        frees, age_s = self._place_frees(position)
         return self._estimate.retry_after_s(
-            position, ticket, self._charge(ticket), self.replicas.members, ends, age_s
+            position, ticket, self._charge(ticket), self.replicas.members, frees, age_s
         )
 
-    def _running_ends(self) -> tuple[list[float], float]:
-        """expected_ends_s of the slots on replicas in service, worked out at most ENDS_EVERY_S
-        ago, and how long ago."""
+    def _place_frees(self, places: int) -> tuple[list[float], float]:
+        """When the next `places` places should free (running_ends.py), as worked out at most
+        ENDS_EVERY_S ago (and since the last grant or release), and how long ago."""
         now = self._clock()
-        at, ends = self._ends
-        if now - at < ENDS_EVERY_S:
-            return ends, now - at
-        members = {id(r) for r in self.replicas.members if r.alive}
+        at, frees, upto = self._frees
+        if now - at < ENDS_EVERY_S and places <= upto:
+            return frees, now - at
+        alive = [r for r in self.replicas.members if r.alive]
+        members = {id(r) for r in alive}
         ends = expected_ends_s(
             (s for s in self._running if id(s.replica) in members), now, self._reply_lengths
         )
-        self._ends = (now, ends)
-        return ends, 0.0
+        service_s = sum(r.rate.service_s for r in alive) / len(alive) if alive else 0.0
+        frees = place_frees_s(ends, places, service_s)
+        self._frees = (now, frees, places)
+        return frees, 0.0
 
     def _watch_tier(self, priority: int, label: str) -> None:
         self._tier_labels.add(label)

@@ -52,20 +52,15 @@ class WaitEstimate:
         ticket: Ticket,
         kv_tokens: int,
         replicas: Sequence[Replica],
-        running_ends_s: Sequence[float] = (),
-        ends_age_s: float = 0.0,
+        place_frees_s: Sequence[float] = (),
+        frees_age_s: float = 0.0,
     ) -> float:
         """When trying again is worth it: the estimated wait, never less than one completion nor
-        MIN_RETRY_S, nor than when the running requests should have freed `position` places
-        (`running_ends_s`, soonest first: running_ends.py). Further back in line than places are
-        running, only the soonest says something: those ahead take the places that free, and may
-        free them again before the slowest ends (it set everyone's wait: 3,780 s behind a stalled
-        stream). `ends_age_s`: how long ago the ends were worked out."""
+        MIN_RETRY_S, nor than when the `position`-th place should free (`place_frees_s`, soonest
+        first, worked out `frees_age_s` ago: running_ends.py), as far as they tell."""
         wait = self.wait_s(position, ticket, kv_tokens, replicas)
         rate, _ = self._rate(ticket, kv_tokens, replicas)
-        freed = 0.0
-        if running_ends_s:
-            freed = running_ends_s[position - 1 if position <= len(running_ends_s) else 0] - ends_age_s
+        freed = place_frees_s[position - 1] - frees_age_s if position <= len(place_frees_s) else 0.0
         return max(wait, 1.0 / rate, MIN_RETRY_S, freed)
 
     def _rate(self, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]) -> tuple[float, float]:

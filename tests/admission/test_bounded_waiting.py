@@ -233,7 +233,8 @@ async def test_a_full_queues_retry_after_waits_for_a_long_reply_holding_the_plac
         long.release()
         await flow.aclose()
     assert early.value.reason == "queue_full"
-    assert early.value.retry_after_s == pytest.approx(200 * 2.0 / 55)
+    # The place frees then; the four ahead take it in turn, a learnt 0.1 s each.
+    assert early.value.retry_after_s == pytest.approx(200 * 2.0 / 55 + 4 * 0.1)
     assert near_the_end.value.retry_after_s < 1.0
 
 
@@ -266,3 +267,32 @@ async def test_a_stalled_stream_or_one_far_down_the_line_does_not_make_retry_aft
         await flow.aclose()
     assert refused.value.reason == "queue_full"
     assert refused.value.retry_after_s <= 60.0
+
+
+@pytest.mark.anyio
+async def test_further_back_in_line_than_places_run_is_told_when_its_place_frees(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Two places, ending in about 0.02 s and 24 s, two waiting: the third in line was told the
+    soonest end (0.25 s, where the one second in line was told 24.5 s; a review). Each place is
+    taken again by the next in line, a typical service (the 5 s prior here) later."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=2)
+    async with make_dispatcher([replica], max_queue=2, clock=lambda: now[0]) as dispatcher:
+        slots = [await dispatcher.acquire(ticket(u, kv_tokens=20 + 500, prompt_tokens=20)) for u in "ab"]
+        for slot in slots:
+            slot.grow(1)
+        now[0] += 1.0
+        slots[0].grow(250)  # about 0.02 s to go of a typical 256
+        slots[1].grow(11)  # about 24 s to go
+        flow = Flow(dispatcher)
+        for user in ("w1", "w2"):
+            flow.submit(ticket(user, kv_tokens=28, prompt_tokens=20))
+        await flow.settle()
+        with pytest.raises(Overloaded) as third:
+            dispatcher.precheck(ticket("late", kv_tokens=28, prompt_tokens=20))
+        for slot in slots:
+            slot.release()
+        await flow.aclose()
+    # The soonest place frees at 0.02 s, for w1; again 5 s later, for w2; the next 5 s after that.
+    assert third.value.retry_after_s == pytest.approx(0.02 + 2 * 5.0, abs=0.05)

@@ -301,6 +301,35 @@ def test_a_finished_reply_with_no_text_is_done_not_stopped(browser: Browser) -> 
         edge.close()
 
 
+def test_a_reply_cut_by_the_budget_before_its_first_word_is_no_turn(browser: Browser) -> None:
+    """Kept as an empty assistant turn, it went out with the next message, the prompt not given
+    back (a review)."""
+    encoder = ChunkEncoder("chatcmpl-spent", SMALL, 0)
+    cut = event(
+        {
+            "id": "chatcmpl-spent",
+            "object": "chat.completion.chunk",
+            "model": SMALL,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+            "floodgate": {"limit_reached": "tokens"},
+        }
+    )
+    edge = ScriptedEdge([encoder.first() + cut + DONE], pages={"/": served(PLAYGROUND.read_bytes())})
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.fill("#model", SMALL)
+        send(page, "fg-test", "one more", 4)
+        state = page.locator("#status-state")
+        expect(state).to_have_text("stopped: tokens budget used up", timeout=WAIT_MS)
+        expect(page.locator("#prompt")).to_have_value("one more")
+        assert page.evaluate("chat.messages.length") == 0
+    finally:
+        context.close()
+        edge.close()
+
+
 def test_a_stream_gone_silent_ends_as_a_lost_connection(browser: Browser) -> None:
     """No byte for longer than the edge ever leaves between keep-alives: the page left it
     "streaming" for good (91 s in a review) while the edge had long dropped the request."""
