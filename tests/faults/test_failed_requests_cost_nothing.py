@@ -61,11 +61,15 @@ class _FailingReplica:
         tokens = 0
         async for delta in self._inner.generate(req):
             if req.max_new_tokens == FAIL_AFTER_3:
+                # Exactly three, whichever way the engine merged its deltas (a busy machine hands
+                # several tokens over at once, up to the whole reply with its finish: the fresh-clone
+                # CI's stream then ended without its error once), and never an end.
+                delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
+                tokens += len(delta.token_ids)
+                yield delta
                 if tokens >= 3:
                     raise UpstreamError("connection reset by the replica")
-                # Exactly three, whichever way the engine merged its deltas (a busy machine hands
-                # several tokens over at once).
-                delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens])
+                continue
             tokens += len(delta.token_ids)
             yield delta
 
