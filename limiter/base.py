@@ -91,7 +91,7 @@ class Limiter(Protocol):
         """One atomic decision over requests, tokens (input + an initial output lease) and
         concurrency. A prompt larger than the tier's whole token budget can never be admitted
         (no wait helps): check `input_tokens <= tier.tokens_per_window` before asking.
-        `asked_output_tokens`: the reply a refusal's wait makes room for (policy.whole_reply): the
+        `asked_output_tokens`: the reply a refusal's wait makes room for (policy.reply_to_wait_for): the
         max_tokens the client named, or the user's usual reply (the edge's pipeline; the tier's
         largest, filled in by the server, told a free user to wait 37 minutes); None, the lease
         only."""

@@ -147,11 +147,7 @@ class MemoryLimiter:
             if own:
                 policy.prune_expired(state.leases, now)
                 held = request_id in state.leases  # admitted before: answered again at no cost
-            reply_tokens = (
-                lease_tokens
-                if asked_output_tokens is None
-                else policy.whole_reply(rates, charged, asked_output_tokens)
-            )
+            reply_tokens = policy.reply_to_wait_for(rates, charged, lease_tokens, asked_output_tokens)
             decision = policy.admit(
                 state, rates, now, request_id, charged, lease_tokens, self._lease_ttl_us, reply_tokens
             )

@@ -125,9 +125,15 @@ def initial_lease(rates: Rates, batch_tokens: int, input_tokens: int, max_output
     return max(0, min(batch_tokens, max_output_tokens, rates.token_capacity - input_tokens))
 
 
-def whole_reply(rates: Rates, input_tokens: int, max_output_tokens: int) -> int:
-    """The output tokens a request may generate that an untouched budget holds beside its prompt."""
-    return max(0, min(max_output_tokens, rates.token_capacity - input_tokens))
+def reply_to_wait_for(
+    rates: Rates, input_tokens: int, lease_tokens: int, asked_output_tokens: int | None
+) -> int:
+    """The output tokens a refusal's wait makes room for beside the prompt: the reply asked for
+    (limiter/base.py's `asked_output_tokens`), as far as an untouched budget holds it; the lease
+    where none was."""
+    if asked_output_tokens is None:
+        return lease_tokens
+    return max(0, min(asked_output_tokens, rates.token_capacity - input_tokens))
 
 
 def admit(
@@ -144,7 +150,7 @@ def admit(
     three allow, count the request, debit the tokens and add the lease. Mutates `state`.
 
     A refused request is told to wait until the reply it asked for fits too (`reply_tokens`,
-    whole_reply: the limiter's caller says which, limiter/base.py), not only its lease: told when
+    reply_to_wait_for), not only its lease: told when
     the lease fits, a client that waited was admitted and its reply cut by the budget a few tokens
     in, its prompt charged again each time (a review, the OpenAI SDK retrying: 636 output tokens for
     5,025 prompt tokens in 37 s).

@@ -448,9 +448,7 @@ class RedisLimiter:
             lease_tokens,
             self._lease_ttl_us,
             self._departed,
-            lease_tokens
-            if asked_output_tokens is None
-            else policy.whole_reply(rates, input_tokens, asked_output_tokens),
+            policy.reply_to_wait_for(rates, input_tokens, lease_tokens, asked_output_tokens),
         )
         try:
             if not self._in_sync():

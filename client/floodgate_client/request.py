@@ -17,8 +17,7 @@ def edge_root(base_url: str) -> str:
     """The edge's root, from a base URL given either as that or as the OpenAI SDK's convention, the
     root plus `/v1` (what the README's SDK example passes): this client adds `/v1` itself, so that one
     reached `/v1/v1/...` and said only "Not Found"."""
-    trimmed = base_url.rstrip("/")
-    return trimmed.removesuffix("/v1") if trimmed.endswith("/v1") else trimmed
+    return base_url.rstrip("/").removesuffix("/v1")
 
 
 def cancel_path(request_id: str) -> str:

@@ -358,10 +358,9 @@ class Dispatcher:
     def _fair_cost(self, ticket: Ticket) -> int:
         """What a ticket costs its user in the fair queue: its prompt and its reply at the user's own
         average length (reply_lengths.py); its worst case where the prompt's length is not known."""
-        if ticket.prompt_tokens is None:
+        if ticket.prompt_tokens is None or ticket.max_new_tokens is None:
             return ticket.kv_tokens
-        max_new = ticket.kv_tokens - ticket.prompt_tokens
-        return ticket.prompt_tokens + self._reply_lengths.estimate(ticket.user, max_new)
+        return ticket.prompt_tokens + self._reply_lengths.estimate(ticket.user, ticket.max_new_tokens)
 
     def _room_now(self, ticket: Ticket) -> bool:
         """A replica could take the ticket now (what the wait estimate of the first in line asks)."""
@@ -380,7 +379,7 @@ class Dispatcher:
         replica.sequences += 1
         replica.sent_prefix(ticket.prefix_keys)
         child(metrics.QUEUE_WAIT, self.model, ticket.tier_label).observe(max(0.0, now - enqueued_at))
-        slot = Slot(replica, ticket, charge, now, self._release, self._real_use, self._clock)
+        slot = Slot(replica, ticket, charge, now, self._release, self._clock, self._real_use)
         self._running.add(slot)
         self._frees = _NO_FREES
         return slot
@@ -391,9 +390,8 @@ class Dispatcher:
         replica.sequences -= 1
         self._running.discard(slot)
         self._frees = _NO_FREES
-        if kind == "done" and slot.ticket.prompt_tokens is not None:
-            max_new = slot.ticket.kv_tokens - slot.ticket.prompt_tokens
-            self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
+        if kind == "done" and slot.ticket.max_new_tokens is not None:
+            self._reply_lengths.observe(slot.ticket.user, slot.generated, slot.ticket.max_new_tokens)
         held_s = self._clock() - slot.granted_at if kind == "done" else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id

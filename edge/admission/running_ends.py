@@ -30,11 +30,10 @@ def expected_ends_s(slots: Iterable[Slot], now: float, lengths: ReplyLengths) ->
     ends = []
     for slot in slots:
         ticket = slot.ticket
-        generated, first = slot.generated, slot.first_token_at
-        if ticket.prompt_tokens is None or generated < 2 or first is None or now <= first:
+        generated, first, max_new = slot.generated, slot.first_token_at, ticket.max_new_tokens
+        if max_new is None or generated < 2 or first is None or now <= first:
             continue
         elapsed = now - first
-        max_new = ticket.kv_tokens - ticket.prompt_tokens
         typical = lengths.estimate(ticket.user, max_new)
         total = min(max_new, typical if generated < typical else 2 * generated)
         # The first token came at `first`: the pace is over the generated - 1 since.

@@ -27,8 +27,8 @@ class Slot:
         kv_charge: int,
         granted_at: float,
         on_release: Callable[[Slot, ReleaseKind], None],
+        clock: Callable[[], float],
         real_use: RealUse | None = None,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         self.upstream: Upstream = replica.upstream
         self.replica = replica
@@ -57,7 +57,7 @@ class Slot:
         for them (plus the margin, whole blocks) once they pass what was charged. Cheap when they
         have not: it runs for every streamed delta."""
         self.generated = generated
-        if self.first_token_at is None and self._clock is not None:
+        if self.first_token_at is None:
             self.first_token_at = self._clock()
         if self._grow_at is None or generated < self._grow_at or self._released:
             return

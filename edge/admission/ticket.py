@@ -28,6 +28,11 @@ class Ticket:
     def tier_label(self) -> str:
         return self.tier or str(self.priority)
 
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The most tokens its reply may run to (None where the prompt's length is not known)."""
+        return None if self.prompt_tokens is None else self.kv_tokens - self.prompt_tokens
+
 
 class Overloaded(Exception):
     """No room in reasonable time: answer 429 with Retry-After = retry_after_s."""

@@ -16,7 +16,7 @@
 --       streams died with it; their unused tokens are not refunded, as when a lease expires).
 --       The twin (policy.py) serves one instance and has no fleet.
 --       reply_tokens: the whole reply an untouched budget holds beside the prompt (policy.py's
---       whole_reply): a refused request is told to wait until it fits too, not only the lease.
+--       reply_to_wait_for): a refused request is told to wait until it fits too, not only the lease.
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
 --          the request was settled already), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms,
