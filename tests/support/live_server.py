@@ -43,6 +43,7 @@ from edge.config import Settings, load_settings
 from edge.keys.provision import create_keys
 from edge.server import DrainingServer, Listeners, bind_listeners, uvicorn_config
 from edge.upstreams.local_pool import UpstreamProvider
+from gpu_container.engine.model import MAX_KNEE_ROWS
 from tests.support.ports import free_port
 
 STARTUP_TIMEOUT_S = 60.0
@@ -64,6 +65,10 @@ def demo_model_dir() -> Path:
     with _demo_lock:
         # build_demo_model is a no-op on a complete directory and safe against racing processes.
         return gpu_container.engine.demo_model.build_demo_model(directory)
+
+
+# The GEMV/GEMM knee of every replica the tests start, in process and behind Triton alike.
+PINNED_KNEE_ROWS = MAX_KNEE_ROWS
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +159,10 @@ def start_server(
         },
         # The demo model, for speed (the default is the real one, tests/golden/ runs it).
         "model": {"source": "demo", "name": "floodgate-tiny", "demo_dir": str(demo_model_dir())},
+        # Pinned, not measured at start: replies compared across the two paths must come out of the
+        # same kernels (a projection of a few rows is GEMVs below the knee and one GEMM above it,
+        # which round differently and flip the demo model's near-ties).
+        "engine": {"gemv_knee_rows": PINNED_KNEE_ROWS},
         "messages": {"sqlite_path": str(tmp_path / "messages.db")},
         "keys": {"sqlite_path": str(tmp_path / "keys.db")},
         # With the redis limiter the edges count themselves; a joiner waits two beats (edge/membership/).

@@ -19,10 +19,16 @@ import pytest
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
-from tests.support.live_server import demo_model_dir
+from tests.support.live_server import PINNED_KNEE_ROWS, demo_model_dir
 
 # Small enough that "all blocks free" is a sharp check, big enough for 20 concurrent streams.
-ENGINE_CONFIG = EngineConfig(block_size=16, num_blocks=512, max_num_seqs=64, max_num_batched_tokens=512)
+ENGINE_CONFIG = EngineConfig(
+    block_size=16,
+    num_blocks=512,
+    max_num_seqs=64,
+    max_num_batched_tokens=512,
+    gemv_knee_rows=PINNED_KNEE_ROWS,
+)
 
 
 @dataclass(frozen=True)
