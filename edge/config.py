@@ -303,12 +303,24 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     if overrides:
         data = _merge(data, overrides)
     data = _one_source_of_models(data, from_file, overrides or {})
+    data = _named_tiers(data)
     settings = msgspec.convert(data, Settings)
     _check_slot_ttl(settings)
     _check_tier_models(settings)
     _check_model_replicas(settings)
     _check_model_names(settings)
     return settings
+
+
+def _named_tiers(data: dict[str, Any]) -> dict[str, Any]:
+    """Each [tiers.NAME] knows its name (TierLimits.name: its budgets are kept apart by it)."""
+    tiers = {}
+    for name, tier in data.get("tiers", {}).items():
+        given = tier.get("name", name)
+        if given != name:
+            raise ConfigError(f"tiers.{name}.name is {given!r}: a tier's name is its table's")
+        tiers[name] = {**tier, "name": name}
+    return {**data, "tiers": tiers}
 
 
 def _one_source_of_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict[str, Any]:

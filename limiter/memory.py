@@ -27,12 +27,29 @@ _SWEEP_EVERY = 10_000
 
 
 @dataclass(slots=True)
+class _User:
+    """One user in the twin: a budget per tier it has been in (TierLimits.name), each in that
+    tier's units, and its live leases, one set across tiers (its concurrency). Every budget's
+    UserState holds that same dict, so policy's steps on any of them see all the user's streams."""
+
+    leases: dict[str, int] = field(default_factory=dict)
+    budgets: dict[str, policy.UserState] = field(default_factory=dict)
+
+    def budget(self, tier: str) -> policy.UserState:
+        state = self.budgets.get(tier)
+        if state is None:
+            state = self.budgets[tier] = policy.UserState(leases=self.leases)
+        return state
+
+
+@dataclass(slots=True)
 class _Ledger:
-    """What this twin decided on its own for one user (as the Redis store's fail-open fallback)
-    since Redis last took it: a second GCRA state, in the twin's units and clock, fed by those
-    decisions alone. The twin's own state holds this instance's whole traffic, which a Redis that
-    kept its data already counts but for this part; N instances restoring after one outage each
-    add theirs (restore.lua), where the later of the TATs kept only one instance's."""
+    """What this twin decided on its own for one user's budget in one tier (as the Redis store's
+    fail-open fallback) since Redis last took it: a second GCRA state, in the twin's units and
+    clock, fed by those decisions alone. The twin's own state holds this instance's whole
+    traffic, which a Redis that kept its data already counts but for this part; N instances
+    restoring after one outage each add theirs (restore.lua), where the later of the TATs kept
+    only one instance's."""
 
     generation: int  # names this ledger on Redis (restore.lua): a retry of it adds only what is new
     state: policy.UserState = field(default_factory=policy.UserState)
@@ -68,7 +85,7 @@ class MemoryLimiter:
         self.batch_tokens = batch_tokens
         self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_us = round(lease_ttl_s * policy.MICROS)
-        self._states: dict[str, policy.UserState] = {}
+        self._users: dict[str, _User] = {}
         self._rates: dict[TierLimits, policy.Rates] = {}
         # The steps are synchronous (never awaited mid-way), so asyncio cannot interleave them;
         # the lock makes the twin safe from threads as well.
@@ -76,7 +93,7 @@ class MemoryLimiter:
         self._ops = 0
         self._ends = StreamEnds(self._clock)
         # Only the Redis store's fallback (`own=True`) writes these (_Ledger).
-        self._ledgers: dict[str, _Ledger] = {}
+        self._ledgers: dict[tuple[str, str], _Ledger] = {}
         self._generations = itertools.count(1)
 
     def set_instance_count(self, n: int) -> None:
@@ -98,23 +115,30 @@ class MemoryLimiter:
             rates = self._rates[tier] = policy.rates_for(per_instance(tier, self._instance_count))
         return rates
 
-    def _state(self, user: str, now_us: int) -> policy.UserState:
+    def _state(self, user: str, tier: str, now_us: int) -> policy.UserState:
+        """The user's budget in `tier` (its TATs, and the user's leases)."""
         self._ops += 1
         if self._ops % _SWEEP_EVERY == 0:
-            for idle in [u for u, s in self._states.items() if s.is_idle(now_us)]:
-                del self._states[idle]
-            # An idle ledger has nothing left to add: a later one starts a new generation.
-            for idle in [u for u, ledger in self._ledgers.items() if ledger.state.is_idle(now_us)]:
-                del self._ledgers[idle]
-        state = self._states.get(user)
-        if state is None:
-            state = self._states[user] = policy.UserState()
-        return state
+            self._sweep(now_us)
+        entry = self._users.get(user)
+        if entry is None:
+            entry = self._users[user] = _User()
+        return entry.budget(tier)
 
-    def _ledger(self, user: str) -> _Ledger:
-        ledger = self._ledgers.get(user)
+    def _sweep(self, now_us: int) -> None:
+        for user, entry in list(self._users.items()):
+            for idle in [t for t, s in entry.budgets.items() if s.is_idle(now_us)]:
+                del entry.budgets[idle]
+            if not entry.budgets:  # none is idle while a lease lives: each holds the leases
+                del self._users[user]
+        # An idle ledger has nothing left to add: a later one starts a new generation.
+        for key in [k for k, ledger in self._ledgers.items() if ledger.state.is_idle(now_us)]:
+            del self._ledgers[key]
+
+    def _ledger(self, user: str, tier: str) -> _Ledger:
+        ledger = self._ledgers.get((user, tier))
         if ledger is None:
-            ledger = self._ledgers[user] = _Ledger(next(self._generations))
+            ledger = self._ledgers[user, tier] = _Ledger(next(self._generations))
         ledger.changes += 1
         return ledger
 
@@ -142,7 +166,7 @@ class MemoryLimiter:
             charged = rates.token_capacity
         with self._lock:
             now = self._now_us()
-            state = self._state(user, now)
+            state = self._state(user, tier.name, now)
             held = False
             if own:
                 policy.prune_expired(state.leases, now)
@@ -153,7 +177,7 @@ class MemoryLimiter:
             )
             if own and decision.allowed and not held:
                 policy.record_admitted(
-                    self._ledger(user).state,
+                    self._ledger(user, tier.name).state,
                     rates,
                     now,
                     request_id,
@@ -197,9 +221,10 @@ class MemoryLimiter:
         with self._lock:
             now = self._now_us()
             rates = self._rates_for(tier)
-            granted = policy.charge(self._state(user, now), rates, now, request_id, want, self._lease_ttl_us)
+            state = self._state(user, tier.name, now)
+            granted = policy.charge(state, rates, now, request_id, want, self._lease_ttl_us)
             if own and granted > 0:
-                ledger = self._ledger(user)
+                ledger = self._ledger(user, tier.name)
                 policy.record_charged(ledger.state, rates, now, request_id, granted, self._lease_ttl_us)
             return granted
 
@@ -212,10 +237,10 @@ class MemoryLimiter:
         with self._lock:
             now = self._now_us()
             rates = self._rates_for(tier)
-            policy.settle(self._state(user, now), rates, now, request_id, refund, refund_request)
+            policy.settle(self._state(user, tier.name, now), rates, now, request_id, refund, refund_request)
             # A request the fallback admitted and no restore has sent yet is refunded in the
             # ledger too: Redis never held its slot, so its settle there refunds nothing.
-            ledger = self._ledgers.get(user)
+            ledger = self._ledgers.get((user, tier.name))
             if ledger is not None and policy.settle(
                 ledger.state, rates, now, request_id, refund, refund_request
             ):
@@ -234,7 +259,7 @@ class MemoryLimiter:
         with self._lock:
             now = self._now_us()
             policy.record_admitted(
-                self._state(user, now),
+                self._state(user, tier.name, now),
                 self._rates_for(tier),
                 now,
                 request_id,
@@ -242,28 +267,34 @@ class MemoryLimiter:
                 self._lease_ttl_us,
             )
 
-    def active_users(self) -> list[str]:
-        """Users whose state still matters (a TAT ahead of now, or a live lease, in the twin or in
-        a ledger)."""
+    def active_budgets(self) -> list[tuple[str, str]]:
+        """(user, tier) of each budget whose state still matters (a TAT ahead of now, or a live
+        lease, in the twin or in a ledger)."""
         with self._lock:
             now = self._now_us()
-            users = [user for user, state in self._states.items() if not state.is_idle(now)]
-            busy = set(users)
-            users += [
-                u for u, ledger in self._ledgers.items() if u not in busy and not ledger.state.is_idle(now)
+            budgets = [
+                (user, tier)
+                for user, entry in self._users.items()
+                for tier, state in entry.budgets.items()
+                if not state.is_idle(now)
             ]
-            return users
+            busy = set(budgets)
+            budgets += [
+                k for k, ledger in self._ledgers.items() if k not in busy and not ledger.state.is_idle(now)
+            ]
+            return budgets
 
-    def ledger(self, user: str) -> LedgerSnapshot | None:
-        """The user's ledger as a restore sends it; None when it holds nothing."""
+    def ledger(self, user: str, tier: str) -> LedgerSnapshot | None:
+        """The ledger of the user's budget in `tier` as a restore sends it; None when it holds
+        nothing."""
         with self._lock:
             now = self._now_us()
-            ledger = self._ledgers.get(user)
+            ledger = self._ledgers.get((user, tier))
             if ledger is None:
                 return None
             policy.prune_expired(ledger.state.leases, now)
             if ledger.state.is_idle(now):
-                del self._ledgers[user]
+                del self._ledgers[user, tier]
                 return None
             state = ledger.state
             return LedgerSnapshot(
@@ -276,26 +307,27 @@ class MemoryLimiter:
                 tuple(state.leases),
             )
 
-    def ledger_sent(self, user: str, sent: LedgerSnapshot, *, landed: bool) -> None:
+    def ledger_sent(self, user: str, tier: str, sent: LedgerSnapshot, *, landed: bool) -> None:
         """A restore carrying `sent` ran (`landed`) or may have run (no answer). Its requests leave
         the ledger either way: Redis may hold their slots now, and their settles refund there.
         Landed, the ledger goes unless it changed meanwhile; else it is sent again, whole, under
         the same generation, and restore.lua adds only what Redis has not had of it."""
         with self._lock:
-            ledger = self._ledgers.get(user)
+            ledger = self._ledgers.get((user, tier))
             if ledger is None or ledger.generation != sent.generation:
                 return
             for request_id in sent.request_ids:
                 ledger.state.leases.pop(request_id, None)
             if landed and ledger.changes == sent.changes:
-                del self._ledgers[user]
+                del self._ledgers[user, tier]
 
-    def snapshot(self, user: str) -> policy.Snapshot:
-        """The user's state relative to now, in the tier's own units (not this instance's share):
-        what the Redis store puts back after an outage (restore.lua)."""
+    def snapshot(self, user: str, tier: str) -> policy.Snapshot:
+        """The user's budget in `tier` relative to now, in the tier's own units (not this instance's
+        share), and the user's running requests: what the Redis store puts back after an outage
+        (restore.lua)."""
         with self._lock:
             now = self._now_us()
-            snap = policy.snapshot(self._state(user, now), now)
+            snap = policy.snapshot(self._state(user, tier, now), now)
         # The twin's intervals are instance_count times the tier's: scale back to the tier's.
         n = self._instance_count
         return policy.Snapshot(snap.request_ahead_us // n, snap.token_ahead_us // n, snap.request_ids)
@@ -304,7 +336,12 @@ class MemoryLimiter:
         with self._lock:
             now = self._now_us()
             policy.record_charged(
-                self._state(user, now), self._rates_for(tier), now, request_id, granted, self._lease_ttl_us
+                self._state(user, tier.name, now),
+                self._rates_for(tier),
+                now,
+                request_id,
+                granted,
+                self._lease_ttl_us,
             )
 
     async def aclose(self) -> None:

@@ -105,10 +105,12 @@ def _user_prefix(user: str) -> str:
     return f"fg:{{#{digest}}}{user}"
 
 
-def user_keys(user: str) -> tuple[str, str, str]:
-    """The user's three keys, in one Cluster slot."""
+def user_keys(user: str, tier: str = "") -> tuple[str, str, str]:
+    """The user's budgets in `tier` (requests, tokens: each tier its own, TierLimits.name) and its
+    concurrency set (one across tiers), in one Cluster slot."""
     prefix = _user_prefix(user)
-    return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:conc"
+    budget = f"{prefix}:{tier}" if tier else prefix
+    return f"{budget}:req", f"{budget}:tok", f"{prefix}:conc"
 
 
 def record_key(user: str, request_id: str) -> str:
@@ -119,6 +121,7 @@ def record_key(user: str, request_id: str) -> str:
 
 def restore_call(
     user: str,
+    tier: str,
     snap: policy.Snapshot,
     ledger: LedgerSnapshot | None,
     *,
@@ -127,15 +130,16 @@ def restore_call(
     lease_ttl_us: int,
     now_arg: str = "",
 ) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
-    """restore.lua's keys and arguments for one user: the twin's snapshot (this instance's whole
-    count), its ledger (what its fallback counted alone since Redis last took it) and the running
-    requests. The ledger's key names this instance and the ledger's generation, so that only a
-    retry of the same ledger finds what was added before (same hash tag as the user's keys)."""
-    prefix = _user_prefix(user)
+    """restore.lua's keys and arguments for one user's budgets in one tier: the twin's snapshot
+    (this instance's whole count), its ledger (what its fallback counted alone since Redis last took
+    it) and the user's running requests. The ledger's key names the tier, this instance and the
+    ledger's generation, so that only a retry of the same ledger finds what was added before (same
+    hash tag as the user's keys)."""
     generation = 0 if ledger is None else ledger.generation
+    budget = f"{_user_prefix(user)}:{tier}" if tier else _user_prefix(user)
     keys = (
-        *user_keys(user),
-        f"{prefix}:ledger:{instance}:{generation}",
+        *user_keys(user, tier),
+        f"{budget}:ledger:{instance}:{generation}",
         *(record_key(user, request_id) for request_id in snap.request_ids),
     )
     if ledger is None:
@@ -435,7 +439,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        keys = (*user_keys(user), record_key(user, request_id))
+        keys = (*user_keys(user, tier.name), record_key(user, request_id))
         args = (
             self._now_arg(),
             request_id,
@@ -575,7 +579,7 @@ class RedisLimiter:
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
         rates = self._rates_for(tier)
-        _, tokens_key, concurrency_key = user_keys(user)
+        _, tokens_key, concurrency_key = user_keys(user, tier.name)
         args = (
             self._now_arg(),
             request_id,
@@ -624,14 +628,15 @@ class RedisLimiter:
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
             counted_out, lost = self._counted_out, self._connections_lost()
             calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
-            ledgers: list[tuple[str, LedgerSnapshot]] = []
-            for user in self._local.active_users():
-                snap, ledger = self._local.snapshot(user), self._local.ledger(user)
+            ledgers: list[tuple[str, str, LedgerSnapshot]] = []
+            for user, tier in self._local.active_budgets():
+                snap, ledger = self._local.snapshot(user, tier), self._local.ledger(user, tier)
                 if ledger is not None:
-                    ledgers.append((user, ledger))
+                    ledgers.append((user, tier, ledger))
                 calls.append(
                     restore_call(
                         user,
+                        tier,
                         snap,
                         ledger,
                         instance=self._instance,
@@ -644,14 +649,14 @@ class RedisLimiter:
                 try:
                     await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
                 except _NoAnswer:
-                    for user, ledger in ledgers:  # it may have run: its requests' settles go to Redis
-                        self._local.ledger_sent(user, ledger, landed=False)
+                    for user, tier, ledger in ledgers:  # it may have run: its settles go to Redis
+                        self._local.ledger_sent(user, tier, ledger, landed=False)
                     raise
-            for user, ledger in ledgers:
-                self._local.ledger_sent(user, ledger, landed=True)
+            for user, tier, ledger in ledgers:
+                self._local.ledger_sent(user, tier, ledger, landed=True)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
             self._synced_counted_out, self._synced_lost = counted_out, lost
-            log.info("limiter_restored", users=len(calls))
+            log.info("limiter_restored", budgets=len(calls))
 
     def _settle_op(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool
@@ -668,7 +673,7 @@ class RedisLimiter:
             rates.token_capacity,
             rates.request_capacity,
         )
-        keys = (*user_keys(user), record_key(user, request_id))
+        keys = (*user_keys(user, tier.name), record_key(user, request_id))
         # Retried until the slot would have expired on Redis by itself (its last refresh was at
         # most now); past that there is nothing left to free.
         return PendingSettle(keys, args, expires_at=time.monotonic() + self._lease_ttl_s)

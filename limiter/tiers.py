@@ -22,6 +22,13 @@ class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrent: Annotated[int, msgspec.Meta(ge=1)]
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     on_store_failure: Literal["open", "closed"] = "open"
+    # The [tiers.NAME] table's name (the edge's settings set it): each tier a user is in has its own
+    # budgets, kept in that tier's units. A budget holds time owed at its tier's rate (a GCRA TAT),
+    # so one shared across tiers read a free key's spent day, moved to paid, as a paid day spent
+    # (throttled for up to a day); rescaled on each move instead, two edges that disagree on a
+    # user's tier (key caches, a rollout) refilled it at every alternation. Kept apart, a move
+    # back finds that tier's budget as it was left. Concurrency stays the user's across tiers.
+    name: str = ""
 
 
 def per_instance(tier: TierLimits, instance_count: int) -> TierLimits:

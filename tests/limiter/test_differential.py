@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from limiter import policy
+from limiter.base import TierLimits
 from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter, user_keys
 from tests.limiter.tiers import tier
@@ -30,15 +31,18 @@ START_US = 10**12
 # instants land exactly on boundaries, where `<` versus `<=` and rounding differences show.
 STEPS_US = [0, 0, 0, 1, 999, 7_000, 100_000, 428_572, 1_000_000, 2_000_000, 5_000_000, 3_000_001]
 TIERS = [
-    tier(requests=5, request_window_s=10, tokens=300, token_window_s=30, concurrent=4),
-    tier(requests=7, request_window_s=3, tokens=1000, token_window_s=7, concurrent=3),
+    tier(requests=5, request_window_s=10, tokens=300, token_window_s=30, concurrent=4, name="a"),
+    tier(requests=7, request_window_s=3, tokens=1000, token_window_s=7, concurrent=3, name="b"),
     # Whole-second waits on every limit, so ties between the limits' waits occur.
-    tier(requests=4, request_window_s=4, tokens=40, token_window_s=4, concurrent=2),
+    tier(requests=4, request_window_s=4, tokens=40, token_window_s=4, concurrent=2, name="c"),
     # Concurrency never binds: bursts reach the exact request and token capacity.
-    tier(requests=3, request_window_s=3, tokens=100, token_window_s=10, concurrent=100),
+    tier(requests=3, request_window_s=3, tokens=100, token_window_s=10, concurrent=100, name="d"),
     # Intervals no whole number of microseconds (333,333.3 and 8,571.43): spans rounded per charge.
-    tier(requests=3, request_window_s=1, tokens=700, token_window_s=6, concurrent=3),
+    tier(requests=3, request_window_s=1, tokens=700, token_window_s=6, concurrent=3, name="e"),
 ]
+# How often a user is moved to another tier (its key's set-tier): each tier keeps its own budgets,
+# the user's streams count against whichever tier it is in now, and each settles where it began.
+MOVE = 0.03
 
 
 @pytest.mark.anyio
@@ -52,14 +56,18 @@ async def test_redis_scripts_and_the_twin_decide_identically(redis_server: Redis
         redis_server.url, timeout_ms=5000, batch_tokens=16, lease_ttl_s=5, now_override_us=lambda: now_us
     )
     user = users[0]
-    live: list[tuple[str, str]] = []  # (user, request id) of admitted requests, settled or not
+    tier_of = {u: TIERS[i % len(TIERS)] for i, u in enumerate(users)}
+    # (user, request id, the tier it was admitted in) of admitted requests, settled or not
+    live: list[tuple[str, str, TierLimits]] = []
     decisions = denials = 0
     try:
         for step in range(OPERATIONS):
             now_us += rng.choice(STEPS_US)
             # Runs of one user's calls reach the limits' exact edges more often than uniform picks.
             user = user if step and rng.random() < 0.5 else rng.choice(users)
-            limits = TIERS[users.index(user) % len(TIERS)]
+            if rng.random() < MOVE:
+                tier_of[user] = rng.choice(TIERS)
+            limits = tier_of[user]
             op = rng.random()
             if op < 0.55 or not live:
                 request_id = f"r{step}"
@@ -74,23 +82,22 @@ async def test_redis_scripts_and_the_twin_decide_identically(redis_server: Redis
                 decisions += 1
                 denials += not got.allowed
                 if got.allowed:
-                    live.append((user, request_id))
+                    live.append((user, request_id, limits))
             elif op < 0.75:
-                user, request_id = rng.choice(live)
-                limits = TIERS[users.index(user) % len(TIERS)]
+                user, request_id, limits = rng.choice(live)
                 want = rng.randint(0, 64)
                 expected_grant = await twin.charge(user, limits, request_id, want)
                 got_grant = await store.charge(user, limits, request_id, want)
                 assert got_grant == expected_grant, f"seed {seed} step {step}: charge"
             else:
-                user, request_id = rng.choice(live)
-                limits = TIERS[users.index(user) % len(TIERS)]
+                user, request_id, limits = rng.choice(live)
                 refund = rng.choice([0, 1, 2, rng.randint(0, 40)])
                 ran = rng.random() < 0.8
                 await twin.settle(user, limits, request_id, refund, refund_request=not ran)
                 await store.settle(user, limits, request_id, refund, refund_request=not ran)
 
         assert decisions > 100 and 0 < denials < decisions  # the run exercised both answers
+        assert len({(u, t.name) for u, _, t in live}) > len(users)  # and users in several tiers
         await _assert_same_state(store, twin, users, now_us)
     finally:
         await store.aclose()
@@ -99,17 +106,20 @@ async def test_redis_scripts_and_the_twin_decide_identically(redis_server: Redis
 async def _assert_same_state(store: RedisLimiter, twin: MemoryLimiter, users: list[str], now_us: int) -> None:
     client: Redis = store._client  # type: ignore[assignment]
     for user in users:
-        state = twin._states[user]
-        request_key, token_key, concurrency_key = user_keys(user)
-        for key, tat in ((request_key, state.request_tat_us), (token_key, state.token_tat_us)):
-            stored = await client.get(key)
-            # A missing key means "full", as does a twin TAT in the past.
-            assert (int(stored) if stored is not None else 0) == tat or (stored is None and tat <= now_us)
+        entry = twin._users[user]
+        for name in (t.name for t in TIERS):
+            state = entry.budgets.get(name)
+            request_key, token_key, concurrency_key = user_keys(user, name)
+            twin_tats = (0, 0) if state is None else (state.request_tat_us, state.token_tat_us)
+            for key, tat in zip((request_key, token_key), twin_tats, strict=True):
+                stored = await client.get(key)
+                # A missing key means "full", as does a twin TAT in the past.
+                assert (int(stored) if stored is not None else 0) == tat or (stored is None and tat <= now_us)
         stored_leases = {
             m.decode(): int(s) for m, s in await client.zrange(concurrency_key, 0, -1, withscores=True)
         }
         assert {r: e for r, e in stored_leases.items() if e > now_us} == {
-            r: e for r, e in state.leases.items() if e > now_us
+            r: e for r, e in entry.leases.items() if e > now_us
         }
 
 

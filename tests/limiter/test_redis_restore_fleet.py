@@ -111,9 +111,15 @@ async def test_a_restore_sent_twice_counts_its_ledger_once(redis_server: RedisSe
     restore = client.register_script(script_text("restore"))
 
     async def send(*, instance: str) -> int:
-        snap, ledger = twin.snapshot(user), twin.ledger(user)
+        snap, ledger = twin.snapshot(user, LIMITS.name), twin.ledger(user, LIMITS.name)
         keys, args = restore_call(
-            user, snap, ledger, instance=instance, instance_count=2, lease_ttl_us=300 * policy.MICROS
+            user,
+            LIMITS.name,
+            snap,
+            ledger,
+            instance=instance,
+            instance_count=2,
+            lease_ttl_us=300 * policy.MICROS,
         )
         args = (str(now_us), *args[1:])
         await restore(keys=keys, args=args)
@@ -157,10 +163,16 @@ async def test_a_routine_restore_by_two_instances_leaves_a_redis_that_kept_its_d
         now_us = 10**15
         await client.set(user_keys(user)[0], now_us + 5 * INTERVAL_US, px=3_600_000)
         for name, twin in twins.items():
-            snap = twin.snapshot(user)
-            assert twin.ledger(user) is None  # Redis decided all of them
+            snap = twin.snapshot(user, LIMITS.name)
+            assert twin.ledger(user, LIMITS.name) is None  # Redis decided all of them
             keys, args = restore_call(
-                user, snap, None, instance=name, instance_count=2, lease_ttl_us=300 * policy.MICROS
+                user,
+                LIMITS.name,
+                snap,
+                None,
+                instance=name,
+                instance_count=2,
+                lease_ttl_us=300 * policy.MICROS,
             )
             await restore(keys=keys, args=(str(now_us), *args[1:]))
         assert int(await client.get(user_keys(user)[0])) - now_us == 5 * INTERVAL_US

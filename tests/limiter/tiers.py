@@ -14,6 +14,7 @@ def tier(
     concurrent: int = 1000,
     max_tokens: int = 4096,
     on_store_failure: str = "open",
+    name: str = "",
 ) -> TierLimits:
     assert on_store_failure in ("open", "closed")
     return TierLimits(
@@ -24,4 +25,5 @@ def tier(
         max_concurrent=concurrent,
         max_tokens=max_tokens,
         on_store_failure="open" if on_store_failure == "open" else "closed",
+        name=name,
     )
