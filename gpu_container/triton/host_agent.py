@@ -22,7 +22,9 @@ same image, host networking) and, every `--interval-s`:
   is what keeps streams alive through a scale-in. The agent used to protect every host with a
   stream from scale-in besides: the edge spreads streams over the least loaded hosts, so with more
   streams than hosts every host was protected and the group could not scale in until traffic all
-  but stopped, however far the demand fell;
+  but stopped, however far the demand fell. Streams it cannot count (the metrics page slower than
+  its timeout on a busy host) are not none: the hook then waits for `--drain-s`; with nothing
+  listening on the metrics port (Triton gone, its streams with it) it waits only `--min-drain-s`;
 * GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
 
 The decisions (`HostAgent.step`) are pure: an observation in, actions out; `AwsHost` carries them
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +64,10 @@ GPU_GAUGES = {
 class Observation:
     target_state: str  # the instance metadata's autoscaling/target-lifecycle-state
     ready: bool  # Triton's /v2/health/ready
-    active_streams: int  # TensorRT-LLM's active requests (0 when Triton does not answer)
+    # TensorRT-LLM's active requests; 0 when nothing listens on the metrics port (Triton is gone,
+    # and its streams with it), None when it did not answer in time (a busy host: unknown, so a
+    # drain waits for `drain_s` rather than cut the streams it could not count).
+    active_streams: int | None
     now: float
 
 
@@ -136,7 +142,8 @@ class HostAgent:
         if self.drain_started is None:
             self.drain_started = seen.now
         draining_for = seen.now - self.drain_started
-        if (seen.active_streams == 0 and draining_for >= self.min_drain_s) or draining_for >= self.drain_s:
+        idle = seen.active_streams == 0  # None, unknown, is not idle
+        if (idle and draining_for >= self.min_drain_s) or draining_for >= self.drain_s:
             self.drain_done = True
             return [CompleteHook("drain", "CONTINUE")]
         return []
@@ -162,12 +169,20 @@ def gpu_datums(metrics_text: str, dimensions: list[dict[str, str]], at: datetime
 
 
 def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """The status and body; 0 when nothing listens (the connection refused), -1 when no answer came
+    in time or the connection broke."""
     request = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return answer.status, answer.read().decode()
-    except OSError:
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except urllib.error.URLError as exc:
+        return (0 if isinstance(exc.reason, ConnectionRefusedError) else -1), ""
+    except ConnectionRefusedError:
         return 0, ""
+    except OSError:
+        return -1, ""
 
 
 class AwsHost:
@@ -184,6 +199,7 @@ class AwsHost:
         imds: str = IMDS,
         triton_http: str = TRITON_HTTP,
         triton_metrics: str = TRITON_METRICS,
+        metrics_timeout_s: float = 2.0,
     ) -> None:
         self.group = group
         self.hooks = hooks
@@ -193,6 +209,7 @@ class AwsHost:
         self.imds = imds
         self.triton_http = triton_http
         self.triton_metrics = triton_metrics
+        self.metrics_timeout_s = metrics_timeout_s
         self._instance_id: str | None = None
 
     def _metadata(self, path: str) -> str:
@@ -215,8 +232,9 @@ class AwsHost:
     def observe(self, now: float) -> tuple[Observation, str]:
         target = self._metadata("autoscaling/target-lifecycle-state")
         ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
-        status, text = _get(self.triton_metrics, 2)
-        return Observation(target, ready, active_requests(text) if status == 200 else 0, now), text
+        status, text = _get(self.triton_metrics, self.metrics_timeout_s)
+        streams = active_requests(text) if status == 200 else 0 if status == 0 else None
+        return Observation(target, ready, streams, now), text
 
     def act(self, action: Action) -> None:
         instance = self.instance_id

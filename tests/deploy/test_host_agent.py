@@ -4,6 +4,7 @@ instance metadata service and Triton (the host's own endpoints)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -154,6 +155,11 @@ class HostState:
     ready: bool = True
     metrics: str = METRICS
     seen_paths: list[str] = field(default_factory=list)
+    # Cleared: the metrics page answers only once it is set (a host too busy to answer in time).
+    metrics_answer: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.metrics_answer.set()
 
 
 @pytest.fixture
@@ -177,6 +183,8 @@ def host_endpoints() -> Iterator[tuple[str, HostState]]:
 
         def do_GET(self) -> None:
             state.seen_paths.append(self.path)
+            if self.path == "/metrics":
+                state.metrics_answer.wait()
             if (
                 not self.path.startswith("/latest/")
                 or self.headers.get("X-aws-ec2-metadata-token") == "token"
@@ -197,6 +205,7 @@ def host_endpoints() -> Iterator[tuple[str, HostState]]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", state
     finally:
+        state.metrics_answer.set()
         server.shutdown()
         server.server_close()
 
@@ -256,3 +265,57 @@ def test_the_agent_reports_and_completes_on_the_real_api(
     assert described()["HealthStatus"].upper() == "UNHEALTHY"
     metrics = aws_client("cloudwatch", moto_endpoint).list_metrics(Namespace="Floodgate/GPU")["Metrics"]
     assert {m["MetricName"] for m in metrics} >= {"GPUUtilization", "GPUMemoryUsed"}
+
+
+def _draining_host(base: str, metrics: str, timeout_s: float) -> tuple[AwsHost, HostAgent]:
+    host = AwsHost(
+        "g",
+        {"ready": "g-ready", "drain": "g-drain"},
+        "ns",
+        None,
+        None,
+        imds=f"{base}/latest",
+        triton_http=base,
+        triton_metrics=metrics,
+        metrics_timeout_s=timeout_s,
+    )
+    return host, HostAgent(
+        ready_timeout_s=600,
+        drain_s=300,
+        unhealthy_after_s=60,
+        started_at=0,
+        launch_done=True,
+        in_service=True,
+    )
+
+
+def test_a_drain_whose_streams_cannot_be_counted_waits_for_its_limit(
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """A host taken out of service whose metrics page answers later than the agent waits (a busy
+    GPU host): its streams were counted as none, and the hook completed after the 20 s every edge
+    needs to stop sending, cutting the streams still running instead of waiting for them."""
+    base, state = host_endpoints
+    state.target_state = "Terminated"
+    state.metrics_answer.clear()
+    host, agent = _draining_host(base, f"{base}/metrics", timeout_s=0.2)
+    for now in (0, 10, 20, 30, 299):
+        observation, _ = host.observe(now)
+        assert observation.active_streams is None
+        assert agent.step(observation) == [], now
+    assert agent.step(host.observe(300)[0]) == [CompleteHook("drain", "CONTINUE")]
+
+
+def test_a_drain_with_triton_gone_completes_once_the_edges_stopped_sending(
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """Nothing listens on the metrics port: Triton has exited and no stream survives it."""
+    base, state = host_endpoints
+    state.target_state = "Terminated"
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{unused.getsockname()[1]}/metrics"  # bound, never listening
+        host, agent = _draining_host(base, closed, timeout_s=2.0)
+        assert host.observe(0)[0].active_streams == 0
+        assert agent.step(host.observe(0)[0]) == []
+        assert agent.step(host.observe(20)[0]) == [CompleteHook("drain", "CONTINUE")]
