@@ -156,10 +156,12 @@ resource "aws_autoscaling_group" "gpu" {
     heartbeat_timeout    = local.ready_timeout_s
   }
 
+  # The pool keeps MaxGroupPreparedCapacity minus the hosts in service warm, at least min_size: at
+  # min_size both, exactly min_size (unset, AWS's default is max_size minus those in service).
   warm_pool {
     pool_state                  = "Stopped"
     min_size                    = var.warm_pool_min_size
-    max_group_prepared_capacity = var.warm_pool_max_prepared
+    max_group_prepared_capacity = coalesce(var.warm_pool_max_prepared, var.warm_pool_min_size)
 
     instance_reuse_policy {
       reuse_on_scale_in = true

@@ -108,9 +108,9 @@ variable "warm_pool_min_size" {
 }
 
 variable "warm_pool_max_prepared" {
-  description = "Cap on in-service plus warm hosts; -1 lets the warm pool grow to max_size."
+  description = "AWS's MaxGroupPreparedCapacity: the warm pool holds this minus the hosts in service, at least warm_pool_min_size. Unset (null): warm_pool_min_size, the one setting where the pool has a fixed size; -1: AWS's default, max_size minus the hosts in service (7 stopped hosts, each with its provisioned root volume, for max_size 8 at one host in service)."
   type        = number
-  default     = -1
+  default     = null
 }
 
 variable "triton_image" {

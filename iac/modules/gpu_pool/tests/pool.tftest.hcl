@@ -110,6 +110,36 @@ run "pool_hooks_user_data_and_scaling" {
   }
 }
 
+# AWS keeps MaxGroupPreparedCapacity minus the hosts in service warm (at least the pool's min_size),
+# and max_size minus them when it is unset: the pool has the size asked for only where the two are
+# equal (AWS's PutWarmPool reference; AWS itself cannot run here, the plan's values are checked).
+run "the_warm_pool_keeps_warm_pool_min_size_hosts" {
+  command = plan
+
+  variables {
+    max_size           = 8
+    warm_pool_min_size = 2
+  }
+
+  assert {
+    condition     = one(aws_autoscaling_group.gpu.warm_pool).max_group_prepared_capacity == 2 && one(aws_autoscaling_group.gpu.warm_pool).min_size == 2
+    error_message = "unset, the warm pool grew to max_size minus the hosts in service (7 stopped GPU hosts at one in service), not warm_pool_min_size"
+  }
+}
+
+run "a_warm_pool_that_grows_to_max_size_on_request" {
+  command = plan
+
+  variables {
+    warm_pool_max_prepared = -1
+  }
+
+  assert {
+    condition     = one(aws_autoscaling_group.gpu.warm_pool).max_group_prepared_capacity == -1
+    error_message = "-1 is AWS's own default, kept for an operator who wants it"
+  }
+}
+
 # A dot (usual in model names: llama-3.1-8b) is not allowed in a lifecycle hook's name, which the
 # group's name makes: refused at plan, not by the Auto Scaling API half-way through an apply.
 run "a_group_name_aws_cannot_take" {
