@@ -106,10 +106,21 @@ def read_manifest(s3: S3Client, bucket: str, prefix: str) -> list[EngineFile]:
     try:
         answer = s3.get_object(Bucket=bucket, Key=prefix + ENGINE_MANIFEST, ChecksumMode="ENABLED")
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        upload = (
+            "upload the engine with `python3 -m gpu_container.triton.build_engine ... --upload` (it "
+            "writes the manifest last)"
+        )
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404"):
+            raise EngineFetchError(f"no {ENGINE_MANIFEST} under s3://{bucket}/{prefix}: {upload}") from None
+        if code in ("AccessDenied", "403"):
+            # S3 answers a missing object with 403, not 404, to a reader that may not list the
+            # bucket, and the host's role may only read the engine's objects (iac/modules/gpu_pool/
+            # iam.tf): so this is most often an engine never uploaded, and only then a grant.
             raise EngineFetchError(
-                f"no {ENGINE_MANIFEST} under s3://{bucket}/{prefix}: upload the engine with "
-                "`python3 -m gpu_container.triton.build_engine ... --upload` (it writes the manifest last)"
+                f"{ENGINE_MANIFEST} under s3://{bucket}/{prefix} is missing or this host may not read "
+                f"it (403): {upload}; if it is there, check the host role's s3:GetObject on the prefix "
+                "and kms:Decrypt on the bucket's key"
             ) from None
         raise
     data: Any = json.loads(answer["Body"].read())

@@ -161,3 +161,18 @@ def test_a_prefix_without_a_manifest_says_how_to_upload(s3: Any, tmp_path: Path)
 
     with pytest.raises(EngineFetchError, match=f"no {ENGINE_MANIFEST}.*--upload"):
         fetch_engine(f"s3://{BUCKET}/half/", tmp_path, s3=s3)
+
+
+def _denied_as_s3_does(parsed: dict[str, Any], **_: Any) -> None:
+    """Real S3 answers a missing object with 403 AccessDenied to a reader without s3:ListBucket on
+    the bucket, as the GPU hosts' role is (moto answers 404 whatever the grants)."""
+    if parsed.get("Error", {}).get("Code") == "NoSuchKey":
+        parsed["Error"]["Code"] = "AccessDenied"
+
+
+def test_a_manifest_the_host_may_not_list_says_how_to_upload(s3: Any, tmp_path: Path) -> None:
+    s3.put_object(Bucket=BUCKET, Key="unlisted/rank0.engine", Body=b"partial upload")
+    s3.meta.events.register("after-call.s3.GetObject", _denied_as_s3_does)
+
+    with pytest.raises(EngineFetchError, match=f"{ENGINE_MANIFEST} .* missing .*--upload"):
+        fetch_engine(f"s3://{BUCKET}/unlisted/", tmp_path, s3=s3)

@@ -50,18 +50,6 @@ data "aws_iam_policy_document" "gpu" {
     resources = ["${var.engine_bucket_arn}/${local.engine_prefix}/*"]
   }
 
-  # The fetcher lists the engine's prefix to verify every file against its object.
-  statement {
-    sid       = "ListEngine"
-    actions   = ["s3:ListBucket"]
-    resources = [var.engine_bucket_arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${local.engine_prefix}/*"]
-    }
-  }
-
   statement {
     sid       = "DecryptEngine"
     actions   = ["kms:Decrypt"]
