@@ -314,8 +314,11 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
 
 def _named_tiers(data: dict[str, Any]) -> dict[str, Any]:
     """Each [tiers.NAME] knows its name (TierLimits.name: its budgets are kept apart by it)."""
-    tiers = {}
+    tiers: dict[str, Any] = {}
     for name, tier in data.get("tiers", {}).items():
+        if not isinstance(tier, dict):
+            tiers[name] = tier  # not a table: the settings' decoding says so
+            continue
         given = tier.get("name", name)
         if given != name:
             raise ConfigError(f"tiers.{name}.name is {given!r}: a tier's name is its table's")

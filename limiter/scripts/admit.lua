@@ -5,7 +5,10 @@
 -- request already settled (its record, KEYS[4], is set by settle.lua) is refused at no cost. (A
 -- cancel marks only a request holding its slot, answered above that check.)
 -- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag:
---       one Cluster slot)
+--       one Cluster slot); for a named tier, then the user's budgets as kept before budgets were
+--       per tier (requests TAT, tokens TAT), which seed a tier's budgets not yet on Redis: a deploy
+--       of per-tier budgets would otherwise give every user a whole window afresh. (Needed for one
+--       longest window after that deploy; those keys expire by then.)
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_window_us, request_capacity, token_window_us, token_capacity,
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us,
@@ -42,8 +45,16 @@ local function gcra(tat, window, capacity, cost)
   return new_tat, math.max(0, new_tat - (now + window))
 end
 
-local request_tat = tonumber(redis.call('GET', KEYS[1])) or 0
-local token_tat = tonumber(redis.call('GET', KEYS[2])) or 0
+local function tat_of(key, unnamed)
+  local tat = tonumber(redis.call('GET', key))
+  if not tat and unnamed then
+    tat = tonumber(redis.call('GET', unnamed))
+  end
+  return tat or 0
+end
+
+local request_tat = tat_of(KEYS[1], KEYS[5])
+local token_tat = tat_of(KEYS[2], KEYS[6])
 
 local function reply(allowed, limit, wait, request_wait, token_wait)
   return {

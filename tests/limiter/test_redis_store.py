@@ -275,3 +275,28 @@ async def test_keys_carry_the_user_hash_tag_and_expire(redis_server: RedisServer
     finally:
         await probe.aclose()
         await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_tier_budget_new_on_redis_starts_from_the_budget_kept_before_budgets_were_per_tier(
+    redis_server: RedisServer,
+) -> None:
+    """An edge of the release before per-tier budgets kept one budget per user (no tier in its key
+    names): the first admit in a named tier starts from it, so the deploy does not give every user
+    a whole window afresh, and a user with nothing kept starts full."""
+    store = RedisLimiter.from_url(redis_server.url, timeout_ms=1000)
+    probe = Redis.from_url(redis_server.url)
+    limits = tier(tokens=1_000, token_window_s=86400, name="free")
+    spent, fresh = _user(), _user()
+    try:
+        # What the release before wrote for a user that spent 900 of its 1,000 tokens today.
+        now_us = int((await probe.time())[0]) * policy.MICROS
+        await probe.set(user_keys(spent)[1], now_us + 900 * 86400 * policy.MICROS // 1_000, px=86_400_000)
+        kept = (await store.admit(spent, "chatcmpl-cccc3333x1", limits, 10, 0)).decision
+        assert kept.allowed and 85 <= kept.remaining_tokens <= 90
+        assert not (await store.admit(spent, "chatcmpl-cccc3333x2", limits, 200, 0)).decision.allowed
+        full = (await store.admit(fresh, "chatcmpl-cccc3333x3", limits, 10, 0)).decision
+        assert full.allowed and full.remaining_tokens == 990
+    finally:
+        await store.aclose()
+        await probe.aclose()
