@@ -439,7 +439,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        keys = (*user_keys(user, tier.name), record_key(user, request_id))
+        keys: tuple[str, ...] = (*user_keys(user, tier.name), record_key(user, request_id))
         if tier.name:  # admit.lua: the budgets kept before they were per tier seed a new tier budget
             keys += user_keys(user)[:2]
         args = (
