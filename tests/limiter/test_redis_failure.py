@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from limiter.base import StoreUnavailable
 from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.conditions import wait_until
 from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis
@@ -315,3 +316,44 @@ async def test_redis_restarted_empty_between_two_calls_gets_back_what_this_insta
         await store.aclose()
         if restarted is not None:
             restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_a_request_the_fallback_admitted_holds_its_slot_on_redis_once_redis_answers_again(
+    own_redis_server: RedisServer,
+) -> None:
+    """Not only from this instance's next admit: a stream the fallback admitted during an outage had
+    no slot on Redis until then, and a cancel that reached another instance (another worker) found
+    no such request there, a 404 for a stream that went on."""
+    limits = tier(concurrent=4)
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, backoff_s=0, batch_tokens=8)
+    probe: Redis | None = None
+    user = f"u-{uuid.uuid4().hex}"
+    restarted = None
+    try:
+        assert (await store.admit(user, "chatcmpl-before", limits, 1, 0)).decision.allowed
+        own_redis_server.kill()
+        running = (await store.admit(user, "chatcmpl-during", limits, 1, 100)).lease
+        assert running is not None and store.fallback_active
+        restarted = await asyncio.to_thread(start_redis, own_redis_server.port)
+        probe = Redis.from_url(restarted.url)
+        # The stream goes on: the charge for its next tokens is the first call Redis answers.
+        assert await running.take(running.granted + 8) > 0
+        assert not store.fallback_active
+        slots = user_keys(user)[2]
+        await wait_until(
+            "the running request's slot back on Redis",
+            lambda: _holds(probe, slots, "chatcmpl-during"),
+            timeout_s=5.0,
+        )
+    finally:
+        await store.aclose()
+        if probe is not None:
+            await probe.aclose()
+        if restarted is not None:
+            restarted.kill()
+
+
+async def _holds(probe: Redis | None, slots: str, request_id: str) -> bool:
+    assert probe is not None
+    return await probe.zscore(slots, request_id) is not None
