@@ -114,7 +114,10 @@ class StreamEnds:
         return self._all.typical_s
 
     def wait_s(self, user: str, held_slots: int) -> float:
-        """The expected time until one of the user's `held_slots` running streams ends."""
+        """The expected time until the user may start a stream again: one of the `held_slots` (its
+        limit) running streams ended, or as many as it runs here beyond the limit (a key moved to a
+        tier with fewer streams: told when its first stream ends, a client retried and was turned
+        away again, each of its streams over the limit a refusal more)."""
         now = self.clock()
         local = self._live.get(user, {})
         typical_s = self._all.typical_s
@@ -134,7 +137,11 @@ class StreamEnds:
             ends.append(at_max if own is None else min(at_max, max(own.typical_s - age, age)))
         if unknown:
             ends.append(typical_s / (unknown + 1))
-        return max(min(ends, default=typical_s), MIN_WAIT_S)
+        if not ends:
+            return max(typical_s, MIN_WAIT_S)
+        ends.sort()
+        over = max(0, len(local) - held_slots)  # that many must end first
+        return max(ends[min(over, len(ends) - 1)], MIN_WAIT_S)
 
 
 def with_concurrency_wait(decision: Decision, estimate_ms: int) -> Decision:

@@ -193,3 +193,21 @@ async def test_other_users_short_replies_do_not_shorten_a_long_writers_wait(
     assert running.try_take(24) == 24  # 50 tokens/s: 225 left, 4.5 s at its max_tokens
     denied = (await limiter.admit(writer, "next", t, 1, 10)).decision
     assert denied.limit == "concurrency" and denied.retry_after_ms == 4500
+
+
+@pytest.mark.anyio
+async def test_a_user_over_its_limit_waits_for_as_many_ends_as_it_is_over(
+    store: tuple[Limiter, ManualClock], request: pytest.FixtureRequest
+) -> None:
+    """A key moved to a tier with fewer concurrent streams, its streams of the tier before still
+    running: the wait is for the end that brings it under the new limit, not for its first end
+    (told that, a client retried and was turned away again; a review: told 4 s, refused again)."""
+    limiter, clock = store
+    user, many, few = _user(request), tier(concurrent=4, name="paid"), tier(concurrent=2, name="free")
+    leases = [_lease(await limiter.admit(user, f"s{i}", many, 1, 10 * (i + 1))) for i in range(4)]
+    for lease in leases:
+        assert lease.try_take(1) == 1
+    clock.advance(1)  # streaming 1 token/s: they end after 9, 19, 29 and 39 s more
+    denied = (await limiter.admit(user, "moved", few, 1, 10)).decision
+    assert denied.limit == "concurrency"
+    assert denied.retry_after_ms == 29_000  # three must end to leave it under 2
