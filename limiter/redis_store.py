@@ -221,6 +221,7 @@ class RedisLimiter:
         self._synced_lost = 0
         self._restoring: asyncio.Task[None] | None = None
         self._resync_lock = asyncio.Lock()
+        self._closing = False
         # Names this instance's ledgers on Redis (restore.lua).
         self._instance = uuid.uuid4().hex[:16]
         self._instance_count = instance_count
@@ -316,6 +317,8 @@ class RedisLimiter:
         without its slot on Redis until then, and a cancel that reached another instance (or
         worker) answered 404 for a stream that went on streaming and charging (a review, with
         Redis paused 10 s under `--workers 2`: three cancels refused in 11.7 s)."""
+        if self._closing:
+            return
         if self._restoring is None or self._restoring.done():
             self._restoring = asyncio.get_running_loop().create_task(
                 self._restore_now(), name="limiter-restore"
@@ -450,8 +453,8 @@ class RedisLimiter:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
         keys: tuple[str, ...] = (*user_keys(user, tier.name), record_key(user, request_id))
-        if tier.name:  # admit.lua: the budgets kept before they were per tier seed a new tier budget
-            keys += user_keys(user)[:2]
+        if tier.name:  # admit.lua: the budgets kept before they were per tier seed the first tier's
+            keys += (*user_keys(user)[:2], f"{_user_prefix(user)}:seeded")
         args = (
             self._now_arg(),
             request_id,
@@ -465,6 +468,7 @@ class RedisLimiter:
             self._lease_ttl_us,
             self._departed,
             policy.reply_to_wait_for(rates, input_tokens, lease_tokens, asked_output_tokens),
+            tier.name,
         )
         try:
             if not self._in_sync():
@@ -762,6 +766,8 @@ class RedisLimiter:
         return results
 
     async def aclose(self) -> None:
+        # The settles flushed below go through _call, which would start another restore.
+        self._closing = True
         restoring, self._restoring = self._restoring, None
         if restoring is not None:
             restoring.cancel()

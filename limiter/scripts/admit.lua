@@ -6,9 +6,11 @@
 -- cancel marks only a request holding its slot, answered above that check.)
 -- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag:
 --       one Cluster slot); for a named tier, then the user's budgets as kept before budgets were
---       per tier (requests TAT, tokens TAT), which seed a tier's budgets not yet on Redis: a deploy
---       of per-tier budgets would otherwise give every user a whole window afresh. (Needed for one
---       longest window after that deploy; those keys expire by then.)
+--       per tier (requests TAT, tokens TAT) and the mark of the tier they went to: they seed the
+--       budgets of the first named tier the user is admitted in (a deploy of per-tier budgets
+--       would otherwise give every user a whole window afresh), and of no other (spent in the
+--       user's tier before the deploy, they would throttle a tier it moves to, in the wrong
+--       units). Needed for one longest window after that deploy; those keys expire by then.
 -- ARGV: now_override_us ('' = Redis TIME, the clock every edge instance shares; set by tests only),
 --       request_id, request_window_us, request_capacity, token_window_us, token_capacity,
 --       max_concurrent, input_tokens, lease_tokens, lease_ttl_us,
@@ -19,7 +21,8 @@
 --       streams died with it; their unused tokens are not refunded, as when a lease expires).
 --       The twin (policy.py) serves one instance and has no fleet.
 --       reply_tokens: the whole reply an untouched budget holds beside the prompt (policy.py's
---       reply_to_wait_for): a refused request is told to wait until it fits too, not only the lease.
+--       reply_to_wait_for): a refused request is told to wait until it fits too, not only the lease;
+--       the tier's name (with the unnamed keys above).
 -- Returns: allowed (0/1), limit (0 none, 1 requests, 2 tokens, 3 concurrency; 0 with allowed 0:
 --          the request was settled already), retry_after_ms,
 --          remaining_requests, reset_requests_ms, remaining_tokens, reset_tokens_ms,
@@ -45,10 +48,31 @@ local function gcra(tat, window, capacity, cost)
   return new_tat, math.max(0, new_tat - (now + window))
 end
 
+-- Whether the unnamed budgets seed this tier's: they have not expired, and this is the tier they
+-- went to (the first named tier admitted in, marked for as long as they last).
+local function seeds_this_tier()
+  local last = math.max(redis.call('PTTL', KEYS[5]), redis.call('PTTL', KEYS[6]))
+  if last <= 0 then
+    return false
+  end
+  local marked = redis.call('GET', KEYS[7])
+  if not marked then
+    redis.call('SET', KEYS[7], ARGV[13], 'PX', last)
+    return true
+  end
+  return marked == ARGV[13]
+end
+
+local seeding = nil
 local function tat_of(key, unnamed)
   local tat = tonumber(redis.call('GET', key))
   if not tat and unnamed then
-    tat = tonumber(redis.call('GET', unnamed))
+    if seeding == nil then
+      seeding = seeds_this_tier()
+    end
+    if seeding then
+      tat = tonumber(redis.call('GET', unnamed))
+    end
   end
   return tat or 0
 end

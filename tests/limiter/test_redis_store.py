@@ -283,10 +283,14 @@ async def test_a_tier_budget_new_on_redis_starts_from_the_budget_kept_before_bud
 ) -> None:
     """An edge of the release before per-tier budgets kept one budget per user (no tier in its key
     names): the first admit in a named tier starts from it, so the deploy does not give every user
-    a whole window afresh, and a user with nothing kept starts full."""
+    a whole window afresh, and a user with nothing kept starts full. Another tier the user moves to
+    does not: what was spent before was spent in the first, and read in another tier's units it
+    throttled the move (a free user that spent its day, moved to paid, refused with 17 of 2M tokens
+    left)."""
     store = RedisLimiter.from_url(redis_server.url, timeout_ms=1000)
     probe = Redis.from_url(redis_server.url)
     limits = tier(tokens=1_000, token_window_s=86400, name="free")
+    other = tier(tokens=100_000, token_window_s=86400, name="paid")
     spent, fresh = _user(), _user()
     try:
         # What the release before wrote for a user that spent 900 of its 1,000 tokens today.
@@ -297,6 +301,8 @@ async def test_a_tier_budget_new_on_redis_starts_from_the_budget_kept_before_bud
         assert not (await store.admit(spent, "chatcmpl-cccc3333x2", limits, 200, 0)).decision.allowed
         full = (await store.admit(fresh, "chatcmpl-cccc3333x3", limits, 10, 0)).decision
         assert full.allowed and full.remaining_tokens == 990
+        moved = (await store.admit(spent, "chatcmpl-cccc3333x4", other, 10, 0)).decision
+        assert moved.allowed and moved.remaining_tokens == 99_990
     finally:
         await store.aclose()
         await probe.aclose()
