@@ -174,6 +174,15 @@ class Generation:
         turned away, cancelled while queued, or answered with an error alone costs it nothing)."""
         return self._reached_replica and not self._answered_nothing
 
+    def _billed(self, out: Outcome) -> tuple[int, int, int]:
+        """The usage object's counts: what the user is charged, as the budget and /v1/usage count
+        it. A request that cost nothing (cancelled while queued, or while the engine it waited
+        for restarted) said its prompt's tokens there, and a client billing its own users by
+        `usage` counted them."""
+        if not self._charged:
+            return 0, 0, 0
+        return self.prompt_tokens, out.completion_tokens, out.cached_tokens
+
     async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
         """Write the events with `emit`; the last ones with `end`, which also ends the response.
         `write_now`, where the server offers it (edge/body_chunks.py), writes a token's event at once
@@ -203,11 +212,11 @@ class Generation:
                 closing.append(event({"error": out.error.detail}))
                 if out.reason in ("drained", "key_inactive") and self._req.include_usage:
                     # Cut by a shutdown or its key: the tokens it got were charged, so say how many.
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
+                    closing.append(enc.usage(*self._billed(out)))
             else:
                 closing.append(enc.final(out.finish_reason, out.marker))
                 if self._req.include_usage:
-                    closing.append(enc.usage(self.prompt_tokens, out.completion_tokens, out.cached_tokens))
+                    closing.append(enc.usage(*self._billed(out)))
             closing.append(DONE)
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
@@ -246,7 +255,7 @@ class Generation:
                     "finish_reason": out.finish_reason,
                 }
             ],
-            "usage": usage_dict(self.prompt_tokens, out.completion_tokens, out.cached_tokens),
+            "usage": usage_dict(*self._billed(out)),
         }
         if out.marker:
             body["floodgate"] = out.marker

@@ -144,7 +144,8 @@ def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(
             first_id = next(first_events)["request_id"]
             next(first_events)  # it holds the only slot now
 
-            with client.stream("POST", CHAT, json=SHORT | {"stream": True}, headers=paid) as second:
+            with_usage = SHORT | {"stream": True, "stream_options": {"include_usage": True}}
+            with client.stream("POST", CHAT, json=with_usage, headers=paid) as second:
                 waiting = events(second)
                 second_id = next(waiting)["request_id"]
                 assert next(waiting) == KEEPALIVE
@@ -166,8 +167,15 @@ def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(
             list(first_events)
 
     assert second_rest[-1] == DONE
-    assert second_rest[-2]["floodgate"] == {"cancelled": True}
-    assert len(second_rest) == 2
+    assert second_rest[-3]["floodgate"] == {"cancelled": True}
+    # It cost nothing, and its usage says so (it said its prompt's tokens, which nobody charged).
+    assert second_rest[-2]["usage"] == {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    assert len(second_rest) == 3
     assert fourth_rest[-1] == DONE
     assert fourth_rest[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     assert "floodgate" not in fourth_rest[-2]
