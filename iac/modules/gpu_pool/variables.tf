@@ -105,6 +105,7 @@ variable "warm_pool_min_size" {
   description = "Stopped, pre-initialised hosts kept ready (engine already on disk): a scale-out starts one in about a minute instead of downloading the model (it re-reads the engine from its root volume: root_volume_throughput_mibps)."
   type        = number
   default     = 2
+  nullable    = false
 }
 
 variable "warm_pool_max_prepared" {
