@@ -57,9 +57,10 @@ def _stream(
 
 def _charged(limiter: MemoryLimiter, user: str, tier: str) -> int:
     """What the limiter holds as spent by `user` (no refill happens within the test)."""
-    limits = msgspec.convert(TIERS[tier], TierConfig)
+    limits = msgspec.convert(TIERS[tier] | {"name": tier}, TierConfig)
     rates = limiter._rates_for(limits)
-    state = limiter._states.get(user)
+    entry = limiter._users.get(user)
+    state = None if entry is None else entry.budgets.get(tier)  # its budget in that tier
     if state is None:
         return 0
     left = policy.remaining(
