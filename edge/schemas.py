@@ -105,6 +105,8 @@ class ChatMessage(msgspec.Struct):
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = False  # null as in OpenAI's spec: false
+    # vLLM's usage in every chunk: not sent, so refused when asked for (parse_chat_request).
+    continuous_usage_stats: bool | None = None
 
 
 class ResponseFormat(msgspec.Struct):
@@ -333,6 +335,14 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise invalid_request(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
         )
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        raise invalid_request(
+            "Unsupported parameter: 'stream_options.continuous_usage_stats' asks for usage in every "
+            "chunk, which this server does not send (one of vLLM's extensions): the usage comes in "
+            "its own last chunk with include_usage.",
+            "stream_options.continuous_usage_stats",
+            code="unsupported_parameter",
+        )
     if req.continue_final_message and req.add_generation_prompt:
         # vLLM's 400 (and transformers' error): a new turn opened after the message to continue.
         raise invalid_request(
@@ -411,7 +421,15 @@ def _check_content(message: ChatMessage, index: int) -> None:
 
 def _check_content_parts(parts: list[ContentPart], message: int) -> None:
     """A part this text model cannot read (an image, audio, a file) is refused by name: dropped, it
-    would leave the model answering about something it never saw (vLLM refuses one too)."""
+    would leave the model answering about something it never saw (vLLM refuses one too). No parts
+    at all is an empty turn, refused as OpenAI refuses it."""
+    if not parts:
+        raise invalid_request(
+            f"Invalid 'messages[{message}].content': empty array. Expected an array with minimum "
+            "length 1, but got an empty array instead.",
+            f"messages[{message}].content",
+            code="empty_array",
+        )
     for index, part in enumerate(parts):
         if part.type not in _READABLE_PARTS:
             raise invalid_request(

@@ -118,6 +118,12 @@ def test_400_names_the_bad_parameter(
         ({"logprobs": True}, "logprobs", "unsupported_parameter"),
         ({"logprobs": True, "top_logprobs": 5}, "logprobs", "unsupported_parameter"),
         ({"top_logprobs": 5}, "top_logprobs", "unsupported_parameter"),
+        # vLLM's usage in every chunk: a client counting tokens as they come would see none.
+        (
+            {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+            "unsupported_parameter",
+        ),
     ],
 )
 def test_400_for_what_would_change_the_replys_contract(
@@ -263,7 +269,12 @@ def test_an_assistant_turn_may_come_without_content(
 
 @pytest.mark.parametrize(
     ("message", "code"),
-    [({"role": "user"}, "missing_required_parameter"), ({"role": "user", "content": None}, "invalid_type")],
+    [
+        ({"role": "user"}, "missing_required_parameter"),
+        ({"role": "user", "content": None}, "invalid_type"),
+        # No parts: an empty turn, as OpenAI refuses it (it was read as one).
+        ({"role": "user", "content": []}, "empty_array"),
+    ],
 )
 def test_a_users_turn_without_content_is_named(
     local_server: LiveServer, local_client: httpx.Client, message: dict[str, Any], code: str
