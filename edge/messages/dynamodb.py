@@ -1,12 +1,21 @@
 """The production message store: one DynamoDB table, partition key `conversation_id`, sort key
 `message_id`. Rows carry their `owner`, checked on every read, and an `expires_at` TTL attribute.
 
+The partition is the owner's conversation (`owned_partition`: the owner and the id the client chose,
+which `conversation` keeps). Keyed by the client's id alone, every user who chose the same id
+("default", "chat") shared one partition: a history read paged through all their messages, the
+owner filter dropping the others' after DynamoDB had read and billed them, and another user's id
+answered its 404 as late as that partition was long (1,130 ms against 56 for a missing id, with
+4,000 messages in it: a timing oracle, and reads an attacker could make others pay for). Messages
+written before are still read where they are (`LEGACY_PARTITIONS`) until their TTL has taken them.
+
 A DynamoDB item holds at most 400 KB, and a request body may be 1 MiB: a message whose text does
 not fit is kept compressed (`content_z`, zlib), and one that does not fit even so is kept cut to
 what fits, marked `truncated` (SQLite keeps every message whole)."""
 
 from __future__ import annotations
 
+import heapq
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -24,6 +33,10 @@ if TYPE_CHECKING:
 PARTITION_KEY = "conversation_id"
 SORT_KEY = "message_id"
 TTL_ATTRIBUTE = "expires_at"  # iac/modules/messages_table enables TTL on it
+CONVERSATION = "conversation"  # the client's conversation id (the partition also names its owner)
+# Messages written before partitions named their owner are read from the client's id too, for the
+# [messages] ttl_days after the release that changed it (90 by default); then this goes.
+LEGACY_PARTITIONS = True
 # One Query page: enough to fill a typical history in one round trip even when the owner filter
 # (applied after the page is read) discards some rows.
 _PAGE = 200
@@ -45,9 +58,16 @@ def _content(text: str) -> dict[str, AttributeValueTypeDef]:
     return {"content": {"S": raw[:CONTENT_BYTES].decode(errors="ignore")}, "truncated": {"BOOL": True}}
 
 
+def owned_partition(user: str, conversation_id: str) -> str:
+    """The partition of `user`'s conversation: the owner's length first, so no user and id
+    together spell another pair's (user "a:b" with id "c" against user "a" with id "b:c")."""
+    return f"{len(user)}:{user}:{conversation_id}"
+
+
 def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
     item: dict[str, AttributeValueTypeDef] = {
-        PARTITION_KEY: {"S": msg.conversation_id},
+        PARTITION_KEY: {"S": owned_partition(msg.user, msg.conversation_id)},
+        CONVERSATION: {"S": msg.conversation_id},
         SORT_KEY: {"S": msg.message_id},
         "owner": {"S": msg.user},
         "role": {"S": msg.role},
@@ -64,8 +84,9 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
 def _message(item: dict[str, Any]) -> StoredMessage:
     finish = item.get("finish_reason")
     packed = item.get("content_z")
+    conversation = item.get(CONVERSATION) or item[PARTITION_KEY]  # a legacy item: its id was the key
     return StoredMessage(
-        conversation_id=item[PARTITION_KEY]["S"],
+        conversation_id=conversation["S"],
         user=item["owner"]["S"],
         message_id=item[SORT_KEY]["S"],
         role=item["role"]["S"],
@@ -118,9 +139,22 @@ class DynamoDBMessageStore:
         await anyio.to_thread.run_sync(self._client.close)
 
     def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
-        """The first `limit` of the owner's messages in the span, in the order it is read."""
+        """The first `limit` of the owner's messages in the span, in the order it is read: from its
+        own partition, merged with those of the client's id written before partitions named their
+        owner."""
+        found = self._read(owned_partition(user, conversation_id), user, limit, where)
+        if not LEGACY_PARTITIONS:
+            return found
+        legacy = self._read(conversation_id, user, limit, where)
+        if not legacy:
+            return found
+        merged = heapq.merge(found, legacy, key=lambda m: m.message_id, reverse=not where.ascending)
+        return list(merged)[:limit]
+
+    def _read(self, partition: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
+        """The first `limit` of the owner's messages in the span in one partition, as read."""
         values: dict[str, AttributeValueTypeDef] = {
-            ":c": {"S": conversation_id},
+            ":c": {"S": partition},
             ":u": {"S": user},
             ":now": {"N": str(int(time.time()))},
         }

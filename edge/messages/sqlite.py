@@ -28,6 +28,10 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (conversation_id, message_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
+-- A history read finds the owner's messages of a conversation without stepping over others' of the
+-- same id (clients choose ids: "default" may be everyone's): through the primary key alone, a read
+-- of another user's id took as long as that conversation was, and said it existed.
+CREATE INDEX IF NOT EXISTS messages_by_owner ON messages (conversation_id, user, message_id);
 """
 _SWEEP_EVERY_S = 3600.0
 
@@ -93,7 +97,9 @@ class SQLiteMessageStore:
     def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
         # The cursors bound message_id, the primary key's second column: a range of the index, so
         # a page deep into a long conversation costs what the first one does.
-        sql = f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ?"
+        # Named: the planner takes the primary key (conversation_id, message_id) for its order,
+        # and steps over every user's messages of the id on the way.
+        sql = f"SELECT {_COLUMNS} FROM messages INDEXED BY messages_by_owner WHERE conversation_id = ?"
         args: list[object] = [conversation_id]
         if where.above is not None:
             sql += " AND message_id > ?"

@@ -8,7 +8,7 @@ import boto3
 import pytest
 
 from edge.config import load_settings
-from edge.messages.dynamodb import DynamoDBMessageStore
+from edge.messages.dynamodb import DynamoDBMessageStore, owned_partition
 from edge.messages.factory import create_store
 from edge.messages.message import new_message
 from edge.messages.sqlite import SQLiteMessageStore
@@ -57,6 +57,6 @@ async def test_dynamodb_with_a_local_endpoint_creates_its_table(
     raw = boto3.client("dynamodb", endpoint_url=dynalite_endpoint)
     item = raw.get_item(
         TableName="floodgate-factory-test",
-        Key={"conversation_id": {"S": "c1"}, "message_id": {"S": msg.message_id}},
+        Key={"conversation_id": {"S": owned_partition("alice", "c1")}, "message_id": {"S": msg.message_id}},
     )["Item"]
     assert int(item["expires_at"]["N"]) == int(msg.created_at) + 2 * 86400

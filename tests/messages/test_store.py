@@ -9,13 +9,15 @@ import string
 import time
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
+from edge.messages.dynamodb import DynamoDBMessageStore
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.store import HistoryPage, MessageStore
-from tests.messages.conftest import dynamodb_store
+from tests.messages.conftest import TABLE, dynamodb_store
 
 pytestmark = pytest.mark.anyio
 
@@ -136,3 +138,77 @@ async def test_dynamodb_keeps_what_fits_of_a_message_that_does_not_even_compress
         await store.aclose()
     assert kept.truncated
     assert 300_000 < len(kept.content) < len(noise) and noise.startswith(kept.content)
+
+
+async def test_another_users_read_of_a_long_conversation_reads_none_of_it(
+    store: MessageStore,
+) -> None:
+    """Clients choose conversation ids: another user's read of one ("default" may be everyone's)
+    stepped over every message of it before the owner check dropped them, so its 404 came as late
+    as the conversation was long (a timing oracle; on DynamoDB, reads billed to the store). Counted
+    here as the work the store does: SQLite's VM steps, DynamoDB's scanned items."""
+    long, missing = conversation(), conversation()
+    for i in range(300):
+        await store.append(new_message(long, "alice", "user", f"m{i}", f"r_{i}"))
+    work = _work_counter(store)
+    reads: dict[str, int] = {}
+    for name, conv in (("other's", long), ("missing", missing)):
+        work.clear()
+        assert (await store.history(conv, "mallory")).messages == []
+        reads[name] = sum(work)
+    assert reads["other's"] <= reads["missing"] + 10, reads
+    assert len((await store.history(long, "alice", limit=500)).messages) == 300
+
+
+def _work_counter(store: MessageStore) -> list[int]:
+    """A list the store's own work is appended to as it reads (see the test above)."""
+    work: list[int] = []
+    if isinstance(store, SQLiteMessageStore):
+        store._conn.set_progress_handler(lambda: work.append(1) or 0, 1)
+    else:
+        dynamo = cast(DynamoDBMessageStore, store)
+
+        def scanned(parsed: dict[str, Any], **_: Any) -> None:
+            work.append(int(parsed.get("ScannedCount", 0)))
+
+        dynamo._client.meta.events.register("after-call.dynamodb.Query", scanned)
+    return work
+
+
+async def test_dynamodb_reads_a_conversation_written_before_partitions_named_their_owner(
+    dynalite_endpoint: str,
+) -> None:
+    """Messages written before are kept under the client's id alone: still read, in order with
+    those written since."""
+    store = dynamodb_store(dynalite_endpoint)
+    await store.create_table_if_missing()
+    conv = conversation()
+    before = new_message(conv, "alice", "user", "asked before", "r_1")
+    item = _legacy_item(before)
+    try:
+        store._client.put_item(TableName=TABLE, Item=item)
+        store._client.put_item(
+            TableName=TABLE, Item=_legacy_item(new_message(conv, "bob", "user", "bob's", "r_b"))
+        )
+        after = new_message(conv, "alice", "assistant", "answered since", "r_1", finish_reason="stop")
+        await store.append(after)
+        assert (await store.history(conv, "alice")).messages == [before, after]
+        assert (await store.history(conv, "alice", order="desc", limit=1)).messages == [after]
+        assert [m.content for m in (await store.history(conv, "bob")).messages] == ["bob's"]
+    finally:
+        await store.aclose()
+
+
+def _legacy_item(msg: StoredMessage) -> dict[str, Any]:
+    """The item as the release before wrote it: the client's id as the partition key."""
+    return {
+        "conversation_id": {"S": msg.conversation_id},
+        "message_id": {"S": msg.message_id},
+        "owner": {"S": msg.user},
+        "role": {"S": msg.role},
+        "content": {"S": msg.content},
+        "request_id": {"S": msg.request_id},
+        "created_at": {"N": repr(msg.created_at)},
+        "expires_at": {"N": str(int(msg.created_at) + 3600)},
+        **({"finish_reason": {"S": msg.finish_reason}} if msg.finish_reason else {}),
+    }
