@@ -274,6 +274,10 @@ def create_app(
         },
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=openapi_config(),
+        # The logging is edge/logging_setup.py's, one JSON object per line: Litestar's default
+        # config replaced the root logger's handler with its own plain-text one, and uvicorn's,
+        # Litestar's and botocore's lines went out unstructured, on stderr.
+        logging_config=None,
     )
     app.state.drain = drain
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py
