@@ -113,6 +113,24 @@ def user_keys(user: str, tier: str = "") -> tuple[str, str, str]:
     return f"{budget}:req", f"{budget}:tok", f"{prefix}:conc"
 
 
+def admit_keys(user: str, tier: str, request_id: str) -> tuple[str, ...]:
+    """admit.lua's keys: the user's keys in `tier`, the request's record and, for a named tier,
+    the user's budgets as kept before they were per tier and the mark of the tier they seeded."""
+    prefix = _user_prefix(user)
+    if not tier:
+        return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:conc", f"{prefix}:done:{request_id}"
+    budget = f"{prefix}:{tier}"
+    return (
+        f"{budget}:req",
+        f"{budget}:tok",
+        f"{prefix}:conc",
+        f"{prefix}:done:{request_id}",
+        f"{prefix}:req",
+        f"{prefix}:tok",
+        f"{prefix}:seeded",
+    )
+
+
 def record_key(user: str, request_id: str) -> str:
     """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
     once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
@@ -452,9 +470,7 @@ class RedisLimiter:
     ) -> Admission:
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        keys: tuple[str, ...] = (*user_keys(user, tier.name), record_key(user, request_id))
-        if tier.name:  # admit.lua: the budgets kept before they were per tier seed the first tier's
-            keys += (*user_keys(user)[:2], f"{_user_prefix(user)}:seeded")
+        keys = admit_keys(user, tier.name, request_id)
         args = (
             self._now_arg(),
             request_id,
