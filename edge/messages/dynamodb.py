@@ -60,8 +60,11 @@ def _content(text: str) -> dict[str, AttributeValueTypeDef]:
 
 def owned_partition(user: str, conversation_id: str) -> str:
     """The partition of `user`'s conversation: the owner's length first, so no user and id
-    together spell another pair's (user "a:b" with id "c" against user "a" with id "b:c")."""
-    return f"{len(user)}:{user}:{conversation_id}"
+    together spell another pair's (user "a:b" with id "c" against user "a" with id "b:c"), and a
+    "/", which no conversation id holds (schemas.ConversationId; the route's path segment cannot),
+    so no client's id names one as a legacy partition: "5:alice:trip" did, and read alice's "trip"
+    (its items scanned, its 404 late again; alice's own id of that name answered with "trip")."""
+    return f"{len(user)}/{user}/{conversation_id}"
 
 
 def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
@@ -143,7 +146,7 @@ class DynamoDBMessageStore:
         own partition, merged with those of the client's id written before partitions named their
         owner."""
         found = self._read(owned_partition(user, conversation_id), user, limit, where)
-        if not LEGACY_PARTITIONS:
+        if not LEGACY_PARTITIONS or "/" in conversation_id:  # no legacy id holds one
             return found
         legacy = self._read(conversation_id, user, limit, where)
         if not legacy:

@@ -34,6 +34,8 @@ CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
 CREATE INDEX IF NOT EXISTS messages_by_owner ON messages (conversation_id, user, message_id);
 """
 _SWEEP_EVERY_S = 3600.0
+_BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
+_SCHEMA_WAIT_MS = 600_000
 
 _COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason"
 
@@ -51,7 +53,12 @@ class SQLiteMessageStore:
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        # The first start on a file of the release before builds messages_by_owner over every row
+        # (6.3 s for 8M rows): a second worker opening it meanwhile waited out the 5 s default and
+        # failed ("database is locked"). The schema step waits as long as the build may take.
+        self._conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
         self._conn.executescript(_SCHEMA)
+        self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_WAIT_MS}")
 
     async def append(self, msg: StoredMessage) -> None:
         await anyio.to_thread.run_sync(self._append, msg)

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 
-from edge.messages.dynamodb import DynamoDBMessageStore
+from edge.messages.dynamodb import DynamoDBMessageStore, owned_partition
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.sqlite import SQLiteMessageStore
 from edge.messages.store import HistoryPage, MessageStore
@@ -212,3 +212,24 @@ def _legacy_item(msg: StoredMessage) -> dict[str, Any]:
         "expires_at": {"N": str(int(msg.created_at) + 3600)},
         **({"finish_reason": {"S": msg.finish_reason}} if msg.finish_reason else {}),
     }
+
+
+async def test_a_conversation_id_spelled_like_a_partition_reads_no_other(dynalite_endpoint: str) -> None:
+    """The read of the ids written before partitions named their owner takes the client's id as a
+    partition: an id spelled as another user's partition ("5:alice:trip", as they were named at
+    first) read that user's conversation (its items scanned, its 404 late; alice's own id of that
+    name answered with "trip")."""
+    store = dynamodb_store(dynalite_endpoint)
+    await store.create_table_if_missing()
+    trip = conversation()
+    try:
+        for i in range(50):
+            await store.append(new_message(trip, "alice", "user", f"m{i}", f"r{i}"))
+        work = _work_counter(store)
+        for forged in (owned_partition("alice", trip), f"5:alice:{trip}"):
+            work.clear()
+            assert (await store.history(forged, "mallory")).messages == []
+            assert sum(work) == 0, (forged, sum(work))
+            assert (await store.history(forged, "alice")).messages == []  # alice never wrote that id
+    finally:
+        await store.aclose()
