@@ -10,6 +10,7 @@ from typing import Any
 import anyio.to_thread
 
 from edge.keys.record import KeyRecord
+from edge.sqlite_file import create_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -32,8 +33,7 @@ _PLACES = ",".join("?" * len(_COLUMNS.split(", ")))
 def connect(path: str | Path) -> sqlite3.Connection:
     """A connection for worker threads (the caller serialises use with a lock), in WAL mode so the
     edges reading and the CLI writing one file do not wait on each other."""
-    if str(path) != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    create_private(path)
     conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")

@@ -14,6 +14,7 @@ import anyio.to_thread
 
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, span
+from edge.sqlite_file import create_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -47,8 +48,7 @@ class SQLiteMessageStore:
     def __init__(self, path: str | Path, *, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._ttl_s = ttl_s
         self._swept_at = 0.0
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        create_private(path)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")

@@ -1,0 +1,22 @@
+"""The edge's SQLite files (keys, usage, messages) are the edge's alone: created readable by their
+owner only, whatever the umask. Under the usual 022 they were world-readable (0644): stored
+prompts and replies, and the key hashes, open to every account on the host. SQLite gives the
+-wal and -shm files it makes the database file's permissions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def create_private(path: str | Path) -> None:
+    """Make the database file (and its directory) if missing, mode 0600; an existing file is left
+    as its operator made it. ":memory:" is no file."""
+    if str(path) == ":memory:":
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
