@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -20,7 +19,6 @@ from floodgate_client.client import (
     DEFAULT_DEADLINE_S,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
-    default_gone,
     http_timeout,
 )
 from floodgate_client.decoder import ChunkDecoder
@@ -28,7 +26,6 @@ from floodgate_client.errors import (
     ConflictError,
     FloodgateError,
     NetworkError,
-    NotFoundError,
     RateLimitError,
     ServiceUnavailableError,
     cancel_status,
@@ -40,13 +37,11 @@ from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
 from floodgate_client.request import (
     CHAT_PATH,
-    MODELS_PATH,
     ChatRequest,
     Messages,
     auth_headers,
     cancel_path,
     edge_root,
-    first_model_id,
 )
 from floodgate_client.retry import RetryPolicy
 from floodgate_client.sse import ServerSentEvent, aiter_events
@@ -87,7 +82,6 @@ class AsyncChat:
     def __init__(self, http: httpx.AsyncClient, max_retries: int) -> None:
         self._http = http
         self._max_retries = max_retries
-        self._default_model: str | None = None
 
     def stream(
         self,
@@ -148,35 +142,13 @@ class AsyncChat:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
         return cancel_status(response.status_code, response.headers, response.content)
 
-    async def _with_model(self, request: ChatRequest) -> ChatRequest:
-        if request.model is not None:
-            return request
-        if self._default_model is None:
-            try:
-                response = await self._http.get(MODELS_PATH)
-            except httpx.TransportError as exc:
-                raise transport_failure("listing models failed", exc) from transport_cause(exc)
-            if response.status_code != 200:
-                raise error_from_response(response.status_code, response.headers, response.content)
-            try:
-                self._default_model = first_model_id(response.json())
-            except ValueError as exc:
-                raise NotFoundError(str(exc), status_code=response.status_code) from exc
-        return dataclasses.replace(request, model=self._default_model)
-
-    def _forget_default(self, sent: ChatRequest) -> None:
-        if self._default_model == sent.model:
-            self._default_model = None
-
     async def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        sent = await self._with_model(request)
         started = time.monotonic()
         retries_done = 0
-        relisted = False
         while True:
             try:
                 response = await self._http.send(
-                    self._http.build_request("POST", CHAT_PATH, json=sent.body()), stream=True
+                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
                 )
             except httpx.TransportError as exc:
                 if network_retries > 0:
@@ -191,12 +163,6 @@ class AsyncChat:
             finally:
                 await response.aclose()
             error = error_from_response(response.status_code, response.headers, body)
-            if not relisted and default_gone(request, error):
-                relisted = True
-                log.info("the default model %s is gone for this key: listing the models again", sent.model)
-                self._forget_default(sent)
-                sent = await self._with_model(request)
-                continue
             wait = policy.wait_s(error, retries_done, time.monotonic() - started)
             if wait is None:
                 raise error

@@ -33,7 +33,7 @@ def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     chat = subparsers.add_parser("chat", help="stream a chat reply from a Floodgate edge")
     chat.add_argument("prompt", help="the user message")
     chat.add_argument("--system", help="a system message to send first")
-    chat.add_argument("--model", help="model name (default: the first the edge lists)")
+    chat.add_argument("--model", help="model name (default: your key's default model)")
     chat.add_argument("--max-tokens", type=int, help="most tokens to generate")
     chat.add_argument("--temperature", type=float)
     chat.add_argument("--seed", type=int)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import socket
 import threading
@@ -18,7 +17,6 @@ from floodgate_client.errors import (
     ConflictError,
     FloodgateError,
     NetworkError,
-    NotFoundError,
     RateLimitError,
     ServiceUnavailableError,
     cancel_status,
@@ -30,13 +28,11 @@ from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
 from floodgate_client.request import (
     CHAT_PATH,
-    MODELS_PATH,
     ChatRequest,
     Messages,
     auth_headers,
     cancel_path,
     edge_root,
-    first_model_id,
 )
 from floodgate_client.retry import RetryPolicy
 from floodgate_client.sse import iter_events
@@ -53,13 +49,6 @@ CANCEL_ON_EXIT_S = 5.0
 # then usage and [DONE], at once. They are read for at most this long; then the connection is dropped
 # and the stream ends cancelled without usage (the async client bounds it the same).
 CANCEL_DRAIN_S = 2.0
-
-
-def default_gone(request: ChatRequest, error: FloodgateError) -> bool:
-    """A 404 model_not_found for a request whose model the client chose (the key's default, listed
-    once per client): the key's tier, or the tier's models, changed since. Listed again and retried
-    once. A model the caller named is the caller's to fix."""
-    return request.model is None and isinstance(error, NotFoundError) and error.code == "model_not_found"
 
 
 def http_timeout(timeout_s: float) -> httpx.Timeout:
@@ -95,7 +84,6 @@ class Chat:
     def __init__(self, http: httpx.Client, max_retries: int) -> None:
         self._http = http
         self._max_retries = max_retries
-        self._default_model: str | None = None
 
     def stream(
         self,
@@ -157,35 +145,13 @@ class Chat:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
         return cancel_status(response.status_code, response.headers, response.content)
 
-    def _with_model(self, request: ChatRequest) -> ChatRequest:
-        if request.model is not None:
-            return request
-        if self._default_model is None:
-            try:
-                response = self._http.get(MODELS_PATH)
-            except httpx.TransportError as exc:
-                raise transport_failure("listing models failed", exc) from transport_cause(exc)
-            if response.status_code != 200:
-                raise error_from_response(response.status_code, response.headers, response.content)
-            try:
-                self._default_model = first_model_id(response.json())
-            except ValueError as exc:
-                raise NotFoundError(str(exc), status_code=response.status_code) from exc
-        return dataclasses.replace(request, model=self._default_model)
-
-    def _forget_default(self, sent: ChatRequest) -> None:
-        if self._default_model == sent.model:
-            self._default_model = None
-
     def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        sent = self._with_model(request)
         started = time.monotonic()
         retries_done = 0
-        relisted = False
         while True:
             try:
                 response = self._http.send(
-                    self._http.build_request("POST", CHAT_PATH, json=sent.body()), stream=True
+                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
                 )
             except httpx.TransportError as exc:
                 if network_retries > 0:
@@ -200,12 +166,6 @@ class Chat:
             finally:
                 response.close()
             error = error_from_response(response.status_code, response.headers, body)
-            if not relisted and default_gone(request, error):
-                relisted = True
-                log.info("the default model %s is gone for this key: listing the models again", sent.model)
-                self._forget_default(sent)
-                sent = self._with_model(request)
-                continue
             wait = policy.wait_s(error, retries_done, time.monotonic() - started)
             if wait is None:
                 raise error

@@ -8,7 +8,6 @@ from typing import Any
 from urllib.parse import quote
 
 CHAT_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
 
 Messages = Sequence[Mapping[str, str]] | str
 
@@ -22,14 +21,6 @@ def edge_root(base_url: str) -> str:
 
 def cancel_path(request_id: str) -> str:
     return f"{CHAT_PATH}/{quote(request_id, safe='')}/cancel"
-
-
-def first_model_id(models: Any) -> str:
-    """The model a request without `model` goes to: the first the edge lists at /v1/models."""
-    try:
-        return str(models["data"][0]["id"])
-    except (KeyError, IndexError, TypeError) as exc:
-        raise ValueError("the edge lists no models") from exc
 
 
 def auth_headers(api_key: str) -> dict[str, str]:
@@ -69,7 +60,9 @@ class ChatRequest:
             "stream_options": {"include_usage": True},
         }
         optional: dict[str, Any] = {
-            "model": self.model,
+            # Left out, "": the edge answers with the key's default model of the moment (its tier's,
+            # after a set-tier too), where a default the client looked up once went stale.
+            "model": "" if self.model is None else self.model,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,

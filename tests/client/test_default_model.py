@@ -1,11 +1,13 @@
-"""A request without `model` goes to the key's default, which the client looks up once (GET /v1/models)
-and keeps. When the key moves to a tier that may not use that model, the edge answers 404
-model_not_found: the client looks the default up again and retries once, for a model it chose itself;
-a model the caller named is the caller's to fix."""
+"""A request without `model` goes to the key's default of the moment: the client leaves the choice to
+the edge ("model": ""), so a key moved to another tier gets that tier's default at its next request,
+either way. (A default the client looked up once went stale: moved down, every request was a 404
+model_not_found; moved up, a paid key kept the free tier's model for the client's lifetime.) A model
+the caller named is the caller's to fix."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -37,52 +39,83 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]
 
 
 class Mover:
-    """A key of its own on the paid tier, which the admin API moves to the free tier."""
+    """A key of its own, which the admin API moves between tiers."""
 
-    def __init__(self, server: LiveServer, user: str) -> None:
+    def __init__(self, server: LiveServer, user: str, tier: str) -> None:
         self._admin = httpx.Client(
             base_url=server.base_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10.0
         )
-        made = self._admin.post("/v1/admin/keys", json={"user": user, "tier": "paid"})
+        made = self._admin.post("/v1/admin/keys", json={"user": user, "tier": tier})
         assert made.status_code == 201, made.text
         self.key: str = made.json()["key"]
         self._id: str = made.json()["id"]
 
-    def move_to_free(self) -> None:
+    def move_to(self, tier: str) -> None:
         # The edge that moves a key forgets its cached record at once (edge/keys/lifecycle.py).
-        moved = self._admin.post(f"/v1/admin/keys/{self._id}/tier", json={"tier": "free"})
+        moved = self._admin.post(f"/v1/admin/keys/{self._id}/tier", json={"tier": tier})
         assert moved.status_code == 200, moved.text
+
+    def close(self) -> None:
         self._admin.close()
 
 
-def test_a_key_moved_to_another_tier_gets_its_new_default_model(two_models: LiveServer) -> None:
-    mover = Mover(two_models, "mover-sync")
-    with Client(two_models.base_url, mover.key) as client:
-        client.chat.create("hi", max_tokens=2)
-        assert client.chat._default_model == LARGE
-        mover.move_to_free()
-        # Before the fix: NotFoundError 404 model_not_found, on this and every later request.
-        result = client.chat.create("hi again", max_tokens=2)
-        assert result.request_id and client.chat._default_model == SMALL
-        with client.chat.stream("and again", max_tokens=2) as stream:
-            assert stream.until_finished().reason in ("stop", "length")
-        # A model the caller named is not replaced: the 404 is the caller's.
-        with pytest.raises(NotFoundError) as caught:
-            client.chat.create("hi", model=LARGE, max_tokens=2)
-        assert caught.value.code == "model_not_found"
+def _finished_by_model(server: LiveServer) -> dict[str, float]:
+    """The edge's own count of finished requests per model (its /metrics page)."""
+    counts: dict[str, float] = {}
+    for match in re.finditer(
+        r'floodgate_requests_finished_total\{model="([^"]*)"[^}]*\} ([0-9.e+]+)', server.metrics_text()
+    ):
+        counts[match.group(1)] = counts.get(match.group(1), 0.0) + float(match.group(2))
+    return counts
+
+
+def _served_by(server: LiveServer, ask: Callable[[], object]) -> str:
+    """The model that served what `ask` sent (the module's tests run one at a time)."""
+    before = _finished_by_model(server)
+    ask()
+    after = _finished_by_model(server)
+    (model,) = [m for m, n in after.items() if n > before.get(m, 0.0)]
+    return model
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "before", "after"), [("paid", "free", LARGE, SMALL), ("free", "paid", SMALL, LARGE)]
+)
+def test_a_key_moved_to_another_tier_gets_its_new_default_model(
+    two_models: LiveServer, first: str, then: str, before: str, after: str
+) -> None:
+    mover = Mover(two_models, f"mover-sync-{first}", first)
+    try:
+        with Client(two_models.base_url, mover.key) as client:
+            assert _served_by(two_models, lambda: client.chat.create("hi", max_tokens=2)) == before
+            mover.move_to(then)
+            assert _served_by(two_models, lambda: client.chat.create("hi again", max_tokens=2)) == after
+            if then == "free":  # a model the caller named is not replaced: the 404 is the caller's
+                with pytest.raises(NotFoundError) as caught:
+                    client.chat.create("hi", model=LARGE, max_tokens=2)
+                assert caught.value.code == "model_not_found"
+    finally:
+        mover.close()
 
 
 def test_an_async_client_whose_key_moved_gets_its_new_default_model(two_models: LiveServer) -> None:
-    mover = Mover(two_models, "mover-async")
+    mover = Mover(two_models, "mover-async", "free")
+    served: list[str] = []
 
     async def main() -> None:
-        async with AsyncClient(two_models.base_url, mover.key) as client:
-            await client.chat.create("hi", max_tokens=2)
-            assert client.chat._default_model == LARGE
-            mover.move_to_free()
-            result = await client.chat.create("hi again", max_tokens=2)
-            assert result.request_id and client.chat._default_model == SMALL
+        async with AsyncClient(two_models.base_url, mover.key) as client:  # one client throughout
+            for prompt, tier in (("hi", None), ("hi again", "paid"), ("and again", "free")):
+                if tier is not None:
+                    mover.move_to(tier)
+                before = _finished_by_model(two_models)
+                await client.chat.create(prompt, max_tokens=2)
+                after = _finished_by_model(two_models)
+                served.extend(m for m, n in after.items() if n > before.get(m, 0.0))
             with pytest.raises(NotFoundError):
                 await client.chat.create("hi", model=LARGE, max_tokens=2)
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    finally:
+        mover.close()
+    assert served == [SMALL, LARGE, SMALL]
