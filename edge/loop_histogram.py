@@ -4,14 +4,14 @@ A labelled Histogram's `observe` takes two locks (its sum's and a bucket's) and 
 Python: 1.67 µs, where this one's bisect and two additions take about a fifth of that. Every
 stream observes two (its queue wait and its time to the first token), so the difference is part of
 a stream's set-up CPU (docs/bench-streams.md, sixth pass). The samples are prometheus_client's
-(buckets, count, sum per label set), less the `_created` series. The label-less LoopHistogram
-is observed once per token (the inter-token gaps).
+(buckets, count, sum per label set), less the `_created` series. The inter-token gaps are observed
+once per token, each stream through its model's child's `observe`, taken once.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
@@ -77,29 +77,4 @@ class LabelledLoopHistogram(Collector):
         for values, child in list(self._children.items()):
             buckets, total = child.samples()
             family.add_metric(list(values), buckets, total)
-        yield family
-
-
-class LoopHistogram(Collector):
-    """`Histogram(name, documentation, buckets=...)` for the loop's thread, with no labels."""
-
-    observe: Callable[[float], None]
-
-    def __init__(
-        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry = REGISTRY
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._child = LoopHistogramChild([float(b) for b in buckets])
-        # The child's own method: no call in between, once per token.
-        self.observe = self._child.observe
-        registry.register(self)
-
-    def describe(self) -> Iterable[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self._name, self._documentation)
-
-    def collect(self) -> Iterable[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, self._documentation)
-        buckets, total = self._child.samples()
-        family.add_metric([], buckets, total)
         yield family

@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge.admission.cache_figures import CacheFigures
-from edge.loop_histogram import LabelledLoopHistogram, LoopHistogram
+from edge.loop_histogram import LabelledLoopHistogram
 from edge.upstreams.base import Capacity
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -51,9 +51,12 @@ class LoopGauge(Collector):
         yield GaugeMetricFamily(self._name, self._documentation, value=self._value)
 
 
-INTER_TOKEN = LoopHistogram(
+# Per model: a slow model's decoding mixed with a fast one's said nothing of either. A stream takes
+# its model's series once (edge/generation.py), so a token pays no label lookup.
+INTER_TOKEN = LabelledLoopHistogram(
     "floodgate_inter_token_latency_seconds",
     "Between two consecutive deltas of one stream.",
+    ["model"],
     _ITL_BUCKETS,
 )
 REQUESTS_RUNNING = LoopGauge("floodgate_requests_running", "Requests holding a replica slot.")

@@ -19,7 +19,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from edge import metrics
 from edge.text.detokenizer import Detokenizer
 from edge.text.stops import StopMatcher
 from edge.upstreams.base import Delta, UpstreamError
@@ -27,9 +26,8 @@ from limiter.base import OutputLease
 
 TOKENS_LIMIT_MARKER: dict[str, Any] = {"limit_reached": "tokens"}
 
-# Read per token in `offer`: module constants, not a module's attribute looked up each time.
+# Read per token in `offer`: a module constant, not a module's attribute looked up each time.
 _clock = time.perf_counter
-_observe_gap = metrics.INTER_TOKEN.observe
 
 # Returns what to await for the text to be written, or None when nothing needs awaiting: a plain
 # function rather than a coroutine, so a token does not cost one more coroutine frame.
@@ -51,6 +49,7 @@ class TokenRelay:
         "_grow",
         "_last",
         "_lease",
+        "_observe_gap",
         "_on_first",
         "_on_text",
         "_out",
@@ -71,8 +70,11 @@ class TokenRelay:
         grow: Callable[[int], None] | None,
         arrived: float,
         on_first: Callable[[], Awaitable[None]],
+        observe_gap: Callable[[float], None],
     ) -> None:
+        """`observe_gap`: the stream's model's inter-token series (metrics.INTER_TOKEN's child)."""
         self._out = out
+        self._observe_gap = observe_gap
         self._on_text = on_text
         self._detok = detok
         self._stops = stops
@@ -118,7 +120,7 @@ class TokenRelay:
             self._granted = granted  # charged: `run` ends the reply with the marker
             return False
         now = _clock()
-        _observe_gap(now - self._last)
+        self._observe_gap(now - self._last)
         self._last = now
         out.completion_tokens += n
         if self._grow is not None:
@@ -197,7 +199,7 @@ class TokenRelay:
                     out.cached_tokens = delta.cached_tokens
                     await self._on_first()
                 else:
-                    _observe_gap(now - self._last)
+                    self._observe_gap(now - self._last)
                 self._last = now
                 granted, self._granted = self._granted, None
                 if granted is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from edge.metrics import LoopHistogram
+from edge.loop_histogram import LabelledLoopHistogram
 
 BUCKETS = (0.001, 0.01, 0.1)
 VALUES = [0.0005, 0.001, 0.0011, 0.01, 0.05, 0.1, 2.0]
@@ -12,11 +12,13 @@ VALUES = [0.0005, 0.001, 0.0011, 0.01, 0.05, 0.1, 2.0]
 
 def test_loop_histogram_exposes_the_same_samples_as_a_locked_histogram() -> None:
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    loop = LoopHistogram("itl_seconds", "Between tokens.", BUCKETS, registry=ours)
-    locked = Histogram("itl_seconds", "Between tokens.", buckets=BUCKETS, registry=theirs)
-    for value in VALUES:
-        loop.observe(value)
-        locked.observe(value)
+    loop = LabelledLoopHistogram("itl_seconds", "Between tokens.", ["model"], BUCKETS, registry=ours)
+    locked = Histogram("itl_seconds", "Between tokens.", ["model"], buckets=BUCKETS, registry=theirs)
+    for model in ("small", "large"):
+        observe = loop.labels(model).observe
+        for value in VALUES:
+            observe(value)
+            locked.labels(model).observe(value)
 
     def samples(registry: CollectorRegistry) -> list[str]:
         return [
@@ -26,4 +28,6 @@ def test_loop_histogram_exposes_the_same_samples_as_a_locked_histogram() -> None
         ]
 
     assert samples(ours) == samples(theirs)
-    assert 'itl_seconds_bucket{le="0.001"} 2.0' in samples(ours)  # a bound's own value is inside it
+    assert 'itl_seconds_bucket{le="0.001",model="small"} 2.0' in samples(
+        ours
+    )  # a bound's own value is inside it

@@ -165,7 +165,8 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
     text = server.metrics_text()
     for family in (
         "floodgate_time_to_first_token_seconds_bucket",
-        "floodgate_inter_token_latency_seconds_bucket",
+        # Per model, as TTFT (the single model's label is empty).
+        'floodgate_inter_token_latency_seconds_count{model=""}',
         "floodgate_prompt_tokens_total",
         "floodgate_generation_tokens_total",
         'floodgate_requests_finished_total{model="",reason="length",tier="free"}',

@@ -62,6 +62,7 @@ class _Stream:
         self.written: list[str] = []
         self.woken = 0
         self.grown: list[int] = []
+        self.gaps: list[float] = []
         self._writer = writer
         self.relay = TokenRelay(
             self.out,
@@ -72,6 +73,7 @@ class _Stream:
             self.grown.append,
             0.0,
             self._first,
+            self.gaps.append,
         )
 
     def _on_text(self, text: str) -> Awaitable[None] | None:
