@@ -12,6 +12,7 @@ import pytest
 
 from edge.models.token_weight import WeightedLimiter, weighted
 from limiter.factory import create_limiter
+from limiter.memory import MemoryLimiter
 from tests.edge.sse_client import CHAT, wait_until
 from tests.limiter.tiers import tier as limits
 from tests.models.conftest import LARGE, SMALL, TWO_MODELS
@@ -22,6 +23,20 @@ HI = [{"role": "user", "content": "hi"}]
 
 def test_weighted_rounds_up_on_the_total() -> None:
     assert weighted(3, 1.1) == 4 and weighted(10, 1.1) == 11 and weighted(0, 2.0) == 0
+
+
+@pytest.mark.anyio
+async def test_a_request_at_a_fractional_weight_costs_its_whole_count_rounded_once() -> None:
+    """17 prompt and 3 reply tokens at weight 1.5 come to 30 weighted tokens: rounded apart they
+    cost 26 + 5 = 31 (a review: the budget fell by 31 for 20 tokens)."""
+    limiter = MemoryLimiter()
+    tier = limits(tokens=1_000, token_window_s=86_400, max_tokens=100)
+    admission = await WeightedLimiter(limiter, 1.5).admit("fractional-user", "req-1", tier, 17, 3)
+    assert admission.lease is not None
+    assert await admission.lease.take(3) == 3
+    await admission.lease.settle()
+    after = (await limiter.admit("fractional-user", "req-2", tier, 0, 0)).decision
+    assert after.remaining_tokens == 1_000 - 30
 
 
 @pytest.mark.anyio
