@@ -6,7 +6,6 @@ the caller named is the caller's to fix."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from floodgate_client import AsyncClient, Client, NotFoundError
 from tests.client.live import OVERRIDES
+from tests.edge.conftest import finished_by_model, served_models
 from tests.support.live_server import LiveServer, start_server
 
 # As the embedded defaults serve them: the paid tier defaults to LARGE, which free keys may not use.
@@ -59,22 +59,11 @@ class Mover:
         self._admin.close()
 
 
-def _finished_by_model(server: LiveServer) -> dict[str, float]:
-    """The edge's own count of finished requests per model (its /metrics page)."""
-    counts: dict[str, float] = {}
-    for match in re.finditer(
-        r'floodgate_requests_finished_total\{model="([^"]*)"[^}]*\} ([0-9.e+]+)', server.metrics_text()
-    ):
-        counts[match.group(1)] = counts.get(match.group(1), 0.0) + float(match.group(2))
-    return counts
-
-
 def _served_by(server: LiveServer, ask: Callable[[], object]) -> str:
     """The model that served what `ask` sent (the module's tests run one at a time)."""
-    before = _finished_by_model(server)
+    before = finished_by_model(server)
     ask()
-    after = _finished_by_model(server)
-    (model,) = [m for m, n in after.items() if n > before.get(m, 0.0)]
+    (model,) = served_models(before, finished_by_model(server))
     return model
 
 
@@ -107,10 +96,9 @@ def test_an_async_client_whose_key_moved_gets_its_new_default_model(two_models: 
             for prompt, tier in (("hi", None), ("hi again", "paid"), ("and again", "free")):
                 if tier is not None:
                     mover.move_to(tier)
-                before = _finished_by_model(two_models)
+                before = finished_by_model(two_models)
                 await client.chat.create(prompt, max_tokens=2)
-                after = _finished_by_model(two_models)
-                served.extend(m for m, n in after.items() if n > before.get(m, 0.0))
+                served.extend(served_models(before, finished_by_model(two_models)))
             with pytest.raises(NotFoundError):
                 await client.chat.create("hi", model=LARGE, max_tokens=2)
 

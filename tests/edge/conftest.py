@@ -179,5 +179,19 @@ def finished_requests(server: LiveServer, reason: str, tier: str = "paid") -> fl
     return sum(float(match.group(1)) for match in re.finditer(pattern, text))
 
 
+def finished_by_model(server: LiveServer) -> dict[str, float]:
+    """The edge's own count of finished requests per model served (its /metrics page)."""
+    counts: dict[str, float] = {}
+    pattern = r'floodgate_requests_finished_total\{model="([^"]*)"[^}]*\} ([0-9.e+]+)'
+    for match in re.finditer(pattern, server.metrics_text()):
+        counts[match.group(1)] = counts.get(match.group(1), 0.0) + float(match.group(2))
+    return counts
+
+
+def served_models(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """The models that finished requests between two readings of `finished_by_model`."""
+    return sorted(m for m, n in after.items() if n > before.get(m, 0.0))
+
+
 def replica_names(server: LiveServer) -> list[str]:
     return [upstream.name for upstream in server.app.state.runtime.upstreams]
