@@ -377,7 +377,7 @@ class Generation:
                 slot.grow,
                 self._arrived,
                 self._stop_keepalive,
-                metrics.INTER_TOKEN.labels(self._p.dispatcher.model).observe,
+                child(metrics.INTER_TOKEN, self._p.dispatcher.model).observe,
             )
             # An upstream that can hand each delta to the relay in its own callback
             # (edge/upstreams/direct.py) spares a token the wake-up of this task when nothing waits.

@@ -150,12 +150,11 @@ def admit(
     three allow, count the request, debit the tokens and add the lease. Mutates `state`.
 
     A refused request is told to wait until the reply it asked for fits too (`reply_tokens`,
-    reply_to_wait_for), not only its lease: told when
-    the lease fits, a client that waited was admitted and its reply cut by the budget a few tokens
-    in, its prompt charged again each time (a review, the OpenAI SDK retrying: 636 output tokens for
-    5,025 prompt tokens in 37 s).
-    Admission itself still asks only for the lease, as the design wants (the budget stops a reply
-    with a marker).
+    reply_to_wait_for), not only its lease: told when the lease fits, a client that waited was
+    admitted and its reply cut by the budget a few tokens in, its prompt charged again each time (a
+    review, the OpenAI SDK retrying: 636 output tokens for 5,025 prompt tokens in 37 s). Admission
+    itself still asks only for the lease, as the design wants (the budget stops a reply with a
+    marker).
 
     Idempotent per request id: asking again for a request that holds its slot answers "allowed"
     and counts nothing (a retried call must not count twice)."""

@@ -105,11 +105,16 @@ def _user_prefix(user: str) -> str:
     return f"fg:{{#{digest}}}{user}"
 
 
+def _budget(prefix: str, tier: str) -> str:
+    """Where the keys of a user's budgets in `tier` start (the unnamed tier's: the user's own)."""
+    return f"{prefix}:{tier}" if tier else prefix
+
+
 def user_keys(user: str, tier: str = "") -> tuple[str, str, str]:
     """The user's budgets in `tier` (requests, tokens: each tier its own, TierLimits.name) and its
     concurrency set (one across tiers), in one Cluster slot."""
     prefix = _user_prefix(user)
-    budget = f"{prefix}:{tier}" if tier else prefix
+    budget = _budget(prefix, tier)
     return f"{budget}:req", f"{budget}:tok", f"{prefix}:conc"
 
 
@@ -119,7 +124,7 @@ def admit_keys(user: str, tier: str, request_id: str) -> tuple[str, ...]:
     prefix = _user_prefix(user)
     if not tier:
         return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:conc", f"{prefix}:done:{request_id}"
-    budget = f"{prefix}:{tier}"
+    budget = _budget(prefix, tier)
     return (
         f"{budget}:req",
         f"{budget}:tok",
@@ -154,7 +159,7 @@ def restore_call(
     ledger's generation, so that only a retry of the same ledger finds what was added before (same
     hash tag as the user's keys)."""
     generation = 0 if ledger is None else ledger.generation
-    budget = f"{_user_prefix(user)}:{tier}" if tier else _user_prefix(user)
+    budget = _budget(_user_prefix(user), tier)
     keys = (
         *user_keys(user, tier),
         f"{budget}:ledger:{instance}:{generation}",

@@ -63,22 +63,14 @@ local function seeds_this_tier()
   return marked == ARGV[13]
 end
 
-local seeding = nil
-local function tat_of(key, unnamed)
-  local tat = tonumber(redis.call('GET', key))
-  if not tat and unnamed then
-    if seeding == nil then
-      seeding = seeds_this_tier()
-    end
-    if seeding then
-      tat = tonumber(redis.call('GET', unnamed))
-    end
-  end
-  return tat or 0
+local request_tat = tonumber(redis.call('GET', KEYS[1]))
+local token_tat = tonumber(redis.call('GET', KEYS[2]))
+if KEYS[5] and (not request_tat or not token_tat) and seeds_this_tier() then
+  request_tat = request_tat or tonumber(redis.call('GET', KEYS[5]))
+  token_tat = token_tat or tonumber(redis.call('GET', KEYS[6]))
 end
-
-local request_tat = tat_of(KEYS[1], KEYS[5])
-local token_tat = tat_of(KEYS[2], KEYS[6])
+request_tat = request_tat or 0
+token_tat = token_tat or 0
 
 local function reply(allowed, limit, wait, request_wait, token_wait)
   return {
