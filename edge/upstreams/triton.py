@@ -63,7 +63,7 @@ from edge.upstreams.triton_sse import ConnectionPool
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
-from gpu_container.triton.launcher import start_local_triton
+from gpu_container.triton.launcher import EXIT_TIMEOUT_S, start_local_triton
 from gpu_container.triton.model_name import MODEL_NAME
 from gpu_container.triton.refusals import refusal_reason
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metrics
@@ -71,6 +71,8 @@ from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metr
 log = structlog.get_logger(__name__)
 
 TRITON_METRICS_PORT = 8002
+# How often wait_idle reads the metrics page.
+IDLE_POLL_S = 0.02
 _encode_json = msgspec.json.Encoder().encode
 
 
@@ -348,6 +350,20 @@ class TritonUpstream:
         self._metrics_cache = None
         return await self._metrics()
 
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until the replica has answered every request in full (its `active` gauge at 0: the
+        CPU model counts a request until its final response is out, as TensorRT-LLM does). False
+        on timeout or an unreadable page."""
+        with anyio.move_on_after(timeout_s):
+            while True:
+                try:
+                    if not (await self.metrics()).active_requests:
+                        return True
+                except UpstreamError:
+                    return False
+                await anyio.sleep(IDLE_POLL_S)  # a metrics page: nothing to wait on but a poll
+        return False
+
     async def capacity(self) -> Capacity:
         return trtllm_capacity(await self._metrics())
 
@@ -462,6 +478,10 @@ async def build_triton_upstreams(
         async def stop_local() -> None:
             # Shielded: a server shutting down cancels its lifespan, and tritonserver must not outlive it.
             with anyio.CancelScope(shield=True):
+                # Streams the drain has just cut may still owe their final responses: a SIGTERM
+                # before those are out crashes tritonserver in the unload (gpu_container/triton/
+                # README.md). Bounded as the server's own exit timeout is.
+                await local.wait_idle(EXIT_TIMEOUT_S)
                 await local.aclose()
                 await anyio.to_thread.run_sync(server.stop)
                 shutil.rmtree(repo_dir, ignore_errors=True)

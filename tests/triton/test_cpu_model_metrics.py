@@ -78,11 +78,11 @@ def _stats(*, running: int, free_blocks: int, steps: int, generated: int) -> Eng
 
 def test_the_token_count_is_written_before_the_gauges_of_its_snapshot(cpu_model: Any) -> None:
     metrics = cpu_model._Metrics("tensorrt_llm", "1")
-    metrics.update(_stats(running=20, free_blocks=24, steps=31, generated=620))
+    metrics.update(_stats(running=20, free_blocks=24, steps=31, generated=620), answering=20)
     WRITES.clear()
 
     # The last step: every stream got its 32nd token and finished; the pool is free again.
-    metrics.update(_stats(running=0, free_blocks=64, steps=32, generated=640))
+    metrics.update(_stats(running=0, free_blocks=64, steps=32, generated=640), answering=0)
 
     names = [name for name, _, _ in WRITES]
     assert names[0] == cpu_model.GENERATED_TOKENS_METRIC, names

@@ -119,14 +119,10 @@ class _Metrics:
         self._generated_tokens = self._families["tokens"].Metric(labels=labels)
         self._last: dict[str, int] = {}
         self._last_generated = 0
-        # The watcher refreshes periodically and the sender when the replica goes idle.
-        self._lock = threading.Lock()
 
-    def update(self, stats: EngineStats) -> None:
-        with self._lock:
-            self._update(stats)
-
-    def _update(self, stats: EngineStats) -> None:
+    def update(self, stats: EngineStats, answering: int) -> None:
+        """`answering`: requests whose final response has not gone out yet. Not thread-safe: the
+        caller serialises (EngineModel._publish_metrics)."""
         # The counter first: each write below is a separate IPC call, and a scrape may land between
         # any two. A reader that waits on the gauges (idle, iterations advanced) must find the tokens
         # of the same snapshot already counted; written last, the counter lagged the gauges by the
@@ -135,7 +131,11 @@ class _Metrics:
             self._generated_tokens.increment(stats.generated_tokens - self._last_generated)
             self._last_generated = stats.generated_tokens
         values = {
-            "active": stats.running + stats.waiting,
+            # As TensorRT-LLM counts a request: active until its final response. The engine drops
+            # an aborted request at once, while its final response still waits in the outbox; an
+            # idle page then let a SIGTERM in before that send, and the backend freed the request's
+            # response factory under it (tritonserver segfaulted in about 1 stop in 6).
+            "active": max(stats.running + stats.waiting, answering),
             "max": stats.max_num_seqs,
             "scheduled": stats.running,
             "waiting": stats.waiting,
@@ -201,7 +201,10 @@ class EngineModel:
         self._live: dict[str, _Live] = {}
         self._by_triton_id: dict[str, str] = {}
         self._metrics = _Metrics(args["model_name"], args["model_version"])
-        self._metrics.update(self._engine.stats())
+        # The watcher refreshes periodically; the requests going from none to one and back again
+        # refresh at once (_publish_metrics).
+        self._publishing = threading.Lock()
+        self._metrics.update(self._engine.stats(), answering=0)
         self._stopping = threading.Event()
         self._outbox = Outbox()
         self._engine.start()
@@ -249,12 +252,18 @@ class EngineModel:
             unique = bool(triton_id) and triton_id not in self._by_triton_id
             engine_id = triton_id if unique else f"{triton_id}#{uuid.uuid4().hex}"
             self._live[engine_id] = live
+            first = len(self._live) == 1
             if unique:
                 self._by_triton_id[triton_id] = engine_id
+        if first:
+            # Busy on the page before the first token can reach anyone: a reader who waits for the
+            # page to go idle after holding a token then knows its request has been answered in
+            # full (a request shorter than the watcher's period never showed otherwise).
+            self._publish_metrics()
         try:
             self._engine.add_request(engine_id, contract.prompt_ids, contract.params, self._outbox.post)
         except Exception:
-            self._forget(engine_id)
+            self._forget_and_publish_idle(engine_id)
             raise
 
     def _forget(self, engine_id: str) -> _Live | None:
@@ -274,22 +283,45 @@ class EngineModel:
 
     def _deliver(self, out: TokenOutput) -> None:
         """Sender thread: the new tokens of one request since its last response."""
-        if out.finish_reason is None:
-            live = self._live.get(out.request_id)
-        else:
-            live = self._forget(out.request_id)
-            if live is not None:
-                # Waits for a probe of this request in flight; none starts after (see _abort_cancelled).
-                with live.probe:
-                    live.final_sent = True
-                if not self._live:
-                    # The last request's final response: a reader who has it must find the page
-                    # already idle with its tokens counted. A request shorter than the watcher's
-                    # period never showed on the page otherwise, and the next reader's "idle before"
-                    # snapshot missed its tokens. Only when going idle, so it costs nothing under load.
-                    self._metrics.update(self._engine.stats())
+        live = self._live.get(out.request_id)
         if live is None:
             return
+        if out.finish_reason is None:
+            self._send(live, out)
+            return
+        # Waits for a probe of this request in flight; none starts after (see _abort_cancelled).
+        with live.probe:
+            live.final_sent = True
+        # Which side of the send the page goes idle on. A stream cut short (its `stop`, its client
+        # gone, the engine stopping) has no reader: the page counts it until the send is done, so
+        # a stop that waits for an idle page never lands before it (the unload would free the
+        # response factory under the send). A final response a client waits for is counted out
+        # just before it goes: the client who has it finds the page idle with its tokens counted
+        # (a request shorter than the watcher's period never showed on the page otherwise, and
+        # the next reader's "idle before" snapshot missed its tokens); that client's own copy
+        # means the send is done.
+        cut = out.finish_reason == "cancelled"
+        if not cut:
+            self._forget_and_publish_idle(out.request_id)
+        try:
+            self._send(live, out)
+        finally:
+            if cut:
+                self._forget_and_publish_idle(out.request_id)
+
+    def _forget_and_publish_idle(self, engine_id: str) -> None:
+        self._forget(engine_id)
+        if not self._live:
+            # Only when going idle, so it costs nothing under load.
+            self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        # Read and written under one lock, so the last write holds the latest count: a stale "idle"
+        # must never land after a new request's "active".
+        with self._publishing:
+            self._metrics.update(self._engine.stats(), len(self._live))
+
+    def _send(self, live: _Live, out: TokenOutput) -> None:
         live.cached_tokens += out.cached_tokens
         # Whole blocks by construction: the engine caches and finds full blocks only.
         reused = live.cached_tokens // self._block_size if live.perf_metrics else None
@@ -319,7 +351,7 @@ class EngineModel:
                 self._abort_cancelled()
                 next_probe = now + self._cancel_period_s
             if now >= next_metrics:
-                self._metrics.update(self._engine.stats())
+                self._publish_metrics()
                 next_metrics = now + self._metrics_period_s
 
     def _abort_cancelled(self) -> None:
