@@ -351,13 +351,14 @@ class TritonUpstream:
         return await self._metrics()
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until the replica has answered every request in full (its `active` gauge at 0: the
-        CPU model counts a request until its final response is out, as TensorRT-LLM does). False
-        on timeout or an unreadable page."""
+        """Wait until the replica has no request left and no final response left to send, those
+        of streams cut short included (our CPU model's unsent_final_responses; TensorRT-LLM's
+        backend has only `active`). False on timeout or an unreadable page."""
         with anyio.move_on_after(timeout_s):
             while True:
                 try:
-                    if not (await self.metrics()).active_requests:
+                    page = await self.metrics()
+                    if not page.active_requests and not page.unsent_final_responses:
                         return True
                 except UpstreamError:
                     return False

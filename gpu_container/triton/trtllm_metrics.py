@@ -28,6 +28,10 @@ GENERAL_LABEL = "general_type"
 PENDING_FAMILY = "nv_inference_pending_request_count"
 # What our CPU model exports beside TensorRT-LLM's gauges: a counter TensorRT-LLM does not have.
 GENERATED_TOKENS_METRIC = "floodgate_cpu_model_generated_tokens_total"
+# And a gauge: requests whose final response has not gone out yet, those no client is left to read
+# included (a stream cut short). A stop must wait for 0: the Python backend counts none of them as
+# in flight, and an unload under a send crashes tritonserver (gpu_container/triton/README.md).
+UNSENT_RESPONSES_METRIC = "floodgate_cpu_model_unsent_final_responses"
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -38,6 +42,7 @@ _LABEL_OF = {
     GENERAL_FAMILY: GENERAL_LABEL,
     PENDING_FAMILY: "",
     GENERATED_TOKENS_METRIC: "",
+    UNSENT_RESPONSES_METRIC: "",
 }
 
 
@@ -72,6 +77,8 @@ class TrtLlmMetrics:
     generated_tokens: int
     # Blocks found in the KV-cache reuse cache (enable_kv_cache_reuse) since the replica started.
     reused_blocks: int = 0
+    # Our CPU model's UNSENT_RESPONSES_METRIC; TensorRT-LLM's backend reads 0.
+    unsent_final_responses: int = 0
 
 
 def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
@@ -101,6 +108,7 @@ def parse_trtllm_metrics(text: str, model: str = MODEL_NAME) -> TrtLlmMetrics:
         iterations=get(GENERAL_FAMILY, "iteration_counter"),
         generated_tokens=get(GENERATED_TOKENS_METRIC),
         reused_blocks=get(KV_CACHE_FAMILY, "reused"),
+        unsent_final_responses=get(UNSENT_RESPONSES_METRIC),
     )
 
 

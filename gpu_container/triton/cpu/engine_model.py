@@ -49,6 +49,7 @@ from gpu_container.triton.trtllm_metrics import (
     KV_CACHE_LABEL,
     REQUEST_FAMILY,
     REQUEST_LABEL,
+    UNSENT_RESPONSES_METRIC,
 )
 
 log = structlog.get_logger("floodgate.triton.cpu_model")
@@ -101,6 +102,11 @@ class _Metrics:
                 description="Tokens the CPU engine has generated",
                 kind=pb_utils.MetricFamily.COUNTER,
             ),
+            "unsent": pb_utils.MetricFamily(
+                name=UNSENT_RESPONSES_METRIC,
+                description="Requests whose final response has not gone out yet",
+                kind=gauge,
+            ),
         }
         request, kv, general = self._families["request"], self._families["kv"], self._families["general"]
         self._gauges = {
@@ -115,14 +121,15 @@ class _Metrics:
             # Prefix-cache hits in blocks, as TensorRT-LLM reports enable_kv_cache_reuse's.
             "blocks_reused": kv.Metric(labels={KV_CACHE_LABEL: "reused", **labels}),
             "iterations": general.Metric(labels={GENERAL_LABEL: "iteration_counter", **labels}),
+            "unsent": self._families["unsent"].Metric(labels=labels),
         }
         self._generated_tokens = self._families["tokens"].Metric(labels=labels)
         self._last: dict[str, int] = {}
         self._last_generated = 0
 
-    def update(self, stats: EngineStats, answering: int) -> None:
-        """`answering`: requests whose final response has not gone out yet. Not thread-safe: the
-        caller serialises (EngineModel._publish_metrics)."""
+    def update(self, stats: EngineStats, live: int, unsent: int) -> None:
+        """`live`: requests admitted and not yet final; `unsent`: those whose final response has
+        not gone out yet. Not thread-safe: the caller serialises (EngineModel._publish_metrics)."""
         # The counter first: each write below is a separate IPC call, and a scrape may land between
         # any two. A reader that waits on the gauges (idle, iterations advanced) must find the tokens
         # of the same snapshot already counted; written last, the counter lagged the gauges by the
@@ -131,11 +138,8 @@ class _Metrics:
             self._generated_tokens.increment(stats.generated_tokens - self._last_generated)
             self._last_generated = stats.generated_tokens
         values = {
-            # As TensorRT-LLM counts a request: active until its final response. The engine drops
-            # an aborted request at once, while its final response still waits in the outbox; an
-            # idle page then let a SIGTERM in before that send, and the backend freed the request's
-            # response factory under it (tritonserver segfaulted in about 1 stop in 6).
-            "active": max(stats.running + stats.waiting, answering),
+            # From its admission (the engine counts it from its next step).
+            "active": max(stats.running + stats.waiting, live),
             "max": stats.max_num_seqs,
             "scheduled": stats.running,
             "waiting": stats.waiting,
@@ -145,6 +149,7 @@ class _Metrics:
             "tokens_per": stats.block_size,
             "blocks_reused": stats.prefix_hit_tokens // stats.block_size,
             "iterations": stats.steps,
+            "unsent": unsent,
         }
         for key, value in values.items():
             # Each set() is an IPC round trip to the server: skip the ones that did not move.
@@ -199,12 +204,16 @@ class EngineModel:
         self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
+        # Admitted requests whose final response has not gone out (under _lock): outlasts _live by
+        # the final send.
+        self._unsent = 0
         self._by_triton_id: dict[str, str] = {}
         self._metrics = _Metrics(args["model_name"], args["model_version"])
         # The watcher refreshes periodically; the requests going from none to one and back again
         # refresh at once (_publish_metrics).
         self._publishing = threading.Lock()
-        self._metrics.update(self._engine.stats(), answering=0)
+        self._metrics_closed = False
+        self._metrics.update(self._engine.stats(), live=0, unsent=0)
         self._stopping = threading.Event()
         self._outbox = Outbox()
         self._engine.start()
@@ -252,18 +261,21 @@ class EngineModel:
             unique = bool(triton_id) and triton_id not in self._by_triton_id
             engine_id = triton_id if unique else f"{triton_id}#{uuid.uuid4().hex}"
             self._live[engine_id] = live
-            first = len(self._live) == 1
+            self._unsent += 1
+            first = self._unsent == 1
             if unique:
                 self._by_triton_id[triton_id] = engine_id
-        if first:
-            # Busy on the page before the first token can reach anyone: a reader who waits for the
-            # page to go idle after holding a token then knows its request has been answered in
-            # full (a request shorter than the watcher's period never showed otherwise).
-            self._publish_metrics()
         try:
+            if first:
+                # Busy on the page before the first token can reach anyone: a reader who waits for
+                # the page to go idle after holding a token then knows its request has been
+                # answered in full (a request shorter than the watcher's period never showed).
+                self._publish_metrics()
             self._engine.add_request(engine_id, contract.prompt_ids, contract.params, self._outbox.post)
         except Exception:
-            self._forget_and_publish_idle(engine_id)
+            # execute() sends the error as its final response.
+            self._forget(engine_id)
+            self._final_sent()
             raise
 
     def _forget(self, engine_id: str) -> _Live | None:
@@ -283,43 +295,41 @@ class EngineModel:
 
     def _deliver(self, out: TokenOutput) -> None:
         """Sender thread: the new tokens of one request since its last response."""
-        live = self._live.get(out.request_id)
-        if live is None:
-            return
         if out.finish_reason is None:
-            self._send(live, out)
+            if (live := self._live.get(out.request_id)) is not None:
+                self._send(live, out)
+            return
+        if (live := self._forget(out.request_id)) is None:
             return
         # Waits for a probe of this request in flight; none starts after (see _abort_cancelled).
         with live.probe:
             live.final_sent = True
-        # Which side of the send the page goes idle on. A stream cut short (its `stop`, its client
-        # gone, the engine stopping) has no reader: the page counts it until the send is done, so
-        # a stop that waits for an idle page never lands before it (the unload would free the
-        # response factory under the send). A final response a client waits for is counted out
-        # just before it goes: the client who has it finds the page idle with its tokens counted
-        # (a request shorter than the watcher's period never showed on the page otherwise, and
-        # the next reader's "idle before" snapshot missed its tokens); that client's own copy
-        # means the send is done.
-        cut = out.finish_reason == "cancelled"
-        if not cut:
-            self._forget_and_publish_idle(out.request_id)
+        if not self._live:
+            # Going idle: a reader who has this last final response must find its tokens counted
+            # and the page idle (a request shorter than the watcher's period never showed on the
+            # page otherwise, and the next reader's "idle before" snapshot missed its tokens).
+            # Only then, so it costs nothing under load.
+            self._publish_metrics()
         try:
             self._send(live, out)
         finally:
-            if cut:
-                self._forget_and_publish_idle(out.request_id)
+            self._final_sent()
 
-    def _forget_and_publish_idle(self, engine_id: str) -> None:
-        self._forget(engine_id)
-        if not self._live:
-            # Only when going idle, so it costs nothing under load.
+    def _final_sent(self) -> None:
+        with self._lock:
+            self._unsent -= 1
+            none_left = self._unsent == 0
+        if none_left:
+            # Every final response is out, those no client reads included (a stream cut short):
+            # a stop may come now (TritonUpstream.wait_idle).
             self._publish_metrics()
 
     def _publish_metrics(self) -> None:
         # Read and written under one lock, so the last write holds the latest count: a stale "idle"
         # must never land after a new request's "active".
         with self._publishing:
-            self._metrics.update(self._engine.stats(), len(self._live))
+            if not self._metrics_closed:
+                self._metrics.update(self._engine.stats(), live=len(self._live), unsent=self._unsent)
 
     def _send(self, live: _Live, out: TokenOutput) -> None:
         live.cached_tokens += out.cached_tokens
@@ -387,7 +397,10 @@ class EngineModel:
             unanswered = len(self._live)
         if unanswered:
             log.warning("requests left without a final response", requests=unanswered)
-        self._metrics.close()
+        with self._publishing:
+            # A sender thread that outlived its join must not publish into closed metrics.
+            self._metrics_closed = True
+            self._metrics.close()
 
 
 def _join(thread: threading.Thread) -> None:
