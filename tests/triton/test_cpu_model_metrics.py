@@ -37,6 +37,8 @@ from tests.triton.test_contract import _as_model_sees_it
 
 # Every metric write the model makes, in order: (metric family, labels, value).
 WRITES: list[tuple[str, str, float]] = []
+# While set, every gauge write raises, as a failed IPC to the server would.
+FAILING = threading.Event()
 
 
 class _Metric:
@@ -45,6 +47,8 @@ class _Metric:
         self._labels = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
     def set(self, value: float) -> None:
+        if FAILING.is_set():
+            raise RuntimeError("metrics IPC failed")
         WRITES.append((self._name, self._labels, value))
 
     def increment(self, value: float) -> None:
@@ -71,6 +75,7 @@ class _Tensor:
 @pytest.fixture
 def cpu_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     WRITES.clear()
+    FAILING.clear()
     stand_in = types.ModuleType("triton_python_backend_utils")
     stand_in.MetricFamily = _MetricFamily  # type: ignore[attr-defined]
     stand_in.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # type: ignore[attr-defined]
@@ -140,11 +145,14 @@ class _Input:
 class _Sender:
     """Records, at each final response, what the page said while it was being sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_metrics_from_first_token: bool = False) -> None:
         self.at_final: dict[str, float | None] = {}
         self.done = threading.Event()
+        self._fail = fail_metrics_from_first_token
 
     def send(self, response: Any = None, flags: int = 0) -> None:
+        if self._fail:
+            FAILING.set()
         if flags:
             self.at_final = {
                 "unsent": _last(UNSENT_RESPONSES_METRIC),
@@ -177,15 +185,7 @@ def test_a_final_response_counts_as_unsent_on_the_page_until_it_is_out(cpu_model
     tritonserver. A final response with no client left to read it (a stream cut as it finished on
     its own) looked like any other: the page went idle before its send. The client who has a final
     response still finds `active` at 0 (the page's readers count on it)."""
-    parameters = {
-        **{k: str(v) for k, v in msgspec.structs.asdict(ENGINE_CONFIG).items()},
-        "model_dir": str(demo_model_dir()),
-        "metrics_period_ms": "600000",  # the watcher's refresh stays out of the way
-    }
-    config = {"parameters": {key: {"string_value": value} for key, value in parameters.items()}}
-    model = cpu_model.EngineModel(
-        {"model_config": json.dumps(config), "model_name": "tensorrt_llm", "model_version": "1"}
-    )
+    model = _engine_model(cpu_model)
     sender = _Sender()
     try:
         model.execute([_Request(generate_body(GenerationRequest("short", [11, 42, 7], 3)), sender)])
@@ -193,4 +193,34 @@ def test_a_final_response_counts_as_unsent_on_the_page_until_it_is_out(cpu_model
     finally:
         model.finalize()  # joins the sender thread: its last publish is written
     assert sender.at_final == {"unsent": 1, "active": 0}
+    assert _last(UNSENT_RESPONSES_METRIC) == 0
+
+
+def _engine_model(cpu_model: Any) -> Any:
+    """The CPU model over the demo checkpoint, its watcher's metrics refresh out of the way."""
+    parameters = {
+        **{k: str(v) for k, v in msgspec.structs.asdict(ENGINE_CONFIG).items()},
+        "model_dir": str(demo_model_dir()),
+        "metrics_period_ms": "600000",
+    }
+    config = {"parameters": {key: {"string_value": value} for key, value in parameters.items()}}
+    return cpu_model.EngineModel(
+        {"model_config": json.dumps(config), "model_name": "tensorrt_llm", "model_version": "1"}
+    )
+
+
+def test_a_failing_metrics_write_costs_no_response(cpu_model: Any) -> None:
+    """The sender thread publishes around a final send: a write that raised there ended the thread
+    (the final response never went, and no later request was answered)."""
+    model = _engine_model(cpu_model)
+    try:
+        first = _Sender(fail_metrics_from_first_token=True)
+        model.execute([_Request(generate_body(GenerationRequest("first", [11, 42, 7], 3)), first)])
+        assert first.done.wait(10)
+        FAILING.clear()
+        second = _Sender()
+        model.execute([_Request(generate_body(GenerationRequest("second", [11, 42, 7], 3)), second)])
+        assert second.done.wait(10)
+    finally:
+        model.finalize()
     assert _last(UNSENT_RESPONSES_METRIC) == 0

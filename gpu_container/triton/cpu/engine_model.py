@@ -328,8 +328,15 @@ class EngineModel:
         # Read and written under one lock, so the last write holds the latest count: a stale "idle"
         # must never land after a new request's "active".
         with self._publishing:
-            if not self._metrics_closed:
+            if self._metrics_closed:
+                return
+            try:
                 self._metrics.update(self._engine.stats(), live=len(self._live), unsent=self._unsent)
+            except Exception as exc:
+                # Called from the sender thread between a request's forget and its final send (and
+                # after it): a metrics write that fails must not end that thread, skip the send, or
+                # leave the unsent count stuck. The next publish writes what this one missed.
+                log.warning("metrics publish failed", error=str(exc))
 
     def _send(self, live: _Live, out: TokenOutput) -> None:
         live.cached_tokens += out.cached_tokens
