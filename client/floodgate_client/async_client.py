@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
 from contextlib import aclosing
 from types import TracebackType
@@ -43,7 +42,7 @@ from floodgate_client.request import (
     cancel_path,
     edge_root,
 )
-from floodgate_client.retry import RetryPolicy
+from floodgate_client.retry import Attempts, RetryPolicy
 from floodgate_client.sse import ServerSentEvent, aiter_events
 
 log = logging.getLogger("floodgate.client")
@@ -142,17 +141,14 @@ class AsyncChat:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
         return cancel_status(response.status_code, response.headers, response.content)
 
-    async def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        started = time.monotonic()
-        retries_done = 0
+    async def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
             try:
                 response = await self._http.send(
                     self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
                 )
             except httpx.TransportError as exc:
-                if network_retries > 0:
-                    network_retries -= 1
+                if attempts.take_network_retry():
                     log.info("retrying after a network error: %s", type(exc).__name__)
                     continue
                 raise transport_failure("request failed", exc) from transport_cause(exc)
@@ -163,11 +159,10 @@ class AsyncChat:
             finally:
                 await response.aclose()
             error = error_from_response(response.status_code, response.headers, body)
-            wait = policy.wait_s(error, retries_done, time.monotonic() - started)
+            wait = attempts.refusal_wait_s(error)
             if wait is None:
                 raise error
             log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
-            retries_done += 1
             await anyio.sleep(wait)
 
 
@@ -180,12 +175,10 @@ class AsyncChatStream:
     def __init__(self, chat: AsyncChat, request: ChatRequest, policy: RetryPolicy) -> None:
         self._chat = chat
         self._request = request
-        self._policy = policy
-        self._network_retries = min(1, chat._max_retries)
         # As in the sync stream: a turn the edge may have stored is not sent twice.
-        self._keeps_history = request.conversation_id is not None
-        self._started = time.monotonic()
-        self._overload_retries = 0
+        network_retries = 0 if request.conversation_id is not None else min(1, chat._max_retries)
+        self._attempts = Attempts(policy, network_retries)
+        self._closed = False
         self._decoder = ChunkDecoder()
         self._cancelled = False
         # Reads wait until this (anyio's clock): forever, until a confirmed cancel bounds the rest.
@@ -198,7 +191,7 @@ class AsyncChatStream:
     async def open(self) -> AsyncChatStream:
         """Send the request (once); error answers raise here."""
         if self._response is None:
-            self._response = await self._chat._open(self._request, self._policy, self._network_retries)
+            self._response = await self._chat._open(self._request, self._attempts)
         return self
 
     def __await__(self) -> Generator[Any, None, AsyncChatStream]:
@@ -265,6 +258,7 @@ class AsyncChatStream:
         return True
 
     async def close(self) -> None:
+        self._closed = True
         if self._response is not None:
             await self._response.aclose()
 
@@ -294,9 +288,7 @@ class AsyncChatStream:
     def _overload_wait_s(self, error: FloodgateError) -> float | None:
         if self._decoder.saw_text or self._cancelled:
             return None
-        wait = self._policy.wait_s(error, self._overload_retries, time.monotonic() - self._started)
-        self._overload_retries += 1
-        return wait
+        return self._attempts.refusal_wait_s(error)
 
     async def _next_event(self, events: AsyncGenerator[ServerSentEvent, None]) -> ServerSentEvent | None:
         """The stream's next event; None at its end, or once a cancel's bound on the rest has passed.
@@ -338,16 +330,20 @@ class AsyncChatStream:
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
                 await self._response.aclose()
                 await anyio.sleep(wait)
-                self._response = await self._chat._open(self._request, self._policy, 0)
+                if self._closed:
+                    raise
+                self._response = await self._chat._open(self._request, self._attempts)
                 self._decoder = ChunkDecoder()
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     for event in self._cancelled_ending():
                         yield event
                     return
-                if self._decoder.saw_text or self._network_retries == 0 or self._keeps_history:
+                if self._closed:
+                    # Closed by its reader (or a failed cancel): never reopened behind its back.
+                    raise transport_failure("stream closed", exc) from transport_cause(exc)
+                if self._decoder.saw_text or not self._attempts.take_network_retry():
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                self._network_retries -= 1
                 await self._response.aclose()
-                self._response = await self._chat._open(self._request, self._policy, 0)
+                self._response = await self._chat._open(self._request, self._attempts)
                 self._decoder = ChunkDecoder()

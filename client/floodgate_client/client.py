@@ -34,7 +34,7 @@ from floodgate_client.request import (
     cancel_path,
     edge_root,
 )
-from floodgate_client.retry import RetryPolicy
+from floodgate_client.retry import Attempts, RetryPolicy
 from floodgate_client.sse import iter_events
 
 log = logging.getLogger("floodgate.client")
@@ -145,17 +145,14 @@ class Chat:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
         return cancel_status(response.status_code, response.headers, response.content)
 
-    def _open(self, request: ChatRequest, policy: RetryPolicy, network_retries: int) -> httpx.Response:
-        started = time.monotonic()
-        retries_done = 0
+    def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
             try:
                 response = self._http.send(
                     self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
                 )
             except httpx.TransportError as exc:
-                if network_retries > 0:
-                    network_retries -= 1
+                if attempts.take_network_retry():
                     log.info("retrying after a network error: %s", type(exc).__name__)
                     continue
                 raise transport_failure("request failed", exc) from transport_cause(exc)
@@ -166,11 +163,10 @@ class Chat:
             finally:
                 response.close()
             error = error_from_response(response.status_code, response.headers, body)
-            wait = policy.wait_s(error, retries_done, time.monotonic() - started)
+            wait = attempts.refusal_wait_s(error)
             if wait is None:
                 raise error
             log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
-            retries_done += 1
             time.sleep(wait)
 
 
@@ -187,16 +183,17 @@ class ChatStream:
     def __init__(self, chat: Chat, request: ChatRequest, policy: RetryPolicy) -> None:
         self._chat = chat
         self._request = request
-        self._policy = policy
-        self._network_retries = min(1, chat._max_retries)
-        self._keeps_history = request.conversation_id is not None
-        self._started = time.monotonic()
-        self._overload_retries = 0
+        # One reopen after a network failure before any reply; none for a request with a
+        # conversation_id, whose turn the edge may already have stored.
+        network_retries = 0 if request.conversation_id is not None else min(1, chat._max_retries)
+        self._attempts = Attempts(policy, network_retries)
+        # Set by close(): the stream is never reopened after (a reader iterating on got a new request).
+        self._closed = False
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._cut_off: CutOff | None = None
         self._ended_on_server = False
-        self._response = chat._open(request, policy, self._network_retries)
+        self._response = chat._open(request, self._attempts)
         self._events = self._generate()
 
     @property
@@ -261,6 +258,7 @@ class ChatStream:
         return True
 
     def close(self) -> None:
+        self._closed = True
         self._disarm()
         self._response.close()
 
@@ -291,9 +289,7 @@ class ChatStream:
     def _overload_wait_s(self, error: FloodgateError) -> float | None:
         if self._decoder.saw_text or self._cancelled:
             return None
-        wait = self._policy.wait_s(error, self._overload_retries, time.monotonic() - self._started)
-        self._overload_retries += 1
-        return wait
+        return self._attempts.refusal_wait_s(error)
 
     def _cancelled_ending(self) -> list[StreamEvent]:
         """The server confirmed a cancel; unless its own final chunk was read already, end here."""
@@ -324,17 +320,21 @@ class ChatStream:
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
                 self._response.close()
                 time.sleep(wait)
-                self._response = self._chat._open(self._request, self._policy, 0)
+                if self._closed:
+                    raise
+                self._response = self._chat._open(self._request, self._attempts)
                 self._decoder = ChunkDecoder()
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     yield from self._cancelled_ending()
                     return
-                if self._decoder.saw_text or self._network_retries == 0 or self._keeps_history:
+                if self._closed:
+                    # Closed by its reader (or a failed cancel): never reopened behind its back.
+                    raise transport_failure("stream closed", exc) from transport_cause(exc)
+                if self._decoder.saw_text or not self._attempts.take_network_retry():
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                self._network_retries -= 1
                 self._response.close()
-                self._response = self._chat._open(self._request, self._policy, 0)
+                self._response = self._chat._open(self._request, self._attempts)
                 self._decoder = ChunkDecoder()
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from floodgate_client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
 
@@ -34,3 +35,30 @@ class RetryPolicy:
         if elapsed_s + wait > self.deadline_s:
             return None
         return wait
+
+
+@dataclass(slots=True)
+class Attempts:
+    """What one streamed request may still spend on trying again, across every attempt it makes:
+    refusals waited out (`policy`: max_retries within deadline_s, counted from the first attempt)
+    and reopens after a network failure before any reply (`network_retries`). Each reopened attempt
+    once started a count and a clock of its own: max_retries=2 with deadline_s=5 sent 6 requests
+    over 6.6 s when the edge refused in the stream."""
+
+    policy: RetryPolicy
+    network_retries: int
+    started: float = field(default_factory=time.monotonic)
+    refusals_waited: int = 0
+
+    def refusal_wait_s(self, error: FloodgateError) -> float | None:
+        """Seconds to wait before trying `error`'s request again, or None: give up."""
+        wait = self.policy.wait_s(error, self.refusals_waited, time.monotonic() - self.started)
+        if wait is not None:
+            self.refusals_waited += 1
+        return wait
+
+    def take_network_retry(self) -> bool:
+        if self.network_retries <= 0:
+            return False
+        self.network_retries -= 1
+        return True

@@ -8,6 +8,7 @@ import threading
 
 FINISHED = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
 
 
 def served(body: bytes, content_type: str = "text/html; charset=utf-8") -> bytes:
@@ -17,7 +18,8 @@ def served(body: bytes, content_type: str = "text/html; charset=utf-8") -> bytes
 
 
 class ScriptedEdge:
-    """Answers each chat request with the next script (the last one repeats); counts them. A cancel
+    """Answers each chat request with the next script (the last one repeats; a stream's body, or a
+    whole HTTP response when it starts with the status line); counts them. A cancel
     gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished). With
     `hold_open`, a script's connection stays open, silent, until that event is set. A GET gets its
     path's answer in `pages` (whole HTTP responses), or a 404."""
@@ -73,9 +75,9 @@ class ScriptedEdge:
                 return
             self.requests += 1
             script = self.scripts[min(self.requests, len(self.scripts)) - 1]
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + script
-            )
+            if not script.startswith(b"HTTP/1.1 "):  # a whole response as it is, or a stream's body
+                script = STREAM_HEAD + script
+            conn.sendall(script)
             if self.hold_open is not None:
                 self.hold_open.wait(timeout=120)
 

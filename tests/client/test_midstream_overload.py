@@ -63,3 +63,33 @@ def test_async_auto_retry_waits_out_an_overload_in_the_stream(edge: ScriptedEdge
             return (await client.chat.create("hi", model="floodgate-tiny", auto_retry=True)).text
 
     assert anyio.run(main) == "hello" and edge.requests == 2
+
+
+# The edge's 429 for a full queue, as a whole response.
+QUEUE_FULL_429 = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after-ms: 200\r\n"
+    b"content-length: 71\r\nconnection: close\r\n\r\n"
+    b'{"error":{"message":"queue full","type":"rate_limit_error","code":"q"}}'
+)
+
+
+def test_max_retries_bounds_the_whole_request_whichever_way_it_is_refused() -> None:
+    """A refusal in the stream, then 429s: the reopened attempt once started its own count (and
+    clock), so max_retries 2 sent 4 requests here, and up to (1 + N)^2 in general."""
+
+    def sync(base_url: str) -> None:
+        with Client(base_url, "fg-test", max_retries=2) as client:
+            client.chat.create("hi", model="floodgate-tiny", auto_retry=True)
+
+    async def async_(base_url: str) -> None:
+        async with AsyncClient(base_url, "fg-test", max_retries=2) as client:
+            await client.chat.create("hi", model="floodgate-tiny", auto_retry=True)
+
+    for create in (sync, lambda base_url: anyio.run(async_, base_url)):
+        edge = ScriptedEdge([overloaded("chatcmpl-first"), QUEUE_FULL_429])
+        try:
+            with pytest.raises(RateLimitError):
+                create(edge.base_url)
+            assert edge.requests == 3
+        finally:
+            edge.close()

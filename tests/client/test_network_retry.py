@@ -5,6 +5,7 @@ A real TCP proxy between client and edge breaks chosen connections (tests/client
 
 from __future__ import annotations
 
+import threading
 from urllib.parse import urlsplit
 
 import anyio
@@ -14,6 +15,8 @@ import pytest
 from floodgate_client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
 from floodgate_client.errors import transport_failure
 from tests.client.live import SURE_TEXT
+from tests.client.scripted_edge import ScriptedEdge
+from tests.client.test_midstream_overload import answered
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
@@ -134,3 +137,54 @@ def test_a_timeout_with_an_empty_message_still_says_it_timed_out() -> None:
     """What the async client gets for a read timeout: ReadTimeout(''), over anyio's TimeoutError()."""
     assert str(transport_failure("stream broken", httpx.ReadTimeout(""))) == "stream broken: timed out"
     assert str(transport_failure("request failed", httpx.ReadError(""))) == "request failed: ReadError"
+
+
+def test_a_request_with_a_conversation_id_is_not_sent_again_after_a_network_failure(
+    server: LiveServer,
+) -> None:
+    """The edge may have stored the turn of a request it never answered (behind a proxy that buffers,
+    it can): sending it again would store the question twice. Sent twice before (a dropped
+    connection before the answer's head went through the open's own retry)."""
+    with (
+        flaky_proxy(edge_port(server), ["refuse"]) as proxy,
+        Client(proxy.base_url, server.keys["paid"]) as client,
+        pytest.raises(NetworkError),
+    ):
+        client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4, conversation_id="trip")
+    assert proxy.connections == 1
+
+
+def _read_after_close(base_url: str) -> None:
+    with Client(base_url, "fg-test") as client:
+        stream = client.chat.stream("hi", model="floodgate-tiny")
+        assert isinstance(next(stream), RequestStarted)
+        stream.close()
+        list(stream)
+
+
+async def _read_after_close_async(base_url: str) -> None:
+    async with AsyncClient(base_url, "fg-test") as client:
+        stream = await client.chat.stream("hi", model="floodgate-tiny")
+        assert isinstance(await anext(aiter(stream)), RequestStarted)
+        await stream.close()
+        async for _ in stream:
+            pass
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_closed_stream_is_never_reopened(kind: str) -> None:
+    """Iterating on after close() (or a reader beside a cancel that failed and closed it) read the
+    closed connection as a network failure before any text, and sent the request again: a new
+    generation the caller never asked for. Now it raises; the edge saw one request."""
+    edge = ScriptedEdge([answered("chatcmpl-only")], hold_open=threading.Event())
+    try:
+        with pytest.raises(NetworkError, match="stream closed"):
+            if kind == "sync":
+                _read_after_close(edge.base_url)
+            else:
+                anyio.run(_read_after_close_async, edge.base_url)
+        assert edge.requests == 1
+    finally:
+        assert edge.hold_open is not None
+        edge.hold_open.set()
+        edge.close()
