@@ -143,6 +143,9 @@ class AsyncChat:
 
     async def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
+            if attempts.closed:
+                # Closed during a wait before this attempt (a refusal's, or before the first).
+                raise NetworkError("stream closed before its request was sent")
             try:
                 response = await self._http.send(
                     self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
@@ -191,6 +194,7 @@ class AsyncChatStream:
     async def open(self) -> AsyncChatStream:
         """Send the request (once); error answers raise here."""
         if self._response is None:
+            # Raises once the stream was closed (before it was ever opened, too).
             self._response = await self._chat._open(self._request, self._attempts)
         return self
 
@@ -258,7 +262,7 @@ class AsyncChatStream:
         return True
 
     async def close(self) -> None:
-        self._closed = True
+        self._closed = self._attempts.closed = True
         if self._response is not None:
             await self._response.aclose()
 
@@ -328,12 +332,7 @@ class AsyncChatStream:
                     self._ended_on_server = True
                     raise
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
-                await self._response.aclose()
-                await anyio.sleep(wait)
-                if self._closed:
-                    raise
-                self._response = await self._chat._open(self._request, self._attempts)
-                self._decoder = ChunkDecoder()
+                await self._reopen(wait)
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     for event in self._cancelled_ending():
@@ -344,6 +343,15 @@ class AsyncChatStream:
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                await self._response.aclose()
-                self._response = await self._chat._open(self._request, self._attempts)
-                self._decoder = ChunkDecoder()
+                await self._reopen()
+
+    async def _reopen(self, wait_s: float = 0.0) -> None:
+        """As the sync stream's: the same request again, never once the stream is closed."""
+        assert self._response is not None
+        await self._response.aclose()
+        await anyio.sleep(wait_s)
+        self._response = await self._chat._open(self._request, self._attempts)
+        self._decoder = ChunkDecoder()
+        if self._closed:
+            await self._response.aclose()
+            raise NetworkError("stream closed")

@@ -147,6 +147,9 @@ class Chat:
 
     def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
+            if attempts.closed:
+                # Closed during a wait before this attempt (a refusal's, or before the first).
+                raise NetworkError("stream closed before its request was sent")
             try:
                 response = self._http.send(
                     self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
@@ -173,10 +176,11 @@ class Chat:
 class ChatStream:
     """One streamed reply. Iterate it for RequestStarted, TextDelta..., Finished.
 
-    A network failure before the first text delta reopens the request once (a new RequestStarted
-    follows, with the new id); after text has arrived it raises NetworkError: a reply is never
-    silently restarted. A request with a `conversation_id` is never reopened: the edge may already have
-    stored its turn, and a second request would store the same user message again. Leaving a `with`
+    A network failure before the first text delta reopens the request once in all, whether it came at
+    the open or in the stream (a new RequestStarted follows, with the new id); after text has arrived it
+    raises NetworkError: a reply is never silently restarted. A closed stream is never reopened: reading
+    on raises NetworkError. A request with a `conversation_id` is never reopened: the edge may already
+    have stored its turn, and a second request would store the same user message again. Leaving a `with`
     block before the end cancels the generation on the server.
     """
 
@@ -258,8 +262,11 @@ class ChatStream:
         return True
 
     def close(self) -> None:
-        self._closed = True
+        self._closed = self._attempts.closed = True
         self._disarm()
+        # A reader blocked in another thread (beside a cancel that failed) returns at once, not at
+        # its read timeout: closing the socket under a read does not wake it.
+        shut_down(self._response)
         self._response.close()
 
     def _disarm(self) -> None:
@@ -318,12 +325,7 @@ class ChatStream:
                     self._ended_on_server = True
                     raise
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
-                self._response.close()
-                time.sleep(wait)
-                if self._closed:
-                    raise
-                self._response = self._chat._open(self._request, self._attempts)
-                self._decoder = ChunkDecoder()
+                self._reopen(wait)
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     yield from self._cancelled_ending()
@@ -333,9 +335,19 @@ class ChatStream:
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                self._response.close()
-                self._response = self._chat._open(self._request, self._attempts)
-                self._decoder = ChunkDecoder()
+                self._reopen()
+
+    def _reopen(self, wait_s: float = 0.0) -> None:
+        """The same request again after `wait_s`; never once the stream is closed (by its reader,
+        or a cancel that failed), even while this waits or sends: _open checks before each attempt,
+        and close() shuts the response it finds, so the new one is checked once it is in place."""
+        self._response.close()
+        time.sleep(wait_s)
+        self._response = self._chat._open(self._request, self._attempts)
+        self._decoder = ChunkDecoder()
+        if self._closed:
+            self._response.close()
+            raise NetworkError("stream closed")
 
 
 class CutOff:
@@ -361,10 +373,17 @@ class CutOff:
         with self._lock:
             if not self._armed or self._response.is_closed:
                 return
-            stream = self._response.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if isinstance(sock, socket.socket):
-                log.info("no end of the stream within %.1f s of its cancel: dropping it", CANCEL_DRAIN_S)
-                with contextlib.suppress(OSError):
-                    # socket.socket's own: a TLS socket's would drop its TLS state under the reader.
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            log.info("no end of the stream within %.1f s of its cancel: dropping it", CANCEL_DRAIN_S)
+            shut_down(self._response)
+
+
+def shut_down(response: httpx.Response) -> None:
+    """Shut an open streamed response's socket down: a read blocked on it returns at once."""
+    if response.is_closed:
+        return
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            # socket.socket's own: a TLS socket's would drop its TLS state under the reader.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -49,6 +49,8 @@ class Attempts:
     network_retries: int
     started: float = field(default_factory=time.monotonic)
     refusals_waited: int = 0
+    # Set when the stream is closed: no attempt starts after, whatever it was waiting on.
+    closed: bool = False
 
     def refusal_wait_s(self, error: FloodgateError) -> float | None:
         """Seconds to wait before trying `error`'s request again, or None: give up."""

@@ -6,6 +6,7 @@ A real TCP proxy between client and edge breaks chosen connections (tests/client
 from __future__ import annotations
 
 import threading
+import time
 from urllib.parse import urlsplit
 
 import anyio
@@ -16,7 +17,7 @@ from floodgate_client import AsyncClient, Client, Finished, NetworkError, Reques
 from floodgate_client.errors import transport_failure
 from tests.client.live import SURE_TEXT
 from tests.client.scripted_edge import ScriptedEdge
-from tests.client.test_midstream_overload import answered
+from tests.client.test_midstream_overload import QUEUE_FULL_429, answered, overloaded
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
@@ -187,4 +188,46 @@ def test_a_closed_stream_is_never_reopened(kind: str) -> None:
     finally:
         assert edge.hold_open is not None
         edge.hold_open.set()
+        edge.close()
+
+
+def test_a_stream_closed_while_its_retry_waits_sends_nothing_more() -> None:
+    """Refused in the stream, then a 429 on the reopen: the close() from another thread comes while
+    the 429's wait runs, and the wait used to end in one more request, read in full."""
+    edge = ScriptedEdge([overloaded("chatcmpl-first"), QUEUE_FULL_429, answered("chatcmpl-third")])
+    try:
+        with Client(edge.base_url, "fg-test", max_retries=5) as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny", auto_retry=True)
+
+            def close_once_refused_twice() -> None:
+                deadline = time.monotonic() + 30
+                while edge.requests < 2 and time.monotonic() < deadline:
+                    time.sleep(0.005)  # the scripted edge's count: a poll, not a wait on timing
+                stream.close()
+
+            closer = threading.Thread(target=close_once_refused_twice)
+            closer.start()
+            with pytest.raises(NetworkError, match="stream closed"):
+                list(stream)
+            closer.join()
+        assert edge.requests == 2
+    finally:
+        edge.close()
+
+
+def test_an_async_stream_closed_before_it_was_opened_is_never_sent() -> None:
+    edge = ScriptedEdge([answered("chatcmpl-only")])
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny")
+            await stream.close()
+            async for _ in stream:
+                pass
+
+    try:
+        with pytest.raises(NetworkError, match="stream closed"):
+            anyio.run(main)
+        assert edge.requests == 0
+    finally:
         edge.close()
