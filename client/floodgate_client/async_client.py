@@ -181,7 +181,6 @@ class AsyncChatStream:
         # As in the sync stream: a turn the edge may have stored is not sent twice.
         network_retries = 0 if request.conversation_id is not None else min(1, chat._max_retries)
         self._attempts = Attempts(policy, network_retries)
-        self._closed = False
         self._decoder = ChunkDecoder()
         self._cancelled = False
         # Reads wait until this (anyio's clock): forever, until a confirmed cancel bounds the rest.
@@ -262,7 +261,8 @@ class AsyncChatStream:
         return True
 
     async def close(self) -> None:
-        self._closed = self._attempts.closed = True
+        # Never reopened after (a reader iterating on got a new request).
+        self._attempts.closed = True
         if self._response is not None:
             await self._response.aclose()
 
@@ -338,7 +338,7 @@ class AsyncChatStream:
                     for event in self._cancelled_ending():
                         yield event
                     return
-                if self._closed:
+                if self._attempts.closed:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
@@ -352,6 +352,6 @@ class AsyncChatStream:
         await anyio.sleep(wait_s)
         self._response = await self._chat._open(self._request, self._attempts)
         self._decoder = ChunkDecoder()
-        if self._closed:
+        if self._attempts.closed:
             await self._response.aclose()
             raise NetworkError("stream closed")

@@ -191,8 +191,6 @@ class ChatStream:
         # conversation_id, whose turn the edge may already have stored.
         network_retries = 0 if request.conversation_id is not None else min(1, chat._max_retries)
         self._attempts = Attempts(policy, network_retries)
-        # Set by close(): the stream is never reopened after (a reader iterating on got a new request).
-        self._closed = False
         self._decoder = ChunkDecoder()
         self._cancelled = False
         self._cut_off: CutOff | None = None
@@ -262,7 +260,8 @@ class ChatStream:
         return True
 
     def close(self) -> None:
-        self._closed = self._attempts.closed = True
+        # Never reopened after (a reader iterating on got a new request).
+        self._attempts.closed = True
         self._disarm()
         # A reader blocked in another thread (beside a cancel that failed) returns at once, not at
         # its read timeout: closing the socket under a read does not wake it.
@@ -330,7 +329,7 @@ class ChatStream:
                 if self._cancelled:
                     yield from self._cancelled_ending()
                     return
-                if self._closed:
+                if self._attempts.closed:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
@@ -345,7 +344,7 @@ class ChatStream:
         time.sleep(wait_s)
         self._response = self._chat._open(self._request, self._attempts)
         self._decoder = ChunkDecoder()
-        if self._closed:
+        if self._attempts.closed:
             self._response.close()
             raise NetworkError("stream closed")
 
