@@ -13,9 +13,10 @@ Policy
 * Reserve. A ticket with may_use_reserve=False (free tiers) never takes the last
   `reserved_paid_fraction` of a replica's KV tokens or sequences; paid traffic always finds that
   share empty of free work.
-* Order. Strict priority between tiers (`Ticket.priority`, higher first). Within a tier, deficit
-  round robin between users with a quantum of `fair_quantum_kv_tokens` KV tokens, so backlogged users
-  get equal KV-token service whatever their demand (see deficit_round_robin.py for why KV tokens).
+* Order. Strict priority between tiers (`Ticket.priority`, higher first). Within a tier, start-time
+  fair queueing between users, so backlogged users get equal KV-token service whatever their demand,
+  and a user's closed loop is next in line once every other user has had a request since its last
+  (see fair_queue.py for why KV tokens, and why not deficit round robin).
 * No head-of-line blocking across pools. A ticket that finds no room blocks later tickets only on the
   replicas it is waiting for, and only for the pool it waits on: a free request held back by the
   reserve leaves the reserve to the paid requests behind it; a paid request waits ahead of everything
@@ -39,8 +40,8 @@ Policy
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
 * Nobody waiting. A ticket that finds the queue empty and a replica with room is placed at once,
   without joining the queue: a pass over a queue holding only it would grant it the same replica
-  and leave the queue as empty as it found it (an emptied DRR queue forfeits its deficit), so the
-  policy above is unchanged and the common case skips the queue's bookkeeping.
+  and leave the queue as empty as it found it (an emptied fair queue forgets what each user had),
+  so the policy above is unchanged and the common case skips the queue's bookkeeping.
 * Replicas. Their health, membership and drain live in the replica set (replica_set.py); after any
   change there the queue is reconsidered here, so waiting tickets may land on a new replica, and
   waiters that no replica could ever hold fail as "no_replica".
@@ -99,7 +100,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         poll_interval_s: float = 1.0,
         health_timeout_s: float = 2.0,
-        fair_quantum_kv_tokens: int = 256,
+        prior_reply_tokens: int = 256,
         kv_block_tokens: int = 1,
         prior_service_s: float = 5.0,
         replica_share: float = 1.0,
@@ -134,15 +135,15 @@ class Dispatcher:
         self.model = model
         self._clock = clock
         self._poll_interval_s = poll_interval_s
-        # Each user's replies' length, what the fair queue counts a request's reply at (a quantum
-        # for a user not seen yet).
-        self._reply_lengths = ReplyLengths(fair_quantum_kv_tokens)
+        # Each user's replies' length, what the fair queue counts a request's reply at
+        # (prior_reply_tokens for a user not seen yet).
+        self._reply_lengths = ReplyLengths(prior_reply_tokens)
         # The slots granted and not released: when they should end tells a refused client when to
         # come back (running_ends.py); worked out at most every ENDS_EVERY_S, for a flood of
         # refusals (0.65 µs a running slot each time).
         self._running: set[Slot] = set()
         self._frees: tuple[float, list[float], int] = _NO_FREES
-        self._queue: TieredQueue[_Waiter] = TieredQueue(fair_quantum_kv_tokens, self._fair_cost)
+        self._queue: TieredQueue[_Waiter] = TieredQueue(self._fair_cost)
         # The tiers whose queue depth is exported (one gauge each, tiers of a priority apart).
         self._tier_labels: set[str] = set()
         # Tickets refused so far, for any reason: demand no replica served.

@@ -1,21 +1,22 @@
 """How long each user's replies run, learnt from the replies that end: what the fair queue counts a
-request's reply at when it dispatches it (deficit_round_robin.py), before its length is known.
+request's reply at when it dispatches it (fair_queue.py), before its length is known.
 
 A request's own max_tokens says little: the OpenAI SDK leaves it out and the server fills in the
 tier's largest, so counted at max_tokens a user who left it out paid 1,040 KV tokens a turn for a
 1-token reply against another's 36, and got 8 replies to its 213. Counted at the user's own average
 instead, a user is charged what its replies really take: short replies, short charges; long
-replies, a longer wait between turns. Settling each request's real length afterwards was tried: a
-late charge or refund lands on whatever turn the user is in (or on none, once its queue emptied),
-and a user that keeps a queue got refunds that a one-loop user lost.
+replies, a longer wait between turns. Settling each request's real length afterwards was tried
+(under the deficit round robin that fair_queue.py replaced): a late charge or refund landed on
+whatever turn the user was in (or on none, once its queue emptied), and a user that kept a queue
+got refunds that a one-loop user lost.
 
-A user not seen yet is counted at `prior_tokens` (the quantum): one long reply of another user's set
-every newcomer's price when a shared average stood in. Never more than the request's own
-max_tokens, and a reply cut at a max_tokens below the user's average teaches nothing: it is charged
-its cap exactly, and counted, a few requests capped at 1 token pulled the average down so that the
-user's long replies cost little (two users after 1,000-token replies, one also sending five
-1-token pings a reply: 183 long replies served against 610). Bounded: the least recently seen users
-are forgotten.
+A user not seen yet is counted at `prior_tokens` (the dispatcher's prior_reply_tokens): one long
+reply of another user's set every newcomer's price when a shared average stood in. Never more than
+the request's own max_tokens, and a reply cut at a max_tokens below the user's average teaches
+nothing: it is charged its cap exactly, and counted, a few requests capped at 1 token pulled the
+average down so that the user's long replies cost little (two users after 1,000-token replies, one
+also sending five 1-token pings a reply: 183 long replies served against 610). Bounded: the least
+recently seen users are forgotten.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class Slot:
         self._released = False
         self._real_use = real_use
         # Tokens generated so far, as last told (grow): what the request's user is charged for its
-        # reply in the fair queue when it ends (deficit_round_robin.py).
+        # reply in the fair queue when it ends (fair_queue.py).
         self.generated = 0
         # When its first token came (the dispatcher's clock): its pace is counted from there, not
         # from the grant, which a long prompt's prefill would make look slow (running_ends.py).

@@ -1,20 +1,19 @@
-"""Strict priority between tiers, deficit round robin between the users of a tier."""
+"""Strict priority between tiers, fair queueing between the users of a tier."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Generic
 
-from edge.admission.deficit_round_robin import DeficitRoundRobin, T
+from edge.admission.fair_queue import FairQueue, T
 from edge.admission.ticket import Ticket
 
 
 class TieredQueue(Generic[T]):
-    def __init__(self, quantum: int, cost: Callable[[Ticket], int]) -> None:
-        """`cost`: what a ticket costs its user in the fair queue (deficit_round_robin.py)."""
-        self._quantum = quantum
+    def __init__(self, cost: Callable[[Ticket], int]) -> None:
+        """`cost`: what a ticket costs its user in the fair queue (fair_queue.py)."""
         self._cost = cost
-        self._tiers: dict[int, DeficitRoundRobin[T]] = {}
+        self._tiers: dict[int, FairQueue[T]] = {}
 
     def __len__(self) -> int:
         return sum(len(tier) for tier in self._tiers.values())
@@ -27,14 +26,14 @@ class TieredQueue(Generic[T]):
         priority = item.ticket.priority
         tier = self._tiers.get(priority)
         if tier is None:
-            tier = self._tiers[priority] = DeficitRoundRobin(self._quantum, self._cost)
+            tier = self._tiers[priority] = FairQueue(self._cost)
         tier.push(item)
 
     def remove(self, item: T) -> bool:
         tier = self._tiers.get(item.ticket.priority)
         return tier is not None and tier.remove(item)
 
-    def tiers(self) -> list[DeficitRoundRobin[T]]:
+    def tiers(self) -> list[FairQueue[T]]:
         """The non-empty tiers, highest priority first."""
         return [self._tiers[p] for p in sorted(self._tiers, reverse=True) if len(self._tiers[p])]
 
@@ -67,9 +66,9 @@ class TieredQueue(Generic[T]):
     def position_of_new(self, ticket: Ticket) -> int:
         """How many dispatches a new ticket would wait for, itself included.
 
-        Everything queued in higher tiers goes first. Within its tier, DRR serves every other user
-        about as many times as this user (requests of similar size assumed): a light user behind a
-        flood waits for one round, not for the whole flood.
+        Everything queued in higher tiers goes first. Within its tier, fair queueing serves every
+        other user about as many times as this user (requests of similar size assumed): a light user
+        behind a flood waits for one request of each other user, not for the whole flood.
         """
         ahead = sum(len(tier) for p, tier in self._tiers.items() if p > ticket.priority)
         tier = self._tiers.get(ticket.priority)

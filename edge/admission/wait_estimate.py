@@ -1,7 +1,7 @@
 """How long a new ticket would wait, and so when a turned-away client should try again.
 
-A new ticket's wait is its place in line (everything in higher tiers plus one DRR round of its own
-tier, see TieredQueue.position_of_new) divided by the replicas' completion rate (service_rate.py;
+A new ticket's wait is its place in line (everything in higher tiers plus one request of each user
+of its own tier, see TieredQueue.position_of_new) divided by the replicas' completion rate (service_rate.py;
 `prior_service_s` before the first completion). A ticket first in line with room for it now waits
 nothing.
 

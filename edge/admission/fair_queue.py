@@ -1,0 +1,194 @@
+"""Start-time fair queueing between the users of one tier, with service counted in KV tokens.
+
+Each user has a FIFO of waiting requests. A user's head request carries a virtual start tag: where
+its user's previous request finished (start + cost), or the tier's virtual time V, whichever is
+later; V is the largest start tag dispatched so far. The request with the smallest tag goes next
+(ties: the one tagged first). So backlogged users get equal KV-token service whatever their demand:
+a user sending ten times more requests only pushes its own tags further ahead; and a user that
+returns after an idle spell starts at V, with no credit banked for the time it sent nothing.
+
+Why not deficit round robin, which this replaced: a user's emptied queue left the ring as its last
+request was granted, and came back behind every user still in it. With one place and closed loops
+(each sends its next request as its last reply ends, as chat clients do), a one-loop user beside a
+user with two or eight loops got a third of the place or less (100 and 43 of 300 grants, where
+every other one is its share): its next request always arrived behind a turn the other user had
+already begun. Tags remember where a user's last request finished, so the returning request is
+next in line as soon as the other user has had one of its own.
+
+Why KV tokens and not requests: the KV cache is the resource that caps a batch, so a user sending
+4K-token requests should not get eight times the GPU share of one sending 512-token requests. A
+request costs its user what `cost` says (the dispatcher's: its prompt and its reply counted at the
+user's own average length, edge/admission/reply_lengths.py), not its worst case.
+
+Dispatching happens in passes. A candidate that finds no room is `block`ed: its user sits out the
+rest of the pass but keeps its tag, so a user waiting for a large request to fit is first again in
+the next pass, instead of being overtaken indefinitely.
+
+Whenever nobody waits, every user was served as soon as it asked: the finish tags are forgotten (a
+busy period's end, in the algorithm's terms), which also bounds what they hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from edge.admission.ticket import Ticket
+
+
+class Queued(Protocol):
+    @property
+    def ticket(self) -> Ticket: ...
+
+
+T = TypeVar("T", bound=Queued)
+
+# Finish tags of users with nothing queued are kept while they can still matter (above V), at most
+# about this many.
+_FINISH_TAGS_KEPT = 4096
+
+
+class FairQueue(Generic[T]):
+    def __init__(self, cost: Callable[[Ticket], int]) -> None:
+        self._cost = cost
+        self._queues: dict[str, deque[T]] = {}
+        # Users with a queue, by their head's start tag: (tag, order, user). An entry is live while
+        # `_entry[user]` is its order; others are left in the heap and skipped.
+        self._heap: list[tuple[int, int, str]] = []
+        self._entry: dict[str, int] = {}
+        self._order = itertools.count()
+        self._start: dict[str, int] = {}
+        self._finish: dict[str, int] = {}
+        self._virtual = 0
+        self._blocked: list[tuple[int, int, str]] = []
+        self._size = 0
+        self._users_by_length: Counter[int] = Counter()
+        self.reserve_items = 0  # queued items that may use the paid reserve
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[T]:
+        for queue in self._queues.values():
+            yield from queue
+
+    def queued_by(self, user: str) -> int:
+        queue = self._queues.get(user)
+        return len(queue) if queue else 0
+
+    def users_waiting(self) -> int:
+        return len(self._queues)
+
+    def backlog_within(self, per_user: int) -> int:
+        """Items queued counting at most per_user from each user: what a fair share of that many
+        requests per user serves. Cheap: users are counted by queue length."""
+        return sum(users * min(length, per_user) for length, users in self._users_by_length.items())
+
+    def push(self, item: T) -> None:
+        user = item.ticket.user
+        queue = self._queues.get(user)
+        if queue is None:
+            queue = self._queues[user] = deque()
+            self._tag(user, max(self._virtual, self._finish.get(user, 0)))
+        queue.append(item)
+        self._counted(item, len(queue) - 1, +1)
+
+    def remove(self, item: T) -> bool:
+        """Take a waiting item out (its request was cancelled or timed out); False if not queued.
+        The user's tag stays: the next request in its queue starts where the removed one would have."""
+        user = item.ticket.user
+        queue = self._queues.get(user)
+        if queue is None:
+            return False
+        try:
+            queue.remove(item)
+        except ValueError:
+            return False
+        self._counted(item, len(queue) + 1, -1)
+        if not queue:
+            self._drop_user(user)
+        return True
+
+    def begin_pass(self) -> None:
+        for entry in self._blocked:
+            if self._live(entry):
+                heapq.heappush(self._heap, entry)
+        self._blocked.clear()
+
+    def next_candidate(self) -> T | None:
+        """The item served next among users not blocked in this pass, or None."""
+        heap = self._heap
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return self._queues[heap[0][2]][0] if heap else None
+
+    def commit(self, item: T) -> None:
+        """The candidate from next_candidate() was dispatched."""
+        user = item.ticket.user
+        queue = self._queues[user]
+        if not queue or queue[0] is not item or not self._heap or self._heap[0][2] != user:
+            raise ValueError("commit() takes the candidate next_candidate() returned")
+        heapq.heappop(self._heap)
+        queue.popleft()
+        self._counted(item, len(queue) + 1, -1)
+        start = self._start[user]
+        self._virtual = max(self._virtual, start)
+        finish = self._finish[user] = start + self._cost(item.ticket)
+        if queue:
+            self._tag(user, finish)
+        else:
+            self._drop_user(user)
+
+    def block(self, item: T) -> None:
+        """The candidate found no room: its user waits, with its tag, until the next pass."""
+        if not self._heap or self._heap[0][2] != item.ticket.user:
+            raise ValueError("block() takes the candidate next_candidate() returned")
+        self._blocked.append(heapq.heappop(self._heap))
+
+    def _tag(self, user: str, start: int) -> None:
+        order = next(self._order)
+        self._start[user] = start
+        self._entry[user] = order
+        heapq.heappush(self._heap, (start, order, user))
+
+    def _live(self, entry: tuple[int, int, str]) -> bool:
+        return self._entry.get(entry[2]) == entry[1]
+
+    def _counted(self, item: T, length_before: int, change: int) -> None:
+        self._size += change
+        self.reserve_items += change if item.ticket.may_use_reserve else 0
+        if length_before:
+            self._users_by_length[length_before] -= 1
+            if not self._users_by_length[length_before]:
+                del self._users_by_length[length_before]
+        if length_before + change:
+            self._users_by_length[length_before + change] += 1
+
+    def _drop_user(self, user: str) -> None:
+        # Its heap entry (or blocked one) is dead from here; its finish tag stays while it matters.
+        del self._queues[user]
+        del self._entry[user]
+        del self._start[user]
+        if not self._queues:
+            # Nobody waits: everyone was served as soon as it asked, so nobody is owed anything.
+            self._heap.clear()
+            self._blocked.clear()
+            self._finish.clear()
+            return
+        if len(self._heap) > 2 * len(self._entry) + 64:
+            self._heap = [entry for entry in self._heap if self._live(entry)]
+            heapq.heapify(self._heap)
+        if len(self._finish) > _FINISH_TAGS_KEPT:
+            self._forget_finishes()
+
+    def _forget_finishes(self) -> None:
+        """Drop the finish tags V has overtaken; past the bound still, those nearest V, whose users
+        (were they to come back) would start at V instead, a request's cost early at most."""
+        virtual = self._virtual
+        kept = {u: f for u, f in self._finish.items() if f > virtual or u in self._queues}
+        if len(kept) > _FINISH_TAGS_KEPT // 2:
+            kept = dict(sorted(kept.items(), key=lambda uf: uf[1])[-(_FINISH_TAGS_KEPT // 2) :])
+        self._finish = kept

@@ -1,0 +1,138 @@
+"""The fair queue on its own: equal KV-token service, a returning user next in line, and a blocked user
+keeps its place."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from edge.admission.fair_queue import FairQueue
+from edge.admission.service_rate import ServiceRate
+from edge.admission.ticket import Ticket
+from tests.admission.flow import ticket
+
+
+def KV_TOKENS(ticket: Ticket) -> int:
+    return ticket.kv_tokens
+
+
+@dataclass(eq=False)
+class Item:
+    ticket: Ticket
+
+
+def serve(queue: FairQueue[Item], n: int) -> list[Item]:
+    served = []
+    queue.begin_pass()
+    for _ in range(n):
+        item = queue.next_candidate()
+        assert item is not None
+        queue.commit(item)
+        served.append(item)
+    return served
+
+
+def test_backlogged_users_get_equal_kv_tokens_whatever_their_request_sizes() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    for _ in range(200):
+        queue.push(Item(ticket("big", kv_tokens=512)))
+        queue.push(Item(ticket("small", kv_tokens=128)))
+    kv: Counter[str] = Counter()
+    for item in serve(queue, 100):
+        kv[item.ticket.user] += item.ticket.kv_tokens
+    assert abs(kv["big"] - kv["small"]) <= 512
+
+
+def test_a_blocked_user_sits_out_the_pass_and_comes_first_in_the_next() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    for user in ("a", "b", "c"):
+        for _ in range(3):
+            queue.push(Item(ticket(user, kv_tokens=200)))
+    queue.begin_pass()
+    first = queue.next_candidate()
+    assert first is not None and first.ticket.user == "a"
+    queue.block(first)
+    others = []
+    while (item := queue.next_candidate()) is not None and len(others) < 4:
+        others.append(item.ticket.user)
+        queue.commit(item)
+    assert "a" not in others
+
+    queue.begin_pass()
+    again = queue.next_candidate()
+    assert again is first
+
+
+def test_removed_items_leave_the_queue() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    gone, stays = Item(ticket("a")), Item(ticket("b"))
+    queue.push(gone)
+    queue.push(stays)
+    assert queue.remove(gone) and not queue.remove(gone)
+    assert len(queue) == 1 and queue.queued_by("a") == 0
+    assert serve(queue, 1) == [stays]
+
+
+def test_a_user_whose_queue_emptied_is_next_once_the_other_has_had_one_request() -> None:
+    # A closed loop: the light user's next request arrives after its last was served, behind the
+    # heavy user's backlog; it goes next all the same, and the two alternate.
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    for _ in range(6):
+        queue.push(Item(ticket("heavy", kv_tokens=100)))
+    queue.push(Item(ticket("light", kv_tokens=100)))
+    order = []
+    for _ in range(8):
+        (item,) = serve(queue, 1)
+        order.append(item.ticket.user)
+        if item.ticket.user == "light":
+            queue.push(Item(ticket("light", kv_tokens=100)))
+    assert order == ["heavy", "light"] * 4
+
+
+def test_an_idle_user_banks_no_credit() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    for _ in range(20):
+        queue.push(Item(ticket("busy", kv_tokens=100)))
+    serve(queue, 10)
+    for _ in range(5):
+        queue.push(Item(ticket("back", kv_tokens=100)))
+    # Back after ten of the busy user's requests: one request, then one each, not ten in a row.
+    assert [item.ticket.user for item in serve(queue, 6)] == ["back", "busy"] * 3
+
+
+def test_what_the_queue_remembers_of_gone_users_is_bounded() -> None:
+    # A queue that never empties, each request from a user never seen again: the finish tags of
+    # 20,000 users, and the heap's entries for users removed before they were served.
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    queue.push(Item(ticket("stays", kv_tokens=10)))
+    for i in range(20_000):
+        queue.push(Item(ticket(f"user-{i}", kv_tokens=10)))
+        queue.push(cancelled := Item(ticket(f"gone-{i}", kv_tokens=10)))
+        assert queue.remove(cancelled)
+        served = serve(queue, 1)
+        queue.push(Item(ticket(served[0].ticket.user, kv_tokens=10)))
+    assert len(queue._finish) <= 4096 and len(queue._heap) <= 2 * queue.users_waiting() + 64
+
+
+def test_service_time_forgets_its_prior_at_the_first_completion() -> None:
+    rate = ServiceRate(prior_service_s=10.0, alpha=0.2)
+    assert rate.completions_per_s(in_flight=4) == 0.4
+    rate.observe(2.0)
+    assert rate.service_s == 2.0
+    rate.observe(4.0)
+    assert rate.service_s == 3.0
+    assert rate.completions_per_s(in_flight=6) == 2.0
+
+
+def test_backlog_within_counts_at_most_so_many_per_user() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    items = [Item(ticket(user)) for user, n in (("a", 5), ("b", 2), ("c", 1)) for _ in range(n)]
+    for item in items:
+        queue.push(item)
+    assert queue.backlog_within(1) == 3
+    assert queue.backlog_within(2) == 5
+    assert queue.backlog_within(10) == 8
+    queue.remove(items[0])
+    serve(queue, 1)
+    assert queue.backlog_within(10) == 6 and len(queue) == 6
+    assert queue.reserve_items == 0
