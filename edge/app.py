@@ -121,7 +121,7 @@ def create_app(
     # A stream on a Triton replica holds a second socket (edge/open_files.py).
     fds_per_stream = 2 if any(m.settings.upstream.triton for m in models) else 1
     streams = stream_cap(settings.server.max_open_streams, fds_per_stream, raise_open_files_limit())
-    gate = StreamGate(drain, streams)
+    gate = StreamGate(drain, streams, settings.admission.reserved_paid_fraction)
     stalled_readers = StalledReaders(settings.server.stalled_reader_s)
 
     @asynccontextmanager
@@ -235,6 +235,7 @@ def create_app(
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
                 models=catalog,
+                gate=gate,
             )
             try:
                 yield

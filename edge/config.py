@@ -207,6 +207,12 @@ class TierConfig(TierLimits, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     models: tuple[str, ...] = ()
     default_model: str = ""
 
+    @property
+    def may_use_reserve(self) -> bool:
+        """Whether the tier's requests may take the share of every replica, and of the stream gate,
+        kept for paid traffic ([admission] reserved_paid_fraction): the tiers above priority 0."""
+        return self.priority > 0
+
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True):
     server: ServerConfig

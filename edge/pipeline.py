@@ -199,7 +199,7 @@ class Pipeline:
             kv_tokens=len(prompt_ids) + max_new,
             max_wait_s=tier.max_queue_wait_s,
             # Tiers above the lowest priority are the paying ones: only they may use the reserve.
-            may_use_reserve=tier.priority > 0,
+            may_use_reserve=tier.may_use_reserve,
             tier=principal.tier,
             prefix_keys=routing_hashes(prompt_ids, salt),
             prompt_tokens=len(prompt_ids),

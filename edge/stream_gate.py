@@ -9,16 +9,26 @@ generations open in this process (from the request's start to the end of its str
   behind the load balancer will take the retry.
 * `[server] max_open_streams` already open: 429 `server_busy` with `Retry-After` (the OpenAI SDK
   retries it), never a queue of connections the loop cannot serve.
+
+The paid reserve. The door counts every tier alike, since it opens before the key is read; so a free
+flood that held every stream would turn paid users away at the door, whatever the admission queue
+keeps for them behind it. Once the key is known (`hold_reserve`, called by the route), a tier
+without the reserve (priority 0, as the admission queue's reserve) is refused 429 `server_busy` while
+the free share of the door is full: streams past `1 - [admission] reserved_paid_fraction` of
+max_open_streams are kept for paid users. That refusal costs the key's lookup; the door's own
+refusal stays the cheap one, at the cap.
 """
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from edge.drain import Drain
-from edge.errors import DRAINING_RETRY_AFTER_S, ErrorBody, ErrorDetail, retry_after_headers
+from edge.errors import DRAINING_RETRY_AFTER_S, ApiError, ErrorBody, ErrorDetail, retry_after_headers
 from edge.metrics import OPEN_STREAMS, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
@@ -29,13 +39,31 @@ RAW_SEND = "floodgate.send"
 BUSY_RETRY_AFTER_S = 1.0
 
 
+BUSY_MESSAGE = "This server holds as many streams as it can. Please try again shortly."
+
+
 class StreamGate:
-    def __init__(self, drain: Drain, max_open_streams: int) -> None:
+    def __init__(self, drain: Drain, max_open_streams: int, reserved_paid_fraction: float = 0.0) -> None:
         if max_open_streams < 1:
             raise ValueError("max_open_streams must be positive")
         self.drain = drain
         self.max_open_streams = max_open_streams
+        # What tiers without the reserve may hold; never none, or a small cap would shut them out.
+        self.unreserved_streams = max(1, math.floor(max_open_streams * (1.0 - reserved_paid_fraction)))
         self.open_streams = 0
+
+    def hold_reserve(self, may_use_reserve: bool) -> None:
+        """For a generation already through the door whose tier is now known: raise ApiError 429
+        `server_busy` if its tier may not use the paid reserve and the door's free share is full
+        (this stream counted)."""
+        if not may_use_reserve and self.open_streams > self.unreserved_streams:
+            raise ApiError(
+                429,
+                BUSY_MESSAGE,
+                type="rate_limit_exceeded",
+                code="server_busy",
+                headers=retry_after_headers(BUSY_RETRY_AFTER_S),
+            )
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """The Litestar middleware factory (`Litestar(middleware=[gate.middleware])`)."""
@@ -66,11 +94,7 @@ class StreamGate:
                 await _refuse(
                     send,
                     429,
-                    ErrorDetail(
-                        "This server holds as many streams as it can. Please try again shortly.",
-                        "rate_limit_exceeded",
-                        code="server_busy",
-                    ),
+                    ErrorDetail(BUSY_MESSAGE, "rate_limit_exceeded", code="server_busy"),
                     BUSY_RETRY_AFTER_S,
                 )
                 return

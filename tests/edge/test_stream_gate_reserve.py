@@ -1,0 +1,118 @@
+"""The stream gate keeps the paid reserve: a free flood that holds the free share of a process's
+streams (`[server] max_open_streams`) leaves the rest to paid users, instead of a paid user meeting
+429 server_busy at the door while free streams hold every place."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from edge.config import Settings
+from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, DONE, MODEL, content_of, events, wait_until
+from tests.support.live_server import LiveServer, start_server
+
+MAX_OPEN_STREAMS = 5  # with the default reserve (0.2): 4 for free tiers
+
+
+class HeldUpstream:
+    """Streams one token, then holds every stream until `release()`."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._released: asyncio.Event | None = None
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        return self._generate()
+
+    async def _generate(self) -> AsyncIterator[Delta]:
+        if self._released is None:
+            self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
+        yield Delta([300], None)
+        await self._released.wait()
+        yield Delta([301], "length")
+
+    def release(self) -> None:
+        """From the test's thread."""
+        assert self._loop is not None and self._released is not None
+        self._loop.call_soon_threadsafe(self._released.set)
+
+    async def capacity(self) -> Capacity:
+        return Capacity(100_000, 0, 64, 0, 0, 16)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _held_server(tmp_path: Path, upstream: HeldUpstream) -> LiveServer:
+    def provider(settings: Settings, model_dir: Path) -> Any:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            yield [upstream]
+
+        return provide()
+
+    overrides = {"tiers": ROOMY_TIERS, "server": {"max_open_streams": MAX_OPEN_STREAMS}}
+    return start_server(tmp_path, overrides, provider)
+
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+
+
+def _open(stack: ExitStack, server: LiveServer, who: str) -> tuple[httpx.Response, Iterator[Any]]:
+    """A stream opened and read to its first token, or a refusal read whole."""
+    client = stack.enter_context(httpx.Client(base_url=server.base_url, timeout=30.0))
+    response = stack.enter_context(client.stream("POST", CHAT, json=BODY, headers=server.auth(who)))
+    if response.status_code != 200:
+        response.read()
+        return response, iter(())
+    reader = events(response)
+    for chunk in reader:
+        if isinstance(chunk, dict) and content_of([chunk]):
+            break
+    return response, reader
+
+
+def _busy(response: httpx.Response) -> bool:
+    return (
+        response.status_code == 429
+        and response.json()["error"]["code"] == "server_busy"
+        and float(response.headers["retry-after"]) >= 1
+    )
+
+
+def test_a_free_flood_leaves_the_paid_share_of_the_streams(tmp_path: Path) -> None:
+    upstream = HeldUpstream()
+    with _held_server(tmp_path, upstream) as server, ExitStack() as stack:
+        held = [_open(stack, server, who) for who in ("free", "free2", "free", "free2")]
+        assert all(response.status_code == 200 for response, _ in held)
+
+        # The free share (4 of 5) is full: free is refused, paid still gets the fifth.
+        refused_free, _ = _open(stack, server, "free")
+        assert _busy(refused_free), refused_free.status_code
+        paid = _open(stack, server, "paid")
+        assert paid[0].status_code == 200
+        # Now the door itself is full, for everyone.
+        refused_paid, _ = _open(stack, server, "paid")
+        assert _busy(refused_paid), refused_paid.status_code
+
+        upstream.release()
+        for response, reader in [*held, paid]:
+            assert list(reader)[-1] == DONE, response
+        # Once they have left the door, the free share is open again.
+        gate = server.app.state.runtime.gate
+        wait_until(lambda: gate.open_streams == 0, what="the streams to leave the gate")
+        again = _open(stack, server, "free")
+        assert again[0].status_code == 200
+        assert list(again[1])[-1] == DONE
