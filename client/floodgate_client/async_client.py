@@ -187,6 +187,9 @@ class AsyncChatStream:
         self._drain_deadline = math.inf
         self._read_scope: anyio.CancelScope | None = None
         self._ended_on_server = False
+        # Its connection failed under it: the edge sees it go, which stops the generation, so no
+        # cancel is sent on exit, to a peer that just failed to answer (CANCEL_ON_EXIT_S more).
+        self._broken = False
         self._response: httpx.Response | None = None
         self._events = self._generate()
 
@@ -272,7 +275,9 @@ class AsyncChatStream:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        running = self._decoder.finished is None and not (self._cancelled or self._ended_on_server)
+        running = self._decoder.finished is None and not (
+            self._cancelled or self._ended_on_server or self._broken
+        )
         request_id = self.request_id
         # Shielded: the block may be exiting because its task is being cancelled. Closed first, as
         # the sync ChatStream: the edge takes the disconnect as a cancel, and this stream's connection
@@ -342,6 +347,7 @@ class AsyncChatStream:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
+                    self._broken = True
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
                 await self._reopen()
 

@@ -195,6 +195,9 @@ class ChatStream:
         self._cancelled = False
         self._cut_off: CutOff | None = None
         self._ended_on_server = False
+        # Its connection failed under it: the edge sees it go, which stops the generation, so no
+        # cancel is sent on exit, to a peer that just failed to answer (CANCEL_ON_EXIT_S more).
+        self._broken = False
         self._response = chat._open(request, self._attempts)
         self._events = self._generate()
 
@@ -279,7 +282,9 @@ class ChatStream:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        running = self._decoder.finished is None and not (self._cancelled or self._ended_on_server)
+        running = self._decoder.finished is None and not (
+            self._cancelled or self._ended_on_server or self._broken
+        )
         request_id = self.request_id
         # Closed first: the edge takes the disconnect as a cancel, and this stream's connection goes back
         # to the pool, where a cancel sent before it could wait the whole timeout with every slot taken.
@@ -333,6 +338,7 @@ class ChatStream:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
+                    self._broken = True
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
                 self._reopen()
 

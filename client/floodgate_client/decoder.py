@@ -24,10 +24,10 @@ from floodgate_client.sse import ServerSentEvent
 
 # A request the edge admitted into its queue and then refused there (queue full, the wait too long, no
 # replica left) is refused in the stream it had already opened: the same refusal as its 429/503.
-_OVERLOADS: dict[str, type[FloodgateError]] = {
-    "queue_full": RateLimitError,
-    "wait_too_long": RateLimitError,
-    "no_replica": ServiceUnavailableError,
+_OVERLOADS: dict[str, tuple[type[FloodgateError], int]] = {
+    "queue_full": (RateLimitError, 429),
+    "wait_too_long": (RateLimitError, 429),
+    "no_replica": (ServiceUnavailableError, 503),
 }
 # The event has no headers; its message says the wait as OpenAI writes it ("try again in 2.5s.").
 _TRY_AGAIN_IN = re.compile(r"try again in ([0-9][0-9.hms]*)")
@@ -55,7 +55,7 @@ class ChunkDecoder:
             return [self._finish()]
         payload = self._parse(event.data)
         if "error" in payload or event.event == "error":
-            raise stream_error(payload)
+            raise stream_error(payload, self.request_id)
         out: list[StreamEvent] = []
         if self.request_id is None:
             request_id = payload.get("request_id") or payload.get("id")
@@ -114,16 +114,20 @@ class ChunkDecoder:
         return payload
 
 
-def stream_error(payload: dict[str, Any]) -> FloodgateError:
+def stream_error(payload: dict[str, Any], request_id: str | None) -> FloodgateError:
     """An error event: an overload as the RateLimitError (or ServiceUnavailableError) it would have been
-    before the stream opened, with its wait; anything else a StreamError."""
+    before the stream opened, with its status and wait; anything else a StreamError. Each carries the
+    stream's request id, as an error answer does (x-request-id), for support and logs."""
     fields = error_from_json(payload)
-    cls = _OVERLOADS.get(fields["code"] or "")
-    if cls is None:
-        return StreamError(**fields)
+    headers = {} if request_id is None else {"x-request-id": request_id}
+    overload = _OVERLOADS.get(fields["code"] or "")
+    if overload is None:
+        return StreamError(**fields, headers=headers)
+    cls, status_code = overload
     wait_s = _advertised_wait_s(payload.get("error"), fields["message"])
-    headers = {} if wait_s is None else {"retry-after-ms": str(round(wait_s * 1000))}
-    return cls(**fields, headers=headers)
+    if wait_s is not None:
+        headers["retry-after-ms"] = str(round(wait_s * 1000))
+    return cls(**fields, status_code=status_code, headers=headers)
 
 
 def _advertised_wait_s(error: Any, message: str) -> float | None:

@@ -15,7 +15,15 @@ import anyio
 import pytest
 
 from edge.sse import ChunkEncoder
-from floodgate_client import AsyncClient, Client, ConflictError, Finished, FloodgateError, TextDelta
+from floodgate_client import (
+    AsyncClient,
+    Client,
+    ConflictError,
+    Finished,
+    FloodgateError,
+    NetworkError,
+    TextDelta,
+)
 from floodgate_client.async_client import AsyncChatStream
 from floodgate_client.client import CANCEL_DRAIN_S, CANCEL_ON_EXIT_S, ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
@@ -281,6 +289,31 @@ def test_a_confirmed_cancel_whose_stream_then_goes_silent_ends_within_its_bound(
         events = anyio.run(read_in_a_task_cancel_in_another)
         assert events[-1] == Finished("stop", None, cancelled=True)
         assert edge.cancels == 2
+    finally:
+        hold.set()
+        edge.close()
+
+
+def test_a_stream_that_timed_out_sends_no_cancel_on_exit() -> None:
+    """The edge went silent mid-reply and the read timed out: the block's exit closes the connection
+    (which the edge sees, and stops the generation) and sends no cancel, which would wait up to
+    CANCEL_ON_EXIT_S more on the peer that just failed to answer; sync and async alike."""
+    hold = threading.Event()
+    edge = ScriptedEdge([text_then_silence("chatcmpl-quiet")], hold_open=hold)
+    try:
+        with Client(edge.base_url, "fg-test", timeout=0.3) as client, pytest.raises(NetworkError):
+            with client.chat.stream("hi", model="floodgate-tiny") as stream:
+                list(stream)
+
+        async def read_async() -> None:
+            async with AsyncClient(edge.base_url, "fg-test", timeout=0.3) as aclient:
+                async with aclient.chat.stream("hi", model="floodgate-tiny") as astream:
+                    async for _ in astream:
+                        pass
+
+        with pytest.raises(NetworkError):
+            anyio.run(read_async)
+        assert (edge.requests, edge.cancels) == (2, 0)
     finally:
         hold.set()
         edge.close()

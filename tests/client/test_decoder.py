@@ -67,10 +67,11 @@ def test_an_error_event_mid_stream_raises_stream_error_with_its_fields() -> None
     error = {"error": {"message": "replica lost", "type": "server_error", "param": None, "code": "upstream"}}
     with pytest.raises(StreamError) as caught:
         decoder.feed(chunk(error))
-    assert (caught.value.message, caught.value.type, caught.value.code) == (
+    assert (caught.value.message, caught.value.type, caught.value.code, caught.value.request_id) == (
         "replica lost",
         "server_error",
         "upstream",
+        "r1",
     )
 
 

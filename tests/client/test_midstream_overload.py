@@ -43,6 +43,9 @@ def test_an_overload_in_the_stream_raises_rate_limit_error_with_its_wait(edge: S
         client.chat.create("hi", model="floodgate-tiny")
     assert raised.value.limit == "wait_too_long"
     assert raised.value.retry_after_s == pytest.approx(WAIT_S)
+    # As the 429 it would have been before the stream opened: code that checks the status, or logs
+    # the request id for support, sees the same.
+    assert (raised.value.status_code, raised.value.request_id) == (429, "chatcmpl-first")
     assert edge.requests == 1
 
 
