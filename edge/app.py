@@ -209,6 +209,7 @@ def create_app(
                     drain=drain,
                     usage=keys.usage_writer,
                     key_watch=keys.streams,
+                    gate=gate,
                 )
             app.state.fleet = None
             app.state.fleet_divides = bool(shared)  # read by /readyz: a joiner waits for room
@@ -235,7 +236,6 @@ def create_app(
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
                 models=catalog,
-                gate=gate,
             )
             try:
                 yield

@@ -77,6 +77,11 @@ REQUESTS_REJECTED = Counter(
 OPEN_STREAMS = LoopGauge(
     "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."
 )
+PAID_SHARE_KEPT = Counter(
+    "floodgate_stream_reserve_refusals_total",
+    "Free-tier generations refused 429 server_busy to keep the paid share of server.max_open_streams "
+    "(also counted in floodgate_requests_rejected_total); the door's own refusals are not.",
+)
 DRAINING = Gauge("floodgate_draining", "1 from SIGTERM on: the process drains and takes no new work.")
 STALLED_READERS_CUT = Counter(
     "floodgate_stalled_readers_cut_total", "Streams cut because their client stopped reading."

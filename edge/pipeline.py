@@ -33,6 +33,7 @@ from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
 from edge.schemas import ChatCompletionRequest, unknown_model
+from edge.stream_gate import StreamGate
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.upstreams.base import GenerationRequest
@@ -89,6 +90,7 @@ class Pipeline:
         usage: UsageSink | None = None,
         drain: Drain | None = None,
         key_watch: StreamWatch | None = None,
+        gate: StreamGate | None = None,
     ) -> None:
         self.config = config
         self.text = text
@@ -101,6 +103,9 @@ class Pipeline:
         self.drain = drain or Drain(accept_s=0.0, deadline_s=0.0)
         # Ends a generation whose key stops being active; None: keys are checked at admission only.
         self.key_watch = key_watch
+        # The door in front of generations (edge/stream_gate.py): it keeps the paid share of the
+        # process's streams once a request is known to be good and whose it is.
+        self.gate = gate
 
     async def admit(self, principal: Principal, req: ChatCompletionRequest) -> Generation:
         """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer."""
@@ -144,6 +149,8 @@ class Pipeline:
                 code="tokens_exceed_budget",
             )
         min_tokens = self._min_tokens(req, max_new)
+        if self.gate is not None:
+            self.gate.hold_reserve(tier.may_use_reserve)
 
         request_id = new_request_id()
         # Bound for the rest of this request's task: every log line it causes carries the id.

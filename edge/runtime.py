@@ -15,7 +15,6 @@ from edge.messages.store import MessageStore
 from edge.messages.writer import MessageWriter
 from edge.models.catalog import ModelCatalog
 from edge.pipeline import Pipeline
-from edge.stream_gate import StreamGate
 from edge.upstreams.base import Upstream
 from edge.usage.store import UsageStore
 
@@ -34,8 +33,6 @@ class Runtime:
     usage: UsageStore
     # Every served model's pipeline; `pipeline` above is the first (the default).
     models: ModelCatalog
-    # The door in front of generations: the chat route asks it to keep the paid reserve.
-    gate: StreamGate
 
 
 def runtime_of(request: Request[Any, Any, Any]) -> Runtime:

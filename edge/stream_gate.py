@@ -12,24 +12,24 @@ generations open in this process (from the request's start to the end of its str
 
 The paid reserve. The door counts every tier alike, since it opens before the key is read; so a free
 flood that held every stream would turn paid users away at the door, whatever the admission queue
-keeps for them behind it. Once the key is known (`hold_reserve`, called by the route), a tier
-without the reserve (priority 0, as the admission queue's reserve) is refused 429 `server_busy` while
-the free share of the door is full: streams past `1 - [admission] reserved_paid_fraction` of
-max_open_streams are kept for paid users. That refusal costs the key's lookup; the door's own
-refusal stays the cheap one, at the cap.
+keeps for them behind it. Once the request is known to be good and whose it is (`hold_reserve`,
+called by the pipeline just before the limiter), a tier without the reserve (TierConfig.
+may_use_reserve, as the admission queue's) is refused 429 `server_busy` while the free share of the
+door is full: streams past `1 - [admission] reserved_paid_fraction` of max_open_streams are kept for
+paid users. A bad request still gets its own 400 or 404 first (a 429 would have the SDK retry it).
+That refusal costs the request's parsing; the door's own refusal stays the cheap one, at the cap.
 """
 
 from __future__ import annotations
-
-import math
 
 import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from edge.admission.paid_reserve import limit_for
 from edge.drain import Drain
 from edge.errors import DRAINING_RETRY_AFTER_S, ApiError, ErrorBody, ErrorDetail, retry_after_headers
-from edge.metrics import OPEN_STREAMS, REQUESTS_REJECTED
+from edge.metrics import OPEN_STREAMS, PAID_SHARE_KEPT, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
 # The scope key under which the gate keeps the send it was given, for a stream's body chunks: the
@@ -49,7 +49,7 @@ class StreamGate:
         self.drain = drain
         self.max_open_streams = max_open_streams
         # What tiers without the reserve may hold; never none, or a small cap would shut them out.
-        self.unreserved_streams = max(1, math.floor(max_open_streams * (1.0 - reserved_paid_fraction)))
+        self.unreserved_streams = max(1, limit_for(max_open_streams, False, reserved_paid_fraction))
         self.open_streams = 0
 
     def hold_reserve(self, may_use_reserve: bool) -> None:
@@ -57,6 +57,7 @@ class StreamGate:
         `server_busy` if its tier may not use the paid reserve and the door's free share is full
         (this stream counted)."""
         if not may_use_reserve and self.open_streams > self.unreserved_streams:
+            PAID_SHARE_KEPT.inc()
             raise ApiError(
                 429,
                 BUSY_MESSAGE,

@@ -11,10 +11,10 @@ overfill one. A replica only this instance reaches (its own local engine) keeps 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from edge.admission.paid_reserve import fraction_of, limit_for
 from edge.admission.prefix_index import ROUTING_BLOCK_TOKENS, PrefixIndex
 from edge.admission.service_rate import ServiceRate
 from edge.upstreams.base import Capacity, Upstream
@@ -72,11 +72,11 @@ class Replica:
     @property
     def kv_tokens_total(self) -> int:
         """This instance's share of the replica's KV cache."""
-        return _fraction(self.capacity.kv_tokens_total, self.share) if self.capacity else 0
+        return fraction_of(self.capacity.kv_tokens_total, self.share) if self.capacity else 0
 
     @property
     def max_sequences(self) -> int:
-        return _fraction(self.capacity.max_sequences, self.share) if self.capacity else 0
+        return fraction_of(self.capacity.max_sequences, self.share) if self.capacity else 0
 
     @property
     def block_tokens(self) -> int:
@@ -89,12 +89,10 @@ class Replica:
         return -(-kv_tokens // block) * block
 
     def kv_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        total = self.kv_tokens_total
-        return total if may_use_reserve else _fraction(total, 1.0 - reserved_fraction)
+        return limit_for(self.kv_tokens_total, may_use_reserve, reserved_fraction)
 
     def sequence_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        total = self.max_sequences
-        return total if may_use_reserve else _fraction(total, 1.0 - reserved_fraction)
+        return limit_for(self.max_sequences, may_use_reserve, reserved_fraction)
 
     def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         """Whether the ticket fits on this replica when it is empty."""
@@ -160,8 +158,3 @@ class Replica:
             self.kv_limit(may_use_reserve, reserved_fraction) // max(self.charge(kv_tokens), 1),
         )
         return self.rate.completions_per_s(batch)
-
-
-def _fraction(total: int, fraction: float) -> int:
-    # The epsilon keeps 0.8 * 1000 from flooring to 799 through float rounding.
-    return math.floor(total * fraction + 1e-9)

@@ -26,9 +26,6 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     raised for the app's exception handlers (edge/errors.py) to answer."""
     authorization, declared_length = authorization_and_length(scope)
     principal = await runtime.keys.authenticate(authorization)
-    tier = runtime.settings.tiers.get(principal.tier)  # unknown: the pipeline answers 403
-    if tier is not None:
-        runtime.gate.hold_reserve(tier.may_use_reserve)
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
     generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
     if req.stream:

@@ -84,6 +84,13 @@ def _open(stack: ExitStack, server: LiveServer, who: str) -> tuple[httpx.Respons
     return response, reader
 
 
+def _reserve_refusals(server: LiveServer) -> float:
+    for line in server.metrics_text().splitlines():
+        if line.startswith("floodgate_stream_reserve_refusals_total "):
+            return float(line.split()[1])
+    raise AssertionError("no floodgate_stream_reserve_refusals_total on /metrics")
+
+
 def _busy(response: httpx.Response) -> bool:
     return (
         response.status_code == 429
@@ -99,8 +106,15 @@ def test_a_free_flood_leaves_the_paid_share_of_the_streams(tmp_path: Path) -> No
         assert all(response.status_code == 200 for response, _ in held)
 
         # The free share (4 of 5) is full: free is refused, paid still gets the fifth.
+        kept_before = _reserve_refusals(server)
         refused_free, _ = _open(stack, server, "free")
         assert _busy(refused_free), refused_free.status_code
+        assert _reserve_refusals(server) == kept_before + 1
+        # A bad request still gets its own answer, not a 429 the SDK would retry.
+        with httpx.Client(base_url=server.base_url, timeout=30.0) as client:
+            unknown = client.post(CHAT, json=BODY | {"model": "no-such-model"}, headers=server.auth("free"))
+            too_long = client.post(CHAT, json=BODY | {"max_tokens": 10**6}, headers=server.auth("free"))
+        assert (unknown.status_code, too_long.status_code) == (404, 400), (unknown.text, too_long.text)
         paid = _open(stack, server, "paid")
         assert paid[0].status_code == 200
         # Now the door itself is full, for everyone.
@@ -111,7 +125,7 @@ def test_a_free_flood_leaves_the_paid_share_of_the_streams(tmp_path: Path) -> No
         for response, reader in [*held, paid]:
             assert list(reader)[-1] == DONE, response
         # Once they have left the door, the free share is open again.
-        gate = server.app.state.runtime.gate
+        gate = server.app.state.runtime.pipeline.gate
         wait_until(lambda: gate.open_streams == 0, what="the streams to leave the gate")
         again = _open(stack, server, "free")
         assert again[0].status_code == 200
