@@ -40,8 +40,8 @@ Policy
 * Routing. Among replicas with room, the least loaded by KV-cache fraction (router.py).
 * Nobody waiting. A ticket that finds the queue empty and a replica with room is placed at once,
   without joining the queue: a pass over a queue holding only it would grant it the same replica
-  and leave the queue as empty as it found it (an emptied fair queue forgets what each user had),
-  so the policy above is unchanged and the common case skips the queue's bookkeeping.
+  and leave the queue as empty as it found it, so the policy above is unchanged and the common case
+  skips the queue's bookkeeping but for its user's share (`placed_at_once`).
 * Replicas. Their health, membership and drain live in the replica set (replica_set.py); after any
   change there the queue is reconsidered here, so waiting tickets may land on a new replica, and
   waiters that no replica could ever hold fail as "no_replica".
@@ -345,6 +345,7 @@ class Dispatcher:
             return None
         if ticket.tier_label not in self._tier_labels:
             self._watch_tier(ticket.priority, ticket.tier_label)
+        self._queue.placed_at_once(ticket)
         now = self._clock()
         return self._grant_slot(ticket, replica, now, now)
 
@@ -390,6 +391,7 @@ class Dispatcher:
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
         self._running.discard(slot)
+        self._queue.released(slot.ticket)
         self._frees = _NO_FREES
         if kind == "done" and slot.ticket.max_new_tokens is not None:
             self._reply_lengths.observe(slot.ticket.user, slot.generated, slot.ticket.max_new_tokens)

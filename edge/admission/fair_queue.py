@@ -2,10 +2,24 @@
 
 Each user has a FIFO of waiting requests. A user's head request carries a virtual start tag: where
 its user's previous request finished (start + cost), or the tier's virtual time V, whichever is
-later; V is the largest start tag dispatched so far. The request with the smallest tag goes next
-(ties: the one tagged first). So backlogged users get equal KV-token service whatever their demand:
-a user sending ten times more requests only pushes its own tags further ahead; and a user that
-returns after an idle spell starts at V, with no credit banked for the time it sent nothing.
+later. The request with the smallest tag goes next (ties: the one tagged first). So backlogged users
+get equal KV-token service whatever their demand: a user sending ten times more requests only pushes
+its own tags further ahead; and a user that returns after an idle spell starts at V, with no credit
+banked for the time it sent nothing.
+
+V is the service each active user would have had by now, shared equally, as in the fluid model
+fair queueing approximates: it is at least the start of every request dispatched, and each request
+that ends moves it on by its cost divided by the active users. A user is active while it has a
+request waiting or running, and after that while its last finish tag is still ahead of V: in the
+fluid model it is still being served then, and a chat client's next request, sent as its reply
+ends, finds it so. Kept as plain start-time fair queueing keeps it (the largest start dispatched), V
+stood still while first-time users were served, each tagged at V: a returning user, a request's
+cost above V, waited behind every newcomer (one place, one new user per completion: a chat client
+got 2 of 300 grants). Counting only the users with a request waiting or running, V ran ahead each
+time a chat client's reply ended, before its next request arrived, and it lost its place to a busy
+user again (a third of the place, as under deficit round robin). Moved on at dispatch rather than
+at the end, V took a lone user's long request as done at once, and others arriving while it ran
+queued level with that user's next request rather than ahead of it.
 
 Why not deficit round robin, which this replaced: a user's emptied queue left the ring as its last
 request was granted, and came back behind every user still in it. With one place and closed loops
@@ -24,8 +38,8 @@ Dispatching happens in passes. A candidate that finds no room is `block`ed: its 
 rest of the pass but keeps its tag, so a user waiting for a large request to fit is first again in
 the next pass, instead of being overtaken indefinitely.
 
-Whenever nobody waits, every user was served as soon as it asked: the finish tags are forgotten (a
-busy period's end, in the algorithm's terms), which also bounds what they hold.
+When nothing of the tier waits or runs (a busy period's end, in the algorithm's terms), the tags
+are forgotten: every request was served and no user is owed anything.
 """
 
 from __future__ import annotations
@@ -57,13 +71,20 @@ class FairQueue(Generic[T]):
         self._queues: dict[str, deque[T]] = {}
         # Users with a queue, by their head's start tag: (tag, order, user). An entry is live while
         # `_entry[user]` is its order; others are left in the heap and skipped.
-        self._heap: list[tuple[int, int, str]] = []
+        self._heap: list[tuple[float, int, str]] = []
         self._entry: dict[str, int] = {}
         self._order = itertools.count()
-        self._start: dict[str, int] = {}
-        self._finish: dict[str, int] = {}
-        self._virtual = 0
-        self._blocked: list[tuple[int, int, str]] = []
+        self._start: dict[str, float] = {}
+        self._finish: dict[str, float] = {}
+        self._virtual = 0.0
+        # Requests dispatched and not released, per user. Active users: those with a request waiting
+        # or running, and the lingering ones, without, whose finish tag is still ahead of V (a
+        # heap of (finish, user) to drop them as V passes it).
+        self._running: Counter[str] = Counter()
+        self._lingering: dict[str, float] = {}
+        self._linger_heap: list[tuple[float, str]] = []
+        self._active = 0
+        self._blocked: list[tuple[float, int, str]] = []
         self._size = 0
         self._users_by_length: Counter[int] = Counter()
         self.reserve_items = 0  # queued items that may use the paid reserve
@@ -92,7 +113,9 @@ class FairQueue(Generic[T]):
         queue = self._queues.get(user)
         if queue is None:
             queue = self._queues[user] = deque()
-            self._tag(user, max(self._virtual, self._finish.get(user, 0)))
+            if not self._running[user]:
+                self._gains_work(user)
+            self._tag(user, max(self._virtual, self._finish.get(user, 0.0)))
         queue.append(item)
         self._counted(item, len(queue) - 1, +1)
 
@@ -134,13 +157,33 @@ class FairQueue(Generic[T]):
         heapq.heappop(self._heap)
         queue.popleft()
         self._counted(item, len(queue) + 1, -1)
-        start = self._start[user]
-        self._virtual = max(self._virtual, start)
-        finish = self._finish[user] = start + self._cost(item.ticket)
+        self._running[user] += 1  # active already: it was waiting
+        finish = self._served(user, self._start[user], self._cost(item.ticket))
         if queue:
             self._tag(user, finish)
         else:
             self._drop_user(user)
+
+    def placed_at_once(self, ticket: Ticket) -> None:
+        """A request of this tier was dispatched without queueing (nobody waited): it runs, and
+        counts against its user, all the same."""
+        user = ticket.user
+        self._running[user] += 1
+        if self._running[user] == 1 and user not in self._queues:
+            self._gains_work(user)
+        self._served(user, max(self._virtual, self._finish.get(user, 0.0)), self._cost(ticket))
+
+    def released(self, ticket: Ticket) -> None:
+        """A request this queue dispatched (commit or placed_at_once) has ended: the active users'
+        share of it is service V counts as done."""
+        self._advance(self._virtual + self._cost(ticket) / max(self._active, 1))
+        user = ticket.user
+        self._running[user] -= 1
+        if self._running[user] > 0:
+            return
+        del self._running[user]
+        if user not in self._queues:
+            self._loses_work(user)
 
     def block(self, item: T) -> None:
         """The candidate found no room: its user waits, with its tag, until the next pass."""
@@ -148,13 +191,51 @@ class FairQueue(Generic[T]):
             raise ValueError("block() takes the candidate next_candidate() returned")
         self._blocked.append(heapq.heappop(self._heap))
 
-    def _tag(self, user: str, start: int) -> None:
+    def _served(self, user: str, start: float, cost: int) -> float:
+        """Dispatch bookkeeping: the user's finish tag; V is at least the start of what runs."""
+        finish = self._finish[user] = start + cost
+        if start > self._virtual:
+            self._advance(start)
+        return finish
+
+    def _advance(self, virtual: float) -> None:
+        self._virtual = virtual
+        heap = self._linger_heap
+        while heap and heap[0][0] <= virtual:
+            tag, gone = heapq.heappop(heap)
+            if self._lingering.get(gone) == tag:
+                del self._lingering[gone]
+                self._active -= 1
+
+    def _gains_work(self, user: str) -> None:
+        if self._lingering.pop(user, None) is None:
+            self._active += 1
+
+    def _loses_work(self, user: str) -> None:
+        finish = self._finish.get(user)
+        if finish is not None and finish > self._virtual:
+            self._lingering[user] = finish
+            heapq.heappush(self._linger_heap, (finish, user))
+            if len(self._linger_heap) > 2 * len(self._lingering) + 64:
+                self._linger_heap = [(f, u) for u, f in self._lingering.items()]
+                heapq.heapify(self._linger_heap)
+        else:
+            self._active -= 1
+        if not self._active:
+            # Nothing waits or runs: every request was served, nobody is owed anything.
+            self._heap.clear()
+            self._blocked.clear()
+            self._finish.clear()
+        elif len(self._finish) > _FINISH_TAGS_KEPT:
+            self._forget_finishes()
+
+    def _tag(self, user: str, start: float) -> None:
         order = next(self._order)
         self._start[user] = start
         self._entry[user] = order
         heapq.heappush(self._heap, (start, order, user))
 
-    def _live(self, entry: tuple[int, int, str]) -> bool:
+    def _live(self, entry: tuple[float, int, str]) -> bool:
         return self._entry.get(entry[2]) == entry[1]
 
     def _counted(self, item: T, length_before: int, change: int) -> None:
@@ -172,17 +253,12 @@ class FairQueue(Generic[T]):
         del self._queues[user]
         del self._entry[user]
         del self._start[user]
-        if not self._queues:
-            # Nobody waits: everyone was served as soon as it asked, so nobody is owed anything.
-            self._heap.clear()
-            self._blocked.clear()
-            self._finish.clear()
-            return
         if len(self._heap) > 2 * len(self._entry) + 64:
             self._heap = [entry for entry in self._heap if self._live(entry)]
             heapq.heapify(self._heap)
-        if len(self._finish) > _FINISH_TAGS_KEPT:
-            self._forget_finishes()
+        if not self._running[user]:
+            del self._running[user]
+            self._loses_work(user)
 
     def _forget_finishes(self) -> None:
         """Drop the finish tags V has overtaken; past the bound still, those nearest V, whose users

@@ -23,11 +23,21 @@ class TieredQueue(Generic[T]):
             yield from tier
 
     def push(self, item: T) -> None:
-        priority = item.ticket.priority
+        self._tier(item.ticket.priority).push(item)
+
+    def _tier(self, priority: int) -> FairQueue[T]:
         tier = self._tiers.get(priority)
         if tier is None:
             tier = self._tiers[priority] = FairQueue(self._cost)
-        tier.push(item)
+        return tier
+
+    def placed_at_once(self, ticket: Ticket) -> None:
+        """A ticket was dispatched with nobody queued (FairQueue.placed_at_once)."""
+        self._tier(ticket.priority).placed_at_once(ticket)
+
+    def released(self, ticket: Ticket) -> None:
+        """A dispatched ticket's request ended (FairQueue.released)."""
+        self._tier(ticket.priority).released(ticket)
 
     def remove(self, item: T) -> bool:
         tier = self._tiers.get(item.ticket.priority)

@@ -3,6 +3,7 @@ keeps its place."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -96,22 +97,42 @@ def test_an_idle_user_banks_no_credit() -> None:
     serve(queue, 10)
     for _ in range(5):
         queue.push(Item(ticket("back", kv_tokens=100)))
-    # Back after ten of the busy user's requests: one request, then one each, not ten in a row.
-    assert [item.ticket.user for item in serve(queue, 6)] == ["back", "busy"] * 3
+    # Back after ten of the busy user's requests: one each from then on, not ten in a row.
+    served = [item.ticket.user for item in serve(queue, 6)]
+    assert served.count("back") == 3 and all(a != b for a, b in itertools.pairwise(served)), served
 
 
 def test_what_the_queue_remembers_of_gone_users_is_bounded() -> None:
     # A queue that never empties, each request from a user never seen again: the finish tags of
-    # 20,000 users, and the heap's entries for users removed before they were served.
+    # 20,000 users, the heap's entries for users removed before they were served, and the users
+    # that linger after their request ended.
     queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
     queue.push(Item(ticket("stays", kv_tokens=10)))
     for i in range(20_000):
         queue.push(Item(ticket(f"user-{i}", kv_tokens=10)))
         queue.push(cancelled := Item(ticket(f"gone-{i}", kv_tokens=10)))
         assert queue.remove(cancelled)
-        served = serve(queue, 1)
-        queue.push(Item(ticket(served[0].ticket.user, kv_tokens=10)))
+        (served,) = serve(queue, 1)
+        queue.released(served.ticket)
+        queue.push(Item(ticket(served.ticket.user, kv_tokens=10)))
     assert len(queue._finish) <= 4096 and len(queue._heap) <= 2 * queue.users_waiting() + 64
+    assert len(queue._lingering) <= 64 and len(queue._linger_heap) <= 4096
+
+
+def test_a_user_whose_request_still_runs_keeps_its_charge() -> None:
+    # Its queue empty, its long request running: cancelling and sending again, or simply sending
+    # its next, starts where that request finished, behind another user's short ones.
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    queue.push(Item(ticket("long", kv_tokens=2000)))
+    (running,) = serve(queue, 1)
+    queue.push(again := Item(ticket("long", kv_tokens=2000)))
+    assert queue.remove(again)
+    queue.push(Item(ticket("long", kv_tokens=2000)))
+    for _ in range(40):
+        queue.push(Item(ticket("short", kv_tokens=100)))
+    served = [item.ticket.user for item in serve(queue, 41)]
+    assert served.index("long") >= 10, served
+    queue.released(running.ticket)
 
 
 def test_service_time_forgets_its_prior_at_the_first_completion() -> None:

@@ -119,6 +119,41 @@ async def test_a_one_loop_user_gets_every_other_place_beside_a_many_loop_user(
     assert served["light"][0] >= 0.45 * 300 and served["light"][1] <= 2, served
 
 
+@pytest.mark.anyio
+async def test_a_returning_user_is_not_starved_by_first_time_users(make_dispatcher: MakeDispatcher) -> None:
+    # One place; a chat client (one closed loop) and one new user arriving per completion, each
+    # sending a single request: the queue of newcomers grows. Under plain start-time fair queueing
+    # every newcomer was tagged at a virtual time that never moved, below the chat client's next
+    # tag: it got 2 of 300 grants and waited 294 (deficit round robin: 20, waiting 24 at most).
+    replica = ControlledUpstream("r1", max_sequences=1, kv_tokens_total=100_000)
+    async with make_dispatcher([replica]) as dispatcher:
+        flow = Flow(dispatcher)
+        newcomers = itertools.count()
+
+        def send(user: str) -> None:
+            flow.submit(ticket(user, kv_tokens=20 + 16, prompt_tokens=20, max_wait_s=1e9))
+
+        send("chat")
+        for _ in range(5):
+            send(f"new-{next(newcomers)}")
+        await flow.settle()
+        while len(flow.granted()) < 300:
+            oldest = flow.held()[0]
+            oldest.grow(16)
+            await flow.release_oldest()
+            if oldest.ticket.user == "chat":
+                send("chat")
+            send(f"new-{next(newcomers)}")
+            await flow.settle()
+        order = [s.ticket.user for s in flow.granted()[:300]]
+        waiting = dispatcher.queue_depth()
+        await flow.aclose()
+    chat = [i for i, user in enumerate(order) if user == "chat"]
+    longest = max(b - a for a, b in itertools.pairwise([*chat, 300]))
+    # About an equal share among the users waiting (18 at the end) and those just served.
+    assert len(chat) >= 10 and longest <= 60, (len(chat), longest, waiting)
+
+
 async def _serve_replying(flow: Flow, reply_tokens: dict[str, int], grants: int) -> list[str]:
     """Release the oldest held slot, its request having generated its user's reply length, until
     `grants` slots were granted; the users served, in order."""
