@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -37,6 +37,8 @@ class EdgeProcess:
     base_url: str
     key: str
     pid: int
+    # The keys of `edge_process(users=...)`, by user (each on the bench tier).
+    keys: dict[str, str] = field(default_factory=dict)
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the edge process so far (all its threads). The CPU engine runs
@@ -108,7 +110,10 @@ MODELS = {
 
 @contextmanager
 def edge_process(
-    extra_toml: str = "", triton: str | None = None, model: str = "floodgate-tiny"
+    extra_toml: str = "",
+    triton: str | None = None,
+    model: str = "floodgate-tiny",
+    users: tuple[str, ...] = (),
 ) -> Iterator[EdgeProcess]:
     floodgate = [sys.executable, "-c", "from edge.cli import main; main()"]
     with tempfile.TemporaryDirectory(prefix="floodgate-bench-") as tmp:
@@ -120,12 +125,16 @@ def edge_process(
             f"[server]\nport = {port}\nops_port = {ops_port}\ndrain_accept_s = 0.0\ndrain_deadline_s = 5.0\n"
             f'[keys]\nsqlite_path = "{tmp}/keys.db"\n' + MODELS[model] + BENCH_TIER + extra_toml
         )
-        key = subprocess.run(
-            [*floodgate, "keys", "create", "--config", str(config), "--user", "bench", "--tier", "bench"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        keys = {
+            user: subprocess.run(
+                [*floodgate, "keys", "create", "--config", str(config), "--user", user, "--tier", "bench"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            for user in ("bench", *users)
+        }
+        key = keys.pop("bench")
         cmd = [*floodgate, "serve", "--config", str(config)]
         if triton:
             cmd += ["--triton", triton]
@@ -135,7 +144,7 @@ def edge_process(
         base_url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(proc, base_url, log, 180)
-            yield EdgeProcess(base_url, key, proc.pid)
+            yield EdgeProcess(base_url, key, proc.pid, keys)
         finally:
             proc.terminate()
             try:
