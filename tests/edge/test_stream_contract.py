@@ -232,11 +232,11 @@ def test_presence_and_frequency_penalties_reach_the_replica_on_both_paths(
 ) -> None:
     body = RIVERS | {"temperature": 0.0}
     penalised = body | {"presence_penalty": 1.5, "frequency_penalty": 1.0}
-    plain = _streamed_answer(local_server, body)
-    on_engine = _streamed_answer(local_server, penalised)
-    on_triton = _streamed_answer(triton_server, penalised)
-    assert on_engine[0] != plain[0]  # greedy, so only the penalties can have changed the reply
-    assert on_triton == on_engine  # the Triton path carries them as TensorRT-LLM's inputs
+    # Each path against its own greedy reply, as logit_bias below: greedy, so only the penalties
+    # can have changed it (the Triton path carries them as TensorRT-LLM's inputs). Compared across
+    # the paths, the demo model's near-ties could flip one token and fail a correct path.
+    for server in (local_server, triton_server):
+        assert _streamed_answer(server, penalised)[0] != _streamed_answer(server, body)[0]
 
 
 def test_top_k_reaches_the_replica_on_both_paths(local_server: LiveServer, triton_server: LiveServer) -> None:
@@ -255,10 +255,9 @@ def test_repetition_penalty_reaches_the_replica_on_both_paths(
 ) -> None:
     body = RIVERS | {"temperature": 0.0}
     penalised = body | {"repetition_penalty": 1.8}
-    plain = _streamed_answer(local_server, body)
-    on_engine = _streamed_answer(local_server, penalised)
-    assert on_engine[0] != plain[0]  # greedy, so only the penalty can have changed the reply
-    assert _streamed_answer(triton_server, penalised) == on_engine  # TensorRT-LLM's input of that name
+    # Each path against its own greedy reply (TensorRT-LLM's input of that name on Triton's).
+    for server in (local_server, triton_server):
+        assert _streamed_answer(server, penalised)[0] != _streamed_answer(server, body)[0]
 
 
 def test_logit_bias_reaches_the_replica_on_both_paths(
