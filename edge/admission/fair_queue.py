@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
@@ -61,7 +62,7 @@ class Queued(Protocol):
 T = TypeVar("T", bound=Queued)
 
 # Finish tags of users with nothing queued are kept while they can still matter (above V), at most
-# about this many.
+# about this many; and at most this many users linger.
 _FINISH_TAGS_KEPT = 4096
 
 
@@ -81,6 +82,9 @@ class FairQueue(Generic[T]):
         # or running, and the lingering ones, without, whose finish tag is still ahead of V (a
         # heap of (finish, user) to drop them as V passes it).
         self._running: Counter[str] = Counter()
+        # What each running request was charged at dispatch, by request id: its end moves V by that,
+        # not by a price its user's newer replies have changed since.
+        self._charged: dict[str, int] = {}
         self._lingering: dict[str, float] = {}
         self._linger_heap: list[tuple[float, str]] = []
         self._active = 0
@@ -107,6 +111,17 @@ class FairQueue(Generic[T]):
         """Items queued counting at most per_user from each user: what a fair share of that many
         requests per user serves. Cheap: users are counted by queue length."""
         return sum(users * min(length, per_user) for length, users in self._users_by_length.items())
+
+    def lead_waits(self, ticket: Ticket) -> int:
+        """How many dispatches a new request of this user waits for because its user is ahead of
+        V (0: not): V must first reach its user's finish tag, moving on by a request's cost over
+        the active users at each end, so every other active user, waiting now or arriving
+        meanwhile (each tagged at V), goes first for that long (the wait estimate's part)."""
+        finish = self._finish.get(ticket.user)
+        if finish is None or finish <= self._virtual:
+            return 0
+        units = (finish - self._virtual) / max(self._cost(ticket), 1)
+        return math.ceil(units * max(self._active - 1, 0))
 
     def push(self, item: T) -> None:
         user = item.ticket.user
@@ -158,7 +173,7 @@ class FairQueue(Generic[T]):
         queue.popleft()
         self._counted(item, len(queue) + 1, -1)
         self._running[user] += 1  # active already: it was waiting
-        finish = self._served(user, self._start[user], self._cost(item.ticket))
+        finish = self._served(item.ticket, self._start[user])
         if queue:
             self._tag(user, finish)
         else:
@@ -171,12 +186,15 @@ class FairQueue(Generic[T]):
         self._running[user] += 1
         if self._running[user] == 1 and user not in self._queues:
             self._gains_work(user)
-        self._served(user, max(self._virtual, self._finish.get(user, 0.0)), self._cost(ticket))
+        self._served(ticket, max(self._virtual, self._finish.get(user, 0.0)))
 
     def released(self, ticket: Ticket) -> None:
         """A request this queue dispatched (commit or placed_at_once) has ended: the active users'
         share of it is service V counts as done."""
-        self._advance(self._virtual + self._cost(ticket) / max(self._active, 1))
+        charged = self._charged.pop(ticket.request_id, None)
+        if charged is None:
+            return  # not dispatched here, or told twice
+        self._advance(self._virtual + charged / max(self._active, 1))
         user = ticket.user
         self._running[user] -= 1
         if self._running[user] > 0:
@@ -191,9 +209,10 @@ class FairQueue(Generic[T]):
             raise ValueError("block() takes the candidate next_candidate() returned")
         self._blocked.append(heapq.heappop(self._heap))
 
-    def _served(self, user: str, start: float, cost: int) -> float:
+    def _served(self, ticket: Ticket, start: float) -> float:
         """Dispatch bookkeeping: the user's finish tag; V is at least the start of what runs."""
-        finish = self._finish[user] = start + cost
+        cost = self._charged[ticket.request_id] = self._cost(ticket)
+        finish = self._finish[ticket.user] = start + cost
         if start > self._virtual:
             self._advance(start)
         return finish
@@ -213,20 +232,33 @@ class FairQueue(Generic[T]):
 
     def _loses_work(self, user: str) -> None:
         finish = self._finish.get(user)
+        if not self._queues and not self._running:
+            # Nothing waits or runs: every request was served, nobody is owed anything, nor owes.
+            # (Lingering users too: a long request that ended beside another user's left its own
+            # user lingering far ahead of V, and its next request, after any idle spell, behind
+            # a hundred of the other's.)
+            self._heap.clear()
+            self._blocked.clear()
+            self._finish.clear()
+            self._lingering.clear()
+            self._linger_heap.clear()
+            self._active = 0
+            return
         if finish is not None and finish > self._virtual:
             self._lingering[user] = finish
             heapq.heappush(self._linger_heap, (finish, user))
+            # Past the bound, those nearest to V stop lingering early: they would soonest anyway.
+            while len(self._lingering) > _FINISH_TAGS_KEPT:
+                tag, gone = heapq.heappop(self._linger_heap)
+                if self._lingering.get(gone) == tag:
+                    del self._lingering[gone]
+                    self._active -= 1
             if len(self._linger_heap) > 2 * len(self._lingering) + 64:
                 self._linger_heap = [(f, u) for u, f in self._lingering.items()]
                 heapq.heapify(self._linger_heap)
         else:
             self._active -= 1
-        if not self._active:
-            # Nothing waits or runs: every request was served, nobody is owed anything.
-            self._heap.clear()
-            self._blocked.clear()
-            self._finish.clear()
-        elif len(self._finish) > _FINISH_TAGS_KEPT:
+        if len(self._finish) > _FINISH_TAGS_KEPT:
             self._forget_finishes()
 
     def _tag(self, user: str, start: float) -> None:

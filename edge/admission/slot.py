@@ -38,8 +38,8 @@ class Slot:
         self._on_release = on_release
         self._released = False
         self._real_use = real_use
-        # Tokens generated so far, as last told (grow): what the request's user is charged for its
-        # reply in the fair queue when it ends (fair_queue.py).
+        # Tokens generated so far, as last told (grow): when it ends, what its user's replies are
+        # learnt to run (reply_lengths.py), the fair queue's price of the user's next requests.
         self.generated = 0
         # When its first token came (the dispatcher's clock): its pace is counted from there, not
         # from the grant, which a long prompt's prefill would make look slow (running_ends.py).

@@ -77,11 +77,12 @@ class TieredQueue(Generic[T]):
         """How many dispatches a new ticket would wait for, itself included.
 
         Everything queued in higher tiers goes first. Within its tier, fair queueing serves every
-        other user about as many times as this user (requests of similar size assumed): a light user
-        behind a flood waits for one request of each other user, not for the whole flood.
+        other user about as many times as this user (requests of similar size assumed): a light
+        user behind a flood waits for one request of each other user, not for the whole flood; and
+        a user just served waits besides for the others to catch up (FairQueue.lead_waits).
         """
         ahead = sum(len(tier) for p, tier in self._tiers.items() if p > ticket.priority)
         tier = self._tiers.get(ticket.priority)
         if tier is None:
             return ahead + 1
-        return ahead + tier.backlog_within(tier.queued_by(ticket.user) + 1) + 1
+        return ahead + tier.backlog_within(tier.queued_by(ticket.user) + 1) + tier.lead_waits(ticket) + 1

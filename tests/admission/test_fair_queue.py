@@ -157,3 +157,30 @@ def test_backlog_within_counts_at_most_so_many_per_user() -> None:
     serve(queue, 1)
     assert queue.backlog_within(10) == 6 and len(queue) == 6
     assert queue.reserve_items == 0
+
+
+def test_after_an_idle_spell_nobody_is_owed_anything() -> None:
+    # A's long request ended beside B's short one, then nothing waited or ran: A's next request is
+    # not held behind B's for the long one (it was, behind 114 of them, while A "lingered").
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    queue.push(Item(ticket("A", kv_tokens=8192)))
+    queue.push(Item(ticket("B", kv_tokens=100)))
+    long, short = serve(queue, 2)
+    queue.released(short.ticket)
+    queue.released(long.ticket)
+    for _ in range(5):
+        queue.push(Item(ticket("B", kv_tokens=100)))
+    queue.push(Item(ticket("A", kv_tokens=100)))
+    assert [item.ticket.user for item in serve(queue, 6)].index("A") <= 1
+
+
+def test_lingering_users_are_bounded_and_a_stray_release_changes_nothing() -> None:
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    queue.push(Item(ticket("stays", kv_tokens=10)))
+    serve(queue, 1)  # running for good: the tier never goes idle
+    for i in range(20_000):
+        queue.push(Item(ticket(f"user-{i}", kv_tokens=10_000)))
+        (served,) = serve(queue, 1)
+        queue.released(served.ticket)
+        queue.released(served.ticket)  # told twice: ignored
+    assert len(queue._lingering) <= 4096 and queue._active == len(queue._lingering) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import pytest
 
@@ -130,8 +131,13 @@ async def test_a_returning_user_is_not_starved_by_first_time_users(make_dispatch
         flow = Flow(dispatcher)
         newcomers = itertools.count()
 
+        estimates: list[tuple[int, int]] = []  # the chat client's: (position_of_new, grants so far)
+
         def send(user: str) -> None:
-            flow.submit(ticket(user, kv_tokens=20 + 16, prompt_tokens=20, max_wait_s=1e9))
+            new = ticket(user, kv_tokens=20 + 16, prompt_tokens=20, max_wait_s=1e9)
+            if user == "chat":
+                estimates.append((dispatcher._queue.position_of_new(new), len(flow.granted())))
+            flow.submit(new)
 
         send("chat")
         for _ in range(5):
@@ -152,6 +158,14 @@ async def test_a_returning_user_is_not_starved_by_first_time_users(make_dispatch
     longest = max(b - a for a, b in itertools.pairwise([*chat, 300]))
     # About an equal share among the users waiting (18 at the end) and those just served.
     assert len(chat) >= 10 and longest <= 60, (len(chat), longest, waiting)
+    # The wait its 429s and Retry-After are told from: within twice the real one, mostly. Counting
+    # its own tier's queue alone, it said a third of the real wait or less.
+    ratios = [
+        (next(i for i in chat if i >= granted) - granted + 1) / position
+        for position, granted in estimates
+        if any(i >= granted for i in chat)
+    ]
+    assert statistics.median(ratios) <= 2.0, ratios
 
 
 async def _serve_replying(flow: Flow, reply_tokens: dict[str, int], grants: int) -> list[str]:
