@@ -382,8 +382,8 @@ class TritonUpstream:
         # Stops still in flight are bounded by the probe timeout.
         if self._stops:
             await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
-        self._pool.close()
-        self._metrics_pool.close()
+        await self._pool.aclose()
+        await self._metrics_pool.aclose()
 
 
 def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:

@@ -224,3 +224,40 @@ def test_a_failing_metrics_write_costs_no_response(cpu_model: Any) -> None:
     finally:
         model.finalize()
     assert _last(UNSENT_RESPONSES_METRIC) == 0
+
+
+class _HeldFinal(_Sender):
+    """Holds its final send until `release` is set, as a slow IPC to the server would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_final = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        if flags:
+            self.in_final.set()
+            self.release.wait(30)
+        super().send(response, flags)
+
+
+def test_a_request_admitted_while_a_final_is_still_going_out_is_on_the_page(cpu_model: Any) -> None:
+    """The page went idle as the last live request ended, before its final send; a request
+    admitted before that send was out did not publish (the unsent count was not 0 to 1), and the
+    page said no request was active while it held tokens: under load the launcher's SIGTERM test
+    read active 0 there."""
+    model = _engine_model(cpu_model)
+    first = _HeldFinal()
+    try:
+        model.execute([_Request(generate_body(GenerationRequest("first", [11, 42, 7], 3)), first)])
+        assert first.in_final.wait(30)
+        assert _last(REQUEST_FAMILY, "request_type=active") == 0  # idle as "first" ended
+        second = _Sender()
+        model.execute([_Request(generate_body(GenerationRequest("second", [11, 42, 7], 3)), second)])
+        assert _last(REQUEST_FAMILY, "request_type=active") == 1
+        first.release.set()
+        assert second.done.wait(30)
+    finally:
+        first.release.set()
+        model.finalize()
+    assert _last(UNSENT_RESPONSES_METRIC) == 0

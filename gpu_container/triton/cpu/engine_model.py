@@ -262,7 +262,11 @@ class EngineModel:
             engine_id = triton_id if unique else f"{triton_id}#{uuid.uuid4().hex}"
             self._live[engine_id] = live
             self._unsent += 1
-            first = self._unsent == 1
+            # The first live request, whatever finals are still to go out: the page last said no
+            # request was live (published as the last one went), and kept saying so, under load,
+            # while a request admitted before the previous one's final send was out ran and held
+            # tokens (the unsent count was what this once went by).
+            first = len(self._live) == 1
             if unique:
                 self._by_triton_id[triton_id] = engine_id
         try:
