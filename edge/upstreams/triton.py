@@ -379,9 +379,13 @@ class TritonUpstream:
 
     async def aclose(self) -> None:
         self._closed = True
-        # Stops still in flight are bounded by the probe timeout.
+        # Stops still in flight are bounded by the probe timeout; past it they are cancelled (their
+        # connections closed with them), not left to finish after the server may be stopped.
         if self._stops:
-            await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
+            _, pending = await asyncio.wait(list(self._stops), timeout=self._probe_timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         await self._pool.aclose()
         await self._metrics_pool.aclose()
 

@@ -454,6 +454,12 @@ class ConnectionPool:
                 raise UpstreamError(
                     f"{self.host}:{self.port} {what}: no answer within {timeout_s:g} s"
                 ) from None
+            except BaseException:
+                # Cancelled mid-answer (a health check's own timeout, the poller stopped at
+                # shutdown): neither kept nor closed, the connection stayed open for good, and a
+                # tritonserver stopped later waited its whole exit timeout for it.
+                conn.abort()
+                raise
             if conn.failure is None or not conn.reused or conn.responded or fresh:
                 break
             # A kept-alive connection the replica had closed while idle: once more on a new one.

@@ -479,3 +479,31 @@ async def test_a_replica_that_drops_connection_attempts_fails_the_stream_within_
         await upstream.aclose()
         filler.close()
         listener.close()
+
+
+@pytest.mark.anyio
+async def test_a_probe_cancelled_mid_answer_closes_its_connection() -> None:
+    """A health check cut by its own timeout (the replica set's), or the poller stopped at shutdown,
+    cancels a probe while it waits for the answer: its connection was neither kept nor closed, so
+    it stayed open for good (one more per slow check), and a tritonserver stopped later waited its
+    whole exit timeout for it and exited 1."""
+    closed = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read()  # until the client closes: b""
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = triton_sse.ConnectionPool("127.0.0.1", port)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await pool.get("/v2/health/ready", 30.0)
+        async with asyncio.timeout(5):
+            await closed.wait()
+    finally:
+        await pool.aclose()
+        server.close()
