@@ -449,16 +449,15 @@ class ConnectionPool:
             try:
                 while not conn.ended and conn.failure is None:
                     await conn.wait(timeout_s)
-            except TimeoutError:
+            except BaseException as exc:
+                # Its own timeout, or cancelled mid-answer (a health check's own timeout, the
+                # poller stopped at shutdown): neither kept nor closed, the connection stayed open
+                # for good, and a tritonserver stopped later waited its whole exit timeout for it.
                 conn.abort()
-                raise UpstreamError(
-                    f"{self.host}:{self.port} {what}: no answer within {timeout_s:g} s"
-                ) from None
-            except BaseException:
-                # Cancelled mid-answer (a health check's own timeout, the poller stopped at
-                # shutdown): neither kept nor closed, the connection stayed open for good, and a
-                # tritonserver stopped later waited its whole exit timeout for it.
-                conn.abort()
+                if isinstance(exc, TimeoutError):
+                    raise UpstreamError(
+                        f"{self.host}:{self.port} {what}: no answer within {timeout_s:g} s"
+                    ) from None
                 raise
             if conn.failure is None or not conn.reused or conn.responded or fresh:
                 break

@@ -24,6 +24,7 @@ from gpu_container.triton.launcher import (
     _wait_ready,
     start_local_triton,
 )
+from tests.support.connections import established_to
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG
 
@@ -69,32 +70,11 @@ async def test_a_server_that_served_requests_stops_on_sigterm_without_being_kill
             await upstream.aclose()
         # Closed, not only scheduled to close: tritonserver waits for every HTTP connection it
         # sees at SIGTERM, and under load one still open then took its whole exit timeout.
-        assert _connections_to(server.http_url) == 0
+        assert established_to(httpx.URL(server.http_url).port or 0) == 0
     finally:
         await anyio.to_thread.run_sync(server.stop)
     assert not server.killed, "tritonserver ignored SIGTERM and was killed"
     assert server.process.returncode == 0, server.exit_log
-
-
-def _connections_to(url: str) -> int:
-    """This process's established TCP connections to the port of `url` (from /proc: no tool needed)."""
-    port = httpx.URL(url).port
-    inodes = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = fd.readlink().name
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if remote_port == port and fields[3] == "01" and fields[9] in inodes:
-                count += 1
-    return count
 
 
 # A stand-in for tritonserver's start-up order, which a test cannot force on the real one:

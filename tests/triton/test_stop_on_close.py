@@ -5,8 +5,6 @@ minutes), so only the stop can free the sequence."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +18,7 @@ from edge.upstreams.triton import TritonUpstream
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
+from tests.support.connections import established_to
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
 from tests.triton.reading_task import cancel_after_first_token
@@ -86,28 +85,10 @@ async def test_cancelling_the_reading_task_stops_the_sequence_without_the_poll(
     assert after.iterations - before.iterations < 500
 
 
-def _established_to(port: int) -> int:
-    """This process's established TCP connections to 127.0.0.1:`port`, from /proc (what the kernel
-    holds, whoever in the process opened them)."""
-    fds = Path("/proc/self/fd")
-    inodes = set()
-    for fd in fds.iterdir():
-        with contextlib.suppress(OSError):
-            if (target := os.readlink(fd)).startswith("socket:["):
-                inodes.add(target.removeprefix("socket:[").removesuffix("]"))
-    count = 0
-    tables = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-    for line in (row for table in tables for row in table.read_text().splitlines()[1:]):
-        fields = line.split()
-        remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
-        count += remote_port == port and state == "01" and inode in inodes
-    return count
-
-
 def _connections_left_after(port: int, timeout_s: float) -> int:
     """Polled, with a deadline: a socket another thread (or library) closes gives no event to wait on."""
     deadline = time.monotonic() + timeout_s
-    while (left := _established_to(port)) and time.monotonic() < deadline:
+    while (left := established_to(port)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return left
 
@@ -120,7 +101,7 @@ async def test_a_stream_closed_after_its_upstream_opens_no_new_connection(local_
     upstream = TritonUpstream("closed-first", local_triton.process.http_url, local_triton.process.metrics_url)
     stream = upstream.generate(GenerationRequest("late-close", PROMPT, max_new_tokens=64, temperature=0.0))
     await stream.__anext__()
-    assert _established_to(port) >= 1
+    assert established_to(port) >= 1
     await upstream.aclose()
 
     await stream.aclose()  # type: ignore[attr-defined]
