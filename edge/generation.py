@@ -210,13 +210,12 @@ class Generation:
                     out.text.append(text)
             if out.error is not None:
                 closing.append(event({"error": out.error.detail}))
-                if out.reason in ("drained", "key_inactive") and self._req.include_usage:
-                    # Cut by a shutdown or its key: the tokens it got were charged, so say how many.
-                    closing.append(enc.usage(*self._billed(out)))
             else:
                 closing.append(enc.final(out.finish_reason, out.marker))
-                if self._req.include_usage:
-                    closing.append(enc.usage(*self._billed(out)))
+            if self._req.include_usage:
+                # After an error too (a replica failed mid-stream, a shutdown or its key cut it):
+                # the tokens it got were charged, and a client billing by `usage` must see them.
+                closing.append(enc.usage(*self._billed(out)))
             closing.append(DONE)
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
@@ -315,8 +314,14 @@ class Generation:
         if cancelled_here:
             # The cancel came first: its reply (what was generated, marked cancelled) is the answer.
             self._answered_nothing = False
-        elif scope.cancelled_caught and key_status is not None and not self._req.stream:
-            # Cut by its key, not streamed: the client gets the 401 alone, which costs it nothing.
+        elif (
+            scope.cancelled_caught
+            and not self._req.stream
+            and (key_status is not None or drain.past_deadline)
+        ):
+            # Cut by its key or the drain's deadline, not streamed: the client gets the 401 or the
+            # 503 alone, which costs it nothing (a client retrying the 503, as it invites, would
+            # otherwise pay twice).
             self._answered_nothing = True
         # Given back before the final events too (the keep-alive stopped: nothing else may write to
         # the stream then): a client that sees the end may start its next stream at once.

@@ -5,6 +5,7 @@ free user (a handful of requests an hour) lost one to every failure they could d
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
@@ -119,7 +120,9 @@ def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stre
             before = client.post(CHAT, json=SHORT)
             failed = client.post(CHAT, json=failing)
             after = client.post(CHAT, json=SHORT)
-            with client.stream("POST", CHAT, json=failing | {"stream": True}) as streamed:
+            with client.stream(
+                "POST", CHAT, json=failing | {"stream": True, "stream_options": {"include_usage": True}}
+            ) as streamed:
                 got = [line for line in streamed.iter_lines() if line.startswith("data: {")]
             last = client.post(CHAT, json=SHORT)
     assert failed.status_code == 502, failed.text
@@ -127,10 +130,20 @@ def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stre
     # Between two alike requests' admissions: the first one's cost, and nothing of the failure.
     assert remaining(before) - remaining(after) == cost
     # The stream carried its three tokens' text before its error, and they were charged with its prompt.
-    assert streamed.status_code == 200 and any('"error"' in line for line in got)
+    assert streamed.status_code == 200 and '"error"' in got[-2]
     # (`after`'s own cost: its reply is sampled, and may end sooner or later than `before`'s did.)
     after_cost = after.json()["usage"]["total_tokens"]
-    assert remaining(after) - remaining(last) == after_cost + before.json()["usage"]["prompt_tokens"] + 3
+    stream_cost = before.json()["usage"]["prompt_tokens"] + 3
+    assert remaining(after) - remaining(last) == after_cost + stream_cost
+    # Asked for, the usage chunk after the error says so: a client billing its own users by
+    # `usage` counts what it was charged (no usage chunk came after an error before).
+    usage = json.loads(got[-1].removeprefix("data: "))["usage"]
+    prompt = before.json()["usage"]["prompt_tokens"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+        prompt,
+        3,
+        stream_cost,
+    )
 
 
 class _CancelledElsewhere:

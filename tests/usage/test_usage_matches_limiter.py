@@ -5,7 +5,10 @@ edge is stopped cleanly before the usage store is read: nothing queued may be lo
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from edge.config import TierConfig
 from edge.usage.sqlite import SQLiteUsageStore
 from limiter import policy
 from limiter.memory import MemoryLimiter
-from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.conftest import ROOMY_TIERS, wait_for_engine
 from tests.edge.sse_client import _SEED_CANDIDATES, CHAT, DONE, LONG_PROMPT, MODEL, events, find_long_seed
 from tests.support.live_server import LiveServer, start_server
 
@@ -174,3 +177,46 @@ def test_a_failing_store_answers_503_not_500(tmp_path: Path) -> None:
         assert broken.status_code == 503
         assert int(broken.headers["retry-after"]) >= 1
         assert broken.json()["error"]["code"] == "store_unavailable"
+
+
+def test_an_answer_not_streamed_cut_by_the_drain_costs_nothing(tmp_path: Path) -> None:
+    """The drain's deadline answers a request not streamed with the 503 alone, which tells the
+    client to send it again: it pays nothing for it, as for a 401 when its key ends (it paid the
+    prompt and what the replica made before, so a retry paid twice)."""
+    drain = {"tiers": TIERS, "server": {"drain_accept_s": 60.0, "drain_deadline_s": 1.0}}
+    server = start_server(tmp_path, drain)
+    try:
+        limiter = server.app.state.runtime.pipeline.limiter
+        assert isinstance(limiter, MemoryLimiter)
+        with httpx.Client(base_url=server.base_url, timeout=60) as seeker:
+            seed = find_long_seed(seeker, server.keys["paid"])
+        spent_on_seeds = _charged(limiter, "paid-user", "paid")
+        body = {"model": MODEL, "messages": LONG_PROMPT, "seed": seed, "max_tokens": 1000}
+        answers: list[httpx.Response] = []
+        request = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=60)
+            )
+        )
+        request.start()
+        # Polled: nothing tells the test when the replica runs it; an early answer stops the wait.
+        wait_for_engine(server, lambda r: r.running == 1 or bool(answers), "the replica to run it")
+        # Held still, so the deadline finds the request running on any machine.
+        engines = [r.upstream.pid for r in server.app.state.runtime.pipeline.dispatcher.replicas.members]
+        for pid in engines:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            server.drain()
+            request.join(60)
+        finally:
+            for pid in engines:
+                os.kill(pid, signal.SIGCONT)
+        (answer,) = answers
+        assert answer.status_code == 503, answer.text[:200]
+        assert answer.json()["error"]["code"] == "server_shutting_down"
+        charged = _charged(limiter, "paid-user", "paid")
+    finally:
+        server.stop()
+    assert charged == spent_on_seeds  # before: its prompt and what the replica had made, too
+    seed_search = _SEED_CANDIDATES.index(seed) + 1
+    assert _usage_totals(server.settings.keys.sqlite_path)["paid-user"][2] == seed_search
