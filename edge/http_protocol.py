@@ -24,6 +24,12 @@ from edge.header_write import HeadHoldingTransport
 MAX_HEAD_BYTES = 64 * 1024
 # How long the 431's connection stays open, its further bytes dropped, before it closes.
 _LINGER_S = 1.0
+# Requests a client may pipeline behind the running one and still be read: uvicorn stops reading
+# a connection at the first, and a paused socket never tells that the client left (the running
+# request then generated its whole reply for no one, and a queued stream kept its place). Deeper
+# than this the reading stays paused until the responses catch up: each waiting request holds its
+# head and up to uvicorn's 64 KiB of body.
+PIPELINED_READ_DEPTH = 4
 
 
 class _HeadTooLarge(Exception):
@@ -119,6 +125,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             watch = DisconnectWatch(cycle)
             self._disconnect_watches.append(watch)
             self.scope[DISCONNECT_WATCH] = watch  # type: ignore[literal-required]
+            # Queued behind a running request, uvicorn paused the reading for it: read on, so a
+            # client that hangs up is seen (connection_lost) while the request ahead runs.
+            if self.pipeline and len(self.pipeline) <= PIPELINED_READ_DEPTH:
+                self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -133,13 +133,19 @@ def test_client_disconnect_aborts_the_generation(
     _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
 def test_client_disconnect_aborts_a_non_stream_generation(
-    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any], pipelined: bool
 ) -> None:
+    """Pipelined: the client sends its next request while the first runs, then hangs up. uvicorn
+    stopped reading the connection at the second request, so the close went unseen and the engine
+    generated the whole reply for no one (a review: all its tokens, charged)."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     address, request = _raw_chat(server, long_body | {"stream": False})
     with socket.create_connection(address, timeout=30) as sock:
         sock.sendall(request)
         wait_for_engine(server, lambda r: r.running > 0, "the generation to start")
+        if pipelined:
+            sock.sendall(request)
     _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
