@@ -129,7 +129,8 @@ RefusedSampling = Annotated[
     Any,
     msgspec.Meta(
         description="vLLM's extension: not applied here, a 400 when it asks for anything (null, "
-        "false, 0, an empty list or best_of 1 ask for nothing)"
+        "false, 0, an empty list or best_of 1 ask for nothing; for skip_special_tokens and "
+        "spaces_between_special_tokens, null or true)"
     ),
 ]
 
@@ -214,6 +215,11 @@ class ChatCompletionRequest(msgspec.Struct):
     echo: RefusedSampling = None
     truncate_prompt_tokens: RefusedSampling = None
     chat_template: RefusedSampling = None
+    # vLLM's detokenizing and tokenizing switches: the edge's detokenizer always drops special
+    # tokens, and the chat template alone writes the prompt's.
+    skip_special_tokens: RefusedSampling = None
+    spaces_between_special_tokens: RefusedSampling = None
+    add_special_tokens: RefusedSampling = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -274,7 +280,12 @@ VLLM_UNAPPLIED = {
     "echo": "the prompt echoed in the reply",
     "truncate_prompt_tokens": "a truncated prompt",
     "chat_template": "a chat template of the client's",
+    "skip_special_tokens": "special tokens' text in the reply",
+    "spaces_between_special_tokens": "special tokens' text in the reply",
+    "add_special_tokens": "special tokens added to the templated prompt",
 }
+# Of those, the ones vLLM has true by default: true asks for nothing, false for something.
+_TRUE_BY_DEFAULT = frozenset({"skip_special_tokens", "spaces_between_special_tokens"})
 _STRUCTURED = (
     "is one of vLLM's structured outputs: this server cannot hold a reply to a schema, choice, regex "
     "or grammar. Ask for the form in the prompt and check the reply."
@@ -294,11 +305,13 @@ REFUSED: dict[str, str] = {
 
 def _asks_for_something(name: str, value: Any) -> bool:
     """Any value but null asks, except for vLLM's extensions, where false, 0, an empty list or
-    string (and best_of 1) ask for nothing too."""
+    string (and best_of 1) ask for nothing too; for the two true by default, only true does."""
     if value is None or name not in VLLM_UNAPPLIED:
         return value is not None
     if name == "best_of":
         return bool(value != 1)
+    if name in _TRUE_BY_DEFAULT:
+        return value is not True
     return value is not False and value != 0 and value != [] and value != ""
 
 

@@ -189,6 +189,10 @@ VLLM_UNAPPLIED: dict[str, tuple[Any, Any]] = {
     "echo": (True, False),
     "truncate_prompt_tokens": (8, None),
     "chat_template": ("{{ messages[0].content }}", None),
+    # Ignored before: a reply of special tokens came back as "" (vLLM writes their text).
+    "skip_special_tokens": (False, True),
+    "spaces_between_special_tokens": (False, True),
+    "add_special_tokens": (True, False),
 }
 
 
