@@ -327,12 +327,20 @@ def _param_of(message: str) -> str | None:
     return ".".join(parts) if parts else None
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     try:
         req = _decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc))) from None
     except msgspec.DecodeError:
+        rest = body[len(_UTF8_BOM) :]
+        if body.startswith(_UTF8_BOM) and not rest.startswith(_UTF8_BOM):
+            # Some Windows tools write one before the JSON; Python's json.loads (vLLM, FastAPI)
+            # skips one. Tried only once the plain decode failed: no cost on any other request.
+            return parse_chat_request(rest)
         raise invalid_request("We could not parse the JSON body of your request.", None) from None
     except RecursionError:
         # msgspec stops at a fixed nesting depth (it does not overflow the C stack) and says so

@@ -7,6 +7,7 @@ reaches the replica, so that one runs on both paths (`server`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,19 @@ def test_400_for_a_stop_token_id_outside_the_vocabulary(
 def test_400_on_malformed_json(local_server: LiveServer, local_client: httpx.Client) -> None:
     response = local_client.post(CHAT, content=b"{not json", headers=local_server.auth("paid"))
     assert _error(response, 400)["type"] == "invalid_request_error"
+
+
+def test_a_utf8_byte_order_mark_before_the_json_is_skipped(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """As Python's json.loads (vLLM) reads it; a 400 "could not parse" before."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    sent = b"\xef\xbb\xbf" + body.encode()
+    response = local_client.post(CHAT, content=sent, headers=local_server.auth("paid"))
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 1
+    twice = local_client.post(CHAT, content=b"\xef\xbb\xbf" + sent, headers=local_server.auth("paid"))
+    assert _error(twice, 400)["type"] == "invalid_request_error"
 
 
 def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, client: httpx.Client) -> None:
