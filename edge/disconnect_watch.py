@@ -58,6 +58,10 @@ class DisconnectWatch:
         cycle = self._cycle()
         if cycle is not None and cycle.response_complete:
             return
+        if cycle is not None:
+            # What uvicorn does for its latest cycle alone: this one's sends (the 499 its cut
+            # request answers) then go nowhere, not into the closed transport, which raised.
+            cycle.disconnected = True
         self._gone = True
         scope, self._scope = self._scope, None
         if scope is not None:

@@ -208,14 +208,16 @@ class Generation:
                 closing.append(enc.delta(text))
                 if keep_text:
                     out.text.append(text)
+            usage = [enc.usage(*self._billed(out))] if self._req.include_usage else []
             if out.error is not None:
+                # Ended by an error (a replica failed mid-stream, a shutdown or its key cut it):
+                # the tokens it got were charged, and a client billing by `usage` must see them.
+                # Before the error event: the SDKs raise at it and read nothing after.
+                closing += usage
                 closing.append(event({"error": out.error.detail}))
             else:
                 closing.append(enc.final(out.finish_reason, out.marker))
-            if self._req.include_usage:
-                # After an error too (a replica failed mid-stream, a shutdown or its key cut it):
-                # the tokens it got were charged, and a client billing by `usage` must see them.
-                closing.append(enc.usage(*self._billed(out)))
+                closing += usage
             closing.append(DONE)
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"

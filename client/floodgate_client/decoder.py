@@ -55,7 +55,9 @@ class ChunkDecoder:
             return [self._finish()]
         payload = self._parse(event.data)
         if "error" in payload or event.event == "error":
-            raise stream_error(payload, self.request_id)
+            error = stream_error(payload, self.request_id)
+            error.usage = self._usage
+            raise error
         out: list[StreamEvent] = []
         if self.request_id is None:
             request_id = payload.get("request_id") or payload.get("id")

@@ -11,11 +11,16 @@ from typing import Any
 
 import httpx
 
+from floodgate_client.events import Usage
 from floodgate_client.rate_limits import RateLimits
 
 
 class FloodgateError(Exception):
     """An error answer from the edge, in OpenAI's error-object shape, or a failure to reach it."""
+
+    # An error in a stream that asked for usage (include_usage): what the request was charged, which
+    # the edge sends just before the error (the prompt and the tokens that came, or 0 if nothing).
+    usage: Usage | None = None
 
     def __init__(
         self,

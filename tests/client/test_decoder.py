@@ -75,6 +75,19 @@ def test_an_error_event_mid_stream_raises_stream_error_with_its_fields() -> None
     )
 
 
+def test_the_usage_sent_before_an_error_comes_with_it() -> None:
+    """The edge sends a stream's usage just before its error event: what it was charged."""
+    decoder = ChunkDecoder()
+    decoder.feed(chunk(FIRST))
+    decoder.feed(chunk(delta("Hel")))
+    usage = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+    assert decoder.feed(chunk({"id": "r1", "choices": [], "usage": usage})) == []
+    lost = {"error": {"message": "replica lost", "type": "server_error", "code": "upstream"}}
+    with pytest.raises(StreamError) as caught:
+        decoder.feed(chunk(lost))
+    assert caught.value.usage == Usage(prompt_tokens=9, completion_tokens=1, total_tokens=10)
+
+
 def test_a_stream_cut_before_its_final_chunk_is_a_network_error() -> None:
     decoder = ChunkDecoder()
     decoder.feed(chunk(FIRST))

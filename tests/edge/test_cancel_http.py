@@ -4,6 +4,7 @@ sequence was dropped, every KV block is free, and it stopped short of its full l
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
@@ -135,11 +136,16 @@ def test_client_disconnect_aborts_the_generation(
 
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_client_disconnect_aborts_a_non_stream_generation(
-    server: LiveServer, client: httpx.Client, long_body: dict[str, Any], pipelined: bool
+    server: LiveServer,
+    client: httpx.Client,
+    long_body: dict[str, Any],
+    pipelined: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Pipelined: the client sends its next request while the first runs, then hangs up. uvicorn
     stopped reading the connection at the second request, so the close went unseen and the engine
-    generated the whole reply for no one (a review: all its tokens, charged)."""
+    generated the whole reply for no one (a review: all its tokens, charged). Seen, the first
+    request's 499 went into the closed transport, an ERROR with its traceback (a second review)."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
     address, request = _raw_chat(server, long_body | {"stream": False})
@@ -149,3 +155,4 @@ def test_client_disconnect_aborts_a_non_stream_generation(
         if pipelined:
             sock.sendall(request)
     _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

@@ -77,6 +77,36 @@ def test_a_request_pipelined_behind_a_response_is_timed_once_that_response_is_wr
     assert body["error"]["code"] == "request_timeout"  # type: ignore[index]
 
 
+def test_a_request_pipelined_behind_two_is_timed_once_both_are_written(edge: LiveServer) -> None:
+    """A runs, B waits its turn, C's headers stop halfway: C's deadline starts once B's response
+    is written, not A's, whose start cut B's stream with C's 408 (a review)."""
+
+    def chat(stream: bool) -> bytes:
+        payload = json.dumps(
+            {
+                "model": "floodgate-tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                # Long past the deadline: B runs on well after A ends.
+                "max_tokens": 2000,
+                "ignore_eos": True,
+                "stream": stream,
+            }
+        ).encode()
+        return (
+            HEADERS_OF_A_CHAT
+            + f"authorization: Bearer {edge.keys['paid']}\r\ncontent-type: application/json\r\n".encode()
+            + f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+
+    with _connect(edge) as sock:
+        sock.sendall(chat(stream=False) + chat(stream=True) + HEADERS_OF_A_CHAT)
+        responses = read_to_close(sock).split(b"HTTP/1.1 ")[1:]
+
+    assert [r[:3] for r in responses] == [b"200", b"200", b"408"]
+    assert b"data: [DONE]" in responses[1]
+
+
 def test_a_request_whose_headers_came_in_time_is_not_cut(edge: LiveServer) -> None:
     # The body comes after the header deadline has passed; it has its own (body_timeout_s, 30 s).
     payload = json.dumps(

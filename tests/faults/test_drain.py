@@ -142,8 +142,8 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
         if errors:
             cut += 1
             assert errors[0]["code"] == "server_shutting_down"
-            usage = data[-2]
-            assert usage["choices"] == []
+            usage = data[-3]  # just before the error: the SDKs raise at it and read nothing after
+            assert data[-2] == {"error": errors[0]} and usage["choices"] == []
             # Charged, and so counted, where it reached the engine: one that streamed says its prompt
             # (one cut while queued behind the held engine cost nothing, and says 0).
             counts = usage["usage"]
@@ -233,7 +233,8 @@ def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGCONT)
         for stream in streams:
             assert stream.events[-1] == DONE
-            assert stream.events[-3]["error"]["code"] == "server_shutting_down"
+            assert stream.events[-2]["error"]["code"] == "server_shutting_down"
+            assert "usage" in stream.events[-3]  # before the error: the SDKs raise at it
         assert finished_requests(server, "drained") == drained + 2
         held = server.app.state.runtime.pipeline.dispatcher.replica_states()
         assert all(r.sequences_held == 0 and r.kv_tokens_held == 0 for r in held)

@@ -130,14 +130,14 @@ def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stre
     # Between two alike requests' admissions: the first one's cost, and nothing of the failure.
     assert remaining(before) - remaining(after) == cost
     # The stream carried its three tokens' text before its error, and they were charged with its prompt.
-    assert streamed.status_code == 200 and '"error"' in got[-2]
+    assert streamed.status_code == 200 and '"error"' in got[-1]
     # (`after`'s own cost: its reply is sampled, and may end sooner or later than `before`'s did.)
     after_cost = after.json()["usage"]["total_tokens"]
     stream_cost = before.json()["usage"]["prompt_tokens"] + 3
     assert remaining(after) - remaining(last) == after_cost + stream_cost
-    # Asked for, the usage chunk after the error says so: a client billing its own users by
-    # `usage` counts what it was charged (no usage chunk came after an error before).
-    usage = json.loads(got[-1].removeprefix("data: "))["usage"]
+    # Asked for, the usage chunk says so, just before the error (the SDKs raise at the error and
+    # read nothing after): a client billing its own users by `usage` counts what it was charged.
+    usage = json.loads(got[-2].removeprefix("data: "))["usage"]
     prompt = before.json()["usage"]["prompt_tokens"]
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
         prompt,

@@ -127,10 +127,10 @@ def _stream(edge: LiveServer, key: str, on_generating: Any = None) -> list[Any]:
 
 
 def _ended_for_its_key(got: list[Any], error: dict[str, Any]) -> None:
-    """An error event saying why, its usage and [DONE]; long before MAX_TOKENS."""
+    """Its usage, an error event saying why and [DONE]; long before MAX_TOKENS."""
     assert got[-1] == DONE, got[-3:]
-    assert got[-3] == {"error": error}, got[-3:]
-    usage = got[-2]["usage"]
+    assert got[-2] == {"error": error}, got[-3:]
+    usage = got[-3]["usage"]
     assert 0 < usage["completion_tokens"] < MAX_TOKENS // 2, usage
     assert not any(
         isinstance(e, dict) and e.get("choices") and e["choices"][0].get("finish_reason") for e in got
