@@ -29,6 +29,7 @@ class LimiterLoad:
         self.admitted = 0  # what the edge answers 200
         self.refused = 0  # 429
         self.unavailable = 0  # 503 (fail-closed tier, store down)
+        self.cut = 0  # streams a fail-closed tier's store stopped mid-way (their 503 error event)
         self.errors: list[BaseException] = []
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -61,7 +62,10 @@ class LimiterLoad:
                 try:
                     for _ in range(3):
                         await asyncio.sleep(0)  # the stream runs: let the other callers in
-                    await admission.lease.take(40)  # past the first lease batch: one charge
+                    try:
+                        await admission.lease.take(40)  # past the first lease batch: one charge
+                    except StoreUnavailable:
+                        self.cut += 1
                 finally:
                     self.running -= 1
                     await admission.lease.settle()

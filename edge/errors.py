@@ -194,6 +194,17 @@ def upstream_error(retry_after_s: float | None = None, *, final: bool = False) -
     )
 
 
+def limiter_unavailable(retry_after_s: float) -> ApiError:
+    """The limiter's store cannot answer and the tier fails closed: at admission, or mid-stream
+    where nothing vouches for more of the user's tokens. A 503 to retry, never a budget's end."""
+    return ApiError(
+        503,
+        "Rate limiting is unavailable; please retry shortly.",
+        code="limiter_unavailable",
+        headers=retry_after_headers(retry_after_s),
+    )
+
+
 # A draining instance's Retry-After: the client's next try, on a new connection, goes to another
 # instance (the load balancer stops routing here within its health check's interval), so it need not
 # wait for this one's drain. The rest of the accept window it said before (15 s by default) had the

@@ -35,7 +35,14 @@ from edge.admission.wait_estimate import MIN_RETRY_S
 from edge.cancel.live import LiveRequest
 from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
-from edge.errors import ApiError, invalid_request, overloaded_error, shutting_down_error, upstream_error
+from edge.errors import (
+    ApiError,
+    invalid_request,
+    limiter_unavailable,
+    overloaded_error,
+    shutting_down_error,
+    upstream_error,
+)
 from edge.keys.authenticator import refusal
 from edge.keys.principal import Principal
 from edge.log_line import info_line
@@ -46,7 +53,7 @@ from edge.text.stops import StopMatcher
 from edge.token_relay import TextSink, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, RequestRejected, UpstreamError
 from edge.upstreams.direct import GenerateDirect
-from limiter.base import OutputLease
+from limiter.base import OutputLease, StoreUnavailable
 
 if TYPE_CHECKING:
     from edge.pipeline import Pipeline
@@ -66,6 +73,7 @@ EndReason = Literal[
     "disconnected",
     "drained",
     "key_inactive",
+    "limiter_unavailable",
 ]
 
 CANCELLED_MARKER: dict[str, Any] = {"cancelled": True}
@@ -291,6 +299,14 @@ class Generation:
             out.reason = "rejected"
             out.error = invalid_request(f"The model replica refused this request: {exc}", None)
             self._answered_nothing = True
+        except StoreUnavailable as exc:
+            # A fail-closed tier's store stopped answering mid-stream: nothing vouches for more of
+            # the user's tokens. Streamed, what came was charged; not streamed, the client gets
+            # the 503 alone, which costs it nothing.
+            log.warning("limiter_unavailable_midstream", request_id=self.request_id)
+            out.reason = "limiter_unavailable"
+            out.error = limiter_unavailable(exc.retry_after_s)
+            self._answered_nothing = not self._req.stream
         except UpstreamError as exc:
             log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
             out.reason = "error"
@@ -539,7 +555,15 @@ def _retry_after_s(exc: UpstreamError) -> float | None:
 
 def _stored_finish_reason(out: Outcome) -> str:
     """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
-    if out.reason in ("cancelled", "error", "rejected", "disconnected", "drained", "key_inactive"):
+    if out.reason in (
+        "cancelled",
+        "error",
+        "rejected",
+        "disconnected",
+        "drained",
+        "key_inactive",
+        "limiter_unavailable",
+    ):
         return out.reason
     return out.finish_reason
 

@@ -23,7 +23,7 @@ from edge.admission.ticket import Overloaded, Ticket
 from edge.cancel.registry import RequestRegistry
 from edge.config import TierConfig
 from edge.drain import Drain
-from edge.errors import ApiError, invalid_request, overloaded_error, retry_after_headers, wait_text
+from edge.errors import ApiError, invalid_request, limiter_unavailable, overloaded_error, wait_text
 from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
@@ -171,16 +171,7 @@ class Pipeline:
                 ),
             )
         except StoreUnavailable as exc:
-            raise self._refused(
-                principal,
-                request_id,
-                ApiError(
-                    503,
-                    "Rate limiting is unavailable; please retry shortly.",
-                    code="limiter_unavailable",
-                    headers=retry_after_headers(exc.retry_after_s),
-                ),
-            ) from None
+            raise self._refused(principal, request_id, limiter_unavailable(exc.retry_after_s)) from None
         decision = admission.decision
         headers = ratelimit_headers(decision)
         if not decision.allowed or admission.lease is None:

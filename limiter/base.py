@@ -45,7 +45,9 @@ class OutputLease(Protocol):
     async def take(self, n: int) -> int:
         """Charge n generated tokens; returns how many of them the budget covers (n, or fewer when
         the token budget ran out: the generation must then stop). Talks to the store only when the
-        local lease is used up, to extend it by a batch."""
+        local lease is used up, to extend it by a batch. Raises StoreUnavailable when that store
+        cannot answer and the tier fails closed: the generation must stop then too, but not as
+        the budget's end."""
         ...
 
     async def settle(self, *, ran: bool = True) -> bool | None:

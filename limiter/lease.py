@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from limiter.base import Admission, Decision, TierLimits
+from limiter.base import Admission, Decision, StoreUnavailable, TierLimits
 from limiter.stream_ends import StreamEnds, with_concurrency_wait
 
 # How far a lease's batch may grow (`Lease`): a 2,000-token reply streamed fast enough then costs
@@ -21,7 +21,8 @@ class LeaseStore(Protocol):
     """The two store calls a lease needs after admission."""
 
     async def charge(self, user: str, tier: TierLimits, request_id: str, want: int) -> int:
-        """Reserve up to `want` more output tokens; returns how many the budget granted."""
+        """Reserve up to `want` more output tokens; returns how many the budget granted. Raises
+        StoreUnavailable where the store cannot answer and the tier fails closed."""
         ...
 
     async def settle(
@@ -144,7 +145,11 @@ class Lease:
             self._extending = asyncio.ensure_future(
                 self._store.charge(self._user, self._tier, self._request_id, want)
             )
-            got = await asyncio.shield(self._extending)
+            try:
+                got = await asyncio.shield(self._extending)
+            except StoreUnavailable:
+                self._extending = None  # it granted nothing: the refund has nothing to count
+                raise
             self._extending = None
         else:
             got = 0

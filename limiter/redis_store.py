@@ -630,7 +630,10 @@ class RedisLimiter:
         except (_NotSent, _NoAnswer):
             # (A charge that ran unanswered costs the user tokens: the safe side.)
             if tier.on_store_failure == "closed":
-                return 0  # the stream stops with finish_reason "length": nothing vouches for more
+                # Nothing vouches for more: the stream stops, as the store's failure (a 503 to
+                # retry), not as its budget's end (a 0 grant read "limit_reached: tokens", and a
+                # client waited for a refill of a budget it still had).
+                raise StoreUnavailable(self._health.turned_away_for(self._timeout_s)) from None
             # Fail-open: this instance's share of the budget pays for the rest of the stream.
             return self._local.charge_now(user, tier, request_id, want, own=True)
         self._local.record_charged(user, tier, request_id, granted)

@@ -4,6 +4,8 @@ and keep-alive comments while a request waits for a replica."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
 from tests.support.live_server import start_server
 from tests.support.ports import free_port
+from tests.support.redis_server import start_redis
 
 SHORT: dict[str, Any] = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 2}
 
@@ -122,6 +125,55 @@ def test_redis_down_fail_closed_tier_and_remote_cancel_answer_503(tmp_path: Path
     assert int(response.headers["retry-after"]) >= 1
     assert cancel.status_code == 503
     assert cancel.json()["error"]["code"] == "cancel_unavailable"
+
+
+def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_503_not_the_budgets_marker(
+    tmp_path: Path,
+) -> None:
+    """Nothing vouches for more of the user's tokens once the store is gone: the stream stops. It
+    ended as a spent budget ("limit_reached": "tokens", finish_reason length, a review), which a
+    client waits out for a refill of a budget it still had; it is the store's failure, to retry."""
+    redis = start_redis()
+    overrides = _paid(on_store_failure="closed") | {
+        "limiter": {"backend": "redis", "redis_url": redis.url, "timeout_ms": 200}
+    }
+    body = {
+        "model": MODEL,
+        "messages": LONG_PROMPT,
+        "max_tokens": LONG_TOKENS,
+        "ignore_eos": True,  # only the store's loss can end it early
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        with (
+            start_server(tmp_path, overrides) as server,
+            httpx.Client(base_url=server.base_url, timeout=60) as client,
+        ):
+            # Held still from before the request, so no token is charged until Redis is gone.
+            engines = [r.upstream.pid for r in server.app.state.runtime.pipeline.dispatcher.replicas.members]
+            for pid in engines:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                    assert response.status_code == 200
+                    got = events(response)
+                    first = [next(got)]  # the first event: admitted on Redis
+                    redis.kill()
+                    for pid in engines:
+                        os.kill(pid, signal.SIGCONT)
+                    got = first + list(got)
+            finally:
+                for pid in engines:
+                    os.kill(pid, signal.SIGCONT)
+    finally:
+        redis.stop()
+    assert got[-1] == DONE
+    error = got[-2]["error"]
+    assert error["code"] == "limiter_unavailable", got[-3:]
+    usage = got[-3]["usage"]
+    assert 0 < usage["completion_tokens"] < LONG_TOKENS  # its first lease's tokens came, and were charged
+    assert not any(isinstance(e, dict) and e.get("floodgate") for e in got)
 
 
 def test_queued_requests_get_keepalives_429_when_full_and_can_be_cancelled(
