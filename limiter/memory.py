@@ -71,6 +71,14 @@ class LedgerSnapshot:
     request_ids: tuple[str, ...]
 
 
+def _rescale(state: policy.UserState, now_us: int, new: int, old: int) -> None:
+    """The state's leads from intervals `old` times the tier's to `new` times: the same counts."""
+    if state.request_tat_us > now_us:
+        state.request_tat_us = now_us + (state.request_tat_us - now_us) * new // old
+    if state.token_tat_us > now_us:
+        state.token_tat_us = now_us + (state.token_tat_us - now_us) * new // old
+
+
 class MemoryLimiter:
     def __init__(
         self,
@@ -98,11 +106,24 @@ class MemoryLimiter:
 
     def set_instance_count(self, n: int) -> None:
         """Enforce 1/n of every limit from now on (edge/membership/: the live edge count changed).
-        Each tier's rates are derived from n, so the cached ones go."""
+        Each tier's rates are derived from n, so the cached ones go, and what each user has spent
+        is rescaled to them: a TAT's lead is its count times the twin's interval, n times the
+        tier's. Left in the old units, a fleet shrunk from 2 to 1 read a user's 10 of 20 requests
+        as 20 (refused, and a restore pushed that onto Redis), and one grown from 1 to 2 as 5.
+        A ledger spanning the change (an outage across it) is rescaled alike; restore.lua compares
+        it with its TATs as last added, in the old units, so that ledger's next restore adds its
+        part since then approximately."""
         if n < 1:
             raise ValueError("instance_count must be at least 1")
         with self._lock:
-            if n != self._instance_count:
+            old = self._instance_count
+            if n != old:
+                now = self._now_us()
+                for entry in self._users.values():
+                    for state in entry.budgets.values():
+                        _rescale(state, now, n, old)
+                for ledger in self._ledgers.values():
+                    _rescale(ledger.state, now, n, old)
                 self._instance_count = n
                 self._rates.clear()
 
