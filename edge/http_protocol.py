@@ -24,12 +24,12 @@ from edge.header_write import HeadHoldingTransport
 MAX_HEAD_BYTES = 64 * 1024
 # How long the 431's connection stays open, its further bytes dropped, before it closes.
 _LINGER_S = 1.0
-# Requests a client may pipeline behind the running one and still be read: uvicorn stops reading
-# a connection at the first, and a paused socket never tells that the client left (the running
-# request then generated its whole reply for no one, and a queued stream kept its place). Deeper
-# than this the reading stays paused until the responses catch up: each waiting request holds its
-# head and up to uvicorn's 64 KiB of body.
-PIPELINED_READ_DEPTH = 4
+# Requests a connection may have waiting behind the running one; one more closes it. uvicorn's
+# pause at a pipelined request bounds nothing (it parses every request of a read, and resumes at
+# each response and at each disconnect watch): one client writing requests in a loop had 1,338
+# waiting and 80 MB of their bodies held in 8 s (a review). Each waiting request holds its head
+# and up to a read of body (uvicorn pauses past 64 KiB).
+MAX_PIPELINED = 16
 
 
 class _HeadTooLarge(Exception):
@@ -108,6 +108,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         # sends a reset, which can reach the client before the 431 and destroy it.
         self.loop.call_later(_LINGER_S, self._raw_transport.close)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn's warning (with advice to install a WebSocket library) at every upgrade request
+        and every read after one: the edge answers them as HTTP on purpose (on_headers_complete)."""
+
     def data_received(self, data: bytes) -> None:
         if self._head_too_large:
             return  # the rest of an oversized request, read and dropped until the connection closes
@@ -120,14 +124,24 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
+            if self.parser.should_upgrade():
+                # Answered as plain HTTP (no WebSocket here, edge/server.py), and the connection
+                # closes after it: the parser stops at an upgrade, so nothing after it is read.
+                cycle.keep_alive = False
             writer = BodyChunkWriter(cycle, self._raw_transport.write)
             self.scope[WRITE_NOW] = writer.write_now  # type: ignore[literal-required]
             watch = DisconnectWatch(cycle)
             self._disconnect_watches.append(watch)
             self.scope[DISCONNECT_WATCH] = watch  # type: ignore[literal-required]
-            # Queued behind a running request, uvicorn paused the reading for it: read on, so a
-            # client that hangs up is seen (connection_lost) while the request ahead runs.
-            if self.pipeline and len(self.pipeline) <= PIPELINED_READ_DEPTH:
+            if len(self.pipeline) > MAX_PIPELINED:
+                # Cut now, as at a hang-up: what runs stops and writes nothing more (into the
+                # closing transport, which raises), and what waits never starts.
+                for each in self._disconnect_watches:
+                    each.connection_lost()
+                self.transport.close()
+            elif self.pipeline:
+                # Queued behind a running request, uvicorn paused the reading for it: read on, so
+                # a client that hangs up is seen (connection_lost) while the request ahead runs.
                 self.flow.resume_reading()
 
     def on_response_complete(self) -> None:

@@ -87,6 +87,10 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.
         "access_log": False,
+        # No WebSocket routes: an upgrade request is plain HTTP (answered like any other). Handed
+        # to uvicorn's WebSocket protocol it took the connection from under a request still running
+        # there, which then generated its whole reply for no one (a review).
+        "ws": "none",
         # The kernel caps it at net.core.somaxconn: raise that too where many clients connect at once.
         "backlog": server.listen_backlog,
         # uvicorn's own 5 s is far below any load balancer's idle timeout (ALB: 60 s by default).

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from edge.http_protocol import MAX_PIPELINED
 from tests.edge.conftest import (
     BOTH_PATHS,
     finished_requests,
@@ -21,6 +22,7 @@ from tests.edge.conftest import (
 )
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, events, wait_until
 from tests.support.live_server import LiveServer
+from tests.support.raw_http import read_to_close
 
 UPSTREAMS = BOTH_PATHS
 
@@ -132,6 +134,44 @@ def test_client_disconnect_aborts_the_generation(
             assert data, "the server closed the stream early"
             received += data
     _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
+
+
+def test_a_connection_past_the_pipelining_bound_is_closed_and_its_generation_stopped(
+    server: LiveServer, long_body: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One client writing requests in a loop had every one parsed and held (1,338 waiting, 80 MB of
+    bodies in 8 s, a review): past MAX_PIPELINED waiting, the connection closes, as at a hang-up."""
+    disconnected = finished_requests(server, "disconnected")
+    before = idle_engine(server)
+    address, request = _raw_chat(server, long_body | {"stream": False})
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(request)
+        wait_for_engine(server, lambda r: r.running > 0, "the generation to start")
+        sock.sendall(request * (MAX_PIPELINED + 1))
+        assert read_to_close(sock) == b""  # closed by the edge, nothing answered
+    _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_websocket_upgrade_behind_a_running_request_is_answered_as_http(
+    server: LiveServer, long_body: dict[str, Any]
+) -> None:
+    """Handed to uvicorn's WebSocket protocol, the upgrade took the connection from under the
+    request running there: a 403, the connection closed, and the reply generated for no one. As
+    HTTP, it is answered in its turn, and the connection closes after it (nothing after an upgrade
+    is read): the request behind it goes unanswered, for the client to send again."""
+    address, request = _raw_chat(server, long_body | {"stream": False, "max_tokens": 8})
+    upgrade = (
+        b"GET /healthz HTTP/1.1\r\nHost: e\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    last = b"GET /healthz HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(request + upgrade + last)
+        responses = read_to_close(sock).split(b"HTTP/1.1 ")[1:]
+    assert [r[:3] for r in responses] == [b"200", b"200"]
+    assert b'"finish_reason"' in responses[0]
+    assert b"connection: close" in responses[1].lower()
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
