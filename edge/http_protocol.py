@@ -64,6 +64,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # The current request's URL and header bytes so far (MAX_HEAD_BYTES), and whether it went past.
     _head_bytes = 0
     _head_too_large = False
+    # The parser refused a request: the connection's further bytes are read and dropped until it
+    # closes; its answer waits in `_refusal` while a request before it has yet to be answered.
+    _refused = False
+    _refusal: bytes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw_transport = transport
@@ -97,13 +101,25 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             raise _HeadTooLarge
 
     def send_400_response(self, msg: str) -> None:
-        """The parser refused the request (uvicorn's answer is plain text): an error object too."""
+        """The parser refused the request (uvicorn's answer is plain text): an error object too,
+        after the answers of the requests before it. Written at once behind a request still being
+        answered, it went into the middle of that response, and the close cut it short."""
         self._header_deadline.stop()
-        if not self._head_too_large:
-            self._raw_transport.write(_INVALID_HTTP)
+        if self._refused:
+            return
+        self._refused = True
+        answer = _HEAD_TOO_LARGE if self._head_too_large else _INVALID_HTTP
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._refusal = answer  # on_response_complete sends it after the last of them
+            return
+        self._refuse(answer)
+
+    def _refuse(self, answer: bytes) -> None:
+        self._raw_transport.write(answer)
+        if answer is _INVALID_HTTP:
             self._raw_transport.close()
             return
-        self._raw_transport.write(_HEAD_TOO_LARGE)
         # Closed a moment later, not now: closed with the client's bytes still unread, the socket
         # sends a reset, which can reach the client before the 431 and destroy it.
         self.loop.call_later(_LINGER_S, self._raw_transport.close)
@@ -113,8 +129,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         and every read after one: the edge answers them as HTTP on purpose (on_headers_complete)."""
 
     def data_received(self, data: bytes) -> None:
-        if self._head_too_large:
-            return  # the rest of an oversized request, read and dropped until the connection closes
+        if self._refused or self._head_too_large:
+            return  # the rest of a refused request, read and dropped until the connection closes
         super().data_received(data)
 
     def on_headers_complete(self) -> None:
@@ -153,6 +169,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         # client trickling them would hold the connection for ever (its bytes cancel uvicorn's
         # keep-alive timer). Not while a request queued before it runs: its 408 would cut that
         # one's response; it starts when the last of those ends.
+        if self._refusal is not None and not queued and not self.transport.is_closing():
+            answer, self._refusal = self._refusal, None
+            self._refuse(answer)
+            return
         if self._headers_pending and not queued and not self.transport.is_closing():
             self._header_deadline.start(request_begun=True)
         # Answered before its body was all read (a 401, a 413, a busy 429): the rest of the body

@@ -6,6 +6,7 @@ sending 600 MB of headers grew the process by 1.2 GB in under a second."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 
@@ -63,3 +64,36 @@ def test_a_request_the_parser_refuses_gets_an_error_object(edge: LiveServer, len
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), head
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
+
+
+@pytest.mark.parametrize("refused", ["too large", "invalid"])
+def test_a_refused_request_behind_one_being_answered_is_answered_after_it(
+    edge: LiveServer, refused: str
+) -> None:
+    """Its 431 or 400 went out at once: into the middle of the answer before it, whose writes
+    then met a closed connection (a review: [431, 200], and an ERROR with a traceback)."""
+    payload = json.dumps(
+        {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    ).encode()
+    chat = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + b"authorization: Bearer "
+        + edge.keys["paid"].encode()
+        + b"\r\ncontent-length: "
+        + str(len(payload)).encode()
+        + b"\r\n\r\n"
+        + payload
+    )
+    pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    bad = {
+        "too large": b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + pad * 100 + b"\r\n",
+        "invalid": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n",
+    }[refused]
+    port = int(edge.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(chat + bad)
+        answers = read_to_close(sock)
+    expected = b"431" if refused == "too large" else b"400"
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"200", expected]
+    first = answers.partition(b"\r\n\r\n")[2].partition(b"HTTP/1.1 ")[0]
+    assert json.loads(first)["usage"]["completion_tokens"] > 0
