@@ -196,10 +196,12 @@ def upstream_error(retry_after_s: float | None = None, *, final: bool = False) -
 
 def limiter_unavailable(retry_after_s: float) -> ApiError:
     """The limiter's store cannot answer and the tier fails closed: at admission, or mid-stream
-    where nothing vouches for more of the user's tokens. A 503 to retry, never a budget's end."""
+    where nothing vouches for more of the user's tokens. A 503 to retry, never a budget's end. The
+    message says the wait too: an error event has no Retry-After header, and clients read it there
+    (floodgate_client, as OpenAI writes it)."""
     return ApiError(
         503,
-        "Rate limiting is unavailable; please retry shortly.",
+        f"Rate limiting is unavailable. Please try again in {wait_text(retry_after_s)}.",
         code="limiter_unavailable",
         headers=retry_after_headers(retry_after_s),
     )

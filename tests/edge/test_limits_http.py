@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 from structlog.testing import capture_logs
 
+from floodgate_client.decoder import stream_error
+from floodgate_client.errors import ServiceUnavailableError
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
 from tests.support.live_server import start_server
@@ -171,6 +173,10 @@ def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_503_not_the_
     assert got[-1] == DONE
     error = got[-2]["error"]
     assert error["code"] == "limiter_unavailable", got[-3:]
+    # With its wait, which an error event can only say in its message (no Retry-After header).
+    refusal = stream_error(got[-2], "r")
+    assert isinstance(refusal, ServiceUnavailableError) and refusal.status_code == 503
+    assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
     usage = got[-3]["usage"]
     assert 0 < usage["completion_tokens"] < LONG_TOKENS  # its first lease's tokens came, and were charged
     assert not any(isinstance(e, dict) and e.get("floodgate") for e in got)
