@@ -110,9 +110,8 @@ class MemoryLimiter:
         is rescaled to them: a TAT's lead is its count times the twin's interval, n times the
         tier's. Left in the old units, a fleet shrunk from 2 to 1 read a user's 10 of 20 requests
         as 20 (refused, and a restore pushed that onto Redis), and one grown from 1 to 2 as 5.
-        A ledger spanning the change (an outage across it) is rescaled alike; restore.lua compares
-        it with its TATs as last added, in the old units, so that ledger's next restore adds its
-        part since then approximately."""
+        A ledger spanning the change (an outage across it) is rescaled alike, and restore.lua
+        rescales its TATs as last added on Redis before comparing the two."""
         if n < 1:
             raise ValueError("instance_count must be at least 1")
         with self._lock:

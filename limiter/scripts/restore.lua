@@ -10,7 +10,8 @@
 --   Redis last took it (limiter/memory.py _Ledger), added on top of max(TAT, now). Redis never saw
 --   those decisions, so N instances' ledgers add up whether Redis kept its data or not; once per
 --   ledger: Redis keeps the ledger's TATs as last added (KEYS[4], named by instance and ledger
---   generation), and a restore sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer
+--   generation, with the instance count they were in: the twin rescales a ledger when the fleet's
+--   count changes, and those kept are rescaled alike before the two are compared), and a restore sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer
 --   snapshot of the same ledger) adds only how far its TATs are past those, so the same snapshot
 --   twice adds nothing the second time.
 -- - now plus this instance's whole count (its twin's lead in the tier's units: all its own traffic,
@@ -51,10 +52,14 @@ end
 -- How far each ledger TAT is past the one already added (in the tier's units), and the key kept.
 local added = {0, 0}
 if ledger[1] > ledger_now or ledger[2] > ledger_now then
-  local before = redis.call('HMGET', KEYS[4], 'r', 't')
+  local before = redis.call('HMGET', KEYS[4], 'r', 't', 'n')
+  local sent_n = tonumber(before[3]) or instance_count
   local last = ledger_now
   for i = 1, 2 do
     local prior = tonumber(before[i]) or 0
+    if sent_n ~= instance_count and prior > ledger_now then
+      prior = ledger_now + math.floor((prior - ledger_now) * instance_count / sent_n)
+    end
     local from = math.max(prior, ledger_now)
     if ledger[i] > from then
       added[i] = math.ceil((ledger[i] - from) / instance_count)
@@ -63,7 +68,7 @@ if ledger[1] > ledger_now or ledger[2] > ledger_now then
     last = math.max(last, ledger[i])
   end
   if added[1] > 0 or added[2] > 0 then
-    redis.call('HSET', KEYS[4], 'r', string.format('%d', ledger[1]), 't', string.format('%d', ledger[2]))
+    redis.call('HSET', KEYS[4], 'r', string.format('%d', ledger[1]), 't', string.format('%d', ledger[2]), 'n', instance_count)
     redis.call('PEXPIRE', KEYS[4], ceil_ms(last - ledger_now) + EXPIRY_MARGIN_MS)
   end
 end

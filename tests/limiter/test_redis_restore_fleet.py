@@ -139,6 +139,50 @@ async def test_a_restore_sent_twice_counts_its_ledger_once(redis_server: RedisSe
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (1, 4), (2, 1), (4, 1)])
+async def test_a_restore_sent_again_after_the_edge_count_changed_counts_its_ledger_once(
+    redis_server: RedisServer, before: int, after: int
+) -> None:
+    """The twin rescales its ledger when the fleet's edge count changes (MemoryLimiter.
+    set_instance_count); Redis keeps the ledger's TATs as last added in the units they came in.
+    A restore sent again across the change compared the two in different units: over-counted
+    when the count grew, under-counted when it shrank (a review)."""
+    from limiter.redis_store import restore_call
+
+    twin = MemoryLimiter(ManualClock(), instance_count=before)
+    user = f"u-{uuid.uuid4().hex}"
+    now_us = 10**15
+    client = Redis.from_url(redis_server.url)
+    restore = client.register_script(script_text("restore"))
+
+    async def send(instance_count: int) -> int:
+        snap, ledger = twin.snapshot(user, LIMITS.name), twin.ledger(user, LIMITS.name)
+        assert ledger is not None
+        keys, args = restore_call(
+            user,
+            LIMITS.name,
+            snap,
+            ledger,
+            instance="a",
+            instance_count=instance_count,
+            lease_ttl_us=300 * policy.MICROS,
+        )
+        await restore(keys=keys, args=(str(now_us), *args[1:]))
+        twin.ledger_sent(user, LIMITS.name, ledger, landed=False)  # its answer lost: sent again
+        return int(await client.get(user_keys(user)[0]) or 0) - now_us
+
+    try:
+        await client.set(user_keys(user)[0], now_us + 2 * INTERVAL_US, px=3_600_000)  # the others'
+        for i in range(2):  # within a share of 4 instances (10 / 4)
+            assert twin.decide(user, f"f{i}", LIMITS, 1, 0, own=True)[0].allowed
+        assert await send(before) == 4 * INTERVAL_US
+        twin.set_instance_count(after)
+        assert await send(after) == 4 * INTERVAL_US
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_routine_restore_by_two_instances_leaves_a_redis_that_kept_its_data_as_it_was(
     redis_server: RedisServer,
 ) -> None:
