@@ -1,8 +1,9 @@
 """`floodgate config show`: the effective settings as TOML, with every secret masked.
 
 What counts as a secret is decided by shape, not by a list of today's fields, so a setting added
-later is masked too: a URL's password (`redis://:token@host`), and any value whose name says it is a
-credential or a credential's hash (`*password*`, `*secret*`, `*_sha256`, `*auth_token*`, `*api_key*`).
+later is masked too: a URL's password (`redis://:token@host`, or `?password=token`, which redis-py
+reads too), and any value whose name says it is a credential or a credential's hash (`*password*`,
+`*secret*`, `*_sha256`, `*auth_token*`, `*api_key*`), as a setting or as a URL's query parameter.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
@@ -25,14 +26,20 @@ def _mask_url(value: str) -> str:
         parts = urlsplit(value)
     except ValueError:
         return value
-    if not parts.netloc or "@" not in parts.netloc:
+    if not parts.netloc:
         return value
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, colon, _ = userinfo.partition(":")
-    if not colon and not user:
-        return value
-    masked = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
-    return urlunsplit(parts._replace(netloc=masked))
+    if parts.query:
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if any(_SECRET_NAME.search(name) for name, _ in query):
+            hidden = [(name, MASK if _SECRET_NAME.search(name) else v) for name, v in query]
+            parts = parts._replace(query=urlencode(hidden, safe="*"))
+    if "@" in parts.netloc:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        if colon or user:
+            masked = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+            parts = parts._replace(netloc=masked)
+    return urlunsplit(parts)
 
 
 def masked(name: str, value: Any) -> Any:

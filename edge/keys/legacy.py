@@ -43,6 +43,10 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
             raise BadKeysFile(f"line {number}: {exc}") from None
         if len(key.key_sha256) != 64:
             raise BadKeysFile(f"line {number}: key_sha256 is not a SHA-256 hex digest")
+        if not key.user.strip():
+            # As a key created here (lifecycle.InvalidUser): keys of no one would share one
+            # nameless user's conversations, usage, requests to cancel and limits.
+            raise BadKeysFile(f"line {number}: user must not be empty")
         found.append(key)
     return found
 

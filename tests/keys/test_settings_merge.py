@@ -64,6 +64,11 @@ def test_effective_settings_mask_secrets_and_load_back() -> None:
     text = effective_toml(settings)
     assert "hunter2" not in text and "ab" * 32 not in text
     assert 'redis_url = "rediss://default:****@cache:6379/0"' in text
+    # redis-py reads a password from the query string too (printed whole before, a review).
+    query = load_settings(
+        overrides={"limiter": {"redis_url": "rediss://cache:6379/0?password=hunter2&ssl=1"}}
+    )
+    assert 'redis_url = "rediss://cache:6379/0?password=****&ssl=1"' in effective_toml(query)
     assert "tokens_per_window = 40000" in text  # a limit named like a token is not a secret
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from edge.errors import ApiError
 from edge.keys.authenticator import Authenticator
-from edge.keys.legacy import import_keys, parse_jsonl
+from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
 from edge.keys.lifecycle import KeyAlreadyRotated, KeyLifecycle, KeyNotFound, UnknownTier
 from edge.keys.record import KeyRecord, hash_key, key_id
 from edge.keys.store import KeyStore
@@ -280,6 +280,15 @@ async def test_importing_the_old_keys_file_adds_keys_but_never_revives_one(key_s
     assert (again.added, again.present) == (0, 1)
     with pytest.raises(ApiError, match="revoked"):
         await auth.authenticate(f"Bearer {legacy_key}")
+
+
+@pytest.mark.parametrize("user", ["", "  "])
+def test_the_old_keys_file_may_not_give_a_key_no_user(user: str) -> None:
+    """Imported, two such keys shared one nameless user: each read the other's conversations and
+    usage and could cancel its requests (a review); a key created here is refused one."""
+    line = json.dumps({"key_sha256": hash_key("fg-legacy-alice"), "user": user, "tier": "paid"})
+    with pytest.raises(BadKeysFile, match="line 2: user must not be empty"):
+        parse_jsonl([json.dumps({"key_sha256": hash_key("fg-b"), "user": "bob", "tier": "paid"}), line])
 
 
 class _GatedStore:
