@@ -111,6 +111,14 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         answer = _HEAD_TOO_LARGE if self._head_too_large else _INVALID_HTTP
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
+            if not self._headers_pending:
+                # In the body of the connection's latest request (bad chunk framing): running, it
+                # waits for a body that will never come, so it is answered now, as before; waiting
+                # its turn, it never runs.
+                if not (self.pipeline and self.pipeline[0][0] is cycle):
+                    self._refuse(answer)
+                    return
+                self.pipeline.popleft()
             self._refusal = answer  # on_response_complete sends it after the last of them
             return
         self._refuse(answer)

@@ -66,34 +66,52 @@ def test_a_request_the_parser_refuses_gets_an_error_object(edge: LiveServer, len
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
 
 
-@pytest.mark.parametrize("refused", ["too large", "invalid"])
+def _chat(live: LiveServer, chunked: bytes | None = None) -> bytes:
+    """A chat request's bytes; with `chunked`, that as its body, sent chunked."""
+    payload = json.dumps(
+        {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    ).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + b"authorization: Bearer "
+        + live.keys["paid"].encode()
+        + b"\r\n"
+    )
+    if chunked is not None:
+        return head + b"transfer-encoding: chunked\r\n\r\n" + chunked
+    return head + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+
+
+@pytest.mark.parametrize("refused", ["too large", "invalid", "invalid body"])
 def test_a_refused_request_behind_one_being_answered_is_answered_after_it(
     edge: LiveServer, refused: str
 ) -> None:
     """Its 431 or 400 went out at once: into the middle of the answer before it, whose writes
-    then met a closed connection (a review: [431, 200], and an ERROR with a traceback)."""
-    payload = json.dumps(
-        {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
-    ).encode()
-    chat = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        + b"authorization: Bearer "
-        + edge.keys["paid"].encode()
-        + b"\r\ncontent-length: "
-        + str(len(payload)).encode()
-        + b"\r\n\r\n"
-        + payload
-    )
+    then met a closed connection (a review: [431, 200], and an ERROR with a traceback). Bad chunk
+    framing in the body of a request waiting its turn: that request never runs."""
+    chat = _chat(edge)
     pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
     bad = {
         "too large": b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + pad * 100 + b"\r\n",
         "invalid": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n",
+        "invalid body": _chat(edge, chunked=b"zz\r\n"),
     }[refused]
     port = int(edge.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(chat + bad)
         answers = read_to_close(sock)
     expected = b"431" if refused == "too large" else b"400"
+
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"200", expected]
     first = answers.partition(b"\r\n\r\n")[2].partition(b"HTTP/1.1 ")[0]
     assert json.loads(first)["usage"]["completion_tokens"] > 0
+
+
+def test_bad_chunk_framing_in_the_running_requests_body_is_answered_400_at_once(edge: LiveServer) -> None:
+    """Put off as a refusal behind that request's own answer, it waited for a body that never came
+    (the rest of the bytes dropped) and was answered 408 at the body timeout (30 s; a review)."""
+    port = int(edge.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(_chat(edge, chunked=b"zz\r\n"))
+        answer = read_to_close(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"400"]
