@@ -172,15 +172,16 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         queued = bool(self.pipeline)  # a request whose headers came runs now (uvicorn starts it)
         super().on_response_complete()
         self._disconnect_watches = [w for w in self._disconnect_watches if w.pending()]
+        # A refused request's answer, once every request before it is answered (send_400_response).
+        if self._refusal is not None and not queued and not self.transport.is_closing():
+            answer, self._refusal = self._refusal, None
+            self._refuse(answer)
+            return
         # A request pipelined behind this response began while it was written, when its headers
         # were not timed (a 408 then would cut that response): their deadline runs from now, or a
         # client trickling them would hold the connection for ever (its bytes cancel uvicorn's
         # keep-alive timer). Not while a request queued before it runs: its 408 would cut that
         # one's response; it starts when the last of those ends.
-        if self._refusal is not None and not queued and not self.transport.is_closing():
-            answer, self._refusal = self._refusal, None
-            self._refuse(answer)
-            return
         if self._headers_pending and not queued and not self.transport.is_closing():
             self._header_deadline.start(request_begun=True)
         # Answered before its body was all read (a 401, a 413, a busy 429): the rest of the body
