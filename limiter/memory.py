@@ -111,7 +111,8 @@ class MemoryLimiter:
         tier's. Left in the old units, a fleet shrunk from 2 to 1 read a user's 10 of 20 requests
         as 20 (refused, and a restore pushed that onto Redis), and one grown from 1 to 2 as 5.
         A ledger spanning the change (an outage across it) is rescaled alike, and restore.lua
-        rescales its TATs as last added on Redis before comparing the two."""
+        rescales its TATs as last added on Redis before comparing the two (approximately: the
+        script's header says how)."""
         if n < 1:
             raise ValueError("instance_count must be at least 1")
         with self._lock:

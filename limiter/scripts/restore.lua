@@ -11,9 +11,10 @@
 --   those decisions, so N instances' ledgers add up whether Redis kept its data or not; once per
 --   ledger: Redis keeps the ledger's TATs as last added (KEYS[4], named by instance and ledger
 --   generation, with the instance count they were in: the twin rescales a ledger when the fleet's
---   count changes, and those kept are rescaled alike before the two are compared), and a restore sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer
---   snapshot of the same ledger) adds only how far its TATs are past those, so the same snapshot
---   twice adds nothing the second time.
+--   count changes, and those kept are rescaled alike before the two are compared), and a restore
+--   sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer snapshot of the same
+--   ledger) adds only how far its TATs are past those, so the same snapshot twice adds nothing
+--   the second time.
 -- - now plus this instance's whole count (its twin's lead in the tier's units: all its own traffic,
 --   before the outage too): for a Redis restarted empty, one instance alone gets back what it
 --   counted.
@@ -29,6 +30,9 @@
 --   t apart under-count the earlier one's by up to t * (1 - 1/N) of refill (milliseconds to a
 --   backoff after Redis returns).
 -- - An admit whose Redis answer was lost and that the fallback then admitted counts twice.
+-- - Those kept TATs are rescaled around this restore's time, the twin's ledger around the moment
+--   the count changed: a restore resent long after a growth over-counts by up to the refill of
+--   that delay times (new / old - 1) (1 -> 2 edges, 700 s later: 4.97 requests for 4).
 -- Then the running requests' slots that Redis does not hold go back. A request settled meanwhile
 -- (its record is 'done'; 'cancelled' is a request still running) gets no slot back. Idempotent:
 -- restoring the same snapshot twice changes nothing more.
