@@ -124,13 +124,15 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._refuse(answer)
 
     def _refuse(self, answer: bytes) -> None:
-        self._raw_transport.write(answer)
+        # Through the head-holding transport: a HEAD response's head, held past its completion
+        # (no body write follows it), goes out first, and its close flushes it.
+        self.transport.write(answer)
         if answer is _INVALID_HTTP:
-            self._raw_transport.close()
+            self.transport.close()
             return
         # Closed a moment later, not now: closed with the client's bytes still unread, the socket
         # sends a reset, which can reach the client before the 431 and destroy it.
-        self.loop.call_later(_LINGER_S, self._raw_transport.close)
+        self.loop.call_later(_LINGER_S, self.transport.close)
 
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn's warning (with advice to install a WebSocket library) at every upgrade request
