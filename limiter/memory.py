@@ -52,6 +52,12 @@ class _Ledger:
     only one instance's."""
 
     generation: int  # names this ledger on Redis (restore.lua): a retry of it adds only what is new
+    # The instance count it began under, and what the count's changes since did to its TATs: they
+    # are `born_tat * count / born_count + offset_us` (set_instance_count rescales a ledger around
+    # the moment of each change). restore.lua compares a resent ledger with what it kept of it in
+    # those first units, whatever the count became meanwhile.
+    born_count: int
+    offset_us: float = 0.0
     state: policy.UserState = field(default_factory=policy.UserState)
     changes: int = 0
 
@@ -60,7 +66,7 @@ class _Ledger:
 class LedgerSnapshot:
     """A ledger as restore.lua takes it: its TATs and the time they were read, in the twin's units
     and clock (the script compares them only with this ledger's earlier ones), the instance count
-    that scales them to the tier's, and the requests it holds."""
+    that scales them to the tier's, the requests it holds, and how the count's changes rescaled it."""
 
     generation: int
     request_tat_us: int
@@ -69,6 +75,8 @@ class LedgerSnapshot:
     instance_count: int
     changes: int
     request_ids: tuple[str, ...]
+    born_count: int  # _Ledger's: how its TATs map back to the units it began in
+    offset_us: float
 
 
 def _rescale(state: policy.UserState, now_us: int, new: int, old: int) -> None:
@@ -110,9 +118,8 @@ class MemoryLimiter:
         is rescaled to them: a TAT's lead is its count times the twin's interval, n times the
         tier's. Left in the old units, a fleet shrunk from 2 to 1 read a user's 10 of 20 requests
         as 20 (refused, and a restore pushed that onto Redis), and one grown from 1 to 2 as 5.
-        A ledger spanning the change (an outage across it) is rescaled alike, and restore.lua
-        rescales its TATs as last added on Redis before comparing the two (approximately: the
-        script's header says how)."""
+        A ledger spanning the change (an outage across it) is rescaled alike, and keeps how, so
+        that restore.lua compares it with what Redis kept of it in the units it began in."""
         if n < 1:
             raise ValueError("instance_count must be at least 1")
         with self._lock:
@@ -124,6 +131,7 @@ class MemoryLimiter:
                         _rescale(state, now, n, old)
                 for ledger in self._ledgers.values():
                     _rescale(ledger.state, now, n, old)
+                    ledger.offset_us = ledger.offset_us * n / old + now * (1 - n / old)
                 self._instance_count = n
                 self._rates.clear()
 
@@ -159,7 +167,7 @@ class MemoryLimiter:
     def _ledger(self, user: str, tier: str) -> _Ledger:
         ledger = self._ledgers.get((user, tier))
         if ledger is None:
-            ledger = self._ledgers[user, tier] = _Ledger(next(self._generations))
+            ledger = self._ledgers[user, tier] = _Ledger(next(self._generations), self._instance_count)
         ledger.changes += 1
         return ledger
 
@@ -326,6 +334,8 @@ class MemoryLimiter:
                 self._instance_count,
                 ledger.changes,
                 tuple(state.leases),
+                ledger.born_count,
+                ledger.offset_us,
             )
 
     def ledger_sent(self, user: str, tier: str, sent: LedgerSnapshot, *, landed: bool) -> None:

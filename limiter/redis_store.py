@@ -166,9 +166,16 @@ def restore_call(
         *(record_key(user, request_id) for request_id in snap.request_ids),
     )
     if ledger is None:
-        ledger_args: tuple[int, ...] = (instance_count, 0, 0, 0)
+        ledger_args: tuple[int | str, ...] = (instance_count, 0, 0, 0, instance_count, 0)
     else:
-        ledger_args = (ledger.instance_count, ledger.now_us, ledger.request_tat_us, ledger.token_tat_us)
+        ledger_args = (
+            ledger.instance_count,
+            ledger.now_us,
+            ledger.request_tat_us,
+            ledger.token_tat_us,
+            ledger.born_count,
+            f"{ledger.offset_us:.3f}",
+        )
     args: tuple[str | int, ...] = (
         now_arg,
         snap.request_ahead_us,

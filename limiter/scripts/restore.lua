@@ -10,11 +10,10 @@
 --   Redis last took it (limiter/memory.py _Ledger), added on top of max(TAT, now). Redis never saw
 --   those decisions, so N instances' ledgers add up whether Redis kept its data or not; once per
 --   ledger: Redis keeps the ledger's TATs as last added (KEYS[4], named by instance and ledger
---   generation, with the instance count they were in: the twin rescales a ledger when the fleet's
---   count changes, and those kept are rescaled alike before the two are compared), and a restore
---   sent again (a reply lost, a pipeline resent after NOSCRIPT, a newer snapshot of the same
---   ledger) adds only how far its TATs are past those, so the same snapshot twice adds nothing
---   the second time.
+--   generation, in the units the ledger began in: the twin rescales a ledger when the fleet's count
+--   changes, and says how, so both are compared in those units), and a restore sent again (a reply
+--   lost, a pipeline resent after NOSCRIPT, a newer snapshot of the same ledger) adds only how far
+--   its TATs are past those, so the same snapshot twice adds nothing the second time.
 -- - now plus this instance's whole count (its twin's lead in the tier's units: all its own traffic,
 --   before the outage too): for a Redis restarted empty, one instance alone gets back what it
 --   counted.
@@ -30,9 +29,6 @@
 --   t apart under-count the earlier one's by up to t * (1 - 1/N) of refill (milliseconds to a
 --   backoff after Redis returns).
 -- - An admit whose Redis answer was lost and that the fallback then admitted counts twice.
--- - Those kept TATs are rescaled around this restore's time, the twin's ledger around the moment
---   the count changed: a restore resent long after a growth over-counts by up to the refill of
---   that delay times (new / old - 1) (1 -> 2 edges, 700 s later: 4.97 requests for 4).
 -- Then the running requests' slots that Redis does not hold go back. A request settled meanwhile
 -- (its record is 'done'; 'cancelled' is a request still running) gets no slot back. Idempotent:
 -- restoring the same snapshot twice changes nothing more.
@@ -41,38 +37,49 @@
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_ahead_us, token_ahead_us (this
 --       instance's whole count: its twin's lead in the tier's units), lease_ttl_us, then the
 --       ledger: instance count (N), its clock's now, request TAT, token TAT (its units and clock:
---       N times the tier's intervals; TATs 0 when there is none), then the running requests' ids
+--       N times the tier's intervals; TATs 0 when there is none), the count it began under (B) and
+--       the offset its rescales left (its TATs are those in B's units times N / B plus it), then
+--       the running requests' ids
 local lease_ttl = tonumber(ARGV[4])
 local instance_count = tonumber(ARGV[5])
 local ledger_now = tonumber(ARGV[6])
 local ledger = {tonumber(ARGV[7]), tonumber(ARGV[8])}
+local born_count = tonumber(ARGV[9])
+local offset = tonumber(ARGV[10])
 local whole = {tonumber(ARGV[2]), tonumber(ARGV[3])}
-local FIRST_ID = 9
+local FIRST_ID = 11
 
 local function ceil_ms(us)
   return math.floor((us + 999) / 1000)
 end
 
+-- A ledger time in the units it began in, and back.
+local function born(us)
+  return math.floor((us - offset) * born_count / instance_count)
+end
+local function current(us)
+  return us * instance_count / born_count + offset
+end
+
 -- How far each ledger TAT is past the one already added (in the tier's units), and the key kept.
 local added = {0, 0}
 if ledger[1] > ledger_now or ledger[2] > ledger_now then
-  local before = redis.call('HMGET', KEYS[4], 'r', 't', 'n')
-  local sent_n = tonumber(before[3]) or instance_count
+  local before = redis.call('HMGET', KEYS[4], 'r', 't')
+  local now_born = born(ledger_now)
+  local kept = {0, 0}
   local last = ledger_now
   for i = 1, 2 do
     local prior = tonumber(before[i]) or 0
-    if sent_n ~= instance_count and prior > ledger_now then
-      prior = ledger_now + math.floor((prior - ledger_now) * instance_count / sent_n)
+    local tat = born(ledger[i])
+    local from = math.max(prior, now_born)
+    if tat > from then
+      added[i] = math.ceil((tat - from) / born_count)
     end
-    local from = math.max(prior, ledger_now)
-    if ledger[i] > from then
-      added[i] = math.ceil((ledger[i] - from) / instance_count)
-    end
-    ledger[i] = math.max(ledger[i], prior)  -- a late, older snapshot lowers nothing
-    last = math.max(last, ledger[i])
+    kept[i] = math.max(tat, prior)  -- a late, older snapshot lowers nothing
+    last = math.max(last, current(kept[i]))
   end
   if added[1] > 0 or added[2] > 0 then
-    redis.call('HSET', KEYS[4], 'r', string.format('%d', ledger[1]), 't', string.format('%d', ledger[2]), 'n', instance_count)
+    redis.call('HSET', KEYS[4], 'r', string.format('%d', kept[1]), 't', string.format('%d', kept[2]))
     redis.call('PEXPIRE', KEYS[4], ceil_ms(last - ledger_now) + EXPIRY_MARGIN_MS)
   end
 end

@@ -139,17 +139,21 @@ async def test_a_restore_sent_twice_counts_its_ledger_once(redis_server: RedisSe
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("wait_s", [0.0, 300.0])
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (1, 4), (2, 1), (4, 1)])
 async def test_a_restore_sent_again_after_the_edge_count_changed_counts_its_ledger_once(
-    redis_server: RedisServer, before: int, after: int
+    redis_server: RedisServer, before: int, after: int, wait_s: float
 ) -> None:
     """The twin rescales its ledger when the fleet's edge count changes (MemoryLimiter.
     set_instance_count); Redis keeps the ledger's TATs as last added in the units they came in.
     A restore sent again across the change compared the two in different units: over-counted
-    when the count grew, under-counted when it shrank (a review)."""
+    when the count grew, under-counted when it shrank (a review). Rescaled on Redis around the
+    resend's time rather than the change's, a resend `wait_s` later over-counted again (a second
+    review: 4.42 intervals for 4 at 1 -> 2 after 300 s)."""
     from limiter.redis_store import restore_call
 
-    twin = MemoryLimiter(ManualClock(), instance_count=before)
+    clock = ManualClock()
+    twin = MemoryLimiter(clock, instance_count=before)
     user = f"u-{uuid.uuid4().hex}"
     now_us = 10**15
     client = Redis.from_url(redis_server.url)
@@ -177,6 +181,7 @@ async def test_a_restore_sent_again_after_the_edge_count_changed_counts_its_ledg
             assert twin.decide(user, f"f{i}", LIMITS, 1, 0, own=True)[0].allowed
         assert await send(before) == 4 * INTERVAL_US
         twin.set_instance_count(after)
+        clock.advance(wait_s)
         assert await send(after) == 4 * INTERVAL_US
     finally:
         await client.aclose()
