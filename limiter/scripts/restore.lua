@@ -48,6 +48,10 @@ local born_count = tonumber(ARGV[9])
 local offset = tonumber(ARGV[10])
 local whole = {tonumber(ARGV[2]), tonumber(ARGV[3])}
 local FIRST_ID = 11
+-- The kept copy must outlive its ledger: the twin stretches a ledger when the fleet grows (its
+-- lead in the new count's units), and a resend after the copy expired would add it all again. It
+-- is kept this many times the ledger's lead at each restore that carries it, and stretched then.
+local KEPT_STRETCH = 16
 
 local function ceil_ms(us)
   return math.floor((us + 999) / 1000)
@@ -78,9 +82,15 @@ if ledger[1] > ledger_now or ledger[2] > ledger_now then
     kept[i] = math.max(tat, prior)  -- a late, older snapshot lowers nothing
     last = math.max(last, current(kept[i]))
   end
+  local keep_ms = ceil_ms(last - ledger_now) * KEPT_STRETCH + EXPIRY_MARGIN_MS
   if added[1] > 0 or added[2] > 0 then
     redis.call('HSET', KEYS[4], 'r', string.format('%d', kept[1]), 't', string.format('%d', kept[2]))
-    redis.call('PEXPIRE', KEYS[4], ceil_ms(last - ledger_now) + EXPIRY_MARGIN_MS)
+    redis.call('PEXPIRE', KEYS[4], keep_ms)
+  else
+    local ttl = redis.call('PTTL', KEYS[4])
+    if ttl >= 0 and ttl < keep_ms then
+      redis.call('PEXPIRE', KEYS[4], keep_ms)
+    end
   end
 end
 

@@ -188,6 +188,39 @@ async def test_a_restore_sent_again_after_the_edge_count_changed_counts_its_ledg
 
 
 @pytest.mark.anyio
+async def test_redis_keeps_its_copy_of_a_ledger_while_a_grown_fleet_stretches_it(
+    redis_server: RedisServer,
+) -> None:
+    """Kept for the ledger's lead at the send (720 s here), the copy expired while the twin's
+    ledger, stretched by a growth to 4 edges, lived on (2,880 s): a resend then added its admits
+    again (a review: 1.125 intervals for 2 already counted)."""
+    from limiter.redis_store import restore_call
+
+    twin = MemoryLimiter(ManualClock(), instance_count=1)
+    user = f"u-{uuid.uuid4().hex}"
+    client = Redis.from_url(redis_server.url)
+    restore = client.register_script(script_text("restore"))
+    try:
+        for i in range(2):
+            assert twin.decide(user, f"f{i}", LIMITS, 1, 0, own=True)[0].allowed
+        snap, ledger = twin.snapshot(user, LIMITS.name), twin.ledger(user, LIMITS.name)
+        assert ledger is not None
+        keys, args = restore_call(
+            user, LIMITS.name, snap, ledger, instance="a", instance_count=1, lease_ttl_us=300 * policy.MICROS
+        )
+        await restore(keys=keys, args=(str(10**15), *args[1:]))
+        twin.ledger_sent(user, LIMITS.name, ledger, landed=False)
+        twin.set_instance_count(4)
+        stretched = twin.ledger(user, LIMITS.name)
+        assert stretched is not None
+        lead_ms = (stretched.request_tat_us - stretched.now_us) // 1000
+        assert lead_ms == 4 * 2 * INTERVAL_US // 1000
+        assert await client.pttl(keys[3]) > lead_ms
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_routine_restore_by_two_instances_leaves_a_redis_that_kept_its_data_as_it_was(
     redis_server: RedisServer,
 ) -> None:
