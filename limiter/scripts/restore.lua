@@ -50,7 +50,9 @@ local whole = {tonumber(ARGV[2]), tonumber(ARGV[3])}
 local FIRST_ID = 11
 -- The kept copy must outlive its ledger: the twin stretches a ledger when the fleet grows (its
 -- lead in the new count's units), and a resend after the copy expired would add it all again. It
--- is kept this many times the ledger's lead at each restore that carries it, and stretched then.
+-- is kept this many times the ledger's lead at each restore that carries it, and stretched then
+-- (a fleet growing more than this many times over between two restores of one ledger would still
+-- outlive it: a part of that ledger added again).
 local KEPT_STRETCH = 16
 
 local function ceil_ms(us)
