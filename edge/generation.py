@@ -410,7 +410,7 @@ class Generation:
             else:
                 self._deltas = slot.upstream.generate(self._upstream_req)
             self._reached_replica = True
-            if not self._prompt_recorded:
+            if not self._prompt_recorded and self._req.stream:
                 self._prompt_recorded = True
                 self._record_prompt()
             try:
@@ -477,10 +477,11 @@ class Generation:
         self._record(out)
 
     def _record_prompt(self) -> None:
-        """A named conversation's question, stored once the request reaches a replica: a request
+        """A named conversation's question, stored once a stream reaches a replica: a request
         turned away before (a 429 from the queue, a cancel while queued) has no answer, and a
-        client retrying it, as the 429 says to, would find its question twice. Stored now rather
-        than with the reply, so that an edge dying mid-stream still leaves the question."""
+        client retrying it, as the 429 says to, would find its question twice. Stored then rather
+        than with the reply, so that an edge dying mid-stream still leaves the question. Not
+        streamed, it is stored with the reply (`_record`)."""
         conversation_id = self._req.conversation_id
         final = self._req.messages[-1]
         # Only a request ending on the user's message asks something new: one that continues an
@@ -523,14 +524,24 @@ class Generation:
                 self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
             )
         conversation_id = self._req.conversation_id
-        if conversation_id is not None and self._p.messages is not None and self._prompt_recorded:
-            reply = "".join(out.text)
-            if self._req.prompt_end == "continue":
-                # The client began the reply: the stored turn is the whole of it, not its end alone.
-                reply = self._req.messages[-1].text() + reply
-            self._p.messages.record_reply(
-                conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
-            )
+        if conversation_id is None or self._p.messages is None:
+            return
+        if not self._req.stream:
+            # The client gets the reply whole, or an error alone: both turns are stored with the
+            # answer, and neither with the error (a 502 or 503, which invite a retry, left the
+            # question twice in the history, and a reply the client never saw; a review).
+            if not self._charged:
+                return
+            self._record_prompt()
+        elif not self._prompt_recorded:
+            return
+        reply = "".join(out.text)
+        if self._req.prompt_end == "continue":
+            # The client began the reply: the stored turn is the whole of it, not its end alone.
+            reply = self._req.messages[-1].text() + reply
+        self._p.messages.record_reply(
+            conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
+        )
 
 
 class _NotRetried(UpstreamError):

@@ -20,7 +20,7 @@ from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from gpu_container.contract import UpstreamError
 from limiter.base import Admission, OutputLease
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, MODEL
+from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.faults.test_bad_input_replica import _small_replicas
 from tests.support.live_server import start_server
 
@@ -197,3 +197,28 @@ def test_a_failed_answer_refunded_keeps_its_error_when_a_cancel_elsewhere_came_f
         - int(after.headers["x-ratelimit-remaining-tokens"])
         == before.json()["usage"]["total_tokens"]
     )
+
+
+def test_an_answer_not_streamed_that_fails_after_tokens_stores_nothing_in_the_history(
+    tmp_path: Path,
+) -> None:
+    """Its question and partial reply were stored though the client got the 502 alone: its retry,
+    as the 502 invites, left the question twice in the history and a reply the client never saw
+    (a review)."""
+    ask = SHORT | {"conversation_id": "conv-failed"}
+    url = "/v1/conversations/conv-failed/messages"
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            failed = client.post(CHAT, json=ask | {"max_tokens": FAIL_AFTER_3})
+            retried = client.post(CHAT, json=ask)
+            assert failed.status_code == 502 and retried.status_code == 200, retried.text
+
+            def stored() -> list[tuple[str, str]]:
+                answer = client.get(url)
+                return (
+                    [(m["role"], m["request_id"]) for m in answer.json()["data"]] if answer.is_success else []
+                )
+
+            rid = retried.json()["id"]
+            wait_until(lambda: ("assistant", rid) in stored(), what="the retry's turns to be stored")
+            assert stored() == [("user", rid), ("assistant", rid)]
