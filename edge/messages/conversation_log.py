@@ -1,7 +1,9 @@
 """A named conversation's turns, handed to the message writer off the hot path.
 
-The user's message is submitted when the request is admitted, before the stream opens, so an edge
-that dies mid-stream still keeps what the user asked; the reply (partial too) follows at the end.
+A stream's user message is submitted when it reaches a replica, so an edge that dies mid-stream
+still keeps what the user asked; the reply (partial too) follows at the end. A request not streamed
+submits both with its answer, and neither when it is answered with an error alone
+(edge/generation.py, `Generation._record`).
 """
 
 from __future__ import annotations
