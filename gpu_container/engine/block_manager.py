@@ -39,19 +39,11 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _BlockKey:
-    """What a keyed block holds, kept to check a hit exactly, not by hash: its tokens, and what its
-    K/V were computed after. The first block's parent is the chain's root (its salt); a later one's
-    is the block it followed, as it was keyed then (its stamp): a hit's blocks must follow one
-    another so. Checked by parent hash alone, a 64-bit collision let a block computed after a
-    different prefix be served (a review, with a forced collision: a wrong reply). What it costs: a
-    block keyed after a private twin of its parent (two prompts computing one prefix at once, the
-    other keyed first) is found after neither, and is computed again by a later prompt."""
+    """What a keyed block holds. The parent and tokens are kept to check a hit exactly, not by hash."""
 
     hash: int
     parent: int
     tokens: tuple[int, ...]
-    parent_block: int = -1
-    parent_stamp: int = -1
 
 
 class BlockManager:
@@ -63,9 +55,6 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self._refs = [0] * num_blocks
         self._keys: list[_BlockKey | None] = [None] * num_blocks
-        # How many times each block has been keyed: a block evicted and keyed again with other K/V
-        # is no longer the parent its old children were computed after.
-        self._stamps = [0] * num_blocks
         self._by_hash: dict[int, int] = {}
         # Free blocks holding nothing worth keeping.
         self._empty = np.ones(num_blocks, dtype=bool)
@@ -156,10 +145,7 @@ class BlockManager:
                 parent = seq.block_hashes[i - 1] if i else seq.prefix_root
                 tokens = tuple(seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
                 block = seq.block_table[i]
-                before = seq.block_table[i - 1] if i else -1
-                stamp = self._stamps[before] if i else -1
-                self._stamps[block] += 1
-                self._keys[block] = _BlockKey(key, parent, tokens, before, stamp)
+                self._keys[block] = _BlockKey(key, parent, tokens)
                 self._by_hash[key] = block
         seq.num_sealed_blocks = max(seq.num_sealed_blocks, full)
 
@@ -241,8 +227,6 @@ class BlockManager:
             parent = seq.block_hashes[i - 1] if i else seq.prefix_root
             tokens = tuple(seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
             if key is None or key.parent != parent or key.tokens != tokens:
-                break
-            if i and (key.parent_block != hits[-1] or key.parent_stamp != self._stamps[hits[-1]]):
                 break
             hits.append(block)
         return hits

@@ -216,31 +216,6 @@ def test_a_hash_collision_is_a_miss_not_someone_elses_kv(monkeypatch: pytest.Mon
     assert _admit_alone(blocks, [4] * 5).num_computed_tokens == 0
 
 
-def test_a_parents_hash_collision_is_a_miss_not_a_block_computed_after_another_prefix(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Blocks A and B collide as first blocks. B's sequence keys B; A's keeps A private (the key is
-    taken) but keys the block after it, C, computed after A. B + C then found B, and C by its parent
-    hash: K/V computed after A served a prompt that began with B (a review: a wrong greedy reply)."""
-    import gpu_container.engine.block_manager as bm
-
-    first_a, first_b, second = [3] * BLOCK, [4] * BLOCK, [5, 6, 7, 8]
-    real = bm.chain_hash
-
-    def colliding(parent: int, tokens: list[int]) -> int:
-        return real(parent, first_a if list(tokens) == first_b else tokens)
-
-    monkeypatch.setattr(bm, "chain_hash", colliding)
-    blocks = BlockManager(16, BLOCK, enable_prefix_caching=True)
-    _compute_all(blocks, _admit_alone(blocks, [*first_b, 9]))
-    after_a = _admit_alone(blocks, [*first_a, *second, 9])
-    assert after_a.num_computed_tokens == 0  # its A is no B, whatever the hash says
-    _compute_all(blocks, after_a)
-    after_b = _admit_alone(blocks, [*first_b, *second, 11])
-    assert after_b.num_computed_tokens == BLOCK  # B, then a miss: C was computed after A
-    assert after_b.block_table[1] != after_a.block_table[1]
-
-
 @given(tokens=st.lists(st.integers(0, 50_000), max_size=40), size=st.integers(1, 8))
 def test_block_hashes_chain_the_whole_prefix(tokens: list[int], size: int) -> None:
     hashes = block_hashes(tokens, size)
