@@ -4,8 +4,6 @@ and keep-alive comments while a request waits for a replica."""
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from floodgate_client.decoder import stream_error
 from floodgate_client.errors import ServiceUnavailableError
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
+from tests.support.held_engines import engines_held
 from tests.support.live_server import start_server
 from tests.support.ports import free_port
 from tests.support.redis_server import start_redis
@@ -153,21 +152,16 @@ def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_503_not_the_
             httpx.Client(base_url=server.base_url, timeout=60) as client,
         ):
             # Held still from before the request, so no token is charged until Redis is gone.
-            engines = [r.upstream.pid for r in server.app.state.runtime.pipeline.dispatcher.replicas.members]
-            for pid in engines:
-                os.kill(pid, signal.SIGSTOP)
-            try:
-                with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
-                    assert response.status_code == 200
-                    got = events(response)
-                    first = [next(got)]  # the first event: admitted on Redis
-                    redis.kill()
-                    for pid in engines:
-                        os.kill(pid, signal.SIGCONT)
-                    got = first + list(got)
-            finally:
-                for pid in engines:
-                    os.kill(pid, signal.SIGCONT)
+            with (
+                engines_held(server) as let_go,
+                client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response,
+            ):
+                assert response.status_code == 200
+                got = events(response)
+                first = [next(got)]  # the first event: admitted on Redis
+                redis.kill()
+                let_go()
+                got = first + list(got)
     finally:
         redis.stop()
     assert got[-1] == DONE

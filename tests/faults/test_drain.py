@@ -37,6 +37,7 @@ from tests.edge.sse_client import (
 )
 from tests.faults.serve_process import serve_process
 from tests.faults.stalled_client import open_and_never_read
+from tests.support.held_engines import engines_held
 from tests.support.live_server import start_server
 from tests.support.redis_server import start_redis
 
@@ -218,19 +219,11 @@ def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
             assert stream.started.wait(60) and stream.error is None, stream.error
         # Hold the engine still, so the deadline finds both streams running on any machine (an idle
         # one generates their 1,000 tokens in about the deadline's second).
-        dispatcher = server.app.state.runtime.pipeline.dispatcher
-        engines = [r.upstream.pid for r in dispatcher.replicas.members]
-        assert engines and all(engines), "the replicas are not engine processes"
-        for pid in engines:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with engines_held(server):
             server.drain()
             for stream in streams:
                 stream.join(60)
                 assert not stream.is_alive() and stream.error is None, stream.error
-        finally:
-            for pid in engines:
-                os.kill(pid, signal.SIGCONT)
         for stream in streams:
             assert stream.events[-1] == DONE
             assert stream.events[-2]["error"]["code"] == "server_shutting_down"

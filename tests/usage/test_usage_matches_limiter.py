@@ -5,8 +5,6 @@ edge is stopped cleanly before the usage store is read: nothing queued may be lo
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
 import threading
 import time
@@ -22,6 +20,7 @@ from limiter import policy
 from limiter.memory import MemoryLimiter
 from tests.edge.conftest import ROOMY_TIERS, wait_for_engine
 from tests.edge.sse_client import _SEED_CANDIDATES, CHAT, DONE, LONG_PROMPT, MODEL, events, find_long_seed
+from tests.support.held_engines import engines_held
 from tests.support.live_server import LiveServer, start_server
 
 # Token windows so long that nothing refills during the test: the tokens a user's limiter state
@@ -202,15 +201,9 @@ def test_an_answer_not_streamed_cut_by_the_drain_costs_nothing(tmp_path: Path) -
         # Polled: nothing tells the test when the replica runs it; an early answer stops the wait.
         wait_for_engine(server, lambda r: r.running == 1 or bool(answers), "the replica to run it")
         # Held still, so the deadline finds the request running on any machine.
-        engines = [r.upstream.pid for r in server.app.state.runtime.pipeline.dispatcher.replicas.members]
-        for pid in engines:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with engines_held(server):
             server.drain()
             request.join(60)
-        finally:
-            for pid in engines:
-                os.kill(pid, signal.SIGCONT)
         (answer,) = answers
         assert answer.status_code == 503, answer.text[:200]
         assert answer.json()["error"]["code"] == "server_shutting_down"
