@@ -139,7 +139,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         and every read after one: the edge answers them as HTTP on purpose (on_headers_complete)."""
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._head_too_large:
+        if self._refused:
             return  # the rest of a refused request, read and dropped until the connection closes
         super().data_received(data)
 

@@ -336,8 +336,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     except msgspec.ValidationError as exc:
         raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc))) from None
     except msgspec.DecodeError:
-        rest = body[len(_UTF8_BOM) :]
-        if body.startswith(_UTF8_BOM) and not rest.startswith(_UTF8_BOM):
+        if body.startswith(_UTF8_BOM) and not (rest := body[len(_UTF8_BOM) :]).startswith(_UTF8_BOM):
             # Some Windows tools write one before the JSON; Python's json.loads (vLLM, FastAPI)
             # skips one. Tried only once the plain decode failed: no cost on any other request.
             return parse_chat_request(rest)
