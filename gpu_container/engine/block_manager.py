@@ -39,7 +39,9 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _BlockKey:
-    """What a keyed block holds. The parent and tokens are kept to check a hit exactly, not by hash."""
+    """What a keyed block holds. The parent's key and the tokens are kept to check a hit by its own
+    tokens, not by hash alone; that the block before it holds the right K/V rests on the parent's key,
+    which is why keys are 128 bits wide (prefix_hash.py)."""
 
     hash: int
     parent: int

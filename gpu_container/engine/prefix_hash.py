@@ -2,12 +2,15 @@
 
 A block's K/V depend on all tokens before it, not only its own, so its key chains the previous
 block's key with its own tokens: two sequences share a block's key exactly when they share the whole
-prefix up to that block's end. The engine's prefix cache keys its blocks this way; the edge's router
-computes the same keys from a prompt to guess which replica holds them.
+prefix up to that block's end. The engine's prefix cache keys its blocks this way (the edge's router
+names prompt blocks alike to guess which replica holds them, with a cheaper hash of its own:
+edge/admission/prefix_index.py).
 
 blake2b rather than Python's hash(): stable across processes and versions, and hard to collide on
-purpose (the engine checks the tokens on every hit anyway; the router cannot, and a forged collision
-would only cost it a miss).
+purpose. 128 bits wide, because a hit is checked only by its own tokens and its parent's key: two
+prefixes whose keys collide would let a block computed after one be served after the other (the
+wrong K/V, a wrong reply), and at 64 bits a fleet keying billions of blocks is within a birthday
+bound's reach (vLLM offers sha256 block keys for the same reason). At 128 bits, no.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 # The parent of an unsalted sequence's first block.
 ROOT_HASH = 0
+KEY_BYTES = 16
 
 
 def root_hash(salt: str) -> int:
@@ -30,13 +34,13 @@ def root_hash(salt: str) -> int:
     unsalted requests share with each other."""
     if not salt:
         return ROOT_HASH
-    digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"cache-salt").digest()
+    digest = hashlib.blake2b(salt.encode(), digest_size=KEY_BYTES, person=b"cache-salt").digest()
     return int.from_bytes(digest, "little")
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
     """The key of a full block holding tokens, whose preceding block's key is parent."""
-    h = hashlib.blake2b(parent.to_bytes(8, "little"), digest_size=8)
+    h = hashlib.blake2b(parent.to_bytes(KEY_BYTES, "little"), digest_size=KEY_BYTES)
     h.update(np.asarray(tokens, dtype=np.int64).tobytes())
     return int.from_bytes(h.digest(), "little")
 

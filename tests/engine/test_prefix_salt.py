@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.prefix_hash import ROOT_HASH, block_hashes, root_hash
+from gpu_container.engine.prefix_hash import ROOT_HASH, block_hashes, chain_hash, root_hash
 from gpu_container.engine.sequence import Sequence
 from gpu_container.engine.types import EngineConfig, SamplingParams
 from tests.engine.collector import TIMEOUT_S, Collector
@@ -75,3 +75,13 @@ def test_the_engine_reports_hits_per_salt() -> None:
     assert cached == {"a1": 0, "b1": 0, "a2": 3 * BLOCK, "plain1": 0, "plain2": 3 * BLOCK}
     # Same salt, same tokens: the same greedy output, cache or not.
     assert seen.tokens("a2") == seen.tokens("a1") == seen.tokens("b1")
+
+
+def test_block_keys_are_128_bits_wide() -> None:
+    """A hit trusts its parent's key, so keys must not collide in practice: the whole 128 bits of a
+    parent feed its child, and keys use them (at 64 bits a large fleet nears a birthday collision)."""
+    low = 12345
+    assert chain_hash(low, PROMPT[:4]) != chain_hash(low | 1 << 100, PROMPT[:4])
+    keys = block_hashes(list(range(4_000)), 4)
+    assert max(keys).bit_length() > 120
+    assert root_hash("tenant").bit_length() > 64 or root_hash("other").bit_length() > 64
