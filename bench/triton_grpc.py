@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -53,13 +54,14 @@ def encode_request(
     scalar("input_lengths", "INT32", len(req.prompt_ids), np.int32)
     scalar("request_output_len", "INT32", req.max_new_tokens, np.int32)
     scalar("streaming", "BOOL", True, np.bool_)
-    scalar("return_perf_metrics", "BOOL", True, np.bool_)
+    scalar("return_kv_cache_reuse_stats", "BOOL", True, np.bool_)
     greedy = req.temperature == 0
     scalar("runtime_top_k", "INT32", 1 if greedy else 0, np.int32)
     scalar("temperature", "FP32", 1.0 if greedy else req.temperature, np.float32)
     scalar("runtime_top_p", "FP32", req.top_p, np.float32)
-    if req.seed is not None:
-        scalar("random_seed", "UINT64", req.seed % 2**64, np.uint64)
+    # As the edge's generate_body: TensorRT-LLM samples an unseeded request with seed 0.
+    seed = req.seed if req.seed is not None else random.getrandbits(64)
+    scalar("random_seed", "UINT64", seed % 2**64, np.uint64)
     if end_id is not None:
         scalar("end_id", "INT32", end_id, np.int32)
     if pad_id is not None:

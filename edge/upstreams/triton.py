@@ -12,9 +12,11 @@ gpu_container/triton/refusals.py tells them apart. The end of the HTTP response 
 generation (Triton ends it on the response flagged final), never a guess.
 
 Prompt tokens served from the replica's prefix cache (Delta.cached_tokens) come from TensorRT-LLM's
-per-request `kv_cache_reused_blocks` output, which the request asks for with `return_perf_metrics`
-and the replica sends with every response; blocks become tokens at the replica's own block size,
-its `tokens_per` KV gauge. A replica that does not say its block size reports 0, with a warning.
+per-request `kv_cache_reused_blocks` output, which the request asks for with
+`return_kv_cache_reuse_stats` (the name the pinned TensorRT-LLM 0.16 backend reads; from 0.19 on it
+is `return_perf_metrics`) and the replica sends with every response; blocks become tokens at the
+replica's own block size, its `tokens_per` KV gauge. A replica that does not say its block size
+reports 0, with a warning.
 
 The request's cache_salt is not sent, so a Triton replica shares its prefix cache across users
 whatever `[admission] prefix_cache_scope` says: TensorRT-LLM's executor keys blocks by a per-request
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import random
 import shutil
 import tempfile
 import time
@@ -108,17 +111,20 @@ def generate_body(
         "input_lengths": [len(req.prompt_ids)],
         "request_output_len": [req.max_new_tokens],
         "streaming": [True],
-        # Per-request perf metrics, among them kv_cache_reused_blocks (the prefix-cache hit).
-        "return_perf_metrics": [True],
+        # kv_cache_reused_blocks (the prefix-cache hit) and its two sibling outputs on every response.
+        "return_kv_cache_reuse_stats": [True],
     }
     # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
     greedy = req.temperature == 0
     body["runtime_top_k"] = [1 if greedy else req.top_k]
     body["temperature"] = [1.0 if greedy else req.temperature]
     body["runtime_top_p"] = [req.top_p]
-    if req.seed is not None:
-        # The seed travels as UINT64: a negative one wraps rather than failing the request.
-        body["random_seed"] = [req.seed % 2**64]
+    # Always a seed: TensorRT-LLM seeds a request without one with 0, so every unseeded request
+    # with the same prompt and settings sampled the same reply (its maintainers: NVIDIA/TensorRT-LLM
+    # issues 1000 and 2860), where OpenAI and vLLM sample afresh. The seed travels as UINT64: a
+    # negative one wraps rather than failing the request.
+    seed = req.seed if req.seed is not None else random.getrandbits(64)
+    body["random_seed"] = [seed % 2**64]
     # Sent only when set: a model repository that does not declare them still takes the rest.
     if req.repetition_penalty != 1.0:
         body["repetition_penalty"] = [req.repetition_penalty]

@@ -65,7 +65,7 @@ def test_encoded_request_decodes_to_the_same_generation() -> None:
     decoded = decode_request(_as_model_sees_it(encoded).get)
     assert decoded.prompt_ids == [5, 6, 7]
     assert decoded.streaming and not decoded.stop
-    assert decoded.perf_metrics  # return_perf_metrics: kv_cache_reused_blocks with every response
+    assert decoded.kv_cache_reuse_stats  # the KV cache stats with every response
     p = decoded.params
     assert p.max_new_tokens == 12
     assert p.temperature == pytest.approx(0.7)

@@ -25,7 +25,7 @@ CONTRACT_INPUTS = {
     "runtime_top_k",
     "runtime_top_p",
     "random_seed",
-    "return_perf_metrics",
+    "return_kv_cache_reuse_stats",
 }
 
 

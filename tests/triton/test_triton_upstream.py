@@ -124,6 +124,20 @@ async def test_same_tokens_as_the_in_process_engine(
     assert len(tokens) >= 1
 
 
+@pytest.mark.anyio
+async def test_unseeded_sampled_requests_each_sample_afresh(fixed_length: TritonUpstream) -> None:
+    """TensorRT-LLM seeds a request that names no seed with 0, and the CPU model does as it does: the
+    same prompt and settings gave the same reply every time. The edge sends a seed of its own with
+    each, so a regenerated reply is a new sample, as OpenAI and vLLM give."""
+    replies: set[tuple[int, ...]] = set()
+    for i in range(3):
+        req = GenerationRequest(f"unseeded-{i}", PROMPT, max_new_tokens=16, temperature=1.0)
+        tokens, _ = await _collect(fixed_length.generate(req))
+        assert len(tokens) == 16
+        replies.add(tuple(tokens))
+    assert len(replies) > 1
+
+
 def _shared_prefix_prompts(block: int) -> tuple[list[int], list[int]]:
     """Two prompts sharing five full KV blocks, unique per run so no earlier request cached them."""
     rng = random.Random(uuid.uuid4().int)
@@ -162,11 +176,12 @@ def _events(text: str) -> list[Event]:
 
 
 async def _non_streaming_replies(
-    triton: LocalTriton, req: GenerationRequest, *, perf_metrics: bool = False
+    triton: LocalTriton, req: GenerationRequest, *, reuse_stats: bool = False
 ) -> list[Event]:
     """The request as the tensorrt_llm contract's non-streaming form, over raw HTTP (no end token):
     every response, none carrying an error."""
-    body = generate_body(req, end_id=-1) | {"streaming": [False], "return_perf_metrics": [perf_metrics]}
+    asks = {"streaming": [False], "return_kv_cache_reuse_stats": [reuse_stats]}
+    body = generate_body(req, end_id=-1) | asks
     url = f"{triton.process.http_url}/v2/models/tensorrt_llm/generate_stream"
     async with httpx.AsyncClient(timeout=WAIT_S) as client:
         reply = await client.post(url, json=body)
@@ -179,18 +194,18 @@ async def _non_streaming_replies(
 @pytest.mark.anyio
 async def test_kv_cache_reused_blocks_is_sent_only_when_asked(local_triton: LocalTriton) -> None:
     """TensorRT-LLM's contract: the output comes with every response of a request that sets
-    return_perf_metrics (here non-streaming: its one response), and not otherwise."""
+    return_kv_cache_reuse_stats (here non-streaming: its one response), and not otherwise."""
     block = local_triton.engine_config.block_size
     prompts = _shared_prefix_prompts(block)
 
-    async def ask(i: int, prompt: list[int], perf_metrics: bool) -> list[int | None]:
+    async def ask(i: int, prompt: list[int], reuse_stats: bool) -> list[int | None]:
         req = GenerationRequest(f"perf-{i}", prompt, max_new_tokens=4, temperature=0.0)
-        replies = await _non_streaming_replies(local_triton, req, perf_metrics=perf_metrics)
+        replies = await _non_streaming_replies(local_triton, req, reuse_stats=reuse_stats)
         return [r.kv_cache_reused_blocks for r in replies if event_tokens(r)]
 
-    assert await ask(0, prompts[0], perf_metrics=True) == [0]
-    assert await ask(1, prompts[1], perf_metrics=False) == [None]
-    assert await ask(2, prompts[1], perf_metrics=True) == [5]
+    assert await ask(0, prompts[0], reuse_stats=True) == [0]
+    assert await ask(1, prompts[1], reuse_stats=False) == [None]
+    assert await ask(2, prompts[1], reuse_stats=True) == [5]
 
 
 @pytest.mark.anyio

@@ -12,8 +12,9 @@ its KV blocks on the next step. A watcher thread polls `is_cancelled()` of the l
 closed gRPC stream) every `cancellation_check_period_ms` for streams closed without one; each probe
 is an IPC round trip per request. The engine's stats are exported as the gauges TensorRT-LLM's
 backend exports (nv_trt_llm_*), so the edge reads capacity the same way from both, plus a
-generated-tokens counter of our own. A request that sets `return_perf_metrics` gets its prefix-cache
-hit as TensorRT-LLM's `kv_cache_reused_blocks` output with every response, as TensorRT-LLM sends it.
+generated-tokens counter of our own. A request that sets `return_kv_cache_reuse_stats` gets its
+prefix-cache hit as TensorRT-LLM 0.16's three KV cache outputs (kv_cache_reused_blocks among them)
+with every response, as TensorRT-LLM sends them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpu_container.engine.types import EngineStats, TokenOutput
 from gpu_container.plain_logging import configure_plain_logging
 from gpu_container.triton.cpu.outbox import Outbox
 from gpu_container.triton.cpu.tensors import (
+    KvCacheReuseStats,
     decode_request,
     engine_config_from_parameters,
     output_arrays,
@@ -64,8 +66,10 @@ class _Live:
     sender: Any
     triton_id: str
     streaming: bool
-    # Asked for kv_cache_reused_blocks (`return_perf_metrics`): sent with every response.
-    perf_metrics: bool
+    # Asked for the KV cache stats (`return_kv_cache_reuse_stats`): sent with every response.
+    kv_cache_reuse_stats: bool
+    # Blocks the prompt fills: kv_cache_alloc_total_blocks.
+    prompt_blocks: int
     # Non-streaming requests get every token in their one final response.
     tokens: list[int] = field(default_factory=list)
     abort_requested: bool = False
@@ -180,8 +184,8 @@ def _ignore_renamed_dlpack_capsules(default: Callable[[Any], None]) -> Callable[
 
 # The wheel's backend stub is built against numpy 2's ABI: under numpy 1.x, Tensor(name, array) and
 # as_numpy() silently read the wrong bytes. DLPack crosses that boundary correctly for both.
-def _response(token_ids: list[int], reused_blocks: int | None) -> Any:
-    arrays = output_arrays(token_ids, reused_blocks)
+def _response(token_ids: list[int], stats: KvCacheReuseStats | None) -> Any:
+    arrays = output_arrays(token_ids, stats)
     tensors = [pb_utils.Tensor.from_dlpack(name, array) for name, array in arrays.items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
@@ -255,7 +259,10 @@ class EngineModel:
                 self._engine.abort(target)
             sender.send(flags=FINAL)
             return
-        live = _Live(request, sender, triton_id, contract.streaming, contract.perf_metrics)
+        prompt_blocks = -(-len(contract.prompt_ids) // self._block_size)
+        live = _Live(
+            request, sender, triton_id, contract.streaming, contract.kv_cache_reuse_stats, prompt_blocks
+        )
         with self._lock:
             # Triton ids are the client's choice: only a fresh one can also name the engine request.
             unique = bool(triton_id) and triton_id not in self._by_triton_id
@@ -345,20 +352,24 @@ class EngineModel:
     def _send(self, live: _Live, out: TokenOutput) -> None:
         live.cached_tokens += out.cached_tokens
         # Whole blocks by construction: the engine caches and finds full blocks only.
-        reused = live.cached_tokens // self._block_size if live.perf_metrics else None
+        stats = (
+            KvCacheReuseStats(live.cached_tokens // self._block_size, live.prompt_blocks)
+            if live.kv_cache_reuse_stats
+            else None
+        )
         try:
             if out.error is not None:
                 _send_error(live.sender, out.error, pb_utils.TritonError.INTERNAL)
             elif live.streaming:
                 flags = FINAL if out.finish_reason is not None else 0
                 if out.token_ids:
-                    live.sender.send(_response(out.token_ids, reused), flags=flags)
+                    live.sender.send(_response(out.token_ids, stats), flags=flags)
                 elif flags:
                     live.sender.send(flags=FINAL)
             else:
                 live.tokens.extend(out.token_ids)
                 if out.finish_reason is not None:
-                    live.sender.send(_response(live.tokens, reused), flags=FINAL)
+                    live.sender.send(_response(live.tokens, stats), flags=FINAL)
         except Exception as exc:
             # The client is gone mid-send: stop generating for it.
             log.warning("response send failed, aborting", error=str(exc))

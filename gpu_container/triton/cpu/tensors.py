@@ -35,8 +35,8 @@ class ContractRequest:
     params: SamplingParams
     streaming: bool
     stop: bool
-    # TensorRT-LLM's `return_perf_metrics`: send kv_cache_reused_blocks with every response.
-    perf_metrics: bool = False
+    # TensorRT-LLM 0.16's `return_kv_cache_reuse_stats`: send the KV cache stats with every response.
+    kv_cache_reuse_stats: bool = False
 
 
 def _scalar(get: GetInput, name: str) -> float | int | bool | None:
@@ -87,7 +87,10 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
     temperature = _scalar(get, "temperature")
     top_k = _scalar(get, "runtime_top_k")
     top_p = _scalar(get, "runtime_top_p")
-    seed = _scalar(get, "random_seed")
+    # Absent, TensorRT-LLM seeds the request with 0 (defaultDecodingParams' getSeed): the same
+    # prompt and settings sample the same reply each time. The stand-in does as it does, so a sender
+    # that leaves the seed out is caught here, not first on a GPU.
+    seed = _scalar(get, "random_seed") or 0
     presence = _scalar(get, "presence_penalty")
     repetition = _scalar(get, "repetition_penalty")
     frequency = _scalar(get, "frequency_penalty")
@@ -105,7 +108,7 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
         temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
         top_p=float(top_p) if top_p is not None else 1.0,
         top_k=0 if greedy or top_k is None else int(top_k),
-        seed=int(seed) if seed is not None else None,
+        seed=int(seed),
         presence_penalty=float(presence) if presence is not None else 0.0,
         repetition_penalty=float(repetition) if repetition is not None else 1.0,
         frequency_penalty=float(frequency) if frequency is not None else 0.0,
@@ -120,20 +123,38 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
         params=params,
         streaming=bool(_scalar(get, "streaming")),
         stop=bool(_scalar(get, "stop")),
-        perf_metrics=bool(_scalar(get, "return_perf_metrics")),
+        kv_cache_reuse_stats=bool(_scalar(get, "return_kv_cache_reuse_stats")),
     )
 
 
-def output_arrays(token_ids: list[int], reused_blocks: int | None = None) -> dict[str, npt.NDArray[np.int32]]:
-    """One response's tensors: output_ids [batch=1, beam=1, n] and sequence_length [1, 1], plus
-    kv_cache_reused_blocks [1, 1] (the request's prefix-cache hit in KV blocks) when it is given,
-    as TensorRT-LLM sends it on every response of a request that set `return_perf_metrics`."""
+@dataclass(frozen=True, slots=True)
+class KvCacheReuseStats:
+    """The three outputs TensorRT-LLM 0.16 writes on every response of a request that set
+    `return_kv_cache_reuse_stats`, each [1, 1] INT32, in KV blocks. A model config must declare all
+    three: Triton fails the response on an output its config does not declare."""
+
+    reused: int
+    total: int
+
+    def arrays(self) -> dict[str, npt.NDArray[np.int32]]:
+        return {
+            "kv_cache_alloc_new_blocks": np.asarray([[self.total - self.reused]], dtype=np.int32),
+            "kv_cache_reused_blocks": np.asarray([[self.reused]], dtype=np.int32),
+            "kv_cache_alloc_total_blocks": np.asarray([[self.total]], dtype=np.int32),
+        }
+
+
+def output_arrays(
+    token_ids: list[int], stats: KvCacheReuseStats | None = None
+) -> dict[str, npt.NDArray[np.int32]]:
+    """One response's tensors: output_ids [batch=1, beam=1, n] and sequence_length [1, 1], plus the
+    KV cache stats when the request asked for them."""
     arrays = {
         "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, -1),
         "sequence_length": np.asarray([[len(token_ids)]], dtype=np.int32),
     }
-    if reused_blocks is not None:
-        arrays["kv_cache_reused_blocks"] = np.asarray([[reused_blocks]], dtype=np.int32)
+    if stats is not None:
+        arrays |= stats.arrays()
     return arrays
 
 
