@@ -128,10 +128,16 @@ def generate_body(
     # Sent only when set: a model repository that does not declare them still takes the rest.
     if req.repetition_penalty != 1.0:
         body["repetition_penalty"] = [req.repetition_penalty]
+    # TensorRT-LLM's penalty kernel scales the logits by 1 / temperature before it takes the presence
+    # and frequency penalties off (penaltyKernels.cu: bias, temperature, repetition, presence,
+    # frequency), where OpenAI and vLLM take them off first: sent divided by the temperature, they
+    # weigh on the sample as they do there (at 0.2, five times the penalty it would otherwise be).
+    # The repetition penalty scales, so its place against the temperature does not matter.
+    scale = 1.0 if greedy else req.temperature
     if req.presence_penalty:
-        body["presence_penalty"] = [req.presence_penalty]
+        body["presence_penalty"] = [_fp32(req.presence_penalty / scale)]
     if req.frequency_penalty:
-        body["frequency_penalty"] = [req.frequency_penalty]
+        body["frequency_penalty"] = [_fp32(req.frequency_penalty / scale)]
     if req.logit_bias:
         body["embedding_bias"] = embedding_bias(req.logit_bias, vocab_size)
     if end_id is not None:
@@ -151,6 +157,15 @@ def generate_body(
     if stop:
         body["stop"] = [True]
     return body
+
+
+_FP32_MAX = 3.4028234663852886e38
+
+
+def _fp32(value: float) -> float:
+    """value held within float32's range: a penalty over a temperature near 0 would overflow the
+    FP32 tensor Triton reads it into."""
+    return max(-_FP32_MAX, min(value, _FP32_MAX))
 
 
 def embedding_bias(logit_bias: tuple[tuple[int, float], ...], vocab_size: int | None) -> list[float]:

@@ -11,12 +11,13 @@ model repository here declares): the same words, a stronger penalty where the pr
 
 Before those, the repetition penalty (vLLM's and TensorRT-LLM's extension): each token the prompt
 or the reply holds has its logit divided by it when positive, multiplied when negative. It scales
-rather than adds, so its place matters; vLLM applies it first too.
+rather than adds, so its place matters: after `logit_bias`, as vLLM (its logits processors, the bias
+among them, run before the penalties) and TensorRT-LLM (its penalty kernel adds `embedding_bias`
+first) apply it, so a biased token the prompt holds scores (logit + bias) / penalty on all three.
 
-`logit_bias` is added to its tokens' logits with the presence and frequency penalties, as OpenAI
-defines it (and TensorRT-LLM's `embedding_bias`, a [vocab] row it adds to the logits): before the
-temperature and the greedy choice alike, so +100 all but forces a token and -100 all but bans it.
-Both are sums, so their order does not matter.
+`logit_bias` comes first of all, as OpenAI defines it (TensorRT-LLM's `embedding_bias`, a [vocab]
+row it adds to the logits): before the temperature and the greedy choice alike, so +100 all but
+forces a token and -100 all but bans it.
 
 Last, `min_tokens` (vLLM's, TensorRT-LLM's `min_length`): while the reply holds fewer tokens, the
 tokens that would end it get a logit of -inf, greedy too, so nothing can end it sooner whatever the
@@ -125,11 +126,14 @@ def _adjusted(
     prompt: Sequence[int],
     held: Sequence[int] = (),
 ) -> Floats:
-    """The row with the request's adjustments, in the module doc's order: the repetition penalty on
-    every token of `prompt` and `generated` (divided when positive, multiplied when negative: CTRL's
-    rule, as vLLM and TensorRT-LLM apply it), the logit_bias added, the presence and frequency
+    """The row with the request's adjustments, in the module doc's order: the logit_bias added, the
+    repetition penalty on every token of `prompt` and `generated` (divided when positive, multiplied
+    when negative: CTRL's rule, as vLLM and TensorRT-LLM apply it), the presence and frequency
     penalties taken off the `generated` tokens, and the `held` tokens (min_tokens) at -inf."""
     out = logits.astype(np.float32, copy=True)  # the batch's row stays as the forward pass left it
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        out[list(ids)] += np.asarray(biases, dtype=np.float32)
     penalty = params.repetition_penalty
     if penalty != 1.0 and (prompt or generated):
         seen = np.unique(
@@ -139,13 +143,11 @@ def _adjusted(
         # A penalty near 0 divides a positive logit past float32's range: +inf, and then inf - inf
         # is NaN in the softmax (an IndexError, an "error" for the request). Held at float32's
         # largest value, such tokens tie, as infinitely preferred: the first of them greedy, any of
-        # them sampled. Only these tokens can overflow (the bias and penalties are bounded sums).
+        # them sampled. Only these tokens can overflow (the bias before and the penalties after
+        # are bounded sums).
         with np.errstate(over="ignore"):
             penalised = np.where(values > 0, values / penalty, values * penalty)
         out[seen] = np.minimum(penalised, _FLOAT32_MAX)
-    if params.logit_bias:
-        ids, biases = zip(*params.logit_bias, strict=True)
-        out[list(ids)] += np.asarray(biases, dtype=np.float32)
     if generated and (params.presence_penalty or params.frequency_penalty):
         seen, counts = np.unique(np.asarray(generated), return_counts=True)
         out[seen] -= counts * params.frequency_penalty + params.presence_penalty

@@ -62,6 +62,14 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() ->
     np.testing.assert_allclose(draws / 10_000, expected, atol=0.02)
 
 
+def test_logit_bias_is_added_before_the_repetition_penalty_divides() -> None:
+    """(logit + bias) / penalty, as vLLM and TensorRT-LLM score a biased token the prompt holds: here
+    (10 + 4) / 2 = 7 < 8, so token 1; bias after the penalty would give 10 / 2 + 4 = 9 > 8."""
+    logits = np.array([10.0, 8.0], dtype=np.float32)
+    params = SamplingParams(temperature=0, repetition_penalty=2.0, logit_bias=((0, 4.0),))
+    assert sample(logits, params, None, [], [0]) == 1
+
+
 def test_a_repetition_penalty_near_zero_ties_the_penalised_tokens_instead_of_failing() -> None:
     # 5 / 1.2e-38 is past float32's range: +inf, and inf - inf made the row NaN (an IndexError at
     # top_p below 1, a 502 for the request). Now the tokens so penalised tie at float32's largest.

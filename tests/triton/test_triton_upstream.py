@@ -100,19 +100,30 @@ def _idle_since(before: TrtLlmMetrics) -> Callable[[TrtLlmMetrics], bool]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("temperature", "top_p", "seed"),
-    [(0.0, 1.0, None), (0.9, 0.95, 1234)],
-    ids=["greedy", "seeded-sampling"],
+    ("temperature", "top_p", "seed", "penalties"),
+    [(0.0, 1.0, None, 0.0), (0.9, 0.95, 1234, 0.0), (0.2, 1.0, 7, 1.0)],
+    ids=["greedy", "seeded-sampling", "penalties-at-a-low-temperature"],
 )
 async def test_same_tokens_as_the_in_process_engine(
-    upstream: TritonUpstream, in_process: AsyncEngine, temperature: float, top_p: float, seed: int | None
+    upstream: TritonUpstream,
+    in_process: AsyncEngine,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    penalties: float,
 ) -> None:
-    req = GenerationRequest(
-        "parity", PROMPT, max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed
-    )
-    local = GenerationRequest(
-        "parity-local", PROMPT, max_new_tokens=40, temperature=temperature, top_p=top_p, seed=seed
-    )
+    """The replica's model takes presence and frequency penalties after its temperature, as
+    TensorRT-LLM's kernel does: the edge sends them so that they mean what they mean in-process."""
+    same = {
+        "max_new_tokens": 40,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "presence_penalty": penalties,
+        "frequency_penalty": penalties,
+    }
+    req = GenerationRequest("parity", PROMPT, **same)  # type: ignore[arg-type]
+    local = GenerationRequest("parity-local", PROMPT, **same)  # type: ignore[arg-type]
     expected: list[int] = []
     expected_reason = None
     async for out in in_process.generate(local):

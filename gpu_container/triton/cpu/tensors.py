@@ -103,15 +103,20 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
     if end_id is not None and int(end_id) >= 0:
         stop_ids = (*stop_ids, int(end_id))
     greedy = top_k == 1 or temperature == 0
+    # TensorRT-LLM takes presence and frequency penalties off logits already scaled by 1 / temperature
+    # (penaltyKernels.cu); the engine takes them off before its temperature, as vLLM does. Scaled by
+    # the temperature here, a request means on this model what it means on TensorRT-LLM, so a sender
+    # that sends OpenAI's values unchanged is caught here, not first on a GPU.
+    scale = float(temperature) if temperature is not None and not greedy else 1.0
     params = SamplingParams(
         max_new_tokens=int(output_len),
         temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
         top_p=float(top_p) if top_p is not None else 1.0,
         top_k=0 if greedy or top_k is None else int(top_k),
         seed=int(seed),
-        presence_penalty=float(presence) if presence is not None else 0.0,
+        presence_penalty=float(presence) * scale if presence is not None else 0.0,
         repetition_penalty=float(repetition) if repetition is not None else 1.0,
-        frequency_penalty=float(frequency) if frequency is not None else 0.0,
+        frequency_penalty=float(frequency) * scale if frequency is not None else 0.0,
         logit_bias=logit_bias,
         stop_token_ids=stop_ids,
         ignore_eos=end_id is not None and int(end_id) < 0,
