@@ -65,10 +65,18 @@ from limiter.redis_store import RedisLimiter
 
 
 def _max_model_len(settings: Settings, model_dir: Path) -> int:
-    """The longest sequence every replica can hold: configured, within the model's positions, and
-    within one replica's KV cache (prompt + completion must fit it alone)."""
-    e = settings.engine
-    limit = min(e.max_model_len, e.num_blocks * e.block_size)
+    """The longest sequence (prompt + completion) every replica of the model can hold, within the
+    checkpoint's positions: the model's own `max_model_len` where set; and where the edge's settings
+    build the replicas (CPU engines, a local Triton of them), within `[engine]` max_model_len and one
+    engine's KV cache, which a sequence must fit alone. Triton replicas running elsewhere are
+    TensorRT-LLM engines `[engine]` does not describe: their limit is their build's --max-seq-len,
+    the model's `max_model_len` (the checkpoint's positions when unset). Taking `[engine]`'s for them
+    cut every production model to the CPU engine's 2,048 tokens."""
+    own = settings.model.max_model_len
+    limit = read_facts(model_dir).max_context if own is None else own
+    if settings.upstream.triton.strip() in ("", "local"):
+        e = settings.engine
+        limit = min(limit, e.max_model_len, e.num_blocks * e.block_size)
     return min(limit, read_facts(model_dir).max_context)
 
 

@@ -71,6 +71,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     token_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    # The longest prompt + completion its replicas hold (edge/app.py _max_model_len says the default).
+    max_model_len: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     def __post_init__(self) -> None:
         check_model_source(self.source, "model.source")
@@ -99,6 +101,9 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     # Sampling for a request that omits temperature / top_p (default: the checkpoint's own).
     default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    # The longest prompt + completion its replicas hold: a TensorRT-LLM engine's --max-seq-len
+    # (default: [engine] max_model_len for local engines, the checkpoint's positions for Triton).
+    max_model_len: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # What a request costs one of its replicas, priced into its own scaling demand (edge/scaling/
     # work.py; default: [metrics]): a small model on its GPU costs far less per token than the
     # defaults' 70B on an H200, and each model's GPU group scales on its own demand.

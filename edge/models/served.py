@@ -43,6 +43,7 @@ def _served(settings: Settings, name: str, spec: ServedModelConfig) -> ServedMod
         token_weight=spec.token_weight,
         default_temperature=spec.default_temperature,
         default_top_p=spec.default_top_p,
+        max_model_len=spec.max_model_len,
     )
     engine = settings.engine if spec.replicas is None else replace(settings.engine, replicas=spec.replicas)
     upstream = settings.upstream if spec.triton is None else replace(settings.upstream, triton=spec.triton)

@@ -21,12 +21,14 @@ import msgspec
 import pytest
 
 from edge.admission.replica_set import ReplicaState
+from edge.app import _max_model_len
 from edge.config import DEFAULTS_PATH, Settings, load_settings
 from edge.models.served import served_models
 from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.server import bind_listeners
 from tests.iac.hcl import MODULES, module
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
+from tests.support.live_server import demo_model_dir
 
 # iac/envs/example/tests/settings.tftest.hcl: two models named with a dot, as Llama 3.1 and Qwen2.5 are.
 DOTTED = ("llama-3.1-8b", "qwen2.5-72b")
@@ -132,6 +134,25 @@ def test_a_models_own_gpu_prices_set_its_published_demand(
         assert signal.sample()[metric.DEMAND_METRIC] == pytest.approx(
             3 * (1000 * prefill + 500 * decode) / 10
         )
+
+
+def test_each_models_context_is_its_engine_build_not_the_cpu_engines(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A model on Triton replicas holds what its TensorRT-LLM engine was built for (var.models'
+    max_model_len, default build_engine.py's --max-seq-len 8192), not the edge's own CPU engine's
+    [engine] max_model_len (2,048), which cut every production request past it with a 400."""
+    (tmp_path / "run").mkdir()
+    settings = edge_settings(plans["dotted_model_names"], tmp_path / "run")
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(demo_model_dir(), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 131072}))
+
+    contexts = {m.name: _max_model_len(m.settings, checkpoint) for m in served_models(settings)}
+
+    assert settings.engine.max_model_len == 2048
+    assert contexts == {"llama-3.1-8b": 8192, "qwen2.5-72b": 32768}
 
 
 def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:

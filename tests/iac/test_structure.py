@@ -225,9 +225,11 @@ def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
 # The example's models as terraform renders them into the template (two models, two tiers).
 _RENDER_VALUES = (
     '{models = {"llama-3-8b" = {path = "/opt/floodgate/model/llama-3-8b", '
-    'gpu_group = "floodgate-gpu-llama-3-8b", token_weight = 1, prefill_s_per_token = 0.00002, '
+    'gpu_group = "floodgate-gpu-llama-3-8b", token_weight = 1, max_model_len = 8192, '
+    "prefill_s_per_token = 0.00002, "
     'decode_s_per_token = 0.00005}, "llama-3-70b" = {path = "/opt/floodgate/model/llama-3-70b", '
-    'gpu_group = "floodgate-gpu-llama-3-70b", token_weight = 4, prefill_s_per_token = null, '
+    'gpu_group = "floodgate-gpu-llama-3-70b", token_weight = 4, max_model_len = 32768, '
+    "prefill_s_per_token = null, "
     "decode_s_per_token = null}}, "
     'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
     'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
@@ -276,6 +278,7 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     assert set(settings.models) == {"llama-3-8b", "llama-3-70b"}
     large = settings.models["llama-3-70b"]
     assert large.path == "/opt/floodgate/model/llama-3-70b" and large.token_weight == 4
+    assert large.max_model_len == 32768
     assert large.triton == "asg:floodgate-gpu-llama-3-70b:8000:8002"
     assert settings.models["llama-3-8b"].triton == "asg:floodgate-gpu-llama-3-8b:8000:8002"
     # A model's own prices where var.models gives them; the edge's [metrics] ones where not.

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from edge.app import _max_model_len
 from edge.config import ConfigError, load_settings
 from edge.models.sampling import sampling_defaults
 from edge.models.served import default_model, served_models, tier_models
+from tests.support.live_server import demo_model_dir
 
 
 def test_the_embedded_default_serves_the_demo_model_to_free_and_smollm2_to_paid() -> None:
@@ -153,3 +155,27 @@ def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_reque
     for bad in ({"top_k": 4096, "repetition_penalty": 0}, {"top_k": 2.5, "repetition_penalty": "1.1"}):
         config.write_text(json.dumps(bad))
         assert found() == (0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("triton", "own", "expected"),
+    [
+        # The edge's own CPU engines (and a local Triton of them): [engine]'s 2,048 and its KV cache.
+        ("", None, 2048),
+        ("local", None, 2048),
+        ("", 1000, 1000),
+        # Replicas running elsewhere are TensorRT-LLM engines [engine] does not describe: the
+        # model's own limit, else the checkpoint's positions (4,096 for the demo model).
+        ("10.0.0.5:8000", None, 4096),
+        ("asg:floodgate-gpu-x:8000:8002", 8192, 4096),
+        ("asg:floodgate-gpu-x:8000:8002", 3000, 3000),
+    ],
+)
+def test_a_models_context_is_its_own_replicas(
+    tmp_path: Path, triton: str, own: int | None, expected: int
+) -> None:
+    table = {"source": "demo", "triton": triton} | ({"max_model_len": own} if own is not None else {})
+    settings = load_settings(overrides={"models": {"m": table}, "tiers": {"free": {"models": ["m"]}}})
+    (model,) = served_models(settings)
+
+    assert _max_model_len(model.settings, demo_model_dir()) == expected

@@ -136,7 +136,8 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
 class KvCacheReuseStats:
     """The three outputs TensorRT-LLM 0.16 writes on every response of a request that set
     `return_kv_cache_reuse_stats`, each [1, 1] INT32, in KV blocks. A model config must declare all
-    three: Triton fails the response on an output its config does not declare."""
+    three: Triton fails the response on an output its config does not declare. Here `total` is the
+    prompt's blocks throughout (TensorRT-LLM's presumably grows with the reply; nothing reads it)."""
 
     reused: int
     total: int

@@ -16,6 +16,8 @@ locals {
       path         = spec.edge_model_dir != "" ? spec.edge_model_dir : var.edge_model_dir
       gpu_group    = local.gpu_groups[model]
       token_weight = spec.token_weight
+      # Its TensorRT-LLM engine's context, not the edge's CPU engine's [engine] max_model_len.
+      max_model_len = spec.max_model_len
       # null: the edge's [metrics] prices (one H200 serving Llama 3.3 70B).
       prefill_s_per_token = spec.prefill_s_per_token
       decode_s_per_token  = spec.decode_s_per_token

@@ -36,6 +36,8 @@ variables {
       edge_model_dir     = "/opt/floodgate/model/qwen2.5-72b"
       token_weight       = 4
       root_volume_gb     = 400
+      # Its engine built for a longer context than build_engine.py's default 8192.
+      max_model_len = 32768
     }
   }
   # Every tier the edge defines (edge/defaults.toml).
