@@ -19,9 +19,11 @@ event and `[DONE]`) and exits; a second signal of either kind forces the exit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -127,18 +129,38 @@ class DrainingServer(uvicorn.Server):
         self._may_take_work = may_take_work
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
-            # Not recorded as a captured signal: uvicorn would re-raise it at exit (exit 143).
+        """SIGTERM (and SIGHUP, a closed terminal) drains; Ctrl-C, or a second signal, ends the
+        streams now (with their usage and final events), then exits 0.
+
+        Never uvicorn's own: it records each signal to re-raise at exit (exit 143, or a
+        KeyboardInterrupt traceback for Ctrl-C), and a second Ctrl-C is its force exit, which skips
+        the app's shutdown and with it the usage rows of the streams just cut (a `--workers` edge
+        gets two at one Ctrl-C: the terminal's and the parent's). The cut and SHUTDOWN_GRACE_S
+        bound the exit already."""
+        if sig in (signal.SIGTERM, signal.SIGHUP) and not self._drain_requested and not self.should_exit:
             self._drain_requested = True
             return
-        # Ctrl-C, or a second signal: end the streams now (with their final events), then exit.
         self._drain_requested = True
         self._cut_requested = True
         if self.should_exit and self._loop is not None:
             # Past the accept window uvicorn's main loop has ended and waits for the streams: no
             # tick reads the flag any more, so a second SIGTERM left them to the drain deadline.
             self._loop.call_soon_threadsafe(self.drain.cut)
-        super().handle_exit(sig, frame)
+        self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's (SIGINT, SIGTERM), and SIGHUP: a terminal closing under `floodgate serve` killed
+        it outright, its streams reset without an error event."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, previous)
 
     def request_drain(self) -> None:
         """What SIGTERM does, for a server running in a thread (tests), where signals cannot reach."""

@@ -131,6 +131,7 @@ def serve_workers(
 
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
+    signal.signal(signal.SIGHUP, pass_on)
     ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
     first = next(proc for proc in procs if proc.sentinel in ended)
     if not signalled:

@@ -13,6 +13,7 @@ ended, so the deadline finds some still running (generating or queued) on any ma
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from edge.config import load_settings
+from edge.keys.cli_support import opened_usage
 from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
 from tests.edge.sse_client import (
     CHAT,
@@ -201,6 +204,74 @@ def test_a_second_sigterm_after_the_accept_window_cuts_the_streams(tmp_path: Pat
         assert stream.events[-1] == DONE
         # And the process goes, re-raising the forcing signal as uvicorn does.
         assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def _usage_rows(config: Path) -> list[tuple[int, int]]:
+    """(requests, output tokens) of each usage row the stopped server left in its store."""
+
+    async def query() -> list[Any]:
+        async with opened_usage(load_settings(config)) as store:
+            return list(await store.query("drill-user", "", ""))
+
+    return [(row.requests, row.output_tokens) for row in asyncio.run(query())]
+
+
+def test_ctrl_c_after_the_accept_window_still_records_the_cut_streams_usage(tmp_path: Path) -> None:
+    """Ctrl-C while uvicorn waits for the streams (a second signal, as a `--workers` edge gets at one
+    Ctrl-C: the terminal's and its parent's) was uvicorn's force exit: the app's shutdown skipped,
+    and with it the usage row of the stream it had just cut (billed to no one), a KeyboardInterrupt
+    traceback, a failing exit code. Now the same cut, its row written, exit 0."""
+    drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+        stream.start()
+        assert stream.started.wait(60) and stream.error is None, stream.error
+        engine = _children(server.proc.pid)
+        for pid in engine:
+            os.kill(pid, signal.SIGSTOP)  # the stream cannot finish by itself
+        try:
+            server.proc.send_signal(signal.SIGTERM)
+            port = int(server.base_url.rsplit(":", 1)[1])
+            _wait(lambda: not _listening(port), "the accept window to end")
+            server.proc.send_signal(signal.SIGINT)
+            stream.join(30)  # the deadline is 120 s away
+            ended = not stream.is_alive()
+        finally:
+            for pid in engine:
+                os.kill(pid, signal.SIGCONT)
+        code = server.proc.wait(timeout=30)
+        output = server.output()
+    assert ended and stream.error is None, stream.error
+    assert stream.events[-1] == DONE
+    assert stream.events[-2]["error"]["code"] == "server_shutting_down"
+    reply = stream.events[-3]["usage"]["completion_tokens"]
+    assert code == 0 and "Traceback" not in output, output[-2000:]
+    assert _usage_rows(tmp_path / "floodgate.toml") == [(1, reply)]
+
+
+def test_a_hangup_drains_as_sigterm_does(tmp_path: Path) -> None:
+    """SIGHUP (the terminal `floodgate serve` ran in, closed) killed the process outright: its
+    streams reset with no error event or [DONE]. It drains now, as SIGTERM does."""
+    drain = {"drain_accept_s": 0.2, "drain_deadline_s": 1.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+        stream.start()
+        assert stream.started.wait(60) and stream.error is None, stream.error
+        engine = _children(server.proc.pid)
+        for pid in engine:
+            os.kill(pid, signal.SIGSTOP)  # the deadline finds the stream running
+        try:
+            server.proc.send_signal(signal.SIGHUP)
+            stream.join(30)
+            ended = not stream.is_alive()
+        finally:
+            for pid in engine:
+                os.kill(pid, signal.SIGCONT)
+        code = server.proc.wait(timeout=30)
+    assert ended and stream.error is None, stream.error
+    assert stream.events[-2]["error"]["code"] == "server_shutting_down"
+    assert stream.events[-1] == DONE
+    assert code == 0
 
 
 def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
