@@ -14,6 +14,7 @@ wake-up per stream per second.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import anyio
 import structlog
@@ -51,7 +52,10 @@ class StalledReaders:
     def watch(self, progress: SendProgress) -> None:
         self._streams.add(progress)
         if self._task is None:
-            self._task = asyncio.create_task(self._scan_forever(), name="stalled-readers")
+            # A context of its own, not the first watched stream's (its bound log fields).
+            self._task = asyncio.create_task(
+                self._scan_forever(), name="stalled-readers", context=contextvars.Context()
+            )
 
     def unwatch(self, progress: SendProgress) -> None:
         self._streams.discard(progress)

@@ -10,6 +10,7 @@ own atomic script run on Redis.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,9 @@ class CallBatcher:
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(_Call(keys, args, epoch, answer))
         if len(self._writers) < self._max_in_flight:
-            writer = asyncio.create_task(self._write(), name="limiter-batch")
+            # A context of its own: it serves every caller, not the one whose request started it,
+            # and its log lines must not carry that request's id.
+            writer = asyncio.create_task(self._write(), name="limiter-batch", context=contextvars.Context())
             self._writers.add(writer)
             # (A writer removes itself when it ends; this covers one ending by an error.)
             writer.add_done_callback(self._writers.discard)

@@ -31,6 +31,7 @@ Slow is not down, and a late answer is not a "no":
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import time
 import uuid
@@ -350,8 +351,9 @@ class RedisLimiter:
         if self._closing:
             return
         if self._restoring is None or self._restoring.done():
+            # A context of its own, not the request's whose admit started it (its log lines).
             self._restoring = asyncio.get_running_loop().create_task(
-                self._restore_now(), name="limiter-restore"
+                self._restore_now(), name="limiter-restore", context=contextvars.Context()
             )
 
     async def _restore_now(self) -> None:

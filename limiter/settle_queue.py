@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -75,7 +76,11 @@ class SettleQueue:
         SETTLES_PENDING.set(len(self._pending))
         self._wake.set()
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write(), name="limiter-settles")
+            # A context of its own: it outlives the request that started it, whose id its log lines
+            # (a store failing, recovering) carried for the life of the process.
+            self._writer = asyncio.create_task(
+                self._write(), name="limiter-settles", context=contextvars.Context()
+            )
         return settle.attempted
 
     async def submit(self, settle: PendingSettle) -> None:
