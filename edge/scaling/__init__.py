@@ -37,7 +37,7 @@ def scaling_publisher(
     `interval_s`, when shorter, as in tests) and sends them every `interval_s`; `price`: what a
     request costs a replica (work.py)."""
     return ScalingPublisher(
-        DemandSignal(dispatcher, price).sample,
+        DemandSignal(dispatcher, price, model=model).sample,
         dimensions=metric.dimensions(model),
         client_factory=client_factory,
         interval_s=interval_s,

@@ -30,9 +30,13 @@ log = structlog.get_logger(__name__)
 MAX_DATUMS_PER_CALL = 1000  # PutMetricData's limit
 MAX_SAMPLES_PER_CALL = MAX_DATUMS_PER_CALL // 2  # two metrics per sample
 
-PUBLISHES = Counter("floodgate_cloudwatch_publishes_total", "PutMetricData calls that succeeded.")
+PUBLISHES = Counter(
+    "floodgate_cloudwatch_publishes_total", "PutMetricData calls that succeeded, by model.", ["model"]
+)
 PUBLISH_FAILURES = Counter(
-    "floodgate_cloudwatch_publish_failures_total", "PutMetricData calls that failed (their samples are lost)."
+    "floodgate_cloudwatch_publish_failures_total",
+    "PutMetricData calls that failed (their samples are lost), by model.",
+    ["model"],
 )
 
 
@@ -54,6 +58,9 @@ class ScalingPublisher:
             raise ValueError(f"more than {MAX_SAMPLES_PER_CALL} samples per interval: sample less often")
         self._get_sample = get_sample
         self._dimensions: list[DimensionTypeDef] = [{"Name": k, "Value": v} for k, v in dimensions.items()]
+        model = dimensions.get(metric.MODEL_DIMENSION, "")
+        self._published = PUBLISHES.labels(model=model)
+        self._failed = PUBLISH_FAILURES.labels(model=model)
         self._client_factory = client_factory
         self._client: CloudWatchClient | None = None
         self._interval_s = interval_s
@@ -82,10 +89,10 @@ class ScalingPublisher:
             await anyio.to_thread.run_sync(self._put, samples)
         except Exception as exc:
             # Not re-sent: a late backlog figure would mislead the scaler more than a missing one.
-            PUBLISH_FAILURES.inc()
+            self._failed.inc()
             log.warning("scaling_publish_failed", samples=len(samples), error=repr(exc))
             return False
-        PUBLISHES.inc()
+        self._published.inc()
         return True
 
     def start(self) -> None:

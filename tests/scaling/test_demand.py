@@ -125,7 +125,9 @@ def test_prompt_tokens_are_priced_at_the_prefill_cost() -> None:
     demand = signal.sample()[metric.DEMAND_METRIC]
 
     assert demand == pytest.approx(10 * (3000 * 1e-4 + 500 * 1e-3) / INTERVAL_S)
-    assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica") == pytest.approx(demand)
+    assert REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica", {"model": ""}) == pytest.approx(
+        demand
+    )
 
 
 def test_a_models_own_prices_price_its_demand_the_others_keep_the_defaults() -> None:
@@ -141,10 +143,15 @@ def test_a_models_own_prices_price_its_demand_the_others_keep_the_defaults() -> 
     for model in served_models(settings):
         clock = Clock()
         edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
-        signal = DemandSignal(edge, work_price(model.settings.metrics), clock)
+        signal = DemandSignal(edge, work_price(model.settings.metrics), clock, model=model.name)
         clock.now += INTERVAL_S
         edge.ask(10, prompt_tokens_each=3000)
         demand[model.name] = signal.sample()[metric.DEMAND_METRIC]
+    # Each model's own series on /metrics: one unlabelled gauge showed the last sampled model's.
+    assert {
+        name: REGISTRY.get_sample_value("floodgate_scaling_demand_per_replica", {"model": name})
+        for name in demand
+    } == demand
 
     assert demand["small"] == pytest.approx(10 * (3000 * 2e-5 + 500 * 5e-5) / INTERVAL_S)
     assert demand["large"] == pytest.approx(

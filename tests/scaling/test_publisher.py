@@ -82,16 +82,18 @@ async def test_the_running_publisher_batches_each_interval_into_one_call(
 
 async def test_a_failing_put_is_counted_and_its_samples_dropped(recorder: PutRecorder) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    model = model_name()
     publisher = ScalingPublisher(
         lambda: {metric.DEMAND_METRIC: 3.0},
-        dimensions=metric.dimensions(model_name()),
+        dimensions=metric.dimensions(model),
         client_factory=lambda: aws_client("cloudwatch", dead),
     )
-    before = REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total") or 0.0
+    failures = ("floodgate_cloudwatch_publish_failures_total", {"model": model})
+    assert REGISTRY.get_sample_value(*failures) == 0.0
     publisher.sample()
 
     assert not await publisher.flush()
-    assert REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total") == before + 1
+    assert REGISTRY.get_sample_value(*failures) == 1.0
     assert await publisher.flush()  # the failed interval's samples are not sent again
 
 
