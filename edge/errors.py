@@ -135,6 +135,7 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
     code = "request_too_large" if status == 413 else None
     detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "api_error"), code=code)
     headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
     return error_response(status, detail, headers)
 
 
@@ -157,6 +158,8 @@ def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Respo
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.error("unhandled_error", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
     detail = ErrorDetail(message="The server had an error while processing your request.", type="api_error")
+    # Counted, or the server's own faults would be the one error status /metrics never shows.
+    REQUESTS_REJECTED.labels("500", detail.type).inc()
     return error_response(500, detail)
 
 
