@@ -134,9 +134,9 @@ class DrainingServer(uvicorn.Server):
 
         Never uvicorn's own: it records each signal to re-raise at exit (exit 143, or a
         KeyboardInterrupt traceback for Ctrl-C), and a second Ctrl-C is its force exit, which skips
-        the app's shutdown and with it the usage rows of the streams just cut (a `--workers` edge
-        gets two at one Ctrl-C: the terminal's and the parent's). The cut and SHUTDOWN_GRACE_S
-        bound the exit already."""
+        the app's shutdown and with it the usage rows of the streams just cut (a `--workers` edge's
+        parent passes each of its signals on to every worker). The cut and SHUTDOWN_GRACE_S bound
+        the exit already."""
         if sig in (signal.SIGTERM, signal.SIGHUP) and not self._drain_requested and not self.should_exit:
             self._drain_requested = True
             return
