@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,28 @@ def test_each_models_context_is_its_engine_build_not_the_cpu_engines(
 
     assert settings.engine.max_model_len == 2048
     assert contexts == {"llama-3.1-8b": 8192, "qwen2.5-72b": 32768}
+
+
+def test_the_edge_task_gives_boto3_its_region(plans: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """The edge's DynamoDB clients (keys, messages) name no region: boto3 must find it in the task's
+    environment, where it reads AWS_DEFAULT_REGION and never AWS_REGION (the GPU hosts' containers
+    had died of NoRegionError before). Resolved by boto3 itself, in the task's environment alone."""
+    task = planned(plans["dotted_model_names"], "module.edge.aws_ecs_task_definition.edge")
+    (container,) = json.loads(task["container_definitions"])
+    environment = {e["name"]: e["value"] for e in container["environment"]}
+    resolved = subprocess.run(
+        [sys.executable, "-c", "import boto3; print(boto3.session.Session().region_name)"],
+        env={
+            **{k: v for k, v in environment.items() if k.startswith("AWS_")},
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resolved.stdout.strip() == environment["AWS_REGION"] != "", resolved.stderr[-300:]
 
 
 def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:

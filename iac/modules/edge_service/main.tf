@@ -132,6 +132,9 @@ resource "aws_ecs_task_definition" "edge" {
         for k, v in merge(var.environment, {
           FLOODGATE_CONFIG_TOML = var.config_toml
           AWS_REGION            = data.aws_region.current.name
+          # boto3 reads AWS_DEFAULT_REGION, never AWS_REGION: the keys and messages tables'
+          # clients name no region of their own (as the GPU hosts' containers, user_data.sh.tftpl).
+          AWS_DEFAULT_REGION = data.aws_region.current.name
         }) : { name = k, value = v }
       ]
       secrets = [
