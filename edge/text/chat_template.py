@@ -57,29 +57,52 @@ class ChatTemplate:
         self._eos = eos_token
 
     def render(self, messages: list[dict[str, str]], end: PromptEnd = "reply") -> str:
+        rendered = self._render(messages, add_generation_prompt=end == "reply")
+        if end != "continue":
+            return rendered
+        return _left_open(rendered, messages[-1]["content"], self._final_message_start(messages, rendered))
+
+    def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
         try:
-            rendered = self._template.render(
+            return self._template.render(
                 messages=messages,
-                add_generation_prompt=end == "reply",
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos,
                 eos_token=self._eos,
             )
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
-        return _left_open(rendered, messages[-1]["content"]) if end == "continue" else rendered
+
+    def _final_message_start(self, messages: list[dict[str, str]], rendered: str) -> int:
+        """Where the final message's text can begin in `rendered`: the end of what the template
+        writes before it, found by rendering a mark in its place (0 where the template changes
+        the mark or what comes before it, and so tells nothing)."""
+        marked = self._render(
+            [*messages[:-1], {**messages[-1], "content": _MARK}], add_generation_prompt=False
+        )
+        at = marked.find(_MARK)
+        return at if at > 0 and rendered.startswith(marked[:at]) else 0
 
 
-def _left_open(rendered: str, final: str) -> str:
+# Stands in for the final message when finding where it begins: letters alone, so a template's
+# filters (trim, escaping) leave it whole.
+_MARK = "floodgateFinalMessageBeginsHere"
+
+
+def _left_open(rendered: str, final: str, start: int = 0) -> str:
     """The rendering cut right after the final message's text, as transformers'
     apply_chat_template(continue_final_message=True) cuts it (and so vLLM): whatever the template
     writes after it (the turn's end token) is gone, and the model continues the message itself.
-    Found by its last occurrence, stripped; its trailing whitespace is kept where the template kept
-    it and the message has none in front. A template that drops or changes the message leaves
-    nothing to continue, and neither does an empty message: refused rather than cut anywhere."""
+    Found stripped, by its first occurrence from `start` (where the template begins writing it),
+    else by its last occurrence, as transformers finds it: a last occurrence can lie inside what
+    the template writes after the message (a final message "end" inside "<|im_end|>" left the
+    prompt ending in "end<|im_end"). Its trailing whitespace is kept where the template kept it and
+    the message has none in front. A template that drops or changes the message leaves nothing to
+    continue, and neither does an empty message: refused rather than cut anywhere."""
     stripped = final.strip()
     if not stripped:
         raise ChatTemplateError("continue_final_message needs a final message with text to continue")
-    at = rendered.rfind(stripped)
+    at = rendered.find(stripped, start) if start else rendered.rfind(stripped)
     if at < 0:
         raise ChatTemplateError(
             "continue_final_message is set but the final message does not appear in the chat the "

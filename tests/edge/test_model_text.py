@@ -120,6 +120,10 @@ ASKED = {"role": "user", "content": "hi"}
         (CHATML, "  Sure,", "assistant\n  Sure,"),
         # A template that trims: cut after the text it wrote, not past its end token.
         (CHATML.replace("m.content", "m.content | trim"), "Sure,  ", "assistant\nSure,"),
+        # Text that also lies inside the end token the template writes after the message: cut
+        # after the message, not in that token (transformers' last occurrence: "end<|im_end").
+        (CHATML, "end", "assistant\nend"),
+        (CHATML, "<|im_end|>", "assistant\n<|im_end|>"),
     ],
 )
 def test_continue_cuts_right_after_the_final_messages_text(source: str, final: str, ends_with: str) -> None:
