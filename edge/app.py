@@ -60,6 +60,7 @@ from edge.upstreams.base import Upstream
 from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider, local_upstreams
 from edge.upstreams.replica_discovery import DiscoveredUpstreams
 from gpu_container.checkpoint.facts import read_facts
+from gpu_container.contract import TRTLLM_DEFAULT_MAX_SEQ_LEN
 from limiter.factory import create_limiter
 from limiter.redis_store import RedisLimiter
 
@@ -70,13 +71,15 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
     build the replicas (CPU engines, a local Triton of them), within `[engine]` max_model_len and one
     engine's KV cache, which a sequence must fit alone. Triton replicas running elsewhere are
     TensorRT-LLM engines `[engine]` does not describe: their limit is their build's --max-seq-len,
-    the model's `max_model_len` (the checkpoint's positions when unset). Taking `[engine]`'s for them
-    cut every production model to the CPU engine's 2,048 tokens."""
+    the model's `max_model_len` (build_engine.py's default when unset: past it TensorRT-LLM cuts a
+    reply short as if it had ended). Taking `[engine]`'s for them cut every production model to the
+    CPU engine's 2,048 tokens."""
     own = settings.model.max_model_len
-    limit = read_facts(model_dir).max_context if own is None else own
     if settings.upstream.triton.strip() in ("", "local"):
         e = settings.engine
-        limit = min(limit, e.max_model_len, e.num_blocks * e.block_size)
+        limit = min(e.max_model_len, e.num_blocks * e.block_size, own or e.max_model_len)
+    else:
+        limit = own or TRTLLM_DEFAULT_MAX_SEQ_LEN
     return min(limit, read_facts(model_dir).max_context)
 
 

@@ -102,7 +102,7 @@ class ServedModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     default_temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     default_top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
     # The longest prompt + completion its replicas hold: a TensorRT-LLM engine's --max-seq-len
-    # (default: [engine] max_model_len for local engines, the checkpoint's positions for Triton).
+    # (default: [engine] max_model_len for local engines, build_engine.py's 8,192 for Triton).
     max_model_len: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # What a request costs one of its replicas, priced into its own scaling demand (edge/scaling/
     # work.py; default: [metrics]): a small model on its GPU costs far less per token than the

@@ -15,6 +15,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# The longest prompt + reply of a TensorRT-LLM engine built by gpu_container/triton/build_engine.py
+# without --max-seq-len: the edge's context limit for Triton replicas whose model names none. An
+# engine holds no more (TensorRT-LLM cuts a longer reply short, as if it had ended), so the edge
+# refuses a longer request with a 400 before it reaches one.
+TRTLLM_DEFAULT_MAX_SEQ_LEN = 8192
+
 # Why a generation ended, as the replica reports it (the edge's own end reasons extend it).
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import structlog
 
+from gpu_container.contract import TRTLLM_DEFAULT_MAX_SEQ_LEN
 from gpu_container.triton.fetch_engine import upload_engine
 
 log = structlog.get_logger(__name__)
@@ -34,7 +35,7 @@ class EngineBuild:
     tp_size: int = 1
     max_batch_size: int = 64
     max_input_len: int = 4096
-    max_seq_len: int = 8192
+    max_seq_len: int = TRTLLM_DEFAULT_MAX_SEQ_LEN
     # Token budget of one in-flight batch (prefill chunks + decode tokens).
     max_num_tokens: int = 8192
     tokens_per_block: int = 64
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-input-len", type=int, default=4096)
-    parser.add_argument("--max-seq-len", type=int, default=8192)
+    parser.add_argument("--max-seq-len", type=int, default=TRTLLM_DEFAULT_MAX_SEQ_LEN)
     parser.add_argument("--max-num-tokens", type=int, default=8192)
     parser.add_argument("--upload", metavar="S3_URI", help="upload the engine folder here afterwards")
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from edge.app import _max_model_len
 from edge.config import ConfigError, load_settings
 from edge.models.sampling import sampling_defaults
 from edge.models.served import default_model, served_models, tier_models
+from gpu_container.contract import TRTLLM_DEFAULT_MAX_SEQ_LEN
 from tests.support.live_server import demo_model_dir
 
 
@@ -165,7 +167,8 @@ def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_reque
         ("local", None, 2048),
         ("", 1000, 1000),
         # Replicas running elsewhere are TensorRT-LLM engines [engine] does not describe: the
-        # model's own limit, else the checkpoint's positions (4,096 for the demo model).
+        # model's own limit, else build_engine.py's --max-seq-len (8,192); within the checkpoint's
+        # positions (4,096 for the demo model).
         ("10.0.0.5:8000", None, 4096),
         ("asg:floodgate-gpu-x:8000:8002", 8192, 4096),
         ("asg:floodgate-gpu-x:8000:8002", 3000, 3000),
@@ -179,3 +182,20 @@ def test_a_models_context_is_its_own_replicas(
     (model,) = served_models(settings)
 
     assert _max_model_len(model.settings, demo_model_dir()) == expected
+
+
+def test_an_external_triton_model_without_its_own_limit_gets_the_engine_builds_default(
+    tmp_path: Path,
+) -> None:
+    """Unset, the limit is build_engine.py's --max-seq-len, not the checkpoint's 131,072 positions:
+    past its build TensorRT-LLM cuts a reply short as if it had ended (finish_reason "stop"), and
+    /v1/models promised the checkpoint's context."""
+    checkpoint = tmp_path / "long-context"
+    shutil.copytree(demo_model_dir(), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 131072}))
+    table = {"source": "demo", "triton": "asg:floodgate-gpu-x:8000:8002"}
+    settings = load_settings(overrides={"models": {"m": table}, "tiers": {"free": {"models": ["m"]}}})
+    (model,) = served_models(settings)
+
+    assert _max_model_len(model.settings, checkpoint) == TRTLLM_DEFAULT_MAX_SEQ_LEN == 8192

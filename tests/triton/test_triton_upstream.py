@@ -100,9 +100,14 @@ def _idle_since(before: TrtLlmMetrics) -> Callable[[TrtLlmMetrics], bool]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("temperature", "top_p", "seed", "penalties"),
-    [(0.0, 1.0, None, 0.0), (0.9, 0.95, 1234, 0.0), (0.2, 1.0, 7, 1.0)],
-    ids=["greedy", "seeded-sampling", "penalties-at-a-low-temperature"],
+    ("temperature", "top_p", "seed", "penalties", "top_k"),
+    [
+        (0.0, 1.0, None, 0.0, 0),
+        (0.9, 0.95, 1234, 0.0, 0),
+        (0.2, 1.0, 7, 1.0, 0),
+        (0.2, 1.0, None, -0.3, 1),
+    ],
+    ids=["greedy", "seeded-sampling", "penalties-at-a-low-temperature", "penalties-at-top-k-1"],
 )
 async def test_same_tokens_as_the_in_process_engine(
     upstream: TritonUpstream,
@@ -111,6 +116,7 @@ async def test_same_tokens_as_the_in_process_engine(
     top_p: float,
     seed: int | None,
     penalties: float,
+    top_k: int,
 ) -> None:
     """The replica's model takes presence and frequency penalties after its temperature, as
     TensorRT-LLM's kernel does: the edge sends them so that they mean what they mean in-process."""
@@ -121,6 +127,7 @@ async def test_same_tokens_as_the_in_process_engine(
         "seed": seed,
         "presence_penalty": penalties,
         "frequency_penalty": penalties,
+        "top_k": top_k,
     }
     req = GenerationRequest("parity", PROMPT, **same)  # type: ignore[arg-type]
     local = GenerationRequest("parity-local", PROMPT, **same)  # type: ignore[arg-type]

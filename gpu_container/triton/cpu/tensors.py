@@ -107,7 +107,9 @@ def decode_request(get: GetInput, vocab_size: int | None = None) -> ContractRequ
     # (penaltyKernels.cu); the engine takes them off before its temperature, as vLLM does. Scaled by
     # the temperature here, a request means on this model what it means on TensorRT-LLM, so a sender
     # that sends OpenAI's values unchanged is caught here, not first on a GPU.
-    scale = float(temperature) if temperature is not None and not greedy else 1.0
+    # The kernel scales by the temperature whatever top_k is: top_k 1 at 0.2 still takes penalties
+    # off logits five times as large.
+    scale = float(temperature) if temperature else 1.0
     params = SamplingParams(
         max_new_tokens=int(output_len),
         temperature=0.0 if greedy else float(temperature if temperature is not None else 1.0),
