@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,10 +50,14 @@ def _toml(value: object) -> str:
 
 @contextmanager
 def serve_process(
-    workdir: Path, sections: dict[str, dict[str, object]], demo_dir: Path
+    workdir: Path,
+    sections: dict[str, dict[str, object]],
+    demo_dir: Path,
+    popen: dict[str, Any] | None = None,
 ) -> Iterator[ServeProcess]:
     """`floodgate serve` with `sections` over the drill defaults (the demo model in `demo_dir`,
-    stores under `workdir`); killed if still running at the end."""
+    stores under `workdir`); killed if still running at the end. `popen`: more subprocess.Popen
+    arguments (a terminal for its standard streams, a signal it starts ignoring)."""
     port, ops_port = free_port(), free_port()
     keys_file = workdir / "keys.jsonl"
     base: dict[str, dict[str, object]] = {
@@ -76,8 +81,7 @@ def serve_process(
         proc = subprocess.Popen(
             [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)],
             cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            **({"stdout": log, "stderr": subprocess.STDOUT} | (popen or {})),
         )
     server = ServeProcess(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}", key, log_path)
     try:

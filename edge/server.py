@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -105,6 +106,26 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
     return uvicorn.Config(app, **options)  # type: ignore[arg-type]
 
 
+def _terminals() -> tuple[int, ...]:
+    """Which of standard output and error are a terminal (asked at start: a terminal that hung up
+    answers no)."""
+    return tuple(fd for fd in (1, 2) if os.isatty(fd))
+
+
+def _leave_the_terminal(fds: tuple[int, ...]) -> None:
+    """Standard output and error away from a terminal that hung up: the drain's first log line
+    written to it failed (EIO), the main loop died with it, exit 1, and the streams were neither
+    cut nor billed."""
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with SIGTERM turned into a drain. The signal handler only sets flags: the
     drain itself begins on the loop, at uvicorn's next tick (every 0.1 s).
@@ -127,18 +148,26 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._held = held
         self._may_take_work = may_take_work
+        self._terminals = _terminals()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """SIGTERM (and SIGHUP, a closed terminal) drains; Ctrl-C, or a second signal, ends the
-        streams now (with their usage and final events), then exits 0.
+        streams now (with their usage and final events), then exits 0; a signal after that stops
+        waiting for connections still open, and the app's shutdown still runs (`shutdown`).
 
         Never uvicorn's own: it records each signal to re-raise at exit (exit 143, or a
         KeyboardInterrupt traceback for Ctrl-C), and a second Ctrl-C is its force exit, which skips
         the app's shutdown and with it the usage rows of the streams just cut (a `--workers` edge's
-        parent passes each of its signals on to every worker). The cut and SHUTDOWN_GRACE_S bound
-        the exit already."""
+        parent passes each of its signals on to every worker)."""
+        if sig == signal.SIGHUP:
+            _leave_the_terminal(self._terminals)
         if sig in (signal.SIGTERM, signal.SIGHUP) and not self._drain_requested and not self.should_exit:
             self._drain_requested = True
+            return
+        if self._cut_requested:
+            # A client stalled mid-body held the exit until its body timeout, and nothing but a
+            # SIGKILL could end the wait.
+            self.force_exit = True
             return
         self._drain_requested = True
         self._cut_requested = True
@@ -148,12 +177,31 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self.drain.cut)
         self.should_exit = True
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if not self.force_exit:
+            return
+        # Forced: hang up on the connections still open, so their requests end as at a client's
+        # hang-up (left to the loop's end, each was cancelled and logged a traceback), then run the
+        # app's shutdown, which uvicorn skips on a forced exit: the usage writer flushes there.
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.close()
+        if self.server_state.tasks:
+            await asyncio.wait(self.server_state.tasks, timeout=SHUTDOWN_GRACE_S)
+        await self.lifespan.shutdown()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """uvicorn's (SIGINT, SIGTERM), and SIGHUP: a terminal closing under `floodgate serve` killed
-        it outright, its streams reset without an error event."""
+        it outright, its streams reset without an error event. Not where SIGHUP is ignored
+        (`nohup floodgate serve`): that edge must serve on."""
         with super().capture_signals():
-            if threading.current_thread() is not threading.main_thread():
+            if (
+                threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            ):
                 yield
                 return
             previous = signal.signal(signal.SIGHUP, self.handle_exit)

@@ -131,7 +131,8 @@ def serve_workers(
 
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
-    signal.signal(signal.SIGHUP, pass_on)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup floodgate serve` serves on
+        signal.signal(signal.SIGHUP, pass_on)
     ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
     first = next(proc for proc in procs if proc.sentinel in ended)
     if not signalled:

@@ -454,11 +454,13 @@ def _at_once(deliver: Callable[[_Items], None], items: _Items) -> None:
 
 def serve_engine(commands: Connection, events: Connection) -> None:
     """The child's main: load the model, run the engine thread, apply commands until told to stop."""
-    # Ctrl-C in a terminal, and SIGTERM from systemd (KillMode=control-group) or `timeout`, reach the
-    # whole process group; the parent decides when the engine stops, after its drain: it sends "stop",
-    # kills with SIGKILL if that is ignored, and a parent that dies closes the pipe (EOF ends us).
+    # Ctrl-C in a terminal, a closed terminal's SIGHUP, and SIGTERM from systemd
+    # (KillMode=control-group) or `timeout`, reach the whole process group; the parent decides when
+    # the engine stops, after its drain: it sends "stop", kills with SIGKILL if that is ignored, and
+    # a parent that dies closes the pipe (EOF ends us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # JSON lines like the edge's, and never structlog's default console tracebacks with locals (a
     # frame of the engine holds prompt token ids and KV-cache arrays).
     configure_plain_logging()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.drill_serve import ServeProcess
 from bench.drill_serve import serve_process as _serve_process
@@ -16,7 +17,10 @@ __all__ = ["ServeProcess", "serve_process"]
 
 
 @contextmanager
-def serve_process(tmp_path: Path, sections: dict[str, dict[str, object]]) -> Iterator[ServeProcess]:
-    """`floodgate serve` with `sections` over the test defaults; killed if still running at the end."""
-    with _serve_process(tmp_path, sections, demo_model_dir()) as server:
+def serve_process(
+    tmp_path: Path, sections: dict[str, dict[str, object]], popen: dict[str, Any] | None = None
+) -> Iterator[ServeProcess]:
+    """`floodgate serve` with `sections` over the test defaults; killed if still running at the end.
+    `popen`: more subprocess.Popen arguments."""
+    with _serve_process(tmp_path, sections, demo_model_dir(), popen) as server:
         yield server

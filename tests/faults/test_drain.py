@@ -14,9 +14,14 @@ ended, so the deadline finds some still running (generating or queued) on any ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
+import pty
+import select
 import signal
 import socket
+import termios
 import threading
 import time
 from pathlib import Path
@@ -272,6 +277,103 @@ def test_a_hangup_drains_as_sigterm_does(tmp_path: Path) -> None:
     assert stream.events[-2]["error"]["code"] == "server_shutting_down"
     assert stream.events[-1] == DONE
     assert code == 0
+
+
+def test_a_signal_after_the_cut_stops_waiting_for_a_stalled_client(tmp_path: Path) -> None:
+    """Ctrl-C cuts the streams; a client stalled mid-body still held the exit until its body
+    timeout, and nothing but SIGKILL could end the wait. A signal after the cut forces the exit
+    now, and the app's shutdown still runs: the cut stream's usage row is written."""
+    server_settings = {"drain_accept_s": 60.0, "drain_deadline_s": 120.0, "body_timeout_s": 120.0}
+    sections = {"server": server_settings, "engine": {"max_num_seqs": 1}}
+    with serve_process(tmp_path, sections) as server:
+        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+        stream.start()
+        assert stream.started.wait(60) and stream.error is None, stream.error
+        port = int(server.base_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
+            head = (
+                f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {server.key}\r\n"
+            )
+            stalled.sendall(f"{head}Content-Length: 100\r\n\r\n{{".encode())  # 99 bytes never come
+            server.proc.send_signal(signal.SIGINT)
+            stream.join(30)
+            assert not stream.is_alive() and stream.events[-1] == DONE
+            _wait(lambda: not _listening(port), "the listener to close")
+            server.proc.send_signal(signal.SIGINT)
+            code = server.proc.wait(timeout=30)  # the body timeout is 120 s away
+        output = server.output()
+    reply = stream.events[-3]["usage"]["completion_tokens"]
+    assert code == 0 and "Traceback" not in output, output[-2000:]
+    assert _usage_rows(tmp_path / "floodgate.toml") == [(1, reply)]
+
+
+def test_an_edge_started_under_nohup_serves_on_through_a_hangup(tmp_path: Path) -> None:
+    """`nohup floodgate serve`: SIGHUP is ignored from the start, and the edge's own handler must not
+    take that back (it drained and exited on the hangup nohup was there to survive)."""
+
+    def ignore_hangups() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    with serve_process(tmp_path, {}, {"preexec_fn": ignore_hangups}) as server:
+        # Still ignored once serving (the edge's handler was installed over it before it was ready).
+        assert _ignored_signals(server.proc.pid) & (1 << (signal.SIGHUP - 1))
+        server.proc.send_signal(signal.SIGHUP)
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+            # A whole request's Python runs after the signal: its handler, had it one, has run.
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert client.post(CHAT, json=body, headers=server.auth()).status_code == 200
+            assert client.get("/readyz").status_code == 200
+        assert server.proc.poll() is None
+
+
+def test_a_closed_terminal_drains_the_edge_it_ran(tmp_path: Path) -> None:
+    """`floodgate serve` in a terminal that closes: SIGHUP to its process group, and its standard
+    streams dead. The drain's first log line failed there (EIO): the main loop died, exit 1, the
+    running stream reset and never billed. Now the streams leave the terminal and the drain runs
+    as on SIGTERM (the engine, in the same group, ignores the hangup and serves the drain)."""
+    master, terminal = pty.openpty()
+    stop_reading = threading.Event()
+    reader = threading.Thread(target=_read_off, args=(master, stop_reading), daemon=True)
+    reader.start()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    drain = {"drain_accept_s": 0.2, "drain_deadline_s": 60.0}
+    popen = {"stdin": terminal, "stdout": terminal, "stderr": terminal, "preexec_fn": own_terminal}
+    with serve_process(tmp_path, {"server": drain}, popen) as server:
+        os.close(terminal)
+        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+        stream.start()
+        assert stream.started.wait(60) and stream.error is None, stream.error
+        stop_reading.set()
+        reader.join()
+        os.close(master)  # the window closes: the kernel hangs the terminal up
+        stream.join(60)
+        code = server.proc.wait(timeout=60)
+    assert not stream.is_alive() and stream.error is None, stream.error
+    assert stream.events[-1] == DONE
+    # Ended by the drain's deadline or by itself (its engine generates on), its usage reported.
+    (usage,) = [e["usage"] for e in stream.events if isinstance(e, dict) and e.get("usage")]
+    assert code == 0
+    assert _usage_rows(tmp_path / "floodgate.toml") == [(1, usage["completion_tokens"])]
+
+
+def _ignored_signals(pid: int) -> int:
+    """The process's ignored signals, as the kernel holds them (bit n-1 for signal n)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+
+
+def _read_off(fd: int, stop: threading.Event) -> None:
+    """Reads a terminal's output off, so the process writing to it never blocks on a full one, until
+    `stop`: a read under way would hold the terminal open past the test's close of it."""
+    with contextlib.suppress(OSError):
+        while not stop.is_set():
+            if select.select([fd], [], [], 0.05)[0] and not os.read(fd, 65536):
+                return
 
 
 def test_streams_cut_by_the_drain_give_everything_back(tmp_path: Path) -> None:
