@@ -12,8 +12,10 @@ Signals. uvicorn stops listening at once on SIGTERM and then cancels whatever st
 cut streams with a bare TCP close. Here SIGTERM begins a drain (edge/drain.py) instead: `/readyz`
 fails and new generations get 503 while the listeners keep accepting for `drain_accept_s`; then
 uvicorn's own shutdown runs, waiting for the streams, which the drain ends by `drain_deadline_s`.
-The process exits 0. SIGINT (Ctrl-C) cuts the streams at once (each still ends with an error
-event and `[DONE]`) and exits; a second signal of either kind forces the exit.
+The process exits 0. SIGHUP (a closed terminal) drains as SIGTERM does, unless ignored (nohup).
+SIGINT (Ctrl-C), or a second signal, cuts the streams at once (each still ends with its usage, an
+error event and `[DONE]`) and exits 0; one more stops waiting for connections still open. Either
+way the app's shutdown runs, and with it the usage writer (DrainingServer.handle_exit).
 """
 
 from __future__ import annotations
