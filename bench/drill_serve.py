@@ -78,10 +78,9 @@ def serve_process(
     key = create_keys(load_settings(config), {"drill": ("drill-user", "paid")})["drill"]
     log_path = workdir / "serve.log"
     with log_path.open("wb") as log:
+        options: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, **(popen or {})}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)],
-            cwd=workdir,
-            **({"stdout": log, "stderr": subprocess.STDOUT} | (popen or {})),
+            [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)], cwd=workdir, **options
         )
     server = ServeProcess(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}", key, log_path)
     try:

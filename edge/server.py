@@ -163,6 +163,10 @@ class DrainingServer(uvicorn.Server):
         parent passes each of its signals on to every worker)."""
         if sig == signal.SIGHUP:
             _leave_the_terminal(self._terminals)
+            if self._drain_requested or self.should_exit:
+                # A closed terminal's shell and then its kernel each send one, a millisecond apart:
+                # the second cut the streams the first was draining.
+                return
         if sig in (signal.SIGTERM, signal.SIGHUP) and not self._drain_requested and not self.should_exit:
             self._drain_requested = True
             return
@@ -186,10 +190,12 @@ class DrainingServer(uvicorn.Server):
         # Forced: hang up on the connections still open, so their requests end as at a client's
         # hang-up (left to the loop's end, each was cancelled and logged a traceback), then run the
         # app's shutdown, which uvicorn skips on a forced exit: the usage writer flushes there.
+        # Aborted, not closed: a close waits for the write buffer to drain, which a client that
+        # stopped reading never lets happen.
         for connection in list(self.server_state.connections):
             transport = getattr(connection, "transport", None)
             if transport is not None:
-                transport.close()
+                transport.abort()
         if self.server_state.tasks:
             await asyncio.wait(self.server_state.tasks, timeout=SHUTDOWN_GRACE_S)
         await self.lifespan.shutdown()

@@ -80,7 +80,7 @@ class ChatTemplate:
         marked = self._render(
             [*messages[:-1], {**messages[-1], "content": _MARK}], add_generation_prompt=False
         )
-        at = marked.find(_MARK)
+        at = marked.rfind(_MARK)  # the mark's own: an earlier message may quote its text
         return at if at > 0 and rendered.startswith(marked[:at]) else 0
 
 

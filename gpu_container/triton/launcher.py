@@ -197,9 +197,17 @@ def start_local_triton(
     ]
     log_file: IO[bytes] = log_path.open("wb")
     with log_file:
-        # Tied to this process: an owner that dies without stopping it (SIGKILL) takes it along.
+        # Tied to this process: an owner that dies without stopping it (SIGKILL) takes it along. In
+        # a session of its own: a terminal's Ctrl-C or hangup reaches the owner's process group
+        # alone, and the owner stops it after its drain (a hangup killed it mid-drain: every stream
+        # still running ended with upstream_error).
         process = popen_tied(
-            command, env=server_environment(), stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir
+            command,
+            env=server_environment(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
         )
     proc = TritonProcess(
         process=process,

@@ -138,6 +138,15 @@ def test_continue_cuts_right_after_the_final_messages_text(source: str, final: s
     assert template.render([ASKED], "as_is") + "<|im_start|>assistant\n" == template.render([ASKED])
 
 
+def test_continue_finds_the_final_message_where_the_template_writes_it() -> None:
+    """An earlier message may hold any text, the final message's own or the mark the template is
+    probed with: the cut is after the final message, never inside an earlier one."""
+    template = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")
+    quoted = {"role": "user", "content": "Quote floodgateFinalMessageBeginsHere and then say Sure"}
+    continued = template.render([quoted, {"role": "assistant", "content": "Sure"}], "continue")
+    assert continued.endswith("<|im_start|>assistant\nSure")
+
+
 @pytest.mark.parametrize("final", ["", "  \n"])
 def test_continue_refuses_a_final_message_with_nothing_to_continue(final: str) -> None:
     template = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")

@@ -29,9 +29,12 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from edge.config import load_settings
+from edge.drain import Drain
 from edge.keys.cli_support import opened_usage
+from edge.server import DrainingServer
 from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
 from tests.edge.sse_client import (
     CHAT,
@@ -325,6 +328,18 @@ def test_an_edge_started_under_nohup_serves_on_through_a_hangup(tmp_path: Path) 
             assert client.post(CHAT, json=body, headers=server.auth()).status_code == 200
             assert client.get("/readyz").status_code == 200
         assert server.proc.poll() is None
+
+
+def test_a_second_hangup_does_not_cut_the_drain_the_first_began() -> None:
+    """A closed terminal's shell and then its kernel each send SIGHUP, a millisecond apart (the
+    review's real shell in a pty: 4 runs in 6): the second was taken for a second signal and cut the
+    streams the first was draining. Ctrl-C still cuts."""
+    server = DrainingServer(uvicorn.Config(app=None), Drain(accept_s=60.0, deadline_s=60.0))
+    server.handle_exit(signal.SIGHUP, None)
+    server.handle_exit(signal.SIGHUP, None)
+    assert not server.should_exit and not server.force_exit
+    server.handle_exit(signal.SIGINT, None)
+    assert server.should_exit and not server.force_exit
 
 
 def test_a_closed_terminal_drains_the_edge_it_ran(tmp_path: Path) -> None:

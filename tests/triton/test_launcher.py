@@ -4,6 +4,7 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from gpu_container.triton.launcher import (
 )
 from tests.support.connections import established_to
 from tests.support.live_server import demo_model_dir
-from tests.support.triton_server import ENGINE_CONFIG
+from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
 
 
 def test_a_model_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
@@ -149,3 +150,11 @@ async def test_the_edges_local_triton_stops_cleanly_right_after_a_stream_was_cut
     [server] = stopped
     assert not server.killed
     assert server.process.returncode == 0, server.exit_log
+
+
+def test_the_local_triton_runs_in_a_session_of_its_own(local_triton: LocalTriton) -> None:
+    """A terminal's Ctrl-C or hangup signals the edge's process group; tritonserver, in it, died of
+    a hangup mid-drain (every stream still running ended with upstream_error). The edge stops it."""
+    pid = local_triton.process.process.pid
+    assert os.getsid(pid) == pid != os.getsid(0)
+    assert os.getpgid(pid) != os.getpgid(0)
