@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from edge.errors import closing_error_response
+from edge.metrics import REQUESTS_REJECTED
 
 
 def timeout_response(timeout_s: float) -> bytes:
@@ -59,5 +60,6 @@ class HeaderDeadline:
         if self._transport.is_closing():
             return
         if self.request_begun:
+            REQUESTS_REJECTED.labels("408", "request_timeout").inc()
             self._transport.write(self._response)
         self._transport.close()

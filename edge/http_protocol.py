@@ -16,6 +16,7 @@ from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import closing_error_response
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
+from edge.metrics import REQUESTS_REJECTED
 
 # A request's URL and headers, together: past it the request is answered 431 and its connection
 # closed. uvicorn keeps every header it is sent, before any route or key check runs, so without a
@@ -109,6 +110,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             return
         self._refused = True
         answer = _HEAD_TOO_LARGE if self._head_too_large else _INVALID_HTTP
+        if self._head_too_large:
+            REQUESTS_REJECTED.labels("431", "request_header_fields_too_large").inc()
+        else:
+            REQUESTS_REJECTED.labels("400", "invalid_http_request").inc()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not self._headers_pending:

@@ -354,27 +354,18 @@ def test_413_for_an_oversized_body(local_server: LiveServer, local_client: httpx
     assert error["code"] == "request_too_large"
 
 
-def _rejected(server: LiveServer, status: int) -> float:
-    """floodgate_requests_rejected_total for `status`, every code summed."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in server.metrics_text().splitlines()
-        if line.startswith("floodgate_requests_rejected_total{") and f'status="{status}"' in line
-    )
-
-
 def test_the_frameworks_own_refusals_are_counted_as_rejected(
     local_server: LiveServer, local_client: httpx.Client
 ) -> None:
     """413, 404 and 405 come from Litestar's HTTPException, whose handler counted nothing: a flood
     of oversized bodies never showed on /metrics."""
-    before = {status: _rejected(local_server, status) for status in (413, 404, 405)}
+    before = {status: local_server.rejected(status) for status in (413, 404, 405)}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
     _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 413)
     _error(local_client.get("/v1/nothing-here"), 404)
     _error(local_client.get(CHAT), 405)
 
-    assert {status: _rejected(local_server, status) - before[status] for status in before} == {
+    assert {status: local_server.rejected(status) - before[status] for status in before} == {
         413: 1.0,
         404: 1.0,
         405: 1.0,

@@ -35,6 +35,7 @@ def _send(live: LiveServer, headers: bytes) -> bytes:
 
 def test_headers_past_the_bound_are_answered_431_and_the_connection_closed(edge: LiveServer) -> None:
     pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    counted = edge.rejected(431)
     answer = _send(edge, pad * 1024)  # 1 MB of headers
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431 "), head
@@ -43,6 +44,8 @@ def test_headers_past_the_bound_are_answered_431_and_the_connection_closed(edge:
     assert str(MAX_HEAD_BYTES // 1024) in error["message"]
     many = _send(edge, b"x: y\r\n" * 20_000)  # many small ones count too
     assert many.startswith(b"HTTP/1.1 431 ")
+    # On /metrics as every other refusal is (the protocol answers these itself, uncounted before).
+    assert edge.rejected(431) == counted + 2
 
 
 def test_headers_within_the_bound_are_served(edge: LiveServer) -> None:
@@ -56,6 +59,7 @@ def test_a_request_the_parser_refuses_gets_an_error_object(edge: LiveServer, len
     """uvicorn answered these with a plain-text 400 ("Invalid HTTP request received."): a client
     parsing error objects, as every other answer of the API is one, got none."""
     port = int(edge.base_url.rsplit(":", 1)[1])
+    counted = edge.rejected(400)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: " + length + b"\r\n\r\n"
@@ -64,6 +68,7 @@ def test_a_request_the_parser_refuses_gets_an_error_object(edge: LiveServer, len
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), head
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert edge.rejected(400) == counted + 1
 
 
 def _chat(live: LiveServer, chunked: bytes | None = None) -> bytes:

@@ -40,9 +40,11 @@ def test_a_connection_that_sends_nothing_is_closed(edge: LiveServer) -> None:
 
 
 def test_headers_that_stop_halfway_get_a_408_and_the_connection_closes(edge: LiveServer) -> None:
+    counted = edge.rejected(408)
     with _connect(edge) as sock:
         sock.sendall(HEADERS_OF_A_CHAT)
         head, body = _json_response(read_to_close(sock))
+    assert edge.rejected(408) == counted + 1
 
     assert head.startswith(b"HTTP/1.1 408 ")
     assert b"connection: close" in head.lower()

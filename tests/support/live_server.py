@@ -99,6 +99,14 @@ class LiveServer:
         """The Prometheus page, from the operator listener."""
         return httpx.get(self.ops_url + "/metrics", timeout=30.0).text
 
+    def rejected(self, status: int) -> float:
+        """floodgate_requests_rejected_total for `status`, every code summed."""
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics_text().splitlines()
+            if line.startswith("floodgate_requests_rejected_total{") and f'status="{status}"' in line
+        )
+
     def drain(self) -> None:
         """What SIGTERM does to `floodgate serve` (a thread cannot receive the signal)."""
         self._server.request_drain()
