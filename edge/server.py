@@ -13,7 +13,7 @@ cut streams with a bare TCP close. Here SIGTERM begins a drain (edge/drain.py) i
 fails and new generations get 503 while the listeners keep accepting for `drain_accept_s`; then
 uvicorn's own shutdown runs, waiting for the streams, which the drain ends by `drain_deadline_s`.
 The process exits 0. SIGHUP (a closed terminal) drains as SIGTERM does, unless ignored (nohup).
-SIGINT (Ctrl-C), or a second signal, cuts the streams at once (each still ends with its usage, an
+SIGINT (Ctrl-C), or a second SIGTERM, cuts the streams at once (each still ends with its usage, an
 error event and `[DONE]`) and exits 0; one more stops waiting for connections still open. Either
 way the app's shutdown runs, and with it the usage writer (DrainingServer.handle_exit).
 """
@@ -117,12 +117,14 @@ def _terminals() -> tuple[int, ...]:
 def _leave_the_terminal(fds: tuple[int, ...]) -> None:
     """Standard output and error away from a terminal that hung up: the drain's first log line
     written to it failed (EIO), the main loop died with it, exit 1, and the streams were neither
-    cut nor billed."""
-    if not fds:
+    cut nor billed. Only those that are no terminal any more (hung up): a `kill -HUP` with the
+    terminal still open keeps the drain's log lines on it."""
+    gone = [fd for fd in fds if not os.isatty(fd)]
+    if not gone:
         return
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        for fd in fds:
+        for fd in gone:
             os.dup2(null, fd)
     finally:
         os.close(null)
@@ -153,9 +155,10 @@ class DrainingServer(uvicorn.Server):
         self._terminals = _terminals()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """SIGTERM (and SIGHUP, a closed terminal) drains; Ctrl-C, or a second signal, ends the
-        streams now (with their usage and final events), then exits 0; a signal after that stops
-        waiting for connections still open, and the app's shutdown still runs (`shutdown`).
+        """SIGTERM (and SIGHUP, a closed terminal) drains; Ctrl-C, or a second SIGTERM, ends the
+        streams now (with their usage and final events), then exits 0; one more stops waiting for
+        connections still open, and the app's shutdown still runs (`shutdown`). A SIGHUP after the
+        first signal changes nothing.
 
         Never uvicorn's own: it records each signal to re-raise at exit (exit 143, or a
         KeyboardInterrupt traceback for Ctrl-C), and a second Ctrl-C is its force exit, which skips

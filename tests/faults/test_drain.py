@@ -225,8 +225,8 @@ def _usage_rows(config: Path) -> list[tuple[int, int]]:
 
 
 def test_ctrl_c_after_the_accept_window_still_records_the_cut_streams_usage(tmp_path: Path) -> None:
-    """Ctrl-C while uvicorn waits for the streams (a second signal, as a `--workers` edge gets at one
-    Ctrl-C: the terminal's and its parent's) was uvicorn's force exit: the app's shutdown skipped,
+    """Ctrl-C while uvicorn waits for the streams (a second signal, as a `--workers` edge's workers
+    get at a second Ctrl-C, passed on by their parent) was uvicorn's force exit: the app's shutdown skipped,
     and with it the usage row of the stream it had just cut (billed to no one), a KeyboardInterrupt
     traceback, a failing exit code. Now the same cut, its row written, exit 0."""
     drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
@@ -356,7 +356,7 @@ def test_a_closed_terminal_drains_the_edge_it_ran(tmp_path: Path) -> None:
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    drain = {"drain_accept_s": 0.2, "drain_deadline_s": 60.0}
+    drain = {"drain_accept_s": 0.2, "drain_deadline_s": 20.0}
     popen = {"stdin": terminal, "stdout": terminal, "stderr": terminal, "preexec_fn": own_terminal}
     with serve_process(tmp_path, {"server": drain}, popen) as server:
         os.close(terminal)
@@ -366,7 +366,7 @@ def test_a_closed_terminal_drains_the_edge_it_ran(tmp_path: Path) -> None:
         stop_reading.set()
         reader.join()
         os.close(master)  # the window closes: the kernel hangs the terminal up
-        stream.join(60)
+        stream.join(90)  # the deadline is 20 s away
         code = server.proc.wait(timeout=60)
     assert not stream.is_alive() and stream.error is None, stream.error
     assert stream.events[-1] == DONE
