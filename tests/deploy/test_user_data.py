@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.deploy.documented import USER_DATA
+from tests.support.boto3_region import region_boto3_resolves
 
 VALUES = {
     "region": "us-east-1",
@@ -109,16 +109,4 @@ def test_both_containers_give_boto3_its_region(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     for run in (c for c in calls if c.startswith("docker run")):
         env = dict(re.findall(r"-e (\w+)=(\S+)", run))
-        resolved = subprocess.run(
-            [sys.executable, "-c", "import boto3; print(boto3.session.Session().region_name)"],
-            env={
-                **env,
-                "PATH": os.environ["PATH"],
-                "HOME": str(tmp_path),
-                "AWS_EC2_METADATA_DISABLED": "true",
-            },
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert resolved.stdout.strip() == VALUES["region"], (run, resolved.stderr[-300:])
+        assert region_boto3_resolves(env, tmp_path) == VALUES["region"], run

@@ -24,6 +24,7 @@ import socket
 import termios
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from tests.edge.sse_client import (
     find_long_seed,
     wait_until,
 )
-from tests.faults.serve_process import serve_process
+from tests.faults.serve_process import ServeProcess, serve_process
 from tests.faults.stalled_client import open_and_never_read
 from tests.support.held_engines import engines_held
 from tests.support.live_server import start_server
@@ -185,33 +186,26 @@ def _listening(port: int) -> bool:
     return True
 
 
-def test_a_second_sigterm_after_the_accept_window_cuts_the_streams(tmp_path: Path) -> None:
-    """Past drain_accept_s the listeners are closed and uvicorn waits for the streams: a second
-    SIGTERM ends them now (each with its error event and [DONE]), not at the drain deadline."""
-    drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
-    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
-        with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
-            body = BODY | {"seed": find_long_seed(client, server.key)}
-        stream = _Stream(server.base_url, server.auth(), body)
-        stream.start()
-        assert stream.started.wait(60) and stream.error is None, stream.error
-        engine = _children(server.proc.pid)
+def _started_stream(server: ServeProcess) -> _Stream:
+    """A long stream (it never ends early) that has sent its first event."""
+    stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+    stream.start()
+    assert stream.started.wait(60) and stream.error is None, stream.error
+    return stream
+
+
+@contextlib.contextmanager
+def _engine_held(server: ServeProcess) -> Iterator[None]:
+    """The serve process's engine stopped (SIGSTOP) meanwhile: its streams go nowhere by themselves."""
+    engine = _children(server.proc.pid)
+    for pid in engine:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
         for pid in engine:
-            os.kill(pid, signal.SIGSTOP)  # the stream cannot finish by itself
-        try:
-            server.proc.send_signal(signal.SIGTERM)
-            port = int(server.base_url.rsplit(":", 1)[1])
-            _wait(lambda: not _listening(port), "the accept window to end")
-            server.proc.send_signal(signal.SIGTERM)
-            stream.join(30)  # the deadline is 120 s away
-            ended = not stream.is_alive()
-        finally:
-            for pid in engine:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        assert ended, "the stream ran on after the second SIGTERM"
-        assert stream.events[-1] == DONE
-        # And the process goes, re-raising the forcing signal as uvicorn does.
-        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
 def _usage_rows(config: Path) -> list[tuple[int, int]]:
@@ -224,29 +218,26 @@ def _usage_rows(config: Path) -> list[tuple[int, int]]:
     return [(row.requests, row.output_tokens) for row in asyncio.run(query())]
 
 
-def test_ctrl_c_after_the_accept_window_still_records_the_cut_streams_usage(tmp_path: Path) -> None:
-    """Ctrl-C while uvicorn waits for the streams (a second signal, as a `--workers` edge's workers
-    get at a second Ctrl-C, passed on by their parent) was uvicorn's force exit: the app's shutdown skipped,
-    and with it the usage row of the stream it had just cut (billed to no one), a KeyboardInterrupt
-    traceback, a failing exit code. Now the same cut, its row written, exit 0."""
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_second_signal_after_the_accept_window_cuts_the_streams_and_bills_them(
+    tmp_path: Path, second: signal.Signals
+) -> None:
+    """Past drain_accept_s the listeners are closed and uvicorn waits for the streams: a second
+    SIGTERM ends them now (each with its usage, error event and [DONE]), not at the drain deadline.
+    A Ctrl-C there (as a `--workers` edge's workers get at a second Ctrl-C, passed on by their
+    parent) was uvicorn's force exit: the app's shutdown skipped, and with it the usage row of the
+    stream it had just cut (billed to no one), a KeyboardInterrupt traceback, a failing exit code.
+    Now the same cut either way, its row written, exit 0."""
     drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
     with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
-        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
-        stream.start()
-        assert stream.started.wait(60) and stream.error is None, stream.error
-        engine = _children(server.proc.pid)
-        for pid in engine:
-            os.kill(pid, signal.SIGSTOP)  # the stream cannot finish by itself
-        try:
+        stream = _started_stream(server)
+        with _engine_held(server):  # the stream cannot finish by itself
             server.proc.send_signal(signal.SIGTERM)
             port = int(server.base_url.rsplit(":", 1)[1])
             _wait(lambda: not _listening(port), "the accept window to end")
-            server.proc.send_signal(signal.SIGINT)
+            server.proc.send_signal(second)
             stream.join(30)  # the deadline is 120 s away
             ended = not stream.is_alive()
-        finally:
-            for pid in engine:
-                os.kill(pid, signal.SIGCONT)
         code = server.proc.wait(timeout=30)
         output = server.output()
     assert ended and stream.error is None, stream.error
@@ -262,19 +253,11 @@ def test_a_hangup_drains_as_sigterm_does(tmp_path: Path) -> None:
     streams reset with no error event or [DONE]. It drains now, as SIGTERM does."""
     drain = {"drain_accept_s": 0.2, "drain_deadline_s": 1.0}
     with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
-        stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
-        stream.start()
-        assert stream.started.wait(60) and stream.error is None, stream.error
-        engine = _children(server.proc.pid)
-        for pid in engine:
-            os.kill(pid, signal.SIGSTOP)  # the deadline finds the stream running
-        try:
+        stream = _started_stream(server)
+        with _engine_held(server):  # the deadline finds the stream running
             server.proc.send_signal(signal.SIGHUP)
             stream.join(30)
             ended = not stream.is_alive()
-        finally:
-            for pid in engine:
-                os.kill(pid, signal.SIGCONT)
         code = server.proc.wait(timeout=30)
     assert ended and stream.error is None, stream.error
     assert stream.events[-2]["error"]["code"] == "server_shutting_down"

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.server import bind_listeners
 from tests.iac.hcl import MODULES, module
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
+from tests.support.boto3_region import region_boto3_resolves
 from tests.support.live_server import demo_model_dir
 
 # iac/envs/example/tests/settings.tftest.hcl: two models named with a dot, as Llama 3.1 and Qwen2.5 are.
@@ -163,19 +163,8 @@ def test_the_edge_task_gives_boto3_its_region(plans: dict[str, dict[str, Any]], 
     task = planned(plans["dotted_model_names"], "module.edge.aws_ecs_task_definition.edge")
     (container,) = json.loads(task["container_definitions"])
     environment = {e["name"]: e["value"] for e in container["environment"]}
-    resolved = subprocess.run(
-        [sys.executable, "-c", "import boto3; print(boto3.session.Session().region_name)"],
-        env={
-            **{k: v for k, v in environment.items() if k.startswith("AWS_")},
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert resolved.stdout.strip() == environment["AWS_REGION"] != "", resolved.stderr[-300:]
+    aws = {k: v for k, v in environment.items() if k.startswith("AWS_")}
+    assert region_boto3_resolves(aws, tmp_path) == environment["AWS_REGION"] != ""
 
 
 def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:
