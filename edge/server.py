@@ -164,14 +164,15 @@ class DrainingServer(uvicorn.Server):
         KeyboardInterrupt traceback for Ctrl-C), and a second Ctrl-C is its force exit, which skips
         the app's shutdown and with it the usage rows of the streams just cut (a `--workers` edge's
         parent passes each of its signals on to every worker)."""
+        first = not (self._drain_requested or self.should_exit)
         if sig == signal.SIGHUP:
             _leave_the_terminal(self._terminals)
-            if self._drain_requested or self.should_exit:
-                # A closed terminal's shell and then its kernel each send one, a millisecond apart:
-                # the second cut the streams the first was draining.
-                return
-        if sig in (signal.SIGTERM, signal.SIGHUP) and not self._drain_requested and not self.should_exit:
+        if sig in (signal.SIGTERM, signal.SIGHUP) and first:
             self._drain_requested = True
+            return
+        if sig == signal.SIGHUP:
+            # A closed terminal's shell and then its kernel each send one, a millisecond apart:
+            # the second cut the streams the first was draining.
             return
         if self._cut_requested:
             # A client stalled mid-body held the exit until its body timeout, and nothing but a
