@@ -10,6 +10,11 @@ keeps the stream's task asleep and goes on; False means the upstream delivers th
 through the returned iterator as `generate` would (the edge had to wait for something: the lease's
 store, a slow reader, the end of the reply). The iterator stays the stream's lifeline: closing it
 aborts the sequence, and a cancelled task stops being offered anything (its future is done).
+
+A delta is offered only while the stream's task waits on the iterator for its next one, never
+while it is busy with one (awaiting the lease's store for it, or a write): the relay would write
+the later delta's text first, and charge it to the lease the task is extending (the in-process
+engine's Mailbox and the Triton connection's `_reader_waits` both hold to this).
 """
 
 from __future__ import annotations

@@ -195,6 +195,7 @@ class SseConnection(asyncio.Protocol):
         if (
             tokens
             and self._offer is not None
+            and self._reader_waits()
             and self.declined is None
             and not self.ended
             and self.failure is None
@@ -211,11 +212,12 @@ class SseConnection(asyncio.Protocol):
         a failure here into the stream's); what it declines wakes the reader.
 
         Checked again here only what can change between the read and this callback: the reader
-        may have taken the tokens, the connection may have been lost or aborted (its stream's task
-        cancelled). The rest is set by reads, one per pass, or by this callback."""
+        may have taken the tokens or been woken (a silence), the connection may have been lost or
+        aborted (its stream's task cancelled). The rest is set by reads, one per pass, or by this
+        callback."""
         tokens = self.tokens
         offer = self._offer
-        if not tokens or offer is None or self.closed or self.failure is not None:
+        if not tokens or offer is None or self.closed or self.failure is not None or not self._reader_waits():
             if self._for_reader():
                 self._wake()
             return
@@ -233,6 +235,16 @@ class SseConnection(asyncio.Protocol):
         """The relay failed with this stream's tokens: its reader ends the stream with `exc`."""
         self.relay_error = exc
         self._wake()
+
+    def _reader_waits(self) -> bool:
+        """The stream's reader waits in `wait` with nothing left for it: only then may the relay be
+        offered tokens (edge/upstreams/direct.py). Busy with a delta (the relay awaiting the lease's
+        store for it, or a slow client's write), it relays that delta after this one: offered
+        meanwhile, a later read's tokens went out before it, and were charged to the lease the
+        reader was extending, whose grant then fell short of the delta by them, and the reply
+        ended with the token budget's marker, its budget far from spent."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
 
     def _for_reader(self) -> bool:
         return bool(

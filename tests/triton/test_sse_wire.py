@@ -269,13 +269,28 @@ class _Transport:
 
 
 def _fed_connection(offer: Callable[[Delta], bool]) -> SseConnection:
-    """A connection past its stream's first token (the reader's), fed by hand."""
+    """A connection past its stream's first token (the reader's), fed by hand; its reader is busy
+    with that token until `_waiting` starts it waiting for the next."""
     conn = SseConnection()
     conn.connection_made(_Transport())  # type: ignore[arg-type]
     conn.send(b"POST ...", offer)
     conn.data_received(HEAD + chunk(event(7)))
     conn.tokens = []
     return conn
+
+
+@asynccontextmanager
+async def _waiting(*conns: SseConnection) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Each connection's reader waiting for its next delta, as TritonUpstream's does between
+    deltas; cancelled on the way out where nothing woke it."""
+    readers = [asyncio.create_task(conn.wait(WAIT_S)) for conn in conns]
+    await asyncio.sleep(0)  # each reader's first turn, in which it starts to wait
+    try:
+        yield readers
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
 
 
 @pytest.mark.anyio
@@ -289,13 +304,38 @@ async def test_tokens_of_a_loop_pass_are_offered_after_its_reads_and_never_to_a_
     offered, offer = _taking_offer()
     conn = _fed_connection(offer)
     assert offered == [] and conn.received == 1  # the first token was the reader's
+    async with _waiting(conn):
+        conn.data_received(chunk(event(8)))
+        conn.data_received(chunk(event(9, 10)))
+        assert offered == []
+        if gone:
+            conn.abort()
+        await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+        assert offered == ([] if gone else [8, 9, 10])
+
+
+@pytest.mark.anyio
+async def test_tokens_read_while_the_reader_is_busy_are_left_to_it_in_their_order() -> None:
+    """The relay is offered tokens only while the stream's reader waits for its next delta. Busy
+    with one (the relay awaiting the lease's store for it), a later read's tokens went to `offer`:
+    written before the delta the reader held, and charged to the lease the reader was extending,
+    which then fell short of that delta and ended the reply with the token budget's marker, its
+    budget far from spent (`outcome=length` after 112 of 1,000 tokens: three fresh-clone CI runs
+    failed on it)."""
+    offered, offer = _taking_offer()
+    conn = _fed_connection(offer)
     conn.data_received(chunk(event(8)))
     conn.data_received(chunk(event(9, 10)))
+    await asyncio.sleep(0)  # the loop's next pass, where a waiting reader's relay would run
     assert offered == []
-    if gone:
-        conn.abort()
-    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
-    assert offered == ([] if gone else [8, 9, 10])
+    async with _waiting(conn) as (reader,):
+        # Back to wait, the reader finds them at once, in their order: it never sleeps on them.
+        assert reader.done() and conn.tokens == [8, 9, 10]
+        conn.tokens = []
+    async with _waiting(conn):
+        conn.data_received(chunk(event(11)))
+        await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+        assert offered == [11]  # waiting with nothing left, the reader leaves them to the relay
 
 
 @pytest.mark.anyio
@@ -305,12 +345,15 @@ async def test_a_relay_failing_in_a_pass_fails_its_stream_and_no_other() -> None
 
     offered, offer = _taking_offer()
     broken, fine = _fed_connection(failing), _fed_connection(offer)
-    broken.data_received(chunk(event(8)))
-    fine.data_received(chunk(event(9)))
-    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
-    assert offered == [9]
-    assert isinstance(broken.relay_error, RuntimeError)  # its reader ends its stream with it
-    assert fine.relay_error is None
+    async with _waiting(broken, fine) as (broken_reader, fine_reader):
+        broken.data_received(chunk(event(8)))
+        fine.data_received(chunk(event(9)))
+        await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+        assert offered == [9]
+        assert isinstance(broken.relay_error, RuntimeError)  # its reader ends its stream with it
+        assert fine.relay_error is None
+        await broken_reader  # woken by the failure
+        assert not fine_reader.done()
 
 
 @pytest.mark.anyio
@@ -328,10 +371,11 @@ async def test_a_passs_relays_write_their_chunks_together_after_them() -> None:
         return offer
 
     first, second = _fed_connection(relay_writing("a")), _fed_connection(relay_writing("b"))
-    first.data_received(chunk(event(8)))
-    second.data_received(chunk(event(9)))
-    await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
-    assert log == ["relay a", "relay b", "write a", "write b"]
+    async with _waiting(first, second):
+        first.data_received(chunk(event(8)))
+        second.data_received(chunk(event(9)))
+        await asyncio.sleep(0)  # the loop's next pass: one turn, not a wait for time
+        assert log == ["relay a", "relay b", "write a", "write b"]
 
 
 @pytest.mark.anyio
