@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -94,6 +94,9 @@ class Outcome:
     error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""
     ttft_s: float | None = None
+    # A write of text the relay counted and charged that had not started when the generation was
+    # cut (edge/token_relay.py): `stream` sends it before the closing events.
+    unsent: Coroutine[Any, Any, None] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -210,6 +213,9 @@ class Generation:
         try:
             await emit(enc.first())
             await self._run(out, on_text, emit)
+            if out.unsent is not None:
+                unsent, out.unsent = out.unsent, None
+                await unsent
             closing: list[bytes] = []
             if out.held:
                 text = "".join(out.held)
@@ -231,6 +237,8 @@ class Generation:
             out.reason = "disconnected"
             raise
         finally:
+            if out.unsent is not None:
+                out.unsent.close()  # the client is gone: never started, nothing to undo
             await self.close(out)
         # Closed first: when the client sees the stream end, the lease is settled, the slot free and
         # the request logged. Then the last text, the closing events and the end of the body go out

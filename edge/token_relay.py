@@ -142,7 +142,10 @@ class TokenRelay:
         finally:
             pending, self._pending = self._pending, None
             if isinstance(pending, Coroutine):
-                pending.close()  # cut before its turn (a cancel): never started, nothing to undo
+                # Cut before its turn (a cancel): never started, its text counted and charged. The
+                # reply a cancel still gets must hold it (edge/generation.py sends it, or closes it
+                # where the client is gone).
+                self._out.unsent = pending
 
     async def _one_token_each(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
         """A delta of several tokens (a reader that lagged a step, whose outputs the replica

@@ -279,25 +279,30 @@ class TritonUpstream:
                 except TimeoutError:
                     raise UpstreamError(f"{self.name}: no response within {timeout_s:g} s") from None
                 timeout_s = self._stall_timeout_s
+                cached = 0
+                if first and conn.tokens and conn.failure is None:
+                    # The prefix-cache hit, reported on the delta carrying the first token as the
+                    # in-process engine does. Awaited (the replica's block size, read once) before
+                    # anything is taken: what arrives meanwhile, the end included, is taken with it.
+                    cached = await self._cached_tokens(conn.reused_blocks)
+                    first = False
                 if conn.failure is not None and conn.reused and not conn.responded and not retried:
                     # A kept-alive connection the replica had closed while idle: nothing was read.
                     retried = True
                     conn = await self._pool.connect(self._first_timeout_s, fresh=True)
                     conn.send(request, offer)
                     continue
+                declined, conn.declined = conn.declined, None
+                if declined is not None:
+                    # Before a failure read after it: the relay may have counted, charged or
+                    # written it in part already (edge/token_relay.py), and knows it by identity.
+                    yield declined
+                    continue
                 if conn.failure is not None:
                     raise _stream_error(self.name, conn.failure, conn.status)
                 if conn.relay_error is not None:
                     raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")
-                declined, conn.declined = conn.declined, None
-                if declined is not None:
-                    # Relayed already, or its write still pending: the relay knows it by identity.
-                    yield declined
-                    continue
                 tokens, conn.tokens = conn.tokens, []
-                # Reported on the delta carrying the first token, as the in-process engine does.
-                cached = await self._cached_tokens(conn.reused_blocks) if tokens and first else 0
-                first = first and not tokens
                 finished = conn.ended
                 if finished:
                     reason = _finish_reason(conn.last_token, stop_tokens, conn.received, req.max_new_tokens)

@@ -108,12 +108,17 @@ class Mailbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        if self._error is not None:
-            raise self._error
-        deltas, self._pending = self._pending, []
-        if len(deltas) == 1 or deltas[0] is self._declined:
+        deltas = self._pending
+        if deltas and deltas[0] is self._declined:
+            # Alone, and before a failure posted after it: the edge may have counted, charged or
+            # written it in part already (edge/token_relay.py).
             self._declined = None
             self._pending = deltas[1:]
+            return deltas[0]
+        if self._error is not None:
+            raise self._error
+        self._pending = []
+        if len(deltas) == 1:
             return deltas[0]
         merged = Delta([])
         for delta in deltas:

@@ -15,10 +15,12 @@ from edge.cancel.stream_close import aclose_stream
 from edge.generation import Outcome
 from edge.text.stops import StopMatcher
 from edge.token_relay import TOKENS_LIMIT_MARKER, TokenRelay
-from edge.upstreams.base import Delta, GenerationRequest
+from edge.upstreams.base import Delta, GenerationRequest, UpstreamError
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
-from gpu_container.engine.types import EngineConfig
+from gpu_container.engine.mailbox import Mailbox
+from gpu_container.engine.types import EngineConfig, TokenOutput
+from limiter.lease import Lease
 from tests.support.live_server import demo_model_dir
 
 pytestmark = pytest.mark.anyio
@@ -279,3 +281,136 @@ async def test_a_stop_string_inside_a_merged_delta_ends_the_count_at_its_token()
 async def _ids(first: int, last: int) -> AsyncIterator[int]:
     for i in range(first, last + 1):
         yield i
+
+
+class _Store:
+    """The lease's store: every extension granted up to `grant` tokens."""
+
+    def __init__(self, grant: int) -> None:
+        self.grant = grant
+
+    async def charge(self, user: str, tier: Any, request_id: str, want: int) -> int:
+        return min(want, self.grant)
+
+    async def settle(self, user: str, tier: Any, request_id: str, refund: int, **_: Any) -> None:
+        return None
+
+
+class _Relayed:
+    """A relay over a real Lease and the engine's Mailbox, as the in-process front reads it; the
+    write of token 2's text must wait (a paused transport)."""
+
+    def __init__(self, granted: int, grant: int, stops: list[str] | None = None) -> None:
+        self.out = Outcome()
+        self.sent: list[str] = []
+        self.lease = Lease(
+            _Store(grant),
+            "user",
+            None,  # type: ignore[arg-type]
+            "r",
+            input_tokens=1,
+            granted=granted,
+            max_output_tokens=100,
+            batch_tokens=4,
+            slot_ttl_s=300.0,
+        )
+        self.relay = TokenRelay(
+            self.out,
+            self._on_text,
+            _Detok(),
+            StopMatcher(stops or []),
+            self.lease,
+            None,
+            0.0,
+            _Stream._first,
+            lambda gap: None,
+        )
+        self.mailbox = Mailbox(asyncio.get_running_loop())
+        self.mailbox.offer = self.relay.offer
+        self.task = asyncio.ensure_future(self.relay.run(self._deltas()))
+
+    def _on_text(self, text: str) -> Awaitable[None] | None:
+        if "<2>" not in text:
+            self.sent.append(text)
+            return None
+
+        async def send() -> None:
+            self.sent.append(text)
+
+        return send()
+
+    async def _deltas(self) -> AsyncIterator[Delta]:
+        while (delta := await self.mailbox.take()).finish_reason is None:
+            yield delta
+        yield delta
+
+    async def waiting(self, tokens: int) -> None:
+        """Bounded in loop turns: until the task waits in the mailbox with `tokens` counted."""
+        for _ in range(50):
+            waiter = self.mailbox._waiter
+            if waiter is not None and not waiter.done() and self.out.completion_tokens == tokens:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"the relay never waited with {tokens} tokens counted")
+
+
+async def test_a_delta_declined_part_done_is_relayed_before_a_failure_after_it() -> None:
+    """The relay counted and charged token 2, its write left to await, and declined it; the engine
+    failed in the same delivery. Raised first, the failure dropped that delta: counted in usage and
+    charged, never sent."""
+    stream = _Relayed(granted=100, grant=0)
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))  # the first token: the task's
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [2]))
+    stream.mailbox.fail(UpstreamError("the engine died"))
+    with pytest.raises(UpstreamError):
+        await stream.task
+    assert "".join(stream.sent) == "<1><2>"
+    assert stream.out.completion_tokens == stream.lease.used == 2
+
+
+async def test_a_short_grant_declined_then_a_failure_charges_what_usage_counts() -> None:
+    """At the budget's end `offer` charged the 2 tokens left of a 3-token delta and declined it for
+    the task to end the reply with the marker; a failure after it left 2 tokens charged that usage
+    never counted."""
+    stream = _Relayed(granted=1, grant=3)
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [3]))  # nothing left: the task extends the lease by 3
+    await stream.waiting(2)
+    stream.mailbox.put(TokenOutput("r", [4, 5, 6]))
+    stream.mailbox.fail(UpstreamError("the engine died"))
+    await stream.task
+    assert (stream.out.reason, stream.out.marker) == ("length", TOKENS_LIMIT_MARKER)
+    assert stream.out.completion_tokens == stream.lease.used == 4
+
+
+async def test_a_stop_string_found_in_offer_ends_the_reply_though_a_failure_follows() -> None:
+    stream = _Relayed(granted=100, grant=0, stops=["2>"])
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [2]))
+    stream.mailbox.fail(UpstreamError("the engine died"))
+    await stream.task
+    assert stream.out.reason == "stop"
+    assert "".join(stream.sent) == "<1><"
+
+
+async def test_a_write_left_to_await_when_the_stream_is_cut_is_handed_over_not_dropped() -> None:
+    """A cancel (the cancel endpoint, the drain's deadline) landing while token 2's write waited its
+    turn: its text is counted and charged, and the reply the cancel still gets must hold it
+    (edge/generation.py sends `out.unsent` before the closing events)."""
+    stream = _Relayed(granted=100, grant=0)
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [2]))
+    stream.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stream.task
+    assert stream.out.completion_tokens == 2 and stream.out.unsent is not None
+    await stream.out.unsent
+    assert "".join(stream.sent) == "<1><2>"

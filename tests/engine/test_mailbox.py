@@ -80,6 +80,20 @@ async def test_a_relay_that_raises_ends_its_own_stream_with_an_error_and_no_othe
     assert (await tasks[1]).token_ids == [1]
 
 
+async def test_a_declined_output_is_taken_before_a_failure_posted_after_it() -> None:
+    """The relay may have counted, charged or written part of what it declined: raised first, the
+    failure dropped it (tokens in usage and charged that the client never got)."""
+    mailbox = Mailbox(asyncio.get_running_loop())
+    offered: list[Delta] = []
+    mailbox.offer = lambda out: offered.append(out) or False
+    task = await _parked(mailbox)
+    mailbox.put(TokenOutput("r", [1]))
+    mailbox.fail(UpstreamError("the engine died"))
+    assert await task is offered[0]
+    with pytest.raises(UpstreamError, match="the engine died"):
+        await mailbox.take()
+
+
 async def test_an_output_carrying_an_error_fails_the_stream_with_what_it_had_pending() -> None:
     """As a merged output carrying the error did: the tokens not yet taken go with the stream."""
     mailbox = Mailbox(asyncio.get_running_loop())

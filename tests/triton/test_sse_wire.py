@@ -338,6 +338,85 @@ async def test_tokens_read_while_the_reader_is_busy_are_left_to_it_in_their_orde
         assert offered == [11]  # waiting with nothing left, the reader leaves them to the relay
 
 
+def _hit(token: int) -> bytes:
+    """A response reporting a prefix-cache hit, as TensorRT-LLM's with return_kv_cache_reuse_stats."""
+    return b'data: {"output_ids":%d,"sequence_length":1,"kv_cache_reused_blocks":2}\n\n' % token
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("direct", [False, True], ids=["generate", "generate_direct"])
+async def test_tokens_read_while_the_first_delta_awaits_the_block_size_are_kept(direct: bool) -> None:
+    """The first delta reports the prefix-cache hit in tokens, so the replica's block size is read
+    from its metrics page first (once). The rest of the reply and its end, read meanwhile, were
+    dropped: the reader took the first tokens before that wait and the end after it. The sleeps
+    are the replica's pace: they make the edge read the end during the wait; the test holds
+    whatever the order."""
+    end_written = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:  # the stream
+            writer.write(HEAD + chunk(_hit(1)))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(chunk(_hit(2)) + chunk(_hit(3)) + END)
+            await writer.drain()
+            end_written.set()
+        else:  # the metrics page the first delta waits for
+            await end_written.wait()
+            await asyncio.sleep(0.05)
+            page = b'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"} 16\n'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(page), page))
+            await writer.drain()
+
+    async with FakeReplica(answer) as replica, replica.upstream() as upstream:
+        req = _request(3)
+        stream = upstream.generate_direct(req, lambda delta: False) if direct else upstream.generate(req)
+        first = None
+        tokens: list[int] = []
+        with anyio.fail_after(WAIT_S):
+            async for delta in stream:
+                first = first or delta
+                tokens += delta.token_ids
+    assert tokens == [1, 2, 3]
+    assert first is not None and first.cached_tokens == 32
+
+
+@pytest.mark.anyio
+async def test_a_delta_the_relay_declined_comes_before_a_failure_read_after_it() -> None:
+    """The relay may have counted, charged or written part of a delta it declined (a write left to
+    await): the replica's error read before the reader's turn was raised first, and that delta,
+    charged, never reached the client."""
+    offered: list[Delta] = []
+
+    def declining(delta: Delta) -> bool:
+        offered.append(delta)
+        return False
+
+    conn = SseConnection()
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    upstream = TritonUpstream("fake", "http://127.0.0.1:9", "http://127.0.0.1:9/metrics", end_id=-1)
+
+    async def connect(timeout_s: float, *, fresh: bool = False) -> SseConnection:
+        return conn
+
+    upstream._pool.connect = connect  # type: ignore[method-assign]
+    upstream._closed = True  # no `stop` to send: there is no replica behind the connection
+    deltas = upstream.generate_direct(_request(10), declining)
+    reading = asyncio.ensure_future(deltas.__anext__())
+    await asyncio.sleep(0)  # the reader's first turn: it sends the request and waits
+    conn.data_received(HEAD + chunk(event(1)))
+    assert (await reading).token_ids == [1]  # the first token: the reader's
+    reading = asyncio.ensure_future(deltas.__anext__())
+    await asyncio.sleep(0)  # the reader waits again
+    conn.data_received(chunk(event(2)))
+    await asyncio.sleep(0)  # the pass's relay: declined, the reader woken (its turn comes next)
+    assert [d.token_ids for d in offered] == [[2]]
+    conn.data_received(chunk(b'data: {"error":"executor failed"}\n\n'))
+    assert await reading is offered[0]
+    with pytest.raises(UpstreamError, match="executor failed"):
+        await deltas.__anext__()
+
+
 @pytest.mark.anyio
 async def test_a_relay_failing_in_a_pass_fails_its_stream_and_no_other() -> None:
     def failing(delta: Delta) -> bool:
