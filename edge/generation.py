@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -94,9 +94,9 @@ class Outcome:
     error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""
     ttft_s: float | None = None
-    # A write of text the relay counted and charged that had not started when the generation was
-    # cut (edge/token_relay.py): `stream` sends it before the closing events.
-    unsent: Coroutine[Any, Any, None] | None = None
+    # Text the relay counted and charged whose write a cut stopped before it was done: kept already
+    # (`text`), it goes out with the closing events, before `held` (edge/token_relay.py).
+    unwritten: str = ""
 
     @property
     def finish_reason(self) -> str:
@@ -213,13 +213,10 @@ class Generation:
         try:
             await emit(enc.first())
             await self._run(out, on_text, emit)
-            if out.unsent is not None:
-                unsent, out.unsent = out.unsent, None
-                await unsent
             closing: list[bytes] = []
-            if out.held:
+            if out.held or out.unwritten:
                 text = "".join(out.held)
-                closing.append(enc.delta(text))
+                closing.append(enc.delta(out.unwritten + text))
                 if keep_text:
                     out.text.append(text)
             usage = [enc.usage(*self._billed(out))] if self._req.include_usage else []
@@ -237,8 +234,6 @@ class Generation:
             out.reason = "disconnected"
             raise
         finally:
-            if out.unsent is not None:
-                out.unsent.close()  # the client is gone: never started, nothing to undo
             await self.close(out)
         # Closed first: when the client sees the stream end, the lease is settled, the slot free and
         # the request logged. Then the last text, the closing events and the end of the body go out

@@ -45,7 +45,6 @@ class TokenRelay:
         "_arrived",
         "_consumed",
         "_detok",
-        "_granted",
         "_grow",
         "_last",
         "_lease",
@@ -54,10 +53,12 @@ class TokenRelay:
         "_on_text",
         "_out",
         "_pending",
+        "_short",
         "_stop_text",
         "_stops",
         "_try_take",
         "_watch_stops",
+        "_writing",
     )
 
     def __init__(
@@ -86,14 +87,19 @@ class TokenRelay:
         self._arrived = arrived
         self._on_first = on_first
         self._last = 0.0
-        # A grant try_take gave `offer` for a delta it then left to `run` (the budget's end).
-        self._granted: int | None = None
+        # The tokens try_take granted `offer` of a delta it then left to `run` (the budget's end):
+        # charged, not yet counted.
+        self._short: list[int] | None = None
         # A delta `offer` relayed whose write must still be awaited (`run` awaits it first).
         self._consumed: Delta | None = None
         self._pending: Awaitable[None] | None = None
         # The text before the stop string `offer` found in the delta it consumed: `run` writes it
         # and ends the reply.
         self._stop_text: str | None = None
+        # The text of a write counted and charged but not yet done: left to await (`_pending`), or
+        # awaited by the task. uvicorn's send writes nothing until a paused transport drains, so a
+        # write cut meanwhile has written nothing.
+        self._writing: str | None = None
 
     def offer(self, delta: Delta) -> bool:
         """Relay `delta` now if nothing would make it wait: True when it is done with (the caller
@@ -107,7 +113,7 @@ class TokenRelay:
             or out.ttft_s is None
             or self._stop_text is not None
             or self._pending is not None
-            or self._granted is not None
+            or self._short is not None
         ):
             return False
         n = len(ids)
@@ -117,7 +123,7 @@ class TokenRelay:
         if granted is None:
             return False
         if granted < n:
-            self._granted = granted  # charged: `run` ends the reply with the marker
+            self._short = ids[:granted]  # charged: `run` ends the reply with the marker
             return False
         now = _clock()
         self._observe_gap(now - self._last)
@@ -132,7 +138,8 @@ class TokenRelay:
                 self._consumed, self._stop_text = delta, text
                 return False
         if text and (written := self._on_text(text)) is not None:
-            self._consumed, self._pending = delta, written  # a paused or gone reader: the send decides
+            # A paused or gone reader: the send decides.
+            self._consumed, self._pending, self._writing = delta, written, text
             return False
         return True
 
@@ -142,10 +149,38 @@ class TokenRelay:
         finally:
             pending, self._pending = self._pending, None
             if isinstance(pending, Coroutine):
-                # Cut before its turn (a cancel): never started, its text counted and charged. The
-                # reply a cancel still gets must hold it (edge/generation.py sends it, or closes it
-                # where the client is gone).
-                self._out.unsent = pending
+                pending.close()  # cut before its turn (a cancel): never started, nothing to undo
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """What the relay counted or charged and had not written when the stream was cut (a cancel,
+        the drain's deadline, its key's end): the reply the cut still gets holds it, in its closing
+        events (edge/generation.py), as it holds what it was charged for. A write cut before it was
+        done (its text kept, `out.unwritten`); the text before a stop string `offer` found; the
+        tokens of the short grant `offer` charged at the budget's end. Empty after a whole run."""
+        out = self._out
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            out.unwritten += writing
+        stop_text, self._stop_text = self._stop_text, None
+        if stop_text:
+            out.held.append(stop_text)
+        short, self._short = self._short, None
+        if short:
+            out.completion_tokens += len(short)
+            if self._grow is not None:
+                self._grow(out.completion_tokens)
+            text = self._detok.push(short) + self._detok.flush()
+            if text and self._watch_stops:
+                text, _ = self._stops.feed(text, out.completion_tokens)
+            if text:
+                out.held.append(text)
+
+    async def _write(self, written: Awaitable[None], text: str) -> None:
+        """Await a write the sink left pending, its text known until it is done (`_hand_over`)."""
+        self._writing = text
+        await written
+        self._writing = None
 
     async def _one_token_each(self, deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
         """A delta of several tokens (a reader that lagged a step, whose outputs the replica
@@ -181,12 +216,13 @@ class TokenRelay:
             if self._pending is not None:
                 pending, self._pending = self._pending, None
                 await pending
+                self._writing = None
             if delta is self._consumed:
                 self._consumed = None
                 if self._stop_text is not None:
                     text, self._stop_text = self._stop_text, None
                     if text and (written := on_text(text)) is not None:
-                        await written
+                        await self._write(written, text)
                     out.reason = "stop"
                     return
                 continue
@@ -204,9 +240,8 @@ class TokenRelay:
                 else:
                     self._observe_gap(now - self._last)
                 self._last = now
-                granted, self._granted = self._granted, None
-                if granted is None:
-                    granted = try_take(n)
+                short, self._short = self._short, None
+                granted = try_take(n) if short is None else len(short)
                 if granted is None:
                     granted = await lease.take(n)
                 if granted < n:
@@ -221,7 +256,7 @@ class TokenRelay:
                     if watch_stops:
                         text, stopped = stops.feed(text, out.completion_tokens)
                     if text and (written := sink(text)) is not None:
-                        await written
+                        await self._write(written, text)
                     if stopped:
                         out.reason = "stop"
                         return

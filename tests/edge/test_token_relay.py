@@ -298,11 +298,17 @@ class _Store:
 
 class _Relayed:
     """A relay over a real Lease and the engine's Mailbox, as the in-process front reads it; the
-    write of token 2's text must wait (a paused transport)."""
+    write of token 2's text must wait (a paused transport), until `drained` where `paused`."""
 
-    def __init__(self, granted: int, grant: int, stops: list[str] | None = None) -> None:
+    def __init__(
+        self, granted: int, grant: int, stops: list[str] | None = None, paused: bool = False
+    ) -> None:
         self.out = Outcome()
         self.sent: list[str] = []
+        self.write_started = asyncio.Event()
+        self.drained = asyncio.Event()
+        if not paused:
+            self.drained.set()
         self.lease = Lease(
             _Store(grant),
             "user",
@@ -335,9 +341,16 @@ class _Relayed:
             return None
 
         async def send() -> None:
+            # As uvicorn's send: nothing is written until a paused transport drains.
+            self.write_started.set()
+            await self.drained.wait()
             self.sent.append(text)
 
         return send()
+
+    def reply(self) -> str:
+        """What the client gets: the text written, then the closing events' (edge/generation.py)."""
+        return "".join(self.sent) + self.out.unwritten + "".join(self.out.held)
 
     async def _deltas(self) -> AsyncIterator[Delta]:
         while (delta := await self.mailbox.take()).finish_reason is None:
@@ -399,11 +412,27 @@ async def test_a_stop_string_found_in_offer_ends_the_reply_though_a_failure_foll
     assert "".join(stream.sent) == "<1><"
 
 
-async def test_a_write_left_to_await_when_the_stream_is_cut_is_handed_over_not_dropped() -> None:
-    """A cancel (the cancel endpoint, the drain's deadline) landing while token 2's write waited its
-    turn: its text is counted and charged, and the reply the cancel still gets must hold it
-    (edge/generation.py sends `out.unsent` before the closing events)."""
-    stream = _Relayed(granted=100, grant=0)
+@pytest.mark.parametrize("started", [False, True], ids=["before-its-turn", "awaiting-the-drain"])
+async def test_a_write_a_cut_stops_is_sent_with_the_closing_events(started: bool) -> None:
+    """A cancel (the cancel endpoint, the drain's deadline, its key's end) while token 2's write
+    waited its turn, or waited for a paused transport to drain: its text was counted and charged,
+    and dropped, though the cut reply is still written."""
+    stream = _Relayed(granted=100, grant=0, paused=True)
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [2]))
+    if started:
+        await stream.write_started.wait()
+    stream.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stream.task
+    assert stream.reply() == "<1><2>"
+    assert stream.out.completion_tokens == stream.lease.used == 2
+
+
+async def test_a_stop_string_found_in_offer_then_a_cut_keeps_the_text_before_it() -> None:
+    stream = _Relayed(granted=100, grant=0, stops=["2>"])
     await stream.waiting(0)
     stream.mailbox.put(TokenOutput("r", [1]))
     await stream.waiting(1)
@@ -411,6 +440,20 @@ async def test_a_write_left_to_await_when_the_stream_is_cut_is_handed_over_not_d
     stream.task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stream.task
-    assert stream.out.completion_tokens == 2 and stream.out.unsent is not None
-    await stream.out.unsent
-    assert "".join(stream.sent) == "<1><2>"
+    assert stream.reply() == "<1><"
+    assert stream.out.completion_tokens == stream.lease.used == 2
+
+
+async def test_a_short_grant_declined_then_a_cut_counts_what_it_charged() -> None:
+    stream = _Relayed(granted=1, grant=3)
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [3]))
+    await stream.waiting(2)
+    stream.mailbox.put(TokenOutput("r", [4, 5, 6]))
+    stream.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stream.task
+    assert stream.out.completion_tokens == stream.lease.used == 4
+    assert stream.reply() == "<1><3><4><5>"
