@@ -55,6 +55,7 @@ class TokenRelay:
         "_pending",
         "_short",
         "_stop_text",
+        "_stopped",
         "_stops",
         "_try_take",
         "_watch_stops",
@@ -96,6 +97,8 @@ class TokenRelay:
         # The text before the stop string `offer` found in the delta it consumed: `run` writes it
         # and ends the reply.
         self._stop_text: str | None = None
+        # A stop string ended the reply (its text may still be being written): nothing after it.
+        self._stopped = False
         # The text of a write counted and charged but not yet done: left to await (`_pending`), or
         # awaited by the task. uvicorn's send writes nothing until a paused transport drains, so a
         # write cut meanwhile has written nothing.
@@ -144,37 +147,48 @@ class TokenRelay:
         return True
 
     async def run(self, deltas: AsyncIterator[Delta]) -> None:
+        ended = False
         try:
             await self._run(deltas)
+            ended = True
         finally:
             pending, self._pending = self._pending, None
             if isinstance(pending, Coroutine):
                 pending.close()  # cut before its turn (a cancel): never started, nothing to undo
-            self._hand_over()
+            if not ended:
+                self._hand_over()
 
     def _hand_over(self) -> None:
         """What the relay counted or charged and had not written when the stream was cut (a cancel,
-        the drain's deadline, its key's end): the reply the cut still gets holds it, in its closing
-        events (edge/generation.py), as it holds what it was charged for. A write cut before it was
-        done (its text kept, `out.unwritten`); the text before a stop string `offer` found; the
-        tokens of the short grant `offer` charged at the budget's end. Empty after a whole run."""
+        the drain's deadline, its key's end) or failed: the reply it still gets holds it, in its
+        closing events (edge/generation.py), as it holds what it was charged for. A write cut
+        before it was done (its text kept, `out.unwritten`); the text before a stop string `offer`
+        found; the tokens of the short grant `offer` charged at the budget's end; and what the
+        detokenizer and the stop matcher held back (a character's first bytes, a possible stop
+        string's start), flushed as a reply's end flushes them (`emit_tail`)."""
         out = self._out
         writing, self._writing = self._writing, None
         if writing is not None:
             out.unwritten += writing
         stop_text, self._stop_text = self._stop_text, None
-        if stop_text:
-            out.held.append(stop_text)
+        if stop_text is not None or self._stopped:
+            if stop_text:
+                out.held.append(stop_text)
+            return  # the reply ended at its stop string: nothing after it
+        text = ""
         short, self._short = self._short, None
         if short:
             out.completion_tokens += len(short)
             if self._grow is not None:
                 self._grow(out.completion_tokens)
-            text = self._detok.push(short) + self._detok.flush()
-            if text and self._watch_stops:
-                text, _ = self._stops.feed(text, out.completion_tokens)
-            if text:
-                out.held.append(text)
+            text = self._detok.push(short)
+        text += self._detok.flush()
+        if self._watch_stops:
+            text, stopped = self._stops.feed(text, out.completion_tokens)
+            if not stopped:
+                text += self._stops.flush()
+        if text:
+            out.held.append(text)
 
     async def _write(self, written: Awaitable[None], text: str) -> None:
         """Await a write the sink left pending, its text known until it is done (`_hand_over`)."""
@@ -221,6 +235,7 @@ class TokenRelay:
                 self._consumed = None
                 if self._stop_text is not None:
                     text, self._stop_text = self._stop_text, None
+                    self._stopped = True
                     if text and (written := on_text(text)) is not None:
                         await self._write(written, text)
                     out.reason = "stop"
@@ -255,6 +270,7 @@ class TokenRelay:
                     stopped = False
                     if watch_stops:
                         text, stopped = stops.feed(text, out.completion_tokens)
+                        self._stopped = stopped
                     if text and (written := sink(text)) is not None:
                         await self._write(written, text)
                     if stopped:

@@ -457,3 +457,25 @@ async def test_a_short_grant_declined_then_a_cut_counts_what_it_charged() -> Non
         await stream.task
     assert stream.out.completion_tokens == stream.lease.used == 4
     assert stream.reply() == "<1><3><4><5>"
+
+
+@pytest.mark.parametrize("budget_spent", [False, True], ids=["mid-reply", "after-a-zero-grant"])
+async def test_a_cut_sends_the_text_the_stop_matcher_held_back(budget_spent: bool) -> None:
+    """Token 3's text "<3>" may begin the stop string "<3>X": the matcher holds it back, counted and
+    charged. A reply's end flushes it (`emit_tail`), the budget's end included (`offer` granted 0
+    of the next token); a cut dropped it."""
+    stream = _Relayed(
+        granted=100 if not budget_spent else 1, grant=0 if not budget_spent else 1, stops=["<3>X"]
+    )
+    await stream.waiting(0)
+    stream.mailbox.put(TokenOutput("r", [1]))
+    await stream.waiting(1)
+    stream.mailbox.put(TokenOutput("r", [3]))
+    await stream.waiting(2)
+    if budget_spent:
+        stream.mailbox.put(TokenOutput("r", [4]))  # nothing left: `offer` is granted none of it
+    stream.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stream.task
+    assert stream.out.completion_tokens == stream.lease.used == 2
+    assert stream.reply() == "<1><3>"
