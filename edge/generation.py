@@ -89,7 +89,8 @@ class Outcome:
     # Prompt tokens the replica served from its prefix cache (Delta.cached_tokens).
     cached_tokens: int = 0
     text: list[str] = field(default_factory=list)
-    # Text of the reply's last delta, written with the closing events in one write (`stream`).
+    # Text of the reply's last delta, written with the closing events in one write (`stream`), or
+    # of a reply cut or failed, what the relay counted and had not written (edge/token_relay.py).
     held: list[str] = field(default_factory=list)
     error: ApiError | None = None  # a failure after admission: an error event, or the status
     upstream: str = ""

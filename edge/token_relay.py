@@ -38,7 +38,7 @@ class TokenRelay:
     """One attempt's relay: `run` over the upstream's deltas, `offer` for deltas handed over directly.
 
     `out` is the generation's Outcome (edge/generation.py: reason, marker, completion_tokens, ttft_s,
-    cached_tokens, held).
+    cached_tokens, held, unwritten).
     """
 
     __slots__ = (
@@ -160,12 +160,13 @@ class TokenRelay:
 
     def _hand_over(self) -> None:
         """What the relay counted or charged and had not written when the stream was cut (a cancel,
-        the drain's deadline, its key's end) or failed: the reply it still gets holds it, in its
-        closing events (edge/generation.py), as it holds what it was charged for. A write cut
-        before it was done (its text kept, `out.unwritten`); the text before a stop string `offer`
-        found; the tokens of the short grant `offer` charged at the budget's end; and what the
-        detokenizer and the stop matcher held back (a character's first bytes, a possible stop
-        string's start), flushed as a reply's end flushes them (`emit_tail`)."""
+        the drain's deadline, its key's end, a disconnect, a stalled reader) or failed: the reply
+        it still gets holds it, in its closing events (edge/generation.py), as it holds what it
+        was charged for. A write cut before it was done (its text kept, `out.unwritten`); the text
+        before a stop string `offer` found; the tokens of the short grant `offer` charged at the
+        budget's end; and what the detokenizer and the stop matcher held back (a character's first
+        bytes, a possible stop string's start), flushed as a reply's end flushes them
+        (`emit_tail`)."""
         out = self._out
         writing, self._writing = self._writing, None
         if writing is not None:
