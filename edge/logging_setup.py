@@ -50,12 +50,29 @@ class IsoUtcStamper:
         return event
 
 
-def configure_logging(level: int = logging.INFO) -> None:
+class WorkerStamp:
+    """`worker`: which process of `floodgate serve --workers N` wrote the line. They share one
+    standard output (and one log group), where a line said nothing of the worker that wrote it."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def __call__(self, logger: WrappedLogger, name: str, event: EventDict) -> EventDict:
+        event["worker"] = self._index
+        return event
+
+
+def configure_logging(level: int = logging.INFO, worker: int | None = None) -> None:
+    """`worker`: this process's index among `serve --workers N`'s, stamped on every line."""
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,  # request_id, bound by the pipeline per request
         structlog.processors.add_log_level,
         IsoUtcStamper(),
     ]
+    if worker is not None:
+        shared.append(WorkerStamp(worker))
     processors: list[Processor] = [
         *shared,
         structlog.processors.format_exc_info,

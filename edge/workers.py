@@ -18,7 +18,8 @@ the shares of the shared replicas and the fail-open divisors count every worker;
 multiplied by N, since it counts edge hosts and each host now runs N instances.
 
 Each worker's operator listener is `ops_port + i` (0 stays "any free port"): `/metrics` is per
-worker, as it is per host. No load balancer checks one worker's readiness on the shared port, so a
+worker, as it is per host. Every log line carries its worker's index (`worker`), as the workers
+share one standard output. No load balancer checks one worker's readiness on the shared port, so a
 worker listens on it only once it may take work: one joining the fleet on shared replicas has no
 share of them until the others made room (two beats), and would answer 503 no_replica meanwhile
 (edge/server.py); its operator listener, `/readyz` included, answers from the start.
@@ -80,7 +81,7 @@ def _leave_with_parent(parent: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _run_worker(config: str | None, overrides: dict[str, Any], parent: int) -> None:
+def _run_worker(config: str | None, overrides: dict[str, Any], parent: int, index: int) -> None:
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once
     # (a second SIGINT would force the worker's exit before its streams end cleanly).
     os.setpgrp()
@@ -91,7 +92,7 @@ def _run_worker(config: str | None, overrides: dict[str, Any], parent: int) -> N
     from edge.logging_setup import configure_logging
     from edge.server import serve
 
-    configure_logging()
+    configure_logging(worker=index)
     settings = load_settings(config, overrides)
     app = create_app(settings)
     quiet_gc()
@@ -116,7 +117,7 @@ def serve_workers(
     # spawn, not fork: a worker starts from a clean interpreter (no parent threads or loop state).
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_run_worker, args=(config, o, os.getpid()), name=f"floodgate-worker-{i}")
+        ctx.Process(target=_run_worker, args=(config, o, os.getpid(), i), name=f"floodgate-worker-{i}")
         for i, o in enumerate(per_worker)
     ]
     for proc in procs:

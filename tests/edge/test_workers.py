@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -128,6 +129,12 @@ def test_two_workers_share_one_request_limit_exactly(tmp_path: Path, redis: Redi
         proc.terminate()
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output[-2000:]
+    # One standard output for both: each request's line says which worker served or refused it.
+    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    completed = collections.Counter(r.get("worker") for r in records if r["event"] == "chat_completion")
+    assert [completed[0], completed[1]] == served, records
+    refused = [r.get("worker") for r in records if r["event"] == "chat_refused"]
+    assert len(refused) == ASKED - ALLOWED and set(refused) <= {0, 1}, records
 
 
 def _dev_key_headers(proc: subprocess.Popen[str]) -> dict[str, str]:
