@@ -26,7 +26,9 @@ share of them until the others made room (two beats), and would answer 503 no_re
 
 The parent only supervises: SIGTERM or SIGINT is passed on to every worker (each drains or cuts
 as `floodgate serve` does), and a worker that exits on its own stops the others, so a broken
-worker never leaves a half-served port; a parent killed outright has its workers drain and leave.
+worker never leaves a half-served port, and `serve` then exits with that worker's code, or 1 where
+it was 0 (the edge stopped unasked: a supervisor must start it again); a parent killed outright has
+its workers drain and leave.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -137,13 +140,20 @@ def serve_workers(
     ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
     first = next(proc for proc in procs if proc.sentinel in ended)
     if not signalled:
-        # One exited on its own (it failed): the others drain and follow; its code is the result,
-        # not the SIGTERM the others then got.
+        # One exited on its own (it failed, or was signalled alone): the others drain and follow.
+        print(
+            f"floodgate: {first.name} exited on its own (code {first.exitcode}); stopping the others",
+            file=sys.stderr,
+            flush=True,
+        )
         _signal_all(procs, signal.SIGTERM)
     for proc in procs:
         proc.join()
-    if not signalled and first.exitcode:
-        return first.exitcode
+    if not signalled:
+        # Its code, not the SIGTERM the others then got; never 0: the edge stopped serving unasked
+        # (one worker given a SIGTERM of its own drains and exits 0), and a supervisor that
+        # restarts on failure (systemd's Restart=on-failure) must start it again.
+        return first.exitcode or 1
     return next((code for proc in procs if (code := proc.exitcode or 0)), 0)
 
 

@@ -300,6 +300,34 @@ def _wait_answering(url: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError(f"{url} never answered")
 
 
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis: RedisServer) -> None:
+    """One worker given a SIGTERM of its own drains and exits 0, and the others follow: the edge
+    stopped serving unasked. serve exited 0 then, and a supervisor restarting it on failure only
+    (systemd's Restart=on-failure) left the host without an edge."""
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    proc = subprocess.Popen(
+        _serve_two_workers(tmp_path, redis, port, ops_port),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for worker_ops in (ops_port, ops_port + 1):
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
+        workers = _workers_of(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, output[-2000:]
+    assert "exited on its own (code 0); stopping the others" in output
+
+
 def _workers_of(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
