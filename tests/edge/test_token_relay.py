@@ -357,6 +357,21 @@ class _Relayed:
             yield delta
         yield delta
 
+    async def feed(self, *outputs: list[int]) -> None:
+        """Each engine output once the task waits with the tokens before it counted; the last is
+        put without waiting for the relay to take it."""
+        counted = 0
+        for ids in outputs:
+            await self.waiting(counted)
+            self.mailbox.put(TokenOutput("r", ids))
+            counted += len(ids)
+
+    async def cut(self) -> None:
+        """A cancel (the cancel endpoint, the drain's deadline, its key's end) of the task."""
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
     async def waiting(self, tokens: int) -> None:
         """Bounded in loop turns: until the task waits in the mailbox with `tokens` counted."""
         for _ in range(50):
@@ -372,10 +387,7 @@ async def test_a_delta_declined_part_done_is_relayed_before_a_failure_after_it()
     failed in the same delivery. Raised first, the failure dropped that delta: counted in usage and
     charged, never sent."""
     stream = _Relayed(granted=100, grant=0)
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))  # the first token: the task's
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [2]))
+    await stream.feed([1], [2])  # the first token: the task's
     stream.mailbox.fail(UpstreamError("the engine died"))
     with pytest.raises(UpstreamError):
         await stream.task
@@ -388,12 +400,8 @@ async def test_a_short_grant_declined_then_a_failure_charges_what_usage_counts()
     the task to end the reply with the marker; a failure after it left 2 tokens charged that usage
     never counted."""
     stream = _Relayed(granted=1, grant=3)
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [3]))  # nothing left: the task extends the lease by 3
-    await stream.waiting(2)
-    stream.mailbox.put(TokenOutput("r", [4, 5, 6]))
+    # [3]: nothing left, the task extends the lease by 3; [4, 5, 6]: `offer` is granted 2 of them.
+    await stream.feed([1], [3], [4, 5, 6])
     stream.mailbox.fail(UpstreamError("the engine died"))
     await stream.task
     assert (stream.out.reason, stream.out.marker) == ("length", TOKENS_LIMIT_MARKER)
@@ -402,10 +410,7 @@ async def test_a_short_grant_declined_then_a_failure_charges_what_usage_counts()
 
 async def test_a_stop_string_found_in_offer_ends_the_reply_though_a_failure_follows() -> None:
     stream = _Relayed(granted=100, grant=0, stops=["2>"])
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [2]))
+    await stream.feed([1], [2])
     stream.mailbox.fail(UpstreamError("the engine died"))
     await stream.task
     assert stream.out.reason == "stop"
@@ -418,43 +423,26 @@ async def test_a_write_a_cut_stops_is_sent_with_the_closing_events(started: bool
     waited its turn, or waited for a paused transport to drain: its text was counted and charged,
     and dropped, though the cut reply is still written."""
     stream = _Relayed(granted=100, grant=0, paused=True)
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [2]))
+    await stream.feed([1], [2])
     if started:
         await stream.write_started.wait()
-    stream.task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stream.task
+    await stream.cut()
     assert stream.reply() == "<1><2>"
     assert stream.out.completion_tokens == stream.lease.used == 2
 
 
 async def test_a_stop_string_found_in_offer_then_a_cut_keeps_the_text_before_it() -> None:
     stream = _Relayed(granted=100, grant=0, stops=["2>"])
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [2]))
-    stream.task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stream.task
+    await stream.feed([1], [2])
+    await stream.cut()
     assert stream.reply() == "<1><"
     assert stream.out.completion_tokens == stream.lease.used == 2
 
 
 async def test_a_short_grant_declined_then_a_cut_counts_what_it_charged() -> None:
     stream = _Relayed(granted=1, grant=3)
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [3]))
-    await stream.waiting(2)
-    stream.mailbox.put(TokenOutput("r", [4, 5, 6]))
-    stream.task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stream.task
+    await stream.feed([1], [3], [4, 5, 6])
+    await stream.cut()
     assert stream.out.completion_tokens == stream.lease.used == 4
     assert stream.reply() == "<1><3><4><5>"
 
@@ -467,15 +455,11 @@ async def test_a_cut_sends_the_text_the_stop_matcher_held_back(budget_spent: boo
     stream = _Relayed(
         granted=100 if not budget_spent else 1, grant=0 if not budget_spent else 1, stops=["<3>X"]
     )
-    await stream.waiting(0)
-    stream.mailbox.put(TokenOutput("r", [1]))
-    await stream.waiting(1)
-    stream.mailbox.put(TokenOutput("r", [3]))
-    await stream.waiting(2)
     if budget_spent:
-        stream.mailbox.put(TokenOutput("r", [4]))  # nothing left: `offer` is granted none of it
-    stream.task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stream.task
+        await stream.feed([1], [3], [4])  # [4]: nothing left, `offer` is granted none of it
+    else:
+        await stream.feed([1], [3])
+        await stream.waiting(2)
+    await stream.cut()
     assert stream.out.completion_tokens == stream.lease.used == 2
     assert stream.reply() == "<1><3>"

@@ -300,11 +300,9 @@ def _wait_answering(url: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError(f"{url} never answered")
 
 
-@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
-def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis: RedisServer) -> None:
-    """One worker given a SIGTERM of its own drains and exits 0, and the others follow: the edge
-    stopped serving unasked. serve exited 0 then, and a supervisor restarting it on failure only
-    (systemd's Restart=on-failure) left the host without an edge."""
+def _two_workers_answering(tmp_path: Path, redis: RedisServer) -> tuple[subprocess.Popen[str], list[int]]:
+    """`floodgate serve --workers 2` with both workers answering, and their pids; the caller ends
+    it (killed here where they never answered)."""
     port, ops_port = free_port(), free_consecutive_ports(2)
     proc = subprocess.Popen(
         _serve_two_workers(tmp_path, redis, port, ops_port),
@@ -318,6 +316,20 @@ def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis
             _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
         workers = _workers_of(proc.pid)
         assert len(workers) == 2, workers
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=60)
+        raise
+    return proc, workers
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis: RedisServer) -> None:
+    """One worker given a SIGTERM of its own drains and exits 0, and the others follow: the edge
+    stopped serving unasked. serve exited 0 then, and a supervisor restarting it on failure only
+    (systemd's Restart=on-failure) left the host without an edge."""
+    proc, workers = _two_workers_answering(tmp_path, redis)
+    try:
         os.kill(workers[0], signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -346,22 +358,9 @@ def _running(pid: int) -> bool:
 def test_workers_leave_when_their_parent_is_killed(tmp_path: Path, redis: RedisServer) -> None:
     """A parent killed outright (the OOM killer, `kill -9`) passes no signal on: its workers must
     not serve on for ever as orphans beside the edge a supervisor starts in its place."""
-    port, ops_port = free_port(), free_consecutive_ports(2)
-    proc = subprocess.Popen(
-        _serve_two_workers(tmp_path, redis, port, ops_port),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        for worker_ops in (ops_port, ops_port + 1):
-            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
-        workers = _workers_of(proc.pid)
-        assert len(workers) == 2, workers
-    finally:
-        proc.kill()
-        proc.communicate(timeout=60)
+    proc, workers = _two_workers_answering(tmp_path, redis)
+    proc.kill()
+    proc.communicate(timeout=60)
     deadline = time.monotonic() + 60
     while any(_running(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
