@@ -141,6 +141,8 @@ def serve_workers(
     first = next(proc for proc in procs if proc.sentinel in ended)
     if not signalled:
         # One exited on its own (it failed, or was signalled alone): the others drain and follow.
+        # Joined first: its sentinel can fire before its exit code can be read (None).
+        first.join()
         print(
             f"floodgate: {first.name} exited on its own (code {first.exitcode}); stopping the others",
             file=sys.stderr,
