@@ -95,18 +95,21 @@ def _serve(
 
     pauses = _GcPauses()
     gc.callbacks.append(pauses.callback)
-    phases: Callable[[], dict[str, dict[str, float]]] | None = None
+    probes: dict[str, Callable[[], Any]] = {"/bench/gc": pauses.totals}
     if os.environ.get("FLOODGATE_BENCH_PHASES") == "1":
-        # Where TTFT goes in this server (bench/ttft_phases.py), served at GET /bench/phases.
+        # Where TTFT goes in this server (bench/ttft_phases.py), served at GET /bench/phases, and
+        # each request's moments at GET /bench/requests.
         from bench import ttft_phases
 
         ttft_phases.install()
-        phases = ttft_phases.take
+        probes["/bench/phases"] = ttft_phases.take
+        probes["/bench/requests"] = ttft_phases.take_requests
 
     async def tell_ready(scope: dict[str, Any], receive: Any, send: Any) -> None:
         bench_path = scope["type"] == "http" and scope["path"]
-        if bench_path in ("/bench/gc", "/bench/phases"):
-            found = pauses.totals() if bench_path == "/bench/gc" else phases() if phases else None
+        if bench_path in ("/bench/gc", "/bench/phases", "/bench/requests"):
+            probe = probes.get(bench_path)
+            found = probe() if probe else None
             status = 404 if found is None else 200
             await send({"type": "http.response.start", "status": status, "headers": []})
             await send({"type": "http.response.body", "body": json.dumps(found).encode()})

@@ -40,7 +40,11 @@ times over, so a change and the code before it meet the same machine in one run.
 
 `--phases`: each edge row also says where its TTFT went inside the server (`server_phases_ms`:
 first byte to first content chunk, the route, `Pipeline.admit`, the limiter's admit, the rest;
-p50 / p90 / p99 / max, bench/ttft_phases.py), read from the server after each load.
+p50 / p90 / p99 / max, bench/ttft_phases.py), read from the server after each load, and what each
+stream's TTFT at the client is made of (`ttft_parts_ms`: the client's moments joined with the
+server's by the client's port, on the machine's one monotonic clock; `ttft_parts`): the connect, the
+wait for the server loop's accept, the server's own part and the client's read, with the slowest
+2 %'s mean of each (`tail`), where a slow TTFT went outside the server too.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import uvloop
@@ -71,23 +75,36 @@ from bench.trees import parse_trees
 CONTENT = b'"content":"' + TOKEN_TEXT.encode()
 
 
+class _Moments(NamedTuple):
+    """One stream's moments at the client, on the machine's monotonic clock (the server's too)."""
+
+    port: int  # the client's own port: the server knows the connection by it
+    start: float
+    connected: float | None  # a new connection's connect done; None on a kept one
+    first: float  # the first content delta read
+
+
 class _Client:
     """One client's connection: a new one for every stream (`kept` False: every TTFT pays a TCP
     connect and the server's accept), or one kept alive from stream to stream, as the OpenAI SDK's
     connection pool and a load balancer's connections to its targets are (reopened only when the
     server closed it)."""
 
-    def __init__(self, host: str, port: int, kept: bool) -> None:
+    def __init__(self, host: str, port: int, kept: bool, moments: list[_Moments]) -> None:
         self.host, self.port, self.kept = host, port, kept
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._moments = moments
 
     async def stream(self, request: bytes) -> float | None:
         """Seconds from connecting (or, on a kept connection, from sending) to the first content
         delta; None when the stream failed."""
         start = time.perf_counter()
+        connected = None
         if self._conn is None:
             self._conn = await asyncio.open_connection(self.host, self.port)
+            connected = time.perf_counter()
         reader, writer = self._conn
+        own_port = writer.get_extra_info("sockname")[1]
         ended = False
         try:
             writer.write(request)
@@ -102,7 +119,9 @@ class _Client:
                     if not seen.startswith(b"HTTP/1.1 200"):
                         return None
                     if CONTENT in seen:
-                        first = time.perf_counter() - start
+                        now = time.perf_counter()
+                        first = now - start
+                        self._moments.append(_Moments(own_port, start, connected, now))
                         seen = b""
                 if data.endswith(END_OF_BODY):
                     ended = True
@@ -132,6 +151,7 @@ async def _load(
     requests = [chat_request(host, int(port), server.key, _body(n)) for n in lengths]
     rng = random.Random(5)
     ttfts: list[float] = []
+    moments: list[_Moments] = []
     errors = 0
     user_before, system_before = server.user_system_seconds()
     started = time.perf_counter()
@@ -139,7 +159,7 @@ async def _load(
 
     async def client() -> None:
         nonlocal errors
-        conn = _Client(host, int(port), kept)
+        conn = _Client(host, int(port), kept, moments)
         if spread:
             await asyncio.sleep(rng.uniform(0, tokens * interval_s))  # a start of its own
         while time.perf_counter() < end:
@@ -164,6 +184,7 @@ async def _load(
         return round(ttfts[min(len(ttfts) - 1, int(p * len(ttfts)))] * 1e3, 2) if ttfts else float("nan")
 
     return {
+        "moments": moments,
         "admits": len(ttfts),
         "admits_per_s": round(len(ttfts) / wall, 1),
         "ttft_p50_ms": q(0.50),
@@ -177,10 +198,50 @@ async def _load(
     }
 
 
-def _phases(server: Servers) -> dict[str, Any] | None:
-    """The edge's phase summaries since the last call (None: a tree without the probe)."""
-    answer = httpx.get(f"{server.base_url}/bench/phases", timeout=30)
+def _phases(server: Servers, what: str = "phases") -> Any:
+    """The edge's phase summaries (`requests`: each request's moments) since the last call (None: a
+    tree without the probe)."""
+    answer = httpx.get(f"{server.base_url}/bench/{what}", timeout=30)
     return answer.json() if answer.status_code == 200 else None
+
+
+def ttft_parts(moments: list[_Moments], served: list[list[Any]]) -> dict[str, dict[str, float]]:
+    """Each stream's TTFT in parts, the client's moments joined with the server's by the client's
+    port (bench/ttft_phases.py's `take_requests`): `connect` (a new connection's connect, at the
+    client), `to_accept` (from there to the server loop's accept of it), `to_request` (from the
+    stream's start to the server reading its request's first byte: for a new connection the two
+    before and the request's read), `server` (that first byte to the first content written) and
+    `to_client` (from there to the client reading it). p50 and p99 of each, and `tail`: each part's
+    mean over the slowest 2 % of streams, what their TTFT is made of."""
+    by_port: dict[int, list[list[Any]]] = {}
+    for record in served:
+        by_port.setdefault(record[0], []).append(record)
+    rows: list[dict[str, float]] = []
+    for m in sorted(moments, key=lambda m: m.first - m.start):
+        # The port's request that began after this stream's start and wrote before its read.
+        found = [r for r in by_port.get(m.port, []) if m.start - 1e-3 <= r[2] and r[3] <= m.first + 1e-3]
+        if not found:
+            continue
+        _, accepted, begin, content = min(found, key=lambda r: r[2])
+        row = {"to_request": begin - m.start, "server": content - begin, "to_client": m.first - content}
+        if m.connected is not None and accepted is not None:
+            row["connect"] = m.connected - m.start
+            row["to_accept"] = accepted - m.connected
+        rows.append(row)
+    tail = rows[len(rows) - max(1, len(rows) // 50) :]
+    out: dict[str, dict[str, float]] = {}
+    for part in ("connect", "to_accept", "to_request", "server", "to_client"):
+        xs = sorted(r[part] for r in rows if part in r)
+        if not xs:
+            continue
+        in_tail = [r[part] for r in tail if part in r]
+        out[part] = {
+            "n": len(xs),
+            "p50": round(xs[len(xs) // 2] * 1e3, 3),
+            "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e3, 3),
+            "tail": round(sum(in_tail) / max(1, len(in_tail)) * 1e3, 3),
+        }
+    return out
 
 
 @contextmanager
@@ -264,6 +325,20 @@ def main() -> None:
                 probe = args.phases and limiter != "bare"  # the floor has no edge to look into
                 if probe:
                     _phases(server)  # what the warm-up or the last load left, dropped
+                    _phases(server, "requests")
+                load = uvloop.run(
+                    _load(
+                        server,
+                        args.concurrency,
+                        args.tokens,
+                        args.duration,
+                        spread,
+                        interval_s,
+                        args.think_ms / 1000,
+                        connections == "kept",
+                    )
+                )
+                moments = load.pop("moments")
                 row = {
                     **({"tree": label} if label else {}),
                     "limiter": limiter,
@@ -273,21 +348,11 @@ def main() -> None:
                     "tokens": args.tokens,
                     "interval_ms": args.interval_ms,
                     "think_ms": args.think_ms,
-                    **uvloop.run(
-                        _load(
-                            server,
-                            args.concurrency,
-                            args.tokens,
-                            args.duration,
-                            spread,
-                            interval_s,
-                            args.think_ms / 1000,
-                            connections == "kept",
-                        )
-                    ),
+                    **load,
                 }
                 if probe and (phases := _phases(server)) is not None:
                     row["server_phases_ms"] = phases
+                    row["ttft_parts_ms"] = ttft_parts(moments, _phases(server, "requests") or [])
                 print(json.dumps(row) if args.json else row, flush=True)
 
 

@@ -24,6 +24,13 @@ and records, per request, in milliseconds:
   open streams' tokens relayed and written in one callback, edge/writes_together.py; the loop reads
   its sockets between two), what a request arriving during one waits for.
 
+`take_requests()` returns (and forgets) each request's moments on the shared monotonic clock
+(time.perf_counter is CLOCK_MONOTONIC, the same in every process of the machine), keyed by the
+client's port, for `bench.ttft_overhead --phases` to join with the client's own: `[port, accepted,
+begin, content]`, `accepted` (the connection's `connection_made`, the loop's accept) only for a
+connection's first request. Where a slow TTFT goes outside the server (the wait for the accept, the
+client's read) is then known too.
+
 `take()` returns each phase's count, p50, p90, p99 and max, and starts afresh (GET /bench/phases).
 A wrapper's own cost is a perf_counter call and a list append per phase per request. Wrapping
 edge internals is the probe's business only: nothing outside bench/ imports this.
@@ -37,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 _samples: dict[str, list[float]] = defaultdict(list)
+_requests: list[tuple[int, float | None, float, float]] = []
 _perf = time.perf_counter
 _T0 = "floodgate.bench.t0"
 _ANSWERED = "floodgate.bench.answered"
@@ -57,6 +65,13 @@ def take() -> dict[str, dict[str, float]]:
     return out
 
 
+def take_requests() -> list[tuple[int, float | None, float, float]]:
+    """Each request's [port, accepted, begin, content] since the last take, and start afresh."""
+    out = _requests[:]
+    _requests.clear()
+    return out
+
+
 def install() -> None:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -72,6 +87,14 @@ def install() -> None:
     begin = EdgeHttpProtocol.on_message_begin
     headers_complete = EdgeHttpProtocol.on_headers_complete
 
+    made = EdgeHttpProtocol.connection_made
+
+    def connection_made(self: Any, transport: Any) -> None:
+        self._bench_accepted = _perf()
+        peer = transport.get_extra_info("peername")
+        self._bench_port = peer[1] if peer else 0
+        made(self, transport)
+
     def on_message_begin(self: Any) -> None:
         self._bench_t0 = _perf()
         begin(self)
@@ -84,6 +107,9 @@ def install() -> None:
             return
         scope[_T0] = t0 = self._bench_t0
         seen = False
+        port = self._bench_port
+        # A connection's first request only: a kept connection's later ones were not accepted.
+        accepted, self._bench_accepted = self._bench_accepted, None
 
         def first_content(body: bytes) -> bool:
             nonlocal seen
@@ -91,6 +117,7 @@ def install() -> None:
                 seen = True
                 now = _perf()
                 _samples["total"].append(now - t0)
+                _requests.append((port, accepted, t0, now))
                 if _ANSWERED in scope:
                     _samples["answer_to_content"].append(now - scope[_ANSWERED])
             return bool(write_now(body))
@@ -113,6 +140,7 @@ def install() -> None:
 
     RequestResponseCycle.run_asgi = timed_run_asgi  # type: ignore[method-assign]
     writes_together._held = timed_held
+    EdgeHttpProtocol.connection_made = connection_made  # type: ignore[method-assign]
     EdgeHttpProtocol.on_message_begin = on_message_begin  # type: ignore[method-assign]
     EdgeHttpProtocol.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
 

@@ -2,7 +2,8 @@
 run small: the real edge on a redis-server of its own (and on a TLS-only Redis Cluster, production's
 shape) streams every admit it measures, none fails,
 and the figures it reports are consistent, where the time went inside the server too (`--phases`,
-whose probe wraps edge functions by name and would rot silently as they move). A bench that no test
+whose probe wraps edge functions by name and would rot silently as they move), and each stream's
+client and server moments joined (one clock, the client's port). A bench that no test
 runs rots between sessions; its timings themselves are for docs/, not for a pass or a fail here."""
 
 from __future__ import annotations
@@ -44,3 +45,12 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> Non
     assert phases["total"]["p50"] <= row["ttft_p50_ms"]
     # Every admit's and settle's reply came over the limiter's own connections and was timed.
     assert phases["redis_reply"]["n"] > 0 and phases["redis_reply"]["p50"] > 0
+    # Every stream the client timed was found in the server's records (its port, its moments), and
+    # the parts are in the order they happen: the request read after the client began, the client's
+    # read after the server's write. A join on the wrong stream, or two clocks, breaks these.
+    parts = row["ttft_parts_ms"]
+    for part in ("connect", "to_accept", "to_request", "server", "to_client"):
+        assert parts[part]["n"] == row["admits"], part
+    for part in ("connect", "to_request", "server", "to_client"):
+        assert 0 <= parts[part]["p50"] <= parts[part]["p99"], part
+    assert parts["server"]["p50"] <= phases["total"]["p99"]
