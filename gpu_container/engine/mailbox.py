@@ -88,7 +88,10 @@ class Mailbox:
                     log.exception("direct_relay_failed", request_id=output.request_id)
                     self._fail(UpstreamError(f"relaying the output failed: {exc!r}"))
                     return
-            waiter.set_result(None)
+            # The relay may have cancelled the consumer meanwhile (a write's failure): its waiter
+            # is done, and raising here would lose the rest of the step's delivery, other streams'.
+            if not waiter.done():
+                waiter.set_result(None)
         self._pending.append(delta)
 
     def fail(self, error: Exception) -> None:

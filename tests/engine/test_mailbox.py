@@ -63,6 +63,25 @@ async def test_a_cancelled_consumer_is_offered_nothing() -> None:
     assert offered == []
 
 
+async def test_a_consumer_cancelled_inside_its_offer_leaves_the_delivery_whole() -> None:
+    """A cancel that lands inside the offer (a write whose failure cancels the stream's task, as
+    tests/edge/test_token_relay.py's cancel between two streams' offers) of a delta the relay then
+    declines: its waiter is already cancelled. `put` raised InvalidStateError there, out of the
+    engine process's delivery of a whole step (engine_process.py `_deliver`), whose later outputs,
+    other streams', were lost. Found by a review."""
+    mailbox = Mailbox(asyncio.get_running_loop())
+    task = await _parked(mailbox)
+
+    def offer(delta: Delta) -> bool:
+        task.cancel()
+        return False  # declined: the task would take it
+
+    mailbox.offer = offer
+    mailbox.put(TokenOutput("r", [1]))
+    await asyncio.wait({task})
+    assert task.cancelled()
+
+
 async def test_a_relay_that_raises_ends_its_own_stream_with_an_error_and_no_other() -> None:
     loop = asyncio.get_running_loop()
     broken, healthy = Mailbox(loop), Mailbox(loop)
