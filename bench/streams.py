@@ -75,6 +75,7 @@ def _serve(
     from edge.config import Settings, load_settings
     from edge.logging_setup import configure_logging
     from edge.server import uvicorn_config
+    from edge.upstreams.local_pool import PrivateUpstreams
 
     configure_logging()
     app: Any
@@ -89,7 +90,10 @@ def _serve(
 
         @asynccontextmanager
         async def paced(settings: Settings, model_dir: Path) -> AsyncIterator[list[PacedUpstream]]:
-            yield [upstream]
+            # Each server's own, as `serve --workers` starts local engines: with the limiter on
+            # Redis the servers are fleet members, and a shared replica would be divided between
+            # them (a second one waiting two beats for a share, answering 503 no_replica meanwhile).
+            yield PrivateUpstreams([upstream])  # type: ignore[misc]
 
         app = create_app(settings, paced)  # type: ignore[arg-type]
 

@@ -3,7 +3,7 @@ ones end, on the in-process limiter and on a real Redis (issue 11: p99 <= 3 ms a
 
 python -m bench.ttft_overhead [--concurrency 50] [--tokens 30] [--interval-ms 33] [--duration 20]
     [--limiters memory,redis,redis-cluster-tls,bare] [--arrivals spread,burst] [--think-ms 0]
-    [--connections new,kept]
+    [--connections new,kept] [--workers 1]
     [--trees a=DIR,b=DIR [--rounds N]] [--json]
 
 The edge (the real app, bench.streams' server) streams from bench/paced_upstream.py, whose first
@@ -34,6 +34,10 @@ a load balancer's connections to its targets, reach the edge.
 Reported per limiter, arrivals and connections: TTFT p50 / p99 / max at the client (to the first
 content delta), admits per second, errors, the server's CPU share and its CPU per admitted stream
 (all of a stream's cost: its set-up, its tokens and its end; the bare floor's too).
+
+`--workers N`: N server processes on one port (SO_REUSEPORT, as `serve --workers N` runs the edge,
+each with its own paced upstream), so a burst of new streams is served on N loops; the bare rows
+likewise. Without `--phases`, whose probe is one server's.
 
 `--trees`: the edge served from each of these checkouts in turn (bench.streams' `tree`), `--rounds`
 times over, so a change and the code before it meet the same machine in one run.
@@ -245,21 +249,21 @@ def ttft_parts(moments: list[_Moments], served: list[list[Any]]) -> dict[str, di
 
 
 @contextmanager
-def _server(limiter: str, interval_ms: float, tree: Path | None) -> Iterator[Servers]:
+def _server(limiter: str, interval_ms: float, tree: Path | None, workers: int = 1) -> Iterator[Servers]:
     if limiter == "bare":
-        with bare_server(interval_ms, 1) as bare:
+        with bare_server(interval_ms, 1, workers=workers) as bare:
             yield bare
         return
     if limiter == "redis-cluster-tls":
         with (
             _tls_cluster() as url,
-            servers(interval_ms, 1, 1, tree=tree, redis_url=url, redis_cluster=True) as server,
+            servers(interval_ms, workers, 1, tree=tree, redis_url=url, redis_cluster=True) as server,
         ):
             yield server
         return
     redis = RedisProcess.start() if limiter == "redis" else None
     try:
-        with servers(interval_ms, 1, 1, tree=tree, redis_url=redis.url if redis else None) as server:
+        with servers(interval_ms, workers, 1, tree=tree, redis_url=redis.url if redis else None) as server:
             yield server
     finally:
         if redis is not None:
@@ -300,8 +304,13 @@ def main() -> None:
     parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
     parser.add_argument("--rounds", type=int, default=1, help="with --trees: alternate them N times")
     parser.add_argument("--phases", action="store_true", help="where TTFT goes in the server (edge rows)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes on one port, as `serve --workers`"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.phases and args.workers != 1:
+        parser.error("--phases reads one server's probe: it needs --workers 1")
     if args.phases:
         os.environ["FLOODGATE_BENCH_PHASES"] = "1"  # read by the bench servers started below
     print(f"machine: {machine()}", flush=True)
@@ -315,7 +324,7 @@ def main() -> None:
         for label, tree in (trees if limiter != "bare" else [("", None)])
     ]
     for limiter, label, tree in runs:
-        with _server(limiter, args.interval_ms, tree) as server:
+        with _server(limiter, args.interval_ms, tree, args.workers) as server:
             # A short warm-up: the first requests pay imports and the key cache's first read.
             uvloop.run(_load(server, 4, 2, 1.0, False, interval_s))
             for arrivals, connections in itertools.product(
@@ -344,6 +353,7 @@ def main() -> None:
                     "limiter": limiter,
                     "arrivals": arrivals,
                     "connections": connections,
+                    **({"workers": args.workers} if args.workers != 1 else {}),
                     "concurrency": args.concurrency,
                     "tokens": args.tokens,
                     "interval_ms": args.interval_ms,
