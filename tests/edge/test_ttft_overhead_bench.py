@@ -54,3 +54,22 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> Non
     for part in ("connect", "to_request", "server", "to_client"):
         assert 0 <= parts[part]["p50"] <= parts[part]["p99"], part
     assert parts["server"]["p50"] <= phases["total"]["p99"]
+
+
+@pytest.mark.server
+def test_the_ttft_bench_on_two_workers_streams_every_admit_on_a_real_redis() -> None:
+    """`--workers 2`: two edge servers on one port, fleet members on the limiter's Redis. Each must
+    fill its own in-process replica whole (as serve's local engines): handed one they share, the
+    second waited for a share and answered 503 no_replica meanwhile (459 of ~1,000 streams)."""
+    args = ["--concurrency", "8", "--tokens", "3", "--duration", "2", "--limiters", "redis", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert (row["workers"], row["limiter"], row["errors"]) == (2, "redis", 0)
+    assert row["admits"] > 8
