@@ -166,7 +166,9 @@ class TokenRelay:
         before a stop string `offer` found; the tokens of the short grant `offer` charged at the
         budget's end; and what the detokenizer and the stop matcher held back (a character's first
         bytes, a possible stop string's start), flushed as a reply's end flushes them
-        (`emit_tail`)."""
+        (`emit_tail`). So a cut reply may end with the start of a stop string (`</ans`), which no
+        reply that ran to its end shows: its tokens were counted and charged, and the text sent
+        is the text usage counts (tests/edge/test_relay_interleavings.py holds both to that)."""
         out = self._out
         writing, self._writing = self._writing, None
         if writing is not None:
