@@ -94,8 +94,11 @@ def _run_worker(config: str | None, overrides: dict[str, Any], parent: int, inde
     from edge.gc_tuning import quiet_gc
     from edge.logging_setup import configure_logging
     from edge.server import serve
+    from gpu_container.plain_logging import WORKER_ENV
 
     configure_logging(worker=index)
+    # Inherited by the processes it starts (its engine), whose lines then name it too.
+    os.environ[WORKER_ENV] = str(index)
     settings = load_settings(config, overrides)
     app = create_app(settings)
     quiet_gc()
@@ -126,37 +129,88 @@ def serve_workers(
     for proc in procs:
         proc.start()
 
-    signalled = False
+    stops = StopSignals()
 
     def pass_on(sig: int, frame: FrameType | None) -> None:
-        nonlocal signalled
-        signalled = True
-        _signal_all(procs, sig)
+        if stops.received(sig):
+            _signal_all(procs, sig)
 
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup floodgate serve` serves on
         signal.signal(signal.SIGHUP, pass_on)
     ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
-    first = next(proc for proc in procs if proc.sentinel in ended)
-    if not signalled:
+    # Decided once: a signal the parent gets while the others drain does not make it asked for.
+    on_its_own = not stops.asked
+    if on_its_own:
         # One exited on its own (it failed, or was signalled alone): the others drain and follow.
-        # Joined first: its sentinel can fire before its exit code can be read (None).
-        first.join()
+        # Joined first: its sentinel can fire before its exit code can be read (None). Of two ended
+        # together, the one that failed.
+        for proc in procs:
+            if proc.sentinel in ended:
+                proc.join()
+        first = max((proc for proc in procs if proc.sentinel in ended), key=lambda p: p.exitcode != 0)
         print(
             f"floodgate: {first.name} exited on its own (code {first.exitcode}); stopping the others",
             file=sys.stderr,
             flush=True,
         )
-        _signal_all(procs, signal.SIGTERM)
+        # Held meanwhile: a SIGTERM passed on between the decision and the send would be a second.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            if stops.worker_exited():
+                _signal_all(procs, signal.SIGTERM)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     for proc in procs:
         proc.join()
-    if not signalled:
+    if on_its_own:
         # Its code, not the SIGTERM the others then got; never 0: the edge stopped serving unasked
         # (one worker given a SIGTERM of its own drains and exits 0), and a supervisor that
         # restarts on failure (systemd's Restart=on-failure) must start it again.
         return first.exitcode or 1
-    return next((code for proc in procs if (code := proc.exitcode or 0)), 0)
+    # Asked to stop: a worker that died of the very signal passed on (one still starting, before
+    # its handlers were in place) stopped as asked, and is no failure.
+    return next((code for proc in procs if (code := proc.exitcode or 0) and -code not in _STOPS), 0)
+
+
+# The signals the parent passes on to stop the workers.
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class StopSignals:
+    """Which of the parent's stop signals reach the workers. A worker takes its first SIGTERM as a
+    drain and a second as a cut (edge/server.py), so each worker must get as many SIGTERMs as the
+    parent was sent, never more: after a worker's own exit the parent sends the others one (they
+    drain), and a supervisor's SIGTERM then (its first: stop the unit, which drains) is not passed
+    on, or the streams the others were draining would be cut; a second one is (a cut, as asked).
+    systemd's default KillMode=control-group, which signals every process of the unit, still gives
+    each worker two: run it with KillMode=mixed (README)."""
+
+    __slots__ = ("_received", "_sent", "asked")
+
+    def __init__(self) -> None:
+        self.asked = False  # the parent was told to stop (any stop signal)
+        self._received = 0  # SIGTERMs the parent got
+        self._sent = 0  # SIGTERMs each worker got from it
+
+    def received(self, sig: int) -> bool:
+        """The parent got `sig`: True when it must pass it on to every worker."""
+        self.asked = True
+        if sig != signal.SIGTERM:
+            return True
+        self._received += 1
+        if self._received <= self._sent:
+            return False
+        self._sent += 1
+        return True
+
+    def worker_exited(self) -> bool:
+        """A worker exited on its own: True when the others must be sent their SIGTERM now."""
+        if self._sent:
+            return False
+        self._sent = 1
+        return True
 
 
 def _signal_all(procs: Sequence[BaseProcess], sig: int) -> None:

@@ -9,17 +9,36 @@ edge has its own setup (edge/logging_setup.py); the GPU image does not ship the 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from typing import Any
 
 import structlog
 
+# Set by `floodgate serve --workers N` in each worker (edge/workers.py) to its index: the engine
+# process a worker starts, and a local tritonserver's model, inherit it and stamp their lines with
+# `worker` as the edge's own are (edge/logging_setup.py), on the standard output they all share.
+WORKER_ENV = "FLOODGATE_WORKER"
+
 
 def configure_plain_logging(level: int = logging.INFO) -> None:
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    worker = os.environ.get(WORKER_ENV, "")
+    if worker.isdigit():
+        index = int(worker)
+
+        def stamp(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+            event["worker"] = index
+            return event
+
+        processors.append(stamp)
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *processors,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],

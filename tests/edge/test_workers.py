@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from edge.config import load_settings
-from edge.workers import WorkersRefused, worker_overrides
+from edge.workers import StopSignals, WorkersRefused, worker_overrides
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import demo_model_dir
 from tests.support.ports import free_consecutive_ports, free_port
@@ -49,6 +49,25 @@ def test_workers_refuse_a_limiter_each_would_keep_alone() -> None:
     with pytest.raises(WorkersRefused, match='backend = "redis"'):
         worker_overrides(settings, 2, 0)
     assert worker_overrides(settings, 1, 0)["limiter"]["instance_count"] == settings.limiter.instance_count
+
+
+def test_each_worker_gets_as_many_sigterms_as_the_parent_was_sent() -> None:
+    """A worker takes its second SIGTERM as a cut. After one worker's own exit the parent has the
+    others drain (one SIGTERM each); a supervisor's SIGTERM then, its first, was passed on as
+    their second and cut the streams they were draining (a review: `drain_deadline_cut`, the
+    stream ended `server_shutting_down`). Only a second one from the supervisor cuts."""
+    stops = StopSignals()
+    assert stops.worker_exited()  # the others drain
+    assert not stops.asked
+    assert not stops.received(signal.SIGTERM)  # the supervisor's first: they drain already
+    assert stops.asked
+    assert stops.received(signal.SIGTERM)  # its second: a cut, as asked
+    assert stops.received(signal.SIGINT)  # Ctrl-C is passed on as it comes
+
+    plain = StopSignals()
+    assert plain.received(signal.SIGTERM)  # the usual stop: each worker drains
+    assert not plain.worker_exited()  # one then exiting adds no second SIGTERM
+    assert plain.received(signal.SIGTERM)
 
 
 @pytest.fixture
@@ -368,3 +387,42 @@ def test_workers_leave_when_their_parent_is_killed(tmp_path: Path, redis: RedisS
     for w in still:
         os.kill(w, signal.SIGKILL)
     assert not still, "workers outlived their killed parent"
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_stop_while_the_workers_start_is_no_failure(tmp_path: Path, redis: RedisServer) -> None:
+    """A SIGTERM passed on to a worker still starting (before its handlers are in place) kills it
+    with that signal, and serve exited -15 (241) for a stop it was asked for."""
+    proc = subprocess.Popen(
+        _serve_two_workers(tmp_path, redis, free_port(), free_consecutive_ports(2)),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(_workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling /proc for the parent's children: nothing to wait on
+        proc.send_signal(signal.SIGTERM)  # both spawned, neither past its imports yet
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, output[-2000:]
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_every_line_of_a_worker_and_of_its_engine_names_the_worker(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """The engine process a worker starts writes to the same standard output: its lines (`engine
+    started`, an engine failure's traceback) said nothing of the worker whose engine it is."""
+    proc, _ = _two_workers_answering(tmp_path, redis)
+    proc.terminate()
+    output, _ = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    engines = [line for line in lines if line.get("event") == "engine started"]
+    assert sorted(line.get("worker") for line in engines) == [0, 1], engines
+    assert [line for line in lines if "worker" not in line] == []
