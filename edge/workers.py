@@ -33,6 +33,7 @@ its workers drain and leave.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import multiprocessing
@@ -88,6 +89,9 @@ def _run_worker(config: str | None, overrides: dict[str, Any], parent: int, inde
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once
     # (a second SIGINT would force the worker's exit before its streams end cleanly).
     os.setpgrp()
+    # Until the server's own handlers are in place, a Ctrl-C the parent passes on ends this worker
+    # as a stop (by the signal), not as a KeyboardInterrupt traceback and exit code 1, a failure.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     _leave_with_parent(parent)
     from edge.app import create_app
     from edge.config import load_settings
@@ -115,11 +119,29 @@ def _merged(base: dict[str, dict[str, object]], over: dict[str, dict[str, object
 def serve_workers(
     config: str | None, overrides: dict[str, dict[str, object]], settings: Settings, workers: int
 ) -> int:
-    """Run `workers` edge processes until a signal (passed on) or one of them exits; the exit code."""
+    """Run `workers` edge processes until a signal (passed on) or one of them exits; the exit code.
+
+    Signals only note themselves (a self-pipe wakes the wait); the main loop decides what each
+    means, one at a time, so a stop and a worker's own exit never race over what the workers are
+    sent. The handlers are in place before the first worker starts: a SIGTERM while they start
+    killed the parent (143) and left them reading a pipe it had closed."""
     try:
         per_worker = [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
     except WorkersRefused as exc:
         raise SystemExit(f"floodgate: {exc}") from None
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    noted: collections.deque[int] = collections.deque()
+
+    def note(sig: int, frame: FrameType | None) -> None:
+        noted.append(sig)
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_write, b"\0")
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup floodgate serve` serves on
+        signal.signal(signal.SIGHUP, note)
     # spawn, not fork: a worker starts from a clean interpreter (no parent threads or loop state).
     ctx = multiprocessing.get_context("spawn")
     procs = [
@@ -128,43 +150,35 @@ def serve_workers(
     ]
     for proc in procs:
         proc.start()
-
     stops = StopSignals()
-
-    def pass_on(sig: int, frame: FrameType | None) -> None:
-        if stops.received(sig):
-            _signal_all(procs, sig)
-
-    signal.signal(signal.SIGTERM, pass_on)
-    signal.signal(signal.SIGINT, pass_on)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup floodgate serve` serves on
-        signal.signal(signal.SIGHUP, pass_on)
-    ended = multiprocessing.connection.wait([proc.sentinel for proc in procs])
-    # Decided once: a signal the parent gets while the others drain does not make it asked for.
-    on_its_own = not stops.asked
-    if on_its_own:
-        # One exited on its own (it failed, or was signalled alone): the others drain and follow.
-        # Joined first: its sentinel can fire before its exit code can be read (None). Of two ended
-        # together, the one that failed.
-        for proc in procs:
-            if proc.sentinel in ended:
-                proc.join()
-        first = max((proc for proc in procs if proc.sentinel in ended), key=lambda p: p.exitcode != 0)
-        print(
-            f"floodgate: {first.name} exited on its own (code {first.exitcode}); stopping the others",
-            file=sys.stderr,
-            flush=True,
-        )
-        # Held meanwhile: a SIGTERM passed on between the decision and the send would be a second.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-        try:
+    first: BaseProcess | None = None  # the worker whose own exit stopped the others
+    running = list(procs)
+    while running:
+        ready = multiprocessing.connection.wait([wake_read, *(proc.sentinel for proc in running)])
+        if wake_read in ready:
+            os.read(wake_read, 512)
+        while noted:
+            sig = noted.popleft()
+            if stops.received(sig):
+                _signal_all(procs, sig)
+        ended = [proc for proc in running if proc.sentinel in ready]
+        for proc in ended:
+            proc.join()  # its sentinel can fire before its exit code can be read (None)
+            running.remove(proc)
+        if ended and first is None and not stops.asked:
+            # One exited on its own (it failed, or was signalled alone): the others drain and
+            # follow. Of two ended together, the one that failed.
+            first = max(ended, key=lambda p: p.exitcode != 0)
+            print(
+                f"floodgate: {first.name} exited on its own (code {first.exitcode}); stopping the others",
+                file=sys.stderr,
+                flush=True,
+            )
             if stops.worker_exited():
                 _signal_all(procs, signal.SIGTERM)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
-    for proc in procs:
-        proc.join()
-    if on_its_own:
+    os.close(wake_read)
+    os.close(wake_write)
+    if first is not None:
         # Its code, not the SIGTERM the others then got; never 0: the edge stopped serving unasked
         # (one worker given a SIGTERM of its own drains and exits 0), and a supervisor that
         # restarts on failure (systemd's Restart=on-failure) must start it again.
