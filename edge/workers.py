@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -92,6 +93,7 @@ def _run_worker(config: str | None, overrides: dict[str, Any], parent: int, inde
     # Until the server's own handlers are in place, a Ctrl-C the parent passes on ends this worker
     # as a stop (by the signal), not as a KeyboardInterrupt traceback and exit code 1, a failure.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent till now
     _leave_with_parent(parent)
     from edge.app import create_app
     from edge.config import load_settings
@@ -135,21 +137,32 @@ def serve_workers(
 
     def note(sig: int, frame: FrameType | None) -> None:
         noted.append(sig)
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(OSError):  # full: a wake is pending already
             os.write(wake_write, b"\0")
 
-    signal.signal(signal.SIGTERM, note)
-    signal.signal(signal.SIGINT, note)
+    installed = [signal.SIGTERM, signal.SIGINT]
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # `nohup floodgate serve` serves on
-        signal.signal(signal.SIGHUP, note)
+        installed.append(signal.SIGHUP)
+    for stop in installed:
+        signal.signal(stop, note)
     # spawn, not fork: a worker starts from a clean interpreter (no parent threads or loop state).
     ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(target=_run_worker, args=(config, o, os.getpid(), i), name=f"floodgate-worker-{i}")
         for i, o in enumerate(per_worker)
     ]
-    for proc in procs:
-        proc.start()
+    # Blocked while the workers start, and so in each of them from its first instruction (a signal
+    # mask survives exec): a Ctrl-C passed on while a worker's interpreter starts raised
+    # KeyboardInterrupt there (exit 1, a failure) before its code could say otherwise. Each
+    # unblocks it once SIGINT is a stop (`_run_worker`). The resource tracker first: starting it
+    # unblocks SIGINT (CPython's own use of this, bpo-33613).
+    multiprocessing.resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     stops = StopSignals()
     first: BaseProcess | None = None  # the worker whose own exit stopped the others
     running = list(procs)
@@ -176,6 +189,10 @@ def serve_workers(
             )
             if stops.worker_exited():
                 _signal_all(procs, signal.SIGTERM)
+    # Every worker is gone: a signal from now on has nothing to stop (a supervisor's late SIGTERM
+    # must not end the parent with 143 or a handler's write to the closed pipe).
+    for stop in installed:
+        signal.signal(stop, lambda sig, frame: None)
     os.close(wake_read)
     os.close(wake_write)
     if first is not None:

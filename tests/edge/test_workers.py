@@ -390,14 +390,16 @@ def test_workers_leave_when_their_parent_is_killed(tmp_path: Path, redis: RedisS
 
 
 @pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
-@pytest.mark.parametrize("started", [1, 2])
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+@pytest.mark.parametrize("started", [1, 2], ids=["one-started", "both-started"])
 def test_a_stop_while_the_workers_start_is_no_failure(
-    tmp_path: Path, redis: RedisServer, started: int
+    tmp_path: Path, redis: RedisServer, started: int, stop: signal.Signals
 ) -> None:
     """A SIGTERM passed on to a worker still starting (before its handlers are in place) kills it
     with that signal, and serve exited -15 (241) for a stop it was asked for. One that reached the
     parent while it was still starting them (`started` 1) killed the parent itself (-15), the
-    workers left reading a pipe it had closed (a review)."""
+    workers left reading a pipe it had closed; a Ctrl-C passed on to a worker whose interpreter was
+    still starting raised KeyboardInterrupt there (exit 1, a failure). Reviews, each."""
     proc = subprocess.Popen(
         _serve_two_workers(tmp_path, redis, free_port(), free_consecutive_ports(2)),
         cwd=tmp_path,
@@ -409,7 +411,7 @@ def test_a_stop_while_the_workers_start_is_no_failure(
         deadline = time.monotonic() + 60
         while len(_workers_of(proc.pid)) < started and time.monotonic() < deadline:
             time.sleep(0.005)  # polling /proc for the parent's children: nothing to wait on
-        proc.send_signal(signal.SIGTERM)  # spawned, not past their imports yet
+        proc.send_signal(stop)  # spawned, not past their imports yet
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
