@@ -12,18 +12,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("limiter", ["redis", "redis-cluster-tls"])
-def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> None:
-    args = ["--concurrency", "4", "--tokens", "3", "--duration", "1", "--limiters", limiter]
+def _one_row(*args: str) -> dict[str, Any]:
+    """The command's one row, its admits spread, run with `args`."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--phases", "--json"],
+        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -31,6 +30,15 @@ def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return row  # type: ignore[no-any-return]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("limiter", ["redis", "redis-cluster-tls"])
+def test_the_ttft_bench_streams_every_admit_on_a_real_redis(limiter: str) -> None:
+    row = _one_row(
+        "--concurrency", "4", "--tokens", "3", "--duration", "1", "--limiters", limiter, "--phases"
+    )
     assert (row["limiter"], row["arrivals"], row["errors"]) == (limiter, "spread", 0)
     assert row["admits"] > 4  # every client streamed more than once
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["ttft_max_ms"]
@@ -61,15 +69,8 @@ def test_the_ttft_bench_on_two_workers_streams_every_admit_on_a_real_redis() -> 
     """`--workers 2`: two edge servers on one port, fleet members on the limiter's Redis. Each must
     fill its own in-process replica whole (as serve's local engines): handed one they share, the
     second waited for a share and answered 503 no_replica meanwhile (459 of ~1,000 streams)."""
-    args = ["--concurrency", "8", "--tokens", "3", "--duration", "2", "--limiters", "redis", "--workers", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.ttft_overhead", *args, "--arrivals", "spread", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    row = _one_row(
+        "--concurrency", "8", "--tokens", "3", "--duration", "2", "--limiters", "redis", "--workers", "2"
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    [row] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert (row["workers"], row["limiter"], row["errors"]) == (2, "redis", 0)
     assert row["admits"] > 8
