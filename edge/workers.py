@@ -157,12 +157,12 @@ def serve_workers(
     # unblocks it once SIGINT is a stop (`_run_worker`). The resource tracker first: starting it
     # unblocks SIGINT (CPython's own use of this, bpo-33613).
     multiprocessing.resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for proc in procs:
             proc.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # as it was, not unblocked outright
     stops = StopSignals()
     first: BaseProcess | None = None  # the worker whose own exit stopped the others
     running = list(procs)
