@@ -22,6 +22,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from edge.log_line import use_chain
+from gpu_container.plain_logging import WorkerStamp
 
 _encoder = msgspec.json.Encoder(enc_hook=repr)  # anything JSON has no type for: its repr
 
@@ -47,20 +48,6 @@ class IsoUtcStamper:
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
         event["timestamp"] = f"{self._prefix}.{int((now - second) * 1e6):06d}Z"
-        return event
-
-
-class WorkerStamp:
-    """`worker`: which process of `floodgate serve --workers N` wrote the line. They share one
-    standard output (and one log group), where a line said nothing of the worker that wrote it."""
-
-    __slots__ = ("_index",)
-
-    def __init__(self, index: int) -> None:
-        self._index = index
-
-    def __call__(self, logger: WrappedLogger, name: str, event: EventDict) -> EventDict:
-        event["worker"] = self._index
         return event
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 # Set by `floodgate serve --workers N` in each worker (edge/workers.py) to its index: the engine
 # process a worker starts, and a local tritonserver's model, inherit it and stamp their lines with
@@ -21,21 +21,30 @@ import structlog
 WORKER_ENV = "FLOODGATE_WORKER"
 
 
+class WorkerStamp:
+    """`worker`: which process of `floodgate serve --workers N` wrote the line, or started the engine
+    that did. They share one standard output (and one log group), where a line said nothing of the
+    worker it came from. The edge's logging (edge/logging_setup.py) stamps with it too."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def __call__(self, logger: WrappedLogger, name: str, event: EventDict) -> EventDict:
+        event["worker"] = self._index
+        return event
+
+
 def configure_plain_logging(level: int = logging.INFO) -> None:
-    processors: list[Any] = [
+    processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     worker = os.environ.get(WORKER_ENV, "")
     if worker.isdigit():
-        index = int(worker)
-
-        def stamp(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
-            event["worker"] = index
-            return event
-
-        processors.append(stamp)
+        processors.append(WorkerStamp(int(worker)))
     structlog.configure(
         processors=[
             *processors,
