@@ -166,7 +166,7 @@ class TokenRelay:
         before a stop string `offer` found; the tokens of the short grant `offer` charged at the
         budget's end; and what the detokenizer and the stop matcher held back (a character's first
         bytes, a possible stop string's start), flushed as a reply's end flushes them
-        (`emit_tail`). So a cut reply may end with the start of a stop string (`</ans`), which no
+        (`tail_text`). So a cut reply may end with the start of a stop string (`</ans`), which no
         reply that ran to its end shows: its tokens were counted and charged, and the text sent
         is the text usage counts (tests/edge/test_relay_interleavings.py holds both to that)."""
         out = self._out
@@ -185,11 +185,7 @@ class TokenRelay:
             if self._grow is not None:
                 self._grow(out.completion_tokens)
             text = self._detok.push(short)
-        text += self._detok.flush()
-        if self._watch_stops:
-            text, stopped = self._stops.feed(text, out.completion_tokens)
-            if not stopped:
-                text += self._stops.flush()
+        text = tail_text(text + self._detok.flush(), self._stops, out.completion_tokens)
         if text:
             out.held.append(text)
 
@@ -293,9 +289,14 @@ class TokenRelay:
         raise UpstreamError("replica stream ended without a finish reason")
 
 
-async def emit_tail(text: str, stops: StopMatcher, on_text: TextSink, tokens: int) -> None:
+def tail_text(text: str, stops: StopMatcher, tokens: int) -> str:
+    """A reply's last text through the stop matcher: up to a stop string it completes, else with
+    what the matcher held back as a possible one's start."""
     text, stopped = stops.feed(text, tokens)
-    if not stopped:
-        text += stops.flush()
+    return text if stopped else text + stops.flush()
+
+
+async def emit_tail(text: str, stops: StopMatcher, on_text: TextSink, tokens: int) -> None:
+    text = tail_text(text, stops, tokens)
     if text and (written := on_text(text)) is not None:
         await written
