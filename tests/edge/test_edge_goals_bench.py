@@ -226,3 +226,32 @@ def test_the_runner_runs_its_commands_and_judges_what_they_printed(tmp_path: Pat
         timeout=60,
     )
     assert again.returncode == 0 and table in again.stdout
+
+
+def test_across_runs_counts_each_views_misses_and_those_past_its_floor(tmp_path: Path) -> None:
+    """`bench.edge_goals_across` over two kept runs: each view's runs and met count are its rows'
+    verdicts in the two runs' own tables, a miss counts as past the floor exactly when the bare
+    server's figure was past the bound too, and the table and plot are written."""
+    from bench.edge_goals_across import main, views_of
+    from bench.edge_goals_verdict import read_run
+
+    kept = REPO / "docs" / "bench-edge-goals"
+    dirs = [kept / "fortieth-pass", kept / "forty-first-pass"]
+    out = tmp_path / "across.md"
+    assert main([str(d) for d in dirs] + ["--out", str(out)]) == 0
+    per_run = [{(f.goal, f.view): f for f in figures_of(read_run(d))} for d in dirs]
+    views = views_of(dirs)
+    assert {(v.goal, v.view) for v in views} == set(per_run[0]) | set(per_run[1])
+    for v in views:
+        figures = [run[v.goal, v.view] for run in per_run if (v.goal, v.view) in run]
+        assert len(v.runs) == len(figures)
+        assert v.met == sum(f.met for f in figures)
+        past = sum(not f.met and f.floor is not None and f.to_goal(f.floor) > 1 for f in figures)
+        assert v.missed_past_floor == past
+    wake_500 = next(
+        v for v in views if v.view.startswith("a clock per stream") and "500 ms, 1 worker" in v.view
+    )
+    assert wake_500.met == 0 and wake_500.missed_past_floor == 2  # 41.7 / 37.9 µs, floors 35.5 / 30.9
+    table = out.read_text()
+    assert f"| {wake_500.goal} | {wake_500.view} | 2 | 0 | 2 of 2 |" in table
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
