@@ -18,6 +18,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
+from edge.keys.authorization_header import authorization_header
 from edge.keys.lifecycle import (
     InvalidPeriod,
     InvalidUser,
@@ -43,7 +44,7 @@ def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     expected = runtime.settings.keys.admin_key_sha256.lower()
     if not expected:
         raise ApiError(404, "Not found.", code="not_found")
-    digest = hash_key(bearer_key(connection.headers.get("authorization")))
+    digest = hash_key(bearer_key(authorization_header(connection.scope)))
     if not hmac.compare_digest(digest, expected):
         raise unauthorized("Incorrect admin key provided.")
 

@@ -13,6 +13,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
+from edge.keys.authorization_header import authorization_header
 from edge.messages.store import Order
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
@@ -85,7 +86,7 @@ async def conversation_messages(
     order: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = await runtime.keys.authenticate(authorization_header(request.scope))
     size = _limit(limit)
     sort = _order(order)
     after, before = _cursor("after", after), _cursor("before", before)

@@ -20,14 +20,18 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import HTTPReceiveMessage, Receive, Scope
 
 from edge.errors import ApiError
+from edge.keys.authorization_header import several_authorization_headers
 
 
 def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
-    """The Authorization header and the declared Content-Length, from the raw headers."""
+    """The Authorization header and the declared Content-Length, from the raw headers in one pass
+    (several Authorization headers: the 400 edge/keys/authorization_header.py gives)."""
     authorization: str | None = None
     length: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
+            if authorization is not None:
+                raise several_authorization_headers()
             authorization = value.decode("latin-1")
         elif name == b"content-length":
             length = value

@@ -9,6 +9,7 @@ from litestar.params import FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import invalid_request
+from edge.keys.authorization_header import authorization_header
 from edge.routes.json_body import json_response
 from edge.runtime import Runtime, runtime_of
 from edge.usage.day import checked_day
@@ -30,5 +31,5 @@ async def own_usage(
     request: Request[Any, Any, Any], start: FromQuery[str] = "", end: FromQuery[str] = ""
 ) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = await runtime.keys.authenticate(authorization_header(request.scope))
     return await usage_response(runtime, principal.user, start, end)
