@@ -245,7 +245,7 @@ def charge(state: UserState, rates: Rates, now_us: int, request_id: str, want: i
     granted = min(want, available)
     if granted > 0:
         state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, granted)
-    if request_id in state.leases:
+    if state.leases.get(request_id, now_us) > now_us:  # held, not lapsed: an expired slot is gone
         state.leases[request_id] = now_us + lease_ttl_us
     return granted
 
@@ -256,7 +256,8 @@ def settle(
     """Free the request's slot and refund `refund_tokens` (and the request itself when
     `refund_request`). Only the call that removes the slot refunds, so settling twice (or after
     the slot expired) refunds nothing. Returns whether it removed the slot."""
-    if state.leases.pop(request_id, None) is None:
+    expiry = state.leases.pop(request_id, None)
+    if expiry is None or expiry <= now_us:  # settled, or lapsed (what admit's prune removes)
         return False
     if refund_tokens > 0:
         state.token_tat_us = max(state.token_tat_us - _token_span(rates, refund_tokens), now_us)
@@ -282,7 +283,7 @@ def record_charged(
     """Count tokens the shared store granted to a running request (see record_admitted)."""
     if granted > 0:
         state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, granted)
-    if request_id in state.leases:
+    if state.leases.get(request_id, now_us) > now_us:
         state.leases[request_id] = now_us + lease_ttl_us
 
 

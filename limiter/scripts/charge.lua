@@ -18,8 +18,10 @@ if granted > 0 then
   tat = base + span(granted, token_window, token_capacity)
   redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
--- Only a slot still held is refreshed: a settled or expired request does not get one back.
-if redis.call('ZSCORE', KEYS[2], request_id) then
+-- Only a slot still held is refreshed: a settled or lapsed request (past its lease, pruned or
+-- not yet) does not get one back.
+local held = redis.call('ZSCORE', KEYS[2], request_id)
+if held and tonumber(held) > now then
   redis.call('ZADD', KEYS[2], 'XX', string.format('%d', now + lease_ttl), request_id)
   redis.call('PEXPIRE', KEYS[2], math.floor((lease_ttl + 999) / 1000) + EXPIRY_MARGIN_MS)
 end

@@ -27,7 +27,10 @@ if redis.call('GET', KEYS[4]) == 'cancelled' then
   cancelled = 1
 end
 redis.call('SET', KEYS[4], 'done', 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
-if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 then
+-- A lapsed slot (past its lease, not yet pruned by an admit) is removed but refunds nothing, as
+-- one an admit pruned first: which came first must not decide the refund.
+local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])
+if redis.call('ZREM', KEYS[3], ARGV[2]) == 0 or tonumber(expiry) <= now then
   return {0, cancelled}
 end
 if refund > 0 then
