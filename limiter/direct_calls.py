@@ -211,17 +211,16 @@ class DirectCalls:
             return list(await asyncio.gather(*(self.call(script, keys, args) for keys, args in calls)))
         conn = await self._connection("")
         assert conn is not None  # one server: always its endpoint
-        packed = pack_evalshas(script.sha, calls)
 
-        async def send() -> list[Any]:
-            return list(await asyncio.gather(*conn.send_many(packed, len(calls))))
+        async def send(batch: Sequence[tuple[Sequence[str], Sequence[str | int]]]) -> list[Any]:
+            return list(await asyncio.gather(*conn.send_many(pack_evalshas(script.sha, batch), len(batch))))
 
         async def load() -> None:
             loaded = await conn.send(self._load(script))
             if isinstance(loaded, Exception):
                 raise loaded
 
-        return await replies_loading_once(send, load, script.sha)
+        return await replies_loading_once(send, load, script.sha, calls)
 
     def _load(self, script: AsyncScript) -> bytes:
         packed = self._loads.get(script.sha)

@@ -758,8 +758,9 @@ class RedisLimiter:
         self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]
     ) -> list[Any]:
         """Many calls of a script in one pipelined round trip, each still one atomic script run;
-        their replies in order. After NOSCRIPT (none of them ran) all are sent again. On the
-        limiter's own connections where it has them, else through redis-py."""
+        their replies in order. The calls that met NOSCRIPT (and only those: they never ran) are sent
+        again once the script is loaded (limiter/pipelined_replies.py). On the limiter's own
+        connections where it has them, else through redis-py."""
         if self._direct is not None:
             return await self._direct.call_all(script, calls)
         if isinstance(self._client, RedisCluster):
@@ -770,11 +771,11 @@ class RedisLimiter:
                 chunk = calls[start : start + _CLUSTER_CONCURRENCY]
                 replies += await asyncio.gather(*(script(keys=keys, args=args) for keys, args in chunk))
             return replies
-        packed = pack_evalshas(script.sha, calls)
         return await replies_loading_once(
-            lambda: self._pipelined(packed, len(calls)),
+            lambda batch: self._pipelined(pack_evalshas(script.sha, batch), len(batch)),
             lambda: self._client.script_load(script.script),
             script.sha,
+            calls,
         )
 
     async def _pipelined(self, packed: bytes, replies: int) -> list[Any]:
