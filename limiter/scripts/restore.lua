@@ -113,6 +113,10 @@ end
 restore(KEYS[1], 1)
 restore(KEYS[2], 2)
 if #ARGV >= FIRST_ID then
+  -- Lapsed entries pruned first, as admit.lua does: a lapsed entry holds nothing (charge.lua,
+  -- settle.lua), and left in place it would block the NX below, so a running request would get
+  -- its slot back only if some admit had pruned first.
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
   local expiry = string.format('%d', now + lease_ttl)
   for i = FIRST_ID, #ARGV do
     local record = redis.call('GET', KEYS[i - FIRST_ID + 5])

@@ -17,7 +17,7 @@ import pytest
 
 from limiter import policy
 from limiter.memory import MemoryLimiter
-from limiter.redis_store import RedisLimiter
+from limiter.redis_store import RedisLimiter, restore_call
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisServer
@@ -95,3 +95,37 @@ async def test_before_the_lapse_a_charge_keeps_the_slot_and_a_settle_refunds(
         await limiter.settle(user, limits, "r1", 16)
         remaining.append((await limiter.admit(user, "probe", limits, 0, 0)).decision.remaining_tokens)
     assert remaining == [100 - 10, 100 - 10]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pruned_first", [True, False], ids=["admit-pruned-first", "lapsed-entry-unpruned"])
+async def test_a_restore_gives_a_running_request_its_slot_back_whether_or_not_an_admit_pruned_first(
+    limiters: tuple[ManualClock, list[MemoryLimiter | RedisLimiter]], pruned_first: bool
+) -> None:
+    """restore.lua (after an outage, or this instance counted out by the fleet) puts back the slots
+    of the requests the instance still runs with ZADD NX: a lapsed entry not yet pruned blocked it
+    (a review of the change above), so the slot came back only if some admit had pruned first."""
+    clock, (_, store) = limiters
+    assert isinstance(store, RedisLimiter)
+    user, limits = f"restore-{uuid.uuid4().hex}", tier(concurrent=2, tokens=100, token_window_s=100_000)
+    assert (await store.admit(user, "r1", limits, 10, 16)).decision.allowed
+    clock.advance(LEASE_TTL_S + 1)  # r1's entry lapsed on Redis; this instance still runs r1
+    if pruned_first:
+        assert (await store.admit(user, "other", limits, 0, 0)).decision.allowed
+    snap = policy.Snapshot(request_ahead_us=0, token_ahead_us=0, request_ids=("r1",))
+    now_arg = str(round(clock() * policy.MICROS))
+    call = restore_call(
+        user,
+        "",
+        snap,
+        None,
+        instance="test",
+        instance_count=1,
+        lease_ttl_us=LEASE_TTL_S * policy.MICROS,
+        now_arg=now_arg,
+    )
+    assert await store._send_all(store._restore, [call]) == [1]
+    if not pruned_first:
+        assert (await store.admit(user, "other", limits, 0, 0)).decision.allowed
+    third = (await store.admit(user, "third", limits, 0, 0)).decision  # r1 and "other" hold both slots
+    assert not third.allowed and third.limit == "concurrency", third
