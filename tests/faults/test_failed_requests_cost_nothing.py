@@ -99,6 +99,25 @@ def test_a_request_the_replica_fails_before_its_first_token_uses_none_of_the_use
     assert answered.status_code == 200, answered.text  # the tier's one request was still there
 
 
+def test_a_second_replica_failing_the_retry_is_a_failed_replica_not_a_generation_that_ran(
+    tmp_path: Path,
+) -> None:
+    """A request whose first replica fails before its first token is retried once elsewhere; when
+    that one fails before its first token too, its slot was given back as a generation that ran
+    (a helper's review): the replica stayed placeable until the next health check, its service
+    rate learnt the failure's duration, and the fair queue learnt that this user's replies are 0
+    tokens long (the first sample replaces the prior), pricing its next requests at their prompt
+    alone. Read from what is learnt, which no health check undoes."""
+    two = {"engine": {"replicas": 2, "isolation": "thread"}}
+    with start_server(tmp_path, two, _failing_replicas) as server:
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            failed = client.post(CHAT, json=SHORT | {"max_tokens": FAIL_AT_ONCE})
+        assert failed.status_code == 502, failed.text
+        assert [r.rate.samples for r in dispatcher.replicas.members] == [0, 0]
+        assert dict(dispatcher._reply_lengths._by_user) == {}
+
+
 # Token windows so long that nothing refills within the test: what the limiter holds spent moves
 # only by what requests are charged.
 NO_REFILL = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"token_window_s": 1e9, "tokens_per_window": 100_000}}}
