@@ -216,10 +216,18 @@ class ReplicaSet:
         return min(self._poll_interval_s, max(min(backs), self._poll_interval_s / 10))
 
     async def check_all(self) -> None:
-        """Poll every replica's health and capacity now, all at once (start() and the poller)."""
+        """Poll every replica's health and capacity now, all at once (start() and the poller).
+        Each answer is acted on when it comes: a replica whose check passed (its failure mark
+        cleared, back from a restart) takes its waiters then, not once the slowest check ended
+        (one that hangs: health_timeout_s, while requests waited beside an idle replica)."""
         self._checks_started += 1
         check = self._checks_started
-        await asyncio.gather(*(self._check(replica, check) for replica in list(self.members)))
+
+        async def check_one(replica: Replica) -> None:
+            await self._check(replica, check)
+            self._on_change()
+
+        await asyncio.gather(*(check_one(replica) for replica in list(self.members)))
         self._on_change()
 
     async def _check(self, replica: Replica, check: int) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
 from edge.admission import Overloaded, Slot
@@ -316,3 +319,50 @@ async def test_two_edge_instances_sharing_a_replica_fill_only_their_share(
         assert held == [5, 5]
         for flow in flows:
             await flow.aclose()
+
+
+class _HangingCheck(ControlledUpstream):
+    """A replica whose health check, once `hang` is set, never answers (its timeout is the bound)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.hang = False
+        self.hung = asyncio.Event()
+
+    async def ready(self) -> bool:
+        if self.hang:
+            self.hung.set()
+            await asyncio.Event().wait()
+        return await super().ready()
+
+
+@pytest.mark.anyio
+async def test_a_replica_whose_check_passed_takes_its_waiters_while_another_check_still_hangs(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """A poll checks every replica at once; the queue was reconsidered only once the slowest
+    check ended, so a replica cleared by its own check sat idle beside its waiters for as long as
+    a hung replica's check took (health_timeout_s; a helper's review)."""
+    good = ControlledUpstream("good", max_sequences=1)
+    hung = _HangingCheck("hung")
+    hung.kv_tokens_total = 10  # too small for the tickets here: only "good" can take them
+    async with make_dispatcher([good, hung], poll_interval_s=1000.0, health_timeout_s=3600.0) as dispatcher:
+        flow = Flow(dispatcher)
+        first = await dispatcher.acquire(ticket("u0"))
+        assert first.upstream is good
+        waiting = flow.submit(ticket("u1"))
+        await flow.settle()
+        first.release(failed=True)  # "good" takes no new work until a check after this passes
+        await flow.settle()
+        assert not waiting.done()
+        hung.hang = True
+        check = asyncio.create_task(dispatcher.check_replicas())
+        await hung.hung.wait()
+        await until(waiting.done)
+        assert not check.done()  # placed while the hung replica's check is still waiting
+        assert waiting.result().upstream is good
+        waiting.result().release()
+        check.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await check
+        await flow.aclose()
