@@ -17,10 +17,13 @@ Policy
   fair queueing between users, so backlogged users get equal KV-token service whatever their demand,
   and a user's closed loop is next in line once every other user has had a request since its last
   (see fair_queue.py for why KV tokens, and why not deficit round robin).
-* No head-of-line blocking across pools. A ticket that finds no room blocks later tickets only on the
-  replicas it is waiting for, and only for the pool it waits on: a free request held back by the
-  reserve leaves the reserve to the paid requests behind it; a paid request waits ahead of everything
-  on its replicas; a retry that excludes a failed replica does not hold back others on that replica.
+* No head-of-line blocking across pools. A ticket that finds no room blocks other users' later
+  tickets only on the replicas it is waiting for, and only for the pool it waits on: a free request
+  held back by the reserve leaves the reserve to the paid requests behind it; a paid request waits
+  ahead of everything on its replicas; a retry that excludes a failed replica does not hold back
+  others on that replica. Its own user's later tickets wait behind it, on every replica (the fair
+  queue serves a user's requests in order, fair_queue.py's `block`): a user's small request can
+  wait for its large one while a replica too small for the large one takes another user's.
 * Bounded waiting. `precheck` says no when the queue holds `max_queue` tickets of the ticket's tier
   or above ("queue_full": a lower tier's flood never closes the queue to a higher one, which passes
   it; all tiers together hold at most `max_queue` per tier), unless the ticket's user holds less
