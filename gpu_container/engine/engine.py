@@ -408,6 +408,12 @@ class LLMEngine:
             try:
                 logits = self._forward_one([chunk])
             except Exception as exc:
+                if self._scheduler.is_padding(chunk.seq):
+                    # Static batching's padding ended already (its client heard its finish): out
+                    # of the batch, not finished again (a second final output, and _publish's
+                    # second removal of its id raised out of the loop: the engine thread died).
+                    self._scheduler.remove(chunk.seq, failed=True)
+                    continue
                 emitted.append(self._finish(chunk.seq, "error", error=_describe(exc)))
                 continue
             emitted += self._commit([chunk], logits)

@@ -9,7 +9,10 @@ import msgspec
 import numpy as np
 import pytest
 
+from gpu_container.engine.arrays import Floats
 from gpu_container.engine.engine import LLMEngine
+from gpu_container.engine.forward_batch import ForwardBatch
+from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.scheduler import ScheduledChunk
 from gpu_container.engine.types import EngineConfig, SamplingParams, TokenOutput
@@ -197,6 +200,38 @@ def test_a_failing_step_errors_only_the_culprit_and_the_engine_lives_on(batching
         engine.add_request("later", [2, 3], GREEDY, seen)
         seen.wait_finished("later")
         assert seen.tokens("later") == seen.tokens("good1")
+        assert engine.stats().free_blocks == engine.stats().num_blocks
+    finally:
+        engine.stop()
+
+
+class _FailsOnPadding(LlamaModel):
+    """The real model, except that a batch holding token 0 raises: static batching feeds its
+    padding (members finished before the rest of their batch) that placeholder."""
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> Floats:
+        if 0 in batch.token_ids:
+            raise FloatingPointError("bad row")
+        return super().forward(batch, cache)
+
+
+def test_static_padding_whose_own_retry_fails_is_not_finished_again() -> None:
+    """A failed step's sequences are retried one by one; a padding member whose own retry failed
+    was finished a second time (a review): its client got "error" after its "length", and the
+    second removal of its id raised out of the engine's loop, which died with every other stream
+    waiting."""
+    model, _ = tiny_model()
+    engine = _engine(_FailsOnPadding(model.config, model.weights), batching="static")
+    seen = Collector()
+    engine.add_request("short", [5, 6, 7], dataclasses.replace(GREEDY, max_new_tokens=1), seen)
+    engine.add_request("long", [8, 9, 10], dataclasses.replace(GREEDY, max_new_tokens=6), seen)
+    engine.start()
+    try:
+        seen.wait_finished("short", "long")
+        assert [o.finish_reason for o in seen.outputs["short"] if o.finish_reason] == ["length"]
+        assert seen.finish_reason("long") in ("length", "error")
+        engine.add_request("later", [2, 3], GREEDY, seen)  # the engine still serves
+        seen.wait_finished("later")
         assert engine.stats().free_blocks == engine.stats().num_blocks
     finally:
         engine.stop()
