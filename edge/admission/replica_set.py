@@ -142,7 +142,7 @@ class ReplicaSet:
         self.members.append(replica)
         log.info("replica_added", replica=replica.name)
         self._checks_started += 1
-        await self._check(replica, self._checks_started)
+        self._lost_room |= await self._check(replica, self._checks_started)
         self._on_change()
 
     def remove(self, name: str) -> None:
@@ -217,20 +217,28 @@ class ReplicaSet:
 
     async def check_all(self) -> None:
         """Poll every replica's health and capacity now, all at once (start() and the poller).
-        Each answer is acted on when it comes: a replica whose check passed (its failure mark
+        Each answer places waiters when it comes: a replica whose check passed (its failure mark
         cleared, back from a restart) takes its waiters then, not once the slowest check ended
-        (one that hangs: health_timeout_s, while requests waited beside an idle replica)."""
+        (one that hangs: health_timeout_s, while requests waited beside an idle replica). What
+        the answers say of room lost (waiters that may fit nowhere now, which are then failed) is
+        acted on once every answer is in: judged on one replica's answer beside another's stale
+        one, a waiter whose replica was last seen restarting past its wait, and found back later
+        in the same poll, was failed (a review)."""
         self._checks_started += 1
         check = self._checks_started
+        lost = False
 
         async def check_one(replica: Replica) -> None:
-            await self._check(replica, check)
+            nonlocal lost
+            lost |= await self._check(replica, check)
             self._on_change()
 
         await asyncio.gather(*(check_one(replica) for replica in list(self.members)))
+        self._lost_room |= lost
         self._on_change()
 
-    async def _check(self, replica: Replica, check: int) -> None:
+    async def _check(self, replica: Replica, check: int) -> bool:
+        """Take in one replica's answer; whether it lost room (some waiters may fit nowhere now)."""
         # Read before ready() too: a child that comes up between ready() and the read after it
         # answers None there, which alone would read as a restart that failed (its waiters fail).
         back_before = _back_in_s(replica.upstream)
@@ -252,18 +260,18 @@ class ReplicaSet:
         replica.back_in_s = back_in_s
         if replica.back_in_s is not None and was_back_in_s is None:
             log.info("replica_restarting", replica=replica.name, back_in_s=round(replica.back_in_s, 2))
-        elif was_back_in_s is not None and replica.back_in_s is None:
-            self._lost_room = True  # back (nothing lost then), or its restart failed: waiters fail
+        lost = was_back_in_s is not None and replica.back_in_s is None  # back, or its restart failed
         if capacity is not None:
             if replica.capacity is not None and _totals(capacity) != _totals(replica.capacity):
-                self._lost_room = True  # a smaller replica may no longer hold some waiters
+                lost = True  # a smaller replica may no longer hold some waiters
             replica.capacity = capacity
         if ready and replica.suspect_since_check is not None and replica.suspect_since_check < check:
             replica.suspect_since_check = None
             log.info("replica_cleared", replica=replica.name)
         if replica.alive != was_alive:
-            self._lost_room = True
+            lost = True
             log.info("replica_health", replica=replica.name, alive=replica.alive)
+        return lost
 
 
 def _back_in_s(upstream: Upstream) -> float | None:

@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from edge.admission import Overloaded, Slot
+from edge.admission import Dispatcher, Overloaded, Slot
 from tests.admission.conftest import MakeDispatcher
 from tests.admission.flow import Flow, ticket, until
 from tests.admission.pipeline import generate_with_failover
@@ -365,4 +365,65 @@ async def test_a_replica_whose_check_passed_takes_its_waiters_while_another_chec
         check.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await check
+        await flow.aclose()
+
+
+class _AnswersWhenTold(ControlledUpstream):
+    """A replica whose health check, once `held` is set, answers only when `go` is set."""
+
+    def __init__(self, name: str, kv_tokens_total: int = 10_000) -> None:
+        super().__init__(name, kv_tokens_total=kv_tokens_total)
+        self.held = False
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def ready(self) -> bool:
+        if self.held:
+            self.asked.set()
+            await self.go.wait()
+        return await super().ready()
+
+
+def _capacity_of(dispatcher: Dispatcher, i: int) -> int | None:
+    capacity = dispatcher.replica_states()[i].capacity
+    return None if capacity is None else capacity.kv_tokens_total
+
+
+@pytest.mark.anyio
+async def test_a_waiter_is_judged_on_every_answer_of_a_poll_not_on_some_beside_others_stale(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """The only replica that can hold the waiter was last seen restarting, back in 45 s, past the
+    waiter's 30 s. In the next poll it answers ready, after a small replica whose size changed
+    (room lost, so waiters that fit nowhere are failed): judged on the small one's answer beside
+    the big one's stale 45 s, the waiter was failed no_replica, though the same poll found its
+    replica up (a review of the commit that placed waiters on each answer)."""
+    big = _AnswersWhenTold("big")
+    small = _AnswersWhenTold("small", kv_tokens_total=10)  # too small for the tickets here
+    async with make_dispatcher([big, small], poll_interval_s=3600, health_timeout_s=3600) as dispatcher:
+        big.is_ready, big.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        flow = Flow(dispatcher)
+        waiter = flow.submit(ticket("waiter", max_wait_s=30.0))
+        await flow.settle()
+        big.restart_eta_s = 45.0
+        await dispatcher.check_replicas()
+        await flow.settle()
+        assert not waiter.done()
+
+        big.is_ready, big.restart_eta_s = True, None
+        small.kv_tokens_total = 20
+        big.held = small.held = True
+        poll = asyncio.create_task(dispatcher.check_replicas())
+        await big.asked.wait()
+        await small.asked.wait()
+        small.go.set()
+        await until(lambda: _capacity_of(dispatcher, 1) == 20)
+        await flow.settle()
+        assert not waiter.done()  # the small one's answer alone fails nobody
+        big.go.set()
+        await poll
+        await until(waiter.done)
+        assert waiter.result().upstream is big
+        waiter.result().release()
         await flow.aclose()
