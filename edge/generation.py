@@ -424,11 +424,10 @@ class Generation:
                 if isinstance(exc, ReplicaRestarting) and exc.may_be_cause:
                     self._maybe_poison = True
                 if out.ttft_s is not None or retried:
-                    if out.ttft_s is None:
-                        # The retry's replica failed before its first token too: as suspect as the
-                        # first, and no generation that ran (for its service rate, or the user's
-                        # usual reply length, which a 0 would have replaced).
-                        await self._give_back_slot(failed=True)
+                    # No other try: the replica failed it all the same (mid-stream, or the retry's
+                    # before its first token), suspect until its next check passes, and no
+                    # generation that ran (a service time, the user's usual reply length).
+                    await self._give_back_slot(failed=True)
                     raise
                 retried = True
                 # The error that made this replica suspect; the request goes on to another one, or

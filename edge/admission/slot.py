@@ -14,8 +14,10 @@ from edge.admission.replica import Replica
 from edge.admission.ticket import Ticket
 from edge.upstreams.base import Upstream
 
-# "done": the generation ran (its duration teaches the service rate); "failed": the replica failed it;
-# "unused": granted to a request that had already gone away.
+# "done": the generation ran (its duration teaches the service rate, its tokens the user's usual
+# reply); "failed": the replica failed it; "unused": nothing ran to learn from (granted to a request
+# that had already gone away, or given back before its first token: a cancel, a disconnect, the
+# drain's cut during its prefill, which taught the user's usual reply as 0 tokens; a review).
 ReleaseKind = Literal["done", "failed", "unused"]
 
 
@@ -70,9 +72,9 @@ class Slot:
 
     def release(self, *, failed: bool = False) -> None:
         """Give the room back. Idempotent; call it on the event loop's thread. failed=True: the
-        replica failed this request (before its first token) and takes no new work until its health
-        check passes again."""
-        self._give_back("failed" if failed else "done")
+        replica failed this request and takes no new work until its health check passes again.
+        Otherwise "done" once a token came, "unused" before."""
+        self._give_back("failed" if failed else "done" if self.first_token_at is not None else "unused")
 
     def discard(self) -> None:
         """Give back a slot that was never used (its request was cancelled as it was granted)."""
