@@ -12,7 +12,7 @@ harder than its test, and reports what the issue asks of every drill:
   retries had their chance, bounded wait);
 - leaked KV blocks: blocks (and sequences) the engine still holds once everything ended;
 - lost messages: requests a replica answered whose question or reply is missing from the message
-  store (a question is stored when its request reaches a replica);
+  store (a question is stored at its stream's first token);
 - status counts: the HTTP answers (through the limiter in-process: admitted = 200, refused =
   429, store unavailable = 503);
 - peak RSS: of the edge process (VmHWM), or of this process for the in-process drills.
@@ -225,17 +225,17 @@ def _kv_blocks_left(server: ServeProcess) -> int:
 
 def _lost_messages(db: Path, answers: list[Answer]) -> tuple[int, str]:
     """Turns missing from the message store: the question and the reply of every request a
-    replica answered (its stream carried text, or ended as a reply does). A question is stored
-    when its request reaches a replica (edge/generation.py `_record_prompt`): one turned away after
-    admission (queued past its wait, or still queued at the drain's deadline) has neither, and the
-    client's retry stores it once. Returns the count and a note."""
+    replica answered (its stream carried text, or ended as a reply does). A question is stored at
+    its stream's first token (edge/generation.py `_record_prompt`): one turned away after admission
+    (queued past its wait, or still queued at the drain's deadline, or cut before its first token)
+    has neither, and the client's retry stores it once. Returns the count and a note."""
     with sqlite3.connect(db) as conn:
         stored = Counter((rid, role) for rid, role in conn.execute("SELECT request_id, role FROM messages"))
     answered = [a for a in answers if a.status == 200 and (a.got_text or (a.done and a.error_code is None))]
     expected = [(a.request_id, "user") for a in answered]
     expected += [(a.request_id, "assistant") for a in answered if a.got_text]
     missing = Counter(role for rid, role in expected if not stored[(rid, role)])
-    # Not a loss: a question stored for a request cut before its first token, once at a replica.
+    # Stored for a request with no answer: a question its client's retry stores again (none expected).
     taken = {id(a) for a in answered}
     unanswered = sum(1 for a in answers if id(a) not in taken and stored[(a.request_id, "user")])
     return sum(missing.values()), (

@@ -403,7 +403,7 @@ class Generation:
                 self._lease,
                 slot.grow,
                 self._arrived,
-                self._stop_keepalive,
+                self._first_token,
                 child(metrics.INTER_TOKEN, self._p.dispatcher.model).observe,
             )
             # An upstream that can hand each delta to the relay in its own callback
@@ -414,9 +414,6 @@ class Generation:
             else:
                 self._deltas = slot.upstream.generate(self._upstream_req)
             self._reached_replica = True
-            if not self._prompt_recorded and self._req.stream:
-                self._prompt_recorded = True
-                self._record_prompt()
             try:
                 await relay.run(self._deltas)
                 return
@@ -446,6 +443,13 @@ class Generation:
                 # Nothing of it reached the client: until a replica takes it again it is a queued
                 # request, which a disconnect or a cancel leaves uncharged.
                 self._reached_replica = False
+
+    async def _first_token(self) -> None:
+        """The relay's first token: a stream's question is stored now, and the keep-alive stops."""
+        if not self._prompt_recorded and self._req.stream:
+            self._prompt_recorded = True
+            self._record_prompt()
+        await self._stop_keepalive()
 
     async def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
@@ -485,11 +489,13 @@ class Generation:
         self._record(out)
 
     def _record_prompt(self) -> None:
-        """A named conversation's question, stored once a stream reaches a replica: a request
-        turned away before (a 429 from the queue, a cancel while queued) has no answer, and a
-        client retrying it, as the 429 says to, would find its question twice. Stored then rather
-        than with the reply, so that an edge dying mid-stream still leaves the question. Not
-        streamed, it is stored with the reply (`_record`)."""
+        """A named conversation's question, stored at a stream's first token: a request that got
+        none (turned away by the queue, cancelled while queued, refused by its replica or failed
+        before its first token: an error event alone, refunded whole) has no answer, and a client
+        retrying it, as the error invites, would find its question twice (stored when the request
+        reached a replica, a replica's 400 or 502 left it with an empty reply; a review). Stored
+        then rather than with the reply, so that an edge dying mid-stream still leaves the
+        question. Not streamed, it is stored with the reply (`_record`)."""
         conversation_id = self._req.conversation_id
         final = self._req.messages[-1]
         # Only a request ending on the user's message asks something new: one that continues an
@@ -537,15 +543,17 @@ class Generation:
         if not self._req.stream:
             # The client gets the reply whole, or an error alone: both turns are stored with the
             # answer, and neither with the error (a 502 or 503, which invite a retry, left the
-            # question twice in the history, and a reply the client never saw; a review).
-            if not self._charged:
+            # question twice in the history, and a reply the client never saw; a review), nor for
+            # a client that hung up first (an SDK's read timeout, which it retries; a review).
+            if not self._charged or out.reason == "disconnected":
                 return
             self._record_prompt()
         elif not self._prompt_recorded:
             return
         reply = "".join(out.text)
-        if self._req.prompt_end == "continue":
-            # The client began the reply: the stored turn is the whole of it, not its end alone.
+        if self._req.prompt_end == "continue" and self._req.messages[-1].role == "assistant":
+            # The client began the reply: the stored turn is the whole of it, not its end alone. A
+            # continued user message is the question's turn (`_record_prompt`), not the reply's.
             reply = self._req.messages[-1].text() + reply
         self._p.messages.record_reply(
             conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)

@@ -17,6 +17,7 @@ from tests.edge.conftest import (
     ROOMY_TIERS,
     finished_requests,
     idle_engine,
+    wait_for_engine,
     wait_for_engine_to_drop,
 )
 from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, MODEL, content_of, events, wait_until
@@ -231,3 +232,64 @@ def test_a_conversation_id_is_one_the_history_can_be_read_back_by(
         lambda: len(client.get(url, headers=server.auth("paid")).json().get("data", [])) == 2,
         what="the turn to be stored",
     )
+
+
+def _stored_turns(client: httpx.Client, server: LiveServer, cid: str) -> list[tuple[str, str]]:
+    answer = client.get(f"/v1/conversations/{cid}/messages", headers=server.auth("paid"))
+    return [(m["role"], m["content"]) for m in answer.json()["data"]] if answer.is_success else []
+
+
+def _after_a_marker(client: httpx.Client, server: LiveServer, name: str) -> None:
+    """A request whose turns are stored after whatever an earlier request stored (one writer, in
+    order): once they are, an earlier request's turns would be too."""
+    marker = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    answer = client.post(CHAT, json=marker | {"conversation_id": name}, headers=server.auth("paid"))
+    assert answer.status_code == 200, answer.text
+    wait_until(lambda: len(_stored_turns(client, server, name)) == 2, what="the marker's turns to be stored")
+
+
+def test_an_answer_not_streamed_the_client_hung_up_on_stores_no_turn(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    """Not streamed, a client that hangs up (an SDK's read timeout, which it retries) got nothing:
+    its question and the reply it never saw were stored, the question twice once retried (a
+    review), as a 502's were before."""
+    cid = "conv-hung-up"
+    before = idle_engine(server)
+    body = httpx.Request(
+        "POST", server.base_url + CHAT, json=long_body | {"stream": False, "conversation_id": cid}
+    ).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        wait_for_engine(server, lambda r: r.work > before.work, "the reply to be under way")
+    wait_for_engine_to_drop(server, before)
+    _after_a_marker(client, server, "conv-hung-up-marker")
+    assert _stored_turns(client, server, cid) == []
+
+
+def test_continuing_a_users_message_stores_the_continuation_alone_as_the_reply(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """continue_final_message on a final user message (the template leaves it open): the question is
+    the user's turn, and the assistant's turn was stored as the user's text again followed by the
+    continuation (a review); only a continued assistant message is the reply's own beginning."""
+    cid = "conv-continue-user"
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "temperature": 0,
+        "conversation_id": cid,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "messages": [{"role": "user", "content": "Tell me about"}],
+    }
+    answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+    assert answer.status_code == 200, answer.text
+    continuation = answer.json()["choices"][0]["message"]["content"]
+    wait_until(lambda: len(_stored_turns(client, server, cid)) == 2, what="the turns to be stored")
+    assert _stored_turns(client, server, cid) == [("user", "Tell me about"), ("assistant", continuation)]

@@ -241,3 +241,47 @@ def test_an_answer_not_streamed_that_fails_after_tokens_stores_nothing_in_the_hi
             rid = retried.json()["id"]
             wait_until(lambda: ("assistant", rid) in stored(), what="the retry's turns to be stored")
             assert stored() == [("user", rid), ("assistant", rid)]
+
+
+def _turns(client: httpx.Client, cid: str) -> list[tuple[str, str]]:
+    answer = client.get(f"/v1/conversations/{cid}/messages")
+    return [(m["role"], m["request_id"]) for m in answer.json()["data"]] if answer.is_success else []
+
+
+def test_a_stream_failed_before_its_first_token_stores_no_turn(tmp_path: Path) -> None:
+    """Streamed, a request whose replica fails before its first token gets an error event alone and
+    is refunded whole; its question was stored when it reached the replica, with an empty reply
+    finished "error", and the client's retry stored the question again (a review). The question is
+    stored at the first token now: the history holds the retry's two turns alone."""
+    ask = SHORT | {"conversation_id": "conv-502", "stream": True}
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            with client.stream("POST", CHAT, json=ask | {"max_tokens": FAIL_AT_ONCE}) as failed:
+                events = [line for line in failed.iter_lines() if line.startswith("data: ")]
+            assert "upstream_error" in events[-2], events
+            with client.stream("POST", CHAT, json=ask) as retried:
+                list(retried.iter_lines())
+                rid = retried.headers["x-request-id"]
+            wait_until(lambda: ("assistant", rid) in _turns(client, "conv-502"), what="the retry's turns")
+            assert _turns(client, "conv-502") == [("user", rid), ("assistant", rid)]
+
+
+def test_a_stream_the_replica_refuses_stores_no_turn(tmp_path: Path) -> None:
+    """The replica's 400, streamed (an error event alone, refunded whole), left the question and an
+    empty reply finished "rejected" (a review)."""
+    refused = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "stream": True,
+        "conversation_id": "conv-400",
+        "messages": [{"role": "user", "content": "tell me a story " * 40}],
+    }
+    with start_server(tmp_path, NO_REFILL, _small_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            with client.stream("POST", CHAT, json=refused) as answer:
+                events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+            assert '"error"' in events[-2], events
+            marker = SHORT | {"conversation_id": "conv-400-marker"}
+            assert client.post(CHAT, json=marker).status_code == 200
+            wait_until(lambda: len(_turns(client, "conv-400-marker")) == 2, what="the marker's turns")
+            assert _turns(client, "conv-400") == []
