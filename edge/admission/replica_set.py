@@ -142,7 +142,9 @@ class ReplicaSet:
         self.members.append(replica)
         log.info("replica_added", replica=replica.name)
         self._checks_started += 1
-        self._lost_room |= await self._check(replica, self._checks_started)
+        # Its first answer loses no room: coming up is a gain, and failing waiters on it beside the
+        # other replicas' last answers failed one that a poll under way was finding a home for.
+        await self._check(replica, self._checks_started)
         self._on_change()
 
     def remove(self, name: str) -> None:

@@ -427,3 +427,40 @@ async def test_a_waiter_is_judged_on_every_answer_of_a_poll_not_on_some_beside_o
         assert waiter.result().upstream is big
         waiter.result().release()
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_added_during_a_poll_does_not_fail_a_waiter_the_poll_finds_a_home_for(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """An added replica's first check acted on room lost at once, judged on the others' last
+    answers, as a poll's checks did before the commit above: replica discovery adding a small
+    replica while a poll was finding the waiter's replica up failed the waiter no_replica (a
+    review)."""
+    big = _AnswersWhenTold("big")
+    async with make_dispatcher([big], poll_interval_s=3600, health_timeout_s=3600) as dispatcher:
+        big.is_ready, big.restart_eta_s = False, 2.0
+        await dispatcher.check_replicas()
+        flow = Flow(dispatcher)
+        waiter = flow.submit(ticket("waiter", max_wait_s=30.0))
+        await flow.settle()
+        big.restart_eta_s = 45.0  # last seen: back past the waiter's wait
+        await dispatcher.check_replicas()
+        await flow.settle()
+        assert not waiter.done()
+
+        big.is_ready, big.restart_eta_s = True, None
+        big.held = True
+        poll = asyncio.create_task(dispatcher.check_replicas())
+        await big.asked.wait()
+        # Replica discovery adds a small replica (too small for the waiter) while the poll waits.
+        await dispatcher.add_upstream(ControlledUpstream("small", kv_tokens_total=10))
+        await flow.settle()
+        failed = waiter.done() and isinstance(waiter.exception(), Overloaded)
+        big.go.set()
+        await poll
+        await until(waiter.done)
+        assert not failed, "failed no_replica while the poll in flight found its replica up"
+        assert waiter.result().upstream is big
+        waiter.result().release()
+        await flow.aclose()
