@@ -416,6 +416,10 @@ class Generation:
             self._reached_replica = True
             try:
                 await relay.run(self._deltas)
+                if slot.first_token_at is None:
+                    # Ended as replies end with no token (TensorRT-LLM leaves out an end token that
+                    # came first): a generation that ran all the same, its reply 0 tokens long.
+                    slot.grow(0)
                 return
             except UpstreamError as exc:
                 if isinstance(exc, ReplicaRestarting) and exc.may_be_cause:
@@ -549,7 +553,14 @@ class Generation:
                 return
             self._record_prompt()
         elif not self._prompt_recorded:
-            return
+            # A stream's question is stored at its first token; one answered with none (a reply of
+            # no tokens, a cancel during its prefill: charged, ended as replies end) stores it now,
+            # as one not streamed does; one answered with an error alone, or whose client left
+            # first, stores nothing (a review).
+            if not self._charged or out.error is not None or out.reason == "disconnected":
+                return
+            self._prompt_recorded = True
+            self._record_prompt()
         reply = "".join(out.text)
         if self._req.prompt_end == "continue" and self._req.messages[-1].role == "assistant":
             # The client began the reply: the stored turn is the whole of it, not its end alone. A
