@@ -448,12 +448,13 @@ class Generation:
                 # request, which a disconnect or a cancel leaves uncharged.
                 self._reached_replica = False
 
-    async def _first_token(self) -> None:
-        """The relay's first token: a stream's question is stored now, and the keep-alive stops."""
+    def _first_token(self) -> Awaitable[None]:
+        """The relay's first token: a stream's question is stored now, and the keep-alive stops
+        (its stop returned for the relay to await: no coroutine of this one's own, per stream)."""
         if not self._prompt_recorded and self._req.stream:
             self._prompt_recorded = True
             self._record_prompt()
-        await self._stop_keepalive()
+        return self._stop_keepalive()
 
     async def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
