@@ -338,12 +338,13 @@ class Generation:
             self._answered_nothing = False
         elif (
             scope.cancelled_caught
-            and not self._req.stream
+            and (not self._req.stream or out.ttft_s is None)
             and (key_status is not None or drain.past_deadline)
         ):
-            # Cut by its key or the drain's deadline, not streamed: the client gets the 401 or the
-            # 503 alone, which costs it nothing (a client retrying the 503, as it invites, would
-            # otherwise pay twice).
+            # Cut by its key or the drain's deadline, not streamed or before its first token: the
+            # client gets the 401 or the 503 alone, which costs it nothing (a client retrying the
+            # 503, as it invites, would otherwise pay twice; a stream cut during its prefill was
+            # charged its prompt, a review).
             self._answered_nothing = True
         # Given back before the final events too (the keep-alive stopped: nothing else may write to
         # the stream then): a client that sees the end may start its next stream at once.

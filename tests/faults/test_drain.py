@@ -71,6 +71,9 @@ class _Stream(threading.Thread):
         self.base_url = base_url
         self.headers = headers
         self.started = threading.Event()
+        # Its first token: a stream cut before it is answered with its error alone and refunded
+        # whole, one cut after it billed for what it got.
+        self.content = threading.Event()
         self.events: list[Any] = []
         self.error: BaseException | None = None
 
@@ -84,9 +87,14 @@ class _Stream(threading.Thread):
                 for item in events(response):
                     self.events.append(item)
                     self.started.set()
+                    if isinstance(item, dict) and any(
+                        c["delta"].get("content") for c in item.get("choices", [])
+                    ):
+                        self.content.set()
         except BaseException as exc:  # reported by the test
             self.error = exc
             self.started.set()
+            self.content.set()
 
 
 def _children(pid: int) -> list[int]:
@@ -187,10 +195,10 @@ def _listening(port: int) -> bool:
 
 
 def _started_stream(server: ServeProcess) -> _Stream:
-    """A long stream (it never ends early) that has sent its first event."""
+    """A long stream (it never ends early) that has sent its first token."""
     stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
     stream.start()
-    assert stream.started.wait(60) and stream.error is None, stream.error
+    assert stream.content.wait(60) and stream.error is None, stream.error
     return stream
 
 
@@ -274,7 +282,7 @@ def test_a_signal_after_the_cut_stops_waiting_for_a_stalled_client(tmp_path: Pat
     with serve_process(tmp_path, sections) as server:
         stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
         stream.start()
-        assert stream.started.wait(60) and stream.error is None, stream.error
+        assert stream.content.wait(60) and stream.error is None, stream.error
         port = int(server.base_url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
             head = (
@@ -345,7 +353,7 @@ def test_a_closed_terminal_drains_the_edge_it_ran(tmp_path: Path) -> None:
         os.close(terminal)
         stream = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
         stream.start()
-        assert stream.started.wait(60) and stream.error is None, stream.error
+        assert stream.content.wait(60) and stream.error is None, stream.error
         stop_reading.set()
         reader.join()
         os.close(master)  # the window closes: the kernel hangs the terminal up

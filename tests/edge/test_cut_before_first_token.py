@@ -1,0 +1,88 @@
+"""A stream cut during its prefill by the drain's deadline or by its key's end is answered with an
+error event alone, as a stream whose replica fails before its first token is, and as the same
+request not streamed is: refunded whole (a client retrying the 503, as it invites, would otherwise
+pay twice). Streamed, it was charged its prompt (a review), though the conversation store kept
+nothing of it (an error alone) and its slot taught the queue nothing: billing alone said it was
+answered. On a real server whose replica never produces a first token for these requests."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
+from tests.edge.sse_client import CHAT, events, wait_until
+from tests.faults.test_failed_requests_cost_nothing import SHORT
+from tests.keys.test_key_streams import LONG_TTL_S, _admin, _settings
+from tests.support.live_server import start_server
+
+DRAIN = {"server": {"drain_accept_s": 60.0, "drain_deadline_s": 1.0}}
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+def _data(response: httpx.Response) -> list[Any]:
+    return [e for e in events(response) if not (isinstance(e, str) and e.startswith(":"))]
+
+
+def _no_content(stream: list[Any]) -> bool:
+    return not any(e["choices"] and e["choices"][0]["delta"].get("content") for e in stream if "choices" in e)
+
+
+def test_a_stream_the_drain_cuts_during_its_prefill_costs_what_one_not_streamed_does(tmp_path: Path) -> None:
+    hang = SHORT | {"max_tokens": HANG, "conversation_id": "conv-drained"}
+    got: dict[str, Any] = {}
+    with start_server(tmp_path, DRAIN, _hanging_replicas) as server:
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        auth = server.auth("paid")
+
+        def plain() -> None:
+            got["plain"] = httpx.post(server.base_url + CHAT, json=hang, headers=auth, timeout=60.0)
+
+        def streamed() -> None:
+            with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+                with client.stream("POST", CHAT, json=hang | STREAM, headers=auth) as response:
+                    got["stream"] = _data(response)
+
+        threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(dispatcher._running) == 2, what="both requests to hold a slot")
+        server.drain()
+        for thread in threads:
+            thread.join(60)
+    assert got["plain"].status_code == 503, got["plain"].text
+    assert got["plain"].json()["error"]["code"] == "server_shutting_down"
+    stream = got["stream"]
+    assert stream[-2]["error"]["code"] == "server_shutting_down", stream[-3:]
+    assert _no_content(stream[:-2])
+    assert stream[-3]["usage"]["prompt_tokens"] == 0, stream[-3]  # refunded whole, as not streamed
+
+
+def test_a_stream_whose_key_is_revoked_during_its_prefill_is_refunded_as_an_error_alone(
+    tmp_path: Path,
+) -> None:
+    with start_server(
+        tmp_path / "edge", _settings(tmp_path / "keys.db", LONG_TTL_S), _hanging_replicas
+    ) as edge:
+        made = _admin(edge, "", {"user": "kay", "tier": "paid"})
+        dispatcher = edge.app.state.runtime.pipeline.dispatcher
+        body = SHORT | {"max_tokens": HANG, "conversation_id": "conv-revoked"} | STREAM
+        got: list[Any] = []
+
+        def streamed() -> None:
+            with httpx.Client(base_url=edge.base_url, timeout=60.0) as client:
+                headers = {"Authorization": f"Bearer {made['key']}"}
+                with client.stream("POST", CHAT, json=body, headers=headers) as response:
+                    got.extend(_data(response))
+
+        thread = threading.Thread(target=streamed)
+        thread.start()
+        wait_until(lambda: len(dispatcher._running) == 1, what="the stream to hold a slot")
+        _admin(edge, f"/{made['id']}/revoke")
+        thread.join(60)
+    assert got[-2]["error"]["code"] == "invalid_api_key", got[-3:]
+    assert _no_content(got[:-2])
+    assert got[-3]["usage"]["prompt_tokens"] == 0, got[-3]
