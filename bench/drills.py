@@ -12,7 +12,7 @@ harder than its test, and reports what the issue asks of every drill:
   retries had their chance, bounded wait);
 - leaked KV blocks: blocks (and sequences) the engine still holds once everything ended;
 - lost messages: requests a replica answered whose question or reply is missing from the message
-  store (a question is stored at its stream's first token);
+  store (a question is stored with its stream's first text);
 - status counts: the HTTP answers (through the limiter in-process: admitted = 200, refused =
   429, store unavailable = 503);
 - peak RSS: of the edge process (VmHWM), or of this process for the in-process drills.
@@ -226,8 +226,8 @@ def _kv_blocks_left(server: ServeProcess) -> int:
 def _lost_messages(db: Path, answers: list[Answer]) -> tuple[int, str]:
     """Turns missing from the message store: the question and the reply of every request a
     replica answered (its stream carried text, or ended as a reply does). A question is stored at
-    its stream's first token (edge/generation.py `_record_prompt`): one turned away after admission
-    (queued past its wait, or still queued at the drain's deadline, or cut before its first token)
+    its stream's first text (edge/generation.py `_record_prompt`): one turned away after admission
+    (queued past its wait, or still queued at the drain's deadline, or cut before any text)
     has neither, and the client's retry stores it once. Returns the count and a note."""
     with sqlite3.connect(db) as conn:
         stored = Counter((rid, role) for rid, role in conn.execute("SELECT request_id, role FROM messages"))

@@ -98,6 +98,16 @@ class Outcome:
     # Text the relay counted and charged whose write a cut stopped before it was done: kept already
     # (`text`), it goes out with the closing events, before `held` (edge/token_relay.py).
     unwritten: str = ""
+    # Some of the reply's text went to the client (a stream's `on_text`).
+    sent_text: bool = False
+
+    @property
+    def got_text(self) -> bool:
+        """The client gets some of the reply's text: sent, or going out with the closing events. A
+        stream that ends with an error and none is answered with the error alone: refunded whole,
+        nothing of it stored, as a request not streamed is (its first tokens may carry no text: a
+        character's first bytes, a stop string's start; a review)."""
+        return self.sent_text or bool(self.held) or bool(self.unwritten)
 
     @property
     def finish_reason(self) -> str:
@@ -204,7 +214,12 @@ class Generation:
         keep_text = self._req.conversation_id is not None
 
         def on_text(text: str) -> Awaitable[None] | None:
+            out.sent_text = True
             if keep_text:
+                if not self._prompt_recorded:
+                    # A named conversation's question, stored with the reply's first text.
+                    self._prompt_recorded = True
+                    self._record_prompt()
                 out.text.append(text)
             chunk = enc.delta(text)
             if write_now is not None and write_now(chunk):
@@ -310,7 +325,7 @@ class Generation:
             log.warning("limiter_unavailable_midstream", request_id=self.request_id)
             out.reason = "limiter_unavailable"
             out.error = limiter_unavailable(exc.retry_after_s)
-            self._answered_nothing = not self._req.stream
+            self._answered_nothing = not self._req.stream or not out.got_text
         except UpstreamError as exc:
             log.warning("upstream_failed", request_id=self.request_id, upstream=out.upstream, error=str(exc))
             out.reason = "error"
@@ -322,7 +337,7 @@ class Generation:
             else:
                 out.error = upstream_error(_retry_after_s(exc))
             # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
-            self._answered_nothing = out.ttft_s is None or not self._req.stream
+            self._answered_nothing = not self._req.stream or not out.got_text
         finally:
             drain.unwatch(scope)
             if keys is not None and key:
@@ -338,13 +353,13 @@ class Generation:
             self._answered_nothing = False
         elif (
             scope.cancelled_caught
-            and (not self._req.stream or out.ttft_s is None)
+            and (not self._req.stream or not out.got_text)
             and (key_status is not None or drain.past_deadline)
         ):
-            # Cut by its key or the drain's deadline, not streamed or before its first token: the
-            # client gets the 401 or the 503 alone, which costs it nothing (a client retrying the
-            # 503, as it invites, would otherwise pay twice; a stream cut during its prefill was
-            # charged its prompt, a review).
+            # Cut by its key or the drain's deadline, not streamed or before any text: the client
+            # gets the 401 or the 503 alone, which costs it nothing (a client retrying the 503, as
+            # it invites, would otherwise pay twice; a stream cut during its prefill was charged
+            # its prompt, a review).
             self._answered_nothing = True
         # Given back before the final events too (the keep-alive stopped: nothing else may write to
         # the stream then): a client that sees the end may start its next stream at once.
@@ -404,7 +419,7 @@ class Generation:
                 self._lease,
                 slot.grow,
                 self._arrived,
-                self._first_token,
+                self._stop_keepalive,
                 child(metrics.INTER_TOKEN, self._p.dispatcher.model).observe,
             )
             # An upstream that can hand each delta to the relay in its own callback
@@ -449,14 +464,6 @@ class Generation:
                 # request, which a disconnect or a cancel leaves uncharged.
                 self._reached_replica = False
 
-    def _first_token(self) -> Awaitable[None]:
-        """The relay's first token: a stream's question is stored now, and the keep-alive stops
-        (its stop returned for the relay to await: no coroutine of this one's own, per stream)."""
-        if not self._prompt_recorded and self._req.stream:
-            self._prompt_recorded = True
-            self._record_prompt()
-        return self._stop_keepalive()
-
     async def _stop_keepalive(self) -> None:
         if self._keepalive is not None:
             keepalive, self._keepalive = self._keepalive, None
@@ -495,13 +502,13 @@ class Generation:
         self._record(out)
 
     def _record_prompt(self) -> None:
-        """A named conversation's question, stored at a stream's first token: a request that got
-        none (turned away by the queue, cancelled while queued, refused by its replica or failed
-        before its first token: an error event alone, refunded whole) has no answer, and a client
-        retrying it, as the error invites, would find its question twice (stored when the request
-        reached a replica, a replica's 400 or 502 left it with an empty reply; a review). Stored
-        then rather than with the reply, so that an edge dying mid-stream still leaves the
-        question. Not streamed, it is stored with the reply (`_record`)."""
+        """A named conversation's question, stored with a stream's first text (`on_text`): a
+        request that got none (turned away by the queue, cancelled while queued, refused by its
+        replica, failed or cut before any text: an error event alone, refunded whole) has no
+        answer, and a client retrying it, as the error invites, would find its question twice
+        (stored when the request reached a replica, a replica's 400 or 502 left it with an empty
+        reply; a review). Stored then rather than with the reply, so that an edge dying mid-stream
+        still leaves the question. Not streamed, it is stored with the reply (`_record`)."""
         conversation_id = self._req.conversation_id
         final = self._req.messages[-1]
         # Only a request ending on the user's message asks something new: one that continues an
@@ -555,11 +562,11 @@ class Generation:
                 return
             self._record_prompt()
         elif not self._prompt_recorded:
-            # A stream's question is stored at its first token; one answered with none (a reply of
-            # no tokens, a cancel during its prefill: charged, ended as replies end) stores it now,
-            # as one not streamed does; one answered with an error alone, or whose client left
-            # first, stores nothing (a review).
-            if not self._charged or out.error is not None or out.reason == "disconnected":
+            # A stream's question is stored with its first text; one answered with none sent while
+            # it ran (a reply of no tokens, a cancel during its prefill, text held to its end:
+            # charged, ended as replies end) stores it now, as one not streamed does; one answered
+            # with an error alone (refunded), or whose client left first, stores nothing.
+            if not self._charged or out.reason == "disconnected":
                 return
             self._prompt_recorded = True
             self._record_prompt()

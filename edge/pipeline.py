@@ -51,7 +51,7 @@ class UsageSink(Protocol):
 
 class MessageSink(Protocol):
     """Where a named conversation's turn goes (the message writer): the prompt when the request
-    gets its first token, the reply when it ends."""
+    sends its first text, the reply when it ends."""
 
     def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None: ...
 

@@ -1,6 +1,6 @@
 """A named conversation's turns, handed to the message writer off the hot path.
 
-A stream's user message is submitted at its first token, so an edge that dies mid-stream still
+A stream's user message is submitted with its first text, so an edge that dies mid-stream still
 keeps what the user asked; the reply (partial too) follows at the end. A request not streamed
 submits both with its answer, and neither when it is answered with an error alone or its client
 hung up before the answer (edge/generation.py, `Generation._record`).
