@@ -109,6 +109,16 @@ class Authenticator:
             return 0.0
         return max(0.0, cached[1] + self.ttl_s - self._clock())
 
+    def cached_status(self, key_sha256: str) -> tuple[str, float | None] | None:
+        """What `status` would answer from the cache, without a read (None: nothing fresh cached)."""
+        cached = self._cache.get(key_sha256)
+        if cached is None or self._clock() - cached[1] >= self.ttl_s:
+            return None
+        record = cached[0]
+        if record is None:
+            return "unknown", None
+        return record.status(self._wall_clock()), record.expires
+
     def invalidate(self, key_sha256: str | None = None) -> None:
         """Forget one key's lookup (None: all of them): the next request reads the store."""
         if key_sha256 is None:

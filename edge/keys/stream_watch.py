@@ -68,7 +68,14 @@ class StreamWatch:
         key = self._keys.get(key_sha256)
         if key is None:
             key = self._keys[key_sha256] = _Key(expires)
-            self._schedule(key_sha256, key)
+            # The cache may know better than the request's principal (a change since it was admitted).
+            known = self._auth.cached_status(key_sha256)
+            if known is not None and known[0] != "active":
+                self._check_soon(key_sha256)
+            else:
+                if known is not None:
+                    key.expires = known[1]
+                self._schedule(key_sha256, key)
         elif key.ended is not None:
             scope.cancel()
         key.streams.add(scope)

@@ -162,3 +162,55 @@ async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look
     assert due_in[-1] <= 0.5, due_in
     assert not scope.cancel_called
     await watch.aclose()
+
+
+async def test_a_stream_set_up_after_its_key_was_revoked_and_looked_up_again_ends_at_once() -> None:
+    """Request A is admitted (key active) and waits in the queue. The key is revoked and announced:
+    the watch has no stream of it yet, so the announcement does nothing there. Request B with the
+    key is refused, which caches "revoked" for the TTL. A's generation then starts: the watch took
+    the key as A's admission saw it and looked again only once that fresh entry turned stale, so A
+    streamed on for a TTL with its key known revoked (a review)."""
+    wall = ManualClock()
+    _, record = new_record("di", "paid")
+    digest = record.key_sha256
+    store = DictStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
+    watch = StreamWatch(auth, wall_clock=wall)
+    assert (await auth.status(digest))[0] == "active"  # A's admission
+    store.records[digest] = record.with_changes(revoked=wall.now)
+    auth.invalidate(digest)
+    watch.changed(digest)
+    assert (await auth.status(digest))[0] == "revoked"  # B refused: cached
+    scope = anyio.CancelScope()
+    watch.watch(digest, record.expires, scope)  # A's generation starts
+    await _turns(lambda: scope.cancel_called)
+    try:
+        assert scope.cancel_called
+    finally:
+        watch.unwatch(digest, scope)
+        await watch.aclose()
+
+
+async def test_a_stream_set_up_past_a_rotation_grace_its_admission_did_not_know_ends_at_once() -> None:
+    """The same for a rotation: A admitted before it (no expiry, as its admission saw the key), the
+    key's grace end read and cached since by another request, A's generation set up past it: the
+    watch took A's "no expiry" and looked a TTL later, a TTL past the grace (a review)."""
+    wall = ManualClock()
+    _, record = new_record("di", "paid")
+    digest = record.key_sha256
+    store = DictStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
+    watch = StreamWatch(auth, wall_clock=wall)
+    assert (await auth.status(digest))[0] == "active"  # A's admission: no expiry
+    store.records[digest] = record.with_changes(expires=wall.now + 1.0, replaced_by="key_successor")
+    auth.invalidate(digest)
+    assert await auth.status(digest) == ("active", wall.now + 1.0)  # another request: cached
+    wall.advance(2.0)  # A waited in the queue past the grace's end
+    scope = anyio.CancelScope()
+    watch.watch(digest, record.expires, scope)
+    await _turns(lambda: scope.cancel_called)
+    try:
+        assert scope.cancel_called
+    finally:
+        watch.unwatch(digest, scope)
+        await watch.aclose()
