@@ -289,6 +289,7 @@ class TritonUpstream:
                 if conn.failure is not None and conn.reused and not conn.responded and not retried:
                     # A kept-alive connection the replica had closed while idle: nothing was read.
                     retried = True
+                    timeout_s = self._first_timeout_s
                     conn = await self._pool.connect(self._first_timeout_s, fresh=True)
                     conn.send(request, offer)
                     continue

@@ -147,6 +147,7 @@ class SseConnection(asyncio.Protocol):
         if timeout_s != self._timeout_s:
             self._stop_timer()  # armed for the other timeout (the first response's)
             self._timeout_s = timeout_s
+            self._silent = self._silent and self._loop.time() >= self.last_activity + timeout_s
         while not self._for_reader():
             if self._silent:
                 raise TimeoutError
@@ -186,6 +187,7 @@ class SseConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_activity = self._loop.time()
+        self._silent = False
         self.responded = True
         try:
             self._parser.feed_data(data)

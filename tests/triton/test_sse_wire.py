@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -630,3 +631,68 @@ async def test_a_probe_cancelled_mid_answer_closes_its_connection() -> None:
     finally:
         await pool.aclose()
         server.close()
+
+
+@pytest.mark.anyio
+async def test_a_stream_resent_on_a_fresh_connection_keeps_the_first_response_timeout() -> None:
+    """The kept-alive connection the replica closed while idle is replaced and the request sent
+    again: its first response is still bounded by first_response_timeout_s (what failover before
+    the first token waits for), not by the mid-stream stall timeout, which it was (a review)."""
+    hang = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        if n == 1:
+            writer.write(HEAD + chunk(event(1, 2, 3)) + END)
+            await writer.drain()
+        elif n == 2:
+            writer.close()  # the kept-alive connection closed as the next request went out
+        else:
+            await hang.wait()  # the request resent on a fresh connection is never answered
+
+    async with (
+        FakeReplica(answer) as replica,
+        replica.upstream(first_response_timeout_s=0.3, stall_timeout_s=5.0) as upstream,
+    ):
+        try:
+            assert await _tokens(upstream.generate(_request())) == ([1, 2, 3], "length")
+            started = time.monotonic()
+            with pytest.raises(UpstreamError, match=r"no response within 0\.3 s"):
+                with anyio.fail_after(10):
+                    await _tokens(upstream.generate(_request()))
+            assert time.monotonic() - started < 2.0
+            assert replica.connections == 2 and replica.requests == 3  # resent once, on a fresh one
+        finally:
+            hang.set()
+
+
+@pytest.mark.anyio
+async def test_a_pause_shorter_than_the_stall_timeout_does_not_fail_the_stream() -> None:
+    """The silence watch armed for the first response (first_response_timeout_s) is left running
+    while the reader is busy with the first delta (a slow client's write, the lease's store). A
+    pause of the replica past that timeout but well within the stall timeout set the stream's
+    silent verdict, which nothing cleared: the next wait raised "no response within <stall> s" at
+    once, though the replica had paused for a fraction of that and was sending again (a review)."""
+
+    async def answer(writer: asyncio.StreamWriter, n: int) -> None:
+        if n != 1:
+            return  # the stop sent for the failed stream
+        writer.write(HEAD + chunk(event(1)))
+        await writer.drain()
+        await asyncio.sleep(0.8)  # a mid-stream pause, well within the stall timeout
+        writer.write(chunk(event(2)))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(chunk(event(3)) + END)
+        await writer.drain()
+
+    async with (
+        FakeReplica(answer) as replica,
+        replica.upstream(first_response_timeout_s=0.3, stall_timeout_s=4.0) as upstream,
+    ):
+        tokens: list[int] = []
+        with anyio.fail_after(10):
+            async for delta in upstream.generate(_request(3)):
+                tokens += delta.token_ids
+                if tokens == [1]:
+                    await asyncio.sleep(0.5)  # the reader busy with its first delta
+        assert tokens == [1, 2, 3]
