@@ -19,9 +19,9 @@ drain's deadline cut (edge/cancel/live.py, edge/drain.py): the generation ends i
 error event saying why and `[DONE]` (a non-streaming request answers 401), frees the replica's
 sequence and settles its limits as for a cancel (edge/generation.py).
 
-Per stream: a set insert and discard on the stream's set-up, nothing per token. The timer is per
-key: a key whose streams all ended is forgotten when its timer next fires, so back-to-back streams
-of one key set no timer each.
+Per stream: a set insert and discard and a look at the key's cached lookup (no store read) on the
+stream's set-up, nothing per token. The timer is per key: a key whose streams all ended is forgotten
+when its timer next fires, so back-to-back streams of one key set no timer each.
 """
 
 from __future__ import annotations
@@ -66,19 +66,26 @@ class StreamWatch:
         """Cancel `scope`, the one a generation runs in, when the key stops being active (at once
         if it already was found so); `unwatch` it when the generation ends."""
         key = self._keys.get(key_sha256)
+        if key is not None and key.ended is not None:
+            scope.cancel()
+            key.streams.add(scope)
+            return
+        new = key is None
         if key is None:
             key = self._keys[key_sha256] = _Key(expires)
-            # The cache may know better than the request's principal (a change since it was admitted).
-            known = self._auth.cached_status(key_sha256)
-            if known is not None and known[0] != "active":
-                self._check_soon(key_sha256)
-            else:
-                if known is not None:
-                    key.expires = known[1]
-                self._schedule(key_sha256, key)
-        elif key.ended is not None:
-            scope.cancel()
         key.streams.add(scope)
+        # The cache may know better than the request's admission did (a change since, read by
+        # another request): the stream was admitted before a revocation or rotation and queued
+        # (a review). Also for a key with streams already, or whose last ended just now: a lost
+        # announcement leaves its timer a TTL away. A read of the cache only, never of the store.
+        known = self._auth.cached_status(key_sha256)
+        if known is not None and known[0] != "active":
+            self._check_soon(key_sha256)
+        elif known is not None and known[1] != key.expires:
+            key.expires = known[1]
+            self._schedule(key_sha256, key)
+        elif new:
+            self._schedule(key_sha256, key)
 
     def unwatch(self, key_sha256: str, scope: anyio.CancelScope) -> str | None:
         """The key's status when the watch ended the generation's scope, else None."""

@@ -214,3 +214,39 @@ async def test_a_stream_set_up_past_a_rotation_grace_its_admission_did_not_know_
     finally:
         watch.unwatch(digest, scope)
         await watch.aclose()
+
+
+@pytest.mark.parametrize("other_stream", ["still running", "just ended"])
+async def test_a_stream_of_a_key_already_watched_is_judged_by_the_cache_too(
+    other_stream: str,
+) -> None:
+    """As above, where the watch already holds the key: another stream of it is running, or ended
+    a moment ago (the key is kept until its timer fires, so back-to-back streams set no timer
+    each). The revocation's announcement was lost and the subscription re-established (every
+    lookup forgotten, no look started); request B reads and caches "revoked". A's generation then
+    started unjudged and streamed on until the old entry's TTL ended (an hour here; a review)."""
+    wall = ManualClock()
+    _, record = new_record("di", "paid")
+    digest = record.key_sha256
+    store = DictStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
+    watch = StreamWatch(auth, wall_clock=wall)
+    assert (await auth.status(digest))[0] == "active"  # C's and A's admissions
+    other = anyio.CancelScope()
+    watch.watch(digest, None, other)  # C streams
+    if other_stream == "just ended":
+        watch.unwatch(digest, other)
+    store.records[digest] = record.with_changes(revoked=wall.now)
+    # The announcement is lost; the subscription comes back (edge/keys/services.py's `changed`).
+    auth.invalidate(None)
+    watch.changed(None)
+    assert (await auth.status(digest))[0] == "revoked"  # B refused: cached
+    scope = anyio.CancelScope()
+    watch.watch(digest, None, scope)  # A's generation starts
+    await _turns(lambda: scope.cancel_called)
+    try:
+        assert scope.cancel_called
+    finally:
+        watch.unwatch(digest, scope)
+        watch.unwatch(digest, other)
+        await watch.aclose()
