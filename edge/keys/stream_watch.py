@@ -83,6 +83,8 @@ class StreamWatch:
             self._check_soon(key_sha256)
         elif known is not None and known[1] != key.expires:
             key.expires = known[1]
+            # Newer than any look under way, whose older answer would set the expiry back (a review).
+            key.looks += 1
             self._schedule(key_sha256, key)
         elif new:
             self._schedule(key_sha256, key)

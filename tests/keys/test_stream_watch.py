@@ -250,3 +250,42 @@ async def test_a_stream_of_a_key_already_watched_is_judged_by_the_cache_too(
         watch.unwatch(digest, scope)
         watch.unwatch(digest, other)
         await watch.aclose()
+
+
+async def test_a_look_under_way_does_not_undo_the_cached_expiry_a_new_stream_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look at a key with a stream is under way (its store read held) when the key is rotated;
+    the announcement is lost and the subscription comes back (every lookup and read forgotten,
+    no look started). Request B reads and caches the grace's end; stream A of the key is set up
+    and takes that expiry from the cache. The look from before the rotation, back last, is still
+    the key's latest look (the watch's own update begins none): it sets the expiry back to none
+    and the next look a TTL away, so A outlived the grace by up to a TTL (a review)."""
+    due_in = _timer_delays(monkeypatch)
+    clock = ManualClock()
+    _, record = new_record("di", "paid")
+    digest = record.key_sha256
+    store = HeldStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=clock)
+    watch = StreamWatch(auth, wall_clock=clock)
+    other = anyio.CancelScope()
+    watch.watch(digest, None, other)  # nothing cached: a look at once, its read held
+    await _turns(lambda: len(store.held) == 1)
+    store.records[digest] = record.with_changes(expires=clock.now + 0.5, replaced_by="key_successor")
+    auth.invalidate(None)  # the announcement lost, the subscription back
+    watch.changed(None)
+    b = asyncio.ensure_future(auth.status(digest))  # request B: a read of its own
+    await _turns(lambda: len(store.held) == 2)
+    store.held[1].set()
+    assert await b == ("active", clock.now + 0.5)  # cached
+    scope = anyio.CancelScope()
+    watch.watch(digest, None, scope)  # A's generation starts: takes the cached grace end
+    assert due_in[-1] <= 0.5
+    store.held[0].set()  # the look from before the rotation comes back
+    await _turns(lambda: False)
+    try:
+        assert due_in[-1] <= 0.5, due_in
+    finally:
+        watch.unwatch(digest, scope)
+        watch.unwatch(digest, other)
+        await watch.aclose()
