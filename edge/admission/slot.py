@@ -17,7 +17,8 @@ from edge.upstreams.base import Upstream
 # "done": the generation ran (its duration teaches the service rate, its tokens the user's usual
 # reply); "failed": the replica failed it; "unused": nothing ran to learn from (granted to a request
 # that had already gone away, or given back before its first token: a cancel, a disconnect, the
-# drain's cut during its prefill, which taught the user's usual reply as 0 tokens; a review).
+# drain's cut during its prefill; counted as done, these taught the user's usual reply as 0 tokens,
+# a review).
 ReleaseKind = Literal["done", "failed", "unused"]
 
 
