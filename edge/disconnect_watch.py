@@ -46,6 +46,13 @@ class DisconnectWatch:
     def unwatch(self) -> None:
         self._scope = None
 
+    def abort(self) -> None:
+        """Drop the connection now: a close would wait to flush to a reader that never reads."""
+        cycle = self._cycle()
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.transport.abort()
+
     def pending(self) -> bool:
         """Its response has not ended."""
         cycle = self._cycle()

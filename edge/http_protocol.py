@@ -147,11 +147,24 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return  # the rest of a refused request, read and dropped until the connection closes
         super().data_received(data)
+        # Blank lines between requests begin none (llhttp skips them) but cancel uvicorn's
+        # keep-alive timer: without a deadline a trickle of them held the connection for ever.
+        cycle = self.cycle
+        if (
+            (cycle is None or cycle.response_complete)
+            and self.timeout_keep_alive_task is None
+            and not self._refused
+            and self.transport is not None
+            and not self.transport.is_closing()
+        ):
+            self._header_deadline.start(request_begun=self._headers_pending)
 
     def on_headers_complete(self) -> None:
-        self._headers_pending = False
         self._header_deadline.stop()
+        # Pending until uvicorn took them: its parse of the URL can still refuse the request, which
+        # is then a request of its own, answered in its turn (send_400_response).
         super().on_headers_complete()
+        self._headers_pending = False
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:

@@ -146,7 +146,9 @@ class EventStreamResponse:
             await asyncio.get_running_loop().create_task(until_disconnect(scope, receive, produce, cut_scope))
             if not progress.cut and not progress.ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-            # Cut: the response stays unfinished, and uvicorn closes the connection.
+            elif progress.cut and (watch := scope.get(DISCONNECT_WATCH)) is not None:
+                # Cut: dropped at once, its unread buffer with it (a close waits for the reader).
+                cast(DisconnectWatch, watch).abort()
         except asyncio.CancelledError:
             # The server cancelled this task: it is exiting before the stream ended (a second signal,
             # or a stream that outlived the drain). End it as every stream ends, if the client still

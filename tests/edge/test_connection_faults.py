@@ -1,0 +1,122 @@
+"""A connection's life on a real server, over raw sockets: it ends when it should, and its answers
+keep their order. Three faults a review of the HTTP layer showed (each test fails before its fix):
+blank lines between requests held a kept-alive connection for ever, a pipelined request with a bad
+URL wiped out the answer before it, and a stalled reader's cut freed its generation but not its
+connection."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.stalled_socket import open_stalled
+from tests.support.live_server import LiveServer, start_server
+from tests.support.raw_http import get_healthz, read_to_close
+
+GIVE_UP_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = {"server": {"header_timeout_s": 0.5, "http_keep_alive_s": 1.0}}
+    with start_server(tmp_path_factory.mktemp("http-review"), settings) as live:
+        yield live
+
+
+def _connect(live: LiveServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", live.settings.server.port), timeout=GIVE_UP_S)
+
+
+def _chat(live: LiveServer, *, stream: bool, max_tokens: int, version: bytes = b"1.1") -> bytes:
+    payload = json.dumps(
+        {
+            "model": "floodgate-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/" + version + b"\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + live.keys["paid"].encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(payload) + payload
+    )
+
+
+def test_blank_lines_between_requests_do_not_hold_a_kept_alive_connection(edge: LiveServer) -> None:
+    """llhttp skips CR/LF before a request line without beginning a message, so no header deadline
+    starts; the bytes cancel uvicorn's keep-alive timer, which nothing re-arms. A client (no key
+    needed) sending "\\r\\n" now and then after one answer held the connection for ever."""
+    with _connect(edge) as sock:
+        assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
+        sock.settimeout(0.2)
+        closed = False
+        deadline = time.monotonic() + 5.0  # 10x the header deadline, 5x the keep-alive
+        while time.monotonic() < deadline and not closed:
+            try:
+                sock.sendall(b"\r\n")
+                closed = sock.recv(1) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+    assert closed, "a trickle of blank lines held the kept-alive connection past both timeouts"
+
+
+def test_a_pipelined_request_with_a_bad_url_does_not_destroy_the_answer_before_it(edge: LiveServer) -> None:
+    """httptools.parse_url raises in uvicorn's on_headers_complete, after the edge's override has
+    marked the headers done: send_400_response takes it for bad framing in the running request's
+    body and writes the 400 at once, then closes: the valid chat before it gets no answer at all
+    (the same shape as the 431/400 cases of test_header_size.py, which are answered in order)."""
+    with _connect(edge) as sock:
+        sock.sendall(_chat(edge, stream=True, max_tokens=200) + b"GET http://[/ HTTP/1.1\r\nhost: x\r\n\r\n")
+        answers = read_to_close(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"200", b"400"]
+    assert b"data: [DONE]" in answers
+
+
+def _stalled_cut(live: LiveServer) -> float:
+    match = re.search(r"^floodgate_stalled_readers_cut_total ([0-9.e+]+)$", live.metrics_text(), re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_stalled_reader_cut_also_frees_its_connection(tmp_path: Path) -> None:
+    """The cut frees the generation, then uvicorn closes the transport (the response was left
+    unfinished): close() waits to flush its buffer, which a reader that never reads never takes.
+    The socket, its buffers and the protocol stay until the client itself goes: a client that
+    opens streams and never reads them holds a file descriptor each, for ever, while the gate
+    counts none of them."""
+    settings = {"server": {"stalled_reader_s": 1.0, "send_buffer_bytes": 4096}}
+    with start_server(tmp_path, settings) as live:
+        body = {
+            "model": "floodgate-tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1900,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        sock = open_stalled(live.base_url, live.keys["paid"], body)
+        try:
+            port = sock.getsockname()[1]
+            connections = live._server.server_state.connections
+
+            def held() -> bool:
+                return any(c.client is not None and c.client[1] == port for c in list(connections))
+
+            deadline = time.monotonic() + 30
+            while _stalled_cut(live) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _stalled_cut(live) == 1
+            deadline = time.monotonic() + 5
+            while held() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not held(), "the cut stream's connection is still open"
+        finally:
+            sock.close()
