@@ -166,7 +166,7 @@ class AsyncChat:
             if wait is None:
                 raise error
             log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
-            await anyio.sleep(wait)
+            await attempts.apause(wait)
 
 
 class AsyncChatStream:
@@ -183,6 +183,8 @@ class AsyncChatStream:
         self._attempts = Attempts(policy, network_retries)
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        # Refused in its queue and waiting to be sent again (_reopen): nothing runs on the server.
+        self._retrying = False
         # Reads wait until this (anyio's clock): forever, until a confirmed cancel bounds the rest.
         self._drain_deadline = math.inf
         self._read_scope: anyio.CancelScope | None = None
@@ -239,12 +241,18 @@ class AsyncChatStream:
         return self._decoder.finished
 
     async def cancel(self) -> bool:
-        """Ask the server to stop generating. True when the server confirmed; False when the reply had
-        already finished. The stream then ends with Finished(cancelled=True): reading on gives what the
-        server sent before the cancel reached it and its own ending, with usage, for at most
-        CANCEL_DRAIN_S; then the connection is dropped."""
+        """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
+        be sent after a refusal was called off); False when the reply had already finished. The
+        stream then ends with Finished(cancelled=True): reading on gives what the server sent
+        before the cancel reached it and its own ending, with usage, for at most CANCEL_DRAIN_S;
+        then the connection is dropped."""
         if self._decoder.finished is not None or self._cancelled or self._response is None:
             return False
+        if self._retrying:
+            # As the sync stream's: the refused request ended on the server; the retry is called off.
+            self._cancelled = True
+            self._attempts.closed = True
+            return True
         request_id = self.request_id
         try:
             if request_id is None:
@@ -276,7 +284,7 @@ class AsyncChatStream:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         running = self._decoder.finished is None and not (
-            self._cancelled or self._ended_on_server or self._broken
+            self._cancelled or self._ended_on_server or self._broken or self._decoder.ended_by_error
         )
         request_id = self.request_id
         # Shielded: the block may be exiting because its task is being cancelled. Closed first, as
@@ -337,7 +345,14 @@ class AsyncChatStream:
                     self._ended_on_server = True
                     raise
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
-                await self._reopen(wait)
+                try:
+                    await self._reopen(wait)
+                except NetworkError:
+                    if not self._cancelled:
+                        raise
+                    for event in self._cancelled_ending():  # called off while it waited
+                        yield event
+                    return
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     for event in self._cancelled_ending():
@@ -349,14 +364,25 @@ class AsyncChatStream:
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
                     self._broken = True
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                await self._reopen()
+                try:
+                    await self._reopen()
+                except NetworkError:
+                    if not self._cancelled:
+                        raise
+                    for event in self._cancelled_ending():  # called off while it was sent again
+                        yield event
+                    return
 
     async def _reopen(self, wait_s: float = 0.0) -> None:
         """As the sync stream's: the same request again, never once the stream is closed."""
         assert self._response is not None
         await self._response.aclose()
-        await anyio.sleep(wait_s)
-        self._response = await self._chat._open(self._request, self._attempts)
+        self._retrying = True
+        try:
+            await self._attempts.apause(wait_s)
+            self._response = await self._chat._open(self._request, self._attempts)
+        finally:
+            self._retrying = False
         self._decoder = ChunkDecoder()
         if self._attempts.closed:
             await self._response.aclose()

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import socket
 import threading
-import time
 from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
 
@@ -170,7 +169,7 @@ class Chat:
             if wait is None:
                 raise error
             log.info("HTTP %s (%s): retrying in %.2f s", error.status_code, error.code, wait)
-            time.sleep(wait)
+            attempts.pause(wait)
 
 
 class ChatStream:
@@ -193,6 +192,8 @@ class ChatStream:
         self._attempts = Attempts(policy, network_retries)
         self._decoder = ChunkDecoder()
         self._cancelled = False
+        # Refused in its queue and waiting to be sent again (_reopen): nothing runs on the server.
+        self._retrying = False
         self._cut_off: CutOff | None = None
         self._ended_on_server = False
         # Its connection failed under it: the edge sees it go, which stops the generation, so no
@@ -236,12 +237,19 @@ class ChatStream:
         return self._decoder.finished
 
     def cancel(self) -> bool:
-        """Ask the server to stop generating. True when the server confirmed; False when the reply had
-        already finished. The stream then ends with Finished(cancelled=True): reading on gives what the
-        server sent before the cancel reached it and its own ending, with usage, for at most
-        CANCEL_DRAIN_S; then the connection is dropped."""
+        """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
+        be sent after a refusal was called off); False when the reply had already finished. The
+        stream then ends with Finished(cancelled=True): reading on gives what the server sent
+        before the cancel reached it and its own ending, with usage, for at most CANCEL_DRAIN_S;
+        then the connection is dropped."""
         if self._decoder.finished is not None or self._cancelled:
             return False
+        if self._retrying:
+            # The refused request ended on the server (a cancel of it answers 409): the retry is
+            # called off instead, or the reply it would start streams and is billed (a review).
+            self._cancelled = True
+            self._attempts.closed = True
+            return True
         request_id = self.request_id
         try:
             if request_id is None:
@@ -283,7 +291,7 @@ class ChatStream:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         running = self._decoder.finished is None and not (
-            self._cancelled or self._ended_on_server or self._broken
+            self._cancelled or self._ended_on_server or self._broken or self._decoder.ended_by_error
         )
         request_id = self.request_id
         # Closed first: the edge takes the disconnect as a cancel, and this stream's connection goes back
@@ -329,7 +337,13 @@ class ChatStream:
                     self._ended_on_server = True
                     raise
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
-                self._reopen(wait)
+                try:
+                    self._reopen(wait)
+                except NetworkError:
+                    if not self._cancelled:
+                        raise
+                    yield from self._cancelled_ending()  # called off while it waited
+                    return
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     yield from self._cancelled_ending()
@@ -340,15 +354,25 @@ class ChatStream:
                 if self._decoder.saw_text or not self._attempts.take_network_retry():
                     self._broken = True
                     raise transport_failure("stream broken", exc) from transport_cause(exc)
-                self._reopen()
+                try:
+                    self._reopen()
+                except NetworkError:
+                    if not self._cancelled:
+                        raise
+                    yield from self._cancelled_ending()  # called off while it was sent again
+                    return
 
     def _reopen(self, wait_s: float = 0.0) -> None:
         """The same request again after `wait_s`; never once the stream is closed (by its reader,
         or a cancel that failed), even while this waits or sends: _open checks before each attempt,
         and close() shuts the response it finds, so the new one is checked once it is in place."""
         self._response.close()
-        time.sleep(wait_s)
-        self._response = self._chat._open(self._request, self._attempts)
+        self._retrying = True
+        try:
+            self._attempts.pause(wait_s)
+            self._response = self._chat._open(self._request, self._attempts)
+        finally:
+            self._retrying = False
         self._decoder = ChunkDecoder()
         if self._attempts.closed:
             self._response.close()

@@ -40,6 +40,8 @@ class ChunkDecoder:
         self.request_id: str | None = None
         self.finished: Finished | None = None
         self.saw_text = False
+        # An error event ended the stream on the server (not an overload: the client may retry it).
+        self.ended_by_error = False
         self._text: list[str] = []
         self._finish_reason: str | None = None
         self._cancelled = False
@@ -59,6 +61,8 @@ class ChunkDecoder:
         if "error" in payload or event.event == "error":
             error = stream_error(payload, self.request_id)
             error.usage = self._usage
+            # The server ended the stream with it (its [DONE] follows): nothing left there to cancel.
+            self.ended_by_error = True
             raise error
         out: list[StreamEvent] = []
         if self.request_id is None:

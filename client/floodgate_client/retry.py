@@ -6,6 +6,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import anyio
+
 from floodgate_client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
 
 # Without an advertised wait, back off exponentially from this, up to the cap.
@@ -15,6 +17,10 @@ _MAX_BACKOFF_S = 8.0
 # taken off it: a little (10%, at most a second) spreads out clients that were refused together.
 _JITTER_FRACTION = 0.1
 _MAX_JITTER_S = 1.0
+# A wait before another attempt looks this often whether the stream was closed (or its retry called
+# off by a cancel) meanwhile: the reader then ends at once, not when a refusal's wait (up to a
+# minute) is over.
+_CLOSED_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,18 @@ class Attempts:
         if wait is not None:
             self.refusals_waited += 1
         return wait
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds` before the next attempt, or less once the stream is closed."""
+        end = time.monotonic() + seconds
+        while not self.closed and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _CLOSED_POLL_S))
+
+    async def apause(self, seconds: float) -> None:
+        """`pause` on the event loop."""
+        end = anyio.current_time() + seconds
+        while not self.closed and (left := end - anyio.current_time()) > 0:  # noqa: ASYNC110 (a flag)
+            await anyio.sleep(min(left, _CLOSED_POLL_S))
 
     def take_network_retry(self) -> bool:
         if self.network_retries <= 0:

@@ -1,0 +1,110 @@
+"""How a client stream ends around the server's own ends, against a scripted edge (its bytes as the
+real edge writes them, tests/client/scripted_edge.py). Two faults a review showed: a cancel that came
+while auto_retry waited out an in-stream refusal went out under the refused request's id, was
+answered 409 ("already finished") and the retry then streamed a whole reply, billed; and a stream
+that ended with an error event (its [DONE] after) still sent a cancel on the block's exit, answered
+409 after up to CANCEL_ON_EXIT_S on an edge that had just failed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+
+from edge.admission.ticket import Overloaded
+from edge.errors import overloaded_error, upstream_error
+from edge.sse import DONE, ChunkEncoder, event
+from floodgate_client import AsyncClient, Client, Finished, StreamError, TextDelta
+from tests.client.scripted_edge import FINISHED, ScriptedEdge
+
+WAIT_S = 30.0  # the refusal's wait: the retry is never due within a test
+
+
+def _overloaded(request_id: str) -> bytes:
+    error = overloaded_error(Overloaded("wait_too_long", WAIT_S))
+    return ChunkEncoder(request_id, "floodgate-tiny", 0).first() + event({"error": error.detail}) + DONE
+
+
+def _answered(request_id: str) -> bytes:
+    encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
+    return encoder.first() + encoder.delta("hello") + encoder.final("stop", None) + encoder.usage(3, 1) + DONE
+
+
+def _failed(request_id: str) -> bytes:
+    encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
+    return (
+        encoder.first()
+        + encoder.delta("hel")
+        + encoder.usage(3, 1)
+        + event({"error": upstream_error().detail})
+        + DONE
+    )
+
+
+def test_a_cancel_while_a_retry_waits_calls_the_retry_off() -> None:
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    events: list[object] = []
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
+                reader.start()
+                deadline = time.monotonic() + 10
+                while not stream._retrying and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert stream._retrying  # refused, waiting out the refusal
+                assert stream.cancel()
+                reader.join(timeout=WAIT_S + 10)
+        assert edge.requests == 1 and edge.cancels == 0  # no retry, no cancel of the refused request
+        # (the reader ended well before the refusal's 30 s wait: the test's own time shows it)
+        assert not any(isinstance(e, TextDelta) for e in events), events
+        assert isinstance(events[-1], Finished) and events[-1].cancelled
+    finally:
+        edge.close()
+
+
+def test_an_async_cancel_while_a_retry_waits_calls_the_retry_off() -> None:
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    events: list[object] = []
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            async with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                async with anyio.create_task_group() as group:
+
+                    async def read() -> None:
+                        async for e in stream:
+                            events.append(e)
+
+                    group.start_soon(read)
+                    with anyio.fail_after(10):
+                        while not stream._retrying:  # noqa: ASYNC110 (a flag of the stream's, no event)
+                            await anyio.sleep(0.01)
+                    assert await stream.cancel()
+
+    try:
+        anyio.run(main)
+        assert edge.requests == 1 and edge.cancels == 0
+        assert not any(isinstance(e, TextDelta) for e in events), events
+        assert isinstance(events[-1], Finished) and events[-1].cancelled
+    finally:
+        edge.close()
+
+
+def test_no_cancel_is_sent_on_exit_after_an_error_event() -> None:
+    edge = ScriptedEdge([_failed("chatcmpl-failed"), _failed("chatcmpl-failed-2")])
+    try:
+        with Client(edge.base_url, "fg-test") as client, pytest.raises(StreamError):
+            client.chat.create("hi", model="floodgate-tiny")
+
+        async def main() -> None:
+            async with AsyncClient(edge.base_url, "fg-test") as aclient:
+                with pytest.raises(StreamError):
+                    await aclient.chat.create("hi", model="floodgate-tiny")
+
+        anyio.run(main)
+        assert edge.cancels == 0
+    finally:
+        edge.close()
