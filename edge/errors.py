@@ -93,7 +93,11 @@ def wait_text(seconds: float) -> str:
     if seconds < 1:
         return f"{math.ceil(seconds * 1000)}ms"
     if seconds < 60:
-        return f"{seconds:.3g}s"
+        # Rounded up at the last digit shown: a client that waits what it reads must not come back
+        # before the wait is over, to be refused again (1.2345 s read as 1.23 s did; a review).
+        if seconds < 10:
+            return f"{math.ceil(seconds * 100 - 1e-9) / 100:.3g}s"
+        return f"{math.ceil(seconds * 10 - 1e-9) / 10:.3g}s"
     whole = math.ceil(seconds)
     if whole < 3600:
         return f"{whole // 60}m{whole % 60}s"
