@@ -86,7 +86,11 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
             print(f"error: {error.message}", file=err)
             return 1
 
-        def cancel_running() -> str:
+        def cancel_running() -> object:
+            if stream.retrying:
+                # Refused and waiting to be sent again: the retry is called off (its refused request
+                # ended on the server, where a cancel of it answered 409 and the retry went on).
+                return stream.cancel()
             # Read when Ctrl-C comes: a stream cut before its first text is reopened under a new id.
             request_id = stream.request_id
             if request_id is None:

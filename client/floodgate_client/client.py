@@ -229,6 +229,11 @@ class ChatStream:
     def __next__(self) -> StreamEvent:
         return next(self._events)
 
+    @property
+    def retrying(self) -> bool:
+        """Refused in its queue and waiting to be sent again: `cancel` calls the retry off."""
+        return self._retrying
+
     def until_finished(self) -> Finished:
         """Read the rest of the stream; the final event."""
         for _ in self:

@@ -7,8 +7,14 @@ that ended with an error event (its [DONE] after) still sent a cancel on the blo
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -19,6 +25,7 @@ from edge.sse import DONE, ChunkEncoder, event
 from floodgate_client import AsyncClient, Client, Finished, StreamError, TextDelta
 from tests.client.scripted_edge import FINISHED, ScriptedEdge
 
+REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0  # the refusal's wait: the retry is never due within a test
 
 
@@ -106,5 +113,35 @@ def test_no_cancel_is_sent_on_exit_after_an_error_event() -> None:
 
         anyio.run(main)
         assert edge.cancels == 0
+    finally:
+        edge.close()
+
+
+def test_ctrl_c_while_the_cli_waits_to_retry_calls_the_retry_off() -> None:
+    """`floodgate-chat --retry`: the first Ctrl-C during the wait sent a cancel of the refused
+    request, answered 409 ("cancel failed"), and the retry streamed its reply anyway."""
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"} | {"FLOODGATE_API_KEY": "fg-test"}
+    command = [sys.executable, "-m", "floodgate_client", "chat", "hi", "--json", "--retry"]
+    try:
+        proc = subprocess.Popen(
+            [*command, "--model", "floodgate-tiny", "--base-url", edge.base_url],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "retrying in" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        finished = json.loads(out.splitlines()[-1])
+        assert finished["type"] == "finished" and finished["cancelled"] is True, (out, err)
+        assert proc.returncode == 130, err
+        assert "cancel failed" not in err, err
+        assert edge.requests == 1 and edge.cancels == 0
     finally:
         edge.close()
