@@ -234,6 +234,11 @@ class AsyncChatStream:
     async def __anext__(self) -> StreamEvent:
         return await self._events.__anext__()
 
+    @property
+    def retrying(self) -> bool:
+        """Refused in its queue and waiting to be sent again: `cancel` calls the retry off."""
+        return self._retrying
+
     async def until_finished(self) -> Finished:
         async for _ in self:
             pass

@@ -59,9 +59,9 @@ def test_a_cancel_while_a_retry_waits_calls_the_retry_off() -> None:
                 reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
                 reader.start()
                 deadline = time.monotonic() + 10
-                while not stream._retrying and time.monotonic() < deadline:
+                while not stream.retrying and time.monotonic() < deadline:
                     time.sleep(0.01)
-                assert stream._retrying  # refused, waiting out the refusal
+                assert stream.retrying  # refused, waiting out the refusal
                 assert stream.cancel()
                 reader.join(timeout=WAIT_S + 10)
         assert edge.requests == 1 and edge.cancels == 0  # no retry, no cancel of the refused request
@@ -87,7 +87,7 @@ def test_an_async_cancel_while_a_retry_waits_calls_the_retry_off() -> None:
 
                     group.start_soon(read)
                     with anyio.fail_after(10):
-                        while not stream._retrying:  # noqa: ASYNC110 (a flag of the stream's, no event)
+                        while not stream.retrying:  # noqa: ASYNC110 (a flag of the stream's, no event)
                             await anyio.sleep(0.01)
                     assert await stream.cancel()
 
