@@ -10,51 +10,28 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from tests.edge.sse_client import CHAT
 from tests.faults.test_failed_requests_cost_nothing import FAIL_AFTER_3, SHORT, _failing_replicas
 from tests.support.live_server import start_server
+from tests.support.scripted_replicas import scripted_replicas
 
 HANG = 7
 
 
-class _HangingReplica:
-    """The real engine, but a generation asking for HANG tokens never yields its first (a long prefill)."""
-
-    generate_direct = None
-
-    def __init__(self, inner: Upstream) -> None:
-        self._inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._generate(req)
-
-    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        if req.max_new_tokens == HANG:
-            await asyncio.Event().wait()
-        async for delta in self._inner.generate(req):
-            yield delta
+async def _hanging(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """A generation asking for HANG tokens never yields its first (a long prefill)."""
+    if req.max_new_tokens == HANG:
+        await asyncio.Event().wait()
+    async for delta in inner.generate(req):
+        yield delta
 
 
-def _hanging_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-    @asynccontextmanager
-    async def provide() -> AsyncIterator[list[Upstream]]:
-        async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_HangingReplica(up) for up in ups])
-
-    return provide()
+_hanging_replicas = scripted_replicas(_hanging)
 
 
 def test_a_cancel_before_the_first_token_teaches_no_reply_length(tmp_path: Path) -> None:

@@ -13,19 +13,16 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
 from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.support.live_server import start_server
+from tests.support.scripted_replicas import scripted_replicas
 from tests.triton.test_sse_wire import END, HEAD, FakeReplica, _tokens, chunk
 
 EMPTY = 6  # max_tokens that the replica below answers with no token (its first was the end token)
@@ -45,38 +42,18 @@ async def test_premise_triton_answers_a_reply_whose_first_token_is_the_end_token
         assert await _tokens(upstream.generate(req)) == ([], "stop")
 
 
-class _EmptyReplica:
-    """The real engine, but a request for EMPTY tokens is answered as TensorRT-LLM answers one whose
-    first token is the end token: Delta([], "stop")."""
-
-    generate_direct = None
-
-    def __init__(self, inner: Upstream) -> None:
-        self._inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._generate(req)
-
-    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        if req.max_new_tokens == EMPTY:
-            await asyncio.sleep(0.05)  # its prefill and one step
-            yield Delta([], "stop")
-            return
-        async for delta in self._inner.generate(req):
-            yield delta
+async def _empty(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """A request for EMPTY tokens is answered as TensorRT-LLM answers one whose first token is the
+    end token: Delta([], "stop")."""
+    if req.max_new_tokens == EMPTY:
+        await asyncio.sleep(0.05)  # its prefill and one step
+        yield Delta([], "stop")
+        return
+    async for delta in inner.generate(req):
+        yield delta
 
 
-def _empty_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-    @asynccontextmanager
-    async def provide() -> AsyncIterator[list[Upstream]]:
-        async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_EmptyReplica(up) for up in ups])
-
-    return provide()
+_empty_replicas = scripted_replicas(_empty)
 
 
 def _turns(client: httpx.Client, cid: str) -> list[tuple[str, str, str | None]]:

@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
 from tests.edge.sse_client import CHAT, events, wait_until
 from tests.faults.test_failed_requests_cost_nothing import SHORT
 from tests.keys.test_key_streams import LONG_TTL_S, _admin, _settings
 from tests.support.live_server import start_server
+from tests.support.scripted_replicas import scripted_replicas
 
 DRAIN = {"server": {"drain_accept_s": 60.0, "drain_deadline_s": 1.0}}
 PARTIAL = 9  # max_tokens the replica below answers with one token carrying no whole character
@@ -98,36 +96,16 @@ def test_a_stream_whose_key_is_revoked_during_its_prefill_is_refunded_as_an_erro
     assert got[-3]["usage"]["prompt_tokens"] == 0, got[-3]
 
 
-class _PartialReplica:
-    """The real engine, but a request for PARTIAL tokens gets one token, E2, and then nothing."""
-
-    generate_direct = None
-
-    def __init__(self, inner: Upstream) -> None:
-        self._inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._generate(req)
-
-    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        if req.max_new_tokens == PARTIAL:
-            yield Delta([E2])
-            await asyncio.Event().wait()
-        async for delta in self._inner.generate(req):
-            yield delta
+async def _partial(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """A request for PARTIAL tokens gets one token, E2, and then nothing."""
+    if req.max_new_tokens == PARTIAL:
+        yield Delta([E2])
+        await asyncio.Event().wait()
+    async for delta in inner.generate(req):
+        yield delta
 
 
-def _partial_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-    @asynccontextmanager
-    async def provide() -> AsyncIterator[list[Upstream]]:
-        async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_PartialReplica(up) for up in ups])
-
-    return provide()
+_partial_replicas = scripted_replicas(_partial)
 
 
 def _with_first_token(dispatcher: Any, n: int) -> bool:

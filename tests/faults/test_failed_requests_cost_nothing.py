@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from gpu_container.contract import UpstreamError
 from limiter.base import Admission, OutputLease
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.faults.test_bad_input_replica import _small_replicas
 from tests.support.live_server import start_server
+from tests.support.scripted_replicas import scripted_replicas
 
 ONE_REQUEST = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"requests_per_window": 1, "request_window_s": 3600}}}
 SHORT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -40,51 +38,31 @@ def test_a_request_the_replica_refuses_uses_none_of_the_users_requests(tmp_path:
     assert answered.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-class _FailingReplica:
-    """The real engine, but a generation asking for FAIL_AT_ONCE tokens fails before its first (its
-    connection reset mid-prefill), and one asking for FAIL_AFTER_3 fails after three."""
-
-    generate_direct = None  # the inner engine's callback path would bypass generate()
-
-    def __init__(self, inner: Upstream) -> None:
-        self._inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._generate(req)
-
-    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        if req.max_new_tokens == FAIL_AT_ONCE:
-            raise UpstreamError("connection reset by the replica")
-        tokens = 0
-        async for delta in self._inner.generate(req):
-            if req.max_new_tokens == FAIL_AFTER_3:
-                # Exactly three, whichever way the engine merged its deltas (a busy machine hands
-                # several tokens over at once, up to the whole reply with its finish: the fresh-clone
-                # CI's stream then ended without its error once), and never an end.
-                delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
-                tokens += len(delta.token_ids)
-                yield delta
-                if tokens >= 3:
-                    raise UpstreamError("connection reset by the replica")
-                continue
-            tokens += len(delta.token_ids)
-            yield delta
-
-
 FAIL_AT_ONCE, FAIL_AFTER_3 = 8, 9
 
 
-def _failing_replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-    @asynccontextmanager
-    async def provide() -> AsyncIterator[list[Upstream]]:
-        async with local_upstreams(settings, model_dir) as ups:
-            yield PrivateUpstreams([_FailingReplica(up) for up in ups])
+async def _failing(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """A generation asking for FAIL_AT_ONCE tokens fails before its first (its connection reset
+    mid-prefill), and one asking for FAIL_AFTER_3 fails after three."""
+    if req.max_new_tokens == FAIL_AT_ONCE:
+        raise UpstreamError("connection reset by the replica")
+    tokens = 0
+    async for delta in inner.generate(req):
+        if req.max_new_tokens == FAIL_AFTER_3:
+            # Exactly three, whichever way the engine merged its deltas (a busy machine hands
+            # several tokens over at once, up to the whole reply with its finish: the fresh-clone
+            # CI's stream then ended without its error once), and never an end.
+            delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
+            tokens += len(delta.token_ids)
+            yield delta
+            if tokens >= 3:
+                raise UpstreamError("connection reset by the replica")
+            continue
+        tokens += len(delta.token_ids)
+        yield delta
 
-    return provide()
+
+_failing_replicas = scripted_replicas(_failing)
 
 
 def test_a_request_the_replica_fails_before_its_first_token_uses_none_of_the_users_requests(
