@@ -135,6 +135,19 @@ def test_replica_failure_mid_stream_ends_with_an_error_event(
     assert not any(isinstance(e, dict) and e.get("choices", [{}])[0].get("finish_reason") for e in rest[:-2])
 
 
+def _chat_on_a_socket(server: LiveServer, body: dict[str, Any]) -> socket.socket:
+    """A chat request sent on a socket of its own, for the test to read from and to hang up on."""
+    payload = httpx.Request("POST", server.base_url + CHAT, json=body).read()
+    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
+    sock = socket.create_connection((host, port), timeout=30)
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
 def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
@@ -142,14 +155,7 @@ def test_a_client_hanging_up_right_after_the_first_event_frees_the_replica(
     replica's stream is still being set up: the edge must count a disconnect and drop the sequence."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
-    body = httpx.Request("POST", server.base_url + CHAT, json=long_body, headers=server.auth("paid")).read()
-    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
-    with socket.create_connection((host, port), timeout=30) as sock:
-        head = (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        sock.sendall(head.encode() + body)
+    with _chat_on_a_socket(server, long_body) as sock:
         received = b""
         while b"data: {" not in received:
             data = sock.recv(65536)
@@ -256,16 +262,7 @@ def test_an_answer_not_streamed_the_client_hung_up_on_stores_no_turn(
     review), as a 502's were before."""
     cid = "conv-hung-up"
     before = idle_engine(server)
-    body = httpx.Request(
-        "POST", server.base_url + CHAT, json=long_body | {"stream": False, "conversation_id": cid}
-    ).read()
-    host, port = "127.0.0.1", int(server.base_url.rsplit(":", 1)[1])
-    with socket.create_connection((host, port), timeout=30) as sock:
-        head = (
-            f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {server.keys['paid']}\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        sock.sendall(head.encode() + body)
+    with _chat_on_a_socket(server, long_body | {"stream": False, "conversation_id": cid}):
         wait_for_engine(server, lambda r: r.work > before.work, "the reply to be under way")
     wait_for_engine_to_drop(server, before)
     _after_a_marker(client, server, "conv-hung-up-marker")
