@@ -164,18 +164,23 @@ async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look
     await watch.aclose()
 
 
+def _watched_key() -> tuple[ManualClock, KeyRecord, DictStore, Authenticator, StreamWatch]:
+    """A key in a store, its authenticator and a stream watch, on a wall clock the test moves."""
+    wall = ManualClock()
+    _, record = new_record("di", "paid")
+    store = DictStore(record)
+    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
+    return wall, record, store, auth, StreamWatch(auth, wall_clock=wall)
+
+
 async def test_a_stream_set_up_after_its_key_was_revoked_and_looked_up_again_ends_at_once() -> None:
     """Request A is admitted (key active) and waits in the queue. The key is revoked and announced:
     the watch has no stream of it yet, so the announcement does nothing there. Request B with the
     key is refused, which caches "revoked" for the TTL. A's generation then starts: the watch took
     the key as A's admission saw it and looked again only once that fresh entry turned stale, so A
     streamed on for a TTL with its key known revoked (a review)."""
-    wall = ManualClock()
-    _, record = new_record("di", "paid")
+    wall, record, store, auth, watch = _watched_key()
     digest = record.key_sha256
-    store = DictStore(record)
-    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
-    watch = StreamWatch(auth, wall_clock=wall)
     assert (await auth.status(digest))[0] == "active"  # A's admission
     store.records[digest] = record.with_changes(revoked=wall.now)
     auth.invalidate(digest)
@@ -195,12 +200,8 @@ async def test_a_stream_set_up_past_a_rotation_grace_its_admission_did_not_know_
     """The same for a rotation: A admitted before it (no expiry, as its admission saw the key), the
     key's grace end read and cached since by another request, A's generation set up past it: the
     watch took A's "no expiry" and looked a TTL later, a TTL past the grace (a review)."""
-    wall = ManualClock()
-    _, record = new_record("di", "paid")
+    wall, record, store, auth, watch = _watched_key()
     digest = record.key_sha256
-    store = DictStore(record)
-    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
-    watch = StreamWatch(auth, wall_clock=wall)
     assert (await auth.status(digest))[0] == "active"  # A's admission: no expiry
     store.records[digest] = record.with_changes(expires=wall.now + 1.0, replaced_by="key_successor")
     auth.invalidate(digest)
@@ -225,12 +226,8 @@ async def test_a_stream_of_a_key_already_watched_is_judged_by_the_cache_too(
     each). The revocation's announcement was lost and the subscription re-established (every
     lookup forgotten, no look started); request B reads and caches "revoked". A's generation then
     started unjudged and streamed on until the old entry's TTL ended (an hour here; a review)."""
-    wall = ManualClock()
-    _, record = new_record("di", "paid")
+    wall, record, store, auth, watch = _watched_key()
     digest = record.key_sha256
-    store = DictStore(record)
-    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=wall)
-    watch = StreamWatch(auth, wall_clock=wall)
     assert (await auth.status(digest))[0] == "active"  # C's and A's admissions
     other = anyio.CancelScope()
     watch.watch(digest, None, other)  # C streams
