@@ -258,12 +258,21 @@ class AsyncChatStream:
             self._cancelled = True
             self._attempts.closed = True
             return True
+        decoder = self._decoder
         request_id = self.request_id
         try:
             if request_id is None:
                 raise NetworkError("no request id yet to cancel")
             await self._chat.cancel(request_id)
         except ConflictError:
+            if decoder.refused:
+                # As the sync stream's: refused in the stream, its retry under way: called off.
+                self._cancelled = True
+                if self._decoder is decoder:
+                    self._attempts.closed = True
+                else:
+                    await self.close()
+                return True
             self._ended_on_server = True
             return False
         except FloodgateError:
@@ -349,6 +358,7 @@ class AsyncChatStream:
                     # Refused: nothing runs on the server for a cancel on exit to stop.
                     self._ended_on_server = True
                     raise
+                self._retrying = True  # from the moment it says so
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
                 try:
                     await self._reopen(wait)
@@ -386,9 +396,9 @@ class AsyncChatStream:
         try:
             await self._attempts.apause(wait_s)
             self._response = await self._chat._open(self._request, self._attempts)
+            self._decoder = ChunkDecoder()
         finally:
             self._retrying = False
-        self._decoder = ChunkDecoder()
         if self._attempts.closed:
             await self._response.aclose()
             raise NetworkError("stream closed")

@@ -255,12 +255,22 @@ class ChatStream:
             self._cancelled = True
             self._attempts.closed = True
             return True
+        decoder = self._decoder
         request_id = self.request_id
         try:
             if request_id is None:
                 raise NetworkError("no request id yet to cancel")
             self._chat.cancel(request_id)
         except ConflictError:
+            if decoder.refused:
+                # Its request was refused in the stream, the retry under way (the flag above was
+                # not set yet, or cleared already): called off, its connection dropped if it is out.
+                self._cancelled = True
+                if self._decoder is decoder:
+                    self._attempts.closed = True
+                else:
+                    self.close()
+                return True
             self._ended_on_server = True
             # Finished on the server already: the rest of the reply is on its way; let it be read.
             return False
@@ -341,6 +351,7 @@ class ChatStream:
                     # Refused: nothing runs on the server for a cancel on exit to stop.
                     self._ended_on_server = True
                     raise
+                self._retrying = True  # from the moment it says so (the CLI's Ctrl-C reads it)
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)
                 try:
                     self._reopen(wait)
@@ -376,9 +387,9 @@ class ChatStream:
         try:
             self._attempts.pause(wait_s)
             self._response = self._chat._open(self._request, self._attempts)
+            self._decoder = ChunkDecoder()
         finally:
             self._retrying = False
-        self._decoder = ChunkDecoder()
         if self._attempts.closed:
             self._response.close()
             raise NetworkError("stream closed")

@@ -40,8 +40,10 @@ class ChunkDecoder:
         self.request_id: str | None = None
         self.finished: Finished | None = None
         self.saw_text = False
-        # An error event ended the stream on the server (not an overload: the client may retry it).
+        # An error event ended the stream on the server (its request is over there).
         self.ended_by_error = False
+        # That error was an overload refusal, which auto_retry may send again under a new id.
+        self.refused = False
         self._text: list[str] = []
         self._finish_reason: str | None = None
         self._cancelled = False
@@ -63,6 +65,7 @@ class ChunkDecoder:
             error.usage = self._usage
             # The server ended the stream with it (its [DONE] follows): nothing left there to cancel.
             self.ended_by_error = True
+            self.refused = isinstance(error, RateLimitError | ServiceUnavailableError)
             raise error
         out: list[StreamEvent] = []
         if self.request_id is None:

@@ -19,10 +19,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+import floodgate_client.client as client_mod
 from edge.admission.ticket import Overloaded
 from edge.errors import overloaded_error, upstream_error
 from edge.sse import DONE, ChunkEncoder, event
-from floodgate_client import AsyncClient, Client, Finished, StreamError, TextDelta
+from floodgate_client import AsyncClient, Client, Finished, FloodgateError, StreamError, TextDelta
 from tests.client.scripted_edge import FINISHED, ScriptedEdge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,5 +144,68 @@ def test_ctrl_c_while_the_cli_waits_to_retry_calls_the_retry_off() -> None:
         assert proc.returncode == 130, err
         assert "cancel failed" not in err, err
         assert edge.requests == 1 and edge.cancels == 0
+    finally:
+        edge.close()
+
+
+def _cancel_from_another_thread(stream: object, out: list[bool]) -> None:
+    t = threading.Thread(target=lambda: out.append(stream.cancel()))  # type: ignore[attr-defined]
+    t.start()
+    t.join()
+
+
+def test_a_cancel_just_as_the_retry_goes_out_calls_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel from another thread as the retry is sent (the stream's retrying flag about to be
+    cleared, its new decoder not yet in place) took the refused request's id, was answered 409 and
+    returned False, and the retry streamed its reply (a review of the fix above)."""
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    monkeypatch.setattr(client_mod.Attempts, "pause", lambda self, s: None)  # the wait is not the point
+    real = client_mod.ChunkDecoder
+    made = [0]
+    answers: list[bool] = []
+    holder: dict[str, object] = {}
+
+    def decoder_factory() -> client_mod.ChunkDecoder:
+        made[0] += 1
+        if made[0] == 2:  # the one _reopen makes: the other thread's cancel lands just before it
+            _cancel_from_another_thread(holder["stream"], answers)
+        return real()
+
+    monkeypatch.setattr(client_mod, "ChunkDecoder", decoder_factory)
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                holder["stream"] = stream
+                events = list(stream)
+        assert answers == [True], (answers, edge.cancels)  # the retry was in flight: called off
+        assert not any(isinstance(e, TextDelta) for e in events), events
+        assert isinstance(events[-1], Finished) and events[-1].cancelled
+    finally:
+        edge.close()
+
+
+def test_a_cancel_just_after_the_refusal_calls_the_retry_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel between the refusal and the stream's retrying flag (while its wait is worked out)
+    went out under the refused id, was answered 409, and the retry streamed a billed reply."""
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    monkeypatch.setattr(client_mod.Attempts, "pause", lambda self, s: None)
+    answers: list[bool] = []
+    holder: dict[str, object] = {}
+    real_wait = client_mod.ChatStream._overload_wait_s
+
+    def wait_then_cancel(self: client_mod.ChatStream, error: FloodgateError) -> float | None:
+        wait = real_wait(self, error)
+        _cancel_from_another_thread(holder["stream"], answers)
+        return wait
+
+    monkeypatch.setattr(client_mod.ChatStream, "_overload_wait_s", wait_then_cancel)
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                holder["stream"] = stream
+                events = list(stream)
+        assert answers == [True], (answers, edge.cancels)
+        assert edge.requests == 1, edge.requests
+        assert not any(isinstance(e, TextDelta) for e in events), events
     finally:
         edge.close()
