@@ -266,12 +266,11 @@ class AsyncChatStream:
             await self._chat.cancel(request_id)
         except ConflictError:
             if decoder.refused:
-                # As the sync stream's: refused in the stream, its retry under way: called off.
+                if self._decoder is not decoder:
+                    # As the sync stream's: the retry is out already, cancelled under its own id.
+                    return await self.cancel()
                 self._cancelled = True
-                if self._decoder is decoder:
-                    self._attempts.closed = True
-                else:
-                    await self.close()
+                self._attempts.closed = True
                 return True
             self._ended_on_server = True
             return False
@@ -357,6 +356,11 @@ class AsyncChatStream:
                 if wait is None:
                     # Refused: nothing runs on the server for a cancel on exit to stop.
                     self._ended_on_server = True
+                    if self._cancelled:
+                        # A cancel came just after the refusal and called its retry off.
+                        for event in self._cancelled_ending():
+                            yield event
+                        return
                     raise
                 self._retrying = True  # from the moment it says so
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)

@@ -263,13 +263,13 @@ class ChatStream:
             self._chat.cancel(request_id)
         except ConflictError:
             if decoder.refused:
-                # Its request was refused in the stream, the retry under way (the flag above was
-                # not set yet, or cleared already): called off, its connection dropped if it is out.
+                if self._decoder is not decoder:
+                    # The retry is out already: cancelled under its own id (or it finished).
+                    return self.cancel()
+                # Refused in the stream, its retry not out yet (the flag above was not set yet, or
+                # cleared already): called off.
                 self._cancelled = True
-                if self._decoder is decoder:
-                    self._attempts.closed = True
-                else:
-                    self.close()
+                self._attempts.closed = True
                 return True
             self._ended_on_server = True
             # Finished on the server already: the rest of the reply is on its way; let it be read.
@@ -350,6 +350,10 @@ class ChatStream:
                 if wait is None:
                     # Refused: nothing runs on the server for a cancel on exit to stop.
                     self._ended_on_server = True
+                    if self._cancelled:
+                        # A cancel came just after the refusal and called its retry off.
+                        yield from self._cancelled_ending()
+                        return
                     raise
                 self._retrying = True  # from the moment it says so (the CLI's Ctrl-C reads it)
                 log.info("%s in the stream: retrying in %.2f s", error.code, wait)

@@ -209,3 +209,86 @@ def test_a_cancel_just_after_the_refusal_calls_the_retry_off(monkeypatch: pytest
         assert not any(isinstance(e, TextDelta) for e in events), events
     finally:
         edge.close()
+
+
+def test_a_cancel_right_after_the_refusal_ends_with_finished_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel between the decoder's refusal and the stream's wait for it returned True (the retry
+    called off), but the reader then got the refusal raised, not Finished(cancelled=True) (a
+    review of the fix above)."""
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    monkeypatch.setattr(client_mod.Attempts, "pause", lambda self, s: None)
+    answers: list[bool] = []
+    holder: dict[str, object] = {}
+    real_wait = client_mod.ChatStream._overload_wait_s
+
+    def cancel_then_wait(self: client_mod.ChatStream, error: FloodgateError) -> float | None:
+        t = threading.Thread(target=lambda: answers.append(holder["stream"].cancel()))  # type: ignore[attr-defined]
+        t.start()
+        t.join()
+        return real_wait(self, error)
+
+    monkeypatch.setattr(client_mod.ChatStream, "_overload_wait_s", cancel_then_wait)
+    events: list[object] = []
+    raised: list[BaseException] = []
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                holder["stream"] = stream
+                try:
+                    events.extend(stream)
+                except FloodgateError as exc:
+                    raised.append(exc)
+        assert answers == [True]
+        assert edge.requests == 1
+        assert not raised, raised  # cancel() said True: the stream must end Finished(cancelled=True)
+        assert isinstance(events[-1], Finished) and events[-1].cancelled, events
+    finally:
+        edge.close()
+
+
+def test_a_409_for_the_refused_id_after_the_retry_finished_is_not_a_called_off_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel under the refused request's id whose 409 comes back only after the retry has been
+    sent and streamed its whole reply returned True ("called off") though nothing was; now it asks
+    again under the retry's own id, and the reply having finished, says False (a review)."""
+    edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
+    monkeypatch.setattr(client_mod.Attempts, "pause", lambda self, s: None)
+    answers: list[bool] = []
+    holder: dict[str, object] = {}
+    in_cancel = threading.Event()
+    reader_done = threading.Event()
+    real_wait = client_mod.ChatStream._overload_wait_s
+    real_cancel = client_mod.Chat.cancel
+
+    def slow_cancel(self: client_mod.Chat, request_id: str, **kw: object) -> str:
+        in_cancel.set()
+        reader_done.wait(10)  # the 409 is slow to come back
+        return real_cancel(self, request_id, **kw)  # type: ignore[arg-type]
+
+    def wait_with_cancel_out(self: client_mod.ChatStream, error: FloodgateError) -> float | None:
+        wait = real_wait(self, error)
+        t = threading.Thread(target=lambda: answers.append(holder["stream"].cancel()))  # type: ignore[attr-defined]
+        t.start()
+        holder["thread"] = t
+        in_cancel.wait(10)  # its id (the refused one) is out
+        return wait
+
+    monkeypatch.setattr(client_mod.Chat, "cancel", slow_cancel)
+    monkeypatch.setattr(client_mod.ChatStream, "_overload_wait_s", wait_with_cancel_out)
+    events: list[object] = []
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            with client.chat.stream("hi", model="floodgate-tiny", auto_retry=True) as stream:
+                holder["stream"] = stream
+                events.extend(stream)
+                reader_done.set()
+                holder["thread"].join(10)  # type: ignore[attr-defined]
+        assert isinstance(events[-1], Finished) and not events[-1].cancelled  # the retry finished
+        assert any(isinstance(e, TextDelta) for e in events)
+        # cancel() said the retry was called off, yet it streamed and finished: must be False.
+        assert answers == [False], answers
+    finally:
+        edge.close()
