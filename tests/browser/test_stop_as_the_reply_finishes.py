@@ -9,16 +9,12 @@ review). A 409 now reads the rest under the same grace."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder
 from tests.browser.conftest import SMALL
-from tests.client.scripted_edge import STREAM_HEAD, served
+from tests.client.scripted_edge import ScriptedEdge, served
 
 WAIT_MS = 30_000
 TAIL_DELAY_S = 0.3
@@ -33,68 +29,22 @@ CONFLICT = (
 )
 
 
-class FinishingEdge:
-    """A stream that sends "hello", and once a cancel came (answered 409: finished) its tail."""
+ENCODER = ChunkEncoder("chatcmpl-tail", SMALL, 0)
 
-    def __init__(self) -> None:
-        self.cancel_came = threading.Event()
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                more = conn.recv(65536)
-                if not more:
-                    return
-                data += more
-            head, _, body = data.partition(b"\r\n\r\n")
-            line = head.split(b"\r\n")[0]
-            if line.startswith(b"GET "):
-                page = served(PLAYGROUND.read_bytes())
-                conn.sendall(
-                    page
-                    if line.split(b" ")[1] == b"/"
-                    else b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                )
-                return
-            length = next(
-                (
-                    int(x.split(b":")[1])
-                    for x in head.split(b"\r\n")
-                    if x.lower().startswith(b"content-length")
-                ),
-                0,
-            )
-            while len(body) < length:
-                body += conn.recv(65536)
-            if b"/cancel " in line:
-                self.cancel_came.set()
-                conn.sendall(CONFLICT)
-                return
-            encoder = ChunkEncoder("chatcmpl-tail", SMALL, 0)
-            conn.sendall(STREAM_HEAD + encoder.first() + encoder.delta("hello"))
-            if not self.cancel_came.wait(timeout=60):
-                return
-            time.sleep(TAIL_DELAY_S)  # the closing events, written just after the registry said finished
-            conn.sendall(encoder.delta(" world") + encoder.final("stop", None) + encoder.usage(3, 2) + DONE)
-
-    def close(self) -> None:
-        self._sock.close()
+def _finishing_edge() -> ScriptedEdge:
+    """A stream that sends "hello" and, once a cancel came (answered 409: finished), its tail."""
+    return ScriptedEdge(
+        [ENCODER.first() + ENCODER.delta("hello")],
+        cancel_answer=CONFLICT,
+        pages={"/": served(PLAYGROUND.read_bytes())},
+        tail_after_cancel=ENCODER.delta(" world") + ENCODER.final("stop", None) + ENCODER.usage(3, 2) + DONE,
+        tail_delay_s=TAIL_DELAY_S,
+    )
 
 
 def test_stop_answered_409_keeps_the_rest_of_the_finished_reply(browser: Browser) -> None:
-    edge = FinishingEdge()
+    edge = _finishing_edge()
     context = browser.new_context()
     try:
         page = context.new_page()

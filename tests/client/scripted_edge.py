@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 FINISHED = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
@@ -21,8 +22,10 @@ class ScriptedEdge:
     """Answers each chat request with the next script (the last one repeats; a stream's body, or a
     whole HTTP response when it starts with the status line); counts them. A cancel
     gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished). With
-    `hold_open`, a script's connection stays open, silent, until that event is set. A GET gets its
-    path's answer in `pages` (whole HTTP responses), or a 404."""
+    `hold_open`, a script's connection stays open, silent, until that event is set. With
+    `tail_after_cancel`, a stream sends it once a cancel has been answered and `tail_delay_s` more
+    have passed (a reply that finishes just as it is cancelled). A GET gets its path's answer in
+    `pages` (whole HTTP responses), or a 404."""
 
     def __init__(
         self,
@@ -30,11 +33,16 @@ class ScriptedEdge:
         cancel_answer: bytes = FINISHED,
         hold_open: threading.Event | None = None,
         pages: dict[str, bytes] | None = None,
+        tail_after_cancel: bytes = b"",
+        tail_delay_s: float = 0.0,
     ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
         self.hold_open = hold_open
         self.pages = pages or {}
+        self.tail_after_cancel = tail_after_cancel
+        self.tail_delay_s = tail_delay_s
+        self.cancel_answered = threading.Event()
         self.cancels = 0
         self.requests = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -72,12 +80,16 @@ class ScriptedEdge:
             if b"/cancel " in request_line:
                 self.cancels += 1
                 conn.sendall(self.cancel_answer)
+                self.cancel_answered.set()
                 return
             self.requests += 1
             script = self.scripts[min(self.requests, len(self.scripts)) - 1]
             if not script.startswith(b"HTTP/1.1 "):  # a whole response as it is, or a stream's body
                 script = STREAM_HEAD + script
             conn.sendall(script)
+            if self.tail_after_cancel and self.cancel_answered.wait(timeout=60):
+                time.sleep(self.tail_delay_s)  # the tail written just after the cancel's answer
+                conn.sendall(self.tail_after_cancel)
             if self.hold_open is not None:
                 self.hold_open.wait(timeout=120)
 
