@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
 from tests.edge.sse_client import CHAT, events, wait_until
 from tests.faults.test_failed_requests_cost_nothing import SHORT
 from tests.keys.test_key_streams import LONG_TTL_S, _admin, _settings
-from tests.support.live_server import start_server
+from tests.support.live_server import LiveServer, start_server
 from tests.support.scripted_replicas import scripted_replicas
 
 DRAIN = {"server": {"drain_accept_s": 60.0, "drain_deadline_s": 1.0}}
@@ -39,63 +39,6 @@ def _no_content(stream: list[Any]) -> bool:
     return not any(e["choices"] and e["choices"][0]["delta"].get("content") for e in stream if "choices" in e)
 
 
-def test_a_stream_the_drain_cuts_during_its_prefill_costs_what_one_not_streamed_does(tmp_path: Path) -> None:
-    hang = SHORT | {"max_tokens": HANG, "conversation_id": "conv-drained"}
-    got: dict[str, Any] = {}
-    with start_server(tmp_path, DRAIN, _hanging_replicas) as server:
-        dispatcher = server.app.state.runtime.pipeline.dispatcher
-        auth = server.auth("paid")
-
-        def plain() -> None:
-            got["plain"] = httpx.post(server.base_url + CHAT, json=hang, headers=auth, timeout=60.0)
-
-        def streamed() -> None:
-            with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
-                with client.stream("POST", CHAT, json=hang | STREAM, headers=auth) as response:
-                    got["stream"] = _data(response)
-
-        threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: len(dispatcher._running) == 2, what="both requests to hold a slot")
-        server.drain()
-        for thread in threads:
-            thread.join(60)
-    assert got["plain"].status_code == 503, got["plain"].text
-    assert got["plain"].json()["error"]["code"] == "server_shutting_down"
-    stream = got["stream"]
-    assert stream[-2]["error"]["code"] == "server_shutting_down", stream[-3:]
-    assert _no_content(stream[:-2])
-    assert stream[-3]["usage"]["prompt_tokens"] == 0, stream[-3]  # refunded whole, as not streamed
-
-
-def test_a_stream_whose_key_is_revoked_during_its_prefill_is_refunded_as_an_error_alone(
-    tmp_path: Path,
-) -> None:
-    with start_server(
-        tmp_path / "edge", _settings(tmp_path / "keys.db", LONG_TTL_S), _hanging_replicas
-    ) as edge:
-        made = _admin(edge, "", {"user": "kay", "tier": "paid"})
-        dispatcher = edge.app.state.runtime.pipeline.dispatcher
-        body = SHORT | {"max_tokens": HANG, "conversation_id": "conv-revoked"} | STREAM
-        got: list[Any] = []
-
-        def streamed() -> None:
-            with httpx.Client(base_url=edge.base_url, timeout=60.0) as client:
-                headers = {"Authorization": f"Bearer {made['key']}"}
-                with client.stream("POST", CHAT, json=body, headers=headers) as response:
-                    got.extend(_data(response))
-
-        thread = threading.Thread(target=streamed)
-        thread.start()
-        wait_until(lambda: len(dispatcher._running) == 1, what="the stream to hold a slot")
-        _admin(edge, f"/{made['id']}/revoke")
-        thread.join(60)
-    assert got[-2]["error"]["code"] == "invalid_api_key", got[-3:]
-    assert _no_content(got[:-2])
-    assert got[-3]["usage"]["prompt_tokens"] == 0, got[-3]
-
-
 async def _partial(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
     """A request for PARTIAL tokens gets one token, E2, and then nothing."""
     if req.max_new_tokens == PARTIAL:
@@ -108,15 +51,28 @@ async def _partial(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Del
 _partial_replicas = scripted_replicas(_partial)
 
 
-def _with_first_token(dispatcher: Any, n: int) -> bool:
-    running = list(dispatcher._running)
-    return len(running) == n and all(slot.first_token_at is not None for slot in running)
+def _holding(n: int) -> Callable[[Any], bool]:
+    """The dispatcher holds n slots (their requests in their prefill)."""
+    return lambda dispatcher: len(dispatcher._running) == n
 
 
-def test_a_stream_the_drain_cuts_after_a_first_token_without_text_costs_nothing(tmp_path: Path) -> None:
-    ask = SHORT | {"max_tokens": PARTIAL}
+def _with_first_token(n: int) -> Callable[[Any], bool]:
+    """The dispatcher holds n slots, each with its first token."""
+
+    def ready(dispatcher: Any) -> bool:
+        running = list(dispatcher._running)
+        return len(running) == n and all(slot.first_token_at is not None for slot in running)
+
+    return ready
+
+
+def _drained(
+    tmp_path: Path, replicas: Any, ask: dict[str, Any], ready: Callable[[Any], bool]
+) -> tuple[httpx.Response, list[Any]]:
+    """`ask` not streamed and streamed at once, both cut by the drain's deadline once `ready`: the
+    answer not streamed, and the stream's events."""
     got: dict[str, Any] = {}
-    with start_server(tmp_path, DRAIN, _partial_replicas) as server:
+    with start_server(tmp_path, DRAIN, replicas) as server:
         dispatcher = server.app.state.runtime.pipeline.dispatcher
         auth = server.auth("paid")
 
@@ -131,12 +87,60 @@ def test_a_stream_the_drain_cuts_after_a_first_token_without_text_costs_nothing(
         threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
         for thread in threads:
             thread.start()
-        wait_until(lambda: _with_first_token(dispatcher, 2), what="both requests' first token")
+        wait_until(lambda: ready(dispatcher), what="both requests to be where the drain cuts them")
         server.drain()
         for thread in threads:
             thread.join(60)
-    assert got["plain"].status_code == 503, got["plain"].text
-    stream = got["stream"]
+    return got["plain"], got["stream"]
+
+
+def _revoked_mid_stream(edge: LiveServer, body: dict[str, Any], ready: Callable[[Any], bool]) -> list[Any]:
+    """A stream of `body` with a new key of its own, the key revoked once `ready`: its events."""
+    made = _admin(edge, "", {"user": "kay", "tier": "paid"})
+    dispatcher = edge.app.state.runtime.pipeline.dispatcher
+    got: list[Any] = []
+
+    def streamed() -> None:
+        with httpx.Client(base_url=edge.base_url, timeout=60.0) as client:
+            headers = {"Authorization": f"Bearer {made['key']}"}
+            with client.stream("POST", CHAT, json=body | STREAM, headers=headers) as response:
+                got.extend(_data(response))
+
+    thread = threading.Thread(target=streamed)
+    thread.start()
+    wait_until(lambda: ready(dispatcher), what="the stream to be where the revocation cuts it")
+    _admin(edge, f"/{made['id']}/revoke")
+    thread.join(60)
+    return got
+
+
+def test_a_stream_the_drain_cuts_during_its_prefill_costs_what_one_not_streamed_does(tmp_path: Path) -> None:
+    ask = SHORT | {"max_tokens": HANG, "conversation_id": "conv-drained"}
+    plain, stream = _drained(tmp_path, _hanging_replicas, ask, _holding(2))
+    assert plain.status_code == 503, plain.text
+    assert plain.json()["error"]["code"] == "server_shutting_down"
+    assert stream[-2]["error"]["code"] == "server_shutting_down", stream[-3:]
+    assert _no_content(stream[:-2])
+    assert stream[-3]["usage"]["prompt_tokens"] == 0, stream[-3]  # refunded whole, as not streamed
+
+
+def test_a_stream_whose_key_is_revoked_during_its_prefill_is_refunded_as_an_error_alone(
+    tmp_path: Path,
+) -> None:
+    settings = _settings(tmp_path / "keys.db", LONG_TTL_S)
+    with start_server(tmp_path / "edge", settings, _hanging_replicas) as edge:
+        body = SHORT | {"max_tokens": HANG, "conversation_id": "conv-revoked"}
+        got = _revoked_mid_stream(edge, body, _holding(1))
+    assert got[-2]["error"]["code"] == "invalid_api_key", got[-3:]
+    assert _no_content(got[:-2])
+    assert got[-3]["usage"]["prompt_tokens"] == 0, got[-3]
+
+
+def test_a_stream_the_drain_cuts_after_a_first_token_without_text_costs_nothing(tmp_path: Path) -> None:
+    plain, stream = _drained(
+        tmp_path, _partial_replicas, SHORT | {"max_tokens": PARTIAL}, _with_first_token(2)
+    )
+    assert plain.status_code == 503, plain.text
     assert stream[-2]["error"]["code"] == "server_shutting_down", stream[-3:]
     assert _no_content(stream[:-2])
     assert stream[-3]["usage"] == {
@@ -150,26 +154,11 @@ def test_a_stream_the_drain_cuts_after_a_first_token_without_text_costs_nothing(
 def test_a_stream_whose_key_is_revoked_after_a_first_token_without_text_stores_no_turn(
     tmp_path: Path,
 ) -> None:
-    with start_server(
-        tmp_path / "edge", _settings(tmp_path / "keys.db", LONG_TTL_S), _partial_replicas
-    ) as edge:
-        revoked = _admin(edge, "", {"user": "kay", "tier": "paid"})
+    settings = _settings(tmp_path / "keys.db", LONG_TTL_S)
+    with start_server(tmp_path / "edge", settings, _partial_replicas) as edge:
         kept = {"Authorization": f"Bearer {_admin(edge, '', {'user': 'kay', 'tier': 'paid'})['key']}"}
-        dispatcher = edge.app.state.runtime.pipeline.dispatcher
-        body = SHORT | {"max_tokens": PARTIAL, "conversation_id": "conv-textless"} | STREAM
-        got: list[Any] = []
-
-        def streamed() -> None:
-            with httpx.Client(base_url=edge.base_url, timeout=60.0) as client:
-                headers = {"Authorization": f"Bearer {revoked['key']}"}
-                with client.stream("POST", CHAT, json=body, headers=headers) as response:
-                    got.extend(_data(response))
-
-        thread = threading.Thread(target=streamed)
-        thread.start()
-        wait_until(lambda: _with_first_token(dispatcher, 1), what="the stream's first token")
-        _admin(edge, f"/{revoked['id']}/revoke")
-        thread.join(60)
+        body = SHORT | {"max_tokens": PARTIAL, "conversation_id": "conv-textless"}
+        got = _revoked_mid_stream(edge, body, _with_first_token(1))
         with httpx.Client(base_url=edge.base_url, timeout=60.0, headers=kept) as client:
             marker = SHORT | {"conversation_id": "conv-textless-marker"}
             assert client.post(CHAT, json=marker).status_code == 200
