@@ -33,13 +33,14 @@ import pytest
 from edge.cancel.stream_close import aclose_stream
 from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
+from edge.upstreams.local_pool import local_upstreams
 from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import SamplingParams
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer, start_server
+from tests.support.scripted_replicas import scripted_replicas
 
 RECOVERY_TIMEOUT_S = 60.0
 
@@ -159,26 +160,17 @@ def test_a_request_right_after_the_engine_process_dies_waits_for_the_new_one(
         assert replacement != doomed
 
 
-class _DiesAfterItsFirstToken:
+DIES_AFTER_ONE, RESTART_S = 7, 2.5
+SECOND_CRASH = ["first crash", "crash within a minute of another"]
+
+
+def _dying_replicas(may_be_cause: bool) -> Any:
     """The real engine, but a generation asking for DIES_AFTER_ONE tokens meets the engine process's
     death after its first delta, as the process reports it (ReplicaRestarting): a first crash
     (`may_be_cause` False), or one within a minute of another."""
 
-    generate_direct = None  # the inner engine's callback path would bypass generate()
-
-    def __init__(self, inner: Upstream, may_be_cause: bool) -> None:
-        self._inner = inner
-        self.name = inner.name
-        self._may_be_cause = may_be_cause
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        return self._generate(req)
-
-    async def _generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        stream = self._inner.generate(req)
+    async def dying(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+        stream = inner.generate(req)
         try:
             async for delta in stream:
                 yield delta
@@ -186,26 +178,12 @@ class _DiesAfterItsFirstToken:
                     raise ReplicaRestarting(
                         "engine process exited unexpectedly (exit code -9)",
                         RESTART_S,
-                        may_be_cause=self._may_be_cause,
+                        may_be_cause=may_be_cause,
                     )
         finally:
             await aclose_stream(stream)
 
-
-DIES_AFTER_ONE, RESTART_S = 7, 2.5
-SECOND_CRASH = ["first crash", "crash within a minute of another"]
-
-
-def _dying_replicas(may_be_cause: bool) -> Any:
-    def provider(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-        @asynccontextmanager
-        async def provide() -> AsyncIterator[list[Upstream]]:
-            async with local_upstreams(settings, model_dir) as ups:
-                yield PrivateUpstreams([_DiesAfterItsFirstToken(up, may_be_cause) for up in ups])
-
-        return provide()
-
-    return provider
+    return scripted_replicas(dying)
 
 
 @pytest.mark.parametrize("may_be_cause", [False, True], ids=SECOND_CRASH)
