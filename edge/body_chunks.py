@@ -6,10 +6,11 @@ disconnect, response-state and framing checks, a list and a join), about 13 % of
 a real pace under cProfile (docs/bench-streams.md). Here the edge's uvicorn protocol
 (edge/http_protocol.py) puts a plain function in the request's scope that frames the chunk and
 hands it to the transport in one call, when and only when uvicorn's `send` would have done just
-that without waiting: the response is started, chunked and not complete, the connection is up,
-and writing is not paused. Otherwise it answers False and the caller awaits the ordinary send,
-which waits for a slow reader (the stalled-reader watch, edge/stalled_readers.py, sees that
-wait), drops writes to a gone client, or raises as before. The last write of a stream, which
+that without waiting: the response is started, chunked (or, to an HTTP/1.0 client, delimited by
+the close, so unframed) and not complete, the connection is up, and writing is not paused.
+Otherwise it answers False and the caller awaits the ordinary send, which waits for a slow reader
+(the stalled-reader watch, edge/stalled_readers.py, sees that wait), drops writes to a gone
+client, or raises as before. The last write of a stream, which
 completes the response, always goes through `send`.
 """
 
@@ -60,10 +61,14 @@ class BodyChunkWriter:
             or cycle.disconnected
             or cycle.response_complete
             or not cycle.response_started
-            or not cycle.chunked_encoding
         ):
             return False
-        chunk = b"%x\r\n%b\r\n" % (len(body), body)
+        if cycle.chunked_encoding:
+            chunk = b"%x\r\n%b\r\n" % (len(body), body)
+        elif getattr(cycle, "until_close", False):
+            chunk = body  # an HTTP/1.0 client's stream: unframed, the close ends it (edge/http_protocol.py)
+        else:
+            return False
         write = self._write
         if write is None:
             write = cycle.transport.write

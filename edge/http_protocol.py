@@ -2,14 +2,16 @@
 written with its first body bytes (edge/header_write.py) and a stream's token chunks written
 without the ASGI send when nothing makes them wait (edge/body_chunks.py), and a client's disconnect
 cancelling its generation from `connection_lost` (edge/disconnect_watch.py), and a deadline for each
-request's headers (edge/header_timeout.py)."""
+request's headers (edge/header_timeout.py); an HTTP/1.0 request's stream delimited by the close,
+not chunked (UntilCloseCycle)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
@@ -48,6 +50,60 @@ _HEAD_TOO_LARGE = closing_error_response(
     f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
     "request_header_fields_too_large",
 )
+
+
+# Versions without chunked coding (RFC 9112 7.1): a body of unknown length ends at the close.
+_NO_CHUNKED = ("1.0", "0.9")
+
+
+class UntilCloseCycle(RequestResponseCycle):
+    """An HTTP/1.0 request's cycle. uvicorn's httptools protocol frames every response without a
+    content-length as chunked, whatever the request's version, and a 1.0 client, which does not
+    know that coding (RFC 9112 7.1: a server must not send it one), read the chunk sizes as part
+    of a stream's events. Here such a response (a stream) is sent as it is and ends where the
+    connection closes, as RFC 9112 6.3 delimits a response with neither framing. uvicorn builds
+    the cycle itself, so the protocol gives a 1.0 request's cycle this class once it is built."""
+
+    # The response started without a length: its body is written unframed, the close ends it.
+    until_close = False
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if not self.until_close:
+            if not self.response_started and message["type"] == "http.response.start":
+                headers = [
+                    (name, value)
+                    for name, value in message.get("headers", [])
+                    if name.lower() != b"transfer-encoding"
+                ]
+                status = message["status"]
+                if (
+                    self.scope["method"] != "HEAD"
+                    and status >= 200
+                    and status not in (204, 304)
+                    and not any(name.lower() == b"content-length" for name, _ in headers)
+                ):
+                    # Not None: uvicorn adds no transfer-encoding (and no length is expected).
+                    self.chunked_encoding = False
+                    self.until_close = True
+                message = {**message, "headers": headers}
+            await super().send(message)
+            return
+        if self.response_complete or message["type"] != "http.response.body":
+            await super().send(message)  # uvicorn's error for a message out of turn
+            return
+        # uvicorn's send for a body, less the framing.
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        body = message.get("body", b"")
+        if body:
+            self.transport.write(body)
+        if not message.get("more_body", False):
+            self.response_complete = True
+            self.message_event.set()
+            self.transport.close()
+            self.on_response()
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
@@ -168,6 +224,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
+            if self.scope["http_version"] in _NO_CHUNKED:
+                # Before its task's first step, which takes the send from the cycle.
+                cycle.__class__ = UntilCloseCycle
+                cycle.keep_alive = False  # the close ends the body
             if self.parser.should_upgrade():
                 # Answered as plain HTTP (no WebSocket here, edge/server.py), and the connection
                 # closes after it: the parser stops at an upgrade, so nothing after it is read.

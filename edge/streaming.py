@@ -114,7 +114,7 @@ class EventStreamResponse:
             progress.waiting_since = None
 
         async def end(chunk: bytes) -> None:
-            # The last events and the end of the chunked body in one write.
+            # The last events and the end of the body (chunked; to HTTP/1.0, the close) in one write.
             progress.waiting_since = now()
             await body_send({"type": "http.response.body", "body": chunk, "more_body": False})
             progress.waiting_since = None

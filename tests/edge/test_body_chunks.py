@@ -94,3 +94,12 @@ def test_inside_a_delivery_a_chunk_is_accepted_at_once_and_written_with_the_othe
     assert taken == [True, True]
     assert cycle.written == [b"9\r\ndata: a\n\n\r\n"]
     assert cycle.raw == [b"9\r\ndata: b\n\n\r\n"]
+
+
+def test_to_an_http_1_0_client_a_chunk_is_written_unframed() -> None:
+    """HTTP/1.0 has no chunked coding: its stream is delimited by the close (edge/http_protocol.py),
+    and a token's bytes take this short path all the same, as they are."""
+    cycle = _cycle(chunked_encoding=False, until_close=True)
+    write_now = _writer(cycle).write_now
+    assert write_now(b"data: a\n\n") and write_now(b"data: b\n\n")
+    assert cycle.written == [b"data: a\n\n"] and cycle.raw == [b"data: b\n\n"]

@@ -120,3 +120,41 @@ def test_a_stalled_reader_cut_also_frees_its_connection(tmp_path: Path) -> None:
             assert not held(), "the cut stream's connection is still open"
         finally:
             sock.close()
+
+
+def _head_and_body(answer: bytes) -> tuple[dict[bytes, bytes], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 200 OK", answer[:300]
+    fields = dict(line.lower().split(b": ", 1) for line in lines[1:])
+    return fields, body
+
+
+def test_an_http_1_0_client_gets_each_reply_framed_the_way_1_0_knows(edge: LiveServer) -> None:
+    """HTTP/1.0 has no chunked coding (RFC 9112 7.1: a server must not send it to a 1.0 client):
+    a stream, whose length is not known ahead, ends where the connection closes, its events as
+    they are. uvicorn's httptools protocol framed it chunked all the same, so a 1.0 client read
+    the chunk sizes as part of the event stream (and no end). Long enough for the tokens to take
+    the edge's own write (edge/body_chunks.py) as well as the send. A whole reply keeps its
+    content-length."""
+    with _connect(edge) as sock:
+        sock.sendall(_chat(edge, stream=True, max_tokens=24, version=b"1.0"))
+        streamed = read_to_close(sock)
+    with _connect(edge) as sock:
+        sock.sendall(_chat(edge, stream=False, max_tokens=4, version=b"1.0"))
+        whole = read_to_close(sock)
+
+    fields, body = _head_and_body(streamed)
+    assert b"transfer-encoding" not in fields and b"content-length" not in fields, fields
+    assert fields[b"connection"] == b"close"
+    events = body.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""], body[-200:]
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert choices[-1]["finish_reason"] == "length"
+    assert len([c for c in choices if c["delta"].get("content")]) > 10
+
+    fields, body = _head_and_body(whole)
+    assert b"transfer-encoding" not in fields
+    assert int(fields[b"content-length"]) == len(body)
+    assert json.loads(body)["usage"]["completion_tokens"] == 4
