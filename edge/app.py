@@ -45,7 +45,7 @@ from edge.routes.chat import chat_completions
 from edge.routes.chat_route import chat_route
 from edge.routes.conversations import conversation_messages
 from edge.routes.health import healthz, readyz
-from edge.routes.listeners import listener_split
+from edge.routes.listeners import PATH_LISTENERS, listener_split, path_listeners
 from edge.routes.model_stats import model_stats
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
@@ -261,7 +261,8 @@ def create_app(
             cancel_completion,
             conversation_messages,
             own_usage,
-            admin_routes(enabled=bool(settings.keys.admin_key_sha256)),
+            # Off, the admin API does not exist: any method on its paths is an unknown path's 404.
+            *([admin_routes()] if settings.keys.admin_key_sha256 else []),
             list_models,
             retrieve_model,
             model_stats,
@@ -292,5 +293,6 @@ def create_app(
         logging_config=None,
     )
     app.state.drain = drain
+    app.state[PATH_LISTENERS] = path_listeners(app)  # read by edge/routes/listeners.py
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py
     return app

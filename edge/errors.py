@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from edge.admission.ticket import Overloaded
 from edge.metrics import REQUESTS_REJECTED
+from edge.routes.listeners import as_served_here
 
 log = structlog.get_logger("floodgate.errors")
 
@@ -132,8 +133,10 @@ def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes
     return error_response(exc.status, exc.detail, exc.headers)
 
 
-def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    # Litestar's own errors (404 route, 405 method, 413 body) in the OpenAI shape.
+def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    # Litestar's own errors (404 route, 405 method, 413 body) in the OpenAI shape; a 405 for a path
+    # the listener does not serve is that path's 404 (edge/routes/listeners.py).
+    exc = as_served_here(request.scope, exc)
     status = exc.status_code
     message = exc.detail if status != 413 else "Request body too large."
     code = "request_too_large" if status == 413 else None

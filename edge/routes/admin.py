@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 from litestar import Request, Router, get, post
 from litestar.connection import ASGIConnection
+from litestar.exceptions import NotFoundException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
@@ -43,7 +44,7 @@ def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     runtime: Runtime = connection.app.state.runtime
     expected = runtime.settings.keys.admin_key_sha256.lower()
     if not expected:
-        raise ApiError(404, "Not found.", code="not_found")
+        raise NotFoundException()  # as an unknown path (the routes are mounted only with a key)
     digest = hash_key(bearer_key(authorization_header(connection.scope)))
     if not hmac.compare_digest(digest, expected):
         raise unauthorized("Incorrect admin key provided.")
@@ -152,14 +153,14 @@ async def all_usage(
     return await usage_response(runtime_of(request), user, start, end)
 
 
-def admin_routes(enabled: bool) -> Router:
+def admin_routes() -> Router:
     """/v1/admin/*, on both listeners (operators reach it through the operator listener: the load
-    balancer never routes it). Off, it is left out of the OpenAPI document too (it listed five
-    paths that could only 404)."""
+    balancer never routes it). Only with an admin key configured (edge/app.py): mounted without one,
+    behind a guard, each method answered differently from an unknown path (a 405 listing the API's
+    methods, a 404 of its own), and the OpenAPI document listed paths that could only 404."""
     return Router(
         "/v1/admin",
         route_handlers=[create_key, list_keys, revoke_key, rotate_key, set_key_tier, all_usage],
         guards=[admin_guard],
-        include_in_schema=enabled,
         opt=BOTH,
     )

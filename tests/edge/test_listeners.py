@@ -11,9 +11,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from litestar import Litestar, get, post
+from litestar.exceptions import ImproperlyConfiguredException
 
 from edge.keys.record import hash_key
 from edge.openapi import SCHEMA_PATH
+from edge.routes.listeners import OPERATOR_ONLY, path_listeners
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer, start_server
 
@@ -31,6 +34,41 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 def _is_not_found(answer: httpx.Response) -> bool:
     return answer.status_code == 404 and answer.json()["error"]["message"] != ""
+
+
+# Every method a client may try, OPTIONS (which Litestar answers itself for each path) included.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# Where each listener's routes are not served (edge/routes/listeners.py).
+NOT_PUBLIC = ("/metrics", "/v1/internal/engine")
+NOT_OPERATOR = (
+    CHAT,
+    "/v1/chat/completions/req-1/cancel",
+    "/v1/conversations/conv-1/messages",
+    "/v1/models",
+    "/v1/models/floodgate-tiny",
+    "/v1/usage",
+    "/",
+    SCHEMA_PATH + "/openapi.json",
+)
+
+
+def _answer(client: httpx.Client, method: str, path: str) -> tuple[int, str | None, bytes]:
+    answer = client.request(method, path)
+    return answer.status_code, answer.headers.get("allow"), answer.content
+
+
+def _unlike_an_unknown_path(base_url: str, paths: tuple[str, ...]) -> dict[str, object]:
+    """Each (method, path) whose answer differs from that method's answer for a path that does
+    not exist, with what it answered."""
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        unknown = {method: _answer(client, method, "/no-such-path") for method in METHODS}
+        assert all(a[0] == 404 and a[1] is None for a in unknown.values()), unknown
+        return {
+            f"{method} {path}": answer
+            for path in paths
+            for method in METHODS
+            if (answer := _answer(client, method, path)) != unknown[method]
+        }
 
 
 def test_the_operator_listener_serves_only_what_operators_use(server: LiveServer) -> None:
@@ -60,6 +98,38 @@ def test_the_public_listener_serves_everything_but_the_operator_endpoints(server
     assert all(_is_not_found(a) for a in answers.values()), {p: a.status_code for p, a in answers.items()}
 
 
+def test_a_route_the_listener_does_not_serve_is_an_unknown_path_for_every_method(
+    server: LiveServer,
+) -> None:
+    """Litestar answers a method a path lacks with 405 and an Allow header, and OPTIONS with 204
+    and the same list, both before any middleware runs: the public listener named the operator
+    endpoints' methods (OPTIONS /metrics: GET), the operator listener the chat API's, where a
+    GET was a 404."""
+    assert _unlike_an_unknown_path(server.base_url, NOT_PUBLIC) == {}
+    assert _unlike_an_unknown_path(server.ops_url, NOT_OPERATOR) == {}
+
+
+def test_options_answers_alike_on_each_listener_that_serves_the_path(server: LiveServer) -> None:
+    """Litestar's OPTIONS answer is a route of its own, which named no listener: public only, so
+    the operator listener answered OPTIONS /healthz (or /metrics) 404 while it serves the path."""
+    with httpx.Client(timeout=30) as client:
+        answers = {
+            (where, path): (answer.status_code, answer.headers.get("allow"))
+            for where, base in (("public", server.base_url), ("operator", server.ops_url))
+            for path in ("/healthz", "/readyz", "/metrics")
+            if (where, path) != ("public", "/metrics")
+            for answer in [client.options(base + path)]
+        }
+    probe = (204, "GET, HEAD, OPTIONS")
+    assert answers == {
+        ("public", "/healthz"): probe,
+        ("public", "/readyz"): probe,
+        ("operator", "/healthz"): probe,
+        ("operator", "/readyz"): probe,
+        ("operator", "/metrics"): (204, "GET, OPTIONS"),
+    }
+
+
 def test_a_new_key_is_never_kept_by_a_cache(server: LiveServer) -> None:
     made = httpx.post(
         f"{server.ops_url}/v1/admin/keys",
@@ -83,3 +153,28 @@ def test_with_the_admin_api_off_the_document_does_not_list_it(
     assert "/v1/chat/completions" in paths
     assert not [p for p in paths if p.startswith("/v1/admin")]
     assert refused.status_code == 404
+
+
+def test_with_the_admin_api_off_its_paths_are_unknown_paths_for_every_method(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Off, the admin routes still existed behind a guard: GET answered its own 404 ("Not found.",
+    code not_found), DELETE a 405 listing the API's methods (GET, OPTIONS, POST)."""
+    admin = ("/v1/admin/keys", "/v1/admin/keys/key-1/rotate", "/v1/admin/usage")
+    with start_server(tmp_path_factory.mktemp("no-admin-methods")) as off:
+        assert _unlike_an_unknown_path(off.base_url, admin) == {}
+        assert _unlike_an_unknown_path(off.ops_url, admin) == {}
+
+
+def test_a_path_split_between_listeners_is_refused_at_start() -> None:
+    """Litestar's 405 and OPTIONS answers list every method of a path: a path whose methods were
+    served on different listeners would name one listener's routes on the other."""
+
+    @get("/split", opt=OPERATOR_ONLY)
+    async def read() -> None: ...
+
+    @post("/split")
+    async def write() -> None: ...
+
+    with pytest.raises(ImproperlyConfiguredException, match="/split"):
+        path_listeners(Litestar(route_handlers=[read, write]))
