@@ -204,6 +204,7 @@ async def _run_conversation(
                     ttft = time.perf_counter() - asked
                 reply += delta.token_ids
                 slot.grow(len(reply))
+            slot.mark_finished()  # ran to its end: its length is what the user's replies run to
         finally:
             slot.release()
         results.append(

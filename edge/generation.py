@@ -436,6 +436,10 @@ class Generation:
                     # Ended as replies end with no token (TensorRT-LLM leaves out an end token that
                     # came first): a generation that ran all the same, its reply 0 tokens long.
                     slot.grow(0)
+                if out.marker is None:
+                    # Its own end (a stop, its max_tokens), not the token budget's (the marker):
+                    # its length is what the user's replies run to (admission/slot.py).
+                    slot.mark_finished()
                 return
             except UpstreamError as exc:
                 if isinstance(exc, ReplicaRestarting) and exc.may_be_cause:

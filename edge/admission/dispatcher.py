@@ -396,9 +396,14 @@ class Dispatcher:
         self._running.discard(slot)
         self._queue.released(slot.ticket)
         self._frees = _NO_FREES
-        if kind == "done" and slot.ticket.max_new_tokens is not None:
-            self._reply_lengths.observe(slot.ticket.user, slot.generated, slot.ticket.max_new_tokens)
-        held_s = self._clock() - slot.granted_at if kind == "done" else None
+        max_new = slot.ticket.max_new_tokens
+        if kind == "finished" and max_new is not None:
+            self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
+        elif kind == "cut" and max_new is not None:
+            self._reply_lengths.observe_at_least(slot.ticket.user, slot.generated, max_new)
+        # A cut reply freed its place when it was cut: a departure like any other for the rate at
+        # which places free (Little's law counts every one), whatever its reply would have run to.
+        held_s = self._clock() - slot.granted_at if kind in ("finished", "cut") else None
         self.replicas.released(
             replica, failed=kind == "failed", held_s=held_s, request_id=slot.ticket.request_id
         )

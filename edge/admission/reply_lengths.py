@@ -15,8 +15,10 @@ reply of another user's set every newcomer's price when a shared average stood i
 the request's own max_tokens, and a reply cut at a max_tokens below the user's average teaches
 nothing: it is charged its cap exactly, and counted, a few requests capped at 1 token pulled the
 average down so that the user's long replies cost little (two users after 1,000-token replies, one
-also sending five 1-token pings a reply: 183 long replies served against 610). Bounded: the least
-recently seen users are forgotten.
+also sending five 1-token pings a reply: 183 long replies served against 610). A reply cut before
+its own end (a cancel, a hang-up, the drain, its key's end, the token budget: admission/slot.py's
+"cut") is a lower bound: it may raise the average, never lower it (`observe_at_least`). Bounded:
+the least recently seen users are forgotten.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ class ReplyLengths:
         self._by_user[user] = (_step(average, generated, self._alpha, samples), samples)
         if len(self._by_user) > self._users:
             self._by_user.popitem(last=False)
+
+    def observe_at_least(self, user: str, generated: int, max_new_tokens: int) -> None:
+        """One of this user's replies was cut `generated` tokens in (a cancel, a disconnect, the
+        token budget): it would have run at least that long, so it may raise the user's average,
+        never lower it. Learnt as the reply's length, cancels and hang-ups (most often early in a
+        long reply) made the user's replies look short: priced low in the fair queue, the running
+        ones expected to end at once (running_ends.py), a lease asked for too few tokens."""
+        if generated > self._average(user):
+            self.observe(user, generated, max_new_tokens)
 
     def _average(self, user: str) -> float:
         seen = self._by_user.get(user)

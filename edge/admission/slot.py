@@ -14,12 +14,15 @@ from edge.admission.replica import Replica
 from edge.admission.ticket import Ticket
 from edge.upstreams.base import Upstream
 
-# "done": the generation ran (its duration teaches the service rate, its tokens the user's usual
-# reply); "failed": the replica failed it; "unused": nothing ran to learn from (granted to a request
-# that had already gone away, or given back before its first token: a cancel, a disconnect, the
-# drain's cut during its prefill; counted as done, these taught the user's usual reply as 0 tokens,
-# a review).
-ReleaseKind = Literal["done", "failed", "unused"]
+# "finished": the reply ran to its own end (a stop, its max_tokens): its duration teaches the service
+# rate, its tokens the user's usual reply. "cut": it streamed and was stopped before its end (a
+# cancel, a disconnect, the drain's deadline, its key's end, the token budget, a stalled reader):
+# its place freed then, so its duration is a service time like any other departure, but its tokens
+# only say the reply would have run at least that long (learnt as its length, a cancel 5 tokens in
+# took a user's usual 40 down to 22, a review). "failed": the replica failed it. "unused": nothing
+# ran to learn from (granted to a request that had already gone away, or given back before its
+# first token; counted as done, these taught the user's usual reply as 0 tokens, a review).
+ReleaseKind = Literal["finished", "cut", "failed", "unused"]
 
 
 class Slot:
@@ -47,6 +50,9 @@ class Slot:
         # When its first token came (the dispatcher's clock): its pace is counted from there, not
         # from the grant, which a long prompt's prefill would make look slow (running_ends.py).
         self.first_token_at: float | None = None
+        # Set by `mark_finished`: the reply ran to its own end. Without it, one given back after its
+        # first token was cut: only a positive word makes its length the reply's.
+        self._finished = False
         self._clock = clock
         # Generated tokens from which the charge no longer covers held tokens + margin.
         self._grow_at = real_use.grows_at(ticket, kv_charge) if real_use else None
@@ -71,11 +77,23 @@ class Slot:
             self.kv_charge = charge
         self._grow_at = self._real_use.grows_at(self.ticket, self.kv_charge)
 
+    def mark_finished(self) -> None:
+        """The reply ran to its own end (its last `grow` is its length): released, it teaches the
+        user's usual reply. Not for one the edge or its client stopped."""
+        self._finished = True
+
     def release(self, *, failed: bool = False) -> None:
         """Give the room back. Idempotent; call it on the event loop's thread. failed=True: the
         replica failed this request and takes no new work until its health check passes again.
-        Otherwise "done" once a token came, "unused" before."""
-        self._give_back("failed" if failed else "done" if self.first_token_at is not None else "unused")
+        Otherwise "unused" before a first token (`grow`); after one, "finished" where
+        `mark_finished` was called, else "cut"."""
+        if failed:
+            kind: ReleaseKind = "failed"
+        elif self.first_token_at is None:
+            kind = "unused"
+        else:
+            kind = "finished" if self._finished else "cut"
+        self._give_back(kind)
 
     def discard(self) -> None:
         """Give back a slot that was never used (its request was cancelled as it was granted)."""

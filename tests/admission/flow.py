@@ -85,7 +85,11 @@ class Flow:
         return [s for s in self.granted() if not s.released]
 
     async def release_oldest(self) -> None:
-        self.held()[0].release()
+        """The oldest slot's reply ran to its end (its length what it `grow`s to), as the
+        pipeline's do when their relay returns (edge/generation.py)."""
+        oldest = self.held()[0]
+        oldest.mark_finished()
+        oldest.release()
         await self.settle()
 
     async def aclose(self) -> None:

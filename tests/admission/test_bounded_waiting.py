@@ -215,6 +215,7 @@ async def test_a_full_queues_retry_after_waits_for_a_long_reply_holding_the_plac
             slot = await dispatcher.acquire(ticket("quick", kv_tokens=20 + 8, prompt_tokens=20))
             now[0] += 0.1
             slot.grow(8)
+            slot.mark_finished()
             slot.release()
         long = await dispatcher.acquire(ticket("writer", kv_tokens=20 + 500, prompt_tokens=20))
         long.grow(1)  # its first token, at once
