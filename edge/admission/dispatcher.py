@@ -31,7 +31,8 @@ Policy
   tier's other users: tiered_queue.py's under_fair_share; a tier's part of the queue then holds at
   most twice `max_queue`), or
   when the estimated wait (wait_estimate.py) exceeds the tier's max_wait_s ("wait_too_long");
-  Retry-After is the estimate itself. `acquire` gives up after max_wait_s in the queue. Both answer
+  Retry-After, as for a full queue, is when a place should free for it (never under the
+  estimate: running_ends.py). `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
 * A crash is a wait. A replica that is down while its upstream restarts it (the local engine
@@ -211,9 +212,10 @@ class Dispatcher:
         refusal = self._turn_away(ticket, frozenset())
         if refusal is not None:
             raise refusal
-        estimate = self._wait_s(ticket)
-        if estimate > ticket.max_wait_s:
-            raise self._reject("wait_too_long", estimate)
+        if self._wait_s(ticket) > ticket.max_wait_s:
+            # Judged by the estimate, told when to come back as a full queue is: the estimate alone
+            # ignored the running replies, and said 1.3 s while the only place stayed busy 7 s.
+            raise self._reject("wait_too_long", self._retry_after(ticket))
 
     async def acquire(self, ticket: Ticket, exclude: frozenset[str] = frozenset()) -> Slot:
         """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket."""

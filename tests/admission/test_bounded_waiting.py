@@ -240,6 +240,39 @@ async def test_a_full_queues_retry_after_waits_for_a_long_reply_holding_the_plac
 
 
 @pytest.mark.anyio
+async def test_a_wait_too_long_retry_after_waits_for_a_long_reply_holding_the_place(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """As the full queue's above, for a ticket refused up front because its estimated wait passes
+    its tier's max_wait_s: its Retry-After was the estimate alone (1.3 s: twelve ahead at a learnt
+    0.1 s each) while the only place stayed busy for 7 s more; a client obeying it was refused again."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica], max_queue=16, clock=lambda: now[0]) as dispatcher:
+        for _ in range(10):
+            slot = await dispatcher.acquire(ticket("quick", kv_tokens=20 + 8, prompt_tokens=20))
+            now[0] += 0.1
+            slot.grow(8)
+            slot.mark_finished()
+            slot.release()
+        long = await dispatcher.acquire(ticket("writer", kv_tokens=20 + 500, prompt_tokens=20))
+        long.grow(1)
+        flow = Flow(dispatcher)
+        for i in range(12):
+            flow.submit(ticket(f"waiting-{i}", kv_tokens=28, prompt_tokens=20))
+        await flow.settle()
+        now[0] += 2.0
+        long.grow(56)  # 27.5 tokens a second, 256 expected: the place frees in 7.3 s
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(ticket("late", kv_tokens=28, prompt_tokens=20, max_wait_s=1.0))
+        long.release()
+        await flow.aclose()
+    assert refused.value.reason == "wait_too_long"
+    # The place frees then; the twelve ahead take it in turn, a learnt 0.1 s each.
+    assert refused.value.retry_after_s == pytest.approx(200 * 2.0 / 55 + 12 * 0.1)
+
+
+@pytest.mark.anyio
 async def test_a_stalled_stream_or_one_far_down_the_line_does_not_make_retry_after_absurd(
     make_dispatcher: MakeDispatcher,
 ) -> None:
