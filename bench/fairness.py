@@ -114,10 +114,16 @@ async def _one_request(dispatcher: Dispatcher, ticket: Ticket, config: BenchConf
     request = GenerationRequest(
         ticket.request_id, prompt, config.max_new_tokens, temperature=0.0, priority=ticket.priority
     )
+    generated = 0
     try:
         async for delta in slot.upstream.generate(request):
             if ttft is None and delta.token_ids:
                 ttft = time.perf_counter() - started
+            # As the edge's relay does: without a first token the slot is given back "unused",
+            # and the dispatcher learns no service time from it (its wait estimate stays the prior).
+            generated += len(delta.token_ids)
+            slot.grow(generated)
+        slot.mark_finished()
     finally:
         slot.release()
     return Timing(ttft if ttft is not None else time.perf_counter() - started, estimate, queued)
