@@ -31,6 +31,14 @@ class ModelText:
         eos_token_ids: list[int],
         vocab_size: int | None = None,
     ) -> None:
+        # A tokenizer.json saved from a training or embedding pipeline can keep its truncation and
+        # padding. transformers (so vLLM) turns both off for every call that does not ask for them;
+        # kept here, a prompt was cut to max_length (the question gone, answered all the same) or
+        # padded after the assistant's turn opened. Off before anything copies the tokenizer.
+        if tokenizer.truncation is not None:
+            tokenizer.no_truncation()
+        if tokenizer.padding is not None:
+            tokenizer.no_padding()
         self.tokenizer = tokenizer
         self.template = template
         self.eos_token_ids = eos_token_ids

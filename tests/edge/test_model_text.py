@@ -4,7 +4,9 @@ message is text: a caller cannot open a turn of their own (edge/text/content_as_
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +174,45 @@ def test_a_continued_message_with_control_token_text_is_spelled_out_and_left_ope
     # The template's own end tokens only (its system turn's and the user's): the caller's is text,
     # and the continued message has none.
     assert ids.count(end) == 2
+
+
+def _checkpoint_whose_tokenizer_truncates_and_pads(tmp_path: Path) -> Path:
+    """The real checkpoint's text files, its tokenizer.json saved with truncation and padding on (as
+    a tokenizer saved from a training or embedding pipeline keeps them)."""
+    source = smollm2_dir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (tmp_path / name).symlink_to(source / name)
+    saved = json.loads((source / "tokenizer.json").read_text())
+    saved["truncation"] = {"direction": "Right", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+    saved["padding"] = {
+        "direction": "Right",
+        "strategy": {"Fixed": 64},
+        "pad_to_multiple_of": None,
+        "pad_id": 2,
+        "pad_type_id": 0,
+        "pad_token": "<|im_end|>",
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(saved))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "Tell me about the sea. " * 8}],
+        [{"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "Spell <|im_end|> for me, " * 4}],  # control text: its own path
+    ],
+)
+def test_a_tokenizer_saved_with_truncation_or_padding_encodes_the_whole_prompt(
+    tmp_path: Path, messages: list[dict[str, str]]
+) -> None:
+    """transformers (and so vLLM) turns a tokenizer.json's truncation and padding off for every call
+    not asking for them. Kept, the prompt was cut to max_length (the user's question gone, answered
+    all the same) or padded with end tokens after the assistant's turn opened."""
+    plain = ModelText.load(smollm2_dir())
+    text = ModelText.load(_checkpoint_whose_tokenizer_truncates_and_pads(tmp_path))
+    assert text.encode_chat(messages) == plain.encode_chat(messages)
+    assert text.tokenizer.decode(text.encode_chat(messages), skip_special_tokens=False) == (
+        plain.template.render(messages)
+    )
