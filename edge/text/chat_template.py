@@ -36,8 +36,18 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' own, argument for argument: templates pass any of them (GLM-4.5's and Qwen
+    # 3.5's ensure_ascii=False), and one it did not take failed every render with a TypeError.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class ChatTemplate:

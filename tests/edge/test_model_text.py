@@ -107,6 +107,27 @@ def test_a_template_may_use_loop_controls() -> None:
     assert template.render(messages) == "a;stop;"
 
 
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        ("tojson", '{"role": "user", "content": "café ☕"}'),
+        ("tojson(ensure_ascii=False)", '{"role": "user", "content": "café ☕"}'),
+        ("tojson(ensure_ascii=True)", '{"role": "user", "content": "caf\\u00e9 \\u2615"}'),
+        ("tojson(sort_keys=True)", '{"content": "café ☕", "role": "user"}'),
+        ("tojson(separators=(',', ':'))", '{"role":"user","content":"café ☕"}'),
+        ("tojson(indent=1)", '{\n "role": "user",\n "content": "café ☕"\n}'),
+    ],
+)
+def test_tojson_takes_the_arguments_transformers_gives_it(call: str, expected: str) -> None:
+    """Templates are written for transformers' tojson(x, ensure_ascii, indent, separators,
+    sort_keys) (GLM-4.5's and Qwen 3.5's pass ensure_ascii=False on their tool paths). It took
+    `indent` alone: any other raised a TypeError from the render, a 500 rather than the prompt."""
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m | " + call + " }}{% endfor %}", bos_token="", eos_token=""
+    )
+    assert template.render([{"role": "user", "content": "café ☕"}], "as_is") == expected
+
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
