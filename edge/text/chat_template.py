@@ -2,17 +2,20 @@
 
 Templates ship with checkpoints, so they are untrusted code: the immutable sandbox keeps them
 from touching anything but the data they are given. They are written for transformers' renderer,
-so they get what it gives them: `raise_exception`, `strftime_now`, the `tojson` filter and the
-loop controls ({% break %}, {% continue %}).
+so they get what it gives them: `raise_exception`, `strftime_now`, the `tojson` filter, the
+loop controls ({% break %}, {% continue %}) and the `{% generation %}` block.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from jinja2 import TemplateError
+from jinja2 import Environment, TemplateError, nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # How the rendered prompt ends, as vLLM's request says it: "reply", a new assistant turn opened for
@@ -50,10 +53,31 @@ def _tojson(
     )
 
 
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers marks the assistant's tokens with it for
+    training (TRL's assistant_only_loss), so fine-tuned checkpoints ship templates that hold it.
+    Rendering a prompt, it writes its body as it stands, as transformers does; without the tag such
+    a template did not parse and its checkpoint could not be served."""
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        # Per instance, as jinja declares it (the parser reads the environment's extensions' tags).
+        self.tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Callable[[], str]) -> str:
+        return caller()
+
+
 class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str, eos_token: str) -> None:
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlock]
         )
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now

@@ -135,6 +135,22 @@ CHATML = (
 ASKED = {"role": "user", "content": "hi"}
 
 
+def test_a_template_with_generation_blocks_renders_their_text() -> None:
+    """transformers' renderer knows `{% generation %}...{% endgeneration %}` (it marks the
+    assistant's tokens for training; TRL's assistant_only_loss needs it, so fine-tuned checkpoints
+    ship it) and writes the block's text as it stands. Without that tag, the template did not parse
+    and a checkpoint with one could not be served at all."""
+    marked = CHATML.replace(
+        "{{ m.content }}<|im_end|>\n", "{% generation %}{{ m.content }}<|im_end|>\n{% endgeneration %}"
+    )
+    messages = [ASKED, {"role": "assistant", "content": "Hello!"}, ASKED]
+    plain = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")
+    template = ChatTemplate(marked, bos_token="", eos_token="<|im_end|>")
+    assert template.render(messages) == plain.render(messages)
+    continued = [ASKED, {"role": "assistant", "content": "Sure,"}]
+    assert template.render(continued, "continue") == plain.render(continued, "continue")
+
+
 @pytest.mark.parametrize(
     ("source", "final", "ends_with"),
     [
