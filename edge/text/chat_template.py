@@ -106,6 +106,11 @@ class ChatTemplate:
             )
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
+        except (TypeError, ValueError, ArithmeticError, LookupError) as exc:
+            # Python's own errors from the template's expressions on these messages (a number added
+            # to a string, a division by their count): jinja passes them through as they are, and
+            # uncaught they were a 500 for a request the template cannot take.
+            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from exc
 
     def _final_message_start(self, messages: list[dict[str, str]], rendered: str) -> int:
         """Where the final message's text can begin in `rendered`: the end of what the template

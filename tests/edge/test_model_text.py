@@ -128,6 +128,21 @@ def test_tojson_takes_the_arguments_transformers_gives_it(call: str, expected: s
     assert template.render([{"role": "user", "content": "café ☕"}], "as_is") == expected
 
 
+@pytest.mark.parametrize(
+    "expression",
+    ["messages | length + m.content", "1 // (messages | length - 1)", "range(1, 2, 0) | list"],
+)
+def test_a_python_error_in_the_template_refuses_the_messages(expression: str) -> None:
+    """jinja lets Python's own errors out of a template's expressions as they are (a TypeError, a
+    ZeroDivisionError, a ValueError): they reached the route as a 500, where the template's own
+    refusals are the chat template rejecting the messages (a 400, edge/pipeline.py)."""
+    template = ChatTemplate(
+        "{% for m in messages %}{{ " + expression + " }}{% endfor %}", bos_token="", eos_token=""
+    )
+    with pytest.raises(ChatTemplateError, match="Error"):
+        template.render([{"role": "user", "content": "hi"}], "as_is")
+
+
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
