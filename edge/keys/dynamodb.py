@@ -1,5 +1,6 @@
 """The production key store: the keys table (iac/modules/keys_table), partition key `pk`, sort key
-`sk`. A key is the item (`key#<sha256>`, `key`); usage records share the table (edge/usage/dynamodb.py).
+`sk`. A key is the item (`key#<sha256>`, `key`), and its id is claimed by another (`key_id#<id>`,
+`key_id`); usage records share the table (edge/usage/dynamodb.py).
 
 Authentication reads one item by its hash (a strongly consistent GetItem). Listing and finding a key
 by id scan the table's key items: operator actions, rare and small next to lookups."""
@@ -19,10 +20,16 @@ if TYPE_CHECKING:
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 KEY_ITEM = "key"
+# A key id's claim (`key_id#<id>`, `key_id`): ids are 48 bits of the hash, and two keys' can agree.
+ID_ITEM = "key_id"
 
 
 def key_pk(key_sha256: str) -> str:
     return f"key#{key_sha256}"
+
+
+def id_pk(key_id: str) -> str:
+    return f"key_id#{key_id}"
 
 
 def _item(r: KeyRecord) -> dict[str, AttributeValueTypeDef]:
@@ -136,7 +143,27 @@ class DynamoDBKeyStore:
             pass
 
     def _add(self, record: KeyRecord) -> bool:
+        # A key stored already: one strongly consistent read (every start imports keys_file again).
+        if self._get(record.key_sha256) is not None:
+            return False
+        # The id is no key of the table, so no condition on the key's item can refuse it: the id is
+        # claimed by an item of its own, first. Keys stored before claims were made have none, and
+        # are looked for.
+        if self._scan("id", record.id, 1):
+            return False
         try:
+            self._client.put_item(
+                TableName=self._table,
+                Item={
+                    PARTITION_KEY: {"S": id_pk(record.id)},
+                    SORT_KEY: {"S": ID_ITEM},
+                    "kind": {"S": ID_ITEM},
+                    "key_sha256": {"S": record.key_sha256},
+                },
+                # Claimed by this key before (an add that got no further): still its own.
+                ConditionExpression=f"attribute_not_exists({PARTITION_KEY}) OR key_sha256 = :key",
+                ExpressionAttributeValues={":key": {"S": record.key_sha256}},
+            )
             self._client.put_item(
                 TableName=self._table,
                 Item=_item(record),

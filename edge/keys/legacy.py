@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from edge.keys.record import KeyRecord, key_id
+from edge.keys.record import ID_CHARS, KeyRecord, key_id
 from edge.keys.store import KeyStore
 
 
@@ -54,10 +54,21 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
 async def import_keys(store: KeyStore, keys: list[LegacyKey]) -> Imported:
     added = 0
     for k in keys:
-        digest = k.key_sha256.lower()
-        record = KeyRecord(id=key_id(digest), key_sha256=digest, user=k.user, tier=k.tier, created=k.created)
-        added += await store.add(record)
+        added += await _add(store, k, k.key_sha256.lower())
     return Imported(added, len(keys) - added)
+
+
+async def _add(store: KeyStore, key: LegacyKey, digest: str) -> bool:
+    """False: the key is stored already. Its id may be another key's (48 bits of the hash, as every
+    id): the key, whose hash is given, then takes more of its hash as its id. Before, SQLite
+    dropped it, counted as 'already in the store', and DynamoDB stored it beside the other."""
+    for chars in range(ID_CHARS, len(digest) + 1, 4):
+        record = KeyRecord(key_id(digest, chars), digest, key.user, key.tier, created=key.created)
+        if await store.add(record):
+            return True
+        if await store.get(digest) is not None:
+            return False
+    raise RuntimeError(f"the key store refused the key {key_id(digest)} under every id")
 
 
 async def import_keys_file_into(store: KeyStore, keys_file: str) -> Imported:

@@ -13,6 +13,9 @@ from edge.keys.record import KeyRecord, new_record
 from edge.keys.store import KeyStore
 
 Announce = Callable[[str], Awaitable[object]]
+# A fresh key's id is taken about once in 2**48 / (keys stored) tries: a few tries more mean a
+# store that refuses every insert, which is said rather than tried for ever.
+NEW_KEY_TRIES = 4
 
 
 class KeyNotFound(LookupError):
@@ -121,6 +124,19 @@ class KeyLifecycle:
             raise KeyNotFound(key_id)
         return record
 
+    async def _new_key(
+        self, user: str, tier: str, label: str, expires: float | None
+    ) -> tuple[str, KeyRecord]:
+        """A fresh key, stored. Its id (48 bits of its hash) may be another key's: the store refuses
+        it (KeyStore.add) and another key is made. Before, the refusal went unread and the key was
+        handed out unstored (refused by every edge; a rotation's old key then expired into a
+        replacement that was someone else's), or stored beside the other under one id."""
+        for _ in range(NEW_KEY_TRIES):
+            key, record = new_record(user, tier, label, expires)
+            if await self.store.add(record):
+                return key, record
+        raise RuntimeError(f"the key store refused {NEW_KEY_TRIES} fresh keys in a row")
+
     async def create(
         self, user: str, tier: str, label: str = "", expires_in_s: float | None = None
     ) -> tuple[str, KeyRecord]:
@@ -130,8 +146,7 @@ class KeyLifecycle:
             checked_period("expires_in_s", expires_in_s)
         self._check_tier(tier)
         expires = None if expires_in_s is None else self._clock() + expires_in_s
-        key, record = new_record(user, tier, label, expires)
-        await self.store.add(record)
+        key, record = await self._new_key(user, tier, label, expires)
         # An edge may have cached this hash as unknown (someone tried it early): unlikely, but cheap.
         await self._announce(record.key_sha256)
         return key, record
@@ -165,8 +180,7 @@ class KeyLifecycle:
             raise KeyNotRotatable(key_id, status)
         if old.replaced_by is not None:
             raise KeyAlreadyRotated(key_id, old.replaced_by)
-        key, new = new_record(old.user, old.tier, old.label, old.expires)
-        await self.store.add(new)
+        key, new = await self._new_key(old.user, old.tier, old.label, old.expires)
         ends = self._clock() + grace
         retiring = old.with_changes(
             expires=ends if old.expires is None else min(old.expires, ends), replaced_by=new.id

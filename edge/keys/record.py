@@ -15,10 +15,15 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def key_id(key_sha256: str) -> str:
+ID_CHARS = 12
+
+
+def key_id(key_sha256: str, chars: int = ID_CHARS) -> str:
     """The public handle of a key (list, revoke, rotate name it): derived from the hash, so importing
-    the same key twice makes one record. 48 bits of a SHA-256 say nothing usable about the key."""
-    return "key_" + key_sha256[:12]
+    the same key twice makes one record. 48 bits of a SHA-256 say nothing usable about the key.
+    Two keys' first 48 bits can agree (about one pair in 2**24 keys): a store refuses the second
+    id (KeyStore.add), and an imported key, whose hash is given, then takes more of its hash."""
+    return "key_" + key_sha256[:chars]
 
 
 def new_secret(prefix: str = KEY_PREFIX) -> str:

@@ -105,6 +105,7 @@ class SQLiteKeyStore:
         return KeyRecord(*row) if row else None
 
     def _add(self, record: KeyRecord) -> bool:
+        # IGNORE covers both refusals (KeyStore.add): the hash's primary key and the id's UNIQUE.
         with self._lock:
             cursor = self._conn.execute(
                 f"INSERT OR IGNORE INTO api_keys ({_COLUMNS}) VALUES ({_PLACES})", _row(record)

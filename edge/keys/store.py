@@ -13,8 +13,10 @@ class KeyStore(Protocol):
         ...
 
     async def add(self, record: KeyRecord) -> bool:
-        """Insert the record unless its hash is already stored; False then (the stored one is kept:
-        an import never brings a revoked key back)."""
+        """Insert the record unless its hash is already stored, or another key has its id; False
+        then (the stored one is kept: an import never brings a revoked key back). Ids are 48 bits
+        of the hash and can agree: two keys under one id made revoke, rotate and set-tier act on
+        either, and a key whose insert failed on the id was handed out all the same."""
         ...
 
     async def put(self, record: KeyRecord) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from edge.keys import record as record_module
 from edge.keys.dynamodb import DynamoDBKeyStore, create_table_if_missing
 from edge.keys.sqlite import SQLiteKeyStore
 from edge.keys.store import KeyStore
@@ -16,6 +17,23 @@ from edge.usage.dynamodb import DynamoDBUsageStore
 from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import UsageStore
 from tests.messages.conftest import dynalite_endpoint  # noqa: F401  (the session's dynalite)
+
+# Two real keys whose ids agree: the first 48 bits of their hashes do (found by hashing 4e7 such
+# names). A fresh key's id is a stored key's about once in 2**48 / (keys stored) keys.
+SAME_ID = ("fg-collide-10708684", "fg-collide-35722450")
+
+
+def next_secrets(monkeypatch: pytest.MonkeyPatch, *keys: str | None) -> None:
+    """The keys the next creations and rotations in this process make, in order (None: a random
+    one, as ever); random ones after these."""
+    queue = list(keys)
+    random_secret = record_module.new_secret
+
+    def secret(prefix: str = record_module.KEY_PREFIX) -> str:
+        given = queue.pop(0) if queue else None
+        return given if given is not None else random_secret(prefix)
+
+    monkeypatch.setattr(record_module, "new_secret", secret)
 
 
 def dynamodb_client(endpoint: str) -> object:

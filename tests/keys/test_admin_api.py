@@ -13,6 +13,7 @@ import pytest
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from tests.edge.conftest import ROOMY_TIERS
+from tests.keys.conftest import SAME_ID, next_secrets
 from tests.support.live_server import LiveServer, start_server
 
 ADMIN_KEY = new_secret(ADMIN_KEY_PREFIX)
@@ -105,6 +106,23 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
     )
     assert ended.status_code == 200
     assert not _works(server, body["key"]) and _works(server, ended.json()["key"])
+
+
+def test_a_new_key_whose_id_is_taken_is_made_again(
+    tmp_path: Path, backend: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh key's id (48 bits of its hash) may be a stored key's. Before: on SQLite the key was
+    answered 201 but never stored (refused by every edge); on DynamoDB both keys had one id, and a
+    revoke of it could revoke the other user's key. On either store."""
+    keys = backend | {"admin_key_sha256": hash_key(ADMIN_KEY), "cache_ttl_s": 3600}
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS, "keys": keys}) as edge:
+        next_secrets(monkeypatch, *SAME_ID)  # the edge runs in this process
+        alice = _create(edge, user="alice", tier="free")
+        bob = _create(edge, user="bob", tier="free")  # drew alice's id: made again
+        assert _works(edge, bob["key"]) and bob["id"] != alice["id"]
+        revoked = httpx.post(f"{edge.base_url}/v1/admin/keys/{bob['id']}/revoke", headers=ADMIN)
+        assert revoked.status_code == 200 and revoked.json()["user"] == "bob"
+        assert not _works(edge, bob["key"]) and _works(edge, alice["key"])
 
 
 def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: LiveServer) -> None:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 
 from edge.errors import ApiError
 from edge.keys.authenticator import Authenticator
+from edge.keys.dynamodb import DynamoDBKeyStore, create_table_if_missing
 from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
 from edge.keys.lifecycle import KeyAlreadyRotated, KeyLifecycle, KeyNotFound, UnknownTier
 from edge.keys.record import KeyRecord, hash_key, key_id
 from edge.keys.store import KeyStore
+from tests.keys.conftest import SAME_ID, dynamodb_client, next_secrets
 from tests.limiter.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -217,6 +222,117 @@ async def test_a_change_read_before_a_rotation_keeps_the_rotation(key_store: Key
     stored = await key_store.by_id(old.id)
     assert stored is not None
     assert (stored.replaced_by, stored.expires) == (rotated.new.id, rotated.old.expires)
+
+
+async def _one_key_per_id(store: KeyStore, *records: KeyRecord) -> None:
+    listed = await store.list_keys()
+    assert sorted(r.id for r in listed) == sorted({r.id for r in listed})
+    for record in records:
+        assert await store.by_id(record.id) == await store.get(record.key_sha256)
+
+
+async def test_a_new_key_whose_id_is_taken_is_made_again(
+    key_store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh key's id (48 bits of its hash) may be a stored key's. Before: on SQLite the insert
+    was refused, unread, and the key handed out unstored (refused by every edge); on DynamoDB it was
+    stored beside the other under one id, which revoke then named either of."""
+    first, second = SAME_ID
+    assert key_id(hash_key(first)) == key_id(hash_key(second))
+    next_secrets(monkeypatch, first, second)
+    keys = lifecycle(key_store)
+    _, alice = await keys.create("alice", "paid")
+    bob_key, bob = await keys.create("bob", "free")  # drew `second`, alice's id: made again
+    auth = Authenticator(key_store, ttl_s=1e-9)
+    assert (await auth.authenticate(f"Bearer {bob_key}")).user == "bob"
+    assert bob_key != second and bob.id != alice.id
+    await _one_key_per_id(key_store, alice, bob)
+    await keys.revoke(bob.id)
+    assert (await auth.authenticate(f"Bearer {first}")).user == "alice"
+
+
+async def test_a_rotation_never_hands_over_to_another_keys_id(
+    key_store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, on SQLite, the old key was marked replaced by alice's key and expired after the
+    grace, while the new key, never stored, was refused: carol was locked out."""
+    first, second = SAME_ID
+    next_secrets(monkeypatch, first, None, second)
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=60.0)
+    _, alice = await keys.create("alice", "paid")
+    _, carol = await keys.create("carol", "free")
+    rotated = await keys.rotate(carol.id)  # drew `second`, alice's id: made again
+    clock.advance(60.0)
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    assert (await auth.authenticate(f"Bearer {rotated.key}")).user == "carol"
+    assert rotated.old.replaced_by == rotated.new.id != alice.id
+    await _one_key_per_id(key_store, alice, carol, rotated.new)
+    assert (await auth.authenticate(f"Bearer {first}")).user == "alice"
+
+
+async def test_an_imported_key_whose_id_is_taken_takes_a_longer_one(
+    key_store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its hash is given, so it cannot be made again. Before: SQLite dropped it and counted it as
+    already in the store; DynamoDB stored it beside the other under one id."""
+    first, second = SAME_ID
+    next_secrets(monkeypatch, first)
+    _, alice = await lifecycle(key_store).create("alice", "paid")
+    line = json.dumps({"key_sha256": hash_key(second), "user": "carol", "tier": "free"})
+    done = await import_keys(key_store, parse_jsonl([line]))
+    assert (done.added, done.present) == (1, 0)
+    auth = Authenticator(key_store, ttl_s=1e-9)
+    carol = await auth.authenticate(f"Bearer {second}")
+    assert carol.user == "carol" and carol.key_id.startswith(alice.id) and carol.key_id != alice.id
+    await _one_key_per_id(key_store, alice)
+    again = await import_keys(key_store, parse_jsonl([line]))  # still idempotent
+    assert (again.added, again.present) == (0, 1)
+    assert len(await key_store.list_keys()) == 2
+
+
+def _record_of(key: str, user: str) -> KeyRecord:
+    digest = hash_key(key)
+    return KeyRecord(key_id(digest), digest, user, "free", created=1.0, last4=key[-4:])
+
+
+async def test_on_dynamodb_an_id_is_one_keys_whatever_the_order_of_two_adds(
+    dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No condition on a key's item can refuse its id (not a key of the table): an add looked for
+    the id, then wrote. Two adds of one id at once both found it free; and a key an older edge
+    stored (no claim of its id) is found all the same."""
+    client = dynamodb_client(dynalite_endpoint)
+    table = f"keys-{secrets.token_hex(4)}"
+    create_table_if_missing(client, table)  # type: ignore[arg-type]
+    store = DynamoDBKeyStore(client, table)  # type: ignore[arg-type]
+    first, second = (_record_of(key, user) for key, user in zip(SAME_ID, ("alice", "bob"), strict=True))
+    looked, go_on = threading.Event(), threading.Event()
+    look = store._scan
+
+    def held_look(*args: Any) -> list[KeyRecord]:
+        found = look(*args)
+        if not looked.is_set():  # the first add found the id free; it waits to write
+            looked.set()
+            go_on.wait(10.0)
+        return found
+
+    monkeypatch.setattr(store, "_scan", held_look)
+    try:
+        adding = asyncio.create_task(store.add(first))
+        await anyio.to_thread.run_sync(looked.wait, 5.0)
+        assert await store.add(second)  # found it free too, and wrote first
+        go_on.set()
+        assert not await adding
+        assert [r.user for r in await store.list_keys()] == ["bob"]
+
+        older = _record_of("fg-an-older-edges-key", "carol")
+        await store.put(older)  # as an edge before claims stored it
+        assert not await store.add(older.with_changes(key_sha256=hash_key("fg-another-key")))
+        assert {r.user for r in await store.list_keys()} == {"bob", "carol"}
+    finally:
+        go_on.set()
+        await store.aclose()
 
 
 # The api_keys table as edges before `replaced_by` made it.
