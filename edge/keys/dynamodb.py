@@ -15,7 +15,11 @@ from edge.keys.record import KeyRecord
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
-    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, ScanInputTypeDef
+    from mypy_boto3_dynamodb.type_defs import (
+        AttributeValueTypeDef,
+        PutItemInputTypeDef,
+        ScanInputTypeDef,
+    )
 
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
@@ -30,6 +34,10 @@ def key_pk(key_sha256: str) -> str:
 
 def id_pk(key_id: str) -> str:
     return f"key_id#{key_id}"
+
+
+def _key(key_sha256: str) -> dict[str, AttributeValueTypeDef]:
+    return {PARTITION_KEY: {"S": key_pk(key_sha256)}, SORT_KEY: {"S": KEY_ITEM}}
 
 
 def _item(r: KeyRecord) -> dict[str, AttributeValueTypeDef]:
@@ -88,6 +96,9 @@ class DynamoDBKeyStore:
     async def put(self, record: KeyRecord) -> None:
         await anyio.to_thread.run_sync(self._put, record)
 
+    async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        return await anyio.to_thread.run_sync(self._retire, key_sha256, replaced_by, expires)
+
     async def by_id(self, key_id: str) -> KeyRecord | None:
         found = await anyio.to_thread.run_sync(self._scan, "id", key_id, None)
         return found[0] if found else None
@@ -107,11 +118,7 @@ class DynamoDBKeyStore:
         await anyio.to_thread.run_sync(self._client.close)
 
     def _get(self, key_sha256: str) -> KeyRecord | None:
-        found = self._client.get_item(
-            TableName=self._table,
-            Key={PARTITION_KEY: {"S": key_pk(key_sha256)}, SORT_KEY: {"S": KEY_ITEM}},
-            ConsistentRead=True,
-        )
+        found = self._client.get_item(TableName=self._table, Key=_key(key_sha256), ConsistentRead=True)
         item = found.get("Item")
         return _record(item) if item else None
 
@@ -119,28 +126,33 @@ class DynamoDBKeyStore:
         # A revocation is final (KeyStore.put): a record without one is written only over a stored
         # record without one; else the stored revocation stands, and so does the rest of it (a
         # tier or an expiry for a revoked key changes nothing anyone can use). A replacement is
-        # final too: a record without the stored one (read before the rotation) is not written,
-        # and the rotation's expiry and replacement stand.
-        item = _item(record)
-        try:
-            if record.revoked is not None:
-                self._client.put_item(TableName=self._table, Item=item)
-            elif record.replaced_by is None:
-                self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(revoked) AND attribute_not_exists(replaced_by)",
+        # final too: a record without the stored one (read before the rotation) is written with
+        # the stored replacement and expiry. Before, it was not written at all: a tier change that
+        # had read the key before a rotation was lost on the old key, which went on at the old tier.
+        if record.revoked is not None:
+            self._client.put_item(TableName=self._table, Item=_item(record))
+            return
+        # Twice at most: a replacement, once stored, stays.
+        for _ in range(2):
+            params: PutItemInputTypeDef = {
+                "TableName": self._table,
+                "Item": _item(record),
+                "ConditionExpression": "attribute_not_exists(revoked) AND attribute_not_exists(replaced_by)",
+            }
+            if record.replaced_by is not None:
+                params["ConditionExpression"] = (
+                    "attribute_not_exists(revoked) AND "
+                    "(attribute_not_exists(replaced_by) OR replaced_by = :replaced_by)"
                 )
-            else:
-                self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(revoked) AND "
-                    "(attribute_not_exists(replaced_by) OR replaced_by = :replaced_by)",
-                    ExpressionAttributeValues={":replaced_by": {"S": record.replaced_by}},
-                )
-        except self._client.exceptions.ConditionalCheckFailedException:
-            pass
+                params["ExpressionAttributeValues"] = {":replaced_by": {"S": record.replaced_by}}
+            try:
+                self._client.put_item(**params)
+                return
+            except self._client.exceptions.ConditionalCheckFailedException:
+                stored = self._get(record.key_sha256)
+            if stored is None or stored.revoked is not None or stored.replaced_by is None:
+                return
+            record = record.with_changes(replaced_by=stored.replaced_by, expires=stored.expires)
 
     def _add(self, record: KeyRecord) -> bool:
         # A key stored already: one strongly consistent read (every start imports keys_file again).
@@ -172,6 +184,24 @@ class DynamoDBKeyStore:
         except self._client.exceptions.ConditionalCheckFailedException:
             return False
         return True
+
+    def _retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=_key(key_sha256),
+                UpdateExpression="SET #expires = :expires, #replaced_by = :replaced_by",
+                ConditionExpression=f"attribute_exists({PARTITION_KEY}) "
+                "AND attribute_not_exists(#replaced_by)",
+                ExpressionAttributeNames={"#expires": "expires", "#replaced_by": "replaced_by"},
+                ExpressionAttributeValues={
+                    ":expires": {"N": repr(expires)},
+                    ":replaced_by": {"S": replaced_by},
+                },
+            )
+        except self._client.exceptions.ConditionalCheckFailedException:
+            pass  # replaced already (or no such key): the stored record says which
+        return self._get(key_sha256)
 
     def _scan(self, attribute: str | None, value: str | None, want: int | None) -> list[KeyRecord]:
         """Key items (whose `attribute` equals `value`, when given); stops after `want` of them."""

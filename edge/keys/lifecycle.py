@@ -163,11 +163,40 @@ class KeyLifecycle:
         return record
 
     async def set_tier(self, key_id: str, tier: str) -> KeyRecord:
+        """The key's tier, and that of every other key of its rotations that still works: a key and
+        its replacement are one user's one credential, changing hands for the grace. Before, the
+        tier moved on the key named only, and the other went on at the old tier (the replacement
+        for good)."""
         self._check_tier(tier)
         record = (await self._find(key_id)).with_changes(tier=tier)
         await self.store.put(record)
         await self._announce(record.key_sha256)
-        return record
+        # Read after the write: a rotation that landed meanwhile is linked by now (KeyStore.put
+        # keeps its link), and one that lands later reads this tier (rotate).
+        chain = await self._rotation_chain(record)
+        now = self._clock()
+        for other in chain:
+            if other.id != record.id and other.tier != tier and other.status(now) == "active":
+                await self.store.put(other.with_changes(tier=tier))
+                await self._announce(other.key_sha256)
+        return next((r for r in chain if r.id == record.id), record)
+
+    async def _rotation_chain(self, record: KeyRecord) -> list[KeyRecord]:
+        """The keys linked to this one by rotations (`replaced_by`, either way), itself included, as
+        stored now. A rotation keeps the user: that user's keys are all there is to look at."""
+        keys = {r.id: r for r in await self.store.list_keys(record.user)}
+        linked: dict[str, set[str]] = {}
+        for r in keys.values():
+            if r.replaced_by is not None:
+                linked.setdefault(r.id, set()).add(r.replaced_by)
+                linked.setdefault(r.replaced_by, set()).add(r.id)
+        found, todo = {record.id}, [record.id]
+        while todo:
+            for other in linked.get(todo.pop(), ()):
+                if other not in found:
+                    found.add(other)
+                    todo.append(other)
+        return [keys[i] for i in found if i in keys]
 
     async def rotate(self, key_id: str, grace_s: float | None = None) -> Rotated:
         """A new key for the same user, tier, label and expiry; the old one keeps working for the
@@ -182,17 +211,24 @@ class KeyLifecycle:
             raise KeyAlreadyRotated(key_id, old.replaced_by)
         key, new = await self._new_key(old.user, old.tier, old.label, old.expires)
         ends = self._clock() + grace
-        retiring = old.with_changes(
-            expires=ends if old.expires is None else min(old.expires, ends), replaced_by=new.id
-        )
-        await self.store.put(retiring)
-        # Two rotations that read the key at once both get here; the store kept the first
-        # replacement (KeyStore.put). The other's key was never shown: it is revoked, not left live.
-        stored = await self.store.get(old.key_sha256)
-        first = None if stored is None else stored.replaced_by
-        if first is not None and first != new.id:
+        expires = ends if old.expires is None else min(old.expires, ends)
+        # Two rotations that read the key at once both get here; the store keeps the first
+        # replacement (KeyStore.retire). The other's key was never shown: it is revoked, not left live.
+        stored = await self.store.retire(old.key_sha256, new.id, expires)
+        if stored is None or stored.replaced_by != new.id:
             await self.store.put(new.with_changes(revoked=self._clock()))
             await self._announce(new.key_sha256)
-            raise KeyAlreadyRotated(key_id, first)
+            if stored is None:
+                raise KeyNotFound(key_id)  # gone since it was read: no store deletes a key
+            if stored.replaced_by is not None:
+                raise KeyAlreadyRotated(key_id, stored.replaced_by)
+            # A revocation in between may drop the link (KeyStore.put): the key is dead either way.
+            raise KeyNotRotatable(key_id, stored.status(self._clock()))
+        if stored.tier != new.tier:
+            # A tier change landed between this rotation's read and its write, and found no
+            # replacement to move with it: the new key takes it now.
+            new = new.with_changes(tier=stored.tier)
+            await self.store.put(new)
+            await self._announce(new.key_sha256)
         await self._announce(old.key_sha256)
-        return Rotated(key, new, stored or retiring)
+        return Rotated(key, new, stored)

@@ -88,6 +88,9 @@ class SQLiteKeyStore:
     async def put(self, record: KeyRecord) -> None:
         await anyio.to_thread.run_sync(self._put, record)
 
+    async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        return await anyio.to_thread.run_sync(self._retire, key_sha256, replaced_by, expires)
+
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
         return await anyio.to_thread.run_sync(self._list, user)
 
@@ -128,6 +131,15 @@ class SQLiteKeyStore:
                 "replaced_by=COALESCE(api_keys.replaced_by, excluded.replaced_by)",
                 _row(record),
             )
+
+    def _retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE api_keys SET expires = ?, replaced_by = ? "
+                "WHERE key_sha256 = ? AND replaced_by IS NULL",
+                (expires, replaced_by, key_sha256),
+            )
+        return self._one("key_sha256", key_sha256)
 
     def _list(self, user: str | None) -> list[KeyRecord]:
         query = f"SELECT {_COLUMNS} FROM api_keys"

@@ -32,6 +32,13 @@ class KeyStore(Protocol):
         either way."""
         ...
 
+    async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        """A rotation's write: set the key's replacement and the end of its grace, and nothing
+        else, unless it has a replacement already (the first rotation's stands). The stored record
+        after (None: no such key). Only these two fields: a whole record written back, as read
+        before a tier change that landed meanwhile, undid the tier change."""
+        ...
+
     async def by_id(self, key_id: str) -> KeyRecord | None: ...
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:

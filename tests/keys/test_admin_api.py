@@ -108,6 +108,37 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
     assert not _works(server, body["key"]) and _works(server, ended.json()["key"])
 
 
+def _status_asking(server: LiveServer, key: str, max_tokens: int) -> int:
+    """The answer's status to a request for `max_tokens` (the tiers allow: free 1024, paid 2000)."""
+    asked = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream(
+        "POST",
+        server.base_url + "/v1/chat/completions",
+        json=asked | {"max_tokens": max_tokens},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
+        return response.status_code
+
+
+def test_a_tier_change_during_a_rotations_grace_reaches_both_keys(server: LiveServer) -> None:
+    """A review: set on the old key's id (the one the operator knows), the tier left the new key,
+    which the user moves to, at the old tier for good."""
+    made = _create(server, user="kim", tier="free")
+    rotated = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/rotate", json={"grace_s": 3600}, headers=ADMIN
+    )
+    assert rotated.status_code == 200, rotated.text
+    new_key = rotated.json()["key"]
+    assert _status_asking(server, new_key, 1500) == 400  # over the free tier's 1024; cached as free
+    moved = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/tier", json={"tier": "paid"}, headers=ADMIN
+    )
+    assert moved.status_code == 200 and moved.json()["tier"] == "paid"
+    assert [_status_asking(server, key, 1500) for key in (made["key"], new_key)] == [200, 200]
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "kim"}, headers=ADMIN).json()
+    assert {k["tier"] for k in listed["data"]} == {"paid"}
+
+
 def test_a_new_key_whose_id_is_taken_is_made_again(
     tmp_path: Path, backend: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

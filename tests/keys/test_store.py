@@ -160,8 +160,9 @@ async def test_a_key_is_rotated_once_and_its_replacement_keeps_the_keys_own_expi
 
 
 class _HeldPut:
-    """The real store, its first put held until the test lets it through: one rotation stopped
-    between reading the key and writing it back, while another runs."""
+    """The real store, its first write of a key (put, or a rotation's retire) held until the test
+    lets it through: one rotation or tier change stopped between reading the key and writing it
+    back, while another runs."""
 
     def __init__(self, store: KeyStore) -> None:
         self.store = store
@@ -172,12 +173,19 @@ class _HeldPut:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    async def put(self, record: KeyRecord) -> None:
+    async def _held(self) -> None:
         self.puts += 1
         if self.puts == 1:
             self.entered.set()
             await self.gate.wait()
+
+    async def put(self, record: KeyRecord) -> None:
+        await self._held()
         await self.store.put(record)
+
+    async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        await self._held()
+        return await self.store.retire(key_sha256, replaced_by, expires)
 
 
 async def test_two_rotations_at_once_make_one_replacement(key_store: KeyStore) -> None:
@@ -222,6 +230,58 @@ async def test_a_change_read_before_a_rotation_keeps_the_rotation(key_store: Key
     stored = await key_store.by_id(old.id)
     assert stored is not None
     assert (stored.replaced_by, stored.expires) == (rotated.new.id, rotated.old.expires)
+
+
+async def _tiers(auth: Authenticator, *keys: str) -> list[str]:
+    return [(await auth.authenticate(f"Bearer {key}")).tier for key in keys]
+
+
+async def test_a_tier_change_during_a_rotations_grace_moves_both_keys(key_store: KeyStore) -> None:
+    """A review: set-tier on the old key during the grace left the replacement, which the user
+    moves to, at the old tier for good; on the new key, it left the old key (still in use for the
+    grace) at the old tier. A key and its replacement are one credential: both move."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await keys.create("alice", "free")
+    rotated = await keys.rotate(old.id)
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+
+    assert (await keys.set_tier(old.id, "paid")).tier == "paid"  # the id the operator knows
+    assert await _tiers(auth, old_key, rotated.key) == ["paid", "paid"]
+    await keys.set_tier(rotated.new.id, "free")
+    assert await _tiers(auth, old_key, rotated.key) == ["free", "free"]
+
+    clock.advance(60.0)  # the grace is over: the old key is history, left as it was
+    await keys.set_tier(rotated.new.id, "paid")
+    stored = await key_store.by_id(old.id)
+    assert stored is not None and stored.tier == "free"
+    assert await _tiers(auth, rotated.key) == ["paid"]
+
+
+@pytest.mark.parametrize("waits", ["rotation", "tier change"])
+async def test_a_tier_change_racing_a_rotation_reaches_both_keys(key_store: KeyStore, waits: str) -> None:
+    """A tier change and a rotation of one key at once, each read before the other wrote. Before:
+    the rotation wrote back the key as it read it, undoing the tier change (`rotation` waits), or
+    the tier change found no replacement yet and the new key kept the old tier (`tier change`)."""
+    clock = ManualClock(1_000_000.0)
+    held = _HeldPut(key_store)
+    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
+    fast = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await fast.create("alice", "free")
+    if waits == "rotation":
+        rotating = asyncio.create_task(slow.rotate(old.id))
+        await held.entered.wait()  # it read the key and stored its new one; its write waits
+        await fast.set_tier(old.id, "paid")
+        held.gate.set()
+        rotated = await rotating
+    else:
+        moving = asyncio.create_task(slow.set_tier(old.id, "paid"))
+        await held.entered.wait()  # it read the key; its write waits
+        rotated = await fast.rotate(old.id)
+        held.gate.set()
+        await moving
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    assert await _tiers(auth, old_key, rotated.key) == ["paid", "paid"]
 
 
 async def _one_key_per_id(store: KeyStore, *records: KeyRecord) -> None:
