@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
-from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
+from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from edge.keys.views import key_view
@@ -133,7 +133,7 @@ def _import(args: argparse.Namespace) -> int:
         raise SystemExit(f"floodgate: not a keys file: {exc}") from None
 
     async def step(keys: KeyLifecycle) -> Any:
-        return await import_keys(keys.store, keys_found)
+        return await keys.import_keys(keys_found)
 
     done = _lifecycle_command(args, step)
     note(f"imported {done.added} keys; {done.present} were already in the store (left as they are)")

@@ -10,7 +10,6 @@ from typing import TypeVar
 
 from edge.config import Settings
 from edge.keys.factory import key_changes, open_key_store
-from edge.keys.legacy import import_keys_file_into
 from edge.keys.lifecycle import KeyLifecycle
 from edge.usage.factory import open_usage_store
 from edge.usage.store import UsageStore
@@ -24,8 +23,6 @@ async def opened_lifecycle(settings: Settings) -> AsyncIterator[KeyLifecycle]:
     async with AsyncExitStack() as stack:
         store = await open_key_store(settings.keys)
         stack.push_async_callback(store.aclose)
-        # The legacy keys file counts as stored keys (the edges import it at start).
-        await import_keys_file_into(store, settings.server.keys_file)
         try:
             changes = key_changes(settings.limiter)
         except ValueError:  # e.g. the deployment's redis_url, whose token is spliced in inside the task
@@ -33,14 +30,19 @@ async def opened_lifecycle(settings: Settings) -> AsyncIterator[KeyLifecycle]:
         if changes is not None:
             stack.push_async_callback(changes.aclose)
 
-        async def announce(key_sha256: str) -> None:
+        async def announce(key_sha256: str) -> bool:
             if changes is not None and not await changes.announce(key_sha256):
                 note(f"(Redis unreachable: the edges see this change within keys.cache_ttl_s = {ttl:g} s)")
+                return False
+            return True
 
         ttl = settings.keys.cache_ttl_s
-        yield KeyLifecycle(
+        lifecycle = KeyLifecycle(
             store, settings.tiers, rotation_grace_s=settings.keys.rotation_grace_s, announce=announce
         )
+        # The legacy keys file counts as stored keys (the edges import it at start).
+        await lifecycle.import_keys_file(settings.server.keys_file)
+        yield lifecycle
 
 
 @asynccontextmanager

@@ -23,8 +23,12 @@ class LegacyKey(msgspec.Struct):
 
 @dataclass(frozen=True, slots=True)
 class Imported:
-    added: int
+    new: tuple[str, ...]  # the hashes of the keys added
     present: int  # already in the store (left unchanged)
+
+    @property
+    def added(self) -> int:
+        return len(self.new)
 
 
 class BadKeysFile(ValueError):
@@ -52,10 +56,13 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
 
 
 async def import_keys(store: KeyStore, keys: list[LegacyKey]) -> Imported:
-    added = 0
+    """Not announced to the edges: KeyLifecycle.import_keys is what the CLI and the edges call."""
+    new: list[str] = []
     for k in keys:
-        added += await _add(store, k, k.key_sha256.lower())
-    return Imported(added, len(keys) - added)
+        digest = k.key_sha256.lower()
+        if await _add(store, k, digest):
+            new.append(digest)
+    return Imported(tuple(new), len(keys) - len(new))
 
 
 async def _add(store: KeyStore, key: LegacyKey, digest: str) -> bool:
@@ -76,5 +83,5 @@ async def import_keys_file_into(store: KeyStore, keys_file: str) -> Imported:
     at task start): imported at every start and by every key command, insert-only."""
     path = Path(keys_file) if keys_file else None
     if path is None or not path.is_file():
-        return Imported(0, 0)
+        return Imported((), 0)
     return await import_keys(store, parse_jsonl(path.read_bytes().splitlines()))

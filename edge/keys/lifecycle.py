@@ -1,7 +1,8 @@
 """Key lifecycle, shared by `floodgate keys` and the admin API: create, list, revoke, rotate, set-tier.
 
-Every change that can turn a working key away (revoke, rotate's expiry, a tier change) is announced
-(`announce(key_sha256)`), so edges drop their cached lookup at once where pub/sub is available."""
+Every change that can turn a working key away (revoke, rotate's expiry, a tier change) or make one
+work (create, import) is announced (`announce(key_sha256)`), so edges drop their cached lookup at
+once where pub/sub is available."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_into
 from edge.keys.record import KeyRecord, new_record
 from edge.keys.store import KeyStore
 
-Announce = Callable[[str], Awaitable[object]]
+# False: the edges were not told (the cache TTL bounds the change; the announcer said so).
+Announce = Callable[[str], Awaitable[bool]]
 # A fresh key's id is taken about once in 2**48 / (keys stored) tries: a few tries more mean a
 # store that refuses every insert, which is said rather than tried for ever.
 NEW_KEY_TRIES = 4
@@ -94,8 +97,8 @@ class Rotated:
     old: KeyRecord  # now expiring at the end of the grace period, replaced_by the new one
 
 
-async def _no_announce(key_sha256: str) -> None:
-    return None
+async def _no_announce(key_sha256: str) -> bool:
+    return True
 
 
 class KeyLifecycle:
@@ -161,6 +164,21 @@ class KeyLifecycle:
             await self.store.put(record)
         await self._announce(record.key_sha256)
         return record
+
+    async def import_keys(self, keys: list[LegacyKey]) -> Imported:
+        """Insert-only (edge/keys/legacy.py). Every key added is announced: an edge that was asked
+        with it before caches it as unknown, and refused it for the cache TTL after the import."""
+        return await self._announced(await import_keys(self.store, keys))
+
+    async def import_keys_file(self, keys_file: str) -> Imported:
+        """`[server] keys_file`, as every start and every key command import it."""
+        return await self._announced(await import_keys_file_into(self.store, keys_file))
+
+    async def _announced(self, done: Imported) -> Imported:
+        for digest in done.new:
+            if not await self._announce(digest):
+                break  # said once; the rest would each wait out the same unreachable Redis
+        return done
 
     async def set_tier(self, key_id: str, tier: str) -> KeyRecord:
         """The key's tier, and that of every other key of its rotations that still works: a key and

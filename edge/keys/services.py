@@ -11,7 +11,6 @@ import structlog
 from edge.config import Settings
 from edge.keys.authenticator import Authenticator
 from edge.keys.factory import key_changes, open_key_store
-from edge.keys.legacy import import_keys_file_into
 from edge.keys.lifecycle import KeyLifecycle
 from edge.keys.stream_watch import StreamWatch
 from edge.usage.factory import open_usage_store
@@ -39,9 +38,6 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
         cfg = settings.keys
         store = await open_key_store(cfg)
         stack.push_async_callback(store.aclose)
-        imported = await import_keys_file_into(store, settings.server.keys_file)
-        if imported.added:
-            log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
         authenticator = Authenticator(store, cfg.cache_ttl_s)
         streams = StreamWatch(authenticator)
         stack.push_async_callback(streams.aclose)
@@ -56,16 +52,23 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
             stack.push_async_callback(changes.aclose)
             changes.start(changed)
 
-        async def announce(key_sha256: str) -> None:
+        async def announce(key_sha256: str) -> bool:
             # A change made through this edge's admin API holds here at once, and on the others
             # at once with Redis, else within the cache TTL.
             changed(key_sha256)
             if changes is not None and not await changes.announce(key_sha256):
                 log.warning("key_change_announce_failed", bound_s=cfg.cache_ttl_s)
+                return False
+            return True
 
         lifecycle = KeyLifecycle(
             store, settings.tiers, rotation_grace_s=cfg.rotation_grace_s, announce=announce
         )
+        # Announced: the other edges may have been asked with a key new in the file (a task that
+        # starts with a newer secret) and cache it as unknown.
+        imported = await lifecycle.import_keys_file(settings.server.keys_file)
+        if imported.added:
+            log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
         usage_store = await open_usage_store(cfg)
         stack.push_async_callback(usage_store.aclose)
         writer = UsageWriter(usage_store, cfg.usage_queue_size)

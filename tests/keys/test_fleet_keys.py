@@ -4,6 +4,7 @@ without Redis)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from edge.cli import main
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from tests.edge.conftest import ROOMY_TIERS
 from tests.support.live_server import LiveServer, start_server
@@ -59,13 +61,17 @@ def _admin(edge: LiveServer) -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def _refused_within(edges: tuple[LiveServer, ...], key: str, bound_s: float) -> list[int]:
+def _answered_within(edges: tuple[LiveServer, ...], key: str, status: int, bound_s: float) -> list[int]:
     deadline = time.monotonic() + bound_s + POLL_MARGIN_S
     while True:
         statuses = [_status(e, key) for e in edges]
-        if all(s == 401 for s in statuses) or time.monotonic() > deadline:
+        if all(s == status for s in statuses) or time.monotonic() > deadline:
             return statuses
         time.sleep(0.05)  # polling: the change reaches the other edge on its own schedule
+
+
+def _refused_within(edges: tuple[LiveServer, ...], key: str, bound_s: float) -> list[int]:
+    return _answered_within(edges, key, 401, bound_s)
 
 
 def _create_on(edge: LiveServer, user: str) -> dict[str, Any]:
@@ -112,3 +118,32 @@ def test_without_redis_a_revocation_reaches_every_edge_within_the_cache_ttl(
     finally:
         a.stop()
         b.stop()
+
+
+def test_over_redis_a_key_the_cli_imports_works_on_a_running_edge_at_once(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A review: `floodgate keys import` (and the import of `[server] keys_file` every key command
+    makes) announced nothing, so an edge asked with the key before caches it as unknown and refused
+    it for keys.cache_ttl_s after the import, as it does here (an hour)."""
+    limiter = {"backend": "redis", "redis_url": redis_url, "instance_count": 1, "timeout_ms": 2000}
+    store = {"sqlite_path": str(tmp_path / "keys.db")}
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[server]\nkeys_file = "{tmp_path / "cli-keys.jsonl"}"\n'
+        f'[keys]\nsqlite_path = "{store["sqlite_path"]}"\n'
+        f'[limiter]\nbackend = "redis"\nredis_url = "{redis_url}"\n'
+    )
+    imported, in_keys_file = "fg-a-key-the-cli-imports", "fg-a-key-in-the-clis-keys-file"
+    exported = tmp_path / "exported.jsonl"
+    for path, key in ((exported, imported), (tmp_path / "cli-keys.jsonl", in_keys_file)):
+        path.write_text(json.dumps({"key_sha256": hash_key(key), "user": "fay", "tier": "free"}) + "\n")
+    with start_server(
+        tmp_path / "edge", _settings(store, LONG_TTL_S, limiter | {"instance_count": 1})
+    ) as edge:
+        # Asked before the import: refused, and cached as unknown for the hour. (The edge's start
+        # imported its own keys file, not the CLI's.)
+        assert [_status(edge, imported), _status(edge, in_keys_file)] == [401, 401]
+        assert main(["keys", "import", str(exported), "--config", str(config)]) == 0
+        assert _answered_within((edge,), imported, 200, bound_s=0.0) == [200]
+        assert _answered_within((edge,), in_keys_file, 200, bound_s=0.0) == [200]
