@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from string import hexdigits
 
 import msgspec
 
@@ -45,7 +46,8 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
             key = decoder.decode(line)
         except msgspec.DecodeError as exc:
             raise BadKeysFile(f"line {number}: {exc}") from None
-        if len(key.key_sha256) != 64:
+        # Hex as well as 64 long: any other such string was imported as a key no request can match.
+        if len(key.key_sha256) != 64 or not set(key.key_sha256.lower()) <= set(hexdigits):
             raise BadKeysFile(f"line {number}: key_sha256 is not a SHA-256 hex digest")
         if not key.user.strip():
             # As a key created here (lifecycle.InvalidUser): keys of no one would share one

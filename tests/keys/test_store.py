@@ -467,6 +467,15 @@ def test_the_old_keys_file_may_not_give_a_key_no_user(user: str) -> None:
         parse_jsonl([json.dumps({"key_sha256": hash_key("fg-b"), "user": "bob", "tier": "paid"}), line])
 
 
+@pytest.mark.parametrize("digest", ["g" * 64, " " + "a" * 63])
+def test_the_old_keys_file_may_only_give_a_sha256_hex_digest(digest: str) -> None:
+    """64 characters that are no hex digest passed, and were imported as a key nothing matches."""
+    line = json.dumps({"key_sha256": digest, "user": "bob", "tier": "paid"})
+    with pytest.raises(BadKeysFile, match="line 1: key_sha256 is not a SHA-256 hex digest"):
+        parse_jsonl([line])
+    assert [k.user for k in parse_jsonl([line.replace(digest, hash_key("k").upper())])] == ["bob"]
+
+
 class _GatedStore:
     """The real store, its reads counted and their answers held until the test opens the gate."""
 
