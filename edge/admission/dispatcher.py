@@ -456,10 +456,10 @@ class Dispatcher:
             return frees, now - at
         alive = [r for r in self.replicas.members if r.alive]
         members = {id(r) for r in alive}
-        ends = expected_ends_s(
-            (s for s in self._running if id(s.replica) in members), now, self._reply_lengths
-        )
         service_s = sum(r.rate.service_s for r in alive) / len(alive) if alive else 0.0
+        ends = expected_ends_s(
+            (s for s in self._running if id(s.replica) in members), now, self._reply_lengths, service_s
+        )
         frees = place_frees_s(ends, places, service_s)
         self._frees = (now, frees, places)
         return frees, 0.0

@@ -330,3 +330,41 @@ async def test_further_back_in_line_than_places_run_is_told_when_its_place_frees
         await flow.aclose()
     # The soonest place frees at 0.02 s, for w1; again 5 s later, for w2; the next 5 s after that.
     assert third.value.retry_after_s == pytest.approx(0.02 + 2 * 5.0, abs=0.05)
+
+
+@pytest.mark.anyio
+async def test_places_whose_replies_tell_nothing_yet_still_free_in_turn(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """Eight places, seven held by replies still in their prefill (no pace yet: running_ends.py
+    leaves them out) and one near its end, forty users waiting: every place frees about once a
+    learnt second, so the forty-first place frees in about 5.5 s, which the wait estimate says too
+    (5.1 s). Counted as the one informative place cycling alone, the refusal's Retry-After was
+    40.8 s, eight times the wait; since wait_too_long took its Retry-After from the same figure
+    (c273ce2), a tier's ordinary overload told its clients to stay away for 40 s."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=8)
+    async with make_dispatcher([replica], prior_service_s=1.0, clock=lambda: now[0]) as dispatcher:
+        slots = [
+            await dispatcher.acquire(ticket(f"running-{i}", kv_tokens=20 + 500, prompt_tokens=20))
+            for i in range(8)
+        ]
+        slots[0].grow(1)
+        now[0] += 0.5
+        slots[0].grow(100)  # about 0.79 s to go of a typical 256; the other seven in their prefill
+        flow = Flow(dispatcher)
+        for i in range(40):
+            flow.submit(ticket(f"waiting-{i}", kv_tokens=28, prompt_tokens=20))
+        await flow.settle()
+        late = ticket("late", kv_tokens=28, prompt_tokens=20, max_wait_s=2.0)
+        wait_s = dispatcher.estimate_wait_s(late)
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(late)
+        for slot in slots:
+            slot.release()
+        await flow.aclose()
+    assert refused.value.reason == "wait_too_long"
+    assert wait_s == pytest.approx(41 / 8)
+    # Seven places free 0.5 s from now (a learnt service from their grant), the eighth at 0.79 s,
+    # and each again a second later: the forty-first frees 0.5 + 5 s from now.
+    assert refused.value.retry_after_s == pytest.approx(0.5 + 5 * 1.0)
