@@ -228,6 +228,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 # Before its task's first step, which takes the send from the cycle.
                 cycle.__class__ = UntilCloseCycle
                 cycle.keep_alive = False  # the close ends the body
+                # RFC 9110 10.1.1, 15.2: its 100-continue is ignored, and no 1xx goes to a 1.0
+                # client (it reads the first status line as its answer: a 100, the answer its body).
+                cycle.waiting_for_100_continue = False
             if self.parser.should_upgrade():
                 # Answered as plain HTTP (no WebSocket here, edge/server.py), and the connection
                 # closes after it: the parser stops at an upgrade, so nothing after it is read.

@@ -158,3 +158,21 @@ def test_an_http_1_0_client_gets_each_reply_framed_the_way_1_0_knows(edge: LiveS
     assert b"transfer-encoding" not in fields
     assert int(fields[b"content-length"]) == len(body)
     assert json.loads(body)["usage"]["completion_tokens"] == 4
+
+
+def test_an_http_1_0_client_that_sends_expect_gets_no_interim_answer(edge: LiveServer) -> None:
+    """RFC 9110 10.1.1 and 15.2: a 100-continue expectation in an HTTP/1.0 request is ignored, and
+    a 1.0 client is never sent a 1xx (it knows none: the first status line it reads is its answer).
+    uvicorn wrote "100 Continue" to it all the same, so a 1.0 client read a 100 with the real answer
+    as its body. A 1.1 client still gets its 100 first."""
+    answers = {}
+    expecting = b"host: x\r\nexpect: 100-continue\r\nconnection: close\r\n"
+    for version in (b"1.0", b"1.1"):
+        request = _chat(edge, stream=False, max_tokens=2, version=version)
+        request = request.replace(b"host: x\r\n", expecting, 1)
+        with _connect(edge) as sock:
+            sock.sendall(request)
+            answers[version] = read_to_close(sock)
+    assert answers[b"1.0"].startswith(b"HTTP/1.1 200 OK\r\n"), answers[b"1.0"][:100]
+    continued = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
+    assert answers[b"1.1"].startswith(continued), answers[b"1.1"][:100]
