@@ -24,21 +24,23 @@ class ConfigError(ValueError):
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     host: str
-    port: int
+    # 0: a free port the kernel picks (the tests' servers).
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
     keys_file: str
-    max_body_bytes: int
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1)]
     # A request's headers must have arrived this long after the connection's start, or after the
     # next request's first byte on a kept-alive one (408, or a plain close where nothing came).
     header_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
     # A request body must have arrived this long after the request started (408 past it).
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)]
-    keepalive_s: float
+    # 0 sent keep-alive comments back to back, a loop pass each, until the first token.
+    keepalive_s: Annotated[float, msgspec.Meta(gt=0)]
     # HTTP keep-alive of an idle client connection (uvicorn's timeout_keep_alive).
     http_keep_alive_s: Annotated[float, msgspec.Meta(gt=0)]
     dev_key: bool
     # Operator endpoints (/metrics, /v1/internal/...) answer only on this listener.
     ops_host: str
-    ops_port: Annotated[int, msgspec.Meta(ge=0)]
+    ops_port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
     # Graceful drain on SIGTERM (edge/drain.py): how long the listener keeps accepting, and when the
     # streams still running are cut, both counted from the signal.
     drain_accept_s: Annotated[float, msgspec.Meta(ge=0)]
@@ -131,7 +133,7 @@ class EngineSettings(EngineConfig, frozen=True, kw_only=True, forbid_unknown_fie
 class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["memory", "redis"]
     redis_url: str
-    timeout_ms: int
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1)]
     instance_count: Annotated[int, msgspec.Meta(ge=1)]
     slot_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
     redis_cluster: bool
@@ -144,8 +146,8 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
-    reserved_paid_fraction: float
-    max_queue: int
+    reserved_paid_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    max_queue: Annotated[int, msgspec.Meta(ge=0)]
     # Prefix-aware routing: a replica's probably cached prompt tokens each count this many tokens
     # off its load (edge/admission/router.py); 0 routes to the least loaded replica only.
     prefix_weight: Annotated[float, msgspec.Meta(ge=0)] = 2.0
@@ -163,7 +165,7 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     sqlite_path: str
     dynamodb_table: str
     dynamodb_endpoint: str
-    queue_size: int
+    queue_size: Annotated[int, msgspec.Meta(ge=1)]
     ttl_days: Annotated[float, msgspec.Meta(gt=0)]
     # How long a history read waits for this edge's own unwritten messages of its conversation
     # (edge/messages/writer.py) before it answers with what the store holds.
@@ -206,7 +208,7 @@ class TierConfig(TierLimits, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     and what only the edge reads. Handed to the limiter as it is."""
 
     priority: int
-    max_queue_wait_s: float
+    max_queue_wait_s: Annotated[float, msgspec.Meta(ge=0)]
     # The [models.*] this tier may use (empty: all) and the one a request naming none gets
     # (empty: the first it may use). Ignored when only [model] is configured.
     models: tuple[str, ...] = ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -44,6 +45,33 @@ def test_a_tier_budget_of_zero_is_refused(field: str) -> None:
     """It divided every request's rates by zero: a 500 on each request instead of a settings error."""
     with pytest.raises(msgspec.ValidationError, match=field):
         load_settings(overrides={"tiers": {"free": {field: 0}}})
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "value"),
+    [
+        ("server", "port", 70000),
+        ("server", "port", -5),
+        ("server", "ops_port", 65536),
+        ("server", "max_body_bytes", 0),
+        ("server", "keepalive_s", 0),
+        ("limiter", "timeout_ms", 0),
+        ("admission", "reserved_paid_fraction", 1.5),
+        ("admission", "reserved_paid_fraction", -0.1),
+        ("admission", "max_queue", -1),
+        ("messages", "queue_size", 0),
+        ("tiers.free", "max_queue_wait_s", -1),
+    ],
+)
+def test_a_setting_out_of_its_range_is_refused_at_load(table: str, field: str, value: float) -> None:
+    """Loaded, a port past 65535 reached the bind after the model's import and the dev key's
+    creation and ended in an OverflowError's traceback; a keep-alive of 0 s sent its comments back
+    to back; a body limit of 0 answered every request 413: settings errors, said at start."""
+    overrides: dict[str, Any] = {field: value}
+    for name in reversed(table.split(".")):
+        overrides = {name: overrides}
+    with pytest.raises(msgspec.ValidationError, match=field):
+        load_settings(overrides=overrides)
 
 
 def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
