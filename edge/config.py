@@ -377,11 +377,13 @@ def _check_model_names(settings: Settings) -> None:
     """A served model's name is one path segment of /v1/models/{id} (and its /stats): a name with
     a '/' would be listed and chatted with, but never retrieved, its stats never shown."""
     for name in settings.models or (settings.model.name,):
-        if "/" in name or not name:
+        if not name:
+            raise ConfigError("model name '': a served model needs a name (its id in /v1/models/{id})")
+        if "/" in name:
             raise ConfigError(
-                f"model name {name!r}: a served model's name must be non-empty and have no '/' (it is "
-                "one segment of /v1/models/{id}); name it, say, "
-                f"{name.replace('/', '--')!r} and keep the checkpoint's own name in its source or path."
+                f"model name {name!r}: a served model's name must have no '/' (it is one segment of "
+                f"/v1/models/{{id}}); name it, say, {name.replace('/', '--')!r} and keep the "
+                "checkpoint's own name in its source or path."
             )
 
 

@@ -136,6 +136,9 @@ def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> N
         load_settings(path)
     with pytest.raises(ConfigError, match="no '/'"):
         load_settings(overrides={"model": {"source": "demo", "name": "org/tiny"}})
+    with pytest.raises(ConfigError, match="needs a name") as refused:
+        load_settings(overrides={"model": {"source": "demo", "name": ""}})
+    assert "say" not in str(refused.value)  # it offered '' as the name to use
 
 
 def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_request_could_send_them(
