@@ -55,8 +55,18 @@ def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
 
 
+_MAX_DAYS = 36525
+
+
 def _create(args: argparse.Namespace) -> int:
-    expires_in = None if args.expires_in_days is None else args.expires_in_days * 86400
+    days = args.expires_in_days
+    if days is not None and not 0 < days <= _MAX_DAYS:
+        # Said in the unit given: the lifecycle's own refusal speaks the admin API's seconds.
+        raise SystemExit(
+            f"floodgate: --expires-in-days must be a positive number of days, at most {_MAX_DAYS} "
+            f"(100 years), not {days:g}"
+        )
+    expires_in = None if days is None else days * 86400
 
     async def step(keys: KeyLifecycle) -> Any:
         return await keys.create(args.user, args.tier, args.label, expires_in)
