@@ -6,10 +6,17 @@
 -- its id after the last ':' (edge/request_ids.py). It is remembered for as long as a slot lives
 -- (ARGV[6]; longer, its slots expired anyway) or until it beats again. One that leaves says so
 -- itself after its streams settled, and is not remembered.
+-- A silence of the whole fleet longer than ARGV[7] (no member's beat for that long, while the live
+-- members beat every interval) was Redis's, out of every member's reach (a failover, a partition,
+-- a server that stalled), not the members': every live member's expiry moves on by it, so the
+-- first beat after an outage longer than a TTL counts nobody out (it named every other member
+-- departed, their users' slots freed under their running streams, and sent them back through the
+-- join wait). A member that died just before such a silence is counted out that much later.
 -- KEYS[1] = sorted set member -> expiry (ms), KEYS[2] = hash member -> claim, KEYS[3] = sorted set
---           departed tag -> forget at (ms); one hash tag.
+--           departed tag -> forget at (ms), KEYS[4] = the last beat's time (ms); one hash tag.
 -- ARGV = member id, claim, ttl_ms, "1" to leave, key lifetime (ms) once the fleet is gone,
---        how long a departed member is remembered (ms).
+--        how long a departed member is remembered (ms), the fleet's silence past which it was
+--        Redis's (ms).
 -- Returns {flat claims (member, claim, ...), departed tags, 1 when this beat brings the member back
 --          after another member's beat counted it out (it stalled past its TTL: the others may
 --          have freed its slots and taken its share), else 0 (a first beat, a Redis that lost the
@@ -20,6 +27,18 @@ local remember = tonumber(ARGV[6])
 local function tag_of(member)
   return string.match(member, '([^:]*)$')
 end
+local lifetime = math.max(tonumber(ARGV[5]), remember)
+local last = redis.call('GET', KEYS[4])
+if last then
+  local silence = now - tonumber(last)
+  if silence > tonumber(ARGV[7]) then
+    local expiries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #expiries, 2 do
+      redis.call('ZADD', KEYS[1], tonumber(expiries[i + 1]) + silence, expiries[i])
+    end
+  end
+end
+redis.call('SET', KEYS[4], now, 'PX', lifetime)
 local back = 0
 if ARGV[4] ~= '1' and redis.call('ZSCORE', KEYS[3], tag_of(ARGV[1])) then
   back = 1
@@ -41,7 +60,6 @@ else
   redis.call('ZREM', KEYS[3], tag_of(ARGV[1]))
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-  local lifetime = math.max(tonumber(ARGV[5]), remember)
   redis.call('PEXPIRE', KEYS[1], lifetime)
   redis.call('PEXPIRE', KEYS[2], lifetime)
   if redis.call('EXISTS', KEYS[3]) == 1 then

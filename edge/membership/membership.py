@@ -9,7 +9,8 @@ beat to spare). The first member of an empty fleet has nobody to wait for and se
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
-the static `instance_count` takes over until Redis answers again. Back after the others counted it
+the static `instance_count` takes over until Redis answers again; an outage of Redis itself counts
+against nobody's TTL (heartbeat.lua), so the fleet is as it was. Back after the others counted it
 out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP): it joins again as a newcomer,
 since they took its share, and has its running requests' slots put back (`on_back`), since their
 admits may have freed them as a dead member's.
@@ -57,6 +58,15 @@ class MembershipSettings:
         if self.instance_count < 1:
             raise ValueError("instance_count must be at least 1")
 
+    @property
+    def quiet_s(self) -> float:
+        """A time with no beat from any member that only an outage of Redis explains (heartbeat.lua
+        then moves every expiry on by it). Above one beat period with room to spare, for a member
+        alone (its beats are interval_s apart plus their own time) must still count the dead out;
+        below the silence that outlasts a TTL (a beat late by up to interval_s), or the members are
+        counted out first: half the TTL, between the two where the TTL is 3 beats or more."""
+        return max(self.ttl_s / 2, 1.5 * self.interval_s)
+
 
 class FleetMembership:
     def __init__(
@@ -74,7 +84,9 @@ class FleetMembership:
         `restore_slots`)."""
         self.member_id = member_id
         self.settings = settings
-        self._registry = MembershipRegistry(client, settings.fleet, settings.remember_departed_s)
+        self._registry = MembershipRegistry(
+            client, settings.fleet, settings.remember_departed_s, settings.quiet_s
+        )
         self._on_change = on_change
         self._on_back = on_back
         # Back from being counted out, the slots put back once more when this instance serves:
@@ -141,9 +153,12 @@ class FleetMembership:
             # The first member of an empty fleet: nobody has to make room, so no wait (one edge
             # alone serves at once). A later joiner finds this claim and waits for it to shrink.
             self._joined_at = now - self.settings.join_wait_s
-        elif self._joined_at is None or self.view.source == "fallback" or (back and not alone):
-            # (Re)joining: after an outage, or a stall past the TTL, the others counted this member
-            # out and took its share; it takes it back once they have made room again.
+        elif self._joined_at is None or (back and not alone):
+            # (Re)joining: after a stall past the TTL, or cut off from Redis alone for that long,
+            # the others counted this member out and took its share; it takes it back once they
+            # have made room again. Not after an outage of Redis itself, however long (the fallback
+            # included): nobody could beat, nobody was counted out (heartbeat.lua), and every
+            # member sent back through the join wait at once left the fleet serving nothing.
             self._joined_at = now
         self._last_ok = now
         if back:

@@ -1,7 +1,9 @@
 """The fleet's membership in Redis: a sorted set of expiries, a hash of claims and a sorted set of
 departed members under one hash tag (so a Redis Cluster keeps them on one shard), changed only by
 heartbeat.lua. A member that stops beating is gone one TTL later, whoever beats next, and departed
-(its slots freed, limiter/scripts/admit.lua) until `remember_s` later or its next beat."""
+(its slots freed, limiter/scripts/admit.lua) until `remember_s` later or its next beat. A silence of
+the whole fleet longer than `quiet_s` was Redis's (an outage), not the members': it does not count
+against their TTLs."""
 
 from __future__ import annotations
 
@@ -29,13 +31,21 @@ def _text(value: Any) -> str:
 
 
 class MembershipRegistry:
-    def __init__(self, client: Redis | RedisCluster, fleet: str = "edges", remember_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        fleet: str = "edges",
+        remember_s: float = 300.0,
+        quiet_s: float = 7.5,
+    ) -> None:
         """`remember_s`: how long a departed member's slots may still be held (the limiter's slot
-        TTL); it is remembered as departed that long."""
+        TTL); it is remembered as departed that long. `quiet_s`: a time with no beat from any
+        member that only an outage explains (MembershipSettings.quiet_s)."""
         self._client = client
         tag = "{floodgate:" + fleet + "}"
-        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed"]
+        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed", f"{tag}:last-beat"]
         self._remember_ms = max(1, int(remember_s * 1000))
+        self._quiet_ms = max(1, int(quiet_s * 1000))
         self._script: Any = client.register_script(SCRIPT)
 
     async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
@@ -50,6 +60,7 @@ class MembershipRegistry:
     async def _run(self, member: str, claim: float, ttl_s: float, *, leave: bool) -> Fleet:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
+        args.append(self._quiet_ms)
         flat, departed, back = await self._script(keys=self._keys, args=args)
         pairs = [_text(x) for x in flat]
         claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}

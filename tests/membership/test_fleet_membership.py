@@ -23,6 +23,7 @@ from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import fallback_view, view_from_claims
 from limiter import redis_url
 from tests.support.redis_server import RedisServer, start_redis
+from tests.support.stalling_proxy import stalling_proxy
 
 INTERVAL_S = 0.2
 TTL_S = 0.8
@@ -47,9 +48,12 @@ class Fleet:
         self.killed_at: dict[str, float] = {}
         self._cond = threading.Condition()
 
-    def start(self, name: str, instance_count: int = 1) -> Edge:
-        args = [sys.executable, "-m", "edge.membership", "--redis", self.redis.url, "--id", name]
-        args += ["--interval", str(INTERVAL_S), "--ttl", str(TTL_S), "--stale-after", "1.0"]
+    def start(
+        self, name: str, instance_count: int = 1, stale_after_s: float = 1.0, redis_url: str = ""
+    ) -> Edge:
+        """`redis_url`: the Redis the edge reaches, when not the fleet's own directly (a proxy)."""
+        args = [sys.executable, "-m", "edge.membership", "--redis", redis_url or self.redis.url, "--id", name]
+        args += ["--interval", str(INTERVAL_S), "--ttl", str(TTL_S), "--stale-after", str(stale_after_s)]
         args += ["--instance-count", str(instance_count), "--drain-s", "2.0"]  # ~10 beats: room on a busy box
         process = subprocess.Popen(
             args, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -131,6 +135,17 @@ def test_shares_follow_the_live_count_when_one_edge_is_killed(fleet: Fleet) -> N
     fleet.wait("c departed", lambda: all(fleet.edges[n].last.get("departed") == ["c"] for n in ("a", "b")))
 
 
+def test_an_edge_left_alone_counts_the_killed_one_out(fleet: Fleet) -> None:
+    """Alone, its own beats are the fleet's only ones, a beat period apart: that is no outage of
+    Redis (heartbeat.lua moves expiries on only past a longer silence), so the dead one's TTL runs."""
+    fleet.start("a")
+    fleet.start("b")
+    fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+    fleet.edges["b"].process.kill()
+    fleet.wait("a alone at 1", fleet.serving(["a"], 1.0, 1))
+    assert fleet.edges["a"].last["departed"] == ["b"]
+
+
 def test_a_joining_edge_never_double_books(fleet: Fleet) -> None:
     fleet.start("a")
     fleet.start("b")
@@ -199,6 +214,51 @@ def test_a_redis_restarted_empty_leaves_every_edge_serving(fleet: Fleet, redis_s
     finally:
         probe.close()
         restarted.kill()
+
+
+@pytest.mark.parametrize("regime", ["stale", "fallback"])
+def test_a_redis_out_of_reach_past_the_ttl_counts_nobody_out(
+    fleet: Fleet, redis_server: RedisServer, regime: str
+) -> None:
+    """Redis out of every member's reach (a failover, a partition) for longer than their TTL, by its
+    own clock: no member could beat, so none is dead. Once it answers, every edge keeps serving its
+    share: none is named departed (its users' slots freed under its running streams) and none goes
+    back through the join wait (share 0), whether the outage outlasted stale_after_s or not."""
+    stale_after_s = 30.0 if regime == "stale" else 1.0
+    with stalling_proxy(redis_server.port) as proxy:
+        via = f"redis://127.0.0.1:{proxy.port}/0"
+        fleet.start("a", stale_after_s=stale_after_s, redis_url=via)
+        fleet.start("b", stale_after_s=stale_after_s, redis_url=via)
+        fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+        probe = redis.Redis.from_url(redis_server.url)
+        try:
+            proxy.black_hole()
+            try:
+                fleet.wait(
+                    f"both edges on a {regime} view",
+                    lambda: all(fleet.edges[n].last.get("source") == regime for n in ("a", "b")),
+                )
+                seen = {name: len(fleet.edges[name].views) for name in ("a", "b")}
+                # Their last beats are in; the outage outlasts both expiries (Redis's clock is this
+                # host's).
+                key = "{floodgate:edges}:expiry"
+                expiries = {m.decode(): s for m, s in probe.zrange(key, 0, -1, withscores=True)}
+                assert set(expiries) == {"a", "b"}
+                time.sleep(max(0.0, max(expiries.values()) / 1000 + 0.1 - time.time()))
+            finally:
+                proxy.resume()
+            # Each member beats twice once Redis is in reach again: what the first beat after the
+            # outage made of the fleet is in their views by then.
+            _beats_after(probe, _beats_after(probe, expiries))
+            fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
+            for name in ("a", "b"):
+                after = fleet.edges[name].views[seen[name] :]
+                assert all(v["share"] > 0 and v["departed"] == [] for v in after), [
+                    (v["source"], v["share"], v["departed"]) for v in after
+                ]
+        finally:
+            probe.close()
+            fleet.stop()
 
 
 def _beats_after(probe: redis.Redis, last: dict[str, float]) -> dict[str, float]:

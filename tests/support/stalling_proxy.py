@@ -1,7 +1,8 @@
 """A TCP proxy whose open connections can be made to go silent: what a peer that vanished without a
 reset looks like (a host gone mid-failover, a network path black-holed). After `stall()` the
 connections open at that moment still accept bytes both ways but pass none on, and never close;
-connections opened later relay normally.
+connections opened later relay normally. After `black_hole()` those opened later go silent too,
+until `resume()`: the server unreachable for a while (a failover, a partition), not one path lost.
 
     with stalling_proxy(redis.port) as proxy:   # proxy.port in front of redis.port
         ...
@@ -23,10 +24,20 @@ class StallingProxy(TcpProxy):
         super().__init__(upstream_port)
         self._silenced: list[threading.Event] = []
         self._sockets: list[socket.socket] = []
+        self._black_hole = threading.Event()
 
     def stall(self) -> None:
         for silenced in self._silenced:
             silenced.set()
+
+    def black_hole(self) -> None:
+        """Silence every connection, open or opened from now on, until `resume()`."""
+        self._black_hole.set()
+        self.stall()
+
+    def resume(self) -> None:
+        """Connections opened from now on relay again (the silenced ones stay silent)."""
+        self._black_hole.clear()
 
     def close(self) -> None:
         super().close()
@@ -38,6 +49,8 @@ class StallingProxy(TcpProxy):
     def _handle(self, client: socket.socket, number: int) -> None:
         upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
         silenced = threading.Event()
+        if self._black_hole.is_set():
+            silenced.set()
         self._silenced.append(silenced)
         self._sockets += [client, upstream]
         threading.Thread(target=_pump, args=(upstream, client, silenced), daemon=True).start()
