@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
-import boto3
 from litestar import Litestar
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
@@ -53,6 +52,7 @@ from edge.routes.playground import playground
 from edge.routes.usage import own_usage
 from edge.runtime import Runtime
 from edge.scaling import ScalingPublisher, scaling_publisher, work_price
+from edge.scaling.publisher import cloudwatch_client
 from edge.stalled_readers import StalledReaders
 from edge.stream_gate import StreamGate
 from edge.text.model_text import ModelText
@@ -90,7 +90,7 @@ def _scaling_publisher(settings: Settings, dispatcher: Dispatcher) -> ScalingPub
     return scaling_publisher(
         settings.model.name,
         dispatcher,
-        lambda: boto3.client("cloudwatch", region_name=region),
+        lambda: cloudwatch_client(region),
         m.cloudwatch_interval_s,
         work_price(m),
     )

@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
+import boto3
 import structlog
+from botocore.config import Config
 from prometheus_client import Counter
 
 from edge.scaling import metric
@@ -38,6 +40,22 @@ PUBLISH_FAILURES = Counter(
     "PutMetricData calls that failed (their samples are lost), by model.",
     ["model"],
 )
+
+
+# botocore's defaults wait 60 s for a reply and try 5 times: a CloudWatch gone silent (a black-holed
+# path, a NAT or endpoint lost) held one call for minutes. Samples not sent within the interval are
+# of no use, and the shutdown waits for the call out (aclose) ahead of the usage and message writers,
+# which an orchestrator's stop timeout would then kill unwritten. PutMetricData answers in well
+# under a second: two short tries.
+CLIENT_CONFIG = Config(
+    connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}
+)
+
+
+def cloudwatch_client(region: str | None) -> CloudWatchClient:
+    """The edge's CloudWatch client, its calls bounded (CLIENT_CONFIG); `region` None: boto3's
+    default chain."""
+    return boto3.client("cloudwatch", region_name=region, config=CLIENT_CONFIG)
 
 
 class ScalingPublisher:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from typing import Any, cast
@@ -11,10 +12,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from edge.scaling import ScalingPublisher, metric
+from edge.scaling.publisher import cloudwatch_client
 from tests.scaling.conftest import PutRecorder, aws_client, read_back
+from tests.support.moto_server import REGION
 from tests.support.ports import free_port
+from tests.support.stalling_proxy import stalling_proxy
 
 pytestmark = pytest.mark.anyio
+
+# One call to a silent CloudWatch within the edge client's bounds (two tries of 3 s), with room for
+# a busy host; far below botocore's defaults.
+CLOSE_BOUND_S = 10.0
 
 
 def model_name() -> str:
@@ -125,3 +133,46 @@ def test_an_interval_must_fit_one_call() -> None:
             interval_s=60,
             sample_interval_s=0.01,
         )
+
+
+async def test_a_silent_cloudwatch_holds_the_shutdown_for_one_bounded_call(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CloudWatch gone silent (a black-holed path: connections accepted, nothing answered). The
+    close waits for the call out, and the edge's own client gives that up within its bounds: the
+    lifespan closes the publisher before the usage and message writers, which a stop timeout's
+    SIGKILL would otherwise catch unwritten (botocore's defaults: 60 s a reply, 5 tries)."""
+    with stalling_proxy(int(moto_endpoint.rsplit(":", 1)[1])) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        calling = anyio.Event()
+
+        def client() -> Any:
+            real = cloudwatch_client(REGION)
+            real.meta.events.register(
+                "provide-client-params.cloudwatch.PutMetricData",
+                lambda **_: anyio.from_thread.run_sync(calling.set),
+            )
+            return real
+
+        model = model_name()
+        publisher = ScalingPublisher(
+            lambda: {metric.DEMAND_METRIC: 1.0},
+            dimensions=metric.dimensions(model),
+            client_factory=client,
+            interval_s=0.1,
+            sample_interval_s=0.05,
+        )
+        proxy.black_hole()
+        publisher.start()
+        await calling.wait()  # a call is out, into the silence
+        closing = asyncio.ensure_future(publisher.aclose())
+        try:
+            closed, _ = await asyncio.wait({closing}, timeout=CLOSE_BOUND_S)
+        finally:
+            proxy.close()  # what is still out meets a closed connection and ends
+            await closing
+        assert closed, f"the close was still held by a silent CloudWatch after {CLOSE_BOUND_S} s"
+        failures = REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total", {"model": model})
+        assert failures == 1.0  # the call out failed (no sample was taken while it was out)
