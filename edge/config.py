@@ -190,6 +190,15 @@ class FleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     member_ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0
     stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
 
+    def __post_init__(self) -> None:
+        # A TTL within two beats counted a live member out for one beat late by its interval (a
+        # loop busy for a moment, one slow Redis reply): its users' slots freed under their streams.
+        if self.member_ttl_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"fleet.member_ttl_s {self.member_ttl_s:g} is under two beats of fleet.heartbeat_s "
+                f"{self.heartbeat_s:g}: one late beat would count a live edge out"
+            )
+
 
 class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["sqlite", "dynamodb"]

@@ -74,6 +74,15 @@ def test_a_setting_out_of_its_range_is_refused_at_load(table: str, field: str, v
         load_settings(overrides=overrides)
 
 
+def test_a_member_ttl_within_two_beats_is_refused() -> None:
+    with pytest.raises(msgspec.ValidationError, match="member_ttl_s 1.5 is under two beats"):
+        load_settings(overrides={"fleet": {"heartbeat_s": 1.0, "member_ttl_s": 1.5}})
+    assert (
+        load_settings(overrides={"fleet": {"heartbeat_s": 1.0, "member_ttl_s": 2.0}}).fleet.member_ttl_s
+        == 2.0
+    )
+
+
 def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[limiter]\nslot_ttl_s = 100\n")
