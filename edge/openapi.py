@@ -13,9 +13,13 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import cast
 
 import msgspec
+from litestar import Router
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, OpenAPIMediaType, Operation, RequestBody, Schema, SecurityScheme
+from litestar.routes import BaseRoute
+from litestar.types import ControllerRouterHandler
 
 from edge.schemas import ChatCompletionRequest
 
@@ -38,6 +42,22 @@ class ChatCompletionOperation(Operation):
         )
 
 
+# The path of the catch-all Litestar adds under SCHEMA_PATH for the paths no document is served at.
+_NOT_FOUND_PAGE = "/{path:str}"
+
+
+class _SchemaRouter(Router):
+    """The router Litestar serves the documents on, less its catch-all: besides the documents it
+    registers `/{path:str}`, which answered GET with an HTML 404 page of its own, OPTIONS with 204
+    and POST with 405 where every other unknown path answers the JSON 404 for every method. Declined
+    here, `/schema/<anything not served>` is an unknown path like any other."""
+
+    def register(self, value: ControllerRouterHandler) -> list[BaseRoute]:
+        if isinstance(value, HTTPRouteHandler) and _NOT_FOUND_PAGE in value.paths:
+            return []
+        return super().register(value)
+
+
 def _version() -> str:
     try:
         return version("floodgate")
@@ -51,7 +71,8 @@ def openapi_config() -> OpenAPIConfig:
     return OpenAPIConfig(
         title="Floodgate",
         version=_version(),
-        path=SCHEMA_PATH,
+        # A fresh router per app: Litestar registers the documents' handlers on it.
+        openapi_router=_SchemaRouter(SCHEMA_PATH, route_handlers=[], include_in_schema=False),
         render_plugins=[JsonRenderPlugin()],
         components=Components(
             schemas=schemas,

@@ -12,7 +12,7 @@ from tests.iac.hcl import MODULES, module
 
 PUBLIC_PATTERNS: list[str] = module(MODULES / "alb").variables()["public_paths"]["default"]
 # Reachable only from inside the VPC (the edge's ops listener, or the admin key).
-OPERATOR = {"/metrics", "/readyz", "/v1/internal/engine", "/schema", "/schema/openapi.json", "/schema/x"}
+OPERATOR = {"/metrics", "/readyz", "/v1/internal/engine", "/schema", "/schema/openapi.json"}
 OPERATOR_PREFIXES = ("/v1/admin/",)
 
 

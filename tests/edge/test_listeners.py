@@ -130,6 +130,17 @@ def test_options_answers_alike_on_each_listener_that_serves_the_path(server: Liv
     }
 
 
+def test_every_unknown_path_under_the_schema_is_an_unknown_path(server: LiveServer) -> None:
+    """Litestar served a catch-all under the documents' prefix: GET /schema/swagger answered an HTML
+    404 page, OPTIONS 204 and POST 405 (Allow: GET, OPTIONS), where any other unknown path answers
+    the JSON 404 for every method. The documents themselves are still served."""
+    unknown = (SCHEMA_PATH + "/swagger", SCHEMA_PATH + "/redoc", SCHEMA_PATH + "/openapi.yaml")
+    assert _unlike_an_unknown_path(server.base_url, unknown) == {}
+    for document in (SCHEMA_PATH, SCHEMA_PATH + "/openapi.json"):
+        answer = httpx.get(server.base_url + document, timeout=30)
+        assert answer.status_code == 200 and "/v1/chat/completions" in answer.json()["paths"]
+
+
 def test_a_new_key_is_never_kept_by_a_cache(server: LiveServer) -> None:
     made = httpx.post(
         f"{server.ops_url}/v1/admin/keys",
