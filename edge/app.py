@@ -43,6 +43,7 @@ from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.chat_route import chat_route
 from edge.routes.conversations import conversation_messages
+from edge.routes.head import answer_head_with_get
 from edge.routes.health import healthz, readyz
 from edge.routes.listeners import PATH_LISTENERS, listener_split, path_listeners
 from edge.routes.model_stats import model_stats
@@ -292,6 +293,7 @@ def create_app(
         # Litestar's and botocore's lines went out unstructured, on stderr.
         logging_config=None,
     )
+    answer_head_with_get(app)
     app.state.drain = drain
     app.state[PATH_LISTENERS] = path_listeners(app)  # read by edge/routes/listeners.py
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py

@@ -141,6 +141,62 @@ def test_every_unknown_path_under_the_schema_is_an_unknown_path(server: LiveServ
         assert answer.status_code == 200 and "/v1/chat/completions" in answer.json()["paths"]
 
 
+def _seen(answer: httpx.Response) -> tuple[int, dict[str, str], bytes]:
+    return answer.status_code, {k: v for k, v in answer.headers.items() if k != "date"}, answer.content
+
+
+def test_head_answers_wherever_get_does(server: LiveServer) -> None:
+    """RFC 9110 9.1: a general-purpose server supports HEAD wherever it supports GET, with GET's
+    status and headers (content-length included) and no body. Every GET-only route answered 405."""
+    paid = server.auth("paid")
+    routes = [
+        (server.base_url, "/v1/models", paid),
+        (server.base_url, "/v1/models/floodgate-tiny", paid),
+        (server.base_url, "/v1/models/no-such-model", paid),  # GET's 404
+        (server.base_url, "/v1/models", {}),  # GET's 401
+        (server.base_url, "/healthz", {}),
+        (server.base_url, "/readyz", {}),
+        (server.base_url, "/", {}),
+        (server.base_url, SCHEMA_PATH + "/openapi.json", {}),
+        (server.ops_url, "/v1/internal/engine", {}),
+        (server.ops_url, "/v1/admin/keys", ADMIN),
+        (server.ops_url, "/v1/admin/keys", {}),  # the admin key is still asked for: GET's 401
+    ]
+    unlike_get: dict[str, object] = {}
+    statuses = []
+    with httpx.Client(timeout=30) as client:
+        for base, path, auth in routes:
+            head, get = (
+                _seen(client.head(base + path, headers=auth)),
+                _seen(client.get(base + path, headers=auth)),
+            )
+            statuses.append(head[0])
+            if head != (get[0], get[1], b"") or "content-length" not in head[1]:
+                unlike_get[f"HEAD {base}{path} {sorted(auth)}"] = (head, get[:2])
+        # The page changes between two scrapes (its own counters): its length differs from GET's.
+        metrics_head, metrics_get = (
+            client.head(server.ops_url + "/metrics"),
+            client.get(server.ops_url + "/metrics"),
+        )
+    assert unlike_get == {}
+    assert statuses[:4] == [200, 200, 404, 401]
+    assert metrics_head.status_code == metrics_get.status_code == 200 and metrics_head.content == b""
+    assert metrics_head.headers["content-type"] == metrics_get.headers["content-type"]
+    assert int(metrics_head.headers["content-length"]) > 0
+
+    # Only a path with GET answers HEAD: the chat route (POST only) keeps its 405, and a HEAD to it
+    # never reaches the limiter (nor the stream gate or the conversation log behind it).
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        before = client.post(CHAT, json=ASK, headers=paid)
+        heads = [client.head(CHAT, headers=paid) for _ in range(3)]
+        after = client.post(CHAT, json=ASK, headers=paid)
+    assert {(h.status_code, frozenset(h.headers["allow"].split(", "))) for h in heads} == {
+        (405, frozenset({"OPTIONS", "POST"}))
+    }
+    remaining = [int(a.headers["x-ratelimit-remaining-requests"]) for a in (before, after)]
+    assert remaining[1] == remaining[0] - 1
+
+
 def test_a_new_key_is_never_kept_by_a_cache(server: LiveServer) -> None:
     made = httpx.post(
         f"{server.ops_url}/v1/admin/keys",
