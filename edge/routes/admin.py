@@ -31,7 +31,7 @@ from edge.keys.lifecycle import (
 from edge.keys.record import hash_key
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
-from edge.routes.listeners import BOTH
+from edge.routes.listeners import BOTH, is_options_answer
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
 
@@ -40,7 +40,12 @@ _T = TypeVar("_T")
 NO_STORE = {"cache-control": "no-store"}
 
 
-def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    if is_options_answer(handler):
+        # Litestar's OPTIONS answer runs under the router's guard too. It answers as on any other
+        # path: it tells no more than a wrong method's 405, which comes before any guard (and with
+        # the admin API off, nothing is mounted: an unknown path's 404).
+        return
     runtime: Runtime = connection.app.state.runtime
     expected = runtime.settings.keys.admin_key_sha256.lower()
     if not expected:

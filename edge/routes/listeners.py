@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from litestar import Litestar
 from litestar.exceptions import HTTPException, ImproperlyConfiguredException, NotFoundException
-from litestar.handlers import HTTPRouteHandler
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.routes import HTTPRoute
 from litestar.types import ASGIApp, Receive, Scope, Send
 from litestar.utils import normalize_path
@@ -34,6 +34,11 @@ BOTH: dict[str, Any] = {"listener": "both"}
 # The key in the app's state of `path_listeners(app)` (set by create_app).
 PATH_LISTENERS = "path_listeners"
 _OPTIONS_ONLY = frozenset({"OPTIONS"})
+
+
+def is_options_answer(handler: BaseRouteHandler) -> bool:
+    """The handler is Litestar's own OPTIONS answer (the one it adds to every path)."""
+    return isinstance(handler, HTTPRouteHandler) and handler.http_methods == _OPTIONS_ONLY
 
 
 def served_here(route_listener: str | None, on_operator_listener: bool) -> bool:
@@ -76,7 +81,7 @@ def listener_split(app: ASGIApp) -> ASGIApp:
     async def split(scope: Scope, receive: Receive, send: Send) -> None:
         # Litestar runs route middleware for the routes' own scopes only (HTTP here), never lifespan.
         handler = cast(HTTPRouteHandler, scope["route_handler"])
-        if handler.http_methods == _OPTIONS_ONLY:
+        if is_options_answer(handler):
             # Litestar's own OPTIONS answer, whose opt names no listener (or its router's).
             listener = scope["app"].state[PATH_LISTENERS].get(scope["path_template"])
         else:
