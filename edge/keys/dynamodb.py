@@ -191,8 +191,9 @@ class DynamoDBKeyStore:
                 TableName=self._table,
                 Key=_key(key_sha256),
                 UpdateExpression="SET #expires = :expires, #replaced_by = :replaced_by",
+                # Not over a revocation either (KeyStore.retire): the rotation revokes its new key.
                 ConditionExpression=f"attribute_exists({PARTITION_KEY}) "
-                "AND attribute_not_exists(#replaced_by)",
+                "AND attribute_not_exists(#replaced_by) AND attribute_not_exists(revoked)",
                 ExpressionAttributeNames={"#expires": "expires", "#replaced_by": "replaced_by"},
                 ExpressionAttributeValues={
                     ":expires": {"N": repr(expires)},
@@ -200,7 +201,7 @@ class DynamoDBKeyStore:
                 },
             )
         except self._client.exceptions.ConditionalCheckFailedException:
-            pass  # replaced already (or no such key): the stored record says which
+            pass  # replaced or revoked already (or no such key): the stored record says which
         return self._get(key_sha256)
 
     def _scan(self, attribute: str | None, value: str | None, want: int | None) -> list[KeyRecord]:

@@ -240,7 +240,7 @@ class KeyLifecycle:
                 raise KeyNotFound(key_id)  # gone since it was read: no store deletes a key
             if stored.replaced_by is not None:
                 raise KeyAlreadyRotated(key_id, stored.replaced_by)
-            # A revocation in between may drop the link (KeyStore.put): the key is dead either way.
+            # Revoked since it was read: retire refused it (a revocation may drop the link too).
             raise KeyNotRotatable(key_id, stored.status(self._clock()))
         if stored.tier != new.tier:
             # A tier change landed between this rotation's read and its write, and found no

@@ -133,10 +133,11 @@ class SQLiteKeyStore:
             )
 
     def _retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        # Not over a revocation either (KeyStore.retire): the rotation then revokes its new key.
         with self._lock:
             self._conn.execute(
                 "UPDATE api_keys SET expires = ?, replaced_by = ? "
-                "WHERE key_sha256 = ? AND replaced_by IS NULL",
+                "WHERE key_sha256 = ? AND replaced_by IS NULL AND revoked IS NULL",
                 (expires, replaced_by, key_sha256),
             )
         return self._one("key_sha256", key_sha256)

@@ -34,9 +34,11 @@ class KeyStore(Protocol):
 
     async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
         """A rotation's write: set the key's replacement and the end of its grace, and nothing
-        else, unless it has a replacement already (the first rotation's stands). The stored record
-        after (None: no such key). Only these two fields: a whole record written back, as read
-        before a tier change that landed meanwhile, undid the tier change."""
+        else, unless it has a replacement already (the first rotation's stands) or is revoked. The
+        stored record after (None: no such key). Only these two fields: a whole record written
+        back, as read before a tier change that landed meanwhile, undid the tier change. Not over a
+        revocation: one that landed after the rotation read the key was marked replaced, and the
+        rotation handed out a new key that worked, for a credential the operator had cut off."""
         ...
 
     async def by_id(self, key_id: str) -> KeyRecord | None: ...

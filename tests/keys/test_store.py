@@ -17,7 +17,13 @@ from edge.errors import ApiError
 from edge.keys.authenticator import Authenticator
 from edge.keys.dynamodb import DynamoDBKeyStore, create_table_if_missing
 from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
-from edge.keys.lifecycle import KeyAlreadyRotated, KeyLifecycle, KeyNotFound, UnknownTier
+from edge.keys.lifecycle import (
+    KeyAlreadyRotated,
+    KeyLifecycle,
+    KeyNotFound,
+    KeyNotRotatable,
+    UnknownTier,
+)
 from edge.keys.record import KeyRecord, hash_key, key_id
 from edge.keys.store import KeyStore
 from tests.keys.conftest import SAME_ID, dynamodb_client, next_secrets
@@ -212,6 +218,28 @@ async def test_two_rotations_at_once_make_one_replacement(key_store: KeyStore) -
     auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
     assert (await auth.authenticate(f"Bearer {won.key}")).key_id == won.new.id
     assert (await auth.authenticate(f"Bearer {old_key}")).key_id == old.id  # in its grace
+
+
+async def test_a_key_revoked_while_a_rotation_runs_gets_no_live_replacement(key_store: KeyStore) -> None:
+    """A review: revoke (a leaked key) landing between a rotation's read and its write. The
+    rotation's write (KeyStore.retire) asked only for no replacement, so the revoked key was marked
+    replaced and the rotation answered with a new key that worked: the leak's holder, or whoever
+    ran the rotation, went on with a live credential the operator had just cut off."""
+    clock = ManualClock(1_000_000.0)
+    held = _HeldPut(key_store)
+    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
+    fast = lifecycle(key_store, clock, grace_s=60.0)
+    _, old = await fast.create("alice", "paid")
+    rotating = asyncio.create_task(slow.rotate(old.id))
+    await held.entered.wait()  # it read the key active and added its new one; its write waits
+    await fast.revoke(old.id)
+    held.gate.set()
+    with pytest.raises(KeyNotRotatable, match="is revoked"):
+        await rotating
+    listed = await fast.list_keys("alice")
+    assert [r.status(clock()) for r in listed] == ["revoked", "revoked"]
+    stored = await key_store.by_id(old.id)
+    assert stored is not None and stored.replaced_by is None
 
 
 async def test_a_change_read_before_a_rotation_keeps_the_rotation(key_store: KeyStore) -> None:
