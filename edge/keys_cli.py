@@ -16,6 +16,7 @@ from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
 from edge.usage.day import checked_day
@@ -33,7 +34,7 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
 
     try:
         return run(go)
-    except (KeyNotFound, UnknownTier, InvalidUser, InvalidPeriod) as exc:
+    except (KeyNotFound, UnknownTier, InvalidUser, InvalidPeriod, KeyIdTaken) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
 
 

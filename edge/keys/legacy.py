@@ -12,7 +12,7 @@ from string import hexdigits
 import msgspec
 
 from edge.keys.record import ID_CHARS, KeyRecord, key_id
-from edge.keys.store import KeyStore
+from edge.keys.store import KeyIdTaken, KeyStore
 
 
 class LegacyKey(msgspec.Struct):
@@ -77,7 +77,7 @@ async def _add(store: KeyStore, key: LegacyKey, digest: str) -> bool:
             return True
         if await store.get(digest) is not None:
             return False
-    raise RuntimeError(f"the key store refused the key {key_id(digest)} under every id")
+    raise KeyIdTaken(f"the key store refused the key {key_id(digest)} under every id")
 
 
 async def import_keys_file_into(store: KeyStore, keys_file: str) -> Imported:

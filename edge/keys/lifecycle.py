@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_into
 from edge.keys.record import KeyRecord, new_record
-from edge.keys.store import KeyStore
+from edge.keys.store import KeyIdTaken, KeyStore
 
 # False: the edges were not told (the cache TTL bounds the change; the announcer said so).
 Announce = Callable[[str], Awaitable[bool]]
@@ -138,7 +138,10 @@ class KeyLifecycle:
             key, record = new_record(user, tier, label, expires)
             if await self.store.add(record):
                 return key, record
-        raise RuntimeError(f"the key store refused {NEW_KEY_TRIES} fresh keys in a row")
+        raise KeyIdTaken(
+            f"the key store refused {NEW_KEY_TRIES} fresh keys in a row (their ids taken); "
+            "nothing was written: try again"
+        )
 
     async def create(
         self, user: str, tier: str, label: str = "", expires_in_s: float | None = None

@@ -7,6 +7,12 @@ from typing import Protocol
 from edge.keys.record import KeyRecord
 
 
+class KeyIdTaken(RuntimeError):
+    """The store refused every id tried for a key (KeyStore.add): other keys hold them. Nothing was
+    written, so the caller may try again. Before, a bare RuntimeError: the admin API answered it
+    500, the CLI with a traceback."""
+
+
 class KeyStore(Protocol):
     async def get(self, key_sha256: str) -> KeyRecord | None:
         """The record of the key with this hash (revoked and expired ones too), or None."""

@@ -29,6 +29,7 @@ from edge.keys.lifecycle import (
     UnknownTier,
 )
 from edge.keys.record import hash_key
+from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
 from edge.routes.listeners import BOTH, is_options_answer
@@ -83,6 +84,9 @@ _FINAL = {"x-should-retry": "false"}
 
 
 def _lifecycle_error(exc: Exception) -> ApiError:
+    if isinstance(exc, KeyIdTaken):
+        # Nothing was written and fresh keys are drawn again: a retry is what is wanted.
+        return ApiError(409, f"{str(exc).capitalize()}.", code="key_id_taken")
     if isinstance(exc, KeyAlreadyRotated):
         message = f"{str(exc).capitalize()}."
         return ApiError(409, message, param="key_id", code="key_already_rotated", headers=_FINAL)
@@ -105,7 +109,7 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         raise invalid_request("user must not be empty.", "user") from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None
-    except UnknownTier as exc:
+    except (UnknownTier, KeyIdTaken) as exc:
         raise _lifecycle_error(exc) from None
     return json_response({**key_view(record), "key": key}, status_code=201, headers=NO_STORE)
 
@@ -130,7 +134,7 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     body = _body(await request.body(), Rotate)
     try:
         rotated = await runtime_of(request).key_admin.rotate(key_id, body.grace_s)
-    except KeyNotFound as exc:
+    except (KeyNotFound, KeyIdTaken) as exc:
         raise _lifecycle_error(exc) from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None

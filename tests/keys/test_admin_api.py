@@ -156,6 +156,26 @@ def test_a_new_key_whose_id_is_taken_is_made_again(
         assert not _works(edge, bob["key"]) and _works(edge, alice["key"])
 
 
+def test_a_store_that_refuses_every_fresh_key_is_a_409_not_a_500(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: create and rotate give up after NEW_KEY_TRIES fresh keys the store refused (their
+    ids taken), with a RuntimeError the admin API let out as a 500, no error object. Here every
+    key drawn after the first has the first one's id. Nothing was written: a retry is safe."""
+    first, second = SAME_ID
+    next_secrets(monkeypatch, first, *[second] * 8)  # the edge runs in this process
+    made = _create(server, user="lea", tier="free")
+    for path in ("/v1/admin/keys", f"/v1/admin/keys/{made['id']}/rotate"):
+        body = {"user": "max", "tier": "free"} if path.endswith("keys") else {}
+        refused = httpx.post(server.base_url + path, json=body, headers=ADMIN)
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["type"]) == ("key_id_taken", "conflict_error")
+        assert "try again" in error["message"]
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "lea"}, headers=ADMIN).json()
+    assert [(k["id"], k["replaced_by"]) for k in listed["data"]] == [(made["id"], None)]
+
+
 def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: LiveServer) -> None:
     made = _create(server, user="hal", tier="free")
     base = f"{server.base_url}/v1/admin/keys/{made['id']}"

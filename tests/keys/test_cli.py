@@ -18,6 +18,7 @@ from edge.keys.sqlite import SQLiteKeyStore
 from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import WriteId
+from tests.keys.conftest import SAME_ID, next_secrets
 
 
 @pytest.fixture
@@ -162,6 +163,20 @@ def test_a_second_rotate_is_refused_and_the_list_shows_the_replacement(
         run(capsys, config, "keys", "rotate", record["id"])
     [old_row] = [line for line in run(capsys, config, "keys", "list").splitlines() if record["id"] in line]
     assert old_row.split()[-1] == new_id
+
+
+def test_a_store_that_refuses_every_fresh_key_is_said_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: create and rotate, after NEW_KEY_TRIES fresh keys refused (ids taken), ended in a
+    RuntimeError's traceback. Here every key drawn after the first has the first one's id."""
+    first, second = SAME_ID
+    next_secrets(monkeypatch, first, *[second] * 8)
+    run(capsys, config, "keys", "create", "--user", "lea", "--tier", "free")
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    for argv in (["create", "--user", "max", "--tier", "free"], ["rotate", record["id"]]):
+        with pytest.raises(SystemExit, match=r"^floodgate: .*refused .* fresh keys.*try again"):
+            main(["keys", *argv, "--config", str(config)])
 
 
 def test_a_rotation_grace_past_100_years_is_a_settings_error(tmp_path: Path) -> None:
