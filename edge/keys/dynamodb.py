@@ -2,8 +2,9 @@
 `sk`. A key is the item (`key#<sha256>`, `key`), and its id is claimed by another (`key_id#<id>`,
 `key_id`); usage records share the table (edge/usage/dynamodb.py).
 
-Authentication reads one item by its hash (a strongly consistent GetItem). Listing and finding a key
-by id scan the table's key items: operator actions, rare and small next to lookups."""
+Authentication reads one item by its hash (a strongly consistent GetItem), and finding a key by id
+its id's claim, then the key. Listing, adding a key (an id no claim names may be a key's stored before
+claims) and finding such a key scan the table: operator actions, rare next to lookups."""
 
 from __future__ import annotations
 
@@ -100,8 +101,7 @@ class DynamoDBKeyStore:
         return await anyio.to_thread.run_sync(self._retire, key_sha256, replaced_by, expires)
 
     async def by_id(self, key_id: str) -> KeyRecord | None:
-        found = await anyio.to_thread.run_sync(self._scan, "id", key_id, None)
-        return found[0] if found else None
+        return await anyio.to_thread.run_sync(self._by_id, key_id)
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
         found = await anyio.to_thread.run_sync(self._scan, "owner", user, None)
@@ -121,6 +121,23 @@ class DynamoDBKeyStore:
         found = self._client.get_item(TableName=self._table, Key=_key(key_sha256), ConsistentRead=True)
         item = found.get("Item")
         return _record(item) if item else None
+
+    def _by_id(self, key_id: str) -> KeyRecord | None:
+        # The id's claim names the key: two reads. Before, every revoke, rotate and set-tier scanned
+        # the whole table, usage records and all. Scanned for still: an id no claim names (a key an
+        # edge before claims stored), or a claim whose key was never written (its add failed).
+        found = self._client.get_item(
+            TableName=self._table,
+            Key={PARTITION_KEY: {"S": id_pk(key_id)}, SORT_KEY: {"S": ID_ITEM}},
+            ConsistentRead=True,
+        )
+        claim = found.get("Item")
+        if claim is not None:
+            record = self._get(claim["key_sha256"]["S"])
+            if record is not None and record.id == key_id:
+                return record
+        scanned = self._scan("id", key_id, 1)
+        return scanned[0] if scanned else None
 
     def _put(self, record: KeyRecord) -> None:
         # A revocation is final (KeyStore.put): a record without one is written only over a stored

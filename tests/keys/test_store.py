@@ -423,6 +423,53 @@ async def test_on_dynamodb_an_id_is_one_keys_whatever_the_order_of_two_adds(
         await store.aclose()
 
 
+async def test_on_dynamodb_a_key_is_found_by_its_id_without_a_scan(
+    dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: by_id scanned the whole table (keys and every usage record) for each revoke,
+    rotate and set-tier, though an id's claim names its key's hash: two reads. The scan is left for
+    ids no claim names (a key an edge before claims stored)."""
+    client = dynamodb_client(dynalite_endpoint)
+    table = f"keys-{secrets.token_hex(4)}"
+    create_table_if_missing(client, table)  # type: ignore[arg-type]
+    store = DynamoDBKeyStore(client, table)  # type: ignore[arg-type]
+    scans = 0
+    scan = client.scan  # type: ignore[attr-defined]
+
+    def counted(**params: Any) -> Any:
+        nonlocal scans
+        scans += 1
+        return scan(**params)
+
+    monkeypatch.setattr(client, "scan", counted)
+    try:
+        keys = lifecycle(store)
+        _, made = await keys.create("alice", "paid")
+        scans = 0
+        assert await store.by_id(made.id) == made
+        assert (await keys.revoke(made.id)).revoked is not None
+        assert scans == 0
+
+        older = _record_of("fg-an-older-edges-key", "carol")
+        await store.put(older)  # as an edge before claims stored it: no claim names its id
+        assert await store.by_id(older.id) == older
+        assert await store.by_id("key_000000000000") is None
+        assert scans == 2
+
+        # A claim whose key was never written (its add failed after the claim): no key has the id.
+        dangling = _record_of("fg-a-key-whose-write-failed", "dan")
+        client.put_item(  # type: ignore[attr-defined]
+            TableName=table,
+            Item={"pk": {"S": f"key_id#{dangling.id}"}, "sk": {"S": "key_id"}, "kind": {"S": "key_id"}}
+            | {"key_sha256": {"S": dangling.key_sha256}},
+        )
+        with pytest.raises(KeyNotFound):
+            await keys.revoke(dangling.id)
+        assert scans == 3
+    finally:
+        await store.aclose()
+
+
 # The api_keys table as edges before `replaced_by` made it.
 _OLD_SCHEMA = """
 CREATE TABLE api_keys (
