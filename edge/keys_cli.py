@@ -36,6 +36,10 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
         return run(go)
     except (KeyNotFound, UnknownTier, InvalidUser, InvalidPeriod, KeyIdTaken) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
+    except BadKeysFile as exc:
+        # From `[server] keys_file`, which every key command imports first: named, since the
+        # command itself named no file.
+        raise SystemExit(f"floodgate: {settings.server.keys_file}: {exc}") from None
 
 
 def _when(ts: float | None) -> str:

@@ -210,6 +210,17 @@ def test_a_dev_key_in_the_old_keys_file_keeps_working(
     assert user_of(config, dev_key) == "dev"
 
 
+def test_a_bad_line_in_the_configured_keys_file_is_said_naming_the_file(config: Path) -> None:
+    """Every key command imports `[server] keys_file` first. A line in it that is no key (since
+    49379f1 also a key_sha256 that is no hex, which imported before) made every command, `keys
+    list` included, end in a BadKeysFile traceback that did not name the file."""
+    keys_file = Path(load_settings(config).server.keys_file)
+    keys_file.write_text(json.dumps({"key_sha256": " " + "a" * 63, "user": "dev", "tier": "paid"}) + "\n")
+    for argv in (["list"], ["create", "--user", "x", "--tier", "free"]):
+        with pytest.raises(SystemExit, match=rf"^floodgate: {keys_file}: line 1: key_sha256 is not"):
+            main(["keys", *argv, "--config", str(config)])
+
+
 def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     async def seed() -> None:
         store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
