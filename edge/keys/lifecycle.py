@@ -245,11 +245,14 @@ class KeyLifecycle:
                 raise KeyAlreadyRotated(key_id, stored.replaced_by)
             # Revoked since it was read: retire refused it (a revocation may drop the link too).
             raise KeyNotRotatable(key_id, stored.status(self._clock()))
-        if stored.tier != new.tier:
+        while stored.tier != new.tier:
             # A tier change landed between this rotation's read and its write, and found no
-            # replacement to move with it: the new key takes it now.
+            # replacement to move with it: the new key takes it now. Then the old key is read
+            # again: a later change that read the new key before this write found it at its own
+            # tier and left it, and is on the old key; one that reads it after this write moves it.
             new = new.with_changes(tier=stored.tier)
             await self.store.put(new)
             await self._announce(new.key_sha256)
+            stored = await self.store.get(old.key_sha256) or stored
         await self._announce(old.key_sha256)
         return Rotated(key, new, stored)

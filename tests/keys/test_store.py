@@ -312,6 +312,45 @@ async def test_a_tier_change_racing_a_rotation_reaches_both_keys(key_store: KeyS
     assert await _tiers(auth, old_key, rotated.key) == ["paid", "paid"]
 
 
+class _HeldWrites(_HeldPut):
+    """As _HeldPut, but every write (put or retire) waits for a gate of its own: writes[n] for the
+    n-th, so a test lets one operation through a step at a time."""
+
+    def __init__(self, store: KeyStore, count: int) -> None:
+        super().__init__(store)
+        self.reached = [asyncio.Event() for _ in range(count)]
+        self.writes = [asyncio.Event() for _ in range(count)]
+
+    async def _held(self) -> None:
+        self.puts += 1
+        if self.puts <= len(self.writes):
+            self.reached[self.puts - 1].set()
+            await self.writes[self.puts - 1].wait()
+
+
+async def test_a_rotation_gives_its_new_key_the_latest_tier_change(key_store: KeyStore) -> None:
+    """A review: a rotation gave its new key a tier change that landed after it read the old key,
+    as the old key's tier read at its own write; a second tier change landing before the new key
+    was written found the new key still at the tier it was made with, and left it. The rotation
+    then wrote the first change's tier: the new key kept it for good, the second undone."""
+    clock = ManualClock(1_000_000.0)
+    held = _HeldWrites(key_store, 2)
+    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
+    fast = lifecycle(key_store, clock, grace_s=60.0)
+    old_key, old = await fast.create("alice", "free")
+    rotating = asyncio.create_task(slow.rotate(old.id))
+    await held.reached[0].wait()  # it read the key and stored its new one (free); retire waits
+    await fast.set_tier(old.id, "paid")  # no replacement to move yet
+    held.writes[0].set()
+    await held.reached[1].wait()  # retire read paid; the new key's write of it waits
+    await fast.set_tier(old.id, "free")
+    held.writes[1].set()
+    rotated = await rotating
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    assert await _tiers(auth, old_key, rotated.key) == ["free", "free"]
+    assert rotated.new.tier == "free"
+
+
 async def _one_key_per_id(store: KeyStore, *records: KeyRecord) -> None:
     listed = await store.list_keys()
     assert sorted(r.id for r in listed) == sorted({r.id for r in listed})
