@@ -75,7 +75,7 @@ def test_a_setting_out_of_its_range_is_refused_at_load(table: str, field: str, v
 
 
 def test_a_member_ttl_within_two_beats_is_refused() -> None:
-    with pytest.raises(msgspec.ValidationError, match="member_ttl_s 1.5 is under two beats"):
+    with pytest.raises(msgspec.ValidationError, match=r"member_ttl_s 1\.5 is under two beats"):
         load_settings(overrides={"fleet": {"heartbeat_s": 1.0, "member_ttl_s": 1.5}})
     assert (
         load_settings(overrides={"fleet": {"heartbeat_s": 1.0, "member_ttl_s": 2.0}}).fleet.member_ttl_s
