@@ -12,6 +12,7 @@ import msgspec
 
 from edge.config import ConfigError, Settings, load_settings
 from edge.keys.cli_support import opened_lifecycle, run
+from edge.keys.legacy import BadKeysFile, read_keys_file
 from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
 from edge.model_cli import add_model_command
@@ -61,6 +62,12 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config, overrides)
     except (ConfigError, msgspec.ValidationError) as exc:
         raise SystemExit(f"floodgate: invalid settings: {exc}") from None
+    try:
+        # Read again by the dev key's hint and by the app's start: a bad line was a traceback from
+        # either, after the model's import (and, from the app, from every worker).
+        read_keys_file(settings.server.keys_file)
+    except BadKeysFile as exc:
+        raise SystemExit(f"floodgate: {settings.server.keys_file}: {exc}") from None
     configure_logging()
     # httpx logs every request at INFO: a local tritonserver's readiness polls at start would flood it.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -92,6 +92,19 @@ def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
     assert "invalid settings" in done.stderr and "slot_ttl_s" in done.stderr
 
 
+def test_serve_exits_with_the_reason_on_a_bad_keys_file(tmp_path: Path) -> None:
+    """A line of [server] keys_file that is no key was a traceback from the dev key's hint (or from
+    the app's start, without one), after the model's import."""
+    (tmp_path / ".floodgate").mkdir()
+    (tmp_path / ".floodgate" / "keys.jsonl").write_text('{"key_sha256": "zz", "user": "a", "tier": "free"}\n')
+    command = [sys.executable, "-m", "edge.cli", "serve"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "floodgate: .floodgate/keys.jsonl: line 1: key_sha256 is not a SHA-256 hex digest"
+    )
+
+
 @pytest.mark.anyio
 async def test_the_slot_ttl_reaches_the_limiter() -> None:
     clock = ManualClock()
