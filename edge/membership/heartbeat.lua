@@ -12,15 +12,21 @@
 -- first beat after an outage longer than a TTL counts nobody out (it named every other member
 -- departed, their users' slots freed under their running streams, and sent them back through the
 -- join wait). A member that died just before such a silence is counted out that much later.
+-- A member back is told so until it says it heard (ARGV[8]): the beat that brought it back can run
+-- with its answer lost (a reply slower than the client's timeout, which a RedisCluster client then
+-- sends again), and a member told only once would never learn that the others took its share and
+-- freed its slots.
 -- KEYS[1] = sorted set member -> expiry (ms), KEYS[2] = hash member -> claim, KEYS[3] = sorted set
---           departed tag -> forget at (ms), KEYS[4] = the last beat's time (ms); one hash tag.
+--           departed tag -> forget at (ms), KEYS[4] = the last beat's time (ms), KEYS[5] = sorted
+--           set tag of a member back, not yet heard -> forget at (ms); one hash tag.
 -- ARGV = member id, claim, ttl_ms, "1" to leave, key lifetime (ms) once the fleet is gone,
 --        how long a departed member is remembered (ms), the fleet's silence past which it was
---        Redis's (ms).
+--        Redis's (ms), "1" when the member heard that it is back.
 -- Returns {flat claims (member, claim, ...), departed tags, 1 when this beat brings the member back
 --          after another member's beat counted it out (it stalled past its TTL: the others may
---          have freed its slots and taken its share), else 0 (a first beat, a Redis that lost the
---          fleet: nobody acted on its absence)}.
+--          have freed its slots and taken its share), or an earlier one did and the member has not
+--          said it heard, else 0 (a first beat, a Redis that lost the fleet: nobody acted on its
+--          absence)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local remember = tonumber(ARGV[6])
@@ -39,8 +45,13 @@ if last then
   end
 end
 redis.call('SET', KEYS[4], now, 'PX', lifetime)
+local tag = tag_of(ARGV[1])
+if ARGV[8] == '1' or ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[5], tag)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 local back = 0
-if ARGV[4] ~= '1' and redis.call('ZSCORE', KEYS[3], tag_of(ARGV[1])) then
+if ARGV[4] ~= '1' and (redis.call('ZSCORE', KEYS[3], tag) or redis.call('ZSCORE', KEYS[5], tag)) then
   back = 1
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -57,13 +68,18 @@ if ARGV[4] == '1' then
   redis.call('HDEL', KEYS[2], ARGV[1])
 else
   -- Back after being counted out (a stall, a partition): its new slots are live ones.
-  redis.call('ZREM', KEYS[3], tag_of(ARGV[1]))
+  redis.call('ZREM', KEYS[3], tag)
+  if back == 1 then
+    redis.call('ZADD', KEYS[5], now + remember, tag)
+  end
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[1], lifetime)
   redis.call('PEXPIRE', KEYS[2], lifetime)
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.call('PEXPIRE', KEYS[3], lifetime)
+  for _, key in ipairs({KEYS[3], KEYS[5]}) do
+    if redis.call('EXISTS', key) == 1 then
+      redis.call('PEXPIRE', key, lifetime)
+    end
   end
 end
 return {redis.call('HGETALL', KEYS[2]), redis.call('ZRANGE', KEYS[3], 0, -1), back}

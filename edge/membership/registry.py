@@ -22,7 +22,8 @@ class Fleet:
     claims: dict[str, float]  # every live member's claim
     departed: tuple[str, ...]  # the tags of members that stopped beating (sorted)
     # The beat brought the member back after another's counted it out (a stall past its TTL): the
-    # others may have freed its running requests' slots and taken its share meanwhile.
+    # others may have freed its running requests' slots and taken its share meanwhile. Said again
+    # at the next beat if the answer that said it first was lost (heartbeat.lua).
     back: bool = False
 
 
@@ -43,10 +44,13 @@ class MembershipRegistry:
         member that only an outage explains (MembershipSettings.quiet_s)."""
         self._client = client
         tag = "{floodgate:" + fleet + "}"
-        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed", f"{tag}:last-beat"]
+        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed", f"{tag}:last-beat", f"{tag}:back"]
         self._remember_ms = max(1, int(remember_s * 1000))
         self._quiet_ms = max(1, int(quiet_s * 1000))
         self._script: Any = client.register_script(SCRIPT)
+        # Members told they are back, to say at their next beat that they heard (heartbeat.lua tells
+        # them until then: the answer that told them first may have been lost).
+        self._heard_back: set[str] = set()
 
     async def beat(self, member: str, claim: float, ttl_s: float) -> Fleet:
         """Renew `member` with `claim`; every live member's claim (this one's included), the
@@ -60,8 +64,12 @@ class MembershipRegistry:
     async def _run(self, member: str, claim: float, ttl_s: float, *, leave: bool) -> Fleet:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
-        args.append(self._quiet_ms)
+        args += [self._quiet_ms, "1" if member in self._heard_back else "0"]
         flat, departed, back = await self._script(keys=self._keys, args=args)
+        if int(back):
+            self._heard_back.add(member)
+        else:
+            self._heard_back.discard(member)
         pairs = [_text(x) for x in flat]
         claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
         return Fleet(claims, tuple(sorted(_text(x) for x in departed)), bool(int(back)))

@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import pytest
 import redis
 
+from edge.membership.membership import FleetMembership, MembershipSettings
 from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import fallback_view, view_from_claims
 from limiter import redis_url
@@ -322,3 +324,49 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
         assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)).back
     finally:
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_member_back_whose_first_answer_was_lost_still_rejoins(redis_server: RedisServer) -> None:
+    """Counted out by the others (its slots freed, its share taken), the member's next beat brings it
+    back, but that beat's answer is lost (a reply slower than the socket timeout; a RedisCluster
+    client then sends the script again at once): its next beat must still say it is back.
+    Otherwise it serves at once beside the others' whole shares and never puts its running
+    requests' slots back."""
+    settings = MembershipSettings(interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, fleet="lost-answer")
+    other_client = redis_url.connect(redis_server.url)
+    other = MembershipRegistry(other_client, settings.fleet, quiet_s=settings.quiet_s)
+    with stalling_proxy(redis_server.port) as proxy:
+        client = redis_url.connect(
+            f"redis://127.0.0.1:{proxy.port}/0", socket_timeout=0.5, socket_connect_timeout=0.5
+        )
+        now = [0.0]
+        backs: list[float] = []
+        member = FleetMembership(
+            client, "host:2:bbbb2222", settings, clock=lambda: now[0], on_back=lambda: backs.append(now[0])
+        )
+        try:
+            await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)
+            await member.beat_once()  # a joiner beside a, then serving half the replica
+            now[0] += settings.join_wait_s
+            assert (await member.beat_once()).share == pytest.approx(1 / 2)
+            # b stops beating (cut off alone); a's beats count it out.
+            deadline = time.monotonic() + WAIT_S
+            while (await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)).departed != ("bbbb2222",):
+                assert time.monotonic() < deadline, "b was never counted out"
+                await anyio.sleep(0.02)
+
+            proxy.lose_next_reply()
+            now[0] += 1.0
+            lost = await member.beat_once()
+            assert proxy.replies_lost == 1
+            assert lost.source == "stale" and not backs  # the answer that said "back" never came
+            now[0] += settings.interval_s
+            view = await member.beat_once()
+            # Back: it waits for a to make room (share 0) and puts its slots back.
+            assert (view.source, view.share, backs) == ("redis", 0.0, [now[0]])
+            now[0] += settings.interval_s
+            assert (await member.beat_once()).share == 0.0 and len(backs) == 1  # back once
+        finally:
+            await client.aclose()
+            await other_client.aclose()
