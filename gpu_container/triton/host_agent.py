@@ -263,6 +263,23 @@ class AwsHost:
             )
 
 
+def aws_clients() -> tuple[Any, Any]:
+    """The agent's Auto Scaling and CloudWatch clients (the default chain's region and endpoint),
+    their calls bounded. botocore's defaults wait 60 s for a reply and try 5 times: an API gone
+    silent (a black-holed path, a NAT or endpoint lost) held one round for minutes, and with it the
+    next rounds' decisions (a drain's terminate hook, an Unhealthy mark, the launch's hook). GPU
+    samples not sent within a round are of no use: two short tries. A lifecycle action or a health
+    mark matters more: a retry more, as the edge's DynamoDB client (edge/dynamodb_client.py)."""
+    import boto3  # in the image; imported here so --help needs no AWS SDK
+    from botocore.config import Config
+
+    autoscaling = Config(connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3})
+    cloudwatch = Config(
+        connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}
+    )
+    return boto3.client("autoscaling", config=autoscaling), boto3.client("cloudwatch", config=cloudwatch)
+
+
 def run(
     agent: HostAgent, host: AwsHost, interval_s: float, clock: Callable[[], float] = time.monotonic
 ) -> None:
@@ -306,14 +323,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval-s", type=float, default=10.0)
     args = parser.parse_args(argv)
     configure_plain_logging()
-    import boto3  # in the image; imported here so --help needs no AWS SDK
-
     host = AwsHost(
         args.group,
         {"ready": args.ready_hook, "drain": args.drain_hook},
         args.metric_namespace,
-        boto3.client("autoscaling"),
-        boto3.client("cloudwatch"),
+        *aws_clients(),
     )
     agent = HostAgent(
         args.ready_timeout_s,

@@ -19,10 +19,13 @@ from gpu_container.triton.host_agent import (
     HostAgent,
     Observation,
     SetUnhealthy,
+    aws_clients,
     gpu_datums,
 )
 from gpu_container.triton.trtllm_metrics import active_requests
 from tests.scaling.conftest import aws_client, moto_endpoint  # noqa: F401 (fixture)
+from tests.support.moto_server import REGION
+from tests.support.stalling_proxy import stalling_proxy
 
 METRICS = """# HELP nv_trt_llm_request_metrics TRT LLM request metrics
 nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 3
@@ -319,3 +322,41 @@ def test_a_drain_with_triton_gone_completes_once_the_edges_stopped_sending(
         assert host.observe(0)[0].active_streams == 0
         assert agent.step(host.observe(0)[0]) == []
         assert agent.step(host.observe(20)[0]) == [CompleteHook("drain", "CONTINUE")]
+
+
+def test_a_silent_cloudwatch_holds_a_round_for_one_bounded_call(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CloudWatch gone silent (a black-holed path: connections accepted, nothing answered). Every
+    round ships the GPU metrics after its decisions, and the next round (a drain's terminate hook,
+    an Unhealthy mark, the launch's hook) waits for that call: the agent's own clients give it up
+    within seconds, not botocore's defaults (60 s a reply, 5 tries: minutes of a host neither
+    drained nor replaced)."""
+    bound_s = 15.0  # two short tries, with room for a busy host
+    with stalling_proxy(int(moto_endpoint.rsplit(":", 1)[1])) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        autoscaling, cloudwatch = aws_clients()
+        host = AwsHost("g", {"ready": "g-ready", "drain": "g-drain"}, "ns", autoscaling, cloudwatch)
+        proxy.black_hole()
+        failed: list[BaseException] = []
+
+        def ship() -> None:
+            try:
+                host.ship_gpu_metrics(METRICS)
+            except Exception as exc:  # what the round logs, then the next round begins
+                failed.append(exc)
+
+        shipping = threading.Thread(target=ship, daemon=True)
+        shipping.start()
+        try:
+            shipping.join(bound_s)
+            held = shipping.is_alive()
+        finally:
+            proxy.close()  # what is still out meets a closed connection and ends
+            shipping.join(60)
+        assert not held, f"a round was still held by a silent CloudWatch after {bound_s} s"
+        assert failed  # the call out gave up
