@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
@@ -327,6 +328,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     data = _one_source_of_models(data, from_file, overrides or {})
     data = _named_tiers(data)
     settings = msgspec.convert(data, Settings)
+    _check_finite(settings, "")
     _check_slot_ttl(settings)
     _check_tier_models(settings)
     _check_model_replicas(settings)
@@ -368,6 +370,23 @@ def _one_source_of_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict
     if any("model" in layer for layer in layers):
         return {key: value for key, value in data.items() if key != "models"}
     return data
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Every float setting is a finite number. TOML writes inf, and a range's lower bound lets it
+    through (msgspec refuses nan): loaded, it became an OverflowError where a setting is rounded
+    to an integer (ttl_days at start, a tier's window at its first request: a 500 each), a
+    membership that refused to start (heartbeat_s), members never counted out (member_ttl_s).
+    No setting means "never" by inf, so all are refused."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} = {value}: a setting must be a finite number")
+    elif isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            _check_finite(getattr(value, name), f"{where}.{name}" if where else name)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
 
 
 def _check_tier_models(settings: Settings) -> None:

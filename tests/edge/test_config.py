@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,42 @@ def test_a_member_ttl_within_two_beats_is_refused() -> None:
         load_settings(overrides={"fleet": {"heartbeat_s": 1.0, "member_ttl_s": 2.0}}).fleet.member_ttl_s
         == 2.0
     )
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("messages", "ttl_days"),
+        ("tiers.free", "request_window_s"),
+        ("tiers.paid", "token_window_s"),
+        ("fleet", "heartbeat_s"),
+        ("fleet", "member_ttl_s"),
+        ("keys", "cache_ttl_s"),
+        ("server", "drain_deadline_s"),
+        ("server", "keepalive_s"),
+        ("metrics", "decode_s_per_token"),
+        ("engine", "prefill_slowdown"),
+        ("models.floodgate-demo", "token_weight"),
+    ],
+)
+def test_an_infinite_setting_is_refused_at_load(table: str, field: str) -> None:
+    """TOML writes inf and a range's lower bound let it through. Loaded, messages.ttl_days = inf
+    was an OverflowError at start (its seconds rounded to an int), a tier's window one at the first
+    request of that tier, fleet.heartbeat_s = inf a membership that refused to start."""
+    overrides: dict[str, Any] = {field: math.inf}
+    if table == "fleet":
+        overrides = {"heartbeat_s": math.inf, "member_ttl_s": math.inf}
+    for name in reversed(table.split(".")):
+        overrides = {name: overrides}
+    with pytest.raises(ConfigError, match=rf"{table}\.\w+ = inf: a setting must be a finite number"):
+        load_settings(overrides=overrides)
+
+
+def test_an_infinite_setting_in_the_file_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "inf.toml"
+    config.write_text("[messages]\nttl_days = inf\n")
+    with pytest.raises(ConfigError, match=r"messages\.ttl_days = inf"):
+        load_settings(config)
 
 
 def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
