@@ -102,6 +102,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     batching: Literal["continuous", "static"] = "continuous"
 
     def __post_init__(self) -> None:
+        # The time budget needs room for prefill past a decode-only step (step_budget.py
+        # PrefillBudget): one of 1 or below loaded, and the engine's start then failed.
+        if 0 < self.prefill_slowdown <= 1:
+            raise ValueError(
+                f"prefill_slowdown ({self.prefill_slowdown:g}) must be 0 (tokens only) or above 1: "
+                "a step carrying prefill lasts longer than a decode-only one"
+            )
         # Every running sequence decodes one token a step within the step's budget: with fewer
         # tokens than sequences, those past the budget wait for others to finish (vLLM refuses it).
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -120,6 +120,14 @@ def test_an_infinite_setting_in_the_file_is_refused(tmp_path: Path) -> None:
         load_settings(config)
 
 
+@pytest.mark.parametrize("slowdown", [0.5, 1.0])
+def test_a_prefill_slowdown_not_above_one_is_refused(slowdown: float) -> None:
+    """It loaded, and the engine's start (calibrating its time budget) raised ValueError."""
+    with pytest.raises(msgspec.ValidationError, match="prefill_slowdown"):
+        load_settings(overrides={"engine": {"prefill_slowdown": slowdown}})
+    assert load_settings(overrides={"engine": {"prefill_slowdown": 0.0}}).engine.prefill_slowdown == 0.0
+
+
 def test_serve_exits_with_the_reason_on_bad_settings(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[limiter]\nslot_ttl_s = 100\n")
