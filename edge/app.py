@@ -43,9 +43,9 @@ from edge.routes.cancel import cancel_completion
 from edge.routes.chat import chat_completions
 from edge.routes.chat_route import chat_route
 from edge.routes.conversations import conversation_messages
-from edge.routes.head import answer_head_with_get
+from edge.routes.head import answer_head_with_get, path_allows
 from edge.routes.health import healthz, readyz
-from edge.routes.listeners import PATH_LISTENERS, listener_split, path_listeners
+from edge.routes.listeners import PATH_ALLOWS, PATH_LISTENERS, listener_split, path_listeners
 from edge.routes.model_stats import model_stats
 from edge.routes.models import list_models, retrieve_model
 from edge.routes.observability import engine_state, prometheus_metrics
@@ -296,5 +296,6 @@ def create_app(
     answer_head_with_get(app)
     app.state.drain = drain
     app.state[PATH_LISTENERS] = path_listeners(app)  # read by edge/routes/listeners.py
+    app.state[PATH_ALLOWS] = path_allows(app)  # read by edge/routes/listeners.py
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py
     return app

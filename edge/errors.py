@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from edge.admission.ticket import Overloaded
 from edge.metrics import REQUESTS_REJECTED
+from edge.routes.head import allow_with_head
 from edge.routes.listeners import as_served_here
 
 log = structlog.get_logger("floodgate.errors")
@@ -141,7 +142,9 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     message = exc.detail if status != 413 else "Request body too large."
     code = "request_too_large" if status == 413 else None
     detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "api_error"), code=code)
-    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), None)
+    # A path with GET answers HEAD too (edge/routes/head.py): its Allow says so.
+    headers = {"allow": allow_with_head(allow)} if allow is not None else {}
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
     return error_response(status, detail, headers)
 

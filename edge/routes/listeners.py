@@ -25,7 +25,7 @@ from litestar import Litestar
 from litestar.exceptions import HTTPException, ImproperlyConfiguredException, NotFoundException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.routes import HTTPRoute
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from litestar.utils import normalize_path
 
 OPERATOR_ONLY: dict[str, Any] = {"listener": "operator"}
@@ -33,6 +33,8 @@ BOTH: dict[str, Any] = {"listener": "both"}
 
 # The key in the app's state of `path_listeners(app)` (set by create_app).
 PATH_LISTENERS = "path_listeners"
+# The key in the app's state of `head.path_allows(app)` (set by create_app).
+PATH_ALLOWS = "path_allows"
 _OPTIONS_ONLY = frozenset({"OPTIONS"})
 
 
@@ -83,14 +85,31 @@ def listener_split(app: ASGIApp) -> ASGIApp:
         handler = cast(HTTPRouteHandler, scope["route_handler"])
         if is_options_answer(handler):
             # Litestar's own OPTIONS answer, whose opt names no listener (or its router's).
-            listener = scope["app"].state[PATH_LISTENERS].get(scope["path_template"])
-        else:
-            listener = handler.opt.get("listener")
-        if not served_here(listener, _on_operator_listener(scope)):
+            state = scope["app"].state
+            listener = state[PATH_LISTENERS].get(scope["path_template"])
+            if not served_here(listener, _on_operator_listener(scope)):
+                raise NotFoundException()
+            await app(scope, receive, _with_allow(send, state[PATH_ALLOWS].get(scope["path_template"])))
+            return
+        if not served_here(handler.opt.get("listener"), _on_operator_listener(scope)):
             raise NotFoundException()
         await app(scope, receive, send)
 
     return split
+
+
+def _with_allow(send: Send, allow: bytes | None) -> Send:
+    """Litestar's OPTIONS answer with the path's whole Allow header (edge/routes/head.py)."""
+    if allow is None:
+        return send
+
+    async def send_allow(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+            message = {**message, "headers": [*headers, (b"allow", allow)]}
+        await send(message)
+
+    return send_allow
 
 
 def as_served_here(scope: Scope, exc: HTTPException) -> HTTPException:
