@@ -530,6 +530,11 @@ class Generation:
         child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
         if out.ttft_s is not None:
             child(metrics.TTFT, model, tier).observe(out.ttft_s)
+        # The line's counts are what the user is charged, as `usage`, the limiter and /v1/usage
+        # count them: a request refunded whole logged its prompt and the tokens its replica made
+        # before failing, and a bill reconciled from the logs charged for a 502 (a review). What
+        # the replica made, charged or not, is generated_tokens.
+        prompt_tokens, completion_tokens, cached_tokens = self._billed(out)
         info_line(
             log,
             "chat_completion",
@@ -541,9 +546,10 @@ class Generation:
                 "stream": bool(self._req.stream),
                 "outcome": out.reason,
                 "upstream": out.upstream,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "cached_tokens": out.cached_tokens,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "cached_tokens": cached_tokens,
+                "generated_tokens": out.completion_tokens,
                 "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
                 "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
             },
@@ -552,7 +558,7 @@ class Generation:
             # Exactly what the lease settled as charged: the prompt and every granted token (a
             # request not charged was refunded whole, and costs nothing).
             self._p.usage.record(
-                self._principal.user, self._p.config.model_name, self.prompt_tokens, out.completion_tokens
+                self._principal.user, self._p.config.model_name, prompt_tokens, completion_tokens
             )
         conversation_id = self._req.conversation_id
         if conversation_id is None or self._p.messages is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from structlog.testing import capture_logs
 
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
 from gpu_container.contract import UpstreamError
@@ -263,3 +264,33 @@ def test_a_stream_the_replica_refuses_stores_no_turn(tmp_path: Path) -> None:
             assert client.post(CHAT, json=marker).status_code == 200
             wait_until(lambda: len(_turns(client, "conv-400-marker")) == 2, what="the marker's turns")
             assert _turns(client, "conv-400") == []
+
+
+def test_the_log_line_counts_what_the_request_was_charged(tmp_path: Path) -> None:
+    """The `chat_completion` line's prompt_tokens and completion_tokens are what the user was
+    charged, as the usage object, the limiter and /v1/usage count them. A request refunded whole
+    (its 502 alone, not streamed, after the replica made three tokens; a failure before its first
+    token) logged its prompt and those tokens all the same: a bill reconciled from the logs
+    charged for answers the client never got (a review). What the replica made is still there,
+    as generated_tokens."""
+    failing = SHORT | {"max_tokens": FAIL_AFTER_3}
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            prompt = client.post(CHAT, json=SHORT).json()["usage"]["prompt_tokens"]
+            # The line is written before the answer goes out (Generation.close): no wait needed.
+            with capture_logs() as logs:
+                after_3 = client.post(CHAT, json=failing)
+                at_once = client.post(CHAT, json=SHORT | {"max_tokens": FAIL_AT_ONCE})
+                with client.stream(
+                    "POST", CHAT, json=failing | {"stream": True, "stream_options": {"include_usage": True}}
+                ) as streamed:
+                    got = [line for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert after_3.status_code == 502 and at_once.status_code == 502, (after_3.text, at_once.text)
+    usage = json.loads(got[-2].removeprefix("data: "))["usage"]
+    lines = [
+        (line["stream"], line["prompt_tokens"], line["completion_tokens"], line.get("generated_tokens"))
+        for line in logs
+        if line["event"] == "chat_completion"
+    ]
+    assert lines == [(False, 0, 0, 3), (False, 0, 0, 0), (True, prompt, 3, 3)], lines
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 3)
