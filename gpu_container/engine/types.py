@@ -7,6 +7,7 @@ model reads TensorRT-LLM's tensors into them (triton/cpu/tensors.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -102,6 +103,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     batching: Literal["continuous", "static"] = "continuous"
 
     def __post_init__(self) -> None:
+        # Here, not only in the edge's settings check (edge/config.py _check_finite): the Triton
+        # CPU model builds this from config.pbtxt's strings, which never pass that check.
+        if not math.isfinite(self.prefill_slowdown):
+            raise ValueError(f"prefill_slowdown ({self.prefill_slowdown}) must be a finite number")
         # The time budget needs room for prefill past a decode-only step (step_budget.py
         # PrefillBudget): one of 1 or below loaded, and the engine's start then failed.
         if 0 < self.prefill_slowdown <= 1:

@@ -109,6 +109,11 @@ def test_an_infinite_setting_is_refused_at_load(table: str, field: str) -> None:
         overrides = {"heartbeat_s": math.inf, "member_ttl_s": math.inf}
     for name in reversed(table.split(".")):
         overrides = {name: overrides}
+    if table == "engine":
+        # Refused by EngineConfig itself, which the Triton CPU model's parameters also decode to.
+        with pytest.raises(msgspec.ValidationError, match=rf"{field} \(inf\) must be a finite number"):
+            load_settings(overrides=overrides)
+        return
     with pytest.raises(ConfigError, match=rf"{table}\.\w+ = inf: a setting must be a finite number"):
         load_settings(overrides=overrides)
 

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -167,6 +168,15 @@ def test_stop_words_list_with_offsets() -> None:
 def test_engine_config_from_model_parameters() -> None:
     cfg = engine_config_from_parameters({"num_blocks": "64", "block_size": "32", "model_dir": "/x"})
     assert cfg == EngineConfig(num_blocks=64, block_size=32)
+
+
+@pytest.mark.parametrize("slowdown", ["inf", "Infinity"])
+def test_an_infinite_prefill_slowdown_in_the_model_parameters_is_refused(slowdown: str) -> None:
+    """The edge refuses an infinite setting at load (edge/config.py), but the CPU model reads its
+    EngineConfig from config.pbtxt's strings, past that check: prefill_slowdown "inf" loaded, a
+    time budget with no bound in time (tokens only, as 0 says), where the edge says it is wrong."""
+    with pytest.raises(msgspec.ValidationError, match=r"prefill_slowdown \(inf\) must be a finite number"):
+        engine_config_from_parameters({"prefill_slowdown": slowdown, "model_dir": "/x"})
 
 
 def test_every_engine_setting_crosses_the_model_repository(tmp_path: Path) -> None:
