@@ -129,9 +129,26 @@ def error_response(
     )
 
 
+# The longest Retry-After the OpenAI SDKs wait out. Past it, the 1.x Python SDK (and the Node SDK)
+# ignore the header and retry on their own backoff, after 0.5 s and 1 s: a token budget that refills
+# in ten minutes was asked again twice within two seconds, by every client at once.
+SDK_RETRY_AFTER_MAX_S = 60
+
+
+def final_if_far(headers: dict[str, str]) -> dict[str, str]:
+    """`x-should-retry: false` where the answer's Retry-After is beyond what an SDK waits out, so no
+    SDK retries it at once; a wait it does honour keeps its automatic retry."""
+    retry_after = headers.get("retry-after")
+    if "x-should-retry" in headers or retry_after is None or not retry_after.isdigit():
+        return headers
+    if int(retry_after) > SDK_RETRY_AFTER_MAX_S:
+        return {**headers, "x-should-retry": "false"}
+    return headers
+
+
 def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     REQUESTS_REJECTED.labels(str(exc.status), exc.detail.code or exc.detail.type).inc()
-    return error_response(exc.status, exc.detail, exc.headers)
+    return error_response(exc.status, exc.detail, final_if_far(exc.headers))
 
 
 def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from edge.text.model_text import ModelText
-from tests.edge.conftest import BOTH_PATHS
+from tests.edge.conftest import BOTH_PATHS, ROOMY_TIERS
 from tests.edge.sse_client import LONG_PROMPT, MODEL
-from tests.support.live_server import LiveServer
+from tests.support.live_server import LiveServer, start_server
 
 UPSTREAMS = BOTH_PATHS
 
@@ -210,3 +210,21 @@ def test_sdk_hears_vllm_extensions_no_replica_applies_refused_by_name(sdk: opena
         model=MODEL, messages=messages, max_tokens=2, extra_body={field: asks_nothing}
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_sdk_does_not_retry_a_token_budget_that_refills_in_minutes(tmp_path: Path) -> None:
+    """A 429 whose Retry-After is past what an SDK waits out (60 s for the 1.x SDKs, which then
+    retry after 0.5 s and 1 s) says x-should-retry: false, so no SDK asks again at once."""
+    paid = {**ROOMY_TIERS["paid"], "tokens_per_window": 60, "token_window_s": 3600}
+    with start_server(tmp_path, {"tiers": {**ROOMY_TIERS, "paid": paid}}) as live:
+        sdk = openai.OpenAI(base_url=live.base_url + "/v1", api_key=live.keys["paid"], max_retries=2)
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=30)
+        before = live.rejected(429)
+        with pytest.raises(openai.RateLimitError) as info:
+            sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=30)
+        sdk.close()
+        assert (info.value.code, info.value.type) == ("rate_limit_exceeded", "tokens")
+        assert int(info.value.response.headers["retry-after"]) > 60
+        assert info.value.response.headers["x-should-retry"] == "false"
+        assert live.rejected(429) - before == 1
