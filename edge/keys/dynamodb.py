@@ -27,6 +27,8 @@ SORT_KEY = "sk"
 KEY_ITEM = "key"
 # A key id's claim (`key_id#<id>`, `key_id`): ids are 48 bits of the hash, and two keys' can agree.
 ID_ITEM = "key_id"
+# DynamoDB refuses a read or write whose partition key is longer.
+MAX_PARTITION_KEY_BYTES = 2048
 
 
 def key_pk(key_sha256: str) -> str:
@@ -126,6 +128,10 @@ class DynamoDBKeyStore:
         # The id's claim names the key: two reads. Before, every revoke, rotate and set-tier scanned
         # the whole table, usage records and all. Scanned for still: an id no claim names (a key an
         # edge before claims stored), or a claim whose key was never written (its add failed).
+        if len(id_pk(key_id).encode()) > MAX_PARTITION_KEY_BYTES:
+            # No claim can have it, and no key either (ids are at most 64 hex digits): read, it was
+            # a ValidationException, a 500 for an admin URL naming such an id.
+            return None
         found = self._client.get_item(
             TableName=self._table,
             Key={PARTITION_KEY: {"S": id_pk(key_id)}, SORT_KEY: {"S": ID_ITEM}},

@@ -509,6 +509,19 @@ async def test_on_dynamodb_a_key_is_found_by_its_id_without_a_scan(
         await store.aclose()
 
 
+async def test_an_id_longer_than_any_keys_is_not_found(key_store: KeyStore) -> None:
+    """A review: on DynamoDB by_id reads the id's claim, whose partition key (`key_id#<id>`) may be
+    at most 2048 bytes; a longer id (a typo, a pasted key, in an admin URL) was a ValidationException,
+    a 500 for revoke, rotate and set-tier. The scan it replaced took any id."""
+    keys = lifecycle(key_store)
+    await keys.create("alice", "paid")
+    long_id = "key_" + "a" * 3000
+    assert await key_store.by_id(long_id) is None
+    for change in (keys.revoke(long_id), keys.rotate(long_id), keys.set_tier(long_id, "free")):
+        with pytest.raises(KeyNotFound):
+            await change
+
+
 # The api_keys table as edges before `replaced_by` made it.
 _OLD_SCHEMA = """
 CREATE TABLE api_keys (
