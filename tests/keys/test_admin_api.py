@@ -76,14 +76,7 @@ def test_create_list_set_tier_and_revoke(server: LiveServer) -> None:
     )
     assert moved.status_code == 200 and moved.json()["tier"] == "paid"
     # The tier reaches the principal: a max_tokens only the paid tier allows is now accepted.
-    asked = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
-    with httpx.stream(
-        "POST",
-        server.base_url + "/v1/chat/completions",
-        json=asked | {"stream": True},
-        headers={"Authorization": f"Bearer {key}"},
-    ) as response:
-        assert response.status_code == 200
+    assert _status_asking(server, key, 1500) == 200
 
     assert (
         httpx.post(f"{server.base_url}/v1/admin/keys/{made['id']}/revoke", headers=ADMIN).status_code == 200

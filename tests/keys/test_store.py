@@ -194,14 +194,19 @@ class _HeldPut:
         return await self.store.retire(key_sha256, replaced_by, expires)
 
 
+def _racing(store: KeyStore) -> tuple[ManualClock, _HeldPut, KeyLifecycle, KeyLifecycle]:
+    """Two lifecycles on one store and clock: `slow`'s first write held (`held`), `fast`'s not."""
+    clock = ManualClock(1_000_000.0)
+    held = _HeldPut(store)
+    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
+    return clock, held, slow, lifecycle(store, clock, grace_s=60.0)
+
+
 async def test_two_rotations_at_once_make_one_replacement(key_store: KeyStore) -> None:
     """Two operators rotate one key at once: both read it unreplaced. The store keeps the first
     replacement written; the other rotation is refused naming it, and its own new key, never
     shown, is revoked rather than left working unseen."""
-    clock = ManualClock(1_000_000.0)
-    held = _HeldPut(key_store)
-    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
-    fast = lifecycle(key_store, clock, grace_s=60.0)
+    clock, held, slow, fast = _racing(key_store)
     old_key, old = await fast.create("alice", "paid")
     losing = asyncio.create_task(slow.rotate(old.id))
     await held.entered.wait()  # it read the key and added its new one; its write waits
@@ -225,10 +230,7 @@ async def test_a_key_revoked_while_a_rotation_runs_gets_no_live_replacement(key_
     rotation's write (KeyStore.retire) asked only for no replacement, so the revoked key was marked
     replaced and the rotation answered with a new key that worked: the leak's holder, or whoever
     ran the rotation, went on with a live credential the operator had just cut off."""
-    clock = ManualClock(1_000_000.0)
-    held = _HeldPut(key_store)
-    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
-    fast = lifecycle(key_store, clock, grace_s=60.0)
+    clock, held, slow, fast = _racing(key_store)
     _, old = await fast.create("alice", "paid")
     rotating = asyncio.create_task(slow.rotate(old.id))
     await held.entered.wait()  # it read the key active and added its new one; its write waits
@@ -291,10 +293,7 @@ async def test_a_tier_change_racing_a_rotation_reaches_both_keys(key_store: KeyS
     """A tier change and a rotation of one key at once, each read before the other wrote. Before:
     the rotation wrote back the key as it read it, undoing the tier change (`rotation` waits), or
     the tier change found no replacement yet and the new key kept the old tier (`tier change`)."""
-    clock = ManualClock(1_000_000.0)
-    held = _HeldPut(key_store)
-    slow = KeyLifecycle(held, TIERS, rotation_grace_s=60.0, clock=clock)  # type: ignore[arg-type]
-    fast = lifecycle(key_store, clock, grace_s=60.0)
+    clock, held, slow, fast = _racing(key_store)
     old_key, old = await fast.create("alice", "free")
     if waits == "rotation":
         rotating = asyncio.create_task(slow.rotate(old.id))
