@@ -224,9 +224,7 @@ def test_a_cancel_right_after_the_refusal_ends_with_finished_cancelled(
     real_wait = client_mod.ChatStream._overload_wait_s
 
     def cancel_then_wait(self: client_mod.ChatStream, error: FloodgateError) -> float | None:
-        t = threading.Thread(target=lambda: answers.append(holder["stream"].cancel()))  # type: ignore[attr-defined]
-        t.start()
-        t.join()
+        _cancel_from_another_thread(holder["stream"], answers)
         return real_wait(self, error)
 
     monkeypatch.setattr(client_mod.ChatStream, "_overload_wait_s", cancel_then_wait)

@@ -133,13 +133,11 @@ async def test_a_stream_set_up_after_its_keys_expiry_ends_at_once_though_its_loo
     await watch.aclose()
 
 
-async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look_after_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A look under way when a rotation is announced read the record before it; the look the
-    announcement started reads the grace's end. The first one's answer, back last, set the key's
-    expiry back to none and the next look a TTL away: the stream outlived the grace by up to a TTL."""
-    due_in = _timer_delays(monkeypatch)
+async def _rotated_during_a_look() -> tuple[
+    ManualClock, str, HeldStore, Authenticator, StreamWatch, anyio.CancelScope
+]:
+    """A stream of a key watched with nothing cached: its look's store read is held, and meanwhile
+    the key is rotated in the store (its grace ends in 0.5 s), not yet announced."""
     clock = ManualClock()
     _, record = new_record("di", "paid")
     digest = record.key_sha256
@@ -149,8 +147,19 @@ async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look
     scope = anyio.CancelScope()
     watch.watch(digest, None, scope)  # nothing cached: a look at once, its read held
     await _turns(lambda: len(store.held) == 1)
-    # The rotation: the store written, then announced (edge/keys/services.py's `changed`).
     store.records[digest] = record.with_changes(expires=clock.now + 0.5, replaced_by="key_successor")
+    return clock, digest, store, auth, watch, scope
+
+
+async def test_a_look_that_read_the_key_before_a_rotation_does_not_undo_the_look_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look under way when a rotation is announced read the record before it; the look the
+    announcement started reads the grace's end. The first one's answer, back last, set the key's
+    expiry back to none and the next look a TTL away: the stream outlived the grace by up to a TTL."""
+    due_in = _timer_delays(monkeypatch)
+    _, digest, store, auth, watch, scope = await _rotated_during_a_look()
+    # Announced (edge/keys/services.py's `changed`).
     auth.invalidate(digest)
     watch.changed(digest)
     await _turns(lambda: len(store.held) == 2)
@@ -259,16 +268,7 @@ async def test_a_look_under_way_does_not_undo_the_cached_expiry_a_new_stream_too
     the key's latest look (the watch's own update begins none): it sets the expiry back to none
     and the next look a TTL away, so A outlived the grace by up to a TTL (a review)."""
     due_in = _timer_delays(monkeypatch)
-    clock = ManualClock()
-    _, record = new_record("di", "paid")
-    digest = record.key_sha256
-    store = HeldStore(record)
-    auth = Authenticator(store, TTL_S, clock=ManualClock(), wall_clock=clock)
-    watch = StreamWatch(auth, wall_clock=clock)
-    other = anyio.CancelScope()
-    watch.watch(digest, None, other)  # nothing cached: a look at once, its read held
-    await _turns(lambda: len(store.held) == 1)
-    store.records[digest] = record.with_changes(expires=clock.now + 0.5, replaced_by="key_successor")
+    clock, digest, store, auth, watch, other = await _rotated_during_a_look()
     auth.invalidate(None)  # the announcement lost, the subscription back
     watch.changed(None)
     b = asyncio.ensure_future(auth.status(digest))  # request B: a read of its own
