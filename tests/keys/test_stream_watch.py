@@ -182,6 +182,19 @@ def _watched_key() -> tuple[ManualClock, KeyRecord, DictStore, Authenticator, St
     return wall, record, store, auth, StreamWatch(auth, wall_clock=wall)
 
 
+async def _cut_at_once(watch: StreamWatch, digest: str, admitted_expiry: float | None) -> bool:
+    """A stream of the key set up now, its admission having seen `admitted_expiry`: whether the
+    watch cut it within a few turns of the loop. The watch is closed after."""
+    scope = anyio.CancelScope()
+    watch.watch(digest, admitted_expiry, scope)
+    await _turns(lambda: scope.cancel_called)
+    try:
+        return scope.cancel_called
+    finally:
+        watch.unwatch(digest, scope)
+        await watch.aclose()
+
+
 async def test_a_stream_set_up_after_its_key_was_revoked_and_looked_up_again_ends_at_once() -> None:
     """Request A is admitted (key active) and waits in the queue. The key is revoked and announced:
     the watch has no stream of it yet, so the announcement does nothing there. Request B with the
@@ -195,14 +208,7 @@ async def test_a_stream_set_up_after_its_key_was_revoked_and_looked_up_again_end
     auth.invalidate(digest)
     watch.changed(digest)
     assert (await auth.status(digest))[0] == "revoked"  # B refused: cached
-    scope = anyio.CancelScope()
-    watch.watch(digest, record.expires, scope)  # A's generation starts
-    await _turns(lambda: scope.cancel_called)
-    try:
-        assert scope.cancel_called
-    finally:
-        watch.unwatch(digest, scope)
-        await watch.aclose()
+    assert await _cut_at_once(watch, digest, record.expires)  # A's generation starts
 
 
 async def test_a_stream_set_up_past_a_rotation_grace_its_admission_did_not_know_ends_at_once() -> None:
@@ -216,14 +222,7 @@ async def test_a_stream_set_up_past_a_rotation_grace_its_admission_did_not_know_
     auth.invalidate(digest)
     assert await auth.status(digest) == ("active", wall.now + 1.0)  # another request: cached
     wall.advance(2.0)  # A waited in the queue past the grace's end
-    scope = anyio.CancelScope()
-    watch.watch(digest, record.expires, scope)
-    await _turns(lambda: scope.cancel_called)
-    try:
-        assert scope.cancel_called
-    finally:
-        watch.unwatch(digest, scope)
-        await watch.aclose()
+    assert await _cut_at_once(watch, digest, record.expires)
 
 
 @pytest.mark.parametrize("other_stream", ["still running", "just ended"])
