@@ -147,7 +147,9 @@ def engine_reading(server: LiveServer) -> EngineReading:
             # Fresh from the replica: the edge's capacity cache may be older than the request.
             metrics = parse_trtllm_metrics(httpx.get(upstream.metrics_url, timeout=5.0).text)
             running += metrics.scheduled_requests
-            waiting += metrics.waiting_requests + metrics.pending_in_triton
+            # Admitted, not yet counted by the engine (it counts from its next step): waiting too.
+            admitted = max(metrics.active_requests - metrics.scheduled_requests - metrics.waiting_requests, 0)
+            waiting += metrics.waiting_requests + metrics.pending_in_triton + admitted
             used_blocks += metrics.used_blocks
             work += metrics.generated_tokens
         else:
