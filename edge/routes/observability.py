@@ -29,7 +29,10 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     if not hasattr(state, "replicas_recorded"):
         state.replicas_recorded = set()
     record_capacities(capacities, state.replicas_recorded)
-    return ASGIResponse(body=generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    # The type as a header, not as media_type: Litestar adds "; charset=utf-8" to a text/ media
+    # type, and CONTENT_TYPE_LATEST names its charset already. Named twice, Prometheus 3 (Go's
+    # mime.ParseMediaType: "duplicate parameter name") could not parse it and failed every scrape.
+    return ASGIResponse(body=generate_latest(REGISTRY), headers={"content-type": CONTENT_TYPE_LATEST})
 
 
 @get("/v1/internal/engine", opt=OPERATOR_ONLY, include_in_schema=False)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from litestar import Litestar, get, post
 from litestar.exceptions import ImproperlyConfiguredException
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from edge.keys.record import hash_key
 from edge.openapi import SCHEMA_PATH
@@ -86,6 +87,27 @@ def test_the_operator_listener_serves_only_what_operators_use(server: LiveServer
         ]
     assert all(_is_not_found(a) for a in (chat, models, usage, page)), [chat.text, page.status_code]
     assert [a.status_code for a in served] == [200] * 5
+
+
+def _media_parameters(content_type: str) -> list[str]:
+    """The parameter names of a Content-Type, as a media-type parser reads them (lower case)."""
+    return [part.split("=", 1)[0].strip().lower() for part in content_type.split(";")[1:]]
+
+
+def test_the_metrics_page_names_its_format_once(server: LiveServer) -> None:
+    """A scraper picks its parser from the page's Content-Type: Prometheus 3 parses it with Go's
+    mime.ParseMediaType, which refuses a parameter named twice ("mime: duplicate parameter name"),
+    and then fails the scrape (it no longer falls back to the text format). The page said
+    `charset=utf-8; charset=utf-8`: prometheus_client's type, which names its charset, and Litestar's
+    own charset added to every text/ type."""
+    with httpx.Client(base_url=server.ops_url, timeout=30) as ops:
+        answers = [ops.get("/metrics"), ops.head("/metrics")]
+    for answer in answers:
+        assert answer.status_code == 200
+        content_type = answer.headers["content-type"]
+        assert content_type == CONTENT_TYPE_LATEST
+        names = _media_parameters(content_type)
+        assert len(names) == len(set(names)), content_type
 
 
 def test_the_public_listener_serves_everything_but_the_operator_endpoints(server: LiveServer) -> None:
