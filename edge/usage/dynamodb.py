@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from edge.keys.dynamodb import PARTITION_KEY, SORT_KEY
 from edge.usage.record import Usage
-from edge.usage.store import WriteId
+from edge.usage.store import UsageRefused, WriteId
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -82,8 +82,13 @@ class DynamoDBUsageStore:
                 },
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "ConditionalCheckFailedException":
                 return False
+            if code == "ValidationException":
+                # The item itself is refused (a user name too long for the partition key): no
+                # retry can write it.
+                raise UsageRefused(str(exc)) from exc
             raise
         return True
 

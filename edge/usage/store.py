@@ -22,10 +22,17 @@ class WriteId:
     seq: int
 
 
+class UsageRefused(Exception):
+    """The store refuses this row itself (DynamoDB: a user name past its partition key's 2,048
+    bytes): sent again, it fails the same way. The writer logs it whole and goes on, where a retry
+    for ever held up every row queued behind it."""
+
+
 class UsageStore(Protocol):
     async def add(self, usage: Usage, write: WriteId) -> bool:
         """Add the row's counts to the stored row of its (user, model, day), creating it if needed,
-        once per `write`: False when that write had landed before (nothing added this time)."""
+        once per `write`: False when that write had landed before (nothing added this time).
+        Raises UsageRefused when no retry could write it."""
         ...
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:

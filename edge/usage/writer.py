@@ -14,6 +14,9 @@ own with its WriteId (`writer`, `seq`, `maybe_written`), which a replay through 
 applies at most once. A request recorded after `aclose` began, or while the queue is full, is
 dropped the same way: counted and logged whole (`usage_dropped`).
 
+A row the store refuses itself (UsageRefused: no retry could write it) is logged the same way,
+`usage_unwritten` with `refused`, and the rows behind it go on.
+
 Every retry of a row carries the row's WriteId (edge/usage/store.py), so a write that landed with
 its answer lost is not added twice; rows go one at a time, so their seqs rise in store order."""
 
@@ -36,7 +39,7 @@ from edge.usage.metrics import (
     USAGE_WRITES_REPEATED,
 )
 from edge.usage.record import Usage, utc_day
-from edge.usage.store import UsageStore, WriteId
+from edge.usage.store import UsageRefused, UsageStore, WriteId
 
 log = structlog.get_logger("floodgate.usage")
 
@@ -134,13 +137,20 @@ class UsageWriter:
                     self._queue.task_done()
 
     async def _write(self, row: Usage) -> None:
-        """Retries until the store takes it: dropping it would under-bill."""
+        """Retries until the store takes it (dropping it would under-bill), or refuses it for good."""
         write = WriteId(self._writer_id, next(self._seqs))
         self._writing = (row, write)
         attempt = 0
         while True:
             try:
                 added = await self._store.add(row, write)
+            except UsageRefused as exc:
+                # Retried, it would fail the same way while every row queued behind it waited (and
+                # then was dropped with the queue full): logged whole for billing's replay instead.
+                self._writing = None
+                USAGE_DROPPED.inc(row.requests)
+                log.error("usage_unwritten", **row.as_dict(), refused=str(exc))
+                return
             except Exception as exc:
                 attempt += 1
                 USAGE_WRITE_RETRIES.inc()

@@ -240,3 +240,28 @@ async def test_a_dropped_request_is_logged_whole(usage_store: UsageStore) -> Non
         dropped["output_tokens"],
         1,
     ) == Usage("ann", "m", utc_day(), 10, 20, 1)
+
+
+async def test_a_row_the_store_refuses_holds_up_no_other_row(usage_store: UsageStore) -> None:
+    """A user name longer than DynamoDB's partition key allows (2,048 bytes, `usage#` included):
+    the store refuses that user's row (a ValidationException) however often it is sent. Retried
+    for ever, it held up every row queued behind it, every user's, until the queue filled and all
+    usage was dropped. Now it is logged whole (billing replays from the log) and the rest written."""
+    writer = UsageWriter(usage_store, 100, base_backoff_s=0.001, max_backoff_s=0.01, gather_s=0.0)
+    writer.start()
+    long_user = "u" * 3000
+    writer.record(long_user, "m", 10, 20)
+    writer.record("bo", "m", 5, 5)
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(writer.flush(), 10)  # before: never done, "bo" waited for ever
+        await writer.aclose()
+    rows = {r.user: (r.input_tokens, r.output_tokens, r.requests) for r in await usage_store.query()}
+    assert rows["bo"] == (5, 5, 1)
+    unwritten = [e for e in logs if e["event"] == "usage_unwritten"]
+    # SQLite takes any name; DynamoDB refuses it, and the row is in the log instead.
+    if long_user not in rows:
+        assert [(e["user"], e["input_tokens"], e["output_tokens"], e["requests"]) for e in unwritten] == [
+            (long_user, 10, 20, 1)
+        ]
+    else:
+        assert rows[long_user] == (10, 20, 1) and unwritten == []
