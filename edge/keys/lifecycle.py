@@ -32,12 +32,29 @@ class UnknownTier(ValueError):
         super().__init__(f"unknown tier {tier!r}; configured: {', '.join(sorted(tiers))}")
 
 
+# The longest user name, in UTF-8 bytes. DynamoDB keys a user's usage rows by `usage#<user>` and
+# their conversations by `<len>/<user>/<conversation id>` (up to 1,024 bytes), in a partition key of
+# at most 2,048 bytes: a longer name was taken, and then every usage row and message of that user
+# was refused (a ValidationException: their GET /v1/usage a 503 for good, their history never kept).
+MAX_USER_BYTES = 512
+
+
 class InvalidUser(ValueError):
     """A key's user must name someone: an empty name (or one of spaces only) would pool every such
-    key's limits and usage under one nameless user."""
+    key's limits and usage under one nameless user. And fit the stores' keys (MAX_USER_BYTES)."""
 
-    def __init__(self) -> None:
-        super().__init__("user must not be empty")
+    def __init__(self, message: str = "user must not be empty") -> None:
+        super().__init__(message)
+
+
+def checked_user(user: str) -> str:
+    """`user`, if a key may be given it: the one check every way of naming a key's user goes
+    through (create; rotate keeps the old key's)."""
+    if not user.strip():
+        raise InvalidUser()
+    if len(user.encode()) > MAX_USER_BYTES:
+        raise InvalidUser(f"user must be at most {MAX_USER_BYTES} bytes (UTF-8), not {len(user.encode())}")
+    return user
 
 
 # The longest lifetime a key, or a rotation's grace, may be given: 100 years. Longer is a typo
@@ -146,8 +163,7 @@ class KeyLifecycle:
     async def create(
         self, user: str, tier: str, label: str = "", expires_in_s: float | None = None
     ) -> tuple[str, KeyRecord]:
-        if not user.strip():
-            raise InvalidUser()
+        checked_user(user)
         if expires_in_s is not None:
             checked_period("expires_in_s", expires_in_s)
         self._check_tier(tier)

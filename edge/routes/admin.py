@@ -105,8 +105,8 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         key, record = await runtime_of(request).key_admin.create(
             body.user, body.tier, body.label, body.expires_in_s
         )
-    except InvalidUser:
-        raise invalid_request("user must not be empty.", "user") from None
+    except InvalidUser as exc:
+        raise invalid_request(f"{exc}.", "user") from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None
     except (UnknownTier, KeyIdTaken) as exc:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.keys.lifecycle import MAX_PERIOD_S
+from edge.keys.lifecycle import MAX_PERIOD_S, MAX_USER_BYTES
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from tests.edge.conftest import ROOMY_TIERS
 from tests.keys.conftest import SAME_ID, next_secrets
@@ -245,6 +245,10 @@ def test_a_lifetime_or_grace_past_100_years_is_refused_naming_it(server: LiveSer
         ("/v1/admin/keys", {"user": "h", "tier": "platinum"}, 400, "unknown_tier"),
         ("/v1/admin/keys", {"user": "h"}, 400, None),
         ("/v1/admin/keys", {"user": " ", "tier": "free"}, 400, None),
+        # Past what DynamoDB's partition keys hold with it: that user's usage and history would be
+        # refused for good (a 503 on every GET /v1/usage).
+        ("/v1/admin/keys", {"user": "u" * (MAX_USER_BYTES + 1), "tier": "free"}, 400, None),
+        ("/v1/admin/keys", {"user": "é" * (MAX_USER_BYTES // 2 + 1), "tier": "free"}, 400, None),
         ("/v1/admin/keys", {"user": "h", "tier": "free", "colour": "red"}, 400, None),
         ("/v1/admin/keys/key_000000000000/revoke", {}, 404, "key_not_found"),
         ("/v1/admin/keys/key_000000000000/tier", {"tier": "paid"}, 404, "key_not_found"),
@@ -260,6 +264,11 @@ def test_bad_admin_requests_get_openai_style_errors(
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and (code is None or error["code"] == code)
+
+
+def test_a_user_name_as_long_as_the_stores_hold_is_taken(server: LiveServer) -> None:
+    made = _create(server, user="é" * (MAX_USER_BYTES // 2), tier="free")
+    assert _works(server, made["key"])
 
 
 def test_an_operator_reads_anyones_usage(server: LiveServer) -> None:
