@@ -150,7 +150,10 @@ class ChatCompletionRequest(msgspec.Struct):
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    # Above 0 as OpenAI and vLLM take it, and at least float32's smallest normal number, as
+    # repetition_penalty below: a Triton replica reads it into an FP32 tensor, where 1e-300 is 0,
+    # which TensorRT-LLM refuses (a 400 from the replica naming no parameter, after a stream began).
+    top_p: Annotated[float, msgspec.Meta(ge=FLOAT32_MIN_NORMAL, le=1.0)] | None = None
     # vLLM's extension (clients send it in the openai SDK's extra_body): sample among the k most
     # likely tokens; 0 or -1 is off. Bounded by TensorRT-LLM's top-k sampling, which takes k <= 1024.
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
