@@ -100,8 +100,12 @@ def gcra(tat_us: int, now_us: int, window_us: int, capacity: int, cost: int) -> 
 
 
 def remaining(tat_us: int, now_us: int, window_us: int, capacity: int) -> int:
-    """The units the budget holds now (gcra.lua's room)."""
-    return math.floor((now_us + window_us - max(tat_us, now_us)) / (window_us / capacity) + _ROOM_SLACK)
+    """The units the budget holds now (gcra.lua's room): none at worst. A TAT can lie past the
+    window (restore.lua adding several edges' fallback counts, the fallback mirroring more than its
+    share): that much owed is a longer wait, not fewer than no units left, and the
+    x-ratelimit-remaining-* headers said -3 requests and -300 tokens."""
+    room = math.floor((now_us + window_us - max(tat_us, now_us)) / (window_us / capacity) + _ROOM_SLACK)
+    return max(0, room)
 
 
 def reset_us(tat_us: int, now_us: int) -> int:
@@ -241,7 +245,7 @@ def charge(state: UserState, rates: Rates, now_us: int, request_id: str, want: i
     """Extend a running request's output lease by up to `want` tokens: all of it when the budget
     covers it, else what the budget still holds (0: the generation must stop). Refreshes the
     request's slot expiry if it still holds one. Mutates `state`; returns the tokens granted."""
-    available = max(0, remaining(state.token_tat_us, now_us, rates.token_window_us, rates.token_capacity))
+    available = remaining(state.token_tat_us, now_us, rates.token_window_us, rates.token_capacity)
     granted = min(want, available)
     if granted > 0:
         state.token_tat_us = max(state.token_tat_us, now_us) + _token_span(rates, granted)

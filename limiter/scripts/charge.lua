@@ -12,7 +12,7 @@ local lease_ttl = tonumber(ARGV[6])
 
 local tat = tonumber(redis.call('GET', KEYS[1])) or 0
 local base = math.max(tat, now)
-local available = math.max(0, room(tat, token_window, token_capacity))
+local available = room(tat, token_window, token_capacity)
 local granted = math.min(want, available)
 if granted > 0 then
   tat = base + span(granted, token_window, token_capacity)

@@ -10,7 +10,8 @@ local function span(cost, window, capacity)
   return math.ceil(cost * (window / capacity) - 0.001)
 end
 
--- The units the budget holds at `now` (a hair under a unit is that unit).
+-- The units the budget holds at `now` (a hair under a unit is that unit), none at worst: a TAT past
+-- the window (restore.lua adding several edges' counts) is a longer wait, not a negative count.
 local function room(tat, window, capacity)
-  return math.floor((now + window - math.max(tat, now)) / (window / capacity) + 0.000001)
+  return math.max(0, math.floor((now + window - math.max(tat, now)) / (window / capacity) + 0.000001))
 end

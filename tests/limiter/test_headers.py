@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import uuid
 
+import pytest
+from redis.asyncio import Redis
+
+from limiter import policy
 from limiter.base import Decision
 from limiter.headers import openai_duration, ratelimit_headers
+from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.tiers import tier
+from tests.support.redis_server import RedisServer
 
 
 @pytest.mark.parametrize(
@@ -53,3 +60,53 @@ def test_denials_add_retry_after_rounded_up_and_the_exact_ms() -> None:
     headers = ratelimit_headers(_decision(False, 6_401))
     assert headers["retry-after"] == "7"
     assert headers["retry-after-ms"] == "6401"
+
+
+@pytest.mark.anyio
+async def test_the_fallback_never_reports_a_negative_remaining_budget(own_redis_server: RedisServer) -> None:
+    """One of two edges admitted 8 of a user's 10 requests an hour on Redis; Redis dies. Its
+    fail-open fallback enforces half the tier and mirrors those 8 (more than its half): it refuses,
+    rightly, but its headers said x-ratelimit-remaining-requests -3 and remaining-tokens -300. A
+    budget holds no fewer than none: OpenAI's headers never go below 0, and a client pacing itself
+    by them reads a negative count as garbage."""
+    limits = tier(requests=10, request_window_s=3600, tokens=1000, token_window_s=3600)
+    limiter = RedisLimiter.from_url(own_redis_server.url, timeout_ms=2000, instance_count=2, backoff_s=60)
+    user = f"neg-{uuid.uuid4().hex}"
+    try:
+        for i in range(8):
+            admission = await limiter.admit(user, f"r{i}", limits, 100, 0)
+            assert admission.decision.allowed and admission.lease is not None
+            assert not limiter.fallback_active
+            await admission.lease.settle()
+        own_redis_server.kill()
+        refused = (await limiter.admit(user, "after", limits, 100, 0)).decision
+        assert limiter.fallback_active and not refused.allowed
+        assert refused.remaining_requests == 0 and refused.remaining_tokens == 0, refused
+        headers = ratelimit_headers(refused)
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert headers["x-ratelimit-remaining-tokens"] == "0"
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_redis_never_reports_a_negative_remaining_budget(redis_server: RedisServer) -> None:
+    """A budget restore.lua left past its window (N edges' fallback counts added up after an
+    outage, each within its own share, together over the tier): admit.lua's room came out
+    negative, so Redis's answers said x-ratelimit-remaining-tokens -500 until it drained."""
+    now_us = 10**12
+    limits = tier(requests=10, request_window_s=60, tokens=1000, token_window_s=60, name="paid")
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=2000, now_override_us=lambda: now_us)
+    user = f"neg-{uuid.uuid4().hex}"
+    request_key, token_key, _ = user_keys(user, limits.name)
+    client = Redis.from_url(redis_server.url)
+    try:
+        # 1.5 windows owed on each budget, as a restore adding two instances' ledgers leaves them.
+        await client.set(request_key, now_us + 90 * policy.MICROS, px=120_000)
+        await client.set(token_key, now_us + 90 * policy.MICROS, px=120_000)
+        refused = (await limiter.admit(user, "r", limits, 10, 0)).decision
+        assert not refused.allowed
+        assert refused.remaining_requests == 0 and refused.remaining_tokens == 0, refused
+    finally:
+        await client.aclose()
+        await limiter.aclose()
