@@ -61,6 +61,7 @@ from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
 from limiter.store_health import StoreHealth
 from limiter.stream_ends import StreamEnds
+from limiter.tiers import per_instance
 
 log = structlog.get_logger("limiter")
 
@@ -538,7 +539,9 @@ class RedisLimiter:
             )
             if not local.allowed:
                 self._undo(user, tier, request_id, input_tokens + lease_tokens)
-                return self._admission(local, user, tier, request_id, input_tokens, 0, max_output_tokens)
+                return self._admission(
+                    local, user, tier, request_id, input_tokens, 0, max_output_tokens, local_limits=True
+                )
         elif allowed:
             self._local.record_admitted(user, request_id, tier, input_tokens + lease_tokens)
         decision = Decision(
@@ -567,9 +570,16 @@ class RedisLimiter:
         input_tokens: int,
         granted: int,
         max_output_tokens: int,
+        *,
+        local_limits: bool = False,
     ) -> Admission:
+        """`local_limits`: the fallback decided, on its share of the tier (per_instance), where all
+        the user's slots it counts run on this instance: a concurrency denial waits for one of them
+        to end. Reckoned with the tier's count, it took the rest as other edges' streams at unknown
+        points of their lives, and told 1.7 s where the streams here had a minute to run."""
         # The lease talks to this store whichever side decided: its charges and settle reach
         # Redis whenever Redis answers, and the local mirror in every case.
+        limits = per_instance(tier, self._instance_count) if local_limits else tier
         return admission(
             self,
             decision,
@@ -582,7 +592,7 @@ class RedisLimiter:
             batch_tokens=self.batch_tokens,
             slot_ttl_s=self._lease_ttl_s,
             ends=self._ends,
-            held_slots=self._rates_for(tier).max_concurrent,
+            held_slots=limits.max_concurrent,
         )
 
     def _fallback_admit(
@@ -617,7 +627,7 @@ class RedisLimiter:
         elif undo is not None:
             self._undo(user, tier, request_id, undo)
         return self._admission(
-            decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
+            decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens, local_limits=True
         )
 
     def _undo(self, user: str, tier: TierLimits, request_id: str, tokens: int) -> None:

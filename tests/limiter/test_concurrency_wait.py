@@ -15,6 +15,7 @@ from limiter.redis_store import RedisLimiter
 from limiter.stream_ends import MIN_WAIT_S, PRIOR_STREAM_S, StreamEnds
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
 
@@ -211,3 +212,36 @@ async def test_a_user_over_its_limit_waits_for_as_many_ends_as_it_is_over(
     denied = (await limiter.admit(user, "moved", few, 1, 10)).decision
     assert denied.limit == "concurrency"
     assert denied.retry_after_ms == 29_000  # three must end to leave it under 2
+
+
+@pytest.mark.anyio
+async def test_the_fail_open_fallback_waits_for_its_own_streams_not_for_other_edges(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Redis down, one of two edges answers from its fallback, which allows the user 2 of the
+    tier's 4 streams, both running here. No other edge's stream can free one of those 2: the wait
+    is when one of these ends (about 49 s). It was reckoned as if the user held the tier's 4 and 2
+    ran on other edges at unknown points (the prior 5 s / 3): 1.67 s, and a client retrying then
+    was refused again and again for the streams' whole life."""
+    clock = ManualClock()
+    limiter = RedisLimiter.from_url(
+        f"redis://127.0.0.1:{free_port()}/0",
+        timeout_ms=250,
+        instance_count=2,
+        batch_tokens=1000,
+        backoff_s=60,
+        now_override_us=lambda: round(clock() * policy.MICROS),
+    )
+    user, t = _user(request), tier(concurrent=4)
+    try:
+        first = _lease(await limiter.admit(user, "a", t, 1, 1000))
+        second = _lease(await limiter.admit(user, "b", t, 1, 1000))
+        assert limiter.fallback_active
+        assert first.try_take(1) == 1 and second.try_take(1) == 1
+        clock.advance(1)
+        assert first.try_take(19) == 19 and second.try_take(19) == 19  # 20 tokens/s, 980 left: 49 s
+        denied = (await limiter.admit(user, "c", t, 1, 1000)).decision
+        assert not denied.allowed and denied.limit == "concurrency"
+        assert denied.retry_after_ms == 49_000, denied
+    finally:
+        await limiter.aclose()
