@@ -208,6 +208,7 @@ def create_app(
                     default_top_k=sampling.top_k,
                     default_repetition_penalty=sampling.repetition_penalty,
                     prefix_cache_scope=settings.admission.prefix_cache_scope,
+                    limits_divisor=lim.instance_count if lim.backend == "memory" else 1,
                 )
                 charged = weigh(limiter, own.model.token_weight)
                 log = ConversationLog(writer)

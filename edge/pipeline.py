@@ -39,6 +39,7 @@ from edge.text.model_text import ModelText
 from edge.upstreams.base import GenerationRequest
 from limiter.base import Limiter, StoreUnavailable
 from limiter.headers import ratelimit_headers
+from limiter.tiers import per_instance
 
 log = structlog.get_logger("floodgate.request")
 
@@ -76,6 +77,9 @@ class PipelineConfig:
     default_repetition_penalty: float = 1.0
     # Whose prefix cache a request may hit ([admission] prefix_cache_scope).
     prefix_cache_scope: PrefixCacheScope = "user"
+    # What every tier's limits are divided by where this edge enforces them alone: the in-process
+    # limiter's [limiter] instance_count (limiter/tiers.py per_instance); 1 with the shared one.
+    limits_divisor: int = 1
 
 
 class Pipeline:
@@ -132,7 +136,12 @@ class Pipeline:
         # must get that code for a prompt too long for both.
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
         counted = weighted(len(prompt_ids), self.config.token_weight)
-        if counted + weighted(1, self.config.token_weight) > tier.tokens_per_window:
+        # The budget this edge enforces: with the in-process limiter on N edges, its share of the
+        # tier's. A prompt the tier holds but the share does not was admitted, charged the whole
+        # share, and answered 200 with no text and the budget's marker, on every edge, every time.
+        divisor = self.config.limits_divisor
+        budget = tier.tokens_per_window if divisor == 1 else per_instance(tier, divisor).tokens_per_window
+        if counted + weighted(1, self.config.token_weight) > budget:
             # No wait would ever admit it with room for a reply (one token, as this model counts it):
             # say so now instead of a 429 whose Retry-After lies, or a 200 that spends the whole
             # budget on an empty reply. On a weighted model, what it counts as: the budget is in
@@ -141,10 +150,15 @@ class Pipeline:
             as_counted = (
                 "" if counted == len(prompt_ids) else f", {counted} tokens at this model's weight {weight:g}"
             )
+            whole = f"{tier.tokens_per_window} tokens per {tier.token_window_s:g}s"
+            where = (
+                f"your tier's whole token budget ({whole})"
+                if divisor == 1
+                else f"the share of your tier's token budget this server enforces ({budget} of {whole})"
+            )
             raise invalid_request(
                 f"The messages are {len(prompt_ids)} tokens{as_counted}, which leaves no room for a "
-                f"reply in your tier's whole token budget ({tier.tokens_per_window} tokens per "
-                f"{tier.token_window_s:g}s). Please shorten them.",
+                f"reply in {where}. Please shorten them.",
                 "messages",
                 code="tokens_exceed_budget",
             )

@@ -96,6 +96,38 @@ def test_a_prompt_as_large_as_the_whole_token_budget_is_a_400_not_an_empty_reply
     assert f"{prompt_tokens} tokens" in exact.json()["error"]["message"]
 
 
+def test_a_prompt_larger_than_one_edges_share_of_the_budget_is_a_400(tmp_path: Path) -> None:
+    """Each of two edges with the in-process limiter enforces half of every tier. A prompt the tier
+    holds but the half does not was admitted (charged the whole half) and answered 200 with no
+    text, finish_reason "length" and the budget's marker, on every edge and every day: no wait
+    could ever give it a reply there."""
+    longer = SHORT | {"messages": [{"role": "user", "content": "hi " * 6}]}
+    with (
+        start_server(tmp_path / "roomy", _paid()) as server,
+        httpx.Client(base_url=server.base_url) as client,
+    ):
+        short_tokens, long_tokens = (
+            client.post(CHAT, json=body, headers=server.auth("paid")).json()["usage"]["prompt_tokens"]
+            for body in (SHORT, longer)
+        )
+    budget = 2 * short_tokens + 10  # its half holds the short prompt and a reply, not the longer one
+    assert budget // 2 <= long_tokens <= budget - 1
+    overrides = _paid(tokens_per_window=budget, token_window_s=3600) | {"limiter": {"instance_count": 2}}
+    with start_server(tmp_path / "halves", overrides) as server:
+        with httpx.Client(base_url=server.base_url) as client:
+            refused = client.post(CHAT, json=longer, headers=server.auth("paid"))
+            ok = client.post(CHAT, json=SHORT, headers=server.auth("paid"))
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "tokens_exceed_budget" and error["param"] == "messages"
+    assert f"({budget // 2} of {budget} tokens per 3600s)" in error["message"], error["message"]
+    # The limiter was never asked: the next request is the first one it counts.
+    assert ok.status_code == 200, ok.text
+    assert ok.headers["x-ratelimit-remaining-requests"] == str(
+        ROOMY_TIERS["paid"]["requests_per_window"] // 2 - 1
+    )
+
+
 def test_token_budget_running_out_stops_with_a_marker(tmp_path: Path, long_body: dict[str, Any]) -> None:
     budget = 80
     with start_server(tmp_path, _paid(tokens_per_window=budget, token_window_s=86400)) as server:
