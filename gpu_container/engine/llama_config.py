@@ -35,6 +35,7 @@ class LlamaConfig:
         if scaling:
             # Llama 3.1-style frequency scaling changes RoPE; silently ignoring it would give wrong logits.
             raise ValueError(f"rope_scaling is not supported: {scaling!r}")
+        _refuse_what_llama_lacks(raw)
         num_heads = int(raw["num_attention_heads"])
         return cls(
             vocab_size=int(raw["vocab_size"]),
@@ -45,7 +46,7 @@ class LlamaConfig:
             num_key_value_heads=int(raw.get("num_key_value_heads") or num_heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
             rope_theta=float(raw.get("rope_theta", 10000.0)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=_positions(raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             eos_token_ids=eos_token_ids,
             head_dim=int(raw.get("head_dim") or 0),
@@ -70,3 +71,36 @@ class LlamaConfig:
             "hidden_act": "silu",
             "torch_dtype": "float32",
         }
+
+
+# The activation keys of config.json: Llama's `hidden_act`, and Gemma's `hidden_activation`.
+_ACTIVATION_KEYS = ("hidden_act", "hidden_activation")
+# SwiGLU's activation under the names transformers gives it (its ACT2FN: "swish" is SiLU too).
+_SILU = ("silu", "swish")
+
+
+def _refuse_what_llama_lacks(raw: dict[str, Any]) -> None:
+    """Refuse a config.json whose model computes otherwise than the forward here (SwiGLU, no bias),
+    as the GGUF import refuses such a file (checkpoint/hf_config.py). Gemma names its tensors as
+    Llama does, and Llama's own attention_bias / mlp_bias add tensors the forward would drop:
+    loaded as a plain Llama, they served fluent-looking nonsense with no error anywhere."""
+    for key in _ACTIVATION_KEYS:
+        act = raw.get(key)
+        if act is not None and act not in _SILU:
+            raise ValueError(f"{key} {act!r} is not supported (only 'silu')")
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key):
+            raise ValueError(f"{key} is not supported")
+
+
+def _positions(raw: dict[str, Any]) -> int:
+    """The positions the forward here computes as the checkpoint's model does: its
+    max_position_embeddings, but no more than a sliding window it uses (Mistral 7B v0.1's 4,096 of
+    32,768). Within the window every earlier token is attended to, as here; past it the model sees
+    only the window, which this forward does not do, so a longer context would be wrong answers.
+    Qwen2 states a window it does not use (use_sliding_window false)."""
+    positions = int(raw.get("max_position_embeddings", 2048))
+    window = raw.get("sliding_window")
+    if window is not None and raw.get("use_sliding_window", True) is not False:
+        return min(positions, int(window))
+    return positions

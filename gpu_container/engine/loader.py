@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from gpu_container.checkpoint.errors import CheckpointError
+from gpu_container.checkpoint.errors import CheckpointError, UnsupportedModel
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.model import LlamaModel
 from gpu_container.engine.safetensors_io import load_safetensors
@@ -23,5 +23,9 @@ def load_model(path: str | Path) -> LlamaModel:
             tensors.update(load_safetensors(file))
         except Exception as exc:  # safetensors raises its own SafetensorError, json/struct their own
             raise CheckpointError(f"{file}: not a readable safetensors file: {exc}") from None
-    # A missing tensor is a KeyError that names it.
-    return LlamaModel(facts.config, LlamaWeights.from_hf(facts.config, tensors))
+    # A missing tensor is a KeyError that names it; one the model has no place for, a ValueError.
+    try:
+        weights = LlamaWeights.from_hf(facts.config, tensors)
+    except ValueError as exc:
+        raise UnsupportedModel(f"{facts.directory}: {exc}") from None
+    return LlamaModel(facts.config, weights)

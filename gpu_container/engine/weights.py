@@ -10,7 +10,8 @@ matrix (113 MB for SmolLM2-135M), and x @ head.T beats x @ [hidden, vocab] from 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +47,12 @@ class LlamaWeights:
     def from_hf(cls, config: LlamaConfig, tensors: Mapping[str, npt.NDArray[Any]]) -> LlamaWeights:
         """Build from Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...)."""
 
+        read: set[str] = set()
+
         def get(name: str) -> Floats:
             if name not in tensors:
                 raise KeyError(f"checkpoint has no tensor {name!r}")
+            read.add(name)
             return np.asarray(tensors[name], dtype=np.float32)
 
         def fused(*names: str) -> Floats:
@@ -72,10 +76,12 @@ class LlamaWeights:
         head_name = "lm_head.weight"
         tied = config.tie_word_embeddings or head_name not in tensors
         head = np.ascontiguousarray((embed if tied else get(head_name)).T)
+        norm = get("model.norm.weight")
+        _refuse_unread(tensors.keys() - read - {head_name})
         return cls(
             embed_tokens=head.T if tied else embed,
             layers=tuple(layers),
-            norm=get("model.norm.weight"),
+            norm=norm,
             lm_head=head,
         )
 
@@ -100,3 +106,19 @@ class LlamaWeights:
         norms = sum(layer.input_norm.nbytes + layer.post_attention_norm.nbytes for layer in self.layers)
         head = 0 if self.tied else self.lm_head.nbytes
         return self.nbytes - self.lm_head.nbytes + head + self.embed_tokens.nbytes + norms + self.norm.nbytes
+
+
+# RoPE's frequencies, saved as a buffer by older Hugging Face conversions: the model recomputes them.
+_ROPE_BUFFER = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def _refuse_unread(names: Iterable[str]) -> None:
+    """A tensor the forward has no place for (Qwen2's q/k/v biases, Qwen3's q/k norms, Gemma 2's
+    extra norms) means another architecture under Llama's tensor names: dropped, it loaded into
+    wrong answers with no error, where the GGUF import refuses it (checkpoint/tensor_names.py).
+    A tied checkpoint's lm_head copy is not such a tensor (the caller leaves it out)."""
+    extra = sorted(n for n in names if not _ROPE_BUFFER.fullmatch(n))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        shown = ", ".join(repr(n) for n in extra[:3]) + more
+        raise ValueError(f"checkpoint has tensors a plain Llama model has no place for: {shown}")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from gpu_container.checkpoint.errors import UnsupportedModel
 from gpu_container.engine.arrays import Floats
 from gpu_container.engine.block_manager import BlockManager
 from gpu_container.engine.forward_batch import ForwardBatch
@@ -104,3 +105,75 @@ def test_bfloat16_tensors_are_widened_exactly(tmp_path: Path) -> None:
     np.testing.assert_array_equal(tensors["w"], expected)
     np.testing.assert_allclose(tensors["w"], values, rtol=1e-2)
     np.testing.assert_array_equal(tensors["f"], other)
+
+
+def _layer0(name: str) -> str:
+    return f"model.layers.0.{name}"
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        # Qwen2's q/k/v biases (its tensors are otherwise named as Llama's), Qwen3's q/k norms,
+        # Gemma 2's extra norms: each dropped would load another model than the checkpoint's.
+        ({_layer0("self_attn.q_proj.bias"): (32,), _layer0("self_attn.k_proj.bias"): (16,)}, "q_proj.bias"),
+        ({_layer0("self_attn.q_norm.weight"): (8,)}, "q_norm"),
+        ({_layer0("pre_feedforward_layernorm.weight"): (32,)}, "pre_feedforward_layernorm"),
+    ],
+    ids=["qwen2-biases", "qwen3-qk-norm", "gemma2-norms"],
+)
+def test_tensors_a_llama_has_no_place_for_are_refused(
+    tmp_path: Path, extra: dict[str, tuple[int, ...]], named: str
+) -> None:
+    directory = tmp_path / "ckpt"
+    _write_checkpoint(directory, False, tiny_config().to_hf())
+    extra_tensors = {n: np.ones(shape, np.float32) for n, shape in extra.items()}
+    save_file(extra_tensors, str(directory / "extra.safetensors"))
+    with pytest.raises(UnsupportedModel, match=named):
+        load_model(directory)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),  # Gemma: Llama's tensor names, GELU
+        ({"hidden_activation": "gelu_pytorch_tanh"}, "hidden_activation"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+    ],
+    ids=["hidden-act", "hidden-activation", "attention-bias", "mlp-bias"],
+)
+def test_config_settings_a_llama_lacks_are_refused(
+    tmp_path: Path, setting: dict[str, object], named: str
+) -> None:
+    _write_checkpoint(tmp_path / "ckpt", False, tiny_config().to_hf() | setting)
+    with pytest.raises(UnsupportedModel, match=named):
+        load_model(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize(
+    ("setting", "positions"),
+    [
+        ({"sliding_window": None, "attention_bias": False, "mlp_bias": False}, 512),  # Mistral v0.2
+        ({"sliding_window": 64, "use_sliding_window": False}, 512),  # Qwen2: a window it does not use
+        ({"sliding_window": 1024}, 512),  # longer than the model's positions: every token in it
+        ({"hidden_act": "swish"}, 512),  # SiLU under its other name in transformers
+        # Mistral 7B v0.1's: within its window the model attends to every earlier token, as here;
+        # the context stops there (the engine's max_model_len and the edge's follow it), where
+        # loaded whole a longer one was computed over tokens the model never sees.
+        ({"sliding_window": 64}, 64),
+    ],
+    ids=["none", "unused", "longer", "swish", "in-use"],
+)
+def test_plain_llama_checkpoints_still_load(
+    tmp_path: Path, setting: dict[str, object], positions: int
+) -> None:
+    directory = tmp_path / "ckpt"
+    built = _write_checkpoint(directory, False, tiny_config().to_hf() | setting)
+    # Older Hugging Face conversions saved RoPE's frequencies as a buffer: recomputed, not needed.
+    buffer = {_layer0("self_attn.rotary_emb.inv_freq"): np.ones(4, np.float32)}
+    save_file(buffer, str(directory / "buffer.safetensors"))
+    loaded = load_model(directory)
+    assert loaded.config.max_position_embeddings == positions
+    prompt = [3, 1, 4, 1, 5]
+    np.testing.assert_array_equal(_logits(loaded, prompt), _logits(built, prompt))
