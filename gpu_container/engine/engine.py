@@ -11,6 +11,7 @@ got: the loop ends them early for a prompt that outranks theirs).
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -252,10 +253,17 @@ class LLMEngine:
             raise ValueError(f"stop_token_ids has token ids outside [0, {vocab})")
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
-            raise ValueError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
-        if params.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
+        # The Triton model reads these from float tensors that nothing bounds as the edge's schema
+        # does: a NaN or an infinity past here is NaN in the sampler's row (inf - inf; -inf / inf
+        # where min_tokens holds tokens back), which failed the reply midway or picked nonsense
+        # tokens with no error at all. `not 0 <= x < inf` is written so that NaN fails it.
+        if not 0 <= params.temperature < math.inf or not 0 < params.top_p <= 1 or params.top_k < 0:
+            raise ValueError("temperature must be a finite number >= 0, top_p in (0, 1] and top_k >= 0")
+        if not 0 < params.repetition_penalty < math.inf:
+            raise ValueError("repetition_penalty must be a finite number > 0")
+        additive = (params.presence_penalty, params.frequency_penalty, *(b for _, b in params.logit_bias))
+        if not all(math.isfinite(value) for value in additive):
+            raise ValueError("presence_penalty, frequency_penalty and logit_bias must be finite numbers")
         if params.min_tokens < 0:
             raise ValueError("min_tokens must be >= 0")
 

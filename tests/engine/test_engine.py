@@ -151,6 +151,40 @@ def test_max_model_len_ends_with_length() -> None:
     assert len(seen.tokens("r")) == 3 and seen.finish_reason("r") == "length"
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=float("nan"), top_p=0.9),
+        # -inf / inf where min_tokens holds a token back: every token drawn was the row's last.
+        SamplingParams(temperature=float("inf"), min_tokens=2, stop_token_ids=(7,)),
+        SamplingParams(temperature=0.0, repetition_penalty=float("nan")),
+        SamplingParams(temperature=0.0, repetition_penalty=float("inf")),
+        SamplingParams(temperature=0.0, presence_penalty=float("nan")),
+        SamplingParams(temperature=0.0, frequency_penalty=float("-inf")),
+        SamplingParams(temperature=0.0, logit_bias=((5, float("nan")),)),
+        SamplingParams(temperature=1.0, logit_bias=((5, float("inf")),)),
+    ],
+    ids=[
+        "nan-temperature",
+        "inf-temperature",
+        "nan-repetition",
+        "inf-repetition",
+        "nan-presence",
+        "inf-frequency",
+        "nan-bias",
+        "inf-bias",
+    ],
+)
+def test_a_sampling_setting_that_is_not_a_finite_number_is_refused(
+    engine: LLMEngine, params: SamplingParams
+) -> None:
+    # The Triton model reads these from float tensors, where nothing bounds them as the edge does:
+    # past this check, a NaN made the sampler fail mid-reply (an "error" the caller cannot tell from
+    # a broken replica's) or pick nonsense tokens with no error at all.
+    with pytest.raises(ValueError, match="finite"):
+        engine.add_request("x", [2, 3], dataclasses.replace(params, max_new_tokens=4), Collector())
+
+
 def test_invalid_requests_are_refused(engine: LLMEngine) -> None:
     seen = Collector()
     with pytest.raises(ValueError, match="empty"):
