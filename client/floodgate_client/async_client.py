@@ -196,10 +196,21 @@ class AsyncChatStream:
         self._events = self._generate()
 
     async def open(self) -> AsyncChatStream:
-        """Send the request (once); error answers raise here."""
-        if self._response is None:
+        """Send the request (once); error answers raise here. A stream cancelled before it opened
+        opens to nothing: reading it gives Finished(cancelled=True)."""
+        if self._response is None and not self._cancelled:
             # Raises once the stream was closed (before it was ever opened, too).
-            self._response = await self._chat._open(self._request, self._attempts)
+            try:
+                response = await self._chat._open(self._request, self._attempts)
+            except NetworkError:
+                if not self._cancelled:
+                    raise
+                return self  # called off by a cancel() while it waited out a refusal
+            if self._cancelled:
+                # Cancelled while its request went out: the disconnect stops it on the edge.
+                await response.aclose()
+                return self
+            self._response = response
         return self
 
     def __await__(self) -> Generator[Any, None, AsyncChatStream]:
@@ -247,12 +258,21 @@ class AsyncChatStream:
 
     async def cancel(self) -> bool:
         """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
-        be sent after a refusal was called off); False when the reply had already finished. The
+        be sent after a refusal, or a stream not open yet, was called off: it is never sent, or
+        dropped as it opens); False when the reply had already finished. The
         stream then ends with Finished(cancelled=True): reading on gives what the server sent
         before the cancel reached it and its own ending, with usage, for at most CANCEL_DRAIN_S;
         then the connection is dropped."""
-        if self._decoder.finished is not None or self._cancelled or self._response is None:
+        if self._decoder.finished is not None or self._cancelled:
             return False
+        if self._response is None:
+            if self._attempts.closed:
+                return False
+            # Not open yet (its reader's task may be waiting out a 429 before it is): called off
+            # here, or the request goes out once the wait is over and its reply streams, billed.
+            self._cancelled = True
+            self._attempts.closed = True
+            return True
         if self._retrying:
             # As the sync stream's: the refused request ended on the server; the retry is called off.
             self._cancelled = True
@@ -337,6 +357,11 @@ class AsyncChatStream:
 
     async def _generate(self) -> AsyncGenerator[StreamEvent, None]:
         await self.open()
+        if self._response is None:
+            # Cancelled before it opened: nothing was sent, or what was is dropped.
+            for event in self._cancelled_ending():
+                yield event
+            return
         while True:
             assert self._response is not None
             try:

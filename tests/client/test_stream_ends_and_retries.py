@@ -290,3 +290,46 @@ def test_a_409_for_the_refused_id_after_the_retry_finished_is_not_a_called_off_r
         assert answers == [False], answers
     finally:
         edge.close()
+
+
+_BUSY = b'{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}'
+# A 429 whose wait (WAIT_S) is never over within a test.
+_LONG_429 = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+    + f"retry-after: {WAIT_S:.0f}\r\ncontent-length: {len(_BUSY)}\r\nconnection: close\r\n\r\n".encode()
+    + _BUSY
+)
+
+
+def test_an_async_cancel_while_the_open_waits_out_a_429_calls_the_request_off() -> None:
+    """An async stream opens in its reader's task, where auto_retry waits out a 429 before the stream
+    exists: a cancel() from another task meanwhile answered False ("already finished"), and the
+    retry then streamed a whole reply, billed. The sync stream has no such window: it is opened
+    before the caller holds it."""
+    edge = ScriptedEdge([_LONG_429, _answered("chatcmpl-second")])
+    events: list[object] = []
+    called_off: list[bool] = []
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny", auto_retry=True)
+
+            async def read() -> None:
+                async with stream:
+                    async for e in stream:
+                        events.append(e)
+
+            with anyio.fail_after(10):  # well before the 429's wait (WAIT_S) is over
+                async with anyio.create_task_group() as group:
+                    group.start_soon(read)
+                    while edge.requests < 1:  # noqa: ASYNC110 (the scripted edge's count)
+                        await anyio.sleep(0.01)
+                    called_off.append(await stream.cancel())
+
+    try:
+        anyio.run(main)
+        assert called_off == [True]
+        assert edge.requests == 1  # the refused request only: no retry went out
+        assert events == [Finished(reason="stop", usage=None, cancelled=True)], events
+    finally:
+        edge.close()
