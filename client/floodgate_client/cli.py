@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TextIO
 
+import httpx
+
 from floodgate_client.client import Client
 from floodgate_client.errors import FloodgateError, NetworkError, RateLimitError
 from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta
@@ -65,6 +67,10 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
     except ValueError as error:
         # Its message never quotes the key.
         print(f"error: {KEY_ENV}: {error}", file=err)
+        return 2
+    except httpx.InvalidURL as error:
+        # A mistyped port or address ("Invalid port: '80OO'"): a traceback before.
+        print(f"error: --base-url: {error}", file=err)
         return 2
     with client:
         try:

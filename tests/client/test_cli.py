@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from floodgate_client import Client
-from floodgate_client.cli import run_chat
+from floodgate_client.cli import add_chat_command, run_chat
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
@@ -180,3 +180,17 @@ def test_retry_says_on_stderr_what_it_waits_for(
     assert re.search(r"floodgate: HTTP 429 \(rate_limit_exceeded\): retrying in \d", err.getvalue()), (
         err.getvalue()
     )
+
+
+@pytest.mark.parametrize("base_url", ["http://127.0.0.1:80OO", "http://[::1"])
+def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
+    base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A mistyped port or IPv6 address: httpx.InvalidURL escaped from the client's constructor.
+    monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
+    parser = argparse.ArgumentParser()
+    add_chat_command(parser.add_subparsers())
+    out, err = io.StringIO(), io.StringIO()
+    assert run_chat(parser.parse_args(["chat", "hi", "--base-url", base_url]), out, err) == 2
+    assert err.getvalue().startswith("error: --base-url: "), err.getvalue()
+    assert "fg-secret-key" not in err.getvalue() and not out.getvalue()
