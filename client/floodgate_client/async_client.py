@@ -325,7 +325,12 @@ class AsyncChatStream:
         # goes back to the pool, where a cancel sent before it waited the whole bound (5 s) with every
         # connection taken, the generation running on meanwhile.
         with anyio.CancelScope(shield=True):
-            await self._events.aclose()
+            try:
+                await self._events.aclose()
+            except RuntimeError:
+                # Another task is reading it ("already running"): close() ends that read
+                # (NetworkError: stream closed), and the cancel still goes.
+                pass
             await self.close()
         # Bounded: the disconnect has stopped the generation already; the cancel makes it certain.
         with anyio.move_on_after(CANCEL_ON_EXIT_S, shield=True):

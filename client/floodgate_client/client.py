@@ -311,8 +311,18 @@ class ChatStream:
         request_id = self.request_id
         # Closed first: the edge takes the disconnect as a cancel, and this stream's connection goes back
         # to the pool, where a cancel sent before it could wait the whole timeout with every slot taken.
-        self._events.close()
-        self.close()
+        try:
+            self._events.close()
+        except ValueError:
+            # Another thread is reading it ("generator already executing"): it raised here, and the
+            # generation ran on. Its connection is shut down, so that read ends at once (NetworkError:
+            # stream closed) and closes it itself; closed from here under the read, its socket's
+            # number could go to the cancel's connection, which the read then waited on to its timeout.
+            self._attempts.closed = True
+            self._disarm()
+            shut_down(self._response)
+        else:
+            self.close()
         if running and request_id is not None:
             try:
                 self._chat.cancel(request_id, timeout_s=CANCEL_ON_EXIT_S)

@@ -317,3 +317,70 @@ def test_a_stream_that_timed_out_sends_no_cancel_on_exit() -> None:
     finally:
         hold.set()
         edge.close()
+
+
+def test_leaving_the_with_block_while_another_thread_reads_cancels_and_ends_its_read(
+    server: LiveServer,
+) -> None:
+    """A reader thread (a GUI's, say) beside a block its owner leaves: the exit raised ValueError
+    ("generator already executing") and neither closed the connection nor sent the cancel, so the
+    generation ran on and the reader sat in its read until the timeout."""
+    failed: list[BaseException] = []
+    first_text = threading.Event()
+
+    def read(stream: ChatStream) -> None:
+        try:
+            for event in stream:
+                if isinstance(event, TextDelta):
+                    first_text.set()
+        except FloodgateError as error:
+            failed.append(error)
+
+    with Client(server.base_url, server.keys["paid"]) as client:
+        stream = client.chat.stream(
+            LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+        )
+        reader = threading.Thread(target=read, args=(stream,), daemon=True)
+        with stream:
+            reader.start()
+            assert first_text.wait(timeout=30)
+            request_id = stream.request_id
+        reader.join(timeout=CANCEL_ON_EXIT_S)  # its read ends as the connection is shut
+        assert not reader.is_alive()
+        assert [type(error) for error in failed] == [NetworkError], failed
+        assert request_id is not None
+        with pytest.raises(ConflictError):  # stopped on the server
+            client.chat.cancel(request_id)
+
+
+@pytest.mark.anyio
+async def test_leaving_an_async_with_block_while_another_task_reads_cancels_and_ends_its_read(
+    server: LiveServer,
+) -> None:
+    """As the sync one: aclose() of the stream's generator, running in the reader's task, raised
+    RuntimeError, and the exit neither closed the connection nor sent the cancel."""
+    failed: list[BaseException] = []
+    first_text = anyio.Event()
+
+    async def read(stream: AsyncChatStream) -> None:
+        try:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    first_text.set()
+        except FloodgateError as error:
+            failed.append(error)
+
+    async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+        stream = await client.chat.stream(
+            LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+        )
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                async with stream:
+                    group.start_soon(read, stream)
+                    await first_text.wait()
+                    request_id = stream.request_id
+        assert [type(error) for error in failed] == [NetworkError], failed
+        assert request_id is not None
+        with pytest.raises(ConflictError):  # stopped on the server
+            await client.chat.cancel(request_id)
