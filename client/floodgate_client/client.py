@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import socket
 import threading
@@ -292,7 +293,12 @@ class ChatStream:
         # A reader blocked in another thread (beside a cancel that failed) returns at once, not at
         # its read timeout: closing the socket under a read does not wake it.
         shut_down(self._response)
-        self._response.close()
+        if inspect.getgeneratorstate(self._events) != inspect.GEN_RUNNING:
+            self._response.close()
+        # else another thread is inside the stream: its read, ended by the shutdown, closes the
+        # connection itself. Closed from here under that read, the socket's number was at times
+        # taken by this thread's next connection (the exit's cancel, a next request), and the
+        # read waited on that one to its timeout (4 runs in 150 of a probe).
 
     def _disarm(self) -> None:
         if self._cut_off is not None:
@@ -315,14 +321,9 @@ class ChatStream:
             self._events.close()
         except ValueError:
             # Another thread is reading it ("generator already executing"): it raised here, and the
-            # generation ran on. Its connection is shut down, so that read ends at once (NetworkError:
-            # stream closed) and closes it itself; closed from here under the read, its socket's
-            # number could go to the cancel's connection, which the read then waited on to its timeout.
-            self._attempts.closed = True
-            self._disarm()
-            shut_down(self._response)
-        else:
-            self.close()
+            # generation ran on. close() ends that read (NetworkError: stream closed).
+            pass
+        self.close()
         if running and request_id is not None:
             try:
                 self._chat.cancel(request_id, timeout_s=CANCEL_ON_EXIT_S)

@@ -6,6 +6,7 @@ own before the cancel lands, the next recipe is tried, so a finished reply never
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -384,3 +385,33 @@ async def test_leaving_an_async_with_block_while_another_task_reads_cancels_and_
         assert request_id is not None
         with pytest.raises(ConflictError):  # stopped on the server
             await client.chat.cancel(request_id)
+
+
+def test_a_close_from_another_thread_always_ends_the_readers_read(server: LiveServer) -> None:
+    """close() shut the reader's socket down and then closed it under the read: the socket's number
+    was at times taken at once by this thread's next connection, and the read waited on that one
+    to its timeout (4 runs in 150 of this loop; the chance that a loop this long missed it is
+    about 2%). Each reader must end as soon as its stream is closed."""
+    hung = 0
+    with Client(server.base_url, server.keys["paid"], timeout=3.0) as client:
+        for _ in range(150):
+            first_text = threading.Event()
+            stream = client.chat.stream(
+                LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=LONG_REPLY.temperature
+            )
+
+            def read(stream: ChatStream = stream, first_text: threading.Event = first_text) -> None:
+                with contextlib.suppress(FloodgateError):
+                    for event in stream:
+                        if isinstance(event, TextDelta):
+                            first_text.set()
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            assert first_text.wait(timeout=30)
+            stream.close()
+            client.chat.create("hi", max_tokens=1)  # the next request, on a new connection
+            reader.join(timeout=2.0)  # well within the read timeout (3 s)
+            hung += reader.is_alive()
+            reader.join()
+    assert hung == 0
