@@ -193,25 +193,36 @@ class AsyncChatStream:
         # cancel is sent on exit, to a peer that just failed to answer (CANCEL_ON_EXIT_S more).
         self._broken = False
         self._response: httpx.Response | None = None
+        # Made on first use, in the event loop (open).
+        self._opening: anyio.Lock | None = None
         self._events = self._generate()
 
     async def open(self) -> AsyncChatStream:
         """Send the request (once); error answers raise here. A stream cancelled before it opened
         opens to nothing: reading it gives Finished(cancelled=True)."""
         if self._response is None and not self._cancelled:
-            # Raises once the stream was closed (before it was ever opened, too).
-            try:
-                response = await self._chat._open(self._request, self._attempts)
-            except NetworkError:
-                if not self._cancelled:
-                    raise
-                return self  # called off by a cancel() while it waited out a refusal
-            if self._cancelled:
-                # Cancelled while its request went out: the disconnect stops it on the edge.
-                await response.aclose()
-                return self
-            self._response = response
+            # One opener at a time: `await stream` beside a task already reading it sent the request
+            # twice, and the reply not kept was never read nor closed. The others get its response.
+            if self._opening is None:
+                self._opening = anyio.Lock()
+            async with self._opening:
+                if self._response is None and not self._cancelled:
+                    await self._open_once()
         return self
+
+    async def _open_once(self) -> None:
+        # Raises once the stream was closed (before it was ever opened, too).
+        try:
+            response = await self._chat._open(self._request, self._attempts)
+        except NetworkError:
+            if not self._cancelled:
+                raise
+            return  # called off by a cancel() while it waited out a refusal
+        if self._cancelled:
+            # Cancelled while its request went out: the disconnect stops it on the edge.
+            await response.aclose()
+            return
+        self._response = response
 
     def __await__(self) -> Generator[Any, None, AsyncChatStream]:
         return self.open().__await__()

@@ -333,3 +333,30 @@ def test_an_async_cancel_while_the_open_waits_out_a_429_calls_the_request_off() 
         assert events == [Finished(reason="stop", usage=None, cancelled=True)], events
     finally:
         edge.close()
+
+
+def test_an_async_stream_awaited_while_its_reader_opens_it_is_sent_once() -> None:
+    """`await stream` (for its headers) beside a task already reading it: both opened it, so the
+    request went out twice, and one reply, never read nor closed, held a connection and ran on."""
+    edge = ScriptedEdge([_answered("chatcmpl-first"), _answered("chatcmpl-second")])
+    events: list[object] = []
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny")
+
+            async def read() -> None:
+                async for e in stream:
+                    events.append(e)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(read)
+                    await stream
+
+    try:
+        anyio.run(main)
+        assert edge.requests == 1
+        assert isinstance(events[-1], Finished) and not events[-1].cancelled, events
+    finally:
+        edge.close()
