@@ -24,12 +24,15 @@ from floodgate_client.sse import ServerSentEvent
 
 # A request the edge admitted into its queue and then refused there (queue full, the wait too long, no
 # replica left) is refused in the stream it had already opened: the same refusal as its 429/503. So
-# is a stream whose limiter store went away mid-way on a fail-closed tier (the 503 a new request gets).
+# is a stream whose limiter store went away mid-way on a fail-closed tier (the 503 a new request gets),
+# and one the edge's drain cut (its instance shutting down): before its first text that is the 503 a
+# new request to that instance gets, costs nothing, stores no turn, and says to retry elsewhere.
 _OVERLOADS: dict[str, tuple[type[FloodgateError], int]] = {
     "queue_full": (RateLimitError, 429),
     "wait_too_long": (RateLimitError, 429),
     "no_replica": (ServiceUnavailableError, 503),
     "limiter_unavailable": (ServiceUnavailableError, 503),
+    "server_shutting_down": (ServiceUnavailableError, 503),
 }
 # The event has no headers; its message says the wait as OpenAI writes it ("try again in 2.5s.").
 _TRY_AGAIN_IN = re.compile(r"try again in ([0-9][0-9.hms]*)")

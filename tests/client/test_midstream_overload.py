@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from edge.admission.ticket import Overloaded
-from edge.errors import overloaded_error
+from edge.errors import overloaded_error, shutting_down_error
 from edge.sse import DONE, ChunkEncoder, event
-from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted
+from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted, ServiceUnavailableError
 from tests.client.scripted_edge import ScriptedEdge
 
 WAIT_S = 0.2
@@ -96,3 +96,40 @@ def test_max_retries_bounds_the_whole_request_whichever_way_it_is_refused() -> N
             assert edge.requests == 3
         finally:
             edge.close()
+
+
+def drained(request_id: str) -> bytes:
+    """A queued stream the edge's drain cut before its first text (edge/generation.py: "drained"):
+    answered with the error alone, costing nothing and storing no turn, as the 503 a new request
+    to that instance gets."""
+    start = ChunkEncoder(request_id, "floodgate-tiny", 0).first()
+    return start + event({"error": shutting_down_error().detail}) + DONE
+
+
+def test_auto_retry_sends_a_stream_the_drain_cut_before_its_text_again() -> None:
+    """It raised StreamError: auto_retry retried the drain's 503 before the stream opened, but not
+    the same refusal in the stream, which asks for a retry ("another instance will take it")."""
+
+    async def async_create(base_url: str) -> str:
+        async with AsyncClient(base_url, "fg-test") as client:
+            return (await client.chat.create("hi", model="floodgate-tiny", auto_retry=True)).text
+
+    def sync_create(base_url: str) -> str:
+        with Client(base_url, "fg-test") as client:
+            return client.chat.create("hi", model="floodgate-tiny", auto_retry=True).text
+
+    for create in (sync_create, lambda base_url: anyio.run(async_create, base_url)):
+        edge = ScriptedEdge([drained("chatcmpl-first"), answered("chatcmpl-second")])
+        try:
+            assert create(edge.base_url) == "hello"
+            assert edge.requests == 2
+        finally:
+            edge.close()
+    # Without auto_retry it is the 503 it would have been before the stream opened.
+    edge = ScriptedEdge([drained("chatcmpl-first")])
+    try:
+        with Client(edge.base_url, "fg-test") as client, pytest.raises(ServiceUnavailableError) as raised:
+            client.chat.create("hi", model="floodgate-tiny")
+        assert (raised.value.status_code, raised.value.code) == (503, "server_shutting_down")
+    finally:
+        edge.close()
