@@ -60,6 +60,12 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
 
 
 def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> int:
+    for option, text in (("prompt", args.prompt), ("system", args.system)):
+        if text is not None and not _utf_8(text):
+            # A byte the locale could not decode (`"$(cat notes.txt)"` of a Latin-1 file) reaches
+            # here as a lone surrogate: httpx's JSON encoding raised UnicodeEncodeError, a traceback.
+            print(f"error: the {option} is not valid UTF-8", file=err)
+            return 2
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
     try:
@@ -118,6 +124,14 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
                 print(f"\nerror: {error.message}", file=err)
                 return 1
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
+
+
+def _utf_8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @contextmanager

@@ -194,3 +194,20 @@ def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     assert run_chat(parser.parse_args(["chat", "hi", "--base-url", base_url]), out, err) == 2
     assert err.getvalue().startswith("error: --base-url: "), err.getvalue()
     assert "fg-secret-key" not in err.getvalue() and not out.getvalue()
+
+
+@pytest.mark.parametrize("option", ["prompt", "system"])
+def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
+    option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `floodgate chat "$(cat notes.txt)"` with a Latin-1 file: Python hands the undecodable byte on
+    # as a lone surrogate, and a UnicodeEncodeError escaped from httpx's JSON encoding.
+    monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
+    parser = argparse.ArgumentParser()
+    add_chat_command(parser.add_subparsers())
+    latin_1 = os.fsdecode(b"caf\xe9")
+    argv = ["chat", latin_1] if option == "prompt" else ["chat", "hi", "--system", latin_1]
+    out, err = io.StringIO(), io.StringIO()
+    # No edge listens on port 9: nothing is sent.
+    assert run_chat(parser.parse_args([*argv, "--base-url", "http://127.0.0.1:9"]), out, err) == 2
+    assert err.getvalue() == f"error: the {option} is not valid UTF-8\n" and not out.getvalue()
