@@ -202,3 +202,29 @@ def test_an_external_triton_model_without_its_own_limit_gets_the_engine_builds_d
     (model,) = served_models(settings)
 
     assert _max_model_len(model.settings, checkpoint) == TRTLLM_DEFAULT_MAX_SEQ_LEN == 8192
+
+
+def test_temperature_and_top_p_of_the_checkpoint_apply_only_when_a_request_could_send_them(
+    tmp_path: Path,
+) -> None:
+    """A generation_config.json temperature or top_p no request could send (top_p 0, which
+    transformers takes, or 1e-300, which a Triton replica's FP32 reads as 0; a negative or NaN
+    temperature) was every omitting request's default: each one refused by the replica, naming no
+    parameter. Left out as top_k's and repetition_penalty's are, the next source applies."""
+    demo = load_settings(overrides={"model": {"source": "demo"}}).model
+    config = tmp_path / "generation_config.json"
+
+    def found() -> tuple[float, float]:
+        defaults = sampling_defaults(demo, tmp_path)
+        return defaults.temperature, defaults.top_p
+
+    config.write_text(json.dumps({"temperature": 0.0, "top_p": 1e-3}))
+    assert found() == (0.0, 1e-3)
+    for bad in (
+        {"temperature": -1, "top_p": 0},
+        {"temperature": 2.5, "top_p": 1.5},
+        {"temperature": float("nan"), "top_p": 1e-300},
+        {"temperature": float("inf"), "top_p": float("nan")},
+    ):
+        config.write_text(json.dumps(bad))
+        assert found() == (1.0, 1.0), bad
