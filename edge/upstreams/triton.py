@@ -114,8 +114,12 @@ def generate_body(
         # kv_cache_reused_blocks (the prefix-cache hit) and its two sibling outputs on every response.
         "return_kv_cache_reuse_stats": [True],
     }
-    # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes.
-    greedy = req.temperature == 0
+    # TensorRT-LLM decodes greedily with top_k = 1; a temperature of 0 is not a value it takes. Nor
+    # one below float32's smallest normal number, which the schema lets through (0 to 2): its FP32
+    # tensor holds it as 0 or a denormal whose inverse is past float32's range, and the penalties
+    # below, divided by it, were held at float32's largest. Such a temperature means greedy (the
+    # engine's float64 division picks the greedy token too), so it travels as greedy does.
+    greedy = req.temperature < _FP32_MIN_NORMAL
     body["runtime_top_k"] = [1 if greedy else req.top_k]
     body["temperature"] = [1.0 if greedy else req.temperature]
     body["runtime_top_p"] = [req.top_p]
@@ -160,6 +164,7 @@ def generate_body(
 
 
 _FP32_MAX = 3.4028234663852886e38
+_FP32_MIN_NORMAL = 1.1754943508222875e-38
 
 
 def _fp32(value: float) -> float:

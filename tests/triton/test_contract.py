@@ -87,6 +87,22 @@ def test_greedy_travels_as_top_k_one_and_end_id_minus_one_ignores_eos() -> None:
     assert decoded.params.stop_token_ids == ()
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40])
+def test_a_temperature_float32_cannot_hold_travels_as_greedy(temperature: float) -> None:
+    """A temperature the schema takes (0 to 2) but FP32 cannot hold as a normal number is 0 or a
+    denormal in the replica's tensor: a temperature of 0 TensorRT-LLM takes not, and one whose
+    inverse is past float32's range. Greedy is what such a temperature means (the engine's float64
+    division picks the greedy token too): it travels as greedy does, its penalties unscaled."""
+    req = GenerationRequest("t", [1], max_new_tokens=4, temperature=temperature, presence_penalty=2.0)
+    arrays = _as_model_sees_it(generate_body(req))
+    assert arrays["runtime_top_k"].item() == 1
+    assert arrays["temperature"].item() == 1.0
+    assert arrays["presence_penalty"].item() == 2.0  # not 2 / 1e-300, held at float32's largest
+    decoded = decode_request(arrays.get)
+    assert decoded.params.temperature == 0.0
+    assert decoded.params.presence_penalty == 2.0
+
+
 def test_top_k_travels_as_runtime_top_k() -> None:
     req = GenerationRequest("k", [1], max_new_tokens=1, temperature=0.8, top_k=40)
     arrays = _as_model_sees_it(generate_body(req))
