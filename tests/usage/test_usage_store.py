@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import structlog.testing
+from botocore.exceptions import ClientError
 
 from edge.keys.dynamodb import create_table_if_missing
 from edge.usage.dynamodb import DynamoDBUsageStore
@@ -265,3 +267,39 @@ async def test_a_row_the_store_refuses_holds_up_no_other_row(usage_store: UsageS
         ]
     else:
         assert rows[long_user] == (10, 20, 1) and unwritten == []
+
+
+def _refuse_long_partition_keys_as_aws_does(client: object) -> None:
+    """AWS answers a Query whose partition key value is past 2,048 bytes with a ValidationException
+    ("Size of hashkey has exceeded the maximum size limit of2048 bytes", facebook/ThreatExchange
+    issue 1324); dynalite checks a key's size on writes and GetItem only. The rule, added to the
+    real client in front of dynalite."""
+
+    def check(params: dict[str, Any], **_: object) -> None:
+        for value in params.get("ExpressionAttributeValues", {}).values():
+            if len(value.get("S", "").encode()) > 2048:
+                error = {"Code": "ValidationException", "Message": "Size of hashkey has exceeded 2048 bytes"}
+                raise ClientError({"Error": error}, "Query")
+
+    client.meta.events.register("before-parameter-build.dynamodb.Query", check)  # type: ignore[attr-defined]
+
+
+async def test_the_usage_of_a_name_too_long_for_the_store_is_an_empty_list(
+    dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user created before names were bounded (edge/keys/lifecycle.py MAX_USER_BYTES), or imported
+    from a keys file, which takes any name: `usage#<user>` is past the partition key's 2,048 bytes,
+    and the Query was a ValidationException, so that user's GET /v1/usage (and an admin's ?user=)
+    was a 503 store_unavailable, Retry-After 1, for good. No row of such a name can be stored (the
+    store refuses each, UsageRefused): their usage is none."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "test")
+    table = f"usage-{secrets.token_hex(4)}"
+    client = dynamodb_client(dynalite_endpoint)
+    create_table_if_missing(client, table)  # type: ignore[arg-type]
+    _refuse_long_partition_keys_as_aws_does(client)
+    store = DynamoDBUsageStore(client, table)  # type: ignore[arg-type]
+    await store.add(Usage("ann", "m", "2026-01-01", 1, 2, 1), WriteId("w", 1))
+    assert await store.query("u" * 3000) == []
+    assert await store.query("u" * 3000, start="2026-01-01", end="2026-12-31") == []
+    assert await store.query("ann") == [Usage("ann", "m", "2026-01-01", 1, 2, 1)]
