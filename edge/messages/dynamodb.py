@@ -45,6 +45,8 @@ _PAGE = 200
 CONTENT_BYTES = 390_000
 # Errors no retry can mend: the item itself is refused.
 _REFUSALS = frozenset({"ValidationException", "ItemCollectionSizeLimitExceededException"})
+# DynamoDB's limit on a partition key's value, in UTF-8 bytes.
+MAX_PARTITION_KEY_BYTES = 2048
 
 
 def _content(text: str) -> dict[str, AttributeValueTypeDef]:
@@ -145,7 +147,12 @@ class DynamoDBMessageStore:
         """The first `limit` of the owner's messages in the span, in the order it is read: from its
         own partition, merged with those of the client's id written before partitions named their
         owner."""
-        found = self._read(owned_partition(user, conversation_id), user, limit, where)
+        owned = owned_partition(user, conversation_id)
+        # Past the partition key's bytes (a user named before names were bounded, or imported from
+        # a keys file): no message can be there (append: MessageRefused), and the Query was refused
+        # (a ValidationException, the route's 503 store_unavailable for good).
+        fits = len(owned.encode()) <= MAX_PARTITION_KEY_BYTES
+        found = self._read(owned, user, limit, where) if fits else []
         if not LEGACY_PARTITIONS or "/" in conversation_id:  # no legacy id holds one
             return found
         legacy = self._read(conversation_id, user, limit, where)

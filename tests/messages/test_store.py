@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from botocore.exceptions import ClientError
 
 from edge.messages.dynamodb import DynamoDBMessageStore, owned_partition
 from edge.messages.message import StoredMessage, new_message
@@ -231,5 +232,36 @@ async def test_a_conversation_id_spelled_like_a_partition_reads_no_other(dynalit
             assert (await store.history(forged, "mallory")).messages == []
             assert sum(work) == 0, (forged, sum(work))
             assert (await store.history(forged, "alice")).messages == []  # alice never wrote that id
+    finally:
+        await store.aclose()
+
+
+async def test_dynamodb_history_of_a_name_too_long_for_its_partition_key_is_its_legacy_messages(
+    dynalite_endpoint: str,
+) -> None:
+    """A user named before names were bounded (edge/keys/lifecycle.py MAX_USER_BYTES), or imported
+    from a keys file: their conversation's partition (`<len>/<user>/<id>`) is past DynamoDB's 2,048
+    bytes. Their messages were refused (MessageRefused), and the history's Query was refused too, a
+    ValidationException AWS answers and dynalite does not (its key size is checked on writes and
+    GetItem only: the rule is added here, in front of the real client), which the route answered 503
+    store_unavailable, for good. None can be in that partition; those written before partitions
+    named their owner are still read."""
+    store = dynamodb_store(dynalite_endpoint)
+    await store.create_table_if_missing()
+
+    def as_aws_checks(params: dict[str, Any], **_: Any) -> None:
+        partition = params["ExpressionAttributeValues"][":c"]["S"]
+        if len(partition.encode()) > 2048:
+            error = {"Code": "ValidationException", "Message": "Size of hashkey has exceeded 2048 bytes"}
+            raise ClientError({"Error": error}, "Query")
+
+    store._client.meta.events.register("before-parameter-build.dynamodb.Query", as_aws_checks)
+    long_user = "u" * 3000
+    conv = conversation()
+    try:
+        assert (await store.history(conv, long_user)).messages == []
+        before = new_message(conv, long_user, "user", "asked before", "r_1")
+        store._client.put_item(TableName=TABLE, Item=_legacy_item(before))
+        assert (await store.history(conv, long_user)).messages == [before]
     finally:
         await store.aclose()
