@@ -49,6 +49,7 @@ import msgspec
 import structlog
 
 from edge.config import Settings
+from edge.schemas import FLOAT32_MIN_NORMAL
 from edge.upstreams.asg_resolver import is_asg_spec
 from edge.upstreams.base import (
     Capacity,
@@ -119,7 +120,7 @@ def generate_body(
     # tensor holds it as 0 or a denormal whose inverse is past float32's range, and the penalties
     # below, divided by it, were held at float32's largest. Such a temperature means greedy (the
     # engine's float64 division picks the greedy token too), so it travels as greedy does.
-    greedy = req.temperature < _FP32_MIN_NORMAL
+    greedy = req.temperature < FLOAT32_MIN_NORMAL
     body["runtime_top_k"] = [1 if greedy else req.top_k]
     body["temperature"] = [1.0 if greedy else req.temperature]
     body["runtime_top_p"] = [req.top_p]
@@ -164,7 +165,6 @@ def generate_body(
 
 
 _FP32_MAX = 3.4028234663852886e38
-_FP32_MIN_NORMAL = 1.1754943508222875e-38
 
 
 def _fp32(value: float) -> float:
