@@ -9,6 +9,9 @@ review). A 409 now reads the rest under the same grace."""
 
 from __future__ import annotations
 
+import re
+import threading
+
 from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
@@ -60,5 +63,43 @@ def test_stop_answered_409_keeps_the_rest_of_the_finished_reply(browser: Browser
         expect(page.locator("#transcript .msg.assistant")).to_have_text("hello world", timeout=WAIT_MS)
         assert page.evaluate("chat.messages[chat.messages.length - 1].content") == "hello world"
     finally:
+        context.close()
+        edge.close()
+
+
+def test_stop_whose_cancel_is_still_out_as_the_reply_ends_says_done(browser: Browser) -> None:
+    """Stop pressed as the reply ends: its last text, finish_reason "stop" (no cancelled marker)
+    and [DONE] arrive while the cancel is still on its way. The reply ended by itself, whole: the
+    page called it "stopped" (and took a reply that ended empty out of the conversation, giving
+    the prompt back) because Stop had been pressed, whatever the stream said."""
+    release = threading.Event()
+    edge = ScriptedEdge(
+        [ENCODER.first() + ENCODER.delta("hello")],
+        pages={"/": served(PLAYGROUND.read_bytes())},
+        tail_after_cancel=ENCODER.delta(" world") + ENCODER.final("stop", None) + ENCODER.usage(3, 2) + DONE,
+        hold_cancel=release,
+    )
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(edge.base_url + "/")
+        page.fill("#api-key", "fg-test")
+        page.fill("#model", SMALL)
+        page.fill("#prompt", "say hello world")
+        page.click("#send")
+        state = page.locator("#status-state")
+        expect(state).to_have_attribute("data-state", "streaming", timeout=WAIT_MS)
+        page.click("#stop")
+        expect(state).not_to_have_attribute("data-state", re.compile("streaming|stopping"), timeout=WAIT_MS)
+        assert edge.cancels == 1 and not edge.cancel_answered.is_set()  # the premise: still out
+        expect(state).to_have_text("done")
+        expect(page.locator("#transcript .msg.assistant")).to_have_text("hello world")
+        assert page.evaluate("chat.messages.map(m => m.role + ':' + m.content)") == [
+            "user:say hello world",
+            "assistant:hello world",
+        ]
+        expect(page.locator("#send")).to_be_enabled()
+    finally:
+        release.set()
         context.close()
         edge.close()

@@ -24,8 +24,10 @@ class ScriptedEdge:
     gets `cancel_answer`, a whole HTTP response (by default 409: the reply had finished). With
     `hold_open`, a script's connection stays open, silent, until that event is set. With
     `tail_after_cancel`, a stream sends it once a cancel has been answered and `tail_delay_s` more
-    have passed (a reply that finishes just as it is cancelled). A GET gets its path's answer in
-    `pages` (whole HTTP responses), or a 404."""
+    have passed (a reply that finishes just as it is cancelled). With `hold_cancel`, a cancel is
+    answered only once that event is set, and the tail goes once the cancel has come, unanswered (a
+    reply that finishes while its cancel is on the way). A GET gets its path's answer in `pages`
+    (whole HTTP responses), or a 404."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class ScriptedEdge:
         pages: dict[str, bytes] | None = None,
         tail_after_cancel: bytes = b"",
         tail_delay_s: float = 0.0,
+        hold_cancel: threading.Event | None = None,
     ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
@@ -42,6 +45,8 @@ class ScriptedEdge:
         self.pages = pages or {}
         self.tail_after_cancel = tail_after_cancel
         self.tail_delay_s = tail_delay_s
+        self.hold_cancel = hold_cancel
+        self.cancel_asked = threading.Event()
         self.cancel_answered = threading.Event()
         self.cancels = 0
         self.requests = 0
@@ -79,7 +84,14 @@ class ScriptedEdge:
                 body += conn.recv(65536)
             if b"/cancel " in request_line:
                 self.cancels += 1
-                conn.sendall(self.cancel_answer)
+                self.cancel_asked.set()
+                if self.hold_cancel is not None:
+                    self.hold_cancel.wait(timeout=120)
+                try:
+                    conn.sendall(self.cancel_answer)
+                except OSError:
+                    return  # held past the client's patience: it hung up
+
                 self.cancel_answered.set()
                 return
             self.requests += 1
@@ -87,7 +99,8 @@ class ScriptedEdge:
             if not script.startswith(b"HTTP/1.1 "):  # a whole response as it is, or a stream's body
                 script = STREAM_HEAD + script
             conn.sendall(script)
-            if self.tail_after_cancel and self.cancel_answered.wait(timeout=60):
+            cancel_came = self.cancel_answered if self.hold_cancel is None else self.cancel_asked
+            if self.tail_after_cancel and cancel_came.wait(timeout=60):
                 time.sleep(self.tail_delay_s)  # the tail written just after the cancel's answer
                 conn.sendall(self.tail_after_cancel)
             if self.hold_open is not None:
