@@ -6,7 +6,10 @@ generator early (or cancelling the task that reads it) drops the connection and 
 `stop` request for the request id on a connection of its own: the model drops the sequence on its
 next step, where a dropped connection alone is only noticed when Triton next writes to it, or by the
 model's poll (`cancellation_check_period_ms`); once the upstream is closed (shutdown) no stop is
-sent. A request the replica refuses for its own parameters is a RequestRejected (a 400 for that
+sent. A stream left before any answer keeps its connection until the request answers or ends: its
+stop may have overtaken it on the way into the model, and is sent again once it answers.
+
+A request the replica refuses for its own parameters is a RequestRejected (a 400 for that
 request; the replica stays healthy), any other error an UpstreamError:
 gpu_container/triton/refusals.py tells them apart. The end of the HTTP response is the end of the
 generation (Triton ends it on the response flagged final), never a guess.
@@ -63,7 +66,7 @@ from edge.upstreams.base import (
 from edge.upstreams.direct import DeltaSink
 from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
-from edge.upstreams.triton_sse import ConnectionPool
+from edge.upstreams.triton_sse import ConnectionPool, SseConnection
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
@@ -318,10 +321,18 @@ class TritonUpstream:
         finally:
             if finished:
                 self._pool.release(conn)
-            else:
+            elif conn.failure is not None:
                 conn.abort()
-                if conn.failure is None:
-                    self._stop_soon(req.request_id)
+            elif conn.responded:
+                conn.abort()
+                self._stop_soon(req.request_id)
+            else:
+                # No answer yet: the request may still be on its way into the model, and a stop
+                # that overtakes it (on a kept-alive connection, where the request's own is still
+                # being accepted) finds nothing to stop. The connection stays open for the stop to
+                # see the request's first answer, and stop it again then.
+                conn.detach()
+                self._stop_soon(req.request_id, conn)
 
     async def _cached_tokens(self, reused: int | None) -> int:
         """Prompt tokens the replica found in its prefix cache: reused blocks x its block size."""
@@ -338,29 +349,54 @@ class TritonUpstream:
             return 0
         return reused * self._block_tokens
 
-    def _stop_soon(self, request_id: str) -> None:
+    def _stop_soon(self, request_id: str, unanswered: SseConnection | None = None) -> None:
         """Send the `stop` request for `request_id` from a task of its own: a generator that is
-        being closed or cancelled cannot wait for the reply."""
+        being closed or cancelled cannot wait for the reply. `unanswered`: the stream's connection,
+        where no answer had come yet; the task watches it, and closes it when done."""
         if self._closed:
+            if unanswered is not None:
+                unanswered.abort()
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # no loop left (interpreter shutdown): the model's poll still drops the request
-        task = loop.create_task(self._stop(request_id), name=f"triton-stop-{request_id}")
+            # No loop left (interpreter shutdown): the model's poll still drops the request.
+            if unanswered is not None:
+                unanswered.abort()
+            return
+        task = loop.create_task(self._stop(request_id, unanswered), name=f"triton-stop-{request_id}")
         self._stops.add(task)
         task.add_done_callback(self._stops.discard)
 
-    async def _stop(self, request_id: str) -> None:
+    async def _stop(self, request_id: str, unanswered: SseConnection | None) -> None:
         try:
-            status, body = await self._pool.fetch(
-                self._request(stop_body(request_id)), "stop", self._probe_timeout_s
-            )
-            if status != 200:
-                raise UpstreamError(f"HTTP {status}: {body[:300]!r}")
+            await self._send_stop(request_id)
+            if unanswered is not None and await self._answers_after_stop(unanswered):
+                # The stop came before the request: the request answers now that it runs.
+                await self._send_stop(request_id)
         except UpstreamError as exc:
             # Not fatal: the model's poll of closed streams drops the request a little later.
             log.info("triton_stop_failed", replica=self.name, request_id=request_id, error=repr(exc))
+        finally:
+            if unanswered is not None:
+                unanswered.abort()
+
+    async def _send_stop(self, request_id: str) -> None:
+        status, body = await self._pool.fetch(
+            self._request(stop_body(request_id)), "stop", self._probe_timeout_s
+        )
+        if status != 200:
+            raise UpstreamError(f"HTTP {status}: {body[:300]!r}")
+
+    async def _answers_after_stop(self, conn: SseConnection) -> bool:
+        """Whether the stream's request, stopped before it had answered, still runs: it answers
+        with tokens rather than ending (a stop that found it ends it; one it overtook did nothing).
+        Bounded as the stream's first answer is."""
+        try:
+            await conn.wait(self._first_timeout_s)
+        except TimeoutError:
+            return False
+        return not conn.ended and conn.failure is None
 
     async def _metrics(self) -> TrtLlmMetrics:
         now = time.monotonic()

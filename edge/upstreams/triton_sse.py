@@ -132,6 +132,11 @@ class SseConnection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.ended and self._keep_alive and not self.closed and self.failure is None
 
+    def detach(self) -> None:
+        """Offer nothing more to the relay: its stream is over, and whoever still reads the
+        connection (a `stop` watching for the request's first answer) takes what comes."""
+        self._offer = None
+
     def abort(self) -> None:
         """Drop the connection mid-response (Triton cancels the request when it next writes)."""
         self._stop_timer()

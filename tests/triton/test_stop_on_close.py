@@ -19,6 +19,7 @@ from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics
 from tests.support.connections import established_to
+from tests.support.late_request_proxy import late_request_proxy
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
 from tests.triton.reading_task import cancel_after_first_token
@@ -110,3 +111,38 @@ async def test_a_stream_closed_after_its_upstream_opens_no_new_connection(local_
     await asyncio.gather(*pending)
     left = await anyio.to_thread.run_sync(_connections_left_after, port, WAIT_S)
     assert left == 0, "a connection to the replica is still open"
+
+
+@pytest.mark.anyio
+async def test_a_stream_left_before_its_request_reached_the_model_is_stopped_once_it_does(
+    unpolled_triton: TritonProcess,
+) -> None:
+    """A client gone before the first token: the `stop` goes out on a kept-alive connection while
+    the request, on a new one, may not have reached the model yet. A stop that overtakes its request
+    finds nothing to stop, and the request then ran its whole length (a third to a half of such
+    cancels at some timings, measured straight on tritonserver; here made certain by a proxy that
+    delivers the request once the stop was answered)."""
+    port = int(unpolled_triton.http_url.rsplit(":", 1)[1])
+    # Connection 1 is the stream's; the stop opens another.
+    with late_request_proxy(port, late=1) as proxy:
+        upstream = TritonUpstream(
+            "late", f"http://127.0.0.1:{proxy.port}", unpolled_triton.metrics_url, end_id=-1
+        )
+        try:
+            before = await upstream.metrics()
+            stream = upstream.generate(
+                GenerationRequest("overtaken", PROMPT, max_new_tokens=1500, temperature=0.0)
+            )
+            first = asyncio.ensure_future(stream.__anext__())
+            assert await anyio.to_thread.run_sync(proxy.held.wait, WAIT_S)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await stream.aclose()  # type: ignore[attr-defined]
+
+            after = await _running_then_idle(upstream, before)
+        finally:
+            await upstream.aclose()
+    # Stopped once it answered (the second stop's round trip, a few steps of this fast model), not
+    # run to its 1,500 tokens.
+    assert after.generated_tokens - before.generated_tokens < 500, after
