@@ -123,6 +123,16 @@ resource "aws_cloudwatch_metric_alarm" "demand_surge" {
     expression  = local.demand_expression
     return_data = true
   }
+
+  lifecycle {
+    # Auto Scaling runs an alarm's policy again every minute the alarm stays in ALARM. At or below
+    # demand_target this one is in ALARM exactly where target tracking holds the group: it adds
+    # 50 % hosts, target tracking scales them in again, and so on for as long as there is traffic.
+    precondition {
+      condition     = var.surge_demand > var.demand_target
+      error_message = "surge_demand must be above demand_target: at or below it the surge alarm fires wherever target tracking holds the group, and the two policies scale it out and in by turns."
+    }
+  }
 }
 
 # Scale from zero: with no replica the edges still count the requests they turn away

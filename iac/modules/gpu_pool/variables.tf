@@ -143,13 +143,29 @@ variable "demand_target" {
   description = "Demand per replica that target tracking holds, as a fraction of a replica's full-batch work (1.0: every replica wanted at its full-batch throughput). Below 1 leaves headroom for a burst while hosts boot."
   type        = number
   default     = 0.8
+  nullable    = false
+
+  # Target tracking divides by it: at 0 any demand at all reads as infinitely over target.
+  validation {
+    condition     = var.demand_target > 0
+    error_message = "demand_target must be above 0 (a fraction of a replica's full-batch work, 0.8 by default)."
+  }
 }
 
 variable "surge_demand" {
-  description = "Demand per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly."
+  description = "Demand per replica that triggers the step policy's extra scale-out, for a burst target tracking would follow too slowly: above demand_target."
   type        = number
   default     = 1.5
   nullable    = false
+
+  # It is also the step policy's interval bound (scaling.tf): at 0 or below, the first step is
+  # empty or inverted, which PutScalingPolicy refuses half-way through an apply. That it lies above
+  # demand_target is the surge alarm's precondition (a validation may not read another variable
+  # before Terraform 1.9).
+  validation {
+    condition     = var.surge_demand > 0
+    error_message = "surge_demand must be above 0, and above demand_target (demand per replica, 1.5 by default)."
+  }
 }
 
 variable "scale_in_drain_s" {

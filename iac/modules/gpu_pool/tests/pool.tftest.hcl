@@ -240,3 +240,41 @@ run "root_volume_iops_above_its_size" {
 
   expect_failures = [aws_launch_template.gpu]
 }
+
+# The surge alarm fires on demand at or above surge_demand, and Auto Scaling runs its policy again
+# every minute the alarm stays in ALARM. At or below demand_target it is in ALARM whenever target
+# tracking holds the group where it should: +50 % hosts, target tracking scales them in again,
+# and again, for as long as there is traffic.
+run "a_surge_threshold_at_or_below_the_target" {
+  command = plan
+
+  variables {
+    demand_target = 0.8
+    surge_demand  = 0.7
+  }
+
+  expect_failures = [aws_cloudwatch_metric_alarm.demand_surge]
+}
+
+# surge_demand is also the step policy's bound: at 0 its first step is the empty interval [0, 0),
+# which PutScalingPolicy refuses half-way through an apply.
+run "a_surge_threshold_of_zero" {
+  command = plan
+
+  variables {
+    surge_demand = 0
+  }
+
+  expect_failures = [var.surge_demand]
+}
+
+# Target tracking cannot hold a demand of 0: any demand at all reads as infinitely over target.
+run "a_demand_target_of_zero" {
+  command = plan
+
+  variables {
+    demand_target = 0
+  }
+
+  expect_failures = [var.demand_target]
+}
