@@ -191,6 +191,13 @@ resource "aws_autoscaling_group" "gpu" {
   lifecycle {
     # The scaling policies own the desired capacity.
     ignore_changes = [desired_capacity]
+
+    # CreateAutoScalingGroup refuses it, but only once the launch template, the role and the log
+    # group exist: an apply that stops half-way.
+    precondition {
+      condition     = var.min_size <= var.max_size
+      error_message = "min_size may be at most max_size (the fewest and the most hosts in service)."
+    }
   }
 
   # A host must be able to pull its image, read its engine and complete its launch hook before the

@@ -278,3 +278,16 @@ run "a_demand_target_of_zero" {
 
   expect_failures = [var.demand_target]
 }
+
+# CreateAutoScalingGroup refuses a min_size above max_size ("Max bound ... must be greater than or
+# equal to min bound"), after the launch template, role and log group were created.
+run "min_size_above_max_size" {
+  command = plan
+
+  variables {
+    min_size = 4
+    max_size = 2
+  }
+
+  expect_failures = [aws_autoscaling_group.gpu]
+}
