@@ -213,11 +213,13 @@ def test_gpu_hosts_take_triton_traffic_from_the_edge_only() -> None:
 
 
 def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
-    documents = module(MODULES / "gpu_pool").data("aws_iam_policy_document")
-    statements = {s["sid"]: s for s in documents["gpu"]["statement"]}
+    gpu = module(MODULES / "gpu_pool")
+    statements = {s["sid"]: s for s in gpu.data("aws_iam_policy_document")["gpu"]["statement"]}
 
     assert statements["ReadEngine"]["actions"] == ["s3:GetObject"]
-    assert statements["ReadEngine"]["resources"][0].startswith("${var.engine_bucket_arn}/")
+    # The engine's objects (its prefix, or the bucket for an engine at the root: pool.tftest.hcl).
+    assert statements["ReadEngine"]["resources"] == ["${local.engine_objects}"]
+    assert gpu.locals()["engine_objects"].count("${var.engine_bucket_arn}/") == 2
     assert statements["PullImage"]["resources"] == ["${var.ecr_repository_arn}"]
     assert all("*" not in a for s in statements.values() for a in s["actions"])
 

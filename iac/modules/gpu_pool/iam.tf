@@ -41,13 +41,16 @@ locals {
     data.aws_caller_identity.current.account_id, "autoScalingGroup", "*", "autoScalingGroupName/${var.group_name}",
   ])
   engine_prefix = trimsuffix(join("/", slice(split("/", var.engine_s3_uri), 3, length(split("/", var.engine_s3_uri)))), "/")
+  # The engine's objects: the whole bucket for an engine at its root (engine_prefix ""), where
+  # "<bucket>//*" would match no key and every host would get 403 on the manifest.
+  engine_objects = local.engine_prefix == "" ? "${var.engine_bucket_arn}/*" : "${var.engine_bucket_arn}/${local.engine_prefix}/*"
 }
 
 data "aws_iam_policy_document" "gpu" {
   statement {
     sid       = "ReadEngine"
     actions   = ["s3:GetObject"]
-    resources = ["${var.engine_bucket_arn}/${local.engine_prefix}/*"]
+    resources = [local.engine_objects]
   }
 
   statement {

@@ -291,3 +291,28 @@ run "min_size_above_max_size" {
 
   expect_failures = [aws_autoscaling_group.gpu]
 }
+
+# The hosts may read their engine's objects only. An engine uploaded at the bucket's root
+# (engine_prefix "") is the whole bucket: "<bucket>//*" matched no key, and every host got 403 on
+# the manifest, never got ready and was replaced, again and again.
+run "an_engine_at_the_buckets_root_is_readable" {
+  command = plan
+
+  variables {
+    engine_s3_uri = "s3://fg-engines/"
+  }
+
+  assert {
+    condition     = one([for s in data.aws_iam_policy_document.gpu.statement : s.resources if s.sid == "ReadEngine"]) == toset(["arn:aws:s3:::fg-engines/*"])
+    error_message = "the hosts' role must cover the engine's objects at the bucket's root"
+  }
+}
+
+run "an_engines_prefix_is_its_own" {
+  command = plan
+
+  assert {
+    condition     = one([for s in data.aws_iam_policy_document.gpu.statement : s.resources if s.sid == "ReadEngine"]) == toset(["arn:aws:s3:::fg-engines/engines/llama/l40s/*"])
+    error_message = "the hosts' role covers their own engine's prefix only"
+  }
+}
