@@ -191,6 +191,15 @@ resource "aws_appautoscaling_target" "edge" {
   scalable_dimension = "ecs:service:DesiredCount"
   min_capacity       = var.min_count
   max_capacity       = var.max_count
+
+  lifecycle {
+    # RegisterScalableTarget refuses it, but only once the ECS service exists: an apply that
+    # stops half-way.
+    precondition {
+      condition     = var.min_count <= var.max_count
+      error_message = "min_count may be at most max_count (the fewest and the most edge tasks)."
+    }
+  }
 }
 
 resource "aws_appautoscaling_policy" "edge_cpu" {

@@ -93,3 +93,16 @@ run "a_scraper_reaches_the_operator_port" {
     error_message = "the public port still admits the load balancer only"
   }
 }
+
+# RegisterScalableTarget refuses a minimum above the maximum, after the ECS service was created:
+# an apply that stops half-way.
+run "more_tasks_at_least_than_at_most" {
+  command = plan
+
+  variables {
+    min_count = 8
+    max_count = 4
+  }
+
+  expect_failures = [aws_appautoscaling_target.edge]
+}
