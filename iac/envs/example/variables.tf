@@ -132,9 +132,16 @@ variable "redis_shards" {
 }
 
 variable "edge_min_count" {
-  description = "Fewest edge tasks."
+  description = "Fewest edge tasks (at least 1; at most edge_max_count). It is also the edge's [limiter] instance_count."
   type        = number
   default     = 2
+
+  # The edge's settings take [limiter] instance_count from it, and the edge refuses 0: every task
+  # would crash-loop on its settings. (Target tracking on CPU never starts a first task either.)
+  validation {
+    condition     = var.edge_min_count >= 1 && floor(var.edge_min_count) == var.edge_min_count
+    error_message = "edge_min_count must be a whole number of at least 1 (the edge's [limiter] instance_count is rendered from it)."
+  }
 }
 
 variable "edge_max_count" {

@@ -94,3 +94,15 @@ run "a_drain_longer_than_the_task_may_stop" {
 
   expect_failures = [var.deregistration_delay_s]
 }
+
+# The edge refuses [limiter] instance_count = 0, which the settings take from edge_min_count: every
+# task would crash-loop on its settings (and target tracking on CPU never starts a first task).
+run "no_edge_task" {
+  command = plan
+
+  variables {
+    edge_min_count = 0
+  }
+
+  expect_failures = [var.edge_min_count]
+}
