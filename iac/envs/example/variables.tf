@@ -82,6 +82,14 @@ variable "models" {
     }
   }
 
+  # Rendered with no [models.*], the edge's settings would fall back to its built-in defaults
+  # (edge/defaults.toml): the random-weight demo model and SmolLM2 on CPU engines inside the task,
+  # and no GPU group would exist.
+  validation {
+    condition     = length(var.models) > 0
+    error_message = "models must name at least one model: with none the edge would serve its built-in demo models on CPU, not a GPU group."
+  }
+
   # The edge refuses a served model's name that is empty or has a '/' (it is one segment of
   # /v1/models/{id}): every task would crash-loop on its settings.
   validation {

@@ -106,3 +106,16 @@ run "no_edge_task" {
 
   expect_failures = [var.edge_min_count]
 }
+
+# With no [models.*] the edge serves its built-in defaults (edge/defaults.toml): the random-weight
+# demo model and SmolLM2 on CPU engines inside the task (the demo model answers noise), and no GPU
+# group exists.
+run "no_model" {
+  command = plan
+
+  variables {
+    models = {}
+  }
+
+  expect_failures = [var.models]
+}
