@@ -147,8 +147,10 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
-    reserved_paid_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)]
-    max_queue: Annotated[int, msgspec.Meta(ge=0)]
+    # Below 1 and at least 1: the admission queue (edge/admission/dispatcher.py) takes no other, and
+    # loaded, a 1.0 or a 0 ended the edge's start in its ValueError, after the model's import.
+    reserved_paid_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)]
+    max_queue: Annotated[int, msgspec.Meta(ge=1)]
     # Prefix-aware routing: a replica's probably cached prompt tokens each count this many tokens
     # off its load (edge/admission/router.py); 0 routes to the least loaded replica only.
     prefix_weight: Annotated[float, msgspec.Meta(ge=0)] = 2.0

@@ -60,6 +60,10 @@ def test_a_tier_budget_of_zero_is_refused(field: str) -> None:
         ("admission", "reserved_paid_fraction", 1.5),
         ("admission", "reserved_paid_fraction", -0.1),
         ("admission", "max_queue", -1),
+        # Both loaded, and the admission queue refused them as the edge started: a ValueError's
+        # traceback after the model's import, not a settings error.
+        ("admission", "max_queue", 0),
+        ("admission", "reserved_paid_fraction", 1.0),
         ("messages", "queue_size", 0),
         ("tiers.free", "max_queue_wait_s", -1),
     ],
