@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edge.admission.paid_reserve import fraction_of, limit_for
+from edge.admission.paid_reserve import fraction_of
 from edge.admission.prefix_index import ROUTING_BLOCK_TOKENS, PrefixIndex
 from edge.admission.service_rate import ServiceRate
 from edge.upstreams.base import Capacity, Upstream
@@ -89,10 +89,23 @@ class Replica:
         return -(-kv_tokens // block) * block
 
     def kv_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        return limit_for(self.kv_tokens_total, may_use_reserve, reserved_fraction)
+        total = self.capacity.kv_tokens_total if self.capacity else 0
+        return self._limit(total, may_use_reserve, reserved_fraction)
 
     def sequence_limit(self, may_use_reserve: bool, reserved_fraction: float) -> int:
-        return limit_for(self.max_sequences, may_use_reserve, reserved_fraction)
+        total = self.capacity.max_sequences if self.capacity else 0
+        return self._limit(total, may_use_reserve, reserved_fraction)
+
+    def _limit(self, total: int, may_use_reserve: bool, reserved_fraction: float) -> int:
+        """What a ticket of this kind may hold of `total` here: this instance's share of it, less
+        the reserve where it may not use it, rounded down once. Taken off the share already rounded
+        down, the reserve rounded a second time: 40 edges' 1.6 sequences each of Triton's 64 became 1,
+        and free tiers 0.8 of that, 0 (every free request 503 no_replica on every edge, the
+        replicas idle); once, free keeps 1.28 -> 1, and the edges' free parts still add up to no
+        more than the unreserved share of the replica."""
+        if may_use_reserve:
+            return fraction_of(total, self.share)
+        return fraction_of(total, self.share * (1.0 - reserved_fraction))
 
     def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         """Whether the ticket fits on this replica when it is empty."""

@@ -321,6 +321,31 @@ async def test_two_edge_instances_sharing_a_replica_fill_only_their_share(
             await flow.aclose()
 
 
+@pytest.mark.anyio
+async def test_the_free_share_of_a_replica_among_many_edges_is_rounded_once(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """40 edges (Terraform's edge_max_count) in front of Triton's 64 sequences: each edge's part,
+    1.6 sequences, was rounded down to 1 before the reserve was taken off it (0.8, rounded down
+    again): free tiers got 0 sequences on every edge, and every free request 503 no_replica while
+    the replicas idled, from 33 edges on. Rounded once, free gets 1 of each edge's 1.28, paid 1 of
+    its 1.6, and the 40 edges' free work (40) still stays within 80 % of the replica (51.2)."""
+    shared = ControlledUpstream("shared", kv_tokens_total=400_000, max_sequences=64)
+    async with make_dispatcher([shared], replica_share=1 / 40, reserved_paid_fraction=0.2) as dispatcher:
+        free = ticket("f")
+        dispatcher.precheck(free)
+        slot = await dispatcher.acquire(free)
+        # The reserve still holds: this edge's second free request waits for the first.
+        flow = Flow(dispatcher)
+        waiting = flow.submit(ticket("f2"))
+        await flow.settle()
+        assert not waiting.done() and dispatcher.queue_depth() == 1
+        slot.release()
+        await flow.settle()
+        assert waiting.done()
+        await flow.aclose()
+
+
 class _HangingCheck(ControlledUpstream):
     """A replica whose health check, once `hang` is set, never answers (its timeout is the bound)."""
 
