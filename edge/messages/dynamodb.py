@@ -155,6 +155,11 @@ class DynamoDBMessageStore:
         found = self._read(owned, user, limit, where) if fits else []
         if not LEGACY_PARTITIONS or "/" in conversation_id:  # no legacy id holds one
             return found
+        if len(conversation_id.encode()) > MAX_PARTITION_KEY_BYTES:
+            # Nor any legacy partition of an id past the key's bytes (the history route takes any id
+            # in its path; a chat request's is 256 characters at most): asked, AWS refuses the Query
+            # (a ValidationException, the route's 503 store_unavailable for an id that cannot exist).
+            return found
         legacy = self._read(conversation_id, user, limit, where)
         if not legacy:
             return found

@@ -248,6 +248,22 @@ async def test_dynamodb_history_of_a_name_too_long_for_its_partition_key_is_its_
     named their owner are still read."""
     store = dynamodb_store(dynalite_endpoint)
     await store.create_table_if_missing()
+    _check_hash_key_size_as_aws_does(store)
+    long_user = "u" * 3000
+    conv = conversation()
+    try:
+        assert (await store.history(conv, long_user)).messages == []
+        before = new_message(conv, long_user, "user", "asked before", "r_1")
+        store._client.put_item(TableName=TABLE, Item=_legacy_item(before))
+        assert (await store.history(conv, long_user)).messages == [before]
+    finally:
+        await store.aclose()
+
+
+def _check_hash_key_size_as_aws_does(store: DynamoDBMessageStore) -> None:
+    """AWS refuses a Query whose partition key is past 2,048 bytes (a ValidationException);
+    dynalite checks a key's size on writes and GetItem only: the rule is added in front of the real
+    client."""
 
     def as_aws_checks(params: dict[str, Any], **_: Any) -> None:
         partition = params["ExpressionAttributeValues"][":c"]["S"]
@@ -256,12 +272,21 @@ async def test_dynamodb_history_of_a_name_too_long_for_its_partition_key_is_its_
             raise ClientError({"Error": error}, "Query")
 
     store._client.meta.events.register("before-parameter-build.dynamodb.Query", as_aws_checks)
-    long_user = "u" * 3000
-    conv = conversation()
+
+
+async def test_dynamodb_history_of_a_conversation_id_too_long_for_any_partition_is_empty(
+    dynalite_endpoint: str,
+) -> None:
+    """GET /v1/conversations/{id}/messages takes any id in its path: one past DynamoDB's 2,048 bytes
+    can hold no message (a chat request's conversation_id is 256 characters at most), yet the legacy
+    read (the client's id alone as the partition) sent it as a Query's key, which AWS refuses with a
+    ValidationException: the route's 503 store_unavailable, for good, where SQLite's store answers
+    an empty history (the route's 404)."""
+    store = dynamodb_store(dynalite_endpoint)
+    await store.create_table_if_missing()
+    _check_hash_key_size_as_aws_does(store)
     try:
-        assert (await store.history(conv, long_user)).messages == []
-        before = new_message(conv, long_user, "user", "asked before", "r_1")
-        store._client.put_item(TableName=TABLE, Item=_legacy_item(before))
-        assert (await store.history(conv, long_user)).messages == [before]
+        assert (await store.history("c" * 3000, "alice")).messages == []
+        assert (await store.history("\u00e9" * 1100, "alice")).messages == []
     finally:
         await store.aclose()
