@@ -60,10 +60,11 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
 
 
 def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> int:
-    for option, text in (("prompt", args.prompt), ("system", args.system)):
+    for option, text in (("prompt", args.prompt), ("system", args.system), ("model", args.model)):
         if text is not None and not _utf_8(text):
             # A byte the locale could not decode (`"$(cat notes.txt)"` of a Latin-1 file) reaches
             # here as a lone surrogate: httpx's JSON encoding raised UnicodeEncodeError, a traceback.
+            # The model's name travels in the same JSON body.
             print(f"error: the {option} is not valid UTF-8", file=err)
             return 2
     messages = [{"role": "system", "content": args.system}] if args.system else []

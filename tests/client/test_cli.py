@@ -196,7 +196,7 @@ def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     assert "fg-secret-key" not in err.getvalue() and not out.getvalue()
 
 
-@pytest.mark.parametrize("option", ["prompt", "system"])
+@pytest.mark.parametrize("option", ["prompt", "system", "model"])
 def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
     option: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,7 +206,7 @@ def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
     parser = argparse.ArgumentParser()
     add_chat_command(parser.add_subparsers())
     latin_1 = os.fsdecode(b"caf\xe9")
-    argv = ["chat", latin_1] if option == "prompt" else ["chat", "hi", "--system", latin_1]
+    argv = ["chat", latin_1] if option == "prompt" else ["chat", "hi", f"--{option}", latin_1]
     out, err = io.StringIO(), io.StringIO()
     # No edge listens on port 9: nothing is sent.
     assert run_chat(parser.parse_args([*argv, "--base-url", "http://127.0.0.1:9"]), out, err) == 2
