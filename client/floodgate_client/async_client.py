@@ -222,6 +222,13 @@ class AsyncChatStream:
             # Cancelled while its request went out: the disconnect stops it on the edge.
             await response.aclose()
             return
+        if self._attempts.closed:
+            # Closed (from another task) while its request went out: close() found no response to
+            # close, and the reader read the whole reply, generated and billed, from a closed
+            # stream. Dropped as it opens instead (the disconnect stops it on the edge), as
+            # _reopen drops a retry's.
+            await response.aclose()
+            raise NetworkError("stream closed")
         self._response = response
 
     def __await__(self) -> Generator[Any, None, AsyncChatStream]:

@@ -26,8 +26,9 @@ class ScriptedEdge:
     `tail_after_cancel`, a stream sends it once a cancel has been answered and `tail_delay_s` more
     have passed (a reply that finishes just as it is cancelled). With `hold_cancel`, a cancel is
     answered only once that event is set, and the tail goes once the cancel has come, unanswered (a
-    reply that finishes while its cancel is on the way). A GET gets its path's answer in `pages`
-    (whole HTTP responses), or a 404."""
+    reply that finishes while its cancel is on the way). With `hold_answer`, a chat request is
+    counted and then answered only once that event is set (a request in flight). A GET gets its
+    path's answer in `pages` (whole HTTP responses), or a 404."""
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class ScriptedEdge:
         tail_after_cancel: bytes = b"",
         tail_delay_s: float = 0.0,
         hold_cancel: threading.Event | None = None,
+        hold_answer: threading.Event | None = None,
     ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
@@ -46,6 +48,7 @@ class ScriptedEdge:
         self.tail_after_cancel = tail_after_cancel
         self.tail_delay_s = tail_delay_s
         self.hold_cancel = hold_cancel
+        self.hold_answer = hold_answer
         self.cancel_asked = threading.Event()
         self.cancel_answered = threading.Event()
         self.cancels = 0
@@ -96,6 +99,8 @@ class ScriptedEdge:
                 return
             self.requests += 1
             script = self.scripts[min(self.requests, len(self.scripts)) - 1]
+            if self.hold_answer is not None:
+                self.hold_answer.wait(timeout=120)
             if not script.startswith(b"HTTP/1.1 "):  # a whole response as it is, or a stream's body
                 script = STREAM_HEAD + script
             conn.sendall(script)

@@ -360,3 +360,42 @@ def test_an_async_stream_awaited_while_its_reader_opens_it_is_sent_once() -> Non
         assert isinstance(events[-1], Finished) and not events[-1].cancelled, events
     finally:
         edge.close()
+
+
+def test_an_async_stream_closed_while_its_request_is_in_flight_is_never_read() -> None:
+    """An async stream opens in its reader's task: a close() from another task while the request
+    was out (its answer not back yet) closed nothing, and the reader then read the whole reply,
+    generated and billed, from a stream closed before it opened. A closed stream is never read on:
+    its reader gets NetworkError, and the answer is dropped as it comes (the disconnect stops it
+    on the edge)."""
+    release = threading.Event()
+    edge = ScriptedEdge([_answered("chatcmpl-closed")], hold_answer=release)
+    events: list[object] = []
+    errors: list[FloodgateError] = []
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny")
+
+            async def read() -> None:
+                try:
+                    async for e in stream:
+                        events.append(e)
+                except FloodgateError as error:
+                    errors.append(error)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(read)
+                    while edge.requests < 1:  # noqa: ASYNC110 (the scripted edge's count)
+                        await anyio.sleep(0.01)
+                    await stream.close()
+                    release.set()
+
+    try:
+        anyio.run(main)
+        assert events == [], events
+        assert [type(e).__name__ for e in errors] == ["NetworkError"], errors
+    finally:
+        release.set()
+        edge.close()
