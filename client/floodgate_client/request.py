@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 CHAT_PATH = "/v1/chat/completions"
 
 Messages = Sequence[Mapping[str, str]] | str
@@ -15,7 +17,16 @@ Messages = Sequence[Mapping[str, str]] | str
 def edge_root(base_url: str) -> str:
     """The edge's root, from a base URL given either as that or as the OpenAI SDK's convention, the
     root plus `/v1` (what the README's SDK example passes): this client adds `/v1` itself, so that one
-    reached `/v1/v1/...` and said only "Not Found"."""
+    reached `/v1/v1/...` and said only "Not Found".
+
+    Raises httpx.InvalidURL for a host no lookup can take (an empty label, a doubled dot: httpx
+    takes it, and the first request raised getaddrinfo's UnicodeError from its IDNA encoding, no
+    FloodgateError, out of every call), as httpx does for a malformed port."""
+    host = httpx.URL(base_url).host
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise httpx.InvalidURL(f"Invalid host: {host!r}") from None
     return base_url.rstrip("/").removesuffix("/v1")
 
 

@@ -182,7 +182,9 @@ def test_retry_says_on_stderr_what_it_waits_for(
     )
 
 
-@pytest.mark.parametrize("base_url", ["http://127.0.0.1:80OO", "http://[::1"])
+# A mistyped port, an IPv6 address left open, a host with an empty label (a doubled dot), which
+# getaddrinfo refuses with a UnicodeError from its IDNA encoding rather than an OSError.
+@pytest.mark.parametrize("base_url", ["http://127.0.0.1:80OO", "http://[::1", "http://api..example.com"])
 def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     base_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
