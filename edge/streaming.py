@@ -110,8 +110,14 @@ class EventStreamResponse:
                 return
             # uvicorn's send waits (flow control) while the client reads nothing: the watch sees it.
             progress.waiting_since = now()
-            await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
-            progress.waiting_since = None
+            try:
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finally:
+                # Also when the wait is cancelled: the first token stops a keep-alive waiting on a
+                # paused connection, and the tokens after it, written straight to the connection
+                # (write_now), would leave that wait's start here, for the watch to cut a stream
+                # whose client reads every token `stalled_reader_s` later.
+                progress.waiting_since = None
 
         async def end(chunk: bytes) -> None:
             # The last events and the end of the body (chunked; to HTTP/1.0, the close) in one write.
