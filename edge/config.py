@@ -322,12 +322,20 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         if missing:
             raise ConfigError(f"{path}: missing setting {', '.join(missing)} (a new table has no defaults)")
         try:
-            msgspec.convert(data, Settings)
-        except msgspec.ValidationError as exc:
+            # The file's settings alone, every check included: settings right one by one but not
+            # together (a tier's default_model no model serves) named the setting but not the file.
+            _checked(data, from_file)
+        except (ConfigError, msgspec.ValidationError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
     if overrides:
         data = _merge(data, overrides)
-    data = _one_source_of_models(data, from_file, overrides or {})
+    return _checked(data, from_file, overrides or {})
+
+
+def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
+    """The merged `data` as Settings, with every check across settings; `layers`: what was laid on
+    the defaults (a file, overrides), which decides where the models come from."""
+    data = _one_source_of_models(data, *layers)
     data = _named_tiers(data)
     settings = msgspec.convert(data, Settings)
     _check_finite(settings, "")

@@ -202,3 +202,11 @@ def test_engine_settings_are_checked_against_the_engines_bounds(tmp_path: Path) 
     config.write_text("[engine]\nprefil_slowdown = 2.0\n")
     with pytest.raises(ConfigError, match=r"engine\.prefil_slowdown"):
         load_settings(config)
+
+
+def test_settings_that_do_not_fit_together_name_the_file(tmp_path: Path) -> None:
+    """Each setting was right alone, so the message named the setting but not the file it was in."""
+    config = tmp_path / "tiers.toml"
+    config.write_text('[tiers.free]\ndefault_model = "nope"\n')
+    with pytest.raises(ConfigError, match=r"tiers\.toml: tiers\.free\.default_model 'nope'"):
+        load_settings(config)
