@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 
 from edge.keys.lifecycle import MAX_PERIOD_S
+from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
 from gpu_container.engine.types import EngineConfig
 from limiter.tiers import TierLimits
 
@@ -341,6 +342,7 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_finite(settings, "")
     _check_slot_ttl(settings)
     _check_tier_models(settings)
+    _check_replica_specs(settings)
     _check_model_replicas(settings)
     _check_model_names(settings)
     return settings
@@ -423,6 +425,47 @@ def _check_model_names(settings: Settings) -> None:
                 f"/v1/models/{{id}}); name it, say, {name.replace('/', '--')!r} and keep the "
                 "checkpoint's own name in its source or path."
             )
+
+
+def _check_replica_specs(settings: Settings) -> None:
+    """[upstream] triton (`serve --triton`) and each [models.NAME] triton name replicas the forms
+    defaults.toml lists: a malformed one loaded, and the app's start ended in a ValueError traceback
+    from the upstream's build (edge/upstreams/triton.py _replica_urls, asg_resolver.py)."""
+    specs = {"upstream.triton": settings.upstream.triton}
+    specs |= {f"models.{name}.triton": spec.triton for name, spec in settings.models.items() if spec.triton}
+    for where, spec in specs.items():
+        problem = _replica_spec_problem(spec)
+        if problem:
+            raise ConfigError(
+                f'{where} {spec!r}: {problem}; expected "" (the local engines), "local", '
+                '"HOST:PORT[:METRICS_PORT],..." or "asg:GROUP[:HTTP_PORT[:METRICS_PORT]]"'
+            )
+
+
+def _replica_spec_problem(spec: str) -> str:
+    """What is wrong with one replica spec ("" when nothing is)."""
+    if spec.strip() in ("", "local"):
+        return ""
+    if is_asg_spec(spec):
+        try:
+            asg = parse_asg_spec(spec)
+        except ValueError as exc:
+            return str(exc)
+        ports = [asg.http_port, asg.metrics_port]
+    else:
+        replicas = [item.strip() for item in spec.split(",") if item.strip()]
+        if not replicas:
+            return "it names no replica"
+        ports = []
+        for replica in replicas:
+            parts = replica.split(":")
+            if len(parts) not in (2, 3) or not all(parts):
+                return f"{replica!r} is not HOST:PORT[:METRICS_PORT]"
+            if not all(part.isdigit() for part in parts[1:]):
+                return f"the ports of {replica!r} must be numbers"
+            ports += [int(part) for part in parts[1:]]
+    bad = [port for port in ports if not 1 <= port <= 65535]
+    return f"port {bad[0]} is not within 1-65535" if bad else ""
 
 
 def _check_model_replicas(settings: Settings) -> None:

@@ -210,3 +210,36 @@ def test_settings_that_do_not_fit_together_name_the_file(tmp_path: Path) -> None
     config.write_text('[tiers.free]\ndefault_model = "nope"\n')
     with pytest.raises(ConfigError, match=r"tiers\.toml: tiers\.free\.default_model 'nope'"):
         load_settings(config)
+
+
+MALFORMED_SPECS = ["garbage", "host:http", "host:8000:8002:9", "a:8000,b", "asg:", "asg:g:http", "host:99999"]
+DOCUMENTED_SPECS = ["", "local", "host:8000", "10.0.0.1:8000:8002, 10.0.0.2:8000", "asg:gpus:8000:8002"]
+
+
+@pytest.mark.parametrize("spec", MALFORMED_SPECS)
+@pytest.mark.parametrize("where", ["upstream", "models"])
+def test_a_malformed_replica_spec_is_refused_at_load(tmp_path: Path, spec: str, where: str) -> None:
+    """It loaded, and the app's start ended in a ValueError traceback from the upstream's build."""
+    config = tmp_path / "triton.toml"
+    if where == "upstream":
+        config.write_text(f'[model]\nsource = "demo"\n[upstream]\ntriton = "{spec}"\n')
+        setting = "upstream.triton"
+    else:
+        config.write_text(f'[models.a]\nsource = "demo"\ntriton = "{spec}"\n')
+        setting = "models.a.triton"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert str(config) in str(caught.value) and setting in str(caught.value)
+
+
+@pytest.mark.parametrize("spec", DOCUMENTED_SPECS)
+def test_every_documented_replica_spec_loads(spec: str) -> None:
+    settings = load_settings(overrides={"upstream": {"triton": spec}, "models": {"a": {"source": "demo"}}})
+    assert settings.upstream.triton == spec
+
+
+def test_serve_with_a_malformed_triton_option_exits_with_the_reason(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "edge.cli", "serve", "--triton", "garbage"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "invalid settings" in done.stderr and "upstream.triton 'garbage'" in done.stderr
