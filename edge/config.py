@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
+from redis.asyncio.connection import parse_url
 
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
 from gpu_container.engine.types import EngineConfig
+from limiter.redis_url import node_url
 from limiter.tiers import TierLimits
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
@@ -342,6 +344,7 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_finite(settings, "")
     _check_slot_ttl(settings)
     _check_tier_models(settings)
+    _check_redis_url(settings)
     _check_replica_specs(settings)
     _check_model_replicas(settings)
     _check_model_names(settings)
@@ -425,6 +428,22 @@ def _check_model_names(settings: Settings) -> None:
                 f"/v1/models/{{id}}); name it, say, {name.replace('/', '--')!r} and keep the "
                 "checkpoint's own name in its source or path."
             )
+
+
+def _check_redis_url(settings: Settings) -> None:
+    """With the redis backend, a URL redis-py cannot read (no scheme, `http://`, a port that is no
+    number) loaded, and the app's start ended in redis-py's ValueError traceback. Read here as the
+    clients will read it (limiter/redis_url.py); the message never repeats the URL, which may hold
+    a password (redis-py's own reasons name a scheme or a port, never the URL)."""
+    if settings.limiter.backend != "redis":
+        return
+    try:
+        parse_url(node_url(settings.limiter.redis_url))
+    except ValueError as exc:
+        raise ConfigError(
+            f"limiter.redis_url: {exc}; expected redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://, "
+            "redis+cluster://, rediss+cluster:// or unix://PATH"
+        ) from None
 
 
 def _check_replica_specs(settings: Settings) -> None:

@@ -243,3 +243,24 @@ def test_serve_with_a_malformed_triton_option_exits_with_the_reason(tmp_path: Pa
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "invalid settings" in done.stderr and "upstream.triton 'garbage'" in done.stderr
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:6379", "http://127.0.0.1:6379/0", "redis://:hunter2@host:port/0"])
+def test_a_redis_url_redis_py_cannot_read_is_refused_at_load(tmp_path: Path, url: str) -> None:
+    """It loaded, and the app's start ended in redis-py's ValueError traceback."""
+    config = tmp_path / "redis.toml"
+    config.write_text(f'[limiter]\nbackend = "redis"\nredis_url = "{url}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    message = str(caught.value)
+    assert str(config) in message and "limiter.redis_url" in message
+    assert "hunter2" not in message  # the error is printed: never the URL's password
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "rediss://:pw@host:6380", "redis+cluster://host:7000", "unix:///tmp/r.sock"],
+)
+def test_every_redis_url_form_loads(url: str) -> None:
+    settings = load_settings(overrides={"limiter": {"backend": "redis", "redis_url": url}})
+    assert settings.limiter.redis_url == url
