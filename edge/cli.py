@@ -93,6 +93,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker_count(text: str) -> int:
+    """`--workers N`, N >= 1: 0 or a negative count served one worker, as if 1 had been given."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} workers: give at least 1")
+    return count
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="floodgate", description="An open LLM-serving edge.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_worker_count,
         default=1,
         help="edge processes sharing the port (SO_REUSEPORT), one per core; needs the redis limiter",
     )

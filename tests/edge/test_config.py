@@ -264,3 +264,11 @@ def test_a_redis_url_redis_py_cannot_read_is_refused_at_load(tmp_path: Path, url
 def test_every_redis_url_form_loads(url: str) -> None:
     settings = load_settings(overrides={"limiter": {"backend": "redis", "redis_url": url}})
     assert settings.limiter.redis_url == url
+
+
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_serve_refuses_fewer_than_one_worker(tmp_path: Path, workers: str) -> None:
+    """`--workers 0` served one worker, as if it had been given 1."""
+    command = [sys.executable, "-m", "edge.cli", "serve", "--workers", workers]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2 and "--workers" in done.stderr and "at least 1" in done.stderr
