@@ -22,7 +22,7 @@ from typing import Any
 from safetensors.numpy import save_file
 
 from gpu_container.checkpoint.dequantize import check_types, dequantized
-from gpu_container.checkpoint.errors import CheckpointError
+from gpu_container.checkpoint.errors import CheckpointError, UnsupportedModel
 from gpu_container.checkpoint.gguf_file import GgufFile
 from gpu_container.checkpoint.gguf_tokenizer import build_tokenizer, tokenizer_config
 from gpu_container.checkpoint.hf_config import hf_config
@@ -30,6 +30,8 @@ from gpu_container.checkpoint.progress import Progress
 from gpu_container.checkpoint.rope_permutation import unpermute_rows
 from gpu_container.checkpoint.tensor_names import hf_name
 from gpu_container.engine.arrays import Floats
+from gpu_container.engine.llama_config import LlamaConfig
+from gpu_container.engine.weights import check_layout
 
 # Bump whenever the import writes something different: older cache entries are then rebuilt.
 IMPORT_FORMAT = 1
@@ -95,6 +97,12 @@ def _write(gguf_path: Path, out: Path, digest: str, progress: Progress | None) -
         weights[hf] = _hf_layout(gguf_path, hf, dequantized(tensor), config)
         if progress is not None:
             progress(done, len(tensors), tensor.name)
+    try:
+        # What the engine's load checks (gpu_container/engine/loader.py): a GGUF short of a tensor,
+        # or with one of another shape, imported into a cached checkpoint every start then refused.
+        check_layout(LlamaConfig.from_hf(config), {hf: tuple(w.shape) for hf, w in weights.items()})
+    except ValueError as exc:
+        raise UnsupportedModel(f"{gguf_path}: {exc}") from None
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     del weights
     _write_json(out / "config.json", config)

@@ -23,7 +23,7 @@ def load_model(path: str | Path) -> LlamaModel:
             tensors.update(load_safetensors(file))
         except Exception as exc:  # safetensors raises its own SafetensorError, json/struct their own
             raise CheckpointError(f"{file}: not a readable safetensors file: {exc}") from None
-    # A missing tensor is a KeyError that names it; one the model has no place for, a ValueError.
+    # A missing tensor, one of another shape, one the model has no place for: a ValueError.
     try:
         weights = LlamaWeights.from_hf(facts.config, tensors)
     except ValueError as exc:

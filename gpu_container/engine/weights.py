@@ -47,6 +47,7 @@ class LlamaWeights:
     def from_hf(cls, config: LlamaConfig, tensors: Mapping[str, npt.NDArray[Any]]) -> LlamaWeights:
         """Build from Hugging Face tensor names (model.layers.N.self_attn.q_proj.weight, ...)."""
 
+        check_layout(config, {name: tuple(tensor.shape) for name, tensor in tensors.items()})
         read: set[str] = set()
 
         def get(name: str) -> Floats:
@@ -106,6 +107,53 @@ class LlamaWeights:
         norms = sum(layer.input_norm.nbytes + layer.post_attention_norm.nbytes for layer in self.layers)
         head = 0 if self.tied else self.lm_head.nbytes
         return self.nbytes - self.lm_head.nbytes + head + self.embed_tokens.nbytes + norms + self.norm.nbytes
+
+
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama checkpoint of `config` holds, by its Hugging Face name, in Hugging Face's
+    [out, in] layout; a head of its own ("lm_head.weight") is optional."""
+    hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            f"{p}input_layernorm.weight": (hidden,),
+            f"{p}post_attention_layernorm.weight": (hidden,),
+            f"{p}self_attn.q_proj.weight": (q_rows, hidden),
+            f"{p}self_attn.k_proj.weight": (kv_rows, hidden),
+            f"{p}self_attn.v_proj.weight": (kv_rows, hidden),
+            f"{p}self_attn.o_proj.weight": (hidden, q_rows),
+            f"{p}mlp.gate_proj.weight": (inter, hidden),
+            f"{p}mlp.up_proj.weight": (inter, hidden),
+            f"{p}mlp.down_proj.weight": (hidden, inter),
+        }
+    return shapes
+
+
+def check_layout(config: LlamaConfig, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """A ValueError naming what does not fit `config`: a missing tensor (it was a bare KeyError out of
+    the engine's start), one of another shape (it loaded, fused with its neighbours, and failed or
+    answered noise at the first request), one the forward has no place for. The GGUF import checks
+    the same before it writes, so no import a start then refuses is ever cached."""
+    expected = expected_shapes(config)
+    missing = [name for name in expected if name not in shapes]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ValueError(f"checkpoint has no tensor {', '.join(repr(n) for n in missing[:3])}{more}")
+    head = "lm_head.weight"
+    if head in shapes:
+        expected[head] = (config.vocab_size, config.hidden_size)
+    for name, want in expected.items():
+        if tuple(shapes[name]) != want:
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(shapes[name])}, where the config gives {want}"
+            )
+    _refuse_unread(shapes.keys() - expected.keys())
 
 
 # RoPE's frequencies, saved as a buffer by older Hugging Face conversions: the model recomputes them.

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from edge.cli import main
 from edge.config import load_settings
 from edge.model_source import resolve_model_dir
 from gpu_container.checkpoint.bundled import bundled_gguf
-from gpu_container.checkpoint.errors import CheckpointError
+from gpu_container.checkpoint.errors import CheckpointError, UnsupportedModel
 from gpu_container.checkpoint.facts import read_facts
-from tests.checkpoint.tiny_gguf import write_tiny_gguf
+from gpu_container.engine.loader import load_model
+from tests.checkpoint import tiny_gguf
+from tests.checkpoint.tiny_gguf import Tensors, write_tiny_gguf
 
 
 def test_model_import_prints_the_checkpoint_and_shows_progress(
@@ -79,3 +83,61 @@ def test_model_import_without_a_path_imports_every_served_models_gguf(
     config.write_text(f'[models.a]\nsource = "{tmp_path / "missing.gguf"}"\n')
     with pytest.raises(SystemExit, match=r"missing\.gguf"):
         main(["model", "import", "--config", str(config), "--models-dir", str(models)])
+
+
+_HF_TENSORS = tiny_gguf.hf_tensors
+
+
+def _unfit(fault: str) -> Callable[..., Tensors]:
+    """tiny_gguf's tensors with one of them missing, of another shape, or with no place in the model."""
+
+    def tensors(vocab: int, *, tied: bool, seed: int = 0) -> Tensors:
+        out = _HF_TENSORS(vocab, tied=tied, seed=seed)
+        up = "model.layers.0.mlp.up_proj.weight"
+        if fault == "missing":
+            del out["model.layers.0.self_attn.k_proj.weight"]
+        elif fault == "shape":
+            out[up] = out[up][:100].copy()
+        else:
+            out["model.layers.1.mlp.up_proj.weight"] = out[up].copy()
+        return out
+
+    return tensors
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("missing", "no tensor 'model.layers.0.self_attn.k_proj.weight'"),
+        ("shape", r"'model.layers.0.mlp.up_proj.weight' has shape \(100, 64\)"),
+        ("extra", "no place for: 'model.layers.1.mlp.up_proj.weight'"),
+    ],
+)
+def test_model_import_refuses_a_gguf_whose_tensors_do_not_fit_its_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, reason: str
+) -> None:
+    """Each was imported and cached; every start then failed on it (a KeyError traceback, an
+    UnsupportedModel traceback), or, of another shape, served and failed at the first request."""
+    source = tmp_path / "unfit.gguf"
+    monkeypatch.setattr(tiny_gguf, "hf_tensors", _unfit(fault))
+    write_tiny_gguf(source)
+    models = tmp_path / "models"
+    with pytest.raises(SystemExit, match=rf"cannot import: .*unfit\.gguf: .*{reason}"):
+        main(["model", "import", str(source), "--models-dir", str(models)])
+    assert not any(models.iterdir())  # nothing cached that a start would take up
+
+
+def test_a_checkpoint_with_a_tensor_of_another_shape_is_refused_at_load(tmp_path: Path) -> None:
+    """It loaded (the fused projections took any row count) and failed at the first request."""
+    source = tmp_path / "tiny.gguf"
+    write_tiny_gguf(source)
+    directory = resolve_model_dir(
+        load_settings(overrides={"model": {"source": str(source), "models_dir": str(tmp_path / "m")}}).model
+    )
+    weights = load_file(str(directory / "model.safetensors"))
+    weights["model.layers.0.mlp.down_proj.weight"] = weights["model.layers.0.mlp.down_proj.weight"][
+        :, :10
+    ].copy()
+    save_file(weights, str(directory / "model.safetensors"))
+    with pytest.raises(UnsupportedModel, match=r"'model.layers.0.mlp.down_proj.weight' has shape \(64, 10\)"):
+        load_model(directory)
