@@ -28,6 +28,12 @@ def _mask_url(value: str) -> str:
         return value
     if not parts.netloc:
         return value
+    scheme, _, rest = value.partition("://")
+    if "@" in rest and "@" not in parts.netloc:
+        # A '#', '/' or '?' in the userinfo (a password not percent-encoded) ends the authority
+        # early, so the parser sees none, and the password was printed whole: everything up to the
+        # last '@' is masked (a URL's other parts hold no '@' a setting needs to show).
+        return f"{scheme}://{MASK}@{rest.rpartition('@')[2]}"
     if parts.query:
         query = parse_qsl(parts.query, keep_blank_values=True)
         if any(_SECRET_NAME.search(name) for name, _ in query):

@@ -80,3 +80,14 @@ def test_config_show_prints_the_merged_settings(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "max_tokens = 7" in done.stdout and "pw123" not in done.stdout
     assert "[tiers.paid]" in done.stdout
+
+
+@pytest.mark.parametrize("password", ["ab#cd", "ab/cd", "ab?cd", "a:b#c"])
+def test_config_show_masks_a_password_the_url_parser_misreads(password: str) -> None:
+    """A password with '#', '/' or '?' not percent-encoded (an AUTH token pasted as generated) ends
+    the URL's authority early: the parser saw no '@' there, and `config show` printed it whole."""
+    url = f"rediss://default:{password}@cache:6379/0"
+    settings = load_settings(overrides={"limiter": {"redis_url": url}})
+    text = effective_toml(settings)
+    assert password not in text
+    assert 'redis_url = "rediss://****@cache:6379/0"' in text
