@@ -340,6 +340,8 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     the defaults (a file, overrides), which decides where the models come from."""
     data = _one_source_of_models(data, *layers)
     data = _named_tiers(data)
+    _convert_each(data, "tiers", TierConfig)
+    _convert_each(data, "models", ServedModelConfig)
     settings = msgspec.convert(data, Settings)
     _check_finite(settings, "")
     _check_slot_ttl(settings)
@@ -349,6 +351,22 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_model_replicas(settings)
     _check_model_names(settings)
     return settings
+
+
+def _convert_each(data: dict[str, Any], section: str, typ: type[msgspec.Struct]) -> None:
+    """Each [section.NAME] table on its own first: msgspec writes a dict's key as `[...]`, so a bad
+    value said `$.tiers[...].max_concurrent`, not which tier held it. A table that is no table is
+    left to the whole conversion, which says so."""
+    tables = data.get(section)
+    if not isinstance(tables, dict):
+        return
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            continue
+        try:
+            msgspec.convert(table, typ)
+        except msgspec.ValidationError as exc:
+            raise msgspec.ValidationError(str(exc).replace("at `$", f"at `$.{section}.{name}", 1)) from None
 
 
 def _named_tiers(data: dict[str, Any]) -> dict[str, Any]:

@@ -91,3 +91,19 @@ def test_config_show_masks_a_password_the_url_parser_misreads(password: str) -> 
     text = effective_toml(settings)
     assert password not in text
     assert 'redis_url = "rediss://****@cache:6379/0"' in text
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("[tiers.free]\nmax_concurrent = 0\n", "tiers.free.max_concurrent"),
+        ('[models.a]\nsource = "demo"\n[models.b]\ntoken_weight = 0\n', "models.b.token_weight"),
+    ],
+)
+def test_a_bad_value_in_a_named_table_names_the_table(tmp_path: Path, text: str, where: str) -> None:
+    """msgspec writes a dict's key as [...]: the message said `$.tiers[...].max_concurrent`, not
+    which of the tiers (or models) held it."""
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=rf"bad\.toml: .* at `\$\.{where}`"):
+        load_settings(config)
