@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
@@ -130,7 +131,11 @@ def _set_tier(args: argparse.Namespace) -> int:
 
 
 def _read_secret(secret_id: str) -> str:
-    value: str = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+    """The secret's text; an unknown secret, no credentials or no region is said, not a traceback."""
+    try:
+        value: str = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+    except (BotoCoreError, ClientError) as exc:
+        raise SystemExit(f"floodgate: cannot read the secret {secret_id!r}: {exc}") from None
     return value
 
 
@@ -140,8 +145,12 @@ def _import(args: argparse.Namespace) -> int:
     elif args.file == "-":
         text = sys.stdin.read()
     else:
-        with open(args.file, encoding="utf-8") as source:
-            text = source.read()
+        try:
+            with open(args.file, encoding="utf-8") as source:
+                text = source.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            # A missing or unreadable file, a directory, a binary one: a traceback before.
+            raise SystemExit(f"floodgate: cannot read {args.file}: {exc}") from None
     try:
         keys_found = parse_jsonl(text.splitlines())
     except BadKeysFile as exc:

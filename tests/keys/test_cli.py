@@ -263,3 +263,15 @@ def test_admin_key_prints_a_key_and_the_hash_to_configure(capsys: pytest.Capture
     captured = capsys.readouterr()
     key = captured.out.strip()
     assert key.startswith("fgadmin-") and f'admin_key_sha256 = "{hash_key(key)}"' in captured.err
+
+
+@pytest.mark.parametrize("what", ["missing", "directory", "binary"])
+def test_import_of_a_file_it_cannot_read_says_so(config: Path, tmp_path: Path, what: str) -> None:
+    """Each ended in a FileNotFoundError / IsADirectoryError / UnicodeDecodeError traceback."""
+    path = tmp_path / "exported.jsonl"
+    if what == "directory":
+        path.mkdir()
+    elif what == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SystemExit, match=rf"^floodgate: cannot read {path}: "):
+        main(["keys", "import", str(path), "--config", str(config)])
