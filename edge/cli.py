@@ -19,6 +19,7 @@ from edge.model_cli import add_model_command
 from edge.model_source import prepare_model
 from edge.models.served import default_model, served_models
 from edge.operator_cli import add_operator_commands
+from edge.sqlite_file import unopenable
 from floodgate_client.cli import add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
 
@@ -68,6 +69,14 @@ def _serve(args: argparse.Namespace) -> int:
         read_keys_file(settings.server.keys_file)
     except BadKeysFile as exc:
         raise SystemExit(f"floodgate: {settings.server.keys_file}: {exc}") from None
+    sqlite_files = {
+        f"{section}.sqlite_path": store.sqlite_path
+        for section, store in (("keys", settings.keys), ("messages", settings.messages))
+        if store.backend == "sqlite"
+    }
+    problem = unopenable(sqlite_files)
+    if problem:
+        raise SystemExit(f"floodgate: {problem}")
     configure_logging()
     # httpx logs every request at INFO: a local tritonserver's readiness polls at start would flood it.
     logging.getLogger("httpx").setLevel(logging.WARNING)

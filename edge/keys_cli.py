@@ -13,6 +13,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
@@ -20,14 +21,25 @@ from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
+from edge.sqlite_file import unopenable
 from edge.usage.day import checked_day
 
 _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires", "replaced_by")
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
 
 
-def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
+def _store_settings(args: argparse.Namespace) -> Settings:
+    """The settings, once the key store's SQLite file, where it is one, opens."""
     settings = settings_of(args)
+    if settings.keys.backend == "sqlite":
+        problem = unopenable({"keys.sqlite_path": settings.keys.sqlite_path})
+        if problem:
+            raise SystemExit(f"floodgate: {problem}")
+    return settings
+
+
+def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
+    settings = _store_settings(args)
 
     async def go() -> Any:
         async with opened_lifecycle(settings) as keys:
@@ -180,7 +192,7 @@ def _day(value: str) -> str:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    settings = settings_of(args)
+    settings = _store_settings(args)
 
     async def go() -> Any:
         async with opened_usage(settings) as store:

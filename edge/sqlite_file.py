@@ -5,7 +5,9 @@ prompts and replies, and the key hashes, open to every account on the host. SQLi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
 
 
@@ -20,3 +22,18 @@ def create_private(path: str | Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
+
+
+def unopenable(files: dict[str, str]) -> str | None:
+    """The first of `files` (setting name: path) that cannot be made and opened, said with its
+    setting, else None. A path under a file, in a directory the edge may not write, or naming a
+    directory was an OSError or sqlite3.OperationalError traceback from the store's open: at
+    `serve`'s start (after the model's import) and from every `floodgate keys` command."""
+    for setting, path in files.items():
+        try:
+            create_private(path)
+            with contextlib.closing(sqlite3.connect(path)) as db:
+                db.execute("PRAGMA schema_version")  # connect alone opens nothing yet
+        except (OSError, sqlite3.Error) as exc:
+            return f"{setting} {path!r}: cannot open it: {exc}"
+    return None

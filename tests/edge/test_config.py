@@ -272,3 +272,14 @@ def test_serve_refuses_fewer_than_one_worker(tmp_path: Path, workers: str) -> No
     command = [sys.executable, "-m", "edge.cli", "serve", "--workers", workers]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and "--workers" in done.stderr and "at least 1" in done.stderr
+
+
+def test_serve_with_a_messages_file_it_cannot_open_exits_with_the_reason(tmp_path: Path) -> None:
+    """An OSError traceback from the app's start (exit 3), after the model's import."""
+    (tmp_path / "file").write_text("")
+    config = tmp_path / "floodgate.toml"
+    config.write_text(f'[messages]\nsqlite_path = "{tmp_path / "file" / "messages.db"}"\n')
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "floodgate: messages.sqlite_path" in done.stderr and "cannot open it" in done.stderr

@@ -275,3 +275,16 @@ def test_import_of_a_file_it_cannot_read_says_so(config: Path, tmp_path: Path, w
         path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SystemExit, match=rf"^floodgate: cannot read {path}: "):
         main(["keys", "import", str(path), "--config", str(config)])
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
+def test_a_key_store_file_that_cannot_be_opened_is_said_naming_the_setting(
+    config: Path, tmp_path: Path, where: str
+) -> None:
+    """An OSError (its directory under a file) or sqlite3.OperationalError (a directory) traceback."""
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "keys.db" if where == "under_a_file" else tmp_path
+    config.write_text(config.read_text().replace(str(tmp_path / "keys.db"), str(path)))
+    for argv in (["keys", "list"], ["usage"]):
+        with pytest.raises(SystemExit, match=rf"^floodgate: keys\.sqlite_path '{path}': cannot open it: "):
+            main([*argv, "--config", str(config)])
