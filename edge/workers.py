@@ -65,9 +65,17 @@ def worker_overrides(settings: Settings, workers: int, index: int) -> dict[str, 
     if workers > 1 and settings.server.port == 0:
         raise WorkersRefused(f"--workers {workers} needs a fixed port to share (server.port is 0).")
     ops_port = settings.server.ops_port
+    own = ops_port + index if ops_port else 0
+    if own and (own == settings.server.port or own > 65535):
+        # Loaded in the worker, this was a ValidationError traceback there, the others then stopped.
+        raise WorkersRefused(
+            f"--workers {workers}: worker {index}'s operator port, server.ops_port {ops_port} + {index}, "
+            f"is {'server.port' if own == settings.server.port else 'past 65535'}: give server.ops_port "
+            f"a range of {workers} ports of its own."
+        )
     return {
         "limiter": {"instance_count": settings.limiter.instance_count * workers},
-        "server": {"ops_port": ops_port + index if ops_port else 0},
+        "server": {"ops_port": own},
     }
 
 

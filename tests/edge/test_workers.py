@@ -433,3 +433,17 @@ def test_every_line_of_a_worker_and_of_its_engine_names_the_worker(
     engines = [line for line in lines if line.get("event") == "engine started"]
     assert sorted(line.get("worker") for line in engines) == [0, 1], engines
     assert [line for line in lines if "worker" not in line] == []
+
+
+@pytest.mark.parametrize(("port", "ops_port"), [(8000, 7999), (8000, 65535)])
+def test_workers_refuse_operator_ports_that_reach_the_api_port_or_past_the_last(
+    port: int, ops_port: int
+) -> None:
+    """Worker 1's operator listener is ops_port + 1: the API port itself (refused at each load, so
+    a ValidationError traceback from that worker, the others stopped) or port 65536 (the same)."""
+    settings = load_settings(
+        None, {"limiter": {"backend": "redis"}, "server": {"port": port, "ops_port": ops_port}}
+    )
+    assert worker_overrides(settings, 2, 0)["server"]["ops_port"] == ops_port
+    with pytest.raises(WorkersRefused, match=rf"server\.ops_port {ops_port} \+ 1"):
+        worker_overrides(settings, 2, 1)
