@@ -28,17 +28,20 @@ def _mask_url(value: str) -> str:
         return value
     if not parts.netloc:
         return value
-    scheme, _, rest = value.partition("://")
-    if "@" in rest and "@" not in parts.netloc:
-        # A '#', '/' or '?' in the userinfo (a password not percent-encoded) ends the authority
-        # early, so the parser sees none, and the password was printed whole: everything up to the
-        # last '@' is masked (a URL's other parts hold no '@' a setting needs to show).
-        return f"{scheme}://{MASK}@{rest.rpartition('@')[2]}"
     if parts.query:
         query = parse_qsl(parts.query, keep_blank_values=True)
         if any(_SECRET_NAME.search(name) for name, _ in query):
             hidden = [(name, MASK if _SECRET_NAME.search(name) else v) for name, v in query]
             parts = parts._replace(query=urlencode(hidden, safe="*"))
+    # The query's secrets are masked first: a query password may hold an '@' itself, which the
+    # rule below would take for the end of a userinfo, printing the password's tail as the host.
+    scheme, _, rest = urlunsplit(parts).partition("://")
+    if "@" in rest and "@" not in parts.netloc:
+        # A '#', '/' or '?' in the userinfo (a password not percent-encoded) ends the authority
+        # early, so the parser sees none, and the password was printed whole: everything up to the
+        # last '@' is masked (a URL's other parts hold no '@' a setting needs to show). What follows
+        # is read again, now with its true authority and query: a query password there is masked.
+        return _mask_url(f"{scheme}://{MASK}@{rest.rpartition('@')[2]}")
     if "@" in parts.netloc:
         userinfo, _, host = parts.netloc.rpartition("@")
         user, colon, _ = userinfo.partition(":")

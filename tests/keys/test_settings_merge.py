@@ -107,3 +107,19 @@ def test_a_bad_value_in_a_named_table_names_the_table(tmp_path: Path, text: str,
     config.write_text(text)
     with pytest.raises(ConfigError, match=rf"bad\.toml: .* at `\$\.{where}`"):
         load_settings(config)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "shown"),
+    [
+        # A query password holding '@': the misread-userinfo rule above printed its tail as a host.
+        ("rediss://cache:6379/0?password=ab@tail7", "tail7", "rediss://cache:6379/0?password=****"),
+        # A misread userinfo and a query password both: the query's was printed whole.
+        ("rediss://u:ab#cd@cache:6379/0?password=qpw9", "qpw9", "rediss://****@cache:6379/0?password=****"),
+    ],
+)
+def test_config_show_masks_a_query_password_beside_an_at_sign(url: str, secret: str, shown: str) -> None:
+    settings = load_settings(overrides={"limiter": {"redis_url": url}})
+    text = effective_toml(settings)
+    assert secret not in text
+    assert f'redis_url = "{shown}"' in text
