@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
@@ -26,7 +26,9 @@ def _mask_url(value: str) -> str:
         parts = urlsplit(value)
     except ValueError:
         return value
-    if not parts.netloc:
+    if not parts.scheme or "://" not in value:
+        # Not a URL (a path, a name). `unix:///path?password=…` is one though it has no host:
+        # redis-py reads its query's password too.
         return value
     if parts.query:
         query = parse_qsl(parts.query, keep_blank_values=True)
@@ -35,8 +37,8 @@ def _mask_url(value: str) -> str:
             parts = parts._replace(query=urlencode(hidden, safe="*"))
     # The query's secrets are masked first: a query password may hold an '@' itself, which the
     # rule below would take for the end of a userinfo, printing the password's tail as the host.
-    scheme, _, rest = urlunsplit(parts).partition("://")
-    if "@" in rest and "@" not in parts.netloc:
+    scheme, _, rest = _joined(parts).partition("://")
+    if "@" in rest and "@" not in parts.netloc and not rest.startswith("/"):
         # A '#', '/' or '?' in the userinfo (a password not percent-encoded) ends the authority
         # early, so the parser sees none, and the password was printed whole: everything up to the
         # last '@' is masked (a URL's other parts hold no '@' a setting needs to show). What follows
@@ -48,7 +50,17 @@ def _mask_url(value: str) -> str:
         if colon or user:
             masked = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
             parts = parts._replace(netloc=masked)
-    return urlunsplit(parts)
+    return _joined(parts)
+
+
+def _joined(parts: SplitResult) -> str:
+    """The URL again. urlunsplit drops the `//` of a URL with no host (`unix:///path` became
+    `unix:/path`, which redis-py does not read as the socket), so such a one is joined here."""
+    if parts.netloc:
+        return urlunsplit(parts)
+    query = f"?{parts.query}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{parts.path}{query}{fragment}"
 
 
 def masked(name: str, value: Any) -> Any:

@@ -123,3 +123,11 @@ def test_config_show_masks_a_query_password_beside_an_at_sign(url: str, secret: 
     text = effective_toml(settings)
     assert secret not in text
     assert f'redis_url = "{shown}"' in text
+
+
+def test_config_show_masks_a_unix_socket_urls_query_password() -> None:
+    """redis-py reads `unix:///path?password=…` too; a URL with no host was shown as it is."""
+    url = "unix:///run/redis/redis.sock?db=2&password=sockpw5"
+    text = effective_toml(load_settings(overrides={"limiter": {"redis_url": url}}))
+    assert "sockpw5" not in text
+    assert 'redis_url = "unix:///run/redis/redis.sock?db=2&password=****"' in text
