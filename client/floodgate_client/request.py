@@ -21,12 +21,15 @@ def edge_root(base_url: str) -> str:
 
     Raises httpx.InvalidURL for a host no lookup can take (an empty label, a doubled dot: httpx
     takes it, and the first request raised getaddrinfo's UnicodeError from its IDNA encoding, no
-    FloodgateError, out of every call), as httpx does for a malformed port."""
-    host = httpx.URL(base_url).host
+    FloodgateError, out of every call), as httpx does for a malformed port. What is checked is the
+    name the lookup gets, httpx's ASCII host (punycode for a non-ASCII one, encoded by IDNA 2008),
+    not its Unicode form: Python's IDNA 2003 codec refuses names IDNA 2008 allows (an Arabic or
+    Hebrew label ending in a digit), which httpx reaches."""
+    url = httpx.URL(base_url)
     try:
-        host.encode("idna")
+        url.raw_host.decode("ascii").encode("idna")
     except UnicodeError:
-        raise httpx.InvalidURL(f"Invalid host: {host!r}") from None
+        raise httpx.InvalidURL(f"Invalid host: {url.host!r}") from None
     return base_url.rstrip("/").removesuffix("/v1")
 
 

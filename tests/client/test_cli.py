@@ -222,3 +222,25 @@ def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
     # No edge listens on port 9: nothing is sent.
     assert run_chat(parser.parse_args([*argv, "--base-url", "http://127.0.0.1:9"]), out, err) == 2
     assert err.getvalue() == f"error: the {option} is not valid UTF-8\n" and not out.getvalue()
+
+
+@pytest.mark.parametrize("host", ["مثال1.example", "א1.example"])
+def test_an_idna_2008_host_is_a_base_url_the_cli_takes(server: LiveServer, host: str) -> None:
+    """An Arabic or Hebrew label ending in a digit is a valid IDNA 2008 name (httpx sends it as
+    punycode, xn--1-...), though Python's IDNA 2003 codec refuses it (bidi rule 3). Reached here
+    through an HTTP proxy, the edge itself (the request names the host in absolute form), so no
+    name lookup is needed: the CLI refused it as "Invalid host" before sending anything."""
+    port = urlsplit(server.base_url).port
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "all_proxy", "https_proxy")}
+    env |= {"FLOODGATE_API_KEY": server.keys["paid"], "HTTP_PROXY": server.base_url}
+    options = ["--temperature", "0", "--max-tokens", "4", "--base-url", f"http://{host}:{port}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "floodgate_client", "chat", LONG_REPLY.prompt, *options],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
