@@ -32,8 +32,24 @@ def unopenable(files: dict[str, str]) -> str | None:
     for setting, path in files.items():
         try:
             create_private(path)
-            with contextlib.closing(sqlite3.connect(path)) as db:
-                db.execute("PRAGMA schema_version")  # connect alone opens nothing yet
+            with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+                # Connect alone opens nothing yet, and a file it may read but not write (another
+                # account's, a read-only mount) opens read-only: the stores' first step, WAL mode,
+                # and a write lock are what they need, taken and let go here.
+                db.execute("PRAGMA journal_mode=WAL")
+                _write_lock(db)
         except (OSError, sqlite3.Error) as exc:
             return f"{setting} {path!r}: cannot open it: {exc}"
     return None
+
+
+def _write_lock(db: sqlite3.Connection) -> None:
+    """Take the write lock and let it go. A file busy with another writer (an edge, while `floodgate
+    keys` runs) is one that opens: its store waits its turn as it always does."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
+            return
+        raise
+    db.execute("ROLLBACK")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
+import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -287,4 +291,31 @@ def test_a_key_store_file_that_cannot_be_opened_is_said_naming_the_setting(
     config.write_text(config.read_text().replace(str(tmp_path / "keys.db"), str(path)))
     for argv in (["keys", "list"], ["usage"]):
         with pytest.raises(SystemExit, match=rf"^floodgate: keys\.sqlite_path '{path}': cannot open it: "):
+            main([*argv, "--config", str(config)])
+
+
+@pytest.fixture
+def read_only_keys_db(tmp_path: Path) -> Iterator[Path]:
+    """A key store file that can be read but not written (made immutable: the tests run as root,
+    whom no file mode stops; an edge's user meets it as a file another account owns)."""
+    path = tmp_path / "keys.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("NOT RUN: chattr +i is not available here (needs root and a file system that has it)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_key_store_file_it_may_not_write_is_said_naming_the_setting(
+    config: Path, read_only_keys_db: Path
+) -> None:
+    """It opens for reading, so the check passed it, and the store's own open raised
+    sqlite3.OperationalError ("attempt to write a readonly database") as a traceback."""
+    said = rf"^floodgate: keys\.sqlite_path '{read_only_keys_db}': cannot open it: .*readonly"
+    for argv in (["keys", "list"], ["usage"]):
+        with pytest.raises(SystemExit, match=said):
             main([*argv, "--config", str(config)])
