@@ -69,6 +69,11 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
             return 2
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
+    if not _utf_8(args.base_url):
+        # httpx's encoding of the lone surrogate raises UnicodeEncodeError, a ValueError, which the
+        # constructor's handler below said as the API key's fault.
+        print("error: --base-url: not valid UTF-8", file=err)
+        return 2
     try:
         client = Client(args.base_url, api_key)
     except ValueError as error:

@@ -193,7 +193,12 @@ def test_retry_says_on_stderr_what_it_waits_for(
 
 # A mistyped port, an IPv6 address left open, a host with an empty label (a doubled dot), which
 # getaddrinfo refuses with a UnicodeError from its IDNA encoding rather than an OSError.
-@pytest.mark.parametrize("base_url", ["http://127.0.0.1:80OO", "http://[::1", "http://api..example.com"])
+# And a byte the locale could not decode in its path (a lone surrogate): httpx's encoding of it
+# raised a UnicodeEncodeError, a ValueError, said as if it were the API key's.
+@pytest.mark.parametrize(
+    "base_url",
+    ["http://127.0.0.1:80OO", "http://[::1", "http://api..example.com", "http://127.0.0.1:8000/\udcff"],
+)
 def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     base_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
