@@ -155,7 +155,12 @@ def _import(args: argparse.Namespace) -> int:
     if args.secret_id:
         text = _read_secret(args.secret_id)
     elif args.file == "-":
-        text = sys.stdin.read()
+        try:
+            # Read as bytes: the text stream's decoding (strict, or surrogateescape under the C
+            # locale) let a binary file through to a Unicode error traceback.
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SystemExit(f"floodgate: cannot read standard input: {exc}") from None
     else:
         try:
             with open(args.file, encoding="utf-8") as source:

@@ -9,6 +9,7 @@ import io
 import json
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -319,3 +320,13 @@ def test_a_key_store_file_it_may_not_write_is_said_naming_the_setting(
     for argv in (["keys", "list"], ["usage"]):
         with pytest.raises(SystemExit, match=said):
             main([*argv, "--config", str(config)])
+
+
+def test_import_of_standard_input_it_cannot_read_says_so(config: Path) -> None:
+    """`floodgate keys import - < exported` of a binary file (not UTF-8): a Unicode error traceback,
+    where the same file named as PATH is said in one line."""
+    command = [sys.executable, "-m", "edge.cli", "keys", "import", "-", "--config", str(config)]
+    done = subprocess.run(command, input=b"\xff\xfe\x00garbage", capture_output=True, timeout=60)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith("floodgate: cannot read standard input: "), stderr
