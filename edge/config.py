@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
@@ -459,9 +460,24 @@ def _check_redis_url(settings: Settings) -> None:
         parse_url(node_url(settings.limiter.redis_url))
     except ValueError as exc:
         raise ConfigError(
-            f"limiter.redis_url: {exc}; expected redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://, "
-            "redis+cluster://, rediss+cluster:// or unix://PATH"
+            f"limiter.redis_url: {_redis_url_reason(exc)}; expected redis://[:PASSWORD@]HOST[:PORT][/DB], "
+            "rediss://, redis+cluster://, rediss+cluster:// or unix://PATH"
         ) from None
+
+
+def _redis_url_reason(exc: ValueError) -> str:
+    """Why the URL was refused, with nothing of the URL in it. A password holding '#', '/' or '?'
+    (not percent-encoded) ends the authority early and is read as the port, and urllib's reason
+    quotes it ("Port could not be cast to integer value as 'PASSWORD'"); its NFKC check quotes the
+    whole authority. Only the quoted names of redis-py's URL options are kept."""
+    reason = str(exc)
+    if reason.startswith("Port could not be cast"):
+        return "its port is not a number (a password with '#', '/' or '?' must be percent-encoded)"
+
+    def scrubbed(quoted: re.Match[str]) -> str:
+        return quoted[0] if quoted[1] in URL_QUERY_ARGUMENT_PARSERS else "'…'"
+
+    return re.sub(r"'([^']*)'", scrubbed, reason)
 
 
 def _check_replica_specs(settings: Settings) -> None:

@@ -283,3 +283,23 @@ def test_serve_with_a_messages_file_it_cannot_open_exits_with_the_reason(tmp_pat
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "floodgate: messages.sqlite_path" in done.stderr and "cannot open it" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://:hunter2X#cd@cache:6379/0",  # a '#', '/' or '?' in a password not percent-encoded
+        "rediss://default:hunter2X/cd@cache:6379/0",
+        "redis://:hunter2X?cd@cache:6379",
+        "redis://:hunter2X\uff03cd@cache:6379",  # a fullwidth '#': NFKC makes it one
+    ],
+)
+def test_a_redis_url_refused_at_load_never_says_its_password(url: str) -> None:
+    """Such a password ends the URL's authority early and is read as the port: redis-py's reason,
+    "Port could not be cast to integer value as 'hunter2X'", printed the password (to the task's
+    logs); Python's NFKC check quotes the whole authority."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(overrides={"limiter": {"backend": "redis", "redis_url": url}})
+    message = str(caught.value)
+    assert "limiter.redis_url" in message
+    assert "hunter2X" not in message
