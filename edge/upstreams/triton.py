@@ -10,7 +10,8 @@ sent. A stream left before any answer keeps its connection until the request ans
 stop may have overtaken it on the way into the model, and is sent again once it answers.
 
 A request the replica refuses for its own parameters is a RequestRejected (a 400 for that
-request; the replica stays healthy), any other error an UpstreamError:
+request; the replica stays healthy), any other error an UpstreamError, a 400 from Triton's own input
+checks included (a replica whose model differs from the contract the edge sends):
 gpu_container/triton/refusals.py tells them apart. The end of the HTTP response is the end of the
 generation (Triton ends it on the response flagged final), never a guess.
 
@@ -459,8 +460,10 @@ class TritonUpstream:
 
 
 def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:
-    """A refusal of the request's own parameters, or the replica's failure."""
-    reason = refusal_reason(message, invalid_argument=status == 400)
+    """A refusal of the request's own parameters, or the replica's failure. Known by its text, not
+    its status: Triton's own 400 for inputs its model does not declare as the edge sends them is the
+    replica's (gpu_container/triton/refusals.py)."""
+    reason = refusal_reason(message)
     if reason is not None:
         return RequestRejected(reason)
     where = f"{name}: HTTP {status}" if status not in (0, 200) else name

@@ -21,7 +21,16 @@ Triton >= 2.50 can instead end the stream with the gRPC status (the `triton_grpc
 header: INVALID_ARG arrives as INVALID_ARGUMENT), but in 2.51 that mode logs an internal error for
 every refused request and, in one test run of three, left the model unable to unload at shutdown
 (the mode's use-after-free was fixed upstream only in 2026, server PR #8708). The edge does not ask
-for it; a status INVALID_ARGUMENT (HTTP 400) is still read as a refusal.
+for it.
+
+The status alone (HTTP 400, INVALID_ARGUMENT) never makes a refusal: Triton answers it too for its
+own checks of the inputs against the model's config.pbtxt ("parameter 'return_kv_cache_reuse_stats'
+has invalid type" for an input the model does not declare, "unexpected shape for input", a datatype
+or input count that differs). Those inputs are the edge's, built to one contract whatever the user
+sent, so such a 400 says the replica's model differs from that contract (TensorRT-LLM 0.19 renamed
+return_kv_cache_reuse_stats return_perf_metrics): every request it takes gets it. Read as a
+refusal, every user got a 400 naming nothing of theirs, no request went on to a healthy replica and
+the broken one never became suspect. Only the texts above are refusals.
 """
 
 from __future__ import annotations
@@ -57,14 +66,12 @@ _WRAPPERS = re.compile(
 _SOURCE_LOCATION = re.compile(r" \([^()]*:\d+\)$")
 
 
-def refusal_reason(message: str, *, invalid_argument: bool = False) -> str | None:
-    """The reason to give the client when `message` (with HTTP 400 or gRPC INVALID_ARGUMENT when
-    `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure."""
+def refusal_reason(message: str) -> str | None:
+    """The reason to give the client when `message` is a refusal of the request's own parameters;
+    None for a replica's failure, whatever status came with it (see the module's docstring)."""
     if message.startswith(REFUSED):
         return message.removeprefix(REFUSED)
-    if not invalid_argument and (
-        _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS)
-    ):
+    if _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS):
         return None
-    first_line = message.strip().splitlines()[0] if message.strip() else "invalid request"
+    first_line = message.strip().splitlines()[0]
     return _SOURCE_LOCATION.sub("", _WRAPPERS.sub("", first_line))

@@ -80,7 +80,21 @@ def test_a_replica_failure_is_not_a_refusal(message: str) -> None:
     assert refusal_reason(message) is None
 
 
-def test_the_invalid_argument_status_is_a_refusal_whatever_its_text() -> None:
-    assert refusal_reason("unexpected shape for input 'input_ids'", invalid_argument=True) == (
-        "unexpected shape for input 'input_ids'"
-    )
+@pytest.mark.parametrize(
+    "message",
+    [
+        "parameter 'return_kv_cache_reuse_stats' has invalid type. "
+        "It should be either 'int', 'bool', or 'string'.",
+        "[request id: 7] unexpected shape for input 'input_ids' for model 'tensorrt_llm'. "
+        "Expected [-1], got [2,2]",
+        "[request id: 7] unexpected inference input 'return_kv_cache_reuse_stats' for model 'tensorrt_llm'",
+        "[request id: 7] expected 3 inputs but got 4 inputs for model 'tensorrt_llm'",
+        "[request id: 7] inference input 'temperature' data-type is 'FP64', "
+        "but model 'tensorrt_llm' expects 'FP32'",
+    ],
+    ids=["undeclared-input", "shape", "unexpected-input", "input-count", "datatype"],
+)
+def test_tritons_own_input_checks_are_the_replicas_failure(message: str) -> None:
+    """Triton's 400s for inputs its model's config does not take as the edge sends them: the
+    edge's contract and the replica's model differ, which no user's request causes."""
+    assert refusal_reason(message) is None

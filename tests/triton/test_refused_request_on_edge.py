@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from edge.upstreams.triton import triton_upstreams
 from gpu_container.engine.types import EngineConfig
@@ -93,3 +95,69 @@ def test_a_request_the_replica_refuses_is_a_400_and_the_replica_stays_healthy(se
     chunks = [e for e in fine_streamed if isinstance(e, dict)]
     assert fine_streamed[-1] == DONE and not [e for e in chunks if "error" in e]
     assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def _without_input(repository: Path, name: str) -> Path:
+    """`repository` with the model's optional input `name` left out of its config.pbtxt: a replica
+    whose contract differs from the edge's (TensorRT-LLM 0.19 renamed return_kv_cache_reuse_stats
+    return_perf_metrics), so Triton's own input checks answer every request of the edge's a 400."""
+    path = repository / "tensorrt_llm" / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    kept = [tensor for tensor in config.input if tensor.name != name]
+    assert len(kept) == len(config.input) - 1
+    del config.input[:]
+    config.input.extend(kept)
+    path.write_text(text_format.MessageToString(config))
+    return repository
+
+
+@pytest.fixture(scope="module")
+def mismatched_triton() -> Iterator[TritonProcess]:
+    with tempfile.TemporaryDirectory(prefix="mismatched-cpu-repo-") as repo:
+        rendered = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
+        process = start_local_triton(_without_input(rendered, "return_kv_cache_reuse_stats"))
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
+
+
+def test_a_replica_whose_contract_differs_is_the_replicas_failure_not_the_users(
+    tmp_path: Path, mismatched_triton: TritonProcess
+) -> None:
+    """Triton's 400 for an input the edge sends and the replica's model lacks names nothing of the
+    user's: the replica failed (a 502 with Retry-After, never a 400 blaming the request), and it
+    is suspect."""
+    spec = mismatched_triton.replica_spec
+    with (
+        start_server(tmp_path, {"tiers": ROOMY_TIERS}, triton_upstreams(spec)) as live,
+        httpx.Client(base_url=live.base_url, timeout=60.0, headers=live.auth("paid")) as client,
+    ):
+        plain = client.post(CHAT, json=HELLO)
+        suspects = _suspects(live)
+    assert plain.status_code >= 500, plain.text
+    assert "retry-after" in plain.headers
+    assert plain.json()["error"]["type"] != "invalid_request_error"
+    assert suspects == [f"triton-{spec.rsplit(':', 1)[0]}"]
+
+
+def test_a_replica_whose_contract_differs_fails_over_to_a_healthy_one(
+    tmp_path: Path, mismatched_triton: TritonProcess, small_triton: TritonProcess
+) -> None:
+    """Each request the mismatched replica takes goes on, before any token, to the healthy one."""
+    spec = f"{mismatched_triton.replica_spec},{small_triton.replica_spec}"
+    with (
+        start_server(tmp_path, {"tiers": ROOMY_TIERS}, triton_upstreams(spec)) as live,
+        httpx.Client(base_url=live.base_url, timeout=60.0, headers=live.auth("paid")) as client,
+    ):
+        answers = [client.post(CHAT, json=HELLO) for _ in range(4)]
+        streamed = []
+        for _ in range(2):
+            with client.stream("POST", CHAT, json={**HELLO, "stream": True}) as stream:
+                streamed.append(list(events(stream)))
+    assert [answer.status_code for answer in answers] == [200] * 4, [a.text for a in answers]
+    for reply in streamed:
+        assert reply[-1] == DONE and not [e for e in reply if isinstance(e, dict) and "error" in e]
