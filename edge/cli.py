@@ -38,7 +38,9 @@ def _dev_key_hint(settings: Settings) -> None:
     key = run(dev_key)
     if key is None:
         return
-    url = f"http://{settings.server.host}:{settings.server.port}/v1/chat/completions"
+    # Printed before the edge binds: port 0's is not known yet (the `edge_listening` log says it).
+    port = settings.server.port or "PORT"
+    url = f"http://{settings.server.host}:{port}/v1/chat/completions"
     body = (
         f'{{"model": "{default_model(settings, DEV_TIER)}", "stream": true, '
         '"messages": [{"role": "user", "content": "Hello!"}]}'
@@ -57,7 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["upstream"] = {"triton": args.triton}
     if args.host:
         overrides["server"]["host"] = args.host
-    if args.port:
+    if args.port is not None:
+        # 0 too: a free port the kernel picks, as server.port = 0 is (the port bound is logged).
         overrides["server"]["port"] = args.port
     try:
         settings = load_settings(args.config, overrides)

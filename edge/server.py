@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
+import structlog
 import uvicorn
 from litestar import Litestar
 
@@ -37,6 +38,8 @@ from edge.config import ServerConfig
 from edge.drain import Drain
 from edge.http_protocol import edge_http_protocol
 from edge.routes.health import joining
+
+log = structlog.get_logger("floodgate.server")
 
 # After the drain deadline, how long the cut streams get to write their last events and close.
 SHUTDOWN_GRACE_S = 5.0
@@ -69,6 +72,12 @@ def bind_listeners(server: ServerConfig, *, reuse_port: bool = False) -> Listene
         public.close()
         raise
     return Listeners(public, ops)
+
+
+def _address(sock: socket.socket) -> str:
+    """`host:port` a bound socket listens on (`[host]:port` for IPv6)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
@@ -265,6 +274,14 @@ def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool
         where = f"{server.host}:{server.port} or {server.ops_host}:{server.ops_port} (ops_port)"
         raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
     app.state.ops_port = listeners.ops_port
+    # The ports bound, not those asked for: port 0 (`serve --port 0`) is one the kernel picked,
+    # which nothing else tells the operator.
+    log.info(
+        "edge_listening",
+        public=_address(listeners.public),
+        ops=_address(listeners.ops),
+        shared_port=reuse_port,
+    )
     # A port shared by the workers (edge/workers.py) has no readiness check of its own: the kernel
     # hands a worker connections as soon as it listens. So a worker listens on it only once it may
     # take work; joining the fleet, it has no share of the replicas the edges share for two beats,

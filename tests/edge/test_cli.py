@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -108,6 +109,45 @@ def test_chat_without_a_key_exits_2(local_server: LiveServer) -> None:
     command = [sys.executable, "-m", "edge.cli", "chat", "Hello!", "--base-url", local_server.base_url]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2 and "FLOODGATE_API_KEY" in done.stderr
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
+    """`--port 0` is a port the kernel picks, as server.port = 0 is (uvicorn's --port 0 too): it
+    was taken for "not given" and the configured port was bound, and nothing said which port."""
+    configured = free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\ndev_key = false\n'
+        f"port = {configured}\nops_port = 0\n{NO_DRAIN}"
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
+    # This checkout's edge, wherever the environment's editable install points.
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    # A bound on the wait for the log line: a server that never logs it is ended, its output closed.
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        assert proc.stdout is not None
+        listening = None
+        for line in proc.stdout:
+            if '"edge_listening"' in line:
+                listening = json.loads(line)
+                break
+        assert listening is not None, "floodgate serve never logged the address it listens on"
+        host, port = listening["public"].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) not in (0, configured), listening
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+    finally:
+        deadline.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
