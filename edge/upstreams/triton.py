@@ -460,10 +460,10 @@ class TritonUpstream:
 
 
 def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:
-    """A refusal of the request's own parameters, or the replica's failure. Known by its text, not
-    its status: Triton's own 400 for inputs its model does not declare as the edge sends them is the
-    replica's (gpu_container/triton/refusals.py)."""
-    reason = refusal_reason(message)
+    """A refusal of the request's own parameters, or the replica's failure: a 400 is the request's
+    but for Triton's own checks of the inputs the edge sends, which say the replica's model differs
+    from the contract (gpu_container/triton/refusals.py)."""
+    reason = refusal_reason(message, invalid_argument=status == 400)
     if reason is not None:
         return RequestRejected(reason)
     where = f"{name}: HTTP {status}" if status not in (0, 200) else name

@@ -23,14 +23,17 @@ every refused request and, in one test run of three, left the model unable to un
 (the mode's use-after-free was fixed upstream only in 2026, server PR #8708). The edge does not ask
 for it.
 
-The status alone (HTTP 400, INVALID_ARGUMENT) never makes a refusal: Triton answers it too for its
-own checks of the inputs against the model's config.pbtxt ("parameter 'return_kv_cache_reuse_stats'
-has invalid type" for an input the model does not declare, "unexpected shape for input", a datatype
-or input count that differs). Those inputs are the edge's, built to one contract whatever the user
-sent, so such a 400 says the replica's model differs from that contract (TensorRT-LLM 0.19 renamed
-return_kv_cache_reuse_stats return_perf_metrics): every request it takes gets it. Read as a
-refusal, every user got a 400 naming nothing of theirs, no request went on to a healthy replica and
-the broken one never became suspect. Only the texts above are refusals.
+A status INVALID_ARGUMENT (HTTP 400) is a refusal whatever its text, but for Triton's own checks
+of the inputs against the model's config.pbtxt (CONTRACT_MISMATCHES: "parameter
+'return_kv_cache_reuse_stats' has invalid type" for an input the model does not declare,
+"unexpected shape for input", a datatype or input count that differs). Those inputs are the edge's,
+built to one contract whatever the user sent, so such a 400 says the replica's model differs from
+that contract (TensorRT-LLM 0.19 renamed return_kv_cache_reuse_stats return_perf_metrics): every
+request it takes gets it. Read as a refusal, every user got a 400 naming nothing of theirs, no
+request went on to a healthy replica and the broken one never became suspect. Any other 400 stays
+the request's: read as the replica's failure, a request some check refuses in words this module
+does not know would mark every replica it is tried on suspect, and one user sending it again and
+again would keep the fleet out of rotation.
 """
 
 from __future__ import annotations
@@ -56,6 +59,16 @@ TRTLLM_REFUSALS = (
     "Streaming is only supported if model is deployed using decoupled mode",
     "An error occurred when processing the input values",  # the Python tensorrt_llm model
 )
+# Triton's own checks of the inputs against the model's config.pbtxt (core infer_request.cc, the HTTP
+# frontend's JSON-to-tensor conversion): the edge sends the same inputs for every request, so these
+# say the replica's model differs from the edge's contract, never that a user's request is bad.
+CONTRACT_MISMATCHES = (
+    "has invalid type. It should be",  # an input the model does not declare, read as a parameter
+    "unexpected inference input",
+    "unexpected shape for input",
+    "inputs but got",  # expected N inputs but got M inputs
+    "but model",  # inference input 'x' data-type is 'FP64', but model 'm' expects 'FP32'
+)
 # A failed engine step: it terminates every active request, so it is never a refusal.
 _STEP_FAILURE = "Encountered an error in forward"
 _WRAPPERS = re.compile(
@@ -66,12 +79,16 @@ _WRAPPERS = re.compile(
 _SOURCE_LOCATION = re.compile(r" \([^()]*:\d+\)$")
 
 
-def refusal_reason(message: str) -> str | None:
-    """The reason to give the client when `message` is a refusal of the request's own parameters;
-    None for a replica's failure, whatever status came with it (see the module's docstring)."""
+def refusal_reason(message: str, *, invalid_argument: bool = False) -> str | None:
+    """The reason to give the client when `message` (with HTTP 400 or gRPC INVALID_ARGUMENT when
+    `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure."""
     if message.startswith(REFUSED):
         return message.removeprefix(REFUSED)
-    if _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS):
+    if any(phrase in message for phrase in CONTRACT_MISMATCHES):
         return None
-    first_line = message.strip().splitlines()[0]
+    if not invalid_argument and (
+        _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS)
+    ):
+        return None
+    first_line = message.strip().splitlines()[0] if message.strip() else "invalid request"
     return _SOURCE_LOCATION.sub("", _WRAPPERS.sub("", first_line))

@@ -98,3 +98,13 @@ def test_tritons_own_input_checks_are_the_replicas_failure(message: str) -> None
     """Triton's 400s for inputs its model's config does not take as the edge sends them: the
     edge's contract and the replica's model differ, which no user's request causes."""
     assert refusal_reason(message) is None
+
+
+def test_any_other_invalid_argument_is_still_the_requests_refusal() -> None:
+    """Read as the replica's failure, a request refused in words this module does not know would
+    mark every replica it is tried on suspect: one user sending it again and again would keep the
+    fleet out of rotation. Only Triton's own input checks are the replica's."""
+    assert refusal_reason("top_p 1e-39 is not a value this build takes", invalid_argument=True) == (
+        "top_p 1e-39 is not a value this build takes"
+    )
+    assert refusal_reason("top_p 1e-39 is not a value this build takes") is None
