@@ -13,6 +13,7 @@ from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
+from edge.upstreams.replica_spec import parse_replica_address
 from gpu_container.engine.types import EngineConfig
 from limiter.redis_url import node_url
 from limiter.tiers import TierLimits
@@ -496,7 +497,8 @@ def _check_replica_specs(settings: Settings) -> None:
 
 
 def _replica_spec_problem(spec: str) -> str:
-    """What is wrong with one replica spec ("" when nothing is)."""
+    """What is wrong with one replica spec ("" when nothing is), read as the upstream's build reads
+    it (edge/upstreams/replica_spec.py, asg_resolver.py)."""
     if spec.strip() in ("", "local"):
         return ""
     if is_asg_spec(spec):
@@ -504,21 +506,17 @@ def _replica_spec_problem(spec: str) -> str:
             asg = parse_asg_spec(spec)
         except ValueError as exc:
             return str(exc)
-        ports = [asg.http_port, asg.metrics_port]
-    else:
-        replicas = [item.strip() for item in spec.split(",") if item.strip()]
-        if not replicas:
-            return "it names no replica"
-        ports = []
-        for replica in replicas:
-            parts = replica.split(":")
-            if len(parts) not in (2, 3) or not all(parts):
-                return f"{replica!r} is not HOST:PORT[:METRICS_PORT]"
-            if not all(part.isdigit() for part in parts[1:]):
-                return f"the ports of {replica!r} must be numbers"
-            ports += [int(part) for part in parts[1:]]
-    bad = [port for port in ports if not 1 <= port <= 65535]
-    return f"port {bad[0]} is not within 1-65535" if bad else ""
+        bad = [port for port in (asg.http_port, asg.metrics_port) if not 1 <= port <= 65535]
+        return f"port {bad[0]} is not within 1-65535" if bad else ""
+    replicas = [item.strip() for item in spec.split(",") if item.strip()]
+    if not replicas:
+        return "it names no replica"
+    for replica in replicas:
+        try:
+            parse_replica_address(replica)
+        except ValueError as exc:
+            return str(exc)
+    return ""
 
 
 def _check_model_replicas(settings: Settings) -> None:

@@ -66,6 +66,7 @@ from edge.upstreams.base import (
 )
 from edge.upstreams.direct import DeltaSink
 from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider
+from edge.upstreams.replica_spec import parse_replica_address
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from edge.upstreams.triton_sse import ConnectionPool, SseConnection
 from gpu_container.checkpoint.facts import read_facts
@@ -78,7 +79,6 @@ from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metr
 
 log = structlog.get_logger(__name__)
 
-TRITON_METRICS_PORT = 8002
 # How often wait_idle reads the metrics page.
 IDLE_POLL_S = 0.02
 _encode_json = msgspec.json.Encoder().encode
@@ -481,12 +481,9 @@ def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limi
 
 def _replica_urls(spec: str) -> tuple[str, str]:
     """`host:http_port[:metrics_port]` -> (Triton's HTTP URL, metrics URL); metrics default to 8002."""
-    parts = spec.strip().split(":")
-    if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"expected HOST:HTTP_PORT[:METRICS_PORT], got {spec!r}")
-    host, http_port = parts[0], int(parts[1])
-    metrics_port = int(parts[2]) if len(parts) == 3 else TRITON_METRICS_PORT
-    return f"http://{host}:{http_port}", f"http://{host}:{metrics_port}/metrics"
+    address = parse_replica_address(spec)
+    host = address.host
+    return f"http://{host}:{address.http_port}", f"http://{host}:{address.metrics_port}/metrics"
 
 
 def remote_triton_upstream(

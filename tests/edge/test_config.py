@@ -212,7 +212,16 @@ def test_settings_that_do_not_fit_together_name_the_file(tmp_path: Path) -> None
         load_settings(config)
 
 
-MALFORMED_SPECS = ["garbage", "host:http", "host:8000:8002:9", "a:8000,b", "asg:", "asg:g:http", "host:99999"]
+MALFORMED_SPECS = [
+    "garbage",
+    "host:http",
+    "host:8000:8002:9",
+    "a:8000,b",
+    "asg:",
+    "asg:g:http",
+    "host:99999",
+    "host:\u00b2",
+]
 DOCUMENTED_SPECS = ["", "local", "host:8000", "10.0.0.1:8000:8002, 10.0.0.2:8000", "asg:gpus:8000:8002"]
 
 
