@@ -9,7 +9,7 @@ written straight to the connection (edge/body_chunks.py), the stalled-reader wat
 `stalled_reader_s` later, while its client was reading every token. On a real server whose
 replica (scripted) holds the request in its prefill until the keep-alives have filled the
 connection, answers a first token that carries no text (the first byte of "☃"), and then, once the
-client has read everything, the rest of the reply over three times `stalled_reader_s`.
+client has read everything, the rest of the reply over twice `stalled_reader_s`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from tests.support.scripted_replicas import scripted_replicas
 SCRIPTED = 77  # max_tokens of the request the replica below scripts
 E2, B98, B83 = 161, 249, 228  # the demo tokenizer's byte pieces of "☃" (E2 98 83)
 LETTER_A = 67  # "a"
-STALL_S = 1.0
+# Long enough that the pause the test makes before its reader starts (keep-alives filling the
+# connection, the first token, the reader's start) stays under it on a loaded machine: at 1 s, a
+# fresh-clone CI run's pause outlasted it, and the watch cut the stream as it should have.
+STALL_S = 3.0
 TOKENS = 30
-GAP_S = 0.1  # TOKENS * GAP_S: three times STALL_S
+GAP_S = 0.2  # TOKENS * GAP_S: twice STALL_S, past the watch's cut with the fault
 
 _release = threading.Event()  # the connection is paused: the replica may answer its first token
 _first_taken = threading.Event()  # the relay took the first token (the keep-alive is stopped)
@@ -100,6 +103,8 @@ def test_a_reader_slow_while_queued_is_not_cut_once_it_reads_again(tmp_path: Pat
             reader = threading.Thread(target=_read_all, args=(sock, received), daemon=True)
             reader.start()
             wait_until(lambda: not _paused(server), 10, "the client to read the connection empty")
+            # A cut before here is the watch doing its job (the pause outlasted STALL_S), not the fault.
+            assert _stalled_cut(server) == 0, "the connection stayed paused past stalled_reader_s"
             _read_again.set()
             reader.join(30)
             assert not reader.is_alive()
