@@ -14,6 +14,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+# DynamoDB refuses a read or write whose partition key is longer (in UTF-8 bytes): every store
+# checks its own keys against it rather than asking AWS and getting a ValidationException.
+MAX_PARTITION_KEY_BYTES = 2048
+
 CONFIG = Config(connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3})
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
 from edge.keys.record import KeyRecord
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ SORT_KEY = "sk"
 KEY_ITEM = "key"
 # A key id's claim (`key_id#<id>`, `key_id`): ids are 48 bits of the hash, and two keys' can agree.
 ID_ITEM = "key_id"
-# DynamoDB refuses a read or write whose partition key is longer.
-MAX_PARTITION_KEY_BYTES = 2048
 
 
 def key_pk(key_sha256: str) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 from botocore.exceptions import ClientError
 
+from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, span
 
@@ -45,8 +46,6 @@ _PAGE = 200
 CONTENT_BYTES = 390_000
 # Errors no retry can mend: the item itself is refused.
 _REFUSALS = frozenset({"ValidationException", "ItemCollectionSizeLimitExceededException"})
-# DynamoDB's limit on a partition key's value, in UTF-8 bytes.
-MAX_PARTITION_KEY_BYTES = 2048
 
 
 def _content(text: str) -> dict[str, AttributeValueTypeDef]:

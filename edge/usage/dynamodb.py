@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 from botocore.exceptions import ClientError
 
-from edge.keys.dynamodb import MAX_PARTITION_KEY_BYTES, PARTITION_KEY, SORT_KEY
+from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
+from edge.keys.dynamodb import PARTITION_KEY, SORT_KEY
 from edge.usage.record import Usage
 from edge.usage.store import UsageRefused, WriteId
 
