@@ -146,16 +146,13 @@ class EngineProcess(EngineFront):
         spawn would re-run the parent's main script.
         """
         began = time.monotonic()
-        commands_r, commands_w = os.pipe()
-        events_r, events_w = os.pipe()
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(commands_r), str(events_w)],
-                pass_fds=(commands_r, events_w),
-            )
-        finally:
-            os.close(commands_r)
-            os.close(events_w)
+            process, commands_w, events_r = self._popen()
+        except OSError as exc:
+            # No descriptor left (EMFILE under a flood of connections), no memory to fork, the
+            # interpreter gone: a failed start like any other. Raised as OSError it ended the
+            # reader thread, and a replica whose child died then stayed "back in 0 s" for good.
+            raise RuntimeError(f"engine process {self.name} failed to start: {exc}") from exc
         commands = Connection(commands_w, readable=False)
         events = Connection(events_r, writable=False)
         with self._send_lock:
@@ -189,6 +186,31 @@ class EngineProcess(EngineFront):
                 f"engine process {self.name} failed to start: {'stopped' if stopping else message[1]}"
             )
         log.info("engine process started", name=self.name, pid=process.pid)
+
+    @staticmethod
+    def _popen() -> tuple[subprocess.Popen[bytes], int, int]:
+        """The child, and the parent's ends of its two pipes (commands to write, events to read);
+        OSError leaves no descriptor open."""
+        commands_r, commands_w = os.pipe()
+        try:
+            events_r, events_w = os.pipe()
+        except OSError:
+            os.close(commands_r)
+            os.close(commands_w)
+            raise
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(commands_r), str(events_w)],
+                pass_fds=(commands_r, events_w),
+            )
+        except OSError:
+            os.close(commands_w)
+            os.close(events_r)
+            raise
+        finally:
+            os.close(commands_r)
+            os.close(events_w)
+        return process, commands_w, events_r
 
     @property
     def pid(self) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shutil
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -310,3 +311,59 @@ async def test_a_child_that_cannot_start_again_leaves_the_replica_down_and_stop_
     await asyncio.to_thread(broken.stop)
     assert broken.restarts == 0
     assert _live_pid(broken.pid) is False
+
+
+def _exhaust_file_descriptors() -> tuple[list[int], tuple[int, int]]:
+    """Leave this process no free file descriptor (as an edge at its open-files limit under a
+    flood of connections): the soft limit just past the highest in use, every hole below it filled.
+    Returns the fillers and the limit to restore."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, limit[1]))
+    fillers: list[int] = []
+    try:
+        while True:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    return fillers, limit
+
+
+def _release_file_descriptors(fillers: list[int], limit: tuple[int, int]) -> None:
+    for fd in fillers:
+        os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+
+
+async def test_a_restart_that_cannot_even_spawn_the_child_is_tried_again(demo_dir: Path) -> None:
+    """A child that dies while the edge has no file descriptor left (or its interpreter is gone):
+    the new child cannot be spawned at all. The restart is tried again, as after a child that
+    failed to load, and the replica comes back once descriptors are free; before, the OSError
+    ended the reader thread, and the replica stayed "back in 0 s" for good: requests waited for
+    it until their own timeouts and no child was ever started again."""
+    starved = EngineProcess(demo_dir, CONFIG, "starved")
+    starved.start()
+    try:
+        first_pid = starved.pid
+        assert first_pid is not None and starved._reader is not None
+        fillers, limit = _exhaust_file_descriptors()
+        try:
+            os.kill(first_pid, signal.SIGKILL)
+            async with asyncio.timeout(TIMEOUT_S):
+                # The reader's spawn fails for want of a descriptor: nothing to wait on but its effect
+                # (seen dead, then no longer expected back; before, the reader gone).
+                while starved.running or (  # noqa: ASYNC110
+                    starved.back_in_s() is not None and starved._reader.is_alive()
+                ):
+                    await asyncio.sleep(0.01)
+            assert not starved.running
+        finally:
+            _release_file_descriptors(fillers, limit)
+        async with asyncio.timeout(TIMEOUT_S):
+            while not (starved.running and starved.restarts):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        outputs = await _collect(starved.generate(greedy("after-starving", [4, 5])))
+        assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
+    finally:
+        await asyncio.to_thread(starved.stop)
+    assert _live_pid(starved.pid) is False
