@@ -168,6 +168,22 @@ def generate_body(
     return body
 
 
+def requested_inputs(req: GenerationRequest, *, merged_stops: bool) -> frozenset[str]:
+    """The inputs generate_body sends for `req` only because it set their parameter ("sent only
+    when set"): a replica whose model does not declare one refuses that request alone, and serves
+    the rest (gpu_container/triton/refusals.py). `stop_words_list` is not one when the upstream's
+    own end tokens (`merged_stops`) send it for every request."""
+    named = {
+        "repetition_penalty": req.repetition_penalty != 1.0,
+        "presence_penalty": bool(req.presence_penalty),
+        "frequency_penalty": bool(req.frequency_penalty),
+        "embedding_bias": bool(req.logit_bias),
+        "min_length": bool(req.min_tokens),
+        "stop_words_list": bool(req.stop_ids) and not merged_stops,
+    }
+    return frozenset(name for name, sent in named.items() if sent)
+
+
 _FP32_MAX = 3.4028234663852886e38
 
 
@@ -268,6 +284,7 @@ class TritonUpstream:
     async def _deltas(self, req: GenerationRequest, offer: DeltaSink | None) -> AsyncIterator[Delta]:
         # TensorRT-LLM's end_id -1: no end token (the contract's ignore_eos); stop_ids still end it.
         end_id = -1 if req.ignore_eos else self._end_id
+        requested = requested_inputs(req, merged_stops=bool(self._extra_stop_ids and not req.ignore_eos))
         if self._extra_stop_ids and not req.ignore_eos:
             stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
             req = dataclasses.replace(req, stop_ids=stops)
@@ -309,7 +326,7 @@ class TritonUpstream:
                     yield declined
                     continue
                 if conn.failure is not None:
-                    raise _stream_error(self.name, conn.failure, conn.status)
+                    raise _stream_error(self.name, conn.failure, conn.status, requested)
                 if conn.relay_error is not None:
                     raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")
                 tokens, conn.tokens = conn.tokens, []
@@ -459,11 +476,14 @@ class TritonUpstream:
         await self._metrics_pool.aclose()
 
 
-def _stream_error(name: str, message: str, status: int) -> RequestRejected | UpstreamError:
+def _stream_error(
+    name: str, message: str, status: int, requested_inputs: frozenset[str]
+) -> RequestRejected | UpstreamError:
     """A refusal of the request's own parameters, or the replica's failure: a 400 is the request's
     but for Triton's own checks of the inputs the edge sends, which say the replica's model differs
-    from the contract (gpu_container/triton/refusals.py)."""
-    reason = refusal_reason(message, invalid_argument=status == 400)
+    from the contract (gpu_container/triton/refusals.py) unless they name an input sent only for a
+    parameter this request set (`requested_inputs`)."""
+    reason = refusal_reason(message, invalid_argument=status == 400, requested_inputs=requested_inputs)
     if reason is not None:
         return RequestRejected(reason)
     where = f"{name}: HTTP {status}" if status not in (0, 200) else name

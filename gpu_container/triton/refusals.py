@@ -34,11 +34,19 @@ request went on to a healthy replica and the broken one never became suspect. An
 the request's: read as the replica's failure, a request some check refuses in words this module
 does not know would mark every replica it is tried on suspect, and one user sending it again and
 again would keep the fleet out of rotation.
+
+Not every input is sent to one contract, though: the edge sends the optional ones (presence_penalty,
+embedding_bias...) only for a request that sets the parameter, so a model repository that does not
+declare them serves every other request. A mismatch naming one of those (`requested_inputs`) is
+that request's refusal: the replica serves everyone else, and read as its failure one user sending
+the parameter again and again would keep every such replica out of rotation, and be told to retry
+(502, Retry-After) a request no replica can serve.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 # How our CPU model's refusals begin.
 REFUSED = "request refused: "
@@ -69,6 +77,9 @@ CONTRACT_MISMATCHES = (
     "inputs but got",  # expected N inputs but got M inputs
     "but model",  # inference input 'x' data-type is 'FP64', but model 'm' expects 'FP32'
 )
+# The input a contract mismatch names ("parameter 'x' has invalid type", "unexpected inference
+# input 'x'", "unexpected shape for input 'x'", "inference input 'x' data-type is ...").
+_NAMED_INPUT = re.compile(r"(?:parameter|input) '([^']*)'")
 # A failed engine step: it terminates every active request, so it is never a refusal.
 _STEP_FAILURE = "Encountered an error in forward"
 _WRAPPERS = re.compile(
@@ -79,13 +90,20 @@ _WRAPPERS = re.compile(
 _SOURCE_LOCATION = re.compile(r" \([^()]*:\d+\)$")
 
 
-def refusal_reason(message: str, *, invalid_argument: bool = False) -> str | None:
+def refusal_reason(
+    message: str, *, invalid_argument: bool = False, requested_inputs: Collection[str] = ()
+) -> str | None:
     """The reason to give the client when `message` (with HTTP 400 or gRPC INVALID_ARGUMENT when
-    `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure."""
+    `invalid_argument`) is a refusal of the request's own parameters; None for a replica's failure.
+    `requested_inputs`: the inputs sent only because this request set their parameter."""
     if message.startswith(REFUSED):
         return message.removeprefix(REFUSED)
     if any(phrase in message for phrase in CONTRACT_MISMATCHES):
-        return None
+        named = _NAMED_INPUT.search(message)
+        if named is None or named.group(1) not in requested_inputs:
+            return None
+        first_line = message.strip().splitlines()[0]
+        return f"this deployment's model does not take {named.group(1)} ({first_line})"
     if not invalid_argument and (
         _STEP_FAILURE in message or not any(phrase in message for phrase in TRTLLM_REFUSALS)
     ):

@@ -108,3 +108,13 @@ def test_any_other_invalid_argument_is_still_the_requests_refusal() -> None:
         "top_p 1e-39 is not a value this build takes"
     )
     assert refusal_reason("top_p 1e-39 is not a value this build takes") is None
+
+
+def test_a_contract_mismatch_naming_an_input_the_request_asked_for_is_its_refusal() -> None:
+    """An optional input the edge sends only for a parameter the request set (presence_penalty):
+    a model that does not declare it refuses that request alone; any other input is the replica's."""
+    message = "parameter 'presence_penalty' has invalid type. It should be either 'int', 'bool', or 'string'."
+    reason = refusal_reason(message, invalid_argument=True, requested_inputs={"presence_penalty"})
+    assert reason is not None and "does not take presence_penalty" in reason
+    assert refusal_reason(message, invalid_argument=True, requested_inputs={"min_length"}) is None
+    assert refusal_reason(message, invalid_argument=True) is None

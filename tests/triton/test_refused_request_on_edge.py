@@ -161,3 +161,39 @@ def test_a_replica_whose_contract_differs_fails_over_to_a_healthy_one(
     assert [answer.status_code for answer in answers] == [200] * 4, [a.text for a in answers]
     for reply in streamed:
         assert reply[-1] == DONE and not [e for e in reply if isinstance(e, dict) and "error" in e]
+
+
+@pytest.fixture(scope="module")
+def no_presence_triton() -> Iterator[TritonProcess]:
+    """A replica whose model does not declare presence_penalty, an input the edge sends only for a
+    request that sets one (edge/upstreams/triton.py's generate_body: "a model repository that does
+    not declare them still takes the rest")."""
+    with tempfile.TemporaryDirectory(prefix="no-presence-cpu-repo-") as repo:
+        rendered = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
+        process = start_local_triton(_without_input(rendered, "presence_penalty"))
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+def test_an_optional_parameter_the_replicas_model_lacks_is_the_requests_refusal(
+    tmp_path: Path, no_presence_triton: TritonProcess
+) -> None:
+    """A request setting a parameter the deployed model does not take is refused (400) for that
+    request alone: the input is sent only because the user asked for it, so the replica is not
+    failed for it. Were it, one user resending it would keep every replica out of rotation, and
+    the user would be told to retry (502, Retry-After) a request that can never be served."""
+    spec = no_presence_triton.replica_spec
+    with (
+        start_server(tmp_path, {"tiers": ROOMY_TIERS}, triton_upstreams(spec)) as live,
+        httpx.Client(base_url=live.base_url, timeout=60.0, headers=live.auth("paid")) as client,
+    ):
+        penalised = client.post(CHAT, json={**HELLO, "presence_penalty": 0.5})
+        suspects = _suspects(live)
+        plain = client.post(CHAT, json=HELLO)
+    assert penalised.status_code == 400, penalised.text
+    assert penalised.json()["error"]["type"] == "invalid_request_error"
+    assert "presence_penalty" in penalised.json()["error"]["message"]
+    assert suspects == []
+    assert plain.status_code == 200, plain.text
