@@ -80,6 +80,12 @@ def _serve(args: argparse.Namespace) -> int:
     problem = unopenable(sqlite_files)
     if problem:
         raise SystemExit(f"floodgate: {problem}")
+    per_worker = None
+    if args.workers > 1:
+        from edge.workers import plan_workers
+
+        # Before the model's import and the dev key: workers that cannot run are refused first.
+        per_worker = plan_workers(overrides, settings, args.workers)
     configure_logging()
     # httpx logs every request at INFO: a local tritonserver's readiness polls at start would flood it.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -90,10 +96,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"floodgate: cannot serve the model: {exc}") from None
     if settings.server.dev_key:
         _dev_key_hint(settings)
-    if args.workers > 1:
+    if per_worker is not None:
         from edge.workers import serve_workers
 
-        return serve_workers(args.config, overrides, settings, args.workers)
+        return serve_workers(args.config, per_worker)
     from edge.app import create_app
     from edge.gc_tuning import quiet_gc
     from edge.server import serve

@@ -126,19 +126,26 @@ def _merged(base: dict[str, dict[str, object]], over: dict[str, dict[str, object
     return merged
 
 
-def serve_workers(
-    config: str | None, overrides: dict[str, dict[str, object]], settings: Settings, workers: int
-) -> int:
-    """Run `workers` edge processes until a signal (passed on) or one of them exits; the exit code.
+def plan_workers(
+    overrides: dict[str, dict[str, object]], settings: Settings, workers: int
+) -> list[dict[str, Any]]:
+    """Each of `workers` workers' settings overrides, or a SystemExit saying why they cannot run.
+    `serve` asks before it prepares the model and makes a dev key: asked after, a refused serve had
+    printed "Try it: curl ..." for an edge that never started (and spent the model's import)."""
+    try:
+        return [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
+    except WorkersRefused as exc:
+        raise SystemExit(f"floodgate: {exc}") from None
+
+
+def serve_workers(config: str | None, per_worker: list[dict[str, Any]]) -> int:
+    """Run one edge process for each of `per_worker`'s overrides (plan_workers) until a signal
+    (passed on) or one of them exits; the exit code.
 
     Signals only note themselves (a self-pipe wakes the wait); the main loop decides what each
     means, one at a time, so a stop and a worker's own exit never race over what the workers are
     sent. The handlers are in place before the first worker starts: a SIGTERM while they start
     killed the parent (143) and left them reading a pipe it had closed."""
-    try:
-        per_worker = [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
-    except WorkersRefused as exc:
-        raise SystemExit(f"floodgate: {exc}") from None
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     noted: collections.deque[int] = collections.deque()

@@ -181,3 +181,31 @@ def test_serve_refuses_one_port_for_both_listeners(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert f"server.ops_port {port} is server.port too" in done.stderr
+
+
+def test_serve_refuses_workers_it_cannot_run_before_minting_a_dev_key(tmp_path: Path) -> None:
+    """`serve --workers 2` with the default (memory) limiter, or with `--port 0`, is refused: said
+    before the model is prepared and before a dev key is made. After them, the refused serve printed
+    "Try it: curl ..." for an edge that never started, and the next serve, the store holding that
+    key, printed none."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
+    )
+    # Refused before the limiter's Redis is reached: none need run.
+    shared = tmp_path / "shared-limiter.toml"
+    shared.write_text(
+        config.read_text() + '[limiter]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:1/0"\n'
+    )
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cases = ((config, [], 'backend = "redis"'), (shared, ["--port", "0"], "needs a fixed port"))
+    for settings, extra, refusal in cases:
+        command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(settings), "--workers", "2"]
+        done = subprocess.run(
+            [*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode != 0 and refusal in done.stderr, done.stderr
+        assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
