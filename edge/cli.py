@@ -40,7 +40,11 @@ def _dev_key_hint(settings: Settings) -> None:
         return
     # Printed before the edge binds: port 0's is not known yet (the `edge_listening` log says it).
     port = settings.server.port or "PORT"
-    url = f"http://{settings.server.host}:{port}/v1/chat/completions"
+    # An IPv6 address (edge/server.py binds AF_INET6 for one) is bracketed in a URL: `http://::1:P`
+    # is none curl takes.
+    host = settings.server.host
+    host = f"[{host}]" if ":" in host else host
+    url = f"http://{host}:{port}/v1/chat/completions"
     body = (
         f'{{"model": "{default_model(settings, DEV_TIER)}", "stream": true, '
         '"messages": [{"role": "user", "content": "Hello!"}]}'

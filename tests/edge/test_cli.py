@@ -209,3 +209,40 @@ def test_serve_refuses_workers_it_cannot_run_before_minting_a_dev_key(tmp_path: 
         )
         assert done.returncode != 0 and refusal in done.stderr, done.stderr
         assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_on_an_ipv6_host_prints_a_dev_key_curl_that_reaches_it(tmp_path: Path) -> None:
+    """`serve --host ::1` listens on IPv6 (edge/server.py binds AF_INET6); the hint's URL must
+    bracket the address (`http://[::1]:P`): `http://::1:P` is no URL curl or any client takes."""
+    port = free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--host", "::1"]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [*command, "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        url = lines[3].split()[2]
+        assert url == f"http://[::1]:{port}{CHAT}", lines
+        with httpx.Client(base_url=url.removesuffix(CHAT), timeout=30) as client:
+            _wait_listening(client, proc)
+    finally:
+        deadline.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
