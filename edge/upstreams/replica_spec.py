@@ -24,6 +24,10 @@ def parse_replica_address(spec: str) -> ReplicaAddress:
     parts = spec.strip().split(":")
     if len(parts) not in (2, 3) or not all(parts):
         raise ValueError(f"{spec.strip()!r} is not HOST:PORT[:METRICS_PORT]")
+    # Whitespace inside the host (`gpu1 :8000`) built a replica on a host no lookup resolves: never
+    # ready, every request a 503, nothing said why.
+    if any(char.isspace() for char in parts[0]):
+        raise ValueError(f"the host of {spec.strip()!r} holds a space")
     # ASCII digits only: str.isdigit() takes '²', which int() then refuses.
     if not all(part.isascii() and part.isdigit() for part in parts[1:]):
         raise ValueError(f"the ports of {spec.strip()!r} must be numbers")

@@ -312,3 +312,14 @@ def test_a_redis_url_refused_at_load_never_says_its_password(url: str) -> None:
     message = str(caught.value)
     assert "limiter.redis_url" in message
     assert "hunter2X" not in message
+
+
+@pytest.mark.parametrize("spec", ["gpu1 :8000", "gpu 1:8000", "[::1]:8000"])
+def test_a_replica_host_no_connection_can_reach_is_refused_at_load(tmp_path: Path, spec: str) -> None:
+    """A space inside the host (`gpu1 :8000`, a slip of the pen) loaded, and the replica was built
+    on host 'gpu1 ', which no lookup resolves: never ready, every request answered 503, nothing
+    said why. An IPv6 address, never read (its colons split it), is refused naming the form too."""
+    config = tmp_path / "triton.toml"
+    config.write_text(f'[model]\nsource = "demo"\n[upstream]\ntriton = "{spec}"\n')
+    with pytest.raises(ConfigError, match=r"upstream\.triton"):
+        load_settings(config)
