@@ -191,6 +191,16 @@ def test_retry_says_on_stderr_what_it_waits_for(
     )
 
 
+def _chat_offline(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], out: io.StringIO, err: io.StringIO
+) -> int:
+    """`floodgate chat ARGV` in process, with a key that must never be printed."""
+    monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
+    parser = argparse.ArgumentParser()
+    add_chat_command(parser.add_subparsers())
+    return run_chat(parser.parse_args(argv), out, err)
+
+
 # A mistyped port, an IPv6 address left open, a host with an empty label (a doubled dot), which
 # getaddrinfo refuses with a UnicodeError from its IDNA encoding rather than an OSError.
 # And a byte the locale could not decode in its path (a lone surrogate): httpx's encoding of it
@@ -203,11 +213,8 @@ def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     base_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A mistyped port or IPv6 address: httpx.InvalidURL escaped from the client's constructor.
-    monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
-    parser = argparse.ArgumentParser()
-    add_chat_command(parser.add_subparsers())
     out, err = io.StringIO(), io.StringIO()
-    assert run_chat(parser.parse_args(["chat", "hi", "--base-url", base_url]), out, err) == 2
+    assert _chat_offline(monkeypatch, ["chat", "hi", "--base-url", base_url], out, err) == 2
     assert err.getvalue().startswith("error: --base-url: "), err.getvalue()
     assert "fg-secret-key" not in err.getvalue() and not out.getvalue()
 
@@ -218,14 +225,11 @@ def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
 ) -> None:
     # `floodgate chat "$(cat notes.txt)"` with a Latin-1 file: Python hands the undecodable byte on
     # as a lone surrogate, and a UnicodeEncodeError escaped from httpx's JSON encoding.
-    monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
-    parser = argparse.ArgumentParser()
-    add_chat_command(parser.add_subparsers())
     latin_1 = os.fsdecode(b"caf\xe9")
     argv = ["chat", latin_1] if option == "prompt" else ["chat", "hi", f"--{option}", latin_1]
     out, err = io.StringIO(), io.StringIO()
     # No edge listens on port 9: nothing is sent.
-    assert run_chat(parser.parse_args([*argv, "--base-url", "http://127.0.0.1:9"]), out, err) == 2
+    assert _chat_offline(monkeypatch, [*argv, "--base-url", "http://127.0.0.1:9"], out, err) == 2
     assert err.getvalue() == f"error: the {option} is not valid UTF-8\n" and not out.getvalue()
 
 

@@ -25,14 +25,21 @@ NO_DRAIN = "drain_accept_s = 0.0\ndrain_deadline_s = 0.0\n"
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
-def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
-    port = free_port()
+def _demo_config(tmp_path: Path, server: str = "", more: str = "") -> Path:
+    """A settings file serving the demo model from `tmp_path`: `server`, further [server] lines;
+    `more`, further tables."""
     config = tmp_path / "floodgate.toml"
     config.write_text(
         f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
-        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n{more}'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{server}'
     )
+    return config
+
+
+def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
+    port = free_port()
+    config = _demo_config(tmp_path, NO_DRAIN)
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
     proc = subprocess.Popen(
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -116,13 +123,7 @@ def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
     """`--port 0` is a port the kernel picks, as server.port = 0 is (uvicorn's --port 0 too): it
     was taken for "not given" and the configured port was bound, and nothing said which port."""
     configured = free_port()
-    config = tmp_path / "floodgate.toml"
-    config.write_text(
-        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
-        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\ndev_key = false\n'
-        f"port = {configured}\nops_port = 0\n{NO_DRAIN}"
-    )
+    config = _demo_config(tmp_path, f"dev_key = false\nport = {configured}\n{NO_DRAIN}")
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
     # This checkout's edge, wherever the environment's editable install points.
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -188,13 +189,7 @@ def test_serve_refuses_workers_it_cannot_run_before_minting_a_dev_key(tmp_path: 
     before the model is prepared and before a dev key is made. After them, the refused serve printed
     "Try it: curl ..." for an edge that never started, and the next serve, the store holding that
     key, printed none."""
-    config = tmp_path / "floodgate.toml"
-    config.write_text(
-        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
-        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
-    )
+    config = _demo_config(tmp_path, more=f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n')
     # Refused before the limiter's Redis is reached: none need run.
     shared = tmp_path / "shared-limiter.toml"
     shared.write_text(
@@ -216,13 +211,7 @@ def test_serve_on_an_ipv6_host_prints_a_dev_key_curl_that_reaches_it(tmp_path: P
     """`serve --host ::1` listens on IPv6 (edge/server.py binds AF_INET6); the hint's URL must
     bracket the address (`http://[::1]:P`): `http://::1:P` is no URL curl or any client takes."""
     port = free_port()
-    config = tmp_path / "floodgate.toml"
-    config.write_text(
-        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
-        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
-    )
+    config = _demo_config(tmp_path, NO_DRAIN, more=f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n')
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--host", "::1"]
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,11 @@ from tests.support.live_server import LiveServer, demo_model_dir, start_server
 # Fewer tokens than the edge allows a prompt (its own limit is the configured 2048).
 SMALL_ENGINE = EngineConfig(block_size=16, num_blocks=64, max_num_seqs=8, max_model_len=48)
 TOO_LONG = [{"role": "user", "content": "tell me a story " * 40}]
+
+
+# Its whole length, by count: the tiny random-weight model's first token may be its end token, and a
+# reply of it alone is empty (a full-suite run).
+HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
 
 
 def _suspects(server: LiveServer) -> list[str]:
@@ -66,17 +72,9 @@ def test_a_request_the_replica_refuses_is_a_400_and_the_replica_stays_healthy(se
             streamed = list(events(stream))
         suspects = _suspects(server)
     # Another user's good requests right after: served at once by the same replica.
-    # Its whole length, by count: the tiny random-weight model's first token may be its end token,
-    # and a reply of it alone is empty (a full-suite run).
-    hello = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4,
-        "ignore_eos": True,
-    }
     with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("free")) as other:
-        fine = other.post(CHAT, json=hello)
-        streaming = {**hello, "stream": True, "stream_options": {"include_usage": True}}
+        fine = other.post(CHAT, json=HELLO)
+        streaming = {**HELLO, "stream": True, "stream_options": {"include_usage": True}}
         with other.stream("POST", CHAT, json=streaming) as stream:
             fine_streamed = list(events(stream))
 
@@ -111,18 +109,22 @@ def _without_input(repository: Path, name: str) -> Path:
     return repository
 
 
-@pytest.fixture(scope="module")
-def mismatched_triton() -> Iterator[TritonProcess]:
-    with tempfile.TemporaryDirectory(prefix="mismatched-cpu-repo-") as repo:
+@contextmanager
+def _triton_without(name: str) -> Iterator[TritonProcess]:
+    """A tritonserver over the small CPU repository whose model does not declare input `name`."""
+    with tempfile.TemporaryDirectory(prefix="cpu-repo-without-") as repo:
         rendered = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
-        process = start_local_triton(_without_input(rendered, "return_kv_cache_reuse_stats"))
+        process = start_local_triton(_without_input(rendered, name))
         try:
             yield process
         finally:
             process.stop()
 
 
-HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True}
+@pytest.fixture(scope="module")
+def mismatched_triton() -> Iterator[TritonProcess]:
+    with _triton_without("return_kv_cache_reuse_stats") as process:
+        yield process
 
 
 def test_a_replica_whose_contract_differs_is_the_replicas_failure_not_the_users(
@@ -168,13 +170,8 @@ def no_presence_triton() -> Iterator[TritonProcess]:
     """A replica whose model does not declare presence_penalty, an input the edge sends only for a
     request that sets one (edge/upstreams/triton.py's generate_body: "a model repository that does
     not declare them still takes the rest")."""
-    with tempfile.TemporaryDirectory(prefix="no-presence-cpu-repo-") as repo:
-        rendered = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
-        process = start_local_triton(_without_input(rendered, "presence_penalty"))
-        try:
-            yield process
-        finally:
-            process.stop()
+    with _triton_without("presence_penalty") as process:
+        yield process
 
 
 def test_an_optional_parameter_the_replicas_model_lacks_is_the_requests_refusal(
