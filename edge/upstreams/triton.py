@@ -284,8 +284,8 @@ class TritonUpstream:
     async def _deltas(self, req: GenerationRequest, offer: DeltaSink | None) -> AsyncIterator[Delta]:
         # TensorRT-LLM's end_id -1: no end token (the contract's ignore_eos); stop_ids still end it.
         end_id = -1 if req.ignore_eos else self._end_id
-        requested = requested_inputs(req, merged_stops=bool(self._extra_stop_ids and not req.ignore_eos))
-        if self._extra_stop_ids and not req.ignore_eos:
+        merged_stops = bool(self._extra_stop_ids and not req.ignore_eos)
+        if merged_stops:
             stops = [*req.stop_ids, *(t for t in self._extra_stop_ids if t not in req.stop_ids)]
             req = dataclasses.replace(req, stop_ids=stops)
         request = self._request(
@@ -326,6 +326,8 @@ class TritonUpstream:
                     yield declined
                     continue
                 if conn.failure is not None:
+                    # Reckoned only here: a failure is rare, and every request's set-up need not pay.
+                    requested = requested_inputs(req, merged_stops=merged_stops)
                     raise _stream_error(self.name, conn.failure, conn.status, requested)
                 if conn.relay_error is not None:
                     raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")
