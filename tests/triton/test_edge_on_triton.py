@@ -36,7 +36,10 @@ async def test_a_cancel_before_the_stream_is_set_up_stays_inside_its_scope(
     upstream = TritonUpstream("triton-test", process.http_url, process.metrics_url, end_id=eos, pad_id=eos)
     try:
         assert await upstream.ready()
-        deltas = upstream.generate(GenerationRequest(f"cancel-early-{checkpoints}", [11, 42, 7], 50, seed=1))
+        # Long, and past the end tokens: a stream that ends on its own before the cancel lands
+        # (a loaded machine can hold this task back that long) leaves the scope nothing to catch.
+        request = GenerationRequest(f"cancel-early-{checkpoints}", [11, 42, 7], 2000, seed=1, ignore_eos=True)
+        deltas = upstream.generate(request)
         escaped = False
         try:
             with anyio.CancelScope() as scope:
