@@ -32,13 +32,16 @@ def running_moto() -> Iterator[str]:
 
 
 def aws_client(service: str, endpoint: str) -> Any:
-    """A boto3 client of `service` on the moto server: test credentials, no retries, short timeouts."""
+    """A boto3 client of `service` on the moto server: test credentials, no retries (legacy mode's
+    max_attempts 1 is one retry: a create retried after a slow first answer met its own result,
+    AlreadyExists), and a read timeout past moto's first EC2 call on a loaded machine (its
+    resource tables load then: 10 s was not enough beside the suite)."""
     client: Any = boto3.client(
         service,  # type: ignore[call-overload]  # any service name, typed per literal in the stubs
         endpoint_url=endpoint,
         region_name=REGION,
         aws_access_key_id="test",
         aws_secret_access_key="test",
-        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=60),
     )
     return client
