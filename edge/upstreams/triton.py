@@ -26,7 +26,9 @@ The request's cache_salt is not sent, so a Triton replica shares its prefix cach
 whatever `[admission] prefix_cache_scope` says: TensorRT-LLM's executor keys blocks by a per-request
 `cache_salt_id` (its LLM API's `cache_salt`), but the Triton backend's `tensorrt_llm` model declares
 no input for it (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt), and our
-CPU model follows that contract.
+CPU model follows that contract. A salted request (scope "user") is therefore reported 0 cached
+tokens: the blocks it reused may be another user's, and the figure told every user whether another
+had sent a prompt, a prefix guessed block by block (a review). Unsalted ("shared"), it is reported.
 
 Capacity comes from the replica's Prometheus metrics (the nv_trt_llm_* gauges TensorRT-LLM
 exports, which our CPU model mirrors, plus Triton's pending-request count), cached briefly. Our CPU
@@ -310,7 +312,7 @@ class TritonUpstream:
                     # The prefix-cache hit, reported on the delta carrying the first token as the
                     # in-process engine does. Awaited (the replica's block size, read once) before
                     # anything is taken: what arrives meanwhile, the end included, is taken with it.
-                    cached = await self._cached_tokens(conn.reused_blocks)
+                    cached = await self._cached_tokens(conn.reused_blocks, req.cache_salt)
                     first = False
                 if conn.failure is not None and conn.reused and not conn.responded and not retried:
                     # A kept-alive connection the replica had closed while idle: nothing was read.
@@ -354,9 +356,10 @@ class TritonUpstream:
                 conn.detach()
                 self._stop_soon(req.request_id, conn)
 
-    async def _cached_tokens(self, reused: int | None) -> int:
-        """Prompt tokens the replica found in its prefix cache: reused blocks x its block size."""
-        if not reused:
+    async def _cached_tokens(self, reused: int | None, cache_salt: str) -> int:
+        """Prompt tokens the replica found in its prefix cache: reused blocks x its block size; 0
+        for a salted request, which the replica cannot keep to its salt's blocks (module doc)."""
+        if not reused or cache_salt:
             return 0
         if not self._block_tokens:
             try:

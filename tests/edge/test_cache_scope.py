@@ -7,26 +7,29 @@ given prompt. Each test starts its own edge, so its replica's cache holds only w
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
+from edge.upstreams.triton import triton_upstreams
 from tests.edge.conftest import EDGE_SETTINGS
 from tests.edge.sse_client import MODEL
 from tests.support.live_server import LiveServer, start_server
+from tests.support.triton_server import LocalTriton
 
 # Several KV blocks long, so a hit is plain to see.
 SYSTEM = "You answer questions about rivers, lakes and the sea, briefly and kindly. " * 4
 
 
-def _cached(server: LiveServer, who: str, question: str) -> int:
+def _cached(server: LiveServer, who: str, question: str, system: str = SYSTEM) -> int:
     """The cached_tokens of one completion for user `who`, as the official SDK parses them."""
     with openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys[who], max_retries=0) as sdk:
         completion = sdk.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
             max_tokens=4,
         )
     usage = completion.usage
@@ -58,6 +61,21 @@ def test_by_default_a_user_hits_only_its_own_cached_prefix(scoped_server: LiveSe
 def test_a_shared_scope_lets_every_user_hit_the_prefix(scoped_server: LiveServer) -> None:
     assert _cached(scoped_server, "free", "Where do rivers start?") == 0
     assert _cached(scoped_server, "free2", "Why is the sea salty?") > 0
+
+
+@pytest.mark.parametrize("scope", ["user", "shared"])
+def test_on_triton_replicas_a_user_is_not_told_of_another_users_cached_prefix(
+    tmp_path: Path, local_triton: LocalTriton, scope: str
+) -> None:
+    """A Triton replica cannot salt its cache (edge/upstreams/triton.py): one user's request reuses
+    the blocks another's left. Under the "user" scope the figure must not say so, or a user learns
+    from it whether another sent a prompt (a prefix guessed block by block); "shared" says it."""
+    settings = {**EDGE_SETTINGS, "admission": {"prefix_cache_scope": scope}}
+    system = f"{uuid.uuid4().hex} {SYSTEM}"  # the session's Triton outlives this test's edge
+    with start_server(tmp_path, settings, triton_upstreams(local_triton.spec)) as live:
+        _cached(live, "free", "Where do rivers start?", system)
+        another_user = _cached(live, "free2", "Why is the sea salty?", system)
+    assert (another_user > 0) == (scope == "shared")
 
 
 def _scopes_keeping(server: LiveServer, piece_start: str) -> set[str]:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
 
+from edge.upstreams.triton import triton_upstreams
+from tests.edge.conftest import EDGE_SETTINGS
 from tests.edge.sse_client import MODEL
-from tests.support.live_server import LiveServer
-from tests.support.triton_server import ENGINE_CONFIG
+from tests.support.live_server import LiveServer, start_server
+from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
 
 # Long enough to fill several KV blocks; unique per run, so no earlier request of the shared
 # server has cached it.
@@ -30,10 +33,15 @@ def local_sdk(local_server: LiveServer) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture
-def triton_sdk(triton_server: LiveServer) -> Iterator[openai.OpenAI]:
-    client = _sdk(triton_server)
-    yield client
-    client.close()
+def triton_sdk(tmp_path: Path, local_triton: LocalTriton) -> Iterator[openai.OpenAI]:
+    """An edge on the session's Triton whose users share the prefix cache: a Triton replica reports
+    its hits only then (under the default "user" scope it cannot keep them to one user, and reports
+    0: edge/upstreams/triton.py)."""
+    shared = {**EDGE_SETTINGS, "admission": {"prefix_cache_scope": "shared"}}
+    with start_server(tmp_path, shared, triton_upstreams(local_triton.spec)) as live:
+        client = _sdk(live)
+        yield client
+        client.close()
 
 
 def _messages(system: str, question: str) -> list[dict[str, str]]:
