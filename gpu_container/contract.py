@@ -98,6 +98,10 @@ class Capacity:
     preemptions: int = 0
     # Times the replica's engine died and was replaced (a local engine process; 0 otherwise).
     restarts: int = 0
+    # The replica keeps requests of different cache salts apart in its prefix cache
+    # (GenerationRequest.cache_salt). False: it pools every request's blocks (a Triton replica), so
+    # its hit figures count one user's prompts found in another's blocks.
+    salts_prefix_cache: bool = True
 
 
 class UpstreamError(Exception):

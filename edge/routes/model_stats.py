@@ -7,6 +7,10 @@ the sequences running and waiting. A public route (any valid key; the load balan
   addresses or instance ids, operator internals that /metrics and /v1/internal/engine keep on the
   operator listener;
 * the figures are the replica's own totals over all users, nothing of any one request or user;
+* under `[admission] prefix_cache_scope = "user"`, the prefix-cache figures of a replica that pools
+  every user's cache (a Triton replica) are null: its hit total grows by what a user's own guess
+  found in another user's blocks, which that scope keeps from cached_tokens too
+  (edge/upstreams/triton.py);
 * a model the caller's tier may not use is a 404 model_not_found, as /v1/models/{id} answers.
 
 Read from what the dispatcher's health poll last found (at most one poll interval old): no replica
@@ -23,6 +27,7 @@ from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
 from edge.admission.cache_figures import CacheFigures
+from edge.admission.cache_scope import PrefixCacheScope
 from edge.admission.replica_set import ReplicaState
 from edge.keys.authorization_header import authorization_header
 from edge.routes.json_body import json_response
@@ -30,15 +35,18 @@ from edge.runtime import runtime_of
 from edge.schemas import unknown_model
 
 
-def _replica(number: int, state: ReplicaState) -> dict[str, Any]:
+def _replica(number: int, state: ReplicaState, scope: PrefixCacheScope) -> dict[str, Any]:
     entry: dict[str, Any] = {"replica": number, "ready": state.alive, "figures": None}
     cap = state.capacity
     if cap is not None:
         f = CacheFigures.of(cap)
+        pooled = scope == "user" and not cap.salts_prefix_cache
         entry["figures"] = {
             "running": cap.running,
             "waiting": cap.waiting,
-            "prefix_cache": {
+            "prefix_cache": None
+            if pooled
+            else {
                 "hit_tokens": f.prefix_hit_tokens,
                 "query_tokens": f.prefix_query_tokens,
                 "hit_rate": f.prefix_hit_rate,
@@ -55,6 +63,8 @@ async def model_stats(request: Request[Any, Any, Any], model_id: FromPath[str]) 
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
     if model_id not in runtime.models.models_for(principal.tier):
         raise unknown_model(model_id)
-    states = runtime.models.pipeline_for(principal.tier, model_id).dispatcher.replica_states()
-    replicas = [_replica(number, state) for number, state in enumerate(states, start=1)]
+    pipeline = runtime.models.pipeline_for(principal.tier, model_id)
+    scope = pipeline.config.prefix_cache_scope
+    states = pipeline.dispatcher.replica_states()
+    replicas = [_replica(number, state, scope) for number, state in enumerate(states, start=1)]
     return json_response({"object": "model.stats", "model": model_id, "replicas": replicas})

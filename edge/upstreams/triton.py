@@ -97,6 +97,7 @@ def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
         # A replica that does not export the gauge reads 0: charge in single tokens then.
         kv_block_tokens=max(metrics.tokens_per_block, 1),
         prefix_hit_tokens=metrics.reused_blocks * metrics.tokens_per_block,
+        salts_prefix_cache=False,  # no cache salt reaches it (module doc)
     )
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from edge.upstreams.triton import triton_upstreams
 from tests.edge.conftest import EDGE_SETTINGS
-from tests.edge.sse_client import MODEL
+from tests.edge.sse_client import MODEL, wait_until
 from tests.support.live_server import LiveServer, start_server
 from tests.support.triton_server import LocalTriton
 
@@ -76,6 +78,38 @@ def test_on_triton_replicas_a_user_is_not_told_of_another_users_cached_prefix(
         _cached(live, "free", "Where do rivers start?", system)
         another_user = _cached(live, "free2", "Why is the sea salty?", system)
     assert (another_user > 0) == (scope == "shared")
+
+
+@pytest.mark.parametrize("scope", ["user", "shared"])
+def test_on_triton_replicas_the_stats_show_no_pooled_cache_hits_under_the_user_scope(
+    tmp_path: Path, local_triton: LocalTriton, scope: str
+) -> None:
+    """The same hits, read from /v1/models/{id}/stats (any key): the replica's hit total grows by
+    what a user's own guess found, another user's prompt included, wherever the cache is pooled."""
+    settings = {**EDGE_SETTINGS, "admission": {"prefix_cache_scope": scope}}
+    system = f"{uuid.uuid4().hex} {SYSTEM}"
+    with start_server(tmp_path, settings, triton_upstreams(local_triton.spec)) as live:
+        _cached(live, "free", "Where do rivers start?", system)
+        _cached(live, "free2", "Why is the sea salty?", system)
+
+        def figures() -> dict[str, Any] | None:
+            url = f"{live.base_url}/v1/models/{MODEL}/stats"
+            replica = httpx.get(url, headers=live.auth("free2"), timeout=5.0).json()["replicas"][0]
+            found: dict[str, Any] | None = replica["figures"]
+            return found
+
+        if scope == "shared":
+            # The last health poll's figures (about once a second): the hit shows soon.
+            wait_until(
+                lambda: bool((f := figures()) and f["prefix_cache"]["hit_tokens"] > 0),
+                timeout_s=30,
+                what="the replica's prefix-cache hit",
+            )
+        else:
+            wait_until(lambda: figures() is not None, timeout_s=30, what="the replica's figures")
+            found = figures()
+            assert found is not None and found["prefix_cache"] is None
+            assert found["kv_blocks"]["used"] >= 0  # the rest is shown as before
 
 
 def _scopes_keeping(server: LiveServer, piece_start: str) -> set[str]:
