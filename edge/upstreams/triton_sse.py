@@ -26,6 +26,7 @@ multiplies; a GET here costs a small fraction of that (docs/bench-triton.md).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import weakref
 from collections.abc import Callable, Sequence
@@ -372,7 +373,10 @@ class _RelayBatch:
         """Relay `conn` in this pass's callback. Read twice in one pass (uvloop reads a socket once
         per readiness; a test may feed it twice), its second turn finds nothing left to offer."""
         if not self._ready:
-            loop.call_soon(self._relay)
+            # In a context of its own: a read runs in the context its connection was opened in,
+            # which the pool keeps for later streams. In the opening request's (its request_id
+            # bound), every later stream's relay there, and each line it logged, named that request.
+            loop.call_soon(self._relay, context=contextvars.Context())
         self._ready.append(conn)
 
     def _relay(self) -> None:

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+import structlog
 
 from edge import writes_together
 from edge.upstreams import triton_sse
@@ -696,3 +697,32 @@ async def test_a_pause_shorter_than_the_stall_timeout_does_not_fail_the_stream()
                 if tokens == [1]:
                     await asyncio.sleep(0.5)  # the reader busy with its first delta
         assert tokens == [1, 2, 3]
+
+
+@pytest.mark.anyio
+async def test_a_kept_alive_connection_relays_a_later_stream_outside_the_request_that_opened_it() -> None:
+    """A connection's reads run in the context it was opened in, and the pool keeps it for later
+    streams. Opened by a request (its request_id bound for every line it logs), each later stream's
+    relay in `offer` ran with that request's id, so a line written there (the relay's failure, a
+    conversation turn dropped) named a request long over instead of its own."""
+    count = 6
+    sent = asyncio.Event()
+
+    async def stream(upstream: TritonUpstream, request_id: str) -> list[object]:
+        structlog.contextvars.bind_contextvars(request_id=request_id)  # as the pipeline binds it
+        seen: list[object] = []
+
+        def offer(delta: Delta) -> bool:
+            seen.append(structlog.contextvars.get_contextvars().get("request_id"))
+            return True
+
+        await _tokens(upstream.generate_direct(_request(count), offer))
+        return seen
+
+    async with FakeReplica(_paced(count, 0.01, sent)) as replica, replica.upstream() as upstream:
+        # Each in a task of its own, as each request is.
+        await asyncio.create_task(stream(upstream, "chatcmpl-first"))
+        later = await asyncio.create_task(stream(upstream, "chatcmpl-later"))
+    assert replica.connections == 1, "the later stream reused the first one's connection"
+    assert later, "the later stream's relay took tokens in offer"
+    assert "chatcmpl-first" not in later, later
