@@ -152,7 +152,9 @@ class StreamWatch:
     def _check_soon(self, digest: str) -> None:
         if self._closed:
             return
-        check = asyncio.ensure_future(self._check(digest))
+        # An empty context, as the timer's: a look ends every stream of the key, and one started
+        # by a stream's set-up (`watch`) must not carry that request's request_id on its lines.
+        check = asyncio.get_running_loop().create_task(self._check(digest), context=contextvars.Context())
         self._checks.add(check)
         check.add_done_callback(self._checks.discard)
 

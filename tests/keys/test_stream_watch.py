@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog
 
 from edge.keys.authenticator import Authenticator
 from edge.keys.record import KeyRecord, new_record
@@ -285,3 +286,33 @@ async def test_a_look_under_way_does_not_undo_the_cached_expiry_a_new_stream_too
         watch.unwatch(digest, scope)
         watch.unwatch(digest, other)
         await watch.aclose()
+
+
+async def test_a_look_a_streams_set_up_starts_names_no_request() -> None:
+    """A look ends every stream of its key, so its lines belong to no one request: the timer's
+    looks run in a context of their own. The look a stream's set-up starts (its key found revoked
+    in the cache) ran in that request's context, and its `key_streams_ended` line, which ended
+    another request's stream too, carried the one request_id of the stream set up last."""
+    wall, record, store, auth, watch = _watched_key()
+    digest = record.key_sha256
+    assert (await auth.status(digest))[0] == "active"  # the admissions: cached for the TTL
+    running = anyio.CancelScope()
+    watch.watch(digest, record.expires, running)  # another request's stream of the key
+    store.records[digest] = record.with_changes(revoked=wall.now)
+    auth.invalidate(digest)
+    assert (await auth.status(digest))[0] == "revoked"  # a request refused: cached
+    later = anyio.CancelScope()
+
+    async def set_up() -> None:
+        structlog.contextvars.bind_contextvars(request_id="chatcmpl-later")  # as the pipeline binds it
+        watch.watch(digest, record.expires, later)
+
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await asyncio.create_task(set_up())  # its own task, as each request has
+        await _turns(lambda: running.cancel_called and later.cancel_called)
+    watch.unwatch(digest, running)
+    watch.unwatch(digest, later)
+    await watch.aclose()
+    [ended] = [e for e in logs if e["event"] == "key_streams_ended"]
+    assert ended["streams"] == 2
+    assert "request_id" not in ended, ended
