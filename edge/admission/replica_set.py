@@ -23,6 +23,7 @@ some waiters may have lost every replica that could ever hold them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -187,7 +188,11 @@ class ReplicaSet:
         return replica
 
     def _close_removed(self, replica: Replica) -> None:
-        task = asyncio.create_task(self._close_upstream(replica), name=f"close-{replica.name}")
+        # An empty context: started where the replica's last stream gave its slot back, the close
+        # is the replica's, not that request's (its request_id must not be bound to these lines).
+        task = asyncio.create_task(
+            self._close_upstream(replica), name=f"close-{replica.name}", context=contextvars.Context()
+        )
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog
 
 from edge.admission import Overloaded
 from edge.upstreams.base import GenerationRequest
@@ -132,3 +133,29 @@ async def test_closing_the_dispatcher_closes_draining_replicas(make_dispatcher: 
         assert not draining.closed
     assert draining.closed
     slot.release()  # a late release after close must not fail
+
+
+@pytest.mark.anyio
+async def test_a_drained_replicas_close_names_no_request(make_dispatcher: MakeDispatcher) -> None:
+    """A removed replica closes once its last stream gives its slot back, in a task of its own:
+    started from that request's task, it ran in its context, and `replica_closed` (or
+    `replica_close_failed`), the replica's lines, carried the request_id of whichever stream ended
+    last on it."""
+    leaving = ClosableUpstream("leaving")
+    async with make_dispatcher([leaving, ClosableUpstream("staying")]) as dispatcher:
+        slots = [await dispatcher.acquire(ticket(f"u{i}")) for i in range(2)]
+        [last] = [s for s in slots if s.upstream is leaving]
+        dispatcher.remove_upstream("leaving")
+
+        async def request_ends() -> None:
+            structlog.contextvars.bind_contextvars(request_id="chatcmpl-last")  # as the pipeline binds it
+            last.release()
+
+        with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+            await asyncio.create_task(request_ends())  # its own task, as each request has
+            await until(lambda: leaving.closed)  # and logged, in the same step of the close's task
+        for slot in slots:
+            if slot is not last:
+                slot.release()
+    [closed] = [e for e in logs if e["event"] == "replica_closed"]
+    assert "request_id" not in closed, closed
