@@ -20,6 +20,9 @@ from edge.routes.listeners import as_served_here
 
 log = structlog.get_logger("floodgate.errors")
 
+# An unknown path is echoed in its 404 up to this many characters (the request line may be longer).
+MAX_PATH_IN_ERROR = 256
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -156,7 +159,12 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     # the listener does not serve is that path's 404 (edge/routes/listeners.py).
     exc = as_served_here(request.scope, exc)
     status = exc.status_code
-    message = exc.detail if status != 413 else "Request body too large."
+    if status == 404:
+        # Every 404 raised as an HTTPException is a path nothing serves (the router's, or a
+        # listener's or the admin API's "as an unknown path"): named as OpenAI names it.
+        message = f"Invalid URL ({request.method} {request.scope['path'][:MAX_PATH_IN_ERROR]})"
+    else:
+        message = exc.detail if status != 413 else "Request body too large."
     code = "request_too_large" if status == 413 else None
     detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "api_error"), code=code)
     allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), None)

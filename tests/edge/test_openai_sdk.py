@@ -77,6 +77,15 @@ def test_sdk_raises_typed_errors(server: LiveServer) -> None:
         good.models.retrieve("no-such-model")
 
 
+def test_sdk_hears_an_endpoint_the_edge_lacks_named(sdk: openai.OpenAI) -> None:
+    """As OpenAI answers an unknown URL: the method and path, not a bare "Not Found" that leaves a
+    user of the legacy completions API guessing what was wrong."""
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["message"] == "Invalid URL (POST /v1/completions)"
+
+
 def test_sdk_hears_json_mode_and_tools_refused_by_name(sdk: openai.OpenAI) -> None:
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
