@@ -74,6 +74,14 @@ def bind_listeners(server: ServerConfig, *, reuse_port: bool = False) -> Listene
     return Listeners(public, ops)
 
 
+def refuse_a_taken_port(host: str, port: int) -> None:
+    """OSError (EADDRINUSE) when something listens on `host:port` already. The workers of `serve
+    --workers` bind it with SO_REUSEPORT, which any process of the same account that bound it so
+    too (another edge's workers) shares without a word: their parent asks first, binding it as a
+    lone `serve` does, and lets it go at once."""
+    _bind(host, port).close()
+
+
 def _address(sock: socket.socket) -> str:
     """`host:port` a bound socket listens on (`[host]:port` for IPv6)."""
     host, port = sock.getsockname()[:2]

@@ -131,11 +131,23 @@ def plan_workers(
 ) -> list[dict[str, Any]]:
     """Each of `workers` workers' settings overrides, or a SystemExit saying why they cannot run.
     `serve` asks before it prepares the model and makes a dev key: asked after, a refused serve had
-    printed "Try it: curl ..." for an edge that never started (and spent the model's import)."""
+    printed "Try it: curl ..." for an edge that never started (and spent the model's import). So is
+    a port something listens on already (edge/server.py, refuse_a_taken_port)."""
     try:
-        return [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
+        planned = [_merged(overrides, worker_overrides(settings, workers, i)) for i in range(workers)]
     except WorkersRefused as exc:
         raise SystemExit(f"floodgate: {exc}") from None
+    if workers > 1:
+        # Shared by the workers, the port would be shared as silently with another edge's workers
+        # serving it already: the kernel split the connections between the two.
+        from edge.server import refuse_a_taken_port
+
+        try:
+            refuse_a_taken_port(settings.server.host, settings.server.port)
+        except OSError as exc:
+            where = f"{settings.server.host}:{settings.server.port}"
+            raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
+    return planned
 
 
 def serve_workers(config: str | None, per_worker: list[dict[str, Any]]) -> int:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from edge.config import load_settings
-from edge.workers import StopSignals, WorkersRefused, worker_overrides
+from edge.workers import StopSignals, WorkersRefused, plan_workers, worker_overrides
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import demo_model_dir
 from tests.support.ports import free_consecutive_ports, free_port
@@ -68,6 +68,28 @@ def test_each_worker_gets_as_many_sigterms_as_the_parent_was_sent() -> None:
     assert plain.received(signal.SIGTERM)  # the usual stop: each worker drains
     assert not plain.worker_exited()  # one then exiting adds no second SIGTERM
     assert plain.received(signal.SIGTERM)
+
+
+def test_workers_refuse_a_port_another_process_listens_on() -> None:
+    """Each worker binds the port with SO_REUSEPORT, which any process of the same account that
+    bound it so too shares without a word: a second `serve --workers 2` on the port a first one's
+    workers serve started, and the kernel split the connections between the two edges (an old
+    config, an old version). A lone `serve` is refused there (Address already in use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another edge's worker
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        settings = load_settings(
+            None, {"limiter": {"backend": "redis"}, "server": {"host": "127.0.0.1", "port": port}}
+        )
+        with pytest.raises(
+            SystemExit, match=rf"cannot listen on 127\.0\.0\.1:{port}: Address already in use"
+        ):
+            plan_workers({}, settings, 2)
+    # Free again: the workers may bind it, each with SO_REUSEPORT (the check holds nothing).
+    assert len(plan_workers({}, settings, 2)) == 2
 
 
 @pytest.fixture
