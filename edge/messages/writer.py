@@ -46,8 +46,10 @@ class MessageWriter:
         max_attempts: int = 5,
         base_backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
-        drain_timeout_s: float = 5.0,
+        drain_timeout_s: float = 1.0,
     ) -> None:
+        # drain_timeout_s: the exit's margin before SIGKILL is 5 s (docs/deploy.md, Graceful drain),
+        # shared with the cut streams' last writes and the usage rows written after these.
         self._store = store
         # Each message with its place in the queue's order: one worker takes them in that order, so
         # "every message up to n is done" is one number, `_done`.

@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS usage_writes (
 
 
 class SQLiteUsageStore:
+    parallel_writes = 1  # one seq per writer (usage_writes), and one connection besides
+
     def __init__(self, path: str | Path) -> None:
         self._conn = connect(path)
         self._lock = threading.Lock()

@@ -14,8 +14,9 @@ class WriteId:
 
     A write can land and its answer still be lost (a timeout, a dropped connection), and then both
     the writer and boto3 send it again. A store applies each (writer, seq) once: it keeps the
-    writer's last applied seq with the row and skips a write whose seq is not above it. A writer
-    writes its rows one at a time, seq rising, so any seq at or below the kept one has landed.
+    writer's last applied seq and skips a write whose seq is not above it. A writer's seqs rise in
+    store order wherever the store keeps them (UsageStore.parallel_writes), so any seq at or below
+    the kept one has landed.
     """
 
     writer: str  # one per UsageWriter (process start), random
@@ -29,6 +30,13 @@ class UsageRefused(Exception):
 
 
 class UsageStore(Protocol):
+    # How many rows (each of its own user, model and day) the writer may have under way at once.
+    # One where the store keeps a writer's last seq per writer (SQLite): a later seq landing first
+    # would make an earlier one look like a repeat. Several where it keeps it per row (DynamoDB):
+    # one at a time, a round trip each, a writer fell behind an edge ending a few hundred
+    # requests of distinct users a second.
+    parallel_writes: int
+
     async def add(self, usage: Usage, write: WriteId) -> bool:
         """Add the row's counts to the stored row of its (user, model, day), creating it if needed,
         once per `write`: False when that write had landed before (nothing added this time).

@@ -18,7 +18,13 @@ A row the store refuses itself (UsageRefused: no retry could write it) is logged
 `usage_unwritten` with `refused`, and the rows behind it go on.
 
 Every retry of a row carries the row's WriteId (edge/usage/store.py), so a write that landed with
-its answer lost is not added twice; rows go one at a time, so their seqs rise in store order."""
+its answer lost is not added twice. A batch's rows (one per user, model and day) go
+`store.parallel_writes` at a time, and a batch only after the one before has landed: a row's seqs
+rise in store order wherever the store keeps them.
+
+`drain_timeout_s` fits the exit: a deployment leaves the edge 5 s between the drain deadline and
+SIGKILL (docs/deploy.md, Graceful drain), and rows still unwritten when it is killed are in no log
+at all."""
 
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ class UsageWriter:
         *,
         base_backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
-        drain_timeout_s: float = 60.0,
+        drain_timeout_s: float = 1.5,
         gather_s: float = 0.25,
     ) -> None:
         self._store = store
@@ -66,8 +72,8 @@ class UsageWriter:
         # Set by aclose: the batch being gathered is written at once, not a gather later.
         self._closing = asyncio.Event()
         self._batch: list[Usage] = []
-        # The row being written, and its WriteId: sent, it may land whatever becomes of the call.
-        self._writing: tuple[Usage, WriteId] | None = None
+        # The rows being written, by their WriteId: sent, each may land whatever becomes of the call.
+        self._writing: dict[WriteId, Usage] = {}
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
         self._writer_id = secrets.token_hex(8)
@@ -102,11 +108,10 @@ class UsageWriter:
         await stop_task(self._worker)
         self._worker = None
         unwritten = self._batch + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-        writing, self._writing = self._writing, None
-        if writing is not None:
+        writing, self._writing = self._writing, {}
+        for write, row in writing.items():
             # Kept apart: summed with rows of its key that never went out, a replay under its
             # WriteId would be skipped whole if it had landed.
-            row, write = writing
             unwritten.remove(row)
             USAGE_DROPPED.inc(row.requests)
             log.error(
@@ -128,18 +133,29 @@ class UsageWriter:
             taken = len(self._batch)
             rows = _summed(self._batch)
             try:
-                while rows:
-                    await self._write(rows[0])
-                    rows.pop(0)
+                await self._write_all(rows)
             finally:
-                self._batch = rows  # what aclose logs as unwritten if it cancelled this write
+                self._batch = rows  # what aclose logs as unwritten if it cancelled these writes
                 for _ in range(taken):
                     self._queue.task_done()
+
+    async def _write_all(self, rows: list[Usage]) -> None:
+        """Each row written, `store.parallel_writes` at a time; a row leaves `rows` once written."""
+        pending = iter(list(rows))
+
+        async def write_each() -> None:
+            for row in pending:
+                await self._write(row)
+                rows.remove(row)
+
+        async with asyncio.TaskGroup() as writers:
+            for _ in range(min(self._store.parallel_writes, len(rows))):
+                writers.create_task(write_each())
 
     async def _write(self, row: Usage) -> None:
         """Retries until the store takes it (dropping it would under-bill), or refuses it for good."""
         write = WriteId(self._writer_id, next(self._seqs))
-        self._writing = (row, write)
+        self._writing[write] = row
         attempt = 0
         while True:
             try:
@@ -147,7 +163,7 @@ class UsageWriter:
             except UsageRefused as exc:
                 # Retried, it would fail the same way while every row queued behind it waited (and
                 # then was dropped with the queue full): logged whole for billing's replay instead.
-                self._writing = None
+                del self._writing[write]
                 USAGE_DROPPED.inc(row.requests)
                 log.error("usage_unwritten", **row.as_dict(), refused=str(exc))
                 return
@@ -158,7 +174,7 @@ class UsageWriter:
                 log.warning("usage_write_failed", user=row.user, attempt=attempt, error=repr(exc))
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             else:
-                self._writing = None
+                del self._writing[write]
                 if not added:  # an earlier try had landed; its answer was lost
                     USAGE_WRITES_REPEATED.inc()
                 USAGE_ROWS_WRITTEN.inc()

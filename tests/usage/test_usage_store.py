@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 from edge.keys.dynamodb import create_table_if_missing
 from edge.usage.dynamodb import DynamoDBUsageStore
 from edge.usage.record import Usage, utc_day
+from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import UsageStore, WriteId
 from edge.usage.writer import UsageWriter
 from tests.keys.conftest import dynamodb_client
@@ -82,6 +83,10 @@ class FlakyStore:
             self.failures -= 1
             raise ConnectionError("store hiccup")
         return await self.inner.add(usage, write)
+
+    @property
+    def parallel_writes(self) -> int:
+        return self.inner.parallel_writes
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         return await self.inner.query(user, start, end)
@@ -162,6 +167,43 @@ class CountingStore(FlakyStore):
     async def add(self, usage: Usage, write: WriteId) -> bool:
         self.writes.append(usage)
         return await super().add(usage, write)
+
+
+class InFlightStore(FlakyStore):
+    """Counts the writes under way at once."""
+
+    def __init__(self, inner: UsageStore) -> None:
+        super().__init__(inner, failures=0)
+        self.now = self.most = 0
+
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await super().add(usage, write)
+        finally:
+            self.now -= 1
+
+
+async def test_rows_of_distinct_users_go_out_together_where_the_store_allows_it(
+    usage_store: UsageStore,
+) -> None:
+    """One at a time, a round trip each (DynamoDB: several milliseconds), the writer fell behind an
+    edge ending a few hundred requests of distinct users a second, and at exit the rows of the
+    streams the drain cut waited in line past the kill. DynamoDB keeps a writer's seq per row, so
+    its rows go out together; SQLite keeps one per writer, so its go one at a time."""
+    store = InFlightStore(usage_store)
+    writer = UsageWriter(store, 1000, gather_s=3600)
+    writer.start()
+    for i in range(40):
+        assert writer.record(f"user-{i}", "m", i, 2)
+    await writer.aclose()
+    rows = await usage_store.query()
+    assert sorted((r.user, r.input_tokens, r.requests) for r in rows) == sorted(
+        (f"user-{i}", i, 1) for i in range(40)
+    )
+    assert store.most == usage_store.parallel_writes
+    assert usage_store.parallel_writes == (1 if isinstance(usage_store, SQLiteUsageStore) else 4)
 
 
 async def test_rows_of_one_gather_reach_the_store_as_one_write_each_and_close_cuts_the_gather_short(
