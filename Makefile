@@ -40,8 +40,9 @@ system-deps:
 serve: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/floodgate serve
 
+# --durations: CI's log names the slowest tests, where the suite's time against its 10 minutes goes.
 test: $(DEV_STAMP) $(MODEL_STAMP) system-deps
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 bench: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench
