@@ -47,6 +47,10 @@ PUBLISH_FAILURES = Counter(
 # of no use, and the shutdown waits for the call out (aclose) ahead of the usage and message writers,
 # which an orchestrator's stop timeout would then kill unwritten. PutMetricData answers in well
 # under a second: two short tries.
+# The close's bound: the lifespan closes the publisher ahead of the usage and message writers, and
+# a deployment kills the edge 5 s after its drain deadline (docs/deploy.md, Graceful drain).
+CLOSE_BUDGET_S = 1.0
+
 CLIENT_CONFIG = Config(
     connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}
 )
@@ -104,12 +108,17 @@ class ScalingPublisher:
         if not samples:
             return True
         try:
-            await anyio.to_thread.run_sync(self._put, samples)
+            # Abandoned when cancelled (the close's budget): the call ends in its thread, unawaited.
+            await anyio.to_thread.run_sync(self._put, samples, abandon_on_cancel=True)
         except Exception as exc:
             # Not re-sent: a late backlog figure would mislead the scaler more than a missing one.
             self._failed.inc()
             log.warning("scaling_publish_failed", samples=len(samples), error=repr(exc))
             return False
+        except BaseException:
+            self._failed.inc()
+            log.warning("scaling_publish_cut", samples=len(samples))
+            raise
         self._published.inc()
         return True
 
@@ -119,12 +128,20 @@ class ScalingPublisher:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="scaling-publisher")
 
     async def aclose(self) -> None:
-        """Stop sampling, let a call in flight finish, and send what was sampled since."""
-        if self._task is not None:
-            self._stopping.set()
-            await self._task
-            self._task = None
-        await self.flush()
+        """Stop sampling, let a call in flight finish, and send what was sampled since, within
+        CLOSE_BUDGET_S: past it the call out is given up (its samples counted lost)."""
+        with anyio.move_on_after(CLOSE_BUDGET_S) as budget:
+            if self._task is not None:
+                self._stopping.set()
+                await self._task
+            await self.flush()
+        if self._task is not None and not self._task.done():
+            # Cut while waiting for it: awaited, a task is cancelled with its awaiter, but not yet run.
+            self._task.cancel()
+            await asyncio.wait({self._task})  # its cancellation, not raised here
+        self._task = None
+        if budget.cancelled_caught:
+            log.warning("scaling_close_cut", budget_s=CLOSE_BUDGET_S)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
