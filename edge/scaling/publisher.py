@@ -47,13 +47,13 @@ PUBLISH_FAILURES = Counter(
 # of no use, and the shutdown waits for the call out (aclose) ahead of the usage and message writers,
 # which an orchestrator's stop timeout would then kill unwritten. PutMetricData answers in well
 # under a second: two short tries.
-# The close's bound: the lifespan closes the publisher ahead of the usage and message writers, and
-# a deployment kills the edge 5 s after its drain deadline (docs/deploy.md, Graceful drain).
-CLOSE_BUDGET_S = 1.0
-
 CLIENT_CONFIG = Config(
     connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}
 )
+
+# The close's bound: the lifespan closes the publisher ahead of the usage and message writers, and
+# a deployment kills the edge 5 s after its drain deadline (docs/deploy.md, Graceful drain).
+CLOSE_BUDGET_S = 1.0
 
 
 def cloudwatch_client(region: str | None) -> CloudWatchClient:

@@ -41,8 +41,8 @@ def _usage(item: dict[str, Any]) -> Usage:
 
 
 class DynamoDBUsageStore:
-    # Each item keeps its own writer's seq (module doc), so rows of distinct items may go at once;
-    # Within boto3's connection pool (10 by default), leaving room for the keys' and messages' calls.
+    # Each item keeps its own writer's seq (module doc), so rows of distinct items may go at once,
+    # within boto3's connection pool (10 by default), leaving room for the keys' and messages' calls.
     parallel_writes = 4
 
     def __init__(self, client: DynamoDBClient, table: str) -> None:
