@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(views, dirs)
     print(text, end="")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         plot(views, args.out.with_suffix(".png"))
     return 0

@@ -255,3 +255,14 @@ def test_across_runs_counts_each_views_misses_and_those_past_its_floor(tmp_path:
     table = out.read_text()
     assert f"| {wake_500.goal} | {wake_500.view} | 2 | 0 | 2 of 2 |" in table
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_across_runs_writes_into_a_folder_it_makes(tmp_path: Path) -> None:
+    """`--out` names a file in a folder that does not exist yet: it is made, as every other bench's
+    `--out` makes its own, not a traceback after the table was printed."""
+    from bench.edge_goals_across import main
+
+    out = tmp_path / "new" / "across.md"
+    assert main([str(REPO / "docs" / "bench-edge-goals" / "forty-first-pass"), "--out", str(out)]) == 0
+    assert "| goal | view | runs | met |" in out.read_text()
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
