@@ -35,14 +35,14 @@ def cpu_note() -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bundle", type=int, default=100)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--start-hour", type=float, default=0.0)
     parser.add_argument("--docs", type=Path, default=Path("docs"))
     parser.add_argument("--only", nargs="*", help="scenario names to run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     start = time.perf_counter()
     scenarios = all_scenarios(args.bundle, args.hours, args.start_hour)
     if args.only:

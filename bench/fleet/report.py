@@ -190,6 +190,7 @@ def write(
 ) -> None:
     groups = outcomes[0].scenario.traffic.groups
     bundle = outcomes[0].scenario.traffic.bundle
+    docs.mkdir(parents=True, exist_ok=True)
     plot_day(day_outcomes, docs / "fleet-day.png", groups)
     plot_compare(outcomes, docs / "fleet-compare.png")
     c = step_curve.h200_llama70b()

@@ -1,0 +1,15 @@
+"""`python -m bench.fleet`'s command line: what it is told to write, it writes; a scenario it does not
+know is refused before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.fleet.__main__ import main
+
+
+def test_docs_in_a_new_folder_are_written_there(tmp_path: Path) -> None:
+    docs = tmp_path / "new" / "docs"
+    main(["--hours", "0.1", "--bundle", "1000", "--only", "terraform as is", "--docs", str(docs)])
+    assert (docs / "bench-fleet.md").read_text().startswith("# Fleet simulation")
+    assert (docs / "fleet-day.png").read_bytes().startswith(b"\x89PNG")
