@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     scenarios = all_scenarios(args.bundle, args.hours, args.start_hour)
     if args.only:
+        known = [s.name for s in scenarios]
+        if unknown := [name for name in args.only if name not in known]:
+            parser.error(
+                f"unknown scenario(s) {', '.join(map(repr, unknown))}; known: {', '.join(map(repr, known))}"
+            )
         scenarios = [s for s in scenarios if s.name in args.only]
     outcomes = []
     for s in scenarios:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.fleet.__main__ import main
 
 
@@ -13,3 +15,14 @@ def test_docs_in_a_new_folder_are_written_there(tmp_path: Path) -> None:
     main(["--hours", "0.1", "--bundle", "1000", "--only", "terraform as is", "--docs", str(docs)])
     assert (docs / "bench-fleet.md").read_text().startswith("# Fleet simulation")
     assert (docs / "fleet-day.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_unknown_scenario_is_refused_naming_the_known_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--hours", "0.1", "--only", "terraform as it is", "--docs", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'terraform as it is'" in err and "'terraform as is'" in err
+    assert not list(tmp_path.iterdir())
