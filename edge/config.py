@@ -12,6 +12,7 @@ import msgspec
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from edge.keys.lifecycle import MAX_PERIOD_S
+from edge.keys.record import is_key_hash
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
 from edge.upstreams.replica_spec import parse_replica_address
 from gpu_container.engine.types import EngineConfig
@@ -218,6 +219,15 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     rotation_grace_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_PERIOD_S)]
     admin_key_sha256: str
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
+        # has: the admin API would answer every admin key 401, and nothing would say why.
+        if self.admin_key_sha256 and not is_key_hash(self.admin_key_sha256):
+            raise ValueError(
+                "keys.admin_key_sha256 must be a SHA-256 in 64 hex digits (the line `floodgate keys "
+                "admin-key` prints, not the key itself), or empty for no admin API"
+            )
 
 
 class TierConfig(TierLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from string import hexdigits
 
 import msgspec
 
-from edge.keys.record import ID_CHARS, KeyRecord, key_id
+from edge.keys.record import ID_CHARS, KeyRecord, is_key_hash, key_id
 from edge.keys.store import KeyIdTaken, KeyStore
 
 
@@ -47,7 +46,7 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
         except msgspec.DecodeError as exc:
             raise BadKeysFile(f"line {number}: {exc}") from None
         # Hex as well as 64 long: any other such string was imported as a key no request can match.
-        if len(key.key_sha256) != 64 or not set(key.key_sha256.lower()) <= set(hexdigits):
+        if not is_key_hash(key.key_sha256):
             raise BadKeysFile(f"line {number}: key_sha256 is not a SHA-256 hex digest")
         if not key.user.strip():
             # As a key created here (lifecycle.InvalidUser): keys of no one would share one

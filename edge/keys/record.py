@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass, replace
+from string import hexdigits
 
 KEY_PREFIX = "fg-"
 ADMIN_KEY_PREFIX = "fgadmin-"
@@ -13,6 +14,11 @@ ADMIN_KEY_PREFIX = "fgadmin-"
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def is_key_hash(text: str) -> bool:
+    """Whether `text` could be a hash_key(): 64 hex digits (any other string matches no key)."""
+    return len(text) == 64 and set(text.lower()) <= set(hexdigits)
 
 
 ID_CHARS = 12

@@ -323,3 +323,23 @@ def test_a_replica_host_no_connection_can_reach_is_refused_at_load(tmp_path: Pat
     config.write_text(f'[model]\nsource = "demo"\n[upstream]\ntriton = "{spec}"\n')
     with pytest.raises(ConfigError, match=r"upstream\.triton"):
         load_settings(config)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "fgadmin-dxsn2jO7qvMSRc4UzSUPLsqOT3Osn1mTQf5wGLXHCHE",  # the admin key itself, not its hash
+        "78ed41e61ac5dec302a49ead6ade898352efa2f2f4061b39836351c3a7cb97d",  # one hex digit short
+        " 78ed41e61ac5dec302a49ead6ade898352efa2f2f4061b39836351c3a7cb97dc",
+    ],
+)
+def test_an_admin_key_hash_no_key_can_match_is_refused_at_load(value: str) -> None:
+    """Anything but 64 hex digits (the admin key pasted instead of its hash, a digit lost) opened the
+    admin API to no key at all: every admin call a 401, and nothing said why."""
+    with pytest.raises(msgspec.ValidationError, match=r"keys\.admin_key_sha256.*floodgate keys admin-key"):
+        load_settings(overrides={"keys": {"admin_key_sha256": value}})
+
+
+@pytest.mark.parametrize("value", ["", "ab" * 32, "AB" * 32])
+def test_an_admin_key_hash_of_64_hex_digits_or_none_loads(value: str) -> None:
+    assert load_settings(overrides={"keys": {"admin_key_sha256": value}}).keys.admin_key_sha256 == value
