@@ -29,6 +29,8 @@ class Replica:
     fallback_block_tokens: int = 1
     capacity: Capacity | None = None
     healthy: bool = False
+    # Whether a health check has answered yet: the first one's verdict is logged whatever it is.
+    checked: bool = False
     # Set by a failed generation: the replica takes no new work until a health check that started
     # after the failure passes. Holds the number of checks started when it failed.
     suspect_since_check: int | None = None

@@ -275,9 +275,15 @@ class ReplicaSet:
         if ready and replica.suspect_since_check is not None and replica.suspect_since_check < check:
             replica.suspect_since_check = None
             log.info("replica_cleared", replica=replica.name)
+        first_check = not replica.checked
+        replica.checked = True
         if replica.alive != was_alive:
             lost = True
             log.info("replica_health", replica=replica.name, alive=replica.alive)
+        elif first_check and not replica.alive:
+            # Down from its first check (a --triton spec naming a port nothing answers): without
+            # this line nothing ever said so, while every request it was to serve got a 503.
+            log.warning("replica_health", replica=replica.name, alive=False)
         return lost
 
 

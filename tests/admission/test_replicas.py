@@ -489,3 +489,20 @@ async def test_a_replica_added_during_a_poll_does_not_fail_a_waiter_the_poll_fin
         assert waiter.result().upstream is big
         waiter.result().release()
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_down_from_the_start_is_logged(make_dispatcher: MakeDispatcher) -> None:
+    """`--triton HOST:PORT` naming a port nothing answers (a typo, Triton's gRPC port): the replica
+    never passed a check, so it never changed state, and nothing in the log said it was down while
+    every request got 503 no_replica. Its first check says so, once; an up one's says it is up."""
+    from structlog.testing import capture_logs
+
+    down = ControlledUpstream("down")
+    down.is_ready = False
+    up = ControlledUpstream("up")
+    with capture_logs() as logs:
+        async with make_dispatcher([down, up]) as dispatcher:
+            await dispatcher.replicas.check_all()
+    health = [(e["replica"], e["alive"]) for e in logs if e["event"] == "replica_health"]
+    assert sorted(health) == [("down", False), ("up", True)]
