@@ -60,6 +60,7 @@ def write_report(res: Results, out: Path, only: set[str] | None = None) -> None:
     """The whole page from res; or, with `only`, those sections (and their summary lines) replaced
     in the page already at `out`, the rest of it kept: a rerun of some sections with no saved
     results of the others (a fresh checkout) must not blank them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     painters = {
         "roofline": _plot_roofline,

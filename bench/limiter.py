@@ -305,6 +305,7 @@ def main() -> None:
     if args.json:
         # The last round's limiter row at this concurrency: per decision (admit + settle).
         last = next(r for r in rows if r.what.startswith("limiter") and r.clients == args.concurrency)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps(
                 {

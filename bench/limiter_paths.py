@@ -165,6 +165,7 @@ def main() -> None:
         ]
     )
     print(ratio_table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         "# The limiter's paths to Redis on each kind of Redis\n\n"
         f"`.venv/bin/python -m bench.limiter_paths --decisions {args.decisions} --concurrency "

@@ -46,6 +46,7 @@ def plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend()
     fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
 
 

@@ -404,8 +404,10 @@ async def main_async(args: argparse.Namespace) -> dict[int, dict[str, list[RunRe
     report = render_report(runs, args, config, where)
     print(report)
     if args.doc:
+        args.doc.parent.mkdir(parents=True, exist_ok=True)
         args.doc.write_text(report)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text("".join(json.dumps(record) + "\n" for record in records))
     return runs
 

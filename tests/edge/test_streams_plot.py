@@ -46,3 +46,13 @@ def test_a_paired_run_splits_by_tree_and_the_floor_stands_under_its_upstream(tmp
     out = tmp_path / "plot.png"
     plot(runs, out)
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_plot_goes_into_a_folder_it_makes(tmp_path: Path) -> None:
+    """`-o` in a folder that does not exist yet is made, as every bench's output is, not a
+    traceback after the plot was drawn."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(json.dumps(_row("this", "in-process", 20.0)) + "\n")
+    out = tmp_path / "new" / "streams.png"
+    plot(load_runs([f"a={run}"]), out)
+    assert out.read_bytes().startswith(b"\x89PNG")
