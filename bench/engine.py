@@ -103,7 +103,7 @@ def default_model() -> Path:
 SECTIONS = ("roofline", "layout", "served", "join", "batching")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine")
     parser.add_argument("--model", type=Path, help="checkpoint directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--name", default="smollm2-135m-instruct")
@@ -115,7 +115,7 @@ def main() -> None:
         help="sections to run; the others come from the last run's saved results (--saved)",
     )
     parser.add_argument("--saved", type=Path, default=Path(".floodgate/bench-engine-results.pickle"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     only = set(args.only.split(","))
     scale = 0.5 if args.quick else 1.0
     model_dir = args.model or default_model()
@@ -132,6 +132,13 @@ def main() -> None:
             # The box under a rerun may not be the one the saved sections ran on.
             res.rerun_machine = f"{machine()} (sections {args.only})"
         else:
+            if not args.out.is_file():
+                # Its sections go into the page at --out, the others kept from it: with neither a
+                # page nor saved results there is no whole page to write after the run.
+                parser.error(
+                    f"--only {args.only} keeps the other sections from the saved results ({args.saved}) "
+                    f"or the page at --out ({args.out}), and neither exists: run every section once"
+                )
             splice = only
             res.command = rerun
     model = load_model(model_dir)

@@ -1,0 +1,25 @@
+"""`python -m bench.engine --only`'s command line: a rerun of some sections that has nowhere to keep
+the others is refused before it measures anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.engine import main
+
+
+def test_only_with_no_saved_results_and_no_page_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It measured for minutes, then read the page at --out to splice its sections into and died
+    there (FileNotFoundError): the page a fresh --out names does not exist yet."""
+    out = tmp_path / "engine.md"
+    saved = tmp_path / "saved.pickle"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--only", "roofline", "--out", str(out), "--saved", str(saved), "--model", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--only" in err and str(out) in err
+    assert not out.exists() and not saved.exists()
