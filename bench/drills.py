@@ -613,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="stretch every duration and count")
     parser.add_argument("--only", default=",".join(DRILLS), help="comma-separated drill names")
     args = parser.parse_args(argv)
+    if unknown := [name for name in args.only.split(",") if name not in DRILLS]:
+        parser.error(f"unknown drills: {', '.join(unknown)}; known: {', '.join(DRILLS)}")
     started = time.monotonic()
     demo_dir = build_demo_model(Path(".floodgate/demo-model").resolve())
     reports = asyncio.run(run(args.only.split(","), args.scale, demo_dir))
