@@ -30,16 +30,23 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
-def main() -> None:
+# Where the edge's replicas run: its local CPU engine, or a local tritonserver serving it.
+PATHS = ("local", "triton")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--model", default="smollm2-135m-instruct", choices=sorted(MODELS))
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--paths", default="local,triton")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    paths = args.paths.split(",")
+    if unknown := [p for p in paths if p not in PATHS]:
+        parser.error(f"unknown paths: {', '.join(map(repr, unknown))}; known: {', '.join(PATHS)}")
     rows = []
-    for path in args.paths.split(","):
+    for path in paths:
         with edge_process(triton="local" if path == "triton" else None, model=args.model) as edge:
             for n in (int(x) for x in args.concurrency.split(",")):
                 cpu_before, engine_before = edge.cpu_seconds(), edge.engine_cpu_seconds()
