@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="source", type=Path, help="judge this earlier run; run nothing")
     args = parser.parse_args(argv)
     if args.source is not None:
+        if not (args.source / "run.json").is_file():
+            parser.error(f"--from {args.source}: not a kept run (no run.json there)")
         out = args.source
     else:
         names = [n for n in args.only.split(",") if n]

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="*", type=Path, help="kept runs (default: every one under docs/)")
     parser.add_argument("--out", type=Path, help="write the table here and the plot beside it (.png)")
     args = parser.parse_args(argv)
+    if not_runs := [str(d) for d in args.dirs if not (d / "run.json").is_file()]:
+        parser.error(f"not kept runs (no run.json): {', '.join(not_runs)}")
     dirs = args.dirs or runs_in(KEPT)
     views = views_of(dirs)
     text = table(views, dirs)

@@ -266,3 +266,21 @@ def test_across_runs_writes_into_a_folder_it_makes(tmp_path: Path) -> None:
     assert main([str(REPO / "docs" / "bench-edge-goals" / "forty-first-pass"), "--out", str(out)]) == 0
     assert "| goal | view | runs | met |" in out.read_text()
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_judging_a_folder_that_is_no_kept_run_is_refused_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--from` the folder above the kept runs (docs/bench-edge-goals), or a typo: it judged an
+    empty run and wrote goals.md and goals.png into that folder (a traceback where it did not
+    exist); `edge_goals_across` printed an empty table. Both refuse it now, naming it."""
+    from bench.edge_goals import main as judge
+    from bench.edge_goals_across import main as across
+
+    for run in (judge, across):
+        args = ["--from", str(tmp_path)] if run is judge else [str(tmp_path)]
+        with pytest.raises(SystemExit) as exit_:
+            run(args)
+        assert exit_.value.code == 2
+        assert f"{tmp_path}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
