@@ -26,6 +26,7 @@ import aiohttp
 from bench.__main__ import machine
 from bench.edge_server import edge_process
 from bench.loadgen import one_stream
+from bench.names import names_of
 
 MODEL = "smollm2-135m-instruct"
 
@@ -50,7 +51,7 @@ async def burst(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cold_burst")
-    parser.add_argument("--paths", default="local,triton")
+    parser.add_argument("--paths", default="local,triton", type=names_of(("local", "triton")))
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=16)

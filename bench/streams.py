@@ -53,6 +53,7 @@ import httpx
 from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, free_port
 from bench.loadgen import markdown_table, percentile
+from bench.names import names_of
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
 from bench.redis_process import RedisProcess
 from bench.stream_clients import ERROR_EVENT, StreamClients
@@ -658,7 +659,10 @@ def main() -> None:
         help="step clocks the streams share (0: one per stream, every token its own wake-up)",
     )
     parser.add_argument(
-        "--gc", default="quiet", help="default (CPython's) or quiet (edge/gc_tuning.py, as serve does), ..."
+        "--gc",
+        default="quiet",
+        type=names_of(("default", "quiet")),
+        help="default (CPython's) or quiet (edge/gc_tuning.py, as serve does), ...",
     )
     parser.add_argument(
         "--trees",
@@ -684,6 +688,7 @@ def main() -> None:
     parser.add_argument(
         "--upstream",
         default="in-process",
+        type=names_of(("in-process", "triton")),
         help="in-process (PacedUpstream) or triton (a zero-cost replica read over Triton's HTTP), ...",
     )
     parser.add_argument(

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 import uvloop
 
+from bench.names import names_of
 from bench.triton_grpc import GrpcAioUpstream
 from bench.triton_h2 import H2SharedStream
 from bench.triton_shared_stream import SharedStreamUpstream
@@ -182,7 +183,9 @@ def main_runs(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Triton client CPU per token, six ways.")
     parser.add_argument("--streams", default="1,64")
-    parser.add_argument("--clients", default=",".join(VARIANTS), help="the first is the ratios' base")
+    parser.add_argument(
+        "--clients", default=",".join(VARIANTS), type=names_of(VARIANTS), help="the first is the ratios' base"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)

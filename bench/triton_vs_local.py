@@ -48,6 +48,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from bench.names import names_of
 from bench.triton_grpc import GrpcAioUpstream
 from bench.triton_shared_stream import SharedStreamUpstream
 from edge.upstreams.base import GenerationRequest, Upstream
@@ -431,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paths",
         default="triton,triton-grpc",
+        type=names_of(("triton", "triton-grpc", "triton-shared", "engine-process")),
         help="paths beside in-process: triton, triton-grpc, triton-shared, engine-process (the edge's "
         "default local replica: the engine in a child process)",
     )

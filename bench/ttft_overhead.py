@@ -70,6 +70,7 @@ import httpx
 import uvloop
 
 from bench.__main__ import machine
+from bench.names import names_of
 from bench.paced_upstream import TOKEN_TEXT
 from bench.redis_process import RedisProcess
 from bench.stream_clients import END_OF_BODY, chat_request
@@ -290,15 +291,24 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=33.0)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per limiter")
     parser.add_argument(
-        "--limiters", default="memory,redis,bare", help="memory, redis, redis-cluster-tls, bare"
+        "--limiters",
+        default="memory,redis,bare",
+        type=names_of(("memory", "redis", "redis-cluster-tls", "bare")),
+        help="memory, redis, redis-cluster-tls, bare",
     )
-    parser.add_argument("--arrivals", default="spread,burst", help="spread, burst (see the module)")
+    parser.add_argument(
+        "--arrivals",
+        default="spread,burst",
+        type=names_of(("spread", "burst")),
+        help="spread, burst (see the module)",
+    )
     parser.add_argument(
         "--think-ms", type=float, default=0.0, help="a random pause up to this between streams"
     )
     parser.add_argument(
         "--connections",
         default="new",
+        type=names_of(("new", "kept")),
         help="new (a connection per stream), kept (one per client, kept alive), or both",
     )
     parser.add_argument("--trees", default="", help="label=DIR,...: serve the edge from each checkout")
