@@ -447,6 +447,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write the report (and a PNG beside it)")
     args = parser.parse_args(argv)
+    if args.variants is not None and not all(0 <= i < len(VARIANTS) for i in args.variants):
+        parser.error(f"--variants: numbers 0 to {len(VARIANTS) - 1}, in table order")
     model_dir, model_name = _model_dir(args.model)
     workload = Workload(
         conversations=args.conversations,
