@@ -18,13 +18,20 @@ may_use_reserve, as the admission queue's) is refused 429 `server_busy` while th
 door is full: streams past `1 - [admission] reserved_paid_fraction` of max_open_streams are kept for
 paid users. A bad request still gets its own 400 or 404 first (a 429 would have the SDK retry it).
 That refusal costs the request's parsing; the door's own refusal stays the cheap one, at the cap.
+
+A request takes its place when its body has arrived, not at the door: until then it is no
+generation, and the reserve cannot be checked for it. Counted from the door, a free key's requests
+that sent their headers and trickled their bodies (each held until `[server] body_timeout_s`) held
+every place, past the paid reserve, and paid users met 429 at the door meanwhile. The door still
+refuses at the cap before reading anything; at the body's end the cap is checked again (the
+refusal is then raised from `receive`, answered by the app's handler as the body deadline's 408 is).
 """
 
 from __future__ import annotations
 
 import msgspec
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from edge.admission.paid_reserve import limit_for
 from edge.drain import Drain
@@ -58,13 +65,7 @@ class StreamGate:
         (this stream counted)."""
         if not may_use_reserve and self.open_streams > self.unreserved_streams:
             PAID_SHARE_KEPT.inc()
-            raise ApiError(
-                429,
-                BUSY_MESSAGE,
-                type="rate_limit_exceeded",
-                code="server_busy",
-                headers=retry_after_headers(BUSY_RETRY_AFTER_S),
-            )
+            raise _busy_error()
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """The Litestar middleware factory (`Litestar(middleware=[gate.middleware])`)."""
@@ -99,19 +100,44 @@ class StreamGate:
                     BUSY_RETRY_AFTER_S,
                 )
                 return
-            self.open_streams += 1
-            OPEN_STREAMS.inc()
+            counted = False
+
+            async def receive_counted() -> ReceiveMessage:
+                nonlocal counted
+                message = await receive()
+                if counted or message["type"] != "http.request" or message.get("more_body", False):
+                    return message
+                # The body has arrived: from here the request is a generation (see module doc).
+                if self.open_streams >= self.max_open_streams:
+                    raise _busy_error()
+                counted = True
+                self.open_streams += 1
+                OPEN_STREAMS.inc()
+                return message
+
             scope[RAW_SEND] = send  # type: ignore[literal-required]
             try:
-                await app(scope, receive, send)
+                await app(scope, receive_counted, send)
             finally:
                 # `send` reaches the server's request cycle, which holds this scope: left here, the
                 # request's cycle, scope and headers would be garbage only the collector frees.
                 del scope[RAW_SEND]  # type: ignore[misc]
-                self.open_streams -= 1
-                OPEN_STREAMS.dec()
+                if counted:
+                    self.open_streams -= 1
+                    OPEN_STREAMS.dec()
 
         return gate
+
+
+def _busy_error() -> ApiError:
+    """429 `server_busy`, for a request past the door (answered by the app's exception handler)."""
+    return ApiError(
+        429,
+        BUSY_MESSAGE,
+        type="rate_limit_exceeded",
+        code="server_busy",
+        headers=retry_after_headers(BUSY_RETRY_AFTER_S),
+    )
 
 
 async def _refuse(

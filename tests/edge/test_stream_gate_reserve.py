@@ -5,6 +5,8 @@ streams (`[server] max_open_streams`) leaves the rest to paid users, instead of 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -130,3 +132,50 @@ def test_a_free_flood_leaves_the_paid_share_of_the_streams(tmp_path: Path) -> No
         again = _open(stack, server, "free")
         assert again[0].status_code == 200
         assert list(again[1])[-1] == DONE
+
+
+def _send_headers_and_part_of_the_body(server: LiveServer, who: str) -> socket.socket:
+    """A chat request whose body stops after its first byte (a slow or stalled client)."""
+    body = json.dumps(BODY).encode()
+    host, port = server.base_url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30.0)
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {server.keys[who]}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body[:1])
+    return sock
+
+
+def test_requests_still_sending_their_bodies_hold_no_stream(tmp_path: Path) -> None:
+    """Requests whose bodies trickle in (until body_timeout_s) are no generations yet: a free key's
+    must neither fill the door for everyone nor pass the paid reserve, which is only checked once a
+    body has been read."""
+    upstream = HeldUpstream()
+    with _held_server(tmp_path, upstream) as server, ExitStack() as stack:
+        slow = [
+            stack.enter_context(_send_headers_and_part_of_the_body(server, who))
+            for who in ("free", "free2", "free", "paid", "paid")
+        ]
+        # Every one of them has reached the app (the server runs one task per request).
+        tasks = server._server.server_state.tasks
+        wait_until(lambda: len(tasks) == len(slow), what="the slow requests to reach the app")
+
+        paid, reader = _open(stack, server, "paid")
+        assert paid.status_code == 200, paid.read()
+        free, _ = _open(stack, server, "free")
+        assert free.status_code == 200, free.read()
+
+        # Their bodies end now, one after the other, all past the door: the reserve and the cap
+        # hold as they arrive (two places left for free streams, then the reserve's, then none).
+        rest = json.dumps(BODY).encode()[1:]
+        statuses = []
+        for sock in slow:
+            sock.sendall(rest)
+            statuses.append(int(sock.recv(64).split(b" ", 2)[1]))
+        assert statuses == [200, 200, 429, 200, 429], statuses
+        gate = server.app.state.runtime.pipeline.gate
+        assert gate.open_streams == MAX_OPEN_STREAMS
+
+        upstream.release()
+        assert list(reader)[-1] == DONE
