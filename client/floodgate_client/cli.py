@@ -45,9 +45,9 @@ def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     chat.set_defaults(handler=run_chat)
 
 
-def event_json(event: StreamEvent) -> str:
+def event_json(event: StreamEvent, ensure_ascii: bool = False) -> str:
     kind = {RequestStarted: "request_started", TextDelta: "text_delta", Finished: "finished"}[type(event)]
-    return json.dumps({"type": kind, **asdict(event)}, ensure_ascii=False)
+    return json.dumps({"type": kind, **asdict(event)}, ensure_ascii=ensure_ascii)
 
 
 def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -101,7 +101,7 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
             print(f"error: rate limited ({error.limit}){wait}", file=err)
             return 1
         except FloodgateError as error:
-            print(f"error: {error.message}", file=err)
+            _write(err, f"error: {error.message}\n")
             return 1
 
         def cancel_running() -> object:
@@ -127,7 +127,7 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
                 _quiet(out)
                 return EXIT_READER_GONE
             except FloodgateError as error:
-                print(f"\nerror: {error.message}", file=err)
+                _write(err, f"\nerror: {error.message}\n")
                 return 1
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
 
@@ -170,11 +170,28 @@ def _quiet(out: TextIO) -> None:
         pass  # not a real file (a test's buffer): nothing flushes it at exit
 
 
+def _write(stream: TextIO, text: str) -> None:
+    """`text`, with what the stream's encoding cannot say as "?": a Windows console or pipe
+    (cp1252), a locale or PYTHONIOENCODING that is not UTF-8. The reply's first emoji raised
+    UnicodeEncodeError there, a traceback in the middle of it. A text stream encodes the whole
+    string before it writes any of it, so nothing is written twice."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = stream.encoding or "utf-8"
+        stream.write(text.encode(encoding, errors="replace").decode(encoding))
+
+
 def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) -> None:
     if as_json:
-        print(event_json(event), file=out, flush=True)
+        try:
+            out.write(event_json(event) + "\n")
+        except UnicodeEncodeError:
+            # JSON says any character in ASCII: the reader still gets the reply as it was sent.
+            out.write(event_json(event, ensure_ascii=True) + "\n")
+        out.flush()
     elif isinstance(event, TextDelta):
-        out.write(event.text)
+        _write(out, event.text)
         out.flush()
     elif isinstance(event, Finished):
         out.write("\n")

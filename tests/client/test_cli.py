@@ -16,9 +16,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from edge.sse import DONE, ChunkEncoder
 from floodgate_client import Client
 from floodgate_client.cli import add_chat_command, run_chat
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
+from tests.client.scripted_edge import ScriptedEdge
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
@@ -192,7 +194,7 @@ def test_retry_says_on_stderr_what_it_waits_for(
 
 
 def _chat_offline(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], out: io.StringIO, err: io.StringIO
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], out: io.TextIOBase, err: io.TextIOBase
 ) -> int:
     """`floodgate chat ARGV` in process, with a key that must never be printed."""
     monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
@@ -253,3 +255,57 @@ def test_an_idna_2008_host_is_a_base_url_the_cli_takes(server: LiveServer, host:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+# What SmolLM2 answers in Chinese and with emoji, a delta at a time.
+UNICODE_DELTAS = ["北京", "是一个", " 🎉", "🚀 ok"]
+
+
+def _unicode_reply() -> bytes:
+    encoder = ChunkEncoder("chatcmpl-unicode", "floodgate-tiny", 0)
+    deltas = b"".join(encoder.delta(text) for text in UNICODE_DELTAS)
+    return encoder.first() + deltas + encoder.final("length", None) + encoder.usage(9, 8) + DONE
+
+
+def _ascii_terminal() -> io.TextIOWrapper:
+    """A stream that cannot encode the reply: a Windows console or pipe (cp1252), PYTHONIOENCODING
+    or a locale that is not UTF-8."""
+    return io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+
+
+def _written(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode("ascii")
+
+
+def test_a_reply_the_terminal_cannot_encode_is_printed_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first character the terminal could not encode raised UnicodeEncodeError out of the CLI,
+    # a traceback in the middle of the reply (and the rest of it lost).
+    edge = ScriptedEdge([_unicode_reply()])
+    try:
+        out, err = _ascii_terminal(), _ascii_terminal()
+        assert _chat_offline(monkeypatch, ["chat", "hi", "--base-url", edge.base_url], out, err) == 0
+        assert _written(out) == "????? ?? ok\n"
+        assert "length" in _written(err)
+    finally:
+        edge.close()
+
+
+def test_json_mode_keeps_the_reply_whole_on_a_terminal_that_cannot_encode_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # JSON can say any character in ASCII (\\u escapes): a reader gets the reply as the edge sent it.
+    edge = ScriptedEdge([_unicode_reply()])
+    try:
+        out, err = _ascii_terminal(), _ascii_terminal()
+        argv = ["chat", "hi", "--json", "--base-url", edge.base_url]
+        assert _chat_offline(monkeypatch, argv, out, err) == 0, _written(err)
+        events = [json.loads(line) for line in _written(out).splitlines()]
+        assert [e["text"] for e in events if e["type"] == "text_delta"] == UNICODE_DELTAS
+        assert events[-1]["type"] == "finished"
+    finally:
+        edge.close()
