@@ -16,8 +16,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
-from edge.keys.lifecycle import InvalidPeriod, InvalidUser, KeyLifecycle, KeyNotFound, UnknownTier
-from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, UnknownTier
+from edge.keys.record import ADMIN_KEY_PREFIX, InvalidUser, hash_key, new_secret
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of

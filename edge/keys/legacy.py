@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from edge.keys.record import ID_CHARS, KeyRecord, is_key_hash, key_id
+from edge.keys.record import ID_CHARS, InvalidUser, KeyRecord, checked_user, is_key_hash, key_id
 from edge.keys.store import KeyIdTaken, KeyStore
 
 
@@ -48,10 +48,13 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
         # Hex as well as 64 long: any other such string was imported as a key no request can match.
         if not is_key_hash(key.key_sha256):
             raise BadKeysFile(f"line {number}: key_sha256 is not a SHA-256 hex digest")
-        if not key.user.strip():
-            # As a key created here (lifecycle.InvalidUser): keys of no one would share one
-            # nameless user's conversations, usage, requests to cancel and limits.
-            raise BadKeysFile(f"line {number}: user must not be empty")
+        try:
+            # As a key created here: keys of no one would share one nameless user's conversations,
+            # usage, requests to cancel and limits; a name past MAX_USER_BYTES was served unmetered
+            # on DynamoDB (each of its usage rows refused) and kept no history.
+            checked_user(key.user)
+        except InvalidUser as exc:
+            raise BadKeysFile(f"line {number}: {exc}") from None
         found.append(key)
     return found
 

@@ -21,6 +21,31 @@ def is_key_hash(text: str) -> bool:
     return len(text) == 64 and set(text.lower()) <= set(hexdigits)
 
 
+# The longest user name, in UTF-8 bytes. DynamoDB keys a user's usage rows by `usage#<user>` and
+# their conversations by `<len>/<user>/<conversation id>` (up to 1,024 bytes), in a partition key of
+# at most 2,048 bytes: a longer name was taken, and then every usage row and message of that user
+# was refused (a ValidationException: their GET /v1/usage a 503 for good, their history never kept).
+MAX_USER_BYTES = 512
+
+
+class InvalidUser(ValueError):
+    """A key's user must name someone: an empty name (or one of spaces only) would pool every such
+    key's limits and usage under one nameless user. And fit the stores' keys (MAX_USER_BYTES)."""
+
+    def __init__(self, message: str = "user must not be empty") -> None:
+        super().__init__(message)
+
+
+def checked_user(user: str) -> str:
+    """`user`, if a key may be given it: the one check every way of naming a key's user goes
+    through (create, the keys file's import; rotate keeps the old key's)."""
+    if not user.strip():
+        raise InvalidUser()
+    if len(user.encode()) > MAX_USER_BYTES:
+        raise InvalidUser(f"user must be at most {MAX_USER_BYTES} bytes (UTF-8), not {len(user.encode())}")
+    return user
+
+
 ID_CHARS = 12
 
 

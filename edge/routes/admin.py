@@ -22,13 +22,12 @@ from edge.keys.authenticator import bearer_key, unauthorized
 from edge.keys.authorization_header import authorization_header
 from edge.keys.lifecycle import (
     InvalidPeriod,
-    InvalidUser,
     KeyAlreadyRotated,
     KeyNotFound,
     KeyNotRotatable,
     UnknownTier,
 )
-from edge.keys.record import hash_key
+from edge.keys.record import InvalidUser, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.keys.lifecycle import MAX_PERIOD_S, MAX_USER_BYTES
-from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.keys.lifecycle import MAX_PERIOD_S
+from edge.keys.record import ADMIN_KEY_PREFIX, MAX_USER_BYTES, hash_key, new_secret
 from tests.edge.conftest import ROOMY_TIERS
 from tests.keys.conftest import SAME_ID, next_secrets
 from tests.support.live_server import LiveServer, start_server

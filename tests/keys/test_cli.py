@@ -18,7 +18,7 @@ import pytest
 from edge.cli import main
 from edge.config import ConfigError, load_settings
 from edge.keys.authenticator import Authenticator
-from edge.keys.record import KeyRecord, hash_key, key_id
+from edge.keys.record import MAX_USER_BYTES, KeyRecord, hash_key, key_id
 from edge.keys.sqlite import SQLiteKeyStore
 from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
@@ -330,3 +330,29 @@ def test_import_of_standard_input_it_cannot_read_says_so(config: Path) -> None:
     stderr = done.stderr.decode()
     assert done.returncode == 1 and "Traceback" not in stderr, stderr
     assert stderr.startswith("floodgate: cannot read standard input: "), stderr
+
+
+def _import_refused(config: Path, tmp_path: Path, lines: list[dict[str, object]]) -> str:
+    """The import's refusal, once it is seen to have written nothing."""
+    jsonl = tmp_path / "exported.jsonl"
+    jsonl.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(SystemExit) as refused:
+        main(["keys", "import", str(jsonl), "--config", str(config)])
+    store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+    try:
+        assert asyncio.run(store.list_keys()) == []
+    finally:
+        asyncio.run(store.aclose())
+    return str(refused.value)
+
+
+def test_import_refuses_a_user_name_too_long_for_the_stores(config: Path, tmp_path: Path) -> None:
+    """`keys create` and the admin API refuse a user past MAX_USER_BYTES: on DynamoDB every usage
+    row and message of such a user is refused, so they are served unmetered and keep no history.
+    The keys file took any name."""
+    lines = [
+        {"key_sha256": hash_key("fg-a"), "user": "ann", "tier": "free"},
+        {"key_sha256": hash_key("fg-b"), "user": "é" * (MAX_USER_BYTES // 2 + 1), "tier": "free"},
+    ]
+    said = _import_refused(config, tmp_path, lines)
+    assert f"line 2: user must be at most {MAX_USER_BYTES} bytes" in said

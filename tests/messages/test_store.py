@@ -239,7 +239,7 @@ async def test_a_conversation_id_spelled_like_a_partition_reads_no_other(dynalit
 async def test_dynamodb_history_of_a_name_too_long_for_its_partition_key_is_its_legacy_messages(
     dynalite_endpoint: str,
 ) -> None:
-    """A user named before names were bounded (edge/keys/lifecycle.py MAX_USER_BYTES), or imported
+    """A user named before names were bounded (edge/keys/record.py MAX_USER_BYTES), or imported
     from a keys file: their conversation's partition (`<len>/<user>/<id>`) is past DynamoDB's 2,048
     bytes. Their messages were refused (MessageRefused), and the history's Query was refused too, a
     ValidationException AWS answers and dynalite does not (its key size is checked on writes and

@@ -329,7 +329,7 @@ def _refuse_long_partition_keys_as_aws_does(client: object) -> None:
 async def test_the_usage_of_a_name_too_long_for_the_store_is_an_empty_list(
     dynalite_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A user created before names were bounded (edge/keys/lifecycle.py MAX_USER_BYTES), or imported
+    """A user created before names were bounded (edge/keys/record.py MAX_USER_BYTES), or imported
     from a keys file, which takes any name: `usage#<user>` is past the partition key's 2,048 bytes,
     and the Query was a ValidationException, so that user's GET /v1/usage (and an admin's ?user=)
     was a 503 store_unavailable, Retry-After 1, for good. No row of such a name can be stored (the
