@@ -38,6 +38,7 @@ class BadKeysFile(ValueError):
 def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
     decoder = msgspec.json.Decoder(LegacyKey)
     found = []
+    seen: dict[str, tuple[int, LegacyKey]] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -55,7 +56,15 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
             checked_user(key.user)
         except InvalidUser as exc:
             raise BadKeysFile(f"line {number}: {exc}") from None
-        found.append(key)
+        # One key twice: taken once. Given to another user or tier it was imported as the first
+        # line said and the other counted "already in the store": which user it bills was unsaid.
+        digest = key.key_sha256.lower()
+        first = seen.get(digest)
+        if first is None:
+            seen[digest] = (number, key)
+            found.append(key)
+        elif (first[1].user, first[1].tier) != (key.user, key.tier):
+            raise BadKeysFile(f"line {number}: key_sha256 is line {first[0]}'s, with another user or tier")
     return found
 
 

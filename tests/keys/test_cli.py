@@ -356,3 +356,29 @@ def test_import_refuses_a_user_name_too_long_for_the_stores(config: Path, tmp_pa
     ]
     said = _import_refused(config, tmp_path, lines)
     assert f"line 2: user must be at most {MAX_USER_BYTES} bytes" in said
+
+
+def test_import_refuses_one_key_given_twice_as_two_users(config: Path, tmp_path: Path) -> None:
+    """A keys file that names one key twice (its hash in either case) with another user or tier
+    was imported as the first line said and counted the second 'already in the store': the
+    operator was never told which user the key now bills."""
+    digest = hash_key("fg-shared")
+    lines = [
+        {"key_sha256": digest, "user": "ann", "tier": "free"},
+        {"key_sha256": hash_key("fg-other"), "user": "bob", "tier": "free"},
+        {"key_sha256": digest.upper(), "user": "cid", "tier": "free"},
+    ]
+    assert "line 3: key_sha256 is line 1's, with another user or tier" in _import_refused(
+        config, tmp_path, lines
+    )
+
+
+def test_import_takes_a_line_repeated_as_one_key(
+    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path
+) -> None:
+    line = json.dumps({"key_sha256": hash_key("fg-twice"), "user": "ann", "tier": "free"})
+    jsonl = tmp_path / "exported.jsonl"
+    jsonl.write_text(f"{line}\n{line}\n")
+    assert main(["keys", "import", str(jsonl), "--config", str(config)]) == 0
+    assert "imported 1 keys; 0 were already in the store" in capsys.readouterr().err
+    assert user_of(config, "fg-twice") == "ann"
