@@ -17,7 +17,7 @@ from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, UnknownTier
-from edge.keys.record import ADMIN_KEY_PREFIX, InvalidUser, hash_key, new_secret
+from edge.keys.record import ADMIN_KEY_PREFIX, InvalidLabel, InvalidUser, hash_key, new_secret
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
@@ -47,7 +47,7 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
 
     try:
         return run(go)
-    except (KeyNotFound, UnknownTier, InvalidUser, InvalidPeriod, KeyIdTaken) as exc:
+    except (KeyNotFound, UnknownTier, InvalidUser, InvalidLabel, InvalidPeriod, KeyIdTaken) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
     except BadKeysFile as exc:
         # From `[server] keys_file`, which every key command imports first: named, since the
@@ -228,7 +228,9 @@ def add_keys_commands(commands: Any) -> None:
     create = sub("create", "create a key and print it (the only time it is shown)", _create)
     create.add_argument("--user", required=True)
     create.add_argument("--tier", required=True)
-    create.add_argument("--label", default="", help="a note for the operator, e.g. the customer's app")
+    create.add_argument(
+        "--label", default="", help="a note for the operator, e.g. the customer's app (at most 1024 bytes)"
+    )
     create.add_argument(
         "--expires-in-days", type=float, help="at most 36525 (100 years); default: never expires"
     )

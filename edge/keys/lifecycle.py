@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_into
-from edge.keys.record import KeyRecord, checked_user, new_record
+from edge.keys.record import KeyRecord, checked_label, checked_user, new_record
 from edge.keys.store import KeyIdTaken, KeyStore
 
 # False: the edges were not told (the cache TTL bounds the change; the announcer said so).
@@ -139,6 +139,7 @@ class KeyLifecycle:
         self, user: str, tier: str, label: str = "", expires_in_s: float | None = None
     ) -> tuple[str, KeyRecord]:
         checked_user(user)
+        checked_label(label)
         if expires_in_s is not None:
             checked_period("expires_in_s", expires_in_s)
         self._check_tier(tier)

@@ -46,6 +46,24 @@ def checked_user(user: str) -> str:
     return user
 
 
+# The longest label (a note for the operator), in UTF-8 bytes. It had no bound: on DynamoDB one past
+# an item's 400 KB was refused (a ValidationException, answered as a store to retry, for good), and
+# on SQLite it was kept and sent in every listing.
+MAX_LABEL_BYTES = 1024
+
+
+class InvalidLabel(ValueError):
+    def __init__(self, size: int) -> None:
+        super().__init__(f"label must be at most {MAX_LABEL_BYTES} bytes (UTF-8), not {size}")
+
+
+def checked_label(label: str) -> str:
+    """`label`, if a key may be given it (create; rotate keeps the old key's)."""
+    if (size := len(label.encode())) > MAX_LABEL_BYTES:
+        raise InvalidLabel(size)
+    return label
+
+
 ID_CHARS = 12
 
 

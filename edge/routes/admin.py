@@ -27,7 +27,7 @@ from edge.keys.lifecycle import (
     KeyNotRotatable,
     UnknownTier,
 )
-from edge.keys.record import InvalidUser, hash_key
+from edge.keys.record import InvalidLabel, InvalidUser, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
@@ -106,6 +106,8 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         )
     except InvalidUser as exc:
         raise invalid_request(f"{exc}.", "user") from None
+    except InvalidLabel as exc:
+        raise invalid_request(f"{exc}.", "label") from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None
     except (UnknownTier, KeyIdTaken) as exc:

@@ -266,6 +266,22 @@ def test_bad_admin_requests_get_openai_style_errors(
     assert error["message"] and (code is None or error["code"] == code)
 
 
+def test_a_label_past_what_the_stores_hold_is_refused_naming_it(server: LiveServer) -> None:
+    """A label had no bound: on DynamoDB one past an item's 400 KB was a 503 'retry' for good (a
+    ValidationException), and on SQLite it was kept and sent in every listing."""
+    refused = httpx.post(
+        server.base_url + "/v1/admin/keys",
+        json={"user": "lou", "tier": "free", "label": "l" * 400_000},
+        headers=ADMIN,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "label" and "1024 bytes" in error["message"]
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "lou"}, headers=ADMIN).json()
+    assert listed["data"] == []
+    assert _works(server, _create(server, user="lou", tier="free", label="é" * 512)["key"])
+
+
 def test_a_user_name_as_long_as_the_stores_hold_is_taken(server: LiveServer) -> None:
     made = _create(server, user="é" * (MAX_USER_BYTES // 2), tier="free")
     assert _works(server, made["key"])

@@ -382,3 +382,24 @@ def test_import_takes_a_line_repeated_as_one_key(
     assert main(["keys", "import", str(jsonl), "--config", str(config)]) == 0
     assert "imported 1 keys; 0 were already in the store" in capsys.readouterr().err
     assert user_of(config, "fg-twice") == "ann"
+
+
+def test_a_label_past_what_the_stores_hold_is_said(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    with pytest.raises(
+        SystemExit, match=r"^floodgate: label must be at most 1024 bytes \(UTF-8\), not 2000$"
+    ):
+        main(
+            [
+                "keys",
+                "create",
+                "--user",
+                "x",
+                "--tier",
+                "free",
+                "--label",
+                "l" * 2000,
+                "--config",
+                str(config),
+            ]
+        )
+    assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
