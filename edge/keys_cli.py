@@ -16,8 +16,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
-from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, UnknownTier
-from edge.keys.record import ADMIN_KEY_PREFIX, InvalidLabel, InvalidUser, hash_key, new_secret
+from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
+from edge.keys.record import ADMIN_KEY_PREFIX, InvalidLabel, InvalidUser, UnknownTier, hash_key, new_secret
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
@@ -169,7 +169,7 @@ def _import(args: argparse.Namespace) -> int:
             # A missing or unreadable file, a directory, a binary one: a traceback before.
             raise SystemExit(f"floodgate: cannot read {args.file}: {exc}") from None
     try:
-        keys_found = parse_jsonl(text.splitlines())
+        keys_found = parse_jsonl(text.splitlines(), settings_of(args).tiers)
     except BadKeysFile as exc:
         raise SystemExit(f"floodgate: not a keys file: {exc}") from None
 

@@ -4,13 +4,21 @@ is left as it is, so importing the old file again never brings a revoked key bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from edge.keys.record import ID_CHARS, InvalidUser, KeyRecord, checked_user, is_key_hash, key_id
+from edge.keys.record import (
+    ID_CHARS,
+    InvalidUser,
+    KeyRecord,
+    UnknownTier,
+    checked_user,
+    is_key_hash,
+    key_id,
+)
 from edge.keys.store import KeyIdTaken, KeyStore
 
 
@@ -35,7 +43,9 @@ class BadKeysFile(ValueError):
     """A line that is no key record: the import stops before writing anything."""
 
 
-def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
+def parse_jsonl(lines: Iterable[str | bytes], tiers: Collection[str] | None = None) -> list[LegacyKey]:
+    """The file's keys; BadKeysFile naming the first line that is no key. With `tiers` (`keys
+    import`), a tier not among them too: it imported, and every request of that key was a 403."""
     decoder = msgspec.json.Decoder(LegacyKey)
     found = []
     seen: dict[str, tuple[int, LegacyKey]] = {}
@@ -56,6 +66,8 @@ def parse_jsonl(lines: Iterable[str | bytes]) -> list[LegacyKey]:
             checked_user(key.user)
         except InvalidUser as exc:
             raise BadKeysFile(f"line {number}: {exc}") from None
+        if tiers is not None and key.tier not in tiers:
+            raise BadKeysFile(f"line {number}: {UnknownTier(key.tier, tiers)}")
         # One key twice: taken once. Given to another user or tier it was imported as the first
         # line said and the other counted "already in the store": which user it bills was unsaid.
         digest = key.key_sha256.lower()

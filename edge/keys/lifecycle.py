@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_into
-from edge.keys.record import KeyRecord, checked_label, checked_user, new_record
+from edge.keys.record import KeyRecord, UnknownTier, checked_label, checked_user, new_record
 from edge.keys.store import KeyIdTaken, KeyStore
 
 # False: the edges were not told (the cache TTL bounds the change; the announcer said so).
@@ -25,11 +25,6 @@ class KeyNotFound(LookupError):
     def __init__(self, key_id: str, message: str | None = None) -> None:
         super().__init__(message or f"no key {key_id}")
         self.key_id = key_id
-
-
-class UnknownTier(ValueError):
-    def __init__(self, tier: str, tiers: Collection[str]) -> None:
-        super().__init__(f"unknown tier {tier!r}; configured: {', '.join(sorted(tiers))}")
 
 
 # The longest lifetime a key, or a rotation's grace, may be given: 100 years. Longer is a typo

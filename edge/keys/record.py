@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from string import hexdigits
 
@@ -62,6 +63,11 @@ def checked_label(label: str) -> str:
     if (size := len(label.encode())) > MAX_LABEL_BYTES:
         raise InvalidLabel(size)
     return label
+
+
+class UnknownTier(ValueError):
+    def __init__(self, tier: str, tiers: Collection[str]) -> None:
+        super().__init__(f"unknown tier {tier!r}; configured: {', '.join(sorted(tiers))}")
 
 
 ID_CHARS = 12

@@ -25,9 +25,8 @@ from edge.keys.lifecycle import (
     KeyAlreadyRotated,
     KeyNotFound,
     KeyNotRotatable,
-    UnknownTier,
 )
-from edge.keys.record import InvalidLabel, InvalidUser, hash_key
+from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response

@@ -403,3 +403,14 @@ def test_a_label_past_what_the_stores_hold_is_said(capsys: pytest.CaptureFixture
             ]
         )
     assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
+
+
+def test_import_refuses_a_tier_the_settings_do_not_have(config: Path, tmp_path: Path) -> None:
+    """`keys create` refuses an unknown tier; `keys import` said 'imported 1 keys', and every
+    request of that key was then a 403 (its tier not configured)."""
+    lines = [
+        {"key_sha256": hash_key("fg-a"), "user": "ann", "tier": "free"},
+        {"key_sha256": hash_key("fg-b"), "user": "bob", "tier": "platinum"},
+    ]
+    said = _import_refused(config, tmp_path, lines)
+    assert "line 2: unknown tier 'platinum'; configured: " in said

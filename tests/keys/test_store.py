@@ -22,9 +22,8 @@ from edge.keys.lifecycle import (
     KeyLifecycle,
     KeyNotFound,
     KeyNotRotatable,
-    UnknownTier,
 )
-from edge.keys.record import KeyRecord, hash_key, key_id
+from edge.keys.record import KeyRecord, UnknownTier, hash_key, key_id
 from edge.keys.store import KeyStore
 from tests.keys.conftest import SAME_ID, dynamodb_client, next_secrets
 from tests.limiter.clock import ManualClock
