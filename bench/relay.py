@@ -46,6 +46,7 @@ from litestar.response import Stream
 from bench.__main__ import machine
 from bench.edge_server import BENCH_TIER, EdgeProcess, free_port, wait_ready
 from bench.loadgen import markdown_table, run_load
+from bench.names import names_of
 from bench.paced_upstream import TOKEN_CYCLE
 from bench.trees import parse_trees
 from bench.zero_cost_replica import running_replica
@@ -259,12 +260,16 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     ]
 
 
+# Every server a row can measure (the module doc): --variants picks some, --serve runs one.
+VARIANTS = ("bare", "edge", "triton", "triton-grpc", "triton-shared", "triton-zero")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.relay")
     parser.add_argument("--concurrency", default="1,64,256")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--chunks", type=int, default=256, help="text chunks per stream")
-    parser.add_argument("--variants", default="bare,edge")
+    parser.add_argument("--variants", default="bare,edge", type=names_of(VARIANTS))
     parser.add_argument("--json", action="store_true", help="one JSON object per variant and concurrency")
     parser.add_argument(
         "--trees",
@@ -273,7 +278,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--serve",
-        choices=["bare", "edge", "triton", "triton-grpc", "triton-shared", "triton-zero"],
+        choices=VARIANTS,
         help=argparse.SUPPRESS,
     )
     parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)

@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
         ("bench.cold_burst", "--paths"),
         ("bench.triton_vs_local", "--paths"),
         ("bench.triton_clients", "--clients"),
+        # A misspelt variant: the ones before it measured, then its --serve child's usage error as
+        # a RuntimeError traceback.
+        ("bench.relay", "--variants"),
     ],
 )
 def test_a_misspelt_name_is_refused_before_anything_runs(module: str, flag: str) -> None:
