@@ -42,6 +42,7 @@ from bench.engine_measures import (
 )
 from bench.engine_report import Results, write_report
 from bench.engine_served import closed_loop, rss_mb, serve
+from bench.names import names_of
 from edge.text.model_text import ModelText
 from gpu_container.engine.gemv_knee import model_knee
 from gpu_container.engine.loader import load_model
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
+        type=names_of(SECTIONS),
         help="sections to run; the others come from the last run's saved results (--saved)",
     )
     parser.add_argument("--saved", type=Path, default=Path(".floodgate/bench-engine-results.pickle"))

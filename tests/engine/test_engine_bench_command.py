@@ -23,3 +23,19 @@ def test_only_with_no_saved_results_and_no_page_is_refused_up_front(
     err = capsys.readouterr().err
     assert "--only" in err and str(out) in err
     assert not out.exists() and not saved.exists()
+
+
+def test_only_with_a_misspelt_section_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--only roofline,servd` beside a page at --out: roofline measured for minutes, servd was
+    skipped, then splicing it into the page died with KeyError 'servd' (with saved results it was
+    skipped without a word, the page's command naming it as rerun)."""
+    out = tmp_path / "engine.md"
+    out.write_text("# a page from an earlier run\n")
+    saved = tmp_path / "saved.pickle"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--only", "roofline,servd", "--out", str(out), "--saved", str(saved), "--model", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "unknown 'servd'; known: roofline, layout, served, join, batching" in capsys.readouterr().err
+    assert not saved.exists()
