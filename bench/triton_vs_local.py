@@ -432,9 +432,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paths",
         default="triton,triton-grpc",
-        type=names_of(("triton", "triton-grpc", "triton-shared", "engine-process")),
+        type=names_of(("triton", "triton-grpc", "triton-shared", "engine-process"), empty_ok=True),
         help="paths beside in-process: triton, triton-grpc, triton-shared, engine-process (the edge's "
-        "default local replica: the engine in a child process)",
+        'default local replica: the engine in a child process); "" for none',
     )
     parser.add_argument(
         "--baseline-code", type=Path, help="also run the CPU model from this checkout (triton-baseline)"

@@ -43,3 +43,23 @@ def test_a_misspelt_name_is_refused_before_anything_runs(module: str, flag: str)
     )
     assert done.returncode == 2, done.stdout[-500:] + done.stderr[-500:]
     assert "unknown 'bogus-name'; known:" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["--paths", ""], ["--paths", "", "--baseline-code", "/tmp/base"]])
+def test_triton_vs_local_takes_no_paths_beside_in_process(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--paths` names the paths beside in-process, so none is in-process alone (or beside the
+    baseline checkout's Triton model): the empty name is dropped there, not refused as unknown."""
+    import argparse
+
+    from bench import triton_vs_local
+
+    ran: list[argparse.Namespace] = []
+
+    async def measure(args: argparse.Namespace) -> None:
+        ran.append(args)
+
+    monkeypatch.setattr(triton_vs_local, "main_async", measure)
+    triton_vs_local.main(argv)
+    assert [args.paths for args in ran] == [""]
