@@ -59,12 +59,13 @@ def measure(model_dir: Path, tokens: int = 24) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path)
     parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = measure(args.model or default_model())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -3,6 +3,7 @@ know is refused before anything runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,17 @@ def test_an_unknown_scenario_is_refused_naming_the_known_ones(
     err = capsys.readouterr().err
     assert "'terraform as it is'" in err and "'terraform as is'" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_measure_out_in_a_new_folder_is_written_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m bench.fleet.measure --out` in a new folder: minutes of measuring, then
+    FileNotFoundError, the figures lost (they were printed only after the write)."""
+    from bench.fleet import measure
+
+    figures = {"decode_step_s": {"1": 0.01}}
+    monkeypatch.setattr(measure, "measure", lambda model_dir: figures)
+    out = tmp_path / "new" / "cpu_steps.json"
+    measure.main(["--model", str(tmp_path), "--out", str(out)])
+    assert json.loads(out.read_text()) == figures
