@@ -224,5 +224,6 @@ def start_local_triton(
     except BaseException:
         proc.stop()
         raise
-    log.info("tritonserver ready", pid=process.pid)
+    # The spec `floodgate serve --triton` takes (its HTTP port, not the gRPC one logged above).
+    log.info("tritonserver ready", pid=process.pid, http=proc.http_url, replica_spec=proc.replica_spec)
     return proc

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
@@ -158,3 +159,18 @@ def test_the_local_triton_runs_in_a_session_of_its_own(local_triton: LocalTriton
     pid = local_triton.process.process.pid
     assert os.getsid(pid) == pid != os.getsid(0)
     assert os.getpgid(pid) != os.getpgid(0)
+
+
+def test_the_start_logs_the_spec_the_edge_takes(tmp_path: Path) -> None:
+    """The start's log named the gRPC address alone: a replica started by hand and given to
+    `floodgate serve --triton` by the port it showed stayed down (the edge speaks HTTP). It names
+    the HTTP address and the `--triton` spec too."""
+    repository = render_cpu_repository(tmp_path / "repo", demo_model_dir(), ENGINE_CONFIG)
+    with capture_logs() as logs:
+        server = start_local_triton(repository)
+    try:
+        ready = [line for line in logs if line["event"] == "tritonserver ready"]
+        assert [line.get("replica_spec") for line in ready] == [server.replica_spec]
+        assert [line.get("http") for line in ready] == [server.http_url]
+    finally:
+        server.stop()
