@@ -16,6 +16,7 @@ import platform
 
 from bench.edge_server import MODELS, edge_process
 from bench.loadgen import markdown_table, run_load, summarize
+from bench.names import names_of
 
 
 def machine() -> str:
@@ -40,11 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--paths", default="local,triton")
+    parser.add_argument("--paths", default="local,triton", type=names_of(PATHS))
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
-    if unknown := [p for p in paths if p not in PATHS]:
-        parser.error(f"unknown paths: {', '.join(map(repr, unknown))}; known: {', '.join(PATHS)}")
     rows = []
     for path in paths:
         with edge_process(triton="local" if path == "triton" else None, model=args.model) as edge:

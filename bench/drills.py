@@ -48,6 +48,7 @@ from redis.asyncio import Redis
 
 from bench.drill_serve import ServeProcess, serve_process
 from bench.limiter_load import LimiterLoad
+from bench.names import names_of
 from bench.redis_process import RedisProcess
 from bench.stalled_socket import CHAT, open_stalled
 from gpu_container.engine.demo_model import build_demo_model
@@ -611,10 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.drills", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--scale", type=float, default=1.0, help="stretch every duration and count")
-    parser.add_argument("--only", default=",".join(DRILLS), help="comma-separated drill names")
+    parser.add_argument(
+        "--only", default=",".join(DRILLS), type=names_of(DRILLS), help="comma-separated drill names"
+    )
     args = parser.parse_args(argv)
-    if unknown := [name for name in args.only.split(",") if name not in DRILLS]:
-        parser.error(f"unknown drills: {', '.join(unknown)}; known: {', '.join(DRILLS)}")
     started = time.monotonic()
     demo_dir = build_demo_model(Path(".floodgate/demo-model").resolve())
     reports = asyncio.run(run(args.only.split(","), args.scale, demo_dir))

@@ -34,6 +34,7 @@ import statistics
 from pathlib import Path
 
 from bench.__main__ import machine
+from bench.names import names_of
 from bench.streams import Servers, bare_server, edge_servers, setup_cost
 from bench.trees import parse_trees
 
@@ -101,12 +102,14 @@ def main() -> None:
     parser.add_argument(
         "--prompts",
         default="same",
+        type=names_of(("same", "new")),
         help="same (one prompt for every stream, as a system prompt) and/or new (a prompt no stream "
         "sent before), comma-separated: a row of each per tree",
     )
     parser.add_argument(
         "--limiter",
         default="memory",
+        type=names_of(("memory", "redis")),
         help="memory (the in-process twin) and/or redis (a redis-server per server), comma-separated",
     )
     parser.add_argument("--json", action="store_true")
@@ -114,11 +117,7 @@ def main() -> None:
     trees = parse_trees(args.trees)
     print(f"machine: {machine()}; load average before: {os.getloadavg()}", flush=True)
     prompts = tuple(args.prompts.split(","))
-    if not prompts or not set(prompts) <= {"same", "new"}:
-        parser.error("--prompts takes same, new or both")
     limiters = tuple(args.limiter.split(","))
-    if not limiters or not set(limiters) <= {"memory", "redis"}:
-        parser.error("--limiter takes memory, redis or both")
     store: dict[str, list[float]] = {}
     figures = measure(trees, args.rounds, args.count, args.bare, prompts, limiters, store)
     print(f"load average after: {os.getloadavg()}")
