@@ -448,7 +448,8 @@ def _check_tier_models(settings: Settings) -> None:
 
 def _check_model_names(settings: Settings) -> None:
     """A served model's name is one path segment of /v1/models/{id} (and its /stats): a name with
-    a '/' would be listed and chatted with, but never retrieved, its stats never shown."""
+    a '/', or '.' or '..', would be listed and chatted with, but never retrieved, its stats never
+    shown."""
     for name in settings.models or (settings.model.name,):
         if not name:
             raise ConfigError("model name '': a served model needs a name (its id in /v1/models/{id})")
@@ -457,6 +458,12 @@ def _check_model_names(settings: Settings) -> None:
                 f"model name {name!r}: a served model's name must have no '/' (it is one segment of "
                 f"/v1/models/{{id}}); name it, say, {name.replace('/', '--')!r} and keep the "
                 "checkpoint's own name in its source or path."
+            )
+        if name in (".", ".."):
+            # Clients remove dot segments from a URL (RFC 3986): /v1/models/.. is GET /v1.
+            raise ConfigError(
+                f"model name {name!r}: a served model's name may not be '.' or '..' (clients drop such "
+                "a segment of /v1/models/{id}, so it could never be retrieved)"
             )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -139,6 +140,20 @@ def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="needs a name") as refused:
         load_settings(overrides={"model": {"source": "demo", "name": ""}})
     assert "say" not in str(refused.value)  # it offered '' as the name to use
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_model_named_as_a_dot_segment_is_refused(tmp_path: Path, name: str) -> None:
+    """Clients remove '.' and '..' segments from a URL (RFC 3986; httpx, the OpenAI SDK, curl):
+    a model so named was listed and chatted with, but /v1/models/.. reached GET /v1, a 404 "Invalid
+    URL", and its stats /v1/stats."""
+    path = tmp_path / "my.toml"
+    path.write_text(f'[models."{name}"]\nsource = "demo"\n')
+    with pytest.raises(ConfigError, match=rf"model name '{re.escape(name)}': .*'\.' or '\.\.'"):
+        load_settings(path)
+    with pytest.raises(ConfigError, match=r"'\.' or '\.\.'"):
+        load_settings(overrides={"model": {"source": "demo", "name": name}})
+    load_settings(overrides={"model": {"source": "demo", "name": "v1..2"}})  # dots inside are fine
 
 
 def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_request_could_send_them(
