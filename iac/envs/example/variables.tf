@@ -90,11 +90,11 @@ variable "models" {
     error_message = "models must name at least one model: with none the edge would serve its built-in demo models on CPU, not a GPU group."
   }
 
-  # The edge refuses a served model's name that is empty or has a '/' (it is one segment of
-  # /v1/models/{id}): every task would crash-loop on its settings.
+  # The edge refuses a served model's name that is empty, has a '/' or is '.' or '..' (it is one
+  # segment of /v1/models/{id}): every task would crash-loop on its settings.
   validation {
-    condition     = alltrue([for model in keys(var.models) : model != "" && !strcontains(model, "/")])
-    error_message = "A model's name must be non-empty and have no '/': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
+    condition     = alltrue([for model in keys(var.models) : model != "" && !strcontains(model, "/") && !contains([".", ".."], model)])
+    error_message = "A model's name must be non-empty, have no '/' and not be '.' or '..': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
   }
 
   # The edge refuses a negative prefill price or a decode price that is not positive.
