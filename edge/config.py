@@ -449,7 +449,7 @@ def _check_tier_models(settings: Settings) -> None:
 def _check_model_names(settings: Settings) -> None:
     """A served model's name is one path segment of /v1/models/{id} (and its /stats): a name with
     a '/', or '.' or '..', would be listed and chatted with, but never retrieved, its stats never
-    shown."""
+    shown. Published to CloudWatch, it is also the scaling metrics' Model dimension."""
     for name in settings.models or (settings.model.name,):
         if not name:
             raise ConfigError("model name '': a served model needs a name (its id in /v1/models/{id})")
@@ -459,6 +459,16 @@ def _check_model_names(settings: Settings) -> None:
                 f"/v1/models/{{id}}); name it, say, {name.replace('/', '--')!r} and keep the "
                 "checkpoint's own name in its source or path."
             )
+        if settings.metrics.cloudwatch:
+            # Imported only when publishing (the app loads boto3 then anyway).
+            from edge.scaling.metric import dimension_value_problem
+
+            problem = dimension_value_problem(name)
+            if problem:
+                raise ConfigError(
+                    f"model name {name!r}: {problem}, and [metrics] cloudwatch publishes each model's "
+                    "scaling metrics with its name as their Model dimension; rename the model"
+                )
         if name in (".", ".."):
             # Clients remove dot segments from a URL (RFC 3986): /v1/models/.. is GET /v1.
             raise ConfigError(

@@ -28,6 +28,24 @@ PERIOD_S: Final = 60
 SAMPLES_PER_PERIOD: Final = PERIOD_S // SAMPLE_INTERVAL_S
 
 
+MAX_DIMENSION_VALUE: Final = 1024
+
+
+def dimension_value_problem(value: str) -> str:
+    """Why CloudWatch refuses `value` as a dimension's value, "" where it takes it (its API
+    reference, Dimension: ASCII only, no control character, at least one non-whitespace character,
+    1 to 1,024 characters). botocore checks only the length: the rest fails each PutMetricData."""
+    if not value.isascii():
+        return "CloudWatch takes a dimension value in ASCII only"
+    if not value.isprintable():
+        return "CloudWatch takes no control character in a dimension value"
+    if not value.strip():
+        return "CloudWatch needs a dimension value with something besides whitespace"
+    if len(value) > MAX_DIMENSION_VALUE:
+        return f"CloudWatch takes a dimension value of at most {MAX_DIMENSION_VALUE} characters"
+    return ""
+
+
 def dimensions(model: str) -> dict[str, str]:
     """The metrics' dimensions for one served model."""
     return {MODEL_DIMENSION: model}

@@ -156,6 +156,17 @@ def test_a_model_named_as_a_dot_segment_is_refused(tmp_path: Path, name: str) ->
     load_settings(overrides={"model": {"source": "demo", "name": "v1..2"}})  # dots inside are fine
 
 
+@pytest.mark.parametrize("name", ["modèle", "  ", "tab\tname"])
+def test_a_model_name_cloudwatch_refuses_as_a_dimension_is_refused_when_publishing(name: str) -> None:
+    """Its scaling metrics carry the name as their Model dimension, whose value CloudWatch takes in
+    ASCII only, with no control character and something besides whitespace: every PutMetricData
+    of the model failed (a warning a minute), and its GPU group never scaled on its demand."""
+    models = {name: {"source": "demo"}, "ok": {"source": "demo"}}
+    with pytest.raises(ConfigError, match=rf"model name {re.escape(repr(name))}: .*CloudWatch"):
+        load_settings(overrides={"models": models, "metrics": {"cloudwatch": True}})
+    assert name in load_settings(overrides={"models": models}).models  # not published: any name
+
+
 def test_top_k_and_repetition_penalty_come_from_the_checkpoint_only_when_a_request_could_send_them(
     tmp_path: Path,
 ) -> None:
