@@ -97,6 +97,13 @@ variable "models" {
     error_message = "A model's name must be non-empty, have no '/' and not be '.' or '..': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
   }
 
+  # The edge publishes each model's scaling metrics with its name as their Model dimension, which
+  # CloudWatch takes in printable ASCII with something besides spaces: it refuses any other name.
+  validation {
+    condition     = alltrue([for model in keys(var.models) : can(regex("^[ -~]*[!-~][ -~]*$", model))])
+    error_message = "A model's name must be printable ASCII with something besides spaces (CloudWatch's rule for the Model dimension its scaling metrics carry): name it, say, \"llama-3.1-8b\"."
+  }
+
   # The edge refuses a negative prefill price or a decode price that is not positive.
   validation {
     condition = alltrue([

@@ -63,6 +63,21 @@ run "a_model_named_dot_dot" {
   expect_failures = [var.models]
 }
 
+run "a_model_name_cloudwatch_refuses_as_a_dimension" {
+  command = plan
+
+  variables {
+    models = {
+      "modèle-8b" = {
+        instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3-8b/l40s/", min_size = 1,
+        max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
+
 run "two_model_names_one_gpu_group" {
   command = plan
 
