@@ -367,18 +367,24 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
 
 def _convert_each(data: dict[str, Any], section: str, typ: type[msgspec.Struct]) -> None:
     """Each [section.NAME] table on its own first: msgspec writes a dict's key as `[...]`, so a bad
-    value said `$.tiers[...].max_concurrent`, not which tier held it. A table that is no table is
-    left to the whole conversion, which says so."""
+    value said `$.tiers[...].max_concurrent`, not which tier held it; a table that is no table
+    (`[models] small = "demo"`), `$.models[...]`."""
     tables = data.get(section)
     if not isinstance(tables, dict):
         return
     for name, table in tables.items():
-        if not isinstance(table, dict):
-            continue
         try:
             msgspec.convert(table, typ)
         except msgspec.ValidationError as exc:
-            raise msgspec.ValidationError(str(exc).replace("at `$", f"at `$.{section}.{name}", 1)) from None
+            where = f"$.{section}.{name}"
+            reason = str(exc)
+            # msgspec names no place for the value itself (not a table): only within one.
+            named = (
+                reason.replace("at `$", f"at `{where}", 1)
+                if "at `$" in reason
+                else f"{reason} - at `{where}`"
+            )
+            raise msgspec.ValidationError(named) from None
 
 
 def _named_tiers(data: dict[str, Any]) -> dict[str, Any]:

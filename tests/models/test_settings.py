@@ -142,6 +142,18 @@ def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> N
     assert "say" not in str(refused.value)  # it offered '' as the name to use
 
 
+def test_a_model_or_tier_that_is_no_table_is_refused_naming_it(tmp_path: Path) -> None:
+    """`[models] small = "demo"` said "Expected `object`, got `str` - at `$.models[...]`": not
+    which of the models (nor a tier's, for `[tiers] free = 3`)."""
+    path = tmp_path / "my.toml"
+    path.write_text('[models]\nbig = { source = "demo" }\nsmall = "demo"\n')
+    with pytest.raises(ConfigError, match=re.escape("Expected `object`, got `str` - at `$.models.small`")):
+        load_settings(path)
+    path.write_text("[tiers]\nfree = 3\n")
+    with pytest.raises(ConfigError, match=re.escape("Expected `object`, got `int` - at `$.tiers.free`")):
+        load_settings(path)
+
+
 @pytest.mark.parametrize("name", [".", ".."])
 def test_a_model_named_as_a_dot_segment_is_refused(tmp_path: Path, name: str) -> None:
     """Clients remove '.' and '..' segments from a URL (RFC 3986; httpx, the OpenAI SDK, curl):
