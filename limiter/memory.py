@@ -215,6 +215,37 @@ class MemoryLimiter:
                 )
         return decision, lease_tokens
 
+    def own_count_wait(
+        self,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        *,
+        asked_output_tokens: int | None = None,
+    ) -> Decision:
+        """The decision this instance's own count of the user (the twin's state) makes at the
+        tier's whole limits, not its share's: the least a shared store holding that count and the
+        other instances' can answer. Its waits bound a fallback refusal's from below (the Redis
+        store's `_fallback_admit`). Counts nothing."""
+        rates = policy.rates_for(tier)
+        lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
+        reply_tokens = policy.reply_to_wait_for(rates, input_tokens, lease_tokens, asked_output_tokens)
+        with self._lock:
+            now = self._now_us()
+            state = self._state(user, tier.name, now)
+            # The twin's intervals are instance_count times the tier's (as in `snapshot`).
+            n = self._instance_count
+            whole = policy.UserState(
+                now + max(0, state.request_tat_us - now) // n,
+                now + max(0, state.token_tat_us - now) // n,
+                dict(state.leases),
+            )
+        return policy.admit(
+            whole, rates, now, request_id, input_tokens, lease_tokens, self._lease_ttl_us, reply_tokens
+        )
+
     async def admit(
         self,
         user: str,

@@ -33,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -624,10 +626,45 @@ class RedisLimiter:
         )
         if decision.allowed:
             self._fallback_allowed += 1
-        elif undo is not None:
-            self._undo(user, tier, request_id, undo)
+        else:
+            if undo is not None:
+                self._undo(user, tier, request_id, undo)
+            decision = self._provisional(
+                decision, user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens
+            )
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens, local_limits=True
+        )
+
+    def _provisional(
+        self,
+        decision: Decision,
+        user: str,
+        request_id: str,
+        tier: TierLimits,
+        input_tokens: int,
+        max_output_tokens: int,
+        asked_output_tokens: int | None,
+    ) -> Decision:
+        """A fallback refusal's waits as far as they are known: the share (1/n of the tier)
+        refills n times slower than the tier, and Redis, which holds the tier's budget, answers
+        again once the backoff is over. Each wait is at most until Redis is tried again, unless
+        this instance's own count at the tier's whole rate already makes it longer (Redis holds
+        that count too). Told the share's wait, a user was told 48 minutes, or hours on a daily
+        token budget, by a Redis down for a second, which then admitted the same request at once."""
+        floor = self._local.own_count_wait(
+            user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens=asked_output_tokens
+        )
+        retry_ms = math.ceil(self._health.turned_away_for(self._timeout_s) * 1000)
+
+        def bounded(wait_ms: int, floor_ms: int) -> int:
+            return min(wait_ms, max(retry_ms, floor_ms))
+
+        return replace(
+            decision,
+            retry_after_ms=max(1, bounded(decision.retry_after_ms, floor.retry_after_ms)),
+            request_wait_ms=bounded(decision.request_wait_ms, floor.request_wait_ms),
+            token_wait_ms=bounded(decision.token_wait_ms, floor.token_wait_ms),
         )
 
     def _undo(self, user: str, tier: TierLimits, request_id: str, tokens: int) -> None:

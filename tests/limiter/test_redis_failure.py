@@ -357,3 +357,62 @@ async def test_a_request_the_fallback_admitted_holds_its_slot_on_redis_once_redi
 async def _holds(probe: Redis | None, slots: str, request_id: str) -> bool:
     assert probe is not None
     return await probe.zscore(slots, request_id) is not None
+
+
+DAILY = tier(requests=1000, request_window_s=3600, tokens=40_000, token_window_s=86_400)
+
+
+async def _spend(store: RedisLimiter, user: str, tokens: int) -> None:
+    """`tokens` of the user's daily budget spent on Redis, in prompts of 4000 at most."""
+    for i, start in enumerate(range(0, tokens, 4000)):
+        admission = await store.admit(user, f"spent{i}", DAILY, min(4000, tokens - start), 0)
+        assert admission.decision.allowed and admission.lease is not None
+        await admission.lease.settle()
+
+
+@pytest.mark.anyio
+async def test_a_fallback_refusal_waits_until_redis_is_tried_again_not_for_the_share_to_refill(
+    own_redis_server: RedisServer,
+) -> None:
+    """One of 2 edges, 16K of a 40K daily budget spent: the fallback's share (20K a day, refilling
+    at half the tier's rate) has no room for a 6000-token prompt and said to wait 13 hours (the
+    review's 48 minutes, on other numbers), while Redis, back a second later, admitted the same
+    request at once. The refusal now says to come back when Redis is tried again."""
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, instance_count=2, backoff_s=0)
+    user = f"u-{uuid.uuid4().hex}"
+    restarted = None
+    try:
+        await _spend(store, user, 16_000)
+        own_redis_server.stop()
+        refused = (await store.admit(user, "x", DAILY, 6000, 4096, asked_output_tokens=4096)).decision
+        assert store.fallback_active and not refused.allowed and refused.limit == "tokens"
+        assert 0 < refused.retry_after_ms <= 500, refused  # the call's bound: no backoff here
+        assert refused.token_wait_ms <= 500
+        restarted = start_redis(own_redis_server.port)
+        again = (await store.admit(user, "x", DAILY, 6000, 4096, asked_output_tokens=4096)).decision
+        assert again.allowed and not store.fallback_active
+    finally:
+        await store.aclose()
+        if restarted is not None:
+            restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_a_fallback_refusal_still_waits_what_this_edge_alone_spent_at_the_tiers_rate(
+    own_redis_server: RedisServer,
+) -> None:
+    """39.2K of 40K spent through this edge alone: Redis, which holds that too, refuses a 1000-token
+    prompt and makes it wait for 1000 + 4096 tokens, (44_296 - 40_000) * 2.16 s, so the fallback
+    does not say sooner (nor later than its share's own wait, 25 hours)."""
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, instance_count=2, backoff_s=0)
+    user = f"u-{uuid.uuid4().hex}"
+    try:
+        await _spend(store, user, 39_200)
+        own_redis_server.stop()
+        refused = (await store.admit(user, "x", DAILY, 1000, 4096, asked_output_tokens=4096)).decision
+        assert store.fallback_active and not refused.allowed and refused.limit == "tokens"
+        tier_wait_ms = 4296 * 86_400_000 // 40_000
+        assert tier_wait_ms - 1000 <= refused.retry_after_ms <= tier_wait_ms + 1000, refused
+        assert refused.token_wait_ms == refused.retry_after_ms
+    finally:
+        await store.aclose()
