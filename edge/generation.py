@@ -441,23 +441,26 @@ class Generation:
                     # its length is what the user's replies run to (admission/slot.py).
                     slot.mark_finished()
                 return
-            except UpstreamError as exc:
-                if isinstance(exc, ReplicaRestarting) and exc.may_be_cause:
+            except Exception as caught:
+                failure = _as_upstream_error(caught, self._deltas)
+                if isinstance(failure, ReplicaRestarting) and failure.may_be_cause:
                     self._maybe_poison = True
                 if out.ttft_s is not None or retried:
                     # No other try: the replica failed it all the same (mid-stream, or the retry's
                     # before its first token), suspect until its next check passes, and no
                     # generation that ran (a service time, the user's usual reply length).
                     await self._give_back_slot(failed=True)
-                    raise
+                    if failure is caught:
+                        raise
+                    raise failure from caught
                 retried = True
                 # The error that made this replica suspect; the request goes on to another one, or
                 # waits for this one where it is coming back and cannot have been killed by it.
-                waits = isinstance(exc, ReplicaRestarting) and not exc.may_be_cause
+                waits = isinstance(failure, ReplicaRestarting) and not failure.may_be_cause
                 log.warning(
                     "upstream_failover",
                     upstream=out.upstream,
-                    error=str(exc),
+                    error=str(failure),
                     waits_for_restart=waits,
                     may_be_cause=self._maybe_poison,
                 )
@@ -597,6 +600,28 @@ class _NotRetried(UpstreamError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+def _as_upstream_error(caught: Exception, deltas: AsyncIterator[Delta] | None) -> UpstreamError:
+    """What a replica's relay raised, as the UpstreamError it is: where the replica's own stream
+    raised something else (an adapter's bug, a transport error it does not map) the replica
+    failed all the same, and the request ends as when it says so (retried before its first token,
+    else a 502, or an error event after what the stream got; the replica suspect). It was a 500
+    not streamed, charged the tokens the client never saw, and a stream cut without its last text
+    or its usage chunk (a review). Told apart by the traceback, read only then (no frame per
+    token); anything else, the edge's own, is raised as is, for Generation._run to answer."""
+    if isinstance(caught, UpstreamError):
+        return caught
+    if isinstance(caught, RequestRejected):
+        raise caught  # the contract's other error: the request's own fault
+    code = getattr(deltas, "ag_code", None)
+    tb = caught.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not code:
+        tb = tb.tb_next
+    if tb is None:
+        raise caught
+    log.error("upstream_raised", error=repr(caught), exc_info=caught)
+    return UpstreamError(f"the replica's stream raised {caught!r}")
 
 
 def _retry_after_s(exc: UpstreamError) -> float | None:
