@@ -190,9 +190,14 @@ def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Respo
     return error_response(503, detail, retry_after_headers(1.0))
 
 
+def internal_error() -> ApiError:
+    """A fault of the server's own (a bug): 500, in OpenAI's words for it."""
+    return ApiError(500, "The server had an error while processing your request.", type="api_error")
+
+
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.error("unhandled_error", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
-    detail = ErrorDetail(message="The server had an error while processing your request.", type="api_error")
+    detail = internal_error().detail
     # Counted, or the server's own faults would be the one error status /metrics never shows.
     REQUESTS_REJECTED.labels("500", detail.type).inc()
     return error_response(500, detail)

@@ -37,6 +37,7 @@ from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
 from edge.errors import (
     ApiError,
+    internal_error,
     invalid_request,
     limiter_unavailable,
     overloaded_error,
@@ -337,6 +338,15 @@ class Generation:
             else:
                 out.error = upstream_error(_retry_after_s(exc))
             # Streamed, the tokens before the failure reached the client; not, it gets the error alone.
+            self._answered_nothing = not self._req.stream or not out.got_text
+        except Exception as exc:
+            # The edge's own failure (a bug, a store's unmapped error): the request still ends as
+            # a failed one does, settled, its text and usage chunk sent before the error event.
+            # It ended with the error event alone, the usage the client asked for missing (its
+            # tokens charged all the same), and not streamed, a 500 charged what it never saw.
+            log.error("generation_failed", request_id=self.request_id, upstream=out.upstream, exc_info=exc)
+            out.reason = "error"
+            out.error = internal_error()
             self._answered_nothing = not self._req.stream or not out.got_text
         finally:
             drain.unwatch(scope)

@@ -20,7 +20,7 @@ from litestar.types import Receive, Scope, Send
 from edge.body_chunks import WRITE_NOW, WriteNow
 from edge.cancel.scope import cancel_scope
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
-from edge.errors import ErrorDetail
+from edge.errors import ErrorDetail, internal_error
 from edge.generation import Generation
 from edge.sse import DONE, event
 from edge.stalled_readers import SendProgress, StalledReaders
@@ -134,8 +134,7 @@ class EventStreamResponse:
                 log.error("stream_failed", request_id=generation.request_id, exc_info=exc)
                 if progress.ended:
                     return  # failed after its last write: there is nothing left to tell the client
-                detail = ErrorDetail("The server had an error while processing your request.", "api_error")
-                await emit(event({"error": detail}))
+                await emit(event({"error": internal_error().detail}))
                 await emit(DONE)
 
         headers = _SSE_HEADERS + [(k.encode(), v.encode()) for k, v in generation.headers.items()]

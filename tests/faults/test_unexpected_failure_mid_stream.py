@@ -98,3 +98,63 @@ def test_an_answer_whose_replica_raises_before_its_first_token_is_a_502(tmp_path
             failed = client.post(CHAT, json=SHORT | {"max_tokens": BOOM_AT_ONCE})
     assert failed.status_code == 502, failed.text
     assert failed.json()["error"]["code"] == "upstream_error"
+
+
+GARBLED_AFTER_3 = 10  # max_tokens the replica below answers with three tokens, then a garbled delta
+
+
+async def _garbling(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """Three tokens, then a delta whose token ids are no ids: the edge's own relay raises at it (a
+    TypeError in the detokenizer), the edge's failure rather than one the replica's stream raised."""
+    tokens = 0
+    async for delta in inner.generate(req):
+        if req.max_new_tokens != GARBLED_AFTER_3:
+            yield delta
+            continue
+        delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
+        tokens += len(delta.token_ids)
+        yield delta
+        if tokens >= 3:
+            yield Delta(["garbled"])  # type: ignore[list-item]
+            return
+
+
+_garbling_replicas = scripted_replicas(_garbling)
+
+
+def test_a_failure_of_the_edges_own_mid_stream_ends_the_stream_settled_and_logged(tmp_path: Path) -> None:
+    """An unexpected error in the edge while it relays (a bug, a store's unmapped error) ended the
+    stream with an error event, but without the usage chunk the client asked for (the tokens sent
+    were charged all the same), and the request's line logged no error; not streamed, a 500
+    charged for the tokens the client never saw."""
+    failing = SHORT | {"max_tokens": GARBLED_AFTER_3}
+    with start_server(tmp_path, NO_REFILL, _garbling_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            before = client.post(CHAT, json=SHORT)
+            with capture_logs() as logs, client.stream("POST", CHAT, json=failing | STREAM) as streamed:
+                got: list[Any] = [
+                    e for e in events(streamed) if not (isinstance(e, str) and e.startswith(":"))
+                ]
+            plain = client.post(CHAT, json=failing)
+            after = client.post(CHAT, json=SHORT)
+    assert streamed.status_code == 200
+    assert got[-1] == DONE, got
+    assert got[-2]["error"]["type"] == "api_error", got
+    # The three tokens and the garbled one, counted and charged before the relay failed at it.
+    usage = got[-3]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        before.json()["usage"]["prompt_tokens"],
+        4,
+    )
+    line = next(e for e in logs if e["event"] == "chat_completion")
+    assert (line["outcome"], line["completion_tokens"]) == ("error", 4), line
+    assert any(e["event"] == "generation_failed" and e["request_id"] == line["request_id"] for e in logs), (
+        logs
+    )
+    assert plain.status_code == 500, plain.text
+    assert plain.json()["error"]["type"] == "api_error"
+    # Charged the stream what its usage chunk says, nothing for the 500.
+    assert (
+        _remaining(before) - _remaining(after)
+        == before.json()["usage"]["total_tokens"] + usage["total_tokens"]
+    )
