@@ -22,6 +22,7 @@ from floodgate_client.client import Client
 from floodgate_client.errors import FloodgateError, NetworkError, RateLimitError
 from floodgate_client.events import Finished, RequestStarted, StreamEvent, TextDelta
 from floodgate_client.interrupt import CancelOnInterrupt
+from floodgate_client.request import finite
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 KEY_ENV = "FLOODGATE_API_KEY"
@@ -37,12 +38,25 @@ def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     chat.add_argument("--system", help="a system message to send first")
     chat.add_argument("--model", help="model name (default: your key's default model)")
     chat.add_argument("--max-tokens", type=int, help="most tokens to generate")
-    chat.add_argument("--temperature", type=float)
+    chat.add_argument("--temperature", type=_finite_float)
     chat.add_argument("--seed", type=int)
     chat.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"the edge (default {DEFAULT_BASE_URL})")
     chat.add_argument("--json", action="store_true", help="print each event as a JSON line")
     chat.add_argument("--retry", action="store_true", help="on 429, wait as the edge advises and retry")
     chat.set_defaults(handler=run_chat)
+
+
+def _finite_float(text: str) -> float:
+    """A number the request's JSON can carry: float() takes "nan", "inf" and "1e999", and the send
+    raised a ValueError traceback naming no option."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    try:
+        return finite("value", value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}") from None
 
 
 def event_json(event: StreamEvent, ensure_ascii: bool = False) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,14 @@ def auth_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}", "Accept": "text/event-stream"}
 
 
+def finite(name: str, value: float) -> float:
+    """`value`, refused when JSON cannot carry it (NaN, an infinity): httpx's encoding raised "Out of
+    range float values are not JSON compliant", naming no parameter, from inside the send."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A streamed chat completion. A bare string as `messages` is one user message; no `model`: the
@@ -60,6 +69,13 @@ class ChatRequest:
     seed: int | None = None
     stop: str | Sequence[str] | None = None
     conversation_id: str | None = None
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a sampling setting no JSON body can carry, before anything is sent."""
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None:
+                finite(name, value)
 
     def body(self) -> dict[str, Any]:
         messages = (

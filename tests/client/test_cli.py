@@ -309,3 +309,21 @@ def test_json_mode_keeps_the_reply_whole_on_a_terminal_that_cannot_encode_it(
         assert events[-1]["type"] == "finished"
     finally:
         edge.close()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+def test_a_temperature_json_cannot_carry_is_a_usage_error_not_a_traceback(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # float() takes these: the request's JSON encoding then raised ValueError ("Out of range float
+    # values are not JSON compliant"), a traceback naming no option.
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        _chat_offline(
+            monkeypatch,
+            ["chat", "hi", f"--temperature={value}", "--base-url", "http://127.0.0.1:9"],
+            out,
+            err,
+        )
+    assert exited.value.code == 2
+    assert "argument --temperature: must be a finite number" in capsys.readouterr().err

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import anyio
 import pytest
 
 from floodgate_client import (
+    AsyncClient,
     AuthenticationError,
     BadRequestError,
     Client,
@@ -55,3 +59,26 @@ def test_another_users_request_is_not_found_and_a_stopped_one_conflicts(server: 
         with pytest.raises(ConflictError) as caught:
             owner.chat.cancel(stream.request_id)
     assert caught.value.status_code == 409 and caught.value.code == "request_finished"
+
+
+@pytest.mark.parametrize("make", [Client, AsyncClient])
+@pytest.mark.parametrize("option", ["temperature", "top_p"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_parameter_json_cannot_carry_is_refused_naming_it(
+    server: LiveServer, make: type[Client] | type[AsyncClient], option: str, value: float
+) -> None:
+    # JSON has no NaN or infinity: httpx's encoding raised "Out of range float values are not JSON
+    # compliant", naming no parameter, from inside the request's sending.
+    temperature = value if option == "temperature" else None
+    top_p = value if option == "top_p" else None
+
+    async def main() -> None:
+        async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+            await client.chat.stream("hi", max_tokens=2, temperature=temperature, top_p=top_p)
+
+    with pytest.raises(ValueError, match=rf"^{option} must be a finite number, not {value}$"):
+        if make is Client:
+            with Client(server.base_url, server.keys["paid"]) as client:
+                client.chat.stream("hi", max_tokens=2, temperature=temperature, top_p=top_p)
+        else:
+            anyio.run(main)
