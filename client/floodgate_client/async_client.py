@@ -19,6 +19,7 @@ from floodgate_client.client import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     http_timeout,
+    shut_down,
 )
 from floodgate_client.decoder import ChunkDecoder
 from floodgate_client.errors import (
@@ -196,6 +197,8 @@ class AsyncChatStream:
         # Made on first use, in the event loop (open).
         self._opening: anyio.Lock | None = None
         self._events = self._generate()
+        # Read from at least once (collected, httpcore's stream then closes its own connection).
+        self._read_from = False
 
     async def open(self) -> AsyncChatStream:
         """Send the request (once); error answers raise here. A stream cancelled before it opened
@@ -261,6 +264,7 @@ class AsyncChatStream:
         return self
 
     async def __anext__(self) -> StreamEvent:
+        self._read_from = True
         return await self._events.__anext__()
 
     @property
@@ -321,6 +325,14 @@ class AsyncChatStream:
             # Another task is waiting on the stream's next bytes: bound that wait too.
             self._read_scope.deadline = self._drain_deadline
         return True
+
+    def __del__(self) -> None:
+        """Dropped unclosed, as the sync stream's __del__: the socket is shut down, which the edge
+        takes as a cancel (closing the response would need the event loop)."""
+        response: httpx.Response | None = getattr(self, "_response", None)
+        # Once read from, httpcore's own stream, closed as it is collected, lets the connection go.
+        if response is not None and not self._read_from:
+            shut_down(response)
 
     async def close(self) -> None:
         # Never reopened after (a reader iterating on got a new request).

@@ -7,6 +7,7 @@ import inspect
 import logging
 import socket
 import threading
+from asyncio.trsock import TransportSocket
 from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
 
@@ -202,6 +203,8 @@ class ChatStream:
         self._broken = False
         self._response = chat._open(request, self._attempts)
         self._events = self._generate()
+        # Read from at least once (collected, httpcore's stream then closes its own connection).
+        self._read_from = False
 
     @property
     def request_id(self) -> str | None:
@@ -228,6 +231,7 @@ class ChatStream:
         return self
 
     def __next__(self) -> StreamEvent:
+        self._read_from = True
         return next(self._events)
 
     @property
@@ -299,6 +303,23 @@ class ChatStream:
         # connection itself. Closed from here under that read, the socket's number was at times
         # taken by this thread's next connection (the exit's cancel, a next request), and the
         # read waited on that one to its timeout (4 runs in 150 of a probe).
+
+    def __del__(self) -> None:
+        """Dropped unclosed (never read to its end, no `with`): its connection stayed checked out of
+        the pool, open, and the edge went on generating the reply (billed) for as long as the client
+        lived. Its socket is shut down here, which the edge takes as a cancel; the response is closed
+        on a thread of its own, as closing takes the pool's lock, which this thread may hold: a
+        collection runs wherever an allocation triggers it, inside httpcore too."""
+        response: httpx.Response | None = getattr(self, "_response", None)  # unset if _open raised
+        if response is None or response.is_closed:
+            return
+        if self._read_from:
+            # httpcore's own stream, closed as it is collected beside this, has let the connection
+            # go (back to the pool, should its reply have ended): not to be touched.
+            return
+        shut_down(response)
+        with contextlib.suppress(RuntimeError):  # "can't create new thread at interpreter shutdown"
+            threading.Thread(target=response.close, daemon=True).start()
 
     def _disarm(self) -> None:
         if self._cut_off is not None:
@@ -447,3 +468,7 @@ def shut_down(response: httpx.Response) -> None:
         with contextlib.suppress(OSError):
             # socket.socket's own: a TLS socket's would drop its TLS state under the reader.
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    elif isinstance(sock, TransportSocket):
+        # An async stream's (asyncio keeps TLS above the socket, in its protocol).
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -7,6 +7,7 @@ own before the cancel lands, the next recipe is tried, so a finished reply never
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -415,3 +416,56 @@ def test_a_close_from_another_thread_always_ends_the_readers_read(server: LiveSe
             hung += reader.is_alive()
             reader.join()
     assert hung == 0
+
+
+def _open_streams(server: LiveServer) -> float:
+    (line,) = (
+        line for line in server.metrics_text().splitlines() if line.startswith("floodgate_open_streams ")
+    )
+    return float(line.split()[1])
+
+
+def _until(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
+    give_up = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < give_up, what
+        time.sleep(0.05)
+
+
+def test_a_stream_dropped_unread_and_unclosed_stops_its_generation(server: LiveServer) -> None:
+    """A stream opened and never read nor closed (no `with`), then dropped: its connection stayed
+    checked out of the pool, open, and the edge went on with the generation (billed) for as long as
+    the client lived; a cancel of its id long after answered CANCELLED. Collected, it hangs up."""
+    baseline = _open_streams(server)
+    with Client(server.base_url, server.keys["paid"]) as client:
+        stream = client.chat.stream(LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=0.0)
+        request_id = stream.request_id
+        assert request_id is not None
+        del stream
+        gc.collect()
+        _until(lambda: _open_streams(server) <= baseline, "the edge still streams the dropped reply")
+        with pytest.raises(ConflictError):
+            client.chat.cancel(request_id)
+        pool = client._http._transport._pool  # type: ignore[attr-defined]
+        _until(lambda: not pool.connections or all(c.is_idle() for c in pool.connections), "slot held")
+
+
+def test_an_async_stream_dropped_unread_and_unclosed_stops_its_generation(server: LiveServer) -> None:
+    baseline = _open_streams(server)
+
+    async def main() -> None:
+        async with AsyncClient(server.base_url, server.keys["paid"]) as client:
+            stream = await client.chat.stream(
+                LONG_REPLY.prompt, max_tokens=LONG_REPLY_TOKENS, temperature=0.0
+            )
+            request_id = stream.request_id
+            assert request_id is not None
+            del stream
+            gc.collect()
+            await anyio.to_thread.run_sync(
+                lambda: _until(lambda: _open_streams(server) <= baseline, "the edge still streams it")
+            )
+            with pytest.raises(ConflictError):
+                await client.chat.cancel(request_id)
+
+    anyio.run(main)
