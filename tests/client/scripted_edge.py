@@ -27,8 +27,9 @@ class ScriptedEdge:
     have passed (a reply that finishes just as it is cancelled). With `hold_cancel`, a cancel is
     answered only once that event is set, and the tail goes once the cancel has come, unanswered (a
     reply that finishes while its cancel is on the way). With `hold_answer`, a chat request is
-    counted and then answered only once that event is set (a request in flight). A GET gets its
-    path's answer in `pages` (whole HTTP responses), or a 404."""
+    counted and then answered only once that event is set (a request in flight). With `watch_hangup`,
+    a script's connection stays open, silent, until the client hangs up, which sets `hung_up`. A GET
+    gets its path's answer in `pages` (whole HTTP responses), or a 404."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class ScriptedEdge:
         tail_delay_s: float = 0.0,
         hold_cancel: threading.Event | None = None,
         hold_answer: threading.Event | None = None,
+        watch_hangup: bool = False,
     ) -> None:
         self.scripts = scripts
         self.cancel_answer = cancel_answer
@@ -49,6 +51,8 @@ class ScriptedEdge:
         self.tail_delay_s = tail_delay_s
         self.hold_cancel = hold_cancel
         self.hold_answer = hold_answer
+        self.watch_hangup = watch_hangup
+        self.hung_up = threading.Event()
         self.cancel_asked = threading.Event()
         self.cancel_answered = threading.Event()
         self.cancels = 0
@@ -110,6 +114,13 @@ class ScriptedEdge:
                 conn.sendall(self.tail_after_cancel)
             if self.hold_open is not None:
                 self.hold_open.wait(timeout=120)
+            if self.watch_hangup:
+                try:
+                    while conn.recv(65536):
+                        pass
+                except OSError:
+                    pass  # reset: hung up too
+                self.hung_up.set()
 
     def close(self) -> None:
         self._sock.close()
