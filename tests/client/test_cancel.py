@@ -31,6 +31,7 @@ from floodgate_client.client import CANCEL_DRAIN_S, CANCEL_ON_EXIT_S, ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import answered
+from tests.edge.sse_client import wait_until
 from tests.support.live_server import LiveServer
 
 
@@ -425,13 +426,6 @@ def _open_streams(server: LiveServer) -> float:
     return float(line.split()[1])
 
 
-def _until(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
-    give_up = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < give_up, what
-        time.sleep(0.05)
-
-
 def test_a_stream_dropped_unread_and_unclosed_stops_its_generation(server: LiveServer) -> None:
     """A stream opened and never read nor closed (no `with`), then dropped: its connection stayed
     checked out of the pool, open, and the edge went on with the generation (billed) for as long as
@@ -443,11 +437,13 @@ def test_a_stream_dropped_unread_and_unclosed_stops_its_generation(server: LiveS
         assert request_id is not None
         del stream
         gc.collect()
-        _until(lambda: _open_streams(server) <= baseline, "the edge still streams the dropped reply")
+        wait_until(lambda: _open_streams(server) <= baseline, 30.0, "the edge to stop the dropped reply")
         with pytest.raises(ConflictError):
             client.chat.cancel(request_id)
         pool = client._http._transport._pool  # type: ignore[attr-defined]
-        _until(lambda: not pool.connections or all(c.is_idle() for c in pool.connections), "slot held")
+        wait_until(
+            lambda: not pool.connections or all(c.is_idle() for c in pool.connections), 30.0, "the pool slot"
+        )
 
 
 def test_an_async_stream_dropped_unread_and_unclosed_stops_its_generation(server: LiveServer) -> None:
@@ -463,7 +459,7 @@ def test_an_async_stream_dropped_unread_and_unclosed_stops_its_generation(server
             del stream
             gc.collect()
             await anyio.to_thread.run_sync(
-                lambda: _until(lambda: _open_streams(server) <= baseline, "the edge still streams it")
+                lambda: wait_until(lambda: _open_streams(server) <= baseline, 30.0, "the edge to stop it")
             )
             with pytest.raises(ConflictError):
                 await client.chat.cancel(request_id)
