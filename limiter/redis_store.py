@@ -541,6 +541,11 @@ class RedisLimiter:
             )
             if not local.allowed:
                 self._undo(user, tier, request_id, input_tokens + lease_tokens)
+                # Redis admitted it: its share's wait (hours on a daily budget) is no answer, only
+                # the wait until Redis is tried again, as for the fallback's own refusals.
+                local = self._provisional(
+                    local, user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens
+                )
                 return self._admission(
                     local, user, tier, request_id, input_tokens, 0, max_output_tokens, local_limits=True
                 )
@@ -646,12 +651,13 @@ class RedisLimiter:
         max_output_tokens: int,
         asked_output_tokens: int | None,
     ) -> Decision:
-        """A fallback refusal's waits as far as they are known: the share (1/n of the tier)
-        refills n times slower than the tier, and Redis, which holds the tier's budget, answers
-        again once the backoff is over. Each wait is at most until Redis is tried again, unless
-        this instance's own count at the tier's whole rate already makes it longer (Redis holds
-        that count too). Told the share's wait, a user was told 48 minutes, or hours on a daily
-        token budget, by a Redis down for a second, which then admitted the same request at once."""
+        """A fallback refusal's waits (or those of a Redis admission the mirror overruled, in
+        `admit`) as far as they are known: the share (1/n of the tier) refills n times slower than
+        the tier, and Redis, which holds the tier's budget, answers again once the backoff is over.
+        Each wait is at most until Redis is tried again, unless this instance's own count at the
+        tier's whole rate already makes it longer (Redis holds that count too). Told the share's
+        wait, a user was told 48 minutes, or hours on a daily token budget, by a Redis down for a
+        second, which then admitted the same request at once."""
         floor = self._local.own_count_wait(
             user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens=asked_output_tokens
         )

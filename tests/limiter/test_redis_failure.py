@@ -416,3 +416,37 @@ async def test_a_fallback_refusal_still_waits_what_this_edge_alone_spent_at_the_
         assert refused.token_wait_ms == refused.retry_after_ms
     finally:
         await store.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_redis_admission_overruled_by_the_mirror_waits_until_redis_is_tried_again(
+    redis_server: RedisServer,
+) -> None:
+    """One of 2 edges, 16K of a 40K daily budget spent. Redis admits a 6000-token prompt, but
+    another call failed while that admit was on its way (another user's budget key holds a list:
+    WRONGTYPE, a store failure), so only what the mirror allows stands, and the mirror holds this
+    edge's share (20K a day, spent 16K at half the tier's rate). The refusal said to wait 13 hours,
+    for a request Redis had just admitted and admits again at once; it now waits as the fallback's
+    refusals do: until Redis is tried again."""
+    store = RedisLimiter.from_url(redis_server.url, timeout_ms=500, instance_count=2, backoff_s=0)
+    probe = Redis.from_url(redis_server.url)
+    user, broken = f"u-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+    try:
+        await _spend(store, user, 16_000)
+        broken_key = user_keys(broken, DAILY.name)[1]
+        await probe.rpush(broken_key, "not a budget")
+        # In one pass of the loop: the broken call is written first, its failure read first.
+        _, overruled = await asyncio.gather(
+            store.admit(broken, "b", DAILY, 10, 0),
+            store.admit(user, "x", DAILY, 6000, 4096, asked_output_tokens=4096),
+        )
+        refused = overruled.decision
+        assert not refused.allowed and refused.limit == "tokens", refused
+        assert 0 < refused.retry_after_ms <= 500, refused
+        assert refused.token_wait_ms <= 500, refused
+        await probe.delete(broken_key)  # the restore that follows the failure then lands
+        again = (await store.admit(user, "y", DAILY, 6000, 4096, asked_output_tokens=4096)).decision
+        assert again.allowed, again
+    finally:
+        await probe.aclose()
+        await store.aclose()
