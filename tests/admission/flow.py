@@ -18,8 +18,9 @@ def counting_clock() -> Callable[[], float]:
     return lambda: float(next(counter))
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0, poll_s: float = 0.0) -> None:
+async def until(predicate: Callable[[], bool], timeout_s: float = 30.0, poll_s: float = 0.0) -> None:
     """Yield to the event loop until predicate holds (the tasks it watches make progress meanwhile).
+    Bounded well past what it takes: 5 s ran out once in a full-suite run beside other work.
 
     poll_s > 0 waits that long between looks: where engine threads do the work, a loop that only
     yields to the event loop keeps the GIL busy, and each of the engine's numpy calls that gives it
