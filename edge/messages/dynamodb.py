@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
 from edge.messages.message import StoredMessage
-from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, span
+from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, full, reads, span
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -132,7 +132,7 @@ class DynamoDBMessageStore:
         where = span(after, before, order)
         if where.empty:
             return HistoryPage([], has_more=False)
-        found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
+        found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(found, limit)
 
     async def create_table_if_missing(self) -> None:
@@ -143,9 +143,9 @@ class DynamoDBMessageStore:
         await anyio.to_thread.run_sync(self._client.close)
 
     def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
-        """The first `limit` of the owner's messages in the span, in the order it is read: from its
-        own partition, merged with those of the client's id written before partitions named their
-        owner."""
+        """What a page of `limit` reads of the owner's messages in the span (store.reads), in the
+        order it is read: from its own partition, merged with those of the client's id written
+        before partitions named their owner."""
         owned = owned_partition(user, conversation_id)
         # Past the partition key's bytes (a user named before names were bounded, or imported from
         # a keys file): no message can be there (append: MessageRefused), and the Query was refused
@@ -163,10 +163,11 @@ class DynamoDBMessageStore:
         if not legacy:
             return found
         merged = heapq.merge(found, legacy, key=lambda m: m.message_id, reverse=not where.ascending)
-        return list(merged)[:limit]
+        return reads(merged, limit)
 
     def _read(self, partition: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
-        """The first `limit` of the owner's messages in the span in one partition, as read."""
+        """What a page of `limit` reads of the owner's messages in the span in one partition
+        (store.reads), in the order read: Query pages past the page's text budget stay unread."""
         values: dict[str, AttributeValueTypeDef] = {
             ":c": {"S": partition},
             ":u": {"S": user},
@@ -189,7 +190,7 @@ class DynamoDBMessageStore:
         bounds = {where.above, where.below}
         found: list[StoredMessage] = []
         start: dict[str, Any] | None = None
-        while len(found) < limit:
+        while not full(found, limit):
             params: QueryInputTypeDef = {
                 "TableName": self._table,
                 "KeyConditionExpression": key,
@@ -210,7 +211,7 @@ class DynamoDBMessageStore:
             start = page.get("LastEvaluatedKey")
             if not start:
                 break
-        return found[:limit]
+        return reads(found, limit)
 
     def _create_table_if_missing(self) -> None:
         try:

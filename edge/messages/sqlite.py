@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from edge.messages.message import StoredMessage
-from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, span
+from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, reads, span
 from edge.sqlite_file import create_private
 
 _SCHEMA = """
@@ -76,7 +76,7 @@ class SQLiteMessageStore:
         where = span(after, before, order)
         if where.empty:
             return HistoryPage([], has_more=False)
-        rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit + 1, where)
+        rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(rows, limit)
 
     async def aclose(self) -> None:
@@ -116,10 +116,14 @@ class SQLiteMessageStore:
             args.append(where.below)
         direction = "ASC" if where.ascending else "DESC"
         sql += f" AND user = ? AND created_at > ? ORDER BY message_id {direction} LIMIT ?"
-        args += [user, time.time() - self._ttl_s, limit]
+        args += [user, time.time() - self._ttl_s, limit + 1]
         with self._lock:
-            rows = self._conn.execute(sql, args).fetchall()
-        return [StoredMessage(*row) for row in rows]
+            rows = self._conn.execute(sql, args)
+            try:
+                # Row by row: those past the page's text budget are never read (store.reads).
+                return reads((StoredMessage(*row) for row in rows), limit)
+            finally:
+                rows.close()  # its statement ends here, not when the cursor is collected
 
     def _close(self) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -11,6 +12,12 @@ from edge.messages.message import StoredMessage
 DEFAULT_TTL_S = 90 * 86400
 
 Order = Literal["asc", "desc"]
+
+# The most text (characters of content) one page of a history holds, whatever its `limit`: a page
+# ends early past it (`has_more`), after its first message however long. A message may be as long
+# as a request body (1 MiB), and a page of 1,000 such was a gigabyte read and built whole in the
+# edge's memory, for any user to ask for again and again.
+PAGE_CHARS = 4_000_000
 
 
 class MessageRefused(Exception):
@@ -29,8 +36,8 @@ class HistoryPage:
 class Span:
     """A page's query in terms of the message ids (time-ordered: edge/messages/ids.py): the ids
     strictly between `above` and `below` (None: unbounded), read in ascending id order or not, the
-    first limit + 1 kept (one more than the page, to tell `has_more`); `reverse` turns what was read
-    into the order asked."""
+    first limit + 1 kept (one more than the page, to tell `has_more`; fewer past the page's text:
+    `reads`); `reverse` turns what was read into the order asked."""
 
     above: str | None
     below: str | None
@@ -42,11 +49,38 @@ class Span:
         return self.above is not None and self.below is not None and self.above >= self.below
 
     def page(self, found: list[StoredMessage], limit: int) -> HistoryPage:
-        """The page out of the `limit` + 1 messages read (each store reads them its own way)."""
-        page = found[:limit]
+        """The page out of the messages read (each store reads them its own way, `reads` says how
+        many): its first `limit`, fewer where their text passes PAGE_CHARS."""
+        page: list[StoredMessage] = []
+        chars = 0
+        for msg in found[:limit]:
+            chars += len(msg.content)
+            if page and chars > PAGE_CHARS:
+                break
+            page.append(msg)
+        has_more = len(found) > len(page)
         if self.reverse:
             page.reverse()
-        return HistoryPage(page, has_more=len(found) > limit)
+        return HistoryPage(page, has_more=has_more)
+
+
+def reads(messages: Iterable[StoredMessage], limit: int) -> list[StoredMessage]:
+    """What a store reads for a page of `limit` (Span.page), taken from `messages` in the order
+    read: `limit` + 1, one more than the page to tell `has_more`; fewer where their text passes
+    PAGE_CHARS, up to the one that passes it (the page ends before it)."""
+    read: list[StoredMessage] = []
+    chars = 0
+    for msg in messages:
+        read.append(msg)
+        chars += len(msg.content)
+        if len(read) > limit or chars > PAGE_CHARS:
+            break
+    return read
+
+
+def full(read: list[StoredMessage], limit: int) -> bool:
+    """Whether what a store read holds all a page of `limit` reads (`reads`)."""
+    return len(read) > limit or sum(len(m.content) for m in read) > PAGE_CHARS
 
 
 def span(after: str | None, before: str | None, order: Order) -> Span:
