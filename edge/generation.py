@@ -48,7 +48,7 @@ from edge.keys.authenticator import refusal
 from edge.keys.principal import Principal
 from edge.log_line import info_line
 from edge.metric_children import child
-from edge.schemas import ChatCompletionRequest
+from edge.schemas import ChatCompletionRequest, ChatMessage
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.stops import StopMatcher
 from edge.token_relay import TextSink, TokenRelay
@@ -527,13 +527,10 @@ class Generation:
         reply; a review). Stored then rather than with the reply, so that an edge dying mid-stream
         still leaves the question. Not streamed, it is stored with the reply (`_record`)."""
         conversation_id = self._req.conversation_id
-        final = self._req.messages[-1]
-        # Only a request ending on the user's message asks something new: one that continues an
-        # assistant's message (continue_final_message), or holds a system prompt alone, would store
-        # an earlier question again, or an empty one.
-        if conversation_id is not None and self._p.messages is not None and final.role == "user":
+        question = _question(self._req.messages)
+        if conversation_id is not None and self._p.messages is not None and question is not None:
             self._p.messages.record_prompt(
-                conversation_id, self._principal.user, self.request_id, final.text()
+                conversation_id, self._principal.user, self.request_id, question.text()
             )
 
     def _record(self, out: Outcome) -> None:
@@ -642,6 +639,20 @@ def _retry_after_s(exc: UpstreamError) -> float | None:
         return max(exc.back_in_s, MIN_RETRY_S)
     if isinstance(exc, _NotRetried):
         return exc.retry_after_s
+    return None
+
+
+def _question(messages: list[ChatMessage]) -> ChatMessage | None:
+    """The user's message a request asks: its last message, or the last before the instructions
+    that follow it (system or developer messages: a reminder, retrieved context), which left the
+    question out of the history. None where an assistant's or a tool's message comes after the
+    user's last (a continued reply, continue_final_message, asks nothing new: stored, the earlier
+    question would be there twice) or where there is none (a system prompt alone)."""
+    for message in reversed(messages):
+        if message.role == "user":
+            return message
+        if message.role not in ("system", "developer"):
+            return None
     return None
 
 

@@ -86,6 +86,38 @@ def test_a_continued_reply_and_a_system_prompt_alone_store_no_question_again(
     ]
 
 
+def test_a_question_followed_by_instructions_is_stored_with_its_reply(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """Apps put instructions after the user's message (a developer reminder, retrieved context as
+    a system message): the request still asks the user's question, and its turn was stored as the
+    reply alone, the question lost from the history."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Where is Lima?"},
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "system", "content": "Context: Lima is in Peru."},
+    ]
+    for stream in (False, True):
+        conv = f"conv-edge-instructed-{stream}"
+        body = {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 4,
+            "stream": stream,
+            "conversation_id": conv,
+        }
+        if stream:
+            with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                reply = content_of(list(events(response)))
+        else:
+            answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+            reply = answer.json()["choices"][0]["message"]["content"]
+        # Read as the reply ends: the edge that answered waits for its own turns (README).
+        data = client.get(f"/v1/conversations/{conv}/messages", headers=server.auth("paid")).json()["data"]
+        assert [(m["role"], m["content"]) for m in data] == [("user", "Where is Lima?"), ("assistant", reply)]
+
+
 def test_the_prompt_is_stored_before_the_reply_ends_and_a_cancelled_reply_is_kept(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
