@@ -32,17 +32,25 @@ from edge.task_stop import stop_task
 
 log = structlog.get_logger(__name__)
 
+# The most text (characters of content) the queue holds, whatever its count ([messages]
+# queue_size): a message may be as long as a request body (1 MiB), and while the store lagged or
+# was down the edge kept up to queue_size of them, gigabytes, until it was killed for its memory
+# with every stream it served. Past it, a message is dropped as one past queue_size is.
+QUEUE_CHARS = 100_000_000
+
 
 class MessageWriter:
     """`submit` never waits: a request stream must not slow down because the store is slow, so a full
-    queue drops the message (counted and logged) instead. The worker retries a failed write with
-    jittered exponential backoff before giving up on that message."""
+    queue (`queue_size` messages, or QUEUE_CHARS of their text) drops the message (counted and
+    logged) instead. The worker retries a failed write with jittered exponential backoff before
+    giving up on that message."""
 
     def __init__(
         self,
         store: MessageStore,
         queue_size: int,
         *,
+        queue_chars: int = QUEUE_CHARS,
         max_attempts: int = 5,
         base_backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
@@ -56,6 +64,9 @@ class MessageWriter:
         self._queue: asyncio.Queue[tuple[int, StoredMessage]] = asyncio.Queue(maxsize=queue_size)
         self._queued = 0
         self._done = 0
+        # The text of the messages queued and not yet done with (the one being written included).
+        self._queue_chars = queue_chars
+        self._chars = 0
         # (conversation_id, user) → the place of its latest message queued and not yet done: a
         # read of that history waits until `_done` reaches it. Messages queued after the read began
         # do not hold it up (a conversation written to without pause still gets its answer).
@@ -77,12 +88,17 @@ class MessageWriter:
             self._drop(msg, "closed")
             return False
         place = self._queued + 1
+        chars = self._chars + len(msg.content)
+        if chars > self._queue_chars and self._chars:  # alone, however long, it is taken
+            self._drop(msg, "queue_full")
+            return False
         try:
             self._queue.put_nowait((place, msg))
         except asyncio.QueueFull:
             self._drop(msg, "queue_full")
             return False
         self._queued = place
+        self._chars = chars
         self._latest[(msg.conversation_id, msg.user)] = place
         return True
 
@@ -141,6 +157,7 @@ class MessageWriter:
                 key = (self._writing.conversation_id, self._writing.user)
                 if self._latest.get(key) == place:
                     del self._latest[key]
+                self._chars -= len(self._writing.content)
                 self._writing = None
                 self._finished(place)
                 self._queue.task_done()

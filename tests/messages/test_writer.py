@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from edge.messages.message import new_message
 from edge.messages.sqlite import SQLiteMessageStore
-from edge.messages.writer import MessageWriter
+from edge.messages.writer import QUEUE_CHARS, MessageWriter
 from tests.messages.stores import FlakyStore, GatedStore, RefusingStore
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +38,33 @@ async def test_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) ->
     store.gate.set()
     await writer.aclose()
     assert (await store.history("c1", "alice")).messages == msgs[:3]
+    await store.aclose()
+
+
+async def test_a_queue_of_long_messages_drops_past_its_text_not_only_its_count(tmp_path: Path) -> None:
+    """A message may be as long as a request body: while the store lagged, the queue's 10,000 kept
+    gigabytes in the edge's memory. Past QUEUE_CHARS of text a message is dropped, as one past the
+    count is; a short one still fits, and the text written frees its room."""
+    store = GatedStore(SQLiteMessageStore(tmp_path / "m.db"))
+    # Its close writes what was taken (75 MB here) however long that takes on a loaded machine.
+    writer = MessageWriter(store, queue_size=100, drain_timeout_s=600)
+    writer.start()
+    long_text = "x" * (QUEUE_CHARS // 4 + 1)  # one string, shared: the test holds it once
+    msgs = [new_message("c1", "alice", "user", long_text, f"r{i}") for i in range(4)]
+    short = new_message("c1", "alice", "assistant", "short", "r")
+    dropped_before = counter("floodgate_messages_dropped_total")
+    written_before = counter("floodgate_messages_written_total")
+
+    assert writer.submit(msgs[0])
+    with anyio.fail_after(5):
+        await store.entered.wait()  # the worker holds msgs[0] inside the slow store: it still counts
+    accepted = [writer.submit(m) for m in [*msgs[1:], short]]
+
+    assert accepted == [True, True, False, True]
+    assert counter("floodgate_messages_dropped_total") - dropped_before == 1
+    store.gate.set()
+    await writer.aclose()
+    assert counter("floodgate_messages_written_total") - written_before == 4
     await store.aclose()
 
 
