@@ -51,7 +51,7 @@ from edge.metric_children import child
 from edge.schemas import ChatCompletionRequest, ChatMessage
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.stops import StopMatcher
-from edge.token_relay import TextSink, TokenRelay
+from edge.token_relay import TOKENS_LIMIT_MARKER, TextSink, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, RequestRejected, UpstreamError
 from edge.upstreams.direct import GenerateDirect
 from limiter.base import OutputLease, StoreUnavailable
@@ -657,7 +657,11 @@ def _question(messages: list[ChatMessage]) -> ChatMessage | None:
 
 
 def _stored_finish_reason(out: Outcome) -> str:
-    """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart)."""
+    """The API's finish_reason, or what cut the reply short (the history tells a partial reply apart):
+    the user's token budget (its marker) too, which stored as `length` read as a reply that reached
+    its max_tokens."""
+    if out.marker == TOKENS_LIMIT_MARKER:
+        return "limit_reached"
     if out.reason in (
         "cancelled",
         "error",

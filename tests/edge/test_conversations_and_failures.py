@@ -322,3 +322,29 @@ def test_continuing_a_users_message_stores_the_continuation_alone_as_the_reply(
     continuation = answer.json()["choices"][0]["message"]["content"]
     wait_until(lambda: len(_stored_turns(client, server, cid)) == 2, what="the turns to be stored")
     assert _stored_turns(client, server, cid) == [("user", "Tell me about"), ("assistant", continuation)]
+
+
+def test_a_reply_cut_by_the_token_budget_is_stored_as_cut_by_it(tmp_path: Path) -> None:
+    """The client is told its reply stopped because its token budget ran out (`"floodgate":
+    {"limit_reached": "tokens"}`, the playground's "budget used up"); the history said `length`
+    alone, as for a reply that reached its max_tokens: reloaded, the cut looked like the reply's
+    own end. A cancelled reply was told apart (`cancelled`); this one now is too."""
+    tiers = {"paid": {"tokens_per_window": 60}}  # "hi" and its template: about 20 tokens
+    with start_server(tmp_path, {"tiers": tiers}) as server, httpx.Client(base_url=server.base_url) as client:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100,
+            "stream": True,
+            "conversation_id": "conv-budget-ends",
+        }
+        with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+            chunks = [e for e in events(response) if e != DONE]
+        assert chunks[-1]["floodgate"] == {"limit_reached": "tokens"}
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        url = "/v1/conversations/conv-budget-ends/messages"
+        data = client.get(url, headers=server.auth("paid")).json()["data"]
+    assert [(m["role"], m["content"], m["finish_reason"]) for m in data] == [
+        ("user", "hi", None),
+        ("assistant", content_of(chunks), "limit_reached"),
+    ]
