@@ -32,6 +32,7 @@ _TYPE_BY_STATUS = {
     408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_exceeded",
     503: "service_unavailable",
 }

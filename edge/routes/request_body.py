@@ -23,9 +23,21 @@ from edge.errors import ApiError
 from edge.keys.authorization_header import several_authorization_headers
 
 
+def unsupported_content_encoding() -> ApiError:
+    return ApiError(
+        415,
+        "The request body must not be compressed: send it without a Content-Encoding.",
+        code="unsupported_content_encoding",
+        # RFC 9110 12.5.3: a 415 for a content coding names the codings the server accepts.
+        headers={"accept-encoding": "identity"},
+    )
+
+
 def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
     """The Authorization header and the declared Content-Length, from the raw headers in one pass
-    (several Authorization headers: the 400 edge/keys/authorization_header.py gives)."""
+    (several Authorization headers: the 400 edge/keys/authorization_header.py gives). A body in a
+    content coding (gzip, br, ...) is refused, 415: nothing here decodes one, and a gzipped body
+    read as JSON was a misleading 400, one merely labelled so was served as plain."""
     authorization: str | None = None
     length: bytes | None = None
     for name, value in scope["headers"]:
@@ -35,6 +47,10 @@ def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
             authorization = value.decode("latin-1")
         elif name == b"content-length":
             length = value
+        elif name == b"content-encoding" and any(
+            coding.strip() not in (b"", b"identity") for coding in value.lower().split(b",")
+        ):
+            raise unsupported_content_encoding()
     if length is None:
         return authorization, None
     try:

@@ -7,6 +7,7 @@ reaches the replica, so that one runs on both paths (`server`).
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -365,6 +366,30 @@ def test_413_for_an_oversized_body(local_server: LiveServer, local_client: httpx
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
     error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 413)
     assert error["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "GZIP, identity"])
+def test_415_for_a_compressed_body(
+    local_server: LiveServer, local_client: httpx.Client, encoding: str
+) -> None:
+    """The edge decodes no content coding: a gzipped body was read as JSON all the same (a 400
+    "could not parse the JSON body", though the JSON was fine), and one merely labelled br was
+    served as plain. RFC 9110 15.5.16 and 12.5.3: 415, naming what it accepts."""
+    payload = json.dumps(OK_BODY).encode()
+    body = gzip.compress(payload) if encoding == "gzip" else payload
+    headers = local_server.auth("paid") | {"content-type": "application/json", "content-encoding": encoding}
+    response = local_client.post(CHAT, content=body, headers=headers)
+    error = _error(response, 415)
+    assert error["code"] == "unsupported_content_encoding" and error["type"] == "invalid_request_error"
+    assert response.headers["accept-encoding"] == "identity"
+
+
+def test_an_identity_content_encoding_is_read_as_it_is(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    headers = local_server.auth("paid") | {"content-encoding": "identity"}
+    response = local_client.post(CHAT, json=OK_BODY, headers=headers)
+    assert response.status_code == 200, response.text
 
 
 def test_the_frameworks_own_refusals_are_counted_as_rejected(
