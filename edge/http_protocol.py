@@ -40,6 +40,12 @@ class _HeadTooLarge(Exception):
     send_400_response, which answers 431 instead)."""
 
 
+class _UnknownTransferCoding(Exception):
+    """Raised from the parser's callback at a transfer coding other than chunked (gzip, chunked):
+    the parser frames the body by its chunks, and nothing here decodes the rest, so the body would
+    be read still coded. Answered 501 (RFC 9112 6.1) through send_400_response, as _HeadTooLarge."""
+
+
 _INVALID_HTTP = closing_error_response(
     b"400 Bad Request",
     "The request is not valid HTTP/1.1 (its request line, a header or its framing).",
@@ -49,6 +55,11 @@ _HEAD_TOO_LARGE = closing_error_response(
     b"431 Request Header Fields Too Large",
     f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
     "request_header_fields_too_large",
+)
+_UNKNOWN_TRANSFER_CODING = closing_error_response(
+    b"501 Not Implemented",
+    "The request's Transfer-Encoding may only be chunked.",
+    "unsupported_transfer_coding",
 )
 
 
@@ -121,6 +132,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # The current request's URL and header bytes so far (MAX_HEAD_BYTES), and whether it went past.
     _head_bytes = 0
     _head_too_large = False
+    # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
+    _unknown_coding = False
     # The parser refused a request: the connection's further bytes are read and dropped until it
     # closes; its answer waits in `_refusal` while a request before it has yet to be answered.
     _refused = False
@@ -149,6 +162,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        if name.lower() == b"transfer-encoding" and any(
+            coding.strip() != b"chunked" for coding in value.lower().split(b",")
+        ):
+            self._unknown_coding = True
+            raise _UnknownTransferCoding
         super().on_header(name, value)
 
     def _count_head(self, size: int) -> None:
@@ -165,10 +183,14 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._refused = True
-        answer = _HEAD_TOO_LARGE if self._head_too_large else _INVALID_HTTP
         if self._head_too_large:
+            answer = _HEAD_TOO_LARGE
             REQUESTS_REJECTED.labels("431", "request_header_fields_too_large").inc()
+        elif self._unknown_coding:
+            answer = _UNKNOWN_TRANSFER_CODING
+            REQUESTS_REJECTED.labels("501", "unsupported_transfer_coding").inc()
         else:
+            answer = _INVALID_HTTP
             REQUESTS_REJECTED.labels("400", "invalid_http_request").inc()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:

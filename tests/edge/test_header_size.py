@@ -132,3 +132,23 @@ def test_a_refusal_behind_a_head_request_follows_its_answer(edge: LiveServer) ->
         sock.sendall(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n" + bad)
         answer = read_to_close(sock)
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"400"]
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"x-custom , chunked"])
+def test_a_transfer_coding_the_edge_cannot_decode_is_answered_501(edge: LiveServer, coding: bytes) -> None:
+    """The parser takes `gzip, chunked` as chunked and the edge decodes no gzip: the body, still
+    gzipped, was read as JSON (a 400 "could not parse the JSON body"; a plain one labelled so was
+    served). RFC 9112 6.1: a transfer coding the server does not understand is a 501."""
+    port = int(edge.base_url.rsplit(":", 1)[1])
+    request = _chat(edge, chunked=b"0\r\n\r\n").replace(
+        b"transfer-encoding: chunked", b"transfer-encoding: " + coding
+    )
+    counted = edge.rejected(501)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = read_to_close(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 501 "), answer[:300]
+    assert b"connection: close" in head
+    assert json.loads(body)["error"]["code"] == "unsupported_transfer_coding"
+    assert edge.rejected(501) == counted + 1
