@@ -162,6 +162,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        if not self._headers_pending:
+            # A trailer field (after a chunked body): uvicorn appended it to the request's headers,
+            # which the app may already have read, so a key sent as a trailer authenticated the
+            # request. RFC 9110 6.5.1: never merged into the headers; nothing here reads trailers.
+            return
         if name.lower() == b"transfer-encoding" and any(
             coding.strip() != b"chunked" for coding in value.lower().split(b",")
         ):

@@ -152,3 +152,28 @@ def test_a_transfer_coding_the_edge_cannot_decode_is_answered_501(edge: LiveServ
     assert b"connection: close" in head
     assert json.loads(body)["error"]["code"] == "unsupported_transfer_coding"
     assert edge.rejected(501) == counted + 1
+
+
+def test_trailer_fields_are_not_taken_for_the_requests_headers(edge: LiveServer) -> None:
+    """uvicorn appended a chunked body's trailer fields to the request's headers: a key sent as a
+    trailer, where no proxy in front looks for one, authenticated the request (RFC 9110 6.5.1: a
+    trailer is never merged into the headers, and Authorization is not allowed in one), and a
+    trailer beside a real Authorization header made the request a 400 for two of them."""
+    port = int(edge.base_url.rsplit(":", 1)[1])
+    payload = json.dumps(
+        {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ).encode()
+    body = b"%x\r\n%b\r\n0\r\nauthorization: Bearer %b\r\n\r\n" % (
+        len(payload),
+        payload,
+        edge.keys["paid"].encode(),
+    )
+    keyed = _chat(edge, chunked=body)
+    head, _, rest = keyed.partition(b"\r\n\r\n")
+    keyless = head.replace(b"authorization:", b"x-not-authorization:") + b"\r\n\r\n" + rest
+    statuses = []
+    for request in (keyless, keyed):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(request.replace(b"host: x\r\n", b"host: x\r\nconnection: close\r\n", 1))
+            statuses.append(re.findall(rb"HTTP/1\.1 (\d{3}) ", read_to_close(sock)))
+    assert statuses == [[b"401"], [b"200"]]
