@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
+import httptools
 from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -138,6 +139,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # closes; its answer waits in `_refusal` while a request before it has yet to be answered.
     _refused = False
     _refusal: bytes | None = None
+    # A request that asked for an upgrade (never made here): its head again, less the Upgrade
+    # header, for a fresh parser to read the request from (_parse); and whether that one is it.
+    _upgrade_head: bytes | None = None
+    _upgrade_replayed = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw_transport = transport
@@ -229,7 +234,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # the rest of a refused request, read and dropped until the connection closes
-        super().data_received(data)
+        self._parse(data)
         # Blank lines between requests begin none (llhttp skips them) but cancel uvicorn's
         # keep-alive timer: without a deadline a trickle of them held the connection for ever.
         cycle = self.cycle
@@ -242,12 +247,49 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         ):
             self._header_deadline.start(request_begun=self._headers_pending)
 
+    def _parse(self, data: bytes) -> None:
+        """uvicorn's data_received, but a request that asked for an upgrade is read as the HTTP it
+        is answered as. httptools takes any request with Upgrade and `Connection: upgrade` to end at
+        its headers, body and all: `curl --http2` to an http:// URL asks for h2c on its first
+        request, and a chat's body was skipped (the app read an empty one: a 400 for its JSON).
+        Here the parse stops there (on_headers_complete starts no request) and a fresh parser reads
+        the request again, from its head less the Upgrade header, and its body from the bytes after."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as upgrade:
+            head, self._upgrade_head = self._upgrade_head, None
+            if head is None:
+                return
+            self.parser = httptools.HttpRequestParser(self)
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+            self._upgrade_replayed = True
+            self._parse(head + data[upgrade.args[0] :])
+
     def on_headers_complete(self) -> None:
         self._header_deadline.stop()
+        if self.parser.should_upgrade():
+            # No request yet: the parser skips its body and stops here (_parse reads it again).
+            version = self.parser.get_http_version().encode("ascii")
+            fields = b"".join(
+                name + b": " + value + b"\r\n" for name, value in self.headers if name != b"upgrade"
+            )
+            self._upgrade_head = b"%b %b HTTP/%b\r\n%b\r\n" % (
+                self.parser.get_method(),
+                self.url,
+                version,
+                fields,
+            )
+            return
         # Pending until uvicorn took them: its parse of the URL can still refuse the request, which
         # is then a request of its own, answered in its turn (send_400_response).
         super().on_headers_complete()
         self._headers_pending = False
+        upgrade, self._upgrade_replayed = self._upgrade_replayed, False
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
@@ -258,9 +300,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 # RFC 9110 10.1.1, 15.2: its 100-continue is ignored, and no 1xx goes to a 1.0
                 # client (it reads the first status line as its answer: a 100, the answer its body).
                 cycle.waiting_for_100_continue = False
-            if self.parser.should_upgrade():
+            if upgrade:
                 # Answered as plain HTTP (no WebSocket here, edge/server.py), and the connection
-                # closes after it: the parser stops at an upgrade, so nothing after it is read.
+                # closes after it: a proxy in front that took the upgrade for made would pass
+                # whatever the client sends next, unchecked, as a tunnel's bytes.
                 cycle.keep_alive = False
             writer = BodyChunkWriter(cycle, self._raw_transport.write)
             self.scope[WRITE_NOW] = writer.write_now  # type: ignore[literal-required]
@@ -277,6 +320,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 # Queued behind a running request, uvicorn paused the reading for it: read on, so
                 # a client that hangs up is seen (connection_lost) while the request ahead runs.
                 self.flow.resume_reading()
+
+    def on_message_complete(self) -> None:
+        if self._upgrade_head is not None:
+            return  # the end the parser gave a request that asked for an upgrade: it has none yet
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)  # a request whose headers came runs now (uvicorn starts it)

@@ -176,3 +176,26 @@ def test_an_http_1_0_client_that_sends_expect_gets_no_interim_answer(edge: LiveS
     assert answers[b"1.0"].startswith(b"HTTP/1.1 200 OK\r\n"), answers[b"1.0"][:100]
     continued = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
     assert answers[b"1.1"].startswith(continued), answers[b"1.1"][:100]
+
+
+@pytest.mark.parametrize("upgrade", [b"h2c", b"websocket"])
+def test_a_request_asking_for_an_upgrade_still_has_its_body_read(edge: LiveServer, upgrade: bytes) -> None:
+    """`curl --http2` to an http:// URL asks for an h2c upgrade on its first request, POST included.
+    httptools takes any request with Upgrade and `Connection: upgrade` to end at its headers: the
+    body was skipped, the app read an empty one, and the chat was a 400 "could not parse the JSON
+    body" (by Content-Length or chunked alike). Answered as HTTP, it is read as HTTP; the connection
+    still closes after it (nothing after an upgrade is taken for a request)."""
+    asking = b"host: x\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: " + upgrade + b"\r\n"
+    request = _chat(edge, stream=False, max_tokens=2).replace(b"host: x\r\n", asking, 1)
+    head, _, payload = request.partition(b"\r\n\r\n")
+    chunked = re.sub(rb"content-length: \d+", b"transfer-encoding: chunked", head) + b"\r\n\r\n"
+    chunked += b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload)
+    last = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    for framed in (request, chunked):
+        with _connect(edge) as sock:
+            sock.sendall(framed + last)
+            answer = read_to_close(sock)
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200"], answer[:400]
+        fields, body = _head_and_body(answer)
+        assert fields[b"connection"] == b"close"
+        assert json.loads(body)["usage"]["completion_tokens"] == 2
