@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import logging
 import socket
+import sys
 import threading
 from asyncio.trsock import TransportSocket
 from collections.abc import Generator, Iterator, Sequence
@@ -318,6 +319,11 @@ class ChatStream:
             # go (back to the pool, should its reply have ended): not to be touched.
             return
         shut_down(response)
+        if sys.is_finalizing():
+            # Collected as the interpreter shuts down (a global left unread): a thread started now
+            # never runs, and start() waited for it forever, the program hung at its exit. The
+            # shutdown above is the edge's cancel; the process's end closes the rest.
+            return
         with contextlib.suppress(RuntimeError):  # "can't create new thread at interpreter shutdown"
             threading.Thread(target=response.close, daemon=True).start()
 

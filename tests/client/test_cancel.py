@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 
 import anyio
 import pytest
@@ -33,6 +37,8 @@ from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import answered
 from tests.edge.sse_client import wait_until
 from tests.support.live_server import LiveServer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def open_long(client: Client, recipe: LongReply) -> ChatStream:
@@ -465,3 +471,33 @@ def test_an_async_stream_dropped_unread_and_unclosed_stops_its_generation(server
                 await client.chat.cancel(request_id)
 
     anyio.run(main)
+
+
+_EXITS_WITH_A_STREAM_UNREAD = """
+from floodgate_client import Client
+from tests.client.scripted_edge import ScriptedEdge
+
+edge = ScriptedEdge([b""], watch_hangup=True)
+client = Client(edge.base_url, "fg-test")
+stream = client.chat.stream("hi")  # never read: collected as the interpreter shuts down
+print("opened", flush=True)
+"""
+
+
+def test_a_program_that_exits_with_a_stream_unread_exits() -> None:
+    """A script (or one that raised) leaving a stream opened and unread in a global: collected as
+    the interpreter shut down, its __del__ started a thread to close the response, which never ran
+    there, and waited for it forever: the program hung at exit."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _EXITS_WITH_A_STREAM_UNREAD],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "client"), str(ROOT)])},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the program hung at its exit")
+    assert done.returncode == 0 and "opened" in done.stdout, done.stderr[-2000:]
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
