@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
 from contextlib import aclosing
 from types import TracebackType
@@ -199,6 +202,8 @@ class AsyncChatStream:
         self._events = self._generate()
         # Read from at least once (collected, httpcore's stream then closes its own connection).
         self._read_from = False
+        # The loop it was opened on, where a collected stream's response is closed (__del__).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> AsyncChatStream:
         """Send the request (once); error answers raise here. A stream cancelled before it opened
@@ -233,6 +238,8 @@ class AsyncChatStream:
             await response.aclose()
             raise NetworkError("stream closed")
         self._response = response
+        with contextlib.suppress(RuntimeError):  # not asyncio (trio): no loop to close it on
+            self._loop = asyncio.get_running_loop()
 
     def __await__(self) -> Generator[Any, None, AsyncChatStream]:
         return self.open().__await__()
@@ -328,11 +335,17 @@ class AsyncChatStream:
 
     def __del__(self) -> None:
         """Dropped unclosed, as the sync stream's __del__: the socket is shut down, which the edge
-        takes as a cancel (closing the response would need the event loop)."""
+        takes as a cancel, and the response is closed in a task on its loop: left open, its
+        connection stayed checked out of the pool, a slot each, until none was left."""
         response: httpx.Response | None = getattr(self, "_response", None)
         # Once read from, httpcore's own stream, closed as it is collected, lets the connection go.
-        if response is not None and not self._read_from:
-            shut_down(response)
+        if response is None or response.is_closed or self._read_from:
+            return
+        shut_down(response)
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not sys.is_finalizing():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to free
+                loop.call_soon_threadsafe(_close_later, loop, response)
 
     async def close(self) -> None:
         # Never reopened after (a reader iterating on got a new request).
@@ -466,3 +479,20 @@ class AsyncChatStream:
         if self._attempts.closed:
             await self._response.aclose()
             raise NetworkError("stream closed")
+
+
+# The closes of collected streams' responses under way (a task only the loop refers to may be
+# collected before it ends).
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_later(loop: asyncio.AbstractEventLoop, response: httpx.Response) -> None:
+    task = loop.create_task(_aclose_quietly(response))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _aclose_quietly(response: httpx.Response) -> None:
+    # Its socket shut down already: what failing to close it says, nobody is there to hear.
+    with contextlib.suppress(Exception):
+        await response.aclose()

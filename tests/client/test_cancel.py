@@ -469,6 +469,16 @@ def test_an_async_stream_dropped_unread_and_unclosed_stops_its_generation(server
             )
             with pytest.raises(ConflictError):
                 await client.chat.cancel(request_id)
+            # Its connection back in the pool too (it stayed checked out, one slot a dropped
+            # stream, until none was left and every request waited for a PoolTimeout).
+            pool = client._http._transport._pool  # type: ignore[attr-defined]
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: not pool.connections or all(c.is_idle() for c in pool.connections),
+                    30.0,
+                    "its connection back in the pool",
+                )
+            )
 
     anyio.run(main)
 
