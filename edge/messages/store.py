@@ -67,20 +67,28 @@ class Span:
 def reads(messages: Iterable[StoredMessage], limit: int) -> list[StoredMessage]:
     """What a store reads for a page of `limit` (Span.page), taken from `messages` in the order
     read: `limit` + 1, one more than the page to tell `has_more`; fewer where their text passes
-    PAGE_CHARS, up to the one that passes it (the page ends before it)."""
+    PAGE_CHARS, up to the one that passes it (the page ends before it, unless it is the
+    first: the one after it then)."""
     read: list[StoredMessage] = []
     chars = 0
     for msg in messages:
         read.append(msg)
         chars += len(msg.content)
-        if len(read) > limit or chars > PAGE_CHARS:
+        if _past_page(len(read), chars, limit):
             break
     return read
 
 
 def full(read: list[StoredMessage], limit: int) -> bool:
     """Whether what a store read holds all a page of `limit` reads (`reads`)."""
-    return len(read) > limit or sum(len(m.content) for m in read) > PAGE_CHARS
+    return _past_page(len(read), sum(len(m.content) for m in read), limit)
+
+
+def _past_page(count: int, chars: int, limit: int) -> bool:
+    """Whether `count` messages of `chars` characters read reach one past the page: the page's
+    first message is kept however long, so one past its text is at least the second (a first past
+    PAGE_CHARS alone ended the read there, and its page said has_more false, whatever followed)."""
+    return count > limit or (count > 1 and chars > PAGE_CHARS)
 
 
 def span(after: str | None, before: str | None, order: Order) -> Span:

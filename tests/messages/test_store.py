@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from edge.messages.dynamodb import DynamoDBMessageStore, owned_partition
 from edge.messages.message import StoredMessage, new_message
 from edge.messages.sqlite import SQLiteMessageStore
-from edge.messages.store import HistoryPage, MessageStore
+from edge.messages.store import PAGE_CHARS, HistoryPage, MessageStore
 from tests.messages.conftest import TABLE, dynamodb_store
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +55,25 @@ async def test_limit_keeps_the_first_messages_in_the_order_asked(store: MessageS
     latest = await store.history(conv, "alice", limit=3, order="desc")
     assert latest == HistoryPage(written[:-4:-1], has_more=True)
     assert await store.history(conv, "alice", limit=7) == HistoryPage(written, has_more=False)
+
+
+async def test_a_message_past_the_pages_text_budget_alone_still_says_more_follow(store: MessageStore) -> None:
+    """A page ends after its first message however long (PAGE_CHARS): one longer than that alone
+    (a request body an operator let past 4 MB) was read with nothing after it, and its page said
+    has_more false: the messages after it were never listed, nor reachable by paging."""
+    conv = conversation()
+    written = [
+        new_message(conv, "alice", "user", "x" * (PAGE_CHARS + 1), "r_0"),
+        new_message(conv, "alice", "assistant", "short", "r_0"),
+    ]
+    for msg in written:
+        await store.append(msg)
+
+    assert await store.history(conv, "alice") == HistoryPage(written[:1], has_more=True)
+    latest = await store.history(conv, "alice", order="desc")
+    assert latest == HistoryPage(written[1:], has_more=True)
+    after = await store.history(conv, "alice", after=written[0].message_id)
+    assert after == HistoryPage(written[1:], has_more=False)
 
 
 async def test_appending_the_same_message_twice_keeps_one(store: MessageStore) -> None:
