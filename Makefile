@@ -41,8 +41,9 @@ serve: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/floodgate serve
 
 # --durations: CI's log names the slowest tests, where the suite's time against its 10 minutes goes.
+# --no-loadscope-reorder: files go out in collection order, the longest first (tests/conftest.py).
 test: $(DEV_STAMP) $(MODEL_STAMP) system-deps
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench
