@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 from tokenizers import Tokenizer
 
 from edge.config import Settings
@@ -37,6 +37,17 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output"
 # not use (a 404 model_not_found for them). The free user gets one request a minute here, so a
 # second send is surely refused (the 429 view). The admin API moves a key to another tier.
 SMALL, LARGE = "floodgate-tiny", "floodgate-large"
+
+
+def send_from_the_page(page: Page, base_url: str, prompt: str) -> None:
+    """Open the playground at `base_url` (a scripted edge: any key does) and send `prompt` to SMALL."""
+    page.goto(base_url + "/")
+    page.fill("#api-key", "fg-test")
+    page.fill("#model", SMALL)
+    page.fill("#prompt", prompt)
+    page.click("#send")
+
+
 ADMIN_KEY = new_secret(ADMIN_KEY_PREFIX)
 BROWSER_OVERRIDES: dict[str, Any] = {
     "models": {SMALL: {"source": "demo"}, LARGE: {"source": "demo"}},

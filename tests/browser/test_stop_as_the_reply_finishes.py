@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder
-from tests.browser.conftest import SMALL
+from tests.browser.conftest import SMALL, send_from_the_page
 from tests.client.scripted_edge import ScriptedEdge, served
 
 WAIT_MS = 30_000
@@ -51,11 +51,7 @@ def test_stop_answered_409_keeps_the_rest_of_the_finished_reply(browser: Browser
     context = browser.new_context()
     try:
         page = context.new_page()
-        page.goto(edge.base_url + "/")
-        page.fill("#api-key", "fg-test")
-        page.fill("#model", SMALL)
-        page.fill("#prompt", "say hello world")
-        page.click("#send")
+        send_from_the_page(page, edge.base_url, "say hello world")
         state = page.locator("#status-state")
         expect(state).to_have_attribute("data-state", "streaming", timeout=WAIT_MS)
         page.click("#stop")
@@ -82,11 +78,7 @@ def test_stop_whose_cancel_is_still_out_as_the_reply_ends_says_done(browser: Bro
     context = browser.new_context()
     try:
         page = context.new_page()
-        page.goto(edge.base_url + "/")
-        page.fill("#api-key", "fg-test")
-        page.fill("#model", SMALL)
-        page.fill("#prompt", "say hello world")
-        page.click("#send")
+        send_from_the_page(page, edge.base_url, "say hello world")
         state = page.locator("#status-state")
         expect(state).to_have_attribute("data-state", "streaming", timeout=WAIT_MS)
         page.click("#stop")

@@ -11,7 +11,7 @@ from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
 from edge.sse import ChunkEncoder
-from tests.browser.conftest import SMALL
+from tests.browser.conftest import SMALL, send_from_the_page
 from tests.client.scripted_edge import ScriptedEdge, served
 
 WAIT_MS = 30_000
@@ -28,11 +28,7 @@ def test_a_chunk_the_page_cannot_read_ends_the_request_and_says_so(browser: Brow
     context = browser.new_context()
     try:
         page = context.new_page()
-        page.goto(edge.base_url + "/")
-        page.fill("#api-key", "fg-test")
-        page.fill("#model", SMALL)
-        page.fill("#prompt", "say hello")
-        page.click("#send")
+        send_from_the_page(page, edge.base_url, "say hello")
         state = page.locator("#status-state")
         expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
         expect(state).to_contain_text("could not read the edge's reply")

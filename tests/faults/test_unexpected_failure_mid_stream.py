@@ -26,19 +26,27 @@ BOOM_AT_ONCE = 8  # and with a RuntimeError before any token
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 
 
-async def _raising(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
-    if req.max_new_tokens == BOOM_AT_ONCE:
-        raise RuntimeError("the replica's adapter broke")
+async def _first_three(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    """The replica's first three tokens, none of them its last."""
     tokens = 0
     async for delta in inner.generate(req):
-        if req.max_new_tokens != BOOM_AFTER_3:
-            yield delta
-            continue
         delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
         tokens += len(delta.token_ids)
         yield delta
         if tokens >= 3:
-            raise RuntimeError("the replica's adapter broke")
+            return
+
+
+async def _raising(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+    if req.max_new_tokens == BOOM_AT_ONCE:
+        raise RuntimeError("the replica's adapter broke")
+    if req.max_new_tokens != BOOM_AFTER_3:
+        async for delta in inner.generate(req):
+            yield delta
+        return
+    async for delta in _first_three(inner, req):
+        yield delta
+    raise RuntimeError("the replica's adapter broke")
 
 
 _raising_replicas = scripted_replicas(_raising)
@@ -106,17 +114,13 @@ GARBLED_AFTER_3 = 10  # max_tokens the replica below answers with three tokens, 
 async def _garbling(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
     """Three tokens, then a delta whose token ids are no ids: the edge's own relay raises at it (a
     TypeError in the detokenizer), the edge's failure rather than one the replica's stream raised."""
-    tokens = 0
-    async for delta in inner.generate(req):
-        if req.max_new_tokens != GARBLED_AFTER_3:
+    if req.max_new_tokens != GARBLED_AFTER_3:
+        async for delta in inner.generate(req):
             yield delta
-            continue
-        delta = replace(delta, token_ids=delta.token_ids[: 3 - tokens], finish_reason=None)
-        tokens += len(delta.token_ids)
+        return
+    async for delta in _first_three(inner, req):
         yield delta
-        if tokens >= 3:
-            yield Delta(["garbled"])  # type: ignore[list-item]
-            return
+    yield Delta(["garbled"])  # type: ignore[list-item]
 
 
 _garbling_replicas = scripted_replicas(_garbling)
