@@ -25,9 +25,18 @@ that sent their headers and trickled their bodies (each held until `[server] bod
 every place, past the paid reserve, and paid users met 429 at the door meanwhile. The door still
 refuses at the cap before reading anything; at the body's end the cap is checked again (the
 refusal is then raised from `receive`, answered by the app's handler as the body deadline's 408 is).
+
+A free request takes no place past the free share. The app reads the key before the body and marks
+a tier without the reserve (`NO_RESERVE`); such a request whose body arrives while the free share is
+full is not counted, and `hold_reserve` refuses it once it has been validated. Counted, it held one
+of the paid places while it was parsed and its prompt encoded (a long prompt's wait for a worker
+thread, behind every other long prompt): a free flood of long prompts (one key's is enough: its
+concurrency limit is checked after the reserve) filled the door, and paid users met 429 server_busy.
 """
 
 from __future__ import annotations
+
+from contextvars import ContextVar
 
 import msgspec
 from litestar.enums import ScopeType
@@ -47,6 +56,11 @@ BUSY_RETRY_AFTER_S = 1.0
 
 
 BUSY_MESSAGE = "This server holds as many streams as it can. Please try again shortly."
+# The scope key the app sets, once the key is read, for a tier that may not use the paid reserve.
+NO_RESERVE = "floodgate.no_reserve"
+# True in a request's own task when its body arrived past the free share: it holds no place, and
+# hold_reserve refuses it.
+_PAST_FREE_SHARE: ContextVar[bool] = ContextVar("floodgate_past_free_share", default=False)
 
 
 class StreamGate:
@@ -63,7 +77,7 @@ class StreamGate:
         """For a generation already through the door whose tier is now known: raise ApiError 429
         `server_busy` if its tier may not use the paid reserve and the door's free share is full
         (this stream counted)."""
-        if not may_use_reserve and self.open_streams > self.unreserved_streams:
+        if not may_use_reserve and (_PAST_FREE_SHARE.get() or self.open_streams > self.unreserved_streams):
             PAID_SHARE_KEPT.inc()
             raise _busy_error()
 
@@ -110,15 +124,21 @@ class StreamGate:
                 # The body has arrived: from here the request is a generation (see module doc).
                 if self.open_streams >= self.max_open_streams:
                     raise _busy_error()
+                if scope.get(NO_RESERVE) and self.open_streams >= self.unreserved_streams:
+                    # To be refused once validated (hold_reserve): meanwhile no place of the paid share.
+                    _PAST_FREE_SHARE.set(True)
+                    return message
                 counted = True
                 self.open_streams += 1
                 OPEN_STREAMS.inc()
                 return message
 
             scope[RAW_SEND] = send  # type: ignore[literal-required]
+            past_share = _PAST_FREE_SHARE.set(False)
             try:
                 await app(scope, receive_counted, send)
             finally:
+                _PAST_FREE_SHARE.reset(past_share)
                 # `send` reaches the server's request cycle, which holds this scope: left here, the
                 # request's cycle, scope and headers would be garbage only the collector frees.
                 del scope[RAW_SEND]  # type: ignore[misc]

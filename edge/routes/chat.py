@@ -18,6 +18,7 @@ from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
 from edge.runtime import Runtime, runtime_of
 from edge.schemas import parse_chat_request
+from edge.stream_gate import NO_RESERVE
 from edge.streaming import EventStreamResponse, until_disconnect
 
 
@@ -26,6 +27,10 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     raised for the app's exception handlers (edge/errors.py) to answer."""
     authorization, declared_length = authorization_and_length(scope)
     principal = await runtime.keys.authenticate(authorization)
+    tier = runtime.settings.tiers.get(principal.tier)
+    if tier is not None and not tier.may_use_reserve:
+        # Before the body: the stream gate counts no place past the free share for it.
+        scope[NO_RESERVE] = True  # type: ignore[literal-required]
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
     generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
     if req.stream:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 
 from edge.config import Settings
+from edge.prompt_encoding import runs_inline
 from edge.upstreams.base import Capacity, Delta, GenerationRequest, Upstream
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, MODEL, content_of, events, wait_until
@@ -179,3 +181,67 @@ def test_requests_still_sending_their_bodies_hold_no_stream(tmp_path: Path) -> N
 
         upstream.release()
         assert list(reader)[-1] == DONE
+
+
+class HeldEncoding:
+    """The pipeline's own prompt encoding, held for long prompts (those it encodes in a worker
+    thread) until `release()`: a long prompt's encoding, as a free flood's large bodies make it, for
+    as long as the test needs."""
+
+    def __init__(self, encode_chat: Any) -> None:
+        self._encode_chat = encode_chat
+        self.entered = threading.Event()
+        self._released = threading.Event()
+
+    def __call__(self, messages: Any, scope: str = "", end: Any = "reply") -> list[int]:
+        if not runs_inline(messages):
+            self.entered.set()
+            assert self._released.wait(30.0), "the held encoding was never released"
+        return self._encode_chat(messages, scope, end)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def test_a_free_request_being_read_past_the_free_share_holds_no_paid_place(tmp_path: Path) -> None:
+    """A free request counted at its body's end was checked against the free share only after its
+    prompt was encoded (a worker thread's wait for a long one, behind every other such prompt):
+    meanwhile it held one of the places kept for paid users, and a free flood of long prompts (one
+    key's, past its concurrency limit, which is checked later still) filled the door: paid users
+    met 429 server_busy. Past the free share, a free request now takes no place: it is refused once
+    it has been validated, as before."""
+    upstream = HeldUpstream()
+    with _held_server(tmp_path, upstream) as server, ExitStack() as stack:
+        held = [_open(stack, server, who) for who in ("free", "free2", "free", "free2")]
+        assert all(response.status_code == 200 for response, _ in held)
+        text = server.app.state.runtime.pipeline.text
+        encoding = HeldEncoding(text.encode_chat)
+        text.encode_chat = encoding
+        long_body = BODY | {"messages": [{"role": "user", "content": "word " * 1_000}]}
+        late: list[httpx.Response] = []
+
+        def send_long() -> None:
+            with httpx.Client(base_url=server.base_url, timeout=30.0) as client:
+                response = client.post(CHAT, json=long_body, headers=server.auth("free"))
+                response.read()
+                late.append(response)
+
+        sender = threading.Thread(target=send_long)
+        sender.start()
+        gate = server.app.state.runtime.pipeline.gate
+        try:
+            assert encoding.entered.wait(30.0), "the long prompt never reached its encoding"
+            with ExitStack() as paid_stack:
+                paid, _ = _open(paid_stack, server, "paid")
+                assert paid.status_code == 200, paid.read()
+            # The paid stream gone, the free share is exactly full again: the long free request,
+            # which holds no place, is still refused (run, it would be a stream nothing counts).
+            wait_until(lambda: gate.open_streams == 4, what="the paid stream to leave the gate")
+        finally:
+            encoding.release()
+            sender.join(30.0)
+        assert late and _busy(late[0]), late
+        assert gate.open_streams == 4
+        upstream.release()
+        for response, stream in held:
+            assert list(stream)[-1] == DONE, response
