@@ -76,6 +76,9 @@ DEFAULT_POOL_WAIT_S = 2.0
 # Opening a connection is not an answer from a busy server either: its own, longer bound.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _CLUSTER_CONCURRENCY = 16
+# Budgets a restore puts back per round trip (`_resync`): each round trip is one bounded call, well
+# within the bound (about 40 µs a budget on Redis and here: 20 ms), and the loop runs between them.
+RESTORE_CHUNK = 500
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
 Op = Literal["admit", "charge", "settle", "restore"]
 
@@ -716,49 +719,59 @@ class RedisLimiter:
 
     async def _resync(self) -> None:
         """Put back on Redis what this instance counted while Redis failed (restore.lua), every
-        user in one round trip, before admitting there again: the requests still running from
-        the outage (or admitted by a Redis that since restarted empty) then hold their slots on
-        Redis too, so Redis does not admit as many again beside them. While the store is down, a
-        restore under way is the probe (store_health.py): the fallback answers the callers
-        meanwhile, as it answers every other call then, rather than each waiting out its bound."""
-        if self._health.failing and self._resync_lock.locked():
+        user's budgets in round trips of RESTORE_CHUNK, before admitting there again: the requests
+        still running from the outage (or admitted by a Redis that since restarted empty) then
+        hold their slots on Redis too, so Redis does not admit as many again beside them. While
+        the store is down, a restore under way is the probe (store_health.py): the fallback answers
+        the callers meanwhile, as it answers every other call then, rather than each waiting out
+        its bound; within the store's backoff nothing is built (the call would be refused).
+
+        Sent as one call, the restore had to fit in one call's bound (1.75 s by default), and the
+        twin holds every user with a TAT ahead (a free user's one request stays 9 minutes ahead on
+        its requests, 18 on its tokens): with 50,000 such users it timed out, the store was marked
+        down, and every later try was the same restore, timed out again: the edge never used Redis
+        again, and each admit built the whole snapshot first, blocking the loop for seconds. Each
+        round trip is now its own bounded call, a failure anywhere ends this restore (sent again,
+        whole, later: restore.lua is idempotent per ledger)."""
+        if self._health.failing and (self._resync_lock.locked() or self._health.retry_in() > 0):
             raise _NotSent
         async with self._resync_lock:
             if self._in_sync():
                 return
-            # Read with the snapshot, in the same step: whatever comes after it needs another.
+            # Read before the snapshots: whatever comes after them needs another restore.
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
             counted_out, lost = self._counted_out, self._connections_lost()
-            calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
-            ledgers: list[tuple[str, str, LedgerSnapshot]] = []
-            for user, tier in self._local.active_budgets():
-                snap, ledger = self._local.snapshot(user, tier), self._local.ledger(user, tier)
-                if ledger is not None:
-                    ledgers.append((user, tier, ledger))
-                calls.append(
-                    restore_call(
-                        user,
-                        tier,
-                        snap,
-                        ledger,
-                        instance=self._instance,
-                        instance_count=self._instance_count,
-                        lease_ttl_us=self._lease_ttl_us,
-                        now_arg=self._now_arg(),
+            budgets = self._local.active_budgets()
+            for start in range(0, len(budgets), RESTORE_CHUNK):
+                calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
+                ledgers: list[tuple[str, str, LedgerSnapshot]] = []
+                for user, tier in budgets[start : start + RESTORE_CHUNK]:
+                    snap, ledger = self._local.snapshot(user, tier), self._local.ledger(user, tier)
+                    if ledger is not None:
+                        ledgers.append((user, tier, ledger))
+                    calls.append(
+                        restore_call(
+                            user,
+                            tier,
+                            snap,
+                            ledger,
+                            instance=self._instance,
+                            instance_count=self._instance_count,
+                            lease_ttl_us=self._lease_ttl_us,
+                            now_arg=self._now_arg(),
+                        )
                     )
-                )
-            if calls:
                 try:
-                    await self._call("restore", lambda: self._send_all(self._restore, calls), epoch=failures)
+                    await self._call("restore", partial(self._send_all, self._restore, calls), epoch=failures)
                 except _NoAnswer:
                     for user, tier, ledger in ledgers:  # it may have run: its settles go to Redis
                         self._local.ledger_sent(user, tier, ledger, landed=False)
                     raise
-            for user, tier, ledger in ledgers:
-                self._local.ledger_sent(user, tier, ledger, landed=True)
+                for user, tier, ledger in ledgers:
+                    self._local.ledger_sent(user, tier, ledger, landed=True)
             self._synced_at, self._synced_fallback = failures, fallback_allowed
             self._synced_counted_out, self._synced_lost = counted_out, lost
-            log.info("limiter_restored", budgets=len(calls))
+            log.info("limiter_restored", budgets=len(budgets))
 
     def _settle_op(
         self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool

@@ -450,3 +450,37 @@ async def test_a_redis_admission_overruled_by_the_mirror_waits_until_redis_is_tr
     finally:
         await probe.aclose()
         await store.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_restore_of_many_users_budgets_lands_and_counting_goes_back_to_redis(
+    redis_server: RedisServer,
+) -> None:
+    """A restore puts back every user the twin holds a budget ahead for: on the free tier, anyone
+    with a request in the last quarter of an hour or so. Sent as one call, it had to fit in one
+    call's bound: 50,000 such users timed out at the default 1.75 s, the store was marked down, and
+    each later try was the same restore, timed out again, so the edge stayed on its fallback for
+    good. Here 30,000 users against a 0.4 s bound (about two seconds as one call)."""
+    free = tier(requests=20, request_window_s=10800, tokens=40000, token_window_s=86400, name="free")
+    store = RedisLimiter.from_url(redis_server.url, timeout_ms=100, connect_timeout_s=0.1)
+    client = Redis.from_url(redis_server.url)
+    tag = uuid.uuid4().hex
+    users = [f"many-{tag}-{i}" for i in range(30_000)]
+    failed_before = _failures("restore")
+    try:
+        await store.connect()
+        for i, user in enumerate(users):  # what Redis admitted here: one request each
+            store._local.record_admitted(user, f"r{i}", free, 500)
+            store._local.settle_now(user, free, f"r{i}", 0)
+        store.restore_slots()  # back in the fleet: this instance's counts go back to Redis
+        assert store._restoring is not None
+        await store._restoring
+        assert not store.fallback_active and _failures("restore") == failed_before
+        for user in (users[0], users[len(users) // 2], users[-1]):
+            request_key, token_key, _ = user_keys(user, "free")
+            assert await client.get(request_key) is not None and await client.get(token_key) is not None
+        admission = await store.admit(f"after-{tag}", "a1", free, 10, 10)
+        assert admission.decision.allowed and not store.fallback_active
+    finally:
+        await store.aclose()
+        await client.aclose()
