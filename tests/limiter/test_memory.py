@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from limiter import policy
 from limiter.base import Admission, Limiter
 from limiter.factory import create_limiter
 from limiter.memory import MemoryLimiter
@@ -263,3 +264,41 @@ async def test_a_budget_smaller_than_one_batch_still_admits_what_fits() -> None:
     lease = _lease(await limiter.admit("u", "r", tier(tokens=50, token_window_s=1000), 40, 100))
     assert lease.granted == 10
     assert await lease.take(20) == 10
+
+
+def test_dropping_idle_users_never_stalls_one_call_for_all_the_users_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The twin drops idle users now and then (key expiry's stand-in). It looked at every user it
+    held in one step every 10,000 calls: on the Redis store's mirror, which holds each user with a
+    TAT ahead (a free user's one request: 18 minutes on a daily token budget; all day once it is
+    spent), 200,000 users made that one call take 0.67 s, every streaming reply on the edge's loop
+    paused with it, every few seconds at a few hundred requests a second. Each call now looks at a
+    bounded slice of them (counted here as the budgets it asks whether idle: a timing is the
+    machine's)."""
+    clock = ManualClock()
+    twin = MemoryLimiter(clock)
+    free = tier(requests=20, request_window_s=10800, tokens=40000, token_window_s=86400, name="free")
+    for i in range(150_000):  # what Redis admitted on this instance: held, a TAT ahead each
+        twin.record_admitted(f"user-{i}", f"r{i}", free, 500)
+        twin.settle_now(f"user-{i}", free, f"r{i}", 0)
+    looked_at = 0
+    is_idle = policy.UserState.is_idle
+
+    def counted(state: policy.UserState, now_us: int) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return is_idle(state, now_us)
+
+    monkeypatch.setattr(policy.UserState, "is_idle", counted)
+    most = 0
+    for i in range(20_000):  # any calls past the next sweep
+        looked_at = 0
+        twin.record_admitted(f"new-{i}", f"n{i}", free, 10)
+        most = max(most, looked_at)
+    assert 0 < most <= 2_000, most
+    # Idle users still go: a day on, every budget is whole again and nothing runs.
+    clock.advance(2 * 86400)
+    for i in range(200_000):
+        twin.settle_now(f"late-{i % 10}", free, "none", 0)
+    assert len(twin._users) <= 30_000
