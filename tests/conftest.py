@@ -7,10 +7,10 @@ import pytest
 from tests.server_marker import mark_server_tests
 
 # The files that take longest (seconds of one process, from CI's durations on 2 cores), run first.
-# `make test` hands whole files to its two processes in collection order (--dist loadfile
-# --no-loadscope-reorder; xdist's default order, by count of tests, put these two-test files last):
-# started last, the iac checks' 105 s ran alone after everything else, and a fresh-clone CI took
-# 10 min 20 s.
+# `make test` hands whole files to its processes in collection order (--dist loadfile
+# --no-loadscope-reorder; xdist's default order, by count of tests, put these one- and two-test
+# files last): started last, the iac checks' 105 s ran alone after everything else, and a
+# fresh-clone CI took 10 min 20 s.
 LONGEST_FIRST = (
     "tests/iac/test_iac_checks.py",
     "tests/edge/test_edge_goals_bench.py",
