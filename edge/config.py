@@ -456,6 +456,18 @@ def _check_model_names(settings: Settings) -> None:
     """A served model's name is one path segment of /v1/models/{id} (and its /stats): a name with
     a '/', or '.' or '..', would be listed and chatted with, but never retrieved, its stats never
     shown. Published to CloudWatch, it is also the scaling metrics' Model dimension."""
+    by_case: dict[str, str] = {}
+    for name in settings.models:
+        # Names that differ only in case: a client that typed one casing of a name was served
+        # another model, silently, with its own weight and limits; and the deployment names each
+        # model's GPU group (and its IAM role, whose names AWS compares without case) after it.
+        other = by_case.setdefault(name.casefold(), name)
+        if other != name:
+            raise ConfigError(
+                f"models {other!r} and {name!r}: two served models' names may not differ only in "
+                "case (a client that mistypes the case would get the other model, and the GPU groups "
+                "named after them clash in AWS); rename one"
+            )
     for name in settings.models or (settings.model.name,):
         if not name:
             raise ConfigError("model name '': a served model needs a name (its id in /v1/models/{id})")

@@ -142,6 +142,17 @@ def test_a_model_name_the_api_could_not_retrieve_is_refused(tmp_path: Path) -> N
     assert "say" not in str(refused.value)  # it offered '' as the name to use
 
 
+def test_two_models_named_alike_but_for_case_are_refused(tmp_path: Path) -> None:
+    """`Small` and `small` loaded as two models: a client that typed the other casing was served
+    the other model (its own weight and limits), and the groups named after them clash in AWS."""
+    path = tmp_path / "my.toml"
+    path.write_text('[models.Small]\nsource = "demo"\n[models.small]\nsource = "demo"\n')
+    with pytest.raises(ConfigError, match=r"'Small' and 'small'.*differ only in case"):
+        load_settings(path)
+    path.write_text('[models.small]\nsource = "demo"\n[models.large]\nsource = "demo"\n')
+    assert list(load_settings(path).models) == ["small", "large"]
+
+
 def test_a_model_or_tier_that_is_no_table_is_refused_naming_it(tmp_path: Path) -> None:
     """`[models] small = "demo"` said "Expected `object`, got `str` - at `$.models[...]`": not
     which of the models (nor a tier's, for `[tiers] free = 3`)."""
