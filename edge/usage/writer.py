@@ -1,5 +1,11 @@
-"""Usage recording off the token path: `record` only queues; one task sums what is queued per
-(user, model, day) and adds the sums to the store.
+"""Usage recording off the token path: `record` only adds the request's counts to the row of its
+(user, model, day) waiting to be written; one task takes the waiting rows and adds them to the store.
+
+Rows wait summed, not one per request: while the store is down the writer retries its batch, and
+every request ending meanwhile waits. Each waited on its own, so an outage past `queue_size`
+requests (10,000: under a minute of an edge ending a few hundred a second) dropped every request
+after, though the limiter had charged it; `queue_size` now bounds the distinct rows waiting (users
+with usage that day, per model), and a request of a row already waiting always joins it.
 
 The task gathers for `gather_s` (0.25 s) after the first row of a batch before it writes: woken
 for each few requests, its wake-ups and the store's thread hand-off and SQLite write were 5-11 %
@@ -11,8 +17,8 @@ Only if the store stays down past `drain_timeout_s` does `aclose` give up, and t
 could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
 replay it from the log. The row whose write was under way may have landed: it is logged on its
 own with its WriteId (`writer`, `seq`, `maybe_written`), which a replay through the store's `add`
-applies at most once. A request recorded after `aclose` began, or while the queue is full, is
-dropped the same way: counted and logged whole (`usage_dropped`).
+applies at most once. A request recorded after `aclose` began, or of a new row while `queue_size`
+rows wait, is dropped the same way: counted and logged whole (`usage_dropped`).
 
 A row the store refuses itself (UsageRefused: no retry could write it) is logged the same way,
 `usage_unwritten` with `refused`, and the rows behind it go on.
@@ -64,7 +70,12 @@ class UsageWriter:
         gather_s: float = 0.25,
     ) -> None:
         self._store = store
-        self._queue: asyncio.Queue[Usage] = asyncio.Queue(maxsize=queue_size)
+        # Rows waiting for the worker, summed per key: [input_tokens, output_tokens, requests].
+        self._waiting: dict[Key, list[int]] = {}
+        self._max_waiting = queue_size
+        self._wake = asyncio.Event()  # a row is waiting
+        self._idle = asyncio.Event()  # nothing waiting and no batch under way
+        self._idle.set()
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
         self._drain_timeout_s = drain_timeout_s
@@ -81,13 +92,20 @@ class UsageWriter:
 
     def record(self, user: str, model: str, input_tokens: int, output_tokens: int) -> bool:
         """One settled request's charged tokens; False when it could not be queued."""
-        usage = Usage(user, model, utc_day(), input_tokens, output_tokens, 1)
+        key = (user, model, utc_day())
         if self._closed:
-            return self._drop(usage, "closed")
-        try:
-            self._queue.put_nowait(usage)
-        except asyncio.QueueFull:
-            return self._drop(usage, "queue_full")
+            return self._drop(key, input_tokens, output_tokens, "closed")
+        row = self._waiting.get(key)
+        if row is None:
+            if len(self._waiting) >= self._max_waiting:
+                return self._drop(key, input_tokens, output_tokens, "queue_full")
+            self._waiting[key] = [input_tokens, output_tokens, 1]
+        else:
+            row[0] += input_tokens
+            row[1] += output_tokens
+            row[2] += 1
+        self._idle.clear()
+        self._wake.set()
         return True
 
     def start(self) -> None:
@@ -96,7 +114,7 @@ class UsageWriter:
 
     async def flush(self) -> None:
         """Wait until everything recorded so far is in the store."""
-        await self._queue.join()
+        await self._idle.wait()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -104,10 +122,12 @@ class UsageWriter:
         if self._worker is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._queue.join(), self._drain_timeout_s)
+            await asyncio.wait_for(self._idle.wait(), self._drain_timeout_s)
         await stop_task(self._worker)
         self._worker = None
-        unwritten = self._batch + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        waiting, self._waiting = self._waiting, {}
+        unwritten = self._batch + _rows(waiting)
+        self._batch = []
         writing, self._writing = self._writing, {}
         for write, row in writing.items():
             # Kept apart: summed with rows of its key that never went out, a replay under its
@@ -123,21 +143,18 @@ class UsageWriter:
 
     async def _run(self) -> None:
         while True:
-            self._batch = [await self._queue.get()]
+            await self._wake.wait()
             if not self._closed:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._gather_s):
                         await self._closing.wait()
-            while not self._queue.empty():
-                self._batch.append(self._queue.get_nowait())
-            taken = len(self._batch)
-            rows = _summed(self._batch)
-            try:
-                await self._write_all(rows)
-            finally:
-                self._batch = rows  # what aclose logs as unwritten if it cancelled these writes
-                for _ in range(taken):
-                    self._queue.task_done()
+            self._wake.clear()
+            waiting, self._waiting = self._waiting, {}
+            # What aclose logs as unwritten if it cancels these writes: each row leaves it once written.
+            self._batch = rows = _rows(waiting)
+            await self._write_all(rows)
+            if not self._waiting:
+                self._idle.set()
 
     async def _write_all(self, rows: list[Usage]) -> None:
         """Each row written, `store.parallel_writes` at a time; a row leaves `rows` once written."""
@@ -180,10 +197,14 @@ class UsageWriter:
                 USAGE_ROWS_WRITTEN.inc()
                 return
 
-    def _drop(self, usage: Usage, reason: str) -> bool:
+    def _drop(self, key: Key, input_tokens: int, output_tokens: int, reason: str) -> bool:
         USAGE_DROPPED.inc()
-        log.warning("usage_dropped", reason=reason, **usage.as_dict())
+        log.warning("usage_dropped", reason=reason, **Usage(*key, input_tokens, output_tokens, 1).as_dict())
         return False
+
+
+def _rows(waiting: dict[Key, list[int]]) -> list[Usage]:
+    return [Usage(user, model, day, *counts) for (user, model, day), counts in waiting.items()]
 
 
 def _summed(batch: list[Usage]) -> list[Usage]:

@@ -159,6 +159,44 @@ async def test_a_store_down_through_shutdown_leaves_every_row_in_the_log(usage_s
     assert await usage_store.query() == []
 
 
+class OutageStore(FlakyStore):
+    """A usage store down until `back` is set: `failing` is set at its first failed write."""
+
+    def __init__(self, inner: UsageStore) -> None:
+        super().__init__(inner, failures=0)
+        self.failing = asyncio.Event()
+        self.back = asyncio.Event()
+
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        if not self.back.is_set():
+            self.failing.set()
+            raise ConnectionError("store down")
+        return await self.inner.add(usage, write)
+
+
+async def test_an_outage_longer_than_the_queue_loses_no_request_of_a_known_row(
+    usage_store: UsageStore,
+) -> None:
+    """While the store is down the writer retries its batch, and requests ending meanwhile wait. Each
+    waited as a row of its own: 10,000 of them (usage_queue_size), under a minute of an edge ending
+    a few hundred requests a second, and every request after was dropped, missing from the store
+    and /v1/usage (logged only) though the limiter charged it. They now wait summed per user,
+    model and day, as they are written: an outage holds one row per such key, however long."""
+    store = OutageStore(usage_store)
+    writer = UsageWriter(store, 10, base_backoff_s=0.001, max_backoff_s=0.01, gather_s=0.0)
+    writer.start()
+    assert writer.record("ann", "m", 1, 1)
+    await asyncio.wait_for(store.failing.wait(), 10)  # the worker is retrying its batch
+    with structlog.testing.capture_logs() as logs:
+        recorded = [writer.record(user, "m", 3, 2) for _ in range(100) for user in ("ann", "bo")]
+    assert all(recorded) and not [e for e in logs if e["event"] == "usage_dropped"]
+    store.back.set()
+    await asyncio.wait_for(writer.flush(), 10)
+    await writer.aclose()
+    rows = {r.user: (r.input_tokens, r.output_tokens, r.requests) for r in await usage_store.query()}
+    assert rows == {"ann": (301, 201, 101), "bo": (300, 200, 100)}
+
+
 class CountingStore(FlakyStore):
     def __init__(self, inner: UsageStore) -> None:
         super().__init__(inner, failures=0)
