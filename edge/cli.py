@@ -35,7 +35,7 @@ def _dev_key_hint(settings: Settings) -> None:
             key, _ = await keys.create(DEV_USER, DEV_TIER, "dev key of floodgate serve")
             return key
 
-    key = run(dev_key)
+    key = run(dev_key, settings.keys)
     if key is None:
         return
     # Printed before the edge binds: port 0's is not known yet (the `edge_listening` log says it).

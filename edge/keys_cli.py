@@ -46,7 +46,7 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
             return await step(keys)
 
     try:
-        return run(go)
+        return run(go, settings.keys)
     except (KeyNotFound, UnknownTier, InvalidUser, InvalidLabel, InvalidPeriod, KeyIdTaken) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
     except BadKeysFile as exc:
@@ -203,7 +203,7 @@ def _usage(args: argparse.Namespace) -> int:
         async with opened_usage(settings) as store:
             return await store.query(args.user, args.start or "", args.end or "")
 
-    rows = [row.as_dict() for row in run(go)]
+    rows = [row.as_dict() for row in run(go, settings.keys)]
     if args.csv:
         out = csv.DictWriter(sys.stdout, fieldnames=_USAGE_COLUMNS, lineterminator="\n")
         out.writeheader()

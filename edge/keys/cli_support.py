@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
-from edge.config import Settings
+from botocore.exceptions import BotoCoreError, ClientError
+
+from edge.config import KeysConfig, Settings
 from edge.keys.factory import key_changes, open_key_store
 from edge.keys.lifecycle import KeyLifecycle
 from edge.usage.factory import open_usage_store
@@ -54,11 +56,20 @@ async def opened_usage(settings: Settings) -> AsyncIterator[UsageStore]:
         await store.aclose()
 
 
-def run(step: Callable[[], Awaitable[_T]]) -> _T:
+def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
+    """`step` on a fresh event loop. A DynamoDB key store that fails it (its table missing or
+    mistyped, no AWS region or credentials in the operator's shell, the endpoint unreachable) is
+    said in one line naming the table: botocore's exception was a traceback from every key command,
+    `usage` and `serve`'s dev key."""
+
     async def main() -> _T:
         return await step()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except (BotoCoreError, ClientError) as exc:
+        table = keys.dynamodb_table
+        raise SystemExit(f"floodgate: the key store (DynamoDB table {table!r}): {exc}") from None
 
 
 def note(message: str) -> None:

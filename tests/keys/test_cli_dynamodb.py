@@ -1,0 +1,74 @@
+"""`floodgate keys …`, `usage` and `serve` on a DynamoDB key store that fails them (moto here, in a
+module of its own, since a module holding moto's starter makes each of its tests a server test): run
+as the operator runs them, as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.moto_server import REGION, running_moto
+
+REPO = Path(__file__).resolve().parents[2]
+COMMANDS = (
+    ["keys", "list"],
+    ["keys", "create", "--user", "alice", "--tier", "free"],
+    ["usage"],
+    ["serve", "--port", "0"],
+)
+
+
+def floodgate(config: Path, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def aws_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", **extra)
+    return env
+
+
+def config_file(tmp_path: Path, table: str) -> Path:
+    path = tmp_path / "floodgate.toml"
+    path.write_text(
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
+        f'[keys]\nbackend = "dynamodb"\ndynamodb_table = "{table}"\n'
+    )
+    return path
+
+
+def assert_said_in_one_line(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("floodgate: the key store (DynamoDB table "), done.stderr
+    for word in words:
+        assert word in lines[-1], done.stderr
+
+
+def test_a_key_table_that_does_not_exist_is_said_not_a_traceback(tmp_path: Path) -> None:
+    """A mistyped dynamodb_table (or one Terraform has not made yet): botocore's
+    ResourceNotFoundException was a traceback from every key command, `usage` and `serve`."""
+    config = config_file(tmp_path, "no-such-table")
+    with running_moto() as endpoint:
+        env = aws_env(AWS_ENDPOINT_URL_DYNAMODB=endpoint, AWS_DEFAULT_REGION=REGION)
+        for argv in COMMANDS:
+            assert_said_in_one_line(floodgate(config, argv, env), "'no-such-table'", "ResourceNotFound")
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: "-".join(argv[:2]))
+def test_no_aws_region_is_said_not_a_traceback(tmp_path: Path, argv: list[str]) -> None:
+    """botocore's NoRegionError (an operator's shell without AWS_DEFAULT_REGION) was a traceback."""
+    done = floodgate(config_file(tmp_path, "floodgate-keys"), argv, aws_env())
+    assert_said_in_one_line(done, "region")
