@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -235,3 +236,34 @@ def test_serve_on_an_ipv6_host_prints_a_dev_key_curl_that_reaches_it(tmp_path: P
         deadline.cancel()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_serve_on_a_port_in_use_is_refused_before_minting_a_dev_key(tmp_path: Path) -> None:
+    """A port something listens on already (another edge, a dev server) was found only at the bind,
+    after the model's import and the dev key: the refused serve printed "Try it: curl ..." with a
+    key for an edge that never started, and the next serve, the store holding that key, printed
+    none. As `--workers` is (test above), it is refused first, the public port and the operator's."""
+    config = _demo_config(tmp_path, more=f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n')
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for option in ("--port", "ops_port"):
+            settings = config
+            if option == "ops_port":
+                settings = tmp_path / "ops.toml"
+                settings.write_text(config.read_text().replace("ops_port = 0", f"ops_port = {port}"))
+            extra = ["--port", str(port)] if option == "--port" else ["--port", "0"]
+            done = subprocess.run(
+                [sys.executable, "-m", "edge.cli", "serve", "--config", str(settings), *extra],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 1, done.stderr
+            said = done.stderr.strip().splitlines()[-1]
+            assert said.startswith("floodgate: cannot listen on ") and "already in use" in said, done.stderr
+            assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
