@@ -326,7 +326,12 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
     from_file: dict[str, Any] = {}
     if path is not None:
         try:
-            from_file = tomllib.loads(Path(path).read_text())
+            # TOML is UTF-8, whatever the locale; a leading byte-order mark (Notepad's "UTF-8 with
+            # BOM") is dropped, not read as a statement. A file in another encoding (Notepad's
+            # "Unicode", UTF-16; Latin-1) was a UnicodeDecodeError traceback.
+            from_file = tomllib.loads(Path(path).read_bytes().decode("utf-8-sig"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not UTF-8 text (TOML is UTF-8)") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         unknown = _unknown_keys(from_file, Settings, "")

@@ -343,3 +343,32 @@ def test_an_admin_key_hash_no_key_can_match_is_refused_at_load(value: str) -> No
 @pytest.mark.parametrize("value", ["", "ab" * 32, "AB" * 32])
 def test_an_admin_key_hash_of_64_hex_digits_or_none_loads(value: str) -> None:
     assert load_settings(overrides={"keys": {"admin_key_sha256": value}}).keys.admin_key_sha256 == value
+
+
+@pytest.mark.parametrize(
+    ("saved_as", "text"),
+    [
+        ("utf-16", "[server]\nport = 0\n"),  # Windows Notepad's "Unicode"
+        ("latin-1", "# the café's edge\n[server]\nport = 0\n"),
+    ],
+)
+def test_a_settings_file_not_in_utf_8_is_said_not_a_traceback(
+    tmp_path: Path, saved_as: str, text: str
+) -> None:
+    """TOML is UTF-8; a file saved otherwise was a UnicodeDecodeError traceback from every command
+    that takes --config (read in the locale's encoding, too)."""
+    config = tmp_path / "floodgate.toml"
+    config.write_bytes(text.encode(saved_as))
+    for argv in (["config", "show"], ["serve"], ["keys", "list"]):
+        command = [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == f"floodgate: invalid settings: {config}: not UTF-8 text (TOML is UTF-8)"
+
+
+def test_a_settings_file_with_a_utf_8_byte_order_mark_loads(tmp_path: Path) -> None:
+    """Notepad's "UTF-8 with BOM": the mark read as a statement, "Invalid statement (at line 1,
+    column 1)", for a file that is right."""
+    config = tmp_path / "floodgate.toml"
+    config.write_bytes(b"\xef\xbb\xbf[server]\nport = 8123\n")
+    assert load_settings(config).server.port == 8123
