@@ -50,6 +50,18 @@ def import_gguf(
     target = models_dir / f"{name or _slug(gguf_path.stem)}-{digest[:16]}"
     if is_imported(target, digest):
         return target
+    try:
+        return _import_into(gguf_path, models_dir, target, digest, progress)
+    except OSError as exc:
+        # A cache it cannot make or write (a file in the way, a directory the operator may not
+        # write, a full disk) was an OSError traceback from `floodgate model import` and from
+        # `serve`'s first start; said as a checkpoint error, it is their one-line message.
+        raise CheckpointError(f"{models_dir}: cannot write the model cache: {exc}") from None
+
+
+def _import_into(
+    gguf_path: Path, models_dir: Path, target: Path, digest: str, progress: Progress | None
+) -> Path:
     models_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(models_dir)
     staging = Path(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,3 +165,32 @@ def test_model_import_without_a_path_skips_a_model_served_from_its_directory(
     with pytest.raises(SystemExit, match="nothing to import"):
         main(["model", "import", "--config", str(config), "--models-dir", str(models)])
     assert [p.name.split("-")[0] for p in models.iterdir()] == ["only"]
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_a_models_dir_that_cannot_be_written_is_said_not_a_traceback(tmp_path: Path, where: str) -> None:
+    """A models_dir the import cannot make or write (a file there, one of its parents a file; a
+    directory the operator may not write, a full disk) was an OSError traceback from `model import`
+    and from `serve`'s first start, after the GGUF's hash was read. Run as the operator runs them."""
+    source = tmp_path / "tiny.gguf"
+    write_tiny_gguf(source)
+    (tmp_path / "file").write_text("")
+    models = tmp_path / "file" if where == "a_file" else tmp_path / "file" / "models"
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "{source}"\nname = "tiny"\nmodels_dir = "{models}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nport = 0\nops_port = 0\n'
+        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n[messages]\nsqlite_path = "{tmp_path / "m.db"}"\n'
+    )
+    for argv in (["model", "import"], ["serve"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        said = done.stderr.strip().splitlines()[-1]
+        assert said.startswith("floodgate: cannot "), said
+        assert f"{models}: cannot write the model cache" in said, said
