@@ -218,7 +218,9 @@ def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="floodgate", description="Floodgate client")
+    # Its own name: an install of the client alone has no `floodgate` command, which its usage
+    # and errors named (`floodgate chat` is this command's twin in the server's distribution).
+    parser = argparse.ArgumentParser(prog="floodgate-client", description="Floodgate client")
     add_chat_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.handler(args))

@@ -27,10 +27,18 @@ from tests.support.live_server import LiveServer
 REPO = Path(__file__).resolve().parents[2]
 
 
+def checkout_env() -> dict[str, str]:
+    """The environment for a CLI subprocess, importing this checkout's client (client/) as the tests
+    do (pyproject's pythonpath, which reaches no subprocess): without it the command ran whichever
+    checkout the venv's editable install points at."""
+    paths = [str(REPO / "client"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def chat_cli(
     server: LiveServer, *args: str, key: str | None, base_url: str | None = None
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"}
+    env = {k: v for k, v in checkout_env().items() if k != "FLOODGATE_API_KEY"}
     if key is not None:
         env["FLOODGATE_API_KEY"] = key
     return subprocess.Popen(
@@ -242,7 +250,8 @@ def test_an_idna_2008_host_is_a_base_url_the_cli_takes(server: LiveServer, host:
     through an HTTP proxy, the edge itself (the request names the host in absolute form), so no
     name lookup is needed: the CLI refused it as "Invalid host" before sending anything."""
     port = urlsplit(server.base_url).port
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "all_proxy", "https_proxy")}
+    proxies = ("no_proxy", "all_proxy", "https_proxy")
+    env = {k: v for k, v in checkout_env().items() if k.lower() not in proxies}
     env |= {"FLOODGATE_API_KEY": server.keys["paid"], "HTTP_PROXY": server.base_url}
     options = ["--temperature", "0", "--max-tokens", "4", "--base-url", f"http://{host}:{port}"]
     done = subprocess.run(
@@ -327,3 +336,20 @@ def test_a_temperature_json_cannot_carry_is_a_usage_error_not_a_traceback(
         )
     assert exited.value.code == 2
     assert "argument --temperature: must be a finite number" in capsys.readouterr().err
+
+
+def test_the_client_distributions_cli_names_itself_in_its_usage() -> None:
+    """`floodgate-client` (client/pyproject.toml; `python -m floodgate_client`) is the command an
+    application that installed only the client has: its usage and errors said `floodgate chat`, a
+    command that install does not have."""
+    done = subprocess.run(
+        [sys.executable, "-m", "floodgate_client", "chat"],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: floodgate-client chat "), done.stderr
+    assert "floodgate-client chat: error: the following arguments are required: prompt" in done.stderr
