@@ -9,8 +9,10 @@ import shlex
 import sys
 
 import msgspec
+from botocore.exceptions import BotoCoreError
 
 from edge.config import ConfigError, Settings, load_settings
+from edge.dynamodb_client import dynamodb_client
 from edge.keys.cli_support import opened_lifecycle, run
 from edge.keys.legacy import BadKeysFile, read_keys_file
 from edge.keys_cli import add_keys_commands
@@ -84,6 +86,15 @@ def _serve(args: argparse.Namespace) -> int:
     problem = unopenable(sqlite_files)
     if problem:
         raise SystemExit(f"floodgate: {problem}")
+    for section, store in (("keys", settings.keys), ("messages", settings.messages)):
+        if store.backend == "dynamodb":
+            # Made (no request sent) before the model's import: a shell without an AWS region
+            # started the edge, whose startup then failed with botocore's NoRegionError as an
+            # exception group in a JSON log line, exit 3.
+            try:
+                dynamodb_client(store.dynamodb_endpoint)
+            except BotoCoreError as exc:
+                raise SystemExit(f'floodgate: {section}.backend = "dynamodb": {exc}') from None
     per_worker = None
     if args.workers > 1:
         from edge.workers import plan_workers

@@ -48,11 +48,15 @@ def config_file(tmp_path: Path, table: str) -> Path:
     return path
 
 
-def assert_said_in_one_line(done: subprocess.CompletedProcess[str], *words: str) -> None:
+def assert_said_in_one_line(
+    done: subprocess.CompletedProcess[str],
+    *words: str,
+    said: str = "floodgate: the key store (DynamoDB table ",
+) -> None:
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert lines[-1].startswith("floodgate: the key store (DynamoDB table "), done.stderr
+    assert lines[-1].startswith(said), done.stderr
     for word in words:
         assert word in lines[-1], done.stderr
 
@@ -71,4 +75,25 @@ def test_a_key_table_that_does_not_exist_is_said_not_a_traceback(tmp_path: Path)
 def test_no_aws_region_is_said_not_a_traceback(tmp_path: Path, argv: list[str]) -> None:
     """botocore's NoRegionError (an operator's shell without AWS_DEFAULT_REGION) was a traceback."""
     done = floodgate(config_file(tmp_path, "floodgate-keys"), argv, aws_env())
-    assert_said_in_one_line(done, "region")
+    # serve says it before the model's import (the test below), naming the setting.
+    said = 'floodgate: keys.backend = "dynamodb": ' if argv[0] == "serve" else "floodgate: the key store"
+    assert_said_in_one_line(done, "region", said=said)
+
+
+@pytest.mark.parametrize("section", ["keys", "messages"])
+def test_serve_on_dynamodb_without_a_region_is_said_before_it_starts(tmp_path: Path, section: str) -> None:
+    """A store on DynamoDB (keys without a dev key, or the conversation messages) in a shell without
+    AWS_DEFAULT_REGION: the edge started, imported the model, and its startup failed with botocore's
+    NoRegionError as an exception group logged in a JSON line, exit 3."""
+    stores = {name: f'sqlite_path = "{tmp_path / name}.db"\n' for name in ("keys", "messages")}
+    stores[section] = 'backend = "dynamodb"\n'
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nport = 0\nops_port = 0\ndev_key = false\n'
+        + "".join(f"[{name}]\n{lines}" for name, lines in stores.items())
+    )
+    done = floodgate(config, ["serve"], aws_env())
+    assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stdout[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f'floodgate: {section}.backend = "dynamodb": You must specify a region.'
+    ), done.stderr[-2000:]
