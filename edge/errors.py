@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ from litestar.exceptions import HTTPException
 from redis.exceptions import RedisError
 
 from edge.admission.ticket import Overloaded
+from edge.log_line import info_line
 from edge.metrics import REQUESTS_REJECTED
 from edge.routes.head import allow_with_head
 from edge.routes.listeners import as_served_here
@@ -22,6 +24,9 @@ log = structlog.get_logger("floodgate.errors")
 
 # An unknown path is echoed in its 404 up to this many characters (the request line may be longer).
 MAX_PATH_IN_ERROR = 256
+# The scope key under which the chat route leaves the user its key named (edge/routes/chat.py), for
+# the line of a refusal that comes after the key was read (a 400 for the body, a 404 model).
+REQUEST_USER = "floodgate.user"
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -150,8 +155,32 @@ def final_if_far(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
-    REQUESTS_REJECTED.labels(str(exc.status), exc.detail.code or exc.detail.type).inc()
+def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
+    """The one line of a request answered with an error before it got a request id (a 400 for its
+    body, a 401, a 404, a 413): it wrote none, and a user reporting that every call answers 400 left
+    no trace an operator could find. One that has an id (in `x-request-id`: the limiter's or the
+    queue's refusal, a generation's error) has its line already (`chat_refused`, `chat_completion`).
+    Info for the client's 4xx, warning for the server's 5xx. `request_id` None: none was given, and
+    none bound by an earlier request may stand for it."""
+    fields = {
+        "request_id": None,
+        "user": scope.get(REQUEST_USER),
+        "method": scope.get("method"),
+        "path": scope["path"][:MAX_PATH_IN_ERROR],
+        "status": status,
+        "code": code,
+    }
+    if status < 500:
+        info_line(log, "request_refused", fields)
+    else:
+        log.warning("request_refused", **fields)
+
+
+def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    code = exc.detail.code or exc.detail.type
+    REQUESTS_REJECTED.labels(str(exc.status), code).inc()
+    if "x-request-id" not in exc.headers:
+        log_refusal(request.scope, exc.status, code)
     return error_response(exc.status, exc.detail, final_if_far(exc.headers))
 
 
@@ -172,6 +201,7 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     # A path with GET answers HEAD too (edge/routes/head.py): its Allow says so.
     headers = {"allow": allow_with_head(allow)} if allow is not None else {}
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
+    log_refusal(request.scope, status, detail.code or detail.type)
     return error_response(status, detail, headers)
 
 

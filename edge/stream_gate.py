@@ -44,7 +44,14 @@ from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from edge.admission.paid_reserve import limit_for
 from edge.drain import Drain
-from edge.errors import DRAINING_RETRY_AFTER_S, ApiError, ErrorBody, ErrorDetail, retry_after_headers
+from edge.errors import (
+    DRAINING_RETRY_AFTER_S,
+    ApiError,
+    ErrorBody,
+    ErrorDetail,
+    log_refusal,
+    retry_after_headers,
+)
 from edge.metrics import OPEN_STREAMS, PAID_SHARE_KEPT, REQUESTS_REJECTED
 
 GENERATION_PATH = "/v1/chat/completions"
@@ -94,6 +101,7 @@ class StreamGate:
                 return
             if self.drain.draining:
                 await _refuse(
+                    scope,
                     send,
                     503,
                     ErrorDetail(
@@ -108,6 +116,7 @@ class StreamGate:
                 return
             if self.open_streams >= self.max_open_streams:
                 await _refuse(
+                    scope,
                     send,
                     429,
                     ErrorDetail(BUSY_MESSAGE, "rate_limit_exceeded", code="server_busy"),
@@ -161,9 +170,10 @@ def _busy_error() -> ApiError:
 
 
 async def _refuse(
-    send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
+    scope: Scope, send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
 ) -> None:
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
+    log_refusal(scope, status, detail.code or detail.type)  # its one line, as the handlers' refusals
     body = msgspec.json.encode(ErrorBody(detail))
     headers = [
         (b"content-type", b"application/json"),

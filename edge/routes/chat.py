@@ -13,6 +13,7 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
+from edge.errors import REQUEST_USER
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
@@ -27,6 +28,7 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     raised for the app's exception handlers (edge/errors.py) to answer."""
     authorization, declared_length = authorization_and_length(scope)
     principal = await runtime.keys.authenticate(authorization)
+    scope[REQUEST_USER] = principal.user  # type: ignore[literal-required]  # a refusal's log line
     tier = runtime.settings.tiers.get(principal.tier)
     if tier is not None and not tier.may_use_reserve:
         # Before the body: the stream gate counts no place past the free share for it.

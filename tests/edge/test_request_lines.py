@@ -1,0 +1,100 @@
+"""What an operator reads of each request in the served edge's log: one line per request however it
+ended, at a level that says whose fault it was.
+
+An admitted request writes `chat_completion`, one the limiter or the queue turned away `chat_refused`
+(both with the request id the client was given). A request refused before it got an id (a 400 for
+its body, a 401 for its key, a 404, a 413) wrote nothing at all: a user reporting "every call
+answers 400" left no trace an operator could find, and a flood of bad keys none either.
+
+On an edge of its own: structlog's capture is process-wide, and the package's shared edge may still
+be finishing another test's requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, MODEL
+from tests.support.live_server import LiveServer, start_server
+
+OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+# The free tier takes one request; the second is the limiter's 429.
+SETTINGS = {
+    "tiers": {"paid": ROOMY_TIERS["paid"], "free": ROOMY_TIERS["free"] | {"requests_per_window": 1}},
+    "server": {"max_body_bytes": 4096},
+}
+REQUEST_LINES = {"chat_completion", "chat_refused", "request_refused"}
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> Iterator[LiveServer]:
+    with start_server(tmp_path, SETTINGS) as live:
+        yield live
+
+
+def _lines_of(edge: LiveServer, send: Any) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    with httpx.Client(base_url=edge.base_url, timeout=60.0) as client, capture_logs() as logs:
+        answer = send(client)
+    return answer, [line for line in logs if line["event"] in REQUEST_LINES]
+
+
+def test_each_refusal_before_admission_writes_one_info_line(edge: LiveServer) -> None:
+    paid = edge.auth("paid")
+    bad_key = {"Authorization": "Bearer x"}
+    cases = [
+        (400, None, "paid-user", lambda c: c.post(CHAT, content=b"{", headers=paid)),
+        (400, None, "paid-user", lambda c: c.post(CHAT, json=OK | {"max_tokens": 10**6}, headers=paid)),
+        (401, "invalid_api_key", None, lambda c: c.post(CHAT, json=OK, headers=bad_key)),
+        (404, "model_not_found", "paid-user", lambda c: c.post(CHAT, json=OK | {"model": "m"}, headers=paid)),
+        (404, None, None, lambda c: c.get("/v1/nothing-here")),
+        (
+            413,
+            "request_too_large",
+            "paid-user",
+            lambda c: c.post(CHAT, json=OK | {"x": "y" * 5000}, headers=paid),
+        ),
+    ]
+    for status, code, user, send in cases:
+        answer, lines = _lines_of(edge, send)
+        assert answer.status_code == status, answer.text
+        assert len(lines) == 1, (status, lines)
+        line = lines[0]
+        assert line["event"] == "request_refused" and line["log_level"] == "info", line
+        assert line["status"] == status and line["code"] == (code or answer.json()["error"]["type"]), line
+        assert line.get("user") == user and line["path"], line
+        # No id was given to the client, and none from an earlier request is borrowed.
+        assert line.get("request_id") is None, line
+
+
+def test_admitted_and_limited_requests_keep_their_one_line(edge: LiveServer) -> None:
+    free = edge.auth("free")
+    answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=free))
+    assert answer.status_code == 200, answer.text
+    assert [line["event"] for line in lines] == ["chat_completion"], lines
+    answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=free))
+    assert answer.status_code == 429, answer.text
+    # The limiter's refusal is already its line, with the id the client was given: not a second.
+    assert [line["event"] for line in lines] == ["chat_refused"], lines
+    assert lines[0]["request_id"] == answer.headers["x-request-id"]
+
+
+def test_a_refusal_at_the_stream_gates_door_writes_its_line_too(tmp_path: Path) -> None:
+    """The gate answers a request past server.max_open_streams before the app sees it
+    (edge/stream_gate.py)."""
+    long = OK | {"max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with start_server(tmp_path, SETTINGS | {"server": {"max_open_streams": 1}}) as edge:
+        with httpx.Client(base_url=edge.base_url, timeout=60.0) as client:
+            with client.stream("POST", CHAT, json=long, headers=edge.auth("paid")) as held:
+                assert held.status_code == 200
+                lines_held = held.iter_lines()  # kept: a dropped iterator closes the response
+                next(lines_held)  # the first event: the stream is open
+                answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=edge.auth("paid")))
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "server_busy", answer.text
+    assert len(lines) == 1 and lines[0]["event"] == "request_refused", lines
+    assert (lines[0]["status"], lines[0]["code"], lines[0]["log_level"]) == (429, "server_busy", "info")
