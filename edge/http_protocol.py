@@ -8,10 +8,11 @@ not chunked (UntilCloseCycle)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import ClassVar
 
 import httptools
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
@@ -127,6 +128,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # One per request whose response has not ended: the running one and any pipelined behind it.
     _disconnect_watches: list[DisconnectWatch]
     _raw_transport: asyncio.Transport
+    _context: contextvars.Context
     _header_deadline: HeaderDeadline
     # A request has begun and its headers have not all come.
     _headers_pending = False
@@ -145,6 +147,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _upgrade_replayed = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # The server's context, before any request's: each request's task starts from a copy.
+        self._context = contextvars.copy_context()
         self._raw_transport = transport
         self._disconnect_watches = []
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -152,6 +156,19 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self.loop, transport, self.header_timeout_s, self._header_timeout_response
         )
         self._header_deadline.start(request_begun=False)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """The request's task, in a copy of the connection's context. uvicorn starts a request
+        pipelined behind another from that one's last send, in its task, whose context the new task
+        copied: the earlier request's id bound (structlog's contextvars, edge/pipeline.py), every
+        line the new one wrote before it got its own (a key store's failure, a refusal) named the
+        earlier request, an answered 200 that an operator then read as failed."""
+        if self.config.reset_contextvars:
+            super()._start_asgi_task(cycle, app)
+            return
+        task = self.loop.create_task(cycle.run_asgi(app), context=self._context.copy())
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

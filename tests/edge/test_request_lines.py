@@ -11,17 +11,23 @@ be finishing another test's requests."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import socket
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from structlog.testing import capture_logs
+import structlog
+from structlog.testing import LogCapture, capture_logs
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer, start_server
+from tests.support.raw_http import read_to_close
 
 OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 # The free tier takes one request; the second is the limiter's 429.
@@ -98,3 +104,47 @@ def test_a_refusal_at_the_stream_gates_door_writes_its_line_too(tmp_path: Path) 
     assert answer.status_code == 429 and answer.json()["error"]["code"] == "server_busy", answer.text
     assert len(lines) == 1 and lines[0]["event"] == "request_refused", lines
     assert (lines[0]["status"], lines[0]["code"], lines[0]["log_level"]) == (429, "server_busy", "info")
+
+
+def _post(body: dict[str, Any], key: str, *, close: bool = False) -> bytes:
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: edge\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        + ("Connection: close\r\n" if close else "")
+        + "\r\n"
+    )
+    return head.encode() + data
+
+
+def test_a_pipelined_requests_lines_do_not_carry_the_request_id_of_the_one_before(edge: LiveServer) -> None:
+    """uvicorn starts a request pipelined behind another from that one's last send, in its task: the
+    new request's task copied the context with the earlier request's id bound, and each line it
+    wrote before it got its own id (here the key store's failure) named the earlier request, a 200
+    an operator then read as failed. With the context the server binds (merge_contextvars), as a
+    served edge logs; structlog's capture_logs leaves it out."""
+    store = edge.app.state.runtime.keys.store
+    paid_digest = hashlib.sha256(edge.keys["paid"].encode()).hexdigest()
+    real_get = store.get
+
+    async def get(digest: str) -> Any:
+        if digest != paid_digest:
+            raise sqlite3.OperationalError("database is locked")
+        return await real_get(digest)
+
+    capture = LogCapture()
+    before = structlog.get_config()
+    store.get = get
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    try:
+        with socket.create_connection(("127.0.0.1", edge.settings.server.port), timeout=60) as sock:
+            sock.sendall(_post(OK, edge.keys["paid"]) + _post(OK, "sk-another-key", close=True))
+            answers = read_to_close(sock)
+    finally:
+        structlog.configure(**before)
+        store.get = real_get
+    assert b"HTTP/1.1 200 OK" in answers and b"HTTP/1.1 503" in answers, answers
+    (completion,) = [line for line in capture.entries if line["event"] == "chat_completion"]
+    (store_down,) = [line for line in capture.entries if line["event"] == "key_store_unavailable"]
+    assert completion["request_id"], completion
+    assert store_down.get("request_id") is None, store_down
