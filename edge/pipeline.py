@@ -260,18 +260,20 @@ class Pipeline:
         travels in `x-request-id`, as on an admitted request's response, and one log line carries
         it, so a client quoting the id of a 429 it was given can be found in the logs."""
         error.headers["x-request-id"] = request_id
-        info_line(
-            log,
-            "chat_refused",
-            {
-                "request_id": request_id,
-                "user": principal.user,
-                "tier": principal.tier,
-                "model": self.config.model_name,
-                "status": error.status,
-                "code": error.detail.code,
-            },
-        )
+        fields = {
+            "request_id": request_id,
+            "user": principal.user,
+            "tier": principal.tier,
+            "model": self.config.model_name,
+            "status": error.status,
+            "code": error.detail.code,
+        }
+        if error.status < 500:
+            info_line(log, "chat_refused", fields)
+        else:
+            # The server's trouble (the limiter's store down on a fail-closed tier, no replica at
+            # all), not the client's: a warning, as edge/errors.py log_refusal writes a 5xx.
+            log.warning("chat_refused", **fields)
         return error
 
     def _logit_bias(self, req: ChatCompletionRequest) -> tuple[tuple[int, float], ...]:

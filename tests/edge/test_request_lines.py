@@ -27,6 +27,7 @@ from structlog.testing import LogCapture, capture_logs
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer, start_server
+from tests.support.ports import free_port
 from tests.support.raw_http import read_to_close
 
 OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -148,3 +149,21 @@ def test_a_pipelined_requests_lines_do_not_carry_the_request_id_of_the_one_befor
     (store_down,) = [line for line in capture.entries if line["event"] == "key_store_unavailable"]
     assert completion["request_id"], completion
     assert store_down.get("request_id") is None, store_down
+
+
+def test_a_refusal_for_the_servers_own_trouble_is_a_warning(tmp_path: Path) -> None:
+    """The limiter's store down under a fail-closed tier: every request is answered 503
+    limiter_unavailable, the server's fault, not the client's; each one's chat_refused line was info,
+    as a user's 429 is, and warnings said only that the store's connection failed, not that every
+    request was being turned away, nor whose."""
+    overrides = {
+        "tiers": {"paid": ROOMY_TIERS["paid"] | {"on_store_failure": "closed"}},
+        "limiter": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 200},
+    }
+    with start_server(tmp_path, overrides) as edge:
+        answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=edge.auth("paid")))
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "limiter_unavailable"
+    refused = [line for line in lines if line["event"] == "chat_refused"]
+    assert len(lines) == 1 and len(refused) == 1, lines
+    assert refused[0]["log_level"] == "warning" and refused[0]["status"] == 503, refused
+    assert refused[0]["request_id"] == answer.headers["x-request-id"]
