@@ -555,6 +555,10 @@ class Generation:
                 "model": self._p.config.model_name,
                 "stream": bool(self._req.stream),
                 "outcome": out.reason,
+                # What the client got: a stream is a 200 whatever its end (an error is an event in
+                # it); one not streamed, its error's status, or 499 where it left first (its route).
+                "status": _status(out, bool(self._req.stream)),
+                "error": None if out.error is None else out.error.detail.code or out.error.detail.type,
                 "upstream": out.upstream,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
@@ -654,6 +658,15 @@ def _question(messages: list[ChatMessage]) -> ChatMessage | None:
         if message.role not in ("system", "developer"):
             return None
     return None
+
+
+def _status(out: Outcome, stream: bool) -> int:
+    """The HTTP status the client got, for the request's line."""
+    if stream:
+        return 200
+    if out.reason == "disconnected":
+        return 499  # the chat route's, for a client that left before the answer (nobody reads it)
+    return 200 if out.error is None else out.error.status
 
 
 def _stored_finish_reason(out: Outcome) -> str:

@@ -26,6 +26,7 @@ from structlog.testing import LogCapture, capture_logs
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL
+from tests.faults.test_failed_requests_cost_nothing import FAIL_AT_ONCE, _failing_replicas
 from tests.support.live_server import LiveServer, start_server
 from tests.support.ports import free_port
 from tests.support.raw_http import read_to_close
@@ -167,3 +168,24 @@ def test_a_refusal_for_the_servers_own_trouble_is_a_warning(tmp_path: Path) -> N
     assert len(lines) == 1 and len(refused) == 1, lines
     assert refused[0]["log_level"] == "warning" and refused[0]["status"] == 503, refused
     assert refused[0]["request_id"] == answer.headers["x-request-id"]
+
+
+def test_the_completion_line_says_the_status_and_error_the_client_got(tmp_path: Path) -> None:
+    """A replica failing before its first token: not streamed, the client gets a 502 upstream_error;
+    streamed, a 200 whose stream ends with that error event. Both lines said outcome "error" and
+    nothing more: not which answer the client got (a 502 or a 200), nor which error (a replica's
+    failure, the edge's own 500). The line now says the status and the error's code."""
+    failing = OK | {"max_tokens": FAIL_AT_ONCE}
+    with start_server(tmp_path, SETTINGS, _failing_replicas) as edge:
+        paid = edge.auth("paid")
+        for stream, status in ((False, 502), (True, 200)):
+            answer, lines = _lines_of(
+                edge, lambda c, body=failing | {"stream": stream}: c.post(CHAT, json=body, headers=paid)
+            )
+            assert answer.status_code == status, answer.text
+            (line,) = lines
+            assert line["event"] == "chat_completion" and line["outcome"] == "error", line
+            assert (line["status"], line["error"]) == (status, "upstream_error"), line
+        answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=paid))
+        assert answer.status_code == 200
+        assert (lines[0]["status"], lines[0]["error"]) == (200, None), lines
