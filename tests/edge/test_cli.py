@@ -267,3 +267,45 @@ def test_serve_on_a_port_in_use_is_refused_before_minting_a_dev_key(tmp_path: Pa
             said = done.stderr.strip().splitlines()[-1]
             assert said.startswith("floodgate: cannot listen on ") and "already in use" in said, done.stderr
             assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+
+
+def test_serve_workers_with_an_operator_port_in_use_is_refused_before_minting_a_dev_key(
+    tmp_path: Path,
+) -> None:
+    """`serve --workers 2` gives worker i the operator port server.ops_port + i. One that something
+    listens on already (Prometheus's node exporter, another edge) was found only by that worker's
+    bind, after the model's import and the dev key: the refused serve printed "Try it: curl ..."
+    for an edge that never started. Refused first, as the public port is and a lone serve's two."""
+    config = _demo_config(tmp_path, more=f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n')
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ops = taken.getsockname()[1] - 1  # worker 1's operator port is the one taken
+        settings = tmp_path / "workers.toml"
+        settings.write_text(
+            config.read_text().replace("ops_port = 0", f"ops_port = {ops}")
+            + '[limiter]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:1/0"\n'
+        )
+        command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(settings)]
+        proc = subprocess.Popen(
+            [*command, "--workers", "2", "--port", str(free_port())],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=30)
+    assert "No API keys yet" not in out and "curl" not in out, out
+    assert proc.returncode == 1, err
+    said = err.strip().splitlines()[-1]
+    assert (
+        said
+        == f"floodgate: cannot listen on 127.0.0.1:{ops + 1} (worker 1's ops_port): Address already in use"
+    ), err

@@ -133,14 +133,27 @@ def test_a_worker_that_cannot_start_ends_serve_with_its_own_exit_code(
 ) -> None:
     ops_port = free_consecutive_ports(2)
     command = _serve_two_workers(tmp_path, redis, free_port(), ops_port)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        # The second worker's operator port is someone else's: it cannot start.
-        taken.bind(("127.0.0.1", ops_port + 1))
-        taken.listen()
-        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+            # The second worker's operator port is someone else's: it cannot start. Taken once serve
+            # has checked its ports (a port taken before is refused by serve itself, test_cli.py):
+            # the dev key's hint comes after that check, before the workers are spawned.
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if "curl" in line:
+                    break
+            taken.bind(("127.0.0.1", ops_port + 1))
+            taken.listen()
+            stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
     # Its own code and its own words, not the SIGTERM that stopped the other worker (-15: 241).
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"127.0.0.1:{ops_port + 1} (ops_port): Address already in use" in done.stderr
+    assert proc.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert f"127.0.0.1:{ops_port + 1} (ops_port): Address already in use" in stderr
+    assert "floodgate-worker-1 exited on its own (code 1)" in stderr
 
 
 @pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
