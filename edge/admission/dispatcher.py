@@ -373,18 +373,15 @@ class Dispatcher:
         tokens = self._real_use.tokens(ticket)
         if ticket.prompt_tokens is None:
             return tokens
-        # A loop that stops at the first replica the charge fits, not a max over all of them: this
-        # runs several times per request, and the cap is for the rare request past every replica.
-        most = None
-        for r in self.replicas.members:
-            if r.capacity is not None:
-                limit = r.kv_limit(ticket.may_use_reserve, self._reserve) // r.block_tokens * r.block_tokens
-                if limit >= tokens:
-                    return tokens
-                most = limit if most is None else max(most, limit)
-        if most is None:
-            return tokens
-        return max(most, ticket.prompt_tokens + 1)
+        most = max(
+            (
+                r.kv_limit(ticket.may_use_reserve, self._reserve) // r.block_tokens * r.block_tokens
+                for r in self.replicas.members
+                if r.capacity is not None
+            ),
+            default=tokens,
+        )
+        return max(min(tokens, most), ticket.prompt_tokens + 1)
 
     def _fair_cost(self, ticket: Ticket) -> int:
         """What a ticket costs its user in the fair queue: its prompt and its reply at the user's own
