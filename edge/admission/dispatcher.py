@@ -359,29 +359,8 @@ class Dispatcher:
         room now, the wait estimate, whether a replica could ever take it) asks for. Judged by the
         worst case while placement charged real use, a request the replicas had room for was
         refused (429 wait_too_long, or 503 no_replica for good where the worst case passed this
-        edge's share of a replica).
-
-        With real use, the margin is headroom for the reply to grow into, not a need: where it alone
-        puts the charge past the most any replica lets the ticket's kind hold (a free request on a
-        replica whose KV pool is about one context: the edge caps the context at the pool, and a
-        request without max_tokens gets the rest of it), the charge is that most, never under the
-        prompt and its first token. Before, no replica could ever take it: 503 no_replica, "try
-        again in 1s", every time, on an idle replica. As it streams it grows as any stream does
-        (slot.py), and the engine's preemption is the valve, as for every real-use stream."""
-        if self._real_use is None:
-            return ticket.kv_tokens
-        tokens = self._real_use.tokens(ticket)
-        if ticket.prompt_tokens is None:
-            return tokens
-        most = max(
-            (
-                r.kv_limit(ticket.may_use_reserve, self._reserve) // r.block_tokens * r.block_tokens
-                for r in self.replicas.members
-                if r.capacity is not None
-            ),
-            default=tokens,
-        )
-        return max(min(tokens, most), ticket.prompt_tokens + 1)
+        edge's share of a replica)."""
+        return self._real_use.tokens(ticket) if self._real_use else ticket.kv_tokens
 
     def _fair_cost(self, ticket: Ticket) -> int:
         """What a ticket costs its user in the fair queue: its prompt and its reply at the user's own
