@@ -181,17 +181,19 @@ def test_client_disconnect_aborts_a_non_stream_generation(
     itself, as at a hang-up."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
-    address, request = _raw_chat(server, long_body | {"stream": False})
+    # Twice the usual reply, past the end tokens: under load the whole of a 1,000-token reply once
+    # ran before any poll below saw the replica busy (809 ms in a fresh-clone CI run, 1,567 ms in a
+    # full-suite run beside two reviews), and the hang-up came after the end.
+    body = long_body | {"stream": False, "max_tokens": 2 * long_body["max_tokens"]}
+    address, request = _raw_chat(server, body)
     with socket.create_connection(address, timeout=30) as sock:
         sock.sendall(request)
         # Not idle, rather than running: Triton's CPU model says so as it admits the request, before
         # its first step, where its count of running requests comes with the next periodic publish.
-        # Under the full suite's load the whole reply (1,000 tokens, 809 ms) once ran between two
-        # polls that saw that count, and the hang-up came after the end (a fresh-clone CI run).
         wait_for_engine(server, lambda r: not r.idle, "the replica to take the request")
         sock.sendall(request * pipelined)
         if pipelined > MAX_PIPELINED:
             assert read_to_close(sock) == b""  # closed by the edge, nothing answered
     # Taken and dropped before its first step under load: no work, and a wait for some never ended.
-    _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"], seen_busy=True)
+    _aborted_as_a_disconnect(server, disconnected, before, body["max_tokens"], seen_busy=True)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
