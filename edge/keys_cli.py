@@ -17,7 +17,15 @@ from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
-from edge.keys.record import ADMIN_KEY_PREFIX, InvalidLabel, InvalidUser, UnknownTier, hash_key, new_secret
+from edge.keys.record import (
+    ADMIN_KEY_PREFIX,
+    InvalidLabel,
+    InvalidUser,
+    UnknownTier,
+    hash_key,
+    new_secret,
+    printable,
+)
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.operator_cli import add_config_option, settings_of
@@ -67,7 +75,9 @@ def _when(ts: float | None) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    cells = [[str(row[c]) for c in columns] for row in rows]
+    # Escaped: a user or label a store holds from before control characters were refused
+    # (checked_user, checked_label) drew rows of its own and sent escape sequences to the terminal.
+    cells = [[printable(str(row[c])) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())

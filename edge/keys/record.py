@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from string import hexdigits
@@ -37,11 +38,37 @@ class InvalidUser(ValueError):
         super().__init__(message)
 
 
+# What no name or note is made of, and what a terminal acts on: C0/C1 controls (a newline, a
+# carriage return, ESC starting a sequence that recolours, clears or retitles the terminal) and the
+# Unicode line and paragraph separators.
+_CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
+def has_control_character(text: str) -> bool:
+    return any(unicodedata.category(c) in _CONTROL_CATEGORIES for c in text)
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`), the rest as it is:
+    for a table an operator reads in a terminal (a stored user or label from before they were
+    refused)."""
+    if not has_control_character(text):
+        return text
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _CONTROL_CATEGORIES else c
+        for c in text
+    )
+
+
 def checked_user(user: str) -> str:
     """`user`, if a key may be given it: the one check every way of naming a key's user goes
     through (create, the keys file's import; rotate keeps the old key's)."""
     if not user.strip():
         raise InvalidUser()
+    if has_control_character(user):
+        # `floodgate keys list` and `floodgate usage` print it in a table: a newline drew a row of
+        # the sender's choosing, an escape sequence reached the operator's terminal.
+        raise InvalidUser("user must not contain control characters (newlines, escapes)")
     if len(user.encode()) > MAX_USER_BYTES:
         raise InvalidUser(f"user must be at most {MAX_USER_BYTES} bytes (UTF-8), not {len(user.encode())}")
     return user
@@ -54,14 +81,22 @@ MAX_LABEL_BYTES = 1024
 
 
 class InvalidLabel(ValueError):
-    def __init__(self, size: int) -> None:
-        super().__init__(f"label must be at most {MAX_LABEL_BYTES} bytes (UTF-8), not {size}")
+    def __init__(self, size: int | None = None) -> None:
+        if size is None:
+            super().__init__("label must not contain control characters (newlines, escapes)")
+        else:
+            super().__init__(f"label must be at most {MAX_LABEL_BYTES} bytes (UTF-8), not {size}")
 
 
 def checked_label(label: str) -> str:
-    """`label`, if a key may be given it (create; rotate keeps the old key's)."""
+    """`label`, if a key may be given it (create; rotate keeps the old key's). Without control
+    characters: `floodgate keys list` prints it in a table, where a newline drew a row of the
+    sender's choosing (a key that does not exist, another user's tier) and an escape sequence
+    reached the operator's terminal."""
     if (size := len(label.encode())) > MAX_LABEL_BYTES:
         raise InvalidLabel(size)
+    if has_control_character(label):
+        raise InvalidLabel()
     return label
 
 

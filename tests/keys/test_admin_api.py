@@ -304,3 +304,31 @@ def test_an_operator_reads_anyones_usage(server: LiveServer) -> None:
     usage = done.json()["usage"]
     assert (row["input_tokens"], row["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     assert httpx.get(server.base_url + "/v1/admin/usage", headers=server.auth("free2")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("label", "ci\nkey_000000000000  victim  paid"),
+        ("label", "app\x1b[2J\x1b[31m"),
+        ("label", "nul\x00"),
+        ("user", "eve\r\nkey_000000000000  paid"),
+        ("user", "eve\x1b]0;owned\x07"),
+        ("user", "eve\u2028x"),
+    ],
+)
+def test_a_user_or_label_with_control_characters_is_refused_naming_it(
+    server: LiveServer, field: str, value: str
+) -> None:
+    """A label or user name reached `floodgate keys list`'s table as it was sent: a newline drew
+    a row of the operator's choosing (a key that does not exist, another user's tier), an escape
+    sequence rewrote or cleared the operator's terminal. Refused as the other bad values are."""
+    body = {"user": "cc-user", "tier": "free", "label": "ok", field: value}
+    refused = httpx.post(server.base_url + "/v1/admin/keys", json=body, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == field and "control character" in error["message"]
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": body["user"]}, headers=ADMIN)
+    assert listed.json()["data"] == []
+    # What a person types stays taken: accents, emoji, spaces, a tab-free sentence.
+    assert _works(server, _create(server, user="zoë 🚀", tier="free", label="Zoë's app — prod")["key"])

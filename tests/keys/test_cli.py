@@ -414,3 +414,30 @@ def test_import_refuses_a_tier_the_settings_do_not_have(config: Path, tmp_path: 
     ]
     said = _import_refused(config, tmp_path, lines)
     assert "line 2: unknown tier 'platinum'; configured: " in said
+
+
+def test_a_label_with_control_characters_is_refused_and_a_stored_one_listed_escaped(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """A label's newline drew a row of its own in `keys list` (a key that does not exist) and its
+    escape sequences reached the operator's terminal. Refused now; one a store holds from before
+    is listed with them escaped, one key one line."""
+    with pytest.raises(SystemExit, match=r"^floodgate: label must not contain control characters"):
+        main(["keys", "create", "--user", "x", "--tier", "free", "--label", "a\nb", "--config", str(config)])
+
+    async def seed() -> None:
+        store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+        digest = hash_key("fg-stored-before")
+        label = "ci\nkey_000000000000  victim  paid\x1b[31m"
+        await store.add(KeyRecord(key_id(digest), digest, "old\r", "free", label=label, created=1.0))
+        await store.aclose()
+
+    asyncio.run(seed())
+    table = run(capsys, config, "keys", "list")
+    lines = table.splitlines()
+    assert len(lines) == 2, table
+    assert "\x1b" not in table and "\r" not in table
+    assert r"ci\nkey_000000000000  victim  paid\x1b[31m" in lines[1] and r"old\r" in lines[1]
+    # --json is JSON's own escaping: the label as stored.
+    [view] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    assert view["label"] == "ci\nkey_000000000000  victim  paid\x1b[31m"
