@@ -353,3 +353,32 @@ def test_the_client_distributions_cli_names_itself_in_its_usage() -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("usage: floodgate-client chat "), done.stderr
     assert "floodgate-client chat: error: the following arguments are required: prompt" in done.stderr
+
+
+def test_retry_does_not_wait_out_a_refusal_past_its_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README said `--retry` waits out a 429 as the edge advises: a spent free tier's request
+    # window advises minutes (540 s measured), which the client's 60 s deadline does not wait, and
+    # the command ended at once. What the README now says: one request, exit 1, the wait named.
+    refused = (
+        b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 540\r\n"
+        b"retry-after-ms: 540000\r\nx-should-retry: false\r\nconnection: close\r\n"
+    )
+    body = json.dumps(
+        {
+            "error": {
+                "message": "Rate limit reached (requests).",
+                "type": "requests",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+    ).encode()
+    edge = ScriptedEdge([refused + f"content-length: {len(body)}\r\n\r\n".encode() + body])
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["chat", "hi", "--retry", "--base-url", edge.base_url]
+        assert _chat_offline(monkeypatch, argv, out, err) == 1, err.getvalue()
+        assert edge.requests == 1
+        assert re.search(r"retry in 5\d\d\.\d s", err.getvalue()), err.getvalue()
+    finally:
+        edge.close()
