@@ -23,6 +23,9 @@ DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 # A queued request holds its concurrency slot without refreshing it: the slot must outlive the
 # longest queue wait by this much, or it could expire under a request that is about to run.
 SLOT_TTL_MARGIN_S = 60.0
+# The largest C int: the kernel reads a listen backlog and SO_SNDBUF as one. Past it the listener's
+# setsockopt was a TypeError and uvicorn's listen an OverflowError, tracebacks at serve's start.
+C_INT_MAX = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -52,12 +55,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     # streams still running are cut, both counted from the signal.
     drain_accept_s: Annotated[float, msgspec.Meta(ge=0)]
     drain_deadline_s: Annotated[float, msgspec.Meta(ge=0)]
-    listen_backlog: Annotated[int, msgspec.Meta(ge=1)]
+    listen_backlog: Annotated[int, msgspec.Meta(ge=1, le=C_INT_MAX)]
     max_open_streams: Annotated[int, msgspec.Meta(ge=1)]
     # A stream whose one send has waited this long on a client that reads nothing is cut.
     stalled_reader_s: Annotated[float, msgspec.Meta(gt=0)]
     # The kernel send buffer of each client connection (SO_SNDBUF; 0: the kernel's autotuning).
-    send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0)]
+    send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0, le=C_INT_MAX)]
 
     def __post_init__(self) -> None:
         # A request's listener is told by its local port alone (edge/routes/listeners.py: ops_host

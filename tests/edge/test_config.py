@@ -372,3 +372,17 @@ def test_a_settings_file_with_a_utf_8_byte_order_mark_loads(tmp_path: Path) -> N
     config = tmp_path / "floodgate.toml"
     config.write_bytes(b"\xef\xbb\xbf[server]\nport = 8123\n")
     assert load_settings(config).server.port == 8123
+
+
+@pytest.mark.parametrize("field", ["send_buffer_bytes", "listen_backlog"])
+def test_a_socket_setting_past_a_c_int_is_refused_at_serve(tmp_path: Path, field: str) -> None:
+    """The kernel reads both as a C int: send_buffer_bytes of 4 GiB was a TypeError traceback from
+    the listener's setsockopt, listen_backlog of 2**32 an OverflowError traceback from uvicorn's
+    listen, after the model's import and the dev key's creation (exit 1 with a traceback both)."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(f'[server]\nport = 0\nops_port = 0\n{field} = 4294967296\n[model]\nsource = "demo"\n')
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "invalid settings" in done.stderr and f"server.{field}" in done.stderr
+    assert "Try it" not in done.stdout  # refused before the dev key's hint
