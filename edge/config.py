@@ -358,6 +358,7 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
 def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     """The merged `data` as Settings, with every check across settings; `layers`: what was laid on
     the defaults (a file, overrides), which decides where the models come from."""
+    _tables_of_tables(data)
     data = _one_source_of_models(data, *layers)
     data = _named_tiers(data)
     _convert_each(data, "tiers", TierConfig)
@@ -371,6 +372,20 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_model_replicas(settings)
     _check_model_names(settings)
     return settings
+
+
+def _tables_of_tables(data: dict[str, Any]) -> None:
+    """[tiers] and [models] hold one table per name, read as such before msgspec sees them: an
+    array of tables (`[[tiers]]`, as many TOML files list named things) or `models = [...]` was an
+    AttributeError traceback from every command taking --config."""
+    for section in ("tiers", "models"):
+        value = data.get(section, {})
+        if not isinstance(value, dict):
+            kind = "an array" if isinstance(value, list) else f"a {type(value).__name__}"
+            raise ConfigError(
+                f"{section} is {kind}, not a table: write one [{section}.NAME] table each "
+                f"(not [[{section}]] or {section} = [...]; edge/defaults.toml shows the shape)"
+            )
 
 
 def _convert_each(data: dict[str, Any], section: str, typ: type[msgspec.Struct]) -> None:

@@ -386,3 +386,27 @@ def test_a_socket_setting_past_a_c_int_is_refused_at_serve(tmp_path: Path, field
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "invalid settings" in done.stderr and f"server.{field}" in done.stderr
     assert "Try it" not in done.stdout  # refused before the dev key's hint
+
+
+@pytest.mark.parametrize(
+    ("text", "section"),
+    [
+        # An array of tables, as many TOML files write a list of named things.
+        ('[[tiers]]\nname = "free"\nmax_tokens = 512\n', "tiers"),
+        ('tiers = ["free", "paid"]\n', "tiers"),
+        ('[[models]]\nsource = "demo"\n', "models"),
+        ('models = ["floodgate-demo"]\n', "models"),
+    ],
+)
+def test_tiers_or_models_not_a_table_of_tables_is_refused_in_one_line(
+    tmp_path: Path, text: str, section: str
+) -> None:
+    """`[[tiers]]` (or `models = [...]`) was an AttributeError traceback ('list' object has no
+    attribute 'items') from every command taking --config: serve, config show, keys."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(text)
+    command = [sys.executable, "-m", "edge.cli", "config", "show", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("floodgate: invalid settings: ") and len(done.stderr.splitlines()) == 1
+    assert f"[{section}.NAME]" in done.stderr
