@@ -433,12 +433,19 @@ def _one_source_of_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict
         models: dict[str, Any] = {}
         for layer in given:
             models = _merge(models, layer)
-        tiers = {name: dict(tier) for name, tier in data.get("tiers", {}).items()}
+        # A tier that is no table is left as it is, for the settings' decoding to name (`[tiers]
+        # free = 5` was a TypeError traceback here).
+        tiers = {
+            name: dict(tier) if isinstance(tier, dict) else tier
+            for name, tier in data.get("tiers", {}).items()
+        }
         for name, tier in tiers.items():
+            if not isinstance(tier, dict):
+                continue
             # The embedded tiers' model lists name the embedded models: they go with them.
             named = [layer.get("tiers", {}).get(name, {}) for layer in layers]
             for key in ("models", "default_model"):
-                if not any(key in given_tier for given_tier in named):
+                if not any(isinstance(given, dict) and key in given for given in named):
                     tier.pop(key, None)
         return {**data, "models": models, "tiers": tiers}
     if any("model" in layer for layer in layers):

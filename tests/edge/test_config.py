@@ -410,3 +410,16 @@ def test_tiers_or_models_not_a_table_of_tables_is_refused_in_one_line(
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("floodgate: invalid settings: ") and len(done.stderr.splitlines()) == 1
     assert f"[{section}.NAME]" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["5", '"paid"', "[1]"])
+def test_a_tier_not_a_table_beside_the_files_models_is_refused_in_one_line(
+    tmp_path: Path, value: str
+) -> None:
+    """With [models.*] in the file, `[tiers] free = 5` (a tier that is no table) was a TypeError or
+    ValueError traceback from the models' tier lists, not msgspec's line naming the tier (as it is
+    without [models.*])."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(f'[models.small]\nsource = "demo"\n[tiers]\nfree = {value}\n')
+    with pytest.raises(ConfigError, match=r"Expected `object`, got `\w+` - at `\$\.tiers\.free`"):
+        load_settings(config)
