@@ -84,6 +84,16 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_key(key: str) -> str:
+    """`key` as one TOML key: bare where TOML allows it, else quoted. Written bare, a model named
+    `llama-3.1-8b` was the nested tables `llama-3` and `1-8b` ([models.llama-3.1-8b]), and a tier
+    `pro plan` no TOML at all, in settings said to load again."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+
+
 def _table(name: str, table: dict[str, Any], out: list[str]) -> None:
     # None is an unset optional setting (TOML has no null): left out, it keeps its meaning.
     scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
@@ -93,7 +103,7 @@ def _table(name: str, table: dict[str, Any], out: list[str]) -> None:
         out.append("")
     for key, value in table.items():
         if isinstance(value, dict):
-            _table(f"{name}.{key}", value, out)
+            _table(f"{name}.{_toml_key(key)}", value, out)
 
 
 def effective_toml(settings: Settings) -> str:
