@@ -63,6 +63,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0, le=C_INT_MAX)]
 
     def __post_init__(self) -> None:
+        for name in ("host", "ops_host"):
+            # The socket's empty address is every interface (INADDR_ANY): `ops_host = ""`, read as
+            # "off" or "the default", opened /metrics and /v1/admin/* to the whole network.
+            if not getattr(self, name):
+                raise ValueError(
+                    f'server.{name} is empty, which would listen on every interface: write "0.0.0.0" '
+                    'for that, or "127.0.0.1" for this machine alone'
+                )
         # A request's listener is told by its local port alone (edge/routes/listeners.py: ops_host
         # 0.0.0.0 gives no address to compare), so the two may not share one on different hosts.
         if self.port and self.port == self.ops_port:

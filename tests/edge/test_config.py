@@ -423,3 +423,13 @@ def test_a_tier_not_a_table_beside_the_files_models_is_refused_in_one_line(
     config.write_text(f'[models.small]\nsource = "demo"\n[tiers]\nfree = {value}\n')
     with pytest.raises(ConfigError, match=r"Expected `object`, got `\w+` - at `\$\.tiers\.free`"):
         load_settings(config)
+
+
+@pytest.mark.parametrize("field", ["host", "ops_host"])
+def test_an_empty_listen_address_is_refused_at_load(field: str) -> None:
+    """`ops_host = ""` (or host) loaded and bound every interface of the machine (the socket's
+    empty address is INADDR_ANY): the operator endpoints, /metrics and /v1/admin/* among them, open
+    to the whole network, while a setting left empty reads as "off" or "the default"."""
+    with pytest.raises(msgspec.ValidationError, match=rf"server\.{field}"):
+        load_settings(overrides={"server": {field: ""}})
+    assert getattr(load_settings(overrides={"server": {field: "0.0.0.0"}}).server, field) == "0.0.0.0"
