@@ -180,6 +180,21 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True):
     prefix_cache_scope: Literal["user", "shared"] = "user"
 
 
+# DynamoDB's table names (or a table's ARN, which TableName also takes).
+_DYNAMODB_TABLE = re.compile(r"[A-Za-z0-9_.-]{3,255}|arn:.+")
+
+
+def check_dynamodb_table(section: str, backend: str, table: str) -> None:
+    """With the dynamodb backend, a table name DynamoDB refuses (empty, a space, under 3 characters)
+    loaded, and botocore refused it (ParamValidationError) as the app started, after the model's
+    import: exit 3 with a traceback inside a JSON log line."""
+    if backend == "dynamodb" and not _DYNAMODB_TABLE.fullmatch(table):
+        raise ValueError(
+            f"{section}.dynamodb_table {table!r} is no DynamoDB table name: 3 to 255 letters, digits, "
+            "'_', '-' or '.' (or the table's ARN)"
+        )
+
+
 class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["sqlite", "dynamodb"]
     sqlite_path: str
@@ -190,6 +205,9 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     # How long a history read waits for this edge's own unwritten messages of its conversation
     # (edge/messages/writer.py) before it answers with what the store holds.
     read_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+
+    def __post_init__(self) -> None:
+        check_dynamodb_table("messages", self.backend, self.dynamodb_table)
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -232,6 +250,7 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
 
     def __post_init__(self) -> None:
+        check_dynamodb_table("keys", self.backend, self.dynamodb_table)
         # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
         # has: the admin API would answer every admin key 401, and nothing would say why.
         if self.admin_key_sha256 and not is_key_hash(self.admin_key_sha256):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -433,3 +434,33 @@ def test_an_empty_listen_address_is_refused_at_load(field: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=rf"server\.{field}"):
         load_settings(overrides={"server": {field: ""}})
     assert getattr(load_settings(overrides={"server": {field: "0.0.0.0"}}).server, field) == "0.0.0.0"
+
+
+@pytest.mark.parametrize("section", ["messages", "keys"])
+@pytest.mark.parametrize("table", ["", "my table", "ab"])
+def test_a_dynamodb_table_name_dynamodb_refuses_is_refused_at_load(section: str, table: str) -> None:
+    """Loaded, botocore refused the name itself (ParamValidationError, before any request) as the
+    app started, after the model's import: exit 3, a traceback inside a JSON log line."""
+    overrides = {section: {"backend": "dynamodb", "dynamodb_table": table}}
+    with pytest.raises(msgspec.ValidationError, match=rf"{section}\.dynamodb_table {table!r}"):
+        load_settings(overrides=overrides)
+    arn = "arn:aws:dynamodb:us-east-1:123456789012:table/floodgate-x"
+    for good in ("floodgate-x", "a.b_c-1", arn):
+        assert load_settings(overrides={section: {"backend": "dynamodb", "dynamodb_table": good}})
+    # The sqlite backend reads no table name.
+    assert load_settings(overrides={section: {"dynamodb_table": table}})
+
+
+def test_serve_with_an_empty_messages_table_exits_with_the_reason(tmp_path: Path) -> None:
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        '[server]\nport = 0\nops_port = 0\ndev_key = false\n[model]\nsource = "demo"\nname = "demo"\n'
+        '[messages]\nbackend = "dynamodb"\ndynamodb_table = ""\ndynamodb_endpoint = "http://127.0.0.1:9"\n'
+    )
+    aws = {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, **aws}
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "invalid settings" in done.stderr and "messages.dynamodb_table ''" in done.stderr
