@@ -17,12 +17,6 @@ TEST_WORKERS ?= 3
 
 .PHONY: serve test bench bench-engine lint typecheck system-deps clean
 
-# Python's default, whatever the shell says: each module compiled once and its .pyc kept. With
-# PYTHONDONTWRITEBYTECODE=1 (as some CI and container images set) every process compiled what it
-# imported again: each test process its 14 s of collection, each `floodgate` a test starts ~0.4 s
-# of our own 84,000 lines, and (with the dev set installed uncompiled, below) the dev packages too.
-unexport PYTHONDONTWRITEBYTECODE
-
 # The client (client/, its own distribution: httpx only) first, since the server depends on it.
 $(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +24,8 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install -q -e ./client -e .
 	touch $(STAMP)
 
-# --no-compile: pip compiled all of the dev set (moto, playwright, schemathesis, mypy, matplotlib,
-# sympy...) at install, 35 of a fresh clone's 86 s of it; the tests import a fraction, compiled
-# on first import and kept.
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q --no-compile -e '.[dev,triton]'
+	$(PY) -m pip install -q -e '.[dev,triton]'
 	touch $(DEV_STAMP)
 
 $(MODEL_STAMP): $(STAMP)
