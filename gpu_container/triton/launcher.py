@@ -7,6 +7,7 @@ serving layer never passes cancellation to the model, so we run the server direc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -50,10 +51,18 @@ def _server_dir() -> Path:
     return _wheel_root() / "tritonserver"
 
 
-def _loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _loopback_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports, their sockets held open together while they are picked.
+    Picked one at a time (each socket closed before the next was bound), the kernel could hand the
+    same port back: tritonserver started its HTTP service, then failed to start its metrics service
+    on the same port ("already in use"), a fresh-clone CI run's error."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def make_backend_directory(dest: Path) -> Path:
@@ -174,9 +183,10 @@ def start_local_triton(
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> TritonProcess:
     """Start tritonserver on 127.0.0.1 over `model_repository` and return once it is ready."""
-    grpc_port = grpc_port or _loopback_port()
-    http_port = http_port or _loopback_port()
-    metrics_port = metrics_port or _loopback_port()
+    picked = iter(_loopback_ports(3))
+    grpc_port = grpc_port or next(picked)
+    http_port = http_port or next(picked)
+    metrics_port = metrics_port or next(picked)
     workdir = Path(tempfile.mkdtemp(prefix="floodgate-triton-"))
     backends = make_backend_directory(workdir / "backends")
     log_path = workdir / "tritonserver.log"

@@ -22,7 +22,7 @@ from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import (
     TritonProcess,
     TritonStartError,
-    _loopback_port,
+    _loopback_ports,
     _wait_ready,
     start_local_triton,
 )
@@ -98,9 +98,17 @@ http.server.HTTPServer(("127.0.0.1", metrics_port), Ready).serve_forever()
 """
 
 
+def test_the_ports_picked_for_one_server_are_never_the_same_port() -> None:
+    """Picked one at a time, each socket closed before the next, the kernel could give one port
+    twice: tritonserver's metrics service then failed on the port its HTTP service had taken."""
+    for _ in range(300):
+        ports = _loopback_ports(3)
+        assert len(set(ports)) == 3, ports
+
+
 def test_the_start_waits_for_the_metrics_page_as_well_as_readiness(tmp_path: Path) -> None:
     """The edge reads each replica's capacity from the metrics page the moment the server is up."""
-    http_port, metrics_port = _loopback_port(), _loopback_port()
+    http_port, metrics_port = _loopback_ports(2)
     log_path = tmp_path / "server.log"
     process = subprocess.Popen(
         [sys.executable, "-c", _HTTP_BEFORE_METRICS, str(http_port), str(metrics_port)],
