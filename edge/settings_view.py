@@ -80,8 +80,14 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    # A JSON string is a valid TOML basic string for everything settings hold.
-    return json.dumps(str(value))
+    return _toml_string(str(value))
+
+
+def _toml_string(text: str) -> str:
+    """`text` as a TOML basic string: JSON's, but with characters past U+FFFF as themselves (JSON's
+    surrogate pair escapes are no TOML: a model named with an emoji was settings that would not load
+    again) and DEL escaped (JSON leaves it, TOML refuses it raw)."""
+    return json.dumps(text, ensure_ascii=False).replace(chr(0x7F), "\\u007f")
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -91,7 +97,7 @@ def _toml_key(key: str) -> str:
     """`key` as one TOML key: bare where TOML allows it, else quoted. Written bare, a model named
     `llama-3.1-8b` was the nested tables `llama-3` and `1-8b` ([models.llama-3.1-8b]), and a tier
     `pro plan` no TOML at all, in settings said to load again."""
-    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
 
 
 def _table(name: str, table: dict[str, Any], out: list[str]) -> None:

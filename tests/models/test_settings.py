@@ -98,13 +98,14 @@ def test_config_show_of_names_with_dots_or_spaces_loads_back_the_same(tmp_path: 
     """`config show` wrote every table name bare: a model named `llama-3.1-8b` came out as
     [models.llama-3.1-8b], which TOML reads as tables `llama-3`, `1-8b` nested in each other, and
     a tier `pro plan` as [tiers.pro plan], no TOML at all: the settings shown, "loadable again",
-    were refused, or defined other models."""
+    were refused, or defined other models. A character past U+FFFF was written as JSON's surrogate
+    pair escapes, which TOML refuses."""
     from edge.settings_view import effective_toml
 
     config = tmp_path / "floodgate.toml"
     config.write_text(
-        '[models."llama-3.1-8b"]\nsource = "demo"\n[models."a b"]\nsource = "demo"\n'
-        '[tiers.free]\nmodels = ["llama-3.1-8b"]\n[tiers."pro plan"]\npriority = 5\n'
+        '[models."llama-3.1-8b"]\nsource = "demo"\n[models."a b 🚀"]\nsource = "demo"\n'
+        '[tiers.free]\nmodels = ["llama-3.1-8b", "a b 🚀"]\n[tiers."pro plan"]\npriority = 5\n'
         "requests_per_window = 1\nrequest_window_s = 1\ntokens_per_window = 100\ntoken_window_s = 1\n"
         "max_concurrent = 1\nmax_tokens = 10\nmax_queue_wait_s = 1\n"
     )
@@ -112,7 +113,7 @@ def test_config_show_of_names_with_dots_or_spaces_loads_back_the_same(tmp_path: 
     shown = tmp_path / "shown.toml"
     shown.write_text(effective_toml(settings))
     again = load_settings(shown)
-    assert list(again.models) == ["llama-3.1-8b", "a b"]
+    assert list(again.models) == ["llama-3.1-8b", "a b 🚀"]
     assert again.models == settings.models and again.tiers == settings.tiers
 
 
