@@ -102,18 +102,11 @@ def _serve(args: argparse.Namespace) -> int:
         # Before the model's import and the dev key: workers that cannot run are refused first.
         per_worker = plan_workers(overrides, settings, args.workers)
     else:
-        from edge.server import bind_listeners
+        from edge.server import refuse_taken_ports
 
-        # Both ports tried (and let go) before the model's import and the dev key, as plan_workers
-        # does for workers: one in use was found only at the bind, and the refused serve had
-        # printed "Try it: curl ..." with a key for an edge that never started (the next serve,
-        # the store holding that key, printed none). serve() binds them again, as it did.
-        try:
-            bind_listeners(settings.server).close()
-        except OSError as exc:
-            server = settings.server
-            where = f"{server.host}:{server.port} or {server.ops_host}:{server.ops_port} (ops_port)"
-            raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
+        # Both ports, before the model's import and the dev key, as plan_workers does for workers.
+        server = settings.server
+        refuse_taken_ports([(server.host, server.port, ""), (server.ops_host, server.ops_port, "ops_port")])
     configure_logging()
     # httpx logs every request at INFO: a local tritonserver's readiness polls at start would flood it.
     logging.getLogger("httpx").setLevel(logging.WARNING)

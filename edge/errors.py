@@ -15,7 +15,7 @@ from litestar.exceptions import HTTPException
 from redis.exceptions import RedisError
 
 from edge.admission.ticket import Overloaded
-from edge.log_line import info_line
+from edge.log_line import refusal_line
 from edge.metrics import REQUESTS_REJECTED
 from edge.routes.head import allow_with_head
 from edge.routes.listeners import as_served_here
@@ -160,8 +160,7 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
     body, a 401, a 404, a 413): it wrote none, and a user reporting that every call answers 400 left
     no trace an operator could find. One that has an id (in `x-request-id`: the limiter's or the
     queue's refusal, a generation's error) has its line already (`chat_refused`, `chat_completion`).
-    Info for the client's 4xx, warning for the server's 5xx. `request_id` None: none was given, and
-    none bound by an earlier request may stand for it."""
+    `request_id` None: none was given, and none bound by an earlier request may stand for it."""
     fields = {
         "request_id": None,
         "user": scope.get(REQUEST_USER),
@@ -170,10 +169,7 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
         "status": status,
         "code": code,
     }
-    if status < 500:
-        info_line(log, "request_refused", fields)
-    else:
-        log.warning("request_refused", **fields)
+    refusal_line(log, "request_refused", fields)
 
 
 def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:

@@ -52,3 +52,12 @@ def info_line(log: Any, event: str, fields: dict[str, Any]) -> None:
     except structlog.DropEvent:
         return
     _logger.msg(event_dict)
+
+
+def refusal_line(log: Any, event: str, fields: dict[str, Any]) -> None:
+    """A refused request's one line: info for the client's 4xx, a warning for the server's own
+    trouble (a 5xx: a store down, no replica), which an operator watches for. `fields["status"]`."""
+    if fields["status"] < 500:
+        info_line(log, event, fields)
+    else:
+        log.warning(event, **fields)

@@ -27,7 +27,7 @@ from edge.errors import ApiError, invalid_request, limiter_unavailable, overload
 from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
-from edge.log_line import info_line
+from edge.log_line import refusal_line
 from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
@@ -268,12 +268,7 @@ class Pipeline:
             "status": error.status,
             "code": error.detail.code,
         }
-        if error.status < 500:
-            info_line(log, "chat_refused", fields)
-        else:
-            # The server's trouble (the limiter's store down on a fail-closed tier, no replica at
-            # all), not the client's: a warning, as edge/errors.py log_refusal writes a 5xx.
-            log.warning("chat_refused", **fields)
+        refusal_line(log, "chat_refused", fields)
         return error
 
     def _logit_bias(self, req: ChatCompletionRequest) -> tuple[tuple[int, float], ...]:

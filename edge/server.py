@@ -26,7 +26,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -84,6 +84,21 @@ def refuse_a_taken_port(host: str, port: int) -> None:
     too (another edge's workers) shares without a word: their parent asks first, binding it as a
     lone `serve` does, and lets it go at once."""
     _bind(host, port).close()
+
+
+def refuse_taken_ports(addresses: Iterable[tuple[str, int, str]]) -> None:
+    """SystemExit naming the first of `addresses` (host, port, what it is for) something listens on
+    already (port 0 picks a free one: skipped). `serve` asks before the model's import and the dev
+    key: found only at the bind, a refused serve had printed "Try it: curl ..." with a key for an
+    edge that never started."""
+    for host, port, what in addresses:
+        if not port:
+            continue
+        try:
+            refuse_a_taken_port(host, port)
+        except OSError as exc:
+            named = f" ({what})" if what else ""
+            raise SystemExit(f"floodgate: cannot listen on {host}:{port}{named}: {exc.strerror}") from None
 
 
 def _address(sock: socket.socket) -> str:

@@ -140,26 +140,20 @@ def plan_workers(
     if workers > 1:
         # Shared by the workers, the port would be shared as silently with another edge's workers
         # serving it already: the kernel split the connections between the two.
-        from edge.server import refuse_a_taken_port
+        from edge.server import refuse_taken_ports
 
-        try:
-            refuse_a_taken_port(settings.server.host, settings.server.port)
-        except OSError as exc:
-            where = f"{settings.server.host}:{settings.server.port}"
-            raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
-        # Each worker's own operator port too (ops_port + i): one taken was found only by that
-        # worker's bind, after the model's import and the dev key, and the refused serve had
-        # printed "Try it: curl ..." for an edge that never started (as a lone serve's two ports).
-        ops_host = settings.server.ops_host
-        for index, worker in enumerate(planned):
-            ops_port = worker["server"]["ops_port"]
-            if not ops_port:
-                continue
-            try:
-                refuse_a_taken_port(ops_host, ops_port)
-            except OSError as exc:
-                where = f"{ops_host}:{ops_port} (worker {index}'s ops_port)"
-                raise SystemExit(f"floodgate: cannot listen on {where}: {exc.strerror}") from None
+        # And each worker's own operator port (ops_port + i): one taken was found only by that
+        # worker's bind, after the model's import and the dev key.
+        server = settings.server
+        refuse_taken_ports(
+            [
+                (server.host, server.port, ""),
+                *(
+                    (server.ops_host, worker["server"]["ops_port"], f"worker {i}'s ops_port")
+                    for i, worker in enumerate(planned)
+                ),
+            ]
+        )
     return planned
 
 
