@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from edge.admission.ticket import Overloaded
 from edge.log_line import refusal_line
 from edge.metrics import REQUESTS_REJECTED
+from edge.request_ids import new_refusal_id
 from edge.routes.head import allow_with_head
 from edge.routes.listeners import as_served_here
 
@@ -155,14 +156,16 @@ def final_if_far(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
+def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, str]:
     """The one line of a request answered with an error before it got a request id (a 400 for its
-    body, a 401, a 404, a 413): it wrote none, and a user reporting that every call answers 400 left
-    no trace an operator could find. One that has an id (in `x-request-id`: the limiter's or the
-    queue's refusal, a generation's error) has its line already (`chat_refused`, `chat_completion`).
-    `request_id` None: none was given, and none bound by an earlier request may stand for it."""
+    body, a 401, a 404, a 413), under a refusal id of its own (edge/request_ids.py), returned as the
+    `x-request-id` header the answer carries: a user reporting that every call answers 400 quotes
+    it, and the operator finds the line (none bound by an earlier request may stand for it). One
+    that has an id (the limiter's or the queue's refusal, a generation's error) has its line
+    already (`chat_refused`, `chat_completion`)."""
+    request_id = new_refusal_id()
     fields = {
-        "request_id": None,
+        "request_id": request_id,
         "user": scope.get(REQUEST_USER),
         "method": scope.get("method"),
         "path": scope["path"][:MAX_PATH_IN_ERROR],
@@ -170,14 +173,16 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
         "code": code,
     }
     refusal_line(log, "request_refused", fields)
+    return {"x-request-id": request_id}
 
 
 def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     code = exc.detail.code or exc.detail.type
     REQUESTS_REJECTED.labels(str(exc.status), code).inc()
-    if "x-request-id" not in exc.headers:
-        log_refusal(request.scope, exc.status, code)
-    return error_response(exc.status, exc.detail, final_if_far(exc.headers))
+    headers = exc.headers
+    if "x-request-id" not in headers:
+        headers = {**headers, **log_refusal(request.scope, exc.status, code)}
+    return error_response(exc.status, exc.detail, final_if_far(headers))
 
 
 def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -197,7 +202,7 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     # A path with GET answers HEAD too (edge/routes/head.py): its Allow says so.
     headers = {"allow": allow_with_head(allow)} if allow is not None else {}
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
-    log_refusal(request.scope, status, detail.code or detail.type)
+    headers |= log_refusal(request.scope, status, detail.code or detail.type)
     return error_response(status, detail, headers)
 
 
@@ -207,14 +212,19 @@ STORE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, RedisError, BotoCore
 
 
 def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.warning("store_unavailable", path=request.url.path, error_type=type(exc).__name__)
+    # Named as a refusal is (log_refusal), the id in its line and its answer: one an earlier
+    # request bound on this connection's context must not stand for it.
+    request_id = new_refusal_id()
+    log.warning(
+        "store_unavailable", request_id=request_id, path=request.url.path, error_type=type(exc).__name__
+    )
     REQUESTS_REJECTED.labels("503", "store_unavailable").inc()
     detail = ErrorDetail(
         message="A backing store is not answering right now; please retry.",
         type=_TYPE_BY_STATUS[503],
         code="store_unavailable",
     )
-    return error_response(503, detail, retry_after_headers(1.0))
+    return error_response(503, detail, {**retry_after_headers(1.0), "x-request-id": request_id})
 
 
 def internal_error() -> ApiError:
@@ -223,11 +233,18 @@ def internal_error() -> ApiError:
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.error("unhandled_error", path=request.url.path, error_type=type(exc).__name__, exc_info=exc)
+    request_id = new_refusal_id()  # as handle_store_error's: the id a user reporting the 500 quotes
+    log.error(
+        "unhandled_error",
+        request_id=request_id,
+        path=request.url.path,
+        error_type=type(exc).__name__,
+        exc_info=exc,
+    )
     detail = internal_error().detail
     # Counted, or the server's own faults would be the one error status /metrics never shows.
     REQUESTS_REJECTED.labels("500", detail.type).inc()
-    return error_response(500, detail)
+    return error_response(500, detail, {"x-request-id": request_id})
 
 
 def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> ApiError:

@@ -45,3 +45,14 @@ def holder_prefix(tag: str) -> str:
 
 def new_request_id() -> str:
     return PREFIX + _tag + secrets.token_hex(8)
+
+
+REFUSAL_PREFIX = "req-"
+
+
+def new_refusal_id() -> str:
+    """The id of a request refused before it became a generation (a 400 for its body, a 401, a
+    404, a 413, the door's 429): in its `x-request-id` and its log line, as OpenAI gives every
+    answer one, so a user quoting the id of a refusal leads to its line. Not a `chatcmpl-` id: it
+    names no completion, and nothing can be cancelled under it."""
+    return REFUSAL_PREFIX + _tag + secrets.token_hex(8)

@@ -173,12 +173,13 @@ async def _refuse(
     scope: Scope, send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
 ) -> None:
     REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
-    log_refusal(scope, status, detail.code or detail.type)  # its one line, as the handlers' refusals
+    # Its one line and its id, as the handlers' refusals.
+    named = log_refusal(scope, status, detail.code or detail.type)
     body = msgspec.json.encode(ErrorBody(detail))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        *((k.encode(), v.encode()) for k, v in retry_after_headers(retry_after_s).items()),
+        *((k.encode(), v.encode()) for k, v in (retry_after_headers(retry_after_s) | named).items()),
     ]
     if close:
         headers.append((b"connection", b"close"))

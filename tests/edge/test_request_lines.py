@@ -68,6 +68,7 @@ def test_each_refusal_before_admission_writes_one_info_line(edge: LiveServer) ->
             lambda c: c.post(CHAT, json=OK | {"x": "y" * 5000}, headers=paid),
         ),
     ]
+    ids = set()
     for status, code, user, send in cases:
         answer, lines = _lines_of(edge, send)
         assert answer.status_code == status, answer.text
@@ -76,8 +77,12 @@ def test_each_refusal_before_admission_writes_one_info_line(edge: LiveServer) ->
         assert line["event"] == "request_refused" and line["log_level"] == "info", line
         assert line["status"] == status and line["code"] == (code or answer.json()["error"]["type"]), line
         assert line.get("user") == user and line["path"], line
-        # No id was given to the client, and none from an earlier request is borrowed.
-        assert line.get("request_id") is None, line
+        # The id the client was given names this line, a refusal's own (no completion to cancel),
+        # and none from an earlier request is borrowed.
+        assert line["request_id"] == answer.headers["x-request-id"], (line, answer.headers)
+        assert line["request_id"].startswith("req-"), line
+        ids.add(line["request_id"])
+    assert len(ids) == len(cases), ids
 
 
 def test_admitted_and_limited_requests_keep_their_one_line(edge: LiveServer) -> None:
@@ -106,6 +111,7 @@ def test_a_refusal_at_the_stream_gates_door_writes_its_line_too(tmp_path: Path) 
     assert answer.status_code == 429 and answer.json()["error"]["code"] == "server_busy", answer.text
     assert len(lines) == 1 and lines[0]["event"] == "request_refused", lines
     assert (lines[0]["status"], lines[0]["code"], lines[0]["log_level"]) == (429, "server_busy", "info")
+    assert lines[0]["request_id"] == answer.headers["x-request-id"], (lines, answer.headers)
 
 
 def _post(body: dict[str, Any], key: str, *, close: bool = False) -> bytes:
@@ -150,6 +156,10 @@ def test_a_pipelined_requests_lines_do_not_carry_the_request_id_of_the_one_befor
     (store_down,) = [line for line in capture.entries if line["event"] == "key_store_unavailable"]
     assert completion["request_id"], completion
     assert store_down.get("request_id") is None, store_down
+    # The 503's own id, in its answer and its refusal line, not the 200's.
+    (refused,) = [line for line in capture.entries if line["event"] == "request_refused"]
+    assert f"x-request-id: {refused['request_id']}\r\n".encode() in answers, (refused, answers)
+    assert refused["request_id"] != completion["request_id"], refused
 
 
 def test_a_refusal_for_the_servers_own_trouble_is_a_warning(tmp_path: Path) -> None:
