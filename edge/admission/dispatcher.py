@@ -438,13 +438,15 @@ class Dispatcher:
 
     def _wait_s(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
-        return self._estimate.wait_s(position, ticket, self._charge(ticket), self.replicas.members)
+        first = self._queue.first_in_line(ticket)
+        return self._estimate.wait_s(position, ticket, self._charge(ticket), self.replicas.members, first)
 
     def _retry_after(self, ticket: Ticket) -> float:
         position = self._queue.position_of_new(ticket)
+        first = self._queue.first_in_line(ticket)
         frees, age_s = self._place_frees(position)
         return self._estimate.retry_after_s(
-            position, ticket, self._charge(ticket), self.replicas.members, frees, age_s
+            position, ticket, self._charge(ticket), self.replicas.members, first, frees, age_s
         )
 
     def _place_frees(self, places: int) -> tuple[list[float], float]:

@@ -73,13 +73,21 @@ class TieredQueue(Generic[T]):
         tier = self._tiers.get(priority)
         return 0 if tier is None else sum(1 for item in tier if item.ticket.tier_label == label)
 
+    def first_in_line(self, ticket: Ticket) -> bool:
+        """Whether a new ticket would be next in line: nothing queued at its priority or above (its
+        user's own earlier requests included). Such a ticket with room now is placed at once."""
+        return not self.depth_from(ticket.priority)
+
     def position_of_new(self, ticket: Ticket) -> int:
-        """How many dispatches a new ticket would wait for, itself included.
+        """How many dispatches a new ticket would wait for, itself included, if it waits at all.
 
         Everything queued in higher tiers goes first. Within its tier, fair queueing serves every
         other user about as many times as this user (requests of similar size assumed): a light
         user behind a flood waits for one request of each other user, not for the whole flood; and
-        a user just served waits besides for the others to catch up (FairQueue.lead_waits).
+        a user just served waits besides for the others to catch up (FairQueue.lead_waits), users
+        arriving while it waits included. Those arrive only while it waits: a ticket first in line
+        (first_in_line) with room now waits for none of them, whatever this counts
+        (WaitEstimate.wait_s).
         """
         ahead = sum(len(tier) for p, tier in self._tiers.items() if p > ticket.priority)
         tier = self._tiers.get(ticket.priority)

@@ -3,7 +3,12 @@
 A new ticket's wait is its place in line (everything in higher tiers plus one request of each user
 of its own tier, see TieredQueue.position_of_new) divided by the replicas' completion rate (service_rate.py;
 `prior_service_s` before the first completion). A ticket first in line with room for it now waits
-nothing.
+nothing, whatever its place counts: past 1 with nothing queued ahead, the place is its user's lead
+over the others of its tier (FairQueue.lead_waits), dispatches that users arriving while it waits
+would take before it, and a ticket placed at once does not wait for anyone to arrive. Judged by the
+place alone, a paid chat client whose reply had just ended beside three others' was refused 429
+wait_too_long (13 s at a 10 s service time) while nothing of its tier waited and the replica had
+room for it.
 
 Retry-After is that wait, never less than one completion nor MIN_RETRY_S: after a run of short
 replies the completion rate reads fast even while long streams hold every place (five 2,000-token
@@ -36,10 +41,12 @@ class WaitEstimate:
         self._prior = ServiceRate(prior_service_s)
         self._reserve = reserved_fraction
 
-    def wait_s(self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica]) -> float:
+    def wait_s(
+        self, position: int, ticket: Ticket, kv_tokens: int, replicas: Sequence[Replica], first: bool
+    ) -> float:
         """The wait of a ticket that would be `position`-th in line now, charged `kv_tokens` when
-        placed."""
-        if position == 1 and any(
+        placed; `first`: nothing is queued ahead of it (TieredQueue.first_in_line)."""
+        if first and any(
             r.placeable and r.has_room(kv_tokens, ticket.may_use_reserve, self._reserve) for r in replicas
         ):
             return 0.0
@@ -52,13 +59,14 @@ class WaitEstimate:
         ticket: Ticket,
         kv_tokens: int,
         replicas: Sequence[Replica],
+        first: bool,
         place_frees_s: Sequence[float] = (),
         frees_age_s: float = 0.0,
     ) -> float:
         """When trying again is worth it: the estimated wait, never less than one completion nor
         MIN_RETRY_S, nor than when the `position`-th place should free (`place_frees_s`, soonest
         first, worked out `frees_age_s` ago: running_ends.py), as far as they tell."""
-        wait = self.wait_s(position, ticket, kv_tokens, replicas)
+        wait = self.wait_s(position, ticket, kv_tokens, replicas, first)
         rate, _ = self._rate(ticket, kv_tokens, replicas)
         freed = place_frees_s[position - 1] - frees_age_s if position <= len(place_frees_s) else 0.0
         return max(wait, 1.0 / rate, MIN_RETRY_S, freed)

@@ -368,3 +368,42 @@ async def test_places_whose_replies_tell_nothing_yet_still_free_in_turn(
     # Seven places free 0.5 s from now (a learnt service from their grant), the eighth at 0.79 s,
     # and each again a second later: the forty-first frees 0.5 + 5 s from now.
     assert refused.value.retry_after_s == pytest.approx(0.5 + 5 * 1.0)
+
+
+@pytest.mark.anyio
+async def test_a_returning_user_first_in_line_with_room_is_not_told_its_wait_is_too_long(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """A paid chat client's reply ends beside three other paid users' running ones while a free
+    request waits for the reserve: nothing of its tier or above waits and the replica has room for
+    its next request, which is placed at once. Its user's lead over the tier's virtual time
+    (FairQueue.lead_waits: three dispatches, one per other active user) was counted as a wait all
+    the same, 13 s at a 10 s service time, and the precheck refused it 429 wait_too_long."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", kv_tokens_total=1000, max_sequences=10)
+    async with make_dispatcher(
+        [replica], reserved_paid_fraction=0.5, prior_service_s=10.0, clock=lambda: now[0]
+    ) as dispatcher:
+        flow = Flow(dispatcher)
+        chat = flow.submit(ticket("chat", paid=True))
+        for i in range(3):
+            flow.submit(ticket(f"paid-{i}", paid=True))
+        await flow.settle()
+        free = flow.submit(ticket("free", kv_tokens=300))  # 600 or more passes the unreserved 500
+        await flow.settle()
+        assert not free.done() and dispatcher.queue_depth() == 1
+
+        now[0] += 10.0
+        reply = chat.result()
+        reply.grow(16)
+        reply.mark_finished()
+        reply.release()
+        await flow.settle()
+
+        again = ticket("chat", paid=True, max_wait_s=5.0)
+        dispatcher.precheck(again)
+        assert dispatcher.estimate_wait_s(again) == 0.0
+        slot = await dispatcher.acquire(again)  # placed at once, as the estimate said
+        assert not free.done() and dispatcher.queue_depth() == 1
+        slot.release()
+        await flow.aclose()
