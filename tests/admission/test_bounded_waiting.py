@@ -407,3 +407,38 @@ async def test_a_returning_user_first_in_line_with_room_is_not_told_its_wait_is_
         assert not free.done() and dispatcher.queue_depth() == 1
         slot.release()
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_short_request_after_a_long_one_is_not_told_its_wait_is_too_long(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """One place, 10 s a request. A user's 1,020-token request ends beside two users queueing
+    requests alike; its next is a 21-token ping, which two requests go before (one of each). Its
+    lead over the tier's virtual time (680) was counted in pings (32 per other user), where each
+    end moves it by the 1,020 tokens the others' requests cost: 68 dispatches, 680 s, refused 429
+    wait_too_long against a wait of 30 s."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=1, kv_tokens_total=100_000)
+    async with make_dispatcher([replica], prior_service_s=10.0, clock=lambda: now[0]) as dispatcher:
+        flow = Flow(dispatcher)
+        flow.submit(ticket("x", kv_tokens=1020))
+        for _ in range(3):
+            for user in ("a", "b"):
+                flow.submit(ticket(user, kv_tokens=1020))
+        await flow.settle()
+
+        async def serve_oldest() -> None:
+            now[0] += 10.0
+            flow.held()[0].grow(1000)
+            await flow.release_oldest()
+
+        await serve_oldest()
+        ping = ticket("x", kv_tokens=21, max_wait_s=60.0)
+        dispatcher.precheck(ping)
+        flow.submit(ping)
+        await flow.settle()
+        while not flow.tasks[-1].done():
+            await serve_oldest()
+        assert [s.ticket.user for s in flow.granted()] == ["x", "a", "b", "a", "x"]
+        await flow.aclose()
