@@ -536,15 +536,18 @@ class Generation:
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier
         model = self._p.dispatcher.model
-        child(metrics.GENERATION_TOKENS, model, tier).inc(out.completion_tokens)
-        child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
-        if out.ttft_s is not None:
-            child(metrics.TTFT, model, tier).observe(out.ttft_s)
         # The line's counts are what the user is charged, as `usage`, the limiter and /v1/usage
         # count them: a request refunded whole logged its prompt and the tokens its replica made
         # before failing, and a bill reconciled from the logs charged for a 502 (a review). What
-        # the replica made, charged or not, is generated_tokens.
+        # the replica made, charged or not, is generated_tokens. The token counters count the
+        # same: counted at admission and as generated, a refunded request's prompt and tokens
+        # were served tokens nobody paid for (a review).
         prompt_tokens, completion_tokens, cached_tokens = self._billed(out)
+        child(metrics.PROMPT_TOKENS, model, tier).inc(prompt_tokens)
+        child(metrics.GENERATION_TOKENS, model, tier).inc(completion_tokens)
+        child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
+        if out.ttft_s is not None:
+            child(metrics.TTFT, model, tier).observe(out.ttft_s)
         info_line(
             log,
             "chat_completion",

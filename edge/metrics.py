@@ -60,11 +60,15 @@ INTER_TOKEN = LabelledLoopHistogram(
     _ITL_BUCKETS,
 )
 REQUESTS_RUNNING = LoopGauge("floodgate_requests_running", "Requests holding a replica slot.")
+# What users are charged (edge/generation.py `_billed`), counted as each request ends: a request
+# refunded whole (turned away or cancelled while queued, answered with an error alone) adds nothing.
 PROMPT_TOKENS = Counter(
-    "floodgate_prompt_tokens_total", "Prompt tokens of admitted requests.", ["model", "tier"]
+    "floodgate_prompt_tokens_total", "Prompt tokens of requests charged to their users.", ["model", "tier"]
 )
 GENERATION_TOKENS = Counter(
-    "floodgate_generation_tokens_total", "Generated tokens streamed.", ["model", "tier"]
+    "floodgate_generation_tokens_total",
+    "Generated tokens charged to their users.",
+    ["model", "tier"],
 )
 REQUESTS_FINISHED = Counter(
     "floodgate_requests_finished_total",

@@ -15,7 +15,6 @@ from typing import Protocol
 
 import structlog
 
-from edge import metrics
 from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
@@ -28,7 +27,6 @@ from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
 from edge.log_line import refusal_line
-from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
@@ -221,7 +219,6 @@ class Pipeline:
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
             raise self._refused(principal, request_id, overloaded_error(exc, headers)) from None
-        child(metrics.PROMPT_TOKENS, self.dispatcher.model, principal.tier).inc(len(prompt_ids))
         upstream_req = GenerationRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from edge.upstreams.base import Delta, GenerationRequest, Upstream
@@ -20,7 +21,7 @@ from limiter.base import Admission, OutputLease
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.faults.test_bad_input_replica import _small_replicas
-from tests.support.live_server import start_server
+from tests.support.live_server import LiveServer, start_server
 from tests.support.scripted_replicas import scripted_replicas
 
 ONE_REQUEST = {"tiers": {"paid": ROOMY_TIERS["paid"] | {"requests_per_window": 1, "request_window_s": 3600}}}
@@ -294,3 +295,46 @@ def test_the_log_line_counts_what_the_request_was_charged(tmp_path: Path) -> Non
     ]
     assert lines == [(False, 0, 0, 3), (False, 0, 0, 0), (True, prompt, 3, 3)], lines
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 3)
+
+
+def _counted(server: LiveServer, name: str, **labels: str) -> float:
+    """`name`'s samples on the edge's /metrics page with `labels` among theirs, summed (over the
+    models it serves, say)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(server.metrics_text())
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def _token_counters(server: LiveServer) -> tuple[float, float]:
+    return (
+        _counted(server, "floodgate_prompt_tokens_total", tier="paid"),
+        _counted(server, "floodgate_generation_tokens_total", tier="paid"),
+    )
+
+
+def test_the_token_counters_count_what_the_request_was_charged(tmp_path: Path) -> None:
+    """floodgate_prompt_tokens_total and floodgate_generation_tokens_total count the tokens users
+    are charged, as `usage` and the limiter do. A request refunded whole (its 502 alone, not
+    streamed, after the replica made three tokens; a failure before its first token) counted its
+    prompt at admission and those three tokens all the same: the served tokens a dashboard showed
+    were more than anyone paid for (a review)."""
+    failing = SHORT | {"max_tokens": FAIL_AFTER_3}
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            # The counters are the process's: other servers' requests may be in them already.
+            before = _token_counters(server)
+            after_3 = client.post(CHAT, json=failing)
+            at_once = client.post(CHAT, json=SHORT | {"max_tokens": FAIL_AT_ONCE})
+            refunded = _token_counters(server)
+            with client.stream(
+                "POST", CHAT, json=failing | {"stream": True, "stream_options": {"include_usage": True}}
+            ) as streamed:
+                got = [line for line in streamed.iter_lines() if line.startswith("data: {")]
+            charged = _token_counters(server)
+    assert after_3.status_code == 502 and at_once.status_code == 502, (after_3.text, at_once.text)
+    assert refunded == before
+    usage = json.loads(got[-2].removeprefix("data: "))["usage"]
+    assert (charged[0] - refunded[0], charged[1] - refunded[1]) == (usage["prompt_tokens"], 3)
