@@ -74,6 +74,9 @@ class ApiError(Exception):
             message=message, type=type or _TYPE_BY_STATUS.get(status, "api_error"), param=param, code=code
         )
         self.headers = headers or {}
+        # The error an admitted request ended with (Generation.complete): counted already, by how
+        # it ended, in floodgate_requests_finished_total, which its handler leaves it to.
+        self.finished = False
 
 
 def closing_error_response(status_line: bytes, message: str, code: str) -> bytes:
@@ -178,7 +181,8 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, s
 
 def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     code = exc.detail.code or exc.detail.type
-    REQUESTS_REJECTED.labels(str(exc.status), code).inc()
+    if not exc.finished:
+        REQUESTS_REJECTED.labels(str(exc.status), code).inc()
     headers = exc.headers
     if "x-request-id" not in headers:
         headers = {**headers, **log_refusal(request.scope, exc.status, code)}

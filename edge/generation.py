@@ -270,6 +270,7 @@ class Generation:
             await self.close(out)
         if out.error is not None:
             out.error.headers = {**self.headers, **out.error.headers}
+            out.error.finished = True  # counted by `close`: not a refusal as well
             raise out.error
         body: dict[str, Any] = {
             "id": self.request_id,

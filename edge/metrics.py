@@ -75,8 +75,13 @@ REQUESTS_FINISHED = Counter(
     "Requests that got past admission, by how they ended.",
     ["model", "tier", "reason"],
 )
+# Each request lands in one of these two: an admitted one's error status (not streamed) is how it
+# finished, not a refusal as well.
 REQUESTS_REJECTED = Counter(
-    "floodgate_requests_rejected_total", "Requests answered with an error status.", ["status", "code"]
+    "floodgate_requests_rejected_total",
+    "Requests answered with an error status without being admitted (an admitted request's error "
+    "is counted in floodgate_requests_finished_total).",
+    ["status", "code"],
 )
 OPEN_STREAMS = LoopGauge(
     "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."

@@ -338,3 +338,23 @@ def test_the_token_counters_count_what_the_request_was_charged(tmp_path: Path) -
     assert refunded == before
     usage = json.loads(got[-2].removeprefix("data: "))["usage"]
     assert (charged[0] - refunded[0], charged[1] - refunded[1]) == (usage["prompt_tokens"], 3)
+
+
+def test_an_answer_not_streamed_that_fails_is_counted_once_as_finished_and_not_as_rejected(
+    tmp_path: Path,
+) -> None:
+    """An admitted request's end is counted in floodgate_requests_finished_total, with its reason;
+    not streamed, its 502 was counted in floodgate_requests_rejected_total too, so a dashboard
+    adding the two saw every such failure twice (a review). A stream's failure, an event in a
+    200, was only ever counted as finished; a refusal before admission, only as rejected."""
+    with start_server(tmp_path, NO_REFILL, _failing_replicas) as server:
+        with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
+            finished = _counted(server, "floodgate_requests_finished_total", tier="paid", reason="error")
+            rejected = server.rejected(502)
+            failed = client.post(CHAT, json=SHORT | {"max_tokens": FAIL_AT_ONCE})
+            assert failed.status_code == 502, failed.text
+            assert (
+                _counted(server, "floodgate_requests_finished_total", tier="paid", reason="error")
+                == finished + 1
+            )
+            assert server.rejected(502) == rejected
