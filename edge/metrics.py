@@ -99,7 +99,7 @@ STALLED_READERS_CUT = Counter(
 REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences running on a replica.", ["replica"])
 REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", ["replica"])
 REPLICA_KV_USED = Gauge("floodgate_replica_kv_tokens_used", "KV-cache tokens in use.", ["replica"])
-REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens_total", "KV-cache tokens a replica holds.", ["replica"])
+REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens", "KV-cache tokens a replica holds.", ["replica"])
 REPLICA_KV_BLOCKS = Gauge(
     "floodgate_replica_kv_blocks",
     "KV-cache blocks of a replica: used (held by sequences), cached (free, keeping a reusable prefix), "
