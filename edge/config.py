@@ -352,7 +352,7 @@ def _missing_keys(data: Any, typ: Any, where: str) -> list[str]:
 def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Defaults, then the TOML file at `path`, then `overrides` (same nested shape). A mistake in the
     file is a ConfigError that names the file and the setting."""
-    data = tomllib.loads(DEFAULTS_PATH.read_text())
+    data = tomllib.loads(DEFAULTS_PATH.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
     from_file: dict[str, Any] = {}
     if path is not None:
         try:

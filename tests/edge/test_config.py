@@ -160,6 +160,20 @@ def test_serve_exits_with_the_reason_on_a_bad_keys_file(tmp_path: Path) -> None:
     )
 
 
+def test_the_defaults_load_under_an_ascii_locale(tmp_path: Path) -> None:
+    """defaults.toml holds non-ASCII comments (×, …) and was read in the locale's encoding: under
+    a plain C locale without Python's UTF-8 coercion every command that loads settings ended in a
+    UnicodeDecodeError traceback. TOML is UTF-8."""
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    code = (
+        "import locale; from edge.config import load_settings; load_settings(); "
+        "print(locale.getpreferredencoding(False))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().lower() in {"ascii", "ansi_x3.4-1968"}, done.stdout  # the case it covers
+
+
 @pytest.mark.anyio
 async def test_the_slot_ttl_reaches_the_limiter() -> None:
     clock = ManualClock()
