@@ -366,6 +366,13 @@ class MemoryLimiter:
             ]
             return budgets
 
+    def ledger_budgets(self) -> list[tuple[str, str]]:
+        """(user, tier) of each budget whose ledger still holds something: all that a Redis which
+        kept its data lacks of this instance's count."""
+        with self._lock:
+            now = self._now_us()
+            return [k for k, ledger in self._ledgers.items() if not ledger.state.is_idle(now)]
+
     def ledger(self, user: str, tier: str) -> LedgerSnapshot | None:
         """The ledger of the user's budget in `tier` as a restore sends it; None when it holds
         nothing."""

@@ -22,6 +22,9 @@ Slow is not down, and a late answer is not a "no":
   fallbacks add up there: what each admitted alone (the twin's ledger) is added to what Redis
   holds, once per ledger however often the restore is sent; a Redis restarted empty also gets
   back this instance's whole count. The later of the instances' TATs kept one fallback's only.
+- A busy pool (no free connection within `pool_wait_s`) is answered by the fallback too, as the
+  bound on a caller's wait promises, but Redis lost nothing then: the restore that follows puts
+  back the fallback's ledgers alone, not every user's whole count as after an outage.
 - Settles go through a queue that batches them into one round trip and retries them until they
   land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
 - A crashed edge instance cannot settle: the fleet names it departed (edge/membership/), and admit
@@ -714,6 +717,16 @@ class RedisLimiter:
             and self._synced_lost == self._connections_lost()
         )
 
+    def _redis_kept_all(self, failures: int, counted_out: int, lost: int) -> bool:
+        """No failure, return to the fleet or lost connection since the last restore: Redis holds
+        all that this instance counted but what its fallback counted alone (its ledgers), which it
+        did only for want of a free connection (slow is not down) or after a restore's snapshot."""
+        return (
+            self._synced_at == failures
+            and self._synced_counted_out == counted_out
+            and self._synced_lost == lost
+        )
+
     def _connections_lost(self) -> int:
         return 0 if self._direct is None else self._direct.lost
 
@@ -732,7 +745,11 @@ class RedisLimiter:
         down, and every later try was the same restore, timed out again: the edge never used Redis
         again, and each admit built the whole snapshot first, blocking the loop for seconds. Each
         round trip is now its own bounded call, a failure anywhere ends this restore (sent again,
-        whole, later: restore.lua is idempotent per ledger)."""
+        whole, later: restore.lua is idempotent per ledger).
+
+        Where Redis kept all but the ledgers (`_redis_kept_all`), only the budgets with a ledger
+        go: a busy pool that sent one caller to the fallback restored every user the twin held, a
+        whole restore's round trips on a pool already short of connections."""
         if self._health.failing and (self._resync_lock.locked() or self._health.retry_in() > 0):
             raise _NotSent
         async with self._resync_lock:
@@ -741,7 +758,10 @@ class RedisLimiter:
             # Read before the snapshots: whatever comes after them needs another restore.
             failures, fallback_allowed = self._health.failures, self._fallback_allowed
             counted_out, lost = self._counted_out, self._connections_lost()
-            budgets = self._local.active_budgets()
+            if self._redis_kept_all(failures, counted_out, lost):
+                budgets = self._local.ledger_budgets()
+            else:
+                budgets = self._local.active_budgets()
             for start in range(0, len(budgets), RESTORE_CHUNK):
                 calls: list[tuple[Sequence[str], Sequence[str | int]]] = []
                 ledgers: list[tuple[str, str, LedgerSnapshot]] = []

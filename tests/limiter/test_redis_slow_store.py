@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from structlog.testing import capture_logs
 
 from limiter.base import Admission
 from limiter.redis_store import RedisLimiter, user_keys
@@ -116,3 +117,50 @@ async def test_the_fallback_continues_from_what_this_instance_admitted_on_redis(
         assert on_fallback == [True] * more_on_fallback + [False] * (5 - more_on_fallback)
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_fallback_admit_for_want_of_a_free_connection_puts_back_only_what_it_counted(
+    debug_redis: RedisServer,
+) -> None:
+    """A busy pool is not a lost Redis: Redis kept everything but the one request the fallback
+    admitted meanwhile. The restore that followed sent every user the twin held (20 here, 30,000
+    on a busy edge, while that pool was still busy) as after an outage."""
+    limits = tier(requests=100, request_window_s=3600, on_store_failure="open")
+    tag = uuid.uuid4().hex
+    others = [f"pool-{tag}-{i}" for i in range(20)]
+    busy_user = f"pool-{tag}-busy"
+    # One connection, a short wait for it, and a generous answer bound: the stall below makes the
+    # connection busy, never the store failed.
+    limiter = RedisLimiter.from_url(
+        debug_redis.url, timeout_ms=10_000, max_connections=1, pool_wait_s=0.05, backoff_s=60
+    )
+    probe = Redis.from_url(debug_redis.url)
+    try:
+        for user in others:
+            assert (await limiter.admit(user, "r", limits, 1, 0)).decision.allowed
+        stall = await _stall(probe, 1)
+        holding = asyncio.create_task(limiter.admit(others[0], "held", limits, 1, 0))
+
+        async def connection_taken() -> bool:
+            return limiter._in_flight.locked()
+
+        await wait_until("the one connection taken", connection_taken)
+        with capture_logs() as logs:
+            busy = await limiter.admit(busy_user, "b", limits, 1, 0)  # no free connection: the fallback
+            assert busy.decision.allowed and not limiter.fallback_active
+            assert (await holding).decision.allowed
+            await stall
+
+            async def restored() -> bool:
+                return limiter._restoring is not None and limiter._restoring.done()
+
+            await wait_until("the restore after the fallback's admit", restored)
+        assert not limiter.fallback_active
+        assert [e["budgets"] for e in logs if e["event"] == "limiter_restored"] == [1]
+        request_key, _, slots_key = user_keys(busy_user)
+        assert await probe.get(request_key) is not None
+        assert await probe.zscore(slots_key, "b") is not None
+    finally:
+        await limiter.aclose()
+        await probe.aclose()
