@@ -373,6 +373,25 @@ class MemoryLimiter:
             now = self._now_us()
             return [k for k, ledger in self._ledgers.items() if not ledger.state.is_idle(now)]
 
+    def holds(self, user: str, tier: str, *, ledgers_only: bool = False) -> bool:
+        """Whether a restore of the user's budget in `tier` has anything to put back: that budget
+        ahead of now, a lease of the user's (its slots: one set across tiers, each budget's
+        snapshot carries them) or a ledger. `ledgers_only`: for a Redis that kept all but the
+        ledgers, a ledger of any of the user's budgets (one admitted alone holds a slot there)."""
+        with self._lock:
+            now = self._now_us()
+            entry = self._users.get(user)
+            tiers = {tier} if entry is None else {tier, *entry.budgets}
+            if any(
+                (ledger := self._ledgers.get((user, name))) is not None and not ledger.state.is_idle(now)
+                for name in tiers
+            ):
+                return True
+            if ledgers_only or entry is None:
+                return False
+            state = entry.budgets.get(tier)
+            return bool(entry.leases) or (state is not None and not state.is_idle(now))
+
     def ledger(self, user: str, tier: str) -> LedgerSnapshot | None:
         """The ledger of the user's budget in `tier` as a restore sends it; None when it holds
         nothing."""

@@ -14,6 +14,7 @@ from limiter.base import Admission, TierLimits
 from limiter.factory import create_limiter
 from limiter.lease import Lease
 from limiter.redis_store import RedisLimiter, user_keys
+from tests.limiter.conditions import wait_until
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisServer
 
@@ -183,7 +184,12 @@ async def test_an_edge_back_from_a_stall_puts_its_running_requests_slots_back(
         other.free_slots_of([])  # ... and sees it beat again
 
         stalled.restore_slots()
-        _lease(await stalled.admit(_user(), "chatcmpl-aaaa1111x2", limits, 1, 1))
+
+        async def slot_back() -> bool:
+            return await probe.zscore(user_keys(user)[2], "chatcmpl-aaaa1111x1") is not None
+
+        # Put back in the background: an admit of another user no longer waits for it.
+        await wait_until("the running request's slot back on Redis", slot_back)
         denied = (await other.admit(user, "chatcmpl-bbbb2222x2", limits, 1, 1)).decision
         assert not denied.allowed and denied.limit == "concurrency"
 
