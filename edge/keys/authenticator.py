@@ -4,7 +4,9 @@ The bound: an edge answers from a lookup at most `ttl_s` old, so a revocation, a
 key made anywhere reaches every edge within `ttl_s` (keys.cache_ttl_s). Where the limiter uses Redis
 the change is also announced over pub/sub (edge/keys/changes.py) and dropped from every cache at
 once; the TTL stays the bound when a message is lost. Unknown keys are cached too, for the same
-time, so a flood of bad keys costs the store one read per key and TTL.
+time, so a flood of bad keys costs the store one read per key and TTL; in a cache of their own, so
+that flood evicts only other unknown keys: in one shared cache, 100,000 random keys pushed every
+real key out, and each real user's next request was a store read again (DynamoDB: a billed read).
 
 One read per key at a time: requests that find a key's read under way wait for it rather than start
 their own. An edge that starts (or a key's TTL that ends) under a burst of one user's requests
@@ -29,7 +31,8 @@ from edge.keys.store import KeyStore
 
 log = structlog.get_logger("floodgate.keys")
 
-MAX_CACHED = 100_000
+MAX_CACHED = 100_000  # keys the store knows (each an active user, or a key revoked or expired)
+MAX_UNKNOWN = 100_000  # keys it does not know: what a flood of made-up keys fills
 # Resolved once: a labelled child per request would cost about as much as the cache hit itself.
 _FROM_CACHE, _FROM_STORE = KEY_LOOKUPS.labels("cache"), KEY_LOOKUPS.labels("store")
 _SHARED = KEY_LOOKUPS.labels("shared")
@@ -72,7 +75,9 @@ class Authenticator:
         self.ttl_s = ttl_s
         self._clock = clock
         self._wall_clock = wall_clock
+        # Lookups by key hash: (record, read at); the store's answer None in `_unknown`.
         self._cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
+        self._unknown: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
         # The store reads under way, by key hash: the requests that need one wait for it.
         self._reads: dict[str, asyncio.Task[KeyRecord | None]] = {}
 
@@ -104,14 +109,14 @@ class Authenticator:
     def stale_in(self, key_sha256: str) -> float:
         """Seconds until the cached lookup of a key is older than the TTL (0: none is cached): the
         next look at it after that reads the store."""
-        cached = self._cache.get(key_sha256)
+        cached = self._cached(key_sha256)
         if cached is None:
             return 0.0
         return max(0.0, cached[1] + self.ttl_s - self._clock())
 
     def cached_status(self, key_sha256: str) -> tuple[str, float | None] | None:
         """What `status` would answer from the cache, without a read (None: nothing fresh cached)."""
-        cached = self._cache.get(key_sha256)
+        cached = self._cached(key_sha256)
         if cached is None or self._clock() - cached[1] >= self.ttl_s:
             return None
         record = cached[0]
@@ -123,16 +128,22 @@ class Authenticator:
         """Forget one key's lookup (None: all of them): the next request reads the store."""
         if key_sha256 is None:
             self._cache.clear()
+            self._unknown.clear()
             self._reads.clear()
         else:
             self._cache.pop(key_sha256, None)
+            self._unknown.pop(key_sha256, None)
             # A read under way may have read the record before the change: later requests read
             # again, and its answer (given to the requests that waited for it) is not kept.
             self._reads.pop(key_sha256, None)
 
+    def _cached(self, digest: str) -> tuple[KeyRecord | None, float] | None:
+        cached = self._cache.get(digest)
+        return self._unknown.get(digest) if cached is None else cached
+
     async def _lookup(self, digest: str) -> KeyRecord | None:
         now = self._clock()
-        cached = self._cache.get(digest)
+        cached = self._cached(digest)
         if cached is not None and now - cached[1] < self.ttl_s:
             _FROM_CACHE.inc()
             return cached[0]
@@ -166,10 +177,16 @@ class Authenticator:
             if current:
                 del self._reads[digest]
         if current:
-            self._cache[digest] = (record, started)
-            self._cache.move_to_end(digest)
-            if len(self._cache) > MAX_CACHED:
-                self._cache.popitem(last=False)
+            kept, other, bound = (
+                (self._unknown, self._cache, MAX_UNKNOWN)
+                if record is None
+                else (self._cache, self._unknown, MAX_CACHED)
+            )
+            other.pop(digest, None)  # a key made or deleted since its last lookup
+            kept[digest] = (record, started)
+            kept.move_to_end(digest)
+            if len(kept) > bound:
+                kept.popitem(last=False)
         return record
 
 
