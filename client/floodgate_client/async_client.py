@@ -150,6 +150,7 @@ class AsyncChat:
             if attempts.closed:
                 # Closed during a wait before this attempt (a refusal's, or before the first).
                 raise NetworkError("stream closed before its request was sent")
+            attempts.begin()
             try:
                 response = await self._http.send(
                     self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True

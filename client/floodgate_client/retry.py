@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 
@@ -53,14 +53,23 @@ class Attempts:
 
     policy: RetryPolicy
     network_retries: int
-    started: float = field(default_factory=time.monotonic)
+    # Set by the first attempt (`begin`), not when this is made: an async stream is made before it is
+    # sent, and the time its caller took to open it was counted against its deadline (a short 429
+    # raised at once, never waited out, once a deadline's worth had gone by).
+    started: float | None = None
     refusals_waited: int = 0
     # Set when the stream is closed: no attempt starts after, whatever it was waiting on.
     closed: bool = False
 
+    def begin(self) -> None:
+        """An attempt goes out: the first one starts the deadline's clock."""
+        if self.started is None:
+            self.started = time.monotonic()
+
     def refusal_wait_s(self, error: FloodgateError) -> float | None:
         """Seconds to wait before trying `error`'s request again, or None: give up."""
-        wait = self.policy.wait_s(error, self.refusals_waited, time.monotonic() - self.started)
+        elapsed_s = 0.0 if self.started is None else time.monotonic() - self.started
+        wait = self.policy.wait_s(error, self.refusals_waited, elapsed_s)
         if wait is not None:
             self.refusals_waited += 1
         return wait

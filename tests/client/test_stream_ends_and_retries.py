@@ -399,3 +399,39 @@ def test_an_async_stream_closed_while_its_request_is_in_flight_is_never_read() -
     finally:
         release.set()
         edge.close()
+
+
+_SHORT_WAIT_S = 0.1
+# A 429 whose wait is over at once: auto_retry waits it out well within any deadline of a second.
+_SHORT_429 = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+    + f"retry-after-ms: {_SHORT_WAIT_S * 1000:.0f}\r\ncontent-length: {len(_BUSY)}\r\n".encode()
+    + b"connection: close\r\n\r\n"
+    + _BUSY
+)
+
+
+def test_an_async_streams_retry_deadline_counts_from_its_first_attempt_not_its_making() -> None:
+    """An async stream is sent when it is first opened, not when it is made; its `deadline_s` was
+    counted from its making all the same. A stream made, then opened once its caller had done a
+    deadline's worth of other work (a list of streams worked through in turn, a semaphore waited
+    on), had its short 429 raised at once, never waited out."""
+    deadline_s = 1.0
+    edge = ScriptedEdge([_SHORT_429, _answered("chatcmpl-second")])
+    events: list[object] = []
+
+    async def main() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            stream = client.chat.stream("hi", model="floodgate-tiny", auto_retry=True, deadline_s=deadline_s)
+            # The caller's other work before it opens the stream (nothing is sent meanwhile).
+            await anyio.sleep(deadline_s)
+            with anyio.fail_after(10):
+                async with stream:
+                    events.extend([e async for e in stream])
+
+    try:
+        anyio.run(main)
+        assert edge.requests == 2  # the refusal, then its retry
+        assert isinstance(events[-1], Finished) and not events[-1].cancelled, events
+    finally:
+        edge.close()
