@@ -22,6 +22,7 @@ from floodgate_client.errors import (
     RateLimitError,
     ServiceUnavailableError,
     cancel_status,
+    error_from_cut_response,
     error_from_response,
     transport_cause,
     transport_failure,
@@ -166,9 +167,12 @@ class Chat:
                 return response
             try:
                 body = response.read()
+            except httpx.TransportError as exc:
+                error = error_from_cut_response(response.status_code, response.headers, exc)
+            else:
+                error = error_from_response(response.status_code, response.headers, body)
             finally:
                 response.close()
-            error = error_from_response(response.status_code, response.headers, body)
             wait = attempts.refusal_wait_s(error)
             if wait is None:
                 raise error

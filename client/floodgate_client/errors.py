@@ -198,6 +198,15 @@ def error_from_response(status_code: int, headers: Mapping[str, str], body: byte
     return cls(**error_from_json(payload, status_code=status_code, headers=headers))
 
 
+def error_from_cut_response(status_code: int, headers: Mapping[str, str], exc: Exception) -> FloodgateError:
+    """An error answer whose body broke off as it was read (a proxy's reset, a read timeout): its
+    status and headers came whole and say which error it is (and its wait); only the message is lost.
+    httpx's own exception escaped `stream()` before, past every `except FloodgateError`."""
+    cls = _BY_STATUS.get(status_code, FloodgateError)
+    message = f"HTTP {status_code}, its body cut off: {what_happened(exc)}"
+    return cls(message, status_code=status_code, headers=headers)
+
+
 def cancel_status(status_code: int, headers: Mapping[str, str], body: bytes) -> str:
     """The status a cancel's answer reports ("CANCELLED"). An error answer raises as its class; so does
     a 200 that is not the edge's JSON (a proxy's or captive portal's page), which json() let escape as

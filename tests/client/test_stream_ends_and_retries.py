@@ -23,7 +23,15 @@ import floodgate_client.client as client_mod
 from edge.admission.ticket import Overloaded
 from edge.errors import overloaded_error, upstream_error
 from edge.sse import DONE, ChunkEncoder, event
-from floodgate_client import AsyncClient, Client, Finished, FloodgateError, StreamError, TextDelta
+from floodgate_client import (
+    AsyncClient,
+    Client,
+    Finished,
+    FloodgateError,
+    ServiceUnavailableError,
+    StreamError,
+    TextDelta,
+)
 from tests.client.scripted_edge import FINISHED, ScriptedEdge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -433,5 +441,45 @@ def test_an_async_streams_retry_deadline_counts_from_its_first_attempt_not_its_m
         anyio.run(main)
         assert edge.requests == 2  # the refusal, then its retry
         assert isinstance(events[-1], Finished) and not events[-1].cancelled, events
+    finally:
+        edge.close()
+
+
+# A 503 whose body a proxy cut: its status line and headers came whole, then the connection closed.
+_CUT_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 30\r\n"
+    b"x-request-id: req-cut\r\ncontent-length: 200\r\nconnection: close\r\n\r\n"
+    b'{"error":{"message":"the limiter st'
+)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_error_answer_whose_body_is_cut_raises_its_typed_error(kind: str) -> None:
+    """An error answer whose body broke off as it was read (a proxy's reset, a read timeout) raised
+    httpx's own RemoteProtocolError out of `stream()`, past every `except FloodgateError` (the
+    CLI's: a traceback). Its status and headers came whole: it raises the error they say."""
+    edge = ScriptedEdge([_CUT_503])
+    caught: list[Exception] = []
+
+    async def open_async() -> None:
+        async with AsyncClient(edge.base_url, "fg-test") as client:
+            try:
+                await client.chat.stream("hi", model="floodgate-tiny")
+            except Exception as error:  # whichever escapes: the point of the test
+                caught.append(error)
+
+    try:
+        if kind == "sync":
+            with Client(edge.base_url, "fg-test") as client:
+                try:
+                    client.chat.stream("hi", model="floodgate-tiny")
+                except Exception as error:  # whichever escapes: the point of the test
+                    caught.append(error)
+        else:
+            anyio.run(open_async)
+        [error] = caught
+        assert isinstance(error, ServiceUnavailableError), repr(error)
+        assert error.status_code == 503 and error.retry_after_s == 30.0
+        assert error.request_id == "req-cut"
     finally:
         edge.close()
