@@ -135,7 +135,7 @@ class AsyncChat:
             deadline_s=deadline_s,
         ) as stream:
             finished = await stream.until_finished()
-            return ChatResult(stream.text, finished.reason, finished.usage, stream.request_id or "")
+            return ChatResult.of(stream.text, finished, stream.request_id)
 
     async def cancel(self, request_id: str) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or

@@ -136,7 +136,7 @@ class Chat:
             deadline_s=deadline_s,
         ) as stream:
             finished = stream.until_finished()
-            return ChatResult(stream.text, finished.reason, finished.usage, stream.request_id or "")
+            return ChatResult.of(stream.text, finished, stream.request_id)
 
     def cancel(self, request_id: str, *, timeout_s: float | None = None) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or

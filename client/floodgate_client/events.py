@@ -60,7 +60,23 @@ StreamEvent = RequestStarted | TextDelta | Finished
 
 @dataclass(frozen=True, slots=True)
 class ChatResult:
+    """A whole reply. `cancelled` and `limit_reached` as in Finished: without them a reply cut by a
+    cancel read as whole ("stop"), and one cut by the token budget as one max_tokens ended ("length")."""
+
     text: str
     finish_reason: str
     usage: Usage | None
     request_id: str
+    cancelled: bool = False
+    limit_reached: str | None = None
+
+    @classmethod
+    def of(cls, text: str, finished: Finished, request_id: str | None) -> ChatResult:
+        return cls(
+            text,
+            finished.reason,
+            finished.usage,
+            request_id or "",
+            finished.cancelled,
+            finished.limit_reached,
+        )

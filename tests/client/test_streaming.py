@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 
+from edge.sse import DONE, ChunkEncoder
 from floodgate_client import AsyncClient, ChatResult, Client, Finished, RequestStarted, TextDelta
-from tests.client.live import LONG_REPLY, SURE_TEXT
-from tests.support.live_server import LiveServer
+from tests.client.live import LONG_REPLY, OVERRIDES, SURE_TEXT
+from tests.client.scripted_edge import ScriptedEdge
+from tests.support.live_server import LiveServer, start_server
 
 
 def test_a_stream_yields_started_then_deltas_then_finished_and_text_accumulates(server: LiveServer) -> None:
@@ -99,3 +103,35 @@ def test_a_repeated_prompt_reports_its_cached_tokens(server: LiveServer) -> None
             finished = stream.until_finished()
     assert again.usage is not None and 0 < again.usage.cached_tokens < again.usage.prompt_tokens
     assert finished.usage is not None and finished.usage.cached_tokens == again.usage.cached_tokens
+
+
+def test_create_says_when_the_token_budget_or_a_cancel_cut_the_reply(tmp_path: Path) -> None:
+    """The edge marks a reply its user's token budget cut ("limit_reached": "tokens", finish_reason
+    "length") and one a cancel stopped ("cancelled", finish_reason "stop"); Finished carries both,
+    but create()'s ChatResult dropped them: a reply the budget cut read as one max_tokens ended,
+    and a cancelled one, its text cut short, as a whole reply."""
+    # A budget each for the sync and the async client's user: the first reply spends its whole.
+    budget = {"tokens_per_window": 80, "token_window_s": 86400}
+    tiers = {tier: settings | budget for tier, settings in OVERRIDES["tiers"].items()}
+    with start_server(tmp_path, {"tiers": tiers}) as server:
+        with Client(server.base_url, server.keys["paid"]) as client:
+            cut = client.chat.create(LONG_REPLY.prompt, temperature=0.0)
+
+        async def create_async() -> ChatResult:
+            async with AsyncClient(server.base_url, server.keys["free"]) as client:
+                return await client.chat.create(LONG_REPLY.prompt, temperature=0.0)
+
+        cut_async = anyio.run(create_async)
+    for result in (cut, cut_async):
+        assert result.text and result.finish_reason == "length", result
+        assert result.limit_reached == "tokens" and not result.cancelled, result
+
+    encoder = ChunkEncoder("chatcmpl-cancelled", "floodgate-tiny", 0)
+    stopped = encoder.first() + encoder.delta("hel") + encoder.final("stop", {"cancelled": True}) + DONE
+    edge = ScriptedEdge([stopped])
+    try:
+        with Client(edge.base_url, "fg-test") as client:
+            cancelled = client.chat.create("hi", model="floodgate-tiny")
+    finally:
+        edge.close()
+    assert cancelled.text == "hel" and cancelled.cancelled and cancelled.limit_reached is None, cancelled
