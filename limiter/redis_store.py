@@ -244,8 +244,9 @@ class RedisLimiter:
         # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
         # admission there. `_synced_at` is the failure count the last restore covered.
         self._synced_at = 0
-        # Counts the fallback's "allowed" answers: an admit on Redis that one overlapped must be
-        # checked against the mirror, which knows of it while Redis does not (yet).
+        # Counts the fallback's "allowed" answers (its admits and the tokens its charges granted):
+        # an admit on Redis that one overlapped must be checked against the mirror, which knows of
+        # it while Redis does not (yet).
         self._fallback_allowed = 0
         # The count the last restore covered. A fallback "allowed" after a restore's snapshot (a
         # caller whose call failed while the restore was on its way) is missing on Redis even
@@ -704,7 +705,13 @@ class RedisLimiter:
                 # client waited for a refill of a budget it still had).
                 raise StoreUnavailable(self._health.turned_away_for(self._timeout_s)) from None
             # Fail-open: this instance's share of the budget pays for the rest of the stream.
-            return self._local.charge_now(user, tier, request_id, want, own=True)
+            granted = self._local.charge_now(user, tier, request_id, want, own=True)
+            if granted > 0:
+                # Missing on Redis as a fallback admit is: counted so, a restore puts its ledger
+                # back. A busy pool marks no failure, so nothing else said Redis lacked it, and
+                # Redis admitted the user's next request on tokens this grant had spent.
+                self._fallback_allowed += 1
+            return granted
         self._local.record_charged(user, tier, request_id, granted)
         return granted
 

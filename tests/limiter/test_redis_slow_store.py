@@ -164,3 +164,32 @@ async def test_a_fallback_admit_for_want_of_a_free_connection_puts_back_only_wha
     finally:
         await limiter.aclose()
         await probe.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_charge_granted_for_want_of_a_free_connection_reaches_redis(
+    redis_server: RedisServer,
+) -> None:
+    """A charge that found no free connection within pool_wait_s is granted from this instance's
+    share (fail-open) and counted in the user's ledger, but nothing marked Redis as lacking it: no
+    restore followed, and Redis admitted the user's next request on a token budget it believed
+    untouched."""
+    limits = tier(tokens=100, token_window_s=3600, on_store_failure="open")
+    user = f"pool-charge-{uuid.uuid4().hex}"
+    limiter = RedisLimiter.from_url(
+        redis_server.url, timeout_ms=10_000, max_connections=1, pool_wait_s=0.05, backoff_s=60
+    )
+    try:
+        assert (await limiter.admit(user, "r1", limits, 10, 0)).decision.allowed
+        await limiter._in_flight.acquire()  # the one connection busy: the charge waits, then falls back
+        try:
+            granted = await limiter.charge(user, limits, "r1", 80)
+        finally:
+            limiter._in_flight.release()
+        assert granted == 80 and not limiter.fallback_active
+        await limiter.settle(user, limits, "r1", 0)
+        # 90 of the 100 tokens are spent: a 50-token prompt does not fit.
+        refused = (await limiter.admit(user, "r2", limits, 50, 0)).decision
+        assert not refused.allowed and refused.limit == "tokens", refused
+    finally:
+        await limiter.aclose()
