@@ -64,6 +64,9 @@ class _Ledger:
     offset_us: float = 0.0
     state: policy.UserState = field(default_factory=policy.UserState)
     changes: int = 0
+    # Requests a restore carries that has not answered yet (`ledger` to `ledger_sent`): it may have
+    # put their slots back on Redis already, and a settle there refunds them.
+    sending: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,9 +324,15 @@ class MemoryLimiter:
             rates = self._rates_for(tier)
             policy.settle(self._state(user, tier.name, now), rates, now, request_id, refund, refund_request)
             # A request the fallback admitted and no restore has sent yet is refunded in the
-            # ledger too: Redis never held its slot, so its settle there refunds nothing.
+            # ledger too: Redis never held its slot, so its settle there refunds nothing. One a
+            # restore carries that has not answered is not: that restore may have put its slot
+            # back, and Redis refunds it then. Refunded in the ledger as well, it was refunded
+            # twice, and the ledger's next admits added nothing on Redis (restore.lua adds only
+            # what is past the ledger as last added). Not refunded, it is at worst not refunded.
             ledger = self._ledgers.get((user, tier.name))
-            if ledger is not None and policy.settle(
+            if ledger is not None and request_id in ledger.sending:
+                ledger.state.leases.pop(request_id, None)
+            elif ledger is not None and policy.settle(
                 ledger.state, rates, now, request_id, refund, refund_request
             ):
                 ledger.changes += 1
@@ -405,6 +414,7 @@ class MemoryLimiter:
                 del self._ledgers[user, tier]
                 return None
             state = ledger.state
+            ledger.sending.update(state.leases)
             return LedgerSnapshot(
                 ledger.generation,
                 state.request_tat_us,
@@ -428,6 +438,7 @@ class MemoryLimiter:
                 return
             for request_id in sent.request_ids:
                 ledger.state.leases.pop(request_id, None)
+                ledger.sending.discard(request_id)
             if landed and ledger.changes == sent.changes:
                 del self._ledgers[user, tier]
 

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from limiter.base import Admission
 from limiter.redis_store import RedisLimiter, user_keys
-from tests.limiter.conditions import wait_until
+from tests.limiter.conditions import WAIT_S, wait_until
 from tests.limiter.tiers import tier
 from tests.support.redis_server import RedisServer, start_redis
 
@@ -193,3 +193,82 @@ async def test_a_charge_granted_for_want_of_a_free_connection_reaches_redis(
         assert not refused.allowed and refused.limit == "tokens", refused
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_settled_while_its_restore_is_in_flight_is_refunded_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback admitted two requests for want of a free connection; the restore that put their
+    ledger back ran on Redis, and before its answer came one of them was settled as never run: the
+    ledger refunded it, and so did Redis, whose slot of it the restore had just put back. The
+    ledger's kept copy on Redis was past its refunded count then, so the next request the fallback
+    admitted in that ledger added nothing there: beside another edge's two, Redis admitted a
+    seventh request of six."""
+    limits = tier(requests=6, request_window_s=3600, on_store_failure="open")
+    user = f"pool-settle-{uuid.uuid4().hex}"
+    limiter, other = (
+        RedisLimiter.from_url(
+            redis_server.url,
+            timeout_ms=10_000,
+            instance_count=2,
+            max_connections=2,
+            pool_wait_s=0.05,
+            backoff_s=60,
+        )
+        for _ in range(2)
+    )
+    answered, answer = asyncio.Event(), asyncio.Event()  # the first restore: ran, its answer held
+    built, send = asyncio.Event(), asyncio.Event()  # the second: built, held before it is sent
+    send_all = limiter._send_all
+    restores = 0
+
+    async def holding_restores(script: object, calls: list[object]) -> object:
+        nonlocal restores
+        if script is not limiter._restore:
+            return await send_all(script, calls)  # type: ignore[arg-type]
+        restores += 1
+        if restores == 2:
+            built.set()
+            await send.wait()
+        reply = await send_all(script, calls)  # type: ignore[arg-type]
+        if restores == 1:
+            answered.set()
+            await answer.wait()
+        return reply
+
+    monkeypatch.setattr(limiter, "_send_all", holding_restores)
+
+    async def fallback_admit(request_id: str, permits: int) -> Admission:
+        for _ in range(permits):  # every connection busy: the fallback answers
+            await limiter._in_flight.acquire()
+        try:
+            return await limiter.admit(user, request_id, limits, 1, 0)
+        finally:
+            for _ in range(permits):
+                limiter._in_flight.release()
+
+    try:
+        for request_id in ("b1", "b2"):  # the other edge's, on Redis
+            assert (await other.admit(user, request_id, limits, 1, 0)).decision.allowed
+        assert (await fallback_admit("r0", 2)).decision.allowed
+        assert (await fallback_admit("r1", 2)).decision.allowed
+        second = asyncio.create_task(limiter.admit(user, "a2", limits, 1, 0))
+        await asyncio.wait_for(answered.wait(), WAIT_S)
+        await limiter.settle(user, limits, "r1", 0, refund_request=True)  # lands beside its slot
+        answer.set()
+        assert (await second).decision.allowed
+        await asyncio.wait_for(built.wait(), WAIT_S)
+        assert (await fallback_admit("r3", 1)).decision.allowed  # b1, b2, r0, a2, r3
+        send.set()
+        restoring = limiter._restoring
+        assert restoring is not None
+        await restoring
+        assert (await limiter.admit(user, "a4", limits, 1, 0)).decision.allowed  # the sixth
+        seventh = (await limiter.admit(user, "a5", limits, 1, 0)).decision
+        assert not seventh.allowed and seventh.limit == "requests", seventh
+    finally:
+        answer.set()
+        send.set()
+        await limiter.aclose()
+        await other.aclose()
