@@ -124,17 +124,28 @@ class FairQueue(Generic[T]):
         alone, a chat client beside one newcomer per completion waited 1.58 times its estimate
         (median), against 1.06.
 
-        Counted in what the requests running now cost on average (the request's own cost with none
-        running): their ends are what move V. Counted in the request's own cost, a 21-token ping
+        Counted in what the requests running now cost on average (`_cost_per_end`): their ends
+        are what move V. Counted in the request's own cost, a 21-token ping
         after its user's 1,020-token request, beside users queueing requests alike, was told 68
         dispatches (32 per other user) where two went before it."""
         finish = self._finish.get(ticket.user)
         if finish is None or finish <= self._virtual:
             return 0
-        running = len(self._charged)
-        per_end = self._charged_total / running if running else self._cost(ticket)
-        units = (finish - self._virtual) / max(per_end, 1)
+        units = (finish - self._virtual) / max(self._cost_per_end(ticket), 1)
         return math.ceil(units * max(self._active - 1, 0))
+
+    def _cost_per_end(self, ticket: Ticket) -> float:
+        """What the ends that move V next cost, on average: the running requests' charges; with
+        none running (a higher tier holds every place), the next request of each waiting user,
+        which run before it; with none waiting either, the request's own cost. Counted in its own
+        cost whenever nothing of its tier ran, a 21-token ping after its user's 1,020-token request
+        was told 65 dispatches where three went before it."""
+        running = len(self._charged)
+        if running:
+            return self._charged_total / running
+        if self._queues:
+            return sum(self._cost(queue[0].ticket) for queue in self._queues.values()) / len(self._queues)
+        return self._cost(ticket)
 
     def push(self, item: T) -> None:
         user = item.ticket.user

@@ -442,3 +442,39 @@ async def test_a_short_request_after_a_long_one_is_not_told_its_wait_is_too_long
             await serve_oldest()
         assert [s.ticket.user for s in flow.granted()] == ["x", "a", "b", "a", "x"]
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_short_request_after_a_long_one_is_not_refused_while_a_higher_tier_holds_the_place(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """As above, but a paid request takes the one place when the user's 1,020-token request ends,
+    so nothing of the free tier runs when the 21-token ping comes: its lead over the tier's virtual
+    time (680) was counted in its own cost again, 65 dispatches, 680 s, refused 429 wait_too_long
+    with max_wait_s 60, where the paid request and one request of each other user go before it."""
+    now = [0.0]
+    replica = ControlledUpstream("r1", max_sequences=1, kv_tokens_total=100_000)
+    async with make_dispatcher([replica], prior_service_s=10.0, clock=lambda: now[0]) as dispatcher:
+        flow = Flow(dispatcher)
+        flow.submit(ticket("x", kv_tokens=1020))
+        for _ in range(3):
+            for user in ("a", "b"):
+                flow.submit(ticket(user, kv_tokens=1020))
+        flow.submit(ticket("p", paid=True, kv_tokens=100))
+        await flow.settle()
+
+        async def serve_oldest() -> None:
+            now[0] += 10.0
+            flow.held()[0].grow(1000)
+            await flow.release_oldest()
+
+        await serve_oldest()
+        assert [s.ticket.user for s in flow.held()] == ["p"]
+        ping = ticket("x", kv_tokens=21, max_wait_s=60.0)
+        dispatcher.precheck(ping)
+        flow.submit(ping)
+        await flow.settle()
+        while not flow.tasks[-1].done():
+            await serve_oldest()
+        assert [s.ticket.user for s in flow.granted()] == ["x", "p", "a", "b", "x"]
+        await flow.aclose()
