@@ -331,7 +331,7 @@ class TritonUpstream:
                 if conn.failure is not None:
                     # Reckoned only here: a failure is rare, and every request's set-up need not pay.
                     requested = requested_inputs(req, merged_stops=merged_stops)
-                    raise _stream_error(self.name, conn.failure, conn.status, requested)
+                    raise _stream_error(self.name, conn.failure, conn.status, requested, conn.model_error)
                 if conn.relay_error is not None:
                     raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")
                 tokens, conn.tokens = conn.tokens, []
@@ -483,13 +483,15 @@ class TritonUpstream:
 
 
 def _stream_error(
-    name: str, message: str, status: int, requested_inputs: frozenset[str]
+    name: str, message: str, status: int, requested_inputs: frozenset[str], model_error: bool
 ) -> RequestRejected | UpstreamError:
     """A refusal of the request's own parameters, or the replica's failure: a 400 is the request's
     but for Triton's own checks of the inputs the edge sends, which say the replica's model differs
     from the contract (gpu_container/triton/refusals.py) unless they name an input sent only for a
-    parameter this request set (`requested_inputs`)."""
-    reason = refusal_reason(message, invalid_argument=status == 400, requested_inputs=requested_inputs)
+    parameter this request set (`requested_inputs`). The status of the model's own error
+    (`model_error`) is not Triton's to trust: that one is known by its text alone."""
+    invalid_argument = status == 400 and not model_error
+    reason = refusal_reason(message, invalid_argument=invalid_argument, requested_inputs=requested_inputs)
     if reason is not None:
         return RequestRejected(reason)
     where = f"{name}: HTTP {status}" if status not in (0, 200) else name

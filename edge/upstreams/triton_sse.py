@@ -91,6 +91,9 @@ class SseConnection(asyncio.Protocol):
         # The relay's own failure in `offer` (the replica is fine: its sequence must still stop).
         self.relay_error: Exception | None = None
         self.status = 0
+        # The failure is the model's own error, sent as an event: Triton's HTTP status for it says
+        # nothing of its code (gpu_container/triton/refusals.py).
+        self.model_error = False
         self.ended = False
         self.responded = False
         self.reused = False
@@ -123,6 +126,7 @@ class SseConnection(asyncio.Protocol):
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
         self.received, self.last_token, self.relay_error = 0, None, None
         self.status, self.ended, self.responded, self._silent = 0, False, False, False
+        self.model_error = False
         self._offer, self._buffer, self.body, self._events = offer, b"", b"", events
         self._parser = httptools.HttpResponseParser(self)
         self.last_activity = self._loop.time()
@@ -337,6 +341,8 @@ class SseConnection(asyncio.Protocol):
         self._keep_alive = self._parser.should_keep_alive()
         if self.status != 200 and self._events and self.failure is None:
             self.failure = _error_text(self.body) or f"HTTP {self.status}"
+            # Triton's own checks answer plain JSON; a model's error comes as the stream's event.
+            self.model_error = self.body.lstrip().startswith(b"data: ")
         self.ended = True
         self._stop_timer()
 

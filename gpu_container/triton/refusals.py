@@ -3,12 +3,12 @@
 A refused request must be answered 400 for that request alone; any other error marks the replica
 suspect and costs every user on it. On a stream Triton reports a request's error as a bare
 message (an `error` event of HTTP `generate_stream`, which the edge reads; an `error_message` on
-gRPC's `ModelStreamInfer`): the backend's status code (INVALID_ARG, INTERNAL...) travels only as the
-HTTP status of a refusal that came before any token (400 for INVALID_ARG). So a refusal is known by
-its text, and the two servers of the `tensorrt_llm` contract word theirs differently:
+gRPC's `ModelStreamInfer`): the backend's status code (INVALID_ARG, INTERNAL...) could travel only
+as the HTTP status of an error that came before any token, and does not (below). So a refusal is
+known by its text, and the two servers of the `tensorrt_llm` contract word theirs differently:
 
 * Our CPU model (gpu_container/triton/cpu/engine_model.py) starts the message with REFUSED and
-  sends it with Triton's INVALID_ARG code (which HTTP clients do get, as a 400).
+  sends it with Triton's INVALID_ARG code.
 * TensorRT-LLM's backend answers every error INTERNAL (inflight_batcher_llm
   model_instance_state.cc), so its refusals are known by the phrases of its checks: those of
   `LlmRequest::validate` and `SamplingConfig` that run when the executor takes a new request
@@ -16,6 +16,15 @@ its text, and the two servers of the `tensorrt_llm` contract word theirs differe
   requestId N due to the following error: ...") and the backend's own checks of the input tensors
   when it enqueues. An error in the executor's step ("... in forwardAsync function") ends every
   request on the replica: always the replica's fault.
+
+Nor does the HTTP status of a model's own error say its code, whatever the model sent: Triton's
+`generate` and `generate_stream` (2.51 to at least 2.59, the production image's 2.53 among them)
+read the status from the error after freeing it (http_server.cc: AddErrorJson deletes it before
+HttpCodeFromError reads it), and answered 400 for INTERNAL and UNAVAILABLE alike here. Such an
+error comes framed as the stream's event (`data: {"error": ...}`), where Triton's own checks of the
+request answer plain JSON before any model sees it; the edge passes `invalid_argument` only for
+those, and knows the model's refusals by their text: every TensorRT-LLM failure before the first
+token (an engine step's included) was otherwise the user's 400, the replica never suspect.
 
 Triton >= 2.50 can instead end the stream with the gRPC status (the `triton_grpc_error: true`
 header: INVALID_ARG arrives as INVALID_ARGUMENT), but in 2.51 that mode logs an internal error for
