@@ -71,11 +71,14 @@ TRTLLM_REFUSALS = (
     "is not within acceptable range",  # EndId (N) is not within acceptable range [-1, V)
     "Incorrect sampling config",
     "samplingConfig.cpp",  # a SamplingConfig check (top_p, top_k, temperature, beam width...)
-    "is not present in the request",  # request_output_len / input_ids missing
-    "tensor not provided",
-    "Streaming is only supported if model is deployed using decoupled mode",
     "An error occurred when processing the input values",  # the Python tensorrt_llm model
 )
+# Not among them: the backend's checks of what the edge sends with every request (input_ids,
+# input_lengths, request_output_len: "... is not present in the request", "... tensor not
+# provided"; streaming: "Streaming is only supported if model is deployed using decoupled mode",
+# which a model config not decoupled answers every request). Like Triton's own input checks they
+# say the replica differs from the contract: read as refusals, every user got a 400 and the replica
+# stayed in rotation.
 # Triton's own checks of the inputs against the model's config.pbtxt (core infer_request.cc, the HTTP
 # frontend's JSON-to-tensor conversion): the edge sends the same inputs for every request, so these
 # say the replica's model differs from the edge's contract, never that a user's request is bad.

@@ -203,7 +203,11 @@ def _engine_model(cpu_model: Any) -> Any:
         "model_dir": str(demo_model_dir()),
         "metrics_period_ms": "600000",
     }
-    config = {"parameters": {key: {"string_value": value} for key, value in parameters.items()}}
+    config = {
+        "parameters": {key: {"string_value": value} for key, value in parameters.items()},
+        # As Triton hands over the shipped config.pbtxt's (the model refuses streaming without it).
+        "model_transaction_policy": {"decoupled": True},
+    }
     return cpu_model.EngineModel(
         {"model_config": json.dumps(config), "model_name": "tensorrt_llm", "model_version": "1"}
     )

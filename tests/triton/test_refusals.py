@@ -48,12 +48,8 @@ def _executor_error(inner: str) -> str:
             "(/src/cpp/tensorrt_llm/executor/samplingConfig.cpp:301)" + _BACKTRACE,
             "Assertion failed: topP.value() > 0.f",
         ),
-        (
-            "request_output_len is not present in the request",
-            "request_output_len is not present in the request",
-        ),
     ],
-    ids=["cpu-model", "trtllm-prompt-too-long", "trtllm-end-id", "trtllm-sampling", "trtllm-missing-input"],
+    ids=["cpu-model", "trtllm-prompt-too-long", "trtllm-end-id", "trtllm-sampling"],
 )
 def test_a_refusal_gives_its_reason_without_wrappers_or_backtrace(message: str, reason: str) -> None:
     assert refusal_reason(message) == reason
@@ -73,8 +69,24 @@ def test_a_refusal_gives_its_reason_without_wrappers_or_backtrace(message: str, 
             "Encountered an error in forwardSync function: Prompt length (9) exceeds maximum input length (8)"
         ),
         "Request for unknown model: 'tensorrt_llm' is not found",
+        # The backend's checks of inputs the edge sends with every request: the replica's model (its
+        # config not decoupled, an input it does not take) differs from the edge's contract.
+        "[TensorRT-LLM][ERROR] Streaming is only supported if model is deployed using decoupled mode. "
+        "(/src/inflight_batcher_llm/src/utils.cc:666)" + _BACKTRACE,
+        "request_output_len is not present in the request",
+        "[TensorRT-LLM][ERROR] inputTokens or encoderInputFeatures tensor not provided "
+        "(/src/inflight_batcher_llm/src/utils.cc:124)" + _BACKTRACE,
     ],
-    ids=["stopped", "step-error", "trtllm-forward-async", "trtllm-forward-sync", "unknown-model"],
+    ids=[
+        "stopped",
+        "step-error",
+        "trtllm-forward-async",
+        "trtllm-forward-sync",
+        "unknown-model",
+        "trtllm-not-decoupled",
+        "trtllm-missing-output-len",
+        "trtllm-missing-input-ids",
+    ],
 )
 def test_a_replica_failure_is_not_a_refusal(message: str) -> None:
     assert refusal_reason(message) is None

@@ -166,6 +166,50 @@ def test_a_replica_whose_contract_differs_fails_over_to_a_healthy_one(
 
 
 @pytest.fixture(scope="module")
+def not_decoupled_triton() -> Iterator[TritonProcess]:
+    """A replica whose model is not deployed decoupled, as tensorrtllm_backend's config.pbtxt comes
+    out of its fill_template with decoupled_mode:False: TensorRT-LLM (and our CPU model after it)
+    refuses every streaming request, and the edge streams every request."""
+    with tempfile.TemporaryDirectory(prefix="cpu-repo-not-decoupled-") as repo:
+        rendered = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
+        path = rendered / "tensorrt_llm" / "config.pbtxt"
+        config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        config.model_transaction_policy.decoupled = False
+        path.write_text(text_format.MessageToString(config))
+        process = start_local_triton(rendered)
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+def test_a_replica_not_deployed_decoupled_is_the_replicas_failure_not_the_users(
+    tmp_path: Path, not_decoupled_triton: TritonProcess, small_triton: TritonProcess
+) -> None:
+    """TensorRT-LLM's "Streaming is only supported if model is deployed using decoupled mode" names
+    nothing of the user's (the edge sends streaming for every request): the replica failed, is
+    suspect, and the request goes on to a healthy replica rather than being answered 400."""
+    spec = not_decoupled_triton.replica_spec
+    with (
+        start_server(tmp_path, {"tiers": ROOMY_TIERS}, triton_upstreams(spec)) as live,
+        httpx.Client(base_url=live.base_url, timeout=60.0, headers=live.auth("paid")) as client,
+    ):
+        plain = client.post(CHAT, json=HELLO)
+        suspects = _suspects(live)
+    assert plain.status_code >= 500, plain.text
+    assert plain.json()["error"]["type"] != "invalid_request_error"
+    assert suspects == [f"triton-{spec.rsplit(':', 1)[0]}"]
+
+    both = f"{not_decoupled_triton.replica_spec},{small_triton.replica_spec}"
+    with (
+        start_server(tmp_path / "both", {"tiers": ROOMY_TIERS}, triton_upstreams(both)) as live,
+        httpx.Client(base_url=live.base_url, timeout=60.0, headers=live.auth("paid")) as client,
+    ):
+        answers = [client.post(CHAT, json=HELLO) for _ in range(4)]
+    assert [answer.status_code for answer in answers] == [200] * 4, [a.text for a in answers]
+
+
+@pytest.fixture(scope="module")
 def no_presence_triton() -> Iterator[TritonProcess]:
     """A replica whose model does not declare presence_penalty, an input the edge sends only for a
     request that sets one (edge/upstreams/triton.py's generate_body: "a model repository that does

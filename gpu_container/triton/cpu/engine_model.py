@@ -58,6 +58,9 @@ log = structlog.get_logger("floodgate.triton.cpu_model")
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 THREAD_JOIN_TIMEOUT_S = 5.0
+# TensorRT-LLM 0.16's words (inflight_batcher_llm/src/utils.cc) for a streaming request to a model
+# whose config is not decoupled.
+STREAMING_NEEDS_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 
 
 @dataclass
@@ -205,6 +208,10 @@ class EngineModel:
         self._engine = LLMEngine.from_pretrained(parameters["model_dir"], engine_config)
         self._block_size = engine_config.block_size
         self._cancel_period_s = int(parameters.get("cancellation_check_period_ms", "100")) / 1000
+        # TensorRT-LLM's backend refuses a streaming request to a model not deployed decoupled (its
+        # utils.cc, INTERNAL): a stock config filled in with decoupled_mode:False does that to every
+        # request of the edge's. Refused here alike, so the edge's reading of it is tested.
+        self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self._metrics_period_s = int(parameters.get("metrics_period_ms", "20")) / 1000
         self._lock = threading.Lock()
         self._live: dict[str, _Live] = {}
@@ -259,6 +266,8 @@ class EngineModel:
                 self._engine.abort(target)
             sender.send(flags=FINAL)
             return
+        if contract.streaming and not self._decoupled:
+            raise RuntimeError(STREAMING_NEEDS_DECOUPLED)
         prompt_blocks = -(-len(contract.prompt_ids) // self._block_size)
         live = _Live(
             request, sender, triton_id, contract.streaming, contract.kv_cache_reuse_stats, prompt_blocks
