@@ -171,18 +171,19 @@ def generate_body(
     return body
 
 
-def requested_inputs(req: GenerationRequest, *, merged_stops: bool) -> frozenset[str]:
+def requested_inputs(req: GenerationRequest, *, end_tokens: frozenset[int]) -> frozenset[str]:
     """The inputs generate_body sends for `req` only because it set their parameter ("sent only
     when set"): a replica whose model does not declare one refuses that request alone, and serves
-    the rest (gpu_container/triton/refusals.py). `stop_words_list` is not one when the upstream's
-    own end tokens (`merged_stops`) send it for every request."""
+    the rest (gpu_container/triton/refusals.py). `stop_words_list` is one only for stop ids other
+    than the model's `end_tokens` (none when the request ignores them): the pipeline puts those
+    among every request's stop ids, so a replica refusing them refuses everyone."""
     named = {
         "repetition_penalty": req.repetition_penalty != 1.0,
         "presence_penalty": bool(req.presence_penalty),
         "frequency_penalty": bool(req.frequency_penalty),
         "embedding_bias": bool(req.logit_bias),
         "min_length": bool(req.min_tokens),
-        "stop_words_list": bool(req.stop_ids) and not merged_stops,
+        "stop_words_list": not set(req.stop_ids) <= end_tokens,
     }
     return frozenset(name for name, sent in named.items() if sent)
 
@@ -330,7 +331,8 @@ class TritonUpstream:
                     continue
                 if conn.failure is not None:
                     # Reckoned only here: a failure is rare, and every request's set-up need not pay.
-                    requested = requested_inputs(req, merged_stops=merged_stops)
+                    own = () if req.ignore_eos else (self._end_id, *self._extra_stop_ids)
+                    requested = requested_inputs(req, end_tokens=frozenset(t for t in own if t is not None))
                     raise _stream_error(self.name, conn.failure, conn.status, requested, conn.model_error)
                 if conn.relay_error is not None:
                     raise UpstreamError(f"relaying the output failed: {conn.relay_error!r}")

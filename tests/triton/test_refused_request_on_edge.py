@@ -18,7 +18,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from edge.upstreams.triton import triton_upstreams
+from edge.upstreams.base import GenerationRequest, RequestRejected, UpstreamError
+from edge.upstreams.triton import TritonUpstream, triton_upstreams
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
@@ -207,6 +208,40 @@ def test_a_replica_not_deployed_decoupled_is_the_replicas_failure_not_the_users(
     ):
         answers = [client.post(CHAT, json=HELLO) for _ in range(4)]
     assert [answer.status_code for answer in answers] == [200] * 4, [a.text for a in answers]
+
+
+@pytest.fixture(scope="module")
+def no_stop_words_triton() -> Iterator[TritonProcess]:
+    """A replica whose model does not declare stop_words_list, which carries the model's own end
+    tokens on every request that does not ignore them, whatever the user asked for."""
+    with _triton_without("stop_words_list") as process:
+        yield process
+
+
+@pytest.mark.anyio
+async def test_a_replica_lacking_the_input_for_the_models_own_end_tokens_is_the_replicas_failure(
+    no_stop_words_triton: TritonProcess,
+) -> None:
+    """A checkpoint with one end token: the pipeline puts it among every request's stop ids, so
+    stop_words_list goes with every request that does not ignore it, whatever the user asked for.
+    A replica refusing it refuses everyone's: its failure, not the request's. A stop token of the
+    request's own is still the request's refusal."""
+    upstream = TritonUpstream(
+        "triton-no-stop-words",
+        no_stop_words_triton.http_url,
+        no_stop_words_triton.metrics_url,
+        end_id=2,
+        pad_id=2,
+    )
+    try:
+        with pytest.raises(UpstreamError, match="stop_words_list"):
+            async for _ in upstream.generate(GenerationRequest("own-end", [11, 42, 7], 4, stop_ids=[2])):
+                pass
+        with pytest.raises(RequestRejected, match="does not take stop_words_list"):
+            async for _ in upstream.generate(GenerationRequest("asked", [11, 42, 7], 4, stop_ids=[2, 9])):
+                pass
+    finally:
+        await upstream.aclose()
 
 
 @pytest.fixture(scope="module")
