@@ -80,7 +80,7 @@ def sampling_defaults(model: ModelConfig, model_dir: Path) -> SamplingDefaults:
 
 def _generation_config(model_dir: Path) -> dict[str, Any]:
     try:
-        loaded = json.loads((model_dir / GENERATION_CONFIG).read_text())
+        loaded = json.loads((model_dir / GENERATION_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}

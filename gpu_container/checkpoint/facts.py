@@ -146,7 +146,7 @@ def _json(path: Path, *, required: bool) -> dict[str, Any]:
             )
         return {}
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -178,7 +178,7 @@ def _template_source(directory: Path, config: dict[str, Any]) -> str:
         path = directory / name
         if path.is_file():
             try:
-                text = path.read_text()
+                text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise CheckpointError(f"{path}: not a readable template: {exc}") from None
             if text:

@@ -85,7 +85,7 @@ def _import_into(
 
 def is_imported(directory: Path, digest: str) -> bool:
     try:
-        record = json.loads((directory / RECORD).read_text())
+        record = json.loads((directory / RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return bool(record.get("format") == IMPORT_FORMAT and record.get("sha256") == digest)
@@ -118,7 +118,7 @@ def _write(gguf_path: Path, out: Path, digest: str, progress: Progress | None) -
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     del weights
     _write_json(out / "config.json", config)
-    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=False))
+    (out / "tokenizer.json").write_text(tokenizer.to_str(pretty=False), encoding="utf-8")
     _write_json(out / "tokenizer_config.json", tokenizer_config(gguf))
     # Last: its presence marks a complete import (the rename already makes it all-or-nothing).
     _write_json(out / RECORD, {"format": IMPORT_FORMAT, "sha256": digest, "source": gguf_path.name})
@@ -136,7 +136,7 @@ def _hf_layout(path: Path, name: str, weight: Floats, config: dict[str, Any]) ->
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _slug(stem: str) -> str:

@@ -92,7 +92,7 @@ def _write(directory: Path) -> None:
     )
     _write_json(directory / "config.json", config.to_hf())
     save_file(_weights(config), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True))
+    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": END_OF_TEXT,
@@ -105,12 +105,12 @@ def _write(directory: Path) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     (directory / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n"
+        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _special_id(tokenizer: Tokenizer, token: str) -> int:

@@ -69,6 +69,45 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_builds_the_demo_model_and_streams_under_an_ascii_locale(tmp_path: Path) -> None:
+    """The checkpoint's files (tokenizer.json, tokenizer_config.json, config.json) were written and
+    read in the locale's encoding: under a plain C locale without Python's UTF-8 coercion the demo
+    tokenizer's non-ASCII pieces ended `floodgate serve` in a UnicodeEncodeError before it
+    listened (a GGUF's import alike). JSON is UTF-8, whatever the locale."""
+    port = free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{tmp_path / "demo"}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    # This checkout's edge, wherever the environment's editable install points.
+    env = os.environ | ascii_locale | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        key_match = re.search(r"(fg-\S+)", lines[1])
+        if key_match is None:
+            rest, _ = proc.communicate(timeout=30)  # the traceback, whole
+            raise AssertionError(("".join(lines) + rest)[-3000:])
+        headers = {"Authorization": f"Bearer {key_match.group(1)}"}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "stream": True}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+            with client.stream("POST", CHAT, json={**body, "max_tokens": 4}, headers=headers) as response:
+                assert response.status_code == 200
+                assert list(events(response))[-1] == DONE
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None:
     port = free_port()
     keys_file = tmp_path / "keys.jsonl"
