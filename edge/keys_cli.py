@@ -14,7 +14,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from edge.config import Settings
-from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run
+from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
 from edge.keys.record import (
@@ -80,7 +80,7 @@ def _print_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     cells = [[printable(str(row[c])) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
-        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+        say("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
 
 
 _MAX_DAYS = 36525

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import msgspec
 
 from edge.config import ConfigError, Settings, load_settings
-from edge.settings_view import effective_toml
+from edge.settings_view import ascii_toml, effective_toml
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -19,7 +20,12 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    print(effective_toml(settings_of(args)), end="")
+    document = effective_toml(settings_of(args))
+    try:
+        document.encode(sys.stdout.encoding or "utf-8")
+    except UnicodeEncodeError:
+        document = ascii_toml(document)
+    print(document, end="")
     return 0
 
 

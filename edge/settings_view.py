@@ -90,6 +90,23 @@ def _toml_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False).replace(chr(0x7F), "\\u007f")
 
 
+_NOT_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def ascii_toml(document: str) -> str:
+    """`document` (effective_toml's) in ASCII alone, for a stdout that can say nothing else (a C
+    locale without Python's UTF-8 coercion), where a model named `modèle` was a UnicodeEncodeError
+    traceback: every other character as TOML's escape of it. Each one is inside a basic string
+    (_toml_string writes every value and every key that is not bare; the document has no
+    comments), where the escape means the character itself: the settings load again the same."""
+    return _NOT_ASCII.sub(_escaped, document)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 

@@ -75,3 +75,11 @@ def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
 def note(message: str) -> None:
     """For the operator, on stderr: stdout stays machine-readable (the key, the CSV)."""
     print(message, file=sys.stderr)
+
+
+def say(line: str) -> None:
+    """A line for a person on stdout, with what its encoding cannot say as "?": under an ASCII
+    locale (C, without Python's UTF-8 coercion) a table's ellipsis or a user's name raised
+    UnicodeEncodeError, a traceback instead of the listing."""
+    encoding = sys.stdout.encoding or "utf-8"
+    print(line.encode(encoding, errors="replace").decode(encoding))

@@ -174,6 +174,36 @@ def test_the_defaults_load_under_an_ascii_locale(tmp_path: Path) -> None:
     assert done.stdout.strip().lower() in {"ascii", "ansi_x3.4-1968"}, done.stdout  # the case it covers
 
 
+def test_the_operators_listings_print_under_an_ascii_locale(tmp_path: Path) -> None:
+    """Under a C locale without Python's UTF-8 coercion stdout is ASCII: `floodgate keys list` ended
+    in a UnicodeEncodeError traceback for any key (its last4 column starts with an ellipsis), and
+    `floodgate config show` for any setting not ASCII (a model named in French), printed nothing.
+    The listing says what the terminal cannot as "?"; the settings stay TOML that loads again."""
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    env = {**os.environ, **ascii_locale, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n[server]\nkeys_file = "{tmp_path / "k.jsonl"}"\n'
+        '[model]\nname = "mod\u00e8le-\U0001f600"\n',
+        encoding="utf-8",
+    )
+
+    def floodgate(*words: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "edge.cli", *words, "--config", str(config)]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path, encoding="utf-8"
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    key = floodgate("keys", "create", "--user", "alice", "--tier", "paid").stdout.strip()
+    (listed,) = floodgate("keys", "list").stdout.splitlines()[1:]
+    assert listed.split()[1:3] == ["alice", "paid"] and f"?{key[-4:]}" in listed, listed
+    shown = tmp_path / "shown.toml"
+    shown.write_text(floodgate("config", "show").stdout, encoding="utf-8")
+    assert load_settings(shown).model.name == "mod\u00e8le-\U0001f600"
+
+
 @pytest.mark.anyio
 async def test_the_slot_ttl_reaches_the_limiter() -> None:
     clock = ManualClock()
