@@ -12,6 +12,8 @@ took the request's log line from about a tenth of a one-token stream's CPU to a 
 
 from __future__ import annotations
 
+import codecs
+import io
 import logging
 import sys
 import time
@@ -51,8 +53,18 @@ class IsoUtcStamper:
         return event
 
 
+def _utf8_stdout() -> None:
+    """stdout in UTF-8, as JSON is, whatever the locale: under a C locale without Python's UTF-8
+    coercion it was ASCII, and a line with a character beyond it (the path of a 404 for `/café`, a
+    user so named) raised UnicodeEncodeError inside the request it described (uvicorn's plain-text
+    500, no line)."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and codecs.lookup(sys.stdout.encoding).name != "utf-8":
+        sys.stdout.reconfigure(encoding="utf-8")
+
+
 def configure_logging(level: int = logging.INFO, worker: int | None = None) -> None:
     """`worker`: this process's index among `serve --workers N`'s, stamped on every line."""
+    _utf8_stdout()
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,  # request_id, bound by the pipeline per request
         structlog.processors.add_log_level,

@@ -108,6 +108,41 @@ def test_serve_builds_the_demo_model_and_streams_under_an_ascii_locale(tmp_path:
         proc.wait(timeout=30)
 
 
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_a_served_edges_log_line_beyond_ascii_is_written_under_an_ascii_locale(tmp_path: Path) -> None:
+    """The log lines went to stdout in the locale's encoding: under a plain C locale without
+    Python's UTF-8 coercion, a line with a character beyond ASCII (the path of a 404 for `/café`;
+    a user, a label, a model so named) raised UnicodeEncodeError inside the request, answered by
+    uvicorn's plain-text 500 with no request id, and no line logged. JSON is UTF-8."""
+    port = free_port()
+    config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}")
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    env = os.environ | ascii_locale | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # A bound on the wait for the log line: a server that never logs it is ended, its output closed.
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+            answer = client.get("/caf%C3%A9")
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["message"] == "Invalid URL (GET /caf\u00e9)"
+        assert proc.stdout is not None
+        refused = None
+        for line in proc.stdout:
+            if b'"request_refused"' in line:
+                refused = json.loads(line.decode("utf-8"))
+                break
+        assert refused is not None, "the 404 was never logged"
+        assert refused["path"] == "/caf\u00e9" and refused["request_id"] == answer.headers["x-request-id"]
+    finally:
+        deadline.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None:
     port = free_port()
     keys_file = tmp_path / "keys.jsonl"
@@ -191,7 +226,7 @@ def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
-def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str]) -> None:
+def _wait_listening(client: httpx.Client, proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     # The key is printed before uvicorn binds: retry connecting until it answers (bounded).
     for _ in range(500):
         assert proc.poll() is None, "floodgate serve exited"
