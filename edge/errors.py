@@ -14,7 +14,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from redis.exceptions import RedisError
 
-from edge.admission.ticket import Overloaded
+from edge.admission.ticket import NeverFits, Overloaded
 from edge.log_line import refusal_line
 from edge.metrics import REQUESTS_REJECTED
 from edge.request_ids import new_refusal_id
@@ -263,6 +263,30 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
             headers={**(headers or {}), **retry_after_headers(exc.retry_after_s)},
         )
     return rate_limited(message, exc.reason, exc.retry_after_s, headers)
+
+
+def never_fits_error(exc: NeverFits) -> ApiError:
+    """No replica could ever hold the request: 400 at once, as vLLM answers a prompt longer than its
+    model holds, naming the limit. Too many tokens: `context_length_exceeded`, the code on which
+    clients trim their history, which makes it fit; no sequence for the tier at all: nothing the
+    client sends fits, so a code of its own."""
+    if not exc.sequences:
+        why = (
+            "No model replica runs any sequence"
+            if exc.may_use_reserve
+            else "The paid reserve leaves the free tier no sequence on any model replica"
+        )
+        return invalid_request(f"{why}: no request of your tier can run here.", None, code="tier_not_served")
+    if exc.may_use_reserve:
+        limit = f"a replica holds at most {exc.kv_limit}"
+    else:
+        limit = f"the free tier may use at most {exc.kv_limit} on any replica"
+    return invalid_request(
+        f"This request needs {exc.kv_tokens} tokens of KV cache; {limit}. Please reduce the length "
+        "of the messages or completion.",
+        "messages",
+        code="context_length_exceeded",
+    )
 
 
 def upstream_error(retry_after_s: float | None = None, *, final: bool = False) -> ApiError:

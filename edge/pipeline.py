@@ -18,11 +18,18 @@ import structlog
 from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
-from edge.admission.ticket import Overloaded, Ticket
+from edge.admission.ticket import NeverFits, Overloaded, Ticket
 from edge.cancel.registry import RequestRegistry
 from edge.config import TierConfig
 from edge.drain import Drain
-from edge.errors import ApiError, invalid_request, limiter_unavailable, overloaded_error, wait_text
+from edge.errors import (
+    ApiError,
+    invalid_request,
+    limiter_unavailable,
+    never_fits_error,
+    overloaded_error,
+    wait_text,
+)
 from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
@@ -167,6 +174,23 @@ class Pipeline:
         request_id = new_request_id()
         # Bound for the rest of this request's task: every log line it causes carries the id.
         structlog.contextvars.bind_contextvars(request_id=request_id)
+        ticket = Ticket(
+            request_id=request_id,
+            user=principal.user,
+            priority=tier.priority,
+            kv_tokens=len(prompt_ids) + max_new,
+            max_wait_s=tier.max_queue_wait_s,
+            # Tiers above the lowest priority are the paying ones: only they may use the reserve.
+            may_use_reserve=tier.may_use_reserve,
+            tier=principal.tier,
+            prefix_keys=routing_hashes(prompt_ids, salt),
+            prompt_tokens=len(prompt_ids),
+        )
+        try:
+            # Before the limiter: a request no replica could ever hold costs the user nothing.
+            self.dispatcher.check_fits(ticket)
+        except NeverFits as exc:
+            raise self._refused(principal, request_id, never_fits_error(exc)) from None
         try:
             admission = await self.limiter.admit(
                 principal.user,
@@ -202,18 +226,6 @@ class Pipeline:
                     headers=headers,
                 ),
             )
-        ticket = Ticket(
-            request_id=request_id,
-            user=principal.user,
-            priority=tier.priority,
-            kv_tokens=len(prompt_ids) + max_new,
-            max_wait_s=tier.max_queue_wait_s,
-            # Tiers above the lowest priority are the paying ones: only they may use the reserve.
-            may_use_reserve=tier.may_use_reserve,
-            tier=principal.tier,
-            prefix_keys=routing_hashes(prompt_ids, salt),
-            prompt_tokens=len(prompt_ids),
-        )
         try:
             self.dispatcher.precheck(ticket)
         except Overloaded as exc:

@@ -2,6 +2,6 @@
 
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.slot import Slot
-from edge.admission.ticket import Overloaded, OverloadReason, Ticket
+from edge.admission.ticket import NeverFits, Overloaded, OverloadReason, Ticket
 
-__all__ = ["Dispatcher", "OverloadReason", "Overloaded", "Slot", "Ticket"]
+__all__ = ["Dispatcher", "NeverFits", "OverloadReason", "Overloaded", "Slot", "Ticket"]

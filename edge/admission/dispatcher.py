@@ -35,6 +35,12 @@ Policy
   estimate: running_ends.py). `acquire` gives up after max_wait_s in the queue. Both answer
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
+* Never fits. `check_fits` (asked before the limiter) says no when no replica could ever hold the
+  ticket, empty: its tier's part of every replica of a known size is smaller than its charge, or
+  leaves its tier no sequence. A 400 naming the limit (edge/errors.py), not a no_replica whose
+  Retry-After a client would obey forever. The charge itself is unchanged, and this edge's share of
+  a replica the fleet divides is no part of it (past that share is a no_replica: it grows as
+  edges leave).
 * A crash is a wait. A replica that is down while its upstream restarts it (the local engine
   process: `Replica.back_in_s`) counts as one that could take the ticket when it is expected back
   within the ticket's max_wait_s: the ticket waits for it, under the same bound, instead of a 503
@@ -72,7 +78,7 @@ from edge.admission.reply_lengths import ReplyLengths
 from edge.admission.router import Claims, candidates, pick
 from edge.admission.running_ends import expected_ends_s, place_frees_s
 from edge.admission.slot import ReleaseKind, Slot
-from edge.admission.ticket import Overloaded, OverloadReason, Ticket
+from edge.admission.ticket import NeverFits, Overloaded, OverloadReason, Ticket
 from edge.admission.tiered_queue import TieredQueue
 from edge.admission.wait_estimate import MIN_RETRY_S, WaitEstimate
 from edge.metric_children import child
@@ -199,6 +205,21 @@ class Dispatcher:
         return self.replicas.states()
 
     # -- the API the request pipeline calls ------------------------------------------------------
+
+    def check_fits(self, ticket: Ticket) -> None:
+        """Raise NeverFits when no replica of a known size could ever hold the ticket, empty and
+        whatever the wait: its tier's part of every replica is too small for what it is charged
+        (`_charge`), or the paid reserve leaves its tier no sequence. The queue would turn it away
+        no_replica, a 503 saying when to come back, and a client that came back as told was
+        refused the same way forever beside an idle replica. Judged on the replicas' sizes alone,
+        never on what they hold now nor on this edge's share of them (Replica.largest)."""
+        sized = [r for r in self.replicas.members if r.capacity is not None]
+        kv_tokens = self._charge(ticket)
+        limits = [r.largest(ticket.may_use_reserve, self._reserve) for r in sized]
+        running = [kv for kv, sequences in limits if sequences >= 1]
+        if not sized or any(kv_tokens <= kv for kv in running):
+            return
+        raise NeverFits(kv_tokens, max(running, default=0), bool(running), ticket.may_use_reserve)
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""

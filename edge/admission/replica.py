@@ -105,9 +105,7 @@ class Replica:
         and free tiers 0.8 of that, 0 (every free request 503 no_replica on every edge, the
         replicas idle); once, free keeps 1.28 -> 1, and the edges' free parts still add up to no
         more than the unreserved share of the replica."""
-        if may_use_reserve:
-            return fraction_of(total, self.share)
-        return fraction_of(total, self.share * (1.0 - reserved_fraction))
+        return _part(total, self.share, may_use_reserve, reserved_fraction)
 
     def could_hold(self, kv_tokens: int, may_use_reserve: bool, reserved_fraction: float) -> bool:
         """Whether the ticket fits on this replica when it is empty."""
@@ -115,6 +113,18 @@ class Replica:
             self.charge(kv_tokens) <= self.kv_limit(may_use_reserve, reserved_fraction)
             and self.sequence_limit(may_use_reserve, reserved_fraction) >= 1
         )
+
+    def largest(self, may_use_reserve: bool, reserved_fraction: float) -> tuple[int, int]:
+        """The most KV tokens (whole blocks) and sequences a ticket of this kind could ever hold
+        here: its tier's part of the whole replica, empty. This edge's share is left out: the fleet
+        divides a replica among the edges there are now, and the share grows as edges leave (a
+        request past it is only turned away for now, 503). None of it while the size is unknown."""
+        if self.capacity is None:
+            return 0, 0
+        block = self.block_tokens
+        kv = _part(self.capacity.kv_tokens_total, 1.0, may_use_reserve, reserved_fraction)
+        sequences = _part(self.capacity.max_sequences, 1.0, may_use_reserve, reserved_fraction)
+        return kv // block * block, sequences
 
     def add_kv(self, tokens: int, may_use_reserve: bool) -> None:
         """Charge (or, negative, give back) `tokens` for a ticket of this kind."""
@@ -173,3 +183,10 @@ class Replica:
             self.kv_limit(may_use_reserve, reserved_fraction) // max(self.charge(kv_tokens), 1),
         )
         return self.rate.completions_per_s(batch)
+
+
+def _part(total: int, share: float, may_use_reserve: bool, reserved_fraction: float) -> int:
+    """`share` of `total`, less the reserve for a tier that may not use it, rounded down once."""
+    if may_use_reserve:
+        return fraction_of(total, share)
+    return fraction_of(total, share * (1.0 - reserved_fraction))

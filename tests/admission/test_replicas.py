@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from edge.admission import Dispatcher, Overloaded, Slot
+from edge.admission import Dispatcher, NeverFits, Overloaded, Slot
 from tests.admission.conftest import MakeDispatcher
 from tests.admission.flow import Flow, ticket, until
 from tests.admission.pipeline import generate_with_failover
@@ -506,3 +506,34 @@ async def test_a_replica_down_from_the_start_is_logged(make_dispatcher: MakeDisp
             await dispatcher.replicas.check_all()
     health = [(e["replica"], e["alive"]) for e in logs if e["event"] == "replica_health"]
     assert sorted(health) == [("down", False), ("up", True)]
+
+
+@pytest.mark.anyio
+async def test_only_what_no_replica_could_ever_hold_never_fits(make_dispatcher: MakeDispatcher) -> None:
+    """NeverFits (a 400) is judged on the tier's part of each replica's whole size: not on this
+    edge's share of a replica the fleet divides (it grows as edges leave: a 503 for now), nor on
+    what the replicas hold, nor while no replica's size is known."""
+    shared = ControlledUpstream("shared", kv_tokens_total=1000, max_sequences=4)
+    async with make_dispatcher([shared], replica_share=0.5, reserved_paid_fraction=0.2) as dispatcher:
+        past_share = ticket("paid", paid=True, kv_tokens=900)
+        dispatcher.check_fits(past_share)
+        with pytest.raises(Overloaded) as refused:
+            dispatcher.precheck(past_share)
+        assert refused.value.reason == "no_replica"
+        with pytest.raises(NeverFits) as never:
+            dispatcher.check_fits(ticket("free", kv_tokens=900))
+        assert (never.value.kv_tokens, never.value.kv_limit, never.value.sequences) == (900, 800, True)
+        with pytest.raises(NeverFits):
+            dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=1001))
+
+        # Down, its size as last seen still says what it could hold once back.
+        shared.is_ready = False
+        await dispatcher.check_replicas()
+        dispatcher.check_fits(ticket("free", kv_tokens=800))
+        with pytest.raises(NeverFits):
+            dispatcher.check_fits(ticket("free", kv_tokens=801))
+
+    unknown = ControlledUpstream("unknown")
+    unknown.is_ready = False
+    async with make_dispatcher([unknown]) as dispatcher:
+        dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=10**9))

@@ -1,0 +1,79 @@
+"""A request no replica could ever hold, however long it waited, is refused at once with a 400 that
+names the limit (as vLLM answers a prompt longer than its model holds), not a 503 no_replica whose
+"try again in 1s" a client would obey forever beside an idle replica. Judged on every replica's
+whole size and the tier's part of it, never on what the replicas hold now, nor on this edge's share
+of replicas the fleet divides (that share grows when edges leave: tests/edge/test_instance_share.py
+keeps its 503)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from edge.config import Settings
+from edge.upstreams.base import Upstream
+from tests.admission.replicas import ControlledUpstream
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, MODEL
+from tests.support.live_server import start_server
+
+# 8 blocks of 16: one engine holds 128 KV tokens, the free tiers 102 of them (reserve 0.2).
+SMALL_POOL = {"block_size": 16, "num_blocks": 8}
+
+
+def _chat(server: Any, tier: str, max_tokens: int) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        return client.post(CHAT, json=body, headers=server.auth(tier))
+
+
+def _assert_never_fits(answer: httpx.Response, *, code: str, says: str) -> None:
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", code)
+    assert says in error["message"], error["message"]
+    assert "retry-after" not in answer.headers
+
+
+def test_a_free_request_past_the_free_share_of_an_idle_engine_is_a_400(tmp_path: Path) -> None:
+    """Within the model's context (128) but past the free share of the only engine's KV cache
+    (102): a 503 no_replica on every retry before."""
+    overrides = {"tiers": ROOMY_TIERS, "engine": SMALL_POOL | {"isolation": "thread"}}
+    with start_server(tmp_path, overrides) as server:
+        free = _chat(server, "free", 80)
+        _assert_never_fits(free, code="context_length_exceeded", says="the free tier may use at most 96")
+        prompt = _chat(server, "paid", 80).json()["usage"]["prompt_tokens"]
+        assert f"needs {prompt + 80} tokens of KV cache" in free.json()["error"]["message"]
+        # What does fit the free share is served as before.
+        assert _chat(server, "free", 40).status_code == 200
+
+
+def test_a_free_request_where_the_reserve_leaves_free_tiers_no_sequence_is_a_400(tmp_path: Path) -> None:
+    """One sequence per engine, 20 % of it reserved for paid work: free tiers may run none, ever."""
+    engine = SMALL_POOL | {"max_num_seqs": 1, "isolation": "thread"}
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS, "engine": engine}) as server:
+        _assert_never_fits(_chat(server, "free", 4), code="tier_not_served", says="no sequence")
+        assert _chat(server, "paid", 4).status_code == 200
+
+
+def test_a_paid_request_larger_than_every_replica_is_a_400(tmp_path: Path) -> None:
+    """A replica smaller than the model's context (a Triton host built with less KV cache than
+    --max-seq-len): what no replica holds whole is refused for paid tiers too."""
+    small = ControlledUpstream("small", kv_tokens_total=64, max_sequences=8, kv_block_tokens=16)
+
+    def provider(settings: Settings, model_dir: Path) -> Any:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            yield [small]
+
+        return provide()
+
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, provider) as server:
+        _assert_never_fits(
+            _chat(server, "paid", 100), code="context_length_exceeded", says="a replica holds at most 64"
+        )
+        assert _chat(server, "paid", 4).status_code == 200
