@@ -213,13 +213,22 @@ class Dispatcher:
         no_replica, a 503 saying when to come back, and a client that came back as told was
         refused the same way forever beside an idle replica. Judged on the replicas' sizes alone,
         never on what they hold now nor on this edge's share of them (Replica.largest)."""
-        sized = [r for r in self.replicas.members if r.capacity is not None]
         kv_tokens = self._charge(ticket)
-        limits = [r.largest(ticket.may_use_reserve, self._reserve) for r in sized]
-        running = [kv for kv, sequences in limits if sequences >= 1]
-        if not sized or any(kv_tokens <= kv for kv in running):
-            return
-        raise NeverFits(kv_tokens, max(running, default=0), bool(running), ticket.may_use_reserve)
+        # Every request asks, so it stops at the first replica that would do (each one's limits
+        # worked out once per size it reports: Replica.largest).
+        sized = False
+        most = -1  # the largest part of a replica that runs a sequence of the ticket's kind
+        for replica in self.replicas.members:
+            if replica.capacity is None:
+                continue
+            sized = True
+            kv, sequences = replica.largest(ticket.may_use_reserve, self._reserve)
+            if sequences >= 1:
+                if kv_tokens <= kv:
+                    return
+                most = max(most, kv)
+        if sized:
+            raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve)
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""

@@ -47,6 +47,8 @@ class Replica:
     # The replica's prefix-cache running totals when last looked at: going backwards means it
     # restarted, with an empty cache.
     prefix_totals_seen: int = 0
+    # `largest`'s last answer: the capacity it was for, what it was asked, the answer.
+    _largest: tuple[Capacity, tuple[bool, float], tuple[int, int]] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -119,12 +121,19 @@ class Replica:
         here: its tier's part of the whole replica, empty. This edge's share is left out: the fleet
         divides a replica among the edges there are now, and the share grows as edges leave (a
         request past it is only turned away for now, 503). None of it while the size is unknown."""
-        if self.capacity is None:
+        capacity = self.capacity
+        if capacity is None:
             return 0, 0
+        known = self._largest
+        if known is not None and known[0] is capacity and known[1] == (may_use_reserve, reserved_fraction):
+            return known[2]
         block = self.block_tokens
-        kv = _part(self.capacity.kv_tokens_total, 1.0, may_use_reserve, reserved_fraction)
-        sequences = _part(self.capacity.max_sequences, 1.0, may_use_reserve, reserved_fraction)
-        return kv // block * block, sequences
+        kv = _part(capacity.kv_tokens_total, 1.0, may_use_reserve, reserved_fraction)
+        sequences = _part(capacity.max_sequences, 1.0, may_use_reserve, reserved_fraction)
+        found = kv // block * block, sequences
+        # Asked for every request (Dispatcher.check_fits); a new one only with each poll's capacity.
+        self._largest = capacity, (may_use_reserve, reserved_fraction), found
+        return found
 
     def add_kv(self, tokens: int, may_use_reserve: bool) -> None:
         """Charge (or, negative, give back) `tokens` for a ticket of this kind."""
