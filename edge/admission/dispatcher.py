@@ -36,11 +36,11 @@ Policy
   "no_replica" when no healthy replica could ever take the ticket (all failed their health checks,
   or excluded as having failed this request already); both apply the same guards (`_turn_away`).
 * Never fits. `check_fits` (asked before the limiter) says no when no replica could ever hold the
-  ticket, empty: its tier's part of every replica of a known size is smaller than its charge, or
-  leaves its tier no sequence. A 400 naming the limit (edge/errors.py), not a no_replica whose
-  Retry-After a client would obey forever. The charge itself is unchanged, and this edge's share of
-  a replica the fleet divides is no part of it (past that share is a no_replica: it grows as
-  edges leave).
+  ticket, empty: its tier's part of every replica is smaller than its charge, or leaves its tier no
+  sequence; never while a replica's size is unknown (it may be the larger one). A 400 naming the
+  limit (edge/errors.py), not a no_replica whose Retry-After a client would obey forever. The
+  charge itself is unchanged, and this edge's share of a replica the fleet divides is no part of it
+  (past that share is a no_replica: it grows as edges leave).
 * A crash is a wait. A replica that is down while its upstream restarts it (the local engine
   process: `Replica.back_in_s`) counts as one that could take the ticket when it is expected back
   within the ticket's max_wait_s: the ticket waits for it, under the same bound, instead of a 503
@@ -212,23 +212,26 @@ class Dispatcher:
         (`_charge`), or the paid reserve leaves its tier no sequence. The queue would turn it away
         no_replica, a 503 saying when to come back, and a client that came back as told was
         refused the same way forever beside an idle replica. Judged on the replicas' sizes alone,
-        never on what they hold now nor on this edge's share of them (Replica.largest)."""
+        never on what they hold now nor on this edge's share of them (Replica.largest), and only
+        once every replica has said its size: one that has not (loading its engine, down since
+        before this edge started) may be the larger one, and a 400 would have the client shorten
+        for good a request it serves as soon as it is up."""
+        members = self.replicas.members
+        if not members:
+            return
         kv_tokens = self._charge(ticket)
         # Every request asks, so it stops at the first replica that would do (each one's limits
         # worked out once per size it reports: Replica.largest).
-        sized = False
         most = -1  # the largest part of a replica that runs a sequence of the ticket's kind
-        for replica in self.replicas.members:
+        for replica in members:
             if replica.capacity is None:
-                continue
-            sized = True
+                return
             kv, sequences = replica.largest(ticket.may_use_reserve, self._reserve)
             if sequences >= 1:
                 if kv_tokens <= kv:
                     return
                 most = max(most, kv)
-        if sized:
-            raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve)
+        raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve)
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""

@@ -18,7 +18,7 @@ from edge.config import Settings
 from edge.upstreams.base import Upstream
 from tests.admission.replicas import ControlledUpstream
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, MODEL
+from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.support.live_server import start_server
 
 # 8 blocks of 16: one engine holds 128 KV tokens, the free tiers 102 of them (reserve 0.2).
@@ -60,19 +60,43 @@ def test_a_free_request_where_the_reserve_leaves_free_tiers_no_sequence_is_a_400
         assert _chat(server, "paid", 4).status_code == 200
 
 
+def _serving(*replicas: Upstream) -> Any:
+    def provider(settings: Settings, model_dir: Path) -> Any:
+        @asynccontextmanager
+        async def provide() -> AsyncIterator[list[Upstream]]:
+            yield list(replicas)
+
+        return provide()
+
+    return provider
+
+
+def test_a_request_a_replica_of_unknown_size_could_hold_is_not_a_400(tmp_path: Path) -> None:
+    """A larger replica not up yet (loading its engine, or down since before this edge started: it
+    never answered a check) beside a smaller one that is up: a request past the small one could be
+    the large one's as soon as it answers. A 400 tells the client to shorten it for good (a chat
+    client trims its history); it waits, and is served once the large replica is up."""
+    small = ControlledUpstream("small", kv_tokens_total=64, max_sequences=8, kv_block_tokens=16)
+    large = ControlledUpstream("large", kv_tokens_total=1024, max_sequences=8, kv_block_tokens=16)
+    large.is_ready = False
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, _serving(small, large)) as server:
+        answer = _chat(server, "paid", 100)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "no_replica"
+        large.is_ready = True
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        wait_until(
+            lambda: any(r.name == "large" and r.alive for r in dispatcher.replicas.members),
+            what="the large replica's first passing check",
+        )
+        assert _chat(server, "paid", 100).status_code == 200
+
+
 def test_a_paid_request_larger_than_every_replica_is_a_400(tmp_path: Path) -> None:
     """A replica smaller than the model's context (a Triton host built with less KV cache than
     --max-seq-len): what no replica holds whole is refused for paid tiers too."""
     small = ControlledUpstream("small", kv_tokens_total=64, max_sequences=8, kv_block_tokens=16)
-
-    def provider(settings: Settings, model_dir: Path) -> Any:
-        @asynccontextmanager
-        async def provide() -> AsyncIterator[list[Upstream]]:
-            yield [small]
-
-        return provide()
-
-    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, provider) as server:
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, _serving(small)) as server:
         _assert_never_fits(
             _chat(server, "paid", 100), code="context_length_exceeded", says="a replica holds at most 64"
         )

@@ -512,7 +512,7 @@ async def test_a_replica_down_from_the_start_is_logged(make_dispatcher: MakeDisp
 async def test_only_what_no_replica_could_ever_hold_never_fits(make_dispatcher: MakeDispatcher) -> None:
     """NeverFits (a 400) is judged on the tier's part of each replica's whole size: not on this
     edge's share of a replica the fleet divides (it grows as edges leave: a 503 for now), nor on
-    what the replicas hold, nor while no replica's size is known."""
+    what the replicas hold, nor while any replica's size is unknown."""
     shared = ControlledUpstream("shared", kv_tokens_total=1000, max_sequences=4)
     async with make_dispatcher([shared], replica_share=0.5, reserved_paid_fraction=0.2) as dispatcher:
         past_share = ticket("paid", paid=True, kv_tokens=900)
@@ -536,4 +536,8 @@ async def test_only_what_no_replica_could_ever_hold_never_fits(make_dispatcher: 
     unknown = ControlledUpstream("unknown")
     unknown.is_ready = False
     async with make_dispatcher([unknown]) as dispatcher:
+        dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=10**9))
+    # Nor while any replica's size is unknown: it may be the larger one.
+    small = ControlledUpstream("small", kv_tokens_total=64)
+    async with make_dispatcher([small, unknown]) as dispatcher:
         dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=10**9))
