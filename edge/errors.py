@@ -268,15 +268,16 @@ def overloaded_error(exc: Overloaded, headers: dict[str, str] | None = None) -> 
 def never_fits_error(exc: NeverFits) -> ApiError:
     """No replica could ever hold the request: 400 at once, as vLLM answers a prompt longer than its
     model holds, naming the limit. Too many tokens: `context_length_exceeded`, the code on which
-    clients trim their history, which makes it fit; no sequence for the tier at all: nothing the
-    client sends fits, so a code of its own."""
+    clients trim their history, which makes it fit; no sequence for the tier at all (only the paid
+    reserve can take them all: a replica of no sequence has not said its size, Replica.size_known):
+    nothing the client sends fits, so a code of its own."""
     if not exc.sequences:
-        why = (
-            "No model replica runs any sequence"
-            if exc.may_use_reserve
-            else "The paid reserve leaves the free tier no sequence on any model replica"
+        return invalid_request(
+            "The paid reserve leaves the free tier no sequence on any model replica: no request of "
+            "your tier can run here.",
+            None,
+            code="tier_not_served",
         )
-        return invalid_request(f"{why}: no request of your tier can run here.", None, code="tier_not_served")
     if exc.may_use_reserve:
         limit = f"a replica holds at most {exc.kv_limit}"
     else:

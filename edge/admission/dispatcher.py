@@ -224,7 +224,7 @@ class Dispatcher:
         # worked out once per size it reports: Replica.largest).
         most = -1  # the largest part of a replica that runs a sequence of the ticket's kind
         for replica in members:
-            if replica.capacity is None:
+            if not replica.size_known:
                 return
             kv, sequences = replica.largest(ticket.may_use_reserve, self._reserve)
             if sequences >= 1:

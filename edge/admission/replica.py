@@ -69,6 +69,14 @@ class Replica:
         return self.alive or (self.capacity is not None and back is not None and back <= wait_s)
 
     @property
+    def size_known(self) -> bool:
+        """The replica has said how large it is. A size of no KV cache or no sequence is not one:
+        it is what a Triton replica whose TensorRT-LLM gauges are missing or not filled in yet
+        reads as (edge/upstreams/triton.py), and no replica could run anything at that size."""
+        capacity = self.capacity
+        return capacity is not None and capacity.kv_tokens_total > 0 and capacity.max_sequences > 0
+
+    @property
     def placeable(self) -> bool:
         """Alive and not suspect: may be sent new work now."""
         return self.alive and self.suspect_since_check is None

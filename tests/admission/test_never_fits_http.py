@@ -92,6 +92,18 @@ def test_a_request_a_replica_of_unknown_size_could_hold_is_not_a_400(tmp_path: P
         assert _chat(server, "paid", 100).status_code == 200
 
 
+def test_a_replica_reporting_no_kv_cache_yet_refuses_nothing_for_good(tmp_path: Path) -> None:
+    """A replica up but whose size reads 0 (a Triton host's TensorRT-LLM gauges not exported, or not
+    filled in yet: edge/upstreams/triton.py reads a missing gauge as 0) has said nothing of its
+    size: a 400 "a replica holds at most 0" for every request was the edge's misreading."""
+    blank = ControlledUpstream("blank", kv_tokens_total=0, max_sequences=0)
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, _serving(blank)) as server:
+        for tier in ("paid", "free"):
+            answer = _chat(server, tier, 4)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "no_replica"
+
+
 def test_a_paid_request_larger_than_every_replica_is_a_400(tmp_path: Path) -> None:
     """A replica smaller than the model's context (a Triton host built with less KV cache than
     --max-seq-len): what no replica holds whole is refused for paid tiers too."""
