@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 import time
@@ -14,7 +15,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from edge.config import Settings
-from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say
+from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
 from edge.keys.record import (
@@ -215,9 +216,11 @@ def _usage(args: argparse.Namespace) -> int:
 
     rows = [row.as_dict() for row in run(go, settings.keys)]
     if args.csv:
-        out = csv.DictWriter(sys.stdout, fieldnames=_USAGE_COLUMNS, lineterminator="\n")
+        document = io.StringIO()
+        out = csv.DictWriter(document, fieldnames=_USAGE_COLUMNS, lineterminator="\n")
         out.writeheader()
         out.writerows(rows)
+        write_data(document.getvalue())
     else:
         _print_table(rows, _USAGE_COLUMNS)
     return 0

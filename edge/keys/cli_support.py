@@ -77,6 +77,19 @@ def note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def write_data(text: str) -> None:
+    """Machine-readable output (the CSV) on stdout in UTF-8, whatever the locale: under an ASCII
+    one (C, without Python's UTF-8 coercion) the first name beyond ASCII raised UnicodeEncodeError,
+    a traceback after the rows before it, where a "?" in its place would be a wrong name."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a stream of text only (a caller's own): it takes str as it is
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()  # what went before, first
+    buffer.write(text.encode("utf-8"))
+    buffer.flush()
+
+
 def say(line: str) -> None:
     """A line for a person on stdout, with what its encoding cannot say as "?": under an ASCII
     locale (C, without Python's UTF-8 coercion) a table's ellipsis or a user's name raised

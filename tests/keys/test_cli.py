@@ -7,6 +7,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -261,6 +262,38 @@ def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config:
             main(["usage", bound, day, "--config", str(config)])
         assert refused.value.code == 2
         assert f"must be a date like 2026-01-31, not '{day}'" in capsys.readouterr().err
+
+
+ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+
+
+def floodgate_under_ascii_locale(config: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    """`floodgate` in a subprocess under a C locale without Python's UTF-8 coercion (stdout ASCII),
+    this checkout's code; the arguments as a UTF-8 terminal passes them, as bytes."""
+    env = {**os.environ, **ASCII_LOCALE, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = [sys.executable.encode(), b"-m", b"edge.cli", *(word.encode() for word in argv)]
+    return subprocess.run(
+        [*command, b"--config", str(config).encode()], capture_output=True, timeout=60, env=env
+    )
+
+
+def test_usage_as_csv_is_utf_8_under_an_ascii_locale(config: Path) -> None:
+    """CSV is data: under a C locale without Python's UTF-8 coercion, `floodgate usage --csv` ended
+    in a UnicodeEncodeError traceback at the first user or model named beyond ASCII, the rows
+    before it half written. It is written as UTF-8 whatever the locale, every name as stored."""
+
+    async def seed() -> None:
+        store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
+        await store.add(
+            Usage("zo\u00eb", "mod\u00e8le-\U0001f600", "2026-01-01", 12, 30, 2), WriteId("seed", 1)
+        )
+        await store.aclose()
+
+    asyncio.run(seed())
+    done = floodgate_under_ascii_locale(config, "usage", "--csv")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    (row,) = csv.DictReader(io.StringIO(done.stdout.decode("utf-8")))
+    assert (row["user"], row["model"], row["requests"]) == ("zo\u00eb", "mod\u00e8le-\U0001f600", "2")
 
 
 def test_admin_key_prints_a_key_and_the_hash_to_configure(capsys: pytest.CaptureFixture[str]) -> None:
