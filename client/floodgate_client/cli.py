@@ -74,22 +74,28 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = s
 
 
 def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> int:
-    for option, text in (("prompt", args.prompt), ("system", args.system), ("model", args.model)):
-        if text is not None and not _utf_8(text):
-            # A byte the locale could not decode (`"$(cat notes.txt)"` of a Latin-1 file) reaches
-            # here as a lone surrogate: httpx's JSON encoding raised UnicodeEncodeError, a traceback.
-            # The model's name travels in the same JSON body.
+    for option in ("prompt", "system", "model"):
+        text = getattr(args, option)
+        if text is None:
+            continue
+        typed = _as_typed(text)
+        if typed is None:
+            # A byte that is not UTF-8 (`"$(cat notes.txt)"` of a Latin-1 file) reaches here as a
+            # lone surrogate: httpx's JSON encoding raised UnicodeEncodeError, a traceback. The
+            # model's name travels in the same JSON body.
             print(f"error: the {option} is not valid UTF-8", file=err)
             return 2
+        setattr(args, option, typed)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.prompt})
-    if not _utf_8(args.base_url):
+    base_url = _as_typed(args.base_url)  # an IDNA host, typed under a C locale
+    if base_url is None:
         # httpx's encoding of the lone surrogate raises UnicodeEncodeError, a ValueError, which the
         # constructor's handler below said as the API key's fault.
         print("error: --base-url: not valid UTF-8", file=err)
         return 2
     try:
-        client = Client(args.base_url, api_key)
+        client = Client(base_url, api_key)
     except ValueError as error:
         # Its message never quotes the key.
         print(f"error: {KEY_ENV}: {error}", file=err)
@@ -144,6 +150,18 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
                 _write(err, f"\nerror: {error.message}\n")
                 return 1
     return EXIT_INTERRUPTED if interrupt.interrupted else 0
+
+
+def _as_typed(argument: str) -> str | None:
+    """An argument as the terminal sent it, UTF-8 (None where its bytes are not). Under a locale
+    that is not UTF-8 (C, without Python's UTF-8 coercion) Python decoded it as ASCII and handed
+    "caf\u00e9" on as lone surrogates: a prompt that was UTF-8 was refused as not."""
+    if _utf_8(argument):
+        return argument
+    try:
+        return os.fsencode(argument).decode("utf-8")
+    except UnicodeError:
+        return None
 
 
 def _utf_8(text: str) -> bool:

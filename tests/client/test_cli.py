@@ -243,6 +243,30 @@ def test_a_prompt_not_in_utf_8_is_an_error_message_not_a_traceback(
     assert err.getvalue() == f"error: the {option} is not valid UTF-8\n" and not out.getvalue()
 
 
+def test_a_prompt_beyond_ascii_is_sent_as_typed_under_an_ascii_locale(server: LiveServer) -> None:
+    """Under a C locale without Python's UTF-8 coercion, Python decodes the arguments as ASCII and
+    hands a UTF-8 terminal's "caf\u00e9" on as lone surrogates: the CLI said "the prompt is not valid
+    UTF-8" of a prompt that is, and sent nothing. It is sent as typed, the reply as the same prompt's."""
+    prompt = "caf\u00e9 \U0001f600"
+    key = server.keys["paid"]
+    with Client(server.base_url, key) as client:
+        expected = client.chat.create(prompt, max_tokens=6, temperature=0)
+    env = {**checkout_env(), "FLOODGATE_API_KEY": key}
+    env |= {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    argv = ["-m", "floodgate_client", "chat", prompt, "--json", "--max-tokens", "6", "--temperature", "0"]
+    done = subprocess.run(
+        [sys.executable.encode(), *(word.encode() for word in argv), b"--base-url", server.base_url.encode()],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    events = [json.loads(line) for line in done.stdout.decode("ascii").splitlines()]
+    assert "".join(e["text"] for e in events if e["type"] == "text_delta") == expected.text
+    assert expected.usage is not None and events[-1]["usage"]["prompt_tokens"] == expected.usage.prompt_tokens
+
+
 @pytest.mark.parametrize("host", ["مثال1.example", "א1.example"])
 def test_an_idna_2008_host_is_a_base_url_the_cli_takes(server: LiveServer, host: str) -> None:
     """An Arabic or Hebrew label ending in a digit is a valid IDNA 2008 name (httpx sends it as
