@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,8 +66,9 @@ class _Ledger:
     state: policy.UserState = field(default_factory=policy.UserState)
     changes: int = 0
     # Requests a restore carries that has not answered yet (`ledger` to `ledger_sent`): it may have
-    # put their slots back on Redis already, and a settle there refunds them.
-    sending: set[str] = field(default_factory=set)
+    # put their slots back on Redis already, and a settle there refunds them. Counted per restore:
+    # two may carry one (an admit's own beside the whole one), and one never sent leaves the other.
+    sending: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +416,7 @@ class MemoryLimiter:
                 del self._ledgers[user, tier]
                 return None
             state = ledger.state
-            ledger.sending.update(state.leases)
+            ledger.sending.update(tuple(state.leases))  # one each (a dict would add its values)
             return LedgerSnapshot(
                 ledger.generation,
                 state.request_tat_us,
@@ -438,9 +440,21 @@ class MemoryLimiter:
                 return
             for request_id in sent.request_ids:
                 ledger.state.leases.pop(request_id, None)
-                ledger.sending.discard(request_id)
+                del ledger.sending[request_id]  # its lease is gone: no settle refunds it here
             if landed and ledger.changes == sent.changes:
                 del self._ledgers[user, tier]
+
+    def ledger_unsent(self, user: str, tier: str, built: LedgerSnapshot) -> None:
+        """A restore carrying `built` never reached Redis: its requests are no longer on their way,
+        and a settle of one refunds it in the ledger again. Left marked, each such settle refunded
+        it nowhere (Redis never held it), and the next restore put back what it had refunded."""
+        with self._lock:
+            ledger = self._ledgers.get((user, tier))
+            if ledger is not None and ledger.generation == built.generation:
+                ledger.sending.subtract(built.request_ids)
+                for request_id in built.request_ids:
+                    if ledger.sending[request_id] <= 0:
+                        del ledger.sending[request_id]
 
     def snapshot(self, user: str, tier: str) -> policy.Snapshot:
         """The user's budget in `tier` relative to now, in the tier's own units (not this instance's

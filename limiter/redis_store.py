@@ -800,7 +800,11 @@ class RedisLimiter:
             )
         try:
             await self._call("restore", partial(self._send_all, self._restore, calls), epoch=failures)
-        except _NoAnswer:
+        except _NotSent:
+            for user, tier, ledger in ledgers:  # nothing ran: their settles refund in the ledger
+                self._local.ledger_unsent(user, tier, ledger)
+            raise
+        except (_NoAnswer, asyncio.CancelledError):
             for user, tier, ledger in ledgers:  # it may have run: its settles go to Redis
                 self._local.ledger_sent(user, tier, ledger, landed=False)
             raise

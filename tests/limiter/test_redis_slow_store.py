@@ -272,3 +272,38 @@ async def test_a_request_settled_while_its_restore_is_in_flight_is_refunded_once
         send.set()
         await limiter.aclose()
         await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_settled_after_a_restore_that_was_never_sent_is_refunded(
+    redis_server: RedisServer,
+) -> None:
+    """A restore that found no free connection (never sent) left the requests of the ledger it
+    built marked as on their way to Redis (_Ledger.sending), for good: a settle of one of them then
+    refunded it neither in the ledger (Redis might hold it) nor on Redis (which never did), and the
+    next restore put back a request its settle had refunded: Redis refused the user's third of
+    three, with two counted."""
+    limits = tier(requests=3, request_window_s=3600, on_store_failure="open")
+    user = f"pool-unsent-{uuid.uuid4().hex}"
+    limiter = RedisLimiter.from_url(
+        redis_server.url, timeout_ms=10_000, max_connections=1, pool_wait_s=0.05, backoff_s=60
+    )
+
+    async def pool_busy_admit(request_id: str) -> Admission:
+        await limiter._in_flight.acquire()  # the one connection busy: the fallback answers
+        try:
+            return await limiter.admit(user, request_id, limits, 1, 0)
+        finally:
+            limiter._in_flight.release()
+
+    try:
+        assert (await pool_busy_admit("r0")).decision.allowed
+        # Its restore of r0's ledger waits for a connection, is never sent, and the fallback answers.
+        assert (await pool_busy_admit("r1")).decision.allowed
+        await limiter.settle(user, limits, "r0", 0, refund_request=True)  # never ran: not counted
+        assert (await limiter.admit(user, "a2", limits, 1, 0)).decision.allowed  # r1, a2
+        third = (await limiter.admit(user, "a3", limits, 1, 0)).decision
+        assert third.allowed, third
+        assert not limiter.fallback_active
+    finally:
+        await limiter.aclose()
