@@ -15,7 +15,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from edge.config import Settings
-from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, write_data
+from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
 from edge.keys.record import (
@@ -239,17 +239,20 @@ def add_keys_commands(commands: Any) -> None:
         return parser
 
     create = sub("create", "create a key and print it (the only time it is shown)", _create)
-    create.add_argument("--user", required=True)
-    create.add_argument("--tier", required=True)
+    create.add_argument("--user", required=True, type=typed_text)
+    create.add_argument("--tier", required=True, type=typed_text)
     create.add_argument(
-        "--label", default="", help="a note for the operator, e.g. the customer's app (at most 1024 bytes)"
+        "--label",
+        default="",
+        type=typed_text,
+        help="a note for the operator, e.g. the customer's app (at most 1024 bytes)",
     )
     create.add_argument(
         "--expires-in-days", type=float, help="at most 36525 (100 years); default: never expires"
     )
 
     listing = sub("list", "list keys (id, user, label, last four characters; never the key)", _list)
-    listing.add_argument("--user", help="only this user's keys")
+    listing.add_argument("--user", type=typed_text, help="only this user's keys")
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     sub("revoke", "revoke a key: refused by every edge within keys.cache_ttl_s", _revoke).add_argument(
@@ -267,7 +270,7 @@ def add_keys_commands(commands: Any) -> None:
 
     set_tier = sub("set-tier", "move a key to another tier", _set_tier)
     set_tier.add_argument("key_id")
-    set_tier.add_argument("tier")
+    set_tier.add_argument("tier", type=typed_text)
 
     importing = sub(
         "import", "import a keys.jsonl (hashes, as `keys create` used to write) into the store", _import
@@ -280,7 +283,7 @@ def add_keys_commands(commands: Any) -> None:
 
     usage = commands.add_parser("usage", help="tokens used per user, model and UTC day")
     add_config_option(usage)
-    usage.add_argument("--user", help="only this user (default: everyone)")
+    usage.add_argument("--user", type=typed_text, help="only this user (default: everyone)")
     usage.add_argument("--start", type=_day, help="first day, YYYY-MM-DD (UTC)")
     usage.add_argument("--end", type=_day, help="last day, YYYY-MM-DD (UTC)")
     usage.add_argument("--csv", action="store_true", help="CSV instead of a table")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -96,3 +98,19 @@ def say(line: str) -> None:
     UnicodeEncodeError, a traceback instead of the listing."""
     encoding = sys.stdout.encoding or "utf-8"
     print(line.encode(encoding, errors="replace").decode(encoding))
+
+
+def typed_text(argument: str) -> str:
+    """An argparse `type` for text that is data (a user's name, a label): as the terminal sent it,
+    UTF-8. Under a locale that is not UTF-8 (C, without Python's UTF-8 coercion) Python decoded the
+    argument as ASCII and handed "zo\u00eb" on as lone surrogates, which the key store could not
+    encode: `keys create --user zo\u00eb` ended in a UnicodeEncodeError traceback."""
+    try:
+        argument.encode("utf-8")
+        return argument
+    except UnicodeEncodeError:
+        pass
+    try:
+        return os.fsencode(argument).decode("utf-8")
+    except UnicodeError:
+        raise argparse.ArgumentTypeError("not valid UTF-8") from None

@@ -296,6 +296,32 @@ def test_usage_as_csv_is_utf_8_under_an_ascii_locale(config: Path) -> None:
     assert (row["user"], row["model"], row["requests"]) == ("zo\u00eb", "mod\u00e8le-\U0001f600", "2")
 
 
+def test_a_user_named_beyond_ascii_is_created_and_found_under_an_ascii_locale(config: Path) -> None:
+    """Under a C locale without Python's UTF-8 coercion the arguments reach Python as lone
+    surrogates: `keys create --user zo\u00eb` ended in a UnicodeEncodeError traceback from the key
+    store, and `keys list --user` / `usage --user` alike. They are taken as the terminal typed them."""
+    created = floodgate_under_ascii_locale(
+        config, "keys", "create", "--user", "zo\u00eb", "--tier", "free", "--label", "caf\u00e9"
+    )
+    assert created.returncode == 0, created.stderr.decode(errors="replace")[-2000:]
+    key = created.stdout.decode().strip()
+
+    async def stored() -> KeyRecord | None:
+        store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+        try:
+            return await store.get(hash_key(key))
+        finally:
+            await store.aclose()
+
+    record = asyncio.run(stored())
+    assert record is not None and (record.user, record.label) == ("zo\u00eb", "caf\u00e9"), record
+    listed = floodgate_under_ascii_locale(config, "keys", "list", "--user", "zo\u00eb", "--json")
+    assert listed.returncode == 0, listed.stderr.decode(errors="replace")[-2000:]
+    assert [k["user"] for k in json.loads(listed.stdout)] == ["zo\u00eb"]
+    usage = floodgate_under_ascii_locale(config, "usage", "--user", "zo\u00eb", "--csv")
+    assert usage.returncode == 0, usage.stderr.decode(errors="replace")[-2000:]
+
+
 def test_admin_key_prints_a_key_and_the_hash_to_configure(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["keys", "admin-key"]) == 0
     captured = capsys.readouterr()
