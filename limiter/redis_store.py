@@ -718,11 +718,8 @@ class RedisLimiter:
     def _in_sync(self) -> bool:
         """Redis holds what this instance counted: no failure, no fallback "allowed", no return to
         the fleet and no connection lost since the snapshot the last restore put back."""
-        return (
-            self._synced_at == self._health.failures
-            and self._synced_fallback == self._fallback_allowed
-            and self._synced_counted_out == self._counted_out
-            and self._synced_lost == self._connections_lost()
+        return self._synced_fallback == self._fallback_allowed and self._redis_kept_all(
+            self._health.failures, self._counted_out, self._connections_lost()
         )
 
     def _redis_kept_all(self, failures: int, counted_out: int, lost: int) -> bool:

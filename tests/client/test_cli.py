@@ -21,6 +21,7 @@ from floodgate_client import Client
 from floodgate_client.cli import add_chat_command, run_chat
 from tests.client.live import LONG_REPLY, LONG_REPLY_TOKENS
 from tests.client.scripted_edge import ScriptedEdge
+from tests.support.ascii_locale import ASCII_LOCALE
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
@@ -252,7 +253,7 @@ def test_a_prompt_beyond_ascii_is_sent_as_typed_under_an_ascii_locale(server: Li
     with Client(server.base_url, key) as client:
         expected = client.chat.create(prompt, max_tokens=6, temperature=0)
     env = {**checkout_env(), "FLOODGATE_API_KEY": key}
-    env |= {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    env |= ASCII_LOCALE
     argv = ["-m", "floodgate_client", "chat", prompt, "--json", "--max-tokens", "6", "--temperature", "0"]
     done = subprocess.run(
         [sys.executable.encode(), *(word.encode() for word in argv), b"--base-url", server.base_url.encode()],

@@ -16,6 +16,7 @@ import pytest
 
 from tests.edge.conftest import BOTH_PATHS
 from tests.edge.sse_client import CHAT, DONE, MODEL, events
+from tests.support.ascii_locale import ascii_locale_env
 from tests.support.live_server import LiveServer, demo_model_dir
 from tests.support.ports import free_port
 
@@ -83,11 +84,13 @@ def test_serve_builds_the_demo_model_and_streams_under_an_ascii_locale(tmp_path:
         f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n{NO_DRAIN}'
     )
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
-    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    # This checkout's edge, wherever the environment's editable install points.
-    env = os.environ | ascii_locale | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=tmp_path,
+        env=ascii_locale_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -117,9 +120,9 @@ def test_a_served_edges_log_line_beyond_ascii_is_written_under_an_ascii_locale(t
     port = free_port()
     config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}")
     command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
-    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    env = os.environ | ascii_locale | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=ascii_locale_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     # A bound on the wait for the log line: a server that never logs it is ended, its output closed.
     deadline = threading.Timer(60, proc.terminate)
     deadline.start()

@@ -18,6 +18,7 @@ from limiter.factory import create_limiter
 from tests.edge.conftest import ROOMY_TIERS
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier
+from tests.support.ascii_locale import ascii_locale_env
 
 
 def test_the_defaults_load() -> None:
@@ -164,7 +165,7 @@ def test_the_defaults_load_under_an_ascii_locale(tmp_path: Path) -> None:
     """defaults.toml holds non-ASCII comments (×, …) and was read in the locale's encoding: under
     a plain C locale without Python's UTF-8 coercion every command that loads settings ended in a
     UnicodeDecodeError traceback. TOML is UTF-8."""
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    env = ascii_locale_env()
     code = (
         "import locale; from edge.config import load_settings; load_settings(); "
         "print(locale.getpreferredencoding(False))"
@@ -179,8 +180,7 @@ def test_the_operators_listings_print_under_an_ascii_locale(tmp_path: Path) -> N
     in a UnicodeEncodeError traceback for any key (its last4 column starts with an ellipsis), and
     `floodgate config show` for any setting not ASCII (a model named in French), printed nothing.
     The listing says what the terminal cannot as "?"; the settings stay TOML that loads again."""
-    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    env = {**os.environ, **ascii_locale, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = ascii_locale_env()
     config = tmp_path / "floodgate.toml"
     config.write_text(
         f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n[server]\nkeys_file = "{tmp_path / "k.jsonl"}"\n'

@@ -7,7 +7,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import WriteId
 from tests.keys.conftest import SAME_ID, next_secrets
+from tests.support.ascii_locale import ascii_locale_env
 
 
 @pytest.fixture
@@ -264,13 +264,10 @@ def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config:
         assert f"must be a date like 2026-01-31, not '{day}'" in capsys.readouterr().err
 
 
-ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-
-
 def floodgate_under_ascii_locale(config: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
     """`floodgate` in a subprocess under a C locale without Python's UTF-8 coercion (stdout ASCII),
     this checkout's code; the arguments as a UTF-8 terminal passes them, as bytes."""
-    env = {**os.environ, **ASCII_LOCALE, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = ascii_locale_env()
     command = [sys.executable.encode(), b"-m", b"edge.cli", *(word.encode() for word in argv)]
     return subprocess.run(
         [*command, b"--config", str(config).encode()], capture_output=True, timeout=60, env=env
