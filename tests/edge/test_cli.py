@@ -382,7 +382,11 @@ def test_serve_workers_with_an_operator_port_in_use_is_refused_before_minting_a_
     assert "No API keys yet" not in out and "curl" not in out, out
     assert proc.returncode == 1, err
     said = err.strip().splitlines()[-1]
-    assert (
-        said
-        == f"floodgate: cannot listen on 127.0.0.1:{ops + 1} (worker 1's ops_port): Address already in use"
-    ), err
+    # Worker 1's port is the one this test holds; worker 0's, the one below it, is free only as far
+    # as the kernel's picks for other tests running beside it allow (a fresh-clone CI run found
+    # another test's listener there): either is the same refusal before the dev key.
+    refusals = {
+        f"floodgate: cannot listen on 127.0.0.1:{ops + i} (worker {i}'s ops_port): Address already in use"
+        for i in (0, 1)
+    }
+    assert said in refusals, err
