@@ -167,11 +167,12 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, s
     that has an id (the limiter's or the queue's refusal, a generation's error) has its line
     already (`chat_refused`, `chat_completion`)."""
     request_id = new_refusal_id()
+    path = scope.get("path")  # none where the protocol refused the request's head (closing_refusal)
     fields = {
         "request_id": request_id,
         "user": scope.get(REQUEST_USER),
         "method": scope.get("method"),
-        "path": scope["path"][:MAX_PATH_IN_ERROR],
+        "path": path[:MAX_PATH_IN_ERROR] if path is not None else None,
         "status": status,
         "code": code,
     }

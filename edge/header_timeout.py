@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 
-from edge.errors import closing_error_response
-from edge.metrics import REQUESTS_REJECTED
+from edge.closing_refusal import ClosingRefusal
 
 
-def timeout_response(timeout_s: float) -> bytes:
-    """The whole 408 response, written straight to the transport (no request reached the app)."""
-    return closing_error_response(
+def timeout_response(timeout_s: float) -> ClosingRefusal:
+    """The 408, written straight to the transport (no request reached the app)."""
+    return ClosingRefusal(
         b"408 Request Timeout",
         f"The request headers did not arrive within {timeout_s:g} s.",
         "request_timeout",
@@ -35,7 +34,11 @@ class HeaderDeadline:
     __slots__ = ("_handle", "_loop", "_response", "_timeout_s", "_transport", "request_begun")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, timeout_s: float, response: bytes
+        self,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.Transport,
+        timeout_s: float,
+        response: ClosingRefusal,
     ) -> None:
         self._loop = loop
         self._transport = transport
@@ -60,6 +63,5 @@ class HeaderDeadline:
         if self._transport.is_closing():
             return
         if self.request_begun:
-            REQUESTS_REJECTED.labels("408", "request_timeout").inc()
-            self._transport.write(self._response)
+            self._transport.write(self._response.answer())
         self._transport.close()

@@ -16,11 +16,10 @@ from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
+from edge.closing_refusal import ClosingRefusal
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
-from edge.errors import closing_error_response
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
-from edge.metrics import REQUESTS_REJECTED
 
 # A request's URL and headers, together: past it the request is answered 431 and its connection
 # closed. uvicorn keeps every header it is sent, before any route or key check runs, so without a
@@ -48,17 +47,17 @@ class _UnknownTransferCoding(Exception):
     be read still coded. Answered 501 (RFC 9112 6.1) through send_400_response, as _HeadTooLarge."""
 
 
-_INVALID_HTTP = closing_error_response(
+_INVALID_HTTP = ClosingRefusal(
     b"400 Bad Request",
     "The request is not valid HTTP/1.1 (its request line, a header or its framing).",
     "invalid_http_request",
 )
-_HEAD_TOO_LARGE = closing_error_response(
+_HEAD_TOO_LARGE = ClosingRefusal(
     b"431 Request Header Fields Too Large",
     f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
     "request_header_fields_too_large",
 )
-_UNKNOWN_TRANSFER_CODING = closing_error_response(
+_UNKNOWN_TRANSFER_CODING = ClosingRefusal(
     b"501 Not Implemented",
     "The request's Transfer-Encoding may only be chunked.",
     "unsupported_transfer_coding",
@@ -124,7 +123,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     # Set by edge_http_protocol, from the server's settings.
     header_timeout_s: ClassVar[float]
-    _header_timeout_response: ClassVar[bytes]
+    _header_timeout_response: ClassVar[ClosingRefusal]
     # One per request whose response has not ended: the running one and any pipelined behind it.
     _disconnect_watches: list[DisconnectWatch]
     _raw_transport: asyncio.Transport
@@ -140,7 +139,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # The parser refused a request: the connection's further bytes are read and dropped until it
     # closes; its answer waits in `_refusal` while a request before it has yet to be answered.
     _refused = False
-    _refusal: bytes | None = None
+    _refusal: tuple[bytes, bool] | None = None
     # A request that asked for an upgrade (never made here): its head again, less the Upgrade
     # header, for a fresh parser to read the request from (_parse); and whether that one is it.
     _upgrade_head: bytes | None = None
@@ -211,14 +210,13 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             return
         self._refused = True
         if self._head_too_large:
-            answer = _HEAD_TOO_LARGE
-            REQUESTS_REJECTED.labels("431", "request_header_fields_too_large").inc()
+            kind = _HEAD_TOO_LARGE
         elif self._unknown_coding:
-            answer = _UNKNOWN_TRANSFER_CODING
-            REQUESTS_REJECTED.labels("501", "unsupported_transfer_coding").inc()
+            kind = _UNKNOWN_TRANSFER_CODING
         else:
-            answer = _INVALID_HTTP
-            REQUESTS_REJECTED.labels("400", "invalid_http_request").inc()
+            kind = _INVALID_HTTP
+        # Counted and logged now, under its id, even where its answer waits its turn.
+        answer = (kind.answer(), kind is not _INVALID_HTTP)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not self._headers_pending:
@@ -233,11 +231,14 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             return
         self._refuse(answer)
 
-    def _refuse(self, answer: bytes) -> None:
+    def _refuse(self, answer: tuple[bytes, bool]) -> None:
+        """`answer`: its bytes, and whether the connection lingers before it closes (not after a
+        400, where the client's further bytes are no request at all)."""
         # Through the head-holding transport: a HEAD response's head, held past its completion
         # (no body write follows it), goes out first, and its close flushes it.
-        self.transport.write(answer)
-        if answer is _INVALID_HTTP:
+        written, linger = answer
+        self.transport.write(written)
+        if not linger:
             self.transport.close()
             return
         # Closed a moment later, not now: closed with the client's bytes still unread, the socket
