@@ -28,6 +28,11 @@ MAX_PATH_IN_ERROR = 256
 # The scope key under which the chat route leaves the user its key named (edge/routes/chat.py), for
 # the line of a refusal that comes after the key was read (a 400 for the body, a 404 model).
 REQUEST_USER = "floodgate.user"
+# The scope key under which the chat route leaves the configured model a request reached (its
+# dispatcher's metric name), for floodgate_requests_rejected_total's `model`: absent, "" (no
+# model was reached, and a name the client sent must not become a series).
+REQUEST_MODEL = "floodgate.model"
+NO_MODEL = ""
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -183,7 +188,7 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, s
 def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     code = exc.detail.code or exc.detail.type
     if not exc.finished:
-        REQUESTS_REJECTED.labels(str(exc.status), code).inc()
+        REQUESTS_REJECTED.labels(str(exc.status), code, request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
     headers = exc.headers
     if "x-request-id" not in headers:
         headers = {**headers, **log_refusal(request.scope, exc.status, code)}
@@ -206,7 +211,8 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), None)
     # A path with GET answers HEAD too (edge/routes/head.py): its Allow says so.
     headers = {"allow": allow_with_head(allow)} if allow is not None else {}
-    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type).inc()
+    model = request.scope.get(REQUEST_MODEL, NO_MODEL)  # "" for all but a chat's (a 413 comes first)
+    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type, model).inc()
     headers |= log_refusal(request.scope, status, detail.code or detail.type)
     return error_response(status, detail, headers)
 
@@ -223,7 +229,7 @@ def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Respo
     log.warning(
         "store_unavailable", request_id=request_id, path=request.url.path, error_type=type(exc).__name__
     )
-    REQUESTS_REJECTED.labels("503", "store_unavailable").inc()
+    REQUESTS_REJECTED.labels("503", "store_unavailable", request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
     detail = ErrorDetail(
         message="A backing store is not answering right now; please retry.",
         type=_TYPE_BY_STATUS[503],
@@ -248,7 +254,7 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
     )
     detail = internal_error().detail
     # Counted, or the server's own faults would be the one error status /metrics never shows.
-    REQUESTS_REJECTED.labels("500", detail.type).inc()
+    REQUESTS_REJECTED.labels("500", detail.type, request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
     return error_response(500, detail, {"x-request-id": request_id})
 
 

@@ -70,18 +70,26 @@ GENERATION_TOKENS = Counter(
     "Generated tokens charged to their users.",
     ["model", "tier"],
 )
+# Each request lands in exactly one of these two, so an error rate is their 5xx (or 4xx) over
+# their sum, neither counted twice: an admitted request's error status (a 502 not streamed) is how it
+# finished, not a refusal as well.
 REQUESTS_FINISHED = Counter(
     "floodgate_requests_finished_total",
-    "Requests that got past admission, by how they ended.",
+    "Requests that got past admission, by how they ended: stop and length served; error, rejected, "
+    "overloaded, limiter_unavailable, key_inactive, drained failed (answered with an error status, "
+    "a 502 or 503, or cut mid-stream), counted here only, never in "
+    "floodgate_requests_rejected_total; cancelled and disconnected, the client's doing.",
     ["model", "tier", "reason"],
 )
-# Each request lands in one of these two: an admitted one's error status (not streamed) is how it
-# finished, not a refusal as well.
+# `model`: "" for a request that reached no configured model (none could be told from it, as a
+# request the HTTP layer refuses, or it named one that is not served), and on an edge that serves
+# one model; never the name a request sent, or each made-up name would be a series of its own.
 REQUESTS_REJECTED = Counter(
     "floodgate_requests_rejected_total",
-    "Requests answered with an error status without being admitted (an admitted request's error "
-    "is counted in floodgate_requests_finished_total).",
-    ["status", "code"],
+    "Requests answered with an error status without being admitted, by status, code and model "
+    '("" where no configured model was reached); an admitted request\'s error is counted in '
+    "floodgate_requests_finished_total only.",
+    ["status", "code", "model"],
 )
 OPEN_STREAMS = LoopGauge(
     "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."

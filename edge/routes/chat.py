@@ -13,7 +13,7 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
-from edge.errors import REQUEST_USER
+from edge.errors import REQUEST_MODEL, REQUEST_USER
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
@@ -34,7 +34,10 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
         # Before the body: the stream gate counts no place past the free share for it.
         scope[NO_RESERVE] = True  # type: ignore[literal-required]
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
-    generation = await runtime.models.pipeline_for(principal.tier, req.model).admit(principal, req)
+    pipeline = runtime.models.pipeline_for(principal.tier, req.model)
+    # The model a refusal from here on is counted under (floodgate_requests_rejected_total).
+    scope[REQUEST_MODEL] = pipeline.dispatcher.model  # type: ignore[literal-required]
+    generation = await pipeline.admit(principal, req)
     if req.stream:
         return EventStreamResponse(generation)
     try:

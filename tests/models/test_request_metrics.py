@@ -8,6 +8,7 @@ test's streams, which would count too. So every count under these names is this 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.edge.sse_client import CHAT
 from tests.models.conftest import TWO_MODELS
 from tests.support.live_server import LiveServer, start_server
+from tests.support.raw_http import read_to_close
 
 SMALL, LARGE = "tally-small", "tally-large"
 # TWO_MODELS (tests/models/conftest.py) with its models renamed.
@@ -76,3 +78,52 @@ def test_each_models_tokens_outcomes_and_latencies_are_counted_under_its_own_nam
         assert count("floodgate_queue_wait_seconds_count", **mine) == 1
     # Told apart, not only both counted: each model's reply had its own length.
     assert usage[SMALL]["completion_tokens"] == 3 and usage[LARGE]["completion_tokens"] == 5
+
+
+def _rejected(live: LiveServer) -> dict[frozenset[tuple[str, str]], float]:
+    return {
+        frozenset(sample.labels.items()): sample.value
+        for family in text_string_to_metric_families(live.metrics_text())
+        for sample in family.samples
+        if sample.name == "floodgate_requests_rejected_total"
+    }
+
+
+def test_each_models_refusals_are_counted_under_its_own_name(own_edge: LiveServer) -> None:
+    """floodgate_requests_rejected_total had no model: an operator serving several could not tell
+    whose requests were refused. A configured model's own name where the request reached one (named,
+    or its tier's default); a fixed "" otherwise, so that a client naming models at random cannot
+    make a series of each."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}
+    cases = [
+        ("paid", chat | {"model": SMALL}, SMALL),
+        ("paid", chat | {"model": ""}, LARGE),  # empty: the tier's default
+        ("free", chat | {"model": ""}, SMALL),
+        ("paid", chat, ""),  # no model: refused before one is chosen
+        ("paid", chat | {"model": "no-such-model-3f9a"}, ""),
+        ("free", chat | {"model": LARGE}, ""),  # not the tier's: answered as unknown
+    ]
+    for who, body, model in cases:
+        before = _rejected(own_edge)
+        answer = httpx.post(own_edge.base_url + CHAT, json=body, headers=own_edge.auth(who), timeout=60.0)
+        assert answer.status_code in (400, 404), answer.text
+        error = answer.json()["error"]
+        mine = frozenset(
+            {
+                "status": str(answer.status_code),
+                "code": error["code"] or error["type"],
+                "model": model,
+            }.items()
+        )
+        after = _rejected(own_edge)
+        grown = {labels: after[labels] - before.get(labels, 0.0) for labels in after}
+        assert {labels: n for labels, n in grown.items() if n} == {mine: 1.0}, (body, grown)
+    # A request the HTTP layer refuses has no model at all.
+    before = _rejected(own_edge)
+    with socket.create_connection(("127.0.0.1", own_edge.settings.server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n")
+        assert read_to_close(sock).startswith(b"HTTP/1.1 400 ")
+    protocol = frozenset({"status": "400", "code": "invalid_http_request", "model": ""}.items())
+    assert _rejected(own_edge)[protocol] == before.get(protocol, 0.0) + 1
+    # No series under the name a client made up.
+    assert not any(("model", "no-such-model-3f9a") in labels for labels in _rejected(own_edge))
