@@ -21,6 +21,7 @@ from floodgate_client.client import (
     DEFAULT_DEADLINE_S,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
+    ended,
     http_timeout,
     shut_down,
 )
@@ -181,7 +182,7 @@ class AsyncChat:
 class AsyncChatStream:
     """One streamed reply; `async for` it for RequestStarted, TextDelta..., Finished.
 
-    Retries and cancellation behave as in the sync ChatStream.
+    Retries, cancellation and reading on after its end behave as in the sync ChatStream.
     """
 
     def __init__(self, chat: AsyncChat, request: ChatRequest, policy: RetryPolicy) -> None:
@@ -277,7 +278,13 @@ class AsyncChatStream:
 
     async def __anext__(self) -> StreamEvent:
         self._read_from = True
-        return await self._events.__anext__()
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            # As the sync stream's: spent before its Finished (closed, or ended by an error) raises.
+            if self._decoder.finished is None:
+                raise NetworkError("stream closed before its Finished") from None
+            raise
 
     @property
     def retrying(self) -> bool:
@@ -287,8 +294,7 @@ class AsyncChatStream:
     async def until_finished(self) -> Finished:
         async for _ in self:
             pass
-        assert self._decoder.finished is not None, "a stream always ends with Finished or raises"
-        return self._decoder.finished
+        return ended(self._decoder)
 
     async def cancel(self) -> bool:
         """Ask the server to stop generating. True when the server confirmed (or a retry waiting to

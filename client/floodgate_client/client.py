@@ -185,8 +185,10 @@ class ChatStream:
 
     A network failure before the first text delta reopens the request once in all, whether it came at
     the open or in the stream (a new RequestStarted follows, with the new id); after text has arrived it
-    raises NetworkError: a reply is never silently restarted. A closed stream is never reopened: reading
-    on raises NetworkError. A request with a `conversation_id` is never reopened: the edge may already
+    raises NetworkError: a reply is never silently restarted. A stream that ended before its Finished
+    (closed, left by its `with` block, or ended by an error) is never reopened: reading on raises
+    NetworkError ("stream closed"); a finished one reads as empty, and until_finished gives its Finished
+    again. A request with a `conversation_id` is never reopened: the edge may already
     have stored its turn, and a second request would store the same user message again. Leaving a `with`
     block before the end cancels the generation on the server.
     """
@@ -238,7 +240,14 @@ class ChatStream:
 
     def __next__(self) -> StreamEvent:
         self._read_from = True
-        return next(self._events)
+        try:
+            return next(self._events)
+        except StopIteration:
+            # Its generator is spent: ended with its Finished, or closed or ended by an error before
+            # it, which read on as an empty stream, a reply of nothing.
+            if self._decoder.finished is None:
+                raise NetworkError("stream closed before its Finished") from None
+            raise
 
     @property
     def retrying(self) -> bool:
@@ -249,8 +258,7 @@ class ChatStream:
         """Read the rest of the stream; the final event."""
         for _ in self:
             pass
-        assert self._decoder.finished is not None, "a stream always ends with Finished or raises"
-        return self._decoder.finished
+        return ended(self._decoder)
 
     def cancel(self) -> bool:
         """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
@@ -467,6 +475,13 @@ class CutOff:
                 return
             log.info("no end of the stream within %.1f s of its cancel: dropping it", CANCEL_DRAIN_S)
             shut_down(self._response)
+
+
+def ended(decoder: ChunkDecoder) -> Finished:
+    """The Finished of a stream read to its end: __next__ raises for one that ends without it."""
+    if decoder.finished is None:
+        raise NetworkError("stream closed before its Finished")
+    return decoder.finished
 
 
 def shut_down(response: httpx.Response) -> None:
