@@ -33,10 +33,11 @@ from floodgate_client.errors import (
     RateLimitError,
     ServiceUnavailableError,
     cancel_status,
-    error_from_cut_response,
     error_from_response,
+    error_from_unread_response,
     transport_cause,
     transport_failure,
+    undecodable_stream,
 )
 from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
@@ -141,11 +142,19 @@ class AsyncChat:
     async def cancel(self, request_id: str) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
         ConflictError (already finished). Returns the server's status ("CANCELLED")."""
+        request = self._http.build_request("POST", cancel_path(request_id))
+        # As the sync cancel's: streamed, so that an undecodable answer still has its status.
         try:
-            response = await self._http.post(cancel_path(request_id))
+            response = await self._http.send(request, stream=True)
+            try:
+                body = await response.aread()
+            except httpx.DecodingError as exc:
+                raise error_from_unread_response(response.status_code, response.headers, exc) from exc
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
-        return cancel_status(response.status_code, response.headers, response.content)
+        return cancel_status(response.status_code, response.headers, body)
 
     async def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
@@ -166,8 +175,8 @@ class AsyncChat:
                 return response
             try:
                 body = await response.aread()
-            except httpx.TransportError as exc:
-                error = error_from_cut_response(response.status_code, response.headers, exc)
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                error = error_from_unread_response(response.status_code, response.headers, exc)
             else:
                 error = error_from_response(response.status_code, response.headers, body)
             finally:
@@ -456,6 +465,10 @@ class AsyncChatStream:
                     for event in self._cancelled_ending():  # called off while it waited
                         yield event
                     return
+            except httpx.DecodingError as exc:
+                # Not sent again, even before its first text: no network failure, but an answer
+                # that would likely come as garbled again (and be generated, billed, again).
+                raise undecodable_stream(exc, self._response.headers) from exc
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     for event in self._cancelled_ending():

@@ -22,10 +22,11 @@ from floodgate_client.errors import (
     RateLimitError,
     ServiceUnavailableError,
     cancel_status,
-    error_from_cut_response,
     error_from_response,
+    error_from_unread_response,
     transport_cause,
     transport_failure,
+    undecodable_stream,
 )
 from floodgate_client.events import ChatResult, Finished, StreamEvent
 from floodgate_client.rate_limits import RateLimits
@@ -142,11 +143,19 @@ class Chat:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
         ConflictError (already finished). Returns the server's status ("CANCELLED")."""
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+        request = self._http.build_request("POST", cancel_path(request_id), timeout=timeout)
+        # Streamed, so that an answer whose body cannot be decoded still has its status to say which.
         try:
-            response = self._http.post(cancel_path(request_id), timeout=timeout)
+            response = self._http.send(request, stream=True)
+            try:
+                body = response.read()
+            except httpx.DecodingError as exc:
+                raise error_from_unread_response(response.status_code, response.headers, exc) from exc
+            finally:
+                response.close()
         except httpx.TransportError as exc:
             raise transport_failure("cancel failed", exc) from transport_cause(exc)
-        return cancel_status(response.status_code, response.headers, response.content)
+        return cancel_status(response.status_code, response.headers, body)
 
     def _open(self, request: ChatRequest, attempts: Attempts) -> httpx.Response:
         while True:
@@ -167,8 +176,8 @@ class Chat:
                 return response
             try:
                 body = response.read()
-            except httpx.TransportError as exc:
-                error = error_from_cut_response(response.status_code, response.headers, exc)
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                error = error_from_unread_response(response.status_code, response.headers, exc)
             else:
                 error = error_from_response(response.status_code, response.headers, body)
             finally:
@@ -415,6 +424,10 @@ class ChatStream:
                         raise
                     yield from self._cancelled_ending()  # called off while it waited
                     return
+            except httpx.DecodingError as exc:
+                # Not sent again, even before its first text: no network failure, but an answer
+                # that would likely come as garbled again (and be generated, billed, again).
+                raise undecodable_stream(exc, self._response.headers) from exc
             except (httpx.TransportError, httpx.StreamError, NetworkError) as exc:
                 if self._cancelled:
                     yield from self._cancelled_ending()

@@ -89,7 +89,8 @@ class ServiceUnavailableError(FloodgateError):
 
 
 class StreamError(FloodgateError):
-    """An error event in the middle of a stream: the generation failed after it had started."""
+    """An error event in the middle of a stream (the generation failed after it had started), or a
+    stream the client could not read (a malformed chunk, a body whose content-encoding is broken)."""
 
 
 class NetworkError(FloodgateError):
@@ -198,13 +199,24 @@ def error_from_response(status_code: int, headers: Mapping[str, str], body: byte
     return cls(**error_from_json(payload, status_code=status_code, headers=headers))
 
 
-def error_from_cut_response(status_code: int, headers: Mapping[str, str], exc: Exception) -> FloodgateError:
-    """An error answer whose body broke off as it was read (a proxy's reset, a read timeout): its
-    status and headers came whole and say which error it is (and its wait); only the message is lost.
-    httpx's own exception escaped `stream()` before, past every `except FloodgateError`."""
+def error_from_unread_response(
+    status_code: int, headers: Mapping[str, str], exc: Exception
+) -> FloodgateError:
+    """An error answer whose body broke off as it was read (a proxy's reset, a read timeout) or could
+    not be decoded (its content-encoding broken): its status and headers came whole and say which
+    error it is (and its wait); only the message is lost. httpx's own exception escaped `stream()`
+    and `cancel()` before, past every `except FloodgateError`."""
     cls = _BY_STATUS.get(status_code, FloodgateError)
-    message = f"HTTP {status_code}, its body cut off: {what_happened(exc)}"
+    unread = "undecodable" if isinstance(exc, httpx.DecodingError) else "cut off"
+    message = f"HTTP {status_code}, its body {unread}: {what_happened(exc)}"
     return cls(message, status_code=status_code, headers=headers)
+
+
+def undecodable_stream(exc: httpx.DecodingError, headers: Mapping[str, str]) -> StreamError:
+    """A stream whose body could not be decoded (its content-encoding broken: a proxy's garbage): a
+    StreamError, as a malformed chunk is, not a NetworkError, which the client reopens before the
+    first text and callers retry: the same answer would likely come again, and be generated again."""
+    return StreamError(f"the stream could not be decoded: {what_happened(exc)}", headers=headers)
 
 
 def cancel_status(status_code: int, headers: Mapping[str, str], body: bytes) -> str:
