@@ -139,10 +139,13 @@ class AsyncChat:
             finished = await stream.until_finished()
             return ChatResult.of(stream.text, finished, stream.request_id)
 
-    async def cancel(self, request_id: str) -> str:
+    async def cancel(self, request_id: str, *, timeout_s: float | None = None) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
-        ConflictError (already finished). Returns the server's status ("CANCELLED")."""
-        request = self._http.build_request("POST", cancel_path(request_id))
+        ConflictError (already finished); past `timeout_s` (each wait: for a connection, its connect,
+        send, read; the client's timeout if None), NetworkError. Returns the server's status
+        ("CANCELLED")."""
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+        request = self._http.build_request("POST", cancel_path(request_id), timeout=timeout)
         # As the sync cancel's: streamed, so that an undecodable answer still has its status.
         try:
             response = await self._http.send(request, stream=True)

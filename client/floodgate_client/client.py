@@ -141,7 +141,9 @@ class Chat:
 
     def cancel(self, request_id: str, *, timeout_s: float | None = None) -> str:
         """Stop a running generation. Raises NotFoundError (unknown or another user's id) or
-        ConflictError (already finished). Returns the server's status ("CANCELLED")."""
+        ConflictError (already finished); past `timeout_s` (each wait: for a connection, its connect,
+        send, read; the client's timeout if None), NetworkError. Returns the server's status
+        ("CANCELLED")."""
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         request = self._http.build_request("POST", cancel_path(request_id), timeout=timeout)
         # Streamed, so that an answer whose body cannot be decoded still has its status to say which.

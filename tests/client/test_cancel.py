@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import subprocess
 import sys
@@ -30,8 +31,8 @@ from floodgate_client import (
     NetworkError,
     TextDelta,
 )
-from floodgate_client.async_client import AsyncChatStream
-from floodgate_client.client import CANCEL_DRAIN_S, CANCEL_ON_EXIT_S, ChatStream
+from floodgate_client.async_client import AsyncChat, AsyncChatStream
+from floodgate_client.client import CANCEL_DRAIN_S, CANCEL_ON_EXIT_S, Chat, ChatStream
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS, LongReply
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import answered
@@ -511,3 +512,35 @@ def test_a_program_that_exits_with_a_stream_unread_exits() -> None:
         pytest.fail("the program hung at its exit")
     assert done.returncode == 0 and "opened" in done.stdout, done.stderr[-2000:]
     assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_cancel_bounded_by_timeout_s_raises_network_error_in_both_clients(kind: str) -> None:
+    """The async chat.cancel took no timeout_s, where the sync one does: a caller bounding a cancel
+    (a shutdown, a UI's stop button) could only wrap it in a scope of its own. Both take it now, the
+    same way: past it, NetworkError."""
+    hold = threading.Event()  # the cancel is never answered while the test runs
+    edge = ScriptedEdge([answered("chatcmpl-a")], hold_cancel=hold)
+
+    async def cancel_async() -> None:
+        async with AsyncClient(edge.base_url, "fg-test", timeout=60.0) as aclient:
+            await aclient.chat.cancel("chatcmpl-a", timeout_s=0.2)
+
+    try:
+        with pytest.raises(NetworkError, match="timed out"):
+            if kind == "sync":
+                with Client(edge.base_url, "fg-test", timeout=60.0) as client:
+                    client.chat.cancel("chatcmpl-a", timeout_s=0.2)
+            else:
+                anyio.run(cancel_async)
+        assert edge.cancels == 1
+    finally:
+        hold.set()
+        edge.close()
+
+
+def test_the_sync_and_async_clients_calls_take_the_same_parameters() -> None:
+    for name in ("stream", "create", "cancel"):
+        sync_parameters = inspect.signature(getattr(Chat, name)).parameters
+        async_parameters = inspect.signature(getattr(AsyncChat, name)).parameters
+        assert list(sync_parameters.values()) == list(async_parameters.values()), name
