@@ -40,18 +40,35 @@ class InvalidUser(ValueError):
 
 # What no name or note is made of, and what a terminal acts on: C0/C1 controls (a newline, a
 # carriage return, ESC starting a sequence that recolours, clears or retitles the terminal) and the
-# Unicode line and paragraph separators.
-_CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+# Unicode line and paragraph separators. And the invisible format characters (Cf: bidi overrides
+# and isolates, zero-width spaces and joiners, a BOM): "ci-\u202eyek" is shown as "ci-key", and
+# "alice\u200b" as alice, so a label or user read as another key's in `keys list` and in the admin
+# API's answers. Refused rather than shown escaped: an operator's note or a user's id has no need
+# of them (the cost is a ZWJ emoji or a Persian ZWNJ in a label), and a refusal protects every
+# reader of the admin API, where escaping would protect only the CLI's table.
+_CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cf"})
 
 
 def has_control_character(text: str) -> bool:
-    return any(unicodedata.category(c) in _CONTROL_CATEGORIES for c in text)
+    return first_control_character(text) is not None
+
+
+def first_control_character(text: str) -> str | None:
+    return next((c for c in text if unicodedata.category(c) in _CONTROL_CATEGORIES), None)
+
+
+def _refusal(field: str, found: str) -> str:
+    """Names the character: a format one is invisible, so the operator could not see what was wrong."""
+    return (
+        f"{field} must not contain control characters (newlines, escapes) or invisible format "
+        f"characters (bidi overrides, zero-width ones): U+{ord(found):04X}"
+    )
 
 
 def printable(text: str) -> str:
-    """`text` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`), the rest as it is:
-    for a table an operator reads in a terminal (a stored user or label from before they were
-    refused)."""
+    """`text` with its control and format characters escaped (`\\n`, `\\x1b`, `\\u2028`,
+    `\\u202e`), the rest as it is: for a table an operator reads in a terminal (a stored user or
+    label from before they were refused)."""
     if not has_control_character(text):
         return text
     return "".join(
@@ -65,10 +82,10 @@ def checked_user(user: str) -> str:
     through (create, the keys file's import; rotate keeps the old key's)."""
     if not user.strip():
         raise InvalidUser()
-    if has_control_character(user):
+    if (found := first_control_character(user)) is not None:
         # `floodgate keys list` and `floodgate usage` print it in a table: a newline drew a row of
         # the sender's choosing, an escape sequence reached the operator's terminal.
-        raise InvalidUser("user must not contain control characters (newlines, escapes)")
+        raise InvalidUser(_refusal("user", found))
     if len(user.encode()) > MAX_USER_BYTES:
         raise InvalidUser(f"user must be at most {MAX_USER_BYTES} bytes (UTF-8), not {len(user.encode())}")
     return user
@@ -81,11 +98,7 @@ MAX_LABEL_BYTES = 1024
 
 
 class InvalidLabel(ValueError):
-    def __init__(self, size: int | None = None) -> None:
-        if size is None:
-            super().__init__("label must not contain control characters (newlines, escapes)")
-        else:
-            super().__init__(f"label must be at most {MAX_LABEL_BYTES} bytes (UTF-8), not {size}")
+    """A label past MAX_LABEL_BYTES, or with a character checked_label refuses: the message says which."""
 
 
 def checked_label(label: str) -> str:
@@ -94,9 +107,9 @@ def checked_label(label: str) -> str:
     sender's choosing (a key that does not exist, another user's tier) and an escape sequence
     reached the operator's terminal."""
     if (size := len(label.encode())) > MAX_LABEL_BYTES:
-        raise InvalidLabel(size)
-    if has_control_character(label):
-        raise InvalidLabel()
+        raise InvalidLabel(f"label must be at most {MAX_LABEL_BYTES} bytes (UTF-8), not {size}")
+    if (found := first_control_character(label)) is not None:
+        raise InvalidLabel(_refusal("label", found))
     return label
 
 

@@ -332,3 +332,30 @@ def test_a_user_or_label_with_control_characters_is_refused_naming_it(
     assert listed.json()["data"] == []
     # What a person types stays taken: accents, emoji, spaces, a tab-free sentence.
     assert _works(server, _create(server, user="zoë 🚀", tier="free", label="Zoë's app — prod")["key"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        # Shown right to left after the override: "ci-yek" read as another key's "key-ic".
+        ("label", "ci-\u202eyek", "U+202E"),
+        ("label", "prod\u200d", "U+200D"),  # a zero-width joiner: "prod" twice, two labels
+        ("label", "\u2066paid\u2069", "U+2066"),
+        ("user", "alice\u200b", "U+200B"),  # shown as alice, another user's name
+        ("user", "\ufeffbob", "U+FEFF"),
+    ],
+)
+def test_a_user_or_label_with_invisible_format_characters_is_refused_naming_it(
+    server: LiveServer, field: str, value: str, named: str
+) -> None:
+    """A review: bidi overrides and zero-width characters (Unicode category Cf) were taken, and a
+    label or user then read as another key's in `floodgate keys list` and in this API's answers.
+    Refused, naming the character the operator cannot see."""
+    body = {"user": "cf-user", "tier": "free", "label": "ok", field: value}
+    refused = httpx.post(server.base_url + "/v1/admin/keys", json=body, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == field and named in error["message"], error
+    assert error["type"] == "invalid_request_error"
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": body["user"]}, headers=ADMIN)
+    assert listed.json()["data"] == []

@@ -497,3 +497,29 @@ def test_a_label_with_control_characters_is_refused_and_a_stored_one_listed_esca
     # --json is JSON's own escaping: the label as stored.
     [view] = json.loads(run(capsys, config, "keys", "list", "--json"))
     assert view["label"] == "ci\nkey_000000000000  victim  paid\x1b[31m"
+
+
+def test_a_label_or_user_with_format_characters_is_refused_and_a_stored_one_listed_escaped(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """A review: a right-to-left override or a zero-width character (Unicode category Cf) in a
+    label or user was taken, and `keys list` then showed one key as another's. Refused, naming the
+    character; one a store holds from before is listed with it escaped."""
+    for option, value in (("--label", "ci-\u202eyek"), ("--user", "alice\u200d")):
+        argv = ["keys", "create", "--user", "x", "--tier", "free", option, value, "--config", str(config)]
+        with pytest.raises(SystemExit, match=r"^floodgate: (label|user) must not contain .*U\+20"):
+            main(argv)
+    assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
+
+    async def seed() -> None:
+        store = SQLiteKeyStore(load_settings(config).keys.sqlite_path)
+        digest = hash_key("fg-stored-before-cf")
+        await store.add(
+            KeyRecord(key_id(digest), digest, "bob\u200b", "free", label="ci-\u202eyek", created=1.0)
+        )
+        await store.aclose()
+
+    asyncio.run(seed())
+    table = run(capsys, config, "keys", "list")
+    assert "\u202e" not in table and "\u200b" not in table
+    assert r"ci-\u202eyek" in table and r"bob\u200b" in table
