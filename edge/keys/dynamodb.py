@@ -61,6 +61,8 @@ def _item(r: KeyRecord) -> dict[str, AttributeValueTypeDef]:
         item["revoked"] = {"N": repr(r.revoked)}
     if r.replaced_by is not None:
         item["replaced_by"] = {"S": r.replaced_by}
+    if r.replaces is not None:
+        item["replaces"] = {"S": r.replaces}
     return item
 
 
@@ -79,6 +81,7 @@ def _record(item: dict[str, Any]) -> KeyRecord:
         revoked=number("revoked"),
         last4=item["last4"]["S"],
         replaced_by=item["replaced_by"]["S"] if "replaced_by" in item else None,
+        replaces=item["replaces"]["S"] if "replaces" in item else None,
     )
 
 

@@ -115,7 +115,7 @@ class KeyLifecycle:
         return record
 
     async def _new_key(
-        self, user: str, tier: str, label: str, expires: float | None
+        self, user: str, tier: str, label: str, expires: float | None, replaces: str | None = None
     ) -> tuple[str, KeyRecord]:
         """A fresh key, stored. Its id (48 bits of its hash) may be another key's: the store refuses
         it (KeyStore.add) and another key is made. Before, the refusal went unread and the key was
@@ -123,6 +123,7 @@ class KeyLifecycle:
         replacement that was someone else's), or stored beside the other under one id."""
         for _ in range(NEW_KEY_TRIES):
             key, record = new_record(user, tier, label, expires)
+            record = record.with_changes(replaces=replaces)
             if await self.store.add(record):
                 return key, record
         raise KeyIdTaken(
@@ -148,12 +149,38 @@ class KeyLifecycle:
         return await self.store.list_keys(user)
 
     async def revoke(self, key_id: str) -> KeyRecord:
+        """The key, and every key it replaced that is still in a rotation's grace: one user's one
+        credential changing hands. Before, revoking the new key left the old one working to the
+        end of its grace, though the owner had cut that credential off. The keys it was replaced
+        by are left: revoking an old key is how its grace is ended early."""
         record = await self._find(key_id)
         if record.revoked is None:
             record = record.with_changes(revoked=self._clock())
             await self.store.put(record)
         await self._announce(record.key_sha256)
+        # Also when it was revoked already: a revocation made before this fix ends its graces too.
+        await self._revoke_replaced(record)
         return record
+
+    async def _revoke_replaced(self, record: KeyRecord) -> None:
+        """Followed by `replaces` (a read by id each, no scan), and only where the older key names
+        this one as its replacement: a rotation that lost its race made a key that names the old
+        one but never replaced it. Revoked, not expired now: a revocation is the one change no
+        write read before it can undo (KeyStore.put), where a tier change racing it would write
+        the grace's end back. A rotation made before `replaces` was kept has no link to follow:
+        its old key's grace ends as it was set to."""
+        now = self._clock()
+        seen = {record.id}
+        newer = record
+        while newer.replaces is not None and newer.replaces not in seen:
+            seen.add(newer.replaces)
+            older = await self.store.by_id(newer.replaces)
+            if older is None or older.replaced_by != newer.id:
+                return
+            if older.status(now) == "active":
+                await self.store.put(older.with_changes(revoked=now))
+                await self._announce(older.key_sha256)
+            newer = older
 
     async def import_keys(self, keys: list[LegacyKey]) -> Imported:
         """Insert-only (edge/keys/legacy.py). Every key added is announced: an edge that was asked
@@ -217,7 +244,7 @@ class KeyLifecycle:
             raise KeyNotRotatable(key_id, status)
         if old.replaced_by is not None:
             raise KeyAlreadyRotated(key_id, old.replaced_by)
-        key, new = await self._new_key(old.user, old.tier, old.label, old.expires)
+        key, new = await self._new_key(old.user, old.tier, old.label, old.expires, replaces=old.id)
         ends = self._clock() + grace
         expires = ends if old.expires is None else min(old.expires, ends)
         # Two rotations that read the key at once both get here; the store keeps the first

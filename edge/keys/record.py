@@ -147,6 +147,11 @@ class KeyRecord:
     # The id of the key a rotation made to replace this one (which then works only for the grace):
     # a key is replaced once, so a second rotate can be refused and name the first one's key.
     replaced_by: str | None = None
+    # The id of the key this one was made by a rotation to replace, set once, when it is made: a
+    # revocation of this key ends that one's grace (KeyLifecycle.revoke) without scanning for it.
+    # Only where that key's `replaced_by` names this one (a rotation that lost its race revokes
+    # its new key, which still names the key it meant to replace).
+    replaces: str | None = None
 
     def status(self, now: float) -> str:
         if self.revoked is not None:

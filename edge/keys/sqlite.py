@@ -23,10 +23,11 @@ CREATE TABLE IF NOT EXISTS api_keys (
     expires REAL,
     revoked REAL,
     last4 TEXT NOT NULL,
-    replaced_by TEXT
+    replaced_by TEXT,
+    replaces TEXT
 ) WITHOUT ROWID
 """
-_COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4, replaced_by"
+_COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4, replaced_by, replaces"
 _PLACES = ",".join("?" * len(_COLUMNS.split(", ")))
 
 
@@ -53,17 +54,21 @@ def _row(record: KeyRecord) -> tuple[Any, ...]:
         r.revoked,
         r.last4,
         r.replaced_by,
+        r.replaces,
     )
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     """Bring a file an older edge made up to this schema: `replaced_by` came with the refusal of a
-    second rotation. Edges and the CLI of one host may open the file at once: the loser of the
-    race to add the column finds it there."""
+    second rotation, `replaces` with a replacement's revocation ending the old key's grace. Edges
+    and the CLI of one host may open the file at once: the loser of the race to add a column
+    finds it there."""
     present = {row[1] for row in conn.execute("PRAGMA table_info(api_keys)")}
-    if "replaced_by" not in present:
+    for column in ("replaced_by", "replaces"):
+        if column in present:
+            continue
         try:
-            conn.execute("ALTER TABLE api_keys ADD COLUMN replaced_by TEXT")
+            conn.execute(f"ALTER TABLE api_keys ADD COLUMN {column} TEXT")
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc):
                 raise
@@ -128,7 +133,8 @@ class SQLiteKeyStore:
                 "OR api_keys.replaced_by = excluded.replaced_by "
                 "THEN excluded.expires ELSE api_keys.expires END, "
                 "revoked=COALESCE(api_keys.revoked, excluded.revoked), last4=excluded.last4, "
-                "replaced_by=COALESCE(api_keys.replaced_by, excluded.replaced_by)",
+                "replaced_by=COALESCE(api_keys.replaced_by, excluded.replaced_by), "
+                "replaces=COALESCE(api_keys.replaces, excluded.replaces)",
                 _row(record),
             )
 

@@ -101,6 +101,24 @@ def test_rotation_keeps_both_keys_working_during_the_grace_period(server: LiveSe
     assert not _works(server, body["key"]) and _works(server, ended.json()["key"])
 
 
+def test_revoking_a_rotations_new_key_ends_the_old_ones_grace_at_once(server: LiveServer) -> None:
+    """A review: the owner revoked the new key, and the old one went on working to the end of its
+    grace (an hour here). The old key is revoked with it, and every edge told (the cache TTL here
+    is an hour: a refusal now is the announcement's)."""
+    made = _create(server, user="nia", tier="free")
+    rotated = httpx.post(
+        f"{server.base_url}/v1/admin/keys/{made['id']}/rotate", json={"grace_s": 3600}, headers=ADMIN
+    )
+    assert rotated.status_code == 200, rotated.text
+    new = rotated.json()
+    assert _works(server, made["key"]) and _works(server, new["key"])  # both cached as working
+    revoked = httpx.post(f"{server.base_url}/v1/admin/keys/{new['id']}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200, revoked.text
+    assert not _works(server, new["key"]) and not _works(server, made["key"])
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "nia"}, headers=ADMIN).json()
+    assert {k["id"]: k["status"] for k in listed["data"]} == {made["id"]: "revoked", new["id"]: "revoked"}
+
+
 def _status_asking(server: LiveServer, key: str, max_tokens: int) -> int:
     """The answer's status to a request for `max_tokens` (the tiers allow: free 1024, paid 2000)."""
     asked = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -164,6 +164,40 @@ async def test_a_key_is_rotated_once_and_its_replacement_keeps_the_keys_own_expi
     assert second.new.expires == old.expires
 
 
+async def test_revoking_a_replacement_ends_the_grace_of_the_keys_it_replaced(key_store: KeyStore) -> None:
+    """A review: revoking a rotation's new key left the old one working to the end of its grace,
+    though the owner had cut off that credential. Every key the revoked one replaced, directly or
+    through earlier rotations, is revoked with it; its own replacement (were it rotated) is not."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=3600.0)
+    first_key, first = await keys.create("alice", "paid")
+    second = await keys.rotate(first.id)
+    third = await keys.rotate(second.new.id)
+    other_key, _ = await keys.create("alice", "paid")  # another key of the user's: not this line
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    for key in (first_key, second.key, third.key):
+        assert (await auth.authenticate(f"Bearer {key}")).user == "alice"  # all in their grace
+
+    await keys.revoke(third.new.id)
+    for key in (first_key, second.key, third.key):
+        with pytest.raises(ApiError, match="revoked"):
+            await auth.authenticate(f"Bearer {key}")
+    assert (await auth.authenticate(f"Bearer {other_key}")).user == "alice"
+
+
+async def test_revoking_a_key_in_its_grace_leaves_its_replacement(key_store: KeyStore) -> None:
+    """Ending an old key's grace early is what revoking it is for: the new key lives on."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock, grace_s=3600.0)
+    old_key, old = await keys.create("alice", "paid")
+    rotated = await keys.rotate(old.id)
+    await keys.revoke(old.id)
+    auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
+    with pytest.raises(ApiError, match="revoked"):
+        await auth.authenticate(f"Bearer {old_key}")
+    assert (await auth.authenticate(f"Bearer {rotated.key}")).key_id == rotated.new.id
+
+
 class _HeldPut:
     """The real store, its first write of a key (put, or a rotation's retire) held until the test
     lets it through: one rotation or tier change stopped between reading the key and writing it
@@ -222,6 +256,10 @@ async def test_two_rotations_at_once_make_one_replacement(key_store: KeyStore) -
     auth = Authenticator(key_store, ttl_s=1e-9, wall_clock=clock)
     assert (await auth.authenticate(f"Bearer {won.key}")).key_id == won.new.id
     assert (await auth.authenticate(f"Bearer {old_key}")).key_id == old.id  # in its grace
+    # The losing key names the old one as the key it meant to replace, but never replaced it: an
+    # operator's revoke of it leaves the old key's grace alone.
+    await fast.revoke(lost.id)
+    assert (await auth.authenticate(f"Bearer {old_key}")).key_id == old.id
 
 
 async def test_a_key_revoked_while_a_rotation_runs_gets_no_live_replacement(key_store: KeyStore) -> None:
