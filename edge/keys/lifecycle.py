@@ -54,11 +54,19 @@ def checked_period(param: str, seconds: float, *, zero_ok: bool = False) -> floa
     raise InvalidPeriod(param, seconds, allowed)
 
 
-class KeyNotRotatable(KeyNotFound):
+class KeyNotActive(KeyNotFound):
+    """A revoked or expired key is refused for good: a change to it (a tier, a successor) is one
+    nobody can use, and an answer that it was made misleads the operator."""
+
+    def __init__(self, key_id: str, status: str, what: str) -> None:
+        super().__init__(key_id, f"key {key_id} is {status}: only an active key {what}")
+
+
+class KeyNotRotatable(KeyNotActive):
     """Only an active key has a successor: a revoked or expired one has nothing left to hand over."""
 
     def __init__(self, key_id: str, status: str) -> None:
-        super().__init__(key_id, f"key {key_id} is {status}: only an active key can be rotated")
+        super().__init__(key_id, status, "can be rotated")
 
 
 class KeyAlreadyRotated(KeyNotFound):
@@ -201,9 +209,12 @@ class KeyLifecycle:
         """The key's tier, and that of every other key of its rotations that still works: a key and
         its replacement are one user's one credential, changing hands for the grace. Before, the
         tier moved on the key named only, and the other went on at the old tier (the replacement
-        for good)."""
+        for good). Only an active key's (KeyNotActive): a revoked one's was answered as changed."""
         self._check_tier(tier)
-        record = (await self._find(key_id)).with_changes(tier=tier)
+        found = await self._find(key_id)
+        if (status := found.status(self._clock())) != "active":
+            raise KeyNotActive(key_id, status, "can be moved to another tier")
+        record = found.with_changes(tier=tier)
         await self.store.put(record)
         await self._announce(record.key_sha256)
         # Read after the write: a rotation that landed meanwhile is linked by now (KeyStore.put

@@ -23,8 +23,8 @@ from edge.keys.authorization_header import authorization_header
 from edge.keys.lifecycle import (
     InvalidPeriod,
     KeyAlreadyRotated,
+    KeyNotActive,
     KeyNotFound,
-    KeyNotRotatable,
 )
 from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
@@ -76,8 +76,8 @@ def _body(raw: bytes, kind: type[_T]) -> _T:
         raise invalid_request(f"Invalid request body: {exc}", None) from None
 
 
-# A refused rotation is final: the OpenAI SDK, which an operator's script may use, retries a 409
-# (a lock timeout, to it) unless told otherwise.
+# A refused rotation or tier change is final: the OpenAI SDK, which an operator's script may use,
+# retries a 409 (a lock timeout, to it) unless told otherwise.
 _FINAL = {"x-should-retry": "false"}
 
 
@@ -88,7 +88,7 @@ def _lifecycle_error(exc: Exception) -> ApiError:
     if isinstance(exc, KeyAlreadyRotated):
         message = f"{str(exc).capitalize()}."
         return ApiError(409, message, param="key_id", code="key_already_rotated", headers=_FINAL)
-    if isinstance(exc, KeyNotRotatable):
+    if isinstance(exc, KeyNotActive):
         message = f"{str(exc).capitalize()}."
         return ApiError(409, message, param="key_id", code="key_not_active", headers=_FINAL)
     if isinstance(exc, KeyNotFound):

@@ -202,6 +202,22 @@ def test_a_revoked_key_cannot_be_rotated_and_a_grace_cannot_be_negative(server: 
     assert refused.headers["x-should-retry"] == "false"  # final: an OpenAI SDK does not retry it
 
 
+def test_a_revoked_keys_tier_cannot_be_set(server: LiveServer) -> None:
+    """A review: set-tier on a revoked key answered 200 with the new tier, as if the change meant
+    anything. Refused as a rotate of it is: 409, final."""
+    made = _create(server, user="ola", tier="free")
+    base = f"{server.base_url}/v1/admin/keys/{made['id']}"
+    assert httpx.post(base + "/revoke", headers=ADMIN).status_code == 200
+    refused = httpx.post(base + "/tier", json={"tier": "paid"}, headers=ADMIN)
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"], error["type"]) == ("key_not_active", "key_id", "conflict_error")
+    assert "is revoked" in error["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "ola"}, headers=ADMIN).json()
+    assert [k["tier"] for k in listed["data"]] == ["free"]
+
+
 def test_a_second_rotate_is_refused_naming_the_first_replacement(
     tmp_path: Path, backend: dict[str, str]
 ) -> None:

@@ -523,3 +523,16 @@ def test_a_label_or_user_with_format_characters_is_refused_and_a_stored_one_list
     table = run(capsys, config, "keys", "list")
     assert "\u202e" not in table and "\u200b" not in table
     assert r"ci-\u202eyek" in table and r"bob\u200b" in table
+
+
+def test_set_tier_of_a_revoked_key_is_refused(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    """A review: `keys set-tier` of a revoked key said it "is now on tier 'paid'" and exited 0."""
+    run(capsys, config, "keys", "create", "--user", "pat", "--tier", "free")
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    run(capsys, config, "keys", "revoke", record["id"])
+    with pytest.raises(
+        SystemExit, match=rf"^floodgate: key {record['id']} is revoked: only an active key can be moved"
+    ):
+        main(["keys", "set-tier", record["id"], "paid", "--config", str(config)])
+    [after] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    assert after["tier"] == "free"

@@ -20,6 +20,7 @@ from edge.keys.legacy import BadKeysFile, import_keys, parse_jsonl
 from edge.keys.lifecycle import (
     KeyAlreadyRotated,
     KeyLifecycle,
+    KeyNotActive,
     KeyNotFound,
     KeyNotRotatable,
 )
@@ -196,6 +197,22 @@ async def test_revoking_a_key_in_its_grace_leaves_its_replacement(key_store: Key
     with pytest.raises(ApiError, match="revoked"):
         await auth.authenticate(f"Bearer {old_key}")
     assert (await auth.authenticate(f"Bearer {rotated.key}")).key_id == rotated.new.id
+
+
+async def test_only_an_active_keys_tier_can_be_set(key_store: KeyStore) -> None:
+    """A revoked or expired key is refused for good: a tier for it changes nothing anyone can use,
+    and a 200 said otherwise."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock)
+    _, revoked = await keys.create("alice", "free")
+    await keys.revoke(revoked.id)
+    _, expiring = await keys.create("alice", "free", expires_in_s=10.0)
+    clock.advance(10.0)
+    for record, status in ((revoked, "revoked"), (expiring, "expired")):
+        with pytest.raises(KeyNotActive, match=f"is {status}"):
+            await keys.set_tier(record.id, "paid")
+        stored = await key_store.by_id(record.id)
+        assert stored is not None and stored.tier == "free"
 
 
 class _HeldPut:
