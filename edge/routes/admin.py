@@ -31,6 +31,7 @@ from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
 from edge.routes.listeners import BOTH, is_options_answer
+from edge.routes.single_query import refuse_repeated
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
 
@@ -116,6 +117,7 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
 
 @get("/keys")
 async def list_keys(request: Request[Any, Any, Any], user: FromQuery[str | None] = None) -> ASGIResponse:
+    refuse_repeated(request, "user")
     records = await runtime_of(request).key_admin.list_keys(user)
     return json_response({"object": "list", "data": [key_view(r) for r in records]})
 
@@ -159,6 +161,7 @@ async def all_usage(
     start: FromQuery[str] = "",
     end: FromQuery[str] = "",
 ) -> ASGIResponse:
+    refuse_repeated(request, "user", "start", "end")
     return await usage_response(runtime_of(request), user, start, end)
 
 

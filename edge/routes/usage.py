@@ -11,6 +11,7 @@ from litestar.response.base import ASGIResponse
 from edge.errors import invalid_request
 from edge.keys.authorization_header import authorization_header
 from edge.routes.json_body import json_response
+from edge.routes.single_query import refuse_repeated
 from edge.runtime import Runtime, runtime_of
 from edge.usage.day import checked_day
 
@@ -32,4 +33,5 @@ async def own_usage(
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    refuse_repeated(request, "start", "end")
     return await usage_response(runtime, principal.user, start, end)

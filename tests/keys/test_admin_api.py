@@ -393,3 +393,31 @@ def test_a_user_or_label_with_invisible_format_characters_is_refused_naming_it(
     assert error["type"] == "invalid_request_error"
     listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": body["user"]}, headers=ADMIN)
     assert listed.json()["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "param"),
+    [
+        ("/v1/admin/usage", [("user", "free-user-2"), ("user", "paid-user")], "user"),
+        ("/v1/admin/usage", [("start", "2026-01-01"), ("start", "2026-02-01")], "start"),
+        ("/v1/admin/usage", [("end", "2026-01-01"), ("end", "2026-02-01")], "end"),
+        ("/v1/admin/keys", [("user", "frank"), ("user", "gina")], "user"),
+    ],
+)
+def test_a_single_valued_parameter_given_twice_is_refused_naming_it(
+    server: LiveServer, path: str, query: list[tuple[str, str]], param: str
+) -> None:
+    """A review: `?user=a&user=b` answered for one of the two, silently: the operator asking for two
+    users' usage read one user's as if it were both. Refused: 400, naming the parameter."""
+    refused = httpx.get(server.base_url + path, params=query, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["type"]) == (param, "invalid_request_error")
+    assert "more than once" in error["message"]
+
+
+def test_a_callers_own_usage_refuses_a_day_given_twice(server: LiveServer) -> None:
+    query = [("start", "2026-01-01"), ("start", "2026-02-01")]
+    refused = httpx.get(server.base_url + "/v1/usage", params=query, headers=server.auth("free2"))
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "start"
