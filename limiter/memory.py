@@ -69,6 +69,9 @@ class _Ledger:
     # put their slots back on Redis already, and a settle there refunds them. Counted per restore:
     # two may carry one (an admit's own beside the whole one), and one never sent leaves the other.
     sending: Counter[str] = field(default_factory=Counter)
+    # The refunds of those settled meanwhile, kept until their restores end: none sent (`ledger_unsent`),
+    # the ledger refunds them then; one that may have run, Redis does (or at worst nobody).
+    settled_sending: dict[str, tuple[policy.Rates, int, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +336,12 @@ class MemoryLimiter:
             # what is past the ledger as last added). Not refunded, it is at worst not refunded.
             ledger = self._ledgers.get((user, tier.name))
             if ledger is not None and request_id in ledger.sending:
-                ledger.state.leases.pop(request_id, None)
+                expiry = ledger.state.leases.pop(request_id, None)
+                if expiry is not None and expiry > now:
+                    # A restore carrying it that turns out never sent leaves its refund to the
+                    # ledger: dropped, the next restore put a request settled as never run back on
+                    # Redis for good (a review: a third request of three refused, two counted).
+                    ledger.settled_sending[request_id] = (rates, refund, refund_request)
             elif ledger is not None and policy.settle(
                 ledger.state, rates, now, request_id, refund, refund_request
             ):
@@ -441,6 +449,7 @@ class MemoryLimiter:
             for request_id in sent.request_ids:
                 ledger.state.leases.pop(request_id, None)
                 del ledger.sending[request_id]  # its lease is gone: no settle refunds it here
+                ledger.settled_sending.pop(request_id, None)  # Redis may hold it: refunded there
             if landed and ledger.changes == sent.changes:
                 del self._ledgers[user, tier]
 
@@ -452,9 +461,16 @@ class MemoryLimiter:
             ledger = self._ledgers.get((user, tier))
             if ledger is not None and ledger.generation == built.generation:
                 ledger.sending.subtract(built.request_ids)
+                now = self._now_us()
                 for request_id in built.request_ids:
                     if ledger.sending[request_id] <= 0:
                         del ledger.sending[request_id]
+                        # Settled while this restore waited: Redis never held it, so its refund
+                        # is the ledger's, as for a settle after (above).
+                        settled = ledger.settled_sending.pop(request_id, None)
+                        if settled is not None:
+                            policy.refund(ledger.state, settled[0], now, settled[1], settled[2])
+                            ledger.changes += 1
 
     def snapshot(self, user: str, tier: str) -> policy.Snapshot:
         """The user's budget in `tier` relative to now, in the tier's own units (not this instance's

@@ -263,11 +263,17 @@ def settle(
     expiry = state.leases.pop(request_id, None)
     if expiry is None or expiry <= now_us:  # settled, or lapsed (what admit's prune removes)
         return False
+    refund(state, rates, now_us, refund_tokens, refund_request)
+    return True
+
+
+def refund(state: UserState, rates: Rates, now_us: int, refund_tokens: int, refund_request: bool) -> None:
+    """Give back `refund_tokens` (and the request itself when `refund_request`): a settle's refund,
+    apart from its slot (the ledger refunds a settle whose restore was never sent after it)."""
     if refund_tokens > 0:
         state.token_tat_us = max(state.token_tat_us - _token_span(rates, refund_tokens), now_us)
     if refund_request:
         state.request_tat_us = max(state.request_tat_us - _request_span(rates), now_us)
-    return True
 
 
 def record_admitted(

@@ -307,3 +307,41 @@ async def test_a_request_settled_after_a_restore_that_was_never_sent_is_refunded
         assert not limiter.fallback_active
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_settled_while_its_restore_waits_for_a_connection_is_refunded(
+    redis_server: RedisServer,
+) -> None:
+    """A request the fallback admitted was settled as never run while a restore carrying its ledger
+    waited for a free connection, which it never got (not sent): the settle left the ledger's count
+    alone, as for a restore that may have run, and the restore's failure did not give it back. The
+    next restore put the request back on Redis, counted for good: Redis refused the user's third
+    request of three with two counted."""
+    limits = tier(requests=3, request_window_s=3600, on_store_failure="open")
+    user = f"pool-waiting-{uuid.uuid4().hex}"
+    # A wait long beside the few passes of the loop the settle below takes to come.
+    limiter = RedisLimiter.from_url(
+        redis_server.url, timeout_ms=10_000, max_connections=1, pool_wait_s=0.5, backoff_s=60
+    )
+    try:
+        await limiter._in_flight.acquire()  # the one connection busy: the fallback answers
+        try:
+            assert (await limiter.admit(user, "r0", limits, 1, 0)).decision.allowed
+            second = asyncio.create_task(limiter.admit(user, "r1", limits, 1, 0))
+            ledger = limiter._local._ledgers[user, limits.name]
+
+            async def carried() -> bool:  # r1's restore of r0's ledger waits for the connection
+                return "r0" in ledger.sending
+
+            await wait_until("r1's restore carries r0", carried)
+            await limiter.settle(user, limits, "r0", 0, refund_request=True)  # never ran: not counted
+            assert (await second).decision.allowed  # its restore never sent: the fallback's
+        finally:
+            limiter._in_flight.release()
+        assert (await limiter.admit(user, "a2", limits, 1, 0)).decision.allowed  # r1, a2
+        third = (await limiter.admit(user, "a3", limits, 1, 0)).decision
+        assert third.allowed, third
+        assert not limiter.fallback_active
+    finally:
+        await limiter.aclose()
