@@ -86,6 +86,11 @@ class FairQueue(Generic[T]):
         # not by a price its user's newer replies have changed since.
         self._charged: dict[str, int] = {}
         self._charged_total = 0  # their sum: what the next ends move V by, for lead_waits
+        # Each waiting user's next request, priced when it came to the head of its user's queue,
+        # and their sum: what the next ends cost while nothing of the tier runs (`_cost_per_end`),
+        # without pricing every waiting user for each request that asks.
+        self._head_cost: dict[str, int] = {}
+        self._head_total = 0
         self._lingering: dict[str, float] = {}
         self._linger_heap: list[tuple[float, str]] = []
         self._active = 0
@@ -143,8 +148,8 @@ class FairQueue(Generic[T]):
         running = len(self._charged)
         if running:
             return self._charged_total / running
-        if self._queues:
-            return sum(self._cost(queue[0].ticket) for queue in self._queues.values()) / len(self._queues)
+        if self._head_cost:
+            return self._head_total / len(self._head_cost)
         return self._cost(ticket)
 
     def push(self, item: T) -> None:
@@ -155,6 +160,7 @@ class FairQueue(Generic[T]):
             if not self._running[user]:
                 self._gains_work(user)
             self._tag(user, max(self._virtual, self._finish.get(user, 0.0)))
+            self._new_head(user, item)
         queue.append(item)
         self._counted(item, len(queue) - 1, +1)
 
@@ -165,6 +171,7 @@ class FairQueue(Generic[T]):
         queue = self._queues.get(user)
         if queue is None:
             return False
+        was_head = bool(queue) and queue[0] is item
         try:
             queue.remove(item)
         except ValueError:
@@ -172,6 +179,8 @@ class FairQueue(Generic[T]):
         self._counted(item, len(queue) + 1, -1)
         if not queue:
             self._drop_user(user)
+        elif was_head:
+            self._new_head(user, queue[0])
         return True
 
     def begin_pass(self) -> None:
@@ -200,6 +209,7 @@ class FairQueue(Generic[T]):
         finish = self._served(item.ticket, self._start[user])
         if queue:
             self._tag(user, finish)
+            self._new_head(user, queue[0])
         else:
             self._drop_user(user)
 
@@ -306,10 +316,17 @@ class FairQueue(Generic[T]):
         if length_before + change:
             self._users_by_length[length_before + change] += 1
 
+    def _new_head(self, user: str, item: T) -> None:
+        """`item` is next in its user's queue now: its price counts in `_head_total`."""
+        cost = self._cost(item.ticket)
+        self._head_total += cost - self._head_cost.get(user, 0)
+        self._head_cost[user] = cost
+
     def _drop_user(self, user: str) -> None:
         # Its heap entry (or blocked one) is dead from here; its finish tag stays while it matters.
         del self._queues[user]
         del self._entry[user]
+        self._head_total -= self._head_cost.pop(user)
         del self._start[user]
         if len(self._heap) > 2 * len(self._entry) + 64:
             self._heap = [entry for entry in self._heap if self._live(entry)]

@@ -4,6 +4,7 @@ keeps its place."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections import Counter
 from dataclasses import dataclass
 
@@ -184,3 +185,57 @@ def test_lingering_users_are_bounded_and_a_stray_release_changes_nothing() -> No
         queue.released(served.ticket)
         queue.released(served.ticket)  # told twice: ignored
     assert len(queue._lingering) <= 4096 and queue._active == len(queue._lingering) + 1
+
+
+def test_a_returning_users_lead_is_reckoned_without_pricing_every_waiting_user() -> None:
+    """With nothing of its tier running (a higher tier holding every place), a returning user's lead
+    was reckoned from the price of every waiting user's next request, each priced again for every
+    request that asked: with the tier's 1,000 users queued, each new request of such a user (and
+    each refusal's Retry-After) cost 1.4 ms of the event loop, in the overload that refuses most."""
+    priced = 0
+
+    def counted(ticket: Ticket) -> int:
+        nonlocal priced
+        priced += 1
+        return ticket.kv_tokens
+
+    queue: FairQueue[Item] = FairQueue(cost=counted)
+    served = ticket("back", kv_tokens=1024)
+    queue.placed_at_once(served)
+    for n in range(1000):
+        queue.push(Item(ticket(f"waiting-{n}", kv_tokens=1024)))
+    queue.released(served)  # ended: nothing of the tier runs, and its user is ahead of V
+    returning = ticket("back", kv_tokens=1024)
+    priced = 0
+    assert queue.lead_waits(returning) == 1000  # every other active user goes first once
+    assert priced <= 1
+
+
+def test_the_waiting_users_next_prices_follow_pushes_dispatches_and_withdrawals() -> None:
+    """The next requests' prices, kept as heads change rather than reckoned on each ask, stay those
+    of the requests next in line through every way a queue's head changes."""
+    rng = random.Random(7)
+    queue: FairQueue[Item] = FairQueue(cost=KV_TOKENS)
+    waiting: list[Item] = []
+    for _ in range(2000):
+        op = rng.random()
+        if op < 0.5 or not waiting:
+            item = Item(ticket(f"u{rng.randrange(20)}", kv_tokens=rng.randrange(1, 4000)))
+            queue.push(item)
+            waiting.append(item)
+        elif op < 0.75:
+            gone = waiting.pop(rng.randrange(len(waiting)))
+            assert queue.remove(gone)
+        else:
+            queue.begin_pass()
+            item = queue.next_candidate()
+            assert item is not None
+            queue.commit(item)
+            waiting.remove(item)
+            queue.released(item.ticket)
+        heads = {}
+        for item in waiting:
+            heads.setdefault(item.ticket.user, item.ticket.kv_tokens)
+        expected = sum(heads.values()) / len(heads) if heads else None
+        if expected is not None:
+            assert queue._cost_per_end(ticket("other")) == expected
