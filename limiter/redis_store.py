@@ -795,13 +795,30 @@ class RedisLimiter:
                     now_arg=self._now_arg(),
                 )
             )
+        sent = False
+
+        def send() -> Awaitable[list[Any]]:
+            nonlocal sent
+            sent = True
+            return self._send_all(self._restore, calls)
+
         try:
-            await self._call("restore", partial(self._send_all, self._restore, calls), epoch=failures)
+            await self._call("restore", send, epoch=failures)
         except _NotSent:
             for user, tier, ledger in ledgers:  # nothing ran: their settles refund in the ledger
                 self._local.ledger_unsent(user, tier, ledger)
             raise
-        except (_NoAnswer, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            # Called off (an admit whose client left) before it went out, as while it waited for a
+            # free connection: nothing ran, as above. Taken as maybe run, its requests' settles
+            # refunded nowhere (Redis never held them) and the next restore counted them for good.
+            for user, tier, ledger in ledgers:
+                if sent:
+                    self._local.ledger_sent(user, tier, ledger, landed=False)
+                else:
+                    self._local.ledger_unsent(user, tier, ledger)
+            raise
+        except _NoAnswer:
             for user, tier, ledger in ledgers:  # it may have run: its settles go to Redis
                 self._local.ledger_sent(user, tier, ledger, landed=False)
             raise

@@ -345,3 +345,45 @@ async def test_a_request_settled_while_its_restore_waits_for_a_connection_is_ref
         assert not limiter.fallback_active
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_settled_after_its_restore_was_called_off_unsent_is_refunded(
+    redis_server: RedisServer,
+) -> None:
+    """An admit whose caller left (its client hung up) while its own restore waited for a free
+    connection was taken as a restore that may have run: the ledger let go of the requests it
+    carried, though nothing had been sent. A settle of one of them then refunded it neither in the
+    ledger nor on Redis (which never held it), and the next restore counted it for good: Redis
+    refused the user's third request of three with two counted."""
+    limits = tier(requests=3, request_window_s=3600, on_store_failure="open")
+    user = f"pool-called-off-{uuid.uuid4().hex}"
+    limiter = RedisLimiter.from_url(
+        redis_server.url, timeout_ms=10_000, max_connections=1, pool_wait_s=0.05, backoff_s=60
+    )
+    try:
+        await limiter._in_flight.acquire()  # the one connection busy: the fallback answers
+        try:
+            assert (await limiter.admit(user, "r0", limits, 1, 0)).decision.allowed
+            limiter._pool_wait_s = WAIT_S  # the next restore waits until its caller leaves
+            leaving = asyncio.create_task(limiter.admit(user, "r1", limits, 1, 0))
+            ledger = limiter._local._ledgers[user, limits.name]
+
+            async def carried() -> bool:  # r1's restore of r0's ledger waits for the connection
+                return "r0" in ledger.sending
+
+            await wait_until("r1's restore carries r0", carried)
+            leaving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await leaving
+            limiter._pool_wait_s = 0.05
+            await limiter.settle(user, limits, "r0", 0, refund_request=True)  # never ran: not counted
+        finally:
+            limiter._in_flight.release()
+        for request_id in ("a2", "a3"):
+            assert (await limiter.admit(user, request_id, limits, 1, 0)).decision.allowed
+        third = (await limiter.admit(user, "a4", limits, 1, 0)).decision
+        assert third.allowed, third
+        assert not limiter.fallback_active
+    finally:
+        await limiter.aclose()
