@@ -16,8 +16,11 @@ keeps for them behind it. Once the request is known to be good and whose it is (
 called by the pipeline just before the limiter), a tier without the reserve (TierConfig.
 may_use_reserve, as the admission queue's) is refused 429 `server_busy` while the free share of the
 door is full: streams past `1 - [admission] reserved_paid_fraction` of max_open_streams are kept for
-paid users. A bad request still gets its own 400 or 404 first (a 429 would have the SDK retry it).
-That refusal costs the request's parsing; the door's own refusal stays the cheap one, at the cap.
+paid users. A bad request still gets its own 400 or 404 first (a 429 would have the SDK retry it),
+and so does one no replica could ever hold (Dispatcher.check_fits, 0.35 µs: told server_busy, it
+was retried for good). That refusal costs the request's parsing and its ticket (its prefix's
+routing hashes: 1 µs for a short prompt, 74 µs for one of 4,096 tokens, next to the ms its
+encoding took), never the limiter; the door's own refusal stays the cheap one, at the cap.
 
 A request takes its place when its body has arrived, not at the door: until then it is no
 generation, and the reserve cannot be checked for it. Counted from the door, a free key's requests

@@ -30,7 +30,8 @@ class HeldUpstream:
 
     name = "held"
 
-    def __init__(self) -> None:
+    def __init__(self, kv_tokens_total: int = 100_000) -> None:
+        self.kv_tokens_total = kv_tokens_total
         self._loop: asyncio.AbstractEventLoop | None = None
         self._released: asyncio.Event | None = None
 
@@ -50,7 +51,7 @@ class HeldUpstream:
         self._loop.call_soon_threadsafe(self._released.set)
 
     async def capacity(self) -> Capacity:
-        return Capacity(100_000, 0, 64, 0, 0, 16)
+        return Capacity(self.kv_tokens_total, 0, 64, 0, 0, 16)
 
     async def ready(self) -> bool:
         return True
@@ -134,6 +135,33 @@ def test_a_free_flood_leaves_the_paid_share_of_the_streams(tmp_path: Path) -> No
         again = _open(stack, server, "free")
         assert again[0].status_code == 200
         assert list(again[1])[-1] == DONE
+
+
+def test_a_free_request_no_replica_could_ever_hold_is_a_400_while_the_free_share_is_full(
+    tmp_path: Path,
+) -> None:
+    """The free share of the door full, a free request past the free tier's part of every replica:
+    it was answered 429 server_busy, a "try again shortly" the SDK obeys, and every retry met the
+    same full share or, once in, the 400 it should have had at once. The 400 comes first; a free
+    request that fits is still kept from the paid share."""
+    # 256 KV tokens a replica, the free tiers' part 192 (reserve 0.2, whole blocks of 16): the
+    # held streams take a few dozen each, the long one (its prompt plus a margin of 256) none.
+    upstream = HeldUpstream(kv_tokens_total=256)
+    with _held_server(tmp_path, upstream) as server, ExitStack() as stack:
+        held = [_open(stack, server, who) for who in ("free", "free2", "free", "free2")]
+        assert all(response.status_code == 200 for response, _ in held)
+
+        with httpx.Client(base_url=server.base_url, timeout=30.0) as client:
+            never = client.post(CHAT, json=BODY | {"max_tokens": 300}, headers=server.auth("free"))
+        assert never.status_code == 400, never.text
+        assert never.json()["error"]["code"] == "context_length_exceeded"
+        assert "retry-after" not in never.headers
+        refused_free, _ = _open(stack, server, "free")
+        assert _busy(refused_free), refused_free.status_code
+
+        upstream.release()
+        for response, reader in held:
+            assert list(reader)[-1] == DONE, response
 
 
 def _send_headers_and_part_of_the_body(server: LiveServer, who: str) -> socket.socket:
