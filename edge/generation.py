@@ -30,7 +30,7 @@ import structlog
 
 from edge import metrics
 from edge.admission.slot import Slot
-from edge.admission.ticket import Overloaded, Ticket
+from edge.admission.ticket import NeverFits, Overloaded, Ticket
 from edge.admission.wait_estimate import MIN_RETRY_S
 from edge.cancel.live import LiveRequest
 from edge.cancel.scope import cancel_scope
@@ -40,6 +40,7 @@ from edge.errors import (
     internal_error,
     invalid_request,
     limiter_unavailable,
+    never_fits_error,
     overloaded_error,
     shutting_down_error,
     upstream_error,
@@ -312,6 +313,11 @@ class Generation:
         except Overloaded as exc:
             out.reason = "overloaded"
             out.error = overloaded_error(exc)
+        except NeverFits as exc:
+            # The replicas changed while it waited and none could hold it now: the 400 a new
+            # request gets (Pipeline.admit), not a 503 whose retry alone said so.
+            out.reason = "rejected"
+            out.error = never_fits_error(exc)
         except RequestRejected as exc:
             # The request's own fault: a 400 for it alone, and the replica is not blamed.
             log.info("request_rejected_by_replica", request_id=self.request_id, error=str(exc))

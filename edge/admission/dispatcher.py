@@ -54,7 +54,8 @@ Policy
   skips the queue's bookkeeping but for its user's share (`placed_at_once`).
 * Replicas. Their health, membership and drain live in the replica set (replica_set.py); after any
   change there the queue is reconsidered here, so waiting tickets may land on a new replica, and
-  waiters that no replica could ever hold fail as "no_replica".
+  waiters that no replica could ever hold fail: NeverFits where none could hold them even empty
+  (the 400 a new request gets), "no_replica" otherwise.
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
 fills only this fraction of every replica; `set_replica_share` follows the live edge count; 1 for
@@ -251,7 +252,9 @@ class Dispatcher:
             raise self._reject("wait_too_long", self._retry_after(ticket))
 
     async def acquire(self, ticket: Ticket, exclude: frozenset[str] = frozenset()) -> Slot:
-        """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket."""
+        """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket.
+        Raises Overloaded, or NeverFits where the replicas changed while it waited so that none
+        could ever hold it (`_fail_unplaceable`)."""
         if not self._queue and not self.replicas.closed:
             slot = self._place_at_once(ticket, exclude)
             if slot is not None:
@@ -456,14 +459,23 @@ class Dispatcher:
         return None
 
     def _fail_unplaceable(self) -> None:
-        """Fail the waiters that no healthy replica could ever take."""
+        """Fail the waiters that no healthy replica could ever take: NeverFits (a 400 naming the
+        limit) where no replica could hold one even empty, as `check_fits` refuses it on arrival;
+        no_replica for the others. A waiter that a change of size or membership left past every
+        replica failed 503, and only its retry was told why (after as many retries as the client
+        makes on a 503)."""
         for waiter in list(self._queue):
             if not self._candidates_within(waiter.ticket, waiter.exclude, waiter.ticket.max_wait_s):
                 self._queue.remove(waiter)
+                try:
+                    self.check_fits(waiter.ticket)
+                except NeverFits as never:
+                    self._fail(waiter, never)
+                    continue
                 self._fail(waiter, self._no_replica(waiter.ticket, waiter.exclude))
 
     @staticmethod
-    def _fail(waiter: _Waiter, error: Overloaded) -> None:
+    def _fail(waiter: _Waiter, error: Overloaded | NeverFits) -> None:
         if not waiter.future.done():
             waiter.future.set_exception(error)
 

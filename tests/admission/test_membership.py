@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import structlog
 
-from edge.admission import Overloaded
+from edge.admission import NeverFits, Overloaded
 from edge.upstreams.base import GenerationRequest
 from tests.admission.conftest import MakeDispatcher
 from tests.admission.flow import Flow, ticket, until
@@ -104,9 +104,11 @@ async def test_an_idle_removed_replica_closes_at_once_and_its_name_may_return(
 
 
 @pytest.mark.anyio
-async def test_waiters_only_a_removed_replica_could_hold_fail_as_no_replica(
+async def test_waiters_only_a_removed_replica_could_hold_fail_as_never_fits(
     make_dispatcher: MakeDispatcher,
 ) -> None:
+    """No replica left could hold it, even empty: the 400 a new request gets (NeverFits), not a
+    no_replica whose retry alone said so."""
     big = ClosableUpstream("big", kv_tokens_total=10_000, max_sequences=1)
     small = ClosableUpstream("small", kv_tokens_total=100)
     async with make_dispatcher([big, small]) as dispatcher:
@@ -117,9 +119,9 @@ async def test_waiters_only_a_removed_replica_could_hold_fail_as_no_replica(
 
         dispatcher.remove_upstream("big")
 
-        with pytest.raises(Overloaded) as failed:
+        with pytest.raises(NeverFits) as failed:
             await asyncio.wait_for(waiter, 5.0)
-        assert failed.value.reason == "no_replica"
+        assert (failed.value.kv_tokens, failed.value.kv_limit) == (5_000, 100)
         holder.release()
         await until(lambda: big.closed)
 

@@ -8,6 +8,7 @@ keeps its 503)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,28 @@ def test_a_paid_request_larger_than_every_replica_is_a_400(tmp_path: Path) -> No
             _chat(server, "paid", 100), code="context_length_exceeded", says="a replica holds at most 64"
         )
         assert _chat(server, "paid", 4).status_code == 200
+
+
+def test_a_queued_request_a_replica_stops_fitting_is_answered_the_400(tmp_path: Path) -> None:
+    """A request waiting for the one replica that could hold it (restarting, expected back within
+    the tier's wait), which comes back smaller: no replica could ever hold it now. It failed 503
+    no_replica, and only its retry got the 400 naming the limit; it gets the 400 itself."""
+    small = ControlledUpstream("small", kv_tokens_total=64, max_sequences=8, kv_block_tokens=16)
+    large = ControlledUpstream("large", kv_tokens_total=1024, max_sequences=8, kv_block_tokens=16)
+    with (
+        start_server(tmp_path, {"tiers": ROOMY_TIERS}, _serving(small, large)) as server,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        large.is_ready, large.restart_eta_s = False, 30.0
+        wait_until(
+            lambda: any(r.name == "large" and not r.alive for r in dispatcher.replicas.members),
+            what="the large replica's restart to be seen",
+        )
+        waiting = pool.submit(_chat, server, "paid", 100)
+        wait_until(lambda: dispatcher.queue_depth() == 1, what="the request to queue for the large replica")
+        # Back, with the small one's size.
+        large.kv_tokens_total, large.is_ready, large.restart_eta_s = 64, True, None
+        _assert_never_fits(
+            waiting.result(timeout=30), code="context_length_exceeded", says="a replica holds at most 64"
+        )
