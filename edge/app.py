@@ -180,6 +180,9 @@ def create_app(
                     reserved_paid_fraction=settings.admission.reserved_paid_fraction,
                     max_queue=settings.admission.max_queue,
                     replica_share=1.0 if private else 1 / lim.instance_count,
+                    # Only the redis backend's fleet (below) changes the share: with the in-memory
+                    # limiter a request past it is refused for good, a 400, not a 503 forever.
+                    share_fixed=lim.backend == "memory",
                     prefix_weight=settings.admission.prefix_weight,
                     real_use=real_use(settings.admission),
                     model=model.name if settings.models else "",

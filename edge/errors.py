@@ -278,17 +278,21 @@ def never_fits_error(exc: NeverFits) -> ApiError:
     clients trim their history, which makes it fit; no sequence for the tier at all (only the paid
     reserve can take them all: a replica of no sequence has not said its size, Replica.size_known):
     nothing the client sends fits, so a code of its own."""
+    # Where this server fills a fixed share of replicas other servers fill too (the in-memory
+    # limiter's instance_count), the limit is that share's.
+    share = "this server's share of " if exc.shared else ""
     if not exc.sequences:
+        where = "this server's share of the model replicas" if exc.shared else "any model replica"
         return invalid_request(
-            "The paid reserve leaves the free tier no sequence on any model replica: no request of "
-            "your tier can run here.",
+            f"The paid reserve leaves the free tier no sequence on {where}: no request of your tier "
+            "can run here.",
             None,
             code="tier_not_served",
         )
     if exc.may_use_reserve:
-        limit = f"a replica holds at most {exc.kv_limit}"
+        limit = f"{share}a replica holds at most {exc.kv_limit}"
     else:
-        limit = f"the free tier may use at most {exc.kv_limit} on any replica"
+        limit = f"the free tier may use at most {exc.kv_limit} {'of ' + share if share else 'on '}any replica"
     return invalid_request(
         f"This request needs {exc.kv_tokens} tokens of KV cache; {limit}. Please reduce the length "
         "of the messages or completion.",

@@ -40,7 +40,8 @@ Policy
   sequence; never while a replica's size is unknown (it may be the larger one). A 400 naming the
   limit (edge/errors.py), not a no_replica whose Retry-After a client would obey forever. The
   charge itself is unchanged, and this edge's share of a replica the fleet divides is no part of it
-  (past that share is a no_replica: it grows as edges leave).
+  (past that share is a no_replica: it grows as edges leave); a share nothing changes
+  (`share_fixed`: the in-memory limiter's instance_count) is.
 * A crash is a wait. A replica that is down while its upstream restarts it (the local engine
   process: `Replica.back_in_s`) counts as one that could take the ticket when it is expected back
   within the ticket's max_wait_s: the ticket waits for it, under the same bound, instead of a 503
@@ -59,7 +60,8 @@ Policy
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
 fills only this fraction of every replica; `set_replica_share` follows the live edge count; 1 for
-replicas this instance alone reaches, its own engines),
+replicas this instance alone reaches, its own engines), `share_fixed` (nothing will change that
+fraction: the in-memory limiter's static instance_count; a request past it never fits),
 `poll_interval_s`, `health_timeout_s`, `clock` (tests).
 """
 
@@ -115,6 +117,7 @@ class Dispatcher:
         kv_block_tokens: int = 1,
         prior_service_s: float = 5.0,
         replica_share: float = 1.0,
+        share_fixed: bool = False,
         prefix_weight: float = 0.0,
         real_use: RealUse | None = None,
         model: str = "",
@@ -134,6 +137,11 @@ class Dispatcher:
             replica_share=replica_share,
             fallback_block_tokens=kv_block_tokens,
         )
+        # The part of every replica a ticket that fits nowhere is judged on (check_fits): the whole
+        # where the fleet divides them (this edge's share grows as edges leave), this edge's share
+        # where nothing ever changes it.
+        self._share_fixed = share_fixed
+        self._fits_share = replica_share if share_fixed else 1.0
         self._estimate = WaitEstimate(prior_service_s, reserved_paid_fraction)
         self._reserve = reserved_paid_fraction
         # How much a replica's cached prompt prefix weighs against its load (router.py); 0: ignored.
@@ -195,6 +203,8 @@ class Dispatcher:
     def set_replica_share(self, share: float) -> None:
         """Fill `share` (0..1) of every replica from now on and reconsider the queue: the live edge
         count changed (edge/membership/). 0 takes no new work (this edge joins or drains)."""
+        if self._share_fixed:
+            raise RuntimeError("this dispatcher's replica share is fixed (share_fixed)")
         self.replicas.set_share(share)
 
     async def check_replicas(self) -> None:
@@ -213,7 +223,10 @@ class Dispatcher:
         (`_charge`), or the paid reserve leaves its tier no sequence. The queue would turn it away
         no_replica, a 503 saying when to come back, and a client that came back as told was
         refused the same way forever beside an idle replica. Judged on the replicas' sizes alone,
-        never on what they hold now nor on this edge's share of them (Replica.largest), and only
+        never on what they hold now, nor on this edge's share of them where the fleet divides them
+        (it grows as edges leave), but on that share where it is fixed (`share_fixed`: the
+        in-memory limiter's static instance_count, which nothing changes: a 503 past it was
+        obeyed forever too) (Replica.largest), and only
         once every replica has said its size: one that has not (loading its engine, down since
         before this edge started) may be the larger one, and a 400 would have the client shorten
         for good a request it serves as soon as it is up."""
@@ -224,15 +237,16 @@ class Dispatcher:
         # Every request asks, so it stops at the first replica that would do (each one's limits
         # worked out once per size it reports: Replica.largest).
         most = -1  # the largest part of a replica that runs a sequence of the ticket's kind
+        share = self._fits_share
         for replica in members:
             if not replica.size_known:
                 return
-            kv, sequences = replica.largest(ticket.may_use_reserve, self._reserve)
+            kv, sequences = replica.largest(ticket.may_use_reserve, self._reserve, share)
             if sequences >= 1:
                 if kv_tokens <= kv:
                     return
                 most = max(most, kv)
-        raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve)
+        raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve, share < 1.0)
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""

@@ -48,7 +48,9 @@ class Replica:
     # restarted, with an empty cache.
     prefix_totals_seen: int = 0
     # `largest`'s last answer: the capacity it was for, what it was asked, the answer.
-    _largest: tuple[Capacity, tuple[bool, float], tuple[int, int]] | None = field(default=None, repr=False)
+    _largest: tuple[Capacity, tuple[bool, float, float], tuple[int, int]] | None = field(
+        default=None, repr=False
+    )
 
     @property
     def name(self) -> str:
@@ -124,23 +126,25 @@ class Replica:
             and self.sequence_limit(may_use_reserve, reserved_fraction) >= 1
         )
 
-    def largest(self, may_use_reserve: bool, reserved_fraction: float) -> tuple[int, int]:
+    def largest(self, may_use_reserve: bool, reserved_fraction: float, share: float = 1.0) -> tuple[int, int]:
         """The most KV tokens (whole blocks) and sequences a ticket of this kind could ever hold
-        here: its tier's part of the whole replica, empty. This edge's share is left out: the fleet
-        divides a replica among the edges there are now, and the share grows as edges leave (a
-        request past it is only turned away for now, 503). None of it while the size is unknown."""
+        here: its tier's part of `share` of the replica, empty. The whole replica (1) where the
+        fleet divides it among the edges there are now: this edge's share grows as edges leave (a
+        request past it is only turned away for now, 503); this edge's share where it is fixed
+        (Dispatcher's share_fixed). None of it while the size is unknown."""
         capacity = self.capacity
         if capacity is None:
             return 0, 0
         known = self._largest
-        if known is not None and known[0] is capacity and known[1] == (may_use_reserve, reserved_fraction):
+        asked = may_use_reserve, reserved_fraction, share
+        if known is not None and known[0] is capacity and known[1] == asked:
             return known[2]
         block = self.block_tokens
-        kv = _part(capacity.kv_tokens_total, 1.0, may_use_reserve, reserved_fraction)
-        sequences = _part(capacity.max_sequences, 1.0, may_use_reserve, reserved_fraction)
+        kv = _part(capacity.kv_tokens_total, share, may_use_reserve, reserved_fraction)
+        sequences = _part(capacity.max_sequences, share, may_use_reserve, reserved_fraction)
         found = kv // block * block, sequences
         # Asked for every request (Dispatcher.check_fits); a new one only with each poll's capacity.
-        self._largest = capacity, (may_use_reserve, reserved_fraction), found
+        self._largest = capacity, asked, found
         return found
 
     def add_kv(self, tokens: int, may_use_reserve: bool) -> None:

@@ -47,11 +47,15 @@ class NeverFits(Exception):
     """No replica could ever hold the ticket, empty and whatever the wait: the client must ask for
     less (a 400), where a 503 told to come back would be obeyed forever. `kv_limit`: the most KV
     tokens a ticket of its kind may hold on any replica, in whole blocks; `sequences`: whether any
-    replica lets its kind run a sequence at all (the paid reserve may take every one)."""
+    replica lets its kind run a sequence at all (the paid reserve may take every one); `shared`:
+    the limits are this edge's fixed share of each replica, not the whole of it."""
 
-    def __init__(self, kv_tokens: int, kv_limit: int, sequences: bool, may_use_reserve: bool) -> None:
+    def __init__(
+        self, kv_tokens: int, kv_limit: int, sequences: bool, may_use_reserve: bool, shared: bool = False
+    ) -> None:
         super().__init__(f"never fits: {kv_tokens} KV tokens, at most {kv_limit} (sequences: {sequences})")
         self.kv_tokens = kv_tokens
         self.kv_limit = kv_limit
         self.sequences = sequences
         self.may_use_reserve = may_use_reserve
+        self.shared = shared

@@ -2,8 +2,9 @@
 names the limit (as vLLM answers a prompt longer than its model holds), not a 503 no_replica whose
 "try again in 1s" a client would obey forever beside an idle replica. Judged on every replica's
 whole size and the tier's part of it, never on what the replicas hold now, nor on this edge's share
-of replicas the fleet divides (that share grows when edges leave: tests/edge/test_instance_share.py
-keeps its 503)."""
+of replicas the fleet divides (that share grows when edges leave:
+tests/membership/test_edge_servers.py keeps its 503); on a share nothing changes, the in-memory
+limiter's instance_count, it is (tests/edge/test_instance_share.py)."""
 
 from __future__ import annotations
 

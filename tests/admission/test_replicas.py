@@ -541,3 +541,23 @@ async def test_only_what_no_replica_could_ever_hold_never_fits(make_dispatcher: 
     small = ControlledUpstream("small", kv_tokens_total=64)
     async with make_dispatcher([small, unknown]) as dispatcher:
         dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=10**9))
+
+
+@pytest.mark.anyio
+async def test_past_a_fixed_share_of_every_replica_never_fits(make_dispatcher: MakeDispatcher) -> None:
+    """A share nothing changes (the in-memory limiter's static instance_count: share_fixed) never
+    grows: past it, a 503 no_replica was obeyed forever. NeverFits is judged on it then, and says so
+    (`shared`); a paid ticket within it, past the free tiers' part of it, is still one that fits."""
+    shared = ControlledUpstream("shared", kv_tokens_total=1000, max_sequences=4)
+    async with make_dispatcher(
+        [shared], replica_share=0.5, share_fixed=True, reserved_paid_fraction=0.2
+    ) as dispatcher:
+        dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=500))
+        with pytest.raises(NeverFits) as never:
+            dispatcher.check_fits(ticket("paid", paid=True, kv_tokens=501))
+        assert (never.value.kv_limit, never.value.shared) == (500, True)
+        with pytest.raises(NeverFits) as never:
+            dispatcher.check_fits(ticket("free", kv_tokens=401))
+        assert (never.value.kv_limit, never.value.shared) == (400, True)
+        with pytest.raises(RuntimeError):
+            dispatcher.set_replica_share(1.0)
