@@ -101,7 +101,9 @@ class DeltaTally:
         if tokens:
             self._last = tokens[-1]
         if finished:
-            return Delta(tokens, _finish_reason(self._last, self._stop_tokens, self._generated, self._limit))
+            # The replica's sequence limit is not known here: only max_tokens says "length".
+            reason = _finish_reason(self._last, self._stop_tokens, self._generated, self._limit, self._limit)
+            return Delta(tokens, reason)
         return Delta(tokens) if tokens else None
 
 

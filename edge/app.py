@@ -74,7 +74,9 @@ def _max_model_len(settings: Settings, model_dir: Path) -> int:
     TensorRT-LLM engines `[engine]` does not describe: their limit is their build's --max-seq-len,
     the model's `max_model_len` (build_engine.py's default when unset: past it TensorRT-LLM cuts a
     reply short as if it had ended). Taking `[engine]`'s for them cut every production model to the
-    CPU engine's 2,048 tokens."""
+    CPU engine's 2,048 tokens. A replica that says its own limit (a Triton repository's max_seq_len
+    parameter: gpu_container/triton/sequence_limit.py) holds the model within it too, as requests
+    come (Pipeline.max_model_len): the settings only guess an engine built elsewhere."""
     own = settings.model.max_model_len
     if settings.upstream.triton.strip() in ("", "local"):
         e = settings.engine

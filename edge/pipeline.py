@@ -334,26 +334,37 @@ class Pipeline:
             raise invalid_request(f"min_tokens must be at most {limit}, got {min_tokens}.", "min_tokens")
         return min_tokens
 
+    @property
+    def max_model_len(self) -> int:
+        """The model's context: the settings' (edge/app.py _max_model_len), within the smallest a
+        replica reports holding (a Triton replica's engine build, which the settings only guess:
+        past it TensorRT-LLM ends a reply short, unasked, as if it had finished)."""
+        own = self.config.max_model_len
+        reported = self.dispatcher.max_sequence_tokens
+        return min(own, reported) if reported else own
+
     def _max_new_tokens(self, req: ChatCompletionRequest, tier: TierConfig, prompt_tokens: int) -> int:
         asked = req.requested_max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        room = self.config.max_model_len - prompt_tokens
+        context = self.max_model_len
+        room = context - prompt_tokens
         if room < 1:
             # A prompt the context cannot hold whatever the completion: the client must trim its
             # messages, which only this code tells it, even when max_tokens is over its tier too.
-            raise self._context_exceeded(prompt_tokens, asked or 1)
+            raise self._context_exceeded(context, prompt_tokens, asked or 1)
         if asked is not None and asked > tier.max_tokens:
             raise invalid_request(
                 f"{param} is too large: {asked}. Your tier allows at most {tier.max_tokens}.", param
             )
         max_new = asked if asked is not None else min(tier.max_tokens, room)
         if max_new > room:
-            raise self._context_exceeded(prompt_tokens, max_new)
+            raise self._context_exceeded(context, prompt_tokens, max_new)
         return max_new
 
-    def _context_exceeded(self, prompt_tokens: int, completion_tokens: int) -> ApiError:
+    @staticmethod
+    def _context_exceeded(context: int, prompt_tokens: int, completion_tokens: int) -> ApiError:
         return invalid_request(
-            f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+            f"This model's maximum context length is {context} tokens. However, you "
             f"requested {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
             f"{completion_tokens} in the completion). Please reduce the length of the messages or "
             "completion.",

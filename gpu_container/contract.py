@@ -102,6 +102,10 @@ class Capacity:
     # (GenerationRequest.cache_salt). False: it pools every request's blocks (a Triton replica), so
     # its hit figures count one user's prompts found in another's blocks.
     salts_prefix_cache: bool = True
+    # The longest prompt + reply one sequence may have here, as the replica reports it (a Triton
+    # replica's engine build: gpu_container/triton/sequence_limit.py); 0: it does not say. Past it
+    # the engine ends a reply short, so the edge holds requests within it.
+    max_sequence_tokens: int = 0
 
 
 class UpstreamError(Exception):

@@ -217,6 +217,11 @@ class Dispatcher:
 
     # -- the API the request pipeline calls ------------------------------------------------------
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The smallest prompt + reply any replica reports holding (0: none reports one)."""
+        return self.replicas.max_sequence_tokens
+
     def check_fits(self, ticket: Ticket) -> None:
         """Raise NeverFits when no replica of a known size could ever hold the ticket, empty and
         whatever the wait: its tier's part of every replica is too small for what it is charged

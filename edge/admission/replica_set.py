@@ -79,6 +79,10 @@ class ReplicaSet:
         self._lost_room = False
         self._poller: asyncio.Task[None] | None = None
         self.closed = False
+        # The smallest sequence limit (prompt + reply) a member reports (Capacity.max_sequence_tokens;
+        # 0: none reports one): the pipeline's context for every request, which may go to any member.
+        # Kept here, with each poll and membership change, so a request reads one number.
+        self.max_sequence_tokens = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -162,6 +166,7 @@ class ReplicaSet:
         else:
             self._draining.append(replica)
         self._lost_room = True  # waiters that only this replica could hold now fail
+        self._note_sequence_limits()
         self._on_change()
 
     def released(self, replica: Replica, *, failed: bool, held_s: float | None, request_id: str) -> None:
@@ -271,7 +276,10 @@ class ReplicaSet:
         if capacity is not None:
             if replica.capacity is not None and _totals(capacity) != _totals(replica.capacity):
                 lost = True  # a smaller replica may no longer hold some waiters
+            said = replica.capacity.max_sequence_tokens if replica.capacity is not None else 0
             replica.capacity = capacity
+            if capacity.max_sequence_tokens != said:
+                self._note_sequence_limits()
         if ready and replica.suspect_since_check is not None and replica.suspect_since_check < check:
             replica.suspect_since_check = None
             log.info("replica_cleared", replica=replica.name)
@@ -285,6 +293,14 @@ class ReplicaSet:
             # this line nothing ever said so, while every request it was to serve got a 503.
             log.warning("replica_health", replica=replica.name, alive=False)
         return lost
+
+    def _note_sequence_limits(self) -> None:
+        limits = [
+            r.capacity.max_sequence_tokens
+            for r in self.members
+            if r.capacity is not None and r.capacity.max_sequence_tokens > 0
+        ]
+        self.max_sequence_tokens = min(limits, default=0)
 
 
 def _back_in_s(upstream: Upstream) -> float | None:

@@ -42,7 +42,7 @@ class ModelCatalog:
 
     def max_model_len(self, model: str) -> int:
         """The model's context: prompt and completion together, in tokens."""
-        return self._pipelines[model].config.max_model_len
+        return self._pipelines[model].max_model_len
 
     def pipelines(self) -> Iterator[tuple[str, Pipeline]]:
         return iter(self._pipelines.items())

@@ -77,6 +77,7 @@ from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import EXIT_TIMEOUT_S, start_local_triton
 from gpu_container.triton.model_name import MODEL_NAME
 from gpu_container.triton.refusals import refusal_reason
+from gpu_container.triton.sequence_limit import reported_max_seq_len
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metrics
 
 log = structlog.get_logger(__name__)
@@ -86,8 +87,9 @@ IDLE_POLL_S = 0.02
 _encode_json = msgspec.json.Encoder().encode
 
 
-def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
-    """The replica's capacity in the edge's terms, from its TensorRT-LLM gauges."""
+def trtllm_capacity(metrics: TrtLlmMetrics, max_sequence_tokens: int = 0) -> Capacity:
+    """The replica's capacity in the edge's terms, from its TensorRT-LLM gauges and the sequence
+    limit its model config says (0: unknown)."""
     return Capacity(
         kv_tokens_total=metrics.max_blocks * metrics.tokens_per_block,
         kv_tokens_used=metrics.used_blocks * metrics.tokens_per_block,
@@ -98,6 +100,7 @@ def trtllm_capacity(metrics: TrtLlmMetrics) -> Capacity:
         kv_block_tokens=max(metrics.tokens_per_block, 1),
         prefix_hit_tokens=metrics.reused_blocks * metrics.tokens_per_block,
         salts_prefix_cache=False,  # no cache salt reaches it (module doc)
+        max_sequence_tokens=max_sequence_tokens,
     )
 
 
@@ -267,6 +270,9 @@ class TritonUpstream:
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
         # The replica's KV block size (its tokens_per gauge), once its metrics have said it.
         self._block_tokens = 0
+        # Its engine's longest prompt + reply, once its model config has been read (0: it says
+        # none); None until then. Read with the first capacity poll (sequence_limit.py).
+        self._max_seq_len: int | None = None
         self._stops: set[asyncio.Task[None]] = set()
         # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
         # connection it opens); the model's poll of closed streams drops its request instead.
@@ -299,6 +305,9 @@ class TritonUpstream:
         conn.send(request, offer)
         retried = False
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
+        # The reply's room in the replica's sequence limit: TensorRT-LLM ends it there, unasked.
+        limit = self._max_seq_len
+        room = limit - len(req.prompt_ids) if limit else req.max_new_tokens
         first = True
         finished = False
         try:
@@ -339,7 +348,9 @@ class TritonUpstream:
                 tokens, conn.tokens = conn.tokens, []
                 finished = conn.ended
                 if finished:
-                    reason = _finish_reason(conn.last_token, stop_tokens, conn.received, req.max_new_tokens)
+                    reason = _finish_reason(
+                        conn.last_token, stop_tokens, conn.received, req.max_new_tokens, room
+                    )
                     yield Delta(tokens, reason, cached)
                 elif tokens:
                     yield Delta(tokens, cached_tokens=cached)
@@ -460,7 +471,24 @@ class TritonUpstream:
         return False
 
     async def capacity(self) -> Capacity:
-        return trtllm_capacity(await self._metrics())
+        metrics = await self._metrics()
+        if self._max_seq_len is None:
+            self._max_seq_len = await self._read_max_seq_len()
+        return trtllm_capacity(metrics, self._max_seq_len or 0)
+
+    async def _read_max_seq_len(self) -> int | None:
+        """The sequence limit the replica's model config says (0: none), or None where the config
+        could not be read (asked again with the next poll). Once while the replica stays ready: an
+        engine is built with its limit, and another engine means a restart, which ready() sees."""
+        try:
+            status, body = await self._pool.get(f"/v2/models/{self.model_name}/config", self._probe_timeout_s)
+        except UpstreamError as exc:
+            log.warning("triton_model_config_unread", replica=self.name, error=str(exc))
+            return None
+        if status != 200:
+            log.warning("triton_model_config_unread", replica=self.name, status=status)
+            return None
+        return reported_max_seq_len(body)
 
     async def ready(self) -> bool:
         """Triton's own readiness and the model's (KServe v2 health endpoints)."""
@@ -468,8 +496,11 @@ class TritonUpstream:
             server, _ = await self._pool.get("/v2/health/ready", self._probe_timeout_s)
             model, _ = await self._pool.get(f"/v2/models/{self.model_name}/ready", self._probe_timeout_s)
         except UpstreamError:
-            return False
-        return server == 200 and model == 200
+            server = model = 0
+        if server == 200 and model == 200:
+            return True
+        self._max_seq_len = None  # back up, it may run another engine: its config is read again
+        return False
 
     async def aclose(self) -> None:
         self._closed = True
@@ -500,10 +531,14 @@ def _stream_error(
     return UpstreamError(f"{where}: {message}")
 
 
-def _finish_reason(last: int | None, stop_tokens: set[int], generated: int, limit: int) -> FinishReason:
+def _finish_reason(
+    last: int | None, stop_tokens: set[int], generated: int, limit: int, room: int
+) -> FinishReason:
+    """`limit`: the request's max_new_tokens; `room`: what the replica's sequence limit leaves the
+    reply (where the engine ends it unasked, as if it had finished: "length" as vLLM says)."""
     if last is not None and last in stop_tokens:
         return "stop"
-    if generated >= limit:
+    if generated >= limit or generated >= room:
         return "length"
     # TensorRT-LLM leaves the end token out of its output: ending early means it saw one.
     return "stop"

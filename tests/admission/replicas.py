@@ -13,6 +13,8 @@ class ControlledUpstream:
     ) -> None:
         self.name = name
         self.kv_block_tokens = kv_block_tokens
+        # The sequence limit its capacity reports (0: none), as a Triton replica's model config says.
+        self.max_sequence_tokens = 0
         self.kv_tokens_total = kv_tokens_total
         self.max_sequences = max_sequences
         self.is_ready = True
@@ -34,7 +36,15 @@ class ControlledUpstream:
         yield Delta([2], "stop")
 
     async def capacity(self) -> Capacity:
-        return Capacity(self.kv_tokens_total, 0, self.max_sequences, 0, 0, self.kv_block_tokens)
+        return Capacity(
+            self.kv_tokens_total,
+            0,
+            self.max_sequences,
+            0,
+            0,
+            self.kv_block_tokens,
+            max_sequence_tokens=self.max_sequence_tokens,
+        )
 
     async def ready(self) -> bool:
         self.ready_calls += 1

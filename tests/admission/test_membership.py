@@ -161,3 +161,26 @@ async def test_a_drained_replicas_close_names_no_request(make_dispatcher: MakeDi
                 slot.release()
     [closed] = [e for e in logs if e["event"] == "replica_closed"]
     assert "request_id" not in closed, closed
+
+
+@pytest.mark.anyio
+async def test_the_context_is_the_smallest_sequence_limit_a_member_reports(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """A request may go to any member, so none may be sent past the smallest limit one reports; a
+    member that reports none leaves it to the others (and to the settings)."""
+    silent = ClosableUpstream("silent")
+    roomy = ClosableUpstream("roomy")
+    roomy.max_sequence_tokens = 4096
+    async with make_dispatcher([silent, roomy]) as dispatcher:
+        assert dispatcher.max_sequence_tokens == 4096
+        short = ClosableUpstream("short")
+        short.max_sequence_tokens = 1024
+        await dispatcher.add_upstream(short)
+        assert dispatcher.max_sequence_tokens == 1024
+        # Rebuilt with another engine: its next poll says the new limit.
+        short.max_sequence_tokens = 2048
+        await dispatcher.check_replicas()
+        assert dispatcher.max_sequence_tokens == 2048
+        dispatcher.remove_upstream("short")
+        assert dispatcher.max_sequence_tokens == 4096

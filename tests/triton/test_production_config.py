@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.production.render import TrtLlmSettings, main, render_repository
+from tests.support.live_server import demo_model_dir
 
 CONTRACT_INPUTS = {
     "input_ids",
@@ -93,3 +96,32 @@ def test_cpu_repository_speaks_the_same_tensor_contract(tmp_path: Path) -> None:
     params = {k: v.string_value for k, v in cpu.parameters.items()}
     assert params["model_dir"] == "/models/demo"
     assert params["num_blocks"] == "64"
+
+
+def test_production_repository_says_its_engines_sequence_limit(tmp_path: Path) -> None:
+    """The engine's build_config.max_seq_len travels as the max_seq_len parameter the edge reads
+    (gpu_container/triton/sequence_limit.py); an engine folder without config.json says none."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    bare = _parse(
+        render_repository(tmp_path / "bare", TrtLlmSettings(engine_dir=str(engine))) / "config.pbtxt"
+    )
+    assert "max_seq_len" not in bare.parameters
+    (engine / "config.json").write_text(json.dumps({"build_config": {"max_seq_len": 4096}}))
+    built = _parse(
+        render_repository(tmp_path / "built", TrtLlmSettings(engine_dir=str(engine))) / "config.pbtxt"
+    )
+    assert built.parameters["max_seq_len"].string_value == "4096"
+
+
+def test_cpu_repository_says_its_engines_sequence_limit(tmp_path: Path) -> None:
+    """The CPU engine's own: max_model_len within its KV pool and the checkpoint's positions."""
+    model_dir = demo_model_dir()
+    small_pool = EngineConfig(block_size=16, num_blocks=8, max_model_len=2048)
+    cpu = _parse(
+        render_cpu_repository(tmp_path / "pool", model_dir, small_pool) / "tensorrt_llm" / "config.pbtxt"
+    )
+    assert cpu.parameters["max_seq_len"].string_value == "128"
+    long = EngineConfig(block_size=16, num_blocks=4096, max_model_len=1_000_000)
+    cpu = _parse(render_cpu_repository(tmp_path / "long", model_dir, long) / "tensorrt_llm" / "config.pbtxt")
+    assert cpu.parameters["max_seq_len"].string_value == str(read_facts(model_dir).max_context)

@@ -3,7 +3,9 @@
 Regression: the CPU model's refusal reached the edge as a bare error string, the edge took it for a
 failed replica (502 or an error event), marked the replica suspect and every user's time to first
 token suffered. Here the replica's engine holds fewer tokens than the edge lets a prompt have, so
-the engine itself refuses a long prompt, exactly as it refuses any bad parameter.
+the engine itself refuses a long prompt, exactly as it refuses any bad parameter. Its repository
+says no sequence limit (one rendered elsewhere): a replica that says it has the edge refuse such a
+prompt itself (tests/triton/test_context_limit.py), and the engine's refusal is never reached.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def _suspects(server: LiveServer) -> list[str]:
 @pytest.fixture(scope="module")
 def small_triton() -> Iterator[TritonProcess]:
     with tempfile.TemporaryDirectory(prefix="small-cpu-repo-") as repo:
-        process = start_local_triton(render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE))
+        repository = render_cpu_repository(Path(repo), demo_model_dir(), SMALL_ENGINE)
+        process = start_local_triton(_without_parameter(repository, "max_seq_len"))
         try:
             yield process
         finally:
@@ -94,6 +97,15 @@ def test_a_request_the_replica_refuses_is_a_400_and_the_replica_stays_healthy(se
     chunks = [e for e in fine_streamed if isinstance(e, dict)]
     assert fine_streamed[-1] == DONE and not [e for e in chunks if "error" in e]
     assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def _without_parameter(repository: Path, name: str) -> Path:
+    """`repository` with the model's parameter `name` left out of its config.pbtxt."""
+    path = repository / "tensorrt_llm" / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    del config.parameters[name]
+    path.write_text(text_format.MessageToString(config))
+    return repository
 
 
 def _without_input(repository: Path, name: str) -> Path:

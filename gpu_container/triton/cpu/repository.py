@@ -11,7 +11,10 @@ import msgspec
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from gpu_container.checkpoint.errors import CheckpointError
+from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
+from gpu_container.triton import sequence_limit
 from gpu_container.triton.model_name import MODEL_NAME
 
 # This package holds the model's files as Triton reads them (config.pbtxt, the model.py shim).
@@ -47,6 +50,9 @@ def render_cpu_repository(
         "python_path": current_python_path(),
         **msgspec.structs.asdict(engine_config),
     }
+    # The engine's own limit (gpu_container/engine/engine.py max_model_len), said to the edge as a
+    # TensorRT-LLM repository says its engine's (sequence_limit.py).
+    values[sequence_limit.PARAMETER] = _engine_limit(engine_config, model_dir)
     if cancellation_check_period_ms is not None:
         values["cancellation_check_period_ms"] = cancellation_check_period_ms
     if metrics_period_ms is not None:
@@ -59,3 +65,14 @@ def render_cpu_repository(
     (model_root / "config.pbtxt").write_text(text_format.MessageToString(config))
     shutil.copy2(CPU_DIR / "model.py", model_root / "1" / "model.py")
     return dest
+
+
+def _engine_limit(config: EngineConfig, model_dir: Path) -> int:
+    """The CPU engine's longest sequence: its max_model_len within its KV pool and the checkpoint's
+    positions (gpu_container/engine/engine.py). A folder that is no checkpoint leaves the positions
+    out: the model fails to load there, and says why."""
+    limit = min(config.max_model_len, config.num_blocks * config.block_size)
+    try:
+        return min(limit, read_facts(model_dir).max_context)
+    except CheckpointError:
+        return limit

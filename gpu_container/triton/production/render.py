@@ -16,6 +16,7 @@ from string import Template
 from typing import Literal
 
 from gpu_container.triton.model_name import MODEL_NAME
+from gpu_container.triton.sequence_limit import PARAMETER, engine_max_seq_len
 
 TEMPLATE_PATH = Path(__file__).with_name("config.pbtxt.tmpl")
 
@@ -65,16 +66,23 @@ def _template_value(value: object) -> str:
     return str(value)
 
 
-def render_config(settings: TrtLlmSettings) -> str:
+def render_config(settings: TrtLlmSettings, max_seq_len: int = 0) -> str:
+    """The config; `max_seq_len` (the engine's build, 0: unknown) is said to the edge as a parameter
+    the backend ignores (gpu_container/triton/sequence_limit.py)."""
     values = {f.name: _template_value(getattr(settings, f.name)) for f in dataclasses.fields(settings)}
-    return Template(TEMPLATE_PATH.read_text()).substitute(values, model_name=MODEL_NAME)
+    config = Template(TEMPLATE_PATH.read_text()).substitute(values, model_name=MODEL_NAME)
+    if max_seq_len > 0:
+        config += f'parameters: {{ key: "{PARAMETER}" value: {{ string_value: "{max_seq_len}" }} }}\n'
+    return config
 
 
 def render_repository(out: Path, settings: TrtLlmSettings) -> Path:
-    """Write `out/tensorrt_llm/config.pbtxt` and the (empty) version folder the backend expects."""
+    """Write `out/tensorrt_llm/config.pbtxt` and the (empty) version folder the backend expects,
+    after the engine is in `settings.engine_dir` (entrypoint.py): its build's max_seq_len is read."""
     model_dir = out / MODEL_NAME
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(render_config(settings))
+    max_seq_len = engine_max_seq_len(Path(settings.engine_dir))
+    (model_dir / "config.pbtxt").write_text(render_config(settings, max_seq_len))
     return model_dir
 
 
