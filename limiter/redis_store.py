@@ -25,8 +25,9 @@ Slow is not down, and a late answer is not a "no":
 - A busy pool (no free connection within `pool_wait_s`) is answered by the fallback too, as the
   bound on a caller's wait promises, but Redis lost nothing then: the restore that follows puts
   back the fallback's ledgers alone, not every user's whole count as after an outage.
-- A restore runs in the background once Redis answers: an admit meanwhile puts back its own user's
-  count first and goes on, rather than waiting for every user's (`_restored_for`).
+- A restore runs in the background once Redis answers: an admit meanwhile (the probe's among them)
+  puts back its own user's count first and goes on, rather than waiting for every user's
+  (`_restored_for`).
 - Settles go through a queue that batches them into one round trip and retries them until they
   land or their slot expires (settle_queue.py): a Redis stall never leaks a slot.
 - A crashed edge instance cannot settle: the fleet names it departed (edge/membership/), and admit
@@ -740,10 +741,10 @@ class RedisLimiter:
         user's budgets in round trips of RESTORE_CHUNK (an admit meanwhile puts back its own user's
         first: `_restored_for`), before admitting there again: the requests
         still running from the outage (or admitted by a Redis that since restarted empty) then
-        hold their slots on Redis too, so Redis does not admit as many again beside them. While
-        the store is down, a restore under way is the probe (store_health.py): the fallback answers
-        the callers meanwhile, as it answers every other call then, rather than each waiting out
-        its bound; within the store's backoff nothing is built (the call would be refused).
+        hold their slots on Redis too, so Redis does not admit as many again beside them. Started
+        while the store is down (`restore_slots`), a restore's first round trip may be the probe
+        (store_health.py); within the store's backoff nothing is built (the call would be
+        refused), and the call that finds Redis back starts it again (`_call`, `_restored_for`).
 
         Sent as one call, the restore had to fit in one call's bound (1.75 s by default), and the
         twin holds every user with a TAT ahead (a free user's one request stays 9 minutes ahead on
@@ -830,19 +831,21 @@ class RedisLimiter:
         before an admit there; the failure count that holds under (the admit is sent only if it
         still is). Raises _NotSent / _NoAnswer when it cannot: the fallback answers.
 
-        While the store fails, the whole restore is the probe (`_resync`): this admit runs it, or
-        the fallback answers. Once the store answers, the whole restore runs in the background and
-        this admit puts back its own user's budget first, in one round trip of its own
-        (restore.lua is idempotent per ledger and keeps the later of each count, so the whole
-        restore sending it again changes nothing): each admit waited for every user's budgets to
-        be restored, 1.27 s at 30,000 users. A user the twin holds nothing of has nothing to put
-        back."""
+        The whole restore runs in the background and this admit puts back its own user's budget
+        first, in one round trip of its own (restore.lua is idempotent per ledger and keeps the
+        later of each count, so the whole restore sending it again changes nothing): each admit
+        waited for every user's budgets to be restored, 1.27 s at 30,000 users. The same while the
+        store fails: that round trip is then the probe (store_health.py), or, for a user the twin
+        holds nothing of (nothing to put back), the admit itself is; either answered, the whole
+        restore follows in the background. The probe admit ran the whole restore itself, and its
+        user waited for all of it. Within the backoff nothing is built (the call would be
+        refused)."""
         if self._in_sync():
             return self._synced_at
-        if self._health.failing:
-            await self._resync()
-            return self._synced_at
-        failures = self._health.failures
+        health = self._health
+        if health.failing and health.retry_in() > 0:
+            raise _NotSent
+        failures = health.failures
         kept = self._redis_kept_all(failures, self._counted_out, self._connections_lost())
         if self._local.holds(user, tier, ledgers_only=kept):
             await self._send_restores([(user, tier)], failures)

@@ -201,7 +201,7 @@ async def test_a_hung_redis_is_probed_by_one_call_while_the_others_keep_to_the_f
     async with _hung_with_no_backoff(own_redis_server) as limiter:
         before = _all_failures()
         # The first of these probes the store, which still does not answer (the probe is the
-        # restore of what the fallback admitted, sent before any admit on Redis).
+        # restore of what the fallback admitted of the user, sent before its admit on Redis).
         calls = [asyncio.ensure_future(limiter.admit("u", f"r{i}", OPEN, 1, 0)) for i in range(20)]
         while sum(call.done() for call in calls) < 19:
             _, pending = await asyncio.wait(
@@ -545,3 +545,64 @@ async def test_an_admit_waits_for_its_own_users_restore_not_for_every_users(
     finally:
         release.set()
         await store.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_probe_admit_puts_back_its_own_users_budget_not_every_users(
+    own_redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While Redis failed, the admit that tried it again (the probe) ran the whole restore itself,
+    every user's budgets, and its user waited for all of it. Here Redis comes back empty and the
+    whole restore is held at its second round trip: the probe admit puts back its own user's count
+    first (refused on Redis, as before the outage) and is answered meanwhile; the rest follows in
+    the background."""
+    limits = tier(requests=2, request_window_s=3600, name="free")
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=5000, backoff_s=0)
+    tag = uuid.uuid4().hex
+    first, second = [f"probe-{tag}-a{i}" for i in range(2)], [f"probe-{tag}-b{i}" for i in range(2)]
+    monkeypatch.setattr("limiter.redis_store.RESTORE_CHUNK", 2)
+    held, release = asyncio.Event(), asyncio.Event()
+    send_all = store._send_all
+    round_trips = 0
+
+    async def holding_the_second_round_trip(script: object, calls: list[object]) -> object:
+        nonlocal round_trips
+        if script is store._restore and len(calls) == 2:
+            round_trips += 1
+            if round_trips == 2:
+                held.set()
+                await release.wait()
+        return await send_all(script, calls)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_send_all", holding_the_second_round_trip)
+    restarted: RedisServer | None = None
+    try:
+        await store.connect()
+        for user in first + second:  # each spent on Redis here, which loses it all
+            for i in range(2):
+                store._local.record_admitted(user, f"r{i}", limits, 1)
+                store._local.settle_now(user, limits, f"r{i}", 0)
+        own_redis_server.kill()
+        # Admitted by the fallback, and running: no settle is left to retry (the probe is this
+        # test's admit's).
+        during = (await store.admit(f"probe-{tag}-c", "during", limits, 1, 0)).lease
+        assert during is not None and store.fallback_active and store.pending_settles == 0
+        restarted = await asyncio.to_thread(start_redis, own_redis_server.port)
+
+        probe = asyncio.ensure_future(store.admit(second[0], "x", limits, 1, 0))
+        await asyncio.wait_for(held.wait(), WAIT_S)
+        restoring = store._restoring
+        assert restoring is not None and not restoring.done(), "the probe admit runs the whole restore"
+        own_first = await asyncio.wait_for(probe, WAIT_S)
+        assert not restoring.done() and not store.fallback_active
+        assert own_first.decision.limit == "requests", own_first.decision
+        release.set()
+        await restoring
+        after = await store.admit(second[1], "x", limits, 1, 0)
+        assert after.decision.limit == "requests" and store._in_sync()
+        await during.settle()
+    finally:
+        release.set()
+        await store.aclose()
+        if restarted is not None:
+            restarted.kill()

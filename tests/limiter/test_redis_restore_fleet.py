@@ -71,12 +71,16 @@ async def test_two_instances_fallback_admits_add_up_on_redis_after_the_outage(
                 await probe.restore(key, max(ttl_ms, 0), dump)
         assert int(await probe.exists(user_keys(user)[0])) == int(kept)
 
-        # Each edge restores before its first admit on Redis, whoever that admit is for: here both
-        # have, before either admits for the user. (Until the other one has, the first may admit
-        # what the other's fallback did: each restore is one instance's.)
+        # Each edge restores in the background once Redis answers it (its first admit there,
+        # whoever that admit is for): here both have, before either admits for the user. (Until
+        # the other one has, the first may admit what the other's fallback did: each restore is
+        # one instance's.)
         for e, edge in enumerate(edges):
             assert await _allowed(edge, f"other-{uuid.uuid4().hex}", f"e{e}-o")
+            assert edge._restoring is not None
+            await edge._restoring
         assert not any(edge.fallback_active for edge in edges)
+        assert all(edge._in_sync() for edge in edges)
         if not kept:
             extra = [await _allowed(edges[i % 2], user, f"x{i}") for i in range(6)]
             assert extra == [True, True, False, False, False, False]
