@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from limiter import policy
@@ -29,6 +29,9 @@ DEFAULT_LEASE_TTL_S = 300.0
 # every 10,000 operations, stalled one call (and the edge's loop with it) 0.67 s at 200,000 users.
 _SWEEP_EVERY = 1_000
 _SWEEP_SLICE = 1_000
+# Users (or ledgers) a restore's listing looks at between two turns of the loop (`active_budgets`):
+# about a microsecond each, so a millisecond or so at a time.
+LOOK_SLICE = 1_000
 
 
 @dataclass(slots=True)
@@ -368,29 +371,49 @@ class MemoryLimiter:
                 self._lease_ttl_us,
             )
 
-    def active_budgets(self) -> list[tuple[str, str]]:
+    def active_budgets(self, *, ledgers_only: bool = False) -> Iterator[list[tuple[str, str]]]:
         """(user, tier) of each budget whose state still matters (a TAT ahead of now, or a live
-        lease, in the twin or in a ledger)."""
+        lease, in the twin or in a ledger), in lists, one for each LOOK_SLICE users or ledgers
+        looked at: the caller lets the loop run between them. All of them in one step held the loop
+        0.16 s at 200,000 users, and every stream on the edge with it. Looked for among the users
+        and ledgers held at this call (the Redis store reads its counts at the same moment: what
+        comes later is decided on Redis, or counted for another restore), each looked at when its
+        slice comes (one gone idle meanwhile has nothing left to put back). `ledgers_only`: the
+        ledgers alone, all that a Redis which kept its data lacks of this instance's count."""
         with self._lock:
-            now = self._now_us()
-            budgets = [
-                (user, tier)
-                for user, entry in self._users.items()
-                for tier, state in entry.budgets.items()
-                if not state.is_idle(now)
-            ]
-            busy = set(budgets)
-            budgets += [
-                k for k, ledger in self._ledgers.items() if k not in busy and not ledger.state.is_idle(now)
-            ]
-            return budgets
+            users = [] if ledgers_only else list(self._users)
+            ledgers = list(self._ledgers)
+        return self._active_among(users, ledgers)
 
-    def ledger_budgets(self) -> list[tuple[str, str]]:
-        """(user, tier) of each budget whose ledger still holds something: all that a Redis which
-        kept its data lacks of this instance's count."""
-        with self._lock:
-            now = self._now_us()
-            return [k for k, ledger in self._ledgers.items() if not ledger.state.is_idle(now)]
+    def _active_among(
+        self, users: list[str], ledgers: list[tuple[str, str]]
+    ) -> Iterator[list[tuple[str, str]]]:
+        # The budgets listed that have a ledger: the ledger pass leaves them out. Only those: a set
+        # of every budget listed was 200,000 tuples at 200,000 users, freed in one step (26 ms).
+        listed: set[tuple[str, str]] = set()
+        for start in range(0, len(users), LOOK_SLICE):
+            with self._lock:
+                now = self._now_us()
+                found = [
+                    (user, tier)
+                    for user in users[start : start + LOOK_SLICE]
+                    if (entry := self._users.get(user)) is not None
+                    for tier, state in entry.budgets.items()
+                    if not state.is_idle(now)
+                ]
+                listed.update(key for key in found if key in self._ledgers)
+            yield found
+        for start in range(0, len(ledgers), LOOK_SLICE):
+            with self._lock:
+                now = self._now_us()
+                found = [
+                    key
+                    for key in ledgers[start : start + LOOK_SLICE]
+                    if key not in listed
+                    and (ledger := self._ledgers.get(key)) is not None
+                    and not ledger.state.is_idle(now)
+                ]
+            yield found
 
     def holds(self, user: str, tier: str, *, ledgers_only: bool = False) -> bool:
         """Whether a restore of the user's budget in `tier` has anything to put back: that budget

@@ -302,3 +302,30 @@ def test_dropping_idle_users_never_stalls_one_call_for_all_the_users_held(
     for i in range(200_000):
         twin.settle_now(f"late-{i % 10}", free, "none", 0)
     assert len(twin._users) <= 30_000
+
+
+def test_the_budgets_a_restore_puts_back_are_listed_slice_by_slice_each_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MemoryLimiter.active_budgets lists what a restore puts back a slice of users at a time (the
+    loop runs between slices): every budget still ahead once, a budget with a ledger too (the
+    fallback admitted in it) once, not again from the ledger pass, and none gone idle."""
+    monkeypatch.setattr("limiter.memory.LOOK_SLICE", 2)
+    clock = ManualClock()
+    twin = MemoryLimiter(clock)
+    t = tier(requests=10, request_window_s=3600, name="free")
+    twin.record_admitted("refilled", "r", t, 1)
+    twin.settle_now("refilled", t, "r", 0)
+    clock.advance(3600)
+    for user in ("a", "b", "c"):
+        twin.record_admitted(user, "r", t, 1)  # decided on Redis
+    assert twin.decide("b", "f", t, 1, 0, own=True)[0].allowed  # by the fallback alone: a ledger
+    assert twin.decide("d", "f", t, 1, 0, own=True)[0].allowed
+    slices = list(twin.active_budgets())
+    # Five users in slices of two, then the two ledgers in one: both budgets listed already.
+    assert len(slices) == 3 + 1 and slices[-1] == []
+    assert sorted(key for found in slices for key in found) == [(u, "free") for u in "abcd"]
+    assert sorted(key for found in twin.active_budgets(ledgers_only=True) for key in found) == [
+        ("b", "free"),
+        ("d", "free"),
+    ]
