@@ -270,9 +270,13 @@ class TritonUpstream:
         self._metrics_cache: tuple[float, TrtLlmMetrics] | None = None
         # The replica's KV block size (its tokens_per gauge), once its metrics have said it.
         self._block_tokens = 0
-        # Its engine's longest prompt + reply, once its model config has been read (0: it says
-        # none); None until then. Read with the first capacity poll (sequence_limit.py).
-        self._max_seq_len: int | None = None
+        # Its engine's longest prompt + reply as its model config last said it (0: it says none, or
+        # not read yet). Read with the first capacity poll (sequence_limit.py), again after the
+        # replica was down (`_config_read` False): a read that fails keeps the limit said before,
+        # which a restart rarely changes, where 0 would have the edge send past it (the pipeline's
+        # context back at the settings' guess) and call the reply the engine cuts "stop".
+        self._max_seq_len = 0
+        self._config_read = False
         self._stops: set[asyncio.Task[None]] = set()
         # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
         # connection it opens); the model's poll of closed streams drops its request instead.
@@ -472,9 +476,11 @@ class TritonUpstream:
 
     async def capacity(self) -> Capacity:
         metrics = await self._metrics()
-        if self._max_seq_len is None:
-            self._max_seq_len = await self._read_max_seq_len()
-        return trtllm_capacity(metrics, self._max_seq_len or 0)
+        if not self._config_read:
+            said = await self._read_max_seq_len()
+            if said is not None:
+                self._max_seq_len, self._config_read = said, True
+        return trtllm_capacity(metrics, self._max_seq_len)
 
     async def _read_max_seq_len(self) -> int | None:
         """The sequence limit the replica's model config says (0: none), or None where the config
@@ -499,7 +505,7 @@ class TritonUpstream:
             server = model = 0
         if server == 200 and model == 200:
             return True
-        self._max_seq_len = None  # back up, it may run another engine: its config is read again
+        self._config_read = False  # back up, it may run another engine: its config is read again
         return False
 
     async def aclose(self) -> None:

@@ -17,6 +17,7 @@ from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream, end_token_ids
 from gpu_container.engine.types import EngineConfig
 from tests.edge.sse_client import CHAT, MODEL
+from tests.support.failing_paths_proxy import failing_paths_proxy
 from tests.support.live_server import start_server
 from tests.support.triton_server import LocalTriton, own_local_triton
 
@@ -89,3 +90,28 @@ async def test_a_reply_the_replicas_limit_ends_is_length(short_triton: LocalTrit
         assert reason == "length"
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_keeps_its_limit_when_its_config_cannot_be_read_again(
+    short_triton: LocalTriton,
+) -> None:
+    """A replica that failed a health check (a probe timed out under load) has its config read
+    again once it is back; where that read fails too (under the same load), the limit it said
+    before still holds: the read is retried, and until then the edge must not take the replica for
+    one that says no limit (its context back at the settings' guess, a reply the engine cuts
+    called "stop")."""
+    process = short_triton.process
+    with failing_paths_proxy(process.http_url) as proxy:
+        upstream = TritonUpstream("triton-short", proxy.url, process.metrics_url, probe_timeout_s=10)
+        try:
+            assert await upstream.ready()
+            assert (await upstream.capacity()).max_sequence_tokens == REPLICA_LIMIT
+            proxy.failing["/v2/health/ready"] = 503
+            assert not await upstream.ready()
+            del proxy.failing["/v2/health/ready"]
+            proxy.failing[f"/v2/models/{upstream.model_name}/config"] = 503
+            assert await upstream.ready()
+            assert (await upstream.capacity()).max_sequence_tokens == REPLICA_LIMIT
+        finally:
+            await upstream.aclose()
