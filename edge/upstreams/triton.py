@@ -277,6 +277,9 @@ class TritonUpstream:
         # context back at the settings' guess) and call the reply the engine cuts "stop".
         self._max_seq_len = 0
         self._config_read = False
+        # Whether the last read failed and said so: a config that stays unreadable (an API the
+        # operator restricted) is asked each poll, and one warning, not one a second, says it.
+        self._config_unread_logged = False
         self._stops: set[asyncio.Task[None]] = set()
         # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
         # connection it opens); the model's poll of closed streams drops its request instead.
@@ -489,12 +492,19 @@ class TritonUpstream:
         try:
             status, body = await self._pool.get(f"/v2/models/{self.model_name}/config", self._probe_timeout_s)
         except UpstreamError as exc:
-            log.warning("triton_model_config_unread", replica=self.name, error=str(exc))
+            self._config_unread(error=str(exc))
             return None
         if status != 200:
-            log.warning("triton_model_config_unread", replica=self.name, status=status)
+            self._config_unread(status=status)
             return None
+        self._config_unread_logged = False
         return reported_max_seq_len(body)
+
+    def _config_unread(self, **why: object) -> None:
+        """The first failed read of a run says so; those after it, each poll, do not."""
+        if not self._config_unread_logged:
+            self._config_unread_logged = True
+            log.warning("triton_model_config_unread", replica=self.name, **why)
 
     async def ready(self) -> bool:
         """Triton's own readiness and the model's (KServe v2 health endpoints)."""

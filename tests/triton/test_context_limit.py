@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream, end_token_ids
@@ -113,5 +114,37 @@ async def test_a_replica_keeps_its_limit_when_its_config_cannot_be_read_again(
             proxy.failing[f"/v2/models/{upstream.model_name}/config"] = 503
             assert await upstream.ready()
             assert (await upstream.capacity()).max_sequence_tokens == REPLICA_LIMIT
+        finally:
+            await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_config_that_stays_unreadable_is_logged_once_not_every_poll(
+    short_triton: LocalTriton,
+) -> None:
+    """A replica whose model config cannot be read (an API the operator restricted, a proxy in
+    front refusing it) is asked again with every capacity poll, each second, for as long as it
+    runs: one warning says so, not one per poll, which buried every other line; a read that then
+    answers is logged again after a later failure."""
+    process = short_triton.process
+    with failing_paths_proxy(process.http_url) as proxy:
+        upstream = TritonUpstream("triton-short", proxy.url, process.metrics_url, probe_timeout_s=10)
+        config = f"/v2/models/{upstream.model_name}/config"
+        proxy.failing[config] = 403
+        try:
+            with capture_logs() as logs:
+                assert await upstream.ready()
+                for _ in range(5):
+                    assert (await upstream.capacity()).max_sequence_tokens == 0
+                del proxy.failing[config]
+                assert (await upstream.capacity()).max_sequence_tokens == REPLICA_LIMIT
+                proxy.failing["/v2/health/ready"] = 503
+                assert not await upstream.ready()
+                del proxy.failing["/v2/health/ready"]
+                proxy.failing[config] = 403
+                assert await upstream.ready()
+                assert (await upstream.capacity()).max_sequence_tokens == REPLICA_LIMIT
+            unread = [e for e in logs if e["event"] == "triton_model_config_unread"]
+            assert len(unread) == 2, unread
         finally:
             await upstream.aclose()
