@@ -282,13 +282,15 @@ def never_fits_error(exc: NeverFits) -> ApiError:
     # limiter's instance_count), the limit is that share's.
     share = "this server's share of " if exc.shared else ""
     if not exc.sequences:
-        where = "this server's share of the model replicas" if exc.shared else "any model replica"
-        return invalid_request(
-            f"The paid reserve leaves the free tier no sequence on {where}: no request of your tier "
-            "can run here.",
-            None,
-            code="tier_not_served",
-        )
+        if exc.shared:
+            # A fixed share can hold no sequence for any tier (more instances than a replica runs
+            # sequences): a paid user was told of the free tier and the paid reserve.
+            less = "" if exc.may_use_reserve else ", less the paid reserve,"
+            cause = f"This server's share of the model replicas{less} holds no sequence for your tier"
+        else:
+            cause = "The paid reserve leaves the free tier no sequence on any model replica"
+        message = f"{cause}: no request of your tier can run here."
+        return invalid_request(message, None, code="tier_not_served")
     if exc.may_use_reserve:
         limit = f"{share}a replica holds at most {exc.kv_limit}"
     else:

@@ -66,3 +66,23 @@ def test_an_instance_fills_the_whole_of_its_own_engine(tmp_path: Path) -> None:
     with start_server(tmp_path, overrides) as server, httpx.Client(base_url=server.base_url) as client:
         answer = client.post(CHAT, json=BODY, headers=server.auth("paid"))
     assert answer.status_code == 200, answer.text
+
+
+def test_a_share_that_holds_no_sequence_says_so_to_a_paid_user(
+    tmp_path: Path, small_triton: LocalTriton
+) -> None:
+    """Five in-memory instances in front of a replica of four sequences: this one's fixed share
+    holds none, for any tier. A paid user was told that the paid reserve leaves the free tier no
+    sequence, which is neither its tier nor the cause; the answer names this server's share."""
+    overrides = SMALL_ENGINE | {"limiter": {"instance_count": 5}}
+    provider = triton_upstreams(small_triton.spec)
+    with (
+        start_server(tmp_path, overrides, upstreams=provider) as server,
+        httpx.Client(base_url=server.base_url) as client,
+    ):
+        answer = client.post(CHAT, json=BODY | {"max_tokens": 4}, headers=server.auth("paid"))
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "tier_not_served"
+    assert "free tier" not in error["message"] and "paid reserve" not in error["message"], error["message"]
+    assert "server's share of the model replicas holds no sequence" in error["message"], error["message"]
