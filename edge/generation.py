@@ -537,7 +537,7 @@ class Generation:
         question = _question(self._req.messages)
         if conversation_id is not None and self._p.messages is not None and question is not None:
             self._p.messages.record_prompt(
-                conversation_id, self._principal.user, self.request_id, question.text()
+                conversation_id, self._principal.user, self.request_id, question.text(), question.name
             )
 
     def _record(self, out: Outcome) -> None:

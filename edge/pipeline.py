@@ -59,7 +59,9 @@ class MessageSink(Protocol):
     """Where a named conversation's turn goes (the message writer): the prompt when the request
     sends its first text, the reply when it ends."""
 
-    def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None: ...
+    def record_prompt(
+        self, conversation_id: str, user: str, request_id: str, prompt: str, name: str | None = None
+    ) -> None: ...
 
     def record_reply(
         self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str

@@ -94,6 +94,10 @@ class ChatMessage(msgspec.Struct):
     # UNSET tells a message sent without content from one whose content is null: OpenAI names the
     # first a missing parameter and the second a wrong type (_check_content).
     content: str | list[ContentPart] | msgspec.UnsetType | None = msgspec.UNSET
+    # The participant (OpenAI's optional `name`), stored with a named conversation's turn so its
+    # history says who spoke. Bounded as `user` is: it is kept with the turn (a DynamoDB item
+    # leaves a few KB beside the content, edge/messages/dynamodb.py).
+    name: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
     def text(self) -> str:
         if self.content is None or self.content is msgspec.UNSET:

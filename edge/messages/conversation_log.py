@@ -16,8 +16,10 @@ class ConversationLog:
     def __init__(self, writer: MessageWriter) -> None:
         self._writer = writer
 
-    def record_prompt(self, conversation_id: str, user: str, request_id: str, prompt: str) -> None:
-        self._writer.submit(new_message(conversation_id, user, "user", prompt, request_id))
+    def record_prompt(
+        self, conversation_id: str, user: str, request_id: str, prompt: str, name: str | None = None
+    ) -> None:
+        self._writer.submit(new_message(conversation_id, user, "user", prompt, request_id, name=name))
 
     def record_reply(
         self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str

@@ -82,11 +82,14 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
     }
     if msg.finish_reason is not None:
         item["finish_reason"] = {"S": msg.finish_reason}
+    if msg.name is not None:
+        item["name"] = {"S": msg.name}
     return item
 
 
 def _message(item: dict[str, Any]) -> StoredMessage:
     finish = item.get("finish_reason")
+    name = item.get("name")
     packed = item.get("content_z")
     conversation = item.get(CONVERSATION) or item[PARTITION_KEY]  # a legacy item: its id was the key
     return StoredMessage(
@@ -99,6 +102,7 @@ def _message(item: dict[str, Any]) -> StoredMessage:
         created_at=float(item["created_at"]["N"]),
         finish_reason=finish["S"] if finish else None,
         truncated="truncated" in item,
+        name=name["S"] if name else None,
     )
 
 

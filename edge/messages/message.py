@@ -20,6 +20,9 @@ class StoredMessage:
     finish_reason: str | None = None
     # Kept cut short: the store could not hold it whole (edge/messages/dynamodb.py).
     truncated: bool = False
+    # The participant who said it (OpenAI's message `name`): a multi-participant chat's history
+    # replays each turn as its speaker's.
+    name: str | None = None
 
 
 def new_message(
@@ -29,6 +32,8 @@ def new_message(
     content: str,
     request_id: str,
     finish_reason: str | None = None,
+    *,
+    name: str | None = None,
 ) -> StoredMessage:
     """A message stamped now, with a fresh time-ordered id."""
     return StoredMessage(
@@ -40,4 +45,5 @@ def new_message(
         request_id=request_id,
         created_at=time.time(),
         finish_reason=finish_reason,
+        name=name,
     )

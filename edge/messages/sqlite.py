@@ -9,6 +9,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
@@ -26,6 +27,7 @@ CREATE TABLE IF NOT EXISTS messages (
     request_id TEXT NOT NULL,
     created_at REAL NOT NULL,
     finish_reason TEXT,
+    name TEXT,
     PRIMARY KEY (conversation_id, message_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
@@ -38,7 +40,7 @@ _SWEEP_EVERY_S = 3600.0
 _BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
 _SCHEMA_WAIT_MS = 600_000
 
-_COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason"
+_COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name"
 
 
 class SQLiteMessageStore:
@@ -58,6 +60,7 @@ class SQLiteMessageStore:
         # failed ("database is locked"). The schema step waits as long as the build may take.
         self._conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
         self._conn.executescript(_SCHEMA)
+        _add_name_column(self._conn)
         self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_WAIT_MS}")
 
     async def append(self, msg: StoredMessage) -> None:
@@ -92,11 +95,14 @@ class SQLiteMessageStore:
             msg.request_id,
             msg.created_at,
             msg.finish_reason,
+            msg.name,
         )
         now = time.time()
         with self._lock:
             # REPLACE makes a retried write after an ambiguous failure harmless.
-            self._conn.execute(f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+            self._conn.execute(
+                f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row
+            )
             if now - self._swept_at >= _SWEEP_EVERY_S:
                 self._swept_at = now
                 self._conn.execute("DELETE FROM messages WHERE created_at <= ?", (now - self._ttl_s,))
@@ -121,10 +127,30 @@ class SQLiteMessageStore:
             rows = self._conn.execute(sql, args)
             try:
                 # Row by row: those past the page's text budget are never read (store.reads).
-                return reads((StoredMessage(*row) for row in rows), limit)
+                return reads((_message(row) for row in rows), limit)
             finally:
                 rows.close()  # its statement ends here, not when the cursor is collected
 
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _message(row: tuple[Any, ...]) -> StoredMessage:
+    conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name = row
+    return StoredMessage(
+        conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name=name
+    )
+
+
+def _add_name_column(conn: sqlite3.Connection) -> None:
+    """A file of the release before has no `name` column (CREATE TABLE IF NOT EXISTS leaves its
+    table as it was). Another worker may add it between the look and the ALTER: its error then
+    says the column is there, which is all this wants."""
+    if any(column[1] == "name" for column in conn.execute("PRAGMA table_info(messages)")):
+        return
+    try:
+        conn.execute("ALTER TABLE messages ADD COLUMN name TEXT")
+    except sqlite3.OperationalError as exc:
+        if "duplicate column" not in str(exc):
+            raise

@@ -227,3 +227,29 @@ def test_a_conversation_id_no_url_can_carry_is_refused(server: LiveServer, conve
     answer = httpx.post(server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=30)
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "conversation_id"
+
+
+def test_a_participants_name_is_stored_and_the_history_replays_as_the_request_did(server: LiveServer) -> None:
+    """A multi-participant chat names who said each turn (OpenAI's `name`): the stored turn lost it,
+    and a client replaying its history replayed every participant as one. The stored turns, sent
+    back as messages, make the prompt the original request made (its content parts as one text)."""
+    conv = f"named-{uuid.uuid4().hex[:8]}"
+    asked = {
+        "role": "user",
+        "name": "bob_2",
+        "content": [{"type": "text", "text": "Where"}, {"type": "text", "text": "is Lima?"}],
+    }
+    ask = {"model": MODEL, "max_tokens": 2, "temperature": 0}
+    auth = server.auth("paid")
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        first = client.post(CHAT, json=ask | {"messages": [asked], "conversation_id": conv}, headers=auth)
+        assert first.status_code == 200, first.text
+        history = client.get(f"/v1/conversations/{conv}/messages", headers=auth)
+        assert history.status_code == 200, history.text
+        data = history.json()["data"]
+        assert [(m["role"], m["name"]) for m in data] == [("user", "bob_2"), ("assistant", None)]
+        replayed = [{k: data[0][k] for k in ("role", "name", "content")}]
+        again = client.post(CHAT, json=ask | {"messages": replayed}, headers=auth)
+    assert again.status_code == 200, again.text
+    assert again.json()["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"]
+    assert data[0]["content"] == "Where\nis Lima?"

@@ -309,3 +309,48 @@ async def test_dynamodb_history_of_a_conversation_id_too_long_for_any_partition_
         assert (await store.history("\u00e9" * 1100, "alice")).messages == []
     finally:
         await store.aclose()
+
+
+async def test_a_messages_participant_name_round_trips(store: MessageStore) -> None:
+    """A multi-participant chat's turns say who spoke (OpenAI's `name`): reloaded without it, the
+    history replays every user's turn as one speaker's."""
+    conv = conversation()
+    named = new_message(conv, "alice", "user", "I'll take the north route", "r_1", name="bob_2")
+    unnamed = new_message(conv, "alice", "assistant", "Noted.", "r_1", finish_reason="stop")
+    await store.append(named)
+    await store.append(unnamed)
+
+    assert [(m.name, m.content) for m in (await store.history(conv, "alice")).messages] == [
+        ("bob_2", "I'll take the north route"),
+        (None, "Noted."),
+    ]
+
+
+async def test_sqlite_adds_the_name_column_to_a_file_written_before_it(tmp_path: Path) -> None:
+    """A file of the release before has no `name` column: it opens, keeps its messages, and takes
+    named ones."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """CREATE TABLE messages (conversation_id TEXT NOT NULL, message_id TEXT NOT NULL,
+        user TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL, request_id TEXT NOT NULL,
+        created_at REAL NOT NULL, finish_reason TEXT, PRIMARY KEY (conversation_id, message_id))
+        WITHOUT ROWID;"""
+    )
+    old.execute(
+        "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)",
+        ("c", "01J0000000000000000000000A", "alice", "user", "before", "r_0", time.time(), None),
+    )
+    old.commit()
+    old.close()
+    store = SQLiteMessageStore(path)
+    try:
+        await store.append(new_message("c", "alice", "user", "after", "r_1", name="carol"))
+        again = SQLiteMessageStore(path)  # a second worker opening the file migrated by the first
+        await again.aclose()
+        assert [(m.content, m.name) for m in (await store.history("c", "alice")).messages] == [
+            ("before", None),
+            ("after", "carol"),
+        ]
+    finally:
+        await store.aclose()
