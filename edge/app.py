@@ -254,6 +254,7 @@ def create_app(
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
                 models=catalog,
+                history_reads=limiter,
             )
             try:
                 yield

@@ -17,6 +17,7 @@ from edge.models.catalog import ModelCatalog
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
 from edge.usage.store import UsageStore
+from limiter.reads import ReadLimit
 
 
 @dataclass(slots=True)
@@ -33,6 +34,8 @@ class Runtime:
     usage: UsageStore
     # Every served model's pipeline; `pipeline` above is the first (the default).
     models: ModelCatalog
+    # The history reads' own budget (limiter/reads.py), on the limiter the chat completions use.
+    history_reads: ReadLimit
 
 
 def runtime_of(request: Request[Any, Any, Any]) -> Runtime:

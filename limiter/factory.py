@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from limiter.base import Limiter
 from limiter.memory import DEFAULT_LEASE_TTL_S, MemoryLimiter
 from limiter.redis_store import RedisLimiter
 
@@ -18,7 +17,7 @@ def create_limiter(
     *,
     cluster: bool = False,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-) -> Limiter:
+) -> MemoryLimiter | RedisLimiter:
     """backend "memory": the in-process twin (`clock` drives it; tests inject one); with
     `instance_count` > 1 each instance enforces its share of every limit.
     backend "redis": shared by every edge instance; `redis+cluster://host:port` (over TLS

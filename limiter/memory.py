@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from limiter import policy
 from limiter.base import Admission, Decision, TierLimits
 from limiter.lease import admission
+from limiter.reads import ReadBuckets, ReadDecision
 from limiter.stream_ends import StreamEnds
 from limiter.tiers import per_instance
 
@@ -129,6 +130,7 @@ class MemoryLimiter:
         # Only the Redis store's fallback (`own=True`) writes these (_Ledger).
         self._ledgers: dict[tuple[str, str], _Ledger] = {}
         self._generations = itertools.count(1)
+        self._reads = ReadBuckets()
 
     def set_instance_count(self, n: int) -> None:
         """Enforce 1/n of every limit from now on (edge/membership/: the live edge count changed).
@@ -152,6 +154,14 @@ class MemoryLimiter:
                     ledger.offset_us = ledger.offset_us * n / old + now * (1 - n / old)
                 self._instance_count = n
                 self._rates.clear()
+
+    async def take_read(self, user: str, tier: TierLimits) -> ReadDecision:
+        return self.take_read_now(user, tier)
+
+    def take_read_now(self, user: str, tier: TierLimits) -> ReadDecision:
+        """One history read of this instance's share of the user's read budget (limiter/reads.py)."""
+        with self._lock:
+            return self._reads.take(user, tier, self._now_us(), self._instance_count)
 
     def _now_us(self) -> int:
         return round(self._clock() * policy.MICROS)

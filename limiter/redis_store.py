@@ -64,6 +64,7 @@ from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, LedgerSnapshot, MemoryLimiter
 from limiter.metrics import STORE_BUSY
 from limiter.pipelined_replies import replies_loading_once
+from limiter.reads import ReadDecision, read_rates
 from limiter.resp import pack_evalshas
 from limiter.scripts import script_text
 from limiter.settle_queue import PendingSettle, SettleQueue
@@ -86,7 +87,7 @@ _CLUSTER_CONCURRENCY = 16
 # within the bound (about 40 µs a budget on Redis and here: 20 ms), and the loop runs between them.
 RESTORE_CHUNK = 500
 _LIMIT_NAMES: dict[int, LimitName] = {1: "requests", 2: "tokens", 3: "concurrency"}
-Op = Literal["admit", "charge", "settle", "restore"]
+Op = Literal["admit", "charge", "settle", "restore", "read"]
 
 
 class _ScriptCall(Protocol):
@@ -129,6 +130,11 @@ def user_keys(user: str, tier: str = "") -> tuple[str, str, str]:
     prefix = _user_prefix(user)
     budget = _budget(prefix, tier)
     return f"{budget}:req", f"{budget}:tok", f"{prefix}:conc"
+
+
+def read_key(user: str, tier: str = "") -> str:
+    """The user's history-read budget in `tier` (limiter/reads.py), in the user's Cluster slot."""
+    return f"{_budget(_user_prefix(user), tier)}:read"
 
 
 def admit_keys(user: str, tier: str, request_id: str) -> tuple[str, ...]:
@@ -241,6 +247,7 @@ class RedisLimiter:
         self._charge = client.register_script(script_text("charge"))
         self._settle = client.register_script(script_text("settle"))
         self._restore = client.register_script(script_text("restore"))
+        self._read = client.register_script(script_text("read"))
         # After a store failure, Redis may lack what this instance counted (its fallback's
         # decisions; everything, if Redis restarted empty): put back (restore.lua) before the next
         # admission there. `_synced_at` is the failure count the last restore covered.
@@ -291,6 +298,7 @@ class RedisLimiter:
         self._admit_call = self._way("admit", self._admit, max_in_flight=1)
         self._charge_call = self._way("charge", self._charge)
         self._settle_call = self._way("settle", self._settle)
+        self._read_call = self._way("read", self._read)
 
     @classmethod
     def from_url(
@@ -576,6 +584,19 @@ class RedisLimiter:
         return self._admission(
             decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens
         )
+
+    async def take_read(self, user: str, tier: TierLimits) -> ReadDecision:
+        """One history read of the user's read budget (scripts/read.lua); while Redis does not
+        answer, this instance's share of it (limiter/reads.py: never failing closed)."""
+        window_us, capacity = read_rates(tier)
+        try:
+            reply = await self._read_call(
+                (read_key(user, tier.name),), (self._now_arg(), window_us, capacity)
+            )
+        except (_NotSent, _NoAnswer):
+            return self._local.take_read_now(user, tier)
+        allowed, remaining, reset_ms, retry_ms = (int(v) for v in reply)
+        return ReadDecision(bool(allowed), capacity, remaining, reset_ms, retry_ms)
 
     def _admission(
         self,

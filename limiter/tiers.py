@@ -22,6 +22,12 @@ class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrent: Annotated[int, msgspec.Meta(ge=1)]
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     on_store_failure: Literal["open", "closed"] = "open"
+    # Reads of the conversation history (GET /v1/conversations/{id}/messages): a store read each,
+    # limited in a budget of their own (limiter/reads.py) so that paging a history never spends the
+    # chat completions' requests. 10 a second by default: a client paging a long history, or
+    # reloading it after each reply, never meets it; a loop reading it does.
+    history_reads_per_window: Annotated[int, msgspec.Meta(ge=1)] = 600
+    history_read_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # The [tiers.NAME] table's name (the edge's settings set it): each tier a user is in has its own
     # budgets, kept in that tier's units. A budget holds time owed at its tier's rate (a GCRA TAT),
     # so one shared across tiers read a free key's spent day, moved to paid, as a paid day spent

@@ -12,11 +12,12 @@ from litestar import Request, get
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
-from edge.errors import ApiError, invalid_request
+from edge.errors import ApiError, invalid_request, wait_text
 from edge.keys.authorization_header import authorization_header
 from edge.messages.store import Order
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
+from limiter.reads import read_headers
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -91,6 +92,21 @@ async def conversation_messages(
     sort = _order(order)
     after, before = _cursor("after", after), _cursor("before", before)
     user = principal.user
+    # Each read is a store read: limited in a budget of its own, never the chat completions'.
+    tier = runtime.settings.tiers.get(principal.tier)
+    if tier is None:
+        raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
+    read = await runtime.history_reads.take_read(user, tier)
+    headers = read_headers(read)
+    if not read.allowed:
+        wait = wait_text(read.retry_after_ms / 1000)
+        raise ApiError(
+            429,
+            f"Rate limit reached (history reads). Please try again in {wait}.",
+            type="requests",
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
     # Read-your-writes on this edge: the turns it has queued for this conversation (the reply of
     # a stream that just ended) are written first, so a client reloading the history when its
     # reply ends finds it there.
@@ -102,7 +118,13 @@ async def conversation_messages(
     if not page.messages and (
         (after is None and before is None) or not (await store.history(conversation_id, user, 1)).messages
     ):
-        raise ApiError(404, f"No conversation {conversation_id}.", param="conversation_id", code="not_found")
+        raise ApiError(
+            404,
+            f"No conversation {conversation_id}.",
+            param="conversation_id",
+            code="not_found",
+            headers=headers,
+        )
     data = [
         {
             "id": m.message_id,
@@ -124,5 +146,6 @@ async def conversation_messages(
             "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None,
             "has_more": page.has_more,
-        }
+        },
+        headers=headers,
     )

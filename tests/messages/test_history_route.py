@@ -253,3 +253,32 @@ def test_a_participants_name_is_stored_and_the_history_replays_as_the_request_di
     assert again.status_code == 200, again.text
     assert again.json()["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"]
     assert data[0]["content"] == "Where\nis Lima?"
+
+
+def test_history_reads_are_limited_apart_from_the_chat_completions(tmp_path: Path) -> None:
+    """A loop reading a history was a store read each, without limit. The reads have a budget of
+    their own, answered as the chat route's limits are (429, Retry-After, x-ratelimit-*), and
+    spending it leaves the user's chat completions as they were."""
+    reads = {"history_reads_per_window": 2, "history_read_window_s": 3600}
+    with (
+        start_server(tmp_path, {"tiers": {"paid": reads}}) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+    ):
+        auth = server.auth("paid")
+        ask = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        first = client.post(CHAT, json=ask | {"conversation_id": "limited"}, headers=auth)
+        assert first.status_code == 200, first.text
+        url = "/v1/conversations/limited/messages"
+        answers = [client.get(url, headers=auth) for _ in range(3)]
+        other = client.get(url, headers=server.auth("free"))  # another user: its own budget (a 404)
+        second = client.post(CHAT, json=ask, headers=auth)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == ["1", "0", "0"]
+    refused = answers[2]
+    assert refused.headers["x-ratelimit-limit-requests"] == "2"
+    assert 1 <= int(refused.headers["retry-after"]) <= 1800
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert other.status_code == 404
+    assert second.status_code == 200, second.text
+    chat_left = int(first.headers["x-ratelimit-remaining-requests"])
+    assert int(second.headers["x-ratelimit-remaining-requests"]) == chat_left - 1

@@ -1,0 +1,96 @@
+"""The history reads' budget: a user's GET /v1/conversations/{id}/messages, each a store read, in a
+GCRA bucket of its own (TierLimits.history_reads_per_window per history_read_window_s), apart from
+the chat completions' requests and tokens, so a client paging its history spends none of those.
+
+On Redis it is one atomic step (scripts/read.lua, on the user's Cluster slot); `ReadBuckets` is the
+in-process one, and the fallback of the Redis limiter while Redis does not answer (each instance its
+share, as the fallback's other limits). A read turned away when Redis is down would turn away a
+read of a store that is up for a limit that only guards load, so the fallback never fails closed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from limiter import policy
+from limiter.headers import openai_duration
+from limiter.tiers import TierLimits
+
+# Past this many users held, the next read sweeps the buckets that are full again (a bucket whose
+# TAT has passed holds nothing a fresh one would not).
+_SWEEP_AT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDecision:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_ms: int  # until the budget is whole again
+    retry_after_ms: int  # 0 when allowed
+
+
+class ReadLimit(Protocol):
+    async def take_read(self, user: str, tier: TierLimits) -> ReadDecision:
+        """Spend one history read of the user's budget in `tier`, or say how long until one."""
+        ...
+
+
+def read_rates(tier: TierLimits, instance_count: int = 1) -> tuple[int, int]:
+    """(window_us, capacity): with `instance_count` > 1, one instance's share, refilling at its
+    share of the rate (as tiers.per_instance does the other budgets)."""
+    capacity = max(1, tier.history_reads_per_window // max(1, instance_count))
+    window_s = tier.history_read_window_s * capacity * max(1, instance_count) / tier.history_reads_per_window
+    return round(window_s * policy.MICROS), capacity
+
+
+def read_headers(decision: ReadDecision) -> dict[str, str]:
+    """The request headers OpenAI's rate limits send, for the read budget (it has no tokens)."""
+    headers = {
+        "x-ratelimit-limit-requests": str(decision.limit),
+        "x-ratelimit-remaining-requests": str(decision.remaining),
+        "x-ratelimit-reset-requests": openai_duration(decision.reset_ms),
+    }
+    if not decision.allowed:
+        headers["retry-after"] = str(max(1, -(-decision.retry_after_ms // 1000)))
+        headers["retry-after-ms"] = str(decision.retry_after_ms)
+    return headers
+
+
+class ReadBuckets:
+    """Each (user, tier)'s TAT, decided on the event loop (no await between the read and the
+    write: atomic as the script is)."""
+
+    def __init__(self) -> None:
+        self._tats: dict[tuple[str, str], int] = {}
+        self._sweep_at = _SWEEP_AT
+
+    def take(self, user: str, tier: TierLimits, now_us: int, instance_count: int = 1) -> ReadDecision:
+        window_us, capacity = read_rates(tier, instance_count)
+        key = (user, tier.name)
+        tat = self._tats.get(key, 0)
+        step = policy.gcra(tat, now_us, window_us, capacity, 1)
+        if step.wait_us > 0:
+            return ReadDecision(
+                allowed=False,
+                limit=capacity,
+                remaining=policy.remaining(tat, now_us, window_us, capacity),
+                reset_ms=policy.ceil_ms(policy.reset_us(tat, now_us)),
+                retry_after_ms=policy.ceil_ms(step.wait_us),
+            )
+        self._tats[key] = step.new_tat_us
+        if len(self._tats) >= self._sweep_at:
+            self._sweep(now_us)
+        return ReadDecision(
+            allowed=True,
+            limit=capacity,
+            remaining=policy.remaining(step.new_tat_us, now_us, window_us, capacity),
+            reset_ms=policy.ceil_ms(policy.reset_us(step.new_tat_us, now_us)),
+            retry_after_ms=0,
+        )
+
+    def _sweep(self, now_us: int) -> None:
+        """Drop the full buckets; the next sweep waits until twice as many are held again (amortised
+        O(1) a read however many users keep reading)."""
+        self._tats = {key: tat for key, tat in self._tats.items() if tat > now_us}
+        self._sweep_at = max(_SWEEP_AT, 2 * len(self._tats))
