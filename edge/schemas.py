@@ -98,10 +98,13 @@ class ChatMessage(msgspec.Struct):
     # history says who spoke. Bounded as `user` is: it is kept with the turn (a DynamoDB item
     # leaves a few KB beside the content, edge/messages/dynamodb.py).
     name: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    # An assistant's refusal as OpenAI answers it (content null, `refusal` its text), replayed by a
+    # client with its history: the model reads it as that turn's text, as it reads a refusal part.
+    refusal: str | None = None
 
     def text(self) -> str:
         if self.content is None or self.content is msgspec.UNSET:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.words() or "" for part in self.content)

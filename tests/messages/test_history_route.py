@@ -282,3 +282,27 @@ def test_history_reads_are_limited_apart_from_the_chat_completions(tmp_path: Pat
     assert second.status_code == 200, second.text
     chat_left = int(first.headers["x-ratelimit-remaining-requests"])
     assert int(second.headers["x-ratelimit-remaining-requests"]) == chat_left - 1
+
+
+def test_an_assistants_refusal_replayed_is_read_as_its_turn(server: LiveServer) -> None:
+    """OpenAI answers a refusal as `{"content": null, "refusal": "..."}`, and a client replays its
+    history as it got it: the refusal was dropped, the model read an empty turn of its own, as if it
+    had said nothing (a refusal content part was read)."""
+    said = "I can't help with that."
+    ask = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+
+    def prompt_tokens(assistant: dict[str, Any]) -> int:
+        messages = [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", **assistant},
+            {"role": "user", "content": "Q2"},
+        ]
+        answer = httpx.post(
+            server.base_url + CHAT, json=ask | {"messages": messages}, headers=server.auth("paid"), timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["prompt_tokens"])
+
+    as_text = prompt_tokens({"content": said})
+    assert prompt_tokens({"content": None, "refusal": said}) == as_text
+    assert prompt_tokens({"content": [{"type": "refusal", "refusal": said}]}) == as_text
