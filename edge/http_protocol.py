@@ -276,9 +276,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            # Not uvicorn's warning besides: the refusal's own line (info, the client's doing) says it.
+            self.send_400_response("Invalid HTTP request received.")
         except httptools.HttpParserUpgrade as upgrade:
             head, self._upgrade_head = self._upgrade_head, None
             if head is None:

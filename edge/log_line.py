@@ -54,10 +54,17 @@ def info_line(log: Any, event: str, fields: dict[str, Any]) -> None:
     _logger.msg(event_dict)
 
 
+# Refusals whose 5xx status is HTTP's name for them, not the server's trouble: the client caused
+# them all the same (501: a transfer coding it chose that nothing here decodes), and a warning per
+# such request would page an operator for what one client sends.
+CLIENT_CAUSED_5XX = frozenset({"unsupported_transfer_coding"})
+
+
 def refusal_line(log: Any, event: str, fields: dict[str, Any]) -> None:
-    """A refused request's one line: info for the client's 4xx, a warning for the server's own
-    trouble (a 5xx: a store down, no replica), which an operator watches for. `fields["status"]`."""
-    if fields["status"] < 500:
+    """A refused request's one line: info for what the client caused (a 4xx, and the 5xx codes of
+    CLIENT_CAUSED_5XX), a warning for the server's own trouble (a store down, no replica), which an
+    operator watches for. `fields["status"]` and `fields["code"]`."""
+    if fields["status"] < 500 or fields["code"] in CLIENT_CAUSED_5XX:
         info_line(log, event, fields)
     else:
         log.warning(event, **fields)

@@ -9,6 +9,7 @@ On an edge of its own: structlog's capture is process-wide."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -36,12 +37,31 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield live
 
 
-def _exchange(live: LiveServer, request: bytes) -> tuple[bytes, list[dict[str, Any]]]:
-    with capture_logs() as logs:
-        with socket.create_connection(("127.0.0.1", live.settings.server.port), timeout=30) as sock:
-            sock.sendall(request)
-            answer = read_to_close(sock)
-    return answer, [line for line in logs if line["event"] == "request_refused"]
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _exchange(
+    live: LiveServer, request: bytes
+) -> tuple[bytes, list[dict[str, Any]], list[logging.LogRecord]]:
+    """The answer, its request_refused lines, and the warnings uvicorn's logger wrote meanwhile (it
+    does not propagate to the root logger, so it is watched itself)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    watch = _Warnings()
+    uvicorn_log.addHandler(watch)
+    try:
+        with capture_logs() as logs:
+            with socket.create_connection(("127.0.0.1", live.settings.server.port), timeout=30) as sock:
+                sock.sendall(request)
+                answer = read_to_close(sock)
+    finally:
+        uvicorn_log.removeHandler(watch)
+    return answer, [line for line in logs if line["event"] == "request_refused"], watch.records
 
 
 def _header(head: bytes, name: bytes) -> str:
@@ -57,7 +77,7 @@ def _header(head: bytes, name: bytes) -> str:
 @pytest.mark.parametrize("code", list(REQUESTS))
 def test_a_protocol_refusal_carries_a_request_id_that_names_its_line(edge: LiveServer, code: str) -> None:
     status, request = REQUESTS[code]
-    answer, lines = _exchange(edge, request)
+    answer, lines, warnings = _exchange(edge, request)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 %d " % status), answer[:300]
     assert json.loads(body)["error"]["code"] == code
@@ -66,8 +86,11 @@ def test_a_protocol_refusal_carries_a_request_id_that_names_its_line(edge: LiveS
     assert len(lines) == 1, lines
     line = lines[0]
     assert (line["request_id"], line["status"], line["code"]) == (request_id, status, code), line
-    # As refusal_line levels every refusal: a 5xx (here the 501) is a warning.
-    assert line["log_level"] == ("info" if status < 500 else "warning"), line
+    # Every one is the client's doing, the 501 too (a transfer coding it chose): info, as every other
+    # client-caused refusal's line; a warning says the server's own trouble.
+    assert line["log_level"] == "info", line
+    # ... and no other line says it louder (uvicorn's "Invalid HTTP request received." warning).
+    assert not warnings, [record.getMessage() for record in warnings]
 
 
 def test_each_protocol_refusal_has_an_id_of_its_own(edge: LiveServer) -> None:
@@ -81,7 +104,7 @@ def test_a_refusal_behind_a_request_being_answered_names_its_own_id(edge: LiveSe
     """Put off until the answer before it is written (edge/http_protocol.py `_refusal`): its id and
     line are still its own."""
     _, bad = REQUESTS["invalid_http_request"]
-    answer, lines = _exchange(edge, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" + bad)
+    answer, lines, _ = _exchange(edge, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" + bad)
     first, _, rest = answer.partition(b"HTTP/1.1 400 ")
     assert first.startswith(b"HTTP/1.1 200 "), answer[:300]
     assert len(lines) == 1, lines
