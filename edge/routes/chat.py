@@ -35,8 +35,11 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
         scope[NO_RESERVE] = True  # type: ignore[literal-required]
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
     pipeline = runtime.models.pipeline_for(principal.tier, req.model)
-    # The model a refusal from here on is counted under (floodgate_requests_rejected_total).
-    scope[REQUEST_MODEL] = pipeline.dispatcher.model  # type: ignore[literal-required]
+    if tier is not None:
+        # The model a refusal from here on is counted under (floodgate_requests_rejected_total). An
+        # unconfigured tier reaches none (the default pipeline only answers its 403 unknown_tier):
+        # counted under that model, its refusals rose with requests none of its users sent.
+        scope[REQUEST_MODEL] = pipeline.dispatcher.model  # type: ignore[literal-required]
     generation = await pipeline.admit(principal, req)
     if req.stream:
         return EventStreamResponse(generation)

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edge.keys.provision import create_keys
 from tests.edge.sse_client import CHAT
 from tests.models.conftest import TWO_MODELS
 from tests.support.live_server import LiveServer, start_server
@@ -127,3 +129,24 @@ def test_each_models_refusals_are_counted_under_its_own_name(own_edge: LiveServe
     assert _rejected(own_edge)[protocol] == before.get(protocol, 0.0) + 1
     # No series under the name a client made up.
     assert not any(("model", "no-such-model-3f9a") in labels for labels in _rejected(own_edge))
+
+
+def test_a_request_of_an_unconfigured_tier_is_counted_under_no_model(own_edge: LiveServer) -> None:
+    """A key whose tier the settings no longer name (a tier renamed or removed, its keys left): its
+    403 unknown_tier was counted under the first configured model, a model it never reached (its
+    tier has none), so that model's refusals rose with requests none of its users sent."""
+    settings = own_edge.settings
+    with_gold = msgspec.structs.replace(settings, tiers={**settings.tiers, "gold": settings.tiers["paid"]})
+    gold = create_keys(with_gold, {"gold": ("gold-user", "gold")})["gold"]
+    before = _rejected(own_edge)
+    answer = httpx.post(
+        own_edge.base_url + CHAT,
+        json={"model": "", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        headers={"Authorization": f"Bearer {gold}"},
+        timeout=60.0,
+    )
+    assert answer.status_code == 403 and answer.json()["error"]["code"] == "unknown_tier", answer.text
+    after = _rejected(own_edge)
+    grown = {labels: after[labels] - before.get(labels, 0.0) for labels in after}
+    mine = frozenset({"status": "403", "code": "unknown_tier", "model": ""}.items())
+    assert {labels: n for labels, n in grown.items() if n} == {mine: 1.0}, grown
