@@ -18,10 +18,12 @@ from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
+from edge.keys.page import KEY_ID, MAX_LIMIT
 from edge.keys.record import (
     ADMIN_KEY_PREFIX,
     InvalidLabel,
     InvalidUser,
+    KeyRecord,
     UnknownTier,
     hash_key,
     new_secret,
@@ -33,6 +35,8 @@ from edge.operator_cli import add_config_option, settings_of
 from edge.sqlite_file import unopenable
 from edge.usage.day import checked_day
 
+# The keys `keys list` reads a round trip: the admin API's largest page.
+PAGE_SIZE = MAX_LIMIT
 _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires", "replaced_by")
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
 
@@ -62,6 +66,22 @@ def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
         # From `[server] keys_file`, which every key command imports first: named, since the
         # command itself named no file.
         raise SystemExit(f"floodgate: {settings.server.keys_file}: {exc}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text!r}")
+    return value
+
+
+def _key_id(text: str) -> str:
+    if not KEY_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a key id (key_ and its hex digits)")
+    return text
 
 
 def _when(ts: float | None) -> str:
@@ -107,10 +127,23 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    async def step(keys: KeyLifecycle) -> Any:
-        return await keys.list_keys(args.user)
+    async def step(keys: KeyLifecycle) -> tuple[list[KeyRecord], bool]:
+        # A page at a time, as the admin API reads them: all of a big table at once was one
+        # unbounded read (on DynamoDB, a Scan of every key and usage row).
+        found: list[KeyRecord] = []
+        after, more = args.after, True
+        while more and (args.limit is None or len(found) < args.limit):
+            want = PAGE_SIZE if args.limit is None else min(PAGE_SIZE, args.limit - len(found))
+            page = await keys.page_keys(args.user, after, want)
+            found += page.keys
+            more = page.has_more
+            after = page.keys[-1].id if page.keys else after
+        return found, more
 
-    views = [key_view(r) for r in _lifecycle_command(args, step)]
+    records, more = _lifecycle_command(args, step)
+    if more:
+        note(f"more keys follow: list them with --after {records[-1].id}")
+    views = [key_view(r) for r in records]
     if args.json:
         print(json.dumps(views, indent=2))
         return 0
@@ -253,6 +286,10 @@ def add_keys_commands(commands: Any) -> None:
 
     listing = sub("list", "list keys (id, user, label, last four characters; never the key)", _list)
     listing.add_argument("--user", type=typed_text, help="only this user's keys")
+    listing.add_argument("--limit", type=_positive, help="at most this many keys (default: every one)")
+    listing.add_argument(
+        "--after", type=_key_id, help="the keys whose ids follow this one (keys are listed by id)"
+    )
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     sub("revoke", "revoke a key: refused by every edge within keys.cache_ttl_s", _revoke).add_argument(

@@ -3,8 +3,12 @@
 `key_id`); usage records share the table (edge/usage/dynamodb.py).
 
 Authentication reads one item by its hash (a strongly consistent GetItem), and finding a key by id
-its id's claim, then the key. Listing, adding a key (an id no claim names may be a key's stored before
-claims) and finding such a key scan the table: operator actions, rare next to lookups."""
+its id's claim, then the key. A page of keys (the admin API's and the CLI's listing) is one Query of
+an index sorted by id: KEYS_BY_OWNER for one user's, KEYS_BY_KIND for everyone's. Both are sparse:
+only key items carry both their attributes (a usage row has an owner but no id, an id's claim a kind
+but no id). The whole consistent list (a rotation's chain), adding a key (an id no claim names may be
+a key's stored before claims) and finding such a key scan the table: operator actions, rare next to
+lookups."""
 
 from __future__ import annotations
 
@@ -13,13 +17,17 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
+from edge.keys.page import KeyPage, page_of
 from edge.keys.record import KeyRecord
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import (
+        AttributeDefinitionTypeDef,
         AttributeValueTypeDef,
+        GlobalSecondaryIndexTypeDef,
         PutItemInputTypeDef,
+        QueryInputTypeDef,
         ScanInputTypeDef,
     )
 
@@ -28,6 +36,11 @@ SORT_KEY = "sk"
 KEY_ITEM = "key"
 # A key id's claim (`key_id#<id>`, `key_id`): ids are 48 bits of the hash, and two keys' can agree.
 ID_ITEM = "key_id"
+# The indexes a page of keys is read from (iac/modules/keys_table declares them too): partition
+# key the user (`owner`), or the item's kind (`key`, for everyone's), sort key the key's id.
+KEYS_BY_OWNER = "keys_by_owner"
+KEYS_BY_KIND = "keys_by_kind"
+_INDEXES = {KEYS_BY_OWNER: "owner", KEYS_BY_KIND: "kind"}
 
 
 def key_pk(key_sha256: str) -> str:
@@ -110,6 +123,9 @@ class DynamoDBKeyStore:
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
         found = await anyio.to_thread.run_sync(self._scan, "owner", user, None)
         return sorted(found, key=lambda r: (r.created, r.id))
+
+    async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
+        return page_of(await anyio.to_thread.run_sync(self._page, user, after, limit + 1), limit)
 
     async def any(self) -> bool:
         return bool(await anyio.to_thread.run_sync(self._scan, None, None, 1))
@@ -229,6 +245,40 @@ class DynamoDBKeyStore:
             pass  # replaced or revoked already (or no such key): the stored record says which
         return self._get(key_sha256)
 
+    def _page(self, user: str | None, after: str | None, want: int) -> list[KeyRecord]:
+        """Up to `want` keys past `after` in id order, off the index. The cursor is a condition on
+        the index's sort key (`id > :after`), which is what an ExclusiveStartKey built from it would
+        be, with no read of the cursor's key to learn its table key (its hash) first."""
+        if user is not None and len(user.encode()) > MAX_PARTITION_KEY_BYTES:
+            return []  # no key has such a user (records refuse it), and the Query would be refused
+        index = KEYS_BY_OWNER if user is not None else KEYS_BY_KIND
+        condition = "#p = :p"
+        names = {"#p": _INDEXES[index]}
+        values: dict[str, AttributeValueTypeDef] = {":p": {"S": user if user is not None else KEY_ITEM}}
+        if after is not None:
+            condition += " AND #id > :after"
+            names["#id"] = "id"
+            values[":after"] = {"S": after}
+        found: list[KeyRecord] = []
+        start: dict[str, Any] | None = None
+        while True:
+            params: QueryInputTypeDef = {
+                "TableName": self._table,
+                "IndexName": index,
+                "KeyConditionExpression": condition,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+                "Limit": want - len(found),
+            }
+            if start:
+                params["ExclusiveStartKey"] = start
+            page = self._client.query(**params)
+            found.extend(_record(item) for item in page.get("Items", []))
+            # Again only where a page stopped at DynamoDB's 1 MB before `want` items.
+            start = page.get("LastEvaluatedKey")
+            if not start or len(found) >= want:
+                return found
+
     def _scan(self, attribute: str | None, value: str | None, want: int | None) -> list[KeyRecord]:
         """Key items (whose `attribute` equals `value`, when given); stops after `want` of them."""
         names: dict[str, str] = {"#kind": "kind"}
@@ -257,7 +307,26 @@ class DynamoDBKeyStore:
                 return found
 
 
+_ATTRIBUTES: list[AttributeDefinitionTypeDef] = [
+    {"AttributeName": name, "AttributeType": "S"} for name in (PARTITION_KEY, SORT_KEY, "owner", "kind", "id")
+]
+
+
+def _index(name: str) -> GlobalSecondaryIndexTypeDef:
+    return {
+        "IndexName": name,
+        "KeySchema": [
+            {"AttributeName": _INDEXES[name], "KeyType": "HASH"},
+            {"AttributeName": "id", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "ALL"},
+    }
+
+
 def create_table_if_missing(client: DynamoDBClient, table: str) -> None:
+    """A local table made before the listing's indexes is not given them here (dynalite never
+    makes an index added to a table ACTIVE): make it again. In AWS, Terraform adds them, and
+    DynamoDB builds them from the items stored."""
     try:
         client.describe_table(TableName=table)
         return
@@ -265,10 +334,8 @@ def create_table_if_missing(client: DynamoDBClient, table: str) -> None:
         pass
     client.create_table(
         TableName=table,
-        AttributeDefinitions=[
-            {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
-            {"AttributeName": SORT_KEY, "AttributeType": "S"},
-        ],
+        AttributeDefinitions=_ATTRIBUTES,
+        GlobalSecondaryIndexes=[_index(name) for name in _INDEXES],
         KeySchema=[
             {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
             {"AttributeName": SORT_KEY, "KeyType": "RANGE"},

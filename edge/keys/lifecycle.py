@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_into
+from edge.keys.page import KeyPage
 from edge.keys.record import KeyRecord, UnknownTier, checked_label, checked_user, new_record
 from edge.keys.store import KeyIdTaken, KeyStore
 
@@ -155,6 +156,9 @@ class KeyLifecycle:
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
         return await self.store.list_keys(user)
+
+    async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
+        return await self.store.page_keys(user, after, limit)
 
     async def revoke(self, key_id: str) -> KeyRecord:
         """The key, and every key it replaced that is still in a rotation's grace: one user's one

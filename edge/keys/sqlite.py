@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from edge.keys.page import KeyPage, page_of
 from edge.keys.record import KeyRecord
 from edge.sqlite_file import create_private
 
@@ -27,6 +28,9 @@ CREATE TABLE IF NOT EXISTS api_keys (
     replaces TEXT
 ) WITHOUT ROWID
 """
+# A user's keys in id order: page_keys of one user reads its page off this index, however many keys
+# everyone else has (all users' pages read the UNIQUE index on id).
+_USER_INDEX = "CREATE INDEX IF NOT EXISTS api_keys_user_id ON api_keys (user, id)"
 _COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4, replaced_by, replaces"
 _PLACES = ",".join("?" * len(_COLUMNS.split(", ")))
 
@@ -80,6 +84,7 @@ class SQLiteKeyStore:
         self._lock = threading.Lock()
         self._conn.execute(_SCHEMA)
         _migrate(self._conn)
+        self._conn.execute(_USER_INDEX)
 
     async def get(self, key_sha256: str) -> KeyRecord | None:
         return await anyio.to_thread.run_sync(self._one, "key_sha256", key_sha256)
@@ -98,6 +103,9 @@ class SQLiteKeyStore:
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
         return await anyio.to_thread.run_sync(self._list, user)
+
+    async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
+        return page_of(await anyio.to_thread.run_sync(self._page, user, after, limit + 1), limit)
 
     async def any(self) -> bool:
         return await anyio.to_thread.run_sync(self._any)
@@ -155,6 +163,17 @@ class SQLiteKeyStore:
             query, params = query + " WHERE user = ?", (user,)
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY created, id", params).fetchall()
+        return [KeyRecord(*row) for row in rows]
+
+    def _page(self, user: str | None, after: str | None, want: int) -> list[KeyRecord]:
+        # Keyset: the page starts past the cursor's id in the index, never an OFFSET read through.
+        where, params = ["id > ?"], [after or ""]
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        query = f"SELECT {_COLUMNS} FROM api_keys WHERE {' AND '.join(where)} ORDER BY id LIMIT ?"
+        with self._lock:
+            rows = self._conn.execute(query, (*params, want)).fetchall()
         return [KeyRecord(*row) for row in rows]
 
     def _any(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from edge.keys.page import KeyPage
 from edge.keys.record import KeyRecord
 
 
@@ -50,7 +51,14 @@ class KeyStore(Protocol):
     async def by_id(self, key_id: str) -> KeyRecord | None: ...
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:
-        """Every key (of `user`), oldest first."""
+        """Every key (of `user`), oldest first, read consistently: what a rotation's chain is
+        found in. For operators, page_keys: this reads them all at once."""
+        ...
+
+    async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
+        """Up to `limit` keys (of `user`) whose ids follow `after`, in id order: one bounded read
+        however many keys are stored. Eventually consistent on DynamoDB (its index): a key made a
+        moment ago may show on the next listing only."""
         ...
 
     async def any(self) -> bool:

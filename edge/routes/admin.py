@@ -26,11 +26,13 @@ from edge.keys.lifecycle import (
     KeyNotActive,
     KeyNotFound,
 )
+from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
 from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
 from edge.routes.listeners import BOTH, is_options_answer
+from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
@@ -115,11 +117,38 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
     return json_response({**key_view(record), "key": key}, status_code=201, headers=NO_STORE)
 
 
+def _key_cursor(value: str | None) -> str | None:
+    if value is not None and not KEY_ID.fullmatch(value):
+        raise invalid_request(
+            f"Invalid 'after': {value[:64]!r} is not a key id (the `id` of a key this endpoint listed).",
+            "after",
+            code="invalid_value",
+        )
+    return value
+
+
 @get("/keys")
-async def list_keys(request: Request[Any, Any, Any], user: FromQuery[str | None] = None) -> ASGIResponse:
-    refuse_repeated(request, "user")
-    records = await runtime_of(request).key_admin.list_keys(user)
-    return json_response({"object": "list", "data": [key_view(r) for r in records]})
+async def list_keys(
+    request: Request[Any, Any, Any],
+    user: FromQuery[str | None] = None,
+    limit: FromQuery[str | None] = None,
+    after: FromQuery[str | None] = None,
+) -> ASGIResponse:
+    """A page of keys in id order, as OpenAI's lists page (`limit`, `after`): all of them at once
+    was one unbounded answer, and on DynamoDB a read of the whole table, usage rows and all."""
+    refuse_repeated(request, "user", "limit", "after")
+    size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
+    page = await runtime_of(request).key_admin.page_keys(user, _key_cursor(after), size)
+    data = [key_view(r) for r in page.keys]
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )
 
 
 @post("/keys/{key_id:str}/revoke", status_code=200)

@@ -16,6 +16,7 @@ from edge.errors import ApiError, invalid_request, wait_text
 from edge.keys.authorization_header import authorization_header
 from edge.messages.store import Order
 from edge.routes.json_body import json_response
+from edge.routes.page_limit import page_limit
 from edge.runtime import runtime_of
 from limiter.reads import read_headers
 
@@ -23,35 +24,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # What edge/messages/ids.py makes: 26 characters of Crockford's base 32.
 _MESSAGE_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
-_INTEGER = re.compile(r"-?[0-9]{1,20}")
-
-
-def _limit(value: str | None) -> int:
-    """OpenAI's messages for a bad integer parameter, naming it (Litestar's own 400 said
-    "Validation failed" with no param)."""
-    if value is None:
-        return DEFAULT_LIMIT
-    if not _INTEGER.fullmatch(value):
-        raise invalid_request(
-            f"Invalid type for 'limit': expected an integer, but got {value!r} instead.",
-            "limit",
-            code="invalid_type",
-        )
-    limit = int(value)
-    if limit < 1:
-        raise invalid_request(
-            f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {limit} instead.",
-            "limit",
-            code="integer_below_min_value",
-        )
-    if limit > MAX_LIMIT:
-        raise invalid_request(
-            f"Invalid 'limit': integer above maximum value. Expected a value <= {MAX_LIMIT}, "
-            f"but got {limit} instead.",
-            "limit",
-            code="integer_above_max_value",
-        )
-    return limit
 
 
 def _order(value: str | None) -> Order:
@@ -88,7 +60,7 @@ async def conversation_messages(
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
-    size = _limit(limit)
+    size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     sort = _order(order)
     after, before = _cursor("after", after), _cursor("before", before)
     user = principal.user

@@ -421,3 +421,55 @@ def test_a_callers_own_usage_refuses_a_day_given_twice(server: LiveServer) -> No
     refused = httpx.get(server.base_url + "/v1/usage", params=query, headers=server.auth("free2"))
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "start"
+
+
+def test_keys_are_listed_a_page_at_a_time(server: LiveServer) -> None:
+    made = sorted(_create(server, user="paige", tier="free")["id"] for _ in range(23))
+    url, seen = server.base_url + "/v1/admin/keys", []
+    first = httpx.get(url, params={"user": "paige"}, headers=ADMIN).json()
+    # 20 to a page unless asked: a listing of many keys is never one unbounded answer.
+    assert [k["id"] for k in first["data"]] == made[:20]
+    assert (first["object"], first["first_id"], first["last_id"], first["has_more"]) == (
+        "list",
+        made[0],
+        made[19],
+        True,
+    )
+    after: str | None = None
+    while True:
+        params = {"user": "paige", "limit": "7"} | ({"after": after} if after else {})
+        page = httpx.get(url, params=params, headers=ADMIN).json()
+        assert len(page["data"]) <= 7
+        seen += [k["id"] for k in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == made
+    past = httpx.get(url, params={"user": "paige", "after": made[-1]}, headers=ADMIN).json()
+    assert (past["data"], past["first_id"], past["last_id"], past["has_more"]) == ([], None, None, False)
+    everyone = httpx.get(url, params={"limit": "100"}, headers=ADMIN).json()
+    ids = [k["id"] for k in everyone["data"]]
+    assert ids == sorted(ids) and set(made) <= set(ids)
+
+
+@pytest.mark.parametrize(
+    ("query", "param", "code"),
+    [
+        ({"limit": "0"}, "limit", "integer_below_min_value"),
+        ({"limit": "101"}, "limit", "integer_above_max_value"),
+        ({"limit": "ten"}, "limit", "invalid_type"),
+        ({"after": "frank"}, "after", "invalid_value"),
+        ({"after": "key_"}, "after", "invalid_value"),
+        ([("limit", "5"), ("limit", "6")], "limit", None),
+        ([("after", "key_000000000000"), ("after", "key_111111111111")], "after", None),
+    ],
+)
+def test_a_bad_page_of_keys_is_a_400_naming_the_param(
+    server: LiveServer, query: Any, param: str, code: str | None
+) -> None:
+    refused = httpx.get(server.base_url + "/v1/admin/keys", params=query, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    if code is not None:
+        assert error["code"] == code

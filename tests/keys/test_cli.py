@@ -154,7 +154,10 @@ def test_a_far_expiry_a_store_holds_is_listed(capsys: pytest.CaptureFixture[str]
     asyncio.run(seed())
     run(capsys, config, "keys", "create", "--user", "new", "--tier", "free")
     table = run(capsys, config, "keys", "list").splitlines()
-    assert len(table) == 5 and "1e+300 (Unix s)" in table[2] and "new" in table[4]
+    # Listed in id order (the order a page is read in), not the order stored.
+    rows = table[1:]
+    assert len(rows) == 4 and any("1e+300 (Unix s)" in row and " old " in row for row in rows)
+    assert sum(" new " in row for row in rows) == 1
 
 
 def test_a_second_rotate_is_refused_and_the_list_shows_the_replacement(
@@ -536,3 +539,27 @@ def test_set_tier_of_a_revoked_key_is_refused(capsys: pytest.CaptureFixture[str]
         main(["keys", "set-tier", record["id"], "paid", "--config", str(config)])
     [after] = json.loads(run(capsys, config, "keys", "list", "--json"))
     assert after["tier"] == "free"
+
+
+def test_list_pages_through_every_key_unless_given_a_limit(
+    capsys: pytest.CaptureFixture[str], config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge import keys_cli
+
+    for _ in range(5):
+        run(capsys, config, "keys", "create", "--user", "pat", "--tier", "free")
+    # Pages of 2: five keys take three reads, and every key is listed.
+    monkeypatch.setattr(keys_cli, "PAGE_SIZE", 2)
+    everything = json.loads(run(capsys, config, "keys", "list", "--json"))
+    ids = [k["id"] for k in everything]
+    assert len(ids) == 5 and ids == sorted(ids)
+
+    assert main(["keys", "list", "--json", "--limit", "3", "--config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert [k["id"] for k in json.loads(out)] == ids[:3]
+    assert f"--after {ids[2]}" in err  # where the next page starts
+    rest = json.loads(run(capsys, config, "keys", "list", "--json", "--after", ids[2]))
+    assert [k["id"] for k in rest] == ids[3:]
+    with pytest.raises(SystemExit) as refused:
+        main(["keys", "list", "--limit", "0", "--config", str(config)])
+    assert refused.value.code != 0

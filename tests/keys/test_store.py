@@ -724,3 +724,48 @@ async def test_a_failed_read_is_a_503_for_every_waiting_request_and_is_not_kept(
     store.failing = False
     assert (await auth.authenticate(f"Bearer {key}")).user == "alice"  # read again, not a kept failure
     assert store.reads == 2
+
+
+async def test_keys_are_listed_a_page_at_a_time_in_id_order(key_store: KeyStore) -> None:
+    keys = lifecycle(key_store)
+    alices = sorted([(await keys.create("alice", "paid"))[1].id for _ in range(5)])
+    bobs = [(await keys.create("bob", "free"))[1].id for _ in range(2)]
+
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        page = await key_store.page_keys("alice", after, 2)
+        assert len(page.keys) <= 2 and {r.user for r in page.keys} <= {"alice"}
+        seen += [r.id for r in page.keys]
+        if not page.has_more:
+            break
+        after = page.keys[-1].id
+    assert seen == alices
+
+    everyone = await key_store.page_keys(None, None, 100)
+    assert [r.id for r in everyone.keys] == sorted(alices + bobs) and not everyone.has_more
+    exact = await key_store.page_keys(None, None, 7)
+    assert len(exact.keys) == 7 and not exact.has_more
+    assert (await key_store.page_keys("carol", None, 5)).keys == []
+    past = await key_store.page_keys(None, max(alices + bobs), 5)
+    assert past.keys == [] and not past.has_more
+
+
+async def test_a_dynamodb_page_of_a_users_keys_is_one_query_not_a_scan(dynalite_endpoint: str) -> None:
+    client: Any = dynamodb_client(dynalite_endpoint)
+    table = f"keys-{secrets.token_hex(4)}"
+    create_table_if_missing(client, table)
+    store = DynamoDBKeyStore(client, table)
+    keys = lifecycle(store)
+    for user in ("alice", "alice", "bob"):
+        await keys.create(user, "paid")
+    calls: list[str] = []
+    client.meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.append(model.name))
+    page = await store.page_keys("alice", None, 1)
+    assert len(page.keys) == 1 and page.has_more
+    rest = await store.page_keys("alice", page.keys[0].id, 100)
+    assert len(rest.keys) == 1 and not rest.has_more
+    everyone = await store.page_keys(None, None, 100)
+    assert len(everyone.keys) == 3
+    assert calls == ["Query", "Query", "Query"]
+    await store.aclose()
