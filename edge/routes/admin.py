@@ -189,9 +189,11 @@ async def all_usage(
     user: FromQuery[str | None] = None,
     start: FromQuery[str] = "",
     end: FromQuery[str] = "",
+    limit: FromQuery[str | None] = None,
+    after: FromQuery[str | None] = None,
 ) -> ASGIResponse:
-    refuse_repeated(request, "user", "start", "end")
-    return await usage_response(runtime_of(request), user, start, end)
+    refuse_repeated(request, "user", "start", "end", "limit", "after")
+    return await usage_response(runtime_of(request), user, start, end, limit, after)
 
 
 def admin_routes() -> Router:

@@ -1,4 +1,6 @@
-"""GET /v1/usage: the caller's own tokens per model and UTC day (`?start=YYYY-MM-DD&end=...`)."""
+"""GET /v1/usage: the caller's own tokens per model and UTC day (`?start=YYYY-MM-DD&end=...`), a
+page at a time as OpenAI's lists page (`limit`, `after`: the previous page's `last_id`). All at once
+it was one unbounded answer, and /v1/admin/usage a read of the whole table."""
 
 from __future__ import annotations
 
@@ -11,27 +13,59 @@ from litestar.response.base import ASGIResponse
 from edge.errors import invalid_request
 from edge.keys.authorization_header import authorization_header
 from edge.routes.json_body import json_response
+from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import Runtime, runtime_of
 from edge.usage.day import checked_day
+from edge.usage.page import DEFAULT_LIMIT, MAX_LIMIT, Position, position, row_id
 
 
-async def usage_response(runtime: Runtime, user: str | None, start: str, end: str) -> ASGIResponse:
+def _cursor(value: str | None) -> Position | None:
+    if value is None:
+        return None
+    try:
+        return position(value)
+    except ValueError:
+        raise invalid_request(
+            f"Invalid 'after': {value[:64]!r} is not a usage row id (the `id` of a row this endpoint "
+            "listed).",
+            "after",
+            code="invalid_value",
+        ) from None
+
+
+async def usage_response(
+    runtime: Runtime, user: str | None, start: str, end: str, limit: str | None, after: str | None
+) -> ASGIResponse:
     for name, day in (("start", start), ("end", end)):
         if day:
             try:
                 checked_day(day)
             except ValueError as exc:
                 raise invalid_request(f"{name} {exc}.", name) from None
-    rows = await runtime.usage.query(user, start, end)
-    return json_response({"object": "list", "data": [row.as_dict() for row in rows]})
+    size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
+    page = await runtime.usage.page(user, start, end, _cursor(after), size)
+    data = [{"id": row_id(row), **row.as_dict()} for row in page.rows]
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )
 
 
 @get("/v1/usage")
 async def own_usage(
-    request: Request[Any, Any, Any], start: FromQuery[str] = "", end: FromQuery[str] = ""
+    request: Request[Any, Any, Any],
+    start: FromQuery[str] = "",
+    end: FromQuery[str] = "",
+    limit: FromQuery[str | None] = None,
+    after: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
-    refuse_repeated(request, "start", "end")
-    return await usage_response(runtime, principal.user, start, end)
+    refuse_repeated(request, "start", "end", "limit", "after")
+    return await usage_response(runtime, principal.user, start, end, limit, after)

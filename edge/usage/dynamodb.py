@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
 from edge.keys.dynamodb import PARTITION_KEY, SORT_KEY
+from edge.usage.page import Position, UsagePage, page_of
 from edge.usage.record import Usage
 from edge.usage.store import UsageRefused, WriteId
 
@@ -59,6 +60,12 @@ class DynamoDBUsageStore:
             key=lambda r: (r.user, r.day, r.model),
         )
 
+    async def page(
+        self, user: str | None, start: str, end: str, after: Position | None, limit: int
+    ) -> UsagePage:
+        found = await anyio.to_thread.run_sync(self._page, user, start, end, after, limit + 1)
+        return page_of(found, limit)
+
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close)
 
@@ -96,6 +103,60 @@ class DynamoDBUsageStore:
                 raise UsageRefused(str(exc)) from exc
             raise
         return True
+
+    def _page(self, user: str | None, start: str, end: str, after: Position | None, want: int) -> list[Usage]:
+        """One user's: a Query of their partition, the days a condition on the sort key
+        (`<day>#<model>`: `<end>$` sorts past every model of the end day). Everyone's: a Scan, a
+        page of it, in its own order. Either starts at the cursor's row's own table key."""
+        if user is not None and len(f"usage#{user}".encode()) > MAX_PARTITION_KEY_BYTES:
+            return []  # as _query: no such row can be stored
+        if after is not None and user is not None and after[0] != user:
+            return []  # a cursor of another user's rows: none of this user's follow it
+        names: dict[str, str] = {}
+        values: dict[str, AttributeValueTypeDef] = {}
+        days: list[str] = []
+        if start:
+            days.append("#sk >= :start" if user is not None else "#day >= :start")
+            values[":start"] = {"S": start}
+        if end:
+            days.append("#sk <= :end" if user is not None else "#day <= :end")
+            values[":end"] = {"S": f"{end}$"}
+        params: dict[str, Any] = {"TableName": self._table, "ConsistentRead": True}
+        if user is not None:
+            names["#pk"] = PARTITION_KEY
+            values[":pk"] = {"S": f"usage#{user}"}
+            sk = ""
+            if start and end:
+                sk, days = " AND #sk BETWEEN :start AND :end", []
+            elif days:
+                sk, days = f" AND {days[0]}", []
+            if sk:
+                names["#sk"] = SORT_KEY
+            params["KeyConditionExpression"] = f"#pk = :pk{sk}"
+        else:
+            names["#kind"] = "kind"
+            values[":kind"] = {"S": USAGE_ITEM}
+            if days:
+                names["#day"] = SORT_KEY
+            params["FilterExpression"] = " AND ".join(["#kind = :kind", *days])
+        params["ExpressionAttributeNames"] = names
+        params["ExpressionAttributeValues"] = values
+        key: dict[str, Any] | None = None
+        if after is not None:
+            key = {PARTITION_KEY: {"S": f"usage#{after[0]}"}, SORT_KEY: {"S": f"{after[1]}#{after[2]}"}}
+        found: list[Usage] = []
+        while True:
+            call = dict(params, Limit=want - len(found) if user is not None else max(want, 100))
+            if key:
+                call["ExclusiveStartKey"] = key
+            page = self._client.query(**call) if user is not None else self._client.scan(**call)
+            for item in page.get("Items", []):
+                found.append(_usage(item))
+                if len(found) >= want:
+                    return found
+            key = page.get("LastEvaluatedKey")
+            if not key:
+                return found
 
     def _query(self, user: str | None) -> list[Usage]:
         if user is not None and len(f"usage#{user}".encode()) > MAX_PARTITION_KEY_BYTES:

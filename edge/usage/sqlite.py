@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from edge.keys.sqlite import connect
+from edge.usage.page import Position, UsagePage, page_of
 from edge.usage.record import Usage
 from edge.usage.store import WriteId
 
@@ -44,6 +45,12 @@ class SQLiteUsageStore:
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         return await anyio.to_thread.run_sync(self._query, user, start, end)
+
+    async def page(
+        self, user: str | None, start: str, end: str, after: Position | None, limit: int
+    ) -> UsagePage:
+        found = await anyio.to_thread.run_sync(self._page, user, start, end, after, limit + 1)
+        return page_of(found, limit)
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
@@ -92,6 +99,26 @@ class SQLiteUsageStore:
                 "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
                 f"WHERE {' AND '.join(where)} ORDER BY user, day, model",
                 params,
+            ).fetchall()
+        return [Usage(*row) for row in rows]
+
+    def _page(self, user: str | None, start: str, end: str, after: Position | None, want: int) -> list[Usage]:
+        # Keyset on the primary key (user, day, model): the page starts past the cursor's row.
+        where, params = ["day >= ?"], [start]
+        if end:
+            where.append("day <= ?")
+            params.append(end)
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        if after is not None:
+            where.append("(user, day, model) > (?, ?, ?)")
+            params.extend(after)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
+                f"WHERE {' AND '.join(where)} ORDER BY user, day, model LIMIT ?",
+                (*params, want),
             ).fetchall()
         return [Usage(*row) for row in rows]
 

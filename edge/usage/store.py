@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from edge.usage.page import Position, UsagePage
 from edge.usage.record import Usage
 
 
@@ -45,7 +46,14 @@ class UsageStore(Protocol):
 
     async def query(self, user: str | None = None, start: str = "", end: str = "") -> list[Usage]:
         """Rows of `user` (None: everyone) with start <= day <= end ("" leaves a side open), sorted
-        by user, day, model."""
+        by user, day, model. All of them: `floodgate usage`'s export; the API reads page."""
+        ...
+
+    async def page(
+        self, user: str | None, start: str, end: str, after: Position | None, limit: int
+    ) -> UsagePage:
+        """Up to `limit` of query's rows that follow the row at `after`, in an order the store keeps
+        from one page to the next (user, day, model; DynamoDB's scan order for everyone's)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,9 @@ import pytest
 
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import ADMIN_KEY_PREFIX, MAX_USER_BYTES, hash_key, new_secret
+from edge.usage.record import Usage
+from edge.usage.sqlite import SQLiteUsageStore
+from edge.usage.store import WriteId
 from tests.edge.conftest import ROOMY_TIERS
 from tests.keys.conftest import SAME_ID, next_secrets
 from tests.support.live_server import LiveServer, start_server
@@ -473,3 +477,60 @@ def test_a_bad_page_of_keys_is_a_400_naming_the_param(
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
     if code is not None:
         assert error["code"] == code
+
+
+async def _seed_usage(server: LiveServer, rows: list[Usage]) -> None:
+    store = SQLiteUsageStore(server.settings.keys.sqlite_path)
+    for n, row in enumerate(rows, start=1):
+        await store.add(row, WriteId("seed", n))
+    await store.aclose()
+
+
+def test_usage_is_read_a_page_at_a_time(server: LiveServer) -> None:
+    rows = [
+        Usage(user, "floodgate-tiny", f"2020-02-{day:02d}", day, 1, 1)
+        for user in ("page-a", "page-b")
+        for day in range(1, 13)
+    ]
+    asyncio.run(_seed_usage(server, rows))
+    url = server.base_url + "/v1/admin/usage"
+    everything: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        params = {"start": "2020-02-01", "end": "2020-02-29", "limit": "5"} | (
+            {"after": after} if after else {}
+        )
+        page = httpx.get(url, params=params, headers=ADMIN).json()
+        assert page["object"] == "list" and len(page["data"]) <= 5
+        assert page["first_id"] == page["data"][0]["id"] and page["last_id"] == page["data"][-1]["id"]
+        everything += page["data"]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert [(r["user"], r["date"], r["input_tokens"]) for r in everything] == [
+        (r.user, r.day, r.input_tokens) for r in rows
+    ]
+    one = httpx.get(url, params={"user": "page-b", "start": "2020-02-01", "limit": "3"}, headers=ADMIN).json()
+    assert [r["date"] for r in one["data"]] == ["2020-02-01", "2020-02-02", "2020-02-03"] and one["has_more"]
+    # 100 rows a page unless asked: one answer is never the whole table.
+    default = httpx.get(url, headers=ADMIN).json()
+    assert len(default["data"]) <= 100
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/usage", "/v1/usage"])
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"after": "key_1"}, "after"),
+    ],
+)
+def test_a_bad_page_of_usage_is_a_400_naming_the_param(
+    server: LiveServer, path: str, query: dict[str, str], param: str
+) -> None:
+    headers = ADMIN if "admin" in path else server.auth("free")
+    refused = httpx.get(server.base_url + path, params=query, headers=headers)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param

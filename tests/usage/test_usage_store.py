@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 
 from edge.keys.dynamodb import create_table_if_missing
 from edge.usage.dynamodb import DynamoDBUsageStore
+from edge.usage.page import position, row_id
 from edge.usage.record import Usage, utc_day
 from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import UsageStore, WriteId
@@ -383,3 +384,42 @@ async def test_the_usage_of_a_name_too_long_for_the_store_is_an_empty_list(
     assert await store.query("u" * 3000) == []
     assert await store.query("u" * 3000, start="2026-01-01", end="2026-12-31") == []
     assert await store.query("ann") == [Usage("ann", "m", "2026-01-01", 1, 2, 1)]
+
+
+async def test_rows_are_read_a_page_at_a_time(usage_store: UsageStore) -> None:
+    writes = (WriteId("w", n) for n in range(1, 100))
+    rows = [
+        Usage(user, model, day, 1, 1, 1)
+        for user in ("alice", "bob")
+        for day in ("2026-01-01", "2026-01-02", "2026-01-03")
+        for model in ("m", "n")
+    ]
+    for row in rows:
+        await usage_store.add(row, next(writes))
+
+    for user, start, end in (
+        ("alice", "", ""),
+        ("bob", "2026-01-02", "2026-01-02"),
+        (None, "2026-01-02", ""),
+    ):
+        wanted = await usage_store.query(user, start, end)
+        assert wanted  # what the whole answer was: the pages hold the same rows, once each
+        seen: list[Usage] = []
+        after: str | None = None
+        while True:
+            page = await usage_store.page(user, start, end, None if after is None else position(after), 2)
+            assert len(page.rows) <= 2
+            seen += page.rows
+            if not page.has_more:
+                break
+            after = row_id(page.rows[-1])
+        assert sorted(seen, key=lambda r: (r.user, r.day, r.model)) == wanted
+    assert (await usage_store.page("carol", "", "", None, 5)).rows == []
+
+
+def test_a_row_id_names_its_row_and_nothing_else_is_one() -> None:
+    row = Usage("ä/\u00e9 user", "m#1", "2026-01-01", 1, 1, 1)
+    assert position(row_id(row)) == ("ä/\u00e9 user", "2026-01-01", "m#1")
+    for bad in ("", "usage_", "usage_!!", "key_abc", "usage_" + "e30"):
+        with pytest.raises(ValueError):
+            position(bad)

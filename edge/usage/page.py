@@ -1,0 +1,53 @@
+"""One page of usage rows, as OpenAI's list endpoints page, and the ids its cursor is made of.
+
+A row is one (user, day, model): its id says just that (base64url of the three, so any user name
+or model fits), and `after` is the id of the last row of the page before. The store starts past
+that row with no offset read through: SQLite's primary key, DynamoDB's table key (its
+ExclusiveStartKey is the row's own key)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+
+from edge.usage.record import Usage
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+_PREFIX = "usage_"
+# The longest id a row can have: a user of 512 bytes and a model name well past any served.
+MAX_ID_CHARS = 4096
+
+Position = tuple[str, str, str]  # user, day, model
+
+
+@dataclass(frozen=True, slots=True)
+class UsagePage:
+    rows: list[Usage]
+    has_more: bool  # more rows follow the last of these (ask again with after=its id)
+
+
+def row_id(row: Usage) -> str:
+    raw = json.dumps([row.user, row.day, row.model], ensure_ascii=False, separators=(",", ":"))
+    return _PREFIX + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def position(cursor: str) -> Position:
+    """The (user, day, model) a row id names; ValueError for anything else."""
+    if not cursor.startswith(_PREFIX) or len(cursor) > MAX_ID_CHARS:
+        raise ValueError("not a usage row id")
+    body = cursor[len(_PREFIX) :]
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode())
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ValueError("not a usage row id") from None
+    if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)):
+        raise ValueError("not a usage row id")
+    return parts[0], parts[1], parts[2]
+
+
+def page_of(found: list[Usage], limit: int) -> UsagePage:
+    """`found` is up to limit + 1 rows: the one past the page says there are more."""
+    return UsagePage(found[:limit], len(found) > limit)
