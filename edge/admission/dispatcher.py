@@ -458,6 +458,8 @@ class Dispatcher:
             self._reply_lengths.observe(slot.ticket.user, slot.generated, max_new)
         elif kind == "cut" and max_new is not None:
             self._reply_lengths.observe_at_least(slot.ticket.user, slot.generated, max_new)
+        if kind in ("finished", "cut") and max_new is not None:
+            self._queue.repriced(slot.ticket.user)
         # A cut reply freed its place when it was cut: a departure like any other for the rate at
         # which places free (Little's law counts every one), whatever its reply would have run to.
         held_s = self._clock() - slot.granted_at if kind in ("finished", "cut") else None

@@ -183,6 +183,15 @@ class FairQueue(Generic[T]):
             self._new_head(user, queue[0])
         return True
 
+    def repriced(self, user: str) -> None:
+        """The user's price may have changed (one of its replies ended: the dispatcher's cost counts
+        its replies at their average): its next request, waiting at the head of its queue, is
+        priced again. Kept at the price it had when it came to the head, it counted in
+        `_cost_per_end` (a returning user's lead, the Retry-After told) at a price long gone."""
+        queue = self._queues.get(user)
+        if queue:
+            self._new_head(user, queue[0])
+
     def begin_pass(self) -> None:
         for entry in self._blocked:
             if self._live(entry):

@@ -39,6 +39,12 @@ class TieredQueue(Generic[T]):
         """A dispatched ticket's request ended (FairQueue.released)."""
         self._tier(ticket.priority).released(ticket)
 
+    def repriced(self, user: str) -> None:
+        """The user's price may have changed (FairQueue.repriced), in whichever tier it waits: its
+        keys may be of several."""
+        for tier in self._tiers.values():
+            tier.repriced(user)
+
     def remove(self, item: T) -> bool:
         tier = self._tiers.get(item.ticket.priority)
         return tier is not None and tier.remove(item)
