@@ -63,7 +63,8 @@ def parse_jsonl(lines: Iterable[str | bytes], tiers: Collection[str] | None = No
             # As a key created here: keys of no one would share one nameless user's conversations,
             # usage, requests to cancel and limits; a name past MAX_USER_BYTES was served unmetered
             # on DynamoDB (each of its usage rows refused) and kept no history.
-            checked_user(key.user)
+            # Format characters taken (checked_user's `format_ok`): another system's users.
+            checked_user(key.user, format_ok=True)
         except InvalidUser as exc:
             raise BadKeysFile(f"line {number}: {exc}") from None
         if tiers is not None and key.tier not in tiers:

@@ -47,14 +47,17 @@ class InvalidUser(ValueError):
 # of them (the cost is a ZWJ emoji or a Persian ZWNJ in a label), and a refusal protects every
 # reader of the admin API, where escaping would protect only the CLI's table.
 _CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cf"})
+# The controls alone: what no user id is made of, even one another system gave (checked_user's
+# `format_ok`).
+_CONTROLS_ONLY = frozenset({"Cc", "Zl", "Zp"})
 
 
 def has_control_character(text: str) -> bool:
     return first_control_character(text) is not None
 
 
-def first_control_character(text: str) -> str | None:
-    return next((c for c in text if unicodedata.category(c) in _CONTROL_CATEGORIES), None)
+def first_control_character(text: str, categories: frozenset[str] = _CONTROL_CATEGORIES) -> str | None:
+    return next((c for c in text if unicodedata.category(c) in categories), None)
 
 
 def _refusal(field: str, found: str) -> str:
@@ -77,12 +80,19 @@ def printable(text: str) -> str:
     )
 
 
-def checked_user(user: str) -> str:
+def checked_user(user: str, *, format_ok: bool = False) -> str:
     """`user`, if a key may be given it: the one check every way of naming a key's user goes
-    through (create, the keys file's import; rotate keeps the old key's)."""
+    through (create, the keys file's import; rotate keeps the old key's).
+
+    `format_ok`: the keys file's users (legacy.py) may have format characters. They are another
+    system's ids, in use already (their usage, limits and conversations keyed by them), listed
+    escaped as a user stored before the refusal is: refused, one such line (a Persian name's
+    zero-width non-joiner) ended every key command and every edge start in BadKeysFile, an
+    upgrade taking the whole edge down. Controls are refused there too, as they always were."""
     if not user.strip():
         raise InvalidUser()
-    if (found := first_control_character(user)) is not None:
+    categories = _CONTROLS_ONLY if format_ok else _CONTROL_CATEGORIES
+    if (found := first_control_character(user, categories)) is not None:
         # `floodgate keys list` and `floodgate usage` print it in a table: a newline drew a row of
         # the sender's choosing, an escape sequence reached the operator's terminal.
         raise InvalidUser(_refusal("user", found))

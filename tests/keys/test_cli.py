@@ -18,6 +18,7 @@ import pytest
 from edge.cli import main
 from edge.config import ConfigError, load_settings
 from edge.keys.authenticator import Authenticator
+from edge.keys.legacy import read_keys_file
 from edge.keys.record import MAX_USER_BYTES, KeyRecord, hash_key, key_id
 from edge.keys.sqlite import SQLiteKeyStore
 from edge.usage.record import Usage
@@ -563,3 +564,25 @@ def test_list_pages_through_every_key_unless_given_a_limit(
     with pytest.raises(SystemExit) as refused:
         main(["keys", "list", "--limit", "0", "--config", str(config)])
     assert refused.value.code != 0
+
+
+def test_a_keys_file_user_with_a_format_character_still_starts_and_is_listed_escaped(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """The keys file is another system's keys, its users already in use (their usage, limits and
+    conversations keyed by them): a Persian user id with a zero-width non-joiner imported before
+    41e6c3b. Refused since, as a key created here is, every key command and every edge start ended
+    in BadKeysFile: an upgrade took the whole edge down for one such line. Taken, and listed with
+    the character escaped, as a user stored before is."""
+    key = "fg-a-legacy-key-of-a-persian-user"
+    keys_file = Path(load_settings(config).server.keys_file)
+    user = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    keys_file.write_text(json.dumps({"key_sha256": hash_key(key), "user": user, "tier": "paid"}) + "\n")
+    assert [k.user for k in read_keys_file(str(keys_file))] == [user]  # what `floodgate serve` reads first
+    table = run(capsys, config, "keys", "list")
+    assert "\u200c" not in table and r"\u200c" in table
+    assert user_of(config, key) == user
+    # A control character is still no user, from the keys file as from `keys create`.
+    keys_file.write_text(json.dumps({"key_sha256": hash_key(key), "user": "a\nb", "tier": "paid"}) + "\n")
+    with pytest.raises(SystemExit, match=r"line 1: user must not contain control characters"):
+        main(["keys", "list", "--config", str(config)])
