@@ -17,6 +17,7 @@ from edge.keys.authorization_header import authorization_header
 from edge.messages.store import Order
 from edge.routes.json_body import json_response
 from edge.routes.page_limit import page_limit
+from edge.routes.single_query import refuse_repeated
 from edge.runtime import runtime_of
 from limiter.reads import read_headers
 
@@ -60,6 +61,7 @@ async def conversation_messages(
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    refuse_repeated(request, "limit", "after", "before", "order")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     sort = _order(order)
     after, before = _cursor("after", after), _cursor("before", before)

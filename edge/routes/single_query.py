@@ -1,4 +1,5 @@
-"""Query parameters that take one value, refused when given more than once."""
+"""Query parameters that take one value, refused when given more than once (the usage, key and
+conversation history routes)."""
 
 from __future__ import annotations
 

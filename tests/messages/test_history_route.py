@@ -306,3 +306,27 @@ def test_an_assistants_refusal_replayed_is_read_as_its_turn(server: LiveServer) 
     as_text = prompt_tokens({"content": said})
     assert prompt_tokens({"content": None, "refusal": said}) == as_text
     assert prompt_tokens({"content": [{"type": "refusal", "refusal": said}]}) == as_text
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("limit=1&limit=100", "limit"),
+        ("order=asc&order=desc", "order"),
+        ("after=01J00000000000000000000000&after=01J00000000000000000000001", "after"),
+        ("before=01J00000000000000000000000&before=01J00000000000000000000001", "before"),
+    ],
+)
+def test_a_paging_parameter_given_twice_is_a_400_naming_it(
+    server: LiveServer, query: str, param: str
+) -> None:
+    """As on the usage and key routes (3e4567e): a page was answered for one of the two values,
+    silently (Litestar keeps one), a client asking for the oldest messages read the newest as
+    them. Refused: 400, naming the parameter."""
+    answer = httpx.get(
+        f"{server.base_url}/v1/conversations/any/messages?{query}", headers=server.auth("paid")
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["type"]) == (param, "invalid_request_error")
+    assert "more than once" in error["message"]
