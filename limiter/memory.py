@@ -74,8 +74,11 @@ class _Ledger:
     # two may carry one (an admit's own beside the whole one), and one never sent leaves the other.
     sending: Counter[str] = field(default_factory=Counter)
     # The refunds of those settled meanwhile, kept until their restores end: none sent (`ledger_unsent`),
-    # the ledger refunds them then; one that may have run, Redis does (or at worst nobody).
-    settled_sending: dict[str, tuple[policy.Rates, int, bool]] = field(default_factory=dict)
+    # the ledger refunds them then; one that may have run, Redis does (or at worst nobody). Kept
+    # with their tier, not its rates: refunded at the rates of the instance count then (the ledger
+    # is rescaled when it changes), as its settle's, a fleet shrunk from two edges to one meanwhile
+    # refunded twice what the request counted for by then.
+    settled_sending: dict[str, tuple[TierLimits, int, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +357,7 @@ class MemoryLimiter:
                     # A restore carrying it that turns out never sent leaves its refund to the
                     # ledger: dropped, the next restore put a request settled as never run back on
                     # Redis for good (a review: a third request of three refused, two counted).
-                    ledger.settled_sending[request_id] = (rates, refund, refund_request)
+                    ledger.settled_sending[request_id] = (tier, refund, refund_request)
             elif ledger is not None and policy.settle(
                 ledger.state, rates, now, request_id, refund, refund_request
             ):
@@ -502,7 +505,8 @@ class MemoryLimiter:
                         # is the ledger's, as for a settle after (above).
                         settled = ledger.settled_sending.pop(request_id, None)
                         if settled is not None:
-                            policy.refund(ledger.state, settled[0], now, settled[1], settled[2])
+                            rates = self._rates_for(settled[0])
+                            policy.refund(ledger.state, rates, now, settled[1], settled[2])
                             ledger.changes += 1
 
     def snapshot(self, user: str, tier: str) -> policy.Snapshot:

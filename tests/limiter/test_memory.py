@@ -329,3 +329,26 @@ def test_the_budgets_a_restore_puts_back_are_listed_slice_by_slice_each_once(
         ("b", "free"),
         ("d", "free"),
     ]
+
+
+def test_a_settle_kept_while_its_restore_waited_is_refunded_in_the_units_of_its_refund() -> None:
+    """A request the fallback admitted is settled as never run while a restore carrying its ledger
+    waits for a connection; the fleet shrinks from two edges to one meanwhile (the ledger rescaled
+    to the whole tier's intervals), and the restore is then called off unsent: the ledger refunds
+    the request (ledger_unsent). It was refunded at the rates of the settle's moment, two edges'
+    intervals, twice what a request counts by then: the ledger counted one of the two requests
+    still held, and the restore told Redis one where two ran (over-admission)."""
+    clock = ManualClock()
+    twin = MemoryLimiter(clock, instance_count=2)
+    t = tier(requests=10, request_window_s=60.0)  # 12 s a request at two edges, 6 s at one
+    for request_id in ("r1", "r2", "r3"):
+        assert twin.decide("u", request_id, t, 1, 0, own=True)[0].allowed
+    built = twin.ledger("u", t.name)
+    assert built is not None and built.request_ids == ("r1", "r2", "r3")
+    twin.settle_now("u", t, "r1", 0, refund_request=True)  # while its restore waits
+    twin.set_instance_count(1)
+    twin.ledger_unsent("u", t.name, built)
+    left = twin.ledger("u", t.name)
+    assert left is not None and left.request_ids == ("r2", "r3")
+    now_us = round(clock.now * policy.MICROS)
+    assert left.request_tat_us - now_us == 2 * 6 * policy.MICROS  # two requests at one edge's rate
