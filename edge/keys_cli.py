@@ -157,10 +157,14 @@ def _list(args: argparse.Namespace) -> int:
 
 def _revoke(args: argparse.Namespace) -> int:
     async def step(keys: KeyLifecycle) -> Any:
-        return await keys.revoke(args.key_id)
+        return await keys.revoke_line(args.key_id)
 
-    record = _lifecycle_command(args, step)
+    revoked = _lifecycle_command(args, step)
+    record = revoked.key
     note(f"revoked {record.id} (user {record.user!r})")
+    for older in revoked.replaced:
+        # Said: a key still in use (a deployment not yet moved to its replacement) stopped too.
+        note(f"also revoked {older.id}, which it replaced (its rotation's grace ended now)")
     return 0
 
 

@@ -93,6 +93,12 @@ class Rotated:
     old: KeyRecord  # now expiring at the end of the grace period, replaced_by the new one
 
 
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    key: KeyRecord  # the key named, revoked
+    replaced: tuple[KeyRecord, ...]  # the older keys of its rotations revoked with it, newest first
+
+
 async def _no_announce(key_sha256: str) -> bool:
     return True
 
@@ -161,20 +167,25 @@ class KeyLifecycle:
         return await self.store.page_keys(user, after, limit)
 
     async def revoke(self, key_id: str) -> KeyRecord:
+        """The key, revoked, with the keys it replaced (`revoke_line`)."""
+        return (await self.revoke_line(key_id)).key
+
+    async def revoke_line(self, key_id: str) -> Revoked:
         """The key, and every key it replaced that is still in a rotation's grace: one user's one
         credential changing hands. Before, revoking the new key left the old one working to the
         end of its grace, though the owner had cut that credential off. The keys it was replaced
-        by are left: revoking an old key is how its grace is ended early."""
+        by are left: revoking an old key is how its grace is ended early. The older keys revoked
+        are returned too, for the operator to be told: a key still in use (a deployment not yet
+        moved to its replacement) stops working with it."""
         record = await self._find(key_id)
         if record.revoked is None:
             record = record.with_changes(revoked=self._clock())
             await self.store.put(record)
         await self._announce(record.key_sha256)
         # Also when it was revoked already: a revocation made before this fix ends its graces too.
-        await self._revoke_replaced(record)
-        return record
+        return Revoked(record, await self._revoke_replaced(record))
 
-    async def _revoke_replaced(self, record: KeyRecord) -> None:
+    async def _revoke_replaced(self, record: KeyRecord) -> tuple[KeyRecord, ...]:
         """Followed by `replaces` (a read by id each, no scan), and only where the older key names
         this one as its replacement: a rotation that lost its race made a key that names the old
         one but never replaced it. Revoked, not expired now: a revocation is the one change no
@@ -184,15 +195,19 @@ class KeyLifecycle:
         now = self._clock()
         seen = {record.id}
         newer = record
+        revoked: list[KeyRecord] = []
         while newer.replaces is not None and newer.replaces not in seen:
             seen.add(newer.replaces)
             older = await self.store.by_id(newer.replaces)
             if older is None or older.replaced_by != newer.id:
-                return
+                break
             if older.status(now) == "active":
-                await self.store.put(older.with_changes(revoked=now))
+                older = older.with_changes(revoked=now)
+                await self.store.put(older)
                 await self._announce(older.key_sha256)
+                revoked.append(older)
             newer = older
+        return tuple(revoked)
 
     async def import_keys(self, keys: list[LegacyKey]) -> Imported:
         """Insert-only (edge/keys/legacy.py). Every key added is announced: an edge that was asked

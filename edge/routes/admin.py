@@ -154,10 +154,13 @@ async def list_keys(
 @post("/keys/{key_id:str}/revoke", status_code=200)
 async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     try:
-        record = await runtime_of(request).key_admin.revoke(key_id)
+        revoked = await runtime_of(request).key_admin.revoke_line(key_id)
     except KeyNotFound as exc:
         raise _lifecycle_error(exc) from None
-    return json_response(key_view(record))
+    # The older keys of its rotations still in their grace, revoked with it (KeyLifecycle.revoke_line):
+    # the operator asked for one key, and these stopped working too.
+    also = [key_view(r) for r in revoked.replaced]
+    return json_response({**key_view(revoked.key), "also_revoked": also})
 
 
 @post("/keys/{key_id:str}/rotate", status_code=200)

@@ -121,6 +121,10 @@ def test_revoking_a_rotations_new_key_ends_the_old_ones_grace_at_once(server: Li
     assert not _works(server, new["key"]) and not _works(server, made["key"])
     listed = httpx.get(server.base_url + "/v1/admin/keys", params={"user": "nia"}, headers=ADMIN).json()
     assert {k["id"]: k["status"] for k in listed["data"]} == {made["id"]: "revoked", new["id"]: "revoked"}
+    # The answer says so: the operator asked for one key and two stopped working.
+    assert [(k["id"], k["status"]) for k in revoked.json()["also_revoked"]] == [(made["id"], "revoked")]
+    again = httpx.post(f"{server.base_url}/v1/admin/keys/{made['id']}/revoke", headers=ADMIN)
+    assert again.status_code == 200 and again.json()["also_revoked"] == []
 
 
 def _status_asking(server: LiveServer, key: str, max_tokens: int) -> int:

@@ -586,3 +586,19 @@ def test_a_keys_file_user_with_a_format_character_still_starts_and_is_listed_esc
     keys_file.write_text(json.dumps({"key_sha256": hash_key(key), "user": "a\nb", "tier": "paid"}) + "\n")
     with pytest.raises(SystemExit, match=r"line 1: user must not contain control characters"):
         main(["keys", "list", "--config", str(config)])
+
+
+def test_revoking_a_rotations_new_key_says_the_old_one_it_revoked_too(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """Since 64e4b2b a revoke of a rotation's new key revokes the old key still in its grace, and
+    the command said only "revoked <new>": the operator was not told that the key still in use
+    (a deployment not yet moved to the new one) stopped working too."""
+    old = run(capsys, config, "keys", "create", "--user", "olga", "--tier", "free").strip()
+    old_id = key_id(hash_key(old))
+    run(capsys, config, "keys", "rotate", old_id, "--grace-s", "3600")
+    [_, new] = json.loads(run(capsys, config, "keys", "list", "--json", "--user", "olga"))
+    assert main(["keys", "revoke", new["id"], "--config", str(config)]) == 0
+    said = capsys.readouterr().err
+    assert f"revoked {new['id']}" in said and f"also revoked {old_id}" in said
+    assert user_of(config, old) is None
