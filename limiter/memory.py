@@ -155,6 +155,7 @@ class MemoryLimiter:
                 for ledger in self._ledgers.values():
                     _rescale(ledger.state, now, n, old)
                     ledger.offset_us = ledger.offset_us * n / old + now * (1 - n / old)
+                self._reads.rescale(now, n, old)
                 self._instance_count = n
                 self._rates.clear()
 

@@ -89,6 +89,15 @@ class ReadBuckets:
             retry_after_ms=0,
         )
 
+    def rescale(self, now_us: int, new: int, old: int) -> None:
+        """The instance count went from `old` to `new` (MemoryLimiter.set_instance_count): each
+        bucket's lead is its reads times the share's interval, `old` times the tier's, so it is
+        scaled to the new interval and keeps the reads spent. Left as it was, a fleet shrunk from 2
+        to 1 read a user's 2 of 4 reads as all 4, and refused it for up to a window."""
+        for key, tat in self._tats.items():
+            if tat > now_us:
+                self._tats[key] = now_us + (tat - now_us) * new // old
+
     def _sweep(self, now_us: int) -> None:
         """Drop the full buckets; the next sweep waits until twice as many are held again (amortised
         O(1) a read however many users keep reading)."""

@@ -68,3 +68,21 @@ async def test_reads_are_limited_on_this_edges_share_while_redis_is_down() -> No
         await limiter.aclose()
     assert [a.allowed for a in answers] == [True, True, False]
     assert answers[0].limit == 2
+
+
+async def test_the_fallbacks_reads_follow_the_live_edge_count_as_its_other_budgets() -> None:
+    """An outage across a fleet change (2 edges, then 1): the reads a user spent of the first
+    share stay that many reads of the new one, as the fallback's requests and tokens do
+    (MemoryLimiter.set_instance_count). Kept in the old share's units, 2 of a 4-read tier read as
+    all 4 on the edge left, and the user was refused for up to a window."""
+    limiter = create_limiter("redis", f"redis://127.0.0.1:{free_port()}", 200, 2)
+    assert isinstance(limiter, RedisLimiter)
+    user, limits = f"u-{uuid.uuid4().hex}", _reads(4)
+    try:
+        spent = [await limiter.take_read(user, limits) for _ in range(2)]
+        limiter.set_instance_count(1)
+        after = await limiter.take_read(user, limits)
+    finally:
+        await limiter.aclose()
+    assert [a.allowed for a in spent] == [True, True] and spent[1].remaining == 0
+    assert (after.allowed, after.limit, after.remaining) == (True, 4, 1)
