@@ -8,9 +8,11 @@ import uuid
 import msgspec
 import pytest
 
+from limiter import policy
 from limiter.base import TierLimits
 from limiter.factory import create_limiter
 from limiter.memory import MemoryLimiter
+from limiter.reads import SWEEP_SLICE, ReadBuckets
 from limiter.redis_store import RedisLimiter
 from tests.limiter.tiers import tier
 from tests.support.ports import free_port
@@ -86,3 +88,22 @@ async def test_the_fallbacks_reads_follow_the_live_edge_count_as_its_other_budge
         await limiter.aclose()
     assert [a.allowed for a in spent] == [True, True] and spent[1].remaining == 0
     assert (after.allowed, after.limit, after.remaining) == (True, 4, 1)
+
+
+def test_one_read_looks_at_a_slice_of_the_buckets_held_and_the_full_ones_go() -> None:
+    """The in-process buckets are dropped once full again, a slice at a time: a read that swept
+    every bucket held stalled the event loop, and every stream on the edge, in proportion to the
+    users (about 90 ms at 400,000 here). Each read drops at most SWEEP_SLICE, and a pass over them
+    all drops every full one."""
+    buckets, limits = ReadBuckets(), _reads(600)
+    users = 30_000
+    for i in range(users):
+        assert buckets.take(f"old-{i}", limits, 0).allowed
+    later = 3_600 * policy.MICROS  # every one of them full again
+    dropped = []
+    for i in range(3 * users):
+        held = len(buckets)
+        assert buckets.take(f"new-{i}", limits, later).allowed
+        dropped.append(held + 1 - len(buckets))
+    assert max(dropped) <= SWEEP_SLICE
+    assert len(buckets) == 3 * users  # every old one went; the new ones are held until full
