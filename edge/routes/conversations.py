@@ -12,7 +12,7 @@ from litestar import Request, get
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
-from edge.errors import ApiError, invalid_request, wait_text
+from edge.errors import REQUEST_USER, ApiError, invalid_request, wait_text
 from edge.keys.authorization_header import authorization_header
 from edge.messages.store import Order
 from edge.routes.json_body import json_response
@@ -61,6 +61,8 @@ async def conversation_messages(
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    # A refusal's log line names whose read it was (a loop of reads past its limit: whose loop).
+    request.scope[REQUEST_USER] = principal.user  # type: ignore[literal-required]
     refuse_repeated(request, "limit", "after", "before", "order")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     sort = _order(order)

@@ -199,3 +199,26 @@ def test_the_completion_line_says_the_status_and_error_the_client_got(tmp_path: 
         answer, lines = _lines_of(edge, lambda c: c.post(CHAT, json=OK, headers=paid))
         assert answer.status_code == 200
         assert (lines[0]["status"], lines[0]["error"]) == (200, None), lines
+
+
+def test_a_history_reads_refusals_name_their_user(tmp_path: Path) -> None:
+    """GET /v1/conversations/{id}/messages refused after its key was read (a 400 for its query, a
+    404, the read limit's 429) wrote its request_refused line with no user: an operator watching
+    the history reads' 429s could not tell whose loop it was, as a chat refusal's line tells."""
+    reads = {
+        "tiers": SETTINGS["tiers"] | {"free": SETTINGS["tiers"]["free"] | {"history_reads_per_window": 1}}
+    }
+    history = "/v1/conversations/nothing-here/messages"
+    with start_server(tmp_path, SETTINGS | reads) as edge:
+        free = edge.auth("free")
+        cases = [
+            (400, lambda c: c.get(f"{history}?limit=0", headers=free)),
+            (404, lambda c: c.get(history, headers=free)),
+            (429, lambda c: c.get(history, headers=free)),
+        ]
+        for status, send in cases:
+            answer, lines = _lines_of(edge, send)
+            assert answer.status_code == status, answer.text
+            (line,) = lines
+            assert line["event"] == "request_refused" and line["status"] == status, line
+            assert line.get("user") == "free-user", line
