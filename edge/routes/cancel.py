@@ -11,7 +11,7 @@ from litestar.response.base import ASGIResponse
 from edge.cancel.bus import CancelBusUnavailable
 from edge.cancel.outcome import CancelOutcome
 from edge.errors import ApiError, retry_after_headers
-from edge.keys.authorization_header import authorization_header
+from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
@@ -19,7 +19,7 @@ from edge.runtime import runtime_of
 @post("/v1/chat/completions/{request_id:str}/cancel", status_code=200)
 async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    principal = await caller(runtime, request)
     try:
         outcome = await runtime.registry.cancel(request_id, principal.user)
     except CancelBusUnavailable:

@@ -12,9 +12,9 @@ from litestar import Request, get
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
-from edge.errors import REQUEST_USER, ApiError, invalid_request, wait_text
-from edge.keys.authorization_header import authorization_header
+from edge.errors import ApiError, invalid_request, wait_text
 from edge.messages.store import Order
+from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
@@ -60,9 +60,7 @@ async def conversation_messages(
     order: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
-    # A refusal's log line names whose read it was (a loop of reads past its limit: whose loop).
-    request.scope[REQUEST_USER] = principal.user  # type: ignore[literal-required]
+    principal = await caller(runtime, request)
     refuse_repeated(request, "limit", "after", "before", "order")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     sort = _order(order)

@@ -29,7 +29,7 @@ from litestar.response.base import ASGIResponse
 from edge.admission.cache_figures import CacheFigures
 from edge.admission.cache_scope import PrefixCacheScope
 from edge.admission.replica_set import ReplicaState
-from edge.keys.authorization_header import authorization_header
+from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 from edge.schemas import unknown_model
@@ -60,7 +60,7 @@ def _replica(number: int, state: ReplicaState, scope: PrefixCacheScope) -> dict[
 @get("/v1/models/{model_id:str}/stats")
 async def model_stats(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    principal = await caller(runtime, request)
     if model_id not in runtime.models.models_for(principal.tier):
         raise unknown_model(model_id)
     pipeline = runtime.models.pipeline_for(principal.tier, model_id)

@@ -12,7 +12,7 @@ from litestar import Request, get
 from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
-from edge.keys.authorization_header import authorization_header
+from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 from edge.schemas import unknown_model
@@ -36,7 +36,7 @@ def _model_card(name: str, max_model_len: int) -> dict[str, Any]:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    principal = await caller(runtime, request)
     models = runtime.models
     cards = [_model_card(name, models.max_model_len(name)) for name in models.models_for(principal.tier)]
     return json_response({"object": "list", "data": cards})
@@ -45,7 +45,7 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
 @get("/v1/models/{model_id:str}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    principal = await caller(runtime, request)
     if model_id not in runtime.models.models_for(principal.tier):
         raise unknown_model(model_id)
     return json_response(_model_card(model_id, runtime.models.max_model_len(model_id)))

@@ -11,7 +11,7 @@ from litestar.params import FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import invalid_request
-from edge.keys.authorization_header import authorization_header
+from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
@@ -66,6 +66,6 @@ async def own_usage(
     after: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await runtime.keys.authenticate(authorization_header(request.scope))
+    principal = await caller(runtime, request)
     refuse_repeated(request, "start", "end", "limit", "after")
     return await usage_response(runtime, principal.user, start, end, limit, after)

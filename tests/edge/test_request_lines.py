@@ -222,3 +222,23 @@ def test_a_history_reads_refusals_name_their_user(tmp_path: Path) -> None:
             (line,) = lines
             assert line["event"] == "request_refused" and line["status"] == status, line
             assert line.get("user") == "free-user", line
+
+
+def test_every_key_routes_refusals_name_their_user(tmp_path: Path) -> None:
+    """The routes besides chat and history that read a key first (cancel, models, model stats,
+    usage) wrote their refusals' request_refused lines with user null: whose client sent a loop of
+    404s could not be told."""
+    with start_server(tmp_path, SETTINGS) as edge:
+        free = edge.auth("free")
+        cases = [
+            (404, lambda c: c.post("/v1/chat/completions/chatcmpl-nobody/cancel", headers=free)),
+            (404, lambda c: c.get("/v1/models/no-such-model", headers=free)),
+            (404, lambda c: c.get("/v1/models/no-such-model/stats", headers=free)),
+            (400, lambda c: c.get("/v1/usage?limit=0", headers=free)),
+        ]
+        for status, send in cases:
+            answer, lines = _lines_of(edge, send)
+            assert answer.status_code == status, answer.text
+            (line,) = lines
+            assert line["event"] == "request_refused" and line["status"] == status, line
+            assert line.get("user") == "free-user", line
