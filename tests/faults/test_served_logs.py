@@ -5,35 +5,51 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
-import time
+import subprocess
+import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
 from tests.faults.serve_process import serve_process
+from tests.support.live_server import demo_model_dir
 
 WAIT_S = 20.0
 
 
 def test_a_library_warning_in_a_served_edge_is_a_json_line(tmp_path: Path) -> None:
     """Litestar's default logging config put its own plain-text handler on the root logger when the
-    app was made, so uvicorn's warnings (and Litestar's, botocore's) left the edge as plain text."""
-    with serve_process(tmp_path, {}) as server:
-        address = urlsplit(server.base_url)
-        with socket.create_connection((address.hostname, address.port)) as conn:
-            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")  # uvicorn logs a warning for it
-            conn.recv(1024)
-        deadline = time.monotonic() + WAIT_S
-        while "Invalid HTTP request" not in server.output():
-            assert time.monotonic() < deadline, server.output()[-2000:]
-            time.sleep(0.05)  # polling the log file for the line (a bounded wait on a condition)
-        output = server.output()
-    (line,) = [line for line in output.splitlines() if "Invalid HTTP request" in line]
+    app was made, so uvicorn's warnings (and Litestar's, botocore's) left the edge as plain text.
+
+    Set up as `floodgate serve` does (its logging, then the app made from a real config: the order
+    the fault needed); the warning is uvicorn's own logger's. No request from outside makes a
+    library warn any more: a request the HTTP parser refuses, which did, now writes the edge's own
+    request_refused line alone (ffafdf1)."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "floodgate-tiny"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\ndev_key = false\n'
+        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+    )
+    script = (
+        "import logging\n"
+        "from edge.logging_setup import configure_logging\n"
+        "from edge.config import load_settings\n"
+        "configure_logging()\n"
+        "from edge.app import create_app\n"
+        f"create_app(load_settings({str(config)!r}))\n"
+        "logging.getLogger('uvicorn.error').warning('a library warns')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT_S * 3, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [line for line in done.stdout.splitlines() if "a library warns" in line]
     record = json.loads(line)
     assert record["logger"] == "uvicorn.error" and record["level"] == "warning", record
+    assert "a library warns" not in done.stderr
 
 
 def test_a_served_edges_files_are_its_own(tmp_path: Path) -> None:
