@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
-
 PARAMETER = "max_seq_len"
 
 
@@ -35,23 +33,14 @@ def engine_max_seq_len(engine_dir: Path) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
 
-class _Parameter(msgspec.Struct):
-    string_value: str = ""
-
-
-class _ModelConfig(msgspec.Struct):
-    parameters: dict[str, _Parameter] = {}
-
-
-_decode_config = msgspec.json.Decoder(_ModelConfig).decode
-
-
 def reported_max_seq_len(model_config: bytes) -> int:
     """The `max_seq_len` parameter of a model config as Triton's HTTP API returns it; 0 when it has
-    none or it is not a positive number."""
+    none or it is not a positive number. The standard library's json: read once per replica start,
+    and the Triton image, which renders the parameter from this module, has no msgspec."""
     try:
-        raw = _decode_config(model_config).parameters.get(PARAMETER, _Parameter()).string_value
+        config = json.loads(model_config)
+        raw = config["parameters"][PARAMETER]["string_value"]
         value = int(raw)
-    except (msgspec.DecodeError, ValueError):
+    except (ValueError, KeyError, TypeError):
         return 0
     return max(value, 0)
