@@ -597,7 +597,12 @@ def test_revoking_a_rotations_new_key_says_the_old_one_it_revoked_too(
     old = run(capsys, config, "keys", "create", "--user", "olga", "--tier", "free").strip()
     old_id = key_id(hash_key(old))
     run(capsys, config, "keys", "rotate", old_id, "--grace-s", "3600")
-    [_, new] = json.loads(run(capsys, config, "keys", "list", "--json", "--user", "olga"))
+    # Listed in id order (42a8636): the new key is the one that is not the old.
+    [new] = [
+        k
+        for k in json.loads(run(capsys, config, "keys", "list", "--json", "--user", "olga"))
+        if k["id"] != old_id
+    ]
     assert main(["keys", "revoke", new["id"], "--config", str(config)]) == 0
     said = capsys.readouterr().err
     assert f"revoked {new['id']}" in said and f"also revoked {old_id}" in said
