@@ -143,7 +143,14 @@ class DynamoDBUsageStore:
         params["ExpressionAttributeValues"] = values
         key: dict[str, Any] | None = None
         if after is not None:
-            key = {PARTITION_KEY: {"S": f"usage#{after[0]}"}, SORT_KEY: {"S": f"{after[1]}#{after[2]}"}}
+            after_sk = f"{after[1]}#{after[2]}"
+            # A Query refuses a start key outside its sort-key condition (a ValidationException): a
+            # cursor of a wider range, or of any range, asked for with this one. Every row of the
+            # range follows a cursor before it, and none one past it.
+            if user is not None and end and after_sk > f"{end}$":
+                return []
+            if user is None or not start or after_sk >= start:
+                key = {PARTITION_KEY: {"S": f"usage#{after[0]}"}, SORT_KEY: {"S": after_sk}}
         found: list[Usage] = []
         while True:
             call = dict(params, Limit=want - len(found) if user is not None else max(want, 100))

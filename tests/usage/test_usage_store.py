@@ -423,3 +423,23 @@ def test_a_row_id_names_its_row_and_nothing_else_is_one() -> None:
     for bad in ("", "usage_", "usage_!!", "key_abc", "usage_" + "e30"):
         with pytest.raises(ValueError):
             position(bad)
+
+
+async def test_a_cursor_outside_the_day_range_pages_as_the_rows_after_it(usage_store: UsageStore) -> None:
+    """A client that narrows its range between pages, or sends a row id of another range, is given
+    the range's rows that follow the cursor's row, as on any page. On DynamoDB the cursor's row key
+    was the Query's ExclusiveStartKey outside its sort-key condition: a ValidationException, the
+    request a 500."""
+    writes = (WriteId("w", n) for n in range(1, 100))
+    for day in ("2026-01-01", "2026-01-02", "2026-01-03"):
+        await usage_store.add(Usage("alice", "m", day, 1, 1, 1), next(writes))
+    before = ("alice", "2026-01-01", "m")
+    past = ("alice", "2026-01-03", "m")
+    for start, end in (("2026-01-02", "2026-01-03"), ("2026-01-02", "")):
+        page = await usage_store.page("alice", start, end, before, 10)
+        assert [r.day for r in page.rows] == ["2026-01-02", "2026-01-03"]
+        assert not page.has_more
+    for start, end in (("2026-01-01", "2026-01-02"), ("", "2026-01-02")):
+        page = await usage_store.page("alice", start, end, past, 10)
+        assert page.rows == []
+        assert not page.has_more
