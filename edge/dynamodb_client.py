@@ -17,6 +17,8 @@ from botocore.config import Config
 # DynamoDB refuses a read or write whose partition key is longer (in UTF-8 bytes): every store
 # checks its own keys against it rather than asking AWS and getting a ValidationException.
 MAX_PARTITION_KEY_BYTES = 2048
+# And whose sort key is longer.
+MAX_SORT_KEY_BYTES = 1024
 
 CONFIG = Config(connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3})
 

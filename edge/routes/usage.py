@@ -10,14 +10,22 @@ from litestar import Request, get
 from litestar.params import FromQuery
 from litestar.response.base import ASGIResponse
 
-from edge.errors import invalid_request
+from edge.errors import ApiError, invalid_request
 from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import Runtime, runtime_of
 from edge.usage.day import checked_day
-from edge.usage.page import DEFAULT_LIMIT, MAX_LIMIT, Position, position, row_id
+from edge.usage.page import DEFAULT_LIMIT, MAX_LIMIT, BadCursor, Position, position, row_id
+
+
+def _bad_cursor(value: str) -> ApiError:
+    return invalid_request(
+        f"Invalid 'after': {value[:64]!r} is not a usage row id (the `id` of a row this endpoint listed).",
+        "after",
+        code="invalid_value",
+    )
 
 
 def _cursor(value: str | None) -> Position | None:
@@ -26,12 +34,7 @@ def _cursor(value: str | None) -> Position | None:
     try:
         return position(value)
     except ValueError:
-        raise invalid_request(
-            f"Invalid 'after': {value[:64]!r} is not a usage row id (the `id` of a row this endpoint "
-            "listed).",
-            "after",
-            code="invalid_value",
-        ) from None
+        raise _bad_cursor(value) from None
 
 
 async def usage_response(
@@ -44,7 +47,10 @@ async def usage_response(
             except ValueError as exc:
                 raise invalid_request(f"{name} {exc}.", name) from None
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
-    page = await runtime.usage.page(user, start, end, _cursor(after), size)
+    try:
+        page = await runtime.usage.page(user, start, end, _cursor(after), size)
+    except BadCursor:
+        raise _bad_cursor(after or "") from None
     data = [{"id": row_id(row), **row.as_dict()} for row in page.rows]
     return json_response(
         {

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 from botocore.exceptions import ClientError
 
-from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
+from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES, MAX_SORT_KEY_BYTES
 from edge.keys.dynamodb import PARTITION_KEY, SORT_KEY
-from edge.usage.page import Position, UsagePage, page_of
+from edge.usage.page import BadCursor, Position, UsagePage, page_of
 from edge.usage.record import Usage
 from edge.usage.store import UsageRefused, WriteId
 
@@ -144,6 +144,13 @@ class DynamoDBUsageStore:
         key: dict[str, Any] | None = None
         if after is not None:
             after_sk = f"{after[1]}#{after[2]}"
+            if (
+                len(f"usage#{after[0]}".encode()) > MAX_PARTITION_KEY_BYTES
+                or len(after_sk.encode()) > MAX_SORT_KEY_BYTES
+            ):
+                # No row has such a key (_add: UsageRefused), and as ExclusiveStartKey it is a
+                # ValidationException: a 503 that retrying never mends.
+                raise BadCursor("no usage row has this key")
             # A Query refuses a start key outside its sort-key condition (a ValidationException): a
             # cursor of a wider range, or of any range, asked for with this one. Every row of the
             # range follows a cursor before it, and none one past it.

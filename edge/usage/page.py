@@ -23,6 +23,11 @@ MAX_ID_CHARS = 4096
 Position = tuple[str, str, str]  # user, day, model
 
 
+class BadCursor(ValueError):
+    """A cursor that names no row the store could hold (a row id made up, not one it listed): the
+    client's mistake, a 400, not the store's trouble."""
+
+
 @dataclass(frozen=True, slots=True)
 class UsagePage:
     rows: list[Usage]

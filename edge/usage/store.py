@@ -53,7 +53,8 @@ class UsageStore(Protocol):
         self, user: str | None, start: str, end: str, after: Position | None, limit: int
     ) -> UsagePage:
         """Up to `limit` of query's rows that follow the row at `after`, in an order the store keeps
-        from one page to the next (user, day, model; DynamoDB's scan order for everyone's)."""
+        from one page to the next (user, day, model; DynamoDB's scan order for everyone's).
+        BadCursor: `after` names no row this store could hold."""
         ...
 
     async def aclose(self) -> None: ...
