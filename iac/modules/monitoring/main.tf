@@ -55,21 +55,51 @@ resource "aws_cloudwatch_metric_alarm" "demand_high" {
   }
 }
 
+# No host in service while the group wants one. A model may run from zero (min_size 0: its group
+# starts a host on demand and target tracking takes it back to zero when idle), so "none in
+# service" alone paged every idle minute of such a model. Desired at least 1 the whole minute (its
+# Minimum) and none in service for 3 minutes: a group that keeps min_size hosts pages as before; one
+# at zero pages only when its demand got no host (a warm-pool start takes about a minute; a cold
+# start, the warm pool empty, may page). Group metrics gone (collection off) still page.
 resource "aws_cloudwatch_metric_alarm" "no_healthy_gpu_hosts" {
   for_each            = var.gpu_groups
   alarm_name          = "${var.name}-${each.key}-no-healthy-gpu-hosts"
-  alarm_description   = "No ${each.key} GPU host in service: every request for the model waits or fails"
-  namespace           = "AWS/AutoScaling"
-  metric_name         = "GroupInServiceInstances"
-  dimensions          = { AutoScalingGroupName = each.value }
-  statistic           = "Minimum"
-  period              = 60
-  evaluation_periods  = 3
-  comparison_operator = "LessThanThreshold"
+  alarm_description   = "No ${each.key} GPU host in service while its group wants one: every request for the model waits or fails"
+  comparison_operator = "GreaterThanOrEqualToThreshold"
   threshold           = 1
+  evaluation_periods  = 3
   treat_missing_data  = "breaching"
   alarm_actions       = [aws_sns_topic.alarms.arn]
   ok_actions          = [aws_sns_topic.alarms.arn]
+
+  metric_query {
+    id = "in_service"
+    metric {
+      namespace   = "AWS/AutoScaling"
+      metric_name = "GroupInServiceInstances"
+      dimensions  = { AutoScalingGroupName = each.value }
+      stat        = "Minimum"
+      period      = 60
+    }
+  }
+
+  metric_query {
+    id = "desired"
+    metric {
+      namespace   = "AWS/AutoScaling"
+      metric_name = "GroupDesiredCapacity"
+      dimensions  = { AutoScalingGroupName = each.value }
+      stat        = "Minimum"
+      period      = 60
+    }
+  }
+
+  metric_query {
+    id          = "wanted_and_none"
+    label       = "${each.key}: a host wanted, none in service"
+    expression  = "IF(desired >= 1 AND in_service < 1, 1, 0)"
+    return_data = true
+  }
 }
 
 resource "aws_cloudwatch_metric_alarm" "http_5xx" {

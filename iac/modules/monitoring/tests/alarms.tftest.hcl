@@ -1,0 +1,66 @@
+# The alarms planned against a mocked AWS provider (no account needed).
+
+mock_provider "aws" {
+  override_during = plan
+
+  mock_data "aws_region" {
+    defaults = { name = "us-east-1" }
+  }
+}
+
+variables {
+  name                      = "fg"
+  kms_key_arn               = "arn:aws:kms:us-east-1:111122223333:key/abc"
+  alb_arn_suffix            = "app/fg/abc"
+  target_group_arn_suffix   = "targetgroup/fg-edge/abc"
+  ecs_cluster_name          = "fg"
+  ecs_service_name          = "edge"
+  gpu_groups                = { "llama-3.1-8b" = "fg-gpu-llama-3-1-8b" }
+  metric_namespace          = "Floodgate"
+  demand_metric             = "DemandPerReplica"
+  replica_load_metric       = "ReplicaLoadPerReplica"
+  metric_model_dimension    = "Model"
+  metric_period_s           = 60
+  metric_samples_per_period = 6
+}
+
+# A model may run from zero hosts (min_size 0: its group starts one on demand, and target tracking
+# takes it back to zero when idle). The alarm on no host in service read GroupInServiceInstances
+# alone, so such a model paged every idle minute, night after night, and an operator learned to
+# ignore the one alarm that says a model serves nobody. It now pages only while the group wants a
+# host (GroupDesiredCapacity at least 1, the whole minute) and has none in service: a group that
+# keeps min_size hosts alarms as before, one at zero only when its demand got no host.
+run "no_host_pages_only_while_the_group_wants_one" {
+  command = plan
+
+  assert {
+    condition = toset([
+      for q in aws_cloudwatch_metric_alarm.no_healthy_gpu_hosts["llama-3.1-8b"].metric_query :
+      "${q.id}:${one(q.metric).metric_name}:${one(q.metric).stat}:${one(q.metric).dimensions["AutoScalingGroupName"]}"
+      if length(q.metric) > 0
+      ]) == toset([
+      "in_service:GroupInServiceInstances:Minimum:fg-gpu-llama-3-1-8b",
+      "desired:GroupDesiredCapacity:Minimum:fg-gpu-llama-3-1-8b",
+    ])
+    error_message = "The no-host alarm must read the group's in-service hosts and its desired capacity."
+  }
+
+  assert {
+    condition = [
+      for q in aws_cloudwatch_metric_alarm.no_healthy_gpu_hosts["llama-3.1-8b"].metric_query :
+      q.expression if q.return_data == true
+    ] == ["IF(desired >= 1 AND in_service < 1, 1, 0)"]
+    error_message = "The no-host alarm must fire only while the group wants a host and has none in service."
+  }
+
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.no_healthy_gpu_hosts["llama-3.1-8b"].threshold == 1 && aws_cloudwatch_metric_alarm.no_healthy_gpu_hosts["llama-3.1-8b"].comparison_operator == "GreaterThanOrEqualToThreshold"
+    error_message = "The no-host alarm fires when its expression reads 1."
+  }
+
+  # Group metrics gone (collection turned off, the group deleted) still page, as before.
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.no_healthy_gpu_hosts["llama-3.1-8b"].treat_missing_data == "breaching"
+    error_message = "Missing group metrics must still page."
+  }
+}
