@@ -5,9 +5,18 @@ variable "region" {
 }
 
 variable "name" {
-  description = "Deployment name, prefixed to every resource."
+  description = "Deployment name, prefixed to every resource: lowercase letters, digits and single hyphens, from a letter to a letter or digit (the buckets and ECR repositories take no other)."
   type        = string
   default     = "floodgate"
+
+  # S3 bucket names ("<name>-logs-…", "<name>-engines-…") and ECR repository names ("<name>/edge")
+  # take lowercase letters and digits joined by single hyphens, and no check at plan time says so:
+  # another name failed at apply, the VPC, key, tables and Redis already made. Its length is
+  # checked at plan by the load balancer's target group ("<name>-edge", 32 characters at most).
+  validation {
+    condition     = can(regex("^[a-z]([a-z0-9]|-[a-z0-9])*$", var.name))
+    error_message = "name must be lowercase letters, digits and single hyphens, starting with a letter and not ending with a hyphen (it prefixes S3 bucket and ECR repository names), e.g. \"floodgate-prod\"."
+  }
 }
 
 variable "domain_name" {

@@ -149,3 +149,27 @@ run "no_model" {
 
   expect_failures = [var.models]
 }
+
+# The name prefixes the buckets ("<name>-logs-…", "<name>-engines-…") and the ECR repositories
+# ("<name>/edge"), which take lowercase letters, digits and single hyphens only. A name such as
+# "Floodgate-Prod" planned clean and failed at apply on CreateBucket and CreateRepository, with the
+# VPC, the key, the tables and Redis already made: renaming then replaced all of them.
+run "a_name_with_capitals" {
+  command = plan
+
+  variables {
+    name = "Floodgate-Prod"
+  }
+
+  expect_failures = [var.name]
+}
+
+run "a_name_with_a_double_hyphen" {
+  command = plan
+
+  variables {
+    name = "floodgate--prod"
+  }
+
+  expect_failures = [var.name]
+}
