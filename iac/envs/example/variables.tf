@@ -123,6 +123,16 @@ variable "models" {
     error_message = "A model's prefill_s_per_token must be at least 0 and its decode_s_per_token above 0 (seconds of one replica per token at a full batch), or unset for the edge's defaults."
   }
 
+  # The edge refuses a token_weight of 0 or less and a max_model_len that is not a whole number of at
+  # least 1 (8192.5 renders as a TOML float): every task would crash-loop on its settings.
+  validation {
+    condition = alltrue([
+      for spec in values(var.models) :
+      spec.token_weight > 0 && spec.max_model_len >= 1 && floor(spec.max_model_len) == spec.max_model_len
+    ])
+    error_message = "A model's token_weight must be above 0 (what each of its tokens counts against a user's token limit) and its max_model_len a whole number of at least 1 (its engine's build --max-seq-len)."
+  }
+
   # Each model's GPU group is named from its name with every character but [A-Za-z0-9_-] made a '-'
   # (main.tf, local.gpu_groups): two names that differ only there would share one group.
   validation {

@@ -173,3 +173,36 @@ run "a_name_with_a_double_hyphen" {
 
   expect_failures = [var.name]
 }
+
+# The edge refuses a model's token_weight of 0 or less ([models.*] token_weight > 0; 0 looks like
+# "its tokens count for nothing") and a max_model_len that is not a whole number of at least 1
+# (8192.5 renders as a TOML float): every task crash-looped on its settings, the plan clean.
+run "a_token_weight_the_edge_refuses" {
+  command = plan
+
+  variables {
+    models = {
+      "llama-3-8b" = {
+        instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3-8b/l40s/", min_size = 1,
+        max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8, token_weight = 0
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
+
+run "a_context_the_edge_refuses" {
+  command = plan
+
+  variables {
+    models = {
+      "llama-3-8b" = {
+        instance_type = "g6e.xlarge", engine_prefix = "engines/llama-3-8b/l40s/", min_size = 1,
+        max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8, max_model_len = 8192.5
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
