@@ -101,3 +101,12 @@ variable "waf_count_only_body_rules" {
     "EC2MetaDataSSRF_BODY",
   ]
 }
+
+variable "waf_count_only_known_bad_input_body_rules" {
+  description = "Rules of AWSManagedRulesKnownBadInputsRuleSet that inspect the body and would block prompts quoting Log4Shell strings or serialized Java (security questions, pasted data): counted, not blocked. Its header, URI and query rules still block."
+  type        = list(string)
+  default = [
+    "Log4JRCE_BODY",
+    "JavaDeserializationRCE_BODY",
+  ]
+}

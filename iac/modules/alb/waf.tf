@@ -1,8 +1,10 @@
 # Web ACL on the load balancer: AWS managed rules plus a per-IP flood guard. A chat body is user
 # text: people paste code, shell commands, file paths, URLs and HTML into prompts. The common rule
 # set's body rules (cross-site scripting, local and remote file inclusion, metadata-service URLs,
-# the 8 KB size rule) would answer those 403, so they only count; the rules on the URI, query and
-# headers still block. The edge validates and bounds every body itself.
+# the 8 KB size rule) would answer those 403, so they only count; so do the known-bad-inputs
+# group's body rules (Log4Shell strings, serialized Java: asked about, pasted, and harmless to an
+# edge that runs no Java). The rules on the URI, query and headers still block. The edge validates
+# and bounds every body itself.
 
 resource "aws_wafv2_web_acl" "this" {
   name  = var.name
@@ -50,6 +52,15 @@ resource "aws_wafv2_web_acl" "this" {
       managed_rule_group_statement {
         vendor_name = "AWS"
         name        = "AWSManagedRulesKnownBadInputsRuleSet"
+        dynamic "rule_action_override" {
+          for_each = var.waf_count_only_known_bad_input_body_rules
+          content {
+            name = rule_action_override.value
+            action_to_use {
+              count {}
+            }
+          }
+        }
       }
     }
     visibility_config {

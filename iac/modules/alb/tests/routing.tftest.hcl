@@ -122,3 +122,27 @@ run "routing_health_check_drain_and_waf" {
     error_message = "a body rule of the common rule set still blocks prompts that contain code or URLs"
   }
 }
+
+# The known-bad-inputs group inspects the body too: a prompt quoting a Log4Shell string ("${jndi:")
+# or a serialized Java object (rO0AB…), as people ask about security or paste a Java stack's data,
+# was answered the WAF's HTML 403, not by the edge (which runs no Java, so neither string can hurt
+# it). Its body rules only count, as the common set's do; its header, URI and query rules block.
+run "known_bad_inputs_body_rules_only_count" {
+  command = plan
+
+  assert {
+    condition = length(setsubtract(
+      ["Log4JRCE_BODY", "JavaDeserializationRCE_BODY"],
+      [for o in one(one([for r in aws_wafv2_web_acl.this.rule : r if r.name == "known-bad-inputs"]).statement).managed_rule_group_statement[0].rule_action_override : o.name if length(one(o.action_to_use).count) == 1]
+    )) == 0
+    error_message = "a body rule of the known-bad-inputs rule set still blocks prompts that quote Log4Shell or Java serialization strings"
+  }
+
+  assert {
+    condition = length([
+      for o in one(one([for r in aws_wafv2_web_acl.this.rule : r if r.name == "known-bad-inputs"]).statement).managed_rule_group_statement[0].rule_action_override : o
+      if !endswith(o.name, "_BODY")
+    ]) == 0
+    error_message = "only the known-bad-inputs body rules may be relaxed: its header, URI and query rules still block"
+  }
+}
