@@ -167,6 +167,28 @@ def test_the_edge_task_gives_boto3_its_region(plans: dict[str, dict[str, Any]], 
     assert region_boto3_resolves(aws, tmp_path) == environment["AWS_REGION"] != ""
 
 
+def test_the_deployed_images_are_never_expired_by_the_registries(plans: dict[str, dict[str, Any]]) -> None:
+    """Each registry keeps its 30 most recent images; the deployed tag (edge_image_tag,
+    triton_image_tag: "1" in this plan) has a rule of its own ahead of that count, which ECR never
+    lets a later rule expire: a task or GPU host launched after 30 newer pushes still pulls it."""
+    for registry in ("edge_registry", "triton_registry"):
+        policy = json.loads(
+            planned(plans["dotted_model_names"], f"module.{registry}.aws_ecr_lifecycle_policy.this")["policy"]
+        )
+        rules = sorted(policy["rules"], key=lambda rule: rule["rulePriority"])
+        kept = [rule["selection"] for rule in rules if rule["selection"].get("tagPatternList") == ["1"]]
+        assert kept == [
+            {
+                "tagStatus": "tagged",
+                "tagPatternList": ["1"],
+                "countType": "imageCountMoreThan",
+                "countNumber": 1,
+            }
+        ]
+        assert rules[0]["selection"] == kept[0], registry
+        assert rules[-1]["selection"]["tagStatus"] == "any", registry
+
+
 def test_dotted_model_names_give_names_aws_accepts(plans: dict[str, dict[str, Any]]) -> None:
     plan = plans["dotted_model_names"]
     hook_pattern, hook_max = api_pattern("autoscaling", "LifecycleHookSpecification", "LifecycleHookName")

@@ -72,12 +72,16 @@ module "edge_registry" {
   source      = "../../modules/container_registry"
   name        = "${var.name}/edge"
   kms_key_arn = module.kms.key_arn
+  # The deployed image is never expired by the registry's count.
+  protected_tags = [var.edge_image_tag]
 }
 
 module "triton_registry" {
   source      = "../../modules/container_registry"
   name        = "${var.name}/triton-trtllm"
   kms_key_arn = module.kms.key_arn
+  # The deployed image is never expired by the registry's count.
+  protected_tags = [var.triton_image_tag]
 }
 
 module "engines" {
