@@ -28,10 +28,17 @@ data "aws_iam_policy_document" "execution_secret" {
     resources = [var.redis_auth_secret_arn, aws_secretsmanager_secret.api_keys.arn]
   }
 
+  # The deployment's one key also encrypts the tables, the engines, the GPU volumes, Redis and the
+  # logs: through Secrets Manager only, which is all that injecting the secrets needs.
   statement {
     sid       = "DecryptStartupSecrets"
     actions   = ["kms:Decrypt"]
     resources = [var.kms_key_arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["secretsmanager.${data.aws_region.current.name}.amazonaws.com"]
+    }
   }
 }
 

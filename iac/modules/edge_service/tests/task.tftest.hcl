@@ -106,3 +106,19 @@ run "more_tasks_at_least_than_at_most" {
 
   expect_failures = [aws_appautoscaling_target.edge]
 }
+
+# The execution role (ECS's, to inject the Redis token and the keys file) could decrypt anything
+# under the deployment's key, which also encrypts the tables, the engines, the GPU hosts' volumes,
+# Redis and the logs: it may now decrypt only through Secrets Manager, which is all it needs.
+run "the_execution_role_decrypts_only_its_secrets" {
+  command = plan
+
+  assert {
+    condition = one([
+      for s in data.aws_iam_policy_document.execution_secret.statement : [
+        for c in s.condition : "${c.test} ${c.variable} ${join(",", c.values)}"
+      ] if s.sid == "DecryptStartupSecrets"
+    ]) == ["StringEquals kms:ViaService secretsmanager.us-east-1.amazonaws.com"]
+    error_message = "The execution role may decrypt with the deployment's key only through Secrets Manager."
+  }
+}
