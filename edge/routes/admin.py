@@ -137,6 +137,10 @@ async def list_keys(
     """A page of keys in id order, as OpenAI's lists page (`limit`, `after`): all of them at once
     was one unbounded answer, and on DynamoDB a read of the whole table, usage rows and all."""
     refuse_repeated(request, "user", "limit", "after")
+    if user is not None and not user.strip():
+        # No key has one (a key's user must name someone), and on DynamoDB the index query for it
+        # is refused: a 503 whose retry never mends it.
+        raise invalid_request("user must not be empty.", "user", code="invalid_value")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     page = await runtime_of(request).key_admin.page_keys(user, _key_cursor(after), size)
     data = [key_view(r) for r in page.keys]
