@@ -112,6 +112,10 @@ class DynamoDBUsageStore:
             return []  # as _query: no such row can be stored
         if after is not None and user is not None and after[0] != user:
             return []  # a cursor of another user's rows: none of this user's follow it
+        if start and end and start > end:
+            # No day is in the range, as SQLite answers; a Query's BETWEEN with its bounds the wrong
+            # way round is a ValidationException, a 503 that no retry mends (and a Scan, all read).
+            return []
         names: dict[str, str] = {}
         values: dict[str, AttributeValueTypeDef] = {}
         days: list[str] = []

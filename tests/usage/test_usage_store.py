@@ -443,3 +443,14 @@ async def test_a_cursor_outside_the_day_range_pages_as_the_rows_after_it(usage_s
         page = await usage_store.page("alice", start, end, past, 10)
         assert page.rows == []
         assert not page.has_more
+
+
+async def test_a_range_whose_start_follows_its_end_is_an_empty_page(usage_store: UsageStore) -> None:
+    """A start after the end (a client swapping them, or narrowing one past the other between
+    pages) names no day: SQLite answers an empty page. On DynamoDB the Query's BETWEEN had its
+    lower bound above its upper, a ValidationException: GET /v1/usage a 503 that no retry mends."""
+    await usage_store.add(Usage("alice", "m", "2026-01-02", 1, 1, 1), WriteId("w", 1))
+    for after in (None, ("alice", "2026-01-02", "m")):
+        page = await usage_store.page("alice", "2026-01-03", "2026-01-01", after, 10)
+        assert page.rows == []
+        assert not page.has_more
