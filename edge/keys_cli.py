@@ -127,6 +127,10 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    if args.user is not None and not args.user.strip():
+        # No key has one (keys create refuses it), and DynamoDB refuses the index query for it.
+        raise SystemExit("floodgate: --user must not be empty")
+
     async def step(keys: KeyLifecycle) -> tuple[list[KeyRecord], bool]:
         # A page at a time, as the admin API reads them: all of a big table at once was one
         # unbounded read (on DynamoDB, a Scan of every key and usage row).

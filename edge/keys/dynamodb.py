@@ -249,7 +249,7 @@ class DynamoDBKeyStore:
         """Up to `want` keys past `after` in id order, off the index. The cursor is a condition on
         the index's sort key (`id > :after`), which is what an ExclusiveStartKey built from it would
         be, with no read of the cursor's key to learn its table key (its hash) first."""
-        if user is not None and len(user.encode()) > MAX_PARTITION_KEY_BYTES:
+        if user is not None and (not user.strip() or len(user.encode()) > MAX_PARTITION_KEY_BYTES):
             return []  # no key has such a user (records refuse it), and the Query would be refused
         index = KEYS_BY_OWNER if user is not None else KEYS_BY_KIND
         condition = "#p = :p"

@@ -607,3 +607,11 @@ def test_revoking_a_rotations_new_key_says_the_old_one_it_revoked_too(
     said = capsys.readouterr().err
     assert f"revoked {new['id']}" in said and f"also revoked {old_id}" in said
     assert user_of(config, old) is None
+
+
+@pytest.mark.parametrize("user", ["", "  "])
+def test_list_refuses_an_empty_user(capsys: pytest.CaptureFixture[str], config: Path, user: str) -> None:
+    """No key has an empty user (keys create refuses one), and on DynamoDB the index query for one
+    is refused: `keys list --user ''` ended in the store's error there, and listed nothing here."""
+    with pytest.raises(SystemExit, match="--user must not be empty"):
+        main(["keys", "list", "--user", user, "--config", str(config)])
