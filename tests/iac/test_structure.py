@@ -224,6 +224,18 @@ def test_gpu_hosts_read_only_their_engine_and_pull_only_their_image() -> None:
     assert all("*" not in a for s in statements.values() for a in s["actions"])
 
 
+def test_gpu_hosts_get_session_manager_without_the_accounts_parameters() -> None:
+    # AmazonSSMManagedInstanceCore grants ssm:GetParameter(s) on every parameter of the account;
+    # the hosts read none: Session Manager's own actions are written into their policy instead.
+    gpu = module(MODULES / "gpu_pool")
+    attached = [a["policy_arn"] for a in gpu.resources("aws_iam_role_policy_attachment").values()]
+    statements = {s["sid"]: s for s in gpu.data("aws_iam_policy_document")["gpu"]["statement"]}
+
+    assert attached == []
+    assert "ssm:UpdateInstanceInformation" in statements["SessionManagerRegister"]["actions"]
+    assert not [a for s in statements.values() for a in s["actions"] if a.startswith("ssm:GetParameter")]
+
+
 # The example's models as terraform renders them into the template (two models, two tiers).
 _RENDER_VALUES = (
     '{models = {"llama-3-8b" = {path = "/opt/floodgate/model/llama-3-8b", '

@@ -1,6 +1,6 @@
 # The hosts read their engine from one bucket, pull their image from one repository, report their
 # own readiness, health and scale-in protection to their own group, and ship Triton's logs and GPU
-# metrics to CloudWatch. Session Manager replaces SSH.
+# metrics to CloudWatch. Session Manager replaces SSH (its own actions, no SSM parameter).
 #
 # Nothing here refers to the Auto Scaling group resource: the group is named by var.group_name,
 # which is known before the group exists. A reference to aws_autoscaling_group.gpu would make
@@ -25,11 +25,6 @@ resource "aws_iam_role" "gpu" {
 resource "aws_iam_instance_profile" "gpu" {
   name = "${var.group_name}-host"
   role = aws_iam_role.gpu.name
-}
-
-resource "aws_iam_role_policy_attachment" "ssm" {
-  role       = aws_iam_role.gpu.name
-  policy_arn = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
 }
 
 data "aws_caller_identity" "current" {}
@@ -93,6 +88,35 @@ data "aws_iam_policy_document" "gpu" {
     sid       = "ShipTritonLogs"
     actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
     resources = ["${aws_cloudwatch_log_group.triton.arn}:*"]
+  }
+
+  # Session Manager (in place of SSH): the SSM agent registers the host (an EC2 instance of this
+  # account and region) and opens its channels; ec2messages is the agent's command channel. This is
+  # all the hosts do with SSM: they read no parameter (Terraform reads the AMI's at plan), so not
+  # AWS's AmazonSSMManagedInstanceCore, which also grants ssm:GetParameter(s) on every parameter of
+  # the account, and State Manager, inventory and patching, which nothing here uses.
+  statement {
+    sid       = "SessionManagerRegister"
+    actions   = ["ssm:UpdateInstanceInformation"]
+    resources = ["arn:${data.aws_partition.current.partition}:ec2:${data.aws_region.current.name}:${data.aws_caller_identity.current.account_id}:instance/*"]
+  }
+
+  # The channels have no resource-level permissions.
+  statement {
+    sid = "SessionManagerChannels"
+    actions = [
+      "ssmmessages:CreateControlChannel",
+      "ssmmessages:CreateDataChannel",
+      "ssmmessages:OpenControlChannel",
+      "ssmmessages:OpenDataChannel",
+      "ec2messages:AcknowledgeMessage",
+      "ec2messages:DeleteMessage",
+      "ec2messages:FailMessage",
+      "ec2messages:GetEndpoint",
+      "ec2messages:GetMessages",
+      "ec2messages:SendReply",
+    ]
+    resources = ["*"]
   }
 
   # GPU metrics from Triton's metrics port. PutMetricData has no resource-level permissions: the

@@ -316,3 +316,31 @@ run "an_engines_prefix_is_its_own" {
     error_message = "the hosts' role covers their own engine's prefix only"
   }
 }
+
+# Session Manager replaces SSH, and is all the hosts use of SSM: they read no parameter (the AMI's is
+# read by Terraform at plan). AWS's AmazonSSMManagedInstanceCore also grants ssm:GetParameter(s) on
+# every parameter of the account (other deployments' secrets among them) and State Manager,
+# inventory and patching: the hosts' role carries Session Manager's own actions instead.
+run "session_manager_is_all_the_hosts_may_do_with_ssm" {
+  command = plan
+
+  assert {
+    condition = one([for s in data.aws_iam_policy_document.gpu.statement : s.actions if s.sid == "SessionManagerRegister"]) == toset(["ssm:UpdateInstanceInformation"]) && one([for s in data.aws_iam_policy_document.gpu.statement : s.actions if s.sid == "SessionManagerChannels"]) == toset([
+      "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+      "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
+      "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
+      "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
+    ])
+    error_message = "the hosts' role must allow Session Manager's own actions (the managed AmazonSSMManagedInstanceCore policy reads every parameter of the account)"
+  }
+
+  assert {
+    condition     = one([for s in data.aws_iam_policy_document.gpu.statement : s.resources if s.sid == "SessionManagerRegister"]) == toset(["arn:aws:ec2:us-east-1:111122223333:instance/*"])
+    error_message = "the SSM agent registers an instance of this account and region"
+  }
+
+  assert {
+    condition     = alltrue([for s in data.aws_iam_policy_document.gpu.statement : alltrue([for a in s.actions : !startswith(a, "ssm:GetParameter")])])
+    error_message = "the hosts read no SSM parameter"
+  }
+}
