@@ -168,12 +168,15 @@ resource "aws_autoscaling_group" "gpu" {
     }
   }
 
-  # A new launch template version (AMI, image, engine) replaces hosts a few at a time.
+  # A new launch template version (AMI, image, engine) replaces the hosts. AWS keeps
+  # ceil(min % x desired) in service and at most max % x desired (whole hosts) in service or
+  # pending: at 100 / 200 every replacement is launched (and has loaded its engine) before the
+  # host it replaces drains, whatever the group's size, one host included.
   instance_refresh {
     strategy = "Rolling"
     preferences {
-      min_healthy_percentage = 90
-      max_healthy_percentage = 120
+      min_healthy_percentage = var.refresh_min_healthy_percentage
+      max_healthy_percentage = var.refresh_max_healthy_percentage
       instance_warmup        = 300
       skip_matching          = true
       auto_rollback          = true
@@ -197,6 +200,20 @@ resource "aws_autoscaling_group" "gpu" {
     precondition {
       condition     = var.min_size <= var.max_size
       error_message = "min_size may be at most max_size (the fewest and the most hosts in service)."
+    }
+
+    # A refresh moves only where it may launch a host first (max % of the group is a whole host
+    # more) or take one out first (min % of it, rounded up, is a host less), at every size the
+    # group may have: 90 / 120 at one host allows neither, and the refresh never replaces anything.
+    precondition {
+      condition = alltrue([for n in range(1, var.max_size + 1) : (
+        floor(var.refresh_max_healthy_percentage * n / 100) > n || ceil(var.refresh_min_healthy_percentage * n / 100) < n
+      )])
+      error_message = "refresh_min_healthy_percentage and refresh_max_healthy_percentage leave an instance refresh stuck at some group size from 1 to max_size (AWS rounds the minimum up and allows whole hosts only above the group's size): keep refresh_max_healthy_percentage at 200 (launch before draining, at one host too), or refresh_min_healthy_percentage at 0 (a single host is taken out first)."
+    }
+    precondition {
+      condition     = var.refresh_max_healthy_percentage - var.refresh_min_healthy_percentage <= 100
+      error_message = "refresh_max_healthy_percentage may lie at most 100 above refresh_min_healthy_percentage (AWS refuses a wider range)."
     }
   }
 

@@ -168,6 +168,34 @@ variable "surge_demand" {
   }
 }
 
+# An instance refresh (a new AMI, image or engine) keeps ceil(min % x desired) hosts in service and
+# at most max % x desired (whole hosts) in service or pending. 100 / 200 launches every replacement
+# before its host drains, at one host too; it needs GPU quota for twice the hosts in service while
+# it runs. The group's precondition refuses a pair that leaves a refresh stuck at some group size.
+variable "refresh_min_healthy_percentage" {
+  description = "Instance refresh: hosts kept in service, as a percentage of the desired capacity (rounded up). 100: never fewer than the group wants."
+  type        = number
+  default     = 100
+  nullable    = false
+
+  validation {
+    condition     = var.refresh_min_healthy_percentage >= 0 && var.refresh_min_healthy_percentage <= 100 && floor(var.refresh_min_healthy_percentage) == var.refresh_min_healthy_percentage
+    error_message = "refresh_min_healthy_percentage must be a whole number from 0 to 100 (AWS's range)."
+  }
+}
+
+variable "refresh_max_healthy_percentage" {
+  description = "Instance refresh: most hosts in service or pending, as a percentage of the desired capacity. 200: each replacement is launched before its host drains, at one host too (GPU quota for twice the hosts in service while a refresh runs)."
+  type        = number
+  default     = 200
+  nullable    = false
+
+  validation {
+    condition     = var.refresh_max_healthy_percentage >= 100 && var.refresh_max_healthy_percentage <= 200 && floor(var.refresh_max_healthy_percentage) == var.refresh_max_healthy_percentage
+    error_message = "refresh_max_healthy_percentage must be a whole number from 100 to 200 (AWS's range)."
+  }
+}
+
 variable "scale_in_drain_s" {
   description = "Longest a host leaving the pool waits (Terminating:Wait) for its running streams; the host agent completes the hook as soon as they end, and the edge sends it no new work."
   type        = number

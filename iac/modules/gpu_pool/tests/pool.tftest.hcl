@@ -344,3 +344,60 @@ run "session_manager_is_all_the_hosts_may_do_with_ssm" {
     error_message = "the hosts read no SSM parameter"
   }
 }
+
+# An instance refresh keeps ceil(min_healthy_percentage x desired / 100) hosts in service (AWS
+# rounds the minimum up) and never more than max_healthy_percentage x desired / 100 in service or
+# pending (a whole host: 120 % of one host is one). It moves only where the one lies below the
+# group's size (it may terminate first) or the other above it (it may launch first). 90 / 120 on a
+# group of one or two hosts, the usual GPU group, allowed neither: a new AMI, image or engine
+# never reached the hosts.
+run "an_instance_refresh_moves_a_group_of_one_or_two_hosts" {
+  command = plan
+
+  variables {
+    min_size = 1
+    max_size = 2
+  }
+
+  assert {
+    condition = alltrue([for n in [1, 2] : (
+      floor(one(one(aws_autoscaling_group.gpu.instance_refresh).preferences).max_healthy_percentage * n / 100) > n ||
+      ceil(one(one(aws_autoscaling_group.gpu.instance_refresh).preferences).min_healthy_percentage * n / 100) < n
+    )])
+    error_message = "at one or two hosts the refresh may neither launch a replacement first nor take a host out: it never moves"
+  }
+
+  # Launch first: the group never drops below its size while a host is replaced (its streams drain).
+  assert {
+    condition     = one(one(aws_autoscaling_group.gpu.instance_refresh).preferences).min_healthy_percentage == 100
+    error_message = "a refresh keeps every host the group wants in service, launching each replacement first"
+  }
+}
+
+# 100 / 150 moves a group of two or more hosts (a third launches first) but not one host: 150 % of
+# one is one. Refused at plan rather than a refresh that never finishes.
+run "a_refresh_that_cannot_move_one_host" {
+  command = plan
+
+  variables {
+    refresh_max_healthy_percentage = 150
+  }
+
+  expect_failures = [aws_autoscaling_group.gpu]
+}
+
+# Terminate first: a single host is taken out before its replacement is in service (cheaper, with
+# an outage at one host), and the refresh moves.
+run "a_refresh_that_takes_hosts_out_first" {
+  command = plan
+
+  variables {
+    refresh_min_healthy_percentage = 0
+    refresh_max_healthy_percentage = 100
+  }
+
+  assert {
+    condition     = one(one(aws_autoscaling_group.gpu.instance_refresh).preferences).max_healthy_percentage == 100
+    error_message = "a refresh that terminates first is allowed: it moves"
+  }
+}
