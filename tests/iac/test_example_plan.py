@@ -321,7 +321,7 @@ def test_each_knob_the_guide_names_reaches_the_resource_it_configures(
     knobs = documented_knobs(plans["every_documented_knob"], tmp_path, "llama-3-8b")
 
     assert knobs == {
-        "scale_in_drain_s": (600, 600),
+        "scale_in_drain_s": (900, 900),
         "wait_for_capacity_timeout": "45m",
         "surge_demand": (2, 2),
         "interface_endpoints": ["ecr.api", "ecr.dkr", "logs"],

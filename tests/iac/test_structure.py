@@ -338,3 +338,22 @@ def test_stop_timings_match_the_edges_graceful_drain() -> None:
     assert stop_timeout >= server["drain_deadline_s"] + 5  # the edge ends its streams before SIGKILL
     assert deregistration == server["drain_deadline_s"]  # the same drain window either way
     assert deregistration >= server["drain_accept_s"]
+
+
+# The slowest decode a stream may see on a GPU host: a large model at a full batch on a small GPU,
+# or a stream paused while the replica's KV cache is full (TensorRT-LLM's max_utilization policy).
+SLOW_DECODE_TOKENS_PER_S = 8
+
+
+def test_a_scaled_in_gpu_host_outlasts_the_longest_reply_a_tier_allows() -> None:
+    # The terminate hook's timeout is when a draining host's streams are cut (the host agent
+    # completes it earlier, as soon as they end). A stream may be placed on the host until every
+    # edge has read the group again (discovery_interval_s), then runs up to its tier's max_tokens.
+    edge = tomllib.loads((IAC.parent / "edge" / "defaults.toml").read_text())
+    longest_reply = max(tier["max_tokens"] for tier in edge["tiers"].values())
+    placed_until = edge["upstream"]["discovery_interval_s"]
+
+    drain = default("gpu_pool", "scale_in_drain_s")
+
+    assert drain >= longest_reply / SLOW_DECODE_TOKENS_PER_S + placed_until
+    assert 30 <= drain <= 7200  # AWS's HeartbeatTimeout

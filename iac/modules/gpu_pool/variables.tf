@@ -196,11 +196,22 @@ variable "refresh_max_healthy_percentage" {
   }
 }
 
+# When a draining host's streams are cut. The longest reply a tier allows (4096 tokens, paid:
+# edge/defaults.toml), placed up to the edges' discovery_interval_s (15 s) after the drain began,
+# takes 527 s at 8 tokens a second (a large model at a full batch on a small GPU, or streams paused
+# while the KV cache is full): 600 s covers it (tests/iac/test_structure.py checks it against the
+# tiers). 300 s covered it only above 14 tokens a second. The host agent completes the hook as soon
+# as the host's last stream ends, so a quiet host never waits this long.
 variable "scale_in_drain_s" {
-  description = "Longest a host leaving the pool waits (Terminating:Wait) for its running streams; the host agent completes the hook as soon as they end, and the edge sends it no new work."
+  description = "Longest a host leaving the pool waits (Terminating:Wait) for its running streams: 600 s, a paid tier's longest reply (4096 tokens) at 8 tokens a second. The host agent completes the hook as soon as they end, and the edge sends it no new work. 30 to 7200 s (AWS's heartbeat timeout)."
   type        = number
-  default     = 300
+  default     = 600
   nullable    = false
+
+  validation {
+    condition     = var.scale_in_drain_s >= 30 && var.scale_in_drain_s <= 7200 && floor(var.scale_in_drain_s) == var.scale_in_drain_s
+    error_message = "scale_in_drain_s must be a whole number of seconds from 30 to 7200 (a lifecycle hook's heartbeat timeout); cover the longest reply the tiers allow at a slow decode (4096 tokens at 8 tokens a second: 600 s by default)."
+  }
 }
 
 variable "wait_for_capacity_timeout" {

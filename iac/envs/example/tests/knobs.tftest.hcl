@@ -29,7 +29,7 @@ run "every_documented_knob" {
         warm_pool_min_size = 2
         demand_target      = 0.8
         # Longer streams, a slower engine download, a later surge.
-        scale_in_drain_s          = 600
+        scale_in_drain_s          = 900
         wait_for_capacity_timeout = "45m"
         surge_demand              = 2
       }

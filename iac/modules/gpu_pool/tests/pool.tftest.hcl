@@ -401,3 +401,45 @@ run "a_refresh_that_takes_hosts_out_first" {
     error_message = "a refresh that terminates first is allowed: it moves"
   }
 }
+
+# The terminate hook's timeout is when a scaled-in host's streams are cut. The longest reply a tier
+# allows is 4096 tokens (paid, edge/defaults.toml; tests/iac/test_structure.py keeps the two
+# equal), placed up to 15 s after the drain began (the edges' discovery_interval_s): at 8 tokens a
+# second (a large model at a full batch on a small GPU, or streams paused while the KV cache is
+# full) 527 s. The 300 s this was covered 4096 tokens only above 14 tokens a second. The host agent
+# completes the hook as soon as the last stream ends: a longer bound costs nothing on a quiet host.
+run "the_default_drain_outlasts_the_longest_reply_at_a_slow_decode" {
+  command = plan
+
+  assert {
+    condition     = aws_autoscaling_lifecycle_hook.drain.heartbeat_timeout >= 4096 / 8 + 15
+    error_message = "a host scaled in cuts a paid tier's longest reply (4096 tokens) decoding at 8 tokens a second"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "--drain-s ${aws_autoscaling_lifecycle_hook.drain.heartbeat_timeout} ")
+    error_message = "the host agent completes the hook at the latest when the hook itself would"
+  }
+}
+
+# AWS's HeartbeatTimeout takes 30 to 7200 s: anything else failed PutLifecycleHook half-way
+# through an apply.
+run "a_drain_shorter_than_aws_allows" {
+  command = plan
+
+  variables {
+    scale_in_drain_s = 10
+  }
+
+  expect_failures = [var.scale_in_drain_s]
+}
+
+run "a_drain_longer_than_aws_allows" {
+  command = plan
+
+  variables {
+    scale_in_drain_s = 7201
+  }
+
+  expect_failures = [var.scale_in_drain_s]
+}
