@@ -270,7 +270,7 @@ def create_app(
             conversation_messages,
             own_usage,
             # Off, the admin API does not exist: any method on its paths is an unknown path's 404.
-            *([admin_routes()] if settings.keys.admin_key_sha256 else []),
+            *([admin_routes()] if settings.keys.admin_key_hashes else []),
             list_models,
             retrieve_model,
             model_stats,

@@ -246,18 +246,34 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     cache_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
     # Capped as a rotate's own grace_s is (edge/keys/lifecycle.py): the old key's expiry is set from it.
     rotation_grace_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_PERIOD_S)]
-    admin_key_sha256: str
+    # One hash, or a list of them: with one only, rotating the admin key refused the old key at
+    # some edge before every operator tool had the new one. With a list the new key's hash is
+    # added, the tools moved, then the old hash removed (docs/deploy.md), none of them refused.
+    admin_key_sha256: str | tuple[str, ...]
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
 
     def __post_init__(self) -> None:
         check_dynamodb_table("keys", self.backend, self.dynamodb_table)
         # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
         # has: the admin API would answer every admin key 401, and nothing would say why.
-        if self.admin_key_sha256 and not is_key_hash(self.admin_key_sha256):
-            raise ValueError(
-                "keys.admin_key_sha256 must be a SHA-256 in 64 hex digits (the line `floodgate keys "
-                "admin-key` prints, not the key itself), or empty for no admin API"
-            )
+        named = self.admin_key_sha256
+        if isinstance(named, str):
+            entries = [("keys.admin_key_sha256", named)] if named else []
+        else:
+            # An empty entry is refused in a list: an empty string alone means "off", not a hash.
+            entries = [(f"keys.admin_key_sha256[{i}]", value) for i, value in enumerate(named)]
+        for where, value in entries:
+            if not is_key_hash(value):
+                raise ValueError(
+                    f"{where} must be a SHA-256 in 64 hex digits (the line `floodgate keys admin-key` "
+                    "prints, not the key itself); empty, or an empty list, for no admin API"
+                )
+
+    @property
+    def admin_key_hashes(self) -> tuple[str, ...]:
+        """Every admin key hash, in hash_key()'s lower case; none when the admin API is off."""
+        named = self.admin_key_sha256
+        return tuple(value.lower() for value in ((named,) if isinstance(named, str) else named) if value)
 
 
 class TierConfig(TierLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -237,6 +237,8 @@ def _admin_key(args: argparse.Namespace) -> int:
     key = new_secret(ADMIN_KEY_PREFIX)
     note("A new admin key (shown only once). Put its hash in the edge's settings:")
     note(f'  [keys]\n  admin_key_sha256 = "{hash_key(key)}"')
+    # Replacing the old hash at once would refuse every tool still on the old key.
+    note("Rotating: list it beside the old hash, admin_key_sha256 = [old, new], until every tool has it.")
     print(key)
     return 0
 

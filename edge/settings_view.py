@@ -70,6 +70,9 @@ def masked(name: str, value: Any) -> Any:
         if value and _SECRET_NAME.search(name):
             return MASK
         return _mask_url(value)
+    if isinstance(value, list | tuple):
+        # Each item under the list's name: a list of admin key hashes was printed whole.
+        return [masked(name, inner) for inner in value]
     return value
 
 

@@ -1,8 +1,9 @@
 """/v1/admin/*: key lifecycle and everyone's usage, for operators.
 
-Open only with the admin key (its SHA-256 is `keys.admin_key_sha256`); with none configured the
-whole prefix answers 404, as if it did not exist. The public load balancer must not route
-/v1/admin/* at all (iac/modules/alb): this check is the second line, not the only one."""
+Open only with an admin key (its SHA-256 is in `keys.admin_key_sha256`: one hash, or several while
+the admin key is rotated); with none configured the whole prefix answers 404, as if it did not
+exist. The public load balancer must not route /v1/admin/* at all (iac/modules/alb): this check is
+the second line, not the only one."""
 
 from __future__ import annotations
 
@@ -49,11 +50,13 @@ def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRou
         # the admin API off, nothing is mounted: an unknown path's 404).
         return
     runtime: Runtime = connection.app.state.runtime
-    expected = runtime.settings.keys.admin_key_sha256.lower()
+    expected = runtime.settings.keys.admin_key_hashes
     if not expected:
         raise NotFoundException()  # as an unknown path (the routes are mounted only with a key)
     digest = hash_key(bearer_key(authorization_header(connection.scope)))
-    if not hmac.compare_digest(digest, expected):
+    # Each hash compared in constant time, and every one of them (a list, not any()'s first
+    # match): the answer's time says nothing of which hash, if any, a key came near.
+    if not any([hmac.compare_digest(digest, hashed) for hashed in expected]):
         raise unauthorized("Incorrect admin key provided.")
 
 

@@ -391,6 +391,43 @@ def test_an_admin_key_hash_of_64_hex_digits_or_none_loads(value: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "hashes"),
+    [
+        ("", ()),
+        ([], ()),
+        ("AB" * 32, ("ab" * 32,)),
+        (["ab" * 32, "CD" * 32], ("ab" * 32, "cd" * 32)),
+    ],
+)
+def test_admin_key_hashes_are_one_string_or_a_list(value: str | list[str], hashes: tuple[str, ...]) -> None:
+    """A list lets an operator add the new admin key's hash, move every tool to it, then remove the
+    old one: no moment where either key is refused."""
+    keys = load_settings(overrides={"keys": {"admin_key_sha256": value}}).keys
+    assert keys.admin_key_hashes == hashes
+
+
+def test_a_list_of_admin_key_hashes_loads_from_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "rotating.toml"
+    config.write_text(f'[keys]\nadmin_key_sha256 = ["{"ab" * 32}", "{"cd" * 32}"]\n', encoding="utf-8")
+    assert load_settings(config).keys.admin_key_hashes == ("ab" * 32, "cd" * 32)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (["ab" * 32, "fgadmin-dxsn2jO7qvMSRc4UzSUPLsqOT3Osn1mTQf5wGLXHCHE"], r"admin_key_sha256\[1\]"),
+        (["ab" * 31], r"admin_key_sha256\[0\]"),
+        (["ab" * 32, ""], r"admin_key_sha256\[1\]"),
+    ],
+)
+def test_each_admin_key_hash_of_a_list_is_checked(value: list[str], named: str) -> None:
+    """One bad entry would open the admin API to no key at that place in the list; an empty one
+    in a list is a mistake too (an empty string alone means no admin API)."""
+    with pytest.raises(msgspec.ValidationError, match=rf"keys\.{named}.*floodgate keys admin-key"):
+        load_settings(overrides={"keys": {"admin_key_sha256": value}})
+
+
+@pytest.mark.parametrize(
     ("saved_as", "text"),
     [
         ("utf-16", "[server]\nport = 0\n"),  # Windows Notepad's "Unicode"

@@ -72,6 +72,15 @@ def test_effective_settings_mask_secrets_and_load_back() -> None:
     assert "tokens_per_window = 40000" in text  # a limit named like a token is not a secret
 
 
+def test_config_show_masks_every_admin_key_hash_of_a_list() -> None:
+    """A list of hashes (an admin key being rotated) is as secret as one: each is masked, and how
+    many there are still shows."""
+    hashes = ["ab" * 32, "cd" * 32]
+    text = effective_toml(load_settings(overrides={"keys": {"admin_key_sha256": hashes}}))
+    assert "ab" * 32 not in text and "cd" * 32 not in text
+    assert 'admin_key_sha256 = ["****", "****"]' in text
+
+
 def test_config_show_prints_the_merged_settings(tmp_path: Path) -> None:
     config = tmp_path / "my.toml"
     config.write_text('[tiers.free]\nmax_tokens = 7\n[limiter]\nredis_url = "redis://:pw123@h:1/0"\n')
