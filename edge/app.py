@@ -253,6 +253,7 @@ def create_app(
                 message_writer=writer,
                 key_admin=keys.lifecycle,
                 usage=keys.usage_store,
+                usage_writer=keys.usage_writer,
                 models=catalog,
                 history_reads=limiter,
             )

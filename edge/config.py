@@ -251,6 +251,9 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
     # added, the tools moved, then the old hash removed (docs/deploy.md), none of them refused.
     admin_key_sha256: str | tuple[str, ...]
     usage_queue_size: Annotated[int, msgspec.Meta(ge=1)]
+    # How long a usage read waits for this edge's own unwritten usage of its user (everyone's, for
+    # the admin's read; edge/usage/writer.py) before it answers with what the store holds.
+    usage_read_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
 
     def __post_init__(self) -> None:
         check_dynamodb_table("keys", self.backend, self.dynamodb_table)

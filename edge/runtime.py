@@ -17,6 +17,7 @@ from edge.models.catalog import ModelCatalog
 from edge.pipeline import Pipeline
 from edge.upstreams.base import Upstream
 from edge.usage.store import UsageStore
+from edge.usage.writer import UsageWriter
 from limiter.reads import ReadLimit
 
 
@@ -32,6 +33,8 @@ class Runtime:
     message_writer: MessageWriter
     key_admin: KeyLifecycle
     usage: UsageStore
+    # Read by the usage routes: they wait for this edge's own unwritten usage of the user they read.
+    usage_writer: UsageWriter
     # Every served model's pipeline; `pipeline` above is the first (the default).
     models: ModelCatalog
     # The history reads' own budget (limiter/reads.py), on the limiter the chat completions use.

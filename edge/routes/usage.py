@@ -47,6 +47,9 @@ async def usage_response(
             except ValueError as exc:
                 raise invalid_request(f"{name} {exc}.", name) from None
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
+    # Read-your-writes on this edge: the usage it has queued for this user (everyone's, for the
+    # admin's read) is written first, so a request that just ended is counted.
+    await runtime.usage_writer.written(user, runtime.settings.keys.usage_read_wait_s)
     try:
         page = await runtime.usage.page(user, start, end, _cursor(after), size)
     except BadCursor:

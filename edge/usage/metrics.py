@@ -15,3 +15,8 @@ USAGE_WRITES_REPEATED = Counter(
     "floodgate_usage_writes_repeated_total",
     "Usage writes sent again after a lost answer that the store had already applied (not added twice).",
 )
+USAGE_READS_UNWRITTEN = Counter(
+    "floodgate_usage_reads_unwritten_total",
+    "Usage reads answered before this edge's queued usage of their user was written: "
+    "the wait ([keys] usage_read_wait_s) ran out.",
+)

@@ -12,6 +12,13 @@ for each few requests, its wake-ups and the store's thread hand-off and SQLite w
 of a one-token stream's set-up CPU (docs/bench-streams.md, sixth pass); gathering makes them a
 few per second whatever the request rate, and a row reaches the store a quarter second later.
 
+A usage read on this edge (GET /v1/usage, /v1/admin/usage) first has what this edge queued for its
+user (everyone, for the admin's read) written (`written`): the gather is cut short and the read waits
+for that batch, at most `[keys] usage_read_wait_s`, so a client reading its usage when its request
+ends finds it there, as a conversation's history is (edge/messages/writer.py). The request path
+pays nothing for it: `record` is as it was; the read looks up its user's waiting rows itself.
+Another edge's queue it cannot see.
+
 A clean shutdown writes everything queued (retrying while the store fails) before the app exits.
 Only if the store stays down past `drain_timeout_s` does `aclose` give up, and then every row it
 could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
@@ -46,6 +53,7 @@ import structlog
 from edge.task_stop import stop_task
 from edge.usage.metrics import (
     USAGE_DROPPED,
+    USAGE_READS_UNWRITTEN,
     USAGE_ROWS_WRITTEN,
     USAGE_WRITE_RETRIES,
     USAGE_WRITES_REPEATED,
@@ -80,8 +88,15 @@ class UsageWriter:
         self._max_backoff_s = max_backoff_s
         self._drain_timeout_s = drain_timeout_s
         self._gather_s = gather_s
-        # Set by aclose: the batch being gathered is written at once, not a gather later.
-        self._closing = asyncio.Event()
+        # Set by aclose, or by a usage read waiting for rows that gather: the batch being gathered
+        # (or the next) is written at once, not a gather later.
+        self._write_now = asyncio.Event()
+        # Batches taken from `_waiting` so far, and written (or given up on) so far: the rows
+        # waiting go out in batch `_taken + 1`, those of `_batch` are batch `_taken`.
+        self._taken = 0
+        self._done = 0
+        # A future per batch some read waits for, resolved when that batch is done with.
+        self._landed: dict[int, asyncio.Future[None]] = {}
         self._batch: list[Usage] = []
         # The rows being written, by their WriteId: sent, each may land whatever becomes of the call.
         self._writing: dict[WriteId, Usage] = {}
@@ -116,9 +131,48 @@ class UsageWriter:
         """Wait until everything recorded so far is in the store."""
         await self._idle.wait()
 
+    async def written(self, user: str | None, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until the rows of `user` (None: everyone) recorded so far are
+        in the store (or given up on). False: the wait ran out first, and a read now may miss them."""
+        batch = self._batch_of(user)
+        if batch <= self._done:
+            return True
+        if batch > self._taken:  # still gathering: this read wants it now
+            self._write_now.set()
+        landed = self._landed.get(batch)
+        if landed is None:
+            landed = self._landed[batch] = asyncio.get_running_loop().create_future()
+        if timeout_s > 0:
+            # Shared by every read of that batch: a read that times out leaves it to the others.
+            await asyncio.wait({landed}, timeout=timeout_s)
+        if landed.done():
+            return True
+        USAGE_READS_UNWRITTEN.inc()
+        log.warning("usage_read_before_written", user=user, waited_s=timeout_s)
+        return False
+
+    def _batch_of(self, user: str | None) -> int:
+        """The batch that writes the last of `user`'s rows recorded so far (0: none left unwritten)."""
+        if user is None:
+            if self._waiting:
+                return self._taken + 1
+            return self._taken if self._batch else 0
+        # Scanned here, on the read, so that `record` keeps no index per user.
+        if any(key[0] == user for key in self._waiting):
+            return self._taken + 1
+        return self._taken if any(row.user == user for row in self._batch) else 0
+
+    def _finished(self, batch: int) -> None:
+        """Every batch up to `batch` is done with: the reads that waited for them go on."""
+        self._done = max(self._done, batch)
+        for n in [n for n in self._landed if n <= self._done]:
+            landed = self._landed.pop(n)
+            if not landed.done():
+                landed.set_result(None)
+
     async def aclose(self) -> None:
         self._closed = True
-        self._closing.set()
+        self._write_now.set()
         if self._worker is None:
             return
         with contextlib.suppress(TimeoutError):
@@ -140,6 +194,8 @@ class UsageWriter:
         for row in _summed(unwritten):
             USAGE_DROPPED.inc(row.requests)
             log.error("usage_unwritten", **row.as_dict())
+        # Nothing more will be written: a read waiting reads what is there.
+        self._finished(self._taken + 1)
 
     async def _run(self) -> None:
         while True:
@@ -147,12 +203,16 @@ class UsageWriter:
             if not self._closed:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._gather_s):
-                        await self._closing.wait()
+                        await self._write_now.wait()
             self._wake.clear()
+            if not self._closed:
+                self._write_now.clear()
             waiting, self._waiting = self._waiting, {}
+            self._taken += 1
             # What aclose logs as unwritten if it cancels these writes: each row leaves it once written.
             self._batch = rows = _rows(waiting)
             await self._write_all(rows)
+            self._finished(self._taken)
             if not self._waiting:
                 self._idle.set()
 
