@@ -1,7 +1,7 @@
 """The GPU host's agent: tells its Auto Scaling group what only the host knows about Triton.
 
     python3 -m gpu_container.triton.host_agent --group G --ready-hook H --drain-hook D \
-        --ready-timeout-s 1740 --drain-s 300 --metric-namespace Floodgate/GPU
+        --ready-timeout-s 1740 --drain-s 600 --metric-namespace Floodgate/GPU
 
 It runs beside Triton on every GPU host (iac/modules/gpu_pool/user_data.sh.tftpl starts it from the
 same image, host networking) and, every `--interval-s`:
@@ -295,7 +295,8 @@ def run(
         time.sleep(interval_s)
 
 
-def main(argv: list[str] | None = None) -> None:
+def argument_parser() -> argparse.ArgumentParser:
+    """The agent's options; its defaults are the gpu_pool module's (tests/iac checks the drain)."""
     parser = argparse.ArgumentParser(
         description="Report Triton's state on this GPU host to its Auto Scaling group."
     )
@@ -307,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         "--drain-hook", required=True, help="terminate lifecycle hook completed once streams end"
     )
     parser.add_argument("--ready-timeout-s", type=float, default=1740.0, help="abandon the launch after this")
-    parser.add_argument("--drain-s", type=float, default=300.0, help="longest drain on termination")
+    # The terminate hook's heartbeat (gpu_pool's scale_in_drain_s): a shorter default cut the
+    # streams of an agent started without --drain-s while the hook would still have waited.
+    parser.add_argument("--drain-s", type=float, default=600.0, help="longest drain on termination")
     parser.add_argument(
         "--min-drain-s",
         type=float,
@@ -321,7 +324,11 @@ def main(argv: list[str] | None = None) -> None:
         "--metric-namespace", default="Floodgate/GPU", help="CloudWatch namespace of GPU metrics"
     )
     parser.add_argument("--interval-s", type=float, default=10.0)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = argument_parser().parse_args(argv)
     configure_plain_logging()
     host = AwsHost(
         args.group,

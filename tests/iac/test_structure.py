@@ -357,3 +357,13 @@ def test_a_scaled_in_gpu_host_outlasts_the_longest_reply_a_tier_allows() -> None
 
     assert drain >= longest_reply / SLOW_DECODE_TOKENS_PER_S + placed_until
     assert 30 <= drain <= 7200  # AWS's HeartbeatTimeout
+
+
+def test_the_host_agents_own_drain_is_the_terminate_hooks() -> None:
+    # The agent completes the terminate hook at --drain-s; started without it (by hand, or a user
+    # data that drops the flag) it must not cut streams the hook would still wait for.
+    from gpu_container.triton.host_agent import argument_parser
+
+    args = argument_parser().parse_args(["--group", "g", "--ready-hook", "r", "--drain-hook", "d"])
+
+    assert args.drain_s == default("gpu_pool", "scale_in_drain_s")
