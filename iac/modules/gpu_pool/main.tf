@@ -126,6 +126,8 @@ locals {
   drain_hook = "${var.group_name}-drain"
   # The launch hook's heartbeat; the host agent abandons the launch itself a minute before it.
   ready_timeout_s = 1800
+  # The fewest hosts the group refreshes: a refresh that moves there moves at every larger size.
+  refresh_smallest_group = max(var.min_size, 1)
 }
 
 resource "aws_autoscaling_group" "gpu" {
@@ -205,11 +207,15 @@ resource "aws_autoscaling_group" "gpu" {
     # A refresh moves only where it may launch a host first (max % of the group is a whole host
     # more) or take one out first (min % of it, rounded up, is a host less), at every size the
     # group may have: 90 / 120 at one host allows neither, and the refresh never replaces anything.
+    # Both grow with the group's size, so its smallest (min_size, one host for a group from zero)
+    # decides: checking from one host refused 100 / 150 for a group that never runs fewer than two,
+    # and a range() over max_size failed past Terraform's 1024 values.
     precondition {
-      condition = alltrue([for n in range(1, var.max_size + 1) : (
-        floor(var.refresh_max_healthy_percentage * n / 100) > n || ceil(var.refresh_min_healthy_percentage * n / 100) < n
-      )])
-      error_message = "refresh_min_healthy_percentage and refresh_max_healthy_percentage leave an instance refresh stuck at some group size from 1 to max_size (AWS rounds the minimum up and allows whole hosts only above the group's size): keep refresh_max_healthy_percentage at 200 (launch before draining, at one host too), or refresh_min_healthy_percentage at 0 (a single host is taken out first)."
+      condition = var.max_size < 1 || (
+        floor(var.refresh_max_healthy_percentage * local.refresh_smallest_group / 100) > local.refresh_smallest_group ||
+        ceil(var.refresh_min_healthy_percentage * local.refresh_smallest_group / 100) < local.refresh_smallest_group
+      )
+      error_message = "refresh_min_healthy_percentage and refresh_max_healthy_percentage leave an instance refresh stuck at the group's smallest size, min_size (one host for a group from zero; AWS rounds the minimum up and allows whole hosts only above the group's size): keep refresh_max_healthy_percentage at 200 (launch before draining, at one host too), or refresh_min_healthy_percentage at 0 (a single host is taken out first)."
     }
     precondition {
       condition     = var.refresh_max_healthy_percentage - var.refresh_min_healthy_percentage <= 100

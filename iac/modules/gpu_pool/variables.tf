@@ -171,7 +171,8 @@ variable "surge_demand" {
 # An instance refresh (a new AMI, image or engine) keeps ceil(min % x desired) hosts in service and
 # at most max % x desired (whole hosts) in service or pending. 100 / 200 launches every replacement
 # before its host drains, at one host too; it needs GPU quota for twice the hosts in service while
-# it runs. The group's precondition refuses a pair that leaves a refresh stuck at some group size.
+# it runs. The group's precondition refuses a pair that leaves a refresh stuck at min_size (one host
+# for a group from zero), the size where one is stuck first.
 variable "refresh_min_healthy_percentage" {
   description = "Instance refresh: hosts kept in service, as a percentage of the desired capacity (rounded up). 100: never fewer than the group wants."
   type        = number

@@ -386,6 +386,23 @@ run "a_refresh_that_cannot_move_one_host" {
   expect_failures = [aws_autoscaling_group.gpu]
 }
 
+# A group that never runs fewer than two hosts may launch half of them first (100 / 150: a host more
+# at two or three, less GPU quota than 200 %): it moves at every size it can have, and was refused
+# because one host, a size it never has, could not.
+run "a_refresh_of_half_a_group_that_never_falls_to_one_host" {
+  command = plan
+
+  variables {
+    min_size                       = 2
+    refresh_max_healthy_percentage = 150
+  }
+
+  assert {
+    condition     = one(one(aws_autoscaling_group.gpu.instance_refresh).preferences).max_healthy_percentage == 150
+    error_message = "a pair that moves the group at every size from min_size up is taken"
+  }
+}
+
 # Terminate first: a single host is taken out before its replacement is in service (cheaper, with
 # an outage at one host), and the refresh moves.
 run "a_refresh_that_takes_hosts_out_first" {
