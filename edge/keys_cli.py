@@ -126,10 +126,15 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(args: argparse.Namespace) -> int:
-    if args.user is not None and not args.user.strip():
-        # No key has one (keys create refuses it), and DynamoDB refuses the index query for it.
+def _refuse_empty_user(user: str | None) -> None:
+    """No key has an empty user (keys create refuses one), so nothing is ever listed for it; and on
+    DynamoDB the key listing's index query for it is refused."""
+    if user is not None and not user.strip():
         raise SystemExit("floodgate: --user must not be empty")
+
+
+def _list(args: argparse.Namespace) -> int:
+    _refuse_empty_user(args.user)
 
     async def step(keys: KeyLifecycle) -> tuple[list[KeyRecord], bool]:
         # A page at a time, as the admin API reads them: all of a big table at once was one
@@ -251,6 +256,7 @@ def _day(value: str) -> str:
 
 
 def _usage(args: argparse.Namespace) -> int:
+    _refuse_empty_user(args.user)
     settings = _store_settings(args)
 
     async def go() -> Any:

@@ -615,3 +615,6 @@ def test_list_refuses_an_empty_user(capsys: pytest.CaptureFixture[str], config: 
     is refused: `keys list --user ''` ended in the store's error there, and listed nothing here."""
     with pytest.raises(SystemExit, match="--user must not be empty"):
         main(["keys", "list", "--user", user, "--config", str(config)])
+    # `usage --user ''` listed nothing, quietly: the same refusal.
+    with pytest.raises(SystemExit, match="--user must not be empty"):
+        main(["usage", "--user", user, "--config", str(config)])
