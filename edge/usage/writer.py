@@ -137,14 +137,18 @@ class UsageWriter:
         batch = self._batch_of(user)
         if batch <= self._done:
             return True
+        if timeout_s <= 0:
+            # [keys] usage_read_wait_s = 0: reads never wait, so none cuts the gather short either
+            # (a batch written per read, that nobody waited for).
+            USAGE_READS_UNWRITTEN.inc()
+            return False
         if batch > self._taken:  # still gathering: this read wants it now
             self._write_now.set()
         landed = self._landed.get(batch)
         if landed is None:
             landed = self._landed[batch] = asyncio.get_running_loop().create_future()
-        if timeout_s > 0:
-            # Shared by every read of that batch: a read that times out leaves it to the others.
-            await asyncio.wait({landed}, timeout=timeout_s)
+        # Shared by every read of that batch: a read that times out leaves it to the others.
+        await asyncio.wait({landed}, timeout=timeout_s)
         if landed.done():
             return True
         USAGE_READS_UNWRITTEN.inc()

@@ -158,3 +158,38 @@ async def test_a_read_waits_only_for_its_own_users_rows(usage_store: UsageStore)
         assert [u.user for u in await usage_store.query("cy")] == ["cy"]
     finally:
         await writer.aclose()
+
+
+class _CountingStore(_StuckStore):
+    """A stuck store that counts the rows handed to it: a batch the writer sent shows at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    async def add(self, usage: Usage, write: WriteId) -> bool:
+        self.sent.append(usage.user)
+        return await super().add(usage, write)
+
+
+@pytest.mark.anyio
+async def test_a_read_that_waits_no_time_leaves_the_gather_alone() -> None:
+    """`usage_read_wait_s = 0` is an operator turning the wait off: a read then cut the gather
+    anyway (a batch written per read, for nobody) and logged a warning per read."""
+    store = _CountingStore()
+    writer = UsageWriter(store, 10, gather_s=3600, drain_timeout_s=0.01)
+    writer.start()
+    try:
+        writer.record("ann", "m", 3, 4)
+        assert await writer.written("ann", 0) is False
+        assert await writer.written(None, 0) is False
+        # Turns of the loop, not time: a woken writer hands its batch to the store within three.
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert store.sent == []  # still gathering, as with no read at all
+        store.release.set()
+        assert await writer.written("ann", 30) is True  # a read that waits still has it written
+        assert store.sent == ["ann"]
+    finally:
+        await store.aclose()
+        await writer.aclose()
