@@ -47,11 +47,14 @@ async def usage_response(
             except ValueError as exc:
                 raise invalid_request(f"{name} {exc}.", name) from None
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
+    # Before the wait below: a malformed cursor is refused at once, not after the writer has been
+    # hurried (and waited for) on behalf of a read that reads nothing.
+    cursor = _cursor(after)
     # Read-your-writes on this edge: the usage it has queued for this user (everyone's, for the
     # admin's read) is written first, so a request that just ended is counted.
     await runtime.usage_writer.written(user, runtime.settings.keys.usage_read_wait_s)
     try:
-        page = await runtime.usage.page(user, start, end, _cursor(after), size)
+        page = await runtime.usage.page(user, start, end, cursor, size)
     except BadCursor:
         raise _bad_cursor(after or "") from None
     data = [{"id": row_id(row), **row.as_dict()} for row in page.rows]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
+from edge.errors import ApiError
 from edge.keys.record import ADMIN_KEY_PREFIX, hash_key, new_secret
+from edge.routes.usage import usage_response
 from edge.usage.page import Position, UsagePage
 from edge.usage.record import Usage
 from edge.usage.store import UsageStore, WriteId
@@ -193,3 +196,32 @@ async def test_a_read_that_waits_no_time_leaves_the_gather_alone() -> None:
     finally:
         await store.aclose()
         await writer.aclose()
+
+
+class _WatchedWriter:
+    """Stands in for the usage writer: says whether a read waited for it."""
+
+    def __init__(self) -> None:
+        self.waited: list[str | None] = []
+
+    async def written(self, user: str | None, timeout_s: float) -> bool:
+        self.waited.append(user)
+        return True
+
+
+@pytest.mark.anyio
+async def test_a_read_refused_for_its_cursor_waits_for_no_write() -> None:
+    """A malformed `after` is a 400 whatever is stored: it waited first (up to usage_read_wait_s
+    on a slow store) and had the user's gathering usage written for an answer that reads nothing."""
+    writer = _WatchedWriter()
+    runtime: Any = SimpleNamespace(
+        usage_writer=writer,
+        settings=SimpleNamespace(keys=SimpleNamespace(usage_read_wait_s=2.0)),
+        usage=_StuckStore(),
+    )
+    with pytest.raises(ApiError) as refused:
+        await usage_response(runtime, "ann", "", "", None, "not-a-row-id")
+    assert refused.value.status == 400
+    assert writer.waited == []
+    await usage_response(runtime, "ann", "", "", None, None)
+    assert writer.waited == ["ann"]
