@@ -11,7 +11,7 @@ import anyio.to_thread
 
 from edge.keys.page import KeyPage, page_of
 from edge.keys.record import KeyRecord
-from edge.sqlite_file import create_private
+from edge.sqlite_file import add_columns, create_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -62,28 +62,14 @@ def _row(record: KeyRecord) -> tuple[Any, ...]:
     )
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Bring a file an older edge made up to this schema: `replaced_by` came with the refusal of a
-    second rotation, `replaces` with a replacement's revocation ending the old key's grace. Edges
-    and the CLI of one host may open the file at once: the loser of the race to add a column
-    finds it there."""
-    present = {row[1] for row in conn.execute("PRAGMA table_info(api_keys)")}
-    for column in ("replaced_by", "replaces"):
-        if column in present:
-            continue
-        try:
-            conn.execute(f"ALTER TABLE api_keys ADD COLUMN {column} TEXT")
-        except sqlite3.OperationalError as exc:
-            if "duplicate column" not in str(exc):
-                raise
-
-
 class SQLiteKeyStore:
     def __init__(self, path: str | Path) -> None:
         self._conn = connect(path)
         self._lock = threading.Lock()
         self._conn.execute(_SCHEMA)
-        _migrate(self._conn)
+        # `replaced_by` came with the refusal of a second rotation, `replaces` with a replacement's
+        # revocation ending the old key's grace.
+        add_columns(self._conn, "api_keys", ("replaced_by", "replaces"))
         self._conn.execute(_USER_INDEX)
 
     async def get(self, key_sha256: str) -> KeyRecord | None:

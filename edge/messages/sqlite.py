@@ -15,7 +15,7 @@ import anyio.to_thread
 
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, reads, span
-from edge.sqlite_file import create_private
+from edge.sqlite_file import add_columns, create_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -60,7 +60,7 @@ class SQLiteMessageStore:
         # failed ("database is locked"). The schema step waits as long as the build may take.
         self._conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
         self._conn.executescript(_SCHEMA)
-        _add_name_column(self._conn)
+        add_columns(self._conn, "messages", ("name",))  # `name` came with the turns' speakers
         self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_WAIT_MS}")
 
     async def append(self, msg: StoredMessage) -> None:
@@ -141,16 +141,3 @@ def _message(row: tuple[Any, ...]) -> StoredMessage:
     return StoredMessage(
         conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name=name
     )
-
-
-def _add_name_column(conn: sqlite3.Connection) -> None:
-    """A file of the release before has no `name` column (CREATE TABLE IF NOT EXISTS leaves its
-    table as it was). Another worker may add it between the look and the ALTER: its error then
-    says the column is there, which is all this wants."""
-    if any(column[1] == "name" for column in conn.execute("PRAGMA table_info(messages)")):
-        return
-    try:
-        conn.execute("ALTER TABLE messages ADD COLUMN name TEXT")
-    except sqlite3.OperationalError as exc:
-        if "duplicate column" not in str(exc):
-            raise
