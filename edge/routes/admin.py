@@ -32,6 +32,7 @@ from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.routes.json_body import json_response
+from edge.routes.list_page import list_page
 from edge.routes.listeners import BOTH, is_options_answer
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
@@ -147,15 +148,7 @@ async def list_keys(
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     page = await runtime_of(request).key_admin.page_keys(user, _key_cursor(after), size)
     data = [key_view(r) for r in page.keys]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": page.has_more,
-        }
-    )
+    return list_page(data, page.has_more)
 
 
 @post("/keys/{key_id:str}/revoke", status_code=200)

@@ -15,7 +15,7 @@ from litestar.response.base import ASGIResponse
 from edge.errors import ApiError, invalid_request, wait_text
 from edge.messages.store import Order
 from edge.routes.caller import caller
-from edge.routes.json_body import json_response
+from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import runtime_of
@@ -112,14 +112,4 @@ async def conversation_messages(
         }
         for m in page.messages
     ]
-    return json_response(
-        {
-            "object": "list",
-            "conversation_id": conversation_id,
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": page.has_more,
-        },
-        headers=headers,
-    )
+    return list_page(data, page.has_more, headers, conversation_id=conversation_id)

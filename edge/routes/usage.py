@@ -12,7 +12,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
 from edge.routes.caller import caller
-from edge.routes.json_body import json_response
+from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import Runtime, runtime_of
@@ -58,15 +58,7 @@ async def usage_response(
     except BadCursor:
         raise _bad_cursor(after or "") from None
     data = [{"id": row_id(row), **row.as_dict()} for row in page.rows]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": page.has_more,
-        }
-    )
+    return list_page(data, page.has_more)
 
 
 @get("/v1/usage")

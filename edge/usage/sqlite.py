@@ -87,13 +87,7 @@ class SQLiteUsageStore:
         return True
 
     def _query(self, user: str | None, start: str, end: str) -> list[Usage]:
-        where, params = ["day >= ?"], [start]
-        if end:
-            where.append("day <= ?")
-            params.append(end)
-        if user is not None:
-            where.append("user = ?")
-            params.append(user)
+        where, params = _range(user, start, end)
         with self._lock:
             rows = self._conn.execute(
                 "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
@@ -104,13 +98,7 @@ class SQLiteUsageStore:
 
     def _page(self, user: str | None, start: str, end: str, after: Position | None, want: int) -> list[Usage]:
         # Keyset on the primary key (user, day, model): the page starts past the cursor's row.
-        where, params = ["day >= ?"], [start]
-        if end:
-            where.append("day <= ?")
-            params.append(end)
-        if user is not None:
-            where.append("user = ?")
-            params.append(user)
+        where, params = _range(user, start, end)
         if after is not None:
             where.append("(user, day, model) > (?, ?, ?)")
             params.extend(after)
@@ -125,3 +113,15 @@ class SQLiteUsageStore:
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _range(user: str | None, start: str, end: str) -> tuple[list[str], list[str]]:
+    """The WHERE terms and their parameters of a read's days (and user, where one is asked)."""
+    where, params = ["day >= ?"], [start]
+    if end:
+        where.append("day <= ?")
+        params.append(end)
+    if user is not None:
+        where.append("user = ?")
+        params.append(user)
+    return where, params
