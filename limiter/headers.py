@@ -24,15 +24,21 @@ def openai_duration(ms: int) -> str:
 
 
 def ratelimit_headers(decision: Decision) -> dict[str, str]:
-    headers = {
-        "x-ratelimit-limit-requests": str(decision.limit_requests),
-        "x-ratelimit-remaining-requests": str(decision.remaining_requests),
-        "x-ratelimit-reset-requests": openai_duration(decision.reset_requests_ms),
-        "x-ratelimit-limit-tokens": str(decision.limit_tokens),
-        "x-ratelimit-remaining-tokens": str(decision.remaining_tokens),
-        "x-ratelimit-reset-tokens": openai_duration(decision.reset_tokens_ms),
-    }
-    if not decision.allowed:
-        headers["retry-after"] = str(-(-decision.retry_after_ms // 1000))
-        headers["retry-after-ms"] = str(decision.retry_after_ms)
+    d = decision
+    headers = request_headers(d.limit_requests, d.remaining_requests, d.reset_requests_ms)
+    headers["x-ratelimit-limit-tokens"] = str(d.limit_tokens)
+    headers["x-ratelimit-remaining-tokens"] = str(d.remaining_tokens)
+    headers["x-ratelimit-reset-tokens"] = openai_duration(d.reset_tokens_ms)
+    if not d.allowed:
+        headers["retry-after"] = str(-(-d.retry_after_ms // 1000))
+        headers["retry-after-ms"] = str(d.retry_after_ms)
     return headers
+
+
+def request_headers(limit: int, remaining: int, reset_ms: int) -> dict[str, str]:
+    """A requests budget's three headers (the chat route's, and the history reads' alone)."""
+    return {
+        "x-ratelimit-limit-requests": str(limit),
+        "x-ratelimit-remaining-requests": str(remaining),
+        "x-ratelimit-reset-requests": openai_duration(reset_ms),
+    }

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from limiter import policy
-from limiter.headers import openai_duration
-from limiter.tiers import TierLimits
+from limiter.headers import request_headers
+from limiter.tiers import TierLimits, share_of
 
 # Every _SWEEP_EVERY reads held, the next SWEEP_SLICE buckets in turn are looked at and those full
 # again dropped (a bucket whose TAT has passed holds nothing a fresh one would not): as many looked
@@ -43,18 +43,13 @@ class ReadLimit(Protocol):
 def read_rates(tier: TierLimits, instance_count: int = 1) -> tuple[int, int]:
     """(window_us, capacity): with `instance_count` > 1, one instance's share, refilling at its
     share of the rate (as tiers.per_instance does the other budgets)."""
-    capacity = max(1, tier.history_reads_per_window // max(1, instance_count))
-    window_s = tier.history_read_window_s * capacity * max(1, instance_count) / tier.history_reads_per_window
+    capacity, window_s = share_of(tier.history_reads_per_window, tier.history_read_window_s, instance_count)
     return round(window_s * policy.MICROS), capacity
 
 
 def read_headers(decision: ReadDecision) -> dict[str, str]:
     """The request headers OpenAI's rate limits send, for the read budget (it has no tokens)."""
-    headers = {
-        "x-ratelimit-limit-requests": str(decision.limit),
-        "x-ratelimit-remaining-requests": str(decision.remaining),
-        "x-ratelimit-reset-requests": openai_duration(decision.reset_ms),
-    }
+    headers = request_headers(decision.limit, decision.remaining, decision.reset_ms)
     if not decision.allowed:
         headers["retry-after"] = str(max(1, -(-decision.retry_after_ms // 1000)))
         headers["retry-after-ms"] = str(decision.retry_after_ms)

@@ -48,13 +48,21 @@ def per_instance(tier: TierLimits, instance_count: int) -> TierLimits:
     n = instance_count
     if n <= 1:
         return tier
-    requests = max(1, tier.requests_per_window // n)
-    tokens = max(1, tier.tokens_per_window // n)
+    requests, request_window_s = share_of(tier.requests_per_window, tier.request_window_s, n)
+    tokens, token_window_s = share_of(tier.tokens_per_window, tier.token_window_s, n)
     return msgspec.structs.replace(
         tier,
         requests_per_window=requests,
-        request_window_s=tier.request_window_s * requests * n / tier.requests_per_window,
+        request_window_s=request_window_s,
         tokens_per_window=tokens,
-        token_window_s=tier.token_window_s * tokens * n / tier.tokens_per_window,
+        token_window_s=token_window_s,
         max_concurrent=max(1, tier.max_concurrent // n),
     )
+
+
+def share_of(per_window: int, window_s: float, instance_count: int) -> tuple[int, float]:
+    """One of `instance_count` instances' share of a budget of `per_window` per `window_s`: 1/n of
+    the burst (never below 1), and the window that refills it at exactly 1/n of the rate."""
+    n = max(1, instance_count)
+    burst = max(1, per_window // n)
+    return burst, window_s * burst * n / per_window
