@@ -201,10 +201,11 @@ def test_the_completion_line_says_the_status_and_error_the_client_got(tmp_path: 
         assert (lines[0]["status"], lines[0]["error"]) == (200, None), lines
 
 
-def test_a_history_reads_refusals_name_their_user(tmp_path: Path) -> None:
-    """GET /v1/conversations/{id}/messages refused after its key was read (a 400 for its query, a
-    404, the read limit's 429) wrote its request_refused line with no user: an operator watching
-    the history reads' 429s could not tell whose loop it was, as a chat refusal's line tells."""
+def test_every_key_routes_refusals_name_their_user(tmp_path: Path) -> None:
+    """A route that reads a key first and then refuses wrote its request_refused line with user
+    null: the history reads (a 400 for its query, a 404, the read limit's 429: whose loop was it?),
+    cancel, models, a model's stats and usage (whose client sent a loop of 404s?), as a chat
+    refusal's line names its user."""
     reads = {
         "tiers": SETTINGS["tiers"] | {"free": SETTINGS["tiers"]["free"] | {"history_reads_per_window": 1}}
     }
@@ -215,22 +216,6 @@ def test_a_history_reads_refusals_name_their_user(tmp_path: Path) -> None:
             (400, lambda c: c.get(f"{history}?limit=0", headers=free)),
             (404, lambda c: c.get(history, headers=free)),
             (429, lambda c: c.get(history, headers=free)),
-        ]
-        for status, send in cases:
-            answer, lines = _lines_of(edge, send)
-            assert answer.status_code == status, answer.text
-            (line,) = lines
-            assert line["event"] == "request_refused" and line["status"] == status, line
-            assert line.get("user") == "free-user", line
-
-
-def test_every_key_routes_refusals_name_their_user(tmp_path: Path) -> None:
-    """The routes besides chat and history that read a key first (cancel, models, model stats,
-    usage) wrote their refusals' request_refused lines with user null: whose client sent a loop of
-    404s could not be told."""
-    with start_server(tmp_path, SETTINGS) as edge:
-        free = edge.auth("free")
-        cases = [
             (404, lambda c: c.post("/v1/chat/completions/chatcmpl-nobody/cancel", headers=free)),
             (404, lambda c: c.get("/v1/models/no-such-model", headers=free)),
             (404, lambda c: c.get("/v1/models/no-such-model/stats", headers=free)),
