@@ -507,21 +507,7 @@ async def test_an_admit_waits_for_its_own_users_restore_not_for_every_users(
     store = RedisLimiter.from_url(redis_server.url, timeout_ms=5000)
     tag = uuid.uuid4().hex
     first, second = [f"held-{tag}-a{i}" for i in range(2)], [f"held-{tag}-b{i}" for i in range(2)]
-    monkeypatch.setattr("limiter.redis_store.RESTORE_CHUNK", 2)
-    held, release = asyncio.Event(), asyncio.Event()
-    send_all = store._send_all
-    round_trips = 0
-
-    async def holding_the_second_round_trip(script: object, calls: list[object]) -> object:
-        nonlocal round_trips
-        if script is store._restore and len(calls) == 2:
-            round_trips += 1
-            if round_trips == 2:
-                held.set()
-                await release.wait()
-        return await send_all(script, calls)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "_send_all", holding_the_second_round_trip)
+    held, release = _hold_the_restores_second_round_trip(store, monkeypatch)
     try:
         await store.connect()
         for user in first + second:  # counted here only: Redis holds none of it until the restore
@@ -619,21 +605,7 @@ async def test_the_probe_admit_puts_back_its_own_users_budget_not_every_users(
     store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=5000, backoff_s=0)
     tag = uuid.uuid4().hex
     first, second = [f"probe-{tag}-a{i}" for i in range(2)], [f"probe-{tag}-b{i}" for i in range(2)]
-    monkeypatch.setattr("limiter.redis_store.RESTORE_CHUNK", 2)
-    held, release = asyncio.Event(), asyncio.Event()
-    send_all = store._send_all
-    round_trips = 0
-
-    async def holding_the_second_round_trip(script: object, calls: list[object]) -> object:
-        nonlocal round_trips
-        if script is store._restore and len(calls) == 2:
-            round_trips += 1
-            if round_trips == 2:
-                held.set()
-                await release.wait()
-        return await send_all(script, calls)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "_send_all", holding_the_second_round_trip)
+    held, release = _hold_the_restores_second_round_trip(store, monkeypatch)
     restarted: RedisServer | None = None
     try:
         await store.connect()
@@ -665,3 +637,26 @@ async def test_the_probe_admit_puts_back_its_own_users_budget_not_every_users(
         await store.aclose()
         if restarted is not None:
             restarted.kill()
+
+
+def _hold_the_restores_second_round_trip(
+    store: RedisLimiter, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Restores go in round trips of two budgets; the second waits: `held` is set when it is reached,
+    and it goes on once `release` is."""
+    monkeypatch.setattr("limiter.redis_store.RESTORE_CHUNK", 2)
+    held, release = asyncio.Event(), asyncio.Event()
+    send_all = store._send_all
+    round_trips = 0
+
+    async def holding_the_second_round_trip(script: object, calls: list[object]) -> object:
+        nonlocal round_trips
+        if script is store._restore and len(calls) == 2:
+            round_trips += 1
+            if round_trips == 2:
+                held.set()
+                await release.wait()
+        return await send_all(script, calls)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_send_all", holding_the_second_round_trip)
+    return held, release
