@@ -16,6 +16,7 @@ from edge.admission.real_use import real_use
 from edge.body_timeout import BodyReadTimeout
 from edge.cancel.factory import open_request_registry
 from edge.config import Settings
+from edge.cors import allow_cross_origin
 from edge.drain import Drain
 from edge.errors import (
     STORE_ERRORS,
@@ -302,6 +303,8 @@ def create_app(
         logging_config=None,
     )
     answer_head_with_get(app)
+    # Outermost, around Litestar's exception handling: a browser must be able to read a refusal too.
+    app.asgi_handler = allow_cross_origin(app.asgi_handler, settings.server.cors_allow_origins)
     app.state.drain = drain
     app.state[PATH_LISTENERS] = path_listeners(app)  # read by edge/routes/listeners.py
     app.state[PATH_ALLOWS] = path_allows(app)  # read by edge/routes/listeners.py

@@ -61,6 +61,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     stalled_reader_s: Annotated[float, msgspec.Meta(gt=0)]
     # The kernel send buffer of each client connection (SO_SNDBUF; 0: the kernel's autotuning).
     send_buffer_bytes: Annotated[int, msgspec.Meta(ge=0, le=C_INT_MAX)]
+    # Origins whose pages may call the API from a browser (edge/cors.py): "*" any, empty none.
+    cors_allow_origins: list[Annotated[str, msgspec.Meta(min_length=1)]]
 
     def __post_init__(self) -> None:
         for name in ("host", "ops_host"):
