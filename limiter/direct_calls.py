@@ -47,7 +47,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError, SlotNotCoveredError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError
 
 from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS, STALLED_CLOSED
 from limiter.pipelined_replies import replies_loading_once
@@ -90,6 +90,16 @@ class Endpoint:
             password=kwargs.get("password"),
             db=int(kwargs.get("db", 0) or 0),
         )
+
+
+def _leave_if_demoted(conn: RespConnection, replies: Sequence[Any]) -> None:
+    """Close `conn` when a reply says its server is a replica now (READONLY): a standalone primary
+    failed over behind its endpoint's name (ElastiCache without cluster mode, Sentinel) keeps the
+    connections opened before, and answered every script READONLY on them for good, the store taken
+    for down (every probe on the same connection) until the edge restarted. The next call opens a
+    new connection, to whatever the name leads to now."""
+    if any(isinstance(reply, ReadOnlyError) for reply in replies):
+        conn.close()
 
 
 def _reachable(connection_class: type, kwargs: dict[str, Any]) -> bool:
@@ -193,6 +203,7 @@ class DirectCalls:
             STALLED_CLOSED.inc()
             self._reload_slots = self._single is None
             raise
+        _leave_if_demoted(conn, [reply])
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             async with asyncio.timeout(self._bound_s):
@@ -213,7 +224,10 @@ class DirectCalls:
         assert conn is not None  # one server: always its endpoint
 
         async def send(batch: Sequence[tuple[Sequence[str], Sequence[str | int]]]) -> list[Any]:
-            return list(await asyncio.gather(*conn.send_many(pack_evalshas(script.sha, batch), len(batch))))
+            answers = conn.send_many(pack_evalshas(script.sha, batch), len(batch))
+            replies = list(await asyncio.gather(*answers))
+            _leave_if_demoted(conn, replies)
+            return replies
 
         async def load() -> None:
             loaded = await conn.send(self._load(script))

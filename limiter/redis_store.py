@@ -53,7 +53,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from limiter import policy, redis_url
@@ -957,7 +957,8 @@ class RedisLimiter:
 
     async def _pipelined(self, packed: bytes, replies: int) -> list[Any]:
         """Write `packed` on one pooled connection and read its `replies` (error replies as
-        exception values). Any other failure closes the connection: its stream is out of step."""
+        exception values). Any other failure closes the connection: its stream is out of step; so
+        does a READONLY reply: its server is a replica now."""
         assert isinstance(self._client, Redis)
         pool = self._client.connection_pool
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
@@ -969,6 +970,10 @@ class RedisLimiter:
                     results.append(await conn.read_response())
                 except ResponseError as exc:
                     results.append(exc)
+            if any(isinstance(result, ReadOnlyError) for result in results):
+                # Its server was demoted (limiter/direct_calls.py _leave_if_demoted): the pool
+                # opens a new one, to whatever the endpoint's name leads to now.
+                await conn.disconnect()
         except BaseException:
             await conn.disconnect()
             raise

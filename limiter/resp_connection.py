@@ -24,7 +24,7 @@ Replies come back in the order the commands went out, so each pops the oldest wa
 caller that gave up leaves its future there, done, and its reply is dropped when it comes, so the
 order holds. A lost connection fails every waiting caller (the scripts may have run) and the next
 call opens a new one. Error replies are results, not raised: the caller decides (NOSCRIPT: load
-the script and send again).
+the script and send again; READONLY: let go of the connection).
 
 A reply owed for longer than `answer_timeout_s` (the limiter's bound on a call,
 limiter/direct_calls.py) fails its caller with TimeoutError, and every caller behind it, and
@@ -49,7 +49,7 @@ from typing import Any
 
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 from limiter.resp import pack_command
 
@@ -136,8 +136,7 @@ class RespConnection(asyncio.Protocol):
             if answer.done():
                 continue  # its caller gave up; the reply is dropped and the order holds
             if isinstance(reply, hiredis.ReplyError):
-                message = str(reply)
-                reply = NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
+                reply = _error(str(reply))
             answer.set_result(reply)
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
@@ -176,6 +175,16 @@ class RespConnection(asyncio.Protocol):
         if self._transport is not None and not self.closed:
             self._transport.close()
         self.closed = True
+
+
+def _error(message: str) -> ResponseError:
+    """An error reply as redis-py's parser types the two the limiter acts on: NOSCRIPT (load the
+    script, send again) and READONLY (the server was demoted: limiter/direct_calls.py)."""
+    if message.startswith("NOSCRIPT"):
+        return NoScriptError(message)
+    if message.startswith("READONLY"):
+        return ReadOnlyError(message)
+    return ResponseError(message)
 
 
 async def open_connection(
