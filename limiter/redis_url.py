@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ReadOnlyError
 
 # A cluster scheme: the node scheme redis-py reads for it.
 CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
@@ -35,10 +38,21 @@ def connect(url: str, *, cluster: bool = False, **options: Any) -> Redis | Redis
     Opens nothing yet: redis-py connects on the first command."""
     if is_cluster(url, cluster=cluster):
         return RedisCluster.from_url(node_url(url), **options)
-    return Redis.from_url(node_url(url), **options)
+    return connect_node(url, **options)
 
 
 def connect_node(url: str, **options: Any) -> Redis:
     """A plain client for the one node `url` names, even in a Cluster: classic pub/sub published on
-    any node reaches subscribers on every node, so one connection to the seed node is enough."""
+    any node reaches subscribers on every node, so one connection to the seed node is enough.
+
+    A READONLY reply closes the connection it came on and, unless the caller set its own `retry`,
+    the command goes again once, on a new connection (no other failure is sent again: a timed-out
+    command may have run). A standalone primary failed over behind its endpoint's name (ElastiCache
+    without cluster mode, Sentinel) keeps the connections opened before, demoted to a replica: the
+    cancel bus's script and fleet membership's beats met READONLY on them until the edge restarted
+    (the limiter's pipelines, whose errors are replies, not raised, close theirs themselves:
+    limiter/direct_calls.py). A replica refuses a script at its first write, so nothing of it ran
+    and sending it again is safe."""
+    options.setdefault("retry", Retry(NoBackoff(), 1, supported_errors=(ReadOnlyError,)))
+    options["retry_on_error"] = [*options.get("retry_on_error", ()), ReadOnlyError]
     return Redis.from_url(node_url(url), **options)

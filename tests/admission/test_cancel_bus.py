@@ -22,6 +22,7 @@ from tests.admission.flow import until
 from tests.limiter.tiers import tier
 from tests.support.admitted import Admitter
 from tests.support.ports import free_port
+from tests.support.primary_endpoint import primary_endpoint
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 from tests.support.stalling_proxy import stalling_proxy
 
@@ -336,3 +337,35 @@ async def test_a_subscription_link_gone_silent_is_subscribed_again_and_its_misse
         finally:
             await a.aclose()
             await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_after_a_failover_behind_the_primary_endpoint_reaches_the_new_primary(
+    admitter: Admitter,
+) -> None:
+    """A standalone Redis failed over behind its endpoint's name (ElastiCache without cluster mode):
+    the bus's connection stays with the old primary, now a replica answering READONLY; the cancel
+    must go to the new primary, not fail until the edge restarts."""
+    old, new = start_redis(), start_redis()
+    try:
+        with primary_endpoint(old.port) as endpoint:
+            bus = RedisCancelBus.from_url(endpoint.url)
+            inbox = Inbox()
+            await bus.start(inbox)
+            try:
+                assert await bus.wait_subscribed(5)
+                assert await bus.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+                admitted = await admitter.admit(new.url, "req-after")
+                assert admitted.lease is not None
+                endpoint.point_at(new.port)
+                old.command("REPLICAOF", "127.0.0.1", str(new.port))
+                # Synced: the old primary reads the request as running, and refuses the mark.
+                slots = user_keys("alice")[2]
+                await until(lambda: old.command("EXISTS", slots) == b":1\r\n", poll_s=0.01)
+                assert await bus.cancel("req-after", "alice") == "cancelled"
+                assert new.command("GET", record_key("alice", "req-after")) == b"$9\r\ncancelled\r\n"
+            finally:
+                await bus.aclose()
+    finally:
+        old.kill()
+        new.kill()
