@@ -22,6 +22,7 @@ from edge.model_source import prepare_model
 from edge.models.served import default_model, served_models
 from edge.operator_cli import add_operator_commands
 from edge.sqlite_file import unopenable
+from edge.upstreams.asg_resolver import is_asg_spec
 from floodgate_client.cli import add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
 
@@ -95,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
                 dynamodb_client(store.dynamodb_endpoint)
             except BotoCoreError as exc:
                 raise SystemExit(f'floodgate: {section}.backend = "dynamodb": {exc}') from None
+    _refuse_unmade_group_clients(settings)
     per_worker = None
     if args.workers > 1:
         from edge.workers import plan_workers
@@ -130,6 +132,28 @@ def _serve(args: argparse.Namespace) -> int:
     quiet_gc()
     serve(app, settings.server, app.state.drain)
     return 0
+
+
+def _refuse_unmade_group_clients(settings: Settings) -> None:
+    """The AWS clients of each Auto Scaling group a served model's replicas are found in, made (no
+    request sent) before the model's import: a shell without an AWS region imported the model,
+    printed the dev key, and the edge's startup then failed with botocore's NoRegionError as an
+    exception group in a JSON log line, exit 3."""
+    for served in served_models(settings):
+        upstream = served.settings.upstream
+        if not is_asg_spec(upstream.triton):
+            continue
+        own = settings.models.get(served.name)
+        where = f"models.{served.name}.triton" if own and own.triton is not None else "upstream.triton"
+        # Imported for a group alone: it brings in the Triton fleet's discovery.
+        from edge.upstreams.triton_fleet import asg_resolver
+
+        try:
+            asg_resolver(upstream.triton, upstream.region)
+        except BotoCoreError as exc:
+            raise SystemExit(
+                f'floodgate: {where} = "{upstream.triton}": {exc} Set upstream.region (or AWS_DEFAULT_REGION)'
+            ) from None
 
 
 def _worker_count(text: str) -> int:
