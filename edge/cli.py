@@ -97,6 +97,18 @@ def _serve(args: argparse.Namespace) -> int:
             except BotoCoreError as exc:
                 raise SystemExit(f'floodgate: {section}.backend = "dynamodb": {exc}') from None
     _refuse_unmade_group_clients(settings)
+    if settings.metrics.cloudwatch:
+        from edge.scaling.publisher import cloudwatch_client
+
+        # Made (no request sent) here as well: without a region the edge served, and only a
+        # warning each interval said that no scaling metric was ever published.
+        try:
+            cloudwatch_client(settings.metrics.cloudwatch_region or None)
+        except BotoCoreError as exc:
+            raise SystemExit(
+                f"floodgate: metrics.cloudwatch = true: {exc} "
+                "Set metrics.cloudwatch_region (or AWS_DEFAULT_REGION)"
+            ) from None
     per_worker = None
     if args.workers > 1:
         from edge.workers import plan_workers

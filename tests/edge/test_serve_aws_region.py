@@ -28,7 +28,8 @@ def _no_region_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _serve(tmp_path: Path, more: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def _config(tmp_path: Path, more: str) -> Path:
+    """The demo model served from `tmp_path`, with `more` tables."""
     config = tmp_path / "floodgate.toml"
     config.write_text(
         f'[model]\nsource = "demo"\nname = "m"\ndemo_dir = "{demo_model_dir()}"\n'
@@ -37,8 +38,12 @@ def _serve(tmp_path: Path, more: str, *argv: str) -> subprocess.CompletedProcess
         f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n{more}'
     )
+    return config
+
+
+def _serve(tmp_path: Path, more: str, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), *argv],
+        [sys.executable, "-m", "edge.cli", "serve", "--config", str(_config(tmp_path, more)), *argv],
         cwd=REPO,
         env=_no_region_env(tmp_path),
         capture_output=True,
@@ -74,3 +79,35 @@ def test_serve_on_an_auto_scaling_group_without_a_region_is_said_before_it_start
         f'floodgate: {setting} = "asg:gpus": You must specify a region. '
         "Set upstream.region (or AWS_DEFAULT_REGION)",
     )
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_publishing_to_cloudwatch_without_a_region_is_said_before_it_starts(tmp_path: Path) -> None:
+    """[metrics] cloudwatch = true with no cloudwatch_region and none in the shell: the edge served,
+    and each minute's publish failed with a NoRegionError warning in the log, so the GPU groups
+    that scale on its metrics never saw any."""
+    config = _config(tmp_path, "[metrics]\ncloudwatch = true\n")
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config)]
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=_no_region_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:  # to its exit, or to the line that says it serves
+            lines.append(line)
+            assert "edge_listening" not in line, "".join(lines)[-2000:]
+        assert proc.wait(timeout=60) == 1
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert "Traceback" not in "".join(lines), "".join(lines)[-2000:]
+    assert [line.strip() for line in lines] == [
+        "floodgate: metrics.cloudwatch = true: You must specify a region. "
+        "Set metrics.cloudwatch_region (or AWS_DEFAULT_REGION)"
+    ]
