@@ -23,7 +23,7 @@ from edge.models.served import default_model, served_models
 from edge.operator_cli import add_operator_commands
 from edge.sqlite_file import unopenable
 from edge.upstreams.asg_resolver import is_asg_spec
-from floodgate_client.cli import add_chat_command
+from floodgate_client.cli import EXIT_INTERRUPTED, add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
 
 DEV_USER = "dev"
@@ -210,7 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The exit code (the console script passes it to sys.exit)."""
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        # Ctrl-C before the edge serves (a first start imports the model, 10-20 s of progress
+        # lines) or during `model import`: a stop asked for, which was a traceback from deep in the
+        # import. 130, the shell's code for a command SIGINT ended, as `floodgate chat` says too.
+        print("floodgate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
