@@ -257,6 +257,11 @@ def _day(value: str) -> str:
 
 def _usage(args: argparse.Namespace) -> int:
     _refuse_empty_user(args.user)
+    if args.start and args.end and args.start > args.end:
+        # Swapped, they printed an empty table, which reads as no usage at all. A usage error (2),
+        # as a day that does not exist is.
+        print(f"floodgate usage: error: --start {args.start} is after --end {args.end}", file=sys.stderr)
+        return 2
     settings = _store_settings(args)
 
     async def go() -> Any:

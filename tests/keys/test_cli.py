@@ -618,3 +618,20 @@ def test_list_refuses_an_empty_user(capsys: pytest.CaptureFixture[str], config: 
     # `usage --user ''` listed nothing, quietly: the same refusal.
     with pytest.raises(SystemExit, match="--user must not be empty"):
         main(["usage", "--user", user, "--config", str(config)])
+
+
+def test_usage_refuses_a_start_after_its_end(config: Path) -> None:
+    """`usage --start 2026-01-31 --end 2026-01-01` (the two swapped) printed an empty table, exit 0,
+    which reads as no one having used anything: a usage error naming both days, as a day that does
+    not exist is."""
+    days = ["--start", "2026-01-31", "--end", "2026-01-01"]
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "usage", *days, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == [
+        "floodgate usage: error: --start 2026-01-31 is after --end 2026-01-01"
+    ], done.stderr
