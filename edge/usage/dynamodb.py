@@ -111,7 +111,12 @@ class DynamoDBUsageStore:
         if user is not None and len(f"usage#{user}".encode()) > MAX_PARTITION_KEY_BYTES:
             return []  # as _query: no such row can be stored
         if after is not None and user is not None and after[0] != user:
-            return []  # a cursor of another user's rows: none of this user's follow it
+            # A cursor of another user's row: in (user, day, model) order, as SQLite's keyset reads,
+            # every row of this user follows one of a user sorting before, none one sorting after.
+            # An empty page for both said a user whose name sorts after the cursor's used nothing.
+            if after[0] > user:
+                return []
+            after = None
         if start and end and start > end:
             # No day is in the range, as SQLite answers; a Query's BETWEEN with its bounds the wrong
             # way round is a ValidationException, a 503 that no retry mends (and a Scan, all read).

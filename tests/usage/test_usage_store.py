@@ -454,3 +454,25 @@ async def test_a_range_whose_start_follows_its_end_is_an_empty_page(usage_store:
         page = await usage_store.page("alice", "2026-01-03", "2026-01-01", after, 10)
         assert page.rows == []
         assert not page.has_more
+
+
+async def test_a_cursor_of_another_user_pages_as_the_rows_after_it(usage_store: UsageStore) -> None:
+    """Rows are in (user, day, model) order on one user's pages too: an operator who carries the
+    everyone listing's last_id (or another user's) into ?user=bob is given bob's rows that follow
+    it, as SQLite's keyset answers. On DynamoDB a cursor of any other user was an empty page,
+    has_more false: bob, whose name sorts after it, read as having used nothing."""
+    writes = (WriteId("w", n) for n in range(1, 100))
+    for user, day in (("alice", "2026-01-01"), ("bob", "2026-01-01"), ("bob", "2026-01-02")):
+        await usage_store.add(Usage(user, "m", day, 1, 1, 1), next(writes))
+    await usage_store.add(Usage("zed", "m", "2026-01-01", 1, 1, 1), next(writes))
+    page = await usage_store.page("bob", "", "", ("alice", "2026-01-01", "m"), 10)
+    assert [(r.user, r.day) for r in page.rows] == [("bob", "2026-01-01"), ("bob", "2026-01-02")]
+    assert not page.has_more
+    page = await usage_store.page("bob", "", "", ("alice", "2026-01-01", "m"), 1)
+    assert [(r.user, r.day) for r in page.rows] == [("bob", "2026-01-01")]
+    assert page.has_more
+    page = await usage_store.page("bob", "2026-01-02", "", ("alice", "2026-01-03", "m"), 10)
+    assert [(r.user, r.day) for r in page.rows] == [("bob", "2026-01-02")]
+    page = await usage_store.page("bob", "", "", ("zed", "2026-01-01", "m"), 10)
+    assert page.rows == []
+    assert not page.has_more
