@@ -53,6 +53,12 @@ class DisconnectWatch:
             cycle.disconnected = True
             cycle.transport.abort()
 
+    def buffered(self) -> int | None:
+        """The bytes the connection holds unsent (None once the cycle is gone): less than before is
+        the client reading (edge/stalled_readers.py)."""
+        cycle = self._cycle()
+        return None if cycle is None else cycle.transport.get_write_buffer_size()
+
     def pending(self) -> bool:
         """Its response has not ended."""
         cycle = self._cycle()

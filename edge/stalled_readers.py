@@ -4,8 +4,15 @@ A client that opens a stream and stops reading (a stalled proxy, a frozen tab, a
 otherwise hold its replica sequence, its KV blocks and its concurrency slot until the generation
 ends. What it costs the edge meanwhile is bounded: the transport buffers at most its high-water
 mark and then `send` waits (flow control), which stops the relay from pulling more tokens. Past
-`[server] stalled_reader_s` of one send waiting, the stream is cut like a disconnect: the
-generation is aborted (its sequence and blocks freed), its lease settled, its slot released.
+`[server] stalled_reader_s` of one send waiting with nothing taken by the client, the stream is cut
+like a disconnect: the generation is aborted (its sequence and blocks freed), its lease settled,
+its slot released.
+
+Nothing taken, not merely waiting: a send waits until the buffer has drained from its high-water
+mark to its low one (48 KiB), and a client reading steadily but slower than the replica generates
+(a slow link) took longer than the limit to read that and was cut while it read. Where the server
+tells how much the connection still buffers (edge/disconnect_watch.py), a scan that finds less of
+it than the last one starts the stream's clock again.
 
 One watch per process scans every open stream once a second: a timer per stream would cost a
 wake-up per stream per second.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Callable
 
 import anyio
 import structlog
@@ -28,14 +36,24 @@ SCAN_INTERVAL_S = 1.0
 
 
 class SendProgress:
-    """When this stream's pending send began (None: no send waiting), and whether its response
-    has ended (its last write sent) or was cut."""
+    """When this stream's pending send began, or the client last took some of its bytes during it
+    (None: no send waiting), and whether its response has ended (its last write sent) or was cut.
+    `buffered`: the bytes its connection holds unsent (None where the server does not tell, or
+    the connection is gone)."""
 
-    __slots__ = ("cut", "ended", "request_id", "scope", "waiting_since")
+    __slots__ = ("buffered", "cut", "ended", "request_id", "scope", "seen_buffered", "waiting_since")
 
-    def __init__(self, request_id: str, scope: anyio.CancelScope) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        scope: anyio.CancelScope,
+        buffered: Callable[[], int | None] | None = None,
+    ) -> None:
         self.request_id = request_id
         self.scope = scope
+        self.buffered = buffered
+        # What the last scan found buffered: less now is the client reading.
+        self.seen_buffered: int | None = None
         self.waiting_since: float | None = None
         self.cut = False
         self.ended = False
@@ -65,8 +83,14 @@ class StalledReaders:
         interval = min(SCAN_INTERVAL_S, self.limit_s / 2)
         while True:
             await asyncio.sleep(interval)
-            stalled_before = loop.time() - self.limit_s
+            now = loop.time()
+            stalled_before = now - self.limit_s
             for progress in list(self._streams):
+                if progress.waiting_since is not None and progress.buffered is not None:
+                    buffered, seen = progress.buffered(), progress.seen_buffered
+                    progress.seen_buffered = buffered
+                    if buffered is not None and seen is not None and buffered < seen:
+                        progress.waiting_since = now
                 since = progress.waiting_since
                 if since is not None and since < stalled_before and not progress.cut:
                     progress.cut = True

@@ -97,7 +97,8 @@ class EventStreamResponse:
         stalled: StalledReaders | None = getattr(scope["app"].state, "stalled_readers", None)
         # Cancelled by a disconnect (until_disconnect) or by the stalled-reader watch (progress.cut).
         cut_scope = cancel_scope()
-        progress = SendProgress(generation.request_id, cut_scope)
+        watch = cast(DisconnectWatch | None, scope.get(DISCONNECT_WATCH))
+        progress = SendProgress(generation.request_id, cut_scope, None if watch is None else watch.buffered)
         now = asyncio.get_running_loop().time
         # The body goes to the server's own send when the stream gate kept it (edge/stream_gate.py):
         # Litestar's wrapper only watches for the response start, and a token need not pass it.
@@ -151,9 +152,9 @@ class EventStreamResponse:
             await asyncio.get_running_loop().create_task(until_disconnect(scope, receive, produce, cut_scope))
             if not progress.cut and not progress.ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-            elif progress.cut and (watch := scope.get(DISCONNECT_WATCH)) is not None:
+            elif progress.cut and watch is not None:
                 # Cut: dropped at once, its unread buffer with it (a close waits for the reader).
-                cast(DisconnectWatch, watch).abort()
+                watch.abort()
         except asyncio.CancelledError:
             # The server cancelled this task: it is exiting before the stream ended (a second signal,
             # or a stream that outlived the drain). End it as every stream ends, if the client still

@@ -9,6 +9,7 @@ limiter's lease are given back.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +55,27 @@ def test_a_reader_that_stalls_is_cut_and_its_sequence_freed(server: LiveServer) 
         assert all(r.sequences_held == 0 and r.kv_tokens_held == 0 for r in held)
     finally:
         sock.close()
+
+
+def test_a_reader_slower_than_the_stream_but_steady_is_not_cut(server: LiveServer) -> None:
+    """The watch timed one send's wait, and a send waits until the connection's buffer has drained
+    from its high-water mark (64 KiB) to its low one: a client reading steadily, only slower than
+    the replica generates (a phone on a slow link), took longer than `stalled_reader_s` to read
+    those 48 KiB and was cut as if it had stopped. Here it reads 1 KiB every 50 ms (about 20 KB/s,
+    2.4 s for the 48 KiB against a 1 s limit) to the end of a reply of some 100 KB."""
+    cut = _stalled_cut(server)
+    body = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 600, "ignore_eos": True, "stream": True}
+    sock = open_and_never_read(server, body)
+    received = b""
+    try:
+        while not received.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(1024)
+            if not chunk:
+                break
+            received += chunk
+            time.sleep(0.05)  # the reader's pace, not a wait for the server
+    finally:
+        sock.close()
+    assert received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), received[-200:]
+    assert b'"finish_reason":"length"' in received
+    assert _stalled_cut(server) == cut
