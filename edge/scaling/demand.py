@@ -1,6 +1,6 @@
 """Demand per replica: the GPU work this edge is asked for per second, over the replicas in service.
 
-    DemandPerReplica = (replica-seconds asked for since the last sample / seconds since it)
+    DemandPerReplica = (replica-seconds asked for since the last sample / SAMPLE_INTERVAL_S)
                        / live replicas (1 with none)
 
 * Asked for: every request that reached the admission queue (past the limiter), served or not:
@@ -13,6 +13,11 @@
   80 % of its output holds 39 % of its sequences, docs/bench-fleet.md), and a signal built on it
   oscillates; this one does not depend on where the requests wait (edge queue, Triton's queue,
   refused), so an edge fleet that over-fills its replicas after scaling out on CPU reads the same.
+* Over the nominal sample interval, not the seconds since the last sample: the policies divide a
+  period's Sum by SAMPLES_PER_PERIOD, so a period's value is then the work asked for in it however
+  often the edge sampled. A rate per sample read 5/6 of the demand for a minute with a sample
+  skipped (a slow PutMetricData call holds the publisher's loop up) and twice it sampled every 5 s
+  (`cloudwatch_interval_s` under 10).
 
 `ReplicaLoadPerReplica` is the replicas' own running + waiting sequences over their sequences.
 The policies track the MAX of the two: GPUs that report a full batch and a queue read at least 1.0
@@ -22,8 +27,7 @@ open, a price set too low), so saturated GPUs never scale in.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from prometheus_client import Gauge
@@ -37,7 +41,8 @@ from edge.scaling.work import WorkPrice
 # in ten, the idle model's 0.0 the rest).
 DEMAND = Gauge(
     "floodgate_scaling_demand_per_replica",
-    "This edge's last scaling sample: replica-seconds asked for per second / live replicas.",
+    "This edge's last scaling sample: replica-seconds asked for since the sample before, per 10 s"
+    " (the sample interval), / live replicas.",
     ["model"],
 )
 REPLICA_LOAD = Gauge(
@@ -60,22 +65,17 @@ class DemandSignal:
         self,
         dispatcher: DispatcherView,
         price: WorkPrice | None = None,
-        clock: Callable[[], float] = time.monotonic,
         model: str = "",
     ) -> None:
         self._dispatcher = dispatcher
         self._demand_gauge = DEMAND.labels(model=model)
         self._load_gauge = REPLICA_LOAD.labels(model=model)
         self._price = price or WorkPrice()
-        self._clock = clock
         self._offered_seen = dispatcher.offered()
-        self._sampled_at = clock()
         self._replica_sequences = 1  # one replica's max_sequences, last seen
 
     def sample(self) -> dict[str, float]:
         """This instant's figures, by metric name: the work asked for since the previous sample."""
-        now = self._clock()
-        elapsed, self._sampled_at = now - self._sampled_at, now
         requests, prompt_tokens = offered = self._dispatcher.offered()
         asked = self._price.gpu_s(requests - self._offered_seen[0], prompt_tokens - self._offered_seen[1])
         self._offered_seen = offered
@@ -86,7 +86,7 @@ class DemandSignal:
         sequences = sum(c.max_sequences for c in live) or self._replica_sequences
         reported = sum(c.running + c.waiting for c in live)
         sample = {
-            metric.DEMAND_METRIC: asked / elapsed / max(1, len(live)) if elapsed > 0 else 0.0,
+            metric.DEMAND_METRIC: asked / metric.SAMPLE_INTERVAL_S / max(1, len(live)),
             metric.REPLICA_LOAD_METRIC: reported / sequences,
         }
         self._demand_gauge.set(sample[metric.DEMAND_METRIC])

@@ -130,7 +130,7 @@ def test_a_models_own_gpu_prices_set_its_published_demand(
     }
 
     for model in served_models(settings):
-        signal = DemandSignal(Asked(), work_price(model.settings.metrics), clock=iter((0.0, 10.0)).__next__)
+        signal = DemandSignal(Asked(), work_price(model.settings.metrics))
         prefill, decode = prices[model.name]
         assert signal.sample()[metric.DEMAND_METRIC] == pytest.approx(
             3 * (1000 * prefill + 500 * decode) / 10

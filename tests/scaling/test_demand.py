@@ -47,14 +47,6 @@ class Edge:
         self.prompt_tokens += requests * prompt_tokens_each
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def replicas(count: int, running: int, waiting: int, held_each: int) -> list[ReplicaState]:
     """`count` live replicas, each running `running` and queueing `waiting` sequences in
     TensorRT-LLM, `held_each` of them this edge's."""
@@ -76,11 +68,10 @@ def fleet_value(samples: list[dict[str, float]]) -> float:
     return max(demand, load)
 
 
-def period(edge: Edge, signal: DemandSignal, clock: Clock, requests_per_s: float) -> list[dict[str, float]]:
+def period(edge: Edge, signal: DemandSignal, requests_per_s: float) -> list[dict[str, float]]:
     """One period of samples while `edge` is asked `requests_per_s` requests of 1000 prompt tokens."""
     samples = []
     for _ in range(metric.SAMPLES_PER_PERIOD):
-        clock.now += INTERVAL_S
         edge.ask(round(requests_per_s * INTERVAL_S))
         samples.append(signal.sample())
     return samples
@@ -91,11 +82,10 @@ def test_saturated_gpus_with_an_empty_edge_queue_do_not_scale_in() -> None:
     # out on CPU) that together hold 150 streams on every replica: 64 running, 86 queued inside
     # TensorRT-LLM. Both edge queues are empty. The requests they are asked for: 3 per second each
     # at 0.6 replica-seconds, 1.8 replica-seconds per second per edge over 4 replicas.
-    clock = Clock()
     edges = [Edge(replicas(4, running=64, waiting=86, held_each=75)) for _ in range(2)]
-    signals = [DemandSignal(e, PRICE, clock) for e in edges]
+    signals = [DemandSignal(e, PRICE) for e in edges]
 
-    samples = [s for e, signal in zip(edges, signals, strict=True) for s in period(e, signal, clock, 3)]
+    samples = [s for e, signal in zip(edges, signals, strict=True) for s in period(e, signal, 3)]
 
     assert samples[0][metric.DEMAND_METRIC] == pytest.approx(3 * REQUEST_S / 4)
     # The edges' demand alone (0.9) would not hold 4 replicas of a full batch plus a queue at a
@@ -108,18 +98,15 @@ def test_the_signal_is_linear_in_the_work_asked_for() -> None:
     # Twice the requests read twice the demand, whatever the replicas hold right now.
     values = []
     for rate in (1.0, 2.0):
-        clock = Clock()
         edge = Edge(replicas(4, running=4, waiting=0, held_each=4))
-        values.append(fleet_value(period(edge, DemandSignal(edge, PRICE, clock), clock, rate)))
+        values.append(fleet_value(period(edge, DemandSignal(edge, PRICE), rate)))
     assert values[0] == pytest.approx(REQUEST_S / 4)
     assert values[1] == pytest.approx(2 * values[0])
 
 
 def test_prompt_tokens_are_priced_at_the_prefill_cost() -> None:
-    clock = Clock()
     edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
-    signal = DemandSignal(edge, PRICE, clock)
-    clock.now += INTERVAL_S
+    signal = DemandSignal(edge, PRICE)
     edge.ask(10, prompt_tokens_each=3000)
 
     demand = signal.sample()[metric.DEMAND_METRIC]
@@ -141,10 +128,8 @@ def test_a_models_own_prices_price_its_demand_the_others_keep_the_defaults() -> 
     defaults = settings.metrics
     demand = {}
     for model in served_models(settings):
-        clock = Clock()
         edge = Edge(replicas(1, running=0, waiting=0, held_each=0))
-        signal = DemandSignal(edge, work_price(model.settings.metrics), clock, model=model.name)
-        clock.now += INTERVAL_S
+        signal = DemandSignal(edge, work_price(model.settings.metrics), model=model.name)
         edge.ask(10, prompt_tokens_each=3000)
         demand[model.name] = signal.sample()[metric.DEMAND_METRIC]
     # Each model's own series on /metrics: one unlabelled gauge showed the last sampled model's.
@@ -162,10 +147,9 @@ def test_a_models_own_prices_price_its_demand_the_others_keep_the_defaults() -> 
 
 def test_the_replicas_own_load_counts_work_no_edge_accounts_for() -> None:
     # An edge that died left 40 streams running on each replica; this edge holds 10 on each.
-    clock = Clock()
     edge = Edge(replicas(2, running=50, waiting=0, held_each=10))
 
-    sample = period(edge, DemandSignal(edge, PRICE, clock), clock, 0)[-1]
+    sample = period(edge, DemandSignal(edge, PRICE), 0)[-1]
 
     assert sample[metric.DEMAND_METRIC] == 0.0
     assert sample[metric.REPLICA_LOAD_METRIC] == pytest.approx(100 / 128)
@@ -174,10 +158,9 @@ def test_the_replicas_own_load_counts_work_no_edge_accounts_for() -> None:
 async def test_with_no_replica_the_refused_requests_are_the_demand() -> None:
     # A real dispatcher with no replica: every request is refused (no_replica), and the signal
     # still reads demand, in replicas wanted, which the scale-from-zero alarm acts on.
-    clock = Clock()
     dispatcher = Dispatcher([], reserved_paid_fraction=0.1, max_queue=10)
     await dispatcher.start()
-    signal = DemandSignal(dispatcher, PRICE, clock)
+    signal = DemandSignal(dispatcher, PRICE)
     ticket = Ticket(
         "r1", "u1", priority=1, kv_tokens=1100, max_wait_s=5, may_use_reserve=True, prompt_tokens=1000
     )
@@ -185,11 +168,35 @@ async def test_with_no_replica_the_refused_requests_are_the_demand() -> None:
         for _ in range(3):
             with pytest.raises(Overloaded, match="no_replica"):
                 dispatcher.precheck(ticket)
-        clock.now += 1.0
         sample = signal.sample()
     finally:
         await dispatcher.aclose()
 
     assert dispatcher.offered() == (3, 3000)
-    assert sample[metric.DEMAND_METRIC] == pytest.approx(3 * REQUEST_S)  # over one stand-in replica
+    assert sample[metric.DEMAND_METRIC] == pytest.approx(
+        3 * REQUEST_S / INTERVAL_S
+    )  # over one stand-in replica
     assert sample[metric.REPLICA_LOAD_METRIC] == 0.0
+
+
+@pytest.mark.parametrize(
+    "sampled_after_s",
+    [
+        [10.0] * 6,
+        [10.0, 10.0, 20.0, 10.0, 10.0],  # one sample skipped: a PutMetricData call held the loop up
+        [5.0] * 12,  # cloudwatch_interval_s = 5: the publisher samples every 5 s
+        [60.0],
+    ],
+)
+def test_a_periods_value_is_the_work_asked_whenever_the_edge_sampled(sampled_after_s: list[float]) -> None:
+    # The policies divide a period's Sum by SAMPLES_PER_PERIOD. A rate per sample read 5/6 of the
+    # demand for a minute with a sample skipped, and twice the demand sampled every 5 s: the group
+    # ran twice the GPUs it needed.
+    edge = Edge(replicas(4, running=4, waiting=0, held_each=4))
+    signal = DemandSignal(edge, PRICE)
+    samples = []
+    for step in sampled_after_s:
+        edge.ask(round(3 * step))
+        samples.append(signal.sample())
+
+    assert fleet_value(samples) == pytest.approx(3 * REQUEST_S / 4)
