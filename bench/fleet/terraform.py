@@ -84,6 +84,7 @@ def read(iac: Path = IAC, model: str | None = None) -> ScalingSettings:
     name = model or next(iter(models))
     per_model = models[name]
 
+    # The model's own value where var.models sets it, as the example passes it to gpu_pool.
     def setting(key: str) -> float:
         return float(per_model[key]) if key in per_model else float(variables[key]["default"])
 
@@ -105,11 +106,11 @@ def read(iac: Path = IAC, model: str | None = None) -> ScalingSettings:
         max_size=int(setting("max_size")),
         warm_pool_min_size=int(setting("warm_pool_min_size")),
         demand_target=setting("demand_target"),
-        surge_demand=float(variables["surge_demand"]["default"]),
+        surge_demand=setting("surge_demand"),
         surge_steps=tuple(steps),
         surge_datapoints=int(alarm["datapoints_to_alarm"]),
         instance_warmup_s=int(target["estimated_instance_warmup"]),
-        scale_in_drain_s=int(variables["scale_in_drain_s"]["default"]),
+        scale_in_drain_s=int(setting("scale_in_drain_s")),
         metric_period_s=int(_unquote(outputs["period_s"]["value"])),
         samples_per_period=int(_unquote(outputs["samples_per_period"]["value"])),
         model=name,

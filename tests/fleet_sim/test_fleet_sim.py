@@ -43,6 +43,23 @@ def test_terraform_numbers_are_read_from_iac_not_copied(tmp_path: Path) -> None:
     assert terraform.read().surge_demand != 2.75
 
 
+def test_a_models_own_scaling_settings_in_the_example_reach_the_simulation(tmp_path: Path) -> None:
+    # var.models may set surge_demand and scale_in_drain_s per model (the gpu_pool module gets
+    # them); the simulation read only the module's defaults for those two, and simulated a group
+    # other than the one deployed.
+    iac = tmp_path / "iac"
+    shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
+    variables = iac / "envs" / "example" / "variables.tf"
+    text = variables.read_text()
+    own = "demand_target      = 0.8\n"
+    assert own in text
+    variables.write_text(text.replace(own, own + "surge_demand = 2.75\nscale_in_drain_s = 900\n", 1))
+
+    settings = terraform.read(iac)
+
+    assert (settings.surge_demand, settings.scale_in_drain_s) == (2.75, 900)
+
+
 def test_saturated_group_with_empty_edge_queue_does_not_scale_in() -> None:
     env = simpy.Environment()
     curve = step_curve.h200_llama70b()
