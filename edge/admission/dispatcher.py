@@ -451,7 +451,8 @@ class Dispatcher:
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
         self._running.discard(slot)
-        self._queue.released(slot.ticket)
+        # A replica's failure costs the user no turn: its retry starts where the failed try did.
+        self._queue.released(slot.ticket, served=kind != "failed")
         self._frees = _NO_FREES
         max_new = slot.ticket.max_new_tokens
         if kind == "finished" and max_new is not None:

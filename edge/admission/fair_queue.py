@@ -231,21 +231,40 @@ class FairQueue(Generic[T]):
             self._gains_work(user)
         self._served(ticket, max(self._virtual, self._finish.get(user, 0.0)))
 
-    def released(self, ticket: Ticket) -> None:
+    def released(self, ticket: Ticket, *, served: bool = True) -> None:
         """A request this queue dispatched (commit or placed_at_once) has ended: the active users'
-        share of it is service V counts as done."""
+        share of it is service V counts as done. `served=False`: its replica failed it, nothing ran
+        for its user, who is not charged for it (`_refund`)."""
         charged = self._charged.pop(ticket.request_id, None)
         if charged is None:
             return  # not dispatched here, or told twice
         self._charged_total -= charged
-        self._advance(self._virtual + charged / max(self._active, 1))
         user = ticket.user
+        if served:
+            self._advance(self._virtual + charged / max(self._active, 1))
+        else:
+            self._refund(user, charged)
         self._running[user] -= 1
         if self._running[user] > 0:
             return
         del self._running[user]
         if user not in self._queues:
             self._loses_work(user)
+
+    def _refund(self, user: str, charged: int) -> None:
+        """Take back what a request its replica failed was charged: its user's finish tag, and its
+        next request's start tag (set from that finish or a later one), move back by it, never
+        below V (no credit banked). Charged, a request that failed over before its first token
+        went again behind one request of every other user of its tier, as if it had been served
+        (with 4 users waiting, 4 dispatches before its retry, which a wait bound turned away)."""
+        finish = self._finish.get(user)
+        if finish is not None:
+            self._finish[user] = max(self._virtual, finish - charged)
+        queue = self._queues.get(user)
+        if queue:
+            start = max(self._virtual, self._start[user] - charged)
+            if start < self._start[user]:
+                self._tag(user, start)
 
     def block(self, item: T) -> None:
         """The candidate found no room: its user waits, with its tag, until the next pass."""

@@ -35,9 +35,9 @@ class TieredQueue(Generic[T]):
         """A ticket was dispatched with nobody queued (FairQueue.placed_at_once)."""
         self._tier(ticket.priority).placed_at_once(ticket)
 
-    def released(self, ticket: Ticket) -> None:
+    def released(self, ticket: Ticket, *, served: bool = True) -> None:
         """A dispatched ticket's request ended (FairQueue.released)."""
-        self._tier(ticket.priority).released(ticket)
+        self._tier(ticket.priority).released(ticket, served=served)
 
     def repriced(self, user: str) -> None:
         """The user's price may have changed (FairQueue.repriced), in whichever tier it waits: its

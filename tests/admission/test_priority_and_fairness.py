@@ -314,3 +314,30 @@ async def test_a_large_request_is_not_overtaken_by_smaller_ones(make_dispatcher:
         await flow.release_oldest()
         assert large.done()
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_its_replica_failed_costs_its_user_no_turn(make_dispatcher: MakeDispatcher) -> None:
+    # One place; three users with two requests each, one user with one. The one-request user's
+    # request fails on the replica before its first token and waits to go again (edge/generation.py's
+    # failover). Charged as served, its retry waited behind the other three users' second requests.
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica]) as dispatcher:
+        flow = Flow(dispatcher)
+        for user in ("b", "c", "d"):
+            for _ in range(2):
+                flow.submit(ticket(user))
+        flow.submit(ticket("a"))
+        await flow.settle()
+        while flow.held()[0].ticket.user != "a":
+            await flow.release_oldest()
+        failed = flow.held()[0]
+        failed.release(failed=True)
+        retry = flow.submit(failed.ticket)
+        await flow.settle()
+        await dispatcher.check_replicas()  # the replica's failed mark clears: the place is free again
+        while not retry.done():
+            await flow.release_oldest()
+        after_failure = [s.ticket.user for s in flow.granted()][4:]
+        assert after_failure == ["a"], after_failure
+        await flow.aclose()
