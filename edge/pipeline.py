@@ -136,7 +136,9 @@ class Pipeline:
         ]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
-            prompt_ids = await encode_messages(self.text.encode_chat, messages, salt, req.prompt_end)
+            prompt_ids = await encode_messages(
+                self.text.encode_chat, messages, salt, req.prompt_end, tier.priority
+            )
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
         # The model's context first: a client that trims its history on context_length_exceeded

@@ -4,15 +4,15 @@ Rendering the chat template and tokenizing cost time in proportion to the body: 
 and also to the number of messages (the template loops over them; on the demo model 2048 empty
 messages take ~35 ms, as long as ~160,000 characters of content in one message). A prompt whose
 estimated cost is small runs inline (a thread hop costs more than the work); a larger one runs in a
-worker thread. schemas.MAX_MESSAGES bounds the message count before any of this starts.
+worker thread, of the prompts' own, by tier (edge/encode_queue.py). schemas.MAX_MESSAGES bounds
+the message count before any of this starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import anyio
-
+from edge.encode_queue import encode_queue
 from edge.text.chat_template import PromptEnd
 
 Messages = list[dict[str, str]]
@@ -42,8 +42,10 @@ async def encode_messages(
     messages: Messages,
     scope: str,
     end: PromptEnd = "reply",
+    priority: int = 0,
 ) -> list[int]:
-    """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread."""
+    """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread, which a
+    prompt of a higher `priority` (its tier's) gets first."""
     if runs_inline(messages):
         return encode_chat(messages, scope, end)
-    return await anyio.to_thread.run_sync(encode_chat, messages, scope, end)
+    return await encode_queue().run(priority, encode_chat, messages, scope, end)

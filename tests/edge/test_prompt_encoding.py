@@ -7,8 +7,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import anyio
+import anyio.to_thread
 import pytest
 
+from edge.encode_queue import EncodeQueue
 from edge.prompt_encoding import encode_messages
 from edge.text.chat_template import PromptEnd
 from edge.text.model_text import ModelText
@@ -44,3 +47,74 @@ async def test_only_a_short_prompt_is_encoded_on_the_loop(chars: int, on_loop: b
     expected = text.tokenizer.encode(text.template.render(messages), add_special_tokens=False).ids
     assert ids == expected
     assert (threads == [threading.current_thread().name]) is on_loop, threads
+
+
+def _held(release: threading.Event, order: list[str], name: str) -> Callable[[], None]:
+    def work() -> None:
+        release.wait(30)
+        order.append(name)
+
+    return work
+
+
+async def test_a_waiting_paid_prompt_gets_the_next_thread_before_free_ones() -> None:
+    """A free tier's flood of long prompts ahead of a paid one: the paid prompt is encoded as soon
+    as a thread frees, not after them (first come first served held it behind the whole flood,
+    before the tiered admission queue that keeps paid users ahead had seen its request)."""
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        await anyio.wait_all_tasks_blocked()
+        for priority, name in ((0, "free-a"), (0, "free-b"), (1, "paid"), (0, "free-c")):
+            tasks.start_soon(queue.run, priority, order.append, name)
+            await anyio.wait_all_tasks_blocked()
+        release.set()
+    assert order == ["first", "paid", "free-a", "free-b", "free-c"]
+
+
+async def test_a_prompt_cancelled_while_it_waits_leaves_its_thread_to_the_next() -> None:
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    scopes: list[anyio.CancelScope] = []
+
+    async def waits_then_leaves() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await queue.run(1, order.append, "left")
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        await anyio.wait_all_tasks_blocked()
+        tasks.start_soon(waits_then_leaves)
+        await anyio.wait_all_tasks_blocked()
+        scopes[0].cancel()
+        tasks.start_soon(queue.run, 0, order.append, "next")
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    assert order == ["first", "next"]
+    # Its thread came back: two more prompts, one after the other, each get it.
+    assert await queue.run(0, lambda: "again") == "again"
+    assert await queue.run(0, lambda: "and again") == "and again"
+
+
+async def test_long_prompts_are_encoded_while_the_shared_worker_threads_are_all_busy() -> None:
+    """The key store's reads (DynamoDB) wait for anyio's shared worker threads: prompts took those
+    too, so a flood of long prompts held every key lookup up, and the reverse. Prompts now have
+    threads of their own: one is encoded while every shared thread is held."""
+    text = ModelText.load(demo_model_dir())
+    messages = [{"role": "user", "content": PROSE * 200}]
+    release = threading.Event()
+    shared = anyio.to_thread.current_default_thread_limiter()
+    try:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(int(shared.total_tokens)):
+                tasks.start_soon(anyio.to_thread.run_sync, release.wait, 30)
+            await anyio.wait_all_tasks_blocked()
+            assert shared.available_tokens == 0
+            with anyio.fail_after(20):
+                ids = await encode_messages(text.encode_chat, messages, "alice")
+            release.set()
+    finally:
+        release.set()
+    assert len(ids) > 1000
