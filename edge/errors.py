@@ -33,6 +33,12 @@ REQUEST_USER = "floodgate.user"
 # model was reached, and a name the client sent must not become a series).
 REQUEST_MODEL = "floodgate.model"
 NO_MODEL = ""
+# The scope key under which the routes leave the caller's tier once its key is read, where that
+# tier is configured, for floodgate_requests_rejected_total's `tier`: absent, "" (refused before
+# the key was read, or a key of a tier the settings no longer name: a series per such name would
+# grow with the key store, not the configuration).
+REQUEST_TIER = "floodgate.tier"
+NO_TIER = ""
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -185,10 +191,17 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, s
     return {"x-request-id": request_id}
 
 
+def count_refusal(scope: Mapping[str, Any], status: int, code: str) -> None:
+    """One more in floodgate_requests_rejected_total, under the model and tier the request reached
+    (`REQUEST_MODEL`, `REQUEST_TIER`; "" where it reached none)."""
+    model, tier = scope.get(REQUEST_MODEL, NO_MODEL), scope.get(REQUEST_TIER, NO_TIER)
+    REQUESTS_REJECTED.labels(str(status), code, model, tier).inc()
+
+
 def handle_api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     code = exc.detail.code or exc.detail.type
     if not exc.finished:
-        REQUESTS_REJECTED.labels(str(exc.status), code, request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
+        count_refusal(request.scope, exc.status, code)
     headers = exc.headers
     if "x-request-id" not in headers:
         headers = {**headers, **log_refusal(request.scope, exc.status, code)}
@@ -211,8 +224,7 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
     allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), None)
     # A path with GET answers HEAD too (edge/routes/head.py): its Allow says so.
     headers = {"allow": allow_with_head(allow)} if allow is not None else {}
-    model = request.scope.get(REQUEST_MODEL, NO_MODEL)  # "" for all but a chat's (a 413 comes first)
-    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type, model).inc()
+    count_refusal(request.scope, status, detail.code or detail.type)
     headers |= log_refusal(request.scope, status, detail.code or detail.type)
     return error_response(status, detail, headers)
 
@@ -229,7 +241,7 @@ def handle_store_error(request: Request[Any, Any, Any], exc: Exception) -> Respo
     log.warning(
         "store_unavailable", request_id=request_id, path=request.url.path, error_type=type(exc).__name__
     )
-    REQUESTS_REJECTED.labels("503", "store_unavailable", request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
+    count_refusal(request.scope, 503, "store_unavailable")
     detail = ErrorDetail(
         message="A backing store is not answering right now; please retry.",
         type=_TYPE_BY_STATUS[503],
@@ -254,7 +266,7 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
     )
     detail = internal_error().detail
     # Counted, or the server's own faults would be the one error status /metrics never shows.
-    REQUESTS_REJECTED.labels("500", detail.type, request.scope.get(REQUEST_MODEL, NO_MODEL)).inc()
+    count_refusal(request.scope, 500, detail.type)
     return error_response(500, detail, {"x-request-id": request_id})
 
 

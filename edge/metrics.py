@@ -84,12 +84,14 @@ REQUESTS_FINISHED = Counter(
 # `model`: "" for a request that reached no configured model (none could be told from it, as a
 # request the HTTP layer refuses, or it named one that is not served), and on an edge that serves
 # one model; never the name a request sent, or each made-up name would be a series of its own.
+# `tier`: the caller's configured tier, "" before its key was read (edge/errors.py REQUEST_TIER):
+# a free tier's 429s are its limits at work, a paid tier's a page, and without it the two summed.
 REQUESTS_REJECTED = Counter(
     "floodgate_requests_rejected_total",
-    "Requests answered with an error status without being admitted, by status, code and model "
-    '("" where no configured model was reached); an admitted request\'s error is counted in '
-    "floodgate_requests_finished_total only.",
-    ["status", "code", "model"],
+    "Requests answered with an error status without being admitted, by status, code, model and "
+    'tier ("" where no configured model or tier was reached); an admitted request\'s error is '
+    "counted in floodgate_requests_finished_total only.",
+    ["status", "code", "model", "tier"],
 )
 OPEN_STREAMS = LoopGauge(
     "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."

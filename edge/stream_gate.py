@@ -50,6 +50,7 @@ from edge.drain import Drain
 from edge.errors import (
     DRAINING_RETRY_AFTER_S,
     NO_MODEL,
+    NO_TIER,
     ApiError,
     ErrorBody,
     ErrorDetail,
@@ -176,8 +177,8 @@ def _busy_error() -> ApiError:
 async def _refuse(
     scope: Scope, send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
 ) -> None:
-    # At the door, before the body: no model is known yet.
-    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type, NO_MODEL).inc()
+    # At the door, before the body: no model or tier is known yet.
+    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type, NO_MODEL, NO_TIER).inc()
     # Its one line and its id, as the handlers' refusals.
     named = log_refusal(scope, status, detail.code or detail.type)
     body = msgspec.json.encode(ErrorBody(detail))

@@ -13,7 +13,7 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
-from edge.errors import REQUEST_MODEL, REQUEST_USER
+from edge.errors import REQUEST_MODEL, REQUEST_TIER, REQUEST_USER
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
@@ -30,6 +30,8 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     principal = await runtime.keys.authenticate(authorization)
     scope[REQUEST_USER] = principal.user  # type: ignore[literal-required]  # a refusal's log line
     tier = runtime.settings.tiers.get(principal.tier)
+    if tier is not None:
+        scope[REQUEST_TIER] = principal.tier  # type: ignore[literal-required]  # a refusal's count
     if tier is not None and not tier.may_use_reserve:
         # Before the body: the stream gate counts no place past the free share for it.
         scope[NO_RESERVE] = True  # type: ignore[literal-required]

@@ -115,6 +115,7 @@ def test_each_models_refusals_are_counted_under_its_own_name(own_edge: LiveServe
                 "status": str(answer.status_code),
                 "code": error["code"] or error["type"],
                 "model": model,
+                "tier": who,
             }.items()
         )
         after = _rejected(own_edge)
@@ -125,13 +126,15 @@ def test_each_models_refusals_are_counted_under_its_own_name(own_edge: LiveServe
     with socket.create_connection(("127.0.0.1", own_edge.settings.server.port), timeout=30) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n")
         assert read_to_close(sock).startswith(b"HTTP/1.1 400 ")
-    protocol = frozenset({"status": "400", "code": "invalid_http_request", "model": ""}.items())
+    protocol = frozenset({"status": "400", "code": "invalid_http_request", "model": "", "tier": ""}.items())
     assert _rejected(own_edge)[protocol] == before.get(protocol, 0.0) + 1
     # No series under the name a client made up.
     assert not any(("model", "no-such-model-3f9a") in labels for labels in _rejected(own_edge))
 
 
-def test_a_request_of_an_unconfigured_tier_is_counted_under_no_model(own_edge: LiveServer) -> None:
+def test_a_request_of_an_unconfigured_tier_is_counted_under_no_model_and_no_tier(
+    own_edge: LiveServer,
+) -> None:
     """A key whose tier the settings no longer name (a tier renamed or removed, its keys left): its
     403 unknown_tier was counted under the first configured model, a model it never reached (its
     tier has none), so that model's refusals rose with requests none of its users sent."""
@@ -148,5 +151,6 @@ def test_a_request_of_an_unconfigured_tier_is_counted_under_no_model(own_edge: L
     assert answer.status_code == 403 and answer.json()["error"]["code"] == "unknown_tier", answer.text
     after = _rejected(own_edge)
     grown = {labels: after[labels] - before.get(labels, 0.0) for labels in after}
-    mine = frozenset({"status": "403", "code": "unknown_tier", "model": ""}.items())
+    # Nor under its tier's name: a series per tier the key store holds, not per configured one.
+    mine = frozenset({"status": "403", "code": "unknown_tier", "model": "", "tier": ""}.items())
     assert {labels: n for labels, n in grown.items() if n} == {mine: 1.0}, grown
