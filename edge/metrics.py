@@ -13,7 +13,10 @@ from edge.admission.cache_figures import CacheFigures
 from edge.loop_histogram import LabelledLoopHistogram
 from edge.upstreams.base import Capacity
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Past the longest queue wait a tier may have (the shipped paid tier's 120 s) and a prefill after it:
+# ending at 60 s, an overload's every slow first token fell in +Inf, and histogram_quantile read a
+# p99 of minutes as 60 s.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 300)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 # `model`: the served model, "" where the edge serves one, as the queue's metrics name it

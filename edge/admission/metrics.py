@@ -11,11 +11,13 @@ from edge.loop_histogram import LabelledLoopHistogram
 
 # `model`: each served model has its own queue (edge/models/); "" where the edge serves one.
 QUEUE_DEPTH = Gauge("floodgate_queue_depth", "Requests waiting for a replica slot.", ["model", "tier"])
+# Past the shipped paid tier's max_queue_wait_s (120 s): a bound equal to it, a wait granted as its
+# timer fired fell in +Inf.
 QUEUE_WAIT = LabelledLoopHistogram(
     "floodgate_queue_wait_seconds",
     "Time from joining the queue to getting a replica slot.",
     ["model", "tier"],
-    (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120),
+    (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300),
 )
 REPLICA_UTILISATION = Gauge(
     "floodgate_replica_kv_utilisation",
