@@ -4,6 +4,11 @@ Litestar) included.
 Tracebacks are rendered as plain text (`format_exc_info`), never with local variables: a frame of
 the engine holds the KV cache, a frame of the pipeline the prompt and the API key.
 
+What Python itself would print to stderr goes through the same chain: a warning (`warnings.warn`,
+a library's deprecation) and an exception that ends a thread (a worker thread's, a library's) were
+multi-line text a log shipper splits into one bogus event per line, without the request or worker
+they came from.
+
 Every request writes one line, so its cost is part of a stream's set-up: the JSON is msgspec's
 (compact, about a tenth of `json.dumps`'s time) and the timestamp formats its date and second
 once per second, not per line (structlog's TimeStamper builds a datetime for each). Together they
@@ -16,6 +21,7 @@ import codecs
 import io
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -101,3 +107,14 @@ def configure_logging(level: int = logging.INFO, worker: int | None = None) -> N
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)  # the `py.warnings` logger, through the handler above
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return  # as the default hook: a thread's exit, not a failure
+    thread = None if args.thread is None else args.thread.name
+    structlog.get_logger("floodgate.thread").error(
+        "thread_failed", thread=thread, exc_info=(args.exc_type, args.exc_value, args.exc_traceback)
+    )

@@ -74,3 +74,42 @@ def test_the_request_line_is_byte_for_byte_structlogs_and_honours_a_log_capture(
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and lines[0] == lines[1] == lines[2], lines
     assert json.loads(lines[0])["route"] == "chat"  # the bound context merged in
+
+
+WARNING_SCRIPT = textwrap.dedent(
+    """
+    import threading
+    import warnings
+
+    from edge.logging_setup import configure_logging
+
+    configure_logging(worker=1)
+    warnings.warn("this call is deprecated", DeprecationWarning, stacklevel=1)
+
+    def fails():
+        raise RuntimeError("the worker thread failed")
+
+    thread = threading.Thread(target=fails, name="key-store")
+    thread.start()
+    thread.join()
+    """
+)
+
+
+def test_warnings_and_a_threads_uncaught_exception_are_json_lines_too() -> None:
+    """Python wrote both to stderr as several lines of plain text: a log shipper made one event of
+    each line, with no worker or level to find them by."""
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", WARNING_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(line["logger"] if "logger" in line else None, line["level"]) for line in lines] == [
+        ("py.warnings", "warning"),
+        (None, "error"),
+    ]
+    warned, failed = lines
+    assert "this call is deprecated" in warned["event"] and warned["worker"] == 1
+    assert failed["event"] == "thread_failed" and failed["thread"] == "key-store" and failed["worker"] == 1
+    assert "the worker thread failed" in failed["exception"]
