@@ -9,7 +9,10 @@ same image, host networking) and, every `--interval-s`:
 * launch: once Triton answers ready, completes the launch lifecycle hook (CONTINUE), so the host
   joins the group only with its engine loaded, on first boot and when it leaves the warm pool; if
   Triton is not ready within `--ready-timeout-s`, abandons the launch at once (ABANDON) so the
-  group replaces the host instead of waiting out the hook;
+  group replaces the host instead of waiting out the hook. An agent restarted on a host past its
+  launch (a reboot, a crashed container) has no hook to complete: the metadata's target state reads
+  InService both while the hook waits and in service, so the agent asks the Auto Scaling API once
+  (DescribeAutoScalingInstances: Pending:Wait or InService) and goes straight to its health watch;
 * health: in service, Triton not ready for `--unhealthy-after-s` marks the host Unhealthy (the
   group replaces it; EC2 status checks alone never see a dead Triton on a healthy instance);
 * drain: when the group takes the host out of service (target state Terminated, or back to the warm
@@ -58,6 +61,9 @@ GPU_GAUGES = {
     "nv_gpu_memory_total_bytes": ("GPUMemoryTotal", "Bytes"),
     "nv_gpu_power_usage": ("GPUPowerWatts", "None"),
 }
+# The Auto Scaling API's lifecycle states in which a launch hook is pending or yet to come (the hook
+# pauses a launch at Pending:Wait, or Warmed:Pending:Wait on its way into the warm pool).
+LAUNCHING = frozenset({"Pending", "Pending:Wait", "Warmed:Pending", "Warmed:Pending:Wait"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,9 @@ class Observation:
     # drain waits for `drain_s` rather than cut the streams it could not count).
     active_streams: int | None
     now: float
+    # The Auto Scaling API's LifecycleState for this host when the agent started (asked until the
+    # API answers); None before it has: the agent then acts as on a fresh launch.
+    lifecycle_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,8 @@ class HostAgent:
 
     def step(self, seen: Observation) -> list[Action]:
         """The actions this observation calls for; each is taken at most once."""
+        if not self.launch_done and seen.lifecycle_state is not None:
+            self._resume(seen.lifecycle_state)
         state = seen.target_state
         if state == "Terminated" or (self.in_service and state.startswith("Warmed:")):
             return self._drain(seen)
@@ -113,6 +124,15 @@ class HostAgent:
             return []
         self.in_service = True
         return self._health(seen)
+
+    def _resume(self, lifecycle_state: str) -> None:
+        """An agent started on a host past its launch (restarted: the host rebooted, its container
+        crashed) has no launch hook to complete. Taken for a fresh launch, a host whose Triton did
+        not come back waited out `ready_timeout_s` (29 minutes) before its health watch began."""
+        if lifecycle_state not in LAUNCHING:
+            self.launch_done = True
+            # In service or leaving it (not in the warm pool): a Warmed:* target is a scale-in.
+            self.in_service = not lifecycle_state.startswith("Warmed:")
 
     def _launch(self, seen: Observation) -> list[Action]:
         if seen.target_state != "InService" and not seen.target_state.startswith("Warmed:"):
@@ -211,6 +231,7 @@ class AwsHost:
         self.triton_metrics = triton_metrics
         self.metrics_timeout_s = metrics_timeout_s
         self._instance_id: str | None = None
+        self._lifecycle_state: str | None = None
 
     def _metadata(self, path: str) -> str:
         token_request = urllib.request.Request(
@@ -229,12 +250,27 @@ class AwsHost:
             self._instance_id = self._metadata("instance-id")
         return self._instance_id
 
+    def lifecycle_state(self) -> str | None:
+        """This host's LifecycleState in its group as the Auto Scaling API first gives it, asked on
+        every call until then. Only the agent's start needs it (a launch hook pending or not), so
+        one answer is kept: a call every round from every host would spend the account's Describe
+        rate the edges' discovery also draws on. A failed call is logged, not raised: the agent
+        then acts as on a fresh launch, as it can without the API."""
+        if self._lifecycle_state is None:
+            try:
+                answer = self.autoscaling.describe_auto_scaling_instances(InstanceIds=[self.instance_id])
+                described = answer["AutoScalingInstances"]
+                self._lifecycle_state = described[0]["LifecycleState"] if described else None
+            except Exception as exc:
+                log.warning("describe_auto_scaling_instances_failed", error=repr(exc))
+        return self._lifecycle_state
+
     def observe(self, now: float) -> tuple[Observation, str]:
         target = self._metadata("autoscaling/target-lifecycle-state")
         ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
         status, text = _get(self.triton_metrics, self.metrics_timeout_s)
         streams = active_requests(text) if status == 200 else 0 if status == 0 else None
-        return Observation(target, ready, streams, now), text
+        return Observation(target, ready, streams, now, self.lifecycle_state()), text
 
     def act(self, action: Action) -> None:
         instance = self.instance_id

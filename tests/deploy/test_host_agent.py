@@ -23,6 +23,7 @@ from gpu_container.triton.host_agent import (
     gpu_datums,
 )
 from gpu_container.triton.trtllm_metrics import active_requests
+from tests.iac.hcl import MODULES, module
 from tests.scaling.conftest import aws_client, moto_endpoint  # noqa: F401 (fixture)
 from tests.support.moto_server import REGION
 from tests.support.stalling_proxy import stalling_proxy
@@ -39,8 +40,14 @@ def agent() -> HostAgent:
     return HostAgent(ready_timeout_s=600, drain_s=300, unhealthy_after_s=60, started_at=0)
 
 
-def seen(state: str = "InService", ready: bool = True, streams: int = 0, now: float = 0) -> Observation:
-    return Observation(state, ready, streams, now)
+def seen(
+    state: str = "InService",
+    ready: bool = True,
+    streams: int = 0,
+    now: float = 0,
+    lifecycle: str | None = "Pending:Wait",
+) -> Observation:
+    return Observation(state, ready, streams, now, lifecycle)
 
 
 def test_the_launch_completes_once_triton_is_ready() -> None:
@@ -63,6 +70,49 @@ def test_entering_the_warm_pool_waits_for_the_engine_too() -> None:
 
     assert a.step(seen("Warmed:Stopped", ready=False, now=5)) == []
     assert a.step(seen("Warmed:Stopped", ready=True, now=6)) == [CompleteHook("ready", "CONTINUE")]
+
+
+def test_a_launch_the_api_has_not_described_yet_still_completes_and_abandons() -> None:
+    """The Auto Scaling API not answered yet (throttled, unreachable): a launch hook may be
+    pending, so the agent acts as on a fresh launch until it knows."""
+    a = agent()
+
+    assert a.step(seen(ready=False, now=599, lifecycle=None)) == []
+    assert a.step(seen(ready=False, now=600, lifecycle=None)) == [CompleteHook("ready", "ABANDON")]
+
+
+@pytest.mark.parametrize("lifecycle", ["Pending", "Pending:Wait", "Warmed:Pending:Wait"])
+def test_a_launch_hook_the_api_says_is_pending_waits_for_the_engine(lifecycle: str) -> None:
+    a = agent()
+
+    assert a.step(seen(ready=False, now=300, lifecycle=lifecycle)) == []
+    assert a.step(seen(ready=False, now=599, lifecycle=lifecycle)) == []  # not Unhealthy meanwhile
+    assert a.step(seen(ready=False, now=600, lifecycle=lifecycle)) == [CompleteHook("ready", "ABANDON")]
+
+
+@pytest.mark.parametrize("lifecycle", ["InService", "Pending:Proceed"])
+def test_an_agent_restarted_past_the_launch_watches_triton_at_once(lifecycle: str) -> None:
+    """The agent restarted (the host rebooted, its container crashed) on a host already launched,
+    and Triton did not come back. The metadata's target state reads InService there as while the
+    launch hook waits: the agent took it for a fresh launch, waited out the ready timeout (29
+    minutes by default) before abandoning a hook no longer pending, and only then began its 60 s
+    health watch. The Auto Scaling API tells the two apart."""
+    a = agent()
+
+    assert a.step(seen(ready=False, now=0, lifecycle=lifecycle)) == []
+    assert a.step(seen(ready=False, now=60, lifecycle=lifecycle)) == [SetUnhealthy()]
+    assert CompleteHook("ready", "ABANDON") not in a.step(seen(ready=False, now=600, lifecycle=lifecycle))
+
+
+def test_an_agent_restarted_during_a_scale_in_to_the_warm_pool_drains_the_host() -> None:
+    """Restarted in service as the group takes the host back to the warm pool (target
+    Warmed:Stopped): that is a drain, not a launch into the pool."""
+    a = agent()
+
+    assert a.step(seen("Warmed:Stopped", streams=2, now=0, lifecycle="InService")) == []
+    assert a.step(seen("Warmed:Stopped", streams=0, now=20, lifecycle="InService")) == [
+        CompleteHook("drain", "CONTINUE")
+    ]
 
 
 def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
@@ -213,32 +263,43 @@ def host_endpoints() -> Iterator[tuple[str, HostState]]:
         server.server_close()
 
 
-def test_the_agent_reports_and_completes_on_the_real_api(
-    moto_endpoint: str,  # noqa: F811 (fixture)
-    host_endpoints: tuple[str, HostState],
-) -> None:
-    base, state = host_endpoints
-    ec2, autoscaling = aws_client("ec2", moto_endpoint), aws_client("autoscaling", moto_endpoint)
+def _group_with_one_host(endpoint: str, name: str) -> str:
+    """A group of one host (in service: moto has no lifecycle hooks) and that host's instance id."""
+    ec2, autoscaling = aws_client("ec2", endpoint), aws_client("autoscaling", endpoint)
     template = ec2.create_launch_template(
-        LaunchTemplateName="agent-test",
+        LaunchTemplateName=name,
         LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g6e.xlarge"},
     )["LaunchTemplate"]["LaunchTemplateId"]
     autoscaling.create_auto_scaling_group(
-        AutoScalingGroupName="agent-test",
+        AutoScalingGroupName=name,
         LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
         MinSize=1,
         MaxSize=1,
         AvailabilityZones=["us-east-1a"],
     )
-    (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["agent-test"])[
-        "AutoScalingGroups"
-    ][0]["Instances"]
-    state.instance_id = instance["InstanceId"]
+    (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][
+        0
+    ]["Instances"]
+    instance_id: str = instance["InstanceId"]
+    return instance_id
+
+
+def test_the_agent_reports_and_completes_on_the_real_api(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    base, state = host_endpoints
+    autoscaling = aws_client("autoscaling", moto_endpoint)
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-test")
+    agents_autoscaling, called = aws_client("autoscaling", moto_endpoint), set[str]()
+    agents_autoscaling.meta.events.register(
+        "before-call.autoscaling", lambda model, **_: called.add(f"autoscaling:{model.name}")
+    )
     host = AwsHost(
         "agent-test",
         {"ready": "agent-test-ready", "drain": "agent-test-drain"},
         "Floodgate/GPU",
-        autoscaling,
+        agents_autoscaling,
         aws_client("cloudwatch", moto_endpoint),
         imds=f"{base}/latest",
         triton_http=base,
@@ -259,7 +320,8 @@ def test_the_agent_reports_and_completes_on_the_real_api(
         instance: dict[str, Any] = answer["AutoScalingInstances"][0]
         return instance
 
-    assert round_at(0) == [CompleteHook("ready", "CONTINUE")]  # no hook pending in moto: logged
+    assert round_at(0) == []  # in service (moto has no lifecycle hooks): no launch hook to complete
+    host.act(CompleteHook("ready", "CONTINUE"))  # none pending: the API's refusal is logged, not raised
     assert round_at(1) == []  # 3 active streams: still a scale-in candidate (the drain keeps them)
     assert described()["ProtectedFromScaleIn"] is False
     state.ready = False
@@ -268,6 +330,43 @@ def test_the_agent_reports_and_completes_on_the_real_api(
     assert described()["HealthStatus"].upper() == "UNHEALTHY"
     metrics = aws_client("cloudwatch", moto_endpoint).list_metrics(Namespace="Floodgate/GPU")["Metrics"]
     assert {m["MetricName"] for m in metrics} >= {"GPUUtilization", "GPUMemoryUsed"}
+    # Each Auto Scaling call the agent made is one the hosts' role allows (gpu_pool's iam.tf).
+    policy = module(MODULES / "gpu_pool").data("aws_iam_policy_document")["gpu"]["statement"]
+    assert called <= {action for statement in policy for action in statement["actions"]}
+
+
+def test_an_agent_restarted_on_a_host_in_service_marks_a_dead_triton_unhealthy(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """A fresh agent (what a restart leaves) on a host the group has in service, Triton not back:
+    Unhealthy after `unhealthy_after_s`, and no launch hook completed, none being pending."""
+    base, state = host_endpoints
+    autoscaling = aws_client("autoscaling", moto_endpoint)
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-restart")
+    state.ready = False
+    host = AwsHost(
+        "agent-restart",
+        {"ready": "agent-restart-ready", "drain": "agent-restart-drain"},
+        "Floodgate/GPU",
+        autoscaling,
+        aws_client("cloudwatch", moto_endpoint),
+        imds=f"{base}/latest",
+        triton_http=base,
+        triton_metrics=f"{base}/metrics",
+    )
+    a = agent()
+
+    def round_at(now: float) -> list[Any]:
+        actions = a.step(host.observe(now)[0])
+        for action in actions:
+            host.act(action)
+        return actions
+
+    assert round_at(0) == []
+    assert round_at(60) == [SetUnhealthy()]
+    answer = autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])
+    assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
 
 def _draining_host(base: str, metrics: str, timeout_s: float) -> tuple[AwsHost, HostAgent]:

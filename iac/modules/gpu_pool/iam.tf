@@ -83,6 +83,16 @@ data "aws_iam_policy_document" "gpu" {
     resources = [local.group_arn]
   }
 
+  # The host agent, once at its start: whether a launch hook waits for this host (Pending:Wait) or it
+  # is in service already (the agent restarted: a reboot, a crashed container), where a dead Triton
+  # must be marked Unhealthy at once, not after the launch's ready timeout. Describe actions
+  # support no resource-level permission: "*" is the only resource they accept; it only reads.
+  statement {
+    sid       = "DescribeOwnLifecycle"
+    actions   = ["autoscaling:DescribeAutoScalingInstances"]
+    resources = ["*"]
+  }
+
   # Triton's log stream (Docker's awslogs driver).
   statement {
     sid       = "ShipTritonLogs"

@@ -317,6 +317,18 @@ run "an_engines_prefix_is_its_own" {
   }
 }
 
+# The host agent asks, when it starts, whether its launch hook is pending: without the permission
+# an agent restarted on a host in service takes it for a fresh launch, and a dead Triton there waits
+# out the ready timeout (29 minutes) before it is marked Unhealthy.
+run "the_host_agent_may_read_its_lifecycle_state" {
+  command = plan
+
+  assert {
+    condition     = one([for s in data.aws_iam_policy_document.gpu.statement : s.actions if s.sid == "DescribeOwnLifecycle"]) == toset(["autoscaling:DescribeAutoScalingInstances"]) && one([for s in data.aws_iam_policy_document.gpu.statement : s.resources if s.sid == "DescribeOwnLifecycle"]) == toset(["*"])
+    error_message = "the hosts' role must allow autoscaling:DescribeAutoScalingInstances (no resource-level permission: \"*\")"
+  }
+}
+
 # Session Manager replaces SSH, and is all the hosts use of SSM: they read no parameter (the AMI's is
 # read by Terraform at plan). AWS's AmazonSSMManagedInstanceCore also grants ssm:GetParameter(s) on
 # every parameter of the account (other deployments' secrets among them) and State Manager,
