@@ -9,6 +9,8 @@
 #   FLOODGATE_KEYS_JSONL   hashed API keys from the api-keys secret, imported insert-only at start
 #                          (may be empty: keys live in the keys table)
 #   FLOODGATE_RUN_DIR      where the files go (default /run/floodgate, the task's volume)
+#   FLOODGATE_WORKERS      edge processes sharing the port, one per vCPU (default 1; more needs
+#                          the redis limiter): `floodgate serve --workers`, edge/workers.py
 set -eu
 
 run_dir=${FLOODGATE_RUN_DIR:-/run/floodgate}
@@ -45,4 +47,4 @@ esac
 printf '%s\n' "$config" >"$run_dir/config.toml"
 printf '%s' "${FLOODGATE_KEYS_JSONL:-}" | grep -v '^[[:space:]]*$' >"$run_dir/keys.jsonl" || true
 
-exec floodgate serve --config "$run_dir/config.toml"
+exec floodgate serve --workers "${FLOODGATE_WORKERS:-1}" --config "$run_dir/config.toml"

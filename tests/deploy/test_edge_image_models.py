@@ -62,8 +62,9 @@ def tfvars_example_models() -> str:
 
 
 @pytest.fixture(scope="module")
-def settings_toml(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The edge settings (FLOODGATE_CONFIG_TOML) of the example's multi-model task definition."""
+def task_environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What the example's multi-model task definition gives the start script: the edge settings
+    (FLOODGATE_CONFIG_TOML) and its workers (FLOODGATE_WORKERS)."""
     binary = require_mirror()
     work = tmp_path_factory.mktemp("tfvars-example")
     shutil.copytree(REPO / "iac", work / "iac", ignore=shutil.ignore_patterns(".terraform*"))
@@ -78,7 +79,7 @@ def settings_toml(tmp_path_factory: pytest.TempPathFactory) -> str:
     task = planned(plan, "module.edge.aws_ecs_task_definition.edge")
     (container,) = json.loads(task["container_definitions"])
     environment = {e["name"]: e["value"] for e in container["environment"]}
-    return environment["FLOODGATE_CONFIG_TOML"]
+    return {k: v for k, v in environment.items() if k in ("FLOODGATE_CONFIG_TOML", "FLOODGATE_WORKERS")}
 
 
 @pytest.fixture
@@ -166,6 +167,7 @@ cd /opt/floodgate
 setpriv --reuid=10001 --regid=10001 --clear-groups env -i \
   PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin HOME=/nonexistent PYTHONPATH=/opt/venv/src:/opt/venv/site \
   PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 FLOODGATE_CONFIG_TOML="$FLOODGATE_CONFIG_TOML" \
+  FLOODGATE_WORKERS="$FLOODGATE_WORKERS" \
   REDIS_AUTH_TOKEN=tok3n FLOODGATE_KEYS_JSONL= AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 \
   AWS_ACCESS_KEY_ID=AKIAFAKE AWS_SECRET_ACCESS_KEY=fake AWS_EC2_METADATA_DISABLED=true \
   timeout 60 floodgate-start >"$WORK/edge.log" 2>&1 &
@@ -207,7 +209,7 @@ def python_home_top() -> str:
     return ""
 
 
-def start_task(root: Path, image: Path, settings: str) -> tuple[dict[str, object], str]:
+def start_task(root: Path, image: Path, task: dict[str, str]) -> tuple[dict[str, object], str]:
     work = root / "work"
     work.mkdir()
     done = subprocess.run(
@@ -219,7 +221,7 @@ def start_task(root: Path, image: Path, settings: str) -> tuple[dict[str, object
             "PYTHON": sys.executable,
             "SITE": sysconfig.get_paths()["purelib"],
             "PY_HOME_TOP": python_home_top(),
-            "FLOODGATE_CONFIG_TOML": settings,
+            **task,
         },
         capture_output=True,
         text=True,
@@ -231,18 +233,27 @@ def start_task(root: Path, image: Path, settings: str) -> tuple[dict[str, object
     return json.loads(probe[-1].removeprefix("probe ")), log
 
 
-def test_the_documented_multi_model_image_serves_the_examples_models(settings_toml: str, root: Path) -> None:
-    models = tomllib.loads(settings_toml)["models"]
+def test_the_documented_multi_model_image_serves_the_examples_models(
+    task_environment: dict[str, str], root: Path
+) -> None:
+    models = tomllib.loads(task_environment["FLOODGATE_CONFIG_TOML"])["models"]
     assert len(models) >= 2, "terraform.tfvars.example's block names several models"
     context = build_context(root, list(models))
     image = lay_out_image(root, context, {"MODEL_DIR": MODELS_CONTEXT})
 
-    probe, log = start_task(root, image, settings_toml)
+    probe, log = start_task(root, image, task_environment)
 
     assert probe == {
         "healthz": 200,
         "uid": UID,
-        "argv": ["serve", "--config", "/run/floodgate/config.toml"],
+        # One worker per vCPU of the task (edge_service), each a process of its own.
+        "argv": [
+            "serve",
+            "--workers",
+            task_environment["FLOODGATE_WORKERS"],
+            "--config",
+            "/run/floodgate/config.toml",
+        ],
     }, log[-3000:]
     # Each model's tokenizer files are where its [models.NAME] path points, inside the image.
     for name, model in models.items():

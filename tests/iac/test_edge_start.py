@@ -108,7 +108,7 @@ def test_the_task_starts_as_the_image_user_on_the_fargate_mount(
     done = start(stand_in, mount, KEYS, token="a/b&c\\d")
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"started: serve --config {mount}/config.toml"
+    assert done.stdout.strip() == f"started: serve --workers 1 --config {mount}/config.toml"
     settings = (mount / "config.toml").read_text()
     assert 'redis_url = "rediss://:a/b&c\\d@' in settings
     assert "@REDIS_AUTH_TOKEN@" not in settings

@@ -22,10 +22,12 @@ import pytest
 
 from edge.admission.replica_set import ReplicaState
 from edge.app import _max_model_len
+from edge.cli import build_parser
 from edge.config import DEFAULTS_PATH, Settings, load_settings
 from edge.models.served import served_models
 from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.server import bind_listeners
+from edge.workers import worker_overrides
 from tests.iac.hcl import MODULES, module
 from tests.iac.terraform_env import REPO, init, planned, planned_runs, require_mirror
 from tests.support.boto3_region import region_boto3_resolves
@@ -59,22 +61,22 @@ class Asked:
         return (0, 0) if self.calls == 1 else (3, 3000)
 
 
-def edge_settings(plan: dict[str, Any], run_dir: Path) -> Settings:
-    """The settings an edge task of this plan starts with: its start script writes them from the
-    task definition's environment (the Redis token spliced in), and `floodgate serve` loads them."""
+def task_start(plan: dict[str, Any], run_dir: Path) -> list[str]:
+    """The `floodgate` command line an edge task of this plan runs: its start script, given the
+    task definition's environment (the Redis token spliced in), writes the settings and execs it."""
     task = planned(plan, "module.edge.aws_ecs_task_definition.edge")
     (container,) = json.loads(task["container_definitions"])
     environment = {e["name"]: e["value"] for e in container["environment"]}
     bin_dir = run_dir / "bin"
     bin_dir.mkdir()
-    (bin_dir / "floodgate").write_text('#!/bin/sh\necho "started: $*"\n')
+    (bin_dir / "floodgate").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
     (bin_dir / "floodgate").chmod(0o755)
     started = subprocess.run(
         ["sh", str(REPO / "scripts" / "edge-start.sh")],
         env={
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            **{k: v for k, v in environment.items() if k.startswith("FLOODGATE_")},
             "FLOODGATE_RUN_DIR": str(run_dir),
-            "FLOODGATE_CONFIG_TOML": environment["FLOODGATE_CONFIG_TOML"],
             "REDIS_AUTH_TOKEN": "tok3n",
             "FLOODGATE_KEYS_JSONL": "",
         },
@@ -83,8 +85,14 @@ def edge_settings(plan: dict[str, Any], run_dir: Path) -> Settings:
         timeout=30,
     )
     assert started.returncode == 0, started.stderr
-    assert started.stdout.strip() == f"started: serve --config {run_dir}/config.toml"
-    return load_settings(run_dir / "config.toml")
+    return started.stdout.splitlines()
+
+
+def edge_settings(plan: dict[str, Any], run_dir: Path) -> Settings:
+    """The settings an edge task of this plan starts with: those `floodgate serve` loads."""
+    args = build_parser().parse_args(task_start(plan, run_dir))
+    assert args.config == f"{run_dir}/config.toml"
+    return load_settings(args.config)
 
 
 def api_pattern(service: str, shape: str, member: str) -> tuple[str, int]:
@@ -154,6 +162,34 @@ def test_each_models_context_is_its_engine_build_not_the_cpu_engines(
 
     assert settings.engine.max_model_len == 2048
     assert contexts == {"llama-3.1-8b": 8192, "qwen2.5-72b": 32768}
+
+
+def test_every_vcpu_of_an_edge_task_runs_a_worker_whose_operator_port_is_open(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """One edge process is one event loop on one core (edge/workers.py): a task of 2 vCPUs ran one,
+    the other vCPU idled, and the service's CPU target tracking (50 % of the task) was reached only
+    once that loop was saturated. The task runs `floodgate serve --workers` with one worker per
+    vCPU, and each worker's operator listener (ops_port + i, as the edge gives it) is declared in
+    the task and admitted from the scrapers' group only, never from the load balancer's."""
+    plan = plans["a_metrics_scraper"]
+    task = planned(plan, "module.edge.aws_ecs_task_definition.edge")
+    (container,) = json.loads(task["container_definitions"])
+    args = build_parser().parse_args(task_start(plan, tmp_path))
+    settings = load_settings(args.config)
+
+    assert args.workers == int(task["cpu"]) // 1024 > 1
+    ops_ports = [
+        worker_overrides(settings, args.workers, i)["server"]["ops_port"] for i in range(args.workers)
+    ]
+    assert set(ops_ports) <= {m["containerPort"] for m in container["portMappings"]}
+    assert settings.server.port not in ops_ports
+    ingress = planned(plan, "module.edge.aws_security_group.edge")["ingress"]
+    for port in ops_ports:
+        admitting = [r for r in ingress if r["from_port"] <= port <= r["to_port"]]
+        assert [(r["security_groups"], r["cidr_blocks"] or []) for r in admitting] == [
+            (["sg-0prometheus"], [])
+        ]
 
 
 def test_the_edge_task_gives_boto3_its_region(plans: dict[str, dict[str, Any]], tmp_path: Path) -> None:
@@ -231,8 +267,9 @@ def test_operators_reach_the_ops_listener_from_the_scrapers_group_only(
     # and its security group opens to the scraper's group alone (no address range).
     assert settings.server.ops_host == "0.0.0.0"
     assert {"containerPort": ops_port, "protocol": "tcp"} in container["portMappings"]
+    # (every worker's port beside it: the worker test above)
     (rule,) = [r for r in ingress if r["from_port"] == ops_port]
-    assert (rule["to_port"], rule["security_groups"]) == (ops_port, ["sg-0prometheus"])
+    assert rule["security_groups"] == ["sg-0prometheus"]
     assert not rule["cidr_blocks"]
     # Nothing else opens: the public port to the load balancer only.
     assert [r["from_port"] for r in ingress] == sorted([settings.server.port, ops_port])

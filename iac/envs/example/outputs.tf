@@ -51,6 +51,6 @@ output "tier_models" {
 }
 
 output "edge_ops_port" {
-  description = "The edge tasks' operator port (/metrics, /v1/internal/engine): reachable at each task's private IP from metrics_scraper_security_group_ids only."
+  description = "The edge tasks' operator port (/metrics, /v1/internal/engine) of their first worker, worker i's this + i (one worker per vCPU): reachable at each task's private IP from metrics_scraper_security_group_ids only."
   value       = module.edge.ops_port
 }

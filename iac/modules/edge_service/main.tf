@@ -3,6 +3,15 @@
 
 data "aws_region" "current" {}
 
+locals {
+  # One edge process per vCPU (`floodgate serve --workers`, edge/workers.py): one process is one
+  # event loop on one core, so a single one left the task's other vCPUs idle, and the service's CPU
+  # target (cpu_target_percent of the whole task) was reached only once that loop was saturated.
+  workers = max(1, floor(var.cpu / 1024))
+  # Worker i's operator listener is ops_port + i (edge/workers.py, worker_overrides).
+  ops_ports = range(var.ops_port, var.ops_port + local.workers)
+}
+
 resource "aws_cloudwatch_log_group" "edge" {
   name              = "/floodgate/${var.name}/edge"
   retention_in_days = var.log_retention_days
@@ -37,9 +46,9 @@ resource "aws_security_group" "edge" {
   dynamic "ingress" {
     for_each = length(var.metrics_scraper_security_group_ids) > 0 ? [var.metrics_scraper_security_group_ids] : []
     content {
-      description     = "Operator endpoints (/metrics) from the scrapers"
+      description     = "Operator endpoints (/metrics) of every worker from the scrapers"
       from_port       = var.ops_port
-      to_port         = var.ops_port
+      to_port         = var.ops_port + local.workers - 1
       protocol        = "tcp"
       security_groups = ingress.value
     }
@@ -119,11 +128,11 @@ resource "aws_ecs_task_definition" "edge" {
       # and the keys file into the task volume, refuses to start without keys, execs the server.
       command     = ["floodgate-start"]
       stopTimeout = var.stop_timeout_s
-      # The public API (the load balancer's target) and the operator listener ([server] ops_port).
-      portMappings = [
-        { containerPort = var.container_port, protocol = "tcp" },
-        { containerPort = var.ops_port, protocol = "tcp" },
-      ]
+      # The public API (the load balancer's target) and each worker's operator listener.
+      portMappings = concat(
+        [{ containerPort = var.container_port, protocol = "tcp" }],
+        [for port in local.ops_ports : { containerPort = port, protocol = "tcp" }],
+      )
       # Two sockets per stream through Triton (the client's, the replica's): Fargate's default,
       # said here so it is not lost; the edge holds max_open_streams to it (edge/open_files.py).
       ulimits     = [{ name = "nofile", softLimit = 65535, hardLimit = 65535 }]
@@ -131,7 +140,9 @@ resource "aws_ecs_task_definition" "edge" {
       environment = [
         for k, v in merge(var.environment, {
           FLOODGATE_CONFIG_TOML = var.config_toml
-          AWS_REGION            = data.aws_region.current.name
+          # The start script's `floodgate serve --workers` (scripts/edge-start.sh).
+          FLOODGATE_WORKERS = tostring(local.workers)
+          AWS_REGION        = data.aws_region.current.name
           # boto3 reads AWS_DEFAULT_REGION, never AWS_REGION: the keys and messages tables'
           # clients name no region of their own (as the GPU hosts' containers, user_data.sh.tftpl).
           AWS_DEFAULT_REGION = data.aws_region.current.name

@@ -24,6 +24,6 @@ output "task_role_arn" {
 }
 
 output "ops_port" {
-  description = "Port of the edge's operator listener (/metrics, /v1/internal/engine); the settings must bind it ([server] ops_port)."
+  description = "Port of the edge's operator listener (/metrics, /v1/internal/engine) of the first worker, worker i's this + i; the settings must bind it ([server] ops_port)."
   value       = var.ops_port
 }

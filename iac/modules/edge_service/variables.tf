@@ -40,7 +40,7 @@ variable "container_port" {
 }
 
 variable "ops_port" {
-  description = "Port of the edge's operator listener ([server] ops_port: /metrics, /v1/internal/engine), which the load balancer never reaches."
+  description = "Port of the edge's operator listener ([server] ops_port: /metrics, /v1/internal/engine), which the load balancer never reaches; with several workers (one per vCPU), worker i's is ops_port + i."
   type        = number
   default     = 9464
 }
@@ -52,7 +52,7 @@ variable "metrics_scraper_security_group_ids" {
 }
 
 variable "cpu" {
-  description = "Task CPU units (1024 = 1 vCPU). Tokenising and detokenising make the edge CPU-bound."
+  description = "Task CPU units (1024 = 1 vCPU). Tokenising and detokenising make the edge CPU-bound: the task runs one edge process (`floodgate serve --workers`) per vCPU, worker i's operator listener on ops_port + i."
   type        = number
   default     = 2048
 }

@@ -82,15 +82,37 @@ run "a_scraper_reaches_the_operator_port" {
 
   assert {
     condition = one([
-      for rule in aws_security_group.edge.ingress : rule.to_port == 9464 && rule.security_groups == toset(["sg-0prometheus"]) && length(coalesce(rule.cidr_blocks, [])) == 0
+      for rule in aws_security_group.edge.ingress : rule.to_port == 9465 && rule.security_groups == toset(["sg-0prometheus"]) && length(coalesce(rule.cidr_blocks, [])) == 0
       if rule.from_port == 9464
     ])
-    error_message = "the operator port admits the scraper's security group, and no address range"
+    error_message = "the operator ports of both workers (2 vCPUs) admit the scraper's security group, and no address range"
   }
 
   assert {
     condition     = [for rule in aws_security_group.edge.ingress : rule.security_groups if rule.from_port == 8000] == [toset(["sg-alb"])]
     error_message = "the public port still admits the load balancer only"
+  }
+}
+
+# One edge process per vCPU (edge/workers.py): worker i's operator listener is ops_port + i.
+run "one_worker_per_vcpu" {
+  command = plan
+
+  variables {
+    cpu    = 4096
+    memory = 8192
+  }
+
+  assert {
+    condition = [
+      for e in jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].environment : e.value if e.name == "FLOODGATE_WORKERS"
+    ] == ["4"]
+    error_message = "a task of 4 vCPUs starts 4 workers (the start script's floodgate serve --workers)"
+  }
+
+  assert {
+    condition     = [for m in jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].portMappings : m.containerPort] == [8000, 9464, 9465, 9466, 9467]
+    error_message = "the task declares the public port and each worker's operator port"
   }
 }
 
