@@ -164,9 +164,11 @@ class EngineProcess(EngineFront):
         if self._events is not None:  # only the reader thread reads it, and it is here
             self._events.close()
         self._events = events
-        commands.send(("init", self._model_dir, self._config))
         message: tuple[Any, ...] = ("failed", f"no answer within {timeout:.0f} s")
         try:
+            # In the try: a child already dead (killed as it started) fails the write with EPIPE,
+            # which escaped as OSError, ended the reader thread, and left the replica down for good.
+            commands.send(("init", self._model_dir, self._config))
             if events.poll(timeout):
                 message = events.recv()
         except (EOFError, OSError):

@@ -448,3 +448,45 @@ def test_a_request_that_met_the_crash_and_ends_while_waiting_for_the_restart_cos
             assert answered.headers["x-ratelimit-remaining-requests"] == "0"
     finally:
         gate.set()
+
+
+def test_a_replacement_that_dies_before_its_model_is_sent_is_tried_again(tmp_path: Path) -> None:
+    """The new child killed before the engine process wrote it the model to load (the OOM killer
+    at its start, or a parent thread that waited for a core meanwhile): the write's EPIPE escaped
+    the restart as OSError and ended the reader thread, so no child was started again, and every
+    request waited for a replica said to be back in 0 s until it timed out. Now it is a failed
+    start like any other: the next restart serves."""
+    engines = _Engines()
+    with start_server(tmp_path, None, engines.provider) as server:
+        (process,) = engines.started
+        spawn_child = process._popen
+        stillborn: list[int] = []
+
+        def dead_on_arrival() -> tuple[Any, int, int]:
+            child, commands, events_ = spawn_child()
+            if not stillborn:
+                child.kill()
+                child.wait()
+                stillborn.append(child.pid)
+            return child, commands, events_
+
+        process._popen = dead_on_arrival  # type: ignore[method-assign]
+        doomed = process.pid
+        assert doomed is not None
+        os.kill(doomed, signal.SIGKILL)
+        wait_until(lambda: process.restarts == 1, RECOVERY_TIMEOUT_S, "a child that serves again")
+        assert stillborn
+        # The failed start left the replica down, not coming back: the edge's next poll finds it up.
+        wait_until(
+            lambda: httpx.get(server.base_url + "/readyz").status_code == 200,
+            RECOVERY_TIMEOUT_S,
+            "the edge ready again",
+        )
+        answered = httpx.post(
+            server.base_url + CHAT,
+            json={"model": MODEL, "messages": ASK, "max_tokens": 4},
+            headers=server.auth("paid"),
+            timeout=RECOVERY_TIMEOUT_S,
+        )
+        assert answered.status_code == 200, answered.text
+        assert process.pid not in (doomed, *stillborn)
