@@ -144,6 +144,9 @@ class EngineSettings(EngineConfig, frozen=True, kw_only=True, forbid_unknown_fie
     # "process": each replica's engine in its own process (off the event loop's GIL); "thread": in
     # the edge's process (gpu_container/engine/engine_process.py says why the default is process).
     isolation: Literal["process", "thread"] = "process"
+    # With isolation = "process": a child holding requests that sends nothing for this long is stuck,
+    # and is killed and replaced (engine_process.py).
+    stall_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
 
     def engine_config(self) -> EngineConfig:
         """What one replica's engine gets: every EngineConfig field, none of the edge's own."""

@@ -38,7 +38,9 @@ def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> Engin
     """Blocking (loads the model): run it in a worker thread."""
     config = settings.engine_config()
     if settings.isolation == "process":
-        process = EngineProcess(model_dir, config, name, run_delivery=writes_together)
+        process = EngineProcess(
+            model_dir, config, name, run_delivery=writes_together, stall_timeout_s=settings.stall_timeout_s
+        )
         process.start()
         return process
     engine = LLMEngine.from_pretrained(model_dir, config)

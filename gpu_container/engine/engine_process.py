@@ -22,6 +22,11 @@ new child: at once if the dead one had run a minute, else after a pause that dou
 keep dying young or failing to load, so a replica that crashed comes back by itself, as a
 supervisor would bring back a Triton server, rather than leaving the edge answering 503 forever
 while its own process looks healthy.
+A child that is alive but stuck (a step that never returns, a deadlock, a stopped process) is
+killed once it has held requests and sent nothing for `stall_timeout_s` (the reader's watch), and
+then replaced as a dead one is: its streams hung for good, and the replica, ready to the health
+checks, went on taking requests that hung too (as a Triton replica silent mid-stream is failed
+after its stall timeout, edge/upstreams/triton.py).
 The edge is told the restart is under way, so that a crash is a short wait for its requests rather
 than an error: the open streams fail with ReplicaRestarting (an UpstreamError saying the replica is
 coming back), and `back_in_s` (contract.py's `Restarts`) says when, from the pause and the time the
@@ -83,6 +88,9 @@ _STOP_TIMEOUT_S = 10.0
 _STABLE_S = 60.0
 _FIRST_PAUSE_S = 0.5
 _MAX_PAUSE_S = 30.0
+# A child holding requests that sends nothing for this long is stuck: a step of the demo model
+# takes milliseconds, a prefill chunk of a real one on a CPU seconds.
+_STALL_TIMEOUT_S = 120.0
 
 _Items = Sequence[tuple[Mailbox, TokenOutput]]
 # Runs a step's delivery on the loop: `run_delivery(deliver, items)` must hand every item to
@@ -100,12 +108,13 @@ class EngineProcess(EngineFront):
         config: EngineConfig,
         name: str = "engine",
         run_delivery: RunDelivery | None = None,
+        stall_timeout_s: float = _STALL_TIMEOUT_S,
     ) -> None:
         self._model_dir = str(model_dir)
         self._config = config
         self.name = name
         self._run_delivery: RunDelivery = run_delivery or _at_once
-        self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping, _back_at
+        self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping, _back_at, _heard_at
         # The command pipe's own lock, never held with _lock: a write that waits for a busy child
         # must not stop the reader thread from draining the child's outputs.
         self._send_lock = threading.Lock()
@@ -129,6 +138,10 @@ class EngineProcess(EngineFront):
         self._load_s = 0.0
         # While a dead child is being replaced: when the new one should serve (monotonic); else None.
         self._back_at: float | None = None
+        self._stall_timeout_s = stall_timeout_s
+        # When the child last sent something, or took its first request after an idle spell: the
+        # watch's clock (_silent_left), which an idle child's silence does not run.
+        self._heard_at = 0.0
         self.restarts = 0
         self.max_model_len = 0
 
@@ -259,7 +272,10 @@ class EngineProcess(EngineFront):
                 )
             if req.request_id in self._mailboxes:
                 raise ValueError(f"request {req.request_id!r} is already running")
-            mailbox.may_be_cause = time.monotonic() < self._suspect_until
+            now = time.monotonic()
+            mailbox.may_be_cause = now < self._suspect_until
+            if not self._mailboxes:
+                self._heard_at = now
             self._mailboxes[req.request_id] = mailbox
         prompt = [int(t) for t in req.prompt_ids]
         self._send(("add", req.request_id, prompt, params, req.priority, req.cache_salt))
@@ -322,10 +338,18 @@ class EngineProcess(EngineFront):
         assert self._events is not None
         events = self._events
         while True:
+            left = self._silent_left()
+            if left is not None and left <= 0:
+                log.error("engine process stuck; killing it", name=self.name, silent_s=self._stall_timeout_s)
+                self._kill()  # its pipe's EOF comes next: replaced as a dead child is
             try:
+                if not events.poll(self._stall_timeout_s if left is None else max(left, 0.0)):
+                    continue
                 message = events.recv()
             except (EOFError, OSError):
                 return
+            with self._lock:
+                self._heard_at = time.monotonic()
             if message[0] == "outputs":
                 self._stats = message[2]
                 self._dispatch(message[1])
@@ -335,6 +359,14 @@ class EngineProcess(EngineFront):
                 if mailbox is not None:
                     _, _, text, own_fault = message
                     mailbox.post_exception(RequestRejected(text) if own_fault else UpstreamError(text))
+
+    def _silent_left(self) -> float | None:
+        """Seconds the child may stay silent before it counts as stuck; None while it holds no
+        request (an idle child sends nothing)."""
+        with self._lock:
+            if not self._mailboxes:
+                return None
+            return self._heard_at + self._stall_timeout_s - time.monotonic()
 
     def _pause_before_restart(self) -> float:
         """0 after a child that ran a minute; else the next of the doubling pauses."""

@@ -490,3 +490,41 @@ def test_a_replacement_that_dies_before_its_model_is_sent_is_tried_again(tmp_pat
         )
         assert answered.status_code == 200, answered.text
         assert process.pid not in (doomed, *stillborn)
+
+
+def test_a_stuck_engine_process_is_killed_and_replaced(tmp_path: Path) -> None:
+    """The child stopped mid-stream (as a step that never returns, a deadlock in BLAS): its stream
+    got nothing more, for good, with no error, and the replica, ready to every health check, took
+    new requests that hung too. Now a child that holds requests and sends nothing for
+    `stall_timeout_s` is killed and replaced as a crashed one: the stream ends with an error event
+    and [DONE], and the next request is answered by the new child."""
+    before = _engine_children()
+    with start_server(tmp_path, {"engine": {"stall_timeout_s": 1.0}}) as server:
+        (stuck,) = _engine_children() - before
+        body = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "ignore_eos": True}
+        with httpx.stream(
+            "POST",
+            server.base_url + CHAT,
+            json=body | {"max_tokens": 1000},
+            headers=server.auth("paid"),
+            timeout=RECOVERY_TIMEOUT_S,
+        ) as open_stream:
+            stream = events(open_stream)
+            while not content_of([next(stream)]):
+                pass
+            _stop(stuck)
+            rest = list(stream)
+        assert rest[-1] == DONE
+        assert any(isinstance(event, dict) and "error" in event for event in rest)
+        assert _dead(stuck)
+
+        answered = httpx.post(
+            server.base_url + CHAT,
+            json=body | {"stream": False, "max_tokens": 16},
+            headers=server.auth("paid"),
+            timeout=RECOVERY_TIMEOUT_S,
+        )
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["completion_tokens"] == 16
+        (replacement,) = _engine_children() - before
+        assert replacement != stuck
