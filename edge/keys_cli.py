@@ -7,6 +7,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -41,18 +42,28 @@ _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "e
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
 
 
-def _store_settings(args: argparse.Namespace) -> Settings:
-    """The settings, once the key store's SQLite file, where it is one, opens."""
+def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> Settings:
+    """The settings, once the key store's SQLite file, where it is one, opens. A missing file is
+    made only by a command that `creates` keys, or to take in the old keys file's: any other
+    command made an empty store at a mistyped path and answered from it ("no keys", "no key
+    key_…"), as if the operator's keys were gone, and left that stray file behind."""
     settings = settings_of(args)
     if settings.keys.backend == "sqlite":
-        problem = unopenable({"keys.sqlite_path": settings.keys.sqlite_path})
+        path = settings.keys.sqlite_path
+        keys_file = settings.server.keys_file
+        if not (creates or os.path.exists(path) or (keys_file and os.path.isfile(keys_file))):
+            raise SystemExit(
+                f"floodgate: keys.sqlite_path {path!r}: no key store there (no such file); "
+                "`floodgate keys create` or `floodgate serve` makes one"
+            )
+        problem = unopenable({"keys.sqlite_path": path})
         if problem:
             raise SystemExit(f"floodgate: {problem}")
     return settings
 
 
-def _lifecycle_command(args: argparse.Namespace, step: Any) -> Any:
-    settings = _store_settings(args)
+def _lifecycle_command(args: argparse.Namespace, step: Any, *, creates: bool = False) -> Any:
+    settings = _store_settings(args, creates=creates)
 
     async def go() -> Any:
         async with opened_lifecycle(settings) as keys:
@@ -120,7 +131,7 @@ def _create(args: argparse.Namespace) -> int:
     async def step(keys: KeyLifecycle) -> Any:
         return await keys.create(args.user, args.tier, args.label, expires_in)
 
-    key, record = _lifecycle_command(args, step)
+    key, record = _lifecycle_command(args, step, creates=True)
     note(f"created {record.id} for user {record.user!r} (tier {record.tier!r}); the key is shown only once:")
     print(key)
     return 0
@@ -233,7 +244,7 @@ def _import(args: argparse.Namespace) -> int:
     async def step(keys: KeyLifecycle) -> Any:
         return await keys.import_keys(keys_found)
 
-    done = _lifecycle_command(args, step)
+    done = _lifecycle_command(args, step, creates=True)
     note(f"imported {done.added} keys; {done.present} were already in the store (left as they are)")
     return 0
 

@@ -138,7 +138,7 @@ def test_a_far_expiry_is_refused(capsys: pytest.CaptureFixture[str], config: Pat
         # In days, as asked: it said "expires_in_s ... not -432000" for -5 days.
         with pytest.raises(SystemExit, match=rf"--expires-in-days must be .* \(100 years\), not {said}$"):
             run(capsys, config, "keys", "create", "--user", "x", "--tier", "free", "--expires-in-days", days)
-    assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
+    assert not Path(load_settings(config).keys.sqlite_path).exists()  # refused before the store opened
 
 
 def test_a_far_expiry_a_store_holds_is_listed(capsys: pytest.CaptureFixture[str], config: Path) -> None:
@@ -346,13 +346,54 @@ def test_import_of_a_file_it_cannot_read_says_so(config: Path, tmp_path: Path, w
 def test_a_key_store_file_that_cannot_be_opened_is_said_naming_the_setting(
     config: Path, tmp_path: Path, where: str
 ) -> None:
-    """An OSError (its directory under a file) or sqlite3.OperationalError (a directory) traceback."""
+    """An OSError (its directory under a file) or sqlite3.OperationalError (a directory) traceback.
+    A path under a file is no store a reading command finds: `keys create` is the one to open it."""
     (tmp_path / "file").write_text("")
     path = tmp_path / "file" / "keys.db" if where == "under_a_file" else tmp_path
     config.write_text(config.read_text().replace(str(tmp_path / "keys.db"), str(path)))
-    for argv in (["keys", "list"], ["usage"]):
+    readers = [["keys", "list"], ["usage"]] if where == "a_directory" else []
+    for argv in [["keys", "create", "--user", "x", "--tier", "free"], *readers]:
         with pytest.raises(SystemExit, match=rf"^floodgate: keys\.sqlite_path '{path}': cannot open it: "):
             main([*argv, "--config", str(config)])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["keys", "list"],
+        ["keys", "revoke", "key_0123456789ab"],
+        ["keys", "rotate", "key_0123456789ab"],
+        ["keys", "set-tier", "key_0123456789ab", "paid"],
+        ["usage"],
+    ],
+)
+def test_a_command_on_a_key_store_that_does_not_exist_says_so_and_makes_none(
+    config: Path, tmp_path: Path, argv: list[str]
+) -> None:
+    """A mistyped keys.sqlite_path made an empty store there and answered from it: "no keys", "no
+    key key_…", an empty usage table, as if the operator's keys were gone, and left the file."""
+    command = [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, ""), (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.splitlines() == [
+        f"floodgate: keys.sqlite_path '{tmp_path / 'keys.db'}': no key store there (no such file); "
+        "`floodgate keys create` or `floodgate serve` makes one"
+    ], done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["floodgate.toml"]
+
+
+def test_keys_create_and_import_make_the_store_they_add_to(
+    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path
+) -> None:
+    key = run(capsys, config, "keys", "create", "--user", "fay", "--tier", "free").strip()
+    assert user_of(config, key) == "fay"
+    elsewhere = tmp_path / "new" / "keys.db"
+    config.write_text(config.read_text().replace(str(tmp_path / "keys.db"), str(elsewhere)))
+    jsonl = tmp_path / "exported.jsonl"
+    line = {"key_sha256": hash_key("fg-imported"), "user": "gus", "tier": "paid"}
+    jsonl.write_text(json.dumps(line) + "\n")
+    run(capsys, config, "keys", "import", str(jsonl))
+    assert user_of(config, "fg-imported") == "gus"
 
 
 @pytest.fixture
