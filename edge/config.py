@@ -262,6 +262,14 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_dynamodb_table("keys", self.backend, self.dynamodb_table)
+        if self.backend == "sqlite" and self.sqlite_path in (":memory:", ""):
+            # SQLite's in-memory (or private temporary) database is one connection's alone: a key
+            # `floodgate keys create` printed, or the dev key `serve` printed, was stored nowhere
+            # any edge (or another worker, or the next command) reads.
+            raise ValueError(
+                f"keys.sqlite_path {self.sqlite_path!r} must name a file: an in-memory store is one "
+                "process's alone, and the keys made in it are lost"
+            )
         # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
         # has: the admin API would answer every admin key 401, and nothing would say why.
         named = self.admin_key_sha256

@@ -396,6 +396,22 @@ def test_keys_create_and_import_make_the_store_they_add_to(
     assert user_of(config, "fg-imported") == "gus"
 
 
+@pytest.mark.parametrize("path", [":memory:", ""])
+def test_a_key_store_in_memory_is_refused_by_the_cli_and_serve(tmp_path: Path, path: str) -> None:
+    """keys.sqlite_path = ":memory:" (or "", SQLite's private temporary database) is a store each
+    process, each connection even, has alone: `keys create` printed a key stored nowhere, and
+    `serve` a dev key its edge never saw. Refused as the settings load, naming the setting."""
+    config = tmp_path / "floodgate.toml"
+    config.write_text(f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n[keys]\nsqlite_path = "{path}"\n')
+    for argv in (["keys", "create", "--user", "x", "--tier", "free"], ["serve", "--port", "0"]):
+        command = [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (1, ""), (argv, done.returncode, done.stdout, done.stderr)
+        [said] = done.stderr.splitlines()
+        assert said.startswith("floodgate: invalid settings: ") and "keys.sqlite_path" in said, said
+        assert "must name a file" in said, said
+
+
 @pytest.fixture
 def read_only_keys_db(tmp_path: Path) -> Iterator[Path]:
     """A key store file that can be read but not written (made immutable: the tests run as root,
