@@ -7,6 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
@@ -591,13 +592,26 @@ def _check_redis_url(settings: Settings) -> None:
     a password (redis-py's own reasons name a scheme or a port, never the URL)."""
     if settings.limiter.backend != "redis":
         return
+    url = node_url(settings.limiter.redis_url)
     try:
-        parse_url(node_url(settings.limiter.redis_url))
+        parse_url(url)
     except ValueError as exc:
+        raise ConfigError(f"limiter.redis_url: {_redis_url_reason(exc)}; {_REDIS_URL_FORMS}") from None
+    # redis-py reads a database that is no number (`/abc`) as none given, database 0, and drops a
+    # path's slashes (`/0/1` is 1): the edge quietly used another database than the one named. A
+    # negative one only failed at the first command, which the server refused.
+    if not url.lower().startswith("unix://") and not _REDIS_DB.fullmatch(unquote(urlsplit(url).path)):
         raise ConfigError(
-            f"limiter.redis_url: {_redis_url_reason(exc)}; expected redis://[:PASSWORD@]HOST[:PORT][/DB], "
-            "rediss://, redis+cluster://, rediss+cluster:// or unix://PATH"
-        ) from None
+            f"limiter.redis_url: its database (after HOST[:PORT]/) is not a number; {_REDIS_URL_FORMS}"
+        )
+
+
+_REDIS_URL_FORMS = (
+    "expected redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://, redis+cluster://, rediss+cluster:// "
+    "or unix://PATH"
+)
+# A Redis URL's path: none, or one database number.
+_REDIS_DB = re.compile(r"/?[0-9]*")
 
 
 def _redis_url_reason(exc: ValueError) -> str:

@@ -313,7 +313,36 @@ def test_a_redis_url_redis_py_cannot_read_is_refused_at_load(tmp_path: Path, url
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://127.0.0.1:6379/0", "rediss://:pw@host:6380", "redis+cluster://host:7000", "unix:///tmp/r.sock"],
+    [
+        "redis://:hunter2@cache:6379/abc",
+        "rediss://cache:6380/0/1",
+        "redis://cache:6379/-1",
+        "redis+cluster://:hunter2@cache:7000/db0",
+    ],
+)
+def test_a_redis_url_whose_database_is_no_number_is_refused_at_load(tmp_path: Path, url: str) -> None:
+    """redis-py reads a database that is no number as none given: `/abc` connected to database 0,
+    quietly sharing it with whatever else uses 0 (`/0/1`, its slashes dropped, read as 1)."""
+    config = tmp_path / "redis.toml"
+    config.write_text(f'[limiter]\nbackend = "redis"\nredis_url = "{url}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)  # what `serve` and every command taking --config load first
+    said = str(caught.value)
+    assert said.startswith(f"{config}: limiter.redis_url: its database "), said
+    assert "hunter2" not in said
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://127.0.0.1:6379/15",
+        "redis://127.0.0.1:6379/",
+        "rediss://:pw@host:6380",
+        "redis+cluster://host:7000",
+        "unix:///tmp/r.sock",
+        "unix:///tmp/r.sock?db=2",
+    ],
 )
 def test_every_redis_url_form_loads(url: str) -> None:
     settings = load_settings(overrides={"limiter": {"backend": "redis", "redis_url": url}})
