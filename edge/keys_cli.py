@@ -18,7 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
-from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound
+from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, checked_period
 from edge.keys.page import KEY_ID, MAX_LIMIT
 from edge.keys.record import (
     ADMIN_KEY_PREFIX,
@@ -189,6 +189,13 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
+    if args.grace_s is not None:
+        try:
+            # Named as typed: the lifecycle's own refusal names the admin API's grace_s.
+            checked_period("--grace-s", args.grace_s, zero_ok=True)
+        except InvalidPeriod as exc:
+            raise SystemExit(f"floodgate: {exc}") from None
+
     async def step(keys: KeyLifecycle) -> Any:
         return await keys.rotate(args.key_id, args.grace_s)
 

@@ -124,7 +124,7 @@ def test_unknown_tier_empty_user_unknown_key_and_bad_periods_are_refused(
     assert json.loads(run(capsys, config, "keys", "list", "--json")) == []
     run(capsys, config, "keys", "create", "--user", "x", "--tier", "free")
     [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
-    with pytest.raises(SystemExit, match="grace_s must be 0 or a positive number of seconds"):
+    with pytest.raises(SystemExit, match="--grace-s must be 0 or a positive number of seconds"):
         main(["keys", "rotate", record["id"], "--grace-s", "-5", "--config", str(config)])
     run(capsys, config, "keys", "revoke", record["id"])
     with pytest.raises(SystemExit, match=f"key {record['id']} is revoked: only an active key can be rotated"):
@@ -139,6 +139,18 @@ def test_a_far_expiry_is_refused(capsys: pytest.CaptureFixture[str], config: Pat
         with pytest.raises(SystemExit, match=rf"--expires-in-days must be .* \(100 years\), not {said}$"):
             run(capsys, config, "keys", "create", "--user", "x", "--tier", "free", "--expires-in-days", days)
     assert not Path(load_settings(config).keys.sqlite_path).exists()  # refused before the store opened
+
+
+def test_a_rotation_grace_out_of_range_is_said_as_the_flag_typed(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """It said "grace_s must be ...", the admin API's field, for the `--grace-s` the operator typed."""
+    run(capsys, config, "keys", "create", "--user", "x", "--tier", "free")
+    [record] = json.loads(run(capsys, config, "keys", "list", "--json"))
+    for grace, said in (("-1", "-1"), ("1e10", r"1e\+10"), ("nan", "nan")):
+        with pytest.raises(SystemExit, match=rf"^floodgate: --grace-s must be .* \(100 years\), not {said}$"):
+            main(["keys", "rotate", record["id"], "--grace-s", grace, "--config", str(config)])
+    assert [k["status"] for k in json.loads(run(capsys, config, "keys", "list", "--json"))] == ["active"]
 
 
 def test_a_far_expiry_a_store_holds_is_listed(capsys: pytest.CaptureFixture[str], config: Path) -> None:
