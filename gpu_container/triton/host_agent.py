@@ -30,8 +30,10 @@ same image, host networking) and, every `--interval-s`:
   listening on the metrics port (Triton gone, its streams with it) it waits only `--min-drain-s`;
 * GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
 
-The decisions (`HostAgent.step`) are pure: an observation in, actions out; `AwsHost` carries them
-out through the instance metadata service and the Auto Scaling API.
+The decisions (`HostAgent.step`) are pure: an observation in, actions out, and what became of each
+(`HostAgent.report`) back in: an action that failed for a reason that may pass is sent again, less
+and less often. `AwsHost` carries them out through the instance metadata service and the Auto
+Scaling API.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -64,6 +66,10 @@ GPU_GAUGES = {
 # The Auto Scaling API's lifecycle states in which a launch hook is pending or yet to come (the hook
 # pauses a launch at Pending:Wait, or Warmed:Pending:Wait on its way into the warm pool).
 LAUNCHING = frozenset({"Pending", "Pending:Wait", "Warmed:Pending", "Warmed:Pending:Wait"})
+# An action that failed is sent again after RETRY_S, then twice as long after each failure, up to
+# RETRY_MAX_S: a throttled or unreachable API is not asked every round by every host.
+RETRY_S = 10.0
+RETRY_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +116,26 @@ class HostAgent:
     # How long the edges may still send new streams after the drain starts (their discovery
     # interval and a margin): an idle host's hook waits this long too.
     min_drain_s: float = 20.0
+    # The actions AwsHost reported failed: how often, and when to send each again.
+    retries: dict[Action, tuple[int, float]] = field(default_factory=dict)
 
     def step(self, seen: Observation) -> list[Action]:
-        """The actions this observation calls for; each is taken at most once."""
+        """The actions this observation calls for: each decided once, and sent again while `report`
+        says it failed. An action decided once and lost to a failed call was lost for good: a mark
+        throttled once left a host with a dead Triton in service."""
+        decided = self._decide(seen)
+        return [action for action, (_, at) in self.retries.items() if at <= seen.now] + decided
+
+    def report(self, action: Action, settled: bool, now: float) -> None:
+        """What became of an action `step` returned: settled (taken, or refused for good), or failed
+        for a reason that may pass, and sent again after a backoff."""
+        if settled:
+            self.retries.pop(action, None)
+            return
+        failures = self.retries[action][0] + 1 if action in self.retries else 1
+        self.retries[action] = (failures, now + min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S))
+
+    def _decide(self, seen: Observation) -> list[Action]:
         if not self.launch_done and seen.lifecycle_state is not None:
             self._resume(seen.lifecycle_state)
         state = seen.target_state
@@ -148,6 +171,9 @@ class HostAgent:
     def _health(self, seen: Observation) -> list[Action]:
         if seen.ready:
             self.unready_since = None
+            # A mark still unsent would replace a host that recovered; a later outage marks anew.
+            if self.retries.pop(SetUnhealthy(), None) is not None:
+                self.reported_unhealthy = False
             return []
         if self.unready_since is None:
             self.unready_since = seen.now
@@ -203,6 +229,13 @@ def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> t
         return 0, ""
     except OSError:
         return -1, ""
+
+
+def _error_code(exc: Exception) -> str | None:
+    """The AWS error code of a botocore ClientError (None for any other failure), read without
+    importing botocore: --help needs no AWS SDK."""
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
 class AwsHost:
@@ -272,23 +305,32 @@ class AwsHost:
         streams = active_requests(text) if status == 200 else 0 if status == 0 else None
         return Observation(target, ready, streams, now, self.lifecycle_state()), text
 
-    def act(self, action: Action) -> None:
-        instance = self.instance_id
-        if isinstance(action, CompleteHook):
-            try:
-                self.autoscaling.complete_lifecycle_action(
-                    AutoScalingGroupName=self.group,
-                    LifecycleHookName=self.hooks[action.hook],
-                    InstanceId=instance,
-                    LifecycleActionResult=action.result,
+    def act(self, action: Action) -> bool:
+        """Takes the action. Whether it is settled: False when it failed for a reason that may pass
+        (throttled, the API or the metadata service unreachable), and the agent sends it again;
+        refused with a ValidationError (the instance no longer in a group), it never will pass."""
+        try:
+            instance = self.instance_id
+            if isinstance(action, CompleteHook):
+                try:
+                    self.autoscaling.complete_lifecycle_action(
+                        AutoScalingGroupName=self.group,
+                        LifecycleHookName=self.hooks[action.hook],
+                        InstanceId=instance,
+                        LifecycleActionResult=action.result,
+                    )
+                except Exception as exc:  # no action pending (an agent restart after it was completed)
+                    log.warning("complete_lifecycle_action_failed", hook=action.hook, error=repr(exc))
+            else:
+                self.autoscaling.set_instance_health(
+                    InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
                 )
-            except Exception as exc:  # no action pending (an agent restart after it was completed)
-                log.warning("complete_lifecycle_action_failed", hook=action.hook, error=repr(exc))
-        else:
-            self.autoscaling.set_instance_health(
-                InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
-            )
+        except Exception as exc:
+            refused = _error_code(exc) == "ValidationError"
+            log.warning("host_agent_action_failed", action=repr(action), error=repr(exc), retried=not refused)
+            return refused
         log.info("host_agent_action", action=repr(action), instance=instance)
+        return True
 
     def ship_gpu_metrics(self, metrics_text: str) -> None:
         dimensions = [{"Name": "AutoScalingGroupName", "Value": self.group}]
@@ -321,14 +363,23 @@ def run(
 ) -> None:
     """Observe, decide, act, every `interval_s`, until the host goes away."""
     while True:
-        try:
-            seen, metrics_text = host.observe(clock())
-            for action in agent.step(seen):
-                host.act(action)
-            host.ship_gpu_metrics(metrics_text)
-        except Exception as exc:  # one failed round (IMDS, API throttling) must not end the agent
-            log.warning("host_agent_round_failed", error=repr(exc))
+        take_round(agent, host, clock())
         time.sleep(interval_s)
+
+
+def take_round(agent: HostAgent, host: AwsHost, now: float) -> list[Action]:
+    """One round: observe, decide, act, and tell the agent what became of each action. The
+    actions sent."""
+    actions: list[Action] = []
+    try:
+        seen, metrics_text = host.observe(now)
+        actions = agent.step(seen)
+        for action in actions:
+            agent.report(action, host.act(action), now)
+        host.ship_gpu_metrics(metrics_text)
+    except Exception as exc:  # one failed round (IMDS, API throttling) must not end the agent
+        log.warning("host_agent_round_failed", error=repr(exc))
+    return actions
 
 
 def argument_parser() -> argparse.ArgumentParser:

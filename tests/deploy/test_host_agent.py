@@ -21,11 +21,13 @@ from gpu_container.triton.host_agent import (
     SetUnhealthy,
     aws_clients,
     gpu_datums,
+    take_round,
 )
 from gpu_container.triton.trtllm_metrics import active_requests
 from tests.iac.hcl import MODULES, module
 from tests.scaling.conftest import aws_client, moto_endpoint  # noqa: F401 (fixture)
 from tests.support.moto_server import REGION
+from tests.support.refusing_autoscaling import refusing_autoscaling
 from tests.support.stalling_proxy import stalling_proxy
 
 METRICS = """# HELP nv_trt_llm_request_metrics TRT LLM request metrics
@@ -123,6 +125,38 @@ def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
     assert SetUnhealthy() not in a.step(seen(ready=False, now=69))
     assert SetUnhealthy() in a.step(seen(ready=False, now=70))
     assert SetUnhealthy() not in a.step(seen(ready=False, now=200))
+
+
+def test_an_unhealthy_mark_that_failed_is_sent_again_less_and_less_often() -> None:
+    """SetInstanceHealth failed (throttled, the API unreachable): the mark was decided once and
+    never sent again, and the host stayed in service with its dead Triton. It is sent again until
+    it is taken, after 10 s, then twice as long after each failure, up to a minute: a persistent
+    failure does not ask the API every round."""
+    a = agent()
+    a.step(seen(now=0))
+    a.step(seen(ready=False, now=10))
+    sent = []
+    for now in range(70, 330, 10):
+        for action in a.step(seen(ready=False, now=now)):
+            sent.append(now)
+            a.report(action, settled=now == 260, now=now)
+
+    assert sent == [70, 80, 100, 140, 200, 260]
+
+
+def test_an_unhealthy_mark_still_unsent_when_triton_recovers_is_dropped() -> None:
+    """Sent after Triton came back, it would replace a host that recovered; a later outage is
+    marked again after its own `unhealthy_after_s`."""
+    a = agent()
+    a.step(seen(now=0))
+    a.step(seen(ready=False, now=10))
+    assert a.step(seen(ready=False, now=70)) == [SetUnhealthy()]
+    a.report(SetUnhealthy(), settled=False, now=70)
+
+    assert a.step(seen(ready=True, now=75)) == []
+    assert a.step(seen(ready=False, now=80)) == []
+    assert a.step(seen(ready=False, now=139)) == []
+    assert a.step(seen(ready=False, now=140)) == [SetUnhealthy()]
 
 
 def test_a_short_blip_is_not_unhealthy() -> None:
@@ -366,6 +400,39 @@ def test_an_agent_restarted_on_a_host_in_service_marks_a_dead_triton_unhealthy(
     assert round_at(0) == []
     assert round_at(60) == [SetUnhealthy()]
     answer = autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])
+    assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+
+
+def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """Triton dead in service, and the Auto Scaling API throttles the agent's SetInstanceHealth
+    (the account's request rate, shared with every host and the edges' discovery). The mark was
+    never sent again: the host kept its dead Triton in service for good."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-throttled")
+    state.ready = False
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.refuse("SetInstanceHealth", "Throttling", times=2)
+        host = AwsHost(
+            "agent-throttled",
+            {"ready": "agent-throttled-ready", "drain": "agent-throttled-drain"},
+            "Floodgate/GPU",
+            aws_client("autoscaling", api.url),
+            aws_client("cloudwatch", moto_endpoint),
+            imds=f"{base}/latest",
+            triton_http=base,
+            triton_metrics=f"{base}/metrics",
+        )
+        a = agent()
+        for now in range(0, 100, 10):
+            take_round(a, host, now)
+
+        assert api.calls.count("SetInstanceHealth") == 3  # at 60, 70 and 90 s (the second refusal: 20 s)
+    answer = aws_client("autoscaling", moto_endpoint).describe_auto_scaling_instances(
+        InstanceIds=[state.instance_id]
+    )
     assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
 
