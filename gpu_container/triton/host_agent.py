@@ -308,19 +308,19 @@ class AwsHost:
     def act(self, action: Action) -> bool:
         """Takes the action. Whether it is settled: False when it failed for a reason that may pass
         (throttled, the API or the metadata service unreachable), and the agent sends it again;
-        refused with a ValidationError (the instance no longer in a group), it never will pass."""
+        refused with a ValidationError (no lifecycle action pending: completed already, or timed
+        out; the instance no longer in a group), it never will pass. A CONTINUE that failed for a
+        moment was taken for the former: the launch hook then timed out with its default result,
+        ABANDON, and the group threw away a host whose engine was loaded."""
         try:
             instance = self.instance_id
             if isinstance(action, CompleteHook):
-                try:
-                    self.autoscaling.complete_lifecycle_action(
-                        AutoScalingGroupName=self.group,
-                        LifecycleHookName=self.hooks[action.hook],
-                        InstanceId=instance,
-                        LifecycleActionResult=action.result,
-                    )
-                except Exception as exc:  # no action pending (an agent restart after it was completed)
-                    log.warning("complete_lifecycle_action_failed", hook=action.hook, error=repr(exc))
+                self.autoscaling.complete_lifecycle_action(
+                    AutoScalingGroupName=self.group,
+                    LifecycleHookName=self.hooks[action.hook],
+                    InstanceId=instance,
+                    LifecycleActionResult=action.result,
+                )
             else:
                 self.autoscaling.set_instance_health(
                     InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False

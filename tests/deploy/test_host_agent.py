@@ -436,6 +436,65 @@ def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
     assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
 
+def _launching_host(base: str, api_url: str, moto_url: str) -> AwsHost:
+    """A host the group does not describe (moto has no lifecycle hooks): the agent acts as on a
+    fresh launch, its launch hook pending."""
+    return AwsHost(
+        "agent-launch",
+        {"ready": "agent-launch-ready", "drain": "agent-launch-drain"},
+        "Floodgate/GPU",
+        aws_client("autoscaling", api_url),
+        aws_client("cloudwatch", moto_url),
+        imds=f"{base}/latest",
+        triton_http=base,
+        triton_metrics=f"{base}/metrics",
+    )
+
+
+def test_a_launch_hook_the_api_throttled_is_completed_in_a_later_round(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """Triton ready, and CompleteLifecycleAction throttled: the failure was logged as a hook no
+    longer pending and never sent again. The hook then timed out with its default result, ABANDON
+    (gpu_pool's initial_lifecycle_hook), and the group threw away a host whose engine was loaded."""
+    base, state = host_endpoints
+    state.instance_id = "i-0launching0000001"
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.refuse("CompleteLifecycleAction", "Throttling")
+        host, a = _launching_host(base, api.url, moto_endpoint), agent()
+
+        assert take_round(a, host, 0) == [CompleteHook("ready", "CONTINUE")]
+        assert api.completed == []
+        assert take_round(a, host, 10) == [CompleteHook("ready", "CONTINUE")]
+        assert api.completed == ["CONTINUE"]
+        for now in range(20, 120, 10):
+            assert take_round(a, host, now) == []
+        assert api.calls.count("CompleteLifecycleAction") == 2
+
+
+def test_a_launch_hook_no_longer_pending_is_not_sent_again(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """The API's ValidationError (no lifecycle action pending: completed already, timed out) is
+    final: the agent neither sends the action again nor stops, and drains the host later."""
+    base, state = host_endpoints
+    state.instance_id = "i-0launching0000002"
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.refuse("CompleteLifecycleAction", "ValidationError")
+        host, a = _launching_host(base, api.url, moto_endpoint), agent()
+
+        assert take_round(a, host, 0) == [CompleteHook("ready", "CONTINUE")]
+        assert [action for now in range(10, 130, 10) for action in take_round(a, host, now)] == []
+        state.target_state, state.metrics = "Terminated", ""  # scaled in, no stream left
+        sent = [action for now in range(130, 160, 10) for action in take_round(a, host, now)]
+
+        assert sent == [CompleteHook("drain", "CONTINUE")]
+        assert api.calls.count("CompleteLifecycleAction") == 2
+        assert api.completed == ["CONTINUE"]  # the drain's
+
+
 def _draining_host(base: str, metrics: str, timeout_s: float) -> tuple[AwsHost, HostAgent]:
     host = AwsHost(
         "g",
