@@ -8,6 +8,7 @@ periods) and iac/modules/scaling_metric/outputs.tf (metric period and samples pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,11 @@ def _load(path: Path) -> dict[str, Any]:
         return dict(hcl2.load(fh))
 
 
-def _number(value: Any, variables: dict[str, dict[str, Any]]) -> float:
-    """A literal, or `${var.NAME}` resolved to that variable's default."""
+def _number(value: Any, setting: Callable[[str], float]) -> float:
+    """A literal, or `${var.NAME}` resolved by `setting` (the model's own value or the default)."""
     value = _unquote(value)
     if isinstance(value, str) and value.startswith("${var.") and value.endswith("}"):
-        return float(variables[value[6:-1]]["default"])
+        return setting(value[6:-1])
     return float(value)
 
 
@@ -96,8 +97,9 @@ def read(iac: Path = IAC, model: str | None = None) -> ScalingSettings:
         upper = step.get("metric_interval_upper_bound")
         steps.append(
             (
-                _number(step["metric_interval_lower_bound"], variables),
-                None if upper is None else _number(upper, variables),
+                # Bounds naming var.surge_demand: the model's own, as its alarm's threshold.
+                _number(step["metric_interval_lower_bound"], setting),
+                None if upper is None else _number(upper, setting),
                 int(step["scaling_adjustment"]),
             )
         )

@@ -60,6 +60,23 @@ def test_a_models_own_scaling_settings_in_the_example_reach_the_simulation(tmp_p
     assert (settings.surge_demand, settings.scale_in_drain_s) == (2.75, 900)
 
 
+def test_a_models_own_surge_demand_bounds_its_surge_steps(tmp_path: Path) -> None:
+    # The step policy's first step ends at var.surge_demand above the alarm's threshold
+    # (gpu_pool/scaling.tf): deployed with a model's own 2.75, the +50 % step covers a breach up to
+    # 2.75 and +100 % begins there. The simulation bounded its steps by the module's 1.5 whatever
+    # the model's own threshold, so it doubled the group where the deployed one adds half.
+    iac = tmp_path / "iac"
+    shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
+    variables = iac / "envs" / "example" / "variables.tf"
+    text = variables.read_text()
+    own = "demand_target      = 0.8\n"
+    variables.write_text(text.replace(own, own + "surge_demand = 2.75\n", 1))
+
+    settings = terraform.read(iac)
+
+    assert settings.surge_steps == ((0.0, 2.75, 50), (2.75, None, 100))
+
+
 def test_saturated_group_with_empty_edge_queue_does_not_scale_in() -> None:
     env = simpy.Environment()
     curve = step_curve.h200_llama70b()
