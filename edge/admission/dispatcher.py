@@ -451,8 +451,9 @@ class Dispatcher:
         replica.add_kv(-slot.kv_charge, slot.ticket.may_use_reserve)
         replica.sequences -= 1
         self._running.discard(slot)
-        # A replica's failure costs the user no turn: its retry starts where the failed try did.
-        self._queue.released(slot.ticket, served=kind != "failed")
+        # A replica's failure before the first token costs the user no turn: its retry starts where
+        # the failed try did. One after it ran (failed mid-reply, never retried) was service.
+        self._queue.released(slot.ticket, served=kind != "failed" or slot.first_token_at is not None)
         self._frees = _NO_FREES
         max_new = slot.ticket.max_new_tokens
         if kind == "finished" and max_new is not None:

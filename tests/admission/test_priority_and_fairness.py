@@ -341,3 +341,33 @@ async def test_a_request_its_replica_failed_costs_its_user_no_turn(make_dispatch
         after_failure = [s.ticket.user for s in flow.granted()][4:]
         assert after_failure == ["a"], after_failure
         await flow.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_its_replica_failed_mid_reply_still_costs_its_user_a_turn(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    # As above, but the replica failed the request after it had streamed part of its reply (no
+    # retry: edge/generation.py fails it to the client). It ran: its user's next request waits
+    # behind the other users' as after any reply, not ahead of them with the charge refunded.
+    replica = ControlledUpstream("r1", max_sequences=1)
+    async with make_dispatcher([replica]) as dispatcher:
+        flow = Flow(dispatcher)
+        for user in ("b", "c", "d"):
+            for _ in range(2):
+                flow.submit(ticket(user))
+        flow.submit(ticket("a"))
+        await flow.settle()
+        while flow.held()[0].ticket.user != "a":
+            await flow.release_oldest()
+        failed = flow.held()[0]
+        failed.grow(40)  # streamed 40 tokens, then its replica failed
+        failed.release(failed=True)
+        after = flow.submit(ticket("a"))
+        await flow.settle()
+        await dispatcher.check_replicas()  # the replica's failed mark clears: the place is free again
+        while not after.done():
+            await flow.release_oldest()
+        after_failure = [s.ticket.user for s in flow.granted()][4:]
+        assert after_failure == ["b", "c", "d", "a"], after_failure
+        await flow.aclose()
