@@ -91,6 +91,8 @@ _MAX_PAUSE_S = 30.0
 # A child holding requests that sends nothing for this long is stuck: a step of the demo model
 # takes milliseconds, a prefill chunk of a real one on a CPU seconds.
 _STALL_TIMEOUT_S = 120.0
+# The reader back at its watch this much later than its poll asked: its own process was not running.
+_OVERSLEPT_S = 1.0
 
 _Items = Sequence[tuple[Mailbox, TokenOutput]]
 # Runs a step's delivery on the loop: `run_delivery(deliver, items)` must hand every item to
@@ -337,13 +339,19 @@ class EngineProcess(EngineFront):
     def _read_child(self) -> None:
         assert self._events is not None
         events = self._events
+        looked, asked = time.monotonic(), 0.0
         while True:
+            now = time.monotonic()
+            if now - looked > asked + _OVERSLEPT_S:
+                self._restart_clock()
+            looked = now
             left = self._silent_left()
             if left is not None and left <= 0:
                 log.error("engine process stuck; killing it", name=self.name, silent_s=self._stall_timeout_s)
                 self._kill()  # its pipe's EOF comes next: replaced as a dead child is
+            asked = self._stall_timeout_s if left is None else max(left, 0.0)
             try:
-                if not events.poll(self._stall_timeout_s if left is None else max(left, 0.0)):
+                if not events.poll(asked):
                     continue
                 message = events.recv()
             except (EOFError, OSError):
@@ -359,6 +367,15 @@ class EngineProcess(EngineFront):
                 if mailbox is not None:
                     _, _, text, own_fault = message
                     mailbox.post_exception(RequestRejected(text) if own_fault else UpstreamError(text))
+
+    def _restart_clock(self) -> None:
+        """This thread came back to its watch long past its time (a poll's timeout, or a message's
+        few microseconds): the edge's process did not run meanwhile (stopped whole, by Ctrl-Z or a
+        frozen container, and its child, of the same process group, with it). The child's silence
+        was the edge's own: counted, the reader, woken first, killed a child serving as it should
+        the moment both were continued."""
+        with self._lock:
+            self._heard_at = time.monotonic()
 
     def _silent_left(self) -> float | None:
         """Seconds the child may stay silent before it counts as stuck; None while it holds no

@@ -15,8 +15,12 @@ it is sent to), so it fails, with a 502 that asks the client not to send it agai
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -39,7 +43,8 @@ from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import SamplingParams
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer, demo_model_dir, start_server
+from tests.support.ports import free_port
 from tests.support.scripted_replicas import scripted_replicas
 
 RECOVERY_TIMEOUT_S = 60.0
@@ -528,3 +533,90 @@ def test_a_stuck_engine_process_is_killed_and_replaced(tmp_path: Path) -> None:
         assert answered.json()["usage"]["completion_tokens"] == 16
         (replacement,) = _engine_children() - before
         assert replacement != stuck
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found |= {int(child) for child in (task / "children").read_text().split()}
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return found
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_an_engine_stopped_with_its_edge_is_not_taken_for_stuck(tmp_path: Path) -> None:
+    """`floodgate serve` stopped whole (Ctrl-Z in its terminal, a frozen container: the edge and its
+    engine child, one process group) for longer than stall_timeout_s, then continued: the edge's
+    clock ran while neither could run, and its reader, woken first, killed the engine at once as
+    stuck, failing a stream it was serving. Its silence was the edge's own: the stream goes on."""
+    stall_s, max_tokens = 0.5, 1500
+    port = free_port()
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
+        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
+        f"[engine]\nstall_timeout_s = {stall_s}\n"
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = 0\n'
+        "drain_accept_s = 0.0\ndrain_deadline_s = 0.0\n"
+    )
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    # This checkout's edge, wherever the environment's editable install points.
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        key = re.search(r"(fg-\S+)", lines[1])
+        assert key, lines
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # its logs never fill the pipe
+        body = {
+            "model": MODEL,
+            "messages": LONG_PROMPT,
+            "stream": True,
+            "ignore_eos": True,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+        }
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=RECOVERY_TIMEOUT_S) as client:
+            wait_until(lambda: _ready(client), RECOVERY_TIMEOUT_S)
+            (engine,) = _children(proc.pid)
+            headers = {"Authorization": f"Bearer {key.group(1)}"}
+            with client.stream("POST", CHAT, json=body, headers=headers) as open_stream:
+                stream = events(open_stream)
+                while not content_of([next(stream)]):
+                    pass
+                os.killpg(proc.pid, signal.SIGSTOP)
+                wait_until(lambda: _state(proc.pid) in "Tt" and _state(engine) in "Tt", RECOVERY_TIMEOUT_S)
+                time.sleep(4 * stall_s)  # the stop's length, past the stall timeout: the scenario itself
+                os.killpg(proc.pid, signal.SIGCONT)
+                rest = list(stream)
+        assert not [e for e in rest if isinstance(e, dict) and "error" in e], rest[-3:]
+        assert rest[-1] == DONE
+        assert rest[-2]["usage"]["completion_tokens"] == max_tokens
+        assert not _dead(engine) and _children(proc.pid) == {engine}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _ready(client: httpx.Client) -> bool:
+    try:
+        return client.get("/readyz").status_code == 200
+    except httpx.TransportError:
+        return False
