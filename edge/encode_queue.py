@@ -61,9 +61,9 @@ class EncodeQueue:
         except BaseException:
             if granted.done() and not granted.cancelled():
                 self._give_back()  # given a thread as it was cancelled: it goes to the next
-            elif entry in self._waiting:  # not yet passed over by a give-back
-                self._waiting.remove(entry)
-                heapq.heapify(self._waiting)
+            # Else its entry stays in the heap, done, and a give-back passes over it: taken out here
+            # (a scan and a re-heap each), a flood's waiters all cancelled at once cost the loop
+            # time quadratic in their number.
             raise
 
     def _give_back(self) -> None:
