@@ -12,7 +12,7 @@ path beside it: the edge's own Triton client reading bench/zero_cost_replica.py 
 
 - set-up CPU per stream: server CPU over a burst of one-token streams (parse, auth, template,
   limiter, admission, first event, close, log line) divided by the streams;
-- CPU µs per token: server CPU (its threads' schedstat, in nanoseconds) over a window in which all
+- CPU µs per token: server CPU (each process's CPU clock, in nanoseconds) over a window in which all
   N streams are open and streaming, divided by the tokens the clients received in it (counted
   from the text, so several tokens coalesced in one event count as several); also without the
   servers' idle CPU (3 s with no stream open, before the ramp: timers and polls);
@@ -188,7 +188,7 @@ class Servers:
     store_pids: list[int] = field(default_factory=list)
 
     def cpu_seconds(self) -> float:
-        return sum(self.user_system_seconds())
+        return self.cpu_ns() / 1e9
 
     def user_system_seconds(self) -> tuple[float, float]:
         """User and system (kernel: socket writes, epoll) CPU of the servers so far."""
@@ -200,17 +200,17 @@ class Servers:
         tick = os.sysconf("SC_CLK_TCK")
         return user / tick, system / tick
 
-    def thread_cpu_ns(self, store: bool = False) -> dict[tuple[int, str], int]:
-        """Each live thread's time on the CPU so far, in nanoseconds (/proc's schedstat: /proc/PID/stat
-        counts 10 ms ticks, a few dozen in a window at 500 ms a token). See `cpu_ns_between`.
-        `store`: the limiter's Redis's threads instead of the servers'."""
-        times = {}
-        for pid in self.store_pids if store else self.pids:
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                        times[(pid, task.name)] = int((task / "schedstat").read_text().split()[0])
-        return times
+    def cpu_ns(self, store: bool = False) -> int:
+        """The servers' time on the CPU so far, in nanoseconds (/proc/PID/stat counts 10 ms ticks, a
+        few dozen in a window at 500 ms a token): each process's CPU clock, which keeps the time of
+        every thread the process ran, ended ones too. Summing /proc/PID/task/*/schedstat instead
+        lost a thread that ended between two readings, its whole time: anyio's worker threads (the
+        usage writes, the key store's reads) end 10 s after their last call, and one that did took
+        its CPU out of a set-up burst's figure (below zero, where it had run long) or never counted
+        in a window it came and went in. `store`: the limiter's Redis instead of the servers."""
+        return sum(
+            time.clock_gettime_ns(_process_clock(pid)) for pid in (self.store_pids if store else self.pids)
+        )
 
     def rss_bytes(self) -> int:
         total = 0
@@ -219,6 +219,12 @@ class Servers:
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         return total
+
+
+def _process_clock(pid: int) -> int:
+    """The clock id of `pid`'s CPU time, all its threads' (glibc's clock_getcpuclockid, which Python
+    lacks: Linux's MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), in nanoseconds)."""
+    return ((~pid) << 3) | 2
 
 
 def _tier(redis_url: str | None, redis_cluster: bool = False) -> str:
@@ -430,13 +436,10 @@ def hold(
     rss_before = [srv.rss_bytes() for srv in group]
     # What the servers spend with no stream open (timers, polls): part of every per-token figure.
     # As long as the window, up to 3 s: a smoke run's 1 s window needs no 3 s of idle figure.
-    idle_before, idle_start = [srv.thread_cpu_ns() for srv in group], time.perf_counter()
+    idle_before, idle_start = [srv.cpu_ns() for srv in group], time.perf_counter()
     time.sleep(min(3.0, window_s))
     idle_s = time.perf_counter() - idle_start
-    idle_share = [
-        cpu_ns_between(b, srv.thread_cpu_ns()) / 1e9 / idle_s
-        for srv, b in zip(group, idle_before, strict=True)
-    ]
+    idle_share = [(srv.cpu_ns() - b) / 1e9 / idle_s for srv, b in zip(group, idle_before, strict=True)]
     clients = []
     try:
         for srv in group:
@@ -458,14 +461,14 @@ def hold(
         time.sleep(settle_s)
         gc_before = [_gc_totals(srv.base_url) for srv in group]
         before = [srv.user_system_seconds() for srv in group]
-        before_ns = [srv.thread_cpu_ns() for srv in group]
-        store_before_ns = [srv.thread_cpu_ns(store=True) for srv in group]
+        before_ns = [srv.cpu_ns() for srv in group]
+        store_before_ns = [srv.cpu_ns(store=True) for srv in group]
         for c in clients:
             c.open_window()
         opened = time.perf_counter()
         time.sleep(window_s)
-        after_ns = [srv.thread_cpu_ns() for srv in group]
-        store_after_ns = [srv.thread_cpu_ns(store=True) for srv in group]
+        after_ns = [srv.cpu_ns() for srv in group]
+        store_after_ns = [srv.cpu_ns(store=True) for srv in group]
         after = [srv.user_system_seconds() for srv in group]
         for c in clients:
             c.close_window()
@@ -478,7 +481,7 @@ def hold(
             c.kill()
     rows = []
     for i in range(len(group)):
-        cpu = cpu_ns_between(before_ns[i], after_ns[i]) / 1e9
+        cpu = (after_ns[i] - before_ns[i]) / 1e9
         # The user / system split has only /proc's ticks: a share of the ticks, not of `cpu`.
         ticks = sum(after[i]) - sum(before[i])
         system = (after[i][1] - before[i][1]) / max(ticks, 1e-9) * cpu
@@ -505,16 +508,9 @@ def hold(
             }
         )
         if group[i].store_pids:
-            store_ns = cpu_ns_between(store_before_ns[i], store_after_ns[i])
+            store_ns = store_after_ns[i] - store_before_ns[i]
             rows[-1]["store_cpu_us_per_token"] = store_ns / 1e3 / tokens
     return rows
-
-
-def cpu_ns_between(before: dict[tuple[int, str], int], after: dict[tuple[int, str], int]) -> int:
-    """CPU time between two `thread_cpu_ns` readings: each thread's own difference, so a thread that
-    ended in between (anyio's idle workers, 10 s after their last call) takes away nothing but its
-    own few nanoseconds in the window; one that began counts from zero."""
-    return sum(ns - before.get(thread, 0) for thread, ns in after.items())
 
 
 def _gc_totals(base_url: str) -> dict[str, float]:

@@ -7,10 +7,10 @@ The set-up column of `bench.streams` (a burst of one-token streams, server CPU /
 what its side-by-side mode leaves to chance narrowed down, for comparing changes of a few percent
 on a shared machine: every tree's server runs at once (`bench.streams` servers, `--replicas 0`
 pacing), the bursts alternate between them and the order flips every round (neither is always
-first after a pause), and the CPU is the servers' threads' time on the CPU from
-/proc/PID/task/*/schedstat (nanoseconds) instead of /proc's 10 ms ticks (±2–3 % of a 600-stream
-burst). Printed: every burst, then per tree the median, the minimum and the median ratio to the
-first tree over the rounds, and in how many rounds it was the lower; `--json` adds every figure.
+first after a pause); the CPU, as there, the servers' CPU clocks in nanoseconds (`Servers.cpu_ns`),
+not /proc's 10 ms ticks (±2–3 % of a 600-stream burst). Printed: every burst, then per tree the
+median, the minimum and the median ratio to the first tree over the rounds, and in how many rounds
+it was the lower; `--json` adds every figure.
 `--bare` adds a row "bare": bench/bare_sse_server.py, the same uvicorn protocol answering the same
 request with the same bytes and none of the edge's work, the floor under the edge's figure.
 `--prompts`: "same" (every stream sends one prompt, as an app's users send its system prompt) and
@@ -35,20 +35,8 @@ from pathlib import Path
 
 from bench.__main__ import machine
 from bench.names import names_of
-from bench.streams import Servers, bare_server, edge_servers, setup_cost
+from bench.streams import bare_server, edge_servers, setup_cost
 from bench.trees import parse_trees
-
-
-class _NanosecondServers(Servers):
-    """The servers' threads' time on the CPU so far. An exited thread no longer counts: the only
-    ones that exit are anyio's idle worker threads (the key store's reads), 10 s after their last
-    call, and one may go between the listing and its read."""
-
-    def cpu_seconds(self) -> float:
-        return sum(self.thread_cpu_ns().values()) / 1e9
-
-    def store_cpu_seconds(self) -> float:
-        return sum(self.thread_cpu_ns(store=True).values()) / 1e9
 
 
 def measure(
@@ -75,20 +63,19 @@ def measure(
             started.append(("bare", stack.enter_context(bare_server())))
         runs = [
             (label if kind == "same" else f"{label} new-prompts", kind == "new", server)
-            for label, s in started
-            for server in [_NanosecondServers(s.base_url, s.key, s.pids, s.store_pids)]
+            for label, server in started
             for kind in (("same",) if label == "bare" else prompts)
         ]
         figures: dict[str, list[float]] = {label: [] for label, _, _ in runs}
         for r in range(rounds):
             for label, new_prompts, srv in runs if r % 2 == 0 else runs[::-1]:
-                store_before = srv.store_cpu_seconds()
+                store_before = srv.cpu_ns(store=True)
                 cpu_s, errors = asyncio.run(setup_cost(srv, 32, count, new_prompts))
                 if errors:
                     raise RuntimeError(f"{label}: {errors} streams failed")
                 figures[label].append(cpu_s * 1e3)
                 if store is not None and srv.store_pids:
-                    store.setdefault(label, []).append((srv.store_cpu_seconds() - store_before) / count * 1e3)
+                    store.setdefault(label, []).append((srv.cpu_ns(store=True) - store_before) / count / 1e6)
             print(r, {label: round(v[-1], 3) for label, v in figures.items()}, flush=True)
     return figures
 
