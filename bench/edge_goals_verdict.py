@@ -172,6 +172,9 @@ def _setup_on_redis(run: Run) -> list[Figure]:
 
 
 def _many_streams(run: Run) -> list[Figure]:
+    """A stream held open that got no token in the whole window (20 of its beats in a full run) failed
+    too, though the client saw no error: it gave no inter-token gap either, so its stall was in no
+    percentile (the eighteenth pass's 1,205 silent streams of 10,000 were judged met at 1.35x)."""
     return [
         Figure(
             "inter-token p99 <= 2x the pacing, 0 errors",
@@ -179,7 +182,7 @@ def _many_streams(run: Run) -> list[Figure]:
             _ratio(row["itl_p99_ms"], row["interval_ms"]),
             2.0,
             "x pacing",
-            errors=row["errors"],
+            errors=row["errors"] + row["streams"] - row["streams_streaming"],
         )
         for row in run.rows.get("streams-10k", [])
         if row["upstream"] == "in-process"

@@ -284,3 +284,17 @@ def test_judging_a_folder_that_is_no_kept_run_is_refused_and_writes_nothing(
         assert exit_.value.code == 2
         assert f"{tmp_path}" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_streams_silent_through_the_window_fail_the_many_streams_goal() -> None:
+    """The eighteenth pass's kept run: 8,795 of its 10,000 streams got a token in the 10 s window,
+    none an error the client saw, and the 1,205 silent ones left no inter-token gap for the p99
+    (1.35x the pacing): judged met. A stream that got nothing in 20 of its beats failed."""
+    from bench.edge_goals_verdict import read_run
+
+    kept = read_run(REPO / "docs" / "bench-edge-goals" / "eighteenth-pass")
+    [silent] = [f for f in figures_of(kept) if f.goal.startswith("inter-token p99")]
+    assert silent.value < silent.limit and (silent.errors, silent.met) == (1205, False)
+    row = {"streams": 10_000, "streams_streaming": 10_000, "interval_ms": 500.0, "itl_p99_ms": 502.0}
+    [held] = figures_of(Run({"streams-10k": [{**row, "upstream": "in-process", "errors": 0}]}))
+    assert (held.errors, held.met) == (0, True)
