@@ -73,7 +73,7 @@ from bench.__main__ import machine
 from bench.names import names_of
 from bench.paced_upstream import TOKEN_TEXT
 from bench.redis_process import RedisProcess
-from bench.stream_clients import END_OF_BODY, chat_request
+from bench.stream_clients import END_OF_BODY, ERROR_EVENT, chat_request
 from bench.streams import Servers, _body, bare_server, servers
 from bench.trees import parse_trees
 
@@ -102,7 +102,9 @@ class _Client:
 
     async def stream(self, request: bytes) -> float | None:
         """Seconds from connecting (or, on a kept connection, from sending) to the first content
-        delta; None when the stream failed."""
+        delta; None when the stream failed: not a 200, an error event, or a body that did not end
+        (the connection closed mid-stream). A stream that failed after its first token is no admit:
+        its TTFT would count and its failure would not."""
         start = time.perf_counter()
         connected = None
         if self._conn is None:
@@ -110,11 +112,13 @@ class _Client:
             connected = time.perf_counter()
         reader, writer = self._conn
         own_port = writer.get_extra_info("sockname")[1]
-        ended = False
+        ended = failed = False
         try:
             writer.write(request)
             first: float | None = None
             seen = b""
+            # The end of the last read: an error event or the body's end may straddle two reads.
+            tail = b""
             while True:
                 data = await reader.read(65536)
                 if not data:
@@ -126,11 +130,16 @@ class _Client:
                     if CONTENT in seen:
                         now = time.perf_counter()
                         first = now - start
-                        self._moments.append(_Moments(own_port, start, connected, now))
+                        moment = _Moments(own_port, start, connected, now)
                         seen = b""
-                if data.endswith(END_OF_BODY):
+                joined, tail = tail + data, (tail + data)[-len(ERROR_EVENT) :]
+                failed = failed or ERROR_EVENT in joined
+                if joined.endswith(END_OF_BODY):
                     ended = True
                     break
+            if first is None or failed or not ended:
+                return None
+            self._moments.append(moment)
             return first
         finally:
             if not (self.kept and ended):

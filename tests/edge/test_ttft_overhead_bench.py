@@ -74,3 +74,58 @@ def test_the_ttft_bench_on_two_workers_streams_every_admit_on_a_real_redis() -> 
     )
     assert (row["workers"], row["limiter"], row["errors"]) == (2, "redis", 0)
     assert row["admits"] > 8
+
+
+def _event(payload: bytes) -> bytes:
+    """One SSE event as one HTTP/1.1 chunk."""
+    event = b"data: " + payload + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+_CONTENT = _event(b'{"choices":[{"index":0,"delta":{"content":" The"}}]}')
+# How a server's stream goes after its first content delta.
+_ENDINGS = {
+    "whole": _CONTENT + _event(b"[DONE]") + b"0\r\n\r\n",
+    "error event": _event(b'{"error":{"code":"upstream_error"}}') + b"0\r\n\r\n",
+    "cut short": b"",  # the connection closed with the body unfinished
+}
+
+
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+def test_a_stream_that_fails_after_its_first_token_is_an_error_not_an_admit(ending: str) -> None:
+    """The TTFT bench counted a stream as admitted once its first content delta came: one that then
+    got an error event, or whose connection closed mid-body, was an admit, and the row's errors
+    (which fail the goal's view) stayed 0. A server answering every stream so is measured here."""
+    import asyncio
+    import os
+
+    from bench.streams import Servers
+    from bench.ttft_overhead import _load
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        writer.write(_HEAD + _CONTENT + _ENDINGS[ending])
+        await writer.drain()
+        writer.close()
+
+    async def main() -> dict[str, Any]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await _load(
+                Servers(f"http://127.0.0.1:{port}", "key", [os.getpid()]), 2, 2, 0.3, False, 0.01
+            )
+
+    row = asyncio.run(main())
+    if ending == "whole":
+        assert row["admits"] > 0 and row["errors"] == 0
+    else:
+        assert row["admits"] == 0 and row["errors"] > 0
+        assert row["moments"] == []  # nor joined with the server's records as a stream timed
