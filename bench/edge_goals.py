@@ -135,6 +135,9 @@ def run_step(name: str, out: Path, quick: bool) -> dict[str, object]:
     NAME.log. Returns what run.json records of it."""
     argv = command(name, out, quick)
     writes_itself = OUT_FILE in STEPS[name].args.split()
+    # A kept run's file (`--only` into its folder) must not outlive a command that fails this time
+    # before writing its own: the table would judge the earlier run's figures as this one's.
+    (out / f"{name}.jsonl").unlink(missing_ok=True)
     started = time.time()
     load = os.getloadavg()[0]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv[1:])}", flush=True)

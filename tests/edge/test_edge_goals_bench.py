@@ -298,3 +298,20 @@ def test_streams_silent_through_the_window_fail_the_many_streams_goal() -> None:
     row = {"streams": 10_000, "streams_streaming": 10_000, "interval_ms": 500.0, "itl_p99_ms": 502.0}
     [held] = figures_of(Run({"streams-10k": [{**row, "upstream": "in-process", "errors": 0}]}))
     assert (held.errors, held.met) == (0, True)
+
+
+def test_a_command_that_fails_on_a_rerun_leaves_no_earlier_figure_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--only limiter` into a kept run's folder, the limiter failing this time (here: no
+    redis-server to start): the commands that write their JSON file themselves (the limiter, the
+    Triton one) left the earlier run's file in place, and the table judged its figure as this
+    run's, met. Their file goes before the command runs; the goal has no figure from this run."""
+    from bench.edge_goals import main
+
+    (tmp_path / "run.json").write_text(json.dumps({"machine": "before", "steps": {}}))
+    earlier = {"concurrency": 50, "decisions_per_s_ratios": [0.99], "median": 0.99}
+    (tmp_path / "limiter.jsonl").write_text(json.dumps(earlier) + "\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert main(["--only", "limiter", "--out", str(tmp_path)]) == 1
+    assert "limiter decisions/s" not in (tmp_path / "goals.md").read_text()
