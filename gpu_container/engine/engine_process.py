@@ -93,6 +93,10 @@ _MAX_PAUSE_S = 30.0
 _STALL_TIMEOUT_S = 120.0
 # The reader back at its watch this much later than its poll asked: its own process was not running.
 _OVERSLEPT_S = 1.0
+# The longest one wait for the child's messages lasts; past it the watch only looks again. poll(2)
+# takes at most 2**31 - 1 ms (24.8 days): a stall_timeout_s past that (the watch set all but off)
+# raised OverflowError in the reader, whose thread ended, and every request hung for good.
+_POLL_AT_MOST_S = 3600.0
 
 _Items = Sequence[tuple[Mailbox, TokenOutput]]
 # Runs a step's delivery on the loop: `run_delivery(deliver, items)` must hand every item to
@@ -349,7 +353,7 @@ class EngineProcess(EngineFront):
             if left is not None and left <= 0:
                 log.error("engine process stuck; killing it", name=self.name, silent_s=self._stall_timeout_s)
                 self._kill()  # its pipe's EOF comes next: replaced as a dead child is
-            asked = self._stall_timeout_s if left is None else max(left, 0.0)
+            asked = min(self._stall_timeout_s if left is None else max(left, 0.0), _POLL_AT_MOST_S)
             try:
                 if not events.poll(asked):
                     continue

@@ -171,6 +171,21 @@ async def test_a_crashed_engine_process_comes_back_and_serves(demo_dir: Path) ->
     assert _live_pid(crashing.pid) is False
 
 
+async def test_an_engine_whose_stall_timeout_is_weeks_serves(demo_dir: Path) -> None:
+    """[engine] stall_timeout_s set past what poll(2) takes (about 24.8 days, as an operator who
+    wants the watch all but off might set it): the reader's wait for the child's messages raised
+    OverflowError, its thread ended at once, and every request on the replica, ready to every
+    health check, hung for good."""
+    patient = EngineProcess(demo_dir, CONFIG, "patient", stall_timeout_s=1e7)
+    patient.start()
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            outputs = await _collect(patient.generate(greedy("patient", [4, 5])))
+        assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
+    finally:
+        patient.stop()
+
+
 async def test_stop_during_a_restart_ends_it(demo_dir: Path) -> None:
     restarting = EngineProcess(demo_dir, CONFIG, "restarting")
     restarting.start()
