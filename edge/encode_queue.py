@@ -41,6 +41,8 @@ class EncodeQueue:
         # (-priority, arrival, granted): a heap, the next to be given a thread first.
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
+        # Waiters cancelled while their entries stay in the heap (see `_take`).
+        self._gone = 0
 
     async def run(self, priority: int, work: Callable[..., T], *args: object) -> T:
         await self._take(priority)
@@ -61,10 +63,20 @@ class EncodeQueue:
         except BaseException:
             if granted.done() and not granted.cancelled():
                 self._give_back()  # given a thread as it was cancelled: it goes to the next
-            # Else its entry stays in the heap, done, and a give-back passes over it: taken out here
-            # (a scan and a re-heap each), a flood's waiters all cancelled at once cost the loop
-            # time quadratic in their number.
+            else:
+                self._left_waiting()
             raise
+
+    def _left_waiting(self) -> None:
+        """A waiter's entry stays in the heap, done, for a give-back to pass over: taken out one by
+        one (a scan and a re-heap each), a flood's waiters all cancelled at once cost the loop time
+        quadratic in their number. Once they are most of the heap, it is rebuilt without them, so
+        that cancelled waiters behind a live one do not pile up for as long as it waits."""
+        self._gone += 1
+        if self._gone > 64 and 2 * self._gone > len(self._waiting):
+            self._waiting = [entry for entry in self._waiting if not entry[2].done()]
+            heapq.heapify(self._waiting)
+            self._gone = 0
 
     def _give_back(self) -> None:
         while self._waiting:
@@ -72,6 +84,7 @@ class EncodeQueue:
             if not granted.done():
                 granted.set_result(None)
                 return
+            self._gone -= 1
         self._free += 1
 
 

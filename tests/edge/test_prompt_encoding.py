@@ -118,3 +118,24 @@ async def test_long_prompts_are_encoded_while_the_shared_worker_threads_are_all_
     finally:
         release.set()
     assert len(ids) > 1000
+
+
+async def test_waiters_that_left_behind_one_still_waiting_do_not_pile_up() -> None:
+    """Cancelled waiters' entries stay in the heap for a give-back to pass over; behind one prompt
+    that still waits (a paid tier's long flood ahead of it) they were kept for as long as it waited:
+    memory growing with every request that came and left. Once they are most of the heap it is
+    rebuilt without them, and the waiter still there is served next all the same."""
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        await anyio.wait_all_tasks_blocked()
+        tasks.start_soon(queue.run, 0, order.append, "stays")
+        async with anyio.create_task_group() as gone:
+            for _ in range(1000):
+                gone.start_soon(queue.run, 0, order.append, "left")
+            await anyio.wait_all_tasks_blocked()
+            gone.cancel_scope.cancel()
+        assert len(queue._waiting) <= 65, len(queue._waiting)
+        release.set()
+    assert order == ["first", "stays"]
