@@ -124,7 +124,7 @@ class Pipeline:
         tier = self.config.tiers.get(principal.tier)
         if tier is None:
             raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
-        if req.model and req.model != self.config.model_name:  # empty: the tier's default (edge/models/)
+        if req.model and req.model != self.config.model_name:  # none or empty: the tier's default
             raise unknown_model(req.model)
         logit_bias = self._logit_bias(req)
         stop_token_ids = self._stop_token_ids(req)

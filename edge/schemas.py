@@ -150,8 +150,10 @@ ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, patte
 
 
 class ChatCompletionRequest(msgspec.Struct):
-    model: str
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    # Left out or null, as vLLM takes it (its default model), or empty: the key's tier's default
+    # model (edge/models/catalog.py). Required, a client written for vLLM got a 400 for naming none.
+    model: str | None = None
     # null as in OpenAI's spec (and vLLM): not streamed. Clients that fill every field send it.
     stream: bool | None = False
     max_tokens: TokenCount | None = None

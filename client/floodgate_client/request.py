@@ -59,7 +59,7 @@ def finite(name: str, value: float) -> float:
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A streamed chat completion. A bare string as `messages` is one user message; no `model`: the
-    client fills in the edge's first listed model before sending."""
+    edge answers with the key's default model (its tier's) at each send."""
 
     messages: Messages
     model: str | None = None

@@ -36,7 +36,7 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
         # Before the body: the stream gate counts no place past the free share for it.
         scope[NO_RESERVE] = True  # type: ignore[literal-required]
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
-    pipeline = runtime.models.pipeline_for(principal.tier, req.model)
+    pipeline = runtime.models.pipeline_for(principal.tier, req.model or "")
     if tier is not None:
         # The model a refusal from here on is counted under (floodgate_requests_rejected_total). An
         # unconfigured tier reaches none (the default pipeline only answers its 403 unknown_tier):

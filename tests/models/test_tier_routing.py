@@ -55,6 +55,17 @@ def test_an_empty_model_is_the_tiers_default(two_models: LiveServer) -> None:
     assert _chat(two_models, "paid", "").json()["model"] == LARGE
 
 
+def test_a_request_naming_no_model_or_null_gets_the_tiers_default(two_models: LiveServer) -> None:
+    """vLLM takes `model` as optional (its default model); here it was a 400 "missing required
+    field", though an empty `model` already meant the key's default."""
+    url = two_models.base_url + CHAT
+    for who, expected in (("free", SMALL), ("paid", LARGE)):
+        for body in ({"messages": HI, "max_tokens": 4}, {"model": None, "messages": HI, "max_tokens": 4}):
+            answer = httpx.post(url, json=body, headers=two_models.auth(who), timeout=60.0)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == expected
+
+
 def test_a_forbidden_model_answers_exactly_as_a_missing_one(two_models: LiveServer) -> None:
     """Same status, same body (but the name asked for): a free key cannot tell `large` exists."""
     forbidden = _chat(two_models, "free", LARGE)
