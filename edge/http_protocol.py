@@ -41,6 +41,13 @@ class _HeadTooLarge(Exception):
     send_400_response, which answers 431 instead)."""
 
 
+class _UpgradeAgain(Exception):
+    """Raised from the parser's callback at a request read again for its upgrade (_parse) that still
+    asks for one: a CONNECT, which llhttp takes for a tunnel whatever its headers. Read again, it
+    asked again, for ever (a RecursionError, no answer, thousands of traceback lines for each one,
+    no key needed); this is no proxy, and it is answered as invalid, through send_400_response."""
+
+
 class _UnknownTransferCoding(Exception):
     """Raised from the parser's callback at a transfer coding other than chunked (gzip, chunked):
     the parser frames the body by its chunks, and nothing here decodes the rest, so the body would
@@ -273,23 +280,31 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         Here the parse stops there (on_headers_complete starts no request) and a fresh parser reads
         the request again, from its head less the Upgrade header, and its body from the bytes after."""
         self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            # Not uvicorn's warning besides: the refusal's own line (info, the client's doing) says it.
-            self.send_400_response("Invalid HTTP request received.")
-        except httptools.HttpParserUpgrade as upgrade:
-            head, self._upgrade_head = self._upgrade_head, None
-            if head is None:
-                return
-            self.parser = httptools.HttpRequestParser(self)
-            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
-            self._upgrade_replayed = True
-            self._parse(head + data[upgrade.args[0] :])
+        # A loop, not a call for each request read again: 1,500 of them in one read (90 KB) went
+        # past the recursion limit.
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                # Not uvicorn's warning besides: the refusal's own line (info, the client's doing) says it.
+                self.send_400_response("Invalid HTTP request received.")
+            except httptools.HttpParserUpgrade as upgrade:
+                head, self._upgrade_head = self._upgrade_head, None
+                # Closing (past MAX_PIPELINED): no request after it is answered, so none is read
+                # again (each such read copies the rest of the bytes).
+                if head is not None and not self.transport.is_closing():
+                    self.parser = httptools.HttpRequestParser(self)
+                    self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+                    self._upgrade_replayed = True
+                    data = head + data[upgrade.args[0] :]
+                    continue
+            return
 
     def on_headers_complete(self) -> None:
         self._header_deadline.stop()
         if self.parser.should_upgrade():
+            if self._upgrade_replayed:
+                raise _UpgradeAgain
             # No request yet: the parser skips its body and stops here (_parse reads it again).
             version = self.parser.get_http_version().encode("ascii")
             fields = b"".join(

@@ -7,6 +7,7 @@ connection."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import time
@@ -199,3 +200,56 @@ def test_a_request_asking_for_an_upgrade_still_has_its_body_read(edge: LiveServe
         fields, body = _head_and_body(answer)
         assert fields[b"connection"] == b"close"
         assert json.loads(body)["usage"]["completion_tokens"] == 2
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _exchange_watching_errors(live: LiveServer, request: bytes) -> tuple[bytes, list[str]]:
+    """The answer, and the errors the loop logged meanwhile (a protocol callback that raised is
+    uvloop's "Fatal error on transport", on asyncio's logger)."""
+    errors = _Errors()
+    logging.getLogger("asyncio").addHandler(errors)
+    try:
+        with _connect(live) as sock:
+            sock.sendall(request)
+            try:
+                answer = read_to_close(sock)
+            except ConnectionResetError:
+                answer = b"(reset)"
+    finally:
+        logging.getLogger("asyncio").removeHandler(errors)
+    return answer, [record.getMessage() for record in errors.records]
+
+
+def test_a_connect_request_is_refused_not_replayed_for_ever(edge: LiveServer) -> None:
+    """llhttp takes every CONNECT for a tunnel, Upgrade header or not, and the edge reads a request
+    that asked for an upgrade again, less its Upgrade header: a CONNECT asked again, and again,
+    until a RecursionError. No answer, and some 8,000 traceback lines logged for each such request
+    (no key needed)."""
+    answer, errors = _exchange_watching_errors(edge, b"CONNECT example.com:443 HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert not errors, errors[:3]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b"\r\nx-request-id: req-" in head and b"\r\nconnection: close" in head, head
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    with _connect(edge) as sock:
+        assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_many_upgrade_requests_in_one_read_do_not_overflow_the_stack(edge: LiveServer) -> None:
+    """Each request that asks for an upgrade was read again by a call within the one before: 1,500
+    of them in one write (90 KB) went past Python's recursion limit, and the connection was dropped
+    with a traceback thousands of lines long. More than MAX_PIPELINED of them close the connection
+    unanswered, as any other requests do."""
+    asking = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
+    _, errors = _exchange_watching_errors(edge, asking * 1500)
+    assert not errors, errors[:3]
+    with _connect(edge) as sock:
+        assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
