@@ -48,6 +48,13 @@ class _UpgradeAgain(Exception):
     no key needed); this is no proxy, and it is answered as invalid, through send_400_response."""
 
 
+class _HostNotOne(Exception):
+    """Raised from the parser's callback at a request with two Host headers, or an HTTP/1.1 one with
+    none: RFC 9112 3.2 has both answered 400 (as h11 and nginx do), through send_400_response. Two
+    hosts are two readings of where the request goes: a proxy in front may route by one, and
+    Litestar checks only the first."""
+
+
 class _UnknownTransferCoding(Exception):
     """Raised from the parser's callback at a transfer coding other than chunked (gzip, chunked):
     the parser frames the body by its chunks, and nothing here decodes the rest, so the body would
@@ -141,6 +148,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # The current request's URL and header bytes so far (MAX_HEAD_BYTES), and whether it went past.
     _head_bytes = 0
     _head_too_large = False
+    # The current request has had its Host header (_HostNotOne).
+    _host_seen = False
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
     # The parser refused a request: the connection's further bytes are read and dropped until it
@@ -180,6 +189,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._headers_pending = True
         self._head_bytes = 0
+        self._host_seen = False
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self._header_deadline.start(request_begun=True)
@@ -195,7 +205,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             # which the app may already have read, so a key sent as a trailer authenticated the
             # request. RFC 9110 6.5.1: never merged into the headers; nothing here reads trailers.
             return
-        if name.lower() == b"transfer-encoding" and any(
+        lowered = name.lower()
+        if lowered == b"host":
+            if self._host_seen:
+                raise _HostNotOne
+            self._host_seen = True
+        elif lowered == b"transfer-encoding" and any(
             coding.strip() != b"chunked" for coding in value.lower().split(b",")
         ):
             self._unknown_coding = True
@@ -302,6 +317,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._header_deadline.stop()
+        if not self._host_seen and self.parser.get_http_version() == "1.1":
+            raise _HostNotOne
         if self.parser.should_upgrade():
             if self._upgrade_replayed:
                 raise _UpgradeAgain

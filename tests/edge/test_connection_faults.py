@@ -253,3 +253,24 @@ def test_many_upgrade_requests_in_one_read_do_not_overflow_the_stack(edge: LiveS
     assert not errors, errors[:3]
     with _connect(edge) as sock:
         assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_request_with_no_host_or_two_is_refused(edge: LiveServer) -> None:
+    """RFC 9112 3.2: an HTTP/1.1 request without a Host header, or any request with more than one,
+    must be answered 400 (h11, uvicorn's other protocol, and nginx do). Both were served: two
+    hosts are two readings of where a request goes, one for whatever sits in front, one here. An
+    HTTP/1.0 request (no Host required) with one or none is still served."""
+    get = b"GET /healthz HTTP/%b\r\n%bconnection: close\r\n\r\n"
+    refused = ((b"1.1", b""), (b"1.1", b"host: a\r\nhost: b\r\n"), (b"1.0", b"host: a\r\nhost: a\r\n"))
+    for version, hosts in refused:
+        with _connect(edge) as sock:
+            sock.sendall(get % (version, hosts))
+            answer = read_to_close(sock)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), (version, hosts, answer[:300])
+        assert b"\r\nx-request-id: req-" in head, head
+        assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    for version, hosts in ((b"1.1", b"host: a\r\n"), (b"1.0", b"")):
+        with _connect(edge) as sock:
+            sock.sendall(get % (version, hosts))
+            assert read_to_close(sock).startswith(b"HTTP/1.1 200 "), (version, hosts)
