@@ -101,7 +101,7 @@ def test_each_models_refusals_are_counted_under_its_own_name(own_edge: LiveServe
         ("paid", chat | {"model": SMALL}, SMALL),
         ("paid", chat | {"model": ""}, LARGE),  # empty: the tier's default
         ("free", chat | {"model": ""}, SMALL),
-        ("paid", chat, ""),  # no model: refused before one is chosen
+        ("paid", chat, LARGE),  # no model at all: the tier's default, as empty
         ("paid", chat | {"model": "no-such-model-3f9a"}, ""),
         ("free", chat | {"model": LARGE}, ""),  # not the tier's: answered as unknown
     ]
