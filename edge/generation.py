@@ -55,7 +55,8 @@ from edge.text.stops import StopMatcher
 from edge.token_relay import TOKENS_LIMIT_MARKER, TextSink, TokenRelay
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, RequestRejected, UpstreamError
 from edge.upstreams.direct import GenerateDirect
-from limiter.base import OutputLease, StoreUnavailable
+from limiter.base import Decision, OutputLease, StoreUnavailable
+from limiter.headers import refunded_headers
 
 if TYPE_CHECKING:
     from edge.pipeline import Pipeline
@@ -156,6 +157,7 @@ class Generation:
         upstream_req: GenerationRequest,
         ticket: Ticket,
         lease: OutputLease,
+        decision: Decision,
         headers: dict[str, str],
         arrived: float,
     ) -> None:
@@ -165,6 +167,7 @@ class Generation:
         self._upstream_req = upstream_req
         self._ticket = ticket
         self._lease = lease
+        self._decision = decision
         self.headers = headers
         self._arrived = arrived
         self.request_id = upstream_req.request_id
@@ -272,7 +275,9 @@ class Generation:
         finally:
             await self.close(out)
         if out.error is not None:
-            out.error.headers = {**self.headers, **out.error.headers}
+            # Refunded whole (answered with the error alone), its headers say the budget it left.
+            headers = self.headers if self._charged else self._refunded_headers()
+            out.error.headers = {**headers, **out.error.headers}
             out.error.finished = True  # counted by `close`: not a refusal as well
             raise out.error
         body: dict[str, Any] = {
@@ -293,6 +298,9 @@ class Generation:
         if out.marker:
             body["floodgate"] = out.marker
         return body
+
+    def _refunded_headers(self) -> dict[str, str]:
+        return {**self.headers, **refunded_headers(self._decision, self._lease.charged)}
 
     async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
         if keepalive is not None:

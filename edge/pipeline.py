@@ -43,7 +43,7 @@ from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
 from edge.upstreams.base import GenerationRequest
 from limiter.base import Limiter, StoreUnavailable
-from limiter.headers import ratelimit_headers
+from limiter.headers import ratelimit_headers, refunded_headers
 from limiter.tiers import per_instance
 
 log = structlog.get_logger("floodgate.request")
@@ -237,7 +237,8 @@ class Pipeline:
             self.dispatcher.precheck(ticket)
         except Overloaded as exc:
             await admission.lease.settle(ran=False)
-            raise self._refused(principal, request_id, overloaded_error(exc, headers)) from None
+            refunded = refunded_headers(decision, admission.lease.charged)
+            raise self._refused(principal, request_id, overloaded_error(exc, refunded)) from None
         upstream_req = GenerationRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -267,6 +268,7 @@ class Pipeline:
             upstream_req,
             ticket,
             admission.lease,
+            decision,
             {**headers, "x-request-id": request_id},
             arrived,
         )

@@ -50,6 +50,12 @@ class OutputLease(Protocol):
         the budget's end."""
         ...
 
+    @property
+    def charged(self) -> int:
+        """The tokens this request holds of the budget, in its units: its input and the output it
+        was granted. All given back when it settles with ran=False (what its headers then say)."""
+        ...
+
     async def settle(self, *, ran: bool = True) -> bool | None:
         """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from limiter.base import Decision
 
 
@@ -33,6 +35,35 @@ def ratelimit_headers(decision: Decision) -> dict[str, str]:
         headers["retry-after"] = str(-(-d.retry_after_ms // 1000))
         headers["retry-after-ms"] = str(d.retry_after_ms)
     return headers
+
+
+def refunded_headers(decision: Decision, tokens: int) -> dict[str, str]:
+    """The headers of an admitted request given back whole (its request, and `tokens` of the token
+    budget: its input and the output it was granted), as OpenAI's describe the budget after the
+    request: what the user has left once the refund is made. The decision's own say it charged, and
+    told a user with one request an hour left that it had none. The refund is counted at the
+    decision's instant. Each unit refills at the same pace, so the reset shortens by the refunded
+    units' share of the missing ones (exact to within one unit's refill)."""
+    d = decision
+    requests, rest_requests = _given_back(d.limit_requests, d.remaining_requests, d.reset_requests_ms, 1)
+    tokens_left, rest_tokens = _given_back(d.limit_tokens, d.remaining_tokens, d.reset_tokens_ms, tokens)
+    return ratelimit_headers(
+        replace(
+            d,
+            remaining_requests=requests,
+            reset_requests_ms=rest_requests,
+            remaining_tokens=tokens_left,
+            reset_tokens_ms=rest_tokens,
+        )
+    )
+
+
+def _given_back(limit: int, remaining: int, reset_ms: int, units: int) -> tuple[int, int]:
+    """One budget's remaining units and reset once `units` are given back."""
+    missing = limit - remaining
+    if units >= missing:
+        return limit, 0
+    return remaining + units, reset_ms * (missing - units) // missing
 
 
 def request_headers(limit: int, remaining: int, reset_ms: int) -> dict[str, str]:

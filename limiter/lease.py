@@ -104,6 +104,10 @@ class Lease:
         return self._granted
 
     @property
+    def charged(self) -> int:
+        return self._input_tokens + self._granted
+
+    @property
     def used(self) -> int:
         return self._used
 

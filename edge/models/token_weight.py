@@ -99,6 +99,10 @@ class WeightedLease:
         self._tokens += covered
         return covered
 
+    @property
+    def charged(self) -> int:
+        return self._inner.charged  # in weighted tokens, as the decision counts them
+
     async def settle(self, *, ran: bool = True) -> bool | None:
         return await self._inner.settle(ran=ran)
 

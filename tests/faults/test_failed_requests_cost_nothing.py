@@ -173,6 +173,10 @@ class _SettledAsCancelled:
     async def take(self, n: int) -> int:
         return await self._lease.take(n)
 
+    @property
+    def charged(self) -> int:
+        return self._lease.charged
+
     async def settle(self, *, ran: bool = True) -> bool | None:
         await self._lease.settle(ran=ran)
         return True

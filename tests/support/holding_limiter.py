@@ -33,6 +33,10 @@ class _HeldLease:
     async def take(self, n: int) -> int:
         return await self.lease.take(n)
 
+    @property
+    def charged(self) -> int:
+        return self.lease.charged
+
     async def settle(self, *, ran: bool = True) -> bool | None:
         self.settling.set()
         await anyio.to_thread.run_sync(self.release.wait, HOLD_TIMEOUT_S)
