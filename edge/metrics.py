@@ -17,7 +17,11 @@ from edge.upstreams.base import Capacity
 # ending at 60 s, an overload's every slow first token fell in +Inf, and histogram_quantile read a
 # p99 of minutes as 60 s.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 300)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+# Past the longest silence a stream survives ([engine] stall_timeout_s, 120 s shipped; the Triton
+# path's stall timeout, 60 s): a preemption, a prefill joining, a restart's replay or a slow Triton
+# step is a gap between two tokens. Ending at 1.28 s, every such stall fell in +Inf and
+# histogram_quantile could not tell a p99 stall of 2 s from one of 2 minutes.
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10, 30, 60, 180)
 
 # `model`: the served model, "" where the edge serves one, as the queue's metrics name it
 # (edge/admission/metrics.py): an edge serving several has a latency and a token count for each.

@@ -46,3 +46,27 @@ def test_ttft_and_queue_wait_buckets_reach_past_every_tiers_longest_wait(tmp_pat
     assert longest_wait >= 120.0  # the shipped paid tier's, which this test is about
     assert _largest_bound(text, "floodgate_time_to_first_token_seconds") > longest_wait
     assert _largest_bound(text, "floodgate_queue_wait_seconds") > longest_wait
+
+
+def test_inter_token_buckets_reach_past_the_longest_stall_a_stream_survives(tmp_path: Path) -> None:
+    """A stream whose engine sends nothing for up to [engine] stall_timeout_s goes on (past it the
+    engine is killed and its streams fail): a gap between two tokens that long is one the edge
+    serves, from a preemption, a prefill joining, a restart's replay or a slow Triton step. The
+    buckets ended at 1.28 s, so every stall fell in +Inf and histogram_quantile could not tell a
+    p99 stall of 2 s from one of 2 minutes."""
+    with start_server(tmp_path) as edge:
+        answer = httpx.post(
+            edge.base_url + CHAT,
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+            headers=edge.auth("paid"),
+            timeout=60.0,
+        )
+        assert answer.status_code == 200, answer.text
+        longest_stall = edge.settings.engine.stall_timeout_s
+        text = edge.metrics_text()
+    assert _largest_bound(text, "floodgate_inter_token_latency_seconds") > longest_stall
