@@ -37,7 +37,7 @@ from edge.log_line import refusal_line
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
-from edge.schemas import ChatCompletionRequest, unknown_model
+from edge.schemas import ChatCompletionRequest, unknown_model, unknown_tier
 from edge.stream_gate import StreamGate
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
@@ -123,7 +123,7 @@ class Pipeline:
         arrived = time.perf_counter()
         tier = self.config.tiers.get(principal.tier)
         if tier is None:
-            raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
+            raise unknown_tier(principal.tier)
         if req.model and req.model != self.config.model_name:  # none or empty: the tier's default
             raise unknown_model(req.model)
         logit_bias = self._logit_bias(req)

@@ -489,3 +489,9 @@ def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | Non
 
 def unknown_model(name: str) -> ApiError:
     return ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+
+
+def unknown_tier(tier: str) -> ApiError:
+    """A key whose tier the settings do not name (renamed or removed, its keys left): the same answer
+    on every route that needs the tier, so a client learns its key is to fix, not that nothing is served."""
+    return ApiError(403, f"Your key's tier {tier!r} is not configured.", code="unknown_tier")

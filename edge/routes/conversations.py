@@ -19,6 +19,7 @@ from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import runtime_of
+from edge.schemas import unknown_tier
 from limiter.reads import read_headers
 
 DEFAULT_LIMIT = 100
@@ -69,7 +70,7 @@ async def conversation_messages(
     # Each read is a store read: limited in a budget of its own, never the chat completions'.
     tier = runtime.settings.tiers.get(principal.tier)
     if tier is None:
-        raise ApiError(403, f"Your key's tier {principal.tier!r} is not configured.", code="unknown_tier")
+        raise unknown_tier(principal.tier)
     read = await runtime.history_reads.take_read(user, tier)
     headers = read_headers(read)
     if not read.allowed:

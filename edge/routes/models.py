@@ -1,7 +1,8 @@
 """GET /v1/models and /v1/models/{id}: the models the caller's tier may use, its default first.
 
 A model the tier may not use is a 404 model_not_found, the same body as for one that does not
-exist (edge/models/catalog.py).
+exist (edge/models/catalog.py). A key whose tier is not configured gets chat's 403 unknown_tier:
+an empty list read as an edge that serves nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from litestar.response.base import ASGIResponse
 
 from edge.routes.caller import caller
 from edge.routes.json_body import json_response
-from edge.runtime import runtime_of
-from edge.schemas import unknown_model
+from edge.runtime import Runtime, runtime_of
+from edge.schemas import unknown_model, unknown_tier
 
 # Models have no creation time here; OpenAI's field is required, so a fixed one is sent.
 _CREATED = 1_700_000_000
@@ -33,19 +34,25 @@ def _model_card(name: str, max_model_len: int) -> dict[str, Any]:
     }
 
 
+async def _tier_models(runtime: Runtime, request: Request[Any, Any, Any]) -> list[str]:
+    """What the caller's tier may use; raises chat's 403 for a tier that is not configured."""
+    principal = await caller(runtime, request)
+    if principal.tier not in runtime.settings.tiers:
+        raise unknown_tier(principal.tier)
+    return runtime.models.models_for(principal.tier)
+
+
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await caller(runtime, request)
     models = runtime.models
-    cards = [_model_card(name, models.max_model_len(name)) for name in models.models_for(principal.tier)]
+    cards = [_model_card(name, models.max_model_len(name)) for name in await _tier_models(runtime, request)]
     return json_response({"object": "list", "data": cards})
 
 
 @get("/v1/models/{model_id:str}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
-    principal = await caller(runtime, request)
-    if model_id not in runtime.models.models_for(principal.tier):
+    if model_id not in await _tier_models(runtime, request):
         raise unknown_model(model_id)
     return json_response(_model_card(model_id, runtime.models.max_model_len(model_id)))

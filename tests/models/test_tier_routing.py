@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 import httpx
+import msgspec
 
+from edge.keys.provision import create_keys
 from gpu_container.engine.front import EngineFront
 from tests.edge.sse_client import CHAT
 from tests.models.conftest import LARGE, SMALL, replicas_of
@@ -99,3 +101,20 @@ def test_sampling_defaults_apply_when_omitted_and_the_request_wins(two_models: L
     assert len({reply(SMALL, s) for s in (1, 2, 3)}) > 1
     # And an explicit temperature 0 on `small` is greedy too: the request's value wins both ways.
     assert reply(SMALL, 1, temperature=0.0) == reply(SMALL, 2, temperature=0.0)
+
+
+def test_a_key_of_an_unconfigured_tier_is_refused_its_models_as_its_chat(two_models: LiveServer) -> None:
+    """A key whose tier the settings no longer name (a tier renamed or removed, its keys left): the
+    models list answered 200 with no models, and a model's card 404, while its chat answers 403
+    unknown_tier; a client read that as an edge serving nothing, not as a key to fix."""
+    settings = two_models.settings
+    with_gold = msgspec.structs.replace(settings, tiers={**settings.tiers, "gold": settings.tiers["paid"]})
+    gold = {"Authorization": "Bearer " + create_keys(with_gold, {"k": ("unlisted-gold-user", "gold")})["k"]}
+    chat = httpx.post(
+        two_models.base_url + CHAT, json={"messages": HI, "max_tokens": 4}, headers=gold, timeout=60.0
+    )
+    assert chat.status_code == 403 and chat.json()["error"]["code"] == "unknown_tier", chat.text
+    for path in ("/v1/models", f"/v1/models/{SMALL}"):
+        answer = httpx.get(two_models.base_url + path, headers=gold)
+        assert answer.status_code == 403, (path, answer.text)
+        assert answer.json()["error"] == chat.json()["error"], path
