@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import sys
@@ -48,9 +49,13 @@ def _dev_key_hint(settings: Settings) -> None:
     host = settings.server.host
     host = f"[{host}]" if ":" in host else host
     url = f"http://{host}:{port}/v1/chat/completions"
-    body = (
-        f'{{"model": "{default_model(settings, DEV_TIER)}", "stream": true, '
-        '"messages": [{"role": "user", "content": "Hello!"}]}'
+    # json.dumps: a model name may hold a '"' or a '\\', which pasted as it is made the body no JSON.
+    body = json.dumps(
+        {
+            "model": default_model(settings, DEV_TIER),
+            "stream": True,
+            "messages": [{"role": "user", "content": "Hello!"}],
+        }
     )
     print(f"No API keys yet: created one for user {DEV_USER!r} (tier {DEV_TIER!r}). It is shown only once:")
     print(f"  {key}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -309,6 +310,39 @@ def test_serve_on_an_ipv6_host_prints_a_dev_key_curl_that_reaches_it(tmp_path: P
         assert url == f"http://[::1]:{port}{CHAT}", lines
         with httpx.Client(base_url=url.removesuffix(CHAT), timeout=30) as client:
             _wait_listening(client, proc)
+    finally:
+        deadline.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_prints_a_dev_key_curl_whose_body_is_json_whatever_the_model_name(tmp_path: Path) -> None:
+    """The hint's body put the model's name between quotes as it is: a name with a '"' or a '\\'
+    (config allows both) printed a body that is no JSON, and the curl a user pasted got a 400."""
+    name = 'demo "quoted" back\\slash'
+    port = free_port()
+    config = _demo_config(tmp_path, NO_DRAIN)
+    # A TOML literal string: the name's quote and backslash as they are.
+    config.write_text(config.read_text().replace(f'name = "{MODEL}"', f"name = '{name}'"))
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        words = shlex.split(lines[3])
+        body = json.loads(words[words.index("-d") + 1])
+        assert body["model"] == name, lines
+        headers = dict(words[i + 1].split(": ", 1) for i, word in enumerate(words) if word == "-H")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+            answer = client.post(CHAT, json=body | {"stream": False, "max_tokens": 4}, headers=headers)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == name
     finally:
         deadline.cancel()
         proc.terminate()
