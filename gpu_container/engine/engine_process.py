@@ -26,7 +26,8 @@ A child that is alive but stuck (a step that never returns, a deadlock, a stoppe
 killed once it has held requests and sent nothing for `stall_timeout_s` (the reader's watch), and
 then replaced as a dead one is: its streams hung for good, and the replica, ready to the health
 checks, went on taking requests that hung too (as a Triton replica silent mid-stream is failed
-after its stall timeout, edge/upstreams/triton.py).
+after its stall timeout, edge/upstreams/triton.py). Its death is dated from when it fell silent, so
+that a request that hangs the engine is suspected as one that crashes it (below).
 The edge is told the restart is under way, so that a crash is a short wait for its requests rather
 than an error: the open streams fail with ReplicaRestarting (an UpstreamError saying the replica is
 coming back), and `back_in_s` (contract.py's `Restarts`) says when, from the pause and the time the
@@ -331,19 +332,24 @@ class EngineProcess(EngineFront):
     def _read(self) -> None:
         """The reader thread: each child's messages until it exits, then a new child unless stopped."""
         while True:
-            self._read_child()
+            died_at = self._read_child()
             # Read before the pause resets it: a child that served a minute died a forgiven death,
             # whatever its requests' marks at submit said.
-            stable = time.monotonic() - self._started_at >= _STABLE_S
+            stable = died_at - self._started_at >= _STABLE_S
             pause = self._pause_before_restart()
             self._fail_all(pause, stable)
             if not self._restart(pause):
                 return
 
-    def _read_child(self) -> None:
+    def _read_child(self) -> float:
+        """The child's messages until it exits; returns when it stopped serving: its exit, or, for
+        one killed as stuck, when it fell silent. Dated from its kill, a stuck child had always
+        served _STABLE_S (stall_timeout_s is longer): a request that hangs the engine was never
+        suspected, and was sent back to hang each new child for stall_timeout_s more."""
         assert self._events is not None
         events = self._events
         looked, asked = time.monotonic(), 0.0
+        silent_since: float | None = None
         while True:
             now = time.monotonic()
             if now - looked > asked + _OVERSLEPT_S:
@@ -352,6 +358,8 @@ class EngineProcess(EngineFront):
             left = self._silent_left()
             if left is not None and left <= 0:
                 log.error("engine process stuck; killing it", name=self.name, silent_s=self._stall_timeout_s)
+                with self._lock:
+                    silent_since = self._heard_at
                 self._kill()  # its pipe's EOF comes next: replaced as a dead child is
             asked = min(self._stall_timeout_s if left is None else max(left, 0.0), _POLL_AT_MOST_S)
             try:
@@ -359,7 +367,7 @@ class EngineProcess(EngineFront):
                     continue
                 message = events.recv()
             except (EOFError, OSError):
-                return
+                return time.monotonic() if silent_since is None else silent_since
             with self._lock:
                 self._heard_at = time.monotonic()
             if message[0] == "outputs":

@@ -38,6 +38,7 @@ from edge.cancel.stream_close import aclose_stream
 from edge.config import Settings
 from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, Upstream
 from edge.upstreams.local_pool import local_upstreams
+from gpu_container.engine import engine_process
 from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import SamplingParams
@@ -218,8 +219,8 @@ def test_an_answer_whose_engine_died_after_its_first_token_says_when_to_retry(
 
 
 # A request asking for this many tokens is one the engine's child dies on (`_Engines`); HELD, one
-# the child holds without starting on it.
-POISON, HELD = 77, 55
+# the child holds without starting on it; STALLS, one the child hangs on, every time.
+POISON, HELD, STALLS = 77, 55, 33
 
 
 @dataclass
@@ -229,13 +230,15 @@ class _Engines:
     child when it dies), as on a prompt that crashes the engine: every time (`dies_on` None), or
     the first `dies_on` times, as when the kernel's OOM killer or an operator kills it then. The
     first request asking for HELD tokens stops the child before it starts on it (it is on the child,
-    without a token, when the child dies). Each restart waits for `restart_gate` when set: a restart
+    without a token, when the child dies); every one asking for STALLS does (a prompt that hangs the
+    engine's step: the stall watch kills the child). Each restart waits for `restart_gate` when set: a restart
     lasts until the test lets it end."""
 
     dies_on: int | None = None
     restart_gate: threading.Event | None = None
     kills: list[int] = field(default_factory=list)
     holds: list[int] = field(default_factory=list)
+    stalls: list[int] = field(default_factory=list)
     started: list[EngineProcess] = field(default_factory=list)
 
     def provider(self, settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
@@ -260,6 +263,10 @@ class _Engines:
                 assert pid is not None
                 _stop(pid)
                 self.holds.append(pid)
+            if req.max_new_tokens == STALLS:
+                assert pid is not None
+                _stop(pid)
+                self.stalls.append(pid)
             if req.max_new_tokens != POISON or (self.dies_on is not None and len(self.kills) >= self.dies_on):
                 submit(req, params, mailbox)
                 return
@@ -381,6 +388,41 @@ def test_a_request_that_came_to_the_new_child_beside_one_sent_back_is_not_blamed
         assert answered.json()["usage"]["completion_tokens"] == HELD
     finally:
         gate.set()
+
+
+def test_a_request_that_hangs_the_engine_is_not_sent_back_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck child is killed after stall_timeout_s (120 s) and replaced as a crashed one, but
+    judged by when it was killed, past the minute (_STABLE_S) that makes a crash forgiven: a
+    request that hangs the engine was never suspected, its 502 after the second stuck child said
+    when to retry, and each retry hung a new child for another 120 s. A stuck child is now judged
+    by when it fell silent: a request that hangs the engine is sent back once, as one that crashes
+    it, and fails with the 502 that asks the client not to retry.
+
+    Both clocks scaled down, in the order the defaults have (the stall longer than the window):
+    the request, sent back the moment the new child serves, reaches it within the window."""
+    monkeypatch.setattr(engine_process, "_STABLE_S", 5.0)
+    engines = _Engines()
+    with start_server(tmp_path, {"engine": {"stall_timeout_s": 6.0}}, engines.provider) as server:
+        body = {"model": MODEL, "messages": ASK, "max_tokens": STALLS, "ignore_eos": True}
+        hung = httpx.post(
+            server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=RECOVERY_TIMEOUT_S
+        )
+        assert hung.status_code == 502, hung.text
+        assert "retry-after" not in hung.headers
+        assert hung.headers["x-should-retry"] == "false"
+        assert len(engines.stalls) == 2
+
+        # The others are served by the next child.
+        answered = httpx.post(
+            server.base_url + CHAT,
+            json=body | {"max_tokens": 16},
+            headers=server.auth("paid"),
+            timeout=RECOVERY_TIMEOUT_S,
+        )
+        assert answered.status_code == 200, answered.text
+        assert len(engines.stalls) == 2
 
 
 @pytest.mark.parametrize("crashed_before", [False, True], ids=SECOND_CRASH)
