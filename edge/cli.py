@@ -59,7 +59,7 @@ def _dev_key_hint(settings: Settings) -> None:
     )
     print(f"No API keys yet: created one for user {DEV_USER!r} (tier {DEV_TIER!r}). It is shown only once:")
     print(f"  {key}")
-    print("Try it:")
+    print("Try it, once the edge logs edge_serving:")
     headers = f"-H 'Authorization: Bearer {key}' -H 'Content-Type: application/json'"
     print(f"  curl -N {url} {headers} -d {shlex.quote(body)}")
     sys.stdout.flush()

@@ -180,9 +180,11 @@ class DrainingServer(uvicorn.Server):
         *,
         held: socket.socket | None = None,
         may_take_work: Callable[[], bool] = lambda: True,
+        public: str = "",
     ) -> None:
         super().__init__(config)
         self.drain = drain
+        self._public = public
         self._drain_requested = False
         self._cut_requested = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -275,7 +277,19 @@ class DrainingServer(uvicorn.Server):
         if self._held is not None and not drain.draining and self._may_take_work():
             sock, self._held = self._held, None
             await self._listen(sock)
+            self._serving()
         return await super().on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self._held is None:
+            self._serving()
+
+    def _serving(self) -> None:
+        """`edge_serving`: the public port accepts from now on. `edge_listening` comes as the ports
+        are bound, before the app's start-up (the engines load, seconds with a real model), and a
+        client that took it, or the dev key's `curl`, for the go-ahead met a refused connection."""
+        log.info("edge_serving", public=self._public)
 
     async def _listen(self, sock: socket.socket) -> None:
         """Accept on `sock` from now on, as uvicorn's startup does on the sockets run() was given
@@ -317,8 +331,12 @@ def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool
     sockets = [listeners.ops] if held else [listeners.public, listeners.ops]
     config = uvicorn_config(app, server, log_config=None)
     try:
-        DrainingServer(config, drain, held=held, may_take_work=lambda: not joining(app.state)).run(
-            sockets=sockets
-        )
+        DrainingServer(
+            config,
+            drain,
+            held=held,
+            may_take_work=lambda: not joining(app.state),
+            public=_address(listeners.public),
+        ).run(sockets=sockets)
     finally:
         listeners.close()

@@ -424,3 +424,36 @@ def test_serve_workers_with_an_operator_port_in_use_is_refused_before_minting_a_
         for i in (0, 1)
     }
     assert said in refusals, err
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_says_when_it_accepts_and_accepts_from_then_on(tmp_path: Path) -> None:
+    """`edge_listening` comes as the ports are bound, before the app's start-up (the engines load:
+    seconds with a real model), and the dev key's `curl` hint before that: a client taking either
+    for the go-ahead met a refused connection. `edge_serving` says the public port accepts, and a
+    request sent the moment it is read is answered."""
+    config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}")
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        assert proc.stdout is not None
+        events = []
+        for line in proc.stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+                if events[-1]["event"] == "edge_serving":
+                    break
+        assert events and events[-1]["event"] == "edge_serving", events
+        listening = next(e for e in events if e["event"] == "edge_listening")
+        assert events[-1]["public"] == listening["public"]
+        answer = httpx.get(f"http://{events[-1]['public']}/healthz", timeout=30)
+        assert answer.status_code == 200
+    finally:
+        deadline.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
