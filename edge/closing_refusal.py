@@ -9,8 +9,7 @@ before; only a refusal draws its id, counts it and logs it, so a served request 
 
 from __future__ import annotations
 
-from edge.errors import NO_MODEL, NO_TIER, closing_error_response, log_refusal
-from edge.metrics import REQUESTS_REJECTED
+from edge.errors import closing_error_response, count_refusal, log_refusal
 
 
 class ClosingRefusal:
@@ -27,8 +26,8 @@ class ClosingRefusal:
     def answer(self) -> bytes:
         """Counted and logged under a refusal id of its own; the answer's bytes, that id among its
         headers. Logged before it is written: a client that quotes the id finds the line there."""
-        REQUESTS_REJECTED.labels(str(self.status), self.code, NO_MODEL, NO_TIER).inc()
         # Nothing of the request is known for certain here (its head was refused or never ended).
+        count_refusal({}, self.status, self.code)
         named = log_refusal({}, self.status, self.code)
         return b"%s\r\nx-request-id: %s\r\n%s" % (
             self._status_line,

@@ -49,15 +49,14 @@ from edge.admission.paid_reserve import limit_for
 from edge.drain import Drain
 from edge.errors import (
     DRAINING_RETRY_AFTER_S,
-    NO_MODEL,
-    NO_TIER,
     ApiError,
     ErrorBody,
     ErrorDetail,
+    count_refusal,
     log_refusal,
     retry_after_headers,
 )
-from edge.metrics import OPEN_STREAMS, PAID_SHARE_KEPT, REQUESTS_REJECTED
+from edge.metrics import OPEN_STREAMS, PAID_SHARE_KEPT
 
 GENERATION_PATH = "/v1/chat/completions"
 # The scope key under which the gate keeps the send it was given, for a stream's body chunks: the
@@ -177,8 +176,8 @@ def _busy_error() -> ApiError:
 async def _refuse(
     scope: Scope, send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
 ) -> None:
-    # At the door, before the body: no model or tier is known yet.
-    REQUESTS_REJECTED.labels(str(status), detail.code or detail.type, NO_MODEL, NO_TIER).inc()
+    # At the door, before the body: no model or tier is known yet (the scope names neither).
+    count_refusal(scope, status, detail.code or detail.type)
     # Its one line and its id, as the handlers' refusals.
     named = log_refusal(scope, status, detail.code or detail.type)
     body = msgspec.json.encode(ErrorBody(detail))
