@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -203,16 +205,7 @@ def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
     was taken for "not given" and the configured port was bound, and nothing said which port."""
     configured = free_port()
     config = _demo_config(tmp_path, f"dev_key = false\nport = {configured}\n{NO_DRAIN}")
-    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
-    # This checkout's edge, wherever the environment's editable install points.
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    # A bound on the wait for the log line: a server that never logs it is ended, its output closed.
-    deadline = threading.Timer(60, proc.terminate)
-    deadline.start()
-    try:
+    with _serving_on_port_0(tmp_path, config) as proc:
         assert proc.stdout is not None
         listening = None
         for line in proc.stdout:
@@ -224,6 +217,22 @@ def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
         assert host == "127.0.0.1" and int(port) not in (0, configured), listening
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             _wait_listening(client, proc)
+
+
+@contextlib.contextmanager
+def _serving_on_port_0(tmp_path: Path, config: Path) -> Iterator[subprocess.Popen[str]]:
+    """`floodgate serve --port 0` of this checkout (wherever the environment's editable install
+    points), its log lines on stdout; ended at the exit, and after 60 s whatever happens: a server
+    that never logs what a test waits for is ended, its output closed."""
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = threading.Timer(60, proc.terminate)
+    deadline.start()
+    try:
+        yield proc
     finally:
         deadline.cancel()
         proc.terminate()
@@ -433,14 +442,7 @@ def test_serve_says_when_it_accepts_and_accepts_from_then_on(tmp_path: Path) -> 
     for the go-ahead met a refused connection. `edge_serving` says the public port accepts, and a
     request sent the moment it is read is answered."""
     config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}")
-    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = threading.Timer(60, proc.terminate)
-    deadline.start()
-    try:
+    with _serving_on_port_0(tmp_path, config) as proc:
         assert proc.stdout is not None
         events = []
         for line in proc.stdout:
@@ -453,7 +455,3 @@ def test_serve_says_when_it_accepts_and_accepts_from_then_on(tmp_path: Path) -> 
         assert events[-1]["public"] == listening["public"]
         answer = httpx.get(f"http://{events[-1]['public']}/healthz", timeout=30)
         assert answer.status_code == 200
-    finally:
-        deadline.cancel()
-        proc.terminate()
-        proc.wait(timeout=30)
