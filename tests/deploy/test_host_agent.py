@@ -329,16 +329,7 @@ def test_the_agent_reports_and_completes_on_the_real_api(
     agents_autoscaling.meta.events.register(
         "before-call.autoscaling", lambda model, **_: called.add(f"autoscaling:{model.name}")
     )
-    host = AwsHost(
-        "agent-test",
-        {"ready": "agent-test-ready", "drain": "agent-test-drain"},
-        "Floodgate/GPU",
-        agents_autoscaling,
-        aws_client("cloudwatch", moto_endpoint),
-        imds=f"{base}/latest",
-        triton_http=base,
-        triton_metrics=f"{base}/metrics",
-    )
+    host = _host("agent-test", base, agents_autoscaling, moto_endpoint)
     a = agent()
 
     def round_at(now: float) -> list[Any]:
@@ -379,26 +370,10 @@ def test_an_agent_restarted_on_a_host_in_service_marks_a_dead_triton_unhealthy(
     autoscaling = aws_client("autoscaling", moto_endpoint)
     state.instance_id = _group_with_one_host(moto_endpoint, "agent-restart")
     state.ready = False
-    host = AwsHost(
-        "agent-restart",
-        {"ready": "agent-restart-ready", "drain": "agent-restart-drain"},
-        "Floodgate/GPU",
-        autoscaling,
-        aws_client("cloudwatch", moto_endpoint),
-        imds=f"{base}/latest",
-        triton_http=base,
-        triton_metrics=f"{base}/metrics",
-    )
-    a = agent()
+    host, a = _host("agent-restart", base, autoscaling, moto_endpoint), agent()
 
-    def round_at(now: float) -> list[Any]:
-        actions = a.step(host.observe(now)[0])
-        for action in actions:
-            host.act(action)
-        return actions
-
-    assert round_at(0) == []
-    assert round_at(60) == [SetUnhealthy()]
+    assert take_round(a, host, 0) == []
+    assert take_round(a, host, 60) == [SetUnhealthy()]
     answer = autoscaling.describe_auto_scaling_instances(InstanceIds=[state.instance_id])
     assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
@@ -415,17 +390,7 @@ def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
     state.ready = False
     with refusing_autoscaling(moto_endpoint) as api:
         api.refuse("SetInstanceHealth", "Throttling", times=2)
-        host = AwsHost(
-            "agent-throttled",
-            {"ready": "agent-throttled-ready", "drain": "agent-throttled-drain"},
-            "Floodgate/GPU",
-            aws_client("autoscaling", api.url),
-            aws_client("cloudwatch", moto_endpoint),
-            imds=f"{base}/latest",
-            triton_http=base,
-            triton_metrics=f"{base}/metrics",
-        )
-        a = agent()
+        host, a = _host("agent-throttled", base, aws_client("autoscaling", api.url), moto_endpoint), agent()
         for now in range(0, 100, 10):
             take_round(a, host, now)
 
@@ -439,11 +404,17 @@ def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
 def _launching_host(base: str, api_url: str, moto_url: str) -> AwsHost:
     """A host the group does not describe (moto has no lifecycle hooks): the agent acts as on a
     fresh launch, its launch hook pending."""
+    return _host("agent-launch", base, aws_client("autoscaling", api_url), moto_url)
+
+
+def _host(group: str, base: str, autoscaling: Any, moto_url: str) -> AwsHost:
+    """The agent's view of a host of `group` (its hooks GROUP-ready and GROUP-drain), its instance
+    metadata and Triton at `base`, its Auto Scaling calls through `autoscaling`, CloudWatch moto's."""
     return AwsHost(
-        "agent-launch",
-        {"ready": "agent-launch-ready", "drain": "agent-launch-drain"},
+        group,
+        {"ready": f"{group}-ready", "drain": f"{group}-drain"},
         "Floodgate/GPU",
-        aws_client("autoscaling", api_url),
+        autoscaling,
         aws_client("cloudwatch", moto_url),
         imds=f"{base}/latest",
         triton_http=base,
