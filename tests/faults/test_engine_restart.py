@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -86,40 +86,51 @@ def _stop(pid: int) -> None:
         assert time.monotonic() < deadline, "the child did not stop"
 
 
+_STREAMED = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "ignore_eos": True}
+
+
+def _cut_mid_stream(server: LiveServer, act: Callable[[], None], timeout_s: float) -> None:
+    """A long stream, `act` done to its engine child past its first token (the first event, the
+    role, is sent before the replica is asked: a stream that got text cannot be retried), and the
+    stream ends with an error event and [DONE]."""
+    with httpx.stream(
+        "POST",
+        server.base_url + CHAT,
+        json=_STREAMED | {"max_tokens": 1000},
+        headers=server.auth("paid"),
+        timeout=timeout_s,
+    ) as open_stream:
+        stream = events(open_stream)
+        while not content_of([next(stream)]):
+            pass
+        act()
+        rest = list(stream)
+    assert rest[-1] == DONE
+    assert any(isinstance(event, dict) and "error" in event for event in rest)
+
+
+def _served_by_a_new_child(server: LiveServer, before: set[int], gone: int) -> None:
+    """The next request is answered whole, by an engine child other than `gone`."""
+    answered = httpx.post(
+        server.base_url + CHAT,
+        json=_STREAMED | {"stream": False, "max_tokens": 16},
+        headers=server.auth("paid"),
+        timeout=RECOVERY_TIMEOUT_S,
+    )
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["usage"]["completion_tokens"] == 16
+    (replacement,) = _engine_children() - before
+    assert replacement != gone
+
+
 def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path: Path) -> None:
     before = _engine_children()
     with start_server(tmp_path) as server:
         (doomed,) = _engine_children() - before
-        body = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "ignore_eos": True}
-        with httpx.stream(
-            "POST",
-            server.base_url + CHAT,
-            json=body | {"max_tokens": 1000},
-            headers=server.auth("paid"),
-            timeout=30.0,
-        ) as open_stream:
-            stream = events(open_stream)
-            # Past its first token (the first event, the role, is sent before the replica is asked):
-            # a stream that got text cannot be retried, and ends with the error.
-            while not content_of([next(stream)]):
-                pass
-            os.kill(doomed, signal.SIGKILL)
-            rest = list(stream)
-        assert rest[-1] == DONE
-        assert any(isinstance(event, dict) and "error" in event for event in rest)
-
+        _cut_mid_stream(server, lambda: os.kill(doomed, signal.SIGKILL), 30.0)
         # The next request waits for the new child (before, it got 503 for ever; then, a 502 or
         # 503s that the official SDK's retries ran out on before the new child served).
-        answered = httpx.post(
-            server.base_url + CHAT,
-            json=body | {"stream": False, "max_tokens": 16},
-            headers=server.auth("paid"),
-            timeout=RECOVERY_TIMEOUT_S,
-        )
-        assert answered.status_code == 200, answered.text
-        assert answered.json()["usage"]["completion_tokens"] == 16
-        (replacement,) = _engine_children() - before
-        assert replacement != doomed
+        _served_by_a_new_child(server, before, doomed)
         assert httpx.get(server.base_url + "/readyz").status_code == 200
         # The operator sees it: the replica's restarts, from the health poll's capacity read.
         wait_until(
@@ -549,33 +560,9 @@ def test_a_stuck_engine_process_is_killed_and_replaced(tmp_path: Path) -> None:
     before = _engine_children()
     with start_server(tmp_path, {"engine": {"stall_timeout_s": 1.0}}) as server:
         (stuck,) = _engine_children() - before
-        body = {"model": MODEL, "messages": LONG_PROMPT, "stream": True, "ignore_eos": True}
-        with httpx.stream(
-            "POST",
-            server.base_url + CHAT,
-            json=body | {"max_tokens": 1000},
-            headers=server.auth("paid"),
-            timeout=RECOVERY_TIMEOUT_S,
-        ) as open_stream:
-            stream = events(open_stream)
-            while not content_of([next(stream)]):
-                pass
-            _stop(stuck)
-            rest = list(stream)
-        assert rest[-1] == DONE
-        assert any(isinstance(event, dict) and "error" in event for event in rest)
+        _cut_mid_stream(server, lambda: _stop(stuck), RECOVERY_TIMEOUT_S)
         assert _dead(stuck)
-
-        answered = httpx.post(
-            server.base_url + CHAT,
-            json=body | {"stream": False, "max_tokens": 16},
-            headers=server.auth("paid"),
-            timeout=RECOVERY_TIMEOUT_S,
-        )
-        assert answered.status_code == 200, answered.text
-        assert answered.json()["usage"]["completion_tokens"] == 16
-        (replacement,) = _engine_children() - before
-        assert replacement != stuck
+        _served_by_a_new_child(server, before, stuck)
 
 
 def _state(pid: int) -> str:
