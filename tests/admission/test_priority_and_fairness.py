@@ -321,26 +321,8 @@ async def test_a_request_its_replica_failed_costs_its_user_no_turn(make_dispatch
     # One place; three users with two requests each, one user with one. The one-request user's
     # request fails on the replica before its first token and waits to go again (edge/generation.py's
     # failover). Charged as served, its retry waited behind the other three users' second requests.
-    replica = ControlledUpstream("r1", max_sequences=1)
-    async with make_dispatcher([replica]) as dispatcher:
-        flow = Flow(dispatcher)
-        for user in ("b", "c", "d"):
-            for _ in range(2):
-                flow.submit(ticket(user))
-        flow.submit(ticket("a"))
-        await flow.settle()
-        while flow.held()[0].ticket.user != "a":
-            await flow.release_oldest()
-        failed = flow.held()[0]
-        failed.release(failed=True)
-        retry = flow.submit(failed.ticket)
-        await flow.settle()
-        await dispatcher.check_replicas()  # the replica's failed mark clears: the place is free again
-        while not retry.done():
-            await flow.release_oldest()
-        after_failure = [s.ticket.user for s in flow.granted()][4:]
-        assert after_failure == ["a"], after_failure
-        await flow.aclose()
+    after_failure = await _served_after_as_failure(make_dispatcher, streamed=0)
+    assert after_failure == ["a"], after_failure
 
 
 @pytest.mark.anyio
@@ -350,6 +332,14 @@ async def test_a_request_its_replica_failed_mid_reply_still_costs_its_user_a_tur
     # As above, but the replica failed the request after it had streamed part of its reply (no
     # retry: edge/generation.py fails it to the client). It ran: its user's next request waits
     # behind the other users' as after any reply, not ahead of them with the charge refunded.
+    after_failure = await _served_after_as_failure(make_dispatcher, streamed=40)
+    assert after_failure == ["b", "c", "d", "a"], after_failure
+
+
+async def _served_after_as_failure(make_dispatcher: MakeDispatcher, streamed: int) -> list[str]:
+    """Users b, c, d with two requests each and a with one, on one place. a's request fails on the
+    replica after `streamed` tokens; its retry (none streamed) or its next request (some streamed:
+    no retry) waits. The users served from the failure on, up to a's."""
     replica = ControlledUpstream("r1", max_sequences=1)
     async with make_dispatcher([replica]) as dispatcher:
         flow = Flow(dispatcher)
@@ -361,13 +351,14 @@ async def test_a_request_its_replica_failed_mid_reply_still_costs_its_user_a_tur
         while flow.held()[0].ticket.user != "a":
             await flow.release_oldest()
         failed = flow.held()[0]
-        failed.grow(40)  # streamed 40 tokens, then its replica failed
+        if streamed:
+            failed.grow(streamed)
         failed.release(failed=True)
-        after = flow.submit(ticket("a"))
+        after = flow.submit(ticket("a") if streamed else failed.ticket)
         await flow.settle()
         await dispatcher.check_replicas()  # the replica's failed mark clears: the place is free again
         while not after.done():
             await flow.release_oldest()
-        after_failure = [s.ticket.user for s in flow.granted()][4:]
-        assert after_failure == ["b", "c", "d", "a"], after_failure
+        served = [s.ticket.user for s in flow.granted()][4:]
         await flow.aclose()
+        return served
