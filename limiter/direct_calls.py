@@ -203,7 +203,8 @@ class DirectCalls:
             STALLED_CLOSED.inc()
             self._reload_slots = self._single is None
             raise
-        _leave_if_demoted(conn, [reply])
+        if isinstance(reply, ReadOnlyError):
+            conn.close()  # its server is a replica now (_leave_if_demoted)
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             async with asyncio.timeout(self._bound_s):
