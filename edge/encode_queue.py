@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,11 +24,9 @@ import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 
+from gpu_container.engine.blas_threads import usable_cpus
+
 T = TypeVar("T")
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class EncodeQueue:
@@ -96,6 +93,6 @@ def encode_queue() -> EncodeQueue:
     try:
         return _queue.get()
     except LookupError:
-        queue = EncodeQueue(_cores())
+        queue = EncodeQueue(usable_cpus())
         _queue.set(queue)
         return queue

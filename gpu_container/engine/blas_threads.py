@@ -10,6 +10,7 @@ batch 32 3.6x faster. threadpoolctl changes it at run time; without it, set OPEN
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import structlog
 
@@ -28,3 +29,10 @@ def limit_blas_threads(threads: int) -> bool:
 
     threadpool_limits(limits=threads, user_api="blas")
     return True
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, as a container's cpuset limits it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -23,7 +23,6 @@ releases the GIL inside its BLAS calls and array loops, so both threads run at o
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpu_container.engine.arrays import Floats
+from gpu_container.engine.blas_threads import usable_cpus
 from gpu_container.engine.forward_batch import ForwardBatch
 from gpu_container.engine.kv_cache import KVCache
 from gpu_container.engine.model import LlamaModel
@@ -45,13 +45,7 @@ def lane_wanted(setting: LaneSetting, blas_threads: int) -> bool:
     share of the core, with no time budget to keep the chunk small)."""
     if setting != "auto":
         return setting == "on"
-    return blas_threads == 1 and _usable_cpus() >= 2
-
-
-def _usable_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return blas_threads == 1 and usable_cpus() >= 2
 
 
 class LaneResult(NamedTuple):
