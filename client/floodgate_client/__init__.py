@@ -8,11 +8,11 @@
                 if isinstance(event, TextDelta):
                     print(event.text, end="", flush=True)
         # leaving the block early cancels the generation on the server; stream.cancel() does it now
-        reply = floodgate.chat.create("Hi", auto_retry=True)   # ChatResult; 429s waited out
+        reply = floodgate.chat.create("Hi", auto_retry=True)   # ChatResult; 429s, 5xx retried
 
 `AsyncClient` is the same with `async with` / `async for` / `await`. Errors are FloodgateError
-subclasses (RateLimitError carries `limit` and `retry_after_s`); `stream.rate_limits` reads the
-x-ratelimit-* headers.
+subclasses (each carries `retry_after_s`, the advised wait; RateLimitError `limit` too);
+`stream.rate_limits` reads the x-ratelimit-* headers.
 """
 
 from floodgate_client.async_client import AsyncChatStream, AsyncClient

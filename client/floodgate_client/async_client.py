@@ -104,7 +104,8 @@ class AsyncChat:
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> AsyncChatStream:
         """The stream opens on `await`, `async with` or the first `async for`; error answers raise
-        there (429: RateLimitError, or with `auto_retry`, wait as advised within `deadline_s`)."""
+        there (429: RateLimitError); `auto_retry` sends a 408, 409, 429 or 5xx again as the sync
+        `stream` does."""
         request = ChatRequest(messages, model, max_tokens, temperature, top_p, seed, stop, conversation_id)
         policy = RetryPolicy(self._max_retries if auto_retry else 0, deadline_s)
         return AsyncChatStream(self, request, policy)

@@ -103,8 +103,9 @@ class Chat:
         auto_retry: bool = False,
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> ChatStream:
-        """Send the request and return its open stream. Error answers raise here (429: RateLimitError,
-        or with `auto_retry`, wait as the server advises and try again within `deadline_s`)."""
+        """Send the request and return its open stream. Error answers raise here (429: RateLimitError);
+        with `auto_retry`, a 408, 409, 429 or 5xx (as the OpenAI SDK chooses) is sent again after the
+        server's advised wait, at most max_retries times, within `deadline_s`."""
         request = ChatRequest(messages, model, max_tokens, temperature, top_p, seed, stop, conversation_id)
         policy = RetryPolicy(self._max_retries if auto_retry else 0, deadline_s)
         return ChatStream(self, request, policy)

@@ -45,6 +45,12 @@ class FloodgateError(Exception):
         """The edge's id for the refused request (x-request-id), for support and logs."""
         return self.headers.get("x-request-id")
 
+    @property
+    def retry_after_s(self) -> float | None:
+        """The wait the answer advises before another try, or None: on any error, as a 502 from a
+        restarting replica says it too, not only a 429 or 503."""
+        return retry_after_s(self.headers)
+
 
 class AuthenticationError(FloodgateError):
     """401/403: the API key is missing, unknown or revoked."""
@@ -72,20 +78,12 @@ class RateLimitError(FloodgateError):
         return self.type if self.code == "rate_limit_exceeded" else self.code
 
     @property
-    def retry_after_s(self) -> float | None:
-        return retry_after_s(self.headers)
-
-    @property
     def rate_limits(self) -> RateLimits:
         return RateLimits.from_headers(self.headers)
 
 
 class ServiceUnavailableError(FloodgateError):
     """503: the limiter store is down and the tier fails closed; `retry_after_s` says when to retry."""
-
-    @property
-    def retry_after_s(self) -> float | None:
-        return retry_after_s(self.headers)
 
 
 class StreamError(FloodgateError):

@@ -8,8 +8,13 @@ from dataclasses import dataclass
 
 import anyio
 
-from floodgate_client.errors import FloodgateError, RateLimitError, ServiceUnavailableError
+from floodgate_client.errors import FloodgateError
 
+# Answers the OpenAI SDK sends again (its _should_retry): a request timeout, a lock timeout, a rate
+# limit, and every server error (a replica restarting, a proxy's 502 or 504), which a later try may
+# find healed. A 4xx besides these is the request's own fault and would come again.
+_RETRIED_STATUSES = frozenset({408, 409, 429})
+_SERVER_ERRORS = 500
 # Without an advertised wait, back off exponentially from this, up to the cap.
 _BASE_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
@@ -30,7 +35,7 @@ class RetryPolicy:
 
     def wait_s(self, error: FloodgateError, retries_done: int, elapsed_s: float) -> float | None:
         """Seconds to wait before the next attempt, or None: give up and raise `error`."""
-        if not isinstance(error, RateLimitError | ServiceUnavailableError):
+        if not retryable(error):
             return None
         if retries_done >= self.max_retries:
             return None
@@ -41,6 +46,24 @@ class RetryPolicy:
         if elapsed_s + wait > self.deadline_s:
             return None
         return wait
+
+
+def retryable(error: FloodgateError) -> bool:
+    """Whether another try may be answered otherwise, decided as the OpenAI SDK decides: the
+    server's `x-should-retry` first (the edge says "false" on a 502 whose request may be what
+    killed its replica: sent again it would kill the next), then the status. A "false" beside an
+    advised wait is left to that wait and the deadline: the edge marks a wait of minutes final for
+    the SDKs, which ignore such a wait and retry at once, where this client waits it out whole. An
+    error with no status (an error event after the stream had started, a broken connection) is not
+    one of these: what the stream delivered cannot be taken back, and a network failure has its own
+    single reopen."""
+    should_retry = error.headers.get("x-should-retry")
+    if should_retry == "true":
+        return True
+    if should_retry == "false" and error.retry_after_s is None:
+        return False
+    status = error.status_code
+    return status is not None and (status in _RETRIED_STATUSES or status >= _SERVER_ERRORS)
 
 
 @dataclass(slots=True)

@@ -94,3 +94,7 @@ def test_retry_waits_at_least_the_advertised_time_and_gives_up_past_the_deadline
     assert policy.wait_s(refused, retries_done=2, elapsed_s=0.0) is None
     assert policy.wait_s(refused, retries_done=0, elapsed_s=4.5) is None
     assert policy.wait_s(error_from_response(400, {}, b"{}"), retries_done=0, elapsed_s=0.0) is None
+    # The edge marks a wait of minutes final for the SDKs, which would retry it at once: this client
+    # waits it out whole where its caller's deadline allows.
+    far = error_from_response(429, {"retry-after": "540", "x-should-retry": "false"}, b"{}")
+    assert RetryPolicy(max_retries=2, deadline_s=600.0).wait_s(far, retries_done=0, elapsed_s=0.0)
