@@ -1,8 +1,9 @@
 """One chat completion's admission, read top to bottom: everything decided before the response
 starts, where a refusal is a plain HTTP status.
 
-Count the prompt's tokens (after the request's own checks: its model, its sampling parameters
-against the vocabulary, max_tokens against its tier and the model's context) → ask the limiter → ask
+Count the prompt's tokens (a long prompt waits for an encode thread within its tier's max wait;
+after the request's own checks: its model, its sampling parameters against the vocabulary,
+max_tokens against its tier and the model's context) → ask the limiter → ask
 the admission queue whether waiting makes sense. What is admitted is a Generation (generation.py),
 which runs it.
 """
@@ -136,11 +137,15 @@ class Pipeline:
         ]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
-            prompt_ids = await encode_messages(
-                self.text.encode_chat, messages, salt, req.prompt_end, tier.priority
+            prompt_ids, encode_wait_s = await encode_messages(
+                self.text.encode_chat, messages, salt, req.prompt_end, tier.priority, tier.max_queue_wait_s
             )
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None
+        except Overloaded as exc:
+            # Waited its tier's max wait for an encode thread (edge/encode_queue.py): before the
+            # limiter and the stream gate, so it is charged nothing and holds no place there.
+            raise self._refused(principal, new_request_id(), overloaded_error(exc)) from None
         # The model's context first: a client that trims its history on context_length_exceeded
         # must get that code for a prompt too long for both.
         max_new = self._max_new_tokens(req, tier, len(prompt_ids))
@@ -181,7 +186,9 @@ class Pipeline:
             user=principal.user,
             priority=tier.priority,
             kv_tokens=len(prompt_ids) + max_new,
-            max_wait_s=tier.max_queue_wait_s,
+            # One bound for the request's whole wait: the tier's max wait, less what it waited for
+            # an encode thread (else a long prompt could wait it twice before a replica took it).
+            max_wait_s=max(0.0, tier.max_queue_wait_s - encode_wait_s),
             # Tiers above the lowest priority are the paying ones: only they may use the reserve.
             may_use_reserve=tier.may_use_reserve,
             tier=principal.tier,

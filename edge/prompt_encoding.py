@@ -4,12 +4,13 @@ Rendering the chat template and tokenizing cost time in proportion to the body: 
 and also to the number of messages (the template loops over them; on the demo model 2048 empty
 messages take ~35 ms, as long as ~160,000 characters of content in one message). A prompt whose
 estimated cost is small runs inline (a thread hop costs more than the work); a larger one runs in a
-worker thread, of the prompts' own, by tier (edge/encode_queue.py). schemas.MAX_MESSAGES bounds
-the message count before any of this starts.
+worker thread, of the prompts' own, by tier (edge/encode_queue.py), waiting for one at most the
+tier's max_queue_wait_s. schemas.MAX_MESSAGES bounds the message count before any of this starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from edge.encode_queue import encode_queue
@@ -43,9 +44,12 @@ async def encode_messages(
     scope: str,
     end: PromptEnd = "reply",
     priority: int = 0,
-) -> list[int]:
+    max_wait_s: float = math.inf,
+) -> tuple[list[int], float]:
     """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread, which a
-    prompt of a higher `priority` (its tier's) gets first."""
+    prompt of a higher `priority` (its tier's) gets first; and the seconds it waited for the thread,
+    which its tier's max wait counts (edge/pipeline.py). Raises Overloaded ("wait_too_long") where
+    no thread was free for it within `max_wait_s`."""
     if runs_inline(messages):
-        return encode_chat(messages, scope, end)
-    return await encode_queue().run(priority, encode_chat, messages, scope, end)
+        return encode_chat(messages, scope, end), 0.0
+    return await encode_queue().run(priority, max_wait_s, encode_chat, messages, scope, end)

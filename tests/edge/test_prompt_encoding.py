@@ -4,6 +4,7 @@ GIL, so every other stream's tokens go on), and its ids are the tokenizer's own 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
@@ -11,6 +12,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from edge.admission.ticket import Overloaded
+from edge.admission.wait_estimate import MIN_RETRY_S
 from edge.encode_queue import EncodeQueue
 from edge.prompt_encoding import encode_messages
 from edge.text.chat_template import PromptEnd
@@ -21,6 +24,9 @@ pytestmark = pytest.mark.anyio
 
 PROSE = "Continuous batching joins new sequences at every engine step, 42 of them. "
 
+
+# A wait no test reaches: the tests of order and of leaving do not bound it.
+NO_BOUND = math.inf
 
 Encode = Callable[[list[dict[str, str]], str, PromptEnd], list[int]]
 
@@ -42,8 +48,9 @@ async def test_only_a_short_prompt_is_encoded_on_the_loop(chars: int, on_loop: b
     threads, recording = _recording(text)
     messages = [{"role": "user", "content": (PROSE * (chars // len(PROSE) + 1))[:chars]}]
 
-    ids = await encode_messages(recording, messages, "alice")
+    ids, waited_s = await encode_messages(recording, messages, "alice")
 
+    assert waited_s == 0.0  # nothing else wanted a thread
     expected = text.tokenizer.encode(text.template.render(messages), add_special_tokens=False).ids
     assert ids == expected
     assert (threads == [threading.current_thread().name]) is on_loop, threads
@@ -64,10 +71,10 @@ async def test_a_waiting_paid_prompt_gets_the_next_thread_before_free_ones() -> 
     queue = EncodeQueue(threads=1)
     release, order = threading.Event(), list[str]()
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        tasks.start_soon(queue.run, 0, NO_BOUND, _held(release, order, "first"))
         await anyio.wait_all_tasks_blocked()
         for priority, name in ((0, "free-a"), (0, "free-b"), (1, "paid"), (0, "free-c")):
-            tasks.start_soon(queue.run, priority, order.append, name)
+            tasks.start_soon(queue.run, priority, NO_BOUND, order.append, name)
             await anyio.wait_all_tasks_blocked()
         release.set()
     assert order == ["first", "paid", "free-a", "free-b", "free-c"]
@@ -81,21 +88,21 @@ async def test_a_prompt_cancelled_while_it_waits_leaves_its_thread_to_the_next()
     async def waits_then_leaves() -> None:
         with anyio.CancelScope() as scope:
             scopes.append(scope)
-            await queue.run(1, order.append, "left")
+            await queue.run(1, NO_BOUND, order.append, "left")
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        tasks.start_soon(queue.run, 0, NO_BOUND, _held(release, order, "first"))
         await anyio.wait_all_tasks_blocked()
         tasks.start_soon(waits_then_leaves)
         await anyio.wait_all_tasks_blocked()
         scopes[0].cancel()
-        tasks.start_soon(queue.run, 0, order.append, "next")
+        tasks.start_soon(queue.run, 0, NO_BOUND, order.append, "next")
         await anyio.wait_all_tasks_blocked()
         release.set()
     assert order == ["first", "next"]
     # Its thread came back: two more prompts, one after the other, each get it.
-    assert await queue.run(0, lambda: "again") == "again"
-    assert await queue.run(0, lambda: "and again") == "and again"
+    assert await queue.run(0, NO_BOUND, lambda: "again") == ("again", 0.0)
+    assert await queue.run(0, NO_BOUND, lambda: "and again") == ("and again", 0.0)
 
 
 async def test_long_prompts_are_encoded_while_the_shared_worker_threads_are_all_busy() -> None:
@@ -113,7 +120,7 @@ async def test_long_prompts_are_encoded_while_the_shared_worker_threads_are_all_
             await anyio.wait_all_tasks_blocked()
             assert shared.available_tokens == 0
             with anyio.fail_after(20):
-                ids = await encode_messages(text.encode_chat, messages, "alice")
+                ids, _ = await encode_messages(text.encode_chat, messages, "alice")
             release.set()
     finally:
         release.set()
@@ -128,14 +135,41 @@ async def test_waiters_that_left_behind_one_still_waiting_do_not_pile_up() -> No
     queue = EncodeQueue(threads=1)
     release, order = threading.Event(), list[str]()
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(queue.run, 0, _held(release, order, "first"))
+        tasks.start_soon(queue.run, 0, NO_BOUND, _held(release, order, "first"))
         await anyio.wait_all_tasks_blocked()
-        tasks.start_soon(queue.run, 0, order.append, "stays")
+        tasks.start_soon(queue.run, 0, NO_BOUND, order.append, "stays")
         async with anyio.create_task_group() as gone:
             for _ in range(1000):
-                gone.start_soon(queue.run, 0, order.append, "left")
+                gone.start_soon(queue.run, 0, NO_BOUND, order.append, "left")
             await anyio.wait_all_tasks_blocked()
             gone.cancel_scope.cancel()
         assert len(queue._waiting) <= 65, len(queue._waiting)
         release.set()
     assert order == ["first", "stays"]
+
+
+async def test_a_free_prompt_behind_a_paid_flood_gives_up_at_its_max_wait_and_is_never_encoded() -> None:
+    """Paid prompts hold the thread and wait for it: a free prompt behind them waited for as long
+    as they kept coming. It gives up at its tier's max wait, refused as the admission queue refuses
+    a wait too long (wait_too_long, with a Retry-After), its entry is passed over when the thread
+    frees, and the thread comes back."""
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(queue.run, 10, NO_BOUND, _held(release, order, "paid-first"))
+            await anyio.wait_all_tasks_blocked()
+            tasks.start_soon(queue.run, 10, NO_BOUND, order.append, "paid-next")
+            await anyio.wait_all_tasks_blocked()
+            # The bound under test: no event could end this wait but the queue's own timer.
+            with anyio.fail_after(20), pytest.raises(Overloaded) as refused:
+                await queue.run(0, 0.05, order.append, "free")
+            release.set()
+    finally:
+        release.set()
+    assert refused.value.reason == "wait_too_long"
+    assert refused.value.retry_after_s >= MIN_RETRY_S
+    assert order == ["paid-first", "paid-next"]
+    # Nobody waits and the thread is free: a prompt that may not wait at all runs.
+    assert await queue.run(0, 0.0, order.append, "after") == (None, 0.0)
+    assert order == ["paid-first", "paid-next", "after"]

@@ -1,0 +1,187 @@
+"""A long free prompt behind paid long prompts that hold every encode thread (edge/encode_queue.py),
+on a real server: it waited, its client sent no byte back, for as long as the paid prompts held the
+threads. It is now answered as the admission queue answers a wait too long, at its tier's
+max_queue_wait_s: 429 `wait_too_long` with Retry-After, counted, charged nothing, and its prompt is
+never encoded. And what a prompt waited for a thread counts against the same bound in the admission
+queue: the tier's max wait is the longest before a replica takes the request, not twice that.
+
+The paid prompts are held inside the encode callable itself, on an event the test sets, so the
+threads are busy for exactly as long as the test says."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from edge.admission.ticket import Ticket
+from edge.encode_queue import encode_queue
+from edge.prompt_encoding import INLINE_COST_LIMIT, MESSAGE_COST_CHARS, Messages
+from edge.text.chat_template import PromptEnd
+from edge.text.model_text import ModelText
+from gpu_container.engine.blas_threads import usable_cpus
+from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
+from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.sse_client import CHAT, MODEL, wait_until
+from tests.faults.test_failed_requests_cost_nothing import SHORT
+from tests.support.live_server import LiveServer, start_server
+
+FREE_WAIT_S = 0.2
+OVERRIDES = {
+    "tiers": {"free": ROOMY_TIERS["free"] | {"max_queue_wait_s": FREE_WAIT_S}, "paid": ROOMY_TIERS["paid"]}
+}
+HOLD, GAVE_UP, AFTER = "hold this prompt", "the prompt that gave up", "a prompt after"
+# The longest any answer here may take: a guard against a hang, never what the test waits on.
+GUARD_S = 30.0
+
+
+def _long(first: str, max_tokens: int = 1) -> dict[str, object]:
+    """A prompt encoded on a thread (past INLINE_COST_LIMIT by its message count), short in tokens."""
+    filler = [{"role": "user", "content": "hi"}] * (INLINE_COST_LIMIT // MESSAGE_COST_CHARS)
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": first}, *filler],
+        "max_tokens": max_tokens,
+    }
+
+
+class _HeldEncoding:
+    """The model's encode_chat, held inside its thread while it encodes a HOLD prompt, until the
+    test sets `release`; the first message of every prompt it encodes, in order."""
+
+    def __init__(self, text: ModelText) -> None:
+        self._encode = text.encode_chat
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.encoded: list[str] = []
+
+    def __call__(self, messages: Messages, scope: str = "", end: PromptEnd = "reply") -> list[int]:
+        first = messages[0]["content"]
+        self.encoded.append(first)
+        if first == HOLD:
+            self.entered.release()
+            self.release.wait(GUARD_S)
+        return self._encode(messages, scope, end)
+
+
+def _rejected(server: LiveServer, code: str, tier: str) -> float:
+    prefix = "floodgate_requests_rejected_total{"
+    wanted = (f'code="{code}"', 'status="429"', f'tier="{tier}"')
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in server.metrics_text().splitlines()
+        if line.startswith(prefix) and all(label in line for label in wanted)
+    )
+
+
+def test_a_free_prompt_waiting_for_an_encode_thread_is_refused_at_its_max_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = usable_cpus()  # the server's encode queue has as many (edge/encode_queue.py)
+    with start_server(tmp_path, OVERRIDES) as server, ThreadPoolExecutor(threads) as pool:
+        text = server.app.state.runtime.pipeline.text
+        held = _HeldEncoding(text)
+        monkeypatch.setattr(text, "encode_chat", held)
+        url, paid, free = server.base_url + CHAT, server.auth("paid"), server.auth("free")
+        before = _rejected(server, "wait_too_long", "free")
+        try:
+            holding = [
+                pool.submit(httpx.post, url, json=_long(HOLD), headers=paid, timeout=GUARD_S)
+                for _ in range(threads)
+            ]
+            for _ in range(threads):
+                assert held.entered.acquire(timeout=GUARD_S), "the paid prompts never held the threads"
+            # Every thread held: before the fix this waited until the guard, for the threads to free.
+            refused = httpx.post(url, json=_long(GAVE_UP), headers=free, timeout=GUARD_S)
+        finally:
+            held.release.set()
+        served = [future.result() for future in holding]
+        after = httpx.post(url, json=_long(AFTER), headers=free, timeout=GUARD_S)
+        rejected = _rejected(server, "wait_too_long", "free") - before
+        limit = server.settings.tiers["free"].requests_per_window
+
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "wait_too_long"
+    assert refused.json()["error"]["type"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1 and int(refused.headers["retry-after-ms"]) > 0
+    assert refused.headers["x-request-id"].startswith("chatcmpl-")
+    assert rejected == 1
+    assert [answer.status_code for answer in served] == [200] * threads, [a.text for a in served]
+    # The threads it waited for went to the paid prompts and the next one; it was never encoded.
+    assert GAVE_UP not in held.encoded and held.encoded[-1] == AFTER, held.encoded
+    # The limiter never saw it: the free user's next request is the first it charged.
+    assert after.status_code == 200, after.text
+    assert after.headers["x-ratelimit-remaining-requests"] == str(limit - 1)
+
+
+def _waiting_for_a_thread(server: LiveServer) -> int:
+    """The prompts waiting in the server's encode queue, read on its loop (the queue is the loop's)."""
+
+    async def count() -> int:
+        return sum(1 for entry in encode_queue()._waiting if not entry[2].done())
+
+    loop = server._server.loop
+    assert loop is not None
+    return asyncio.run_coroutine_threadsafe(count(), loop).result(GUARD_S)
+
+
+def _queued_tickets(server: LiveServer) -> list[Ticket]:
+    return [waiter.ticket for waiter in server.app.state.runtime.pipeline.dispatcher._queue]
+
+
+def test_the_wait_for_an_encode_thread_counts_against_the_tiers_max_wait_for_a_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free prompt waits for a thread, then for the one sequence a paid stream holds: its ticket
+    may wait in the admission queue only what its tier's max wait has left. The paid prompts that
+    hold the threads ask for more than their tier allows, a 400 once encoded, so that nothing but
+    the free request waits for the replica."""
+    overrides = {
+        "tiers": ROOMY_TIERS,
+        "engine": {"max_num_seqs": 1},
+        "admission": {"reserved_paid_fraction": 0.0},
+    }
+    threads = usable_cpus()
+    with (
+        start_server(tmp_path, overrides, _hanging_replicas) as server,
+        ThreadPoolExecutor(threads + 1) as pool,
+        httpx.Client(base_url=server.base_url, timeout=GUARD_S) as client,
+    ):
+        text = server.app.state.runtime.pipeline.text
+        held = _HeldEncoding(text)
+        monkeypatch.setattr(text, "encode_chat", held)
+        too_many = server.settings.tiers["paid"].max_tokens + 1
+        free_wait_s = server.settings.tiers["free"].max_queue_wait_s
+        dispatcher = server.app.state.runtime.pipeline.dispatcher
+        url, paid, free = server.base_url + CHAT, server.auth("paid"), server.auth("free")
+        hang = SHORT | {"max_tokens": HANG, "stream": True}
+        with client.stream("POST", CHAT, json=hang, headers=paid):
+            wait_until(
+                lambda: sum(r.sequences for r in dispatcher.replicas.members) == 1, what="the replica held"
+            )
+            try:
+                holding = [
+                    pool.submit(httpx.post, url, json=_long(HOLD, too_many), headers=paid, timeout=GUARD_S)
+                    for _ in range(threads)
+                ]
+                for _ in range(threads):
+                    assert held.entered.acquire(timeout=GUARD_S), "the paid prompts never held the threads"
+                waiting = pool.submit(httpx.post, url, json=_long(AFTER), headers=free, timeout=GUARD_S)
+                wait_until(
+                    lambda: _waiting_for_a_thread(server) == 1, what="the free prompt waiting for a thread"
+                )
+            finally:
+                held.release.set()
+            wait_until(lambda: dispatcher.queue_depth() == 1, what="the free request waiting for the replica")
+            (ticket,) = _queued_tickets(server)
+        refused = [future.result() for future in holding]
+        served = waiting.result()
+
+    assert [answer.status_code for answer in refused] == [400] * threads, [a.text for a in refused]
+    assert served.status_code == 200, served.text
+    assert ticket.user == "free-user"
+    assert 0 < ticket.max_wait_s < free_wait_s
