@@ -201,6 +201,17 @@ def check_dynamodb_table(section: str, backend: str, table: str) -> None:
         )
 
 
+def check_sqlite_path(section: str, backend: str, path: str) -> None:
+    """With the sqlite backend, SQLite's in-memory (or, for "", private temporary) database is one
+    connection's alone: a key `floodgate keys create` or `serve` printed, or a conversation's turns,
+    were stored nowhere any edge (or another worker, or the next command) reads."""
+    if backend == "sqlite" and path in (":memory:", ""):
+        raise ValueError(
+            f"{section}.sqlite_path {path!r} must name a file: an in-memory store is one process's "
+            "alone, and what is stored in it is lost"
+        )
+
+
 class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     backend: Literal["sqlite", "dynamodb"]
     sqlite_path: str
@@ -214,6 +225,7 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_dynamodb_table("messages", self.backend, self.dynamodb_table)
+        check_sqlite_path("messages", self.backend, self.sqlite_path)
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -263,14 +275,7 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_dynamodb_table("keys", self.backend, self.dynamodb_table)
-        if self.backend == "sqlite" and self.sqlite_path in (":memory:", ""):
-            # SQLite's in-memory (or private temporary) database is one connection's alone: a key
-            # `floodgate keys create` printed, or the dev key `serve` printed, was stored nowhere
-            # any edge (or another worker, or the next command) reads.
-            raise ValueError(
-                f"keys.sqlite_path {self.sqlite_path!r} must name a file: an in-memory store is one "
-                "process's alone, and the keys made in it are lost"
-            )
+        check_sqlite_path("keys", self.backend, self.sqlite_path)
         # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
         # has: the admin API would answer every admin key 401, and nothing would say why.
         named = self.admin_key_sha256

@@ -574,3 +574,15 @@ def test_serve_with_an_empty_messages_table_exits_with_the_reason(tmp_path: Path
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "invalid settings" in done.stderr and "messages.dynamodb_table ''" in done.stderr
+
+
+@pytest.mark.parametrize("section", ["messages", "keys"])
+@pytest.mark.parametrize("path", [":memory:", ""])
+def test_a_sqlite_store_in_memory_is_refused_at_load(section: str, path: str) -> None:
+    """messages.sqlite_path = ":memory:" loaded (keys.sqlite_path was refused): each edge worker,
+    each connection even, kept the conversations of its own, and a history read elsewhere, or after
+    a restart, found none of them."""
+    with pytest.raises(msgspec.ValidationError, match=rf"{section}\.sqlite_path {path!r} must name a file"):
+        load_settings(overrides={section: {"sqlite_path": path}})
+    # The dynamodb backend reads no file.
+    assert load_settings(overrides={section: {"backend": "dynamodb", "sqlite_path": path}})
