@@ -17,7 +17,7 @@ from edge.keys.record import is_key_hash
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
 from edge.upstreams.replica_spec import parse_replica_address
 from gpu_container.engine.types import EngineConfig
-from limiter.redis_url import node_url
+from limiter.redis_url import is_cluster, node_url
 from limiter.tiers import TierLimits
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
@@ -599,7 +599,7 @@ def _check_redis_url(settings: Settings) -> None:
         return
     url = node_url(settings.limiter.redis_url)
     try:
-        parse_url(url)
+        options = parse_url(url)
     except ValueError as exc:
         raise ConfigError(f"limiter.redis_url: {_redis_url_reason(exc)}; {_REDIS_URL_FORMS}") from None
     # redis-py reads a database that is no number (`/abc`) as none given, database 0, and drops a
@@ -608,6 +608,13 @@ def _check_redis_url(settings: Settings) -> None:
     if not url.lower().startswith("unix://") and not _REDIS_DB.fullmatch(unquote(urlsplit(url).path)):
         raise ConfigError(
             f"limiter.redis_url: its database (after HOST[:PORT]/) is not a number; {_REDIS_URL_FORMS}"
+        )
+    # A Redis Cluster has database 0 alone, and redis-py's cluster client refuses any other as it is
+    # made: the URL loaded, and the app's start ended in a RedisClusterException traceback.
+    if is_cluster(settings.limiter.redis_url, cluster=settings.limiter.redis_cluster) and options.get("db"):
+        raise ConfigError(
+            "limiter.redis_url: a Redis Cluster has database 0 alone; drop the database (/N or ?db=N) "
+            "from the URL, or name 0"
         )
 
 

@@ -586,3 +586,29 @@ def test_a_sqlite_store_in_memory_is_refused_at_load(section: str, path: str) ->
         load_settings(overrides={section: {"sqlite_path": path}})
     # The dynamodb backend reads no file.
     assert load_settings(overrides={section: {"backend": "dynamodb", "sqlite_path": path}})
+
+
+@pytest.mark.parametrize(
+    ("url", "cluster"),
+    [
+        ("redis+cluster://:hunter2@cache:7000/3", False),
+        ("rediss+cluster://cache:7000/?db=2", False),
+        ("redis://:hunter2@cache:7000/1", True),
+    ],
+)
+def test_a_redis_cluster_url_naming_a_database_but_0_is_refused_at_load(
+    tmp_path: Path, url: str, cluster: bool
+) -> None:
+    """A cluster has database 0 alone: the URL loaded, and the app's start ended in redis-py's
+    RedisClusterException traceback ("Argument 'db' must be 0 or None in cluster mode")."""
+    config = tmp_path / "redis.toml"
+    config.write_text(
+        f'[limiter]\nbackend = "redis"\nredis_url = "{url}"\nredis_cluster = {str(cluster).lower()}\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    said = str(caught.value)
+    assert said.startswith(f"{config}: limiter.redis_url: a Redis Cluster has database 0 alone"), said
+    assert "hunter2" not in said
+    for good in ("redis+cluster://cache:7000/0", "redis+cluster://cache:7000/", "redis://cache:7000/1"):
+        assert load_settings(overrides={"limiter": {"backend": "redis", "redis_url": good}})
