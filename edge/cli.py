@@ -33,7 +33,7 @@ DEV_TIER = "paid"
 
 def _dev_key_hint(settings: Settings) -> None:
     async def dev_key() -> str | None:
-        async with opened_lifecycle(settings) as keys:
+        async with opened_lifecycle(settings, creates=True) as keys:
             if await keys.store.any():  # a dev key printed before is still there, and still works
                 return None
             key, _ = await keys.create(DEV_USER, DEV_TIER, "dev key of floodgate serve")

@@ -42,16 +42,18 @@ _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "e
 _USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
 
 
-def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> Settings:
-    """The settings, once the key store's SQLite file, where it is one, opens. A missing file is
-    made only by a command that `creates` keys, or to take in the old keys file's: any other
-    command made an empty store at a mistyped path and answered from it ("no keys", "no key
-    key_…"), as if the operator's keys were gone, and left that stray file behind."""
+def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> tuple[Settings, bool]:
+    """The settings, once the key store's SQLite file, where it is one, opens, and whether the
+    command may make a missing store. It may only where it `creates` keys, or to take in the old
+    keys file's: any other command made an empty store at a mistyped path (or table, at a local
+    DynamoDB endpoint) and answered from it ("no keys", "no key key_…"), as if the operator's keys
+    were gone, and left that stray file (table) behind. A missing table is said by `run`."""
     settings = settings_of(args)
+    keys_file = settings.server.keys_file
+    makes = creates or bool(keys_file and os.path.isfile(keys_file))
     if settings.keys.backend == "sqlite":
         path = settings.keys.sqlite_path
-        keys_file = settings.server.keys_file
-        if not (creates or os.path.exists(path) or (keys_file and os.path.isfile(keys_file))):
+        if not (makes or os.path.exists(path)):
             raise SystemExit(
                 f"floodgate: keys.sqlite_path {path!r}: no key store there (no such file); "
                 "`floodgate keys create` or `floodgate serve` makes one"
@@ -59,14 +61,14 @@ def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> Setti
         problem = unopenable({"keys.sqlite_path": path})
         if problem:
             raise SystemExit(f"floodgate: {problem}")
-    return settings
+    return settings, makes
 
 
 def _lifecycle_command(args: argparse.Namespace, step: Any, *, creates: bool = False) -> Any:
-    settings = _store_settings(args, creates=creates)
+    settings, makes = _store_settings(args, creates=creates)
 
     async def go() -> Any:
-        async with opened_lifecycle(settings) as keys:
+        async with opened_lifecycle(settings, creates=makes) as keys:
             return await step(keys)
 
     try:
@@ -280,10 +282,10 @@ def _usage(args: argparse.Namespace) -> int:
         # as a day that does not exist is.
         print(f"floodgate usage: error: --start {args.start} is after --end {args.end}", file=sys.stderr)
         return 2
-    settings = _store_settings(args)
+    settings, makes = _store_settings(args)
 
     async def go() -> Any:
-        async with opened_usage(settings) as store:
+        async with opened_usage(settings, creates=makes) as store:
             return await store.query(args.user, args.start or "", args.end or "")
 
     rows = [row.as_dict() for row in run(go, settings.keys)]

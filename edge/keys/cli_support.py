@@ -22,10 +22,11 @@ _T = TypeVar("_T")
 
 
 @asynccontextmanager
-async def opened_lifecycle(settings: Settings) -> AsyncIterator[KeyLifecycle]:
-    """Changes are announced over the limiter's Redis when it has one, so edges act at once."""
+async def opened_lifecycle(settings: Settings, *, creates: bool) -> AsyncIterator[KeyLifecycle]:
+    """Changes are announced over the limiter's Redis when it has one, so edges act at once.
+    `creates`: whether a missing store may be made (edge/keys/factory.py)."""
     async with AsyncExitStack() as stack:
-        store = await open_key_store(settings.keys)
+        store = await open_key_store(settings.keys, creates=creates)
         stack.push_async_callback(store.aclose)
         try:
             changes = key_changes(settings.limiter)
@@ -50,8 +51,8 @@ async def opened_lifecycle(settings: Settings) -> AsyncIterator[KeyLifecycle]:
 
 
 @asynccontextmanager
-async def opened_usage(settings: Settings) -> AsyncIterator[UsageStore]:
-    store = await open_usage_store(settings.keys)
+async def opened_usage(settings: Settings, *, creates: bool) -> AsyncIterator[UsageStore]:
+    store = await open_usage_store(settings.keys, creates=creates)
     try:
         yield store
     finally:
@@ -71,7 +72,14 @@ def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
         return asyncio.run(main())
     except (BotoCoreError, ClientError) as exc:
         table = keys.dynamodb_table
-        raise SystemExit(f"floodgate: the key store (DynamoDB table {table!r}): {exc}") from None
+        said = f"floodgate: the key store (DynamoDB table {table!r}): {exc}"
+        missing = isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == (
+            "ResourceNotFoundException"
+        )
+        if missing and keys.dynamodb_endpoint:
+            # Only the commands that add keys make it at a local endpoint (edge/keys/factory.py).
+            said += "; `floodgate keys create` or `floodgate serve` makes it at keys.dynamodb_endpoint"
+        raise SystemExit(said) from None
 
 
 def note(message: str) -> None:

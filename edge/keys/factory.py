@@ -10,12 +10,15 @@ from edge.keys.sqlite import SQLiteKeyStore
 from edge.keys.store import KeyStore
 
 
-async def open_key_store(config: KeysConfig) -> KeyStore:
+async def open_key_store(config: KeysConfig, *, creates: bool) -> KeyStore:
+    """`creates`: whether a missing store may be made (the edge, a command that adds keys). A read
+    alone (`keys list`, `usage`) made the table at a local endpoint and answered "no keys" from it,
+    as a mistyped SQLite path did (edge/keys_cli.py): it now meets no table, and says so."""
     if config.backend == "sqlite":
         return SQLiteKeyStore(config.sqlite_path)
     client = dynamodb_client(config.dynamodb_endpoint)
     store = DynamoDBKeyStore(client, config.dynamodb_table)
-    if config.dynamodb_endpoint:
+    if creates and config.dynamodb_endpoint:
         # An endpoint override means a local DynamoDB-compatible server: nobody ran Terraform for it.
         await store.create_table_if_missing()
     return store

@@ -14,7 +14,7 @@ def create_keys(settings: Settings, wanted: dict[str, tuple[str, str]]) -> dict[
     in a worker thread, so a caller already inside an event loop can use it too."""
 
     async def create() -> dict[str, str]:
-        async with opened_lifecycle(settings) as keys:
+        async with opened_lifecycle(settings, creates=True) as keys:
             return {name: (await keys.create(user, tier))[0] for name, (user, tier) in wanted.items()}
 
     with ThreadPoolExecutor(1) as worker:

@@ -36,7 +36,7 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
     by the requests that ended before."""
     async with AsyncExitStack() as stack:
         cfg = settings.keys
-        store = await open_key_store(cfg)
+        store = await open_key_store(cfg, creates=True)
         stack.push_async_callback(store.aclose)
         authenticator = Authenticator(store, cfg.cache_ttl_s)
         streams = StreamWatch(authenticator)
@@ -69,7 +69,7 @@ async def open_key_services(settings: Settings) -> AsyncIterator[KeyServices]:
         imported = await lifecycle.import_keys_file(settings.server.keys_file)
         if imported.added:
             log.info("keys_imported", file=settings.server.keys_file, added=imported.added)
-        usage_store = await open_usage_store(cfg)
+        usage_store = await open_usage_store(cfg, creates=True)
         stack.push_async_callback(usage_store.aclose)
         writer = UsageWriter(usage_store, cfg.usage_queue_size)
         writer.start()

@@ -220,7 +220,7 @@ def _usage_rows(config: Path) -> list[tuple[int, int]]:
     """(requests, output tokens) of each usage row the stopped server left in its store."""
 
     async def query() -> list[Any]:
-        async with opened_usage(load_settings(config)) as store:
+        async with opened_usage(load_settings(config), creates=False) as store:
             return list(await store.query("drill-user", "", ""))
 
     return [(row.requests, row.output_tokens) for row in asyncio.run(query())]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.moto_server import REGION, running_moto
+from tests.support.moto_server import REGION, aws_client, running_moto
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = (
@@ -97,3 +97,29 @@ def test_serve_on_dynamodb_without_a_region_is_said_before_it_starts(tmp_path: P
     assert done.stderr.strip().splitlines()[-1] == (
         f'floodgate: {section}.backend = "dynamodb": You must specify a region.'
     ), done.stderr[-2000:]
+
+
+def test_a_reading_command_on_a_local_endpoint_makes_no_table(tmp_path: Path) -> None:
+    """With keys.dynamodb_endpoint set (a local DynamoDB-compatible server), `keys list`, `usage`
+    and the other commands that add no key made the table, and a mistyped table name answered "no
+    keys" from the empty one it left behind, as a mistyped SQLite path did before its store was
+    made only by the commands that add keys. Now each meets no table and says so; `keys create`
+    makes it, as on SQLite."""
+    table = "keys-local-typo"
+    config = tmp_path / "floodgate.toml"
+    with running_moto() as endpoint:
+        config.write_text(
+            f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\n'
+            f'[keys]\nbackend = "dynamodb"\ndynamodb_table = "{table}"\ndynamodb_endpoint = "{endpoint}"\n'
+        )
+        env = aws_env(AWS_DEFAULT_REGION=REGION)
+        tables = aws_client("dynamodb", endpoint)
+        for argv in (["keys", "list"], ["usage"], ["keys", "revoke", "key_0123456789ab"]):
+            done = floodgate(config, argv, env)
+            assert_said_in_one_line(done, f"'{table}'", "ResourceNotFound", "`floodgate keys create`")
+            assert tables.list_tables()["TableNames"] == [], argv
+        created = floodgate(config, ["keys", "create", "--user", "alice", "--tier", "free"], env)
+        assert created.returncode == 0, created.stderr
+        assert tables.list_tables()["TableNames"] == [table]
+        listed = floodgate(config, ["keys", "list"], env)
+        assert listed.returncode == 0 and "alice" in listed.stdout, listed.stderr
