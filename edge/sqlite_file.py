@@ -55,8 +55,8 @@ def _write_lock(db: sqlite3.Connection) -> None:
     db.execute("ROLLBACK")
 
 
-def add_columns(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> None:
-    """Bring a table an older edge made up to this schema: each of `columns` (TEXT) it lacks is
+def add_columns(conn: sqlite3.Connection, table: str, columns: tuple[str, ...], kind: str = "TEXT") -> None:
+    """Bring a table an older edge made up to this schema: each of `columns` (of type `kind`) it lacks is
     added (CREATE TABLE IF NOT EXISTS leaves an existing table as it was). Edges, their workers and
     the CLI of one host may open the file at once: the loser of the race to add a column finds it
     there, which is all this wants."""
@@ -65,7 +65,7 @@ def add_columns(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) 
         if column in present:
             continue
         try:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc):
                 raise

@@ -1,16 +1,25 @@
 """Usage rows in the embedded store's SQLite file (beside the keys), added to in place.
 
 Each writer's last applied seq sits in `usage_writes`, changed in the same transaction as the row,
-so a write repeated after an error adds nothing (edge/usage/store.py: WriteId), as in DynamoDB."""
+so a write repeated after an error adds nothing (edge/usage/store.py: WriteId), as in DynamoDB.
+
+A writer is one process start (each edge worker's), and its row outlived it: `usage_writes` grew by
+a row per start for as long as the file lived. A writer's row is kept WRITER_KEPT_S past its last
+write, long enough for any retry of its own and for a replay of what its close logged
+(`usage_unwritten` with `maybe_written`, edge/usage/writer.py); a sweep at most once an hour (on a
+write) deletes those older. A writer still running that writes again past it starts a row anew:
+its seqs only rise, so none of its writes already landed can be taken for a new one."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import anyio.to_thread
 
 from edge.keys.sqlite import connect
+from edge.sqlite_file import add_columns
 from edge.usage.page import Position, UsagePage, page_of
 from edge.usage.record import Usage
 from edge.usage.store import WriteId
@@ -27,9 +36,12 @@ CREATE TABLE IF NOT EXISTS usage (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS usage_writes (
     writer TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL
+    seq INTEGER NOT NULL,
+    written_at REAL
 ) WITHOUT ROWID;
 """
+WRITER_KEPT_S = 30 * 86400
+_SWEEP_EVERY_S = 3600.0
 
 
 class SQLiteUsageStore:
@@ -38,7 +50,11 @@ class SQLiteUsageStore:
     def __init__(self, path: str | Path) -> None:
         self._conn = connect(path)
         self._lock = threading.Lock()
+        self._swept_at = 0.0
         self._conn.executescript(_SCHEMA)
+        add_columns(self._conn, "usage_writes", ("written_at",), kind="REAL")
+        # Writers of a release that kept no time: from now, they are kept as long as any.
+        self._conn.execute("UPDATE usage_writes SET written_at = ? WHERE written_at IS NULL", (time.time(),))
 
     async def add(self, usage: Usage, write: WriteId) -> bool:
         return await anyio.to_thread.run_sync(self._add, usage, write)
@@ -69,13 +85,17 @@ class SQLiteUsageStore:
             return added
 
     def _add_once(self, u: Usage, write: WriteId) -> bool:
+        now = time.time()
         seq_moved = self._conn.execute(
-            "INSERT INTO usage_writes (writer, seq) VALUES (?, ?) ON CONFLICT (writer) "
-            "DO UPDATE SET seq = excluded.seq WHERE excluded.seq > seq",
-            (write.writer, write.seq),
+            "INSERT INTO usage_writes (writer, seq, written_at) VALUES (?, ?, ?) ON CONFLICT (writer) "
+            "DO UPDATE SET seq = excluded.seq, written_at = excluded.written_at WHERE excluded.seq > seq",
+            (write.writer, write.seq, now),
         )
         if seq_moved.rowcount == 0:
             return False
+        if now - self._swept_at >= _SWEEP_EVERY_S:
+            self._swept_at = now
+            self._conn.execute("DELETE FROM usage_writes WHERE written_at <= ?", (now - WRITER_KEPT_S,))
         self._conn.execute(
             "INSERT INTO usage (user, day, model, input_tokens, output_tokens, requests) "
             "VALUES (?,?,?,?,?,?) ON CONFLICT (user, day, model) DO UPDATE SET "

@@ -24,8 +24,9 @@ Only if the store stays down past `drain_timeout_s` does `aclose` give up, and t
 could not write is logged whole (`usage_unwritten`: user, model, day, tokens), so billing can
 replay it from the log. The row whose write was under way may have landed: it is logged on its
 own with its WriteId (`writer`, `seq`, `maybe_written`), which a replay through the store's `add`
-applies at most once. A request recorded after `aclose` began, or of a new row while `queue_size`
-rows wait, is dropped the same way: counted and logged whole (`usage_dropped`).
+applies at most once (on SQLite, within the 30 days it keeps a writer's seq: edge/usage/sqlite.py).
+A request recorded after `aclose` began, or of a new row while `queue_size` rows wait, is dropped
+the same way: counted and logged whole (`usage_dropped`).
 
 A row the store refuses itself (UsageRefused: no retry could write it) is logged the same way,
 `usage_unwritten` with `refused`, and the rows behind it go on.

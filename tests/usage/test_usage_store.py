@@ -4,8 +4,12 @@ sent, and the writer loses none on close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
+import sqlite3
+import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -476,3 +480,35 @@ async def test_a_cursor_of_another_user_pages_as_the_rows_after_it(usage_store: 
     page = await usage_store.page("bob", "", "", ("zed", "2026-01-01", "m"), 10)
     assert page.rows == []
     assert not page.has_more
+
+
+async def test_the_sqlite_store_forgets_writers_past_their_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process start is a writer of its own, and `usage_writes` kept a row for each for as
+    long as the file lived: it grew by a row per edge (per worker) start, without end. A writer is
+    now forgotten WRITER_KEPT_S after its last write, a writer of the release before (no time kept)
+    as long after the file is first opened by this one; a writer still writing is kept."""
+    path = tmp_path / "keys.db"
+    now = time.time()
+    with contextlib.closing(sqlite3.connect(path)) as db:  # a file of the release before
+        db.execute("CREATE TABLE usage_writes (writer TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID")
+        db.execute("INSERT INTO usage_writes VALUES ('before', 4)")
+        db.commit()
+    row = Usage("erin", "m", "2026-01-01", 1, 1, 1)
+    # A month's process starts, each writing once: the clock is the one thing set here.
+    for day, writer in [(0, "a"), (10, "b"), (20, "c")]:
+        monkeypatch.setattr(time, "time", lambda day=day: now + day * 86400)
+        store = SQLiteUsageStore(path)
+        assert await store.add(row, WriteId(writer, 1))
+        await store.aclose()
+    monkeypatch.setattr(time, "time", lambda: now + 86400 * 32)  # past a's 30 days, not b's
+    store = SQLiteUsageStore(path)
+    try:
+        assert await store.add(row, WriteId("d", 1))
+        assert not await store.add(row, WriteId("c", 1))  # a writer kept still repeats nothing
+    finally:
+        await store.aclose()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        writers = sorted(w for (w,) in db.execute("SELECT writer FROM usage_writes"))
+    assert writers == ["b", "c", "d"]
