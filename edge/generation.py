@@ -628,7 +628,12 @@ class Generation:
             # continued user message is the question's turn (`_record_prompt`), not the reply's.
             reply = self._req.messages[-1].text() + reply
         self._p.messages.record_reply(
-            conversation_id, self._principal.user, self.request_id, reply, _stored_finish_reason(out)
+            conversation_id,
+            self._principal.user,
+            self.request_id,
+            reply,
+            _stored_finish_reason(out),
+            self._p.config.model_name,
         )
 
 

@@ -65,7 +65,7 @@ class MessageSink(Protocol):
     ) -> None: ...
 
     def record_reply(
-        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str
+        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str, model: str
     ) -> None: ...
 
 

@@ -22,6 +22,8 @@ class ConversationLog:
         self._writer.submit(new_message(conversation_id, user, "user", prompt, request_id, name=name))
 
     def record_reply(
-        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str
+        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str, model: str
     ) -> None:
-        self._writer.submit(new_message(conversation_id, user, "assistant", reply, request_id, finish_reason))
+        self._writer.submit(
+            new_message(conversation_id, user, "assistant", reply, request_id, finish_reason, model=model)
+        )

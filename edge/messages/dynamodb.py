@@ -84,12 +84,16 @@ def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDe
         item["finish_reason"] = {"S": msg.finish_reason}
     if msg.name is not None:
         item["name"] = {"S": msg.name}
+    if msg.model is not None:
+        item["model"] = {"S": msg.model}
     return item
 
 
 def _message(item: dict[str, Any]) -> StoredMessage:
     finish = item.get("finish_reason")
     name = item.get("name")
+    # An item written before replies kept their model has none: read as None, as SQLite's rows are.
+    model = item.get("model")
     packed = item.get("content_z")
     conversation = item.get(CONVERSATION) or item[PARTITION_KEY]  # a legacy item: its id was the key
     return StoredMessage(
@@ -103,6 +107,7 @@ def _message(item: dict[str, Any]) -> StoredMessage:
         finish_reason=finish["S"] if finish else None,
         truncated="truncated" in item,
         name=name["S"] if name else None,
+        model=model["S"] if model else None,
     )
 
 

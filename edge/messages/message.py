@@ -23,6 +23,10 @@ class StoredMessage:
     # The participant who said it (OpenAI's message `name`): a multi-participant chat's history
     # replays each turn as its speaker's.
     name: str | None = None
+    # The served model that wrote it (an assistant's turn): a conversation may move from model to
+    # model, and its history read back could not tell which said what. None for a user's turn, and
+    # for a reply stored before turns kept it.
+    model: str | None = None
 
 
 def new_message(
@@ -34,6 +38,7 @@ def new_message(
     finish_reason: str | None = None,
     *,
     name: str | None = None,
+    model: str | None = None,
 ) -> StoredMessage:
     """A message stamped now, with a fresh time-ordered id."""
     return StoredMessage(
@@ -46,4 +51,5 @@ def new_message(
         created_at=time.time(),
         finish_reason=finish_reason,
         name=name,
+        model=model,
     )

@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL,
     finish_reason TEXT,
     name TEXT,
+    model TEXT,
     PRIMARY KEY (conversation_id, message_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
@@ -40,7 +41,9 @@ _SWEEP_EVERY_S = 3600.0
 _BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
 _SCHEMA_WAIT_MS = 600_000
 
-_COLUMNS = "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name"
+_COLUMNS = (
+    "conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name, model"
+)
 
 
 class SQLiteMessageStore:
@@ -60,7 +63,9 @@ class SQLiteMessageStore:
         # failed ("database is locked"). The schema step waits as long as the build may take.
         self._conn.execute(f"PRAGMA busy_timeout = {_SCHEMA_WAIT_MS}")
         self._conn.executescript(_SCHEMA)
-        add_columns(self._conn, "messages", ("name",))  # `name` came with the turns' speakers
+        # `name` came with the turns' speakers, `model` with the replies' models: an older file's
+        # rows read None for them.
+        add_columns(self._conn, "messages", ("name", "model"))
         self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_WAIT_MS}")
 
     async def append(self, msg: StoredMessage) -> None:
@@ -96,12 +101,13 @@ class SQLiteMessageStore:
             msg.created_at,
             msg.finish_reason,
             msg.name,
+            msg.model,
         )
         now = time.time()
         with self._lock:
             # REPLACE makes a retried write after an ambiguous failure harmless.
             self._conn.execute(
-                f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row
+                f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", row
             )
             if now - self._swept_at >= _SWEEP_EVERY_S:
                 self._swept_at = now
@@ -137,7 +143,16 @@ class SQLiteMessageStore:
 
 
 def _message(row: tuple[Any, ...]) -> StoredMessage:
-    conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name = row
+    conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name, model = row
     return StoredMessage(
-        conversation_id, user, message_id, role, content, request_id, created_at, finish_reason, name=name
+        conversation_id,
+        user,
+        message_id,
+        role,
+        content,
+        request_id,
+        created_at,
+        finish_reason,
+        name=name,
+        model=model,
     )

@@ -105,6 +105,7 @@ async def conversation_messages(
             "id": m.message_id,
             "role": m.role,
             "name": m.name,
+            "model": m.model,
             "content": m.content,
             "created_at": m.created_at,
             "request_id": m.request_id,

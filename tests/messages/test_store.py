@@ -354,3 +354,77 @@ async def test_sqlite_adds_the_name_column_to_a_file_written_before_it(tmp_path:
         ]
     finally:
         await store.aclose()
+
+
+async def test_a_replys_model_round_trips(store: MessageStore) -> None:
+    """A conversation may move from model to model: its turns kept no model, and a history read
+    back could not tell which model said what."""
+    conv = conversation()
+    await store.append(new_message(conv, "alice", "user", "Hi", "r_1"))
+    await store.append(new_message(conv, "alice", "assistant", "Hello.", "r_1", "stop", model="small"))
+    await store.append(new_message(conv, "alice", "assistant", "Hello!", "r_2", "stop", model="large"))
+    assert [(m.role, m.model) for m in (await store.history(conv, "alice")).messages] == [
+        ("user", None),
+        ("assistant", "small"),
+        ("assistant", "large"),
+    ]
+
+
+async def test_sqlite_adds_the_model_column_to_a_file_written_before_it(tmp_path: Path) -> None:
+    """A file of the release before has no `model` column: it opens (a second worker too), keeps
+    its messages, read without a model, and takes replies with one."""
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """CREATE TABLE messages (conversation_id TEXT NOT NULL, message_id TEXT NOT NULL,
+        user TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL, request_id TEXT NOT NULL,
+        created_at REAL NOT NULL, finish_reason TEXT, name TEXT, PRIMARY KEY (conversation_id, message_id))
+        WITHOUT ROWID;"""
+    )
+    old.execute(
+        "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)",
+        ("c", "01J0000000000000000000000A", "alice", "assistant", "before", "r_0", time.time(), "stop", None),
+    )
+    old.commit()
+    old.close()
+    store = SQLiteMessageStore(path)
+    try:
+        await store.append(new_message("c", "alice", "assistant", "after", "r_1", "stop", model="small"))
+        again = SQLiteMessageStore(path)
+        await again.aclose()
+        assert [(m.content, m.model) for m in (await store.history("c", "alice")).messages] == [
+            ("before", None),
+            ("after", "small"),
+        ]
+    finally:
+        await store.aclose()
+
+
+async def test_a_dynamodb_item_written_before_replies_kept_their_model_reads_without_one(
+    dynalite_endpoint: str,
+) -> None:
+    conv = conversation()
+    store = dynamodb_store(dynalite_endpoint)
+    await store.create_table_if_missing()
+    try:
+        reply = new_message(conv, "alice", "assistant", "before", "r_0", "stop")
+        item = {
+            "conversation_id": {"S": owned_partition("alice", conv)},
+            "conversation": {"S": conv},
+            "message_id": {"S": reply.message_id},
+            "owner": {"S": "alice"},
+            "role": {"S": "assistant"},
+            "content": {"S": "before"},
+            "request_id": {"S": "r_0"},
+            "created_at": {"N": repr(reply.created_at)},
+            "expires_at": {"N": str(int(reply.created_at) + 3600)},
+            "finish_reason": {"S": "stop"},
+        }
+        store._client.put_item(TableName=TABLE, Item=item)  # as the release before wrote it
+        await store.append(new_message(conv, "alice", "assistant", "after", "r_1", "stop", model="large"))
+        assert [(m.content, m.model) for m in (await store.history(conv, "alice")).messages] == [
+            ("before", None),
+            ("after", "large"),
+        ]
+    finally:
+        await store.aclose()
