@@ -70,6 +70,36 @@ LAUNCHING = frozenset({"Pending", "Pending:Wait", "Warmed:Pending", "Warmed:Pend
 # RETRY_MAX_S: a throttled or unreachable API is not asked every round by every host.
 RETRY_S = 10.0
 RETRY_MAX_S = 60.0
+# From this many failures of one action on, each further failure is logged as an error
+# (host_agent_action_stuck): about 3 minutes of refusals, past any burst of throttling.
+STUCK_AFTER = 5
+# The error codes of a refusal that may pass (botocore's standard retry mode's throttling and
+# transient errors, and Auto Scaling's ResourceContention); any other 4xx answer is final.
+MAY_PASS = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "SlowDown",
+        "EC2ThrottledException",
+        "LimitExceededException",
+        "PriorRequestNotComplete",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "ResourceContention",
+        # The instance profile's credentials expired before botocore fetched the next ones.
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +158,14 @@ class HostAgent:
 
     def report(self, action: Action, settled: bool, now: float) -> None:
         """What became of an action `step` returned: settled (taken, or refused for good), or failed
-        for a reason that may pass, and sent again after a backoff."""
+        for a reason that may pass, and sent again after a backoff.
+
+        Such an action is sent again for as long as it applies (a mark: until Triton is back), once
+        a minute at most, and never given up after some number of tries: a mark given up left a
+        host with a dead Triton in service for good, a GPU paid for and a place in the group
+        serving nothing, where a call a minute costs nothing against the account's request rate.
+        What an operator needs is to know: from the STUCK_AFTER-th failure on, each one is logged
+        as an error (`take_round`), which an alarm can watch."""
         if settled:
             self.retries.pop(action, None)
             return
@@ -238,6 +275,17 @@ def _error_code(exc: Exception) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
+def _may_pass(exc: Exception) -> bool:
+    """Whether the same call may succeed later: no answer at all (unreachable, timed out), an AWS
+    fault (5xx), or a refusal for the rate or a moment's contention. Any other refusal (4xx: a
+    ValidationError, AccessDenied) is the same however often it is asked."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return True
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status >= 500 or _error_code(exc) in MAY_PASS
+
+
 class AwsHost:
     """This host's view of itself (IMDSv2, Triton on loopback) and its Auto Scaling calls."""
 
@@ -307,11 +355,14 @@ class AwsHost:
 
     def act(self, action: Action) -> bool:
         """Takes the action. Whether it is settled: False when it failed for a reason that may pass
-        (throttled, the API or the metadata service unreachable), and the agent sends it again;
-        refused with a ValidationError (no lifecycle action pending: completed already, or timed
-        out; the instance no longer in a group), it never will pass. A CONTINUE that failed for a
-        moment was taken for the former: the launch hook then timed out with its default result,
-        ABANDON, and the group threw away a host whose engine was loaded."""
+        (throttled, an AWS fault, the API or the metadata service unreachable), and the agent sends
+        it again; refused otherwise, it never will pass. A ValidationError (no lifecycle action
+        pending: completed already, or timed out; the instance no longer in a group) is logged as a
+        warning, as it is what a restarted agent meets; any other refusal (AccessDenied: the role
+        lacks the call) as an error, for an operator to act on: it was sent again every minute for
+        as long as the host lived, each time refused alike. A CONTINUE that failed for a moment was
+        taken for final once: the launch hook then timed out with its default result, ABANDON, and
+        the group threw away a host whose engine was loaded."""
         try:
             instance = self.instance_id
             if isinstance(action, CompleteHook):
@@ -326,9 +377,10 @@ class AwsHost:
                     InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
                 )
         except Exception as exc:
-            refused = _error_code(exc) == "ValidationError"
-            log.warning("host_agent_action_failed", action=repr(action), error=repr(exc), retried=not refused)
-            return refused
+            retried = _may_pass(exc)
+            level = log.warning if retried or _error_code(exc) == "ValidationError" else log.error
+            level("host_agent_action_failed", action=repr(action), error=repr(exc), retried=retried)
+            return not retried
         log.info("host_agent_action", action=repr(action), instance=instance)
         return True
 
@@ -376,6 +428,14 @@ def take_round(agent: HostAgent, host: AwsHost, now: float) -> list[Action]:
         actions = agent.step(seen)
         for action in actions:
             agent.report(action, host.act(action), now)
+            failures, next_at = agent.retries.get(action, (0, now))
+            if failures >= STUCK_AFTER:
+                log.error(
+                    "host_agent_action_stuck",
+                    action=repr(action),
+                    failures=failures,
+                    next_try_in_s=next_at - now,
+                )
         host.ship_gpu_metrics(metrics_text)
     except Exception as exc:  # one failed round (IMDS, API throttling) must not end the agent
         log.warning("host_agent_round_failed", error=repr(exc))

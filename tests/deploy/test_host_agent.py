@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpu_container.triton.host_agent import (
     AwsHost,
@@ -395,6 +396,60 @@ def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
             take_round(a, host, now)
 
         assert api.calls.count("SetInstanceHealth") == 3  # at 60, 70 and 90 s (the second refusal: 20 s)
+    answer = aws_client("autoscaling", moto_endpoint).describe_auto_scaling_instances(
+        InstanceIds=[state.instance_id]
+    )
+    assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+
+
+@pytest.mark.parametrize(("code", "level"), [("ValidationError", "warning"), ("AccessDenied", "error")])
+def test_an_unhealthy_mark_refused_for_good_is_not_sent_again(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+    code: str,
+    level: str,
+) -> None:
+    """A refusal that asking again cannot change (the host no longer in the group; the role without
+    SetInstanceHealth): only a ValidationError was taken for final, and an AccessDenied mark was
+    sent again every minute for as long as the host lived, logged as a passing failure. It is sent
+    once, and a refusal an operator must act on is an error."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, f"agent-refused-{code.lower()}")
+    state.ready = False
+    with refusing_autoscaling(moto_endpoint) as api, capture_logs() as logs:
+        api.refuse("SetInstanceHealth", code, times=100)
+        autoscaling = aws_client("autoscaling", api.url)
+        host, a = _host(f"agent-refused-{code.lower()}", base, autoscaling, moto_endpoint), agent()
+        for now in range(0, 600, 10):
+            take_round(a, host, now)
+
+        assert api.calls.count("SetInstanceHealth") == 1
+    (failed,) = [line for line in logs if line["event"] == "host_agent_action_failed"]
+    assert (failed["log_level"], failed["retried"]) == (level, False)
+
+
+def test_an_unhealthy_mark_the_api_keeps_refusing_is_an_error_and_still_sent(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """Throttled for minutes, the mark is still sent once a minute (given up, the host would keep
+    its dead Triton in service for good), and from the fifth failure each one is an error an alarm
+    can watch: it was only ever a warning, the same as a single throttled call."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-stuck")
+    state.ready = False
+    with refusing_autoscaling(moto_endpoint) as api, capture_logs() as logs:
+        api.refuse("SetInstanceHealth", "Throttling", times=6)
+        host, a = _host("agent-stuck", base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        for now in range(0, 330, 10):
+            take_round(a, host, now)
+
+        # At 60, 70, 90, 130, 190, 250 (refused) and 310 s (taken).
+        assert api.calls.count("SetInstanceHealth") == 7
+    stuck = [
+        (line["log_level"], line["failures"]) for line in logs if line["event"] == "host_agent_action_stuck"
+    ]
+    assert stuck == [("error", 5), ("error", 6)]
     answer = aws_client("autoscaling", moto_endpoint).describe_auto_scaling_instances(
         InstanceIds=[state.instance_id]
     )

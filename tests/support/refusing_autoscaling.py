@@ -1,8 +1,9 @@
 """A real HTTP proxy in front of moto's Auto Scaling API that answers the calls a test names with the
-errors AWS gives (Throttling, ValidationError), for a given number of calls, and passes the rest on:
-an API that refuses a host for a moment (its account's request rate spent) or for good (no lifecycle
-action pending). moto has no CompleteLifecycleAction: the proxy answers it as AWS does while the
-hook is pending, and records each result it was sent.
+errors AWS gives (Throttling, ValidationError, AccessDenied), for a given number of calls, and
+passes the rest on: an API that refuses a host for a moment (its account's request rate spent) or
+for good (no lifecycle action pending, the role without the call). moto has no
+CompleteLifecycleAction: the proxy answers it as AWS does while the hook is pending, and records
+each result it was sent.
 
     with refusing_autoscaling(moto_endpoint) as api:   # api.url, api.calls, api.completed
         api.refuse("SetInstanceHealth", "Throttling")
@@ -23,6 +24,10 @@ _COMPLETED = (
     f'<CompleteLifecycleActionResponse xmlns="{_XMLNS}"><CompleteLifecycleActionResult/>'
     "<ResponseMetadata><RequestId>proxy</RequestId></ResponseMetadata></CompleteLifecycleActionResponse>"
 )
+
+
+# The HTTP status AWS answers each refusal with (400 for the rest).
+_STATUS = {"AccessDenied": 403, "ServiceUnavailable": 503}
 
 
 def _error(code: str) -> str:
@@ -52,7 +57,7 @@ class RefusingAutoScaling:
                     refusals = proxy._refusals.get(action, [])
                     refusal = refusals.pop(0) if refusals else None
                 if refusal is not None:
-                    self._send(400, _error(refusal).encode())
+                    self._send(_STATUS.get(refusal, 400), _error(refusal).encode())
                 elif action == "CompleteLifecycleAction":
                     proxy.completed.append(params["LifecycleActionResult"][0])
                     self._send(200, _COMPLETED.encode())
