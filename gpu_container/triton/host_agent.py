@@ -11,8 +11,11 @@ same image, host networking) and, every `--interval-s`:
   Triton is not ready within `--ready-timeout-s`, abandons the launch at once (ABANDON) so the
   group replaces the host instead of waiting out the hook. An agent restarted on a host past its
   launch (a reboot, a crashed container) has no hook to complete: the metadata's target state reads
-  InService both while the hook waits and in service, so the agent asks the Auto Scaling API once
-  (DescribeAutoScalingInstances: Pending:Wait or InService) and goes straight to its health watch;
+  InService both while the hook waits and in service, so the agent asks the Auto Scaling API
+  (DescribeAutoScalingInstances: Pending:Wait or InService) and goes straight to its health watch.
+  It asks again each time the target state changes, and only then: a host in a warm pool kept
+  running (Warmed:Running) that the group moves into service pauses at Pending:Wait for the launch
+  hook again, and the agent completes it as on a first launch;
 * health: in service, Triton not ready for `--unhealthy-after-s` marks the host Unhealthy (the
   group replaces it; EC2 status checks alone never see a dead Triton on a healthy instance);
 * drain: when the group takes the host out of service (target state Terminated, or back to the warm
@@ -111,8 +114,8 @@ class Observation:
     # drain waits for `drain_s` rather than cut the streams it could not count).
     active_streams: int | None
     now: float
-    # The Auto Scaling API's LifecycleState for this host when the agent started (asked until the
-    # API answers); None before it has: the agent then acts as on a fresh launch.
+    # The Auto Scaling API's LifecycleState for this host, read since `target_state` last changed
+    # (asked until the API answers); None before it has: the agent then acts on what it saw.
     lifecycle_state: str | None = None
 
 
@@ -148,6 +151,10 @@ class HostAgent:
     min_drain_s: float = 20.0
     # The actions AwsHost reported failed: how often, and when to send each again.
     retries: dict[Action, tuple[int, float]] = field(default_factory=dict)
+    # The target state of the last observation, and whether the API's reading since it changed has
+    # been taken in.
+    target: str | None = None
+    placed: bool = False
 
     def step(self, seen: Observation) -> list[Action]:
         """The actions this observation calls for: each decided once, and sent again while `report`
@@ -173,8 +180,17 @@ class HostAgent:
         self.retries[action] = (failures, now + min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S))
 
     def _decide(self, seen: Observation) -> list[Action]:
-        if not self.launch_done and seen.lifecycle_state is not None:
-            self._resume(seen.lifecycle_state)
+        if seen.target_state != self.target:
+            if (
+                self.target is not None
+                and self.target.startswith("Warmed:")
+                and seen.target_state == "InService"
+            ):
+                self._leave_pool(seen.now)
+            self.target, self.placed = seen.target_state, False
+        if not self.placed and seen.lifecycle_state is not None:
+            self._resume(seen.lifecycle_state, seen.target_state)
+            self.placed = True
         state = seen.target_state
         if state == "Terminated" or (self.in_service and state.startswith("Warmed:")):
             return self._drain(seen)
@@ -185,11 +201,25 @@ class HostAgent:
         self.in_service = True
         return self._health(seen)
 
-    def _resume(self, lifecycle_state: str) -> None:
-        """An agent started on a host past its launch (restarted: the host rebooted, its container
-        crashed) has no launch hook to complete. Taken for a fresh launch, a host whose Triton did
-        not come back waited out `ready_timeout_s` (29 minutes) before its health watch began."""
-        if lifecycle_state not in LAUNCHING:
+    def _leave_pool(self, now: float) -> None:
+        """The group moves the host from a warm pool it kept running (or hibernated, its agent
+        with it) into service: its launch hook pauses it at Pending:Wait again, for the agent to
+        complete once Triton answers. The agent took it for a host long launched and only watched
+        its health: the hook timed out with its default result, ABANDON, and the group threw the
+        host away. Its last drain, mark and outage belong to its time before the pool."""
+        self.launch_done = self.in_service = self.drain_done = self.reported_unhealthy = False
+        self.started_at, self.drain_started, self.unready_since = now, None, None
+        self.retries.pop(SetUnhealthy(), None)
+
+    def _resume(self, lifecycle_state: str, target_state: str) -> None:
+        """The API's reading, taken in once per target state (it only changes with it). An agent
+        started on a host past its launch (restarted: the host rebooted, its container crashed) has
+        no launch hook to complete. Taken for a fresh launch, a host whose Triton did not come back
+        waited out `ready_timeout_s` (29 minutes) before its health watch began."""
+        # A warm pool's state under an InService target: the API has not caught up with the move
+        # into service, whose launch hook is to come.
+        leaving_pool = target_state == "InService" and lifecycle_state.startswith("Warmed:")
+        if lifecycle_state not in LAUNCHING and not leaving_pool:
             self.launch_done = True
             # In service or leaving it (not in the warm pool): a Warmed:* target is a scale-in.
             self.in_service = not lifecycle_state.startswith("Warmed:")
@@ -312,7 +342,8 @@ class AwsHost:
         self.triton_metrics = triton_metrics
         self.metrics_timeout_s = metrics_timeout_s
         self._instance_id: str | None = None
-        self._lifecycle_state: str | None = None
+        # The target state the API was last answered at, and its answer.
+        self._described: tuple[str, str | None] | None = None
 
     def _metadata(self, path: str) -> str:
         token_request = urllib.request.Request(
@@ -331,27 +362,30 @@ class AwsHost:
             self._instance_id = self._metadata("instance-id")
         return self._instance_id
 
-    def lifecycle_state(self) -> str | None:
-        """This host's LifecycleState in its group as the Auto Scaling API first gives it, asked on
-        every call until then. Only the agent's start needs it (a launch hook pending or not), so
-        one answer is kept: a call every round from every host would spend the account's Describe
-        rate the edges' discovery also draws on. A failed call is logged, not raised: the agent
-        then acts as on a fresh launch, as it can without the API."""
-        if self._lifecycle_state is None:
+    def lifecycle_state(self, target: str) -> str | None:
+        """This host's LifecycleState in its group, read again each time its target state changes
+        (asked on every call until the API answers, None meanwhile): the state can change only
+        with it. One answer was kept for good: an agent restarted in a running warm pool read
+        Warmed:Running, and took the host's later move into service (Pending:Wait) for a host long
+        launched. Not read every round: a call every round from every host would spend the
+        account's Describe rate the edges' discovery also draws on. A failed call is logged, not
+        raised: the agent then acts on what it saw, as it can without the API."""
+        if self._described is None or self._described[0] != target:
             try:
                 answer = self.autoscaling.describe_auto_scaling_instances(InstanceIds=[self.instance_id])
                 described = answer["AutoScalingInstances"]
-                self._lifecycle_state = described[0]["LifecycleState"] if described else None
+                self._described = (target, described[0]["LifecycleState"] if described else None)
             except Exception as exc:
                 log.warning("describe_auto_scaling_instances_failed", error=repr(exc))
-        return self._lifecycle_state
+                return None
+        return self._described[1]
 
     def observe(self, now: float) -> tuple[Observation, str]:
         target = self._metadata("autoscaling/target-lifecycle-state")
         ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
         status, text = _get(self.triton_metrics, self.metrics_timeout_s)
         streams = active_requests(text) if status == 200 else 0 if status == 0 else None
-        return Observation(target, ready, streams, now, self.lifecycle_state()), text
+        return Observation(target, ready, streams, now, self.lifecycle_state(target)), text
 
     def act(self, action: Action) -> bool:
         """Takes the action. Whether it is settled: False when it failed for a reason that may pass

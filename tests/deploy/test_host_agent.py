@@ -118,6 +118,45 @@ def test_an_agent_restarted_during_a_scale_in_to_the_warm_pool_drains_the_host()
     ]
 
 
+def test_a_host_back_in_service_from_a_running_warm_pool_completes_its_launch_hook_again() -> None:
+    """A warm pool kept running (or hibernated) keeps the agent running with its host: launched,
+    scaled in to the pool, moved into service again. The move pauses the host at Pending:Wait for
+    the launch hook again; the agent, its launch done long ago, only watched its health, and the
+    hook timed out with ABANDON: the group threw away a host whose engine was loaded."""
+    a = agent()
+    assert a.step(seen(now=0)) == [CompleteHook("ready", "CONTINUE")]
+    assert a.step(seen(now=10, lifecycle="InService")) == []
+    assert a.step(seen("Warmed:Running", streams=0, now=100, lifecycle="Warmed:Pending:Wait")) == []
+    assert a.step(seen("Warmed:Running", streams=0, now=120, lifecycle="Warmed:Pending:Wait")) == [
+        CompleteHook("drain", "CONTINUE")
+    ]
+    assert a.step(seen("Warmed:Running", now=130, lifecycle="Warmed:Running")) == []  # in the pool
+
+    assert a.step(seen(ready=False, now=5000, lifecycle="Pending:Wait")) == []  # not Unhealthy
+    assert a.step(seen(ready=False, now=5060, lifecycle="Pending:Wait")) == []
+    assert a.step(seen(ready=True, now=5070, lifecycle="Pending:Wait")) == [CompleteHook("ready", "CONTINUE")]
+    assert a.step(seen(now=5080, lifecycle="Pending:Wait")) == []
+    # In service again: its next scale-in is drained as the first was.
+    assert a.step(seen("Warmed:Running", streams=0, now=6000, lifecycle="Warmed:Pending:Wait")) == []
+    assert a.step(seen("Warmed:Running", streams=0, now=6020, lifecycle="Warmed:Pending:Wait")) == [
+        CompleteHook("drain", "CONTINUE")
+    ]
+
+
+def test_an_agent_restarted_in_a_running_warm_pool_completes_the_launch_hook_of_the_move_into_service() -> (
+    None
+):
+    """Restarted in the pool (Warmed:Running: no hook pending), the agent took the host for one long
+    launched, and its move into service, hook and all, for service as usual. The ready timeout
+    counts from the move."""
+    a = agent()
+    assert a.step(seen("Warmed:Running", now=0, lifecycle="Warmed:Running")) == []
+
+    assert a.step(seen(ready=False, now=1000, lifecycle="Pending:Wait")) == []
+    assert a.step(seen(ready=False, now=1599, lifecycle="Pending:Wait")) == []
+    assert a.step(seen(ready=False, now=1600, lifecycle="Pending:Wait")) == [CompleteHook("ready", "ABANDON")]
+
+
 def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
     a = agent()
     a.step(seen(now=0))
@@ -185,7 +224,9 @@ def test_a_host_scaled_in_back_to_the_warm_pool_is_drained() -> None:
     time every scale-in)."""
     a = agent()
     assert a.step(seen("Warmed:Stopped", now=0)) == [CompleteHook("ready", "CONTINUE")]  # into the pool
-    assert a.step(seen(now=10)) == []  # launched from the pool, in service
+    # Launched from the pool: paused at Pending:Wait by the launch hook again.
+    assert a.step(seen(now=10)) == [CompleteHook("ready", "CONTINUE")]
+    assert a.step(seen(now=15)) == []
     assert a.step(seen("Warmed:Stopped", streams=2, now=20)) == []
     assert a.step(seen("Warmed:Stopped", streams=0, now=30)) == []  # the edges may still send some
     assert a.step(seen("Warmed:Stopped", streams=0, now=40)) == [CompleteHook("drain", "CONTINUE")]
@@ -454,6 +495,31 @@ def test_an_unhealthy_mark_the_api_keeps_refusing_is_an_error_and_still_sent(
         InstanceIds=[state.instance_id]
     )
     assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+
+
+def test_an_agent_restarted_in_a_running_warm_pool_reads_the_move_into_service_from_the_api(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """The agent kept the API's first answer (Warmed:Running) for good: when the group moved the
+    host into service, paused at Pending:Wait, it read nothing new, took the host for one in service
+    and left the launch hook to time out (ABANDON). It reads the state again when the target state
+    changes, and only then."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-pool")
+    state.target_state = "Warmed:Running"
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.describe_as("Warmed:Running")
+        host, a = _host("agent-pool", base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        assert [action for now in range(0, 100, 10) for action in take_round(a, host, now)] == []
+
+        api.describe_as("Pending:Wait")
+        state.target_state = "InService"
+        assert take_round(a, host, 100) == [CompleteHook("ready", "CONTINUE")]
+        assert [action for now in range(110, 200, 10) for action in take_round(a, host, now)] == []
+
+        assert api.completed == ["CONTINUE"]
+        assert api.calls.count("DescribeAutoScalingInstances") == 2
 
 
 def _launching_host(base: str, api_url: str, moto_url: str) -> AwsHost:

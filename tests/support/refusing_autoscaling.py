@@ -3,14 +3,17 @@ errors AWS gives (Throttling, ValidationError, AccessDenied), for a given number
 passes the rest on: an API that refuses a host for a moment (its account's request rate spent) or
 for good (no lifecycle action pending, the role without the call). moto has no
 CompleteLifecycleAction: the proxy answers it as AWS does while the hook is pending, and records
-each result it was sent.
+each result it was sent. moto's hosts are always InService: the proxy gives DescribeAutoScalingInstances
+the LifecycleState a test names (a host in a warm pool, or paused by a hook).
 
     with refusing_autoscaling(moto_endpoint) as api:   # api.url, api.calls, api.completed
         api.refuse("SetInstanceHealth", "Throttling")
+        api.describe_as("Warmed:Running")
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.error
 import urllib.parse
@@ -44,6 +47,7 @@ class RefusingAutoScaling:
         self.calls: list[str] = []  # every call's Action, in order
         self.completed: list[str] = []  # the LifecycleActionResult of each completion answered OK
         self._refusals: dict[str, list[str]] = {}
+        self._lifecycle_state: str | None = None
         self._lock = threading.Lock()
         proxy = self
 
@@ -62,7 +66,11 @@ class RefusingAutoScaling:
                     proxy.completed.append(params["LifecycleActionResult"][0])
                     self._send(200, _COMPLETED.encode())
                 else:
-                    self._send(*proxy._forward(body, dict(self.headers)))
+                    status, answer = proxy._forward(body, dict(self.headers))
+                    if action == "DescribeAutoScalingInstances" and proxy._lifecycle_state is not None:
+                        state = f"<LifecycleState>{proxy._lifecycle_state}</LifecycleState>".encode()
+                        answer = re.sub(rb"<LifecycleState>[^<]*</LifecycleState>", state, answer)
+                    self._send(status, answer)
 
             def _send(self, status: int, body: bytes) -> None:
                 self.send_response(status)
@@ -85,6 +93,12 @@ class RefusingAutoScaling:
         """Answer the next `times` calls of `action` with the error `code`."""
         with self._lock:
             self._refusals.setdefault(action, []).extend([code] * times)
+
+    def describe_as(self, lifecycle_state: str) -> None:
+        """Answer DescribeAutoScalingInstances with this LifecycleState (moto's hosts are always
+        InService: it has no lifecycle hooks nor warm pool)."""
+        with self._lock:
+            self._lifecycle_state = lifecycle_state
 
     def _forward(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         passed = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")}

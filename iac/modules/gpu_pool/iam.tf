@@ -83,9 +83,10 @@ data "aws_iam_policy_document" "gpu" {
     resources = [local.group_arn]
   }
 
-  # The host agent, once at its start: whether a launch hook waits for this host (Pending:Wait) or it
-  # is in service already (the agent restarted: a reboot, a crashed container), where a dead Triton
-  # must be marked Unhealthy at once, not after the launch's ready timeout. Describe actions
+  # The host agent, at its start and when the host's target state changes: whether a launch hook
+  # waits for this host (Pending:Wait: also on its way out of a warm pool) or it is in service
+  # already (the agent restarted: a reboot, a crashed container), where a dead Triton must be
+  # marked Unhealthy at once, not after the launch's ready timeout. Describe actions
   # support no resource-level permission: "*" is the only resource they accept; it only reads.
   statement {
     sid       = "DescribeOwnLifecycle"
