@@ -30,7 +30,9 @@ same image, host networking) and, every `--interval-s`:
   streams than hosts every host was protected and the group could not scale in until traffic all
   but stopped, however far the demand fell. Streams it cannot count (the metrics page slower than
   its timeout on a busy host) are not none: the hook then waits for `--drain-s`; with nothing
-  listening on the metrics port (Triton gone, its streams with it) it waits only `--min-drain-s`;
+  listening on the metrics port (Triton gone, its streams with it) it waits only `--min-drain-s`.
+  An agent restarted on a host paused on its way into the warm pool cannot tell a launch into it
+  from a scale-in back to it: it completes both hooks as each would be, AWS takes the one pending;
 * GPU metrics: Triton's nv_gpu_* gauges go to CloudWatch (`--metric-namespace`) per GPU.
 
 The decisions (`HostAgent.step`) are pure: an observation in, actions out, and what became of each
@@ -69,6 +71,9 @@ GPU_GAUGES = {
 # The Auto Scaling API's lifecycle states in which a launch hook is pending or yet to come (the hook
 # pauses a launch at Pending:Wait, or Warmed:Pending:Wait on its way into the warm pool).
 LAUNCHING = frozenset({"Pending", "Pending:Wait", "Warmed:Pending", "Warmed:Pending:Wait"})
+# The states of a host on its way into the warm pool: launched into it (the launch hook pauses it)
+# or scaled in back to it (reuse_on_scale_in: the terminate hook pauses it, in the same state).
+ENTERING_POOL = frozenset({"Warmed:Pending", "Warmed:Pending:Wait"})
 # An action that failed is sent again after RETRY_S, then twice as long after each failure, up to
 # RETRY_MAX_S: a throttled or unreachable API is not asked every round by every host.
 RETRY_S = 10.0
@@ -142,6 +147,8 @@ class HostAgent:
     launch_done: bool = False
     # Seen in service: a later Warmed:* target is a scale-in back to the warm pool, not a launch.
     in_service: bool = False
+    # Restarted on its way into the warm pool, not knowing which hook pauses it: runs both.
+    entering_pool: bool = False
     unready_since: float | None = None
     reported_unhealthy: bool = False
     drain_started: float | None = None
@@ -194,6 +201,8 @@ class HostAgent:
         state = seen.target_state
         if state == "Terminated" or (self.in_service and state.startswith("Warmed:")):
             return self._drain(seen)
+        if self.entering_pool and state.startswith("Warmed:"):
+            return ([] if self.launch_done else self._launch(seen)) + self._drain(seen)
         if not self.launch_done:
             return self._launch(seen)
         if state != "InService":
@@ -208,6 +217,7 @@ class HostAgent:
         its health: the hook timed out with its default result, ABANDON, and the group threw the
         host away. Its last drain, mark and outage belong to its time before the pool."""
         self.launch_done = self.in_service = self.drain_done = self.reported_unhealthy = False
+        self.entering_pool = False
         self.started_at, self.drain_started, self.unready_since = now, None, None
         self.retries.pop(SetUnhealthy(), None)
 
@@ -219,10 +229,24 @@ class HostAgent:
         # A warm pool's state under an InService target: the API has not caught up with the move
         # into service, whose launch hook is to come.
         leaving_pool = target_state == "InService" and lifecycle_state.startswith("Warmed:")
+        if lifecycle_state in ENTERING_POOL and target_state.startswith("Warmed:") and not self.in_service:
+            self._enter_pool()
         if lifecycle_state not in LAUNCHING and not leaving_pool:
             self.launch_done = True
             # In service or leaving it (not in the warm pool): a Warmed:* target is a scale-in.
             self.in_service = not lifecycle_state.startswith("Warmed:")
+
+    def _enter_pool(self) -> None:
+        """Restarted on a host paused on its way into the warm pool, the agent cannot tell which hook
+        pauses it: the launch hook (a launch into the pool) and the terminate hook (a scale-in back
+        to it) both pause it at Warmed:Pending:Wait, with the same target state, and an agent that
+        never saw the host in service does not know whether it was. It runs both, the launch
+        (CONTINUE once Triton answers) and the drain (CONTINUE once idle past `min_drain_s`): AWS
+        refuses the completion of a hook that is not pending with a ValidationError, final and
+        harmless. Taken for a launch, a host scaled in had its terminate hook left pending, the
+        launch's CONTINUE refused, and was held for the drain's whole heartbeat (`scale_in_drain_s`,
+        10 minutes of a GPU) before the group moved it on."""
+        self.entering_pool = True
 
     def _launch(self, seen: Observation) -> list[Action]:
         if seen.target_state != "InService" and not seen.target_state.startswith("Warmed:"):

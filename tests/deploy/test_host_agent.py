@@ -157,6 +157,23 @@ def test_an_agent_restarted_in_a_running_warm_pool_completes_the_launch_hook_of_
     assert a.step(seen(ready=False, now=1600, lifecycle="Pending:Wait")) == [CompleteHook("ready", "ABANDON")]
 
 
+@pytest.mark.parametrize("lifecycle", ["Warmed:Pending", "Warmed:Pending:Wait"])
+def test_an_agent_restarted_on_its_way_into_the_warm_pool_completes_either_hook(lifecycle: str) -> None:
+    """Restarted while the host is paused on its way into the warm pool: a launch into it (the
+    launch hook) and a scale-in back to it (the terminate hook) read the same. The agent took every
+    such host for a launch: a scale-in's terminate hook was never completed. It sends the launch's
+    CONTINUE and, once idle past `min_drain_s`, the drain's: AWS takes the one pending."""
+    a = agent()
+    assert a.step(seen("Warmed:Stopped", ready=False, streams=1, now=0, lifecycle=lifecycle)) == []
+    assert a.step(seen("Warmed:Stopped", ready=True, streams=1, now=10, lifecycle=lifecycle)) == [
+        CompleteHook("ready", "CONTINUE")
+    ]
+    assert a.step(seen("Warmed:Stopped", streams=0, now=20, lifecycle=lifecycle)) == [
+        CompleteHook("drain", "CONTINUE")
+    ]
+    assert a.step(seen("Warmed:Stopped", streams=0, now=30, lifecycle=lifecycle)) == []
+
+
 def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
     a = agent()
     a.step(seen(now=0))
@@ -520,6 +537,32 @@ def test_an_agent_restarted_in_a_running_warm_pool_reads_the_move_into_service_f
 
         assert api.completed == ["CONTINUE"]
         assert api.calls.count("DescribeAutoScalingInstances") == 2
+
+
+@pytest.mark.parametrize("paused_by", ["ready", "drain"])
+def test_an_agent_restarted_on_its_way_into_the_warm_pool_completes_the_hook_that_pauses_it(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+    paused_by: str,
+) -> None:
+    """The API reads Warmed:Pending:Wait for a launch into the warm pool (the launch hook pauses the
+    host) and for a scale-in back to it (the terminate hook). The restarted agent completed the
+    launch hook only: on a scale-in AWS refused it, and the terminate hook held the host for its
+    whole heartbeat. The hook that pauses the host is completed, once; the other's completion is
+    refused and not sent again."""
+    base, state = host_endpoints
+    group = f"agent-into-pool-{paused_by}"
+    state.instance_id = _group_with_one_host(moto_endpoint, group)
+    state.target_state, state.metrics = "Warmed:Stopped", ""  # Triton ready, no stream
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.describe_as("Warmed:Pending:Wait")
+        api.pause_at(f"{group}-{paused_by}")
+        host, a = _host(group, base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        for now in range(0, 200, 10):
+            take_round(a, host, now)
+
+        assert api.completed == ["CONTINUE"]
+        assert api.calls.count("CompleteLifecycleAction") == 2
 
 
 def _launching_host(base: str, api_url: str, moto_url: str) -> AwsHost:

@@ -2,13 +2,15 @@
 errors AWS gives (Throttling, ValidationError, AccessDenied), for a given number of calls, and
 passes the rest on: an API that refuses a host for a moment (its account's request rate spent) or
 for good (no lifecycle action pending, the role without the call). moto has no
-CompleteLifecycleAction: the proxy answers it as AWS does while the hook is pending, and records
-each result it was sent. moto's hosts are always InService: the proxy gives DescribeAutoScalingInstances
-the LifecycleState a test names (a host in a warm pool, or paused by a hook).
+CompleteLifecycleAction: the proxy answers it as AWS does while the hook is pending (any hook, or
+only the one `pause_at` names, once), and records each result it took. moto's hosts are always
+InService: the proxy gives DescribeAutoScalingInstances the LifecycleState a test names (a host in
+a warm pool, or paused by a hook).
 
     with refusing_autoscaling(moto_endpoint) as api:   # api.url, api.calls, api.completed
         api.refuse("SetInstanceHealth", "Throttling")
-        api.describe_as("Warmed:Running")
+        api.describe_as("Warmed:Pending:Wait")
+        api.pause_at("g-drain")
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class RefusingAutoScaling:
         self.completed: list[str] = []  # the LifecycleActionResult of each completion answered OK
         self._refusals: dict[str, list[str]] = {}
         self._lifecycle_state: str | None = None
+        self._pending_hook: str | None = None
         self._lock = threading.Lock()
         proxy = self
 
@@ -60,6 +63,16 @@ class RefusingAutoScaling:
                     proxy.calls.append(action)
                     refusals = proxy._refusals.get(action, [])
                     refusal = refusals.pop(0) if refusals else None
+                    if (
+                        action == "CompleteLifecycleAction"
+                        and refusal is None
+                        and proxy._pending_hook is not None
+                    ):
+                        # AWS completes only the hook that pauses the host, and only once.
+                        if params.get("LifecycleHookName", [""])[0] == proxy._pending_hook:
+                            proxy._pending_hook = ""  # no hook's name: none pending any more
+                        else:
+                            refusal = "ValidationError"
                 if refusal is not None:
                     self._send(_STATUS.get(refusal, 400), _error(refusal).encode())
                 elif action == "CompleteLifecycleAction":
@@ -99,6 +112,12 @@ class RefusingAutoScaling:
         InService: it has no lifecycle hooks nor warm pool)."""
         with self._lock:
             self._lifecycle_state = lifecycle_state
+
+    def pause_at(self, hook: str) -> None:
+        """Take CompleteLifecycleAction only for this hook, once, as AWS does for the hook that
+        pauses the host; refuse every other (ValidationError: no lifecycle action pending)."""
+        with self._lock:
+            self._pending_hook = hook
 
     def _forward(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         passed = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")}
