@@ -7,6 +7,10 @@ replica itself, so hung replicas cannot make the load balancer's check time out.
 the process drains (edge/drain.py), so the load balancer stops sending before the listener closes,
 and while this edge joins the fleet (edge/membership/: share 0 until the others made room on the
 replicas they share; not on replicas of its own, its local engines, which no other edge fills).
+
+Only the operator listener says why (each replica's liveness, the fleet's view): the replicas'
+names are their internal addresses, and the public listener answers whoever reaches it where no
+load balancer filters it. The public answer is the status alone, with the same status code.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from litestar.response.base import ASGIResponse
 from edge.drain import Drain
 from edge.membership.membership import FleetMembership
 from edge.routes.json_body import json_response
-from edge.routes.listeners import BOTH
-from edge.runtime import runtime_of
+from edge.routes.listeners import BOTH, on_operator_listener
+from edge.runtime import Runtime
 
 _PROBE_METHODS = [HttpMethod.GET, HttpMethod.HEAD]
 
@@ -41,23 +45,31 @@ async def healthz() -> ASGIResponse:
 
 @route("/readyz", http_method=_PROBE_METHODS, opt=BOTH)
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
-    state = request.app.state
+    status, detail = _readiness(request.app.state)
+    code = 200 if status == "ready" else 503
+    if not on_operator_listener(request.scope):
+        # The replicas' names are their internal addresses (host:port) and the fleet's view its
+        # size: the public listener answers anyone a load balancer does not filter, so it says
+        # only whether to send traffic. The operator listener keeps the detail.
+        return json_response({"status": status}, status_code=code)
+    return json_response({"status": status, **detail}, status_code=code)
+
+
+def _readiness(state: State) -> tuple[str, dict[str, Any]]:
+    """The status (`ready` or why not) and what it was read from: the replicas' liveness and,
+    with `[fleet]`, this edge's view of it."""
     if "runtime" not in state:
-        return json_response({"status": "starting", "replicas": {}}, status_code=503)
-    replicas = {r.name: r.alive for r in runtime_of(request).models.replica_states()}
+        return "starting", {"replicas": {}}
+    runtime: Runtime = state.runtime
+    replicas = {r.name: r.alive for r in runtime.models.replica_states()}
+    detail: dict[str, Any] = {"replicas": replicas}
     drain: Drain = state.drain
     if drain.draining:
-        return json_response({"status": "draining", "replicas": replicas}, status_code=503)
+        return "draining", detail
     fleet: FleetMembership | None = state.get("fleet")
     if fleet is not None:
         view = fleet.view
-        body = {
-            "replicas": replicas,
-            "fleet": {"live": view.live, "share": view.share, "source": view.source},
-        }
+        detail["fleet"] = {"live": view.live, "share": view.share, "source": view.source}
         if joining(state):
-            return json_response({"status": "joining", **body}, status_code=503)
-    else:
-        body = {"replicas": replicas}
-    ready = any(replicas.values())
-    return json_response({"status": "ready" if ready else "unavailable", **body}, 200 if ready else 503)
+            return "joining", detail
+    return ("ready" if any(replicas.values()) else "unavailable"), detail

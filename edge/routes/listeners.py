@@ -43,10 +43,10 @@ def is_options_answer(handler: BaseRouteHandler) -> bool:
     return isinstance(handler, HTTPRouteHandler) and handler.http_methods == _OPTIONS_ONLY
 
 
-def served_here(route_listener: str | None, on_operator_listener: bool) -> bool:
+def served_here(route_listener: str | None, on_operator: bool) -> bool:
     if route_listener == "both":
         return True
-    return on_operator_listener == (route_listener == "operator")
+    return on_operator == (route_listener == "operator")
 
 
 def path_listeners(app: Litestar) -> dict[str, str | None]:
@@ -71,7 +71,8 @@ def path_listeners(app: Litestar) -> dict[str, str | None]:
     return listeners
 
 
-def _on_operator_listener(scope: Scope) -> bool:
+def on_operator_listener(scope: Scope) -> bool:
+    """The request came in on the operator listener (`app.state.ops_port`, set by edge/server.py)."""
     ops_port = scope["app"].state.get("ops_port")
     server = scope.get("server")
     return ops_port is not None and server is not None and server[1] == ops_port
@@ -87,11 +88,11 @@ def listener_split(app: ASGIApp) -> ASGIApp:
             # Litestar's own OPTIONS answer, whose opt names no listener (or its router's).
             state = scope["app"].state
             listener = state[PATH_LISTENERS].get(scope["path_template"])
-            if not served_here(listener, _on_operator_listener(scope)):
+            if not served_here(listener, on_operator_listener(scope)):
                 raise NotFoundException()
             await app(scope, receive, _with_allow(send, state[PATH_ALLOWS].get(scope["path_template"])))
             return
-        if not served_here(handler.opt.get("listener"), _on_operator_listener(scope)):
+        if not served_here(handler.opt.get("listener"), on_operator_listener(scope)):
             raise NotFoundException()
         await app(scope, receive, send)
 
@@ -123,6 +124,6 @@ def as_served_here(scope: Scope, exc: HTTPException) -> HTTPException:
         *_, template = app.asgi_router.handle_routing(path=normalize_path(scope["path"]), method="OPTIONS")
     except HTTPException:
         return NotFoundException()
-    if served_here(app.state[PATH_LISTENERS].get(template), _on_operator_listener(scope)):
+    if served_here(app.state[PATH_LISTENERS].get(template), on_operator_listener(scope)):
         return exc
     return NotFoundException()

@@ -90,6 +90,17 @@ def test_the_operator_listener_serves_only_what_operators_use(server: LiveServer
     assert [a.status_code for a in served] == [200] * 5
 
 
+def test_readiness_names_the_replicas_only_on_the_operator_listener(server: LiveServer) -> None:
+    """The public /readyz listed every replica by name, its internal address (host:port for
+    Triton), to whoever reached the public listener where no load balancer filters it. It answers
+    the status alone there, with the same status code; the operator listener keeps the detail."""
+    public = httpx.get(server.base_url + "/readyz", timeout=30)
+    ops = httpx.get(server.ops_url + "/readyz", timeout=30)
+    assert (public.status_code, public.json()) == (200, {"status": "ready"})
+    assert ops.status_code == 200 and ops.json()["status"] == "ready"
+    assert ops.json()["replicas"] and all(ops.json()["replicas"].values())
+
+
 def _media_parameters(content_type: str) -> list[str]:
     """The parameter names of a Content-Type, as a media-type parser reads them (lower case)."""
     return [part.split("=", 1)[0].strip().lower() for part in content_type.split(";")[1:]]

@@ -47,7 +47,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
 
 
 def test_readiness_and_metrics_never_wait_on_hung_replicas(server: LiveServer) -> None:
-    ready = httpx.get(server.base_url + "/readyz", timeout=ANSWER_TIMEOUT_S)
+    ready = httpx.get(server.ops_url + "/readyz", timeout=ANSWER_TIMEOUT_S)
     assert ready.status_code == 200
     replicas = ready.json()["replicas"]
     assert replicas.pop("local-0") is True

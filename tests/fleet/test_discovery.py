@@ -139,17 +139,17 @@ def test_a_served_edge_keeps_its_replicas_current(gpu_group: GpuGroup, tmp_path:
         finally:
             await discovery.aclose()
 
-    def ready_replicas(base_url: str) -> list[str]:
-        return sorted(httpx.get(base_url + "/readyz", timeout=5.0).json()["replicas"])
+    def ready_replicas(ops_url: str) -> list[str]:
+        return sorted(httpx.get(ops_url + "/readyz", timeout=5.0).json()["replicas"])
 
     with start_server(tmp_path, {"upstream": {"discovery_interval_s": 0.05}}, provide) as server:
-        assert ready_replicas(server.base_url) == _names(gpu_group)
+        assert ready_replicas(server.ops_url) == _names(gpu_group)
 
         gpu_group.set_desired(3)
         grown = _names(gpu_group)
         assert checked.wait_for(grown), "the edge never health-checked the new replica"
 
-        assert ready_replicas(server.base_url) == grown
+        assert ready_replicas(server.ops_url) == grown
         assert sorted(server.app.state.runtime.pipeline.dispatcher.upstream_names()) == grown
 
         # Scaled in: the hosts that left leave /metrics too (a dashboard summing over replicas
@@ -164,5 +164,5 @@ def test_a_served_edge_keeps_its_replicas_current(gpu_group: GpuGroup, tmp_path:
 
         assert exported() == grown
         gpu_group.set_desired(1)
-        wait_until(lambda: len(ready_replicas(server.base_url)) == 1, what="the scale-in to reach the edge")
-        assert exported() == ready_replicas(server.base_url)
+        wait_until(lambda: len(ready_replicas(server.ops_url)) == 1, what="the scale-in to reach the edge")
+        assert exported() == ready_replicas(server.ops_url)

@@ -87,7 +87,7 @@ class Fleet:
 
     @staticmethod
     def fleet_state(edge: ServeProcess) -> dict[str, Any]:
-        return dict(httpx.get(edge.base_url + "/readyz", timeout=10.0).json().get("fleet", {}))
+        return dict(httpx.get(edge.ops_url + "/readyz", timeout=10.0).json().get("fleet", {}))
 
     def wait_shares(self, names: list[str], share: float, live: int) -> None:
         def ok() -> bool:

@@ -19,7 +19,7 @@ TWO_LOCAL = {
 
 def test_each_models_local_tritonserver_is_a_replica_of_its_own(tmp_path: Path) -> None:
     with start_server(tmp_path, TWO_LOCAL) as server:
-        ready = httpx.get(server.base_url + "/readyz", timeout=30).json()
+        ready = httpx.get(server.ops_url + "/readyz", timeout=30).json()
         metrics = server.metrics_text()
     assert ready["replicas"] == {"small/triton-local": True, "large/triton-local": True}
     for model in ("small", "large"):
