@@ -87,13 +87,12 @@ def refuse_a_taken_port(host: str, port: int) -> None:
 
 
 def refuse_taken_ports(addresses: Iterable[tuple[str, int, str]]) -> None:
-    """SystemExit naming the first of `addresses` (host, port, what it is for) something listens on
-    already (port 0 picks a free one: skipped). `serve` asks before the model's import and the dev
-    key: found only at the bind, a refused serve had printed "Try it: curl ..." with a key for an
-    edge that never started."""
+    """SystemExit naming the first of `addresses` (host, port, what it is for) that cannot be bound:
+    something listens on it already, or the host is no address of this machine (a typo). `serve`
+    asks before the model's import and the dev key: found only at the bind, a refused serve had
+    printed "Try it: curl ..." with a key for an edge that never started. Port 0 is bound too (the
+    kernel picks a free port, let go at once): skipped, `--host <typo> --port 0` got that far."""
     for host, port, what in addresses:
-        if not port:
-            continue
         try:
             refuse_a_taken_port(host, port)
         except OSError as exc:

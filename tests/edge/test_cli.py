@@ -389,6 +389,38 @@ def test_serve_on_a_port_in_use_is_refused_before_minting_a_dev_key(tmp_path: Pa
             assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
 
 
+def test_serve_on_an_address_not_of_this_machine_is_refused_before_minting_a_dev_key(
+    tmp_path: Path,
+) -> None:
+    """`--host <typo> --port 0`: the early bind check skipped port 0, so the typo was found only at
+    the bind, after the model's import, the dev key ("Try it: curl ...") and the app's start. It is
+    refused first with one line, as a port in use is, for the public host and the operator's."""
+    config = _demo_config(tmp_path, more=f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n')
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    unassigned = "192.0.2.1"  # TEST-NET-1 (RFC 5737): documentation only, no interface has it
+    for where, named in (("--host", ""), ("ops_host", " (ops_port)")):
+        settings = config
+        extra = ["--port", "0"]
+        if where == "ops_host":
+            settings = tmp_path / "ops.toml"
+            settings.write_text(config.read_text() + f'ops_host = "{unassigned}"\n')
+        else:
+            extra += ["--host", unassigned]
+        done = subprocess.run(
+            [sys.executable, "-m", "edge.cli", "serve", "--config", str(settings), *extra],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"floodgate: cannot listen on {unassigned}:0{named}: Cannot assign requested address"
+        ], done.stderr
+
+
 def test_serve_workers_with_an_operator_port_in_use_is_refused_before_minting_a_dev_key(
     tmp_path: Path,
 ) -> None:
