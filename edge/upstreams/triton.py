@@ -309,7 +309,7 @@ class TritonUpstream:
             generate_body(req, end_id=end_id, pad_id=self._pad_id, vocab_size=self._vocab_size)
         )
         conn = await self._pool.connect(self._first_timeout_s)
-        conn.send(request, offer)
+        conn.send(request, offer, request_id=req.request_id)
         retried = False
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
         # The reply's room in the replica's sequence limit: TensorRT-LLM ends it there, unasked.
@@ -337,7 +337,7 @@ class TritonUpstream:
                     retried = True
                     timeout_s = self._first_timeout_s
                     conn = await self._pool.connect(self._first_timeout_s, fresh=True)
-                    conn.send(request, offer)
+                    conn.send(request, offer, request_id=req.request_id)
                     continue
                 declined, conn.declined = conn.declined, None
                 if declined is not None:

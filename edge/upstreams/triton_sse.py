@@ -100,6 +100,9 @@ class SseConnection(asyncio.Protocol):
         self.closed = False
         self.last_activity = 0.0
         self._offer: Callable[[Delta], bool] | None = None
+        # The edge's id of the request in flight: the relay runs in a context of its own
+        # (`_RelayBatch`), where no request_id is bound, so its log lines name the request by this.
+        self.request_id: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         # The silence watch: one timer per request, moved on only when it fires (a timeout context
         # per wait cost ~8 % of the loop's time at 64 streams).
@@ -120,9 +123,18 @@ class SseConnection(asyncio.Protocol):
 
     # -- the request ------------------------------------------------------------------------
 
-    def send(self, request: bytes, offer: Callable[[Delta], bool] | None, *, events: bool = True) -> None:
+    def send(
+        self,
+        request: bytes,
+        offer: Callable[[Delta], bool] | None,
+        *,
+        events: bool = True,
+        request_id: str | None = None,
+    ) -> None:
         """Start a request on this idle connection; `offer` is handed tokens where they arrive.
-        `events`: the answer is a stream of server-sent events (else a body read whole)."""
+        `events`: the answer is a stream of server-sent events (else a body read whole).
+        `request_id`: the edge's request this is for (none for a plain GET)."""
+        self.request_id = request_id
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
         self.received, self.last_token, self.relay_error = 0, None, None
         self.status, self.ended, self.responded, self._silent = 0, False, False, False
@@ -397,7 +409,7 @@ def _relay_each(ready: Sequence[SseConnection]) -> None:
         except Exception as exc:
             # Raised to the loop's handler it would strand the pass's other streams, and leave
             # this one waiting for its stall timeout: its reader ends it instead.
-            log.exception("direct_relay_failed")
+            log.exception("direct_relay_failed", request_id=conn.request_id)
             conn.relay_failed(exc)
 
 
