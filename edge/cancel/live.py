@@ -15,8 +15,10 @@ class LiveRequest:
     edge/cancel/bus.py). A cancel before
     `end()` answers CANCELLED and the outcome is cancelled (even if the last token was already
     out: the final chunk carries `"floodgate": {"cancelled": true}`); a cancel after it answers
-    FINISHED (409), and the outcome is what the generation said. Both run on the event loop's
-    thread, so neither can slip between the other's check and mark.
+    FINISHED (409), and the outcome is what the generation said, unless a cancel came first: then
+    it answers CANCELLED again, as OpenAI's cancel of a cancelled response returns it as it is
+    (idempotent). Both run on the event loop's thread, so neither can slip between the other's
+    check and mark.
     """
 
     __slots__ = ("_scope", "cancelled", "ended", "owner", "request_id")
@@ -37,9 +39,11 @@ class LiveRequest:
         return self._scope
 
     def cancel(self) -> bool:
-        """Stop the generation; False when it had already ended (the cancel changes nothing)."""
+        """Stop the generation; whether it ends (or ended) cancelled. False when it had already
+        ended on its own: the cancel changes nothing. A cancel repeated after one that came first
+        answers True as that one did, so the client's retry of a cancel is not told "finished"."""
         if self.ended:
-            return False
+            return self.cancelled
         self.cancelled = True
         if self._scope is not None:
             self._scope.cancel()

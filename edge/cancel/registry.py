@@ -30,11 +30,13 @@ class RequestRegistry(Protocol):
 
 
 class CancelRegistry:
-    """Live requests, plus recently finished ones (bounded, aged out) to answer 409 instead of 404."""
+    """Live requests, plus recently finished ones (bounded, aged out) to answer 409 instead of 404,
+    or, for one a cancel ended, CANCELLED again (edge/cancel/live.py)."""
 
     def __init__(self, finished_capacity: int = 100_000, finished_ttl_s: float = 600.0) -> None:
         self._live: dict[str, LiveRequest] = {}
-        self._finished: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # request_id: (owner, whether a cancel ended it, when it finished)
+        self._finished: OrderedDict[str, tuple[str, bool, float]] = OrderedDict()
         self._capacity = finished_capacity
         self._ttl = finished_ttl_s
 
@@ -46,9 +48,9 @@ class CancelRegistry:
     def finish(self, live: LiveRequest) -> None:
         self._live.pop(live.request_id, None)
         now = time.monotonic()
-        self._finished[live.request_id] = (live.owner, now)
+        self._finished[live.request_id] = (live.owner, live.cancelled, now)
         while self._finished and (
-            len(self._finished) > self._capacity or next(iter(self._finished.values()))[1] < now - self._ttl
+            len(self._finished) > self._capacity or next(iter(self._finished.values()))[2] < now - self._ttl
         ):
             self._finished.popitem(last=False)
 
@@ -59,7 +61,7 @@ class CancelRegistry:
             return CancelOutcome.CANCELLED if live.cancel() else CancelOutcome.FINISHED
         done = self._finished.get(request_id)
         if done is not None and done[0] == user:
-            return CancelOutcome.FINISHED
+            return CancelOutcome.CANCELLED if done[1] else CancelOutcome.FINISHED
         return CancelOutcome.NOT_FOUND
 
     async def cancel(self, request_id: str, user: str) -> CancelOutcome:

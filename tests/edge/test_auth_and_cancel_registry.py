@@ -13,9 +13,17 @@ def test_cancel_registry_outcomes() -> None:
     assert registry.cancel_local("nope", "alice") is CancelOutcome.NOT_FOUND
     assert registry.cancel_local("r1", "alice") is CancelOutcome.CANCELLED
     assert live.cancelled
+    assert live.end() is True  # the cancel came first: the stream ends cancelled
+    assert registry.cancel_local("r1", "alice") is CancelOutcome.CANCELLED  # again, as OpenAI's is
     registry.finish(live)
-    assert registry.cancel_local("r1", "alice") is CancelOutcome.FINISHED
+    assert registry.cancel_local("r1", "alice") is CancelOutcome.CANCELLED
     assert registry.cancel_local("r1", "mallory") is CancelOutcome.NOT_FOUND
+    # One that ended on its own before any cancel: finished, while live and after.
+    ended = registry.register("r2", "alice")
+    assert ended.end() is False
+    assert registry.cancel_local("r2", "alice") is CancelOutcome.FINISHED
+    registry.finish(ended)
+    assert registry.cancel_local("r2", "alice") is CancelOutcome.FINISHED
     assert len(registry) == 0
 
 

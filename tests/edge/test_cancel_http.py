@@ -46,8 +46,27 @@ def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
     after = wait_for_engine_to_drop(server, before)
     # Dropped, not finished: the engine stopped short of the LONG_TOKENS this request runs to.
     assert after.work - before.work < long_body["max_tokens"]
+
+
+def test_a_repeated_cancel_of_a_cancelled_request_answers_it_cancelled_again(
+    server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
+) -> None:
+    """A cancel is idempotent, as OpenAI's cancel of a cancelled response returns it as it is: a
+    client retrying its cancel (a lost answer, a timeout) was told 409 `request_finished`, which
+    reads as if the request had run to its end. The cancel of one that ended on its own stays 409
+    (test below)."""
+    with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as response:
+        stream = events(response)
+        rid = next(stream)["request_id"]
+        assert next(stream)["choices"][0]["delta"]["content"] is not None  # generating now
+        first = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
+        assert first.status_code == 200, "the generation finished before the cancel (too fast?)"
+        rest = list(stream)
+    assert rest[-2]["floodgate"] == {"cancelled": True}
     again = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
-    assert again.status_code == 409
+    assert (again.status_code, again.json()) == (200, {"request_id": rid, "status": "CANCELLED"})
+    other = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("free"))
+    assert other.status_code == 404  # still not another user's to probe
 
 
 def test_cancel_of_another_users_request_is_404(
