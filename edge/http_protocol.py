@@ -18,6 +18,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.closing_refusal import ClosingRefusal
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
+from edge.expect_continue import ExpectingCycle
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
 
@@ -152,8 +153,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _host_seen = False
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
-    # The parser refused a request: the connection's further bytes are read and dropped until it
-    # closes; its answer waits in `_refusal` while a request before it has yet to be answered.
+    # The parser refused a request, or one was answered with its expected body unsent (the
+    # connection closes after it, ExpectingCycle): the connection's further bytes are read and
+    # dropped until it closes; a refusal's answer waits in `_refusal` while a request before it
+    # has yet to be answered.
     _refused = False
     _refusal: tuple[bytes, bool] | None = None
     # A request that asked for an upgrade (never made here): its head again, less the Upgrade
@@ -263,8 +266,13 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         if not linger:
             self.transport.close()
             return
-        # Closed a moment later, not now: closed with the client's bytes still unread, the socket
-        # sends a reset, which can reach the client before the 431 and destroy it.
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Closed a moment after the answer, not with it: closed with the client's bytes still
+        unread, the socket sends a reset, which can reach the client before the answer and destroy
+        it. Meanwhile what it sends is read and dropped."""
+        self._refused = True
         self.loop.call_later(_LINGER_S, self.transport.close)
 
     def _unsupported_upgrade_warning(self) -> None:
@@ -349,6 +357,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 # RFC 9110 10.1.1, 15.2: its 100-continue is ignored, and no 1xx goes to a 1.0
                 # client (it reads the first status line as its answer: a 100, the answer its body).
                 cycle.waiting_for_100_continue = False
+            elif cycle.waiting_for_100_continue:
+                cycle.__class__ = ExpectingCycle  # edge/expect_continue.py
             if upgrade:
                 # Answered as plain HTTP (no WebSocket here, edge/server.py), and the connection
                 # closes after it: a proxy in front that took the upgrade for made would pass
@@ -378,6 +388,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)  # a request whose headers came runs now (uvicorn starts it)
         super().on_response_complete()
+        cycle = self.cycle
+        if isinstance(cycle, ExpectingCycle) and cycle.body_refused:
+            # Its answer said `connection: close`: the body it never sent is not waited for.
+            if not self.transport.is_closing():
+                self._close_lingering()
+            return
         self._disconnect_watches = [w for w in self._disconnect_watches if w.pending()]
         # A refused request's answer, once every request before it is answered (send_400_response).
         if self._refusal is not None and not queued and not self.transport.is_closing():
@@ -395,7 +411,6 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         # has until the same deadline, then the connection closes. Its bytes cancel uvicorn's
         # keep-alive timer and no body timeout runs once the request is answered, so a client
         # trickling them held the connection (its file descriptor) for ever, with no key needed.
-        cycle = self.cycle
         if (
             cycle is not None
             and cycle.response_complete

@@ -6,6 +6,7 @@ connection."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -177,6 +178,57 @@ def test_an_http_1_0_client_that_sends_expect_gets_no_interim_answer(edge: LiveS
     assert answers[b"1.0"].startswith(b"HTTP/1.1 200 OK\r\n"), answers[b"1.0"][:100]
     continued = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
     assert answers[b"1.1"].startswith(continued), answers[b"1.1"][:100]
+
+
+def _expecting(live: LiveServer) -> tuple[bytes, bytes]:
+    """A chat asking for 100 Continue: its head, and its body (to send once told to)."""
+    head, _, body = _chat(live, stream=False, max_tokens=2).partition(b"\r\n\r\n")
+    return head + b"\r\nexpect: 100-continue\r\n\r\n", body
+
+
+@pytest.mark.parametrize("refused", ["bad_key", "too_large"])
+def test_a_request_refused_before_its_expected_body_closes_its_connection(
+    edge: LiveServer, refused: str
+) -> None:
+    """RFC 9110 10.1.1: a request answered from its headers alone (a bad key's 401, a body past the
+    limit's 413) gets its final answer with no 100, and the server must then say whether it reads
+    the body it never asked for. The answer said nothing and the connection waited for that body: a
+    client that reused it had its next request read as the body, and met no answer at all, then a
+    close at the header deadline. As nginx and h11, the answer says `connection: close`, and the
+    connection closes."""
+    head, _ = _expecting(edge)
+    if refused == "bad_key":
+        head, status = head.replace(edge.keys["paid"].encode(), b"not-a-key"), b"401"
+    else:
+        head, status = re.sub(rb"content-length: \d+", b"content-length: 2000000", head), b"413"
+    with _connect(edge) as sock:
+        sock.sendall(head)
+        answer = sock.recv(65536)
+        assert answer, "closed unanswered"
+        with contextlib.suppress(OSError):  # closed already: what came is still there to read
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # the connection reused
+        answer += read_to_close(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [status], answer[:400]
+    assert b"connection: close" in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"), answer[:400]
+
+
+def test_a_request_that_waits_for_its_100_continue_is_served_on_a_kept_connection(
+    edge: LiveServer,
+) -> None:
+    """The other side of the refusal above: a request the edge reads gets its 100 first, and its
+    connection, its body all read, stays open for the next request."""
+    head, body = _expecting(edge)
+    with _connect(edge) as sock:
+        sock.sendall(head)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1)
+            assert chunk, interim
+            interim += chunk
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body + b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        answers = read_to_close(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"200", b"200"], answers[:400]
 
 
 @pytest.mark.parametrize("upgrade", [b"h2c", b"websocket"])
