@@ -56,6 +56,14 @@ class _HostNotOne(Exception):
     Litestar checks only the first."""
 
 
+class _VersionNotServed(Exception):
+    """Raised from the parser's callback at a request of a version other than HTTP/1.1 and 1.0
+    that llhttp parses all the same: HTTP/2.0, answered 505 (RFC 9110 15.6.6, as nginx), and a
+    request line with no version at all (HTTP/0.9's), answered 400 as any malformed request line.
+    Both were served as 1.0 and closed: the 2.0 client read an answer of a version it did not ask
+    for, the 0.9 one a head it never asked for. Through send_400_response, as _HeadTooLarge."""
+
+
 class _UnknownTransferCoding(Exception):
     """Raised from the parser's callback at a transfer coding other than chunked (gzip, chunked):
     the parser frames the body by its chunks, and nothing here decodes the rest, so the body would
@@ -72,6 +80,11 @@ _HEAD_TOO_LARGE = ClosingRefusal(
     f"The request's URL and headers exceed {MAX_HEAD_BYTES // 1024} KiB.",
     "request_header_fields_too_large",
 )
+_VERSION_NOT_SUPPORTED = ClosingRefusal(
+    b"505 HTTP Version Not Supported",
+    "Only HTTP/1.1 and HTTP/1.0 are served here.",
+    "http_version_not_supported",
+)
 _UNKNOWN_TRANSFER_CODING = ClosingRefusal(
     b"501 Not Implemented",
     "The request's Transfer-Encoding may only be chunked.",
@@ -79,6 +92,9 @@ _UNKNOWN_TRANSFER_CODING = ClosingRefusal(
 )
 
 
+# The versions served; llhttp also parses 2.0 and a request line without one (0.9), answered 505
+# and 400 (_VersionNotServed).
+_SERVED_VERSIONS = ("1.1", "1.0")
 # Versions without chunked coding (RFC 9112 7.1): a body of unknown length ends at the close.
 _NO_CHUNKED = ("1.0", "0.9")
 
@@ -153,6 +169,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _host_seen = False
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
+    # The current request is of a major version other than 1 (_VersionNotServed).
+    _version_unsupported = False
     # The parser refused a request, or one was answered with its expected body unsent (the
     # connection closes after it, ExpectingCycle): the connection's further bytes are read and
     # dropped until it closes; a refusal's answer waits in `_refusal` while a request before it
@@ -238,6 +256,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             kind = _HEAD_TOO_LARGE
         elif self._unknown_coding:
             kind = _UNKNOWN_TRANSFER_CODING
+        elif self._version_unsupported:
+            kind = _VERSION_NOT_SUPPORTED
         else:
             kind = _INVALID_HTTP
         # Counted and logged now, under its id, even where its answer waits its turn.
@@ -325,20 +345,23 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._header_deadline.stop()
-        if not self._host_seen and self.parser.get_http_version() == "1.1":
+        version = self.parser.get_http_version()
+        if version not in _SERVED_VERSIONS:
+            self._version_unsupported = version != "0.9"
+            raise _VersionNotServed
+        if not self._host_seen and version == "1.1":
             raise _HostNotOne
         if self.parser.should_upgrade():
             if self._upgrade_replayed:
                 raise _UpgradeAgain
             # No request yet: the parser skips its body and stops here (_parse reads it again).
-            version = self.parser.get_http_version().encode("ascii")
             fields = b"".join(
                 name + b": " + value + b"\r\n" for name, value in self.headers if name != b"upgrade"
             )
             self._upgrade_head = b"%b %b HTTP/%b\r\n%b\r\n" % (
                 self.parser.get_method(),
                 self.url,
-                version,
+                version.encode("ascii"),
                 fields,
             )
             return

@@ -55,9 +55,9 @@ def info_line(log: Any, event: str, fields: dict[str, Any]) -> None:
 
 
 # Refusals whose 5xx status is HTTP's name for them, not the server's trouble: the client caused
-# them all the same (501: a transfer coding it chose that nothing here decodes), and a warning per
-# such request would page an operator for what one client sends.
-CLIENT_CAUSED_5XX = frozenset({"unsupported_transfer_coding"})
+# them all the same (501: a transfer coding it chose that nothing here decodes; 505: a version of
+# HTTP it chose), and a warning per such request would page an operator for what one client sends.
+CLIENT_CAUSED_5XX = frozenset({"unsupported_transfer_coding", "http_version_not_supported"})
 
 
 def refusal_line(log: Any, event: str, fields: dict[str, Any]) -> None:

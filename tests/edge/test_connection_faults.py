@@ -254,6 +254,30 @@ def test_a_request_asking_for_an_upgrade_still_has_its_body_read(edge: LiveServe
         assert json.loads(body)["usage"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize(
+    ("request_line", "status", "code"),
+    [
+        (b"GET /healthz HTTP/2.0\r\nhost: x\r\n\r\n", b"505", "http_version_not_supported"),
+        # HTTP/0.9's request line, no version: no HTTP/1 request at all.
+        (b"GET /healthz\r\n\r\n", b"400", "invalid_http_request"),
+    ],
+)
+def test_a_request_of_a_version_not_served_is_refused(
+    edge: LiveServer, request_line: bytes, status: bytes, code: str
+) -> None:
+    """llhttp parses HTTP/2.0 and a request line with no version (0.9) as well as 1.x, and both were
+    served as 1.0 and closed: an h2 client read an HTTP/1 answer it cannot parse, a 0.9 one a head
+    it never asked for. As nginx: 505 for another major version, 400 for a malformed request line,
+    each an error object with its id, and the connection closes."""
+    with _connect(edge) as sock:
+        sock.sendall(request_line)
+        answer = read_to_close(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [status], answer[:300]
+    assert b"\r\nx-request-id: req-" in head and b"\r\nconnection: close" in head, head
+    assert json.loads(body)["error"]["code"] == code
+
+
 class _Errors(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)

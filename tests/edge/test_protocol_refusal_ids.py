@@ -26,6 +26,7 @@ REQUESTS = {
     "invalid_http_request": (400, CHAT + b"content-length: abc\r\n\r\n"),
     "request_header_fields_too_large": (431, CHAT + PAD * 100 + b"\r\n"),
     "unsupported_transfer_coding": (501, CHAT + b"transfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
+    "http_version_not_supported": (505, b"GET /healthz HTTP/2.0\r\nhost: x\r\n\r\n"),
     # Headers that never end: the header deadline's 408.
     "request_timeout": (408, CHAT),
 }
@@ -86,8 +87,8 @@ def test_a_protocol_refusal_carries_a_request_id_that_names_its_line(edge: LiveS
     assert len(lines) == 1, lines
     line = lines[0]
     assert (line["request_id"], line["status"], line["code"]) == (request_id, status, code), line
-    # Every one is the client's doing, the 501 too (a transfer coding it chose): info, as every other
-    # client-caused refusal's line; a warning says the server's own trouble.
+    # Every one is the client's doing, the 501 and 505 too (a coding, a version it chose): info, as
+    # every other client-caused refusal's line; a warning says the server's own trouble.
     assert line["log_level"] == "info", line
     # ... and no other line says it louder (uvicorn's "Invalid HTTP request received." warning).
     assert not warnings, [record.getMessage() for record in warnings]
