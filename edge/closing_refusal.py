@@ -23,14 +23,17 @@ class ClosingRefusal:
         self.status = int(status_line.split(b" ", 1)[0])
         self.code = code
 
-    def answer(self) -> bytes:
+    def answer(self, extra_lines: bytes = b"") -> bytes:
         """Counted and logged under a refusal id of its own; the answer's bytes, that id among its
-        headers. Logged before it is written: a client that quotes the id finds the line there."""
+        headers, and `extra_lines` (header lines, each ending in CRLF: its CORS headers,
+        edge/cors.py). Logged before it is written: a client that quotes the id finds the line
+        there."""
         # Nothing of the request is known for certain here (its head was refused or never ended).
         count_refusal({}, self.status, self.code)
         named = log_refusal({}, self.status, self.code)
-        return b"%s\r\nx-request-id: %s\r\n%s" % (
+        return b"%s\r\nx-request-id: %s\r\n%s%s" % (
             self._status_line,
             named["x-request-id"].encode("ascii"),
+            extra_lines,
             self._rest,
         )

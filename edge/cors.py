@@ -16,7 +16,9 @@ Authorization is the one request header a wildcard does not cover, so a prefligh
 headers are echoed instead.
 
 It wraps the whole app, outside Litestar's exception handling, so every answer a browser can be
-given carries the headers, its refusals included. Litestar's own OPTIONS answer (its 204, its
+given carries the headers, its refusals included; the answers the HTTP protocol writes itself, where
+no request reached the app (a 431, a 408 at the header deadline, a 400 for what the parser refuses),
+carry the same (CrossOrigins.refusal_lines). Litestar's own OPTIONS answer (its 204, its
 Allow header, a 404 where the listener does not serve the path: edge/routes/listeners.py) is the
 preflight's answer; only a successful one says what may follow. A request without an Origin
 (every server-side client) passes as it is, with no wrapper on its sends.
@@ -40,12 +42,44 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+class CrossOrigins:
+    """The origins whose pages may read the answers (`[server] cors_allow_origins`), and the headers
+    that tell a browser so: one home for the answers the app writes (allow_cross_origin) and those
+    the HTTP protocol writes itself (edge/closing_refusal.py)."""
+
+    __slots__ = ("_allowed", "any_origin")
+
+    def __init__(self, origins: Sequence[str]) -> None:
+        self.any_origin = "*" in origins
+        self._allowed = frozenset(origin.encode("latin-1") for origin in origins)
+
+    def headers(self, origin: bytes | None, *, preflight: bool = False) -> list[tuple[bytes, bytes]]:
+        """The headers of an answer to a request from `origin` (None: it sent none, and gets none)."""
+        if origin is None or not (self.any_origin or origin in self._allowed):
+            return []
+        extra = [(b"access-control-allow-origin", b"*" if self.any_origin else origin)]
+        if not self.any_origin:
+            extra.append((b"vary", b"Origin"))
+        if not preflight:
+            extra.append((b"access-control-expose-headers", b"*"))
+        return extra
+
+    def refusal_lines(self, origin: bytes | None) -> bytes:
+        """The header lines of an answer the HTTP protocol writes itself (a 431, a 408 at the header
+        deadline, a request the parser refuses), where the app never ran: without them a page on
+        another origin could not read why its call failed. `origin`: the request's Origin as far as
+        its head was read; where that was not far enough (None), any origin allowed is still said,
+        since that answer is the same whatever the origin."""
+        if origin is None and self.any_origin:
+            origin = b"*"
+        return b"".join(b"%s: %s\r\n" % pair for pair in self.headers(origin))
+
+
 def allow_cross_origin(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
     """`app` answering browsers from `origins` ("*" among them: any); `app` itself where none."""
     if not origins:
         return app
-    any_origin = "*" in origins
-    allowed = frozenset(origin.encode("latin-1") for origin in origins)
+    allowed = CrossOrigins(origins)
 
     def cors(scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         # A plain function handing back the inner app's coroutine, as edge/routes/head.py's: no
@@ -53,15 +87,13 @@ def allow_cross_origin(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
         if scope["type"] != ScopeType.HTTP:
             return app(scope, receive, send)
         origin = _header(scope, b"origin")
-        if origin is None or not (any_origin or origin in allowed):
+        if origin is None:
             return app(scope, receive, send)
-        extra = [(b"access-control-allow-origin", b"*" if any_origin else origin)]
-        if not any_origin:
-            extra.append((b"vary", b"Origin"))
         requested = _header(scope, b"access-control-request-method")
         preflight = scope["method"] == "OPTIONS" and requested is not None
-        if not preflight:
-            extra.append((b"access-control-expose-headers", b"*"))
+        extra = allowed.headers(origin, preflight=preflight)
+        if not extra:
+            return app(scope, receive, send)
         return app(scope, receive, _with_headers(send, extra, scope if preflight else None))
 
     return cors

@@ -15,6 +15,7 @@ behind it are timed from the moment it has been written (edge/http_protocol.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from edge.closing_refusal import ClosingRefusal
 
@@ -31,19 +32,21 @@ def timeout_response(timeout_s: float) -> ClosingRefusal:
 class HeaderDeadline:
     """One connection's deadline for its current request's headers."""
 
-    __slots__ = ("_handle", "_loop", "_response", "_timeout_s", "_transport", "request_begun")
+    __slots__ = ("_answer", "_handle", "_loop", "_timeout_s", "_transport", "request_begun")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         transport: asyncio.Transport,
         timeout_s: float,
-        response: ClosingRefusal,
+        answer: Callable[[], bytes],
     ) -> None:
+        """`answer`: the 408's bytes, made when it is due (its id, and its CORS headers from the
+        Origin the head had come with so far)."""
         self._loop = loop
         self._transport = transport
         self._timeout_s = timeout_s
-        self._response = response
+        self._answer = answer
         self._handle: asyncio.TimerHandle | None = None
         self.request_begun = False
 
@@ -63,5 +66,5 @@ class HeaderDeadline:
         if self._transport.is_closing():
             return
         if self.request_begun:
-            self._transport.write(self._response.answer())
+            self._transport.write(self._answer())
         self._transport.close()

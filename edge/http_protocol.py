@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Sequence
+from functools import partial
 from typing import ClassVar
 
 import httptools
@@ -17,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.closing_refusal import ClosingRefusal
+from edge.cors import CrossOrigins
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.expect_continue import ExpectingCycle
 from edge.header_timeout import HeaderDeadline, timeout_response
@@ -150,11 +153,12 @@ class UntilCloseCycle(RequestResponseCycle):
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
-    """`uvicorn.Config(http=edge_http_protocol(header_timeout_s))`."""
+    """`uvicorn.Config(http=edge_http_protocol(header_timeout_s, cors_allow_origins))`."""
 
     # Set by edge_http_protocol, from the server's settings.
     header_timeout_s: ClassVar[float]
     _header_timeout_response: ClassVar[ClosingRefusal]
+    _cross_origins: ClassVar[CrossOrigins]
     # One per request whose response has not ended: the running one and any pipelined behind it.
     _disconnect_watches: list[DisconnectWatch]
     _raw_transport: asyncio.Transport
@@ -167,6 +171,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _head_too_large = False
     # The current request has had its Host header (_HostNotOne).
     _host_seen = False
+    # The current request's Origin, once read: a refusal the protocol writes itself carries the
+    # CORS headers for it (edge/cors.py), or a page on another origin could not read it.
+    _origin: bytes | None = None
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
     # The current request is of a major version other than 1 (_VersionNotServed).
@@ -189,7 +196,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._disconnect_watches = []
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._header_deadline = HeaderDeadline(
-            self.loop, transport, self.header_timeout_s, self._header_timeout_response
+            self.loop,
+            transport,
+            self.header_timeout_s,
+            partial(self._answer_of, self._header_timeout_response),
         )
         self._header_deadline.start(request_begun=False)
 
@@ -211,6 +221,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._headers_pending = True
         self._head_bytes = 0
         self._host_seen = False
+        self._origin = None
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self._header_deadline.start(request_begun=True)
@@ -231,6 +242,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             if self._host_seen:
                 raise _HostNotOne
             self._host_seen = True
+        elif lowered == b"origin" and self._origin is None:  # the first, as the app reads it
+            self._origin = value.rstrip(b" \t")  # llhttp keeps trailing whitespace
         elif lowered == b"transfer-encoding" and any(
             coding.strip() != b"chunked" for coding in value.lower().split(b",")
         ):
@@ -261,7 +274,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         else:
             kind = _INVALID_HTTP
         # Counted and logged now, under its id, even where its answer waits its turn.
-        answer = (kind.answer(), kind is not _INVALID_HTTP)
+        answer = (self._answer_of(kind), kind is not _INVALID_HTTP)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not self._headers_pending:
@@ -275,6 +288,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._refusal = answer  # on_response_complete sends it after the last of them
             return
         self._refuse(answer)
+
+    def _answer_of(self, kind: ClosingRefusal) -> bytes:
+        """`kind`'s answer, with the CORS headers for the Origin the request's head came with."""
+        return kind.answer(self._cross_origins.refusal_lines(self._origin))
 
     def _refuse(self, answer: tuple[bytes, bool]) -> None:
         """`answer`: its bytes, and whether the connection lingers before it closes (not after a
@@ -453,7 +470,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._disconnect_watches = []
 
 
-def edge_http_protocol(header_timeout_s: float) -> type[EdgeHttpProtocol]:
+def edge_http_protocol(header_timeout_s: float, cors_allow_origins: Sequence[str]) -> type[EdgeHttpProtocol]:
     """The protocol class for one server's settings (uvicorn takes a class and builds it itself)."""
     return type(
         "EdgeHttpProtocol",
@@ -461,5 +478,6 @@ def edge_http_protocol(header_timeout_s: float) -> type[EdgeHttpProtocol]:
         {
             "header_timeout_s": header_timeout_s,
             "_header_timeout_response": timeout_response(header_timeout_s),
+            "_cross_origins": CrossOrigins(cors_allow_origins),
         },
     )

@@ -122,7 +122,7 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
     options: dict[str, object] = {
         "loop": "uvloop",
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
-        "http": edge_http_protocol(server.header_timeout_s),
+        "http": edge_http_protocol(server.header_timeout_s, server.cors_allow_origins),
         "log_level": "warning",
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.
