@@ -51,8 +51,9 @@ def connect_node(url: str, **options: Any) -> Redis:
     without cluster mode, Sentinel) keeps the connections opened before, demoted to a replica: the
     cancel bus's script and fleet membership's beats met READONLY on them until the edge restarted
     (the limiter's pipelines, whose errors are replies, not raised, close theirs themselves:
-    limiter/direct_calls.py). A replica refuses a script at its first write, so nothing of it ran
-    and sending it again is safe."""
+    limiter/direct_calls.py). A plain PUBLISH succeeds on a replica: publishes go in a script it
+    refuses (edge/primary_publish.py). A replica refuses a script at its first write, so nothing of
+    it ran and sending it again is safe."""
     options.setdefault("retry", Retry(NoBackoff(), 1, supported_errors=(ReadOnlyError,)))
     options["retry_on_error"] = [*options.get("retry_on_error", ()), ReadOnlyError]
     return Redis.from_url(node_url(url), **options)

@@ -35,6 +35,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
+from edge.primary_publish import primary_publisher
 from edge.redis_subscription import Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
@@ -129,6 +130,7 @@ class RedisCancelBus:
         self._reconcile: asyncio.Task[None] | None = None
         # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
         self._cancel_script = client.register_script(CANCEL_SCRIPT)
+        self._publish = primary_publisher(client)
 
     @classmethod
     def from_url(
@@ -181,7 +183,7 @@ class RedisCancelBus:
             outcome = CancelOutcome(answer.decode() if isinstance(answer, bytes) else answer)
             if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
-                await self._client.publish(self._channel, message)
+                await self._publish(self._channel, message)
         except _STORE_ERRORS as exc:
             raise CancelBusUnavailable(str(exc)) from exc
         return outcome

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from edge.primary_publish import primary_publisher
 from edge.redis_subscription import Subscription
 from limiter import redis_url
 
@@ -19,12 +20,15 @@ OnChange = Callable[[str | None], None]  # a key's hash, or None: forget every k
 
 
 class RedisKeyChanges:
-    def __init__(self, url: str, *, timeout_ms: int = 250, channel: str = CHANNEL) -> None:
+    def __init__(
+        self, url: str, *, timeout_ms: int = 250, cluster: bool = False, channel: str = CHANNEL
+    ) -> None:
+        """`cluster`: the config's `redis_cluster` flag (a `redis+cluster://` URL says so itself)."""
         timeout_s = timeout_ms / 1000
         # Classic pub/sub reaches every node of a Cluster: plain connections to the node in the URL.
-        self._publisher = redis_url.connect_node(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        publisher = redis_url.connect_node(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._publisher = publisher
+        self._publish = primary_publisher(publisher, cluster=redis_url.is_cluster(url, cluster=cluster))
         # No read timeout on the subscription: it is idle until a key changes.
         subscriber = redis_url.connect_node(
             url, socket_connect_timeout=timeout_s, health_check_interval=30, socket_keepalive=True
@@ -36,7 +40,7 @@ class RedisKeyChanges:
     async def announce(self, key_sha256: str) -> bool:
         """Best effort: False when Redis could not be reached (the cache TTL still bounds the change)."""
         try:
-            await self._publisher.publish(self._channel, key_sha256)
+            await self._publish(self._channel, key_sha256)
         except (RedisError, OSError):
             return False  # the caller says so where its user looks (the edge's log, the CLI's stderr)
         return True

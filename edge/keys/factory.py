@@ -28,4 +28,4 @@ def key_changes(limiter: LimiterConfig) -> RedisKeyChanges | None:
     """Pub/sub over the limiter's Redis when it has one; None: the cache TTL alone is the bound."""
     if limiter.backend != "redis":
         return None
-    return RedisKeyChanges(limiter.redis_url, timeout_ms=limiter.timeout_ms)
+    return RedisKeyChanges(limiter.redis_url, timeout_ms=limiter.timeout_ms, cluster=limiter.redis_cluster)

@@ -369,3 +369,39 @@ async def test_a_cancel_after_a_failover_behind_the_primary_endpoint_reaches_the
     finally:
         old.kill()
         new.kill()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_sent_again_after_a_failover_reaches_the_edges_on_the_new_primary(
+    admitter: Admitter,
+) -> None:
+    """A's connection stays with the old primary, demoted: a cancel sent again (its first answer
+    lost) finds the record marked there, so nothing refuses it READONLY, and its PUBLISH, which a
+    replica takes, reached only that server's subscribers, not B, subscribed to the new primary."""
+    old, new = start_redis(), start_redis()
+    try:
+        with primary_endpoint(old.port) as endpoint:
+            a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
+            inbox_b = Inbox()
+            await a.start(Inbox())
+            try:
+                assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+                admitted = await admitter.admit(new.url, "req-again")
+                assert admitted.lease is not None
+                endpoint.point_at(new.port)
+                old.command("REPLICAOF", "127.0.0.1", str(new.port))
+                await b.start(inbox_b)
+                assert await b.wait_subscribed(5)
+                assert await b.cancel("req-again", "alice") == "cancelled"
+                await inbox_b.wait_for(("req-again", "alice"))
+                mark = record_key("alice", "req-again")
+                await until(lambda: old.command("GET", mark) == b"$9\r\ncancelled\r\n", poll_s=0.01)
+
+                assert await a.cancel("req-again", "alice") == "cancelled"
+                await until(lambda: inbox_b.received.count(("req-again", "alice")) == 2, timeout_s=5)
+            finally:
+                await a.aclose()
+                await b.aclose()
+    finally:
+        old.kill()
+        new.kill()

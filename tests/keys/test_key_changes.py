@@ -1,0 +1,63 @@
+"""Key changes over Redis pub/sub (edge/keys/changes.py): a standalone Redis failed over behind its
+primary endpoint (ElastiCache without cluster mode, Sentinel: the old primary is demoted to a replica
+of the new one, the endpoint's name leads to the new one), and a Cluster reached through any node."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.keys.changes import RedisKeyChanges
+from tests.admission.flow import until
+from tests.support.primary_endpoint import primary_endpoint
+from tests.support.redis_server import start_redis, start_redis_cluster
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_change_announced_after_a_failover_reaches_the_edges_on_the_new_primary() -> None:
+    """The announcing edge's connection stays with the old primary: a PUBLISH, which a replica
+    takes without a READONLY, reached only that server's subscribers, and an edge subscribed to the
+    new primary served the revoked key until its cache TTL."""
+    old, new = start_redis(), start_redis()
+    try:
+        with primary_endpoint(old.port) as endpoint:
+            a, b = RedisKeyChanges(endpoint.url), RedisKeyChanges(endpoint.url)
+            heard_by_b: list[str | None] = []
+            try:
+                assert await a.announce("before")  # its connection, to `old`
+                endpoint.point_at(new.port)
+                old.command("REPLICAOF", "127.0.0.1", str(new.port))
+                b.start(heard_by_b.append)
+                await until(b.subscribed.is_set, timeout_s=5)
+
+                assert await a.announce("revoked")
+                await until(lambda: "revoked" in heard_by_b, timeout_s=5)
+            finally:
+                await a.aclose()
+                await b.aclose()
+    finally:
+        old.kill()
+        new.kill()
+
+
+async def test_a_change_announced_through_any_node_of_a_cluster_reaches_every_edge() -> None:
+    """The `redis_cluster` flag with a `redis://` URL: the seed node may be a replica, or not own the
+    slot of any key the announcement might touch; a plain PUBLISH on it is broadcast to every node."""
+    cluster = start_redis_cluster(6, replicas=1)
+    try:
+        listener = RedisKeyChanges(cluster.nodes[0].url, cluster=True)
+        heard: list[str | None] = []
+        listener.start(heard.append)
+        try:
+            await until(listener.subscribed.is_set, timeout_s=5)
+            for number, node in enumerate(cluster.nodes):
+                announcer = RedisKeyChanges(node.url, cluster=True)
+                try:
+                    assert await announcer.announce(f"via-{number}")
+                finally:
+                    await announcer.aclose()
+            await until(lambda: all(f"via-{n}" in heard for n in range(len(cluster.nodes))), timeout_s=5)
+        finally:
+            await listener.aclose()
+    finally:
+        cluster.stop()
