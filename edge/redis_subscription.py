@@ -9,23 +9,50 @@ Redis being away is not an error of the edge: the retries go on until `aclose`. 
 without a word (a NAT or load balancer dropping it, a host gone without a reset) is found by a
 PING on a channel idle for `idle_ping_s` whose answer takes over `pong_timeout_s`: the connection
 is then dropped and subscribed again like a broken one.
+
+A standalone Redis failed over behind its primary endpoint (ElastiCache without cluster mode,
+Sentinel) keeps the subscription's connection, on the old primary, demoted to a replica: it answers
+the pings, but what is published on the new primary reaches it only once it replicates from it
+(never, while it is behind), and as nothing broke, the cancels missed were never looked up and the
+changed keys never forgotten. So, with `primary_check_s`, the subscription learns its server's run
+id on its own connection before subscribing, and every `primary_check_s` asks the primary for its
+run id (in a script a replica refuses READONLY, sent again on a new connection:
+redis_url.connect_node): another server's drops the subscription, which subscribes again through
+the endpoint, reported like any other. The cost: one EVALSHA of a small script per check and
+subscription (an edge has two). Nothing cheaper tells which server a subscribed connection is on:
+RESP2 allows it only PING and (UN)SUBSCRIBE. A Cluster needs no check (a PUBLISH reaches every
+node, and its seed node may well be a replica): None.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from edge.primary_publish import PRIMARY_CHECK_KEY
 from edge.task_stop import cancelling, stop_task
 
 log = structlog.get_logger("floodgate.redis_subscription")
 
 OnMessage = Callable[[bytes | str], None]
+
+# The run id of the server it runs on, refused READONLY by a replica (a write that changes nothing
+# first, edge/primary_publish.py). KEYS: PRIMARY_CHECK_KEY.
+PRIMARY_ID_SCRIPT = """
+redis.call('PERSIST', KEYS[1])
+return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+"""
+
+
+class PrimaryMoved(RedisConnectionError):
+    """The endpoint leads to another primary than the one the subscription is on."""
 
 
 class Subscription:
@@ -39,10 +66,12 @@ class Subscription:
         max_delay_s: float = 10.0,
         idle_ping_s: float = 5.0,
         pong_timeout_s: float = 5.0,
+        primary_check_s: float | None = None,
     ) -> None:
         """`subscriber` should have no read timeout (the channel is idle for long stretches: the
-        pings here tell a quiet link from a dead one); `name` names the task and the log events
-        (`<name>_subscription_lost`)."""
+        pings here tell a quiet link from a dead one) and come from redis_url.connect_node; `name`
+        names the task and the log events (`<name>_subscription_lost`); `primary_check_s`: how often
+        to check that the subscription is on the endpoint's primary (None: never, for a Cluster)."""
         self._subscriber = subscriber
         self._channel = channel
         self._name = name
@@ -50,6 +79,8 @@ class Subscription:
         self._max_delay_s = max_delay_s
         self._idle_ping_s = idle_ping_s
         self._pong_timeout_s = pong_timeout_s
+        self._primary_check_s = primary_check_s
+        self._primary_id = subscriber.register_script(PRIMARY_ID_SCRIPT)
         self._listener: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 
@@ -84,13 +115,21 @@ class Subscription:
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
+                    check_s = self._primary_check_s
+                    on_server = None if check_s is None else await self._server_of(pubsub)
                     await pubsub.subscribe(self._channel)
                     # Not pubsub.listen(): it waits on the socket for ever, and redis-py's
                     # health_check_interval only pings before a read, so a silent link is never seen.
                     ping_sent_at: float | None = None
+                    check_at = asyncio.get_running_loop().time() + (check_s or 0)
                     while True:
-                        message = await pubsub.get_message(timeout=self._idle_ping_s)
+                        message = await pubsub.get_message(
+                            timeout=min(self._idle_ping_s, check_s or math.inf)
+                        )
                         now = asyncio.get_running_loop().time()
+                        if check_s is not None and on_server is not None and now >= check_at:
+                            await self._check_primary(on_server)
+                            check_at = now + check_s
                         if message is None:
                             if ping_sent_at is None:
                                 await pubsub.ping()
@@ -118,3 +157,26 @@ class Subscription:
                 )
                 await asyncio.sleep(delay_s)
                 delay_s = min(max(delay_s * 2, self._delay_s), self._max_delay_s)
+
+    async def _server_of(self, pubsub: PubSub) -> bytes:
+        """The run id of the server `pubsub`'s connection reached, asked on that connection before
+        it subscribes (then it can be asked nothing else). A replica (a name not yet moved after a
+        failover) refuses READONLY: no subscription there, it is tried again."""
+        await pubsub.connect()  # type: ignore[no-untyped-call]
+        connection = pubsub.connection
+        assert connection is not None  # connect() opened it
+        async with asyncio.timeout(self._pong_timeout_s):
+            await connection.send_command("EVAL", PRIMARY_ID_SCRIPT, 1, PRIMARY_CHECK_KEY)
+            run_id = await connection.read_response()
+        return bytes(run_id)
+
+    async def _check_primary(self, on_server: bytes) -> None:
+        """Raise PrimaryMoved when the endpoint's primary is not `on_server`. A primary that cannot
+        be asked says nothing of the subscription: the pings watch its link."""
+        try:
+            async with asyncio.timeout(self._pong_timeout_s):
+                primary = await self._primary_id(keys=[PRIMARY_CHECK_KEY])
+        except (RedisError, OSError):
+            return
+        if primary != on_server:
+            raise PrimaryMoved(f"the endpoint's primary is {primary!r}, the subscription is on {on_server!r}")

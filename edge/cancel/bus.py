@@ -35,7 +35,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
-from edge.primary_publish import primary_publisher
+from edge.primary_publish import PRIMARY_CHECK_KEY, primary_publisher
 from edge.redis_subscription import Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
@@ -113,6 +113,7 @@ class RedisCancelBus:
         max_reconnect_delay_s: float = 10.0,
         idle_ping_s: float = 5.0,  # a silent subscription link is found within both
         pong_timeout_s: float = 5.0,
+        primary_check_s: float | None = 5.0,  # None for a Cluster (edge/redis_subscription.py)
     ) -> None:
         self._client = client
         self._ttl_s = ttl_s
@@ -125,6 +126,7 @@ class RedisCancelBus:
             max_delay_s=max_reconnect_delay_s,
             idle_ping_s=idle_ping_s,
             pong_timeout_s=pong_timeout_s,
+            primary_check_s=primary_check_s,
         )
         self._cluster_setup: asyncio.Task[None] | None = None
         self._reconcile: asyncio.Task[None] | None = None
@@ -146,6 +148,8 @@ class RedisCancelBus:
         subscriber = redis_url.connect_node(
             url, socket_connect_timeout=timeout_s, health_check_interval=30, socket_keepalive=True
         )
+        if redis_url.is_cluster(url, cluster=cluster):
+            options.setdefault("primary_check_s", None)
         return cls(client, subscriber, **options)
 
     async def start(self, deliver: Deliver, running: Running = _no_requests) -> None:
@@ -202,16 +206,23 @@ class RedisCancelBus:
         """Deliver the cancels of requests running here that the store marked while the
         subscription was away. Read after the subscription is up, so a cancel marked later is
         heard on the channel. (Every running request's record is read: one pipelined round trip
-        per batch, on each reconnect only.)"""
+        per batch, on each reconnect only.) Read on the primary: after a failover the subscription
+        moved there (edge/redis_subscription.py), while a pooled connection may still be on the old
+        one, which may not have the marks made since."""
         requests = list(running())
+        on_primary = not isinstance(self._client, RedisCluster)  # a Cluster client asks primaries
         batch = 500
         for start in range(0, len(requests), batch):
             chunk = requests[start : start + batch]
             try:
                 pipe = self._client.pipeline(transaction=False)
+                if on_primary:
+                    # A write that changes nothing: a demoted primary, behind the new one, answers
+                    # READONLY and the reads go again on a new connection (redis_url.connect_node).
+                    pipe.persist(PRIMARY_CHECK_KEY)
                 for request_id, user in chunk:
                     pipe.get(record_key(user, request_id))
-                states = await pipe.execute()
+                states = (await pipe.execute())[1 if on_primary else 0 :]
             except _STORE_ERRORS as exc:
                 # The subscription is likely breaking too; its resubscription looks again.
                 log.warning("cancel_bus_reconcile_failed", error=type(exc).__name__)

@@ -21,20 +21,34 @@ OnChange = Callable[[str | None], None]  # a key's hash, or None: forget every k
 
 class RedisKeyChanges:
     def __init__(
-        self, url: str, *, timeout_ms: int = 250, cluster: bool = False, channel: str = CHANNEL
+        self,
+        url: str,
+        *,
+        timeout_ms: int = 250,
+        cluster: bool = False,
+        channel: str = CHANNEL,
+        primary_check_s: float = 5.0,
     ) -> None:
-        """`cluster`: the config's `redis_cluster` flag (a `redis+cluster://` URL says so itself)."""
+        """`cluster`: the config's `redis_cluster` flag (a `redis+cluster://` URL says so itself);
+        `primary_check_s`: how often the subscription checks it is on the endpoint's primary
+        (edge/redis_subscription.py; never in a Cluster)."""
         timeout_s = timeout_ms / 1000
         # Classic pub/sub reaches every node of a Cluster: plain connections to the node in the URL.
         publisher = redis_url.connect_node(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        in_cluster = redis_url.is_cluster(url, cluster=cluster)
         self._publisher = publisher
-        self._publish = primary_publisher(publisher, cluster=redis_url.is_cluster(url, cluster=cluster))
+        self._publish = primary_publisher(publisher, cluster=in_cluster)
         # No read timeout on the subscription: it is idle until a key changes.
         subscriber = redis_url.connect_node(
             url, socket_connect_timeout=timeout_s, health_check_interval=30, socket_keepalive=True
         )
         self._channel = channel
-        self._subscription = Subscription(subscriber, channel, name="key_changes")
+        self._subscription = Subscription(
+            subscriber,
+            channel,
+            name="key_changes",
+            primary_check_s=None if in_cluster else primary_check_s,
+        )
         self.subscribed = self._subscription.subscribed
 
     async def announce(self, key_sha256: str) -> bool:

@@ -405,3 +405,35 @@ async def test_a_cancel_sent_again_after_a_failover_reaches_the_edges_on_the_new
     finally:
         old.kill()
         new.kill()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_to_the_old_one(
+    admitter: Admitter,
+) -> None:
+    """A's subscription stays with the old primary, which answers its pings: a cancel published on
+    the new primary before the old one replicates from it (here: demoted, never caught up) never
+    reached A, and nothing made A look it up. A must subscribe again, to the new primary, and find
+    the mark there, not on its connections to the old one, which has none."""
+    old, new = start_redis(), start_redis()
+    try:
+        with primary_endpoint(old.port) as endpoint:
+            a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
+            inbox_a = Inbox()
+            await a.start(inbox_a, lambda: [("req-moved", "alice")])
+            try:
+                assert await a.wait_subscribed(5)
+                assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+                admitted = await admitter.admit(new.url, "req-moved")
+                assert admitted.lease is not None
+                endpoint.point_at(new.port)
+                assert await b.cancel("req-moved", "alice") == "cancelled"  # on `new`
+                old.command("REPLICAOF", "127.0.0.1", str(free_port()))  # demoted, behind for good
+
+                await until(lambda: ("req-moved", "alice") in inbox_a.received, timeout_s=30, poll_s=0.05)
+            finally:
+                await a.aclose()
+                await b.aclose()
+    finally:
+        old.kill()
+        new.kill()
