@@ -42,7 +42,7 @@ def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     chat.add_argument("--seed", type=int)
     chat.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"the edge (default {DEFAULT_BASE_URL})")
     chat.add_argument("--json", action="store_true", help="print each event as a JSON line")
-    chat.add_argument("--retry", action="store_true", help="on 429, 503 or another retryable answer, wait as the edge advises and retry")
+    chat.add_argument("--retry", action="store_true", help="wait as advised and retry (429, 503, 502...)")
     chat.set_defaults(handler=run_chat)
 
 
