@@ -15,9 +15,9 @@ behind it are timed from the moment it has been written (edge/http_protocol.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from edge.closing_refusal import ClosingRefusal
+from edge.cors import CrossOrigins
 
 
 def timeout_response(timeout_s: float) -> ClosingRefusal:
@@ -32,23 +32,42 @@ def timeout_response(timeout_s: float) -> ClosingRefusal:
 class HeaderDeadline:
     """One connection's deadline for its current request's headers."""
 
-    __slots__ = ("_answer", "_handle", "_loop", "_timeout_s", "_transport", "request_begun")
+    __slots__ = (
+        "_cross_origins",
+        "_handle",
+        "_loop",
+        "_response",
+        "_timeout_s",
+        "_transport",
+        "origin",
+        "request_begun",
+    )
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         transport: asyncio.Transport,
         timeout_s: float,
-        answer: Callable[[], bytes],
+        response: ClosingRefusal,
+        cross_origins: CrossOrigins,
     ) -> None:
-        """`answer`: the 408's bytes, made when it is due (its id, and its CORS headers from the
-        Origin the head had come with so far)."""
         self._loop = loop
         self._transport = transport
         self._timeout_s = timeout_s
-        self._answer = answer
+        self._response = response
+        self._cross_origins = cross_origins
         self._handle: asyncio.TimerHandle | None = None
         self.request_begun = False
+        # The current request's Origin as far as its head was read (the protocol sets it): every
+        # answer the protocol writes itself, the 408 here too, carries the CORS headers for it
+        # (`answer`). Kept here rather than on the protocol with a callback to it: the protocol
+        # holds this deadline, and a deadline holding the protocol back made every connection a
+        # reference cycle, its requests freed only by the collector (tests/edge/test_request_garbage.py).
+        self.origin: bytes | None = None
+
+    def answer(self, kind: ClosingRefusal) -> bytes:
+        """`kind`'s answer, with the CORS headers for the Origin the request's head came with."""
+        return kind.answer(self._cross_origins.refusal_lines(self.origin))
 
     def start(self, *, request_begun: bool) -> None:
         """From now, unless already running (the connection's start runs it until the first request)."""
@@ -66,5 +85,5 @@ class HeaderDeadline:
         if self._transport.is_closing():
             return
         if self.request_begun:
-            self._transport.write(self._answer())
+            self._transport.write(self.answer(self._response))
         self._transport.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Sequence
-from functools import partial
 from typing import ClassVar
 
 import httptools
@@ -171,9 +170,6 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _head_too_large = False
     # The current request has had its Host header (_HostNotOne).
     _host_seen = False
-    # The current request's Origin, once read: a refusal the protocol writes itself carries the
-    # CORS headers for it (edge/cors.py), or a page on another origin could not read it.
-    _origin: bytes | None = None
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
     # The current request is of a major version other than 1 (_VersionNotServed).
@@ -199,7 +195,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self.loop,
             transport,
             self.header_timeout_s,
-            partial(self._answer_of, self._header_timeout_response),
+            self._header_timeout_response,
+            self._cross_origins,
         )
         self._header_deadline.start(request_begun=False)
 
@@ -221,7 +218,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._headers_pending = True
         self._head_bytes = 0
         self._host_seen = False
-        self._origin = None
+        self._header_deadline.origin = None
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self._header_deadline.start(request_begun=True)
@@ -242,8 +239,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             if self._host_seen:
                 raise _HostNotOne
             self._host_seen = True
-        elif lowered == b"origin" and self._origin is None:  # the first, as the app reads it
-            self._origin = value.rstrip(b" \t")  # llhttp keeps trailing whitespace
+        elif lowered == b"origin" and self._header_deadline.origin is None:  # the first, as the app reads it
+            self._header_deadline.origin = value.rstrip(b" \t")  # llhttp keeps trailing whitespace
         elif lowered == b"transfer-encoding" and any(
             coding.strip() != b"chunked" for coding in value.lower().split(b",")
         ):
@@ -274,7 +271,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         else:
             kind = _INVALID_HTTP
         # Counted and logged now, under its id, even where its answer waits its turn.
-        answer = (self._answer_of(kind), kind is not _INVALID_HTTP)
+        answer = (self._header_deadline.answer(kind), kind is not _INVALID_HTTP)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not self._headers_pending:
@@ -288,10 +285,6 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._refusal = answer  # on_response_complete sends it after the last of them
             return
         self._refuse(answer)
-
-    def _answer_of(self, kind: ClosingRefusal) -> bytes:
-        """`kind`'s answer, with the CORS headers for the Origin the request's head came with."""
-        return kind.answer(self._cross_origins.refusal_lines(self._origin))
 
     def _refuse(self, answer: tuple[bytes, bool]) -> None:
         """`answer`: its bytes, and whether the connection lingers before it closes (not after a
