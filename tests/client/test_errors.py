@@ -43,7 +43,7 @@ def test_cancelling_an_unknown_request_is_not_found(server: LiveServer) -> None:
         client.chat.cancel("chatcmpl-000000000000000000000000")
 
 
-def test_another_users_request_is_not_found_and_a_stopped_one_conflicts(server: LiveServer) -> None:
+def test_another_users_request_is_not_found_and_a_finished_one_conflicts(server: LiveServer) -> None:
     with (
         Client(server.base_url, server.keys["paid"]) as owner,
         Client(server.base_url, server.keys["free2"]) as other,
@@ -56,8 +56,13 @@ def test_another_users_request_is_not_found_and_a_stopped_one_conflicts(server: 
             with pytest.raises(NotFoundError):
                 other.chat.cancel(stream.request_id)
             assert stream.cancel() is True, "the other user's cancel must not have stopped it"
+        # Cancelled, a repeat is answered as the first; ended on its own, a cancel conflicts.
+        assert owner.chat.cancel(stream.request_id) == "CANCELLED"
+        with owner.chat.stream("hi", max_tokens=2) as short:
+            list(short)
+        assert short.request_id is not None
         with pytest.raises(ConflictError) as caught:
-            owner.chat.cancel(stream.request_id)
+            owner.chat.cancel(short.request_id)
     assert caught.value.status_code == 409 and caught.value.code == "request_finished"
 
 
