@@ -517,8 +517,9 @@ class Generation:
         with cancel_scope(shield=True):
             await self._stop_keepalive()
             await self._give_back_slot()
-            # A request not charged (_charged) gets its prompt's tokens and the request back.
-            settle = self._lease.settle(ran=self._charged)
+            # A request not charged (_charged) gets its prompt's tokens and the request back. A
+            # cancel answered here goes with the settle, for another instance to answer its repeat.
+            settle = self._lease.settle(ran=self._charged, cancelled=self._live.cancelled)
             cancelled_elsewhere = await _quietly(settle, "lease_settle_failed", self.request_id)
         self._given_back = True
         return cancelled_elsewhere

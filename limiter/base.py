@@ -56,13 +56,17 @@ class OutputLease(Protocol):
         was granted. All given back when it settles with ran=False (what its headers then say)."""
         ...
 
-    async def settle(self, *, ran: bool = True) -> bool | None:
+    async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:
         """Refund the unused lease and free the concurrency slot. Idempotent; call in a finally.
 
         ran=False: the request is not charged (it never reached a replica, turned away after
         admission, e.g. the queue was full; or its client got nothing but an error), so admission
         is undone whole: the request, its input tokens and the whole lease, tokens taken from it
         included, are all given back.
+
+        cancelled=True: a cancel answered on this edge instance ended the request. A shared store
+        records it with the settle (no call of its own): another instance, asked to cancel it again
+        (a client retrying its cancel), answers CANCELLED as this one did, not 409.
 
         Returns True when the shared store's record of the request says a cancel sent to another
         edge instance came first (edge/cancel/bus.py marks it there): the outcome must then be

@@ -26,10 +26,18 @@ class LeaseStore(Protocol):
         ...
 
     async def settle(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+        self,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        refund: int,
+        *,
+        refund_request: bool = False,
+        cancelled: bool = False,
     ) -> bool | None:
         """Free the request's slot and refund `refund` tokens, and the request itself when
-        `refund_request` (idempotent in the store). True when the store's record of the request
+        `refund_request` (idempotent in the store); `cancelled`: a cancel ended it here, which a
+        shared store records (OutputLease.settle). True when the store's record of the request
         says the fleet's cancel came first (OutputLease.settle); None when nothing says."""
         ...
 
@@ -172,7 +180,7 @@ class Lease:
         self._used += covered
         return covered
 
-    async def settle(self, *, ran: bool = True) -> bool | None:
+    async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:
         if self._settled:
             return None
         self._settled = True
@@ -183,9 +191,16 @@ class Lease:
                 self._granted += await asyncio.shield(extending)
         if ran:
             unused = self._granted - self._used
-            return await self._store.settle(self._user, self._tier, self._request_id, unused)
+            return await self._store.settle(
+                self._user, self._tier, self._request_id, unused, cancelled=cancelled
+            )
         return await self._store.settle(
-            self._user, self._tier, self._request_id, self._input_tokens + self._granted, refund_request=True
+            self._user,
+            self._tier,
+            self._request_id,
+            self._input_tokens + self._granted,
+            refund_request=True,
+            cancelled=cancelled,
         )
 
 

@@ -365,8 +365,16 @@ class MemoryLimiter:
                 ledger.changes += 1
 
     async def settle(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+        self,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        refund: int,
+        *,
+        refund_request: bool = False,
+        cancelled: bool = False,
     ) -> bool | None:
+        # `cancelled` is for a shared store: one instance's own registry answers a repeated cancel.
         self._ends.ended(user, request_id, ran=not refund_request)
         self.settle_now(user, tier, request_id, refund, refund_request=refund_request)
         return None  # one instance: its cancels never reach a store

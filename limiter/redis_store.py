@@ -157,7 +157,9 @@ def admit_keys(user: str, tier: str, request_id: str) -> tuple[str, ...]:
 
 def record_key(user: str, request_id: str) -> str:
     """The request's record (same hash tag as the user's keys): absent while it runs, "cancelled"
-    once the fleet's cancel marked it running (edge/cancel/bus.py), "done" from its settle on."""
+    once the fleet's cancel marked it running (edge/cancel/bus.py), from its settle on
+    "done:cancelled" when a cancel ended it (marked so, or cancelled on its own instance) and "done"
+    when it ended on its own: a cancel repeated on any instance answers as the first did."""
     return f"{_user_prefix(user)}:done:{request_id}"
 
 
@@ -885,7 +887,14 @@ class RedisLimiter:
         return failures
 
     def _settle_op(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool
+        self,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        refund: int,
+        *,
+        refund_request: bool,
+        cancelled: bool = False,
     ) -> PendingSettle:
         rates = self._rates_for(tier)
         args = (
@@ -898,6 +907,7 @@ class RedisLimiter:
             self._lease_ttl_us,
             rates.token_capacity,
             rates.request_capacity,
+            int(cancelled),
         )
         keys = (*user_keys(user, tier.name), record_key(user, request_id))
         # Retried until the slot would have expired on Redis by itself (its last refresh was at
@@ -905,11 +915,20 @@ class RedisLimiter:
         return PendingSettle(keys, args, expires_at=time.monotonic() + self._lease_ttl_s)
 
     async def settle(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+        self,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        refund: int,
+        *,
+        refund_request: bool = False,
+        cancelled: bool = False,
     ) -> bool | None:
         self._ends.ended(user, request_id, ran=not refund_request)
         self._local.settle_now(user, tier, request_id, refund, refund_request=refund_request)
-        op = self._settle_op(user, tier, request_id, refund, refund_request=refund_request)
+        op = self._settle_op(
+            user, tier, request_id, refund, refund_request=refund_request, cancelled=cancelled
+        )
         if self._health.retry_in() > 0:
             self._settles.add(op)
             return None

@@ -8,9 +8,10 @@ holds it.
 Live is what the limiter already writes: an admitted request holds a slot in its user's
 concurrency set (`fg:{<user>}:conc`, limiter/redis_store.py) from the admit, which completes before
 the client can know the id, to its settle; and the limiter keeps a record per request
-(`limiter.redis_store.record_key`, in the same Cluster slot), which its settle marks "done". A
-cancel marks that record "cancelled". So a stream costs the cancel machinery no write of its own:
-neither when it starts nor when it ends (the settle that frees its slot answers for it). The user
+(`limiter.redis_store.record_key`, in the same Cluster slot), which its settle marks "done", or
+"done:cancelled" when a cancel ended it. A cancel marks that record "cancelled". So a stream costs
+the cancel machinery no write of its own: neither when it starts nor when it ends (the settle that
+frees its slot answers for it, and records a cancel its own instance answered). The user
 in the keys answers another user's id and an unknown one alike (NOT_FOUND). Cancels go over
 classic pub/sub, which a Redis Cluster broadcasts to every node.
 
@@ -19,8 +20,9 @@ across instances too, decided in the store: a cancel marks a live request `cance
 check and mark), and the instance that runs it, once its generation stops running, settles it,
 which marks it `done` and learns in the same script whether a cancel came first
 (limiter/scripts/settle.lua). So a cancel answered CANCELLED anywhere always ends the stream
-cancelled, and one after the settle answers FINISHED (while the record lasts: the slot's lease TTL,
-then NOT_FOUND).
+cancelled, and one after the settle answers FINISHED, or CANCELLED again for a request a cancel
+ended, on whichever instance it ran (idempotent, as edge/cancel/live.py; while the record lasts:
+the slot's lease TTL, then NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -47,16 +49,21 @@ Deliver = Callable[[str, str], object]  # (request_id, user): stop that stream i
 Running = Callable[[], Iterable[tuple[str, str]]]  # (request_id, user) of each request running here
 
 CHANNEL = "floodgate:cancel"
+# The cancel script's answer for a request a cancel ended: CANCELLED, not broadcast.
+_ENDED_CANCELLED = "ended_cancelled"
 
 # Cancel: a request the limiter holds a slot for, not yet settled, is marked "cancelled". A slot
 # past its lease (its score, in Redis TIME microseconds) is no stream's: its instance stopped
 # charging, which renews the lease, because it died; the limiter's next admit of that user drops
 # it. Until then a cancel of it answered "cancelled" for a stream nobody runs.
+# A request a cancel ended (settled 'done:cancelled') answers "cancelled" again with nothing to
+# broadcast: nobody runs it.
 # KEYS: the request's record, its user's concurrency set. ARGV: request id, the mark's TTL.
 # (Public for bench/redis_call_cost.py, which times it.)
 CANCEL_SCRIPT = """
 local state = redis.call('GET', KEYS[1])
 if state == 'cancelled' then return 'cancelled' end
+if state == 'done:cancelled' then return 'ended_cancelled' end
 if state then return 'finished' end
 local lease_ends = redis.call('ZSCORE', KEYS[2], ARGV[1])
 local t = redis.call('TIME')
@@ -184,7 +191,10 @@ class RedisCancelBus:
             _, _, slots = user_keys(user)
             keys = [record_key(user, request_id), slots]
             answer = await self._cancel_script(keys=keys, args=[request_id, self._ttl_s])
-            outcome = CancelOutcome(answer.decode() if isinstance(answer, bytes) else answer)
+            text = answer.decode() if isinstance(answer, bytes) else answer
+            if text == _ENDED_CANCELLED:
+                return CancelOutcome.CANCELLED
+            outcome = CancelOutcome(text)
             if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
                 await self._publish(self._channel, message)

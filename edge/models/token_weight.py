@@ -103,8 +103,8 @@ class WeightedLease:
     def charged(self) -> int:
         return self._inner.charged  # in weighted tokens, as the decision counts them
 
-    async def settle(self, *, ran: bool = True) -> bool | None:
-        return await self._inner.settle(ran=ran)
+    async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:
+        return await self._inner.settle(ran=ran, cancelled=cancelled)
 
 
 def weigh(limiter: Limiter, weight: float) -> Limiter:

@@ -30,7 +30,8 @@
 --   backoff after Redis returns).
 -- - An admit whose Redis answer was lost and that the fallback then admitted counts twice.
 -- Then the running requests' slots that Redis does not hold go back. A request settled meanwhile
--- (its record is 'done'; 'cancelled' is a request still running) gets no slot back. Idempotent:
+-- (its record is 'done' or 'done:cancelled'; 'cancelled' is a request still running) gets no slot
+-- back. Idempotent:
 -- restoring the same snapshot twice changes nothing more.
 -- KEYS: requests TAT, tokens TAT, concurrency set, this instance's ledger as last added, then each
 --       running request's record (one {user} hash tag)

@@ -1,13 +1,17 @@
 -- Finish a request, atomically: free its slot and refund its unused tokens (GCRA: move the TAT
 -- back), and the request itself when it never ran. Only the call that removes the slot refunds,
--- so it is idempotent. Mirrors limiter/policy.py:settle. It marks the request's record 'done' (for
--- the slot's lifetime), so that its admit, should it run only now (sent before a stall, executed
--- after), takes no slot (admit.lua refuses a settled request) and a cancel of it from now on answers
--- "finished"; and it reports whether the record said 'cancelled' before: the fleet's cancel
--- (edge/cancel/bus.py) marks a running request so, and its stream must then end cancelled.
+-- so it is idempotent. Mirrors limiter/policy.py:settle. It marks the request's record settled
+-- (for the slot's lifetime), so that its admit, should it run only now (sent before a stall,
+-- executed after), takes no slot (admit.lua refuses a settled request) and a cancel of it from now
+-- on is answered as the request ended: 'done:cancelled' when a cancel ended it, whether the fleet's
+-- cancel marked the record 'cancelled' (edge/cancel/bus.py: its stream must then end cancelled)
+-- or the instance that ran it was cancelled there (ARGV[10]), so that a cancel repeated on any
+-- instance answers "cancelled" again, as the first did; 'done' when it ended on its own ("finished").
+-- It reports whether the record said cancelled before.
 -- KEYS: requests TAT, tokens TAT, concurrency set, the request's record (one {user} hash tag)
 -- ARGV: now_override_us ('' = Redis TIME; tests only), request_id, token_window_us, refund_tokens,
---       request_window_us, refund_request (0/1), lease_ttl_us, token_capacity, request_capacity
+--       request_window_us, refund_request (0/1), lease_ttl_us, token_capacity, request_capacity,
+--       cancelled here (0/1)
 -- Returns: {1 when this call removed the slot else 0, 1 when a cancel had marked the record else 0}.
 
 local token_window = tonumber(ARGV[3])
@@ -22,11 +26,17 @@ local function move_back(key, by)
   redis.call('SET', key, string.format('%d', tat), 'PX', math.floor((tat - now + 999) / 1000) + EXPIRY_MARGIN_MS)
 end
 
+-- A settle sent again (its first answer lost) finds 'done:cancelled' if the first wrote it: cancelled.
+local record = redis.call('GET', KEYS[4])
 local cancelled = 0
-if redis.call('GET', KEYS[4]) == 'cancelled' then
+if record == 'cancelled' or record == 'done:cancelled' then
   cancelled = 1
 end
-redis.call('SET', KEYS[4], 'done', 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
+local settled = 'done'
+if cancelled == 1 or ARGV[10] == '1' then
+  settled = 'done:cancelled'
+end
+redis.call('SET', KEYS[4], settled, 'PX', math.floor((tonumber(ARGV[7]) + 999) / 1000) + EXPIRY_MARGIN_MS)
 -- A lapsed slot (past its lease, not yet pruned by an admit) is removed but refunds nothing, as
 -- one an admit pruned first: which came first must not decide the refund.
 local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])

@@ -81,7 +81,7 @@ async def test_a_cancel_on_another_instance_reaches_the_one_running_the_request(
     await inbox_b.wait_for(("req-1", "alice"))
     assert await a.cancel("req-1", "alice") == "cancelled"  # again: the same answer
     assert await admitted.lease.settle() is True  # its settle learns of it
-    assert await a.cancel("req-1", "alice") == "finished"
+    assert await a.cancel("req-1", "alice") == "cancelled"  # a cancel ended it: idempotent
 
 
 @pytest.mark.anyio
@@ -234,7 +234,7 @@ async def test_cancel_across_instances_on_a_redis_cluster(admitter: Admitter) ->
             assert await b.cancel(f"req-c{i}", user) == "cancelled"
             await inbox_a.wait_for((f"req-c{i}", user))
             assert await admitted.lease.settle() is True
-            assert await b.cancel(f"req-c{i}", user) == "finished"
+            assert await b.cancel(f"req-c{i}", user) == "cancelled"  # a cancel ended it: idempotent
     finally:
         await a.aclose()
         await b.aclose()

@@ -75,6 +75,42 @@ def test_a_cancel_sent_to_another_instance_stops_the_stream(
             assert rest[-2]["floodgate"] == {"cancelled": True}
 
 
+@pytest.mark.parametrize("first_to", ["its own instance", "the other instance"])
+def test_a_cancel_repeated_after_the_stream_ended_answers_as_the_first_on_every_instance(
+    fleet: tuple[LiveServer, LiveServer], long_body: dict[str, Any], first_to: str
+) -> None:
+    """A client retrying its cancel (a lost answer, a timeout) reaches any instance behind the load
+    balancer. Once the stream a cancel ended had settled, an instance other than the one that ran
+    it read the store, which kept no cancel past the settle, and answered 409 `request_finished`,
+    as if the request had run to its end, where the instance that ran it answered 200 CANCELLED. A
+    request that ended on its own stays 409 on every instance."""
+    a, b = fleet
+    first_server = a if first_to == "its own instance" else b
+    short = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", a.base_url + CHAT, json=long_body, headers=a.auth("paid")) as response:
+            stream = events(response)
+            rid = next(stream)["request_id"]
+            first = client.post(f"{first_server.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid"))
+            rest = list(stream)  # its settle lands before its last events
+        again = [client.post(f"{s.base_url}{CHAT}/{rid}/cancel", headers=a.auth("paid")) for s in (b, a)]
+        stranger = client.post(f"{b.base_url}{CHAT}/{rid}/cancel", headers=a.auth("free"))
+        with client.stream("POST", a.base_url + CHAT, json=short, headers=a.auth("paid")) as response:
+            stream = events(response)
+            own_rid = next(stream)["request_id"]
+            own_rest = list(stream)
+        own = [client.post(f"{s.base_url}{CHAT}/{own_rid}/cancel", headers=a.auth("paid")) for s in (b, a)]
+
+    assert first.status_code == 200, first.text
+    assert rest[-2]["floodgate"] == {"cancelled": True}
+    cancelled = {"request_id": rid, "status": "CANCELLED"}
+    assert [(r.status_code, r.json()) for r in again] == [(200, cancelled), (200, cancelled)]
+    assert stranger.status_code == 404  # still not another user's to probe
+    assert own_rest[-1] == DONE
+    assert "floodgate" not in own_rest[-2]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in own] == [(409, "request_finished")] * 2
+
+
 def test_a_cancel_sent_while_the_other_instances_subscription_reconnects_stops_the_stream(
     fleet: tuple[LiveServer, LiveServer],
     long_body: dict[str, Any],
@@ -126,8 +162,8 @@ def test_a_cancel_that_reaches_the_store_as_the_stream_ends_on_its_own_ends_it_c
     assert rest[-1] == DONE
     final = [e for e in rest if isinstance(e, dict) and e.get("choices")][-1]
     assert final["floodgate"] == {"cancelled": True}
-    assert again.status_code == 409
-    assert again.json()["error"]["code"] == "request_finished"
+    # Repeated, the cancel answers as the first did: the store kept it past the settle.
+    assert (again.status_code, again.json()) == (200, {"request_id": rid, "status": "CANCELLED"})
 
 
 def test_request_limit_is_shared_by_the_instances(fleet: tuple[LiveServer, LiveServer]) -> None:

@@ -155,5 +155,24 @@ async def test_across_instances_a_cancel_before_the_settle_decides_the_outcome(
     live.end()  # True or False: whether the broadcast reached this instance yet
     # Either way its settle learns of the cancel: the stream ends cancelled (Generation._run).
     assert await admitted.lease.settle() is True
-    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.FINISHED
+    # Repeated, the cancel answers as the first did (idempotent), though the request has ended.
+    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
     runs.finish(live)
+
+
+@pytest.mark.anyio
+async def test_across_instances_a_cancel_the_running_instance_answered_outlives_the_settle(
+    two_instances: tuple[SharedCancelRegistry, ...], redis_server: RedisServer, admitter: Admitter
+) -> None:
+    """Cancelled where it runs, the request's store record learns of it only from its settle:
+    another instance, asked again (a client retrying its cancel), answers as the first did."""
+    runs, other = two_instances
+    admitted = await admitter.admit(redis_server.url, "r-cancel-here")
+    assert admitted.lease is not None
+    live = runs.register("r-cancel-here", "alice")
+
+    assert await runs.cancel("r-cancel-here", "alice") is CancelOutcome.CANCELLED
+    assert live.end() is True
+    assert await admitted.lease.settle(cancelled=live.cancelled) is False  # none reached the store
+    runs.finish(live)
+    assert await other.cancel("r-cancel-here", "alice") is CancelOutcome.CANCELLED

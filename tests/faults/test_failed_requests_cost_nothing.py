@@ -177,8 +177,8 @@ class _SettledAsCancelled:
     def charged(self) -> int:
         return self._lease.charged
 
-    async def settle(self, *, ran: bool = True) -> bool | None:
-        await self._lease.settle(ran=ran)
+    async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:
+        await self._lease.settle(ran=ran, cancelled=cancelled)
         return True
 
 

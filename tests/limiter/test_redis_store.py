@@ -216,9 +216,18 @@ class _Announcing:
         return await self.limiter.charge(user, tier, request_id, want)
 
     async def settle(
-        self, user: str, tier: TierLimits, request_id: str, refund: int, *, refund_request: bool = False
+        self,
+        user: str,
+        tier: TierLimits,
+        request_id: str,
+        refund: int,
+        *,
+        refund_request: bool = False,
+        cancelled: bool = False,
     ) -> bool | None:
-        return await self.limiter.settle(user, tier, request_id, refund, refund_request=refund_request)
+        return await self.limiter.settle(
+            user, tier, request_id, refund, refund_request=refund_request, cancelled=cancelled
+        )
 
 
 @pytest.mark.anyio

@@ -37,10 +37,10 @@ class _HeldLease:
     def charged(self) -> int:
         return self.lease.charged
 
-    async def settle(self, *, ran: bool = True) -> bool | None:
+    async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:
         self.settling.set()
         await anyio.to_thread.run_sync(self.release.wait, HOLD_TIMEOUT_S)
-        return await self.lease.settle(ran=ran)
+        return await self.lease.settle(ran=ran, cancelled=cancelled)
 
 
 class HoldingLimiter:
