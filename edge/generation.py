@@ -521,6 +521,8 @@ class Generation:
             # cancel answered here goes with the settle, for another instance to answer its repeat.
             settle = self._lease.settle(ran=self._charged, cancelled=self._live.cancelled)
             cancelled_elsewhere = await _quietly(settle, "lease_settle_failed", self.request_id)
+        if cancelled_elsewhere:
+            self._live.cancelled_elsewhere()
         self._given_back = True
         return cancelled_elsewhere
 

@@ -49,6 +49,11 @@ class LiveRequest:
             self._scope.cancel()
         return True
 
+    def cancelled_elsewhere(self) -> None:
+        """The store says a cancel another instance answered came first (its settle's answer, after
+        `end()`): that one answered CANCELLED, so a cancel repeated here must too, not FINISHED."""
+        self.cancelled = True
+
     def end(self) -> bool:
         """The generation stopped running: its outcome is decided now. True when a cancel came
         first, and the outcome must then be reported as cancelled."""
