@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
+from edge.dynamodb_table import make_table_if_missing
 from edge.keys.page import KeyPage, page_of
 from edge.keys.record import KeyRecord
 
@@ -327,19 +328,17 @@ def create_table_if_missing(client: DynamoDBClient, table: str) -> None:
     """A local table made before the listing's indexes is not given them here (dynalite never
     makes an index added to a table ACTIVE): make it again. In AWS, Terraform adds them, and
     DynamoDB builds them from the items stored."""
-    try:
-        client.describe_table(TableName=table)
-        return
-    except client.exceptions.ResourceNotFoundException:
-        pass
-    client.create_table(
-        TableName=table,
-        AttributeDefinitions=_ATTRIBUTES,
-        GlobalSecondaryIndexes=[_index(name) for name in _INDEXES],
-        KeySchema=[
-            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
-            {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
+    make_table_if_missing(
+        client,
+        table,
+        lambda: client.create_table(
+            TableName=table,
+            AttributeDefinitions=_ATTRIBUTES,
+            GlobalSecondaryIndexes=[_index(name) for name in _INDEXES],
+            KeySchema=[
+                {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        ),
     )
-    client.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})

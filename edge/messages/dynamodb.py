@@ -24,6 +24,7 @@ import anyio.to_thread
 from botocore.exceptions import ClientError
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
+from edge.dynamodb_table import make_table_if_missing
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, full, reads, span
 
@@ -223,23 +224,19 @@ class DynamoDBMessageStore:
         return reads(found, limit)
 
     def _create_table_if_missing(self) -> None:
-        try:
-            self._client.describe_table(TableName=self._table)
-            return
-        except self._client.exceptions.ResourceNotFoundException:
-            pass
-        self._client.create_table(
-            TableName=self._table,
-            AttributeDefinitions=[
-                {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": SORT_KEY, "AttributeType": "S"},
-            ],
-            KeySchema=[
-                {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
-                {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        self._client.get_waiter("table_exists").wait(
-            TableName=self._table, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+        make_table_if_missing(
+            self._client,
+            self._table,
+            lambda: self._client.create_table(
+                TableName=self._table,
+                AttributeDefinitions=[
+                    {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+                    {"AttributeName": SORT_KEY, "AttributeType": "S"},
+                ],
+                KeySchema=[
+                    {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+                ],
+                BillingMode="PAY_PER_REQUEST",
+            ),
         )
