@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import BusyLoadingError, MasterDownError, NoScriptError, ReadOnlyError, ResponseError
 
 Publish = Callable[[str, bytes | str], Awaitable[object]]  # (channel, message)
 
@@ -35,6 +36,17 @@ PUBLISH_SCRIPT = """
 redis.call('PERSIST', KEYS[1])
 return redis.call('PUBLISH', ARGV[1], ARGV[2])
 """
+
+
+def check_refused(exc: BaseException) -> bool:
+    """Whether `exc`, the answer to the no-op write or a script around it, says that this server or
+    user never runs it: an ACL without its key, PERSIST, INFO or scripting (ElastiCache RBAC, least
+    privilege users), a renamed command. Then the primary cannot be told this way and what relied
+    on it goes on as before it (a failover is found later): refusing the whole cancel bus for it
+    stopped every cancel and key change. Not READONLY, MASTERDOWN (a replica: what the check is
+    for), LOADING (a restart) nor NOSCRIPT (an emptied script cache): they pass."""
+    passing = (ReadOnlyError, MasterDownError, BusyLoadingError, NoScriptError)
+    return isinstance(exc, ResponseError) and not isinstance(exc, passing)
 
 
 def primary_publisher(client: Redis | RedisCluster, *, cluster: bool = False) -> Publish:

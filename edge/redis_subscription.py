@@ -21,7 +21,9 @@ redis_url.connect_node): another server's drops the subscription, which subscrib
 the endpoint, reported like any other. The cost: one EVALSHA of a small script per check and
 subscription (an edge has two). Nothing cheaper tells which server a subscribed connection is on:
 RESP2 allows it only PING and (UN)SUBSCRIBE. A Cluster needs no check (a PUBLISH reaches every
-node, and its seed node may well be a replica): None.
+node, and its seed node may well be a replica): None. A server or user refusing the script (an ACL
+without INFO or the check's key) gets a subscription unchecked, as before the check, and a log line
+(`<name>_primary_check_refused`) on each subscription.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ import structlog
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
-from edge.primary_publish import PRIMARY_CHECK_KEY
+from edge.primary_publish import PRIMARY_CHECK_KEY, check_refused
 from edge.task_stop import cancelling, stop_task
 
 log = structlog.get_logger("floodgate.redis_subscription")
@@ -115,8 +117,8 @@ class Subscription:
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
-                    check_s = self._primary_check_s
-                    on_server = None if check_s is None else await self._server_of(pubsub)
+                    on_server = None if self._primary_check_s is None else await self._server_of(pubsub)
+                    check_s = None if on_server is None else self._primary_check_s
                     await pubsub.subscribe(self._channel)
                     # Not pubsub.listen(): it waits on the socket for ever, and redis-py's
                     # health_check_interval only pings before a read, so a silent link is never seen.
@@ -158,19 +160,35 @@ class Subscription:
                 await asyncio.sleep(delay_s)
                 delay_s = min(max(delay_s * 2, self._delay_s), self._max_delay_s)
 
-    async def _server_of(self, pubsub: PubSub) -> bytes:
+    async def _server_of(self, pubsub: PubSub) -> bytes | str | None:
         """The run id of the server `pubsub`'s connection reached, asked on that connection before
         it subscribes (then it can be asked nothing else). A replica (a name not yet moved after a
-        failover) refuses READONLY: no subscription there, it is tried again."""
+        failover) refuses READONLY: no subscription there, it is tried again. None, logged, where
+        the server or the user refuses the script (edge/primary_publish.py's check_refused) or it
+        finds no run id: the subscription goes on unchecked, as before there was a check, rather
+        than being dropped and tried again for ever, which lost every cancel and key change."""
         await pubsub.connect()  # type: ignore[no-untyped-call]
         connection = pubsub.connection
         assert connection is not None  # connect() opened it
-        async with asyncio.timeout(self._pong_timeout_s):
-            await connection.send_command("EVAL", PRIMARY_ID_SCRIPT, 1, PRIMARY_CHECK_KEY)
-            run_id = await connection.read_response()
-        return bytes(run_id)
+        try:
+            async with asyncio.timeout(self._pong_timeout_s):
+                await connection.send_command("EVAL", PRIMARY_ID_SCRIPT, 1, PRIMARY_CHECK_KEY)
+                run_id = await connection.read_response()
+        except ResponseError as exc:
+            if not check_refused(exc):
+                raise
+            run_id = exc
+        if isinstance(run_id, bytes | str) and run_id:
+            return run_id
+        log.warning(
+            f"{self._name}_primary_check_refused",
+            channel=self._channel,
+            error=type(run_id).__name__,
+            detail=str(run_id),
+        )
+        return None
 
-    async def _check_primary(self, on_server: bytes) -> None:
+    async def _check_primary(self, on_server: bytes | str) -> None:
         """Raise PrimaryMoved when the endpoint's primary is not `on_server`. A primary that cannot
         be asked says nothing of the subscription: the pings watch its link."""
         try:

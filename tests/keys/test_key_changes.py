@@ -5,6 +5,7 @@ of the new one, the endpoint's name leads to the new one), and a Cluster reached
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from edge.keys.changes import CHANNEL, RedisKeyChanges
 from tests.admission.flow import until
@@ -66,6 +67,32 @@ async def test_an_edge_subscribed_to_the_old_primary_moves_to_the_new_one_and_fo
     finally:
         old.kill()
         new.kill()
+
+
+async def test_a_user_refused_the_primary_check_still_hears_key_changes() -> None:
+    """An ACL without @dangerous (INFO, which the check's script calls), as ElastiCache RBAC users
+    often have: the subscription was dropped at the refusal and tried again for ever, so no edge
+    heard a key change. It must subscribe unchecked, as before there was a check, and say so."""
+    server = start_redis()
+    try:
+        server.command("ACL", "SETUSER", "edge", "on", ">secret", "~*", "&*", "+@all", "-@dangerous")
+        url = f"redis://edge:secret@127.0.0.1:{server.port}/0"
+        a, b = RedisKeyChanges(url), RedisKeyChanges(url)
+        heard_by_a: list[str | None] = []
+        with capture_logs() as logs:
+            a.start(heard_by_a.append)
+            try:
+                await until(a.subscribed.is_set, timeout_s=5)
+                assert await b.announce("revoked")
+                await until(lambda: "revoked" in heard_by_a, timeout_s=5)
+            finally:
+                await a.aclose()
+                await b.aclose()
+        events = [line["event"] for line in logs]
+        assert "key_changes_primary_check_refused" in events
+        assert "key_changes_subscription_lost" not in events
+    finally:
+        server.kill()
 
 
 async def test_a_change_announced_through_any_node_of_a_cluster_reaches_every_edge() -> None:
