@@ -16,15 +16,19 @@ shebang script (which Redis 7 refuses on a replica up front, keyless): this runs
 and a no-op PERSIST is a lookup in the key space, neither written to the AOF nor replicated.
 
 A Redis Cluster needs none of it: a PUBLISH on any node, a replica too, is broadcast to every node
-over the cluster bus, and a cluster replica would refuse the script.
+over the cluster bus, and a cluster replica would refuse the script. A user or server refusing the
+script (an ACL without PERSIST or the key, scripting off) gets a plain PUBLISH, and a log line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import structlog
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import BusyLoadingError, MasterDownError, NoScriptError, ReadOnlyError, ResponseError
+
+log = structlog.get_logger("floodgate.primary_publish")
 
 Publish = Callable[[str, bytes | str], Awaitable[object]]  # (channel, message)
 
@@ -57,8 +61,23 @@ def primary_publisher(client: Redis | RedisCluster, *, cluster: bool = False) ->
         return client.publish
     # EVALSHA, the script's body loaded once (redis-py loads it again after a NOSCRIPT).
     script = client.register_script(PUBLISH_SCRIPT)
+    said_refused = False
 
     async def publish(channel: str, message: bytes | str) -> object:
-        return await script(keys=[PRIMARY_CHECK_KEY], args=[channel, message])
+        nonlocal said_refused
+        try:
+            return await script(keys=[PRIMARY_CHECK_KEY], args=[channel, message])
+        except ResponseError as exc:
+            if not check_refused(exc):
+                raise
+            # A user or server that refuses the script: a plain PUBLISH, as before the check, not
+            # an error (every cancel answered 503 and no key change went out). Tried each time, so
+            # a grant takes effect without a restart; said once.
+            if not said_refused:
+                said_refused = True
+                log.warning(
+                    "primary_publish_refused", channel=channel, error=type(exc).__name__, detail=str(exc)
+                )
+        return await client.publish(channel, message)
 
     return publish

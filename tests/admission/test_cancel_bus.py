@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import pytest
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
 from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus
 from edge.cancel.outcome import CancelOutcome
@@ -437,3 +438,37 @@ async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_
     finally:
         old.kill()
         new.kill()
+
+
+# The limiter's keys, the fleet's, the channels: no more (resetchannels: Redis 6 allows them all).
+LEAST_PRIVILEGE_ACL = "on >secret ~fg:* ~{floodgate:* resetchannels &floodgate:* +@all"
+
+
+@pytest.mark.anyio
+async def test_a_cancel_by_a_user_refused_the_publish_check_still_reaches_the_other_edges(
+    admitter: Admitter,
+) -> None:
+    """A least-privilege ACL (the limiter's keys `fg:*`, the fleet's `{floodgate:*`, the channels)
+    refuses the publish script's no-op write on `floodgate:publish-on-primary`: every cancel was
+    marked, then answered 503, and never reached the edge running the stream. It must go out as a
+    plain PUBLISH, as before the check, and say so."""
+    server = start_redis()
+    try:
+        server.command("ACL", "SETUSER", "edge", *LEAST_PRIVILEGE_ACL.split())
+        url = f"redis://edge:secret@127.0.0.1:{server.port}/0"
+        a, b = RedisCancelBus.from_url(url), RedisCancelBus.from_url(url)
+        inbox_a = Inbox()
+        with capture_logs() as logs:
+            await a.start(inbox_a)
+            try:
+                assert await a.wait_subscribed(5)
+                admitted = await admitter.admit(server.url, "req-acl")
+                assert admitted.lease is not None
+                assert await b.cancel("req-acl", "alice") == "cancelled"
+                await inbox_a.wait_for(("req-acl", "alice"))
+            finally:
+                await a.aclose()
+                await b.aclose()
+        assert "primary_publish_refused" in [line["event"] for line in logs]
+    finally:
+        server.kill()
