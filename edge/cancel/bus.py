@@ -37,7 +37,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
-from edge.primary_publish import PRIMARY_CHECK_KEY, primary_publisher
+from edge.primary_publish import PRIMARY_CHECK_KEY, check_refused, primary_publisher
 from edge.redis_subscription import Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
@@ -224,22 +224,35 @@ class RedisCancelBus:
         batch = 500
         for start in range(0, len(requests), batch):
             chunk = requests[start : start + batch]
-            try:
-                pipe = self._client.pipeline(transaction=False)
-                if on_primary:
-                    # A write that changes nothing: a demoted primary, behind the new one, answers
-                    # READONLY and the reads go again on a new connection (redis_url.connect_node).
-                    pipe.persist(PRIMARY_CHECK_KEY)
-                for request_id, user in chunk:
-                    pipe.get(record_key(user, request_id))
-                states = (await pipe.execute())[1 if on_primary else 0 :]
-            except _STORE_ERRORS as exc:
-                # The subscription is likely breaking too; its resubscription looks again.
-                log.warning("cancel_bus_reconcile_failed", error=type(exc).__name__)
-                return
+            while True:
+                try:
+                    states = await self._read_records(chunk, on_primary=on_primary)
+                    break
+                except _STORE_ERRORS as exc:
+                    if on_primary and check_refused(exc):
+                        # An ACL without PERSIST or its key: read them unchecked, as before the
+                        # check, rather than never (the cancels missed never stopped their streams).
+                        log.warning("cancel_bus_reconcile_check_refused", error=type(exc).__name__)
+                        on_primary = False
+                        continue
+                    # The subscription is likely breaking too; its resubscription looks again.
+                    log.warning("cancel_bus_reconcile_failed", error=type(exc).__name__)
+                    return
             for (request_id, user), state in zip(chunk, states, strict=True):
                 if state in (b"cancelled", "cancelled"):
                     deliver(request_id, user)
+
+    async def _read_records(self, chunk: list[tuple[str, str]], *, on_primary: bool) -> list[Any]:
+        """The records of `chunk`'s requests, read on the primary when `on_primary`."""
+        pipe = self._client.pipeline(transaction=False)
+        if on_primary:
+            # A write that changes nothing: a demoted primary, behind the new one, answers
+            # READONLY and the reads go again on a new connection (redis_url.connect_node).
+            pipe.persist(PRIMARY_CHECK_KEY)
+        for request_id, user in chunk:
+            pipe.get(record_key(user, request_id))
+        states: list[Any] = await pipe.execute()
+        return states[1:] if on_primary else states
 
     @staticmethod
     async def _set_up_cluster(client: RedisCluster) -> None:

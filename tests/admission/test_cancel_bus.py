@@ -472,3 +472,31 @@ async def test_a_cancel_by_a_user_refused_the_publish_check_still_reaches_the_ot
         assert "primary_publish_refused" in [line["event"] for line in logs]
     finally:
         server.kill()
+
+
+@pytest.mark.anyio
+async def test_the_missed_cancels_of_a_user_refused_the_look_up_check_are_still_delivered(
+    admitter: Admitter,
+) -> None:
+    """The same ACL refuses the no-op write the look-up of missed cancels begins with: the look-up
+    failed at every subscription, so a cancel published while an edge was away never stopped its
+    stream. It must read the marks unchecked, as before the check, and say so."""
+    server = start_redis()
+    try:
+        server.command("ACL", "SETUSER", "edge", *LEAST_PRIVILEGE_ACL.split())
+        url = f"redis://edge:secret@127.0.0.1:{server.port}/0"
+        a, b = RedisCancelBus.from_url(url), RedisCancelBus.from_url(url)
+        inbox_a = Inbox()
+        try:
+            admitted = await admitter.admit(server.url, "req-missed")
+            assert admitted.lease is not None
+            assert await b.cancel("req-missed", "alice") == "cancelled"  # A is not subscribed yet
+            with capture_logs() as logs:
+                await a.start(inbox_a, lambda: [("req-missed", "alice")])
+                await inbox_a.wait_for(("req-missed", "alice"))
+            assert "cancel_bus_reconcile_check_refused" in [line["event"] for line in logs]
+        finally:
+            await a.aclose()
+            await b.aclose()
+    finally:
+        server.kill()
