@@ -16,6 +16,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError
 
+from limiter.read_only_reply import ReadOnlyAwareParser
+
 # A cluster scheme: the node scheme redis-py reads for it.
 CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 
@@ -53,7 +55,9 @@ def connect_node(url: str, **options: Any) -> Redis:
     (the limiter's pipelines, whose errors are replies, not raised, close theirs themselves:
     limiter/direct_calls.py). A plain PUBLISH succeeds on a replica: publishes go in a script it
     refuses (edge/primary_publish.py). A replica refuses a script at its first write, so nothing of
-    it ran and sending it again is safe."""
+    it ran and sending it again is safe; a Redis before 7 words that refusal in a script error of
+    its own, typed READONLY here too (limiter/read_only_reply.py)."""
+    options.setdefault("parser_class", ReadOnlyAwareParser)  # Redis 6 wraps a script's READONLY
     options.setdefault("retry", Retry(NoBackoff(), 1, supported_errors=(ReadOnlyError,)))
     options["retry_on_error"] = [*options.get("retry_on_error", ()), ReadOnlyError]
     return Redis.from_url(node_url(url), **options)
