@@ -21,11 +21,15 @@ _SCRIPT_ERROR = "ERR Error running script"
 _WRAPPED_READ_ONLY = ": -READONLY "
 
 
+def script_read_only(message: str) -> bool:
+    """Whether the error reply `message` (its text, code first) is a Redis before 7's script error
+    wrapping a READONLY (a bare one starts with its code: READONLY)."""
+    return message.startswith(_SCRIPT_ERROR) and _WRAPPED_READ_ONLY in message
+
+
 def _read_only_in_script(message: str) -> ResponseError | None:
     # redis-py types a bare READONLY itself; only the wrapped one is left.
-    if message.startswith(_SCRIPT_ERROR) and _WRAPPED_READ_ONLY in message:
-        return ReadOnlyError(message)
-    return None
+    return ReadOnlyError(message) if script_read_only(message) else None
 
 
 class _HiredisParser(_AsyncHiredisParser):

@@ -51,6 +51,7 @@ import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
+from limiter.read_only_reply import script_read_only
 from limiter.resp import pack_command
 
 CLIENT_NAME = "floodgate-admit"
@@ -182,7 +183,7 @@ def _error(message: str) -> ResponseError:
     script, send again) and READONLY (the server was demoted: limiter/direct_calls.py)."""
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
-    if message.startswith("READONLY"):
+    if message.startswith("READONLY") or script_read_only(message):  # the latter: Redis before 7
         return ReadOnlyError(message)
     return ResponseError(message)
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 from limiter.redis_store import RedisLimiter, _never_sent, user_keys
 from limiter.resp import pack_command
 from limiter.resp_connection import CLIENT_NAME, RespConnection, open_connection
+from tests.limiter.test_redis_url import REDIS_6_SCRIPT_READ_ONLY
 from tests.limiter.tiers import tier
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer, start_redis
@@ -68,6 +69,22 @@ async def test_error_replies_are_values_and_noscript_is_told_apart(redis_server:
         wrong = await conn.send(pack_command("NOSUCHCOMMAND"))
         assert isinstance(wrong, ResponseError) and not isinstance(wrong, NoScriptError)
         assert await conn.send(pack_command("PING")) == b"PONG"  # the connection goes on
+    finally:
+        conn.close()
+
+
+async def test_a_script_refused_read_only_by_a_redis_before_7_is_told_apart(
+    redis_server: RedisServer,
+) -> None:
+    """Redis 6 (ElastiCache 6.x) wraps the READONLY a script meets on a demoted primary in its own
+    error: taken for a plain one, the limiter kept the connection and every admit on it failed (the
+    local fallback) until the edge restarted. The reply is redis-server 6.2.14's, sent by a script."""
+    conn = await _open(redis_server)
+    try:
+        reply = await conn.send(
+            pack_command("EVAL", "return redis.error_reply(ARGV[1])", "0", REDIS_6_SCRIPT_READ_ONLY)
+        )
+        assert isinstance(reply, ReadOnlyError)
     finally:
         conn.close()
 
