@@ -245,6 +245,9 @@ class FleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     member_ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0
     stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Each shared replica divided among this many edge processes (edge/membership/assignment.py);
+    # 0: among every one.
+    members_per_replica: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         # A TTL within two beats counted a live member out for one beat late by its interval (a

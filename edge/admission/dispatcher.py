@@ -59,8 +59,9 @@ Policy
   (the 400 a new request gets), "no_replica" otherwise.
 
 Knobs beyond the policy: `replica_share` (several edge instances in front of the same replicas: each
-fills only this fraction of every replica; `set_replica_share` follows the live edge count; 1 for
-replicas this instance alone reaches, its own engines), `share_fixed` (nothing will change that
+fills only this fraction of every replica; `set_replica_shares` follows the fleet, a fraction per
+replica, 0 on those the fleet gives other edges ([fleet] members_per_replica); 1 for replicas this
+instance alone reaches, its own engines), `share_fixed` (nothing will change that
 fraction: the in-memory limiter's static instance_count; a request past it never fits),
 `poll_interval_s`, `health_timeout_s`, `clock` (tests).
 """
@@ -200,12 +201,13 @@ class Dispatcher:
         """Drain a replica: no new tickets; its upstream is closed once its last generation ends."""
         self.replicas.remove(name)
 
-    def set_replica_share(self, share: float) -> None:
-        """Fill `share` (0..1) of every replica from now on and reconsider the queue: the live edge
-        count changed (edge/membership/). 0 takes no new work (this edge joins or drains)."""
+    def set_replica_shares(self, share_of: Callable[[str], float]) -> None:
+        """Fill `share_of(name)` (0..1) of each replica from now on, a replica discovered later
+        included, and reconsider the queue: the fleet changed (edge/membership/). 0 takes no new
+        work there (this edge joins or drains, or is not among the replica's members)."""
         if self._share_fixed:
             raise RuntimeError("this dispatcher's replica share is fixed (share_fixed)")
-        self.replicas.set_share(share)
+        self.replicas.set_shares(share_of)
 
     async def check_replicas(self) -> None:
         """Poll every replica's health and capacity now (the poller does it every poll_interval_s)."""

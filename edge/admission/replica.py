@@ -5,8 +5,10 @@ sequences of the tickets it has in flight on each replica itself (exact, no poll
 only the totals and the health from the replica's periodic answers.
 
 Several edge instances sending to the same replicas would each count only their own requests; each
-then fills only its `share` of every replica (1 / the number of instances), so together they never
-overfill one. A replica only this instance reaches (its own local engine) keeps a share of 1.
+then fills only its `share` of each replica (1 / the number of instances, or with [fleet]
+members_per_replica 1 / K of the replicas it is among and 0 of the others: edge/membership/), so
+together they never overfill one. A replica only this instance reaches (its own local engine)
+keeps a share of 1.
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ class ReplicaSet:
         self._poll_interval_s = poll_interval_s
         self._health_timeout_s = health_timeout_s
         self._prior_service_s = prior_service_s
-        self._replica_share = replica_share
+        # This edge's share of a replica, by name: the same for every one until the fleet says
+        # otherwise (set_shares), and for one discovered later.
+        self._share_of: Callable[[str], float] = lambda _name: replica_share
         self._fallback_block_tokens = fallback_block_tokens
         # The members that may take new tickets; removed ones wait in _draining until they are empty.
         self.members: list[Replica] = [self._new_replica(u) for u in upstreams]
@@ -123,15 +125,18 @@ class ReplicaSet:
         lost, self._lost_room = self._lost_room, False
         return lost
 
-    def set_share(self, share: float) -> None:
-        """Fill `share` of every replica from now on (edge/membership/: the fleet's size changed).
+    def set_shares(self, share_of: Callable[[str], float]) -> None:
+        """Fill `share_of(name)` of each replica from now on, and of each one added later
+        (edge/membership/: the fleet changed; with members_per_replica each replica has its own).
         Requests already running keep their room; a smaller share only takes new work later."""
-        if not 0.0 <= share <= 1.0:
+        shares = {r.name: share_of(r.name) for r in self.members + self._draining}
+        if any(not 0.0 <= share <= 1.0 for share in shares.values()):
             raise ValueError("replica share must be in [0, 1]")
-        if share < self._replica_share:
-            self._lost_room = True  # some waiters may no longer fit in this edge's smaller part
-        self._replica_share = share
+        self._share_of = share_of
         for replica in self.members + self._draining:
+            share = shares[replica.name]
+            if share < replica.share:
+                self._lost_room = True  # some waiters may no longer fit in this edge's smaller part
             replica.share = share
         self._on_change()
 
@@ -186,7 +191,7 @@ class ReplicaSet:
         replica = Replica(
             upstream,
             ServiceRate(self._prior_service_s),
-            self._replica_share,
+            self._share_of(upstream.name),
             fallback_block_tokens=self._fallback_block_tokens,
         )
         metrics.watch_replica(replica.name, replica.utilisation)

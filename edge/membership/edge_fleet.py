@@ -3,10 +3,13 @@ this process registers in the fleet and applies every new view to what used to r
 `[limiter] instance_count`:
 
 * every model's dispatcher on replicas the edges share (Triton hosts: every edge reaches them) fills
-  `view.held` of each: its share while serving, 0 while joining, and while draining the falling
-  claim its accepted streams (running or queued) still need. Replicas this process started for
-  itself (its local engines, `--triton local`: PrivateUpstreams) no other edge fills: they are
-  not divided, and an edge with only those has nobody to wait for when it joins;
+  `view.held_of(replica)` of each: its share while serving, 0 while joining, and while draining the
+  falling claim its accepted streams (running or queued) still need; with `[fleet]
+  members_per_replica` its part of each replica among that replica's few members, 0 on the others
+  (assignment.py), worked out too for a replica discovered later as it joins the dispatcher.
+  Replicas this process started for itself (its local engines, `--triton local`:
+  PrivateUpstreams) no other edge fills: they are not divided, and an edge with only those has
+  nobody to wait for when it joins;
 * the fail-open fallback limiter divides each limit by `view.divisor`;
 * the limiter frees the concurrency slots of `view.departed`, members that stopped beating: their
   streams died with them (a crash, a kill), and their users would otherwise be refused for up to the
@@ -25,6 +28,7 @@ it only then (edge/server.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -51,6 +55,11 @@ SHARE = Gauge(
     "The fraction of every replica the edges share (Triton hosts) this instance may fill.",
 )
 DIVISOR = Gauge("floodgate_fleet_limit_divisor", "What the fail-open limiter divides every limit by.")
+FILLED = Gauge(
+    "floodgate_fleet_replicas_filled",
+    "The replicas the edges share that this instance may fill now (with members_per_replica, those "
+    "it is among the members of).",
+)
 
 
 def member_id() -> str:
@@ -78,8 +87,13 @@ def apply_view(
         # The dispatchers fill what this instance's streams may hold (`held`), not only its share
         # for new work: a draining edge takes no new requests (the drain answers them 503), but the
         # streams it accepted before SIGTERM, queued ones included, still run on its falling claim.
+        # Each replica's part worked out once per view (with members_per_replica, a ranking of
+        # every live member per replica), kept for replicas discovered until the next view.
+        held_of = functools.cache(view.held_of)
+        filled = 0
         for dispatcher in dispatchers:
-            dispatcher.set_replica_share(view.held)
+            dispatcher.set_replica_shares(held_of)
+            filled += sum(1 for name in dispatcher.upstream_names() if held_of(name) > 0)
         if set_divisor is not None:
             set_divisor(view.divisor)
         if free_slots_of is not None:
@@ -87,12 +101,14 @@ def apply_view(
         LIVE.set(view.live)
         SHARE.set(view.share)
         DIVISOR.set(view.divisor)
+        FILLED.set(filled)
         log.info(
             "fleet_view",
             live=view.live,
             share=round(view.share, 6),
             divisor=view.divisor,
             source=view.source,
+            replicas_filled=filled,
             departed=list(view.departed),
         )
 
@@ -117,6 +133,7 @@ async def joined_fleet(
         ttl_s=fleet.member_ttl_s,
         stale_after_s=fleet.stale_after_s,
         remember_departed_s=limiter.slot_ttl_s,
+        members_per_replica=fleet.members_per_replica,
     )
     client = _client(limiter, fleet.heartbeat_s)
     membership = FleetMembership(

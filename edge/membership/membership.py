@@ -5,7 +5,9 @@ limiter frees).
 
 Join: the first beat registers a full claim, so the others make room at their next beat; this
 instance takes new work only `join_wait_s` later (every other member has beaten since, with a late
-beat to spare). The first member of an empty fleet has nobody to wait for and serves at once.
+beat to spare). With `members_per_replica` the same holds per replica: one this instance is newly
+among (a member there left, or it joined) it takes `join_wait_s` after the beat that showed it so.
+The first member of an empty fleet has nobody to wait for and serves at once.
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
@@ -49,6 +51,8 @@ class MembershipSettings:
     # A member that stopped beating is departed this long (its slots are freed meanwhile): the
     # limiter's slot TTL, past which its slots have expired anyway.
     remember_departed_s: float = 300.0
+    # Each replica divided among this many members (assignment.py); 0: among every member.
+    members_per_replica: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.interval_s < self.ttl_s:
@@ -57,6 +61,8 @@ class MembershipSettings:
             raise ValueError("join_wait_s must be at least interval_s")
         if self.instance_count < 1:
             raise ValueError("instance_count must be at least 1")
+        if self.members_per_replica < 0:
+            raise ValueError("members_per_replica must be 0 (every member) or more")
 
     @property
     def quiet_s(self) -> float:
@@ -96,6 +102,10 @@ class FleetMembership:
         self._joined_at: float | None = None  # first beat Redis accepted
         self._last_ok: float | None = None
         self._fleet = Fleet({}, ())
+        # The live-member sets the beats found over the last join wait, each with when it was
+        # first seen (the current one last): with members_per_replica, a replica this member is
+        # newly among is taken once every other member there has beaten since (shares.Subsets).
+        self._sets: list[tuple[float, tuple[str, ...]]] = []
         self._remaining: Callable[[], float] | None = None  # set while draining
         self._task: asyncio.Task[None] | None = None
         # Until the first beat: nothing known, no new work (start() settles it either way).
@@ -140,7 +150,7 @@ class FleetMembership:
             # as soon as they see it. Lowered after the write, the two views overlapped for as long
             # as the reply took: the shares summed past the whole replica (1.014 in one CI run).
             claims = {**self._fleet.claims, self.member_id: claim}
-            self._set(view_from_claims(claims, self.member_id, "draining", self._fleet.departed))
+            self._set(self._view(claims, "draining"))
         try:
             self._fleet = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
@@ -161,6 +171,7 @@ class FleetMembership:
             # member sent back through the join wait at once left the fleet serving nothing.
             self._joined_at = now
         self._last_ok = now
+        self._saw(now, tuple(sorted(self._fleet.claims)))
         if back:
             log.warning("fleet_member_back", member=self.member_id, alone=alone)
             self._restore_when_serving = not alone
@@ -174,7 +185,24 @@ class FleetMembership:
             self._restore_when_serving = False
             if self._on_back is not None:
                 self._on_back()
-        return self._set(view_from_claims(self._fleet.claims, self.member_id, state, self._fleet.departed))
+        return self._set(self._view(self._fleet.claims, state))
+
+    def _view(self, claims: dict[str, float], state: State) -> FleetView:
+        k = self.settings.members_per_replica
+        self._forget_sets(self._clock())
+        recent = tuple(members for _, members in self._sets)
+        return view_from_claims(claims, self.member_id, state, self._fleet.departed, k, recent)
+
+    def _saw(self, now: float, members: tuple[str, ...]) -> None:
+        if not self._sets or self._sets[-1][1] != members:
+            self._sets.append((now, members))
+
+    def _forget_sets(self, now: float) -> None:
+        """Keep the live-member sets seen since the join wait before `now`, and the one current
+        then: a set that gave way before the window began no longer holds anyone back."""
+        start = now - self.settings.join_wait_s
+        while len(self._sets) > 1 and self._sets[1][0] <= start:
+            self._sets.pop(0)
 
     def _unreachable(self, now: float, exc: BaseException) -> FleetView:
         if self._last_ok is not None and now - self._last_ok < self.settings.stale_after_s:

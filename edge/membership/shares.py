@@ -11,6 +11,19 @@ instance divides each replica by the sum of the claims, so
   no slot sits idle waiting for a timeout, none is booked twice;
 * a crashed member keeps its claim until its TTL runs out: its streams died with it, so that
   window is the one idle window left, at most one TTL.
+
+With `[fleet] members_per_replica` (K, assignment.py) each replica is divided so among its K
+members only (`FleetView.held_of`), and the same promises hold per replica: a member that a change
+of the live members puts among a replica's K (it joined; one of them left and it ranks next) takes
+none of it until it has seen itself there for a join wait (`Subsets.recent`), by when the others
+there have seen the change and made room; a drainer's claim falls on each of its replicas as its
+streams end. What can overbook, transiently and bounded, is what the global division also has:
+* a member that a joiner pushes out of a replica takes no new work there from its next beat, but
+  its running streams keep their room until they end: at most its old part of that replica
+  (1 / K) over, for as long as those streams last, as the global division's members shrinking
+  from 1 / N to 1 / (N + 1) overrun by 1 / (N + 1) in all on a join;
+* a change the members see one beat apart (a member leaving, Redis failing over to the static
+  fallback and back) leaves their views of one replica unalike for up to a beat.
 """
 
 from __future__ import annotations
@@ -19,7 +32,26 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from edge.membership.assignment import replica_share, settled
+
 State = Literal["joining", "serving", "draining"]
+
+
+@dataclass(frozen=True)
+class Subsets:
+    """What dividing each replica among `k` members takes (assignment.py): every live member's
+    claim, and the live-member sets this member saw over the last join wait (the current one
+    last), each sorted: a replica it is newly among stays at 0 until every set shows it there."""
+
+    me: str
+    k: int
+    claims: tuple[tuple[str, float], ...]
+    recent: tuple[tuple[str, ...], ...]
+
+    def part_of(self, replica: str) -> float:
+        if not settled(self.recent, self.me, replica, self.k):
+            return 0.0
+        return replica_share(dict(self.claims), self.me, replica, self.k)
 
 
 @dataclass(frozen=True)
@@ -32,11 +64,30 @@ class FleetView:
     source: str  # "redis", "stale" (last view, Redis unreachable) or "fallback" (instance_count)
     # The tags of members that stopped beating, whose concurrency slots are freed (registry.py).
     departed: tuple[str, ...] = ()
+    # With members_per_replica: each replica among a few members; None: every one among all.
+    subsets: Subsets | None = None
+
+    def held_of(self, replica: str) -> float:
+        """The fraction of `replica` this instance's streams may hold now: `held` of every one, or
+        with members_per_replica its part of this one (0 where it is not among its members), and
+        0 wherever `held` is (joining; draining once Redis is out of reach)."""
+        if self.subsets is None or self.held == 0.0:
+            return self.held
+        return self.subsets.part_of(replica)
 
 
 def view_from_claims(
-    claims: dict[str, float], me: str, state: State, departed: tuple[str, ...] = ()
+    claims: dict[str, float],
+    me: str,
+    state: State,
+    departed: tuple[str, ...] = (),
+    members_per_replica: int = 0,
+    recent: tuple[tuple[str, ...], ...] = (),
 ) -> FleetView:
+    """`share`, `held` and `divisor` count every live member whatever `members_per_replica`: the
+    limiter's divisor is the fleet's, and `share` says whether this member takes new work at all
+    (/readyz). `recent`: the live-member sets seen over the last join wait (Subsets); the current
+    one alone when not given."""
     total = sum(max(0.0, c) for c in claims.values())
     mine = min(1.0, max(0.0, claims.get(me, 0.0)) / total) if total > 0 else 0.0
     share = mine if state == "serving" else 0.0
@@ -44,7 +95,11 @@ def view_from_claims(
     # Round up: a draining member's remaining streams still count, so the limits are divided by at
     # least as many instances as may admit or finish work; never more than the fleet's limit.
     divisor = max(1, math.ceil(total - 1e-9))
-    return FleetView(len(claims), total, share, held, divisor, "redis", departed)
+    subsets = None
+    if members_per_replica > 0:
+        current = tuple(sorted(claims))
+        subsets = Subsets(me, members_per_replica, tuple(sorted(claims.items())), recent or (current,))
+    return FleetView(len(claims), total, share, held, divisor, "redis", departed, subsets)
 
 
 def fallback_view(instance_count: int) -> FleetView:

@@ -322,6 +322,28 @@ async def test_two_edge_instances_sharing_a_replica_fill_only_their_share(
 
 
 @pytest.mark.anyio
+async def test_each_replica_is_filled_to_its_own_share_one_discovered_later_included(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    """[fleet] members_per_replica: this edge is among one replica's few members (its whole, here)
+    and not among another's (none of it): tickets land on the first only. A replica discovered
+    afterwards joins at the share the fleet gives it, not at the share the edge started with."""
+    mine = ControlledUpstream("mine", kv_tokens_total=1000, max_sequences=10)
+    theirs = ControlledUpstream("theirs", kv_tokens_total=1000, max_sequences=10)
+    shares = {"mine": 1.0, "theirs": 0.0, "later": 0.5}
+    async with make_dispatcher([mine, theirs], replica_share=0.5) as dispatcher:
+        dispatcher.set_replica_shares(shares.__getitem__)
+        await dispatcher.add_upstream(ControlledUpstream("later", kv_tokens_total=1000, max_sequences=10))
+        flow = Flow(dispatcher)
+        for i in range(20):
+            flow.submit(ticket(f"u{i}", kv_tokens=100))
+        await flow.settle()
+        held = sorted(slot.upstream.name for slot in flow.held())
+        assert held == ["later"] * 5 + ["mine"] * 10
+        await flow.aclose()
+
+
+@pytest.mark.anyio
 async def test_the_free_share_of_a_replica_among_many_edges_is_rounded_once(
     make_dispatcher: MakeDispatcher,
 ) -> None:
@@ -560,4 +582,4 @@ async def test_past_a_fixed_share_of_every_replica_never_fits(make_dispatcher: M
             dispatcher.check_fits(ticket("free", kv_tokens=401))
         assert (never.value.kv_limit, never.value.shared) == (400, True)
         with pytest.raises(RuntimeError):
-            dispatcher.set_replica_share(1.0)
+            dispatcher.set_replica_shares(lambda _name: 1.0)

@@ -99,9 +99,11 @@ class Fleet:
 
         wait_for(f"{names} at share {share:.3f} of {live} live", ok)
 
-    def max_total_share(self) -> float:
+    def max_total_share(self, field: str = "share") -> float:
         """Replay every edge's shares (its `fleet_view` log lines, a killed edge's share falls to 0
-        when it dies): the largest sum at any instant."""
+        when it dies): the largest sum at any instant. `field="replicas_filled"`: how many edges
+        held any of the one replica at once (with members_per_replica, where `share` counts every
+        edge whatever it holds)."""
         events: list[tuple[float, str, float]] = []
         for name, edge in self.edges.items():
             for line in edge.output().splitlines():
@@ -109,7 +111,7 @@ class Fleet:
                     continue
                 record = json.loads(line)
                 at = datetime.fromisoformat(record["timestamp"]).timestamp()
-                events.append((at, name, float(record["share"])))
+                events.append((at, name, float(record[field])))
         events += [(at, name, 0.0) for name, at in self.killed_at.items()]
         current: dict[str, float] = {}
         worst = 0.0
@@ -159,6 +161,34 @@ def test_shares_follow_the_live_edges_and_a_killed_one_is_counted_out(fleet: Fle
     fleet.wait_shares(["a", "b"], 1 / 2, 2)
     assert _chat(a, half).status_code == 200
     assert fleet.max_total_share() <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize(("members_per_replica", "serving"), [(0, 0), (1, 1)])
+def test_with_a_member_per_replica_a_request_past_a_third_of_it_is_served(
+    fleet: Fleet, members_per_replica: int, serving: int
+) -> None:
+    """Three edges dividing the replica hold a third of it each: a request charged two thirds of it
+    fits none of them, answered 503 no_replica (with a Retry-After, for ever) at every edge though
+    it fits the replica. With [fleet] members_per_replica = 1 the replica is one edge's whole, the
+    same edge for all three, and that edge serves it; the other two hold none of it."""
+    more: dict[str, dict[str, object]] = {}
+    if members_per_replica:
+        more["fleet"] = {"members_per_replica": members_per_replica}
+    a = fleet.start("a", more)
+    fleet.wait_shares(["a"], 1.0, 1)
+    prompt_tokens = _chat(a, 1).json()["usage"]["prompt_tokens"]
+    two_thirds = 2 * HALF_REPLICA_TOKENS * 2 // 3 - prompt_tokens  # 6 of the 8 blocks: past a half
+    fleet.start("b", more)
+    fleet.start("c", more)
+    # Every edge serving (its own join wait over: one the joiners pushed off the replica had seen
+    # them, at its next beat, by then).
+    fleet.wait_shares(["a", "b", "c"], 1 / 3, 3)
+    answers = {name: _chat(edge, two_thirds) for name, edge in fleet.edges.items()}
+    codes = {name: (r.status_code, r.json().get("error", {}).get("code")) for name, r in answers.items()}
+    assert sorted(codes.values(), key=str) == sorted(
+        [(200, None)] * serving + [(503, "no_replica")] * (3 - serving), key=str
+    ), codes
+    assert fleet.max_total_share("replicas_filled" if members_per_replica else "share") <= 1.0 + 1e-9
 
 
 def test_a_joining_edge_waits_for_room_and_never_overbooks(fleet: Fleet) -> None:

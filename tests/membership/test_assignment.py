@@ -1,0 +1,152 @@
+"""Each replica divided among a few members ([fleet] members_per_replica): the arithmetic
+(edge/membership/assignment.py, shares.py), and one member's real membership loop on a real
+redis-server taking a replica it newly ranks on only once the others there made room."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from edge.membership.assignment import assigned, replica_share, settled
+from edge.membership.membership import FleetMembership, MembershipSettings
+from edge.membership.registry import MembershipRegistry
+from edge.membership.shares import view_from_claims
+from limiter import redis_url
+from tests.support.redis_server import RedisServer, start_redis
+
+REPLICAS = [f"10.0.{i // 256}.{i % 256}:8001" for i in range(40)]
+
+
+def _members(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [f"ip-10-1-{i}:{rng.randrange(1, 1 << 22)}:{rng.getrandbits(32):08x}" for i in range(n)]
+
+
+@pytest.mark.parametrize(("n", "k"), [(300, 30), (5, 3), (2, 3), (1, 1), (12, 0)])
+def test_each_replica_goes_to_k_members_whose_parts_sum_to_at_most_the_replica(n: int, k: int) -> None:
+    rng = random.Random(n * 100 + k)
+    # Some drain (a claim falling to 0), the rest serve or join (a full claim).
+    claims = {m: rng.choice([1.0, 1.0, 1.0, rng.random(), 0.0]) for m in _members(n)}
+    for replica in REPLICAS:
+        members = assigned(claims, replica, k)
+        assert len(members) == (n if k == 0 else min(k, n))
+        parts = {m: replica_share(claims, m, replica, k) for m in claims}
+        assert all(parts[m] == 0.0 for m in claims if m not in members)
+        assert sum(parts.values()) <= 1.0 + 1e-9
+        if any(claims[m] > 0 for m in members):
+            assert sum(parts.values()) == pytest.approx(1.0)
+
+
+def test_without_a_limit_every_member_fills_its_claim_over_all_claims() -> None:
+    claims = dict(zip(_members(4), [1.0, 1.0, 0.5, 1.0], strict=True))
+    for member, claim in claims.items():
+        view = view_from_claims(claims, member, "serving", members_per_replica=0)
+        assert view.subsets is None
+        assert all(view.held_of(r) == pytest.approx(claim / 3.5) for r in REPLICAS)
+
+
+def test_a_member_leaving_moves_only_the_replicas_it_was_on() -> None:
+    members = _members(60)
+    before = {r: assigned(members, r, 5) for r in REPLICAS}
+    gone = members[17]
+    after = {r: assigned([m for m in members if m != gone], r, 5) for r in REPLICAS}
+    for replica in REPLICAS:
+        if gone in before[replica]:
+            # Its place goes to one other member; the rest stay.
+            assert len(after[replica] - before[replica]) == 1
+            assert before[replica] - after[replica] == {gone}
+        else:
+            assert after[replica] == before[replica]
+    # And one joining takes places only: nobody else moves but the one it displaces on each.
+    joined = [*members, "ip-10-9-9:4242:0badcafe"]
+    for replica in REPLICAS:
+        now = assigned(joined, replica, 5)
+        assert now == before[replica] or (
+            len(now - before[replica]) == 1 and "ip-10-9-9:4242:0badcafe" in now
+        )
+
+
+def test_every_process_computes_the_same_members_per_replica() -> None:
+    """Python's hash() is salted per process: the weights must not depend on it."""
+    members = _members(50)
+    mine = {r: sorted(assigned(members, r, 4)) for r in REPLICAS}
+    code = (
+        "import json, sys\n"
+        "from edge.membership.assignment import assigned\n"
+        "members, replicas = json.load(sys.stdin)\n"
+        "print(json.dumps({r: sorted(assigned(members, r, 4)) for r in replicas}))\n"
+    )
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps([members, REPLICAS]),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+        assert json.loads(out) == mine
+
+
+def test_a_replica_newly_ranked_on_is_settled_only_once_every_recent_set_ranks_it() -> None:
+    members = _members(8)
+    replica = REPLICAS[0]
+    (top,) = assigned(members, replica, 1)
+    (second,) = assigned([m for m in members if m != top], replica, 1)
+    without_top = tuple(sorted(m for m in members if m != top))
+    assert not settled([tuple(members), without_top], second, replica, 1)
+    assert settled([without_top], second, replica, 1)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.kill()
+
+
+@pytest.mark.anyio
+async def test_a_member_takes_a_replica_it_newly_ranks_on_after_a_join_wait(
+    redis_server: RedisServer,
+) -> None:
+    """K = 1: member b ranks second on the replica, behind a. a leaves: b is now the replica's one
+    member, but a's peers may not have seen a go yet, so b takes it only a join wait later (a's
+    part of it fell with its streams while it drained; the others grew into it). A replica b is
+    not among stays 0; the limiter's divisor still counts every member."""
+    # Steps exact in binary: the clock lands on the join wait's end itself, not a float's width short.
+    settings = MembershipSettings(
+        interval_s=0.25, join_wait_s=0.5, ttl_s=60, fleet="subsets", members_per_replica=1
+    )
+    client = redis_url.connect(redis_server.url)
+    registry = MembershipRegistry(client, settings.fleet, quiet_s=settings.quiet_s)
+    a, b = "host:1:aaaa1111", "host:2:bbbb2222"
+    # A replica that ranks a over b, and one that ranks b over a.
+    on_a = next(r for r in REPLICAS if assigned([a, b], r, 1) == {a})
+    on_b = next(r for r in REPLICAS if assigned([a, b], r, 1) == {b})
+    now = [0.0]
+    member = FleetMembership(client, b, settings, clock=lambda: now[0])
+    try:
+        await registry.beat(a, 1.0, ttl_s=60)
+        joining = await member.beat_once()
+        assert joining.held_of(on_a) == joining.held_of(on_b) == 0.0  # a joiner holds nothing
+        now[0] += settings.join_wait_s
+        serving = await member.beat_once()
+        assert (serving.held_of(on_a), serving.held_of(on_b), serving.divisor) == (0.0, 1.0, 2)
+
+        await registry.leave(a)
+        now[0] += settings.interval_s
+        gained = await member.beat_once()
+        assert (gained.held_of(on_a), gained.held_of(on_b), gained.divisor) == (0.0, 1.0, 1)
+        now[0] += settings.interval_s
+        assert (await member.beat_once()).held_of(on_a) == 0.0
+        now[0] += settings.interval_s
+        assert (await member.beat_once()).held_of(on_a) == 1.0
+    finally:
+        await client.aclose()
