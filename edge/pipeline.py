@@ -251,7 +251,7 @@ class Pipeline:
             prompt_ids=prompt_ids,
             max_new_tokens=max_new,
             temperature=self.config.default_temperature if req.temperature is None else req.temperature,
-            top_p=self.config.default_top_p if req.top_p is None else req.top_p,
+            top_p=self.config.default_top_p if req.replica_top_p is None else req.replica_top_p,
             top_k=self.config.default_top_k if req.top_k is None else max(req.top_k, 0),
             seed=req.replica_seed,
             presence_penalty=req.presence_penalty or 0.0,

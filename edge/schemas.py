@@ -159,10 +159,9 @@ class ChatCompletionRequest(msgspec.Struct):
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
-    # Above 0 as OpenAI and vLLM take it, and at least float32's smallest normal number, as
-    # repetition_penalty below: a Triton replica reads it into an FP32 tensor, where 1e-300 is 0,
-    # which TensorRT-LLM refuses (a 400 from the replica naming no parameter, after a stream began).
-    top_p: Annotated[float, msgspec.Meta(ge=FLOAT32_MIN_NORMAL, le=1.0)] | None = None
+    # 0 to 1 as OpenAI takes it (vLLM refuses 0, which code written for OpenAI sends beside a
+    # temperature of 0); a replica is sent replica_top_p.
+    top_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     # vLLM's extension (clients send it in the openai SDK's extra_body): sample among the k most
     # likely tokens; 0 or -1 is off. Bounded by TensorRT-LLM's top-k sampling, which takes k <= 1024.
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=1024)] | None = None
@@ -242,6 +241,14 @@ class ChatCompletionRequest(msgspec.Struct):
         """The seed as every replica takes it: unsigned 64-bit. A negative int64 wraps (two's
         complement), so `-1` is a valid, reproducible seed rather than an engine error."""
         return None if self.seed is None else self.seed % 2**64
+
+    @property
+    def replica_top_p(self) -> float | None:
+        """top_p as every replica takes it: above 0 (the engine and TensorRT-LLM refuse 0) and at
+        least float32's smallest normal number, since a Triton replica reads it into an FP32 tensor
+        where 1e-300 is 0. A nucleus that small holds the most likely token alone, as one of no mass
+        does (every token of the vocabulary weighs far more), so the reply is the one asked for."""
+        return None if self.top_p is None else max(self.top_p, FLOAT32_MIN_NORMAL)
 
     @property
     def stop_strings(self) -> list[str]:

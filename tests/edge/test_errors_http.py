@@ -248,19 +248,6 @@ def test_a_utf8_byte_order_mark_before_the_json_is_skipped(
     assert _error(twice, 400)["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_top_p_float32_cannot_hold_is_a_400_naming_it(
-    server: LiveServer, client: httpx.Client, stream: bool
-) -> None:
-    """Above 0 in a double but 0 in the FP32 tensor a Triton replica reads it into, which refuses
-    it: that was a 400 from the replica naming no parameter (a 200 stream ending in an error
-    event when streamed), where it must be refused here, by name, before any replica sees it (as
-    repetition_penalty is)."""
-    body = OK_BODY | {"top_p": 1e-300, "stream": stream}
-    error = _error(client.post(CHAT, json=body, headers=server.auth("paid")), 400)
-    assert (error["type"], error["param"]) == ("invalid_request_error", "top_p")
-
-
 def test_unknown_fields_are_ignored_and_text_parts_accepted(server: LiveServer, client: httpx.Client) -> None:
     body = {
         "model": MODEL,

@@ -237,3 +237,16 @@ def test_sdk_does_not_retry_a_token_budget_that_refills_in_minutes(tmp_path: Pat
         assert int(info.value.response.headers["retry-after"]) > 60
         assert info.value.response.headers["x-should-retry"] == "false"
         assert live.rejected(429) - before == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("top_p", [0.0, 1e-300])
+def test_sdk_top_p_zero_samples_the_most_likely_token(sdk: openai.OpenAI, stream: bool, top_p: float) -> None:
+    """OpenAI takes top_p from 0 to 1, and code written for it sends temperature and top_p 0 for the
+    steadiest reply: that was a 400 here. A nucleus of no mass is the most likely token alone, so at
+    any temperature the reply is the greedy one (below float32's smallest normal top_p is the same
+    nucleus, which is what a replica is sent)."""
+    greedy = _sdk_reply(sdk, stream)
+    hot: Any = {"seed": 1, "extra_body": {"temperature": 1.5}}
+    assert _sdk_reply(sdk, stream, top_p=1.0, **hot) != greedy
+    assert _sdk_reply(sdk, stream, top_p=top_p, **hot) == greedy

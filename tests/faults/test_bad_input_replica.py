@@ -66,7 +66,7 @@ def test_a_negative_seed_is_a_reproducible_seed_and_blames_no_replica(
         ("seed", -(2**63) - 1),
         ("temperature", 2.5),
         ("temperature", -0.1),
-        ("top_p", 0),
+        ("top_p", -0.1),
         ("top_p", 1.5),
         ("max_tokens", 0),
         ("max_completion_tokens", 0),
