@@ -423,6 +423,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         (req.tools, req.tool_choice, ("tools", "tool_choice")),
         (req.functions, req.function_call, ("functions", "function_call")),
     ):
+        if isinstance(choice, str) and choice not in _CHOICES[choice_param]:
+            raise invalid_request(
+                f"Invalid value: '{choice}'. Supported values are: {_CHOICES_TEXT[choice_param]}.",
+                choice_param,
+                code="invalid_value",
+            )
         if _may_call_tools(tools, choice):
             param = tools_param if tools else choice_param
             raise invalid_request(
@@ -482,6 +488,12 @@ def _check_content_parts(parts: list[ContentPart], message: int) -> None:
                 f"Invalid request: a '{part.type}' content part needs its '{part.type}'.",
                 f"messages[{message}].content[{index}].{part.type}",
             )
+
+
+# The choices each field takes as a string, as OpenAI answers any other: a misspelt one ("None") read
+# as a call the model cannot make sent the client to fix what was never asked for.
+_CHOICES = {"tool_choice": ("none", "auto", "required"), "function_call": ("none", "auto")}
+_CHOICES_TEXT = {"tool_choice": "'none', 'auto', and 'required'", "function_call": "'none' and 'auto'"}
 
 
 def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | None) -> bool:

@@ -250,3 +250,24 @@ def test_sdk_top_p_zero_samples_the_most_likely_token(sdk: openai.OpenAI, stream
     hot: Any = {"seed": 1, "extra_body": {"temperature": 1.5}}
     assert _sdk_reply(sdk, stream, top_p=1.0, **hot) != greedy
     assert _sdk_reply(sdk, stream, top_p=top_p, **hot) == greedy
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "supported"),
+    [
+        ("tool_choice", "None", "'none', 'auto', and 'required'"),
+        ("tool_choice", "any", "'none', 'auto', and 'required'"),
+        ("function_call", "required", "'none' and 'auto'"),
+    ],
+)
+def test_sdk_hears_a_tool_choice_that_is_no_choice_named_as_invalid(
+    sdk: openai.OpenAI, field: str, value: str, supported: str
+) -> None:
+    """A misspelt choice ("None") was told it asked for tool calls, and to send 'none', as if the
+    server had understood it: OpenAI answers it as the invalid value it is, naming the ones it takes."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={field: value})
+    assert (info.value.param, info.value.code) == (field, "invalid_value")
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["message"] == f"Invalid value: '{value}'. Supported values are: {supported}."
