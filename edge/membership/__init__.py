@@ -7,7 +7,8 @@ A member that stops beating is departed: the others free its users' concurrency 
 
     registry.py   the Redis side: one atomic script per beat (purge the dead, write my claim, read all)
     shares.py     the arithmetic: claims -> my share and the fallback divisor (pure)
-    assignment.py which members divide which replica, with [fleet] members_per_replica (pure)
+    assignment.py which members divide which replica, with [fleet] members_per_replica (rankings
+                  kept across views)
     membership.py the loop: beats, join and drain, staleness, callbacks for the edge to apply
 """
 

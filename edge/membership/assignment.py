@@ -17,21 +17,21 @@ The cost: a member holds nothing of the replicas it is not among, so a member am
 among about K x replicas / members of them, a Poisson count: e^-(K x replicas / members) of the
 members are among none) answers every request no_replica. Size K so that K x replicas is a few
 times the members (docs/deploy.md).
+
+Cost on the event loop (`Rankings`): every view change asks, for each replica of each model, whether
+this member is among its K under each live-member set of the last join wait. Ranking every member
+afresh for each (300 members x 300 replicas, a weight cache too small for the pairs) took 115 ms a
+view; kept ranked across views, a member set is walked from the top only until K of it (or this
+member) turn up, and a join or leave moves one entry per replica.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
-from collections.abc import Collection, Iterable, Mapping
-from functools import lru_cache
-
-# (member, replica) pairs whose weight is remembered: a view is applied to every replica of every
-# model at each change, each ranking every live member (hundreds).
-_WEIGHTS_KEPT = 1 << 16
+from bisect import bisect_left, insort
+from collections.abc import Collection, Set
 
 
-@lru_cache(maxsize=_WEIGHTS_KEPT)
 def weight(member: str, replica: str) -> int:
     """The member's rendezvous weight for the replica: the same in every process (Python's own
     hash() is salted per process, so it would not be)."""
@@ -39,28 +39,50 @@ def weight(member: str, replica: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def assigned(members: Iterable[str], replica: str, k: int) -> frozenset[str]:
-    """The members that divide `replica`: the `k` of highest weight, every one when `k` is 0 or
-    there are no more than `k`. Ties (a 64-bit collision) go to the larger id, so all agree."""
-    pool = list(members)
-    if k <= 0 or len(pool) <= k:
-        return frozenset(pool)
-    return frozenset(heapq.nlargest(k, pool, key=lambda m: (weight(m, replica), m)))
+class Rankings:
+    """Each replica's members by rendezvous weight, kept from one view to the next (one per
+    FleetMembership): what a view asks of a member set (`top`) then costs a walk down to the set's
+    K-th member, not a weight per member, and a change of the members (`rank`) an insertion or a
+    removal per replica, not a ranking of everyone again. Ties (a 64-bit collision) go to the
+    larger id, so all agree."""
 
+    def __init__(self) -> None:
+        self._members: frozenset[str] = frozenset()
+        # Per replica: (weight, member) over `_members`, ascending; built when first asked about.
+        self._order: dict[str, list[tuple[int, str]]] = {}
+        # The replicas asked about since the members last changed: the others (gone from every
+        # dispatcher) are forgotten at the next change rather than kept up to date for ever.
+        self._asked: set[str] = set()
 
-def replica_share(claims: Mapping[str, float], me: str, replica: str, k: int) -> float:
-    """`me`'s part of `replica`: its claim over the claims of the replica's members, 0 when it is
-    not among them. The parts of a replica's members sum to 1 (or 0 when none claims anything)."""
-    members = assigned(claims, replica, k)
-    if me not in members:
-        return 0.0
-    total = sum(max(0.0, claims[m]) for m in members)
-    mine = max(0.0, claims.get(me, 0.0))
-    return min(1.0, mine / total) if total > 0 else 0.0
+    def rank(self, members: Collection[str]) -> None:
+        """Rank exactly `members` from now on: every set `top` is asked about must be among them
+        (the union of the live-member sets a view consults)."""
+        new = frozenset(members)
+        if new == self._members:
+            return
+        gone, added = self._members - new, new - self._members
+        if self._asked:  # none while joining or on the fallback: nothing tells which are gone
+            self._order = {r: order for r, order in self._order.items() if r in self._asked}
+        for replica, order in self._order.items():
+            for member in gone:
+                del order[bisect_left(order, (weight(member, replica), member))]
+            for member in added:
+                insort(order, (weight(member, replica), member))
+        self._members = new
+        self._asked = set()
 
-
-def settled(recent: Iterable[Collection[str]], me: str, replica: str, k: int) -> bool:
-    """Whether `me` was among `replica`'s members under each of the `recent` live-member sets (those
-    it saw over the last join wait, the current one included): only then has every other member of
-    the replica beaten since the change that put `me` there, and made room for it."""
-    return all(me in assigned(members, replica, k) for members in recent)
+    def top(self, members: Set[str], replica: str, k: int, until: str | None = None) -> list[str]:
+        """The `k` of `members` (a subset of those ranked) of highest weight for `replica`,
+        highest first (every one when there are no more than `k`; `k` 0: every one), or those
+        down to `until` where it comes first."""
+        self._asked.add(replica)
+        order = self._order.get(replica)
+        if order is None:
+            order = self._order[replica] = sorted((weight(m, replica), m) for m in self._members)
+        found: list[str] = []
+        for _, member in reversed(order):
+            if member in members:
+                found.append(member)
+                if member == until or len(found) == k:
+                    break
+        return found

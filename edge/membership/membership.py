@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
+from edge.membership.assignment import Rankings
 from edge.membership.registry import Fleet, MembershipRegistry
 from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
 from edge.task_stop import cancelling, stop_task
@@ -105,7 +106,10 @@ class FleetMembership:
         # The live-member sets the beats found over the last join wait, each with when it was
         # first seen (the current one last): with members_per_replica, a replica this member is
         # newly among is taken once every other member there has beaten since (shares.Subsets).
-        self._sets: list[tuple[float, tuple[str, ...]]] = []
+        self._sets: list[tuple[float, frozenset[str]]] = []
+        # Every replica's members in rank order, kept across views: ranking them afresh at each
+        # view stalled the event loop (assignment.py).
+        self._rankings = Rankings()
         self._remaining: Callable[[], float] | None = None  # set while draining
         self._task: asyncio.Task[None] | None = None
         # Until the first beat: nothing known, no new work (start() settles it either way).
@@ -171,7 +175,7 @@ class FleetMembership:
             # member sent back through the join wait at once left the fleet serving nothing.
             self._joined_at = now
         self._last_ok = now
-        self._saw(now, tuple(sorted(self._fleet.claims)))
+        self._saw(now, frozenset(self._fleet.claims))
         if back:
             log.warning("fleet_member_back", member=self.member_id, alone=alone)
             self._restore_when_serving = not alone
@@ -191,9 +195,10 @@ class FleetMembership:
         k = self.settings.members_per_replica
         self._forget_sets(self._clock())
         recent = tuple(members for _, members in self._sets)
-        return view_from_claims(claims, self.member_id, state, self._fleet.departed, k, recent)
+        departed = self._fleet.departed
+        return view_from_claims(claims, self.member_id, state, departed, k, recent, self._rankings)
 
-    def _saw(self, now: float, members: tuple[str, ...]) -> None:
+    def _saw(self, now: float, members: frozenset[str]) -> None:
         if not self._sets or self._sets[-1][1] != members:
             self._sets.append((now, members))
 

@@ -29,10 +29,10 @@ streams end. What can overbook, transiently and bounded, is what the global divi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from edge.membership.assignment import replica_share, settled
+from edge.membership.assignment import Rankings
 
 State = Literal["joining", "serving", "draining"]
 
@@ -41,17 +41,32 @@ State = Literal["joining", "serving", "draining"]
 class Subsets:
     """What dividing each replica among `k` members takes (assignment.py): every live member's
     claim, and the live-member sets this member saw over the last join wait (the current one
-    last), each sorted: a replica it is newly among stays at 0 until every set shows it there."""
+    last): a replica it is newly among stays at 0 until every set shows it there. `rankings`
+    ranks every member of those sets (view_from_claims sees to it), kept across views: a later
+    view may re-rank them, by when this one is no longer applied."""
 
     me: str
     k: int
     claims: tuple[tuple[str, float], ...]
-    recent: tuple[tuple[str, ...], ...]
+    recent: tuple[frozenset[str], ...]
+    rankings: Rankings = field(compare=False, repr=False)
+    # `claims` to look up, made once: a view asks about every replica of every model.
+    _claim_of: dict[str, float] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_claim_of", dict(self.claims))
 
     def part_of(self, replica: str) -> float:
-        if not settled(self.recent, self.me, replica, self.k):
-            return 0.0
-        return replica_share(dict(self.claims), self.me, replica, self.k)
+        """Its claim over the claims of the replica's members, 0 where it is not among them (or
+        not yet under every recent set): the parts of a replica's members sum to at most 1."""
+        for members in self.recent:
+            if self.me not in self.rankings.top(members, replica, self.k, until=self.me):
+                return 0.0
+        claims = self._claim_of
+        among = self.rankings.top(claims.keys(), replica, self.k)
+        total = sum(max(0.0, claims[m]) for m in among)
+        mine = max(0.0, claims.get(self.me, 0.0))
+        return min(1.0, mine / total) if total > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,14 @@ def view_from_claims(
     state: State,
     departed: tuple[str, ...] = (),
     members_per_replica: int = 0,
-    recent: tuple[tuple[str, ...], ...] = (),
+    recent: tuple[frozenset[str], ...] = (),
+    rankings: Rankings | None = None,
 ) -> FleetView:
     """`share`, `held` and `divisor` count every live member whatever `members_per_replica`: the
     limiter's divisor is the fleet's, and `share` says whether this member takes new work at all
     (/readyz). `recent`: the live-member sets seen over the last join wait (Subsets); the current
-    one alone when not given."""
+    one alone when not given. `rankings`: the member's own, kept across its views (a new one
+    when not given)."""
     total = sum(max(0.0, c) for c in claims.values())
     mine = min(1.0, max(0.0, claims.get(me, 0.0)) / total) if total > 0 else 0.0
     share = mine if state == "serving" else 0.0
@@ -97,8 +114,10 @@ def view_from_claims(
     divisor = max(1, math.ceil(total - 1e-9))
     subsets = None
     if members_per_replica > 0:
-        current = tuple(sorted(claims))
-        subsets = Subsets(me, members_per_replica, tuple(sorted(claims.items())), recent or (current,))
+        recent = recent or (frozenset(claims),)
+        rankings = rankings if rankings is not None else Rankings()
+        rankings.rank(frozenset(claims).union(*recent))
+        subsets = Subsets(me, members_per_replica, tuple(sorted(claims.items())), recent, rankings)
     return FleetView(len(claims), total, share, held, divisor, "redis", departed, subsets)
 
 
