@@ -110,6 +110,10 @@ class ReplicaSet:
         """The replicas that may take new tickets (draining ones excluded)."""
         return [r.name for r in self.members]
 
+    def filled(self) -> int:
+        """The members this edge may fill any of (its share there above 0)."""
+        return sum(1 for r in self.members if r.share > 0)
+
     def alive(self) -> list[Replica]:
         return [r for r in self.members if r.alive]
 

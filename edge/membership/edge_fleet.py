@@ -83,6 +83,9 @@ def apply_view(
     set_divisor: Callable[[int], None] | None,
     free_slots_of: Callable[[Collection[str]], None] | None = None,
 ) -> Callable[[FleetView], None]:
+    def filled() -> int:
+        return sum(dispatcher.replicas.filled() for dispatcher in dispatchers)
+
     def apply(view: FleetView) -> None:
         # The dispatchers fill what this instance's streams may hold (`held`), not only its share
         # for new work: a draining edge takes no new requests (the drain answers them 503), but the
@@ -90,10 +93,8 @@ def apply_view(
         # Each replica's part worked out once per view (with members_per_replica, a ranking of
         # every live member per replica), kept for replicas discovered until the next view.
         held_of = functools.cache(view.held_of)
-        filled = 0
         for dispatcher in dispatchers:
             dispatcher.set_replica_shares(held_of)
-            filled += sum(1 for name in dispatcher.upstream_names() if held_of(name) > 0)
         if set_divisor is not None:
             set_divisor(view.divisor)
         if free_slots_of is not None:
@@ -101,14 +102,17 @@ def apply_view(
         LIVE.set(view.live)
         SHARE.set(view.share)
         DIVISOR.set(view.divisor)
-        FILLED.set(filled)
+        # Read at each scrape, not set here: a replica discovered after this view (asg:, a scale
+        # from zero) joins at its share without a new view, which a steady fleet may not see for
+        # good, and the gauge read 0 on every serving edge meanwhile.
+        FILLED.set_function(filled)
         log.info(
             "fleet_view",
             live=view.live,
             share=round(view.share, 6),
             divisor=view.divisor,
             source=view.source,
-            replicas_filled=filled,
+            replicas_filled=filled(),
             departed=list(view.departed),
         )
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 
 from edge.admission.dispatcher import Dispatcher
 from edge.membership import assignment
@@ -211,4 +212,36 @@ async def test_a_view_after_one_member_changed_ranks_each_replica_anew_only_for_
         assert changed.live == len(others) + 1
         assert weights[0] <= 2 * replicas, weights[0]
     finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_discovered_after_the_view_counts_in_the_replicas_filled_gauge(
+    redis_server: RedisServer,
+) -> None:
+    """floodgate_fleet_replicas_filled is what an operator alerts on (0: this process answers every
+    request no_replica). Set only when a view was applied, it stayed at what the dispatchers held
+    then: replicas discovered later (asg:, a scale from zero) never counted until the fleet next
+    changed, which in a steady fleet may be never, so every edge read 0 while serving."""
+    settings = MembershipSettings(
+        interval_s=0.25, join_wait_s=0.5, ttl_s=60, fleet="filled", members_per_replica=1
+    )
+    client = redis_url.connect(redis_server.url)
+    registry = MembershipRegistry(client, settings.fleet, quiet_s=settings.quiet_s)
+    me, other = "host:1:aaaa1111", "host:2:bbbb2222"
+    on_me = next(r for r in REPLICAS if assigned([me, other], r, 1) == {me})
+    on_other = next(r for r in REPLICAS if assigned([me, other], r, 1) == {other})
+    dispatcher = Dispatcher([ControlledUpstream(on_other)], reserved_paid_fraction=0.1, max_queue=10)
+    now = [0.0]
+    member = FleetMembership(client, me, settings, apply_view([dispatcher], None), clock=lambda: now[0])
+    try:
+        await registry.beat(other, 1.0, ttl_s=60)
+        await member.beat_once()
+        now[0] += settings.join_wait_s
+        assert (await member.beat_once()).share > 0
+        assert REGISTRY.get_sample_value("floodgate_fleet_replicas_filled") == 0.0
+        await dispatcher.add_upstream(ControlledUpstream(on_me))
+        assert REGISTRY.get_sample_value("floodgate_fleet_replicas_filled") == 1.0
+    finally:
+        await dispatcher.aclose()
         await client.aclose()
