@@ -11,7 +11,8 @@ The first member of an empty fleet has nobody to wait for and serves at once.
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
-the static `instance_count` takes over until Redis answers again; an outage of Redis itself counts
+the static `instance_count` takes over until Redis answers again (with `members_per_replica`, for
+the limits' divisor; the replicas stay divided as last seen); an outage of Redis itself counts
 against nobody's TTL (heartbeat.lua), so the fleet is as it was. Back after the others counted it
 out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP): it joins again as a newcomer,
 since they took its share, and has its running requests' slots put back (`on_back`), since their
@@ -214,6 +215,12 @@ class FleetMembership:
             view = replace(self.view, source="stale")
         else:
             view = fallback_view(self.settings.instance_count)
+            if self.view.subsets is not None and self.view.held > 0:
+                # members_per_replica: 1 / instance_count of every replica was the wall K removes
+                # (a request past it fitted nowhere for the whole outage). One that took part
+                # keeps each replica's division among its members as last seen, as the others
+                # cut off with it keep theirs; one that never did (joining) knows no division.
+                view = replace(view, subsets=self.view.subsets)
             if self._remaining is not None:
                 view = replace(view, share=0.0)
         if view.source != self.view.source:

@@ -22,8 +22,14 @@ streams end. What can overbook, transiently and bounded, is what the global divi
   its running streams keep their room until they end: at most its old part of that replica
   (1 / K) over, for as long as those streams last, as the global division's members shrinking
   from 1 / N to 1 / (N + 1) overrun by 1 / (N + 1) in all on a join;
-* a change the members see one beat apart (a member leaving, Redis failing over to the static
-  fallback and back) leaves their views of one replica unalike for up to a beat.
+* a change the members see one beat apart (a member leaving) leaves their views of one replica
+  unalike for up to a beat;
+* Redis out of reach past `stale_after_s`, a member that took part keeps each replica's division
+  as it last saw it (membership.py), not 1 / instance_count of every one: in an outage of Redis
+  every member does, and the division stays whole. One cut off alone, whom the others counted out
+  and whose replicas they gave its successors, holds its old part of those (1 / K each) beside
+  them for as long as it stays cut off, where 1 / instance_count of every replica overbooked each
+  a little: the same room in all, on fewer replicas.
 """
 
 from __future__ import annotations

@@ -245,3 +245,40 @@ async def test_a_replica_discovered_after_the_view_counts_in_the_replicas_filled
     finally:
         await dispatcher.aclose()
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_with_redis_out_of_reach_past_stale_after_each_replica_stays_among_its_members(
+    redis_server: RedisServer,
+) -> None:
+    """Redis unreachable past stale_after_s, the fallback divided every replica among
+    instance_count again: each process filled 1 / instance_count of every replica (with the
+    hundreds of processes K is for, a few thousand tokens each), so for the whole outage a request
+    past that fitted no process anywhere, answered no_replica, the wall members_per_replica
+    removes. A process that served keeps each replica's division among its members as it last saw
+    them (the others, cut off too, keep theirs: the same division); instance_count still divides
+    the limits."""
+    settings = MembershipSettings(
+        instance_count=4, interval_s=0.25, join_wait_s=0.5, ttl_s=60, stale_after_s=1.0,
+        fleet="fallback", members_per_replica=1,
+    )  # fmt: skip
+    client = redis_url.connect(redis_server.url)
+    registry = MembershipRegistry(client, settings.fleet, quiet_s=settings.quiet_s)
+    a, b = "host:1:aaaa1111", "host:2:bbbb2222"
+    on_a = next(r for r in REPLICAS if assigned([a, b], r, 1) == {a})
+    on_b = next(r for r in REPLICAS if assigned([a, b], r, 1) == {b})
+    now = [0.0]
+    member = FleetMembership(client, b, settings, clock=lambda: now[0])
+    try:
+        await registry.beat(a, 1.0, ttl_s=60)
+        await member.beat_once()
+        now[0] += settings.join_wait_s
+        serving = await member.beat_once()
+        assert (serving.held_of(on_a), serving.held_of(on_b)) == (0.0, 1.0)
+        redis_server.kill()
+        now[0] += settings.stale_after_s
+        fallback = await member.beat_once()
+        assert (fallback.source, fallback.divisor) == ("fallback", 4)
+        assert (fallback.held_of(on_a), fallback.held_of(on_b)) == (0.0, 1.0)
+    finally:
+        await client.aclose()
