@@ -52,7 +52,9 @@ log = structlog.get_logger("floodgate.fleet")
 LIVE = Gauge("floodgate_fleet_live_instances", "Edge instances live in the fleet, as this one last saw.")
 SHARE = Gauge(
     "floodgate_fleet_replica_share",
-    "The fraction of every replica the edges share (Triton hosts) this instance may fill.",
+    "This instance's part of the fleet: the fraction of every replica the edges share (Triton "
+    "hosts) it may fill, or with members_per_replica what it would be (it fills 1/K of those it "
+    "is among); 0 while joining or draining.",
 )
 DIVISOR = Gauge("floodgate_fleet_limit_divisor", "What the fail-open limiter divides every limit by.")
 FILLED = Gauge(
