@@ -310,6 +310,7 @@ def documented_knobs(plan: dict[str, Any], run_dir: Path, model: str) -> dict[st
     step = planned(plan, f"{pool}.aws_autoscaling_policy.demand_surge")["step_adjustment"]
     (rule,) = planned(plan, "module.engines.aws_s3_bucket_lifecycle_configuration.engines")["rule"]
     user_data = base64.b64decode(planned(plan, f"{pool}.aws_launch_template.gpu")["user_data"]).decode()
+    settings = edge_settings(plan, run_dir)
     return {
         "scale_in_drain_s": (
             planned(plan, f"{pool}.aws_autoscaling_lifecycle_hook.drain")["heartbeat_timeout"],
@@ -332,8 +333,9 @@ def documented_knobs(plan: dict[str, Any], run_dir: Path, model: str) -> dict[st
         "deregistration_delay_s": (
             int(planned(plan, "module.alb.aws_lb_target_group.edge")["deregistration_delay"]),
             # The edge ends its streams at the same time (its settings, as a task loads them).
-            edge_settings(plan, run_dir).server.drain_deadline_s,
+            settings.server.drain_deadline_s,
         ),
+        "members_per_replica": settings.fleet.members_per_replica,
         "noncurrent_version_days": rule["noncurrent_version_expiration"][0]["noncurrent_days"],
         "log_retention_days": {
             c["address"]: c["change"]["after"]["retention_in_days"]
@@ -341,6 +343,29 @@ def documented_knobs(plan: dict[str, Any], run_dir: Path, model: str) -> dict[st
             if c["type"] == "aws_cloudwatch_log_group"
         },
     }
+
+
+def test_at_hundreds_of_edge_processes_each_replica_is_divided_among_a_few(
+    plans: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Every edge process dividing every replica held 1 / processes of it: at 300 processes about
+    1.5K of a 450K-token replica, so a longer request fitted no process anywhere (503 no_replica
+    for ever). The task a plan of that fleet deploys starts its edge with [fleet]
+    members_per_replica = K sized from the plan's own service and groups: K x the fewest replicas a
+    model may have is at least 5 times the most processes (about e^-5, 0.7 %, of the processes
+    among none of its replicas), by the smallest such K, and fewer than the processes."""
+    plan = plans["hundreds_of_edge_processes"]
+    args = build_parser().parse_args(task_start(plan, tmp_path))
+    tasks = planned(plan, "module.edge.aws_appautoscaling_target.edge")["max_capacity"]
+    processes = tasks * args.workers
+    groups = [c["change"]["after"] for c in plan["resource_changes"] if c["type"] == "aws_autoscaling_group"]
+    replicas = min(group["max_size"] for group in groups)
+
+    k = load_settings(args.config).fleet.members_per_replica
+
+    assert (processes, replicas, k) == (300, 20, 75)
+    assert k * replicas >= 5 * processes > (k - 1) * replicas
+    assert 0 < k < processes
 
 
 LOG_GROUPS = (
@@ -363,6 +388,7 @@ def test_each_knob_the_guide_names_reaches_the_resource_it_configures(
         "surge_demand": (2, 2),
         "interface_endpoints": ["ecr.api", "ecr.dkr", "logs"],
         "deregistration_delay_s": (110, 110),
+        "members_per_replica": 12,
         "noncurrent_version_days": 7,
         "log_retention_days": dict.fromkeys(
             [*LOG_GROUPS, 'module.gpu_pool["llama-3-8b"].aws_cloudwatch_log_group.triton'], 30
@@ -392,6 +418,9 @@ def test_unset_knobs_keep_the_modules_defaults(plans: dict[str, dict[str, Any]],
             default("alb", "deregistration_delay_s"),
             load_settings().server.drain_deadline_s,
         ),
+        # Derived from the fleet's sizing: at most 80 processes and 4 replicas of the 72B need a K
+        # of 100, every process, which is the edge's own default (0).
+        "members_per_replica": load_settings().fleet.members_per_replica,
         "noncurrent_version_days": default("engine_bucket", "noncurrent_version_days"),
         "log_retention_days": dict.fromkeys([*LOG_GROUPS, *triton_logs], days),
     }

@@ -248,7 +248,7 @@ _RENDER_VALUES = (
     'tier_models = {free = ["llama-3-8b"], paid = ["llama-3-70b", "llama-3-8b"]}, '
     'redis_endpoint = "clustercfg.floodgate.cache.amazonaws.com", edge_instances = 2, '
     'messages_table = "floodgate-messages", keys_table = "floodgate-keys", region = "us-east-1", '
-    "http_keep_alive_s = 3605, ops_port = 9464, drain_deadline_s = 110}"
+    "http_keep_alive_s = 3605, ops_port = 9464, drain_deadline_s = 110, members_per_replica = 75}"
 )
 
 
@@ -303,6 +303,9 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     assert settings.server.drain_deadline_s == 110
     assert re.search(r"\bdrain_deadline_s\s*=\s*var\.deregistration_delay_s\b", args)
     assert ENV.calls()["alb"]["deregistration_delay_s"] == "${var.deregistration_delay_s}"
+    # Each replica divided among K edge processes, K sized in the environment (main.tf's locals).
+    assert settings.fleet.members_per_replica == 75
+    assert re.search(r"\bmembers_per_replica\s*=\s*local\.members_per_replica\b", args)
     assert settings.tiers["free"].models == ("llama-3-8b",)
     assert settings.tiers["paid"].default_model == "llama-3-70b"
     # The groups named in the settings are the ones the GPU pools create.

@@ -54,3 +54,8 @@ output "edge_ops_port" {
   description = "The edge tasks' operator port (/metrics, /v1/internal/engine) of their first worker, worker i's this + i (one worker per vCPU): reachable at each task's private IP from metrics_scraper_security_group_ids only."
   value       = module.edge.ops_port
 }
+
+output "edge_members_per_replica" {
+  description = "The edge's [fleet] members_per_replica: var.members_per_replica, or the K derived from edge_max_count, the workers per task and the models' max_size (0: every edge process divides every replica)."
+  value       = local.members_per_replica
+}

@@ -27,3 +27,8 @@ output "ops_port" {
   description = "Port of the edge's operator listener (/metrics, /v1/internal/engine) of the first worker, worker i's this + i; the settings must bind it ([server] ops_port)."
   value       = var.ops_port
 }
+
+output "workers" {
+  description = "Edge processes per task (one per vCPU of var.cpu, `floodgate serve --workers`): each is a fleet member of its own, so the fleet's processes are the tasks times this."
+  value       = local.workers
+}

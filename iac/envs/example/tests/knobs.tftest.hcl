@@ -38,5 +38,12 @@ run "every_documented_knob" {
     deregistration_delay_s  = 110
     noncurrent_version_days = 7
     log_retention_days      = 30
+    # Not the K derived from edge_max_count and max_size (50 here).
+    members_per_replica = 12
+  }
+
+  assert {
+    condition     = output.edge_members_per_replica == 12
+    error_message = "var.members_per_replica is the edge's K as given, not the derived one"
   }
 }

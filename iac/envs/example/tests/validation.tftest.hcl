@@ -206,3 +206,25 @@ run "a_context_the_edge_refuses" {
 
   expect_failures = [var.models]
 }
+
+# The edge refuses a negative [fleet] members_per_replica, and a fraction renders as a TOML float
+# it refuses too: every task would crash-loop on its settings.
+run "a_negative_members_per_replica" {
+  command = plan
+
+  variables {
+    members_per_replica = -1
+  }
+
+  expect_failures = [var.members_per_replica]
+}
+
+run "a_fractional_members_per_replica" {
+  command = plan
+
+  variables {
+    members_per_replica = 2.5
+  }
+
+  expect_failures = [var.members_per_replica]
+}

@@ -111,6 +111,11 @@ run "one_worker_per_vcpu" {
   }
 
   assert {
+    condition     = output.workers == 4
+    error_message = "the module says how many fleet members a task runs (the environment sizes [fleet] members_per_replica on it)"
+  }
+
+  assert {
     condition     = [for m in jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].portMappings : m.containerPort] == [8000, 9464, 9465, 9466, 9467]
     error_message = "the task declares the public port and each worker's operator port"
   }
