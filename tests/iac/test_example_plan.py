@@ -345,29 +345,6 @@ def documented_knobs(plan: dict[str, Any], run_dir: Path, model: str) -> dict[st
     }
 
 
-def test_at_hundreds_of_edge_processes_each_replica_is_divided_among_a_few(
-    plans: dict[str, dict[str, Any]], tmp_path: Path
-) -> None:
-    """Every edge process dividing every replica held 1 / processes of it: at 300 processes about
-    1.5K of a 450K-token replica, so a longer request fitted no process anywhere (503 no_replica
-    for ever). The task a plan of that fleet deploys starts its edge with [fleet]
-    members_per_replica = K sized from the plan's own service and groups: K x the fewest replicas a
-    model may have is at least 5 times the most processes (about e^-5, 0.7 %, of the processes
-    among none of its replicas), by the smallest such K, and fewer than the processes."""
-    plan = plans["hundreds_of_edge_processes"]
-    args = build_parser().parse_args(task_start(plan, tmp_path))
-    tasks = planned(plan, "module.edge.aws_appautoscaling_target.edge")["max_capacity"]
-    processes = tasks * args.workers
-    groups = [c["change"]["after"] for c in plan["resource_changes"] if c["type"] == "aws_autoscaling_group"]
-    replicas = min(group["max_size"] for group in groups)
-
-    k = load_settings(args.config).fleet.members_per_replica
-
-    assert (processes, replicas, k) == (300, 20, 75)
-    assert k * replicas >= 5 * processes > (k - 1) * replicas
-    assert 0 < k < processes
-
-
 LOG_GROUPS = (
     "module.alb.aws_cloudwatch_log_group.waf",
     "module.edge.aws_cloudwatch_log_group.edge",
@@ -418,8 +395,7 @@ def test_unset_knobs_keep_the_modules_defaults(plans: dict[str, dict[str, Any]],
             default("alb", "deregistration_delay_s"),
             load_settings().server.drain_deadline_s,
         ),
-        # Derived from the fleet's sizing: at most 80 processes and 4 replicas of the 72B need a K
-        # of 100, every process, which is the edge's own default (0).
+        # Every process divides every replica, as the edge's own default (0), unless set.
         "members_per_replica": load_settings().fleet.members_per_replica,
         "noncurrent_version_days": default("engine_bucket", "noncurrent_version_days"),
         "log_retention_days": dict.fromkeys([*LOG_GROUPS, *triton_logs], days),

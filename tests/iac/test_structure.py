@@ -303,9 +303,9 @@ def test_edge_settings_rendered_by_the_example_load_in_the_edge(tmp_path: Path) 
     assert settings.server.drain_deadline_s == 110
     assert re.search(r"\bdrain_deadline_s\s*=\s*var\.deregistration_delay_s\b", args)
     assert ENV.calls()["alb"]["deregistration_delay_s"] == "${var.deregistration_delay_s}"
-    # Each replica divided among K edge processes, K sized in the environment (main.tf's locals).
+    # Each replica divided among K edge processes, K the environment's variable.
     assert settings.fleet.members_per_replica == 75
-    assert re.search(r"\bmembers_per_replica\s*=\s*local\.members_per_replica\b", args)
+    assert re.search(r"\bmembers_per_replica\s*=\s*var\.members_per_replica\b", args)
     assert settings.tiers["free"].models == ("llama-3-8b",)
     assert settings.tiers["paid"].default_model == "llama-3-70b"
     # The groups named in the settings are the ones the GPU pools create.

@@ -23,18 +23,6 @@ locals {
       decode_s_per_token  = spec.decode_s_per_token
     }
   }
-  # The edge's [fleet] members_per_replica (K). Every edge process dividing every replica gets
-  # 1 / processes of it: at hundreds of processes no long request fits any of them (503 no_replica
-  # for ever). Each process is among about K x replicas / processes of a model's replicas, and about
-  # e^-(that) of them among none, answering that model no_replica: K x replicas is made 5 times the
-  # processes (0.7 % among none) at the fleet's largest, the most edge processes against the model
-  # with the fewest replicas at its max_size (docs/deploy.md). var.models is never empty (its
-  # validation); the try() only keeps that refusal the plan's one error.
-  edge_processes_max  = var.edge_max_count * module.edge.workers
-  fewest_max_replicas = max(1, try(min([for spec in values(var.models) : spec.max_size]...), 1))
-  derived_members     = ceil(5 * local.edge_processes_max / local.fewest_max_replicas)
-  # A K no fewer than the processes is every process: 0 says so (the edge's own default).
-  members_per_replica = coalesce(var.members_per_replica, local.derived_members < local.edge_processes_max ? local.derived_members : 0)
 }
 
 data "aws_caller_identity" "current" {}
@@ -165,8 +153,8 @@ module "edge" {
     ops_port = module.edge.ops_port
     # Streams get as long after SIGTERM as the load balancer gives them after deregistration.
     drain_deadline_s = var.deregistration_delay_s
-    # Each replica divided among this many edge processes (0: all of them): the locals at the top.
-    members_per_replica = local.members_per_replica
+    # Each replica divided among this many edge processes (0: all of them): var.members_per_replica.
+    members_per_replica = var.members_per_replica
   })
 }
 

@@ -56,6 +56,6 @@ output "edge_ops_port" {
 }
 
 output "edge_members_per_replica" {
-  description = "The edge's [fleet] members_per_replica: var.members_per_replica, or the K derived from edge_max_count, the workers per task and the models' max_size (0: every edge process divides every replica)."
-  value       = local.members_per_replica
+  description = "The edge's [fleet] members_per_replica, var.members_per_replica (0: every edge process divides every replica)."
+  value       = var.members_per_replica
 }

@@ -252,14 +252,14 @@ variable "deregistration_delay_s" {
 }
 
 variable "members_per_replica" {
-  description = "The edge's [fleet] members_per_replica (K): each GPU replica divided among K edge processes, each holding 1 / K of it, instead of among every process (0). null: derived from the fleet's sizing, K x the fewest max_size of var.models = 5 x the most edge processes (edge_max_count x one per vCPU), 0 where that K is no fewer than those processes; output edge_members_per_replica says which. A process among none of a model's replicas answers that model's requests 503 no_replica: docs/deploy.md, Edges that count themselves."
+  description = "The edge's [fleet] members_per_replica (K): each GPU replica divided among K edge processes, each holding 1 / K of it, instead of among every process (0, the default). Not derived from the fleet's sizes: K is fixed while the edge service and the GPU groups scale, and a process among none of a model's replicas answers that model's requests 503 no_replica, so a K sized for the groups' max_size left most processes among none once the groups scaled in. docs/deploy.md, Edges that count themselves, says how to size it."
   type        = number
-  default     = null
+  default     = 0
 
   # The edge refuses a negative K, and a fraction renders as a TOML float it refuses too: every
   # task would crash-loop on its settings.
   validation {
-    condition     = var.members_per_replica == null || try(var.members_per_replica >= 0 && floor(var.members_per_replica) == var.members_per_replica, false)
-    error_message = "members_per_replica must be a whole number of at least 0 (0: every edge process divides every replica), or null to derive it from edge_max_count and the models' max_size."
+    condition     = try(var.members_per_replica >= 0 && floor(var.members_per_replica) == var.members_per_replica, false)
+    error_message = "members_per_replica must be a whole number of at least 0 (0: every edge process divides every replica)."
   }
 }

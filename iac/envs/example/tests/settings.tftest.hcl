@@ -62,11 +62,11 @@ run "dotted_model_names" {
     error_message = "the tiers keep the models' real names"
   }
 
-  # At most 8 and 4 replicas, at most 40 tasks of 2 workers (80 processes): K x 4 = 5 x 80 needs
-  # K = 100, no fewer than the processes, so every process divides every replica (0).
+  # Not derived from the fleet's sizes (a K sized for max_size leaves processes among no replica
+  # once the groups scale in): every process divides every replica unless the operator says.
   assert {
     condition     = output.edge_members_per_replica == 0
-    error_message = "a derived K no fewer than the edge processes renders as 0 (every process)"
+    error_message = "members_per_replica unset is 0, every process dividing every replica"
   }
 }
 
@@ -81,32 +81,5 @@ run "a_metrics_scraper" {
   assert {
     condition     = output.edge_ops_port == 9464
     error_message = "the operator listener's port is the edge module's"
-  }
-}
-
-# The fleet docs/deploy.md sizes: 150 tasks of 2 workers (300 processes) in front of at most 20
-# replicas of one model: K x 20 = 5 x 300, K = 75 (each process holds 1/75 of a replica, not 1/300).
-run "hundreds_of_edge_processes" {
-  command = plan
-
-  variables {
-    edge_max_count = 150
-    models = {
-      "llama-3.1-8b" = {
-        instance_type      = "g6e.xlarge"
-        engine_prefix      = "engines/llama-3.1-8b/l40s/"
-        min_size           = 1
-        max_size           = 20
-        warm_pool_min_size = 2
-        demand_target      = 0.8
-        edge_model_dir     = "/opt/floodgate/model/llama-3.1-8b"
-      }
-    }
-    tier_models = { free = ["llama-3.1-8b"], paid = ["llama-3.1-8b"] }
-  }
-
-  assert {
-    condition     = output.edge_members_per_replica == 75
-    error_message = "K is derived so that K x the fewest replicas is 5 times the most edge processes"
   }
 }
