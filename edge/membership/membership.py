@@ -5,8 +5,10 @@ limiter frees).
 
 Join: the first beat registers a full claim, so the others make room at their next beat; this
 instance takes new work only `join_wait_s` later (every other member has beaten since, with a late
-beat to spare). With `members_per_replica` the same holds per replica: one this instance is newly
-among (a member there left, or it joined) it takes `join_wait_s` after the beat that showed it so.
+beat to spare), or at its first beat that reaches Redis after that: with Redis out of reach the
+others could not beat. With `members_per_replica` the same holds per replica: one this instance
+is newly among (a member there left, or it joined) it takes `join_wait_s` after the beat that
+showed it so.
 The first member of an empty fleet has nobody to wait for and serves at once.
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
@@ -242,7 +244,12 @@ class FleetMembership:
                 until = self._joined_at + self.settings.join_wait_s - self._clock()
                 await asyncio.sleep(max(0.0, min(delay, until)))
                 if self._clock() - self._joined_at >= self.settings.join_wait_s:
-                    self._recompute()
+                    # The wait stands for the others having beaten since and made room, which
+                    # with Redis out of reach they could not: the join ends at a beat that
+                    # reaches it. Served meanwhile, this member kept its part of its replicas
+                    # beside their members for the whole outage (the fallback keeps the division).
+                    if self.view.source == "redis":
+                        self._recompute()
                     continue
                 await self.beat_once()
                 continue

@@ -4,6 +4,7 @@ redis-server taking a replica it newly ranks on only once the others there made 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -20,7 +21,7 @@ from edge.membership.assignment import Rankings
 from edge.membership.edge_fleet import apply_view
 from edge.membership.membership import FleetMembership, MembershipSettings
 from edge.membership.registry import MembershipRegistry
-from edge.membership.shares import view_from_claims
+from edge.membership.shares import FleetView, view_from_claims
 from limiter import redis_url
 from tests.admission.replicas import ControlledUpstream
 from tests.support.redis_server import RedisServer, start_redis
@@ -281,4 +282,44 @@ async def test_with_redis_out_of_reach_past_stale_after_each_replica_stays_among
         assert (fallback.source, fallback.divisor) == ("fallback", 4)
         assert (fallback.held_of(on_a), fallback.held_of(on_b)) == (0.0, 1.0)
     finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_member_whose_join_wait_ends_with_redis_out_of_reach_keeps_joining(
+    redis_server: RedisServer,
+) -> None:
+    """The join wait stands for every other member having beaten since this one's first beat, and
+    made room: with Redis out of reach nobody could. A joiner whose wait ran out then took its part
+    of its replicas anyway, from the fleet its first beat read, beside the members still holding
+    them whole; past stale_after_s it kept that division for the whole outage (each replica it ranks
+    on filled twice over, K = 1 here). It stays joining until a beat reaches Redis: past
+    stale_after_s it fills 1 / instance_count of every replica, as a process that never served."""
+    settings = MembershipSettings(
+        instance_count=4, interval_s=0.25, join_wait_s=0.5, ttl_s=60, stale_after_s=1.0,
+        fleet="join-outage", members_per_replica=1,
+    )  # fmt: skip
+    client = redis_url.connect(redis_server.url)
+    registry = MembershipRegistry(client, settings.fleet, quiet_s=settings.quiet_s)
+    a, b = "host:1:aaaa1111", "host:2:bbbb2222"
+    on_b = next(r for r in REPLICAS if assigned([a, b], r, 1) == {b})
+    views: asyncio.Queue[FleetView] = asyncio.Queue()
+    now = [0.0]
+    member = FleetMembership(client, b, settings, views.put_nowait, clock=lambda: now[0])
+
+    async def next_view(source: str) -> FleetView:
+        while (view := await asyncio.wait_for(views.get(), timeout=30)).source != source:
+            pass
+        return view
+
+    try:
+        await registry.beat(a, 1.0, ttl_s=60)
+        assert (await member.start()).share == 0.0  # joining: a was there first
+        redis_server.kill()
+        assert (await next_view("stale")).share == 0.0  # the loop's next beat found Redis gone
+        now[0] += settings.stale_after_s  # the join wait over, and the last beat stale
+        fallback = await next_view("fallback")
+        assert fallback.held_of(on_b) == 0.25
+    finally:
+        await member.aclose()
         await client.aclose()
