@@ -7,7 +7,8 @@ stream's set-up CPU, docs/bench-streams.md) although uvicorn's protocol already 
 the connection goes. Here the edge's protocol (edge/http_protocol.py) puts a watch in the request's
 scope, and `connection_lost` cancels the scope registered with it, in the same loop pass the
 watcher's `receive()` would have woken in. Under another server (or a test's ASGI transport) there
-is no watch and edge/streaming.py keeps the watcher task.
+is no watch and edge/streaming.py keeps the watcher task. Before the response, the same watch lets
+go a long prompt waiting for an encode thread (edge/hang_up.py).
 """
 
 from __future__ import annotations

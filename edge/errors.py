@@ -107,6 +107,13 @@ def invalid_request(message: str, param: str | None, code: str | None = None) ->
     return ApiError(400, message, param=param, code=code)
 
 
+def client_closed_request(message: str) -> ApiError:
+    """The 499 (nginx's "client closed request") of a request whose client left before it was
+    admitted: nobody reads it, but it counts as the client's doing, where a 500 counted as the
+    server's fault."""
+    return ApiError(499, message, code="client_closed_request")
+
+
 def retry_after_headers(retry_after_s: float) -> dict[str, str]:
     """Retry-After in whole seconds, rounded up, plus the exact wait the OpenAI SDK prefers."""
     ms = max(0, math.ceil(retry_after_s * 1000))

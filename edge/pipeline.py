@@ -22,6 +22,7 @@ from edge.admission.prefix_index import routing_hashes
 from edge.admission.ticket import NeverFits, Overloaded, Ticket
 from edge.cancel.registry import RequestRegistry
 from edge.config import TierConfig
+from edge.disconnect_watch import DisconnectWatch
 from edge.drain import Drain
 from edge.errors import (
     ApiError,
@@ -119,8 +120,12 @@ class Pipeline:
         # process's streams once a request is known to be good and whose it is.
         self.gate = gate
 
-    async def admit(self, principal: Principal, req: ChatCompletionRequest) -> Generation:
-        """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer."""
+    async def admit(
+        self, principal: Principal, req: ChatCompletionRequest, watch: DisconnectWatch | None = None
+    ) -> Generation:
+        """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer.
+        `watch`: the client's connection (edge/disconnect_watch.py), whose going abandons the wait
+        for an encode thread (edge/hang_up.py); None where the server has none."""
         arrived = time.perf_counter()
         tier = self.config.tiers.get(principal.tier)
         if tier is None:
@@ -138,7 +143,15 @@ class Pipeline:
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
             prompt_ids, encode_wait_s = await encode_messages(
-                self.text.encode_chat, messages, salt, req.prompt_end, tier.priority, tier.max_queue_wait_s
+                self.text.encode_chat,
+                messages,
+                salt,
+                req.prompt_end,
+                tier.priority,
+                tier.max_queue_wait_s,
+                # The one wait before the limiter: a client that leaves during it is let go at
+                # once (a 499), its prompt not encoded, the limiter never asked.
+                watch,
             )
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from edge.disconnect_watch import DisconnectWatch
 from edge.encode_queue import encode_queue
+from edge.hang_up import abandoned_on_hang_up
 from edge.text.chat_template import PromptEnd
 
 Messages = list[dict[str, str]]
@@ -45,11 +47,15 @@ async def encode_messages(
     end: PromptEnd = "reply",
     priority: int = 0,
     max_wait_s: float = math.inf,
+    watch: DisconnectWatch | None = None,
 ) -> tuple[list[int], float]:
     """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread, which a
     prompt of a higher `priority` (its tier's) gets first; and the seconds it waited for the thread,
     which its tier's max wait counts (edge/pipeline.py). Raises Overloaded ("wait_too_long") where
-    no thread was free for it within `max_wait_s`."""
+    no thread was free for it within `max_wait_s`, and the 499 `client_closed_request` where the
+    client's connection (`watch`) went meanwhile (edge/hang_up.py): watched only here, where a
+    prompt may wait, so a prompt encoded inline pays for no watch."""
     if runs_inline(messages):
         return encode_chat(messages, scope, end), 0.0
-    return await encode_queue().run(priority, max_wait_s, encode_chat, messages, scope, end)
+    with abandoned_on_hang_up(watch):
+        return await encode_queue().run(priority, max_wait_s, encode_chat, messages, scope, end)

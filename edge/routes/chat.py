@@ -7,12 +7,13 @@ own path; a served app takes the lean one (edge/routes/chat_route.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
+from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import REQUEST_MODEL, REQUEST_TIER, REQUEST_USER
 from edge.openapi import ChatCompletionOperation
 from edge.routes.json_body import json_response
@@ -42,7 +43,9 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
         # unconfigured tier reaches none (the default pipeline only answers its 403 unknown_tier):
         # counted under that model, its refusals rose with requests none of its users sent.
         scope[REQUEST_MODEL] = pipeline.dispatcher.model  # type: ignore[literal-required]
-    generation = await pipeline.admit(principal, req)
+    generation = await pipeline.admit(
+        principal, req, cast(DisconnectWatch | None, scope.get(DISCONNECT_WATCH))
+    )
     if req.stream:
         return EventStreamResponse(generation)
     try:

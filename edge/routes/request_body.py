@@ -19,7 +19,7 @@ from litestar.exceptions import ClientException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import HTTPReceiveMessage, Receive, Scope
 
-from edge.errors import ApiError
+from edge.errors import ApiError, client_closed_request
 from edge.keys.authorization_header import several_authorization_headers
 
 
@@ -67,8 +67,7 @@ async def read_body(receive: Receive, declared: int | None, max_bytes: int | Non
     while True:
         message = cast(HTTPReceiveMessage, await receive())
         if message["type"] == "http.disconnect":
-            gone = "The client closed the connection before its request body ended."
-            raise ApiError(499, gone, code="client_closed_request")
+            raise client_closed_request("The client closed the connection before its request body ended.")
         body: bytes = message.get("body", b"")
         if body:
             total += len(body)

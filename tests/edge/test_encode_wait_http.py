@@ -11,9 +11,11 @@ threads are busy for exactly as long as the test says."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,8 +26,9 @@ from edge.prompt_encoding import INLINE_COST_LIMIT, MESSAGE_COST_CHARS, Messages
 from edge.text.chat_template import PromptEnd
 from edge.text.model_text import ModelText
 from gpu_container.engine.blas_threads import usable_cpus
+from limiter.base import Admission
 from tests.admission.test_release_kinds_http import HANG, _hanging_replicas
-from tests.edge.conftest import ROOMY_TIERS
+from tests.edge.conftest import ROOMY_TIERS, finished_requests
 from tests.edge.sse_client import CHAT, MODEL, wait_until
 from tests.faults.test_failed_requests_cost_nothing import SHORT
 from tests.support.live_server import LiveServer, start_server
@@ -68,9 +71,9 @@ class _HeldEncoding:
         return self._encode(messages, scope, end)
 
 
-def _rejected(server: LiveServer, code: str, tier: str) -> float:
+def _rejected(server: LiveServer, code: str, tier: str, status: int = 429) -> float:
     prefix = "floodgate_requests_rejected_total{"
-    wanted = (f'code="{code}"', 'status="429"', f'tier="{tier}"')
+    wanted = (f'code="{code}"', f'status="{status}"', f'tier="{tier}"')
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in server.metrics_text().splitlines()
@@ -185,3 +188,102 @@ def test_the_wait_for_an_encode_thread_counts_against_the_tiers_max_wait_for_a_r
     assert served.status_code == 200, served.text
     assert ticket.user == "free-user"
     assert 0 < ticket.max_wait_s < free_wait_s
+
+
+class _AskedLimiter:
+    """The server's own limiter, noting whose admits it was asked for."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.asked: list[str] = []
+
+    async def admit(self, user: str, *args: Any, **kwargs: Any) -> Admission:
+        self.asked.append(user)
+        admission: Admission = await self._real.admit(user, *args, **kwargs)
+        return admission
+
+    async def aclose(self) -> None:
+        await self._real.aclose()
+
+
+def _send_raw(server: LiveServer, body: dict[str, object], who: str) -> socket.socket:
+    """A whole chat request sent on a socket of the test's own, which it can close while the
+    request waits (an httpx client cut by its timeout does just that)."""
+    request = httpx.Request("POST", server.base_url + CHAT, json=body, headers=server.auth(who))
+    content = request.read()
+    head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
+    sock = socket.create_connection((request.url.host, request.url.port or 80), timeout=GUARD_S)
+    sock.sendall(f"POST {CHAT} HTTP/1.1\r\n{head}\r\n".encode() + content)
+    return sock
+
+
+def _connected(server: LiveServer, port: int) -> bool:
+    """Whether the server still holds the connection from the client's `port`, read on its loop: by
+    then the callback that dropped it (connection_lost, the disconnect watches' with it) has run."""
+
+    async def held() -> bool:
+        connections = server._server.server_state.connections
+        clients = (getattr(connection, "client", None) for connection in connections)
+        return any(client is not None and client[1] == port for client in clients)
+
+    loop = server._server.loop
+    assert loop is not None
+    return asyncio.run_coroutine_threadsafe(held(), loop).result(GUARD_S)
+
+
+def test_a_client_that_leaves_while_its_prompt_waits_for_an_encode_thread_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free long prompt waits for a thread behind paid ones; its client hangs up. It waited on
+    unnoticed: when a thread freed its prompt was encoded for nobody and the limiter asked, and it
+    ended only when its response began, found its client gone (`disconnected`). It is now let go
+    the moment its client goes: never encoded, the limiter never asked, counted as a client's
+    499 `client_closed_request` before admission."""
+    threads = usable_cpus()
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}) as server, ThreadPoolExecutor(threads) as pool:
+        pipeline = server.app.state.runtime.pipeline
+        held = _HeldEncoding(pipeline.text)
+        monkeypatch.setattr(pipeline.text, "encode_chat", held)
+        limiter = _AskedLimiter(pipeline.limiter)
+        monkeypatch.setattr(pipeline, "limiter", limiter)
+        url, paid, free = server.base_url + CHAT, server.auth("paid"), server.auth("free")
+        left_before = _rejected(server, "client_closed_request", "free", 499)
+        cut_before = finished_requests(server, "disconnected", "free")
+
+        def ended() -> float:
+            """The leaving request's end, however it ended: let go, or cut once its response began."""
+            left = _rejected(server, "client_closed_request", "free", 499) - left_before
+            return left + finished_requests(server, "disconnected", "free") - cut_before
+
+        try:
+            holding = [
+                pool.submit(httpx.post, url, json=_long(HOLD), headers=paid, timeout=GUARD_S)
+                for _ in range(threads)
+            ]
+            for _ in range(threads):
+                assert held.entered.acquire(timeout=GUARD_S), "the paid prompts never held the threads"
+            leaving = _send_raw(server, _long(GAVE_UP), "free")
+            port = leaving.getsockname()[1]
+            wait_until(
+                lambda: _waiting_for_a_thread(server) == 1, what="the free prompt waiting for a thread"
+            )
+            leaving.close()
+            wait_until(lambda: not _connected(server, port), what="the server to see the client leave")
+        finally:
+            held.release.set()
+        served = [future.result() for future in holding]
+        wait_until(lambda: ended() == 1, what="the leaving request to end")
+        after = httpx.post(url, json=_long(AFTER), headers=free, timeout=GUARD_S)
+        left = _rejected(server, "client_closed_request", "free", 499) - left_before
+        cut = finished_requests(server, "disconnected", "free") - cut_before
+        limit = server.settings.tiers["free"].requests_per_window
+
+    assert [answer.status_code for answer in served] == [200] * threads, [a.text for a in served]
+    # Let go before admission, as a client that leaves mid-body is: not admitted, then cut.
+    assert (left, cut) == (1, 0)
+    # The thread it waited for went to the next prompt; it was never encoded.
+    assert GAVE_UP not in held.encoded and held.encoded[-1] == AFTER, held.encoded
+    # The limiter was never asked for it: the free user's next request is the first it saw.
+    assert limiter.asked.count("free-user") == 1, limiter.asked
+    assert after.status_code == 200, after.text
+    assert after.headers["x-ratelimit-remaining-requests"] == str(limit - 1)
