@@ -44,7 +44,9 @@ _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    # OpenAI types every 404 (an unknown model, URL or object) so: a client branching on the type
+    # did not know "not_found_error", which OpenAI never sends. The code tells the 404s apart.
+    404: "invalid_request_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
     409: "conflict_error",

@@ -507,7 +507,14 @@ def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | Non
 
 
 def unknown_model(name: str) -> ApiError:
-    return ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+    """OpenAI's words: a model the key's tier may not use answers as one that does not exist
+    (edge/models/catalog.py), and the message says it may be either."""
+    return ApiError(
+        404,
+        f"The model `{name}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def unknown_tier(tier: str) -> ApiError:

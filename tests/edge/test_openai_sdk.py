@@ -86,6 +86,34 @@ def test_sdk_hears_an_endpoint_the_edge_lacks_named(sdk: openai.OpenAI) -> None:
     assert info.value.body["message"] == "Invalid URL (POST /v1/completions)"
 
 
+def _not_found(call: Any) -> dict[str, Any]:
+    with pytest.raises(openai.NotFoundError) as info:
+        call()
+    assert isinstance(info.value.body, dict)
+    return info.value.body
+
+
+def test_sdk_hears_every_404_typed_as_openai_types_it(sdk: openai.OpenAI) -> None:
+    """OpenAI answers an unknown model, URL or object 404 with type invalid_request_error; these
+    said not_found_error, a type OpenAI never sends, which a client branching on the type (as on
+    invalid_request_error for a request to fix) did not recognise. The codes stay as they were."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    chat = _not_found(lambda: sdk.chat.completions.create(model="no-such-model", messages=messages))
+    assert chat == {
+        "message": "The model `no-such-model` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    assert _not_found(lambda: sdk.models.retrieve("no-such-model")) == chat
+    url = _not_found(lambda: sdk.completions.create(model=MODEL, prompt="hi", max_tokens=4))
+    assert (url["type"], url["code"]) == ("invalid_request_error", None)
+    cancel = _not_found(lambda: sdk.post("/chat/completions/req-nope/cancel", cast_to=object))
+    assert (cancel["type"], cancel["code"]) == ("invalid_request_error", "request_not_found")
+    history = _not_found(lambda: sdk.get("/conversations/conv-nope/messages", cast_to=object))
+    assert (history["type"], history["code"]) == ("invalid_request_error", "not_found")
+
+
 def test_sdk_hears_json_mode_and_tools_refused_by_name(sdk: openai.OpenAI) -> None:
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
