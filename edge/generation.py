@@ -216,7 +216,9 @@ class Generation:
         """Write the events with `emit`; the last ones with `end`, which also ends the response.
         `write_now`, where the server offers it (edge/body_chunks.py), writes a token's event at once
         when nothing would make it wait: no coroutine and no ASGI send for that token."""
-        enc = ChunkEncoder(self.request_id, self._p.config.model_name, self.created)
+        enc = ChunkEncoder(
+            self.request_id, self._p.config.model_name, self.created, self._req.answered_service_tier
+        )
         out = Outcome()
         keep_text = self._req.conversation_id is not None
 
@@ -295,6 +297,8 @@ class Generation:
             ],
             "usage": usage_dict(*self._billed(out)),
         }
+        if (tier := self._req.answered_service_tier) is not None:
+            body["service_tier"] = tier
         if out.marker:
             body["floodgate"] = out.marker
         return body

@@ -67,6 +67,8 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 # A model has a handful of end tokens; the engine looks each generated token up among them, and
 # TensorRT-LLM's stop-word check walks them at every step.
 MAX_STOP_TOKEN_IDS = 64
+# The one processing tier the replicas serve (OpenAI's standard one): no flex, scale or priority.
+SERVED_TIER = "default"
 
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
@@ -197,6 +199,10 @@ class ChatCompletionRequest(msgspec.Struct):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     conversation_id: ConversationId | None = None
+    # OpenAI's processing tier: any this server is asked for, it serves as "default" (it has no
+    # other) and says so, as OpenAI says the tier that served a request naming one
+    # (`answered_service_tier`). Any string: a tier OpenAI adds later is served as default too.
+    service_tier: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
@@ -264,6 +270,12 @@ class ChatCompletionRequest(msgspec.Struct):
         if self.continue_final_message:
             return "continue"
         return "reply" if self.add_generation_prompt else "as_is"
+
+    @property
+    def answered_service_tier(self) -> str | None:
+        """The tier the answer and its chunks name: only where the request named one, as OpenAI
+        answers; every request here is served at the one tier there is."""
+        return None if self.service_tier is None else SERVED_TIER
 
     @property
     def include_usage(self) -> bool:

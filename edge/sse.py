@@ -50,11 +50,19 @@ def event(payload: Any) -> bytes:
 class ChunkEncoder:
     __slots__ = ("_delta_head", "_head", "created", "model", "request_id")
 
-    def __init__(self, request_id: str, model: str, created: int) -> None:
+    def __init__(self, request_id: str, model: str, created: int, service_tier: str | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
-        self._head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        self._head: dict[str, Any] = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+        if service_tier is not None:
+            # In every chunk, as OpenAI sends it (edge/schemas.py, answered_service_tier).
+            self._head["service_tier"] = service_tier
         self._delta_head = (
             b"data: " + _encode(self._head)[:-1] + b',"choices":[{"index":0,"delta":{"content":'
         )

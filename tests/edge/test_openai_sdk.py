@@ -114,6 +114,31 @@ def test_sdk_hears_every_404_typed_as_openai_types_it(sdk: openai.OpenAI) -> Non
     assert (history["type"], history["code"]) == ("invalid_request_error", "not_found")
 
 
+@pytest.mark.parametrize("tier", ["auto", "flex"])
+def test_sdk_hears_the_service_tier_that_served_a_request_that_named_one(
+    sdk: openai.OpenAI, tier: Any
+) -> None:
+    """OpenAI says the tier that served a request that named one, in the answer and every chunk; a
+    client asking for flex or priority (for its price) read None and could not tell what it got.
+    Every request here is served as "default"; one that names none is answered without it."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    done = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, service_tier=tier)
+    assert done.service_tier == "default"
+    chunks = list(
+        sdk.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            service_tier=tier,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert len(chunks) > 3 and {c.service_tier for c in chunks} == {"default"}
+    plain = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert plain.service_tier is None and "service_tier" not in plain.model_dump(exclude_unset=True)
+
+
 def test_sdk_hears_json_mode_and_tools_refused_by_name(sdk: openai.OpenAI) -> None:
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
