@@ -259,11 +259,13 @@ class Pipeline:
             await admission.lease.settle(ran=False)
             refunded = refunded_headers(decision, admission.lease.charged)
             raise self._refused(principal, request_id, overloaded_error(exc, refunded)) from None
+        temperature = self.config.default_temperature if req.temperature is None else req.temperature
         upstream_req = GenerationRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
             max_new_tokens=max_new,
-            temperature=self.config.default_temperature if req.temperature is None else req.temperature,
+            # top_p 0 is greedy decoding, and asked for as such (schemas.py, greedy_by_top_p).
+            temperature=0.0 if req.greedy_by_top_p else temperature,
             top_p=self.config.default_top_p if req.replica_top_p is None else req.replica_top_p,
             top_k=self.config.default_top_k if req.top_k is None else max(req.top_k, 0),
             seed=req.replica_seed,

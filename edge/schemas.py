@@ -252,9 +252,18 @@ class ChatCompletionRequest(msgspec.Struct):
     def replica_top_p(self) -> float | None:
         """top_p as every replica takes it: above 0 (the engine and TensorRT-LLM refuse 0) and at
         least float32's smallest normal number, since a Triton replica reads it into an FP32 tensor
-        where 1e-300 is 0. A nucleus that small holds the most likely token alone, as one of no mass
-        does (every token of the vocabulary weighs far more), so the reply is the one asked for."""
+        where 1e-300 is 0. What a smaller top_p asks for is sent as greedy (`greedy_by_top_p`)."""
         return None if self.top_p is None else max(self.top_p, FLOAT32_MIN_NORMAL)
+
+    @property
+    def greedy_by_top_p(self) -> bool:
+        """A top_p below what a replica takes (0, which OpenAI's clients send for the steadiest
+        reply): a nucleus of no mass, the most likely token alone, which is greedy decoding, and a
+        replica is asked for that (temperature 0; the seed then draws nothing). Sent as a nucleus
+        of float32's smallest normal mass instead, a replica ranked the float32 weights, and where
+        the two largest logits lay under a float32 step apart its exp() rounded them to one weight
+        and the tie went to the lower token id, not the larger logit."""
+        return self.top_p is not None and self.top_p < FLOAT32_MIN_NORMAL
 
     @property
     def stop_strings(self) -> list[str]:

@@ -9,11 +9,12 @@ repetition_penalty 1.05: without them a request samples from the whole vocabular
 reads differently here than on vLLM. A request's own values always win (edge/pipeline.py).
 
 A file's value outside what a replica takes (schemas.py: temperature 0 to 2; top_p from float32's
-smallest normal number up to 1, what a request's top_p of 0 to 1 is sent as; top_k -1 to 1024,
-TensorRT-LLM's bound; repetition_penalty above 0 up to 10) is left out, with a warning: the replicas would refuse it for every request that omits the
-parameter; the next source (the model card's, else 1.0) applies instead. A top_k of 50, transformers
-4.x's default, is applied as written, as vLLM does with transformers 5 (whose defaults are unset);
-with 4.x vLLM drops it as a default, so a file that says 50 means it. vLLM's `min_p` is not applied:
+smallest normal number up to 1, what a request's top_p of 0 to 1 is sent as, or greedy below it;
+top_k -1 to 1024, TensorRT-LLM's bound; repetition_penalty above 0 up to 10) is left out, with a
+warning: the replicas would refuse it for every request that omits the parameter; the next source
+(the model card's, else 1.0) applies instead. A top_k of 50, transformers 4.x's default, is applied
+as written, as vLLM does with transformers 5 (whose defaults are unset); with 4.x vLLM drops it as a
+default, so a file that says 50 means it. vLLM's `min_p` is not applied:
 a request cannot ask for it here (the replicas have no min-p sampling), so neither can a checkpoint.
 """
 

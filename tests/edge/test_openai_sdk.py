@@ -3,17 +3,23 @@ actually rely on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 
 from edge.text.model_text import ModelText
+from edge.upstreams.base import Delta, GenerationRequest, Upstream
+from edge.upstreams.triton import generate_body
+from gpu_container.engine.front import sampling_params
+from gpu_container.engine.sampler import sample
 from tests.edge.conftest import BOTH_PATHS, ROOMY_TIERS
 from tests.edge.sse_client import LONG_PROMPT, MODEL
 from tests.support.live_server import LiveServer, start_server
+from tests.support.scripted_replicas import scripted_replicas
 
 UPSTREAMS = BOTH_PATHS
 
@@ -297,8 +303,8 @@ def test_sdk_does_not_retry_a_token_budget_that_refills_in_minutes(tmp_path: Pat
 def test_sdk_top_p_zero_samples_the_most_likely_token(sdk: openai.OpenAI, stream: bool, top_p: float) -> None:
     """OpenAI takes top_p from 0 to 1, and code written for it sends temperature and top_p 0 for the
     steadiest reply: that was a 400 here. A nucleus of no mass is the most likely token alone, so at
-    any temperature the reply is the greedy one (below float32's smallest normal top_p is the same
-    nucleus, which is what a replica is sent)."""
+    any temperature the reply is the greedy one (as is one below float32's smallest normal number,
+    what a replica's FP32 tensor holds: both are sent as greedy)."""
     greedy = _sdk_reply(sdk, stream)
     hot: Any = {"seed": 1, "extra_body": {"temperature": 1.5}}
     assert _sdk_reply(sdk, stream, top_p=1.0, **hot) != greedy
@@ -324,3 +330,31 @@ def test_sdk_hears_a_tool_choice_that_is_no_choice_named_as_invalid(
     assert (info.value.param, info.value.code) == (field, "invalid_value")
     assert isinstance(info.value.body, dict)
     assert info.value.body["message"] == f"Invalid value: '{value}'. Supported values are: {supported}."
+
+
+def test_sdk_top_p_zero_is_sent_to_the_replica_as_greedy(tmp_path: Path) -> None:
+    """top_p 0 is OpenAI's greedy. It was sent as a nucleus of float32's smallest normal mass at the
+    request's temperature: a replica ranks the float32 weights, and where the two largest logits
+    lay under one float32 step apart (logits below 1), exp() rounded their weights to one value and
+    the sort's tie went to the lower token id, not the larger logit. Now the replica is asked for
+    greedy decoding, which both paths pick by the logits themselves."""
+    asked: list[GenerationRequest] = []
+
+    async def recorded(inner: Upstream, req: GenerationRequest) -> AsyncIterator[Delta]:
+        asked.append(req)
+        async for delta in inner.generate(req):
+            yield delta
+
+    messages: list[Any] = [{"role": "user", "content": "Tell me a story"}]
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, scripted_replicas(recorded)) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=0)
+        with client:
+            client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4, top_p=0.0, temperature=1.5, seed=1
+            )
+    (req,) = asked
+    # Token 1's logit is the larger by one float32 step; at 1.5 both weigh exp(0) in float32.
+    near_tie = np.array([0.5 - 2**-25, 0.5], dtype=np.float32)
+    assert sample(near_tie, sampling_params(req), np.random.default_rng(1)) == 1  # the engine's
+    body = generate_body(req)  # TensorRT-LLM's
+    assert (body["runtime_top_k"], body["temperature"]) == ([1], [1.0])
