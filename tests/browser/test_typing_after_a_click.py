@@ -1,0 +1,37 @@
+"""Typing straight after clicking Send or New chat, as one does in a chat: Send, disabled for the
+reply, dropped the focus to the page and New chat kept it, so the next message typed went nowhere
+(a review). Both leave the focus in the message box."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Browser, expect
+
+from tests.support.live_server import LiveServer
+
+WAIT_MS = 30_000
+
+
+def test_the_next_message_can_be_typed_after_clicking_send_or_new_chat(
+    browser: Browser, page_server: LiveServer
+) -> None:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(page_server.base_url + "/")
+        page.fill("#api-key", page_server.keys["paid"])
+        page.fill("#max-tokens", "4")
+        page.fill("#prompt", "hello")
+        page.click("#send")
+        expect(page.locator("#status-state")).to_have_attribute(
+            "data-state", re.compile("done|stopped"), timeout=WAIT_MS
+        )
+        page.keyboard.type("and then")
+        expect(page.locator("#prompt")).to_have_value("and then")
+
+        page.click("#new-chat")
+        page.keyboard.type(", afresh")
+        expect(page.locator("#prompt")).to_have_value("and then, afresh")
+    finally:
+        context.close()
