@@ -1,0 +1,51 @@
+"""New chat pressed while a 429's wait is counted down: the new chat's status said "idle" for a
+quarter of a second, then the old countdown wrote over it again ("rate limited (requests): try again
+in 57 s") and, at its end, "ready: you can send again", in a chat that had sent nothing (a review).
+New chat ends the countdown with the rest of the old chat's status."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.support.live_server import LiveServer
+
+WAIT_MS = 30_000
+
+
+@pytest.fixture
+def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(page_server.base_url + "/")
+    yield page
+    context.close()
+
+
+def send(page: Page, key: str, prompt: str) -> None:
+    page.fill("#api-key", key)
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", prompt)
+    page.click("#send")
+
+
+def test_new_chat_stops_the_last_chats_rate_limit_countdown(page: Page, page_server: LiveServer) -> None:
+    state = page.locator("#status-state")
+    # The free key gets one request a minute: the first send or the second is refused (a test before
+    # this one may have spent this minute's already).
+    send(page, page_server.keys["free"], "first")
+    expect(state).to_have_attribute("data-state", re.compile("done|stopped|limited"), timeout=WAIT_MS)
+    if state.get_attribute("data-state") != "limited":
+        send(page, page_server.keys["free"], "second, too soon")
+        expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
+    expect(state).to_contain_text(re.compile(r"try again in \d+ s"))
+
+    page.click("#new-chat")
+    expect(state).to_have_text("idle")
+    # The countdown's ticks come every 250 ms from its interval timer: none is left to write over
+    # the new chat's status (checked on the timer itself, as waiting for a tick that should never
+    # come would be a sleep).
+    assert page.evaluate("chat.waitTimer") is None
