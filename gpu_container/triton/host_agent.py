@@ -82,7 +82,8 @@ RETRY_MAX_S = 60.0
 # (host_agent_action_stuck): about 3 minutes of refusals, past any burst of throttling.
 STUCK_AFTER = 5
 # The error codes of a refusal that may pass (botocore's standard retry mode's throttling and
-# transient errors, and Auto Scaling's ResourceContention); any other 4xx answer is final.
+# transient errors, and Auto Scaling's ResourceContention): a warning. Any other refusal but a
+# ValidationError (AccessDenied) is an error an operator must see, and is still sent again.
 MAY_PASS = frozenset(
     {
         "Throttling",
@@ -330,9 +331,8 @@ def _error_code(exc: Exception) -> str | None:
 
 
 def _may_pass(exc: Exception) -> bool:
-    """Whether the same call may succeed later: no answer at all (unreachable, timed out), an AWS
-    fault (5xx), or a refusal for the rate or a moment's contention. Any other refusal (4xx: a
-    ValidationError, AccessDenied) is the same however often it is asked."""
+    """Whether the failure is a passing one: no answer at all (unreachable, timed out), an AWS
+    fault (5xx), or a refusal for the rate or a moment's contention."""
     response = getattr(exc, "response", None)
     if not isinstance(response, dict):
         return True
@@ -412,15 +412,17 @@ class AwsHost:
         return Observation(target, ready, streams, now, self.lifecycle_state(target)), text
 
     def act(self, action: Action) -> bool:
-        """Takes the action. Whether it is settled: False when it failed for a reason that may pass
-        (throttled, an AWS fault, the API or the metadata service unreachable), and the agent sends
-        it again; refused otherwise, it never will pass. A ValidationError (no lifecycle action
-        pending: completed already, or timed out; the instance no longer in a group) is logged as a
-        warning, as it is what a restarted agent meets; any other refusal (AccessDenied: the role
-        lacks the call) as an error, for an operator to act on: it was sent again every minute for
-        as long as the host lived, each time refused alike. A CONTINUE that failed for a moment was
-        taken for final once: the launch hook then timed out with its default result, ABANDON, and
-        the group threw away a host whose engine was loaded."""
+        """Takes the action. Whether it is settled: only a ValidationError (no lifecycle action
+        pending: completed already, or timed out; the instance no longer in a group) never will
+        pass, and is a warning, as it is what a restarted agent meets. Any other failure is sent
+        again: a passing one (throttled, an AWS fault, the API or the metadata service unreachable)
+        as a warning, any other refusal (AccessDenied) as an error for an operator to act on. An
+        AccessDenied is not final: IAM is eventually consistent, and a role or policy just created
+        or changed is refused for a while; one given up left a host with a dead Triton in service
+        for good (one mark an outage) or its launch hook to time out with ABANDON, and a policy
+        fixed later changed nothing. A CONTINUE that failed for a moment was taken for final once:
+        the launch hook then timed out with its default result, ABANDON, and the group threw away a
+        host whose engine was loaded."""
         try:
             instance = self.instance_id
             if isinstance(action, CompleteHook):
@@ -435,10 +437,10 @@ class AwsHost:
                     InstanceId=instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
                 )
         except Exception as exc:
-            retried = _may_pass(exc)
-            level = log.warning if retried or _error_code(exc) == "ValidationError" else log.error
-            level("host_agent_action_failed", action=repr(action), error=repr(exc), retried=retried)
-            return not retried
+            final = _error_code(exc) == "ValidationError"
+            level = log.warning if final or _may_pass(exc) else log.error
+            level("host_agent_action_failed", action=repr(action), error=repr(exc), retried=not final)
+            return final
         log.info("host_agent_action", action=repr(action), instance=instance)
         return True
 

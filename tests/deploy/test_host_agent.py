@@ -460,30 +460,54 @@ def test_an_unhealthy_mark_the_api_refused_for_a_moment_is_sent_again(
     assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
 
-@pytest.mark.parametrize(("code", "level"), [("ValidationError", "warning"), ("AccessDenied", "error")])
 def test_an_unhealthy_mark_refused_for_good_is_not_sent_again(
     moto_endpoint: str,  # noqa: F811 (fixture)
     host_endpoints: tuple[str, HostState],
-    code: str,
-    level: str,
 ) -> None:
-    """A refusal that asking again cannot change (the host no longer in the group; the role without
-    SetInstanceHealth): only a ValidationError was taken for final, and an AccessDenied mark was
-    sent again every minute for as long as the host lived, logged as a passing failure. It is sent
-    once, and a refusal an operator must act on is an error."""
+    """A ValidationError (the host no longer in the group) is the same however often it is asked:
+    the mark is sent once, the refusal a warning."""
     base, state = host_endpoints
-    state.instance_id = _group_with_one_host(moto_endpoint, f"agent-refused-{code.lower()}")
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-refused")
     state.ready = False
     with refusing_autoscaling(moto_endpoint) as api, capture_logs() as logs:
-        api.refuse("SetInstanceHealth", code, times=100)
-        autoscaling = aws_client("autoscaling", api.url)
-        host, a = _host(f"agent-refused-{code.lower()}", base, autoscaling, moto_endpoint), agent()
+        api.refuse("SetInstanceHealth", "ValidationError", times=100)
+        host, a = _host("agent-refused", base, aws_client("autoscaling", api.url), moto_endpoint), agent()
         for now in range(0, 600, 10):
             take_round(a, host, now)
 
         assert api.calls.count("SetInstanceHealth") == 1
     (failed,) = [line for line in logs if line["event"] == "host_agent_action_failed"]
-    assert (failed["log_level"], failed["retried"]) == (level, False)
+    assert (failed["log_level"], failed["retried"]) == ("warning", False)
+
+
+def test_an_unhealthy_mark_denied_until_the_role_s_policy_takes_effect_is_sent_again(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """IAM is eventually consistent: a role or policy just created or changed (the same apply as the
+    group, an edit of the host policy) is refused with AccessDenied for a while, then allowed. The
+    mark was given up at its first AccessDenied, and the host kept its dead Triton in service for
+    good: the agent marks once per outage, so neither the policy taking effect nor an operator's
+    fix of it ever got the mark sent. It is sent again as a throttled one is, each refusal an
+    error an operator sees."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-denied")
+    state.ready = False
+    with refusing_autoscaling(moto_endpoint) as api, capture_logs() as logs:
+        api.refuse("SetInstanceHealth", "AccessDenied", times=2)
+        host, a = _host("agent-denied", base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        for now in range(0, 100, 10):
+            take_round(a, host, now)
+
+        assert api.calls.count("SetInstanceHealth") == 3  # at 60, 70 and 90 s
+    failed = [
+        (line["log_level"], line["retried"]) for line in logs if line["event"] == "host_agent_action_failed"
+    ]
+    assert failed == [("error", True), ("error", True)]
+    answer = aws_client("autoscaling", moto_endpoint).describe_auto_scaling_instances(
+        InstanceIds=[state.instance_id]
+    )
+    assert answer["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
 
 
 def test_an_unhealthy_mark_the_api_keeps_refusing_is_an_error_and_still_sent(
@@ -606,6 +630,25 @@ def test_a_launch_hook_the_api_throttled_is_completed_in_a_later_round(
         for now in range(20, 120, 10):
             assert take_round(a, host, now) == []
         assert api.calls.count("CompleteLifecycleAction") == 2
+
+
+def test_a_launch_hook_denied_until_the_role_s_policy_takes_effect_is_completed_later(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """An AccessDenied at the host's first minutes (the role's policy not yet in effect everywhere)
+    gave the CONTINUE up: the hook then timed out with ABANDON and the group threw away a host
+    whose engine was loaded. It is sent again until taken."""
+    base, state = host_endpoints
+    state.instance_id = "i-0launching0000003"
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.refuse("CompleteLifecycleAction", "AccessDenied")
+        host, a = _launching_host(base, api.url, moto_endpoint), agent()
+
+        assert take_round(a, host, 0) == [CompleteHook("ready", "CONTINUE")]
+        assert take_round(a, host, 10) == [CompleteHook("ready", "CONTINUE")]
+        assert [action for now in range(20, 120, 10) for action in take_round(a, host, now)] == []
+        assert api.completed == ["CONTINUE"]
 
 
 def test_a_launch_hook_no_longer_pending_is_not_sent_again(

@@ -1,7 +1,7 @@
 """A real HTTP proxy in front of moto's Auto Scaling API that answers the calls a test names with the
 errors AWS gives (Throttling, ValidationError, AccessDenied), for a given number of calls, and
-passes the rest on: an API that refuses a host for a moment (its account's request rate spent) or
-for good (no lifecycle action pending, the role without the call). moto has no
+passes the rest on: an API that refuses a host for a moment (its account's request rate spent; a
+role's policy not yet in effect) or for good (no lifecycle action pending). moto has no
 CompleteLifecycleAction: the proxy answers it as AWS does while the hook is pending (any hook, or
 only the one `pause_at` names, once), and records each result it took. moto's hosts are always
 InService: the proxy gives DescribeAutoScalingInstances the LifecycleState a test names (a host in
