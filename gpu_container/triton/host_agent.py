@@ -21,8 +21,9 @@ same image, host networking) and, every `--interval-s`:
 * drain: when the group takes the host out of service (target state Terminated, or back to the warm
   pool: Warmed:*, as reuse_on_scale_in returns scaled-in hosts there), completes the terminate hook
   once the host has no stream and every edge has stopped placing new ones on it, at the latest after
-  `--drain-s`. The edges find the group's in-service hosts again every `[upstream]
-  discovery_interval_s` (15 s): until each has, it may still send this host new streams, so the
+  `--drain-s` (a host terminated from a warm pool kept running is drained anew: its drain on the
+  way into the pool was another hook's). The edges find the group's in-service hosts again every
+  `[upstream] discovery_interval_s` (15 s): until each has, it may still send this host new streams, so the
   hook waits `--min-drain-s` (20 s) from the first sight of the drain even on an idle host (it
   completed at once before, and the streams the edges sent next met a stopping Triton). The drain
   is what keeps streams alive through a scale-in. The agent used to protect every host with a
@@ -195,6 +196,12 @@ class HostAgent:
                 and seen.target_state == "InService"
             ):
                 self._leave_pool(seen.now)
+            if (
+                self.target is not None
+                and self.target.startswith("Warmed:")
+                and seen.target_state == "Terminated"
+            ):
+                self._terminate_from_pool()
             self.target, self.placed = seen.target_state, False
         if not self.placed and seen.lifecycle_state is not None:
             self._resume(seen.lifecycle_state, seen.target_state)
@@ -221,6 +228,13 @@ class HostAgent:
         self.entering_pool = False
         self.started_at, self.drain_started, self.unready_since = now, None, None
         self.retries.pop(SetUnhealthy(), None)
+
+    def _terminate_from_pool(self) -> None:
+        """The group terminates the host from a warm pool it kept running (the pool shrunk, an
+        instance refresh): the terminate hook pauses it again. The drain on its way into the pool
+        (a scale-in's, or the one run beside a launch into it) is not this one: taken for done, it
+        left this hook to its heartbeat (`scale_in_drain_s`), a running GPU held for nothing."""
+        self.drain_done, self.drain_started = False, None
 
     def _resume(self, lifecycle_state: str, target_state: str) -> None:
         """The API's reading, taken in once per target state (it only changes with it). An agent

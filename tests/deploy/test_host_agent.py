@@ -174,6 +174,36 @@ def test_an_agent_restarted_on_its_way_into_the_warm_pool_completes_either_hook(
     assert a.step(seen("Warmed:Stopped", streams=0, now=30, lifecycle=lifecycle)) == []
 
 
+@pytest.mark.parametrize("into_pool", ["launched", "scaled in"])
+def test_a_host_terminated_from_a_running_warm_pool_is_drained(into_pool: str) -> None:
+    """A warm pool kept running keeps the agent running with its host, and the group may terminate
+    the host from the pool (the pool shrunk, an instance refresh): the terminate hook pauses it
+    again. The agent's drain on the way into the pool (a scale-in's, or the one it runs beside the
+    launch, not knowing which hook pauses the host) counted as done, so this one was never
+    completed and held a running GPU for the hook's whole heartbeat."""
+    a = agent()
+    if into_pool == "launched":
+        assert a.step(seen("Warmed:Running", now=0, lifecycle="Warmed:Pending:Wait")) == [
+            CompleteHook("ready", "CONTINUE")
+        ]
+        assert a.step(seen("Warmed:Running", now=20, lifecycle="Warmed:Pending:Wait")) == [
+            CompleteHook("drain", "CONTINUE")  # AWS refuses it: the launch hook paused the host
+        ]
+    else:
+        assert a.step(seen(now=0)) == [CompleteHook("ready", "CONTINUE")]
+        assert a.step(seen("Warmed:Running", now=100, lifecycle="Warmed:Pending:Wait")) == []
+        assert a.step(seen("Warmed:Running", now=120, lifecycle="Warmed:Pending:Wait")) == [
+            CompleteHook("drain", "CONTINUE")
+        ]
+    assert a.step(seen("Warmed:Running", now=500, lifecycle="Warmed:Running")) == []
+
+    assert a.step(seen("Terminated", now=1000, lifecycle="Warmed:Terminating:Wait")) == []
+    assert a.step(seen("Terminated", now=1020, lifecycle="Warmed:Terminating:Wait")) == [
+        CompleteHook("drain", "CONTINUE")
+    ]
+    assert a.step(seen("Terminated", now=1030, lifecycle="Warmed:Terminating:Wait")) == []
+
+
 def test_a_dead_triton_in_service_is_reported_unhealthy_once() -> None:
     a = agent()
     a.step(seen(now=0))
