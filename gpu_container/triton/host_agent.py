@@ -382,6 +382,8 @@ class AwsHost:
         self._instance_id: str | None = None
         # The target state the API was last answered at, and its answer.
         self._described: tuple[str, str | None] | None = None
+        # The reads of the lifecycle state failed in a row, and when to ask again.
+        self._describe_failures, self._describe_at = 0, float("-inf")
 
     def _metadata(self, path: str) -> str:
         token_request = urllib.request.Request(
@@ -400,20 +402,28 @@ class AwsHost:
             self._instance_id = self._metadata("instance-id")
         return self._instance_id
 
-    def lifecycle_state(self, target: str) -> str | None:
+    def lifecycle_state(self, target: str, now: float) -> str | None:
         """This host's LifecycleState in its group, read again each time its target state changes
-        (asked on every call until the API answers, None meanwhile): the state can change only
-        with it. One answer was kept for good: an agent restarted in a running warm pool read
-        Warmed:Running, and took the host's later move into service (Pending:Wait) for a host long
-        launched. Not read every round: a call every round from every host would spend the
-        account's Describe rate the edges' discovery also draws on. A failed call is logged, not
-        raised: the agent then acts on what it saw, as it can without the API."""
+        (None until the API answers): the state can change only with it. One answer was kept for
+        good: an agent restarted in a running warm pool read Warmed:Running, and took the host's
+        later move into service (Pending:Wait) for a host long launched. Not read every round: a
+        call every round from every host would spend the account's Describe rate the edges'
+        discovery also draws on. A failed call is logged, not raised: the agent then acts on what it
+        saw, as it can without the API. It is asked again after RETRY_S, then twice as long after
+        each failure up to RETRY_MAX_S, as a failed action: a scale-in or scale-out changes the
+        target state of many hosts at once, and each asking again every round while throttled kept
+        the rate spent for all of them and for the edges."""
         if self._described is None or self._described[0] != target:
+            if now < self._describe_at:
+                return None
             try:
                 answer = self.autoscaling.describe_auto_scaling_instances(InstanceIds=[self.instance_id])
                 described = answer["AutoScalingInstances"]
                 self._described = (target, described[0]["LifecycleState"] if described else None)
+                self._describe_failures = 0
             except Exception as exc:
+                self._describe_failures += 1
+                self._describe_at = now + min(RETRY_S * 2 ** (self._describe_failures - 1), RETRY_MAX_S)
                 log.warning("describe_auto_scaling_instances_failed", error=repr(exc))
                 return None
         return self._described[1]
@@ -423,7 +433,7 @@ class AwsHost:
         ready = _get(f"{self.triton_http}/v2/health/ready", 2)[0] == 200
         status, text = _get(self.triton_metrics, self.metrics_timeout_s)
         streams = active_requests(text) if status == 200 else 0 if status == 0 else None
-        return Observation(target, ready, streams, now, self.lifecycle_state(target)), text
+        return Observation(target, ready, streams, now, self.lifecycle_state(target, now)), text
 
     def act(self, action: Action) -> bool:
         """Takes the action. Whether it is settled: only a ValidationError (no lifecycle action

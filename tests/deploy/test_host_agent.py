@@ -593,6 +593,31 @@ def test_an_agent_restarted_in_a_running_warm_pool_reads_the_move_into_service_f
         assert api.calls.count("DescribeAutoScalingInstances") == 2
 
 
+def test_a_lifecycle_state_the_api_throttles_is_asked_less_and_less_often(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+) -> None:
+    """The agent reads its lifecycle state each time its target state changes, and a scale-in or a
+    scale-out changes it on many hosts at once: throttled, each asked again every round, hundreds
+    of hosts kept the account's Describe rate spent, the edges' discovery with it. A read that
+    failed is asked again as a failed action is sent again, less and less often, and is taken once
+    the API answers."""
+    base, state = host_endpoints
+    state.instance_id = _group_with_one_host(moto_endpoint, "agent-describe-throttled")
+    with refusing_autoscaling(moto_endpoint) as api:
+        api.refuse("DescribeAutoScalingInstances", "Throttling", times=7)
+        group = "agent-describe-throttled"
+        host, a = _host(group, base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        for now in range(0, 310, 10):
+            take_round(a, host, now)
+
+        # At 0, 10, 30, 70, 130, 190 and 250 s (refused), and 310 s (answered).
+        assert api.calls.count("DescribeAutoScalingInstances") == 7
+        assert host.observe(310)[0].lifecycle_state == "InService"
+        assert host.observe(320)[0].lifecycle_state == "InService"
+        assert api.calls.count("DescribeAutoScalingInstances") == 8
+
+
 @pytest.mark.parametrize("paused_by", ["ready", "drain"])
 def test_an_agent_restarted_on_its_way_into_the_warm_pool_completes_the_hook_that_pauses_it(
     moto_endpoint: str,  # noqa: F811 (fixture)
