@@ -23,7 +23,7 @@ from tests.admission.flow import until
 from tests.limiter.tiers import tier
 from tests.support.admitted import Admitter
 from tests.support.ports import free_port
-from tests.support.primary_endpoint import primary_endpoint
+from tests.support.primary_endpoint import failover_pair
 from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 from tests.support.stalling_proxy import stalling_proxy
 
@@ -347,29 +347,24 @@ async def test_a_cancel_after_a_failover_behind_the_primary_endpoint_reaches_the
     """A standalone Redis failed over behind its endpoint's name (ElastiCache without cluster mode):
     the bus's connection stays with the old primary, now a replica answering READONLY; the cancel
     must go to the new primary, not fail until the edge restarts."""
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            bus = RedisCancelBus.from_url(endpoint.url)
-            inbox = Inbox()
-            await bus.start(inbox)
-            try:
-                assert await bus.wait_subscribed(5)
-                assert await bus.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
-                admitted = await admitter.admit(new.url, "req-after")
-                assert admitted.lease is not None
-                endpoint.point_at(new.port)
-                old.command("REPLICAOF", "127.0.0.1", str(new.port))
-                # Synced: the old primary reads the request as running, and refuses the mark.
-                slots = user_keys("alice")[2]
-                await until(lambda: old.command("EXISTS", slots) == b":1\r\n", poll_s=0.01)
-                assert await bus.cancel("req-after", "alice") == "cancelled"
-                assert new.command("GET", record_key("alice", "req-after")) == b"$9\r\ncancelled\r\n"
-            finally:
-                await bus.aclose()
-    finally:
-        old.kill()
-        new.kill()
+    with failover_pair() as (old, new, endpoint):
+        bus = RedisCancelBus.from_url(endpoint.url)
+        inbox = Inbox()
+        await bus.start(inbox)
+        try:
+            assert await bus.wait_subscribed(5)
+            assert await bus.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+            admitted = await admitter.admit(new.url, "req-after")
+            assert admitted.lease is not None
+            endpoint.point_at(new.port)
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
+            # Synced: the old primary reads the request as running, and refuses the mark.
+            slots = user_keys("alice")[2]
+            await until(lambda: old.command("EXISTS", slots) == b":1\r\n", poll_s=0.01)
+            assert await bus.cancel("req-after", "alice") == "cancelled"
+            assert new.command("GET", record_key("alice", "req-after")) == b"$9\r\ncancelled\r\n"
+        finally:
+            await bus.aclose()
 
 
 @pytest.mark.anyio
@@ -379,33 +374,28 @@ async def test_a_cancel_sent_again_after_a_failover_reaches_the_edges_on_the_new
     """A's connection stays with the old primary, demoted: a cancel sent again (its first answer
     lost) finds the record marked there, so nothing refuses it READONLY, and its PUBLISH, which a
     replica takes, reached only that server's subscribers, not B, subscribed to the new primary."""
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
-            inbox_b = Inbox()
-            await a.start(Inbox())
-            try:
-                assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
-                admitted = await admitter.admit(new.url, "req-again")
-                assert admitted.lease is not None
-                endpoint.point_at(new.port)
-                old.command("REPLICAOF", "127.0.0.1", str(new.port))
-                await b.start(inbox_b)
-                assert await b.wait_subscribed(5)
-                assert await b.cancel("req-again", "alice") == "cancelled"
-                await inbox_b.wait_for(("req-again", "alice"))
-                mark = record_key("alice", "req-again")
-                await until(lambda: old.command("GET", mark) == b"$9\r\ncancelled\r\n", poll_s=0.01)
+    with failover_pair() as (old, new, endpoint):
+        a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
+        inbox_b = Inbox()
+        await a.start(Inbox())
+        try:
+            assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+            admitted = await admitter.admit(new.url, "req-again")
+            assert admitted.lease is not None
+            endpoint.point_at(new.port)
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
+            await b.start(inbox_b)
+            assert await b.wait_subscribed(5)
+            assert await b.cancel("req-again", "alice") == "cancelled"
+            await inbox_b.wait_for(("req-again", "alice"))
+            mark = record_key("alice", "req-again")
+            await until(lambda: old.command("GET", mark) == b"$9\r\ncancelled\r\n", poll_s=0.01)
 
-                assert await a.cancel("req-again", "alice") == "cancelled"
-                await until(lambda: inbox_b.received.count(("req-again", "alice")) == 2, timeout_s=5)
-            finally:
-                await a.aclose()
-                await b.aclose()
-    finally:
-        old.kill()
-        new.kill()
+            assert await a.cancel("req-again", "alice") == "cancelled"
+            await until(lambda: inbox_b.received.count(("req-again", "alice")) == 2, timeout_s=5)
+        finally:
+            await a.aclose()
+            await b.aclose()
 
 
 @pytest.mark.anyio
@@ -416,28 +406,23 @@ async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_
     the new primary before the old one replicates from it (here: demoted, never caught up) never
     reached A, and nothing made A look it up. A must subscribe again, to the new primary, and find
     the mark there, not on its connections to the old one, which has none."""
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
-            inbox_a = Inbox()
-            await a.start(inbox_a, lambda: [("req-moved", "alice")])
-            try:
-                assert await a.wait_subscribed(5)
-                assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
-                admitted = await admitter.admit(new.url, "req-moved")
-                assert admitted.lease is not None
-                endpoint.point_at(new.port)
-                assert await b.cancel("req-moved", "alice") == "cancelled"  # on `new`
-                old.command("REPLICAOF", "127.0.0.1", str(free_port()))  # demoted, behind for good
+    with failover_pair() as (old, new, endpoint):
+        a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
+        inbox_a = Inbox()
+        await a.start(inbox_a, lambda: [("req-moved", "alice")])
+        try:
+            assert await a.wait_subscribed(5)
+            assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+            admitted = await admitter.admit(new.url, "req-moved")
+            assert admitted.lease is not None
+            endpoint.point_at(new.port)
+            assert await b.cancel("req-moved", "alice") == "cancelled"  # on `new`
+            old.command("REPLICAOF", "127.0.0.1", str(free_port()))  # demoted, behind for good
 
-                await until(lambda: ("req-moved", "alice") in inbox_a.received, timeout_s=30, poll_s=0.05)
-            finally:
-                await a.aclose()
-                await b.aclose()
-    finally:
-        old.kill()
-        new.kill()
+            await until(lambda: ("req-moved", "alice") in inbox_a.received, timeout_s=30, poll_s=0.05)
+        finally:
+            await a.aclose()
+            await b.aclose()
 
 
 # The limiter's keys, the fleet's, the channels: no more (resetchannels: Redis 6 allows them all).

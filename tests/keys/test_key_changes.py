@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 
 from edge.keys.changes import CHANNEL, RedisKeyChanges
 from tests.admission.flow import until
-from tests.support.primary_endpoint import primary_endpoint
+from tests.support.primary_endpoint import failover_pair
 from tests.support.redis_server import start_redis, start_redis_cluster
 
 pytestmark = pytest.mark.anyio
@@ -19,54 +19,44 @@ async def test_a_change_announced_after_a_failover_reaches_the_edges_on_the_new_
     """The announcing edge's connection stays with the old primary: a PUBLISH, which a replica
     takes without a READONLY, reached only that server's subscribers, and an edge subscribed to the
     new primary served the revoked key until its cache TTL."""
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            a, b = RedisKeyChanges(endpoint.url), RedisKeyChanges(endpoint.url)
-            heard_by_b: list[str | None] = []
-            try:
-                assert await a.announce("before")  # its connection, to `old`
-                endpoint.point_at(new.port)
-                old.command("REPLICAOF", "127.0.0.1", str(new.port))
-                b.start(heard_by_b.append)
-                await until(b.subscribed.is_set, timeout_s=5)
+    with failover_pair() as (old, new, endpoint):
+        a, b = RedisKeyChanges(endpoint.url), RedisKeyChanges(endpoint.url)
+        heard_by_b: list[str | None] = []
+        try:
+            assert await a.announce("before")  # its connection, to `old`
+            endpoint.point_at(new.port)
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
+            b.start(heard_by_b.append)
+            await until(b.subscribed.is_set, timeout_s=5)
 
-                assert await a.announce("revoked")
-                await until(lambda: "revoked" in heard_by_b, timeout_s=5)
-            finally:
-                await a.aclose()
-                await b.aclose()
-    finally:
-        old.kill()
-        new.kill()
+            assert await a.announce("revoked")
+            await until(lambda: "revoked" in heard_by_b, timeout_s=5)
+        finally:
+            await a.aclose()
+            await b.aclose()
 
 
 async def test_an_edge_subscribed_to_the_old_primary_moves_to_the_new_one_and_forgets_its_keys() -> None:
     """A's subscription stays with the old primary, which answers its pings: a key revoked on the
     new primary before the old one became its replica was never heard there, and nothing made A
     forget its cached lookup. A must subscribe again, to the new primary, and forget every key."""
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            a, b = RedisKeyChanges(endpoint.url), RedisKeyChanges(endpoint.url)
-            heard_by_a: list[str | None] = []
-            a.start(heard_by_a.append)
-            try:
-                await until(a.subscribed.is_set, timeout_s=5)
-                assert heard_by_a == [None]  # subscribed: it forgot every key
-                endpoint.point_at(new.port)
-                assert await b.announce("revoked-meanwhile")  # on `new`, not replicated to `old`
-                old.command("REPLICAOF", "127.0.0.1", str(new.port))
+    with failover_pair() as (old, new, endpoint):
+        a, b = RedisKeyChanges(endpoint.url), RedisKeyChanges(endpoint.url)
+        heard_by_a: list[str | None] = []
+        a.start(heard_by_a.append)
+        try:
+            await until(a.subscribed.is_set, timeout_s=5)
+            assert heard_by_a == [None]  # subscribed: it forgot every key
+            endpoint.point_at(new.port)
+            assert await b.announce("revoked-meanwhile")  # on `new`, not replicated to `old`
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
 
-                await until(lambda: heard_by_a.count(None) == 2, timeout_s=30, poll_s=0.05)
-                assert "revoked-meanwhile" not in heard_by_a
-                assert new.command("PUBSUB", "NUMSUB", CHANNEL).endswith(b":1\r\n")  # A, there
-            finally:
-                await a.aclose()
-                await b.aclose()
-    finally:
-        old.kill()
-        new.kill()
+            await until(lambda: heard_by_a.count(None) == 2, timeout_s=30, poll_s=0.05)
+            assert "revoked-meanwhile" not in heard_by_a
+            assert new.command("PUBSUB", "NUMSUB", CHANNEL).endswith(b":1\r\n")  # A, there
+        finally:
+            await a.aclose()
+            await b.aclose()
 
 
 async def test_a_user_refused_the_primary_check_still_hears_key_changes() -> None:

@@ -12,41 +12,35 @@ import pytest
 from limiter.redis_store import RedisLimiter, user_keys
 from tests.limiter.conditions import wait_until
 from tests.limiter.tiers import tier
-from tests.support.primary_endpoint import primary_endpoint
-from tests.support.redis_server import start_redis
+from tests.support.primary_endpoint import failover_pair
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("own_connections", [True, False], ids=["own", "redis-py"])
 async def test_a_primary_demoted_to_a_replica_is_left_for_the_new_primary(own_connections: bool) -> None:
-    old, new = start_redis(), start_redis()
-    try:
-        with primary_endpoint(old.port) as endpoint:
-            limiter = RedisLimiter.from_url(
-                endpoint.url, timeout_ms=1000, backoff_s=0, own_connections=own_connections
-            )
-            limits = tier(requests=10**6, request_window_s=60)
-            try:
-                assert (await limiter.admit("warm", "w0", limits, 1, 1)).decision.allowed
-                assert not limiter.fallback_active
-                # The failover: the replica is promoted, the endpoint names it, the old primary
-                # follows it (its open connections stay with it).
-                endpoint.point_at(new.port)
-                old.command("REPLICAOF", "127.0.0.1", str(new.port))
-                user = f"failover-{uuid.uuid4().hex}"
-                step = 0
+    with failover_pair() as (old, new, endpoint):
+        limiter = RedisLimiter.from_url(
+            endpoint.url, timeout_ms=1000, backoff_s=0, own_connections=own_connections
+        )
+        limits = tier(requests=10**6, request_window_s=60)
+        try:
+            assert (await limiter.admit("warm", "w0", limits, 1, 1)).decision.allowed
+            assert not limiter.fallback_active
+            # The failover: the replica is promoted, the endpoint names it, the old primary
+            # follows it (its open connections stay with it).
+            endpoint.point_at(new.port)
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
+            user = f"failover-{uuid.uuid4().hex}"
+            step = 0
 
-                async def admits_on_the_new_primary() -> bool:
-                    nonlocal step
-                    step += 1
-                    await limiter.admit(user, f"r{step}", limits, 1, 1)
-                    on_new = new.command("EXISTS", user_keys(user)[0]) == b":1\r\n"
-                    return on_new and not limiter.fallback_active
+            async def admits_on_the_new_primary() -> bool:
+                nonlocal step
+                step += 1
+                await limiter.admit(user, f"r{step}", limits, 1, 1)
+                on_new = new.command("EXISTS", user_keys(user)[0]) == b":1\r\n"
+                return on_new and not limiter.fallback_active
 
-                await wait_until("admits on the new primary", admits_on_the_new_primary, timeout_s=10)
-            finally:
-                await limiter.aclose()
-    finally:
-        old.kill()
-        new.kill()
+            await wait_until("admits on the new primary", admits_on_the_new_primary, timeout_s=10)
+        finally:
+            await limiter.aclose()

@@ -4,6 +4,7 @@ a connection opened before a failover stays with the server it reached, demoted 
 server then answers every write READONLY until the client reconnects, which it must do by itself.
 
     with primary_endpoint(a.port) as endpoint:   # endpoint.url; endpoint.point_at(b.port)
+    with failover_pair() as (old, new, endpoint):  # two servers of their own, `old` primary
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
+from tests.support.redis_server import RedisServer, start_redis
 from tests.support.tcp_proxy import TcpProxy, running
 
 
@@ -46,3 +49,16 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
 
 def primary_endpoint(upstream_port: int) -> AbstractContextManager[PrimaryEndpoint]:
     return running(PrimaryEndpoint(upstream_port))
+
+
+@contextlib.contextmanager
+def failover_pair() -> Iterator[tuple[RedisServer, RedisServer, PrimaryEndpoint]]:
+    """Two redis-servers of the caller's own and the endpoint naming the first (`old`) until a test
+    fails it over to `new` (`point_at`, then REPLICAOF on `old`); both killed on the way out."""
+    old, new = start_redis(), start_redis()
+    try:
+        with primary_endpoint(old.port) as endpoint:
+            yield old, new, endpoint
+    finally:
+        old.kill()
+        new.kill()
