@@ -97,8 +97,6 @@ _UNKNOWN_TRANSFER_CODING = ClosingRefusal(
 # The versions served; llhttp also parses 2.0 and a request line without one (0.9), answered 505
 # and 400 (_VersionNotServed).
 _SERVED_VERSIONS = ("1.1", "1.0")
-# Versions without chunked coding (RFC 9112 7.1): a body of unknown length ends at the close.
-_NO_CHUNKED = ("1.0", "0.9")
 
 
 class UntilCloseCycle(RequestResponseCycle):
@@ -383,7 +381,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # Not on an upgrade (no new cycle for this scope): the writer belongs to this request's cycle.
         if cycle is not None and cycle.scope is self.scope:
-            if self.scope["http_version"] in _NO_CHUNKED:
+            # HTTP/1.0 has no chunked coding (RFC 9112 7.1): a body of unknown length ends at the
+            # close (0.9, the other, is refused at its headers).
+            if self.scope["http_version"] == "1.0":
                 # Before its task's first step, which takes the send from the cycle.
                 cycle.__class__ = UntilCloseCycle
                 cycle.keep_alive = False  # the close ends the body
