@@ -152,3 +152,13 @@ def browser() -> Iterator[Browser]:
 def screenshots() -> Path:
     SCREENSHOTS.mkdir(exist_ok=True)
     return SCREENSHOTS
+
+
+@pytest.fixture
+def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
+    """The playground in a browser context of its own, loaded from `page_server`."""
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    page = context.new_page()
+    page.goto(page_server.base_url + "/")
+    yield page
+    context.close()

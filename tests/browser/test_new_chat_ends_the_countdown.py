@@ -6,23 +6,12 @@ New chat ends the countdown with the rest of the old chat's status."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
-
-
-@pytest.fixture
-def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(page_server.base_url + "/")
-    yield page
-    context.close()
 
 
 def send(page: Page, key: str, prompt: str) -> None:

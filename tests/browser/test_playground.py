@@ -9,7 +9,6 @@ import itertools
 import json
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,15 +37,6 @@ REPLY_LENGTH = (
     "() => { const r = document.querySelectorAll('#transcript .msg.assistant'); "
     "return r.length ? r[r.length - 1].textContent.length : 0; }"
 )
-
-
-@pytest.fixture
-def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1100, "height": 760})
-    page = context.new_page()
-    page.goto(page_server.base_url + "/")
-    yield page
-    context.close()
 
 
 def send(page: Page, key: str, prompt: str, max_tokens: int, temperature: float | None = None) -> None:

@@ -6,23 +6,12 @@ review: a user on a shared computer could not tell the key stayed on disk in pla
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.support.live_server import LiveServer
 
 STORED = "() => Object.entries(localStorage)"
-
-
-@pytest.fixture
-def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(page_server.base_url + "/")
-    yield page
-    context.close()
 
 
 def test_the_remember_box_says_where_the_key_is_kept(page: Page) -> None:

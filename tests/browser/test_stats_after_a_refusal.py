@@ -6,10 +6,7 @@ only once the key or the model field changes, or a send is answered."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import LARGE
 from tests.edge.sse_client import wait_until
@@ -18,15 +15,6 @@ from tests.support.live_server import LiveServer
 WAIT_MS = 30_000
 # Rounds run straight from the page's code, one after another, past the timer's 2 s wait.
 THREE_ROUNDS = "async () => { for (let i = 0; i < 3; i++) await loadStats(); }"
-
-
-@pytest.fixture
-def page(browser: Browser, page_server: LiveServer) -> Iterator[Page]:
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(page_server.base_url + "/")
-    yield page
-    context.close()
 
 
 def set_quietly(page: Page, field: str, value: str) -> None:
