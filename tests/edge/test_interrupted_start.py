@@ -14,6 +14,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _as_from_a_terminal() -> None:
+    """A command started from a terminal takes Ctrl-C; one started by a suite run in the background
+    of a non-interactive shell inherits SIGINT ignored (POSIX), which the edge rightly keeps."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
 @pytest.mark.parametrize("command", ["serve", "model import"])
 def test_ctrl_c_during_the_models_import_is_a_stop_not_a_traceback(tmp_path: Path, command: str) -> None:
@@ -27,7 +33,14 @@ def test_ctrl_c_during_the_models_import_is_a_stop_not_a_traceback(tmp_path: Pat
         f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
     )
     argv = [sys.executable, "-m", "edge.cli", *command.split(), "--config", str(config)]
-    proc = subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
+    )
     try:
         assert proc.stderr is not None
         said = [proc.stderr.readline()]
