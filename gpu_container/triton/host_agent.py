@@ -168,9 +168,16 @@ class HostAgent:
     def step(self, seen: Observation) -> list[Action]:
         """The actions this observation calls for: each decided once, and sent again while `report`
         says it failed. An action decided once and lost to a failed call was lost for good: a mark
-        throttled once left a host with a dead Triton in service."""
-        decided = self._decide(seen)
-        return [action for action, (_, at) in self.retries.items() if at <= seen.now] + decided
+        throttled once left a host with a dead Triton in service.
+
+        Each action at most once a round: one still failing from before the host moved (a launch
+        hook's CONTINUE from its launch into a warm pool kept running, a drain's from its way into
+        it) is decided anew after the move, and the retry and the new decision both went out, the
+        hook completed twice in one round and its one failure reported twice (backoff and stuck
+        count doubled)."""
+        decided = self._decide(seen)  # first: it drops retries that no longer apply
+        due = [action for action, (_, at) in self.retries.items() if at <= seen.now]
+        return due + [action for action in decided if action not in due]
 
     def report(self, action: Action, settled: bool, now: float) -> None:
         """What became of an action `step` returned: settled (taken, or refused for good), or failed

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from structlog.testing import capture_logs
@@ -704,6 +704,50 @@ def test_a_launch_hook_denied_until_the_role_s_policy_takes_effect_is_completed_
         assert take_round(a, host, 10) == [CompleteHook("ready", "CONTINUE")]
         assert [action for now in range(20, 120, 10) for action in take_round(a, host, now)] == []
         assert api.completed == ["CONTINUE"]
+
+
+@pytest.mark.parametrize("hook", ["ready", "drain"])
+def test_a_hook_completion_retried_and_decided_anew_goes_out_once_a_round(
+    moto_endpoint: str,  # noqa: F811 (fixture)
+    host_endpoints: tuple[str, HostState],
+    hook: Literal["ready", "drain"],
+) -> None:
+    """A warm pool kept running keeps the agent running with its host. A hook's CONTINUE that
+    failed on the way into the pool (its answer lost, AWS having taken it: the host moved on) is
+    still to be sent again when the host moves, and the move decides the same CONTINUE anew: the
+    launch's on a move into service, the drain's on a termination from the pool. Both went out in
+    the same round, and the one failure counted twice."""
+    base, state = host_endpoints
+    group = f"agent-twice-{hook}"
+    state.instance_id, state.metrics = _group_with_one_host(moto_endpoint, group), ""  # no stream
+    with refusing_autoscaling(moto_endpoint) as api:
+        host, a = _host(group, base, aws_client("autoscaling", api.url), moto_endpoint), agent()
+        if hook == "ready":  # launched into the pool; the CONTINUE fails once, due again at 10 s
+            state.target_state = "Warmed:Running"
+            api.describe_as("Warmed:Pending:Wait")
+            api.refuse("CompleteLifecycleAction", "Throttling")
+            assert take_round(a, host, 0) == [CompleteHook("ready", "CONTINUE")]
+            state.target_state, moved_at, both_due_at = "InService", 10, 10
+            api.describe_as("Pending:Wait")
+        else:  # scaled in to the pool; the CONTINUE fails at 120 and 130 s, due again at 150 s
+            assert take_round(a, host, 0) == []  # in service
+            state.target_state = "Warmed:Running"
+            api.describe_as("Warmed:Pending:Wait")
+            api.refuse("CompleteLifecycleAction", "Throttling", times=2)
+            assert take_round(a, host, 100) == []
+            assert take_round(a, host, 120) == [CompleteHook("drain", "CONTINUE")]
+            state.target_state, moved_at, both_due_at = "Terminated", 130, 150  # a drain from 130 s
+            api.describe_as("Warmed:Terminating:Wait")
+        for now in range(moved_at, both_due_at, 10):
+            take_round(a, host, now)
+        calls_before = api.calls.count("CompleteLifecycleAction")
+
+        assert take_round(a, host, both_due_at) == [CompleteHook(hook, "CONTINUE")]
+        assert api.calls.count("CompleteLifecycleAction") == calls_before + 1
+        assert a.retries == {}
+        assert [
+            action for now in range(both_due_at + 10, 300, 10) for action in take_round(a, host, now)
+        ] == []
 
 
 def test_a_launch_hook_no_longer_pending_is_not_sent_again(
