@@ -2,7 +2,7 @@
 model field: a wrong or revoked key, a model the key may not use. Waiting changes neither, yet each
 round asked again: one more refusal in the edge's log and metrics, and one more error in the page's
 console, every 2 s for as long as the tab stayed open (a review). A refused pair is now asked again
-only once the key or the model field changes, or a send is answered."""
+only once the key or the model field changes, the key is entered again, or a send is answered."""
 
 from __future__ import annotations
 
@@ -51,3 +51,17 @@ def test_a_model_the_key_may_not_use_is_not_asked_again_until_it_changes(
     page.fill("#model", "")
     page.press("#model", "Tab")
     expect(page.locator("#replicas .replica").first).to_be_visible(timeout=WAIT_MS)
+
+
+def test_a_refused_key_entered_again_is_asked_again_at_once(page: Page, page_server: LiveServer) -> None:
+    """The same text typed in again (a key the edge did not know yet, or one re-enabled): the field
+    fires no change event for it, and the refusal it remembered left the stats line blank until a
+    send or a reload."""
+    key = "fg-not-known-yet"
+    set_quietly(page, "api-key", key)
+    assert refused_again(page, page_server, 401) == 0
+    before = page_server.rejected(401)
+    page.fill("#api-key", "")
+    page.fill("#api-key", key)
+    page.press("#api-key", "Tab")
+    wait_until(lambda: page_server.rejected(401) > before, what="the key entered again to be asked again")
