@@ -316,8 +316,15 @@ def never_fits_error(exc: NeverFits) -> ApiError:
         limit = f"{share}a replica holds at most {exc.kv_limit}"
     else:
         limit = f"the free tier may use at most {exc.kv_limit} {'of ' + share if share else 'on '}any replica"
+    # The split, as the context's refusal gives it (pipeline.py): the prompt's part is what a
+    # client (the playground) subtracts from the limit to name a max_tokens that fits.
+    split = (
+        ""
+        if exc.prompt_tokens is None
+        else f" ({exc.prompt_tokens} in the messages, {exc.kv_tokens - exc.prompt_tokens} in the completion)"
+    )
     return invalid_request(
-        f"This request needs {exc.kv_tokens} tokens of KV cache; {limit}. Please reduce the length "
+        f"This request needs {exc.kv_tokens} tokens of KV cache{split}; {limit}. Please reduce the length "
         "of the messages or completion.",
         "messages",
         code="context_length_exceeded",

@@ -253,7 +253,9 @@ class Dispatcher:
                 if kv_tokens <= kv:
                     return
                 most = max(most, kv)
-        raise NeverFits(kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve, share < 1.0)
+        raise NeverFits(
+            kv_tokens, max(most, 0), most >= 0, ticket.may_use_reserve, share < 1.0, ticket.prompt_tokens
+        )
 
     def precheck(self, ticket: Ticket) -> None:
         """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""

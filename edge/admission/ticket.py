@@ -48,13 +48,22 @@ class NeverFits(Exception):
     less (a 400), where a 503 told to come back would be obeyed forever. `kv_limit`: the most KV
     tokens a ticket of its kind may hold on any replica, in whole blocks; `sequences`: whether any
     replica lets its kind run a sequence at all (the paid reserve may take every one); `shared`:
-    the limits are this edge's fixed share of each replica, not the whole of it."""
+    the limits are this edge's fixed share of each replica, not the whole of it; `prompt_tokens`:
+    the prompt's part of kv_tokens (None: not known), what a client must keep under the limit with
+    its max_tokens (real-use accounting charges a margin, not max_tokens, for the reply)."""
 
     def __init__(
-        self, kv_tokens: int, kv_limit: int, sequences: bool, may_use_reserve: bool, shared: bool = False
+        self,
+        kv_tokens: int,
+        kv_limit: int,
+        sequences: bool,
+        may_use_reserve: bool,
+        shared: bool = False,
+        prompt_tokens: int | None = None,
     ) -> None:
         super().__init__(f"never fits: {kv_tokens} KV tokens, at most {kv_limit} (sequences: {sequences})")
         self.kv_tokens = kv_tokens
+        self.prompt_tokens = prompt_tokens
         self.kv_limit = kv_limit
         self.sequences = sequences
         self.may_use_reserve = may_use_reserve

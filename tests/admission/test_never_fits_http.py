@@ -49,7 +49,8 @@ def test_a_free_request_past_the_free_share_of_an_idle_engine_is_a_400(tmp_path:
         free = _chat(server, "free", 80)
         _assert_never_fits(free, code="context_length_exceeded", says="the free tier may use at most 96")
         prompt = _chat(server, "paid", 80).json()["usage"]["prompt_tokens"]
-        assert f"needs {prompt + 80} tokens of KV cache" in free.json()["error"]["message"]
+        split = f"needs {prompt + 80} tokens of KV cache ({prompt} in the messages, 80 in the completion)"
+        assert split in free.json()["error"]["message"]
         # What does fit the free share is served as before.
         assert _chat(server, "free", 40).status_code == 200
 
