@@ -15,6 +15,10 @@ checks included (a replica whose model differs from the contract the edge sends)
 gpu_container/triton/refusals.py tells them apart. The end of the HTTP response is the end of the
 generation (Triton ends it on the response flagged final), never a guess.
 
+A request answered that the model's Python-backend stub is dead ends the replica's other open
+streams at once (Triton sends them nothing more) and keeps the replica not ready until Triton's
+request counts say the model serves again, which its readiness does not (edge/upstreams/triton_stub.py).
+
 Prompt tokens served from the replica's prefix cache (Delta.cached_tokens) come from TensorRT-LLM's
 per-request `kv_cache_reused_blocks` output, which the request asks for with
 `return_kv_cache_reuse_stats` (the name the pinned TensorRT-LLM 0.16 backend reads; from 0.19 on it
@@ -71,6 +75,12 @@ from edge.upstreams.local_pool import PrivateUpstreams, UpstreamProvider
 from edge.upstreams.replica_spec import parse_replica_address
 from edge.upstreams.triton_fleet import discovered_triton_upstreams
 from edge.upstreams.triton_sse import ConnectionPool, SseConnection
+from edge.upstreams.triton_stub import (
+    RequestCounts,
+    StubQuarantine,
+    is_stub_dead,
+    parse_request_counts,
+)
 from gpu_container.checkpoint.facts import read_facts
 from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
@@ -281,6 +291,12 @@ class TritonUpstream:
         # operator restricted) is asked each poll, and one warning, not one a second, says it.
         self._config_unread_logged = False
         self._stops: set[asyncio.Task[None]] = set()
+        # The connections of the streams open now: a dead stub ends them all (triton_stub.py).
+        self._streams: set[SseConnection] = set()
+        # Set while the model's stub is dead (triton_stub.py): not ready, whatever Triton says.
+        self._quarantine: StubQuarantine | None = None
+        # A stub death being taken in (its counts read): the streams failing with it take it once.
+        self._stub_dying = False
         # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
         # connection it opens); the model's poll of closed streams drops its request instead.
         self._closed = False
@@ -310,6 +326,7 @@ class TritonUpstream:
         )
         conn = await self._pool.connect(self._first_timeout_s)
         conn.send(request, offer, request_id=req.request_id)
+        self._streams.add(conn)
         retried = False
         stop_tokens = set(req.stop_ids) | ({end_id} if end_id is not None else set())
         # The reply's room in the replica's sequence limit: TensorRT-LLM ends it there, unasked.
@@ -332,12 +349,20 @@ class TritonUpstream:
                     # anything is taken: what arrives meanwhile, the end included, is taken with it.
                     cached = await self._cached_tokens(conn.reused_blocks, req.cache_salt)
                     first = False
-                if conn.failure is not None and conn.reused and not conn.responded and not retried:
+                if (
+                    conn.failure is not None
+                    and conn.reused
+                    and not conn.responded
+                    and not conn.judged
+                    and not retried
+                ):
                     # A kept-alive connection the replica had closed while idle: nothing was read.
                     retried = True
                     timeout_s = self._first_timeout_s
+                    self._streams.discard(conn)
                     conn = await self._pool.connect(self._first_timeout_s, fresh=True)
                     conn.send(request, offer, request_id=req.request_id)
+                    self._streams.add(conn)
                     continue
                 declined, conn.declined = conn.declined, None
                 if declined is not None:
@@ -346,6 +371,8 @@ class TritonUpstream:
                     yield declined
                     continue
                 if conn.failure is not None:
+                    if is_stub_dead(conn.failure):
+                        await self._stub_died(conn, conn.failure)
                     # Reckoned only here: a failure is rare, and every request's set-up need not pay.
                     own = () if req.ignore_eos else (self._end_id, *self._extra_stop_ids)
                     requested = requested_inputs(req, end_tokens=frozenset(t for t in own if t is not None))
@@ -362,6 +389,7 @@ class TritonUpstream:
                 elif tokens:
                     yield Delta(tokens, cached_tokens=cached)
         finally:
+            self._streams.discard(conn)
             if finished:
                 self._pool.release(conn)
             elif conn.failure is not None:
@@ -376,6 +404,53 @@ class TritonUpstream:
                 # see the request's first answer, and stop it again then.
                 conn.detach()
                 self._stop_soon(req.request_id, conn)
+
+    async def _stub_died(self, failed: SseConnection, message: str) -> None:
+        """The model's stub is dead (`message`, Triton's answer to `failed`): the other streams
+        open here end now, where Triton would send them nothing more (each then fails over or ends
+        with an error, as for any failed replica), and the replica is kept out until Triton's
+        counts say it serves again (triton_stub.py)."""
+        for conn in list(self._streams):
+            if conn is not failed:
+                conn.fail("ended: another request on this replica found its model's stub dead")
+        if self._quarantine is not None or self._stub_dying:
+            return
+        self._stub_dying = True
+        try:
+            counts = await self._request_counts()
+        except UpstreamError as exc:
+            # Without them nothing could tell the stub back: the replica is suspect until its next
+            # check passes, as for any failure.
+            log.warning("triton_stub_dead_unjudged", replica=self.name, error=message, detail=str(exc))
+            return
+        finally:
+            self._stub_dying = False
+        self._quarantine = StubQuarantine.since(counts)
+        log.warning("triton_stub_dead", replica=self.name, error=message, counts=counts)
+
+    async def _request_counts(self) -> RequestCounts:
+        status, body = await self._pool.get(f"/v2/models/{self.model_name}/stats", self._probe_timeout_s)
+        if status != 200:
+            raise UpstreamError(f"{self.name}: model statistics: HTTP {status}")
+        try:
+            return parse_request_counts(body)
+        except ValueError as exc:
+            raise UpstreamError(f"{self.name}: {exc}") from exc
+
+    async def _stub_back(self) -> bool:
+        """Whether the replica serves again after its stub died (always, where none did)."""
+        quarantine = self._quarantine
+        if quarantine is None:
+            return True
+        try:
+            counts = await self._request_counts()
+        except UpstreamError:
+            return False
+        if not quarantine.lifted_by(counts):
+            return False
+        self._quarantine = None
+        log.info("triton_stub_back", replica=self.name, counts=counts)
+        return True
 
     async def _cached_tokens(self, reused: int | None, cache_salt: str) -> int:
         """Prompt tokens the replica found in its prefix cache: reused blocks x its block size; 0
@@ -507,13 +582,14 @@ class TritonUpstream:
             log.warning("triton_model_config_unread", replica=self.name, **why)
 
     async def ready(self) -> bool:
-        """Triton's own readiness and the model's (KServe v2 health endpoints)."""
+        """Triton's own readiness and the model's (KServe v2 health endpoints), and a model whose
+        stub died seen serving again (triton_stub.py): Triton's readiness does not say that."""
         try:
             server, _ = await self._pool.get("/v2/health/ready", self._probe_timeout_s)
             model, _ = await self._pool.get(f"/v2/models/{self.model_name}/ready", self._probe_timeout_s)
         except UpstreamError:
             server = model = 0
-        if server == 200 and model == 200:
+        if server == 200 and model == 200 and await self._stub_back():
             return True
         self._config_read = False  # back up, it may run another engine: its config is read again
         return False

@@ -94,6 +94,9 @@ class SseConnection(asyncio.Protocol):
         # The failure is the model's own error, sent as an event: Triton's HTTP status for it says
         # nothing of its code (gpu_container/triton/refusals.py).
         self.model_error = False
+        # The failure is the edge's verdict (`fail`), not anything the replica sent or did to the
+        # connection: no retry on a fresh connection.
+        self.judged = False
         self.ended = False
         self.responded = False
         self.reused = False
@@ -138,7 +141,7 @@ class SseConnection(asyncio.Protocol):
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
         self.received, self.last_token, self.relay_error = 0, None, None
         self.status, self.ended, self.responded, self._silent = 0, False, False, False
-        self.model_error = False
+        self.model_error = self.judged = False
         self._offer, self._buffer, self.body, self._events = offer, b"", b"", events
         self._parser = httptools.HttpResponseParser(self)
         self.last_activity = self._loop.time()
@@ -153,6 +156,13 @@ class SseConnection(asyncio.Protocol):
         """Offer nothing more to the relay: its stream is over, and whoever still reads the
         connection (a `stop` watching for the request's first answer) takes what comes."""
         self._offer = None
+
+    def fail(self, message: str) -> None:
+        """End the request in flight with `message` as its failure, now: its reader raises it, and
+        the connection is dropped (the replica can no longer answer it)."""
+        self.judged = True
+        self._fail(message)
+        self._wake()
 
     def abort(self) -> None:
         """Drop the connection mid-response (Triton cancels the request when it next writes)."""

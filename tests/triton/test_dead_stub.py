@@ -1,0 +1,159 @@
+"""A replica whose Python-backend stub died (edge/upstreams/triton_stub.py).
+
+Reproduced on the real local tritonserver by killing its model's stub process: Triton 2.51 then
+answers each new request "Stub process 'tensorrt_llm_0_0' is not healthy." and still says the model
+is ready, and a stream already open gets nothing more. Regression: the open stream waited out the
+edge's 60 s stall timeout, and the next readiness poll put the replica back in rotation, where the
+next user's request failed again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from edge.upstreams.base import GenerationRequest, UpstreamError
+from edge.upstreams.triton import TritonUpstream
+from edge.upstreams.triton_stub import is_stub_dead
+from gpu_container.triton.cpu.repository import render_cpu_repository
+from gpu_container.triton.launcher import TritonProcess, start_local_triton
+from gpu_container.triton.model_name import MODEL_NAME
+from tests.support.live_server import demo_model_dir
+from tests.support.triton_server import ENGINE_CONFIG
+
+PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
+# Long enough to still be running when the stub is killed right after its first token.
+LONG = 2000
+GONE_TIMEOUT_S = 30.0
+STUB_DEAD = r"Stub process '\w+' is not healthy"
+
+
+@dataclass
+class DyingTriton:
+    process: TritonProcess
+    repository: Path
+
+
+@pytest.fixture
+def dying(tmp_path: Path) -> Iterator[DyingTriton]:
+    repository = render_cpu_repository(tmp_path / "repo", demo_model_dir(), ENGINE_CONFIG)
+    triton = DyingTriton(start_local_triton(repository), repository)
+    try:
+        yield triton
+    finally:
+        _kill(triton.process)
+
+
+def _kill(process: TritonProcess) -> None:
+    """Killed, not stopped: with its stub dead, tritonserver waits out its exit timeout to unload."""
+    process.process.kill()
+    process.process.wait()
+    process.stop()
+
+
+def _kill_stub(process: TritonProcess) -> None:
+    """SIGKILL the model's stub processes (tritonserver's children), and wait until they have ended."""
+    pid = process.process.pid
+    stubs = [
+        int(c)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for c in (task / "children").read_text().split()
+    ]
+    assert stubs, "the model's stub should be running"
+    for stub in stubs:
+        os.kill(stub, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    # A process's end is no event we can wait on: /proc is polled (a zombie has ended).
+    while any(_running(stub) for stub in stubs):
+        assert time.monotonic() < deadline, "the stub outlived SIGKILL"
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _upstream(process: TritonProcess) -> TritonUpstream:
+    return TritonUpstream("triton-dying", process.http_url, process.metrics_url, end_id=2, pad_id=2)
+
+
+async def _fails_for_the_dead_stub(upstream: TritonUpstream) -> None:
+    with pytest.raises(UpstreamError, match=STUB_DEAD):
+        async for _ in upstream.generate(GenerationRequest("after", PROMPT, 4)):
+            pass
+
+
+async def _triton_says_ready(process: TritonProcess) -> bool:
+    async with httpx.AsyncClient(base_url=process.http_url, timeout=10.0) as client:
+        server = await client.get("/v2/health/ready")
+        model = await client.get(f"/v2/models/{MODEL_NAME}/ready")
+    return server.status_code == model.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_dead_stub_ends_the_replicas_open_streams_and_keeps_it_out(dying: DyingTriton) -> None:
+    upstream = _upstream(dying.process)
+    try:
+        open_stream = upstream.generate(GenerationRequest("open", PROMPT, LONG, ignore_eos=True))
+        first = await anext(open_stream)
+        assert first.token_ids and first.finish_reason is None
+        _kill_stub(dying.process)
+
+        await _fails_for_the_dead_stub(upstream)
+        # Ended by that failure, not by the stall timeout: Triton would send it nothing more.
+        with pytest.raises(UpstreamError, match="stub dead"):
+            async for _ in open_stream:
+                pass
+
+        assert await _triton_says_ready(dying.process)
+        # Out of rotation, poll after poll, though Triton's readiness says nothing has changed.
+        assert not await upstream.ready()
+        assert not await upstream.ready()
+    finally:
+        await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_replica_whose_stub_died_is_back_once_tritonserver_restarted(dying: DyingTriton) -> None:
+    """Restarted between two polls, so no readiness poll saw it down: Triton's request counts for
+    the model, new from 0, tell the new model from the dead one."""
+    upstream = _upstream(dying.process)
+    try:
+        _kill_stub(dying.process)
+        await _fails_for_the_dead_stub(upstream)
+        assert not await upstream.ready()
+
+        old = dying.process
+        _kill(old)
+        dying.process = start_local_triton(
+            dying.repository,
+            grpc_port=int(old.grpc_url.rsplit(":", 1)[1]),
+            http_port=urlsplit(old.http_url).port,
+            metrics_port=urlsplit(old.metrics_url).port,
+        )
+
+        assert await upstream.ready()
+        deltas = [d async for d in upstream.generate(GenerationRequest("back", PROMPT, 4, ignore_eos=True))]
+        assert sum(len(d.token_ids) for d in deltas) == 4
+    finally:
+        await upstream.aclose()
+
+
+def test_only_the_dead_stubs_answer_reads_as_a_dead_stub() -> None:
+    """A misdeployed model's refusals keep their handling (tests/triton/test_refused_request_on_edge.py):
+    the replica is suspect until its next readiness check, never held out."""
+    assert is_stub_dead("Stub process 'tensorrt_llm_0_0' is not healthy.")
+    assert not is_stub_dead("Streaming is only supported if model is deployed using decoupled mode.")
+    assert not is_stub_dead("parameter 'return_kv_cache_reuse_stats' has invalid type. It should be BOOL")
