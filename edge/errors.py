@@ -62,6 +62,11 @@ class ErrorDetail(msgspec.Struct, omit_defaults=False):
     type: str
     param: str | None = None
     code: str | None = None
+    # Set only in an error event (`in_stream`), which has no headers to carry them: what its answer's
+    # `retry-after-ms` and `x-should-retry` say. Unset, they are left out of the object (OpenAI's
+    # four fields alone); the SDKs keep unknown fields of an error object (openai's APIError.body).
+    retry_after_ms: int | msgspec.UnsetType = msgspec.UNSET
+    should_retry: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorBody(msgspec.Struct):
@@ -177,6 +182,22 @@ def final_if_far(headers: dict[str, str]) -> dict[str, str]:
     if int(retry_after) > SDK_RETRY_AFTER_MAX_S:
         return {**headers, "x-should-retry": "false"}
     return headers
+
+
+def in_stream(error: ApiError) -> ErrorDetail:
+    """The error object of an error event: a stream's status (200) and headers are gone, so the
+    retry hint its answer would carry as headers (`final_if_far` included, as `handle_api_error`
+    sends them) goes in the object itself. A replica that failed mid-stream said nothing there of
+    when to retry or whether to, where its 502 said both (`upstream_error`)."""
+    headers = final_if_far(error.headers)
+    detail = error.detail
+    wait_ms = headers.get("retry-after-ms")
+    if wait_ms is not None and wait_ms.isdigit():
+        detail = msgspec.structs.replace(detail, retry_after_ms=int(wait_ms))
+    should_retry = headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        detail = msgspec.structs.replace(detail, should_retry=should_retry == "true")
+    return detail
 
 
 def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, str]:

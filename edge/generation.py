@@ -37,6 +37,7 @@ from edge.cancel.scope import cancel_scope
 from edge.cancel.stream_close import aclose_stream
 from edge.errors import (
     ApiError,
+    in_stream,
     internal_error,
     invalid_request,
     limiter_unavailable,
@@ -250,7 +251,7 @@ class Generation:
                 # the tokens it got were charged, and a client billing by `usage` must see them.
                 # Before the error event: the SDKs raise at it and read nothing after.
                 closing += usage
-                closing.append(event({"error": out.error.detail}))
+                closing.append(event({"error": in_stream(out.error)}))
             else:
                 closing.append(enc.final(out.finish_reason, out.marker))
                 closing += usage

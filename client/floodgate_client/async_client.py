@@ -32,6 +32,7 @@ from floodgate_client.errors import (
     NetworkError,
     RateLimitError,
     ServiceUnavailableError,
+    StreamError,
     cancel_status,
     error_from_response,
     error_from_unread_response,
@@ -447,8 +448,11 @@ class AsyncChatStream:
                 for event in self._cancelled_ending() if self._cancelled else self._decoder.end_of_stream():
                     yield event
                 return
-            except (RateLimitError, ServiceUnavailableError) as error:
-                # As in the sync stream: refused in its queue before any reply, waited out and reopened.
+            except (RateLimitError, ServiceUnavailableError, StreamError) as error:
+                if not self._decoder.refused:
+                    raise  # not a refusal (a malformed chunk, a replica failing after text)
+                # As in the sync stream: refused in its queue, or its replica failed, before any
+                # reply: waited out and reopened.
                 wait = self._overload_wait_s(error)
                 if wait is None:
                     # Refused: nothing runs on the server for a cancel on exit to stop.

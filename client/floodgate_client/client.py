@@ -21,6 +21,7 @@ from floodgate_client.errors import (
     NetworkError,
     RateLimitError,
     ServiceUnavailableError,
+    StreamError,
     cancel_status,
     error_from_response,
     error_from_unread_response,
@@ -406,9 +407,12 @@ class ChatStream:
                 else:
                     yield from self._decoder.end_of_stream()
                 return
-            except (RateLimitError, ServiceUnavailableError) as error:
-                # Refused in its queue after the stream opened: no reply was started, so with
-                # auto_retry it is waited out and reopened as a 429 before the stream would be.
+            except (RateLimitError, ServiceUnavailableError, StreamError) as error:
+                if not self._decoder.refused:
+                    raise  # not a refusal (a malformed chunk, a replica failing after text)
+                # Refused in its queue after the stream opened, or its replica failed before any
+                # text: no reply was started, so with auto_retry it is waited out and reopened as
+                # the 429 or 502 before the stream would be.
                 wait = self._overload_wait_s(error)
                 if wait is None:
                     # Refused: nothing runs on the server for a cancel on exit to stop.

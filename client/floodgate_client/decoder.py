@@ -34,7 +34,13 @@ _OVERLOADS: dict[str, tuple[type[FloodgateError], int]] = {
     "limiter_unavailable": (ServiceUnavailableError, 503),
     "server_shutting_down": (ServiceUnavailableError, 503),
 }
-# The event has no headers; its message says the wait as OpenAI writes it ("try again in 2.5s.").
+# A replica that failed before the stream's first text: the edge refunded the request and stored
+# nothing of it, as for the 502 it answers a request not streamed, which auto_retry sends again (the
+# edge says when, or not to, in the event: `retry_after_ms`, `should_retry`). After text it is not:
+# the text that came cannot be taken back, and a reopened stream would start the reply over.
+_UPSTREAM_FAILED, _UPSTREAM_STATUS = "upstream_error", 502
+# The event has no headers: the edge writes its wait in the error object (`retry_after_ms`), and
+# an overload's message says it too, as OpenAI writes it ("try again in 2.5s.").
 _TRY_AGAIN_IN = re.compile(r"try again in ([0-9][0-9.hms]*)")
 
 
@@ -45,7 +51,8 @@ class ChunkDecoder:
         self.saw_text = False
         # An error event ended the stream on the server (its request is over there).
         self.ended_by_error = False
-        # That error was an overload refusal, which auto_retry may send again under a new id.
+        # That error ended the request with nothing of its reply sent (an overload refusal, a
+        # replica's failure before any text): auto_retry may send it again under a new id.
         self.refused = False
         self._text: list[str] = []
         self._finish_reason: str | None = None
@@ -64,11 +71,11 @@ class ChunkDecoder:
             return [self._finish()]
         payload = self._parse(event.data)
         if "error" in payload or event.event == "error":
-            error = stream_error(payload, self.request_id)
+            error = stream_error(payload, self.request_id, self.saw_text)
             error.usage = self._usage
             # The server ended the stream with it (its [DONE] follows): nothing left there to cancel.
             self.ended_by_error = True
-            self.refused = isinstance(error, RateLimitError | ServiceUnavailableError)
+            self.refused = error.status_code is not None
             raise error
         out: list[StreamEvent] = []
         if self.request_id is None:
@@ -128,20 +135,26 @@ class ChunkDecoder:
         return payload
 
 
-def stream_error(payload: dict[str, Any], request_id: str | None) -> FloodgateError:
+def stream_error(payload: dict[str, Any], request_id: str | None, saw_text: bool = False) -> FloodgateError:
     """An error event: an overload as the RateLimitError (or ServiceUnavailableError) it would have been
-    before the stream opened, with its status and wait; anything else a StreamError. Each carries the
-    stream's request id, as an error answer does (x-request-id), for support and logs."""
+    before the stream opened, with its status and wait; anything else a StreamError, with the edge's
+    retry hint (its wait, `retry_after_s`; `should_retry`), and the 502's status where a replica's
+    failure came before any text (`saw_text`). Each carries the stream's request id, as an error
+    answer does (x-request-id), for support and logs."""
     fields = error_from_json(payload)
     headers = {} if request_id is None else {"x-request-id": request_id}
-    overload = _OVERLOADS.get(fields["code"] or "")
-    if overload is None:
-        return StreamError(**fields, headers=headers)
-    cls, status_code = overload
-    wait_s = _advertised_wait_s(payload.get("error"), fields["message"])
+    error = payload.get("error")
+    wait_s = _advertised_wait_s(error, fields["message"])
     if wait_s is not None:
         headers["retry-after-ms"] = str(round(wait_s * 1000))
-    return cls(**fields, status_code=status_code, headers=headers)
+    if isinstance(error, dict) and isinstance(error.get("should_retry"), bool):
+        headers["x-should-retry"] = "true" if error["should_retry"] else "false"
+    overload = _OVERLOADS.get(fields["code"] or "")
+    if overload is not None:
+        cls, status_code = overload
+        return cls(**fields, status_code=status_code, headers=headers)
+    refunded = fields["code"] == _UPSTREAM_FAILED and not saw_text
+    return StreamError(**fields, status_code=_UPSTREAM_STATUS if refunded else None, headers=headers)
 
 
 def _advertised_wait_s(error: Any, message: str) -> float | None:

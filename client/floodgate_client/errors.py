@@ -51,6 +51,15 @@ class FloodgateError(Exception):
         restarting replica says it too, not only a 429 or 503."""
         return retry_after_s(self.headers)
 
+    @property
+    def should_retry(self) -> bool | None:
+        """The server's word on sending the request again (`x-should-retry`, or an error event's
+        `should_retry`): False where the request may be what failed (one that killed its replica
+        would kill the next), None where it said nothing. A StreamError after text is never sent
+        again by the client, its text cannot be taken back; a caller that retries it reads this and
+        `retry_after_s` first."""
+        return {"true": True, "false": False}.get(self.headers.get("x-should-retry", ""))
+
 
 class AuthenticationError(FloodgateError):
     """401/403: the API key is missing, unknown or revoked."""

@@ -229,6 +229,50 @@ def test_an_answer_whose_engine_died_after_its_first_token_says_when_to_retry(
         assert "x-should-retry" not in failed.headers
 
 
+@pytest.mark.parametrize("may_be_cause", [False, True], ids=SECOND_CRASH)
+def test_a_stream_whose_engine_died_after_its_first_token_says_when_to_retry_in_its_error_event(
+    tmp_path: Path, may_be_cause: bool
+) -> None:
+    """The same failure streamed: its status (200) and headers went out with the first event, so
+    the error event is all the client hears. It said neither when nor whether to retry, where the
+    502 above says both; its error object now carries them (`retry_after_ms`, `should_retry`),
+    the four OpenAI fields kept, and the official SDK still raises it, the hint in its body."""
+    body = {
+        "model": MODEL,
+        "messages": LONG_PROMPT,
+        "max_tokens": DIES_AFTER_ONE,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with start_server(tmp_path, None, _dying_replicas(may_be_cause)) as server:
+        with httpx.stream(
+            "POST", server.base_url + CHAT, json=body, headers=server.auth("paid"), timeout=30.0
+        ) as response:
+            streamed = [e for e in events(response) if isinstance(e, dict | str) and e != ": keep-alive"]
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.keys["paid"], max_retries=0)
+        with pytest.raises(openai.APIError) as raised:
+            for _ in client.chat.completions.create(
+                model=MODEL,
+                messages=LONG_PROMPT,  # type: ignore[arg-type]
+                max_tokens=DIES_AFTER_ONE,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
+                pass
+    assert response.status_code == 200 and streamed[-1] == DONE
+    error = streamed[-2]["error"]
+    assert {k: error[k] for k in ("type", "param", "code")} == {
+        "type": "api_error",
+        "param": None,
+        "code": "upstream_error",
+    }
+    if may_be_cause:
+        assert "retry_after_ms" not in error and error["should_retry"] is False
+    else:
+        assert error["retry_after_ms"] == 2500 and "should_retry" not in error
+    assert raised.value.code == "upstream_error" and raised.value.body == error
+
+
 # A request asking for this many tokens is one the engine's child dies on (`_Engines`); HELD, one
 # the child holds without starting on it; STALLS, one the child hangs on, every time.
 POISON, HELD, STALLS = 77, 55, 33
