@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
+from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import is_key_hash
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
@@ -439,6 +440,7 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_replica_specs(settings)
     _check_model_replicas(settings)
     _check_model_names(settings)
+    _check_default_top_p(settings)
     return settings
 
 
@@ -536,6 +538,22 @@ def _check_finite(value: Any, where: str) -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}")
+
+
+def _check_default_top_p(settings: Settings) -> None:
+    """A model's top_p for the requests that omit it goes to its replicas as written (edge/pipeline.py),
+    where a request's own is raised to float32's smallest normal number (edge/schemas.py
+    replica_top_p). Above 0 alone, a 1e-300 loaded and reached a Triton replica's FP32 tensor as
+    0, which it refuses: every request that omitted top_p failed, a 400 naming no parameter."""
+    models = [("model", settings.model)] + [(f"models.{name}", m) for name, m in settings.models.items()]
+    for where, model in models:
+        top_p = model.default_top_p
+        if top_p is not None and top_p < FLOAT32_MIN_NORMAL:
+            raise ConfigError(
+                f"{where}.default_top_p = {top_p}: below float32's smallest normal number "
+                f"({FLOAT32_MIN_NORMAL:.3g}), which a replica holds as denormal or 0; top_p is in "
+                "(0, 1] (for the likeliest token alone, set default_temperature = 0)"
+            )
 
 
 def _check_tier_models(settings: Settings) -> None:

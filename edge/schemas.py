@@ -52,11 +52,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from edge.errors import ApiError, invalid_request
+from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.text.chat_template import PromptEnd
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
-FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # OpenAI answers 400 "array too long" above 2048 messages. The chat template runs once per message,

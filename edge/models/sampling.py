@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 import structlog
 
 from edge.config import ModelConfig
-from edge.schemas import FLOAT32_MIN_NORMAL
+from edge.float32 import FLOAT32_MIN_NORMAL
 from gpu_container.checkpoint.bundled import PACKAGE
 from gpu_container.checkpoint.facts import GENERATION_CONFIG
 

@@ -59,7 +59,7 @@ import msgspec
 import structlog
 
 from edge.config import Settings
-from edge.schemas import FLOAT32_MIN_NORMAL
+from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.upstreams.asg_resolver import is_asg_spec
 from edge.upstreams.base import (
     Capacity,

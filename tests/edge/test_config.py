@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import msgspec
 import pytest
 
 from edge.config import ConfigError, load_settings
+from edge.float32 import FLOAT32_MIN_NORMAL
 from gpu_container.engine.types import EngineConfig
 from limiter.factory import create_limiter
 from tests.edge.conftest import ROOMY_TIERS
@@ -612,3 +614,30 @@ def test_a_redis_cluster_url_naming_a_database_but_0_is_refused_at_load(
     assert "hunter2" not in said
     for good in ("redis+cluster://cache:7000/0", "redis+cluster://cache:7000/", "redis://cache:7000/1"):
         assert load_settings(overrides={"limiter": {"backend": "redis", "redis_url": good}})
+
+
+@pytest.mark.parametrize("table", ["model", "models.floodgate-demo"])
+@pytest.mark.parametrize("top_p", [1e-40, 1e-300, 5e-324])
+def test_a_default_top_p_a_replica_reads_as_zero_is_refused_at_load(
+    tmp_path: Path, table: str, top_p: float
+) -> None:
+    """Above 0 alone, a default_top_p below float32's smallest normal number loaded and went to the
+    replicas as written, where a Triton replica's FP32 tensor holds it as 0 (or denormal), which
+    TensorRT-LLM refuses: every request that omitted top_p failed. A request's own top_p is raised
+    to that number (edge/schemas.py replica_top_p); a setting is refused, naming it and the file."""
+    config = tmp_path / "top_p.toml"
+    config.write_text(f"[{table}]\ndefault_top_p = {top_p!r}\n")
+    with pytest.raises(
+        ConfigError, match=rf"top_p\.toml: {re.escape(table)}\.default_top_p = {top_p!r}: below"
+    ):
+        load_settings(config)
+    # Its edges are (0, 1], and float32's smallest normal number loads, as 1 does.
+    for bad in (0.0, -0.1, 1.5):
+        config.write_text(f"[{table}]\ndefault_top_p = {bad!r}\n")
+        with pytest.raises(ConfigError, match=rf"{re.escape(table)}\.default_top_p"):
+            load_settings(config)
+    for good in (FLOAT32_MIN_NORMAL, 1.0):
+        config.write_text(f"[{table}]\ndefault_top_p = {good!r}\n")
+        settings = load_settings(config)
+        model = settings.model if table == "model" else settings.models["floodgate-demo"]
+        assert model.default_top_p == good
