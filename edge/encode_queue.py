@@ -68,11 +68,24 @@ class EncodeQueue:
         """`work(*args)` on a thread, and the seconds it waited for one. Raises Overloaded
         ("wait_too_long") where no thread was free for it within `max_wait_s`."""
         waited_s = await self._take(priority, max_wait_s)
-        started = time.perf_counter()
+        # Timed on the thread, from the work's start: a waiter whose client left as it was handed
+        # the thread (cancelled at the worker's start, before `work` ran) encoded nothing, and timed
+        # from here it recorded about 0 s, pulling the mean its Retry-After is worked out from down.
+        worked_s: list[float] = []
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return work(*args)
+            finally:
+                worked_s.append(time.perf_counter() - started)
+
         try:
-            return await anyio.to_thread.run_sync(work, *args, limiter=self._threads), waited_s
+            # Once `timed` starts, the wait for it is shielded (anyio's run_sync): it ends with it.
+            return await anyio.to_thread.run_sync(timed, limiter=self._threads), waited_s
         finally:
-            self._worked(time.perf_counter() - started)
+            if worked_s:
+                self._worked(worked_s[0])
             self._give_back()
 
     async def _take(self, priority: int, max_wait_s: float) -> float:

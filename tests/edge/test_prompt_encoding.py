@@ -173,3 +173,36 @@ async def test_a_free_prompt_behind_a_paid_flood_gives_up_at_its_max_wait_and_is
     # Nobody waits and the thread is free: a prompt that may not wait at all runs.
     assert await queue.run(0, 0.0, order.append, "after") == (None, 0.0)
     assert order == ["paid-first", "paid-next", "after"]
+
+
+async def test_a_prompt_whose_client_leaves_as_it_is_handed_a_thread_records_no_encoding() -> None:
+    """A waiter handed the thread by a give-back whose client left before it ran (cancelled at the
+    worker thread's start) recorded an encoding of about 0 s: the mean a refusal's Retry-After is
+    worked out from fell by a quarter each time, and a flood of clients leaving as they were served
+    told the next refused ones to come back far too soon. Only an encoding that ran is a sample."""
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    scopes: list[anyio.CancelScope] = []
+    means: list[float | None] = []
+
+    async def leaves_as_it_is_handed_the_thread() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await queue.run(0, NO_BOUND, order.append, "left")
+
+    async def holds_the_thread_then_the_next_leaves() -> None:
+        await queue.run(0, NO_BOUND, _held(release, order, "first"))
+        # Its give-back has just handed the thread to the waiter, which has not run yet.
+        means.append(queue._work_s)
+        scopes[0].cancel()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(holds_the_thread_then_the_next_leaves)
+        await anyio.wait_all_tasks_blocked()
+        tasks.start_soon(leaves_as_it_is_handed_the_thread)
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    assert order == ["first"]  # the one that left was never encoded
+    assert means[0] is not None and queue._work_s == means[0]
+    # Its thread came back.
+    assert await queue.run(0, NO_BOUND, lambda: "again") == ("again", 0.0)
