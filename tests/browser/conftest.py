@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 from tokenizers import Tokenizer
@@ -62,6 +64,21 @@ BROWSER_OVERRIDES: dict[str, Any] = {
     },
     "keys": {"admin_key_sha256": hash_key(ADMIN_KEY)},
 }
+
+
+def fresh_key(server: LiveServer, tier: str, user: str) -> str:
+    """A key of a user of its own, made through the admin API. page_server is shared by every file
+    of this package that one test process runs: a test that spends the free user's one request a
+    minute on `keys["free"]` left the next such test's first send refused, depending on which files
+    the process drew."""
+    with httpx.Client(base_url=server.base_url, timeout=10.0) as admin:
+        made = admin.post(
+            "/v1/admin/keys",
+            json={"user": f"{user}-{uuid.uuid4().hex[:8]}", "tier": tier},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+    assert made.status_code == 201, made.text
+    return str(made.json()["key"])
 
 
 @pytest.fixture(scope="package")

@@ -9,6 +9,7 @@ import re
 
 from playwright.sync_api import Page, expect
 
+from tests.browser.conftest import fresh_key
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
@@ -23,13 +24,12 @@ def send(page: Page, key: str, prompt: str) -> None:
 
 def test_new_chat_stops_the_last_chats_rate_limit_countdown(page: Page, page_server: LiveServer) -> None:
     state = page.locator("#status-state")
-    # The free key gets one request a minute: the first send or the second is refused (a test before
-    # this one may have spent this minute's already).
-    send(page, page_server.keys["free"], "first")
-    expect(state).to_have_attribute("data-state", re.compile("done|stopped|limited"), timeout=WAIT_MS)
-    if state.get_attribute("data-state") != "limited":
-        send(page, page_server.keys["free"], "second, too soon")
-        expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
+    # A free user gets one request a minute: the second send is refused.
+    key = fresh_key(page_server, "free", "countdown")
+    send(page, key, "first")
+    expect(state).to_have_attribute("data-state", re.compile("done|stopped"), timeout=WAIT_MS)
+    send(page, key, "second, too soon")
+    expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
     expect(state).to_contain_text(re.compile(r"try again in \d+ s"))
 
     page.click("#new-chat")

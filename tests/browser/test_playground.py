@@ -20,7 +20,7 @@ from edge.admission.ticket import Overloaded
 from edge.errors import overloaded_error
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder, event
-from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica
+from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica, fresh_key
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
 from tests.client.scripted_edge import ScriptedEdge, served
 from tests.edge.conftest import finished_by_model, served_models
@@ -151,11 +151,12 @@ def test_markup_put_in_the_page_never_runs_and_the_page_cannot_be_framed(
 def test_a_rate_limited_send_shows_the_wait_and_gives_the_prompt_back(
     page: Page, page_server: LiveServer, screenshots: Path
 ) -> None:
-    send(page, page_server.keys["free"], "first", 4)
+    key = fresh_key(page_server, "free", "limited")  # its minute's one request unspent
+    send(page, key, "first", 4)
     expect(page.locator("#status-state")).to_have_attribute(
         "data-state", re.compile("done|stopped"), timeout=WAIT_MS
     )
-    send(page, page_server.keys["free"], "second, too soon", 4)
+    send(page, key, "second, too soon", 4)
     state = page.locator("#status-state")
     expect(state).to_have_attribute("data-state", "limited", timeout=WAIT_MS)
     expect(state).to_contain_text(re.compile(r"rate limited \(requests\): try again in \d+"))
