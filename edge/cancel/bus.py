@@ -58,9 +58,16 @@ _ENDED_CANCELLED = "ended_cancelled"
 # it. Until then a cancel of it answered "cancelled" for a stream nobody runs.
 # A request a cancel ended (settled 'done:cancelled') answers "cancelled" again with nothing to
 # broadcast: nobody runs it.
+# It starts with a write that changes nothing (a ZREM of a member no admit adds, on the key and
+# with the command the limiter's settle uses, so whoever may settle may run it): a connection left
+# on a primary demoted behind its endpoint (edge/primary_publish.py) is refused READONLY before the
+# reads, and sent again to the new primary. The reads alone answered there, from a server behind
+# the new primary: not_found for a request admitted since the failover, a 404 while its stream ran,
+# for as long as no cancel that marks came along to close the connection.
 # KEYS: the request's record, its user's concurrency set. ARGV: request id, the mark's TTL.
 # (Public for bench/redis_call_cost.py, which times it.)
 CANCEL_SCRIPT = """
+redis.call('ZREM', KEYS[2], '')
 local state = redis.call('GET', KEYS[1])
 if state == 'cancelled' then return 'cancelled' end
 if state == 'done:cancelled' then return 'ended_cancelled' end

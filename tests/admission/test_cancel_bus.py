@@ -425,6 +425,30 @@ async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_
             await b.aclose()
 
 
+@pytest.mark.anyio
+async def test_a_cancel_on_a_connection_left_on_a_demoted_primary_behind_the_new_one_is_not_lost(
+    admitter: Admitter,
+) -> None:
+    """The bus's connection stays with the old primary, demoted and not yet caught up (a full
+    resync, a link down): it has no lease for a request admitted on the new primary, and the cancel
+    script answered not_found from there without a write for it to refuse: a 404 for a live
+    request, whose stream ran on, and every such cancel for as long as the connection stayed. The
+    cancel must be decided on the new primary."""
+    with failover_pair() as (old, new, endpoint):
+        bus = RedisCancelBus.from_url(endpoint.url)
+        try:
+            assert await bus.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+            endpoint.point_at(new.port)
+            old.command("REPLICAOF", "127.0.0.1", str(free_port()))  # demoted, behind for good
+            admitted = await admitter.admit(new.url, "req-behind")
+            assert admitted.lease is not None
+
+            assert await bus.cancel("req-behind", "alice") == "cancelled"
+            assert new.command("GET", record_key("alice", "req-behind")) == b"$9\r\ncancelled\r\n"
+        finally:
+            await bus.aclose()
+
+
 # The limiter's keys, the fleet's, the channels: no more (resetchannels: Redis 6 allows them all).
 LEAST_PRIVILEGE_ACL = "on >secret ~fg:* ~{floodgate:* resetchannels &floodgate:* +@all"
 
