@@ -20,7 +20,7 @@ from litestar.types import Receive, Scope, Send
 from edge.body_chunks import WRITE_NOW, WriteNow
 from edge.cancel.scope import cancel_scope
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
-from edge.errors import ErrorDetail, internal_error
+from edge.errors import in_stream, internal_error, shutting_down_error
 from edge.generation import Generation
 from edge.sse import DONE, event
 from edge.stalled_readers import SendProgress, StalledReaders
@@ -31,11 +31,11 @@ T = TypeVar("T")
 
 # How long a stream cancelled by the server's exit may take to write its last events.
 _LAST_WORDS_S = 1.0
-_SHUTTING_DOWN = ErrorDetail(
-    "This server is shutting down. Please retry; another instance will take the request.",
-    "service_unavailable",
-    code="server_shutting_down",
-)
+# The error event of a stream the server's exit cuts: the drain's own, its retry hint included
+# (`retry_after_ms`, the 503's Retry-After: another instance takes the retry at once). Without
+# it the event said only "Please retry", and a client left to its own backoff could not tell it
+# from the drain's cut of the same stream.
+_SHUTTING_DOWN = in_stream(shutting_down_error())
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

@@ -421,7 +421,9 @@ def test_a_stream_the_server_cancels_on_exit_still_ends_with_done(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A plain stop (no drain) cancels what still runs after uvicorn's graceful timeout: here a
-    stream queued behind a reader that never reads. It ends with an error event and [DONE]."""
+    stream queued behind a reader that never reads. It ends with an error event and [DONE], whose
+    error object says when to retry as the drain's cut and its 503 do (`retry_after_ms`, the
+    `Retry-After: 1` of a retry another instance takes): it said only "Please retry"."""
     settings = {
         "server": {"send_buffer_bytes": 4096, "stalled_reader_s": 600.0},
         "engine": {"max_num_seqs": 1},
@@ -448,7 +450,9 @@ def test_a_stream_the_server_cancels_on_exit_still_ends_with_done(
     holder.close()
     assert queued.error is None, queued.error
     assert queued.events[-1] == DONE
-    assert queued.events[-2]["error"]["code"] == "server_shutting_down"
+    error = queued.events[-2]["error"]
+    assert error["code"] == "server_shutting_down"
+    assert error["retry_after_ms"] == 1000 and "should_retry" not in error
     assert "Exception in ASGI application" not in caplog.text
 
 
