@@ -20,6 +20,7 @@ from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
 from edge.admission.ticket import NeverFits, Overloaded, Ticket
+from edge.binding_limit import cache_refusal_past_the_context
 from edge.cancel.registry import RequestRegistry
 from edge.config import TierConfig
 from edge.disconnect_watch import DisconnectWatch
@@ -386,7 +387,8 @@ class Pipeline:
             )
         max_new = asked if asked is not None else min(tier.max_tokens, room)
         if max_new > room:
-            raise self._context_exceeded(context, prompt_tokens, max_new)
+            cache = cache_refusal_past_the_context(self.dispatcher, tier, prompt_tokens, room, max_new)
+            raise cache or self._context_exceeded(context, prompt_tokens, max_new)
         return max_new
 
     @staticmethod

@@ -11,6 +11,7 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Browser, Page, expect
 
@@ -23,6 +24,7 @@ from tests.support.live_server import LiveServer, start_server
 
 WAIT_MS = 30_000
 FITS = re.compile(r"KV cache.*Lower Max tokens to (\d+) or less\.$")
+ANY_FITS = re.compile(r"Lower Max tokens to (\d+) or less\.$")  # the context's refusal's, or the cache's
 
 
 def small(name: str) -> ControlledUpstream:
@@ -31,8 +33,11 @@ def small(name: str) -> ControlledUpstream:
 
 
 @contextmanager
-def playground(browser: Browser, tmp_path: Path, *replicas: Upstream) -> Iterator[tuple[LiveServer, Page]]:
-    """An edge whose replicas are `replicas`, and its playground in a browser context of its own."""
+def playground(
+    browser: Browser, tmp_path: Path, *replicas: Upstream, context: int | None = None
+) -> Iterator[tuple[LiveServer, Page]]:
+    """An edge whose replicas are `replicas` (and whose model's context is `context` tokens, where
+    given), and its playground in a browser context of its own."""
 
     def provider(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
         @asynccontextmanager
@@ -41,7 +46,10 @@ def playground(browser: Browser, tmp_path: Path, *replicas: Upstream) -> Iterato
 
         return provide()
 
-    with start_server(tmp_path, {"tiers": ROOMY_TIERS}, provider) as server:
+    overrides: dict[str, Any] = {"tiers": ROOMY_TIERS}
+    if context is not None:
+        overrides["model"] = {"max_model_len": context}
+    with start_server(tmp_path, overrides, provider) as server:
         context = browser.new_context()
         try:
             page = context.new_page()
@@ -58,11 +66,11 @@ def send(page: Page, max_tokens: int) -> None:
     page.press("#prompt", "Enter")
 
 
-def advised_max_tokens(page: Page) -> int:
+def advised_max_tokens(page: Page, fits: re.Pattern[str] = FITS) -> int:
     """The Max tokens the refusal's advice names, once the status shows it."""
     state = page.locator("#status-state")
     expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
-    advice = FITS.search(state.text_content() or "")
+    advice = fits.search(state.text_content() or "")
     assert advice, state.text_content()
     return int(advice.group(1))
 
@@ -102,3 +110,13 @@ def test_a_refusal_past_the_kv_cache_in_the_stream_says_which_max_tokens_fits(
         fits = advised_max_tokens(page)
         assert opened == [200]  # refused in the stream, not before it
         goes_through(page, fits)
+
+
+def test_a_max_tokens_past_the_context_and_the_kv_cache_is_told_what_fits_both(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Past the model's context (128) too: the context's refusal named the context's room, itself
+    past the replica's 64 tokens, so that the Max tokens it gave was refused again."""
+    with playground(browser, tmp_path, small("small"), context=128) as (_, page):
+        send(page, 200)
+        goes_through(page, advised_max_tokens(page, ANY_FITS))
