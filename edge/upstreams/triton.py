@@ -295,8 +295,9 @@ class TritonUpstream:
         self._streams: set[SseConnection] = set()
         # Set while the model's stub is dead (triton_stub.py): not ready, whatever Triton says.
         self._quarantine: StubQuarantine | None = None
-        # A stub death being taken in (its counts read): the streams failing with it take it once.
-        self._stub_dying = False
+        # The read of Triton's counts that takes in a stub's death, while it runs: one for all the
+        # streams failing with it, and a task of the replica's own (_stub_died).
+        self._stub_judge: asyncio.Task[None] | None = None
         # Set by aclose: a stream closed after it sends no `stop` (nothing would close the
         # connection it opens); the model's poll of closed streams drops its request instead.
         self._closed = False
@@ -372,7 +373,7 @@ class TritonUpstream:
                     continue
                 if conn.failure is not None:
                     if is_stub_dead(conn.failure):
-                        await self._stub_died(conn, conn.failure)
+                        self._stub_died(conn, conn.failure)
                     # Reckoned only here: a failure is rare, and every request's set-up need not pay.
                     own = () if req.ignore_eos else (self._end_id, *self._extra_stop_ids)
                     requested = requested_inputs(req, end_tokens=frozenset(t for t in own if t is not None))
@@ -405,17 +406,28 @@ class TritonUpstream:
                 conn.detach()
                 self._stop_soon(req.request_id, conn)
 
-    async def _stub_died(self, failed: SseConnection, message: str) -> None:
+    def _stub_died(self, failed: SseConnection, message: str) -> None:
         """The model's stub is dead (`message`, Triton's answer to `failed`): the other streams
         open here end now, where Triton would send them nothing more (each then fails over or ends
         with an error, as for any failed replica), and the replica is kept out until Triton's
-        counts say it serves again (triton_stub.py)."""
+        counts say it serves again (triton_stub.py).
+
+        The counts are read by a task of the replica's own, which ready() waits for: read by the
+        failed request, they held its failover for as long as the read took (up to the probe
+        timeout), and a request cancelled meanwhile (its client gone) took the quarantine with it,
+        the replica back in rotation at the next poll."""
         for conn in list(self._streams):
             if conn is not failed:
                 conn.fail("ended: another request on this replica found its model's stub dead")
-        if self._quarantine is not None or self._stub_dying:
+        if self._quarantine is not None or self._stub_judge is not None or self._closed:
             return
-        self._stub_dying = True
+        judge = asyncio.get_running_loop().create_task(
+            self._judge_stub(message), name=f"triton-stub-{self.name}"
+        )
+        self._stub_judge = judge
+        judge.add_done_callback(self._stub_judged)
+
+    async def _judge_stub(self, message: str) -> None:
         try:
             counts = await self._request_counts()
         except UpstreamError as exc:
@@ -423,10 +435,13 @@ class TritonUpstream:
             # check passes, as for any failure.
             log.warning("triton_stub_dead_unjudged", replica=self.name, error=message, detail=str(exc))
             return
-        finally:
-            self._stub_dying = False
         self._quarantine = StubQuarantine.since(counts)
         log.warning("triton_stub_dead", replica=self.name, error=message, counts=counts)
+
+    def _stub_judged(self, judge: asyncio.Task[None]) -> None:
+        # A done callback, not the task's own `finally`: a task cancelled before it ran has none.
+        if self._stub_judge is judge:
+            self._stub_judge = None
 
     async def _request_counts(self) -> RequestCounts:
         status, body = await self._pool.get(f"/v2/models/{self.model_name}/stats", self._probe_timeout_s)
@@ -439,6 +454,10 @@ class TritonUpstream:
 
     async def _stub_back(self) -> bool:
         """Whether the replica serves again after its stub died (always, where none did)."""
+        if self._stub_judge is not None:
+            # A stub death being taken in: its verdict first, bounded by the probe timeout (this
+            # poll's own timeout leaves the read running).
+            await asyncio.wait([self._stub_judge])
         quarantine = self._quarantine
         if quarantine is None:
             return True
@@ -596,6 +615,11 @@ class TritonUpstream:
 
     async def aclose(self) -> None:
         self._closed = True
+        judge = self._stub_judge
+        if judge is not None:
+            # Its connection is closed with it, not left open after the server may be stopped.
+            judge.cancel()
+            await asyncio.gather(judge, return_exceptions=True)
         # Stops still in flight are bounded by the probe timeout; past it they are cancelled (their
         # connections closed with them), not left to finish after the server may be stopped.
         if self._stops:

@@ -9,6 +9,7 @@ next user's request failed again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 import pytest
 
@@ -26,6 +28,7 @@ from edge.upstreams.triton_stub import is_stub_dead
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import TritonProcess, start_local_triton
 from gpu_container.triton.model_name import MODEL_NAME
+from tests.support.held_path_proxy import HOLD_S, held_path_proxy
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG
 
@@ -34,6 +37,7 @@ PROMPT = [11, 42, 7, 300, 5, 91, 18, 260]
 LONG = 2000
 GONE_TIMEOUT_S = 30.0
 STUB_DEAD = r"Stub process '\w+' is not healthy"
+STATS = f"GET /v2/models/{MODEL_NAME}/stats ".encode()
 
 
 @dataclass
@@ -85,8 +89,10 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _upstream(process: TritonProcess) -> TritonUpstream:
-    return TritonUpstream("triton-dying", process.http_url, process.metrics_url, end_id=2, pad_id=2)
+def _upstream(process: TritonProcess, http_url: str = "") -> TritonUpstream:
+    """`http_url`: a proxy's in front of Triton's HTTP port."""
+    http_url = http_url or process.http_url
+    return TritonUpstream("triton-dying", http_url, process.metrics_url, end_id=2, pad_id=2)
 
 
 async def _fails_for_the_dead_stub(upstream: TritonUpstream) -> None:
@@ -149,6 +155,51 @@ async def test_a_replica_whose_stub_died_is_back_once_tritonserver_restarted(dyi
         assert sum(len(d.token_ids) for d in deltas) == 4
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_failed_request_fails_over_without_waiting_for_tritons_counts(dying: DyingTriton) -> None:
+    """Regression: the failed request read the model's counts itself before it raised (and failed
+    over), for as long as Triton took to answer; past the probe timeout the replica was not held
+    out at all. Here the counts answer only once the request has failed."""
+    with held_path_proxy(_port(dying.process), STATS) as proxy:
+        upstream = _upstream(dying.process, f"http://127.0.0.1:{proxy.port}")
+        try:
+            _kill_stub(dying.process)
+            await _fails_for_the_dead_stub(upstream)
+            proxy.release()
+
+            assert not await upstream.ready()
+            assert not await upstream.ready()
+        finally:
+            await upstream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_as_its_stub_death_is_taken_in_leaves_the_replica_out(
+    dying: DyingTriton,
+) -> None:
+    """Regression: the failed request's client gone (its task cancelled) while the model's counts
+    were read, the quarantine went with it, and the next poll put the replica back in rotation."""
+    with held_path_proxy(_port(dying.process), STATS) as proxy:
+        upstream = _upstream(dying.process, f"http://127.0.0.1:{proxy.port}")
+        try:
+            _kill_stub(dying.process)
+            failing = asyncio.create_task(_fails_for_the_dead_stub(upstream))
+            assert await anyio.to_thread.run_sync(proxy.arrived.wait, HOLD_S)
+            failing.cancel()
+            await asyncio.gather(failing, return_exceptions=True)
+            proxy.release()
+
+            assert not await upstream.ready()
+        finally:
+            await upstream.aclose()
+
+
+def _port(process: TritonProcess) -> int:
+    port = urlsplit(process.http_url).port
+    assert port is not None
+    return port
 
 
 def test_only_the_dead_stubs_answer_reads_as_a_dead_stub() -> None:
