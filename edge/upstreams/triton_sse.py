@@ -159,7 +159,10 @@ class SseConnection(asyncio.Protocol):
 
     def fail(self, message: str) -> None:
         """End the request in flight with `message` as its failure, now: its reader raises it, and
-        the connection is dropped (the replica can no longer answer it)."""
+        the connection is dropped (the replica can no longer answer it). A response already whole
+        is left as it is: its reader, away meanwhile (relaying a delta), ends it as served."""
+        if self.ended:
+            return
         self.judged = True
         self._fail(message)
         self._wake()

@@ -158,6 +158,29 @@ async def test_a_replica_whose_stub_died_is_back_once_tritonserver_restarted(dyi
 
 
 @pytest.mark.anyio
+async def test_a_stream_whose_reply_had_come_whole_ends_as_it_would_have(dying: DyingTriton) -> None:
+    """Regression: a stream whose reply had all reached the edge while its reader was away (its
+    relay writing to a slow client, or awaiting its lease) was ended as lost when another request
+    found the stub dead, and its user got an error for a reply the replica had served whole."""
+    upstream = _upstream(dying.process)
+    try:
+        served = upstream.generate(GenerationRequest("served", PROMPT, 4, ignore_eos=True))
+        deltas = [await anext(served)]
+        # Its replica done with it, whose last answer the edge reads before the dead stub's (a
+        # second, at Triton 2.51) comes.
+        assert await upstream.wait_idle(GONE_TIMEOUT_S)
+        _kill_stub(dying.process)
+
+        await _fails_for_the_dead_stub(upstream)
+        deltas += [delta async for delta in served]
+
+        assert sum(len(d.token_ids) for d in deltas) == 4
+        assert deltas[-1].finish_reason == "length"
+    finally:
+        await upstream.aclose()
+
+
+@pytest.mark.anyio
 async def test_the_failed_request_fails_over_without_waiting_for_tritons_counts(dying: DyingTriton) -> None:
     """Regression: the failed request read the model's counts itself before it raised (and failed
     over), for as long as Triton took to answer; past the probe timeout the replica was not held
