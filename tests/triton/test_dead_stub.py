@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,27 +109,55 @@ async def _triton_says_ready(process: TritonProcess) -> bool:
     return server.status_code == model.status_code == 200
 
 
+# Killing the stub while it sends a response now and then aborts tritonserver 2.51 itself
+# (boost::interprocess::lock_exception: the stub died holding their shared-memory lock), seen about
+# once in 5 to 30 runs: then the edge sees a closed connection, not the stub's error, and the run
+# says nothing of what is tested here. Such a run is started again on a new tritonserver.
+TRITON_ABORTS = 3
+
+
 @pytest.mark.anyio
 async def test_a_dead_stub_ends_the_replicas_open_streams_and_keeps_it_out(dying: DyingTriton) -> None:
-    upstream = _upstream(dying.process)
+    for attempt in range(TRITON_ABORTS):
+        upstream = _upstream(dying.process)
+        try:
+            open_stream = upstream.generate(GenerationRequest("open", PROMPT, LONG, ignore_eos=True))
+            first = await anext(open_stream)
+            assert first.token_ids and first.finish_reason is None
+            _kill_stub(dying.process)
+            try:
+                await _fails_for_the_dead_stub(upstream)
+            except BaseException:
+                if attempt + 1 == TRITON_ABORTS or not _aborted(dying.process):
+                    raise
+                _restart(dying)  # Triton's own abort, above
+                continue
+            # Ended by that failure, not by the stall timeout: Triton would send it nothing more.
+            with pytest.raises(UpstreamError, match="stub dead"):
+                async for _ in open_stream:
+                    pass
+
+            assert await _triton_says_ready(dying.process)
+            # Out of rotation, poll after poll, though Triton's readiness says nothing has changed.
+            assert not await upstream.ready()
+            assert not await upstream.ready()
+            return
+        finally:
+            await upstream.aclose()
+
+
+def _aborted(process: TritonProcess) -> bool:
+    """Whether tritonserver has exited (it closes its connections on the way out, just before)."""
     try:
-        open_stream = upstream.generate(GenerationRequest("open", PROMPT, LONG, ignore_eos=True))
-        first = await anext(open_stream)
-        assert first.token_ids and first.finish_reason is None
-        _kill_stub(dying.process)
+        process.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
-        await _fails_for_the_dead_stub(upstream)
-        # Ended by that failure, not by the stall timeout: Triton would send it nothing more.
-        with pytest.raises(UpstreamError, match="stub dead"):
-            async for _ in open_stream:
-                pass
 
-        assert await _triton_says_ready(dying.process)
-        # Out of rotation, poll after poll, though Triton's readiness says nothing has changed.
-        assert not await upstream.ready()
-        assert not await upstream.ready()
-    finally:
-        await upstream.aclose()
+def _restart(dying: DyingTriton) -> None:
+    _kill(dying.process)
+    dying.process = start_local_triton(dying.repository)
 
 
 @pytest.mark.anyio
