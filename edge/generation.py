@@ -213,10 +213,17 @@ class Generation:
             return 0, 0, 0
         return self.prompt_tokens, out.completion_tokens, out.cached_tokens
 
-    async def stream(self, emit: Emit, end: Emit, write_now: Callable[[bytes], bool] | None = None) -> None:
+    async def stream(
+        self,
+        emit: Emit,
+        end: Emit,
+        write_now: Callable[[bytes], bool] | None = None,
+        exiting: Callable[[], bool] | None = None,
+    ) -> None:
         """Write the events with `emit`; the last ones with `end`, which also ends the response.
         `write_now`, where the server offers it (edge/body_chunks.py), writes a token's event at once
-        when nothing would make it wait: no coroutine and no ASGI send for that token."""
+        when nothing would make it wait: no coroutine and no ASGI send for that token. `exiting`
+        tells a cancel by the server's exit from a client's hang-up (edge/streaming.py)."""
         enc = ChunkEncoder(
             self.request_id, self._p.config.model_name, self.created, self._req.answered_service_tier
         )
@@ -258,6 +265,11 @@ class Generation:
             closing.append(DONE)
         except anyio.get_cancelled_exc_class():
             out.reason = "disconnected"
+            if exiting is not None and exiting() and not out.got_text:
+                # Cut by the server's exit before any text: the client gets the drain's error event
+                # alone, refunded whole as the drain's cut is (`_run`). Charged its prompt, it was
+                # charged again for the retry that event invites (floodgate_client's auto_retry).
+                self._answered_nothing = True
             raise
         finally:
             await self.close(out)

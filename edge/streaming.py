@@ -127,9 +127,16 @@ class EventStreamResponse:
             progress.waiting_since = None
             progress.ended = True
 
+        # The task uvicorn cancels at its exit (a plain stop, or a stream past the drain deadline and
+        # its grace); a hang-up or a stalled reader cancels `cut_scope` in the generation's task only.
+        request_task = asyncio.current_task()
+
+        def exiting() -> bool:
+            return request_task is not None and request_task.cancelling() > 0
+
         async def produce() -> None:
             try:
-                await generation.stream(emit, end, write_now)
+                await generation.stream(emit, end, write_now, exiting)
             except Exception as exc:
                 # The headers are gone: the stream itself must say it failed, then end.
                 log.error("stream_failed", request_id=generation.request_id, exc_info=exc)
