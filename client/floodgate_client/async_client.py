@@ -313,11 +313,14 @@ class AsyncChatStream:
     async def cancel(self) -> bool:
         """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
         be sent after a refusal, or a stream not open yet, was called off: it is never sent, or
-        dropped as it opens); False when the reply had already finished. The
+        dropped as it opens); False when the request had already ended on the server: its reply
+        finished, or an error event ended it and no retry follows. The
         stream then ends with Finished(cancelled=True): reading on gives what the server sent
         before the cancel reached it and its own ending, with usage, for at most CANCEL_DRAIN_S;
         then the connection is dropped."""
-        if self._decoder.finished is not None or self._cancelled:
+        if self._decoder.finished is not None or self._cancelled or self._ended_on_server:
+            # Nothing runs on the server and no retry is to come (an error raised, not retried, ended
+            # it: a refusal, a 502 before any text): nothing to cancel, and no retry to call off.
             return False
         if self._response is None:
             if self._attempts.closed:

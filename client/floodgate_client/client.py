@@ -275,11 +275,14 @@ class ChatStream:
 
     def cancel(self) -> bool:
         """Ask the server to stop generating. True when the server confirmed (or a retry waiting to
-        be sent after a refusal was called off); False when the reply had already finished. The
+        be sent after a refusal was called off); False when the request had already ended on the
+        server: its reply finished, or an error event ended it and no retry follows. The
         stream then ends with Finished(cancelled=True): reading on gives what the server sent
         before the cancel reached it and its own ending, with usage, for at most CANCEL_DRAIN_S;
         then the connection is dropped."""
-        if self._decoder.finished is not None or self._cancelled:
+        if self._decoder.finished is not None or self._cancelled or self._ended_on_server:
+            # Nothing runs on the server and no retry is to come (an error raised, not retried, ended
+            # it: a refusal, a 502 before any text): nothing to cancel, and no retry to call off.
             return False
         if self._retrying:
             # The refused request ended on the server (a cancel of it answers 409): the retry is

@@ -98,3 +98,40 @@ def test_a_replica_failing_after_text_is_never_reopened_and_its_error_carries_th
         assert got.retry_after_s == (None if wait_s is None else pytest.approx(wait_s))
         assert got.should_retry is should_retry
         assert got.usage is not None and got.usage.completion_tokens == 1
+
+
+def cancel_after_the_error(kind: str, base_url: str) -> bool:
+    """Read a stream (not retried) up to its error, then cancel it: what cancel() answers."""
+    if kind == "sync":
+        with (
+            Client(base_url, "fg-test") as client,
+            client.chat.stream("hi", model="floodgate-tiny") as stream,
+        ):
+            with pytest.raises(StreamError):
+                stream.until_finished()
+            return stream.cancel()
+
+    async def main() -> bool:
+        async with (
+            AsyncClient(base_url, "fg-test") as client,
+            client.chat.stream("hi", model="floodgate-tiny") as stream,
+        ):
+            with pytest.raises(StreamError):
+                await stream.until_finished()
+            return await stream.cancel()
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_cancelling_a_stream_its_502_ended_cancels_nothing(kind: str) -> None:
+    """Raised before any text and not retried, the request is over on the server: there is nothing
+    to cancel, and no retry to call off, so cancel() says False, as it says of a reply that had
+    finished. It said True (the refusal's branch: a retry called off) once such an error counted
+    as refused."""
+    edge = ScriptedEdge([failed("chatcmpl-first", RESTARTING)])
+    try:
+        assert cancel_after_the_error(kind, edge.base_url) is False
+        assert edge.requests == 1 and edge.cancels == 0
+    finally:
+        edge.close()
