@@ -371,6 +371,7 @@ def test_the_stats_line_shows_each_replicas_kv_cache_and_follows_it_while_open(
     page: Page, page_server: LiveServer, screenshots: Path
 ) -> None:
     page.fill("#api-key", page_server.keys["free"])
+    page.press("#api-key", "Tab")  # entered: the stats line asks with it
     replica = page.locator("#replicas .replica").first
     expect(replica).to_have_text(
         re.compile(

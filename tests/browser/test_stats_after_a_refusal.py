@@ -15,12 +15,17 @@ from tests.support.live_server import LiveServer
 WAIT_MS = 30_000
 # Rounds run straight from the page's code, one after another, past the timer's 2 s wait.
 THREE_ROUNDS = "async () => { for (let i = 0; i < 3; i++) await loadStats(); }"
+SET_QUIETLY = """([id, value]) => {
+  document.getElementById(id).value = value;
+  if (id === "api-key") stats.key = value;
+}"""
 
 
 def set_quietly(page: Page, field: str, value: str) -> None:
     """The field's value with no change event: the rounds on the page's timer are then the only
-    requests the stats line makes (a change starts a round and a model listing of its own)."""
-    page.evaluate("([id, value]) => { document.getElementById(id).value = value; }", [field, value])
+    requests the stats line makes (a change starts a round and a model listing of its own). A key
+    is also made the entered one, which the rounds ask with."""
+    page.evaluate(SET_QUIETLY, [field, value])
 
 
 def refused_again(page: Page, server: LiveServer, status: int) -> float:
