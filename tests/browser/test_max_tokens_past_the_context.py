@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import SMALL
 from tests.support.live_server import LiveServer
@@ -17,34 +17,26 @@ WAIT_MS = 30_000
 
 
 def test_a_max_tokens_past_the_context_says_which_max_tokens_fits(
-    browser: Browser, page_server: LiveServer
+    page: Page, page_server: LiveServer
 ) -> None:
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        page.goto(page_server.base_url + "/")
-        page.fill("#api-key", page_server.keys["paid"])
-        page.fill("#model", SMALL)
-        page.fill("#max-tokens", "4")
-        page.fill("#prompt", "hello")
-        page.press("#prompt", "Enter")
-        state = page.locator("#status-state")
-        expect(state).to_have_attribute("data-state", re.compile("done|stopped"), timeout=WAIT_MS)
+    page.fill("#api-key", page_server.keys["paid"])
+    page.fill("#model", SMALL)
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", "hello")
+    page.press("#prompt", "Enter")
+    state = page.locator("#status-state")
+    expect(state).to_have_attribute("data-state", re.compile("done|stopped"), timeout=WAIT_MS)
 
-        page.fill("#max-tokens", "2040")
-        page.fill("#prompt", "and again")
-        page.press("#prompt", "Enter")
-        expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
-        expect(state).not_to_contain_text("outgrown")
-        advice = re.search(
-            r"Lower Max tokens to (\d+) or less, or press New chat\.$", state.text_content() or ""
-        )
-        assert advice, state.text_content()
-        expect(page.locator("#prompt")).to_have_value("and again")
+    page.fill("#max-tokens", "2040")
+    page.fill("#prompt", "and again")
+    page.press("#prompt", "Enter")
+    expect(state).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+    expect(state).not_to_contain_text("outgrown")
+    advice = re.search(r"Lower Max tokens to (\d+) or less, or press New chat\.$", state.text_content() or "")
+    assert advice, state.text_content()
+    expect(page.locator("#prompt")).to_have_value("and again")
 
-        page.fill("#max-tokens", advice.group(1))
-        page.press("#prompt", "Enter")
-        expect(state).to_have_attribute("data-state", re.compile("done|stopped"), timeout=WAIT_MS)
-        expect(page.locator("#transcript .msg.user:not(.failed)")).to_have_text(["hello", "and again"])
-    finally:
-        context.close()
+    page.fill("#max-tokens", advice.group(1))
+    page.press("#prompt", "Enter")
+    expect(state).to_have_attribute("data-state", re.compile("done|stopped"), timeout=WAIT_MS)
+    expect(page.locator("#transcript .msg.user:not(.failed)")).to_have_text(["hello", "and again"])

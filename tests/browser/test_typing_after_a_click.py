@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.support.live_server import LiveServer
 
@@ -14,27 +14,21 @@ WAIT_MS = 30_000
 
 
 def test_the_next_message_can_be_typed_after_clicking_send_or_new_chat(
-    browser: Browser, page_server: LiveServer
+    page: Page, page_server: LiveServer
 ) -> None:
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        page.goto(page_server.base_url + "/")
-        page.fill("#api-key", page_server.keys["paid"])
-        page.fill("#max-tokens", "4")
-        page.fill("#prompt", "hello")
-        page.click("#send")
-        expect(page.locator("#status-state")).to_have_attribute(
-            "data-state", re.compile("done|stopped"), timeout=WAIT_MS
-        )
-        page.keyboard.type("and then")
-        expect(page.locator("#prompt")).to_have_value("and then")
+    page.fill("#api-key", page_server.keys["paid"])
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", "hello")
+    page.click("#send")
+    expect(page.locator("#status-state")).to_have_attribute(
+        "data-state", re.compile("done|stopped"), timeout=WAIT_MS
+    )
+    page.keyboard.type("and then")
+    expect(page.locator("#prompt")).to_have_value("and then")
 
-        page.click("#new-chat")
-        page.keyboard.type(", afresh")
-        expect(page.locator("#prompt")).to_have_value("and then, afresh")
-    finally:
-        context.close()
+    page.click("#new-chat")
+    page.keyboard.type(", afresh")
+    expect(page.locator("#prompt")).to_have_value("and then, afresh")
 
 
 def test_new_chat_with_no_key_yet_leaves_the_focus_in_the_key_field(page: Page) -> None:
