@@ -99,8 +99,28 @@ def start_redis(
     """Start redis-server on 127.0.0.1:`port` (a free one when None) and wait until it answers.
     With `tls` it listens for TLS only on that port (as ElastiCache with transit encryption
     "required" does), clients need no certificate of their own, and a Cluster's bus is TLS too."""
+    if port is not None:
+        return _start_redis(port, cluster, tls, extra_args)
+    # Ports found free are free only until someone binds them: another test's server took one (its
+    # port or its Cluster bus port) between free_port() and redis-server's bind now and then, over
+    # a suite of hundreds of servers. Such a start is tried again on new ports.
+    for _ in range(PORT_TRIES - 1):
+        try:
+            return _start_redis(free_port(), cluster, tls, extra_args)
+        except PortTaken:
+            continue
+    return _start_redis(free_port(), cluster, tls, extra_args)
+
+
+PORT_TRIES = 5
+
+
+class PortTaken(RuntimeError):
+    """redis-server could not bind a port chosen for it: someone took it first."""
+
+
+def _start_redis(port: int, cluster: bool, tls: TlsFiles | None, extra_args: Sequence[str]) -> RedisServer:
     binary = _binary("redis-server")
-    port = port or free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"redis-{port}-"))
     args = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args += ["--dir", str(workdir), "--logfile", ""]
@@ -125,7 +145,10 @@ def start_redis(
     threading.Thread(target=_drain, args=(process, server.log, ready), daemon=True).start()
     if not ready.wait(START_TIMEOUT_S) or not _ping(port, tls):
         server.kill()
-        raise RuntimeError(f"redis-server on port {port} did not start:\n" + "\n".join(server.log))
+        taken = any("Address already in use" in line for line in server.log)
+        raise (PortTaken if taken else RuntimeError)(
+            f"redis-server on port {port} did not start:\n" + "\n".join(server.log)
+        )
     return server
 
 
