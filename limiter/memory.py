@@ -233,13 +233,7 @@ class MemoryLimiter:
         Redis store's fallback decides alone, so what it admits goes in the user's ledger too."""
         rates = self._rates_for(tier)
         lease_tokens = policy.initial_lease(rates, self.batch_tokens, input_tokens, max_output_tokens)
-        charged = input_tokens
-        if rates.token_capacity < input_tokens <= tier.tokens_per_window:
-            # The tier's budget holds the prompt (the edge let it through), this instance's share
-            # of it does not (the fail-open fallback's, per_instance): no wait would ever admit it,
-            # so it is charged the whole share, once the share is untouched, instead of refused
-            # for good (a Retry-After of hours, then the same answer again).
-            charged = rates.token_capacity
+        charged = self.charged_input(tier, input_tokens)
         with self._lock:
             now = self._now_us()
             state = self._state(user, tier.name, now)
@@ -261,6 +255,18 @@ class MemoryLimiter:
                     self._lease_ttl_us,
                 )
         return decision, lease_tokens
+
+    def charged_input(self, tier: TierLimits, input_tokens: int) -> int:
+        """The prompt tokens an admission here charges: the prompt, or this instance's whole share
+        of the tier's tokens where the tier's budget holds the prompt (the edge let it through) and
+        the share (the fail-open fallback's, per_instance) does not. No wait would ever admit it
+        then, so it is charged the whole share, once the share is untouched, instead of refused for
+        good (a Retry-After of hours, then the same answer again). Its lease must hold this, not the
+        prompt: a request given back whole is refunded what its lease says it was charged."""
+        capacity = self._rates_for(tier).token_capacity
+        if capacity < input_tokens <= tier.tokens_per_window:
+            return capacity
+        return input_tokens
 
     def own_count_wait(
         self,
@@ -312,7 +318,7 @@ class MemoryLimiter:
             user,
             tier,
             request_id,
-            input_tokens=input_tokens,
+            input_tokens=self.charged_input(tier, input_tokens),
             granted=lease_tokens,
             max_output_tokens=max_output_tokens,
             batch_tokens=self.batch_tokens,

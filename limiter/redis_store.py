@@ -669,8 +669,11 @@ class RedisLimiter:
             decision = self._provisional(
                 decision, user, request_id, tier, input_tokens, max_output_tokens, asked_output_tokens
             )
+        # The lease says what the fallback charged: a prompt past this instance's share was charged
+        # the share, on the twin and (once restored) on Redis, and is refunded that much, not more.
+        charged = self._local.charged_input(tier, input_tokens)
         return self._admission(
-            decision, user, tier, request_id, input_tokens, lease_tokens, max_output_tokens, local_limits=True
+            decision, user, tier, request_id, charged, lease_tokens, max_output_tokens, local_limits=True
         )
 
     def _provisional(

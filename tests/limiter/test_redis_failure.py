@@ -662,3 +662,37 @@ def _hold_the_restores_second_round_trip(
 
     monkeypatch.setattr(store, "_send_all", holding_the_second_round_trip)
     return held, release
+
+
+@pytest.mark.anyio
+async def test_a_prompt_the_fallback_charged_its_share_for_is_refunded_that_share_not_the_prompt(
+    own_redis_server: RedisServer,
+) -> None:
+    """One of 2 edges, Redis down: a 25K prompt on the 40K daily budget is admitted on the
+    fallback's untouched 20K share, charged the share (MemoryLimiter.decide), and the restore puts
+    20K back on Redis. Answered with an error alone, it was refunded the whole 25K there: 5K of the
+    10K another edge had spent came back with it (35K left, not 30K). It is refunded its 20K."""
+    edge = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, instance_count=2, backoff_s=0)
+    user = f"u-{uuid.uuid4().hex}"
+    restarted = other = None
+    try:
+        own_redis_server.stop()
+        admission = await edge.admit(user, "big", DAILY, 25_000, 100)
+        assert edge.fallback_active and admission.decision.allowed and admission.lease is not None
+        restarted = start_redis(own_redis_server.port)
+        other = RedisLimiter.from_url(restarted.url, timeout_ms=500, instance_count=2, backoff_s=0)
+        await _spend(other, user, 10_000)
+        # This edge's next admit puts its count back first: the share, and the slot of "big".
+        probe = await edge.admit(user, "probe", DAILY, 0, 0)
+        assert not edge.fallback_active and probe.lease is not None
+        await probe.lease.settle()
+        await admission.lease.settle(ran=False)
+        after = (await other.admit(user, "after", DAILY, 0, 0)).decision
+        # A token refills every 2.16 s: the test's few seconds are a token or two.
+        assert 29_990 <= after.remaining_tokens <= 30_010, after
+    finally:
+        await edge.aclose()
+        if other is not None:
+            await other.aclose()
+        if restarted is not None:
+            restarted.kill()
