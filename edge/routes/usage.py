@@ -46,6 +46,10 @@ async def usage_response(
                 checked_day(day)
             except ValueError as exc:
                 raise invalid_request(f"{name} {exc}.", name) from None
+    if start and end and start > end:
+        # Swapped bounds name no day: answered as an empty list, they read as no usage at all (the
+        # CLI's `floodgate usage` refuses them for the same reason, edge/keys_cli.py).
+        raise invalid_request(f"start {start} is after end {end}.", "start", code="invalid_value")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     # Before the wait below: a malformed cursor is refused at once, not after the writer has been
     # hurried (and waited for) on behalf of a read that reads nothing.
