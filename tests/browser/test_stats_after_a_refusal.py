@@ -18,13 +18,14 @@ THREE_ROUNDS = "async () => { for (let i = 0; i < 3; i++) await loadStats(); }"
 SET_QUIETLY = """([id, value]) => {
   document.getElementById(id).value = value;
   if (id === "api-key") stats.key = value;
+  if (id === "model") stats.model = value;
 }"""
 
 
 def set_quietly(page: Page, field: str, value: str) -> None:
     """The field's value with no change event: the rounds on the page's timer are then the only
-    requests the stats line makes (a change starts a round and a model listing of its own). A key
-    is also made the entered one, which the rounds ask with."""
+    requests the stats line makes (a change starts a round and a model listing of its own). The
+    value is also made the entered one, which the rounds ask with."""
     page.evaluate(SET_QUIETLY, [field, value])
 
 
