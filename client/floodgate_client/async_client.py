@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import sys
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
 from contextlib import aclosing
 from types import TracebackType
@@ -219,7 +220,10 @@ class AsyncChatStream:
         self._response: httpx.Response | None = None
         # Made on first use, in the event loop (open).
         self._opening: anyio.Lock | None = None
-        self._events = self._generate()
+        # The generator holds this stream weakly, as the sync stream's does: a strong reference made
+        # the two a cycle, and a loop left by `break` (or an exception) without an `async with` left
+        # the reply generating until the cyclic collector freed them.
+        self._events = AsyncChatStream._generate(weakref.proxy(self))
         # Read from at least once (collected, httpcore's stream then closes its own connection).
         self._read_from = False
         # The loop it was opened on, where a collected stream's response is closed (__del__).

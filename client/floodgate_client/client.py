@@ -8,6 +8,7 @@ import logging
 import socket
 import sys
 import threading
+import weakref
 from asyncio.trsock import TransportSocket
 from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
@@ -223,7 +224,11 @@ class ChatStream:
         # cancel is sent on exit, to a peer that just failed to answer (CANCEL_ON_EXIT_S more).
         self._broken = False
         self._response = chat._open(request, self._attempts)
-        self._events = self._generate()
+        # The generator holds this stream by a weak reference: a strong one made the two a cycle, so
+        # a loop left by `break` (or an exception) without a `with` freed neither until the cyclic
+        # collector ran, which an idle program may never do, and the edge generated the whole reply,
+        # billed. Freed at once, the generator's close closes httpcore's stream, and the connection.
+        self._events = ChatStream._generate(weakref.proxy(self))
         # Read from at least once (collected, httpcore's stream then closes its own connection).
         self._read_from = False
 
