@@ -4,13 +4,18 @@ The chat route reads its body itself (edge/schemas.py, one msgspec pass with Ope
 so Litestar sees no `data` parameter to describe: its request body is the msgspec schema of
 ChatCompletionRequest, bounds included, placed by `ChatCompletionOperation`. Clients and fuzzers
 (tests/faults/test_schemathesis.py) read the same bounds the parser enforces.
+
+That schema is written out whole in the operation (`_inlined`), not as references to
+components/schemas: Litestar fills the served document's components/schemas with the schemas it
+generated itself and drops those the config names, so the body was a $ref that resolved nowhere
+(and Schemathesis, unable to build one, sent no body at all).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 from litestar import Router
@@ -24,10 +29,26 @@ from litestar.types import ControllerRouterHandler
 from edge.schemas import ChatCompletionRequest
 
 SCHEMA_PATH = "/schema"  # the document is at SCHEMA_PATH + "/openapi.json"
-_REF_TEMPLATE = "#/components/schemas/{name}"
+_REF_PREFIX = "#/components/schemas/"
+
+
+def _inlined(node: Any, components: dict[str, Any]) -> Any:
+    """`node` with every reference to `components` replaced by the schema it names (the request's
+    types refer to none of their own: no reference leads back to itself)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
+            return _inlined(components[ref[len(_REF_PREFIX) :]], components)
+        return {key: _inlined(value, components) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inlined(value, components) for value in node]
+    return node
+
+
 (_CHAT_REQUEST_REF,), _BODY_SCHEMAS = msgspec.json.schema_components(
-    [ChatCompletionRequest], ref_template=_REF_TEMPLATE
+    [ChatCompletionRequest], ref_template=_REF_PREFIX + "{name}"
 )
+_CHAT_REQUEST_SCHEMA = _inlined(_CHAT_REQUEST_REF, _BODY_SCHEMAS)
 
 
 @dataclass
@@ -36,7 +57,7 @@ class ChatCompletionOperation(Operation):
 
     def __post_init__(self) -> None:
         # Litestar writes plain dicts through as they are: msgspec's JSON Schema needs no conversion.
-        schema = cast(Schema, _CHAT_REQUEST_REF)
+        schema = cast(Schema, _CHAT_REQUEST_SCHEMA)
         self.request_body = RequestBody(
             content={"application/json": OpenAPIMediaType(schema=schema)}, required=True
         )
@@ -66,8 +87,6 @@ def _version() -> str:
 
 
 def openapi_config() -> OpenAPIConfig:
-    # msgspec's JSON Schema dicts, passed through as they are (see ChatCompletionOperation).
-    schemas = cast(dict[str, Schema], _BODY_SCHEMAS)
     return OpenAPIConfig(
         title="Floodgate",
         version=_version(),
@@ -75,7 +94,6 @@ def openapi_config() -> OpenAPIConfig:
         openapi_router=_SchemaRouter(SCHEMA_PATH, route_handlers=[], include_in_schema=False),
         render_plugins=[JsonRenderPlugin()],
         components=Components(
-            schemas=schemas,
             security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
         ),
         security=[{"bearer": []}],

@@ -4,11 +4,13 @@ The operator endpoints (`/metrics`, `/v1/internal/...`) answer only on the opera
 public document that listed them invited clients (and fuzzers) to a path that 404s. Fetched from a
 real server, every path the document lists is requested on the public listener with a valid key
 (the admin key for /v1/admin/*, its path parameters filled with things that exist): none 404s.
+Every reference in it resolves within it, the chat request's body schema included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -81,3 +83,39 @@ def test_every_path_in_the_public_document_answers_on_the_public_listener(server
                 )
                 answers[f"{method.upper()} {template}"] = response.status_code
     assert answers and not {op: status for op, status in answers.items() if status == 404}, answers
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def _resolve(doc: dict[str, Any], ref: str) -> Any:
+    assert ref.startswith("#/"), ref
+    node: Any = doc
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        assert isinstance(node, dict) and part in node, f"{ref} does not resolve in the document"
+        node = node[part]
+    return node
+
+
+def test_every_reference_in_the_public_document_resolves(server: LiveServer) -> None:
+    """The chat body's schema was a $ref to #/components/schemas/ChatCompletionRequest, which Litestar
+    left out of the document it serves (it replaces components.schemas with its own): clients and
+    fuzzers (tests/faults/test_schemathesis.py) read a request body they could not resolve, and
+    Schemathesis sent none."""
+    doc = httpx.get(server.base_url + SCHEMA_PATH + "/openapi.json", timeout=30).json()
+    for ref in _refs(doc):
+        _resolve(doc, ref)
+    body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    if "$ref" in body:
+        body = _resolve(doc, body["$ref"])
+    assert "messages" in body["required"]
+    assert body["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
