@@ -367,6 +367,28 @@ def _param_of(message: str) -> str | None:
     return ".".join(parts) if parts else None
 
 
+# OpenAI's code for each of msgspec's ways to refuse a value, as the edge's own checks give them
+# (_check_content): without one, a body missing `messages` was code null where a message missing its
+# content was `missing_required_parameter`. The first that matches the message wins; a refusal of
+# no known form stays null.
+_CODES = (
+    (re.compile(r"^Object missing required field"), "missing_required_parameter"),
+    (re.compile(r"^Expected `[^`]*`, got `"), "invalid_type"),
+    (re.compile(r"^Invalid enum value|^Expected `str` matching regex"), "invalid_value"),
+    (re.compile(r"^Expected `int` >="), "integer_below_min_value"),
+    (re.compile(r"^Expected `int` <="), "integer_above_max_value"),
+    (re.compile(r"^Expected `float` >="), "decimal_below_min_value"),
+    (re.compile(r"^Expected `float` <="), "decimal_above_max_value"),
+    (re.compile(r"^Expected `array` of length >= 1 "), "empty_array"),
+    (re.compile(r"^Expected `array` of length <="), "array_above_max_length"),
+    (re.compile(r"^Expected `str` of length <="), "string_above_max_length"),
+)
+
+
+def _code_of(message: str) -> str | None:
+    return next((code for pattern, code in _CODES if pattern.search(message)), None)
+
+
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -374,7 +396,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     try:
         req = _decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc))) from None
+        raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc)), _code_of(str(exc))) from None
     except msgspec.DecodeError:
         if body.startswith(_UTF8_BOM) and not (rest := body[len(_UTF8_BOM) :]).startswith(_UTF8_BOM):
             # Some Windows tools write one before the JSON; Python's json.loads (vLLM, FastAPI)

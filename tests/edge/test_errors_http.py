@@ -99,6 +99,44 @@ def test_400_names_the_bad_parameter(
 
 
 @pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": MODEL}, "messages", "missing_required_parameter"),
+        ({"model": MODEL, "messages": [{"content": "x"}]}, "messages[0].role", "missing_required_parameter"),
+        ({"model": MODEL, "messages": []}, "messages", "empty_array"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": 3}]},
+            "messages[0].content",
+            "invalid_type",
+        ),
+        (OK_BODY | {"temperature": "hot"}, "temperature", "invalid_type"),
+        (OK_BODY | {"max_tokens": 2.5}, "max_tokens", "invalid_type"),
+        (
+            {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role",
+            "invalid_value",
+        ),
+        (OK_BODY | {"conversation_id": "a/b"}, "conversation_id", "invalid_value"),
+        (OK_BODY | {"temperature": 2.0001}, "temperature", "decimal_above_max_value"),
+        (OK_BODY | {"presence_penalty": -2.5}, "presence_penalty", "decimal_below_min_value"),
+        (OK_BODY | {"max_tokens": 0}, "max_tokens", "integer_below_min_value"),
+        (OK_BODY | {"top_k": 1025}, "top_k", "integer_above_max_value"),
+        (OK_BODY | {"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
+        (OK_BODY | {"user": "u" * 257}, "user", "string_above_max_length"),
+    ],
+)
+def test_400_codes_a_bad_parameter_as_openai_does(
+    local_server: LiveServer, local_client: httpx.Client, body: Any, param: str, code: str
+) -> None:
+    """The edge's own checks gave OpenAI's codes (`missing_required_parameter` for a message without
+    content, `empty_array` for one of no parts) and the parser's none: a body without messages, or
+    with an empty list of them, was code null. A client branching on the code saw two answers to
+    one mistake."""
+    error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 400)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+
+
+@pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
         ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
