@@ -264,11 +264,17 @@ class Generation:
                 closing += usage
             closing.append(DONE)
         except anyio.get_cancelled_exc_class():
-            out.reason = "disconnected"
-            if exiting is not None and exiting() and not out.got_text:
-                # Cut by the server's exit before any text: the client gets the drain's error event
-                # alone, refunded whole as the drain's cut is (`_run`). Charged its prompt, it was
-                # charged again for the retry that event invites (floodgate_client's auto_retry).
+            if exiting is None or not exiting():
+                out.reason = "disconnected"
+                raise
+            # Cut by the server's exit: the client gets the drain's error event (edge/streaming.py),
+            # and the request ends as the drain's cut does, in its log line and its metrics too
+            # (logged `disconnected`, an exit read as the user's leaving). Before any text, refunded
+            # whole (`_run`): charged its prompt, it was charged again for the retry that event
+            # invites (floodgate_client's auto_retry).
+            out.reason = "drained"
+            out.error = shutting_down_error()
+            if not out.got_text:
                 self._answered_nothing = True
             raise
         finally:
