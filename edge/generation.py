@@ -284,15 +284,25 @@ class Generation:
         # in one write (one syscall, not five): all were ready at once, so none waited for another.
         await end(b"".join(closing))
 
-    async def complete(self) -> dict[str, Any]:
+    async def complete(self, exiting: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The answer's body, or the ApiError that answers it instead. `exiting` tells a cancel by
+        the server's exit from a client's hang-up (edge/routes/chat.py)."""
         out = Outcome()
 
         try:
             await self._run(out, out.text.append, None)
             out.text += out.held
         except anyio.get_cancelled_exc_class():
-            out.reason = "disconnected"
-            raise
+            if exiting is None or not exiting():
+                out.reason = "disconnected"
+                raise
+            # Cut by the server's exit, its client still there: answered as the drain's cut is, a
+            # 503 that another instance takes the retry of, refunded whole. The cancel ends here,
+            # as a stream's does (edge/streaming.py), for the answer to go out; uvicorn's bare 500
+            # (text, no Retry-After) answered it, charged its prompt, and the retry paid it again.
+            out.reason = "drained"
+            out.error = shutting_down_error()
+            self._answered_nothing = True
         finally:
             await self.close(out)
         if out.error is not None:

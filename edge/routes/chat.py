@@ -13,6 +13,7 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
+from edge.cancel.scope import cancel_scope
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import REQUEST_MODEL, REQUEST_TIER, REQUEST_USER
 from edge.openapi import ChatCompletionOperation
@@ -48,8 +49,13 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     )
     if req.stream:
         return EventStreamResponse(generation)
+    # A hang-up cancels `cut`; the server's exit (uvicorn's shutdown, past its graceful timeout)
+    # cancels the request's task itself, which leaves `cut` alone.
+    cut = cancel_scope()
     try:
-        body = await until_disconnect(scope, receive, generation.complete)
+        body = await until_disconnect(
+            scope, receive, lambda: generation.complete(lambda: not cut.cancel_called), cut
+        )
     finally:
         await generation.close()
     if body is None:  # the client left; nobody reads this

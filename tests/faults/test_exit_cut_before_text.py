@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
@@ -101,3 +102,31 @@ def test_a_stream_the_exit_cuts_is_logged_as_the_drains_cut_not_as_a_hang_up(tmp
     assert line["prompt_tokens"] == 0, line
     assert _finished("drained") == drained + 1
     assert _finished("disconnected") == disconnected
+
+
+def test_a_request_not_streamed_the_exit_cuts_gets_the_drains_503_and_costs_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It got uvicorn's bare `500 Internal Server Error` (text, no Retry-After, a traceback in the
+    log), was logged a 499 `disconnected`, and was charged its prompt and the request: a client
+    retrying it paid twice. It gets the drain's 503 now, refunded whole as a stream cut so is."""
+    reached = threading.Event()
+    server = _hanging_server(tmp_path, reached)
+    answer: list[httpx.Response] = []
+    with capture_logs() as logs, server, httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        sender = threading.Thread(
+            target=lambda: answer.append(client.post(CHAT, json=BODY, headers=server.auth("paid")))
+        )
+        sender.start()
+        assert reached.wait(60), "the request never reached the replica"
+        server.stop()  # no drain: uvicorn's shutdown cancels the request after its graceful timeout
+        sender.join(60)
+    (response,) = answer
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "server_shutting_down", response.text
+    assert response.headers["retry-after"] == "1", response.headers
+    (line,) = [line for line in logs if line["event"] == "chat_completion"]
+    assert line["outcome"] == "drained" and line["status"] == 503, line
+    assert line["prompt_tokens"] == 0, line
+    assert "Exception in ASGI application" not in caplog.text
+    assert _usage_rows(server) == []
