@@ -20,11 +20,9 @@ with every response, as TensorRT-LLM sends them.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +33,7 @@ import triton_python_backend_utils as pb_utils  # only inside tritonserver's Pyt
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.types import EngineStats, TokenOutput
 from gpu_container.plain_logging import configure_plain_logging
+from gpu_container.triton.cpu.dlpack_capsule import mark_consumed
 from gpu_container.triton.cpu.outbox import Outbox
 from gpu_container.triton.cpu.tensors import (
     KvCacheReuseStats,
@@ -171,26 +170,19 @@ class _Metrics:
         self._families.clear()
 
 
-def _ignore_renamed_dlpack_capsules(default: Callable[[Any], None]) -> Callable[[Any], None]:
-    """The stub marks a consumed DLPack capsule "used_dlpack" where numpy expects "used_dltensor",
-    so numpy's capsule destructor reports a harmless error for every tensor we send (the stub
-    frees the tensor itself). Drop exactly that report; pass everything else on."""
-
-    def hook(unraisable: Any) -> None:
-        exc = unraisable.exc_value
-        if isinstance(exc, ValueError) and "PyCapsule_GetPointer" in str(exc):
-            return
-        default(unraisable)
-
-    return hook
-
-
 # The wheel's backend stub is built against numpy 2's ABI: under numpy 1.x, Tensor(name, array) and
 # as_numpy() silently read the wrong bytes. DLPack crosses that boundary correctly for both.
 def _response(token_ids: list[int], stats: KvCacheReuseStats | None) -> Any:
     arrays = output_arrays(token_ids, stats)
-    tensors = [pb_utils.Tensor.from_dlpack(name, array) for name, array in arrays.items()]
-    return pb_utils.InferenceResponse(output_tensors=tensors)
+    return pb_utils.InferenceResponse(output_tensors=[_tensor(name, array) for name, array in arrays.items()])
+
+
+def _tensor(name: str, array: np.ndarray[Any, Any]) -> Any:
+    # Handed over as a capsule of our own, marked consumed once the stub took it (dlpack_capsule.py).
+    capsule = array.__dlpack__()
+    tensor = pb_utils.Tensor.from_dlpack(name, capsule)
+    mark_consumed(capsule)
+    return tensor
 
 
 def _send_error(sender: Any, message: str, code: int) -> None:
@@ -201,7 +193,6 @@ def _send_error(sender: Any, message: str, code: int) -> None:
 class EngineModel:
     def __init__(self, args: dict[str, str]) -> None:
         configure_plain_logging()
-        sys.unraisablehook = _ignore_renamed_dlpack_capsules(sys.unraisablehook)
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         engine_config = engine_config_from_parameters(parameters)
