@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
-from botocore.config import Config
+from edge.aws_client import aws_client
 
 # DynamoDB refuses a read or write whose partition key is longer (in UTF-8 bytes): every store
 # checks its own keys against it rather than asking AWS and getting a ValidationException.
@@ -20,9 +19,13 @@ MAX_PARTITION_KEY_BYTES = 2048
 # And whose sort key is longer.
 MAX_SORT_KEY_BYTES = 1024
 
-CONFIG = Config(connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3})
-
 
 def dynamodb_client(endpoint_url: str | None) -> Any:
     """`endpoint_url`: a local DynamoDB-compatible server, or None for AWS's."""
-    return boto3.client("dynamodb", endpoint_url=endpoint_url or None, config=CONFIG)
+    return aws_client(
+        "dynamodb",
+        endpoint_url=endpoint_url or None,
+        connect_timeout=2,
+        read_timeout=5,
+        retries={"mode": "standard", "max_attempts": 3},
+    )

@@ -12,9 +12,9 @@ import sys
 import time
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from edge.aws_client import aws_client
 from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
@@ -222,7 +222,7 @@ def _set_tier(args: argparse.Namespace) -> int:
 def _read_secret(secret_id: str) -> str:
     """The secret's text; an unknown secret, no credentials or no region is said, not a traceback."""
     try:
-        value: str = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+        value: str = aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
     except (BotoCoreError, ClientError) as exc:
         raise SystemExit(f"floodgate: cannot read the secret {secret_id!r}: {exc}") from None
     return value

@@ -13,14 +13,13 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-import boto3
 import structlog
-from botocore.config import Config
 from prometheus_client import Counter
 
+from edge.aws_client import aws_client
 from edge.scaling import metric
 
 if TYPE_CHECKING:
@@ -47,9 +46,11 @@ PUBLISH_FAILURES = Counter(
 # of no use, and the shutdown waits for the call out (aclose) ahead of the usage and message writers,
 # which an orchestrator's stop timeout would then kill unwritten. PutMetricData answers in well
 # under a second: two short tries.
-CLIENT_CONFIG = Config(
-    connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}
-)
+CLIENT_BOUNDS: dict[str, Any] = {
+    "connect_timeout": 2,
+    "read_timeout": 3,
+    "retries": {"mode": "standard", "total_max_attempts": 2},
+}
 
 # The close's bound: the lifespan closes the publisher ahead of the usage and message writers, and
 # a deployment kills the edge 5 s after its drain deadline (docs/deploy.md, Graceful drain).
@@ -57,9 +58,10 @@ CLOSE_BUDGET_S = 1.0
 
 
 def cloudwatch_client(region: str | None) -> CloudWatchClient:
-    """The edge's CloudWatch client, its calls bounded (CLIENT_CONFIG); `region` None: boto3's
+    """The edge's CloudWatch client, its calls bounded (CLIENT_BOUNDS); `region` None: boto3's
     default chain."""
-    return boto3.client("cloudwatch", region_name=region, config=CLIENT_CONFIG)
+    client: CloudWatchClient = aws_client("cloudwatch", region_name=region, **CLIENT_BOUNDS)
+    return client
 
 
 class ScalingPublisher:

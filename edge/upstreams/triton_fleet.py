@@ -8,18 +8,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
-import boto3
-from botocore.config import Config
 
+from edge.aws_client import aws_client
 from edge.config import Settings
 from edge.upstreams.asg_resolver import AsgResolver, parse_asg_spec
 from edge.upstreams.base import Upstream
 from edge.upstreams.replica_discovery import ReplicaDiscovery
 
 # One discovery round must end well within its interval; retries stay few for the same reason.
-_AWS_CONFIG = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"})
+_AWS_BOUNDS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 10,
+    "retries": {"max_attempts": 3, "mode": "standard"},
+}
 
 
 def asg_resolver(spec: str, region: str = "") -> AsgResolver:
@@ -27,8 +31,8 @@ def asg_resolver(spec: str, region: str = "") -> AsgResolver:
     region_name = region or None
     return AsgResolver(
         parse_asg_spec(spec),
-        boto3.client("autoscaling", region_name=region_name, config=_AWS_CONFIG),
-        boto3.client("ec2", region_name=region_name, config=_AWS_CONFIG),
+        aws_client("autoscaling", region_name=region_name, **_AWS_BOUNDS),
+        aws_client("ec2", region_name=region_name, **_AWS_BOUNDS),
     )
 
 
