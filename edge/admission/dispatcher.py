@@ -456,8 +456,10 @@ class Dispatcher:
         replica.sequences -= 1
         self._running.discard(slot)
         # A replica's failure before the first token costs the user no turn: its retry starts where
-        # the failed try did. One after it ran (failed mid-reply, never retried) was service.
-        self._queue.released(slot.ticket, served=kind != "failed" or slot.first_token_at is not None)
+        # the failed try did. One after it ran (failed mid-reply, never retried) was service. A slot
+        # withdrawn (its request gone as it was granted) ran nothing at all.
+        served = kind != "withdrawn" and (kind != "failed" or slot.first_token_at is not None)
+        self._queue.released(slot.ticket, served=served)
         self._frees = _NO_FREES
         max_new = slot.ticket.max_new_tokens
         if kind == "finished" and max_new is not None:

@@ -233,8 +233,9 @@ class FairQueue(Generic[T]):
 
     def released(self, ticket: Ticket, *, served: bool = True) -> None:
         """A request this queue dispatched (commit or placed_at_once) has ended: the active users'
-        share of it is service V counts as done. `served=False`: its replica failed it, nothing ran
-        for its user, who is not charged for it (`_refund`)."""
+        share of it is service V counts as done. `served=False`: nothing ran for its user (its
+        replica failed it before its first token, or it was withdrawn as it was granted), who is not
+        charged for it (`_refund`)."""
         charged = self._charged.pop(ticket.request_id, None)
         if charged is None:
             return  # not dispatched here, or told twice

@@ -19,10 +19,13 @@ from edge.upstreams.base import Upstream
 # cancel, a disconnect, the drain's deadline, its key's end, the token budget, a stalled reader):
 # its place freed then, so its duration is a service time like any other departure, but its tokens
 # only say the reply would have run at least that long (learnt as its length, a cancel 5 tokens in
-# took a user's usual 40 down to 22, a review). "failed": the replica failed it. "unused": nothing
-# ran to learn from (granted to a request that had already gone away, or given back before its
-# first token; counted as done, these taught the user's usual reply as 0 tokens, a review).
-ReleaseKind = Literal["finished", "cut", "failed", "unused"]
+# took a user's usual 40 down to 22, a review). "failed": the replica failed it. "unused": given
+# back before its first token, nothing ran to learn from (counted as done, these taught the user's
+# usual reply as 0 tokens, a review). "withdrawn": granted to a request that had already gone away
+# (cancelled in the turn it was granted), never sent to the replica: like a cancel while queued it
+# costs its user nothing (counted as served, its user's next request waited a turn behind every
+# other backlogged user of its tier).
+ReleaseKind = Literal["finished", "cut", "failed", "unused", "withdrawn"]
 
 
 class Slot:
@@ -97,7 +100,7 @@ class Slot:
 
     def discard(self) -> None:
         """Give back a slot that was never used (its request was cancelled as it was granted)."""
-        self._give_back("unused")
+        self._give_back("withdrawn")
 
     def _give_back(self, kind: ReleaseKind) -> None:
         if self._released:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import statistics
 
 import pytest
 
 from tests.admission.conftest import MakeDispatcher
-from tests.admission.flow import Flow, ticket
+from tests.admission.flow import Flow, ticket, until
 from tests.admission.replicas import ControlledUpstream
 
 
@@ -362,3 +363,37 @@ async def _served_after_as_failure(make_dispatcher: MakeDispatcher, streamed: in
         served = [s.ticket.user for s in flow.granted()][4:]
         await flow.aclose()
         return served
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_as_it_was_granted_costs_its_user_no_turn(
+    make_dispatcher: MakeDispatcher,
+) -> None:
+    # One place. a's request waits first, b's three after it. The place frees and a's request is
+    # granted it in the same loop turn as its client cancels it (a hang-up, the cancel endpoint):
+    # the slot goes back unused, nothing ran. a's next request is then owed its turn as if the
+    # cancelled one had never been granted: right after b's first. Charged as served, it waited
+    # behind b's second as well.
+    async with make_dispatcher([ControlledUpstream("r1", max_sequences=1)]) as dispatcher:
+        flow = Flow(dispatcher)
+        holder = flow.submit(ticket("holder"))
+        await flow.settle()
+        cancelled = flow.submit(ticket("a"))
+        await flow.settle()
+        for _ in range(3):
+            flow.submit(ticket("b"))
+        await flow.settle()
+        holder.result().mark_finished()
+        holder.result().release()  # the place goes to a's request...
+        cancelled.cancel()  # ...whose client has gone in the same turn
+        await until(cancelled.done)
+        with pytest.raises(asyncio.CancelledError):
+            cancelled.result()
+        flow.submit(ticket("a"))
+        await flow.settle()
+        served: list[str] = []
+        while len(served) < 4:
+            served.append(flow.held()[0].ticket.user)
+            await flow.release_oldest()
+        assert served == ["b", "a", "b", "b"], served
+        await flow.aclose()
