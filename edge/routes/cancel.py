@@ -40,5 +40,9 @@ async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPat
             # Final: the OpenAI SDK retries a 409 (a lock timeout, to it) unless told otherwise.
             headers={"x-should-retry": "false"},
         )
-    # Another user's request answers exactly like an unknown one: ids must not be probeable.
-    raise ApiError(404, f"No request {request_id} in progress.", param="request_id", code="request_not_found")
+    # Another user's request answers exactly like an unknown one: ids must not be probeable. The id
+    # is the caller's, of any length the request line allows: cut as every echo of user input is
+    # (a real id is far shorter). The 409 above names an id this edge handed out.
+    raise ApiError(
+        404, f"No request {request_id[:64]} in progress.", param="request_id", code="request_not_found"
+    )

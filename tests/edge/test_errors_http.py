@@ -438,3 +438,18 @@ def test_the_frameworks_own_refusals_are_counted_as_rejected(
 def test_unknown_route_and_method_are_openai_errors(local_client: httpx.Client) -> None:
     _error(local_client.get("/v1/nothing-here"), 404)
     _error(local_client.get(CHAT), 405)
+
+
+def test_the_cancel_of_an_unknown_request_echoes_its_id_cut(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """A review: the 404 echoed the id in the path whole, where every other message cuts what the
+    user sent at 64 characters: an id of kilobytes came back whole. A real id is never cut."""
+    long_id = "chatcmpl-" + "a" * 8000
+    error = _error(local_client.post(f"{CHAT}/{long_id}/cancel", headers=local_server.auth("paid")), 404)
+    assert error["code"] == "request_not_found"
+    assert error["message"] == f"No request {long_id[:64]} in progress."
+    short = _error(
+        local_client.post(f"{CHAT}/chatcmpl-unknown/cancel", headers=local_server.auth("paid")), 404
+    )
+    assert short["message"] == "No request chatcmpl-unknown in progress."
