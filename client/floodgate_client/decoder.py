@@ -7,6 +7,7 @@ the finish reason) and knows when a reply is complete.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -144,9 +145,9 @@ def stream_error(payload: dict[str, Any], request_id: str | None, saw_text: bool
     fields = error_from_json(payload)
     headers = {} if request_id is None else {"x-request-id": request_id}
     error = payload.get("error")
-    wait_s = _advertised_wait_s(error, fields["message"])
-    if wait_s is not None:
-        headers["retry-after-ms"] = str(round(wait_s * 1000))
+    wait_ms = _advertised_wait_ms(error, fields["message"])
+    if wait_ms is not None:
+        headers["retry-after-ms"] = str(round(wait_ms))
     if isinstance(error, dict) and isinstance(error.get("should_retry"), bool):
         headers["x-should-retry"] = "true" if error["should_retry"] else "false"
     overload = _OVERLOADS.get(fields["code"] or "")
@@ -157,10 +158,23 @@ def stream_error(payload: dict[str, Any], request_id: str | None, saw_text: bool
     return StreamError(**fields, status_code=_UPSTREAM_STATUS if refunded else None, headers=headers)
 
 
-def _advertised_wait_s(error: Any, message: str) -> float | None:
+def _advertised_wait_ms(error: Any, message: str) -> float | None:
     if isinstance(error, dict):
-        for key, scale in (("retry_after_ms", 0.001), ("retry_after_s", 1.0)):
+        for key, scale in (("retry_after_ms", 1.0), ("retry_after_s", 1000.0)):
             if isinstance(error.get(key), int | float):
-                return float(error[key]) * scale
+                return _finite_ms(error[key], scale)
     found = _TRY_AGAIN_IN.search(message)
-    return None if found is None else parse_duration_s(found.group(1).rstrip("."))
+    seconds = None if found is None else parse_duration_s(found.group(1).rstrip("."))
+    return None if seconds is None else _finite_ms(seconds, 1000.0)
+
+
+def _finite_ms(value: float, scale: float) -> float | None:
+    """`value` times `scale`, or None (no hint) where no float holds it: Python's json reads 1e400
+    and Infinity as an infinity and NaN as NaN, which round() refuses, and an integer of any length,
+    which float() refuses; each escaped the stream as OverflowError or ValueError, not a
+    FloodgateError."""
+    try:
+        millis = float(value) * scale
+    except OverflowError:
+        return None
+    return millis if math.isfinite(millis) else None

@@ -135,3 +135,34 @@ def test_cancelling_a_stream_its_502_ended_cancels_nothing(kind: str) -> None:
         assert edge.requests == 1 and edge.cancels == 0
     finally:
         edge.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize(
+    "wait",
+    [
+        *(
+            b'"retry_after_ms":' + ms
+            for ms in (b"1e400", b"Infinity", b"-Infinity", b"NaN", b"1" + b"0" * 400)
+        ),
+        b'"retry_after_s":1e308',
+    ],
+)
+def test_a_wait_no_number_can_hold_is_no_hint(kind: str, wait: bytes) -> None:
+    """A review: Python's json reads 1e400 (and Infinity) as an infinity, which round() refused
+    with an OverflowError (NaN: a ValueError, an integer of 401 digits or 1e308 s in ms: an
+    OverflowError), raised from the stream instead of the StreamError: `except FloodgateError`
+    missed it. Such a wait is no hint; the error is raised as any other, before text and after."""
+    sent = f'"retry_after_ms":{round(WAIT_S * 1000)}'.encode()
+    for text, status in (("", 502), ("hel", None)):
+        script = failed("chatcmpl-first", RESTARTING, text)
+        assert sent in script
+        edge = ScriptedEdge([script.replace(sent, wait)])
+        try:
+            with pytest.raises(StreamError) as raised:
+                create(kind, edge.base_url, auto_retry=False)
+            assert edge.requests == 1
+        finally:
+            edge.close()
+        got = raised.value
+        assert (got.status_code, got.code, got.retry_after_s) == (status, "upstream_error", None)
