@@ -28,6 +28,9 @@ from floodgate_client.sse import ServerSentEvent
 # is a stream whose limiter store went away mid-way on a fail-closed tier (the 503 a new request gets),
 # and one the edge's drain cut (its instance shutting down): before its first text that is the 503 a
 # new request to that instance gets, costs nothing, stores no turn, and says to retry elsewhere.
+# After text (a drain or the store's loss cuts a reply under way) it is no such refusal: as an
+# upstream_error after text, a StreamError without a status, its code and wait kept. As a 503 a
+# caller's own retry of 503s sent it again and showed the text that came a second time.
 _OVERLOADS: dict[str, tuple[type[FloodgateError], int]] = {
     "queue_full": (RateLimitError, 429),
     "wait_too_long": (RateLimitError, 429),
@@ -137,11 +140,11 @@ class ChunkDecoder:
 
 
 def stream_error(payload: dict[str, Any], request_id: str | None, saw_text: bool = False) -> FloodgateError:
-    """An error event: an overload as the RateLimitError (or ServiceUnavailableError) it would have been
-    before the stream opened, with its status and wait; anything else a StreamError, with the edge's
-    retry hint (its wait, `retry_after_s`; `should_retry`), and the 502's status where a replica's
-    failure came before any text (`saw_text`). Each carries the stream's request id, as an error
-    answer does (x-request-id), for support and logs."""
+    """An error event: an overload before any text (`saw_text`) as the RateLimitError (or
+    ServiceUnavailableError) it would have been before the stream opened, with its status and wait;
+    anything else a StreamError, with the edge's retry hint (its wait, `retry_after_s`;
+    `should_retry`), and the 502's status where a replica's failure came before any text. Each
+    carries the stream's request id, as an error answer does (x-request-id), for support and logs."""
     fields = error_from_json(payload)
     headers = {} if request_id is None else {"x-request-id": request_id}
     error = payload.get("error")
@@ -151,7 +154,7 @@ def stream_error(payload: dict[str, Any], request_id: str | None, saw_text: bool
     if isinstance(error, dict) and isinstance(error.get("should_retry"), bool):
         headers["x-should-retry"] = "true" if error["should_retry"] else "false"
     overload = _OVERLOADS.get(fields["code"] or "")
-    if overload is not None:
+    if overload is not None and not saw_text:
         cls, status_code = overload
         return cls(**fields, status_code=status_code, headers=headers)
     refunded = fields["code"] == _UPSTREAM_FAILED and not saw_text

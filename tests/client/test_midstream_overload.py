@@ -12,9 +12,17 @@ import anyio
 import pytest
 
 from edge.admission.ticket import Overloaded
-from edge.errors import overloaded_error, shutting_down_error
+from edge.errors import ApiError, in_stream, limiter_unavailable, overloaded_error, shutting_down_error
 from edge.sse import DONE, ChunkEncoder, event
-from floodgate_client import AsyncClient, Client, RateLimitError, RequestStarted, ServiceUnavailableError
+from floodgate_client import (
+    AsyncClient,
+    Client,
+    RateLimitError,
+    RequestStarted,
+    ServiceUnavailableError,
+    StreamError,
+)
+from floodgate_client.retry import retryable
 from tests.client.scripted_edge import ScriptedEdge
 
 WAIT_S = 0.2
@@ -133,3 +141,48 @@ def test_auto_retry_sends_a_stream_the_drain_cut_before_its_text_again() -> None
         assert (raised.value.status_code, raised.value.code) == (503, "server_shutting_down")
     finally:
         edge.close()
+
+
+def cut_after_text(request_id: str, error: ApiError) -> bytes:
+    """A stream whose text had begun when the drain cut it, or its limiter store went away: the
+    edge's error event after the text, its usage and [DONE] (edge/generation.py)."""
+    encoder = ChunkEncoder(request_id, "floodgate-tiny", 0)
+    return (
+        encoder.first()
+        + encoder.delta("hel")
+        + encoder.usage(3, 1)
+        + event({"error": in_stream(error)})
+        + DONE
+    )
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize(
+    "error", [shutting_down_error(), limiter_unavailable(WAIT_S)], ids=lambda e: e.detail.code
+)
+def test_an_overload_after_text_is_a_stream_error_without_a_status(kind: str, error: ApiError) -> None:
+    """A review: after text it was raised as the ServiceUnavailableError, status 503, it is before
+    any: a caller's own retry of a 503 sent the request again and showed the text that came a second
+    time. As an upstream_error after text (README): a StreamError, no status, never sent again; the
+    code and the edge's wait stay on it for a caller that decides to."""
+    edge = ScriptedEdge([cut_after_text("chatcmpl-first", error), answered("chatcmpl-second")])
+    try:
+        if kind == "sync":
+            with Client(edge.base_url, "fg-test") as client, pytest.raises(StreamError) as raised:
+                client.chat.create("hi", model="floodgate-tiny", auto_retry=True)
+        else:
+
+            async def main() -> None:
+                async with AsyncClient(edge.base_url, "fg-test") as client:
+                    await client.chat.create("hi", model="floodgate-tiny", auto_retry=True)
+
+            with pytest.raises(StreamError) as raised:
+                anyio.run(main)
+        assert edge.requests == 1
+    finally:
+        edge.close()
+    got = raised.value
+    assert (got.status_code, got.code, got.request_id) == (None, error.detail.code, "chatcmpl-first")
+    assert got.retry_after_s == pytest.approx(int(error.headers["retry-after-ms"]) / 1000)
+    assert not retryable(got)
+    assert got.usage is not None and got.usage.completion_tokens == 1
