@@ -33,11 +33,36 @@ def unsupported_content_encoding() -> ApiError:
     )
 
 
+# How much of a refused Content-Type its 400 echoes, as the other messages cut what the user sent.
+_MAX_TYPE_IN_ERROR = 64
+
+
+def unsupported_content_type(value: bytes) -> ApiError:
+    """OpenAI's answer (status, code, words) to a body labelled other than JSON."""
+    named = value.decode("latin-1")[:_MAX_TYPE_IN_ERROR]
+    return ApiError(
+        400,
+        f"Unsupported content type: '{named}'. This API method only accepts 'application/json' "
+        "requests: send the body with the header 'Content-Type: application/json'.",
+        code="unsupported_content_type",
+    )
+
+
+def is_json_type(value: bytes) -> bool:
+    """Whether a Content-Type names JSON (application/json, or RFC 6839's application/*+json),
+    whatever its parameters and case, or names nothing: vLLM (FastAPI) reads just these as JSON."""
+    media_type = value.split(b";", 1)[0].strip().lower()
+    main, _, sub = media_type.partition(b"/")
+    return not media_type or (main == b"application" and (sub == b"json" or sub.endswith(b"+json")))
+
+
 def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
     """The Authorization header and the declared Content-Length, from the raw headers in one pass
     (several Authorization headers: the 400 edge/keys/authorization_header.py gives). A body in a
     content coding (gzip, br, ...) is refused, 415: nothing here decodes one, and a gzipped body
-    read as JSON was a misleading 400, one merely labelled so was served as plain."""
+    read as JSON was a misleading 400, one merely labelled so was served as plain. A body labelled
+    other than JSON (a form's, text/plain) is refused, 400, as OpenAI refuses it: it was read as
+    JSON all the same. One without a Content-Type is read as JSON, as vLLM reads it."""
     authorization: str | None = None
     length: bytes | None = None
     for name, value in scope["headers"]:
@@ -51,6 +76,8 @@ def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
             coding.strip() not in (b"", b"identity") for coding in value.lower().split(b",")
         ):
             raise unsupported_content_encoding()
+        elif name == b"content-type" and not is_json_type(value):
+            raise unsupported_content_type(value)
     if length is None:
         return authorization, None
     try:

@@ -273,6 +273,62 @@ def test_400_on_malformed_json(local_server: LiveServer, local_client: httpx.Cli
     assert _error(response, 400)["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "text/plain;charset=UTF-8",  # a browser's fetch() of a string body, sent with no preflight
+        "application/x-www-form-urlencoded",  # curl -d without -H
+        "multipart/form-data; boundary=x",
+        "application/jsonl",
+        "json",
+    ],
+)
+def test_400_for_a_body_not_sent_as_json(
+    local_server: LiveServer, local_client: httpx.Client, content_type: str
+) -> None:
+    """A review: a JSON body labelled as another type was read as JSON all the same. OpenAI answers
+    400 `unsupported_content_type` ("This API method only accepts 'application/json' requests");
+    vLLM (FastAPI) reads only a JSON type, or none, as JSON, and refuses the rest."""
+    headers = local_server.auth("paid") | {"content-type": content_type}
+    error = _error(local_client.post(CHAT, content=json.dumps(OK_BODY).encode(), headers=headers), 400)
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "unsupported_content_type",
+        None,
+    )
+    assert f"'{content_type}'" in error["message"] and "application/json" in error["message"]
+
+
+def test_an_unsupported_content_type_is_echoed_cut(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    headers = local_server.auth("paid") | {"content-type": "text/" + "x" * 8000}
+    error = _error(local_client.post(CHAT, content=json.dumps(OK_BODY).encode(), headers=headers), 400)
+    assert error["code"] == "unsupported_content_type"
+    assert ("text/" + "x" * 59) in error["message"] and "x" * 60 not in error["message"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "application/json ;charset=UTF-8",
+        "application/vnd.x+json",
+    ],
+)
+def test_a_body_sent_as_json_or_without_a_type_is_read(
+    local_server: LiveServer, local_client: httpx.Client, content_type: str | None
+) -> None:
+    """Any JSON type (RFC 6839's +json too), its parameters and case whatever they are (OpenAI once
+    refused a charset, and took it back), and no type at all, as vLLM reads them."""
+    headers = local_server.auth("paid") | ({} if content_type is None else {"content-type": content_type})
+    response = local_client.post(CHAT, content=json.dumps(OK_BODY).encode(), headers=headers)
+    assert response.status_code == 200, response.text
+
+
 def test_a_utf8_byte_order_mark_before_the_json_is_skipped(
     local_server: LiveServer, local_client: httpx.Client
 ) -> None:
