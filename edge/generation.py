@@ -54,7 +54,14 @@ from edge.schemas import ChatCompletionRequest, ChatMessage
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
 from edge.text.stops import StopMatcher
 from edge.token_relay import TOKENS_LIMIT_MARKER, TextSink, TokenRelay
-from edge.upstreams.base import Delta, GenerationRequest, ReplicaRestarting, RequestRejected, UpstreamError
+from edge.upstreams.base import (
+    ContextLengthExceeded,
+    Delta,
+    GenerationRequest,
+    ReplicaRestarting,
+    RequestRejected,
+    UpstreamError,
+)
 from edge.upstreams.direct import GenerateDirect
 from limiter.base import Decision, OutputLease, StoreUnavailable
 from limiter.headers import refunded_headers
@@ -367,7 +374,11 @@ class Generation:
             if self._slot is not None:
                 self._slot.discard()  # no failure mark, no service-rate sample
             out.reason = "rejected"
-            out.error = invalid_request(f"The model replica refused this request: {exc}", None)
+            message = f"The model replica refused this request: {exc}"
+            if isinstance(exc, ContextLengthExceeded):
+                out.error = invalid_request(message, "messages", code="context_length_exceeded")
+            else:
+                out.error = invalid_request(message, None)
             self._answered_nothing = True
         except StoreUnavailable as exc:
             # A fail-closed tier's store stopped answering mid-stream: nothing vouches for more of

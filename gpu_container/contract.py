@@ -144,6 +144,12 @@ class RequestRejected(Exception):
     """
 
 
+class ContextLengthExceeded(RequestRejected):
+    """A refusal of the prompt's length: longer than the replica holds, which the edge could not
+    refuse first (a replica that does not say its limit). Answered as the edge's own refusal of it
+    is, with the code a client trims its history on."""
+
+
 class Upstream(Protocol):
     """The edge's handle on one replica."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gpu_container.contract import (
     Capacity,
+    ContextLengthExceeded,
     Delta,
     FinishReason,
     GenerationRequest,
@@ -21,6 +22,7 @@ from gpu_container.contract import (
 
 __all__ = [
     "Capacity",
+    "ContextLengthExceeded",
     "Delta",
     "FinishReason",
     "GenerationRequest",

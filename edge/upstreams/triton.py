@@ -63,6 +63,7 @@ from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.upstreams.asg_resolver import is_asg_spec
 from edge.upstreams.base import (
     Capacity,
+    ContextLengthExceeded,
     Delta,
     FinishReason,
     GenerationRequest,
@@ -86,7 +87,7 @@ from gpu_container.engine.types import EngineConfig
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import EXIT_TIMEOUT_S, start_local_triton
 from gpu_container.triton.model_name import MODEL_NAME
-from gpu_container.triton.refusals import refusal_reason
+from gpu_container.triton.refusals import exceeds_context, refusal_reason
 from gpu_container.triton.sequence_limit import reported_max_seq_len
 from gpu_container.triton.trtllm_metrics import TrtLlmMetrics, parse_trtllm_metrics
 
@@ -642,7 +643,7 @@ def _stream_error(
     invalid_argument = status == 400 and not model_error
     reason = refusal_reason(message, invalid_argument=invalid_argument, requested_inputs=requested_inputs)
     if reason is not None:
-        return RequestRejected(reason)
+        return ContextLengthExceeded(reason) if exceeds_context(reason) else RequestRejected(reason)
     where = f"{name}: HTTP {status}" if status not in (0, 200) else name
     return UpstreamError(f"{where}: {message}")
 

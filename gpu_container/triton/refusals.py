@@ -50,6 +50,11 @@ declare them serves every other request. A mismatch naming one of those (`reques
 that request's refusal: the replica serves everyone else, and read as its failure one user sending
 the parameter again and again would keep every such replica out of rotation, and be told to retry
 (502, Retry-After) a request no replica can serve.
+
+A refusal of the prompt's length (`exceeds_context`) is a ContextLengthExceeded: the edge answers it
+as its own refusal of a prompt past the context, with the code `context_length_exceeded` that a
+client trims its history on. It meets one where the replica did not say its limit, or where
+TensorRT-LLM's --max-input-len is below the --max-seq-len it says (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -89,6 +94,13 @@ CONTRACT_MISMATCHES = (
     "inputs but got",  # expected N inputs but got M inputs
     "but model",  # inference input 'x' data-type is 'FP64', but model 'm' expects 'FP32'
 )
+# Refusals of the prompt's length, in the words of TensorRT-LLM's LlmRequest::validate and of our
+# engine's checks (gpu_container/engine/engine.py), which the CPU model sends: past TensorRT-LLM's
+# --max-input-len, which may be below the --max-seq-len the replica says (docs/deploy.md), or past a
+# limit the replica did not say.
+_CONTEXT_REFUSAL = re.compile(
+    r"exceeds maximum input length|^prompt has \d+ tokens, (?:max_model_len is|this engine holds at most) "
+)
 # The input a contract mismatch names ("parameter 'x' has invalid type", "unexpected inference
 # input 'x'", "unexpected shape for input 'x'", "inference input 'x' data-type is ...").
 _NAMED_INPUT = re.compile(r"(?:parameter|input) '([^']*)'")
@@ -122,3 +134,8 @@ def refusal_reason(
         return None
     first_line = message.strip().splitlines()[0] if message.strip() else "invalid request"
     return _SOURCE_LOCATION.sub("", _WRAPPERS.sub("", first_line))
+
+
+def exceeds_context(reason: str) -> bool:
+    """Whether a refusal's reason (refusal_reason's) is of the prompt's length."""
+    return _CONTEXT_REFUSAL.search(reason) is not None

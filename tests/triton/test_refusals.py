@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_container.triton.refusals import REFUSED, refusal_reason
+from gpu_container.triton.refusals import REFUSED, exceeds_context, refusal_reason
 
 _BACKTRACE = (
     "\n1       0x7f3a2b1c4d5e tensorrt_llm::common::throwRuntimeError(char const*, int, std::string const&)"
@@ -130,3 +130,26 @@ def test_a_contract_mismatch_naming_an_input_the_request_asked_for_is_its_refusa
     assert reason is not None and "does not take presence_penalty" in reason
     assert refusal_reason(message, invalid_argument=True, requested_inputs={"min_length"}) is None
     assert refusal_reason(message, invalid_argument=True) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "too_long"),
+    [
+        ("prompt has 5000 tokens, max_model_len is 2048", True),
+        ("prompt has 5000 tokens, this engine holds at most 4096", True),
+        (
+            "Prompt length (5000) exceeds maximum input length (4096). Set log level to info and check "
+            "TRTGptModel logs for how maximum input length is set",
+            True,
+        ),
+        ("Assertion failed: EndId (200000) is not within acceptable range [-1, 128256).", False),
+        ("Assertion failed: topP.value() > 0.f", False),
+        ("prompt has token ids outside [0, 32000)", False),
+    ],
+    ids=["cpu-model", "cpu-engine-pool", "trtllm", "trtllm-end-id", "trtllm-sampling", "cpu-vocab"],
+)
+def test_a_refusal_of_the_prompts_length_is_told_from_the_others(reason: str, too_long: bool) -> None:
+    """A prompt longer than the replica holds, which the edge could not refuse first (the replica
+    did not say its limit, or TensorRT-LLM's --max-input-len is below its --max-seq-len): the
+    client must get the code it trims its history on, not a bare 400."""
+    assert exceeds_context(reason) is too_long

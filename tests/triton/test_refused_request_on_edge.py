@@ -86,9 +86,13 @@ def test_a_request_the_replica_refuses_is_a_400_and_the_replica_stays_healthy(se
     error = plain.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert "refused" in error["message"] and "max_model_len is 48" in error["message"]
+    # A prompt past the replica's context: the code a client trims its history on, as for the
+    # edge's own refusal of it (pipeline.py), and the parameter to trim.
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
     errors = [e["error"] for e in streamed if isinstance(e, dict) and "error" in e]
     assert len(errors) == 1 and errors[0]["type"] == "invalid_request_error"
     assert "max_model_len is 48" in errors[0]["message"]
+    assert (errors[0]["code"], errors[0]["param"]) == ("context_length_exceeded", "messages")
     assert streamed[-1] == DONE
     assert suspects == []
     assert _suspects(server) == []
