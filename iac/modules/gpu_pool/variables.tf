@@ -90,9 +90,17 @@ variable "root_volume_throughput_mibps" {
 }
 
 variable "min_size" {
-  description = "Fewest in-service hosts."
+  description = "Fewest in-service hosts (0: the group starts from zero on demand)."
   type        = number
   default     = 1
+
+  # The provider does not check its sign: CreateAutoScalingGroup refused a negative one only at
+  # apply, after the role, log group and launch template. max_size is held at or above it by the
+  # group's precondition.
+  validation {
+    condition     = var.min_size >= 0 && floor(var.min_size) == var.min_size
+    error_message = "min_size must be a whole number of hosts, 0 or more (0: the group starts from zero on demand)."
+  }
 }
 
 variable "max_size" {

@@ -292,6 +292,20 @@ run "min_size_above_max_size" {
   expect_failures = [aws_autoscaling_group.gpu]
 }
 
+# A negative min_size passed the plan (the provider does not check it, and min <= max holds for -1
+# and 2): CreateAutoScalingGroup refused it only at apply, the role, log group and launch template
+# made. max_size is then at least 0 by the group's precondition.
+run "a_negative_min_size" {
+  command = plan
+
+  variables {
+    min_size = -1
+    max_size = 2
+  }
+
+  expect_failures = [var.min_size]
+}
+
 # The hosts may read their engine's objects only. An engine uploaded at the bucket's root
 # (engine_prefix "") is the whole bucket: "<bucket>//*" matched no key, and every host got 403 on
 # the manifest, never got ready and was replaced, again and again.
