@@ -160,7 +160,7 @@ variable "redis_node_type" {
 }
 
 variable "redis_shards" {
-  description = "Shards of the limiter store."
+  description = "Shards of the limiter store (1 to 500)."
   type        = number
   default     = 2
 }

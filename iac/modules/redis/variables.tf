@@ -25,15 +25,30 @@ variable "node_type" {
 }
 
 variable "shards" {
-  description = "Node groups of the cluster; each user's keys share a hash tag, so users spread over shards."
+  description = "Node groups of the cluster (1 to 500); each user's keys share a hash tag, so users spread over shards."
   type        = number
   default     = 2
+
+  # The provider leaves 0 out of CreateReplicationGroup (AWS makes one shard, and every later plan
+  # tries to reshard it to none) and sends what else it is given: AWS refused a negative count, or
+  # more than a cluster's 500, only at apply, the token secret and security group made.
+  validation {
+    condition     = var.shards >= 1 && var.shards <= 500 && floor(var.shards) == var.shards
+    error_message = "shards must be a whole number from 1 to 500 (node groups of a Redis cluster)."
+  }
 }
 
 variable "replicas_per_shard" {
-  description = "Replicas of each shard, in other zones (failover target)."
+  description = "Replicas of each shard, in other zones (failover target): 1 to 5."
   type        = number
   default     = 1
+
+  # Automatic failover and Multi-AZ (main.tf) need a replica in every shard: AWS refused 0 only at
+  # apply (the provider checks 0 to 5).
+  validation {
+    condition     = var.replicas_per_shard >= 1 && var.replicas_per_shard <= 5 && floor(var.replicas_per_shard) == var.replicas_per_shard
+    error_message = "replicas_per_shard must be a whole number from 1 to 5: automatic failover and Multi-AZ need a replica in every shard."
+  }
 }
 
 variable "kms_key_arn" {
