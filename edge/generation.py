@@ -200,6 +200,9 @@ class Generation:
         self._closed = False
         # Everything given back (_give_back ran to its end): the close's call is then a no-op.
         self._given_back = False
+        # The closing events of a stream the server's exit cut (`stream`): edge/streaming.py writes
+        # them, the generation's task being cancelled by then. None until such a cut.
+        self.exit_words: bytes | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -253,43 +256,52 @@ class Generation:
         try:
             await emit(enc.first())
             await self._run(out, on_text, emit)
-            closing: list[bytes] = []
-            if out.held or out.unwritten:
-                text = "".join(out.held)
-                closing.append(enc.delta(out.unwritten + text))
-                if keep_text:
-                    out.text.append(text)
-            usage = [enc.usage(*self._billed(out))] if self._req.include_usage else []
-            if out.error is not None:
-                # Ended by an error (a replica failed mid-stream, a shutdown or its key cut it):
-                # the tokens it got were charged, and a client billing by `usage` must see them.
-                # Before the error event: the SDKs raise at it and read nothing after.
-                closing += usage
-                closing.append(event({"error": in_stream(out.error)}))
-            else:
-                closing.append(enc.final(out.finish_reason, out.marker))
-                closing += usage
-            closing.append(DONE)
+            closing = self._closing(enc, out)
         except anyio.get_cancelled_exc_class():
             if exiting is None or not exiting():
                 out.reason = "disconnected"
                 raise
-            # Cut by the server's exit: the client gets the drain's error event (edge/streaming.py),
-            # and the request ends as the drain's cut does, in its log line and its metrics too
-            # (logged `disconnected`, an exit read as the user's leaving). Before any text, refunded
-            # whole (`_run`): charged its prompt, it was charged again for the retry that event
-            # invites (floodgate_client's auto_retry).
+            # Cut by the server's exit: the request ends as the drain's cut does, in its log line and
+            # its metrics too (logged `disconnected`, an exit read as the user's leaving), and so does
+            # the stream, which edge/streaming.py ends with these events: the text held back and the
+            # usage chunk went missing there, though charged (a client billing by `usage` missed
+            # them). Before any text, refunded whole (`_run`): charged its prompt, it was charged
+            # again for the retry the error event invites (floodgate_client's auto_retry).
             out.reason = "drained"
             out.error = shutting_down_error()
             if not out.got_text:
                 self._answered_nothing = True
+            self.exit_words = self._closing(enc, out)
             raise
         finally:
             await self.close(out)
         # Closed first: when the client sees the stream end, the lease is settled, the slot free and
         # the request logged. Then the last text, the closing events and the end of the body go out
         # in one write (one syscall, not five): all were ready at once, so none waited for another.
-        await end(b"".join(closing))
+        await end(closing)
+
+    def _closing(self, enc: ChunkEncoder, out: Outcome) -> bytes:
+        """A stream's last events, once its outcome is known: the text held back, the final chunk or
+        the error event, the usage chunk where asked for, [DONE]. Made before the close, which
+        stores a named conversation's reply, the held text in it."""
+        closing: list[bytes] = []
+        if out.held or out.unwritten:
+            text = "".join(out.held)
+            closing.append(enc.delta(out.unwritten + text))
+            if self._req.conversation_id is not None:
+                out.text.append(text)
+        usage = [enc.usage(*self._billed(out))] if self._req.include_usage else []
+        if out.error is not None:
+            # Ended by an error (a replica failed mid-stream, a shutdown or its key cut it):
+            # the tokens it got were charged, and a client billing by `usage` must see them.
+            # Before the error event: the SDKs raise at it and read nothing after.
+            closing += usage
+            closing.append(event({"error": in_stream(out.error)}))
+        else:
+            closing.append(enc.final(out.finish_reason, out.marker))
+            closing += usage
+        closing.append(DONE)
+        return b"".join(closing)
 
     async def complete(self, exiting: Callable[[], bool] | None = None) -> dict[str, Any]:
         """The answer's body, or the ApiError that answers it instead. `exiting` tells a cancel by

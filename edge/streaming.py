@@ -165,12 +165,14 @@ class EventStreamResponse:
         except asyncio.CancelledError:
             # The server cancelled this task: it is exiting before the stream ended (a second signal,
             # or a stream that outlived the drain). End it as every stream ends, if the client still
-            # takes it, rather than with a bare close and uvicorn's traceback.
+            # takes it, rather than with a bare close and uvicorn's traceback: with the events the
+            # drain's cut of it sends (the text held back, its usage, the error event, [DONE]: the
+            # generation's), or the error event alone where it was cut before it ran.
             log.warning("stream_cancelled_by_shutdown", request_id=generation.request_id)
             if started and not progress.ended:
+                last = generation.exit_words or event({"error": _SHUTTING_DOWN}) + DONE
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_LAST_WORDS_S):
-                    for chunk in (event({"error": _SHUTTING_DOWN}), DONE, b""):
-                        await send({"type": "http.response.body", "body": chunk, "more_body": bool(chunk)})
+                    await send({"type": "http.response.body", "body": last, "more_body": False})
         finally:
             if stalled is not None:
                 stalled.unwatch(progress)
