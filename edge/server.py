@@ -33,6 +33,8 @@ from types import FrameType
 import structlog
 import uvicorn
 from litestar import Litestar
+from uvicorn.lifespan.off import LifespanOff
+from uvicorn.lifespan.on import LifespanOn
 
 from edge.config import ServerConfig
 from edge.drain import Drain
@@ -165,6 +167,21 @@ def _leave_the_terminal(fds: tuple[int, ...]) -> None:
         os.close(null)
 
 
+class _AfterTheRequests:
+    """uvicorn's lifespan, whose shutdown (the app's) begins once the requests still running have
+    ended, or after SHUTDOWN_GRACE_S: those uvicorn has just cancelled settle, log and record their
+    usage on the app's limiter, stores and writers."""
+
+    def __init__(self, lifespan: LifespanOn | LifespanOff, tasks: set[asyncio.Task[None]]) -> None:
+        self._lifespan = lifespan
+        self._tasks = tasks
+
+    async def shutdown(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=SHUTDOWN_GRACE_S)
+        await self._lifespan.shutdown()
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with SIGTERM turned into a drain. The signal handler only sets flags: the
     drain itself begins on the loop, at uvicorn's next tick (every 0.1 s).
@@ -225,7 +242,17 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().shutdown(sockets)
+        # uvicorn cancels the requests still running past its graceful timeout and runs the app's
+        # shutdown at once, beside them: a cut stream whose replica took a while to abort (its
+        # close comes first) recorded its usage after the usage writer had closed, and the row was
+        # dropped, though the client's usage chunk said it was charged. The app's shutdown now
+        # waits for them, as a forced exit's does (below).
+        lifespan = self.lifespan
+        self.lifespan = _AfterTheRequests(lifespan, self.server_state.tasks)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            self.lifespan = lifespan
         if not self.force_exit:
             return
         # Forced: hang up on the connections still open, so their requests end as at a client's

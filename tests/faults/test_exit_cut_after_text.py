@@ -36,9 +36,12 @@ BODY = {
 }
 
 
-def _cut_after_text(tmp_path: Path, cut: Callable[[LiveServer], None]) -> tuple[list[Any], list[Any]]:
+def _cut_after_text(
+    tmp_path: Path, cut: Callable[[LiveServer], None], abort_s: float = 0.0
+) -> tuple[list[Any], list[Any]]:
     """A stream whose replica sends REPLY's tokens, one a delta, then hangs, cut by `cut` once the
-    relay has taken them all: its events after the first, and the usage rows the edge left."""
+    relay has taken them all: its events after the first, and the usage rows the edge left. The
+    replica takes `abort_s` to abort the sequence."""
     reached = threading.Event()
     ids: list[int] = []
 
@@ -50,7 +53,10 @@ def _cut_after_text(tmp_path: Path, cut: Callable[[LiveServer], None]) -> tuple[
         for token in ids:
             yield Delta([token], None)
         reached.set()  # the relay asked for the next delta: it has taken every one before it
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(abort_s)
 
     server = start_server(tmp_path, None, scripted_replicas(partial))
     ids += server.app.state.runtime.pipeline.text.tokenizer.encode(REPLY, add_special_tokens=False).ids
@@ -104,3 +110,13 @@ def _shape(got: list[Any]) -> list[Any]:
         elif e["choices"] and e["choices"][0]["delta"].get("content"):
             shape.append(("text", e["choices"][0]["delta"]["content"]))
     return shape
+
+
+def test_a_stream_the_exit_cuts_is_billed_though_its_replica_aborts_slowly(tmp_path: Path) -> None:
+    """uvicorn ran the app's shutdown as soon as it had cancelled the stream: the stream, its close
+    waiting on its replica's abort (a second here; a Triton behind a busy link), recorded its usage
+    after the usage writer had closed (`usage_dropped`). The client's usage chunk said 17 and 3
+    tokens charged; the usage store, which bills, had no row."""
+    got, rows = _cut_after_text(tmp_path, LiveServer.stop, abort_s=1.0)
+    assert ("usage", 17, 3) in _shape(got), got
+    assert [(r.requests, r.input_tokens, r.output_tokens) for r in rows] == [(1, 17, 3)]
