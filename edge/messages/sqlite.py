@@ -1,7 +1,8 @@
 """The embedded message store: one SQLite file in WAL mode, queried off the event loop.
 
 A message lives `ttl_s` ([messages] ttl_days), as DynamoDB's TTL keeps it there: past it, history
-no longer returns it, and a sweep at most once an hour (on a write) deletes it from the file."""
+no longer returns it, and a sweep at most once an hour (on a write) deletes it from the file, a
+batch of SWEEP_BATCH rows on each write until none is left."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
 CREATE INDEX IF NOT EXISTS messages_by_owner ON messages (conversation_id, user, message_id);
 """
 _SWEEP_EVERY_S = 3600.0
+# The most expired rows one write deletes. A sweep's DELETE holds the file's write lock until it
+# ends: one statement for every expired row took 9 s for 300,000 rows (51 s for a million: an hour
+# of a busy edge's turns, or a file whose ttl_days was lowered), and meanwhile every other worker's
+# write failed "database is locked" past its 5 s wait, and this worker's history reads waited on
+# the store's lock. A batch takes tens of milliseconds; the writes that follow delete the rest.
+SWEEP_BATCH = 1_000
+_SWEEP = (
+    "DELETE FROM messages WHERE (conversation_id, message_id) IN"
+    " (SELECT conversation_id, message_id FROM messages WHERE created_at <= ? LIMIT ?)"
+)
 _BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
 _SCHEMA_WAIT_MS = 600_000
 
@@ -53,6 +64,8 @@ class SQLiteMessageStore:
     def __init__(self, path: str | Path, *, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._ttl_s = ttl_s
         self._swept_at = 0.0
+        # The last sweep's batch was full: expired rows may be left, for the next write's batch.
+        self._sweep_left = False
         create_private(path)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -109,9 +122,10 @@ class SQLiteMessageStore:
             self._conn.execute(
                 f"INSERT OR REPLACE INTO messages ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", row
             )
-            if now - self._swept_at >= _SWEEP_EVERY_S:
+            if self._sweep_left or now - self._swept_at >= _SWEEP_EVERY_S:
                 self._swept_at = now
-                self._conn.execute("DELETE FROM messages WHERE created_at <= ?", (now - self._ttl_s,))
+                swept = self._conn.execute(_SWEEP, (now - self._ttl_s, SWEEP_BATCH)).rowcount
+                self._sweep_left = swept == SWEEP_BATCH
 
     def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
         # The cursors bound message_id, the primary key's second column: a range of the index, so

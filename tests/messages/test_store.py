@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from edge.messages.dynamodb import DynamoDBMessageStore, owned_partition
 from edge.messages.message import StoredMessage, new_message
-from edge.messages.sqlite import SQLiteMessageStore
+from edge.messages.sqlite import SWEEP_BATCH, SQLiteMessageStore
 from edge.messages.store import PAGE_CHARS, HistoryPage, MessageStore
 from tests.messages.conftest import TABLE, dynamodb_store
 
@@ -133,6 +133,37 @@ async def test_sqlite_deletes_what_outlived_its_ttl(tmp_path: Path) -> None:
     await store.aclose()
     with sqlite3.connect(path) as db:
         assert [row[0] for row in db.execute("SELECT content FROM messages")] == ["today"]
+
+
+async def test_sqlite_sweeps_a_backlog_of_expired_messages_a_batch_per_write(tmp_path: Path) -> None:
+    """One DELETE of every expired row held the file's write lock until it ended (9 s for 300,000
+    rows): the other workers sharing the file failed their writes with "database is locked" and
+    this one's history reads waited. Each write now deletes a batch at most; those after it, the
+    rest, and a message still within its TTL is kept."""
+    path = tmp_path / "m.db"
+    SQLiteMessageStore(path)  # the file and its schema
+    expired = 2 * SWEEP_BATCH + SWEEP_BATCH // 2
+    with sqlite3.connect(path) as db:
+        db.executemany(
+            "INSERT INTO messages (conversation_id, user, message_id, role, content, request_id, created_at)"
+            " VALUES (?, 'alice', ?, 'user', 'old', 'r', 0.0)",
+            ((f"c{i % 7}", f"{i:026d}") for i in range(expired)),
+        )
+    store = SQLiteMessageStore(path, ttl_s=86400)
+
+    def left() -> int:
+        with sqlite3.connect(path) as db:
+            return int(db.execute("SELECT count(*) FROM messages WHERE created_at = 0.0").fetchone()[0])
+
+    conv = conversation()
+    kept = [new_message(conv, "alice", "user", f"today {i}", f"r{i}") for i in range(4)]
+    remaining = []
+    for msg in kept:
+        await store.append(msg)
+        remaining.append(left())
+    assert (await store.history(conv, "alice")).messages == kept
+    await store.aclose()
+    assert remaining == [expired - SWEEP_BATCH, expired - 2 * SWEEP_BATCH, 0, 0]
 
 
 async def test_a_prompt_over_a_dynamodb_item_is_kept_whole(store: MessageStore) -> None:
