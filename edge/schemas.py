@@ -148,7 +148,10 @@ RefusedSampling = Annotated[
 # (or none at all) would be stored where no request could read it back, and so would "." and "..",
 # which clients resolve away before sending the URL (RFC 3986's dot segments: httpx and browsers
 # ask for /v1/conversations/messages or /v1/messages instead).
-ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^(?!\.\.?$)[^/]+$")]
+MAX_CONVERSATION_ID = 256
+ConversationId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_CONVERSATION_ID, pattern=r"^(?!\.\.?$)[^/]+$")
+]
 
 
 class ChatCompletionRequest(msgspec.Struct):

@@ -19,7 +19,7 @@ from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import runtime_of
-from edge.schemas import unknown_tier
+from edge.schemas import MAX_CONVERSATION_ID, unknown_tier
 from limiter.reads import read_headers
 
 DEFAULT_LIMIT = 100
@@ -89,13 +89,15 @@ async def conversation_messages(
     store = runtime.messages
     page = await store.history(conversation_id, user, size, after=after, before=before, order=sort)
     # An empty page past either end of a conversation that exists is a page like any other;
-    # otherwise someone else's conversation looks exactly like a missing one.
+    # otherwise someone else's conversation looks exactly like a missing one. The id in the path
+    # is of any length the request line allows: cut as every echo of user input is, at the
+    # longest a conversation's id may be, so a real one is never cut.
     if not page.messages and (
         (after is None and before is None) or not (await store.history(conversation_id, user, 1)).messages
     ):
         raise ApiError(
             404,
-            f"No conversation {conversation_id}.",
+            f"No conversation {conversation_id[:MAX_CONVERSATION_ID]}.",
             param="conversation_id",
             code="not_found",
             headers=headers,

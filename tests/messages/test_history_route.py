@@ -330,3 +330,15 @@ def test_a_paging_parameter_given_twice_is_a_400_naming_it(
     error = answer.json()["error"]
     assert (error["param"], error["type"]) == (param, "invalid_request_error")
     assert "more than once" in error["message"]
+
+
+def test_the_404_for_an_unknown_conversation_echoes_its_id_cut(server: LiveServer) -> None:
+    """The 404 echoed the id in the path whole, where every other message cuts what the user sent
+    (cancel's 404 too, 1299a8c): an id of 10,000 characters came back whole in the error. It is cut
+    at the longest id a conversation may have (256), so a real id is never cut."""
+    auth = server.auth("paid")
+    for sent, echoed in (("y" * 10_000, "y" * 256), ("z" * 256, "z" * 256), ("unknown", "unknown")):
+        answer = httpx.get(f"{server.base_url}/v1/conversations/{sent}/messages", headers=auth, timeout=30)
+        assert answer.status_code == 404, answer.text
+        error = answer.json()["error"]
+        assert (error["code"], error["message"]) == ("not_found", f"No conversation {echoed}.")
