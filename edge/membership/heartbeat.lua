@@ -26,7 +26,9 @@
 --          after another member's beat counted it out (it stalled past its TTL: the others may
 --          have freed its slots and taken its share), or an earlier one did and the member has not
 --          said it heard, else 0 (a first beat, a Redis that lost the fleet: nobody acted on its
---          absence)}.
+--          absence), 1 when Redis held no entry of the member before this beat (its first beat, a
+--          beat that brings it back, or a Redis that lost the fleet: restarted empty, the keys
+--          expired after a silence of their lifetime), else 0}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local remember = tonumber(ARGV[6])
@@ -53,6 +55,10 @@ redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 local back = 0
 if ARGV[4] ~= '1' and (redis.call('ZSCORE', KEYS[3], tag) or redis.call('ZSCORE', KEYS[5], tag)) then
   back = 1
+end
+local unknown = 0
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  unknown = 1
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #dead > 0 then
@@ -82,4 +88,4 @@ else
     end
   end
 end
-return {redis.call('HGETALL', KEYS[2]), redis.call('ZRANGE', KEYS[3], 0, -1), back}
+return {redis.call('HGETALL', KEYS[2]), redis.call('ZRANGE', KEYS[3], 0, -1), back, unknown}

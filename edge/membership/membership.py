@@ -15,7 +15,10 @@ open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
 the static `instance_count` takes over until Redis answers again (with `members_per_replica`, for
 the limits' divisor; the replicas stay divided as last seen); an outage of Redis itself counts
-against nobody's TTL (heartbeat.lua), so the fleet is as it was. Back after the others counted it
+against nobody's TTL (heartbeat.lua), so the fleet is as it was. A Redis that lost the fleet
+(restarted empty) holds only the members that beat since: for a join wait this instance counts the
+others it saw before as they were until they register again, or the first to beat took every
+replica whole beside the others' shares. Back after the others counted it
 out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP): it joins again as a newcomer,
 since they took its share, and has its running requests' slots put back (`on_back`), since their
 admits may have freed them as a dead member's.
@@ -113,6 +116,10 @@ class FleetMembership:
         # Every replica's members in rank order, kept across views: ranking them afresh at each
         # view stalled the event loop (assignment.py).
         self._rankings = Rankings()
+        # Redis lost the fleet: the other members last seen, counted with their last claims until
+        # they register again or `_kept_until` (a join wait: every live one has beaten by then).
+        self._kept: dict[str, float] = {}
+        self._kept_until = 0.0
         self._remaining: Callable[[], float] | None = None  # set while draining
         self._task: asyncio.Task[None] | None = None
         # Until the first beat: nothing known, no new work (start() settles it either way).
@@ -159,11 +166,12 @@ class FleetMembership:
             claims = {**self._fleet.claims, self.member_id: claim}
             self._set(self._view(claims, "draining"))
         try:
-            self._fleet = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
+            fleet = await self._registry.beat(self.member_id, claim, self.settings.ttl_s)
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             if cancelling():
                 raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
+        self._fleet = self._keeping_lost(now, fleet)
         alone = set(self._fleet.claims) <= {self.member_id}
         back = self._fleet.back and self._joined_at is not None
         if self._joined_at is None and alone:
@@ -185,6 +193,20 @@ class FleetMembership:
             if self._on_back is not None:
                 self._on_back()
         return self._recompute()
+
+    def _keeping_lost(self, now: float, fleet: Fleet) -> Fleet:
+        """`fleet` with the members a Redis that lost the fleet no longer holds: unknown to Redis
+        though nobody counted it out, after it had joined, this instance finds a Redis restarted
+        empty (or whose keys expired), where the others register again one by one over the next
+        beat, each still filling its part meanwhile. Counted out of what Redis holds, they made
+        the first to beat take every replica whole beside them."""
+        if fleet.unknown and not fleet.back and self._joined_at is not None:
+            self._kept = {m: c for m, c in self._fleet.claims.items() if m != self.member_id}
+            self._kept_until = now + self.settings.join_wait_s
+        if now >= self._kept_until:
+            self._kept = {}
+        self._kept = {m: c for m, c in self._kept.items() if m not in fleet.claims}
+        return replace(fleet, claims={**self._kept, **fleet.claims}) if self._kept else fleet
 
     def _recompute(self) -> FleetView:
         state: State = "draining" if self._remaining is not None else "joining" if self.joining else "serving"

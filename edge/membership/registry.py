@@ -25,6 +25,9 @@ class Fleet:
     # others may have freed its running requests' slots and taken its share meanwhile. Said again
     # at the next beat if the answer that said it first was lost (heartbeat.lua).
     back: bool = False
+    # Redis held no entry of the member before the beat: its first, one that brings it back, or a
+    # Redis that lost the fleet (restarted empty), where the others have yet to register again.
+    unknown: bool = False
 
 
 def _text(value: Any) -> str:
@@ -65,11 +68,11 @@ class MembershipRegistry:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
         args += [self._quiet_ms, "1" if member in self._heard_back else "0"]
-        flat, departed, back = await self._script(keys=self._keys, args=args)
+        flat, departed, back, unknown = await self._script(keys=self._keys, args=args)
         if int(back):
             self._heard_back.add(member)
         else:
             self._heard_back.discard(member)
         pairs = [_text(x) for x in flat]
         claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
-        return Fleet(claims, tuple(sorted(_text(x) for x in departed)), bool(int(back)))
+        return Fleet(claims, tuple(sorted(_text(x) for x in departed)), bool(int(back)), bool(int(unknown)))

@@ -197,7 +197,8 @@ def test_redis_gone_falls_back_to_instance_count(fleet: Fleet, redis_server: Red
 def test_a_redis_restarted_empty_leaves_every_edge_serving(fleet: Fleet, redis_server: RedisServer) -> None:
     """Nobody counted anybody out (the fleet's keys are simply gone): the edges register again and
     keep their shares, none goes back through the join wait (share 0) as one back from a stall
-    past its TTL does."""
+    past its TTL does, and the first to register does not take the whole replica while the
+    other, not registered yet, still fills its half."""
     fleet.start("a")
     fleet.start("b")
     fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
@@ -213,6 +214,9 @@ def test_a_redis_restarted_empty_leaves_every_edge_serving(fleet: Fleet, redis_s
         fleet.wait("two edges at 1/2", fleet.serving(["a", "b"], 1 / 2, 2))
         for name in ("a", "b"):
             assert all(v["share"] > 0 for v in fleet.edges[name].views[seen[name] :]), fleet.edges[name].views
+        assert fleet.max_total_held() <= 1.0 + 1e-9, [
+            (n, v["held"]) for n, e in fleet.edges.items() for v in e.views
+        ]
     finally:
         probe.close()
         restarted.kill()
@@ -321,7 +325,9 @@ async def test_a_member_that_stops_beating_is_departed_until_it_beats_again(
 
         # A Redis that lost the fleet (restarted empty): nobody counted anyone out.
         await client.flushdb()
-        assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)).back
+        lost = await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)
+        assert not lost.back and lost.unknown  # its own entry gone too: the others' may be
+        assert not (await registry.beat("host:1:aaaa1111", 1.0, ttl_s=60)).unknown
     finally:
         await client.aclose()
 
