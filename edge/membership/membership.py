@@ -12,7 +12,8 @@ showed it so.
 The first member of an empty fleet has nobody to wait for and serves at once.
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
-unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time), then
+unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time; one
+that never reached it holds its first, nothing, from its first beat), then
 the static `instance_count` takes over until Redis answers again (with `members_per_replica`, for
 the limits' divisor; the replicas stay divided as last seen); an outage of Redis itself counts
 against nobody's TTL (heartbeat.lua), so the fleet is as it was. A Redis that lost the fleet
@@ -108,6 +109,7 @@ class FleetMembership:
         self._clock = clock
         self._joined_at: float | None = None  # first beat Redis accepted
         self._last_ok: float | None = None
+        self._first_try: float | None = None  # the first beat's start, reaching Redis or not
         self._fleet = Fleet({}, ())
         # The live-member sets the beats found over the last join wait, each with when it was
         # first seen (the current one last): with members_per_replica, a replica this member is
@@ -157,6 +159,8 @@ class FleetMembership:
 
     async def beat_once(self) -> FleetView:
         now = self._clock()
+        if self._first_try is None:
+            self._first_try = now
         claim = self._claim()
         claimed = self.member_id in self._fleet.claims
         if self._remaining is not None and claimed and self.view.source == "redis":
@@ -235,7 +239,12 @@ class FleetMembership:
             self._sets.pop(0)
 
     def _unreachable(self, now: float, exc: BaseException) -> FleetView:
-        if self._last_ok is not None and now - self._last_ok < self.settings.stale_after_s:
+        # One that never reached Redis holds its first view (nothing, as a joiner) as long as the
+        # others hold their last: falling back at its first failed beat, it took 1 / instance_count
+        # of every replica (all of each at the default 1) beside their whole shares, with no join
+        # wait, while Redis merely answered late once.
+        since = self._last_ok if self._last_ok is not None else self._first_try
+        if since is not None and now - since < self.settings.stale_after_s:
             view = replace(self.view, source="stale")
         else:
             view = fallback_view(self.settings.instance_count)

@@ -376,3 +376,37 @@ async def test_a_member_back_whose_first_answer_was_lost_still_rejoins(redis_ser
         finally:
             await client.aclose()
             await other_client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_member_whose_first_beat_finds_no_redis_waits_stale_after_before_the_fallback(
+    redis_server: RedisServer,
+) -> None:
+    """A beat that fails once (a Redis slow past the socket timeout, a failover under way) is no
+    outage yet: the members already in the fleet hold their last view for stale_after_s. One whose
+    first beat failed fell back at once to 1 / instance_count of every replica (all of it at the
+    default 1) beside their whole shares, with no join wait; it holds nothing as long as they do."""
+    settings = MembershipSettings(
+        interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, stale_after_s=1.0, fleet="first-miss"
+    )
+    direct = redis_url.connect(redis_server.url)
+    await MembershipRegistry(direct, settings.fleet).beat("host:1:aaaa1111", 1.0, ttl_s=60)  # serving
+    await direct.aclose()
+    with stalling_proxy(redis_server.port) as proxy:
+        client = redis_url.connect(
+            f"redis://127.0.0.1:{proxy.port}/0", socket_timeout=0.3, socket_connect_timeout=0.3
+        )
+        now = [0.0]
+        member = FleetMembership(client, "host:2:bbbb2222", settings, clock=lambda: now[0])
+        try:
+            proxy.black_hole()
+            first = await member.beat_once()
+            assert (first.source, first.held) == ("stale", 0.0)
+            now[0] += settings.stale_after_s
+            fallback = await member.beat_once()  # out of reach as long as the others' last views hold
+            assert (fallback.source, fallback.held) == ("fallback", 1.0)
+            proxy.resume()
+            now[0] += settings.interval_s
+            assert (await member.beat_once()).held == 0.0  # reached: it joins beside a
+        finally:
+            await client.aclose()
