@@ -554,10 +554,12 @@ def _may_call_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice | Non
 
 def unknown_model(name: str) -> ApiError:
     """OpenAI's words: a model the key's tier may not use answers as one that does not exist
-    (edge/models/catalog.py), and the message says it may be either."""
+    (edge/models/catalog.py), and the message says it may be either. The name is the caller's (the
+    body's `model`, a path's id), of any length the body or request line allows: cut at 64
+    characters as every echo of user input is (a real name is far shorter)."""
     return ApiError(
         404,
-        f"The model `{name}` does not exist or you do not have access to it.",
+        f"The model `{name[:64]}` does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
     )

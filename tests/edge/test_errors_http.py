@@ -443,6 +443,27 @@ def test_404_for_an_unknown_model(local_server: LiveServer, local_client: httpx.
     assert error["code"] == "model_not_found" and error["param"] == "model"
 
 
+def test_the_404_for_an_unknown_model_echoes_its_name_cut(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """A review: the 404 echoed the model the caller named whole (the body's `model`, the path's id
+    on /v1/models/{id} and its stats), where every other message cuts what the user sent at 64
+    characters: a name of kilobytes came back whole. A real name is never cut."""
+    long_name = "gpt-" + "x" * 8000
+    auth = local_server.auth("paid")
+    cut = f"The model `{long_name[:64]}` does not exist or you do not have access to it."
+    answers = [
+        local_client.post(CHAT, json=OK_BODY | {"model": long_name}, headers=auth),
+        local_client.get(f"/v1/models/{long_name}", headers=auth),
+        local_client.get(f"/v1/models/{long_name}/stats", headers=auth),
+    ]
+    for answer in answers:
+        error = _error(answer, 404)
+        assert error["code"] == "model_not_found" and error["message"] == cut
+    short = _error(local_client.get("/v1/models/gpt-9", headers=auth), 404)
+    assert short["message"] == "The model `gpt-9` does not exist or you do not have access to it."
+
+
 def test_413_for_an_oversized_body(local_server: LiveServer, local_client: httpx.Client) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}
     error = _error(local_client.post(CHAT, json=body, headers=local_server.auth("paid")), 413)
