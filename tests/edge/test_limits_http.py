@@ -3,6 +3,7 @@ and keep-alive comments while a request waits for a replica."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -11,10 +12,12 @@ from typing import Any
 import httpx
 from structlog.testing import capture_logs
 
-from floodgate_client.decoder import stream_error
-from floodgate_client.errors import ServiceUnavailableError
+from floodgate_client.decoder import ChunkDecoder, stream_error
+from floodgate_client.errors import FloodgateError, ServiceUnavailableError, StreamError
+from floodgate_client.retry import retryable
+from floodgate_client.sse import ServerSentEvent
 from tests.edge.conftest import ROOMY_TIERS
-from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, events
+from tests.edge.sse_client import CHAT, DONE, KEEPALIVE, LONG_PROMPT, LONG_TOKENS, MODEL, content_of, events
 from tests.support.held_engines import engines_held
 from tests.support.live_server import start_server
 from tests.support.ports import free_port
@@ -160,12 +163,29 @@ def test_redis_down_fail_closed_tier_and_remote_cancel_answer_503(tmp_path: Path
     assert cancel.json()["error"]["code"] == "cancel_unavailable"
 
 
-def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_503_not_the_budgets_marker(
+def _raised_by_the_client(got: list[Any]) -> tuple[FloodgateError, ChunkDecoder]:
+    """What the client raises reading these events (the stream's JSON events and [DONE]), with the
+    decoder that read them: it alone knows whether text came before the error."""
+    decoder = ChunkDecoder()
+    for payload in got:
+        if isinstance(payload, str) and payload.startswith(":"):
+            continue  # a keep-alive comment, which the client's parser drops
+        data = payload if payload == DONE else json.dumps(payload)
+        try:
+            decoder.feed(ServerSentEvent(data))
+        except FloodgateError as error:
+            return error, decoder
+    raise AssertionError(f"no error event in {got[-3:]}")
+
+
+def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_stream_error_not_the_budgets_marker(
     tmp_path: Path,
 ) -> None:
     """Nothing vouches for more of the user's tokens once the store is gone: the stream stops. It
     ended as a spent budget ("limit_reached": "tokens", finish_reason length, a review), which a
-    client waits out for a refill of a budget it still had; it is the store's failure, to retry."""
+    client waits out for a refill of a budget it still had; it is the store's failure. Text had come,
+    so the client raises it as a StreamError without a status (d7a628e), never sent again: this test
+    built its expected error as if no text had, and checked for the 503 that event is before text."""
     redis = start_redis()
     overrides = _paid(on_store_failure="closed") | {
         "limiter": {"backend": "redis", "redis_url": redis.url, "timeout_ms": 200}
@@ -189,20 +209,27 @@ def test_redis_lost_mid_stream_on_a_fail_closed_tier_ends_it_with_a_503_not_the_
                 client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response,
             ):
                 assert response.status_code == 200
-                got = events(response)
-                first = [next(got)]  # the first event: admitted on Redis
+                stream = events(response)
+                first = [next(stream)]  # the first event: admitted on Redis
                 redis.kill()
                 let_go()
-                got = first + list(got)
+                got = first + list(stream)
     finally:
         redis.stop()
     assert got[-1] == DONE
     error = got[-2]["error"]
     assert error["code"] == "limiter_unavailable", got[-3:]
-    # With its wait, which an error event can only say in its message (no Retry-After header).
-    refusal = stream_error(got[-2], "r")
+    # As the client reads the stream: text came first, so the store's loss cut a reply under way.
+    raised, decoder = _raised_by_the_client(got)
+    assert decoder.saw_text and content_of(got), got[:3]
+    assert type(raised) is StreamError and raised.status_code is None, raised
+    assert raised.code == "limiter_unavailable" and not retryable(raised)
+    # With its wait, which an error event can only say in its object or message (no Retry-After).
+    assert raised.retry_after_s is not None and raised.retry_after_s > 0
+    # The same event before any text would be the 503 a new request gets, to retry.
+    refusal = stream_error(got[-2], "r", saw_text=False)
     assert isinstance(refusal, ServiceUnavailableError) and refusal.status_code == 503
-    assert refusal.retry_after_s is not None and refusal.retry_after_s > 0
+    assert refusal.retry_after_s == raised.retry_after_s
     usage = got[-3]["usage"]
     assert 0 < usage["completion_tokens"] < LONG_TOKENS  # its first lease's tokens came, and were charged
     assert not any(isinstance(e, dict) and e.get("floodgate") for e in got)
