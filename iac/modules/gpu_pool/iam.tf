@@ -1,6 +1,8 @@
 # The hosts read their engine from one bucket, pull their image from one repository, report their
-# own readiness, health and scale-in protection to their own group, and ship Triton's logs and GPU
-# metrics to CloudWatch. Session Manager replaces SSH (its own actions, no SSM parameter).
+# own readiness and health to their own group (lifecycle hooks, instance health), and ship Triton's
+# logs and GPU metrics to CloudWatch. Session Manager replaces SSH (its own actions, no SSM
+# parameter). They set no scale-in protection (no autoscaling:SetInstanceProtection): the terminate
+# hook's drain is what keeps a host's streams alive (gpu_container/triton/host_agent.py).
 #
 # Nothing here refers to the Auto Scaling group resource: the group is named by var.group_name,
 # which is known before the group exists. A reference to aws_autoscaling_group.gpu would make

@@ -182,7 +182,8 @@ resource "aws_autoscaling_group" "gpu" {
       instance_warmup        = 300
       skip_matching          = true
       auto_rollback          = true
-      # A host protected because it has streams is still refreshed: its terminate hook drains it.
+      # A host protected from scale-in (by hand: the hosts protect none) is still refreshed, its
+      # terminate hook draining it.
       scale_in_protected_instances = "Refresh"
     }
   }

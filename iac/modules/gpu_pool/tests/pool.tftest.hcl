@@ -86,7 +86,7 @@ run "pool_hooks_user_data_and_scaling" {
 
   assert {
     condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "python3 -m gpu_container.triton.host_agent --group fg-gpu-llama")
-    error_message = "the host agent (health, scale-in protection, hooks) must run on every host"
+    error_message = "the host agent (health, hooks, drain) must run on every host"
   }
 
   assert {
