@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from datetime import UTC
@@ -117,20 +118,29 @@ _BY_STATUS: dict[int, type[FloodgateError]] = {
 }
 
 
+# A longer advertised wait is no hint: no limiter's window is a century, and time.sleep refuses a
+# wait past about 292 years (OverflowError), as it does an infinite one.
+_MAX_WAIT_S = 100 * 365.25 * 86400
+
+
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """The server's advertised wait: `retry-after-ms` (exact) first, then `Retry-After` (s or HTTP date)."""
+    """The server's advertised wait: `retry-after-ms` (exact) first, then `Retry-After` (s or HTTP
+    date). One that is not a wait (`inf`, `nan`, a century or more) is no hint, as an error event's
+    is (decoder.py): a caller's time.sleep(retry_after_s) raised OverflowError on an infinite one."""
     lowered = {k.lower(): v for k, v in headers.items()}
     millis = lowered.get("retry-after-ms")
     if millis is not None:
         try:
-            return max(0.0, float(millis) / 1000.0)
+            wait = _wait(float(millis) / 1000.0)
         except ValueError:
-            pass
+            wait = None
+        if wait is not None:
+            return wait
     seconds = lowered.get("retry-after")
     if seconds is None:
         return None
     try:
-        return max(0.0, float(seconds))
+        return _wait(float(seconds))
     except ValueError:
         pass
     try:
@@ -140,7 +150,14 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
     if when.tzinfo is None:
         # HTTP dates are GMT; the asctime form (and a "-0000" zone) parse naive, not as local time.
         when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - time.time())
+    return _wait(when.timestamp() - time.time())
+
+
+def _wait(seconds: float) -> float | None:
+    """`seconds` as a wait (one already over is none: 0), or None where it is no hint."""
+    if not math.isfinite(seconds) or seconds > _MAX_WAIT_S:
+        return None
+    return max(0.0, seconds)
 
 
 def transport_failure(what: str, exc: Exception) -> NetworkError:

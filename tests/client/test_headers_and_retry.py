@@ -8,6 +8,7 @@ from email.utils import formatdate
 
 import pytest
 
+from floodgate_client.decoder import stream_error
 from floodgate_client.errors import BadRequestError, RateLimitError, error_from_response, retry_after_s
 from floodgate_client.rate_limits import RateLimits, parse_duration_s
 from floodgate_client.retry import RetryPolicy
@@ -50,6 +51,39 @@ def test_retry_after_prefers_milliseconds_then_seconds() -> None:
     assert retry_after_s({"Retry-After": "2", "retry-after-ms": "1250"}) == pytest.approx(1.25)
     assert retry_after_s({"retry-after": "3"}) == pytest.approx(3.0)
     assert retry_after_s({}) is None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        *(
+            {"retry-after": text}
+            for text in ("inf", "Infinity", "-inf", "1e400", "nan", "1e300", "4e9", "1e10")
+        ),
+        {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"},
+        *({"retry-after-ms": text} for text in ("inf", "nan", "1e400", "1" + "0" * 400, "4e12")),
+    ],
+)
+def test_a_wait_no_sleep_can_take_is_no_hint(headers: dict[str, str]) -> None:
+    """A review: `Retry-After: inf` (or 1e400, or a wait of centuries, a date in year 9999) was an
+    infinite or absurd retry_after_s, and NaN a wait of 0; auto_retry gave up, but a caller's own
+    time.sleep(error.retry_after_s) raised OverflowError. As an error event's unholdable wait (no
+    hint), the answer is raised with none and a retry backs off as it does without one."""
+    assert retry_after_s(headers) is None
+    refused = error_from_response(429, headers, b"{}")
+    assert refused.retry_after_s is None
+    wait = RetryPolicy(max_retries=2, deadline_s=60.0).wait_s(refused, retries_done=0, elapsed_s=0.0)
+    assert wait is not None and 0.5 <= wait <= 0.55  # the first backoff, jitter on top
+
+
+def test_an_unholdable_wait_in_milliseconds_leaves_the_seconds_and_a_real_wait_is_kept() -> None:
+    assert retry_after_s({"retry-after-ms": "inf", "retry-after": "3"}) == pytest.approx(3.0)
+    assert retry_after_s({"retry-after": "-5"}) == 0.0  # a wait already over: none, as before
+    a_year = 365 * 86400
+    assert retry_after_s({"retry-after": str(a_year)}) == a_year  # a yearly budget's refill
+    # An error event's finite but absurd wait reaches the same reading (its headers).
+    event = {"error": {"message": "restarting", "code": "upstream_error", "retry_after_ms": 1e300}}
+    assert stream_error(event, None).retry_after_s is None
 
 
 @pytest.fixture
