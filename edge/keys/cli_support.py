@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -63,7 +64,9 @@ def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
     """`step` on a fresh event loop. A DynamoDB key store that fails it (its table missing or
     mistyped, no AWS region or credentials in the operator's shell, the endpoint unreachable) is
     said in one line naming the table: botocore's exception was a traceback from every key command,
-    `usage` and `serve`'s dev key."""
+    `usage` and `serve`'s dev key. So is a SQLite one that fails it: a file another process holds
+    the write lock of past the store's busy wait ("database is locked"), a full disk, were a
+    sqlite3.OperationalError traceback."""
 
     async def main() -> _T:
         return await step()
@@ -80,6 +83,8 @@ def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
             # Only the commands that add keys make it at a local endpoint (edge/keys/factory.py).
             said += "; `floodgate keys create` or `floodgate serve` makes it at keys.dynamodb_endpoint"
         raise SystemExit(said) from None
+    except sqlite3.Error as exc:
+        raise SystemExit(f"floodgate: keys.sqlite_path {keys.sqlite_path!r}: {exc}") from None
 
 
 def note(message: str) -> None:

@@ -704,3 +704,28 @@ def test_usage_refuses_a_start_after_its_end(config: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "floodgate usage: error: --start 2026-01-31 is after --end 2026-01-01"
     ], done.stderr
+
+
+@pytest.fixture
+def write_locked_keys_db(config: Path) -> Iterator[Path]:
+    """The key store with its write lock held by another connection for the whole command (a
+    `sqlite3` shell left in a transaction, a backup tool): the store's own open waits its 10 s."""
+    path = Path(load_settings(config).keys.sqlite_path)
+    asyncio.run(SQLiteKeyStore(path).aclose())
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("BEGIN EXCLUSIVE")
+        yield path
+
+
+@pytest.mark.slow
+def test_a_key_store_locked_past_its_wait_is_said_naming_the_setting(
+    capsys: pytest.CaptureFixture[str], config: Path, write_locked_keys_db: Path
+) -> None:
+    """sqlite3.OperationalError ("database is locked") was a traceback once the store had waited
+    out its busy timeout: from `keys create`'s write, and from `usage`, whose store writes as it
+    opens. Both go through the same handler (edge/keys/cli_support.py run); one is checked, as each
+    waits 15 s (the open check's 5 s, then the store's 10 s)."""
+    said = rf"^floodgate: keys\.sqlite_path '{write_locked_keys_db}': database is locked"
+    with pytest.raises(SystemExit, match=said):
+        main(["keys", "create", "--user", "x", "--tier", "free", "--config", str(config)])
+    assert capsys.readouterr().out == ""
