@@ -152,11 +152,18 @@ class ScalingPublisher:
         while not self._stopping.is_set():
             self.sample()
             next_sample += self._sample_interval_s
-            if loop.time() >= next_flush:
+            # Half a sample's slack: the sample that ends the interval is due at next_flush, up to a
+            # float's rounding apart.
+            if loop.time() >= next_flush - self._sample_interval_s / 2:
                 await self.flush()
-                # Counted from this call's end: a call slower than the interval (a loaded host, a
-                # slow CloudWatch) is not followed at once by another carrying a single sample.
-                next_flush = loop.time() + self._interval_s
+                # On the interval's beat: timed from each call's end, the next call missed the
+                # sample that ends its interval by the call's duration and went out a sample
+                # later (a call every 70 s, 7 samples each). Only a call slower than the interval
+                # (a loaded host, a slow CloudWatch) starts the beat again from its end, so that
+                # it is not followed at once by another carrying a single sample.
+                next_flush += self._interval_s
+                if next_flush <= loop.time():
+                    next_flush = loop.time() + self._interval_s
             # After a slow flush, skip the missed samples rather than take them in a burst.
             next_sample = max(next_sample, loop.time())
             with contextlib.suppress(TimeoutError):

@@ -17,6 +17,7 @@ from tests.scaling.conftest import PutRecorder, aws_client, read_back
 from tests.support.moto_server import REGION
 from tests.support.ports import free_port
 from tests.support.stalling_proxy import stalling_proxy
+from tests.support.virtual_clock import VirtualClockLoop
 
 pytestmark = pytest.mark.anyio
 
@@ -178,3 +179,49 @@ async def test_a_silent_cloudwatch_holds_the_shutdown_for_one_bounded_call(
         assert closed, f"the close was still held by a silent CloudWatch after {CLOSE_BOUND_S} s"
         failures = REGISTRY.get_sample_value("floodgate_cloudwatch_publish_failures_total", {"model": model})
         assert failures == 1.0  # the call out failed (no sample was taken while it was out)
+
+
+def test_each_call_carries_one_intervals_samples(recorder: PutRecorder) -> None:
+    """A minute's PutMetricData call takes time (here 0.5 s). The next was timed from its end, a
+    minute and a half-second on, and so went out with the sample after that, 10 s late: one call
+    every 70 s carrying 7 samples, each sample up to 70 s old when the scaling policies read it and
+    every period's Sum incomplete for longer. The calls keep the interval's beat: 6 samples each."""
+    loop = VirtualClockLoop()
+    calls_at: list[float] = []
+    fifth_sent = asyncio.Event()
+
+    def slow_put(**_: Any) -> None:
+        calls_at.append(loop.time())
+        loop.advance(0.5)
+
+    def sent(**_: Any) -> None:
+        if len(calls_at) == 5:
+            loop.call_soon_threadsafe(fifth_sent.set)
+
+    def client() -> Any:
+        real = recorder.client()
+        real.meta.events.register("provide-client-params.cloudwatch.PutMetricData", slow_put)
+        real.meta.events.register("after-call.cloudwatch.PutMetricData", sent)
+        return real
+
+    async def main() -> None:
+        publisher = ScalingPublisher(
+            lambda: {metric.DEMAND_METRIC: 1.0},
+            dimensions=metric.dimensions(model_name()),
+            client_factory=client,
+        )
+        publisher.start()
+        await fifth_sent.wait()
+        loop.hold()  # the close's budget is not spent at once while the fifth call returns
+        await publisher.aclose()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+    counts = [len(call["MetricData"]) for call in recorder.calls]
+    # The first call also carries the sample taken at the start; every later one an interval's.
+    assert counts[1:5] == [metric.SAMPLES_PER_PERIOD] * 4, counts
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(calls_at[:5])]
+    assert gaps == [float(metric.PERIOD_S)] * 4, gaps
