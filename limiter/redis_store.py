@@ -568,6 +568,13 @@ class RedisLimiter:
                 return self._admission(
                     local, user, tier, request_id, input_tokens, 0, max_output_tokens, local_limits=True
                 )
+            # Redis charged the whole prompt, and the lease refunds it whole, on Redis and the twin
+            # alike; the mirror charged only its share of a prompt past the share (charged_input).
+            # It counts the rest too, as record_admitted would have: else a refund took back more
+            # than it charged, out of the user's other requests, and a fallback then let this
+            # instance past its share by the difference.
+            rest = input_tokens - self._local.charged_input(tier, input_tokens)
+            self._local.record_charged(user, tier, request_id, rest)
         elif allowed:
             self._local.record_admitted(user, request_id, tier, input_tokens + lease_tokens)
         decision = Decision(

@@ -696,3 +696,39 @@ async def test_a_prompt_the_fallback_charged_its_share_for_is_refunded_that_shar
             await other.aclose()
         if restarted is not None:
             restarted.kill()
+
+
+@pytest.mark.anyio
+async def test_a_big_prompt_redis_admitted_and_the_mirror_allowed_too_is_refunded_on_the_twin_as_charged(
+    own_redis_server: RedisServer,
+) -> None:
+    """One of 2 edges. Redis admits a 25K prompt on the 40K daily budget while another call fails
+    (as in the test above), so the mirror decides too: it allows the prompt on its untouched 20K
+    share and charged the share, where Redis charged 25K. Then 10K is spent on Redis and the 25K
+    request ends in an error alone. The lease refunds 25K on Redis and on the twin alike: the twin
+    gave back 5K of the 10K, and with Redis down the fallback let this edge's user spend 15K more
+    of its 20K share, not 10K. The twin now charges what Redis charged, and refunds exactly that."""
+    store = RedisLimiter.from_url(own_redis_server.url, timeout_ms=500, instance_count=2, backoff_s=0)
+    probe = Redis.from_url(own_redis_server.url)
+    user, broken = f"u-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+    try:
+        broken_key = user_keys(broken, DAILY.name)[1]
+        await probe.rpush(broken_key, "not a budget")
+        # In one pass of the loop: the broken call is written first, its failure read first.
+        _, big = await asyncio.gather(
+            store.admit(broken, "b", DAILY, 10, 0),
+            store.admit(user, "big", DAILY, 25_000, 0),
+        )
+        assert big.decision.allowed and big.lease is not None, big.decision
+        await probe.delete(broken_key)
+        if store._restoring is not None:  # the failure's restore: Redis kept the 25K (later TAT)
+            await store._restoring
+        await _spend(store, user, 10_000)
+        await big.lease.settle(ran=False)
+        own_redis_server.stop()
+        after = (await store.admit(user, "after", DAILY, 0, 0)).decision
+        # This edge spent 10K of its 20K share; a token of the share refills every 4.32 s.
+        assert store.fallback_active and 9_990 <= after.remaining_tokens <= 10_010, after
+    finally:
+        await probe.aclose()
+        await store.aclose()
