@@ -23,10 +23,15 @@ fail() {
 [ -n "${FLOODGATE_CONFIG_TOML:-}" ] || fail "FLOODGATE_CONFIG_TOML is empty"
 # Production settings must never let the edge make and print a development key (into the logs):
 # keys come from the keys table (`floodgate keys create`), the secret's file is only imported.
-case $FLOODGATE_CONFIG_TOML in
-  *"dev_key = false"*) ;;
-  *) fail "the settings must say [server] dev_key = false" ;;
-esac
+# The setting itself, a line of [server], not the words anywhere: `# dev_key = false` (commented
+# out, so the default, true) passed, and `dev_key=false` (the same TOML) was refused.
+dev_key_off() {
+  printf '%s\n' "$FLOODGATE_CONFIG_TOML" | awk '
+    /^[[:space:]]*\[/ { table = $0; sub(/#.*/, "", table); gsub(/[[:space:]]/, "", table); next }
+    table == "[server]" && /^[[:space:]]*dev_key[[:space:]]*=[[:space:]]*false[[:space:]]*(#.*)?\r?$/ { off = 1 }
+    END { exit !off }'
+}
+dev_key_off || fail "the settings must say [server] dev_key = false"
 
 # Fargate mounts the task volume root-owned 0755 unless the image declares it a VOLUME owned by its
 # user: say so plainly instead of dying on the first write.

@@ -139,15 +139,12 @@ def test_an_empty_keys_secret_is_fine_keys_live_in_the_table(
     assert (mount / "keys.jsonl").read_text() == ""
 
 
-def test_settings_that_allow_a_dev_key_are_refused(stand_in: dict[str, str], tmp_path: Path) -> None:
-    mount = fargate_mount(tmp_path)
-    settings = (EXAMPLE / "edge.toml.tftpl").read_text().replace("dev_key = false", "dev_key = true")
-
-    done = subprocess.run(
-        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(reachable(mount))],
+def start_with(env: dict[str, str], run_dir: Path, settings: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "sh", str(reachable(run_dir))],
         env={
-            **stand_in,
-            "FLOODGATE_RUN_DIR": str(mount),
+            **env,
+            "FLOODGATE_RUN_DIR": str(run_dir),
             "FLOODGATE_CONFIG_TOML": settings,
             "REDIS_AUTH_TOKEN": "t",
         },
@@ -156,9 +153,46 @@ def test_settings_that_allow_a_dev_key_are_refused(stand_in: dict[str, str], tmp
         timeout=30,
     )
 
+
+EXAMPLE_DEV_KEY = "dev_key = false"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "dev_key = true",
+        # Commented out: the edge's default, true, which made and printed a key into the task's logs.
+        "# dev_key = false",
+        "#dev_key = false",
+    ],
+)
+def test_settings_that_allow_a_dev_key_are_refused(
+    stand_in: dict[str, str], tmp_path: Path, line: str
+) -> None:
+    mount = fargate_mount(tmp_path)
+    settings = (EXAMPLE / "edge.toml.tftpl").read_text()
+    assert settings.count(EXAMPLE_DEV_KEY) == 1
+
+    done = start_with(stand_in, mount, settings.replace(EXAMPLE_DEV_KEY, line))
+
     assert done.returncode == 1
     assert "started" not in done.stdout
     assert "dev_key = false" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "line",
+    # The same TOML as the example's line, spelled as an operator may spell it.
+    ["dev_key=false", "dev_key  =  false", "  dev_key = false   # never a dev key", "dev_key = false\r"],
+)
+def test_dev_key_off_in_any_spelling_starts(stand_in: dict[str, str], tmp_path: Path, line: str) -> None:
+    mount = fargate_mount(tmp_path)
+    settings = (EXAMPLE / "edge.toml.tftpl").read_text().replace(EXAMPLE_DEV_KEY, line)
+
+    done = start_with(stand_in, mount, settings)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"started: serve --workers 1 --config {mount}/config.toml"
 
 
 def test_the_image_installs_the_script_the_task_runs() -> None:
