@@ -12,9 +12,16 @@ credentials; the database): the one server a plain client names, or on a Cluster
 holds the user's slot (all of a user's keys share one hash tag, so one node runs the whole script).
 
 On a Cluster the slot map is redis-py's (the client's nodes manager):
-- A reply saying the slot is elsewhere or busy (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the script did
-  not run) sends that one call through redis-py, which follows the redirect and updates the map
-  the next call reads.
+- A reply saying the slot is elsewhere or busy (MOVED, TRYAGAIN, CLUSTERDOWN: the script did not
+  run) sends that one call through redis-py, which follows the redirect and updates the map the
+  next call reads.
+- ASK (the slot is migrating and the keys are on the importing node) is followed here: ASKING and
+  the call in one write on this module's connection to that node, as Redis needs ASKING on the
+  connection the call takes. redis-py sends ASKING as a command of its own on a connection of the
+  node's pool and the call on the next free one, another once its pool holds two (after any two
+  concurrent redirected calls): the call, taken without ASKING, was sent back (MOVED) to the
+  migrating node, which said ASK again, until redis-py gave up ("TTL exhausted"): every charge and
+  read of the slot's users a store failure until the migration ended.
 - A node lost or refusing fails the call (the limiter's store-failure policy answers), and the
   next call first reloads the map from the cluster: after a failover it finds the new primary.
 - A connection that stops answering without closing (a host gone without a reset) is closed when
@@ -57,6 +64,7 @@ from limiter.resp_connection import RespConnection, open_connection
 # Error replies a Cluster node gives before running anything: the call belongs elsewhere (MOVED,
 # ASK) or not now (TRYAGAIN during a slot's migration, CLUSTERDOWN during a failover).
 _REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+_ASKING = pack_command("ASKING")
 
 
 @dataclass(frozen=True)
@@ -185,16 +193,26 @@ class DirectCalls:
         return conn if conn is not None and conn.usable() else None
 
     async def _send(
-        self, conn: RespConnection, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]
+        self,
+        conn: RespConnection,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        asking: bool = False,
     ) -> Any:
+        """`asking`: `conn` is to the node an ASK named; the call goes right behind ASKING, in one
+        write (no other caller's command between them). A redirect from there goes through redis-py."""
         packed = pack_evalshas(script.sha, [(keys, args)])
+        if asking:
+            packed = _ASKING + packed
         try:
-            reply = await conn.send(packed)
+            reply = await self._reply(conn, packed, asking)
             if isinstance(reply, NoScriptError):
                 loaded = await conn.send(self._load(script))
                 if isinstance(loaded, Exception):
                     raise loaded
-                reply = await conn.send(packed)
+                reply = await self._reply(conn, packed, asking)
         except RedisConnectionError:
             self._reload_slots = self._single is None
             raise
@@ -205,6 +223,13 @@ class DirectCalls:
             raise
         if isinstance(reply, ReadOnlyError):
             conn.close()  # its server is a replica now (_leave_if_demoted)
+        if isinstance(reply, ResponseError) and str(reply).startswith("ASK ") and not asking:
+            CLUSTER_REDIRECTS.labels(reply="ASK").inc()
+            async with asyncio.timeout(self._bound_s):
+                importing = await self._asked(str(reply))
+                if importing is None:  # a node the map does not know yet, or one reached as redis-py would
+                    return await script(keys=keys, args=args)
+            return await self._send(importing, script, keys, args, asking=True)
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             async with asyncio.timeout(self._bound_s):
@@ -212,6 +237,29 @@ class DirectCalls:
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    @staticmethod
+    async def _reply(conn: RespConnection, packed: bytes, asking: bool) -> Any:
+        """The call's reply: with `asking`, the second of the two (ASKING's is OK)."""
+        if not asking:
+            return await conn.send(packed)
+        return (await asyncio.gather(*conn.send_many(packed, 2)))[1]
+
+    async def _asked(self, reply: str) -> RespConnection | None:
+        """The connection to the node an ASK reply (`ASK <slot> <host>:<port>`) names, None where
+        the slot map knows no such node or this module cannot reach it as redis-py would."""
+        assert isinstance(self._client, RedisCluster)
+        host, _, port = reply.split(" ", 2)[2].rpartition(":")
+        host, port_number = self._client.nodes_manager.remap_host_port(host, int(port))
+        node = self._client.get_node(host, port_number)
+        endpoint = None if node is None else self._endpoint_of(node)
+        if endpoint is None:
+            return None
+        try:
+            return await self._connected(endpoint)
+        except RedisConnectionError:
+            self._reload_slots = True  # as for any node lost: the map first, next call
+            raise
 
     async def call_all(
         self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]

@@ -183,6 +183,51 @@ async def test_a_slot_moved_to_another_node_is_followed_and_its_counts_hold(
         await limiter.aclose()
 
 
+async def test_calls_asked_to_the_importing_node_during_a_migration_are_answered_there(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """A slot migrating, its user's keys already on the importing node: the migrating node answers
+    their charges ASK, and each is answered by the importing node, after a burst of them too. Sent
+    through redis-py, ASKING went on one pooled connection and the charge on another once the pool
+    held two (after the burst): the importing node sent it back (MOVED), the migrating node said
+    ASK again, until redis-py gave up ("TTL exhausted"), each charge a store failure."""
+    await probe.initialize()
+    user = f"k-{uuid.uuid4().hex}"
+    limits = tier(requests=100, request_window_s=3600, tokens=10**6, token_window_s=86400)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True, backoff_s=0)
+    source = _node_holding(cluster, probe, user)
+    target = next(node for node in cluster.nodes if node is not source)
+    slot = str(probe.keyslot(user_keys(user)[0]))
+    source_id, target_id = _node_id(source), _node_id(target)
+    try:
+        leases: list[Lease] = []
+        for i in range(8):
+            lease = (await limiter.admit(user, f"r{i}", limits, 10, 10**5)).lease
+            assert isinstance(lease, Lease)
+            leases.append(lease)
+        _ok(target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id))
+        _ok(source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id))
+        keys = [
+            k
+            for k in source.command("CLUSTER", "GETKEYSINSLOT", slot, "100").decode().split("\r\n")
+            if "{" in k
+        ]
+        _ok(source.command("MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *keys))
+
+        asked = _count("floodgate_limiter_cluster_redirects_total", reply="ASK")
+        assert await asyncio.gather(*(lease.take(300) for lease in leases)) == [300] * len(leases)
+        assert not limiter.fallback_active
+        for lease in leases:  # one at a time, each asked again
+            assert await lease.take(600) == 600
+            assert not limiter.fallback_active
+        assert _count("floodgate_limiter_cluster_redirects_total", reply="ASK") == asked + 2 * len(leases)
+        assert _admits_on_own_connection(target)
+    finally:
+        await limiter.aclose()
+        _ok(target.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
+        _ok(source.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
+
+
 def _wait_cluster_ok(nodes: list[RedisServer]) -> None:
     deadline = time.monotonic() + SETTLE_S
     while not all(b"cluster_state:ok" in node.command("CLUSTER", "INFO") for node in nodes):
