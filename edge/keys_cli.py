@@ -4,6 +4,7 @@ against the shared store the settings name (the same one the edges read)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import io
 import json
@@ -199,7 +200,15 @@ def _rotate(args: argparse.Namespace) -> int:
             raise SystemExit(f"floodgate: {exc}") from None
 
     async def step(keys: KeyLifecycle) -> Any:
-        return await keys.rotate(args.key_id, args.grace_s)
+        try:
+            return await keys.rotate(args.key_id, args.grace_s)
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels the command): rotate hands back a rotation that landed,
+            # to be shown, and revokes a new key that had not replaced the old one yet.
+            note(
+                f"floodgate: {args.key_id} was not rotated: it is as it was, and no new key was left working"
+            )
+            raise
 
     rotated = _lifecycle_command(args, step)
     note(

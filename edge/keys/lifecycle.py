@@ -6,6 +6,7 @@ once where pub/sub is available."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -139,7 +140,15 @@ class KeyLifecycle:
         for _ in range(NEW_KEY_TRIES):
             key, record = new_record(user, tier, label, expires)
             record = record.with_changes(replaces=replaces)
-            if await self.store.add(record):
+            try:
+                added = await self.store.add(record)
+            except (Exception, asyncio.CancelledError):
+                # Interrupted or failed waiting for the insert, which may have landed all the same
+                # (a store's worker thread runs on): a live key nobody would be shown, revoked.
+                if await self.store.get(record.key_sha256) is not None:
+                    await self._withdraw(record)
+                raise
+            if added:
                 return key, record
         raise KeyIdTaken(
             f"the key store refused {NEW_KEY_TRIES} fresh keys in a row (their ids taken); "
@@ -275,20 +284,42 @@ class KeyLifecycle:
         if old.replaced_by is not None:
             raise KeyAlreadyRotated(key_id, old.replaced_by)
         key, new = await self._new_key(old.user, old.tier, old.label, old.expires, replaces=old.id)
+        try:
+            return await self._replace(old, key, new, grace)
+        except KeyNotFound:
+            raise  # refused: its new key revoked already
+        except (Exception, asyncio.CancelledError):
+            # Interrupted (Ctrl-C in `floodgate keys rotate`, an admin API client gone) or failed
+            # with the new key stored and shown to nobody: it was left live, an orphan credential.
+            # Once the retire has landed the rotation stands (no store takes a replacement back) and
+            # its key is handed back, to be shown; before, the key is revoked and the old one is as
+            # it was. The read runs: the task's one cancellation was delivered by now.
+            stored = await self.store.get(old.key_sha256)
+            if stored is not None and stored.replaced_by == new.id:
+                return Rotated(key, new, stored)
+            await self._withdraw(new)
+            raise
+
+    async def _withdraw(self, new: KeyRecord) -> None:
+        """A fresh key that nobody will be shown (its rotation or creation did not finish), revoked."""
+        await self.store.put(new.with_changes(revoked=self._clock()))
+        await self._announce(new.key_sha256)
+
+    async def _replace(self, old: KeyRecord, key: str, new: KeyRecord, grace: float) -> Rotated:
+        """The old key retired in favour of the stored new one, which is revoked if it lost a race."""
         ends = self._clock() + grace
         expires = ends if old.expires is None else min(old.expires, ends)
         # Two rotations that read the key at once both get here; the store keeps the first
         # replacement (KeyStore.retire). The other's key was never shown: it is revoked, not left live.
         stored = await self.store.retire(old.key_sha256, new.id, expires)
         if stored is None or stored.replaced_by != new.id:
-            await self.store.put(new.with_changes(revoked=self._clock()))
-            await self._announce(new.key_sha256)
+            await self._withdraw(new)
             if stored is None:
-                raise KeyNotFound(key_id)  # gone since it was read: no store deletes a key
+                raise KeyNotFound(old.id)  # gone since it was read: no store deletes a key
             if stored.replaced_by is not None:
-                raise KeyAlreadyRotated(key_id, stored.replaced_by)
+                raise KeyAlreadyRotated(old.id, stored.replaced_by)
             # Revoked since it was read: retire refused it (a revocation may drop the link too).
-            raise KeyNotRotatable(key_id, stored.status(self._clock()))
+            raise KeyNotRotatable(old.id, stored.status(self._clock()))
         while stored.tier != new.tier:
             # A tier change landed between this rotation's read and its write, and found no
             # replacement to move with it: the new key takes it now. Then the old key is read
