@@ -238,9 +238,19 @@ def _read_secret(secret_id: str) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
+    if args.file is None and not args.secret_id and sys.stdin.isatty():
+        # Standard input, the default, at a terminal: the command sat waiting for keys typed in,
+        # without a word, as if hung. A usage error (2), as `usage`'s swapped days are; `-` names
+        # the terminal on purpose.
+        print(
+            "floodgate keys import: error: no file given, and standard input is a terminal: "
+            "name the keys.jsonl, or - to type its lines in (Ctrl-D to end)",
+            file=sys.stderr,
+        )
+        return 2
     if args.secret_id:
         text = _read_secret(args.secret_id)
-    elif args.file == "-":
+    elif args.file in (None, "-"):
         try:
             # Read as bytes: the text stream's decoding (strict, or surrogateescape under the C
             # locale) let a binary file through to a Unicode error traceback.
@@ -362,7 +372,9 @@ def add_keys_commands(commands: Any) -> None:
     importing = sub(
         "import", "import a keys.jsonl (hashes, as `keys create` used to write) into the store", _import
     )
-    importing.add_argument("file", nargs="?", default="-", help="the JSONL file, or - for stdin")
+    importing.add_argument(
+        "file", nargs="?", help="the JSONL file, or - for stdin (the default, unless it is a terminal)"
+    )
     importing.add_argument("--secret-id", help="read it from this Secrets Manager secret instead")
 
     admin = keys.add_parser("admin-key", help="make an admin key for /v1/admin/* and print its hash setting")

@@ -7,6 +7,8 @@ import contextlib
 import csv
 import io
 import json
+import os
+import pty
 import sqlite3
 import subprocess
 import sys
@@ -729,3 +731,19 @@ def test_a_key_store_locked_past_its_wait_is_said_naming_the_setting(
     with pytest.raises(SystemExit, match=said):
         main(["keys", "create", "--user", "x", "--tier", "free", "--config", str(config)])
     assert capsys.readouterr().out == ""
+
+
+def test_import_with_no_file_at_a_terminal_is_a_usage_error(config: Path) -> None:
+    """`floodgate keys import` with no file, run at a terminal, read standard input: it sat waiting
+    without a word, as if hung. A usage error now (2), naming the way to type the keys in (-)."""
+    controller, terminal = pty.openpty()
+    command = [sys.executable, "-m", "edge.cli", "keys", "import", "--config", str(config)]
+    try:
+        # The timeout only bounds a failure: an answer comes at once, a wait for input never ends.
+        done = subprocess.run(command, stdin=terminal, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert "floodgate keys import: error: no file given, and standard input is a terminal" in done.stderr
+    assert not Path(load_settings(config).keys.sqlite_path).exists()
