@@ -6,7 +6,8 @@ connections. So this is an ASGI middleware around `POST /v1/chat/completions` th
 generations open in this process (from the request's start to the end of its stream):
 
 * draining (edge/drain.py): 503 `server_shutting_down` with `Retry-After`; another instance
-  behind the load balancer will take the retry.
+  behind the load balancer will take the retry, on a new connection: this one closes once what is
+  left of the body is read off (a second at most).
 * `[server] max_open_streams` already open: 429 `server_busy` with `Retry-After` (the OpenAI SDK
   retries it), never a queue of connections the loop cannot serve.
 
@@ -39,6 +40,8 @@ concurrency limit is checked after the reserve) filled the door, and paid users 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from contextvars import ContextVar
 
 import msgspec
@@ -67,6 +70,9 @@ BUSY_RETRY_AFTER_S = 1.0
 
 
 BUSY_MESSAGE = "This server holds as many streams as it can. Please try again shortly."
+# How long a refusal that closes the connection reads the rest of the body first (the server's
+# protocol lingers as long after its own: edge/http_protocol.py).
+CLOSE_READ_OFF_S = 1.0
 # The scope key the app sets, once the key is read, for a tier that may not use the paid reserve.
 NO_RESERVE = "floodgate.no_reserve"
 # True in a request's own task when its body arrived past the free share: it holds no place, and
@@ -115,7 +121,7 @@ class StreamGate:
                     ),
                     DRAINING_RETRY_AFTER_S,
                     # The client's next try opens a new connection, which the balancer sends elsewhere.
-                    close=True,
+                    close_after=receive,
                 )
                 return
             if self.open_streams >= self.max_open_streams:
@@ -174,8 +180,15 @@ def _busy_error() -> ApiError:
 
 
 async def _refuse(
-    scope: Scope, send: Send, status: int, detail: ErrorDetail, retry_after_s: float, *, close: bool = False
+    scope: Scope,
+    send: Send,
+    status: int,
+    detail: ErrorDetail,
+    retry_after_s: float,
+    *,
+    close_after: Receive | None = None,
 ) -> None:
+    """`close_after`: the request's receive, where the answer closes the connection."""
     # At the door, before the body: no model or tier is known yet (the scope names neither).
     count_refusal(scope, status, detail.code or detail.type)
     # Its one line and its id, as the handlers' refusals.
@@ -186,7 +199,33 @@ async def _refuse(
         (b"content-length", str(len(body)).encode()),
         *((k.encode(), v.encode()) for k, v in (retry_after_headers(retry_after_s) | named).items()),
     ]
-    if close:
-        headers.append((b"connection", b"close"))
+    if close_after is None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        return
+    headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    # The whole answer now (its Content-Length is all of it); the close comes at the last send.
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    if not _expects_continue(scope):
+        await _read_off(close_after)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _expects_continue(scope: Scope) -> bool:
+    """The client waits to be told to send its body: never told, it sends none (and the server's
+    protocol closes the connection lingering itself, edge/expect_continue.py). A read would tell it,
+    after its answer."""
+    return any(name == b"expect" and value.lower() == b"100-continue" for name, value in scope["headers"])
+
+
+async def _read_off(receive: Receive) -> None:
+    """Read and drop what is left of the request's body, for CLOSE_READ_OFF_S at most. Closed with
+    the client's bytes unread, the socket sends a reset, which can reach the client before the
+    answer and destroy it; a client still sending its body met it at its next write."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(CLOSE_READ_OFF_S):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return

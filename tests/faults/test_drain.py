@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import select
@@ -192,6 +193,41 @@ def _listening(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_request_refused_by_the_drain_may_send_its_body_whole(tmp_path: Path) -> None:
+    """The drain's 503 comes at the headers, before the body, and says `connection: close`. The
+    connection closed with it, the client's body still unread: a client still sending it (a long
+    prompt; the load balancer forwarding one) met a reset on its next write (EPIPE here), which
+    can reach it before the 503 and destroy it (RFC 9112 9.6). The rest of the body is now read
+    and dropped before the close, for a second at most, as the protocol's own refusals are."""
+    drain: dict[str, object] = {"drain_accept_s": 60.0, "drain_deadline_s": 60.0}
+    with serve_process(tmp_path, {"server": drain}) as server:
+        server.proc.send_signal(signal.SIGTERM)
+        with httpx.Client(base_url=server.base_url, timeout=10.0) as client:
+            _wait(lambda: client.get("/readyz").status_code == 503, "/readyz to fail")
+        # Under max_body_bytes (1 MiB), and past what the edge reads and the kernel holds for it
+        # unread (about 200 KiB): the client is still sending when the 503 is written.
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi " * 300_000}]})
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.key}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        port = int(server.base_url.rsplit(":", 1)[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # A small send buffer, as a client's on a real network: its body waits on the edge's reads.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(head.encode() + body.encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(timeout=30) == 0
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 503 Service Unavailable", answer
+    assert b"connection: close" in rest and b'"code":"server_shutting_down"' in rest, answer
 
 
 def _started_stream(server: ServeProcess) -> _Stream:
