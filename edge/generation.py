@@ -497,7 +497,12 @@ class Generation:
                 on_text,
                 # A client's stop_token_ids end the reply, their text left out (edge/text/detokenizer.py)
                 # unless it asks for it, as vLLM's include_stop_str_in_output keeps a stop string too.
-                self._p.text.detokenizer(None if include_stop else self._req.stop_token_ids),
+                # A continued message's reply is decoded after the prompt it continues: its first
+                # word keeps the space before it (edge/text/detokenizer.py).
+                self._p.text.detokenizer(
+                    None if include_stop else self._req.stop_token_ids,
+                    self._upstream_req.prompt_ids if self._req.prompt_end == "continue" else (),
+                ),
                 StopMatcher(self._req.stop_strings, self._upstream_req.min_tokens, include_stop),
                 self._lease,
                 slot.grow,

@@ -20,6 +20,7 @@ bytes and an incremental UTF-8 decoder holds back a character whose bytes are st
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from typing import Protocol
 
 from tokenizers import Tokenizer
@@ -115,9 +116,14 @@ class IncrementalDetokenizer:
         *,
         skip_special_tokens: bool = True,
         special_ids: frozenset[int] | None = None,
+        context: Sequence[int] = (),
     ) -> None:
         """`special_ids`: the tokenizer's special tokens (`special_token_ids`), given where one set
-        serves every stream of a model."""
+        serves every stream of a model. `context`: the text the reply goes on from (the prompt of a
+        continued message), whose last tokens start the window: a SentencePiece decoder strips the
+        first token's leading space, so the reply's first word, decoded alone, lost the space that
+        parts it from the message it continues ('The answer is' + '42'); vLLM starts its window
+        the same way."""
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         if not skip_special_tokens:
@@ -132,6 +138,16 @@ class IncrementalDetokenizer:
         self._read_offset = 0
         self._prefix = ""
         self._emitted = 0
+        # From the last skipped token on at most, as the window moves (`_advance`).
+        start = max(0, len(context) - _WINDOW_TOKENS)
+        for at in range(len(context) - 1, start - 1, -1):
+            if context[at] in self._skipped:
+                start = at + 1
+                break
+        if start < len(context):
+            self._ids = list(context[start:])
+            self._read_offset = len(self._ids)
+            self._prefix = tokenizer.decode(self._ids, skip_special_tokens)
 
     def push(self, token_ids: list[int]) -> str:
         self._ids.extend(token_ids)

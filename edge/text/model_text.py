@@ -3,7 +3,7 @@ vocabulary (from its facts)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -85,12 +85,15 @@ class ModelText:
         ids: list[int] = encoding.ids
         return ids
 
-    def detokenizer(self, left_out: Collection[int] | None = None) -> Detokenizer:
+    def detokenizer(
+        self, left_out: Collection[int] | None = None, context: Sequence[int] = ()
+    ) -> Detokenizer:
         """A stream's detokenizer; `left_out`: tokens whose text it leaves out (a request's
-        stop_token_ids)."""
+        stop_token_ids); `context`: the prompt a continued message's reply goes on from (a byte
+        piece's text does not depend on what comes before it, so only the window reads it)."""
         detok: Detokenizer
         if self._pieces is not None:
             detok = PiecesDetokenizer(self._pieces)
         else:
-            detok = IncrementalDetokenizer(self.tokenizer, special_ids=self._special_ids)
+            detok = IncrementalDetokenizer(self.tokenizer, special_ids=self._special_ids, context=context)
         return LeavingOut(detok, frozenset(left_out)) if left_out else detok

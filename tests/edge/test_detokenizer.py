@@ -11,6 +11,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from edge.text.byte_pieces import byte_pieces
+from edge.text.chat_template import ChatTemplate
 from edge.text.detokenizer import (
     REPLACEMENT_CHAR,
     Detokenizer,
@@ -19,6 +20,7 @@ from edge.text.detokenizer import (
     PiecesDetokenizer,
     PieceTable,
 )
+from edge.text.model_text import ModelText
 from tests.support.live_server import demo_model_dir
 from tests.support.smollm2 import smollm2_dir
 
@@ -206,6 +208,33 @@ def _llama2_style_tokenizer() -> Tokenizer:
     )
     tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
     return tok
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        ["<s>", "▁Hello"],
+        ["▁world", "!", "</s>", "<s>", "▁Hello"],
+        ["▁world", "!", "▁world", "!", "▁world", "!", "▁Hello"],
+    ],
+)
+def test_a_continued_messages_reply_keeps_the_space_before_its_first_word(
+    step: int, prompt: list[str]
+) -> None:
+    """continue_final_message: the reply goes on from the prompt's last word. Decoded alone, its
+    first word lost its space to the Strip decoder: 'Hello' continued as 'Helloworld!'."""
+    tok = _llama2_style_tokenizer()
+    vocab = tok.get_vocab(with_added_tokens=True)
+    text = ModelText(
+        tok, ChatTemplate("{{ messages[0]['content'] }}", bos_token="<s>", eos_token="</s>"), [2]
+    )
+    prompt_ids = [vocab[token] for token in prompt]
+    reply = [vocab[token] for token in ["▁world", "!", "▁Hello"]]
+    assert tok.decode(prompt_ids[-1:] + reply) == "Hello world! Hello"
+    assert "".join(_stream(lambda: text.detokenizer(context=prompt_ids), reply, step)) == " world! Hello"
+    # A new turn's reply begins as the whole decode of the reply alone does.
+    assert "".join(_stream(text.detokenizer, reply, step)) == tok.decode(reply) == "world! Hello"
 
 
 @pytest.mark.parametrize("step", [1, 2, 3])
