@@ -324,10 +324,21 @@ class EngineProcess(EngineFront):
             except OSError:
                 pass
 
-    def _kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait(timeout=_STOP_TIMEOUT_S)
+    def _kill(self) -> bool:
+        """SIGKILL the child and reap it; False where it had not exited _STOP_TIMEOUT_S later: stuck
+        in the kernel (a hung read of its model's file, a driver), where the kill lands only once
+        that returns. Raised, the timeout ended the reader thread, and a stuck child's streams hung
+        for good on a replica that stayed ready and was never replaced."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return True
+        process.kill()
+        try:
+            process.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.error("engine process outlived its kill", name=self.name, pid=process.pid)
+            return False
+        return True
 
     def _read(self) -> None:
         """The reader thread: each child's messages until it exits, then a new child unless stopped."""
@@ -360,7 +371,9 @@ class EngineProcess(EngineFront):
                 log.error("engine process stuck; killing it", name=self.name, silent_s=self._stall_timeout_s)
                 with self._lock:
                     silent_since = self._heard_at
-                self._kill()  # its pipe's EOF comes next: replaced as a dead child is
+                if not self._kill():
+                    return silent_since  # its pipe's EOF may never come: replaced as a dead child is
+                # Else its pipe's EOF comes next: replaced as a dead child is.
             asked = min(self._stall_timeout_s if left is None else max(left, 0.0), _POLL_AT_MOST_S)
             try:
                 if not events.poll(asked):

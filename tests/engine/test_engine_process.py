@@ -25,6 +25,7 @@ from gpu_container.contract import (
     RequestRejected,
     UpstreamError,
 )
+from gpu_container.engine import engine_process
 from gpu_container.engine.async_engine import AsyncEngine
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
@@ -382,3 +383,33 @@ async def test_a_restart_that_cannot_even_spawn_the_child_is_tried_again(demo_di
     finally:
         await asyncio.to_thread(starved.stop)
     assert _live_pid(starved.pid) is False
+
+
+async def test_a_stuck_child_that_outlives_its_kill_still_fails_its_streams_and_is_replaced(
+    demo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck child is often stuck in the kernel (a hung read of its model's file, a driver), where
+    SIGKILL lands only once that returns. Its kill, not reaped within _STOP_TIMEOUT_S, raised
+    TimeoutExpired in the reader thread, which ended: the stream on it hung for good, the replica
+    stayed ready to every health check, and no child ever replaced it. Here the timeout is cut to
+    nothing, so that no kill is reaped within it."""
+    hung = EngineProcess(demo_dir, CONFIG, "hung", stall_timeout_s=0.5)
+    hung.start()
+    monkeypatch.setattr(engine_process, "_STOP_TIMEOUT_S", 1e-9)
+    try:
+        stream = hung.generate(forever("on-hung", [7, 8, 9]))
+        await anext(stream)
+        first_pid = hung.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGSTOP)
+        async with asyncio.timeout(TIMEOUT_S):
+            with pytest.raises(ReplicaRestarting):
+                await _collect(stream)
+            while not (hung.running and hung.restarts):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert hung.pid != first_pid
+        outputs = await _collect(hung.generate(greedy("after-hung", [4, 5])))
+        assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
+    finally:
+        monkeypatch.undo()
+        await asyncio.to_thread(hung.stop)
