@@ -25,13 +25,12 @@ def aws_client(
     import boto3
     from botocore.config import Config
 
-    bounds: dict[str, Any] = {}
-    if connect_timeout is not None:
-        bounds["connect_timeout"] = connect_timeout
-    if read_timeout is not None:
-        bounds["read_timeout"] = read_timeout
-    if retries is not None:
-        bounds["retries"] = retries
+    given: dict[str, Any] = {
+        "connect_timeout": connect_timeout,
+        "read_timeout": read_timeout,
+        "retries": retries,
+    }
+    bounds = {name: value for name, value in given.items() if value is not None}
     # boto3-stubs types client() per literal service name; the caller names its service.
     make: Any = boto3.client
     return make(service, region_name=region_name, endpoint_url=endpoint_url, config=Config(**bounds))

@@ -199,17 +199,16 @@ async def _refuse(
         (b"content-length", str(len(body)).encode()),
         *((k.encode(), v.encode()) for k, v in (retry_after_headers(retry_after_s) | named).items()),
     ]
-    if close_after is None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-        return
-    headers.append((b"connection", b"close"))
+    if close_after is not None:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    # The whole answer now (its Content-Length is all of it); the close comes at the last send.
-    await send({"type": "http.response.body", "body": body, "more_body": True})
-    if not _expects_continue(scope):
-        await _read_off(close_after)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    # The whole answer now (its Content-Length is all of it); a closing one's end, which closes the
+    # connection, once the rest of the body is read off.
+    await send({"type": "http.response.body", "body": body, "more_body": close_after is not None})
+    if close_after is not None:
+        if not _expects_continue(scope):
+            await _read_off(close_after)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _expects_continue(scope: Scope) -> bool:

@@ -39,6 +39,17 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output"
 # not use (a 404 model_not_found for them). The free user gets one request a minute here, so a
 # second send is surely refused (the 429 view). The admin API moves a key to another tier.
 SMALL, LARGE = "floodgate-tiny", "floodgate-large"
+# A page script: the stats rounds begun so far (window.roundsBegun), and the last-begun of those
+# that have ended (window.lastRoundEnded).
+NUMBER_ROUNDS = """() => {
+  window.roundsBegun = 0;
+  window.lastRoundEnded = 0;
+  const pageLoadStats = loadStats;
+  loadStats = async () => {
+    const round = ++window.roundsBegun;
+    try { await pageLoadStats(); } finally { window.lastRoundEnded = Math.max(window.lastRoundEnded, round); }
+  };
+}"""
 
 
 def send_from_the_page(page: Page, base_url: str, prompt: str) -> None:

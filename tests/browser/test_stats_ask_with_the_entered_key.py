@@ -7,19 +7,10 @@ from __future__ import annotations
 
 from playwright.sync_api import Page, expect
 
+from tests.browser.conftest import NUMBER_ROUNDS
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
-# The rounds begun so far, and the last-begun of those that have ended.
-NUMBER_ROUNDS = """() => {
-  window.roundsBegun = 0;
-  window.lastRoundEnded = 0;
-  const pageLoadStats = loadStats;
-  loadStats = async () => {
-    const round = ++window.roundsBegun;
-    try { await pageLoadStats(); } finally { window.lastRoundEnded = Math.max(window.lastRoundEnded, round); }
-  };
-}"""
 
 
 def test_a_round_on_the_timer_asks_with_the_entered_key_not_the_half_typed_one(
