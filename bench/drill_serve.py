@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from bench.edge_server import free_port
+from bench.free_ports import free_port
 from edge.config import load_settings
 from edge.keys.provision import create_keys
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from bench.free_ports import free_port
 
 BENCH_TIER = """
 [limiter]
@@ -72,12 +73,6 @@ def _children(pid: int) -> list[int]:
         if ppid == pid:
             found.append(int(stat.parent.name))
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ready(

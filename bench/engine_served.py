@@ -16,7 +16,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.edge_server import BENCH_TIER, free_port, wait_ready
+from bench.edge_server import BENCH_TIER, wait_ready
+from bench.free_ports import free_port
 
 FLOODGATE = [sys.executable, "-c", "from edge.cli import main; main()"]
 

@@ -32,7 +32,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis as RedisAsync
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from bench.edge_server import free_port
+from bench.free_ports import free_port
 from limiter.base import Limiter, TierLimits
 from limiter.memory import MemoryLimiter
 from limiter.redis_store import RedisLimiter

@@ -20,7 +20,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from bench.edge_server import free_port
+from bench.free_ports import free_port
 
 START_TIMEOUT_S = 10.0
 

@@ -44,7 +44,8 @@ from litestar import Litestar, get, post
 from litestar.response import Stream
 
 from bench.__main__ import machine
-from bench.edge_server import BENCH_TIER, EdgeProcess, free_port, wait_ready
+from bench.edge_server import BENCH_TIER, EdgeProcess, wait_ready
+from bench.free_ports import free_port
 from bench.loadgen import markdown_table, run_load
 from bench.names import names_of
 from bench.paced_upstream import TOKEN_CYCLE

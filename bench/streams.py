@@ -51,7 +51,8 @@ import aiohttp
 import httpx
 
 from bench.__main__ import machine
-from bench.edge_server import BENCH_TIER, free_port
+from bench.edge_server import BENCH_TIER
+from bench.free_ports import free_port
 from bench.loadgen import markdown_table, percentile
 from bench.names import names_of
 from bench.paced_upstream import TOKEN_TEXT, PacedUpstream
