@@ -83,6 +83,33 @@ if [[ $mode != test ]]; then
   "$CHECKOV_VENV/bin/checkov" -d iac/ --framework terraform --quiet --compact --skip-download
 fi
 
+# `terraform test` starts the AWS provider (a 700 MB Go binary whose schema load costs about 0.8 s
+# of CPU) two or three times per run block: some 150 starts for our 64 runs, half the tests' CPU.
+# One provider started in its debug mode serves them all (TF_REATTACH_PROVIDERS, Terraform's own
+# way to attach a running provider): the same binary, schema and mocks. Measured on the 2-core Xeon,
+# every module's tests: 59 s wall and 73 s of CPU with a provider per run, 31 s and 42 s with one.
+# Where it does not start (a provider without -debug), each run starts its own as before.
+share_aws_provider() {
+  local provider
+  provider=$(find -L "$1/.terraform/providers/registry.terraform.io/hashicorp/aws" -name 'terraform-provider-aws*' -type f | head -n1)
+  [[ -n $provider ]] || return 0
+  "$provider" -debug >"$work/provider.log" 2>&1 &
+  provider_pid=$!
+  trap 'kill "$provider_pid" 2>/dev/null; rm -rf "$work"' EXIT
+  local reattach=""
+  for _ in $(seq 300); do
+    reattach=$(sed -n "s/^[[:space:]]*TF_REATTACH_PROVIDERS='\(.*\)'$/\1/p" "$work/provider.log")
+    [[ -n $reattach ]] && break
+    kill -0 "$provider_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -n $reattach ]]; then
+    export TF_REATTACH_PROVIDERS=$reattach
+  else
+    echo "iac-checks: the AWS provider did not start in debug mode; each run starts its own"
+  fi
+}
+
 if [[ $mode == lint ]]; then
   exit 0
 elif [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
@@ -93,6 +120,7 @@ elif [[ -d $MIRROR/registry.terraform.io/hashicorp/aws ]]; then
     "$terraform" init -backend=false -input=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
     "$terraform" validate -no-color
   )
+  share_aws_provider "$work/iac/envs/example"
   for tests in "$work"/iac/modules/*/tests "$work"/iac/envs/*/tests; do
     [[ -d $tests ]] || continue
     mod=$(dirname "$tests")
