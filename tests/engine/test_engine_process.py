@@ -72,6 +72,15 @@ async def _stats_until(process: EngineProcess, done: Callable[[EngineStats], boo
     return stats
 
 
+def test_the_child_starts_with_its_blas_thread_count_set(process: EngineProcess) -> None:
+    """Set before numpy loads OpenBLAS, which otherwise starts a thread per core and its buffers
+    only for the engine to cap them (the import's CPU halved, engine_process._child_environment)."""
+    assert CONFIG.blas_threads > 0 and process.pid is not None
+    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    for name in (b"OPENBLAS_NUM_THREADS", b"OMP_NUM_THREADS", b"MKL_NUM_THREADS"):
+        assert name + b"=" + str(CONFIG.blas_threads).encode() in environ
+
+
 async def test_deltas_arrive_in_order_and_equal_the_in_thread_engines(
     process: EngineProcess, demo_dir: Path
 ) -> None:

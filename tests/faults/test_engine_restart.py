@@ -565,8 +565,8 @@ def test_a_replacement_that_dies_before_its_model_is_sent_is_tried_again(tmp_pat
         spawn_child = process._popen
         stillborn: list[int] = []
 
-        def dead_on_arrival() -> tuple[Any, int, int]:
-            child, commands, events_ = spawn_child()
+        def dead_on_arrival(blas_threads: int) -> tuple[Any, int, int]:
+            child, commands, events_ = spawn_child(blas_threads)
             if not stillborn:
                 child.kill()
                 child.wait()
