@@ -8,9 +8,7 @@ from pathlib import Path
 from edge.config import ModelConfig
 from gpu_container.checkpoint.bundled import MODEL_NAME, PACKAGE, bundled_gguf
 from gpu_container.checkpoint.facts import read_facts
-from gpu_container.checkpoint.gguf_import import import_gguf
 from gpu_container.checkpoint.progress import Progress, stderr_progress
-from gpu_container.engine.demo_model import build_demo_model
 
 DEMO = "demo"
 
@@ -19,6 +17,10 @@ def resolve_model_dir(model: ModelConfig) -> Path:
     if model.path:
         return Path(model.path)
     if model.source == DEMO:
+        # Imported here, as import_gguf below: both load numpy (and OpenBLAS's threads), which the
+        # edge itself never uses, and every `floodgate` command imports this module.
+        from gpu_container.engine.demo_model import build_demo_model
+
         return build_demo_model(Path(model.demo_dir))
     return import_source(model.source, Path(model.models_dir))
 
@@ -35,6 +37,8 @@ def import_source(source: str, models_dir: Path, progress: Progress | None = Non
         gguf, name = bundled_gguf(), MODEL_NAME
     else:
         gguf, name = Path(source), None
+    from gpu_container.checkpoint.gguf_import import import_gguf
+
     return import_gguf(gguf, models_dir, name=name, progress=progress or stderr_progress(gguf.name))
 
 

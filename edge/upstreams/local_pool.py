@@ -17,8 +17,6 @@ from pathlib import Path
 from edge.config import EngineSettings, Settings
 from edge.upstreams.base import Upstream
 from edge.writes_together import writes_together
-from gpu_container.engine.async_engine import AsyncEngine
-from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.front import EngineFront
 
@@ -43,6 +41,11 @@ def _start_engine(settings: EngineSettings, model_dir: Path, name: str) -> Engin
         )
         process.start()
         return process
+    # Imported here: the engine loads numpy and OpenBLAS's threads, which an edge whose engines run
+    # in their own processes (the default) never uses.
+    from gpu_container.engine.async_engine import AsyncEngine
+    from gpu_container.engine.engine import LLMEngine
+
     engine = LLMEngine.from_pretrained(model_dir, config)
     engine.start()
     return AsyncEngine(engine, name)

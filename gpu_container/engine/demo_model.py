@@ -12,15 +12,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gpu_container.engine.arrays import Floats
 from gpu_container.engine.demo_corpus import DEMO_CORPUS
 from gpu_container.engine.llama_config import LlamaConfig
+
+if TYPE_CHECKING:
+    from gpu_container.engine.arrays import Floats
 
 END_OF_TEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -74,6 +74,10 @@ def _discard(directory: Path) -> None:
 
 
 def _write(directory: Path) -> None:
+    # Imported only to write: an edge finding the model already built (every start but the first)
+    # never loads numpy, nor OpenBLAS's threads.
+    from safetensors.numpy import save_file
+
     tokenizer = _train_tokenizer()
     ids = {token: _special_id(tokenizer, token) for token in SPECIAL_TOKENS}
     config = LlamaConfig(
@@ -136,6 +140,8 @@ def _train_tokenizer() -> Tokenizer:
 
 
 def _weights(config: LlamaConfig) -> dict[str, Floats]:
+    import numpy as np
+
     rng = np.random.default_rng(_SEED)
     hidden, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
     q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
