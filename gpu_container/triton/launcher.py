@@ -182,7 +182,35 @@ def start_local_triton(
     metrics_port: int | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> TritonProcess:
-    """Start tritonserver on 127.0.0.1 over `model_repository` and return once it is ready."""
+    """Start tritonserver on 127.0.0.1 over `model_repository` and return once it is ready.
+
+    Ports not given are picked free, but only free when picked: tritonserver binds them a second or
+    two later, and meanwhile any process's outgoing connection may draw one as its source port (the
+    kernel hands both out from the same ephemeral range). A start that fails on a port it picked
+    ("Socket ... already in use") is tried again on new ones; a port the caller named is theirs."""
+    picks_some = None in (grpc_port, http_port, metrics_port)
+    for _ in range(_PORT_ATTEMPTS - 1 if picks_some else 0):
+        try:
+            return _start(model_repository, grpc_port, http_port, metrics_port, ready_timeout_s)
+        except TritonStartError as exc:
+            if _PORT_TAKEN not in str(exc):
+                raise
+            log.warning("tritonserver lost a port picked for it to another process; starting again")
+    return _start(model_repository, grpc_port, http_port, metrics_port, ready_timeout_s)
+
+
+# How tritonserver says a port it was to bind is taken (its gRPC, HTTP and metrics services alike).
+_PORT_TAKEN = "' already in use"
+_PORT_ATTEMPTS = 3
+
+
+def _start(
+    model_repository: Path,
+    grpc_port: int | None,
+    http_port: int | None,
+    metrics_port: int | None,
+    ready_timeout_s: float,
+) -> TritonProcess:
     picked = iter(_loopback_ports(3))
     grpc_port = grpc_port or next(picked)
     http_port = http_port or next(picked)

@@ -5,6 +5,7 @@ SIGTERM."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from edge.cancel.stream_close import aclose_stream
 from edge.upstreams.base import GenerationRequest
 from edge.upstreams.triton import TritonUpstream, build_triton_upstreams, end_token_ids
 from gpu_container.engine.types import EngineConfig
+from gpu_container.triton import launcher
 from gpu_container.triton.cpu.repository import render_cpu_repository
 from gpu_container.triton.launcher import (
     TritonProcess,
@@ -104,6 +106,47 @@ def test_the_ports_picked_for_one_server_are_never_the_same_port() -> None:
     for _ in range(300):
         ports = _loopback_ports(3)
         assert len(set(ports)) == 3, ports
+
+
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the pick and tritonserver's bind (a second or two) another process's outgoing
+    connection may draw a picked port as its source port: the start failed "already in use". Here
+    the first pick's gRPC port is taken as that connection would take it."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real_pick = launcher._loopback_ports
+    picks: list[list[int]] = []
+
+    def pick(count: int) -> list[int]:
+        ports = real_pick(count)
+        if not picks:
+            ports[0] = taken.getsockname()[1]
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(launcher, "_loopback_ports", pick)
+    repository = render_cpu_repository(tmp_path / "repo", demo_model_dir(), ENGINE_CONFIG)
+    with taken:
+        server = start_local_triton(repository)
+    try:
+        assert len(picks) == 2
+        assert server.grpc_url == f"127.0.0.1:{picks[1][0]}"
+        assert httpx.get(f"{server.http_url}/v2/health/ready", timeout=5).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_port_the_caller_named_that_is_taken_fails_the_start(tmp_path: Path) -> None:
+    """Not tried again: the caller's port is theirs, and another would not be what they asked."""
+    repository = render_cpu_repository(tmp_path / "repo", demo_model_dir(), ENGINE_CONFIG)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(TritonStartError, match="already in use"):
+            start_local_triton(repository, metrics_port=taken.getsockname()[1])
 
 
 def test_the_start_waits_for_the_metrics_page_as_well_as_readiness(tmp_path: Path) -> None:
