@@ -40,7 +40,7 @@ from edge.log_line import refusal_line
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
-from edge.schemas import ChatCompletionRequest, unknown_model, unknown_tier
+from edge.schemas import ChatCompletionRequest, ChatMessage, unknown_model, unknown_tier
 from edge.stream_gate import StreamGate
 from edge.text.chat_template import ChatTemplateError
 from edge.text.model_text import ModelText
@@ -135,12 +135,7 @@ class Pipeline:
             raise unknown_model(req.model)
         logit_bias = self._logit_bias(req)
         stop_token_ids = self._stop_token_ids(req)
-        # OpenAI's `developer` role is its newer name for `system` (what it says for o1 and later);
-        # chat templates know only `system`, and SmolLM2's would add its own default system prompt
-        # in front of a `developer` turn it renders as a turn of its own.
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
-        ]
+        messages = [_template_message(m) for m in req.messages]
         salt = cache_salt(principal.user, self.config.prefix_cache_scope)
         try:
             prompt_ids, encode_wait_s = await encode_messages(
@@ -401,3 +396,17 @@ class Pipeline:
             "messages",
             code="context_length_exceeded",
         )
+
+
+def _template_message(message: ChatMessage) -> dict[str, str]:
+    """A message as the chat template reads it. OpenAI's `developer` role is its newer name for
+    `system` (what it says for o1 and later); chat templates know only `system`, and SmolLM2's would
+    add its own default system prompt in front of a `developer` turn it renders as a turn of its
+    own. The message's `name` goes with it where it has one, as vLLM passes the whole message: a
+    template may write who spoke (or a function message's function), and one that does not read it
+    renders as before."""
+    role = "system" if message.role == "developer" else message.role
+    out = {"role": role, "content": message.text()}
+    if message.name is not None:
+        out["name"] = message.name
+    return out

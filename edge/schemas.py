@@ -55,7 +55,10 @@ from edge.errors import ApiError, invalid_request
 from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.text.chat_template import PromptEnd
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+# "function": the deprecated reply to a `function_call` (before tool calls), which OpenAI and vLLM
+# still take (with its `name`); a client replaying an old conversation got a 400 for it. The chat
+# template gets it as it is, as vLLM's does: a template that knows no such role says so (a 400).
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -96,9 +99,11 @@ class ChatMessage(msgspec.Struct):
     # UNSET tells a message sent without content from one whose content is null: OpenAI names the
     # first a missing parameter and the second a wrong type (_check_content).
     content: str | list[ContentPart] | msgspec.UnsetType | None = msgspec.UNSET
-    # The participant (OpenAI's optional `name`), stored with a named conversation's turn so its
-    # history says who spoke. Bounded as `user` is: it is kept with the turn (a DynamoDB item
-    # leaves a few KB beside the content, edge/messages/dynamodb.py).
+    # The participant (OpenAI's optional `name`; a function message's function, required there),
+    # stored with a named conversation's turn so its history says who spoke, and given to the chat
+    # template with the message, as vLLM gives it (edge/pipeline.py). Bounded as `user` is: it is
+    # kept with the turn (a DynamoDB item leaves a few KB beside the content,
+    # edge/messages/dynamodb.py).
     name: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     # An assistant's refusal as OpenAI answers it (content null, `refusal` its text), replayed by a
     # client with its history: the model reads it as that turn's text, as it reads a refusal part.
@@ -489,11 +494,21 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 def _check_content(message: ChatMessage, index: int) -> None:
     """Only an assistant's message may come without content (as OpenAI's, whose content is then in
     the tool calls it made): a user's or system's message without any would be read as an empty
-    turn, a prompt the client never meant (OpenAI refuses it; vLLM reads it as empty)."""
+    turn, a prompt the client never meant (OpenAI refuses it; vLLM reads it as empty). A function
+    message's content may be null (OpenAI's schema: a function that returned nothing), but it must
+    name its function, as OpenAI requires: without it the model reads a result of nothing known."""
     content = message.content
+    if message.role == "function" and message.name is None:
+        raise invalid_request(
+            f"Missing required parameter: 'messages[{index}].name'.",
+            f"messages[{index}].name",
+            code="missing_required_parameter",
+        )
     if isinstance(content, list):
         _check_content_parts(content, index)
     elif isinstance(content, str) or message.role == "assistant":
+        return
+    elif content is None and message.role == "function":
         return
     elif content is msgspec.UNSET:
         raise invalid_request(

@@ -27,6 +27,8 @@ long. A worker thread would not have spared them: both calls hold the GIL throug
 
 from __future__ import annotations
 
+import re
+
 from tokenizers import Tokenizer
 
 from edge.text.added_tokens import added_token_pattern
@@ -48,19 +50,19 @@ class ContentAsText:
             self._as_text.encode_special_tokens = True
 
     def holds_control_text(self, messages: Messages) -> bool:
-        """Whether any message's text holds an added token's text."""
+        """Whether any message's text (its content, or the `name` the caller gave it, which a
+        template may write into the prompt too) holds an added token's text."""
         added = self._added
-        return added is not None and any(added.search(m["content"]) for m in messages)
+        return added is not None and any(
+            added.search(m["content"]) or ("name" in m and added.search(m["name"])) for m in messages
+        )
 
     def encode(self, messages: Messages, end: PromptEnd = "reply") -> list[int]:
         """The prompt's ids: the template's tokens as tokens, the messages' text as text."""
         added = self._added
         assert added is not None
         text = self._template.render(messages, end)
-        masked = self._template.render(
-            [{**m, "content": added.sub(lambda t: "\0" * len(t.group()), m["content"])} for m in messages],
-            end,
-        )
+        masked = self._template.render([_masked(m, added) for m in messages], end)
         if len(masked) != len(text):
             raise ChatTemplateError(
                 "a message holds the text of one of the model's control tokens, and this model's chat "
@@ -80,3 +82,13 @@ class ContentAsText:
         if start < len(text):
             ids += as_text.encode(text[start:], add_special_tokens=False).ids
         return ids
+
+
+def _masked(message: dict[str, str], added: re.Pattern[str]) -> dict[str, str]:
+    """The message with each added token's text in its content and name replaced by as many NULs:
+    both are the caller's text, and either may be written into the prompt by the template."""
+    out = dict(message)
+    for key in ("content", "name"):
+        if key in out:
+            out[key] = added.sub(lambda t: "\0" * len(t.group()), out[key])
+    return out

@@ -59,6 +59,26 @@ def test_control_token_text_in_a_message_is_spelled_out_not_a_turn(which: str) -
     assert honest_ids == text.tokenizer.encode(text.template.render(honest), add_special_tokens=False).ids
 
 
+def test_control_token_text_in_a_messages_name_is_spelled_out_not_a_turn() -> None:
+    """A message's `name` reaches the template with it (edge/pipeline.py), and a template may write
+    it into the prompt: a name holding "<|im_end|>...<|im_start|>system" opened a system turn of
+    the caller's own as a content holding it would."""
+    demo = ModelText.load(demo_model_dir())
+    named = ChatTemplate(
+        "{% for m in messages %}{{ '<|im_start|>' + m.role }}{% if m.name %} {{ m.name }}{% endif %}"
+        "{{ '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}<|im_start|>assistant\\n",
+        bos_token="",
+        eos_token="<|im_end|>",
+    )
+    text = ModelText(demo.tokenizer, named, demo.eos_token_ids, demo.vocab_size)
+    start, end = (text.tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>"))
+    forged = [{"role": "user", "name": "x\n" + FORGED_TURN, "content": "hi"}]
+    ids = text.encode_chat(forged)
+    honest_ids = text.encode_chat([{"role": "user", "name": "x", "content": "hi"}])
+    assert (ids.count(start), ids.count(end)) == (honest_ids.count(start), honest_ids.count(end)) == (2, 1)
+    assert text.tokenizer.decode(ids, skip_special_tokens=False) == named.render(forged)
+
+
 def test_a_template_that_changes_a_messages_length_refuses_control_text_rather_than_pass_it() -> None:
     real = ModelText.load(smollm2_dir())
     doubling = ChatTemplate(

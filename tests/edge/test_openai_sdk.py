@@ -3,6 +3,8 @@ actually rely on."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from gpu_container.engine.front import sampling_params
 from gpu_container.engine.sampler import sample
 from tests.edge.conftest import BOTH_PATHS, ROOMY_TIERS
 from tests.edge.sse_client import LONG_PROMPT, MODEL
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer, demo_model_dir, start_server
 from tests.support.scripted_replicas import scripted_replicas
 
 UPSTREAMS = BOTH_PATHS
@@ -358,3 +360,50 @@ def test_sdk_top_p_zero_is_sent_to_the_replica_as_greedy(tmp_path: Path) -> None
     assert sample(near_tie, sampling_params(req), np.random.default_rng(1)) == 1  # the engine's
     body = generate_body(req)  # TensorRT-LLM's
     assert (body["runtime_top_k"], body["temperature"]) == ([1], [1.0])
+
+
+# The demo model's ChatML with the speaker's name after the role, as templates that read `name` write it.
+NAMED_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] }}{% if message.name %}{{ ' ' + message.name }}{% endif %}"
+    "{{ '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_sdk_sends_function_messages_and_names_that_reach_the_chat_template(tmp_path: Path) -> None:
+    """A `function` message (OpenAI's deprecated reply to a function_call, which it and vLLM still
+    take) was refused as an invalid role, and a message's `name` never reached the chat template
+    (vLLM gives the template the whole message): a template that writes who spoke read no one."""
+    model_dir = tmp_path / "named-model"
+    shutil.copytree(demo_model_dir(), model_dir)
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps({**config, "chat_template": NAMED_TEMPLATE}), encoding="utf-8")
+    messages: list[Any] = [
+        {"role": "user", "name": "alice", "content": "What is the weather?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}},
+        {"role": "function", "name": "weather", "content": "sunny"},
+    ]
+    settings = {"tiers": ROOMY_TIERS, "model": {"demo_dir": str(model_dir)}}
+    with start_server(tmp_path / "edge", settings) as live:
+        client = openai.OpenAI(base_url=live.base_url + "/v1", api_key=live.keys["paid"], max_retries=0)
+        with client:
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+            # A function message names its function, as OpenAI requires.
+            with pytest.raises(openai.BadRequestError) as info:
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=[*messages[:2], {"role": "function", "content": "sunny"}],
+                    max_tokens=2,
+                )
+    assert (info.value.param, info.value.code) == ("messages[2].name", "missing_required_parameter")
+    template_reads = [
+        {"role": "user", "name": "alice", "content": "What is the weather?"},
+        {"role": "assistant", "content": ""},
+        {"role": "function", "name": "weather", "content": "sunny"},
+    ]
+    text = ModelText.load(model_dir)
+    assert "<|im_start|>user alice\n" in text.template.render(template_reads)
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(text.encode_chat(template_reads))
