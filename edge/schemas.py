@@ -181,7 +181,10 @@ class ChatCompletionRequest(msgspec.Struct):
     repetition_penalty: Annotated[float, msgspec.Meta(ge=FLOAT32_MIN_NORMAL, le=10.0)] | None = None
     # vLLM's extensions for how a reply ends. ignore_eos: generate past the model's end tokens
     # (stop strings, stop_token_ids and max_tokens still end it, the last as "length").
-    ignore_eos: bool = False
+    # Null, as clients that fill every field send it, is the default (`ignore_eos`): these four
+    # were the only fields a null was a 400 for. Decoded under another attribute name, so that the
+    # property of the field's own name reads as a plain bool.
+    ignore_eos_sent: bool | None = msgspec.field(default=None, name="ignore_eos")
     # No end token, stop_token_ids or stop string before the reply has this many tokens (the
     # string's match waits at the edge, edge/text/stops.py). Bounded as max_tokens
     # is; the pipeline holds it to the max_tokens the request gets (vLLM's 400 too).
@@ -191,10 +194,12 @@ class ChatCompletionRequest(msgspec.Struct):
     stop_token_ids: Annotated[list[int], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     # vLLM's: the stop string that ended the reply ends its text too (edge/text/stops.py), and so
     # does the text of a stop_token_ids token (the detokenizer leaves none out).
-    include_stop_str_in_output: bool = False
+    include_stop_str_in_output_sent: bool | None = msgspec.field(
+        default=None, name="include_stop_str_in_output"
+    )
     # vLLM's (transformers' apply_chat_template arguments): how the prompt ends (`prompt_end`).
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    add_generation_prompt_sent: bool | None = msgspec.field(default=None, name="add_generation_prompt")
+    continue_final_message_sent: bool | None = msgspec.field(default=None, name="continue_final_message")
     # Any int64, as OpenAI takes it; the pipeline maps it onto the replicas' unsigned seed.
     seed: Int64 | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
@@ -245,6 +250,23 @@ class ChatCompletionRequest(msgspec.Struct):
     skip_special_tokens: RefusedSampling = None
     spaces_between_special_tokens: RefusedSampling = None
     add_special_tokens: RefusedSampling = None
+
+    @property
+    def ignore_eos(self) -> bool:
+        return self.ignore_eos_sent is True
+
+    @property
+    def include_stop_str_in_output(self) -> bool:
+        return self.include_stop_str_in_output_sent is True
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        """True unless sent false (vLLM's default)."""
+        return self.add_generation_prompt_sent is not False
+
+    @property
+    def continue_final_message(self) -> bool:
+        return self.continue_final_message_sent is True
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -3,6 +3,7 @@ actually rely on."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -407,3 +408,41 @@ def test_sdk_sends_function_messages_and_names_that_reach_the_chat_template(tmp_
     text = ModelText.load(model_dir)
     assert "<|im_start|>user alice\n" in text.template.render(template_reads)
     assert reply.usage is not None and reply.usage.prompt_tokens == len(text.encode_chat(template_reads))
+
+
+# vLLM's extensions this server reads, which clients written for vLLM send in extra_body.
+VLLM_READ = (
+    "top_k",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "add_generation_prompt",
+    "continue_final_message",
+)
+
+
+def test_sdk_sends_every_optional_field_as_null_and_is_answered_as_if_it_sent_none(
+    sdk: openai.OpenAI,
+) -> None:
+    """Clients that fill every field send null for those they leave unset, and the SDK sends a
+    parameter given as None as null. Each such null asks for nothing, as the field left out: vLLM's
+    ignore_eos, include_stop_str_in_output, add_generation_prompt and continue_final_message were a
+    400 (`Expected bool, got null`). Every parameter the installed SDK's create() takes is sent."""
+    taken = inspect.signature(openai.resources.chat.completions.Completions.create).parameters
+    unsent = {"self", "messages", "model", "extra_headers", "extra_query", "extra_body", "timeout"}
+    nulls: dict[str, Any] = {name: None for name in taken if name not in unsent}
+    assert {"tools", "tool_choice", "stop", "stream", "response_format"} <= set(nulls)
+    messages: list[Any] = [
+        {"role": "system", "content": "Be brief.", "name": None},
+        {"role": "user", "content": "hi", "name": None},
+        {"role": "assistant", "content": "Hello.", "name": None, "tool_calls": None, "refusal": None},
+        {"role": "user", "content": [{"type": "text", "text": "Tell me a story"}]},
+    ]
+    extra = dict.fromkeys(VLLM_READ) | {"max_tokens": 4, "temperature": 0}
+    sent = sdk.chat.completions.create(model=MODEL, messages=messages, **nulls, extra_body=extra)
+    plain = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    assert sent.choices[0].message.content == plain.choices[0].message.content
+    assert sent.usage is not None and plain.usage is not None
+    assert sent.usage.prompt_tokens == plain.usage.prompt_tokens
