@@ -12,13 +12,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
+# The shortest window a budget may have. The limiter counts whole microseconds (policy.rates_for), so
+# a window under half of one was 0 there and divided every request's rates by zero (a 500 on each,
+# from settings that loaded); the reset headers and Retry-After count whole milliseconds, so a
+# shorter window could not be told to a client anyway. A millisecond keeps an edge's share of it
+# (per_instance: at least half of it) whole microseconds too.
+MIN_WINDOW_S = 0.001
+Window = Annotated[float, msgspec.Meta(ge=MIN_WINDOW_S)]
+
 
 class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
     # Checked where the settings are decoded: a budget of 0 divided every request's rates by zero.
     requests_per_window: Annotated[int, msgspec.Meta(ge=1)]
-    request_window_s: Annotated[float, msgspec.Meta(gt=0)]
+    request_window_s: Window
     tokens_per_window: Annotated[int, msgspec.Meta(ge=1)]
-    token_window_s: Annotated[float, msgspec.Meta(gt=0)]
+    token_window_s: Window
     max_concurrent: Annotated[int, msgspec.Meta(ge=1)]
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     on_store_failure: Literal["open", "closed"] = "open"
@@ -27,7 +35,7 @@ class TierLimits(msgspec.Struct, frozen=True, kw_only=True):
     # chat completions' requests. 10 a second by default: a client paging a long history, or
     # reloading it after each reply, never meets it; a loop reading it does.
     history_reads_per_window: Annotated[int, msgspec.Meta(ge=1)] = 600
-    history_read_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    history_read_window_s: Window = 60.0
     # The [tiers.NAME] table's name (the edge's settings set it): each tier a user is in has its own
     # budgets, kept in that tier's units. A budget holds time owed at its tier's rate (a GCRA TAT),
     # so one shared across tiers read a free key's spent day, moved to paid, as a paid day spent

@@ -52,6 +52,15 @@ def test_a_tier_budget_of_zero_is_refused(field: str) -> None:
         load_settings(overrides={"tiers": {"free": {field: 0}}})
 
 
+@pytest.mark.parametrize("field", ["request_window_s", "token_window_s", "history_read_window_s"])
+def test_a_tier_window_under_a_millisecond_is_refused(field: str) -> None:
+    """A window under half a microsecond is 0 in the limiter's whole microseconds: the settings
+    loaded and every request was a 500 (ZeroDivisionError), with no reset header to give."""
+    with pytest.raises(msgspec.ValidationError, match=field):
+        load_settings(overrides={"tiers": {"free": {field: 1e-7}}})
+    assert load_settings(overrides={"tiers": {"free": {field: 0.001}}}).tiers["free"].name == "free"
+
+
 @pytest.mark.parametrize(
     ("table", "field", "value"),
     [
