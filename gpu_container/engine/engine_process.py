@@ -5,7 +5,8 @@ edge's event loop take turns on one GIL: served tokens/s fell to about 60 % of t
 Here the child runs the ordinary thread-shell LLMEngine; the parent only moves small messages:
 
 - parent -> child, one pipe: ("init", model_dir, config) once, then ("add", id, prompt, params,
-  priority, cache_salt), ("abort", id), ("stop",).
+  priority, cache_salt), ("abort", id), ("stop",); written from the event loop without ever
+  blocking it, what a child that does not read leaves behind waiting in order (command_pipe.py).
 - child -> parent, one pipe with one writer at a time: ("ready", max_model_len, stats) once, then
   per engine step ("outputs", [(id, token_ids, finish_reason, error, cached_tokens), ...], stats)
   -- every delta of a step in one message, in step order -- and ("rejected", id, message,
@@ -71,6 +72,7 @@ from gpu_container.contract import (
     RequestRejected,
     UpstreamError,
 )
+from gpu_container.engine.command_pipe import CommandPipe
 from gpu_container.engine.front import EngineFront
 from gpu_container.engine.mailbox import Mailbox
 from gpu_container.engine.types import EngineConfig, EngineStats, SamplingParams, TokenOutput
@@ -122,14 +124,12 @@ class EngineProcess(EngineFront):
         self.name = name
         self._run_delivery: RunDelivery = run_delivery or _at_once
         self._lock = threading.Lock()  # guards _mailboxes, _alive, _stopping, _back_at, _heard_at
-        # The command pipe's own lock, never held with _lock: a write that waits for a busy child
-        # must not stop the reader thread from draining the child's outputs.
-        self._send_lock = threading.Lock()
         self._mailboxes: dict[str, Mailbox] = {}
         self._alive = False
         self._stopping = False
         self._process: subprocess.Popen[bytes] | None = None
-        self._commands: Connection | None = None
+        # Written from the event loop: never blocks, even where the child reads nothing (command_pipe.py).
+        self._commands: CommandPipe | None = None
         self._events: Connection | None = None
         self._reader: threading.Thread | None = None
         self._stats: EngineStats | None = None
@@ -173,22 +173,21 @@ class EngineProcess(EngineFront):
             # interpreter gone: a failed start like any other. Raised as OSError it ended the
             # reader thread, and a replica whose child died then stayed "back in 0 s" for good.
             raise RuntimeError(f"engine process {self.name} failed to start: {exc}") from exc
-        commands = Connection(commands_w, readable=False)
+        commands = CommandPipe(commands_w, self.name)
         events = Connection(events_r, writable=False)
-        with self._send_lock:
-            if self._commands is not None:  # a dead child's
-                self._commands.close()
-            self._commands = commands
+        dead, self._commands = self._commands, commands
+        if dead is not None:
+            dead.close()
         with self._lock:
             self._process = process
         if self._events is not None:  # only the reader thread reads it, and it is here
             self._events.close()
         self._events = events
         message: tuple[Any, ...] = ("failed", f"no answer within {timeout:.0f} s")
+        # A child already dead (killed as it started) fails the write with EPIPE, dropped: its EOF
+        # comes next.
+        commands.send(("init", self._model_dir, self._config))
         try:
-            # In the try: a child already dead (killed as it started) fails the write with EPIPE,
-            # which escaped as OSError, ended the reader thread, and left the replica down for good.
-            commands.send(("init", self._model_dir, self._config))
             if events.poll(timeout):
                 message = events.recv()
         except (EOFError, OSError):
@@ -317,13 +316,11 @@ class EngineProcess(EngineFront):
             self._reader.join(timeout=_STOP_TIMEOUT_S)
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        """A child that is gone is noticed by the reader, not here."""
-        assert self._commands is not None
-        with self._send_lock:
-            try:
-                self._commands.send(message)
-            except OSError:
-                pass
+        """Never blocks (a stuck child's commands wait in its pipe's backlog); a child that is gone
+        is noticed by the reader, not here."""
+        commands = self._commands
+        assert commands is not None
+        commands.send(message)
 
     def _kill(self) -> bool:
         """SIGKILL the child and reap it; False where it had not exited _STOP_TIMEOUT_S later: stuck

@@ -12,7 +12,9 @@ import os
 import resource
 import shutil
 import signal
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from gpu_container.contract import (
 )
 from gpu_container.engine import engine_process
 from gpu_container.engine.async_engine import AsyncEngine
+from gpu_container.engine.command_pipe import CommandPipe
 from gpu_container.engine.engine import LLMEngine
 from gpu_container.engine.engine_process import EngineProcess
 from gpu_container.engine.types import EngineConfig, EngineStats
@@ -422,3 +425,74 @@ async def test_a_stuck_child_that_outlives_its_kill_still_fails_its_streams_and_
     finally:
         monkeypatch.undo()
         await asyncio.to_thread(hung.stop)
+
+
+async def test_a_stopped_child_never_blocks_the_loop_that_writes_to_it(demo_dir: Path) -> None:
+    """A child alive but not reading (stopped here; a step that never returns, a deadlock) let its
+    command pipe fill (64 KiB), and the next "add" or "abort" blocked the edge's event loop itself:
+    every stream of every user, the health checks and the metrics froze until the stall watch killed
+    the child. The writes come from a loop of their own here, in a thread, so that the test fails
+    where they block rather than hanging with them; once the child runs again it reads them all and
+    serves."""
+    stopped = EngineProcess(demo_dir, CONFIG, "not-reading")
+    stopped.start()
+    pid = stopped.pid
+    assert pid is not None
+    # Some 30 KB of pickle each (tokens past 255 take 3 bytes): an "add" and, as each stream closes,
+    # an "abort" for 32 of them are 1 MB, many times the pipe's buffer. Too long for the model, they
+    # are refused once the child reads them.
+    long_prompt = [1000] * 10_000
+
+    async def submit_and_close() -> None:
+        streams = [stopped.generate(greedy(f"long-{i}", long_prompt)) for i in range(32)]
+        tasks = [asyncio.create_task(anext(stream)) for stream in streams]
+        await asyncio.sleep(0)  # one pass of the loop: each task's first step submits its request
+        for task in tasks:
+            task.cancel()  # its stream's close sends "abort"
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    writer = threading.Thread(target=asyncio.run, args=(submit_and_close(),), daemon=True)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        writer.start()
+        await asyncio.to_thread(writer.join, TIMEOUT_S)
+        blocked = writer.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)  # and a blocked writer's write goes through
+    try:
+        assert not blocked, "a write to a child that does not read blocked its caller's event loop"
+        async with asyncio.timeout(TIMEOUT_S):
+            outputs = await _collect(stopped.generate(greedy("after-stopped", [4, 5])))
+        assert sum(len(o.token_ids) for o in outputs) == GREEDY_TOKENS
+        assert stopped.pid == pid and stopped.restarts == 0
+    finally:
+        await asyncio.to_thread(writer.join, TIMEOUT_S)
+        await asyncio.to_thread(stopped.stop)
+
+
+def test_commands_the_child_did_not_read_yet_keep_their_order() -> None:
+    """What the pipe does not take waits in a backlog, and every message after it too: an "abort"
+    never overtakes its "add"."""
+    read_end, write_end = os.pipe()
+    pipe = CommandPipe(write_end, "ordered")
+    reader = Connection(read_end, writable=False)
+    try:
+        messages = [("add", f"r{i}", [1000 + i] * 5_000) for i in range(64)]  # 15 KB each
+        for message in messages:
+            pipe.send(message)  # returns, though nothing reads yet
+            pipe.send(("abort", message[1]))
+        assert pipe.backlog > 0
+        got = [reader.recv() for _ in range(2 * len(messages))]
+        assert got == [m for message in messages for m in (message, ("abort", message[1]))]
+    finally:
+        pipe.close()
+        reader.close()
+
+
+def test_commands_to_a_child_that_is_gone_are_dropped() -> None:
+    read_end, write_end = os.pipe()
+    pipe = CommandPipe(write_end, "orphaned")
+    os.close(read_end)
+    pipe.send(("abort", "r0"))  # EPIPE: the reader thread, not the writer, notices the death
+    assert pipe.backlog == 0
+    pipe.close()
