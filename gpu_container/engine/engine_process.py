@@ -154,7 +154,11 @@ class EngineProcess(EngineFront):
 
     def start(self, timeout: float = 300.0) -> None:
         """Start the child and wait until its model is loaded (blocking: call via to_thread)."""
-        self._spawn(timeout)
+        try:
+            self._spawn(timeout)
+        except RuntimeError:
+            self._close_pipes()  # no reader thread to close them
+            raise
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
 
@@ -322,6 +326,14 @@ class EngineProcess(EngineFront):
         assert commands is not None
         commands.send(message)
 
+    def _close_pipes(self) -> None:
+        """Close the last child's pipes: left to garbage collection, two descriptors stayed open for
+        each EngineProcess stopped."""
+        if self._commands is not None:
+            self._commands.close()
+        if self._events is not None:
+            self._events.close()
+
     def _kill(self) -> bool:
         """SIGKILL the child and reap it; False where it had not exited _STOP_TIMEOUT_S later: stuck
         in the kernel (a hung read of its model's file, a driver), where the kill lands only once
@@ -340,15 +352,18 @@ class EngineProcess(EngineFront):
 
     def _read(self) -> None:
         """The reader thread: each child's messages until it exits, then a new child unless stopped."""
-        while True:
-            died_at = self._read_child()
-            # Read before the pause resets it: a child that served a minute died a forgiven death,
-            # whatever its requests' marks at submit said.
-            stable = died_at - self._started_at >= _STABLE_S
-            pause = self._pause_before_restart()
-            self._fail_all(pause, stable)
-            if not self._restart(pause):
-                return
+        try:
+            while True:
+                died_at = self._read_child()
+                # Read before the pause resets it: a child that served a minute died a forgiven
+                # death, whatever its requests' marks at submit said.
+                stable = died_at - self._started_at >= _STABLE_S
+                pause = self._pause_before_restart()
+                self._fail_all(pause, stable)
+                if not self._restart(pause):
+                    return
+        finally:
+            self._close_pipes()  # here, the events' only reader: stop() may have given up joining us
 
     def _read_child(self) -> float:
         """The child's messages until it exits; returns when it stopped serving: its exit, or, for

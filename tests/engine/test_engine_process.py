@@ -496,3 +496,35 @@ def test_commands_to_a_child_that_is_gone_are_dropped() -> None:
     pipe.send(("abort", "r0"))  # EPIPE: the reader thread, not the writer, notices the death
     assert pipe.backlog == 0
     pipe.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_stop_closes_the_pipes_to_its_children(demo_dir: Path) -> None:
+    """The reader thread ended without closing the last child's pipes: two descriptors left open for
+    each EngineProcess stopped (the edge's replicas, a test suite's hundreds) until garbage
+    collection."""
+    before = _open_fds()
+    closing = EngineProcess(demo_dir, CONFIG, "closing")
+    closing.start()
+    first_pid = closing.pid
+    assert first_pid is not None
+    os.kill(first_pid, signal.SIGKILL)
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            while not (closing.running and closing.restarts):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    finally:
+        await asyncio.to_thread(closing.stop)
+    assert _open_fds() == before
+
+
+async def test_a_start_that_fails_closes_the_pipes_to_its_child(tmp_path: Path) -> None:
+    before = _open_fds()
+    broken = EngineProcess(tmp_path / "no-model", CONFIG, "never-started")
+    with pytest.raises(RuntimeError, match="failed to start"):
+        await asyncio.to_thread(broken.start)
+    broken.stop()
+    assert _open_fds() == before
