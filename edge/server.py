@@ -12,7 +12,11 @@ Signals. uvicorn stops listening at once on SIGTERM and then cancels whatever st
 cut streams with a bare TCP close. Here SIGTERM begins a drain (edge/drain.py) instead: `/readyz`
 fails and new generations get 503 while the listeners keep accepting for `drain_accept_s`; then
 uvicorn's own shutdown runs, waiting for the streams, which the drain ends by `drain_deadline_s`.
-The process exits 0. SIGHUP (a closed terminal) drains as SIGTERM does, unless ignored (nohup).
+The public listener closes then; the operator listener answers until the streams have ended, just
+before the app's shutdown (DrainingServer's `ops`): a liveness probe or a scrape of the ops port
+meanwhile is answered (`/healthz` 200, `/readyz` 503 `draining`, `/metrics`), not refused, so no
+orchestrator takes the edge for dead mid-drain. The process exits 0. SIGHUP (a closed terminal)
+drains as SIGTERM does, unless ignored (nohup).
 SIGINT (Ctrl-C), or a second SIGTERM, cuts the streams at once (each still ends with its usage, an
 error event and `[DONE]`) and exits 0; one more stops waiting for connections still open. Either
 way the app's shutdown runs, and with it the usage writer (DrainingServer.handle_exit).
@@ -26,7 +30,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -35,6 +39,7 @@ import uvicorn
 from litestar import Litestar
 from uvicorn.lifespan.off import LifespanOff
 from uvicorn.lifespan.on import LifespanOn
+from uvicorn.server import ServerState
 
 from edge.config import ServerConfig
 from edge.drain import Drain
@@ -49,6 +54,10 @@ log = structlog.get_logger("floodgate.server")
 # writes the cut streams' usage rows, runs after it. At 5 s it took the whole margin, and a stopped
 # reader's edge was killed during that shutdown (exit measured at deadline + 5.7 s).
 SHUTDOWN_GRACE_S = 2.0
+# How long a request on the operator listener (a probe, a scrape: milliseconds) may still run once
+# the streams have ended, before its connection is cut and the app's shutdown begins. Short: it
+# comes out of the same margin before SIGKILL as SHUTDOWN_GRACE_S.
+OPS_CLOSE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,15 +179,23 @@ def _leave_the_terminal(fds: tuple[int, ...]) -> None:
 class _AfterTheRequests:
     """uvicorn's lifespan, whose shutdown (the app's) begins once the requests still running have
     ended, or after SHUTDOWN_GRACE_S: those uvicorn has just cancelled settle, log and record their
-    usage on the app's limiter, stores and writers."""
+    usage on the app's limiter, stores and writers. `before` runs then, first (the operator
+    listener closes: nothing reaches the app once its shutdown began)."""
 
-    def __init__(self, lifespan: LifespanOn | LifespanOff, tasks: set[asyncio.Task[None]]) -> None:
+    def __init__(
+        self,
+        lifespan: LifespanOn | LifespanOff,
+        tasks: set[asyncio.Task[None]],
+        before: Callable[[], Awaitable[None]],
+    ) -> None:
         self._lifespan = lifespan
         self._tasks = tasks
+        self._before = before
 
     async def shutdown(self) -> None:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=SHUTDOWN_GRACE_S)
+        await self._before()
         await self._lifespan.shutdown()
 
 
@@ -187,7 +204,17 @@ class DrainingServer(uvicorn.Server):
     drain itself begins on the loop, at uvicorn's next tick (every 0.1 s).
 
     `held`: a bound socket not passed to run(), listened on at the first tick at which
-    `may_take_work()` is true (never once the drain began)."""
+    `may_take_work()` is true (never once the drain began).
+
+    `ops`: the operator listener's bound socket, not passed to run() either. uvicorn's shutdown
+    closes every listener it holds when the accept window ends, and with this one the probes and
+    the scrapes of a draining edge met a refused connection for the rest of its drain (up to
+    `drain_deadline_s`): a liveness probe's orchestrator killed it mid-drain, cutting the streams
+    the drain was keeping, and the drain's last metrics were lost. So it is this server's own, and
+    closes only once the streams have ended, as the app's shutdown begins (`_close_ops`). Its
+    connections are counted apart from uvicorn's (`_ops_state`): uvicorn's shutdown waits for
+    every connection it counts to close, and a scraper's keep-alive connection opened during the
+    drain would have held the exit until its keep-alive timeout."""
 
     def __init__(
         self,
@@ -195,11 +222,15 @@ class DrainingServer(uvicorn.Server):
         drain: Drain,
         *,
         held: socket.socket | None = None,
+        ops: socket.socket | None = None,
         may_take_work: Callable[[], bool] = lambda: True,
         public: str = "",
     ) -> None:
         super().__init__(config)
         self.drain = drain
+        self._ops = ops
+        self._ops_server: asyncio.Server | None = None
+        self._ops_state = ServerState()
         self._public = public
         self._drain_requested = False
         self._cut_requested = False
@@ -248,7 +279,7 @@ class DrainingServer(uvicorn.Server):
         # dropped, though the client's usage chunk said it was charged. The app's shutdown now
         # waits for them, as a forced exit's does (below).
         lifespan = self.lifespan
-        self.lifespan = _AfterTheRequests(lifespan, self.server_state.tasks)
+        self.lifespan = _AfterTheRequests(lifespan, self.server_state.tasks, self._close_ops)
         try:
             await super().shutdown(sockets)
         finally:
@@ -266,7 +297,25 @@ class DrainingServer(uvicorn.Server):
                 transport.abort()
         if self.server_state.tasks:
             await asyncio.wait(self.server_state.tasks, timeout=SHUTDOWN_GRACE_S)
+        await self._close_ops()
         await self.lifespan.shutdown()
+
+    async def _close_ops(self) -> None:
+        """Stop the operator listener (idempotent): its requests still running get
+        OPS_CLOSE_GRACE_S, then every connection of its own is cut."""
+        server, self._ops_server = self._ops_server, None
+        if server is None:
+            return
+        server.close()
+        state = self._ops_state
+        for connection in list(state.connections):
+            connection.shutdown()  # an idle one closes now, a busy one after its response
+        if state.tasks:
+            await asyncio.wait(set(state.tasks), timeout=OPS_CLOSE_GRACE_S)
+        for connection in list(state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -302,12 +351,18 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True  # the listeners close now; uvicorn waits for the streams
         if self._held is not None and not drain.draining and self._may_take_work():
             sock, self._held = self._held, None
-            await self._listen(sock)
+            await self._listen(sock, self.server_state)
             self._serving()
-        return await super().on_tick(counter)
+        exiting = await super().on_tick(counter)
+        # The Date header uvicorn refreshes each second, for the operator listener's answers too.
+        self._ops_state.default_headers = self.server_state.default_headers
+        return exiting
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        await super().startup(sockets=sockets)  # exits where the app's start-up failed
+        if self._ops is not None:
+            sock, self._ops = self._ops, None
+            self._ops_server = await self._listen(sock, self._ops_state, own=True)
         if self._held is None:
             self._serving()
 
@@ -317,20 +372,25 @@ class DrainingServer(uvicorn.Server):
         client that took it, or the dev key's `curl`, for the go-ahead met a refused connection."""
         log.info("edge_serving", public=self._public)
 
-    async def _listen(self, sock: socket.socket) -> None:
-        """Accept on `sock` from now on, as uvicorn's startup does on the sockets run() was given
-        (and its shutdown closes every server in `self.servers`)."""
+    async def _listen(self, sock: socket.socket, state: ServerState, *, own: bool = False) -> asyncio.Server:
+        """Accept on `sock` from now on, as uvicorn's startup does on the sockets run() was given,
+        its connections and requests counted in `state`. uvicorn's shutdown closes every server in
+        `self.servers`: one `own` is left out of them (closed by this class, `_close_ops`)."""
         config = self.config
+        # Read now: the shutdown puts a wrapper in `self.lifespan` (_AfterTheRequests) while the
+        # operator listener still accepts.
+        app_state = self.lifespan.state
 
         def protocol() -> asyncio.Protocol:
             return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state
+                config=config, server_state=state, app_state=app_state
             )
 
         loop = asyncio.get_running_loop()
-        self.servers.append(
-            await loop.create_server(protocol, sock=sock, ssl=config.ssl, backlog=config.backlog)
-        )
+        server = await loop.create_server(protocol, sock=sock, ssl=config.ssl, backlog=config.backlog)
+        if not own:
+            self.servers.append(server)
+        return server
 
 
 def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool = False) -> None:
@@ -354,13 +414,15 @@ def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool
     # take work; joining the fleet, it has no share of the replicas the edges share for two beats,
     # and would answer 503 no_replica to what the others can serve.
     held = listeners.public if reuse_port else None
-    sockets = [listeners.ops] if held else [listeners.public, listeners.ops]
+    # An empty list, not None, where the public socket is held: None is uvicorn binding its own.
+    sockets = [] if held else [listeners.public]
     config = uvicorn_config(app, server, log_config=None)
     try:
         DrainingServer(
             config,
             drain,
             held=held,
+            ops=listeners.ops,
             may_take_work=lambda: not joining(app.state),
             public=_address(listeners.public),
         ).run(sockets=sockets)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -482,3 +483,81 @@ def test_workers_refuse_operator_ports_that_reach_the_api_port_or_past_the_last(
     assert worker_overrides(settings, 2, 0)["server"]["ops_port"] == ops_port
     with pytest.raises(WorkersRefused, match=rf"server\.ops_port {ops_port} \+ 1"):
         worker_overrides(settings, 2, 1)
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_draining_worker_answers_on_its_operator_port_until_its_streams_end(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """Each worker's operator listener (ops_port + i) closed with the shared port at the end of
+    the accept window (0 s here): the worker still finishing a stream was refused to every probe
+    and scrape of its port for the rest of its drain. It answers now until its streams have ended:
+    alive, `/readyz` 503 `draining`."""
+    port, ops_port = free_port(), free_consecutive_ports(2)
+    command = _serve_two_workers(tmp_path, redis, port, ops_port, paid="max_concurrent = 16\n")
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    engines: list[int] = []
+    try:
+        headers = _dev_key_headers(proc)
+        for worker_ops in (ops_port, ops_port + 1):
+            _wait_answering(f"http://127.0.0.1:{worker_ops}/readyz", proc)
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        lines: list[str] = []
+        first_token = threading.Event()
+
+        def stream() -> None:
+            with (
+                httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client,
+                client.stream("POST", CHAT, json=body, headers=headers) as response,
+            ):
+                for line in response.iter_lines():
+                    lines.append(line)
+                    first_token.set()
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert first_token.wait(60), "the stream never began"
+        # Every worker's engine held still: the stream cannot finish by itself, whichever has it.
+        engines = [
+            int(c)
+            for w in _workers_of(proc.pid)
+            for c in Path(f"/proc/{w}/task/{w}/children").read_text().split()
+            if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()
+        ]
+        for pid in engines:
+            os.kill(pid, signal.SIGSTOP)
+        holding = next(o for o in (ops_port, ops_port + 1) if _held_and_queued(o) == (1, 0))
+        proc.send_signal(signal.SIGTERM)
+
+        def shared_port_closed() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            except OSError:
+                return True
+            return False
+
+        _wait_until(shared_port_closed, lambda: "the shared port still accepting")
+        assert reader.is_alive()  # the drain deadline is 90 s away
+        with httpx.Client(base_url=f"http://127.0.0.1:{holding}", timeout=10) as probe:
+            alive, ready = probe.get("/healthz"), probe.get("/readyz")
+        proc.send_signal(signal.SIGTERM)  # the second: the workers cut their streams
+        reader.join(30)
+        assert not reader.is_alive()
+    finally:
+        for pid in engines:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    assert alive.status_code == 200
+    assert ready.status_code == 503 and ready.json()["status"] == "draining"
+    assert proc.returncode == 0, output[-2000:]
+    assert [line for line in lines if line][-1] == "data: [DONE]"

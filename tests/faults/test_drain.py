@@ -529,3 +529,38 @@ def test_streams_queued_at_sigterm_still_run_on_an_edge_in_the_fleet(tmp_path: P
         finals = [e for e in data if e.get("choices") and e["choices"][0]["finish_reason"]]
         assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] in ("stop", "length")
         assert stream.events[-1] == DONE
+
+
+def test_the_operator_listener_answers_until_the_streams_have_ended(tmp_path: Path) -> None:
+    """The accept window's end closed the operator listener with the public one: for the rest of
+    the drain (streams finishing, up to drain_deadline_s) a liveness probe or a Prometheus scrape
+    of the ops port met a refused connection, so an orchestrator could kill the edge mid-drain
+    (cutting every stream the drain kept) and the drain's last metrics were never read. It now
+    answers until the streams have ended: alive, not ready (`draining`), its metrics current. A
+    scraper's keep-alive connection to it does not hold the exit."""
+    drain: dict[str, object] = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        stream = _started_stream(server)
+        ops_port = int(server.ops_url.rsplit(":", 1)[1])
+        with httpx.Client(base_url=server.ops_url, timeout=10.0) as scraper:
+            assert scraper.get("/metrics").status_code == 200  # its connection kept alive
+            with _engine_held(server):  # the stream cannot finish by itself
+                server.proc.send_signal(signal.SIGTERM)
+                port = int(server.base_url.rsplit(":", 1)[1])
+                _wait(lambda: not _listening(port), "the accept window to end")
+                assert stream.is_alive()  # the drain still waits for it (the deadline is 120 s away)
+                with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe:
+                    alive, ready = probe.get("/healthz"), probe.get("/readyz")
+                metrics = scraper.get("/metrics")
+                server.proc.send_signal(signal.SIGTERM)  # the second: cut the stream now
+                stream.join(30)
+                ended = not stream.is_alive()
+            code = server.proc.wait(timeout=30)
+        output = server.output()
+    assert alive.status_code == 200 and alive.json() == {"status": "ok"}
+    assert ready.status_code == 503 and ready.json()["status"] == "draining"
+    assert metrics.status_code == 200 and "\nfloodgate_draining 1.0\n" in metrics.text
+    assert ended and stream.error is None, stream.error
+    assert stream.events[-1] == DONE
+    assert code == 0 and "Traceback" not in output, output[-2000:]
+    assert not _listening(ops_port)

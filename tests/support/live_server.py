@@ -185,10 +185,11 @@ def start_server(
     app = create_app(settings, upstreams)
     listeners = bind_listeners(settings.server)
     app.state.ops_port = listeners.ops_port
-    server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain)
+    # The operator listener as `floodgate serve` holds it: open until the streams have ended.
+    server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain, ops=listeners.ops)
     thread = threading.Thread(
         target=server.run,
-        kwargs={"sockets": [listeners.public, listeners.ops]},
+        kwargs={"sockets": [listeners.public]},
         name=f"edge-{port}",
         daemon=True,
     )
