@@ -12,9 +12,16 @@ credentials; the database): the one server a plain client names, or on a Cluster
 holds the user's slot (all of a user's keys share one hash tag, so one node runs the whole script).
 
 On a Cluster the slot map is redis-py's (the client's nodes manager):
-- A reply saying the slot is elsewhere or busy (MOVED, TRYAGAIN, CLUSTERDOWN: the script did not
-  run) sends that one call through redis-py, which follows the redirect and updates the map the
-  next call reads.
+- A reply saying the slot is elsewhere or the cluster is failing over (MOVED, CLUSTERDOWN: the
+  script did not run) sends that one call through redis-py, which follows the redirect and updates
+  the map the next call reads.
+- TRYAGAIN (a slot mid-migration, the call's keys on neither node whole: an admit's request record
+  exists nowhere yet, so every admit of a migrating slot's users meets it until the slot's move
+  ends) is sent again here after a short back-off, as Redis's cluster spec asks, for at most
+  TRYAGAIN_WAIT_S; past that the call raises SlotBusy, and that call alone is answered without
+  Redis (redis_store.py), the store not taken for down. Sent through redis-py, it was retried 16
+  times in 0.4 s and then raised ClusterError("TTL exhausted"), a store failure: a routine
+  resharding put every user of the edge on the fallback for a backoff.
 - ASK (the slot is migrating and the keys are on the importing node) is followed here: ASKING and
   the call in one write on this module's connection to that node, as Redis needs ASKING on the
   connection the call takes. redis-py sends ASKING as a command of its own on a connection of the
@@ -62,9 +69,29 @@ from limiter.resp import pack_command, pack_evalshas
 from limiter.resp_connection import RespConnection, open_connection
 
 # Error replies a Cluster node gives before running anything: the call belongs elsewhere (MOVED,
-# ASK) or not now (TRYAGAIN during a slot's migration, CLUSTERDOWN during a failover).
-_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+# ASK) or not now (CLUSTERDOWN during a failover; TRYAGAIN, handled apart, during a slot's migration).
+_REDIRECTS = ("MOVED ", "ASK ", "CLUSTERDOWN")
 _ASKING = pack_command("ASKING")
+# How long a call keeps sending again a call its slot answers TRYAGAIN, all pauses together, and
+# the pauses (doubling from the first to the longest): a slot of a few hundred keys moves in
+# milliseconds, and an admit waits no longer than this for a slot that takes longer.
+TRYAGAIN_WAIT_S = 0.5
+_TRYAGAIN_FIRST_PAUSE_S = 0.005
+_TRYAGAIN_LONGEST_PAUSE_S = 0.1
+
+
+class _TryAgain(Exception):
+    """A node answered TRYAGAIN: the script did not run."""
+
+
+class SlotBusy(Exception):
+    """The slot kept answering TRYAGAIN (mid-migration) past TRYAGAIN_WAIT_S: one slot's users are
+    briefly out of reach, not the store. `ran_none`: no call of the batch ran (False where other
+    calls sent with it may have)."""
+
+    def __init__(self, message: str, *, ran_none: bool = True) -> None:
+        super().__init__(message)
+        self.ran_none = ran_none
 
 
 @dataclass(frozen=True)
@@ -159,7 +186,24 @@ class DirectCalls:
 
     async def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """The script's reply; an error reply is raised, so is TimeoutError for a reply owed too long.
-        NOSCRIPT (a restarted node): load it there and send again, it did not run."""
+        NOSCRIPT (a restarted node): load it there and send again, it did not run. TRYAGAIN: sent
+        again after a pause, SlotBusy once TRYAGAIN_WAIT_S of pauses would be over (module doc)."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        pause = _TRYAGAIN_FIRST_PAUSE_S
+        while True:
+            try:
+                return await self._call_once(script, keys, args)
+            except _TryAgain as exc:
+                now = loop.time()
+                if deadline is None:
+                    deadline = now + min(TRYAGAIN_WAIT_S, self._bound_s)
+                if now >= deadline:
+                    raise SlotBusy(str(exc)) from None
+                await asyncio.sleep(min(pause, deadline - now))
+                pause = min(2 * pause, _TRYAGAIN_LONGEST_PAUSE_S)
+
+    async def _call_once(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         conn = self._open_for(keys[0])
         if conn is not None:
             return await self._send(conn, script, keys, args)
@@ -230,6 +274,9 @@ class DirectCalls:
                 if importing is None:  # a node the map does not know yet, or one reached as redis-py would
                     return await script(keys=keys, args=args)
             return await self._send(importing, script, keys, args, asking=True)
+        if isinstance(reply, ResponseError) and str(reply).startswith("TRYAGAIN"):
+            CLUSTER_REDIRECTS.labels(reply="TRYAGAIN").inc()
+            raise _TryAgain(str(reply))
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             async with asyncio.timeout(self._bound_s):
@@ -268,7 +315,13 @@ class DirectCalls:
         error reply raised. On one server all in one write (a pipeline); on a Cluster each on its
         node's connection (those of one pass share a write)."""
         if self._single is None:
-            return list(await asyncio.gather(*(self.call(script, keys, args) for keys, args in calls)))
+            try:
+                return list(await asyncio.gather(*(self.call(script, keys, args) for keys, args in calls)))
+            except SlotBusy as exc:
+                if len(calls) == 1:
+                    raise
+                # The batch's other calls, on other slots, may have run.
+                raise SlotBusy(str(exc), ran_none=False) from exc
         conn = await self._connection("")
         assert conn is not None  # one server: always its endpoint
 

@@ -33,8 +33,15 @@ STORE_BUSY = Counter(
 CLUSTER_REDIRECTS = Counter(
     "floodgate_limiter_cluster_redirects",
     "Limiter calls a Redis Cluster node answered MOVED, ASK, TRYAGAIN or CLUSTERDOWN without running "
-    "them (sent once more through redis-py, which follows them), by that answer.",
+    "them (sent again: ASK to the node it names, TRYAGAIN after a pause, the others through redis-py), "
+    "by that answer.",
     ["reply"],
+)
+SLOT_BUSY = Counter(
+    "floodgate_limiter_slot_busy",
+    "Limiter calls whose Redis Cluster slot, mid-migration, still answered TRYAGAIN after the "
+    "retries: that call alone answered without Redis (the store is not marked down).",
+    ["op"],
 )
 SLOT_MAP_RELOADS = Counter(
     "floodgate_limiter_slot_map_reloads",

@@ -59,10 +59,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from limiter import policy, redis_url
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
 from limiter.call_batcher import CallBatcher
-from limiter.direct_calls import DirectCalls
+from limiter.direct_calls import DirectCalls, SlotBusy
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, LedgerSnapshot, MemoryLimiter
-from limiter.metrics import STORE_BUSY
+from limiter.metrics import SLOT_BUSY, STORE_BUSY
 from limiter.pipelined_replies import replies_loading_once
 from limiter.reads import ReadDecision, read_rates
 from limiter.resp import pack_evalshas
@@ -445,7 +445,8 @@ class RedisLimiter:
         self, op: Op, send: Callable[[], Awaitable[Any]], *, epoch: int | None = None, bounded: bool = True
     ) -> Any:
         """One bounded round trip (`bounded` False: `send` bounds itself). Raises _NotSent when it
-        never reached Redis, _NoAnswer when Redis did not answer (the store is then marked down).
+        never reached Redis, _NoAnswer when Redis did not answer (the store is then marked down) or
+        when a batch's call met a slot mid-migration while its others may have run (not marked).
         While the store is down, only the probe (store_health.py) gets past the first check."""
         health = self._health
         probe = health.failing
@@ -480,6 +481,14 @@ class RedisLimiter:
                     result = await send()
             except _NotSent:
                 raise
+            except SlotBusy as exc:
+                # One slot mid-migration (limiter/direct_calls.py), not the store: this call alone
+                # is answered without Redis, as one that found no free connection is; every other
+                # user's calls keep going to Redis. Taken for a store failure, a resharding put the
+                # whole edge on the fallback for a backoff.
+                SLOT_BUSY.labels(op=op).inc()
+                log.warning("limiter_slot_busy", op=op, detail=str(exc))
+                raise (_NotSent if exc.ran_none else _NoAnswer) from exc
             # Any failure of the store or its driver (redis-py's cluster client has raised
             # AttributeError in races) is a store failure: the tier's policy answers, nothing escapes.
             except Exception as exc:

@@ -228,6 +228,97 @@ async def test_calls_asked_to_the_importing_node_during_a_migration_are_answered
         _ok(source.command("CLUSTER", "SETSLOT", slot, "NODE", target_id))
 
 
+def _start_migration(
+    cluster: RedisClusterServers, probe: RedisCluster, user: str
+) -> tuple[RedisServer, RedisServer, str, list[str]]:
+    """The slot of `user`'s keys set migrating to another node, and the first of its keys moved
+    there, the rest not (a resharding under way): the migrating node, the importing one, the slot
+    and the keys left behind."""
+    source = _node_holding(cluster, probe, user)
+    target = next(node for node in cluster.nodes if node is not source)
+    slot = str(probe.keyslot(user_keys(user)[0]))
+    _ok(target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source)))
+    _ok(source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target)))
+    keys = [
+        k for k in source.command("CLUSTER", "GETKEYSINSLOT", slot, "100").decode().split("\r\n") if "{" in k
+    ]
+    assert len(keys) > 1
+    _ok(source.command("MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", keys[0]))
+    return source, target, slot, keys[1:]
+
+
+def _end_migration(source: RedisServer, target: RedisServer, slot: str, left: list[str]) -> None:
+    _ok(source.command("MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *left))
+    _ok(target.command("CLUSTER", "SETSLOT", slot, "NODE", _node_id(target)))
+    _ok(source.command("CLUSTER", "SETSLOT", slot, "NODE", _node_id(target)))
+
+
+async def test_a_slot_mid_migration_is_answered_without_redis_for_its_users_alone(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """A slot mid-migration answers its users' admits TRYAGAIN (their keys are split between the
+    nodes, and an admit's request record is on neither) until its move ends: each admit is sent
+    again a few times, then that admit alone is answered without Redis (the fallback for a fail-open
+    tier, a 503 for a fail-closed one), and the store is not taken for down: another user's admit
+    right after still goes to Redis. Through redis-py the TRYAGAINs ended in "TTL exhausted", a
+    store failure: every user of the edge went to the fallback for a backoff."""
+    await probe.initialize()
+    user, other = f"t-{uuid.uuid4().hex}", f"u-{uuid.uuid4().hex}"
+    limits = tier(requests=100, request_window_s=3600)
+    closed = tier(requests=100, request_window_s=3600, on_store_failure="closed")
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    assert (await limiter.admit(user, "r1", limits, 10, 10)).decision.allowed
+    source, target, slot, left = _start_migration(cluster, probe, user)
+    try:
+        tried = _count("floodgate_limiter_cluster_redirects_total", reply="TRYAGAIN")
+        busy = _count("floodgate_limiter_slot_busy_total", op="admit")
+
+        assert (await limiter.admit(user, "r2", limits, 10, 10)).decision.allowed  # the fallback's
+        assert not limiter.fallback_active
+        assert _count("floodgate_limiter_cluster_redirects_total", reply="TRYAGAIN") > tried + 1
+        assert _count("floodgate_limiter_slot_busy_total", op="admit") == busy + 1
+        with pytest.raises(StoreUnavailable):
+            await limiter.admit(user, "r3", closed, 10, 10)
+        assert not limiter.fallback_active
+
+        assert (await limiter.admit(other, "r1", limits, 10, 10)).decision.allowed
+        assert await probe.exists(user_keys(other)[0]) == 1  # counted on Redis
+        assert not limiter.fallback_active
+    finally:
+        await limiter.aclose()
+        _end_migration(source, target, slot, left)
+
+
+async def test_a_migration_that_ends_while_an_admit_waits_to_try_again_is_answered_by_redis(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """The slot's move ends while an admit that met TRYAGAIN waits to send again: sent again, it is
+    answered MOVED, follows the slot to its new node and is counted there."""
+    await probe.initialize()
+    user = f"e-{uuid.uuid4().hex}"
+    limits = tier(requests=100, request_window_s=3600)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True)
+    try:
+        assert (await limiter.admit(user, "r1", limits, 10, 10)).decision.allowed
+        source, target, slot, left = _start_migration(cluster, probe, user)
+        tried = _count("floodgate_limiter_cluster_redirects_total", reply="TRYAGAIN")
+        busy = _count("floodgate_limiter_slot_busy_total", op="admit")
+        admit = asyncio.create_task(limiter.admit(user, "r2", limits, 10, 10))
+        while _count("floodgate_limiter_cluster_redirects_total", reply="TRYAGAIN") == tried:
+            assert not admit.done()
+            await asyncio.sleep(0)
+        # The admit waits out its first pause (a timer: this blocking block runs first).
+        _end_migration(source, target, slot, left)
+
+        assert (await admit).decision.allowed
+        assert _count("floodgate_limiter_slot_busy_total", op="admit") == busy
+        assert not limiter.fallback_active
+        conc = user_keys(user)[2]
+        assert target.command("ZSCORE", conc, "r2") != b"$-1\r\n"  # counted on Redis, where the slot went
+    finally:
+        await limiter.aclose()
+
+
 def _wait_cluster_ok(nodes: list[RedisServer]) -> None:
     deadline = time.monotonic() + SETTLE_S
     while not all(b"cluster_state:ok" in node.command("CLUSTER", "INFO") for node in nodes):
