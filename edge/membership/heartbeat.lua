@@ -16,9 +16,14 @@
 -- with its answer lost (a reply slower than the client's timeout, which a RedisCluster client then
 -- sends again), and a member told only once would never learn that the others took its share and
 -- freed its slots.
+-- The fleet's epoch (KEYS[6]) is made by the first beat on a Redis without it and lives as long as
+-- the fleet's keys: a member unknown to Redis that finds the epoch it saw before was counted out
+-- and forgotten since (cut off alone past ARGV[6]), not lost with the fleet (a Redis restarted
+-- empty, FLUSHALL, a failover to an empty replica: a new epoch).
 -- KEYS[1] = sorted set member -> expiry (ms), KEYS[2] = hash member -> claim, KEYS[3] = sorted set
 --           departed tag -> forget at (ms), KEYS[4] = the last beat's time (ms), KEYS[5] = sorted
---           set tag of a member back, not yet heard -> forget at (ms); one hash tag.
+--           set tag of a member back, not yet heard -> forget at (ms), KEYS[6] = the fleet's
+--           epoch; one hash tag.
 -- ARGV = member id, claim, ttl_ms, "1" to leave, key lifetime (ms) once the fleet is gone,
 --        how long a departed member is remembered (ms), the fleet's silence past which it was
 --        Redis's (ms), "1" when the member heard that it is back.
@@ -28,7 +33,7 @@
 --          said it heard, else 0 (a first beat, a Redis that lost the fleet: nobody acted on its
 --          absence), 1 when Redis held no entry of the member before this beat (its first beat, a
 --          beat that brings it back, or a Redis that lost the fleet: restarted empty, the keys
---          expired after a silence of their lifetime), else 0}.
+--          expired after a silence of their lifetime), else 0, the fleet's epoch}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local remember = tonumber(ARGV[6])
@@ -47,6 +52,12 @@ if last then
   end
 end
 redis.call('SET', KEYS[4], now, 'PX', lifetime)
+local epoch = redis.call('GET', KEYS[6])
+if not epoch then
+  -- Unique across the fleet's lives: the member that made it, and when to the microsecond.
+  epoch = ARGV[1] .. '@' .. t[1] .. '.' .. t[2]
+end
+redis.call('SET', KEYS[6], epoch, 'PX', lifetime)
 local tag = tag_of(ARGV[1])
 if ARGV[8] == '1' or ARGV[4] == '1' then
   redis.call('ZREM', KEYS[5], tag)
@@ -88,4 +99,4 @@ else
     end
   end
 end
-return {redis.call('HGETALL', KEYS[2]), redis.call('ZRANGE', KEYS[3], 0, -1), back, unknown}
+return {redis.call('HGETALL', KEYS[2]), redis.call('ZRANGE', KEYS[3], 0, -1), back, unknown, epoch}

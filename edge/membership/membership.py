@@ -20,7 +20,8 @@ against nobody's TTL (heartbeat.lua), so the fleet is as it was. A Redis that lo
 (restarted empty) holds only the members that beat since: for a join wait this instance counts the
 others it saw before as they were until they register again, or the first to beat took every
 replica whole beside the others' shares. Back after the others counted it
-out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP): it joins again as a newcomer,
+out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP; or cut off alone, however long:
+the fleet's epoch tells it from a Redis that lost the fleet): it joins again as a newcomer,
 since they took its share, and has its running requests' slots put back (`on_back`), since their
 admits may have freed them as a dead member's.
 """
@@ -122,6 +123,9 @@ class FleetMembership:
         # they register again or `_kept_until` (a join wait: every live one has beaten by then).
         self._kept: dict[str, float] = {}
         self._kept_until = 0.0
+        # The epoch of the fleet as this member last reached it (heartbeat.lua): unknown to Redis
+        # under the same one, it was counted out; under another, Redis lost the fleet.
+        self._epoch = ""
         self._remaining: Callable[[], float] | None = None  # set while draining
         self._task: asyncio.Task[None] | None = None
         # Until the first beat: nothing known, no new work (start() settles it either way).
@@ -175,6 +179,13 @@ class FleetMembership:
             if cancelling():
                 raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
+        if fleet.unknown and not fleet.back and self._joined_at is not None and fleet.epoch == self._epoch:
+            # Unknown to the fleet it had joined, not lost with it: cut off alone past
+            # remember_departed_s, counted out (its share taken, its slots freed) and forgotten
+            # since, so Redis no longer says it is back. Read as a Redis that lost the fleet, it
+            # served at once beside the others' whole shares and never put its slots back.
+            fleet = replace(fleet, back=True)
+        self._epoch = fleet.epoch
         self._fleet = self._keeping_lost(now, fleet)
         alone = set(self._fleet.claims) <= {self.member_id}
         back = self._fleet.back and self._joined_at is not None

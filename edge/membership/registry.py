@@ -28,6 +28,9 @@ class Fleet:
     # Redis held no entry of the member before the beat: its first, one that brings it back, or a
     # Redis that lost the fleet (restarted empty), where the others have yet to register again.
     unknown: bool = False
+    # Made by the first beat on a Redis without the fleet's keys: another after that one, Redis
+    # lost the fleet; the same, a member unknown to it was counted out (heartbeat.lua).
+    epoch: str = ""
 
 
 def _text(value: Any) -> str:
@@ -47,7 +50,14 @@ class MembershipRegistry:
         member that only an outage explains (MembershipSettings.quiet_s)."""
         self._client = client
         tag = "{floodgate:" + fleet + "}"
-        self._keys = [f"{tag}:expiry", f"{tag}:claims", f"{tag}:departed", f"{tag}:last-beat", f"{tag}:back"]
+        self._keys = [
+            f"{tag}:expiry",
+            f"{tag}:claims",
+            f"{tag}:departed",
+            f"{tag}:last-beat",
+            f"{tag}:back",
+            f"{tag}:epoch",
+        ]
         self._remember_ms = max(1, int(remember_s * 1000))
         self._quiet_ms = max(1, int(quiet_s * 1000))
         self._script: Any = client.register_script(SCRIPT)
@@ -68,11 +78,12 @@ class MembershipRegistry:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
         args += [self._quiet_ms, "1" if member in self._heard_back else "0"]
-        flat, departed, back, unknown = await self._script(keys=self._keys, args=args)
+        flat, departed, back, unknown, epoch = await self._script(keys=self._keys, args=args)
         if int(back):
             self._heard_back.add(member)
         else:
             self._heard_back.discard(member)
         pairs = [_text(x) for x in flat]
         claims = {pairs[i]: float(pairs[i + 1]) for i in range(0, len(pairs), 2)}
-        return Fleet(claims, tuple(sorted(_text(x) for x in departed)), bool(int(back)), bool(int(unknown)))
+        departed_tags = tuple(sorted(_text(x) for x in departed))
+        return Fleet(claims, departed_tags, bool(int(back)), bool(int(unknown)), _text(epoch))

@@ -410,3 +410,68 @@ async def test_a_member_whose_first_beat_finds_no_redis_waits_stale_after_before
             assert (await member.beat_once()).held == 0.0  # reached: it joins beside a
         finally:
             await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_member_cut_off_past_remember_departed_rejoins_as_a_newcomer(
+    redis_server: RedisServer,
+) -> None:
+    """Cut off from Redis alone for longer than remember_departed_s: the others counted it out
+    (taking its share) and have since forgotten it as departed, so Redis no longer says it is
+    back. Reconnected, it read the fleet as one Redis had lost, kept serving at once beside the
+    other's whole replica, and never put its running requests' slots back. It must rejoin
+    through the join wait, be counted in by the others, and count itself once."""
+    remember_s = 0.3
+    settings = MembershipSettings(
+        interval_s=0.2,
+        join_wait_s=0.4,
+        ttl_s=0.8,
+        stale_after_s=1.0,
+        remember_departed_s=remember_s,
+        fleet="forgotten",
+    )
+    other_client = redis_url.connect(redis_server.url)
+    other = MembershipRegistry(other_client, settings.fleet, remember_s, settings.quiet_s)
+    with stalling_proxy(redis_server.port) as proxy:
+        client = redis_url.connect(
+            f"redis://127.0.0.1:{proxy.port}/0", socket_timeout=0.3, socket_connect_timeout=0.3
+        )
+        now = [0.0]
+        backs: list[float] = []
+        member = FleetMembership(
+            client, "host:2:bbbb2222", settings, clock=lambda: now[0], on_back=lambda: backs.append(now[0])
+        )
+        try:
+            await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)
+            await member.beat_once()
+            now[0] += settings.join_wait_s
+            assert (await member.beat_once()).share == pytest.approx(1 / 2)
+
+            proxy.black_hole()  # b cut off alone: its beats fail, a's count it out, then forget it
+            now[0] += settings.stale_after_s + settings.interval_s
+            assert (await member.beat_once()).source == "fallback"
+            deadline = time.monotonic() + WAIT_S
+            while (await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)).departed != ("bbbb2222",):
+                assert time.monotonic() < deadline, "b was never counted out"
+                await anyio.sleep(0.02)
+            while (fleet := await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)).departed:
+                assert time.monotonic() < deadline, "b was never forgotten"
+                await anyio.sleep(0.02)
+            assert set(fleet.claims) == {"host:1:aaaa1111"}  # a holds the whole replica
+
+            proxy.resume()
+            now[0] += settings.interval_s
+            view = await member.beat_once()
+            # Back: it waits for a to make room (share 0), puts its slots back, counts itself once.
+            assert (view.source, view.share, view.held, view.live, backs) == ("redis", 0.0, 0.0, 2, [now[0]])
+            assert set((await other.beat("host:1:aaaa1111", 1.0, ttl_s=60)).claims) == {
+                "host:1:aaaa1111",
+                "host:2:bbbb2222",
+            }
+            now[0] += settings.join_wait_s
+            view = await member.beat_once()
+            assert (view.share, view.live, view.divisor) == (pytest.approx(1 / 2), 2, 2)
+            assert len(backs) == 2  # and once more as it serves (the others named it departed)
+        finally:
+            await client.aclose()
+            await other_client.aclose()
