@@ -139,16 +139,6 @@ def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(
         server.stop()
 
 
-def test_a_port_the_caller_named_that_is_taken_fails_the_start(tmp_path: Path) -> None:
-    """Not tried again: the caller's port is theirs, and another would not be what they asked."""
-    repository = render_cpu_repository(tmp_path / "repo", demo_model_dir(), ENGINE_CONFIG)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        with pytest.raises(TritonStartError, match="already in use"):
-            start_local_triton(repository, metrics_port=taken.getsockname()[1])
-
-
 def test_the_start_waits_for_the_metrics_page_as_well_as_readiness(tmp_path: Path) -> None:
     """The edge reads each replica's capacity from the metrics page the moment the server is up."""
     http_port, metrics_port = _loopback_ports(2)
