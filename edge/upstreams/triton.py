@@ -603,14 +603,23 @@ class TritonUpstream:
 
     async def ready(self) -> bool:
         """Triton's own readiness and the model's (KServe v2 health endpoints), and a model whose
-        stub died seen serving again (triton_stub.py): Triton's readiness does not say that."""
+        stub died seen serving again (triton_stub.py): Triton's readiness does not say that.
+
+        Triton's readiness is asked on a new connection: a tritonserver told to stop (SIGTERM)
+        drains by closing each new connection unanswered, while on those already open it says it
+        is ready and takes new inferences until its exit timeout, when it exits and cuts them.
+        Asked on a kept-alive connection, it kept the replica in rotation through its drain. A
+        replica not ready keeps no idle connection (ConnectionPool.keep_idle): they held its drain
+        open until that timeout."""
         try:
-            server, _ = await self._pool.get("/v2/health/ready", self._probe_timeout_s)
+            server, _ = await self._pool.get("/v2/health/ready", self._probe_timeout_s, new=True)
             model, _ = await self._pool.get(f"/v2/models/{self.model_name}/ready", self._probe_timeout_s)
         except UpstreamError:
             server = model = 0
         if server == 200 and model == 200 and await self._stub_back():
+            self._pool.keep_idle(True)
             return True
+        self._pool.keep_idle(False)
         self._config_read = False  # back up, it may run another engine: its config is read again
         return False
 

@@ -454,6 +454,8 @@ class ConnectionPool:
         self.port = port
         self._idle: list[SseConnection] = []
         self._closed = False
+        # Whether connections are kept for reuse: not while the replica is not ready (keep_idle).
+        self._keep = True
         self._get_head = f" HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
     async def connect(self, timeout_s: float, *, fresh: bool = False) -> SseConnection:
@@ -482,20 +484,37 @@ class ConnectionPool:
 
     def release(self, conn: SseConnection) -> None:
         """Keep a connection whose response ended cleanly; drop any other."""
-        if conn.reusable and len(self._idle) < MAX_IDLE and not self._closed:
+        if conn.reusable and self._keep and len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(conn)
         else:
             conn.abort()
 
-    async def get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
-        """(status, body) of a GET; UpstreamError when the replica does not answer in time."""
-        return await self.fetch(b"GET " + path.encode() + self._get_head, path, timeout_s)
+    def keep_idle(self, keep: bool) -> None:
+        """Whether connections are kept for the next requests once their answers have ended. Not
+        while the replica is not ready: a tritonserver told to stop waits, before it exits, until
+        every connection to it is closed (or its exit timeout has passed, when it cuts what still
+        runs and exits 1), and the idle ones kept here held it that long. The idle ones are closed
+        now, and each one whose answer ends from now on as it ends."""
+        self._keep = keep
+        if not keep:
+            idle, self._idle = self._idle, []
+            for conn in idle:
+                conn.abort()
 
-    async def fetch(self, request: bytes, what: str, timeout_s: float) -> tuple[int, bytes]:
+    async def get(self, path: str, timeout_s: float, *, new: bool = False) -> tuple[int, bytes]:
+        """(status, body) of a GET; UpstreamError when the replica does not answer in time.
+        `new`: on a connection of its own, closed after (`fetch`)."""
+        return await self.fetch(b"GET " + path.encode() + self._get_head, path, timeout_s, new=new)
+
+    async def fetch(
+        self, request: bytes, what: str, timeout_s: float, *, new: bool = False
+    ) -> tuple[int, bytes]:
         """(status, body) of `request`, its answer read whole (never as events: a `stop` answered
         with tokens is just a body here); UpstreamError naming `what` when the replica does not
-        answer in time."""
-        conn = await self.connect(timeout_s)
+        answer in time. `new`: sent on a new connection, closed once answered (not kept: one a
+        poll would pile up), for what only a new connection can say: whether the replica still
+        takes them (TritonUpstream.ready)."""
+        conn = await self.connect(timeout_s, fresh=new)
         for fresh in (False, True):
             if fresh:
                 conn = await self.connect(timeout_s, fresh=True)
@@ -518,7 +537,10 @@ class ConnectionPool:
             # A kept-alive connection the replica had closed while idle: once more on a new one.
         if conn.failure is not None:
             raise UpstreamError(f"{self.host}:{self.port} {what}: {conn.failure}")
-        self.release(conn)
+        if new:
+            conn.abort()
+        else:
+            self.release(conn)
         return conn.status, conn.body
 
     async def aclose(self) -> None:
