@@ -9,7 +9,13 @@ beat to spare), or at its first beat that reaches Redis after that: with Redis o
 others could not beat. With `members_per_replica` the same holds per replica: one this instance
 is newly among (a member there left, or it joined) it takes `join_wait_s` after the beat that
 showed it so.
-The first member of an empty fleet has nobody to wait for and serves at once.
+The first member of an empty fleet has nobody to wait for and serves at once. Told by
+`instance_count` that the fleet is several, it holds no more than a full fleet would give it (1 /
+instance_count, the limits divided by instance_count) for a join wait, by when every live member
+has beaten: an empty fleet may be a Redis that just lost it (restarted empty, FLUSHALL, a failover
+to an empty replica), whose members register again over their next beat, each still filling its
+part meanwhile; taken whole, every replica was booked twice over (a lone edge, instance_count 1,
+serves whole at once).
 Drain: `begin_drain(remaining)` makes the claim follow `remaining()` (the fraction of its share its
 open streams still hold) and takes no new work; `aclose()` leaves at once. Redis
 unreachable: the last view holds for `stale_after_s` (the fleet rarely changes in that time; one
@@ -41,7 +47,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from edge.membership.assignment import Rankings
 from edge.membership.registry import Fleet, MembershipRegistry
-from edge.membership.shares import FleetView, State, fallback_view, view_from_claims
+from edge.membership.shares import FleetView, State, at_most, fallback_view, view_from_claims
 from edge.task_stop import cancelling, stop_task
 
 log = structlog.get_logger(__name__)
@@ -109,6 +115,8 @@ class FleetMembership:
         self._restore_when_serving = False
         self._clock = clock
         self._joined_at: float | None = None  # first beat Redis accepted
+        # The first member of a fleet found empty holds at most 1 / instance_count until then.
+        self._bounded_until = 0.0
         self._last_ok: float | None = None
         self._first_try: float | None = None  # the first beat's start, reaching Redis or not
         self._fleet = Fleet({}, ())
@@ -193,6 +201,12 @@ class FleetMembership:
             # The first member of an empty fleet: nobody has to make room, so no wait (one edge
             # alone serves at once). A later joiner finds this claim and waits for it to shrink.
             self._joined_at = now - self.settings.join_wait_s
+            # Nothing in an empty Redis tells a new fleet from one Redis just lost, whose members
+            # register again at their next beats (each still filling its part meanwhile): one told
+            # the fleet is several holds what a full fleet would give it until all have beaten.
+            # Waiting its join beats instead delayed every fresh `serve --workers N` by two beats.
+            if self.settings.instance_count > 1:
+                self._bounded_until = now + self.settings.join_wait_s
         elif self._joined_at is None or (back and not alone):
             # (Re)joining: after a stall past the TTL, or cut off from Redis alone for that long,
             # the others counted this member out and took its share; it takes it back once they
@@ -236,7 +250,12 @@ class FleetMembership:
         self._forget_sets(self._clock())
         recent = tuple(members for _, members in self._sets)
         departed = self._fleet.departed
-        return view_from_claims(claims, self.member_id, state, departed, k, recent, self._rankings)
+        view = view_from_claims(claims, self.member_id, state, departed, k, recent, self._rankings)
+        if self._clock() < self._bounded_until:
+            # Its beats so far may show some of a fleet Redis lost registered again and not
+            # others, whose old parts it would take (its share among those it sees).
+            view = at_most(view, self.settings.instance_count)
+        return view
 
     def _saw(self, now: float, members: frozenset[str]) -> None:
         if not self._sets or self._sets[-1][1] != members:

@@ -24,6 +24,11 @@ streams end. What can overbook, transiently and bounded, is what the global divi
   from 1 / N to 1 / (N + 1) overrun by 1 / (N + 1) in all on a join;
 * a change the members see one beat apart (a member leaving) leaves their views of one replica
   unalike for up to a beat;
+* a Redis that lost the fleet (restarted empty, FLUSHALL, a failover to an empty replica) looks
+  like a new fleet to a newcomer that beats before the others register again: it serves at once,
+  as the first member of an empty fleet does, but with instance_count > 1 holds at most 1 /
+  instance_count (`at_most`) until every member has beaten, over by that much for up to a beat
+  beside the others' old parts (with instance_count 1, the lone edge's default, by its whole share);
 * Redis out of reach past `stale_after_s`, a member that took part keeps each replica's division
   as it last saw it (membership.py), not 1 / instance_count of every one: in an outage of Redis
   every member does, and the division stays whole. One cut off alone, whom the others counted out
@@ -35,7 +40,7 @@ streams end. What can overbook, transiently and bounded, is what the global divi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from edge.membership.assignment import Rankings
@@ -87,14 +92,17 @@ class FleetView:
     departed: tuple[str, ...] = ()
     # With members_per_replica: each replica among a few members; None: every one among all.
     subsets: Subsets | None = None
+    # The most it holds of any replica (`at_most`): 1 / instance_count while the fleet it found
+    # empty may be one Redis just lost; 1 otherwise.
+    most: float = 1.0
 
     def held_of(self, replica: str) -> float:
         """The fraction of `replica` this instance's streams may hold now: `held` of every one, or
         with members_per_replica its part of this one (0 where it is not among its members), and
-        0 wherever `held` is (joining; draining once Redis is out of reach)."""
+        0 wherever `held` is (joining; draining once Redis is out of reach); never above `most`."""
         if self.subsets is None or self.held == 0.0:
             return self.held
-        return self.subsets.part_of(replica)
+        return min(self.most, self.subsets.part_of(replica))
 
 
 def view_from_claims(
@@ -125,6 +133,21 @@ def view_from_claims(
         rankings.rank(frozenset(claims).union(*recent))
         subsets = Subsets(me, members_per_replica, tuple(sorted(claims.items())), recent, rankings)
     return FleetView(len(claims), total, share, held, divisor, "redis", departed, subsets)
+
+
+def at_most(view: FleetView, instance_count: int) -> FleetView:
+    """`view` holding no more than a full fleet of `instance_count` would give this member: 1 /
+    instance_count of each replica (with members_per_replica, of those it is among) and the limits
+    divided by at least instance_count. For the first member of a fleet that looked empty, which
+    a Redis that just lost the fleet looks like too (membership.py)."""
+    most = min(view.most, 1.0 / instance_count)
+    return replace(
+        view,
+        share=min(view.share, most),
+        held=min(view.held, most),
+        divisor=max(view.divisor, instance_count),
+        most=most,
+    )
 
 
 def fallback_view(instance_count: int) -> FleetView:

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -475,3 +475,99 @@ async def test_a_member_cut_off_past_remember_departed_rejoins_as_a_newcomer(
         finally:
             await client.aclose()
             await other_client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_newcomer_on_a_redis_just_emptied_holds_no_more_than_its_instance_count_share(
+    redis_server: RedisServer,
+) -> None:
+    """Redis emptied under a serving fleet (restarted without persistence, FLUSHALL, a failover to
+    an empty replica) and a brand-new edge beats before the others register again: nothing there
+    tells it from the first member of a new fleet. It served every replica whole at once beside
+    their halves (2 replicas' worth, a limit divisor of 1) until its next beat. Told by
+    instance_count that the fleet is several, it serves at once but holds no more than a full
+    fleet would give it, 1 / instance_count (limits divided by instance_count), for a join wait,
+    by when every member has beaten: its own second beat may find some registered and not others."""
+    n = 3
+    settings = MembershipSettings(
+        instance_count=n, interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, fleet="emptied"
+    )
+    client = redis_url.connect(redis_server.url)
+    now = [0.0]
+    a, b, c = (
+        FleetMembership(client, f"host:{i}:{t * 8}", settings, clock=lambda: now[0])
+        for i, t in ((1, "a"), (2, "b"), (3, "c"))
+    )
+
+    def held() -> float:
+        return a.view.held + b.view.held + c.view.held
+
+    try:
+        await a.beat_once()
+        await b.beat_once()
+        now[0] += settings.join_wait_s
+        assert (await a.beat_once()).share == (await b.beat_once()).share == pytest.approx(1 / 2)
+
+        await client.flushall()
+        first = await c.beat_once()  # before a and b register again: alone, serving at once
+        assert (first.live, first.share, first.held) == (1, pytest.approx(1 / n), pytest.approx(1 / n))
+        assert first.divisor == n
+        assert held() == pytest.approx(1 + 1 / n)  # over by its full-fleet share for a beat, not a replica
+        await a.beat_once()  # a keeps b's claim until b registers again, and counts c in
+        assert (a.view.live, a.view.share) == (3, pytest.approx(1 / 3))
+        now[0] += settings.interval_s
+        second = await c.beat_once()  # a registered, b not yet: alone with a it would take 1/2
+        assert (second.live, second.share, second.divisor) == (2, pytest.approx(1 / n), n)
+        await b.beat_once()
+        assert (b.view.live, b.view.share) == (3, pytest.approx(1 / 3))
+        assert held() == pytest.approx(1.0)
+        now[0] += settings.join_wait_s - settings.interval_s
+        for member in (a, b, c):
+            assert ((await member.beat_once()).live, member.view.share, member.view.divisor) == (
+                3,
+                pytest.approx(1 / 3),
+                3,
+            )
+        assert held() == pytest.approx(1.0)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("members_per_replica", [0, 2])
+async def test_the_first_member_of_a_fleet_of_several_takes_work_at_once(
+    redis_server: RedisServer, members_per_replica: int
+) -> None:
+    """A fresh `serve --workers 2` (instance_count 2) or the first edge of a multi-instance
+    deployment: no join wait (a start-up delay of two beats on every fresh start), but 1 /
+    instance_count of each replica and the limits divided by instance_count until a join wait
+    shows the fleet is itself alone; then the whole. A lone edge (instance_count 1, the default)
+    serves whole at once."""
+    settings = MembershipSettings(
+        instance_count=2,
+        interval_s=0.2,
+        join_wait_s=0.4,
+        ttl_s=0.8,
+        fleet=f"fresh-{members_per_replica}",
+        members_per_replica=members_per_replica,
+    )
+    client = redis_url.connect(redis_server.url)
+    now = [0.0]
+    first = FleetMembership(client, "host:1:aaaaaaaa", settings, clock=lambda: now[0])
+    try:
+        view = await first.beat_once()  # what start() does before beating in the background
+        assert not first.joining
+        assert (view.share, view.held_of("replica-1"), view.divisor) == (0.5, 0.5, 2)
+        now[0] += settings.interval_s
+        view = await first.beat_once()
+        assert (view.share, view.held_of("replica-1"), view.divisor) == (0.5, 0.5, 2)
+        now[0] += settings.join_wait_s - settings.interval_s
+        view = await first.beat_once()
+        assert (view.share, view.held_of("replica-1"), view.divisor) == (1.0, 1.0, 1)
+
+        lone = FleetMembership(client, "host:2:bbbbbbbb", replace(settings, instance_count=1, fleet="lone"))
+        view = await lone.beat_once()
+        assert (view.share, view.held_of("replica-1"), view.divisor) == (1.0, 1.0, 1)
+    finally:
+        await first.aclose()
+        await client.aclose()
