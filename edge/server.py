@@ -30,8 +30,10 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from email.utils import formatdate
 from types import FrameType
 
 import structlog
@@ -231,6 +233,7 @@ class DrainingServer(uvicorn.Server):
         self._ops = ops
         self._ops_server: asyncio.Server | None = None
         self._ops_state = ServerState()
+        self._ops_dates: asyncio.Task[None] | None = None
         self._public = public
         self._drain_requested = False
         self._cut_requested = False
@@ -307,6 +310,8 @@ class DrainingServer(uvicorn.Server):
         if server is None:
             return
         server.close()
+        if self._ops_dates is not None:
+            self._ops_dates.cancel()
         state = self._ops_state
         for connection in list(state.connections):
             connection.shutdown()  # an idle one closes now, a busy one after its response
@@ -353,18 +358,27 @@ class DrainingServer(uvicorn.Server):
             sock, self._held = self._held, None
             await self._listen(sock, self.server_state)
             self._serving()
-        exiting = await super().on_tick(counter)
-        # The Date header uvicorn refreshes each second, for the operator listener's answers too.
-        self._ops_state.default_headers = self.server_state.default_headers
-        return exiting
+        return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)  # exits where the app's start-up failed
         if self._ops is not None:
             sock, self._ops = self._ops, None
             self._ops_server = await self._listen(sock, self._ops_state, own=True)
+            self._ops_dates = asyncio.create_task(self._date_ops(), name="ops-date-header")
         if self._held is None:
             self._serving()
+
+    async def _date_ops(self) -> None:
+        """The operator listener's default headers (Date, Server), refreshed each second until it
+        closes (`_close_ops` cancels this). Not uvicorn's: it refreshes them at its ticks, which end
+        with the accept window, and the operator listener's probes and scrapes answered through the
+        rest of the drain (up to drain_deadline_s) carried the Date of that moment, frozen."""
+        config = self.config
+        while True:
+            date = [(b"date", formatdate(time.time(), usegmt=True).encode())] if config.date_header else []
+            self._ops_state.default_headers = date + config.encoded_headers
+            await asyncio.sleep(1.0)
 
     def _serving(self) -> None:
         """`edge_serving`: the public port accepts from now on. `edge_listening` comes as the ports

@@ -564,3 +564,24 @@ def test_the_operator_listener_answers_until_the_streams_have_ended(tmp_path: Pa
     assert stream.events[-1] == DONE
     assert code == 0 and "Traceback" not in output, output[-2000:]
     assert not _listening(ops_port)
+
+
+def test_the_operator_listeners_date_header_moves_on_while_the_streams_end(tmp_path: Path) -> None:
+    """uvicorn refreshes the Date header it gives every answer at its ticks (once a second), which
+    end with the accept window: the operator listener, open until the streams have ended (up to
+    drain_deadline_s later), answered every probe and scrape meanwhile with the Date of that
+    moment, frozen. It moves on with the clock now, as it does before the drain."""
+    drain: dict[str, object] = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        stream = _started_stream(server)
+        with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe, _engine_held(server):
+            server.proc.send_signal(signal.SIGTERM)
+            port = int(server.base_url.rsplit(":", 1)[1])
+            _wait(lambda: not _listening(port), "the accept window to end")
+            assert stream.is_alive()  # the drain still waits for it (the deadline is 120 s away)
+            first = probe.get("/healthz").headers["date"]
+            # A second later by the clock the header changes; frozen, it never did.
+            _wait(lambda: probe.get("/healthz").headers["date"] != first, "the Date header to move on", 10.0)
+            server.proc.send_signal(signal.SIGTERM)  # the second: cut the stream now
+            stream.join(30)
+        assert server.proc.wait(timeout=30) == 0
