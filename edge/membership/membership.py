@@ -187,7 +187,13 @@ class FleetMembership:
             if cancelling():
                 raise asyncio.CancelledError from exc  # a stop that the Redis call turned into this
             return self._unreachable(now, exc)
-        if fleet.unknown and not fleet.back and self._joined_at is not None and fleet.epoch == self._epoch:
+        if (
+            fleet.unknown
+            and not fleet.back
+            and self._joined_at is not None
+            and fleet.epoch == self._epoch
+            and self._silent_past_ttl(now)
+        ):
             # Unknown to the fleet it had joined, not lost with it: cut off alone past
             # remember_departed_s, counted out (its share taken, its slots freed) and forgotten
             # since, so Redis no longer says it is back. Read as a Redis that lost the fleet, it
@@ -222,6 +228,15 @@ class FleetMembership:
             if self._on_back is not None:
                 self._on_back()
         return self._recompute()
+
+    def _silent_past_ttl(self, now: float) -> bool:
+        """Whether this member's last beat that reached Redis is `ttl_s` old or more, so that the
+        others may have counted it out: its entry expired no sooner than `ttl_s` after that beat
+        began. Unknown to Redis sooner than that, Redis lost its entry (a maxmemory policy evicting
+        the fleet's keys but its epoch, a key deleted by hand): every member finds the same at its
+        next beat, and taken for counted out, each one went through the join wait at once, the
+        fleet serving nothing for join_wait_s."""
+        return self._last_ok is None or now - self._last_ok >= self.settings.ttl_s
 
     def _keeping_lost(self, now: float, fleet: Fleet) -> Fleet:
         """`fleet` with the members a Redis that lost the fleet no longer holds: unknown to Redis

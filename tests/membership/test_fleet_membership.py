@@ -571,3 +571,51 @@ async def test_the_first_member_of_a_fleet_of_several_takes_work_at_once(
     finally:
         await first.aclose()
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_redis_that_loses_the_members_but_keeps_the_epoch_sends_nobody_through_the_join_wait(
+    redis_server: RedisServer,
+) -> None:
+    """Redis drops the fleet's member entries but keeps its epoch (a maxmemory volatile-* policy
+    evicting the expiry set, a key deleted by hand) between two beats of members that beat on
+    time: nobody can have been counted out (each one's entry was live until then), so this is a
+    Redis that lost the fleet, and every member keeps serving as it was. Taken as counted out and
+    forgotten (unknown under the same epoch), every member went through the join wait at once,
+    the fleet serving nothing for join_wait_s."""
+    settings = MembershipSettings(
+        interval_s=0.2,
+        join_wait_s=0.4,
+        ttl_s=0.8,
+        stale_after_s=1.0,
+        remember_departed_s=0.3,
+        fleet="evicted",
+    )
+    client = redis_url.connect(redis_server.url)
+    now = [0.0]
+    backs: list[str] = []
+    a, b = (
+        FleetMembership(client, m, settings, clock=lambda: now[0], on_back=lambda m=m: backs.append(m))
+        for m in ("host:1:aaaa1111", "host:2:bbbb2222")
+    )
+    try:
+        await a.beat_once()
+        await b.beat_once()
+        now[0] += settings.join_wait_s
+        await a.beat_once()
+        assert (await b.beat_once()).share == pytest.approx(1 / 2)
+
+        assert await client.delete("{floodgate:evicted}:expiry") == 1  # evicted; the epoch kept
+        now[0] += settings.interval_s
+        views = [await a.beat_once(), await b.beat_once()]
+        assert [(v.share, v.live) for v in views] == [(pytest.approx(1 / 2), 2)] * 2
+        assert backs == []
+
+        # Both entries and claims gone: the first to beat does not take the whole replica either.
+        await client.delete("{floodgate:evicted}:expiry", "{floodgate:evicted}:claims")
+        now[0] += settings.interval_s
+        views = [await a.beat_once(), await b.beat_once()]
+        assert [(v.share, v.live) for v in views] == [(pytest.approx(1 / 2), 2)] * 2
+        assert backs == []
+    finally:
+        await client.aclose()
