@@ -21,7 +21,10 @@ On a Cluster the slot map is redis-py's (the client's nodes manager):
   TRYAGAIN_WAIT_S; past that the call raises SlotBusy, and that call alone is answered without
   Redis (redis_store.py), the store not taken for down. Sent through redis-py, it was retried 16
   times in 0.4 s and then raised ClusterError("TTL exhausted"), a store failure: a routine
-  resharding put every user of the edge on the fallback for a backoff.
+  resharding put every user of the edge on the fallback for a backoff. A call that goes through
+  redis-py all the same (a redirect's, or every call where this module cannot connect: see the
+  end) still meets its 16 tries, and its "TTL exhausted" is taken for SlotBusy too
+  (`through_redis_py`).
 - ASK (the slot is migrating and the keys are on the importing node) is followed here: ASKING and
   the call in one write on this module's connection to that node, as Redis needs ASKING on the
   connection the call takes. redis-py sends ASKING as a command of its own on a connection of the
@@ -60,8 +63,16 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError, SlotNotCoveredError
 
 from limiter.metrics import CLUSTER_REDIRECTS, CONNECTIONS_OPENED, SLOT_MAP_RELOADS, STALLED_CLOSED
 from limiter.pipelined_replies import replies_loading_once
@@ -84,6 +95,11 @@ class _TryAgain(Exception):
     """A node answered TRYAGAIN: the script did not run."""
 
 
+# redis-py's cluster client gives up on a call with this ClusterError after RedisClusterRequestTTL
+# (16) replies that each sent it elsewhere or asked it to wait (MOVED, ASK, TRYAGAIN).
+_TTL_EXHAUSTED = "TTL exhausted"
+
+
 class SlotBusy(Exception):
     """The slot kept answering TRYAGAIN (mid-migration) past TRYAGAIN_WAIT_S: one slot's users are
     briefly out of reach, not the store. `ran_none`: no call of the batch ran (False where other
@@ -92,6 +108,30 @@ class SlotBusy(Exception):
     def __init__(self, message: str, *, ran_none: bool = True) -> None:
         super().__init__(message)
         self.ran_none = ran_none
+
+
+async def through_redis_py(script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    """The script called through redis-py; its giving up on a slot that kept answering TRYAGAIN
+    raised as SlotBusy, as this module's own retries end.
+
+    redis-py (asyncio/cluster.py `_execute_command`) retries TRYAGAIN, MOVED and ASK itself, up to
+    16 replies, and then raises a bare ClusterError("TTL exhausted."), with no cause attached: which
+    of the three it met cannot be told. It can be told from the store failing, which is all that
+    matters here: every one of those replies came from a node that answered and ran nothing (a
+    connection lost or timed out, or CLUSTERDOWN, which is a ClusterError too, is raised as
+    itself). Such a call is a slot in motion (a migration's TRYAGAIN, or ASK and MOVED
+    sending it between the two nodes of a migrating slot), one slot's users out of reach for now,
+    not the store. Taken for a store failure, it put the whole edge on the fallback for a backoff.
+    TryAgainError itself is never raised by the installed redis-py (it retries it), but it means
+    the same wherever one would be."""
+    try:
+        return await script(keys=keys, args=args)
+    except TryAgainError as exc:
+        raise SlotBusy(str(exc)) from exc
+    except ClusterError as exc:
+        if isinstance(exc, ClusterDownError) or _TTL_EXHAUSTED not in str(exc):
+            raise
+        raise SlotBusy(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -216,7 +256,7 @@ class DirectCalls:
             except SlotNotCoveredError:
                 conn = None  # the map has a hole (a failover under way): redis-py reloads it and retries
             if conn is None:  # or a cluster node this module cannot reach as redis-py would
-                return await script(keys=keys, args=args)
+                return await through_redis_py(script, keys, args)
             return await self._send(conn, script, keys, args)
 
     def _open_for(self, key: str) -> RespConnection | None:
@@ -272,7 +312,7 @@ class DirectCalls:
             async with asyncio.timeout(self._bound_s):
                 importing = await self._asked(str(reply))
                 if importing is None:  # a node the map does not know yet, or one reached as redis-py would
-                    return await script(keys=keys, args=args)
+                    return await through_redis_py(script, keys, args)
             return await self._send(importing, script, keys, args, asking=True)
         if isinstance(reply, ResponseError) and str(reply).startswith("TRYAGAIN"):
             CLUSTER_REDIRECTS.labels(reply="TRYAGAIN").inc()
@@ -280,7 +320,7 @@ class DirectCalls:
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
             CLUSTER_REDIRECTS.labels(reply=str(reply).split(" ", 1)[0]).inc()
             async with asyncio.timeout(self._bound_s):
-                return await script(keys=keys, args=args)
+                return await through_redis_py(script, keys, args)
         if isinstance(reply, Exception):
             raise reply
         return reply

@@ -59,7 +59,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from limiter import policy, redis_url
 from limiter.base import Admission, Decision, LimitName, StoreUnavailable, TierLimits
 from limiter.call_batcher import CallBatcher
-from limiter.direct_calls import DirectCalls, SlotBusy
+from limiter.direct_calls import DirectCalls, SlotBusy, through_redis_py
 from limiter.lease import admission
 from limiter.memory import DEFAULT_BATCH_TOKENS, DEFAULT_LEASE_TTL_S, LedgerSnapshot, MemoryLimiter
 from limiter.metrics import SLOT_BUSY, STORE_BUSY
@@ -981,10 +981,19 @@ class RedisLimiter:
         if isinstance(self._client, RedisCluster):
             # redis-py's cluster pipeline refuses EVALSHA: one call each, concurrently, a few at a
             # time (each node's pool has a connection limit, and it raises rather than waits).
+            # A slot that kept answering TRYAGAIN is SlotBusy here too (through_redis_py), not a
+            # store failure; the batch's other calls may have run.
             replies: list[Any] = []
-            for start in range(0, len(calls), _CLUSTER_CONCURRENCY):
-                chunk = calls[start : start + _CLUSTER_CONCURRENCY]
-                replies += await asyncio.gather(*(script(keys=keys, args=args) for keys, args in chunk))
+            try:
+                for start in range(0, len(calls), _CLUSTER_CONCURRENCY):
+                    chunk = calls[start : start + _CLUSTER_CONCURRENCY]
+                    replies += await asyncio.gather(
+                        *(through_redis_py(script, keys, args) for keys, args in chunk)
+                    )
+            except SlotBusy as exc:
+                if len(calls) == 1:
+                    raise
+                raise SlotBusy(str(exc), ran_none=False) from exc
             return replies
         return await replies_loading_once(
             lambda batch: self._pipelined(pack_evalshas(script.sha, batch), len(batch)),

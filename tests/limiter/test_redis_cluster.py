@@ -289,6 +289,34 @@ async def test_a_slot_mid_migration_is_answered_without_redis_for_its_users_alon
         _end_migration(source, target, slot, left)
 
 
+async def test_a_slot_mid_migration_through_redis_py_is_answered_without_redis_for_its_users_alone(
+    cluster: RedisClusterServers, probe: RedisCluster
+) -> None:
+    """The same on redis-py's path (own_connections=False: as where the limiter cannot open its own
+    connections, a credential provider, and as for a call re-sent after a redirect): redis-py
+    retries TRYAGAIN itself 16 times and raises ClusterError("TTL exhausted"), which was taken for
+    a store failure, every user of the edge on the fallback for a backoff. Now that admit alone is
+    answered without Redis and another user's admit right after is counted on Redis."""
+    await probe.initialize()
+    user, other = f"p-{uuid.uuid4().hex}", f"q-{uuid.uuid4().hex}"
+    limits = tier(requests=100, request_window_s=3600)
+    limiter = RedisLimiter.from_url(cluster.url, timeout_ms=5000, cluster=True, own_connections=False)
+    assert (await limiter.admit(user, "r1", limits, 10, 10)).decision.allowed
+    source, target, slot, left = _start_migration(cluster, probe, user)
+    try:
+        busy = _count("floodgate_limiter_slot_busy_total", op="admit")
+        assert (await limiter.admit(user, "r2", limits, 10, 10)).decision.allowed  # the fallback's
+        assert _count("floodgate_limiter_slot_busy_total", op="admit") == busy + 1
+        assert not limiter.fallback_active
+
+        assert (await limiter.admit(other, "r1", limits, 10, 10)).decision.allowed
+        assert await probe.exists(user_keys(other)[0]) == 1  # counted on Redis
+        assert not limiter.fallback_active
+    finally:
+        await limiter.aclose()
+        _end_migration(source, target, slot, left)
+
+
 async def test_a_migration_that_ends_while_an_admit_waits_to_try_again_is_answered_by_redis(
     cluster: RedisClusterServers, probe: RedisCluster
 ) -> None:
