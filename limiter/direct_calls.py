@@ -17,9 +17,10 @@ On a Cluster the slot map is redis-py's (the client's nodes manager):
   the map the next call reads.
 - TRYAGAIN (a slot mid-migration, the call's keys on neither node whole: an admit's request record
   exists nowhere yet, so every admit of a migrating slot's users meets it until the slot's move
-  ends) is sent again here after a short back-off, as Redis's cluster spec asks, for at most
-  TRYAGAIN_WAIT_S; past that the call raises SlotBusy, and that call alone is answered without
-  Redis (redis_store.py), the store not taken for down. Sent through redis-py, it was retried 16
+  ends) is sent again here after a short back-off, as Redis's cluster spec asks, up to
+  TRYAGAIN_WAIT_S from the call's start (the whole call within its bound, first send included);
+  past that the call raises SlotBusy, and that call alone is answered without Redis
+  (redis_store.py), the store not taken for down. Sent through redis-py, it was retried 16
   times in 0.4 s and then raised ClusterError("TTL exhausted"), a store failure: a routine
   resharding put every user of the edge on the fallback for a backoff. A call that goes through
   redis-py all the same (a redirect's, or every call where this module cannot connect: see the
@@ -83,7 +84,7 @@ from limiter.resp_connection import RespConnection, open_connection
 # ASK) or not now (CLUSTERDOWN during a failover; TRYAGAIN, handled apart, during a slot's migration).
 _REDIRECTS = ("MOVED ", "ASK ", "CLUSTERDOWN")
 _ASKING = pack_command("ASKING")
-# How long a call keeps sending again a call its slot answers TRYAGAIN, all pauses together, and
+# How long from its start a call its slot answers TRYAGAIN is sent again (at most half its bound), and
 # the pauses (doubling from the first to the longest): a slot of a few hundred keys moves in
 # milliseconds, and an admit waits no longer than this for a slot that takes longer.
 TRYAGAIN_WAIT_S = 0.5
@@ -227,21 +228,30 @@ class DirectCalls:
     async def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """The script's reply; an error reply is raised, so is TimeoutError for a reply owed too long.
         NOSCRIPT (a restarted node): load it there and send again, it did not run. TRYAGAIN: sent
-        again after a pause, SlotBusy once TRYAGAIN_WAIT_S of pauses would be over (module doc)."""
+        again after a pause, SlotBusy once TRYAGAIN_WAIT_S from the call's start would be over.
+
+        The whole call, first send included, stays within the bound: sends again stop at
+        TRYAGAIN_WAIT_S or half the bound from the start, whichever comes first (the other half
+        left for the last one's reply), and each runs under what is left of the bound. Timed from
+        the first TRYAGAIN, an admit whose first send was slow (a connect, a slot map reload) took
+        that long on top, past the bound the limiter promises its callers."""
         loop = asyncio.get_running_loop()
-        deadline: float | None = None
+        started = loop.time()
+        try:
+            return await self._call_once(script, keys, args)
+        except _TryAgain as exc:
+            busy = str(exc)
+        resend_until = started + min(TRYAGAIN_WAIT_S, self._bound_s / 2)
         pause = _TRYAGAIN_FIRST_PAUSE_S
-        while True:
-            try:
-                return await self._call_once(script, keys, args)
-            except _TryAgain as exc:
-                now = loop.time()
-                if deadline is None:
-                    deadline = now + min(TRYAGAIN_WAIT_S, self._bound_s)
-                if now >= deadline:
-                    raise SlotBusy(str(exc)) from None
-                await asyncio.sleep(min(pause, deadline - now))
+        async with asyncio.timeout_at(started + self._bound_s):
+            while (now := loop.time()) < resend_until:
+                await asyncio.sleep(min(pause, resend_until - now))
                 pause = min(2 * pause, _TRYAGAIN_LONGEST_PAUSE_S)
+                try:
+                    return await self._call_once(script, keys, args)
+                except _TryAgain as exc:
+                    busy = str(exc)
+        raise SlotBusy(busy)
 
     async def _call_once(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         conn = self._open_for(keys[0])
