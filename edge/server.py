@@ -39,6 +39,7 @@ from types import FrameType
 import structlog
 import uvicorn
 from litestar import Litestar
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.lifespan.off import LifespanOff
 from uvicorn.lifespan.on import LifespanOn
 from uvicorn.server import ServerState
@@ -57,8 +58,9 @@ log = structlog.get_logger("floodgate.server")
 # reader's edge was killed during that shutdown (exit measured at deadline + 5.7 s).
 SHUTDOWN_GRACE_S = 2.0
 # How long a request on the operator listener (a probe, a scrape: milliseconds) may still run once
-# the streams have ended, before its connection is cut and the app's shutdown begins. Short: it
-# comes out of the same margin before SIGKILL as SHUTDOWN_GRACE_S.
+# the streams have ended, before its connection is cut, its task cancelled and the app's shutdown
+# begins. Short: it comes out of the same margin before SIGKILL as SHUTDOWN_GRACE_S. The cancelled
+# ones get as long again to end (one in a thread call ends only when that call returns).
 OPS_CLOSE_GRACE_S = 0.5
 
 
@@ -234,6 +236,7 @@ class DrainingServer(uvicorn.Server):
         self._ops_server: asyncio.Server | None = None
         self._ops_state = ServerState()
         self._ops_dates: asyncio.Task[None] | None = None
+        self._ops_cut = False
         self._public = public
         self._drain_requested = False
         self._cut_requested = False
@@ -305,7 +308,12 @@ class DrainingServer(uvicorn.Server):
 
     async def _close_ops(self) -> None:
         """Stop the operator listener (idempotent): its requests still running get
-        OPS_CLOSE_GRACE_S, then every connection of its own is cut."""
+        OPS_CLOSE_GRACE_S, then every connection of its own is cut and their tasks cancelled.
+
+        Cancelled, not only cut off: a request still running (an admin call held up by its key
+        store) ran on into the app's shutdown, on the key store, limiter and writers it closes,
+        and ended on a closed store or, still running at the loop's end, in uvicorn's "Exception in
+        ASGI application" traceback. As uvicorn does for its own requests at its shutdown."""
         server, self._ops_server = self._ops_server, None
         if server is None:
             return
@@ -321,6 +329,26 @@ class DrainingServer(uvicorn.Server):
             transport = getattr(connection, "transport", None)
             if transport is not None:
                 transport.abort()
+        if state.tasks:
+            self._ops_cut = True
+            for task in state.tasks:
+                task.cancel(msg="the operator listener closed")
+            await asyncio.wait(set(state.tasks), timeout=OPS_CLOSE_GRACE_S)
+
+    def _ops_app(self, app: ASGI3Application) -> ASGI3Application:
+        """`app` as the operator listener runs it: a request `_close_ops` cancelled ends with a log
+        line, its connection already cut. Left to uvicorn, the cancellation was logged as an
+        "Exception in ASGI application" traceback, at every exit that cut one."""
+
+        async def ops_app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+            try:
+                await app(scope, receive, send)
+            except asyncio.CancelledError:
+                if not self._ops_cut:
+                    raise
+                log.warning("ops_request_cut_by_shutdown", path=scope.get("path"), grace_s=OPS_CLOSE_GRACE_S)
+
+        return ops_app
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -389,16 +417,22 @@ class DrainingServer(uvicorn.Server):
     async def _listen(self, sock: socket.socket, state: ServerState, *, own: bool = False) -> asyncio.Server:
         """Accept on `sock` from now on, as uvicorn's startup does on the sockets run() was given,
         its connections and requests counted in `state`. uvicorn's shutdown closes every server in
-        `self.servers`: one `own` is left out of them (closed by this class, `_close_ops`)."""
+        `self.servers`: one `own` is left out of them (closed by this class, `_close_ops`), and its
+        requests run through `_ops_app`."""
         config = self.config
         # Read now: the shutdown puts a wrapper in `self.lifespan` (_AfterTheRequests) while the
         # operator listener still accepts.
         app_state = self.lifespan.state
 
+        ops_app = self._ops_app(config.loaded_app) if own else None
+
         def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
+            made = config.http_protocol_class(  # type: ignore[call-arg]
                 config=config, server_state=state, app_state=app_state
             )
+            if ops_app is not None:
+                made.app = ops_app  # type: ignore[attr-defined]  # uvicorn's protocols all read it
+            return made
 
         loop = asyncio.get_running_loop()
         server = await loop.create_server(protocol, sock=sock, ssl=config.ssl, backlog=config.backlog)

@@ -32,10 +32,16 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from structlog.testing import capture_logs
 
-from edge.config import load_settings
+from edge.config import KeysConfig, load_settings
 from edge.drain import Drain
+from edge.keys import services
 from edge.keys.cli_support import opened_usage
+from edge.keys.page import KeyPage
+from edge.keys.record import hash_key
+from edge.keys.sqlite import SQLiteKeyStore
+from edge.keys.store import KeyStore
 from edge.server import DrainingServer
 from tests.edge.conftest import finished_requests, idle_engine, wait_for_engine_to_drop
 from tests.edge.sse_client import (
@@ -585,3 +591,73 @@ def test_the_operator_listeners_date_header_moves_on_while_the_streams_end(tmp_p
             server.proc.send_signal(signal.SIGTERM)  # the second: cut the stream now
             stream.join(30)
         assert server.proc.wait(timeout=30) == 0
+
+
+class _HeldPages(SQLiteKeyStore):
+    """A key store whose key listing, once `armed`, is held until the store is closed (a slow
+    store): the admin request that asked for it is still running when the drain ends."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.armed = False
+        self.held = threading.Event()
+        self.closed = False
+        self.used_after_close = False
+        self._release: asyncio.Event | None = None
+
+    async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
+        if self.armed:
+            self._release = asyncio.Event()
+            self.held.set()
+            await self._release.wait()
+            self.used_after_close = self.closed
+        return await super().page_keys(user, after, limit)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        if self._release is not None:
+            self._release.set()
+        await super().aclose()
+
+
+def test_an_operator_request_past_the_grace_is_stopped_before_the_apps_shutdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A request on the operator listener still running once the streams had ended and its grace
+    (OPS_CLOSE_GRACE_S) was over had its connection cut, but ran on into the app's shutdown: on the
+    key store, limiter and writers being closed (here its key store's listing went on after the
+    store closed), and one still running at the loop's end was cancelled there, logging uvicorn's
+    "Exception in ASGI application" traceback. It is cancelled with its connection now, quietly,
+    before the app's shutdown begins."""
+    stores: list[_HeldPages] = []
+
+    async def open_key_store(config: KeysConfig, *, creates: bool) -> KeyStore:
+        stores.append(_HeldPages(config.sqlite_path))
+        return stores[-1]
+
+    monkeypatch.setitem(vars(services), "open_key_store", open_key_store)
+    admin_key = "fg-admin-ops-grace-test"
+    server = start_server(tmp_path, {"keys": {"admin_key_sha256": hash_key(admin_key)}})
+    store = stores[0]
+    store.armed = True
+    answers: list[httpx.Response | httpx.HTTPError] = []
+
+    def list_keys() -> None:
+        headers = {"Authorization": f"Bearer {admin_key}"}
+        try:
+            answers.append(httpx.get(server.ops_url + "/v1/admin/keys", headers=headers, timeout=30.0))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    asking = threading.Thread(target=list_keys, daemon=True)
+    asking.start()
+    assert store.held.wait(30)
+    with capture_logs() as logs:
+        server.drain()  # no stream runs: the operator listener closes at once
+        server.wait_stopped()
+    asking.join(30)
+    logged = capfd.readouterr().err
+    assert store.closed and not store.used_after_close
+    assert len(answers) == 1 and isinstance(answers[0], httpx.TransportError), answers  # cut, no 500
+    assert "Exception in ASGI application" not in logged and "Traceback" not in logged, logged[-3000:]
+    assert [e["path"] for e in logs if e["event"] == "ops_request_cut_by_shutdown"] == ["/v1/admin/keys"]
