@@ -7,7 +7,10 @@ A route the listener does not serve is the same JSON 404 as one that does not ex
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,10 +18,14 @@ from litestar import Litestar, get, post
 from litestar.exceptions import ImproperlyConfiguredException
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from edge.config import ServerConfig, Settings
 from edge.keys.record import hash_key
 from edge.openapi import SCHEMA_PATH
 from edge.routes.listeners import OPERATOR_ONLY, path_listeners
+from edge.server import Listeners, bind_listeners
+from edge.upstreams.base import Upstream
 from tests.edge.sse_client import CHAT, MODEL
+from tests.support import live_server
 from tests.support.live_server import LiveServer, start_server
 
 ADMIN_KEY = "fg-admin-listeners-test"
@@ -337,3 +344,34 @@ def test_a_path_split_between_listeners_is_refused_at_start() -> None:
 
     with pytest.raises(ImproperlyConfiguredException, match="/split"):
         path_listeners(Litestar(route_handlers=[read, write]))
+
+
+@contextlib.asynccontextmanager
+async def _no_replicas(settings: Settings, model_dir: Path) -> AsyncIterator[list[Upstream]]:
+    raise RuntimeError("no replica starts")
+    yield []  # an async generator (unreachable)
+
+
+# uvicorn ends a failed start-up with sys.exit in the server's thread: expected here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_server_whose_start_up_fails_leaves_both_its_ports_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test server whose app failed to start (here its replicas) raised, and left both its
+    listeners (public and operator) bound, their descriptors open in the test process for the rest
+    of the run: nothing closed them. Both are closed now, the ports free at once."""
+    addresses: list[tuple[str, int]] = []
+
+    def recorded(server: ServerConfig, *, reuse_port: bool = False) -> Listeners:
+        listeners = bind_listeners(server, reuse_port=reuse_port)
+        addresses.extend(sock.getsockname() for sock in (listeners.public, listeners.ops))
+        return listeners
+
+    monkeypatch.setattr(live_server, "bind_listeners", recorded)
+    with pytest.raises(RuntimeError, match="exited during start-up"):
+        start_server(tmp_path, upstreams=_no_replicas)
+    assert len(addresses) == 2
+    for address in addresses:
+        # Without SO_REUSEADDR: refused (EADDRINUSE) while any socket still holds the port.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
+            again.bind(address)

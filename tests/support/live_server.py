@@ -184,27 +184,34 @@ def start_server(
 
     app = create_app(settings, upstreams)
     listeners = bind_listeners(settings.server)
-    app.state.ops_port = listeners.ops_port
-    # The operator listener as `floodgate serve` holds it: open until the streams have ended.
-    server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain, ops=listeners.ops)
-    thread = threading.Thread(
-        target=server.run,
-        kwargs={"sockets": [listeners.public]},
-        name=f"edge-{port}",
-        daemon=True,
-    )
-    thread.start()
-    live = LiveServer(
-        f"http://127.0.0.1:{settings.server.port}",
-        keys,
-        settings,
-        app,
-        f"http://127.0.0.1:{listeners.ops_port}",
-        server,
-        thread,
-        listeners,
-    )
-    _wait_ready(live)
+    try:
+        app.state.ops_port = listeners.ops_port
+        # The operator listener as `floodgate serve` holds it: open until the streams have ended.
+        server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain, ops=listeners.ops)
+        thread = threading.Thread(
+            target=server.run,
+            kwargs={"sockets": [listeners.public]},
+            name=f"edge-{port}",
+            daemon=True,
+        )
+        thread.start()
+        live = LiveServer(
+            f"http://127.0.0.1:{settings.server.port}",
+            keys,
+            settings,
+            app,
+            f"http://127.0.0.1:{listeners.ops_port}",
+            server,
+            thread,
+            listeners,
+        )
+        _wait_ready(live)
+    except BaseException:
+        # Nothing else closes them: a server whose start-up failed left both ports bound and their
+        # descriptors open in the test process for the rest of the run (uvicorn closes neither
+        # socket it was given, and the failure's traceback, kept by pytest, holds them).
+        listeners.close()
+        raise
     return live
 
 
