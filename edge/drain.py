@@ -40,10 +40,16 @@ class Drain:
         self._guards: set[anyio.CancelScope] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._on_begin: list[Callable[[], None]] = []
+        self._on_cut: list[Callable[[], None]] = []
 
     def on_begin(self, callback: Callable[[], None]) -> None:
         """Call `callback` when the drain begins (the fleet membership hands its share over)."""
         self._on_begin.append(callback)
+
+    def on_cut(self, callback: Callable[[], None]) -> None:
+        """Call `callback` at the cut (the deadline, or a forced exit's), once: the stalled-reader
+        watch then gives a cut stream's last write little time (edge/stalled_readers.py)."""
+        self._on_cut.append(callback)
 
     @property
     def draining(self) -> bool:
@@ -69,7 +75,11 @@ class Drain:
 
     def cut(self) -> None:
         """The deadline: cancel every watched generation still running (and any that starts later)."""
+        first = not self._past_deadline
         self._past_deadline = True
+        if first:
+            for callback in self._on_cut:
+                callback()
         if self._guards:
             log.warning("drain_deadline_cut", streams=len(self._guards))
         for scope in list(self._guards):

@@ -55,7 +55,7 @@ from tests.edge.sse_client import (
     wait_until,
 )
 from tests.faults.serve_process import ServeProcess, serve_process
-from tests.faults.stalled_client import open_and_never_read
+from tests.faults.stalled_client import open_and_never_read, open_stalled
 from tests.support.held_engines import engines_held
 from tests.support.live_server import start_server
 from tests.support.redis_server import start_redis
@@ -661,3 +661,43 @@ def test_an_operator_request_past_the_grace_is_stopped_before_the_apps_shutdown(
     assert len(answers) == 1 and isinstance(answers[0], httpx.TransportError), answers  # cut, no 500
     assert "Exception in ASGI application" not in logged and "Traceback" not in logged, logged[-3000:]
     assert [e["path"] for e in logs if e["event"] == "ops_request_cut_by_shutdown"] == ["/v1/admin/keys"]
+
+
+def _unsent_bytes(server_port: int, client_port: int) -> int:
+    """What the edge's socket of the connection from `client_port` holds unsent (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1].split(":")[1], fields[2].split(":")[1]
+        if int(local, 16) == server_port and int(remote, 16) == client_port:
+            return int(fields[4].split(":")[0], 16)
+    return 0
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_forced_cut_does_not_wait_on_a_client_that_stopped_reading(
+    tmp_path: Path, second: signal.Signals
+) -> None:
+    """A stream whose client stopped reading (its connection's buffers full), cut by a second
+    signal: its last events could not be written, and the exit waited on that write until uvicorn's
+    graceful timeout, the drain deadline (here 120 s away), though the cut was to end it now. Past
+    the cut such a write gets a second, then the connection is dropped; the exit comes at once, and
+    the app's shutdown writes the stream's usage row."""
+    drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    # The stalled-reader watch would otherwise end the wait itself, 30 s on by default.
+    server_settings = {**drain, "stalled_reader_s": 600.0, "send_buffer_bytes": 4096}
+    with serve_process(tmp_path, {"server": server_settings}) as server:
+        port = int(server.base_url.rsplit(":", 1)[1])
+        body = BODY | {"max_tokens": 2000, "ignore_eos": True}  # far more than the buffers hold
+        with open_stalled(server.base_url, server.key, body) as stalled:
+            client_port = stalled.getsockname()[1]
+            # The client's window closed: the edge's kernel holds what the client does not take.
+            _wait(lambda: _unsent_bytes(port, client_port) > 0, "the client to stop taking the stream")
+            server.proc.send_signal(signal.SIGTERM)
+            _wait(lambda: not _listening(port), "the accept window to end")
+            server.proc.send_signal(second)
+            code = server.proc.wait(timeout=30)  # the deadline is 120 s away
+        output = server.output()
+    assert code == 0 and "Traceback" not in output, output[-2000:]
+    finished = [json.loads(line) for line in output.splitlines() if '"outcome"' in line]
+    assert [line["outcome"] for line in finished] == ["drained"], finished
+    assert _usage_rows(tmp_path / "floodgate.toml") == [(1, finished[0]["completion_tokens"])]
