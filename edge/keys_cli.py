@@ -132,7 +132,13 @@ def _create(args: argparse.Namespace) -> int:
     expires_in = None if days is None else days * 86400
 
     async def step(keys: KeyLifecycle) -> Any:
-        return await keys.create(args.user, args.tier, args.label, expires_in)
+        try:
+            return await keys.create(args.user, args.tier, args.label, expires_in)
+        except asyncio.CancelledError:
+            # Ctrl-C (asyncio.run cancels the command): create revokes a key it stored and had not
+            # handed back, so a retry leaves no second credential behind.
+            note("floodgate: no working key was created (one stored before the interrupt is revoked)")
+            raise
 
     key, record = _lifecycle_command(args, step, creates=True)
     note(f"created {record.id} for user {record.user!r} (tier {record.tier!r}); the key is shown only once:")

@@ -165,8 +165,16 @@ class KeyLifecycle:
         self._check_tier(tier)
         expires = None if expires_in_s is None else self._clock() + expires_in_s
         key, record = await self._new_key(user, tier, label, expires)
-        # An edge may have cached this hash as unknown (someone tried it early): unlikely, but cheap.
-        await self._announce(record.key_sha256)
+        try:
+            # An edge may have cached this hash as unknown (someone tried it early): unlikely, but cheap.
+            await self._announce(record.key_sha256)
+        except (Exception, asyncio.CancelledError):
+            # Interrupted (Ctrl-C in `floodgate keys create`, an admin API client gone) or failed
+            # while the edges were told, which a slow Redis holds for its timeout: the key was left
+            # stored and working, shown to nobody. The revocation runs: the task's one cancellation
+            # was delivered by now.
+            await self._withdraw(record)
+            raise
         return key, record
 
     async def list_keys(self, user: str | None = None) -> list[KeyRecord]:

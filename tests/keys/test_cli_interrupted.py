@@ -21,8 +21,13 @@ config = test_cli.config  # the fixture: a settings file naming a fresh SQLite s
 def _rotate_interrupted(config: Path, key_id: str, moment: str) -> tuple[int, str, str]:
     """`keys rotate key_id`, sent SIGINT once its store holds it (`moment`, held_key_store's):
     the exit code, stdout and stderr."""
-    command = [sys.executable, "-m", "tests.support.held_key_store", moment]
-    command += ["keys", "rotate", key_id, "--config", str(config)]
+    return _interrupted(config, moment, "keys", "rotate", key_id)
+
+
+def _interrupted(config: Path, moment: str, *argv: str) -> tuple[int, str, str]:
+    """`floodgate *argv`, sent SIGINT once its store holds it (`moment`, held_key_store's): the exit
+    code, stdout and stderr."""
+    command = [sys.executable, "-m", "tests.support.held_key_store", moment, *argv, "--config", str(config)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         assert child.stderr is not None
         before: list[str] = []
@@ -31,7 +36,7 @@ def _rotate_interrupted(config: Path, key_id: str, moment: str) -> tuple[int, st
             if line.strip() == HELD:
                 break
         else:
-            raise AssertionError(f"the store never held the rotation: {''.join(before)}")
+            raise AssertionError(f"the store never held the command: {''.join(before)}")
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=60)
     return child.returncode, out, "".join(before) + err
@@ -77,3 +82,18 @@ def test_a_rotate_interrupted_once_its_retire_landed_shows_the_new_key(
     assert keys[old_id]["replaced_by"] == new_id and keys[new_id]["status"] == "active", keys
     assert user_of(config, new) == user_of(config, old) == "fay"
     assert f"{new_id} replaces {old_id}" in err, err
+
+
+@pytest.mark.parametrize("moment", ["added", "announced"])
+def test_a_create_interrupted_before_its_key_is_shown_revokes_it(
+    capsys: pytest.CaptureFixture[str], config: Path, moment: str
+) -> None:
+    """Ctrl-C with the key stored and not yet printed (the insert's answer awaited, or its
+    announcement to the edges, which a slow Redis holds for its timeout) left a key that works and
+    that nobody was shown. It is revoked, and the command says so in one line and exits 130."""
+    code, out, err = _interrupted(config, moment, "keys", "create", "--user", "gus", "--tier", "free")
+    assert code == 130 and out == "", err
+    assert "Traceback" not in err and "floodgate: interrupted" in err, err
+    [stored] = _keys(capsys, config).values()
+    assert stored["status"] == "revoked" and stored["user"] == "gus", stored
+    assert "no working key was created" in err, err

@@ -1,12 +1,15 @@
-"""`floodgate` in a child process whose SQLite key store holds a rotation at its retire step until
-the process is interrupted: the moment a Ctrl-C leaves a rotation's new key stored and unseen.
+"""`floodgate` in a child process whose SQLite key store holds a key command at one step until the
+process is interrupted: the moments a Ctrl-C leaves a new key stored and unseen.
 
-    python -m tests.support.held_key_store added|before|after keys rotate KEY_ID --config PATH
+    python -m tests.support.held_key_store MOMENT keys rotate KEY_ID --config PATH
+    python -m tests.support.held_key_store MOMENT keys create --user U --tier T --config PATH
 
 `added`: the new key's insert is held once it has written (its answer not yet back); `before`: the
 retire is held before it writes (the old key untouched); `after`: once it has written (the rotation
-made, its answer not yet back). HELD is written to stderr when the hold begins, for the test to
-send SIGINT then, rather than after a sleep.
+made, its answer not yet back); `announced`: the new key's announcement to the edges is held (as a
+Redis that answers slowly holds it); `closing`: the store's close, the command's work done, is held.
+HELD is written to stderr when the hold begins, for the test to send SIGINT then, rather than after
+a sleep.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from edge.keys.sqlite import SQLiteKeyStore
 from edge.keys.store import KeyStore
 
 HELD = "held-key-store: held"
-MOMENTS = ("added", "before", "after")
+MOMENTS = ("added", "before", "after", "announced", "closing")
 
 
 async def _hold() -> None:
@@ -42,11 +45,37 @@ class HeldKeyStore(SQLiteKeyStore):
         return added
 
     async def retire(self, key_sha256: str, replaced_by: str, expires: float) -> KeyRecord | None:
+        if self._moment not in ("before", "after"):
+            return await super().retire(key_sha256, replaced_by, expires)
         stored = None
         if self._moment == "after":
             stored = await super().retire(key_sha256, replaced_by, expires)
         await _hold()
         return stored
+
+    async def aclose(self) -> None:
+        try:
+            if self._moment == "closing":
+                await _hold()
+        finally:
+            await super().aclose()
+
+
+class HeldKeyChanges:
+    """The announcements of `announced`: the first one is held; the revocation a Ctrl-C makes is
+    announced at once."""
+
+    def __init__(self) -> None:
+        self._held = False
+
+    async def announce(self, key_sha256: str) -> bool:
+        if not self._held:
+            self._held = True
+            await _hold()
+        return True
+
+    async def aclose(self) -> None:
+        pass
 
 
 def main() -> int:
@@ -58,6 +87,8 @@ def main() -> int:
 
     # Where the CLI looks it up (cli_support imports it by name).
     vars(cli_support)["open_key_store"] = open_key_store
+    if moment == "announced":
+        vars(cli_support)["key_changes"] = lambda limiter: HeldKeyChanges()
     return cli.main(sys.argv[2:])
 
 
