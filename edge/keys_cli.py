@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -19,7 +20,7 @@ from edge.aws_client import aws_client
 from edge.config import Settings
 from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
 from edge.keys.legacy import BadKeysFile, parse_jsonl
-from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, checked_period
+from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, Rotated, checked_period
 from edge.keys.page import KEY_ID, MAX_LIMIT
 from edge.keys.record import (
     ADMIN_KEY_PREFIX,
@@ -65,12 +66,30 @@ def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> tuple
     return settings, makes
 
 
-def _lifecycle_command(args: argparse.Namespace, step: Any, *, creates: bool = False) -> Any:
+def _lifecycle_command(
+    args: argparse.Namespace, step: Any, *, creates: bool = False, show: Callable[[Any], None] | None = None
+) -> Any:
+    """`step`'s result; `show`, given one, says it before the store closes (a secret it holds)."""
     settings, makes = _store_settings(args, creates=creates)
 
     async def go() -> Any:
-        async with opened_lifecycle(settings, creates=makes) as keys:
-            return await step(keys)
+        shown = False
+        try:
+            async with opened_lifecycle(settings, creates=makes) as keys:
+                result = await step(keys)
+                if show is not None:
+                    # Before the store's (and Redis's) close: a Ctrl-C while it closed lost the
+                    # result, and with it a key made, live and shown to nobody. No await comes
+                    # between: a Ctrl-C now (asyncio.run cancels the command) lands at the close.
+                    show(result)
+                    shown = True
+        except asyncio.CancelledError:
+            if not shown:
+                raise
+            # The command's work is done and said: a close cut short is no failure, and a 130
+            # would tell a script to throw away the key it was shown (a rotation that lands under
+            # Ctrl-C exits 0 and prints its key too).
+        return result
 
     try:
         return run(go, settings.keys)
@@ -140,9 +159,13 @@ def _create(args: argparse.Namespace) -> int:
             note("floodgate: no working key was created (one stored before the interrupt is revoked)")
             raise
 
-    key, record = _lifecycle_command(args, step, creates=True)
-    note(f"created {record.id} for user {record.user!r} (tier {record.tier!r}); the key is shown only once:")
-    print(key)
+    def show(created: tuple[str, KeyRecord]) -> None:
+        key, record = created
+        made = f"created {record.id} for user {record.user!r} (tier {record.tier!r})"
+        note(f"{made}; the key is shown only once:")
+        print(key, flush=True)
+
+    _lifecycle_command(args, step, creates=True, show=show)
     return 0
 
 
@@ -216,12 +239,15 @@ def _rotate(args: argparse.Namespace) -> int:
             )
             raise
 
-    rotated = _lifecycle_command(args, step)
-    note(
-        f"{rotated.new.id} replaces {rotated.old.id}, which keeps working until {_when(rotated.old.expires)}."
-        " The new key is shown only once:"
-    )
-    print(rotated.key)
+    def show(rotated: Rotated) -> None:
+        old, until = rotated.old.id, _when(rotated.old.expires)
+        note(
+            f"{rotated.new.id} replaces {old}, which keeps working until {until}. "
+            "The new key is shown only once:"
+        )
+        print(rotated.key, flush=True)
+
+    _lifecycle_command(args, step, show=show)
     return 0
 
 

@@ -97,3 +97,33 @@ def test_a_create_interrupted_before_its_key_is_shown_revokes_it(
     [stored] = _keys(capsys, config).values()
     assert stored["status"] == "revoked" and stored["user"] == "gus", stored
     assert "no working key was created" in err, err
+
+
+def test_a_create_interrupted_while_its_store_closes_shows_its_key(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """Ctrl-C once the key was made, while the store closed: the key was lost with the command's
+    result (a traceback-free exit 130, the key live and shown to nobody). It is printed before the
+    store closes, and the command, done, exits 0."""
+    code, out, err = _interrupted(config, "closing", "keys", "create", "--user", "hal", "--tier", "free")
+    assert code == 0 and "Traceback" not in err, err
+    key = out.strip()
+    [stored] = _keys(capsys, config).values()
+    assert stored["status"] == "active" and user_of(config, key) == "hal", (stored, err)
+    assert f"created {stored['id']}" in err, err
+
+
+def test_a_rotate_interrupted_while_its_store_closes_shows_the_new_key(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """As create's: the rotation had landed (the old key expiring at its grace's end) and its new
+    key, shown to nobody, was lost with the command's result."""
+    old = run(capsys, config, "keys", "create", "--user", "ivy", "--tier", "free").strip()
+    [old_id] = _keys(capsys, config)
+    code, out, err = _rotate_interrupted(config, old_id, "closing")
+    assert code == 0 and "Traceback" not in err, err
+    new = out.strip()
+    keys = _keys(capsys, config)
+    [new_id] = set(keys) - {old_id}
+    assert keys[old_id]["replaced_by"] == new_id and user_of(config, new) == user_of(config, old) == "ivy"
+    assert f"{new_id} replaces {old_id}" in err, err
