@@ -57,6 +57,9 @@ log = structlog.get_logger("floodgate.server")
 # writes the cut streams' usage rows, runs after it. At 5 s it took the whole margin, and a stopped
 # reader's edge was killed during that shutdown (exit measured at deadline + 5.7 s).
 SHUTDOWN_GRACE_S = 2.0
+# Past the drain's cut, how long a connection may hold unsent bytes its client takes none of before
+# it is aborted (DrainingServer._abort_unsent): the cut streams' last events wait on nobody longer.
+CUT_UNSENT_S = 1.0
 # How long a request on the operator listener (a probe, a scrape: milliseconds) may still run once
 # the streams have ended, before its connection is cut, its task cancelled and the app's shutdown
 # begins. Short: it comes out of the same margin before SIGKILL as SHUTDOWN_GRACE_S. The cancelled
@@ -244,6 +247,8 @@ class DrainingServer(uvicorn.Server):
         self._held = held
         self._may_take_work = may_take_work
         self._terminals = _terminals()
+        self._unsent_watch: asyncio.Task[None] | None = None
+        drain.on_cut(self._watch_unsent)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """SIGTERM (and SIGHUP, a closed terminal) drains; Ctrl-C, or a second SIGTERM, ends the
@@ -290,6 +295,8 @@ class DrainingServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             self.lifespan = lifespan
+            if self._unsent_watch is not None:
+                self._unsent_watch.cancel()
         if not self.force_exit:
             return
         # Forced: hang up on the connections still open, so their requests end as at a client's
@@ -305,6 +312,35 @@ class DrainingServer(uvicorn.Server):
             await asyncio.wait(self.server_state.tasks, timeout=SHUTDOWN_GRACE_S)
         await self._close_ops()
         await self.lifespan.shutdown()
+
+    def _watch_unsent(self) -> None:
+        """At the drain's cut (on the loop): from now on abort every connection whose unsent bytes
+        the client has not taken for CUT_UNSENT_S (`_abort_unsent`)."""
+        if self._unsent_watch is None:
+            self._unsent_watch = asyncio.get_running_loop().create_task(
+                self._abort_unsent(), name="abort-unsent-after-cut"
+            )
+
+    async def _abort_unsent(self) -> None:
+        """A stream cut whose client stopped reading ends with its last events written into the
+        connection's buffer, its request done; uvicorn's shutdown then closes the idle connection,
+        and a close waits for that buffer to drain, which such a client never lets happen: the exit
+        waited until uvicorn's graceful timeout, the drain deadline (a forced cut's exit came a
+        drain deadline late, in about one run in ten under load; the stalled-reader watch,
+        edge/stalled_readers.py, ends only writes the app still waits on). After the cut a
+        connection holding unsent bytes that the client took none of for CUT_UNSENT_S is aborted; a
+        client still reading, however slowly, is not."""
+        unsent: dict[object, int] = {}
+        while True:
+            await asyncio.sleep(CUT_UNSENT_S)
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is None:
+                    continue
+                size = transport.get_write_buffer_size()
+                if size and unsent.get(connection) == size:
+                    transport.abort()
+                unsent[connection] = size
 
     async def _close_ops(self) -> None:
         """Stop the operator listener (idempotent): its requests still running get

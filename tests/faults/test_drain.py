@@ -22,6 +22,7 @@ import pty
 import select
 import signal
 import socket
+import subprocess
 import termios
 import threading
 import time
@@ -695,7 +696,10 @@ def test_a_forced_cut_does_not_wait_on_a_client_that_stopped_reading(
             server.proc.send_signal(signal.SIGTERM)
             _wait(lambda: not _listening(port), "the accept window to end")
             server.proc.send_signal(second)
-            code = server.proc.wait(timeout=30)  # the deadline is 120 s away
+            try:
+                code = server.proc.wait(timeout=30)  # the deadline is 120 s away
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"no exit 30 s after the cut: {server.output()[-4000:]}") from None
         output = server.output()
     assert code == 0 and "Traceback" not in output, output[-2000:]
     finished = [json.loads(line) for line in output.splitlines() if '"outcome"' in line]
