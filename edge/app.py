@@ -138,9 +138,6 @@ def create_app(
     streams = stream_cap(settings.server.max_open_streams, fds_per_stream, raise_open_files_limit())
     gate = StreamGate(drain, streams, settings.admission.reserved_paid_fraction)
     stalled_readers = StalledReaders(settings.server.stalled_reader_s)
-    # A stream cut by the drain writes its last events; a client that stopped reading must not hold
-    # the exit (and the usage rows the app's shutdown writes) until uvicorn's graceful timeout.
-    drain.on_cut(stalled_readers.hurry)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -47,8 +47,9 @@ class Drain:
         self._on_begin.append(callback)
 
     def on_cut(self, callback: Callable[[], None]) -> None:
-        """Call `callback` at the cut (the deadline, or a forced exit's), once: the stalled-reader
-        watch then gives a cut stream's last write little time (edge/stalled_readers.py)."""
+        """Call `callback` at the cut (the deadline, or a forced exit's), once, on the loop: the
+        server then aborts connections whose clients take none of their last events
+        (edge/server.py, DrainingServer._abort_unsent)."""
         self._on_cut.append(callback)
 
     @property

@@ -322,14 +322,13 @@ class DrainingServer(uvicorn.Server):
             )
 
     async def _abort_unsent(self) -> None:
-        """A stream cut whose client stopped reading ends with its last events written into the
-        connection's buffer, its request done; uvicorn's shutdown then closes the idle connection,
-        and a close waits for that buffer to drain, which such a client never lets happen: the exit
-        waited until uvicorn's graceful timeout, the drain deadline (a forced cut's exit came a
-        drain deadline late, in about one run in ten under load; the stalled-reader watch,
-        edge/stalled_readers.py, ends only writes the app still waits on). After the cut a
-        connection holding unsent bytes that the client took none of for CUT_UNSENT_S is aborted; a
-        client still reading, however slowly, is not."""
+        """A stream cut whose client stopped reading either waits to write its last events (the
+        connection's buffer full) or has written them into that buffer, its request done, and
+        uvicorn's shutdown then closes the idle connection, a close that waits for the buffer to
+        drain. Either way such a client held the exit until uvicorn's graceful timeout, the drain
+        deadline (a forced cut's exit came 63 s late with drain_deadline_s 60). After the cut a
+        connection holding unsent bytes that the client took none of for CUT_UNSENT_S is aborted,
+        which also ends a write still waiting; a client still reading, however slowly, is not."""
         unsent: dict[object, int] = {}
         while True:
             await asyncio.sleep(CUT_UNSENT_S)

@@ -33,11 +33,6 @@ from edge.task_stop import stop_task
 log = structlog.get_logger("floodgate.streaming")
 
 SCAN_INTERVAL_S = 1.0
-# Past the drain's cut (its deadline, or a forced exit's), how long a stream's write may wait with
-# nothing taken by the client: its last events, written after the cut, waited on a client that
-# stopped reading until uvicorn's graceful timeout, and the exit with them (a forced cut's exit came
-# only at the drain deadline; the deadline's, 3.2 s after it, of the 5 s before SIGKILL).
-AFTER_CUT_S = 1.0
 
 
 class SendProgress:
@@ -83,16 +78,11 @@ class StalledReaders:
     def unwatch(self, progress: SendProgress) -> None:
         self._streams.discard(progress)
 
-    def hurry(self, limit_s: float = AFTER_CUT_S) -> None:
-        """Cut a stream whose write has waited `limit_s` from now on, where that is less than the limit
-        (the drain's cut: edge/drain.py). A client still reading, however slowly, is still not cut."""
-        self.limit_s = min(self.limit_s, limit_s)
-
     async def _scan_forever(self) -> None:
         loop = asyncio.get_running_loop()
+        interval = min(SCAN_INTERVAL_S, self.limit_s / 2)
         while True:
-            # Read each time: `hurry` shortens the limit.
-            await asyncio.sleep(min(SCAN_INTERVAL_S, self.limit_s / 2))
+            await asyncio.sleep(interval)
             now = loop.time()
             stalled_before = now - self.limit_s
             for progress in list(self._streams):
