@@ -8,6 +8,7 @@ import json
 import logging
 import shlex
 import sys
+import time
 
 import msgspec
 from botocore.exceptions import BotoCoreError
@@ -34,7 +35,7 @@ DEV_TIER = "paid"
 def _dev_key_hint(settings: Settings) -> None:
     async def dev_key() -> str | None:
         async with opened_lifecycle(settings, creates=True) as keys:
-            if await keys.store.any():  # a dev key printed before is still there, and still works
+            if await keys.store.any_usable(time.time()):  # a key printed before still works
                 return None
             key, _ = await keys.create(DEV_USER, DEV_TIER, "dev key of floodgate serve")
             return key
@@ -57,7 +58,10 @@ def _dev_key_hint(settings: Settings) -> None:
             "messages": [{"role": "user", "content": "Hello!"}],
         }
     )
-    print(f"No API keys yet: created one for user {DEV_USER!r} (tier {DEV_TIER!r}). It is shown only once:")
+    print(
+        f"No usable API key (none yet, or all revoked or expired): created one for user {DEV_USER!r} "
+        f"(tier {DEV_TIER!r}). It is shown only once:"
+    )
     print(f"  {key}")
     print("Try it, once the edge logs edge_serving:")
     headers = f"-H 'Authorization: Bearer {key}' -H 'Content-Type: application/json'"

@@ -128,8 +128,8 @@ class DynamoDBKeyStore:
     async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
         return page_of(await anyio.to_thread.run_sync(self._page, user, after, limit + 1), limit)
 
-    async def any(self) -> bool:
-        return bool(await anyio.to_thread.run_sync(self._scan, None, None, 1))
+    async def any_usable(self, now: float) -> bool:
+        return bool(await anyio.to_thread.run_sync(self._scan, None, None, 1, now))
 
     async def create_table_if_missing(self) -> None:
         """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""
@@ -280,8 +280,11 @@ class DynamoDBKeyStore:
             if not start or len(found) >= want:
                 return found
 
-    def _scan(self, attribute: str | None, value: str | None, want: int | None) -> list[KeyRecord]:
-        """Key items (whose `attribute` equals `value`, when given); stops after `want` of them."""
+    def _scan(
+        self, attribute: str | None, value: str | None, want: int | None, usable_at: float | None = None
+    ) -> list[KeyRecord]:
+        """Key items (whose `attribute` equals `value`, when given; that work at `usable_at`, when
+        given); stops after `want` of them."""
         names: dict[str, str] = {"#kind": "kind"}
         values: dict[str, AttributeValueTypeDef] = {":kind": {"S": KEY_ITEM}}
         condition = "#kind = :kind"
@@ -289,6 +292,13 @@ class DynamoDBKeyStore:
             names["#a"] = attribute
             values[":v"] = {"S": value}
             condition += " AND #a = :v"
+        if usable_at is not None:
+            names["#revoked"] = "revoked"
+            names["#expires"] = "expires"
+            values[":now"] = {"N": repr(usable_at)}
+            condition += (
+                " AND attribute_not_exists(#revoked) AND (attribute_not_exists(#expires) OR #expires > :now)"
+            )
         found: list[KeyRecord] = []
         start: dict[str, Any] | None = None
         while True:

@@ -93,8 +93,8 @@ class SQLiteKeyStore:
     async def page_keys(self, user: str | None, after: str | None, limit: int) -> KeyPage:
         return page_of(await anyio.to_thread.run_sync(self._page, user, after, limit + 1), limit)
 
-    async def any(self) -> bool:
-        return await anyio.to_thread.run_sync(self._any)
+    async def any_usable(self, now: float) -> bool:
+        return await anyio.to_thread.run_sync(self._any_usable, now)
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
@@ -162,9 +162,13 @@ class SQLiteKeyStore:
             rows = self._conn.execute(query, (*params, want)).fetchall()
         return [KeyRecord(*row) for row in rows]
 
-    def _any(self) -> bool:
+    def _any_usable(self, now: float) -> bool:
         with self._lock:
-            return self._conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchone() is not None
+            found = self._conn.execute(
+                "SELECT 1 FROM api_keys WHERE revoked IS NULL AND (expires IS NULL OR expires > ?) LIMIT 1",
+                (now,),
+            )
+            return found.fetchone() is not None
 
     def _close(self) -> None:
         with self._lock:

@@ -61,8 +61,11 @@ class KeyStore(Protocol):
         moment ago may show on the next listing only."""
         ...
 
-    async def any(self) -> bool:
-        """Whether at least one key is stored."""
+    async def any_usable(self, now: float) -> bool:
+        """Whether at least one stored key works at `now` (neither revoked nor expired): what
+        `serve`'s development key is made for when there is none. Any stored key counted before,
+        so a user who revoked the printed key, or whose keys had all expired, got no new one, and
+        every request of theirs a 401."""
         ...
 
     async def aclose(self) -> None: ...

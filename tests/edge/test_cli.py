@@ -78,6 +78,53 @@ def test_serve_prints_a_dev_key_that_streams(tmp_path: Path) -> None:
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_prints_a_new_dev_key_when_every_stored_key_is_revoked(tmp_path: Path) -> None:
+    """A stored key counted whatever its state: a user who revoked the printed key (or whose keys
+    had all expired) started serve again to no key at all, and every request of theirs a 401."""
+    config = _demo_config(tmp_path, NO_DRAIN)
+    cli = [sys.executable, "-m", "edge.cli"]
+    made = subprocess.run(
+        [*cli, "keys", "create", "--user", "dev", "--tier", "paid", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    old_key = made.stdout.strip()
+    listed = subprocess.run(
+        [*cli, "keys", "list", "--json", "--config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [record] = json.loads(listed.stdout)
+    subprocess.run([*cli, "keys", "revoke", record["id"], "--config", str(config)], cwd=tmp_path, check=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [*cli, "serve", "--config", str(config), "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        key_match = re.search(r"(fg-\S+)", lines[1])
+        assert key_match and key_match.group(1) != old_key, lines
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+            for key, status in ((key_match.group(1), 200), (old_key, 401)):
+                response = client.post(CHAT, json=body, headers={"Authorization": f"Bearer {key}"})
+                assert response.status_code == status, response.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
 def test_serve_builds_the_demo_model_and_streams_under_an_ascii_locale(tmp_path: Path) -> None:
     """The checkpoint's files (tokenizer.json, tokenizer_config.json, config.json) were written and
     read in the locale's encoding: under a plain C locale without Python's UTF-8 coercion the demo
@@ -174,7 +221,7 @@ def test_serve_without_dev_key_creates_and_prints_no_key(tmp_path: Path) -> None
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
     assert not keys_file.exists()
-    assert "fg-" not in output and "No API keys" not in output
+    assert "fg-" not in output and "created one for user" not in output
 
 
 def test_chat_help_lists_its_options() -> None:
@@ -295,7 +342,7 @@ def test_serve_refuses_workers_it_cannot_run_before_minting_a_dev_key(tmp_path: 
             [*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode != 0 and refusal in done.stderr, done.stderr
-        assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+        assert "created one for user" not in done.stdout and "curl" not in done.stdout, done.stdout
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
@@ -390,7 +437,7 @@ def test_serve_on_a_port_in_use_is_refused_before_minting_a_dev_key(tmp_path: Pa
             assert done.returncode == 1, done.stderr
             said = done.stderr.strip().splitlines()[-1]
             assert said.startswith("floodgate: cannot listen on ") and "already in use" in said, done.stderr
-            assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+            assert "created one for user" not in done.stdout and "curl" not in done.stdout, done.stdout
 
 
 def test_serve_on_an_address_not_of_this_machine_is_refused_before_minting_a_dev_key(
@@ -418,7 +465,7 @@ def test_serve_on_an_address_not_of_this_machine_is_refused_before_minting_a_dev
             text=True,
             timeout=120,
         )
-        assert "No API keys yet" not in done.stdout and "curl" not in done.stdout, done.stdout
+        assert "created one for user" not in done.stdout and "curl" not in done.stdout, done.stdout
         assert done.returncode == 1, done.stderr
         assert done.stderr.strip().splitlines() == [
             f"floodgate: cannot listen on {unassigned}:0{named}: Cannot assign requested address"
@@ -458,7 +505,7 @@ def test_serve_workers_with_an_operator_port_in_use_is_refused_before_minting_a_
             if proc.poll() is None:
                 proc.terminate()
                 proc.communicate(timeout=30)
-    assert "No API keys yet" not in out and "curl" not in out, out
+    assert "created one for user" not in out and "curl" not in out, out
     assert proc.returncode == 1, err
     said = err.strip().splitlines()[-1]
     # Worker 1's port is the one this test holds; worker 0's, the one below it, is free only as far

@@ -7,6 +7,7 @@ import json
 import secrets
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ async def test_a_created_key_is_stored_hashed_and_authenticates(key_store: KeySt
     principal = await Authenticator(key_store, 5.0).authenticate(f"Bearer {key}")
     assert (principal.user, principal.tier, principal.key_id) == ("alice", "paid", record.id)
     assert await key_store.by_id(record.id) == record
-    assert await key_store.any()
+    assert await key_store.any_usable(time.time())
 
 
 async def test_the_sqlite_file_never_holds_a_key(tmp_path: Path) -> None:
@@ -769,3 +770,19 @@ async def test_a_dynamodb_page_of_a_users_keys_is_one_query_not_a_scan(dynalite_
     assert len(everyone.keys) == 3
     assert calls == ["Query", "Query", "Query"]
     await store.aclose()
+
+
+async def test_only_a_key_that_works_counts_as_usable(key_store: KeyStore) -> None:
+    """What `serve` makes its development key by: a store of revoked and expired keys has none that
+    works, and counted as holding one, no key was made and every request was refused."""
+    clock = ManualClock(1_000_000.0)
+    keys = lifecycle(key_store, clock)
+    assert not await key_store.any_usable(clock())
+    _, revoked = await keys.create("alice", "paid")
+    await keys.revoke(revoked.id)
+    assert not await key_store.any_usable(clock())
+    await keys.create("bob", "paid", expires_in_s=60)
+    assert await key_store.any_usable(clock())
+    assert not await key_store.any_usable(clock() + 60)  # expired at its expiry, as KeyRecord.status says
+    await keys.create("carol", "paid")
+    assert await key_store.any_usable(clock() + 60)
