@@ -1,5 +1,6 @@
-"""`floodgate serve`, the operator's `keys`, `usage` and `config` (edge/keys_cli.py, edge/operator_cli.py) and
-`floodgate chat` (the client's, from client/floodgate_client/cli.py)."""
+"""`floodgate serve`, the operator's `keys`, `usage` and `config` (edge/keys_cli.py, edge/operator_cli.py),
+the container's `healthcheck` (edge/healthcheck.py) and `floodgate chat` (the client's, from
+client/floodgate_client/cli.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from botocore.exceptions import BotoCoreError
 
 from edge.config import ConfigError, Settings, load_settings
 from edge.dynamodb_client import dynamodb_client
+from edge.healthcheck import add_healthcheck_command
 from edge.keys.cli_support import opened_lifecycle, run
 from edge.keys.legacy import BadKeysFile, read_keys_file
 from edge.keys_cli import add_keys_commands
@@ -211,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_keys_commands(commands)
     add_operator_commands(commands)
+    add_healthcheck_command(commands)
     add_chat_command(commands)
     add_model_command(commands)
     return parser

@@ -40,7 +40,11 @@ def test_serves_the_mounted_settings_on_port_8000_with_a_health_check() -> None:
     final = dict(stage)
     assert json.loads(final["CMD"]) == ["floodgate", "serve", "--config", "/etc/floodgate/edge.toml"]
     assert final["EXPOSE"] == "8000"
-    assert "http://127.0.0.1:8000/healthz" in final["HEALTHCHECK"]
+    # The settings CMD serves, whose ports the health check reads (a fixed :8000 probed the public
+    # port whatever [server] port said, and failed a live edge mid-drain).
+    options, _, check = final["HEALTHCHECK"].partition(" CMD ")
+    assert "--timeout=" in options
+    assert json.loads(check) == ["floodgate", "healthcheck", "--config", "/etc/floodgate/edge.toml"]
     assert any(args.endswith("/opt/floodgate/model/") for op, args in stage if op == "COPY")
 
 

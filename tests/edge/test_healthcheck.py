@@ -1,0 +1,156 @@
+"""`floodgate healthcheck` (Dockerfile.edge's HEALTHCHECK) against a real `floodgate serve`.
+
+The image's probe asked http://127.0.0.1:8000/healthz: the public port, and 8000 whatever the
+settings said. It now asks the operator listener the settings name, which answers through a drain
+after the public listener has closed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.edge.sse_client import CHAT, LONG_PROMPT, LONG_TOKENS, MODEL
+from tests.faults.serve_process import ServeProcess, serve_process
+from tests.support.ports import free_port
+
+
+def _healthcheck(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge.cli", "healthcheck", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def _wait_closed(server: ServeProcess, port: int) -> None:
+    """Until the public listener refuses connections (the accept window's end), bounded; the edge
+    offers no event to wait on."""
+    deadline = time.monotonic() + 30
+    while _listening(port):
+        assert time.monotonic() < deadline, "the public listener never closed"
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(timeout=0.02)
+            raise AssertionError(f"floodgate serve exited mid-drain:\n{server.output()[-2000:]}")
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+class _Stream(threading.Thread):
+    """A long stream (ignore_eos) read to its end; `started` once its first event came."""
+
+    def __init__(self, server: ServeProcess) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.started = threading.Event()
+
+    def run(self) -> None:
+        body = {
+            "model": MODEL,
+            "messages": LONG_PROMPT,
+            "max_tokens": LONG_TOKENS,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        with (
+            httpx.Client(base_url=self.server.base_url, timeout=60.0) as client,
+            client.stream("POST", CHAT, json=body, headers=self.server.auth()) as answer,
+        ):
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    self.started.set()
+
+
+def _engine_pids(pid: int) -> list[int]:
+    """The serve process's children (its engine), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    assert found, "the serve process has no engine process"
+    return found
+
+
+@contextlib.contextmanager
+def _engine_held(server: ServeProcess) -> Iterator[None]:
+    """The engine stopped (SIGSTOP) meanwhile: its stream cannot end by itself, so the drain waits."""
+    engine = _engine_pids(server.proc.pid)
+    for pid in engine:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in engine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def test_unhealthy_where_nothing_listens_saying_where_and_no_secret(tmp_path: Path) -> None:
+    password = "hunter2-not-for-logs"
+    ops_port = free_port()
+    config = tmp_path / "edge.toml"
+    config.write_text(
+        f"[server]\nport = {free_port()}\nops_port = {ops_port}\n"
+        f'[limiter]\nbackend = "redis"\nredis_url = "redis://:{password}@127.0.0.1:1/0"\n'
+    )
+
+    done = _healthcheck(config)
+
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and f"127.0.0.1:{ops_port}" in done.stderr, done.stderr
+    assert password not in done.stderr
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_healthy_on_its_ports_and_through_a_drain_that_closed_the_public_port(tmp_path: Path) -> None:
+    """Ports other than 8000 and 9464 (free ones), as the settings name them; then SIGTERM with a
+    stream held, past the accept window: the public listener is closed (the image's old probe met a
+    refused connection there), the edge still alive and draining, and healthy. Once it has exited,
+    unhealthy."""
+    drain: dict[str, object] = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
+    with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
+        config = tmp_path / "floodgate.toml"  # what serve_process wrote and serves
+        port = _port(server.base_url)
+        assert 8000 not in (port, _port(server.ops_url))
+        serving = _healthcheck(config)
+
+        stream = _Stream(server)
+        stream.start()
+        assert stream.started.wait(60)
+        with _engine_held(server):
+            server.proc.send_signal(signal.SIGTERM)
+            _wait_closed(server, port)
+            assert server.proc.poll() is None and stream.is_alive()  # draining: 120 s to the deadline
+            draining = _healthcheck(config)
+            server.proc.send_signal(signal.SIGTERM)  # the second: cut the stream now
+            stream.join(30)
+        assert server.proc.wait(timeout=30) == 0
+    exited = _healthcheck(config)
+
+    assert serving.returncode == 0, serving.stderr
+    assert draining.returncode == 0, draining.stderr
+    assert serving.stderr == draining.stderr == ""
+    assert exited.returncode == 1 and "ops listener" in exited.stderr, exited.stderr
