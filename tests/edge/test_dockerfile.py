@@ -44,7 +44,7 @@ def test_serves_the_mounted_settings_on_port_8000_with_a_health_check() -> None:
     # port whatever [server] port said, and failed a live edge mid-drain).
     options, _, check = final["HEALTHCHECK"].partition(" CMD ")
     assert "--timeout=" in options
-    assert json.loads(check) == ["floodgate", "healthcheck", "--config", "/etc/floodgate/edge.toml"]
+    assert json.loads(check) == ["python", "-m", "edge.healthcheck", "--config", "/etc/floodgate/edge.toml"]
     assert any(args.endswith("/opt/floodgate/model/") for op, args in stage if op == "COPY")
 
 

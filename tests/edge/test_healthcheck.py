@@ -24,10 +24,14 @@ from tests.edge.sse_client import CHAT, LONG_PROMPT, LONG_TOKENS, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
 from tests.support.ports import free_port
 
+# The image's HEALTHCHECK (python -m edge.healthcheck), and the same probe as a `floodgate` command.
+_IMAGE = ("edge.healthcheck",)
+_CLI = ("edge.cli", "healthcheck")
 
-def _healthcheck(config: Path) -> subprocess.CompletedProcess[str]:
+
+def _healthcheck(config: Path, command: tuple[str, ...] = _IMAGE) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "edge.cli", "healthcheck", "--config", str(config)],
+        [sys.executable, "-m", *command, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -136,6 +140,7 @@ def test_healthy_on_its_ports_and_through_a_drain_that_closed_the_public_port(tm
         port = _port(server.base_url)
         assert 8000 not in (port, _port(server.ops_url))
         serving = _healthcheck(config)
+        serving_cli = _healthcheck(config, _CLI)
 
         stream = _Stream(server)
         stream.start()
@@ -151,6 +156,7 @@ def test_healthy_on_its_ports_and_through_a_drain_that_closed_the_public_port(tm
     exited = _healthcheck(config)
 
     assert serving.returncode == 0, serving.stderr
+    assert serving_cli.returncode == 0, serving_cli.stderr
     assert draining.returncode == 0, draining.stderr
     assert serving.stderr == draining.stderr == ""
     assert exited.returncode == 1 and "ops listener" in exited.stderr, exited.stderr
