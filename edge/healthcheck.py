@@ -124,7 +124,7 @@ def _arguments(check: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m edge.healthcheck`, what the image's HEALTHCHECK runs every 10 s: the same probe
     as `floodgate healthcheck` without loading the rest of the `floodgate` command (its keys, model
-    and client commands): about 0.17 s of CPU a probe against 0.37 on a 2-core Xeon, some 2 % of a
+    and client commands): about 0.17 s of CPU a probe against 0.37 on a 2-core AMD EPYC, some 2 % of a
     core at that interval rather than 4."""
     parser = argparse.ArgumentParser(prog="python -m edge.healthcheck", description=_HELP)
     _arguments(parser)
