@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
+from gpu_container.triton.server_group import ServerGroup
 from gpu_container.triton.tied_child import popen_tied
 
 log = structlog.get_logger(__name__)
@@ -94,7 +95,8 @@ def server_environment() -> dict[str, str]:
 class TritonProcess:
     """A running tritonserver; `stop()` sends SIGTERM and waits for it to drain and exit."""
 
-    process: subprocess.Popen[bytes]
+    # Reaps the server once it exits, after ending its stubs: poll it through `group`, not `process`.
+    group: ServerGroup
     grpc_url: str
     http_url: str
     metrics_url: str
@@ -104,6 +106,10 @@ class TritonProcess:
     killed: bool = False
     # Set by stop() when the server did not exit cleanly: its whole log (the workdir is removed).
     exit_log: str | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.group.process
 
     @property
     def replica_spec(self) -> str:
@@ -119,25 +125,24 @@ class TritonProcess:
 
     def stop(self) -> None:
         _running.discard(self)
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+        if self.group.alive:
+            self.group.send_signal(signal.SIGTERM)
+            if not self.group.wait(STOP_TIMEOUT_S):
                 log.warning(
                     "tritonserver ignored SIGTERM, killing", pid=self.process.pid, log=self.log_summary()
                 )
                 self.killed = True
-                self.process.kill()
-                self.process.wait()
-            else:
-                if self.process.returncode != 0:
-                    self.exit_log = self.log_path.read_text(errors="replace")
-                    log.warning(
-                        "tritonserver did not stop cleanly",
-                        returncode=self.process.returncode,
-                        log=self.log_summary(),
-                    )
+                self.group.send_signal(signal.SIGKILL)
+            elif self.process.returncode != 0:
+                self.exit_log = self.log_path.read_text(errors="replace")
+                log.warning(
+                    "tritonserver did not stop cleanly",
+                    returncode=self.process.returncode,
+                    log=self.log_summary(),
+                )
+        # Also when it had exited on its own (or a caller killed and reaped it): its stubs and
+        # their shared memory are gone once this returns.
+        self.group.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -158,7 +163,8 @@ def _wait_ready(proc: TritonProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
-            if proc.process.poll() is not None:
+            if not proc.group.alive:
+                proc.group.wait()
                 code = proc.process.returncode
                 raise TritonStartError(f"tritonserver exited with {code}:\n{proc.log_summary()}")
             try:
@@ -218,6 +224,8 @@ def _start(
     workdir = Path(tempfile.mkdtemp(prefix="floodgate-triton-"))
     backends = make_backend_directory(workdir / "backends")
     log_path = workdir / "tritonserver.log"
+    # Its own, so that its stubs' shared-memory regions can be told from any other server's.
+    shm_prefix = f"{workdir.name}_"
     command = [
         str(_server_dir() / "bin" / "tritonserver"),
         f"--model-repository={model_repository}",
@@ -232,6 +240,7 @@ def _start(
         "--exit-on-error=true",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--log-verbose=0",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
     ]
     log_file: IO[bytes] = log_path.open("wb")
     with log_file:
@@ -248,7 +257,7 @@ def _start(
             start_new_session=True,
         )
     proc = TritonProcess(
-        process=process,
+        group=ServerGroup(process, shm_prefix),
         grpc_url=f"127.0.0.1:{grpc_port}",
         http_url=f"http://127.0.0.1:{http_port}",
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",

@@ -28,6 +28,7 @@ from gpu_container.triton.launcher import (
     _wait_ready,
     start_local_triton,
 )
+from gpu_container.triton.server_group import ServerGroup
 from tests.support.connections import established_to
 from tests.support.live_server import demo_model_dir
 from tests.support.triton_server import ENGINE_CONFIG, LocalTriton
@@ -149,7 +150,7 @@ def test_the_start_waits_for_the_metrics_page_as_well_as_readiness(tmp_path: Pat
         stderr=subprocess.STDOUT,
     )
     server = TritonProcess(
-        process=process,
+        group=ServerGroup(process, shm_prefix=f"{tmp_path.name}_"),
         grpc_url="127.0.0.1:1",
         http_url=f"http://127.0.0.1:{http_port}",
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
