@@ -52,8 +52,7 @@ def stopping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Triton
     try:
         yield process
     finally:
-        if process.process.poll() is None:
-            process.process.kill()
+        process.group.send_signal(signal.SIGKILL)  # a no-op once it has exited
         process.stop()
 
 

@@ -59,9 +59,8 @@ def dying(tmp_path: Path) -> Iterator[DyingTriton]:
 
 def _kill(process: TritonProcess) -> None:
     """Killed, not stopped: with its stub dead, tritonserver waits out its exit timeout to unload."""
-    process.process.kill()
-    process.process.wait()
-    process.stop()
+    process.group.send_signal(signal.SIGKILL)
+    process.stop()  # once its group and shared memory are gone (gpu_container/triton/server_group.py)
 
 
 def _kill_stub(process: TritonProcess) -> None:
