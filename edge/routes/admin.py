@@ -141,10 +141,8 @@ async def list_keys(
     """A page of keys in id order, as OpenAI's lists page (`limit`, `after`): all of them at once
     was one unbounded answer, and on DynamoDB a read of the whole table, usage rows and all."""
     refuse_repeated(request, "user", "limit", "after")
-    if user is not None and not user.strip():
-        # No key has one (a key's user must name someone), and on DynamoDB the index query for it
-        # is refused: a 503 whose retry never mends it.
-        raise invalid_request("user must not be empty.", "user", code="invalid_value")
+    # On DynamoDB the index query for an empty user is refused: a 503 whose retry never mends it.
+    _named_user(user)
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     page = await runtime_of(request).key_admin.page_keys(user, _key_cursor(after), size)
     data = [key_view(r) for r in page.keys]
@@ -196,7 +194,16 @@ async def all_usage(
     after: FromQuery[str | None] = None,
 ) -> ASGIResponse:
     refuse_repeated(request, "user", "start", "end", "limit", "after")
+    _named_user(user)
     return await usage_response(runtime_of(request), user, start, end, limit, after)
+
+
+def _named_user(user: str | None) -> None:
+    """A `user` filter must name someone: no key has an empty user (a key's user must name
+    someone), so `?user=` (a script's unset variable) matched nothing, and the usage listing
+    answered it with an empty list, read as that user's having no usage at all."""
+    if user is not None and not user.strip():
+        raise invalid_request("user must not be empty.", "user", code="invalid_value")
 
 
 def admin_routes() -> Router:

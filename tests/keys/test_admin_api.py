@@ -542,3 +542,13 @@ def test_a_bad_page_of_usage_is_a_400_naming_the_param(
     refused = httpx.get(server.base_url + path, params=query, headers=headers)
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("user", ["", "  "])
+def test_usage_for_an_empty_user_is_a_400_not_an_empty_list(server: LiveServer, user: str) -> None:
+    """As the keys listing refuses it: an empty `user` (a script's unset variable) matched no one,
+    and the answer, an empty list, read as that user's having no usage."""
+    refused = httpx.get(server.base_url + "/v1/admin/usage", params={"user": user}, headers=ADMIN)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("user", "invalid_value")
