@@ -78,10 +78,14 @@ class SQLiteUsageStore:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 added = self._add_once(u, write)
+                # Inside the guard too: a COMMIT that fails (a full disk, an I/O error) leaves the
+                # transaction open, and every later BEGIN on this connection failed ("cannot start
+                # a transaction within a transaction"): no usage was written again until a restart.
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
             return added
 
     def _add_once(self, u: Usage, write: WriteId) -> bool:

@@ -512,3 +512,25 @@ async def test_the_sqlite_store_forgets_writers_past_their_keep(
     with contextlib.closing(sqlite3.connect(path)) as db:
         writers = sorted(w for (w,) in db.execute("SELECT writer FROM usage_writes"))
     assert writers == ["b", "c", "d"]
+
+
+async def test_a_commit_that_fails_leaves_the_sqlite_store_writing(tmp_path: Path) -> None:
+    """A COMMIT that failed (a full disk, an I/O error; here SQLite's own authorizer refuses it)
+    left its transaction open: every later write failed at its BEGIN ("cannot start a transaction
+    within a transaction"), and no usage was written again until a restart."""
+    store = SQLiteUsageStore(tmp_path / "keys.db")
+    conn = store._conn  # the store's own connection is what must fail its COMMIT
+
+    def no_commit(action: int, arg1: str | None, *_: object) -> int:
+        refused = action == sqlite3.SQLITE_TRANSACTION and (arg1 or "").upper() == "COMMIT"
+        return sqlite3.SQLITE_DENY if refused else sqlite3.SQLITE_OK
+
+    day = utc_day()
+    conn.set_authorizer(no_commit)
+    with pytest.raises(sqlite3.DatabaseError):
+        await store.add(Usage("ana", "m", day, 5, 1, 1), WriteId("w", 1))
+    conn.set_authorizer(None)
+
+    assert await store.add(Usage("ana", "m", day, 7, 2, 1), WriteId("w", 2))
+    assert [(u.input_tokens, u.output_tokens) for u in await store.query("ana")] == [(7, 2)]
+    await store.aclose()
