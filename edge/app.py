@@ -28,6 +28,7 @@ from edge.errors import (
 )
 from edge.keys.services import open_key_services
 from edge.membership.edge_fleet import joined_fleet
+from edge.messages.conversation_lock import ConversationLocks
 from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
 from edge.messages.writer import MessageWriter
@@ -161,6 +162,9 @@ def create_app(
             writer = MessageWriter(store, settings.messages.queue_size)
             writer.start()
             stack.push_async_callback(writer.aclose)
+            locks = ConversationLocks(store)
+            locks.start()
+            stack.push_async_callback(locks.aclose)
             registry = await stack.enter_async_context(open_request_registry(settings.limiter))
             pipelines: dict[str, Pipeline] = {}
             all_replicas: list[Upstream] = []
@@ -229,6 +233,7 @@ def create_app(
                     usage=keys.usage_writer,
                     key_watch=keys.streams,
                     gate=gate,
+                    locks=locks,
                 )
             app.state.fleet = None
             app.state.fleet_divides = bool(shared)  # read by /readyz: a joiner waits for room

@@ -114,6 +114,16 @@ def invalid_request(message: str, param: str | None, code: str | None = None) ->
     return ApiError(400, message, param=param, code=code)
 
 
+def conversation_locked() -> ApiError:
+    """Another request of the user runs on the conversation (edge/messages/conversation_lock.py):
+    OpenAI's Responses API answer, word for word, and like it no Retry-After (it sends none)."""
+    return invalid_request(
+        "Another process is currently operating on this conversation. Please retry in a few seconds.",
+        "conversation_id",
+        code="conversation_locked",
+    )
+
+
 def client_closed_request(message: str) -> ApiError:
     """The 499 (nginx's "client closed request") of a request whose client left before it was
     admitted: nobody reads it, but it counts as the client's doing, where a 500 counted as the

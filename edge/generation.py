@@ -49,6 +49,7 @@ from edge.errors import (
 from edge.keys.authenticator import refusal
 from edge.keys.principal import Principal
 from edge.log_line import info_line
+from edge.messages.conversation_lock import HeldLock
 from edge.metric_children import child
 from edge.schemas import ChatCompletionRequest, ChatMessage
 from edge.sse import DONE, KEEPALIVE, ChunkEncoder, event, usage_dict
@@ -168,6 +169,7 @@ class Generation:
         decision: Decision,
         headers: dict[str, str],
         arrived: float,
+        conversation_lock: HeldLock | None = None,
     ) -> None:
         self._p = pipeline
         self._principal = principal
@@ -178,6 +180,8 @@ class Generation:
         self._decision = decision
         self.headers = headers
         self._arrived = arrived
+        # The named conversation, held for this request from its admission to its close.
+        self._conversation_lock = conversation_lock
         self.request_id = upstream_req.request_id
         self.created = int(time.time())
         self._live: LiveRequest = pipeline.registry.register(self.request_id, principal.user)
@@ -605,7 +609,16 @@ class Generation:
         out = out or Outcome()
         await self._give_back()
         self._p.registry.finish(self._live)
-        self._record(out)
+        self._record_turns(out)
+        try:
+            # After the reply's turn (its id minted: edge/messages/ids.py), so the next request's
+            # question is stored after it on every edge; before the request counts as finished
+            # (`_record`), and before a stream's last events: a client that sees the end may send
+            # its next question at once.
+            if self._conversation_lock is not None:
+                await self._conversation_lock.release()
+        finally:
+            self._record(out)
 
     def _record_prompt(self) -> None:
         """A named conversation's question, stored with a stream's first text (`on_text`): a
@@ -666,6 +679,9 @@ class Generation:
             self._p.usage.record(
                 self._principal.user, self._p.config.model_name, prompt_tokens, completion_tokens
             )
+
+    def _record_turns(self, out: Outcome) -> None:
+        """A named conversation's turns, handed to the message writer (ConversationLog)."""
         conversation_id = self._req.conversation_id
         if conversation_id is None or self._p.messages is None:
             return

@@ -3,8 +3,9 @@ starts, where a refusal is a plain HTTP status.
 
 Count the prompt's tokens (a long prompt waits for an encode thread within its tier's max wait;
 after the request's own checks: its model, its sampling parameters against the vocabulary,
-max_tokens against its tier and the model's context) → ask the limiter → ask
-the admission queue whether waiting makes sense. What is admitted is a Generation (generation.py),
+max_tokens against its tier and the model's context) → hold its named conversation, if any
+(edge/messages/conversation_lock.py) → ask the limiter → ask the admission queue whether waiting
+makes sense. What is admitted is a Generation (generation.py),
 which runs it.
 """
 
@@ -27,6 +28,7 @@ from edge.disconnect_watch import DisconnectWatch
 from edge.drain import Drain
 from edge.errors import (
     ApiError,
+    conversation_locked,
     invalid_request,
     limiter_unavailable,
     never_fits_error,
@@ -37,6 +39,7 @@ from edge.generation import Generation
 from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
 from edge.log_line import refusal_line
+from edge.messages.conversation_lock import ConversationLocked, ConversationLocks, HeldLock
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
@@ -105,6 +108,7 @@ class Pipeline:
         drain: Drain | None = None,
         key_watch: StreamWatch | None = None,
         gate: StreamGate | None = None,
+        locks: ConversationLocks | None = None,
     ) -> None:
         self.config = config
         self.text = text
@@ -120,6 +124,8 @@ class Pipeline:
         # The door in front of generations (edge/stream_gate.py): it keeps the paid share of the
         # process's streams once a request is known to be good and whose it is.
         self.gate = gate
+        # One request at a time per named conversation; None: not held (tests without a store).
+        self.locks = locks
 
     async def admit(
         self, principal: Principal, req: ChatCompletionRequest, watch: DisconnectWatch | None = None
@@ -214,47 +220,57 @@ class Pipeline:
             # server_busy while the free share was full, was retried for good. Both come before the
             # limiter, the expensive step the door's free share keeps the paid share from.
             self.gate.hold_reserve(tier.may_use_reserve)
+        # Held from here to the request's end (Generation.close): before the limiter, so a request
+        # refused for it costs the user nothing; given back here if the request goes no further.
+        lock = (
+            None if req.conversation_id is None else await self._hold_conversation(principal, req, request_id)
+        )
         try:
-            admission = await self.limiter.admit(
-                principal.user,
-                request_id,
-                tier,
-                len(prompt_ids),
-                max_new,
-                # Named, the reply asked for; else the user's usual reply, not the tier's largest
-                # (a free user told 37 minutes) nor a first lease (a client that waited got 32).
-                asked_output_tokens=(
-                    max_new
-                    if req.requested_max_tokens is not None
-                    else self.dispatcher.typical_reply_tokens(principal.user, max_new)
-                ),
-            )
-        except StoreUnavailable as exc:
-            raise self._refused(principal, request_id, limiter_unavailable(exc.retry_after_s)) from None
-        decision = admission.decision
+            try:
+                admission = await self.limiter.admit(
+                    principal.user,
+                    request_id,
+                    tier,
+                    len(prompt_ids),
+                    max_new,
+                    # Named, the reply asked for; else the user's usual reply, not the tier's largest
+                    # (a free user told 37 minutes) nor a first lease (a client that waited got 32).
+                    asked_output_tokens=(
+                        max_new
+                        if req.requested_max_tokens is not None
+                        else self.dispatcher.typical_reply_tokens(principal.user, max_new)
+                    ),
+                )
+            except StoreUnavailable as exc:
+                raise self._refused(principal, request_id, limiter_unavailable(exc.retry_after_s)) from None
+            decision = admission.decision
+            if not decision.allowed or admission.lease is None:
+                limit = decision.limit or "requests"
+                # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
+                # test the code to tell a rate limit from other 429s).
+                wait = wait_text(decision.retry_after_ms / 1000)
+                raise self._refused(
+                    principal,
+                    request_id,
+                    ApiError(
+                        429,
+                        f"Rate limit reached ({limit}). Please try again in {wait}.",
+                        type=limit,
+                        code="rate_limit_exceeded",
+                        headers=ratelimit_headers(decision),
+                    ),
+                )
+            try:
+                self.dispatcher.precheck(ticket)
+            except Overloaded as exc:
+                await admission.lease.settle(ran=False)
+                refunded = refunded_headers(decision, admission.lease.charged)
+                raise self._refused(principal, request_id, overloaded_error(exc, refunded)) from None
+        except BaseException:
+            if lock is not None:
+                await lock.release()
+            raise
         headers = ratelimit_headers(decision)
-        if not decision.allowed or admission.lease is None:
-            limit = decision.limit or "requests"
-            # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
-            # test the code to tell a rate limit from other 429s).
-            wait = wait_text(decision.retry_after_ms / 1000)
-            raise self._refused(
-                principal,
-                request_id,
-                ApiError(
-                    429,
-                    f"Rate limit reached ({limit}). Please try again in {wait}.",
-                    type=limit,
-                    code="rate_limit_exceeded",
-                    headers=headers,
-                ),
-            )
-        try:
-            self.dispatcher.precheck(ticket)
-        except Overloaded as exc:
-            await admission.lease.settle(ran=False)
-            refunded = refunded_headers(decision, admission.lease.charged)
-            raise self._refused(principal, request_id, overloaded_error(exc, refunded)) from None
         temperature = self.config.default_temperature if req.temperature is None else req.temperature
         upstream_req = GenerationRequest(
             request_id=request_id,
@@ -289,7 +305,22 @@ class Pipeline:
             decision,
             {**headers, "x-request-id": request_id},
             arrived,
+            lock,
         )
+
+    async def _hold_conversation(
+        self, principal: Principal, req: ChatCompletionRequest, request_id: str
+    ) -> HeldLock | None:
+        """The request's named conversation held for it, or the 400 `conversation_locked` that
+        OpenAI's Responses API answers a second request on a conversation in use (its words, its
+        type and code; the param is this API's). None without a conversation (no store round trip)
+        or where the store could not be asked (conversation_lock.py)."""
+        if req.conversation_id is None or self.locks is None:  # the caller checks the first inline
+            return None
+        try:
+            return await self.locks.take(principal.user, req.conversation_id, request_id)
+        except ConversationLocked:
+            raise self._refused(principal, request_id, conversation_locked()) from None
 
     def _refused(self, principal: Principal, request_id: str, error: ApiError) -> ApiError:
         """A refusal after the request got its id (the limiter's 429 or 503, the queue's): the id

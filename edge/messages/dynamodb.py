@@ -11,7 +11,12 @@ written before are still read where they are (`LEGACY_PARTITIONS`) until their T
 
 A DynamoDB item holds at most 400 KB, and a request body may be 1 MiB: a message whose text does
 not fit is kept compressed (`content_z`, zlib), and one that does not fit even so is kept cut to
-what fits, marked `truncated` (SQLite keeps every message whole)."""
+what fits, marked `truncated` (SQLite keeps every message whole).
+
+A conversation's lock (edge/messages/conversation_lock.py) is an item of the same table, in a
+partition of its own (`lock_partition`): taken with a conditional PutItem, renewed and given back
+only by the request it names (conditional UpdateItem and DeleteItem); its end is the table's TTL
+attribute, so a lock an edge died holding is deleted by DynamoDB too."""
 
 from __future__ import annotations
 
@@ -45,6 +50,9 @@ _PAGE = 200
 # Of an item's 400 KB (names and values), what its content may take: the other attributes are
 # a few ids (a conversation id is at most 256 characters), a number or two and their names.
 CONTENT_BYTES = 390_000
+# The sort key of a lock's item: no message id (26 upper-case Crockford characters) spells it.
+LOCK_SORT_KEY = "lock"
+_CONDITION_FAILED = "ConditionalCheckFailedException"
 # Errors no retry can mend: the item itself is refused.
 _REFUSALS = frozenset({"ValidationException", "ItemCollectionSizeLimitExceededException"})
 
@@ -67,6 +75,24 @@ def owned_partition(user: str, conversation_id: str) -> str:
     so no client's id names one as a legacy partition: "5:alice:trip" did, and read alice's "trip"
     (its items scanned, its 404 late again; alice's own id of that name answered with "trip")."""
     return f"{len(user)}/{user}/{conversation_id}"
+
+
+def lock_partition(user: str, conversation_id: str) -> str:
+    """The partition of the lock of `user`'s conversation: beginning "lock/", it is neither an owned
+    partition (those begin with a number) nor a legacy one (no conversation id holds a "/"), so no
+    history read ever reads it."""
+    return f"lock/{owned_partition(user, conversation_id)}"
+
+
+def _lock_key(user: str, conversation_id: str) -> dict[str, AttributeValueTypeDef]:
+    return {
+        PARTITION_KEY: {"S": lock_partition(user, conversation_id)},
+        SORT_KEY: {"S": LOCK_SORT_KEY},
+    }
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == _CONDITION_FAILED
 
 
 def _item(msg: StoredMessage, expires_at: int) -> dict[str, AttributeValueTypeDef]:
@@ -144,6 +170,64 @@ class DynamoDBMessageStore:
             return HistoryPage([], has_more=False)
         found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(found, limit)
+
+    async def take_lock(
+        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+    ) -> bool:
+        item: dict[str, AttributeValueTypeDef] = {
+            **_lock_key(user, conversation_id),
+            "holder": {"S": holder},
+            TTL_ATTRIBUTE: {"N": repr(expires_at)},
+        }
+
+        def put() -> bool:
+            try:
+                self._client.put_item(
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression=f"attribute_not_exists({PARTITION_KEY}) OR {TTL_ATTRIBUTE} <= :now",
+                    ExpressionAttributeValues={":now": {"N": repr(now)}},
+                )
+            except ClientError as exc:
+                if _condition_failed(exc):
+                    return False
+                raise
+            return True
+
+        return await anyio.to_thread.run_sync(put)
+
+    async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+        def update() -> bool:
+            try:
+                self._client.update_item(
+                    TableName=self._table,
+                    Key=_lock_key(user, conversation_id),
+                    UpdateExpression=f"SET {TTL_ATTRIBUTE} = :end",
+                    ConditionExpression="holder = :me",
+                    ExpressionAttributeValues={":end": {"N": repr(expires_at)}, ":me": {"S": holder}},
+                )
+            except ClientError as exc:
+                if _condition_failed(exc):
+                    return False
+                raise
+            return True
+
+        return await anyio.to_thread.run_sync(update)
+
+    async def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+        def delete() -> None:
+            try:
+                self._client.delete_item(
+                    TableName=self._table,
+                    Key=_lock_key(user, conversation_id),
+                    ConditionExpression="holder = :me",
+                    ExpressionAttributeValues={":me": {"S": holder}},
+                )
+            except ClientError as exc:
+                if not _condition_failed(exc):  # another holds it now (this one expired): theirs
+                    raise
+
+        await anyio.to_thread.run_sync(delete)
 
     async def create_table_if_missing(self) -> None:
         """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""

@@ -6,10 +6,10 @@ from edge.config import MessagesConfig
 from edge.dynamodb_client import dynamodb_client
 from edge.messages.dynamodb import DynamoDBMessageStore
 from edge.messages.sqlite import SQLiteMessageStore
-from edge.messages.store import MessageStore
 
 
-async def create_store(config: MessagesConfig) -> MessageStore:
+async def create_store(config: MessagesConfig) -> SQLiteMessageStore | DynamoDBMessageStore:
+    """Either store keeps the messages (MessageStore) and the conversations' locks (LockStore)."""
     ttl_s = round(config.ttl_days * 86400)
     if config.backend == "sqlite":
         return SQLiteMessageStore(config.sqlite_path, ttl_s=ttl_s)

@@ -24,3 +24,13 @@ HISTORY_READS_UNWRITTEN = Counter(
     "History reads answered before this edge's messages of their conversation were written: "
     "the wait ([messages] read_wait_s) ran out.",
 )
+CONVERSATION_LOCKS_SKIPPED = Counter(
+    "floodgate_conversation_locks_skipped_total",
+    "Requests on a named conversation admitted without its lock: the message store could not be "
+    "asked (edge/messages/conversation_lock.py).",
+)
+CONVERSATION_LOCKS_LOST = Counter(
+    "floodgate_conversation_locks_lost_total",
+    "Conversation locks found expired while their request still ran: renewals failed for the "
+    "lock's whole TTL.",
+)

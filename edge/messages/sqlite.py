@@ -37,6 +37,14 @@ CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
 -- same id (clients choose ids: "default" may be everyone's): through the primary key alone, a read
 -- of another user's id took as long as that conversation was, and said it existed.
 CREATE INDEX IF NOT EXISTS messages_by_owner ON messages (conversation_id, user, message_id);
+-- One request at a time per conversation (edge/messages/conversation_lock.py): a row per held one.
+CREATE TABLE IF NOT EXISTS conversation_locks (
+    user TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (user, conversation_id)
+) WITHOUT ROWID;
 """
 _SWEEP_EVERY_S = 3600.0
 # The most expired rows one write deletes. A sweep's DELETE holds the file's write lock until it
@@ -49,6 +57,15 @@ _SWEEP = (
     "DELETE FROM messages WHERE (conversation_id, message_id) IN"
     " (SELECT conversation_id, message_id FROM messages WHERE created_at <= ? LIMIT ?)"
 )
+# One statement, so atomic between the workers sharing the file: a new row, or an expired one taken
+# over; a lock held past `now` is left as it is (no row changed: refused).
+_TAKE_LOCK = (
+    "INSERT INTO conversation_locks (user, conversation_id, holder, expires_at) VALUES (?,?,?,?)"
+    " ON CONFLICT (user, conversation_id) DO UPDATE SET holder = excluded.holder,"
+    " expires_at = excluded.expires_at WHERE conversation_locks.expires_at <= ?"
+)
+# Locks of an edge that died holding them (every other lock is deleted when its request ends).
+_SWEEP_LOCKS = "DELETE FROM conversation_locks WHERE expires_at <= ?"
 _BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
 _SCHEMA_WAIT_MS = 600_000
 
@@ -100,8 +117,30 @@ class SQLiteMessageStore:
         rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(rows, limit)
 
+    async def take_lock(
+        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+    ) -> bool:
+        args = (user, conversation_id, holder, expires_at, now)
+        return await anyio.to_thread.run_sync(self._write, _TAKE_LOCK, args)
+
+    async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+        sql = (
+            "UPDATE conversation_locks SET expires_at = ?"
+            " WHERE user = ? AND conversation_id = ? AND holder = ?"
+        )
+        return await anyio.to_thread.run_sync(self._write, sql, (expires_at, user, conversation_id, holder))
+
+    async def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+        sql = "DELETE FROM conversation_locks WHERE user = ? AND conversation_id = ? AND holder = ?"
+        await anyio.to_thread.run_sync(self._write, sql, (user, conversation_id, holder))
+
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
+
+    def _write(self, sql: str, args: tuple[object, ...]) -> bool:
+        """One statement; whether it changed a row."""
+        with self._lock:
+            return self._conn.execute(sql, args).rowcount > 0
 
     def _append(self, msg: StoredMessage) -> None:
         row = (
@@ -126,6 +165,7 @@ class SQLiteMessageStore:
                 self._swept_at = now
                 swept = self._conn.execute(_SWEEP, (now - self._ttl_s, SWEEP_BATCH)).rowcount
                 self._sweep_left = swept == SWEEP_BATCH
+                self._conn.execute(_SWEEP_LOCKS, (now,))
 
     def _history(self, conversation_id: str, user: str, limit: int, where: Span) -> list[StoredMessage]:
         # The cursors bound message_id, the primary key's second column: a range of the index, so

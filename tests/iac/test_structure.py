@@ -176,12 +176,28 @@ def test_messages_table_matches_the_store() -> None:
 
 
 def test_edge_may_only_write_and_query_its_messages_table() -> None:
+    """And update or delete its conversations' locks (edge/messages/conversation_lock.py), which
+    without UpdateItem and DeleteItem were never renewed nor given back: every conversation stayed
+    blocked until its lock expired."""
     documents = module(MODULES / "edge_service").data("aws_iam_policy_document")
     statements = {s["sid"]: s for s in documents["task"]["statement"]}
     dynamo = [a for s in statements.values() for a in s["actions"] if a.startswith("dynamodb:")]
 
-    assert sorted(dynamo) == ["dynamodb:PutItem", "dynamodb:Query"]
+    assert sorted(dynamo) == [
+        "dynamodb:DeleteItem",
+        "dynamodb:PutItem",
+        "dynamodb:Query",
+        "dynamodb:UpdateItem",
+    ]
+    assert statements["MessagesTable"]["actions"] == ["dynamodb:PutItem", "dynamodb:Query"]
     assert statements["MessagesTable"]["resources"] == ["${var.messages_table_arn}"]
+    locks = statements["MessagesTableLocks"]
+    assert locks["resources"] == ["${var.messages_table_arn}"]
+    assert only(locks["condition"]) == {
+        "test": "ForAllValues:StringLike",
+        "variable": "dynamodb:LeadingKeys",
+        "values": [dynamodb.lock_partition("", "").split("/")[0] + "/*"],
+    }
     table = resolve(ENV.calls()["edge"]["messages_table_arn"], ENV, "edge")
     assert table == "${aws_dynamodb_table.messages.arn}"
 

@@ -73,6 +73,19 @@ data "aws_iam_policy_document" "task" {
     resources = [var.messages_table_arn]
   }
 
+  # A conversation's lock is renewed and given back (edge/messages/dynamodb.py, lock_partition):
+  # only items of the lock partitions, never a message.
+  statement {
+    sid       = "MessagesTableLocks"
+    actions   = ["dynamodb:UpdateItem", "dynamodb:DeleteItem"]
+    resources = [var.messages_table_arn]
+    condition {
+      test     = "ForAllValues:StringLike"
+      variable = "dynamodb:LeadingKeys"
+      values   = ["lock/*"]
+    }
+  }
+
   statement {
     sid       = "MessagesTableKey"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]

@@ -1,0 +1,181 @@
+"""One request at a time per conversation (edge/messages/conversation_lock.py), on SQLite and on
+DynamoDB (dynalite) alike: in the store, and on a real edge, where a second streamed request on a
+conversation in use was admitted and the two stored their turns interleaved (question 1,
+question 2, reply 1, reply 2)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+
+from edge.messages.conversation_lock import ConversationLocked, ConversationLocks, LockStore
+from edge.messages.message import new_message
+from edge.messages.store import MessageStore
+from tests.edge.conftest import ROOMY_TIERS, finished_requests
+from tests.edge.sse_client import CHAT, DONE, MODEL, content_of, events, wait_until
+from tests.support.held_engines import engines_held
+from tests.support.live_server import LiveServer, start_server
+
+LOCKED = {
+    "error": {
+        "message": "Another process is currently operating on this conversation. "
+        "Please retry in a few seconds.",
+        "type": "invalid_request_error",
+        "param": "conversation_id",
+        "code": "conversation_locked",
+    }
+}
+
+
+def conversation() -> str:
+    return f"c_{uuid.uuid4().hex}"
+
+
+@pytest.mark.anyio
+async def test_a_conversation_is_held_by_one_request_of_its_user_until_that_one_gives_it_back(
+    store: MessageStore,
+) -> None:
+    locks = cast(LockStore, store)
+    conv, now = conversation(), time.time()
+    assert await locks.take_lock("alice", conv, "r_1", now, now + 20)
+    assert not await locks.take_lock("alice", conv, "r_2", now, now + 20)
+    # Conversation ids are the user's own: another user's of the same name is another conversation.
+    assert await locks.take_lock("bob", conv, "r_3", now, now + 20)
+    # Only its holder gives it back, or renews it.
+    await locks.release_lock("alice", conv, "r_2")
+    assert not await locks.renew_lock("alice", conv, "r_2", now + 40)
+    assert not await locks.take_lock("alice", conv, "r_2", now, now + 20)
+    await locks.release_lock("alice", conv, "r_1")
+    assert await locks.take_lock("alice", conv, "r_2", now, now + 20)
+    # The lock is no message: the history holds the turns alone.
+    turn = new_message(conv, "alice", "user", "hello", "r_2")
+    await store.append(turn)
+    assert (await store.history(conv, "alice")).messages == [turn]
+
+
+@pytest.mark.anyio
+async def test_a_lock_expires_unless_renewed(store: MessageStore) -> None:
+    """An edge that dies holding a lock blocks the conversation until it expires, not for good;
+    a request that runs longer than the expiry keeps it, renewed."""
+    clock = [time.time()]
+    locks = ConversationLocks(cast(LockStore, store), ttl_s=20.0, clock=lambda: clock[0])
+    conv = conversation()
+    held = await locks.take("alice", conv, "r_1")
+    assert held is not None
+    clock[0] += 15
+    await locks.renew()  # what the edge's renewal task does every few seconds
+    clock[0] += 15  # past the first expiry, not the renewed one
+    with pytest.raises(ConversationLocked):
+        await locks.take("alice", conv, "r_2")
+    # The edge died: nothing renews the lock any more, and it expires.
+    clock[0] += 6
+    taken = await locks.take("alice", conv, "r_3")
+    assert taken is not None
+    # The dead holder's release, had it come, would not free the new holder's lock.
+    await held.release()
+    with pytest.raises(ConversationLocked):
+        await locks.take("alice", conv, "r_4")
+    await taken.release()
+    assert await locks.take("alice", conv, "r_4") is not None
+
+
+@pytest.fixture
+def lock_server(
+    store_endpoint: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LiveServer]:
+    settings: dict[str, Any] = {"tiers": ROOMY_TIERS}
+    if store_endpoint is not None:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "test")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        table = f"floodgate-locks-{uuid.uuid4().hex[:8]}"
+        settings["messages"] = {
+            "backend": "dynamodb",
+            "dynamodb_endpoint": store_endpoint,
+            "dynamodb_table": table,
+        }
+    with start_server(tmp_path, settings) as server:
+        yield server
+
+
+def test_a_second_request_on_a_conversation_in_use_is_refused_until_the_first_ends(
+    lock_server: LiveServer,
+) -> None:
+    server = lock_server
+    conv = conversation()
+
+    def ask(question: str, stream: bool = True) -> dict[str, Any]:
+        messages = [{"role": "user", "content": question}]
+        return {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 6,
+            "stream": stream,
+            "conversation_id": conv,
+        }
+
+    def history() -> list[tuple[str, str]]:
+        url = f"/v1/conversations/{conv}/messages"
+        answer = httpx.get(server.base_url + url, headers=server.auth("paid"), timeout=30)
+        return [(m["role"], m["content"]) for m in answer.json()["data"]]
+
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as first_client,
+        httpx.Client(base_url=server.base_url, timeout=30) as second_client,
+    ):
+        # The engines held still: the first stream is admitted and cannot end while the second comes.
+        with engines_held(server) as let_go:
+            with first_client.stream("POST", CHAT, json=ask("first"), headers=server.auth("paid")) as first:
+                stream = events(first)
+                assert next(stream)["choices"][0]["delta"]["role"] == "assistant"  # admitted
+                with second_client.stream(
+                    "POST", CHAT, json=ask("second"), headers=server.auth("paid")
+                ) as second:
+                    # Another user's conversation of the same name is not this one.
+                    other = second_client.stream("POST", CHAT, json=ask("mine"), headers=server.auth("free"))
+                    with other as theirs:
+                        assert theirs.status_code == 200
+                    let_go()
+                    reply = content_of(list(stream))
+                    # Before, the second was admitted too: read to its end once the engines run.
+                    second.read()
+                # Before, the second's turns went between the first's: first, second, reply, reply.
+                assert history() == [("user", "first"), ("assistant", reply)]
+                assert (second.status_code, second.json()) == (400, LOCKED)
+                assert "retry-after" not in second.headers  # OpenAI sends none
+        # Its end gave the conversation back: the next question, streamed or not, is taken at once.
+        with first_client.stream("POST", CHAT, json=ask("third"), headers=server.auth("paid")) as third:
+            assert third.status_code == 200
+            third_reply = content_of(list(events(third)))
+        fourth = first_client.post(CHAT, json=ask("fourth", stream=False), headers=server.auth("paid"))
+        assert fourth.status_code == 200, fourth.text
+        assert history() == [
+            ("user", "first"),
+            ("assistant", reply),
+            ("user", "third"),
+            ("assistant", third_reply),
+            ("user", "fourth"),
+            ("assistant", fourth.json()["choices"][0]["message"]["content"]),
+        ]
+
+        # A client that hangs up mid-stream gives the conversation back too.
+        before = finished_requests(server, "disconnected")
+        with engines_held(server):
+            with first_client.stream("POST", CHAT, json=ask("fifth"), headers=server.auth("paid")) as fifth:
+                # Kept: a generator dropped closes its response (httpx), a hang-up too early.
+                admitted = events(fifth)
+                next(admitted)
+                refused = second_client.post(
+                    CHAT, json=ask("sixth", stream=False), headers=server.auth("paid")
+                )
+                assert refused.status_code == 400, refused.text
+        wait_until(lambda: finished_requests(server, "disconnected") > before, 30, "the hang-up's end")
+        with first_client.stream("POST", CHAT, json=ask("seventh"), headers=server.auth("paid")) as seventh:
+            assert seventh.status_code == 200
+            assert list(events(seventh))[-1] == DONE
