@@ -17,10 +17,13 @@ reply may run to its tier's max_tokens at whatever speed a loaded replica genera
 token reply at 10 tokens/s is nearly an hour), a slow reader is cut only after one send waits
 `[server] stalled_reader_s`, and `[engine] stall_timeout_s` bounds a replica's silence, not its
 work. A lock sized for the longest request would block a dead edge's conversations for that long.
-So a held lock is renewed every RENEW_EVERY_S while its request runs (one task per edge for all of
-them, as the limiter's concurrency slots are kept alive by their leases), and expires LOCK_TTL_S
-after an edge stops renewing it: four renewals may fail or come late before a live request loses
-its lock.
+So a held lock is renewed while its request runs (one task per edge for all of them, as the
+limiter's concurrency slots are kept alive by their leases), once less than half of LOCK_TTL_S is
+left of it, and expires LOCK_TTL_S after an edge stops renewing it. Renewed only when due, not every
+tick: each renewal is a write to the store (a DynamoDB write unit), and renewing every held lock
+every 5 s made a reply of 20 s cost four writes besides its take and release, at the design's
+150-300K open streams tens of thousands of writes a second; now a request shorter than half the
+expiry (most replies) costs the take and the release alone, a longer one a renewal per 15 s.
 
 A store that cannot be asked (down, or SQLite busy past its wait) admits the request unlocked
 (counted, logged): a conversation's history is kept off the hot path, best effort (the writer
@@ -43,7 +46,9 @@ from edge.task_stop import stop_task
 log = structlog.get_logger(__name__)
 
 # How long a lock outlives its last renewal: how long a dead edge blocks its conversations.
-LOCK_TTL_S = 20.0
+LOCK_TTL_S = 30.0
+# How often the renewal task looks for locks with less than half of LOCK_TTL_S left: two tries at
+# least before one expires.
 RENEW_EVERY_S = 5.0
 
 
@@ -72,13 +77,17 @@ class LockStore(Protocol):
 class HeldLock:
     """One request's hold on its conversation, given back once (`release`)."""
 
-    __slots__ = ("_locks", "_released", "conversation_id", "holder", "user")
+    __slots__ = ("_locks", "_released", "conversation_id", "expires_at", "holder", "user")
 
-    def __init__(self, locks: ConversationLocks, user: str, conversation_id: str, holder: str) -> None:
+    def __init__(
+        self, locks: ConversationLocks, user: str, conversation_id: str, holder: str, expires_at: float
+    ) -> None:
         self._locks = locks
         self.user = user
         self.conversation_id = conversation_id
         self.holder = holder
+        # When the store lets another request take it, as last written.
+        self.expires_at = expires_at
         self._released = False
 
     async def release(self) -> None:
@@ -121,8 +130,9 @@ class ConversationLocks:
         """The conversation held for request `holder`; raises ConversationLocked where another
         request holds it. None: the store could not be asked, and the request goes on unlocked."""
         now = self._clock()
+        expires_at = now + self._ttl_s
         try:
-            taken = await self.store.take_lock(user, conversation_id, holder, now, now + self._ttl_s)
+            taken = await self.store.take_lock(user, conversation_id, holder, now, expires_at)
         except Exception as exc:
             CONVERSATION_LOCKS_SKIPPED.inc()
             log.warning(
@@ -134,7 +144,7 @@ class ConversationLocks:
             return None
         if not taken:
             raise ConversationLocked(conversation_id)
-        held = HeldLock(self, user, conversation_id, holder)
+        held = HeldLock(self, user, conversation_id, holder, expires_at)
         self._held.add(held)
         return held
 
@@ -143,11 +153,14 @@ class ConversationLocks:
         self._held.discard(held)
 
     async def renew(self) -> None:
-        """Move every held lock's end LOCK_TTL_S past now (the renewal task's step)."""
-        held = list(self._held)
+        """Move the end of every held lock with less than half of LOCK_TTL_S left to LOCK_TTL_S past
+        now (the renewal task's step)."""
+        now = self._clock()
+        due_before = now + self._ttl_s / 2
+        held = [h for h in self._held if h.expires_at < due_before]
         if not held:
             return
-        expires_at = self._clock() + self._ttl_s
+        expires_at = now + self._ttl_s
         answers = await asyncio.gather(
             *(self.store.renew_lock(h.user, h.conversation_id, h.holder, expires_at) for h in held),
             return_exceptions=True,
@@ -155,6 +168,8 @@ class ConversationLocks:
         for lock, answer in zip(held, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.warning("conversation_lock_renew_failed", request_id=lock.holder, error=repr(answer))
+            elif answer:
+                lock.expires_at = expires_at
             elif not answer and lock in self._held:
                 # Expired (renewals failed for LOCK_TTL_S) and maybe taken by another request: its
                 # turns may interleave with this one's. Nothing is left to renew.

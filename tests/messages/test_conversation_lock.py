@@ -64,12 +64,28 @@ async def test_a_lock_expires_unless_renewed(store: MessageStore) -> None:
     """An edge that dies holding a lock blocks the conversation until it expires, not for good;
     a request that runs longer than the expiry keeps it, renewed."""
     clock = [time.time()]
-    locks = ConversationLocks(cast(LockStore, store), ttl_s=20.0, clock=lambda: clock[0])
+    renewals: list[str] = []
+
+    class Counted:
+        """The store, its renewals counted: each is a write (a DynamoDB write unit)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+            renewals.append(holder)
+            return await cast(LockStore, store).renew_lock(user, conversation_id, holder, expires_at)
+
+    locks = ConversationLocks(cast(LockStore, Counted()), ttl_s=20.0, clock=lambda: clock[0])
     conv = conversation()
     held = await locks.take("alice", conv, "r_1")
     assert held is not None
-    clock[0] += 15
+    clock[0] += 5
     await locks.renew()  # what the edge's renewal task does every few seconds
+    assert renewals == []  # 15 s of 20 left: not due, and not written
+    clock[0] += 10
+    await locks.renew()
+    assert renewals == ["r_1"]  # 5 s left: renewed, to 20 s from now
     clock[0] += 15  # past the first expiry, not the renewed one
     with pytest.raises(ConversationLocked):
         await locks.take("alice", conv, "r_2")
