@@ -7,14 +7,12 @@ after the public listener has closed."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,6 +20,7 @@ import pytest
 
 from tests.edge.sse_client import CHAT, LONG_PROMPT, LONG_TOKENS, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
+from tests.support.held_engines import children_held
 from tests.support.ports import free_port
 
 # The image's HEALTHCHECK (python -m edge.healthcheck), and the same probe as a `floodgate` command.
@@ -86,31 +85,6 @@ class _Stream(threading.Thread):
                     self.started.set()
 
 
-def _engine_pids(pid: int) -> list[int]:
-    """The serve process's children (its engine), from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    assert found, "the serve process has no engine process"
-    return found
-
-
-@contextlib.contextmanager
-def _engine_held(server: ServeProcess) -> Iterator[None]:
-    """The engine stopped (SIGSTOP) meanwhile: its stream cannot end by itself, so the drain waits."""
-    engine = _engine_pids(server.proc.pid)
-    for pid in engine:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in engine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 def test_unhealthy_where_nothing_listens_saying_where_and_no_secret(tmp_path: Path) -> None:
     password = "hunter2-not-for-logs"
     ops_port = free_port()
@@ -145,7 +119,7 @@ def test_healthy_on_its_ports_and_through_a_drain_that_closed_the_public_port(tm
         stream = _Stream(server)
         stream.start()
         assert stream.started.wait(60)
-        with _engine_held(server):
+        with children_held(server.proc.pid):
             server.proc.send_signal(signal.SIGTERM)
             _wait_closed(server, port)
             assert server.proc.poll() is None and stream.is_alive()  # draining: 120 s to the deadline

@@ -26,7 +26,6 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from tests.edge.sse_client import (
 )
 from tests.faults.serve_process import ServeProcess, serve_process
 from tests.faults.stalled_client import open_and_never_read, open_stalled
-from tests.support.held_engines import engines_held
+from tests.support.held_engines import child_pids, children_held, engines_held
 from tests.support.live_server import start_server
 from tests.support.redis_server import start_redis
 
@@ -105,20 +104,6 @@ class _Stream(threading.Thread):
             self.content.set()
 
 
-def _children(pid: int) -> list[int]:
-    """The serve process's child processes (its engine), from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    assert found, "the serve process has no engine process"
-    return found
-
-
 def _wait(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -140,7 +125,7 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
         server.proc.send_signal(signal.SIGTERM)
         # Hold the engine still, so the drain deadline finds every unfinished stream unfinished
         # however fast this machine generates; it resumes once they have all ended.
-        engine = _children(server.proc.pid)
+        engine = child_pids(server.proc.pid)
         for pid in engine:
             os.kill(pid, signal.SIGSTOP)
 
@@ -245,20 +230,6 @@ def _started_stream(server: ServeProcess) -> _Stream:
     return stream
 
 
-@contextlib.contextmanager
-def _engine_held(server: ServeProcess) -> Iterator[None]:
-    """The serve process's engine stopped (SIGSTOP) meanwhile: its streams go nowhere by themselves."""
-    engine = _children(server.proc.pid)
-    for pid in engine:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in engine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 def _usage_rows(config: Path) -> list[tuple[int, int]]:
     """(requests, output tokens) of each usage row the stopped server left in its store."""
 
@@ -282,7 +253,7 @@ def test_a_second_signal_after_the_accept_window_cuts_the_streams_and_bills_them
     drain = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
     with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
         stream = _started_stream(server)
-        with _engine_held(server):  # the stream cannot finish by itself
+        with children_held(server.proc.pid):  # the stream cannot finish by itself
             server.proc.send_signal(signal.SIGTERM)
             port = int(server.base_url.rsplit(":", 1)[1])
             _wait(lambda: not _listening(port), "the accept window to end")
@@ -305,7 +276,7 @@ def test_a_hangup_drains_as_sigterm_does(tmp_path: Path) -> None:
     drain = {"drain_accept_s": 0.2, "drain_deadline_s": 1.0}
     with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
         stream = _started_stream(server)
-        with _engine_held(server):  # the deadline finds the stream running
+        with children_held(server.proc.pid):  # the deadline finds the stream running
             server.proc.send_signal(signal.SIGHUP)
             stream.join(30)
             ended = not stream.is_alive()
@@ -551,7 +522,7 @@ def test_the_operator_listener_answers_until_the_streams_have_ended(tmp_path: Pa
         ops_port = int(server.ops_url.rsplit(":", 1)[1])
         with httpx.Client(base_url=server.ops_url, timeout=10.0) as scraper:
             assert scraper.get("/metrics").status_code == 200  # its connection kept alive
-            with _engine_held(server):  # the stream cannot finish by itself
+            with children_held(server.proc.pid):  # the stream cannot finish by itself
                 server.proc.send_signal(signal.SIGTERM)
                 port = int(server.base_url.rsplit(":", 1)[1])
                 _wait(lambda: not _listening(port), "the accept window to end")
@@ -581,7 +552,7 @@ def test_the_operator_listeners_date_header_moves_on_while_the_streams_end(tmp_p
     drain: dict[str, object] = {"drain_accept_s": 0.5, "drain_deadline_s": 120.0}
     with serve_process(tmp_path, {"server": drain, "engine": {"max_num_seqs": 1}}) as server:
         stream = _started_stream(server)
-        with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe, _engine_held(server):
+        with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe, children_held(server.proc.pid):
             server.proc.send_signal(signal.SIGTERM)
             port = int(server.base_url.rsplit(":", 1)[1])
             _wait(lambda: not _listening(port), "the accept window to end")

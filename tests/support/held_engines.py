@@ -4,10 +4,12 @@ machine, however fast it generates."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from tests.support.live_server import LiveServer
 
@@ -30,3 +32,32 @@ def engines_held(server: LiveServer) -> Iterator[Callable[[], None]]:
         yield let_go
     finally:
         let_go()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The child processes of `pid` (a `floodgate serve` process's: its engines), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    assert found, "the serve process has no engine process"
+    return found
+
+
+@contextmanager
+def children_held(pid: int) -> Iterator[None]:
+    """engines_held for a `floodgate serve` run as a process of its own: its children (its
+    engines) stopped for the block, so its streams go nowhere by themselves."""
+    engines = child_pids(pid)
+    for child in engines:
+        os.kill(child, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for child in engines:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGCONT)
