@@ -17,7 +17,11 @@ user (everyone, for the admin's read) written (`written`): the gather is cut sho
 for that batch, at most `[keys] usage_read_wait_s`, so a client reading its usage when its request
 ends finds it there, as a conversation's history is (edge/messages/writer.py). The request path
 pays nothing for it: `record` is as it was; the read looks up its user's waiting rows itself.
-Another edge's queue it cannot see.
+Another edge's queue it cannot see, nor another worker's of `serve --workers` (a process each, whose
+kernel-spread connections may put a client's next request on a sibling): a request a sibling ended
+within its `gather_s` may be missing from this read. Exact across processes would take a flush
+asked of every one (over Redis, for a fleet's); the usage API, OpenAI's included, is read as a
+record of the past, not of the last moment.
 
 A clean shutdown writes everything queued (retrying while the store fails) before the app exits.
 Only if the store stays down past `drain_timeout_s` does `aclose` give up, and then every row it
