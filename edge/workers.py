@@ -26,8 +26,9 @@ share of them until the others made room (two beats), and would answer 503 no_re
 
 The parent only supervises: SIGTERM or SIGINT is passed on to every worker (each drains or cuts
 as `floodgate serve` does), and a worker that exits on its own stops the others, so a broken
-worker never leaves a half-served port, and `serve` then exits with that worker's code, or 1 where
-it was 0 (the edge stopped unasked: a supervisor must start it again); a parent killed outright has
+worker never leaves a half-served port, and `serve` then exits with that worker's code (128 + N for
+one killed by signal N), or 1 where it was 0 (the edge stopped unasked: a supervisor must start it
+again); a parent killed outright has
 its workers drain and leave.
 """
 
@@ -233,10 +234,19 @@ def serve_workers(config: str | None, per_worker: list[dict[str, Any]]) -> int:
         # Its code, not the SIGTERM the others then got; never 0: the edge stopped serving unasked
         # (one worker given a SIGTERM of its own drains and exits 0), and a supervisor that
         # restarts on failure (systemd's Restart=on-failure) must start it again.
-        return first.exitcode or 1
+        return _exit_code(first.exitcode or 1)
     # Asked to stop: a worker that died of the very signal passed on (one still starting, before
     # its handlers were in place) stopped as asked, and is no failure.
-    return next((code for proc in procs if (code := proc.exitcode or 0) and -code not in _STOPS), 0)
+    return _exit_code(
+        next((code for proc in procs if (code := proc.exitcode or 0) and -code not in _STOPS), 0)
+    )
+
+
+def _exit_code(code: int) -> int:
+    """A worker's exit code as `serve`'s own: one killed by signal N (multiprocessing's -N) is
+    128 + N, as a shell and Docker report it (137 for SIGKILL, the OOM killer's). Passed to
+    sys.exit as it was, -9 came out as 247, which no supervisor or operator reads as a kill."""
+    return 128 - code if code < 0 else code
 
 
 # The signals the parent passes on to stop the workers.

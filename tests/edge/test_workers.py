@@ -379,6 +379,23 @@ def _two_workers_answering(tmp_path: Path, redis: RedisServer) -> tuple[subproce
 
 
 @pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
+def test_a_worker_killed_alone_stops_serve_with_the_kills_exit_code(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """A worker the OOM killer takes (SIGKILL): serve exits 137, 128 + 9, as a shell and Docker
+    say a kill; it exited 247 (multiprocessing's -9 passed to sys.exit), read as no signal at all."""
+    proc, workers = _two_workers_answering(tmp_path, redis)
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, output[-2000:]
+
+
+@pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
 def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis: RedisServer) -> None:
     """One worker given a SIGTERM of its own drains and exits 0, and the others follow: the edge
     stopped serving unasked. serve exited 0 then, and a supervisor restarting it on failure only
