@@ -170,7 +170,7 @@ class ConversationLocks:
                 log.warning("conversation_lock_renew_failed", request_id=lock.holder, error=repr(answer))
             elif answer:
                 lock.expires_at = expires_at
-            elif not answer and lock in self._held:
+            elif lock in self._held:  # not released meanwhile, and no longer this request's
                 # Expired (renewals failed for LOCK_TTL_S) and maybe taken by another request: its
                 # turns may interleave with this one's. Nothing is left to renew.
                 self._held.discard(lock)
