@@ -70,8 +70,12 @@ def _drained(
     tmp_path: Path, replicas: Any, ask: dict[str, Any], ready: Callable[[Any], bool]
 ) -> tuple[httpx.Response, list[Any]]:
     """`ask` not streamed and streamed at once, both cut by the drain's deadline once `ready`: the
-    answer not streamed, and the stream's events."""
+    answer not streamed, and the stream's events. A conversation `ask` names is the plain request's;
+    the stream's is one of its own (a conversation serves one request at a time)."""
     got: dict[str, Any] = {}
+    ask_streamed = ask | STREAM
+    if "conversation_id" in ask:
+        ask_streamed["conversation_id"] = f"{ask['conversation_id']}-streamed"
     with start_server(tmp_path, DRAIN, replicas) as server:
         dispatcher = server.app.state.runtime.pipeline.dispatcher
         auth = server.auth("paid")
@@ -81,7 +85,7 @@ def _drained(
 
         def streamed() -> None:
             with httpx.Client(base_url=server.base_url, timeout=60.0) as client:
-                with client.stream("POST", CHAT, json=ask | STREAM, headers=auth) as response:
+                with client.stream("POST", CHAT, json=ask_streamed, headers=auth) as response:
                     got["stream"] = _data(response)
 
         threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
