@@ -21,6 +21,7 @@ attribute, so a lock an edge died holding is deleted by DynamoDB too."""
 from __future__ import annotations
 
 import heapq
+import math
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,12 @@ def _lock_key(user: str, conversation_id: str) -> dict[str, AttributeValueTypeDe
         PARTITION_KEY: {"S": lock_partition(user, conversation_id)},
         SORT_KEY: {"S": LOCK_SORT_KEY},
     }
+
+
+def _ttl_seconds(expires_at: float) -> str:
+    """A lock's end as its TTL attribute: whole epoch seconds, as DynamoDB's TTL reads it (the
+    messages' own are whole too), rounded up: a second longer at most, never shorter."""
+    return str(math.ceil(expires_at))
 
 
 def _condition_failed(exc: ClientError) -> bool:
@@ -177,7 +184,7 @@ class DynamoDBMessageStore:
         item: dict[str, AttributeValueTypeDef] = {
             **_lock_key(user, conversation_id),
             "holder": {"S": holder},
-            TTL_ATTRIBUTE: {"N": repr(expires_at)},
+            TTL_ATTRIBUTE: {"N": _ttl_seconds(expires_at)},
         }
 
         def put() -> bool:
@@ -204,7 +211,7 @@ class DynamoDBMessageStore:
                     Key=_lock_key(user, conversation_id),
                     UpdateExpression=f"SET {TTL_ATTRIBUTE} = :end",
                     ConditionExpression="holder = :me",
-                    ExpressionAttributeValues={":end": {"N": repr(expires_at)}, ":me": {"S": holder}},
+                    ExpressionAttributeValues={":end": {"N": _ttl_seconds(expires_at)}, ":me": {"S": holder}},
                 )
             except ClientError as exc:
                 if _condition_failed(exc):
