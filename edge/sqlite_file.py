@@ -24,6 +24,11 @@ def create_private(path: str | Path) -> None:
     os.close(fd)
 
 
+# How long the open check waits for a file another writer holds (sqlite3's own default): a busy file
+# is one that opens (`_write_lock`), and its store then waits its own turn.
+OPEN_CHECK_WAIT_S = 5.0
+
+
 def unopenable(files: dict[str, str]) -> str | None:
     """The first of `files` (setting name: path) that cannot be made and opened, said with its
     setting, else None. A path under a file, in a directory the edge may not write, or naming a
@@ -32,7 +37,9 @@ def unopenable(files: dict[str, str]) -> str | None:
     for setting, path in files.items():
         try:
             create_private(path)
-            with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            with contextlib.closing(
+                sqlite3.connect(path, isolation_level=None, timeout=OPEN_CHECK_WAIT_S)
+            ) as db:
                 # Connect alone opens nothing yet, and a file it may read but not write (another
                 # account's, a read-only mount) opens read-only: the stores' first step, WAL mode,
                 # and a write lock are what they need, taken and let go here.

@@ -35,11 +35,16 @@ _COLUMNS = "id, key_sha256, user, tier, label, created, expires, revoked, last4,
 _PLACES = ",".join("?" * len(_COLUMNS.split(", ")))
 
 
+# How long a statement waits for the file's write lock another connection holds (an edge's, the
+# CLI's, a `sqlite3` shell's) before it fails "database is locked".
+BUSY_WAIT_S = 10.0
+
+
 def connect(path: str | Path) -> sqlite3.Connection:
     """A connection for worker threads (the caller serialises use with a lock), in WAL mode so the
     edges reading and the CLI writing one file do not wait on each other."""
     create_private(path)
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_WAIT_S)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
