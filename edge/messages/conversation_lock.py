@@ -28,15 +28,27 @@ expiry (most replies) costs the take and the release alone, a longer one a renew
 A store that cannot be asked (down, or SQLite busy past its wait) admits the request unlocked
 (counted, logged): a conversation's history is kept off the hot path, best effort (the writer
 drops turns rather than slow a stream), and an outage of the store must not become one of chat.
+Nor may a store that answers late: the lock is the one store call on a request's way to its first
+token and at its end, and a connection gone silent (a DynamoDB host lost mid-failover: botocore
+waits its 5 s read timeout, then retries) or a SQLite file another writer holds (its 5 s busy
+wait) held every conversation request that long before its first token, and every stream's end
+as long before its `[DONE]`. So the take waits TAKE_WAIT_S, the release RELEASE_WAIT_S, and then
+the request goes on without: a take that lands later is given back at once by its own thread, a
+release that lands later lands. The calls run on threads of their own (LOCK_THREADS), not the
+process's shared pool: blocked on a silent store they took every thread the key lookups and the
+usage writes wait for; with none free, a request goes on unlocked at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+import anyio
+import anyio.to_thread
 import structlog
 
 from edge.cancel.scope import cancel_scope
@@ -50,6 +62,13 @@ LOCK_TTL_S = 30.0
 # How often the renewal task looks for locks with less than half of LOCK_TTL_S left: two tries at
 # least before one expires.
 RENEW_EVERY_S = 5.0
+# How long a request waits for its lock to be taken, and its end for the lock to be given back,
+# before going on without (a store answers in milliseconds: DynamoDB's p99 is tens of them).
+TAKE_WAIT_S = 0.5
+RELEASE_WAIT_S = 0.5
+# Threads the locks' store calls may hold at once (the store's own to_thread calls share anyio's
+# default pool of 40 with the key lookups and the usage writer).
+LOCK_THREADS = 8
 
 
 class ConversationLocked(Exception):
@@ -57,21 +76,31 @@ class ConversationLocked(Exception):
 
 
 class LockStore(Protocol):
-    """The lock's three steps, each one atomic in the store. Times are Unix seconds (time.time)."""
+    """The lock's three steps, each one atomic in the store, blocking (ConversationLocks runs them
+    on threads of its own). Times are Unix seconds (time.time)."""
 
-    async def take_lock(
-        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
-    ) -> bool:
+    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
         """Hold the conversation for `holder` until `expires_at`, unless another holds it past `now`."""
         ...
 
-    async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+    def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
         """Move the holder's lock's end to `expires_at`; False where `holder` no longer holds it."""
         ...
 
-    async def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
         """Give the lock back, if `holder` still holds it."""
         ...
+
+
+class _Take:
+    """A take on its thread and the request that waits for it: which of the two gives up first."""
+
+    __slots__ = ("abandoned", "guard", "taken")
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.abandoned = False  # the request went on without the lock
+        self.taken = False  # the lock landed, and the request was told
 
 
 class HeldLock:
@@ -98,9 +127,13 @@ class HeldLock:
             return
         self._released = True
         self._locks.forget(self)
-        with cancel_scope(shield=True):
+        with cancel_scope(shield=True), anyio.move_on_after(self._locks.release_wait_s):
             try:
-                await self._locks.store.release_lock(self.user, self.conversation_id, self.holder)
+                # Abandoned past the wait, the call goes on on its thread and lands when the store
+                # answers; the request's end does not wait for it.
+                await self._locks.in_thread(
+                    self._locks.store.release_lock, self.user, self.conversation_id, self.holder
+                )
             except Exception as exc:
                 log.warning(
                     "conversation_lock_release_failed",
@@ -117,30 +150,57 @@ class ConversationLocks:
         *,
         ttl_s: float = LOCK_TTL_S,
         renew_every_s: float = RENEW_EVERY_S,
+        take_wait_s: float = TAKE_WAIT_S,
+        release_wait_s: float = RELEASE_WAIT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self._ttl_s = ttl_s
         self._renew_every_s = renew_every_s
+        self._take_wait_s = take_wait_s
+        self.release_wait_s = release_wait_s
         self._clock = clock
+        self._threads = anyio.CapacityLimiter(LOCK_THREADS)
         self._held: set[HeldLock] = set()
         self._renewer: asyncio.Task[None] | None = None
+
+    async def in_thread(self, call: Callable[..., object], *args: object) -> object:
+        """`call(*args)` on one of the locks' threads; a cancel abandons it there (it runs on)."""
+        return await anyio.to_thread.run_sync(call, *args, limiter=self._threads, abandon_on_cancel=True)
 
     async def take(self, user: str, conversation_id: str, holder: str) -> HeldLock | None:
         """The conversation held for request `holder`; raises ConversationLocked where another
         request holds it. None: the store could not be asked, and the request goes on unlocked."""
+        if self._threads.available_tokens < 1:
+            _skipped(conversation_id, holder, "every lock thread waits on the store")
+            return None
         now = self._clock()
         expires_at = now + self._ttl_s
+        attempt = _Take()
+
+        def take() -> bool:
+            taken = self.store.take_lock(user, conversation_id, holder, now, expires_at)
+            with attempt.guard:
+                if not attempt.abandoned:
+                    attempt.taken = taken
+                    return taken
+            if taken:  # its request went on without it: nobody else would give it back
+                self.store.release_lock(user, conversation_id, holder)
+            return False
+
         try:
-            taken = await self.store.take_lock(user, conversation_id, holder, now, expires_at)
+            with anyio.fail_after(self._take_wait_s):
+                taken = bool(await self.in_thread(take))
+        except TimeoutError:
+            with attempt.guard:
+                attempt.abandoned = True
+                landed = attempt.taken  # between the thread's answer and the timeout
+            if landed:
+                await HeldLock(self, user, conversation_id, holder, expires_at).release()
+            _skipped(conversation_id, holder, f"no answer within {self._take_wait_s:g} s")
+            return None
         except Exception as exc:
-            CONVERSATION_LOCKS_SKIPPED.inc()
-            log.warning(
-                "conversation_lock_unavailable",
-                conversation_id=conversation_id,
-                request_id=holder,
-                error=repr(exc),
-            )
+            _skipped(conversation_id, holder, repr(exc))
             return None
         if not taken:
             raise ConversationLocked(conversation_id)
@@ -162,7 +222,10 @@ class ConversationLocks:
             return
         expires_at = now + self._ttl_s
         answers = await asyncio.gather(
-            *(self.store.renew_lock(h.user, h.conversation_id, h.holder, expires_at) for h in held),
+            *(
+                self.in_thread(self.store.renew_lock, h.user, h.conversation_id, h.holder, expires_at)
+                for h in held
+            ),
             return_exceptions=True,
         )
         for lock, answer in zip(held, answers, strict=True):
@@ -196,3 +259,11 @@ class ConversationLocks:
                 await self.renew()
             except Exception as exc:  # the next step tries again; the loop must not end
                 log.warning("conversation_lock_renewal_failed", error=repr(exc))
+
+
+def _skipped(conversation_id: str, holder: str, why: str) -> None:
+    """The request goes on without its conversation's lock (counted, logged)."""
+    CONVERSATION_LOCKS_SKIPPED.inc()
+    log.warning(
+        "conversation_lock_unavailable", conversation_id=conversation_id, request_id=holder, error=why
+    )

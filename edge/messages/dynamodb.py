@@ -178,63 +178,53 @@ class DynamoDBMessageStore:
         found = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(found, limit)
 
-    async def take_lock(
-        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
-    ) -> bool:
+    # The conversation locks' three steps (edge/messages/conversation_lock.py), each one conditional
+    # call: blocking, run on the locks' own worker threads.
+    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
         item: dict[str, AttributeValueTypeDef] = {
             **_lock_key(user, conversation_id),
             "holder": {"S": holder},
             TTL_ATTRIBUTE: {"N": _ttl_seconds(expires_at)},
         }
+        try:
+            self._client.put_item(
+                TableName=self._table,
+                Item=item,
+                ConditionExpression=f"attribute_not_exists({PARTITION_KEY}) OR {TTL_ATTRIBUTE} <= :now",
+                ExpressionAttributeValues={":now": {"N": repr(now)}},
+            )
+        except ClientError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
 
-        def put() -> bool:
-            try:
-                self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression=f"attribute_not_exists({PARTITION_KEY}) OR {TTL_ATTRIBUTE} <= :now",
-                    ExpressionAttributeValues={":now": {"N": repr(now)}},
-                )
-            except ClientError as exc:
-                if _condition_failed(exc):
-                    return False
+    def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=_lock_key(user, conversation_id),
+                UpdateExpression=f"SET {TTL_ATTRIBUTE} = :end",
+                ConditionExpression="holder = :me",
+                ExpressionAttributeValues={":end": {"N": _ttl_seconds(expires_at)}, ":me": {"S": holder}},
+            )
+        except ClientError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+        try:
+            self._client.delete_item(
+                TableName=self._table,
+                Key=_lock_key(user, conversation_id),
+                ConditionExpression="holder = :me",
+                ExpressionAttributeValues={":me": {"S": holder}},
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):  # another holds it now (this one expired): theirs
                 raise
-            return True
-
-        return await anyio.to_thread.run_sync(put)
-
-    async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
-        def update() -> bool:
-            try:
-                self._client.update_item(
-                    TableName=self._table,
-                    Key=_lock_key(user, conversation_id),
-                    UpdateExpression=f"SET {TTL_ATTRIBUTE} = :end",
-                    ConditionExpression="holder = :me",
-                    ExpressionAttributeValues={":end": {"N": _ttl_seconds(expires_at)}, ":me": {"S": holder}},
-                )
-            except ClientError as exc:
-                if _condition_failed(exc):
-                    return False
-                raise
-            return True
-
-        return await anyio.to_thread.run_sync(update)
-
-    async def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
-        def delete() -> None:
-            try:
-                self._client.delete_item(
-                    TableName=self._table,
-                    Key=_lock_key(user, conversation_id),
-                    ConditionExpression="holder = :me",
-                    ExpressionAttributeValues={":me": {"S": holder}},
-                )
-            except ClientError as exc:
-                if not _condition_failed(exc):  # another holds it now (this one expired): theirs
-                    raise
-
-        await anyio.to_thread.run_sync(delete)
 
     async def create_table_if_missing(self) -> None:
         """For a local DynamoDB-compatible endpoint; in AWS the table comes from Terraform."""

@@ -117,22 +117,21 @@ class SQLiteMessageStore:
         rows = await anyio.to_thread.run_sync(self._history, conversation_id, user, limit, where)
         return where.page(rows, limit)
 
-    async def take_lock(
-        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
-    ) -> bool:
-        args = (user, conversation_id, holder, expires_at, now)
-        return await anyio.to_thread.run_sync(self._write, _TAKE_LOCK, args)
+    # The conversation locks' three steps (edge/messages/conversation_lock.py), each one statement:
+    # blocking, run on the locks' own worker threads.
+    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
+        return self._write(_TAKE_LOCK, (user, conversation_id, holder, expires_at, now))
 
-    async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+    def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
         sql = (
             "UPDATE conversation_locks SET expires_at = ?"
             " WHERE user = ? AND conversation_id = ? AND holder = ?"
         )
-        return await anyio.to_thread.run_sync(self._write, sql, (expires_at, user, conversation_id, holder))
+        return self._write(sql, (expires_at, user, conversation_id, holder))
 
-    async def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
         sql = "DELETE FROM conversation_locks WHERE user = ? AND conversation_id = ? AND holder = ?"
-        await anyio.to_thread.run_sync(self._write, sql, (user, conversation_id, holder))
+        self._write(sql, (user, conversation_id, holder))
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)

@@ -5,6 +5,8 @@ question 2, reply 1, reply 2)."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
+from edge.messages import sqlite as messages_sqlite
 from edge.messages.conversation_lock import ConversationLocked, ConversationLocks, LockStore
 from edge.messages.message import new_message
 from edge.messages.store import MessageStore
@@ -43,16 +46,16 @@ async def test_a_conversation_is_held_by_one_request_of_its_user_until_that_one_
 ) -> None:
     locks = cast(LockStore, store)
     conv, now = conversation(), time.time()
-    assert await locks.take_lock("alice", conv, "r_1", now, now + 20)
-    assert not await locks.take_lock("alice", conv, "r_2", now, now + 20)
+    assert locks.take_lock("alice", conv, "r_1", now, now + 20)
+    assert not locks.take_lock("alice", conv, "r_2", now, now + 20)
     # Conversation ids are the user's own: another user's of the same name is another conversation.
-    assert await locks.take_lock("bob", conv, "r_3", now, now + 20)
+    assert locks.take_lock("bob", conv, "r_3", now, now + 20)
     # Only its holder gives it back, or renews it.
-    await locks.release_lock("alice", conv, "r_2")
-    assert not await locks.renew_lock("alice", conv, "r_2", now + 40)
-    assert not await locks.take_lock("alice", conv, "r_2", now, now + 20)
-    await locks.release_lock("alice", conv, "r_1")
-    assert await locks.take_lock("alice", conv, "r_2", now, now + 20)
+    locks.release_lock("alice", conv, "r_2")
+    assert not locks.renew_lock("alice", conv, "r_2", now + 40)
+    assert not locks.take_lock("alice", conv, "r_2", now, now + 20)
+    locks.release_lock("alice", conv, "r_1")
+    assert locks.take_lock("alice", conv, "r_2", now, now + 20)
     # The lock is no message: the history holds the turns alone.
     turn = new_message(conv, "alice", "user", "hello", "r_2")
     await store.append(turn)
@@ -72,9 +75,9 @@ async def test_a_lock_expires_unless_renewed(store: MessageStore) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(store, name)
 
-        async def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
+        def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
             renewals.append(holder)
-            return await cast(LockStore, store).renew_lock(user, conversation_id, holder, expires_at)
+            return cast(LockStore, store).renew_lock(user, conversation_id, holder, expires_at)
 
     locks = ConversationLocks(cast(LockStore, Counted()), ttl_s=20.0, clock=lambda: clock[0])
     conv = conversation()
@@ -195,3 +198,46 @@ def test_a_second_request_on_a_conversation_in_use_is_refused_until_the_first_en
         with first_client.stream("POST", CHAT, json=ask("seventh"), headers=server.auth("paid")) as seventh:
             assert seventh.status_code == 200
             assert list(events(seventh))[-1] == DONE
+
+
+def test_a_store_that_does_not_answer_holds_up_no_request_and_the_late_lock_is_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock is the one store call before a conversation request's first token and at its end:
+    a store that answered late (a DynamoDB connection gone silent, waited out by botocore's 5 s read
+    timeout and retries; here the SQLite file's write lock held by another connection, its busy
+    wait made long) held the request's first token, and its `[DONE]`, for as long. The request now
+    goes on without the lock, and the take, landing once the store answers, is given back by its own
+    thread: the conversation's next request is served, not refused for the lock's 30 s."""
+    monkeypatch.setattr(messages_sqlite, "_BUSY_WAIT_MS", 600_000)
+    conv = conversation()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with start_server(tmp_path, {"tiers": ROOMY_TIERS}) as server:
+        path = server.settings.messages.sqlite_path
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the file
+            with (
+                httpx.Client(base_url=server.base_url, timeout=60) as client,
+                client.stream(
+                    "POST", CHAT, json=body | {"conversation_id": conv}, headers=server.auth("paid")
+                ) as held,
+            ):
+                assert held.status_code == 200
+                assert list(events(held))[-1] == DONE
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+        def locks_left() -> int:
+            with contextlib.closing(sqlite3.connect(path)) as reader:
+                return int(reader.execute("SELECT COUNT(*) FROM conversation_locks").fetchone()[0])
+
+        wait_until(lambda: locks_left() == 0, 30, "the late lock given back")
+        again = httpx.post(
+            server.base_url + CHAT,
+            json=body | {"conversation_id": conv, "stream": False},
+            headers=server.auth("paid"),
+            timeout=60,
+        )
+        assert again.status_code == 200, again.text
