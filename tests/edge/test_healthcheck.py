@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ import pytest
 from tests.edge.sse_client import CHAT, LONG_PROMPT, LONG_TOKENS, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
 from tests.support.held_engines import children_held
-from tests.support.ports import free_port
+from tests.support.ports import free_port, listening
 
 # The image's HEALTHCHECK (python -m edge.healthcheck), and the same probe as a `floodgate` command.
 _IMAGE = ("edge.healthcheck",)
@@ -37,19 +36,11 @@ def _healthcheck(config: Path, command: tuple[str, ...] = _IMAGE) -> subprocess.
     )
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
-
-
 def _wait_closed(server: ServeProcess, port: int) -> None:
     """Until the public listener refuses connections (the accept window's end), bounded; the edge
     offers no event to wait on."""
     deadline = time.monotonic() + 30
-    while _listening(port):
+    while listening(port):
         assert time.monotonic() < deadline, "the public listener never closed"
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.proc.wait(timeout=0.02)

@@ -58,6 +58,7 @@ from tests.faults.serve_process import ServeProcess, serve_process
 from tests.faults.stalled_client import open_and_never_read, open_stalled
 from tests.support.held_engines import child_pids, children_held, engines_held
 from tests.support.live_server import start_server
+from tests.support.ports import listening
 from tests.support.redis_server import start_redis
 
 STREAMS = 4
@@ -179,14 +180,6 @@ def test_sigterm_drains_streams_and_exits_cleanly(tmp_path: Path) -> None:
     assert "drain_deadline_cut" in output
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
-
-
 def test_a_request_refused_by_the_drain_may_send_its_body_whole(tmp_path: Path) -> None:
     """The drain's 503 comes at the headers, before the body, and says `connection: close`. The
     connection closed with it, the client's body still unread: a client still sending it (a long
@@ -256,7 +249,7 @@ def test_a_second_signal_after_the_accept_window_cuts_the_streams_and_bills_them
         with children_held(server.proc.pid):  # the stream cannot finish by itself
             server.proc.send_signal(signal.SIGTERM)
             port = int(server.base_url.rsplit(":", 1)[1])
-            _wait(lambda: not _listening(port), "the accept window to end")
+            _wait(lambda: not listening(port), "the accept window to end")
             server.proc.send_signal(second)
             stream.join(30)  # the deadline is 120 s away
             ended = not stream.is_alive()
@@ -307,7 +300,7 @@ def test_a_signal_after_the_cut_stops_waiting_for_a_stalled_client(tmp_path: Pat
             server.proc.send_signal(signal.SIGINT)
             stream.join(30)
             assert not stream.is_alive() and stream.events[-1] == DONE
-            _wait(lambda: not _listening(port), "the listener to close")
+            _wait(lambda: not listening(port), "the listener to close")
             server.proc.send_signal(signal.SIGINT)
             code = server.proc.wait(timeout=30)  # the body timeout is 120 s away
         output = server.output()
@@ -525,7 +518,7 @@ def test_the_operator_listener_answers_until_the_streams_have_ended(tmp_path: Pa
             with children_held(server.proc.pid):  # the stream cannot finish by itself
                 server.proc.send_signal(signal.SIGTERM)
                 port = int(server.base_url.rsplit(":", 1)[1])
-                _wait(lambda: not _listening(port), "the accept window to end")
+                _wait(lambda: not listening(port), "the accept window to end")
                 assert stream.is_alive()  # the drain still waits for it (the deadline is 120 s away)
                 with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe:
                     alive, ready = probe.get("/healthz"), probe.get("/readyz")
@@ -541,7 +534,7 @@ def test_the_operator_listener_answers_until_the_streams_have_ended(tmp_path: Pa
     assert ended and stream.error is None, stream.error
     assert stream.events[-1] == DONE
     assert code == 0 and "Traceback" not in output, output[-2000:]
-    assert not _listening(ops_port)
+    assert not listening(ops_port)
 
 
 def test_the_operator_listeners_date_header_moves_on_while_the_streams_end(tmp_path: Path) -> None:
@@ -555,7 +548,7 @@ def test_the_operator_listeners_date_header_moves_on_while_the_streams_end(tmp_p
         with httpx.Client(base_url=server.ops_url, timeout=10.0) as probe, children_held(server.proc.pid):
             server.proc.send_signal(signal.SIGTERM)
             port = int(server.base_url.rsplit(":", 1)[1])
-            _wait(lambda: not _listening(port), "the accept window to end")
+            _wait(lambda: not listening(port), "the accept window to end")
             assert stream.is_alive()  # the drain still waits for it (the deadline is 120 s away)
             first = probe.get("/healthz").headers["date"]
             # A second later by the clock the header changes; frozen, it never did.
@@ -665,7 +658,7 @@ def test_a_forced_cut_does_not_wait_on_a_client_that_stopped_reading(
             # The client's window closed: the edge's kernel holds what the client does not take.
             _wait(lambda: _unsent_bytes(port, client_port) > 0, "the client to stop taking the stream")
             server.proc.send_signal(signal.SIGTERM)
-            _wait(lambda: not _listening(port), "the accept window to end")
+            _wait(lambda: not listening(port), "the accept window to end")
             server.proc.send_signal(second)
             try:
                 code = server.proc.wait(timeout=30)  # the deadline is 120 s away
