@@ -120,27 +120,12 @@ class HeldLock:
         self._released = False
 
     async def release(self) -> None:
-        """Give the lock back (idempotent). Shielded: it runs as a cancelled request ends (its client
-        left), and a release cut short would block the conversation until the lock expired. A store
-        that fails here is logged; the lock then expires on its own."""
+        """Give the lock back (idempotent): ConversationLocks.give_back."""
         if self._released:
             return
         self._released = True
         self._locks.forget(self)
-        with cancel_scope(shield=True), anyio.move_on_after(self._locks.release_wait_s):
-            try:
-                # Abandoned past the wait, the call goes on on its thread and lands when the store
-                # answers; the request's end does not wait for it.
-                await self._locks.in_thread(
-                    self._locks.store.release_lock, self.user, self.conversation_id, self.holder
-                )
-            except Exception as exc:
-                log.warning(
-                    "conversation_lock_release_failed",
-                    conversation_id=self.conversation_id,
-                    request_id=self.holder,
-                    error=repr(exc),
-                )
+        await self._locks.give_back(self.user, self.conversation_id, self.holder)
 
 
 class ConversationLocks:
@@ -149,24 +134,35 @@ class ConversationLocks:
         store: LockStore,
         *,
         ttl_s: float = LOCK_TTL_S,
-        renew_every_s: float = RENEW_EVERY_S,
-        take_wait_s: float = TAKE_WAIT_S,
-        release_wait_s: float = RELEASE_WAIT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self._ttl_s = ttl_s
-        self._renew_every_s = renew_every_s
-        self._take_wait_s = take_wait_s
-        self.release_wait_s = release_wait_s
         self._clock = clock
         self._threads = anyio.CapacityLimiter(LOCK_THREADS)
         self._held: set[HeldLock] = set()
         self._renewer: asyncio.Task[None] | None = None
 
-    async def in_thread(self, call: Callable[..., object], *args: object) -> object:
+    async def _in_thread(self, call: Callable[..., object], *args: object) -> object:
         """`call(*args)` on one of the locks' threads; a cancel abandons it there (it runs on)."""
         return await anyio.to_thread.run_sync(call, *args, limiter=self._threads, abandon_on_cancel=True)
+
+    async def give_back(self, user: str, conversation_id: str, holder: str) -> None:
+        """The store's release of `holder`'s lock. Shielded: it runs as a cancelled request ends (its
+        client left), and a release cut short would block the conversation until the lock expired.
+        Waited for RELEASE_WAIT_S at most: past it the call goes on on its thread and lands when the
+        store answers, and the request's end does not wait for it. A store that fails here is
+        logged; the lock then expires on its own."""
+        with cancel_scope(shield=True), anyio.move_on_after(RELEASE_WAIT_S):
+            try:
+                await self._in_thread(self.store.release_lock, user, conversation_id, holder)
+            except Exception as exc:
+                log.warning(
+                    "conversation_lock_release_failed",
+                    conversation_id=conversation_id,
+                    request_id=holder,
+                    error=repr(exc),
+                )
 
     async def take(self, user: str, conversation_id: str, holder: str) -> HeldLock | None:
         """The conversation held for request `holder`; raises ConversationLocked where another
@@ -189,15 +185,15 @@ class ConversationLocks:
             return False
 
         try:
-            with anyio.fail_after(self._take_wait_s):
-                taken = bool(await self.in_thread(take))
+            with anyio.fail_after(TAKE_WAIT_S):
+                taken = bool(await self._in_thread(take))
         except TimeoutError:
             with attempt.guard:
                 attempt.abandoned = True
                 landed = attempt.taken  # between the thread's answer and the timeout
             if landed:
-                await HeldLock(self, user, conversation_id, holder, expires_at).release()
-            _skipped(conversation_id, holder, f"no answer within {self._take_wait_s:g} s")
+                await self.give_back(user, conversation_id, holder)
+            _skipped(conversation_id, holder, f"no answer within {TAKE_WAIT_S:g} s")
             return None
         except Exception as exc:
             _skipped(conversation_id, holder, repr(exc))
@@ -223,7 +219,7 @@ class ConversationLocks:
         expires_at = now + self._ttl_s
         answers = await asyncio.gather(
             *(
-                self.in_thread(self.store.renew_lock, h.user, h.conversation_id, h.holder, expires_at)
+                self._in_thread(self.store.renew_lock, h.user, h.conversation_id, h.holder, expires_at)
                 for h in held
             ),
             return_exceptions=True,
@@ -254,7 +250,7 @@ class ConversationLocks:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._renew_every_s)
+            await asyncio.sleep(RENEW_EVERY_S)
             try:
                 await self.renew()
             except Exception as exc:  # the next step tries again; the loop must not end
