@@ -27,8 +27,10 @@ tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`re
 than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `guided_regex`,
 `guided_grammar`, `structured_outputs`, and `guided_decoding_backend` / `guided_whitespace_pattern`
 that tune them), tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
-for one), an audio reply (`modalities` other than "text", `audio`) and a web search
-(`web_search_options`), as OpenAI refuses them for a model without them, and vLLM's extensions
+for one), an audio reply (`modalities` other than "text", `audio`), a web search
+(`web_search_options`) and a moderated completion (`moderation`: nothing here runs a moderation
+model, blocks a flagged prompt or reply, or answers its results), as OpenAI refuses them for a
+model without them, and vLLM's extensions
 neither replica applies (VLLM_UNAPPLIED: `min_p`, `bad_words`, beam search, ...). A client that
 parses the reply as JSON, waits for a tool call or plays the audio would otherwise get prose, and
 fail later and further away. Each is refused only when sent with a value: null, as clients that fill every
@@ -137,7 +139,10 @@ Refused = Annotated[
     Any, msgspec.Meta(description="vLLM's structured outputs: not supported, a 400 unless null")
 ]
 RefusedOutput = Annotated[
-    Any, msgspec.Meta(description="Audio replies and web search: not supported, a 400 unless null")
+    Any,
+    msgspec.Meta(
+        description="Audio replies, web search and moderated completions: not supported, a 400 unless null"
+    ),
 ]
 RefusedSampling = Annotated[
     Any,
@@ -234,6 +239,9 @@ class ChatCompletionRequest(msgspec.Struct):
     modalities: list[str] | None = None
     audio: RefusedOutput = None
     web_search_options: RefusedOutput = None
+    # OpenAI's moderated completions (the SDK's `moderation`): a client asking to block a flagged
+    # prompt or reply took an unmoderated one, and found no `moderation` results in it.
+    moderation: RefusedOutput = None
     # vLLM's sampling and prompt extensions neither replica applies (VLLM_UNAPPLIED), decoded
     # only to be refused when they ask for something.
     min_p: RefusedSampling = None
@@ -366,6 +374,7 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(STRUCTURED_OUTPUTS, _STRUCTURED),
     "audio": "asks for an audio reply, which this model cannot give.",
     "web_search_options": "asks for a web search, which this model cannot give.",
+    "moderation": "asks for a moderated completion, which this server does not run.",
     **{
         name: f"asks for {what}, which this server does not apply (one of vLLM's extensions)."
         for name, what in VLLM_UNAPPLIED.items()

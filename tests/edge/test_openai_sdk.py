@@ -198,13 +198,20 @@ def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, 
         ("modalities", ["text", "audio"], "unsupported_value"),
         ("audio", {"voice": "alloy", "format": "wav"}, "unsupported_parameter"),
         ("web_search_options", {}, "unsupported_parameter"),
+        (
+            "moderation",
+            {"model": "omni-moderation-latest", "policy": {"input": {"mode": "block"}}},
+            "unsupported_parameter",
+        ),
     ],
 )
 def test_sdk_hears_an_audio_reply_or_a_web_search_refused_by_name(
     sdk: openai.OpenAI, field: str, value: Any, code: str
 ) -> None:
     """A client asking for audio got 200 and text alone, one asking for a search an answer from
-    nothing searched: refused by name, as OpenAI refuses them for a model without them."""
+    nothing searched: refused by name, as OpenAI refuses them for a model without them. So is a
+    moderated completion (the SDK's `moderation`): one asking to block flagged input or output got
+    200 and a reply nothing moderated, with no `moderation` results to tell it so."""
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={field: value})
