@@ -492,17 +492,12 @@ class AsyncChatStream:
                 if self._attempts.closed:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
-                if self._decoder.saw_text or not self._attempts.take_network_retry():
-                    self._broken = True
-                    raise transport_failure("stream broken", exc) from transport_cause(exc)
-                try:
-                    await self._reopen()
-                except NetworkError:
-                    if not self._cancelled:
-                        raise
-                    for event in self._cancelled_ending():  # called off while it was sent again
-                        yield event
-                    return
+                # Never reopened once its answer began, text or not: the edge charges a request
+                # its replica took, and its first tokens may carry no text yet (held back as a stop
+                # string's start, or a character's first bytes): a reopen generated and charged
+                # the reply twice.
+                self._broken = True
+                raise transport_failure("stream broken", exc) from transport_cause(exc)
 
     async def _reopen(self, wait_s: float = 0.0) -> None:
         """As the sync stream's: the same request again, never once the stream is closed."""

@@ -129,7 +129,7 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
                 # Refused and waiting to be sent again: the retry is called off (its refused request
                 # ended on the server, where a cancel of it answered 409 and the retry went on).
                 return stream.cancel()
-            # Read when Ctrl-C comes: a stream cut before its first text is reopened under a new id.
+            # Read when Ctrl-C comes: a stream refused before its first text is reopened under a new id.
             request_id = stream.request_id
             if request_id is None:
                 raise NetworkError("no request id yet to cancel")

@@ -197,9 +197,10 @@ class Chat:
 class ChatStream:
     """One streamed reply. Iterate it for RequestStarted, TextDelta..., Finished.
 
-    A network failure before the first text delta reopens the request once in all, whether it came at
-    the open or in the stream (a new RequestStarted follows, with the new id); after text has arrived it
-    raises NetworkError: a reply is never silently restarted. A stream that ended before its Finished
+    A network failure before the answer's head (no connection, a connection dropped unanswered)
+    sends the request again once; once the stream has opened, a network failure raises NetworkError,
+    text or not: the edge charges a request its replica took, whose first tokens may carry no text
+    yet, and a reply is never silently restarted. A stream that ended before its Finished
     (closed, left by its `with` block, or ended by an error) is never reopened: reading on raises
     NetworkError ("stream closed"); a finished one reads as empty, and until_finished gives its Finished
     again. A request with a `conversation_id` is never reopened: the edge may already
@@ -210,8 +211,8 @@ class ChatStream:
     def __init__(self, chat: Chat, request: ChatRequest, policy: RetryPolicy) -> None:
         self._chat = chat
         self._request = request
-        # One reopen after a network failure before any reply; none for a request with a
-        # conversation_id, whose turn the edge may already have stored.
+        # One more send after a network failure before the answer's head; none for a request with
+        # a conversation_id, whose turn the edge may already have stored.
         network_retries = 0 if request.conversation_id is not None else min(1, chat._max_retries)
         self._attempts = Attempts(policy, network_retries)
         self._decoder = ChunkDecoder()
@@ -450,16 +451,12 @@ class ChatStream:
                 if self._attempts.closed:
                     # Closed by its reader (or a failed cancel): never reopened behind its back.
                     raise transport_failure("stream closed", exc) from transport_cause(exc)
-                if self._decoder.saw_text or not self._attempts.take_network_retry():
-                    self._broken = True
-                    raise transport_failure("stream broken", exc) from transport_cause(exc)
-                try:
-                    self._reopen()
-                except NetworkError:
-                    if not self._cancelled:
-                        raise
-                    yield from self._cancelled_ending()  # called off while it was sent again
-                    return
+                # Never reopened once its answer began, text or not: the edge charges a request
+                # its replica took, and its first tokens may carry no text yet (held back as a stop
+                # string's start, or a character's first bytes): a reopen generated and charged
+                # the reply twice.
+                self._broken = True
+                raise transport_failure("stream broken", exc) from transport_cause(exc)
 
     def _reopen(self, wait_s: float = 0.0) -> None:
         """The same request again after `wait_s`; never once the stream is closed (by its reader,

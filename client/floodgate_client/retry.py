@@ -55,8 +55,8 @@ def retryable(error: FloodgateError) -> bool:
     advised wait is left to that wait and the deadline: the edge marks a wait of minutes final for
     the SDKs, which ignore such a wait and retry at once, where this client waits it out whole. An
     error with no status (an error event after the stream had started, a broken connection) is not
-    one of these: what the stream delivered cannot be taken back, and a network failure has its own
-    single reopen."""
+    one of these: what the stream delivered cannot be taken back, and a network failure before the
+    answer's head has its own single retry."""
     should_retry = error.headers.get("x-should-retry")
     if should_retry == "true":
         return True
@@ -70,9 +70,9 @@ def retryable(error: FloodgateError) -> bool:
 class Attempts:
     """What one streamed request may still spend on trying again, across every attempt it makes:
     refusals waited out (`policy`: max_retries within deadline_s, counted from the first attempt)
-    and reopens after a network failure before any reply (`network_retries`). Each reopened attempt
-    once started a count and a clock of its own: max_retries=2 with deadline_s=5 sent 6 requests
-    over 6.6 s when the edge refused in the stream."""
+    and sends again after a network failure before the answer's head (`network_retries`). Each
+    reopened attempt once started a count and a clock of its own: max_retries=2 with deadline_s=5
+    sent 6 requests over 6.6 s when the edge refused in the stream."""
 
     policy: RetryPolicy
     network_retries: int

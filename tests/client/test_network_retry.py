@@ -1,4 +1,5 @@
-"""Network failures: retried once before the first token, raised after it (a reply never restarts).
+"""Network failures: retried once before the answer's head, raised once the stream has opened (a reply
+never restarts, nor is charged twice).
 
 A real TCP proxy between client and edge breaks chosen connections (tests/client/flaky_proxy.py).
 """
@@ -13,9 +14,9 @@ import anyio
 import httpx
 import pytest
 
-from floodgate_client import AsyncClient, Client, Finished, NetworkError, RequestStarted, TextDelta
+from floodgate_client import AsyncClient, Client, NetworkError, RequestStarted, TextDelta
 from floodgate_client.errors import transport_failure
-from tests.client.live import SURE_TEXT
+from tests.client.live import LONG_REPLY, SURE_TEXT
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import QUEUE_FULL_429, answered, overloaded
 from tests.support.flaky_proxy import flaky_proxy
@@ -37,17 +38,21 @@ def test_a_connection_refused_before_any_answer_is_retried_once(server: LiveServ
     assert result.text and proxy.connections >= 2
 
 
-def test_a_stream_cut_before_its_first_token_is_reopened_with_a_new_request(server: LiveServer) -> None:
+def test_a_stream_cut_after_its_first_event_raises_and_is_not_sent_again(server: LiveServer) -> None:
+    """Cut as it opened, before any text: the edge may have charged it (its prompt, its first tokens),
+    so the client raises rather than sending it again under a new id."""
     with (
         flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy,
         Client(proxy.base_url, server.keys["paid"]) as client,
     ):
-        with client.chat.stream(**SURE_TEXT, model="floodgate-tiny", max_tokens=4) as stream:
-            events = list(stream)
-    started = [event for event in events if isinstance(event, RequestStarted)]
-    assert len(started) == 2 and started[0].request_id != started[1].request_id
-    assert stream.request_id == started[1].request_id
-    assert isinstance(events[-1], Finished) and stream.text
+        stream = client.chat.stream(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
+        events: list[object] = []
+        with pytest.raises(NetworkError, match="stream broken"):
+            for event in stream:
+                events.append(event)
+        stream.close()
+    assert len(events) == 1 and isinstance(events[0], RequestStarted)
+    assert proxy.connections == 1
 
 
 def test_a_stream_cut_after_text_arrived_raises_instead_of_restarting(server: LiveServer) -> None:
@@ -64,6 +69,44 @@ def test_a_stream_cut_after_text_arrived_raises_instead_of_restarting(server: Li
     assert sum(isinstance(event, TextDelta) for event in seen) >= 1
     assert sum(isinstance(event, RequestStarted) for event in seen) == 1
     assert proxy.connections == 1
+
+
+def _output_tokens(server: LiveServer, who: str) -> int:
+    answer = httpx.get(server.base_url + "/v1/usage", headers=server.auth(who), timeout=30.0)
+    return sum(int(row["output_tokens"]) for row in answer.json()["data"])
+
+
+# Greedy, so that the reply with the stop string below comes out as the one without it.
+_TOKENS = 24
+
+
+async def _create_async(base_url: str, key: str, stop: str) -> None:
+    async with AsyncClient(base_url, key) as aclient:
+        await aclient.chat.create(LONG_REPLY.prompt, temperature=0.0, max_tokens=_TOKENS, stop=stop)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stream_cut_after_tokens_that_carried_no_text_yet_is_not_sent_again(
+    server: LiveServer, kind: str
+) -> None:
+    """The edge holds text back that may be a stop string's start (or a character's first bytes): a
+    reply's first tokens can be generated, and charged, with no text sent yet. Here a stop string
+    that the whole greedy reply begins holds all of it back to the end, and the connection is cut
+    just before that text: the reply was generated and charged in full. The client took "no text
+    yet" for "no reply yet" and sent the request again: generated and charged twice."""
+    key = server.keys["paid"]
+    with Client(server.base_url, key) as client:
+        text = client.chat.create(LONG_REPLY.prompt, temperature=0.0, max_tokens=_TOKENS).text
+    stop = text + "\u2603"
+    before = _output_tokens(server, "paid")
+    with flaky_proxy(edge_port(server), ["cut_before_text"]) as proxy, pytest.raises(NetworkError):
+        if kind == "sync":
+            with Client(proxy.base_url, key) as client:
+                client.chat.create(LONG_REPLY.prompt, temperature=0.0, max_tokens=_TOKENS, stop=stop)
+        else:
+            anyio.run(_create_async, proxy.base_url, key, stop)
+    assert proxy.connections == 1
+    assert _output_tokens(server, "paid") - before == _TOKENS
 
 
 def test_a_stream_with_a_conversation_id_is_not_reopened(server: LiveServer) -> None:
@@ -105,11 +148,14 @@ def test_too_many_network_failures_raise_network_error(server: LiveServer) -> No
 
 
 @pytest.mark.anyio
-async def test_async_stream_cut_before_its_first_token_is_reopened(server: LiveServer) -> None:
+async def test_an_async_stream_cut_after_its_first_event_raises_and_is_not_sent_again(
+    server: LiveServer,
+) -> None:
     with flaky_proxy(edge_port(server), ["cut_after_start"]) as proxy:
         async with AsyncClient(proxy.base_url, server.keys["paid"]) as client:
-            result = await client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
-    assert result.text and proxy.connections >= 2
+            with pytest.raises(NetworkError, match="stream broken"):
+                await client.chat.create(**SURE_TEXT, model="floodgate-tiny", max_tokens=4)
+    assert proxy.connections == 1
 
 
 def test_a_reset_stream_says_what_happened_in_the_sync_and_the_async_client(server: LiveServer) -> None:

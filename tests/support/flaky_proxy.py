@@ -5,6 +5,8 @@ Each accepted connection takes the next plan from the list (then "forward" once 
   "refuse"            read the request, then close without answering
   "cut_after_start"   pass the response up to the end of its first SSE event, then close
   "cut_after_text"    pass the response up to the end of the first event carrying text, then close
+  "cut_before_text"   pass the response up to the first event carrying text, then close without it:
+                      the edge generated (and charged) that text, the client never sees it
   "reset_after_text"  the same, then reset the connection (RST) instead of closing it
   "lose_answer"       pass the request, wait for the server's first bytes of answer, then close
                       without passing them: the request was served, the client never hears of it
@@ -24,9 +26,12 @@ from tests.support.tcp_proxy import TcpProxy, running
 
 _FIRST_EVENT_END = re.compile(rb'"request_id".*?\n\n', re.S)
 _TEXT_EVENT_END = re.compile(rb'"delta":\{"content":"[^"].*?\n\n', re.S)
+# The end of the event before it (its chunk's size line may come between).
+_TEXT_EVENT_START = re.compile(rb'\n\n(?=(?:\r\n[0-9a-fA-F]+\r\n)?data: [^\n]*?"delta":\{"content":"[^"])')
 _CUTS = {
     "cut_after_start": _FIRST_EVENT_END,
     "cut_after_text": _TEXT_EVENT_END,
+    "cut_before_text": _TEXT_EVENT_START,
     "reset_after_text": _TEXT_EVENT_END,
 }
 
@@ -71,7 +76,7 @@ class FlakyProxy(TcpProxy):
             if cut is not None:
                 match = cut.search(seen + data)
                 if match is not None:
-                    client.sendall(data[: match.end() - len(seen)])
+                    client.sendall(data[: max(0, match.end() - len(seen))])
                     if reset:
                         # Linger on, for no time: the close sends a RST, as a crashed peer's host does.
                         # SHUT_RD first wakes the pump blocked reading it, which would hold it open.
