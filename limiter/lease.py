@@ -96,7 +96,7 @@ class Lease:
         self._max_batch = max(batch_tokens, MAX_BATCH_TOKENS)
         self._grow_within_s = slot_ttl_s / 64
         self._shrink_after_s = slot_ttl_s / 16
-        self._exhausted = False
+        self._spent = False  # `take` answered short: the generation stops, no store call helps
         self._settled = False
         # An extension sent to the store whose grant is not counted yet: `take` was cancelled while
         # it waited (a cancel, a disconnect), and `settle` counts it before refunding.
@@ -127,7 +127,7 @@ class Lease:
         """`take` without a coroutine while the reservation covers n (the per-token case); None
         when only `take` can answer, because the store must extend the lease."""
         held = self._granted - self._used
-        if n > held and not self._exhausted and not self._settled:
+        if n > held and not self._spent and not self._settled:
             return None
         if self._settled or n <= 0:
             return 0
@@ -166,10 +166,14 @@ class Lease:
         else:
             got = 0
         self._granted += got
-        # A short grant means the budget (or max_output) is spent: asking again would only cost
-        # another store call for the same answer.
-        self._exhausted = got < want or want == 0
-        return self._take_held(n)
+        taken = self._take_held(n)
+        # Spent once this answer falls short of n (the generation stops now), not at a short grant:
+        # that says what the budget held at that instant, and by the time the grant is used it may
+        # hold more (the user's other streams settled and refunded their leases, or it refilled).
+        # Taken for the budget's end, it stopped the stream with the marker, the budget not spent
+        # (one more store call per stream the budget stops: the one that answers short).
+        self._spent = taken < n
+        return taken
 
     def _take_held(self, n: int) -> int:
         if self._settled or n <= 0:

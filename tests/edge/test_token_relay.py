@@ -395,17 +395,22 @@ async def test_a_delta_declined_part_done_is_relayed_before_a_failure_after_it()
     assert stream.out.completion_tokens == stream.lease.used == 2
 
 
-async def test_a_short_grant_declined_then_a_failure_charges_what_usage_counts() -> None:
-    """At the budget's end `offer` charged the 2 tokens left of a 3-token delta and declined it for
-    the task to end the reply with the marker; a failure after it left 2 tokens charged that usage
-    never counted."""
+async def test_a_short_grant_then_a_failure_charges_what_usage_counts() -> None:
+    """The store granted 3 of the 4 tokens asked: what the budget held then, not its end (the
+    lease asks again once they are used: limiter/lease.py). `offer` cannot cover the 3-token delta
+    with the 2 held and leaves it to the task, which extends the lease for it and relays it; the
+    failure after it ends the reply as a failure, not with the budget's marker (the
+    lease took the short grant for the budget's end: `offer` charged 2 tokens more, and the reply
+    ended "limit_reached" with the budget unspent)."""
     stream = _Relayed(granted=1, grant=3)
-    # [3]: nothing left, the task extends the lease by 3; [4, 5, 6]: `offer` is granted 2 of them.
+    # [3]: nothing left, the task extends the lease by 3 of the 4 asked; [4, 5, 6]: 2 held.
     await stream.feed([1], [3], [4, 5, 6])
     stream.mailbox.fail(UpstreamError("the engine died"))
-    await stream.task
-    assert (stream.out.reason, stream.out.marker) == ("length", TOKENS_LIMIT_MARKER)
-    assert stream.out.completion_tokens == stream.lease.used == 4
+    with pytest.raises(UpstreamError):
+        await stream.task
+    assert stream.out.marker is None
+    assert stream.out.completion_tokens == stream.lease.used == 5  # the task extended the lease
+    assert stream.reply() == "<1><3><4><5><6>"
 
 
 async def test_a_stop_string_found_in_offer_ends_the_reply_though_a_failure_follows() -> None:
@@ -439,12 +444,12 @@ async def test_a_stop_string_found_in_offer_then_a_cut_keeps_the_text_before_it(
     assert stream.out.completion_tokens == stream.lease.used == 2
 
 
-async def test_a_short_grant_declined_then_a_cut_counts_what_it_charged() -> None:
+async def test_a_short_grant_then_a_cut_counts_what_it_charged() -> None:
     stream = _Relayed(granted=1, grant=3)
     await stream.feed([1], [3], [4, 5, 6])
     await stream.cut()
-    assert stream.out.completion_tokens == stream.lease.used == 4
-    assert stream.reply() == "<1><3><4><5>"
+    assert stream.out.completion_tokens == stream.lease.used
+    assert stream.reply() == "".join(f"<{i}>" for i in [1, 3, 4, 5, 6][: stream.lease.used])
 
 
 @pytest.mark.parametrize("budget_spent", [False, True], ids=["mid-reply", "after-a-zero-grant"])

@@ -66,8 +66,9 @@ async def test_lease_charges_redis_once_per_batch_and_stops_at_the_budget(redis_
         assert got == 0 and taken == 900  # input 100 + output 900 = the whole budget
         calls = await _evalsha_calls(probe) - before
         # One charge per batch, not one per token: batches of 64, 128 and 256, then the budget's
-        # last 420 of the 512 asked.
-        assert calls == 4
+        # last 420 of the 512 asked, and one that finds nothing left (the budget may have held more
+        # by then: test_a_stream_given_short_asks_again_for_what_the_users_other_stream_gave_back).
+        assert calls == 5
         await lease.settle()
         assert not (await limiter.admit(user, "next", limits, 1, 0)).decision.allowed
     finally:
@@ -83,6 +84,34 @@ async def test_take_returns_fewer_than_asked_when_the_budget_runs_out(redis_serv
         lease = _lease(await limiter.admit(user, "r", limits, 60, 4096))
         assert await lease.take(30) == 30
         assert await lease.take(30) == 10
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_stream_given_short_asks_again_for_what_the_users_other_stream_gave_back(
+    redis_server: RedisServer,
+) -> None:
+    """A short grant is what the budget held then, not its end: one stream of the user got the 36
+    tokens left beside another stream's lease of 32; that one then ended after 2 tokens, refunding
+    30. The first stream, once its grant was used, was stopped as if the budget were spent (its
+    lease took a short grant for the budget's end and never asked again): "limit_reached" with 30
+    tokens left."""
+    limiter = RedisLimiter.from_url(redis_server.url, timeout_ms=1000, batch_tokens=32)
+    user, limits = _user(), tier(tokens=100, token_window_s=86400)
+    try:
+        long = _lease(await limiter.admit(user, "long", limits, 0, 4096))
+        short = _lease(await limiter.admit(user, "short", limits, 0, 4096))
+        taken = 0
+        while taken < 68 and await long.take(1) == 1:
+            taken += 1
+        assert taken == 68 and long.granted == 68  # its lease of 32, then the 36 left of 64 asked
+        assert await short.take(2) == 2
+        await short.settle()  # ended early: 30 of its lease back
+        assert await long.take(30) == 30
+        assert await long.take(1) == 0  # now the budget is spent
+        await long.settle()
+        assert (await limiter.admit(user, "probe", limits, 0, 0)).decision.remaining_tokens == 0
     finally:
         await limiter.aclose()
 
