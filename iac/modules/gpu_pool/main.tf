@@ -23,9 +23,16 @@ resource "aws_cloudwatch_log_group" "triton" {
   kms_key_id        = var.kms_key_arn
 }
 
+locals {
+  # EC2 takes a security group's description in a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$*
+  # only, and the model's name is any printable ASCII but '/': every other character made a '-'.
+  # A name EC2 takes stays as it is (a new description replaces the group its hosts hold).
+  sg_model = replace(var.model, "/[^A-Za-z0-9 ._:()#,@\\[\\]+=&;{}!$*-]/", "-")
+}
+
 resource "aws_security_group" "gpu" {
   name        = var.group_name
-  description = "GPU hosts of ${var.model}: Triton HTTP and metrics from the edge"
+  description = "GPU hosts of ${local.sg_model}: Triton HTTP and metrics from the edge"
   vpc_id      = var.vpc_id
 
   ingress {

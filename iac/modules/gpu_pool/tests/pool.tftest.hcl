@@ -152,6 +152,38 @@ run "a_group_name_aws_cannot_take" {
   expect_failures = [var.group_name]
 }
 
+# The model's name is the clients' (printable ASCII but '/', the edge's and CloudWatch's rule), and
+# the hosts' security group's description names it. EC2 takes a description in a-z, A-Z, 0-9,
+# spaces and ._-:/()#,@[]+=&;{}!$* only: a name with any other character (a quote, a '?', a '~')
+# planned clean and CreateSecurityGroup refused it at apply, the role and log group already made.
+run "a_model_name_ec2_refuses_in_a_security_group_description" {
+  command = plan
+
+  variables {
+    model = "llama-3.1-8b 'fast'?~"
+  }
+
+  assert {
+    condition     = can(regex("^[A-Za-z0-9 ._:/()#,@\\[\\]+=&;{}!$*-]{0,255}$", aws_security_group.gpu.description))
+    error_message = "the security group's description must hold only what EC2 takes (a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$*), 255 characters at most"
+  }
+}
+
+# A model's name EC2 takes in a description is left as it is: changing a security group's
+# description replaces the group, which its running hosts hold.
+run "a_model_name_ec2_takes_names_its_security_group" {
+  command = plan
+
+  variables {
+    model = "llama-3.1-8b (fp8)"
+  }
+
+  assert {
+    condition     = aws_security_group.gpu.description == "GPU hosts of llama-3.1-8b (fp8): Triton HTTP and metrics from the edge"
+    error_message = "a description EC2 takes must not change: a new one replaces the group"
+  }
+}
+
 # A warm-pool host re-reads its whole engine from the root volume when it starts: at gp3's baseline
 # (125 MiB/s) a 16 GB engine takes over 2 minutes, a 70 GB one 9. Provisioned for engine loading.
 run "root_volume_is_provisioned_for_loading_the_engine" {
