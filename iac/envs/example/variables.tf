@@ -17,6 +17,13 @@ variable "name" {
     condition     = can(regex("^[a-z]([a-z0-9]|-[a-z0-9])*$", var.name))
     error_message = "name must be lowercase letters, digits and single hyphens, starting with a letter and not ending with a hyphen (it prefixes S3 bucket and ECR repository names), e.g. \"floodgate-prod\"."
   }
+
+  # S3 also reserves two prefixes a bucket "<name>-…" could start with ("xn--" needs a double
+  # hyphen): "sthree" planned clean and CreateBucket refused "sthree-logs-…" at apply.
+  validation {
+    condition     = !startswith("${var.name}-", "sthree-") && !startswith("${var.name}-", "amzn-s3-demo-")
+    error_message = "name may not be \"sthree\" or begin \"sthree-\" or \"amzn-s3-demo-\": S3 reserves those prefixes for bucket names, and it prefixes the log and engine buckets."
+  }
 }
 
 variable "domain_name" {

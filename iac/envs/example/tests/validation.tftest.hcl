@@ -174,6 +174,29 @@ run "a_name_with_a_double_hyphen" {
   expect_failures = [var.name]
 }
 
+# S3 reserves the bucket name prefixes "sthree-" and "amzn-s3-demo-" (and "xn--", which a name of
+# single hyphens cannot make): "sthree" planned clean and CreateBucket refused "sthree-logs-…" at
+# apply, the VPC, the key and the tables already made.
+run "a_name_s3_reserves_as_a_bucket_prefix" {
+  command = plan
+
+  variables {
+    name = "sthree"
+  }
+
+  expect_failures = [var.name]
+}
+
+run "a_name_s3_reserves_for_its_examples" {
+  command = plan
+
+  variables {
+    name = "amzn-s3-demo"
+  }
+
+  expect_failures = [var.name]
+}
+
 # The edge refuses a model's token_weight of 0 or less ([models.*] token_weight > 0; 0 looks like
 # "its tokens count for nothing") and a max_model_len that is not a whole number of at least 1
 # (8192.5 renders as a TOML float): every task crash-looped on its settings, the plan clean.
