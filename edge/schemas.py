@@ -7,9 +7,9 @@ value the replica cannot take is refused here, for this request only, and never 
 
 `presence_penalty`, `frequency_penalty` and `logit_bias` reach the replica
 (gpu_container/engine/sampler.py; TensorRT-LLM's inputs of the same names, and its `embedding_bias`
-for logit_bias). Here a logit_bias key must be an integer and its bias within [-100, 100]; whether
-the key is one of this model's token ids only the pipeline knows, which holds the model's
-vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too. vLLM's `top_k` and
+for logit_bias). Here a logit_bias key must be an integer and its bias a number (vLLM's float) within
+[-100, 100]; whether the key is one of this model's token ids only the pipeline knows, which holds the
+model's vocabulary (edge/pipeline.py) and refuses it with a 400 naming `logit_bias` too. vLLM's `top_k` and
 `repetition_penalty` extensions reach it as well (TensorRT-LLM's `runtime_top_k` and
 `repetition_penalty`), and so do its ways to say how a reply ends: `ignore_eos` (TensorRT-LLM's
 end_id -1), `min_tokens` (its `min_length`) and `stop_token_ids` (its `stop_words_list`). Those the
@@ -78,7 +78,9 @@ SERVED_TIER = "default"
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-Bias = Annotated[int, msgspec.Meta(ge=-100, le=100)]
+# A float, as vLLM takes it (dict[str, float]); OpenAI's spec says integer, which JSON Schema reads
+# as any number without a fraction, so a client's `5.0` is one too. Within OpenAI's [-100, 100].
+Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
 
 
 class ContentPart(msgspec.Struct):

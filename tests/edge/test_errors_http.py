@@ -250,6 +250,26 @@ def test_400_for_a_logit_bias_token_outside_the_vocabulary(
     assert local_client.post(CHAT, json=body, headers=local_server.auth("paid")).status_code == 200
 
 
+def test_a_logit_bias_written_as_a_json_float_is_taken_and_applied(
+    local_server: LiveServer, local_client: httpx.Client
+) -> None:
+    """vLLM takes a bias as a float (its dict[str, float]), and a JSON `100.0` is the integer 100
+    as JSON Schema reads OpenAI's spec: Python clients write a computed bias so. Both were a 400."""
+    tokenizer = ModelText.load(Path(local_server.settings.model.demo_dir)).tokenizer
+    greedy = OK_BODY | {"temperature": 0.0, "max_tokens": 6}
+    forced = greedy | {"logit_bias": {str(tokenizer.token_to_id("a")): 100.0}}
+    response = local_client.post(CHAT, json=forced, headers=local_server.auth("paid"))
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "a" * 6
+    fractional = greedy | {"logit_bias": {"5": 0.5, "6": -2.25}}
+    response = local_client.post(CHAT, json=fractional, headers=local_server.auth("paid"))
+    assert response.status_code == 200, response.text
+    # Still bounded as OpenAI bounds it.
+    over = greedy | {"logit_bias": {"5": 100.5}}
+    error = _error(local_client.post(CHAT, json=over, headers=local_server.auth("paid")), 400)
+    assert error["param"] is not None and "logit_bias" in error["param"]
+
+
 def test_400_for_a_stop_token_id_outside_the_vocabulary(
     local_server: LiveServer, local_client: httpx.Client
 ) -> None:
