@@ -202,6 +202,23 @@ def check_dynamodb_table(section: str, backend: str, table: str) -> None:
         )
 
 
+def check_dynamodb_endpoint(section: str, backend: str, endpoint: str) -> None:
+    """With the dynamodb backend, an endpoint botocore cannot read (`localhost:8000`, its scheme
+    left out) loaded, and botocore's ValueError ("Invalid endpoint") was a traceback from `serve`
+    and from every `floodgate keys` command. Read as botocore reads it; the message never repeats
+    the value (the healthcheck prints a settings error too, and never a setting's value)."""
+    if backend != "dynamodb" or not endpoint:
+        return
+    # Imported only here: `python -m edge.healthcheck` loads the settings every 10 s.
+    from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
+
+    if not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
+        raise ValueError(
+            f"{section}.dynamodb_endpoint is no endpoint URL: write its scheme and host, e.g. "
+            '"http://localhost:8000" (empty: AWS\'s own endpoint)'
+        )
+
+
 def check_sqlite_path(section: str, backend: str, path: str) -> None:
     """With the sqlite backend, SQLite's in-memory (or, for "", private temporary) database is one
     connection's alone: a key `floodgate keys create` or `serve` printed, or a conversation's turns,
@@ -226,6 +243,7 @@ class MessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_dynamodb_table("messages", self.backend, self.dynamodb_table)
+        check_dynamodb_endpoint("messages", self.backend, self.dynamodb_endpoint)
         check_sqlite_path("messages", self.backend, self.sqlite_path)
 
 
@@ -279,6 +297,7 @@ class KeysConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_dynamodb_table("keys", self.backend, self.dynamodb_table)
+        check_dynamodb_endpoint("keys", self.backend, self.dynamodb_endpoint)
         check_sqlite_path("keys", self.backend, self.sqlite_path)
         # Anything else (the admin key pasted in place of its hash, a digit lost) is a hash no key
         # has: the admin API would answer every admin key 401, and nothing would say why.

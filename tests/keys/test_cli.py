@@ -428,6 +428,43 @@ def test_a_key_store_in_memory_is_refused_by_the_cli_and_serve(tmp_path: Path, p
         assert "must name a file" in said, said
 
 
+@pytest.mark.parametrize(
+    ("section", "argv"),
+    [
+        ("keys", ["keys", "list"]),
+        ("keys", ["keys", "create", "--user", "x", "--tier", "free"]),
+        ("messages", ["serve", "--port", "0"]),
+    ],
+)
+def test_a_dynamodb_endpoint_without_its_scheme_is_said_naming_the_setting(
+    tmp_path: Path, section: str, argv: list[str]
+) -> None:
+    """`dynamodb_endpoint = "dynamo.internal:8000"` (the scheme left out, as a local DynamoDB's address is
+    often written) loaded, and botocore's ValueError "Invalid endpoint" was a traceback from `serve`
+    and from every `floodgate keys` command. Refused as the settings load, naming the setting and
+    not repeating its value."""
+    stores = {name: f'sqlite_path = "{tmp_path / name}.db"\n' for name in ("keys", "messages")}
+    endpoint = 'dynamodb_endpoint = "dynamo.internal:8000"\n'
+    stores[section] = f'backend = "dynamodb"\ndynamodb_table = "floodgate-{section}"\n{endpoint}'
+    config = tmp_path / "floodgate.toml"
+    config.write_text(
+        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nport = 0\nops_port = 0\n'
+        + "".join(f"[{name}]\n{table}" for name, table in stores.items())
+    )
+    env = {
+        **os.environ,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+    }
+    command = [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert (done.returncode, done.stdout) == (1, ""), (argv, done.returncode, done.stdout, done.stderr)
+    [said] = done.stderr.splitlines()
+    assert said.startswith(f"floodgate: invalid settings: {config}: {section}.dynamodb_endpoint "), said
+    assert "dynamo.internal" not in said, said
+
+
 @pytest.fixture
 def read_only_keys_db(tmp_path: Path) -> Iterator[Path]:
     """A key store file that can be read but not written (made immutable: the tests run as root,
