@@ -29,6 +29,8 @@ from edge.operator_cli import add_config_option
 
 # Under Docker's HEALTHCHECK --timeout (5 s), with room for the interpreter's start.
 DEFAULT_TIMEOUT_S = 3.0
+# The longest wait `--timeout` takes: far past any probe's, well within a socket timeout's range.
+MAX_TIMEOUT_S = 86400.0
 # The wildcard addresses a listener may bind, and the loopback address that reaches it then.
 _LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -99,6 +101,10 @@ def _timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text}: give more than 0 seconds")
+    if not value <= MAX_TIMEOUT_S:
+        # inf, or past what a socket's timeout holds (about 9.2e9 s): the probe's connect was an
+        # OverflowError traceback ("timestamp out of range for platform time_t").
+        raise argparse.ArgumentTypeError(f"{text}: give at most {MAX_TIMEOUT_S:g} seconds (a day)")
     return value
 
 
@@ -116,7 +122,7 @@ def _arguments(check: argparse.ArgumentParser) -> None:
         "--timeout",
         type=_timeout,
         default=DEFAULT_TIMEOUT_S,
-        help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+        help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g})",
     )
     check.set_defaults(handler=_healthcheck)
 

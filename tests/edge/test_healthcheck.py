@@ -93,6 +93,31 @@ def test_unhealthy_where_nothing_listens_saying_where_and_no_secret(tmp_path: Pa
     assert password not in done.stderr
 
 
+@pytest.mark.parametrize("command", [_IMAGE, _CLI])
+@pytest.mark.parametrize("timeout", ["inf", "1e10"])
+def test_a_timeout_no_socket_holds_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, command: tuple[str, ...], timeout: str
+) -> None:
+    """`--timeout inf` (or any wait past what a socket's timeout holds, about 9.2e9 s) passed the
+    "more than 0" check, and the probe's connect ended in an OverflowError traceback ("timestamp out
+    of range for platform time_t"). Refused as the flag is read, as a 0 or a nan is: one line."""
+    config = tmp_path / "edge.toml"
+    config.write_text(f"[server]\nport = {free_port()}\nops_port = {free_port()}\n")
+
+    done = subprocess.run(
+        [sys.executable, "-m", *command, "--config", str(config), "--timeout", timeout],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stdout == ""
+    said = done.stderr.splitlines()[-1]
+    assert said.endswith(f"error: argument --timeout: {timeout}: give at most 86400 seconds (a day)"), said
+
+
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
 def test_healthy_on_its_ports_and_through_a_drain_that_closed_the_public_port(tmp_path: Path) -> None:
     """Ports other than 8000 and 9464 (free ones), as the settings name them; then SIGTERM with a
