@@ -6,6 +6,7 @@ A real TCP proxy between client and edge breaks chosen connections (tests/client
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from floodgate_client.errors import transport_failure
 from tests.client.live import LONG_REPLY, SURE_TEXT
 from tests.client.scripted_edge import ScriptedEdge
 from tests.client.test_midstream_overload import QUEUE_FULL_429, answered, overloaded
+from tests.edge.sse_client import wait_until
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
 
@@ -76,6 +78,13 @@ def _output_tokens(server: LiveServer, who: str) -> int:
     return sum(int(row["output_tokens"]) for row in answer.json()["data"])
 
 
+def _paid_requests_finished(server: LiveServer) -> float:
+    """The edge's count of the paid tier's requests that have ended, whatever the reason: a request
+    is charged (and its usage queued) as it ends, which the client's broken stream need not wait for."""
+    pattern = r'^floodgate_requests_finished_total\{[^}]*tier="paid"[^}]*\} (\S+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, server.metrics_text(), re.M))
+
+
 # Greedy, so that the reply with the stop string below comes out as the one without it.
 _TOKENS = 24
 
@@ -99,6 +108,7 @@ def test_a_stream_cut_after_tokens_that_carried_no_text_yet_is_not_sent_again(
         text = client.chat.create(LONG_REPLY.prompt, temperature=0.0, max_tokens=_TOKENS).text
     stop = text + "\u2603"
     before = _output_tokens(server, "paid")
+    finished = _paid_requests_finished(server)
     with flaky_proxy(edge_port(server), ["cut_before_text"]) as proxy, pytest.raises(NetworkError):
         if kind == "sync":
             with Client(proxy.base_url, key) as client:
@@ -106,6 +116,7 @@ def test_a_stream_cut_after_tokens_that_carried_no_text_yet_is_not_sent_again(
         else:
             anyio.run(_create_async, proxy.base_url, key, stop)
     assert proxy.connections == 1
+    wait_until(lambda: _paid_requests_finished(server) > finished, 30.0, "the cut request's end on the edge")
     assert _output_tokens(server, "paid") - before == _TOKENS
 
 
