@@ -82,9 +82,9 @@ def test_workers_refuse_a_port_another_process_listens_on() -> None:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        settings = load_settings(
-            None, {"limiter": {"backend": "redis"}, "server": {"host": "127.0.0.1", "port": port}}
-        )
+        # The operator ports free ones too: the defaults (9464, 9465) are any local exporter's.
+        server = {"host": "127.0.0.1", "port": port, "ops_port": free_consecutive_ports(2)}
+        settings = load_settings(None, {"limiter": {"backend": "redis"}, "server": server})
         with pytest.raises(
             SystemExit, match=rf"cannot listen on 127\.0\.0\.1:{port}: Address already in use"
         ):
