@@ -522,24 +522,29 @@ def _one_source_of_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict
         models: dict[str, Any] = {}
         for layer in given:
             models = _merge(models, layer)
-        # A tier that is no table is left as it is, for the settings' decoding to name (`[tiers]
-        # free = 5` was a TypeError traceback here).
-        tiers = {
-            name: dict(tier) if isinstance(tier, dict) else tier
-            for name, tier in data.get("tiers", {}).items()
-        }
-        for name, tier in tiers.items():
-            if not isinstance(tier, dict):
-                continue
-            # The embedded tiers' model lists name the embedded models: they go with them.
-            named = [layer.get("tiers", {}).get(name, {}) for layer in layers]
-            for key in ("models", "default_model"):
-                if not any(isinstance(given, dict) and key in given for given in named):
-                    tier.pop(key, None)
-        return {**data, "models": models, "tiers": tiers}
+        return {**data, "models": models, "tiers": _own_tier_models(data, *layers)}
     if any("model" in layer for layer in layers):
-        return {key: value for key, value in data.items() if key != "models"}
+        rest = {key: value for key, value in data.items() if key != "models"}
+        return {**rest, "tiers": _own_tier_models(data, *layers)}
     return data
+
+
+def _own_tier_models(data: dict[str, Any], *layers: dict[str, Any]) -> dict[str, Any]:
+    """The tiers, their `models` and `default_model` kept only where a file or override set them:
+    the embedded tiers' lists name the embedded models, and go with them."""
+    # A tier that is no table is left as it is, for the settings' decoding to name (`[tiers]
+    # free = 5` was a TypeError traceback here).
+    tiers = {
+        name: dict(tier) if isinstance(tier, dict) else tier for name, tier in data.get("tiers", {}).items()
+    }
+    for name, tier in tiers.items():
+        if not isinstance(tier, dict):
+            continue
+        named = [layer.get("tiers", {}).get(name, {}) for layer in layers]
+        for key in ("models", "default_model"):
+            if not any(isinstance(given, dict) and key in given for given in named):
+                tier.pop(key, None)
+    return tiers
 
 
 def _check_finite(value: Any, where: str) -> None:
@@ -576,13 +581,17 @@ def _check_default_top_p(settings: Settings) -> None:
 
 
 def _check_tier_models(settings: Settings) -> None:
-    if not settings.models:
-        return
+    """A tier's `models` and `default_model` name served models. In the one-model shape ([model],
+    no [models.*]) they were never read: a name there that was no model (a typo, a model of another
+    file) loaded without a word, and `config show` listed the embedded tiers' lists, naming models
+    not served."""
+    served = tuple(settings.models) or (settings.model.name,)
+    where = "[models.*]" if settings.models else f"[model] (name {settings.model.name!r})"
     for name, tier in settings.tiers.items():
-        unknown = [m for m in tier.models if m not in settings.models]
+        unknown = [m for m in tier.models if m not in served]
         if unknown:
-            raise ConfigError(f"tiers.{name}.models names {', '.join(unknown)}, not among [models.*]")
-        allowed = tier.models or tuple(settings.models)
+            raise ConfigError(f"tiers.{name}.models names {', '.join(unknown)}, not among {where}")
+        allowed = tier.models or served
         if tier.default_model and tier.default_model not in allowed:
             raise ConfigError(f"tiers.{name}.default_model {tier.default_model!r} is not one of its models")
 

