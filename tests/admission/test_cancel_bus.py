@@ -415,9 +415,13 @@ async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_
             assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
             admitted = await admitter.admit(new.url, "req-moved")
             assert admitted.lease is not None
+            # Demoted (behind for good) as the endpoint moves, as a failover does. Demoted after it,
+            # A's check could move A to `new` while `old` still took writes: its look-up of the
+            # cancels missed read `old` on a pooled connection, found none, and was not made again
+            # (seen once in three runs of the suite in four processes).
+            old.command("REPLICAOF", "127.0.0.1", str(free_port()))
             endpoint.point_at(new.port)
             assert await b.cancel("req-moved", "alice") == "cancelled"  # on `new`
-            old.command("REPLICAOF", "127.0.0.1", str(free_port()))  # demoted, behind for good
 
             await until(lambda: ("req-moved", "alice") in inbox_a.received, timeout_s=30, poll_s=0.05)
         finally:
