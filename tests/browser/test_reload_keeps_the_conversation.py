@@ -11,7 +11,7 @@ import re
 
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import SMALL, fresh_key
+from tests.browser.conftest import fresh_key
 from tests.support.live_server import LiveServer
 
 WAIT_MS = 30_000
@@ -29,7 +29,6 @@ def two_turns(page: Page, key: str, remember: bool) -> list[str]:
     page.fill("#api-key", key)
     if remember:
         page.check("#remember-key")
-    page.fill("#model", SMALL)
     turn(page, "first question")
     turn(page, "second question")
     shown = page.locator("#transcript .msg").all_text_contents()
@@ -76,7 +75,6 @@ def test_a_key_not_remembered_brings_the_conversation_back_once_entered(
     expect(page.locator("#api-key")).to_have_value("")
     # The key typed and Send clicked at once: the earlier turns come back first, the message after them.
     page.fill("#api-key", key)
-    page.fill("#model", SMALL)
     page.fill("#max-tokens", "8")
     sent = sent_messages(page, "third question")
 
