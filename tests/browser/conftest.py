@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -12,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tokenizers import Tokenizer
 
 from edge.config import Settings
@@ -50,6 +51,23 @@ NUMBER_ROUNDS = """() => {
     try { await pageLoadStats(); } finally { window.lastRoundEnded = Math.max(window.lastRoundEnded, round); }
   };
 }"""
+
+
+# How long a page test waits for what a turn shows; a turn's end, as the status says it.
+WAIT_MS = 30_000
+ENDED = re.compile("done|stopped")
+
+
+def turn(page: Page, prompt: str, max_tokens: int) -> None:
+    """Send `prompt` from the page and wait for its reply's end: its question shown first, since the
+    status may read "done" or "stopped" already, from the turn before."""
+    questions = page.locator("#transcript .msg.user")
+    asked = questions.count()
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#prompt", prompt)
+    page.click("#send")
+    expect(questions).to_have_count(asked + 1, timeout=WAIT_MS)
+    expect(page.locator("#status-state")).to_have_attribute("data-state", ENDED, timeout=WAIT_MS)
 
 
 def send_from_the_page(page: Page, base_url: str, prompt: str) -> None:

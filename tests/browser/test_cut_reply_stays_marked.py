@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import re
 
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder, event
-from tests.browser.conftest import SMALL, PacedReplica, send_from_the_page
+from tests.browser.conftest import SMALL, WAIT_MS, PacedReplica, send_from_the_page, turn
 from tests.client.scripted_edge import ScriptedEdge, served
 from tests.support.live_server import LiveServer
-
-WAIT_MS = 30_000
-ENDED = re.compile("done|stopped")
-
-
-def next_turn(page: Page, prompt: str) -> None:
-    page.fill("#max-tokens", "4")
-    page.fill("#prompt", prompt)
-    page.click("#send")
-    expect(page.locator("#transcript .msg.user")).to_have_count(2, timeout=WAIT_MS)
-    expect(page.locator("#status-state")).to_have_attribute("data-state", ENDED, timeout=WAIT_MS)
 
 
 def test_a_stopped_reply_stays_marked_stopped_after_the_next_turn(
@@ -47,7 +36,7 @@ def test_a_stopped_reply_stays_marked_stopped_after_the_next_turn(
         expect(page.locator("#status-state")).to_have_text("stopped", timeout=WAIT_MS)
         assert replica.running == 0  # the server's work ended with it
 
-        next_turn(page, "and then?")
+        turn(page, "and then?", 4)
 
         notes = page.locator("#transcript .cut-note")
         expect(notes).to_have_text(["stopped"])
@@ -89,7 +78,7 @@ def test_a_reply_cut_by_the_budget_stays_marked_after_the_next_turn(browser: Bro
         send_from_the_page(page, edge.base_url, "tell me a story")
         expect(page.locator("#status-state")).to_have_text("stopped: tokens budget used up", timeout=WAIT_MS)
 
-        next_turn(page, "go on")
+        turn(page, "go on", 4)
 
         expect(page.locator("#transcript .msg.assistant")).to_have_text(["Once upon a", "Fine."])
         expect(page.locator("#transcript .cut-note")).to_have_text(["stopped: tokens budget used up"])

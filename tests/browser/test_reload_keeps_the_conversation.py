@@ -7,30 +7,19 @@ id now, and reads the turns back from GET /v1/conversations/{id}/messages, in th
 from __future__ import annotations
 
 import json
-import re
 
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import fresh_key
+from tests.browser.conftest import ENDED, WAIT_MS, fresh_key, turn
 from tests.support.live_server import LiveServer
-
-WAIT_MS = 30_000
-ENDED = re.compile("done|stopped")
-
-
-def turn(page: Page, prompt: str) -> None:
-    page.fill("#max-tokens", "8")
-    page.fill("#prompt", prompt)
-    page.click("#send")
-    expect(page.locator("#status-state")).to_have_attribute("data-state", ENDED, timeout=WAIT_MS)
 
 
 def two_turns(page: Page, key: str, remember: bool) -> list[str]:
     page.fill("#api-key", key)
     if remember:
         page.check("#remember-key")
-    turn(page, "first question")
-    turn(page, "second question")
+    turn(page, "first question", 8)
+    turn(page, "second question", 8)
     shown = page.locator("#transcript .msg").all_text_contents()
     assert len(shown) == 4 and shown[0] == "first question" and shown[2] == "second question", shown
     return shown
