@@ -11,7 +11,8 @@ import re
 from playwright.sync_api import Browser, expect
 
 from edge.routes.playground import PLAYGROUND
-from edge.sse import DONE, ChunkEncoder, event
+from edge.sse import DONE, ChunkEncoder
+from edge.token_relay import TOKENS_LIMIT_MARKER
 from tests.browser.conftest import SMALL, WAIT_MS, PacedReplica, send_from_the_page, turn
 from tests.client.scripted_edge import ScriptedEdge, served
 from tests.support.live_server import LiveServer
@@ -55,15 +56,7 @@ def test_a_stopped_reply_stays_marked_stopped_after_the_next_turn(
 
 def test_a_reply_cut_by_the_budget_stays_marked_after_the_next_turn(browser: Browser) -> None:
     encoder = ChunkEncoder("chatcmpl-cut", SMALL, 0)
-    cut = event(
-        {
-            "id": "chatcmpl-cut",
-            "object": "chat.completion.chunk",
-            "model": SMALL,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-            "floodgate": {"limit_reached": "tokens"},
-        }
-    )
+    cut = encoder.final("length", TOKENS_LIMIT_MARKER)  # the budget's end, as the edge writes it
     whole = ChunkEncoder("chatcmpl-whole", SMALL, 0)
     edge = ScriptedEdge(
         [

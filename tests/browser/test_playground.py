@@ -20,6 +20,7 @@ from edge.admission.ticket import Overloaded
 from edge.errors import overloaded_error
 from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder, event
+from edge.token_relay import TOKENS_LIMIT_MARKER
 from tests.browser.conftest import ADMIN_KEY, LARGE, SMALL, PacedReplica, fresh_key
 from tests.client.live import LONG_REPLIES, LONG_REPLY, LONG_REPLY_TOKENS
 from tests.client.scripted_edge import ScriptedEdge, served
@@ -297,15 +298,7 @@ def test_a_reply_cut_by_the_budget_before_its_first_word_is_no_turn(browser: Bro
     """Kept as an empty assistant turn, it went out with the next message, the prompt not given
     back (a review)."""
     encoder = ChunkEncoder("chatcmpl-spent", SMALL, 0)
-    cut = event(
-        {
-            "id": "chatcmpl-spent",
-            "object": "chat.completion.chunk",
-            "model": SMALL,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-            "floodgate": {"limit_reached": "tokens"},
-        }
-    )
+    cut = encoder.final("length", TOKENS_LIMIT_MARKER)  # the budget's end, as the edge writes it
     edge = ScriptedEdge([encoder.first() + cut + DONE], pages={"/": served(PLAYGROUND.read_bytes())})
     context = browser.new_context()
     try:
