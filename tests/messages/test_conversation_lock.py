@@ -5,8 +5,10 @@ question 2, reply 1, reply 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 from edge.messages import sqlite as messages_sqlite
-from edge.messages.conversation_lock import ConversationLocked, ConversationLocks, LockStore
+from edge.messages.conversation_lock import LOCK_THREADS, ConversationLocked, ConversationLocks, LockStore
 from edge.messages.message import new_message
 from edge.messages.store import MessageStore
 from tests.edge.conftest import ROOMY_TIERS, finished_requests
@@ -102,6 +104,49 @@ async def test_a_lock_expires_unless_renewed(store: MessageStore) -> None:
         await locks.take("alice", conv, "r_4")
     await taken.release()
     assert await locks.take("alice", conv, "r_4") is not None
+
+
+@pytest.mark.anyio
+async def test_a_burst_of_conversation_requests_on_a_store_that_answers_takes_every_lock(
+    store: MessageStore,
+) -> None:
+    """More conversation requests at once than the locks have threads (a soak's 40 users sending
+    at the same moment) found every thread busy with takes the store was answering in
+    milliseconds, and went on unlocked: three requests on one conversation all ran, and its history
+    read question, question, question, reply, reply, reply. A request waits for a thread, as it
+    waits for its take, within TAKE_WAIT_S; only threads all held by calls the store has left
+    unanswered past that wait (a silent store) send it on unlocked at once."""
+    answer = threading.Event()
+    in_store = threading.Semaphore(0)
+
+    class Answering:
+        """The store, its first LOCK_THREADS takes answered once the test says (milliseconds)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def take_lock(
+            self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+        ) -> bool:
+            if holder.startswith("first"):
+                in_store.release()
+                answer.wait(10)
+            return cast(LockStore, store).take_lock(user, conversation_id, holder, now, expires_at)
+
+    locks = ConversationLocks(cast(LockStore, Answering()))
+    first = [
+        asyncio.ensure_future(locks.take("alice", conversation(), f"first_{i}")) for i in range(LOCK_THREADS)
+    ]
+    for _ in first:  # every lock thread is in the store, being answered
+        await asyncio.to_thread(in_store.acquire)
+    conv = conversation()
+    late = asyncio.ensure_future(locks.take("alice", conv, "r_late"))
+    await asyncio.wait({late}, timeout=0.1)  # unlocked at once, before: done, and None
+    answer.set()  # the store answers the first ones
+    assert all(held is not None for held in await asyncio.gather(*first))
+    assert await late is not None
+    with pytest.raises(ConversationLocked):
+        await locks.take("alice", conv, "r_again")
 
 
 @pytest.fixture
