@@ -378,21 +378,27 @@ def _two_workers_answering(tmp_path: Path, redis: RedisServer) -> tuple[subproce
     return proc, workers
 
 
+def _serve_after_one_worker_gets(tmp_path: Path, redis: RedisServer, signum: int) -> tuple[int, str]:
+    """`serve --workers 2`'s exit code and output once its first worker alone got `signum`."""
+    proc, workers = _two_workers_answering(tmp_path, redis)
+    try:
+        os.kill(workers[0], signum)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    return proc.returncode, output
+
+
 @pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
 def test_a_worker_killed_alone_stops_serve_with_the_kills_exit_code(
     tmp_path: Path, redis: RedisServer
 ) -> None:
     """A worker the OOM killer takes (SIGKILL): serve exits 137, 128 + 9, as a shell and Docker
     say a kill; it exited 247 (multiprocessing's -9 passed to sys.exit), read as no signal at all."""
-    proc, workers = _two_workers_answering(tmp_path, redis)
-    try:
-        os.kill(workers[0], signal.SIGKILL)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGKILL, output[-2000:]
+    returncode, output = _serve_after_one_worker_gets(tmp_path, redis, signal.SIGKILL)
+    assert returncode == 128 + signal.SIGKILL, output[-2000:]
 
 
 @pytest.mark.server  # runs `floodgate serve --workers 2` itself, through subprocess
@@ -400,15 +406,8 @@ def test_a_worker_stopped_alone_stops_serve_with_a_failure(tmp_path: Path, redis
     """One worker given a SIGTERM of its own drains and exits 0, and the others follow: the edge
     stopped serving unasked. serve exited 0 then, and a supervisor restarting it on failure only
     (systemd's Restart=on-failure) left the host without an edge."""
-    proc, workers = _two_workers_answering(tmp_path, redis)
-    try:
-        os.kill(workers[0], signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=60)
-    assert proc.returncode == 1, output[-2000:]
+    returncode, output = _serve_after_one_worker_gets(tmp_path, redis, signal.SIGTERM)
+    assert returncode == 1, output[-2000:]
     assert "exited on its own (code 0); stopping the others" in output, output[-4000:]
 
 
