@@ -29,8 +29,10 @@ than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `gu
 that tune them), tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
 for one), an audio reply (`modalities` other than "text", `audio`), a web search
 (`web_search_options`) and a moderated completion (`moderation`: nothing here runs a moderation
-model, blocks a flagged prompt or reply, or answers its results), as OpenAI refuses them for a
-model without them, and vLLM's extensions
+model, blocks a flagged prompt or reply, or answers its results), and a reasoning effort or
+verbosity other than what this model does anyway (`reasoning_effort` "none", `verbosity` "medium":
+a client asking for "high" effort or a "low" verbosity would otherwise take an ordinary reply for
+the one it asked for), as OpenAI refuses them for a model without them, and vLLM's extensions
 neither replica applies (VLLM_UNAPPLIED: `min_p`, `bad_words`, beam search, ...). A client that
 parses the reply as JSON, waits for a tool call or plays the audio would otherwise get prose, and
 fail later and further away. Each is refused only when sent with a value: null, as clients that fill every
@@ -244,6 +246,10 @@ class ChatCompletionRequest(msgspec.Struct):
     # OpenAI's moderated completions (the SDK's `moderation`): a client asking to block a flagged
     # prompt or reply took an unmoderated one, and found no `moderation` results in it.
     moderation: RefusedOutput = None
+    # OpenAI's reasoning and length controls: this model does no reasoning and has no verbosity
+    # setting, so only what it does anyway is taken ("none"; "medium", OpenAI's default).
+    reasoning_effort: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    verbosity: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     # vLLM's sampling and prompt extensions neither replica applies (VLLM_UNAPPLIED), decoded
     # only to be refused when they ask for something.
     min_p: RefusedSampling = None
@@ -494,6 +500,20 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             raise invalid_request(
                 f"Unsupported parameter: '{name}' {says}", name, code="unsupported_parameter"
             )
+    if req.reasoning_effort not in (None, "none"):
+        raise invalid_request(
+            f"Unsupported value: 'reasoning_effort' of {req.reasoning_effort!r} is not supported: this "
+            "model does no reasoning. Supported values are: 'none'.",
+            "reasoning_effort",
+            code="unsupported_value",
+        )
+    if req.verbosity not in (None, "medium"):
+        raise invalid_request(
+            f"Unsupported value: 'verbosity' of {req.verbosity!r} is not supported: this model has no "
+            "verbosity setting. Supported values are: 'medium'. Ask for the length in the prompt.",
+            "verbosity",
+            code="unsupported_value",
+        )
     if req.modalities is not None and any(m != "text" for m in req.modalities):
         other = next(m for m in req.modalities if m != "text")
         raise invalid_request(

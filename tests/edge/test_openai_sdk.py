@@ -203,6 +203,8 @@ def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, 
             {"model": "omni-moderation-latest", "policy": {"input": {"mode": "block"}}},
             "unsupported_parameter",
         ),
+        ("reasoning_effort", "high", "unsupported_value"),
+        ("verbosity", "low", "unsupported_value"),
     ],
 )
 def test_sdk_hears_an_audio_reply_or_a_web_search_refused_by_name(
@@ -211,12 +213,15 @@ def test_sdk_hears_an_audio_reply_or_a_web_search_refused_by_name(
     """A client asking for audio got 200 and text alone, one asking for a search an answer from
     nothing searched: refused by name, as OpenAI refuses them for a model without them. So is a
     moderated completion (the SDK's `moderation`): one asking to block flagged input or output got
-    200 and a reply nothing moderated, with no `moderation` results to tell it so."""
+    200 and a reply nothing moderated, with no `moderation` results to tell it so. And one asking for
+    "high" reasoning effort or "low" verbosity took the model's ordinary reply for it; what the model
+    does anyway ("none", "medium") is taken."""
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={field: value})
     assert (info.value.param, info.value.code) == (field, code)
-    for asks_nothing in (None, ["text"]) if field == "modalities" else (None,):
+    asks_nothing_of = {"modalities": ["text"], "reasoning_effort": "none", "verbosity": "medium"}
+    for asks_nothing in (None, asks_nothing_of[field]) if field in asks_nothing_of else (None,):
         reply = sdk.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=2, extra_body={field: asks_nothing}
         )
