@@ -4,7 +4,9 @@ whenever the connection breaks.
 The cancel bus (edge/cancel/bus.py) and key changes (edge/keys/changes.py) both listen this way.
 Pub/sub loses what is published while a subscriber is away, so each (re)subscription is reported
 (`on_subscribed`): key changes then forget every cached key, the cancel bus looks up in the store
-whether a request running here was cancelled meanwhile.
+whether a request running here was cancelled meanwhile, on the server the subscription is on (its
+run id, handed to `on_subscribed`: in a failover's window the old primary still takes writes while
+the endpoint leads to the new one, and a pooled connection left there reads no mark made since).
 Redis being away is not an error of the edge: the retries go on until `aclose`. A link that dies
 without a word (a NAT or load balancer dropping it, a host gone without a reset) is found by a
 PING on a channel idle for `idle_ping_s` whose answer takes over `pong_timeout_s`: the connection
@@ -44,6 +46,9 @@ from edge.task_stop import cancelling, stop_task
 log = structlog.get_logger("floodgate.redis_subscription")
 
 OnMessage = Callable[[bytes | str], None]
+ServerId = bytes | str  # a server's run id, as PRIMARY_ID_SCRIPT answers it
+# Called after each (re)subscription with the run id of the server it is on, None when unchecked.
+OnSubscribed = Callable[[ServerId | None], None]
 
 # The run id of the server it runs on, refused READONLY by a replica (a write that changes nothing
 # first, edge/primary_publish.py). KEYS: PRIMARY_CHECK_KEY.
@@ -86,9 +91,10 @@ class Subscription:
         self._listener: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
 
-    def start(self, on_message: OnMessage, on_subscribed: Callable[[], None] = lambda: None) -> None:
-        """Listen in the background: `on_subscribed` after every (re)subscription, `on_message`
-        with each message's payload."""
+    def start(self, on_message: OnMessage, on_subscribed: OnSubscribed = lambda server: None) -> None:
+        """Listen in the background: `on_subscribed` after every (re)subscription, with the run id
+        of the server it is on (None: unchecked, a Cluster or a refused check), `on_message` with
+        each message's payload."""
         self._listener = asyncio.create_task(
             self._listen(on_message, on_subscribed), name=f"{self._name}-listener"
         )
@@ -109,7 +115,7 @@ class Subscription:
             self._listener = None
         await self._subscriber.aclose()
 
-    async def _listen(self, on_message: OnMessage, on_subscribed: Callable[[], None]) -> None:
+    async def _listen(self, on_message: OnMessage, on_subscribed: OnSubscribed) -> None:
         # A link that was up is tried again at once: a dropped connection (a reset, a failover, a
         # CLIENT KILL) usually reconnects on the first try, and every moment away loses messages.
         # Backoff starts with the second failure in a row.
@@ -141,7 +147,7 @@ class Subscription:
                             continue
                         ping_sent_at = None  # anything read shows the link is alive
                         if message["type"] == "subscribe":
-                            on_subscribed()
+                            on_subscribed(on_server)
                             self.subscribed.set()
                             delay_s = 0.0
                         elif message["type"] == "message":
@@ -160,7 +166,7 @@ class Subscription:
                 await asyncio.sleep(delay_s)
                 delay_s = min(max(delay_s * 2, self._delay_s), self._max_delay_s)
 
-    async def _server_of(self, pubsub: PubSub) -> bytes | str | None:
+    async def _server_of(self, pubsub: PubSub) -> ServerId | None:
         """The run id of the server `pubsub`'s connection reached, asked on that connection before
         it subscribes (then it can be asked nothing else). A replica (a name not yet moved after a
         failover) refuses READONLY: no subscription there, it is tried again. None, logged, where
@@ -188,7 +194,7 @@ class Subscription:
         )
         return None
 
-    async def _check_primary(self, on_server: bytes | str) -> None:
+    async def _check_primary(self, on_server: ServerId) -> None:
         """Raise PrimaryMoved when the endpoint's primary is not `on_server`. A primary that cannot
         be asked says nothing of the subscription: the pings watch its link."""
         try:

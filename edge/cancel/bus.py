@@ -38,7 +38,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from edge.cancel.outcome import CancelOutcome
 from edge.primary_publish import PRIMARY_CHECK_KEY, check_refused, primary_publisher
-from edge.redis_subscription import Subscription
+from edge.redis_subscription import PRIMARY_ID_SCRIPT, ServerId, Subscription
 from edge.task_stop import stop_task
 from limiter import redis_url
 from limiter.redis_store import record_key, user_keys
@@ -80,6 +80,13 @@ end
 redis.call('SET', KEYS[1], 'cancelled', 'EX', ARGV[2])
 return 'cancelled'
 """
+
+# A look-up of the cancels missed that read another server than the subscription's is made again,
+# this many times in all, each after dropping the idle pooled connections (they reconnect through
+# the endpoint) and waiting twice as long as the last, from _RECONCILE_RETRY_S: a failover's window
+# closes in moments, and a hot loop would only load the server.
+_RECONCILE_TRIES = 5
+_RECONCILE_RETRY_S = 0.1
 
 # What a store that is down or unsettled raises. redis-py's cluster client raises
 # RedisClusterException (not a RedisError) when no node answers or a slot is not covered.
@@ -174,13 +181,13 @@ class RedisCancelBus:
         now, in the background: otherwise the first cancel pays for it (tens of milliseconds, more
         on a busy host)."""
 
-        def subscribed() -> None:
+        def subscribed(server: ServerId | None) -> None:
             # A lookup still under way began before this subscription: its answers may predate a
             # mark whose publish this subscription missed, so it starts over.
             if self._reconcile is not None:
                 self._reconcile.cancel()
             self._reconcile = asyncio.create_task(
-                self._deliver_missed(deliver, running), name="cancel-bus-reconcile"
+                self._deliver_missed(deliver, running, server), name="cancel-bus-reconcile"
             )
 
         self._subscription.start(lambda data: self._handle(deliver, data), subscribed)
@@ -219,47 +226,78 @@ class RedisCancelBus:
         await self._subscription.aclose()
         await self._client.aclose()
 
-    async def _deliver_missed(self, deliver: Deliver, running: Running) -> None:
+    async def _deliver_missed(self, deliver: Deliver, running: Running, server: ServerId | None) -> None:
         """Deliver the cancels of requests running here that the store marked while the
         subscription was away. Read after the subscription is up, so a cancel marked later is
         heard on the channel. (Every running request's record is read: one pipelined round trip
-        per batch, on each reconnect only.) Read on the primary: after a failover the subscription
-        moved there (edge/redis_subscription.py), while a pooled connection may still be on the old
-        one, which may not have the marks made since."""
+        per batch, on each reconnect only.) Read on `server`, the one the subscription is on (its
+        run id; None where the subscription is unchecked: then on a primary): after a failover the
+        subscription moved to the new primary (edge/redis_subscription.py), while a pooled
+        connection may still be on the old one. Demoted, it refuses the read's no-op write and the
+        read goes again on a new connection; still a primary (the failover's window), it refuses
+        nothing and has no mark made since, and the cancel was lost: a read on another server than
+        `server` is made again on new connections (_RECONCILE_TRIES)."""
         requests = list(running())
         on_primary = not isinstance(self._client, RedisCluster)  # a Cluster client asks primaries
         batch = 500
         for start in range(0, len(requests), batch):
             chunk = requests[start : start + batch]
+            tries = 0
             while True:
                 try:
-                    states = await self._read_records(chunk, on_primary=on_primary)
-                    break
+                    states, read_on = await self._read_records(
+                        chunk, on_primary=on_primary, identify=on_primary and server is not None
+                    )
                 except _STORE_ERRORS as exc:
                     if on_primary and check_refused(exc):
-                        # An ACL without PERSIST or its key: read them unchecked, as before the
-                        # check, rather than never (the cancels missed never stopped their streams).
+                        # An ACL without PERSIST, INFO or its key: read them unchecked, as before
+                        # the check, rather than never (the cancels missed never stopped their
+                        # streams).
                         log.warning("cancel_bus_reconcile_check_refused", error=type(exc).__name__)
                         on_primary = False
                         continue
                     # The subscription is likely breaking too; its resubscription looks again.
                     log.warning("cancel_bus_reconcile_failed", error=type(exc).__name__)
                     return
-            for (request_id, user), state in zip(chunk, states, strict=True):
-                if state in (b"cancelled", "cancelled"):
-                    deliver(request_id, user)
+                # A mark read anywhere is a cancel (delivering one twice is harmless): delivered
+                # even from another server, which may hold marks the subscription's lacks.
+                for (request_id, user), state in zip(chunk, states, strict=True):
+                    if state in (b"cancelled", "cancelled"):
+                        deliver(request_id, user)
+                tries += 1
+                if read_on is None or server is None or _same_server(read_on, server):
+                    break
+                if tries == _RECONCILE_TRIES:
+                    # The endpoint leads elsewhere than the subscription: its primary check moves
+                    # it there, and that subscription looks again.
+                    log.warning("cancel_bus_reconcile_off_subscription_server", read_on=str(read_on))
+                    return
+                # Connections in use stay: whoever holds them hands them back, and the next try
+                # drops them then if they are still on that server.
+                assert isinstance(self._client, Redis)  # a Cluster client's reads name no server
+                await self._client.connection_pool.disconnect(inuse_connections=False)
+                await asyncio.sleep(_RECONCILE_RETRY_S * 2 ** (tries - 1))
 
-    async def _read_records(self, chunk: list[tuple[str, str]], *, on_primary: bool) -> list[Any]:
-        """The records of `chunk`'s requests, read on the primary when `on_primary`."""
+    async def _read_records(
+        self, chunk: list[tuple[str, str]], *, on_primary: bool, identify: bool
+    ) -> tuple[list[Any], ServerId | None]:
+        """The records of `chunk`'s requests, read on a primary when `on_primary`, and the run id
+        of the server read when `identify` too (else None)."""
         pipe = self._client.pipeline(transaction=False)
         if on_primary:
-            # A write that changes nothing: a demoted primary, behind the new one, answers
+            # A write that changes nothing first: a demoted primary, behind the new one, answers
             # READONLY and the reads go again on a new connection (redis_url.connect_node).
-            pipe.persist(PRIMARY_CHECK_KEY)
+            if identify:
+                # EVAL, not a registered script: no SCRIPT EXISTS round trip before the pipeline.
+                pipe.eval(PRIMARY_ID_SCRIPT, 1, PRIMARY_CHECK_KEY)
+            else:
+                pipe.persist(PRIMARY_CHECK_KEY)
         for request_id, user in chunk:
             pipe.get(record_key(user, request_id))
         states: list[Any] = await pipe.execute()
-        return states[1:] if on_primary else states
+        if not on_primary:
+            return states, None
+        return states[1:], states[0] if identify else None
 
     @staticmethod
     async def _set_up_cluster(client: RedisCluster) -> None:
@@ -277,3 +315,10 @@ class RedisCancelBus:
             log.warning("cancel_bus_bad_message")
             return
         deliver(message.request_id, message.user)
+
+
+def _same_server(run_id: ServerId, other: ServerId) -> bool:
+    """Whether two run ids, as bytes or str (a client may decode its replies or not), name the
+    same server."""
+    text = run_id.decode() if isinstance(run_id, bytes) else run_id
+    return text == (other.decode() if isinstance(other, bytes) else other)

@@ -63,7 +63,7 @@ class RedisKeyChanges:
         self._subscription.start(
             lambda data: on_change(data.decode() if isinstance(data, bytes) else str(data)),
             # Whatever was announced while away is unknown: forget every key.
-            on_subscribed=lambda: on_change(None),
+            on_subscribed=lambda server: on_change(None),
         )
 
     async def aclose(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from edge.cancel.bus import CancelBus, CancelBusUnavailable, RedisCancelBus
+from edge.cancel.bus import CHANNEL, CancelBus, CancelBusUnavailable, RedisCancelBus
 from edge.cancel.outcome import CancelOutcome
 from edge.cancel.registry import CancelRegistry
 from edge.cancel.shared import SharedCancelRegistry
@@ -424,6 +424,68 @@ async def test_a_cancel_published_on_the_new_primary_reaches_an_edge_subscribed_
             assert await b.cancel("req-moved", "alice") == "cancelled"  # on `new`
 
             await until(lambda: ("req-moved", "alice") in inbox_a.received, timeout_s=30, poll_s=0.05)
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_cancel_marked_on_the_new_primary_while_the_old_one_is_still_primary_reaches_the_edge(
+    admitter: Admitter,
+) -> None:
+    """A failover's window: the endpoint leads to the new primary while the old one, not yet
+    demoted, still takes writes. A's subscription comes back through the endpoint, to the new
+    primary, but its look-up of the cancels missed went on a pooled connection still on the old
+    one, which refused nothing (it is a primary), had no mark, and was not made again: the cancel
+    marked on the new primary meanwhile was lost and the stream ran on. The look-up must read the
+    server the subscription is on."""
+    with failover_pair() as (old, new, endpoint):
+        a, b = RedisCancelBus.from_url(endpoint.url), RedisCancelBus.from_url(endpoint.url)
+        inbox_a = Inbox()
+        await a.start(inbox_a, lambda: [("req-window", "alice")])
+        try:
+            assert await a.wait_subscribed(5)
+            assert await a.cancel("req-before", "alice") == "not_found"  # its connection, to `old`
+            admitted = await admitter.admit(new.url, "req-window")
+            assert admitted.lease is not None
+            endpoint.point_at(new.port)  # `old` stays a primary: no REPLICAOF yet
+            assert await b.cancel("req-window", "alice") == "cancelled"  # on `new`; A is on `old`
+            assert ("req-window", "alice") not in inbox_a.received
+            with capture_logs() as logs:
+                # A's subscription link breaks (as a failover's often do) and comes back through
+                # the endpoint, to `new`; its pooled connection for the look-up stays on `old`.
+                old.command("CLIENT", "KILL", "TYPE", "pubsub")
+
+                await until(lambda: ("req-window", "alice") in inbox_a.received, timeout_s=10, poll_s=0.05)
+            assert new.command("PUBSUB", "NUMSUB", CHANNEL).endswith(b":1\r\n")  # A, there
+            assert "cancel_bus_reconcile_off_subscription_server" not in [line["event"] for line in logs]
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_look_up_that_cannot_reach_the_subscriptions_server_stops_after_a_few_tries(
+    admitter: Admitter,
+) -> None:
+    """The look-up's connections lead to another server than the subscription's (the endpoint
+    moved, the subscription not yet): it reads there again a few times, never in a hot loop, then
+    leaves it to the subscription's move, delivering meanwhile the marks it read there."""
+    with failover_pair() as (old, new, _):
+        a = RedisCancelBus(Redis.from_url(new.url), Redis.from_url(old.url))
+        b = RedisCancelBus.from_url(new.url)
+        inbox_a = Inbox()
+        try:
+            admitted = await admitter.admit(new.url, "req-elsewhere")
+            assert admitted.lease is not None
+            assert await b.cancel("req-elsewhere", "alice") == "cancelled"  # on `new`
+            new.command("CONFIG", "RESETSTAT")
+            with capture_logs() as logs:
+                await a.start(inbox_a, lambda: [("req-elsewhere", "alice")])
+                await inbox_a.wait_for(("req-elsewhere", "alice"))
+                off = "cancel_bus_reconcile_off_subscription_server"
+                await until(lambda: off in [line["event"] for line in logs], timeout_s=10, poll_s=0.05)
+            assert b"cmdstat_eval:calls=5," in new.command("INFO", "commandstats")
         finally:
             await a.aclose()
             await b.aclose()
