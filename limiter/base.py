@@ -50,6 +50,12 @@ class OutputLease(Protocol):
         the budget's end."""
         ...
 
+    def give_back(self, n: int) -> None:
+        """Return n tokens taken that paid for nothing delivered: a weighted model's (edge/models/
+        token_weight.py) part of a token at the budget's end, which no whole token can use. They are
+        held by the lease again, and refunded when it settles unless taken anew."""
+        ...
+
     @property
     def charged(self) -> int:
         """The tokens this request holds of the budget, in its units: its input and the output it

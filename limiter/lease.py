@@ -137,6 +137,9 @@ class Lease:
         self._used += covered
         return covered
 
+    def give_back(self, n: int) -> None:
+        self._used -= min(n, self._used)
+
     async def take(self, n: int) -> int:
         taken = self.try_take(n)
         if taken is not None:

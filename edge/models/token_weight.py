@@ -68,6 +68,7 @@ class WeightedLease:
     def __init__(self, inner: OutputLease, weight: float, prompt_tokens: int = 0) -> None:
         self._inner = inner
         self._weight = weight
+        self._prompt = prompt_tokens
         self._tokens = prompt_tokens  # real tokens paid for so far, the prompt's included
         self._charged = weighted(prompt_tokens, weight)  # weighted tokens charged so far
 
@@ -97,7 +98,22 @@ class WeightedLease:
         # The budget ran out: as many real tokens as the weighted ones granted pay for in full.
         covered = min(n, max(0, math.floor(self._charged / self._weight + _EPSILON) - self._tokens))
         self._tokens += covered
+        # The rest of the grant is part of a token never delivered: kept, the request cost one
+        # weighted token more than its count rounded up (budget 7 at 1.5, prompt 2 and 2 tokens
+        # out: 7 spent for the 6 they come to).
+        self._return_unpaid()
         return covered
+
+    def give_back(self, n: int) -> None:
+        self._tokens = max(self._prompt, self._tokens - n)  # taken tokens only, never the prompt
+        self._return_unpaid()
+
+    def _return_unpaid(self) -> None:
+        """Give the inner lease back what was charged beyond the tokens kept, rounded up."""
+        unpaid = self._charged - weighted(self._tokens, self._weight)
+        if unpaid > 0:
+            self._inner.give_back(unpaid)
+            self._charged -= unpaid
 
     @property
     def charged(self) -> int:

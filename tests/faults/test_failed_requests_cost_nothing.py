@@ -173,6 +173,9 @@ class _SettledAsCancelled:
     async def take(self, n: int) -> int:
         return await self._lease.take(n)
 
+    def give_back(self, n: int) -> None:
+        self._lease.give_back(n)
+
     @property
     def charged(self) -> int:
         return self._lease.charged

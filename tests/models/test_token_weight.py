@@ -63,6 +63,36 @@ async def test_a_weighted_lease_charges_redis_weight_times_and_stops_at_the_budg
         await limiter.aclose()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(("budget", "prompt", "delivered"), [(7, 2, 2), (10, 1, 5), (16, 4, 6)])
+async def test_a_budget_ending_inside_a_token_costs_only_the_tokens_delivered_rounded_once(
+    redis_url: str, budget: int, prompt: int, delivered: int
+) -> None:
+    """At weight 1.5 the budget's last weighted token pays for half a token, which is never
+    delivered: it stayed charged, and Redis recorded one weighted token more than
+    ceil((prompt + delivered) * 1.5) (budget 7, prompt 2, 2 delivered: 7 spent for 6)."""
+    limiter = create_limiter("redis", redis_url, 1000, 1)
+    tier = limits(
+        requests=100,
+        request_window_s=3600,
+        tokens=budget,
+        token_window_s=10_000_000,
+        concurrent=4,
+        max_tokens=100,
+    )
+    user = f"part-token-{budget}-{prompt}"
+    try:
+        admission = await WeightedLimiter(limiter, 1.5).admit(user, "req-1", tier, prompt, 100)
+        assert admission.lease is not None
+        taken = [await admission.lease.take(1) for _ in range(delivered + 1)]
+        assert taken == [1] * delivered + [0]  # the budget's end
+        await admission.lease.settle()
+        after = (await limiter.admit(user, "req-2", tier, 0, 0)).decision
+        assert budget - after.remaining_tokens == weighted(prompt + delivered, 1.5) == budget - 1
+    finally:
+        await limiter.aclose()
+
+
 @pytest.fixture(scope="module")
 def redis_edge(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[LiveServer]:
     """Both models open to the free tier, limits in one Redis."""

@@ -33,6 +33,9 @@ class _HeldLease:
     async def take(self, n: int) -> int:
         return await self.lease.take(n)
 
+    def give_back(self, n: int) -> None:
+        self.lease.give_back(n)
+
     @property
     def charged(self) -> int:
         return self.lease.charged
