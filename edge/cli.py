@@ -87,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         # Read again by the dev key's hint and by the app's start: a bad line was a traceback from
         # either, after the model's import (and, from the app, from every worker).
-        read_keys_file(settings.server.keys_file)
+        read_keys_file(settings.server.keys_file, settings.tiers)
     except BadKeysFile as exc:
         raise SystemExit(f"floodgate: {settings.server.keys_file}: {exc}") from None
     sqlite_files = {

@@ -104,16 +104,18 @@ async def _add(store: KeyStore, key: LegacyKey, digest: str) -> bool:
     raise KeyIdTaken(f"the key store refused the key {key_id(digest)} under every id")
 
 
-def read_keys_file(keys_file: str) -> list[LegacyKey]:
+def read_keys_file(keys_file: str, tiers: Collection[str]) -> list[LegacyKey]:
     """`[server] keys_file`'s keys; none where it is not set or not there. BadKeysFile for a line
-    that is no key (`floodgate serve` reads it first, to say so before anything starts)."""
+    that is no key, or whose tier is not among the settings' `tiers` (`floodgate serve` reads it
+    first, to say so before anything starts): such a key imported without a word, and every
+    request of it was then a 403 unknown_tier, as `keys import` refuses it for."""
     path = Path(keys_file) if keys_file else None
     if path is None or not path.is_file():
         return []
-    return parse_jsonl(path.read_bytes().splitlines())
+    return parse_jsonl(path.read_bytes().splitlines(), tiers)
 
 
-async def import_keys_file_into(store: KeyStore, keys_file: str) -> Imported:
+async def import_keys_file_into(store: KeyStore, keys_file: str, tiers: Collection[str]) -> Imported:
     """`[server] keys_file`, when it exists (today's JSONL, written from the Secrets Manager secret
     at task start): imported at every start and by every key command, insert-only."""
-    return await import_keys(store, read_keys_file(keys_file))
+    return await import_keys(store, read_keys_file(keys_file, tiers))

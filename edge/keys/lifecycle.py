@@ -233,7 +233,7 @@ class KeyLifecycle:
 
     async def import_keys_file(self, keys_file: str) -> Imported:
         """`[server] keys_file`, as every start and every key command import it."""
-        return await self._announced(await import_keys_file_into(self.store, keys_file))
+        return await self._announced(await import_keys_file_into(self.store, keys_file, self._tiers))
 
     async def _announced(self, done: Imported) -> Imported:
         for digest in done.new:

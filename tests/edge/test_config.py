@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -15,6 +16,7 @@ import pytest
 
 from edge.config import ConfigError, load_settings
 from edge.float32 import FLOAT32_MIN_NORMAL
+from edge.keys.record import hash_key
 from gpu_container.engine.types import EngineConfig
 from limiter.factory import create_limiter
 from tests.edge.conftest import ROOMY_TIERS
@@ -169,6 +171,21 @@ def test_serve_exits_with_the_reason_on_a_bad_keys_file(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip() == (
         "floodgate: .floodgate/keys.jsonl: line 1: key_sha256 is not a SHA-256 hex digest"
+    )
+
+
+def test_serve_refuses_a_keys_file_entry_in_a_tier_the_settings_do_not_have(tmp_path: Path) -> None:
+    """A keys_file line naming a tier not in [tiers] was imported without a word: the edge started,
+    and each request of that key was a 403 unknown_tier. Refused at start now, naming the file,
+    the line and the tier, never the key."""
+    (tmp_path / ".floodgate").mkdir()
+    line = {"key_sha256": hash_key("fg-a-key-in-a-tier-not-configured"), "user": "gus", "tier": "gold"}
+    (tmp_path / ".floodgate" / "keys.jsonl").write_text(json.dumps(line) + "\n")
+    command = [sys.executable, "-m", "edge.cli", "serve"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "floodgate: .floodgate/keys.jsonl: line 1: unknown tier 'gold'; configured: free, paid"
     )
 
 

@@ -247,6 +247,20 @@ def test_a_bad_line_in_the_configured_keys_file_is_said_naming_the_file(config: 
             main(["keys", *argv, "--config", str(config)])
 
 
+def test_a_key_command_refuses_a_configured_keys_file_entry_in_an_unknown_tier(config: Path) -> None:
+    """Every key command imports `[server] keys_file` first: a line in a tier the settings do not
+    have was imported (its key then answered 403 unknown_tier to every request). Said instead,
+    naming the file, the line and the tier; nothing of the file is imported."""
+    keys_file = Path(load_settings(config).server.keys_file)
+    keys_file.write_text(json.dumps({"key_sha256": hash_key("fg-k"), "user": "gus", "tier": "gold"}) + "\n")
+    for argv in (["list"], ["create", "--user", "x", "--tier", "free"]):
+        with pytest.raises(
+            SystemExit, match=rf"^floodgate: {keys_file}: line 1: unknown tier 'gold'; configured: "
+        ):
+            main(["keys", *argv, "--config", str(config)])
+    assert user_of(config, "fg-k") is None
+
+
 def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     async def seed() -> None:
         store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
@@ -688,7 +702,9 @@ def test_a_keys_file_user_with_a_format_character_still_starts_and_is_listed_esc
     keys_file = Path(load_settings(config).server.keys_file)
     user = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
     keys_file.write_text(json.dumps({"key_sha256": hash_key(key), "user": user, "tier": "paid"}) + "\n")
-    assert [k.user for k in read_keys_file(str(keys_file))] == [user]  # what `floodgate serve` reads first
+    assert [k.user for k in read_keys_file(str(keys_file), ["paid"])] == [
+        user
+    ]  # what `floodgate serve` reads first
     table = run(capsys, config, "keys", "list")
     assert "\u200c" not in table and r"\u200c" in table
     assert user_of(config, key) == user
