@@ -9,7 +9,12 @@ ahead had even seen it, and filled the pool its key lookups wait for as well.
 
 So prompts get threads of their own, one per core (the work is CPU-bound: more threads than cores
 only share the cores), and a waiting prompt of a higher-priority tier takes the next free thread
-before any of a lower one; within a tier, first come first served.
+before any of a lower one. Within a tier, a user's prompt takes its turn by how many of its user's
+prompts were already waiting or encoding when it came (then first come first served): round robin
+between users. First come first served, the encode queue comes before the limiter, so one free
+user's 50 concurrent long prompts (48 of them then refused by its concurrency limit) all went ahead
+of another free user's one, which waited for the whole flood's encoding before the fair admission
+queue had seen its request.
 
 A waiter gives up after its tier's max_queue_wait_s, the bound the admission queue keeps
 (edge/admission/dispatcher.py), and is answered as that queue answers a wait too long: 429
@@ -52,8 +57,10 @@ class EncodeQueue:
         self._size = threads
         self._free = threads
         self._threads = anyio.CapacityLimiter(threads)
-        # (-priority, arrival, granted): a heap, the next to be given a thread first.
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        # (-priority, turn, arrival, granted): a heap, the next to be given a thread first.
+        self._waiting: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        # Each user's prompts waiting or encoding: a new one's turn within its tier.
+        self._in_flight: Counter[str] = Counter()
         self._arrivals = itertools.count()
         # Waiters cancelled while their entries stay in the heap (see `_take`).
         self._gone = 0
@@ -63,11 +70,24 @@ class EncodeQueue:
         self._work_s: float | None = None
 
     async def run(
-        self, priority: int, max_wait_s: float, work: Callable[..., T], *args: object
+        self, priority: int, max_wait_s: float, work: Callable[..., T], *args: object, user: str = ""
     ) -> tuple[T, float]:
         """`work(*args)` on a thread, and the seconds it waited for one. Raises Overloaded
-        ("wait_too_long") where no thread was free for it within `max_wait_s`."""
-        waited_s = await self._take(priority, max_wait_s)
+        ("wait_too_long") where no thread was free for it within `max_wait_s`. `user`: whose
+        prompt it is, for its turn among its tier's users."""
+        turn = self._in_flight[user]
+        self._in_flight[user] += 1
+        try:
+            return await self._run(priority, turn, max_wait_s, work, *args)
+        finally:
+            self._in_flight[user] -= 1
+            if not self._in_flight[user]:
+                del self._in_flight[user]
+
+    async def _run(
+        self, priority: int, turn: int, max_wait_s: float, work: Callable[..., T], *args: object
+    ) -> tuple[T, float]:
+        waited_s = await self._take(priority, turn, max_wait_s)
         # Timed on the thread, from the work's start: a waiter whose client left as it was handed
         # the thread (cancelled at the worker's start, before `work` ran) encoded nothing, and timed
         # from here it recorded about 0 s, pulling the mean its Retry-After is worked out from down.
@@ -88,14 +108,14 @@ class EncodeQueue:
                 self._worked(worked_s[0])
             self._give_back()
 
-    async def _take(self, priority: int, max_wait_s: float) -> float:
+    async def _take(self, priority: int, turn: int, max_wait_s: float) -> float:
         if self._free > 0 and not self._waiting:
             self._free -= 1
             return 0.0
         loop = asyncio.get_running_loop()
         joined = loop.time()
         granted = loop.create_future()
-        entry = (-priority, next(self._arrivals), granted)
+        entry = (-priority, turn, next(self._arrivals), granted)
         heapq.heappush(self._waiting, entry)
         self._live[priority] += 1
         try:
@@ -137,13 +157,13 @@ class EncodeQueue:
         self._live[priority] -= 1
         self._gone += 1
         if self._gone > 64 and 2 * self._gone > len(self._waiting):
-            self._waiting = [entry for entry in self._waiting if not entry[2].done()]
+            self._waiting = [entry for entry in self._waiting if not entry[3].done()]
             heapq.heapify(self._waiting)
             self._gone = 0
 
     def _give_back(self) -> None:
         while self._waiting:
-            negated, _, granted = heapq.heappop(self._waiting)
+            negated, _, _, granted = heapq.heappop(self._waiting)
             if not granted.done():
                 self._live[-negated] -= 1
                 granted.set_result(None)

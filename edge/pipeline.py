@@ -154,6 +154,7 @@ class Pipeline:
                 # The one wait before the limiter: a client that leaves during it is let go at
                 # once (a 499), its prompt not encoded, the limiter never asked.
                 watch,
+                principal.user,
             )
         except ChatTemplateError as exc:
             raise invalid_request(f"The chat template rejected these messages: {exc}", "messages") from None

@@ -48,14 +48,16 @@ async def encode_messages(
     priority: int = 0,
     max_wait_s: float = math.inf,
     watch: DisconnectWatch | None = None,
+    user: str = "",
 ) -> tuple[list[int], float]:
     """`encode_chat(messages, scope, end)`, on the loop when cheap, else in a worker thread, which a
     prompt of a higher `priority` (its tier's) gets first; and the seconds it waited for the thread,
     which its tier's max wait counts (edge/pipeline.py). Raises Overloaded ("wait_too_long") where
     no thread was free for it within `max_wait_s`, and the 499 `client_closed_request` where the
     client's connection (`watch`) went meanwhile (edge/hang_up.py): watched only here, where a
-    prompt may wait, so a prompt encoded inline pays for no watch."""
+    prompt may wait, so a prompt encoded inline pays for no watch. `user`: whose prompt it is, for
+    its turn among its tier's users (edge/encode_queue.py)."""
     if runs_inline(messages):
         return encode_chat(messages, scope, end), 0.0
     with abandoned_on_hang_up(watch):
-        return await encode_queue().run(priority, max_wait_s, encode_chat, messages, scope, end)
+        return await encode_queue().run(priority, max_wait_s, encode_chat, messages, scope, end, user=user)

@@ -125,7 +125,7 @@ def _waiting_for_a_thread(server: LiveServer) -> int:
     """The prompts waiting in the server's encode queue, read on its loop (the queue is the loop's)."""
 
     async def count() -> int:
-        return sum(1 for entry in encode_queue()._waiting if not entry[2].done())
+        return sum(1 for entry in encode_queue()._waiting if not entry[-1].done())
 
     loop = server._server.loop
     assert loop is not None
@@ -287,3 +287,47 @@ def test_a_client_that_leaves_while_its_prompt_waits_for_an_encode_thread_costs_
     assert limiter.asked.count("free-user") == 1, limiter.asked
     assert after.status_code == 200, after.text
     assert after.headers["x-ratelimit-remaining-requests"] == str(limit - 1)
+
+
+FLOOD, OTHER = "one of the flood", "another user's prompt"
+# The free tier waiting longer than any answer here takes: the encodings' order is under test, not
+# the bound.
+WAITING = {"tiers": {"free": ROOMY_TIERS["free"] | {"max_queue_wait_s": GUARD_S}}}
+
+
+def test_one_free_users_flood_of_long_prompts_does_not_hold_another_free_users_behind_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One free user's long prompts hold every encode thread and ten times as many wait; another
+    free user's long prompt then takes the next thread that frees. First come first served within
+    the tier, it waited for the whole flood's encoding (before the limiter, which refuses most of
+    the flood for its concurrency, and before the fair admission queue had seen its request)."""
+    threads = usable_cpus()
+    flood = 10 * threads
+    with start_server(tmp_path, WAITING) as server, ThreadPoolExecutor(threads + flood + 1) as pool:
+        text = server.app.state.runtime.pipeline.text
+        held = _HeldEncoding(text)
+        monkeypatch.setattr(text, "encode_chat", held)
+        url, free, free2 = server.base_url + CHAT, server.auth("free"), server.auth("free2")
+        try:
+            holding = [
+                pool.submit(httpx.post, url, json=_long(HOLD), headers=free, timeout=GUARD_S)
+                for _ in range(threads)
+            ]
+            for _ in range(threads):
+                assert held.entered.acquire(timeout=GUARD_S), "the flood never held the threads"
+            flooding = [
+                pool.submit(httpx.post, url, json=_long(FLOOD), headers=free, timeout=GUARD_S)
+                for _ in range(flood)
+            ]
+            wait_until(lambda: _waiting_for_a_thread(server) == flood, what="the flood waiting for a thread")
+            other = pool.submit(httpx.post, url, json=_long(OTHER), headers=free2, timeout=GUARD_S)
+            wait_until(lambda: _waiting_for_a_thread(server) == flood + 1, what="the other prompt waiting")
+        finally:
+            held.release.set()
+        for future in [*holding, *flooding, other]:
+            future.result()
+
+    # The threads that freed went to the other user's prompt first, not after the flood's (a few of
+    # the flood's may be encoded beside it, on the other threads, before its thread writes it down).
+    assert OTHER in held.encoded[: 4 * threads], held.encoded

@@ -113,6 +113,29 @@ async def test_a_waiting_paid_prompt_gets_the_next_thread_before_free_ones() -> 
     assert order == ["first", "paid", "free-a", "free-b", "free-c"]
 
 
+async def test_one_users_flood_of_long_prompts_does_not_go_ahead_of_another_users_prompt() -> None:
+    """One free user's 50 concurrent long prompts, then another free user's one: the other user's
+    prompt takes the next free thread, not one after all 50 (first come first served within a tier,
+    before the limiter refused 48 of the flood, held it behind every one)."""
+    queue = EncodeQueue(threads=1)
+    release, order = threading.Event(), list[str]()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_run_as, queue, "flooder", _held(release, order, "first"))
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(50):
+            tasks.start_soon(_run_as, queue, "flooder", order.append, "flood")
+        await anyio.wait_all_tasks_blocked()
+        tasks.start_soon(_run_as, queue, "other", order.append, "other")
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    assert order.index("other") == 1, order[:5]
+    assert order.count("flood") == 50
+
+
+async def _run_as(queue: EncodeQueue, user: str, work: Callable[..., object], *args: object) -> None:
+    await queue.run(0, NO_BOUND, work, *args, user=user)
+
+
 async def test_a_prompt_cancelled_while_it_waits_leaves_its_thread_to_the_next() -> None:
     queue = EncodeQueue(threads=1)
     release, order = threading.Event(), list[str]()
