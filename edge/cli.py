@@ -26,6 +26,7 @@ from edge.model_source import prepare_model
 from edge.models.served import default_model, served_models
 from edge.operator_cli import add_operator_commands
 from edge.sqlite_file import unopenable
+from edge.stop_before_serving import StoppedBeforeServing, stop_on_sigterm
 from edge.upstreams.asg_resolver import is_asg_spec
 from floodgate_client.cli import EXIT_INTERRUPTED, add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
@@ -72,6 +73,13 @@ def _dev_key_hint(settings: Settings) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Installed first: the model's import and the app's making take seconds, during which a
+    # SIGTERM was dropped where the edge is PID 1 (edge/stop_before_serving.py).
+    with stop_on_sigterm():
+        return _start_and_serve(args)
+
+
+def _start_and_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, object]] = {"server": {}}
     if args.triton:
         overrides["upstream"] = {"triton": args.triton}
@@ -230,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         # import. 130, the shell's code for a command SIGINT ended, as `floodgate chat` says too.
         print("floodgate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except StoppedBeforeServing:
+        # A supervisor's stop: nothing served yet, so nothing to drain, and no failure.
+        print("floodgate: stopped by SIGTERM before serving", file=sys.stderr)
+        return 0
 
 
 if __name__ == "__main__":
