@@ -128,6 +128,11 @@ resource "aws_ecs_task_definition" "edge" {
       # and the keys file into the task volume, refuses to start without keys, execs the server.
       command     = ["floodgate-start"]
       stopTimeout = var.stop_timeout_s
+      # An init as PID 1 that passes SIGTERM on: the kernel drops a signal PID 1 has no handler
+      # for, and the edge, exec'd by the start script, has none until its Python imports are done
+      # (edge/stop_before_serving.py covers the rest of its start): a task stopped then served on
+      # until SIGKILL at stopTimeout. The init also reaps what a killed worker leaves behind.
+      linuxParameters = { initProcessEnabled = true }
       # The public API (the load balancer's target) and each worker's operator listener.
       portMappings = concat(
         [{ containerPort = var.container_port, protocol = "tcp" }],

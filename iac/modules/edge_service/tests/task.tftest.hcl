@@ -55,6 +55,11 @@ run "start_script_volume_and_stop_timeout" {
     condition     = jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].stopTimeout == 120
     error_message = "a stopping task gets Fargate's longest stop timeout for the edge's drain"
   }
+
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.edge.container_definitions)[0].linuxParameters.initProcessEnabled
+    error_message = "an init is PID 1 and passes SIGTERM on: as PID 1 the starting edge's was dropped"
+  }
 }
 
 # The operator listener (/metrics, /v1/internal/engine on ops_port) is reachable inside the VPC only
