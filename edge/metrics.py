@@ -100,6 +100,16 @@ REQUESTS_REJECTED = Counter(
     "counted in floodgate_requests_finished_total only.",
     ["status", "code", "model", "tier"],
 )
+# The limiter's 429s by the limit that refused them: every one is code `rate_limit_exceeded` in
+# floodgate_requests_rejected_total (the code clients test), so a tier spending its token budget and
+# one held at its concurrency were one series there. `limit`: limiter/base.py's LimitName, a fixed set.
+RATE_LIMITED = Counter(
+    "floodgate_rate_limited_total",
+    "Chat completions the rate limiter refused (429 rate_limit_exceeded), by model, tier and the"
+    " limit that refused them: requests, tokens or concurrency (also counted in"
+    " floodgate_requests_rejected_total).",
+    ["model", "tier", "limit"],
+)
 OPEN_STREAMS = LoopGauge(
     "floodgate_open_streams", "Generations open in this process (server.max_open_streams bounds it)."
 )

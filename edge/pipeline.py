@@ -17,6 +17,7 @@ from typing import Protocol
 
 import structlog
 
+from edge import metrics
 from edge.admission.cache_scope import PrefixCacheScope, cache_salt
 from edge.admission.dispatcher import Dispatcher
 from edge.admission.prefix_index import routing_hashes
@@ -40,6 +41,7 @@ from edge.keys.principal import Principal
 from edge.keys.stream_watch import StreamWatch
 from edge.log_line import refusal_line
 from edge.messages.conversation_lock import ConversationLocked, ConversationLocks, HeldLock
+from edge.metric_children import child
 from edge.models.token_weight import weighted
 from edge.prompt_encoding import encode_messages
 from edge.request_ids import new_request_id
@@ -247,6 +249,7 @@ class Pipeline:
             decision = admission.decision
             if not decision.allowed or admission.lease is None:
                 limit = decision.limit or "requests"
+                child(metrics.RATE_LIMITED, self.dispatcher.model, principal.tier, limit).inc()
                 # OpenAI's shape: the limit as the type, "rate_limit_exceeded" as the code (clients
                 # test the code to tell a rate limit from other 429s).
                 wait = wait_text(decision.retry_after_ms / 1000)
