@@ -31,13 +31,14 @@ REJECTED = Counter(
 )
 QUEUE_DEPTH_PER_REPLICA = Gauge(
     "floodgate_queue_depth_per_replica",
-    "Waiting requests per healthy replica: the figure the GPU pool autoscales on.",
+    "Waiting requests per healthy replica (the GPU pool scales on CloudWatch's DemandPerReplica and"
+    " ReplicaLoadPerReplica, edge/scaling/, not on this).",
     ["model"],
 )
 
 
 def watch_queue(model: str, depth_per_replica: Callable[[], float]) -> None:
-    """The queue's autoscaling figure, read when Prometheus collects.
+    """The queue's depth per replica, read when Prometheus collects.
 
     Read at scrape time, not set after every dispatch pass: setting the gauges cost every request
     two passes' worth of label look-ups and dict building (about 6 % of a one-token stream's CPU,
