@@ -5,6 +5,11 @@ so Litestar sees no `data` parameter to describe: its request body is the msgspe
 ChatCompletionRequest, bounds included, placed by `ChatCompletionOperation`. Clients and fuzzers
 (tests/faults/test_schemathesis.py) read the same bounds the parser enforces.
 
+Every operation documents its failures as what the edge sends (`ApiOperation`): the OpenAI error
+object of edge/errors.py, for any 4xx or 5xx. Litestar's own entry, a 400 of `{status_code, detail,
+extra}` added wherever a handler takes parameters, described a body the edge never sends, and
+the 401/404/409/413/429/503 the edge does send were not in the document at all.
+
 That schema is written out whole in the operation (`_inlined`), not as references to
 components/schemas: Litestar fills the served document's components/schemas with the schemas it
 generated itself and drops those the config names, so the body was a $ref that resolved nowhere
@@ -22,10 +27,21 @@ from litestar import Router
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
-from litestar.openapi.spec import Components, OpenAPIMediaType, Operation, RequestBody, Schema, SecurityScheme
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Reference,
+    RequestBody,
+    Schema,
+    SecurityScheme,
+)
 from litestar.routes import BaseRoute
 from litestar.types import ControllerRouterHandler
 
+from edge.errors import ErrorBody
 from edge.schemas import ChatCompletionRequest
 
 SCHEMA_PATH = "/schema"  # the document is at SCHEMA_PATH + "/openapi.json"
@@ -45,22 +61,68 @@ def _inlined(node: Any, components: dict[str, Any]) -> Any:
     return node
 
 
-(_CHAT_REQUEST_REF,), _BODY_SCHEMAS = msgspec.json.schema_components(
-    [ChatCompletionRequest], ref_template=_REF_PREFIX + "{name}"
-)
-_CHAT_REQUEST_SCHEMA = _inlined(_CHAT_REQUEST_REF, _BODY_SCHEMAS)
+def _schema_of(kind: type[Any]) -> Schema:
+    """`kind`'s msgspec JSON Schema, bounds included, with no references left in it. Litestar
+    writes plain dicts through as they are: msgspec's JSON Schema needs no conversion."""
+    (ref,), components = msgspec.json.schema_components([kind], ref_template=_REF_PREFIX + "{name}")
+    return cast(Schema, _inlined(ref, components))
+
+
+def _json(kind: type[Any]) -> dict[str, OpenAPIMediaType]:
+    return {"application/json": OpenAPIMediaType(schema=_schema_of(kind))}
+
+
+# Every 4xx and 5xx the edge answers with a body is this object (edge/errors.py); the ranges, not a
+# list of codes, since one route's codes depend on the settings (a 429 per limit, a 503 per store).
+_ERROR_RESPONSES: dict[str, OpenAPIResponse | Reference] = {
+    "4XX": OpenAPIResponse(
+        description="The request was refused: an OpenAI error object.", content=_json(ErrorBody)
+    ),
+    "5XX": OpenAPIResponse(
+        description="The server could not answer: an OpenAI error object.", content=_json(ErrorBody)
+    ),
+}
 
 
 @dataclass
-class ChatCompletionOperation(Operation):
-    """POST /v1/chat/completions, with the body the route parses by hand."""
+class ApiOperation(Operation):
+    """An operation of the public API: its failures documented as the error object it sends."""
 
     def __post_init__(self) -> None:
-        # Litestar writes plain dicts through as they are: msgspec's JSON Schema needs no conversion.
-        schema = cast(Schema, _CHAT_REQUEST_SCHEMA)
-        self.request_body = RequestBody(
-            content={"application/json": OpenAPIMediaType(schema=schema)}, required=True
-        )
+        kept = {code: answer for code, answer in (self.responses or {}).items() if code[0] not in "45"}
+        self.responses = {**kept, **_ERROR_RESPONSES}
+
+
+@dataclass
+class ProbeOperation(ApiOperation):
+    """/healthz and /readyz: answered without a key (load balancers send none), which the document's
+    global bearer requirement said they needed."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.security = []
+
+
+# A chat completion's 200: one JSON object, or with `stream` server-sent events (it was documented as
+# JSON alone, and a streamed answer did not match the document).
+_COMPLETION = OpenAPIResponse(
+    description="The completion: one JSON object, or with `stream` server-sent events.",
+    content={
+        "application/json": OpenAPIMediaType(schema=Schema()),
+        "text/event-stream": OpenAPIMediaType(schema=Schema(type=OpenAPIType.STRING)),
+    },
+)
+
+
+@dataclass
+class ChatCompletionOperation(ApiOperation):
+    """POST /v1/chat/completions, with the body the route parses by hand, and its 200 in either of
+    the two forms `stream` picks."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.request_body = RequestBody(content=_json(ChatCompletionRequest), required=True)
+        self.responses = {**(self.responses or {}), "200": _COMPLETION}
 
 
 # The path of the catch-all Litestar adds under SCHEMA_PATH for the paths no document is served at.

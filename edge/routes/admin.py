@@ -31,6 +31,7 @@ from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
 from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
+from edge.openapi import ApiOperation
 from edge.routes.json_body import json_response
 from edge.routes.list_page import list_page
 from edge.routes.listeners import BOTH, is_options_answer
@@ -103,7 +104,7 @@ def _lifecycle_error(exc: Exception) -> ApiError:
     return invalid_request(str(exc), "tier", code="unknown_tier")
 
 
-@post("/keys", status_code=201)
+@post("/keys", status_code=201, operation_class=ApiOperation)
 async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
     body = _body(await request.body(), CreateKey)
     try:
@@ -131,7 +132,7 @@ def _key_cursor(value: str | None) -> str | None:
     return value
 
 
-@get("/keys")
+@get("/keys", operation_class=ApiOperation)
 async def list_keys(
     request: Request[Any, Any, Any],
     user: FromQuery[str | None] = None,
@@ -149,7 +150,7 @@ async def list_keys(
     return list_page(data, page.has_more)
 
 
-@post("/keys/{key_id:str}/revoke", status_code=200)
+@post("/keys/{key_id:str}/revoke", status_code=200, operation_class=ApiOperation)
 async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     try:
         revoked = await runtime_of(request).key_admin.revoke_line(key_id)
@@ -161,7 +162,7 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     return json_response({**key_view(revoked.key), "also_revoked": also})
 
 
-@post("/keys/{key_id:str}/rotate", status_code=200)
+@post("/keys/{key_id:str}/rotate", status_code=200, operation_class=ApiOperation)
 async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     body = _body(await request.body(), Rotate)
     try:
@@ -174,7 +175,7 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     return json_response(answer, headers=NO_STORE)
 
 
-@post("/keys/{key_id:str}/tier", status_code=200)
+@post("/keys/{key_id:str}/tier", status_code=200, operation_class=ApiOperation)
 async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     body = _body(await request.body(), SetTier)
     try:
@@ -184,7 +185,7 @@ async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -
     return json_response(key_view(record))
 
 
-@get("/usage")
+@get("/usage", operation_class=ApiOperation)
 async def all_usage(
     request: Request[Any, Any, Any],
     user: FromQuery[str | None] = None,

@@ -11,12 +11,13 @@ from litestar.response.base import ASGIResponse
 from edge.cancel.bus import CancelBusUnavailable
 from edge.cancel.outcome import CancelOutcome
 from edge.errors import ApiError, retry_after_headers
+from edge.openapi import ApiOperation
 from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
 
 
-@post("/v1/chat/completions/{request_id:str}/cancel", status_code=200)
+@post("/v1/chat/completions/{request_id:str}/cancel", status_code=200, operation_class=ApiOperation)
 async def cancel_completion(request: Request[Any, Any, Any], request_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await caller(runtime, request)

@@ -14,6 +14,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request, wait_text
 from edge.messages.store import Order
+from edge.openapi import ApiOperation
 from edge.routes.caller import caller
 from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
@@ -51,7 +52,7 @@ def _cursor(name: str, value: str | None) -> str | None:
     return value
 
 
-@get("/v1/conversations/{conversation_id:str}/messages")
+@get("/v1/conversations/{conversation_id:str}/messages", operation_class=ApiOperation)
 async def conversation_messages(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],

@@ -23,6 +23,7 @@ from litestar.response.base import ASGIResponse
 
 from edge.drain import Drain
 from edge.membership.membership import FleetMembership
+from edge.openapi import ProbeOperation
 from edge.routes.json_body import json_response
 from edge.routes.listeners import BOTH, on_operator_listener
 from edge.runtime import Runtime
@@ -38,12 +39,12 @@ def joining(state: State) -> bool:
     return fleet is not None and bool(state.get("fleet_divides")) and fleet.view.share == 0.0
 
 
-@route("/healthz", http_method=_PROBE_METHODS, opt=BOTH)
+@route("/healthz", http_method=_PROBE_METHODS, opt=BOTH, operation_class=ProbeOperation)
 async def healthz() -> ASGIResponse:
     return json_response({"status": "ok"})
 
 
-@route("/readyz", http_method=_PROBE_METHODS, opt=BOTH)
+@route("/readyz", http_method=_PROBE_METHODS, opt=BOTH, operation_class=ProbeOperation)
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     status, detail = _readiness(request.app.state)
     code = 200 if status == "ready" else 503

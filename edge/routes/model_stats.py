@@ -29,6 +29,7 @@ from litestar.response.base import ASGIResponse
 from edge.admission.cache_figures import CacheFigures
 from edge.admission.cache_scope import PrefixCacheScope
 from edge.admission.replica_set import ReplicaState
+from edge.openapi import ApiOperation
 from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import runtime_of
@@ -57,7 +58,7 @@ def _replica(number: int, state: ReplicaState, scope: PrefixCacheScope) -> dict[
     return entry
 
 
-@get("/v1/models/{model_id:str}/stats")
+@get("/v1/models/{model_id:str}/stats", operation_class=ApiOperation)
 async def model_stats(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await caller(runtime, request)

@@ -13,6 +13,7 @@ from litestar import Request, get
 from litestar.params import FromPath
 from litestar.response.base import ASGIResponse
 
+from edge.openapi import ApiOperation
 from edge.routes.caller import caller
 from edge.routes.json_body import json_response
 from edge.runtime import Runtime, runtime_of
@@ -42,7 +43,7 @@ async def _tier_models(runtime: Runtime, request: Request[Any, Any, Any]) -> lis
     return runtime.models.models_for(principal.tier)
 
 
-@get("/v1/models")
+@get("/v1/models", operation_class=ApiOperation)
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     runtime = runtime_of(request)
     models = runtime.models
@@ -50,7 +51,7 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     return json_response({"object": "list", "data": cards})
 
 
-@get("/v1/models/{model_id:str}")
+@get("/v1/models/{model_id:str}", operation_class=ApiOperation)
 async def retrieve_model(request: Request[Any, Any, Any], model_id: FromPath[str]) -> ASGIResponse:
     runtime = runtime_of(request)
     if model_id not in await _tier_models(runtime, request):

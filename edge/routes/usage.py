@@ -11,6 +11,7 @@ from litestar.params import FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
+from edge.openapi import ApiOperation
 from edge.routes.caller import caller
 from edge.routes.list_page import list_page
 from edge.routes.page_limit import page_limit
@@ -65,7 +66,7 @@ async def usage_response(
     return list_page(data, page.has_more)
 
 
-@get("/v1/usage")
+@get("/v1/usage", operation_class=ApiOperation)
 async def own_usage(
     request: Request[Any, Any, Any],
     start: FromQuery[str] = "",
