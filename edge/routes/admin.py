@@ -31,7 +31,7 @@ from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
 from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
-from edge.openapi import ApiOperation
+from edge.openapi import ApiOperation, with_json_body
 from edge.routes.json_body import json_response
 from edge.routes.list_page import list_page
 from edge.routes.listeners import BOTH, is_options_answer
@@ -104,7 +104,7 @@ def _lifecycle_error(exc: Exception) -> ApiError:
     return invalid_request(str(exc), "tier", code="unknown_tier")
 
 
-@post("/keys", status_code=201, operation_class=ApiOperation)
+@post("/keys", status_code=201, operation_class=with_json_body(CreateKey, required=True))
 async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
     body = _body(await request.body(), CreateKey)
     try:
@@ -162,7 +162,7 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     return json_response({**key_view(revoked.key), "also_revoked": also})
 
 
-@post("/keys/{key_id:str}/rotate", status_code=200, operation_class=ApiOperation)
+@post("/keys/{key_id:str}/rotate", status_code=200, operation_class=with_json_body(Rotate, required=False))
 async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     body = _body(await request.body(), Rotate)
     try:
@@ -175,7 +175,7 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     return json_response(answer, headers=NO_STORE)
 
 
-@post("/keys/{key_id:str}/tier", status_code=200, operation_class=ApiOperation)
+@post("/keys/{key_id:str}/tier", status_code=200, operation_class=with_json_body(SetTier, required=True))
 async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
     body = _body(await request.body(), SetTier)
     try:
