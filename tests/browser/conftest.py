@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -141,6 +144,9 @@ class PacedReplica:
         self.text_ids = tokenizer.encode(" Once upon a time a dragon slept, and dreamt.").ids
         self.running = 0  # streams generating now
         self.cut = 0  # streams the edge closed before their end (a cancel or a disconnect)
+        # Set by a test: a closed stream's end waits until the test sets it, as a remote replica's
+        # abort waits for its network; the edge stores the turn only after that end.
+        self.closing: threading.Event | None = None
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[Delta]:
         return self._generate(req)
@@ -154,6 +160,10 @@ class PacedReplica:
                 yield Delta([self.text_ids[k % len(self.text_ids)]], "length" if k == last else None)
         except (GeneratorExit, asyncio.CancelledError):  # closed, or its consumer cancelled
             self.cut += 1
+            closing = self.closing
+            if closing is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(closing.wait)
             raise
         finally:
             self.running -= 1

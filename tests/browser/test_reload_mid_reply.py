@@ -6,6 +6,8 @@ puts the question back."""
 
 from __future__ import annotations
 
+import threading
+
 from playwright.sync_api import Browser, expect
 
 from tests.browser.conftest import WAIT_MS, PacedReplica
@@ -58,4 +60,30 @@ def test_a_reload_before_the_edge_answered_gives_the_question_back(
             "last message interrupted by a reload before any reply: it is back in the box to send again"
         )
     finally:
+        context.close()
+
+
+def test_a_reload_read_before_the_edge_stored_the_cut_reply_waits_for_it(
+    browser: Browser, paced_server: tuple[LiveServer, PacedReplica]
+) -> None:
+    """The edge stores a dropped stream's turn once it has seen the drop and closed the request (its
+    replica's stream closed first): the reloaded page's read may come before. Read then, the reply
+    was missing from the reloaded view, until another reload."""
+    server, replica = paced_server
+    context = browser.new_context()
+    replica.closing = threading.Event()
+    try:
+        page = context.new_page()
+        start_a_long_reply(page, server)
+
+        with page.expect_response("**/messages?*"):
+            page.reload()
+        replica.closing.set()  # read: now the edge may end the request and store its reply
+
+        expect(page.locator("#transcript .msg.assistant.failed")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#transcript .fail-note")).to_have_text(["interrupted by a reload"])
+        expect(page.locator("#prompt")).to_have_value("tell me a long story")
+    finally:
+        replica.closing.set()
+        replica.closing = None
         context.close()
