@@ -184,7 +184,7 @@ module "gpu_pool" {
   root_volume_iops             = each.value.root_volume_iops
   root_volume_throughput_mibps = each.value.root_volume_throughput_mibps
 
-  # null: the module's defaults (surge 1.5, drain 300 s, apply waits "30m").
+  # null: the module's defaults (surge 1.5, drain 600 s, apply waits "30m").
   surge_demand              = each.value.surge_demand
   scale_in_drain_s          = each.value.scale_in_drain_s
   wait_for_capacity_timeout = each.value.wait_for_capacity_timeout

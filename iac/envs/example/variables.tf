@@ -82,7 +82,7 @@ variable "models" {
     root_volume_gb               = optional(number)
     root_volume_iops             = optional(number)
     root_volume_throughput_mibps = optional(number)
-    # Scaling and rollout of its group (null: the gpu_pool module's defaults, 1.5, 300 s, "30m").
+    # Scaling and rollout of its group (null: the gpu_pool module's defaults, 1.5, 600 s, "30m").
     surge_demand              = optional(number)
     scale_in_drain_s          = optional(number)
     wait_for_capacity_timeout = optional(string)
