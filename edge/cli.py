@@ -88,6 +88,10 @@ def _start_and_serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         # 0 too: a free port the kernel picks, as server.port = 0 is (the port bound is logged).
         overrides["server"]["port"] = args.port
+    if args.ops_port is not None:
+        # As --port: a second edge on one host (another checkout, a test run) met the first's
+        # operator port, which only a config file could change.
+        overrides["server"]["ops_port"] = args.ops_port
     try:
         settings = load_settings(args.config, overrides)
     except (ConfigError, msgspec.ValidationError) as exc:
@@ -206,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="TOML file overriding the embedded defaults")
     serve.add_argument("--host", help="bind address (default: server.host)")
     serve.add_argument("--port", type=int, help="port (default: server.port)")
+    serve.add_argument(
+        "--ops-port",
+        type=int,
+        help="operator port: /metrics, /healthz, /readyz (default: server.ops_port; 0: any free port)",
+    )
     serve.add_argument(
         "--triton",
         metavar="local|HOST:PORT,...|asg:GROUP[:HTTP_PORT[:METRICS_PORT]]",

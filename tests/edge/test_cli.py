@@ -270,12 +270,28 @@ def test_serve_port_0_binds_a_free_port_and_logs_it(tmp_path: Path) -> None:
             _wait_listening(client, proc)
 
 
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_ops_port_moves_the_operator_listener(tmp_path: Path) -> None:
+    """A second edge on one host met the first's operator port (9464 by default), which only a
+    config file could change, where `--port` moves the public one."""
+    given = free_port()
+    config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}")  # ops_port 0: any free port
+    with _serving_on_port_0(tmp_path, config, "--ops-port", str(given)) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"edge_listening"' in line:
+                break
+        with httpx.Client(base_url=f"http://127.0.0.1:{given}", timeout=30) as client:
+            _wait_listening(client, proc)
+            assert "floodgate_open_streams" in client.get("/metrics").text
+
+
 @contextlib.contextmanager
-def _serving_on_port_0(tmp_path: Path, config: Path) -> Iterator[subprocess.Popen[str]]:
+def _serving_on_port_0(tmp_path: Path, config: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     """`floodgate serve --port 0` of this checkout (wherever the environment's editable install
     points), its log lines on stdout; ended at the exit, and after 60 s whatever happens: a server
     that never logs what a test waits for is ended, its output closed."""
-    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0"]
+    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", "0", *args]
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
