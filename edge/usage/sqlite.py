@@ -45,11 +45,18 @@ _SWEEP_EVERY_S = 3600.0
 
 
 class SQLiteUsageStore:
+    """Two connections, each serialised by a lock of its own: one writes, the other reads. WAL lets
+    a reader read beside a writer, but not on the writer's connection: with one connection a usage
+    read waited behind this edge's write, which waits out the 10 s busy wait while another
+    connection (an edge worker, `floodgate keys`, a `sqlite3` shell) holds the file's write lock."""
+
     parallel_writes = 1  # one seq per writer (usage_writes), and one connection besides
 
     def __init__(self, path: str | Path) -> None:
         self._conn = connect(path)
         self._lock = threading.Lock()
+        self._reader = connect(path)
+        self._read_lock = threading.Lock()
         self._swept_at = 0.0
         self._conn.executescript(_SCHEMA)
         add_columns(self._conn, "usage_writes", ("written_at",), kind="REAL")
@@ -112,8 +119,8 @@ class SQLiteUsageStore:
 
     def _query(self, user: str | None, start: str, end: str) -> list[Usage]:
         where, params = _range(user, start, end)
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
                 f"WHERE {' AND '.join(where)} ORDER BY user, day, model",
                 params,
@@ -126,8 +133,8 @@ class SQLiteUsageStore:
         if after is not None:
             where.append("(user, day, model) > (?, ?, ?)")
             params.extend(after)
-        with self._lock:
-            rows = self._conn.execute(
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
                 f"WHERE {' AND '.join(where)} ORDER BY user, day, model LIMIT ?",
                 (*params, want),
@@ -135,6 +142,8 @@ class SQLiteUsageStore:
         return [Usage(*row) for row in rows]
 
     def _close(self) -> None:
+        with self._read_lock:
+            self._reader.close()
         with self._lock:
             self._conn.close()
 
