@@ -36,13 +36,24 @@ full is not counted, and `hold_reserve` refuses it once it has been validated. C
 of the paid places while it was parsed and its prompt encoded (a long prompt's wait for a worker
 thread, behind every other long prompt): a free flood of long prompts (one key's is enough: its
 concurrency limit is checked after the reserve) filled the door, and paid users met 429 server_busy.
+
+A user takes no more places at its body's end than the streams it may run at once (its tier's
+max_concurrent, `PLACE_OWNER`, set by the app with NO_RESERVE). Past that, the request holds none
+while it is parsed and its prompt encoded, and takes its place (or its 429 server_busy, where the
+door or the free share is full by then) in `hold_reserve`, just before the limiter, which refuses it
+for the user's concurrency unless one of its streams ended meanwhile. Counted from the body's end,
+one free user's flood of long prompts, waiting for encode threads, held every place of the free
+share however few of them its concurrency limit would let run, and every other free user met 429
+server_busy at the door meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import msgspec
 from litestar.enums import ScopeType
@@ -75,9 +86,28 @@ BUSY_MESSAGE = "This server holds as many streams as it can. Please try again sh
 CLOSE_READ_OFF_S = 1.0
 # The scope key the app sets, once the key is read, for a tier that may not use the paid reserve.
 NO_RESERVE = "floodgate.no_reserve"
-# True in a request's own task when its body arrived past the free share: it holds no place, and
-# hold_reserve refuses it.
-_PAST_FREE_SHARE: ContextVar[bool] = ContextVar("floodgate_past_free_share", default=False)
+# The scope key the app sets, once the key is read: (user, the most streams its tier may run at
+# once), the most places the user's requests take at their bodies' end.
+PLACE_OWNER = "floodgate.place_owner"
+
+
+@dataclass(slots=True)
+class _Place:
+    """One generation request's standing at the door, from its body's end to its end."""
+
+    # Whose place it is: the user it is counted under (None before the key is known).
+    user: str | None = None
+    # It holds a place, given back when the request ends.
+    counted: bool = False
+    # Its body arrived past the free share: it holds no place, and hold_reserve refuses it.
+    past_free_share: bool = False
+    # Its body arrived while its user held as many places as it may run streams: it takes its place
+    # in hold_reserve, if the door has one then.
+    deferred: bool = False
+
+
+# The place of the request whose task this is (None outside the door's generations).
+_PLACE: ContextVar[_Place | None] = ContextVar("floodgate_place", default=None)
 
 
 class StreamGate:
@@ -89,14 +119,43 @@ class StreamGate:
         # What tiers without the reserve may hold; never none, or a small cap would shut them out.
         self.unreserved_streams = max(1, limit_for(max_open_streams, False, reserved_paid_fraction))
         self.open_streams = 0
+        # The places each user's requests hold (a user holding none is not kept).
+        self._held: Counter[str] = Counter()
 
     def hold_reserve(self, may_use_reserve: bool) -> None:
         """For a generation already through the door whose tier is now known: raise ApiError 429
         `server_busy` if its tier may not use the paid reserve and the door's free share is full
-        (this stream counted)."""
-        if not may_use_reserve and (_PAST_FREE_SHARE.get() or self.open_streams > self.unreserved_streams):
+        (this stream counted), or if it is yet to take its place (see the module doc) and the door
+        has none for it."""
+        place = _PLACE.get()
+        if place is not None and place.deferred:
+            place.deferred = False
+            if self.open_streams >= self.max_open_streams:
+                raise _busy_error()
+            if not may_use_reserve and self.open_streams >= self.unreserved_streams:
+                PAID_SHARE_KEPT.inc()
+                raise _busy_error()
+            self._take(place)
+            return
+        past_share = place is not None and place.past_free_share
+        if not may_use_reserve and (past_share or self.open_streams > self.unreserved_streams):
             PAID_SHARE_KEPT.inc()
             raise _busy_error()
+
+    def _take(self, place: _Place) -> None:
+        place.counted = True
+        self.open_streams += 1
+        OPEN_STREAMS.inc()
+        if place.user is not None:
+            self._held[place.user] += 1
+
+    def _give_back(self, place: _Place) -> None:
+        self.open_streams -= 1
+        OPEN_STREAMS.dec()
+        if place.user is not None:
+            self._held[place.user] -= 1
+            if not self._held[place.user]:
+                del self._held[place.user]
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """The Litestar middleware factory (`Litestar(middleware=[gate.middleware])`)."""
@@ -133,37 +192,40 @@ class StreamGate:
                     BUSY_RETRY_AFTER_S,
                 )
                 return
-            counted = False
+            place = _Place()
 
             async def receive_counted() -> ReceiveMessage:
-                nonlocal counted
                 message = await receive()
-                if counted or message["type"] != "http.request" or message.get("more_body", False):
+                if place.counted or message["type"] != "http.request" or message.get("more_body", False):
                     return message
                 # The body has arrived: from here the request is a generation (see module doc).
                 if self.open_streams >= self.max_open_streams:
                     raise _busy_error()
                 if scope.get(NO_RESERVE) and self.open_streams >= self.unreserved_streams:
                     # To be refused once validated (hold_reserve): meanwhile no place of the paid share.
-                    _PAST_FREE_SHARE.set(True)
+                    place.past_free_share = True
                     return message
-                counted = True
-                self.open_streams += 1
-                OPEN_STREAMS.inc()
+                owner: tuple[str, int] | None = scope.get(PLACE_OWNER)  # type: ignore[assignment]
+                if owner is not None:
+                    place.user, most = owner
+                    if self._held[place.user] >= most:
+                        # Its place waits for hold_reserve (see module doc).
+                        place.deferred = True
+                        return message
+                self._take(place)
                 return message
 
             scope[RAW_SEND] = send  # type: ignore[literal-required]
-            past_share = _PAST_FREE_SHARE.set(False)
+            placed = _PLACE.set(place)
             try:
                 await app(scope, receive_counted, send)
             finally:
-                _PAST_FREE_SHARE.reset(past_share)
+                _PLACE.reset(placed)
                 # `send` reaches the server's request cycle, which holds this scope: left here, the
                 # request's cycle, scope and headers would be garbage only the collector frees.
                 del scope[RAW_SEND]  # type: ignore[misc]
-                if counted:
-                    self.open_streams -= 1
-                    OPEN_STREAMS.dec()
+                if place.counted:
+                    self._give_back(place)
 
         return gate
 

@@ -21,7 +21,7 @@ from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
 from edge.runtime import Runtime, runtime_of
 from edge.schemas import parse_chat_request
-from edge.stream_gate import NO_RESERVE
+from edge.stream_gate import NO_RESERVE, PLACE_OWNER
 from edge.streaming import EventStreamResponse, until_disconnect
 
 
@@ -37,6 +37,9 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
     if tier is not None and not tier.may_use_reserve:
         # Before the body: the stream gate counts no place past the free share for it.
         scope[NO_RESERVE] = True  # type: ignore[literal-required]
+    if tier is not None:
+        # Before the body: the stream gate counts no more places for the user than it may run streams.
+        scope[PLACE_OWNER] = (principal.user, tier.max_concurrent)  # type: ignore[literal-required]
     req = parse_chat_request(await read_body(receive, declared_length, max_bytes))
     pipeline = runtime.models.pipeline_for(principal.tier, req.model or "")
     if tier is not None:
