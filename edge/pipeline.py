@@ -130,11 +130,17 @@ class Pipeline:
         self.locks = locks
 
     async def admit(
-        self, principal: Principal, req: ChatCompletionRequest, watch: DisconnectWatch | None = None
+        self,
+        principal: Principal,
+        req: ChatCompletionRequest,
+        watch: DisconnectWatch | None = None,
+        *,
+        retry: bool = False,
     ) -> Generation:
         """Everything decided before the response starts; raises ApiError for a 4xx/5xx answer.
         `watch`: the client's connection (edge/disconnect_watch.py), whose going abandons the wait
-        for an encode thread (edge/hang_up.py); None where the server has none."""
+        for an encode thread (edge/hang_up.py); None where the server has none. `retry`: the client
+        says it sends this request again (edge/retry_count.py)."""
         arrived = time.perf_counter()
         tier = self.config.tiers.get(principal.tier)
         if tier is None:
@@ -212,6 +218,7 @@ class Pipeline:
             tier=principal.tier,
             prefix_keys=routing_hashes(prompt_ids, salt),
             prompt_tokens=len(prompt_ids),
+            retry=retry,
         )
         try:
             # Before the limiter: a request no replica could ever hold costs the user nothing.

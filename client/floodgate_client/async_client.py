@@ -167,10 +167,11 @@ class AsyncChat:
             if attempts.closed:
                 # Closed during a wait before this attempt (a refusal's, or before the first).
                 raise NetworkError("stream closed before its request was sent")
-            attempts.begin()
+            headers = attempts.begin()
             try:
                 response = await self._http.send(
-                    self._http.build_request("POST", CHAT_PATH, json=request.body()), stream=True
+                    self._http.build_request("POST", CHAT_PATH, json=request.body(), headers=headers),
+                    stream=True,
                 )
             except httpx.TransportError as exc:
                 if attempts.take_network_retry():

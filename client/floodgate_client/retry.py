@@ -15,6 +15,8 @@ from floodgate_client.errors import FloodgateError
 # find healed. A 4xx besides these is the request's own fault and would come again.
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 _SERVER_ERRORS = 500
+# The OpenAI SDK's name for the retries a request has taken; the edge reads it (edge/retry_count.py).
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
 # Without an advertised wait, back off exponentially from this, up to the cap.
 _BASE_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
@@ -83,11 +85,17 @@ class Attempts:
     refusals_waited: int = 0
     # Set when the stream is closed: no attempt starts after, whatever it was waiting on.
     closed: bool = False
+    # Attempts sent so far (`begin`).
+    sent: int = 0
 
-    def begin(self) -> None:
-        """An attempt goes out: the first one starts the deadline's clock."""
+    def begin(self) -> dict[str, str]:
+        """An attempt goes out: the first one starts the deadline's clock. Returns its headers:
+        the retries taken before it, as the OpenAI SDK sends them (`x-stainless-retry-count`), so
+        that the edge counts a retry it refuses again as no new demand (edge/retry_count.py)."""
         if self.started is None:
             self.started = time.monotonic()
+        self.sent += 1
+        return {RETRY_COUNT_HEADER: str(self.sent - 1)}
 
     def refusal_wait_s(self, error: FloodgateError) -> float | None:
         """Seconds to wait before trying `error`'s request again, or None: give up."""

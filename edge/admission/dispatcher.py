@@ -258,21 +258,32 @@ class Dispatcher:
         )
 
     def precheck(self, ticket: Ticket) -> None:
-        """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in time."""
-        self._offered_requests += 1
-        self._offered_prompt_tokens += (
-            ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens
-        )
-        if not self._queue and not self.replicas.closed and self._room_now(ticket):
-            # First in line with room now: no guard could refuse it and its estimated wait is 0.
-            return
-        refusal = self._turn_away(ticket, frozenset())
+        """Raise Overloaded now, before the stream opens, when the ticket would not get a slot in
+        time. Counts the ticket as offered (the scaling signal's demand), refused or not, but for
+        a client's retry (`Ticket.retry`) refused again: the work it asks for was counted when it
+        was first asked for, and with no replica up (minutes, while a first host boots) every
+        client's every try is refused, so each counted once per try. A retry taken is counted:
+        its earlier try may have been refused before the queue (the limiter) and never counted,
+        and one whose earlier try the queue refused is counted twice at most."""
+        refusal = self._precheck_refusal(ticket)
+        if refusal is None or not ticket.retry:
+            self._offered_requests += 1
+            self._offered_prompt_tokens += (
+                ticket.kv_tokens if ticket.prompt_tokens is None else ticket.prompt_tokens
+            )
         if refusal is not None:
             raise refusal
-        if self._wait_s(ticket) > ticket.max_wait_s:
+
+    def _precheck_refusal(self, ticket: Ticket) -> Overloaded | None:
+        if not self._queue and not self.replicas.closed and self._room_now(ticket):
+            # First in line with room now: no guard could refuse it and its estimated wait is 0.
+            return None
+        refusal = self._turn_away(ticket, frozenset())
+        if refusal is None and self._wait_s(ticket) > ticket.max_wait_s:
             # Judged by the estimate, told when to come back as a full queue is: the estimate alone
             # ignored the running replies, and said 1.3 s while the only place stayed busy 7 s.
-            raise self._reject("wait_too_long", self._retry_after(ticket))
+            return self._reject("wait_too_long", self._retry_after(ticket))
+        return refusal
 
     async def acquire(self, ticket: Ticket, exclude: frozenset[str] = frozenset()) -> Slot:
         """Wait in the queue for room on a replica. Cancelling the caller withdraws the ticket.

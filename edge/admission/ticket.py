@@ -23,6 +23,9 @@ class Ticket:
     prefix_keys: tuple[int, ...] = ()
     # Of kv_tokens, the prompt's (None: not known, so real-use accounting charges the worst case).
     prompt_tokens: int | None = None
+    # The client's retry of a request it sent before (edge/retry_count.py): demand only where the
+    # queue takes it (Dispatcher.precheck).
+    retry: bool = False
 
     @property
     def tier_label(self) -> str:

@@ -17,6 +17,7 @@ from edge.cancel.scope import cancel_scope
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.errors import REQUEST_MODEL, REQUEST_TIER, REQUEST_USER
 from edge.openapi import ChatCompletionOperation
+from edge.retry_count import is_retry
 from edge.routes.json_body import json_response
 from edge.routes.request_body import authorization_and_length, read_body
 from edge.runtime import Runtime, runtime_of
@@ -48,7 +49,7 @@ async def answer_chat(runtime: Runtime, scope: Scope, receive: Receive, max_byte
         # counted under that model, its refusals rose with requests none of its users sent.
         scope[REQUEST_MODEL] = pipeline.dispatcher.model  # type: ignore[literal-required]
     generation = await pipeline.admit(
-        principal, req, cast(DisconnectWatch | None, scope.get(DISCONNECT_WATCH))
+        principal, req, cast(DisconnectWatch | None, scope.get(DISCONNECT_WATCH)), retry=is_retry(scope)
     )
     if req.stream:
         return EventStreamResponse(generation)

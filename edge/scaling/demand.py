@@ -8,6 +8,13 @@
   (queue full, wait too long, no replica) still asked: with no live replica every request is
   refused as no_replica and the signal still reads the demand, in replicas wanted, so the
   scale-from-zero alarm starts a host on it.
+* Asked for once: a client's retry (it says so: edge/retry_count.py) that the queue refuses again
+  is not counted, since its first try was. Counted per try, clients obeying a no_replica's
+  Retry-After (1 s) while a first host boots (minutes) multiplied the demand, and the size the
+  group scaled out to, by their tries: 6 OpenAI SDK clients at their two default retries read as
+  18 requests (tests/scaling/test_retries_are_not_demand.py). A retry the queue takes is counted
+  (its earlier try may have been refused by the limiter, never counted here), so a request the
+  queue refused and then took counts twice at most.
 * Linear in load: 1.0 means the replicas in service are all needed at their full-batch throughput.
   The number of sequences the replicas hold is not linear under continuous batching (a replica at
   80 % of its output holds 39 % of its sequences, docs/bench-fleet.md), and a signal built on it

@@ -17,6 +17,7 @@ from edge.config import load_settings
 from edge.models.served import served_models
 from edge.scaling import DemandSignal, WorkPrice, metric, work_price
 from edge.upstreams.base import Capacity
+from tests.admission.replicas import ControlledUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -200,3 +201,29 @@ def test_a_periods_value_is_the_work_asked_whenever_the_edge_sampled(sampled_aft
         samples.append(signal.sample())
 
     assert fleet_value(samples) == pytest.approx(3 * REQUEST_S / 4)
+
+
+async def test_a_retry_counts_where_the_queue_takes_it_and_not_where_it_refuses_it_again() -> None:
+    # A retry whose earlier try the limiter refused was never counted: taken, it is demand. Refused
+    # again by the queue, it is not (its first try was counted): tests/scaling/
+    # test_retries_are_not_demand.py has the edge and the clients.
+    replica = ControlledUpstream("r")
+    dispatcher = Dispatcher([replica], reserved_paid_fraction=0.0, max_queue=10)
+    await dispatcher.start()
+
+    def retry(kv_tokens: int) -> Ticket:
+        return Ticket(
+            "r", "u1", 1, kv_tokens, max_wait_s=5, may_use_reserve=True, prompt_tokens=100, retry=True
+        )
+
+    try:
+        dispatcher.precheck(retry(kv_tokens=200))
+        assert dispatcher.offered() == (1, 100)
+        replica.is_ready = False  # the only replica fails its health check: no_replica
+        await dispatcher.check_replicas()
+        with pytest.raises(Overloaded, match="no_replica"):
+            dispatcher.precheck(retry(kv_tokens=200))
+    finally:
+        await dispatcher.aclose()
+
+    assert dispatcher.offered() == (1, 100)

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -151,9 +151,11 @@ def start_server(
     tmp_path: Path,
     overrides: dict[str, Any] | None = None,
     upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None,
+    ready_when: Collection[str] = ("ready",),
 ) -> LiveServer:
     """`upstreams` replaces the replicas the settings name (default: the in-process engines): one
-    provider for every model, or one per model name ([models.*])."""
+    provider for every model, or one per model name ([models.*]). Returns once /readyz says one of
+    `ready_when` ("unavailable" too: an edge started with no replica up, a scale from zero)."""
     port = free_port()
     base = {
         "server": {
@@ -205,7 +207,7 @@ def start_server(
             thread,
             listeners,
         )
-        _wait_ready(live)
+        _wait_ready(live, ready_when)
     except BaseException:
         # Nothing else closes them: a server whose start-up failed left both ports bound and their
         # descriptors open in the test process for the rest of the run (uvicorn closes neither
@@ -215,14 +217,14 @@ def start_server(
     return live
 
 
-def _wait_ready(live: LiveServer) -> None:
+def _wait_ready(live: LiveServer, ready_when: Collection[str]) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if not live._thread.is_alive():
             raise RuntimeError("the edge exited during start-up (see the log above)")
         if live._server.started:
             response = httpx.get(live.base_url + "/readyz", timeout=5.0)
-            if response.status_code == 200:
+            if response.json()["status"] in ready_when:
                 return
         # Polling: uvicorn offers no start-up event to wait on.
         time.sleep(0.02)
