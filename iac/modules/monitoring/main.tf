@@ -55,6 +55,29 @@ resource "aws_cloudwatch_metric_alarm" "demand_high" {
   }
 }
 
+# The edges stopped sending a model's scaling metric. Every edge sends it every sample, 0 when idle
+# (edge/scaling/), so none for 5 minutes means no edge runs or none reaches CloudWatch (its role, its
+# region, a lost endpoint). The scaling alarms read missing data as not breaching (a scale-in on
+# missing data would empty a busy group): the group then holds its size under any load and one at
+# zero never starts a host, which only this says. A model served by no edge pages too: it is in
+# var.gpu_groups, so a group is paid for it.
+resource "aws_cloudwatch_metric_alarm" "scaling_metric_missing" {
+  for_each            = var.gpu_groups
+  alarm_name          = "${var.name}-${each.key}-scaling-metric-missing"
+  alarm_description   = "No edge sent ${each.key}'s ${var.demand_metric} for 5 minutes: its GPU group no longer scales (it holds its size; from zero, it starts no host)"
+  namespace           = var.metric_namespace
+  metric_name         = var.demand_metric
+  dimensions          = { (var.metric_model_dimension) = each.key }
+  statistic           = "SampleCount"
+  period              = var.metric_period_s
+  comparison_operator = "LessThanThreshold"
+  threshold           = 1
+  evaluation_periods  = 5
+  treat_missing_data  = "breaching"
+  alarm_actions       = [aws_sns_topic.alarms.arn]
+  ok_actions          = [aws_sns_topic.alarms.arn]
+}
+
 # No host in service while the group wants one. A model may run from zero (min_size 0: its group
 # starts a host on demand and target tracking takes it back to zero when idle), so "none in
 # service" alone paged every idle minute of such a model. Desired at least 1 the whole minute (its

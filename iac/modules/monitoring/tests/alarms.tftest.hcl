@@ -64,3 +64,37 @@ run "no_host_pages_only_while_the_group_wants_one" {
     error_message = "Missing group metrics must still page."
   }
 }
+
+# Every edge sends each model's scaling metric every sample, 0 when idle (edge/scaling/). With none
+# arriving (no edge running, its CloudWatch calls failing: a role, a region, an endpoint lost), the
+# scaling alarms read missing data as not breaching: the group held its size under any load, and
+# one at zero never started a host, with nothing to say so. The missing metric itself now pages.
+run "edges_not_publishing_the_scaling_metric_pages" {
+  command = plan
+
+  override_resource {
+    target          = aws_sns_topic.alarms
+    override_during = plan
+    values          = { arn = "arn:aws:sns:us-east-1:111122223333:fg-alarms" }
+  }
+
+  assert {
+    condition = join(":", [
+      aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].namespace,
+      aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].metric_name,
+      aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].statistic,
+      aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].dimensions["Model"],
+    ]) == "Floodgate:DemandPerReplica:SampleCount:llama-3.1-8b"
+    error_message = "The missing-metric alarm must count the model's DemandPerReplica samples."
+  }
+
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].treat_missing_data == "breaching" && aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].comparison_operator == "LessThanThreshold" && aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].threshold == 1
+    error_message = "No sample in a period (no datapoint at all) must breach."
+  }
+
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.scaling_metric_missing["llama-3.1-8b"].alarm_actions == toset(["arn:aws:sns:us-east-1:111122223333:fg-alarms"])
+    error_message = "The missing-metric alarm must notify the alarm topic."
+  }
+}
