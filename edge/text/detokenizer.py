@@ -85,9 +85,17 @@ class PiecesDetokenizer:
         if len(token_ids) == 1 and 0 <= (token_id := token_ids[0]) < size:
             if not self._decoder.buffer and (text := self._texts[token_id]) is not None:
                 return text
-            return self._decode(pieces[token_id])
-        # An id past the vocabulary decodes to nothing, as the tokenizer skips it.
-        return self._decode(b"".join([pieces[i] for i in token_ids if 0 <= i < size]))
+            text = self._decode(pieces[token_id])
+        else:
+            # An id past the vocabulary decodes to nothing, as the tokenizer skips it.
+            text = self._decode(b"".join([pieces[i] for i in token_ids if 0 <= i < size]))
+        buffer = self._decoder.buffer
+        if len(buffer) > 1 and buffer[0] == 0xED and buffer[1] >= 0xA0:
+            # A surrogate's encoding (ED A0-BF), which no more bytes can make valid: CPython's
+            # decoder waits on it all the same (surrogatepass could read it), so it came out one
+            # token late, and a reply ending there lost the two U+FFFD the tokenizer's decode shows.
+            text += self._decode(b"", True)
+        return text
 
     def flush(self) -> str:
         # The decoder holds only the start of a character that may yet be valid (it replaces

@@ -251,3 +251,23 @@ def test_a_word_after_a_skipped_special_token_keeps_its_space(step: int) -> None
     given = frozenset({vocab["<s>"], vocab["</s>"]})
     for make in (lambda: IncrementalDetokenizer(tok), lambda: IncrementalDetokenizer(tok, special_ids=given)):
         assert "".join(_stream(make, ids, step)) == whole
+
+
+@pytest.mark.parametrize("then", ["", " ok"])
+def test_a_surrogates_bytes_show_at_once_as_the_tokenizer_decodes_them(
+    real_tokenizer: Tokenizer, then: str
+) -> None:
+    """ED A0-BF starts the encoding of a surrogate, which UTF-8 never holds: no byte after it makes
+    a character, so the tokenizer decodes it as two U+FFFD on the spot. Python's UTF-8 decoder
+    waited for a third byte, so the stream showed them a token late, and a reply ending there
+    never showed them at all."""
+    table = PieceTable(byte_pieces(real_tokenizer) or [])
+    # The byte-level alphabet spells bytes ED and A5 as "í" and "¥": one token each.
+    (word,) = real_tokenizer.encode(" word", add_special_tokens=False).ids
+    ids = [word, real_tokenizer.token_to_id("í"), real_tokenizer.token_to_id("¥")]
+    ids += real_tokenizer.encode(then, add_special_tokens=False).ids
+    detok = PiecesDetokenizer(table)
+    deltas = [detok.push([i]) for i in ids]
+    assert deltas[:3] == [" word", "", REPLACEMENT_CHAR * 2]
+    whole = real_tokenizer.decode(ids)
+    assert "".join(deltas) + detok.flush() == whole == " word" + REPLACEMENT_CHAR * 2 + then
