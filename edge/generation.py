@@ -677,7 +677,11 @@ class Generation:
             # Exactly what the lease settled as charged: the prompt and every granted token (a
             # request not charged was refunded whole, and costs nothing).
             self._p.usage.record(
-                self._principal.user, self._p.config.model_name, prompt_tokens, completion_tokens
+                self._principal.user,
+                self._p.config.model_name,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
             )
 
     def _record_turns(self, out: Outcome) -> None:

@@ -41,7 +41,7 @@ from edge.usage.day import checked_day
 # The keys `keys list` reads a round trip: the admin API's largest page.
 PAGE_SIZE = MAX_LIMIT
 _LIST_COLUMNS = ("id", "user", "tier", "label", "last4", "status", "created", "expires", "replaced_by")
-_USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "output_tokens", "requests")
+_USAGE_COLUMNS = ("user", "model", "date", "input_tokens", "input_cached_tokens", "output_tokens", "requests")
 
 
 def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> tuple[Settings, bool]:

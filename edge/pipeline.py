@@ -60,7 +60,9 @@ log = structlog.get_logger("floodgate.request")
 class UsageSink(Protocol):
     """Where a settled request's charged tokens go (the usage writer): must not wait."""
 
-    def record(self, user: str, model: str, input_tokens: int, output_tokens: int) -> bool: ...
+    def record(
+        self, user: str, model: str, input_tokens: int, output_tokens: int, input_cached_tokens: int
+    ) -> bool: ...
 
 
 class MessageSink(Protocol):

@@ -38,6 +38,8 @@ def _usage(item: dict[str, Any]) -> Usage:
         input_tokens=int(item["input_tokens"]["N"]),
         output_tokens=int(item["output_tokens"]["N"]),
         requests=int(item["requests"]["N"]),
+        # An item no edge has added a cached count to since the count began has none: 0.
+        input_cached_tokens=int(item.get("input_cached_tokens", {"N": "0"})["N"]),
     )
 
 
@@ -76,7 +78,7 @@ class DynamoDBUsageStore:
                 Key={PARTITION_KEY: {"S": f"usage#{u.user}"}, SORT_KEY: {"S": f"{u.day}#{u.model}"}},
                 UpdateExpression=(
                     "SET #kind = :kind, #owner = :owner, #write = :seq "
-                    "ADD input_tokens :i, output_tokens :o, requests :r"
+                    "ADD input_tokens :i, output_tokens :o, requests :r, input_cached_tokens :c"
                 ),
                 ConditionExpression="attribute_not_exists(#write) OR #write < :seq",
                 ExpressionAttributeNames={
@@ -91,6 +93,7 @@ class DynamoDBUsageStore:
                     ":i": {"N": str(u.input_tokens)},
                     ":o": {"N": str(u.output_tokens)},
                     ":r": {"N": str(u.requests)},
+                    ":c": {"N": str(u.input_cached_tokens)},
                 },
             )
         except ClientError as exc:

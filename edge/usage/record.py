@@ -32,6 +32,11 @@ class Usage:
     input_tokens: int
     output_tokens: int
     requests: int
+    # Of input_tokens, those the replica served from its prefix cache: the sum of the completions'
+    # usage.prompt_tokens_details.cached_tokens, as OpenAI's usage API reports input_cached_tokens.
+    # Without it a user could not reconcile the cached tokens their replies reported with the bill.
+    # Last, with a default: a row of a store or log written before it had none.
+    input_cached_tokens: int = 0
 
     def as_dict(self) -> dict[str, str | int]:
         return {
@@ -39,6 +44,7 @@ class Usage:
             "model": self.model,
             "date": self.day,
             "input_tokens": self.input_tokens,
+            "input_cached_tokens": self.input_cached_tokens,
             "output_tokens": self.output_tokens,
             "requests": self.requests,
         }

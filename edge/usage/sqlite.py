@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS usage (
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     requests INTEGER NOT NULL,
+    input_cached_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (user, day, model)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS usage_writes (
@@ -40,6 +41,8 @@ CREATE TABLE IF NOT EXISTS usage_writes (
     written_at REAL
 ) WITHOUT ROWID;
 """
+# A row's columns in Usage's field order, so that Usage(*row) reads one.
+_COLUMNS = "user, model, day, input_tokens, output_tokens, requests, input_cached_tokens"
 WRITER_KEPT_S = 30 * 86400
 _SWEEP_EVERY_S = 3600.0
 
@@ -60,6 +63,8 @@ class SQLiteUsageStore:
         self._swept_at = 0.0
         self._conn.executescript(_SCHEMA)
         add_columns(self._conn, "usage_writes", ("written_at",), kind="REAL")
+        # A file an older edge made has no cached count: its rows read 0 (none was recorded).
+        add_columns(self._conn, "usage", ("input_cached_tokens",), kind="INTEGER NOT NULL DEFAULT 0")
         # Writers of a release that kept no time: from now, they are kept as long as any.
         self._conn.execute("UPDATE usage_writes SET written_at = ? WHERE written_at IS NULL", (time.time(),))
 
@@ -108,12 +113,13 @@ class SQLiteUsageStore:
             self._swept_at = now
             self._conn.execute("DELETE FROM usage_writes WHERE written_at <= ?", (now - WRITER_KEPT_S,))
         self._conn.execute(
-            "INSERT INTO usage (user, day, model, input_tokens, output_tokens, requests) "
-            "VALUES (?,?,?,?,?,?) ON CONFLICT (user, day, model) DO UPDATE SET "
+            f"INSERT INTO usage ({_COLUMNS}) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT (user, day, model) DO UPDATE SET "
             "input_tokens = input_tokens + excluded.input_tokens, "
             "output_tokens = output_tokens + excluded.output_tokens, "
-            "requests = requests + excluded.requests",
-            (u.user, u.day, u.model, u.input_tokens, u.output_tokens, u.requests),
+            "requests = requests + excluded.requests, "
+            "input_cached_tokens = input_cached_tokens + excluded.input_cached_tokens",
+            (u.user, u.model, u.day, u.input_tokens, u.output_tokens, u.requests, u.input_cached_tokens),
         )
         return True
 
@@ -121,8 +127,7 @@ class SQLiteUsageStore:
         where, params = _range(user, start, end)
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
-                f"WHERE {' AND '.join(where)} ORDER BY user, day, model",
+                f"SELECT {_COLUMNS} FROM usage WHERE {' AND '.join(where)} ORDER BY user, day, model",
                 params,
             ).fetchall()
         return [Usage(*row) for row in rows]
@@ -135,8 +140,7 @@ class SQLiteUsageStore:
             params.extend(after)
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT user, model, day, input_tokens, output_tokens, requests FROM usage "
-                f"WHERE {' AND '.join(where)} ORDER BY user, day, model LIMIT ?",
+                f"SELECT {_COLUMNS} FROM usage WHERE {' AND '.join(where)} ORDER BY user, day, model LIMIT ?",
                 (*params, want),
             ).fetchall()
         return [Usage(*row) for row in rows]

@@ -83,7 +83,8 @@ class UsageWriter:
         gather_s: float = 0.25,
     ) -> None:
         self._store = store
-        # Rows waiting for the worker, summed per key: [input_tokens, output_tokens, requests].
+        # Rows waiting for the worker, summed per key: [input_tokens, output_tokens, requests,
+        # input_cached_tokens] (Usage's field order, after its key).
         self._waiting: dict[Key, list[int]] = {}
         self._max_waiting = queue_size
         self._wake = asyncio.Event()  # a row is waiting
@@ -110,20 +111,24 @@ class UsageWriter:
         self._writer_id = secrets.token_hex(8)
         self._seqs = itertools.count(1)
 
-    def record(self, user: str, model: str, input_tokens: int, output_tokens: int) -> bool:
-        """One settled request's charged tokens; False when it could not be queued."""
+    def record(
+        self, user: str, model: str, input_tokens: int, output_tokens: int, input_cached_tokens: int = 0
+    ) -> bool:
+        """One settled request's charged tokens (input_cached_tokens: of its input, those served
+        from the prefix cache); False when it could not be queued."""
         key = (user, model, utc_day())
         if self._closed:
-            return self._drop(key, input_tokens, output_tokens, "closed")
+            return self._drop(key, input_tokens, output_tokens, input_cached_tokens, "closed")
         row = self._waiting.get(key)
         if row is None:
             if len(self._waiting) >= self._max_waiting:
-                return self._drop(key, input_tokens, output_tokens, "queue_full")
-            self._waiting[key] = [input_tokens, output_tokens, 1]
+                return self._drop(key, input_tokens, output_tokens, input_cached_tokens, "queue_full")
+            self._waiting[key] = [input_tokens, output_tokens, 1, input_cached_tokens]
         else:
             row[0] += input_tokens
             row[1] += output_tokens
             row[2] += 1
+            row[3] += input_cached_tokens
         self._idle.clear()
         self._wake.set()
         return True
@@ -266,9 +271,10 @@ class UsageWriter:
                 USAGE_ROWS_WRITTEN.inc()
                 return
 
-    def _drop(self, key: Key, input_tokens: int, output_tokens: int, reason: str) -> bool:
+    def _drop(self, key: Key, input_tokens: int, output_tokens: int, cached: int, reason: str) -> bool:
         USAGE_DROPPED.inc()
-        log.warning("usage_dropped", reason=reason, **Usage(*key, input_tokens, output_tokens, 1).as_dict())
+        row = Usage(*key, input_tokens, output_tokens, 1, cached)
+        log.warning("usage_dropped", reason=reason, **row.as_dict())
         return False
 
 
@@ -277,10 +283,11 @@ def _rows(waiting: dict[Key, list[int]]) -> list[Usage]:
 
 
 def _summed(batch: list[Usage]) -> list[Usage]:
-    sums: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0])
+    sums: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for u in batch:
         s = sums[(u.user, u.model, u.day)]
         s[0] += u.input_tokens
         s[1] += u.output_tokens
         s[2] += u.requests
+        s[3] += u.input_cached_tokens
     return [Usage(user, model, day, *counts) for (user, model, day), counts in sums.items()]

@@ -264,7 +264,7 @@ def test_a_key_command_refuses_a_configured_keys_file_entry_in_an_unknown_tier(c
 def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     async def seed() -> None:
         store = SQLiteUsageStore(load_settings(config).keys.sqlite_path)
-        await store.add(Usage("ann", "m", "2026-01-01", 12, 30, 2), WriteId("seed", 1))
+        await store.add(Usage("ann", "m", "2026-01-01", 12, 30, 2, 8), WriteId("seed", 1))
         await store.add(Usage("bo", "m", "2026-01-02", 5, 7, 1), WriteId("seed", 2))
         await store.aclose()
 
@@ -276,6 +276,7 @@ def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config:
             "model": "m",
             "date": "2026-01-01",
             "input_tokens": "12",
+            "input_cached_tokens": "8",
             "output_tokens": "30",
             "requests": "2",
         },
@@ -284,12 +285,13 @@ def test_usage_as_a_table_and_as_csv(capsys: pytest.CaptureFixture[str], config:
             "model": "m",
             "date": "2026-01-02",
             "input_tokens": "5",
+            "input_cached_tokens": "0",
             "output_tokens": "7",
             "requests": "1",
         },
     ]
     table = run(capsys, config, "usage", "--user", "bo")
-    assert "bo" in table and "ann" not in table and "input_tokens" in table
+    assert "bo" in table and "ann" not in table and "input_tokens" in table and "input_cached_tokens" in table
     for bound, day in (("--start", "bad"), ("--end", "2026-13-01")):
         # No such day: a usage error (exit 2) naming it, not an empty table that looks like none used.
         with pytest.raises(SystemExit) as refused:
