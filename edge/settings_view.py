@@ -135,6 +135,10 @@ def _table(name: str, table: dict[str, Any], out: list[str]) -> None:
 def effective_toml(settings: Settings) -> str:
     """The settings as one TOML document (loadable again, secrets aside), secrets masked."""
     data = masked("", msgspec.to_builtins(settings))
+    if data.get("models"):
+        # Beside [models.*] the one-model table is read by nothing: shown, it read as a model served
+        # (its source, name and token_weight) beside the ones that are.
+        del data["model"]
     out: list[str] = []
     for name, table in data.items():
         _table(name, table, out)

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,8 @@ def test_sampling_defaults_setting_then_checkpoint_then_model_card(tmp_path: Pat
 
 
 def test_config_show_of_two_models_loads_back_the_same(tmp_path: Path) -> None:
+    """And shows no [model] table: beside [models.*] nothing reads it, and shown it read as a model
+    served (its source, name and token_weight) beside the ones that are."""
     from edge.settings_view import effective_toml
 
     settings = load_settings()
@@ -126,6 +129,7 @@ def test_config_show_of_two_models_loads_back_the_same(tmp_path: Path) -> None:
     again = load_settings(shown)
     assert again.models == settings.models
     assert again.tiers == settings.tiers
+    assert "model" not in tomllib.loads(shown.read_text())
 
 
 def test_config_show_of_names_with_dots_or_spaces_loads_back_the_same(tmp_path: Path) -> None:
