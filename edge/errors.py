@@ -222,6 +222,9 @@ def log_refusal(scope: Mapping[str, Any], status: int, code: str) -> dict[str, s
     fields = {
         "request_id": request_id,
         "user": scope.get(REQUEST_USER),
+        # As a chat_refused or chat_completion line names it: an operator filtering a tier's
+        # lines missed its 400s, 404s and 413s.
+        "tier": scope.get(REQUEST_TIER),
         "method": scope.get("method"),
         "path": path[:MAX_PATH_IN_ERROR] if path is not None else None,
         "status": status,

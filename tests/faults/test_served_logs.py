@@ -76,3 +76,26 @@ def test_a_served_edges_files_are_its_own(tmp_path: Path) -> None:
         os.umask(old)
     assert any(name.endswith(".db") for name in modes), modes
     assert all(mode & 0o077 == 0 for mode in modes.values()), {n: oct(m) for n, m in modes.items()}
+
+
+def test_a_served_edges_refusal_lines_name_the_callers_tier(tmp_path: Path) -> None:
+    """A request refused after its key was read (its body a 400, its model a 404, its size a 413)
+    wrote a request_refused line naming the user and not the tier, as the chat_refused and
+    chat_completion lines of the same caller do: an operator filtering a tier's lines in the
+    served edge's output missed every such refusal."""
+    chat = "/v1/chat/completions"
+    ok = {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with serve_process(tmp_path, {"server": {"max_body_bytes": 4096, "drain_accept_s": 0.0}}) as server:
+        with httpx.Client(base_url=server.base_url, headers=server.auth(), timeout=60) as client:
+            ids = [
+                client.post(chat, content=b"{").headers["x-request-id"],
+                client.post(chat, json=ok | {"model": "no-such-model"}).headers["x-request-id"],
+                client.post(chat, json=ok | {"padding": "x" * 5000}).headers["x-request-id"],
+            ]
+        server.proc.terminate()
+        server.proc.wait(timeout=WAIT_S * 3)
+        records = [json.loads(line) for line in server.output().splitlines()]
+    refused = {r["request_id"]: r for r in records if r["event"] == "request_refused"}
+    assert sorted(refused) == sorted(ids), records
+    for line in refused.values():
+        assert (line["user"], line["tier"]) == ("drill-user", "paid"), line
