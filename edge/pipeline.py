@@ -205,8 +205,13 @@ class Pipeline:
         min_tokens = self._min_tokens(req, max_new)
 
         request_id = new_request_id()
-        # Bound for the rest of this request's task: every log line it causes carries the id.
-        structlog.contextvars.bind_contextvars(request_id=request_id)
+        # Bound for the rest of this request's task: every log line it causes carries the id, and
+        # whose request it is (a replica's failure, a failover, a stalled reader's cut named the id
+        # alone, and an operator looking into one user's or tier's errors had to join each line
+        # to the request's own).
+        structlog.contextvars.bind_contextvars(
+            request_id=request_id, user=principal.user, tier=principal.tier
+        )
         ticket = Ticket(
             request_id=request_id,
             user=principal.user,

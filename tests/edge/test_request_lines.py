@@ -26,7 +26,7 @@ from structlog.testing import LogCapture, capture_logs
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, MODEL
-from tests.faults.test_failed_requests_cost_nothing import FAIL_AT_ONCE, _failing_replicas
+from tests.faults.test_failed_requests_cost_nothing import FAIL_AFTER_3, FAIL_AT_ONCE, _failing_replicas
 from tests.support.live_server import LiveServer, start_server
 from tests.support.ports import free_port
 from tests.support.raw_http import read_to_close
@@ -227,3 +227,22 @@ def test_every_key_routes_refusals_name_their_user(tmp_path: Path) -> None:
             (line,) = lines
             assert line["event"] == "request_refused" and line["status"] == status, line
             assert line.get("user") == "free-user", line
+
+
+def test_every_line_a_request_causes_names_its_user_and_tier(tmp_path: Path) -> None:
+    """A replica failing a request (before its first token, and mid-stream) writes lines of its own
+    besides the request's (upstream_failover, replica_suspect, upstream_failed): they carried the
+    request id bound for the request and not whose request it was, so an operator looking into one
+    user's or one tier's errors found only the request's own line. With the context the server
+    binds (merge_contextvars), as a served edge writes it."""
+    with start_server(tmp_path, SETTINGS, _failing_replicas) as edge:
+        with (
+            httpx.Client(base_url=edge.base_url, timeout=60.0, headers=edge.auth("paid")) as client,
+            capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs,
+        ):
+            for max_tokens in (FAIL_AT_ONCE, FAIL_AFTER_3):
+                client.post(CHAT, json=OK | {"max_tokens": max_tokens, "stream": True}).read()
+    caused = [line for line in logs if "request_id" in line and line["event"] not in REQUEST_LINES]
+    assert {line["event"] for line in caused} >= {"upstream_failover", "upstream_failed"}, logs
+    for line in caused:
+        assert (line.get("user"), line.get("tier")) == ("paid-user", "paid"), line
