@@ -65,7 +65,7 @@ from edge.upstreams.base import (
 )
 from edge.upstreams.direct import GenerateDirect
 from limiter.base import Decision, OutputLease, StoreUnavailable
-from limiter.headers import refunded_headers
+from limiter.headers import refunded_headers, settled_headers
 
 if TYPE_CHECKING:
     from edge.pipeline import Pipeline
@@ -177,6 +177,8 @@ class Generation:
         self._upstream_req = upstream_req
         self._ticket = ticket
         self._lease = lease
+        # What the admission charged, which its decision's headers count (`_settled_headers`).
+        self._admitted_charge = lease.charged
         self._decision = decision
         self.headers = headers
         self._arrived = arrived
@@ -328,9 +330,10 @@ class Generation:
             self._answered_nothing = True
         finally:
             await self.close(out)
+        # Sent once the request is settled, its headers say the budget it left: refunded whole
+        # (answered with the error alone), or charged the reply it got.
+        headers = self._settled_headers() if self._charged else self._refunded_headers()
         if out.error is not None:
-            # Refunded whole (answered with the error alone), its headers say the budget it left.
-            headers = self.headers if self._charged else self._refunded_headers()
             out.error.headers = {**headers, **out.error.headers}
             out.error.finished = True  # counted by `close`: not a refusal as well
             raise out.error
@@ -353,10 +356,18 @@ class Generation:
             body["service_tier"] = tier
         if out.marker:
             body["floodgate"] = out.marker
+        self.headers = headers  # what the route answers with the body (edge/routes/chat.py)
         return body
 
     def _refunded_headers(self) -> dict[str, str]:
         return {**self.headers, **refunded_headers(self._decision, self._lease.charged)}
+
+    def _settled_headers(self) -> dict[str, str]:
+        """A settled request's, charged what its reply used: the decision's said the admission's
+        charge alone (its prompt and a first lease), and a reply the budget cut was answered with
+        tokens remaining (tests/faults/test_settled_rate_limit_headers.py)."""
+        extra = self._lease.charged - self._admitted_charge
+        return {**self.headers, **settled_headers(self._decision, extra)}
 
     async def _run(self, out: Outcome, on_text: TextSink, keepalive: Emit | None) -> None:
         if keepalive is not None:

@@ -59,7 +59,8 @@ class OutputLease(Protocol):
     @property
     def charged(self) -> int:
         """The tokens this request holds of the budget, in its units: its input and the output it
-        was granted. All given back when it settles with ran=False (what its headers then say)."""
+        was granted. All given back when it settles with ran=False (what its headers then say);
+        settled with ran=True, its input and the output it used (the rest was refunded)."""
         ...
 
     async def settle(self, *, ran: bool = True, cancelled: bool = False) -> bool | None:

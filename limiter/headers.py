@@ -58,6 +58,25 @@ def refunded_headers(decision: Decision, tokens: int) -> dict[str, str]:
     )
 
 
+def settled_headers(decision: Decision, tokens: int) -> dict[str, str]:
+    """The headers of an admitted request whose reply was charged in full before they go out (an
+    answer not streamed): the budget once `tokens` more than its admission charged are spent (fewer
+    where negative: its unused lease refunded). The admission's own said only the prompt and a
+    first lease spent: a reply the budget cut was answered with tokens still remaining. Counted
+    at the decision's instant, as `refunded_headers`; the reset lengthens by the units' share."""
+    d = decision
+    if tokens < 0:
+        remaining, reset_ms = _given_back(d.limit_tokens, d.remaining_tokens, d.reset_tokens_ms, -tokens)
+    else:
+        missing = d.limit_tokens - d.remaining_tokens
+        spent = min(d.limit_tokens, missing + tokens)
+        remaining = d.limit_tokens - spent
+        # Each unit refills at the same pace; a decision with none missing says no pace, and then
+        # a request charged anything was charged nothing at admission (none on record).
+        reset_ms = d.reset_tokens_ms * spent // missing if missing else d.reset_tokens_ms
+    return ratelimit_headers(replace(d, remaining_tokens=remaining, reset_tokens_ms=reset_ms))
+
+
 def _given_back(limit: int, remaining: int, reset_ms: int, units: int) -> tuple[int, int]:
     """One budget's remaining units and reset once `units` are given back."""
     missing = limit - remaining

@@ -98,6 +98,7 @@ class Lease:
         self._shrink_after_s = slot_ttl_s / 16
         self._spent = False  # `take` answered short: the generation stops, no store call helps
         self._settled = False
+        self._ran = False  # settled as run: what it used stays charged, the rest refunded
         # An extension sent to the store whose grant is not counted yet: `take` was cancelled while
         # it waited (a cancel, a disconnect), and `settle` counts it before refunding.
         self._extending: asyncio.Future[int] | None = None
@@ -113,6 +114,8 @@ class Lease:
 
     @property
     def charged(self) -> int:
+        if self._ran:
+            return self._input_tokens + self._used  # the unused rest was refunded
         return self._input_tokens + self._granted
 
     @property
@@ -197,6 +200,7 @@ class Lease:
             with contextlib.suppress(Exception):
                 self._granted += await asyncio.shield(extending)
         if ran:
+            self._ran = True
             unused = self._granted - self._used
             return await self._store.settle(
                 self._user, self._tier, self._request_id, unused, cancelled=cancelled
