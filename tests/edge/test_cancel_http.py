@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -46,6 +47,33 @@ def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
     after = wait_for_engine_to_drop(server, before)
     # Dropped, not finished: the engine stopped short of the LONG_TOKENS this request runs to.
     assert after.work - before.work < long_body["max_tokens"]
+
+
+def test_a_cancelled_answer_not_streamed_is_the_reply_so_far_marked_cancelled(
+    server: LiveServer, long_body: dict[str, Any]
+) -> None:
+    """Its client learns the id only with the answer (README); cancelled by it all the same, the
+    waiting client gets a 200 with the text so far and the cancelled marker, charged what it got,
+    and the engine drops the sequence."""
+    before = idle_engine(server)
+    registry = server.app.state.runtime.registry
+    body = long_body | {"stream": False, "max_tokens": 2 * long_body["max_tokens"]}
+    earlier = set(registry.running())  # a request an earlier test left may still be ending
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        waiting = pool.submit(client.post, CHAT, json=body, headers=server.auth("paid"))
+        wait_for_engine(server, lambda r: r.work > before.work, "the replica to generate")
+        ((rid, _),) = set(registry.running()) - earlier
+        cancel = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
+        answer = waiting.result()
+    assert cancel.status_code == 200, "the generation finished before the cancel (too fast?)"
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert got["id"] == rid == answer.headers["x-request-id"]
+    assert got["choices"][0]["finish_reason"] == "stop"
+    assert got["floodgate"] == {"cancelled": True}
+    assert 0 < got["usage"]["completion_tokens"] < body["max_tokens"]
+    after = wait_for_engine(server, lambda r: r.idle, "the engine to drop the sequence")
+    assert after.work - before.work < body["max_tokens"]
 
 
 def test_a_repeated_cancel_of_a_cancelled_request_answers_it_cancelled_again(
