@@ -170,13 +170,16 @@ setpriv --reuid=10001 --regid=10001 --clear-groups env -i \
   FLOODGATE_WORKERS="$FLOODGATE_WORKERS" \
   REDIS_AUTH_TOKEN=tok3n FLOODGATE_KEYS_JSONL= AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 \
   AWS_ACCESS_KEY_ID=AKIAFAKE AWS_SECRET_ACCESS_KEY=fake AWS_EC2_METADATA_DISABLED=true \
-  timeout 60 floodgate-start >"$WORK/edge.log" 2>&1 &
+  timeout 150 floodgate-start >"$WORK/edge.log" 2>&1 &
 edge=$!
 "$PYTHON" - "$edge" <<'PROBE'
 import json, sys, time, urllib.error, urllib.request
 from pathlib import Path
 stat, seen = Path(f"/proc/{sys.argv[1]}/stat"), {}
-deadline = time.monotonic() + 45
+# A worker serves on the shared port only once it has joined the fleet (edge/server.py): here, its
+# Redis unreachable, 32 s after the start on an idle 2-core machine; a bound of 45 s failed a loaded
+# run of the suite.
+deadline = time.monotonic() + 120
 while time.monotonic() < deadline and "healthz" not in seen:
     if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
         seen["exited"] = True
@@ -225,7 +228,7 @@ def start_task(root: Path, image: Path, task: dict[str, str]) -> tuple[dict[str,
         },
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     log = (work / "edge.log").read_text() if (work / "edge.log").exists() else ""
     probe = [line for line in done.stdout.splitlines() if line.startswith("probe ")]
