@@ -45,7 +45,8 @@ $(MODEL_STAMP): $(STAMP)
 	touch $(MODEL_STAMP)
 
 # What the tests need beyond Python: a redis-server binary (tests start their own), Chromium for the
-# page test, Node.js/npm for dynalite. Installed only where missing, and only when we are root.
+# page test, Node.js/npm for dynalite and axe-core (the page's accessibility audit; the tests
+# npm-install both into .floodgate/). Installed only where missing, and only when we are root.
 system-deps:
 	@bash scripts/system-deps.sh
 
