@@ -42,6 +42,15 @@ def test_the_controls_take_the_focus_in_the_order_they_are_shown(page: Page) -> 
     ]  # fmt: skip
 
 
+def test_every_control_has_a_name_that_stays_once_text_is_typed(page: Page) -> None:
+    """The message box was named by its placeholder alone, which a screen reader may not read as
+    its name and which goes once text is typed (axe does not flag it)."""
+    page.fill("#prompt", "hello")
+    expect(page.get_by_label("Message", exact=True)).to_have_id("prompt")
+    for name in ("Key", "Model", "Max tokens"):
+        expect(page.get_by_label(name, exact=True)).to_have_count(1)
+
+
 def test_escape_stops_a_running_reply(
     browser: Browser, paced_server: tuple[LiveServer, PacedReplica]
 ) -> None:
