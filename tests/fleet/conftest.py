@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.moto_server import aws_client, running_moto
+from tests.support.moto_server import gpu_group as moto_gpu_group
+from tests.support.moto_server import running_moto
 
 _groups = itertools.count()
 
@@ -47,23 +48,6 @@ class GpuGroup:
 
 @pytest.fixture
 def gpu_group(moto_endpoint: str) -> Iterator[GpuGroup]:
-    autoscaling = aws_client("autoscaling", moto_endpoint)
-    ec2 = aws_client("ec2", moto_endpoint)
     name = f"floodgate-gpu-{next(_groups)}"
-    ec2.create_launch_template(
-        LaunchTemplateName=name, LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"}
-    )
-    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
-    autoscaling.create_auto_scaling_group(
-        AutoScalingGroupName=name,
-        LaunchTemplate={"LaunchTemplateName": name, "Version": "$Latest"},
-        MinSize=0,
-        MaxSize=6,
-        DesiredCapacity=2,
-        VPCZoneIdentifier=subnet,
-    )
-    try:
+    with moto_gpu_group(moto_endpoint, name, desired=2) as (autoscaling, ec2):
         yield GpuGroup(name, autoscaling, ec2)
-    finally:
-        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
-        ec2.delete_launch_template(LaunchTemplateName=name)

@@ -20,7 +20,7 @@ from edge.scaling import metric
 from floodgate_client import Client, ServiceUnavailableError
 from tests.scaling.conftest import read_back
 from tests.support.live_server import LiveServer, start_server
-from tests.support.moto_server import REGION, aws_client
+from tests.support.moto_server import REGION, gpu_group
 
 CLIENTS = 6
 # Priced so that a request asks for exactly one replica-second (no prompt cost): a period's Sum of
@@ -31,26 +31,9 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture
 def empty_group(moto_endpoint: str) -> Iterator[str]:
-    autoscaling = aws_client("autoscaling", moto_endpoint)
-    ec2 = aws_client("ec2", moto_endpoint)
     name = f"floodgate-gpu-empty-{uuid.uuid4().hex[:8]}"
-    ec2.create_launch_template(
-        LaunchTemplateName=name, LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"}
-    )
-    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
-    autoscaling.create_auto_scaling_group(
-        AutoScalingGroupName=name,
-        LaunchTemplate={"LaunchTemplateName": name, "Version": "$Latest"},
-        MinSize=0,
-        MaxSize=6,
-        DesiredCapacity=0,
-        VPCZoneIdentifier=subnet,
-    )
-    try:
+    with gpu_group(moto_endpoint, name, desired=0):
         yield name
-    finally:
-        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
-        ec2.delete_launch_template(LaunchTemplateName=name)
 
 
 def _sdk_asks(server: LiveServer, model: str) -> None:

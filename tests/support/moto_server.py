@@ -45,3 +45,28 @@ def aws_client(service: str, endpoint: str) -> Any:
         config=Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=60),
     )
     return client
+
+
+@contextmanager
+def gpu_group(endpoint: str, name: str, desired: int) -> Iterator[tuple[Any, Any]]:
+    """An Auto Scaling group of GPU hosts named `name` on the moto server (its launch template, 0 to
+    6 hosts, `desired` of them), deleted at the block's end; its autoscaling and EC2 clients."""
+    autoscaling = aws_client("autoscaling", endpoint)
+    ec2 = aws_client("ec2", endpoint)
+    ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"}
+    )
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        LaunchTemplate={"LaunchTemplateName": name, "Version": "$Latest"},
+        MinSize=0,
+        MaxSize=6,
+        DesiredCapacity=desired,
+        VPCZoneIdentifier=subnet,
+    )
+    try:
+        yield autoscaling, ec2
+    finally:
+        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+        ec2.delete_launch_template(LaunchTemplateName=name)
