@@ -5,17 +5,14 @@ at admission: a user with one request an hour was told it had none left, while i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT
 from tests.faults.test_failed_requests_cost_nothing import FAIL_AT_ONCE, SHORT, _failing_replicas
 from tests.support.live_server import start_server
-from tests.support.redis_server import start_redis
 
 TOKENS = 100_000
 # Windows so long nothing refills within the test: the headers move only by what is charged.
@@ -25,22 +22,10 @@ ONE_REQUEST = {
 }
 
 
-@pytest.fixture(params=["memory", "redis"])
-def limiter(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    if request.param == "memory":
-        yield {"backend": "memory"}
-        return
-    redis = start_redis()
-    try:
-        yield {"backend": "redis", "redis_url": redis.url}
-    finally:
-        redis.kill()
-
-
 def test_a_refunded_failure_says_the_budget_it_left_untouched(
-    tmp_path: Path, limiter: dict[str, str]
+    tmp_path: Path, limiter_settings: dict[str, str]
 ) -> None:
-    settings = {"tiers": ONE_REQUEST, "limiter": limiter}
+    settings = {"tiers": ONE_REQUEST, "limiter": limiter_settings}
     with start_server(tmp_path, settings, _failing_replicas) as server:
         with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
             failed = client.post(CHAT, json=SHORT | {"max_tokens": FAIL_AT_ONCE})

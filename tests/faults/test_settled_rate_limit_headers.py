@@ -6,16 +6,13 @@ client pacing itself by the header sent a request that could only be refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, LONG_PROMPT, MODEL
 from tests.support.live_server import start_server
-from tests.support.redis_server import start_redis
 
 BUDGET = 80
 # A window so long nothing refills within the test: the headers move only by what is charged.
@@ -23,20 +20,10 @@ NO_REFILL = {"tokens_per_window": BUDGET, "token_window_s": 1e9}
 LONG = {"model": MODEL, "messages": LONG_PROMPT, "max_tokens": 1000, "ignore_eos": True}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def limiter(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    if request.param == "memory":
-        yield {"backend": "memory"}
-        return
-    redis = start_redis()
-    try:
-        yield {"backend": "redis", "redis_url": redis.url}
-    finally:
-        redis.kill()
-
-
-def test_an_answer_the_budget_cut_says_no_tokens_remain(tmp_path: Path, limiter: dict[str, str]) -> None:
-    settings = {"tiers": {"paid": ROOMY_TIERS["paid"] | NO_REFILL}, "limiter": limiter}
+def test_an_answer_the_budget_cut_says_no_tokens_remain(
+    tmp_path: Path, limiter_settings: dict[str, str]
+) -> None:
+    settings = {"tiers": {"paid": ROOMY_TIERS["paid"] | NO_REFILL}, "limiter": limiter_settings}
     with start_server(tmp_path, settings) as server:
         with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
             cut = client.post(CHAT, json=LONG)
@@ -49,11 +36,13 @@ def test_an_answer_the_budget_cut_says_no_tokens_remain(tmp_path: Path, limiter:
     assert refused.status_code == 429  # what the header said
 
 
-def test_an_answer_says_the_budget_its_whole_reply_left(tmp_path: Path, limiter: dict[str, str]) -> None:
+def test_an_answer_says_the_budget_its_whole_reply_left(
+    tmp_path: Path, limiter_settings: dict[str, str]
+) -> None:
     """Within its first lease or past it (leases extended by the store, the last one's unused part
     refunded): what the user has left once the whole reply is charged."""
     tier = ROOMY_TIERS["paid"] | NO_REFILL | {"tokens_per_window": 10_000}
-    settings = {"tiers": {"paid": tier}, "limiter": limiter}
+    settings = {"tiers": {"paid": tier}, "limiter": limiter_settings}
     with start_server(tmp_path, settings) as server:
         with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
             short = client.post(CHAT, json=LONG | {"max_tokens": 3})
