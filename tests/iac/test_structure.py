@@ -359,6 +359,32 @@ def test_stop_timings_match_the_edges_graceful_drain() -> None:
     assert deregistration >= server["drain_accept_s"]
 
 
+# What a task's edge takes to bind its ports on a loaded Fargate vCPU (imports, tokenizers): 1.5 s on
+# an idle machine in tests/deploy/test_edge_image_models.py, several times that under load.
+EDGE_START_S = 15
+
+
+def test_a_task_started_while_redis_is_unreachable_is_healthy_within_the_grace_period() -> None:
+    # Under `serve --workers` (FLOODGATE_WORKERS) the traffic port /healthz is checked on is listened
+    # on only once a worker may take work (edge/server.py). With Redis out of reach from the start
+    # that is when its membership falls back to instance_count (edge/membership/membership.py): at
+    # the first failed beat begun stale_after_s after the first, a beat being the wait of heartbeat_s
+    # plus a call bounded by the client's timeout (heartbeat_s, edge_fleet.py). The load balancer
+    # then needs healthy_threshold passing checks, the first up to one interval later. Past the grace
+    # period ECS replaces a task still unhealthy: at 60 s a task started during a Redis outage (a
+    # scale out, a deployment, which the circuit breaker then rolls back) could be killed before it
+    # served.
+    fleet = tomllib.loads((IAC.parent / "edge" / "defaults.toml").read_text())["fleet"]
+    beat = fleet["heartbeat_s"]
+    serves_by = EDGE_START_S + fleet["stale_after_s"] + (beat + beat) + beat
+    check = only(module(MODULES / "alb").resource("aws_lb_target_group", "edge")["health_check"])
+    healthy_by = serves_by + check["healthy_threshold"] * check["interval"] + check["timeout"]
+
+    service = module(MODULES / "edge_service").resource("aws_ecs_service", "edge")
+
+    assert service["health_check_grace_period_seconds"] >= healthy_by
+
+
 # The slowest decode a stream may see on a GPU host: a large model at a full batch on a small GPU,
 # or a stream paused while the replica's KV cache is full (TensorRT-LLM's max_utilization policy).
 SLOW_DECODE_TOKENS_PER_S = 8

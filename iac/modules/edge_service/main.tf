@@ -170,12 +170,16 @@ resource "aws_ecs_task_definition" "edge" {
 }
 
 resource "aws_ecs_service" "edge" {
-  name                              = "edge"
-  cluster                           = aws_ecs_cluster.this.id
-  task_definition                   = aws_ecs_task_definition.edge.arn
-  desired_count                     = var.min_count
-  launch_type                       = "FARGATE"
-  health_check_grace_period_seconds = 60
+  name            = "edge"
+  cluster         = aws_ecs_cluster.this.id
+  task_definition = aws_ecs_task_definition.edge.arn
+  desired_count   = var.min_count
+  launch_type     = "FARGATE"
+  # A task whose Redis is out of reach from its start listens on the traffic port (which /healthz is
+  # checked on) only once its fleet membership falls back, [fleet] stale_after_s (30 s) and up to two
+  # beats later, and the ALB then wants two passing checks 10 s apart: about 85 s at worst. At 60 s
+  # such a task could still be unhealthy when ECS began to judge it, and was replaced (docs/deploy.md).
+  health_check_grace_period_seconds = 120
   propagate_tags                    = "SERVICE"
 
   network_configuration {
