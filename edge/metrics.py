@@ -123,38 +123,43 @@ STALLED_READERS_CUT = Counter(
     "floodgate_stalled_readers_cut_total", "Streams cut because their client stopped reading."
 )
 
-REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences running on a replica.", ["replica"])
-REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", ["replica"])
-REPLICA_KV_USED = Gauge("floodgate_replica_kv_tokens_used", "KV-cache tokens in use.", ["replica"])
-REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens", "KV-cache tokens a replica holds.", ["replica"])
+# Which replica: its name and the served model it is a replica of ("" on an edge serving one). The
+# name alone does not say: a remote Triton replica is `triton-host:port` whatever model it serves,
+# and renaming it would move its work (edge/membership/assignment.py hashes names). Bounded: the
+# models are the settings', the replicas the fleet's.
+_REPLICA = ("model", "replica")
+REPLICA_RUNNING = Gauge("floodgate_replica_running_sequences", "Sequences running on a replica.", _REPLICA)
+REPLICA_WAITING = Gauge("floodgate_replica_waiting_sequences", "Sequences waiting in a replica.", _REPLICA)
+REPLICA_KV_USED = Gauge("floodgate_replica_kv_tokens_used", "KV-cache tokens in use.", _REPLICA)
+REPLICA_KV_TOTAL = Gauge("floodgate_replica_kv_tokens", "KV-cache tokens a replica holds.", _REPLICA)
 REPLICA_KV_BLOCKS = Gauge(
     "floodgate_replica_kv_blocks",
     "KV-cache blocks of a replica: used (held by sequences), cached (free, keeping a reusable prefix), "
     "free (the rest).",
-    ["replica", "state"],
+    (*_REPLICA, "state"),
 )
 # The replica's own running totals, mirrored (gauges: a restarted replica starts again from 0).
 REPLICA_PREFIX_HIT_TOKENS = Gauge(
     "floodgate_replica_prefix_cache_hit_tokens",
     "Prompt tokens a replica found in its prefix cache.",
-    ["replica"],
+    _REPLICA,
 )
 REPLICA_PREFIX_QUERY_TOKENS = Gauge(
     "floodgate_replica_prefix_cache_query_tokens",
     "Prompt tokens a replica looked up in its prefix cache (0: it does not say).",
-    ["replica"],
+    _REPLICA,
 )
 REPLICA_PREFIX_HIT_RATE = Gauge(
-    "floodgate_replica_prefix_cache_hit_rate", "Prefix-cache hit tokens over looked-up tokens.", ["replica"]
+    "floodgate_replica_prefix_cache_hit_rate", "Prefix-cache hit tokens over looked-up tokens.", _REPLICA
 )
 REPLICA_PREEMPTIONS = Gauge(
-    "floodgate_replica_preemptions", "Sequences a replica preempted to recompute later.", ["replica"]
+    "floodgate_replica_preemptions", "Sequences a replica preempted to recompute later.", _REPLICA
 )
 
 REPLICA_RESTARTS = Gauge(
     "floodgate_replica_restarts",
     "Times a replica's engine died and was replaced since the edge started it (local engines).",
-    ["replica"],
+    _REPLICA,
 )
 
 
@@ -171,36 +176,36 @@ _PER_REPLICA = (
 )
 
 
-def record_capacities(capacities: dict[str, Capacity], recorded: set[str]) -> None:
-    """Every member replica's last capacity, and the gauges of those no longer members (a scale-in
-    took them) removed: left, a dashboard summing over replicas counts hosts long gone. `recorded`:
-    the names this app recorded last time, updated (one set per app: apps in one process share
-    the registry)."""
+def record_capacities(capacities: dict[tuple[str, str], Capacity], recorded: set[tuple[str, str]]) -> None:
+    """Every member replica's last capacity, by (model, replica name), and the gauges of those no
+    longer members (a scale-in took them) removed: left, a dashboard summing over replicas counts
+    hosts long gone. `recorded`: the keys this app recorded last time, updated (one set per app:
+    apps in one process share the registry)."""
     for gone in recorded - capacities.keys():
         for gauge in _PER_REPLICA:
             with contextlib.suppress(KeyError):
-                gauge.remove(gone)
+                gauge.remove(*gone)
         for kind in ("used", "cached", "free"):
             with contextlib.suppress(KeyError):
-                REPLICA_KV_BLOCKS.remove(gone, kind)
-    for name, cap in capacities.items():
-        record_capacity(name, cap)
+                REPLICA_KV_BLOCKS.remove(*gone, kind)
+    for (model, name), cap in capacities.items():
+        record_capacity(model, name, cap)
     recorded.clear()
     recorded.update(capacities)
 
 
-def record_capacity(replica: str, cap: Capacity) -> None:
-    REPLICA_RUNNING.labels(replica).set(cap.running)
-    REPLICA_WAITING.labels(replica).set(cap.waiting)
-    REPLICA_KV_USED.labels(replica).set(cap.kv_tokens_used)
-    REPLICA_KV_TOTAL.labels(replica).set(cap.kv_tokens_total)
+def record_capacity(model: str, replica: str, cap: Capacity) -> None:
+    REPLICA_RUNNING.labels(model, replica).set(cap.running)
+    REPLICA_WAITING.labels(model, replica).set(cap.waiting)
+    REPLICA_KV_USED.labels(model, replica).set(cap.kv_tokens_used)
+    REPLICA_KV_TOTAL.labels(model, replica).set(cap.kv_tokens_total)
     figures = CacheFigures.of(cap)
-    REPLICA_KV_BLOCKS.labels(replica, "used").set(figures.blocks_used)
-    REPLICA_KV_BLOCKS.labels(replica, "cached").set(figures.blocks_cached)
-    REPLICA_KV_BLOCKS.labels(replica, "free").set(figures.blocks_free)
-    REPLICA_PREFIX_HIT_TOKENS.labels(replica).set(figures.prefix_hit_tokens)
-    REPLICA_PREFIX_QUERY_TOKENS.labels(replica).set(figures.prefix_query_tokens)
+    REPLICA_KV_BLOCKS.labels(model, replica, "used").set(figures.blocks_used)
+    REPLICA_KV_BLOCKS.labels(model, replica, "cached").set(figures.blocks_cached)
+    REPLICA_KV_BLOCKS.labels(model, replica, "free").set(figures.blocks_free)
+    REPLICA_PREFIX_HIT_TOKENS.labels(model, replica).set(figures.prefix_hit_tokens)
+    REPLICA_PREFIX_QUERY_TOKENS.labels(model, replica).set(figures.prefix_query_tokens)
     if figures.prefix_hit_rate is not None:
-        REPLICA_PREFIX_HIT_RATE.labels(replica).set(figures.prefix_hit_rate)
-    REPLICA_PREEMPTIONS.labels(replica).set(figures.preemptions)
-    REPLICA_RESTARTS.labels(replica).set(cap.restarts)
+        REPLICA_PREFIX_HIT_RATE.labels(model, replica).set(figures.prefix_hit_rate)
+    REPLICA_PREEMPTIONS.labels(model, replica).set(figures.preemptions)
+    REPLICA_RESTARTS.labels(model, replica).set(cap.restarts)

@@ -137,6 +137,7 @@ class Dispatcher:
             prior_service_s=prior_service_s,
             replica_share=replica_share,
             fallback_block_tokens=kv_block_tokens,
+            model=model,
         )
         # The part of every replica a ticket that fits nowhere is judged on (check_fits): the whole
         # where the fleet divides them (this edge's share grows as edges leave), this edge's share

@@ -19,10 +19,11 @@ QUEUE_WAIT = LabelledLoopHistogram(
     ["model", "tier"],
     (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300),
 )
+# `model` beside `replica`: a remote Triton replica's name is its address, whatever model it serves.
 REPLICA_UTILISATION = Gauge(
     "floodgate_replica_kv_utilisation",
     "KV-cache tokens held by this edge's in-flight requests over its share of the replica's capacity.",
-    ["replica"],
+    ["model", "replica"],
 )
 REJECTED = Counter(
     "floodgate_queue_rejected_total",
@@ -51,11 +52,11 @@ def watch_tier(model: str, tier: str, depth: Callable[[], int]) -> None:
     QUEUE_DEPTH.labels(model, tier).set_function(depth)
 
 
-def watch_replica(replica: str, utilisation: Callable[[], float]) -> None:
+def watch_replica(model: str, replica: str, utilisation: Callable[[], float]) -> None:
     """A member replica's KV utilisation, read when Prometheus collects (until `forget_replica`)."""
-    REPLICA_UTILISATION.labels(replica).set_function(utilisation)
+    REPLICA_UTILISATION.labels(model, replica).set_function(utilisation)
 
 
-def forget_replica(replica: str) -> None:
+def forget_replica(model: str, replica: str) -> None:
     with contextlib.suppress(KeyError):
-        REPLICA_UTILISATION.remove(replica)
+        REPLICA_UTILISATION.remove(model, replica)

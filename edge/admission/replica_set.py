@@ -48,6 +48,9 @@ class ReplicaState:
     capacity: Capacity | None  # as last polled (None: never answered)
     kv_tokens_held: int  # by this edge's in-flight requests
     sequences_held: int
+    # The served model it is a replica of (the dispatcher's `model`: "" on an edge serving one).
+    # Names alone do not say: a remote Triton replica is `triton-host:port` whatever it serves.
+    model: str = ""
 
 
 class ReplicaSet:
@@ -61,6 +64,7 @@ class ReplicaSet:
         prior_service_s: float,
         replica_share: float,
         fallback_block_tokens: int,
+        model: str = "",
     ) -> None:
         names = [u.name for u in upstreams]
         if len(set(names)) != len(names):
@@ -73,6 +77,8 @@ class ReplicaSet:
         # otherwise (set_shares), and for one discovered later.
         self._share_of: Callable[[str], float] = lambda _name: replica_share
         self._fallback_block_tokens = fallback_block_tokens
+        # Its replicas' gauges and states carry it: their names do not say which model they serve.
+        self.model = model
         # The members that may take new tickets; removed ones wait in _draining until they are empty.
         self.members: list[Replica] = [self._new_replica(u) for u in upstreams]
         self._draining: list[Replica] = []
@@ -120,7 +126,7 @@ class ReplicaSet:
     def states(self) -> list[ReplicaState]:
         """Every member as last polled: what readiness and the operator endpoints report."""
         return [
-            ReplicaState(r.name, r.alive, r.placeable, r.capacity, r.kv_in_use, r.sequences)
+            ReplicaState(r.name, r.alive, r.placeable, r.capacity, r.kv_in_use, r.sequences, self.model)
             for r in self.members
         ]
 
@@ -168,7 +174,7 @@ class ReplicaSet:
         if replica is None:
             raise KeyError(name)
         self.members.remove(replica)
-        metrics.forget_replica(replica.name)
+        metrics.forget_replica(self.model, replica.name)
         log.info("replica_removed", replica=name, in_flight=replica.sequences)
         if replica.sequences == 0:
             self._close_removed(replica)
@@ -198,7 +204,7 @@ class ReplicaSet:
             self._share_of(upstream.name),
             fallback_block_tokens=self._fallback_block_tokens,
         )
-        metrics.watch_replica(replica.name, replica.utilisation)
+        metrics.watch_replica(self.model, replica.name, replica.utilisation)
         return replica
 
     def _close_removed(self, replica: Replica) -> None:

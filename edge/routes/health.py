@@ -57,13 +57,18 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
 
 
 def _readiness(state: State) -> tuple[str, dict[str, Any]]:
-    """The status (`ready` or why not) and what it was read from: the replicas' liveness and,
-    with `[fleet]`, this edge's view of it."""
+    """The status (`ready` or why not) and what it was read from: the replicas' liveness, the
+    replicas of each model, and, with `[fleet]`, this edge's view of it."""
     if "runtime" not in state:
-        return "starting", {"replicas": {}}
+        return "starting", {"replicas": {}, "models": {}}
     runtime: Runtime = state.runtime
-    replicas = {r.name: r.alive for r in runtime.models.replica_states()}
-    detail: dict[str, Any] = {"replicas": replicas}
+    states = runtime.models.replica_states()
+    replicas = {r.name: r.alive for r in states}
+    # Which model each replica serves: a remote Triton replica's name is only its address.
+    models: dict[str, list[str]] = {}
+    for r in states:
+        models.setdefault(r.model, []).append(r.name)
+    detail: dict[str, Any] = {"replicas": replicas, "models": models}
     drain: Drain = state.drain
     if drain.draining:
         return "draining", detail

@@ -24,7 +24,7 @@ from edge.runtime import runtime_of
 @get("/metrics", opt=OPERATOR_ONLY, include_in_schema=False)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     states = runtime_of(request).models.replica_states()
-    capacities = {r.name: r.capacity for r in states if r.capacity is not None}
+    capacities = {(r.model, r.name): r.capacity for r in states if r.capacity is not None}
     state = request.app.state
     if not hasattr(state, "replicas_recorded"):
         state.replicas_recorded = set()
@@ -42,6 +42,7 @@ async def engine_state(request: Request[Any, Any, Any]) -> ASGIResponse:
     for r in runtime_of(request).models.replica_states():
         entry: dict[str, Any] = {
             "name": r.name,
+            "model": r.model,
             "reachable": r.alive,
             "kv_tokens_held": r.kv_tokens_held,
             "sequences_held": r.sequences_held,

@@ -34,7 +34,7 @@ async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
 
         assert sample("floodgate_queue_depth", model="metrics-model", tier="metrics-tier") == 3
         assert sample("floodgate_queue_depth_per_replica", model="metrics-model") == 3.0
-        assert sample("floodgate_replica_kv_utilisation", replica="metrics-r1") == 0.5
+        assert sample("floodgate_replica_kv_utilisation", model="metrics-model", replica="metrics-r1") == 0.5
         assert (
             sample("floodgate_queue_wait_seconds_count", model="metrics-model", tier="metrics-tier")
             == waits_before + 2
@@ -47,6 +47,10 @@ async def test_queue_depth_utilisation_wait_and_rejections_are_exported(
         )
         await flow.aclose()
         assert sample("floodgate_queue_depth", model="metrics-model", tier="metrics-tier") == 0
+        # Scaled in: its gauge goes, removed under the labels it was set with (model and replica).
+        dispatcher.remove_upstream("metrics-r1")
+        labels = {"model": "metrics-model", "replica": "metrics-r1"}
+        assert REGISTRY.get_sample_value("floodgate_replica_kv_utilisation", labels) is None
 
 
 @pytest.mark.anyio

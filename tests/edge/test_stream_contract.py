@@ -174,7 +174,7 @@ def test_health_ready_and_metrics(server: LiveServer, client: httpx.Client) -> N
         "floodgate_prompt_tokens_total",
         "floodgate_generation_tokens_total",
         f'floodgate_requests_finished_total{{model="",reason="{reason}",tier="free"}}',
-        *(f'floodgate_replica_kv_tokens{{replica="{name}"}}' for name in names),
+        *(f'floodgate_replica_kv_tokens{{model="",replica="{name}"}}' for name in names),
     ):
         assert family in text
     # `_total` is the counters' suffix (Prometheus's naming rules; promtool check metrics flags a

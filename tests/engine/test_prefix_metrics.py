@@ -40,15 +40,15 @@ def test_a_local_replica_reports_its_cache_hits_and_blocks() -> None:
     # "first" kept its 12 prompt tokens + 2 computed outputs: three full blocks stay cached.
     assert capacity.kv_tokens_cached >= 12 and capacity.kv_tokens_used == 0
 
-    record_capacity("local-x", capacity)
-    assert _sample("floodgate_replica_prefix_cache_hit_tokens", replica="local-x") == 12
-    assert _sample("floodgate_replica_prefix_cache_hit_rate", replica="local-x") == 12 / 25
-    cached = _sample("floodgate_replica_kv_blocks", replica="local-x", state="cached")
-    free = _sample("floodgate_replica_kv_blocks", replica="local-x", state="free")
+    record_capacity("", "local-x", capacity)
+    assert _sample("floodgate_replica_prefix_cache_hit_tokens", model="", replica="local-x") == 12
+    assert _sample("floodgate_replica_prefix_cache_hit_rate", model="", replica="local-x") == 12 / 25
+    cached = _sample("floodgate_replica_kv_blocks", model="", replica="local-x", state="cached")
+    free = _sample("floodgate_replica_kv_blocks", model="", replica="local-x", state="free")
     assert cached is not None and free is not None
     assert cached == capacity.kv_tokens_cached // 4 and cached + free == 32
-    assert _sample("floodgate_replica_kv_blocks", replica="local-x", state="used") == 0
-    assert _sample("floodgate_replica_preemptions", replica="local-x") == 0
+    assert _sample("floodgate_replica_kv_blocks", model="", replica="local-x", state="used") == 0
+    assert _sample("floodgate_replica_preemptions", model="", replica="local-x") == 0
 
 
 def test_tensorrt_llm_reused_blocks_are_read_as_hit_tokens() -> None:
@@ -60,16 +60,16 @@ def test_tensorrt_llm_reused_blocks_are_read_as_hit_tokens() -> None:
     )
     capacity = trtllm_capacity(parse_trtllm_metrics(page))
     assert capacity.prefix_hit_tokens == 7 * 64 and capacity.prefix_query_tokens == 0
-    record_capacity("trt-x", capacity)
-    assert _sample("floodgate_replica_prefix_cache_hit_tokens", replica="trt-x") == 448
+    record_capacity("", "trt-x", capacity)
+    assert _sample("floodgate_replica_prefix_cache_hit_tokens", model="", replica="trt-x") == 448
     # TensorRT-LLM does not say how many tokens it looked up: no rate rather than a wrong one.
-    assert _sample("floodgate_replica_prefix_cache_hit_rate", replica="trt-x") is None
-    assert _sample("floodgate_replica_kv_blocks", replica="trt-x", state="free") == 90
+    assert _sample("floodgate_replica_prefix_cache_hit_rate", model="", replica="trt-x") is None
+    assert _sample("floodgate_replica_kv_blocks", model="", replica="trt-x", state="free") == 90
 
 
 def test_capacity_without_prefix_figures_reads_zero() -> None:
     record_capacity(
-        "plain", Capacity(kv_tokens_total=64, kv_tokens_used=16, max_sequences=4, running=1, waiting=0)
+        "", "plain", Capacity(kv_tokens_total=64, kv_tokens_used=16, max_sequences=4, running=1, waiting=0)
     )
-    assert _sample("floodgate_replica_kv_blocks", replica="plain", state="used") == 16
-    assert _sample("floodgate_replica_kv_blocks", replica="plain", state="cached") == 0
+    assert _sample("floodgate_replica_kv_blocks", model="", replica="plain", state="used") == 16
+    assert _sample("floodgate_replica_kv_blocks", model="", replica="plain", state="cached") == 0

@@ -134,7 +134,7 @@ def test_a_killed_engine_process_is_replaced_and_the_edge_serves_again(tmp_path:
         assert httpx.get(server.base_url + "/readyz").status_code == 200
         # The operator sees it: the replica's restarts, from the health poll's capacity read.
         wait_until(
-            lambda: 'floodgate_replica_restarts{replica="local-0"} 1.0' in server.metrics_text(),
+            lambda: 'floodgate_replica_restarts{model="",replica="local-0"} 1.0' in server.metrics_text(),
             RECOVERY_TIMEOUT_S,
             "the restart in /metrics",
         )

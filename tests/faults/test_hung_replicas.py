@@ -55,7 +55,7 @@ def test_readiness_and_metrics_never_wait_on_hung_replicas(server: LiveServer) -
 
     metrics = httpx.get(server.ops_url + "/metrics", timeout=ANSWER_TIMEOUT_S)
     assert metrics.status_code == 200
-    assert 'floodgate_replica_kv_tokens{replica="local-0"}' in metrics.text
+    assert 'floodgate_replica_kv_tokens{model="",replica="local-0"}' in metrics.text
 
     engine = httpx.get(server.ops_url + "/v1/internal/engine", timeout=ANSWER_TIMEOUT_S).json()
     reachable = {r["name"]: r["reachable"] for r in engine["replicas"]}

@@ -157,7 +157,7 @@ def test_a_served_edge_keeps_its_replicas_current(gpu_group: GpuGroup, tmp_path:
         def exported() -> list[str]:
             lines = server.metrics_text().splitlines()
             # This group's replicas: other tests in the process record theirs in the same registry.
-            prefix = 'floodgate_replica_kv_tokens{replica="replica-'
+            prefix = 'floodgate_replica_kv_tokens{model="",replica="replica-'
             return sorted(
                 "replica-" + line[len(prefix) :].split('"')[0] for line in lines if line.startswith(prefix)
             )

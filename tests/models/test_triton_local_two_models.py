@@ -23,4 +23,4 @@ def test_each_models_local_tritonserver_is_a_replica_of_its_own(tmp_path: Path) 
         metrics = server.metrics_text()
     assert ready["replicas"] == {"small/triton-local": True, "large/triton-local": True}
     for model in ("small", "large"):
-        assert f'floodgate_replica_kv_tokens{{replica="{model}/triton-local"}}' in metrics
+        assert f'floodgate_replica_kv_tokens{{model="{model}",replica="{model}/triton-local"}}' in metrics
