@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Protocol
 
 from edge.cancel.live import LiveRequest
-from edge.cancel.outcome import CancelOutcome
+from edge.cancel.outcome import CancelAnswer, CancelOutcome
 
 
 class RequestRegistry(Protocol):
@@ -26,7 +26,7 @@ class RequestRegistry(Protocol):
 
     def finish(self, live: LiveRequest) -> None: ...
 
-    async def cancel(self, request_id: str, user: str) -> CancelOutcome: ...
+    async def cancel(self, request_id: str, user: str) -> CancelAnswer: ...
 
 
 class CancelRegistry:
@@ -64,8 +64,8 @@ class CancelRegistry:
             return CancelOutcome.CANCELLED if done[1] else CancelOutcome.FINISHED
         return CancelOutcome.NOT_FOUND
 
-    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
-        return self.cancel_local(request_id, user)
+    async def cancel(self, request_id: str, user: str) -> CancelAnswer:
+        return CancelAnswer(self.cancel_local(request_id, user))
 
     def running(self) -> list[tuple[str, str]]:
         """(request_id, owner) of each live request."""

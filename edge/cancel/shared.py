@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edge.cancel.bus import CancelBus
 from edge.cancel.live import LiveRequest
-from edge.cancel.outcome import CancelOutcome
+from edge.cancel.outcome import CancelAnswer, CancelOutcome
 from edge.cancel.registry import CancelRegistry
 
 
@@ -33,8 +33,8 @@ class SharedCancelRegistry:
     def finish(self, live: LiveRequest) -> None:
         self._local.finish(live)
 
-    async def cancel(self, request_id: str, user: str) -> CancelOutcome:
+    async def cancel(self, request_id: str, user: str) -> CancelAnswer:
         outcome = self._local.cancel_local(request_id, user)
         if outcome is not CancelOutcome.NOT_FOUND:
-            return outcome
-        return await self._bus.cancel(request_id, user)
+            return CancelAnswer(outcome)
+        return CancelAnswer(await self._bus.cancel(request_id, user), by_bus=True)

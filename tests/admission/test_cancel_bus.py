@@ -276,9 +276,9 @@ async def test_shared_registries_cancel_a_stream_held_by_another_instance(
         assert await ended_lease.settle() is False
         a.finish(ended)
 
-        assert await b.cancel("req-s1", "mallory") is CancelOutcome.NOT_FOUND
-        assert await b.cancel("req-s2", "alice") is CancelOutcome.FINISHED
-        assert await b.cancel("req-s1", "alice") is CancelOutcome.CANCELLED
+        assert (await b.cancel("req-s1", "mallory")).outcome is CancelOutcome.NOT_FOUND
+        assert (await b.cancel("req-s2", "alice")).outcome is CancelOutcome.FINISHED
+        assert (await b.cancel("req-s1", "alice")).outcome is CancelOutcome.CANCELLED
         await until(lambda: live.cancelled)  # instance A stopped its stream
     finally:
         await a.aclose()
@@ -301,7 +301,7 @@ async def test_a_cancel_published_while_an_instance_was_not_subscribed_reaches_i
         await admitter.admit(redis_server.url, "req-m2")
         missed = a.register("req-m1", "alice")
         running = a.register("req-m2", "alice")
-        assert await b.cancel("req-m1", "alice") is CancelOutcome.CANCELLED  # A hears nothing
+        assert (await b.cancel("req-m1", "alice")).outcome is CancelOutcome.CANCELLED  # A hears nothing
         await a.start()
         await until(lambda: missed.cancelled)
         assert not running.cancelled
@@ -333,7 +333,7 @@ async def test_a_subscription_link_gone_silent_is_subscribed_again_and_its_misse
             await admitter.admit(redis_server.url, "req-q1")
             live = a.register("req-q1", "alice")
             proxy.stall()
-            assert await b.cancel("req-q1", "alice") is CancelOutcome.CANCELLED  # lost on A's link
+            assert (await b.cancel("req-q1", "alice")).outcome is CancelOutcome.CANCELLED  # lost on A's link
             await until(lambda: live.cancelled, timeout_s=10, poll_s=0.05)
         finally:
             await a.aclose()

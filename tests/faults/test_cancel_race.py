@@ -138,7 +138,7 @@ async def test_across_instances_a_cancel_after_the_settle_is_finished(
     assert live.end() is False
     assert await admitted.lease.settle() is False  # no cancel reached the store first
     # The clean-up (finish) has not run yet: the store already says the generation is over.
-    assert await other.cancel("r-end-first", "alice") is CancelOutcome.FINISHED
+    assert (await other.cancel("r-end-first", "alice")).outcome is CancelOutcome.FINISHED
     runs.finish(live)
 
 
@@ -151,12 +151,12 @@ async def test_across_instances_a_cancel_before_the_settle_decides_the_outcome(
     assert admitted.lease is not None
     live = runs.register("r-cancel-first", "alice")
 
-    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
+    assert (await other.cancel("r-cancel-first", "alice")).outcome is CancelOutcome.CANCELLED
     live.end()  # True or False: whether the broadcast reached this instance yet
     # Either way its settle learns of the cancel: the stream ends cancelled (Generation._run).
     assert await admitted.lease.settle() is True
     # Repeated, the cancel answers as the first did (idempotent), though the request has ended.
-    assert await other.cancel("r-cancel-first", "alice") is CancelOutcome.CANCELLED
+    assert (await other.cancel("r-cancel-first", "alice")).outcome is CancelOutcome.CANCELLED
     runs.finish(live)
 
 
@@ -171,8 +171,8 @@ async def test_across_instances_a_cancel_the_running_instance_answered_outlives_
     assert admitted.lease is not None
     live = runs.register("r-cancel-here", "alice")
 
-    assert await runs.cancel("r-cancel-here", "alice") is CancelOutcome.CANCELLED
+    assert (await runs.cancel("r-cancel-here", "alice")).outcome is CancelOutcome.CANCELLED
     assert live.end() is True
     assert await admitted.lease.settle(cancelled=live.cancelled) is False  # none reached the store
     runs.finish(live)
-    assert await other.cancel("r-cancel-here", "alice") is CancelOutcome.CANCELLED
+    assert (await other.cancel("r-cancel-here", "alice")).outcome is CancelOutcome.CANCELLED
