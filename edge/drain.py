@@ -37,6 +37,11 @@ class Drain:
         self.deadline_s = deadline_s
         self._began_at: float | None = None
         self._past_deadline = False
+        # For drain_finished: the streams that ended while draining before the cut (on their own,
+        # or their client gone), and those the cut (the deadline, or a forced exit) ended.
+        self._ended = 0
+        self._cut = 0
+        self._reported = False
         self._guards: set[anyio.CancelScope] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._on_begin: list[Callable[[], None]] = []
@@ -79,6 +84,9 @@ class Drain:
         first = not self._past_deadline
         self._past_deadline = True
         if first:
+            # Counted once: a second cut (a forced exit's) finds these again; those watched from
+            # now on are counted in `watch`.
+            self._cut += len(self._guards)
             for callback in self._on_cut:
                 callback()
         if self._guards:
@@ -103,12 +111,28 @@ class Drain:
         generation tells the two cancellers apart (edge/generation.py)."""
         if self._past_deadline:
             scope.cancel()
+            self._cut += 1
         self._guards.add(scope)
 
     def unwatch(self, scope: anyio.CancelScope) -> None:
         self._guards.discard(scope)
+        if self._began_at is not None and not self._past_deadline:
+            self._ended += 1
 
     def close(self) -> None:
+        """The app's shutdown, once the server has stopped waiting for its streams: a drain's end.
+        `drain_finished` says how it went, which drain_started and drain_deadline_cut alone left to
+        be worked out from every stream's line: how many streams ended before the deadline, how
+        many it cut, how long it took, and how many still ran (a forced exit's)."""
+        if self._began_at is not None and not self._reported:
+            self._reported = True  # once, should the shutdown call it again
+            log.info(
+                "drain_finished",
+                streams_ended=self._ended,
+                streams_cut=self._cut,
+                still_running=len(self._guards),
+                duration_s=round(time.monotonic() - self._began_at, 3),
+            )
         DRAINING.set(0)
         if self._timer is not None:
             self._timer.cancel()

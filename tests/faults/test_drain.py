@@ -669,3 +669,39 @@ def test_a_forced_cut_does_not_wait_on_a_client_that_stopped_reading(
     finished = [json.loads(line) for line in output.splitlines() if '"outcome"' in line]
     assert [line["outcome"] for line in finished] == ["drained"], finished
     assert _usage_rows(tmp_path / "floodgate.toml") == [(1, finished[0]["completion_tokens"])]
+
+
+def test_a_drain_says_how_it_ended_when_it_is_over(tmp_path: Path) -> None:
+    """The drain's log said when it began and, at its deadline, how many streams it cut, and nothing
+    when it was over: an operator had to count every stream's line between SIGTERM and the exit to
+    learn how many ended before the deadline, and to read timestamps for how long it took. Here
+    one stream ends before the deadline (its client hangs up while the engine is held) and one is
+    cut; `drain_finished` says both, and how long the drain ran."""
+    drain = {"drain_accept_s": 0.2, "drain_deadline_s": 4.0}
+    with serve_process(tmp_path, {"server": drain}) as server:
+        cut = _Stream(server.base_url, server.auth(), BODY | {"ignore_eos": True})
+        cut.start()
+        assert cut.content.wait(60) and cut.error is None, cut.error
+        with (
+            httpx.Client(base_url=server.base_url, timeout=60.0) as client,
+            client.stream("POST", CHAT, json=BODY | {"ignore_eos": True}, headers=server.auth()) as ends,
+        ):
+            stream = events(ends)  # kept: a dropped iterator closes the response
+            first = next(stream)
+            with children_held(server.proc.pid):
+                server.proc.send_signal(signal.SIGTERM)
+                _wait(lambda: "drain_started" in server.output(), "the drain to begin")
+                ends.close()  # its client hangs up: the stream ends before the deadline
+                ended = f'"request_id":"{first["request_id"]}"'
+                _wait(lambda: ended in server.output(), "the hung-up stream's line")
+                cut.join(60)
+                assert not cut.is_alive() and cut.error is None, cut.error
+        assert server.proc.wait(timeout=60) == 0
+        records = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+    (finished,) = [r for r in records if r["event"] == "drain_finished"]
+    assert cut.events[-2]["error"]["code"] == "server_shutting_down"
+    assert (finished["streams_ended"], finished["streams_cut"], finished["still_running"]) == (1, 1, 0), (
+        finished
+    )
+    assert 4.0 <= finished["duration_s"] < 60, finished
+    assert finished["level"] == "info", finished
