@@ -103,9 +103,12 @@ class SseConnection(asyncio.Protocol):
         self.closed = False
         self.last_activity = 0.0
         self._offer: Callable[[Delta], bool] | None = None
-        # The edge's id of the request in flight: the relay runs in a context of its own
-        # (`_RelayBatch`), where no request_id is bound, so its log lines name the request by this.
+        # The edge's id of the request in flight, and the context it was sent in (its request_id,
+        # user and tier bound by the pipeline): the relay runs in a context of its own
+        # (`_RelayBatch`), where none is bound, so its log lines are written in this one. With the
+        # id alone its line named no user or tier, where every other line the request caused did.
         self.request_id: str | None = None
+        self.log_context = contextvars.Context()
         self._waiter: asyncio.Future[None] | None = None
         # The silence watch: one timer per request, moved on only when it fires (a timeout context
         # per wait cost ~8 % of the loop's time at 64 streams).
@@ -138,6 +141,7 @@ class SseConnection(asyncio.Protocol):
         `events`: the answer is a stream of server-sent events (else a body read whole).
         `request_id`: the edge's request this is for (none for a plain GET)."""
         self.request_id = request_id
+        self.log_context = contextvars.copy_context()
         self.tokens, self.declined, self.reused_blocks, self.failure = [], None, None, None
         self.received, self.last_token, self.relay_error = 0, None, None
         self.status, self.ended, self.responded, self._silent = 0, False, False, False
@@ -422,7 +426,7 @@ def _relay_each(ready: Sequence[SseConnection]) -> None:
         except Exception as exc:
             # Raised to the loop's handler it would strand the pass's other streams, and leave
             # this one waiting for its stall timeout: its reader ends it instead.
-            log.exception("direct_relay_failed", request_id=conn.request_id)
+            conn.log_context.run(log.exception, "direct_relay_failed", request_id=conn.request_id)
             conn.relay_failed(exc)
 
 

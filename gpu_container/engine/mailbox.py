@@ -14,6 +14,7 @@ outputs to the loop in one callback, and a token the edge relays right there wak
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 
 import structlog
@@ -46,6 +47,11 @@ class Mailbox:
         # identity (edge/token_relay.py), so it is never merged with the deltas after it.
         self._declined: Delta | None = None
         self.offer: Offer | None = None
+        # The context of the request's task, where the front makes the mailbox (the edge binds the
+        # request's id, user and tier there): outputs arrive in a callback of the engine's reader,
+        # in a context of its own, and a failed relay's line is written in this one. Its line named
+        # the request by id alone, no user or tier, where every other line the request caused did.
+        self._log_context = contextvars.copy_context()
         # Set by the engine process when it hands the request to a child that replaced a dead one
         # less than a minute ago: should that child die holding it, the request may be why
         # (contract.py's ReplicaRestarting.may_be_cause).
@@ -85,7 +91,7 @@ class Mailbox:
                 except Exception as exc:
                     # Called in the step that delivers every stream's output: one stream's failed
                     # relay ends that stream with an error, never the others' outputs.
-                    log.exception("direct_relay_failed", request_id=output.request_id)
+                    self._log_context.run(log.exception, "direct_relay_failed", request_id=output.request_id)
                     self._fail(UpstreamError(f"relaying the output failed: {exc!r}"))
                     return
             # The relay may have cancelled the consumer meanwhile (a write's failure): its waiter

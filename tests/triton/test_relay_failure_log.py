@@ -1,7 +1,8 @@
 """A relay that fails on the Triton path logs `direct_relay_failed` with the request's id, as every
 line a request causes does (docs/deploy.md, Metrics and logs). The relay runs in a loop callback
 in a context of its own (edge/upstreams/triton_sse.py `_RelayBatch`), where no request_id is
-bound: its line named no request, and an operator could not tell whose stream it ended.
+bound: its line named no request, and an operator could not tell whose stream it ended; then, with
+the id alone, it named no user or tier, where every other line the request caused did.
 
 The replica's answer is paced through a proxy (tests/support/paced_stream_proxy.py): the relay is
 offered tokens only from a read that follows the reader's first delta and precedes the answer's end,
@@ -112,3 +113,5 @@ def test_a_failed_relay_on_the_triton_path_logs_the_requests_id(
     failed = [line for line in logs if line["event"] == "direct_relay_failed"]
     assert failed, [line["event"] for line in logs]
     assert {line.get("request_id") for line in failed} == {answer.headers["x-request-id"]}, failed
+    # And whose request it was, as every other line the request caused says.
+    assert {(line.get("user"), line.get("tier")) for line in failed} == {("paid-user", "paid")}, failed
