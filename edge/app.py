@@ -31,6 +31,7 @@ from edge.membership.edge_fleet import joined_fleet
 from edge.messages.conversation_lock import ConversationLocks
 from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
+from edge.messages.ids import MessageIdGenerator
 from edge.messages.writer import MessageWriter
 from edge.model_source import resolve_model_dir
 from edge.models.catalog import ModelCatalog
@@ -124,10 +125,14 @@ def _provider_of(
 
 
 def create_app(
-    settings: Settings, upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None
+    settings: Settings,
+    upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None,
+    message_ids: MessageIdGenerator | None = None,
 ) -> Litestar:
     """The app; `upstreams` replaces the replicas the settings name (tests, benchmarks): one
     provider for every model, or one per model name (the others keep their settings' replicas).
+    `message_ids` makes the conversations' message ids (default: from this host's clock; a test's
+    fleet gives each edge a clock of its own).
 
     `app.state.drain` is the app's drain (edge/drain.py): the server begins it on SIGTERM.
     `app.state.ops_port` is set by whoever binds the operator listener (edge/server.py)."""
@@ -167,6 +172,7 @@ def create_app(
             stack.push_async_callback(locks.aclose)
             registry = await stack.enter_async_context(open_request_registry(settings.limiter))
             pipelines: dict[str, Pipeline] = {}
+            ids = message_ids or MessageIdGenerator()  # one per edge, all its models' turns alike
             all_replicas: list[Upstream] = []
             dispatchers: list[Dispatcher] = []
             # Those whose replicas every edge instance reaches: the fleet divides these replicas.
@@ -221,7 +227,7 @@ def create_app(
                     limits_divisor=lim.instance_count if lim.backend == "memory" else 1,
                 )
                 charged = weigh(limiter, own.model.token_weight)
-                log = ConversationLog(writer)
+                log = ConversationLog(writer, ids)
                 pipelines[model.name] = Pipeline(
                     config,
                     text,

@@ -642,9 +642,26 @@ class Generation:
         conversation_id = self._req.conversation_id
         question = _question(self._req.messages)
         if conversation_id is not None and self._p.messages is not None and question is not None:
-            self._p.messages.record_prompt(
-                conversation_id, self._principal.user, self.request_id, question.text(), question.name
+            self._made_turn(
+                self._p.messages.record_prompt(
+                    conversation_id,
+                    self._principal.user,
+                    self.request_id,
+                    question.text(),
+                    question.name,
+                    after=self._newest_turn(),
+                )
             )
+
+    def _newest_turn(self) -> str | None:
+        """The conversation's newest message id, as its lock knows it: this request's turns sort
+        after it, whichever edge's clock made it (edge/messages/conversation_lock.py)."""
+        return None if self._conversation_lock is None else self._conversation_lock.last_message_id
+
+    def _made_turn(self, message_id: str) -> None:
+        """The conversation's newest now, left in its lock for the next request by the release."""
+        if self._conversation_lock is not None:
+            self._conversation_lock.last_message_id = message_id
 
     def _record(self, out: Outcome) -> None:
         tier = self._principal.tier
@@ -722,13 +739,16 @@ class Generation:
             # The client began the reply: the stored turn is the whole of it, not its end alone. A
             # continued user message is the question's turn (`_record_prompt`), not the reply's.
             reply = self._req.messages[-1].text() + reply
-        self._p.messages.record_reply(
-            conversation_id,
-            self._principal.user,
-            self.request_id,
-            reply,
-            _stored_finish_reason(out),
-            self._p.config.model_name,
+        self._made_turn(
+            self._p.messages.record_reply(
+                conversation_id,
+                self._principal.user,
+                self.request_id,
+                reply,
+                _stored_finish_reason(out),
+                self._p.config.model_name,
+                after=self._newest_turn(),
+            )
         )
 
 

@@ -70,12 +70,31 @@ class MessageSink(Protocol):
     sends its first text, the reply when it ends."""
 
     def record_prompt(
-        self, conversation_id: str, user: str, request_id: str, prompt: str, name: str | None = None
-    ) -> None: ...
+        self,
+        conversation_id: str,
+        user: str,
+        request_id: str,
+        prompt: str,
+        name: str | None = None,
+        *,
+        after: str | None = None,
+    ) -> str:
+        """The turn's id: made greater than `after`, the conversation's newest."""
+        ...
 
     def record_reply(
-        self, conversation_id: str, user: str, request_id: str, reply: str, finish_reason: str, model: str
-    ) -> None: ...
+        self,
+        conversation_id: str,
+        user: str,
+        request_id: str,
+        reply: str,
+        finish_reason: str,
+        model: str,
+        *,
+        after: str | None = None,
+    ) -> str:
+        """The turn's id: made greater than `after`, the conversation's newest."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

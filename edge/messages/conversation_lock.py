@@ -41,6 +41,16 @@ TAKE_WAIT_S, a request goes on unlocked at once. Threads busy with calls the sto
 burst of conversation requests, more at once than LOCK_THREADS) are waited for within the take's
 TAKE_WAIT_S: skipped at once, a burst of 40 on a store answering in milliseconds ran 32 of them
 unlocked, and a conversation's three requests all ran.
+
+The lock also keeps the order of the turns. A history reads back in message-id order, and ids are
+made from the clock of the edge that serves each turn: an edge whose clock ran a few milliseconds
+behind the one that served the last turn (NTP keeps a fleet's clocks that close, not closer) made
+its question an id below the reply it followed, and the history read question, question, reply,
+reply. So a release leaves the conversation's newest message id in the lock (`last_message_id`)
+and the next take, on whatever edge, reads it back in the same write that takes the lock (no read
+of its own); that request's turns are made greater (edge/messages/ids.py), as a hybrid logical
+clock orders events across machines. Released, the lock is kept ORDER_KEPT_S longer for this
+(not deleted), with no holder: any request may take it.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
@@ -73,26 +84,43 @@ RELEASE_WAIT_S = 0.5
 # Threads the locks' store calls may hold at once (the store's own to_thread calls share anyio's
 # default pool of 40 with the key lookups and the usage writer).
 LOCK_THREADS = 8
+# How long a released lock is kept, to give the next request its conversation's newest message id:
+# longer than any skew between the fleet's clocks (milliseconds under NTP), short enough that an
+# edge of the release before, which takes a lock only once it has expired, waits no longer for it.
+ORDER_KEPT_S = 1.0
 
 
 class ConversationLocked(Exception):
     """Another request holds the conversation."""
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A lock taken, and what its last holder left in it."""
+
+    last_message_id: str | None  # the conversation's newest message id; None where none was left
+
+
 class LockStore(Protocol):
     """The lock's three steps, each one atomic in the store, blocking (ConversationLocks runs them
     on threads of its own). Times are Unix seconds (time.time)."""
 
-    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
-        """Hold the conversation for `holder` until `expires_at`, unless another holds it past `now`."""
+    def take_lock(
+        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+    ) -> Taken | None:
+        """Hold the conversation for `holder` until `expires_at`, unless another holds it past `now`
+        (None then)."""
         ...
 
     def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
         """Move the holder's lock's end to `expires_at`; False where `holder` no longer holds it."""
         ...
 
-    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
-        """Give the lock back, if `holder` still holds it."""
+    def release_lock(
+        self, user: str, conversation_id: str, holder: str, kept_until: float, last_message_id: str | None
+    ) -> None:
+        """Give the lock back, if `holder` still holds it: no holder, kept until `kept_until` with
+        `last_message_id` (where not None) for the next take."""
         ...
 
 
@@ -110,10 +138,16 @@ class _Take:
 class HeldLock:
     """One request's hold on its conversation, given back once (`release`)."""
 
-    __slots__ = ("_locks", "_released", "conversation_id", "expires_at", "holder", "user")
+    __slots__ = ("_locks", "_released", "conversation_id", "expires_at", "holder", "last_message_id", "user")
 
     def __init__(
-        self, locks: ConversationLocks, user: str, conversation_id: str, holder: str, expires_at: float
+        self,
+        locks: ConversationLocks,
+        user: str,
+        conversation_id: str,
+        holder: str,
+        expires_at: float,
+        last_message_id: str | None,
     ) -> None:
         self._locks = locks
         self.user = user
@@ -121,6 +155,9 @@ class HeldLock:
         self.holder = holder
         # When the store lets another request take it, as last written.
         self.expires_at = expires_at
+        # The conversation's newest message id: as the take read it, then each turn this request
+        # made (its turns are made greater); left in the lock by the release, for the next request.
+        self.last_message_id = last_message_id
         self._released = False
 
     async def release(self) -> None:
@@ -129,7 +166,7 @@ class HeldLock:
             return
         self._released = True
         self._locks.forget(self)
-        await self._locks.give_back(self.user, self.conversation_id, self.holder)
+        await self._locks.give_back(self.user, self.conversation_id, self.holder, self.last_message_id)
 
 
 class ConversationLocks:
@@ -174,7 +211,9 @@ class ConversationLocks:
             started = list(self._calls_started.values())
         return len(started) >= LOCK_THREADS and all(now - start >= TAKE_WAIT_S for start in started)
 
-    async def give_back(self, user: str, conversation_id: str, holder: str) -> None:
+    async def give_back(
+        self, user: str, conversation_id: str, holder: str, last_message_id: str | None = None
+    ) -> None:
         """The store's release of `holder`'s lock. Shielded: it runs as a cancelled request ends (its
         client left), and a release cut short would block the conversation until the lock expired.
         Waited for RELEASE_WAIT_S at most: past it the call goes on on its thread and lands when the
@@ -182,7 +221,10 @@ class ConversationLocks:
         logged; the lock then expires on its own."""
         with cancel_scope(shield=True), anyio.move_on_after(RELEASE_WAIT_S):
             try:
-                await self._in_thread(self.store.release_lock, user, conversation_id, holder)
+                kept_until = self._clock() + ORDER_KEPT_S
+                await self._in_thread(
+                    self.store.release_lock, user, conversation_id, holder, kept_until, last_message_id
+                )
             except Exception as exc:
                 log.warning(
                     "conversation_lock_release_failed",
@@ -201,19 +243,20 @@ class ConversationLocks:
         expires_at = now + self._ttl_s
         attempt = _Take()
 
-        def take() -> bool:
+        def take() -> Taken | None:
             taken = self.store.take_lock(user, conversation_id, holder, now, expires_at)
             with attempt.guard:
                 if not attempt.abandoned:
-                    attempt.taken = taken
+                    attempt.taken = taken is not None
                     return taken
-            if taken:  # its request went on without it: nobody else would give it back
-                self.store.release_lock(user, conversation_id, holder)
-            return False
+            if taken is not None:  # its request went on without it: nobody else would give it back
+                last = taken.last_message_id  # no turn made: the conversation's newest is unchanged
+                self.store.release_lock(user, conversation_id, holder, self._clock() + ORDER_KEPT_S, last)
+            return None
 
         try:
             with anyio.fail_after(TAKE_WAIT_S):
-                taken = bool(await self._in_thread(take))
+                taken = await self._in_thread(take)
         except TimeoutError:
             with attempt.guard:
                 attempt.abandoned = True
@@ -225,9 +268,9 @@ class ConversationLocks:
         except Exception as exc:
             _skipped(conversation_id, holder, repr(exc))
             return None
-        if not taken:
+        if not isinstance(taken, Taken):
             raise ConversationLocked(conversation_id)
-        held = HeldLock(self, user, conversation_id, holder, expires_at)
+        held = HeldLock(self, user, conversation_id, holder, expires_at, taken.last_message_id)
         self._held.add(held)
         return held
 

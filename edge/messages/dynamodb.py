@@ -14,9 +14,11 @@ not fit is kept compressed (`content_z`, zlib), and one that does not fit even s
 what fits, marked `truncated` (SQLite keeps every message whole).
 
 A conversation's lock (edge/messages/conversation_lock.py) is an item of the same table, in a
-partition of its own (`lock_partition`): taken with a conditional PutItem, renewed and given back
-only by the request it names (conditional UpdateItem and DeleteItem); its end is the table's TTL
-attribute, so a lock an edge died holding is deleted by DynamoDB too."""
+partition of its own (`lock_partition`): taken with a conditional UpdateItem that reads back what
+the last holder left in it (`last_message_id`), renewed and given back only by the request it names
+(conditional UpdateItems: given back, it loses its holder and keeps the conversation's newest
+message id); its end is the table's TTL attribute, so a lock an edge died holding, or released, is
+deleted by DynamoDB too."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from botocore.exceptions import ClientError
 
 from edge.dynamodb_client import MAX_PARTITION_KEY_BYTES
 from edge.dynamodb_table import make_table_if_missing
+from edge.messages.conversation_lock import Taken
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, MessageRefused, Order, Span, full, reads, span
 
@@ -53,6 +56,8 @@ _PAGE = 200
 CONTENT_BYTES = 390_000
 # The sort key of a lock's item: no message id (26 upper-case Crockford characters) spells it.
 LOCK_SORT_KEY = "lock"
+# What a released lock keeps for the next take (edge/messages/conversation_lock.py).
+LAST_MESSAGE_ID = "last_message_id"
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 # Errors no retry can mend: the item itself is refused.
 _REFUSALS = frozenset({"ValidationException", "ItemCollectionSizeLimitExceededException"})
@@ -180,24 +185,31 @@ class DynamoDBMessageStore:
 
     # The conversation locks' three steps (edge/messages/conversation_lock.py), each one conditional
     # call: blocking, run on the locks' own worker threads.
-    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
-        item: dict[str, AttributeValueTypeDef] = {
-            **_lock_key(user, conversation_id),
-            "holder": {"S": holder},
-            TTL_ATTRIBUTE: {"N": _ttl_seconds(expires_at)},
-        }
+    def take_lock(
+        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+    ) -> Taken | None:
         try:
-            self._client.put_item(
+            answer = self._client.update_item(
                 TableName=self._table,
-                Item=item,
-                ConditionExpression=f"attribute_not_exists({PARTITION_KEY}) OR {TTL_ATTRIBUTE} <= :now",
-                ExpressionAttributeValues={":now": {"N": repr(now)}},
+                Key=_lock_key(user, conversation_id),
+                UpdateExpression=f"SET holder = :me, {TTL_ATTRIBUTE} = :end",
+                ConditionExpression=(
+                    f"attribute_not_exists({PARTITION_KEY}) OR attribute_not_exists(holder)"
+                    f" OR {TTL_ATTRIBUTE} <= :now"
+                ),
+                ExpressionAttributeValues={
+                    ":me": {"S": holder},
+                    ":end": {"N": _ttl_seconds(expires_at)},
+                    ":now": {"N": repr(now)},
+                },
+                ReturnValues="ALL_OLD",
             )
         except ClientError as exc:
             if _condition_failed(exc):
-                return False
+                return None
             raise
-        return True
+        last = answer.get("Attributes", {}).get(LAST_MESSAGE_ID)
+        return Taken(last["S"] if last else None)
 
     def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
         try:
@@ -214,13 +226,24 @@ class DynamoDBMessageStore:
             raise
         return True
 
-    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
+    def release_lock(
+        self, user: str, conversation_id: str, holder: str, kept_until: float, last_message_id: str | None
+    ) -> None:
+        values: dict[str, AttributeValueTypeDef] = {
+            ":me": {"S": holder},
+            ":end": {"N": _ttl_seconds(kept_until)},
+        }
+        update = f"SET {TTL_ATTRIBUTE} = :end"
+        if last_message_id is not None:
+            update += f", {LAST_MESSAGE_ID} = :last"
+            values[":last"] = {"S": last_message_id}
         try:
-            self._client.delete_item(
+            self._client.update_item(
                 TableName=self._table,
                 Key=_lock_key(user, conversation_id),
+                UpdateExpression=f"{update} REMOVE holder",
                 ConditionExpression="holder = :me",
-                ExpressionAttributeValues={":me": {"S": holder}},
+                ExpressionAttributeValues=values,
             )
         except ClientError as exc:
             if not _condition_failed(exc):  # another holds it now (this one expired): theirs

@@ -39,12 +39,13 @@ def new_message(
     *,
     name: str | None = None,
     model: str | None = None,
+    message_id: str | None = None,
 ) -> StoredMessage:
-    """A message stamped now, with a fresh time-ordered id."""
+    """A message stamped now, with `message_id` or a fresh time-ordered id."""
     return StoredMessage(
         conversation_id=conversation_id,
         user=user,
-        message_id=new_message_id(),
+        message_id=new_message_id() if message_id is None else message_id,
         role=role,
         content=content,
         request_id=request_id,

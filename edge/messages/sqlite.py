@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from edge.messages.conversation_lock import Taken
 from edge.messages.message import StoredMessage
 from edge.messages.store import DEFAULT_TTL_S, HistoryPage, Order, Span, reads, span
 from edge.sqlite_file import add_columns, create_private
@@ -37,12 +38,14 @@ CREATE INDEX IF NOT EXISTS messages_by_age ON messages (created_at);
 -- same id (clients choose ids: "default" may be everyone's): through the primary key alone, a read
 -- of another user's id took as long as that conversation was, and said it existed.
 CREATE INDEX IF NOT EXISTS messages_by_owner ON messages (conversation_id, user, message_id);
--- One request at a time per conversation (edge/messages/conversation_lock.py): a row per held one.
+-- One request at a time per conversation (edge/messages/conversation_lock.py): a row per held one,
+-- kept a moment once released (holder '') with the conversation's newest message id.
 CREATE TABLE IF NOT EXISTS conversation_locks (
     user TEXT NOT NULL,
     conversation_id TEXT NOT NULL,
     holder TEXT NOT NULL,
     expires_at REAL NOT NULL,
+    last_message_id TEXT,
     PRIMARY KEY (user, conversation_id)
 ) WITHOUT ROWID;
 """
@@ -57,14 +60,22 @@ _SWEEP = (
     "DELETE FROM messages WHERE (conversation_id, message_id) IN"
     " (SELECT conversation_id, message_id FROM messages WHERE created_at <= ? LIMIT ?)"
 )
-# One statement, so atomic between the workers sharing the file: a new row, or an expired one taken
-# over; a lock held past `now` is left as it is (no row changed: refused).
+# One statement, so atomic between the workers sharing the file: a new row, or a released or expired
+# one taken over, its last_message_id read back; a lock held past `now` is left as it is (no row
+# returned: refused).
 _TAKE_LOCK = (
     "INSERT INTO conversation_locks (user, conversation_id, holder, expires_at) VALUES (?,?,?,?)"
     " ON CONFLICT (user, conversation_id) DO UPDATE SET holder = excluded.holder,"
-    " expires_at = excluded.expires_at WHERE conversation_locks.expires_at <= ?"
+    " expires_at = excluded.expires_at"
+    " WHERE conversation_locks.holder = '' OR conversation_locks.expires_at <= ?"
+    " RETURNING last_message_id"
 )
-# Locks of an edge that died holding them (every other lock is deleted when its request ends).
+_RELEASE_LOCK = (
+    "UPDATE conversation_locks SET holder = '', expires_at = ?,"
+    " last_message_id = coalesce(?, last_message_id)"
+    " WHERE user = ? AND conversation_id = ? AND holder = ?"
+)
+# Locks of an edge that died holding them, and released ones past their ORDER_KEPT_S.
 _SWEEP_LOCKS = "DELETE FROM conversation_locks WHERE expires_at <= ?"
 _BUSY_WAIT_MS = 5_000  # sqlite3.connect's default
 _SCHEMA_WAIT_MS = 600_000
@@ -100,6 +111,8 @@ class SQLiteMessageStore:
         # `name` came with the turns' speakers, `model` with the replies' models: an older file's
         # rows read None for them.
         add_columns(self._conn, "messages", ("name", "model"))
+        # Released locks keep the conversation's newest message id (edge/messages/conversation_lock.py).
+        add_columns(self._conn, "conversation_locks", ("last_message_id",))
         self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_WAIT_MS}")
         # Opened once the schema is there. It waits only where a reader must (a checkpoint
         # resetting the WAL, or a file not yet in WAL mode), never on another connection's writes.
@@ -129,8 +142,13 @@ class SQLiteMessageStore:
 
     # The conversation locks' three steps (edge/messages/conversation_lock.py), each one statement:
     # blocking, run on the locks' own worker threads.
-    def take_lock(self, user: str, conversation_id: str, holder: str, now: float, expires_at: float) -> bool:
-        return self._write(_TAKE_LOCK, (user, conversation_id, holder, expires_at, now))
+    def take_lock(
+        self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
+    ) -> Taken | None:
+        with self._lock:
+            # Read to its end: a RETURNING statement holds the file's write lock until then.
+            rows = self._conn.execute(_TAKE_LOCK, (user, conversation_id, holder, expires_at, now)).fetchall()
+        return Taken(rows[0][0]) if rows else None
 
     def renew_lock(self, user: str, conversation_id: str, holder: str, expires_at: float) -> bool:
         sql = (
@@ -139,9 +157,10 @@ class SQLiteMessageStore:
         )
         return self._write(sql, (expires_at, user, conversation_id, holder))
 
-    def release_lock(self, user: str, conversation_id: str, holder: str) -> None:
-        sql = "DELETE FROM conversation_locks WHERE user = ? AND conversation_id = ? AND holder = ?"
-        self._write(sql, (user, conversation_id, holder))
+    def release_lock(
+        self, user: str, conversation_id: str, holder: str, kept_until: float, last_message_id: str | None
+    ) -> None:
+        self._write(_RELEASE_LOCK, (kept_until, last_message_id, user, conversation_id, holder))
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)

@@ -19,7 +19,13 @@ import httpx
 import pytest
 
 from edge.messages import sqlite as messages_sqlite
-from edge.messages.conversation_lock import LOCK_THREADS, ConversationLocked, ConversationLocks, LockStore
+from edge.messages.conversation_lock import (
+    LOCK_THREADS,
+    ConversationLocked,
+    ConversationLocks,
+    LockStore,
+    Taken,
+)
 from edge.messages.message import new_message
 from edge.messages.store import MessageStore
 from tests.edge.conftest import ROOMY_TIERS, finished_requests
@@ -53,15 +59,35 @@ async def test_a_conversation_is_held_by_one_request_of_its_user_until_that_one_
     # Conversation ids are the user's own: another user's of the same name is another conversation.
     assert locks.take_lock("bob", conv, "r_3", now, now + 20)
     # Only its holder gives it back, or renews it.
-    locks.release_lock("alice", conv, "r_2")
+    locks.release_lock("alice", conv, "r_2", now + 1, None)
     assert not locks.renew_lock("alice", conv, "r_2", now + 40)
     assert not locks.take_lock("alice", conv, "r_2", now, now + 20)
-    locks.release_lock("alice", conv, "r_1")
+    locks.release_lock("alice", conv, "r_1", now + 1, None)
     assert locks.take_lock("alice", conv, "r_2", now, now + 20)
     # The lock is no message: the history holds the turns alone.
     turn = new_message(conv, "alice", "user", "hello", "r_2")
     await store.append(turn)
     assert (await store.history(conv, "alice")).messages == [turn]
+
+
+@pytest.mark.anyio
+async def test_a_released_lock_gives_the_next_taker_the_conversations_newest_message_id(
+    store: MessageStore,
+) -> None:
+    """Kept a moment with no holder, it is taken at once, and tells the next request, on whatever
+    edge, which id its turns must sort after (edge/messages/ids.py)."""
+    locks = cast(LockStore, store)
+    conv, now = conversation(), time.time()
+    first = locks.take_lock("alice", conv, "r_1", now, now + 20)
+    assert first is not None and first.last_message_id is None
+    locks.release_lock("alice", conv, "r_1", now + 1, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    second = locks.take_lock("alice", conv, "r_2", now, now + 20)
+    assert second is not None and second.last_message_id == "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    # A release that made no turn (a take given back unused) leaves the newest as it was.
+    locks.release_lock("alice", conv, "r_2", now + 1, None)
+    third = locks.take_lock("alice", conv, "r_3", now, now + 20)
+    assert third is not None and third.last_message_id == "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    assert not locks.renew_lock("alice", conv, "r_2", now + 40)
 
 
 @pytest.mark.anyio
@@ -127,7 +153,7 @@ async def test_a_burst_of_conversation_requests_on_a_store_that_answers_takes_ev
 
         def take_lock(
             self, user: str, conversation_id: str, holder: str, now: float, expires_at: float
-        ) -> bool:
+        ) -> Taken | None:
             if holder.startswith("first"):
                 in_store.release()
                 answer.wait(10)

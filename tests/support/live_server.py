@@ -41,6 +41,7 @@ import gpu_container.engine.llama_config
 from edge.app import create_app
 from edge.config import Settings, load_settings
 from edge.keys.provision import create_keys
+from edge.messages.ids import MessageIdGenerator
 from edge.server import DrainingServer, Listeners, bind_listeners, uvicorn_config
 from edge.upstreams.local_pool import UpstreamProvider
 from gpu_container.engine.model import MAX_KNEE_ROWS
@@ -152,10 +153,12 @@ def start_server(
     overrides: dict[str, Any] | None = None,
     upstreams: UpstreamProvider | Mapping[str, UpstreamProvider] | None = None,
     ready_when: Collection[str] = ("ready",),
+    message_ids: MessageIdGenerator | None = None,
 ) -> LiveServer:
     """`upstreams` replaces the replicas the settings name (default: the in-process engines): one
     provider for every model, or one per model name ([models.*]). Returns once /readyz says one of
-    `ready_when` ("unavailable" too: an edge started with no replica up, a scale from zero)."""
+    `ready_when` ("unavailable" too: an edge started with no replica up, a scale from zero).
+    `message_ids` makes its conversations' message ids (a clock of its own: create_app)."""
     port = free_port()
     base = {
         "server": {
@@ -184,7 +187,7 @@ def start_server(
         wanted["free2"] = ("free-user-2", "free")
     keys = create_keys(settings, wanted)
 
-    app = create_app(settings, upstreams)
+    app = create_app(settings, upstreams, message_ids)
     listeners = bind_listeners(settings.server)
     try:
         app.state.ops_port = listeners.ops_port
