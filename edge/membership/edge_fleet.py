@@ -140,8 +140,9 @@ async def joined_fleet(
         stale_after_s=fleet.stale_after_s,
         remember_departed_s=limiter.slot_ttl_s,
         members_per_replica=fleet.members_per_replica,
+        timeout_s=fleet.heartbeat_s,  # the client's: one beat waits no longer, retries and all
     )
-    client = _client(limiter, fleet.heartbeat_s)
+    client = _client(limiter, settings.beat_bound_s)
     membership = FleetMembership(
         client,
         member_id(),

@@ -62,6 +62,9 @@ class MembershipSettings:
     join_wait_s: float = 10.0
     ttl_s: float = 15.0  # a member that stops beating is gone after this (3 missed beats)
     stale_after_s: float = 30.0  # Redis unreachable this long: instance_count takes over
+    # The longest one beat waits for Redis, its client's retries included (registry.py): the
+    # client's own timeout; None: interval_s.
+    timeout_s: float | None = None
     fleet: str = "edges"
     # A member that stopped beating is departed this long (its slots are freed meanwhile): the
     # limiter's slot TTL, past which its slots have expired anyway.
@@ -78,6 +81,12 @@ class MembershipSettings:
             raise ValueError("instance_count must be at least 1")
         if self.members_per_replica < 0:
             raise ValueError("members_per_replica must be 0 (every member) or more")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+
+    @property
+    def beat_bound_s(self) -> float:
+        return self.interval_s if self.timeout_s is None else self.timeout_s
 
     @property
     def quiet_s(self) -> float:
@@ -106,7 +115,7 @@ class FleetMembership:
         self.member_id = member_id
         self.settings = settings
         self._registry = MembershipRegistry(
-            client, settings.fleet, settings.remember_departed_s, settings.quiet_s
+            client, settings.fleet, settings.remember_departed_s, settings.quiet_s, settings.beat_bound_s
         )
         self._on_change = on_change
         self._on_back = on_back

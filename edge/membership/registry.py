@@ -7,6 +7,7 @@ against their TTLs."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -44,11 +45,16 @@ class MembershipRegistry:
         fleet: str = "edges",
         remember_s: float = 300.0,
         quiet_s: float = 7.5,
+        bound_s: float | None = None,
     ) -> None:
         """`remember_s`: how long a departed member's slots may still be held (the limiter's slot
         TTL); it is remembered as departed that long. `quiet_s`: a time with no beat from any
-        member that only an outage explains (MembershipSettings.quiet_s)."""
+        member that only an outage explains (MembershipSettings.quiet_s). `bound_s`: the longest a
+        beat or a leave may wait for Redis (TimeoutError past it), whatever the client retries: a
+        Redis Cluster client's retries (a topology refresh, each node tried again) stacked four of
+        its timeouts or more on one beat to a silent cluster, against one for a plain client."""
         self._client = client
+        self._bound_s = bound_s
         tag = "{floodgate:" + fleet + "}"
         self._keys = [
             f"{tag}:expiry",
@@ -78,7 +84,8 @@ class MembershipRegistry:
         ttl_ms = max(1, int(ttl_s * 1000))
         args = [member, repr(float(claim)), ttl_ms, "1" if leave else "0", ttl_ms * 10, self._remember_ms]
         args += [self._quiet_ms, "1" if member in self._heard_back else "0"]
-        flat, departed, back, unknown, epoch = await self._script(keys=self._keys, args=args)
+        async with asyncio.timeout(self._bound_s):
+            flat, departed, back, unknown, epoch = await self._script(keys=self._keys, args=args)
         if int(back):
             self._heard_back.add(member)
         else:

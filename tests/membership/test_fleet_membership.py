@@ -339,7 +339,9 @@ async def test_a_member_back_whose_first_answer_was_lost_still_rejoins(redis_ser
     client then sends the script again at once): its next beat must still say it is back.
     Otherwise it serves at once beside the others' whole shares and never puts its running
     requests' slots back."""
-    settings = MembershipSettings(interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, fleet="lost-answer")
+    settings = MembershipSettings(
+        interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, fleet="lost-answer", timeout_s=0.5
+    )
     other_client = redis_url.connect(redis_server.url)
     other = MembershipRegistry(other_client, settings.fleet, quiet_s=settings.quiet_s)
     with stalling_proxy(redis_server.port) as proxy:
@@ -387,7 +389,7 @@ async def test_a_member_whose_first_beat_finds_no_redis_waits_stale_after_before
     first beat failed fell back at once to 1 / instance_count of every replica (all of it at the
     default 1) beside their whole shares, with no join wait; it holds nothing as long as they do."""
     settings = MembershipSettings(
-        interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, stale_after_s=1.0, fleet="first-miss"
+        interval_s=0.2, join_wait_s=0.4, ttl_s=0.8, stale_after_s=1.0, fleet="first-miss", timeout_s=0.3
     )
     direct = redis_url.connect(redis_server.url)
     await MembershipRegistry(direct, settings.fleet).beat("host:1:aaaa1111", 1.0, ttl_s=60)  # serving
@@ -429,6 +431,7 @@ async def test_a_member_cut_off_past_remember_departed_rejoins_as_a_newcomer(
         stale_after_s=1.0,
         remember_departed_s=remember_s,
         fleet="forgotten",
+        timeout_s=0.3,
     )
     other_client = redis_url.connect(redis_server.url)
     other = MembershipRegistry(other_client, settings.fleet, remember_s, settings.quiet_s)
