@@ -135,8 +135,14 @@ class RedisCancelBus:
         idle_ping_s: float = 5.0,  # a silent subscription link is found within both
         pong_timeout_s: float = 5.0,
         primary_check_s: float | None = 5.0,  # None for a Cluster (edge/redis_subscription.py)
+        timeout_s: float | None = None,  # the client's: the longest a cancel's call waits for Redis
     ) -> None:
+        """`timeout_s` bounds each of a cancel's calls (its script, its publish) however the
+        client retries: a Redis Cluster client's retries (a topology refresh, the node again) held
+        a cancel four to eight of its timeouts on a cluster that went silent, against one for a
+        plain client."""
         self._client = client
+        self._timeout_s = timeout_s
         self._ttl_s = ttl_s
         self._channel = channel
         self._subscription = Subscription(
@@ -171,6 +177,7 @@ class RedisCancelBus:
         )
         if redis_url.is_cluster(url, cluster=cluster):
             options.setdefault("primary_check_s", None)
+        options.setdefault("timeout_s", timeout_s)
         return cls(client, subscriber, **options)
 
     async def start(self, deliver: Deliver, running: Running = _no_requests) -> None:
@@ -204,16 +211,18 @@ class RedisCancelBus:
         try:
             _, _, slots = user_keys(user)
             keys = [record_key(user, request_id), slots]
-            answer = await self._cancel_script(keys=keys, args=[request_id, self._ttl_s])
+            async with asyncio.timeout(self._timeout_s):
+                answer = await self._cancel_script(keys=keys, args=[request_id, self._ttl_s])
             text = answer.decode() if isinstance(answer, bytes) else answer
             if text == _ENDED_CANCELLED:
                 return CancelOutcome.CANCELLED
             outcome = CancelOutcome(text)
             if outcome is CancelOutcome.CANCELLED:
                 message = msgspec.json.encode(_CancelMessage(request_id, user))
-                await self._publish(self._channel, message)
-        except _STORE_ERRORS as exc:
-            raise CancelBusUnavailable(str(exc)) from exc
+                async with asyncio.timeout(self._timeout_s):
+                    await self._publish(self._channel, message)
+        except (*_STORE_ERRORS, TimeoutError) as exc:
+            raise CancelBusUnavailable(str(exc) or "no answer from Redis in time") from exc
         return outcome
 
     async def aclose(self) -> None:
