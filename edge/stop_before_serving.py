@@ -2,8 +2,9 @@
 
 Until the server's own handlers are in place (edge/server.py's drain, edge/workers.py's
 supervisor), SIGTERM had Python's default action. In a container the edge is PID 1 (the image's
-start script execs it, and the ECS task runs no init), and the kernel drops every signal PID 1 has
-no handler for: a task stopped while it started (a deployment rolled back, a scale-in right after
+start script execs it, and a container runs no init unless asked: `docker run` without `--init`,
+an ECS task without initProcessEnabled, which iac/ now sets), and the kernel drops every signal
+PID 1 has no handler for: a task stopped while it started (a deployment rolled back, a scale-in right after
 a scale-out) ignored its SIGTERM, went on to report ready and serve, and was SIGKILLed at the
 task's stopTimeout, 120 s later. Outside a container it died by the signal (exit 143), where a
 stop asked for while the workers start is no failure (exit 0, edge/workers.py).

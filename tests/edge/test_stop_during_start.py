@@ -1,9 +1,10 @@
 """SIGTERM while `floodgate serve` starts (a first start imports the model: 10-20 s), as a container
-runtime sends it: to the edge as PID 1, since the image's start script execs it and the ECS task
-runs no init. The kernel drops a signal PID 1 has no handler for, and before the server's own
-handlers were in place the edge had none: it went on to import, report ready and serve, until the
-SIGKILL at the task's stopTimeout. As a plain process it died by the signal (exit 143), where a stop
-asked for is no failure. Run as the operator's supervisor runs it, as a subprocess."""
+runtime sends it: to the edge as PID 1, since the image's start script execs it and a container
+runs no init unless asked (`docker run` without `--init`). The kernel drops a signal PID 1 has no
+handler for, and before the server's own handlers were in place the edge had none: it went on to
+import, report ready and serve, until the SIGKILL at the task's stopTimeout. As a plain process it
+died by the signal (exit 143), where a stop asked for is no failure. Run as the operator's
+supervisor runs it, as a subprocess."""
 
 from __future__ import annotations
 
