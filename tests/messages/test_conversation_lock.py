@@ -300,11 +300,15 @@ def test_a_store_that_does_not_answer_holds_up_no_request_and_the_late_lock_is_g
             holder.execute("ROLLBACK")
             holder.close()
 
-        def locks_left() -> int:
+        def late_lock_given_back() -> bool:
+            # Landed (its row written once the holder's ROLLBACK let it) and given back (no holder,
+            # kept ORDER_KEPT_S for the next take's order): no rows at all reads the same before it
+            # landed, and the next request then met it held.
             with contextlib.closing(sqlite3.connect(path)) as reader:
-                return int(reader.execute("SELECT COUNT(*) FROM conversation_locks").fetchone()[0])
+                rows = reader.execute("SELECT holder FROM conversation_locks").fetchall()
+            return rows == [("",)]
 
-        wait_until(lambda: locks_left() == 0, 30, "the late lock given back")
+        wait_until(late_lock_given_back, 30, "the late lock given back")
         again = httpx.post(
             server.base_url + CHAT,
             json=body | {"conversation_id": conv, "stream": False},
