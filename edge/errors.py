@@ -151,7 +151,10 @@ def wait_text(seconds: float) -> str:
     whole = math.ceil(seconds)
     if whole < 3600:
         return f"{whole // 60}m{whole % 60}s"
-    return f"{whole // 3600}h{whole % 3600 // 60}m"
+    # Whole minutes, rounded up as the shorter waits are: floored, 1h26m24s read as 1h26m, and a
+    # client that waited that long was refused again.
+    minutes = -(-whole // 60)
+    return f"{minutes // 60}h{minutes % 60}m"
 
 
 def rate_limited(

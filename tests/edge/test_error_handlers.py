@@ -61,7 +61,11 @@ def test_api_error_keeps_status_code_and_headers() -> None:
         (59.4, "59.4s"),
         (360, "6m0s"),
         (3600, "1h0m"),
-        (7501, "2h5m"),
+        (7500, "2h5m"),
+        # Never shorter than the wait (the 429 of a day's budget spent: retry-after 5184 s).
+        (7501, "2h6m"),
+        (5183.904, "1h27m"),
+        (3659.2, "1h1m"),
     ],
 )
 def test_a_wait_reads_as_a_person_reads_it(seconds: float, text: str) -> None:
