@@ -50,7 +50,19 @@ def position(cursor: str) -> Position:
         raise ValueError("not a usage row id") from None
     if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)):
         raise ValueError("not a usage row id")
+    if not all(_utf8(p) for p in parts):
+        # JSON spells a lone surrogate ("\ud800"), which no stored user, day or model is: sent on,
+        # the store's encoding of it raised (a 500 for any key holder's GET /v1/usage).
+        raise ValueError("not a usage row id")
     return parts[0], parts[1], parts[2]
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def page_of(found: list[Usage], limit: int) -> UsagePage:

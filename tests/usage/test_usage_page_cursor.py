@@ -45,3 +45,25 @@ def test_a_cursor_no_stored_row_can_have_is_a_400_naming_after(
     else:
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "after"
+
+
+@pytest.mark.parametrize("field", [0, 1, 2])
+def test_a_cursor_holding_a_lone_surrogate_is_a_400_naming_after(
+    backend: dict[str, str], tmp_path: Path, field: int
+) -> None:
+    # JSON may spell a lone surrogate ("\ud800"), which no stored user, day or model is (each is
+    # UTF-8): read from the cursor, it reached the store, whose encoding of it raised, a 500 with
+    # an unhandled_error line for any key holder's GET /v1/usage.
+    cursor = ["free-user", "2026-01-01", "m"]
+    cursor[field] = "\ud800"
+    settings = {"tiers": ROOMY_TIERS, "keys": {**backend, "admin_key_sha256": hash_key(ADMIN_KEY)}}
+    with start_server(tmp_path, settings) as server:
+        params = {"after": _row_id(*cursor)}
+        answers = [
+            httpx.get(server.base_url + "/v1/usage", params=params, headers=server.auth("free")),
+            httpx.get(server.base_url + "/v1/admin/usage", params=params, headers=ADMIN),
+        ]
+        assert server.rejected(500) == 0
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "after"
