@@ -66,6 +66,13 @@ class _VersionNotServed(Exception):
     for, the 0.9 one a head it never asked for. Through send_400_response, as _HeadTooLarge."""
 
 
+class _TransferCodingInOldVersion(Exception):
+    """Raised from the parser's callback at an HTTP/1.0 request with a Transfer-Encoding header: RFC
+    9112 6.1 has its framing treated as faulty (a 1.0 sender knows no transfer coding, and one in
+    front that reads it as 1.0 frames its body otherwise: no body, the chunks the next request), as
+    nginx answers it, 400. llhttp read it as chunked and it was served. Through send_400_response."""
+
+
 class _UnknownTransferCoding(Exception):
     """Raised from the parser's callback at a transfer coding other than chunked (gzip, chunked):
     the parser frames the body by its chunks, and nothing here decodes the rest, so the body would
@@ -170,6 +177,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     _host_seen = False
     # The current request named a transfer coding other than chunked (_UnknownTransferCoding).
     _unknown_coding = False
+    # The current request has a Transfer-Encoding header (_TransferCodingInOldVersion).
+    _coding_seen = False
     # The current request is of a major version other than 1 (_VersionNotServed).
     _version_unsupported = False
     # The parser refused a request, or one was answered with its expected body unsent (the
@@ -216,6 +225,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._headers_pending = True
         self._head_bytes = 0
         self._host_seen = False
+        self._coding_seen = False
         self._header_deadline.origin = None
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
@@ -239,11 +249,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._host_seen = True
         elif lowered == b"origin" and self._header_deadline.origin is None:  # the first, as the app reads it
             self._header_deadline.origin = value.rstrip(b" \t")  # llhttp keeps trailing whitespace
-        elif lowered == b"transfer-encoding" and any(
-            coding.strip() != b"chunked" for coding in value.lower().split(b",")
-        ):
-            self._unknown_coding = True
-            raise _UnknownTransferCoding
+        elif lowered == b"transfer-encoding":
+            self._coding_seen = True
+            if any(coding.strip() != b"chunked" for coding in value.lower().split(b",")):
+                self._unknown_coding = True
+                raise _UnknownTransferCoding
         super().on_header(name, value)
 
     def _count_head(self, size: int) -> None:
@@ -359,6 +369,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             raise _VersionNotServed
         if not self._host_seen and version == "1.1":
             raise _HostNotOne
+        if self._coding_seen and version == "1.0":
+            raise _TransferCodingInOldVersion
         if self.parser.should_upgrade():
             if self._upgrade_replayed:
                 raise _UpgradeAgain

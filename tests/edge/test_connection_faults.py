@@ -331,6 +331,32 @@ def test_many_upgrade_requests_in_one_read_do_not_overflow_the_stack(edge: LiveS
         assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
 
 
+def test_an_http_1_0_request_with_a_transfer_encoding_is_refused(edge: LiveServer) -> None:
+    """RFC 9112 6.1: an HTTP/1.0 message with a Transfer-Encoding header has faulty framing (a 1.0
+    sender knows no transfer coding; whatever sits in front and reads it as 1.0 sees no body, and
+    its chunks as the next request), answered 400 as nginx answers it. llhttp read the chunks and
+    the chat was served. The same request as HTTP/1.1 still is."""
+    payload = json.dumps(
+        {"model": "floodgate-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    ).encode()
+    chat = (
+        b"POST /v1/chat/completions HTTP/%b\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + edge.keys["paid"].encode() + b"\r\n"
+        b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        b"%x\r\n%b\r\n0\r\n\r\n"
+    )
+    with _connect(edge) as sock:
+        sock.sendall(chat % (b"1.0", len(payload), payload))
+        answer = read_to_close(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"400"], answer[:300]
+    assert b"\r\nx-request-id: req-" in head and b"\r\nconnection: close" in head, head
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    with _connect(edge) as sock:
+        sock.sendall(chat % (b"1.1", len(payload), payload))
+        assert read_to_close(sock).startswith(b"HTTP/1.1 200 ")
+
+
 def test_a_request_with_no_host_or_two_is_refused(edge: LiveServer) -> None:
     """RFC 9112 3.2: an HTTP/1.1 request without a Host header, or any request with more than one,
     must be answered 400 (h11, uvicorn's other protocol, and nginx do). Both were served: two
