@@ -36,6 +36,7 @@ from edge.routes.json_body import json_response
 from edge.routes.list_page import list_page
 from edge.routes.listeners import BOTH, is_options_answer
 from edge.routes.page_limit import page_limit
+from edge.routes.request_body import is_content_coded, unsupported_content_encoding
 from edge.routes.single_query import refuse_repeated
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
@@ -77,7 +78,20 @@ class SetTier(msgspec.Struct, forbid_unknown_fields=True):
     tier: str
 
 
-def _body(raw: bytes, kind: type[_T]) -> _T:
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+async def _body(request: Request[Any, Any, Any], kind: type[_T]) -> _T:
+    """The JSON body, read as a chat's is (edge/routes/request_body.py, edge/schemas.py): a body in
+    a content coding is refused 415 (a gzipped one was a 400 'JSON is malformed: invalid character
+    (byte 0)', one merely labelled gzip was read as plain), and one leading UTF-8 BOM (some Windows
+    tools write one) is skipped, not a 400."""
+    for name, value in request.scope["headers"]:
+        if name == b"content-encoding" and is_content_coded(value):
+            raise unsupported_content_encoding()
+    raw = await request.body()
+    if raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM) :]
     try:
         return msgspec.json.decode(raw or b"{}", type=kind)
     except msgspec.DecodeError as exc:
@@ -106,7 +120,7 @@ def _lifecycle_error(exc: Exception) -> ApiError:
 
 @post("/keys", status_code=201, operation_class=with_json_body(CreateKey, required=True))
 async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
-    body = _body(await request.body(), CreateKey)
+    body = await _body(request, CreateKey)
     try:
         key, record = await runtime_of(request).key_admin.create(
             body.user, body.tier, body.label, body.expires_in_s
@@ -164,7 +178,7 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
 
 @post("/keys/{key_id:str}/rotate", status_code=200, operation_class=with_json_body(Rotate, required=False))
 async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
-    body = _body(await request.body(), Rotate)
+    body = await _body(request, Rotate)
     try:
         rotated = await runtime_of(request).key_admin.rotate(key_id, body.grace_s)
     except (KeyNotFound, KeyIdTaken) as exc:
@@ -177,7 +191,7 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
 
 @post("/keys/{key_id:str}/tier", status_code=200, operation_class=with_json_body(SetTier, required=True))
 async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -> ASGIResponse:
-    body = _body(await request.body(), SetTier)
+    body = await _body(request, SetTier)
     try:
         record = await runtime_of(request).key_admin.set_tier(key_id, body.tier)
     except (KeyNotFound, UnknownTier) as exc:

@@ -33,6 +33,11 @@ def unsupported_content_encoding() -> ApiError:
     )
 
 
+def is_content_coded(value: bytes) -> bool:
+    """Whether a Content-Encoding names a coding (gzip, br, ...): nothing here decodes one."""
+    return any(coding.strip() not in (b"", b"identity") for coding in value.lower().split(b","))
+
+
 # How much of a refused Content-Type its 400 echoes, as the other messages cut what the user sent.
 _MAX_TYPE_IN_ERROR = 64
 
@@ -72,9 +77,7 @@ def authorization_and_length(scope: Scope) -> tuple[str | None, int | None]:
             authorization = value.decode("latin-1")
         elif name == b"content-length":
             length = value
-        elif name == b"content-encoding" and any(
-            coding.strip() not in (b"", b"identity") for coding in value.lower().split(b",")
-        ):
+        elif name == b"content-encoding" and is_content_coded(value):
             raise unsupported_content_encoding()
         elif name == b"content-type" and not is_json_type(value):
             raise unsupported_content_type(value)

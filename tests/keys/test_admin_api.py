@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,6 +308,29 @@ def test_bad_admin_requests_get_openai_style_errors(
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and (code is None or error["code"] == code)
+
+
+def test_an_admin_body_is_read_as_a_chats_is(server: LiveServer) -> None:
+    """A gzipped body was a 400 "JSON is malformed: invalid character (byte 0)", and one merely
+    labelled gzip was read as plain: now a 415 naming what is accepted, as for a chat. A body with a
+    leading UTF-8 BOM (some Windows tools write one) was a 400: now read, as a chat's is."""
+    body = json.dumps({"user": "bom-user", "tier": "free"}).encode()
+    for content in (gzip.compress(body), body):
+        refused = httpx.post(
+            server.base_url + "/v1/admin/keys",
+            content=content,
+            headers=ADMIN | {"content-type": "application/json", "content-encoding": "gzip"},
+        )
+        assert refused.status_code == 415, refused.text
+        assert refused.json()["error"]["code"] == "unsupported_content_encoding"
+        assert refused.headers["accept-encoding"] == "identity"
+    made = httpx.post(
+        server.base_url + "/v1/admin/keys",
+        content=b"\xef\xbb\xbf" + body,
+        headers=ADMIN | {"content-type": "application/json"},
+    )
+    assert made.status_code == 201, made.text
+    assert made.json()["user"] == "bom-user"
 
 
 def test_a_label_past_what_the_stores_hold_is_refused_naming_it(server: LiveServer) -> None:
