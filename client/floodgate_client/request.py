@@ -12,7 +12,9 @@ import httpx
 
 CHAT_PATH = "/v1/chat/completions"
 
-Messages = Sequence[Mapping[str, str]] | str
+# A message is an OpenAI message object: its content a string or a list of text parts, a `name` beside
+# it; the edge reads each (README); `str` values only refused the parts in an application's type check.
+Messages = Sequence[Mapping[str, Any]] | str
 
 
 def edge_root(base_url: str) -> str:
