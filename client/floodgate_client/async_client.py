@@ -37,6 +37,7 @@ from floodgate_client.errors import (
     cancel_status,
     error_from_response,
     error_from_unread_response,
+    naming,
     transport_cause,
     transport_failure,
     undecodable_stream,
@@ -302,7 +303,11 @@ class AsyncChatStream:
         except StopAsyncIteration:
             # As the sync stream's: spent before its Finished (closed, or ended by an error) raises.
             if self._decoder.finished is None:
-                raise NetworkError("stream closed before its Finished") from None
+                raise naming(NetworkError("stream closed before its Finished"), self.request_id) from None
+            raise
+        except FloodgateError as error:
+            # Cut, or ended by an error: the error names its request, as an error answer does.
+            naming(error, self.request_id)
             raise
 
     @property

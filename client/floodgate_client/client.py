@@ -26,6 +26,7 @@ from floodgate_client.errors import (
     cancel_status,
     error_from_response,
     error_from_unread_response,
+    naming,
     transport_cause,
     transport_failure,
     undecodable_stream,
@@ -266,7 +267,11 @@ class ChatStream:
             # Its generator is spent: ended with its Finished, or closed or ended by an error before
             # it, which read on as an empty stream, a reply of nothing.
             if self._decoder.finished is None:
-                raise NetworkError("stream closed before its Finished") from None
+                raise naming(NetworkError("stream closed before its Finished"), self.request_id) from None
+            raise
+        except FloodgateError as error:
+            # Cut, or ended by an error: the error names its request, as an error answer does.
+            naming(error, self.request_id)
             raise
 
     @property

@@ -43,7 +43,8 @@ class FloodgateError(Exception):
 
     @property
     def request_id(self) -> str | None:
-        """The edge's id for the refused request (x-request-id), for support and logs."""
+        """The edge's id for the request (x-request-id; a stream's own id for an error raised reading
+        it, a cut included), for support and logs; None where no answer came."""
         return self.headers.get("x-request-id")
 
     @property
@@ -158,6 +159,15 @@ def _wait(seconds: float) -> float | None:
     if not math.isfinite(seconds) or seconds > _MAX_WAIT_S:
         return None
     return max(0.0, seconds)
+
+
+def naming(error: FloodgateError, request_id: str | None) -> FloodgateError:
+    """`error`, naming the request whose stream raised it (its `request_id`) where it names none: a
+    reply cut after the edge had taken it (charged, its turn stored) raised a NetworkError with no
+    id, which out of `create()`, whose stream the caller never holds, tied it to nothing."""
+    if request_id is not None:
+        error.headers.setdefault("x-request-id", request_id)
+    return error
 
 
 def transport_failure(what: str, exc: Exception) -> NetworkError:
