@@ -70,6 +70,10 @@ def _import_into(
     staging.chmod(0o755)  # mkdtemp makes it private; the import is for every user of the cache
     try:
         _write(gguf_path, staging, digest, progress)
+        for written in staging.iterdir():
+            # Its files too: safetensors writes the weights 0600, and another user of the cache
+            # found the checkpoint and its tokenizer but could not open the weights.
+            written.chmod(0o644)
         if target.exists():
             _discard(target)  # an older format's import
         try:

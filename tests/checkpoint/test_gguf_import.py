@@ -5,6 +5,7 @@ decodes it, and what we don't implement is refused by name."""
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,15 @@ def test_reimport_is_a_cache_hit_and_a_changed_file_a_new_entry(tmp_path: Path) 
     write_tiny_gguf(source, seed=1)
     second = import_gguf(source, tmp_path / "models")
     assert second != first and second.name.startswith("tiny-")
+
+
+def test_every_file_of_the_import_is_readable_by_every_user_of_the_cache(tmp_path: Path) -> None:
+    """The import's directory is opened to every user (0755, whatever the umask): a cache imported
+    once by one account (`floodgate model import` as root, a shared `models_dir`) serves the others.
+    Its weights were 0600 all the same (safetensors writes its file private), so another user's
+    `serve` found the checkpoint and its tokenizer but could not open the weights."""
+    directory, _ = _import(tmp_path)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in directory.iterdir()}
+    assert "model.safetensors" in modes
+    assert {name: mode & 0o444 for name, mode in modes.items()} == dict.fromkeys(modes, 0o444)
