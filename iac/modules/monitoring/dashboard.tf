@@ -1,11 +1,13 @@
 locals {
-  backlog_metrics = flatten([
+  # A widget's metrics are an array of metric arrays: the models' rows joined with concat, as
+  # flatten() would flatten each row too (one flat list of strings, which CloudWatch refuses).
+  backlog_metrics = concat([], [
     for i, model in keys(var.gpu_groups) : [
       [var.metric_namespace, var.demand_metric, var.metric_model_dimension, model, { id = "d${i}", stat = "Sum", visible = false }],
       [var.metric_namespace, var.replica_load_metric, var.metric_model_dimension, model, { id = "r${i}", stat = "Maximum", visible = false }],
       [{ expression = "MAX([d${i} / ${var.metric_samples_per_period}, r${i}])", label = model }],
     ]
-  ])
+  ]...)
 
   in_service_metrics = [
     for model, group in var.gpu_groups :

@@ -98,3 +98,31 @@ run "edges_not_publishing_the_scaling_metric_pages" {
     error_message = "The missing-metric alarm must notify the alarm topic."
   }
 }
+
+# A dashboard widget's `metrics` is an array of metric arrays (CloudWatch's dashboard body
+# structure): one array per metric or expression. The demand widget's list was built with flatten(),
+# which flattens nested lists all the way down: its metrics became one flat list of strings and
+# objects, not a metric among them, which CloudWatch refuses as a dashboard body.
+run "each_dashboard_metric_is_an_array" {
+  command = plan
+
+  variables {
+    gpu_groups = { "llama-3.1-8b" = "fg-gpu-llama-3-1-8b", "qwen" = "fg-gpu-qwen" }
+  }
+
+  assert {
+    condition = alltrue([
+      for w in jsondecode(aws_cloudwatch_dashboard.this.dashboard_body).widgets :
+      alltrue([for m in w.properties.metrics : can(m[0])])
+    ])
+    error_message = "Every entry of a widget's metrics must be an array (a metric or an expression)."
+  }
+
+  assert {
+    condition = [
+      for m in jsondecode(aws_cloudwatch_dashboard.this.dashboard_body).widgets[0].properties.metrics :
+      m[length(m) - 1].label if can(m[length(m) - 1].expression)
+    ] == ["llama-3.1-8b", "qwen"]
+    error_message = "The demand widget must draw one line per model."
+  }
+}
