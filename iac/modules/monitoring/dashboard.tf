@@ -1,11 +1,17 @@
 locals {
+  # Each edge sends one sample of demand every sample interval (edge/scaling/metric.py).
+  sample_interval_s = var.metric_period_s / var.metric_samples_per_period
+
   # A widget's metrics are an array of metric arrays: the models' rows joined with concat, as
   # flatten() would flatten each row too (one flat list of strings, which CloudWatch refuses).
   backlog_metrics = concat([], [
     for i, model in keys(var.gpu_groups) : [
       [var.metric_namespace, var.demand_metric, var.metric_model_dimension, model, { id = "d${i}", stat = "Sum", visible = false }],
       [var.metric_namespace, var.replica_load_metric, var.metric_model_dimension, model, { id = "r${i}", stat = "Maximum", visible = false }],
-      [{ expression = "MAX([d${i} / ${var.metric_samples_per_period}, r${i}])", label = model }],
+      # Sum / the samples an edge sends per period, at the period the graph is drawn at: a
+      # dashboard's period grows with its time range (periodOverride auto), and / 6 (one minute's
+      # samples) drew a day's 5-minute points at 5 x the demand, a week's hourly ones at 60 x.
+      [{ expression = "MAX([d${i} * ${local.sample_interval_s} / PERIOD(d${i}), r${i}])", label = model }],
     ]
   ]...)
 
