@@ -3,9 +3,10 @@ cold (instance start, image pull, engine download, engine load) or start from th
 (stopped, engine already on disk), serve, and on scale-in drain their streams (at most
 scale_in_drain_s) before going back to the warm pool (reuse_on_scale_in).
 
-The warm pool's size is what AWS documents for a pool without max_group_prepared_capacity
-(warm_pool_max_prepared = -1): max_size - desired, but at least warm_pool_min_size. Hosts that
-initialise for the pool boot cold, then stop.
+The warm pool's size is what AWS documents (PutWarmPool): MaxGroupPreparedCapacity - desired, but
+at least warm_pool_min_size; with the capacity unset (-1), max_size - desired. iac/modules/gpu_pool
+sets it to warm_pool_min_size unless told otherwise: exactly warm_pool_min_size hosts wait warm.
+Hosts that initialise for the pool boot cold, then stop.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class GpuGroup:
         scale_in_drain_s: float,
         timing: HostTiming,
         on_change: Callable[[], None],
+        warm_pool_max_prepared: int = -1,
     ) -> None:
         self.env = env
         self._make = make_replicas
@@ -73,6 +75,8 @@ class GpuGroup:
         self.min_size = min_size
         self.max_size = max_size
         self.warm_pool_min_size = warm_pool_min_size
+        # MaxGroupPreparedCapacity: -1 (unset) is AWS's default, the group's max_size.
+        self.max_prepared = max_size if warm_pool_max_prepared < 0 else warm_pool_max_prepared
         self.scale_in_drain_s = scale_in_drain_s
         self.timing = timing
         self._on_change = on_change  # a host joined or left service: the edge re-dispatches
@@ -113,7 +117,7 @@ class GpuGroup:
         self._reconcile()
 
     def _warm_pool_target(self) -> int:
-        return max(self.warm_pool_min_size, self.max_size - self.desired)
+        return max(self.warm_pool_min_size, self.max_prepared - self.desired)
 
     def _reconcile(self) -> None:
         serving = self.count(State.BOOTING, State.IN_SERVICE)
@@ -190,7 +194,7 @@ class GpuGroup:
             r.batch_open = True
             r.epoch += 1
         prepared = self.count(State.WARM, State.PREPARING, State.BOOTING, State.IN_SERVICE)
-        if prepared < max(self.max_size, self.warm_pool_min_size + self.desired):
+        if prepared < max(self.max_prepared, self.warm_pool_min_size + self.desired):
             host.state = State.WARM
         else:
             host.state = State.GONE

@@ -153,6 +153,8 @@ def settings_table(s: ScalingSettings) -> str:
             f"| iac/envs/example/variables.tf `models` ({s.model}) |",
             f"| warm_pool_min_size | {s.warm_pool_min_size} | same |",
             f"| demand_target | {s.demand_target} | same |",
+            f"| warm pool's MaxGroupPreparedCapacity | {s.prepared_capacity} "
+            "| iac/modules/gpu_pool (warm_pool_max_prepared, unset: warm_pool_min_size) |",
             f"| surge_demand | {s.surge_demand} | iac/modules/gpu_pool/variables.tf |",
             f"| surge steps (from threshold, +%) | {', '.join(f'{lo:g}→{p}%' for lo, _, p in s.surge_steps)} "
             "| iac/modules/gpu_pool/scaling.tf |",

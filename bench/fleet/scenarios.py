@@ -42,6 +42,8 @@ def all_scenarios(bundle: int, hours: float = 24.0, start_h: float = 0.0) -> lis
         replace(big, name="no surge step", scaling=sized.with_overrides(surge_demand=1e9)),
         replace(big, name="surge at 1.2", scaling=sized.with_overrides(surge_demand=1.2)),
         replace(big, name="no warm pool", timing=HostTiming(warm_start_s=HostTiming().cold_start_s)),
+        # AWS's default pool (warm_pool_max_prepared = -1): max_size - desired hosts wait warm.
+        replace(big, name="warm pool to max_size", scaling=sized.with_overrides(warm_pool_max_prepared=-1)),
         replace(big, name="static batching", batching="static"),
         replace(base, name="reserved 0", reserved_paid_fraction=0.0),
         replace(base, name="reserved 0.4", reserved_paid_fraction=0.4),

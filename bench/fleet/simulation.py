@@ -84,6 +84,7 @@ def run(scenario: Scenario) -> Outcome:
         s.scale_in_drain_s,
         scenario.timing,
         on_change,
+        s.prepared_capacity,
     )
     edge = EdgeQueue(env, edge_settings, group, recorder, scenario.reserved_paid_fraction)
     first_rate = scenario.traffic.rate(scenario.curve, scenario.traffic.start_s)

@@ -1,7 +1,8 @@
 """The GPU group's scaling numbers, read from iac/ (not copied by hand): what the simulated
 autoscaler obeys, so a change to the Terraform changes the simulation.
 
-Sources: iac/modules/gpu_pool/variables.tf (defaults), iac/envs/example/variables.tf (the `models`
+Sources: iac/modules/gpu_pool/variables.tf (defaults; main.tf's warm pool coalesces an unset
+warm_pool_max_prepared to warm_pool_min_size), iac/envs/example/variables.tf (the `models`
 map's per-model overrides), iac/modules/gpu_pool/scaling.tf (policy warm-up, step adjustments, alarm
 periods) and iac/modules/scaling_metric/outputs.tf (metric period and samples per period).
 """
@@ -23,6 +24,7 @@ class ScalingSettings:
     min_size: int
     max_size: int
     warm_pool_min_size: int
+    warm_pool_max_prepared: int | None  # None: warm_pool_min_size (prepared_capacity)
     demand_target: float  # target tracking holds demand per replica here
     surge_demand: float  # step policy's alarm threshold
     surge_steps: tuple[tuple[float, float | None, int], ...]  # (lower, upper, +percent) above threshold
@@ -32,6 +34,14 @@ class ScalingSettings:
     metric_period_s: int
     samples_per_period: int
     model: str
+
+    @property
+    def prepared_capacity(self) -> int:
+        """AWS's MaxGroupPreparedCapacity as gpu_pool/main.tf sets it: coalesce(warm_pool_max_prepared,
+        warm_pool_min_size); -1 is AWS's default (max_size)."""
+        if self.warm_pool_max_prepared is None:
+            return self.warm_pool_min_size
+        return self.warm_pool_max_prepared
 
     def with_overrides(self, **changes: Any) -> ScalingSettings:
         return replace(self, **changes)
@@ -89,6 +99,9 @@ def read(iac: Path = IAC, model: str | None = None) -> ScalingSettings:
     def setting(key: str) -> float:
         return float(per_model[key]) if key in per_model else float(variables[key]["default"])
 
+    # The example passes no warm_pool_max_prepared to gpu_pool: the module's default.
+    max_prepared = variables["warm_pool_max_prepared"]["default"]
+
     target = resources[("aws_autoscaling_policy", "demand_target")]
     surge = resources[("aws_autoscaling_policy", "demand_surge")]
     alarm = resources[("aws_cloudwatch_metric_alarm", "demand_surge")]
@@ -107,6 +120,7 @@ def read(iac: Path = IAC, model: str | None = None) -> ScalingSettings:
         min_size=int(setting("min_size")),
         max_size=int(setting("max_size")),
         warm_pool_min_size=int(setting("warm_pool_min_size")),
+        warm_pool_max_prepared=None if max_prepared is None else int(max_prepared),
         demand_target=setting("demand_target"),
         surge_demand=setting("surge_demand"),
         surge_steps=tuple(steps),

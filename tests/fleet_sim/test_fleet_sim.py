@@ -136,3 +136,40 @@ def test_continuous_batching_serves_more_than_static_on_the_same_gpus() -> None:
     continuous = run(small_flood(hosts=2, minutes=8)).recorder
     static = run(small_flood(hosts=2, minutes=8, batching="static")).recorder
     assert continuous.tokens > 1.3 * static.tokens
+
+
+def quiet_group(scaling: terraform.ScalingSettings) -> Scenario:
+    """One in-service host of one GPU, a trickle of traffic, three minutes."""
+    traffic = TrafficSpec(groups=100_000, bundle=1, duration_s=180, free_users=2_000, paid_users=200)
+    return Scenario("quiet", scaling, traffic, FLAT_FLOOD, gpus_per_host=1, initial_hosts=1)
+
+
+def test_the_simulated_warm_pool_is_the_one_the_iac_deploys() -> None:
+    # iac/modules/gpu_pool sets MaxGroupPreparedCapacity to warm_pool_min_size (warm_pool_max_prepared
+    # unset): AWS then keeps exactly warm_pool_min_size stopped hosts. The simulation kept AWS's
+    # default for an unset capacity, max_size - desired (7 for max_size 8 at one host), and started
+    # every scale-out from warm hosts that the deployed group does not have (3 min against a 10 min
+    # cold start).
+    settings = terraform.read()
+    assert settings.warm_pool_min_size < settings.max_size - 1
+
+    minutes = [m for m in run(quiet_group(settings)).recorder.minutes.values() if m.desired_hosts]
+
+    assert minutes
+    assert {m.warm_hosts for m in minutes} == {settings.warm_pool_min_size}
+
+
+def test_warm_pool_max_prepared_minus_one_keeps_max_size_less_desired_warm(tmp_path: Path) -> None:
+    iac = tmp_path / "iac"
+    shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
+    variables = iac / "modules" / "gpu_pool" / "variables.tf"
+    text = variables.read_text()
+    block = re.search(r'variable "warm_pool_max_prepared" \{.*?default\s*=\s*(null)', text, re.S)
+    assert block is not None
+    variables.write_text(text[: block.start(1)] + "-1" + text[block.end(1) :])
+    settings = terraform.read(iac)
+
+    minutes = [m for m in run(quiet_group(settings)).recorder.minutes.values() if m.desired_hosts]
+
+    assert minutes
+    assert {m.warm_hosts for m in minutes} == {settings.max_size - 1}
