@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import ssl
+from collections.abc import Callable
+
 import pytest
 
 from tests.server_marker import mark_server_tests
@@ -17,6 +21,38 @@ LONGEST_FIRST = (
     "tests/edge/test_workers.py",
     "tests/faults/test_drain.py",
 )
+
+
+def _one_default_tls_context() -> None:
+    """Every httpx client the tests make (each `httpx.get`, `httpx.post` and `httpx.stream` makes
+    one) shares one default TLS context. httpx builds a context per client, loading the CA bundle:
+    about 20 ms of CPU each, for clients that speak plain HTTP on loopback and never use it. In the
+    polling loops that wait for a server to start, that was a fifth of a core spent beside the
+    server starting on the same two cores (tests/edge/test_workers.py: 28 s of CPU, 22 s with one
+    context). A context is safe to share between threads and clients; a test that wants another
+    (verify=False, its own CA) passes it and gets it, as before. Where httpx no longer builds its
+    contexts there, nothing changes."""
+    from httpx._transports import default
+
+    build: Callable[..., ssl.SSLContext] | None = getattr(default, "create_ssl_context", None)
+    if build is None or getattr(build, "shared", False):
+        return
+    make = build
+    shared = functools.cache(lambda: make())
+
+    @functools.wraps(make)
+    def create_ssl_context(
+        verify: ssl.SSLContext | str | bool = True, cert: object = None, trust_env: bool = True
+    ) -> ssl.SSLContext:
+        if verify is True and cert is None and trust_env:
+            return shared()
+        return make(verify=verify, cert=cert, trust_env=trust_env)
+
+    create_ssl_context.shared = True  # type: ignore[attr-defined]
+    setattr(default, "create_ssl_context", create_ssl_context)  # noqa: B010 (httpx's module, not ours)
+
+
+_one_default_tls_context()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
