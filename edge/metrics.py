@@ -163,7 +163,19 @@ REPLICA_RESTARTS = Gauge(
 )
 
 
+# Without it a replica that stopped answering its health checks (a hung or dead Triton host) kept
+# the gauges its last passing check set: a dashboard showed it busy and healthy, and nothing on
+# /metrics could page on it (its reachability was only in /v1/internal/engine).
+REPLICA_UP = Gauge(
+    "floodgate_replica_up",
+    "1 where a replica passed its last health check, 0 where it failed it (its other gauges keep "
+    "what its last passing check read).",
+    _REPLICA,
+)
+
+
 _PER_REPLICA = (
+    REPLICA_UP,
     REPLICA_RUNNING,
     REPLICA_WAITING,
     REPLICA_KV_USED,
@@ -176,12 +188,18 @@ _PER_REPLICA = (
 )
 
 
-def record_capacities(capacities: dict[tuple[str, str], Capacity], recorded: set[tuple[str, str]]) -> None:
-    """Every member replica's last capacity, by (model, replica name), and the gauges of those no
-    longer members (a scale-in took them) removed: left, a dashboard summing over replicas counts
-    hosts long gone. `recorded`: the keys this app recorded last time, updated (one set per app:
-    apps in one process share the registry)."""
-    for gone in recorded - capacities.keys():
+def record_capacities(
+    capacities: dict[tuple[str, str], Capacity],
+    recorded: set[tuple[str, str]],
+    alive: dict[tuple[str, str], bool] | None = None,
+) -> None:
+    """Every member replica's last capacity and whether it passed its last health check (`alive`),
+    by (model, replica name), and the gauges of those no longer members (a scale-in took them)
+    removed: left, a dashboard summing over replicas counts hosts long gone. `recorded`: the keys
+    this app recorded last time, updated (one set per app: apps in one process share the registry)."""
+    alive = alive or {}
+    members = capacities.keys() | alive.keys()
+    for gone in recorded - members:
         for gauge in _PER_REPLICA:
             with contextlib.suppress(KeyError):
                 gauge.remove(*gone)
@@ -190,8 +208,10 @@ def record_capacities(capacities: dict[tuple[str, str], Capacity], recorded: set
                 REPLICA_KV_BLOCKS.remove(*gone, kind)
     for (model, name), cap in capacities.items():
         record_capacity(model, name, cap)
+    for (model, name), up in alive.items():
+        REPLICA_UP.labels(model, name).set(1 if up else 0)
     recorded.clear()
-    recorded.update(capacities)
+    recorded.update(members)
 
 
 def record_capacity(model: str, replica: str, cap: Capacity) -> None:

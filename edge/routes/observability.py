@@ -28,7 +28,8 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     state = request.app.state
     if not hasattr(state, "replicas_recorded"):
         state.replicas_recorded = set()
-    record_capacities(capacities, state.replicas_recorded)
+    alive = {(r.model, r.name): r.alive for r in states}
+    record_capacities(capacities, state.replicas_recorded, alive)
     # The type as a header, not as media_type: Litestar adds "; charset=utf-8" to a text/ media
     # type, and CONTENT_TYPE_LATEST names its charset already. Named twice, Prometheus 3 (Go's
     # mime.ParseMediaType: "duplicate parameter name") could not parse it and failed every scrape.
