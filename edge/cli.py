@@ -17,7 +17,7 @@ from botocore.exceptions import BotoCoreError
 from edge.config import ConfigError, Settings, load_settings
 from edge.dynamodb_client import dynamodb_client
 from edge.healthcheck import add_healthcheck_command
-from edge.keys.cli_support import opened_lifecycle, run
+from edge.keys.cli_support import drop_stdout, opened_lifecycle, run
 from edge.keys.legacy import BadKeysFile, read_keys_file
 from edge.keys_cli import add_keys_commands
 from edge.logging_setup import configure_logging
@@ -30,6 +30,10 @@ from edge.stop_before_serving import StoppedBeforeServing, stop_on_sigterm
 from edge.upstreams.asg_resolver import is_asg_spec
 from floodgate_client.cli import EXIT_INTERRUPTED, add_chat_command
 from gpu_container.checkpoint.errors import CheckpointError
+
+# What a shell reports for a command SIGPIPE ended (128 + 13), as `cat`, `git log` or `ls` end
+# under `| head`: Python ignores SIGPIPE, so its write fails instead (BrokenPipeError).
+EXIT_BROKEN_PIPE = 141
 
 DEV_USER = "dev"
 DEV_TIER = "paid"
@@ -247,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         # import. 130, the shell's code for a command SIGINT ended, as `floodgate chat` says too.
         print("floodgate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of standard output left before the end (`floodgate keys list | head`, `usage
+        # --csv | head -1`): a traceback on stderr and exit 1, as if the command had failed. Quiet
+        # instead, as `cat` is.
+        drop_stdout()
+        return EXIT_BROKEN_PIPE
     except StoppedBeforeServing:
         # A supervisor's stop: nothing served yet, so nothing to drain, and no failure.
         print("floodgate: stopped by SIGTERM before serving", file=sys.stderr)

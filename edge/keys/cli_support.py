@@ -87,6 +87,17 @@ def run(step: Callable[[], Awaitable[_T]], keys: KeysConfig) -> _T:
         raise SystemExit(f"floodgate: keys.sqlite_path {keys.sqlite_path!r}: {exc}") from None
 
 
+def drop_stdout() -> None:
+    """Standard output onto /dev/null, once a write to it failed (its reader gone, a full disk):
+    what is left in its buffer would fail again at the interpreter's exit, a second error
+    ("Exception ignored ... BrokenPipeError") after the one said."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def note(message: str) -> None:
     """For the operator, on stderr: stdout stays machine-readable (the key, the CSV)."""
     print(message, file=sys.stderr)
