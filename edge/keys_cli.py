@@ -11,14 +11,23 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from edge.aws_client import aws_client
 from edge.config import Settings
-from edge.keys.cli_support import note, opened_lifecycle, opened_usage, run, say, typed_text, write_data
+from edge.keys.cli_support import (
+    drop_stdout,
+    note,
+    opened_lifecycle,
+    opened_usage,
+    run,
+    say,
+    typed_text,
+    write_data,
+)
 from edge.keys.legacy import BadKeysFile, parse_jsonl
 from edge.keys.lifecycle import InvalidPeriod, KeyLifecycle, KeyNotFound, Rotated, checked_period
 from edge.keys.page import KEY_ID, MAX_LIMIT
@@ -66,10 +75,21 @@ def _store_settings(args: argparse.Namespace, *, creates: bool = False) -> tuple
     return settings, makes
 
 
+class _Unshown(Exception):
+    """The secret `show` was to print could not be written: what was done about it, said."""
+
+
 def _lifecycle_command(
-    args: argparse.Namespace, step: Any, *, creates: bool = False, show: Callable[[Any], None] | None = None
+    args: argparse.Namespace,
+    step: Any,
+    *,
+    creates: bool = False,
+    show: Callable[[Any], None] | None = None,
+    unshown: Callable[[KeyLifecycle, Any, OSError], Awaitable[str]] | None = None,
 ) -> Any:
-    """`step`'s result; `show`, given one, says it before the store closes (a secret it holds)."""
+    """`step`'s result; `show`, given one, says it before the store closes (a secret it holds).
+    `unshown`: where standard output takes no more (a full disk under `> key.txt`, a pipe's reader
+    gone), what undoes the result, or says how to; its answer is the error said."""
     settings, makes = _store_settings(args, creates=creates)
 
     async def go() -> Any:
@@ -81,7 +101,12 @@ def _lifecycle_command(
                     # Before the store's (and Redis's) close: a Ctrl-C while it closed lost the
                     # result, and with it a key made, live and shown to nobody. No await comes
                     # between: a Ctrl-C now (asyncio.run cancels the command) lands at the close.
-                    show(result)
+                    try:
+                        show(result)
+                    except OSError as exc:
+                        if unshown is None:
+                            raise
+                        raise _Unshown(await unshown(keys, result, exc)) from None
                     shown = True
         except asyncio.CancelledError:
             if not shown:
@@ -93,6 +118,9 @@ def _lifecycle_command(
 
     try:
         return run(go, settings.keys)
+    except _Unshown as exc:
+        drop_stdout()
+        raise SystemExit(f"floodgate: {exc}") from None
     except (KeyNotFound, UnknownTier, InvalidUser, InvalidLabel, InvalidPeriod, KeyIdTaken) as exc:
         raise SystemExit(f"floodgate: {exc}") from None
     except BadKeysFile as exc:
@@ -165,7 +193,16 @@ def _create(args: argparse.Namespace) -> int:
         note(f"{made}; the key is shown only once:")
         print(key, flush=True)
 
-    _lifecycle_command(args, step, creates=True, show=show)
+    async def unshown(keys: KeyLifecycle, created: tuple[str, KeyRecord], exc: OSError) -> str:
+        # Left stored, it was a working credential that nobody had: a script's `> key.txt` on a
+        # full disk said a traceback, and the key a retry made was a second one.
+        record = await keys.revoke(created[1].id)
+        return (
+            f"cannot write the key to standard output ({exc.strerror or exc}): {record.id} is revoked, "
+            "so no key was left working; nothing else changed"
+        )
+
+    _lifecycle_command(args, step, creates=True, show=show, unshown=unshown)
     return 0
 
 
@@ -247,7 +284,18 @@ def _rotate(args: argparse.Namespace) -> int:
         )
         print(rotated.key, flush=True)
 
-    _lifecycle_command(args, step, show=show)
+    async def unshown(keys: KeyLifecycle, rotated: Rotated, exc: OSError) -> str:
+        # The rotation stands (no store takes a replacement back); revoking its new key would end
+        # the old one's grace too (revoke_line). A rotation of the new key, with no grace, makes
+        # one that can be read and ends the unread one at once.
+        until = _when(rotated.old.expires)
+        return (
+            f"cannot write the new key to standard output ({exc.strerror or exc}): {rotated.new.id} "
+            f"replaces {rotated.old.id} all the same, which keeps working until {until}; "
+            f"`floodgate keys rotate {rotated.new.id} --grace-s 0` ends the unread key and prints another"
+        )
+
+    _lifecycle_command(args, step, show=show, unshown=unshown)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""`floodgate` commands whose standard output takes no more (its reader gone: `| head`), in a real
-child process."""
+"""`floodgate` commands whose standard output takes no more: its reader gone (`| head`), a full disk
+(`> key.txt`), in a real child process."""
 
 from __future__ import annotations
 
@@ -36,6 +36,16 @@ def _into_closed_pipe(config: Path, *argv: str) -> tuple[int, str]:
         os.close(write)
 
 
+def _into_full_disk(config: Path, *argv: str) -> tuple[int, str]:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        return _floodgate(config, fd, *argv)
+    finally:
+        os.close(fd)
+
+
 def _keys(capsys: pytest.CaptureFixture[str], config: Path) -> list[dict[str, object]]:
     keys: list[dict[str, object]] = json.loads(run(capsys, config, "keys", "list", "--json"))
     return keys
@@ -52,3 +62,35 @@ def test_a_reader_gone_before_the_end_is_no_traceback(
     run(capsys, config, "keys", "create", "--user", "ann", "--tier", "free")
     code, err = _into_closed_pipe(config, *argv)
     assert (code, err) == (EXIT_BROKEN_PIPE, "")
+
+
+@pytest.mark.parametrize("into", [_into_full_disk, _into_closed_pipe])
+def test_a_key_created_that_cannot_be_printed_is_revoked(
+    capsys: pytest.CaptureFixture[str], config: Path, into: object
+) -> None:
+    """`floodgate keys create … > key.txt` on a full disk (or into a pipe whose reader has gone)
+    ended in a traceback with the key stored and working, shown to nobody: a credential no one
+    holds, and a retry made a second. It is revoked, and one line says so."""
+    assert callable(into)
+    code, err = into(config, "keys", "create", "--user", "bea", "--tier", "free")
+    [key] = _keys(capsys, config)
+    assert code == 1 and "Traceback" not in err, err
+    assert key["status"] == "revoked"
+    [said] = [line for line in err.splitlines() if line.startswith("floodgate:")]
+    assert f"{key['id']} is revoked" in said
+
+
+def test_a_rotation_whose_key_cannot_be_printed_says_how_to_end_it(
+    capsys: pytest.CaptureFixture[str], config: Path
+) -> None:
+    """The rotation stands (its old key keeps its grace), and the line names the command that ends
+    the unread key at once, in place of a traceback."""
+    run(capsys, config, "keys", "create", "--user", "cy", "--tier", "free")
+    [old] = _keys(capsys, config)
+    code, err = _into_full_disk(config, "keys", "rotate", str(old["id"]))
+    new = next(k for k in _keys(capsys, config) if k["id"] != old["id"])
+    assert code == 1 and "Traceback" not in err, err
+    assert f"floodgate keys rotate {new['id']} --grace-s 0" in err
+    run(capsys, config, "keys", "rotate", str(new["id"]), "--grace-s", "0")
+    status = {k["id"]: k["status"] for k in _keys(capsys, config)}
+    assert status[new["id"]] == "expired" and status[old["id"]] == "active"
