@@ -85,9 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _start_and_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, object]] = {"server": {}}
-    if args.triton:
+    # `is not None`: an empty value is one too. `--triton ""` (upstream.triton's own value for the
+    # local CPU engines) was taken for "not given", and a config file's Triton replicas served;
+    # `--host ""` bound the file's address, where server.host = "" is refused (every interface).
+    if args.triton is not None:
         overrides["upstream"] = {"triton": args.triton}
-    if args.host:
+    if args.host is not None:
         overrides["server"]["host"] = args.host
     if args.port is not None:
         # 0 too: a free port the kernel picks, as server.port = 0 is (the port bound is logged).
@@ -222,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--triton",
         metavar="local|HOST:PORT,...|asg:GROUP[:HTTP_PORT[:METRICS_PORT]]",
-        help="serve from Triton replicas instead of the local CPU engines (default: upstream.triton)",
+        help='serve from Triton replicas instead of the local CPU engines (default: upstream.triton; "": '
+        "the local CPU engines)",
     )
     serve.add_argument(
         "--workers",

@@ -286,6 +286,36 @@ def test_serve_ops_port_moves_the_operator_listener(tmp_path: Path) -> None:
             assert "floodgate_open_streams" in client.get("/metrics").text
 
 
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_serve_triton_empty_serves_the_local_engines_over_a_files_triton(tmp_path: Path) -> None:
+    """`--triton ""` is upstream.triton's own value for the local CPU engines: it was taken for
+    "not given", and the config file's Triton replicas (here, none listening) served instead."""
+    more = f'[upstream]\ntriton = "127.0.0.1:{free_port()}"\n'
+    config = _demo_config(tmp_path, f"dev_key = false\n{NO_DRAIN}", more)
+    with _serving_on_port_0(tmp_path, config, "--triton", "") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"edge_listening"' in line:
+                port = json.loads(line)["public"].rsplit(":", 1)[1]
+                break
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            _wait_listening(client, proc)
+
+
+def test_serve_host_empty_is_refused_not_ignored(tmp_path: Path) -> None:
+    """`--host ""` bound the file's address, as if not given, where server.host = "" is refused
+    (the socket's empty address is every interface)."""
+    config = _demo_config(tmp_path, "dev_key = false\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--host", "", "--port", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "server.host is empty" in done.stderr, done.stderr
+
+
 @contextlib.contextmanager
 def _serving_on_port_0(tmp_path: Path, config: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     """`floodgate serve --port 0` of this checkout (wherever the environment's editable install
