@@ -186,9 +186,11 @@ def test_a_page_of_long_messages_stops_at_its_text_budget_and_paging_goes_on(
     assert [m["id"] for m in previous["data"]] == ids[-3:-1] and previous["has_more"]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    with start_server(tmp_path) as live:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One edge for the tests below: each reads or writes a conversation of its own (or none), and
+    the paid tier's budgets are far above their few dozen requests."""
+    with start_server(tmp_path_factory.mktemp("edge")) as live:
         yield live
 
 
