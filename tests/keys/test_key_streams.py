@@ -89,6 +89,16 @@ def redis_url() -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def short_ttl_real_edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The real model behind SHORT_TTL_S, shared by the two tests that need both: its start is most
+    of a second and a half of CPU. Each test makes keys of a user of its own and reads the edge's
+    counters against its own baseline; the one that breaks the store mends it before it returns."""
+    tmp = tmp_path_factory.mktemp("short-ttl")
+    with start_server(tmp / "edge", _settings(tmp / "keys.db", SHORT_TTL_S, real_model=True)) as edge:
+        yield edge
+
+
 def _admin(edge: LiveServer, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     answer = httpx.post(
         f"{edge.base_url}/v1/admin/keys{path}",
@@ -168,8 +178,8 @@ def _store_reads(edge: LiveServer) -> float:
 
 
 def _break_the_store(edge: LiveServer) -> None:
-    """Every read of the key store fails from now on, as a DynamoDB or a disk that stopped answering
-    would (a stand-in: nothing breaks the embedded SQLite store's WAL on cue)."""
+    """Every read of the key store fails until `_mend_the_store`, as a DynamoDB or a disk that
+    stopped answering would (a stand-in: nothing breaks the embedded SQLite store's WAL on cue)."""
     store = edge.app.state.runtime.keys.store
 
     async def unreachable(key_sha256: str) -> None:
@@ -178,6 +188,14 @@ def _break_the_store(edge: LiveServer) -> None:
     loop = edge._server.loop
     assert loop is not None
     loop.call_soon_threadsafe(setattr, store, "get", unreachable)
+
+
+def _mend_the_store(edge: LiveServer) -> None:
+    """The store's own reads again: on the edge's loop, queued before any later request of a test."""
+    store = edge.app.state.runtime.keys.store
+    loop = edge._server.loop
+    assert loop is not None
+    loop.call_soon_threadsafe(lambda: store.__dict__.pop("get", None))
 
 
 def _revoke_in_store(keys_db: Path, key: str) -> None:
@@ -193,16 +211,18 @@ def _revoke_in_store(keys_db: Path, key: str) -> None:
     asyncio.run(revoke())
 
 
-def test_a_key_revoked_in_the_store_ends_its_stream_within_the_cache_ttl(tmp_path: Path) -> None:
-    keys_db = tmp_path / "keys.db"
-    with start_server(tmp_path / "edge", _settings(keys_db, SHORT_TTL_S, real_model=True)) as edge:
-        key = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
-        other = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
-        before = _baseline(edge)
-        got = _stream(edge, key, lambda: _revoke_in_store(keys_db, key))
-        _ended_for_its_key(got, REVOKED)
-        _freed(edge, before, other)
-        assert httpx.get(edge.base_url + "/v1/models", headers=_auth(key)).status_code == 401
+def test_a_key_revoked_in_the_store_ends_its_stream_within_the_cache_ttl(
+    short_ttl_real_edge: LiveServer,
+) -> None:
+    edge = short_ttl_real_edge
+    keys_db = Path(edge.settings.keys.sqlite_path)
+    key = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
+    other = _admin(edge, "", {"user": "ann", "tier": "paid"})["key"]
+    before = _baseline(edge)
+    got = _stream(edge, key, lambda: _revoke_in_store(keys_db, key))
+    _ended_for_its_key(got, REVOKED)
+    _freed(edge, before, other)
+    assert httpx.get(edge.base_url + "/v1/models", headers=_auth(key)).status_code == 401
 
 
 def test_a_revocation_announced_over_redis_ends_a_stream_on_another_edge_at_once(
@@ -232,20 +252,24 @@ def test_a_key_that_expires_mid_stream_ends_it_at_its_expiry(tmp_path: Path) -> 
         _freed(edge, before, other)
 
 
-def test_a_key_that_expires_while_the_key_store_is_down_ends_its_stream_at_its_expiry(tmp_path: Path) -> None:
+def test_a_key_that_expires_while_the_key_store_is_down_ends_its_stream_at_its_expiry(
+    short_ttl_real_edge: LiveServer,
+) -> None:
     """A review: with the store unreadable at the expiry, the watch retried at once, again and again
     (thousands of reads a second), and the stream ran past its expiry until the store came back. A
     known expiry needs no read: nothing extends one."""
-    settings = _settings(tmp_path / "keys.db", SHORT_TTL_S, real_model=True)
-    with start_server(tmp_path / "edge", settings) as edge:
-        before = _baseline(edge)
-        key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": 2.0})["key"]
-        reads_before = _store_reads(edge)
+    edge = short_ttl_real_edge
+    before = _baseline(edge)
+    key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": 2.0})["key"]
+    reads_before = _store_reads(edge)
+    try:
         got = _stream(edge, key, lambda: _break_the_store(edge))
         _ended_for_its_key(got, EXPIRED)
         wait_for_engine_to_drop(edge, before[0])
         # A read a TTL (0.5 s) at most while it streamed, not one per loop turn.
         assert _store_reads(edge) - reads_before < 30
+    finally:
+        _mend_the_store(edge)
 
 
 def test_a_key_rotated_mid_stream_ends_it_when_its_grace_ends(tmp_path: Path) -> None:
