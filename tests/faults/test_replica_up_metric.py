@@ -6,16 +6,12 @@ replica's readiness the test turns off."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
-from edge.config import Settings
 from edge.upstreams.base import Upstream
-from edge.upstreams.local_pool import PrivateUpstreams, local_upstreams
 from tests.edge.sse_client import wait_until
 from tests.support.live_server import start_server
-from tests.support.scripted_replicas import ScriptedReplica
+from tests.support.scripted_replicas import Replicas, ScriptedReplica, wrapped_replicas
 
 UP = 'floodgate_replica_up{model="",replica="local-0"}'
 
@@ -31,19 +27,8 @@ class _Failing(ScriptedReplica):
         return not self._down.is_set() and await self._inner.ready()
 
 
-Replicas = Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]
-
-
 def _replicas(down: threading.Event) -> Replicas:
-    def replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
-        @asynccontextmanager
-        async def provide() -> AsyncIterator[list[Upstream]]:
-            async with local_upstreams(settings, model_dir) as ups:
-                yield PrivateUpstreams([_Failing(up, down) for up in ups])
-
-        return provide()
-
-    return replicas
+    return wrapped_replicas(lambda up: _Failing(up, down))
 
 
 def _value(text: str, series: str) -> float | None:

@@ -31,14 +31,20 @@ def small_flood(hosts: int, minutes: float = 6.0, **kw: object) -> Scenario:
     return Scenario("flood", scaling, traffic, FLAT_FLOOD, gpus_per_host=1, initial_hosts=hosts, **kw)  # type: ignore[arg-type]
 
 
-def test_terraform_numbers_are_read_from_iac_not_copied(tmp_path: Path) -> None:
+def _iac_with_default(tmp_path: Path, variable: str, was: str, value: str) -> Path:
+    """A copy of iac/ whose gpu_pool `variable` defaults to `value` (its default matched `was`)."""
     iac = tmp_path / "iac"
     shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
     variables = iac / "modules" / "gpu_pool" / "variables.tf"
     text = variables.read_text()
-    block = re.search(r'variable "surge_demand" \{.*?default\s*=\s*([0-9.]+)', text, re.S)
+    block = re.search(rf'variable "{variable}" \{{.*?default\s*=\s*({was})', text, re.S)
     assert block is not None
-    variables.write_text(text[: block.start(1)] + "2.75" + text[block.end(1) :])
+    variables.write_text(text[: block.start(1)] + value + text[block.end(1) :])
+    return iac
+
+
+def test_terraform_numbers_are_read_from_iac_not_copied(tmp_path: Path) -> None:
+    iac = _iac_with_default(tmp_path, "surge_demand", r"[0-9.]+", "2.75")
     assert terraform.read(iac).surge_demand == 2.75
     assert terraform.read().surge_demand != 2.75
 
@@ -160,14 +166,7 @@ def test_the_simulated_warm_pool_is_the_one_the_iac_deploys() -> None:
 
 
 def test_warm_pool_max_prepared_minus_one_keeps_max_size_less_desired_warm(tmp_path: Path) -> None:
-    iac = tmp_path / "iac"
-    shutil.copytree(REPO / "iac", iac, ignore=shutil.ignore_patterns(".terraform*", "tests"))
-    variables = iac / "modules" / "gpu_pool" / "variables.tf"
-    text = variables.read_text()
-    block = re.search(r'variable "warm_pool_max_prepared" \{.*?default\s*=\s*(null)', text, re.S)
-    assert block is not None
-    variables.write_text(text[: block.start(1)] + "-1" + text[block.end(1) :])
-    settings = terraform.read(iac)
+    settings = terraform.read(_iac_with_default(tmp_path, "warm_pool_max_prepared", "null", "-1"))
 
     minutes = [m for m in run(quiet_group(settings)).recorder.minutes.values() if m.desired_hosts]
 

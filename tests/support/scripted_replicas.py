@@ -33,17 +33,23 @@ class ScriptedReplica:
         return self._script(self._inner, req)
 
 
-def scripted_replicas(
-    script: Script,
-) -> Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]:
-    """`start_server`'s upstreams: the settings' local replicas, each scripted by `script`."""
+Replicas = Callable[[Settings, Path], AbstractAsyncContextManager[list[Upstream]]]
+
+
+def wrapped_replicas(wrap: Callable[[Upstream], Upstream]) -> Replicas:
+    """`start_server`'s upstreams: the settings' local replicas, each wrapped by `wrap`."""
 
     def replicas(settings: Settings, model_dir: Path) -> AbstractAsyncContextManager[list[Upstream]]:
         @asynccontextmanager
         async def provide() -> AsyncIterator[list[Upstream]]:
             async with local_upstreams(settings, model_dir) as ups:
-                yield PrivateUpstreams([ScriptedReplica(up, script) for up in ups])
+                yield PrivateUpstreams([wrap(up) for up in ups])
 
         return provide()
 
     return replicas
+
+
+def scripted_replicas(script: Script) -> Replicas:
+    """`start_server`'s upstreams: the settings' local replicas, each scripted by `script`."""
+    return wrapped_replicas(lambda up: ScriptedReplica(up, script))
