@@ -361,7 +361,10 @@ class RedisLimiter:
         as a dead instance's (admit.lua), which leaves its users over their concurrency limit and
         its settles refunding nothing (settle.lua refunds with the slot it removes). Puts them back
         now (restore.lua, as after an outage: a settled request gets none), and before the next
-        admit should this fail. Call on the loop."""
+        admit should this fail. Also for a Redis that lost the fleet's keys and so the limiter's
+        (restarted empty, FLUSHALL: edge/membership/), which this instance's own calls need not
+        notice: everything it counted goes back, running requests' slots included. Call on the
+        loop."""
         self._counted_out += 1
         self._resync_soon()
 

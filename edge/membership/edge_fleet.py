@@ -15,7 +15,8 @@ this process registers in the fleet and applies every new view to what used to r
   streams died with them (a crash, a kill), and their users would otherwise be refused for up to the
   slots' TTL ([limiter] slot_ttl_s, 5 minutes by default) for streams nobody serves;
 * back after being counted out itself (it only stalled, its streams live), this process has the
-  limiter put its running requests' slots back (`restore_slots`).
+  limiter put its running requests' slots back (`restore_slots`), as it does on finding a Redis
+  that lost the fleet (restarted empty, FLUSHALL), which lost the limiter's keys too.
 
 A member is one process: its id carries the host and the pid, so `serve --workers N` counts N, and
 ends with the tag its request ids carry (edge/request_ids.py).
@@ -149,6 +150,7 @@ async def joined_fleet(
         settings,
         apply_view(dispatchers, set_divisor, free_slots_of),
         on_back=restore_slots,
+        on_lost=restore_slots,
     )
 
     def hand_over() -> None:

@@ -29,7 +29,10 @@ replica whole beside the others' shares. Back after the others counted it
 out (a stall past `ttl_s`: a frozen VM, a loop blocked, SIGSTOP; or cut off alone, however long:
 the fleet's epoch tells it from a Redis that lost the fleet): it joins again as a newcomer,
 since they took its share, and has its running requests' slots put back (`on_back`), since their
-admits may have freed them as a dead member's.
+admits may have freed them as a dead member's. Finding a Redis that lost the fleet (unknown to it,
+not counted out), it has them put back too (`on_lost`): that Redis lost the limiter's keys with the
+fleet's, its running streams' slots among them, and nothing else tells a limiter whose connections
+never broke (FLUSHALL, a key space evicted) or that made no call since (a restart between two).
 """
 
 from __future__ import annotations
@@ -107,11 +110,18 @@ class FleetMembership:
         on_change: Callable[[FleetView], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_back: Callable[[], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
         """`on_back`: called when a beat finds this instance back after the others counted it
         out (a stall past `ttl_s`), and again once it serves: its running requests' slots, which
         their admits may have freed as a dead member's, are to be put back (the limiter's
-        `restore_slots`)."""
+        `restore_slots`). `on_lost`: called when a beat finds a Redis that lost the fleet (restarted
+        empty, FLUSHALL, a failover to an empty replica, its keys evicted) after this instance had
+        joined: the limiter's keys went with the fleet's, and its running requests' slots and its
+        counts are to be put back (the limiter's `restore_slots` too). Without it a user's streams
+        running through a FLUSHALL held no slot until they ended: the user was admitted past their
+        concurrency limit, and a cancel that reached another edge or worker answered 404 while the
+        stream went on generating."""
         self.member_id = member_id
         self.settings = settings
         self._registry = MembershipRegistry(
@@ -119,6 +129,7 @@ class FleetMembership:
         )
         self._on_change = on_change
         self._on_back = on_back
+        self._on_lost = on_lost
         # Back from being counted out, the slots put back once more when this instance serves:
         # until their next beat, the others' views still name it departed.
         self._restore_when_serving = False
@@ -209,6 +220,11 @@ class FleetMembership:
             # served at once beside the others' whole shares and never put its slots back.
             fleet = replace(fleet, back=True)
         self._epoch = fleet.epoch
+        if fleet.unknown and not fleet.back and self._joined_at is not None:
+            # Redis lost the fleet (_keeping_lost), and the limiter's keys with it.
+            log.warning("fleet_lost_by_redis", member=self.member_id, epoch=fleet.epoch)
+            if self._on_lost is not None:
+                self._on_lost()
         self._fleet = self._keeping_lost(now, fleet)
         alone = set(self._fleet.claims) <= {self.member_id}
         back = self._fleet.back and self._joined_at is not None
