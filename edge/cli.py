@@ -216,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the edge (OpenAI-compatible API on HTTP)")
     serve.add_argument("--config", help="TOML file overriding the embedded defaults")
     serve.add_argument("--host", help="bind address (default: server.host)")
-    serve.add_argument("--port", type=int, help="port (default: server.port)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        help="port (default: server.port; 0: any free port, named in the edge_serving line)",
+    )
     serve.add_argument(
         "--ops-port",
         type=int,
