@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,9 @@ log = structlog.get_logger("floodgate.errors")
 
 # An unknown path is echoed in its 404 up to this many characters (the request line may be longer).
 MAX_PATH_IN_ERROR = 256
+# A value the client sent is echoed in its error up to this many characters (`shown`).
+MAX_VALUE_IN_ERROR = 64
+_QUOTED_LONG = re.compile("'([^']{" + str(MAX_VALUE_IN_ERROR + 1) + ",})'")
 # The scope key under which the chat route leaves the user its key named (edge/routes/chat.py), for
 # the line of a refusal that comes after the key was read (a 400 for the body, a 404 model).
 REQUEST_USER = "floodgate.user"
@@ -135,6 +139,19 @@ def retry_after_headers(retry_after_s: float) -> dict[str, str]:
     """Retry-After in whole seconds, rounded up, plus the exact wait the OpenAI SDK prefers."""
     ms = max(0, math.ceil(retry_after_s * 1000))
     return {"retry-after": str(max(1, math.ceil(ms / 1000))), "retry-after-ms": str(ms)}
+
+
+def shown(value: str) -> str:
+    """`value` as an error echoes it: its first MAX_VALUE_IN_ERROR characters, an ellipsis past them.
+    Echoed whole, a role or a type of 200 KB came back in a 200 KB message, as the model's name
+    (cut so) never did."""
+    return value if len(value) <= MAX_VALUE_IN_ERROR else value[:MAX_VALUE_IN_ERROR] + "…"
+
+
+def quoted_values_shown(message: str) -> str:
+    """A message that quotes what the client sent ('...', as msgspec's validation errors do), each
+    quoted value `shown`."""
+    return _QUOTED_LONG.sub(lambda m: "'" + shown(m.group(1)) + "'", message)
 
 
 def wait_text(seconds: float) -> str:

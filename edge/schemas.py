@@ -55,7 +55,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from edge.errors import ApiError, invalid_request
+from edge.errors import ApiError, invalid_request, quoted_values_shown, shown
 from edge.float32 import FLOAT32_MIN_NORMAL
 from edge.text.chat_template import PromptEnd
 
@@ -443,7 +443,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     try:
         req = _decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise invalid_request(f"Invalid request: {exc}", _param_of(str(exc)), _code_of(str(exc))) from None
+        said = str(exc)
+        raise invalid_request(
+            f"Invalid request: {quoted_values_shown(said)}", _param_of(said), _code_of(said)
+        ) from None
     except msgspec.DecodeError:
         if body.startswith(_UTF8_BOM) and not (rest := body[len(_UTF8_BOM) :]).startswith(_UTF8_BOM):
             # Some Windows tools write one before the JSON; Python's json.loads (vLLM, FastAPI)
@@ -509,7 +512,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         )
     if req.verbosity not in (None, "medium"):
         raise invalid_request(
-            f"Unsupported value: 'verbosity' of {req.verbosity!r} is not supported: this model has no "
+            f"Unsupported value: 'verbosity' of {shown(req.verbosity)!r} is not supported: this model has no "
             "verbosity setting. Supported values are: 'medium'. Ask for the length in the prompt.",
             "verbosity",
             code="unsupported_value",
@@ -517,7 +520,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if req.modalities is not None and any(m != "text" for m in req.modalities):
         other = next(m for m in req.modalities if m != "text")
         raise invalid_request(
-            f"Unsupported value: 'modalities' asks for {other!r}: this model replies in text only.",
+            f"Unsupported value: 'modalities' asks for {shown(other)!r}: this model replies in text only.",
             "modalities",
             code="unsupported_value",
         )
@@ -529,7 +532,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     ):
         if isinstance(choice, str) and choice not in _CHOICES[choice_param]:
             raise invalid_request(
-                f"Invalid value: '{choice}'. Supported values are: {_CHOICES_TEXT[choice_param]}.",
+                f"Invalid value: '{shown(choice)}'. Supported values are: {_CHOICES_TEXT[choice_param]}.",
                 choice_param,
                 code="invalid_value",
             )
@@ -592,7 +595,7 @@ def _check_content_parts(parts: list[ContentPart], message: int) -> None:
     for index, part in enumerate(parts):
         if part.type not in _READABLE_PARTS:
             raise invalid_request(
-                f"Unsupported value: content part type '{part.type}' is not supported: this model "
+                f"Unsupported value: content part type '{shown(part.type)}' is not supported: this model "
                 "reads text only.",
                 f"messages[{message}].content[{index}].type",
                 code="unsupported_value",

@@ -209,6 +209,34 @@ def test_400_for_a_content_part_the_model_cannot_read(
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
 
 
+LONG = "x" * 5_000
+SHOWN = "x" * 64 + "…"
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"messages": [{"role": LONG, "content": "hi"}]}, "messages[0].role"),
+        ({"response_format": {"type": LONG}}, "response_format.type"),
+        ({"tool_choice": LONG}, "tool_choice"),
+        ({"modalities": [LONG]}, "modalities"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": LONG, "text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+    ],
+    ids=["role", "response_format", "tool_choice", "modalities", "content-part"],
+)
+def test_a_400_echoes_what_the_client_sent_cut_short(
+    local_server: LiveServer, local_client: httpx.Client, change: dict[str, Any], param: str
+) -> None:
+    """A value refused is echoed in the message at most 64 characters long, as the model's name in
+    its 404 is: echoed whole, a role of 200 KB came back in a 200 KB message, for a client to log."""
+    error = _error(local_client.post(CHAT, json=OK_BODY | change, headers=local_server.auth("paid")), 400)
+    assert error["param"] == param
+    assert f"'{SHOWN}'" in error["message"] and len(error["message"]) < 500, error["message"][:300]
+
+
 def test_text_and_refusal_parts_are_read(local_server: LiveServer, local_client: httpx.Client) -> None:
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "Say hi."}]},
