@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,12 +152,32 @@ def _safe_target(dest: Path, relative: str) -> Path:
     return target
 
 
+def _remove_leftovers(target: Path) -> None:
+    """Delete what an interrupted download of `target` left: our `NAME.part` and the temporary file
+    boto3's transfer writes it through (`NAME.part.` and 8 random letters or digits), which it
+    deletes only when the download fails in the process, not when the process is killed. A
+    container stopped while it fetched (killed at Docker's stop timeout) left one of these on the
+    host's engine volume, as large as the file it was fetching, and every restart's fetch wrote a
+    new one beside it: the next interruption, or an engine larger than half the disk, and the fetch
+    ran out of space on every start."""
+    leftover = re.compile(re.escape(target.name) + r"\.part(\.[A-Za-z0-9]{8})?")
+    if not target.parent.is_dir():
+        return
+    for path in target.parent.iterdir():
+        if leftover.fullmatch(path.name) and path.is_file():
+            log.info("removing an interrupted download", file=path.name, bytes=path.stat().st_size)
+            path.unlink()
+
+
 def fetch_engine(uri: str, dest: Path, *, s3: S3Client | None = None) -> list[Path]:
-    """Make `dest` hold every file the manifest under `uri` lists; returns their paths. Idempotent."""
+    """Make `dest` hold every file the manifest under `uri` lists; returns their paths. Idempotent,
+    and an interrupted fetch's partial files are removed before anything is downloaded."""
     client = _client(s3)
     bucket, prefix = parse_s3_uri(uri)
     files = read_manifest(client, bucket, prefix)
     dest.mkdir(parents=True, exist_ok=True)
+    for entry in files:
+        _remove_leftovers(_safe_target(dest, entry.relative))
     record = _read_record(dest)
     paths: list[Path] = []
     for entry in files:

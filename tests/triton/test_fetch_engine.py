@@ -8,10 +8,16 @@ fails there, as every GPU host did."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +35,11 @@ from gpu_container.triton.fetch_engine import (
     upload_engine,
 )
 from tests.support.ports import free_port
+from tests.support.tcp_proxy import TcpProxy, running
 
 BUCKET = "engines"
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +184,105 @@ def test_a_manifest_the_host_may_not_list_says_how_to_upload(s3: Any, tmp_path: 
 
     with pytest.raises(EngineFetchError, match=f"{ENGINE_MANIFEST} .* missing .*--upload"):
         fetch_engine(f"s3://{BUCKET}/unlisted/", tmp_path, s3=s3)
+
+
+class _HoldingProxy(TcpProxy):
+    """In front of the S3 endpoint: relays until `budget` bytes of answers have gone back, then
+    holds every further answer byte (on every connection) until `release()`: a download caught
+    half-way, for as long as the test needs."""
+
+    def __init__(self, upstream_port: int, budget: int) -> None:
+        super().__init__(upstream_port)
+        self.budget = budget
+        self.holding = threading.Event()
+        self._relayed = 0
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    def release(self) -> None:
+        self._released.set()
+
+    def close(self) -> None:
+        self._released.set()
+        super().close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _handle(self, client: socket.socket, number: int) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
+        self._sockets += [client, upstream]
+        threading.Thread(target=self._relay, args=(upstream, client, True), daemon=True).start()
+        self._relay(client, upstream, False)
+
+    def _relay(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+                return
+            if answers:
+                with self._lock:
+                    spent = self._relayed >= self.budget
+                    self._relayed += len(data)
+                if spent and not self._released.is_set():
+                    self.holding.set()
+                    self._released.wait()
+            with contextlib.suppress(OSError):
+                sink.sendall(data)
+
+
+def _eventually(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def _through(proxy: _HoldingProxy) -> dict[str, str]:
+    """The environment of a process that reaches S3 through `proxy` (boto3's AWS_ENDPOINT_URL)."""
+    return {
+        **os.environ,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def _downloads_in_progress(dest: Path) -> list[Path]:
+    return [p for p in dest.glob("rank0.engine.part*") if p.stat().st_size > 0] if dest.is_dir() else []
+
+
+def test_a_fetch_killed_mid_download_leaves_nothing_for_the_next_start(
+    s3: Any, s3_endpoint: str, tmp_path: Path
+) -> None:
+    files = {"config.json": b"{}", "rank0.engine": os.urandom(4 * MIB)}
+    upload_engine(_engine(tmp_path / "built", files), f"s3://{BUCKET}/llama/", s3=s3)
+    dest = tmp_path / "engines" / "model"
+    with running(_HoldingProxy(int(s3_endpoint.rsplit(":", 1)[1]), budget=MIB)) as proxy:
+        fetch = subprocess.Popen(
+            [sys.executable, "-m", "gpu_container.triton.fetch_engine", f"s3://{BUCKET}/llama/", str(dest)],
+            cwd=ROOT,
+            env=_through(proxy),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _eventually(lambda: proxy.holding.is_set() and bool(_downloads_in_progress(dest)), "half-way")
+            # What Docker does at its stop timeout, or a host losing power: no clean-up runs.
+            fetch.kill()
+        finally:
+            fetch.kill()
+            fetch.wait(timeout=30)
+    assert _downloads_in_progress(dest)  # what boto3 wrote through: the engine's size, at the end
+
+    fetch_engine(f"s3://{BUCKET}/llama/", dest, s3=s3)  # the container's next start
+
+    # Only the engine: the half-written file is gone, not kept beside the whole one for good.
+    assert sorted(p.name for p in dest.iterdir()) == sorted([LOCAL_RECORD, *files])
+    assert (dest / "rank0.engine").read_bytes() == files["rank0.engine"]
