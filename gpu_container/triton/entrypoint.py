@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,8 +98,22 @@ def tritonserver_command(model_repository: Path, extra: list[str], world_size: i
     return command[:-1]
 
 
+def _stop_before_serving(signum: int, _frame: object) -> None:
+    """A stop (`docker stop`: SIGTERM) while the engine downloads. The container's first process
+    is this one, and a PID namespace's first process receives only the signals it handles: without
+    this, the stop was ignored until Docker's stop timeout killed the container, mid-write, and the
+    partial engine file stayed on the host's volume. Raised in the main thread, the exit unwinds the
+    download (boto3 cancels its transfer and deletes its temporary file). Once tritonserver is
+    exec'd, the signal is its own (exec resets a handled signal to its default). A stop asked for
+    is no failure: exit 0, as tritonserver's own clean stop."""
+    log.warning("stopped_before_tritonserver_started", signal=signal.Signals(signum).name)
+    raise SystemExit(0)
+
+
 def main() -> None:
     configure_plain_logging()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_before_serving)
     env = os.environ
     engine_dir = Path(env.get("ENGINE_DIR", "/engines/model"))
     repository = Path(env.get("MODEL_REPOSITORY", "/models"))

@@ -194,9 +194,14 @@ def fetch_engine(uri: str, dest: Path, *, s3: S3Client | None = None) -> list[Pa
             client.download_file(
                 bucket, prefix + entry.relative, str(partial), ExtraArgs={"ChecksumMode": "ENABLED"}
             )
+            size, digest = partial.stat().st_size, sha256_of(partial)
         except ClientError as exc:
             raise EngineFetchError(f"{entry.relative}: in the manifest, not downloadable: {exc}") from exc
-        size, digest = partial.stat().st_size, sha256_of(partial)
+        except BaseException:
+            # Stopped (the entrypoint's SIGTERM) or failed while downloading or hashing: a partial
+            # file as large as the engine's would stay on the host's volume.
+            partial.unlink(missing_ok=True)
+            raise
         if (size, digest) != (entry.size, entry.sha256):
             partial.unlink()
             raise EngineFetchError(

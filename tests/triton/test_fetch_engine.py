@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -286,3 +288,77 @@ def test_a_fetch_killed_mid_download_leaves_nothing_for_the_next_start(
     # Only the engine: the half-written file is gone, not kept beside the whole one for good.
     assert sorted(p.name for p in dest.iterdir()) == sorted([LOCAL_RECORD, *files])
     assert (dest / "rank0.engine").read_bytes() == files["rank0.engine"]
+
+
+def _can_be_pid_1() -> bool:
+    """A new PID namespace (needs root, or an unprivileged user namespace `unshare` may open)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def _only_child(proc: subprocess.Popen[str]) -> int:
+    """`unshare --fork`'s only child: the entrypoint, PID 1 of its namespace."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    _eventually(lambda: bool(children.read_text().split()), "the entrypoint started")
+    (child,) = children.read_text().split()
+    return int(child)
+
+
+@pytest.mark.parametrize("as_pid_1", [True, False], ids=["pid-1", "plain-process"])
+def test_a_container_stopped_while_it_fetches_the_engine_stops_and_cleans_up(
+    s3: Any, s3_endpoint: str, tmp_path: Path, as_pid_1: bool
+) -> None:
+    """`docker stop` (SIGTERM) while the container's start-up downloads the engine, before any
+    tritonserver runs: the image's CMD makes the entrypoint the container's PID 1, which the kernel
+    gives only the signals it handles. It had no handler: the stop was dropped, the download went on
+    until Docker's stop timeout killed it, and its partial file stayed on the host's engine volume."""
+    if as_pid_1 and not _can_be_pid_1():
+        pytest.skip("NOT RUN: cannot open a PID namespace here (needs root or user namespaces)")
+    files = {"config.json": b"{}", "rank0.engine": os.urandom(4 * MIB)}
+    upload_engine(_engine(tmp_path / "built", files), f"s3://{BUCKET}/llama/", s3=s3)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    started = tmp_path / "tritonserver-started"
+    (fake_bin / "tritonserver").write_text(f"#!/bin/sh\ntouch {started}\n")
+    (fake_bin / "tritonserver").chmod(0o755)
+    dest = tmp_path / "engines" / "model"
+    entrypoint = [sys.executable, "-m", "gpu_container.triton.entrypoint"]
+    argv = ["unshare", "--pid", "--fork", "--kill-child", *entrypoint] if as_pid_1 else entrypoint
+    with running(_HoldingProxy(int(s3_endpoint.rsplit(":", 1)[1]), budget=MIB)) as proxy:
+        env = {
+            **_through(proxy),
+            "PATH": f"{fake_bin}:{os.environ['PATH']}",
+            "ENGINE_S3_URI": f"s3://{BUCKET}/llama/",
+            "ENGINE_DIR": str(dest),
+            "MODEL_REPOSITORY": str(tmp_path / "models"),
+        }
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        said: list[str] = []
+        try:
+            _eventually(lambda: proxy.holding.is_set() and bool(_downloads_in_progress(dest)), "half-way")
+            os.kill(_only_child(proc) if as_pid_1 else proc.pid, signal.SIGTERM)
+            assert proc.stdout is not None
+            # The stop is taken while the download is still held (dropped, nothing is ever said).
+            reader = threading.Thread(target=lambda: said.extend(proc.stdout or []), daemon=True)
+            reader.start()
+            _eventually(
+                lambda: (
+                    proc.poll() is not None or any("stopped_before_tritonserver_started" in x for x in said)
+                ),
+                "the stop taken or the process gone",
+            )
+            assert any("stopped_before_tritonserver_started" in x for x in said), "".join(said)[-3000:]
+            proxy.release()
+            code = proc.wait(timeout=60)
+            reader.join(timeout=30)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert code == 0, "".join(said)[-3000:]
+    assert not started.exists()
+    assert not _downloads_in_progress(dest), sorted(p.name for p in dest.iterdir())
+    assert not (dest / "rank0.engine").exists()
