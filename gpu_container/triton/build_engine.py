@@ -15,6 +15,7 @@ in-flight batching needs (see `trtllm_build_command`).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,14 @@ def trtllm_build_command(build: EngineBuild) -> list[str]:
 
 
 def build_engine(build: EngineBuild) -> Path:
+    # Both steps write into their folder without emptying it (trtllm-build too): a rebuild in the
+    # same --work-dir for fewer GPUs kept the last build's higher ranks, rank2.engine, rank3.engine,
+    # beside the new engine, and --upload sent them with it to every GPU host, to download and
+    # store (a 70B engine's worth more than the 200 GiB root volume holds).
+    for folder in (build.checkpoint_dir, build.engine_dir):
+        if folder.exists():
+            log.info("removing the last build's output", folder=str(folder))
+            shutil.rmtree(folder)
     for command in (convert_checkpoint_command(build), trtllm_build_command(build)):
         log.info("running", command=" ".join(command))
         subprocess.run(command, check=True)

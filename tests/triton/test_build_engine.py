@@ -143,3 +143,101 @@ def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -
         },
         {"call": "save_checkpoint", "output_dir": out, "rank": 1, "save_config": False},
     ]
+
+
+CONVERTING_STUB = """
+import json, os
+
+
+class Mapping:
+    def __init__(self, world_size=1, rank=0, tp_size=1, pp_size=1, **_):
+        self.__dict__.update(world_size=world_size, rank=rank, tp_size=tp_size, pp_size=pp_size)
+"""
+
+CONVERTING_MODELS = """
+import json, os
+
+
+class LLaMAForCausalLM:
+    def __init__(self, mapping):
+        self.mapping = mapping
+
+    @classmethod
+    def from_hugging_face(cls, model_dir, dtype, mapping=None, **_):
+        return cls(mapping)
+
+    def save_checkpoint(self, output_dir, save_config=True):
+        rank = self.mapping.rank
+        with open(os.path.join(output_dir, f"rank{rank}.safetensors"), "w") as f:
+            f.write("weights")
+        if save_config:
+            with open(os.path.join(output_dir, "config.json"), "w") as f:
+                json.dump({"mapping": {"world_size": self.mapping.world_size}}, f)
+"""
+
+# What trtllm-build 0.16 does with a checkpoint folder, as far as the files go: one rank<N>.engine
+# per rank of the checkpoint's mapping and config.json, into --output_dir, which it creates when
+# missing and never empties.
+TRTLLM_BUILD = """#!/usr/bin/env python3
+import json, os, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+checkpoint, out = args["--checkpoint_dir"], args["--output_dir"]
+world_size = json.load(open(os.path.join(checkpoint, "config.json")))["mapping"]["world_size"]
+os.makedirs(out, exist_ok=True)
+for rank in range(world_size):
+    with open(os.path.join(out, f"rank{rank}.engine"), "w") as f:
+        f.write("engine")
+with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"pretrained_config": {"mapping": {"world_size": world_size}}}, f)
+"""
+
+
+def test_a_rebuild_in_the_same_work_dir_leaves_no_engine_of_the_last_build(tmp_path: Path) -> None:
+    stub = tmp_path / "stub" / "tensorrt_llm"
+    (stub / "models").mkdir(parents=True)
+    (stub / "__init__.py").write_text(CONVERTING_STUB)
+    (stub / "models" / "__init__.py").write_text(CONVERTING_MODELS)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "trtllm-build").write_text(TRTLLM_BUILD.replace("python3", sys.executable, 1))
+    (fake_bin / "trtllm-build").chmod(0o755)
+    # The conversion runs as `python3 -m ...`: the image's interpreter, this one here.
+    (fake_bin / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (fake_bin / "python3").chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{tmp_path / 'stub'}:{root}",
+    }
+    work = tmp_path / "build"
+
+    def build(tp_size: int) -> None:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "gpu_container.triton.build_engine"),
+                *("--hf-dir", str(tmp_path), "--work-dir", str(work), "--tp-size", str(tp_size)),
+            ],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
+    build(4)
+    build(2)  # the same model for 2 GPUs, in the folder the documented command names
+
+    # What --upload sends and every GPU host downloads: the 2-GPU engine only. The 4-GPU build's
+    # rank2 and rank3 were uploaded beside it before, half as much again to download and store.
+    assert sorted(p.name for p in (work / "engine").iterdir()) == [
+        "config.json",
+        "rank0.engine",
+        "rank1.engine",
+    ]
+    assert sorted(p.name for p in (work / "checkpoint").iterdir()) == [
+        "config.json",
+        "rank0.safetensors",
+        "rank1.safetensors",
+    ]
