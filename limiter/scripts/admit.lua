@@ -63,6 +63,15 @@ local function seeds_this_tier()
   return marked == ARGV[13]
 end
 
+-- A Redis at its maxmemory under noeviction refuses a script only at its first write that may grow
+-- memory (SET, ZADD), never a later one: it cannot stop a script half-way. This script's first
+-- write was the prune below (ZREMRANGEBYSCORE, never refused), so a full Redis admitted and grew
+-- on while the charges and settles that followed were refused. A write of nothing comes first (XX:
+-- only a member already there, and no request id is empty; no key made or changed, nothing
+-- replicated): a full Redis refuses the admit whole, before anything is written, and the tier's
+-- on_store_failure answers it. ZADD, not a command of its own: a least-privilege ACL grants it.
+redis.call('ZADD', KEYS[3], 'XX', 0, '')
+
 local request_tat = tonumber(redis.call('GET', KEYS[1]))
 local token_tat = tonumber(redis.call('GET', KEYS[2]))
 if KEYS[5] and (not request_tat or not token_tat) and seeds_this_tier() then
