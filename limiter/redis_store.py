@@ -336,14 +336,49 @@ class RedisLimiter:
     async def connect(self) -> None:
         """Open the limiter's own connections now (to every primary of a Cluster) instead of on
         the first calls, so a new edge's first requests pay no handshakes. A failure is logged, not
-        raised: the first calls try again, and the tiers' store-failure policy answers meanwhile."""
-        if self._direct is None:
-            return
+        raised: the first calls try again, and the tiers' store-failure policy answers meanwhile.
+        Then says so where Redis may evict the limiter's keys (`_check_eviction`)."""
+        if self._direct is not None:
+            try:
+                async with asyncio.timeout(self._call_bound_s):
+                    await self._direct.open_all()
+            except Exception as exc:  # any driver failure: the calls will meet it again, and say so
+                log.warning("limiter_connect_failed", error=type(exc).__name__, detail=str(exc))
+                return  # not another call's bound on a Redis out of reach
+        await self._check_eviction()
+
+    async def _check_eviction(self) -> None:
+        """A warning for each server (a Cluster's primaries) whose maxmemory policy evicts keys at
+        its memory limit: every limiter key has a TTL, so a volatile-* policy evicts them as well as
+        an allkeys-* one, and a user whose budget was evicted gets the whole window again, with
+        nothing said (a day's budget spent twice over on a full allkeys-lru or volatile-lru Redis,
+        ElastiCache's default). With noeviction a full Redis refuses the scripts instead, and each
+        tier's on_store_failure answers. Best effort: a server or user refusing INFO says nothing."""
+        client = self._client
         try:
             async with asyncio.timeout(self._call_bound_s):
-                await self._direct.open_all()
-        except Exception as exc:  # any driver failure: the calls will meet it again, and say so
-            log.warning("limiter_connect_failed", error=type(exc).__name__, detail=str(exc))
+                if isinstance(client, RedisCluster):
+                    await client.initialize()
+                    infos = [
+                        (node.name, await client.info("memory", target_nodes=node))
+                        for node in client.get_primaries()
+                    ]
+                else:
+                    infos = [("", await client.info("memory"))]
+        except Exception as exc:  # the calls that matter say so themselves
+            log.info("limiter_eviction_check_skipped", error=type(exc).__name__, detail=str(exc))
+            return
+        for node, info in infos:
+            policy_name = str(info.get("maxmemory_policy", "noeviction"))
+            if int(info.get("maxmemory", 0)) > 0 and policy_name != "noeviction":
+                log.warning(
+                    "limiter_store_evicts",
+                    node=node or None,
+                    maxmemory_policy=policy_name,
+                    maxmemory=int(info["maxmemory"]),
+                    detail="at its memory limit this Redis evicts the limiter's keys, giving users "
+                    "their limits afresh: set maxmemory-policy noeviction",
+                )
 
     def set_instance_count(self, n: int) -> None:
         """The fail-open fallback enforces 1/n of every limit from now on (the live edge count)."""

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from limiter.base import StoreUnavailable
 from limiter.redis_store import RedisLimiter
 from tests.limiter.tiers import tier
-from tests.support.redis_server import RedisServer, start_redis
+from tests.support.redis_server import RedisServer, start_redis, start_redis_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -64,3 +64,41 @@ async def test_an_admit_on_a_full_redis_is_the_store_failing_not_an_admission_th
         assert _keys_of(full_redis, user) == b"*0\r\n"  # nothing written: no slot held there
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "noeviction"])
+async def test_connect_warns_of_a_redis_that_would_evict_the_limiters_keys(policy: str) -> None:
+    """Every limiter key has a TTL, so allkeys-lru and volatile-lru (ElastiCache's default) alike
+    evict them at the memory limit, and a user whose spent budget was evicted got a whole window
+    again (a day's 5 requests, spent, were admitted 5 more times after other users' traffic filled
+    such a Redis), with nothing said. The edge says so when it connects; noeviction is quiet."""
+    server = start_redis(extra_args=["--maxmemory", "100mb", "--maxmemory-policy", policy])
+    limiter = RedisLimiter.from_url(server.url, timeout_ms=1000)
+    try:
+        with capture_logs() as logs:
+            await limiter.connect()
+        warned = [line for line in logs if line["event"] == "limiter_store_evicts"]
+        if policy == "noeviction":
+            assert warned == []
+        else:
+            assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+            assert warned[0]["maxmemory_policy"] == policy
+    finally:
+        await limiter.aclose()
+        server.stop()
+
+
+async def test_connect_warns_of_each_cluster_primary_that_would_evict() -> None:
+    """Production's Redis is a Cluster (iac/modules/redis): each primary is asked, and each one
+    with an evicting policy named."""
+    cluster = start_redis_cluster(3, extra_args=["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"])
+    scheme, rest = cluster.url.split("://", 1)
+    limiter = RedisLimiter.from_url(f"{scheme}+cluster://{rest}", timeout_ms=1000)
+    try:
+        with capture_logs() as logs:
+            await limiter.connect()
+        warned = [line for line in logs if line["event"] == "limiter_store_evicts"]
+        assert sorted(line["node"] for line in warned) == sorted(f"127.0.0.1:{n.port}" for n in cluster.nodes)
+    finally:
+        await limiter.aclose()
+        cluster.stop()
