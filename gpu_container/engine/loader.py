@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -28,4 +29,20 @@ def load_model(path: str | Path) -> LlamaModel:
         weights = LlamaWeights.from_hf(facts.config, tensors)
     except ValueError as exc:
         raise UnsupportedModel(f"{facts.directory}: {exc}") from None
-    return LlamaModel(facts.config, weights)
+    model = LlamaModel(facts.config, weights)
+    del tensors
+    _give_back_freed_memory()
+    return model
+
+
+def _give_back_freed_memory() -> None:
+    """Return to the system what the load freed and the allocator kept. The file's tensors are read,
+    then copied into the model's layout and dropped, and glibc's malloc keeps most of the freed
+    space for later: the real model's engine held 1,037 MB after its load against 572 once given
+    back (its weights are 540), half a gigabyte per engine process for the whole of its life
+    (`make serve` starts two). malloc_trim is glibc's; elsewhere (musl, macOS) nothing is done."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
