@@ -62,9 +62,18 @@ resource "aws_security_group" "edge" {
     cidr_blocks = [var.vpc_cidr_block]
   }
 
+  # Triton's HTTP and metrics ports, not its gRPC port 8001 between them (the edge speaks no gRPC).
   egress {
-    description = "Triton HTTP (the streams) and metrics on the GPU hosts"
+    description = "Triton HTTP (the streams) on the GPU hosts"
     from_port   = 8000
+    to_port     = 8000
+    protocol    = "tcp"
+    cidr_blocks = [var.vpc_cidr_block]
+  }
+
+  egress {
+    description = "Triton metrics (replica load) on the GPU hosts"
+    from_port   = 8002
     to_port     = 8002
     protocol    = "tcp"
     cidr_blocks = [var.vpc_cidr_block]

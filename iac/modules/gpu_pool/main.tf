@@ -35,9 +35,20 @@ resource "aws_security_group" "gpu" {
   description = "GPU hosts of ${local.sg_model}: Triton HTTP and metrics from the edge"
   vpc_id      = var.vpc_id
 
+  # The two ports the edge uses (its [models.*] triton = "asg:GROUP:8000:8002"), not the range
+  # 8000-8002 between them: Triton's gRPC port 8001 serves the same inference, model-control and
+  # shared-memory APIs, and no client of the hosts speaks gRPC.
   ingress {
-    description     = "Triton HTTP (the streams) and metrics from the edge"
+    description     = "Triton HTTP (the streams) from the edge"
     from_port       = 8000
+    to_port         = 8000
+    protocol        = "tcp"
+    security_groups = [var.edge_security_group_id]
+  }
+
+  ingress {
+    description     = "Triton metrics (replica load) from the edge"
+    from_port       = 8002
     to_port         = 8002
     protocol        = "tcp"
     security_groups = [var.edge_security_group_id]

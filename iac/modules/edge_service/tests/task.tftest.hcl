@@ -154,3 +154,18 @@ run "the_execution_role_decrypts_only_its_secrets" {
     error_message = "The execution role may decrypt with the deployment's key only through Secrets Manager."
   }
 }
+
+# Inside the VPC the edge calls Redis and the GPU hosts' Triton on its HTTP port (the streams) and
+# metrics port (each replica's load): not the range 8000-8002, which let it open Triton's gRPC port
+# 8001 as well, a port it never uses (and the GPU hosts no longer admit).
+run "the_edge_reaches_only_the_triton_ports_it_uses" {
+  command = plan
+
+  assert {
+    condition = toset(flatten([
+      for rule in aws_security_group.edge.egress : range(rule.from_port, rule.to_port + 1)
+      if rule.cidr_blocks == tolist(["10.0.0.0/16"])
+    ])) == toset([6379, 8000, 8002])
+    error_message = "inside the VPC the edge reaches Redis (6379) and Triton's HTTP (8000) and metrics (8002) ports, and no other"
+  }
+}

@@ -518,3 +518,25 @@ run "a_drain_longer_than_aws_allows" {
 
   expect_failures = [var.scale_in_drain_s]
 }
+
+# Who reaches a host: the edge, on the two Triton ports it uses (HTTP for the streams, metrics for
+# the replica's load). Not the range 8000-8002, which admitted Triton's gRPC port 8001 as well: the
+# same inference, model-control and shared-memory APIs on a port no client of the hosts speaks.
+run "only_the_edge_reaches_only_the_ports_it_uses" {
+  command = plan
+
+  assert {
+    condition = toset(flatten([
+      for rule in aws_security_group.gpu.ingress : range(rule.from_port, rule.to_port + 1)
+    ])) == toset([8000, 8002])
+    error_message = "the hosts admit Triton's HTTP (8000) and metrics (8002) ports, and no other (gRPC 8001 is unused)"
+  }
+
+  assert {
+    condition = alltrue([
+      for rule in aws_security_group.gpu.ingress :
+      rule.security_groups == toset(["sg-edge"]) && length(coalesce(rule.cidr_blocks, [])) == 0 && rule.protocol == "tcp"
+    ])
+    error_message = "only the edge's security group reaches the hosts"
+  }
+}
