@@ -81,6 +81,14 @@ def test_the_edge_service_waits_for_the_https_listener_and_its_rules(graph: dict
     assert waits_for(graph, service, "module.alb.aws_lb_listener_rule.public")
 
 
+def test_the_edge_service_waits_for_its_execution_role_s_policies(graph: dict[str, set[str]]) -> None:
+    # Without them its first tasks cannot pull the image, write logs or read their secrets.
+    service = "module.edge.aws_ecs_service.edge"
+
+    assert waits_for(graph, service, "module.edge.aws_iam_role_policy.execution_pull_and_log")
+    assert waits_for(graph, service, "module.edge.aws_iam_role_policy.execution_secret")
+
+
 def test_the_kms_key_waits_for_the_autoscaling_service_linked_role(graph: dict[str, set[str]]) -> None:
     role = "module.kms.aws_iam_service_linked_role.autoscaling"
 

@@ -218,6 +218,22 @@ def test_edge_publishes_only_the_scaling_namespace_and_may_discover_replicas() -
     assert not any(a.endswith("*") for s in statements.values() for a in s["actions"])
 
 
+def test_the_edge_execution_role_pulls_its_image_and_writes_its_logs_only() -> None:
+    # AmazonECSTaskExecutionRolePolicy grants ECR pulls and log writes on "*" (every repository and
+    # log group of the account): the role's own statements name the edge's repository and log group.
+    edge = module(MODULES / "edge_service")
+    attached = [a["policy_arn"] for a in edge.resources("aws_iam_role_policy_attachment").values()]
+    documents = edge.data("aws_iam_policy_document")
+    execution = ("execution_pull_and_log", "execution_secret")
+    statements = {s["sid"]: s for doc in execution for s in documents[doc]["statement"]}
+
+    assert attached == []
+    assert statements["PullImage"]["resources"] == ["${var.ecr_repository_arn}"]
+    assert statements["WriteEdgeLogs"]["resources"] == ["${aws_cloudwatch_log_group.edge.arn}:*"]
+    assert [sid for sid, s in statements.items() if "*" in s["resources"]] == ["EcrLogin"]
+    assert ENV.calls()["edge"]["ecr_repository_arn"] == "${module.edge_registry.arn}"
+
+
 def test_gpu_hosts_take_triton_traffic_from_the_edge_only() -> None:
     group = module(MODULES / "gpu_pool").resource("aws_security_group", "gpu")
     ingress = group["ingress"]

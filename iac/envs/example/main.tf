@@ -128,6 +128,7 @@ module "edge" {
   alb_security_group_id = module.alb.security_group_id
   target_group_arn      = module.alb.target_group_arn
   image                 = "${module.edge_registry.url}:${var.edge_image_tag}"
+  ecr_repository_arn    = module.edge_registry.arn
   min_count             = var.edge_min_count
   max_count             = var.edge_max_count
   redis_auth_secret_arn = module.redis.auth_secret_arn

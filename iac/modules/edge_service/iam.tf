@@ -1,5 +1,6 @@
-# Two roles: the execution role lets ECS pull the image, write logs and inject the secrets; the
-# task role is what the edge's own code may do, and nothing more.
+# Two roles: the execution role lets ECS pull the image, write logs and inject the secrets (each on
+# this task's own repository, log group and secrets); the task role is what the edge's own code may
+# do, and nothing more.
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
   statement {
@@ -16,9 +17,35 @@ resource "aws_iam_role" "execution" {
   assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
 }
 
-resource "aws_iam_role_policy_attachment" "execution_managed" {
-  role       = aws_iam_role.execution.name
-  policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy"
+# What AWS's AmazonECSTaskExecutionRolePolicy grants, on this task's image and log group instead
+# of "*": that policy lets the role pull every repository of the account and write into every log
+# group (the GPU hosts' role is scoped the same way, gpu_pool/iam.tf).
+data "aws_iam_policy_document" "execution_pull_and_log" {
+  # GetAuthorizationToken is account-wide by design.
+  statement {
+    sid       = "EcrLogin"
+    actions   = ["ecr:GetAuthorizationToken"]
+    resources = ["*"]
+  }
+
+  statement {
+    sid       = "PullImage"
+    actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+    resources = [var.ecr_repository_arn]
+  }
+
+  # The awslogs driver's calls, on the edge's own log group.
+  statement {
+    sid       = "WriteEdgeLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.edge.arn}:*"]
+  }
+}
+
+resource "aws_iam_role_policy" "execution_pull_and_log" {
+  name   = "pull-image-write-logs"
+  role   = aws_iam_role.execution.id
+  policy = data.aws_iam_policy_document.execution_pull_and_log.json
 }
 
 data "aws_iam_policy_document" "execution_secret" {

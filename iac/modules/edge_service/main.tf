@@ -212,6 +212,9 @@ resource "aws_ecs_service" "edge" {
     # Target tracking owns the count once the service exists.
     ignore_changes = [desired_count]
   }
+
+  # ECS may pull the image, write its logs and read its secrets before it starts the first tasks.
+  depends_on = [aws_iam_role_policy.execution_pull_and_log, aws_iam_role_policy.execution_secret]
 }
 
 resource "aws_appautoscaling_target" "edge" {

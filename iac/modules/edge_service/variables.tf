@@ -33,6 +33,11 @@ variable "image" {
   type        = string
 }
 
+variable "ecr_repository_arn" {
+  description = "ARN of the ECR repository `image` is in: the only repository the execution role may pull from."
+  type        = string
+}
+
 variable "container_port" {
   description = "Port the edge listens on."
   type        = number

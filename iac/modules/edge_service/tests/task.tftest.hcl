@@ -26,6 +26,7 @@ variables {
   alb_security_group_id = "sg-alb"
   target_group_arn      = "arn:aws:elasticloadbalancing:us-east-1:111122223333:targetgroup/fg-edge/abc"
   image                 = "111122223333.dkr.ecr.us-east-1.amazonaws.com/fg/edge:1"
+  ecr_repository_arn    = "arn:aws:ecr:us-east-1:111122223333:repository/fg/edge"
   config_toml           = "[server]\n"
   redis_auth_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:redis"
   messages_table_arn    = "arn:aws:dynamodb:us-east-1:111122223333:table/fg-messages"
@@ -167,5 +168,23 @@ run "the_edge_reaches_only_the_triton_ports_it_uses" {
       if rule.cidr_blocks == tolist(["10.0.0.0/16"])
     ])) == toset([6379, 8000, 8002])
     error_message = "inside the VPC the edge reaches Redis (6379) and Triton's HTTP (8000) and metrics (8002) ports, and no other"
+  }
+}
+
+# The execution role pulls the task's one image and writes its one log group. It had AWS's
+# AmazonECSTaskExecutionRolePolicy: ECR pulls and log writes on "*", every repository and every log
+# group of the account. Only ecr:GetAuthorizationToken, account-wide by design, keeps "*". (The log
+# statement names the log group's ARN, unknown at plan: tests/iac/test_structure.py reads it.)
+run "the_execution_role_pulls_its_image_only" {
+  command = plan
+
+  assert {
+    condition = {
+      for s in data.aws_iam_policy_document.execution_pull_and_log.statement : s.sid => s.resources if s.sid != "WriteEdgeLogs"
+      } == {
+      EcrLogin  = toset(["*"])
+      PullImage = toset(["arn:aws:ecr:us-east-1:111122223333:repository/fg/edge"])
+    }
+    error_message = "the execution role pulls from the edge's repository only (the ECR login is account-wide)"
   }
 }
