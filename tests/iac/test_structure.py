@@ -176,15 +176,14 @@ def test_messages_table_matches_the_store() -> None:
 
 
 def test_edge_may_only_write_and_query_its_messages_table() -> None:
-    """And update or delete its conversations' locks (edge/messages/conversation_lock.py), which
-    without UpdateItem and DeleteItem were never renewed nor given back: every conversation stayed
-    blocked until its lock expired."""
+    """And update its conversations' locks (edge/messages/conversation_lock.py), which without
+    UpdateItem were never renewed nor given back: every conversation stayed blocked until its lock
+    expired. tests/messages/test_task_role_calls.py checks these against the store's own calls."""
     documents = module(MODULES / "edge_service").data("aws_iam_policy_document")
     statements = {s["sid"]: s for s in documents["task"]["statement"]}
     dynamo = [a for s in statements.values() for a in s["actions"] if a.startswith("dynamodb:")]
 
     assert sorted(dynamo) == [
-        "dynamodb:DeleteItem",
         "dynamodb:PutItem",
         "dynamodb:Query",
         "dynamodb:UpdateItem",

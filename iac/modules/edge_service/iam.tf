@@ -100,11 +100,12 @@ data "aws_iam_policy_document" "task" {
     resources = [var.messages_table_arn]
   }
 
-  # A conversation's lock is renewed and given back (edge/messages/dynamodb.py, lock_partition):
-  # only items of the lock partitions, never a message.
+  # A conversation's lock is taken, renewed and given back, each a conditional UpdateItem
+  # (edge/messages/dynamodb.py, lock_partition): only items of the lock partitions, never a message.
+  # No DeleteItem: a release keeps the item (its newest message id, for the next taker).
   statement {
     sid       = "MessagesTableLocks"
-    actions   = ["dynamodb:UpdateItem", "dynamodb:DeleteItem"]
+    actions   = ["dynamodb:UpdateItem"]
     resources = [var.messages_table_arn]
     condition {
       test     = "ForAllValues:StringLike"
