@@ -38,7 +38,7 @@ from edge.models.catalog import ModelCatalog
 from edge.models.sampling import sampling_defaults
 from edge.models.served import ServedModel, served_models
 from edge.models.token_weight import weigh
-from edge.open_files import raise_open_files_limit, stream_cap
+from edge.open_files import connection_cap, raise_open_files_limit, stream_cap
 from edge.openapi import openapi_config
 from edge.pipeline import Pipeline, PipelineConfig
 from edge.routes.admin import admin_routes
@@ -135,13 +135,16 @@ def create_app(
     fleet gives each edge a clock of its own).
 
     `app.state.drain` is the app's drain (edge/drain.py): the server begins it on SIGTERM.
-    `app.state.ops_port` is set by whoever binds the operator listener (edge/server.py)."""
+    `app.state.ops_port` is set by whoever binds the operator listener (edge/server.py).
+    `app.state.max_connections`: the connections the open-file limit leaves room for
+    (edge/open_files.py connection_cap), None for no cap."""
     models = served_models(settings)
     providers = {m.name: _provider_of(m, upstreams) for m in models}
     drain = Drain(settings.server.drain_accept_s, settings.server.drain_deadline_s)
     # A stream on a Triton replica holds a second socket (edge/open_files.py).
     fds_per_stream = 2 if any(m.settings.upstream.triton for m in models) else 1
-    streams = stream_cap(settings.server.max_open_streams, fds_per_stream, raise_open_files_limit())
+    open_files = raise_open_files_limit()
+    streams = stream_cap(settings.server.max_open_streams, fds_per_stream, open_files)
     gate = StreamGate(drain, streams, settings.admission.reserved_paid_fraction)
     stalled_readers = StalledReaders(settings.server.stalled_reader_s)
 
@@ -317,6 +320,8 @@ def create_app(
     # Outermost, around Litestar's exception handling: a browser must be able to read a refusal too.
     app.asgi_handler = allow_cross_origin(app.asgi_handler, settings.server.cors_allow_origins)
     app.state.drain = drain
+    # Read by edge/server.py's uvicorn_config: the public listener's connection cap.
+    app.state.max_connections = connection_cap(open_files, streams, fds_per_stream)
     app.state[PATH_LISTENERS] = path_listeners(app)  # read by edge/routes/listeners.py
     app.state[PATH_ALLOWS] = path_allows(app)  # read by edge/routes/listeners.py
     app.state.stalled_readers = stalled_readers  # read by edge/streaming.py

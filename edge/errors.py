@@ -101,15 +101,21 @@ class ApiError(Exception):
         self.finished = False
 
 
-def closing_error_response(status_line: bytes, message: str, code: str) -> bytes:
+def closing_error_response(
+    status_line: bytes,
+    message: str,
+    code: str,
+    *,
+    type: str = "invalid_request_error",  # the field's name, as ApiError's
+    header_lines: bytes = b"",
+) -> bytes:
     """A whole HTTP/1.1 error response that closes its connection, as bytes for a protocol to write
-    itself where no request reached the app (a header deadline, a head too large)."""
-    body = msgspec.json.encode(
-        ErrorBody(ErrorDetail(message=message, type="invalid_request_error", code=code))
-    )
+    itself where no request reached the app (a header deadline, a head too large). `header_lines`:
+    more of them, each ending in CRLF."""
+    body = msgspec.json.encode(ErrorBody(ErrorDetail(message=message, type=type, code=code)))
     head = (
-        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
-        % (status_line, len(body))
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n%scontent-length: %d\r\n\r\n"
+        % (status_line, header_lines, len(body))
     )
     return head + body
 

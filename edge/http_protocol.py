@@ -3,12 +3,14 @@ written with its first body bytes (edge/header_write.py) and a stream's token ch
 without the ASGI send when nothing makes them wait (edge/body_chunks.py), and a client's disconnect
 cancelling its generation from `connection_lost` (edge/disconnect_watch.py), and a deadline for each
 request's headers (edge/header_timeout.py); an HTTP/1.0 request's stream delimited by the close,
-not chunked (UntilCloseCycle)."""
+not chunked (UntilCloseCycle); a connection past the process's capacity answered 503 and closed
+(edge/connection_cap.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -18,6 +20,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from edge.body_chunks import WRITE_NOW, BodyChunkWriter
 from edge.closing_refusal import ClosingRefusal
+from edge.connection_cap import LINGER_S, TURNED_AWAY, busy_answer
 from edge.cors import CrossOrigins
 from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.expect_continue import ExpectingCycle
@@ -161,6 +164,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     # Set by edge_http_protocol, from the server's settings.
     header_timeout_s: ClassVar[float]
+    # The most connections the listener holds at once (edge/open_files.py connection_cap): a new one
+    # past it is answered 503 and closed (`_turn_away`).
+    max_connections: ClassVar[int]
+    _busy_answer: ClassVar[bytes]
     _header_timeout_response: ClassVar[ClosingRefusal]
     _cross_origins: ClassVar[CrossOrigins]
     # One per request whose response has not ended: the running one and any pipelined behind it.
@@ -191,8 +198,16 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # header, for a fresh parser to read the request from (_parse); and whether that one is it.
     _upgrade_head: bytes | None = None
     _upgrade_replayed = False
+    # Answered 503 at its start, past max_connections (`_turn_away`): none of uvicorn's state is
+    # made; the timer that closes it, where it lingers.
+    _turned_away = False
+    _linger_close: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # One compare on every connection's way (uvicorn's set of them is the listener's).
+        if len(self.connections) >= self.max_connections:
+            self._turn_away(transport)
+            return
         # The server's context, before any request's: each request's task starts from a copy.
         self._context = contextvars.copy_context()
         self._raw_transport = transport
@@ -206,6 +221,21 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._cross_origins,
         )
         self._header_deadline.start(request_begun=False)
+
+    def _turn_away(self, transport: asyncio.Transport) -> None:
+        """Answered 503 server_busy before anything is read, and closed (edge/connection_cap.py):
+        never one of uvicorn's connections (a shutdown does not wait for it), nothing parsed. It
+        lingers, its end sent after the answer and its client's bytes dropped, until the client
+        closes its own (eof_received) or LINGER_S has passed, unless too many linger already."""
+        self._turned_away = True
+        self._refused = True  # data_received drops what the client sends
+        TURNED_AWAY.note(self.loop.time(), len(self.connections), self.max_connections)
+        transport.write(self._busy_answer)
+        if TURNED_AWAY.linger():
+            transport.write_eof()
+            self._linger_close = self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         """The request's task, in a copy of the connection's context. uvicorn starts a request
@@ -465,6 +495,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._header_deadline.start(request_begun=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._turned_away:
+            if self._linger_close is not None:
+                self._linger_close.cancel()
+                TURNED_AWAY.lingered()
+            return
         super().connection_lost(exc)
         self._header_deadline.stop()
         # Every unfinished cycle's watch: uvicorn marks only its latest cycle disconnected, and
@@ -475,14 +510,20 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._disconnect_watches = []
 
 
-def edge_http_protocol(header_timeout_s: float, cors_allow_origins: Sequence[str]) -> type[EdgeHttpProtocol]:
-    """The protocol class for one server's settings (uvicorn takes a class and builds it itself)."""
+def edge_http_protocol(
+    header_timeout_s: float, cors_allow_origins: Sequence[str], max_connections: int | None = None
+) -> type[EdgeHttpProtocol]:
+    """The protocol class for one server's settings (uvicorn takes a class and builds it itself).
+    `max_connections`: None, no cap (an unlimited open-file limit)."""
+    cross_origins = CrossOrigins(cors_allow_origins)
     return type(
         "EdgeHttpProtocol",
         (EdgeHttpProtocol,),
         {
             "header_timeout_s": header_timeout_s,
+            "max_connections": sys.maxsize if max_connections is None else max_connections,
             "_header_timeout_response": timeout_response(header_timeout_s),
-            "_cross_origins": CrossOrigins(cors_allow_origins),
+            "_cross_origins": cross_origins,
+            "_busy_answer": busy_answer(cross_origins.refusal_lines(None)),
         },
     )

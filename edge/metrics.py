@@ -118,6 +118,12 @@ PAID_SHARE_KEPT = Counter(
     "Free-tier generations refused 429 server_busy to keep the paid share of server.max_open_streams "
     "(also counted in floodgate_requests_rejected_total); the door's own refusals are not.",
 )
+CONNECTIONS_TURNED_AWAY = Counter(
+    "floodgate_connections_turned_away_total",
+    "New connections answered 503 server_busy and closed before any request was read: the process "
+    "held as many as its open-file limit leaves room for (edge/connection_cap.py). No request was "
+    "read, so none is counted in floodgate_requests_rejected_total.",
+)
 DRAINING = Gauge("floodgate_draining", "1 from SIGTERM on: the process drains and takes no new work.")
 STALLED_READERS_CUT = Counter(
     "floodgate_stalled_readers_cut_total", "Streams cut because their client stopped reading."

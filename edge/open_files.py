@@ -7,6 +7,13 @@ replica. So the soft limit is raised to the hard one, and `[server] max_open_str
 the limit leaves after a reserve: past that, the stream gate answers 429 with Retry-After
 (edge/stream_gate.py). ECS on Fargate gives 65,535 (iac/modules/edge_service sets it too): 32,000
 streams through Triton, three times the default `max_open_streams`.
+
+Connections are held to what the limit leaves too (`connection_cap`): a connection costs a
+descriptor before it is a stream, idle or waiting for its headers, and nothing else bounded them.
+Out of descriptors, the event loop (libuv) accepts each new client and closes it at once: no answer,
+no log line, no metric (1,400 idle connections held on an edge limited to 1,400 descriptors, and not
+one of 3,000 more got an answer). Past the cap a new connection is answered 503 and closed instead
+(edge/connection_cap.py), while the reserve still has the descriptors for that answer.
 """
 
 from __future__ import annotations
@@ -51,3 +58,15 @@ def stream_cap(max_open_streams: int, fds_per_stream: int, limit: int) -> int:
         )
         return room
     return max_open_streams
+
+
+def connection_cap(limit: int, streams: int, fds_per_stream: int) -> int | None:
+    """The most client connections the public listener may hold at once with `limit` open files and
+    at most `streams` streams (`stream_cap`), each holding `fds_per_stream` descriptors, its client's
+    connection among them; None where the limit is unlimited. What the reserve leaves, less each
+    stream's own replica socket: a stream's client connection is one of the connections, so idle
+    ones never take the descriptors the streams' replica sockets need. Never fewer than `streams`
+    (stream_cap leaves them room) nor than one."""
+    if limit == resource.RLIM_INFINITY:
+        return None
+    return max(1, streams, limit - RESERVED_FDS - streams * (fds_per_stream - 1))

@@ -140,7 +140,10 @@ def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> 
     options: dict[str, object] = {
         "loop": "uvloop",
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
-        "http": edge_http_protocol(server.header_timeout_s, server.cors_allow_origins),
+        # Past the app's connection cap (create_app), a new connection is answered 503 and closed.
+        "http": edge_http_protocol(
+            server.header_timeout_s, server.cors_allow_origins, app.state.get("max_connections")
+        ),
         "log_level": "warning",
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.

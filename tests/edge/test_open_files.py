@@ -6,7 +6,7 @@ import resource
 import subprocess
 import sys
 
-from edge.open_files import RESERVED_FDS, stream_cap
+from edge.open_files import RESERVED_FDS, connection_cap, stream_cap
 
 RAISE_AND_PRINT = "from edge.open_files import raise_open_files_limit; print(raise_open_files_limit())"
 
@@ -44,3 +44,12 @@ def test_streams_are_held_to_what_the_limit_leaves_after_the_reserve() -> None:
     assert stream_cap(10_000, 2, resource.RLIM_INFINITY) == 10_000
     # Never below one stream, however small the limit.
     assert stream_cap(10_000, 2, 100) == 1
+
+
+def test_connections_leave_the_streams_replica_sockets_free() -> None:
+    # 500 streams through Triton: 500 replica sockets, and the rest of the room for connections.
+    assert connection_cap(RESERVED_FDS + 2 * 500 + 300, 500, 2) == 500 + 300
+    assert connection_cap(RESERVED_FDS + 800, 500, 1) == 800
+    assert connection_cap(resource.RLIM_INFINITY, 10_000, 2) is None
+    # Never fewer than the streams stream_cap allowed.
+    assert connection_cap(100, 1, 2) == 1
