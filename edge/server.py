@@ -135,15 +135,17 @@ def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: Litestar, server: ServerConfig, **overrides: object) -> uvicorn.Config:
-    """The uvicorn settings every way of running the edge shares (`floodgate serve`, the tests)."""
+def uvicorn_config(
+    app: Litestar, server: ServerConfig, *, max_connections: int | None = None, **overrides: object
+) -> uvicorn.Config:
+    """The uvicorn settings every way of running the edge shares (`floodgate serve`, the tests, the
+    benches' servers, some of which wrap the app or serve one of their own). `max_connections`: the
+    app's connection cap (create_app's `app.state.max_connections`), None for none."""
     options: dict[str, object] = {
         "loop": "uvloop",
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
-        # Past the app's connection cap (create_app), a new connection is answered 503 and closed.
-        "http": edge_http_protocol(
-            server.header_timeout_s, server.cors_allow_origins, app.state.get("max_connections")
-        ),
+        # Past the connection cap, a new connection is answered 503 and closed.
+        "http": edge_http_protocol(server.header_timeout_s, server.cors_allow_origins, max_connections),
         "log_level": "warning",
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.
@@ -502,7 +504,7 @@ def serve(app: Litestar, server: ServerConfig, drain: Drain, *, reuse_port: bool
     held = listeners.public if reuse_port else None
     # An empty list, not None, where the public socket is held: None is uvicorn binding its own.
     sockets = [] if held else [listeners.public]
-    config = uvicorn_config(app, server, log_config=None)
+    config = uvicorn_config(app, server, max_connections=app.state.max_connections, log_config=None)
     try:
         DrainingServer(
             config,

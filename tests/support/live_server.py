@@ -192,7 +192,8 @@ def start_server(
     try:
         app.state.ops_port = listeners.ops_port
         # The operator listener as `floodgate serve` holds it: open until the streams have ended.
-        server = _TracedServer(uvicorn_config(app, settings.server), app.state.drain, ops=listeners.ops)
+        config = uvicorn_config(app, settings.server, max_connections=app.state.max_connections)
+        server = _TracedServer(config, app.state.drain, ops=listeners.ops)
         thread = threading.Thread(
             target=server.run,
             kwargs={"sockets": [listeners.public]},
