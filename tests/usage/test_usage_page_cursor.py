@@ -59,11 +59,12 @@ def test_a_cursor_holding_a_lone_surrogate_is_a_400_naming_after(
     settings = {"tiers": ROOMY_TIERS, "keys": {**backend, "admin_key_sha256": hash_key(ADMIN_KEY)}}
     with start_server(tmp_path, settings) as server:
         params = {"after": _row_id(*cursor)}
+        earlier = server.rejected(500)  # the process's metrics: an earlier test's 500 counts there
         answers = [
             httpx.get(server.base_url + "/v1/usage", params=params, headers=server.auth("free")),
             httpx.get(server.base_url + "/v1/admin/usage", params=params, headers=ADMIN),
         ]
-        assert server.rejected(500) == 0
+        assert server.rejected(500) == earlier
     for answer in answers:
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "after"
