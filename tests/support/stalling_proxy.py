@@ -27,7 +27,6 @@ class StallingProxy(TcpProxy):
     def __init__(self, upstream_port: int) -> None:
         super().__init__(upstream_port)
         self._silenced: list[threading.Event] = []
-        self._sockets: list[socket.socket] = []
         self._black_hole = threading.Event()
         self._lock = threading.Lock()
         self._lose_reply = False
@@ -60,20 +59,12 @@ class StallingProxy(TcpProxy):
         silenced.set()
         return True
 
-    def close(self) -> None:
-        super().close()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
     def _handle(self, client: socket.socket, number: int) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
+        upstream = self._upstream_for(client)
         silenced = threading.Event()
         if self._black_hole.is_set():
             silenced.set()
         self._silenced.append(silenced)
-        self._sockets += [client, upstream]
         threading.Thread(target=_pump, args=(upstream, client, silenced, self._drops), daemon=True).start()
         _pump(client, upstream, silenced)
 

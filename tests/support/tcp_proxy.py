@@ -23,6 +23,9 @@ class TcpProxy:
         self.connections = 0
         self._upstream_port = upstream_port
         self._listener = socket.create_server(("127.0.0.1", self.port))
+        # The connections opened through `_upstream_for`, both ends: shut down by close(), since a
+        # relay thread blocked on one (a held or silenced connection) wakes only then.
+        self._sockets: list[socket.socket] = []
 
     def serve(self) -> None:
         while True:
@@ -38,6 +41,16 @@ class TcpProxy:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _upstream_for(self, client: socket.socket) -> socket.socket:
+        """A connection to the server for `client`'s, both closed with the proxy."""
+        upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
+        self._sockets += [client, upstream]
+        return upstream
 
     def _handle(self, client: socket.socket, number: int) -> None:
         """Serve the `number`th accepted connection (from 1), on a thread of its own."""

@@ -200,7 +200,6 @@ class _HoldingProxy(TcpProxy):
         self._relayed = 0
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
 
     def release(self) -> None:
         self._released.set()
@@ -208,14 +207,9 @@ class _HoldingProxy(TcpProxy):
     def close(self) -> None:
         self._released.set()
         super().close()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
 
     def _handle(self, client: socket.socket, number: int) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self._upstream_port))
-        self._sockets += [client, upstream]
+        upstream = self._upstream_for(client)
         threading.Thread(target=self._relay, args=(upstream, client, True), daemon=True).start()
         self._relay(client, upstream, False)
 
