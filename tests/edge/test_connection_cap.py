@@ -12,9 +12,6 @@ import json
 import re
 import resource
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,10 +20,8 @@ import pytest
 
 from edge.open_files import RESERVED_FDS, connection_cap
 from tests.edge.sse_client import CHAT, MODEL
-from tests.support.live_server import demo_model_dir
-from tests.support.ports import free_port
+from tests.faults.serve_process import serve_process
 
-REPO = Path(__file__).resolve().parents[2]
 # The edge's descriptors: 64 streams and 64 connections past the reserve (the demo model's streams
 # hold one descriptor each, the client's).
 LIMIT = RESERVED_FDS + 64
@@ -80,97 +75,68 @@ def test_connections_past_the_open_file_limit_are_answered_503_and_streams_finis
     tmp_path: Path, room_for_the_clients: None
 ) -> None:
     assert CAP == 64
-    port, ops_port = free_port(), free_port()
-    config = tmp_path / "floodgate.toml"
-    config.write_text(
-        f'[model]\nsource = "demo"\nname = "{MODEL}"\ndemo_dir = "{demo_model_dir()}"\n'
-        f'[messages]\nsqlite_path = "{tmp_path / "messages.db"}"\n'
-        f'[keys]\nsqlite_path = "{tmp_path / "keys.db"}"\n'
-        f'[server]\nkeys_file = "{tmp_path / "keys.jsonl"}"\nops_port = {ops_port}\ndrain_accept_s = 0\n'
-        '[limiter]\nbackend = "memory"\n'
-    )
-    command = [sys.executable, "-m", "edge.cli", "serve", "--config", str(config), "--port", str(port)]
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=_limit_descriptors,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    serving = threading.Event()
-
-    def read_output() -> None:  # drained all along: a full pipe would stop the edge's logging
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if '"edge_serving"' in line:
-                serving.set()
-        serving.set()
-
-    reader = threading.Thread(target=read_output, daemon=True)
+    sections: dict[str, dict[str, object]] = {
+        "server": {"drain_accept_s": 0},
+        "limiter": {"backend": "memory"},
+    }
     held: list[socket.socket] = []
     try:
-        reader.start()
-        assert serving.wait(timeout=120) and proc.poll() is None, "".join(lines)[-3000:]
-        key = re.search(r"(fg-\S+)", "".join(lines[:2]))
-        assert key, lines[:2]
-        body = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 200,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        with (
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client,
-            client.stream("POST", CHAT, json=body, headers={"Authorization": f"Bearer {key[1]}"}) as stream,
-        ):
-            assert stream.status_code == 200
-            events = stream.iter_lines()
-            assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
+        with serve_process(tmp_path, sections, {"preexec_fn": _limit_descriptors}) as server:
+            port = int(server.base_url.rsplit(":", 1)[1])
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 200,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            with (
+                httpx.Client(base_url=server.base_url, timeout=60) as client,
+                client.stream("POST", CHAT, json=body, headers=server.auth()) as stream,
+            ):
+                assert stream.status_code == 200
+                events = stream.iter_lines()
+                assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
 
-            # As many idle connections as the edge has descriptors, then a flood of requests. The
-            # kernel hands them to the edge in the order they came: the first CAP - 1 (the stream
-            # holds one) are its connections, every later one is past the cap.
-            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(IDLE)]
-            flood = []
-            for _ in range(FLOOD):
-                sock = socket.create_connection(("127.0.0.1", port))
-                sock.settimeout(30)
-                try:
-                    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n")
-                except OSError:
-                    pass  # closed already: its answer is still there to read
-                flood.append(sock)
-            answers = [_answer(sock) for sock in flood]
-            unanswered = [i for i, answer in enumerate(answers) if not _busy(answer)]
-            assert not unanswered, (len(unanswered), answers[unanswered[0]][:300])
-            # A page calling the API (any origin by default) reads it too.
-            assert b"\r\naccess-control-allow-origin: *\r\n" in answers[0]
-            # The idle ones past the cap were answered too, without asking.
-            for sock in held[CAP - 1 :]:
-                sock.settimeout(30)
-            assert all(_busy(_answer(sock)) for sock in held[CAP - 1 :])
+                # As many idle connections as the edge has descriptors, then a flood of requests. The
+                # kernel hands them to the edge in the order they came: the first CAP - 1 (the stream
+                # holds one) are its connections, every later one is past the cap.
+                held = [socket.create_connection(("127.0.0.1", port)) for _ in range(IDLE)]
+                flood = []
+                for _ in range(FLOOD):
+                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock.settimeout(30)
+                    try:
+                        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n")
+                    except OSError:
+                        pass  # closed already: its answer is still there to read
+                    flood.append(sock)
+                answers = [_answer(sock) for sock in flood]
+                unanswered = [i for i, answer in enumerate(answers) if not _busy(answer)]
+                assert not unanswered, (len(unanswered), answers[unanswered[0]][:300])
+                # A page calling the API (any origin by default) reads it too.
+                assert b"\r\naccess-control-allow-origin: *\r\n" in answers[0]
+                # The idle ones past the cap were answered too, without asking.
+                for sock in held[CAP - 1 :]:
+                    sock.settimeout(30)
+                assert all(_busy(_answer(sock)) for sock in held[CAP - 1 :])
 
-            # The stream running all along ends as any other.
-            rest = list(events)
-        assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
-        assert not any('"error"' in line for line in rest), rest[-5:]
+                # The stream running all along ends as any other.
+                rest = list(events)
+            assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
+            assert not any('"error"' in line for line in rest), rest[-5:]
 
-        turned_away = IDLE - (CAP - 1) + FLOOD
-        metrics = httpx.get(f"http://127.0.0.1:{ops_port}/metrics", timeout=30).text
-        assert f"floodgate_connections_turned_away_total {float(turned_away)}" in metrics
+            turned_away = IDLE - (CAP - 1) + FLOOD
+            metrics = httpx.get(server.ops_url + "/metrics", timeout=30).text
+            assert f"floodgate_connections_turned_away_total {float(turned_away)}" in metrics
+            for sock in held:
+                sock.close()
+            server.proc.terminate()
+            assert server.proc.wait(timeout=60) == 0, server.output()[-3000:]
     finally:
-        for sock in held:
+        for sock in held:  # a failure's too
             sock.close()
-        proc.terminate()
-        proc.wait(timeout=60)
-        reader.join(timeout=30)
-    assert proc.returncode == 0, "".join(lines)[-3000:]
     # Said, but never a line per connection: at most one a second, with how many since the last.
-    said = [json.loads(line) for line in lines if '"connections_turned_away"' in line]
+    said = [json.loads(line) for line in server.output().splitlines() if '"connections_turned_away"' in line]
     assert said and said[0]["open_connections"] == said[0]["max_connections"] == CAP
     assert len(said) < turned_away / 10, len(said)
