@@ -181,7 +181,10 @@ def test_client_disconnect_aborts_the_generation(
     waiting its turn behind the stream: the stream's own generation must stop too."""
     disconnected = finished_requests(server, "disconnected")
     before = idle_engine(server)
-    address, request = _raw_chat(server, long_body)
+    # Twice the usual length, as the other hang-ups here: a CI run's starved edge loop took 440 ms
+    # to see the hang-up, and the replica, a process of its own, had run all 1,000 tokens by then.
+    body = long_body | {"max_tokens": 2 * long_body["max_tokens"]}
+    address, request = _raw_chat(server, body)
     with socket.create_connection(address, timeout=30) as sock:
         sock.sendall(request * 2 if pipelined else request)
         # Hang up once a token has arrived (the first event, the role, comes before any).
@@ -190,7 +193,7 @@ def test_client_disconnect_aborts_the_generation(
             data = sock.recv(65536)
             assert data, "the server closed the stream early"
             received += data
-    _aborted_as_a_disconnect(server, disconnected, before, long_body["max_tokens"])
+    _aborted_as_a_disconnect(server, disconnected, before, body["max_tokens"])
 
 
 def test_a_websocket_upgrade_behind_a_running_request_is_answered_as_http(
