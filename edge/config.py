@@ -49,6 +49,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True):
     keepalive_s: Annotated[float, msgspec.Meta(gt=0)]
     # HTTP keep-alive of an idle client connection (uvicorn's timeout_keep_alive).
     http_keep_alive_s: Annotated[float, msgspec.Meta(gt=0)]
+    # At the connection cap, an idle connection is closed for a new client once idle this long
+    # (edge/idle_connections.py).
+    idle_reclaim_after_s: Annotated[float, msgspec.Meta(ge=0)]
     dev_key: bool
     # Operator endpoints (/metrics, /v1/internal/...) answer only on this listener.
     ops_host: str

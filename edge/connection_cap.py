@@ -7,7 +7,8 @@ accepts each new client and closes it at once: the client read nothing (its SDK 
 error, a load balancer a 502), and the edge wrote no line and counted nothing (1,400 idle
 connections held on an edge limited to 1,400 descriptors: none of 3,000 more got an answer). So the
 public listener holds at most the connections the open-file limit leaves room for (edge/open_files.py
-connection_cap), and past it the protocol (edge/http_protocol.py) answers a new connection at once,
+connection_cap). At it, the oldest idle connection is closed for the new one (edge/idle_connections.py);
+where every connection is busy, the protocol (edge/http_protocol.py) answers the new one at once,
 before reading anything, with bytes built once for the server (`busy_answer`): no request has been
 read, so there is no request id, and the answer is the same for every one. The OpenAI SDK retries a
 503 after its Retry-After; a load balancer passes it on, and takes the retry elsewhere.

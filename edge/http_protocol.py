@@ -3,7 +3,8 @@ written with its first body bytes (edge/header_write.py) and a stream's token ch
 without the ASGI send when nothing makes them wait (edge/body_chunks.py), and a client's disconnect
 cancelling its generation from `connection_lost` (edge/disconnect_watch.py), and a deadline for each
 request's headers (edge/header_timeout.py); an HTTP/1.0 request's stream delimited by the close,
-not chunked (UntilCloseCycle); a connection past the process's capacity answered 503 and closed
+not chunked (UntilCloseCycle); at the process's capacity the oldest idle connection closed for a
+new one (edge/idle_connections.py), and where none is idle the new one answered 503 and closed
 (edge/connection_cap.py)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from edge.disconnect_watch import DISCONNECT_WATCH, DisconnectWatch
 from edge.expect_continue import ExpectingCycle
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
+from edge.idle_connections import IdleConnections
 
 # A request's URL and headers, together: past it the request is answered 431 and its connection
 # closed. uvicorn keeps every header it is sent, before any route or key check runs, so without a
@@ -167,6 +169,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # The most connections the listener holds at once (edge/open_files.py connection_cap): a new one
     # past it is answered 503 and closed (`_turn_away`).
     max_connections: ClassVar[int]
+    # The listener's idle connections: at the cap the oldest is closed for a new one, which is
+    # turned away only where none is idle (edge/idle_connections.py).
+    _idle: ClassVar[IdleConnections]
     _busy_answer: ClassVar[bytes]
     _header_timeout_response: ClassVar[ClosingRefusal]
     _cross_origins: ClassVar[CrossOrigins]
@@ -205,7 +210,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # One compare on every connection's way (uvicorn's set of them is the listener's).
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) >= self.max_connections and not self._idle.close_oldest(self.loop.time()):
             self._turn_away(transport)
             return
         # The server's context, before any request's: each request's task starts from a copy.
@@ -221,6 +226,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._cross_origins,
         )
         self._header_deadline.start(request_begun=False)
+        self._idle.add(self, self.loop.time())  # until its first byte
 
     def _turn_away(self, transport: asyncio.Transport) -> None:
         """Answered 503 server_busy before anything is read, and closed (edge/connection_cap.py):
@@ -348,6 +354,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         and every read after one: the edge answers them as HTTP on purpose (on_headers_complete)."""
 
     def data_received(self, data: bytes) -> None:
+        self._idle.discard(self)
         if self._refused:
             return  # the rest of a refused request, read and dropped until the connection closes
         self._parse(data)
@@ -493,6 +500,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             and not self.transport.is_closing()
         ):
             self._header_deadline.start(request_begun=False)
+        elif self.timeout_keep_alive_task is not None and not self._headers_pending:
+            # Kept alive with nothing of a next request read (uvicorn's timer runs only then).
+            self._idle.add(self, self.loop.time())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._turned_away:
@@ -501,6 +511,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 TURNED_AWAY.lingered()
             return
         super().connection_lost(exc)
+        self._idle.discard(self)
         self._header_deadline.stop()
         # Every unfinished cycle's watch: uvicorn marks only its latest cycle disconnected, and
         # with a request pipelined behind a stream that is the waiting one, while the stream's
@@ -511,10 +522,14 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
 
 def edge_http_protocol(
-    header_timeout_s: float, cors_allow_origins: Sequence[str], max_connections: int | None = None
+    header_timeout_s: float,
+    cors_allow_origins: Sequence[str],
+    max_connections: int | None = None,
+    idle_reclaim_after_s: float = 1.0,
 ) -> type[EdgeHttpProtocol]:
     """The protocol class for one server's settings (uvicorn takes a class and builds it itself).
-    `max_connections`: None, no cap (an unlimited open-file limit)."""
+    `max_connections`: None, no cap (an unlimited open-file limit); `idle_reclaim_after_s`: how long
+    a connection is idle before one at the cap may take its place."""
     cross_origins = CrossOrigins(cors_allow_origins)
     return type(
         "EdgeHttpProtocol",
@@ -522,6 +537,7 @@ def edge_http_protocol(
         {
             "header_timeout_s": header_timeout_s,
             "max_connections": sys.maxsize if max_connections is None else max_connections,
+            "_idle": IdleConnections(idle_reclaim_after_s),
             "_header_timeout_response": timeout_response(header_timeout_s),
             "_cross_origins": cross_origins,
             "_busy_answer": busy_answer(cross_origins.refusal_lines(None)),

@@ -124,6 +124,11 @@ CONNECTIONS_TURNED_AWAY = Counter(
     "held as many as its open-file limit leaves room for (edge/connection_cap.py). No request was "
     "read, so none is counted in floodgate_requests_rejected_total.",
 )
+IDLE_CONNECTIONS_CLOSED = Counter(
+    "floodgate_idle_connections_closed_total",
+    "Idle client connections (kept alive after a response, or accepted and sent nothing) closed to "
+    "make room for a new one at the connection cap (edge/idle_connections.py).",
+)
 DRAINING = Gauge("floodgate_draining", "1 from SIGTERM on: the process drains and takes no new work.")
 STALLED_READERS_CUT = Counter(
     "floodgate_stalled_readers_cut_total", "Streams cut because their client stopped reading."

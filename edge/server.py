@@ -145,7 +145,9 @@ def uvicorn_config(
         "loop": "uvloop",
         # uvicorn's httptools protocol, with fewer writes and a shorter path per token.
         # Past the connection cap, a new connection is answered 503 and closed.
-        "http": edge_http_protocol(server.header_timeout_s, server.cors_allow_origins, max_connections),
+        "http": edge_http_protocol(
+            server.header_timeout_s, server.cors_allow_origins, max_connections, server.idle_reclaim_after_s
+        ),
         "log_level": "warning",
         # uvicorn's access lines are info, below that level: none was ever written. Off, a response
         # also skips formatting the client address and quoting the path for the filtered call.

@@ -1,10 +1,12 @@
-"""Past the connections its open-file limit leaves room for, `floodgate serve` answers each new one
-503 `server_busy` with Retry-After and closes it (edge/connection_cap.py); a stream already running
-finishes. Run as the operator runs it, as a subprocess under a low descriptor limit, with real
-sockets: idle ones held past the limit, then a flood of requests.
+"""At the connections its open-file limit leaves room for, `floodgate serve` closes its oldest idle
+connection for a new client (edge/idle_connections.py), and where every connection is busy answers
+the new one 503 `server_busy` with Retry-After and closes it (edge/connection_cap.py); a stream
+already running finishes. Run as the operator runs it, as a subprocess under a low descriptor
+limit, with real sockets.
 
 Before the cap every descriptor went to idle connections, and libuv accepted each further client
-and closed it at once: no answer, no line, no metric."""
+and closed it at once: no answer, no line, no metric. With the cap alone, idle connections kept
+alive after an answer (75 s by default) or that never sent a request turned every new client away."""
 
 from __future__ import annotations
 
@@ -20,15 +22,27 @@ import pytest
 
 from edge.open_files import RESERVED_FDS, connection_cap
 from tests.edge.sse_client import CHAT, MODEL
-from tests.faults.serve_process import serve_process
+from tests.faults.serve_process import ServeProcess, serve_process
 
 # The edge's descriptors: 64 streams and 64 connections past the reserve (the demo model's streams
 # hold one descriptor each, the client's).
 LIMIT = RESERVED_FDS + 64
 CAP = connection_cap(LIMIT, 64, 1)
-# Idle connections held: as many as the edge has descriptors, as in the report.
-IDLE = LIMIT
 FLOOD = 300
+# Never reached: a held request's body and head wait as long as the test needs.
+SECTIONS: dict[str, dict[str, object]] = {
+    "server": {"drain_accept_s": 0, "body_timeout_s": 600, "header_timeout_s": 600},
+    "limiter": {"backend": "memory"},
+}
+# Any idle connection may be taken (1 s by default: the test would wait that out).
+RECLAIM_AT_ONCE = SECTIONS | {"server": {**SECTIONS["server"], "idle_reclaim_after_s": 0}}
+STREAM = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Hi"}],
+    "max_tokens": 200,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def _limit_descriptors() -> None:
@@ -37,9 +51,9 @@ def _limit_descriptors() -> None:
 
 @pytest.fixture
 def room_for_the_clients() -> Iterator[None]:
-    """This process holds every client socket: IDLE + FLOOD of them, past a usual soft limit."""
+    """This process holds every client socket: CAP + FLOOD of them, past a usual soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = IDLE + FLOOD + 256
+    need = CAP + FLOOD + 256
     if hard != resource.RLIM_INFINITY and hard < need:
         pytest.skip(f"the hard open-file limit ({hard}) holds fewer than {need} sockets")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
@@ -70,41 +84,74 @@ def _busy(answer: bytes) -> bool:
     return bool(json.loads(body)["error"]["code"] == "server_busy")
 
 
+def _port(server: ServeProcess) -> int:
+    return int(server.base_url.rsplit(":", 1)[1])
+
+
+def _busy_connection(server: ServeProcess) -> socket.socket:
+    """A connection with a request under way: a chat request's head asking for 100 Continue, its
+    body never sent. Read to its 100, so the edge has read the head (a connection that sent nothing
+    yet is idle to it)."""
+    sock = socket.create_connection(("127.0.0.1", _port(server)))
+    sock.settimeout(30)
+    auth = server.auth()["Authorization"]
+    sock.sendall(
+        f"POST {CHAT} HTTP/1.1\r\nHost: edge\r\nAuthorization: {auth}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n".encode()
+    )
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 100 "), got
+    return sock
+
+
+def _models(sock: socket.socket, auth: str) -> bytes:
+    """GET /v1/models on a kept-alive connection: its answer's status line, the body read whole."""
+    sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: edge\r\nAuthorization: {auth}\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return got
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = int(re.search(rb"\r\ncontent-length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n", 1)[0]
+
+
+def _metric(server: ServeProcess, name: str) -> float:
+    metrics = httpx.get(server.ops_url + "/metrics", timeout=30).text
+    match = re.search(rf"^{name} ([0-9.e+]+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
 def test_connections_past_the_open_file_limit_are_answered_503_and_streams_finish(
     tmp_path: Path, room_for_the_clients: None
 ) -> None:
     assert CAP == 64
-    sections: dict[str, dict[str, object]] = {
-        "server": {"drain_accept_s": 0},
-        "limiter": {"backend": "memory"},
-    }
     held: list[socket.socket] = []
     try:
-        with serve_process(tmp_path, sections, {"preexec_fn": _limit_descriptors}) as server:
-            port = int(server.base_url.rsplit(":", 1)[1])
-            body = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 200,
-                "ignore_eos": True,
-                "stream": True,
-            }
+        with serve_process(tmp_path, SECTIONS, {"preexec_fn": _limit_descriptors}) as server:
             with (
                 httpx.Client(base_url=server.base_url, timeout=60) as client,
-                client.stream("POST", CHAT, json=body, headers=server.auth()) as stream,
+                client.stream("POST", CHAT, json=STREAM, headers=server.auth()) as stream,
             ):
                 assert stream.status_code == 200
                 events = stream.iter_lines()
                 assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
 
-                # As many idle connections as the edge has descriptors, then a flood of requests. The
-                # kernel hands them to the edge in the order they came: the first CAP - 1 (the stream
-                # holds one) are its connections, every later one is past the cap.
-                held = [socket.create_connection(("127.0.0.1", port)) for _ in range(IDLE)]
+                # Every other connection the edge may hold busy with a request, then a flood of
+                # requests: none has an idle connection to take the place of.
+                held = [_busy_connection(server) for _ in range(CAP - 1)]
                 flood = []
                 for _ in range(FLOOD):
-                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock = socket.create_connection(("127.0.0.1", _port(server)))
                     sock.settimeout(30)
                     try:
                         sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n")
@@ -116,19 +163,14 @@ def test_connections_past_the_open_file_limit_are_answered_503_and_streams_finis
                 assert not unanswered, (len(unanswered), answers[unanswered[0]][:300])
                 # A page calling the API (any origin by default) reads it too.
                 assert b"\r\naccess-control-allow-origin: *\r\n" in answers[0]
-                # The idle ones past the cap were answered too, without asking.
-                for sock in held[CAP - 1 :]:
-                    sock.settimeout(30)
-                assert all(_busy(_answer(sock)) for sock in held[CAP - 1 :])
 
                 # The stream running all along ends as any other.
                 rest = list(events)
             assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
             assert not any('"error"' in line for line in rest), rest[-5:]
 
-            turned_away = IDLE - (CAP - 1) + FLOOD
-            metrics = httpx.get(server.ops_url + "/metrics", timeout=30).text
-            assert f"floodgate_connections_turned_away_total {float(turned_away)}" in metrics
+            assert _metric(server, "floodgate_connections_turned_away_total") == FLOOD
+            assert _metric(server, "floodgate_idle_connections_closed_total") == 0
             for sock in held:
                 sock.close()
             server.proc.terminate()
@@ -139,4 +181,61 @@ def test_connections_past_the_open_file_limit_are_answered_503_and_streams_finis
     # Said, but never a line per connection: at most one a second, with how many since the last.
     said = [json.loads(line) for line in server.output().splitlines() if '"connections_turned_away"' in line]
     assert said and said[0]["open_connections"] == said[0]["max_connections"] == CAP
-    assert len(said) < turned_away / 10, len(said)
+    assert len(said) < FLOOD / 10, len(said)
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
+    tmp_path: Path, room_for_the_clients: None
+) -> None:
+    """Idle connections, those that sent nothing and those kept alive after an answer, make room
+    for new clients oldest first; the new clients are served, not turned away; a stream and the
+    idle connections that were not needed go on."""
+    fresh: list[socket.socket] = []
+    kept: list[socket.socket] = []
+    newcomers: list[socket.socket] = []
+    try:
+        with serve_process(tmp_path, RECLAIM_AT_ONCE, {"preexec_fn": _limit_descriptors}) as server:
+            auth = server.auth()["Authorization"]
+            with (
+                httpx.Client(base_url=server.base_url, timeout=60) as client,
+                client.stream("POST", CHAT, json=STREAM, headers=server.auth()) as stream,
+            ):
+                assert stream.status_code == 200
+                events = stream.iter_lines()
+                assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
+
+                # Connections that sent nothing, then connections kept alive after an answer: every
+                # connection the edge may hold. An answer on a later connection means the earlier
+                # ones were accepted (the kernel hands them over in order).
+                fresh = [socket.create_connection(("127.0.0.1", _port(server))) for _ in range(10)]
+                for _ in range(CAP - 1 - len(fresh)):
+                    sock = socket.create_connection(("127.0.0.1", _port(server)))
+                    sock.settimeout(30)
+                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+                    kept.append(sock)
+
+                # New clients, one after another, each staying: each is served, in the place of the
+                # oldest idle one (kept alive after its answer, it is the newest idle one then).
+                new = 20
+                for _ in range(new):
+                    sock = socket.create_connection(("127.0.0.1", _port(server)))
+                    sock.settimeout(30)
+                    newcomers.append(sock)
+                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+                closed = new - len(fresh)
+                # Those closed were told nothing, as at a keep-alive timeout: the close alone.
+                for sock in fresh + kept[:closed]:
+                    sock.settimeout(30)
+                    assert _answer(sock) == b""
+                # The idle ones not needed still serve.
+                for sock in kept[closed:]:
+                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+
+                rest = list(events)
+            assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
+            assert _metric(server, "floodgate_idle_connections_closed_total") == new
+            assert _metric(server, "floodgate_connections_turned_away_total") == 0
+    finally:
+        for sock in fresh + kept + newcomers:
+            sock.close()
