@@ -359,11 +359,19 @@ def _import(args: argparse.Namespace) -> int:
 
 def _admin_key(args: argparse.Namespace) -> int:
     key = new_secret(ADMIN_KEY_PREFIX)
-    note("A new admin key (shown only once). Put its hash in the edge's settings:")
+    # The key first, its hash only once it is written: `> admin.txt` on a full disk printed the
+    # setting, then a traceback, and the hash an operator put in the settings was of a key nobody had.
+    try:
+        print(key, flush=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"floodgate: cannot write the admin key to standard output ({exc.strerror or exc}): "
+            "no admin key was made; nothing changed"
+        ) from None
+    note("A new admin key (above, shown only once). Put its hash in the edge's settings:")
     note(f'  [keys]\n  admin_key_sha256 = "{hash_key(key)}"')
     # Replacing the old hash at once would refuse every tool still on the old key.
     note("Rotating: list it beside the old hash, admin_key_sha256 = [old, new], until every tool has it.")
-    print(key)
     return 0
 
 

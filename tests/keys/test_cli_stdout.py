@@ -19,14 +19,16 @@ config = test_cli.config  # the fixture: a settings file naming a fresh SQLite s
 EXIT_BROKEN_PIPE = 141
 
 
-def _floodgate(config: Path, stdout: int, *argv: str) -> tuple[int, str]:
-    """`floodgate *argv` writing to `stdout`: its exit code and stderr."""
-    command = [sys.executable, "-m", "edge.cli", *argv, "--config", str(config)]
+def _floodgate(config: Path | None, stdout: int, *argv: str) -> tuple[int, str]:
+    """`floodgate *argv` writing to `stdout`: its exit code and stderr. `config`: None for a command
+    that reads no settings."""
+    settings = [] if config is None else ["--config", str(config)]
+    command = [sys.executable, "-m", "edge.cli", *argv, *settings]
     done = subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60)
     return done.returncode, done.stderr
 
 
-def _into_closed_pipe(config: Path, *argv: str) -> tuple[int, str]:
+def _into_closed_pipe(config: Path | None, *argv: str) -> tuple[int, str]:
     """As `floodgate … | head` once head has left: every write to stdout fails (EPIPE)."""
     read, write = os.pipe()
     os.close(read)
@@ -36,7 +38,7 @@ def _into_closed_pipe(config: Path, *argv: str) -> tuple[int, str]:
         os.close(write)
 
 
-def _into_full_disk(config: Path, *argv: str) -> tuple[int, str]:
+def _into_full_disk(config: Path | None, *argv: str) -> tuple[int, str]:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     fd = os.open("/dev/full", os.O_WRONLY)
@@ -94,3 +96,16 @@ def test_a_rotation_whose_key_cannot_be_printed_says_how_to_end_it(
     run(capsys, config, "keys", "rotate", str(new["id"]), "--grace-s", "0")
     status = {k["id"]: k["status"] for k in _keys(capsys, config)}
     assert status[new["id"]] == "expired" and status[old["id"]] == "active"
+
+
+@pytest.mark.parametrize("into", [_into_full_disk, _into_closed_pipe])
+def test_an_admin_key_that_cannot_be_printed_gives_no_hash(into: object) -> None:
+    """`floodgate keys admin-key > admin.txt` on a full disk printed the hash setting, then a
+    traceback: an operator who put that hash in the settings let in a key nobody had. No hash is
+    given for a key not shown, and one line says so."""
+    assert callable(into)
+    code, err = into(None, "keys", "admin-key")
+    assert code == 1 and "Traceback" not in err, err
+    assert "admin_key_sha256" not in err
+    [said] = [line for line in err.splitlines() if line.startswith("floodgate:")]
+    assert "no admin key was made" in said
