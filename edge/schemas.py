@@ -25,9 +25,9 @@ ignored.
 What would change the reply's contract is refused rather than ignored, as vLLM refuses it without a
 tool parser or structured output: `n` > 1, `logprobs`, a reply held to JSON (`response_format` other
 than text, or vLLM's own structured outputs: `guided_json`, `guided_choice`, `guided_regex`,
-`guided_grammar`, `structured_outputs`, and `guided_decoding_backend` / `guided_whitespace_pattern`
-that tune them), tool calls (`tools` or `functions` the model may call, a `tool_choice` that asks
-for one), an audio reply (`modalities` other than "text", `audio`), a web search
+`guided_grammar`, `structural_tag`, `structured_outputs`, and `guided_decoding_backend` /
+`guided_whitespace_pattern` that tune them), tool calls (`tools` or `functions` the model may call,
+a `tool_choice` that asks for one), an audio reply (`modalities` other than "text", `audio`), a web search
 (`web_search_options`) and a moderated completion (`moderation`: nothing here runs a moderation
 model, blocks a flagged prompt or reply, or answers its results), and a reasoning effort or
 verbosity other than what this model does anyway (`reasoning_effort` "none", `verbosity` "medium":
@@ -239,6 +239,9 @@ class ChatCompletionRequest(msgspec.Struct):
     guided_decoding_backend: Refused = None
     guided_whitespace_pattern: Refused = None
     structured_outputs: Refused = None
+    # vLLM's JSON held between tags the reply opens (its `triggers`): a client reading the tagged
+    # calls out of the reply found free prose instead.
+    structural_tag: Refused = None
     # OpenAI's output modalities and search: a text model answers in text and searches nothing.
     modalities: list[str] | None = None
     audio: RefusedOutput = None
@@ -338,14 +341,15 @@ class ChatCompletionRequest(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
-# vLLM's ways to hold a reply to a schema, a choice, a regex or a grammar, and to tune that: neither
-# replica path constrains decoding (the in-process engine has no grammar, and the Triton replicas are
-# sent no guided-decoding input), so each is refused.
+# vLLM's ways to hold a reply to a schema, a choice, a regex, a grammar or a schema between tags
+# (structural_tag), and to tune that: neither replica path constrains decoding (the in-process engine
+# has no grammar, and the Triton replicas are sent no guided-decoding input), so each is refused.
 STRUCTURED_OUTPUTS = (
     "guided_json",
     "guided_choice",
     "guided_regex",
     "guided_grammar",
+    "structural_tag",
     "structured_outputs",
     "guided_decoding_backend",
     "guided_whitespace_pattern",
@@ -373,8 +377,8 @@ VLLM_UNAPPLIED = {
 # Of those, the ones vLLM has true by default: true asks for nothing, false for something.
 _TRUE_BY_DEFAULT = frozenset({"skip_special_tokens", "spaces_between_special_tokens"})
 _STRUCTURED = (
-    "is one of vLLM's structured outputs: this server cannot hold a reply to a schema, choice, regex "
-    "or grammar. Ask for the form in the prompt and check the reply."
+    "is one of vLLM's structured outputs: this server cannot hold a reply to a schema, choice, regex, "
+    "grammar or structural tag. Ask for the form in the prompt and check the reply."
 )
 # Every parameter refused by name (unsupported_parameter) when sent with a value that asks for
 # something, with what the error says of it.

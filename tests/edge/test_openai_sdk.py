@@ -172,13 +172,17 @@ STRUCTURED_OUTPUTS: dict[str, Any] = {
     "guided_decoding_backend": "xgrammar",
     "guided_whitespace_pattern": " ?",
     "structured_outputs": {"json": SCHEMA},
+    "structural_tag": json.dumps(
+        {"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}], "triggers": ["<f>"]}
+    ),
 }
 
 
 @pytest.mark.parametrize("field", sorted(STRUCTURED_OUTPUTS))
 def test_sdk_hears_vllms_structured_outputs_refused_by_name(sdk: openai.OpenAI, field: str) -> None:
     """vLLM holds the reply to these; a reply in free prose would fail the client's parse later and
-    further away, so they are refused as response_format's JSON is."""
+    further away, so they are refused as response_format's JSON is. structural_tag (JSON between the
+    tags the reply opens) was answered 200 in free prose, as if it had not been sent."""
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(
