@@ -269,6 +269,9 @@ class ChatCompletionRequest(msgspec.Struct):
     skip_special_tokens: RefusedSampling = None
     spaces_between_special_tokens: RefusedSampling = None
     add_special_tokens: RefusedSampling = None
+    # vLLM's logits processors named by the client (a server started with --logits-processor-pattern
+    # loads them; without one, vLLM answers 400): no replica here loads code a request names.
+    logits_processors: RefusedSampling = None
 
     @property
     def ignore_eos(self) -> bool:
@@ -373,6 +376,7 @@ VLLM_UNAPPLIED = {
     "skip_special_tokens": "special tokens' text in the reply",
     "spaces_between_special_tokens": "special tokens' text in the reply",
     "add_special_tokens": "special tokens added to the templated prompt",
+    "logits_processors": "logits processors of the client's naming",
 }
 # Of those, the ones vLLM has true by default: true asks for nothing, false for something.
 _TRUE_BY_DEFAULT = frozenset({"skip_special_tokens", "spaces_between_special_tokens"})

@@ -280,6 +280,8 @@ VLLM_UNAPPLIED: dict[str, tuple[Any, Any]] = {
     "skip_special_tokens": (False, True),
     "spaces_between_special_tokens": (False, True),
     "add_special_tokens": (True, False),
+    # Ignored before: vLLM itself refuses it unless started with --logits-processor-pattern.
+    "logits_processors": ([{"qualname": "my_module.NoRepeats", "kwargs": {"n": 3}}], []),
 }
 
 
