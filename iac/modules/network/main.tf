@@ -2,12 +2,22 @@
 # Redis live in private subnets. Gateway endpoints keep S3 (engine downloads, tens of GB per host)
 # and DynamoDB traffic off the NAT, which is billed per GB.
 
-# Checks that the named zones exist and are available in the region.
+# The named zones, if the region has them and they are available. A filter that matches nothing is
+# no error to DescribeAvailabilityZones: a zone the region lacks (a typo, or the default us-east-1
+# zones left while `region` names another) was silently dropped, and the plan made fewer subnets,
+# none at all for another region's zones; the load balancer and multi-AZ Redis then failed at apply.
 data "aws_availability_zones" "selected" {
   state = "available"
   filter {
     name   = "zone-name"
     values = var.availability_zones
+  }
+
+  lifecycle {
+    postcondition {
+      condition     = length(setsubtract(var.availability_zones, self.names)) == 0
+      error_message = "availability_zones names zones this region does not have, or has unavailable: ${join(", ", setsubtract(var.availability_zones, self.names))} (the region's zones are named after it, e.g. eu-west-1a; set availability_zones with region)."
+    }
   }
 }
 

@@ -13,9 +13,10 @@ variable "availability_zones" {
   description = "Zones to span, named explicitly: GPU instance types are not offered in every zone, and a zone AWS adds later must not silently change the subnets. Redis multi-AZ and the ALB need at least 2."
   type        = list(string)
 
+  # Distinct ones: a zone named twice is one zone, one subnet of each kind.
   validation {
-    condition     = length(var.availability_zones) >= 2
-    error_message = "Give at least two availability zones."
+    condition     = length(distinct(var.availability_zones)) >= 2
+    error_message = "Give at least two different availability zones."
   }
 }
 
