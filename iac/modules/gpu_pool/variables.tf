@@ -148,15 +148,18 @@ variable "kms_key_arn" {
 }
 
 variable "demand_target" {
-  description = "Demand per replica that target tracking holds, as a fraction of a replica's full-batch work (1.0: every replica wanted at its full-batch throughput). Below 1 leaves headroom for a burst while hosts boot."
+  description = "Demand per replica that target tracking holds, as a fraction of a replica's full-batch work (1.0: every replica wanted at its full-batch throughput), above 0 and at most 1. Below 1 leaves headroom for a burst while hosts boot."
   type        = number
   default     = 0.8
   nullable    = false
 
-  # Target tracking divides by it: at 0 any demand at all reads as infinitely over target.
+  # Target tracking divides by it: at 0 any demand at all reads as infinitely over target. Above
+  # 1 it asks for more work than the replicas do at a full batch (a queue that only grows), and the
+  # replicas' own load, the floor that keeps saturated GPUs from scaling in, reads at most 1.0 on the
+  # pinned TensorRT-LLM backend: a saturated group then read below target and was scaled in.
   validation {
-    condition     = var.demand_target > 0
-    error_message = "demand_target must be above 0 (a fraction of a replica's full-batch work, 0.8 by default)."
+    condition     = var.demand_target > 0 && var.demand_target <= 1
+    error_message = "demand_target must be above 0 and at most 1 (a fraction of a replica's full-batch work, 0.8 by default): above 1 saturated GPUs, whose own load reads at most 1.0, would read below target and scale in."
   }
 }
 

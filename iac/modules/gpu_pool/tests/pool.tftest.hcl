@@ -311,6 +311,35 @@ run "a_demand_target_of_zero" {
   expect_failures = [var.demand_target]
 }
 
+# Above 1 the target asks for more work than the replicas do at a full batch, and the replicas' own
+# load, the floor that keeps saturated GPUs from scaling in, reads at most 1.0 on the pinned
+# TensorRT-LLM backend (no count of waiting requests): at 1.2 a saturated group of 8 whose edges
+# under-count their demand reads 1.0 and target tracking takes it to ceil(8 x 1.0 / 1.2) = 7.
+run "a_demand_target_above_a_full_batch" {
+  command = plan
+
+  variables {
+    demand_target = 1.2
+    surge_demand  = 1.5
+  }
+
+  expect_failures = [var.demand_target]
+}
+
+# A full batch itself is a target (saturated GPUs then hold their size, never shrink).
+run "a_demand_target_of_a_full_batch" {
+  command = plan
+
+  variables {
+    demand_target = 1
+  }
+
+  assert {
+    condition     = one(aws_autoscaling_policy.demand_target.target_tracking_configuration).target_value == 1
+    error_message = "a demand_target of 1.0 is taken"
+  }
+}
+
 # CreateAutoScalingGroup refuses a min_size above max_size ("Max bound ... must be greater than or
 # equal to min bound"), after the launch template, role and log group were created.
 run "min_size_above_max_size" {
