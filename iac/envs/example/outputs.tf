@@ -14,7 +14,7 @@ output "triton_repository_url" {
 }
 
 output "api_keys_secret_arn" {
-  description = "Put the hashed keys file here (floodgate keys create writes it), then restart the edge tasks."
+  description = "Put the hashed keys file here (floodgate keys create writes it), then restart the edge tasks (a new deployment of edge_service_name in edge_cluster_name)."
   value       = module.edge.api_keys_secret_arn
 }
 
@@ -58,4 +58,23 @@ output "edge_ops_port" {
 output "edge_members_per_replica" {
   description = "The edge's [fleet] members_per_replica, var.members_per_replica (0: every edge process divides every replica)."
   value       = var.members_per_replica
+}
+
+# What an operator wires up or acts on after apply: the alarms reach e-mail only through
+# alarm_emails, and a pager, chat or ticket integration subscribes to the topic; a change of the
+# api-keys secret reaches the tasks only when they restart
+# (`aws ecs update-service --cluster CLUSTER --service SERVICE --force-new-deployment`).
+output "alarm_topic_arn" {
+  description = "SNS topic every alarm goes to: subscribe a pager or chat integration here (alarm_emails are subscribed already)."
+  value       = module.monitoring.alarm_topic_arn
+}
+
+output "edge_cluster_name" {
+  description = "ECS cluster of the edge service."
+  value       = module.edge.cluster_name
+}
+
+output "edge_service_name" {
+  description = "ECS service of the edge tasks: force a new deployment of it to restart them (a new api-keys secret is read at task start)."
+  value       = module.edge.service_name
 }

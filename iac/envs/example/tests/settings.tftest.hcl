@@ -83,3 +83,20 @@ run "a_metrics_scraper" {
     error_message = "the operator listener's port is the edge module's"
   }
 }
+
+# What an operator needs after apply besides the API's URL: the alarm topic (to subscribe a pager;
+# alarm_emails reach only e-mail) and the edge's cluster and service (to restart the tasks after
+# changing the api-keys secret, which they read at start).
+run "operator_outputs" {
+  command = plan
+
+  assert {
+    condition     = output.alarm_topic_arn == "arn:aws:sns:us-east-1:111122223333:floodgate-alarms"
+    error_message = "the alarm topic is an output"
+  }
+
+  assert {
+    condition     = output.edge_cluster_name == "floodgate" && output.edge_service_name == "edge"
+    error_message = "the edge's ECS cluster and service are outputs"
+  }
+}
