@@ -640,8 +640,9 @@ class Generation:
         reply; a review). Stored then rather than with the reply, so that an edge dying mid-stream
         still leaves the question. Not streamed, it is stored with the reply (`_record`)."""
         conversation_id = self._req.conversation_id
-        question = _question(self._req.messages)
-        if conversation_id is not None and self._p.messages is not None and question is not None:
+        if conversation_id is None or self._p.messages is None:
+            return
+        for question in _questions(self._req.messages):
             self._made_turn(
                 self._p.messages.record_prompt(
                     conversation_id,
@@ -794,18 +795,24 @@ def _retry_after_s(exc: UpstreamError) -> float | None:
     return None
 
 
-def _question(messages: list[ChatMessage]) -> ChatMessage | None:
-    """The user's message a request asks: its last message, or the last before the instructions
-    that follow it (system or developer messages: a reminder, retrieved context), which left the
-    question out of the history. None where an assistant's or a tool's message comes after the
-    user's last (a continued reply, continue_final_message, asks nothing new: stored, the earlier
-    question would be there twice) or where there is none (a system prompt alone)."""
+def _questions(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The user's messages a request asks, in order: those after the assistant's last turn (a
+    question in two parts, two participants speaking before the assistant answers: the model read
+    them all, and the history kept the last alone), system or developer messages among or after
+    them aside (instructions: a reminder, retrieved context, which left the question out of the
+    history). None where an assistant's or a tool's message comes after the user's last (a
+    continued reply, continue_final_message, asks nothing new: stored, the earlier question would
+    be there twice) or where there is none (a system prompt alone)."""
+    asked: list[ChatMessage] = []
     for message in reversed(messages):
         if message.role == "user":
-            return message
-        if message.role not in ("system", "developer"):
-            return None
-    return None
+            asked.append(message)
+        elif message.role not in ("system", "developer"):
+            if not asked:
+                return []
+            break
+    asked.reverse()
+    return asked
 
 
 def _status(out: Outcome, stream: bool) -> int:

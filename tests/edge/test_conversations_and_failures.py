@@ -86,6 +86,36 @@ def test_a_continued_reply_and_a_system_prompt_alone_store_no_question_again(
     ]
 
 
+def test_every_user_message_of_a_turn_is_stored_in_order(server: LiveServer, client: httpx.Client) -> None:
+    """A turn may hold several user messages after the assistant's last reply (a question sent in
+    two parts, two participants of a group chat speaking before the assistant answers): the model
+    read them all, and the history kept the last alone, losing what the user said first."""
+    for stream in (False, True):
+        conv = f"conv-edge-two-users-{stream}"
+        messages = [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": "I am going to Lima.", "name": "alice"},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What should I pack?", "name": "bob"},
+        ]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 4, "stream": stream}
+        body["conversation_id"] = conv
+        if stream:
+            with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                reply = content_of(list(events(response)))
+        else:
+            answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+            assert answer.status_code == 200, answer.text
+            reply = answer.json()["choices"][0]["message"]["content"]
+        data = client.get(f"/v1/conversations/{conv}/messages", headers=server.auth("paid")).json()["data"]
+        assert [(m["role"], m["name"], m["content"]) for m in data] == [
+            ("user", "alice", "I am going to Lima."),
+            ("user", "bob", "What should I pack?"),
+            ("assistant", None, reply),
+        ]
+
+
 def test_a_question_followed_by_instructions_is_stored_with_its_reply(
     server: LiveServer, client: httpx.Client
 ) -> None:
