@@ -642,7 +642,11 @@ class Generation:
         conversation_id = self._req.conversation_id
         if conversation_id is None or self._p.messages is None:
             return
-        for question in _questions(self._req.messages):
+        messages = self._req.messages
+        if self._continues_reply:
+            # The continued reply is the turn's own (`_record_turns`): its question comes before it.
+            messages = messages[:-1]
+        for question in _questions(messages):
             self._made_turn(
                 self._p.messages.record_prompt(
                     conversation_id,
@@ -653,6 +657,15 @@ class Generation:
                     after=self._newest_turn(),
                 )
             )
+
+    @property
+    def _continues_reply(self) -> bool:
+        """The request continues an assistant's message (continue_final_message): a beginning the
+        client wrote (a prefill) or a reply it got before. Either way the edge cannot tell which,
+        so the turn is stored as any other: the user's messages that led to it, then the reply
+        whole. Stored as the reply alone, a prefill's question was lost, and the history read back
+        was an answer to nothing (a review)."""
+        return self._req.prompt_end == "continue" and self._req.messages[-1].role == "assistant"
 
     def _newest_turn(self) -> str | None:
         """The conversation's newest message id, as its lock knows it: this request's turns sort
@@ -736,7 +749,7 @@ class Generation:
             self._prompt_recorded = True
             self._record_prompt()
         reply = "".join(out.text)
-        if self._req.prompt_end == "continue" and self._req.messages[-1].role == "assistant":
+        if self._continues_reply:
             # The client began the reply: the stored turn is the whole of it, not its end alone. A
             # continued user message is the question's turn (`_record_prompt`), not the reply's.
             reply = self._req.messages[-1].text() + reply
@@ -801,8 +814,8 @@ def _questions(messages: list[ChatMessage]) -> list[ChatMessage]:
     them all, and the history kept the last alone), system or developer messages among or after
     them aside (instructions: a reminder, retrieved context, which left the question out of the
     history). None where an assistant's or a tool's message comes after the user's last (a
-    continued reply, continue_final_message, asks nothing new: stored, the earlier question would
-    be there twice) or where there is none (a system prompt alone)."""
+    continued reply's is taken off first: `_record_prompt`) or where there is none (a system
+    prompt alone)."""
     asked: list[ChatMessage] = []
     for message in reversed(messages):
         if message.role == "user":

@@ -50,12 +50,14 @@ def test_a_named_conversation_is_stored_for_its_owner_only(server: LiveServer, c
     assert client.get(url, headers=server.auth("free2")).status_code == 404
 
 
-def test_a_continued_reply_and_a_system_prompt_alone_store_no_question_again(
+def test_a_continued_reply_is_stored_whole_after_its_question_and_a_system_prompt_alone_asks_nothing(
     server: LiveServer, client: httpx.Client
 ) -> None:
-    """A request ending on an assistant's message continues it (continue_final_message): it asks
-    nothing new, so the history gains the whole continued reply, not the earlier question again
-    and the continuation's end alone. A system prompt alone asks nothing either."""
+    """A request ending on an assistant's message continues it (continue_final_message): the
+    history gains the whole continued reply, not the continuation's end alone, after the question
+    that led to it, as any turn is stored (the edge cannot tell a beginning the client wrote from a
+    reply it stored: left out, a prefill's question was lost). A system prompt alone asks
+    nothing."""
     url = "/v1/conversations/conv-edge-continue/messages"
 
     def history() -> list[tuple[str, str]]:
@@ -73,14 +75,15 @@ def test_a_continued_reply_and_a_system_prompt_alone_store_no_question_again(
     more = client.post(CHAT, json=ask | flags | {"messages": began}, headers=server.auth("paid"))
     assert more.status_code == 200, more.text
     continuation = more.json()["choices"][0]["message"]["content"]
-    wait_until(lambda: len(history()) >= 3, what="the continued turn stored")
+    wait_until(lambda: len(history()) >= 4, what="the continued turn stored")
     system_only = [{"role": "system", "content": "Say hello."}]
     alone = client.post(CHAT, json=ask | {"messages": system_only}, headers=server.auth("paid"))
     assert alone.status_code == 200, alone.text
-    wait_until(lambda: len(history()) >= 4, what="the system prompt's reply stored")
+    wait_until(lambda: len(history()) >= 5, what="the system prompt's reply stored")
     assert history() == [
         ("user", "Q1"),
         ("assistant", answer),
+        ("user", "Q1"),
         ("assistant", "The" + continuation),
         ("assistant", alone.json()["choices"][0]["message"]["content"]),
     ]
@@ -113,6 +116,41 @@ def test_every_user_message_of_a_turn_is_stored_in_order(server: LiveServer, cli
             ("user", "alice", "I am going to Lima."),
             ("user", "bob", "What should I pack?"),
             ("assistant", None, reply),
+        ]
+
+
+def test_a_reply_begun_by_the_client_is_stored_after_its_question(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """An assistant's beginning the client wrote (continue_final_message: a prefill, "```json"):
+    the question that led to it is the turn's user message, and the reply was stored alone, the
+    question lost; read back, the conversation was an answer to nothing."""
+    for stream in (False, True):
+        conv = f"conv-edge-prefill-{stream}"
+        body = {
+            "model": MODEL,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": stream,
+            "conversation_id": conv,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "messages": [
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "The"},
+            ],
+        }
+        if stream:
+            with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
+                continuation = content_of(list(events(response)))
+        else:
+            answer = client.post(CHAT, json=body, headers=server.auth("paid"))
+            assert answer.status_code == 200, answer.text
+            continuation = answer.json()["choices"][0]["message"]["content"]
+        data = client.get(f"/v1/conversations/{conv}/messages", headers=server.auth("paid")).json()["data"]
+        assert [(m["role"], m["content"]) for m in data] == [
+            ("user", "Name a colour."),
+            ("assistant", "The" + continuation),
         ]
 
 
