@@ -49,7 +49,7 @@ from typing import Any
 
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
 from limiter.read_only_reply import script_read_only
 from limiter.resp import pack_command
@@ -224,5 +224,15 @@ async def open_connection(
     except (OSError, TimeoutError, ResponseError, RedisConnectionError) as exc:
         if conn is not None:
             conn.close()  # refused or too slow on its set-up: not left open behind us
-        raise RedisConnectionError(f"Error connecting to Redis at {host}:{port}: {exc!r}") from exc
+        raise RedisConnectionError(f"Error connecting to Redis at {host}:{port}: {_cause(exc)}") from exc
     return conn
+
+
+def _cause(exc: BaseException) -> str:
+    """Why the set-up failed, as the operator reads it in `limiter_store_failed`: redis-py 8 writes
+    a server's error reply's repr as `server:ResponseError`, its message (WRONGPASS, NOPERM naming
+    the command an ACL lacks) left out, so a wrong password and a missing grant read alike. A
+    server's error replies never repeat the password sent."""
+    if isinstance(exc, RedisError):
+        return f"{type(exc).__name__}: {exc}"
+    return repr(exc)
