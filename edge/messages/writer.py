@@ -180,8 +180,11 @@ class MessageWriter:
                 # every message queued behind it waited.
                 if attempt == self._max_attempts or isinstance(exc, MessageRefused):
                     MESSAGES_FAILED.inc()
+                    # Written by the writer's own task, outside the request's bound context:
+                    # its request named here, as every line a request causes names it.
                     log.error(
                         "message_write_failed",
+                        request_id=msg.request_id,
                         conversation_id=msg.conversation_id,
                         message_id=msg.message_id,
                         attempts=attempt,
@@ -198,5 +201,9 @@ class MessageWriter:
     def _drop(self, msg: StoredMessage, reason: str) -> None:
         MESSAGES_DROPPED.inc()
         log.warning(
-            "message_dropped", reason=reason, conversation_id=msg.conversation_id, message_id=msg.message_id
+            "message_dropped",
+            request_id=msg.request_id,
+            reason=reason,
+            conversation_id=msg.conversation_id,
+            message_id=msg.message_id,
         )

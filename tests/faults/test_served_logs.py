@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.edge.sse_client import wait_until
 from tests.faults.serve_process import serve_process
 from tests.support.live_server import demo_model_dir
 
@@ -99,3 +102,42 @@ def test_a_served_edges_refusal_lines_name_the_callers_tier(tmp_path: Path) -> N
     assert sorted(refused) == sorted(ids), records
     for line in refused.values():
         assert (line["user"], line["tier"]) == ("drill-user", "paid"), line
+
+
+def test_a_served_edges_failed_message_writes_name_their_request(tmp_path: Path) -> None:
+    """A conversation's turns are written by the message writer, a task of the edge's own: its
+    `message_write_failed` error (the turns lost for good) named the conversation and the message
+    and not the request that wrote them, which every line a request causes carries: an operator
+    could not tell which answer's history was lost, nor find the user's report by its id."""
+    body = {
+        "model": "floodgate-tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "conversation_id": "c1",
+    }
+    with serve_process(tmp_path, {"server": {"drain_accept_s": 0.0}}) as server:
+        # The store fails every write (as a store gone from under the edge does) and every retry.
+        store = sqlite3.connect(tmp_path / "messages.db", isolation_level=None)
+        store.execute("DROP TABLE messages")
+        store.close()
+        chat = f"{server.base_url}/v1/chat/completions"
+        reply = httpx.post(chat, json=body, headers=server.auth(), timeout=60)
+        assert reply.status_code == 200, reply.text
+        wait_until(
+            lambda: _metric(server.ops_url, "floodgate_messages_failed_total") == 2.0,
+            timeout_s=WAIT_S,
+            what="the question's and the reply's writes given up",
+        )
+        server.proc.terminate()
+        server.proc.wait(timeout=WAIT_S * 3)
+        records = [json.loads(line) for line in server.output().splitlines()]
+    failed = [r for r in records if r["event"] == "message_write_failed"]
+    assert len(failed) == 2, records
+    for line in failed:
+        assert line["request_id"] == reply.headers["x-request-id"], line
+
+
+def _metric(ops_url: str, name: str) -> float:
+    metrics = httpx.get(f"{ops_url}/metrics", timeout=WAIT_S).text
+    match = re.search(rf"^{name} ([0-9.e+]+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
