@@ -692,29 +692,33 @@ class Generation:
         child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
         if out.ttft_s is not None:
             child(metrics.TTFT, model, tier).observe(out.ttft_s)
-        info_line(
-            log,
-            "chat_completion",
-            {
-                "request_id": self.request_id,
-                "user": self._principal.user,
-                "tier": tier,
-                "model": self._p.config.model_name,
-                "stream": bool(self._req.stream),
-                "outcome": out.reason,
-                # What the client got: a stream is a 200 whatever its end (an error is an event in
-                # it); one not streamed, its error's status, or 499 where it left first (its route).
-                "status": _status(out, bool(self._req.stream)),
-                "error": None if out.error is None else out.error.detail.code or out.error.detail.type,
-                "upstream": out.upstream,
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "cached_tokens": cached_tokens,
-                "generated_tokens": out.completion_tokens,
-                "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
-                "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
-            },
-        )
+        fields = {
+            "request_id": self.request_id,
+            "user": self._principal.user,
+            "tier": tier,
+            "model": self._p.config.model_name,
+            "stream": bool(self._req.stream),
+            "outcome": out.reason,
+            # What the client got: a stream is a 200 whatever its end (an error is an event in
+            # it); one not streamed, its error's status, or 499 where it left first (its route).
+            "status": _status(out, bool(self._req.stream)),
+            "error": None if out.error is None else out.error.detail.code or out.error.detail.type,
+            "upstream": out.upstream,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached_tokens,
+            "generated_tokens": out.completion_tokens,
+            "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
+            "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
+        }
+        if out.error is not None and out.error.status >= 500:
+            # The server's own trouble after admission (no replica, a replica's failure, the drain's
+            # cut): a warning an operator filters for, as the same trouble refused before admission
+            # is (refusal_line); logged at info, a queued request's 503 no_replica hid among the
+            # successes.
+            log.warning("chat_completion", **fields)
+        else:
+            info_line(log, "chat_completion", fields)
         if self._p.usage is not None and self._charged:
             # Exactly what the lease settled as charged: the prompt and every granted token (a
             # request not charged was refunded whole, and costs nothing).

@@ -86,6 +86,9 @@ def test_a_stream_whose_replica_raises_mid_stream_ends_with_usage_error_and_done
     assert running == 0
     line = next(e for e in logs if e["event"] == "chat_completion")
     assert (line["outcome"], line["completion_tokens"]) == ("error", 3), line
+    # The server's trouble: a warning, as the same failure refused before admission is (it was an
+    # info line, among the successes).
+    assert line["log_level"] == "warning", line
     assert any(e["event"] == "upstream_failed" and "RuntimeError" in e["error"] for e in logs), logs
     assert usage_rows, usage_rows
 
@@ -96,10 +99,13 @@ def test_an_answer_not_streamed_whose_replica_raises_after_tokens_is_a_502_that_
     failing = SHORT | {"max_tokens": BOOM_AFTER_3}
     with start_server(tmp_path, NO_REFILL, _raising_replicas) as server:
         with httpx.Client(base_url=server.base_url, timeout=60.0, headers=server.auth("paid")) as client:
-            before = client.post(CHAT, json=SHORT)
-            failed = client.post(CHAT, json=failing)
+            with capture_logs() as logs:
+                before = client.post(CHAT, json=SHORT)
+                failed = client.post(CHAT, json=failing)
             after = client.post(CHAT, json=SHORT)
     assert failed.status_code == 502, failed.text
+    levels = [(e["status"], e["log_level"]) for e in logs if e["event"] == "chat_completion"]
+    assert levels == [(200, "info"), (502, "warning")], levels
     assert failed.json()["error"]["code"] == "upstream_error"
     assert _remaining(before) - _remaining(after) == before.json()["usage"]["total_tokens"]
 
