@@ -11,6 +11,7 @@ import hmac
 from typing import Any, TypeVar
 
 import msgspec
+import structlog
 from litestar import Request, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotFoundException
@@ -28,7 +29,7 @@ from edge.keys.lifecycle import (
     KeyNotFound,
 )
 from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
-from edge.keys.record import InvalidLabel, InvalidUser, UnknownTier, hash_key
+from edge.keys.record import InvalidLabel, InvalidUser, KeyRecord, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.openapi import ApiOperation, with_json_body
@@ -40,6 +41,8 @@ from edge.routes.request_body import is_content_coded, unsupported_content_encod
 from edge.routes.single_query import refuse_repeated
 from edge.routes.usage import usage_response
 from edge.runtime import Runtime, runtime_of
+
+log = structlog.get_logger("floodgate.admin")
 
 _T = TypeVar("_T")
 # An answer carrying a new key: no cache on the way (a proxy, the browser's) may keep it.
@@ -61,6 +64,24 @@ def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRou
     # match): the answer's time says nothing of which hash, if any, a key came near.
     if not any([hmac.compare_digest(digest, hashed) for hashed in expected]):
         raise unauthorized("Incorrect admin key provided.")
+    # Which admin key made a change, for its audit line (`_changed`): the start of its hash, which
+    # names it among the settings' hashes while they rotate and tells nothing of the key.
+    connection.state.admin_key = digest[:12]
+
+
+def _changed(request: Request[Any, Any, Any], action: str, record: KeyRecord, **more: Any) -> None:
+    """One line for each change to the keys, with the admin key that made it: who was given a key,
+    lost one, or moved tier, and when, read from the logs (there was no line at all). Never the key
+    itself, nor its hash."""
+    log.info(
+        "admin_key_changed",
+        action=action,
+        key_id=record.id,
+        user=record.user,
+        tier=record.tier,
+        admin_key=request.state.admin_key,
+        **more,
+    )
 
 
 class CreateKey(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,6 +154,7 @@ async def create_key(request: Request[Any, Any, Any]) -> ASGIResponse:
         raise invalid_request(f"{exc}.", exc.param) from None
     except (UnknownTier, KeyIdTaken) as exc:
         raise _lifecycle_error(exc) from None
+    _changed(request, "create", record, expires=record.expires)
     return json_response({**key_view(record), "key": key}, status_code=201, headers=NO_STORE)
 
 
@@ -173,6 +195,7 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
     # The older keys of its rotations still in their grace, revoked with it (KeyLifecycle.revoke_line):
     # the operator asked for one key, and these stopped working too.
     also = [key_view(r) for r in revoked.replaced]
+    _changed(request, "revoke", revoked.key, also_revoked=[r.id for r in revoked.replaced])
     return json_response({**key_view(revoked.key), "also_revoked": also})
 
 
@@ -185,6 +208,7 @@ async def rotate_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> 
         raise _lifecycle_error(exc) from None
     except InvalidPeriod as exc:
         raise invalid_request(f"{exc}.", exc.param) from None
+    _changed(request, "rotate", rotated.new, replaces=rotated.old.id, old_expires=rotated.old.expires)
     answer = {**key_view(rotated.new), "key": rotated.key, "replaces": key_view(rotated.old)}
     return json_response(answer, headers=NO_STORE)
 
@@ -196,6 +220,7 @@ async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -
         record = await runtime_of(request).key_admin.set_tier(key_id, body.tier)
     except (KeyNotFound, UnknownTier) as exc:
         raise _lifecycle_error(exc) from None
+    _changed(request, "set_tier", record)
     return json_response(key_view(record))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import ADMIN_KEY_PREFIX, MAX_USER_BYTES, hash_key, new_secret
@@ -577,3 +578,30 @@ def test_usage_for_an_empty_user_is_a_400_not_an_empty_list(server: LiveServer, 
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert (error["param"], error["code"]) == ("user", "invalid_value")
+
+
+def test_every_change_to_the_keys_is_a_line_naming_the_admin_key_never_the_key(server: LiveServer) -> None:
+    """Who was given a key, moved tier, rotated or lost one, and by which admin key: read from the
+    logs (a change wrote no line at all). The key and its hash are never in them."""
+    with capture_logs() as logs:
+        made = _create(server, user="audit-ann", tier="free", label="laptop")
+        tiered = httpx.post(
+            server.base_url + f"/v1/admin/keys/{made['id']}/tier", json={"tier": "paid"}, headers=ADMIN
+        )
+        rotated = httpx.post(server.base_url + f"/v1/admin/keys/{made['id']}/rotate", headers=ADMIN)
+        revoked = httpx.post(server.base_url + f"/v1/admin/keys/{made['id']}/revoke", headers=ADMIN)
+    assert [r.status_code for r in (tiered, rotated, revoked)] == [200, 200, 200]
+    new_id = rotated.json()["id"]
+    lines = [e for e in logs if e["event"] == "admin_key_changed"]
+    assert [(e["action"], e["key_id"], e["user"], e["tier"]) for e in lines] == [
+        ("create", made["id"], "audit-ann", "free"),
+        ("set_tier", made["id"], "audit-ann", "paid"),
+        ("rotate", new_id, "audit-ann", "paid"),
+        ("revoke", made["id"], "audit-ann", "paid"),
+    ]
+    assert lines[2]["replaces"] == made["id"]
+    assert {e["admin_key"] for e in lines} == {hash_key(ADMIN_KEY)[:12]}
+    said = repr(logs)
+    for key in (made["key"], rotated.json()["key"]):
+        assert key not in said and hash_key(key) not in said
+    assert ADMIN_KEY not in said and hash_key(ADMIN_KEY) not in said
