@@ -58,6 +58,7 @@ SERVER_STARTERS = frozenset(
         ("tests.messages.dynalite", "running_dynalite"),
         ("tests.support.moto_server", "running_moto"),
         ("tests.support.flaky_proxy", "flaky_proxy"),
+        ("tests.support.late_listener", "late_listener"),
         ("tests.support.stalling_proxy", "stalling_proxy"),
         ("gpu_container.triton.launcher", "start_local_triton"),
         ("moto.moto_server.threaded_moto_server", "ThreadedMotoServer"),

@@ -175,8 +175,11 @@ class AsyncChat:
                     stream=True,
                 )
             except httpx.TransportError as exc:
-                if attempts.take_network_retry():
-                    log.info("retrying after a network error: %s", type(exc).__name__)
+                wait = attempts.network_retry_wait_s()
+                if wait is not None:
+                    # Waited as a refusal's is: a close or a cancel calls the retry off meanwhile.
+                    log.info("retrying after a network error (%s) in %.2f s", type(exc).__name__, wait)
+                    await attempts.apause(wait)
                     continue
                 raise transport_failure("request failed", exc) from transport_cause(exc)
             if response.status_code == 200:

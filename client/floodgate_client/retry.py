@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -24,6 +25,11 @@ _MAX_BACKOFF_S = 8.0
 # taken off it: a little (10%, at most a second) spreads out clients that were refused together.
 _JITTER_FRACTION = 0.1
 _MAX_JITTER_S = 1.0
+# A network failure advises no wait: the backoff above, less up to this fraction, as the OpenAI SDK
+# draws it (_calculate_retry_timeout). Sent again at once, every client of an edge that is
+# restarting (or of a load balancer with no healthy target) came back in the same instant, and its
+# one retry was spent before anything could have healed.
+_NETWORK_JITTER_FRACTION = 0.25
 # A wait before another attempt looks this often whether the stream was closed (or its retry called
 # off by a cancel) meanwhile: the reader then ends at once, not when a refusal's wait (up to a
 # minute) is over.
@@ -43,11 +49,28 @@ class RetryPolicy:
             return None
         advertised = error.retry_after_s
         if advertised is None:
-            advertised = min(_MAX_BACKOFF_S, _BASE_BACKOFF_S * 2**retries_done)
+            advertised = backoff_s(retries_done)
         wait = advertised + random.uniform(0.0, min(_MAX_JITTER_S, advertised * _JITTER_FRACTION))
         if elapsed_s + wait > self.deadline_s:
             return None
         return wait
+
+    def network_wait_s(
+        self, retries_done: int, elapsed_s: float, draw: Callable[[], float] = random.random
+    ) -> float | None:
+        """Seconds to wait before sending again after a network failure before the answer's head,
+        the request's `retries_done` retries taken, or None: the deadline would pass first. `draw`
+        gives the jitter, in [0, 1)."""
+        wait = backoff_s(retries_done) * (1.0 - _NETWORK_JITTER_FRACTION * draw())
+        if elapsed_s + wait > self.deadline_s:
+            return None
+        return wait
+
+
+def backoff_s(retries_done: int) -> float:
+    """The wait before a retry that no answer advised one for: 0.5 s doubling, at most 8 s."""
+    # The exponent is capped so that no count of retries overflows the float.
+    return min(_MAX_BACKOFF_S, _BASE_BACKOFF_S * 2.0 ** min(retries_done, 32))
 
 
 def retryable(error: FloodgateError) -> bool:
@@ -117,8 +140,14 @@ class Attempts:
         while not self.closed and (left := end - anyio.current_time()) > 0:  # noqa: ASYNC110 (a flag)
             await anyio.sleep(min(left, _CLOSED_POLL_S))
 
-    def take_network_retry(self) -> bool:
+    def network_retry_wait_s(self) -> float | None:
+        """After a network failure before the answer's head: seconds to wait before sending again,
+        growing with the retries this request has taken (refusals too), or None: none is left, or
+        the deadline would pass first."""
         if self.network_retries <= 0:
-            return False
-        self.network_retries -= 1
-        return True
+            return None
+        elapsed_s = 0.0 if self.started is None else time.monotonic() - self.started
+        wait = self.policy.network_wait_s(max(0, self.sent - 1), elapsed_s)
+        if wait is not None:
+            self.network_retries -= 1
+        return wait
