@@ -690,6 +690,8 @@ class Generation:
         child(metrics.PROMPT_TOKENS, model, tier).inc(prompt_tokens)
         child(metrics.GENERATION_TOKENS, model, tier).inc(completion_tokens)
         child(metrics.REQUESTS_FINISHED, model, tier, out.reason).inc()
+        duration_s = time.perf_counter() - self._arrived
+        child(metrics.REQUEST_DURATION, model, tier, out.reason).observe(duration_s)
         if out.ttft_s is not None:
             child(metrics.TTFT, model, tier).observe(out.ttft_s)
         fields = {
@@ -709,7 +711,7 @@ class Generation:
             "cached_tokens": cached_tokens,
             "generated_tokens": out.completion_tokens,
             "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
-            "duration_ms": round((time.perf_counter() - self._arrived) * 1000, 2),
+            "duration_ms": round(duration_s * 1000, 2),
         }
         if out.error is not None and out.error.status >= 500:
             # The server's own trouble after admission (no replica, a replica's failure, the drain's

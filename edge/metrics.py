@@ -23,6 +23,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # histogram_quantile could not tell a p99 stall of 2 s from one of 2 minutes.
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10, 30, 60, 180)
 
+# A whole request: a stream's reply runs on past its first token, up to the tier's max_tokens, with
+# stalls of up to [engine] stall_timeout_s between tokens, after a queue wait of up to 120 s: past
+# _LATENCY_BUCKETS' 300 s, so that a long reply's duration does not fall in +Inf.
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 600, 1200, 1800, 3600)
+
 # `model`: the served model, "" where the edge serves one, as the queue's metrics name it
 # (edge/admission/metrics.py): an edge serving several has a latency and a token count for each.
 TTFT = LabelledLoopHistogram(
@@ -30,6 +35,19 @@ TTFT = LabelledLoopHistogram(
     "From the request's arrival to its first generated token.",
     ["model", "tier"],
     _LATENCY_BUCKETS,
+)
+
+
+# From arrival to the end, by how the request ended (the reasons of floodgate_requests_finished_total,
+# so that each series' count is that counter's): vLLM's e2e_request_latency_seconds, queue wait
+# included. TTFT and the inter-token gaps said when a reply began and how fast it ran, and nothing
+# of how long a caller waited for the whole of it, nor how long a cancelled or refused one held on.
+REQUEST_DURATION = LabelledLoopHistogram(
+    "floodgate_e2e_request_latency_seconds",
+    "From an admitted request's arrival to its end, by how it ended (the reasons of "
+    "floodgate_requests_finished_total), queue wait included.",
+    ["model", "tier", "reason"],
+    _DURATION_BUCKETS,
 )
 
 
