@@ -33,6 +33,7 @@ from edge.messages.conversation_log import ConversationLog
 from edge.messages.factory import create_store
 from edge.messages.ids import MessageIdGenerator
 from edge.messages.writer import MessageWriter
+from edge.metric_series import create_known_series
 from edge.model_source import resolve_model_dir
 from edge.models.catalog import ModelCatalog
 from edge.models.sampling import sampling_defaults
@@ -205,6 +206,8 @@ def create_app(
                 )
                 await dispatcher.start()
                 stack.push_async_callback(dispatcher.aclose)
+                # At 0 from the start, not from each one's first increment (edge/metric_series.py).
+                create_known_series(dispatcher.model, settings.tiers)
                 dispatchers.append(dispatcher)
                 if not private:
                     shared.append(dispatcher)

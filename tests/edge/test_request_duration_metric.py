@@ -1,10 +1,15 @@
-"""A served edge's /metrics has each admitted request's whole duration.
+"""A served edge's /metrics has each admitted request's whole duration, and its counters' known
+series from the start.
 
 `floodgate_e2e_request_latency_seconds` (vLLM's `e2e_request_latency_seconds`, by model, tier and
 the reason of floodgate_requests_finished_total): observed once per request as it ends, on every
 path: streamed, not streamed, cancelled, disconnected, refused by the queue after admission. The
 edge had a time to the first token and the gaps between tokens, and nothing of how long a request
 took whole.
+
+A labelled counter's series appeared only at its first increment: before a tier's first failure
+`rate(floodgate_requests_finished_total{reason="error"}[5m])` had no series (a dashboard's "no data"
+in place of 0), and that first increment was lost to rate(), which needs a sample before it.
 
 On an edge of its own, with tiers of names no other test uses: every server a test process starts
 shares one Prometheus registry, so every count under these tiers is this test's."""
@@ -18,13 +23,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edge.admission.ticket import OverloadReason
 from edge.generation import EndReason
+from limiter.base import LimitName
 from tests.edge.conftest import ROOMY_TIERS
 from tests.edge.sse_client import CHAT, KEEPALIVE, MODEL, events, wait_until
 from tests.support.held_engines import engines_held
 from tests.support.live_server import LiveServer, start_server
 
-TIMED = "timed-tier"
+TIMED, UNUSED = "timed-tier", "unused-tier"
 # The queue turns a request of the timed tier away after this long waiting for the only slot.
 QUEUE_WAIT_S = 1.0
 OVERRIDES: dict[str, Any] = {
@@ -32,6 +39,7 @@ OVERRIDES: dict[str, Any] = {
     "engine": {"replicas": 1, "max_num_seqs": 1},
     "tiers": {
         TIMED: ROOMY_TIERS["paid"] | {"max_queue_wait_s": QUEUE_WAIT_S},
+        UNUSED: ROOMY_TIERS["paid"],
     },
 }
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -53,6 +61,33 @@ def _samples(edge: LiveServer) -> Samples:
         for family in text_string_to_metric_families(edge.metrics_text())
         for sample in family.samples
     }
+
+
+def test_every_counter_series_the_settings_name_is_served_at_zero_before_any_request(
+    edge: LiveServer,
+) -> None:
+    samples = _samples(edge)
+    mine = {"model": "", "tier": UNUSED}
+
+    def served(name: str, **labels: str) -> float | None:
+        return samples.get((name, frozenset(labels.items())))
+
+    missing = [
+        (name, labels)
+        for name, labels in [
+            *(("floodgate_requests_finished_total", mine | {"reason": r}) for r in get_args(EndReason)),
+            *(("floodgate_rate_limited_total", mine | {"limit": limit}) for limit in get_args(LimitName)),
+            ("floodgate_prompt_tokens_total", mine),
+            ("floodgate_generation_tokens_total", mine),
+            *(
+                ("floodgate_queue_rejected_total", {"model": "", "reason": r})
+                for r in get_args(OverloadReason)
+            ),
+        ]
+        if served(name, **labels) is None
+    ]
+    assert missing == []
+    assert served("floodgate_requests_finished_total", **mine, reason="error") == 0.0
 
 
 def _labels(reason: str) -> frozenset[tuple[str, str]]:
