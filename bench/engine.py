@@ -40,7 +40,7 @@ from bench.engine_measures import (
     layout_table,
     long_prompt_joins,
 )
-from bench.engine_report import Results, write_report
+from bench.engine_report import Results, sections_held, write_report
 from bench.engine_served import closed_loop, rss_mb, serve
 from bench.names import names_of
 from edge.text.model_text import ModelText
@@ -128,18 +128,21 @@ def main(argv: list[str] | None = None) -> None:
     splice = None
     if only != set(SECTIONS):
         rerun = f"python -m bench.engine --only {args.only} at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-        if args.saved.is_file():
-            res = pickle.loads(args.saved.read_bytes())
+        saved: Results | None = pickle.loads(args.saved.read_bytes()) if args.saved.is_file() else None
+        # Only saved results holding every other section can write the whole page: those of an
+        # earlier --only rerun on a fresh checkout, or of a run stopped part way, hold some.
+        if saved is not None and set(SECTIONS) - only <= sections_held(saved):
+            res = saved
             res.command = f"{rerun} (the other sections from the saved run)"
             # The box under a rerun may not be the one the saved sections ran on.
             res.rerun_machine = f"{machine()} (sections {args.only})"
         else:
             if not args.out.is_file():
                 # Its sections go into the page at --out, the others kept from it: with neither a
-                # page nor saved results there is no whole page to write after the run.
+                # page nor whole saved results there is no whole page to write after the run.
                 parser.error(
                     f"--only {args.only} keeps the other sections from the saved results ({args.saved}) "
-                    f"or the page at --out ({args.out}), and neither exists: run every section once"
+                    f"or the page at --out ({args.out}), and neither has them: run every section once"
                 )
             splice = only
             res.command = rerun

@@ -40,6 +40,20 @@ class Results:
     minutes: float = 0.0
 
 
+def sections_held(res: Results) -> set[str]:
+    """The sections `res` has figures for. Saved results may hold only some: an `--only` rerun with
+    no whole run saved keeps just its own, as does a run stopped part way (each section is saved as
+    it ends)."""
+    figures = {
+        "roofline": res.rooflines,
+        "layout": res.layout,
+        "served": res.served,
+        "join": res.joins,
+        "batching": res.batching,
+    }
+    return {name for name, held in figures.items() if held}
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
