@@ -730,6 +730,7 @@ class Generation:
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                arrived_s=self.created,
             )
 
     def _record_turns(self, out: Outcome) -> None:

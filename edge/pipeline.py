@@ -61,7 +61,14 @@ class UsageSink(Protocol):
     """Where a settled request's charged tokens go (the usage writer): must not wait."""
 
     def record(
-        self, user: str, model: str, input_tokens: int, output_tokens: int, input_cached_tokens: int
+        self,
+        user: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        input_cached_tokens: int,
+        *,
+        arrived_s: float | None = None,
     ) -> bool: ...
 
 

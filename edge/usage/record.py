@@ -6,20 +6,19 @@ import time
 from dataclasses import dataclass
 
 _SECONDS_A_DAY = 86_400
-# Today's stamp and the [start, end) of its day: every request's usage row is stamped, and
+# The last day stamped and the [start, end) of it: every request's usage row is stamped, and
 # formatting the date (gmtime + strftime) was a third of recording one (2 of 6 µs).
 _today = ("", 0.0, 0.0)
 
 
 def utc_day(unix_s: float | None = None) -> str:
+    """The UTC date of `unix_s` (None: now), YYYY-MM-DD."""
     global _today
-    if unix_s is not None:
-        return time.strftime("%Y-%m-%d", time.gmtime(unix_s))
-    now = time.time()
+    at = time.time() if unix_s is None else unix_s
     day, start, end = _today
-    if start <= now < end:  # a clock stepped back past midnight formats again
+    if start <= at < end:  # a time before the day kept (a clock stepped back) formats again
         return day
-    start = now - now % _SECONDS_A_DAY  # UTC days are whole multiples of 86,400 s of Unix time
+    start = at - at % _SECONDS_A_DAY  # UTC days are whole multiples of 86,400 s of Unix time
     _today = (day := time.strftime("%Y-%m-%d", time.gmtime(start)), start, start + _SECONDS_A_DAY)
     return day
 

@@ -112,11 +112,20 @@ class UsageWriter:
         self._seqs = itertools.count(1)
 
     def record(
-        self, user: str, model: str, input_tokens: int, output_tokens: int, input_cached_tokens: int = 0
+        self,
+        user: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        input_cached_tokens: int = 0,
+        *,
+        arrived_s: float | None = None,
     ) -> bool:
         """One settled request's charged tokens (input_cached_tokens: of its input, those served
-        from the prefix cache); False when it could not be queued."""
-        key = (user, model, utc_day())
+        from the prefix cache); False when it could not be queued. `arrived_s`: when the request
+        came (its reply's `created`; None: now), whose UTC day the row is: a request that ran past
+        midnight is counted on the day its client's reply says, not on the next."""
+        key = (user, model, utc_day(arrived_s))
         if self._closed:
             return self._drop(key, input_tokens, output_tokens, input_cached_tokens, "closed")
         row = self._waiting.get(key)
