@@ -9,7 +9,7 @@ import pytest
 
 from edge.usage.record import utc_day
 
-MIDNIGHT = 1764547200.0  # 2026-12-01T00:00:00Z
+MIDNIGHT = 1764547200.0  # 2025-12-01T00:00:00Z
 
 
 @pytest.mark.parametrize(
