@@ -91,10 +91,13 @@ class ChatTemplate:
         self._eos = eos_token
 
     def render(self, messages: list[dict[str, str]], end: PromptEnd = "reply") -> str:
-        rendered = self._render(messages, add_generation_prompt=end == "reply")
         if end != "continue":
-            return rendered
-        return _left_open(rendered, messages[-1]["content"], self._final_message_start(messages, rendered))
+            return self._render(messages, add_generation_prompt=end == "reply")
+        final = messages[-1]["content"]
+        if not final.strip():
+            raise ChatTemplateError("continue_final_message needs a final message with text to continue")
+        tagged = [*messages[:-1], {**messages[-1], "content": final + _TAG}]
+        return _left_open(self._render(tagged, add_generation_prompt=False), final)
 
     def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
         try:
@@ -112,40 +115,27 @@ class ChatTemplate:
             # uncaught they were a 500 for a request the template cannot take.
             raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from exc
 
-    def _final_message_start(self, messages: list[dict[str, str]], rendered: str) -> int:
-        """Where the final message's text can begin in `rendered`: the end of what the template
-        writes before it, found by rendering a mark in its place (0 where the template changes
-        the mark or what comes before it, and so tells nothing)."""
-        marked = self._render(
-            [*messages[:-1], {**messages[-1], "content": _MARK}], add_generation_prompt=False
-        )
-        at = marked.rfind(_MARK)  # the mark's own: an earlier message may quote its text
-        return at if at > 0 and rendered.startswith(marked[:at]) else 0
+
+# transformers' own tag (apply_chat_template in 4.57 and 5.x, so vLLM's): appended to the final
+# message before rendering, the rendering is cut where the template wrote it.
+_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-# Stands in for the final message when finding where it begins: letters alone, so a template's
-# filters (trim, escaping) leave it whole.
-_MARK = "floodgateFinalMessageBeginsHere"
-
-
-def _left_open(rendered: str, final: str, start: int = 0) -> str:
-    """The rendering cut right after the final message's text, as transformers'
-    apply_chat_template(continue_final_message=True) cuts it (and so vLLM): whatever the template
-    writes after it (the turn's end token) is gone, and the model continues the message itself.
-    Found stripped, by its first occurrence from `start` (where the template begins writing it),
-    else by its last occurrence, as transformers finds it: a last occurrence can lie inside what
-    the template writes after the message (a final message "end" inside "<|im_end|>" left the
-    prompt ending in "end<|im_end"). Its trailing whitespace is kept where the template kept it and
-    the message has none in front. A template that drops or changes the message leaves nothing to
-    continue, and neither does an empty message: refused rather than cut anywhere."""
-    stripped = final.strip()
-    if not stripped:
-        raise ChatTemplateError("continue_final_message needs a final message with text to continue")
-    at = rendered.find(stripped, start) if start else rendered.rfind(stripped)
-    if at < 0:
+def _left_open(rendered: str, final: str) -> str:
+    """The rendering cut right before the tag, as transformers' apply_chat_template(
+    continue_final_message=True) cuts it (and so vLLM): whatever the template writes after the final
+    message (the turn's end token) is gone, and the model continues the message itself, its
+    whitespace as the template wrote it; where the template trimmed the tag's space, the whitespace
+    before the tag is trimmed too. The tag is found by its last occurrence (a message may quote it).
+    The cut was once found by the final message's own text, stripped, and kept its trailing
+    whitespace only where it had none in front (transformers' older rule): a begun reply
+    " Here they are:\n" lost its "\n", and a template that changed the message (`upper`) was cut
+    inside the end token it wrote after it ("END<|im_end"). A template that drops or changes the
+    message leaves nothing to continue: refused rather than cut anywhere."""
+    if final.strip() not in rendered or _TAG.strip() not in rendered:
         raise ChatTemplateError(
             "continue_final_message is set but the final message does not appear in the chat the "
             "template rendered: this model's template changes it"
         )
-    whole = len(final.lstrip())
-    return rendered[: at + (whole if rendered[at : at + whole] == final else len(stripped))]
+    at = rendered.rindex(_TAG.strip())
+    return rendered[:at] if rendered[at : at + len(_TAG)] == _TAG else rendered[:at].rstrip()

@@ -192,12 +192,20 @@ def test_a_template_with_generation_blocks_renders_their_text() -> None:
         (CHATML, "Sure,", "assistant\nSure,"),
         (CHATML, "Sure, \n", "assistant\nSure, \n"),  # trailing whitespace kept where the template keeps it
         (CHATML, "  Sure,", "assistant\n  Sure,"),
+        # Whitespace on both sides: kept on both, as the template writes it (transformers cuts at a
+        # tag it appends to the message; the trailing whitespace was dropped when there was some
+        # in front, the rule of transformers' older cut).
+        (CHATML, "  Sure, \n", "assistant\n  Sure, \n"),
+        (CHATML, "\nSure\n", "assistant\n\nSure\n"),
         # A template that trims: cut after the text it wrote, not past its end token.
         (CHATML.replace("m.content", "m.content | trim"), "Sure,  ", "assistant\nSure,"),
         # Text that also lies inside the end token the template writes after the message: cut
         # after the message, not in that token (transformers' last occurrence: "end<|im_end").
         (CHATML, "end", "assistant\nend"),
         (CHATML, "<|im_end|>", "assistant\n<|im_end|>"),
+        # A template that changes the message (and so the mark the cut was found by): cut after
+        # the text it wrote, not inside its end token ("END<|im_end" before).
+        (CHATML.replace("m.content", "m.content | upper"), "end", "assistant\nEND"),
     ],
 )
 def test_continue_cuts_right_after_the_final_messages_text(source: str, final: str, ends_with: str) -> None:

@@ -6,12 +6,14 @@ reference's greedy reply (tests/golden/reference.py) goes on with the rest of it
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai import OpenAI
 
+from edge.text.model_text import ModelText
 from gpu_container.checkpoint.bundled import MODEL_NAME
 from gpu_container.checkpoint.facts import read_facts
 from tests.golden.reference import CONVERSATIONS, MAX_NEW_TOKENS
@@ -51,6 +53,32 @@ def test_a_begun_reply_is_continued_as_the_model_would_have_gone_on(
     rest = greedy[begun:]
     assert done.choices[0].message.content == tokenizer.decode([t for t in rest if t != END])
     assert done.choices[0].finish_reason == ("stop" if rest[-1] == END else "length")
+
+
+# transformers' apply_chat_template(continue_final_message=True) on the same GGUF (the reference's
+# versions, tests/golden/reference.py), encoded without added special tokens: a begun reply with
+# whitespace on both sides, both kept as the template writes them (its trailing "\n" is the 198).
+PREFILLED: Any = [
+    {"role": "user", "content": "Name three fruits, one a line."},
+    {"role": "assistant", "content": " Here they are:\n"},
+]
+PREFILLED_IDS = [
+    *[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407],
+    *[19712, 8182, 2, 198, 1, 4093, 198, 5820, 1296, 5574, 28, 582, 253, 1761, 30, 2, 198, 1, 520],
+    *[9531, 198, 3726, 502, 359, 42, 198],
+]
+
+
+def test_a_begun_reply_with_whitespace_on_both_sides_is_the_references_prompt(
+    local_edge: LiveServer, smollm2: Path
+) -> None:
+    text = ModelText.load(smollm2)
+    assert text.encode_chat(PREFILLED, end="continue") == PREFILLED_IDS
+    with _client(local_edge) as client:
+        done = client.chat.completions.create(
+            model=MODEL_NAME, messages=PREFILLED, max_tokens=1, extra_body=CONTINUE
+        )
+    assert done.usage is not None and done.usage.prompt_tokens == len(PREFILLED_IDS)
 
 
 def test_without_the_generation_prompt_the_conversation_ends_as_it_stands(local_edge: LiveServer) -> None:
