@@ -28,6 +28,7 @@ from edge.expect_continue import ExpectingCycle
 from edge.header_timeout import HeaderDeadline, timeout_response
 from edge.header_write import HeadHoldingTransport
 from edge.idle_connections import IdleConnections
+from edge.open_files import OPS_MAX_CONNECTIONS
 
 # A request's URL and headers, together: past it the request is answered 431 and its connection
 # closed. uvicorn keeps every header it is sent, before any route or key check runs, so without a
@@ -541,5 +542,20 @@ def edge_http_protocol(
             "_header_timeout_response": timeout_response(header_timeout_s),
             "_cross_origins": cross_origins,
             "_busy_answer": busy_answer(cross_origins.refusal_lines(None)),
+        },
+    )
+
+
+def operator_protocol(public: type[EdgeHttpProtocol]) -> type[EdgeHttpProtocol]:
+    """The operator listener's protocol (edge/server.py): the public one's, with connections of its
+    own: at most OPS_MAX_CONNECTIONS, out of the descriptors' reserve, and its own idle ones, so that
+    neither listener closes the other's for a client of its own. Built from the public class, it had
+    the public cap, and a connection taken at one listener's cap could be the other's."""
+    return type(
+        "OperatorHttpProtocol",
+        (public,),
+        {
+            "max_connections": min(public.max_connections, OPS_MAX_CONNECTIONS),
+            "_idle": IdleConnections(public._idle.after_s),
         },
     )

@@ -35,14 +35,14 @@ class IdleConnections:
     """One listener's idle connections in the order they became idle, each with the loop time it did
     (a dict keeps the order: a connection idle again after its next response goes to the end)."""
 
-    __slots__ = ("_after_s", "_idle")
+    __slots__ = ("_idle", "after_s")
 
     def __init__(self, after_s: float) -> None:
         self._idle: dict[IdleConnection, float] = {}
         # Only one idle this long is taken: one just answered may be about to carry its client's
         # next request (over the network, a round trip), which would meet the close, a reset for
         # an answer: then the new client's 503, an answer with Retry-After, is the better failure.
-        self._after_s = after_s
+        self.after_s = after_s
 
     def __len__(self) -> int:
         return len(self._idle)
@@ -62,7 +62,7 @@ class IdleConnections:
         for connection, since in self._idle.items():
             if connection.transport.is_closing():
                 continue  # closing already (its connection_lost drops it)
-            if now - since < self._after_s:
+            if now - since < self.after_s:
                 return False  # and every one after it is younger
             del self._idle[connection]
             connection.transport.close()

@@ -24,8 +24,13 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-# Listeners, Redis and key-store clients, log files, the engines' pipes, what libraries open.
+# Listeners, Redis and key-store clients, log files, the engines' pipes, what libraries open, the
+# operator listener's connections (at most OPS_MAX_CONNECTIONS) and the connections turned away as
+# they linger (edge/connection_cap.py MAX_LINGERING).
 RESERVED_FDS = 1024
+# The operator listener's connections at once (a scraper, probes, an admin tool need a few): out of
+# the reserve, so that a flood of them never takes what the public listener and streams need.
+OPS_MAX_CONNECTIONS = 128
 # Asked for when the hard limit is unlimited (the kernel's fs.nr_open caps it; 1,048,576 by default).
 _UNLIMITED_TARGET = 1 << 20
 

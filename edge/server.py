@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
 from types import FrameType
+from typing import cast
 
 import structlog
 import uvicorn
@@ -46,7 +47,7 @@ from uvicorn.server import ServerState
 
 from edge.config import ServerConfig
 from edge.drain import Drain
-from edge.http_protocol import edge_http_protocol
+from edge.http_protocol import EdgeHttpProtocol, edge_http_protocol, operator_protocol
 from edge.routes.health import joining
 
 log = structlog.get_logger("floodgate.server")
@@ -467,9 +468,12 @@ class DrainingServer(uvicorn.Server):
         app_state = self.lifespan.state
 
         ops_app = self._ops_app(config.loaded_app) if own else None
+        # The operator listener's connections are its own to cap and to close when idle.
+        public = config.http_protocol_class  # uvicorn_config's: edge_http_protocol
+        protocol_class = operator_protocol(cast(type[EdgeHttpProtocol], public)) if own else public
 
         def protocol() -> asyncio.Protocol:
-            made = config.http_protocol_class(  # type: ignore[call-arg]
+            made = protocol_class(  # type: ignore[call-arg]
                 config=config, server_state=state, app_state=app_state
             )
             if ops_app is not None:

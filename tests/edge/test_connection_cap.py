@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge.open_files import RESERVED_FDS, connection_cap
+from edge.open_files import OPS_MAX_CONNECTIONS, RESERVED_FDS, connection_cap
 from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
 
@@ -238,4 +238,68 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
             assert _metric(server, "floodgate_connections_turned_away_total") == 0
     finally:
         for sock in fresh + kept + newcomers:
+            sock.close()
+
+
+def _ops_port(server: ServeProcess) -> int:
+    return int(server.ops_url.rsplit(":", 1)[1])
+
+
+def _healthz(sock: socket.socket) -> bytes:
+    """GET /healthz on a kept-alive connection: its answer's status line."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return got
+        got += chunk
+    return got.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_the_operator_listener_holds_its_own_few_connections(tmp_path: Path) -> None:
+    """At most OPS_MAX_CONNECTIONS on the operator listener, out of the descriptors' reserve: it had
+    the public listener's cap (the open-file limit's worth), and a flood of connections there took
+    what the streams need. The public listener serves on meanwhile."""
+    # Never idle long enough to be taken: the held ones stay.
+    sections = SECTIONS | {"server": {**SECTIONS["server"], "idle_reclaim_after_s": 600}}
+    held: list[socket.socket] = []
+    try:
+        with serve_process(tmp_path, sections) as server:
+            ops = ("127.0.0.1", _ops_port(server))
+            held = [socket.create_connection(ops) for _ in range(OPS_MAX_CONNECTIONS)]
+            with socket.create_connection(ops) as one_more:
+                one_more.settimeout(30)
+                one_more.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+                assert _busy(_answer(one_more))
+            models = httpx.get(server.base_url + "/v1/models", headers=server.auth(), timeout=30)
+            assert models.status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.server  # runs `floodgate serve` itself, through subprocess
+def test_a_listener_at_its_cap_takes_none_of_the_other_listeners_idle_connections(
+    tmp_path: Path, room_for_the_clients: None
+) -> None:
+    """The public listener at its cap, every connection busy, and an idle one on the operator
+    listener: the new public client is turned away, not given the operator connection's place (the
+    two listeners shared one set of idle connections, and the public one went past its cap)."""
+    busy: list[socket.socket] = []
+    try:
+        with serve_process(tmp_path, RECLAIM_AT_ONCE, {"preexec_fn": _limit_descriptors}) as server:
+            with socket.create_connection(("127.0.0.1", _ops_port(server))) as scraper:
+                scraper.settimeout(30)
+                assert _healthz(scraper) == b"HTTP/1.1 200 OK"  # kept alive, idle from now
+                busy = [_busy_connection(server) for _ in range(CAP)]
+                with socket.create_connection(("127.0.0.1", _port(server))) as newcomer:
+                    newcomer.settimeout(30)
+                    newcomer.sendall(b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n")
+                    assert _busy(_answer(newcomer))
+                assert _healthz(scraper) == b"HTTP/1.1 200 OK"
+            assert _metric(server, "floodgate_idle_connections_closed_total") == 0
+    finally:
+        for sock in busy:
             sock.close()
