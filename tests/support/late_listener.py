@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tests.support.tcp_proxy import pipe
+
 
 class LateListener:
     def __init__(self, upstream_port: int) -> None:
@@ -53,8 +55,8 @@ class LateListener:
 
     def _relay(self, client: socket.socket) -> None:
         with client, socket.create_connection(("127.0.0.1", self._upstream_port)) as upstream:
-            threading.Thread(target=_pipe, args=(client, upstream), daemon=True).start()
-            _pipe(upstream, client)
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+            pipe(upstream, client)
 
     def close(self) -> None:
         # shutdown() wakes the thread blocked in accept(); close() alone does not on Linux.
@@ -63,15 +65,6 @@ class LateListener:
         self._sock.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    """Pass what `source` sends to `sink`, then its end (a hang-up reaches the other side)."""
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
 
 
 @contextmanager

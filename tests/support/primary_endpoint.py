@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
 from tests.support.redis_server import RedisServer, start_redis
-from tests.support.tcp_proxy import TcpProxy, running
+from tests.support.tcp_proxy import TcpProxy, pipe, running
 
 
 class PrimaryEndpoint(TcpProxy):
@@ -30,21 +30,12 @@ class PrimaryEndpoint(TcpProxy):
 
     def _handle(self, client: socket.socket, number: int) -> None:
         with client, socket.create_connection(("127.0.0.1", self._upstream_port)) as upstream:
-            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
             back.start()
-            _pipe(client, upstream)
+            pipe(client, upstream)
             with contextlib.suppress(OSError):  # the server may have closed it already
                 upstream.shutdown(socket.SHUT_RDWR)
             back.join()
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        return
 
 
 def primary_endpoint(upstream_port: int) -> AbstractContextManager[PrimaryEndpoint]:

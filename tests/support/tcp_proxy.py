@@ -60,6 +60,15 @@ class TcpProxy:
 Proxy = TypeVar("Proxy", bound=TcpProxy)
 
 
+def pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Pass what `source` sends to `sink`, then its end (a hang-up reaches the other side)."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
 @contextmanager
 def running(proxy: Proxy) -> Iterator[Proxy]:
     thread = threading.Thread(target=proxy.serve, daemon=True)
