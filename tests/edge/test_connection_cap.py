@@ -15,6 +15,7 @@ import re
 import resource
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -88,6 +89,19 @@ def _port(server: ServeProcess) -> int:
     return int(server.base_url.rsplit(":", 1)[1])
 
 
+@contextmanager
+def _running_stream(server: ServeProcess) -> Iterator[Iterator[str]]:
+    """A stream under way (its first event read): the rest of its lines."""
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as client,
+        client.stream("POST", CHAT, json=STREAM, headers=server.auth()) as stream,
+    ):
+        assert stream.status_code == 200
+        events = stream.iter_lines()
+        assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
+        yield events
+
+
 def _busy_connection(server: ServeProcess) -> socket.socket:
     """A connection with a request under way: a chat request's head asking for 100 Continue, its
     body never sent. Read to its 100, so the edge has read the head (a connection that sent nothing
@@ -138,14 +152,7 @@ def test_connections_past_the_open_file_limit_are_answered_503_and_streams_finis
     held: list[socket.socket] = []
     try:
         with serve_process(tmp_path, SECTIONS, {"preexec_fn": _limit_descriptors}) as server:
-            with (
-                httpx.Client(base_url=server.base_url, timeout=60) as client,
-                client.stream("POST", CHAT, json=STREAM, headers=server.auth()) as stream,
-            ):
-                assert stream.status_code == 200
-                events = stream.iter_lines()
-                assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
-
+            with _running_stream(server) as events:
                 # Every other connection the edge may hold busy with a request, then a flood of
                 # requests: none has an idle connection to take the place of.
                 held = [_busy_connection(server) for _ in range(CAP - 1)]
@@ -197,14 +204,7 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
     try:
         with serve_process(tmp_path, RECLAIM_AT_ONCE, {"preexec_fn": _limit_descriptors}) as server:
             auth = server.auth()["Authorization"]
-            with (
-                httpx.Client(base_url=server.base_url, timeout=60) as client,
-                client.stream("POST", CHAT, json=STREAM, headers=server.auth()) as stream,
-            ):
-                assert stream.status_code == 200
-                events = stream.iter_lines()
-                assert next(line for line in events if line.startswith("data: ")).startswith("data: {")
-
+            with _running_stream(server) as events:
                 # Connections that sent nothing, then connections kept alive after an answer: every
                 # connection the edge may hold. An answer on a later connection means the earlier
                 # ones were accepted (the kernel hands them over in order).
