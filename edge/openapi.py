@@ -33,6 +33,7 @@ from litestar.openapi.spec import (
     OpenAPIResponse,
     OpenAPIType,
     Operation,
+    Parameter,
     Reference,
     RequestBody,
     Schema,
@@ -174,3 +175,22 @@ def with_json_body(kind: type[Any], *, required: bool) -> type[ApiOperation]:
             self.request_body = RequestBody(content=_json(kind), required=required)
 
     return BodyOperation
+
+
+def with_query(schemas: dict[str, Schema]) -> type[ApiOperation]:
+    """The operation of a route that reads its query parameters as strings and checks them itself
+    (OpenAI's messages, naming the parameter): Litestar documented each as any string, `limit` and
+    the days included, so a client generated from the document typed them so, and what the document
+    allowed (`limit=`, `order=`, `end=0`) was a 400. `schemas` says what each name really takes."""
+
+    @dataclass
+    class QueryOperation(ApiOperation):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            for parameter in self.parameters or []:
+                if not isinstance(parameter, Parameter) or parameter.param_in != "query":
+                    continue
+                if parameter.name in schemas:
+                    parameter.schema = schemas[parameter.name]
+
+    return QueryOperation

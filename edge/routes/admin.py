@@ -16,6 +16,7 @@ from litestar import Request, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotFoundException
 from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
@@ -32,14 +33,14 @@ from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
 from edge.keys.record import InvalidLabel, InvalidUser, KeyRecord, UnknownTier, hash_key
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
-from edge.openapi import ApiOperation, with_json_body
+from edge.openapi import ApiOperation, with_json_body, with_query
 from edge.routes.json_body import json_response
 from edge.routes.list_page import list_page
 from edge.routes.listeners import BOTH, is_options_answer
-from edge.routes.page_limit import page_limit
+from edge.routes.page_limit import limit_schema, page_limit
 from edge.routes.request_body import is_content_coded, unsupported_content_encoding
 from edge.routes.single_query import refuse_repeated
-from edge.routes.usage import usage_response
+from edge.routes.usage import USAGE_QUERY, usage_response
 from edge.runtime import Runtime, runtime_of
 
 log = structlog.get_logger("floodgate.admin")
@@ -100,6 +101,13 @@ class SetTier(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+# A `user` filter names someone (_named_user): not empty, not blank.
+_USER = Schema(type=OpenAPIType.STRING, pattern="\\S")
+_KEYS_QUERY = {
+    "user": _USER,
+    "limit": limit_schema(DEFAULT_LIMIT, MAX_LIMIT),
+    "after": Schema(type=OpenAPIType.STRING, pattern=f"^{KEY_ID.pattern}$"),
+}
 
 
 async def _body(request: Request[Any, Any, Any], kind: type[_T]) -> _T:
@@ -168,7 +176,7 @@ def _key_cursor(value: str | None) -> str | None:
     return value
 
 
-@get("/keys", operation_class=ApiOperation)
+@get("/keys", operation_class=with_query(_KEYS_QUERY))
 async def list_keys(
     request: Request[Any, Any, Any],
     user: FromQuery[str | None] = None,
@@ -224,7 +232,7 @@ async def set_key_tier(request: Request[Any, Any, Any], key_id: FromPath[str]) -
     return json_response(key_view(record))
 
 
-@get("/usage", operation_class=ApiOperation)
+@get("/usage", operation_class=with_query({**USAGE_QUERY, "user": _USER}))
 async def all_usage(
     request: Request[Any, Any, Any],
     user: FromQuery[str | None] = None,

@@ -9,15 +9,16 @@ import re
 from typing import Any
 
 from litestar import Request, get
+from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import FromPath, FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request, wait_text
 from edge.messages.store import Order
-from edge.openapi import ApiOperation
+from edge.openapi import with_query
 from edge.routes.caller import caller
 from edge.routes.list_page import list_page
-from edge.routes.page_limit import page_limit
+from edge.routes.page_limit import limit_schema, page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import runtime_of
 from edge.schemas import MAX_CONVERSATION_ID, unknown_tier
@@ -27,6 +28,13 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # What edge/messages/ids.py makes: 26 characters of Crockford's base 32.
 _MESSAGE_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+_CURSOR = Schema(type=OpenAPIType.STRING, pattern=f"^{_MESSAGE_ID.pattern}$")
+_QUERY = {
+    "limit": limit_schema(DEFAULT_LIMIT, MAX_LIMIT),
+    "after": _CURSOR,
+    "before": _CURSOR,
+    "order": Schema(type=OpenAPIType.STRING, enum=["asc", "desc"], default="asc"),
+}
 
 
 def _order(value: str | None) -> Order:
@@ -52,7 +60,7 @@ def _cursor(name: str, value: str | None) -> str | None:
     return value
 
 
-@get("/v1/conversations/{conversation_id:str}/messages", operation_class=ApiOperation)
+@get("/v1/conversations/{conversation_id:str}/messages", operation_class=with_query(_QUERY))
 async def conversation_messages(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],

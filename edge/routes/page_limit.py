@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from litestar.openapi.spec import OpenAPIType, Schema
+
 from edge.errors import invalid_request
 
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
@@ -35,3 +37,8 @@ def page_limit(value: str | None, default: int, maximum: int) -> int:
             code="integer_above_max_value",
         )
     return limit
+
+
+def limit_schema(default: int, maximum: int) -> Schema:
+    """What `page_limit` takes, for the OpenAPI document (edge/openapi.py's `with_query`)."""
+    return Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=maximum, default=default)

@@ -7,18 +7,43 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, get
+from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from litestar.params import FromQuery
 from litestar.response.base import ASGIResponse
 
 from edge.errors import ApiError, invalid_request
-from edge.openapi import ApiOperation
+from edge.openapi import with_query
 from edge.routes.caller import caller
 from edge.routes.list_page import list_page
-from edge.routes.page_limit import page_limit
+from edge.routes.page_limit import limit_schema, page_limit
 from edge.routes.single_query import refuse_repeated
 from edge.runtime import Runtime, runtime_of
 from edge.usage.day import checked_day
-from edge.usage.page import DEFAULT_LIMIT, MAX_LIMIT, BadCursor, Position, position, row_id
+from edge.usage.page import (
+    DEFAULT_LIMIT,
+    MAX_ID_CHARS,
+    MAX_LIMIT,
+    PREFIX,
+    BadCursor,
+    Position,
+    position,
+    row_id,
+)
+
+# A `start` or `end`: a day (checked_day), or empty for no bound.
+DAY_BOUND = Schema(
+    any_of=[
+        Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.DATE),
+        Schema(type=OpenAPIType.STRING, max_length=0),
+    ]
+)
+USAGE_QUERY = {
+    "start": DAY_BOUND,
+    "end": DAY_BOUND,
+    "limit": limit_schema(DEFAULT_LIMIT, MAX_LIMIT),
+    # A row id is opaque: what can be said of it without decoding it.
+    "after": Schema(type=OpenAPIType.STRING, pattern=f"^{PREFIX}", max_length=MAX_ID_CHARS),
+}
 
 
 def _bad_cursor(value: str) -> ApiError:
@@ -66,7 +91,7 @@ async def usage_response(
     return list_page(data, page.has_more)
 
 
-@get("/v1/usage", operation_class=ApiOperation)
+@get("/v1/usage", operation_class=with_query(USAGE_QUERY))
 async def own_usage(
     request: Request[Any, Any, Any],
     start: FromQuery[str] = "",

@@ -16,7 +16,7 @@ from edge.usage.record import Usage
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-_PREFIX = "usage_"
+PREFIX = "usage_"
 # The longest id a row can have: a user of 512 bytes and a model name well past any served.
 MAX_ID_CHARS = 4096
 
@@ -36,14 +36,14 @@ class UsagePage:
 
 def row_id(row: Usage) -> str:
     raw = json.dumps([row.user, row.day, row.model], ensure_ascii=False, separators=(",", ":"))
-    return _PREFIX + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return PREFIX + base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def position(cursor: str) -> Position:
     """The (user, day, model) a row id names; ValueError for anything else."""
-    if not cursor.startswith(_PREFIX) or len(cursor) > MAX_ID_CHARS:
+    if not cursor.startswith(PREFIX) or len(cursor) > MAX_ID_CHARS:
         raise ValueError("not a usage row id")
-    body = cursor[len(_PREFIX) :]
+    body = cursor[len(PREFIX) :]
     try:
         parts = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode())
     except (binascii.Error, UnicodeDecodeError, ValueError):

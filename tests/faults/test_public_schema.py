@@ -148,3 +148,48 @@ def test_admin_bodies_are_in_the_public_document(server: LiveServer) -> None:
         assert refused.status_code == 400, refused.text
         created = client.post("/v1/admin/keys", json={"user": "documented-user", "tier": "free"})
         assert created.status_code == 201, created.text
+
+
+def _query(paths: dict[str, dict[str, object]], template: str) -> dict[str, dict[str, Any]]:
+    operation = cast(dict[str, Any], paths[template]["get"])
+    return {p["name"]: p["schema"] for p in operation["parameters"] if p["in"] == "query"}
+
+
+def test_list_query_parameters_are_documented_as_the_server_reads_them(server: LiveServer) -> None:
+    """The list endpoints read their query parameters by hand (OpenAI-style errors), so Litestar
+    documented each as any string: `limit` a string, `order` and the days anything. Schemathesis's
+    positive_data_acceptance sent what the document allowed (`limit=`, `end=0`, `order=`, `after=`)
+    and every one was a 400, and a client generated from the document typed `limit` as a string."""
+    paths = _document(server)
+    pages = {
+        "/v1/usage": (100, 1000),
+        "/v1/conversations/{conversation_id}/messages": (100, 1000),
+        "/v1/admin/keys": (20, 100),
+        "/v1/admin/usage": (100, 1000),
+    }
+    for template, (default, maximum) in pages.items():
+        limit = _query(paths, template)["limit"]
+        assert limit == {"type": "integer", "minimum": 1, "maximum": maximum, "default": default}, template
+    history = _query(paths, "/v1/conversations/{conversation_id}/messages")
+    assert history["order"]["enum"] == ["asc", "desc"]
+    for cursor in ("after", "before"):
+        assert history[cursor]["pattern"] == "^[0-9A-HJKMNP-TV-Z]{26}$"
+    assert _query(paths, "/v1/admin/keys")["after"]["pattern"] == "^key_[0-9a-f]{12,64}$"
+    for template in ("/v1/usage", "/v1/admin/usage"):
+        for bound in ("start", "end"):  # a day, or empty: no bound
+            day = _query(paths, template)[bound]
+            assert {"type": "string", "format": "date"} in day["anyOf"], (template, bound)
+            assert {"type": "string", "maxLength": 0} in day["anyOf"], (template, bound)
+        assert _query(paths, template)["after"] == {"type": "string", "pattern": "^usage_", "maxLength": 4096}
+    assert _query(paths, "/v1/admin/usage")["user"]["pattern"] == "\\S"
+
+    # What it documents is what the server takes, at the edges of each bound.
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=server.auth("paid")) as client:
+        bounds = {"limit": 1000, "start": "", "end": "2026-01-31"}
+        assert client.get("/v1/usage", params=bounds).status_code == 200
+        assert client.get("/v1/usage", params={"limit": 1001}).status_code == 400
+        assert client.get("/v1/usage", params={"limit": 0}).status_code == 400
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=admin) as client:
+        assert client.get("/v1/admin/keys", params={"limit": 100}).status_code == 200
+        assert client.get("/v1/admin/keys", params={"limit": 101}).status_code == 400
