@@ -8,7 +8,7 @@ the second line, not the only one."""
 from __future__ import annotations
 
 import hmac
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import structlog
@@ -24,13 +24,22 @@ from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
 from edge.keys.authorization_header import authorization_header
 from edge.keys.lifecycle import (
+    MAX_PERIOD_S,
     InvalidPeriod,
     KeyAlreadyRotated,
     KeyNotActive,
     KeyNotFound,
 )
 from edge.keys.page import DEFAULT_LIMIT, KEY_ID, MAX_LIMIT
-from edge.keys.record import InvalidLabel, InvalidUser, KeyRecord, UnknownTier, hash_key
+from edge.keys.record import (
+    MAX_LABEL_BYTES,
+    MAX_USER_BYTES,
+    InvalidLabel,
+    InvalidUser,
+    KeyRecord,
+    UnknownTier,
+    hash_key,
+)
 from edge.keys.store import KeyIdTaken
 from edge.keys.views import key_view
 from edge.openapi import ApiOperation, with_json_body, with_query
@@ -85,19 +94,38 @@ def _changed(request: Request[Any, Any, Any], action: str, record: KeyRecord, **
     )
 
 
+def _documented(**bounds: Any) -> msgspec.Meta:
+    """Bounds for the OpenAPI document alone (edge/openapi.py), not checked by the decoder: the
+    server's own checks (KeyLifecycle, checked_user, checked_label) refuse these values with the
+    OpenAI error naming the parameter, where msgspec's would name none (_body). Without them the
+    document allowed an empty user or tier and a negative grace, which the server refused."""
+    return msgspec.Meta(extra_json_schema=bounds)
+
+
+# Someone (not empty, not blank: checked_user), at most MAX_USER_BYTES of UTF-8: as many characters
+# at most, fewer where they take more than a byte each.
+_UserName = Annotated[str, _documented(pattern="\\S", maxLength=MAX_USER_BYTES)]
+# A configured tier: never empty (the configured ones are the settings', not the document's).
+_TierName = Annotated[str, _documented(minLength=1)]
+_Label = Annotated[str, _documented(maxLength=MAX_LABEL_BYTES)]
+# checked_period: a lifetime ends in the future, a grace may end now; neither past 100 years.
+_Lifetime = Annotated[float, _documented(exclusiveMinimum=0, maximum=MAX_PERIOD_S)]
+_Grace = Annotated[float, _documented(minimum=0, maximum=MAX_PERIOD_S)]
+
+
 class CreateKey(msgspec.Struct, forbid_unknown_fields=True):
-    user: str
-    tier: str
-    label: str = ""
-    expires_in_s: float | None = None
+    user: _UserName
+    tier: _TierName
+    label: _Label = ""
+    expires_in_s: _Lifetime | None = None
 
 
 class Rotate(msgspec.Struct, forbid_unknown_fields=True):
-    grace_s: float | None = None
+    grace_s: _Grace | None = None
 
 
 class SetTier(msgspec.Struct, forbid_unknown_fields=True):
-    tier: str
+    tier: _TierName
 
 
 _UTF8_BOM = b"\xef\xbb\xbf"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import httpx
+import jsonschema
 import pytest
 
 from edge.keys.record import hash_key, key_id
@@ -193,3 +194,72 @@ def test_list_query_parameters_are_documented_as_the_server_reads_them(server: L
     with httpx.Client(base_url=server.base_url, timeout=30, headers=admin) as client:
         assert client.get("/v1/admin/keys", params={"limit": 100}).status_code == 200
         assert client.get("/v1/admin/keys", params={"limit": 101}).status_code == 400
+
+
+def _body_schema(paths: dict[str, dict[str, object]], template: str) -> dict[str, Any]:
+    operation = cast(dict[str, Any], paths[template]["post"])
+    return cast(dict[str, Any], operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+def test_admin_bodies_are_documented_as_the_server_reads_them(server: LiveServer) -> None:
+    """The document allowed an empty `user` or `tier` and a negative `grace_s` (Schemathesis's
+    positive examples sent them), and the server refused each with a 400 naming it. Each body the
+    server refuses, the document refuses too; each the server takes, the document allows; and the
+    server's answer is still the OpenAI error naming the parameter."""
+    paths = _document(server)
+    fresh = "key_" + "0" * 12  # a key id for the document's checks alone: never requested
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=admin) as client:
+        rotated = client.post("/v1/admin/keys", json={"user": "rotated-user", "tier": "free"}).json()["id"]
+        refused = [
+            ("/v1/admin/keys", "/v1/admin/keys", {"user": "", "tier": "free"}, "user"),
+            ("/v1/admin/keys", "/v1/admin/keys", {"user": "  ", "tier": "free"}, "user"),
+            ("/v1/admin/keys", "/v1/admin/keys", {"user": "u", "tier": ""}, "tier"),
+            (
+                "/v1/admin/keys",
+                "/v1/admin/keys",
+                {"user": "u", "tier": "free", "expires_in_s": 0},
+                "expires_in_s",
+            ),
+            (
+                "/v1/admin/keys",
+                "/v1/admin/keys",
+                {"user": "u", "tier": "free", "expires_in_s": 4e9},
+                "expires_in_s",
+            ),
+            ("/v1/admin/keys", "/v1/admin/keys", {"user": "u", "tier": "free", "label": "x" * 1025}, "label"),
+            (
+                "/v1/admin/keys/{key_id}/rotate",
+                f"/v1/admin/keys/{rotated}/rotate",
+                {"grace_s": -1},
+                "grace_s",
+            ),
+            (
+                "/v1/admin/keys/{key_id}/rotate",
+                f"/v1/admin/keys/{rotated}/rotate",
+                {"grace_s": 4e9},
+                "grace_s",
+            ),
+            ("/v1/admin/keys/{key_id}/tier", f"/v1/admin/keys/{fresh}/tier", {"tier": ""}, "tier"),
+        ]
+        for template, path, body, param in refused:
+            document = _body_schema(paths, template)
+            assert not jsonschema.Draft202012Validator(document).is_valid(body), (template, body)
+            answer = client.post(path, json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            assert answer.json()["error"]["param"] == param, (body, answer.text)
+        taken = [
+            (
+                "/v1/admin/keys",
+                "/v1/admin/keys",
+                {"user": "u", "tier": "free", "expires_in_s": 3.15e9, "label": "x" * 1024},
+            ),
+            ("/v1/admin/keys/{key_id}/rotate", f"/v1/admin/keys/{rotated}/rotate", {"grace_s": 0}),
+        ]
+        for template, path, body in taken:
+            assert jsonschema.Draft202012Validator(_body_schema(paths, template)).is_valid(body), (
+                template,
+                body,
+            )
+            answer = client.post(path, json=body)
+            assert answer.is_success, (body, answer.text)
