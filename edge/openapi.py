@@ -51,11 +51,13 @@ _REF_PREFIX = "#/components/schemas/"
 
 def _inlined(node: Any, components: dict[str, Any]) -> Any:
     """`node` with every reference to `components` replaced by the schema it names (the request's
-    types refer to none of their own: no reference leads back to itself)."""
+    types refer to none of their own: no reference leads back to itself). What stands beside the
+    reference (a type's `extra_json_schema`, as a chat message's rule for its content) is kept."""
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
-            return _inlined(components[ref[len(_REF_PREFIX) :]], components)
+            beside = {key: value for key, value in node.items() if key != "$ref"}
+            return _inlined({**components[ref[len(_REF_PREFIX) :]], **beside}, components)
         return {key: _inlined(value, components) for key, value in node.items()}
     if isinstance(node, list):
         return [_inlined(value, components) for value in node]

@@ -51,7 +51,7 @@ place would mislead a client that ranks or thresholds on them, where a 400 tells
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
@@ -100,11 +100,16 @@ class ContentPart(msgspec.Struct):
 _READABLE_PARTS = ("text", "refusal")
 
 
+# No parts at all is an empty turn (_check_content_parts). For the document alone: the check's
+# message is OpenAI's, which msgspec's would not be.
+ContentParts = Annotated[list[ContentPart], msgspec.Meta(extra_json_schema={"minItems": 1})]
+
+
 class ChatMessage(msgspec.Struct):
     role: Role
     # UNSET tells a message sent without content from one whose content is null: OpenAI names the
     # first a missing parameter and the second a wrong type (_check_content).
-    content: str | list[ContentPart] | msgspec.UnsetType | None = msgspec.UNSET
+    content: str | ContentParts | msgspec.UnsetType | None = msgspec.UNSET
     # The participant (OpenAI's optional `name`; a function message's function, required there),
     # stored with a named conversation's turn so its history says who spoke, and given to the chat
     # template with the message, as vLLM gives it (edge/pipeline.py). Bounded as `user` is: it is
@@ -168,8 +173,31 @@ ConversationId = Annotated[
 ]
 
 
+# _check_content's rule for each role, for the OpenAPI document (edge/openapi.py), which said any
+# message may leave its content out: a tool message without it (which OpenAI refuses too, its
+# content being the tool's result) was documented as valid and answered 400. Only an assistant's
+# may; a function's may be null but must be there, and name its function.
+_CONTENT_BY_ROLE = {
+    "anyOf": [
+        {"properties": {"role": {"const": "assistant"}}},
+        {
+            "properties": {
+                "role": {"enum": [r for r in get_args(Role) if r not in ("assistant", "function")]},
+                "content": {"type": ["string", "array"]},
+            },
+            "required": ["content"],
+        },
+        {
+            "properties": {"role": {"const": "function"}, "name": {"type": "string"}},
+            "required": ["content", "name"],
+        },
+    ]
+}
+DocumentedMessage = Annotated[ChatMessage, msgspec.Meta(extra_json_schema=_CONTENT_BY_ROLE)]
+
+
 class ChatCompletionRequest(msgspec.Struct):
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    messages: Annotated[list[DocumentedMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     # Left out or null, as vLLM takes it (its default model), or empty: the key's tier's default
     # model (edge/models/catalog.py). Required, a client written for vLLM got a 400 for naming none.
     model: str | None = None

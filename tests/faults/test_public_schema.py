@@ -263,3 +263,38 @@ def test_admin_bodies_are_documented_as_the_server_reads_them(server: LiveServer
             )
             answer = client.post(path, json=body)
             assert answer.is_success, (body, answer.text)
+
+
+def test_a_message_without_content_is_documented_as_the_server_reads_it(server: LiveServer) -> None:
+    """Only an assistant's message may come without content, as OpenAI takes it (a tool's result is
+    required content there); a function's may be null but must be there, with its function's name.
+    The document allowed any role to leave it out, and a tool message without content (generated
+    from the document) was a 400 'Missing required parameter'."""
+    doc = httpx.get(server.base_url + SCHEMA_PATH + "/openapi.json", timeout=30).json()
+    document = jsonschema.Draft202012Validator(
+        doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    )
+    messages: list[tuple[dict[str, Any], bool]] = [
+        ({"role": "tool"}, False),
+        ({"role": "tool", "content": None}, False),
+        ({"role": "tool", "content": "42"}, True),
+        ({"role": "user"}, False),
+        ({"role": "system"}, False),
+        ({"role": "developer"}, False),
+        ({"role": "user", "content": []}, False),
+        ({"role": "function", "name": "f"}, False),
+        ({"role": "function", "content": "42"}, False),
+        ({"role": "function", "name": "f", "content": None}, True),
+        ({"role": "assistant"}, True),
+        ({"role": "assistant", "content": None}, True),
+    ]
+    with httpx.Client(base_url=server.base_url, timeout=30, headers=server.auth("paid")) as client:
+        for message, taken in messages:
+            body = {
+                "model": MODEL,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}, message, {"role": "user", "content": "and?"}],
+            }
+            answer = client.post(CHAT, json=body)
+            assert answer.is_success is taken, (message, answer.text)
+            assert document.is_valid(body) is taken, message
