@@ -20,6 +20,7 @@ from edge.routes.caller import caller
 from edge.routes.list_page import list_page
 from edge.routes.page_limit import limit_schema, page_limit
 from edge.routes.single_query import refuse_repeated
+from edge.routes.utf8_path import refuse_undecodable_path
 from edge.runtime import runtime_of
 from edge.schemas import MAX_CONVERSATION_ID, unknown_tier
 from limiter.reads import read_headers
@@ -71,6 +72,7 @@ async def conversation_messages(
 ) -> ASGIResponse:
     runtime = runtime_of(request)
     principal = await caller(runtime, request)
+    refuse_undecodable_path(request.scope, "conversation_id")
     refuse_repeated(request, "limit", "after", "before", "order")
     size = page_limit(limit, DEFAULT_LIMIT, MAX_LIMIT)
     sort = _order(order)
