@@ -463,6 +463,7 @@ def _checked(data: dict[str, Any], *layers: dict[str, Any]) -> Settings:
     _check_model_replicas(settings)
     _check_model_names(settings)
     _check_default_top_p(settings)
+    _check_cloudwatch_interval(settings)
     return settings
 
 
@@ -640,6 +641,20 @@ def _check_model_names(settings: Settings) -> None:
                 f"model name {name!r}: a served model's name may not be '.' or '..' (clients drop such "
                 "a segment of /v1/models/{id}, so it could never be retrieved)"
             )
+
+
+def _check_cloudwatch_interval(settings: Settings) -> None:
+    """Each PutMetricData call is credited to one of the scaling policies' periods (edge/scaling/
+    publisher.py): an interval that does not divide the period gave some periods two intervals'
+    samples and others one, and one longer than it periods with none."""
+    if not settings.metrics.cloudwatch:
+        return
+    from edge.scaling.metric import interval_problem
+
+    interval_s = settings.metrics.cloudwatch_interval_s
+    problem = interval_problem(interval_s)
+    if problem:
+        raise ConfigError(f"metrics.cloudwatch_interval_s = {interval_s:g}: {problem}")
 
 
 def _check_redis_url(settings: Settings) -> None:

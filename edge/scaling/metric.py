@@ -46,6 +46,19 @@ def dimension_value_problem(value: str) -> str:
     return ""
 
 
+def interval_problem(interval_s: float) -> str:
+    """Why the publisher cannot send every `interval_s` seconds, "" where it can: each call is
+    credited to one period (publisher.py), so the calls must divide the period evenly."""
+    calls = PERIOD_S / interval_s
+    if calls < 1 or abs(calls - round(calls)) > 1e-6:
+        return (
+            f"a CloudWatch interval of {interval_s:g} s does not divide the scaling policies' "
+            f"{PERIOD_S} s period: some periods would read one interval's samples and others two "
+            f"or none (take 60, 30, 20, 15, 10 or 5)"
+        )
+    return ""
+
+
 def dimensions(model: str) -> dict[str, str]:
     """The metrics' dimensions for one served model."""
     return {MODEL_DIMENSION: model}

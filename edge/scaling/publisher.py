@@ -2,8 +2,14 @@
 
 Sampling is a cheap synchronous read of the edge's own state; the network call runs in a worker
 thread once per interval, so neither a slow CloudWatch nor a failing one touches request handling.
-Each sample goes out as its own datums with its own timestamp: CloudWatch then counts exactly the
-samples taken within each period, which the scaling policies' `Sum / samples per period` relies on.
+Each sample goes out as its own datums, and each call's samples are credited to one period: the one
+the call is made in, or the next where the call comes within CREDIT_GUARD_S of that one's end
+(a sample of a period that has ended is stamped at the start of the call's). With an interval that
+divides the period, every period then gets its own intervals' samples, whole, before it ends: the
+scaling policies' `Sum / samples per period` is the demand of the latest period they read. Stamped
+with their own times, a period's samples came in two calls, the second up to an interval after the
+period had ended, and a CloudWatch alarm evaluates what has arrived: the latest period read part of
+every edge's share (4 of 6 samples from an edge whose calls go out at :25, 1 from one at :05).
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ CLIENT_BOUNDS: dict[str, Any] = {
     "retries": {"mode": "standard", "total_max_attempts": 2},
 }
 
+# A call is credited to a period that ends at least this long after it is made: the call's own
+# duration (well under a second; two tries of CLIENT_BOUNDS at worst) and CloudWatch's ingestion
+# before the alarms read the period.
+CREDIT_GUARD_S = float(metric.SAMPLE_INTERVAL_S)
+
 # The close's bound: the lifespan closes the publisher ahead of the usage and message writers, and
 # a deployment kills the edge 5 s after its drain deadline (docs/deploy.md, Graceful drain).
 CLOSE_BUDGET_S = 1.0
@@ -80,6 +91,9 @@ class ScalingPublisher:
     ) -> None:
         if interval_s / sample_interval_s > MAX_SAMPLES_PER_CALL:
             raise ValueError(f"more than {MAX_SAMPLES_PER_CALL} samples per interval: sample less often")
+        problem = metric.interval_problem(interval_s)
+        if problem:
+            raise ValueError(problem)
         self._get_sample = get_sample
         self._dimensions: list[DimensionTypeDef] = [{"Name": k, "Value": v} for k, v in dimensions.items()]
         model = dimensions.get(metric.MODEL_DIMENSION, "")
@@ -103,12 +117,14 @@ class ScalingPublisher:
             return
         self._samples.append((time.time(), values))
 
-    async def flush(self) -> bool:
-        """Send the samples taken since the last flush; True when sent (or nothing to send)."""
+    async def flush(self, beat: float | None = None) -> bool:
+        """Send the samples taken since the last flush, credited to the period of `beat` (the unix
+        time the call is due, now when None; see the module doc); True when sent (or nothing to send)."""
         # Only the latest samples when flush() was not called for long: the rest are stale anyway.
         samples, self._samples = self._samples[-MAX_SAMPLES_PER_CALL:], []
         if not samples:
             return True
+        samples = credited(samples, time.time() if beat is None else beat)
         try:
             # Abandoned when cancelled (the close's budget): the call ends in its thread, unawaited.
             await anyio.to_thread.run_sync(self._put, samples, abandon_on_cancel=True)
@@ -155,7 +171,9 @@ class ScalingPublisher:
             # Half a sample's slack: the sample that ends the interval is due at next_flush, up to a
             # float's rounding apart.
             if loop.time() >= next_flush - self._sample_interval_s / 2:
-                await self.flush()
+                # Credited by the beat, not by when the loop got to it: calls an interval apart
+                # fill consecutive periods even where a beat falls at a period's guard.
+                await self.flush(beat=time.time() + next_flush - loop.time())
                 # On the interval's beat: timed from each call's end, the next call missed the
                 # sample that ends its interval by the call's duration and went out a sample
                 # later (a call every 70 s, 7 samples each). Only a call slower than the interval
@@ -186,3 +204,14 @@ class ScalingPublisher:
                 for name, value in values.items()
             ],
         )
+
+
+Samples = list[tuple[float, dict[str, float]]]  # (unix time, values by metric), oldest first
+
+
+def credited(samples: Samples, beat: float) -> Samples:
+    """`samples` stamped into the period a call due at unix time `beat` is credited to."""
+    period = metric.PERIOD_S
+    start = (beat + CREDIT_GUARD_S) // period * period
+    last = start + period - CREDIT_GUARD_S / 2  # within the period however late a sample was taken
+    return [(min(max(at, start), last), values) for at, values in samples]

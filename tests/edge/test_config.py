@@ -667,3 +667,13 @@ def test_a_default_top_p_a_replica_reads_as_zero_is_refused_at_load(
         settings = load_settings(config)
         model = settings.model if table == "model" else settings.models["floodgate-demo"]
         assert model.default_top_p == good
+
+
+@pytest.mark.parametrize("interval_s", [45, 90, 120])
+def test_a_cloudwatch_interval_that_does_not_divide_the_scaling_period_is_refused(interval_s: float) -> None:
+    """Each call is credited to one of the policies' minutes (edge/scaling/publisher.py): every 45 s,
+    minutes would read one call's samples or two; every 120 s, every other minute none."""
+    with pytest.raises(ConfigError, match=rf"metrics\.cloudwatch_interval_s = {interval_s}: .* 60 s period"):
+        load_settings(overrides={"metrics": {"cloudwatch": True, "cloudwatch_interval_s": interval_s}})
+    for divides in (60, 30, 5, 0.1):
+        load_settings(overrides={"metrics": {"cloudwatch": True, "cloudwatch_interval_s": divides}})

@@ -95,11 +95,14 @@ async def test_the_dashboards_demand_reads_the_same_at_any_period(
         publisher = ScalingPublisher(
             signal.sample, dimensions=metric.dimensions(MODEL), client_factory=recorder.client
         )
+        # A call a minute, as the running publisher makes them, this one at :45 (its last sample's
+        # time): each call's samples are credited to the minute it is made in (publisher.py).
         for k in range(minutes * metric.SAMPLES_PER_PERIOD):
-            clock.now = start + 5 + k * metric.SAMPLE_INTERVAL_S
+            clock.now = start - 5 + k * metric.SAMPLE_INTERVAL_S
             edge.ask(3 * metric.SAMPLE_INTERVAL_S)
             publisher.sample()
-        assert await publisher.flush()
+            if (k + 1) % metric.SAMPLES_PER_PERIOD == 0:
+                assert await publisher.flush()
 
     drawn: dict[int, list[float]] = {}
     for period_s in (60, 300):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+import types
 import uuid
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import anyio
@@ -225,3 +228,71 @@ def test_each_call_carries_one_intervals_samples(recorder: PutRecorder) -> None:
     assert counts[1:5] == [metric.SAMPLES_PER_PERIOD] * 4, counts
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(calls_at[:5])]
     assert gaps == [float(metric.PERIOD_S)] * 4, gaps
+
+
+def test_each_minute_reaches_cloudwatch_whole_before_it_ends(recorder: PutRecorder, cloudwatch: Any) -> None:
+    """An edge started 25 s into a minute sends a call every minute at :25, each carrying the
+    samples of the 60 s before it, stamped with their own times: a minute's samples came in two
+    calls, the second 25 s after the minute had ended. A CloudWatch alarm evaluates the data that has
+    arrived (the policies read the latest minute with 4 of its 6 samples: 2/3 of the demand, an
+    edge started at :05 1/6), and every edge has its own phase. Each call is credited to one minute
+    that has not ended yet, so a minute the policies read holds every edge's share of it whole."""
+    loop = VirtualClockLoop()
+    model = model_name()
+    # 25 s into a minute an hour ago (CloudWatch takes data up to two weeks old).
+    start_wall = time.time() // metric.PERIOD_S * metric.PERIOD_S - 3600 + 25.0
+    made_at: list[float] = []  # each call's wall time
+    fourth_sent = asyncio.Event()
+
+    def wall() -> float:
+        return start_wall + loop.time()
+
+    def making(**_: Any) -> None:
+        made_at.append(wall())
+
+    def sent(**_: Any) -> None:
+        if len(made_at) == 4:
+            loop.call_soon_threadsafe(fourth_sent.set)
+
+    def client() -> Any:
+        real = recorder.client()
+        real.meta.events.register("provide-client-params.cloudwatch.PutMetricData", making)
+        real.meta.events.register("after-call.cloudwatch.PutMetricData", sent)
+        return real
+
+    async def main() -> None:
+        publisher = ScalingPublisher(
+            lambda: {metric.DEMAND_METRIC: 1.0}, dimensions=metric.dimensions(model), client_factory=client
+        )
+        publisher.start()
+        await fourth_sent.wait()
+        loop.hold()
+        await publisher.aclose()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("edge.scaling.publisher.time", types.SimpleNamespace(time=wall))
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    minutes = []
+    for call, at in zip(recorder.calls[:4], made_at, strict=True):
+        credited = {int(d["Timestamp"].timestamp()) // metric.PERIOD_S for d in call["MetricData"]}
+        assert len(credited) == 1, f"a call made at :{at % 60:.0f} fills minutes {sorted(credited)}"
+        (minute,) = credited
+        assert at < (minute + 1) * metric.PERIOD_S, "a call added to a minute that had ended"
+        minutes.append(minute)
+    # One call a minute, each a whole minute's samples: the policies' Sum / 6 is the demand (1.0).
+    assert minutes == list(range(minutes[0], minutes[0] + 4)), minutes
+    for minute in minutes[1:]:
+        answer = cloudwatch.get_metric_statistics(
+            Namespace=metric.NAMESPACE,
+            MetricName=metric.DEMAND_METRIC,
+            Dimensions=[{"Name": metric.MODEL_DIMENSION, "Value": model}],
+            StartTime=datetime.fromtimestamp(minute * metric.PERIOD_S, UTC),
+            EndTime=datetime.fromtimestamp((minute + 1) * metric.PERIOD_S, UTC),
+            Period=metric.PERIOD_S,
+            Statistics=["Sum"],
+        )
+        assert [p["Sum"] for p in answer["Datapoints"]] == [float(metric.SAMPLES_PER_PERIOD)], minute
