@@ -9,9 +9,10 @@ stored no reply (an edge that died mid-stream) is still a failed turn."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Request, expect
 
 from edge.routes.playground import PLAYGROUND
 from tests.browser.conftest import SMALL, WAIT_MS, fresh_key
@@ -110,3 +111,48 @@ def test_questions_with_no_reply_stored_are_still_failed_turns(browser: Browser)
     finally:
         context.close()
         edge.close()
+
+
+# About 500 tokens on the demo tokenizer, as in test_long_conversation_leaves_out_its_oldest_turns:
+# a turn of two such questions and one of 700 fit its 2048-token context; a third question does not.
+PART = "word " * 500
+LONG = "word " * 700
+
+
+def test_a_turn_of_two_questions_is_left_out_whole(page: Page, page_server: LiveServer) -> None:
+    """Past the model's context the page leaves out the oldest whole turn: it left out a read-back
+    turn's first question alone, and sent its second question and reply on without it."""
+    key = fresh_key(page_server, "paid", "two-questions-long")
+    conversation = "c-two-questions-long"
+    first = [{"role": "user", "content": f"part one {PART}"}, {"role": "user", "content": f"part two {PART}"}]
+    with httpx.Client(base_url=page_server.base_url, timeout=30.0) as client:
+        auth = {"Authorization": f"Bearer {key}"}
+        body = {"model": SMALL, "messages": first, "max_tokens": 4, "conversation_id": conversation}
+        answer = client.post("/v1/chat/completions", json=body, headers=auth)
+        assert answer.status_code == 200, answer.text
+        reply = {"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]}
+        body["messages"] = [*first, reply, {"role": "user", "content": f"turn 2 {LONG}"}]
+        answer = client.post("/v1/chat/completions", json=body, headers=auth)
+        assert answer.status_code == 200, answer.text
+
+    open_conversation(page, page_server.base_url, conversation, key)
+    expect(page.locator("#transcript .msg")).to_have_count(5, timeout=WAIT_MS)
+    page.fill("#model", SMALL)
+    page.fill("#max-tokens", "4")
+    sent: list[list[dict[str, str]]] = []
+
+    def record(request: Request) -> None:
+        if request.url.endswith("/v1/chat/completions") and request.method == "POST":
+            sent.append(json.loads(request.post_data or "{}")["messages"])
+
+    page.on("request", record)
+    page.fill("#prompt", f"turn 3 {LONG}")
+    page.click("#send")
+    expect(page.locator("#status-state")).to_have_attribute("data-state", re.compile("done"), timeout=WAIT_MS)
+
+    # Refused whole, then sent from the second turn on: never from the first turn's second question.
+    assert [[m["content"].split(" word")[0] for m in messages] for messages in sent[1:]] == [
+        ["turn 2", sent[-1][1]["content"], "turn 3"]
+    ]
+    expect(page.locator("#status-state")).to_contain_text("1 earlier turn left out")
+    expect(page.locator("#transcript .msg.left-out")).to_have_count(3)
