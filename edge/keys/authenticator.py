@@ -11,7 +11,13 @@ real key out, and each real user's next request was a store read again (DynamoDB
 One read per key at a time: requests that find a key's read under way wait for it rather than start
 their own. An edge that starts (or a key's TTL that ends) under a burst of one user's requests
 otherwise sends the store a read per request until the first comes back, each on a worker thread of
-its own (DynamoDB: a billed read each): 16 requests at once, 16 reads before, 1 now."""
+its own (DynamoDB: a billed read each): 16 requests at once, 16 reads before, 1 now.
+
+A request waits at most LOOKUP_WAIT_S for its key's read, then is answered 503 (retry): the read goes
+on, and its answer is cached for the retry. A store gone silent (a black-holed DynamoDB endpoint)
+held each request through the client's every retry, about 20 s, and past the worker threads the
+store calls share, the requests of more users than threads queued behind one another for as long as
+the outage lasted."""
 
 from __future__ import annotations
 
@@ -33,6 +39,10 @@ log = structlog.get_logger("floodgate.keys")
 
 MAX_CACHED = 100_000  # keys the store knows (each an active user, or a key revoked or expired)
 MAX_UNKNOWN = 100_000  # keys it does not know: what a flood of made-up keys fills
+# The longest a request waits for its key's store read: a healthy store answers in milliseconds
+# (SQLite's write lock, held by a CLI's write, included), and a retry a second later finds the
+# answer of a slow read cached.
+LOOKUP_WAIT_S = 3.0
 # Resolved once: a labelled child per request would cost about as much as the cache hit itself.
 _FROM_CACHE, _FROM_STORE = KEY_LOOKUPS.labels("cache"), KEY_LOOKUPS.labels("store")
 _SHARED = KEY_LOOKUPS.labels("shared")
@@ -155,11 +165,12 @@ class Authenticator:
         else:
             _SHARED.inc()
         try:
-            # Shielded: a request cancelled while it waits (its client gone) leaves the read to
-            # the others.
-            return await asyncio.shield(read)
+            # Shielded: a request cancelled while it waits (its client gone), or past the wait,
+            # leaves the read to the others and to the retry.
+            return await asyncio.wait_for(asyncio.shield(read), LOOKUP_WAIT_S)
         except Exception as exc:
-            log.warning("key_store_unavailable", error=repr(exc))
+            error = f"no answer within {LOOKUP_WAIT_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            log.warning("key_store_unavailable", error=error)
             raise ApiError(
                 503,
                 "API keys cannot be checked right now; please retry.",
