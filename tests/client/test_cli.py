@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -407,4 +408,39 @@ def test_retry_does_not_wait_out_a_refusal_past_its_minute(monkeypatch: pytest.M
         assert edge.requests == 1
         assert re.search(r"retry in 5\d\d\.\d s", err.getvalue()), err.getvalue()
     finally:
+        edge.close()
+
+
+def test_a_second_ctrl_c_quits_at_once_when_the_edge_does_not_answer_the_cancel() -> None:
+    """The first Ctrl-C's cancel unanswered (an edge gone silent: a real `floodgate serve` stopped
+    with SIGSTOP took it so), the second is the user's "quit now". The stream's exit sent a second
+    cancel and waited CANCEL_ON_EXIT_S (5 s) for its answer, printing nothing, and a third Ctrl-C
+    there was a traceback in `floodgate-client`. Dropping the connection is the cancel already."""
+    hold = threading.Event()
+    encoder = ChunkEncoder("chatcmpl-silent", "floodgate-tiny", 0)
+    edge = ScriptedEdge([encoder.first() + encoder.delta("hello")], hold_open=hold, hold_cancel=hold)
+    try:
+        env = {**checkout_env(), "FLOODGATE_API_KEY": "fg-test"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "floodgate_client", "chat", "hi", "--json", "--base-url", edge.base_url],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if json.loads(line)["type"] == "text_delta":
+                break
+        proc.send_signal(signal.SIGINT)
+        assert edge.cancel_asked.wait(timeout=30)  # the first Ctrl-C's handler has run
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
+        # No cancel sent on the way out, and so none waited for.
+        assert edge.cancels == 1
+    finally:
+        hold.set()
         edge.close()
