@@ -135,12 +135,14 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
                 raise NetworkError("no request id yet to cancel")
             return client.chat.cancel(request_id)
 
+        # Asked once: each isatty() is a system call, and a reply is hundreds of deltas.
+        terminal = _is_terminal(out)
         with ExitStack() as exits:
             exits.enter_context(stream)
             interrupt = exits.enter_context(CancelOnInterrupt(cancel_running, err))
             try:
                 for event in stream:
-                    _print_event(event, args.json, out, err)
+                    _print_event(event, args.json, out, err, terminal)
             except KeyboardInterrupt:
                 # The second Ctrl-C: quit now. The stream's exit would send a cancel of its own and
                 # wait up to CANCEL_ON_EXIT_S for it, silent, where the first cancel was unanswered
@@ -222,7 +224,25 @@ def _write(stream: TextIO, text: str) -> None:
         stream.write(text.encode(encoding, errors="replace").decode(encoding))
 
 
-def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) -> None:
+# A reply's control characters as `cat -v` shows them (^[ for ESC), on a terminal: the model's text,
+# which a prompt can steer, otherwise reached the terminal as commands (an ESC sequence can set the
+# window's title, move the cursor over what was printed, or write the clipboard: OSC 52). Line feeds
+# and tabs pass; piped, the reply is written as it came.
+_VISIBLE_CONTROLS = {
+    **{code: "^" + chr(code + 0x40) for code in range(0x20) if chr(code) not in "\n\t"},
+    0x7F: "^?",
+    **{code: "M-^" + chr(code - 0x80 + 0x40) for code in range(0x80, 0xA0)},
+}
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False  # a test's buffer, or a closed stream
+
+
+def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO, terminal: bool = False) -> None:
     if as_json:
         try:
             out.write(event_json(event) + "\n")
@@ -231,7 +251,7 @@ def _print_event(event: StreamEvent, as_json: bool, out: TextIO, err: TextIO) ->
             out.write(event_json(event, ensure_ascii=True) + "\n")
         out.flush()
     elif isinstance(event, TextDelta):
-        _write(out, event.text)
+        _write(out, event.text.translate(_VISIBLE_CONTROLS) if terminal else event.text)
         out.flush()
     elif isinstance(event, Finished):
         out.write("\n")

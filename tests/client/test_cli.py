@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -443,4 +444,53 @@ def test_a_second_ctrl_c_quits_at_once_when_the_edge_does_not_answer_the_cancel(
         assert edge.cancels == 1
     finally:
         hold.set()
+        edge.close()
+
+
+ESCAPES = ["Hi \x1b]0;owned\x07", "\x1b[2J\x1b[H", "\x9b31m done\tok\n"]
+
+
+def _escaping_reply() -> bytes:
+    encoder = ChunkEncoder("chatcmpl-escapes", "floodgate-tiny", 0)
+    deltas = b"".join(encoder.delta(text) for text in ESCAPES)
+    return encoder.first() + deltas + encoder.final("stop", None) + encoder.usage(3, 5) + DONE
+
+
+def _cli_output(base_url: str, stdout: int) -> None:
+    env = {**checkout_env(), "FLOODGATE_API_KEY": "fg-secret-key"}
+    done = subprocess.run(
+        [sys.executable, "-m", "floodgate_client", "chat", "hi", "--base-url", base_url],
+        cwd=REPO,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_replys_control_characters_reach_a_terminal_shown_not_obeyed(tmp_path: Path) -> None:
+    """The model's text, which a prompt can steer, reached the terminal as it came: an ESC sequence
+    set the window's title or cleared the screen (and OSC 52 can write the clipboard). On a terminal
+    they are shown as `cat -v` shows them; piped, the reply is written as it came."""
+    edge = ScriptedEdge([_escaping_reply(), _escaping_reply()])
+    try:
+        main, replica = os.openpty()
+        try:
+            _cli_output(edge.base_url, replica)
+            os.close(replica)
+            shown = b""
+            with contextlib.suppress(OSError):  # EIO once the pty's other end has closed
+                while chunk := os.read(main, 65536):
+                    shown += chunk
+        finally:
+            os.close(main)
+        text = shown.decode()
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, repr(text)
+        assert "Hi ^[]0;owned^G^[[2J^[[HM-^[31m done\tok" in text, repr(text)
+        piped = tmp_path / "reply.txt"
+        with piped.open("wb") as sink:
+            _cli_output(edge.base_url, sink.fileno())
+        assert piped.read_text() == "".join(ESCAPES) + "\n"
+    finally:
         edge.close()
