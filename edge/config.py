@@ -163,7 +163,9 @@ class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     redis_url: str
     timeout_ms: Annotated[int, msgspec.Meta(ge=1)]
     instance_count: Annotated[int, msgspec.Meta(ge=1)]
-    slot_ttl_s: Annotated[float, msgspec.Meta(gt=0)]
+    # At most 100 years, as a tier's window (limiter/tiers.py MAX_WINDOW_S): a TTL of 1e14 s loaded,
+    # and Redis refused its milliseconds in every admit's PEXPIRE, each a store failure.
+    slot_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD_S)]
     redis_cluster: bool
 
 
@@ -264,9 +266,11 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
 class FleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Edges that count themselves (edge/membership/), with the redis limiter backend."""
 
-    heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
-    member_ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0
-    stale_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Each at most 100 years: a heartbeat of 1e13 s loaded, and Redis refused the membership's
+    # expiry in milliseconds at every beat, the fleet unreachable for good.
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD_S)] = 5.0
+    member_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD_S)] = 15.0
+    stale_after_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD_S)] = 30.0
     # Each shared replica divided among this many edge processes (edge/membership/assignment.py);
     # 0: among every one.
     members_per_replica: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -16,6 +16,7 @@ import pytest
 
 from edge.config import ConfigError, load_settings
 from edge.float32 import FLOAT32_MIN_NORMAL
+from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import hash_key
 from gpu_container.engine.types import EngineConfig
 from limiter.factory import create_limiter
@@ -23,6 +24,7 @@ from tests.edge.conftest import ROOMY_TIERS
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier
 from tests.support.ascii_locale import ascii_locale_env
+from tests.support.redis_server import start_redis
 
 
 def test_the_defaults_load() -> None:
@@ -131,6 +133,11 @@ def test_an_infinite_setting_is_refused_at_load(table: str, field: str) -> None:
     if table == "engine":
         # Refused by EngineConfig itself, which the Triton CPU model's parameters also decode to.
         with pytest.raises(msgspec.ValidationError, match=rf"{field} \(inf\) must be a finite number"):
+            load_settings(overrides=overrides)
+        return
+    if table in ("tiers.free", "tiers.paid", "fleet"):
+        # Refused by their upper bound, 100 years (test_a_duration_past_a_hundred_years_...).
+        with pytest.raises(msgspec.ValidationError, match=rf"<= {MAX_PERIOD_S} - at `\$\.{table}\.\w+`"):
             load_settings(overrides=overrides)
         return
     with pytest.raises(ConfigError, match=rf"{table}\.\w+ = inf: a setting must be a finite number"):
@@ -677,3 +684,46 @@ def test_a_cloudwatch_interval_that_does_not_divide_the_scaling_period_is_refuse
         load_settings(overrides={"metrics": {"cloudwatch": True, "cloudwatch_interval_s": interval_s}})
     for divides in (60, 30, 5, 0.1):
         load_settings(overrides={"metrics": {"cloudwatch": True, "cloudwatch_interval_s": divides}})
+
+
+# Each loaded, and with the redis limiter every admit failed on Redis ("ERR value is not an integer
+# or out of range": a slot TTL of 1e14 s is past what PEXPIRE's milliseconds take through Lua, a
+# window of 1e17 s past its microseconds) and fell back to the local limiter, or, with
+# on_store_failure = "closed", was a 503; a heartbeat of 1e13 s kept the fleet unreachable for good.
+@pytest.mark.parametrize(
+    ("table", "field", "value"),
+    [
+        ("limiter", "slot_ttl_s", 1e14),
+        ("tiers.paid", "request_window_s", 1e17),
+        ("tiers.paid", "token_window_s", 1e17),
+        ("tiers.paid", "history_read_window_s", 1e17),
+        ("fleet", "heartbeat_s", 1e13),
+        ("fleet", "member_ttl_s", 1e13),
+        ("fleet", "stale_after_s", 1e13),
+    ],
+)
+def test_a_duration_past_a_hundred_years_is_refused_at_load(table: str, field: str, value: float) -> None:
+    overrides: dict[str, Any] = {field: value}
+    for name in reversed(table.split(".")):
+        overrides = {name: overrides}
+    with pytest.raises(msgspec.ValidationError, match=rf"<= {MAX_PERIOD_S}.*{field}"):
+        load_settings(overrides=overrides)
+
+
+@pytest.mark.anyio
+async def test_the_longest_slot_ttl_and_window_a_redis_limiter_admits_with() -> None:
+    """At the settings' bound (100 years) a real Redis takes every expiry the limiter sets."""
+    longest = {
+        "limiter": {"slot_ttl_s": MAX_PERIOD_S},
+        "tiers": {"paid": {"request_window_s": MAX_PERIOD_S, "token_window_s": MAX_PERIOD_S}},
+    }
+    settings = load_settings(overrides=longest)
+    server = start_redis()
+    try:
+        limiter = create_limiter("redis", server.url, 2000, 1, lease_ttl_s=settings.limiter.slot_ttl_s)
+        closed = msgspec.structs.replace(settings.tiers["paid"], on_store_failure="closed")
+        admission = await limiter.admit("u", "r1", closed, 10, 10)  # closed: a store failure raises
+        assert admission.decision.allowed
+        await limiter.aclose()
+    finally:
+        server.stop()
