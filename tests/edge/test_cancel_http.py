@@ -5,6 +5,7 @@ sequence was dropped, every KV block is free, and it stopped short of its full l
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -60,11 +61,13 @@ def test_a_cancelled_answer_not_streamed_is_the_reply_so_far_marked_cancelled(
     body = long_body | {"stream": False, "max_tokens": 2 * long_body["max_tokens"]}
     earlier = set(registry.running())  # a request an earlier test left may still be ending
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.base_url, timeout=60.0) as client:
+        gaps = _gaps_relayed(server)
         waiting = pool.submit(client.post, CHAT, json=body, headers=server.auth("paid"))
-        # Tokens past the first, not the first alone: the replica's count leads what reached the
-        # edge (on Triton, through its response sender and the stream), and a cancel as the count
-        # first moved found no text yet (0 tokens, seen in a fresh-clone run).
-        wait_for_engine(server, lambda r: r.work > before.work + 32, "the replica to generate")
+        # Tokens the edge itself relayed, not the replica's count: on Triton that leads what reached
+        # the edge (through its response sender and the stream), and a cancel found no text yet
+        # once the count had moved (0 tokens), then again once it was 32 past (a CI run's starved
+        # edge loop: the replica had made them in 45 ms).
+        wait_until(lambda: _gaps_relayed(server) >= gaps + 8, what="the edge to relay the first tokens")
         ((rid, _),) = set(registry.running()) - earlier
         cancel = client.post(f"{CHAT}/{rid}/cancel", headers=server.auth("paid"))
         answer = waiting.result()
@@ -143,6 +146,13 @@ def test_the_openai_sdk_does_not_retry_the_cancel_of_a_finished_request(
             sdk.post(f"/chat/completions/{rid}/cancel", cast_to=object)
     assert conflict.value.code == "request_finished"
     assert len(sent) == 1
+
+
+def _gaps_relayed(server: LiveServer) -> float:
+    """The edge's count of gaps between a reply's deltas, every model's (observed as it relays each
+    delta after a reply's first, streamed or not): it moves only once the edge has the tokens."""
+    pattern = r"^floodgate_inter_token_latency_seconds_count\{[^}]*\} ([0-9.e+]+)$"
+    return sum(float(count) for count in re.findall(pattern, server.metrics_text(), re.MULTILINE))
 
 
 def _raw_chat(server: LiveServer, body: dict[str, Any]) -> tuple[tuple[str, int], bytes]:
