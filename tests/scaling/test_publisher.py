@@ -7,6 +7,7 @@ import itertools
 import time
 import types
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -184,6 +185,44 @@ async def test_a_silent_cloudwatch_holds_the_shutdown_for_one_bounded_call(
         assert failures == 1.0  # the call out failed (no sample was taken while it was out)
 
 
+def _publish_calls(
+    loop: VirtualClockLoop, recorder: PutRecorder, model: str, calls: int, on_call: Callable[[], None]
+) -> None:
+    """A publisher of demand 1.0 run on `loop` until its `calls`th PutMetricData call has been
+    answered, then closed; `on_call` runs as each call is made (in the call's thread)."""
+    made = 0
+    answered = asyncio.Event()
+
+    def making(**_: Any) -> None:
+        nonlocal made
+        made += 1
+        on_call()
+
+    def sent(**_: Any) -> None:
+        if made == calls:
+            loop.call_soon_threadsafe(answered.set)
+
+    def client() -> Any:
+        real = recorder.client()
+        real.meta.events.register("provide-client-params.cloudwatch.PutMetricData", making)
+        real.meta.events.register("after-call.cloudwatch.PutMetricData", sent)
+        return real
+
+    async def main() -> None:
+        publisher = ScalingPublisher(
+            lambda: {metric.DEMAND_METRIC: 1.0}, dimensions=metric.dimensions(model), client_factory=client
+        )
+        publisher.start()
+        await answered.wait()
+        loop.hold()  # the close's budget is not spent at once while the last call returns
+        await publisher.aclose()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
 def test_each_call_carries_one_intervals_samples(recorder: PutRecorder) -> None:
     """A minute's PutMetricData call takes time (here 0.5 s). The next was timed from its end, a
     minute and a half-second on, and so went out with the sample after that, 10 s late: one call
@@ -191,37 +230,12 @@ def test_each_call_carries_one_intervals_samples(recorder: PutRecorder) -> None:
     every period's Sum incomplete for longer. The calls keep the interval's beat: 6 samples each."""
     loop = VirtualClockLoop()
     calls_at: list[float] = []
-    fifth_sent = asyncio.Event()
 
-    def slow_put(**_: Any) -> None:
+    def slow_put() -> None:
         calls_at.append(loop.time())
         loop.advance(0.5)
 
-    def sent(**_: Any) -> None:
-        if len(calls_at) == 5:
-            loop.call_soon_threadsafe(fifth_sent.set)
-
-    def client() -> Any:
-        real = recorder.client()
-        real.meta.events.register("provide-client-params.cloudwatch.PutMetricData", slow_put)
-        real.meta.events.register("after-call.cloudwatch.PutMetricData", sent)
-        return real
-
-    async def main() -> None:
-        publisher = ScalingPublisher(
-            lambda: {metric.DEMAND_METRIC: 1.0},
-            dimensions=metric.dimensions(model_name()),
-            client_factory=client,
-        )
-        publisher.start()
-        await fifth_sent.wait()
-        loop.hold()  # the close's budget is not spent at once while the fifth call returns
-        await publisher.aclose()
-
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    _publish_calls(loop, recorder, model_name(), 5, slow_put)
 
     counts = [len(call["MetricData"]) for call in recorder.calls]
     # The first call also carries the sample taken at the start; every later one an interval's.
@@ -242,39 +256,13 @@ def test_each_minute_reaches_cloudwatch_whole_before_it_ends(recorder: PutRecord
     # 25 s into a minute an hour ago (CloudWatch takes data up to two weeks old).
     start_wall = time.time() // metric.PERIOD_S * metric.PERIOD_S - 3600 + 25.0
     made_at: list[float] = []  # each call's wall time
-    fourth_sent = asyncio.Event()
 
     def wall() -> float:
         return start_wall + loop.time()
 
-    def making(**_: Any) -> None:
-        made_at.append(wall())
-
-    def sent(**_: Any) -> None:
-        if len(made_at) == 4:
-            loop.call_soon_threadsafe(fourth_sent.set)
-
-    def client() -> Any:
-        real = recorder.client()
-        real.meta.events.register("provide-client-params.cloudwatch.PutMetricData", making)
-        real.meta.events.register("after-call.cloudwatch.PutMetricData", sent)
-        return real
-
-    async def main() -> None:
-        publisher = ScalingPublisher(
-            lambda: {metric.DEMAND_METRIC: 1.0}, dimensions=metric.dimensions(model), client_factory=client
-        )
-        publisher.start()
-        await fourth_sent.wait()
-        loop.hold()
-        await publisher.aclose()
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("edge.scaling.publisher.time", types.SimpleNamespace(time=wall))
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
+        _publish_calls(loop, recorder, model, 4, lambda: made_at.append(wall()))
 
     minutes = []
     for call, at in zip(recorder.calls[:4], made_at, strict=True):
