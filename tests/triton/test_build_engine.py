@@ -61,16 +61,21 @@ def test_trtllm_build_command_enables_paged_kv_and_packed_inputs() -> None:
     assert len(command) == 1 + 2 * len(flags)
 
 
+# A stand-in for the TensorRT-LLM 0.16 wheel (no GPU here) with the API the real one has:
+# tensorrt_llm.Mapping and tensorrt_llm.models.LLaMAForCausalLM, whose save_checkpoint writes what
+# the real one does as far as the files go (rank<N>.safetensors; config.json with its mapping); each
+# call recorded where STUB_CALLS names a file.
 STUB = """
 import json, os
 from pathlib import Path
 
-CALLS = Path(os.environ["STUB_CALLS"])
-
 
 def _record(entry):
-    calls = json.loads(CALLS.read_text()) if CALLS.exists() else []
-    CALLS.write_text(json.dumps(calls + [entry]))
+    if "STUB_CALLS" not in os.environ:
+        return
+    calls_file = Path(os.environ["STUB_CALLS"])
+    calls = json.loads(calls_file.read_text()) if calls_file.exists() else []
+    calls_file.write_text(json.dumps(calls + [entry]))
 
 
 class Mapping:
@@ -79,6 +84,8 @@ class Mapping:
 """
 
 STUB_MODELS = """
+import json, os
+
 from tensorrt_llm import _record
 
 
@@ -92,18 +99,28 @@ class LLaMAForCausalLM:
         return cls(mapping)
 
     def save_checkpoint(self, output_dir, save_config=True):
-        _record({"call": "save_checkpoint", "output_dir": output_dir, "rank": self.mapping.rank,
+        rank = self.mapping.rank
+        _record({"call": "save_checkpoint", "output_dir": output_dir, "rank": rank,
                  "save_config": save_config})
+        with open(os.path.join(output_dir, f"rank{rank}.safetensors"), "w") as f:
+            f.write("weights")
+        if save_config:
+            with open(os.path.join(output_dir, "config.json"), "w") as f:
+                json.dump({"mapping": {"world_size": self.mapping.world_size}}, f)
 """
 
 
-def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -> None:
-    # A stand-in for the TensorRT-LLM 0.16 wheel (no GPU here) with the API the real one has:
-    # tensorrt_llm.Mapping and tensorrt_llm.models.LLaMAForCausalLM.
+def _stub_wheel(tmp_path: Path) -> Path:
+    """The stand-in wheel, installed under `tmp_path`: the folder to put on PYTHONPATH."""
     stub = tmp_path / "stub" / "tensorrt_llm"
     (stub / "models").mkdir(parents=True)
     (stub / "__init__.py").write_text(STUB)
     (stub / "models" / "__init__.py").write_text(STUB_MODELS)
+    return stub.parent
+
+
+def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -> None:
+    wheel = _stub_wheel(tmp_path)
     calls = tmp_path / "calls.json"
     root = Path(__file__).resolve().parents[2]
     command = convert_checkpoint_command(
@@ -113,7 +130,7 @@ def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -
     done = subprocess.run(
         [sys.executable, *command[1:]],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path / 'stub'}:{root}", "STUB_CALLS": str(calls)},
+        env={**os.environ, "PYTHONPATH": f"{wheel}:{root}", "STUB_CALLS": str(calls)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -145,36 +162,6 @@ def test_the_conversion_uses_the_wheels_llama_api_rank_by_rank(tmp_path: Path) -
     ]
 
 
-CONVERTING_STUB = """
-import json, os
-
-
-class Mapping:
-    def __init__(self, world_size=1, rank=0, tp_size=1, pp_size=1, **_):
-        self.__dict__.update(world_size=world_size, rank=rank, tp_size=tp_size, pp_size=pp_size)
-"""
-
-CONVERTING_MODELS = """
-import json, os
-
-
-class LLaMAForCausalLM:
-    def __init__(self, mapping):
-        self.mapping = mapping
-
-    @classmethod
-    def from_hugging_face(cls, model_dir, dtype, mapping=None, **_):
-        return cls(mapping)
-
-    def save_checkpoint(self, output_dir, save_config=True):
-        rank = self.mapping.rank
-        with open(os.path.join(output_dir, f"rank{rank}.safetensors"), "w") as f:
-            f.write("weights")
-        if save_config:
-            with open(os.path.join(output_dir, "config.json"), "w") as f:
-                json.dump({"mapping": {"world_size": self.mapping.world_size}}, f)
-"""
-
 # What trtllm-build 0.16 does with a checkpoint folder, as far as the files go: one rank<N>.engine
 # per rank of the checkpoint's mapping and config.json, into --output_dir, which it creates when
 # missing and never empties.
@@ -193,10 +180,7 @@ with open(os.path.join(out, "config.json"), "w") as f:
 
 
 def test_a_rebuild_in_the_same_work_dir_leaves_no_engine_of_the_last_build(tmp_path: Path) -> None:
-    stub = tmp_path / "stub" / "tensorrt_llm"
-    (stub / "models").mkdir(parents=True)
-    (stub / "__init__.py").write_text(CONVERTING_STUB)
-    (stub / "models" / "__init__.py").write_text(CONVERTING_MODELS)
+    wheel = _stub_wheel(tmp_path)
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "trtllm-build").write_text(TRTLLM_BUILD.replace("python3", sys.executable, 1))
@@ -208,7 +192,7 @@ def test_a_rebuild_in_the_same_work_dir_leaves_no_engine_of_the_last_build(tmp_p
     env = {
         **os.environ,
         "PATH": f"{fake_bin}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{tmp_path / 'stub'}:{root}",
+        "PYTHONPATH": f"{wheel}:{root}",
     }
     work = tmp_path / "build"
 
