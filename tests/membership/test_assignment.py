@@ -10,7 +10,6 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -24,7 +23,7 @@ from edge.membership.registry import MembershipRegistry
 from edge.membership.shares import FleetView, view_from_claims
 from limiter import redis_url
 from tests.admission.replicas import ControlledUpstream
-from tests.support.redis_server import RedisServer, start_redis
+from tests.support.redis_server import RedisServer
 
 REPLICAS = [f"10.0.{i // 256}.{i % 256}:8001" for i in range(40)]
 
@@ -121,13 +120,6 @@ def test_a_replica_newly_ranked_on_is_settled_only_once_every_recent_set_ranks_i
     before_and_after = (frozenset(members), without_top)
     assert view_from_claims(claims, second, "serving", (), 1, before_and_after).held_of(replica) == 0.0
     assert view_from_claims(claims, second, "serving", (), 1, (without_top,)).held_of(replica) == 1.0
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    yield server
-    server.kill()
 
 
 @pytest.mark.anyio

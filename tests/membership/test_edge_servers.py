@@ -24,7 +24,7 @@ import redis
 from gpu_container.engine.types import EngineConfig
 from tests.edge.sse_client import CHAT, MODEL
 from tests.faults.serve_process import ServeProcess, serve_process
-from tests.support.redis_server import RedisServer, start_redis
+from tests.support.redis_server import RedisServer
 from tests.support.triton_server import LocalTriton, own_local_triton
 
 HEARTBEAT_S = 0.5  # a beat late by up to one interval still never overbooks (join waits two)
@@ -32,13 +32,6 @@ TTL_S = 2.0
 WAIT_S = 30.0
 # 8 blocks of 16 tokens: one replica holds 128 KV tokens, so 64 is half of it and 42 a third.
 HALF_REPLICA_TOKENS = 64
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    yield server
-    server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -112,13 +112,6 @@ class Fleet:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
 def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
     f = Fleet(redis_server)
     yield f

@@ -5,8 +5,6 @@ limiter's own calls need not notice: after a FLUSHALL its connections never brok
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from redis.asyncio import Redis
 
@@ -16,16 +14,9 @@ from edge.membership.edge_fleet import joined_fleet
 from limiter.redis_store import RedisLimiter, user_keys
 from tests.limiter.conditions import wait_until
 from tests.limiter.tiers import tier
-from tests.support.redis_server import RedisServer, start_redis
+from tests.support.redis_server import RedisServer
 
 LIMITS = tier(requests=1000, tokens=10**6, concurrent=1)
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    yield server
-    server.kill()
 
 
 @pytest.mark.anyio
