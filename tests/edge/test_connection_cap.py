@@ -122,9 +122,11 @@ def _busy_connection(server: ServeProcess) -> socket.socket:
     return sock
 
 
-def _models(sock: socket.socket, auth: str) -> bytes:
-    """GET /v1/models on a kept-alive connection: its answer's status line, the body read whole."""
-    sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: edge\r\nAuthorization: {auth}\r\n\r\n".encode())
+def _get(sock: socket.socket, path: str, auth: str = "") -> bytes:
+    """GET `path` on a kept-alive connection: its answer's status line, the body read whole (the
+    connection's next answer starts after it); what came before a close, where it closed."""
+    authorization = f"Authorization: {auth}\r\n" if auth else ""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: edge\r\n{authorization}\r\n".encode())
     got = b""
     while b"\r\n\r\n" not in got:
         chunk = sock.recv(65536)
@@ -212,7 +214,7 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
                 for _ in range(CAP - 1 - len(fresh)):
                     sock = socket.create_connection(("127.0.0.1", _port(server)))
                     sock.settimeout(30)
-                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+                    assert _get(sock, "/v1/models", auth) == b"HTTP/1.1 200 OK"
                     kept.append(sock)
 
                 # New clients, one after another, each staying: each is served, in the place of the
@@ -222,7 +224,7 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
                     sock = socket.create_connection(("127.0.0.1", _port(server)))
                     sock.settimeout(30)
                     newcomers.append(sock)
-                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+                    assert _get(sock, "/v1/models", auth) == b"HTTP/1.1 200 OK"
                 closed = new - len(fresh)
                 # Those closed were told nothing, as at a keep-alive timeout: the close alone.
                 for sock in fresh + kept[:closed]:
@@ -230,7 +232,7 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
                     assert _answer(sock) == b""
                 # The idle ones not needed still serve.
                 for sock in kept[closed:]:
-                    assert _models(sock, auth) == b"HTTP/1.1 200 OK"
+                    assert _get(sock, "/v1/models", auth) == b"HTTP/1.1 200 OK"
 
                 rest = list(events)
             assert [line for line in rest if line.startswith("data: ")][-1] == "data: [DONE]"
@@ -243,18 +245,6 @@ def test_at_the_cap_the_oldest_idle_connections_are_closed_for_new_clients(
 
 def _ops_port(server: ServeProcess) -> int:
     return int(server.ops_url.rsplit(":", 1)[1])
-
-
-def _healthz(sock: socket.socket) -> bytes:
-    """GET /healthz on a kept-alive connection: its answer's status line."""
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
-    got = b""
-    while b"\r\n\r\n" not in got:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return got
-        got += chunk
-    return got.split(b"\r\n", 1)[0]
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
@@ -292,13 +282,13 @@ def test_a_listener_at_its_cap_takes_none_of_the_other_listeners_idle_connection
         with serve_process(tmp_path, RECLAIM_AT_ONCE, {"preexec_fn": _limit_descriptors}) as server:
             with socket.create_connection(("127.0.0.1", _ops_port(server))) as scraper:
                 scraper.settimeout(30)
-                assert _healthz(scraper) == b"HTTP/1.1 200 OK"  # kept alive, idle from now
+                assert _get(scraper, "/healthz") == b"HTTP/1.1 200 OK"  # kept alive, idle from now
                 busy = [_busy_connection(server) for _ in range(CAP)]
                 with socket.create_connection(("127.0.0.1", _port(server))) as newcomer:
                     newcomer.settimeout(30)
                     newcomer.sendall(b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n")
                     assert _busy(_answer(newcomer))
-                assert _healthz(scraper) == b"HTTP/1.1 200 OK"
+                assert _get(scraper, "/healthz") == b"HTTP/1.1 200 OK"
             assert _metric(server, "floodgate_idle_connections_closed_total") == 0
     finally:
         for sock in busy:
