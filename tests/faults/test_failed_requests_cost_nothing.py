@@ -125,15 +125,14 @@ def test_an_answer_not_streamed_that_fails_after_tokens_costs_nothing_and_a_stre
                 got = [line for line in streamed.iter_lines() if line.startswith("data: {")]
             last = client.post(CHAT, json=SHORT)
     assert failed.status_code == 502, failed.text
-    cost = before.json()["usage"]["total_tokens"]
-    # Between two alike requests' admissions: the first one's cost, and nothing of the failure.
-    assert remaining(before) - remaining(after) == cost
+    # An answer's remaining count is after its own usage: between two of them, the later one's cost
+    # (its reply is sampled, up to 4 tokens, and may end sooner or later than the earlier one's) and
+    # nothing of the failure.
+    assert remaining(before) - remaining(after) == after.json()["usage"]["total_tokens"]
     # The stream carried its three tokens' text before its error, and they were charged with its prompt.
     assert streamed.status_code == 200 and '"error"' in got[-1]
-    # (`after`'s own cost: its reply is sampled, and may end sooner or later than `before`'s did.)
-    after_cost = after.json()["usage"]["total_tokens"]
     stream_cost = before.json()["usage"]["prompt_tokens"] + 3
-    assert remaining(after) - remaining(last) == after_cost + stream_cost
+    assert remaining(after) - remaining(last) == last.json()["usage"]["total_tokens"] + stream_cost
     # Asked for, the usage chunk says so, just before the error (the SDKs raise at the error and
     # read nothing after): a client billing its own users by `usage` counts what it was charged.
     usage = json.loads(got[-2].removeprefix("data: "))["usage"]
@@ -201,7 +200,7 @@ def test_a_failed_answer_refunded_keeps_its_error_when_a_cancel_elsewhere_came_f
     assert (
         int(before.headers["x-ratelimit-remaining-tokens"])
         - int(after.headers["x-ratelimit-remaining-tokens"])
-        == before.json()["usage"]["total_tokens"]
+        == after.json()["usage"]["total_tokens"]  # its own usage is in its count; the failure's none
     )
 
 
