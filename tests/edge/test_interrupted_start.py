@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.from_a_terminal import as_from_a_terminal
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _as_from_a_terminal() -> None:
-    """A command started from a terminal takes Ctrl-C; one started by a suite run in the background
-    of a non-interactive shell inherits SIGINT ignored (POSIX), which the edge rightly keeps."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.server  # runs `floodgate serve` itself, through subprocess
@@ -39,7 +35,7 @@ def test_ctrl_c_during_the_models_import_is_a_stop_not_a_traceback(tmp_path: Pat
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        preexec_fn=_as_from_a_terminal,
+        preexec_fn=as_from_a_terminal,
     )
     try:
         assert proc.stderr is not None

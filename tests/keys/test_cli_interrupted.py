@@ -13,6 +13,7 @@ import pytest
 from edge.cli import main
 from tests.keys import test_cli
 from tests.keys.test_cli import run, user_of
+from tests.support.from_a_terminal import as_from_a_terminal
 from tests.support.held_key_store import HELD
 
 config = test_cli.config  # the fixture: a settings file naming a fresh SQLite store
@@ -28,7 +29,9 @@ def _interrupted(config: Path, moment: str, *argv: str) -> tuple[int, str, str]:
     """`floodgate *argv`, sent SIGINT once its store holds it (`moment`, held_key_store's): the exit
     code, stdout and stderr."""
     command = [sys.executable, "-m", "tests.support.held_key_store", moment, *argv, "--config", str(config)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal
+    ) as child:
         assert child.stderr is not None
         before: list[str] = []
         for line in child.stderr:
@@ -38,7 +41,11 @@ def _interrupted(config: Path, moment: str, *argv: str) -> tuple[int, str, str]:
         else:
             raise AssertionError(f"the store never held the command: {''.join(before)}")
         child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=60)
+        try:
+            out, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()  # else the `with`'s own wait held the test process for good
+            raise AssertionError(f"SIGINT did not end the command: {''.join(before)}") from None
     return child.returncode, out, "".join(before) + err
 
 
