@@ -202,13 +202,16 @@ def transport_cause(exc: Exception) -> Exception | None:
     return None if isinstance(exc, httpx.LocalProtocolError) else exc
 
 
-def error_from_json(payload: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    """The keyword arguments of an error from an OpenAI error object (or anything less tidy)."""
+def error_from_json(
+    payload: Mapping[str, Any], *, unshaped: str = "unknown error", **extra: Any
+) -> dict[str, Any]:
+    """The keyword arguments of an error from an OpenAI error object (or anything less tidy); its
+    message `unshaped` where the object has none."""
     error = payload.get("error")
     if not isinstance(error, Mapping):
         error = {}
     return {
-        "message": _text(error, "message") or "unknown error",
+        "message": _text(error, "message") or unshaped,
         "type": _text(error, "type"),
         "code": _text(error, "code"),
         "param": _text(error, "param"),
@@ -222,15 +225,18 @@ def _text(error: Mapping[str, Any], key: str) -> str | None:
 
 
 def error_from_response(status_code: int, headers: Mapping[str, str], body: bytes) -> FloodgateError:
+    """The error an answer says. A body that is no OpenAI error object (a proxy's or gateway's page or
+    JSON in front of the edge: `{"message": ...}`, `{"detail": ...}`, `{"error": "..."}`) is the
+    message as it came: JSON of another shape said only "unknown error", the proxy's words lost."""
+    as_text = body.decode("utf-8", errors="replace").strip()[:500] or f"HTTP {status_code}"
     try:
         payload = json.loads(body)
     except ValueError:
-        text = body.decode("utf-8", errors="replace")[:500]
-        payload = {"error": {"message": text or f"HTTP {status_code}"}}
+        payload = {}
     if not isinstance(payload, Mapping):
         payload = {}
     cls = _BY_STATUS.get(status_code, FloodgateError)
-    return cls(**error_from_json(payload, status_code=status_code, headers=headers))
+    return cls(**error_from_json(payload, unshaped=as_text, status_code=status_code, headers=headers))
 
 
 def error_from_unread_response(
