@@ -70,16 +70,30 @@ resource "aws_wafv2_web_acl" "this" {
     }
   }
 
+  # Over the flood limit a client gets what the edge answers over a limit: a 429 with Retry-After
+  # and an OpenAI error object. WAF's own block is a bare 403, which our client and the OpenAI SDK
+  # read as a bad key (PermissionDenied/Authentication) and never retry, and which a person reads as
+  # "your key is wrong".
   rule {
     name     = "per-ip-flood"
     priority = 30
     action {
-      block {}
+      block {
+        custom_response {
+          response_code            = 429
+          custom_response_body_key = "per-ip-flood"
+          response_header {
+            name  = "Retry-After"
+            value = tostring(local.flood_retry_after_s)
+          }
+        }
+      }
     }
     statement {
       rate_based_statement {
-        limit              = var.waf_rate_limit_per_5min
-        aggregate_key_type = "IP"
+        limit                 = var.waf_rate_limit_per_5min
+        aggregate_key_type    = "IP"
+        evaluation_window_sec = 300
       }
     }
     visibility_config {
@@ -89,11 +103,32 @@ resource "aws_wafv2_web_acl" "this" {
     }
   }
 
+  custom_response_body {
+    key          = "per-ip-flood"
+    content_type = "APPLICATION_JSON"
+    content = jsonencode({
+      error = {
+        message = "Too many requests from this address: at most ${var.waf_rate_limit_per_5min} in 5 minutes. Retry after ${local.flood_retry_after_s} s."
+        type    = "rate_limit_exceeded"
+        code    = "ip_requests"
+        param   = null
+      }
+    })
+  }
+
   visibility_config {
     cloudwatch_metrics_enabled = true
     metric_name                = var.name
     sampled_requests_enabled   = true
   }
+}
+
+locals {
+  # WAF blocks an address while its count over the last 5 minutes (its blocked requests included)
+  # stays past the limit. A retry every minute adds next to nothing to that count while the flood's
+  # oldest minute ages out; the OpenAI SDK honours a Retry-After of up to 60 s, and past that falls
+  # back to its own backoff of a few seconds, which would keep the count up.
+  flood_retry_after_s = 60
 }
 
 resource "aws_wafv2_web_acl_association" "this" {

@@ -121,6 +121,22 @@ run "routing_health_check_drain_and_waf" {
     )) == 0
     error_message = "a body rule of the common rule set still blocks prompts that contain code or URLs"
   }
+
+  # A flooding client is answered as the edge answers a limit: 429, Retry-After, an OpenAI error
+  # object (clients retry that; WAF's bare 403 reads as a bad key and is never retried).
+  assert {
+    condition = alltrue([
+      for block in one([for r in aws_wafv2_web_acl.this.rule : r if r.name == "per-ip-flood"]).action[0].block : alltrue([
+        one(block.custom_response).response_code == 429,
+        tonumber(one([for h in one(block.custom_response).response_header : h.value if lower(h.name) == "retry-after"])) > 0,
+        jsondecode(one([
+          for b in aws_wafv2_web_acl.this.custom_response_body : b.content
+          if b.key == one(block.custom_response).custom_response_body_key && b.content_type == "APPLICATION_JSON"
+        ])).error.type == "rate_limit_exceeded",
+      ])
+    ])
+    error_message = "the per-IP flood block must answer 429 with Retry-After and an OpenAI error object"
+  }
 }
 
 # The known-bad-inputs group inspects the body too: a prompt quoting a Log4Shell string ("${jndi:")
