@@ -10,16 +10,31 @@ import pytest
 
 from tests.server_marker import mark_server_tests
 
-# The files that take longest (seconds of one process, from CI's durations on 2 cores), run first.
-# `make test` hands whole files to its processes in collection order (--dist loadfile
+# The files that take longest (seconds of one process, from CI's durations on 2 cores), run first,
+# longest first. `make test` hands whole files to its processes in collection order (--dist loadfile
 # --no-loadscope-reorder; xdist's default order, by count of tests, put these one- and two-test
 # files last): started last, the iac checks' 105 s ran alone after everything else, and a
-# fresh-clone CI took 10 min 20 s.
+# fresh-clone CI took 10 min 20 s. Every file past 20 s is here: with only the first four, files of
+# 24-42 s (mostly waiting on servers) were among the last handed out, and the run's last 50 s kept
+# the two cores about 45 % idle while they finished.
 LONGEST_FIRST = (
+    "tests/faults/test_drain.py",
     "tests/iac/test_iac_checks.py",
     "tests/edge/test_edge_goals_bench.py",
+    "tests/faults/test_engine_restart.py",
+    "tests/browser/test_playground.py",
     "tests/edge/test_workers.py",
-    "tests/faults/test_drain.py",
+    "tests/membership/test_edge_servers.py",
+    "tests/deploy/test_edge_image_models.py",
+    "tests/edge/test_fleet.py",
+    "tests/edge/test_cli.py",
+    "tests/limiter/test_redis_cluster.py",
+    "tests/iac/test_example_plan.py",
+    "tests/admission/test_cancel_bus.py",
+    "tests/triton/test_launcher.py",
+    "tests/deploy/test_host_agent.py",
+    "tests/triton/test_refused_request_on_edge.py",
+    "tests/edge/test_ttft_overhead_bench.py",
 )
 
 
