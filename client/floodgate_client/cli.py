@@ -120,6 +120,11 @@ def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> i
             wait = "" if error.retry_after_s is None else f"; retry in {error.retry_after_s:.1f} s"
             print(f"error: rate limited ({error.limit}){wait}", file=err)
             return 1
+        except NetworkError as error:
+            # Named: "Connection refused" alone left the reader to guess which edge (the default
+            # 127.0.0.1:8000 where --base-url was forgotten, or a mistyped one).
+            _write(err, f"error: {base_url}: {error.message}\n")
+            return 1
         except FloodgateError as error:
             _write(err, f"error: {error.message}\n")
             return 1

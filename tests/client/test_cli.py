@@ -26,6 +26,7 @@ from tests.client.scripted_edge import ScriptedEdge
 from tests.support.ascii_locale import ASCII_LOCALE
 from tests.support.flaky_proxy import flaky_proxy
 from tests.support.live_server import LiveServer
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -231,6 +232,15 @@ def test_a_malformed_base_url_is_an_error_message_not_a_traceback(
     assert _chat_offline(monkeypatch, ["chat", "hi", "--base-url", base_url], out, err) == 2
     assert err.getvalue().startswith("error: --base-url: "), err.getvalue()
     assert "fg-secret-key" not in err.getvalue() and not out.getvalue()
+
+
+def test_an_edge_that_cannot_be_reached_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "error: request failed: [Errno 111] Connection refused", naming no address."""
+    base_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    out, err = io.StringIO(), io.StringIO()
+    assert _chat_offline(monkeypatch, ["chat", "hi", "--base-url", base_url], out, err) == 1
+    assert err.getvalue().startswith(f"error: {base_url}: "), err.getvalue()
+    assert "refused" in err.getvalue().lower() and not out.getvalue()
 
 
 @pytest.mark.parametrize("option", ["prompt", "system", "model"])
