@@ -113,6 +113,14 @@ variable "models" {
     error_message = "A model's name must be non-empty, have no '/' and not be '.' or '..': name it, say, \"llama-3.1-8b\" and keep the checkpoint's own name in its engine_prefix and edge_model_dir."
   }
 
+  # engine_prefix is a key prefix in the engine bucket, as `aws s3 cp --recursive` uploads keys: a
+  # leading '/' (or a '//') made s3://bucket//engines/..., whose keys start with '/', which the hosts
+  # fetched as an empty engine and the instance role's grant named no uploaded object.
+  validation {
+    condition     = alltrue([for spec in values(var.models) : !startswith(spec.engine_prefix, "/") && !strcontains(spec.engine_prefix, "//")])
+    error_message = "A model's engine_prefix is a key prefix in the engine bucket, with no leading '/' and no '//': say, \"engines/llama-3-8b/l40s/\"."
+  }
+
   # The edge publishes each model's scaling metrics with its name as their Model dimension, which
   # CloudWatch takes in printable ASCII with something besides spaces: it refuses any other name.
   validation {

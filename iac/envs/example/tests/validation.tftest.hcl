@@ -48,6 +48,21 @@ run "a_model_name_with_a_slash" {
   expect_failures = [var.models]
 }
 
+run "an_engine_prefix_with_a_leading_slash" {
+  command = plan
+
+  variables {
+    models = {
+      "llama-3-8b" = {
+        instance_type = "g6e.xlarge", engine_prefix = "/engines/llama-3-8b/l40s/", min_size = 1,
+        max_size      = 8, warm_pool_min_size = 2, demand_target = 0.8
+      }
+    }
+  }
+
+  expect_failures = [var.models]
+}
+
 run "a_model_named_dot_dot" {
   command = plan
 
