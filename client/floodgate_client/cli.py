@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 import httpx
 
@@ -34,7 +34,11 @@ EXIT_READER_GONE = 141
 def add_chat_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `chat` on an argparse sub-command set (`parser.add_subparsers()`)."""
     chat = subparsers.add_parser("chat", help="stream a chat reply from a Floodgate edge")
-    chat.add_argument("prompt", help="the user message")
+    chat.add_argument(
+        "prompt",
+        nargs="?",
+        help="the user message; '-', or none with a pipe or file as standard input, reads it from there",
+    )
     chat.add_argument("--system", help="a system message to send first")
     chat.add_argument("--model", help="model name (default: your key's default model)")
     chat.add_argument("--max-tokens", type=int, help="most tokens to generate")
@@ -64,13 +68,46 @@ def event_json(event: StreamEvent, ensure_ascii: bool = False) -> str:
     return json.dumps({"type": kind, **asdict(event)}, ensure_ascii=ensure_ascii)
 
 
-def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_chat(
+    args: argparse.Namespace,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    stdin: BinaryIO | None = None,
+) -> int:
     api_key = os.environ.get(KEY_ENV)
     if not api_key:
         print(f"error: set {KEY_ENV} to your API key", file=err)
         return 2
+    if args.prompt is None or args.prompt == "-":
+        try:
+            prompt = _prompt_from(stdin, asked=args.prompt == "-")
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except ValueError as error:
+            print(f"error: {error}", file=err)
+            return 2
+        args.prompt = prompt
     with _waits_told(err, args.retry):
         return _chat(args, api_key, out, err)
+
+
+def _prompt_from(stdin: BinaryIO | None, *, asked: bool) -> str:
+    """The prompt piped in (`git diff | floodgate chat`, `floodgate chat - < notes.txt`), as chat
+    CLIs take it: `echo hi | floodgate chat` was a usage error. Read as UTF-8 bytes whatever the
+    locale; the line end a file or `echo` leaves is not part of it. With no prompt given and a
+    terminal as standard input, nothing is read: a command waiting in silence for typing it never
+    asked for looked hung."""
+    if stdin is None:
+        stdin = sys.stdin.buffer if sys.stdin is not None else None
+    if stdin is None or (not asked and stdin.isatty()):
+        raise ValueError("give the prompt as an argument, or pipe it in (floodgate chat - < prompt.txt)")
+    try:
+        text = stdin.read().decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ValueError("the prompt is not valid UTF-8") from None
+    if not text:
+        raise ValueError("the prompt from standard input is empty")
+    return text
 
 
 def _chat(args: argparse.Namespace, api_key: str, out: TextIO, err: TextIO) -> int:

@@ -40,7 +40,7 @@ def checkout_env() -> dict[str, str]:
 
 
 def chat_cli(
-    server: LiveServer, *args: str, key: str | None, base_url: str | None = None
+    server: LiveServer, *args: str, key: str | None, base_url: str | None = None, stdin: int | None = None
 ) -> subprocess.Popen[str]:
     env = {k: v for k, v in checkout_env().items() if k != "FLOODGATE_API_KEY"}
     if key is not None:
@@ -49,10 +49,58 @@ def chat_cli(
         [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", base_url or server.base_url],
         cwd=REPO,
         env=env,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@pytest.mark.parametrize("argv", [[], ["-"]], ids=["piped", "dash"])
+def test_a_prompt_piped_in_is_the_prompt(server: LiveServer, argv: list[str]) -> None:
+    """`echo ... | floodgate chat` was a usage error ("the following arguments are required"). The
+    piped text, its line end left off, is the prompt: the same greedy reply as given as an argument."""
+    options = ["--temperature", "0", "--max-tokens", "8"]
+    given = chat_cli(server, LONG_REPLY.prompt, *options, key=server.keys["paid"])
+    piped = chat_cli(server, *argv, *options, key=server.keys["paid"], stdin=subprocess.PIPE)
+    given_out, given_err = given.communicate(timeout=60)
+    piped_out, piped_err = piped.communicate(LONG_REPLY.prompt + "\n", timeout=60)
+    assert given.returncode == piped.returncode == 0, (given_err, piped_err)
+    assert piped_out.strip() and piped_out == given_out
+
+
+def test_no_prompt_and_a_terminal_is_a_usage_error_not_a_silent_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    primary, secondary = os.openpty()
+    try:
+        with open(secondary, "rb", buffering=0, closefd=False) as terminal:
+            out, err = io.StringIO(), io.StringIO()
+            monkeypatch.setenv("FLOODGATE_API_KEY", "fg-secret-key")
+            parser = argparse.ArgumentParser()
+            add_chat_command(parser.add_subparsers())
+            args = parser.parse_args(["chat", "--base-url", "http://127.0.0.1:9"])
+            assert run_chat(args, out, err, stdin=terminal) == 2  # returns: nothing was read
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert err.getvalue().startswith("error: give the prompt as an argument, or pipe it in"), err.getvalue()
+
+
+@pytest.mark.parametrize(("piped", "said"), [(b"caf\xe9\n", "not valid UTF-8"), (b"\n", "is empty")])
+def test_a_piped_prompt_that_cannot_be_sent_is_said(piped: bytes, said: str, tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(piped)
+    env = {**checkout_env(), "FLOODGATE_API_KEY": "fg-secret-key"}
+    with prompt.open("rb") as stdin:  # `floodgate chat - < prompt.txt`; no edge listens on port 9
+        done = subprocess.run(
+            [sys.executable, "-m", "floodgate_client", "chat", "-", "--base-url", "http://127.0.0.1:9"],
+            cwd=REPO,
+            env=env,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_json_mode_prints_every_event_as_a_json_line(server: LiveServer) -> None:
@@ -381,7 +429,7 @@ def test_the_client_distributions_cli_names_itself_in_its_usage() -> None:
     application that installed only the client has: its usage and errors said `floodgate chat`, a
     command that install does not have."""
     done = subprocess.run(
-        [sys.executable, "-m", "floodgate_client", "chat"],
+        [sys.executable, "-m", "floodgate_client", "chat", "hi", "--max-tokens", "many"],
         cwd=REPO,
         env=checkout_env(),
         capture_output=True,
@@ -390,7 +438,7 @@ def test_the_client_distributions_cli_names_itself_in_its_usage() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("usage: floodgate-client chat "), done.stderr
-    assert "floodgate-client chat: error: the following arguments are required: prompt" in done.stderr
+    assert "floodgate-client chat: error: argument --max-tokens: invalid int value: 'many'" in done.stderr
 
 
 def test_retry_does_not_wait_out_a_refusal_past_its_minute(monkeypatch: pytest.MonkeyPatch) -> None:
