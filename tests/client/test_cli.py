@@ -40,13 +40,19 @@ def checkout_env() -> dict[str, str]:
 
 
 def chat_cli(
-    server: LiveServer, *args: str, key: str | None, base_url: str | None = None, stdin: int | None = None
+    edge: LiveServer | ScriptedEdge,
+    *args: str,
+    key: str | None,
+    base_url: str | None = None,
+    stdin: int | None = None,
 ) -> subprocess.Popen[str]:
+    """`floodgate-client chat ARGS` against `edge` (or `base_url`), with `key` as its API key (none:
+    unset), this checkout's client imported (checkout_env), stdout and stderr piped."""
     env = {k: v for k, v in checkout_env().items() if k != "FLOODGATE_API_KEY"}
     if key is not None:
         env["FLOODGATE_API_KEY"] = key
     return subprocess.Popen(
-        [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", base_url or server.base_url],
+        [sys.executable, "-m", "floodgate_client", "chat", *args, "--base-url", base_url or edge.base_url],
         cwd=REPO,
         env=env,
         stdin=stdin,
@@ -479,15 +485,7 @@ def test_a_second_ctrl_c_quits_at_once_when_the_edge_does_not_answer_the_cancel(
     encoder = ChunkEncoder("chatcmpl-silent", "floodgate-tiny", 0)
     edge = ScriptedEdge([encoder.first() + encoder.delta("hello")], hold_open=hold, hold_cancel=hold)
     try:
-        env = {**checkout_env(), "FLOODGATE_API_KEY": "fg-test"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "floodgate_client", "chat", "hi", "--json", "--base-url", edge.base_url],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = chat_cli(edge, "hi", "--json", key="fg-test")
         assert proc.stdout is not None
         for line in proc.stdout:
             if json.loads(line)["type"] == "text_delta":

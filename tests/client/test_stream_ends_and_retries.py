@@ -8,13 +8,9 @@ that ended with an error event (its [DONE] after) still sent a cancel on the blo
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -33,8 +29,8 @@ from floodgate_client import (
     TextDelta,
 )
 from tests.client.scripted_edge import FINISHED, ScriptedEdge
+from tests.client.test_cli import chat_cli
 
-REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0  # the refusal's wait: the retry is never due within a test
 
 
@@ -130,17 +126,10 @@ def test_ctrl_c_while_the_cli_waits_to_retry_calls_the_retry_off() -> None:
     """`floodgate-chat --retry`: the first Ctrl-C during the wait sent a cancel of the refused
     request, answered 409 ("cancel failed"), and the retry streamed its reply anyway."""
     edge = ScriptedEdge([_overloaded("chatcmpl-first"), _answered("chatcmpl-second")], cancel_answer=FINISHED)
-    env = {k: v for k, v in os.environ.items() if k != "FLOODGATE_API_KEY"} | {"FLOODGATE_API_KEY": "fg-test"}
-    command = [sys.executable, "-m", "floodgate_client", "chat", "hi", "--json", "--retry"]
     try:
-        proc = subprocess.Popen(
-            [*command, "--model", "floodgate-tiny", "--base-url", edge.base_url],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # This checkout's client, as every CLI test runs it (checkout_env): os.environ ran whichever
+        # checkout the venv's editable install points at.
+        proc = chat_cli(edge, "hi", "--json", "--retry", "--model", "floodgate-tiny", key="fg-test")
         assert proc.stderr is not None
         for line in proc.stderr:
             if "retrying in" in line:
