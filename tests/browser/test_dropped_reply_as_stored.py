@@ -7,16 +7,15 @@ now reads the stored reply after such a drop and goes on with it, shown and sent
 
 from __future__ import annotations
 
-import json
 import threading
 
 from playwright.sync_api import Browser, expect
 
-from edge.routes.playground import PLAYGROUND
 from edge.sse import DONE, ChunkEncoder
 from tests.browser.conftest import SMALL, WAIT_MS
+from tests.browser.stored_history import playground_pages, stored
 from tests.browser.test_reload_keeps_the_conversation import sent_messages
-from tests.client.scripted_edge import ScriptedEdge, served
+from tests.client.scripted_edge import ScriptedEdge
 
 CONVERSATION = "c-dropped"
 REFUSED = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
@@ -25,18 +24,10 @@ REFUSED = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\nconnectio
 def test_the_next_turn_goes_on_with_the_reply_as_stored(browser: Browser) -> None:
     cut = ChunkEncoder("chatcmpl-dropped", SMALL, 0)
     whole = ChunkEncoder("chatcmpl-next", SMALL, 0)
-    history = {
-        "object": "list",
-        "data": [
-            {"id": "01J00000000000000000000001", "role": "user", "content": "tell me a story",
-             "request_id": "chatcmpl-dropped", "finish_reason": None},
-            {"id": "01J00000000000000000000002", "role": "assistant", "content": "Once upon a time",
-             "request_id": "chatcmpl-dropped", "finish_reason": "disconnected"},
-        ],
-        "first_id": "01J00000000000000000000001",
-        "last_id": "01J00000000000000000000002",
-        "has_more": False,
-    }  # fmt: skip
+    stored_turn = [
+        stored(1, "user", "tell me a story", "chatcmpl-dropped", None),
+        stored(2, "assistant", "Once upon a time", "chatcmpl-dropped", "disconnected"),
+    ]
     silent = threading.Event()
     edge = ScriptedEdge(
         [
@@ -45,12 +36,7 @@ def test_the_next_turn_goes_on_with_the_reply_as_stored(browser: Browser) -> Non
         ],
         cancel_answer=REFUSED,  # the cancel fails: Stop drops the stream
         hold_open=silent,
-        pages={
-            "/": served(PLAYGROUND.read_bytes()),
-            f"/v1/conversations/{CONVERSATION}/messages?limit=1000": served(
-                json.dumps(history).encode(), "application/json"
-            ),
-        },
+        pages=playground_pages(CONVERSATION, stored_turn),
     )
     context = browser.new_context()
     try:

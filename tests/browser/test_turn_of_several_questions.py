@@ -14,10 +14,10 @@ import re
 import httpx
 from playwright.sync_api import Browser, Page, Request, expect
 
-from edge.routes.playground import PLAYGROUND
 from tests.browser.conftest import SMALL, WAIT_MS, fresh_key
+from tests.browser.stored_history import playground_pages, stored
 from tests.browser.test_reload_keeps_the_conversation import sent_messages
-from tests.client.scripted_edge import ScriptedEdge, served
+from tests.client.scripted_edge import ScriptedEdge
 from tests.support.live_server import LiveServer
 
 TWO_PARTS = [
@@ -62,12 +62,6 @@ def test_a_turn_of_two_questions_reads_back_as_one_answered_turn(page: Page, pag
     ]
 
 
-def stored(number: int, role: str, content: str, request_id: str, finish: str | None) -> dict[str, object]:
-    """A message as GET /v1/conversations/{id}/messages gives it."""
-    return {"id": f"01J{number:023d}", "role": role, "content": content, "name": None,
-            "request_id": request_id, "finish_reason": finish}  # fmt: skip
-
-
 def test_questions_with_no_reply_stored_are_still_failed_turns(browser: Browser) -> None:
     """Scripted (an edge that dies mid-stream leaves its questions with no reply): a question whose
     request stored no reply, before a turn of two answered ones and at the conversation's end."""
@@ -80,17 +74,7 @@ def test_questions_with_no_reply_stored_are_still_failed_turns(browser: Browser)
         stored(5, "user", "left hanging", "chatcmpl-3", None),
         stored(6, "user", "and more", "chatcmpl-3", None),
     ]
-    history = {"object": "list", "data": data, "first_id": data[0]["id"], "last_id": data[-1]["id"],
-               "has_more": False}  # fmt: skip
-    edge = ScriptedEdge(
-        [],
-        pages={
-            "/": served(PLAYGROUND.read_bytes()),
-            f"/v1/conversations/{conversation}/messages?limit=1000": served(
-                json.dumps(history).encode(), "application/json"
-            ),
-        },
-    )
+    edge = ScriptedEdge([], pages=playground_pages(conversation, data))
     context = browser.new_context()
     try:
         page = context.new_page()
