@@ -13,13 +13,12 @@ import msgspec
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from edge.float32 import FLOAT32_MIN_NORMAL
-from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import is_key_hash
 from edge.upstreams.asg_resolver import is_asg_spec, parse_asg_spec
 from edge.upstreams.replica_spec import parse_replica_address
 from gpu_container.engine.types import EngineConfig
 from limiter.redis_url import is_cluster, node_url
-from limiter.tiers import TierLimits
+from limiter.tiers import MAX_PERIOD_S, TierLimits
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 # A queued request holds its concurrency slot without refreshing it: the slot must outlive the
@@ -163,7 +162,7 @@ class LimiterConfig(msgspec.Struct, forbid_unknown_fields=True):
     redis_url: str
     timeout_ms: Annotated[int, msgspec.Meta(ge=1)]
     instance_count: Annotated[int, msgspec.Meta(ge=1)]
-    # At most 100 years, as a tier's window (limiter/tiers.py MAX_WINDOW_S): a TTL of 1e14 s loaded,
+    # At most 100 years, as a tier's window (limiter/tiers.py MAX_PERIOD_S): a TTL of 1e14 s loaded,
     # and Redis refused its milliseconds in every admit's PEXPIRE, each a store failure.
     slot_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD_S)]
     redis_cluster: bool

@@ -18,12 +18,14 @@ import msgspec
 # shorter window could not be told to a client anyway. A millisecond keeps an edge's share of it
 # (per_instance: at least half of it) whole microseconds too.
 MIN_WINDOW_S = 0.001
-# The longest: 100 years (as a key's lifetime, edge/keys/lifecycle.py MAX_PERIOD_S). Longer is a typo,
-# never what was meant, and past what Redis takes: a window of 1e17 s loaded, and its microseconds
-# reached admit.lua as a number Redis refused ("value is not an integer or out of range"), every
-# admit a store failure (the local fallback's limits, or a 503 where the tier fails closed).
-MAX_WINDOW_S = 100 * 365.25 * 86400
-Window = Annotated[float, msgspec.Meta(ge=MIN_WINDOW_S, le=MAX_WINDOW_S)]
+# The longest: 100 years, the one bound on every duration the settings and the key API take (a
+# key's lifetime, edge/keys/lifecycle.py; slot TTL and fleet timings, edge/config.py). Longer is a
+# typo, never what was meant, and past what Redis takes: a window of 1e17 s loaded, and its
+# microseconds reached admit.lua as a number Redis refused ("value is not an integer or out of
+# range"), every admit a store failure (the local fallback's limits, or a 503 where the tier fails
+# closed).
+MAX_PERIOD_S = 100 * 365.25 * 86400
+Window = Annotated[float, msgspec.Meta(ge=MIN_WINDOW_S, le=MAX_PERIOD_S)]
 
 
 class TierLimits(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ from edge.keys.legacy import Imported, LegacyKey, import_keys, import_keys_file_
 from edge.keys.page import KeyPage
 from edge.keys.record import KeyRecord, UnknownTier, checked_label, checked_user, new_record
 from edge.keys.store import KeyIdTaken, KeyStore
+from limiter.tiers import MAX_PERIOD_S
 
 # False: the edges were not told (the cache TTL bounds the change; the announcer said so).
 Announce = Callable[[str], Awaitable[bool]]
@@ -29,13 +30,10 @@ class KeyNotFound(LookupError):
         self.key_id = key_id
 
 
-# The longest lifetime a key, or a rotation's grace, may be given: 100 years. Longer is a typo
-# (days for seconds, an exponent too many), never what was meant, and a time that far out is past
-# what the platform's time functions take: one key expiring in 1e17 s made `floodgate keys list`
-# crash for every key, for good (a revoked key is still listed).
-MAX_PERIOD_S = 100 * 365.25 * 86400
-
-
+# MAX_PERIOD_S (limiter/tiers.py, 100 years) is also the longest lifetime a key, or a rotation's
+# grace, may be given. Longer is a typo (days for seconds, an exponent too many), never what was
+# meant, and a time that far out is past what the platform's time functions take: one key expiring
+# in 1e17 s made `floodgate keys list` crash for every key, for good (a revoked key is still listed).
 class InvalidPeriod(ValueError):
     """A key's lifetime must end in the future and a rotation's grace cannot end in the past: a key
     created already expired, or an old key cut off before the rotation that replaced it, is a typo,

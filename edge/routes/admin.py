@@ -24,7 +24,6 @@ from edge.errors import ApiError, invalid_request
 from edge.keys.authenticator import bearer_key, unauthorized
 from edge.keys.authorization_header import authorization_header
 from edge.keys.lifecycle import (
-    MAX_PERIOD_S,
     InvalidPeriod,
     KeyAlreadyRotated,
     KeyNotActive,
@@ -51,6 +50,7 @@ from edge.routes.request_body import is_content_coded, unsupported_content_encod
 from edge.routes.single_query import refuse_repeated
 from edge.routes.usage import USAGE_QUERY, usage_response
 from edge.runtime import Runtime, runtime_of
+from limiter.tiers import MAX_PERIOD_S
 
 log = structlog.get_logger("floodgate.admin")
 

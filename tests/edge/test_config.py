@@ -16,10 +16,10 @@ import pytest
 
 from edge.config import ConfigError, load_settings
 from edge.float32 import FLOAT32_MIN_NORMAL
-from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import hash_key
 from gpu_container.engine.types import EngineConfig
 from limiter.factory import create_limiter
+from limiter.tiers import MAX_PERIOD_S
 from tests.edge.conftest import ROOMY_TIERS
 from tests.limiter.clock import ManualClock
 from tests.limiter.tiers import tier

@@ -14,11 +14,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from edge.keys.lifecycle import MAX_PERIOD_S
 from edge.keys.record import ADMIN_KEY_PREFIX, MAX_USER_BYTES, hash_key, new_secret
 from edge.usage.record import Usage
 from edge.usage.sqlite import SQLiteUsageStore
 from edge.usage.store import WriteId
+from limiter.tiers import MAX_PERIOD_S
 from tests.edge.conftest import ROOMY_TIERS
 from tests.keys.conftest import SAME_ID, next_secrets
 from tests.support.live_server import LiveServer, start_server
