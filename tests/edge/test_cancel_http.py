@@ -22,18 +22,26 @@ from tests.edge.conftest import (
     wait_for_engine,
     wait_for_engine_to_drop,
 )
-from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, MODEL, content_of, events, wait_until
+from tests.edge.sse_client import CHAT, DONE, LONG_PROMPT, LONG_TOKENS, MODEL, content_of, events, wait_until
 from tests.support.live_server import LiveServer
 from tests.support.raw_http import read_to_close
 
 UPSTREAMS = BOTH_PATHS
+
+# What a request to be cancelled asks for: twice a long reply (the most the paid tier and the test
+# edges' context allow), so that a machine starved long enough for the tiny model to make a whole
+# long reply (a CI run's Triton replica made 1,000 tokens in 604 ms before the edge relayed the
+# first) is less likely to have made this one too when the cancel comes. Cancelled early, it costs
+# no more time.
+CANCELLED_MAX_TOKENS = 2 * LONG_TOKENS
 
 
 def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
     server: LiveServer, client: httpx.Client, long_body: dict[str, Any]
 ) -> None:
     before = idle_engine(server)
-    with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as response:
+    body = long_body | {"max_tokens": CANCELLED_MAX_TOKENS}
+    with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
         stream = events(response)
         rid = next(stream)["request_id"]
         assert next(stream)["choices"][0]["delta"]["content"] is not None  # generating now
@@ -46,8 +54,8 @@ def test_cancel_endpoint_stops_the_stream_and_frees_the_engine(
     assert final["choices"][0]["finish_reason"] == "stop"
     assert final["floodgate"] == {"cancelled": True}
     after = wait_for_engine_to_drop(server, before)
-    # Dropped, not finished: the engine stopped short of the LONG_TOKENS this request runs to.
-    assert after.work - before.work < long_body["max_tokens"]
+    # Dropped, not finished: the engine stopped short of the tokens this request runs to.
+    assert after.work - before.work < body["max_tokens"]
 
 
 def test_a_cancelled_answer_not_streamed_is_the_reply_so_far_marked_cancelled(
@@ -58,7 +66,7 @@ def test_a_cancelled_answer_not_streamed_is_the_reply_so_far_marked_cancelled(
     and the engine drops the sequence."""
     before = idle_engine(server)
     registry = server.app.state.runtime.registry
-    body = long_body | {"stream": False, "max_tokens": 2 * long_body["max_tokens"]}
+    body = long_body | {"stream": False, "max_tokens": CANCELLED_MAX_TOKENS}
     earlier = set(registry.running())  # a request an earlier test left may still be ending
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.base_url, timeout=60.0) as client:
         gaps = _gaps_relayed(server)
@@ -89,7 +97,8 @@ def test_a_repeated_cancel_of_a_cancelled_request_answers_it_cancelled_again(
     client retrying its cancel (a lost answer, a timeout) was told 409 `request_finished`, which
     reads as if the request had run to its end. The cancel of one that ended on its own stays 409
     (test below)."""
-    with client.stream("POST", CHAT, json=long_body, headers=server.auth("paid")) as response:
+    body = long_body | {"max_tokens": CANCELLED_MAX_TOKENS}
+    with client.stream("POST", CHAT, json=body, headers=server.auth("paid")) as response:
         stream = events(response)
         rid = next(stream)["request_id"]
         assert next(stream)["choices"][0]["delta"]["content"] is not None  # generating now
