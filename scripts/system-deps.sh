@@ -4,7 +4,7 @@ set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
-command -v chromium >/dev/null || need+=(chromium)
+command -v chromium-headless-shell >/dev/null || need+=(chromium-headless-shell)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v ss >/dev/null || need+=(iproute2)  # tests/faults: a listener's backlog
