@@ -31,9 +31,10 @@ APPLICATION = textwrap.dedent(
             {"role": "user", "content": [{"type": "text", "text": "Hello"}]},
         ]
         with Client(base_url, api_key) as fg:
-            with fg.chat.stream(parts, max_tokens=2) as stream:
+            # Greedy: a sampled reply of two tokens may end at an end token (finish_reason "stop").
+            with fg.chat.stream(parts, max_tokens=2, temperature=0) as stream:
                 first = stream.until_finished().reason
-            second = fg.chat.create(typed, max_tokens=2).finish_reason
+            second = fg.chat.create(typed, max_tokens=2, temperature=0).finish_reason
         return first, second
     """
 )
