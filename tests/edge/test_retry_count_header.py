@@ -19,7 +19,8 @@ from tests.edge.conftest import EDGE_SETTINGS
 from tests.edge.sse_client import CHAT, MODEL
 from tests.support.live_server import LiveServer, start_server
 
-BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+# Greedy: a sampled two-token reply may end at an end token ("stop").
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
 
 
 @pytest.fixture
