@@ -46,6 +46,10 @@ READ_BEFORE = 20
 # Far longer than any test: only the watch's own timers or an announcement can end a stream in time.
 LONG_TTL_S = 3600.0
 SHORT_TTL_S = 0.5
+# A key's life in the tests of its expiry: long enough that the stream has its first tokens before it
+# ends (the real model's prefill on a starved machine: eight test processes on two cores, a 2 s key
+# expired before its request's first token, usage 0), far short of MAX_TOKENS' generation.
+EXPIRES_IN_S = 4.0
 TIERS = {"paid": ROOMY_TIERS["paid"] | {"max_tokens": MAX_TOKENS, "max_concurrent": 1}}
 BODY = {
     "model": MODEL,
@@ -246,7 +250,7 @@ def test_a_key_that_expires_mid_stream_ends_it_at_its_expiry(tmp_path: Path) -> 
     with start_server(tmp_path / "edge", settings) as edge:
         other = _admin(edge, "", {"user": "cy", "tier": "paid"})["key"]
         before = _baseline(edge)
-        key = _admin(edge, "", {"user": "cy", "tier": "paid", "expires_in_s": 2.0})["key"]
+        key = _admin(edge, "", {"user": "cy", "tier": "paid", "expires_in_s": EXPIRES_IN_S})["key"]
         got = _stream(edge, key)
         _ended_for_its_key(got, EXPIRED)
         _freed(edge, before, other)
@@ -260,7 +264,7 @@ def test_a_key_that_expires_while_the_key_store_is_down_ends_its_stream_at_its_e
     known expiry needs no read: nothing extends one."""
     edge = short_ttl_real_edge
     before = _baseline(edge)
-    key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": 2.0})["key"]
+    key = _admin(edge, "", {"user": "fa", "tier": "paid", "expires_in_s": EXPIRES_IN_S})["key"]
     reads_before = _store_reads(edge)
     try:
         got = _stream(edge, key, lambda: _break_the_store(edge))
