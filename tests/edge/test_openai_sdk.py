@@ -145,7 +145,7 @@ def test_sdk_hears_the_service_tier_that_served_a_request_that_named_one(
     )
     # The first chunk, the usage chunk after the last, and whatever came between: how many came
     # between depends on the reply (an end token may come first) and on how many tokens the edge
-    # sent in one chunk (a CI run's Triton path had 3 chunks in all, where this asked for more).
+    # sent in one chunk (a suite run's Triton path had 3 chunks in all, where this asked for more).
     assert chunks[0].choices and chunks[-1].usage is not None
     assert {c.service_tier for c in chunks} == {"default"}
     plain = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
