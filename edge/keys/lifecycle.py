@@ -30,14 +30,13 @@ class KeyNotFound(LookupError):
         self.key_id = key_id
 
 
-# MAX_PERIOD_S (limiter/tiers.py, 100 years) is also the longest lifetime a key, or a rotation's
-# grace, may be given. Longer is a typo (days for seconds, an exponent too many), never what was
-# meant, and a time that far out is past what the platform's time functions take: one key expiring
-# in 1e17 s made `floodgate keys list` crash for every key, for good (a revoked key is still listed).
 class InvalidPeriod(ValueError):
     """A key's lifetime must end in the future and a rotation's grace cannot end in the past: a key
     created already expired, or an old key cut off before the rotation that replaced it, is a typo,
-    never what was meant. Neither may exceed MAX_PERIOD_S."""
+    never what was meant. Neither may exceed MAX_PERIOD_S (limiter/tiers.py, 100 years): longer is
+    a typo too (days for seconds, an exponent too many), and a time that far out is past what the
+    platform's time functions take: one key expiring in 1e17 s made `floodgate keys list` crash for
+    every key, for good (a revoked key is still listed)."""
 
     def __init__(self, param: str, seconds: float, allowed: str) -> None:
         limit = f"at most {MAX_PERIOD_S:.0f} (100 years)"
